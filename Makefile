@@ -1,0 +1,32 @@
+# TorchScope. `make run` starts the dashboard; `make test` runs every test.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PORT ?= 8501
+
+.PHONY: run test install chromium bench clean-data
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/streamlit run app.py --server.port $(PORT) --server.headless true \
+	  --browser.gatherUsageStats false
+
+# Debian's chromium for the browser test (never `playwright install`: no downloads here).
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi; } \
+	  || echo "warning: could not install chromium; the browser test will fail in CI"
+
+test: install chromium
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) bench/run_all.py

@@ -1,0 +1,16 @@
+"""TorchScope: router and frame. Page config, the shared sidebar, one navigation list."""
+
+import streamlit as st
+
+from ui.sidebar import render_sidebar
+
+st.set_page_config(page_title="TorchScope", page_icon="🔬", layout="wide")
+
+PAGES = [
+    st.Page("pages/model.py", title="Model", icon="🧱", default=True),
+    st.Page("pages/history.py", title="History", icon="🗂️"),
+]
+
+nav = st.navigation(PAGES)
+render_sidebar()
+nav.run()

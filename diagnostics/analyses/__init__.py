@@ -1,0 +1,1 @@
+"""Analyses: one module per analysis, each `analyze(ctx, options) -> dict` (see registry.py)."""

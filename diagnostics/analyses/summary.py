@@ -1,0 +1,184 @@
+"""Model summary: parameter counts, bytes, output shapes and FLOPs, in total and per layer.
+
+FLOPs come from ``torch.utils.flop_counter.FlopCounterMode`` (so matmuls, convolutions and
+attention count); backward FLOPs are those of forward+backward minus forward. Parameters shared
+between modules (tied weights) are counted once, for the first module that holds them.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+ROOT = "(model)"
+
+
+def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                            **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def _extra_flop_formulas() -> dict:
+    """FlopCounterMode knows the CUDA attention kernels but not the CPU flash kernel: add it."""
+    aten = torch.ops.aten
+    extra = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_sdpa_flop
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _cpu_sdpa_backward_flop
+    return extra
+
+
+def _shape_of(x):
+    if isinstance(x, torch.Tensor):
+        return list(x.shape)
+    if isinstance(x, (tuple, list)):
+        return [_shape_of(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _shape_of(v) for k, v in x.items()}
+    return None
+
+
+@contextmanager
+def output_shape_hooks(model: nn.Module, shapes: dict[str, object]):
+    """Record each module's first output shape; hooks are removed and the mode restored after."""
+    handles = []
+    was_training = model.training
+    try:
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.jit.ScriptModule):
+                continue  # TorchScript modules take no Python hooks
+
+            def hook(_m, _inp, out, name=name):
+                shapes.setdefault(name or ROOT, _shape_of(out))
+
+            handles.append(mod.register_forward_hook(hook))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+
+def _flops_by_module(model: nn.Module, run) -> tuple[int, dict[str, int]]:
+    counter = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
+    # The fused MultiheadAttention fast path (eval, no grad) runs one op FlopCounterMode cannot
+    # see; the regular path counts its matmuls, so attention is included.
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with counter:
+            run()
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    root = type(model).__name__
+    per = {}
+    for key, ops in counter.get_flop_counts().items():
+        if key == "Global":
+            continue
+        name = key[len(root) + 1:] if key.startswith(root + ".") else ("" if key == root else key)
+        per[name or ROOT] = int(sum(ops.values()))
+    return int(counter.get_total_flops()), per
+
+
+def analyze(ctx, options: dict) -> dict:
+    loaded = ctx.loaded
+    model = loaded.model
+    ctx.progress(0.1, "counting parameters")
+
+    # Each unique parameter belongs to the first module that holds it (tied weights counted once).
+    owner: dict[int, str] = {}
+    own_params: dict[str, int] = {}
+    own_trainable: dict[str, int] = {}
+    for mname, mod in model.named_modules():
+        for p in mod.parameters(recurse=False):
+            if id(p) in owner:
+                continue
+            owner[id(p)] = mname or ROOT
+            own_params[mname or ROOT] = own_params.get(mname or ROOT, 0) + p.numel()
+            if p.requires_grad:
+                own_trainable[mname or ROOT] = own_trainable.get(mname or ROOT, 0) + p.numel()
+    unique = list({id(p): p for p in model.parameters()}.values())
+    total = sum(p.numel() for p in unique)
+    trainable = sum(p.numel() for p in unique if p.requires_grad)
+    param_bytes = sum(p.numel() * p.element_size() for p in unique)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in {id(b): b for b in model.buffers()}.values())
+    tied = sum(1 for _ in model.named_parameters(remove_duplicate=False)) - len(unique)
+
+    ctx.progress(0.3, "forward pass: shapes and FLOPs")
+    shapes: dict[str, object] = {}
+    was_training = model.training
+    model.eval()
+    try:
+        with output_shape_hooks(model, shapes), torch.no_grad():
+            fwd_total, fwd_per = _flops_by_module(model, lambda: loaded.forward())
+        bwd_total, bwd_per, backward_note = 0, {}, None
+        if trainable and not options.get("skip_backward"):
+            ctx.progress(0.6, "forward + backward FLOPs")
+
+            def train_step():
+                model.zero_grad(set_to_none=True)
+                loaded.loss_fn(loaded.forward()).backward()
+
+            try:
+                both_total, both_per = _flops_by_module(model, train_step)
+                bwd_total = both_total - fwd_total
+                bwd_per = {k: v - fwd_per.get(k, 0) for k, v in both_per.items()}
+            except Exception as e:  # a model that cannot train (e.g. integer outputs) still gets a summary
+                backward_note = f"backward not counted: {type(e).__name__}: {e}"
+            finally:
+                model.zero_grad(set_to_none=True)
+    finally:
+        model.train(was_training)
+
+    ctx.progress(0.9, "building table")
+    layers = []
+    for mname, mod in model.named_modules():
+        name = mname or ROOT
+        subtree = {id(p): p for p in mod.parameters()}
+        children = list(mod.named_children())
+        layers.append({
+            "name": name,
+            "parent": None if not mname else (mname.rsplit(".", 1)[0] if "." in mname else ROOT),
+            "type": type(mod).__name__,
+            "depth": 0 if not mname else mname.count(".") + 1,
+            "is_leaf": not children,
+            "output_shape": shapes.get(name),
+            "params": own_params.get(name, 0),
+            "params_total": sum(p.numel() for p in subtree.values()),
+            "pct_of_total": 100.0 * own_params.get(name, 0) / total if total else 0.0,
+            "trainable": own_trainable.get(name, 0),
+            "flops_forward": fwd_per.get(name, 0),
+            "flops_backward": bwd_per.get(name, 0),
+        })
+
+    metrics = {
+        "params_total": total,
+        "params_trainable": trainable,
+        "params_frozen": total - trainable,
+        "param_bytes": param_bytes,
+        "buffer_bytes": buffer_bytes,
+        "flops_forward": fwd_total,
+        "flops_backward": bwd_total,
+        "flops_train_step": fwd_total + bwd_total,
+        "tied_parameters": tied,
+        "batch_size": loaded.batch_size,
+    }
+    return {
+        "model": loaded.spec.label,
+        "model_type": type(model).__name__,
+        "device": str(loaded.device),
+        "inputs": [{"shape": list(s.shape), "dtype": s.dtype} for s in loaded.input_specs],
+        "output_shape": shapes.get(ROOT),
+        "loss": loaded.loss_name,
+        "metrics": metrics,
+        "layers": layers,
+        "notes": [n for n in [backward_note] if n],
+    }

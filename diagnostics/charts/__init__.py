@@ -1,0 +1,1 @@
+"""Plotly figure builders: build_*_figure(result) -> plotly Figure. They draw, never compute."""

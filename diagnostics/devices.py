@@ -1,0 +1,86 @@
+"""Facts about the devices a job can run on: NVIDIA GPUs through pynvml, else the CPU.
+
+Nothing here needs torch.cuda to be initialised in the dashboard's process, which keeps
+CUDA state out of the server (jobs run in workers).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import psutil
+
+
+def list_devices() -> list[str]:
+    """'cpu' plus one 'cuda:N' per visible CUDA GPU."""
+    gpus = gpu_facts()
+    return ["cpu"] + [f"cuda:{g['index']}" for g in gpus if g.get("index") is not None]
+
+
+def gpu_facts() -> list[dict]:
+    """One dict per NVIDIA GPU from NVML; [] when there is no driver or no GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    out = []
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            fact = {"index": i, "name": _text(pynvml.nvmlDeviceGetName(h)), "driver": _text(driver),
+                    "memory_used_bytes": int(mem.used), "memory_total_bytes": int(mem.total)}
+            for key, fn in [("utilization_pct", lambda: pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                            ("temperature_c", lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+                            ("power_w", lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                            ("power_limit_w", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)]:
+                try:
+                    fact[key] = fn()
+                except Exception:  # a field a given GPU or driver does not report
+                    fact[key] = None
+            out.append(fact)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def cpu_facts() -> dict:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    vm = psutil.virtual_memory()
+    try:
+        import torch
+
+        threads = torch.get_num_threads()
+    except ImportError:
+        threads = None
+    return {"model": model, "logical_cores": psutil.cpu_count(logical=True),
+            "physical_cores": psutil.cpu_count(logical=False), "affinity_cores": len(os.sched_getaffinity(0)),
+            "ram_total_bytes": int(vm.total), "ram_available_bytes": int(vm.available),
+            "torch_threads": threads, "platform": platform.platform()}
+
+
+def device_report() -> dict:
+    gpus = gpu_facts()
+    return {"gpus": gpus, "cpu": cpu_facts(),
+            "message": None if gpus else "No NVIDIA GPU was found (no driver or no device): jobs run on the CPU."}

@@ -1,0 +1,39 @@
+"""Human-readable numbers: bytes, counts, FLOPs and durations, with their units."""
+
+from __future__ import annotations
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def human_count(n: float | None, unit: str = "") -> str:
+    if n is None:
+        return "n/a"
+    n = float(n)
+    for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {suffix}{unit}".rstrip()
+    return f"{n:.0f} {unit}".rstrip()
+
+
+def human_flops(n: float | None) -> str:
+    return human_count(n, "FLOP")
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None:
+        return "n/a"
+    s = float(s)
+    if abs(s) >= 1:
+        return f"{s:.2f} s"
+    if abs(s) >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} µs"

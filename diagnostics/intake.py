@@ -1,0 +1,309 @@
+"""Turn a ModelSpec into a live model and its inputs: samples, uploads, weights.
+
+``load_model(spec)`` is the only place that executes or unpickles what a user gave. Weights are
+read with ``weights_only=True``; a full pickled module needs ``spec.trust_pickle`` and is refused
+outright, like Python files, in server-safe mode (``TORCHSCOPE_SAFE_MODE=1``).
+Every failure raises a ModelLoadError whose message names the problem.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError
+from diagnostics.spec import InputSpec, ModelSpec
+
+SAFE_MODE_ENV = "TORCHSCOPE_SAFE_MODE"
+
+_DTYPES = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
+}
+_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def safe_mode() -> bool:
+    """Server-safe mode: no Python-file uploads and no pickled modules, whatever the user asks."""
+    return os.environ.get(SAFE_MODE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class LoadedModel:
+    """A live model in one process. Never leaves the worker; results take plain data from it."""
+
+    spec: ModelSpec
+    model: nn.Module
+    input_specs: tuple[InputSpec, ...]
+    inputs: tuple[torch.Tensor, ...]
+    loss_fn: Callable[[object], torch.Tensor]
+    loss_name: str
+    task: str = "unknown"
+    num_classes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.spec.device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_specs[0].shape[0] if self.input_specs and self.input_specs[0].shape else 1
+
+    def make_inputs(self, batch_size: int | None = None, seed: int | None = None) -> tuple[torch.Tensor, ...]:
+        specs = self.input_specs if batch_size is None else tuple(s.with_batch(batch_size) for s in self.input_specs)
+        return make_inputs(specs, self.spec.device, self.spec.seed if seed is None else seed)
+
+    def forward(self, inputs: tuple[torch.Tensor, ...] | None = None):
+        """Run the model once, turning its exception into a ModelRunError that carries it."""
+        inputs = self.inputs if inputs is None else inputs
+        try:
+            return self.model(*inputs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # the user's model: any exception is possible
+            shapes = ", ".join(f"{list(t.shape)} {_DTYPE_NAMES.get(t.dtype, t.dtype)}" for t in inputs)
+            raise ModelRunError(f"the model rejected its inputs ({shapes}): {type(e).__name__}: {e}") from e
+
+
+def make_inputs(specs: tuple[InputSpec, ...], device: str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Deterministic random tensors for the given input specs."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in specs:
+        dt = _DTYPES[s.dtype]
+        if dt.is_floating_point:
+            t = torch.randn(s.shape, generator=g).to(dt)
+        elif dt == torch.bool:
+            t = torch.randint(0, 2, s.shape, generator=g).bool()
+        else:
+            t = torch.randint(0, s.high or 2, s.shape, generator=g).to(dt)
+        out.append(t.to(device))
+    return tuple(out)
+
+
+def input_spec_of(t: torch.Tensor) -> InputSpec:
+    if t.dtype not in _DTYPE_NAMES:
+        raise SpecError(f"example input of dtype {t.dtype} is not supported")
+    high = int(t.max().item()) + 1 if (not t.dtype.is_floating_point and t.dtype != torch.bool and t.numel()) else None
+    return InputSpec(tuple(t.shape), _DTYPE_NAMES[t.dtype], high)
+
+
+def default_loss(output) -> torch.Tensor:
+    """Used when a model declares no loss: the mean square of its (first) output."""
+    if isinstance(output, (tuple, list)):
+        output = output[0]
+    if isinstance(output, dict):
+        output = next(iter(output.values()))
+    return output.float().pow(2).mean()
+
+
+# --------------------------------------------------------------------------- loading by source
+def _check_zip(path: Path, what: str) -> None:
+    if not path.exists():
+        raise ModelLoadError(f"file not found: {path.name}")
+    if not zipfile.is_zipfile(path):
+        raise ModelLoadError(f"{path.name} is not a {what}: it is not a zip archive (corrupt or wrong kind of file)")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise ModelLoadError(f"{path.name} is a corrupt or truncated {what}: {e}") from e
+    if bad is not None:
+        raise ModelLoadError(f"{path.name} is a corrupt {what}: member {bad!r} fails its checksum")
+
+
+def _load_torchscript(path: Path) -> nn.Module:
+    _check_zip(path, "TorchScript archive (torch.jit.save)")
+    try:
+        return torch.jit.load(str(path), map_location="cpu")
+    except Exception as e:
+        raise ModelLoadError(f"{path.name} is not a loadable TorchScript archive: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+def _load_export(path: Path):
+    _check_zip(path, "torch.export archive (.pt2)")
+    try:
+        ep = torch.export.load(str(path))
+    except Exception as e:
+        raise ModelLoadError(f"{path.name} is not a loadable torch.export archive (.pt2): {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    example = None
+    ex = getattr(ep, "example_inputs", None)
+    if ex is not None:
+        args, kwargs = ex
+        if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+            example = tuple(args)
+    return ep.module(), example
+
+
+def _load_python(path: Path):
+    if safe_mode():
+        raise TrustError("Python-file models are disabled on this server (server-safe mode)")
+    if not path.exists():
+        raise ModelLoadError(f"file not found: {path.name}")
+    mod_name = f"torchscope_user_{uuid.uuid4().hex[:8]}"
+    try:
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ModelLoadError(f"{path.name} has a syntax error at line {e.lineno}: {e.msg}") from e
+    except Exception as e:
+        raise ModelLoadError(f"{path.name} raised while being imported: {type(e).__name__}: {e}") from e
+    if not callable(getattr(module, "build_model", None)):
+        raise ModelLoadError(f"{path.name} defines no build_model() function; it must define "
+                             "build_model() -> nn.Module and example_inputs() -> tuple of tensors")
+    try:
+        model = module.build_model()
+    except Exception as e:
+        raise ModelLoadError(f"build_model() in {path.name} raised: {type(e).__name__}: {e}") from e
+    if not isinstance(model, nn.Module):
+        raise ModelLoadError(f"build_model() in {path.name} returned {type(model).__name__}, not an nn.Module")
+    example = None
+    if callable(getattr(module, "example_inputs", None)):
+        try:
+            example = module.example_inputs()
+        except Exception as e:
+            raise ModelLoadError(f"example_inputs() in {path.name} raised: {type(e).__name__}: {e}") from e
+        if isinstance(example, torch.Tensor):
+            example = (example,)
+        if not isinstance(example, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in example):
+            raise ModelLoadError(f"example_inputs() in {path.name} must return a tensor or a tuple of tensors")
+        example = tuple(example)
+    loss_fn = getattr(module, "loss_fn", None)
+    return model, example, loss_fn if callable(loss_fn) else None
+
+
+def _load_pickle(path: Path, trusted: bool) -> nn.Module:
+    if safe_mode():
+        raise TrustError("pickled modules are disabled on this server (server-safe mode); "
+                         "upload TorchScript, torch.export (.pt2) or weights instead")
+    if not trusted:
+        raise TrustError(f"{path.name} is a full pickle, which can run arbitrary code when loaded; "
+                         "turn on 'I trust this file' to load it, or upload TorchScript / .pt2 / weights")
+    if not path.exists():
+        raise ModelLoadError(f"file not found: {path.name}")
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise ModelLoadError(f"{path.name} could not be unpickled (corrupt or truncated?): {type(e).__name__}: {e}") from e
+    if not isinstance(obj, nn.Module):
+        raise ModelLoadError(f"{path.name} holds a {type(obj).__name__}, not an nn.Module; "
+                             "a state_dict goes in the weights slot next to a model definition")
+    return obj
+
+
+def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
+    """Read weights safely: .safetensors, or a state_dict .pt with weights_only=True."""
+    if not path.exists():
+        raise ModelLoadError(f"weights file not found: {path.name}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        try:
+            return load_file(str(path))
+        except Exception as e:
+            raise ModelLoadError(f"{path.name} is not a valid .safetensors file: {e}") from e
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "weights_only" in str(e) or "Unsupported global" in str(e):
+            raise TrustError(f"{path.name} is not a plain state_dict: loading it would run pickled code "
+                             f"({msg}). Save weights with torch.save(model.state_dict()) or safetensors") from e
+        raise ModelLoadError(f"{path.name} could not be read as a state_dict (corrupt or truncated?): {msg}") from e
+    for key in ("state_dict", "model_state_dict", "model"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ModelLoadError(f"{path.name} does not hold a state_dict (a dict of name -> tensor)")
+    return obj
+
+
+def apply_weights(model: nn.Module, state: dict[str, torch.Tensor], name: str = "weights") -> None:
+    """load_state_dict(strict) with an error that names the first mismatches."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k}: file {list(state[k].shape)} vs model {list(own[k].shape)}"
+              for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    problems = []
+    if missing:
+        problems.append(f"missing keys ({len(missing)}): {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    if unexpected:
+        problems.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:3])}"
+                        f"{' ...' if len(unexpected) > 3 else ''}")
+    if shapes:
+        problems.append(f"shape mismatches ({len(shapes)}): {'; '.join(shapes[:3])}{' ...' if len(shapes) > 3 else ''}")
+    if problems:
+        raise ModelLoadError(f"{name} do not match the model: " + " | ".join(problems))
+    model.load_state_dict(state, strict=True)
+
+
+def load_model(spec: ModelSpec) -> LoadedModel:
+    """Build the model and inputs that ``spec`` describes, on ``spec.device``."""
+    torch.manual_seed(spec.seed)
+    example: tuple[torch.Tensor, ...] | None = None
+    declared: tuple[InputSpec, ...] | None = None
+    loss_fn, loss_name, task, num_classes = None, "mean square of the output (no loss declared)", "unknown", None
+    path = Path(spec.path) if spec.path else None
+
+    if spec.source == "sample":
+        from sample_models import SAMPLES, task_loss
+        if spec.name not in SAMPLES:
+            raise ModelLoadError(f"unknown sample model {spec.name!r}; choose one of {', '.join(SAMPLES)}")
+        sample = SAMPLES[spec.name]
+        model = sample.build()
+        declared = sample.inputs
+        loss_fn = task_loss(sample.task, sample.num_classes, spec.seed)
+        loss_name = "cross-entropy" + (" over the vocabulary" if sample.task == "lm" else "")
+        task, num_classes = sample.task, sample.num_classes
+    elif spec.source == "torchscript":
+        model = _load_torchscript(path)
+    elif spec.source == "export":
+        model, example = _load_export(path)
+    elif spec.source == "python":
+        model, example, user_loss = _load_python(path)
+        if user_loss is not None:
+            loss_fn, loss_name = user_loss, "loss_fn() from the uploaded file"
+    else:
+        model = _load_pickle(path, spec.trust_pickle)
+
+    if spec.weights_path:
+        apply_weights(model, load_state_dict_file(Path(spec.weights_path)), Path(spec.weights_path).name)
+
+    if spec.inputs is not None:
+        specs = spec.inputs
+    elif declared is not None:
+        specs = declared
+    elif example is not None:
+        specs = tuple(input_spec_of(t) for t in example)
+    else:
+        raise SpecError(f"{spec.name} declares no example inputs: enter the input shapes in the sidebar")
+    if spec.batch_size is not None:
+        specs = tuple(s.with_batch(spec.batch_size) for s in specs)
+
+    device = torch.device(spec.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SpecError(f"device {spec.device} was asked for but CUDA is not available here")
+    try:
+        model = model.to(device)
+    except Exception as e:
+        raise ModelLoadError(f"could not move the model to {spec.device}: {e}") from e
+    if example is not None and spec.inputs is None and specs == tuple(input_spec_of(t) for t in example):
+        inputs = tuple(t.to(device) for t in example)  # the user's own values, e.g. valid token ids
+    else:
+        inputs = make_inputs(specs, spec.device, spec.seed)
+    return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=inputs,
+                       loss_fn=loss_fn or default_loss, loss_name=loss_name, task=task, num_classes=num_classes)

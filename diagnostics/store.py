@@ -1,0 +1,194 @@
+"""SQLite run history plus an artifacts folder per run.
+
+Every job is written as 'running' before it starts and finished with its status, result and error,
+so a run is never lost and a worker that dies mid-job leaves a 'failed' row with the reason.
+WAL mode and a busy timeout let the dashboard, the CLI and several sessions write at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+DATA_DIR_ENV = "TORCHSCOPE_DATA_DIR"
+
+FINAL_STATUSES = ("ok", "error", "timeout", "crashed", "oom", "cancelled", "interrupted")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    analysis TEXT NOT NULL,
+    status TEXT NOT NULL,
+    cache_key TEXT,
+    model_label TEXT,
+    spec_json TEXT,
+    options_json TEXT,
+    device TEXT,
+    source TEXT,
+    pid INTEGER,
+    started REAL NOT NULL,
+    finished REAL,
+    duration_s REAL,
+    metrics_json TEXT,
+    result_json TEXT,
+    error TEXT,
+    artifacts_json TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_cache ON runs(cache_key, status);
+CREATE INDEX IF NOT EXISTS runs_started ON runs(started);
+"""
+
+
+def default_data_dir() -> Path:
+    """$TORCHSCOPE_DATA_DIR, else ~/.torchscope."""
+    env = os.environ.get(DATA_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".torchscope"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    analysis: str
+    status: str
+    cache_key: str | None
+    model_label: str | None
+    spec: dict | None
+    options: dict
+    device: str | None
+    source: str | None
+    started: float
+    finished: float | None
+    duration_s: float | None
+    metrics: dict
+    result: dict | None
+    error: str | None
+    artifacts: dict
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _loads(text, default):
+    return default if text is None else json.loads(text)
+
+
+class Store:
+    def __init__(self, data_dir: Path | str | None = None):
+        self.data_dir = Path(data_dir) if data_dir else default_data_dir()
+        self.artifacts_root = self.data_dir / "artifacts"
+        self.artifacts_root.mkdir(parents=True, exist_ok=True)
+        self.db_path = self.data_dir / "runs.sqlite"
+        with self._connect() as db:
+            db.executescript(_SCHEMA)
+
+    @contextmanager
+    def _connect(self):
+        db = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            yield db
+        finally:
+            db.close()
+
+    # -- writing -------------------------------------------------------------------------
+    def create_run(self, analysis: str, *, spec: dict | None, options: dict | None, cache_key: str | None,
+                   model_label: str | None, device: str | None, source: str = "app", pid: int | None = None) -> str:
+        run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+        with self._connect() as db:
+            db.execute(
+                "INSERT INTO runs (id, analysis, status, cache_key, model_label, spec_json, options_json, device,"
+                " source, pid, started) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (run_id, analysis, "running", cache_key, model_label, json.dumps(spec),
+                 json.dumps(options or {}, default=str), device, source, pid or os.getpid(), time.time()),
+            )
+        return run_id
+
+    def set_pid(self, run_id: str, pid: int) -> None:
+        with self._connect() as db:
+            db.execute("UPDATE runs SET pid=? WHERE id=?", (pid, run_id))
+
+    def finish_run(self, run_id: str, status: str, *, result: dict | None = None, error: str | None = None,
+                   artifacts: dict | None = None) -> None:
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"unknown final status {status!r}")
+        metrics = (result or {}).get("metrics") or {}
+        now = time.time()
+        with self._connect() as db:
+            db.execute(
+                "UPDATE runs SET status=?, finished=?, duration_s=?-started, metrics_json=?, result_json=?,"
+                " error=?, artifacts_json=? WHERE id=?",
+                (status, now, now, json.dumps(metrics, default=str),
+                 None if result is None else json.dumps(result, default=str), error,
+                 json.dumps(artifacts or {}), run_id),
+            )
+
+    def artifact_dir(self, run_id: str) -> Path:
+        if not run_id or "/" in run_id or "\\" in run_id or run_id.startswith("."):
+            raise ValueError(f"bad run id {run_id!r}")
+        return self.artifacts_root / run_id
+
+    def delete(self, run_id: str) -> None:
+        with self._connect() as db:
+            db.execute("DELETE FROM runs WHERE id=?", (run_id,))
+        shutil.rmtree(self.artifact_dir(run_id), ignore_errors=True)
+
+    def mark_interrupted(self) -> int:
+        """Mark 'running' rows whose process is gone as interrupted; returns how many."""
+        with self._connect() as db:
+            rows = db.execute("SELECT id, pid FROM runs WHERE status='running'").fetchall()
+        stale = [rid for rid, pid in rows if not pid or not psutil.pid_exists(pid)]
+        for rid in stale:
+            self.finish_run(rid, "interrupted", error="interrupted: the process running this job stopped "
+                                                      "before it finished")
+        return len(stale)
+
+    # -- reading -------------------------------------------------------------------------
+    _COLUMNS = ("id, analysis, status, cache_key, model_label, spec_json, options_json, device, source, started,"
+                " finished, duration_s, metrics_json, {result}, error, artifacts_json")
+
+    def _record(self, row) -> RunRecord:
+        (rid, analysis, status, key, label, spec, options, device, source, started, finished, dur, metrics,
+         result, error, artifacts) = row
+        return RunRecord(rid, analysis, status, key, label, _loads(spec, None), _loads(options, {}), device,
+                         source, started, finished, dur, _loads(metrics, {}), _loads(result, None), error,
+                         _loads(artifacts, {}))
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self._connect() as db:
+            row = db.execute(f"SELECT {self._COLUMNS.format(result='result_json')} FROM runs WHERE id=?",
+                             (run_id,)).fetchone()
+        return None if row is None else self._record(row)
+
+    def list(self, limit: int = 200, analysis: str | None = None) -> list[RunRecord]:
+        """Newest first, without the (possibly large) result bodies."""
+        sql = f"SELECT {self._COLUMNS.format(result='NULL')} FROM runs"
+        args: tuple = ()
+        if analysis:
+            sql += " WHERE analysis=?"
+            args = (analysis,)
+        sql += " ORDER BY started DESC LIMIT ?"
+        with self._connect() as db:
+            rows = db.execute(sql, args + (int(limit),)).fetchall()
+        return [self._record(r) for r in rows]
+
+    def find_cached(self, cache_key: str) -> RunRecord | None:
+        """The newest successful run with this cache key, result included."""
+        with self._connect() as db:
+            row = db.execute(
+                f"SELECT {self._COLUMNS.format(result='result_json')} FROM runs WHERE cache_key=? AND status='ok'"
+                " ORDER BY started DESC LIMIT 1", (cache_key,)).fetchone()
+        return None if row is None else self._record(row)
+
+    def count(self) -> int:
+        with self._connect() as db:
+            return db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]

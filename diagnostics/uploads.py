@@ -1,0 +1,63 @@
+"""Storing uploaded files: size limit, content hash, and names we choose (never the user's)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from diagnostics.errors import ModelLoadError
+
+MAX_UPLOAD_ENV = "TORCHSCOPE_MAX_UPLOAD_MB"
+DEFAULT_MAX_UPLOAD_MB = 1024
+
+#: kind -> (file name we store it under, extensions a user may give)
+MODEL_KINDS = {
+    "torchscript": ("model.ts.pt", (".pt", ".pth", ".ts", ".zip", ".jit")),
+    "export": ("model.pt2", (".pt2",)),
+    "python": ("model.py", (".py",)),
+    "pickle": ("model.pickle.pt", (".pt", ".pth", ".pkl", ".pickle")),
+}
+WEIGHT_EXTS = (".safetensors", ".pt", ".pth", ".bin")
+
+
+def max_upload_bytes() -> int:
+    return int(float(os.environ.get(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_MB)) * 2**20)
+
+
+def check_size(n_bytes: int, what: str = "upload") -> None:
+    limit = max_upload_bytes()
+    if n_bytes > limit:
+        raise ModelLoadError(f"the {what} is {n_bytes / 2**20:.1f} MiB, over the upload limit of "
+                             f"{limit / 2**20:.0f} MiB (set {MAX_UPLOAD_ENV} to change it)")
+    if n_bytes == 0:
+        raise ModelLoadError(f"the {what} is empty (0 bytes)")
+
+
+def save_upload(data: bytes, kind: str, data_dir: Path, original_name: str = "") -> tuple[Path, str]:
+    """Write ``data`` under data_dir/uploads/<sha256>/ with a fixed name for ``kind``.
+
+    ``kind`` is a model kind from MODEL_KINDS or "weights". The user's file name is used only to
+    check and keep its extension among the allowed ones; it never becomes part of a path.
+    """
+    check_size(len(data), f"file {original_name!r}" if original_name else "upload")
+    ext = Path(original_name).suffix.lower() if original_name else ""
+    if kind == "weights":
+        if ext and ext not in WEIGHT_EXTS:
+            raise ModelLoadError(f"weights must be .safetensors or a state_dict .pt/.pth, not {ext!r}")
+        name = "weights.safetensors" if ext == ".safetensors" else "weights.pt"
+    elif kind in MODEL_KINDS:
+        name, exts = MODEL_KINDS[kind]
+        if ext and ext not in exts:
+            raise ModelLoadError(f"a {kind} model file should end in {' / '.join(exts)}, not {ext!r}")
+    else:
+        raise ModelLoadError(f"unknown upload kind {kind!r}")
+    digest = hashlib.sha256(data).hexdigest()
+    folder = Path(data_dir) / "uploads" / digest[:32]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if not path.exists():
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    return path, digest

@@ -1,0 +1,16 @@
+"""Model page: parameters, shapes and FLOPs, in total and per layer."""
+
+import streamlit as st
+
+from ui import state, views
+from ui.jobs import run_analysis
+from ui.widgets import show_failure
+
+st.title("Model")
+spec = state.current_spec()
+rerun = st.button("Recompute", help="Results are cached per model, inputs and device; this runs again")
+outcome = run_analysis("summary", spec, force=rerun)
+if outcome.ok:
+    views.show("summary", outcome.result)
+else:
+    show_failure(outcome)

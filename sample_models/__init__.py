@@ -1,0 +1,70 @@
+"""Built-in sample models (defined in code, no downloads): healthy ones and deliberately sick ones.
+
+``SAMPLES`` maps a name to a :class:`Sample`, which builds the module, declares its example
+inputs (batch first) and the task its loss is computed for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from diagnostics.spec import InputSpec
+from sample_models import convnets, sequence, mlps
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    description: str
+    build: Callable[[], nn.Module]
+    inputs: tuple[InputSpec, ...]
+    task: str  # "classification" (output [B, C]) or "lm" (output [B, T, V])
+    num_classes: int
+    sick: str | None = None  # what is wrong with it on purpose, e.g. "vanishing gradients"
+
+
+def task_loss(task: str, num_classes: int, seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A loss for ``task`` with fixed pseudo-random targets shaped after the output."""
+
+    def loss_fn(output: torch.Tensor) -> torch.Tensor:
+        if isinstance(output, (tuple, list)):
+            output = output[0]
+        g = torch.Generator().manual_seed(seed)
+        if task == "lm":
+            target = torch.randint(0, num_classes, output.shape[:-1], generator=g).to(output.device)
+            return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1))
+        target = torch.randint(0, num_classes, (output.shape[0],), generator=g).to(output.device)
+        return nn.functional.cross_entropy(output.float(), target)
+
+    return loss_fn
+
+
+SAMPLES: dict[str, Sample] = {
+    s.name: s
+    for s in [
+        Sample("mlp", "3-layer MLP classifier (64 -> 128 -> 128 -> 10)", mlps.MLP,
+               (InputSpec((32, 64)),), "classification", 10),
+        Sample("cnn", "Small CNN: three Conv-BN-ReLU blocks and a linear head on 32x32 images",
+               convnets.SmallCNN, (InputSpec((8, 3, 32, 32)),), "classification", 10),
+        Sample("resnet", "ResNet-10-style network (BasicBlocks, 4 stages) on 32x32 images",
+               convnets.resnet10, (InputSpec((8, 3, 32, 32)),), "classification", 10),
+        Sample("transformer", "Transformer encoder LM over token ids (2 layers, d=128, 4 heads)",
+               sequence.TinyTransformerLM, (InputSpec((8, 64), "int64", high=sequence.VOCAB),),
+               "lm", sequence.VOCAB),
+        Sample("lstm", "Embedding + 2-layer LSTM text classifier",
+               sequence.LSTMClassifier, (InputSpec((16, 32), "int64", high=sequence.VOCAB),),
+               "classification", 4),
+        Sample("deep_sigmoid_mlp", "20-layer MLP with sigmoid activations (sick: vanishing gradients)",
+               mlps.DeepSigmoidMLP, (InputSpec((32, 64)),), "classification", 10,
+               sick="vanishing gradients"),
+        Sample("bad_init_mlp", "8-layer ReLU MLP initialised with std=1.5 weights (sick: exploding gradients)",
+               mlps.BadInitMLP, (InputSpec((32, 64)),), "classification", 10,
+               sick="exploding gradients"),
+    ]
+}
+
+DEFAULT_SAMPLE = "cnn"

@@ -1,0 +1,104 @@
+"""Summary numbers against hand computation on small layers."""
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from diagnostics.intake import LoadedModel, default_loss
+from diagnostics.runner import AnalysisContext, Job
+from diagnostics.spec import InputSpec, ModelSpec
+from diagnostics.analyses import summary
+
+
+def run_summary(model, *inputs, tmp_path=Path("/tmp")):
+    ctx = AnalysisContext(Job("summary", ModelSpec()), tmp_path)
+    ctx._loaded = LoadedModel(ModelSpec(name="handmade"), model,
+                              tuple(InputSpec(tuple(t.shape)) for t in inputs), inputs, default_loss, "mse")
+    return summary.analyze(ctx, {})
+
+
+def layer(result, name):
+    return next(l for l in result["layers"] if l["name"] == name)
+
+
+def test_linear_counts(tmp_path, no_hooks_left):
+    B, I, O = 4, 10, 5
+    model = nn.Sequential(nn.Linear(I, O))
+    r = run_summary(model, torch.randn(B, I), tmp_path=tmp_path)
+    m = r["metrics"]
+    assert m["params_total"] == I * O + O == 55
+    assert m["param_bytes"] == 55 * 4
+    assert m["flops_forward"] == 2 * B * I * O
+    # Backward of the only layer: grad of the weight (input needs no grad) = one more matmul.
+    assert m["flops_backward"] == 2 * B * I * O
+    assert layer(r, "0")["output_shape"] == [B, O]
+    assert layer(r, "0")["pct_of_total"] == 100.0
+    no_hooks_left(model)
+    assert model.training  # mode restored
+
+
+def test_conv2d_flops(tmp_path):
+    B, C, K, H, W = 2, 3, 8, 16, 16
+    model = nn.Sequential(nn.Conv2d(C, K, 3, padding=1, bias=False))
+    r = run_summary(model, torch.randn(B, C, H, W), tmp_path=tmp_path)
+    assert r["metrics"]["params_total"] == K * C * 9
+    assert r["metrics"]["flops_forward"] == 2 * B * K * H * W * C * 9
+    assert layer(r, "0")["output_shape"] == [B, K, H, W]
+
+
+class Attn(nn.Module):
+    def __init__(self, E, h):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(E, h, batch_first=True)
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+def test_attention_is_counted(tmp_path):
+    B, L, E, h = 2, 12, 16, 4
+    model = Attn(E, h)
+    r = run_summary(model, torch.randn(B, L, E), tmp_path=tmp_path)
+    in_proj = 2 * B * L * E * 3 * E
+    scores = 2 * B * L * L * E  # h heads of (L x E/h) @ (E/h x L)
+    weighted = 2 * B * L * L * E
+    out_proj = 2 * B * L * E * E
+    assert r["metrics"]["flops_forward"] == in_proj + scores + weighted + out_proj
+    assert r["metrics"]["params_total"] == 3 * E * E + 3 * E + E * E + E
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(6, 6, bias=False)
+        self.dec = nn.Linear(6, 6, bias=False)
+        self.dec.weight = self.enc.weight
+
+    def forward(self, x):
+        return self.dec(self.enc(x))
+
+
+def test_tied_weights_count_once(tmp_path):
+    r = run_summary(Tied(), torch.randn(2, 6), tmp_path=tmp_path)
+    assert r["metrics"]["params_total"] == 36
+    assert r["metrics"]["tied_parameters"] == 1
+    assert layer(r, "enc")["params"] == 36 and layer(r, "dec")["params"] == 0
+
+
+def test_frozen_parameters(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    r = run_summary(model, torch.randn(3, 4), tmp_path=tmp_path)
+    assert r["metrics"]["params_frozen"] == 20 and r["metrics"]["params_trainable"] == 10
+
+
+def test_result_is_plain_json(tmp_path):
+    import json
+
+    from sample_models import SAMPLES
+    s = SAMPLES["resnet"]
+    r = run_summary(s.build(), torch.randn(2, 3, 32, 32), tmp_path=tmp_path)
+    json.dumps(r)
+    assert r["metrics"]["params_total"] == sum(p.numel() for p in s.build().parameters())

@@ -1,0 +1,38 @@
+"""AppTest: the app starts on the Model page with a sample model; History reopens a run."""
+
+def test_model_page_shows_totals_and_table(new_app):
+    at = new_app().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Model"
+    labels = [m.label for m in at.metric]
+    assert labels[:2] == ["Parameters", "Trainable"]
+    assert at.metric[0].value == "94.76 k"  # the default sample: the small CNN
+    assert len(at.dataframe) == 1
+    df = at.dataframe[0].value
+    assert {"features.0.0", "classifier"} <= set(df["name"])
+
+
+def test_switching_sample_and_batch_updates_the_page(new_app):
+    at = new_app().run()
+    at.sidebar.selectbox(key="sb_sample").set_value("mlp").run()
+    assert not at.exception
+    assert at.metric[0].value == "26.12 k"
+    at.sidebar.number_input(key="sb_batch_sample-mlp-").set_value(64).run()
+    assert "batch 64" in at.metric[4].help
+
+
+def test_bad_input_shape_keeps_previous_model(new_app):
+    at = new_app().run()
+    at.sidebar.selectbox(key="sb_sample").set_value("mlp").run()
+    at.sidebar.text_input(key="sb_shape_sample-mlp-_0").set_value("64,abc").run()
+    assert any("not a comma-separated list of integers" in e.value for e in at.sidebar.error)
+    assert not at.exception
+
+
+def test_history_reopens_a_run_without_recomputing(new_app):
+    at = new_app().run()
+    at.switch_page("pages/history.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "History"
+    assert "summary" in at.subheader[0].value
+    assert [m.label for m in at.metric][:1] == ["Parameters"]

@@ -1,0 +1,192 @@
+"""Every model-source kind loads, and every bad input fails with a message naming the problem."""
+
+import textwrap
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError
+from diagnostics.intake import load_model
+from diagnostics.spec import InputSpec, ModelSpec
+from sample_models import SAMPLES
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_every_sample_loads_and_runs_forward_and_backward():
+    for name in SAMPLES:
+        loaded = load_model(ModelSpec(name=name))
+        out = loaded.forward()
+        loss = loaded.loss_fn(out)
+        assert loss.ndim == 0 and torch.isfinite(loss) or name == "bad_init_mlp"
+        loss.backward()
+
+
+def test_batch_size_and_edited_inputs_apply():
+    loaded = load_model(ModelSpec(name="mlp", batch_size=5))
+    assert loaded.inputs[0].shape == (5, 64)
+    loaded = load_model(ModelSpec(name="transformer", inputs=(InputSpec((2, 10), "int64", high=1000),)))
+    assert loaded.inputs[0].shape == (2, 10) and loaded.inputs[0].dtype == torch.int64
+    assert int(loaded.inputs[0].max()) < 1000
+
+
+def test_unknown_sample():
+    with pytest.raises(ModelLoadError, match="unknown sample model 'nope'"):
+        load_model(ModelSpec(name="nope"))
+
+
+def test_torchscript_archive(tmp_path):
+    path = tmp_path / "m.pt"
+    torch.jit.save(torch.jit.script(Tiny()), str(path))
+    loaded = load_model(ModelSpec(source="torchscript", name="m.pt", path=str(path), inputs=(InputSpec((2, 4)),)))
+    assert loaded.forward().shape == (2, 3)
+
+
+def test_torchscript_needs_input_shapes(tmp_path):
+    path = tmp_path / "m.pt"
+    torch.jit.save(torch.jit.script(Tiny()), str(path))
+    with pytest.raises(SpecError, match="declares no example inputs"):
+        load_model(ModelSpec(source="torchscript", name="m.pt", path=str(path)))
+
+
+def test_export_archive_uses_its_example_inputs(tmp_path):
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(Tiny(), (torch.randn(6, 4),)), str(path))
+    loaded = load_model(ModelSpec(source="export", name="m.pt2", path=str(path)))
+    assert loaded.inputs[0].shape == (6, 4)
+    assert loaded.forward().shape == (6, 3)
+
+
+def test_truncated_and_corrupt_archives_are_named(tmp_path):
+    good = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(Tiny(), (torch.randn(6, 4),)), str(good))
+    cut = tmp_path / "cut.pt2"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(ModelLoadError, match="cut.pt2 is not a torch.export archive"):
+        load_model(ModelSpec(source="export", name="cut", path=str(cut)))
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"hello, not a model")
+    with pytest.raises(ModelLoadError, match="junk.pt is not a TorchScript archive"):
+        load_model(ModelSpec(source="torchscript", name="junk", path=str(junk), inputs=(InputSpec((1, 4)),)))
+
+
+PY_MODEL = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    def build_model():
+        return nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+
+    def example_inputs():
+        return (torch.randn(3, 8),)
+""")
+
+
+def test_python_file(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(PY_MODEL)
+    loaded = load_model(ModelSpec(source="python", name="model.py", path=str(path)))
+    assert loaded.forward().shape == (3, 2)
+    assert "no loss declared" in loaded.loss_name
+
+
+def test_python_file_without_build_model(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text("x = 1\n")
+    with pytest.raises(ModelLoadError, match="defines no build_model"):
+        load_model(ModelSpec(source="python", name="model.py", path=str(path)))
+
+
+def test_python_file_with_syntax_error(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text("def build_model(:\n")
+    with pytest.raises(ModelLoadError, match="syntax error at line 1"):
+        load_model(ModelSpec(source="python", name="model.py", path=str(path)))
+
+
+def test_safe_mode_refuses_python_and_pickles(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
+    path = tmp_path / "model.py"
+    path.write_text(PY_MODEL)
+    with pytest.raises(TrustError, match="server-safe mode"):
+        load_model(ModelSpec(source="python", name="model.py", path=str(path)))
+    with pytest.raises(TrustError, match="server-safe mode"):
+        load_model(ModelSpec(source="pickle", name="m.pt", path=str(path), trust_pickle=True))
+
+
+class Boom:
+    """A pickle payload that writes a file when unpickled."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_pickle_needs_trust_and_never_runs_without_it(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save(Boom(str(marker)), str(path))
+    with pytest.raises(TrustError, match="turn on 'I trust this file'"):
+        load_model(ModelSpec(source="pickle", name="evil.pt", path=str(path)))
+    assert not marker.exists()
+    # As weights, the same file is read with weights_only=True: refused, payload not run.
+    sd_model = tmp_path / "model.py"
+    sd_model.write_text(PY_MODEL)
+    with pytest.raises(TrustError, match="not a plain state_dict"):
+        load_model(ModelSpec(source="python", name="model.py", path=str(sd_model), weights_path=str(path)))
+    assert not marker.exists()
+
+
+def test_trusted_pickle_loads(tmp_path):
+    path = tmp_path / "m.pt"
+    torch.save(Tiny(), str(path))
+    loaded = load_model(ModelSpec(source="pickle", name="m.pt", path=str(path), trust_pickle=True,
+                                  inputs=(InputSpec((2, 4)),)))
+    assert loaded.forward().shape == (2, 3)
+
+
+def test_weights_safetensors_and_state_dict(tmp_path):
+    py = tmp_path / "model.py"
+    py.write_text(PY_MODEL)
+    torch.manual_seed(1)
+    from torch import nn as _nn
+    ref = _nn.Sequential(_nn.Linear(8, 4), _nn.ReLU(), _nn.Linear(4, 2))
+    st_path = tmp_path / "w.safetensors"
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(st_path))
+    loaded = load_model(ModelSpec(source="python", name="model.py", path=str(py), weights_path=str(st_path)))
+    assert torch.equal(loaded.model[0].weight, ref[0].weight)
+    pt_path = tmp_path / "w.pt"
+    torch.save(ref.state_dict(), str(pt_path))
+    loaded = load_model(ModelSpec(source="python", name="model.py", path=str(py), weights_path=str(pt_path)))
+    assert torch.equal(loaded.model[2].bias, ref[2].bias)
+
+
+def test_mismatched_state_dict_names_first_mismatches(tmp_path):
+    py = tmp_path / "model.py"
+    py.write_text(PY_MODEL)
+    bad = {"0.weight": torch.zeros(5, 8), "0.bias": torch.zeros(4), "extra.weight": torch.zeros(1)}
+    path = tmp_path / "w.pt"
+    torch.save(bad, str(path))
+    with pytest.raises(ModelLoadError) as e:
+        load_model(ModelSpec(source="python", name="model.py", path=str(py), weights_path=str(path)))
+    msg = str(e.value)
+    assert "missing keys (2): 2.weight, 2.bias" in msg
+    assert "unexpected keys (1): extra.weight" in msg
+    assert "0.weight: file [5, 8] vs model [4, 8]" in msg
+
+
+def test_inputs_the_model_rejects_show_its_error():
+    loaded = load_model(ModelSpec(name="mlp", inputs=(InputSpec((2, 7)),)))
+    with pytest.raises(ModelRunError, match=r"rejected its inputs \(\[2, 7\] float32\).*mat1 and mat2"):
+        loaded.forward()

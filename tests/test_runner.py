@@ -1,0 +1,43 @@
+"""The runner executes analyses in a worker process and turns failures into messages."""
+
+import textwrap
+
+from diagnostics import ModelSpec
+from diagnostics.runner import Job, run_job
+from diagnostics.store import Store
+
+
+def test_summary_runs_in_a_worker_and_is_stored(tmp_path):
+    store = Store(tmp_path)
+    seen = []
+    out = run_job(Job("summary", ModelSpec(name="mlp")), store=store, on_progress=lambda f, m: seen.append(m))
+    assert out.ok, out.error
+    assert out.result["metrics"]["params_total"] == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+    assert "loading model" in seen
+    rec = store.get(out.run_id)
+    assert rec.status == "ok" and rec.result == out.result
+    assert "worker.log" in rec.artifacts
+
+
+def test_model_error_is_reported(tmp_path):
+    out = run_job(Job("summary", ModelSpec(name="mlp", inputs=(__import__("diagnostics").InputSpec((2, 3)),))),
+                  artifact_dir=tmp_path)
+    assert out.status == "error"
+    assert "the model rejected its inputs" in out.error and "mat1 and mat2" in out.error
+
+
+def test_hanging_model_times_out(tmp_path):
+    py = tmp_path / "hang.py"
+    py.write_text(textwrap.dedent("""
+        import time, torch
+        from torch import nn
+        class Hang(nn.Module):
+            def forward(self, x):
+                time.sleep(600)
+        def build_model(): return Hang()
+        def example_inputs(): return (torch.zeros(1),)
+    """))
+    store = Store(tmp_path / "data")
+    out = run_job(Job("summary", ModelSpec(source="python", name="hang.py", path=str(py))), timeout_s=8, store=store)
+    assert out.status == "timeout" and out.error.startswith("timed out after 8 s")
+    assert store.get(out.run_id).status == "timeout"

@@ -1,0 +1,82 @@
+"""Run engine jobs from a page: cached by (spec, analysis, options), with progress and Cancel.
+
+The same spec + options is never computed twice: a result is looked up in this session, then in
+the run store (any session, the CLI too), and only then computed in a worker process.
+"""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from diagnostics.registry import get_analysis
+from diagnostics.runner import Job, JobOutcome, run_job
+from diagnostics.spec import ModelSpec
+from diagnostics.store import Store
+from ui import state
+
+
+@st.cache_resource
+def get_store() -> Store:
+    store = Store()
+    store.mark_interrupted()  # rows left 'running' by a dashboard that stopped
+    return store
+
+
+def _outcome_from_record(rec) -> JobOutcome:
+    return JobOutcome(rec.status, result=rec.result, error=rec.error, run_id=rec.id,
+                      duration_s=rec.duration_s or 0.0, from_cache=True)
+
+
+def cached_outcome(analysis: str, spec: ModelSpec | None, options: dict | None = None) -> JobOutcome | None:
+    job = Job(analysis, spec, options or {})
+    key = job.key()
+    hit = state.results().get(key)
+    if hit is None:
+        rec = get_store().find_cached(key)
+        if rec is not None:
+            hit = state.results()[key] = _outcome_from_record(rec)
+    return hit
+
+
+def run_analysis(analysis: str, spec: ModelSpec | None, options: dict | None = None, *, force: bool = False,
+                 timeout_s: float | None = None, label: str | None = None) -> JobOutcome:
+    """Return the outcome of ``analysis`` on ``spec``: cached, or computed now with a progress panel."""
+    job = Job(analysis, spec, options or {})
+    key = job.key()
+    if not force:
+        hit = cached_outcome(analysis, spec, options)
+        if hit is not None:
+            return hit
+    state.cancelled().discard(key)
+    title = label or get_analysis(analysis).title
+    with st.status(f"{title}: running…", expanded=True) as box:
+        st.button("Cancel", key=f"cancel-{key}", on_click=lambda: state.cancelled().add(key),
+                  help="Stop the worker running this job")
+        bar = st.progress(0.0, text="starting worker")
+        clock = st.empty()
+        last = {"fraction": 0.0, "message": "starting worker"}
+        t0 = time.monotonic()
+
+        def on_progress(fraction: float, message: str) -> None:
+            last.update(fraction=fraction, message=message)
+            bar.progress(fraction, text=message)
+
+        def on_tick(_elapsed: float) -> None:
+            # Touching an element lets Streamlit deliver a Cancel click (a rerun) to this script
+            # run; the runner's finally then kills the worker.
+            clock.caption(f"{time.monotonic() - t0:.1f} s elapsed")
+
+        outcome = run_job(job, store=get_store(), timeout_s=timeout_s, on_progress=on_progress, on_tick=on_tick)
+        if outcome.ok:
+            box.update(label=f"{title}: done in {outcome.duration_s:.1f} s", state="complete", expanded=False)
+        else:
+            box.update(label=f"{title}: {outcome.status}", state="error", expanded=True)
+    if outcome.ok:
+        state.results()[key] = outcome
+    return outcome
+
+
+def was_cancelled(analysis: str, spec: ModelSpec | None, options: dict | None = None) -> bool:
+    return Job(analysis, spec, options or {}).key() in state.cancelled()

@@ -1,0 +1,177 @@
+"""The shared sidebar: model picker (samples or uploads), inputs editor, device choice and facts.
+
+It ends by storing the current, validated ModelSpec in session state for every page to read.
+An upload replaces the current model only after a worker loaded it and ran one forward pass;
+otherwise its error is shown and the previous model stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import streamlit as st
+
+from diagnostics.devices import device_report, list_devices
+from diagnostics.errors import TorchScopeError
+from diagnostics.formatting import human_bytes
+from diagnostics.intake import safe_mode
+from diagnostics.spec import DTYPES, InputSpec, ModelSpec
+from diagnostics.uploads import MODEL_KINDS, save_upload
+from sample_models import DEFAULT_SAMPLE, SAMPLES
+from ui import state
+from ui.jobs import get_store, run_analysis
+
+KIND_LABELS = {
+    "torchscript": "TorchScript archive (torch.jit.save)",
+    "export": "torch.export archive (.pt2)",
+    "python": "Python file with build_model() and example_inputs()",
+    "pickle": "Pickled nn.Module (torch.save(model)) — runs code",
+}
+
+
+@st.cache_data(ttl=10, show_spinner=False)
+def _devices() -> list[str]:
+    return list_devices()
+
+
+@st.cache_data(ttl=5, show_spinner=False)
+def _device_report() -> dict:
+    return device_report()
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.replace("x", ",").replace("(", "").replace(")", "").split(",") if p.strip()]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        raise TorchScopeError(f"shape {text!r} is not a comma-separated list of integers") from None
+    if not shape or any(s <= 0 for s in shape):
+        raise TorchScopeError(f"shape {text!r} must have at least one dimension, each positive")
+    return shape
+
+
+def _allowed_kinds() -> list[str]:
+    return [k for k in MODEL_KINDS if not (safe_mode() and k in ("python", "pickle"))]
+
+
+def _upload_form() -> None:
+    """Upload a model (and weights); validate it in a worker; switch to it only if it loads."""
+    kinds = _allowed_kinds()
+    kind = st.selectbox("File kind", kinds, format_func=KIND_LABELS.get, key="sb_upload_kind")
+    if safe_mode():
+        st.caption("Server-safe mode: Python files and pickled modules are disabled.")
+    model_file = st.file_uploader("Model file", key="sb_upload_model")
+    weights_file = st.file_uploader("Weights (optional): .safetensors or a state_dict .pt", key="sb_upload_weights",
+                                    type=["safetensors", "pt", "pth", "bin"])
+    trust = False
+    if kind == "pickle":
+        trust = st.checkbox("I trust this file (unpickling can run any code on this server)", value=False,
+                            key="sb_trust")
+    shapes = st.text_input("Input shapes (needed for TorchScript)", key="sb_upload_shapes",
+                           placeholder="e.g. 8,3,32,32 ; 8,16",
+                           help="Batch first. Separate several inputs with ';'. Leave empty to use the model's own "
+                                "example inputs (.pt2, Python file).")
+    dtype = st.selectbox("Input dtype", DTYPES, key="sb_upload_dtype")
+    if not st.button("Load model", type="primary", disabled=model_file is None, key="sb_load"):
+        return
+    try:
+        store = get_store()
+        path, digest = save_upload(model_file.getvalue(), kind, store.data_dir, model_file.name)
+        weights_path = None
+        if weights_file is not None:
+            wpath, wdigest = save_upload(weights_file.getvalue(), "weights", store.data_dir, weights_file.name)
+            weights_path, digest = str(wpath), digest + wdigest[:16]
+        inputs = None
+        if shapes.strip():
+            inputs = tuple(InputSpec(parse_shape(s), dtype, 1000 if dtype in ("int64", "int32") else None)
+                           for s in shapes.split(";") if s.strip())
+        spec = ModelSpec(source=kind, name=model_file.name[:80], path=str(path), weights_path=weights_path,
+                         file_sha256=digest, trust_pickle=trust, inputs=inputs)
+    except TorchScopeError as e:
+        st.session_state[state.LOAD_ERROR] = str(e)
+        return
+    outcome = run_analysis("validate", spec, force=True, label=f"Loading {model_file.name}")
+    if outcome.ok:
+        st.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": outcome.result}
+        st.session_state[state.LOAD_ERROR] = None
+    else:
+        st.session_state[state.LOAD_ERROR] = f"{model_file.name}: {outcome.error}"
+
+
+def _inputs_editor(base: ModelSpec, declared: tuple[InputSpec, ...]) -> ModelSpec | None:
+    ident = f"{base.source}-{base.name}-{base.file_sha256 or ''}"
+    batch = st.number_input("Batch size", min_value=1, max_value=65536, value=int(declared[0].shape[0]),
+                            step=1, key=f"sb_batch_{ident}")
+    edited = []
+    with st.expander("Input shapes and dtypes"):
+        for i, inp in enumerate(declared):
+            c1, c2 = st.columns([3, 2])
+            text = c1.text_input(f"Input {i + 1} shape (after batch)", ",".join(map(str, inp.shape[1:])),
+                                 key=f"sb_shape_{ident}_{i}")
+            dt = c2.selectbox("dtype", DTYPES, index=DTYPES.index(inp.dtype), key=f"sb_dtype_{ident}_{i}")
+            try:
+                rest = parse_shape(text) if text.strip() else ()
+                edited.append(InputSpec((int(batch),) + rest, dt, inp.high if dt in ("int64", "int32") else None))
+            except TorchScopeError as e:
+                st.error(f"Input {i + 1}: {e}")
+                return None
+    return replace(base, inputs=tuple(edited), batch_size=None)
+
+
+def render_sidebar() -> ModelSpec:
+    sb = st.sidebar
+    with sb:
+        st.header("Model")
+        source = st.radio("Source", ["Built-in sample", "Upload a file"], horizontal=True, key="sb_source")
+        base, declared = None, None
+        if source == "Built-in sample":
+            names = list(SAMPLES)
+            name = st.selectbox("Sample model", names, index=names.index(DEFAULT_SAMPLE), key="sb_sample",
+                                format_func=lambda n: n + (" ⚠ sick" if SAMPLES[n].sick else ""))
+            st.caption(SAMPLES[name].description)
+            base, declared = ModelSpec(source="sample", name=name), SAMPLES[name].inputs
+        else:
+            _upload_form()
+            if st.session_state.get(state.LOAD_ERROR):
+                st.error(st.session_state[state.LOAD_ERROR])
+            info = st.session_state.get(state.MODEL_INFO)
+            if info:
+                base = ModelSpec.from_dict(info["spec"])
+                declared = tuple(InputSpec(tuple(i["shape"]), i["dtype"], i.get("high"))
+                                 for i in info["result"]["inputs"])
+                st.success(f"Loaded {base.name} ({info['result']['model_type']})")
+            else:
+                st.info("No uploaded model yet: the pages keep showing the previous model.")
+
+        st.header("Inputs & device")
+        spec = state.current_spec()
+        if base is not None:
+            edited = _inputs_editor(base, declared)
+            if edited is not None:
+                spec = edited
+        devices = _devices()
+        device = st.selectbox("Device", devices, key="sb_device",
+                              help="Each CUDA GPU when present, else the CPU")
+        spec = replace(spec, device=device)
+        state.set_spec(spec)
+        with st.expander("Device facts"):
+            _device_panel()
+        st.caption(f"Runs are stored in `{get_store().data_dir}`")
+    return spec
+
+
+def _device_panel() -> None:
+    rep = _device_report()
+    for g in rep["gpus"]:
+        st.markdown(f"**GPU {g['index']}: {g['name']}** · driver {g['driver']}")
+        st.progress(min(1.0, g["memory_used_bytes"] / max(1, g["memory_total_bytes"])),
+                    text=f"memory {human_bytes(g['memory_used_bytes'])} / {human_bytes(g['memory_total_bytes'])}")
+        st.caption(f"utilization {g['utilization_pct']} % · {g['temperature_c']} °C · "
+                   f"{g['power_w'] or 0:.0f} W of {g['power_limit_w'] or 0:.0f} W")
+    if rep["message"]:
+        st.caption(rep["message"])
+    c = rep["cpu"]
+    st.markdown(f"**CPU:** {c['model']}")
+    st.caption(f"{c['logical_cores']} logical cores ({c['affinity_cores']} usable) · RAM "
+               f"{human_bytes(c['ram_available_bytes'])} free of {human_bytes(c['ram_total_bytes'])} · "
+               f"torch threads {c['torch_threads']}")

@@ -1,0 +1,62 @@
+"""Show the model summary: totals, the per-layer table, a treemap and top-layer charts."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.charts.summary import build_param_treemap_figure, build_top_layers_figure
+from diagnostics.formatting import human_bytes, human_count, human_flops
+from ui.widgets import json_download, metric_row
+
+
+def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
+    df = pd.DataFrame(result["layers"])
+    if leaves_only:
+        df = df[df["is_leaf"] | (df["params"] > 0)]
+        df = df[df["name"] != "(model)"]
+    df = df.assign(output_shape=df["output_shape"].map(lambda s: "" if s is None else str(s)),
+                   trainable=df["trainable"] > 0)
+    return df[["name", "type", "output_shape", "params", "pct_of_total", "trainable",
+               "flops_forward", "flops_backward"]]
+
+
+def show(result: dict) -> None:
+    m = result["metrics"]
+    st.caption(f"{result['model']} · {result['model_type']} · inputs "
+               + ", ".join(f"{i['shape']} {i['dtype']}" for i in result["inputs"])
+               + f" · output {result['output_shape']} · device {result['device']} · loss: {result['loss']}")
+    metric_row([
+        ("Parameters", human_count(m["params_total"]), f"{m['params_total']:,} in total; tied weights counted once"
+                                                         f" ({m['tied_parameters']} tied)"),
+        ("Trainable", human_count(m["params_trainable"]), f"{m['params_trainable']:,}"),
+        ("Frozen", human_count(m["params_frozen"]), f"{m['params_frozen']:,}"),
+        ("Parameter memory", human_bytes(m["param_bytes"]), f"buffers: {human_bytes(m['buffer_bytes'])}"),
+        ("Forward", human_flops(m["flops_forward"]), f"one forward pass at batch {m['batch_size']}"),
+        ("Forward + backward", human_flops(m["flops_train_step"]), "one training step (without the optimizer)"),
+    ])
+    for note in result.get("notes", []):
+        st.info(note)
+    tab_table, tab_tree, tab_top = st.tabs(["Layers", "Parameter treemap", "Top layers"])
+    with tab_table:
+        leaves = st.toggle("Leaf layers only", value=True, key="summary_leaves")
+        st.dataframe(
+            layer_table(result, leaves), hide_index=True, width="stretch",
+            column_config={
+                "name": st.column_config.TextColumn("Layer (qualified name)"),
+                "output_shape": st.column_config.TextColumn("Output shape"),
+                "params": st.column_config.NumberColumn("Params", format="localized"),
+                "pct_of_total": st.column_config.ProgressColumn("% of params", format="%.1f%%", min_value=0,
+                                                                max_value=100),
+                "trainable": st.column_config.CheckboxColumn("Trainable"),
+                "flops_forward": st.column_config.NumberColumn("Forward FLOPs", format="compact"),
+                "flops_backward": st.column_config.NumberColumn("Backward FLOPs", format="compact"),
+            },
+        )
+    with tab_tree:
+        st.plotly_chart(build_param_treemap_figure(result), width="stretch")
+    with tab_top:
+        c1, c2 = st.columns(2)
+        c1.plotly_chart(build_top_layers_figure(result, "params"), width="stretch")
+        c2.plotly_chart(build_top_layers_figure(result, "flops"), width="stretch")
+    json_download(result, "summary.json")
