@@ -7,8 +7,8 @@ from ui.sidebar import render_sidebar
 st.set_page_config(page_title="TorchScope", page_icon="🔬", layout="wide")
 
 PAGES = [
-    st.Page("pages/model.py", title="Model", icon="🧱", default=True),
-    st.Page("pages/history.py", title="History", icon="🗂️"),
+    st.Page("pages/model.py", title="Model", icon=":material/view_in_ar:", default=True),
+    st.Page("pages/history.py", title="History", icon=":material/history:"),
 ]
 
 nav = st.navigation(PAGES)

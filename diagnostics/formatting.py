@@ -20,7 +20,7 @@ def human_count(n: float | None, unit: str = "") -> str:
     n = float(n)
     for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
-            return f"{n / scale:.2f} {suffix}{unit}".rstrip()
+            return f"{n / scale:.3g} {suffix}{unit}".rstrip()
     return f"{n:.0f} {unit}".rstrip()
 
 

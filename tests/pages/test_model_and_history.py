@@ -6,7 +6,7 @@ def test_model_page_shows_totals_and_table(new_app):
     assert at.title[0].value == "Model"
     labels = [m.label for m in at.metric]
     assert labels[:2] == ["Parameters", "Trainable"]
-    assert at.metric[0].value == "94.76 k"  # the default sample: the small CNN
+    assert at.metric[0].value == "94.8 k"  # the default sample: the small CNN
     assert len(at.dataframe) == 1
     df = at.dataframe[0].value
     assert {"features.0.0", "classifier"} <= set(df["name"])
@@ -16,7 +16,7 @@ def test_switching_sample_and_batch_updates_the_page(new_app):
     at = new_app().run()
     at.sidebar.selectbox(key="sb_sample").set_value("mlp").run()
     assert not at.exception
-    assert at.metric[0].value == "26.12 k"
+    assert at.metric[0].value == "26.1 k"
     at.sidebar.number_input(key="sb_batch_sample-mlp-").set_value(64).run()
     assert "batch 64" in at.metric[4].help
 

@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.charts.summary import build_param_treemap_figure, build_top_layers_figure
-from diagnostics.formatting import human_bytes, human_count, human_flops
+from diagnostics.formatting import human_bytes, human_count
 from ui.widgets import json_download, metric_row
 
 
@@ -16,7 +16,7 @@ def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
         df = df[df["is_leaf"] | (df["params"] > 0)]
         df = df[df["name"] != "(model)"]
     df = df.assign(output_shape=df["output_shape"].map(lambda s: "" if s is None else str(s)),
-                   trainable=df["trainable"] > 0)
+                   trainable=(df["trainable"] > 0).where(df["params"] > 0))
     return df[["name", "type", "output_shape", "params", "pct_of_total", "trainable",
                "flops_forward", "flops_backward"]]
 
@@ -32,8 +32,10 @@ def show(result: dict) -> None:
         ("Trainable", human_count(m["params_trainable"]), f"{m['params_trainable']:,}"),
         ("Frozen", human_count(m["params_frozen"]), f"{m['params_frozen']:,}"),
         ("Parameter memory", human_bytes(m["param_bytes"]), f"buffers: {human_bytes(m['buffer_bytes'])}"),
-        ("Forward", human_flops(m["flops_forward"]), f"one forward pass at batch {m['batch_size']}"),
-        ("Forward + backward", human_flops(m["flops_train_step"]), "one training step (without the optimizer)"),
+        ("Forward FLOPs", human_count(m["flops_forward"]), f"{m['flops_forward']:,} FLOPs for one forward pass at "
+                                                            f"batch {m['batch_size']}"),
+        ("Fwd + bwd FLOPs", human_count(m["flops_train_step"]), f"{m['flops_train_step']:,} FLOPs for one training "
+                                                                 "step (without the optimizer)"),
     ])
     for note in result.get("notes", []):
         st.info(note)
@@ -44,6 +46,7 @@ def show(result: dict) -> None:
             layer_table(result, leaves), hide_index=True, width="stretch",
             column_config={
                 "name": st.column_config.TextColumn("Layer (qualified name)"),
+                "type": st.column_config.TextColumn("Type"),
                 "output_shape": st.column_config.TextColumn("Output shape"),
                 "params": st.column_config.NumberColumn("Params", format="localized"),
                 "pct_of_total": st.column_config.ProgressColumn("% of params", format="%.1f%%", min_value=0,
