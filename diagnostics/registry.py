@@ -30,6 +30,7 @@ ANALYSES: dict[str, Analysis] = {
     for a in [
         Analysis("validate", "Load check", "diagnostics.analyses.validate:analyze", default_timeout_s=120),
         Analysis("summary", "Model summary", "diagnostics.analyses.summary:analyze"),
+        Analysis("profile", "Profiler", "diagnostics.analyses.profiler:analyze", exclusive=True, default_timeout_s=600),
     ]
 }
 
