@@ -3,8 +3,11 @@
 The worker is a fresh ``spawn`` process: a crash, hang, abort or runaway allocation in user code
 ends the worker, never the dashboard. The parent enforces the timeout, a memory cap (RLIMIT_AS on
 CPU jobs, an RSS watchdog on all), cancellation, and a per-device queue for jobs that time the
-device, so two sessions do not distort each other's figures. The worker's stdout/stderr go to a
-log file in the run's artifact folder, so a model that prints megabytes cannot block a pipe.
+device, so two sessions do not distort each other's figures. The worker's stdout/stderr are drained
+by a thread into a log file in the run's artifact folder (its first LOG_HEAD_BYTES and last
+LOG_TAIL_BYTES), so a model that prints megabytes neither blocks nor fills the disk. The worker
+dies with the process that started it (PR_SET_PDEATHSIG on Linux), and a job interrupted in the
+parent (a Streamlit rerun or stop, Ctrl-C) kills its worker and is stored as 'cancelled'.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ from __future__ import annotations
 import fcntl
 import multiprocessing as mp
 import os
+import select
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -28,9 +33,16 @@ from diagnostics.registry import get_analysis
 from diagnostics.spec import ModelSpec, cache_key
 
 MEMORY_LIMIT_ENV = "TORCHSCOPE_WORKER_MEMORY_MB"
+#: Overrides every analysis' default timeout (a caller's explicit timeout_s still wins).
+TIMEOUT_ENV = "TORCHSCOPE_JOB_TIMEOUT_S"
 #: Default worker memory cap: this share of physical memory.
 DEFAULT_MEMORY_SHARE = 0.6
 LOG_TAIL_CHARS = 2000
+#: worker.log keeps the first and the last bytes of the worker's output; the middle is dropped.
+LOG_HEAD_BYTES = 1 << 20
+LOG_TAIL_BYTES = 256 << 10
+#: Stored as the error of a run whose parent was interrupted (rerun, stop, Ctrl-C) mid-job.
+INTERRUPTED_MESSAGE = "cancelled: the job was stopped before it finished (Cancel, a page rerun or shutdown)"
 
 ProgressFn = Callable[[float, str], None]
 
@@ -109,10 +121,39 @@ def execute(job: Job, artifact_dir: Path, progress: ProgressFn | None = None) ->
 
 
 # ----------------------------------------------------------------------------- the worker
-def _worker_main(job_dict: dict, conn, artifact_dir: str, log_path: str, mem_limit: int | None) -> None:
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: get SIGKILL when the thread that started us ends, so a killed dashboard leaves no worker."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's finally still kills us
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """MemoryError, torch's OutOfMemoryError, or an allocator message, anywhere in the cause chain."""
+    seen = 0
+    while exc is not None and seen < 10:
+        text = str(exc).lower()
+        if (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+                or "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: int | None,
+                 parent_pid: int) -> None:
+    _die_with_parent(parent_pid)
+    os.dup2(log_conn.fileno(), 1)
+    os.dup2(log_conn.fileno(), 2)
+    log_conn.close()
+    import faulthandler
+
+    faulthandler.enable()  # a segfault in native code leaves a Python traceback in worker.log
     if mem_limit:
         import resource
 
@@ -120,17 +161,82 @@ def _worker_main(job_dict: dict, conn, artifact_dir: str, log_path: str, mem_lim
     try:
         job = Job.from_dict(job_dict)
         result = execute(job, Path(artifact_dir), lambda f, m: conn.send(("progress", f, m)))
-        conn.send(("ok", result))
-    except TorchScopeError as e:
-        conn.send(("error", type(e).__name__, str(e), ""))
-    except MemoryError as e:
-        conn.send(("oom", type(e).__name__, f"ran out of memory: {e}", ""))
+        message = ("ok", result)
     except BaseException as e:  # the user's code: anything can come out
-        text = f"{type(e).__name__}: {e}"
-        kind = "oom" if ("out of memory" in str(e).lower() or "can't allocate memory" in str(e).lower()) else "error"
-        conn.send((kind, type(e).__name__, text, traceback.format_exc(limit=8)))
+        # Build the message here but send it after the except block: the traceback keeps the
+        # failing frames (and whatever they allocated) alive until then.
+        if _is_oom(e):
+            cap = f" (the worker's cap is {mem_limit / 2**30:.1f} GiB; set {MEMORY_LIMIT_ENV})" if mem_limit else ""
+            text = f"ran out of memory{cap}: {e}"
+            message = ("oom", type(e).__name__, text, traceback.format_exc(limit=8))
+        elif isinstance(e, TorchScopeError):
+            message = ("error", type(e).__name__, str(e), "")
+        else:
+            message = ("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
+    try:
+        conn.send(message)
+    except Exception as e:  # e.g. a result that cannot be pickled
+        conn.send(("error", type(e).__name__, f"the result could not be sent back: {type(e).__name__}: {e}", ""))
     finally:
         conn.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class _LogDrain(threading.Thread):
+    """Copy the worker's output into ``path``: the first ``head`` bytes, then only the last ``tail``."""
+
+    def __init__(self, fd: int, path: Path, head: int = LOG_HEAD_BYTES, tail: int = LOG_TAIL_BYTES):
+        super().__init__(daemon=True, name="torchscope-log-drain")
+        self.fd, self.path, self.head, self.tail = fd, path, head, tail
+        self.dropped = 0
+        self._stop_at = threading.Event()
+
+    def run(self) -> None:
+        written, ring = 0, bytearray()
+        with open(self.path, "wb") as out:
+            while True:
+                if self._stop_at.is_set():
+                    # Stop was asked: take what is already in the pipe, without waiting for EOF
+                    # (a grandchild of the worker may hold the pipe open).
+                    ready = select.select([self.fd], [], [], 0)[0]
+                else:
+                    ready = select.select([self.fd], [], [], 0.2)[0]
+                if not ready:
+                    if self._stop_at.is_set():
+                        break
+                    continue
+                try:
+                    chunk = os.read(self.fd, 1 << 16)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                if written < self.head:
+                    part = chunk[: self.head - written]
+                    out.write(part)
+                    written += len(part)
+                    chunk = chunk[len(part):]
+                if chunk:
+                    ring += chunk
+                    if len(ring) > 2 * self.tail:
+                        self.dropped += len(ring) - self.tail
+                        del ring[: len(ring) - self.tail]
+            if len(ring) > self.tail:
+                self.dropped += len(ring) - self.tail
+                del ring[: len(ring) - self.tail]
+            if self.dropped:
+                out.write(f"\n[... {self.dropped:,} bytes of output dropped: worker.log keeps the first "
+                          f"{self.head:,} and the last {self.tail:,} bytes ...]\n".encode())
+            out.write(ring)
+        os.close(self.fd)
+
+    def finish(self, wait_s: float = 2.0) -> None:
+        """Wait for EOF (the worker has ended); after ``wait_s`` take what is buffered and stop."""
+        self.join(wait_s)
+        if self.is_alive():
+            self._stop_at.set()
+            self.join(5)
 
 
 def _memory_cap_bytes() -> int:
@@ -151,13 +257,26 @@ def _tail(path: Path, n: int = LOG_TAIL_CHARS) -> str:
         return ""
 
 
+#: What a fatal signal means to a user, by name.
+_SIGNAL_MEANING = {
+    "SIGSEGV": "a segmentation fault in native code",
+    "SIGBUS": "a bus error in native code",
+    "SIGABRT": "the process aborted (os.abort() or a failed native assertion)",
+    "SIGFPE": "a floating-point exception in native code",
+    "SIGILL": "an illegal instruction in native code",
+    "SIGKILL": "killed from outside, probably by the system's out-of-memory killer",
+}
+
+
 def _signal_name(code: int | None) -> str:
     if code is None or code >= 0:
         return f"exit code {code}"
     try:
-        return signal.Signals(-code).name
+        name = signal.Signals(-code).name
     except ValueError:
         return f"signal {-code}"
+    meaning = _SIGNAL_MEANING.get(name)
+    return f"{name}: {meaning}" if meaning else name
 
 
 @contextmanager
@@ -193,11 +312,17 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
             on_tick: Callable[[float], None] | None = None) -> JobOutcome:
     """Run ``job`` in a spawned worker; record it in ``store`` (if given) from start to finish.
 
-    ``on_progress(fraction, message)`` gets the analysis' progress; ``on_tick(elapsed_s)`` is called
-    a few times a second while waiting, so a UI can show elapsed time (and notice a cancel).
+    ``on_progress(fraction, message)`` gets the analysis' progress (and "queued: ..." while an
+    exclusive job waits for its device); ``on_tick(elapsed_s)`` is called a few times a second while
+    waiting, so a UI can show elapsed time. Any exception raised by a callback (a Streamlit rerun or
+    stop) or by the caller's thread (Ctrl-C) kills the worker, marks the run 'cancelled' and is
+    re-raised. Every other failure comes back as a JobOutcome with a readable ``error``.
     """
     analysis = get_analysis(job.analysis)
-    timeout_s = analysis.default_timeout_s if timeout_s is None else float(timeout_s)
+    if timeout_s is None:
+        env = os.environ.get(TIMEOUT_ENV)
+        timeout_s = float(env) if env else analysis.default_timeout_s
+    timeout_s = float(timeout_s)
     device = job.spec.device if job.spec is not None else "cpu"
     run_id = None
     if store is not None:
@@ -217,8 +342,7 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
     def finish(outcome: JobOutcome) -> JobOutcome:
         outcome.run_id, outcome.artifact_dir = run_id, str(artifact_dir)
         if store is not None:
-            error = outcome.error if outcome.ok else f"{outcome.error}"
-            store.finish_run(run_id, outcome.status, result=outcome.result, error=error,
+            store.finish_run(run_id, outcome.status, result=outcome.result, error=outcome.error,
                              artifacts=_list_artifacts(artifact_dir))
         return outcome
 
@@ -231,10 +355,21 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
         else:
             queue = _null()
         with queue:
-            return finish(_run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
-                                      store, run_id, on_tick))
+            outcome = _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
+                                  store, run_id, on_tick)
     except JobError as e:
-        return finish(JobOutcome("cancelled", error=str(e), error_type="JobError"))
+        outcome = JobOutcome("cancelled", error=str(e), error_type="JobError")
+    except BaseException:
+        # Interrupted in this thread (StopException/RerunException from a callback, KeyboardInterrupt,
+        # GeneratorExit): _run_worker's finally has killed the worker. Record why, then let it go on.
+        if store is not None:
+            try:
+                store.finish_run(run_id, "cancelled", error=INTERRUPTED_MESSAGE,
+                                 artifacts=_list_artifacts(artifact_dir))
+            except Exception:  # never hide the original interruption
+                pass
+        raise
+    return finish(outcome)
 
 
 @contextmanager
@@ -246,24 +381,35 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                 on_tick) -> JobOutcome:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
+    log_read, log_write = ctx.Pipe(duplex=False)
     log_path = artifact_dir / "worker.log"
     cap = int(memory_limit_mb * 2**20) if memory_limit_mb else _memory_cap_bytes()
     as_limit = cap if (job.spec is None or job.spec.device == "cpu") else None  # CUDA needs a huge VA space
-    proc = ctx.Process(target=_worker_main, args=(job.to_dict(), child, str(artifact_dir), str(log_path), as_limit),
-                       daemon=True)
+    proc = ctx.Process(target=_worker_main, args=(job.to_dict(), child, log_write, str(artifact_dir), as_limit,
+                                                  os.getpid()), daemon=True)
+    drain = _LogDrain(os.dup(log_read.fileno()), log_path)
+    log_read.close()
     t0 = time.monotonic()
-    proc.start()
-    child.close()
+    try:
+        proc.start()
+    finally:
+        child.close()
+        log_write.close()  # the worker holds the only write end: EOF when it ends
+        drain.start()
     if store is not None:
         store.set_pid(run_id, proc.pid)
-    ps = psutil.Process(proc.pid)
     progress(0.0, "starting worker")
     last_mem_check = last_tick = 0.0
 
-    def stop(status: str, error: str) -> JobOutcome:
+    def done(outcome: JobOutcome, extra_log: str = "") -> JobOutcome:
         _kill(proc)
-        return JobOutcome(status, error=error, error_type="JobError", duration_s=time.monotonic() - t0,
-                          log_tail=_tail(log_path))
+        drain.finish()
+        outcome.duration_s = time.monotonic() - t0
+        outcome.log_tail = (extra_log + "\n" + _tail(log_path)).strip()
+        return outcome
+
+    def stop(status: str, error: str) -> JobOutcome:
+        return done(JobOutcome(status, error=error, error_type="JobError"))
 
     try:
         while True:
@@ -272,38 +418,32 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                     msg = parent.recv()
                 except EOFError:
                     msg = None
+                except Exception as e:  # a result the parent cannot unpickle
+                    msg = ("error", type(e).__name__, f"the worker's result could not be read: {e}", "")
                 if msg is not None and msg[0] == "progress":
                     progress(msg[1], msg[2])
                     continue
                 if msg is not None:
                     proc.join(5)
-                    _kill(proc)
-                    dt = time.monotonic() - t0
                     if msg[0] == "ok":
-                        return JobOutcome("ok", result=msg[1], duration_s=dt, log_tail=_tail(log_path))
-                    return JobOutcome(msg[0], error=msg[2], error_type=msg[1], duration_s=dt,
-                                      log_tail=(msg[3] + "\n" + _tail(log_path)).strip())
+                        return done(JobOutcome("ok", result=msg[1]))
+                    return done(JobOutcome(msg[0], error=msg[2], error_type=msg[1]), extra_log=msg[3])
             elapsed = time.monotonic() - t0
             if on_tick is not None and elapsed - last_tick > 0.25:
                 last_tick = elapsed
                 on_tick(elapsed)
             if not proc.is_alive() and not parent.poll(0):
                 proc.join()
-                why = _signal_name(proc.exitcode)
-                hint = " (killed: probably out of memory)" if proc.exitcode == -signal.SIGKILL else ""
-                return JobOutcome("crashed", error=f"the worker process died ({why}){hint} while running "
-                                                   f"{job.analysis}; the dashboard is unaffected",
-                                  error_type="JobError", duration_s=elapsed, log_tail=_tail(log_path))
+                return done(JobOutcome("crashed", error=f"the worker process died ({_signal_name(proc.exitcode)}) "
+                                                         f"while running {job.analysis}; the dashboard is unaffected",
+                                       error_type="JobError"))
             if elapsed > timeout_s:
                 return stop("timeout", f"timed out after {timeout_s:g} s: the worker was stopped")
             if cancel is not None and cancel.is_set():
                 return stop("cancelled", "cancelled by the user")
             if elapsed - last_mem_check > 0.5:
                 last_mem_check = elapsed
-                try:
-                    rss = ps.memory_info().rss
-                except psutil.Error:
-                    rss = 0
+                rss = _tree_rss(proc.pid)
                 if rss > cap:
                     return stop("oom", f"ran out of memory: the worker used {rss / 2**30:.1f} GiB, over its cap of "
                                        f"{cap / 2**30:.1f} GiB (set {MEMORY_LIMIT_ENV})")
@@ -311,11 +451,39 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
         parent.close()
         if proc.is_alive():
             _kill(proc)
+        if drain.is_alive():
+            drain.finish(0.5)
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident memory of the worker and its children (e.g. DataLoader workers)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
 
 
 def _kill(proc) -> None:
+    """Kill the worker and anything it started (DataLoader workers, subprocesses)."""
     if proc.is_alive():
+        try:
+            children = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            children = []
         proc.kill()
+        for c in children:
+            try:
+                c.kill()
+            except psutil.Error:
+                pass
     proc.join(5)
 
 

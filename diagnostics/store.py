@@ -1,8 +1,11 @@
 """SQLite run history plus an artifacts folder per run.
 
 Every job is written as 'running' before it starts and finished with its status, result and error,
-so a run is never lost and a worker that dies mid-job leaves a 'failed' row with the reason.
-WAL mode and a busy timeout let the dashboard, the CLI and several sessions write at once.
+so a run is never lost and a worker that dies mid-job leaves a 'crashed' row with the reason; each
+write is one statement, so a row is never half-written. WAL mode and a busy timeout let the
+dashboard, the CLI and several sessions write at once. A row remembers the process that owns it
+(``owner_pid``, the dashboard or CLI) and its worker (``pid``): when the owner is gone, nobody will
+finish the row, and ``mark_interrupted()`` (called when a dashboard starts) marks it 'interrupted'.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ CREATE TABLE IF NOT EXISTS runs (
     artifacts_json TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_cache ON runs(cache_key, status);
+CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
 CREATE INDEX IF NOT EXISTS runs_started ON runs(started);
 """
 
@@ -77,6 +81,16 @@ class RunRecord:
         return dict(self.__dict__)
 
 
+def _alive_since(pid: int | None, started: float) -> bool:
+    """True when process ``pid`` exists and was already running at ``started`` (not a reused pid)."""
+    if not pid:
+        return False
+    try:
+        return psutil.Process(pid).create_time() <= started + 1.0
+    except psutil.Error:
+        return False
+
+
 def _loads(text, default):
     return default if text is None else json.loads(text)
 
@@ -89,6 +103,13 @@ class Store:
         self.db_path = self.data_dir / "runs.sqlite"
         with self._connect() as db:
             db.executescript(_SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+            if "owner_pid" not in columns:  # stores written before owner_pid existed
+                try:
+                    db.execute("ALTER TABLE runs ADD COLUMN owner_pid INTEGER")
+                except sqlite3.OperationalError as e:  # another process added it meanwhile
+                    if "duplicate column" not in str(e):
+                        raise
 
     @contextmanager
     def _connect(self):
@@ -103,17 +124,20 @@ class Store:
     # -- writing -------------------------------------------------------------------------
     def create_run(self, analysis: str, *, spec: dict | None, options: dict | None, cache_key: str | None,
                    model_label: str | None, device: str | None, source: str = "app", pid: int | None = None) -> str:
+        """Write a 'running' row before the job starts; ``pid`` is the owning process (default: this one)."""
         run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+        owner = pid or os.getpid()
         with self._connect() as db:
             db.execute(
                 "INSERT INTO runs (id, analysis, status, cache_key, model_label, spec_json, options_json, device,"
-                " source, pid, started) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " source, pid, owner_pid, started) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (run_id, analysis, "running", cache_key, model_label, json.dumps(spec),
-                 json.dumps(options or {}, default=str), device, source, pid or os.getpid(), time.time()),
+                 json.dumps(options or {}, default=str), device, source, owner, owner, time.time()),
             )
         return run_id
 
     def set_pid(self, run_id: str, pid: int) -> None:
+        """Record the worker process running this job."""
         with self._connect() as db:
             db.execute("UPDATE runs SET pid=? WHERE id=?", (pid, run_id))
 
@@ -143,13 +167,22 @@ class Store:
         shutil.rmtree(self.artifact_dir(run_id), ignore_errors=True)
 
     def mark_interrupted(self) -> int:
-        """Mark 'running' rows whose process is gone as interrupted; returns how many."""
+        """Mark 'running' rows whose owning process is gone as interrupted; returns how many.
+
+        Rows owned by a live process (another dashboard, a CLI run) are left alone. A pid that
+        was reused by a process started after the run began does not count as alive.
+        """
         with self._connect() as db:
-            rows = db.execute("SELECT id, pid FROM runs WHERE status='running'").fetchall()
-        stale = [rid for rid, pid in rows if not pid or not psutil.pid_exists(pid)]
+            rows = db.execute("SELECT id, COALESCE(owner_pid, pid), started FROM runs WHERE status='running'"
+                              ).fetchall()
+        stale = [rid for rid, pid, started in rows if not _alive_since(pid, started)]
         for rid in stale:
-            self.finish_run(rid, "interrupted", error="interrupted: the process running this job stopped "
-                                                      "before it finished")
+            with self._connect() as db:  # only if still running: its owner may have just finished it
+                db.execute(
+                    "UPDATE runs SET status='interrupted', finished=?, duration_s=?-started, error=? "
+                    "WHERE id=? AND status='running'",
+                    (time.time(), time.time(), "interrupted: the process running this job (the dashboard or "
+                     "the CLI) stopped before it finished", rid))
         return len(stale)
 
     # -- reading -------------------------------------------------------------------------
