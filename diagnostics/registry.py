@@ -31,6 +31,8 @@ ANALYSES: dict[str, Analysis] = {
         Analysis("validate", "Load check", "diagnostics.analyses.validate:analyze", default_timeout_s=120),
         Analysis("summary", "Model summary", "diagnostics.analyses.summary:analyze"),
         Analysis("profile", "Profiler", "diagnostics.analyses.profiler:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("distributed", "Distributed run (torchrun)", "diagnostics.distributed.analysis:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("distributed_traces", "Distributed traces (folder)", "diagnostics.distributed.analysis:analyze_folder", needs_model=False),
     ]
 }
 

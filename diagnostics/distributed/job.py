@@ -1,0 +1,94 @@
+"""DistJob: a plain, JSON round-trip description of one distributed profiling run.
+
+It crosses from the dashboard's worker to every torchrun rank (as a file or inline JSON), so it
+holds only plain values: the model as a ModelSpec dict, step counts, the backend and the
+optional fault injections used for demos and tests.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from diagnostics.errors import TorchScopeError
+
+BACKENDS = ("auto", "gloo", "nccl")
+#: Process-group timeout: a collective that waits longer than this fails instead of hanging.
+DEFAULT_PG_TIMEOUT_S = 60.0
+MAX_NPROC = 64
+
+
+class DistributedError(TorchScopeError):
+    """A distributed run that could not start, failed on a rank or timed out."""
+
+
+@dataclass(frozen=True)
+class DistJob:
+    spec: dict  # ModelSpec.to_dict()
+    out_dir: str  # where every rank writes rank{R}.pt.trace.json and rank{R}.steps.json
+    steps: int = 5  # profiled training steps
+    warmup: int = 2  # steps run before the profiled ones (profiler warm-up included)
+    backend: str = "auto"  # auto: nccl when CUDA is available, else gloo
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
+    threads: int = 1  # torch intra-op threads per rank (CPU)
+    lr: float = 0.01
+    straggler_rank: int | None = None  # inject: this rank sleeps straggler_sleep_ms in every step
+    straggler_sleep_ms: float = 0.0
+    die_rank: int | None = None  # inject: this rank exits (code 3) at step die_step
+    die_step: int = 1
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise DistributedError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if int(self.steps) < 1:
+            raise DistributedError(f"steps must be at least 1, got {self.steps}")
+        if int(self.warmup) < 0:
+            raise DistributedError(f"warmup must be >= 0, got {self.warmup}")
+        if float(self.pg_timeout_s) <= 0:
+            raise DistributedError(f"the process-group timeout must be positive, got {self.pg_timeout_s}")
+        if float(self.straggler_sleep_ms) < 0:
+            raise DistributedError(f"straggler sleep must be >= 0 ms, got {self.straggler_sleep_ms}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "DistJob":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DistributedError(f"the job description is not valid JSON: {e}") from None
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_arg(cls, arg: str) -> "DistJob":
+        """``--job`` takes inline JSON or the path of a JSON file (handier on several nodes)."""
+        text = arg.strip()
+        if not text.startswith("{"):
+            path = Path(text)
+            if not path.is_file():
+                raise DistributedError(f"--job {arg!r} is neither inline JSON nor an existing file")
+            text = path.read_text()
+        return cls.from_json(text)
+
+
+def resolve_backend(backend: str, cuda_available: bool) -> str:
+    if backend == "auto":
+        return "nccl" if cuda_available else "gloo"
+    if backend == "nccl" and not cuda_available:
+        raise DistributedError("backend nccl needs CUDA GPUs; none is available here (use gloo)")
+    return backend
+
+
+def trace_path(out_dir, rank: int) -> Path:
+    return Path(out_dir) / f"rank{rank}.pt.trace.json"
+
+
+def steps_path(out_dir, rank: int) -> Path:
+    return Path(out_dir) / f"rank{rank}.steps.json"
+
+
+def status_path(out_dir, rank: int) -> Path:
+    return Path(out_dir) / f"rank{rank}.status.json"
