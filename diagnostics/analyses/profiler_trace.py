@@ -329,8 +329,9 @@ def _lane_name(e: dict, thread_names: dict) -> str:
 def timeline(trace: dict, max_events: int = TIMELINE_MAX_EVENTS, max_depth: int = TIMELINE_MAX_DEPTH) -> dict:
     """A downsampled timeline: a lane per CPU thread / GPU stream; each event's lane, depth, start, duration.
 
-    When there are more events than ``max_events`` the longest are kept (and everything deeper
-    than ``max_depth`` is dropped first), so a large trace still draws quickly; ``total_events``
+    When there are more events than ``max_events`` the longest are kept, after each lane's own
+    longest share (so a stream of short kernels still shows), and everything deeper than
+    ``max_depth`` is dropped first; a large trace thus still draws quickly. ``total_events``
     and ``shown_events`` say how much was left out. Times are ms from the first event.
     """
     events = complete_events(trace)
@@ -354,8 +355,24 @@ def timeline(trace: dict, max_events: int = TIMELINE_MAX_EVENTS, max_depth: int 
     total = len(rows)
     kept = [r for r in rows if r["depth"] < max_depth]
     if len(kept) > max_events:
-        kept.sort(key=lambda r: -r["dur_ms"])
-        kept = kept[:max_events]
+        kept = _downsample(kept, max_events)
     kept.sort(key=lambda r: (r["lane"], r["start_ms"]))
     lanes = sorted({r["lane"] for r in kept}, key=lambda l: (l.startswith("GPU"), l))
     return {"events": kept, "lanes": lanes, "total_events": total, "shown_events": len(kept), "span_ms": span / 1e3}
+
+
+def _downsample(rows: list[dict], max_events: int) -> list[dict]:
+    """Each lane keeps its longest max_events / (4 x lanes) events; the rest of the budget goes to
+    the longest events overall."""
+    by_lane = defaultdict(list)
+    for r in rows:
+        by_lane[r["lane"]].append(r)
+    share = max(1, max_events // (4 * len(by_lane)))
+    chosen = set()
+    for lane_rows in by_lane.values():
+        lane_rows.sort(key=lambda r: -r["dur_ms"])
+        chosen.update(id(r) for r in lane_rows[:share])
+    rest = sorted((r for r in rows if id(r) not in chosen), key=lambda r: -r["dur_ms"])
+    budget = max(0, max_events - len(chosen))
+    chosen.update(id(r) for r in rest[:budget])
+    return [r for r in rows if id(r) in chosen]

@@ -1,0 +1,315 @@
+"""Profiler job: operator totals against the exported trace, trace files, steps, latency, modules."""
+
+import gzip
+import json
+import time
+import zipfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from diagnostics.analyses import profiler, profiler_trace as pt
+from diagnostics.intake import LoadedModel
+from diagnostics.runner import AnalysisContext, Job
+from diagnostics.spec import InputSpec, ModelSpec
+
+
+def small_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 5))
+
+
+def loss_fn(out):
+    return out.float().pow(2).mean()
+
+
+def run_profile(model, inputs, options, tmp_path, device="cpu"):
+    spec = ModelSpec(name="handmade", device=device)
+    ctx = AnalysisContext(Job("profile", spec, options), tmp_path)
+    ctx._loaded = LoadedModel(spec, model, tuple(InputSpec(tuple(t.shape)) for t in inputs), inputs, loss_fn, "mse")
+    seen = []
+    ctx._progress = lambda f, m: seen.append((f, m))
+    result = profiler.analyze(ctx, options)
+    return result, seen
+
+
+SMALL = {"wait": 1, "warmup": 1, "active": 2, "latency_warmup": 2, "latency_iters": 15}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    model = small_model()
+    d = tmp_path_factory.mktemp("profile-train")
+    result, progress = run_profile(model, (torch.randn(2, 3, 8, 8),), {**SMALL, "mode": "train"}, d)
+    return model, result, progress, d
+
+
+def independent_op_totals(trace: dict) -> dict:
+    """Per op name: calls, total and self time (µs) from the trace's own events, nested per thread.
+
+    Like torch's EventList, an op whose parent has the same name and no other child is one call
+    recorded twice (the outer one is kept, it adopts the inner one's children).
+    """
+    evs = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+    evs = list({(e["name"], e["ts"], e["dur"], e["tid"]): e for e in evs}.values())
+    by_tid = defaultdict(list)
+    for e in evs:
+        by_tid[e["tid"]].append(e)
+    out = defaultdict(lambda: {"calls": 0, "total": 0.0, "self": 0.0})
+    for lane in by_tid.values():
+        lane.sort(key=lambda e: (e["ts"], -e["dur"]))
+        parent = [-1] * len(lane)
+        stack = []
+        for i, e in enumerate(lane):
+            while stack and e["ts"] >= lane[stack[-1]]["ts"] + lane[stack[-1]]["dur"]:
+                stack.pop()
+            parent[i] = stack[-1] if stack else -1
+            stack.append(i)
+        children = defaultdict(list)
+        for i, p in enumerate(parent):
+            children[p].append(i)
+        dropped = set()
+        changed = True
+        while changed:
+            changed = False
+            for i in range(len(lane)):
+                p = parent[i]
+                if i in dropped or p < 0 or lane[p]["name"] != lane[i]["name"] or children[p] != [i]:
+                    continue
+                children[p] = children[i]
+                for c in children[i]:
+                    parent[c] = p
+                dropped.add(i)
+                changed = True
+        for i, e in enumerate(lane):
+            if e["cat"] != "cpu_op" or i in dropped:
+                continue
+            o = out[e["name"]]
+            o["calls"] += 1
+            o["total"] += e["dur"]
+            o["self"] += e["dur"] - sum(lane[c]["dur"] for c in children[i])
+    return out
+
+
+def test_operator_totals_match_the_exported_trace(trained):
+    _, result, _, d = trained
+    trace = json.loads(Path(result["artifacts"]["trace_json"]).read_text())
+    ref = independent_op_totals(trace)
+    ops = {r["name"]: r for r in result["operators"]}
+    assert {"aten::conv2d", "aten::addmm", "aten::convolution_backward"} <= set(ops)
+    assert set(ops) == set(ref)
+    for name, r in ops.items():
+        assert r["calls"] == ref[name]["calls"], name
+        assert r["cpu_total_ms"] == pytest.approx(ref[name]["total"] / 1e3, rel=1e-3, abs=2e-3), name
+        assert r["self_cpu_ms"] == pytest.approx(ref[name]["self"] / 1e3, rel=1e-3, abs=2e-3), name
+    # two active steps, one conv per step
+    assert ops["aten::conv2d"]["calls"] == 2
+    assert result["metrics"]["self_cpu_total_ms"] == pytest.approx(sum(r["self_cpu_ms"] for r in result["operators"]))
+    shapes = {r["input_shapes"] for r in result["operators_by_shape"] if r["name"] == "aten::conv2d"}
+    assert any("[2, 3, 8, 8]" in s for s in shapes)
+
+
+def test_trace_artifacts_parse_and_carry_rank(trained):
+    _, result, _, d = trained
+    art = result["artifacts"]
+    assert {Path(p).name for p in art.values()} == {"trace.json", "trace.json.gz", "tb_trace.zip"}
+    trace = json.loads(Path(art["trace_json"]).read_text())
+    assert trace["traceEvents"]
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"aten::conv2d", "aten::addmm", "forward", "backward", "optimizer"} <= names
+    assert trace["distributedInfo"]["rank"] == 0 and trace["distributedInfo"]["world_size"] == 1
+    assert json.loads(gzip.decompress(Path(art["trace_json_gz"]).read_bytes())) == trace
+    with zipfile.ZipFile(art["tb_zip"]) as z:
+        members = z.namelist()
+        assert len(members) == 1 and members[0].startswith("tb_trace/") and members[0].endswith(".pt.trace.json")
+        assert json.loads(z.read(members[0])) == trace
+    json.dumps(result)  # plain data throughout
+
+
+def test_step_breakdown_adds_up_to_the_step_time(trained):
+    _, result, _, _ = trained
+    trace = json.loads(Path(result["artifacts"]["trace_json"]).read_text())
+    step_events = {int(e["name"].split("#")[1]): e["dur"] / 1e3 for e in trace["traceEvents"]
+                   if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")}
+    forward = sorted(e["dur"] / 1e3 for e in trace["traceEvents"] if e.get("name") == "forward")
+    assert len(result["steps"]) == 2 == result["metrics"]["profiled_steps"]
+    for s in result["steps"]:
+        parts = s["zero_grad_ms"] + s["forward_ms"] + s["backward_ms"] + s["optimizer_ms"] + s["other_ms"]
+        assert parts == pytest.approx(s["step_ms"], rel=1e-6)
+        assert s["step_ms"] == pytest.approx(step_events[s["step"]], rel=1e-9)
+        assert s["backward_ms"] > 0 and s["optimizer_ms"] > 0
+    assert sorted(s["forward_ms"] for s in result["steps"]) == pytest.approx(forward)
+    for row in result["device_split"]:
+        total = sum(row[f"{c}_ms"] for c in pt.SPLIT_CATEGORIES)
+        assert total == pytest.approx(row["window_ms"], rel=1e-6)
+        assert row["kernel_ms"] == 0 and row["cpu_exec_ms"] > 0  # no GPU here
+
+
+def test_latency_stats_are_numpy_statistics_of_the_samples(trained):
+    _, result, progress, _ = trained
+    lat = result["latency"]
+    s = np.array(lat["samples_ms"])
+    assert len(s) == SMALL["latency_iters"] and (s > 0).all()
+    assert lat["median_ms"] == pytest.approx(np.median(s))
+    assert lat["p90_ms"] == pytest.approx(np.percentile(s, 90))
+    assert lat["p99_ms"] == pytest.approx(np.percentile(s, 99))
+    assert lat["std_ms"] == pytest.approx(np.std(s))
+    assert lat["mean_ms"] == pytest.approx(np.mean(s))
+    assert lat["samples_per_s"] == pytest.approx(2 / (np.median(s) / 1e3))
+    assert result["metrics"]["latency_median_ms"] == lat["median_ms"]
+    assert any("profiling step 3/4 (active)" in m for _, m in progress)
+
+
+def test_perf_counter_latency_measures_a_known_sleep():
+    samples = profiler.measure_latency(lambda: time.sleep(0.004), torch.device("cpu"), 1, 5)
+    assert len(samples) == 5
+    assert all(4.0 <= s < 40.0 for s in samples)  # at least the sleep; generous on a busy machine
+
+
+def test_module_times_forward_and_backward(trained, no_hooks_left):
+    model, result, _, _ = trained
+    mods = {m["name"]: m for m in result["modules"]}
+    assert mods["0"]["type"] == "Conv2d" and mods["3"]["type"] == "Linear"
+    assert mods["0"]["parent"] == "(model)" and mods["(model)"]["parent"] is None
+    for name in ("0", "3"):
+        assert mods[name]["calls"] == 2
+        assert mods[name]["forward_ms"] > 0 and mods[name]["backward_ms"] > 0
+    root = mods["(model)"]
+    assert root["forward_ms"] >= sum(mods[n]["forward_ms"] for n in ("0", "1", "2", "3")) - 1e-9
+    assert root["backward_ms"] == pytest.approx(sum(m["backward_self_ms"] for m in result["modules"]
+                                                    if m["name"] != "(backward, no module)"))
+    # the module ranges in the trace are the forward times
+    trace = json.loads(Path(result["artifacts"]["trace_json"]).read_text())
+    conv = sum(e["dur"] for e in trace["traceEvents"] if e.get("name") == "module::0") / 1e3
+    assert mods["0"]["forward_ms"] == pytest.approx(conv)
+    no_hooks_left(model)
+    assert model.training
+
+
+def test_inference_mode_runs_eval_without_backward(tmp_path, no_hooks_left):
+    model = small_model()
+    seen_training = []
+    model[0].register_forward_hook(lambda m, i, o: seen_training.append((m.training, torch.is_inference_mode_enabled())))
+    result, _ = run_profile(model, (torch.randn(2, 3, 8, 8),), {**SMALL, "record_shapes": False}, tmp_path)
+    assert seen_training and all(t == (False, True) for t in seen_training)
+    assert model.training
+    assert all(s["backward_ms"] == 0 and s["forward_ms"] > 0 for s in result["steps"])
+    assert result["operators_by_shape"] is None
+    assert result["mode"] == "inference" and result["loss"] is None
+    model[0]._forward_hooks.clear()
+    no_hooks_left(model)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"mode": "bogus"}, "mode must be one of inference, train"),
+    ({"active": 0}, "active must be at least 1"),
+    ({"optimizer": "lion"}, "optimizer must be one of sgd, adamw"),
+    ({"warmup": "x"}, "warmup must be an integer"),
+    ({"wait": 100, "active": 150}, "keep it at most 200"),
+    ({"activities": ["tpu"]}, "activities must be a non-empty subset"),
+    ({"colour": 1}, "unknown profiler option(s): colour"),
+])
+def test_bad_options_are_named(options, message):
+    with pytest.raises(profiler.ProfilerOptionError, match=None) as e:
+        profiler.normalize_options(options)
+    assert message in str(e.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_activity_without_cuda_is_refused():
+    with pytest.raises(profiler.ProfilerOptionError, match="CUDA is not available"):
+        profiler.normalize_options({"activities": ["cpu", "cuda"]})
+
+
+def test_training_a_frozen_model_is_refused(tmp_path):
+    model = small_model().requires_grad_(False)
+    with pytest.raises(profiler.ProfilerOptionError, match="needs trainable parameters"):
+        run_profile(model, (torch.randn(2, 3, 8, 8),), {**SMALL, "mode": "train"}, tmp_path)
+    assert model.training
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_run_has_kernels_and_a_device_split(tmp_path):
+    model = small_model().cuda()
+    result, _ = run_profile(model, (torch.randn(8, 3, 8, 8, device="cuda"),), {**SMALL, "mode": "train"}, tmp_path,
+                            device="cuda")
+    assert result["cuda_ran"] and result["config"]["activities"] == ["cpu", "cuda"]
+    assert result["kernels"] and all(k["calls"] > 0 and k["total_us"] > 0 for k in result["kernels"])
+    assert sum(r["kernel_ms"] for r in result["device_split"]) > 0
+    assert result["metrics"]["peak_device_memory_bytes"] > 0
+    assert any(r["self_device_ms"] > 0 for r in result["operators"])
+
+
+# ----------------------------------------------------------------------------- pure trace views
+def X(name, ts, dur, cat="cpu_op", tid=1, pid=1, **args):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "pid": pid, "tid": tid, "args": args}
+
+
+def test_device_split_gives_each_moment_to_the_highest_priority_category():
+    events = [
+        X("ProfilerStep#1", 0, 100, "user_annotation"),
+        X("aten::mm", 10, 40),                                    # cpu 10..50
+        X("cudaLaunchKernel", 20, 10, "cuda_runtime"),            # runtime 20..30 (under cpu)
+        X("gemm", 25, 30, "kernel", pid=0, tid=7),                # kernel 25..55
+        X("Memcpy HtoD", 60, 10, "gpu_memcpy", pid=0, tid=7),     # memcpy 60..70
+        X("ProfilerStep#2", 120, 50, "user_annotation"),
+        X("Memset", 150, 40, "gpu_memset", pid=0, tid=7),         # runs past the last step's end
+    ]
+    rows = pt.device_split(events)
+    assert [r["step"] for r in rows] == [1, 2]
+    a, b = rows
+    assert a["window_ms"] == pytest.approx(0.120)  # to the next step's start
+    assert a["kernel_ms"] == pytest.approx(0.030)
+    assert a["runtime_ms"] == pytest.approx(0.005)   # 20..25, then the kernel covers it
+    assert a["cpu_exec_ms"] == pytest.approx(0.010)  # 10..20
+    assert a["memcpy_ms"] == pytest.approx(0.010)
+    assert a["other_ms"] == pytest.approx(0.120 - 0.055)
+    assert b["window_ms"] == pytest.approx(0.070)  # 120 .. end of the memset at 190
+    assert b["memset_ms"] == pytest.approx(0.040)
+
+
+def test_kernel_table_groups_and_flags_tensor_cores():
+    events = [
+        X("sm80_xmma_gemm_f16f16_f16f32", 0, 10, "kernel", grid=[4, 1, 1], block=[128, 1, 1]),
+        X("sm80_xmma_gemm_f16f16_f16f32", 20, 30, "kernel", grid=[4, 1, 1], block=[128, 1, 1]),
+        X("vectorized_elementwise_kernel", 60, 5, "kernel", grid=[1, 1, 1], block=[256, 1, 1]),
+        X("aten::mm", 0, 70),
+    ]
+    rows = pt.kernel_table(events)
+    assert [r["name"] for r in rows] == ["sm80_xmma_gemm_f16f16_f16f32", "vectorized_elementwise_kernel"]
+    g = rows[0]
+    assert (g["calls"], g["total_us"], g["mean_us"], g["max_us"], g["min_us"]) == (2, 40, 20, 30, 10)
+    assert g["grid"] == "4×1×1" and g["block"] == "128×1×1" and g["tensor_cores"]
+    assert not rows[1]["tensor_cores"]
+    assert g["pct_of_kernel_time"] == pytest.approx(100 * 40 / 45)
+    for name in ("volta_h884gemm_64x64", "ampere_fp16_s16816gemm", "cutlass_gemm_tensorop_f16", "sm90_wgmma_x"):
+        assert pt.uses_tensor_cores(name), name
+    assert not pt.uses_tensor_cores("elementwise_kernel")
+
+
+def test_timeline_keeps_the_longest_events_and_every_lane_when_downsampling():
+    events = [X("ProfilerStep#1", 0, 10_000, "user_annotation")]
+    events += [X(f"op{i}", 10 * i + 1, 5 + (i % 7), tid=1) for i in range(900)]
+    events += [X("k", 3 * i, 2, "kernel", pid=0, tid=7, device=0, stream=7) for i in range(100)]
+    trace = {"traceEvents": events + [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1,
+                                       "args": {"name": "main thread"}}]}
+    tl = pt.timeline(trace, max_events=200)
+    assert tl["total_events"] == 1001 and tl["shown_events"] == 200 == len(tl["events"])
+    assert tl["lanes"] == ["main thread", "GPU 0 · stream 7"]  # device lanes after the CPU threads
+    gpu = [e for e in tl["events"] if e["lane"].startswith("GPU")]
+    assert len(gpu) == 200 // (4 * 2)  # the short kernels keep their lane's share
+    cpu_kept = {(e["name"], e["start_ms"]) for e in tl["events"] if e["lane"] == "main thread"}
+    assert ("ProfilerStep#1", 0.0) in cpu_kept
+    full = pt.timeline(trace, max_events=5000)
+    assert full["shown_events"] == 1001
+    cpu_all = [e for e in full["events"] if e["lane"] == "main thread"]
+    kept_min = min(e["dur_ms"] for e in cpu_all if (e["name"], e["start_ms"]) in cpu_kept)
+    dropped_max = max(e["dur_ms"] for e in cpu_all if (e["name"], e["start_ms"]) not in cpu_kept)
+    assert dropped_max <= kept_min  # the longest CPU events were kept
+    ops = [e for e in cpu_all if e["name"].startswith("op")]
+    assert {e["depth"] for e in ops} == {1} and ops[0]["start_ms"] == pytest.approx(0.001)
+    assert tl["span_ms"] == pytest.approx(10.0)
