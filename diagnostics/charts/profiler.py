@@ -1,0 +1,183 @@
+"""Figures for the profiler result: latency histogram, step breakdown, top operators, module tree,
+kernels and a zoomable timeline. Each takes the plain result dict; times are shown in ms."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+PHASE_COLORS = {"forward": "#4C78A8", "backward": "#F58518", "optimizer": "#54A24B", "zero_grad": "#B279A2",
+                "other": "#BAB0AC"}
+SPLIT_COLORS = {"kernel": "#4C78A8", "memcpy": "#F58518", "memset": "#E45756", "runtime": "#72B7B2",
+                "cpu_exec": "#54A24B", "other": "#BAB0AC"}
+SPLIT_LABELS = {"kernel": "kernel", "memcpy": "memcpy", "memset": "memset", "runtime": "CUDA runtime",
+                "cpu_exec": "CPU exec", "other": "other"}
+CAT_COLORS = {"user_annotation": "#B279A2", "cpu_op": "#4C78A8", "kernel": "#F58518", "gpu_memcpy": "#E45756",
+              "gpu_memset": "#FF9DA6", "cuda_runtime": "#72B7B2", "cuda_driver": "#9D755D",
+              "python_function": "#54A24B", "gpu_user_annotation": "#EECA3B"}
+
+
+def _empty(title: str, message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_layout(title=title, xaxis_visible=False, yaxis_visible=False, height=260)
+    return fig
+
+
+def build_latency_histogram_figure(result: dict) -> go.Figure:
+    """Histogram of the timed iterations (ms) with median / p90 / p99 marked."""
+    lat = result["latency"]
+    fig = go.Figure(go.Histogram(x=lat["samples_ms"], nbinsx=min(60, max(10, len(lat["samples_ms"]) // 3)),
+                                 marker_color="#4C78A8", name="iterations",
+                                 hovertemplate="%{x} ms<br>%{y} iterations<extra></extra>"))
+    for key, label, dash in (("median_ms", "median", "solid"), ("p90_ms", "p90", "dash"), ("p99_ms", "p99", "dot")):
+        fig.add_vline(x=lat[key], line_dash=dash, line_color="#E45756",
+                      annotation_text=f"{label} {lat[key]:.3g} ms", annotation_position="top")
+    unit = "training step" if result.get("mode") == "train" else "forward pass"
+    fig.update_layout(title=f"Latency of {len(lat['samples_ms'])} timed iterations ({unit}, {lat['method']})",
+                      xaxis_title="latency per iteration (ms)", yaxis_title="iterations (count)",
+                      height=360, margin=dict(t=60, l=10, r=10, b=40), bargap=0.05)
+    return fig
+
+
+def build_step_breakdown_figure(result: dict) -> go.Figure:
+    """Stacked bars per profiled step: forward / backward / optimizer / zero_grad / other (ms)."""
+    steps = result["steps"]
+    if not steps:
+        return _empty("Step time breakdown", "no profiled steps")
+    x = [_step_label(s) for s in steps]
+    fig = go.Figure()
+    for phase in ("forward", "backward", "optimizer", "zero_grad", "other"):
+        values = [s[f"{phase}_ms"] for s in steps]
+        if phase != "forward" and not any(values):
+            continue
+        fig.add_bar(x=x, y=values, name=phase, marker_color=PHASE_COLORS[phase],
+                    hovertemplate="%{x}<br>" + phase + ": %{y:.3f} ms<extra></extra>")
+    fig.update_layout(title="Step time breakdown (record_function ranges, CPU time)", barmode="stack",
+                      xaxis_title="profiled step", yaxis_title="time (ms)", height=380,
+                      margin=dict(t=50, l=10, r=10, b=40), legend=dict(orientation="h", y=1.02, x=1,
+                                                                       xanchor="right", yanchor="bottom"))
+    return fig
+
+
+def _step_label(s: dict) -> str:
+    return f"step {s['step']}" + (f" (cycle {s['cycle']})" if s.get("cycle") else "")
+
+
+def build_device_split_figure(result: dict) -> go.Figure:
+    """The TensorBoard plugin's split per step: kernel / memcpy / memset / runtime / CPU exec / other (ms)."""
+    rows = result["device_split"]
+    if not rows:
+        return _empty("Step time by execution category", "no profiled steps")
+    x = [_step_label(s) for s in rows]
+    fig = go.Figure()
+    for cat in SPLIT_COLORS:
+        fig.add_bar(x=x, y=[r[f"{cat}_ms"] for r in rows], name=SPLIT_LABELS[cat], marker_color=SPLIT_COLORS[cat],
+                    hovertemplate="%{x}<br>" + SPLIT_LABELS[cat] + ": %{y:.3f} ms<extra></extra>")
+    fig.update_layout(title="Step time by execution category (kernel > memcpy > memset > runtime > CPU exec)",
+                      barmode="stack", xaxis_title="profiled step", yaxis_title="time (ms)", height=380,
+                      margin=dict(t=50, l=10, r=10, b=40), legend=dict(orientation="h", y=1.02, x=1,
+                                                                       xanchor="right", yanchor="bottom"))
+    return fig
+
+
+def build_top_operators_figure(result: dict, n: int = 15, by: str = "self_cpu_ms",
+                               rows: list[dict] | None = None) -> go.Figure:
+    """Horizontal bars of the top-n operators by self CPU time or self device time (ms)."""
+    rows = result["operators"] if rows is None else rows
+    label = {"self_cpu_ms": "self CPU time", "self_device_ms": "self device time",
+             "cpu_total_ms": "total CPU time", "device_total_ms": "total device time"}[by]
+    top = sorted(rows, key=lambda r: -r[by])[:n]
+    top = [r for r in top if r[by] > 0]
+    if not top:
+        return _empty(f"Top operators by {label}", f"no operator has {label}")
+    names = [r["name"] + (f" {r['input_shapes']}" if r.get("input_shapes") else "") for r in top]
+    fig = go.Figure(go.Bar(
+        y=names, x=[r[by] for r in top], orientation="h", marker_color="#4C78A8",
+        customdata=[[r["calls"], r["cpu_total_ms"]] for r in top],
+        hovertemplate="%{y}<br>" + label + ": %{x:.3f} ms<br>calls: %{customdata[0]}"
+                      "<br>total CPU: %{customdata[1]:.3f} ms<extra></extra>"))
+    fig.update_layout(title=f"Top {len(top)} operators by {label} (all profiled steps)", xaxis_title=f"{label} (ms)",
+                      yaxis=dict(autorange="reversed"), height=max(300, 26 * len(top) + 120),
+                      margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def build_module_tree_figure(result: dict, which: str = "forward") -> go.Figure:
+    """Icicle of the module tree; a box's size is its module's inclusive forward or backward time (ms)."""
+    mods = [m for m in result["modules"] if m["name"] != "(backward, no module)"]
+    if not mods:
+        return _empty(f"Module {which} time", "no module times (with_modules was off)")
+    self_key = f"{which}_self_ms"
+    if not any(m[f"{which}_ms"] for m in mods):
+        return _empty(f"Module {which} time", f"no {which} time recorded"
+                      + (" (inference runs no backward)" if which == "backward" else ""))
+    fig = go.Figure(go.Icicle(
+        ids=[m["name"] for m in mods], labels=[m["name"].rsplit(".", 1)[-1] for m in mods],
+        parents=[m["parent"] or "" for m in mods], values=[m[self_key] for m in mods], branchvalues="remainder",
+        customdata=[[m["name"], m["type"], m[f"{which}_ms"], m[self_key], m["calls"]] for m in mods],
+        hovertemplate="<b>%{customdata[0]}</b> (%{customdata[1]})<br>" + which
+                      + " incl. children: %{customdata[2]:.3f} ms<br>self: %{customdata[3]:.3f} ms"
+                        "<br>calls: %{customdata[4]}<extra></extra>",
+        texttemplate="%{label}<br>%{customdata[2]:.2f} ms", tiling=dict(orientation="v")))
+    fig.update_layout(title=f"Module {which} time (ms, all profiled steps; width = time incl. children)",
+                      height=480, margin=dict(t=50, l=5, r=5, b=5))
+    return fig
+
+
+def build_kernel_figure(result: dict, n: int = 15) -> go.Figure:
+    """Top-n GPU kernels by total time (ms), coloured by Tensor Core use."""
+    kernels = result["kernels"][:n]
+    if not kernels:
+        return _empty("GPU kernels", "no GPU kernels: CUDA did not run in this profile")
+    fig = go.Figure()
+    for tc, color, label in ((True, "#54A24B", "Tensor Cores"), (False, "#4C78A8", "no Tensor Cores")):
+        ks = [k for k in kernels if k["tensor_cores"] == tc]
+        if not ks:
+            continue
+        fig.add_bar(y=[_short(k["name"]) for k in ks], x=[k["total_us"] / 1e3 for k in ks], orientation="h",
+                    name=label, marker_color=color,
+                    customdata=[[k["calls"], k["mean_us"], k["max_us"], k["grid"], k["block"], k["name"]] for k in ks],
+                    hovertemplate="%{customdata[5]}<br>total %{x:.3f} ms over %{customdata[0]} calls<br>"
+                                  "mean %{customdata[1]:.1f} µs, max %{customdata[2]:.1f} µs<br>"
+                                  "grid %{customdata[3]}, block %{customdata[4]}<extra></extra>")
+    order = [_short(k["name"]) for k in kernels]
+    fig.update_layout(title=f"Top {len(kernels)} GPU kernels by total time", xaxis_title="total kernel time (ms)",
+                      yaxis=dict(categoryorder="array", categoryarray=order, autorange="reversed"),
+                      height=max(300, 26 * len(kernels) + 120), margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def _short(name: str, n: int = 60) -> str:
+    return name if len(name) <= n else name[: n - 1] + "…"
+
+
+def build_timeline_figure(result: dict) -> go.Figure:
+    """Zoomable timeline: a lane per CPU thread / GPU stream, nested events as sub-rows (ms from start)."""
+    tl = result["timeline"]
+    events = tl["events"]
+    if not events:
+        return _empty("Timeline", "the trace has no events")
+    lanes = tl["lanes"]
+    depth_of_lane = {l: 1 + max(e["depth"] for e in events if e["lane"] == l) for l in lanes}
+    fig = go.Figure()
+    by_cat: dict[str, list[dict]] = {}
+    for e in events:
+        by_cat.setdefault(e["cat"] or "other", []).append(e)
+    for cat, evs in sorted(by_cat.items()):
+        band = [0.8 / depth_of_lane[e["lane"]] for e in evs]
+        fig.add_bar(
+            y=[e["lane"] for e in evs], x=[max(e["dur_ms"], 1e-6) for e in evs], base=[e["start_ms"] for e in evs],
+            orientation="h", name=cat, marker_color=CAT_COLORS.get(cat, "#BAB0AC"),
+            width=band, offset=[-0.4 + e["depth"] * b for e, b in zip(evs, band)],
+            customdata=[[e["name"], e["dur_ms"], e["depth"]] for e in evs],
+            hovertemplate="%{customdata[0]}<br>start %{base:.3f} ms, duration %{customdata[1]:.3f} ms"
+                          "<br>depth %{customdata[2]}<extra>" + cat + "</extra>")
+    shown = f"{tl['shown_events']:,} of {tl['total_events']:,} events" + (
+        " (longest kept)" if tl["shown_events"] < tl["total_events"] else "")
+    fig.update_layout(title=f"Timeline of the last profiler cycle: {shown}", barmode="overlay",
+                      xaxis_title="time since the first event (ms)", yaxis_title="thread / stream",
+                      yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes))),
+                      height=max(300, 120 * len(lanes) + 140), margin=dict(l=10, r=10, t=50, b=40),
+                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+                      dragmode="zoom")
+    return fig

@@ -1,0 +1,90 @@
+"""Profiler figures: built from a real (small) profile result; data and labelled axes checked."""
+
+import pytest
+import torch
+from torch import nn
+
+from diagnostics.analyses import profiler
+from diagnostics.charts import profiler as charts
+from diagnostics.intake import LoadedModel
+from diagnostics.runner import AnalysisContext, Job
+from diagnostics.spec import InputSpec, ModelSpec
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Sequential(nn.Linear(32, 32), nn.ReLU()), nn.Linear(32, 4))
+    spec = ModelSpec(name="handmade")
+    opts = {"mode": "train", "wait": 0, "warmup": 1, "active": 2, "latency_warmup": 1, "latency_iters": 12}
+    ctx = AnalysisContext(Job("profile", spec, opts), tmp_path_factory.mktemp("charts"))
+    x = torch.randn(4, 16)
+    ctx._loaded = LoadedModel(spec, model, (InputSpec((4, 16)),), (x,), lambda o: o.pow(2).mean(), "mse")
+    return profiler.analyze(ctx, opts)
+
+
+def test_latency_histogram(result):
+    fig = charts.build_latency_histogram_figure(result)
+    assert list(fig.data[0].x) == result["latency"]["samples_ms"]
+    assert fig.layout.xaxis.title.text == "latency per iteration (ms)"
+    assert "(count)" in fig.layout.yaxis.title.text
+    marks = [s.x0 for s in fig.layout.shapes]
+    assert marks == [result["latency"]["median_ms"], result["latency"]["p90_ms"], result["latency"]["p99_ms"]]
+
+
+def test_step_breakdown_bars_are_the_step_phases(result):
+    fig = charts.build_step_breakdown_figure(result)
+    names = [t.name for t in fig.data]
+    assert names[:3] == ["forward", "backward", "optimizer"]
+    assert fig.layout.barmode == "stack" and fig.layout.yaxis.title.text == "time (ms)"
+    for trace in fig.data:
+        assert list(trace.y) == [s[f"{trace.name}_ms"] for s in result["steps"]]
+    total = [sum(t.y[i] for t in fig.data) for i in range(len(result["steps"]))]
+    assert total == pytest.approx([s["step_ms"] for s in result["steps"]])
+    split = charts.build_device_split_figure(result)
+    assert [t.name for t in split.data] == ["kernel", "memcpy", "memset", "CUDA runtime", "CPU exec", "other"]
+    assert split.layout.yaxis.title.text == "time (ms)"
+
+
+def test_top_operators(result):
+    fig = charts.build_top_operators_figure(result, n=5)
+    top = sorted(result["operators"], key=lambda r: -r["self_cpu_ms"])[:5]
+    assert list(fig.data[0].y) == [r["name"] for r in top]
+    assert list(fig.data[0].x) == [r["self_cpu_ms"] for r in top]
+    assert fig.layout.xaxis.title.text == "self CPU time (ms)"
+    empty = charts.build_top_operators_figure(result, by="self_device_ms")
+    assert "no operator has self device time" in empty.layout.annotations[0].text
+
+
+def test_module_icicle_sizes_are_self_times(result):
+    fig = charts.build_module_tree_figure(result, "forward")
+    ice = fig.data[0]
+    mods = {m["name"]: m for m in result["modules"] if m["name"] != "(backward, no module)"}
+    assert set(ice.ids) == set(mods) and "2.0" in mods and mods["2.0"]["parent"] == "2"
+    for i, name in enumerate(ice.ids):
+        assert ice.values[i] == mods[name]["forward_self_ms"]
+        assert ice.parents[i] == (mods[name]["parent"] or "")
+    assert "ms" in fig.layout.title.text
+    assert charts.build_module_tree_figure(result, "backward").data[0].type == "icicle"
+
+
+def test_kernel_chart_without_and_with_kernels(result):
+    assert "CUDA did not run" in charts.build_kernel_figure(result).layout.annotations[0].text
+    fake = {"kernels": [
+        {"name": "sm80_xmma_gemm", "calls": 2, "total_us": 40.0, "mean_us": 20.0, "max_us": 30.0, "grid": "4×1×1",
+         "block": "128×1×1", "tensor_cores": True},
+        {"name": "elementwise", "calls": 1, "total_us": 5.0, "mean_us": 5.0, "max_us": 5.0, "grid": None,
+         "block": None, "tensor_cores": False}]}
+    fig = charts.build_kernel_figure(fake)
+    assert [t.name for t in fig.data] == ["Tensor Cores", "no Tensor Cores"]
+    assert list(fig.data[0].x) == [0.04] and fig.layout.xaxis.title.text == "total kernel time (ms)"
+
+
+def test_timeline_lanes_and_events(result):
+    fig = charts.build_timeline_figure(result)
+    tl = result["timeline"]
+    assert sum(len(t.x) for t in fig.data) == tl["shown_events"] > 0
+    assert set().union(*(set(t.y) for t in fig.data)) == set(tl["lanes"])
+    assert fig.layout.xaxis.title.text == "time since the first event (ms)"
+    starts = sorted(b for t in fig.data for b in t.base)
+    assert starts[0] == 0.0 and starts[-1] <= tl["span_ms"]
