@@ -1,0 +1,144 @@
+"""Real torchrun runs: 2 CPU processes over gloo on loopback, the mlp sample, a few steps.
+
+An injected straggler (rank 1 sleeps 150 ms in every step) is found; a clean run flags nobody;
+a rank that dies is named within the timeout; a hung run is stopped by the launcher's timeout.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from diagnostics.distributed.analysis import analyze, STRAGGLER_MIN_EXCESS_MS
+from diagnostics.distributed.job import DistJob, DistributedError, steps_path, trace_path
+from diagnostics.distributed.launch import exit_codes, failed_rank, launch, torchrun_command
+from diagnostics.runner import AnalysisContext, Job, run_job
+from diagnostics.spec import ModelSpec
+
+MLP = ModelSpec(source="sample", name="mlp")
+SLEEP_MS = 150.0
+
+
+def _ctx(tmp_path, options):
+    return AnalysisContext(Job("distributed", MLP, options), tmp_path)
+
+
+def _no_rank_processes_left():
+    me = psutil.Process()
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if "diagnostics.distributed.rank_main" in " ".join(p.info["cmdline"] or []) and p.pid != me.pid]
+    return [p.pid for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_injected_straggler_is_found_through_the_runner(tmp_path):
+    outcome = run_job(Job("distributed", MLP, {"nproc": 2, "steps": 4, "warmup": 1, "straggler_rank": 1,
+                                               "straggler_sleep_ms": SLEEP_MS}), artifact_dir=tmp_path)
+    assert outcome.ok, (outcome.error, outcome.log_tail)
+    res = outcome.result
+    assert res["stragglers"] == [1]
+    r0, r1 = res["ranks"]
+    assert r1["straggler"] and not r0["straggler"]
+    # Rank 1's own work holds the sleep; rank 0 spends that time waiting inside the all-reduce.
+    assert r1["busy_ms"] >= SLEEP_MS
+    assert r0["exposed_comm_ms"] >= 0.8 * SLEEP_MS
+    assert r0["busy_ms"] < res["thresholds"]["threshold_ms"] < r1["busy_ms"]
+    # Both ranks' steps are as long as the slow one (DDP synchronises them).
+    assert min(r0["step_ms"], r1["step_ms"]) >= SLEEP_MS
+    # The trace's step time agrees with perf_counter around each step, measured independently.
+    for r in (r0, r1):
+        assert r["wall_step_ms"] == pytest.approx(r["step_ms"], rel=0.1)
+    out = Path(outcome.artifact_dir) / "distributed"
+    for rank in (0, 1):
+        doc = json.loads(trace_path(out, rank).read_text())
+        info = doc["distributedInfo"]
+        assert (info["rank"], info["world_size"], info["backend"]) == (rank, 2, "gloo")
+        assert len(json.loads(steps_path(out, rank).read_text())["step_ms"]) == 4
+    allreduce = next(c for c in res["collectives"] if c["name"] == "gloo:all_reduce")
+    n_params = sum(p.numel() for p in __import__("sample_models").SAMPLES["mlp"].build().parameters())
+    assert allreduce["mean_bytes"] == n_params * 4  # one float32 bucket holding every gradient
+    assert allreduce["calls"] == 2 * 4 and allreduce["ranks"] == 2
+    assert res["metrics"]["steps_per_rank"] == 4
+    assert "--nproc_per_node 2" in res["launch"]["command"]
+
+
+def test_clean_run_flags_nobody(tmp_path):
+    res = analyze(_ctx(tmp_path, {}), {"nproc": 2, "steps": 4, "warmup": 1})
+    assert res["stragglers"] == [], res["ranks"]
+    assert res["thresholds"]["min_excess_ms"] == STRAGGLER_MIN_EXCESS_MS
+    assert all(r["comm_ms"] > 0 and r["compute_ms"] > 0 for r in res["ranks"])
+    assert res["backend"] == "gloo"
+
+
+def test_a_dying_rank_is_named_without_hanging(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError, match=r"rank 1 died with exit code 3 at step 1"):
+        analyze(_ctx(tmp_path, {}), {"nproc": 2, "steps": 3, "warmup": 1, "die_rank": 1, "die_step": 1,
+                                     "pg_timeout_s": 30, "run_timeout_s": 90})
+    assert time.monotonic() - t0 < 60
+    assert not _no_rank_processes_left()
+
+
+def test_a_hung_run_is_stopped_by_the_timeout(tmp_path):
+    job = DistJob(spec=MLP.to_dict(), out_dir=str(tmp_path), steps=2, warmup=0, straggler_rank=1,
+                  straggler_sleep_ms=60_000)
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError, match=r"timed out after 4 s.*not finished: \[0, 1\]"):
+        launch(job, 2, timeout_s=4)
+    assert time.monotonic() - t0 < 20
+    time.sleep(0.5)
+    assert not _no_rank_processes_left()
+
+
+def test_bad_options_are_named(tmp_path):
+    with pytest.raises(DistributedError, match="straggler_rank 5 is not a rank of a 2-process run"):
+        analyze(_ctx(tmp_path, {}), {"nproc": 2, "straggler_rank": 5})
+    with pytest.raises(DistributedError, match="processes must be between"):
+        analyze(_ctx(tmp_path, {}), {"nproc": 0})
+    with pytest.raises(DistributedError, match="unknown backend"):
+        analyze(_ctx(tmp_path, {}), {"nproc": 2, "backend": "mpi"})
+    if not torch.cuda.is_available():
+        with pytest.raises(DistributedError, match="nccl needs CUDA"):
+            analyze(_ctx(tmp_path, {}), {"nproc": 2, "backend": "nccl"})
+
+
+def test_torchrun_command_single_and_multi_node():
+    cmd = torchrun_command("/x/job.json", 2, python="py")
+    assert cmd[:3] == ["py", "-m", "torch.distributed.run"] and "--standalone" in cmd
+    assert cmd[-4:] == ["-m", "diagnostics.distributed.rank_main", "--job", "/x/job.json"]
+    multi = torchrun_command("job.json", 8, nnodes=2, rdzv_endpoint="host:29400", python="py")
+    assert "--standalone" not in multi
+    assert multi[multi.index("--rdzv_endpoint") + 1] == "host:29400" and multi[multi.index("--nnodes") + 1] == "2"
+
+
+SUMMARY = """Failures:
+[1]:
+  time      : 2026-11-22_01:37:55
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11226)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-22_01:37:55
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 3 (pid: 11227)
+"""
+
+
+def test_failed_rank_rules():
+    codes = exit_codes(SUMMARY)
+    assert codes == {0: -15, 1: 3}
+    # A rank that crashed beats one that torchrun stopped (SIGTERM) afterwards.
+    running = {0: {"state": "running", "time": 1.0}, 1: {"state": "running", "time": 2.0}}
+    assert failed_rank(running, codes)[0] == 1
+    # Python errors: the first one is the cause.
+    errs = {0: {"state": "error", "time": 5.0, "error": "RuntimeError: peer closed"},
+            1: {"state": "error", "time": 4.0, "error": "ValueError: bad batch"}}
+    rank, why = failed_rank(errs, {0: 1, 1: 1})
+    assert rank == 1 and "ValueError: bad batch" in why
+    # Nothing reported: torchrun's root cause.
+    assert failed_rank({0: {"state": "not started"}, 1: {"state": "not started"}}, {}, SUMMARY)[0] == 1
