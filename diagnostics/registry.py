@@ -30,6 +30,11 @@ ANALYSES: dict[str, Analysis] = {
     for a in [
         Analysis("validate", "Load check", "diagnostics.analyses.validate:analyze", default_timeout_s=120),
         Analysis("summary", "Model summary", "diagnostics.analyses.summary:analyze"),
+        Analysis("memory", "Memory", "diagnostics.analyses.memory:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("batch_scan", "Batch-size scan", "diagnostics.analyses.memory_scan:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("gradients", "Gradient flow", "diagnostics.analyses.gradients:analyze"),
+        Analysis("checklist", "Optimization checklist", "diagnostics.analyses.checklist:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("optimize", "One-click fixes (trials)", "diagnostics.analyses.optimize:analyze", exclusive=True, default_timeout_s=600),
         Analysis("profile", "Profiler", "diagnostics.analyses.profiler:analyze", exclusive=True, default_timeout_s=600),
         Analysis("distributed", "Distributed run (torchrun)", "diagnostics.distributed.analysis:analyze", exclusive=True, default_timeout_s=600),
         Analysis("distributed_traces", "Distributed traces (folder)", "diagnostics.distributed.analysis:analyze_folder", needs_model=False),
