@@ -1,0 +1,516 @@
+"""Collect the plain ``facts`` dict that the checklist rules read, in one job.
+
+Three kinds of facts, each a section of the dict:
+
+* ``static``: read from the module tree and one traced forward (module types, Conv -> BN pairs
+  found by tensor identity, activations and where they sit, layer widths, modes, dtypes, memory
+  format, compile / DataParallel wrappers, weight-init scale).
+* ``env``: the device and the backend flags (CUDA, compute capability, cudnn.benchmark, TF32).
+* ``measured``: a short training-step profile (ops per step, sync points, kernels, Tensor Core
+  kernels), step time, peak memory, saved-activation bytes, gradient health, inference-mode
+  speed, a two-point batch-size probe, and the DataLoader when one is described.
+
+Measurements run on a deep copy, so the model that was passed in keeps its weights, buffers and
+mode. Every collector that fails records why under ``facts["errors"]`` instead of failing the job.
+Facts are plain data (no tensors, no modules).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import shutil
+import statistics
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+from torch import nn
+
+from diagnostics.checklist.measure import peak_bytes, time_calls
+
+CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.GELU, nn.SiLU, nn.Mish, nn.ELU, nn.SELU, nn.CELU,
+               nn.Hardswish, nn.Hardsigmoid, nn.Softplus, nn.Sigmoid, nn.Tanh, nn.Hardtanh)
+SATURATING = (nn.Sigmoid, nn.Tanh)
+INPLACE_CAPABLE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.SiLU, nn.Hardswish, nn.Hardtanh)
+WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+#: ops that can run on Tensor Cores (matmuls, convolutions, attention), as named in the profiler.
+ELIGIBLE_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+                "aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::conv1d",
+                "aten::conv2d", "aten::conv3d", "aten::_scaled_dot_product_flash_attention",
+                "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention")
+#: substrings of kernel names that run on Tensor Cores (the TensorBoard plugin's list, extended).
+TENSOR_CORE_PATTERNS = ("884", "1688", "16816", "8816", "hmma", "xmma", "wgmma", "imma", "tensorop", "tensor_op",
+                        "sm80_", "sm86_", "sm89_", "sm90_", "cutlass_80", "cutlass_90", "flash_fwd", "flash_bwd",
+                        "bf16gemm", "gemm_bf16", "gemm_fp16")
+#: CPU-GPU synchronisation points, counted per step.
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+            "cudaEventSynchronize")
+STEP_MARK = "ts_checklist_step"
+
+
+# ----------------------------------------------------------------------------- static facts
+def _leaf_modules(model: nn.Module):
+    for name, m in model.named_modules():
+        if not list(m.children()):
+            yield name, m
+
+
+def static_facts(model: nn.Module) -> dict:
+    """Facts from the module tree alone."""
+    types: dict[str, int] = {}
+    for _, m in model.named_modules():
+        types[type(m).__name__] = types.get(type(m).__name__, 0) + 1
+    inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None) or model
+    mods = list(inner.named_modules())
+    convs = [(n, m) for n, m in mods if isinstance(m, CONV)]
+    bns = [(n, m) for n, m in mods if isinstance(m, BATCHNORM)]
+    drops = [(n, m) for n, m in mods if isinstance(m, DROPOUT)]
+    acts = [(n, m) for n, m in mods if isinstance(m, ACTIVATIONS)]
+    act_counts: dict[str, int] = {}
+    for _, m in acts:
+        act_counts[type(m).__name__] = act_counts.get(type(m).__name__, 0) + 1
+    inplace = [n for n, m in acts if isinstance(m, INPLACE_CAPABLE) and getattr(m, "inplace", False)]
+    not_inplace = [n for n, m in acts if isinstance(m, INPLACE_CAPABLE) and not getattr(m, "inplace", False)]
+    params = list({id(p): p for p in model.parameters()}.values())
+    dtypes: dict[str, int] = {}
+    for p in params:
+        key = str(p.dtype).replace("torch.", "")
+        dtypes[key] = dtypes.get(key, 0) + p.numel()
+    conv2d = [m for _, m in convs if isinstance(m, nn.Conv2d)]
+    channels_last = bool(conv2d) and all(
+        m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous()
+        for m in conv2d if m.weight.dim() == 4 and m.weight.shape[2:] != (1, 1))
+    dp = isinstance(model, nn.DataParallel)
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    dist_backend = None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        dist_backend = str(torch.distributed.get_backend())
+    init = []
+    for n, m in mods:
+        if isinstance(m, WEIGHTED) and m.weight is not None and m.weight.numel() > 1:
+            fan_in = m.weight[0].numel()
+            std = float(m.weight.detach().float().std())
+            init.append({"name": n, "type": type(m).__name__, "fan_in": fan_in, "std": std,
+                         "gain": std * math.sqrt(fan_in)})
+    return {
+        "model_type": type(model).__name__,
+        "module_types": types,
+        "n_modules": len(mods),
+        "n_conv": len(convs), "n_conv2d": len(conv2d), "n_batchnorm": len(bns), "n_dropout": len(drops),
+        "n_linear": sum(1 for _, m in mods if isinstance(m, nn.Linear)),
+        "n_rnn": sum(1 for _, m in mods if isinstance(m, (nn.LSTM, nn.GRU, nn.RNN))),
+        "n_attention": sum(1 for _, m in mods if isinstance(m, nn.MultiheadAttention)),
+        "activations": act_counts,
+        "inplace_activations": len(inplace), "not_inplace_activations": not_inplace,
+        "training": bool(model.training),
+        "dropout_bn_train": [n for n, m in drops + bns if m.training],
+        "dropout_bn_eval": [n for n, m in drops + bns if not m.training],
+        "param_dtypes": dtypes,
+        "params_total": sum(p.numel() for p in params),
+        "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        "params_trainable": sum(p.numel() for p in params if p.requires_grad),
+        "channels_last": channels_last,
+        "compiled": hasattr(model, "_orig_mod") or type(model).__name__ == "OptimizedModule",
+        "torchscript": isinstance(model, torch.jit.ScriptModule),
+        "data_parallel": dp,
+        "data_parallel_devices": len(model.device_ids or []) if dp else 0,
+        "ddp": ddp,
+        "dist_backend": dist_backend,
+        "init": init,
+        "quantized": any("quantized" in type(m).__module__ for _, m in mods),
+    }
+
+
+@contextmanager
+def _trace_hooks(model: nn.Module, order: list, conv_out: dict, pairs: list, relu_stats: dict):
+    """Record leaf execution order, Conv -> BN pairs (BN input is the Conv's output tensor) and
+    per-unit activity of ReLU outputs. Hooks are removed and the mode restored in ``finally``."""
+    handles, was_training = [], model.training
+    try:
+        for name, m in _leaf_modules(model):
+            if isinstance(m, torch.jit.ScriptModule):
+                continue
+
+            def fwd(mod, inp, out, name=name):
+                shape_in = list(inp[0].shape) if inp and isinstance(inp[0], torch.Tensor) else None
+                order.append({"name": name, "type": type(mod).__name__, "in_shape": shape_in})
+                if isinstance(mod, CONV) and isinstance(out, torch.Tensor):
+                    conv_out[id(out)] = name
+                if isinstance(mod, (nn.ReLU, nn.ReLU6)) and isinstance(out, torch.Tensor) and out.dim() >= 2:
+                    # A unit (feature / channel) is dead when it is zero for every sample and position.
+                    alive = (out.detach() != 0).transpose(0, 1).reshape(out.shape[1], -1).any(dim=1)
+                    prev = relu_stats.get(name)
+                    relu_stats[name] = alive if prev is None or prev.shape != alive.shape else (prev | alive)
+
+            def pre(mod, inp, name=name):
+                if isinstance(mod, BATCHNORM) and inp and id(inp[0]) in conv_out:
+                    pairs.append([conv_out[id(inp[0])], name])
+
+            handles.append(m.register_forward_hook(fwd))
+            handles.append(m.register_forward_pre_hook(pre))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+
+def forward_facts(model: nn.Module, inputs: tuple) -> dict:
+    """Facts from one forward in eval mode without grad: execution order, Conv->BN pairs,
+    hidden saturating activations, layer widths in execution order, dead ReLU units."""
+    order, conv_out, pairs, relu_stats = [], {}, [], {}
+    with _trace_hooks(model, order, conv_out, pairs, relu_stats):
+        model.eval()
+        with torch.no_grad():
+            model(*inputs)
+    names = {n: m for n, m in model.named_modules()}
+    executed = [o for o in order]
+    last = executed[-1]["name"] if executed else None
+    hidden_saturating = sorted({o["name"] for o in executed
+                                if isinstance(names.get(o["name"]), SATURATING) and o["name"] != last})
+    widths = []
+    for o in executed:
+        m = names.get(o["name"])
+        if isinstance(m, nn.Linear):
+            widths.append({"name": o["name"], "type": "Linear", "in": m.in_features, "out": m.out_features})
+        elif isinstance(m, CONV):
+            widths.append({"name": o["name"], "type": type(m).__name__, "in": m.in_channels, "out": m.out_channels})
+        elif isinstance(m, nn.Embedding):
+            widths.append({"name": o["name"], "type": "Embedding", "in": None, "out": m.embedding_dim})
+    # Inner widths: everything but the raw input of the first layer and the output of the last
+    # (those are fixed by the data and the number of classes).
+    dims = []
+    seen = set()
+    for i, w in enumerate(widths):
+        if w["in"] is not None and i > 0:
+            dims.append((w["name"], "in", w["in"]))
+        if i < len(widths) - 1:
+            dims.append((w["name"], "out", w["out"]))
+    off = []
+    for name, side, d in dims:
+        if d % 8 and (name, side) not in seen:
+            seen.add((name, side))
+            off.append({"name": name, "side": side, "dim": d})
+    units = sum(int(v.numel()) for v in relu_stats.values())
+    dead = sum(int((~v).sum()) for v in relu_stats.values())
+    return {
+        "executed_leaves": len(executed),
+        "conv_bn_pairs": pairs,
+        "hidden_saturating": hidden_saturating,
+        "output_activation": executed[-1]["type"] if executed and isinstance(names.get(last), ACTIVATIONS) else None,
+        "widths": widths,
+        "inner_dims": len(dims),
+        "widths_not_multiple_of_8": off,
+        "relu_units": units,
+        "dead_relu_units": dead,
+        "conv_input_channels_last": None,
+    }
+
+
+# ----------------------------------------------------------------------------- environment
+def environment_facts(device: torch.device | str) -> dict:
+    device = torch.device(device)
+    cuda = torch.cuda.is_available()
+    env = {
+        "device": str(device), "device_type": device.type, "cuda_available": cuda,
+        "cudnn_available": torch.backends.cudnn.is_available(),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "torch_version": torch.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "cxx_compiler": bool(shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
+        "nccl_available": bool(torch.distributed.is_available() and torch.distributed.is_nccl_available()),
+        "world_size": (torch.distributed.get_world_size() if torch.distributed.is_available()
+                       and torch.distributed.is_initialized() else 1),
+        "compute_capability": None, "device_name": None, "device_memory_bytes": None,
+        "cuda_device_count": torch.cuda.device_count() if cuda else 0,
+    }
+    if device.type == "cuda" and cuda:
+        props = torch.cuda.get_device_properties(device)
+        env.update(compute_capability=float(f"{props.major}.{props.minor}"), device_name=props.name,
+                   device_memory_bytes=int(props.total_memory),
+                   bf16_supported=bool(torch.cuda.is_bf16_supported()))
+    else:
+        try:
+            import psutil
+
+            env["device_memory_bytes"] = int(psutil.virtual_memory().total)
+        except Exception:
+            pass
+        env["device_name"] = "CPU"
+    return env
+
+
+# ----------------------------------------------------------------------------- measured facts
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _train_step_fn(model: nn.Module, inputs: tuple, loss_fn: Callable) -> Callable[[], None]:
+    def step():
+        model.zero_grad(set_to_none=True)
+        out = model(*inputs)
+        loss_fn(out).backward()
+    return step
+
+
+def _intervals_union(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -math.inf
+    for s, e in sorted(spans):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2) -> dict:
+    """Profile ``steps`` training steps: ops and kernels per step, sync points, Tensor Cores."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            with record_function(STEP_MARK):
+                step()
+            _sync(device)
+    events = list(prof.events())
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[e.name] = counts.get(e.name, 0) + 1
+    # Top-level operators: those called directly by the step (not the ops they call in turn).
+    top = [e for e in events if e.name.startswith("aten::") and e.device_type.name == "CPU"
+           and (e.cpu_parent is None or e.cpu_parent.name == STEP_MARK)]
+    step_spans = [e for e in events if e.name == STEP_MARK and e.device_type.name == "CPU"]
+    wall_us = statistics.median([e.time_range.elapsed_us() for e in step_spans]) if step_spans else None
+    kernels = [e for e in events if e.device_type.name == "CUDA" and not e.name.startswith(STEP_MARK)
+               and "Memcpy" not in e.name and "Memset" not in e.name]
+    kernel_names = sorted({e.name for e in kernels})
+    tc = [n for n in kernel_names if any(p in n.lower() for p in TENSOR_CORE_PATTERNS)]
+    busy_us = _intervals_union([(e.time_range.start, e.time_range.end) for e in kernels]) if kernels else 0.0
+    nccl_us = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower())
+    kernel_us = sum(e.time_range.elapsed_us() for e in kernels)
+    sync = {name: counts.get(name, 0) / steps for name in SYNC_OPS}
+    return {
+        "steps": steps,
+        "step_wall_us": wall_us,
+        "ops_per_step": len(top) / steps,
+        "median_op_us": statistics.median([e.cpu_time_total for e in top]) if top else None,
+        "kernels_per_step": len(kernels) / steps,
+        "median_kernel_us": statistics.median([e.time_range.elapsed_us() for e in kernels]) if kernels else None,
+        "sync_per_step": sync,
+        "sync_points_per_step": sum(v for k, v in sync.items() if k != "aten::_local_scalar_dense"),
+        "eligible_ops": sorted({n for n in counts if n in ELIGIBLE_OPS}),
+        "tensor_core_kernels": tc[:20],
+        "kernel_names_sample": kernel_names[:20],
+        "gpu_busy_fraction": (busy_us / steps / wall_us) if (kernels and wall_us) else None,
+        "communication_fraction": (nccl_us / kernel_us) if kernel_us else None,
+        "top_ops": sorted(({"name": k, "count_per_step": v / steps} for k, v in counts.items()
+                           if k.startswith("aten::")), key=lambda r: -r["count_per_step"])[:15],
+    }
+
+
+@contextmanager
+def saved_tensor_probe(exclude_ptrs: set[int], sizes: dict[int, int]):
+    """Sum the bytes autograd saves for backward (unique storages, parameters excluded)."""
+    def pack(t):
+        try:
+            st = t.untyped_storage()
+            ptr = st.data_ptr()
+            if ptr not in exclude_ptrs:
+                sizes[ptr] = st.nbytes()
+        except Exception:  # tensors without storage (e.g. some subclasses)
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+
+
+def gradient_facts(model: nn.Module, order: list[str]) -> dict:
+    """Gradient health after one backward: non-finite grads, per-layer norms, first/last ratio."""
+    names = dict(model.named_modules())
+    rows = []
+    nonfinite = []
+    total_sq = 0.0
+    for pname, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad.detach().float()
+        if not torch.isfinite(g).all():
+            nonfinite.append(pname)
+            continue
+        total_sq += float(g.pow(2).sum())
+    for lname in order:
+        m = names.get(lname)
+        if isinstance(m, WEIGHTED) and m.weight.grad is not None:
+            g = m.weight.grad.detach().float()
+            if torch.isfinite(g).all():
+                rows.append({"name": lname, "grad_norm": float(g.norm())})
+    first = rows[0]["grad_norm"] if rows else None
+    last = rows[-1]["grad_norm"] if rows else None
+    ratio = (first / last) if (rows and last) else None
+    return {"nonfinite_params": nonfinite, "total_norm": math.sqrt(total_sq), "layers": rows,
+            "first_layer_norm": first, "last_layer_norm": last, "first_last_ratio": ratio,
+            "min_layer_norm": min((r["grad_norm"] for r in rows), default=None),
+            "max_layer_norm": max((r["grad_norm"] for r in rows), default=None)}
+
+
+def measured_facts(model: nn.Module, inputs: tuple, loss_fn: Callable, device: torch.device, *,
+                   iters: int = 5, profile_steps: int = 2, make_inputs: Callable[[int], tuple] | None = None,
+                   batch_size: int | None = None, progress: Callable[[float, str], None] | None = None,
+                   errors: dict | None = None) -> dict:
+    """Everything timed or traced. ``model`` is a copy this function may change."""
+    progress = progress or (lambda f, m: None)
+    errors = errors if errors is not None else {}
+    out: dict = {}
+    device = torch.device(device)
+    trainable = any(p.requires_grad for p in model.parameters())
+
+    def guarded(key: str, fn):
+        try:
+            return fn()
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # one failing probe must not sink the checklist
+            errors[key] = f"{type(e).__name__}: {str(e)[:300]}"
+            return None
+
+    order = [o["name"] for o in forward_facts(copy.deepcopy(model), inputs)["widths"]]
+    model.train()
+    step = _train_step_fn(model, inputs, loss_fn)
+    if trainable:
+        progress(0.2, "timing the training step")
+        out["train_step"] = guarded("train_step", lambda: time_calls(step, device, iters=iters, warmup=1))
+        progress(0.35, "profiling the training step")
+        out["profile"] = guarded("profile", lambda: profile_facts(step, device, profile_steps))
+        progress(0.5, "peak memory and saved activations")
+        out["peak_bytes"] = guarded("peak_bytes", lambda: peak_bytes(step, device))
+        ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        sizes: dict[int, int] = {}
+
+        def saved():
+            model.zero_grad(set_to_none=True)
+            with saved_tensor_probe(ptrs, sizes):
+                loss = loss_fn(model(*inputs))
+            loss.backward()
+            return sum(sizes.values())
+
+        out["saved_activation_bytes"] = guarded("saved_activations", saved)
+        progress(0.6, "gradients")
+        out["gradients"] = guarded("gradients", lambda: gradient_facts(model, order))
+        if device.type == "cuda":
+            def growth():
+                allocs = []
+                for _ in range(4):
+                    step()
+                    _sync(device)
+                    allocs.append(torch.cuda.memory_allocated(device))
+                return (allocs[-1] - allocs[1]) / 2
+            out["memory_growth_bytes_per_step"] = guarded("memory_growth", growth)
+        model.zero_grad(set_to_none=True)
+    else:
+        errors["train_step"] = "the model has no trainable parameters: training-step facts were skipped"
+    progress(0.7, "inference mode vs training mode forward")
+
+    def infer_check():
+        model.train()
+        with torch.enable_grad():
+            grad_t = time_calls(lambda: model(*inputs), device, iters=iters, warmup=1)
+        model.eval()
+        with torch.inference_mode():
+            inf_t = time_calls(lambda: model(*inputs), device, iters=iters, warmup=1)
+        return {"train_grad_forward_s": grad_t["median_s"], "eval_inference_forward_s": inf_t["median_s"],
+                "speedup": grad_t["median_s"] / inf_t["median_s"] if inf_t["median_s"] else None}
+
+    out["inference"] = guarded("inference", infer_check)
+    if make_inputs is not None and batch_size:
+        progress(0.8, "batch-size probe")
+
+        def batch_probe():
+            model.eval()
+            res = []
+            for b in (batch_size, batch_size * 2):
+                x = make_inputs(b)
+                with torch.inference_mode():
+                    t = time_calls(lambda: model(*x), device, iters=iters, warmup=1)
+                res.append({"batch_size": b, "median_s": t["median_s"], "samples_per_s": b / t["median_s"]})
+            return {"points": res, "throughput_gain_2x": res[1]["samples_per_s"] / res[0]["samples_per_s"]}
+
+        out["batch_probe"] = guarded("batch_probe", batch_probe)
+    return out
+
+
+# ----------------------------------------------------------------------------- data loader
+LOADER_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+
+def dataloader_facts(desc: dict | None, dataset_path: str | None = None, step_time_s: float | None = None,
+                     batches: int = 5) -> dict | None:
+    """The DataLoader as described, and (with a dataset module) the measured time per batch."""
+    if not desc and not dataset_path:
+        return None
+    desc = {k: (desc or {}).get(k) for k in LOADER_KEYS}
+    facts = {"described": desc, "loader_s_per_batch": None, "step_time_s": step_time_s, "loader_fraction": None,
+             "note": None}
+    if dataset_path:
+        from diagnostics.checklist.dataset import load_dataset, time_loader
+
+        dataset = load_dataset(dataset_path)
+        per_batch, note = time_loader(dataset, desc, batches)
+        facts["loader_s_per_batch"] = per_batch
+        facts["note"] = note
+        if step_time_s and per_batch is not None:
+            facts["loader_fraction"] = per_batch / (per_batch + step_time_s)
+    return facts
+
+
+# ----------------------------------------------------------------------------- all together
+def collect_facts(loaded, options: dict | None = None, progress: Callable[[float, str], None] | None = None) -> dict:
+    """All facts for ``loaded`` (a LoadedModel). Options: purpose ("training" | "inference"),
+    iters, profile_steps, dataloader (dict of LOADER_KEYS), dataset_path, skip_measured."""
+    options = options or {}
+    progress = progress or (lambda f, m: None)
+    errors: dict[str, str] = {}
+    model = loaded.model
+    progress(0.05, "reading the module tree")
+    facts = {"purpose": options.get("purpose", "training"), "errors": errors,
+             "static": static_facts(model), "env": environment_facts(loaded.device),
+             "batch_size": loaded.batch_size, "task": getattr(loaded, "task", "unknown")}
+    work = copy.deepcopy(model)
+    try:
+        facts["forward"] = forward_facts(work, loaded.inputs)
+    except Exception as e:
+        errors["forward"] = f"{type(e).__name__}: {str(e)[:300]}"
+        facts["forward"] = None
+    if facts["forward"] is not None and facts["static"]["n_conv2d"]:
+        x = next((t for t in loaded.inputs if t.dim() == 4), None)
+        facts["forward"]["conv_input_channels_last"] = (
+            None if x is None else bool(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()))
+    if options.get("skip_measured"):
+        facts["measured"] = None
+    else:
+        facts["measured"] = measured_facts(
+            work, loaded.inputs, loaded.loss_fn, loaded.device, iters=int(options.get("iters", 5)),
+            profile_steps=int(options.get("profile_steps", 2)), make_inputs=loaded.make_inputs,
+            batch_size=loaded.batch_size, progress=progress, errors=errors)
+    step_s = ((facts["measured"] or {}).get("train_step") or {}).get("median_s")
+    progress(0.9, "data loader")
+    try:
+        facts["dataloader"] = dataloader_facts(options.get("dataloader"), options.get("dataset_path"), step_s)
+    except Exception as e:
+        from diagnostics.errors import TorchScopeError
+
+        if isinstance(e, TorchScopeError):
+            raise
+        errors["dataloader"] = f"{type(e).__name__}: {str(e)[:300]}"
+        facts["dataloader"] = None
+    return facts
