@@ -1,0 +1,370 @@
+"""Decode slices of a trace's traceEvents array into numpy columns (worker-safe: no pandas).
+
+A slice is a run of whole events separated by commas. msgspec decodes it in one call into
+small structs holding only the fields the analyses use; `Columns` turns those into numpy arrays
+with slice-local string tables, exported as plain data so a worker process can send them back.
+A slice that fails to decode as a whole is split at its real object boundaries (a vectorised
+scan that honours strings) and decoded event by event; bad events are counted, not fatal.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from operator import attrgetter
+from typing import Union
+
+import msgspec
+import numpy as np
+import orjson
+
+MAX_EVENT_BYTES = 64 << 20      # one event larger than this is treated as corrupt and skipped
+MAX_WARNINGS = 20               # distinct warning lines kept (counts are always exact)
+BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+STRING_FIELDS = ("ph", "cat", "name", "pid", "tid")
+NUMERIC_FIELDS = ("ts", "dur", "ext_id", "corr", "device", "stream", "flow_id", "nbytes",
+                  "total_allocated", "device_type")
+_NUMBER_TYPES = (int, float)
+_FLOW_PHASES = frozenset({"s", "f", "t"})
+_INSTANT_PHASES = frozenset({"i", "I"})
+# Events whose args carry "device" and "stream" (GPU activity).
+_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation",
+                          "memcpy", "memset"})
+
+
+class _Args(msgspec.Struct, frozen=True, gc=False):
+    external_id: int = msgspec.field(name="External id", default=-1)
+    correlation: int = -1
+    device: int = -1
+    stream: int = -1
+    nbytes: int = msgspec.field(name="Bytes", default=0)
+    total_allocated: int = msgspec.field(name="Total Allocated", default=-1)
+    device_type: int = msgspec.field(name="Device Type", default=-1)
+    device_id: int = msgspec.field(name="Device Id", default=-1)
+    label: str = msgspec.field(name="name", default="")
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: Union[int, str] = -1
+    tid: Union[int, str] = -1
+    ts: float = math.nan
+    dur: float = math.nan
+    id: Union[int, str] = -1
+    args: _Args = _NO_ARGS
+
+
+_decode_events = msgspec.json.Decoder(list[_Event]).decode
+_decode_event = msgspec.json.Decoder(_Event).decode
+
+
+class _Interner(dict):
+    """value -> dense code, assigned on first sight (dict lookups stay in C for known values)."""
+
+    def __missing__(self, key):
+        code = self[key] = len(self)
+        return code
+
+    def values_list(self) -> list:
+        return list(self.keys())
+
+
+# ---- structure scanning ----------------------------------------------------------------------
+
+def scan(buf: bytes) -> tuple[np.ndarray, np.ndarray, int]:
+    """Top-level structure of a slice of the traceEvents array that starts between two events.
+
+    Returns (starts, ends, close): byte offsets of each complete top-level object's `{` and `}`,
+    and the offset of the `]` that closes the array (-1 if not in `buf`). Strings and escapes are
+    honoured. Vectorised with numpy; used only at the end of the array and on malformed data.
+    """
+    a = np.frombuffer(buf, dtype=np.uint8)
+    quote = a == 34
+    q = np.flatnonzero(quote)
+    esc = q[(q > 0) & (a[np.maximum(q - 1, 0)] == 92)]
+    for pos in esc:  # rare: a quote after backslashes is escaped when the run is odd
+        run = 0
+        while pos - 1 - run >= 0 and a[pos - 1 - run] == 92:
+            run += 1
+        if run % 2:
+            quote[pos] = False
+    in_str = np.bitwise_xor.accumulate(quote.view(np.uint8))
+    outside = in_str == 0
+    opens = ((a == 123) | (a == 91)) & outside
+    closes = ((a == 125) | (a == 93)) & outside
+    depth = np.cumsum(opens.astype(np.int32) - closes.astype(np.int32), dtype=np.int32)
+    below = np.flatnonzero(closes & (depth < 0))
+    close = int(below[0]) if below.size else -1
+    limit = close if close >= 0 else a.size
+    ends = np.flatnonzero((a[:limit] == 125) & closes[:limit] & (depth[:limit] == 0))
+    starts = np.flatnonzero((a[:limit] == 123) & opens[:limit] & (depth[:limit] == 1))
+    return starts, ends, close
+
+
+def last_boundary(buf: bytes) -> int:
+    """Offset of the `}` of the last `}, {` in buf (a likely event boundary), or -1."""
+    window = 1 << 16
+    n = len(buf)
+    while True:
+        lo = max(0, n - window)
+        last = None
+        for last in BOUNDARY.finditer(buf, lo):
+            pass
+        if last is not None:
+            return last.start()
+        if lo == 0:
+            return -1
+        window *= 4
+
+
+# ---- events -> columns -----------------------------------------------------------------------
+
+def _flow_number(ident) -> int:
+    """A flow id written as a string ("0x1f", "42"): its number, else a stable hash."""
+    try:
+        return int(ident, 0)
+    except (TypeError, ValueError):
+        return zlib.crc32(str(ident).encode())
+
+
+class Columns:
+    """Accumulates decoded event structs into numpy column chunks and interned string tables."""
+
+    def __init__(self):
+        self.ph, self.cat, self.name = _Interner(), _Interner(), _Interner()
+        self.pid, self.tid = _Interner(), _Interner()
+        self.chunks: dict = {c: [] for c in STRING_FIELDS + NUMERIC_FIELDS}
+        self.n = 0
+        self.meta_events: list = []
+        self.skipped = 0
+        self.warnings: list = []
+
+    def export(self) -> dict:
+        """The columns so far as plain data: arrays, slice-local string tables, counts."""
+        arrays = {k: (np.concatenate(v) if len(v) > 1 else v[0]) if v else
+                  np.empty(0, np.int32) for k, v in self.chunks.items()}
+        tables = {}
+        for f in STRING_FIELDS:
+            tables[f] = getattr(self, f).values_list()
+        return {"n": self.n, "arrays": arrays, "tables": tables, "meta_events": self.meta_events,
+                "skipped": self.skipped, "warnings": self.warnings}
+
+    def warn(self, message: str) -> None:
+        if len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(message)
+
+    def add(self, evs: list) -> None:
+        k = len(evs)
+        if not k:
+            return
+        ch = self.chunks
+        fi = np.fromiter
+
+        def col(attr, dtype, items=evs):
+            return fi(map(attrgetter(attr), items), dtype, k)
+
+        def codes(attr, table):
+            return fi(map(table.__getitem__, map(attrgetter(attr), evs)), np.int32, k)
+
+        ch["ts"].append(col("ts", np.float64))
+        ch["dur"].append(col("dur", np.float64))
+        ch["ph"].append(codes("ph", self.ph))
+        ch["cat"].append(codes("cat", self.cat))
+        ch["name"].append(codes("name", self.name))
+        ch["pid"].append(codes("pid", self.pid))
+        ch["tid"].append(codes("tid", self.tid))
+        args = list(map(attrgetter("args"), evs))
+        ch["ext_id"].append(col("external_id", np.int64, args))
+        ch["corr"].append(col("correlation", np.int64, args))
+        # Sparse fields are read only for the events that can carry them.
+        ph = ch["ph"][-1]
+        cat = ch["cat"][-1]
+        flow_rows = self._rows(ph, self.ph, _FLOW_PHASES)
+        gpu_rows = self._rows(cat, self.cat, _DEVICE_CATS)
+        mem_rows = self._rows(ph, self.ph, _INSTANT_PHASES)
+        flow = np.full(k, -1, np.int64)
+        if flow_rows.size:
+            ids = [evs[i].id for i in flow_rows.tolist()]
+            flow[flow_rows] = [i if i.__class__ is int else _flow_number(i) for i in ids]
+        ch["flow_id"].append(flow)
+        device = np.full(k, -1, np.int32)
+        stream = np.full(k, -1, np.int32)
+        if gpu_rows.size:
+            sub = [args[i] for i in gpu_rows.tolist()]
+            device[gpu_rows] = list(map(attrgetter("device"), sub))
+            stream[gpu_rows] = list(map(attrgetter("stream"), sub))
+        nbytes = np.zeros(k, np.int64)
+        total = np.full(k, -1, np.int64)
+        dev_type = np.full(k, -1, np.int8)
+        if mem_rows.size:
+            sub = [args[i] for i in mem_rows.tolist()]
+            nbytes[mem_rows] = list(map(attrgetter("nbytes"), sub))
+            total[mem_rows] = list(map(attrgetter("total_allocated"), sub))
+            dev_type[mem_rows] = list(map(attrgetter("device_type"), sub))
+            device[mem_rows] = list(map(attrgetter("device_id"), sub))
+        ch["device"].append(device)
+        ch["stream"].append(stream)
+        ch["nbytes"].append(nbytes)
+        ch["total_allocated"].append(total)
+        ch["device_type"].append(dev_type)
+        m_code = self.ph.get("M")
+        if m_code is not None and (ch["ph"][-1] == m_code).any():
+            self.meta_events.extend((e.name, e.pid, e.tid, e.args.label) for e in evs
+                                    if e.ph == "M")
+        self.n += k
+
+    @staticmethod
+    def _rows(codes: np.ndarray, table: dict, wanted: frozenset) -> np.ndarray:
+        hit = [c for v, c in table.items() if (v.lower() if isinstance(v, str) else v) in wanted]
+        if not hit:
+            return np.empty(0, np.int64)
+        return np.flatnonzero(np.isin(codes, hit))
+
+    def add_one_by_one(self, buf: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Decode events individually (the slow path for a block that failed as a whole)."""
+        good = []
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            raw = buf[s:e + 1]
+            try:
+                good.append(_decode_event(raw))
+                continue
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                first_error = exc
+            ev = _lenient_event(raw)
+            if ev is None:
+                self.skipped += 1
+                self.warn(f"skipped an event ({first_error}): {raw[:120].decode('utf-8', 'replace')}")
+            else:
+                good.append(ev)
+        self.add(good)
+
+
+def _lenient_event(raw: bytes) -> _Event | None:
+    """Rebuild an event whose fields have odd types; None if it has no usable timestamp."""
+    try:
+        d = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(d, dict):
+        return None
+
+    def num(v, default=math.nan):
+        if isinstance(v, bool):
+            return default
+        if isinstance(v, _NUMBER_TYPES):
+            return float(v)
+        if isinstance(v, str):
+            try:
+                return float(v)
+            except ValueError:
+                return default
+        return default
+
+    def integer(v, default=-1):
+        f = num(v)
+        return int(f) if math.isfinite(f) else default
+
+    def ident(v):
+        if isinstance(v, (int, str)) and not isinstance(v, bool):
+            return v
+        return -1 if v is None else str(v)
+
+    ts = num(d.get("ts"))
+    if not math.isfinite(ts):
+        return None
+    a = d.get("args") if isinstance(d.get("args"), dict) else {}
+    label = a.get("name")
+    args = _Args(
+        external_id=integer(a.get("External id")), correlation=integer(a.get("correlation")),
+        device=integer(a.get("device")), stream=integer(a.get("stream")),
+        nbytes=integer(a.get("Bytes"), 0), total_allocated=integer(a.get("Total Allocated")),
+        device_type=integer(a.get("Device Type")), device_id=integer(a.get("Device Id")),
+        label=label if isinstance(label, str) else "")
+    dur = num(d.get("dur"))
+    return _Event(ph=str(d.get("ph") or ""), cat=str(d.get("cat") or ""),
+                  name=str(d.get("name") or ""), pid=ident(d.get("pid")), tid=ident(d.get("tid")),
+                  ts=ts, dur=dur, id=ident(d.get("id")), args=args)
+
+
+def consume(cols: Columns, buf: bytes, cut: int | None = None) -> bytes:
+    """Decode the complete events at the front of buf; return the unconsumed rest."""
+    if cut is None:
+        cut = last_boundary(buf)
+    if cut < 0:
+        if len(buf) > MAX_EVENT_BYTES:
+            return resync(cols, buf)
+        return buf
+    # Decode "[" + buf[:cut + 1] + "]" without copying buf twice: one bytearray, and the byte
+    # after the cut (a comma or a space) briefly becomes the closing bracket.
+    work = bytearray(b"[")
+    work += buf
+    work[cut + 2] = 93
+    view = memoryview(work)
+    try:
+        cols.add(_decode_events(view[:cut + 3]))
+        return buf[cut + 1:].lstrip(b" \t\r\n,")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    finally:
+        view.release()
+        del work
+    # Slow path: find the real boundaries and decode the events one by one.
+    starts, ends, close = scan(buf)
+    if close >= 0:  # the array closed early, or a stray `]`: keep the rest for the end step
+        ends = ends[ends < close]
+    if ends.size == 0:
+        if len(buf) > MAX_EVENT_BYTES:
+            return resync(cols, buf)
+        return buf
+    last = int(ends[-1])
+    consume_spans(cols, buf, starts, ends)
+    return buf[last + 1:].lstrip(b" \t\r\n,")
+
+
+def consume_spans(cols: Columns, buf: bytes, starts: np.ndarray, ends: np.ndarray,
+                   whole: bool = False) -> None:
+    """Decode the objects whose `{` .. `}` spans are given (pairs matched in order)."""
+    if ends.size == 0:
+        return
+    starts = starts[starts < ends[-1]]
+    if starts.size != ends.size:  # unbalanced structure: pair each end with the start before it
+        idx = np.searchsorted(starts, ends) - 1
+        ok = idx >= 0
+        starts, ends = starts[idx[ok]], ends[ok]
+    if whole:
+        try:
+            cols.add(_decode_events(b"[" + buf[int(starts[0]):int(ends[-1]) + 1] + b"]"))
+            return
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+    cols.add_one_by_one(buf, starts, ends)
+
+
+def resync(cols: Columns, buf: bytes) -> bytes:
+    """A corrupt stretch with no event boundary for MAX_EVENT_BYTES: drop it, count it, go on."""
+    m = BOUNDARY.search(buf, len(buf) // 2)
+    cut = m.start() + 1 if m else len(buf)
+    cols.skipped += 1
+    cols.warn(f"skipped {cut:,} bytes that do not parse as trace events")
+    return buf[cut:].lstrip(b" \t\r\n,")
+
+
+
+
+def decode_slice(buf: bytes) -> dict | None:
+    """Decode a slice of whole events ("{...}, {...}"); None if it does not decode as a whole.
+
+    Run in worker processes; the caller then redoes the slice (and the rest) in order.
+    """
+    cols = Columns()
+    try:
+        cols.add(_decode_events(b"[" + buf + b"]"))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return cols.export()

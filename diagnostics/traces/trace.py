@@ -1,0 +1,185 @@
+"""Trace: one parsed Chrome/Kineto trace as columns (a DataFrame) plus its top-level metadata.
+
+Times are microseconds relative to `origin_us` (the earliest event timestamp), so float64 keeps
+nanosecond precision. The per-thread call nesting (depth, parent, self time) is derived once,
+on demand, and cached on the object.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+# Columns of Trace.events, in order. Integer columns use -1 for "absent".
+COLUMNS = (
+    "ts", "dur", "ph", "cat", "name", "pid", "tid",
+    "ext_id", "corr", "device", "stream", "flow_id", "nbytes", "total_allocated", "device_type",
+)
+
+# Event categories (Kineto's `cat`, compared lower-case; older Kineto wrote "Kernel", "Memcpy"...).
+KERNEL_CATS = frozenset({"kernel"})
+MEMCPY_CATS = frozenset({"gpu_memcpy", "memcpy"})
+MEMSET_CATS = frozenset({"gpu_memset", "memset"})
+GPU_ANNOTATION_CATS = frozenset({"gpu_user_annotation"})
+GPU_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS | GPU_ANNOTATION_CATS
+RUNTIME_CATS = frozenset({"cuda_runtime", "runtime", "cuda_driver", "driver"})
+# Spans that frame the whole profile rather than run on a thread: kept out of the nesting.
+FRAME_CATS = frozenset({"trace"})
+
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+# NCCL kernels ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_AllGather_...").
+COMM_KERNEL_RE = re.compile(r"^nccl", re.IGNORECASE)
+# Host-side collectives (gloo, c10d, NCCL launches recorded as ops).
+COMM_OP_RE = re.compile(r"(gloo|nccl|c10d::|record_param_comms|all_reduce|allreduce|all_gather|"
+                        r"allgather|reduce_scatter|broadcast|all_to_all|alltoall|barrier)",
+                        re.IGNORECASE)
+
+@dataclass
+class Trace:
+    """A loaded trace. `events` has one row per event (COLUMNS); `meta` the other top-level keys."""
+
+    events: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+    origin_us: float = 0.0
+    source: str = ""
+    n_bytes: int = 0
+    skipped_events: int = 0
+    warnings: list = field(default_factory=list)
+    process_names: dict = field(default_factory=dict)   # pid label -> name
+    thread_names: dict = field(default_factory=dict)    # "pid/tid" label -> name
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def rank(self) -> int | None:
+        info = self.meta.get("distributedInfo")
+        if isinstance(info, dict) and isinstance(info.get("rank"), int):
+            return info["rank"]
+        return None
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    # ---- derived columns, computed once ------------------------------------------------------
+
+    def codes(self, col: str) -> np.ndarray:
+        """Category codes of a string column (ph, cat, name, pid, tid); -1 for missing."""
+        return self.events[col].cat.codes.to_numpy()
+
+    def labels(self, col: str) -> np.ndarray:
+        """The distinct strings of a column as an object array, plus "" at the end for code -1."""
+        key = "labels:" + col
+        if key not in self._cache:
+            cats = self.events[col].cat.categories
+            self._cache[key] = np.array([str(c) for c in cats] + [""], dtype=object)
+        return self._cache[key]
+
+    def strings(self, col: str, rows=None) -> np.ndarray:
+        """A string column (or its `rows`) as an object array, without materialising the rest."""
+        c = self.codes(col)
+        return self.labels(col)[c if rows is None else c[rows]]
+
+    def cat_lower(self) -> np.ndarray:
+        """Lower-cased category per event as an object array (small: built from the categories)."""
+        if "cat_lower" not in self._cache:
+            lowered = np.array([c.lower() for c in self.labels("cat")], dtype=object)
+            self._cache["cat_lower"] = lowered[self.codes("cat")]
+        return self._cache["cat_lower"]
+
+    def cat_mask(self, cats: frozenset) -> np.ndarray:
+        """Boolean mask of events whose lower-cased category is in `cats`."""
+        cat = self.events["cat"].cat
+        keep = np.array([str(c).lower() in cats for c in cat.categories] + [False])
+        return keep[cat.codes.to_numpy()]
+
+    def name_mask(self, pattern: re.Pattern) -> np.ndarray:
+        """Boolean mask of events whose name matches `pattern` (tested once per distinct name)."""
+        name = self.events["name"].cat
+        keep = np.array([bool(pattern.search(str(n))) for n in name.categories] + [False])
+        return keep[name.codes.to_numpy()]
+
+    def complete_mask(self) -> np.ndarray:
+        """Duration events (ph X) with a finite, non-negative duration."""
+        if "complete" not in self._cache:
+            dur = self.events["dur"].to_numpy()
+            is_x = self.labels("ph") == "X"
+            self._cache["complete"] = is_x[self.codes("ph")] & np.isfinite(dur) & (dur >= 0)
+        return self._cache["complete"]
+
+    def cpu_mask(self) -> np.ndarray:
+        """Duration events that run on a host thread (not GPU activity, not frame spans)."""
+        return self.complete_mask() & ~self.cat_mask(GPU_CATS | FRAME_CATS)
+
+    def gpu_mask(self) -> np.ndarray:
+        """GPU kernels, memcpys and memsets (annotations excluded)."""
+        return self.complete_mask() & self.cat_mask(KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS)
+
+    def nesting(self) -> dict:
+        """Per host-thread call nesting of duration events: depth, parent row, self time.
+
+        Returns arrays over all rows: depth (-1 outside the nesting), parent (-1 for roots) and
+        self_us (duration minus the durations of direct children, clipped at 0; NaN outside).
+        Intervals are assumed properly nested per (pid, tid), as the profiler writes them; a child
+        that overhangs its parent is still attributed to the innermost event that started before it.
+        """
+        if "nesting" not in self._cache:
+            self._cache["nesting"] = _nesting(self)
+        return self._cache["nesting"]
+
+
+def _nesting(trace: Trace) -> dict:
+    ev = trace.events
+    n = len(ev)
+    depth = np.full(n, -1, dtype=np.int32)
+    parent = np.full(n, -1, dtype=np.int64)
+    self_us = np.full(n, np.nan)
+    rows = np.flatnonzero(trace.cpu_mask())
+    if rows.size == 0:
+        return {"depth": depth, "parent": parent, "self_us": self_us}
+    ts = ev["ts"].to_numpy()[rows]
+    dur = ev["dur"].to_numpy()[rows]
+    lane = (ev["pid"].cat.codes.to_numpy()[rows].astype(np.int64) << 32) | \
+        ev["tid"].cat.codes.to_numpy()[rows].astype(np.int64)
+    # Sort by lane, start, longest first: a parent precedes its children.
+    order = np.lexsort((-dur, ts, lane))
+    rows, ts, dur, lane = rows[order], ts[order], dur[order], lane[order]
+    end = ts + dur
+    m = rows.size
+    # Depth = events opened before i in its lane minus those closed by ts[i] (end <= ts[i]).
+    # Zero-length events starting exactly at ts[i] and sorted at or after i are not yet opened,
+    # so they are taken back out of the closed count.
+    d = np.zeros(m, dtype=np.int64)
+    bounds = np.r_[0, np.flatnonzero(np.diff(lane)) + 1, m]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        t, e = ts[lo:hi], end[lo:hi]
+        closed = np.searchsorted(np.sort(e), t, side="right")
+        zero = dur[lo:hi] == 0
+        if zero.any():
+            grp = np.r_[0, np.flatnonzero(np.diff(t)) + 1, hi - lo]
+            sizes = np.diff(grp)
+            gid = np.repeat(np.arange(sizes.size), sizes)
+            zeros_in = np.bincount(gid, weights=zero, minlength=sizes.size).astype(np.int64)
+            grp_end = grp[1:][gid]
+            local = np.arange(hi - lo)
+            closed -= np.where(zero, grp_end - local, zeros_in[gid])
+        d[lo:hi] = np.arange(hi - lo) - closed
+    d = np.maximum(d, 0).astype(np.int32)
+    par = np.full(m, -1, dtype=np.int64)
+    # Parent = the last event before i (same lane) one level up. Looked up level by level.
+    for level in range(1, int(d.max()) + 1 if m else 1):
+        kids = np.flatnonzero(d == level)
+        ups = np.flatnonzero(d == level - 1)
+        if kids.size == 0 or ups.size == 0:
+            continue
+        pos = np.searchsorted(ups, kids, side="left") - 1
+        ok = pos >= 0
+        cand = ups[np.where(ok, pos, 0)]
+        ok &= lane[cand] == lane[kids]
+        par[kids[ok]] = cand[ok]
+    child_sum = np.bincount(par[par >= 0], weights=dur[par >= 0], minlength=m)
+    depth[rows] = d
+    parent[rows] = np.where(par >= 0, rows[np.where(par >= 0, par, 0)], -1)
+    self_us[rows] = np.maximum(dur - child_sum, 0.0)
+    return {"depth": depth, "parent": parent, "self_us": self_us}
