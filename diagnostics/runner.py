@@ -411,13 +411,15 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
     def stop(status: str, error: str) -> JobOutcome:
         return done(JobOutcome(status, error=error, error_type="JobError"))
 
+    eof = False  # the worker's end of the pipe is closed: it died (or is dying) without an answer
     try:
         while True:
-            if parent.poll(0.1):
+            # poll() is also true at EOF; recv() then raises EOFError
+            if not eof and parent.poll(0.1):
                 try:
                     msg = parent.recv()
                 except EOFError:
-                    msg = None
+                    eof, msg = True, None
                 except Exception as e:  # a result the parent cannot unpickle
                     msg = ("error", type(e).__name__, f"the worker's result could not be read: {e}", "")
                 if msg is not None and msg[0] == "progress":
@@ -432,8 +434,12 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
             if on_tick is not None and elapsed - last_tick > 0.25:
                 last_tick = elapsed
                 on_tick(elapsed)
-            if not proc.is_alive() and not parent.poll(0):
-                proc.join()
+            if not eof and not proc.is_alive() and parent.poll(0):
+                continue  # it exited: read what it left in the pipe (an answer, or EOF) first
+            if eof or not proc.is_alive():
+                proc.join(5)
+                if proc.is_alive():  # it closed its pipe but lives on: nothing more will come from it
+                    _kill(proc)
                 return done(JobOutcome("crashed", error=f"the worker process died ({_signal_name(proc.exitcode)}) "
                                                          f"while running {job.analysis}; the dashboard is unaffected",
                                        error_type="JobError"))

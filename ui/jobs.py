@@ -2,6 +2,12 @@
 
 The same spec + options is never computed twice: a result is looked up in this session, then in
 the run store (any session, the CLI too), and only then computed in a worker process.
+
+Cancel: the button's on_click records the job's key in ``state.cancelled()``. The click reruns
+the script, and Streamlit interrupts the running script at its next ``st`` call (``on_tick``
+touches an element a few times a second); the exception unwinds through ``run_job``, which kills
+the worker and stores the run as 'cancelled'. The rerun then finds the key cancelled and shows
+"Cancelled" with a "Run again" button instead of starting the same job again.
 """
 
 from __future__ import annotations
@@ -45,12 +51,14 @@ def run_analysis(analysis: str, spec: ModelSpec | None, options: dict | None = N
     """Return the outcome of ``analysis`` on ``spec``: cached, or computed now with a progress panel."""
     job = Job(analysis, spec, options or {})
     key = job.key()
+    title = label or get_analysis(analysis).title
     if not force:
         hit = cached_outcome(analysis, spec, options)
         if hit is not None:
             return hit
+        if key in state.cancelled():
+            return _cancelled(key, title)
     state.cancelled().discard(key)
-    title = label or get_analysis(analysis).title
     with st.status(f"{title}: running…", expanded=True) as box:
         st.button("Cancel", key=f"cancel-{key}", on_click=lambda: state.cancelled().add(key),
                   help="Stop the worker running this job")
@@ -60,6 +68,10 @@ def run_analysis(analysis: str, spec: ModelSpec | None, options: dict | None = N
         t0 = time.monotonic()
 
         def on_progress(fraction: float, message: str) -> None:
+            if message.startswith("queued") and not last["message"].startswith("queued"):
+                box.update(label=f"{title}: queued, waiting for the device")
+            elif last["message"].startswith("queued") and not message.startswith("queued"):
+                box.update(label=f"{title}: running…")
             last.update(fraction=fraction, message=message)
             bar.progress(fraction, text=message)
 
@@ -76,6 +88,15 @@ def run_analysis(analysis: str, spec: ModelSpec | None, options: dict | None = N
     if outcome.ok:
         state.results()[key] = outcome
     return outcome
+
+
+def _cancelled(key: str, title: str) -> JobOutcome:
+    """The page after a Cancel: say so, and offer to start the job again (nothing runs until then)."""
+    with st.status(f"{title}: cancelled", state="error", expanded=True):
+        st.button("Run again", key=f"again-{key}", icon=":material/replay:",
+                  on_click=lambda: state.cancelled().discard(key))
+    return JobOutcome("cancelled", error="you cancelled this job; press Run again to start it again",
+                      error_type="JobError")
 
 
 def was_cancelled(analysis: str, spec: ModelSpec | None, options: dict | None = None) -> bool:
