@@ -8,6 +8,8 @@ st.set_page_config(page_title="TorchScope", page_icon="🔬", layout="wide")
 
 PAGES = [
     st.Page("pages/model.py", title="Model", icon=":material/view_in_ar:", default=True),
+    st.Page("pages/profiler.py", title="Profiler", icon="⏱️"),
+    st.Page("pages/distributed.py", title="Distributed", icon="🌐"),
     st.Page("pages/history.py", title="History", icon=":material/history:"),
 ]
 

@@ -8,10 +8,14 @@ from __future__ import annotations
 from typing import Callable
 
 from ui.views import summary, validate
+from ui.views import profiler as profiler_view
+from ui.views import distributed as distributed_view
 
 VIEWS: dict[str, Callable[[dict], None]] = {
     "summary": summary.show,
     "validate": validate.show,
+    "profile": profiler_view.show,
+    "distributed": distributed_view.show, "distributed_traces": distributed_view.show,
 }
 
 

@@ -1,0 +1,64 @@
+"""Distributed page: launch a profiled DDP run with torchrun, or load per-rank traces from a folder."""
+
+import streamlit as st
+
+from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
+from ui import state, views
+from ui.jobs import cached_outcome, run_analysis
+from ui.widgets import show_failure
+
+st.title("Distributed")
+spec = state.current_spec()
+mode = st.radio("Source", ["Launch with torchrun", "Load per-rank traces from a folder"], horizontal=True,
+                key="dist_mode")
+c1, c2 = st.columns(2)
+margin_pct = c1.number_input("Straggler margin (%)", min_value=0.0, max_value=1000.0, value=100 * STRAGGLER_MARGIN,
+                             step=5.0, key="dist_margin",
+                             help="A rank straggles when its median busy time exceeds the median over ranks by "
+                                  "this share and by the minimum excess below")
+min_ms = c2.number_input("Minimum excess (ms)", min_value=0.0, value=STRAGGLER_MIN_EXCESS_MS, step=1.0,
+                         key="dist_min_ms", help="Keeps scheduler noise on very short steps from counting")
+thresholds = {"straggler_margin": margin_pct / 100.0, "straggler_min_ms": min_ms}
+
+if mode == "Launch with torchrun":
+    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
+    st.caption(f"DistributedDataParallel training of **{spec.label}** · backend **{backend}** "
+               f"({'one GPU per process' if backend == 'nccl' else 'CPU processes over loopback'}) · "
+               "every rank profiled with torch.profiler")
+    c1, c2 = st.columns(2)
+    nproc = c1.number_input("Processes (--nproc_per_node)", min_value=1, max_value=64, value=DEFAULT_NPROC,
+                            key="dist_nproc")
+    steps = c2.number_input("Profiled steps", min_value=1, max_value=100, value=DEFAULT_STEPS, key="dist_steps")
+    options = {"nproc": int(nproc), "steps": int(steps), "backend": backend, **thresholds}
+    with st.expander("Fault injection (for demos)"):
+        if st.checkbox("Inject a straggler", key="dist_inject"):
+            c1, c2 = st.columns(2)
+            options["straggler_rank"] = int(c1.number_input("Slow rank", min_value=0, max_value=int(nproc) - 1,
+                                                            value=min(1, int(nproc) - 1), key="dist_slow_rank"))
+            options["straggler_sleep_ms"] = float(c2.number_input("Sleep per step (ms)", min_value=1.0,
+                                                                  value=150.0, key="dist_sleep"))
+        if st.checkbox("Make a rank die", key="dist_die"):
+            c1, c2 = st.columns(2)
+            options["die_rank"] = int(c1.number_input("Dying rank", min_value=0, max_value=int(nproc) - 1,
+                                                      value=int(nproc) - 1, key="dist_die_rank"))
+            options["die_step"] = int(c2.number_input("At step", min_value=0, value=1, key="dist_die_step"))
+    analysis, job_spec = "distributed", spec
+    clicked = st.button("Run", type="primary", key="dist_run")
+else:
+    folder = st.text_input("Folder with one trace per rank (on the dashboard's machine)", key="dist_folder",
+                           placeholder="/path/to/traces", help="*.json or *.json.gz, e.g. rank0.pt.trace.json; the "
+                           "rank comes from each trace's distributedInfo")
+    options = {"trace_dir": folder.strip(), **thresholds}
+    analysis, job_spec = "distributed_traces", None
+    clicked = st.button("Analyse", type="primary", key="dist_load", disabled=not folder.strip())
+
+if clicked:
+    outcome = run_analysis(analysis, job_spec, options, force=True)
+else:
+    outcome = cached_outcome(analysis, job_spec, options)
+if outcome is None:
+    st.info("Set the options and press the button: a run takes a few seconds per step on CPU.")
+elif outcome.ok:
+    views.show(analysis, outcome.result)
+else:
+    show_failure(outcome)

@@ -1,0 +1,101 @@
+"""Show a distributed run: headline numbers, per-rank step/busy time with the straggler
+threshold, the compute/communication/overlap/other split, collectives and the per-step table."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.charts.distributed import (build_breakdown_figure, build_collectives_figure,
+                                            build_overlap_figure, build_rank_step_figure)
+from diagnostics.formatting import human_bytes
+from ui.widgets import json_download, metric_row
+
+
+def _ms(v) -> str:
+    return "n/a" if v is None else f"{v:.2f} ms"
+
+
+def show(result: dict) -> None:
+    m, t = result["metrics"], result["thresholds"]
+    launch = result.get("launch") or {}
+    source = (f"torchrun, {launch.get('nproc')} processes, backend {launch.get('backend')}, "
+              f"{launch.get('duration_s', 0):.1f} s" if launch else f"traces loaded from `{result['folder']}`")
+    st.caption(f"{source} · {m['ranks_loaded']} of {m['world_size']} ranks · {m['steps_per_rank']} profiled steps "
+               f"per rank · {result['device_kind']} · backend {result['backend']}")
+    stragglers = result["stragglers"]
+    metric_row([
+        ("Median step", _ms(m["median_step_ms"]), "median over every rank's profiled steps (ProfilerStep)"),
+        ("Slowest step", _ms(m["max_step_ms"]), None),
+        ("Communication", f"{100 * m['comm_fraction']:.1f} %", "share of step time with a collective running"),
+        ("Exposed communication", f"{100 * m['exposed_comm_fraction']:.1f} %",
+         "share of step time spent communicating while nothing computes"),
+        ("Comm/comp overlap", "n/a" if m["overlap_ratio"] is None else f"{100 * m['overlap_ratio']:.1f} %",
+         "overlap time / communication time: how much communication is hidden behind computation"),
+        ("Stragglers", ", ".join(f"rank {r}" for r in stragglers) or "none",
+         f"busy time over {t['threshold_ms']:.2f} ms"),
+    ])
+    if stragglers:
+        st.warning(f"**Straggler{'s' if len(stragglers) > 1 else ''}: "
+                   + ", ".join(f"rank {r}" for r in stragglers)
+                   + f".** Busy time (step minus exposed communication) over {t['threshold_ms']:.2f} ms "
+                     f"= the median over ranks ({t['median_ms']:.2f} ms) plus the larger of "
+                     f"{t['margin']:.0%} and {t['min_excess_ms']:g} ms. The other ranks wait for "
+                     "it inside their collectives.")
+    else:
+        st.success(f"No straggler: every rank's busy time is within {t['threshold_ms']:.2f} ms (median "
+                   f"{t['median_ms']:.2f} ms plus the larger of {t['margin']:.0%} and {t['min_excess_ms']:g} ms).")
+    for note in result.get("notes", []):
+        st.info(note)
+
+    tab_ranks, tab_coll, tab_steps = st.tabs(["Ranks", "Collectives", "Steps"])
+    with tab_ranks:
+        c1, c2 = st.columns(2)
+        c1.plotly_chart(build_rank_step_figure(result), width="stretch")
+        c2.plotly_chart(build_breakdown_figure(result), width="stretch")
+        c3, c4 = st.columns([1, 2])
+        c3.plotly_chart(build_overlap_figure(result), width="stretch")
+        df = pd.DataFrame(result["ranks"])[["rank", "step_ms", "wall_step_ms", "busy_ms", "compute_ms", "comm_ms",
+                                            "overlap_ms", "exposed_comm_ms", "other_ms", "overlap_ratio",
+                                            "straggler", "file"]]
+        c4.dataframe(df, hide_index=True, width="stretch", column_config={
+            "rank": st.column_config.NumberColumn("Rank"),
+            "step_ms": st.column_config.NumberColumn("Step (ms)", format="%.2f", help="median ProfilerStep"),
+            "wall_step_ms": st.column_config.NumberColumn("Step, wall clock (ms)", format="%.2f",
+                                                          help="perf_counter / CUDA events around each step"),
+            "busy_ms": st.column_config.NumberColumn("Busy (ms)", format="%.2f",
+                                                     help="step minus exposed communication"),
+            "compute_ms": st.column_config.NumberColumn("Compute (ms)", format="%.2f"),
+            "comm_ms": st.column_config.NumberColumn("Comm (ms)", format="%.2f"),
+            "overlap_ms": st.column_config.NumberColumn("Overlap (ms)", format="%.2f"),
+            "exposed_comm_ms": st.column_config.NumberColumn("Exposed comm (ms)", format="%.2f"),
+            "other_ms": st.column_config.NumberColumn("Other (ms)", format="%.2f"),
+            "overlap_ratio": st.column_config.NumberColumn("Overlap ratio", format="%.2f"),
+            "straggler": st.column_config.CheckboxColumn("Straggler"),
+            "file": st.column_config.TextColumn("Trace file"),
+        })
+    with tab_coll:
+        if result["collectives"]:
+            st.plotly_chart(build_collectives_figure(result), width="stretch")
+            cdf = pd.DataFrame(result["collectives"]).assign(
+                mean_message=lambda d: d["mean_bytes"].map(lambda b: "not recorded" if pd.isna(b) else human_bytes(b)))
+            st.dataframe(cdf[["name", "where", "calls", "ranks", "total_ms", "mean_ms", "max_ms", "mean_message",
+                              "bytes"]], hide_index=True, width="stretch", column_config={
+                "name": st.column_config.TextColumn("Collective"),
+                "where": st.column_config.TextColumn("Runs on"),
+                "calls": st.column_config.NumberColumn("Calls"),
+                "ranks": st.column_config.NumberColumn("Ranks"),
+                "total_ms": st.column_config.NumberColumn("Total (ms)", format="%.3f"),
+                "mean_ms": st.column_config.NumberColumn("Mean (ms)", format="%.3f"),
+                "max_ms": st.column_config.NumberColumn("Max (ms)", format="%.3f"),
+                "mean_message": st.column_config.TextColumn("Mean message"),
+                "bytes": st.column_config.NumberColumn("Total bytes", format="localized"),
+            })
+        else:
+            st.info("No collective events in the profiled steps.")
+    with tab_steps:
+        st.dataframe(pd.DataFrame(result["steps"]), hide_index=True, width="stretch")
+    if launch.get("command"):
+        with st.expander("torchrun command"):
+            st.code(launch["command"], language="bash")
+    json_download(result, "distributed.json")
