@@ -1,0 +1,189 @@
+"""Show a profiler result: latency, step breakdown, operators, modules, kernels, timeline, trace files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.charts.profiler import (build_device_split_figure, build_kernel_figure,
+                                         build_latency_histogram_figure, build_module_tree_figure,
+                                         build_step_breakdown_figure, build_timeline_figure,
+                                         build_top_operators_figure)
+from diagnostics.formatting import human_bytes, human_count
+from ui.widgets import json_download, metric_row
+
+ARTIFACTS = (  # result key, button label, mime
+    ("trace_json", "Chrome trace (.json)", "application/json"),
+    ("trace_json_gz", "Chrome trace (.json.gz)", "application/gzip"),
+    ("tb_zip", "TensorBoard trace folder (.zip)", "application/zip"),
+)
+MS = "%.3f ms"
+
+
+def _ms(v: float | None) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.3g} ms" if v >= 0.01 else f"{v * 1e3:.3g} µs"
+
+
+def operator_table(result: dict, by_shape: bool, query: str) -> pd.DataFrame:
+    rows = result["operators_by_shape"] if by_shape and result.get("operators_by_shape") else result["operators"]
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    if query:
+        df = df[df["name"].str.contains(query, case=False, regex=False)]
+    cols = ["name"] + (["input_shapes"] if "input_shapes" in df else []) + [
+        "calls", "self_cpu_ms", "self_cpu_pct", "cpu_total_ms", "mean_cpu_ms"]
+    if result.get("cuda_ran"):
+        cols += ["self_device_ms", "self_device_pct", "device_total_ms"]
+    if result["config"].get("profile_memory"):
+        cols += ["self_cpu_memory_bytes", "cpu_memory_bytes"]
+        if result.get("cuda_ran"):
+            cols += ["self_device_memory_bytes", "device_memory_bytes"]
+    return df.sort_values("self_cpu_ms", ascending=False)[cols].reset_index(drop=True)
+
+
+def _config_caption(result: dict) -> str:
+    c = result["config"]
+    what = "inference (eval + inference_mode)" if c["mode"] == "inference" else (
+        f"training step ({c['optimizer'].upper()}, lr {c['lr']:g}, loss: {result.get('loss')})")
+    flags = [k for k in ("record_shapes", "profile_memory", "with_stack", "with_modules") if c[k]]
+    return (f"{result['model']} · {result['device']} · batch {result['batch_size']} · {what} · schedule wait "
+            f"{c['wait']} / warmup {c['warmup']} / active {c['active']} × repeat {c['repeat']} · activities "
+            f"{', '.join(c['activities'])} · {', '.join(flags) or 'no extra recording'} · torch "
+            f"{result.get('torch_version', '?')}")
+
+
+def show(result: dict) -> None:
+    m, lat = result["metrics"], result["latency"]
+    st.caption(_config_caption(result))
+    metric_row([
+        ("Median latency", _ms(lat["median_ms"]), f"{lat['iterations']} timed iterations after {lat['warmup']} "
+                                                  f"warmup, outside the profiler ({lat['method']})"),
+        ("p90", _ms(lat["p90_ms"]), None),
+        ("p99", _ms(lat["p99_ms"]), None),
+        ("Std dev", _ms(lat["std_ms"]), f"mean {_ms(lat['mean_ms'])}"),
+        ("Throughput", f"{human_count(lat['samples_per_s'])} samples/s",
+         f"batch {result['batch_size']} / median latency"),
+        ("Profiled step", _ms(m["step_time_mean_ms"]), f"mean of {m['profiled_steps']} active steps under the "
+                                                       "profiler (includes its overhead)"),
+    ])
+    if m.get("peak_device_memory_bytes") is not None:
+        st.caption(f"Peak device memory while profiling: {human_bytes(m['peak_device_memory_bytes'])}")
+    for note in result.get("notes", []):
+        st.info(note)
+
+    tabs = st.tabs(["Latency", "Steps", "Operators", "Modules", "GPU kernels", "Timeline", "Trace files"])
+    with tabs[0]:
+        st.plotly_chart(build_latency_histogram_figure(result), width="stretch")
+    with tabs[1]:
+        st.plotly_chart(build_step_breakdown_figure(result), width="stretch")
+        if result.get("cuda_ran"):
+            st.plotly_chart(build_device_split_figure(result), width="stretch")
+        else:
+            with st.expander("Execution categories (the TensorBoard plugin's split; GPU categories are zero on CPU)"):
+                st.plotly_chart(build_device_split_figure(result), width="stretch")
+        st.dataframe(pd.DataFrame(result["steps"]), hide_index=True, width="stretch",
+                     column_config={c: st.column_config.NumberColumn(c.replace("_ms", " (ms)"), format=MS)
+                                    for c in result["steps"][0] if c.endswith("_ms")} if result["steps"] else None)
+    with tabs[2]:
+        _operators(result)
+    with tabs[3]:
+        _modules(result)
+    with tabs[4]:
+        _kernels(result)
+    with tabs[5]:
+        tl = result["timeline"]
+        st.caption(f"{tl['shown_events']:,} of {tl['total_events']:,} events drawn (the longest, each lane keeping "
+                   "its share); drag to zoom, double-click to reset. For every event, open the trace file in "
+                   "Perfetto.")
+        st.plotly_chart(build_timeline_figure(result), width="stretch")
+    with tabs[6]:
+        _downloads(result)
+    json_download(result, "profile.json")
+
+
+def _operators(result: dict) -> None:
+    c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
+    query = c1.text_input("Filter operators", key="prof_op_filter", placeholder="e.g. conv, aten::mm")
+    has_shapes = result.get("operators_by_shape") is not None
+    by_shape = c2.toggle("Group by input shape", key="prof_by_shape", disabled=not has_shapes,
+                         help=None if has_shapes else "needs record_shapes")
+    top_n = c3.slider("Top N", 5, 50, 15, key="prof_top_n")
+    by = c4.radio("Rank by", ["self_cpu_ms", "self_device_ms"], key="prof_rank_by", horizontal=True,
+                  format_func={"self_cpu_ms": "self CPU", "self_device_ms": "self device"}.get,
+                  disabled=not result.get("cuda_ran"))
+    df = operator_table(result, by_shape, query)
+    st.plotly_chart(build_top_operators_figure(result, top_n, by, rows=df.to_dict("records") if query else
+                                               (result["operators_by_shape"] if by_shape and has_shapes else None)),
+                    width="stretch")
+    config = {
+        "name": st.column_config.TextColumn("Operator"),
+        "input_shapes": st.column_config.TextColumn("Input shapes"),
+        "calls": st.column_config.NumberColumn("Calls", format="localized"),
+        "self_cpu_pct": st.column_config.ProgressColumn("Self CPU %", format="%.1f%%", min_value=0, max_value=100),
+        "self_device_pct": st.column_config.ProgressColumn("Self device %", format="%.1f%%", min_value=0,
+                                                           max_value=100),
+    }
+    for col in ("self_cpu_ms", "cpu_total_ms", "mean_cpu_ms", "self_device_ms", "device_total_ms"):
+        config[col] = st.column_config.NumberColumn(col.replace("_ms", "").replace("_", " ") + " (ms)", format=MS)
+    for col in ("self_cpu_memory_bytes", "cpu_memory_bytes", "self_device_memory_bytes", "device_memory_bytes"):
+        config[col] = st.column_config.NumberColumn(col.replace("_bytes", "").replace("_", " ") + " (bytes)",
+                                                    format="compact")
+    st.caption(f"{len(df)} operators · times summed over all profiled (active) steps · key_averages semantics: "
+               "self = own time without child operators")
+    st.dataframe(df, hide_index=True, width="stretch", column_config=config)
+
+
+def _modules(result: dict) -> None:
+    if not result["modules"]:
+        st.info("No per-module times: run with 'with_modules' on.")
+        return
+    which = st.radio("Pass", ["forward", "backward"], horizontal=True, key="prof_module_pass",
+                     disabled=result["mode"] != "train")
+    st.plotly_chart(build_module_tree_figure(result, which), width="stretch")
+    df = pd.DataFrame(result["modules"])
+    st.dataframe(df[["name", "type", "calls", "forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms"]],
+                 hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(c.replace("_ms", "").replace("_", " ") + " (ms)",
+                                                                 format=MS)
+                                for c in ("forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms")})
+    st.caption("Forward: each module's record_function range. Backward: autograd nodes attributed to the module "
+               "whose forward created them (sequence numbers). Times include child modules; 'self' excludes them.")
+
+
+def _kernels(result: dict) -> None:
+    if not result["kernels"]:
+        st.info("No GPU kernels: CUDA did not run in this profile (CPU device, or the CUDA activity was off).")
+        return
+    m = result["metrics"]
+    st.caption(f"{len(result['kernels'])} kernels, {_ms(m['kernel_time_ms'])} in total; "
+               f"{m['tensor_core_kernel_pct']:.1f}% of kernel time on Tensor Cores (kernel-name heuristic)")
+    st.plotly_chart(build_kernel_figure(result), width="stretch")
+    df = pd.DataFrame(result["kernels"])
+    st.dataframe(df[["name", "calls", "total_us", "mean_us", "max_us", "min_us", "grid", "block", "tensor_cores",
+                     "pct_of_kernel_time"]], hide_index=True, width="stretch",
+                 column_config={"tensor_cores": st.column_config.CheckboxColumn("Tensor Cores"),
+                                "pct_of_kernel_time": st.column_config.ProgressColumn(
+                                    "% of kernel time", format="%.1f%%", min_value=0, max_value=100),
+                                **{c: st.column_config.NumberColumn(c.replace("_us", " (µs)"), format="%.1f")
+                                   for c in ("total_us", "mean_us", "max_us", "min_us")}})
+
+
+def _downloads(result: dict) -> None:
+    st.markdown("Open **trace.json** in [Perfetto](https://ui.perfetto.dev) or `chrome://tracing`; load it in "
+                "Holistic Trace Analysis (it carries `distributedInfo` rank 0). Unzip the TensorBoard folder "
+                "for tools that read `*.pt.trace.json` folders.")
+    arts = result.get("artifacts") or {}
+    cols = st.columns(len(ARTIFACTS))
+    for col, (key, label, mime) in zip(cols, ARTIFACTS):
+        path = arts.get(key)
+        if not path or not Path(path).is_file():
+            col.caption(f"{label}: file no longer on disk")
+            continue
+        col.download_button(f"{label} · {human_bytes(Path(path).stat().st_size)}",
+                            data=lambda p=path: Path(p).read_bytes(), file_name=Path(path).name, mime=mime,
+                            key=f"prof_dl_{key}", icon=":material/download:")
