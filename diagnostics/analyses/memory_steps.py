@@ -72,8 +72,7 @@ def grad_bytes(model: nn.Module) -> int:
 def optimizer_state_bytes(opt: torch.optim.Optimizer | None) -> int:
     if opt is None:
         return 0
-    return tensor_bytes(v for s in opt.state.values() for v in s.values()
-                        if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return tensor_bytes(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
 
 
 def trainable_bytes(model: nn.Module) -> int:

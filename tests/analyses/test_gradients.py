@@ -1,0 +1,179 @@
+"""Gradient-flow statistics against param.grad after a manual backward; sick samples caught."""
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from diagnostics.analyses import gradients
+from diagnostics.errors import TorchScopeError
+from diagnostics.intake import LoadedModel, default_loss, load_model
+from diagnostics.runner import AnalysisContext, Job
+from diagnostics.spec import InputSpec, ModelSpec
+from sample_models import SAMPLES
+
+
+def run(model, inputs, tmp_path, loss_fn=default_loss, **options):
+    ctx = AnalysisContext(Job("gradients", ModelSpec(), options), tmp_path)
+    ctx._loaded = LoadedModel(ModelSpec(name="handmade"), model, tuple(InputSpec(tuple(t.shape)) for t in inputs),
+                              tuple(inputs), loss_fn, "mse")
+    return gradients.analyze(ctx, options)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.fc1 = nn.Linear(6, 16)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def test_statistics_match_a_manual_backward(tmp_path, no_hooks_left):
+    model, x = Net(), torch.randn(10, 6, generator=torch.Generator().manual_seed(3))
+    ref = copy.deepcopy(model)
+    default_loss(ref(x)).backward()
+    lr = 0.05
+    r = run(model, (x,), tmp_path, steps=1, optimizer="sgd", lr=lr)
+    json.dumps(r)
+    layers = {l["layer"]: l for l in r["layers"]}
+    assert [l["layer"] for l in r["layers"]] == ["fc1", "fc2"]  # forward order
+    for name in ("fc1", "fc2"):
+        mod = getattr(ref, name)
+        grads = [mod.weight.grad, mod.bias.grad]
+        norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
+        flat = torch.cat([g.flatten() for g in grads])
+        w = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in (mod.weight, mod.bias)))
+        l = layers[name]
+        assert l["grad_norm_mean"] == pytest.approx(norm, rel=1e-6)
+        assert l["grad_abs_mean"] == pytest.approx(float(flat.abs().mean()), rel=1e-6)
+        assert l["grad_abs_max"] == pytest.approx(float(flat.abs().max()), rel=1e-6)
+        assert l["zero_fraction"] == pytest.approx(float((flat == 0).float().mean()))
+        # first SGD step with momentum: the buffer is the gradient, so the update is lr * g
+        assert l["update_ratio_max"] == pytest.approx(lr * norm / w, rel=1e-5)
+        assert l["nan_count"] == l["inf_count"] == 0
+        assert l["status"] == "healthy"
+    total = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in ref.parameters()))
+    assert r["metrics"]["global_norm_first"] == pytest.approx(total, rel=1e-6)
+    assert r["metrics"]["layers"] == 2 and r["metrics"]["layers_healthy"] == 2
+    # per-step rows: one per layer per step
+    assert [(s["step"], s["layer"]) for s in r["steps"]] == [(1, "fc1"), (1, "fc2")]
+    # ReLU dead units: units never positive over the batch
+    h = ref.act(ref.fc1(x))
+    dead = float(1 - (h > 0).any(dim=0).float().mean())
+    assert r["activations"][0]["module"] == "act"
+    assert r["activations"][0]["dead_fraction"] == pytest.approx(dead)
+    # scoped: no hooks left, weights and mode restored
+    no_hooks_left(model)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
+    assert model.training and all(p.grad is None for p in model.parameters())
+
+
+def test_several_steps_and_adamw(tmp_path):
+    model, x = Net(), torch.randn(10, 6)
+    r = run(model, (x,), tmp_path, steps=3, optimizer="adamw", lr=1e-3)
+    assert [g["step"] for g in r["global_norms"]] == [1, 2, 3]
+    assert len(r["steps"]) == 6
+    # AdamW's first step moves every weight by lr (m / sqrt(v) = sign(g)), plus a weight decay of
+    # lr * 0.01 * w: the update ratio of fc2 (68 weights) is about lr * sqrt(68) / ||w||
+    w = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in Net().fc2.parameters()))
+    first = next(s for s in r["steps"] if s["step"] == 1 and s["layer"] == "fc2")
+    assert first["update_ratio"] == pytest.approx(1e-3 * math.sqrt(68) / w, rel=0.02)
+    assert r["metrics"]["loss_first"] is not None and r["metrics"]["steps"] == 3
+
+
+def test_dead_layer_and_dead_relu(tmp_path):
+    model = Net()
+    with torch.no_grad():
+        model.fc1.bias.fill_(-100.0)  # every ReLU input negative: no gradient reaches fc1
+    r = run(model, (torch.randn(8, 6),), tmp_path, steps=1)
+    layers = {l["layer"]: l for l in r["layers"]}
+    assert layers["fc1"]["status"] == "dead" and layers["fc1"]["zero_fraction"] == 1.0
+    assert r["activations"][0]["dead_fraction"] == 1.0 and r["activations"][0]["flagged"]
+    assert r["metrics"]["layers_dead"] == 1 and r["metrics"]["dead_relu_fraction_max"] == 1.0
+
+
+class Saturated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.sig = nn.Sigmoid()
+        self.tanh = nn.Tanh()
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(self.sig(100 * self.fc(x)) + self.tanh(0.001 * x))
+
+
+def test_saturation(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    model = Saturated()
+    r = run(model, (x,), tmp_path, steps=1)
+    acts = {a["module"]: a for a in r["activations"]}
+    z = 100 * model.fc(x)
+    y = torch.sigmoid(z)
+    expected = float(((y < gradients.SATURATION_EPS) | (y > 1 - gradients.SATURATION_EPS)).float().mean())
+    assert acts["sig"]["saturated_fraction"] == pytest.approx(expected) and expected > 0.5
+    assert acts["tanh"]["saturated_fraction"] == 0.0
+
+
+class NaNAfter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * torch.tensor(float("nan"))
+
+
+def test_non_finite_gradients_are_counted_and_json_safe(tmp_path):
+    r = run(NaNAfter(), (torch.randn(3, 4),), tmp_path, steps=1)
+    l = r["layers"][0]
+    assert l["status"] == "non-finite" and l["nan_count"] == 20
+    assert r["metrics"]["layers_nonfinite"] == 1
+    assert r["metrics"]["loss_first"] is None  # NaN becomes None: the result stays valid JSON
+    json.dumps(r, allow_nan=False)
+
+
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_samples_sick_caught_healthy_not_flagged(name, tmp_path, no_hooks_left):
+    loaded = load_model(ModelSpec(name=name))
+    ctx = AnalysisContext(Job("gradients", ModelSpec(name=name), {}), tmp_path)
+    ctx._loaded = loaded
+    r = gradients.analyze(ctx, {"steps": 2})
+    m = r["metrics"]
+    sick = SAMPLES[name].sick
+    if sick == "vanishing gradients":
+        assert m["layers_vanishing"] >= 10 and m["layers_exploding"] == 0
+        assert r["layers"][0]["status"] == "vanishing"  # the first layers starve
+    elif sick == "exploding gradients":
+        assert m["layers_exploding"] == m["layers"]
+        assert m["global_norm_first"] > gradients.EXPLODING_NORM
+    else:
+        assert m["layers_flagged"] == 0, [(l["layer"], l["status"], l["reason"]) for l in r["layers"]
+                                          if l["status"] != "healthy"]
+        assert r["verdict"] == "healthy"
+    no_hooks_left(loaded.model)
+    json.dumps(r, allow_nan=False)
+
+
+def test_options_are_checked(tmp_path):
+    with pytest.raises(TorchScopeError, match="steps must be between 1 and"):
+        run(Net(), (torch.randn(2, 6),), tmp_path, steps=0)
+    with pytest.raises(TorchScopeError, match="unknown optimizer 'rmsprop'"):
+        run(Net(), (torch.randn(2, 6),), tmp_path, optimizer="rmsprop")
+    with pytest.raises(TorchScopeError, match="learning rate must be a positive number"):
+        run(Net(), (torch.randn(2, 6),), tmp_path, lr=-1)
+
+
+def test_layer_order_places_functionally_called_layers_after_their_parent():
+    called = ["(model)", "enc", "enc.attn", "enc.ff", "head"]
+    layers = ["enc.attn", "enc.attn.out_proj", "enc.ff", "head", "unused"]
+    assert gradients.layer_order(called, layers) == ["enc.attn", "enc.attn.out_proj", "enc.ff", "head", "unused"]
