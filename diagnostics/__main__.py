@@ -1,0 +1,348 @@
+"""The headless CLI: ``python -m diagnostics <analysis> --model NAME_OR_PATH [options]``.
+
+One subcommand per registered analysis (diagnostics.registry.ANALYSES), so an analysis gets its
+command the moment it is registered; ``trace analyze`` / ``trace diff`` work on trace files.
+Every run goes through the same worker runner and SQLite store as the dashboard (source "cli",
+so it shows in History) and writes a report folder: report.html (self-contained, opens offline),
+result.json, one CSV per table and the Chrome trace when the run made one.
+
+Exit codes: 0 ok, 1 the job failed (error, timeout, crash, out of memory), 2 bad usage or input
+(unknown model, missing file, bad shape, a model that does not load or rejects its inputs),
+3 the checklist score is under --fail-under, 130 interrupted. Reasons go to stderr; with --json
+stdout holds only the result as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from diagnostics.cli_model import KINDS, UsageError, build_spec
+from diagnostics.cli_options import ANALYSIS_OPTIONS, CLI_ONLY, collect_options, parse_option_pairs
+from diagnostics.errors import TorchScopeError
+from diagnostics.registry import ANALYSES
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: Job errors that mean "what you gave cannot be used" (exit 2) rather than "the job failed" (exit 1).
+INPUT_ERRORS = ("SpecError", "ModelLoadError", "TrustError", "ModelRunError", "UsageError", "TraceError")
+DEFAULT_REPORT_ROOT = "torchscope-report"
+#: Command names the CLI keeps for itself (an analysis by that name gets no subcommand).
+RESERVED = ("trace", "list")
+
+
+def is_input_error(error_type: str | None) -> bool:
+    """A job error that means the model, inputs or options given cannot be used (exit 2)."""
+    return bool(error_type) and (error_type in INPUT_ERRORS or error_type == "TorchScopeError"
+                                 or error_type.endswith("OptionError"))
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse that exits 2 with 'error: ...' on stderr (its default) but names the command."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+# ----------------------------------------------------------------------------- progress
+class ProgressBar:
+    """A text progress bar on stderr: redrawn in place on a terminal, one line per step otherwise."""
+
+    WIDTH = 24
+
+    def __init__(self, label: str, stream=None, enabled: bool = True):
+        self.label, self.stream, self.enabled = label, stream or sys.stderr, enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.fraction, self.message, self.t0, self._last_draw, self._last_line = 0.0, "", time.monotonic(), 0.0, None
+
+    def update(self, fraction: float, message: str = "") -> None:
+        self.fraction, self.message = fraction, message or self.message
+        self._draw(force=True)
+
+    def tick(self, _elapsed: float = 0.0) -> None:
+        self._draw(force=False)
+
+    def _draw(self, force: bool) -> None:
+        if not self.enabled:
+            return
+        pct = int(round(100 * self.fraction))
+        elapsed = time.monotonic() - self.t0
+        if self.tty:
+            now = time.monotonic()
+            if not force and now - self._last_draw < 0.25:
+                return
+            self._last_draw = now
+            filled = int(self.WIDTH * self.fraction)
+            bar = "#" * filled + "-" * (self.WIDTH - filled)
+            line = f"{self.label} [{bar}] {pct:3d}% {elapsed:6.1f}s  {self.message}"
+            self.stream.write("\r" + line[:160].ljust(100))
+            self.stream.flush()
+        elif force:
+            line = f"{self.label} [{pct:3d}%] {self.message}"
+            if line != self._last_line:  # a CI log gets one line per step, not a redraw per tick
+                self._last_line = line
+                self.stream.write(f"{line} ({elapsed:.1f}s)\n")
+                self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ----------------------------------------------------------------------------- parser
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model (the same description as the dashboard's sidebar)")
+    g.add_argument("--model", "-m", required=True, metavar="NAME_OR_PATH",
+                   help="a built-in sample (e.g. mlp, cnn, resnet, transformer) or a model file: TorchScript "
+                        "(.pt/.ts), torch.export (.pt2), Python file with build_model() (.py) or pickled module")
+    g.add_argument("--kind", choices=KINDS, help="the model file's kind, when its extension does not tell")
+    g.add_argument("--weights", metavar="PATH", help="weights to load into the model: .safetensors or a "
+                                                     "state_dict .pt (read with weights_only=True)")
+    g.add_argument("--trust", action="store_true", help="allow loading a pickled module (runs code from the file)")
+    g.add_argument("--input", "-i", action="append", metavar="SHAPE[:DTYPE[:HIGH]]", dest="inputs",
+                   help="one positional input, batch first, e.g. 8,3,32,32 or 8,64:int64 (repeat for several "
+                        "inputs; HIGH bounds random integers). Default: the model's own example inputs")
+    g.add_argument("--batch-size", "-b", type=int, metavar="N", help="override the batch dimension of every input")
+    g.add_argument("--device", "-d", default="cpu", help="cpu (default), cuda or cuda:N")
+    g.add_argument("--seed", type=int, default=0, help="seed for the random inputs and weights (default 0)")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run and report")
+    g.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the job after this long "
+                                                                   "(default: the analysis' own limit)")
+    g.add_argument("--out", "-o", metavar="DIR", help="report folder (default ./torchscope-report/"
+                                                      "<analysis>-<timestamp>)")
+    g.add_argument("--no-report", action="store_true", help="write no report folder")
+    g.add_argument("--json", action="store_true", help="print the result as JSON on stdout (nothing else there)")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g.add_argument("--data-dir", metavar="DIR", help="run store folder (default $TORCHSCOPE_DATA_DIR or "
+                                                     "~/.torchscope), shared with the dashboard's History")
+
+
+def _add_analysis_args(p: argparse.ArgumentParser, name: str) -> None:
+    opts = ANALYSIS_OPTIONS.get(name, ())
+    if opts:
+        g = p.add_argument_group(f"{name} options")
+        for o in opts:
+            o.add_to(g)
+    for o in CLI_ONLY.get(name, ()):
+        o.add_to(p)
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", dest="extra_options",
+                   help="any other analysis option; VALUE is parsed as JSON when it can be (e.g. --option "
+                        "steps=3 --option mode='\"train\"')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgParser(prog="python -m diagnostics",
+                       description="TorchScope diagnostics without a browser: run an analysis on a model and "
+                                   "write a shareable report folder. Runs land in the dashboard's History.",
+                       epilog="Exit codes: 0 ok, 1 the job failed, 2 bad usage or input, 3 checklist score under "
+                              "--fail-under, 130 interrupted.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=ArgParser)
+    for name, analysis in ANALYSES.items():
+        if name in RESERVED:
+            continue
+        what = "on a model " if analysis.needs_model else ""
+        p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
+                                                                  f"{what}and write a report folder.")
+        if analysis.needs_model:
+            _add_model_args(p)
+        _add_analysis_args(p, name)
+        _add_run_args(p)
+    tp = sub.add_parser("trace", help="analyse or compare Chrome/Kineto trace files",
+                        description="Trace files: 'trace analyze PATH' or 'trace diff A B'.")
+    tsub = tp.add_subparsers(dest="trace_command", metavar="{analyze,diff}", required=True, parser_class=ArgParser)
+    ta = tsub.add_parser("analyze", help="analyse one trace file (.json or .json.gz)")
+    ta.add_argument("path", help="a Chrome/Kineto trace (.json or .json.gz)")
+    td = tsub.add_parser("diff", help="compare two trace files")
+    td.add_argument("a", help="the baseline trace")
+    td.add_argument("b", help="the trace to compare with it")
+    for t in (ta, td):
+        t.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+        t.add_argument("--out", "-o", metavar="DIR", help="also write a report folder (report.html, result.json, "
+                                                          "CSVs) here")
+    if "distributed" not in ANALYSES and _distributed_main() is not None:
+        sub.add_parser("distributed", help="distributed-training diagnostics (see its own --help)", add_help=False)
+    sub.add_parser("list", help="list the analyses and the built-in sample models")
+    return parser
+
+
+# ----------------------------------------------------------------------------- helpers
+def _distributed_main():
+    """diagnostics.distributed's CLI entry point main(argv) -> int, when that package provides one."""
+    import importlib
+    import importlib.util
+
+    for mod in ("diagnostics.distributed.cli", "diagnostics.distributed"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                continue
+        except ImportError:
+            continue
+        try:
+            fn = getattr(importlib.import_module(mod), "main", None)
+        except Exception:  # a half-written package must not break the other commands
+            continue
+        if callable(fn):
+            return fn
+    return None
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+
+
+def _default_out(name: str) -> Path:
+    base = Path.cwd() / DEFAULT_REPORT_ROOT / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+def checklist_score(result: dict) -> float | None:
+    """The checklist's 0-100 score, wherever the result keeps it."""
+    for holder in (result, result.get("metrics") or {}):
+        if isinstance(holder, dict) and isinstance(holder.get("score"), (int, float)):
+            return float(holder["score"])
+    return None
+
+
+def _print_human(name: str, spec, outcome, written: dict | None) -> None:
+    from diagnostics.report import format_metric
+
+    out = sys.stdout
+    what = f" · {spec.label} · {spec.device}" if spec is not None else ""
+    out.write(f"{name}{what} · ok in {outcome.duration_s:.1f} s (run {outcome.run_id})\n")
+    metrics = (outcome.result or {}).get("metrics") or {}
+    width = max((len(k) for k in metrics), default=0)
+    for k, v in metrics.items():
+        out.write(f"  {k.ljust(width)}  {format_metric(k, v)}\n")
+    for note in (outcome.result or {}).get("notes", []) or []:
+        out.write(f"  note: {note}\n")
+    if written and "report.html" in written:
+        out.write(f"report: {written['report.html']}\n")
+
+
+# ----------------------------------------------------------------------------- commands
+def run_analysis_command(args) -> int:
+    from diagnostics.runner import Job, run_job
+    from diagnostics.store import Store
+
+    name = args.command
+    try:
+        spec = None
+        if ANALYSES[name].needs_model:
+            spec = build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust,
+                              inputs=args.inputs, batch_size=args.batch_size, device=args.device, seed=args.seed)
+        options = collect_options(name, args)
+        options.update(parse_option_pairs(args.extra_options))
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError(f"bad --timeout {args.timeout}: must be positive seconds")
+        out_dir = None if args.no_report else (Path(args.out) if args.out else _default_out(name))
+        store = Store(args.data_dir)
+    except TorchScopeError as e:
+        _err(str(e))
+        return EXIT_USAGE
+
+    bar = ProgressBar(name, enabled=not args.quiet)
+    cancel = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop the worker, record it
+    try:
+        outcome = run_job(Job(name, spec, options), timeout_s=args.timeout, on_progress=bar.update,
+                          on_tick=bar.tick, store=store, source="cli", cancel=cancel)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        bar.close()
+    if not outcome.ok:
+        if outcome.status == "cancelled" and cancel.is_set():
+            _err(f"{name} interrupted; run {outcome.run_id} recorded as cancelled")
+            return EXIT_INTERRUPTED
+        _err(f"{name} failed ({outcome.status}): {outcome.error}")
+        if not is_input_error(outcome.error_type) and outcome.log_tail:
+            sys.stderr.write("worker output (last lines):\n" + outcome.log_tail[-1500:] + "\n")
+        return EXIT_USAGE if is_input_error(outcome.error_type) else EXIT_FAILED
+
+    written = None
+    if out_dir is not None:
+        from diagnostics.report import write_report_folder
+
+        artifacts = {p.name: str(p) for p in Path(outcome.artifact_dir).iterdir() if p.is_file()} \
+            if outcome.artifact_dir and Path(outcome.artifact_dir).is_dir() else {}
+        try:
+            written = write_report_folder(name, outcome.result, out_dir, artifacts,
+                                          title=f"TorchScope {ANALYSES[name].title}" + (f": {spec.label}" if spec
+                                                                                        else ""),
+                                          meta={"run": outcome.run_id, "source": "cli"})
+        except OSError as e:
+            _err(f"could not write the report folder {out_dir}: {e}")
+            return EXIT_FAILED
+    if args.json:
+        sys.stdout.write(json.dumps(outcome.result, default=str) + "\n")
+    else:
+        _print_human(name, spec, outcome, written)
+    if written and args.json:
+        sys.stderr.write(f"report: {written['report.html']}\n")
+
+    fail_under = getattr(args, "opt_fail_under", None)
+    if fail_under is not None:
+        score = checklist_score(outcome.result)
+        if score is None:
+            _err("--fail-under: the result has no score")
+            return EXIT_FAILED
+        if score < fail_under:
+            _err(f"checklist score {score:.1f} is below --fail-under {fail_under:g}")
+            return EXIT_GATE
+        sys.stderr.write(f"checklist score {score:.1f} >= {fail_under:g}: pass\n")
+    return EXIT_OK
+
+
+def run_trace_command(args) -> int:
+    try:
+        from diagnostics import trace_cli
+    except ImportError:
+        _err("trace commands are not available in this build (diagnostics.trace_cli is missing)")
+        return EXIT_USAGE
+    from diagnostics.cli_trace import trace_command
+
+    return trace_command(trace_cli, args)
+
+
+def list_command() -> int:
+    from sample_models import SAMPLES
+
+    out = sys.stdout
+    out.write("analyses:\n")
+    for name, a in ANALYSES.items():
+        out.write(f"  {name:<14} {a.title}\n")
+    out.write("sample models:\n")
+    for name, s in SAMPLES.items():
+        out.write(f"  {name:<18} {s.description}\n")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "distributed":
+        fn = _distributed_main()
+        if fn is not None:
+            return int(fn(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    if args.command == "trace":
+        return run_trace_command(args)
+    if args.command == "list":
+        return list_command()
+    return run_analysis_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Turn the CLI's model arguments into a ModelSpec, the same description the dashboard builds.
+
+``--model`` is a built-in sample name or a file; a file's kind comes from ``--kind`` or is inferred
+from its extension (a ``.pt`` is sniffed: a TorchScript archive holds ``code/``, a pickled module
+does not). Inputs are ``SHAPE[:DTYPE[:HIGH]]`` strings such as ``8,3,32,32`` or ``8,64:int64``.
+Every problem raises UsageError naming the argument, so the CLI can exit 2 with that message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+from diagnostics.errors import SpecError, TorchScopeError
+from diagnostics.spec import DTYPES, InputSpec, ModelSpec
+
+#: Extension -> model kind (".pt"/".pth" are sniffed, see infer_kind).
+KIND_BY_EXT = {
+    ".pt2": "export",
+    ".py": "python",
+    ".pkl": "pickle",
+    ".pickle": "pickle",
+    ".ts": "torchscript",
+    ".jit": "torchscript",
+    ".zip": "torchscript",
+}
+SNIFFED_EXTS = (".pt", ".pth")
+KINDS = ("torchscript", "export", "python", "pickle")
+#: Exclusive upper bound for random integer inputs of a file model (the dashboard uses the same).
+DEFAULT_INT_HIGH = 1000
+
+
+class UsageError(TorchScopeError):
+    """A bad command line: a missing file, a malformed shape, an unknown sample."""
+
+
+def parse_input(text: str) -> InputSpec:
+    """'8,3,32,32' -> InputSpec((8,3,32,32)); '8,64:int64' and '8,64:int64:5000' (HIGH) too."""
+    parts = text.strip().split(":")
+    if len(parts) > 3 or not parts[0].strip():
+        raise UsageError(f"bad --input {text!r}: write SHAPE[:DTYPE[:HIGH]], e.g. 8,3,32,32 or 8,64:int64")
+    dims = [d.strip() for d in parts[0].strip("()[] ").split(",") if d.strip()]
+    try:
+        shape = tuple(int(d) for d in dims)
+    except ValueError:
+        raise UsageError(f"bad --input shape {parts[0]!r} (in {text!r}): dimensions must be integers "
+                         "separated by commas, e.g. 8,3,32,32") from None
+    if not shape or any(d <= 0 for d in shape):
+        raise UsageError(f"bad --input shape {parts[0]!r} (in {text!r}): every dimension must be a positive "
+                         "integer, batch first")
+    dtype = parts[1].strip() if len(parts) > 1 and parts[1].strip() else "float32"
+    if dtype not in DTYPES:
+        raise UsageError(f"bad --input dtype {dtype!r} (in {text!r}): choose one of {', '.join(DTYPES)}")
+    high = None
+    if len(parts) == 3:
+        try:
+            high = int(parts[2])
+        except ValueError:
+            raise UsageError(f"bad --input HIGH {parts[2]!r} (in {text!r}): an integer, the exclusive upper "
+                             "bound of random integer values") from None
+        if high <= 0:
+            raise UsageError(f"bad --input HIGH {high} (in {text!r}): must be positive")
+    try:
+        return InputSpec(shape, dtype, high)
+    except SpecError as e:
+        raise UsageError(f"bad --input {text!r}: {e}") from None
+
+
+def infer_kind(path: Path) -> str:
+    """The model kind of ``path`` from its extension; .pt/.pth archives are sniffed for TorchScript."""
+    ext = path.suffix.lower()
+    if ext in KIND_BY_EXT:
+        return KIND_BY_EXT[ext]
+    if ext in SNIFFED_EXTS:
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return "pickle"  # the legacy (non-zip) torch.save format: a pickle
+        if any("/code/" in n or n.endswith("constants.pkl") for n in names):
+            return "torchscript"
+        return "pickle"
+    raise UsageError(f"cannot tell what kind of model {path} is from its extension {ext or '(none)'!r}: "
+                     f"pass --kind {'|'.join(KINDS)}")
+
+
+def file_digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _sample_inputs(name: str):
+    from sample_models import SAMPLES
+
+    return SAMPLES[name].inputs if name in SAMPLES else None
+
+
+def sample_names() -> list[str]:
+    from sample_models import SAMPLES
+
+    return list(SAMPLES)
+
+
+def normalise_device(device: str) -> str:
+    device = (device or "cpu").strip().lower()
+    if device == "cuda":
+        return "cuda:0"  # the dashboard names GPUs cuda:N; the same name keeps cache keys shared
+    if device == "gpu":
+        return "cuda:0"
+    return device
+
+
+def build_spec(model: str, *, kind: str | None = None, weights: str | None = None, trust: bool = False,
+               inputs: list[str] | None = None, batch_size: int | None = None, device: str = "cpu",
+               seed: int = 0) -> ModelSpec:
+    """A ModelSpec for a sample name or a model file, validated here (files must exist)."""
+    if not model:
+        raise UsageError("--model is required: a sample name (e.g. resnet) or a model file")
+    path = Path(model).expanduser()
+    parsed = tuple(parse_input(t) for t in inputs or [])
+    if batch_size is not None and batch_size <= 0:
+        raise UsageError(f"bad --batch-size {batch_size}: must be a positive integer")
+    weights_path = None
+    if weights:
+        weights_path = Path(weights).expanduser()
+        if not weights_path.is_file():
+            raise UsageError(f"weights file not found: {weights}")
+    try:
+        if path.is_file() or kind is not None:
+            if not path.is_file():
+                raise UsageError(f"model file not found: {model}")
+            kind = kind or infer_kind(path)
+            if kind not in KINDS:
+                raise UsageError(f"unknown --kind {kind!r}: one of {', '.join(KINDS)}")
+            digest = file_digest(path) + (file_digest(weights_path)[:16] if weights_path else "")
+            specs = tuple(i if i.high is not None or i.dtype not in ("int64", "int32")
+                          else InputSpec(i.shape, i.dtype, DEFAULT_INT_HIGH) for i in parsed) or None
+            return ModelSpec(source=kind, name=path.name[:80], path=str(path.resolve()),
+                             weights_path=str(weights_path.resolve()) if weights_path else None,
+                             file_sha256=digest, trust_pickle=trust, inputs=specs, batch_size=batch_size,
+                             device=normalise_device(device), seed=seed)
+        names = sample_names()
+        if model not in names:
+            looks_like_path = any(c in model for c in "/\\") or Path(model).suffix != ""
+            if looks_like_path:
+                raise UsageError(f"model file not found: {model}")
+            raise UsageError(f"unknown model {model!r}: not a file and not a built-in sample "
+                             f"({', '.join(names)})")
+        specs = None
+        if parsed:
+            declared = _sample_inputs(model) or ()
+            specs = tuple(
+                i if i.high is not None or i.dtype not in ("int64", "int32")
+                else InputSpec(i.shape, i.dtype, declared[n].high if n < len(declared) and declared[n].high
+                               else DEFAULT_INT_HIGH)
+                for n, i in enumerate(parsed))
+        return ModelSpec(source="sample", name=model, weights_path=str(weights_path.resolve()) if weights_path
+                         else None, file_sha256=file_digest(weights_path)[:16] if weights_path else None,
+                         inputs=specs, batch_size=batch_size, device=normalise_device(device), seed=seed)
+    except SpecError as e:
+        raise UsageError(str(e)) from None

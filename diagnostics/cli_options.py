@@ -1,0 +1,182 @@
+"""Per-analysis command-line options: flag -> key of the options dict the analysis receives.
+
+Only the options a user actually passes go into the dict, so an analysis' own defaults apply (and
+a CLI run with no options has the same cache key as the dashboard's run with defaults). Anything
+not listed here can still be passed with ``--option key=value`` (JSON-parsed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from diagnostics.cli_model import UsageError
+
+
+@dataclass(frozen=True)
+class Opt:
+    flag: str  # "--mode"
+    key: str  # the analysis' option key, "mode"
+    type: Callable = str
+    help: str = ""
+    choices: tuple | None = None
+    repeat: bool = False  # may be given several times; the analysis gets a list
+    flag_only: bool = False  # a switch: present -> const
+    const: object = True
+    required: bool = False
+
+    @property
+    def dest(self) -> str:
+        return "opt_" + self.key
+
+    def add_to(self, group) -> None:
+        if self.flag_only:
+            group.add_argument(self.flag, dest=self.dest, action="store_const", const=self.const, default=None,
+                               help=self.help)
+        elif self.repeat:
+            group.add_argument(self.flag, dest=self.dest, action="append", type=self.type, default=None,
+                               help=self.help, choices=self.choices)
+        else:
+            group.add_argument(self.flag, dest=self.dest, type=self.type, default=None, help=self.help,
+                               choices=self.choices, required=self.required)
+
+
+def positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{v} must be positive")
+    return v
+
+
+def non_negative_int(text: str) -> int:
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} must be 0 or more")
+    return v
+
+
+def positive_float(text: str) -> float:
+    import argparse
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{v} must be positive")
+    return v
+
+
+def score(text: str) -> float:
+    import argparse
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= v <= 100:
+        raise argparse.ArgumentTypeError(f"{v:g} is not a score between 0 and 100")
+    return v
+
+
+#: analysis -> options it takes from the command line (keys as the analysis module reads them;
+#: defaults are the analysis' own, see its DEFAULTS / validate_options).
+ANALYSIS_OPTIONS: dict[str, tuple[Opt, ...]] = {
+    "summary": (
+        Opt("--skip-backward", "skip_backward", flag_only=True, help="count forward FLOPs only"),
+    ),
+    "profile": (
+        Opt("--mode", "mode", choices=("inference", "train"), help="profile inference (default) or training steps"),
+        Opt("--steps", "active", positive_int, help="profiled (active) steps per cycle (default 3)"),
+        Opt("--warmup", "warmup", non_negative_int, help="profiler warm-up steps (default 1)"),
+        Opt("--optimizer", "optimizer", choices=("sgd", "adamw"), help="optimizer of training steps (default sgd)"),
+        Opt("--lr", "lr", positive_float, help="learning rate of training steps (default 0.01)"),
+        Opt("--latency-iters", "latency_iters", positive_int,
+            help="timed iterations outside the profiler (default 30)"),
+        Opt("--latency-warmup", "latency_warmup", non_negative_int, help="untimed iterations first (default 5)"),
+        Opt("--profile-memory", "profile_memory", flag_only=True, help="record memory events too"),
+        Opt("--with-stack", "with_stack", flag_only=True, help="record Python stacks (slower, larger trace)"),
+    ),
+    "memory": (
+        Opt("--optimizer", "optimizer", choices=("sgd", "adamw"), help="optimizer of the training step "
+                                                                      "(default adamw)"),
+        Opt("--lr", "lr", positive_float, help="learning rate (default 0.001)"),
+        Opt("--no-timeline", "timeline", flag_only=True, const=False, help="skip the memory timeline"),
+    ),
+    "batch_scan": (
+        Opt("--mode", "mode", choices=("train", "inference"), help="scan training steps (default) or inference"),
+        Opt("--max-batch", "max_batch", positive_int, help="largest batch to try (default 64)"),
+        Opt("--memory-budget-mb", "memory_budget_mb", positive_float,
+            help="memory budget in MiB (default: the GPU's memory, or half the free RAM on the CPU)"),
+        Opt("--repeats", "repeats", positive_int, help="timed passes per batch size (default 5)"),
+        Opt("--optimizer", "optimizer", choices=("sgd", "adamw"), help="optimizer of training steps (default sgd)"),
+    ),
+    "gradients": (
+        Opt("--steps", "steps", positive_int, help="training steps to watch (default 5)"),
+        Opt("--optimizer", "optimizer", choices=("sgd", "adamw"), help="optimizer (default sgd)"),
+        Opt("--lr", "lr", positive_float, help="learning rate (default 0.01)"),
+    ),
+    "checklist": (
+        Opt("--purpose", "purpose", choices=("training", "inference"), help="what the model is for (default "
+                                                                            "training)"),
+        Opt("--iters", "iters", positive_int, help="timed repetitions, 1-100"),
+        Opt("--profile-steps", "profile_steps", positive_int, help="profiled steps, 1-20"),
+    ),
+    "optimize": (
+        Opt("--fix", "fixes", repeat=True, help="a fix id to try (repeat for several; default: every fix)"),
+        Opt("--iters", "iters", positive_int, help="timed calls per trial (default 10)"),
+        Opt("--warmup", "warmup", non_negative_int, help="untimed calls per trial first (default 2)"),
+    ),
+    "distributed": (
+        Opt("--nproc", "nproc", positive_int, help="processes (ranks) to launch with torchrun (default 2)"),
+        Opt("--steps", "steps", positive_int, help="profiled training steps per rank (default 5)"),
+        Opt("--backend", "backend", choices=("auto", "gloo", "nccl"), help="process-group backend (default auto)"),
+    ),
+    "distributed_traces": (
+        Opt("--trace-dir", "trace_dir", required=True, help="a folder of per-rank Chrome traces"),
+    ),
+}
+
+#: Options the CLI itself uses (not passed to the analysis).
+CLI_ONLY: dict[str, tuple[Opt, ...]] = {
+    "checklist": (
+        Opt("--fail-under", "fail_under", score, help="exit 3 when the checklist score (0-100) is below this: "
+                                                     "a CI gate"),
+    ),
+}
+
+
+def collect_options(analysis: str, args) -> dict:
+    """The options the user set for ``analysis`` (unset flags are left to the analysis' defaults)."""
+    out = {}
+    for o in ANALYSIS_OPTIONS.get(analysis, ()):
+        v = getattr(args, o.dest, None)
+        if v is not None:
+            out[o.key] = v
+    return out
+
+
+def parse_option_pairs(pairs: list[str]) -> dict:
+    """['steps=3', 'mode=train', 'sizes=[1,2]'] -> {'steps': 3, 'mode': 'train', 'sizes': [1, 2]}."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"bad --option {pair!r}: write KEY=VALUE, e.g. --option steps=3")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value  # a bare word: the string itself
+    return out
