@@ -1,0 +1,172 @@
+"""``python -m diagnostics distributed ...``: launch and analyse distributed runs from a terminal.
+
+    distributed run --model mlp --nproc 2 --steps 5 [--straggler-rank 1 --straggler-ms 200] [--json]
+    distributed analyze DIR [--json]              one trace per rank, e.g. copied from several nodes
+    distributed command --nnodes 2 --nproc 8 --rdzv-endpoint HOST:29400 --out DIR
+                                                  write job.json and print the torchrun line per node
+
+Exit codes: 0 ok, 1 the run or analysis failed, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
+from diagnostics.formatting import human_bytes
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # exit 2 with the message, as argparse does, but testable
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m diagnostics distributed",
+                description="Distributed (torchrun + DDP) runs: per-rank step time, computation vs "
+                            "communication, collectives, stragglers.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    def thresholds(q):
+        q.add_argument("--margin", type=float, default=STRAGGLER_MARGIN,
+                       help=f"straggler margin over the median busy time (default {STRAGGLER_MARGIN})")
+        q.add_argument("--min-excess-ms", type=float, default=STRAGGLER_MIN_EXCESS_MS,
+                       help=f"and at least this many ms over it (default {STRAGGLER_MIN_EXCESS_MS:g})")
+        q.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    def model(q):
+        q.add_argument("--model", default="mlp", help="built-in sample model (default mlp)")
+        q.add_argument("--batch-size", type=int, help="per-rank batch size (default: the model's)")
+        q.add_argument("--nproc", type=int, default=DEFAULT_NPROC, help="processes per node")
+        q.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="profiled training steps")
+        q.add_argument("--warmup", type=int, default=2, help="steps before the profiled ones")
+        q.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                       help="auto: nccl with CUDA, else gloo")
+
+    r = sub.add_parser("run", help="launch DDP training with torchrun here and analyse every rank")
+    model(r)
+    r.add_argument("--straggler-rank", type=int, help="inject: this rank sleeps in every step")
+    r.add_argument("--straggler-ms", type=float, default=150.0, help="how long it sleeps (ms)")
+    r.add_argument("--die-rank", type=int, help="inject: this rank exits at --die-step")
+    r.add_argument("--die-step", type=int, default=1)
+    r.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is stopped")
+    thresholds(r)
+    a = sub.add_parser("analyze", help="analyse a folder of per-rank traces (one file per rank)")
+    a.add_argument("dir", help="folder with rank*.pt.trace.json(.gz) files")
+    thresholds(a)
+    c = sub.add_parser("command", help="write job.json and print the torchrun command for a multi-node run")
+    model(c)
+    c.add_argument("--nnodes", type=int, default=1)
+    c.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous (node 0); omit for one machine")
+    c.add_argument("--out", required=True, help="folder every rank writes its trace to (the same path on each "
+                                                "node, e.g. a shared file system)")
+    return p
+
+
+def _spec(args):
+    from diagnostics.spec import ModelSpec
+    from sample_models import SAMPLES
+
+    if args.model not in SAMPLES:
+        raise SystemExit(f"unknown sample model {args.model!r}; choose one of {', '.join(SAMPLES)}")
+    return ModelSpec(source="sample", name=args.model, batch_size=args.batch_size,
+                     device="cuda:0" if args.backend == "nccl" else "cpu")
+
+
+def format_result(res: dict) -> str:
+    m, t = res["metrics"], res["thresholds"]
+    lines = [f"{m['ranks_loaded']} of {m['world_size']} ranks, backend {res['backend']}, {res['device_kind']}, "
+             f"{m['steps_per_rank']} profiled steps per rank",
+             f"median step {m['median_step_ms']:.2f} ms; communication {100 * m['comm_fraction']:.1f} % of step "
+             f"time, exposed {100 * m['exposed_comm_fraction']:.1f} %; overlap ratio "
+             + ("n/a" if m["overlap_ratio"] is None else f"{100 * m['overlap_ratio']:.1f} %"),
+             "",
+             f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'compute':>9} {'comm':>9} {'overlap':>9} "
+             f"{'exposed':>9} {'other':>9}  straggler"]
+    for r in res["ranks"]:
+        lines.append(f"{r['rank']:>4} {r['step_ms']:>9.2f} {r['busy_ms']:>9.2f} {r['compute_ms']:>9.2f} "
+                     f"{r['comm_ms']:>9.2f} {r['overlap_ms']:>9.2f} {r['exposed_comm_ms']:>9.2f} "
+                     f"{r['other_ms']:>9.2f}  {'YES' if r['straggler'] else ''}")
+    lines += ["", f"stragglers: {', '.join(f'rank {r}' for r in res['stragglers']) or 'none'} (busy time over "
+                  f"{t['threshold_ms']:.2f} ms = median {t['median_ms']:.2f} ms + max({t['margin']:.0%}, "
+                  f"{t['min_excess_ms']:g} ms))", "", "collectives:"]
+    for c in res["collectives"][:15]:
+        size = human_bytes(c["mean_bytes"]) if c["mean_bytes"] is not None else "size not recorded"
+        lines.append(f"  {c['name']:<32} {c['where']:<4} {c['calls']:>6} calls  total {c['total_ms']:>9.3f} ms  "
+                     f"mean {c['mean_ms']:>8.3f} ms  {size}")
+    lines += [f"note: {n}" for n in res.get("notes", [])]
+    return "\n".join(lines)
+
+
+def _emit(res: dict, as_json: bool) -> None:
+    sys.stdout.write((json.dumps(res, indent=1, default=str) if as_json else format_result(res)) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:
+        return EXIT_OK if e.code in (0, None) else EXIT_USAGE
+    from diagnostics.errors import TorchScopeError
+
+    try:
+        if args.cmd == "command":
+            return _command(args)
+        from diagnostics.runner import Job, run_job
+        from diagnostics.store import Store
+
+        options = {"straggler_margin": args.margin, "straggler_min_ms": args.min_excess_ms}
+        if args.cmd == "analyze":
+            job = Job("distributed_traces", None, {"trace_dir": args.dir, **options})
+            timeout = None
+        else:
+            options.update(nproc=args.nproc, steps=args.steps, warmup=args.warmup, backend=args.backend,
+                           run_timeout_s=max(1.0, args.timeout - 30))
+            if args.straggler_rank is not None:
+                options.update(straggler_rank=args.straggler_rank, straggler_sleep_ms=args.straggler_ms)
+            if args.die_rank is not None:
+                options.update(die_rank=args.die_rank, die_step=args.die_step)
+            job = Job("distributed", _spec(args), options)
+            timeout = args.timeout
+        outcome = run_job(job, store=Store(), timeout_s=timeout, source="cli",
+                          on_progress=lambda f, m: sys.stderr.write(f"[{100 * f:3.0f} %] {m}\n"))
+    except SystemExit as e:
+        sys.stderr.write(f"error: {e.code}\n")
+        return EXIT_USAGE
+    except TorchScopeError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return EXIT_USAGE
+    if not outcome.ok:
+        sys.stderr.write(f"error: {outcome.error}\n")
+        return EXIT_FAILED
+    _emit(outcome.result, args.json)
+    return EXIT_OK
+
+
+def _command(args) -> int:
+    from pathlib import Path
+
+    from diagnostics.distributed.job import DistJob
+    from diagnostics.distributed.launch import torchrun_command
+
+    out = Path(args.out).expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    job = DistJob(spec=_spec(args).to_dict(), out_dir=str(out), steps=args.steps, warmup=args.warmup,
+                  backend=args.backend)
+    (out / "job.json").write_text(job.to_json())
+    cmd = torchrun_command(out / "job.json", args.nproc, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
+                           python="python")
+    sys.stdout.write(f"wrote {out / 'job.json'}\nrun on every node (from the TorchScope folder):\n  "
+                     f"{shlex.join(cmd)}\nthen: python -m diagnostics distributed analyze {out}\n")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""CLI (analyze, command, errors) and chart builders on the hand-made 2-rank trace pair."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from diagnostics.charts.distributed import (build_breakdown_figure, build_collectives_figure, build_overlap_figure,
+                                            build_rank_step_figure)
+from diagnostics.distributed.analysis import analyze_folder_path
+from diagnostics.distributed.cli import main
+from diagnostics.distributed.job import DistJob
+
+PAIR = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
+
+
+@pytest.fixture(scope="module")
+def tight():
+    return analyze_folder_path(PAIR, margin=0.1, min_excess_ms=0.1)
+
+
+def test_cli_analyze_json(capsys):
+    assert main(["analyze", str(PAIR), "--margin", "0.1", "--min-excess-ms", "0.1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["stragglers"] == [1] and res["metrics"]["ranks_loaded"] == 2
+
+
+def test_cli_analyze_text(capsys):
+    assert main(["analyze", str(PAIR), "--margin", "0.1", "--min-excess-ms", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "stragglers: rank 1 (busy time over 0.93 ms" in out
+    assert "gloo:all_reduce" in out and "overlap ratio 14.7 %" in out
+
+
+def test_cli_errors(capsys, tmp_path):
+    assert main(["analyze", str(tmp_path / "missing")]) == 1
+    assert "trace folder not found" in capsys.readouterr().err
+    assert main(["frobnicate"]) == 2
+    assert main(["run", "--model", "no_such_model"]) == 2
+    assert "unknown sample model 'no_such_model'" in capsys.readouterr().err
+
+
+def test_cli_command_writes_a_job_for_every_node(capsys, tmp_path):
+    assert main(["command", "--nnodes", "2", "--nproc", "8", "--rdzv-endpoint", "node0:29400",
+                 "--out", str(tmp_path), "--model", "cnn"]) == 0
+    out = capsys.readouterr().out
+    assert "--nnodes 2 --rdzv_backend c10d --rdzv_endpoint node0:29400" in out
+    assert "--nproc_per_node 8" in out and f"--job {tmp_path / 'job.json'}" in out
+    job = DistJob.from_arg(str(tmp_path / "job.json"))
+    assert job.spec["name"] == "cnn" and job.out_dir == str(tmp_path)
+
+
+def test_rank_step_figure(tight):
+    fig = build_rank_step_figure(tight)
+    assert fig.layout.yaxis.title.text == "time per step (ms)"
+    step, busy = fig.data
+    assert list(busy.y) == pytest.approx([0.695, 0.9575])
+    assert busy.marker.color[1] != busy.marker.color[0]  # the straggler is drawn in its own colour
+    line = fig.layout.shapes[0]
+    assert line.y0 == pytest.approx(0.92625)
+    assert "straggler threshold 0.93 ms" in fig.layout.annotations[0].text
+
+
+def test_breakdown_figure_stacks_to_step(tight):
+    fig = build_breakdown_figure(tight)
+    assert fig.layout.barmode == "stack" and fig.layout.yaxis.title.text == "time per step (ms)"
+    assert [t.name.split(" ")[0] for t in fig.data] == ["computation", "computation", "communication", "other"]
+    totals = [sum(t.y[i] for t in fig.data) for i in range(2)]
+    assert totals == pytest.approx([1.0, 1.0])  # medians of parts that each sum to the 1 ms step
+
+
+def test_collectives_and_overlap_figures(tight):
+    fig = build_collectives_figure(tight)
+    assert fig.layout.xaxis.title.text == "total time (ms)"
+    assert list(fig.data[0].x) == pytest.approx([0.770, 0.106, 0.050])
+    gauge = build_overlap_figure(tight)
+    assert gauge.data[0].value == pytest.approx(100 * 120 / 815)
+    assert "(%)" in gauge.data[0].title.text
