@@ -1,0 +1,241 @@
+"""Hostile input: code-running pickles, server-safe mode, upload sizes and names, broken traces."""
+
+import gzip
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+
+from diagnostics import ModelSpec
+from diagnostics.errors import ModelLoadError, TrustError
+from diagnostics.intake import load_model, load_state_dict_file
+from diagnostics.runner import Job, run_job
+from diagnostics.store import Store
+from diagnostics.uploads import DEFAULT_MAX_UPLOAD_MB, save_upload
+from reliability_helpers import GOOD_MODEL
+
+pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Payload:
+    """Unpickling this writes a file: proof that code ran."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('pwned')",))
+
+
+def evil_file(folder: Path, marker: Path) -> Path:
+    path = folder / "evil.pt"
+    torch.save(Payload(marker), path)
+    return path
+
+
+# ------------------------------------------------------------------------------------ pickles
+def test_the_payload_really_runs_code_when_trusted(tmp_path):
+    """Control: without this, 'no marker file' below would prove nothing."""
+    marker = tmp_path / "pwned"
+    with pytest.raises(ModelLoadError, match="holds a NoneType, not an nn.Module"):
+        load_model(ModelSpec(source="pickle", name="evil.pt", path=str(evil_file(tmp_path, marker)),
+                             trust_pickle=True))
+    assert marker.read_text() == "pwned"
+
+
+@pytest.mark.parametrize("source", ["pickle", "torchscript", "export"])
+def test_a_crafted_pickle_never_runs_without_the_trust_switch(tmp_path, source):
+    marker = tmp_path / "pwned"
+    with pytest.raises(ModelLoadError) as err:
+        load_model(ModelSpec(source=source, name="evil.pt", path=str(evil_file(tmp_path, marker))))
+    if source == "pickle":
+        assert isinstance(err.value, TrustError)
+        assert "can run arbitrary code" in str(err.value) and "I trust this file" in str(err.value)
+    else:  # the TorchScript / torch.export readers do not run Python pickles
+        what = "TorchScript archive" if source == "torchscript" else "torch.export archive"
+        assert str(err.value).startswith(f"evil.pt is not a loadable {what}")
+    assert not marker.exists()
+
+
+def test_a_crafted_pickle_in_the_weights_slot_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    with pytest.raises(TrustError, match="not a plain state_dict: loading it would run pickled code"):
+        load_state_dict_file(evil_file(tmp_path, marker))
+    assert not marker.exists()
+
+
+def test_a_crafted_pickle_uploaded_through_the_dashboard_path_never_runs(tmp_path):
+    """What the sidebar does: save_upload, then a validate job in a worker, trust switch off."""
+    marker = tmp_path / "pwned"
+    store = Store(tmp_path / "data")
+    data = evil_file(tmp_path, marker).read_bytes()
+    path, digest = save_upload(data, "pickle", store.data_dir, "evil.pt")
+    (tmp_path / "evil.pt").unlink()
+    spec = ModelSpec(source="pickle", name="evil.pt", path=str(path), file_sha256=digest, trust_pickle=False)
+    out = run_job(Job("validate", spec), store=store, timeout_s=60)
+    assert out.status == "error" and out.error_type == "TrustError"
+    assert "can run arbitrary code when loaded" in out.error
+    assert not marker.exists()
+    assert store.get(out.run_id).status == "error"
+
+
+# ------------------------------------------------------------------------------ server-safe mode
+def test_safe_mode_refuses_python_files_and_pickles_even_trusted(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
+    marker = tmp_path / "pwned"
+    py = tmp_path / "model.py"
+    py.write_text(GOOD_MODEL + f"\nopen({str(marker)!r}, 'w').write('imported')\n")
+    with pytest.raises(TrustError, match="Python-file models are disabled on this server"):
+        load_model(ModelSpec(source="python", name="model.py", path=str(py)))
+    with pytest.raises(TrustError, match="pickled modules are disabled on this server"):
+        load_model(ModelSpec(source="pickle", name="evil.pt", path=str(evil_file(tmp_path, marker)),
+                             trust_pickle=True))
+    assert not marker.exists()
+
+
+def _upload_kinds(new_app, monkeypatch, safe: bool) -> tuple[list, list]:
+    if safe:
+        monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
+    else:
+        monkeypatch.delenv("TORCHSCOPE_SAFE_MODE", raising=False)
+    at = new_app()
+    at.run()
+    at.sidebar.radio(key="sb_source").set_value("Upload a file").run()
+    assert not at.exception
+    return list(at.sidebar.selectbox(key="sb_upload_kind").options), [c.value for c in at.sidebar.caption]
+
+
+def test_safe_mode_hides_python_and_pickle_uploads_in_the_sidebar(new_app, monkeypatch):
+    kinds, captions = _upload_kinds(new_app, monkeypatch, safe=False)
+    assert len(kinds) == 4 and any("Python file" in k for k in kinds) and any("Pickled" in k for k in kinds)
+    kinds, captions = _upload_kinds(new_app, monkeypatch, safe=True)
+    assert len(kinds) == 2
+    assert not any("Python" in k or "ickle" in k for k in kinds), kinds
+    assert any("Server-safe mode" in c for c in captions)
+
+
+# ------------------------------------------------------------------------------------- uploads
+def test_upload_size_limit_has_a_clear_message_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHSCOPE_MAX_UPLOAD_MB", "1")
+    with pytest.raises(ModelLoadError) as err:
+        save_upload(b"x" * (2 * 2**20 + 1), "torchscript", tmp_path, "big.pt")
+    assert str(err.value) == ("the file 'big.pt' is 2.0 MiB, over the upload limit of 1 MiB "
+                              "(set TORCHSCOPE_MAX_UPLOAD_MB to change it)")
+    with pytest.raises(ModelLoadError, match=r"the file 'empty.pt' is empty \(0 bytes\)"):
+        save_upload(b"", "torchscript", tmp_path, "empty.pt")
+    assert not (tmp_path / "uploads").exists() or not any((tmp_path / "uploads").rglob("*.pt"))
+    path, _ = save_upload(b"x" * 2**20, "torchscript", tmp_path, "fits.pt")  # exactly the limit
+    assert path.stat().st_size == 2**20
+
+
+def test_streamlit_upload_limit_matches_ours():
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["server"]["maxUploadSize"] == DEFAULT_MAX_UPLOAD_MB
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd.py", "/etc/passwd.py", "..\\..\\evil.py", "a/../../../b.py",
+                                  "evil\x00.py", "x" * 5000 + ".py", "~/.bashrc.py", ".py", ""])
+def test_uploaded_file_names_never_become_paths(tmp_path, name):
+    data_dir = tmp_path / "data"
+    path, digest = save_upload(b"print('hi')\n", "python", data_dir, name)
+    uploads = (data_dir / "uploads").resolve()
+    assert path.resolve().parent.parent == uploads
+    assert path.name == "model.py" and path.parent.name == digest[:32]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["model.py"]
+
+
+def test_upload_kind_and_extension_are_checked(tmp_path):
+    with pytest.raises(ModelLoadError, match="unknown upload kind '../x'"):
+        save_upload(b"x", "../x", tmp_path, "m.py")
+    with pytest.raises(ModelLoadError, match=r"a python model file should end in \.py, not '\.sh'"):
+        save_upload(b"x", "python", tmp_path, "run.sh")
+    with pytest.raises(ModelLoadError, match="weights must be .safetensors or a state_dict"):
+        save_upload(b"x", "weights", tmp_path, "w.pkl")
+
+
+# -------------------------------------------------------------------------------------- traces
+def _event(i: int) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5}
+
+
+def _trace_bytes(n: int = 2000) -> bytes:
+    return json.dumps({"traceEvents": [_event(i) for i in range(n)]}).encode()
+
+
+def _load(tmp_path, name: str, data: bytes, **kwargs):
+    from diagnostics.traces import load_trace
+
+    path = tmp_path / name
+    path.write_bytes(data)
+    return load_trace(path, **kwargs)
+
+
+@pytest.mark.timeout(30)
+def test_truncated_traces_are_refused_clearly_or_kept_up_to_the_cut(tmp_path):
+    from diagnostics.traces import TraceError
+
+    data = _trace_bytes()
+    with pytest.raises(TraceError, match="truncated"):
+        _load(tmp_path, "cut.json", data[: len(data) // 2])
+    with pytest.raises(TraceError, match="truncated"):
+        gz = gzip.compress(data)
+        _load(tmp_path, "cut.json.gz", gz[: len(gz) // 2])
+    kept = _load(tmp_path, "cut.json", data[: len(data) // 2], allow_truncated=True)
+    assert 0 < len(kept.events) < 2000 and kept.warnings
+
+
+@pytest.mark.timeout(30)
+def test_huge_numbers_are_skipped_and_counted(tmp_path):
+    good = json.dumps([_event(1), _event(2)]).encode()[1:-1]
+    data = (b'{"traceEvents":[{"ph":"X","name":"a","pid":1,"tid":1,"ts":' + b"9" * 100_000 + b',"dur":1},'
+            b'{"ph":"X","name":"b","pid":1,"tid":1,"ts":1e999,"dur":-1e999},' + good + b"]}")
+    trace = _load(tmp_path, "huge.json", data)
+    assert len(trace.events) == 2 and trace.skipped_events == 2
+    assert any("out of range" in w for w in trace.warnings)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("data", [bytes(range(256)) * 100, _trace_bytes().decode().encode("utf-16")],
+                         ids=["binary", "utf16"])
+def test_binary_and_utf16_files_are_refused_clearly(tmp_path, data):
+    from diagnostics.traces import TraceError
+
+    with pytest.raises(TraceError, match="not a JSON trace"):
+        _load(tmp_path, "bad.json", data)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.xfail(strict=True, raises=RecursionError,
+                   reason="diagnostics.traces.load_trace lets msgspec's RecursionError out on deeply nested "
+                          "JSON (depth >= ~1000) instead of a TraceError or a skipped, counted event")
+def test_deeply_nested_json_is_an_error_or_a_skipped_event(tmp_path):
+    from diagnostics.traces import TraceError
+
+    good = json.dumps([_event(1), _event(2)]).encode()[1:-1]
+    nested = b'{"ph":"X","name":"a","pid":1,"tid":1,"ts":1,"dur":1,"args":{"x":' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    try:
+        trace = _load(tmp_path, "deep.json", b'{"traceEvents":[' + nested + b"," + good + b"]}")
+    except TraceError as e:
+        assert "nested" in str(e) or "deep" in str(e)
+    else:
+        assert len(trace.events) == 2 and trace.skipped_events == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
+                   reason="diagnostics.traces.load_trace lets UnicodeDecodeError out on an event name that "
+                          "is not UTF-8 (e.g. Latin-1 bytes) instead of a TraceError or a counted warning")
+def test_names_that_are_not_utf8_are_an_error_or_a_warning(tmp_path):
+    from diagnostics.traces import TraceError
+
+    data = (b'{"traceEvents":[' + json.dumps(_event(1)).encode()
+            + b',{"ph":"X","name":"caf\xe9","pid":1,"tid":1,"ts":30,"dur":1}]}')
+    try:
+        trace = _load(tmp_path, "latin1.json", data)
+    except TraceError as e:
+        assert "UTF-8" in str(e)
+    else:
+        assert len(trace.events) >= 1 and trace.warnings
