@@ -337,6 +337,7 @@ def consume_spans(cols: Columns, buf: bytes, starts: np.ndarray, ends: np.ndarra
         idx = np.searchsorted(starts, ends) - 1
         ok = idx >= 0
         starts, ends = starts[idx[ok]], ends[ok]
+    _count_non_objects(cols, buf, starts, ends)
     if whole:
         try:
             cols.add(_decode_events(b"[" + buf[int(starts[0]):int(ends[-1]) + 1] + b"]"))
@@ -344,6 +345,19 @@ def consume_spans(cols: Columns, buf: bytes, starts: np.ndarray, ends: np.ndarra
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
     cols.add_one_by_one(buf, starts, ends)
+
+
+def _count_non_objects(cols: Columns, buf: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
+    """Count array items between the objects that are not objects (numbers, strings, nulls)."""
+    prev = 0
+    junk = 0
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        if s > prev:
+            junk += sum(1 for tok in buf[prev:s].split(b",") if tok.strip())
+        prev = e + 1
+    if junk:
+        cols.skipped += junk
+        cols.warn(f"skipped {junk} array items that are not event objects")
 
 
 def resync(cols: Columns, buf: bytes) -> bytes:

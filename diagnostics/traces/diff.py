@@ -38,7 +38,7 @@ def diff_traces(before: Trace, after: Trace) -> dict:
     per_step = n_a > 0 and n_b > 0
     a = _table(before, n_a if per_step else 1.0)
     b = _table(after, n_b if per_step else 1.0)
-    df = a.join(b, how="outer", lsuffix="_before", rsuffix="_after").reset_index()
+    df = a.add_suffix("_before").join(b.add_suffix("_after"), how="outer").reset_index()
     df[["calls_before", "calls_after", "time_us_before", "time_us_after"]] = df[
         ["calls_before", "calls_after", "time_us_before", "time_us_after"]].fillna(0.0)
     keys = pd.MultiIndex.from_frame(df[["kind", "name"]])

@@ -258,8 +258,8 @@ def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> t
     starts, ends, close = scan(buf)
     cols = Columns()
     if close < 0:
-        msg = (f"{name}: the trace is truncated: the traceEvents array is not closed "
-               f"(the file ends after {total:,} bytes of JSON)")
+        msg = (f"{name}: the trace is truncated (or corrupt): the traceEvents array is not "
+               f"closed when the file ends, after {total:,} bytes of JSON")
         if not allow_truncated:
             raise TraceError(msg)
         out.warn(msg + "; the events before the cut were loaded")
@@ -361,6 +361,9 @@ def _build(merged: _Merger, meta: dict, source: str, total: int, name: str) -> T
         merged.warn(f"skipped {bad} events without a numeric ts")
         ch = {k: v[ok] for k, v in ch.items()}
         ts = ch["ts"]
+        if ts.size == 0:
+            raise TraceError(f"{name}: none of its {bad} events could be read: none has a "
+                             "numeric ts")
     # Metadata (ph M) events carry ts 0 or the trace start: keep them out of the origin.
     timed = ch["ph"] != ph_table.get("M", -1)
     if not timed.any():

@@ -1,0 +1,179 @@
+"""load_trace: recorded and hand-written traces, chunk boundaries, workers, and bad input."""
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diagnostics.errors import TorchScopeError
+from diagnostics.traces import _chunks, ingest
+from diagnostics.traces import TraceError, load_trace
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+GPU = DATA / "gpu_small.json"
+CPU = DATA / "cpu_small.pt.trace.json.gz"
+
+
+def _events(path):
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def _write(tmp_path, name, doc_or_text):
+    p = tmp_path / name
+    p.write_text(doc_or_text if isinstance(doc_or_text, str) else json.dumps(doc_or_text))
+    return p
+
+
+def _x(name, ts, dur, **extra):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            **extra}
+
+
+def test_gpu_trace_columns_and_metadata():
+    t = load_trace(GPU)
+    ev = t.events
+    assert len(ev) == 41
+    assert t.rank == 0
+    assert t.meta["deviceProperties"][0]["name"] == "NVIDIA A100-SXM4-40GB"
+    assert t.meta["baseTimeNanoseconds"] == 1700000000000000000
+    assert "traceEvents" not in t.meta
+    assert t.origin_us == 995.0   # the profiler's frame span starts first
+    step1 = ev[ev["name"] == "ProfilerStep#1"].iloc[0]
+    assert (step1["ts"], step1["dur"]) == (5.0, 100.0)
+    k = ev[ev["name"] == "ampere_sgemm_128x64_nn"]
+    assert k["corr"].tolist() == [11, 21, 22]
+    assert k["stream"].tolist() == [7, 7, 7] and k["device"].tolist() == [0, 0, 0]
+    assert ev.loc[ev["cat"] == "cudaLaunchKernel", "corr"].empty
+    mem = ev[ev["name"] == "[memory]"]
+    assert mem["nbytes"].tolist() == [4096, -4096]
+    assert mem["total_allocated"].tolist() == [4096, 0]
+    assert mem["device_type"].tolist() == [1, 1] and mem["device"].tolist() == [0, 0]
+    flows = ev[ev["cat"] == "ac2g"]
+    assert sorted(flows["flow_id"].tolist()) == [11, 11, 12, 12, 14, 14]
+    assert t.thread_names["100/100"] == "thread 100 (python)"
+    assert t.process_names["0"] == "python"
+    assert t.skipped_events == 0 and t.warnings == []
+
+
+def test_recorded_cpu_trace_gz_matches_json_module():
+    t = load_trace(CPU)
+    raw = _events(CPU)
+    assert len(t) == len(raw)
+    want = Counter(e.get("cat", "") for e in raw)
+    got = Counter(t.strings("cat").tolist())
+    assert got == want
+    assert t.rank is None   # recorded without distributed info
+    x = [e for e in raw if e.get("ph") == "X"]
+    assert np.isclose(t.events["dur"].sum(), sum(e["dur"] for e in x))
+    origin = min(e["ts"] for e in raw if e.get("ph") != "M")
+    assert np.isclose(t.events["ts"].max(), max(e["ts"] for e in raw) - origin)
+
+
+def test_plain_and_bare_array_and_compact_forms_agree(tmp_path):
+    raw = _events(CPU)
+    a = load_trace(_write(tmp_path, "a.json", json.dumps({"traceEvents": raw}, indent=2)))
+    b = load_trace(_write(tmp_path, "b.json", json.dumps(raw, separators=(",", ":"))))
+    assert len(a) == len(b) == len(raw)
+    assert np.array_equal(a.events["ts"], b.events["ts"])
+    assert a.strings("name").tolist() == b.strings("name").tolist()
+    assert b.meta == {}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_tiny_blocks_cut_everywhere(tmp_path, monkeypatch, workers):
+    """Blocks far smaller than an event, a string holding '}, {', escapes: same result."""
+    raw = _events(CPU)
+    raw.insert(5, _x('weird }, { "name" \\ }', 1.0, 2.0, args={"note": "}, {"}))
+    path = _write(tmp_path, "t.json", json.dumps({"traceEvents": raw, "traceName": "x"}, indent=1))
+    whole = load_trace(path, workers=0)
+    monkeypatch.setattr(ingest, "BLOCK_BYTES", 1000)
+    small = load_trace(path, workers=workers)
+    assert len(small) == len(whole) == len(raw)
+    assert small.skipped_events == 0
+    assert small.strings("name").tolist() == whole.strings("name").tolist()
+    assert np.array_equal(small.events["ts"], whole.events["ts"])
+    assert 'weird }, { "name" \\ }' in set(small.strings("name"))
+    assert small.meta == {"traceName": "x"}
+
+
+def test_trace_error_is_a_torchscope_error():
+    assert issubclass(TraceError, TorchScopeError)
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("", "empty"),
+    ("hello", "not a JSON trace"),
+    ('{"foo": 1, "bar": [1, 2]}', "no traceEvents"),
+    ('{"traceEvents": []}', "empty"),
+    ('{"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "ts": 0}]}',
+     "only metadata"),
+    ('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}, {"ph": "X", "na',
+     "truncated"),
+    ('{"schemaVersion": 1, "deviceProp', "truncated"),
+    ('{"traceEvents": [{"name": "a"}, {"name": "b"}]}', "could be read"),
+])
+def test_bad_input_raises_clear_errors(tmp_path, content, fragment):
+    with pytest.raises(TraceError, match=fragment):
+        load_trace(_write(tmp_path, "bad.json", content))
+
+
+def test_missing_file_and_not_gzip(tmp_path):
+    with pytest.raises(TraceError, match="no such file"):
+        load_trace(tmp_path / "nope.json")
+    p = _write(tmp_path, "x.pt.trace.json.gz", '{"traceEvents": []}')
+    with pytest.raises(TraceError, match="not gzip"):
+        load_trace(p)
+
+
+def test_truncated_gzip(tmp_path):
+    data = gzip.compress(json.dumps({"traceEvents": _events(CPU)}).encode())
+    p = tmp_path / "cut.json.gz"
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceError, match="truncated"):
+        load_trace(p)
+
+
+def test_truncated_json_can_be_loaded_partially(tmp_path):
+    text = json.dumps({"traceEvents": [_x("a", 1, 2), _x("b", 4, 2), _x("c", 7, 2)]})
+    p = _write(tmp_path, "cut.json", text[: text.index('"c"') + 5])
+    with pytest.raises(TraceError, match="truncated"):
+        load_trace(p)
+    t = load_trace(p, allow_truncated=True)
+    assert t.strings("name").tolist() == ["a", "b"]
+    assert any("truncated" in w for w in t.warnings)
+
+
+def test_odd_fields_are_coerced_or_counted(tmp_path):
+    events = [
+        _x("ok", 1, 2),
+        _x("string ts", "3.5", "1"),               # numbers as strings: read
+        {"ph": "X", "name": "null args", "ts": 5, "dur": 1, "args": None, "pid": 1, "tid": 1},
+        {"ph": "X", "name": "float pid", "ts": 6, "dur": 1, "pid": 1.5, "tid": [1]},
+        {"ph": "X", "name": "no ts", "dur": 1},      # skipped
+        {"ph": "X", "name": "bad ts", "ts": {"x": 1}, "dur": 1},  # skipped
+        7,                                            # not an object: skipped
+        _x("last", 9, 1),
+    ]
+    t = load_trace(_write(tmp_path, "odd.json", {"traceEvents": events}))
+    assert t.strings("name").tolist() == ["ok", "string ts", "null args", "float pid", "last"]
+    assert t.events["ts"].tolist() == [0.0, 2.5, 4.0, 5.0, 8.0]
+    assert t.skipped_events == 3
+    assert t.warnings[0] == "skipped 3 malformed events"
+
+
+def test_corrupt_stretch_is_skipped_with_bounded_memory(tmp_path, monkeypatch):
+    good = ",".join(json.dumps(_x(f"op{i}", i * 10, 5)) for i in range(200))
+    junk = '{"ph": "X", "name": "broken", "ts": 1, "args": {"a": "unterminated}, ' + "x" * 5000
+    p = _write(tmp_path, "junk.json", '{"traceEvents": [' + junk + ", " + good + "]}")
+    monkeypatch.setattr(ingest, "BLOCK_BYTES", 2000)
+    monkeypatch.setattr(ingest, "MAX_EVENT_BYTES", 4000)
+    monkeypatch.setattr(_chunks, "MAX_EVENT_BYTES", 4000)
+    t = load_trace(p, workers=0)
+    assert t.skipped_events >= 1
+    assert 150 <= len(t) <= 200
+    assert t.strings("name")[-1] == "op199"
