@@ -1,0 +1,83 @@
+"""Chart builders draw every result (and empty ones); the CLI prints and exits as documented."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+
+from diagnostics import trace_cli
+from diagnostics.charts import traces as charts
+from diagnostics.traces import (
+    diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
+    top_operators,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "traces"
+
+
+@pytest.mark.parametrize("name", ["gpu_small.json", "cpu_small.pt.trace.json.gz"])
+def test_every_builder_returns_a_figure(name):
+    t = load_trace(DATA / name)
+    top = top_operators(t)
+    figs = [charts.build_category_figure(summary(t)),
+            charts.build_gpu_breakdown_figure(temporal_breakdown(t)),
+            charts.build_cpu_breakdown_figure(temporal_breakdown(t)),
+            charts.build_top_operators_figure(top, "operators"),
+            charts.build_top_operators_figure(top, "kernels"),
+            charts.build_idle_time_figure(idle_time(t)),
+            charts.build_launch_figure(launch_stats(t)),
+            charts.build_timeline_figure(timeline_data(t)),
+            charts.build_diff_figure(diff_traces(t, t))]
+    for fig in figs:
+        assert isinstance(fig, go.Figure)
+        fig.to_json()
+
+
+def test_gpu_breakdown_values():
+    fig = charts.build_gpu_breakdown_figure(temporal_breakdown(load_trace(DATA / "gpu_small.json")))
+    bars = {b.name: list(b.y) for b in fig.data}
+    assert bars["compute"] == [0.032, 0.040] and bars["idle"] == [0.011, 0.013]
+
+
+def test_diff_figure_colours_by_status():
+    r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
+    (bar,) = charts.build_diff_figure(r).data
+    assert len(bar.y) == 4   # unchanged rows are left out
+    assert dict(zip(bar.y, bar.marker.color))["aten::mm"] == charts.STATUS_COLORS["faster"]
+
+
+def test_cli_analyze_text_and_json(capsys):
+    assert trace_cli.main(["trace", "analyze", str(DATA / "gpu_small.json"), "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "41 events" in out and "2 steps" in out and "aten::mm" in out
+    assert trace_cli.main(["analyze", str(DATA / "gpu_small.json"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["summary"]["n_steps"] == 2
+    assert data["top_operators"]["operators"][0]["name"] == "aten::mm"
+
+
+def test_cli_diff_and_errors(capsys, tmp_path):
+    before, after = str(DATA / "diff_before.json"), str(DATA / "diff_after.json")
+    assert trace_cli.main(["trace", "diff", before, after]) == 0
+    assert "1 added, 1 removed, 1 faster, 1 slower" in capsys.readouterr().out
+    assert trace_cli.main(["diff", before, after, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"]["added"] == 1
+    bad = tmp_path / "bad.json.gz"
+    bad.write_text("{}")
+    assert trace_cli.main(["trace", "analyze", str(bad)]) == 1
+    assert "not gzip" in capsys.readouterr().err
+    assert trace_cli.main(["trace", "frobnicate"]) == 2
+
+
+def test_module_entry_point_and_no_streamlit():
+    code = ("import sys, diagnostics.traces, diagnostics.trace_cli, diagnostics.charts.traces; "
+            "assert 'streamlit' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-m", "diagnostics.trace_cli", "trace", "analyze",
+                          str(DATA / "cpu_small.pt.trace.json.gz")], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 0 and "3 steps" in out.stdout
