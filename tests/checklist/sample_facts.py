@@ -1,0 +1,56 @@
+"""Hand-written checklist facts shared by the rule and report tests."""
+
+import copy
+
+GiB = 2**30
+
+
+def healthy() -> dict:
+    """Facts of a healthy CUDA training run with a well-configured DataLoader: every rule passes."""
+    return {
+        "purpose": "training", "batch_size": 64, "task": "classification", "errors": {},
+        "static": {
+            "model_type": "Net", "n_conv": 2, "n_conv2d": 2, "n_batchnorm": 2, "n_dropout": 1, "n_linear": 2,
+            "n_rnn": 0, "activations": {"ReLU": 3}, "inplace_activations": 3, "not_inplace_activations": [],
+            "training": True, "dropout_bn_train": ["bn1", "bn2", "drop"], "dropout_bn_eval": [],
+            "param_dtypes": {"float32": 1000, "bfloat16": 1000}, "param_bytes": 6000, "channels_last": True,
+            "compiled": True, "torchscript": False, "data_parallel": False, "data_parallel_devices": 0,
+            "ddp": True, "dist_backend": "nccl",
+            "init": [{"name": "fc", "type": "Linear", "fan_in": 64, "std": 0.07, "gain": 0.56}],
+        },
+        "env": {"device_type": "cuda", "compute_capability": 8.0, "device_memory_bytes": 80 * GiB,
+                "cudnn_benchmark": True, "matmul_allow_tf32": True, "cudnn_allow_tf32": True, "cpu_count": 16,
+                "cxx_compiler": True, "world_size": 2},
+        "forward": {"conv_bn_pairs": [], "hidden_saturating": [], "inner_dims": 4, "widths_not_multiple_of_8": [],
+                    "relu_units": 100, "dead_relu_units": 3, "conv_input_channels_last": True},
+        "measured": {
+            "train_step": {"median_s": 0.010},
+            "profile": {"sync_per_step": {"aten::item": 0, "cudaStreamSynchronize": 0}, "sync_points_per_step": 0,
+                        "ops_per_step": 50, "median_op_us": 40.0, "kernels_per_step": 60, "median_kernel_us": 50.0,
+                        "eligible_ops": ["aten::addmm"], "tensor_core_kernels": ["sm80_xmma_gemm_bf16"],
+                        "gpu_busy_fraction": 0.9, "communication_fraction": 0.02},
+            "peak_bytes": 10 * GiB, "saved_activation_bytes": 2 * GiB, "memory_growth_bytes_per_step": 0,
+            "gradients": {"nonfinite_params": [], "total_norm": 3.0, "first_last_ratio": 0.5,
+                          "layers": [{"name": "a", "grad_norm": 1.0}, {"name": "b", "grad_norm": 2.0}]},
+            "inference": {"train_grad_forward_s": 0.010, "eval_inference_forward_s": 0.0099, "speedup": 1.01},
+            "batch_probe": {"points": [{"batch_size": 64, "median_s": 0.01, "samples_per_s": 6400},
+                                       {"batch_size": 128, "median_s": 0.02, "samples_per_s": 6400}],
+                            "throughput_gain_2x": 1.0},
+        },
+        "dataloader": {"described": {"batch_size": 64, "num_workers": 4, "pin_memory": True, "prefetch_factor": 2,
+                                     "persistent_workers": True},
+                       "loader_s_per_batch": 0.0002, "step_time_s": 0.010, "loader_fraction": 0.0002 / 0.0102,
+                       "note": None},
+    }
+
+
+def set_path(facts: dict, path: str, value) -> dict:
+    f = copy.deepcopy(facts)
+    cur = f
+    keys = path.split(".")
+    for k in keys[:-1]:
+        cur = cur[k]
+    cur[keys[-1]] = value
+    return f
+
+

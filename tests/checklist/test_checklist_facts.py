@@ -1,0 +1,229 @@
+"""Facts against independent computations, and the checklist analysis end to end on samples."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from diagnostics.checklist.facts import collect_facts, forward_facts, gradient_facts, static_facts
+from diagnostics.errors import TrustError
+from diagnostics.intake import LoadedModel, default_loss
+from diagnostics.runner import Job, execute
+from diagnostics.spec import InputSpec, ModelSpec
+
+FAST = {"iters": 2, "profile_steps": 1}
+
+
+def loaded_of(model, *inputs, loss=default_loss):
+    return LoadedModel(ModelSpec(name="handmade"), model, tuple(InputSpec(tuple(t.shape)) for t in inputs), inputs,
+                       loss, "mse")
+
+
+class Functional(nn.Module):
+    """conv1 -> bn1 wired in forward (not a Sequential); conv2's output is added to before bn2."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.seq = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.ReLU())
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = self.bn2(self.conv2(x) + x)  # not fusable: BN input is not the conv output
+        return self.seq(x).mean((2, 3))
+
+
+def test_conv_bn_pairs_by_tensor_identity(no_hooks_left):
+    m = Functional()
+    ff = forward_facts(m, (torch.randn(2, 3, 8, 8),))
+    assert ff["conv_bn_pairs"] == [["conv1", "bn1"], ["seq.0", "seq.1"]]
+    no_hooks_left(m)
+    assert m.training  # mode restored
+
+
+def test_hidden_vs_output_saturating_activations_and_widths():
+    m = nn.Sequential(nn.Linear(64, 100), nn.Tanh(), nn.Linear(100, 32), nn.ReLU(), nn.Linear(32, 10), nn.Sigmoid())
+    ff = forward_facts(m, (torch.randn(4, 64),))
+    assert ff["hidden_saturating"] == ["1"]  # the final Sigmoid is an output activation
+    assert ff["output_activation"] == "Sigmoid"
+    # inner dims: out of 0 (100), in of 2 (100), out of 2 (32), in of 4 (32); 64 and 10 are data-bound
+    assert ff["inner_dims"] == 4
+    assert [(o["name"], o["side"], o["dim"]) for o in ff["widths_not_multiple_of_8"]] == [("0", "out", 100),
+                                                                                          ("2", "in", 100)]
+
+
+def test_dead_relu_units_counted_per_feature():
+    lin = nn.Linear(4, 6)
+    with torch.no_grad():
+        lin.weight.zero_()
+        lin.bias.copy_(torch.tensor([-1.0, -2.0, 1.0, 1.0, -3.0, 2.0]))  # three units always negative
+    ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(5, 4),))
+    assert ff["relu_units"] == 6 and ff["dead_relu_units"] == 3
+
+
+def test_static_facts_modes_layout_and_init():
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Dropout(0.1), nn.Flatten(), nn.LazyLinear(4))
+    m(torch.randn(1, 3, 6, 6))
+    m[2].eval()
+    s = static_facts(m)
+    assert s["n_conv2d"] == 1 and s["n_batchnorm"] == 1 and s["n_dropout"] == 1
+    assert s["dropout_bn_train"] == ["1"] and s["dropout_bn_eval"] == ["2"]
+    assert not s["channels_last"]
+    assert static_facts(m.to(memory_format=torch.channels_last))["channels_last"]
+    conv = next(r for r in s["init"] if r["name"] == "0")
+    assert conv["fan_in"] == 27
+    assert conv["gain"] == pytest.approx(m[0].weight.std().item() * 27 ** 0.5, rel=1e-4)
+    assert s["params_total"] == sum(p.numel() for p in m.parameters())
+    assert s["data_parallel"] is False and static_facts(nn.DataParallel(nn.Linear(2, 2)))["data_parallel"]
+
+
+class ItemEveryStep(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.abs().max().item() > 1e9:  # a host read: one aten::item per forward
+            y = y * 0
+        return y
+
+
+def test_sync_points_and_saved_activations_and_gradients():
+    torch.manual_seed(0)
+    model = ItemEveryStep()
+    x = torch.randn(16, 8)
+    facts = collect_facts(loaded_of(model, x), FAST)
+    p = facts["measured"]["profile"]
+    assert p["sync_per_step"]["aten::item"] == 1.0
+    assert p["sync_points_per_step"] == 1.0
+    # Saved for backward, parameters excluded: x (addmm's weight gradient), y (abs), |y| (max) and
+    # the 4-byte max; the loss's pow saves y again (same storage, counted once).
+    assert facts["measured"]["saved_activation_bytes"] == 3 * 16 * 8 * 4 + 4
+    # gradients against a manual backward
+    ref = ItemEveryStep()
+    ref.load_state_dict(model.state_dict())
+    default_loss(ref(x)).backward()
+    g = facts["measured"]["gradients"]
+    assert g["total_norm"] == pytest.approx(torch.cat([q.grad.flatten() for q in ref.parameters()]).norm().item(),
+                                            rel=1e-5)
+    assert g["nonfinite_params"] == []
+
+
+def test_saved_activations_of_linear_relu():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+    facts = collect_facts(loaded_of(model, torch.randn(16, 8)), FAST)
+    # x for the weight gradient (16x8 fp32) and the ReLU output (16x16), which the loss's pow reuses
+    assert facts["measured"]["saved_activation_bytes"] == 16 * 8 * 4 + 16 * 16 * 4
+
+
+def test_collect_facts_leaves_the_model_alone(no_hooks_left):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 3))
+    m.eval()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    facts = collect_facts(loaded_of(m, torch.randn(4, 3, 6, 6)), FAST)
+    json.dumps(facts)
+    assert not m.training
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())  # BN running stats untouched
+    assert all(p.grad is None for p in m.parameters())
+    no_hooks_left(m)
+    assert facts["static"]["training"] is False
+
+
+def test_gradient_facts_first_last_ratio_matches_manual():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Sigmoid(), nn.Linear(8, 8), nn.Sigmoid(), nn.Linear(8, 2))
+    default_loss(m(torch.randn(3, 4))).backward()
+    g = gradient_facts(m, ["0", "2", "4"])
+    assert g["first_last_ratio"] == pytest.approx(m[0].weight.grad.norm().item() / m[4].weight.grad.norm().item())
+
+
+DATASET = """
+import time, torch
+class Slow(torch.utils.data.Dataset):
+    def __len__(self): return 64
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return torch.randn(8)
+def build_dataset():
+    return Slow()
+"""
+
+
+def test_dataset_module_measures_loader_time(tmp_path):
+    path = tmp_path / "ds.py"
+    path.write_text(DATASET)
+    facts = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(4, 8)),
+                          {**FAST, "dataloader": {"batch_size": 4, "num_workers": 0}, "dataset_path": str(path)})
+    dl = facts["dataloader"]
+    assert dl["loader_s_per_batch"] >= 0.04  # 4 items x 10 ms sleep
+    assert dl["loader_fraction"] == pytest.approx(dl["loader_s_per_batch"] /
+                                                  (dl["loader_s_per_batch"] + dl["step_time_s"]))
+    from diagnostics.checklist.rules import RULES
+
+    f = next(r for r in RULES if r.id == "dataloader_time")(facts)
+    assert f.status == "fail"
+    nw = next(r for r in RULES if r.id == "num_workers")(facts)
+    assert nw.status == "warn"
+
+
+def test_dataset_module_refused_in_safe_mode(tmp_path, monkeypatch):
+    path = tmp_path / "ds.py"
+    path.write_text(DATASET)
+    monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
+    with pytest.raises(TrustError, match="server-safe mode"):
+        collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(4, 8)), {**FAST, "dataset_path": str(path)})
+
+
+def test_bad_dataset_module_names_the_problem(tmp_path):
+    from diagnostics.errors import ModelLoadError
+
+    path = tmp_path / "ds.py"
+    path.write_text("x = 1\n")
+    with pytest.raises(ModelLoadError, match="no build_dataset"):
+        collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(4, 8)), {**FAST, "dataset_path": str(path)})
+
+
+def _run(name, tmp_path, **opts):
+    return execute(Job("checklist", ModelSpec(name=name), {**FAST, **opts}), tmp_path)
+
+
+def _status(result, rule_id):
+    return next(f for f in result["findings"] if f["id"] == rule_id)
+
+
+def test_analysis_on_the_sick_sigmoid_mlp(tmp_path):
+    r = _run("deep_sigmoid_mlp", tmp_path)
+    json.dumps(r)
+    assert _status(r, "gradient_flow")["status"] == "fail" and "vanishing" in _status(r, "gradient_flow")["evidence"]
+    assert _status(r, "hidden_activations")["status"] == "warn"
+    assert _status(r, "tensor_cores")["status"] == "not_applicable" and "no CUDA" in _status(r, "tensor_cores")["evidence"]
+    assert _status(r, "dataloader_time")["evidence"] == "no DataLoader given"
+    m = r["metrics"]
+    assert m["applicable"] == m["pass"] + m["warn"] + m["fail"]
+    assert r["score"] == pytest.approx(100 * (m["pass"] + 0.5 * m["warn"]) / m["applicable"])
+    assert set(r["by_category"]) == {"model design", "memory", "compute", "data pipeline", "deployment"}
+    md = (tmp_path / "checklist_report.md").read_text()
+    assert all(f["id"] in md for f in r["findings"])
+
+
+def test_analysis_on_the_cnn_offers_fixes(tmp_path):
+    r = _run("cnn", tmp_path, purpose="inference")
+    fusion = _status(r, "conv_bn_fusion")
+    assert fusion["status"] == "warn" and fusion["fix"] == "conv_bn_fusion" and fusion["numbers"]["pairs"] == 3
+    assert _status(r, "channels_last")["fix"] == "channels_last"
+    assert _status(r, "dropout_bn_mode")["status"] == "fail"  # a freshly built sample is in train mode
+
+
+def test_bad_options_name_the_problem(tmp_path):
+    from diagnostics.errors import TorchScopeError
+
+    with pytest.raises(TorchScopeError, match="unknown purpose"):
+        _run("mlp", tmp_path, purpose="serving")
+    with pytest.raises(TorchScopeError, match="num_workers"):
+        _run("mlp", tmp_path, dataloader={"num_workers": -1})

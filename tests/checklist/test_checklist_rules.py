@@ -1,0 +1,152 @@
+"""Each rule on hand-written facts: one set that passes it, one that fails (or warns) it,
+and, where it has one, the reason it does not apply."""
+
+import pytest
+
+from diagnostics.checklist import rules as R
+from diagnostics.checklist.rules import RULES, Finding, score
+
+from tests.checklist.sample_facts import GiB, healthy, set_path
+
+
+def run(rule_id: str, facts: dict) -> Finding:
+    return next(r for r in RULES if r.id == rule_id)(facts)
+
+
+# rule id -> list of (path, value) edits that make it fail or warn, and the expected status
+BREAKERS = {
+    "dataloader_time": ([("dataloader.loader_fraction", 0.2), ("dataloader.loader_s_per_batch", 0.0025)], "fail"),
+    "communication": ([("measured.profile.communication_fraction", 0.25)], "warn"),
+    "gpu_utilization": ([("measured.profile.gpu_busy_fraction", 0.3)], "warn"),
+    "tensor_cores": ([("measured.profile.tensor_core_kernels", [])], "fail"),
+    "peak_memory": ([("measured.peak_bytes", 75 * GiB)], "fail"),
+    "data_parallel": ([("static.data_parallel", True), ("static.data_parallel_devices", 4)], "fail"),
+    "ddp_backend": ([("static.dist_backend", "gloo")], "fail"),
+    "hidden_activations": ([("forward.hidden_saturating", ["body.1"])], "warn"),
+    "layer_widths": ([("forward.widths_not_multiple_of_8", [{"name": "fc1", "side": "out", "dim": 100}])], "warn"),
+    "weight_init": ([("static.init", [{"name": "fc", "type": "Linear", "fan_in": 64, "std": 1.5, "gain": 12.0}])],
+                    "warn"),
+    "dropout_bn_mode": ([("purpose", "inference")], "fail"),
+    "gradients_finite": ([("measured.gradients.nonfinite_params", ["fc.weight"])], "fail"),
+    "gradient_flow": ([("measured.gradients.first_last_ratio", 1e-8)], "fail"),
+    "dead_units": ([("forward.dead_relu_units", 80)], "warn"),
+    "saved_activations": ([("measured.saved_activation_bytes", 40 * GiB)], "warn"),
+    "memory_growth": ([("measured.memory_growth_bytes_per_step", 50 * 2**20)], "fail"),
+    "inplace_activations": ([("static.inplace_activations", 0), ("static.not_inplace_activations", ["a", "b"])],
+                            "warn"),
+    "sync_points": ([("measured.profile.sync_points_per_step", 12),
+                     ("measured.profile.sync_per_step", {"aten::item": 12})], "fail"),
+    "launch_bound": ([("measured.profile.kernels_per_step", 900), ("measured.profile.median_kernel_us", 4.0)],
+                     "warn"),
+    "torch_compile": ([("static.compiled", False)], "warn"),
+    "channels_last": ([("static.channels_last", False)], "warn"),
+    "cudnn_benchmark": ([("env.cudnn_benchmark", False)], "warn"),
+    "tf32": ([("env.matmul_allow_tf32", False)], "warn"),
+    "mixed_precision": ([("static.param_dtypes", {"float32": 2000})], "warn"),
+    "batch_size": ([("measured.batch_probe.throughput_gain_2x", 1.8)], "warn"),
+    "conv_bn_fusion": ([("forward.conv_bn_pairs", [["conv1", "bn1"], ["conv2", "bn2"]])], "warn"),
+    "inference_mode": ([("measured.inference.speedup", 1.6), ("measured.inference.eval_inference_forward_s", 0.00625)],
+                       "warn"),
+    "num_workers": ([("dataloader.described.num_workers", 0)], "warn"),
+    "pin_memory": ([("dataloader.described.pin_memory", False)], "warn"),
+    "prefetch": ([("dataloader.described.persistent_workers", False)], "warn"),
+}
+
+# rule id -> (path, value) that makes it not applicable, and a word its reason must contain
+NOT_APPLICABLE = {
+    "dataloader_time": ("dataloader", None, "no DataLoader"),
+    "gpu_utilization": ("env.device_type", "cpu", "no CUDA"),
+    "tensor_cores": ("env.compute_capability", 6.1, "no Tensor Cores"),
+    "peak_memory": ("env.device_type", "cpu", "no CUDA"),
+    "ddp_backend": ("static.ddp", False, "not wrapped"),
+    "tf32": ("env.compute_capability", 7.0, "no TF32"),
+    "memory_growth": ("env.device_type", "cpu", "no CUDA"),
+    "num_workers": ("dataloader", None, "no DataLoader"),
+    "pin_memory": ("env.device_type", "cpu", "no CUDA"),
+    "prefetch": ("dataloader.described.num_workers", 0, "num_workers > 0"),
+    "conv_bn_fusion": ("static.n_batchnorm", 0, "no BatchNorm"),
+    "channels_last": ("static.n_conv2d", 0, "no 2-D convolutions"),
+    "gradient_flow": ("measured.gradients", None, "not measured"),
+}
+
+
+def test_there_are_at_least_twenty_rules_with_unique_ids():
+    ids = [r.id for r in RULES]
+    assert len(ids) >= 20 and len(set(ids)) == len(ids)
+    assert set(BREAKERS) == set(ids), "every rule needs a failing case in this test"
+
+
+@pytest.mark.parametrize("rule_id", [r.id for r in RULES])
+def test_rule_passes_on_healthy_facts(rule_id):
+    f = run(rule_id, healthy())
+    assert f.status == "pass", (f.id, f.evidence)
+    assert f.fix is None  # a fix is offered only for a problem
+
+
+@pytest.mark.parametrize("rule_id", [r.id for r in RULES])
+def test_rule_flags_the_broken_facts(rule_id):
+    edits, expected = BREAKERS[rule_id]
+    facts = healthy()
+    for path, value in edits:
+        facts = set_path(facts, path, value)
+    f = run(rule_id, facts)
+    assert f.status == expected, (f.id, f.status, f.evidence)
+    assert f.suggestion, "a flagged rule must suggest something"
+    rule = next(r for r in RULES if r.id == rule_id)
+    assert f.fix == rule.fix
+
+
+@pytest.mark.parametrize("rule_id", sorted(NOT_APPLICABLE))
+def test_rule_says_why_it_does_not_apply(rule_id):
+    path, value, word = NOT_APPLICABLE[rule_id]
+    f = run(rule_id, set_path(healthy(), path, value))
+    assert f.status == "not_applicable"
+    assert word in f.evidence
+
+
+def test_evidence_carries_the_numbers():
+    f = run("dataloader_time", set_path(set_path(healthy(), "dataloader.loader_fraction", 0.2),
+                                        "dataloader.loader_s_per_batch", 0.0025))
+    assert "2.50 ms" in f.evidence and "20.0%" in f.evidence and f.numbers["fraction"] == 0.2
+    f = run("peak_memory", set_path(healthy(), "measured.peak_bytes", 75 * GiB))
+    assert f.numbers["fraction"] == pytest.approx(75 / 80) and "93.8%" in f.evidence
+
+
+def test_thresholds_are_the_boundaries():
+    # exactly at the threshold passes; just over fails
+    at = set_path(healthy(), "dataloader.loader_fraction", R.DATALOADER_FRACTION_MAX)
+    assert run("dataloader_time", at).status == "pass"
+    over = set_path(healthy(), "dataloader.loader_fraction", R.DATALOADER_FRACTION_MAX + 1e-6)
+    assert run("dataloader_time", over).status == "fail"
+    f = set_path(healthy(), "measured.profile.sync_points_per_step", R.SYNC_POINTS_WARN)
+    assert run("sync_points", f).status == "warn"
+    f = set_path(healthy(), "measured.gradients.total_norm", R.EXPLODING_NORM * 2)
+    assert run("gradient_flow", f).status == "fail"
+
+
+def test_a_rule_that_cannot_read_its_facts_is_not_applicable_not_a_crash():
+    facts = healthy()
+    del facts["static"]["init"]
+    facts["measured"]["profile"] = "garbage"
+    findings = [r(facts) for r in RULES]
+    assert len(findings) == len(RULES)
+    assert run("sync_points", facts).status == "not_applicable"
+
+
+def test_finding_round_trip_and_validation():
+    f = run("tensor_cores", set_path(healthy(), "measured.profile.tensor_core_kernels", []))
+    assert Finding.from_dict(f.to_dict()) == f
+    assert f.fix == "amp"
+    with pytest.raises(ValueError, match="unknown status"):
+        Finding("x", "x", "compute", "maybe", "")
+
+
+def test_score_formula():
+    def mk(status):
+        return Finding("x", "x", "compute", status, "")
+
+    assert score([mk("pass"), mk("warn"), mk("fail"), mk("not_applicable")]) == pytest.approx(100 * 1.5 / 3)
+    assert score([mk("pass")] * 4) == 100.0
+    assert score([mk("fail")] * 2) == 0.0
+    assert score([mk("not_applicable")]) is None
+    assert score([mk("warn"), mk("warn")]) == 50.0

@@ -1,0 +1,223 @@
+"""Each fix: its effect (smaller, fused, channels_last, zeros, inference tensors...), its fidelity,
+and that the user's model never changes. Then the trial harness and the optimize analysis."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from diagnostics.checklist.facts import BATCHNORM, environment_facts, forward_facts, static_facts
+from diagnostics.errors import TorchScopeError
+from diagnostics.fixes import FIX_IDS, FIXES, get_fix, run_fix
+from diagnostics.fixes import catalog
+from diagnostics.fixes.trial import fidelity, run_trials, serialized_bytes, zero_fraction
+
+
+def cnn():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                      nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    # Non-trivial BN statistics, so that fusion has something to fold.
+    m.train()
+    with torch.no_grad():
+        for _ in range(3):
+            m(torch.randn(8, 3, 12, 12))
+    return m.eval()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).eval()
+
+
+X_IMG = (torch.randn(4, 3, 12, 12),)
+X_VEC = (torch.randn(16, 64),)
+
+
+def ref(model, inputs):
+    with torch.no_grad():
+        return model.eval()(*inputs)
+
+
+def facts_of(model, inputs):
+    return {"static": static_facts(model), "env": environment_facts("cpu"), "forward": forward_facts(model, inputs)}
+
+
+def test_registry():
+    assert len(FIXES) == 9 and len(set(FIX_IDS)) == 9
+    with pytest.raises(TorchScopeError, match="unknown fix 'magic'"):
+        get_fix("magic")
+    with pytest.raises(TorchScopeError, match="amount must be between 0.0 and 0.95"):
+        get_fix("prune_l1").options({"amount": 2})
+    with pytest.raises(TorchScopeError, match="dtype must be one of"):
+        get_fix("amp").options({"dtype": "int4"})
+
+
+@pytest.mark.parametrize("fix_id", ["amp", "channels_last", "conv_bn_fusion", "prune_l1", "torchscript",
+                                    "inference_mode", "half", "int8_dynamic"])
+def test_the_users_model_never_changes(fix_id):
+    m = cnn()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    run_fix(fix_id, m, X_IMG)
+    after = m.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert any(isinstance(x, BATCHNORM) for x in m.modules())
+    assert m[0].weight.is_contiguous()
+
+
+def test_int8_dynamic_is_smaller_and_close():
+    m = mlp()
+    q, notes = run_fix("int8_dynamic", m, X_VEC)
+    assert serialized_bytes(q)[0] < 0.5 * serialized_bytes(m)[0]
+    fid = fidelity(ref(m, X_VEC), ref(q, X_VEC), classifier=True)
+    assert fid["cosine"] > 0.99 and fid["top1_agreement"] >= 0.8
+    assert "torchao" in notes[0] or "torch.ao" in notes[-1]
+
+
+def test_int8_dynamic_torch_ao_backend():
+    m = mlp()
+    q, notes = run_fix("int8_dynamic", m, X_VEC, {"backend": "torch.ao"})
+    assert "quantize_dynamic" in notes[-1]
+    assert sum(type(x).__module__.startswith("torch.ao.nn.quantized.dynamic") and type(x).__name__ == "Linear"
+               for x in q.modules()) == 3
+    assert serialized_bytes(q)[0] < 0.5 * serialized_bytes(m)[0]
+    assert fidelity(ref(m, X_VEC), ref(q, X_VEC), True)["cosine"] > 0.99
+
+
+def test_conv_bn_fusion_removes_batchnorm_and_keeps_outputs():
+    m = cnn()
+    fused, notes = run_fix("conv_bn_fusion", m, X_IMG)
+    assert not any(isinstance(x, BATCHNORM) for x in fused.modules())
+    assert "2 of 2" in notes[0]
+    torch.testing.assert_close(ref(fused, X_IMG), ref(m, X_IMG), atol=1e-4, rtol=1e-4)
+
+
+class Untraceable(nn.Module):
+    """Data-dependent control flow: torch.fx cannot trace it, so fusion falls back to pairs."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        return y if y.sum() > -1e9 else -y
+
+
+def test_conv_bn_fusion_fallback_without_fx():
+    torch.manual_seed(0)
+    m = Untraceable()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-1, 1)
+        m.bn.running_var.uniform_(0.5, 2)
+    m.eval()
+    fused, notes = run_fix("conv_bn_fusion", m, X_IMG)
+    assert "fuse_conv_bn_eval" in notes[0] and "fused 1" in notes[0]
+    assert isinstance(fused.bn, nn.Identity)
+    torch.testing.assert_close(ref(fused, X_IMG), ref(m, X_IMG), atol=1e-4, rtol=1e-4)
+
+
+def test_channels_last_strides_and_fidelity():
+    m = cnn()
+    cl, _ = run_fix("channels_last", m, X_IMG)
+    w = cl.inner[0].weight
+    assert w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
+    assert w.stride() == (27, 1, 9, 3)  # NHWC strides of a 16x3x3x3 weight
+    torch.testing.assert_close(ref(cl, X_IMG), ref(m, X_IMG), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("amount", [0.3, 0.7])
+def test_prune_zero_fraction(amount):
+    m = mlp()
+    p, _ = run_fix("prune_l1", m, X_VEC, {"amount": amount})
+    for a, b in zip(m, p):
+        if isinstance(a, nn.Linear):
+            zeros = int((b.weight == 0).sum())
+            assert zeros == round(amount * a.weight.numel())
+            # the smallest-magnitude weights were the ones removed
+            kept_min = b.weight[b.weight != 0].abs().min()
+            assert kept_min >= a.weight.abs().flatten().kthvalue(zeros).values
+    assert zero_fraction(p) == pytest.approx(amount, abs=1e-3)
+    assert not hasattr(p[0], "weight_orig")  # pruning made permanent
+
+
+def test_inference_mode_outputs_are_inference_tensors():
+    m = mlp()
+    im, _ = run_fix("inference_mode", m, X_VEC)
+    out = im(*X_VEC)
+    assert out.is_inference()
+    torch.testing.assert_close(out, ref(m, X_VEC))
+
+
+def test_torchscript_freeze():
+    m = cnn()
+    ts, notes = run_fix("torchscript", m, X_IMG)
+    assert isinstance(ts, torch.jit.ScriptModule) and "freeze" in notes[0]
+    torch.testing.assert_close(ref(ts, X_IMG), ref(m, X_IMG), atol=1e-5, rtol=1e-5)
+
+
+def test_half_and_amp_on_cpu_use_bfloat16():
+    m = mlp()
+    h, notes = run_fix("half", m, X_VEC)
+    assert all(p.dtype == torch.bfloat16 for p in h.parameters())
+    out = ref(h, X_VEC)
+    assert out.dtype == torch.float32
+    fid = fidelity(ref(m, X_VEC), out, True)
+    assert fid["cosine"] > 0.99 and 0 < fid["max_abs_err"] < 0.1  # bf16 moved the outputs a little
+    a, notes = run_fix("amp", m, X_VEC)
+    assert "bfloat16" in notes[0]
+    fid = fidelity(ref(m, X_VEC), ref(a, X_VEC), True)
+    assert fid["cosine"] > 0.99 and fid["max_abs_err"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_amp_on_cuda_uses_float16():
+    m = mlp().cuda()
+    x = (X_VEC[0].cuda(),)
+    a, notes = run_fix("amp", m, x)
+    assert "float16" in notes[0]
+    assert fidelity(ref(m, x), ref(a, x), True)["cosine"] > 0.99
+
+
+def test_fidelity_against_hand_numbers():
+    a = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])
+    b = torch.tensor([[1.0, 2.5, 3.0], [1.0, 4.0, 1.0]])
+    f = fidelity(a, b, True)
+    assert f["max_abs_err"] == 2.0 and f["rel_err"] == pytest.approx(2 / 3)
+    assert f["top1_agreement"] == 0.5
+    assert f["cosine"] == pytest.approx(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), 0).item())
+
+
+def test_applies_says_why_not():
+    f = facts_of(mlp(), X_VEC)
+    assert get_fix("channels_last").applies(f) == (False, "no Conv2d layers: memory format does not matter")
+    assert get_fix("conv_bn_fusion").applies(f)[1] == "no BatchNorm layers"
+    assert get_fix("int8_dynamic").applies(f)[0]
+
+
+def test_trials_a_failing_fix_says_why_and_the_others_run(monkeypatch, tmp_path):
+    def boom(model, inputs, opts):
+        raise RuntimeError("this fix always breaks")
+
+    monkeypatch.setattr(catalog, "FIXES", catalog.FIXES + [catalog.Fix("boom", "Boom", "", boom, catalog._ok)])
+    m = mlp()
+    rows = run_trials(m, X_VEC, "cpu", ["boom", "channels_last", "inference_mode"], facts_of(m, X_VEC),
+                      iters=3, warmup=1, artifact_dir=tmp_path)
+    json.dumps(rows)
+    by = {r["fix"]: r for r in rows}
+    assert [r["fix"] for r in rows] == ["baseline", "boom", "channels_last", "inference_mode"]
+    assert by["boom"]["status"] == "failed" and by["boom"]["why"] == "RuntimeError: this fix always breaks"
+    assert by["channels_last"]["status"] == "not_applicable"
+    im = by["inference_mode"]
+    assert im["status"] == "ok" and im["max_abs_err"] == 0.0 and im["top1_agreement"] == 1.0
+    assert im["speedup"] == pytest.approx(by["baseline"]["median_ms"] / im["median_ms"])
+    assert im["p90_ms"] >= im["median_ms"] > 0
+    assert im["throughput_per_s"] == pytest.approx(16 / (im["median_ms"] / 1e3))
+    art = im["artifact"]
+    assert art["kind"] == "torchscript"
+    loaded = torch.jit.load(art["path"])
+    torch.testing.assert_close(loaded(*X_VEC), ref(m, X_VEC))
+    assert json.loads(open(art["recipe"]).read())["fix"] == "inference_mode"

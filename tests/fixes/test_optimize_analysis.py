@@ -1,0 +1,52 @@
+"""The optimize analysis end to end, and torch.compile as a fix (CPU needs a C++ compiler)."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from diagnostics.errors import TorchScopeError
+from diagnostics.fixes import run_fix
+from diagnostics.runner import Job, execute
+from diagnostics.spec import ModelSpec
+
+
+def test_optimize_on_the_sample_cnn(tmp_path):
+    r = execute(Job("optimize", ModelSpec(name="cnn", batch_size=2),
+                    {"fixes": ["conv_bn_fusion", "int8_dynamic", "prune_l1"], "params": {"prune_l1": {"amount": 0.25}},
+                     "iters": 3, "warmup": 1}), tmp_path)
+    json.dumps(r)
+    rows = {row["fix"]: row for row in r["rows"]}
+    assert list(rows) == ["baseline", "conv_bn_fusion", "int8_dynamic", "prune_l1"]
+    assert all(row["status"] == "ok" for row in rows.values()), [row["why"] for row in rows.values()]
+    assert rows["conv_bn_fusion"]["max_abs_err"] < 1e-3 and rows["conv_bn_fusion"]["top1_agreement"] == 1.0
+    assert rows["prune_l1"]["params"] == {"amount": 0.25}
+    assert any("zero weights: 25.0%" in n for n in rows["prune_l1"]["notes"])
+    assert rows["prune_l1"]["size_ratio"] == pytest.approx(1.0, abs=0.01)  # dense zeros: same size on disk
+    m = r["metrics"]
+    assert m["trials_ok"] == 3 and m["baseline_median_ms"] == rows["baseline"]["median_ms"]
+    assert m["best_speedup"] == max(rows[f]["speedup"] for f in ("conv_bn_fusion", "int8_dynamic", "prune_l1"))
+    for fix in ("conv_bn_fusion", "prune_l1"):
+        assert (tmp_path / f"optimized_{fix}.torchscript.pt").exists()
+    assert (tmp_path / "optimized_int8_dynamic.recipe.json").exists()
+
+
+def test_bad_options_name_the_problem(tmp_path):
+    with pytest.raises(TorchScopeError, match="unknown fix 'turbo'"):
+        execute(Job("optimize", ModelSpec(name="mlp"), {"fixes": ["turbo"]}), tmp_path)
+    with pytest.raises(TorchScopeError, match="iters must be an integer"):
+        execute(Job("optimize", ModelSpec(name="mlp"), {"fixes": ["half"], "iters": 0}), tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("g++"), reason="torch.compile on CPU needs a C++ compiler")
+def test_torch_compile_fix_matches_eager():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).eval()
+    x = (torch.randn(8, 16),)
+    c, notes = run_fix("torch_compile", m, x)
+    with torch.no_grad():
+        torch.testing.assert_close(c(*x), m(*x), atol=1e-5, rtol=1e-5)
+    assert hasattr(c, "_orig_mod") and "torch.compile" in notes[0]
