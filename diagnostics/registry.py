@@ -37,6 +37,9 @@ ANALYSES: dict[str, Analysis] = {
         Analysis("optimize", "One-click fixes (trials)", "diagnostics.analyses.optimize:analyze", exclusive=True, default_timeout_s=600),
         Analysis("profile", "Profiler", "diagnostics.analyses.profiler:analyze", exclusive=True, default_timeout_s=600),
         Analysis("distributed", "Distributed run (torchrun)", "diagnostics.distributed.analysis:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("trace", "Trace explorer", "diagnostics.analyses.trace:analyze", needs_model=False, default_timeout_s=600),
+        Analysis("trace_timeline", "Trace timeline", "diagnostics.analyses.trace:analyze_timeline", needs_model=False),
+        Analysis("trace_diff", "Trace diff", "diagnostics.analyses.trace:analyze_diff", needs_model=False, default_timeout_s=600),
         Analysis("distributed_traces", "Distributed traces (folder)", "diagnostics.distributed.analysis:analyze_folder", needs_model=False),
     ]
 }

@@ -46,6 +46,10 @@ def save_upload(data: bytes, kind: str, data_dir: Path, original_name: str = "")
         if ext and ext not in WEIGHT_EXTS:
             raise ModelLoadError(f"weights must be .safetensors or a state_dict .pt/.pth, not {ext!r}")
         name = "weights.safetensors" if ext == ".safetensors" else "weights.pt"
+    elif kind == "trace":
+        if ext and ext not in (".json", ".gz"):
+            raise ModelLoadError(f"a trace should be a .json or .json.gz file, not {ext!r}")
+        name = "trace.json.gz" if data[:2] == b"\x1f\x8b" else "trace.json"
     elif kind in MODEL_KINDS:
         name, exts = MODEL_KINDS[kind]
         if ext and ext not in exts:

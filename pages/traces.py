@@ -1,0 +1,84 @@
+"""Trace explorer: open any torch.profiler trace (a profiling run, an upload, or a local path) and diff two."""
+
+import streamlit as st
+
+from diagnostics.analyses.trace import file_stamp
+from diagnostics.errors import TorchScopeError
+from diagnostics.intake import safe_mode
+from diagnostics.uploads import save_upload
+from ui import views
+from ui.jobs import get_store, run_analysis
+from ui.widgets import show_failure
+
+st.title("Trace explorer")
+st.caption("Chrome / Kineto traces from torch.profiler (.json, .json.gz, *.pt.trace.json.gz), CPU-only or with GPU "
+           "kernels, gigabytes included. Parsing runs in a worker process.")
+
+SOURCES = ["A profiling run", "Upload", "Local path"]
+
+
+def pick_trace(slot: str) -> str | None:
+    """A trace path chosen from the store, an upload or (outside server-safe mode) a local path."""
+    sources = SOURCES if not safe_mode() else SOURCES[:2]
+    source = st.radio("Open from", sources, horizontal=True, key=f"trace_src_{slot}")
+    if source == "A profiling run":
+        runs = [r for r in get_store().list(limit=200, analysis="profile")
+                if r.status == "ok" and "trace.json.gz" in r.artifacts]
+        if not runs:
+            st.info("No profiling run yet: run one on the Profiler page, or upload a trace.")
+            return None
+        labels = {r.id: f"{r.model_label} · {r.id}" for r in runs}
+        run_id = st.selectbox("Profiling run", list(labels), format_func=labels.get, key=f"trace_run_{slot}")
+        return next(r for r in runs if r.id == run_id).artifacts["trace.json.gz"]
+    if source == "Upload":
+        up = st.file_uploader("Trace file (.json or .json.gz)", type=["json", "gz"], key=f"trace_up_{slot}")
+        if up is None:
+            return None
+        try:
+            path, _ = save_upload(up.getvalue(), "trace", get_store().data_dir, up.name)
+        except TorchScopeError as e:
+            st.error(str(e))
+            return None
+        return str(path)
+    text = st.text_input("Path on the dashboard's machine (for files too large to upload)",
+                         key=f"trace_path_{slot}", placeholder="/data/traces/worker0.pt.trace.json.gz")
+    return text.strip() or None
+
+
+tab_open, tab_diff = st.tabs(["Open a trace", "Compare two traces"])
+with tab_open:
+    path = pick_trace("a")
+    if path:
+        try:
+            stamp = file_stamp(path)
+        except TorchScopeError as e:
+            st.error(str(e))
+        else:
+            outcome = run_analysis("trace", None, {"path": stamp["path"], "stamp": stamp}, label="Opening the trace")
+            if outcome.ok:
+                views.show("trace", outcome.result)
+            else:
+                show_failure(outcome)
+with tab_diff:
+    c1, c2 = st.columns(2)
+    with c1:
+        st.markdown("**Before**")
+        before = pick_trace("before")
+    with c2:
+        st.markdown("**After**")
+        after = pick_trace("after")
+    if before and after:
+        try:
+            options = {"before": file_stamp(before)["path"], "after": file_stamp(after)["path"],
+                       "stamps": [file_stamp(before), file_stamp(after)]}
+        except TorchScopeError as e:
+            st.error(str(e))
+        else:
+            if st.button("Compare", type="primary", key="trace_compare"):
+                st.session_state["trace_diff_options"] = options
+            if st.session_state.get("trace_diff_options") == options:
+                outcome = run_analysis("trace_diff", None, options, label="Comparing traces")
+                if outcome.ok:
+                    views.show("trace_diff", outcome.result)
+                else:
+                    show_failure(outcome)

@@ -1,0 +1,65 @@
+"""Trace explorer jobs through the runner: open, re-query a range, diff; errors by message."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from diagnostics.runner import Job, run_job
+from diagnostics.store import Store
+from diagnostics.traces import load_trace, summary, top_operators
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+
+
+@pytest.fixture(scope="module")
+def opened(tmp_path_factory):
+    store = Store(tmp_path_factory.mktemp("data"))
+    out = run_job(Job("trace", None, {"path": str(DATA / "gpu_small.json")}), store=store)
+    assert out.ok, out.error
+    return store, out
+
+
+def test_open_matches_the_engine_run_in_process(opened):
+    _store, out = opened
+    trace = load_trace(DATA / "gpu_small.json")
+    assert out.result["summary"]["events"] == summary(trace)["events"]
+    assert out.result["top"]["kernels"] == top_operators(trace)["kernels"]
+    assert out.result["summary"]["has_gpu"] is True
+    assert out.result["metrics"]["events"] == len(trace.events)
+
+
+def test_timeline_range_requery_reads_kept_columns(opened):
+    _store, out = opened
+    full = out.result["timeline"]
+    mid = (full["t0"] + full["t1"]) / 2
+    part = run_job(Job("trace_timeline", None, {"columns_dir": out.result["columns_dir"], "t0": full["t0"],
+                                                "t1": mid}))
+    assert part.ok, part.error
+    tl = part.result["timeline"]
+    assert tl["t1"] == pytest.approx(mid)
+    assert tl["in_range"] <= full["in_range"]
+    assert all(e["start_us"] <= mid for e in tl["events"])
+
+
+def test_diff_of_two_traces():
+    out = run_job(Job("trace_diff", None, {"before": str(DATA / "diff_before.json"),
+                                           "after": str(DATA / "diff_after.json")}))
+    assert out.ok, out.error
+    counts = out.result["diff"]["counts"]
+    assert sum(counts.values()) == len(out.result["diff"]["rows"])
+    assert out.result["metrics"] == counts
+
+
+def test_missing_and_broken_traces_are_named(tmp_path):
+    out = run_job(Job("trace", None, {"path": str(tmp_path / "nope.json")}))
+    assert out.status == "error" and "trace file not found" in out.error
+    bad = tmp_path / "bad.json.gz"
+    bad.write_bytes(b"this is not gzip")
+    out = run_job(Job("trace", None, {"path": str(bad)}))
+    assert out.status == "error" and "gzip" in out.error.lower()
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1}] * 50})[:300])
+    out = run_job(Job("trace", None, {"path": str(cut)}))
+    assert out.status == "error" and "truncated" in out.error.lower()

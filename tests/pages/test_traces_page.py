@@ -1,0 +1,38 @@
+"""AppTest: the trace explorer opens a trace by local path and diffs two."""
+
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+
+
+def test_open_by_local_path_shows_summary_and_charts(new_app):
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    assert not at.exception
+    at.radio(key="trace_src_a").set_value("Local path").run()
+    at.text_input(key="trace_path_a").set_value(str(DATA / "gpu_small.json")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    labels = [m.label for m in at.metric]
+    assert "Events" in labels and "GPU streams" in labels
+    assert at.metric[labels.index("Steps")].value != "0"
+
+
+def test_missing_path_is_a_clear_error(new_app):
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    at.radio(key="trace_src_a").set_value("Local path").run()
+    at.text_input(key="trace_path_a").set_value("/no/such/trace.json").run()
+    assert not at.exception
+    assert any("trace file not found: /no/such/trace.json" in e.value for e in at.error)
+
+
+def test_diff_two_traces(new_app):
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    for slot, name in (("before", "diff_before.json"), ("after", "diff_after.json")):
+        at.radio(key=f"trace_src_{slot}").set_value("Local path").run()
+        at.text_input(key=f"trace_path_{slot}").set_value(str(DATA / name)).run()
+    at.button(key="trace_compare").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    labels = [m.label for m in at.metric]
+    assert "Faster" in labels and "Slower" in labels

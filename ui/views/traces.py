@@ -1,0 +1,117 @@
+"""Show a trace-explorer result (summary, breakdown, top ops/kernels, idle, launches, timeline) and diffs."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.charts.traces import (
+    build_category_figure, build_cpu_breakdown_figure, build_diff_figure, build_gpu_breakdown_figure,
+    build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure,
+)
+from diagnostics.formatting import human_bytes, human_count
+from ui.widgets import metric_row
+
+
+def _table(records: list, rename: dict | None = None, height: int | None = None) -> None:
+    if not records:
+        st.caption("(none)")
+        return
+    df = pd.DataFrame(records)
+    st.dataframe(df.rename(columns=rename or {}), hide_index=True, width="stretch", height=height or "auto")
+
+
+def _timeline(result: dict) -> None:
+    from ui.jobs import run_analysis  # a range re-query is another (cached) job
+
+    timeline = result["timeline"]
+    lo, hi = float(timeline["t0"]) / 1e3, float(timeline["t1"]) / 1e3
+    columns_dir = result.get("columns_dir")
+    if columns_dir and hi > lo:
+        key = f"trace-range-{result['path']}"
+        t0, t1 = st.slider("Time range (ms from trace start)", min_value=lo, max_value=hi, value=(lo, hi),
+                           step=max((hi - lo) / 1000, 1e-3), key=key,
+                           help="Pick a range to redraw it with more detail; zoom in the chart for a quick look")
+        if (t0, t1) != (lo, hi):
+            out = run_analysis("trace_timeline", None, {"columns_dir": columns_dir, "t0": t0 * 1e3, "t1": t1 * 1e3},
+                               label="Timeline for the range")
+            if out.ok:
+                timeline = out.result["timeline"]
+            else:
+                st.error(out.error)
+    st.plotly_chart(build_timeline_figure(timeline), width="stretch")
+    st.caption(f"{timeline['shown']:,} bars drawn for {timeline['in_range']:,} events in range; a bar with count > 1 "
+               f"stands for several short events of its row merged (bucket {timeline.get('bucket_us', 0):.1f} µs).")
+
+
+def show(result: dict) -> None:
+    s = result["summary"]
+    st.caption(f"{result['name']} · {human_bytes(s['bytes'])} · rank {s['rank'] if s['rank'] is not None else 'n/a'}"
+               f" · schema {s.get('schema_version')}")
+    metric_row([
+        ("Duration", f"{s['duration_us'] / 1e3:,.2f} ms", "first event start to last event end"),
+        ("Events", human_count(s["events"]), f"{s['events']:,} events parsed"),
+        ("Steps", str(s["n_steps"]), "ProfilerStep#N ranges"),
+        ("Threads", str(len(s["threads"])), None),
+        ("GPU streams", str(len(s["streams"])), None if s["has_gpu"] else "CPU-only trace"),
+        ("Skipped events", str(s["skipped_events"]), "malformed events left out"),
+    ])
+    for w in s.get("warnings") or []:
+        st.warning(w)
+    tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"])
+    with tabs[0]:
+        st.plotly_chart(build_category_figure(s), width="stretch")
+        c1, c2 = st.columns(2)
+        with c1:
+            st.markdown("**Threads**")
+            _table(s["threads"], {"busy_us": "busy (µs)"})
+        with c2:
+            st.markdown("**Steps**")
+            _table(s["steps"], {"start_us": "start (µs)", "dur_us": "duration (µs)"})
+        if s["streams"]:
+            st.markdown("**GPU streams**")
+            _table(s["streams"], {"busy_us": "busy (µs)"})
+        if s.get("memory"):
+            st.markdown("**Memory (from [memory] events)**")
+            _table(s["memory"], {"peak_allocated_bytes": "peak allocated (bytes)"})
+    with tabs[1]:
+        b = result["breakdown"]
+        if b["gpu"]:
+            st.plotly_chart(build_gpu_breakdown_figure(b), width="stretch")
+        st.plotly_chart(build_cpu_breakdown_figure(b), width="stretch")
+    with tabs[2]:
+        top = result["top"]
+        st.plotly_chart(build_top_operators_figure(top, "operators"), width="stretch")
+        _table(top["operators"], height=300)
+        if top["kernels"]:
+            st.plotly_chart(build_top_operators_figure(top, "kernels"), width="stretch")
+            _table(top["kernels"], height=300)
+    with tabs[3]:
+        if not s["has_gpu"]:
+            st.info("CPU-only trace: no GPU streams, so no idle time or kernel launches to analyse.")
+        else:
+            st.plotly_chart(build_idle_time_figure(result["idle"]), width="stretch")
+            _table(result["idle"]["streams"])
+            st.plotly_chart(build_launch_figure(result["launch"]), width="stretch")
+            _table(result["launch"]["by_name"], height=300)
+    with tabs[4]:
+        _timeline(result)
+
+
+def show_diff(result: dict) -> None:
+    d = result["diff"]
+    st.caption(f"before: {result['before']} · after: {result['after']} · times {d['unit']}")
+    counts = d["counts"]
+    metric_row([
+        ("Time before", f"{d['time_us_before'] / 1e3:,.3f} ms", f"summed operator/kernel time, {d['unit']}"),
+        ("Time after", f"{d['time_us_after'] / 1e3:,.3f} ms", None),
+        ("Faster", str(counts.get("faster", 0)), f"changed by ≥ {d['change_ratio']:.0%} and ≥ {d['noise_floor_us']} µs"),
+        ("Slower", str(counts.get("slower", 0)), None),
+        ("Added", str(counts.get("added", 0)), None),
+        ("Removed", str(counts.get("removed", 0)), None),
+    ])
+    st.plotly_chart(build_diff_figure(d), width="stretch")
+    status = st.multiselect("Status", ["faster", "slower", "added", "removed", "unchanged"],
+                            default=["faster", "slower", "added", "removed"], key="trace_diff_status")
+    _table([r for r in d["rows"] if r["status"] in status], {"time_us_before": "before (µs)",
+                                                              "time_us_after": "after (µs)", "delta_us": "Δ (µs)"})
