@@ -321,6 +321,25 @@ def write_artifacts(traces: list[bytes], artifact_dir: Path) -> dict:
             "tb_zip": str(artifact_dir / TB_ZIP)}
 
 
+def engine_timeline(path: Path, max_events: int) -> tuple[dict | None, str | None]:
+    """The timeline from the trace explorer engine (diagnostics.traces), in this module's shape:
+    {"events": [{lane, name, cat, start_ms, dur_ms, depth, count}], "lanes", "total_events",
+    "shown_events", "span_ms"}. Returns (None, reason) when that engine cannot read the trace."""
+    try:
+        from diagnostics.traces import load_trace, timeline_data
+
+        data = timeline_data(load_trace(path), max_events=max_events)
+    except Exception as e:  # another component: never let it sink a finished profile
+        return None, f"{type(e).__name__}: {e}"
+    label = {l["lane"]: (l.get("name") or l["lane"]) for l in data["lanes"]}
+    events = [{"lane": label.get(e["lane"], e["lane"]), "name": e["name"], "cat": e["cat"] or "",
+               "start_ms": e["start_us"] / 1e3, "dur_ms": e["dur_us"] / 1e3, "depth": int(e["depth"]),
+               "count": int(e.get("count", 1))} for e in data["events"]]
+    return {"events": events, "lanes": [label[l["lane"]] for l in data["lanes"]],
+            "total_events": int(data["in_range"]), "shown_events": len(events),
+            "span_ms": float(data["t1"]) / 1e3, "builder": "diagnostics.traces.timeline_data"}, None
+
+
 # ----------------------------------------------------------------------------- the job
 def analyze(ctx, options: dict) -> dict:
     loaded = ctx.loaded
@@ -403,8 +422,7 @@ def analyze(ctx, options: dict) -> dict:
             steps.append({"cycle": c, **r})
         for r in pt.device_split(events):
             split.append({"cycle": c, **r})
-        if c == len(cycle_traces) - 1:
-            timeline = pt.timeline(trace, opts["timeline_max_events"])
+        last_trace = trace
     if opts["with_modules"]:
         module_rows = pt.module_times(all_events, module_types)
     kernels_ev = pt.kernel_table(all_events)
@@ -413,6 +431,10 @@ def analyze(ctx, options: dict) -> dict:
 
     ctx.progress(0.92, "writing trace files")
     artifacts = write_artifacts(cycle_traces, ctx.artifact_dir)
+    timeline, why = engine_timeline(Path(artifacts["trace_json"]), opts["timeline_max_events"])
+    if timeline is None:
+        notes.append(f"timeline drawn by the profiler's own builder (the trace explorer's failed: {why})")
+        timeline = pt.timeline(last_trace, opts["timeline_max_events"])
 
     step_ms = [s["step_ms"] for s in steps]
     cuda_ran = "cuda" in opts["activities"]

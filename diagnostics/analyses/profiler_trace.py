@@ -358,7 +358,8 @@ def timeline(trace: dict, max_events: int = TIMELINE_MAX_EVENTS, max_depth: int 
         kept = _downsample(kept, max_events)
     kept.sort(key=lambda r: (r["lane"], r["start_ms"]))
     lanes = sorted({r["lane"] for r in kept}, key=lambda l: (l.startswith("GPU"), l))
-    return {"events": kept, "lanes": lanes, "total_events": total, "shown_events": len(kept), "span_ms": span / 1e3}
+    return {"events": kept, "lanes": lanes, "total_events": total, "shown_events": len(kept), "span_ms": span / 1e3,
+            "builder": "profiler_trace.timeline"}
 
 
 def _downsample(rows: list[dict], max_events: int) -> list[dict]:

@@ -169,11 +169,12 @@ def build_timeline_figure(result: dict) -> go.Figure:
             y=[e["lane"] for e in evs], x=[max(e["dur_ms"], 1e-6) for e in evs], base=[e["start_ms"] for e in evs],
             orientation="h", name=cat, marker_color=CAT_COLORS.get(cat, "#BAB0AC"),
             width=band, offset=[-0.4 + e["depth"] * b for e, b in zip(evs, band)],
-            customdata=[[e["name"], e["dur_ms"], e["depth"]] for e in evs],
+            customdata=[[e["name"], e["dur_ms"], e["depth"], e.get("count", 1)] for e in evs],
             hovertemplate="%{customdata[0]}<br>start %{base:.3f} ms, duration %{customdata[1]:.3f} ms"
-                          "<br>depth %{customdata[2]}<extra>" + cat + "</extra>")
+                          "<br>depth %{customdata[2]} · stands for %{customdata[3]} event(s)<extra>" + cat
+                          + "</extra>")
     shown = f"{tl['shown_events']:,} of {tl['total_events']:,} events" + (
-        " (longest kept)" if tl["shown_events"] < tl["total_events"] else "")
+        " (downsampled, longest kept)" if tl["shown_events"] < tl["total_events"] else "")
     fig.update_layout(title=f"Timeline of the last profiler cycle: {shown}", barmode="overlay",
                       xaxis_title="time since the first event (ms)", yaxis_title="thread / stream",
                       yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes))),

@@ -313,3 +313,21 @@ def test_timeline_keeps_the_longest_events_and_every_lane_when_downsampling():
     ops = [e for e in cpu_all if e["name"].startswith("op")]
     assert {e["depth"] for e in ops} == {1} and ops[0]["start_ms"] == pytest.approx(0.001)
     assert tl["span_ms"] == pytest.approx(10.0)
+
+
+def test_timeline_comes_from_the_trace_explorer_engine(trained):
+    _, result, _, _ = trained
+    tl = result["timeline"]
+    assert tl["builder"] == "diagnostics.traces.timeline_data"
+    steps = sorted((e for e in tl["events"] if e["name"].startswith("ProfilerStep#")), key=lambda e: e["start_ms"])
+    assert [round(e["dur_ms"], 6) for e in steps] == [round(s["step_ms"], 6) for s in result["steps"]]
+    assert tl["shown_events"] == len(tl["events"]) <= tl["total_events"]
+    assert set(e["lane"] for e in tl["events"]) == set(tl["lanes"])
+
+
+def test_timeline_falls_back_to_its_own_builder(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiler, "engine_timeline", lambda path, n: (None, "TraceError: boom"))
+    result, _ = run_profile(small_model(), (torch.randn(2, 3, 8, 8),), {**SMALL, "latency_iters": 3}, tmp_path)
+    assert result["timeline"]["builder"] == "profiler_trace.timeline"
+    assert any("TraceError: boom" in n for n in result["notes"])
+    assert any(e["name"] == "forward" for e in result["timeline"]["events"])

@@ -87,4 +87,6 @@ def test_timeline_lanes_and_events(result):
     assert set().union(*(set(t.y) for t in fig.data)) == set(tl["lanes"])
     assert fig.layout.xaxis.title.text == "time since the first event (ms)"
     starts = sorted(b for t in fig.data for b in t.base)
-    assert starts[0] == 0.0 and starts[-1] <= tl["span_ms"]
+    assert 0.0 <= starts[0] and starts[-1] <= tl["span_ms"]
+    steps = [e for e in tl["events"] if e["name"].startswith("ProfilerStep#")]
+    assert len(steps) == 2 and all(e["depth"] == 0 for e in steps)

@@ -97,9 +97,9 @@ def show(result: dict) -> None:
         _kernels(result)
     with tabs[5]:
         tl = result["timeline"]
-        st.caption(f"{tl['shown_events']:,} of {tl['total_events']:,} events drawn (the longest, each lane keeping "
-                   "its share); drag to zoom, double-click to reset. For every event, open the trace file in "
-                   "Perfetto.")
+        st.caption(f"{tl['shown_events']:,} of {tl['total_events']:,} events drawn (downsampled so it draws fast: "
+                   "the longest events are kept, a bar may stand for several); drag to zoom, double-click to "
+                   "reset. For every event, open the trace file in Perfetto.")
         st.plotly_chart(build_timeline_figure(result), width="stretch")
     with tabs[6]:
         _downloads(result)

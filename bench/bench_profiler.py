@@ -1,0 +1,187 @@
+"""Profiler job overhead and latency fidelity against bare torch.profiler / perf_counter scripts.
+
+(a) Wall time of the dashboard's profiling job (the "profile" analysis) vs a bare script doing the
+    same steps on the same model: build the model, time the step (warmup + N iterations with
+    perf_counter), profile wait/warmup/active steps with torch.profiler (same schedule and
+    record_shapes), export the Chrome trace and compute key_averages. Measured in-process
+    (runner.execute vs a function) and end to end (runner.run_job's spawned worker vs the bare
+    script in a fresh `python` process). Target: job <= 1.15x bare.
+(b) The job's reported median latency vs the median of a bare perf_counter loop on the same model
+    in the same run. Target: within 5%.
+
+Runs are interleaved and repeated; medians are reported (the machine may be shared).
+
+    .venv/bin/python bench/bench_profiler.py [--repeats 5] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# One intra-op thread everywhere (this process, the runner's worker, the bare subprocess): on a
+# shared machine, oversubscribed threads make every figure noisier. Set before torch is imported.
+THREADS = os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+SECTION = "## Profiler overhead and latency fidelity"
+SAMPLE, BATCH = "cnn", 8
+OPTIONS = {"mode": "train", "optimizer": "sgd", "lr": 0.01, "wait": 1, "warmup": 1, "active": 3, "repeat": 1,
+           "record_shapes": True, "profile_memory": False, "with_stack": False, "with_modules": True,
+           "latency_warmup": 5, "latency_iters": 25}
+
+
+def bare(out_dir: str) -> dict:
+    """What a user would write by hand: the same model, steps, schedule and exports; no dashboard."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from sample_models import SAMPLES, task_loss
+
+    sample = SAMPLES[SAMPLE]
+    torch.manual_seed(0)
+    model = sample.build()
+    x = torch.randn((BATCH,) + tuple(sample.inputs[0].shape[1:]), generator=torch.Generator().manual_seed(0))
+    loss_fn = task_loss(sample.task, sample.num_classes, 0)
+    opt = torch.optim.SGD(model.parameters(), lr=OPTIONS["lr"])
+    model.train()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x)).backward()
+        opt.step()
+
+    for _ in range(OPTIONS["latency_warmup"]):
+        step()
+    samples = []
+    for _ in range(OPTIONS["latency_iters"]):
+        t0 = time.perf_counter()
+        step()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    n = OPTIONS["wait"] + OPTIONS["warmup"] + OPTIONS["active"]
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=OPTIONS["record_shapes"],
+                 schedule=schedule(wait=OPTIONS["wait"], warmup=OPTIONS["warmup"], active=OPTIONS["active"]),
+                 on_trace_ready=lambda p: p.export_chrome_trace(os.path.join(out_dir, "bare_trace.json"))) as prof:
+        for _ in range(n):
+            step()
+            prof.step()
+    prof.key_averages()
+    return {"median_ms": statistics.median(samples)}
+
+
+def job_in_process(out_dir: str) -> dict:
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import ModelSpec
+
+    r = execute(Job("profile", ModelSpec(name=SAMPLE, batch_size=BATCH), OPTIONS), Path(out_dir))
+    return {"median_ms": r["latency"]["median_ms"]}
+
+
+def job_via_runner(out_dir: str) -> float:
+    from diagnostics.runner import Job, run_job
+    from diagnostics.spec import ModelSpec
+
+    t0 = time.perf_counter()
+    outcome = run_job(Job("profile", ModelSpec(name=SAMPLE, batch_size=BATCH), OPTIONS), artifact_dir=Path(out_dir))
+    dt = time.perf_counter() - t0
+    if not outcome.ok:
+        raise SystemExit(f"runner job failed: {outcome.error}\n{outcome.log_tail}")
+    return dt
+
+
+def bare_subprocess(out_dir: str) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, __file__, "--bare-once", out_dir], check=True, cwd=ROOT)
+    return time.perf_counter() - t0
+
+
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - t0, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--write", action="store_true", help=f"write the figures into docs/BENCHMARKS.md ({SECTION})")
+    ap.add_argument("--bare-once", metavar="DIR", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.bare_once:
+        bare(args.bare_once)
+        return
+
+    import torch
+
+    tmp = tempfile.mkdtemp(prefix="bench-profiler-")
+    # one untimed round each, so imports and first-call costs are not in the figures
+    bare(tmp)
+    job_in_process(tmp)
+    t_job, t_bare, lat_job, lat_bare, r_job, r_bare = [], [], [], [], [], []
+    for i in range(args.repeats):
+        dt, out = timed(job_in_process, tmp)
+        t_job.append(dt), lat_job.append(out["median_ms"])
+        dt, out = timed(bare, tmp)
+        t_bare.append(dt), lat_bare.append(out["median_ms"])
+        r_job.append(job_via_runner(tempfile.mkdtemp(dir=tmp)))
+        r_bare.append(bare_subprocess(tmp))
+        print(f"round {i + 1}/{args.repeats}: in-process job {t_job[-1]:.2f} s, bare {t_bare[-1]:.2f} s; "
+              f"runner {r_job[-1]:.2f} s, bare subprocess {r_bare[-1]:.2f} s; latency job {lat_job[-1]:.2f} ms, "
+              f"bare {lat_bare[-1]:.2f} ms", flush=True)
+    med = statistics.median
+    rows = [
+        ("Profiling job in-process (runner.execute) vs bare script function", med(t_job), med(t_bare), "s",
+         med(t_job) / med(t_bare), "<= 1.15x"),
+        ("Profiling job via the runner (spawned worker) vs bare script in a new python", med(r_job), med(r_bare),
+         "s", med(r_job) / med(r_bare), "<= 1.15x"),
+        ("Reported median latency vs bare perf_counter loop", med(lat_job), med(lat_bare), "ms",
+         med(lat_job) / med(lat_bare), "within 5% (0.95-1.05)"),
+    ]
+    header = "| measurement | dashboard | bare | ratio | target |\n|---|---|---|---|---|"
+    lines = [f"| {name} | {a:.3f} {u} | {b:.3f} {u} | {ratio:.3f}x | {target} |" for name, a, b, u, ratio, target in rows]
+    table = "\n".join([header] + lines)
+    print(table)
+    if args.write:
+        write_section(table, args.repeats, torch.__version__)
+
+
+def write_section(table: str, repeats: int, torch_version: str) -> None:
+    path = ROOT / "docs" / "BENCHMARKS.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    body = f"""{SECTION}
+
+Command: `.venv/bin/python bench/bench_profiler.py --repeats {repeats} --write` (`bench/bench_profiler.py`).
+
+Model: sample `{SAMPLE}`, batch {BATCH}, training step (SGD), schedule wait {OPTIONS['wait']} / warmup
+{OPTIONS['warmup']} / active {OPTIONS['active']}, record_shapes, with_modules (the dashboard's module ranges),
+latency {OPTIONS['latency_warmup']} warmup + {OPTIONS['latency_iters']} timed iterations; CPU
+({platform.processor() or platform.machine()}, {os.cpu_count()} cores, OMP_NUM_THREADS={THREADS}, torch {torch_version}).
+The bare script builds the same model, times the same step with perf_counter, profiles the same
+schedule with torch.profiler, exports the Chrome trace and computes key_averages. The dashboard job
+additionally writes trace.json.gz and the TensorBoard zip and builds every view. Runs are
+interleaved, {repeats} rounds, medians shown; the machine was shared with other work, so single
+rounds vary more than the medians.
+
+{table}
+"""
+    if SECTION in text:
+        start = text.index(SECTION)
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + body + (text[nxt + 1:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + body
+    path.write_text(text)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
