@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from diagnostics.cli_model import KINDS, UsageError, build_spec
-from diagnostics.cli_options import ANALYSIS_OPTIONS, CLI_ONLY, collect_options, parse_option_pairs
+from diagnostics.cli_options import ANALYSIS_OPTIONS, CLI_ONLY, collect_options, parse_option_pairs, positive_int
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import ANALYSES
 
@@ -146,9 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="Exit codes: 0 ok, 1 the job failed, 2 bad usage or input, 3 checklist score under "
                               "--fail-under, 130 interrupted.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=ArgParser)
+    delegated = _distributed_main() is not None
     for name, analysis in ANALYSES.items():
         if name in RESERVED:
             continue
+        if name == "distributed" and delegated:
+            continue  # its own CLI (run / analyze / command) takes over, see main()
         what = "on a model " if analysis.needs_model else ""
         p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
                                                                   f"{what}and write a report folder.")
@@ -166,10 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     td.add_argument("b", help="the trace to compare with it")
     for t in (ta, td):
         t.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+        t.add_argument("--top", type=positive_int, metavar="N", help="rows shown in the text output (10 / 15)")
         t.add_argument("--out", "-o", metavar="DIR", help="also write a report folder (report.html, result.json, "
                                                           "CSVs) here")
-    if "distributed" not in ANALYSES and _distributed_main() is not None:
-        sub.add_parser("distributed", help="distributed-training diagnostics (see its own --help)", add_help=False)
+    if delegated:
+        sub.add_parser("distributed", add_help=False,
+                       help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
     sub.add_parser("list", help="list the analyses and the built-in sample models")
     return parser
 
@@ -240,12 +245,12 @@ def run_analysis_command(args) -> int:
 
     name = args.command
     try:
+        options = collect_options(name, args)
+        options.update(parse_option_pairs(args.extra_options))
         spec = None
         if ANALYSES[name].needs_model:
             spec = build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust,
                               inputs=args.inputs, batch_size=args.batch_size, device=args.device, seed=args.seed)
-        options = collect_options(name, args)
-        options.update(parse_option_pairs(args.extra_options))
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"bad --timeout {args.timeout}: must be positive seconds")
         out_dir = None if args.no_report else (Path(args.out) if args.out else _default_out(name))

@@ -144,11 +144,10 @@ def build_spec(model: str, *, kind: str | None = None, weights: str | None = Non
                              weights_path=str(weights_path.resolve()) if weights_path else None,
                              file_sha256=digest, trust_pickle=trust, inputs=specs, batch_size=batch_size,
                              device=normalise_device(device), seed=seed)
+        if any(c in model for c in "/\\") or Path(model).suffix != "":
+            raise UsageError(f"model file not found: {model}")  # a path, not a sample name
         names = sample_names()
         if model not in names:
-            looks_like_path = any(c in model for c in "/\\") or Path(model).suffix != ""
-            if looks_like_path:
-                raise UsageError(f"model file not found: {model}")
             raise UsageError(f"unknown model {model!r}: not a file and not a built-in sample "
                              f"({', '.join(names)})")
         specs = None

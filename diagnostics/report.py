@@ -209,6 +209,125 @@ def profile_sections(result: dict) -> list[Section]:
     return sections
 
 
+def _figures(*builders) -> tuple[list, list[str]]:
+    """Call each zero-argument builder; a figure that cannot be drawn becomes a note, not a failure."""
+    figs, notes = [], []
+    for build in builders:
+        try:
+            figs.append(build())
+        except Exception as e:  # one odd chart must not cost the whole report
+            notes.append(f"a chart could not be drawn: {type(e).__name__}: {e}")
+    return figs, notes
+
+
+def _section(title: str, builders=(), tables=(), text=()) -> Section:
+    figs, notes = _figures(*builders)
+    return Section(title, text=list(text) + notes, figures=figs, tables=list(tables))
+
+
+def _notes(result: dict) -> list[str]:
+    return [str(n) for n in result.get("notes", []) or []]
+
+
+def memory_sections(result: dict) -> list[Section]:
+    from diagnostics.charts import memory as ch
+
+    sections = [_section("Memory at the peak", [lambda: ch.build_memory_breakdown_figure(result)],
+                         text=_notes(result)),
+                _section("Estimate against measurement", [lambda: ch.build_estimate_figure(result)]),
+                _section("Activations by layer", [lambda: ch.build_layer_activation_figure(result)]),
+                _section("Over time", [lambda: ch.build_memory_timeline_figure(result)])]
+    tables = [(name, records_frame(rows)) for name, rows in find_tables(result).items()
+              if name not in ("inputs",) and not name.startswith("timeline")]
+    if tables:
+        sections.append(Section("Tables", tables=[(n, df.head(MAX_HTML_ROWS)) for n, df in tables]))
+    return sections
+
+
+def batch_scan_sections(result: dict) -> list[Section]:
+    from diagnostics.charts import memory as ch
+
+    return [_section("Batch-size scan", [lambda: ch.build_batch_scan_figure(result)], text=_notes(result),
+                     tables=[(n, records_frame(r)) for n, r in find_tables(result).items() if n != "inputs"])]
+
+
+def gradients_sections(result: dict) -> list[Section]:
+    from diagnostics.charts import gradients as ch
+
+    verdict = result.get("verdict")
+    text = ([f"Verdict: {verdict if isinstance(verdict, str) else json.dumps(verdict, default=str)}"]
+            if verdict else []) + _notes(result)
+    return [
+        _section("Gradient flow", [lambda: ch.build_grad_norm_depth_figure(result),
+                                   lambda: ch.build_global_norm_figure(result)], text=text),
+        _section("Per layer and step", [lambda: ch.build_grad_heatmap_figure(result)]),
+        _section("Activations", [lambda: ch.build_activation_health_figure(result)]),
+        Section("Tables", tables=[(n, records_frame(r)) for n, r in find_tables(result).items() if n != "inputs"]),
+    ]
+
+
+def optimize_sections(result: dict) -> list[Section]:
+    from diagnostics.charts import optimize as ch
+
+    return [
+        _section("Trials", [lambda: ch.build_latency_figure(result), lambda: ch.build_speedup_figure(result)],
+                 text=_notes(result), tables=[("trials (baseline first)", _records(result, "rows"))]),
+        _section("Size and fidelity", [lambda: ch.build_size_figure(result), lambda: ch.build_fidelity_figure(result)]),
+    ]
+
+
+def distributed_sections(result: dict) -> list[Section]:
+    from diagnostics.charts import distributed as ch
+
+    return [
+        _section("Ranks", [lambda: ch.build_rank_step_figure(result), lambda: ch.build_breakdown_figure(result)],
+                 text=_notes(result)),
+        _section("Communication", [lambda: ch.build_collectives_figure(result),
+                                   lambda: ch.build_overlap_figure(result)]),
+        Section("Tables", tables=[(n, records_frame(r)) for n, r in find_tables(result).items()]),
+    ]
+
+
+def trace_sections(result: dict) -> list[Section]:
+    from diagnostics.charts import traces as ch
+
+    s = result.get("summary") or {}
+    text = [f"{result.get('name', s.get('source', 'trace'))}: {s.get('events', 0):,} events, "
+            f"duration {(s.get('duration_us') or 0) / 1e3:,.3f} ms, {s.get('n_steps', 0)} steps, "
+            f"{'GPU' if s.get('has_gpu') else 'CPU only'}"] + [f"warning: {w}" for w in s.get("warnings") or []]
+    top = result.get("top_operators") or {}
+    sections = [_section("Trace", [lambda: ch.build_category_figure(s)], text=text)]
+    if result.get("temporal_breakdown"):
+        tb = result["temporal_breakdown"]
+        sections.append(_section("Per step", [lambda: ch.build_gpu_breakdown_figure(tb),
+                                              lambda: ch.build_cpu_breakdown_figure(tb)]))
+    if top:
+        builders = [lambda: ch.build_top_operators_figure(top, "operators")]
+        if top.get("kernels"):
+            builders.append(lambda: ch.build_top_operators_figure(top, "kernels"))
+        sections.append(_section("Top operators", builders, tables=[("operators", records_frame(
+            top.get("operators") or []))]))
+    if (result.get("idle_time") or {}).get("streams"):
+        sections.append(_section("GPU idle time", [lambda: ch.build_idle_time_figure(result["idle_time"])]))
+    if result.get("launch_stats") and s.get("has_gpu"):
+        sections.append(_section("Kernel launches", [lambda: ch.build_launch_figure(result["launch_stats"])]))
+    if result.get("timeline"):
+        sections.append(_section("Timeline", [lambda: ch.build_timeline_figure(result["timeline"])]))
+    return sections
+
+
+def trace_diff_sections(result: dict) -> list[Section]:
+    from diagnostics.charts import traces as ch
+
+    d = result.get("diff") or result
+    c = d.get("counts") or {}
+    text = [f"{result.get('before', 'before')} -> {result.get('after', 'after')} ({d.get('unit', '')}): "
+            f"{(d.get('time_us_before') or 0) / 1e3:,.3f} ms -> {(d.get('time_us_after') or 0) / 1e3:,.3f} ms; "
+            + ", ".join(f"{v} {k}" for k, v in c.items())]
+    return [_section("Trace diff", [lambda: ch.build_diff_figure(d)], text=text,
+                     tables=[("changes", records_frame(d.get("rows") or []))])]
+
+
 _STATUS_ORDER = {"fail": 0, "warn": 1, "pass": 2, "not_applicable": 3}
 
 
@@ -223,7 +342,12 @@ def checklist_sections(result: dict) -> list[Section]:
     df = records_frame(findings)
     df = df[[c for c in cols if c in df.columns]] if not df.empty else df
     applicable = df[df["status"] != "not_applicable"] if "status" in df else df
-    sections = [Section("Checklist", text=text, tables=[("findings (failures and warnings first)", applicable)])]
+    from diagnostics.charts import checklist as ch
+
+    figs, notes = _figures(lambda: ch.build_score_gauge_figure(result),
+                           lambda: ch.build_status_by_category_figure(result))
+    sections = [Section("Checklist", text=text + notes, figures=figs,
+                        tables=[("findings (failures and warnings first)", applicable)])]
     rest = df[df["status"] == "not_applicable"] if "status" in df else df.iloc[0:0]
     if len(rest):
         sections.append(Section("Not applicable here", tables=[("", rest[["category", "id", "title", "evidence"]])]))
@@ -237,6 +361,14 @@ SECTIONS: dict[str, Callable[[dict], list[Section]]] = {
     "summary": summary_sections,
     "profile": profile_sections,
     "checklist": checklist_sections,
+    "memory": memory_sections,
+    "batch_scan": batch_scan_sections,
+    "gradients": gradients_sections,
+    "optimize": optimize_sections,
+    "distributed": distributed_sections,
+    "distributed_traces": distributed_sections,
+    "trace": trace_sections,
+    "trace_diff": trace_diff_sections,
 }
 
 

@@ -1,0 +1,112 @@
+"""diagnostics.report in-process: tables found in results, metric units, plotly.js inlined once,
+the generic fallback, a failing layout falling back, and the report folder's files."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from diagnostics import report
+from diagnostics.report import (Section, build_report, find_tables, format_metric, records_frame,
+                                write_report_folder)
+
+PLOTLY_BUNDLE_MARK = "window.PlotlyConfig"
+
+
+@pytest.fixture(scope="module")
+def summary_result(tmp_path_factory):
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import ModelSpec
+
+    return execute(Job("summary", ModelSpec(name="mlp")), tmp_path_factory.mktemp("art"))
+
+
+def test_find_tables_nested_and_flattened():
+    result = {"metrics": {"a": 1}, "rows": [{"x": 1, "shape": [2, 3]}, {"x": 2, "shape": [4]}],
+              "nested": {"inner": [{"k": "v"}], "deeper": {"more": {"too_deep": [{"z": 1}]}}},
+              "empty": [], "numbers": [1, 2, 3]}
+    tables = find_tables(result, max_depth=2)
+    assert list(tables) == ["rows", "nested_inner"]  # numbers/empty are not tables; depth limited
+    df = records_frame(tables["rows"])
+    assert df["shape"].tolist() == ["[2,3]", "[4]"]  # lists become compact JSON cells
+    assert df["x"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("name, value, text", [
+    ("param_bytes", 3 * 2**20, "3.00 MiB"),
+    ("latency_median_ms", 12.5, "12.50 ms"),
+    ("profile_wall_s", 2.5, "2.50 s"),
+    ("throughput_samples_per_s", 1500.0, "1.5 k/s"),
+    ("flops_forward", 2_000_000, "2 MFLOP"),
+    ("params_total", 26122, "26,122"),
+    ("tensor_core_kernel_pct", None, "n/a"),
+    ("score", 85.714, "85.71"),
+])
+def test_metric_units(name, value, text):
+    assert format_metric(name, value) == text
+
+
+def test_summary_report_inlines_plotly_once(summary_result):
+    html = build_report("summary", summary_result, "mlp summary")
+    assert html.count(PLOTLY_BUNDLE_MARK) == 1
+    assert html.count("Plotly.newPlot(") == 3  # treemap, top params, top FLOPs
+    assert "<title>mlp summary</title>" in html
+    assert "26,122" in html  # params_total, formatted
+    # every leaf Linear layer is in the table
+    leaves_with_params = [l["name"] for l in summary_result["layers"] if l["is_leaf"] and l["params"]]
+    assert leaves_with_params == ["fc1", "fc2", "head"]
+    for name in leaves_with_params:
+        assert f"<td>{name}</td>" in html
+    assert "<script src=" not in html and "<link " not in html
+
+
+def test_generic_fallback_has_every_table_and_no_plotly():
+    result = {"metrics": {"peak_bytes": 1024}, "rows": [{"layer": "a<b>", "value": 1.5}], "label": "x"}
+    html = build_report("not_registered", result)
+    assert PLOTLY_BUNDLE_MARK not in html  # no figures -> no 4 MB of JS
+    assert "<td>a&lt;b&gt;</td>" in html  # escaped
+    assert "1.00 KiB" in html and "Tables" in html
+
+
+def test_failing_layout_falls_back_and_says_why(monkeypatch):
+    def broken(result):
+        raise KeyError("layers")
+
+    monkeypatch.setitem(report.SECTIONS, "summary", broken)
+    html = build_report("summary", {"metrics": {"params_total": 5}, "rows": [{"a": 1}]})
+    assert "the summary report layout failed (KeyError" in html
+    assert "<td class=\"num\">1</td>" in html
+
+
+def test_long_tables_are_cut_in_html_but_not_in_csv(tmp_path):
+    rows = [{"i": i} for i in range(report.MAX_HTML_ROWS + 50)]
+    written = write_report_folder("x", {"rows": rows}, tmp_path / "r")
+    html = written["report.html"].read_text()
+    assert f"Showing the first {report.MAX_HTML_ROWS:,} of {len(rows):,} rows" in html
+    with open(written["rows.csv"]) as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+
+
+def test_report_folder_copies_traces_only(tmp_path, summary_result):
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "trace.json").write_text('{"traceEvents": []}')
+    (art / "rank0.pt.trace.json.gz").write_bytes(b"\x1f\x8b")
+    (art / "worker.log").write_text("noise")
+    written = write_report_folder("summary", summary_result, tmp_path / "out",
+                                  {p.name: str(p) for p in art.iterdir()})
+    names = {p.name for p in (tmp_path / "out").iterdir()}
+    assert names == {"report.html", "result.json", "layers.csv", "inputs.csv", "trace.json",
+                     "rank0.pt.trace.json.gz"}
+    assert set(written) == names
+    assert json.loads((tmp_path / "out" / "result.json").read_text()) == summary_result
+
+
+def test_sections_registry_has_every_analysis_layout():
+    known = {"summary", "profile", "memory", "batch_scan", "gradients", "checklist", "optimize", "distributed",
+             "trace", "trace_diff"}
+    assert known <= set(report.SECTIONS)
+    assert all(callable(fn) for fn in report.SECTIONS.values())
+    assert isinstance(report.summary_sections({"layers": [], "inputs": []})[0], Section)
