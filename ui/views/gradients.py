@@ -1,0 +1,77 @@
+"""Show the gradient-flow result: verdict, thresholds, per-layer classification and charts."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.charts.gradients import (STATUS_COLORS, build_activation_health_figure, build_global_norm_figure,
+                                          build_grad_heatmap_figure, build_grad_norm_depth_figure)
+from ui.widgets import metric_row
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.3g}"
+
+
+def _status_style(col: pd.Series) -> list[str]:
+    return [f"color: white; background-color: {STATUS_COLORS.get(v, '#9E9E9E')}" for v in col]
+
+
+def show(result: dict) -> None:
+    m = result["metrics"]
+    o = result["options"]
+    st.caption(f"{result['model']} · device {result['device']} · {o['steps']} step{'s' if o['steps'] != 1 else ''} "
+               f"of {o['optimizer']} at lr "
+               f"{o['lr']:g}")
+    metric_row([
+        ("Layers flagged", f"{m['layers_flagged']} / {m['layers']}", "layers not classified healthy"),
+        ("Vanishing", str(m["layers_vanishing"]), None),
+        ("Exploding", str(m["layers_exploding"]), None),
+        ("Dead", str(m["layers_dead"]), None),
+        ("Non-finite", str(m["layers_nonfinite"]), None),
+        ("Global norm (first → last)", f"{_fmt(m['global_norm_first'])} → {_fmt(m['global_norm_last'])}",
+         "L2 norm of all gradients together, at the first and the last step"),
+    ])
+    if m["layers_flagged"]:
+        st.error(f"Gradient flow: {result['verdict']}")
+    else:
+        st.success("Gradient flow: every layer within the thresholds")
+    for note in result.get("notes", []):
+        st.info(note)
+
+    tab_layers, tab_depth, tab_heat, tab_global, tab_act, tab_thr = st.tabs(
+        ["Layers", "Norm across depth", "Layer × step", "Global norm", "Activations", "Thresholds"])
+    with tab_layers:
+        df = pd.DataFrame(result["layers"])
+        cols = ["index", "layer", "type", "status", "reason", "grad_norm_mean", "grad_norm_relative", "grad_abs_mean",
+                "grad_abs_max", "update_ratio_mean", "zero_fraction", "nan_count", "inf_count"]
+        st.dataframe(df[cols].style.apply(_status_style, subset=["status"]), hide_index=True, width="stretch",
+                     column_config={
+                         "index": st.column_config.NumberColumn("#"),
+                         "layer": st.column_config.TextColumn("Layer (forward order)"),
+                         "grad_norm_mean": st.column_config.NumberColumn("Grad L2 norm", format="%.3e"),
+                         "grad_norm_relative": st.column_config.NumberColumn("Norm / largest", format="%.2e"),
+                         "grad_abs_mean": st.column_config.NumberColumn("Mean |g|", format="%.3e"),
+                         "grad_abs_max": st.column_config.NumberColumn("Max |g|", format="%.3e"),
+                         "update_ratio_mean": st.column_config.NumberColumn("‖Δw‖ / ‖w‖", format="%.2e"),
+                         "zero_fraction": st.column_config.NumberColumn("Zero grads", format="percent"),
+                         "nan_count": st.column_config.NumberColumn("NaN"),
+                         "inf_count": st.column_config.NumberColumn("Inf"),
+                     })
+    with tab_depth:
+        st.plotly_chart(build_grad_norm_depth_figure(result), width="stretch")
+    with tab_heat:
+        st.plotly_chart(build_grad_heatmap_figure(result), width="stretch")
+    with tab_global:
+        st.plotly_chart(build_global_norm_figure(result), width="stretch")
+    with tab_act:
+        if result["activations"]:
+            st.plotly_chart(build_activation_health_figure(result), width="stretch")
+        else:
+            st.info("No ReLU, sigmoid or tanh modules: activations called as functions are not hooked.")
+    with tab_thr:
+        st.dataframe(pd.DataFrame(result["thresholds"]), hide_index=True, width="stretch",
+                     column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
+                                    "meaning": "Meaning"})
+        st.caption("Named constants in diagnostics/analyses/gradients.py; see docs/gradients.md.")
