@@ -13,6 +13,7 @@ CANCELLED = "ts_cancelled"  # cache keys whose run the user cancelled
 MODEL_INFO = "ts_model_info"  # validate result for an uploaded model: inputs, output shape
 LOAD_ERROR = "ts_load_error"  # the last upload's error message, shown in the sidebar
 HISTORY_OPEN = "ts_history_open"  # run id the History page shows
+OPTIMIZE_PRESELECT = "ts_optimize_preselect"  # fix ids the Checklist's "Apply fix" hands to Optimize
 
 
 def current_spec() -> ModelSpec:

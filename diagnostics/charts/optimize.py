@@ -1,0 +1,78 @@
+"""Figures for the fix trials: latency with p90 whiskers, speed-up, size on disk and fidelity."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+
+def _ok_rows(result: dict) -> list[dict]:
+    return [r for r in result["rows"] if r["status"] == "ok"]
+
+
+def _layout(fig: go.Figure, title: str, xaxis: str, n: int) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=xaxis, yaxis=dict(autorange="reversed"), showlegend=False,
+                      height=max(260, 34 * n + 120), margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def build_latency_figure(result: dict) -> go.Figure:
+    """Median latency per call (ms) with a whisker up to the p90; the baseline in grey."""
+    rows = _ok_rows(result)
+    med = [r["median_ms"] for r in rows]
+    up = [max(0.0, r["p90_ms"] - r["median_ms"]) for r in rows]
+    colors = ["#9e9e9e" if r["fix"] == "baseline" else "#4C78A8" for r in rows]
+    fig = go.Figure(go.Bar(
+        y=[r["title"] for r in rows], x=med, orientation="h", marker_color=colors,
+        error_x=dict(type="data", symmetric=False, array=up, arrayminus=[0] * len(rows)),
+        customdata=[[r["p90_ms"]] for r in rows],
+        hovertemplate="%{y}<br>median %{x:.3f} ms<br>p90 %{customdata[0]:.3f} ms<extra></extra>"))
+    return _layout(fig, f"Latency per call, batch {result.get('batch_size')} (median, whisker to p90)",
+                   "latency (ms)", len(rows))
+
+
+def build_speedup_figure(result: dict) -> go.Figure:
+    """Baseline median / trial median: > 1 is faster. The line at 1 is the baseline."""
+    rows = [r for r in _ok_rows(result) if r["fix"] != "baseline"]
+    sp = [r["speedup"] for r in rows]
+    fig = go.Figure(go.Bar(y=[r["title"] for r in rows], x=sp, orientation="h",
+                           marker_color=["#2e7d32" if (s or 0) >= 1 else "#c62828" for s in sp],
+                           hovertemplate="%{y}<br>x%{x:.2f} vs baseline<extra></extra>"))
+    fig.add_vline(x=1.0, line_dash="dash", line_color="#616161")
+    return _layout(fig, "Speed-up vs baseline (x, higher is faster)", "speed-up (x baseline)", len(rows))
+
+
+def build_size_figure(result: dict) -> go.Figure:
+    """Size of the saved model on disk (MiB)."""
+    rows = _ok_rows(result)
+    mib = [r["size_bytes"] / 2**20 for r in rows]
+    fig = go.Figure(go.Bar(y=[r["title"] for r in rows], x=mib, orientation="h",
+                           marker_color=["#9e9e9e" if r["fix"] == "baseline" else "#72B7B2" for r in rows],
+                           customdata=[[r["size_kind"], r["size_ratio"]] for r in rows],
+                           hovertemplate="%{y}<br>%{x:.3f} MiB (%{customdata[0]})<br>x%{customdata[1]:.2f} of "
+                                         "baseline<extra></extra>"))
+    return _layout(fig, "Size on disk (MiB)", "size (MiB)", len(rows))
+
+
+def build_fidelity_figure(result: dict) -> go.Figure:
+    """How far outputs moved: max abs error (log scale) and cosine similarity / top-1 agreement."""
+    rows = [r for r in _ok_rows(result) if r["fix"] != "baseline"]
+    names = [r["title"] for r in rows]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.25,
+                        subplot_titles=("Max abs error vs baseline (output units, log)",
+                                        "Cosine similarity and top-1 agreement (0-1)"))
+    fig.add_bar(y=names, x=[max(r["max_abs_err"] or 0, 1e-12) for r in rows], orientation="h", name="max abs error",
+                marker_color="#F58518", row=1, col=1,
+                customdata=[r["max_abs_err"] for r in rows], hovertemplate="%{y}<br>%{customdata:.3g}<extra></extra>")
+    fig.add_bar(y=names, x=[r["cosine"] for r in rows], orientation="h", name="cosine similarity",
+                marker_color="#4C78A8", row=1, col=2, hovertemplate="%{y}<br>cosine %{x:.6f}<extra></extra>")
+    if any(r["top1_agreement"] is not None for r in rows):
+        fig.add_bar(y=names, x=[r["top1_agreement"] for r in rows], orientation="h", name="top-1 agreement",
+                    marker_color="#54A24B", row=1, col=2, hovertemplate="%{y}<br>top-1 %{x:.3f}<extra></extra>")
+    fig.update_xaxes(type="log", title_text="max |Δ output| (log scale)", row=1, col=1)
+    fig.update_xaxes(range=[0, 1.05], title_text="similarity (fraction)", row=1, col=2)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title="Fidelity to the baseline outputs", barmode="group", height=max(300, 40 * len(rows) + 140),
+                      margin=dict(l=10, r=10, t=80, b=40),
+                      legend=dict(orientation="h", y=-0.2, x=1, xanchor="right"))
+    return fig

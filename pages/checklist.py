@@ -1,0 +1,63 @@
+"""Checklist page: run the optimization checklist on demand; findings, score, report, "Apply fix"."""
+
+import streamlit as st
+
+from diagnostics.intake import safe_mode
+from diagnostics.uploads import save_upload
+from ui import state
+from ui.jobs import cached_outcome, get_store, run_analysis
+from ui.views import checklist as checklist_view
+from ui.widgets import show_failure
+
+st.title("Checklist")
+spec = state.current_spec()
+st.caption("Reads the module tree, the device settings and a short profiled training step, then checks them "
+           "against the rules below (the TensorBoard profiler plugin's seven and more). Rules that do not apply "
+           "say why.")
+
+with st.container(border=True):
+    c1, c2 = st.columns(2)
+    purpose = c1.radio("Purpose", ["training", "inference"], horizontal=True, key="cl_purpose",
+                       help="Decides which mode Dropout/BatchNorm should be in")
+    iters = c2.number_input("Timed repetitions", 1, 50, 5, key="cl_iters")
+    with st.expander("DataLoader (optional): feeds the data-pipeline rules"):
+        use_dl = st.checkbox("Describe my DataLoader", key="cl_use_dl")
+        d1, d2, d3, d4, d5 = st.columns(5)
+        dl_batch = d1.number_input("batch_size", 1, 65536, 32, key="cl_dl_batch", disabled=not use_dl)
+        dl_workers = d2.number_input("num_workers", 0, 256, 0, key="cl_dl_workers", disabled=not use_dl)
+        dl_prefetch = d3.number_input("prefetch_factor", 1, 64, 2, key="cl_dl_prefetch", disabled=not use_dl)
+        dl_pin = d4.checkbox("pin_memory", key="cl_dl_pin", disabled=not use_dl)
+        dl_persist = d5.checkbox("persistent_workers", key="cl_dl_persist", disabled=not use_dl)
+        dataset_file = None
+        if safe_mode():
+            st.caption("Server-safe mode: dataset modules (Python files) are disabled; the description is still used.")
+        else:
+            dataset_file = st.file_uploader("Dataset module (.py defining build_dataset()) to measure loader time",
+                                            type=["py"], key="cl_dataset", disabled=not use_dl)
+    run = st.button("Run checklist", type="primary", icon=":material/play_arrow:", key="cl_run")
+
+options = {"purpose": purpose, "iters": int(iters)}
+if use_dl:
+    options["dataloader"] = {"batch_size": int(dl_batch), "num_workers": int(dl_workers),
+                             "prefetch_factor": int(dl_prefetch), "pin_memory": bool(dl_pin),
+                             "persistent_workers": bool(dl_persist)}
+    if dataset_file is not None:
+        path, _digest = save_upload(dataset_file.getvalue(), "python", get_store().data_dir, dataset_file.name)
+        options["dataset_path"] = str(path)
+
+outcome = run_analysis("checklist", spec, options, force=True) if run else cached_outcome("checklist", spec, options)
+if outcome is None:
+    st.info(f"No checklist yet for {spec.label} with these settings: press **Run checklist** (it times the "
+            "device, so it runs one job at a time).")
+    st.stop()
+if not outcome.ok:
+    show_failure(outcome)
+    st.stop()
+
+
+def apply_fix(fix_id: str) -> None:
+    st.session_state[state.OPTIMIZE_PRESELECT] = [fix_id]
+    st.switch_page("pages/optimize.py")
+
+
+checklist_view.show(outcome.result, apply_fix=apply_fix)

@@ -1,0 +1,48 @@
+"""AppTest: the Checklist page runs the checklist and hands a fix to the Optimize page, which runs trials."""
+
+
+def _mlp_app(new_app):
+    at = new_app().run()
+    at.sidebar.selectbox(key="sb_sample").set_value("mlp").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_checklist_runs_and_apply_fix_preselects_it_on_optimize(new_app):
+    at = _mlp_app(new_app)
+    at.switch_page("pages/checklist.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Checklist"
+    assert any("No checklist yet" in i.value for i in at.info)
+    at.number_input(key="cl_iters").set_value(2)
+    at.button(key="cl_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    labels = [m.label for m in at.metric]
+    assert labels[:2] == ["Score", "Pass"]
+    assert 0 <= float(at.metric[0].value) <= 100
+    expanders = [e.label for e in at.expander]
+    assert any(l.startswith("**Compute**") for l in expanders) and any("Thresholds" in l for l in expanders)
+    assert len(at.get("download_button")) == 3  # Markdown, HTML, JSON
+    assert any("torch.compile used" in m.value for m in at.markdown)
+    at.button(key="apply_torch_compile").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Optimize"
+    assert at.multiselect(key="opt_fixes").value == ["torch_compile"]
+    assert any("From the checklist" in i.value for i in at.info)
+
+
+def test_optimize_runs_trials_and_shows_the_table(new_app):
+    at = _mlp_app(new_app)
+    at.switch_page("pages/optimize.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.multiselect(key="opt_fixes").set_value(["inference_mode", "channels_last"])
+    at.number_input(key="opt_iters").set_value(3)
+    at.number_input(key="opt_warmup").set_value(1)
+    at.button(key="opt_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    df = at.dataframe[0].value
+    assert list(df["fix"]) == ["Baseline (eval, no_grad)", "inference_mode", "channels_last memory format"]
+    assert list(df["status"]) == ["ok", "ok", "not_applicable"]
+    assert "no Conv2d layers" in df["why / notes"].iloc[2]
+    assert [m.label for m in at.metric][:2] == ["Baseline median", "Best speed-up"]
+    assert len(at.tabs) == 4

@@ -1,0 +1,74 @@
+"""Show a checklist result: score, status by category, findings grouped by category, thresholds,
+and the report as Markdown / HTML downloads. ``apply_fix(fix_id)`` (pages only) adds "Apply fix"."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.charts.checklist import build_score_gauge_figure, build_status_by_category_figure
+from diagnostics.checklist.report import build_html, build_markdown
+from diagnostics.checklist.rules import CATEGORIES
+from ui.widgets import json_download, metric_row
+
+ICON = {"pass": ":material/check_circle:", "warn": ":material/warning:", "fail": ":material/cancel:",
+        "not_applicable": ":material/remove_circle_outline:"}
+COLOR = {"pass": "green", "warn": "orange", "fail": "red", "not_applicable": "gray"}
+LABEL = {"pass": "pass", "warn": "warn", "fail": "fail", "not_applicable": "n/a"}
+
+
+def _finding(f: dict, apply_fix: Callable[[str], None] | None) -> None:
+    with st.container(border=True):
+        c1, c2 = st.columns([5, 1])
+        c1.markdown(f":{COLOR[f['status']]}[{ICON[f['status']]} **{LABEL[f['status']]}**] &nbsp; **{f['title']}** "
+                    f"`{f['id']}`")
+        c1.markdown(f["evidence"])
+        if f["suggestion"]:
+            c1.caption(f"Suggestion: {f['suggestion']}")
+        if f.get("fix") and apply_fix is not None:
+            if c2.button("Apply fix", key=f"apply_{f['id']}", icon=":material/rocket_launch:",
+                         help=f"Try the '{f['fix']}' fix on the Optimize page"):
+                apply_fix(f["fix"])  # in the script run (not a callback), so it may switch pages
+
+
+def show(result: dict, apply_fix: Callable[[str], None] | None = None) -> None:
+    c = result["counts"]
+    st.caption(f"{result['model']} · device {result['device']} · purpose: {result.get('purpose')}")
+    g1, g2 = st.columns([2, 3])
+    g1.plotly_chart(build_score_gauge_figure(result), width="stretch")
+    with g2:
+        metric_row([("Score", "n/a" if result["score"] is None else f"{result['score']:.0f}",
+                     "100 x (pass + 0.5 x warn) / (pass + warn + fail)"),
+                    ("Pass", str(c["pass"]), None), ("Warn", str(c["warn"]), None), ("Fail", str(c["fail"]), None),
+                    ("Not applicable", str(c["not_applicable"]), "rules that do not apply here (see why)")])
+        st.plotly_chart(build_status_by_category_figure(result), width="stretch")
+    for note in result.get("notes", []):
+        st.info(f"A probe could not run: {note}")
+    by_id = {f["id"]: f for f in result["findings"]}
+    show_na = st.toggle("Show rules that do not apply", value=False, key="checklist_show_na")
+    for cat in CATEGORIES:
+        fs = [by_id[i] for i in result["by_category"].get(cat, [])]
+        if not fs:
+            continue
+        n = {s: sum(f["status"] == s for f in fs) for s in LABEL}
+        with st.expander(f"**{cat.capitalize()}** — {n['fail']} fail, {n['warn']} warn, {n['pass']} pass, "
+                         f"{n['not_applicable']} n/a", expanded=bool(n["fail"] or n["warn"])):
+            order = sorted(fs, key=lambda f: ("fail", "warn", "pass", "not_applicable").index(f["status"]))
+            for f in order:
+                if f["status"] != "not_applicable" or show_na:
+                    _finding(f, apply_fix)
+    with st.expander("Thresholds (named constants in diagnostics/checklist/rules.py)"):
+        st.dataframe(pd.DataFrame(result["thresholds"]), hide_index=True, width="stretch",
+                     column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
+                                    "meaning": "Meaning"})
+    d1, d2, d3 = st.columns(3)
+    with d1:
+        st.download_button("Report (Markdown)", build_markdown(result).encode(), file_name="checklist.md",
+                           mime="text/markdown", icon=":material/description:")
+    with d2:
+        st.download_button("Report (HTML)", build_html(result).encode(), file_name="checklist.html",
+                           mime="text/html", icon=":material/html:")
+    with d3:
+        json_download(result, "checklist.json")

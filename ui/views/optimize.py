@@ -1,0 +1,70 @@
+"""Show fix trials: the measured table, latency / speed-up / size / fidelity charts, downloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.charts.optimize import (build_fidelity_figure, build_latency_figure, build_size_figure,
+                                         build_speedup_figure)
+from ui.widgets import json_download, metric_row
+
+
+def trials_table(result: dict) -> pd.DataFrame:
+    rows = []
+    for r in result["rows"]:
+        rows.append({
+            "fix": r["title"], "status": r["status"], "median (ms)": r["median_ms"], "p90 (ms)": r["p90_ms"],
+            "throughput (samples/s)": r["throughput_per_s"], "speed-up (x)": r["speedup"],
+            "first call (ms)": r["first_call_ms"],
+            "peak memory (MiB)": None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20,
+            "size (MiB)": None if r["size_bytes"] is None else r["size_bytes"] / 2**20, "size ratio": r["size_ratio"],
+            "max abs err": r["max_abs_err"], "cosine": r["cosine"], "top-1 agreement": r["top1_agreement"],
+            "why / notes": r["why"] or "; ".join(r["notes"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def show(result: dict) -> None:
+    m = result["metrics"]
+    st.caption(f"{result['model']} · device {result['device']} · batch {result['batch_size']} · "
+               f"{result['iters']} timed calls per trial")
+    best = m["best_fix"]
+    metric_row([
+        ("Baseline median", f"{m['baseline_median_ms']:.3g} ms", "eval mode, torch.no_grad()"),
+        ("Best speed-up", "n/a" if best is None else f"x{m['best_speedup']:.2f}",
+         None if best is None else f"fix: {best}"),
+        ("Trials run", str(m["trials_ok"]), None),
+        ("Failed / not applicable", f"{m['trials_failed']} / {m['trials_not_applicable']}", "see the why column"),
+    ])
+    for note in result.get("notes", []):
+        st.caption(note)
+    st.dataframe(trials_table(result), hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in
+                                ("median (ms)", "p90 (ms)", "throughput (samples/s)", "speed-up (x)", "first call (ms)",
+                                 "peak memory (MiB)", "size (MiB)", "size ratio", "max abs err", "cosine",
+                                 "top-1 agreement")})
+    if any(r["status"] == "ok" for r in result["rows"][1:]):
+        t1, t2, t3, t4 = st.tabs(["Latency", "Speed-up", "Size", "Fidelity"])
+        t1.plotly_chart(build_latency_figure(result), width="stretch")
+        t2.plotly_chart(build_speedup_figure(result), width="stretch")
+        t3.plotly_chart(build_size_figure(result), width="stretch")
+        t4.plotly_chart(build_fidelity_figure(result), width="stretch")
+    arts = [r for r in result["rows"] if r.get("artifact")]
+    if arts:
+        st.markdown("**Optimized models**")
+        cols = st.columns(min(4, len(arts)))
+        for i, r in enumerate(arts):
+            a = r["artifact"]
+            p = Path(a["path"])
+            if p.exists():
+                label = f"{r['title']} ({'TorchScript' if a['kind'] == 'torchscript' else 'state_dict'})"
+                cols[i % len(cols)].download_button(label, p.read_bytes(), file_name=p.name,
+                                                    key=f"opt_dl_{r['fix']}", icon=":material/download:")
+            rp = Path(a["recipe"])
+            if rp.exists():
+                cols[i % len(cols)].download_button(f"{r['fix']} recipe (JSON)", rp.read_bytes(), file_name=rp.name,
+                                                    key=f"opt_recipe_{r['fix']}", mime="application/json")
+    json_download(result, "optimize.json")
