@@ -15,8 +15,6 @@ PAGES = [
     st.Page("pages/traces.py", title="Trace explorer", icon=":material/timeline:"),
     st.Page("pages/checklist.py", title="Checklist", icon="✅"),
     st.Page("pages/optimize.py", title="Optimize", icon="🚀"),
-    st.Page("pages/checklist.py", title="Checklist", icon="✅"),
-    st.Page("pages/optimize.py", title="Optimize", icon="🚀"),
     st.Page("pages/history.py", title="History", icon=":material/history:"),
 ]
 

@@ -10,7 +10,6 @@ from typing import Callable
 from ui.views import summary, validate
 from ui.views import traces as traces_view
 from ui.views import profiler as profiler_view
-from ui.views import checklist as checklist_view, optimize as optimize_view
 from ui.views import distributed as distributed_view
 from ui.views import memory as memory_view, gradients as gradients_view
 from ui.views import checklist as checklist_view, optimize as optimize_view
@@ -22,7 +21,6 @@ VIEWS: dict[str, Callable[[dict], None]] = {
     "profile": profiler_view.show,
     "memory": memory_view.show, "batch_scan": memory_view.show_scan, "gradients": gradients_view.show,
     "distributed": distributed_view.show, "distributed_traces": distributed_view.show,
-    "checklist": checklist_view.show, "optimize": optimize_view.show,
     "checklist": checklist_view.show, "optimize": optimize_view.show,
 }
 
