@@ -1,0 +1,325 @@
+"""Trace ingest benchmark: TorchScope's load_trace vs json.load, orjson and HTA's TraceAnalysis.
+
+    .venv/bin/python bench/bench_traces.py [--sizes 100,1000] [--runs 3] [--skip-hta] [--write-doc]
+
+1. Generates traces under bench/.data (gitignored): a real torch.profiler CPU trace of a
+   Transformer encoder's training steps (record_shapes, profile_memory) of about 100 MB, and a
+   ~1 GB one built from it by repeating its steps with shifted timestamps (a real 1 GB capture
+   needs more memory and time than this machine should spend). Each also as .json.gz. Every file
+   carries "distributedInfo": {"rank": 0} so that HTA accepts it.
+2. Creates bench/.venv-hta with HolisticTraceAnalysis 0.5.0 (installed --no-deps plus the
+   dependencies its import needs; no torch, HTA does not import it) unless --skip-hta.
+3. Times each tool on each file in a fresh subprocess (so peak RSS is that tool's alone), best
+   of --runs, and prints a table; --write-doc replaces the "## Trace ingest" section of
+   docs/BENCHMARKS.md with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "bench" / ".data"
+HTA_VENV = ROOT / "bench" / ".venv-hta"
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+SECTION = "## Trace ingest"
+HTA_REQUIREMENT = "HolisticTraceAnalysis==0.5.0"
+# What HTA 0.5.0 imports (its declared jupyterlab and pytest are not needed to load traces).
+HTA_DEPS = ["numpy<2.3", "pandas<3", "plotly", "networkx", "pydot", "pyyaml", "psutil"]
+REAL_STEPS = 150          # steps profiled for the ~100 MB real trace
+RANK_INFO = b'"distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 1},'
+PY = sys.executable
+
+
+# ---- trace generation --------------------------------------------------------------------------
+
+def _profile_real(path: Path, steps: int) -> None:
+    """Profile `steps` training steps of a small Transformer encoder on CPU into `path`."""
+    import torch
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 16, 64)
+    tmp = path.with_suffix(".raw")
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
+                 schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(tmp))) as prof:
+        for _ in range(steps + 1):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            prof.step()
+    raw = tmp.read_bytes()
+    tmp.unlink()
+    brace = raw.index(b"{")
+    path.write_bytes(raw[:brace + 1] + b"\n  " + RANK_INFO + raw[brace + 1:])
+
+
+def _replicate(src: Path, dst: Path, copies: int) -> None:
+    """Write `copies` back-to-back copies of src's events as the profiler formatted them.
+
+    The events' bytes are repeated with ts shifted by the trace's span, ProfilerStep#N
+    renumbered and ids offset, so the file has the real trace's layout and event mix.
+    """
+    raw = src.read_bytes()
+    start = re.search(rb'"traceEvents"\s*:\s*\[', raw).end()
+    end = raw.rindex(b"]")
+    head, body, tail = raw[:start], raw[start:end].rstrip(), raw[end:]
+    stamps = [float(m) for m in re.findall(rb'"ts": (\d+(?:\.\d+)?)', body)]
+    durs = [float(m) for m in re.findall(rb'"dur": (\d+(?:\.\d+)?)', body)]
+    span = (max(stamps) + max(durs) - min(stamps)) + 100.0
+    steps = [int(m) for m in re.findall(rb'"ProfilerStep#(\d+)"', body)]
+    n_steps = max(steps) - min(steps) + 1 if steps else 0
+    pattern = re.compile(rb'"ts": (\d+(?:\.\d+)?)|"ProfilerStep#(\d+)"|"External id": (\d+)|'
+                         rb'"id": (\d+)')
+    with open(dst, "wb") as f:
+        f.write(head)
+        for k in range(copies):
+            def shift(m, k=k):
+                if m.group(1):
+                    return b'"ts": %.3f' % (float(m.group(1)) + k * span)
+                if m.group(2):
+                    return b'"ProfilerStep#%d"' % (int(m.group(2)) + k * n_steps)
+                if m.group(3):
+                    return b'"External id": %d' % (int(m.group(3)) + k * 10_000_000)
+                return b'"id": %d' % (int(m.group(4)) + k * 10_000_000)
+            if k:
+                f.write(b",")
+            f.write(pattern.sub(shift, body) if k else body)
+        f.write(b"\n" + tail)
+
+
+def _gzip(src: Path, dst: Path) -> None:
+    import gzip
+    with open(src, "rb") as fi, gzip.open(dst, "wb", compresslevel=1) as fo:
+        while block := fi.read(16 << 20):
+            fo.write(block)
+
+
+def generate(sizes_mb: list[int]) -> dict[str, Path]:
+    DATA.mkdir(parents=True, exist_ok=True)
+    real = DATA / "encoder_100mb.pt.trace.json"
+    if not real.exists():
+        t = time.perf_counter()
+        _profile_real(real, REAL_STEPS)
+        print(f"generated {real.name} ({real.stat().st_size / 1e6:.0f} MB) "
+              f"in {time.perf_counter() - t:.0f} s", flush=True)
+    files = {}
+    for size in sizes_mb:
+        if size <= 150:
+            path = real
+        else:
+            path = DATA / f"encoder_{size}mb.pt.trace.json"
+            if not path.exists():
+                t = time.perf_counter()
+                _replicate(real, path, max(1, round(size * 1e6 / real.stat().st_size)))
+                print(f"generated {path.name} ({path.stat().st_size / 1e6:.0f} MB) "
+                      f"in {time.perf_counter() - t:.0f} s", flush=True)
+        gz = path.with_name(path.name + ".gz")
+        if not gz.exists():
+            _gzip(path, gz)
+        files[f"{size}MB json"] = path
+        files[f"{size}MB gz"] = gz
+    return files
+
+
+# ---- measuring (each in its own process) -------------------------------------------------------
+
+def _measure(tool: str, path: str) -> None:
+    """Child process: load `path` with `tool`, print {"seconds", "peak_rss_mb", "events"}."""
+    sys.path.insert(0, str(ROOT))
+    if tool == "torchscope":
+        from diagnostics.traces.ingest import load_trace
+        t = time.perf_counter()
+        n = len(load_trace(path))
+    elif tool in ("json", "orjson"):
+        import gzip
+        import orjson
+        opener = gzip.open if path.endswith(".gz") else open
+        t = time.perf_counter()
+        with opener(path, "rb") as f:
+            n = len((json.load(f) if tool == "json" else orjson.loads(f.read()))["traceEvents"])
+    elif tool == "hta":
+        import logging
+        logging.disable(logging.WARNING)
+        from hta.trace_analysis import TraceAnalysis
+        t = time.perf_counter()
+        ta = TraceAnalysis(trace_files={0: path}, trace_dir=str(Path(path).parent))
+        n = len(ta.t.get_trace(0))
+    else:
+        raise SystemExit(f"unknown tool {tool}")
+    seconds = time.perf_counter() - t
+    rss = _peak_rss_mb()
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": rss, "events": n}))
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM: unlike ru_maxrss it does not inherit the parent's)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _run_tool(tool: str, path: Path, runs: int, timeout: float) -> dict:
+    """Best of `runs` child runs; peak RSS also sampled here over the child's process tree."""
+    import psutil
+
+    python = str(HTA_VENV / "bin" / "python") if tool == "hta" else PY
+    best = None
+    for _ in range(runs):
+        proc = subprocess.Popen([python, __file__, "--measure", tool, str(path)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        tree_peak = 0
+        start = time.monotonic()
+        try:
+            root = psutil.Process(proc.pid)
+            while proc.poll() is None:
+                if time.monotonic() - start > timeout:
+                    proc.kill()
+                    return {"error": f"timed out after {timeout:.0f} s"}
+                try:
+                    rss = root.memory_info().rss + sum(
+                        c.memory_info().rss for c in root.children(recursive=True))
+                    tree_peak = max(tree_peak, rss)
+                except psutil.Error:
+                    pass
+                time.sleep(0.02)
+        except psutil.Error:
+            pass
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            tail = (err.strip().splitlines() or ["?"])[-1]
+            return {"error": tail[:200]}
+        res = json.loads(out.strip().splitlines()[-1])
+        res["peak_rss_mb"] = max(res["peak_rss_mb"], tree_peak / 2**20)
+        if best is None or res["seconds"] < best["seconds"]:
+            best = res
+    return best
+
+
+def ensure_hta() -> bool:
+    python = HTA_VENV / "bin" / "python"
+    if python.exists() and subprocess.run([str(python), "-c", "import hta"],
+                                          capture_output=True).returncode == 0:
+        return True
+    print("creating bench/.venv-hta with " + HTA_REQUIREMENT, flush=True)
+    subprocess.run([PY, "-m", "venv", str(HTA_VENV)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run(pip + ["--no-deps", HTA_REQUIREMENT, "orjson"], check=True)
+    subprocess.run(pip + HTA_DEPS, check=True)
+    return subprocess.run([str(python), "-c", "import hta.trace_analysis"]).returncode == 0
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+def _fmt(res: dict | None, key: str, unit: str) -> str:
+    if not res:
+        return "-"
+    if "error" in res:
+        return "failed"
+    return f"{res[key]:.2f} {unit}" if key == "seconds" else f"{res[key]:.0f} {unit}"
+
+
+def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
+    lines = [SECTION, "",
+             f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
+             f"{os.cpu_count()} cores, Python {platform.python_version()}; best of {runs} "
+             "run(s), each tool in a fresh process. Time is the load call alone (interpreter "
+             "and imports excluded); peak RSS is the process's high-water mark or, when larger, "
+             "the peak of the summed RSS of it and its worker processes sampled every 20 ms "
+             "(shared pages counted once per process, so this overstates).", "",
+             "Command: `.venv/bin/python bench/bench_traces.py --sizes 100,1000 --runs 3 "
+             "--write-doc`", "",
+             "| trace | size | events | " + " | ".join(f"{t} time | {t} RSS" for t in tools) +
+             " | HTA / TorchScope time | HTA / TorchScope RSS | json.load / TorchScope time |",
+             "|---" * (3 + 2 * len(tools) + 3) + "|"]
+    for label, path in files.items():
+        r = results[label]
+        ours = r.get("torchscope") or {}
+        events = ours.get("events", "-")
+        row = [label, f"{path.stat().st_size / 1e6:.0f} MB", f"{events:,}" if events != "-" else "-"]
+        for t in tools:
+            row += [_fmt(r.get(t), "seconds", "s"), _fmt(r.get(t), "peak_rss_mb", "MB")]
+
+        def ratio(tool, key):
+            a, b = r.get(tool), ours
+            if not a or "error" in a or not b or "error" in b:
+                return "-"
+            return f"{a[key] / b[key]:.1f}x"
+        row += [ratio("hta", "seconds"), ratio("hta", "peak_rss_mb"), ratio("json", "seconds")]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["",
+              "The ~100 MB trace is a real torch.profiler capture (150 training steps of a "
+              "2-layer Transformer encoder, d_model 64, CPU, record_shapes and profile_memory). "
+              "The ~1 GB trace repeats its steps with shifted timestamps, renumbered "
+              "ProfilerStep#N and offset ids, byte for byte in the profiler's own layout. "
+              "The .gz files are the same traces gzipped (level 1). "
+              "HTA is HolisticTraceAnalysis 0.5.0 in its own venv (bench/.venv-hta, default "
+              "JSON backend, no ijson); json/orjson parse the whole document (dicts only, no "
+              "columns).", ""]
+    return "\n".join(lines)
+
+
+def write_doc(section: str) -> None:
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    DOC.write_text(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="100,1000", help="trace sizes in MB (default 100,1000)")
+    ap.add_argument("--runs", type=int, default=3, help="runs per tool and file (best is kept)")
+    ap.add_argument("--skip-hta", action="store_true", help="do not install or run HTA")
+    ap.add_argument("--tools", default="torchscope,json,orjson,hta")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    ap.add_argument("--write-doc", action="store_true", help="update docs/BENCHMARKS.md")
+    ap.add_argument("--measure", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.measure:
+        _measure(*args.measure)
+        return 0
+    tools = [t for t in args.tools.split(",") if t]
+    if args.skip_hta and "hta" in tools:
+        tools.remove("hta")
+    if "hta" in tools and not ensure_hta():
+        print("HTA could not be installed; leaving it out", flush=True)
+        tools.remove("hta")
+    files = generate([int(s) for s in args.sizes.split(",")])
+    results: dict = {}
+    for label, path in files.items():
+        results[label] = {}
+        for tool in tools:
+            runs = 1 if tool in ("hta", "json") and path.stat().st_size > 200e6 else args.runs
+            res = _run_tool(tool, path, runs, args.timeout)
+            results[label][tool] = res
+            print(f"{label:12s} {tool:10s} {json.dumps(res)}", flush=True)
+    section = report(files, results, tools, args.runs)
+    print("\n" + section)
+    (DATA / "results.json").write_text(json.dumps(
+        {k: v for k, v in results.items()}, indent=1))
+    if args.write_doc:
+        write_doc(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
