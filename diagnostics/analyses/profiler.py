@@ -140,7 +140,11 @@ class _Step:
             self.optimizer.zero_grad(set_to_none=True)
         with rf("forward"):
             out = self.loaded.forward(self.inputs)
-            loss = self.loaded.loss_fn(out)
+            try:
+                loss = self.loaded.loss_fn(out)
+            except Exception as e:  # the user's loss: any exception is possible
+                raise ModelRunError(f"the loss ({self.loaded.loss_name}) failed on the model's output: "
+                                    f"{type(e).__name__}: {e}") from e
         with rf("backward"):
             try:
                 loss.backward()

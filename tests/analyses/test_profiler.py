@@ -225,6 +225,19 @@ def test_cuda_activity_without_cuda_is_refused():
         profiler.normalize_options({"activities": ["cpu", "cuda"]})
 
 
+def test_a_failing_loss_is_reported_with_its_error(tmp_path, no_hooks_left):
+    model = small_model()
+    spec = ModelSpec(name="handmade")
+    ctx = AnalysisContext(Job("profile", spec, {}), tmp_path)
+    x = torch.randn(2, 3, 8, 8)
+    ctx._loaded = LoadedModel(spec, model, (InputSpec((2, 3, 8, 8)),), (x,), lambda out: out.view(7, -1), "my loss")
+    from diagnostics.errors import ModelRunError
+    with pytest.raises(ModelRunError, match=r"the loss \(my loss\) failed on the model's output: RuntimeError"):
+        profiler.analyze(ctx, {**SMALL, "mode": "train"})
+    assert model.training
+    no_hooks_left(model)
+
+
 def test_training_a_frozen_model_is_refused(tmp_path):
     model = small_model().requires_grad_(False)
     with pytest.raises(profiler.ProfilerOptionError, match="needs trainable parameters"):
