@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diagnostics.checklist.measure import peak_bytes, time_calls
+from diagnostics.checklist.measure import absolute_peak_bytes, time_calls
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -318,57 +318,38 @@ def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2
     }
 
 
-@contextmanager
-def saved_tensor_probe(exclude_ptrs: set[int], sizes: dict[int, int]):
-    """Sum the bytes autograd saves for backward (unique storages, parameters excluded)."""
-    def pack(t):
-        try:
-            st = t.untyped_storage()
-            ptr = st.data_ptr()
-            if ptr not in exclude_ptrs:
-                sizes[ptr] = st.nbytes()
-        except Exception:  # tensors without storage (e.g. some subclasses)
-            pass
-        return t
+class _Ctx:
+    """The least an analysis needs: ``loaded`` and ``progress`` (to reuse analyses in-process)."""
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield
+    def __init__(self, loaded):
+        self.loaded = loaded
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        pass
 
 
-def gradient_facts(model: nn.Module, order: list[str]) -> dict:
-    """Gradient health after one backward: non-finite grads, per-layer norms, first/last ratio."""
-    names = dict(model.named_modules())
-    rows = []
-    nonfinite = []
-    total_sq = 0.0
-    for pname, p in model.named_parameters():
-        if p.grad is None:
-            continue
-        g = p.grad.detach().float()
-        if not torch.isfinite(g).all():
-            nonfinite.append(pname)
-            continue
-        total_sq += float(g.pow(2).sum())
-    for lname in order:
-        m = names.get(lname)
-        if isinstance(m, WEIGHTED) and m.weight.grad is not None:
-            g = m.weight.grad.detach().float()
-            if torch.isfinite(g).all():
-                rows.append({"name": lname, "grad_norm": float(g.norm())})
-    first = rows[0]["grad_norm"] if rows else None
-    last = rows[-1]["grad_norm"] if rows else None
-    ratio = (first / last) if (rows and last) else None
-    return {"nonfinite_params": nonfinite, "total_norm": math.sqrt(total_sq), "layers": rows,
-            "first_layer_norm": first, "last_layer_norm": last, "first_last_ratio": ratio,
-            "min_layer_norm": min((r["grad_norm"] for r in rows), default=None),
-            "max_layer_norm": max((r["grad_norm"] for r in rows), default=None)}
+def gradient_facts(loaded, steps: int = 1) -> dict:
+    """Gradient health from the Gradient-flow analysis (run in-process; it restores the weights)."""
+    from diagnostics.analyses import gradients
+
+    r = gradients.analyze(_Ctx(loaded), {"steps": steps, "optimizer": "sgd", "lr": 0.01})
+    m = r["metrics"]
+    return {"verdict": r["verdict"], "layers": m["layers"], "vanishing": m["layers_vanishing"],
+            "exploding": m["layers_exploding"], "dead": m["layers_dead"], "nonfinite": m["layers_nonfinite"],
+            "global_norm_first": m["global_norm_first"], "global_norm_max": m["global_norm_max"],
+            "min_ratio": m["grad_norm_min_ratio"],
+            "flagged": [{"layer": l["layer"], "status": l["status"], "reason": l["reason"]}
+                        for l in r["layers"] if l["status"] != "healthy"]}
 
 
-def measured_facts(model: nn.Module, inputs: tuple, loss_fn: Callable, device: torch.device, *,
+def measured_facts(loaded, model: nn.Module, *,
                    iters: int = 5, profile_steps: int = 2, make_inputs: Callable[[int], tuple] | None = None,
                    batch_size: int | None = None, progress: Callable[[float, str], None] | None = None,
                    errors: dict | None = None) -> dict:
-    """Everything timed or traced. ``model`` is a copy this function may change."""
+    """Everything timed or traced. ``model`` is a copy of ``loaded.model`` this function may change."""
+    from dataclasses import replace
+
+    inputs, loss_fn, device = loaded.inputs, loaded.loss_fn, loaded.device
     progress = progress or (lambda f, m: None)
     errors = errors if errors is not None else {}
     out: dict = {}
@@ -384,7 +365,6 @@ def measured_facts(model: nn.Module, inputs: tuple, loss_fn: Callable, device: t
             errors[key] = f"{type(e).__name__}: {str(e)[:300]}"
             return None
 
-    order = [o["name"] for o in forward_facts(copy.deepcopy(model), inputs)["widths"]]
     model.train()
     step = _train_step_fn(model, inputs, loss_fn)
     if trainable:
@@ -393,20 +373,18 @@ def measured_facts(model: nn.Module, inputs: tuple, loss_fn: Callable, device: t
         progress(0.35, "profiling the training step")
         out["profile"] = guarded("profile", lambda: profile_facts(step, device, profile_steps))
         progress(0.5, "peak memory and saved activations")
-        out["peak_bytes"] = guarded("peak_bytes", lambda: peak_bytes(step, device))
-        ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        sizes: dict[int, int] = {}
-
+        out["peak_bytes"] = guarded("peak_bytes", lambda: absolute_peak_bytes(step, device))
         def saved():
+            from dataclasses import replace
+
+            from diagnostics.analyses.memory_measure import measure_saved
+
             model.zero_grad(set_to_none=True)
-            with saved_tensor_probe(ptrs, sizes):
-                loss = loss_fn(model(*inputs))
-            loss.backward()
-            return sum(sizes.values())
+            return measure_saved(replace(loaded, model=model), inputs).saved_total
 
         out["saved_activation_bytes"] = guarded("saved_activations", saved)
         progress(0.6, "gradients")
-        out["gradients"] = guarded("gradients", lambda: gradient_facts(model, order))
+        out["gradients"] = guarded("gradients", lambda: gradient_facts(replace(loaded, model=model)))
         if device.type == "cuda":
             def growth():
                 allocs = []
@@ -499,7 +477,7 @@ def collect_facts(loaded, options: dict | None = None, progress: Callable[[float
         facts["measured"] = None
     else:
         facts["measured"] = measured_facts(
-            work, loaded.inputs, loaded.loss_fn, loaded.device, iters=int(options.get("iters", 5)),
+            loaded, work, iters=int(options.get("iters", 5)),
             profile_steps=int(options.get("profile_steps", 2)), make_inputs=loaded.make_inputs,
             batch_size=loaded.batch_size, progress=progress, errors=errors)
     step_s = ((facts["measured"] or {}).get("train_step") or {}).get("median_s")

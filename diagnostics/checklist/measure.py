@@ -2,8 +2,7 @@
 
 ``time_calls(fn, device)`` times repeated calls (CUDA events + synchronize on CUDA,
 ``time.perf_counter`` on CPU); ``peak_bytes(fn, device)`` measures the peak memory one call adds
-on top of what was allocated before it (CUDA: the caching allocator's peak; CPU: a running sum
-of the allocations and frees that ``torch.profiler`` records with ``profile_memory=True``).
+on top of what was allocated before it, through the memory analysis' ``measure_peak``.
 """
 
 from __future__ import annotations
@@ -51,24 +50,19 @@ def time_calls(fn: Callable[[], object], device: torch.device | str, iters: int 
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
-    """Peak bytes allocated during one call of ``fn`` above what was allocated before it."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device) - before)
-    from torch.profiler import ProfilerActivity, profile
+    """Peak bytes allocated during one call of ``fn`` above what was allocated before it.
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    running = peak = 0
-    # An op event carries the bytes it allocated net of what it freed inside itself; frees that
-    # happen outside any op come as "[memory]" events. Summed in time order, they give the peak.
-    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
-        delta = e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
-        running += delta
-        peak = max(peak, running)
-    return int(peak)
+    Delegates to the memory analysis' ``measure_peak`` (CUDA: max_memory_allocated after a reset;
+    CPU: the profiler's allocation events), so both pages measure memory the same way.
+    """
+    from diagnostics.analyses.memory_measure import measure_peak
+
+    p = measure_peak(fn, device, 0)
+    return int(p.peak_bytes - p.baseline_bytes)
+
+
+def absolute_peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
+    """Peak bytes in use during one call of ``fn``, what was allocated before included (CUDA)."""
+    from diagnostics.analyses.memory_measure import measure_peak
+
+    return int(measure_peak(fn, device, 0).peak_bytes)

@@ -32,8 +32,8 @@ LAUNCH_BOUND_MIN_OPS = 100  # ops (CPU) or kernels (CUDA) per step
 LAUNCH_BOUND_MEDIAN_US = 20.0  # median op / kernel duration (µs) below which a step is launch-bound
 INIT_GAIN_MIN = 0.2  # weight std * sqrt(fan_in) below this: too small an init
 INIT_GAIN_MAX = 3.0  # ... above this: too large (He init gives 1.41, PyTorch default 0.58)
-VANISHING_RATIO = 1e-3  # first-layer / last-layer gradient norm below this: vanishing
-EXPLODING_NORM = 1e3  # total gradient norm above this, or first/last ratio above 1/VANISHING_RATIO
+# Gradient thresholds are the Gradient-flow analysis' own (one definition, per layer):
+from diagnostics.analyses.gradients import EXPLODING_NORM, VANISHING_RATIO  # noqa: E402
 DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole batch
 INFERENCE_SPEEDUP_MIN = 1.10  # eval()+inference_mode faster than train-mode forward by this factor
 BATCH_GAIN_MIN = 1.20  # throughput gain at twice the batch that says "use a bigger batch"
@@ -55,8 +55,9 @@ THRESHOLDS = [
     ("LAUNCH_BOUND_MEDIAN_US", LAUNCH_BOUND_MEDIAN_US, "median op/kernel time (µs) under which ops are tiny"),
     ("INIT_GAIN_MIN", INIT_GAIN_MIN, "min weight std x sqrt(fan_in)"),
     ("INIT_GAIN_MAX", INIT_GAIN_MAX, "max weight std x sqrt(fan_in)"),
-    ("VANISHING_RATIO", VANISHING_RATIO, "first/last layer gradient-norm ratio under which gradients vanish"),
-    ("EXPLODING_NORM", EXPLODING_NORM, "total gradient norm over which gradients explode"),
+    ("VANISHING_RATIO", VANISHING_RATIO, "a layer's gradient norm / the largest layer's, under which it vanishes "
+     "(diagnostics.analyses.gradients)"),
+    ("EXPLODING_NORM", EXPLODING_NORM, "a layer's gradient norm over which it explodes (diagnostics.analyses.gradients)"),
     ("DEAD_UNIT_FRACTION_MAX", DEAD_UNIT_FRACTION_MAX, "max share of ReLU units dead for the whole batch"),
     ("INFERENCE_SPEEDUP_MIN", INFERENCE_SPEEDUP_MIN, "speed-up of eval+inference_mode that is worth taking"),
     ("BATCH_GAIN_MIN", BATCH_GAIN_MIN, "throughput gain at 2x batch that suggests a bigger batch"),
@@ -296,35 +297,43 @@ def check_dropout_bn_mode(f):
     return "pass", f"all Dropout/BatchNorm layers are in {'eval' if purpose == 'inference' else 'training'} mode", "", nums
 
 
+def _grad_examples(g: dict, status: str) -> str:
+    rows = [r for r in g.get("flagged", []) if r["status"] == status][:3]
+    return "; ".join(f"{r['layer']}: {r['reason']}" for r in rows)
+
+
 def check_gradients_nonfinite(f):
     g = _m(f, "gradients")
     if g is None:
         return na("gradients were not measured (no trainable parameters or backward failed)")
-    bad = g["nonfinite_params"]
-    if bad:
-        return ("fail", f"{len(bad)} parameters got NaN/Inf gradients ({', '.join(bad[:4])})", "Look for log(0), "
-                "division by zero or overflow (fp16 without a GradScaler); lower the learning rate; clip gradients.",
-                {"nonfinite": len(bad)})
-    return "pass", "all gradients are finite", "", {"nonfinite": 0}
+    n = g["nonfinite"]
+    if n:
+        return ("fail", f"{n} of {g['layers']} layers got NaN/Inf gradients ({_grad_examples(g, 'non-finite')})",
+                "Look for log(0), division by zero or overflow (fp16 without a GradScaler); lower the learning "
+                "rate; clip gradients.", {"nonfinite_layers": n, "layers": g["layers"]})
+    return "pass", f"gradients of all {g['layers']} layers are finite", "", {"nonfinite_layers": 0}
 
 
 def check_gradient_flow(f):
     g = _m(f, "gradients")
     if g is None or not g.get("layers"):
         return na("gradients were not measured")
-    ratio, total = g.get("first_last_ratio"), g.get("total_norm")
-    nums = {"first_last_ratio": ratio, "total_norm": total, "layers": len(g["layers"])}
-    if len(g["layers"]) < 2:
-        return na("fewer than two weighted layers")
-    if ratio is not None and ratio < VANISHING_RATIO:
-        return ("fail", f"vanishing gradients: the first layer's gradient norm is {ratio:.2e} x the last layer's "
-                f"(min {VANISHING_RATIO:g})", "Use ReLU-family activations, residual connections, normalisation "
-                "layers and Kaiming init.", nums)
-    if (total is not None and total > EXPLODING_NORM) or (ratio is not None and ratio > 1 / VANISHING_RATIO):
-        return ("fail", f"exploding gradients: total norm {total:.3g} (max {EXPLODING_NORM:g}), first/last ratio "
-                f"{ratio:.3g}", "Fix the init scale, add normalisation, lower the learning rate, clip gradients "
-                "(torch.nn.utils.clip_grad_norm_).", nums)
-    return "pass", f"gradient norm {total:.3g}; first/last layer ratio {ratio:.3g}", "", nums
+    nums = {"vanishing": g["vanishing"], "exploding": g["exploding"], "dead": g["dead"],
+            "global_norm_max": g["global_norm_max"], "min_ratio": g["min_ratio"], "layers": g["layers"]}
+    if g["exploding"]:
+        return ("fail", f"exploding gradients in {g['exploding']} of {g['layers']} layers (norm > "
+                f"{EXPLODING_NORM:g}): {_grad_examples(g, 'exploding')}", "Fix the init scale, add normalisation, "
+                "lower the learning rate, clip gradients (torch.nn.utils.clip_grad_norm_).", nums)
+    if g["vanishing"]:
+        return ("fail", f"vanishing gradients in {g['vanishing']} of {g['layers']} layers (norm < "
+                f"{VANISHING_RATIO:g} x the largest layer's): {_grad_examples(g, 'vanishing')}",
+                "Use ReLU-family activations, residual connections, normalisation layers and Kaiming init.", nums)
+    if g["dead"]:
+        return ("warn", f"{g['dead']} layers get all-zero gradients: {_grad_examples(g, 'dead')}",
+                "Check for dead ReLUs or detached branches.", nums)
+    ratio = g["min_ratio"]
+    return ("pass", f"all {g['layers']} layers healthy; max gradient norm {g['global_norm_max']:.3g}, smallest "
+            f"layer norm {'n/a' if ratio is None else f'{ratio:.2g}'} x the largest", "", nums)
 
 
 def check_dead_units(f):

@@ -27,8 +27,10 @@ BREAKERS = {
     "weight_init": ([("static.init", [{"name": "fc", "type": "Linear", "fan_in": 64, "std": 1.5, "gain": 12.0}])],
                     "warn"),
     "dropout_bn_mode": ([("purpose", "inference")], "fail"),
-    "gradients_finite": ([("measured.gradients.nonfinite_params", ["fc.weight"])], "fail"),
-    "gradient_flow": ([("measured.gradients.first_last_ratio", 1e-8)], "fail"),
+    "gradients_finite": ([("measured.gradients.nonfinite", 1)], "fail"),
+    "gradient_flow": ([("measured.gradients.vanishing", 2),
+                       ("measured.gradients.flagged", [{"layer": "fc1", "status": "vanishing", "reason": "tiny"}])],
+                      "fail"),
     "dead_units": ([("forward.dead_relu_units", 80)], "warn"),
     "saved_activations": ([("measured.saved_activation_bytes", 40 * GiB)], "warn"),
     "memory_growth": ([("measured.memory_growth_bytes_per_step", 50 * 2**20)], "fail"),
@@ -120,8 +122,8 @@ def test_thresholds_are_the_boundaries():
     assert run("dataloader_time", over).status == "fail"
     f = set_path(healthy(), "measured.profile.sync_points_per_step", R.SYNC_POINTS_WARN)
     assert run("sync_points", f).status == "warn"
-    f = set_path(healthy(), "measured.gradients.total_norm", R.EXPLODING_NORM * 2)
-    assert run("gradient_flow", f).status == "fail"
+    f = set_path(healthy(), "measured.gradients.exploding", 1)
+    assert run("gradient_flow", f).status == "fail" and "exploding" in run("gradient_flow", f).evidence
 
 
 def test_a_rule_that_cannot_read_its_facts_is_not_applicable_not_a_crash():
