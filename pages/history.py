@@ -7,6 +7,9 @@ from diagnostics.formatting import human_seconds
 from ui import views
 from ui.jobs import get_store
 from ui.widgets import json_download
+from ui.frame import require_app
+
+require_app()
 
 st.title("History")
 store = get_store()

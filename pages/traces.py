@@ -9,6 +9,9 @@ from diagnostics.uploads import save_upload
 from ui import views
 from ui.jobs import get_store, run_analysis
 from ui.widgets import show_failure
+from ui.frame import require_app
+
+require_app()
 
 st.title("Trace explorer")
 st.caption("Chrome / Kineto traces from torch.profiler (.json, .json.gz, *.pt.trace.json.gz), CPU-only or with GPU "
