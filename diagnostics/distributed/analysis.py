@@ -180,8 +180,9 @@ def rank_breakdown(trace, comm_bytes: dict | None = None) -> dict:
             "busy_ms": step_ms - (comm_ms - overlap_ms),
         })
 
-    # Collective calls that start inside a step (or anywhere, without steps).
-    rows = np.flatnonzero(comm & trace.complete_mask())
+    # Collective calls that start inside a step (or anywhere, without steps); on a GPU trace the
+    # host-side calls (record_param_comms, c10d ops) are listed too, beside the NCCL kernels.
+    rows = np.flatnonzero((cpu | gpu) & comm_name)
     calls = []
     if rows.size:
         name_col = ev["name"].to_numpy()

@@ -45,6 +45,9 @@ def _status(job: DistJob, rank: int, state: str, **extra) -> None:
 def _ensure_distributed_info(path, rank: int, world_size: int, backend: str) -> None:
     """torch.profiler writes distributedInfo when a process group exists; fill it in if it did not."""
     with open(path, "rb") as f:
+        if b'"distributedInfo"' in f.read(1 << 20):  # Kineto writes it before traceEvents
+            return
+        f.seek(0)
         doc = json.load(f)
     info = doc.get("distributedInfo")
     if isinstance(info, dict) and info.get("rank") == rank and info.get("world_size") == world_size:
@@ -111,6 +114,7 @@ def run(job: DistJob) -> None:
         trace_file = trace_path(job.out_dir, rank)
         sched = schedule(wait=0, warmup=min(job.warmup, 1), active=job.steps, repeat=1,
                          skip_first=max(0, job.warmup - 1))
+        # record_shapes: the collectives' tensor sizes (message bytes) are in their args.
         with profile(activities=activities, schedule=sched, record_shapes=True,
                      on_trace_ready=lambda p: p.export_chrome_trace(str(trace_file))) as prof:
             for i in range(total):
