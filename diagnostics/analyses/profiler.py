@@ -445,6 +445,8 @@ def analyze(ctx, options: dict) -> dict:
     if opts["repeat"] > 1:
         notes.append(f"{opts['repeat']} profiler cycles: tables sum all cycles; trace.json holds the last one, "
                      "tb_trace.zip every cycle")
+    if opts["warmup"] == 0:
+        notes.append("no profiler warmup: the first recorded step includes the profiler's start-up cost")
     if not opts["with_modules"]:
         notes.append("per-module times need with_modules (module ranges); it was off")
     if opts["mode"] == "train":
