@@ -1,52 +1,30 @@
 """Small timing and memory probes shared by the checklist facts and the fix trials.
 
-``time_calls(fn, device)`` times repeated calls (CUDA events + synchronize on CUDA,
-``time.perf_counter`` on CPU); ``peak_bytes(fn, device)`` measures the peak memory one call adds
-on top of what was allocated before it, through the memory analysis' ``measure_peak``.
+``time_calls(fn, device)`` times repeated calls (CUDA events on CUDA, perf_counter on CPU) through
+the profiler analysis' ``measure_latency``; ``peak_bytes(fn, device)`` measures the peak memory
+one call adds on top of what was allocated before it, through the memory analysis' ``measure_peak``.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable
 
 import torch
 
 
-def _percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def time_calls(fn: Callable[[], object], device: torch.device | str, iters: int = 10,
                warmup: int = 2) -> dict:
-    """Seconds per call of ``fn``: median, p90, mean, min over ``iters`` calls after ``warmup``."""
-    device = torch.device(device)
-    cuda = device.type == "cuda"
-    for _ in range(max(0, warmup)):
-        fn()
-    if cuda:
-        torch.cuda.synchronize(device)
-    times = []
-    for _ in range(max(1, iters)):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return {"median_s": statistics.median(times), "p90_s": _percentile(times, 0.9),
-            "mean_s": statistics.fmean(times), "min_s": min(times), "iters": len(times)}
+    """Seconds per call of ``fn``: median, p90, mean, min over ``iters`` calls after ``warmup``.
+
+    The samples come from the profiler analysis' ``measure_latency`` (CUDA events on CUDA,
+    perf_counter on CPU), the statistics from its ``latency_stats``: one way to time, app-wide.
+    """
+    from diagnostics.analyses.profiler import latency_stats, measure_latency
+
+    samples = measure_latency(fn, torch.device(device), max(0, warmup), max(1, iters))
+    st = latency_stats(samples, 1)
+    return {"median_s": st["median_ms"] / 1e3, "p90_s": st["p90_ms"] / 1e3, "mean_s": st["mean_ms"] / 1e3,
+            "min_s": st["min_ms"] / 1e3, "iters": st["iterations"]}
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:

@@ -219,3 +219,12 @@ def test_bad_options_name_the_problem(tmp_path):
         _run("mlp", tmp_path, purpose="serving")
     with pytest.raises(TorchScopeError, match="num_workers"):
         _run("mlp", tmp_path, dataloader={"num_workers": -1})
+
+
+def test_time_calls_counts_and_orders_its_statistics():
+    from diagnostics.checklist.measure import time_calls
+
+    calls = []
+    t = time_calls(lambda: calls.append(1), "cpu", iters=7, warmup=3)
+    assert len(calls) == 10 and t["iters"] == 7
+    assert 0 <= t["min_s"] <= t["median_s"] <= t["p90_s"]
