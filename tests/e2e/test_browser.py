@@ -165,6 +165,8 @@ def test_sample_model_profile_and_trace_download(server, page, tmp_path):
 
     page.get_by_role("tab", name="Trace files").click()
     button = page.locator('[data-testid="stDownloadButton"] button').filter(has_text="Chrome trace (.json) ·")
+    button.wait_for()
+    shot(page, "03-profiler-trace-files")
     with page.expect_download() as info:
         button.click()
     path = tmp_path / "trace.json"
@@ -173,7 +175,6 @@ def test_sample_model_profile_and_trace_download(server, page, tmp_path):
     events = trace["traceEvents"]
     assert isinstance(events, list) and len(events) > 10
     assert any(e.get("ph") == "X" and e.get("cat") == "cpu_op" for e in events)
-    shot(page, "03-profiler-trace-files")
 
     open_page(page, "History")
     page.locator('[data-testid="stDataFrame"]').first.wait_for()

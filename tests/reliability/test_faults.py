@@ -83,8 +83,9 @@ def test_forward_that_returns_nan_completes_with_a_note(world):
     assert rec.result["notes"] == out.result["notes"]
 
 
-def test_hanging_forward_times_out_and_the_worker_is_killed(world):
-    out, rec = run_fault(world, "time.sleep(600)", "import time", timeout_s=3)
+def test_hanging_forward_times_out_and_the_worker_is_killed(world, monkeypatch):
+    monkeypatch.setenv("TORCHSCOPE_JOB_TIMEOUT_S", "3")  # replaces the analysis' default (120 s)
+    out, rec = run_fault(world, "time.sleep(600)", "import time", timeout_s=None)
     assert out.status == "timeout"
     assert out.error == "timed out after 3 s: the worker was stopped"
     assert 3 <= out.duration_s < 20
