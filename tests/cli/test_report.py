@@ -110,3 +110,40 @@ def test_sections_registry_has_every_analysis_layout():
     assert known <= set(report.SECTIONS)
     assert all(callable(fn) for fn in report.SECTIONS.values())
     assert isinstance(report.summary_sections({"layers": [], "inputs": []})[0], Section)
+
+
+@pytest.mark.browser
+def test_report_renders_offline_in_chromium(tmp_path, summary_result):
+    """Open report.html in headless Chromium with every network request blocked: the plots draw."""
+    import os
+    import shutil
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+    if not os.path.exists(chromium):
+        pytest.skip("no Chromium on this machine")
+    written = write_report_folder("summary", summary_result, tmp_path / "r")
+    requested = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+
+            def route(r):
+                if r.request.url.startswith("file:"):
+                    r.continue_()
+                else:
+                    requested.append(r.request.url)
+                    r.abort()
+
+            page.route("**/*", route)
+            page.goto(written["report.html"].as_uri())
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3",
+                                   timeout=30000)
+            plots = page.evaluate("document.querySelectorAll('.js-plotly-plot').length")
+        finally:
+            browser.close()
+    assert plots == 3
+    assert requested == [] and errors == []
