@@ -66,7 +66,11 @@ def static_facts(model: nn.Module) -> dict:
     types: dict[str, int] = {}
     for _, m in model.named_modules():
         types[type(m).__name__] = types.get(type(m).__name__, 0) + 1
-    inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None) or model
+    inner = model
+    if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        inner = model.module
+    elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+        inner = model._orig_mod
     mods = list(inner.named_modules())
     convs = [(n, m) for n, m in mods if isinstance(m, CONV)]
     bns = [(n, m) for n, m in mods if isinstance(m, BATCHNORM)]

@@ -228,3 +228,11 @@ def test_time_calls_counts_and_orders_its_statistics():
     t = time_calls(lambda: calls.append(1), "cpu", iters=7, warmup=3)
     assert len(calls) == 10 and t["iters"] == 7
     assert 0 <= t["min_s"] <= t["median_s"] <= t["p90_s"]
+
+
+def test_static_facts_see_through_compile_and_data_parallel():
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+    c = static_facts(torch.compile(m))  # wrapping only: nothing compiles until the first call
+    assert c["compiled"] and c["n_conv2d"] == 1 and c["n_batchnorm"] == 1
+    d = static_facts(nn.DataParallel(m))
+    assert d["data_parallel"] and d["n_conv2d"] == 1 and not d["compiled"]
