@@ -112,7 +112,8 @@ def timed(fn, *args):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=9, help="in-process rounds")
+    ap.add_argument("--runner-repeats", type=int, default=5, help="rounds that also time the runner / subprocess")
     ap.add_argument("--write", action="store_true", help=f"write the figures into docs/BENCHMARKS.md ({SECTION})")
     ap.add_argument("--bare-once", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -128,38 +129,49 @@ def main() -> None:
     job_in_process(tmp)
     t_job, t_bare, lat_job, lat_bare, r_job, r_bare = [], [], [], [], [], []
     for i in range(args.repeats):
-        dt, out = timed(job_in_process, tmp)
-        t_job.append(dt), lat_job.append(out["median_ms"])
-        dt, out = timed(bare, tmp)
-        t_bare.append(dt), lat_bare.append(out["median_ms"])
-        r_job.append(job_via_runner(tempfile.mkdtemp(dir=tmp)))
-        r_bare.append(bare_subprocess(tmp))
+        # ABBA order inside a round, so a load change during the round hits both sides alike
+        first, second = (job_in_process, bare) if i % 2 == 0 else (bare, job_in_process)
+        for fn in (first, second):
+            dt, out = timed(fn, tmp)
+            (t_job if fn is job_in_process else t_bare).append(dt)
+            (lat_job if fn is job_in_process else lat_bare).append(out["median_ms"])
+        if i < args.runner_repeats:
+            pair = (lambda: r_job.append(job_via_runner(tempfile.mkdtemp(dir=tmp))),
+                    lambda: r_bare.append(bare_subprocess(tmp)))
+            for run in (pair if i % 2 == 0 else pair[::-1]):
+                run()
         print(f"round {i + 1}/{args.repeats}: in-process job {t_job[-1]:.2f} s, bare {t_bare[-1]:.2f} s; "
-              f"runner {r_job[-1]:.2f} s, bare subprocess {r_bare[-1]:.2f} s; latency job {lat_job[-1]:.2f} ms, "
-              f"bare {lat_bare[-1]:.2f} ms", flush=True)
+              + (f"runner {r_job[-1]:.2f} s, bare subprocess {r_bare[-1]:.2f} s; " if i < args.runner_repeats else "")
+              + f"latency job {lat_job[-1]:.2f} ms, bare {lat_bare[-1]:.2f} ms", flush=True)
     med = statistics.median
+
+    def paired(a, b):  # the median of per-round ratios: rounds share the machine's load at the time
+        return med([x / y for x, y in zip(a, b)])
+
     rows = [
         ("Profiling job in-process (runner.execute) vs bare script function", med(t_job), med(t_bare), "s",
-         med(t_job) / med(t_bare), "<= 1.15x"),
+         paired(t_job, t_bare), "<= 1.15x"),
         ("Profiling job via the runner (spawned worker) vs bare script in a new python", med(r_job), med(r_bare),
-         "s", med(r_job) / med(r_bare), "<= 1.15x"),
+         "s", paired(r_job, r_bare), "<= 1.15x"),
         ("Reported median latency vs bare perf_counter loop", med(lat_job), med(lat_bare), "ms",
-         med(lat_job) / med(lat_bare), "within 5% (0.95-1.05)"),
+         paired(lat_job, lat_bare), "within 5% (0.95-1.05)"),
     ]
-    header = "| measurement | dashboard | bare | ratio | target |\n|---|---|---|---|---|"
+    header = ("| measurement | dashboard (median) | bare (median) | ratio (median of per-round ratios) | target |\n"
+              "|---|---|---|---|---|")
     lines = [f"| {name} | {a:.3f} {u} | {b:.3f} {u} | {ratio:.3f}x | {target} |" for name, a, b, u, ratio, target in rows]
     table = "\n".join([header] + lines)
     print(table)
     if args.write:
-        write_section(table, args.repeats, torch.__version__)
+        write_section(table, args.repeats, args.runner_repeats, torch.__version__)
 
 
-def write_section(table: str, repeats: int, torch_version: str) -> None:
+def write_section(table: str, repeats: int, runner_repeats: int, torch_version: str) -> None:
     path = ROOT / "docs" / "BENCHMARKS.md"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     body = f"""{SECTION}
 
-Command: `.venv/bin/python bench/bench_profiler.py --repeats {repeats} --write` (`bench/bench_profiler.py`).
+Command: `.venv/bin/python bench/bench_profiler.py --repeats {repeats} --runner-repeats {runner_repeats} --write`
+(`bench/bench_profiler.py`).
 
 Model: sample `{SAMPLE}`, batch {BATCH}, training step (SGD), schedule wait {OPTIONS['wait']} / warmup
 {OPTIONS['warmup']} / active {OPTIONS['active']}, record_shapes, with_modules (the dashboard's module ranges),
@@ -167,11 +179,25 @@ latency {OPTIONS['latency_warmup']} warmup + {OPTIONS['latency_iters']} timed it
 ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, OMP_NUM_THREADS={THREADS}, torch {torch_version}).
 The bare script builds the same model, times the same step with perf_counter, profiles the same
 schedule with torch.profiler, exports the Chrome trace and computes key_averages. The dashboard job
-additionally writes trace.json.gz and the TensorBoard zip and builds every view. Runs are
-interleaved, {repeats} rounds, medians shown; the machine was shared with other work, so single
-rounds vary more than the medians.
+additionally puts module ranges in every step, computes key_averages a second time grouped by input
+shape, writes trace.json.gz and the TensorBoard zip and builds every view (the timeline through
+diagnostics.traces). Each round runs both sides back to back (ABBA order); {repeats} in-process rounds,
+{runner_repeats} of them also end to end. Ratios are the median of the per-round ratios, since rounds
+share the machine's load at the time; the machine was shared with other engineers' test runs
+(load average far above its core count), so single rounds vary by 2x or more.
 
 {table}
+
+Reading: the latency the page reports matches a bare perf_counter loop in the paired comparison
+(same step code, measured before the profiler starts, no hooks); the plain medians of the two columns
+differ more than that because the load changed between rounds, which the per-round ratio cancels. The job's wall time carries a fixed extra of roughly
+0.1-0.3 s over the bare script (cProfile of one job: the key_averages grouped by input shape
+~0.05 s, the trace explorer's timeline ~0.06 s, trace.json.gz + the TensorBoard zip ~0.03 s, the
+step/module/kernel views ~0.04 s, module-range hooks ~0.01 s). On this deliberately small workload
+(about 1 s of work in all) that fixed part is 15-25 %: **the 1.15x target is not met here** (in-process
+1.27x, end to end 1.17x). The extra should not grow with the number of latency iterations or the
+model's compute, so heavier workloads should land closer to 1x (not measured here). Turning off
+record_shapes drops the grouped key_averages.
 """
     if SECTION in text:
         start = text.index(SECTION)
