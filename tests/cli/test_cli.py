@@ -62,6 +62,7 @@ def assert_offline_html(path: Path, min_figures: int = 1) -> str:
     bundles = text.count("window.PlotlyConfig")
     assert bundles == (1 if min_figures else bundles) and bundles <= 1, f"plotly.js inlined {bundles} times"
     assert text.count("Plotly.newPlot(") >= min_figures
+    assert "report layout failed" not in text and "could not be drawn" not in text
     return text
 
 
@@ -125,18 +126,31 @@ def test_human_output_default_folder_and_file_model(tmp_path, data_dir):
 
 @pytest.mark.parametrize("args, needle", [
     (["--model", "no/such/model.pt"], "model file not found: no/such/model.pt"),
-    (["--model", "nosuchsample"], "unknown model 'nosuchsample'"),
     (["--model", "mlp", "--input", "8,x"], "bad --input shape '8,x'"),
-    (["--model", "mlp", "--input", "8,0"], "bad --input shape '8,0'"),
-    (["--model", "mlp", "--input", "8,64:float99"], "bad --input dtype 'float99'"),
-    (["--model", "mlp", "--weights", "missing.safetensors"], "weights file not found: missing.safetensors"),
-    (["--model", "mlp", "--option", "noequals"], "bad --option 'noequals'"),
 ])
 def test_bad_input_exits_2_naming_it(args, needle, data_dir):
     p = cli("summary", *args, data_dir=data_dir)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert needle in p.stderr
     assert p.stdout == ""
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "nosuchsample"], "unknown model 'nosuchsample'"),
+    (["--model", "mlp", "--input", "8,0"], "bad --input shape '8,0'"),
+    (["--model", "mlp", "--input", "8,64:float99"], "bad --input dtype 'float99'"),
+    (["--model", "mlp", "--input", "8,64:int64:-3"], "bad --input HIGH -3"),
+    (["--model", "mlp", "--weights", "missing.safetensors"], "weights file not found: missing.safetensors"),
+    (["--model", "mlp", "--option", "noequals"], "bad --option 'noequals'"),
+    (["--model", "mlp", "--timeout", "-1"], "bad --timeout -1"),
+    (["--model", str(REPO / "pyproject.toml")], f"cannot tell what kind of model {REPO / 'pyproject.toml'} is"),
+])
+def test_more_bad_input_in_process(args, needle, tmp_path, capsys):
+    from diagnostics.__main__ import main
+
+    assert main(["summary", "--no-report", "--data-dir", str(tmp_path), *args]) == 2
+    captured = capsys.readouterr()
+    assert needle in captured.err and captured.out == ""
 
 
 def test_model_rejecting_the_shape_exits_2(tmp_path, data_dir):
@@ -216,7 +230,7 @@ def test_checklist_fail_under_gate(tmp_path, data_dir):
         assert f"checklist score {score:.1f} is below --fail-under 100" in p.stderr
     else:
         assert p.returncode == 0, p.stderr
-    text = assert_offline_html(tmp_path / "c" / "report.html", min_figures=0)
+    text = assert_offline_html(tmp_path / "c" / "report.html", min_figures=2)
     assert "findings" in text
     assert (tmp_path / "c" / "findings.csv").exists()
 
@@ -249,7 +263,7 @@ def test_gradients_on_exploding_sample(tmp_path, data_dir):
     r = json.loads(p.stdout)
     assert r["metrics"], r.keys()
     assert json.loads((tmp_path / "g" / "result.json").read_text())["metrics"] == r["metrics"]
-    assert_offline_html(tmp_path / "g" / "report.html", min_figures=0)
+    assert_offline_html(tmp_path / "g" / "report.html", min_figures=2)
     assert any(f.suffix == ".csv" for f in (tmp_path / "g").iterdir())
 
 
@@ -260,7 +274,7 @@ def test_memory(tmp_path, data_dir):
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert r["metrics"]
-    assert_offline_html(tmp_path / "m" / "report.html", min_figures=0)
+    assert_offline_html(tmp_path / "m" / "report.html", min_figures=1)
 
 
 @needs("batch_scan")
@@ -279,7 +293,7 @@ def test_optimize_one_fix(tmp_path, data_dir):
     r = json.loads(p.stdout)
     rows = r["rows"]
     assert len(rows) == 2 and rows[1].get("fix", rows[1].get("id")) in ("inference_mode", None)
-    assert_offline_html(tmp_path / "o" / "report.html", min_figures=0)
+    assert_offline_html(tmp_path / "o" / "report.html", min_figures=2)
     # an unknown fix id is bad input: exit 2 naming it
     p = cli("optimize", "--model", "mlp", "--fix", "nosuchfix", "--no-report", "-q", data_dir=data_dir)
     assert p.returncode == 2 and "nosuchfix" in p.stderr
@@ -325,3 +339,42 @@ def test_trace_analyze_and_diff_reports(tmp_path, data_dir):
 
     p = cli("trace", "analyze", tmp_path / "nope.json", data_dir=data_dir)
     assert p.returncode == 2 and "nope.json" in p.stderr and p.stdout == ""
+
+
+# ----------------------------------------------------------------------------- progress bar
+class _Stream:
+    def __init__(self, tty):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_progress_bar_redraws_on_a_terminal_and_logs_lines_otherwise():
+    from diagnostics.__main__ import ProgressBar
+
+    tty = _Stream(True)
+    bar = ProgressBar("profile", tty)
+    bar.update(0.5, "profiling")
+    bar.close()
+    assert tty.text.startswith("\rprofile [" + "#" * 12 + "-" * 12 + "]  50%")
+    assert "profiling" in tty.text and tty.text.endswith("\n")
+
+    log = _Stream(False)
+    bar = ProgressBar("profile", log)
+    for f, m in [(0.0, "starting"), (0.0, "starting"), (0.5, "profiling"), (1.0, "done")]:
+        bar.update(f, m)
+        bar.tick()
+    lines = log.text.splitlines()
+    assert [l.split(" (")[0] for l in lines] == ["profile [  0%] starting", "profile [ 50%] profiling",
+                                                 "profile [100%] done"]
+    quiet = _Stream(False)
+    bar = ProgressBar("x", quiet, enabled=False)
+    bar.update(0.3, "y")
+    assert quiet.text == ""
