@@ -1,7 +1,8 @@
 """Run the baseline and each fix as a trial in one process, with the same inputs and harness.
 
 Every candidate (the baseline included) is called in eval mode under ``torch.no_grad()`` with the
-same inputs: median and p90 latency, throughput, peak memory above the inputs and weights, size
+same inputs, and all are timed together in interleaved rounds (so machine drift hits each alike):
+median and p90 latency, throughput, peak memory above the inputs and weights, size
 on disk (TorchScript archive for script modules, else the state_dict) and fidelity against the
 baseline's outputs. A fix that does not apply or raises gets a row that says why.
 """
@@ -18,8 +19,11 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diagnostics.checklist.measure import peak_bytes, time_calls
+from diagnostics.checklist.measure import peak_bytes
 from diagnostics.fixes.catalog import FixNotApplicable, get_fix
+
+#: Timed calls are split into this many interleaved rounds over all candidates.
+ROUNDS = 3
 
 
 def first_tensor(out) -> torch.Tensor | None:
@@ -40,7 +44,7 @@ def fidelity(base, other, classifier: bool) -> dict:
     a, b = first_tensor(base), first_tensor(other)
     if a is None or b is None:
         return {"max_abs_err": None, "rel_err": None, "cosine": None, "top1_agreement": None}
-    a, b = a.detach().float().cpu(), b.detach().float().cpu()
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
     if a.shape != b.shape:
         raise ValueError(f"output shape changed: {list(a.shape)} -> {list(b.shape)}")
     diff = (a - b).abs().max().item() if a.numel() else 0.0
@@ -99,39 +103,66 @@ def _row(fix: str, title: str, status: str, **kw) -> dict:
     return row
 
 
-def measure(model: nn.Module, inputs: tuple, device: torch.device, iters: int, warmup: int) -> tuple[dict, object]:
+def _call(model: nn.Module, inputs: tuple) -> Callable[[], object]:
     def call():
         with torch.no_grad():
             return model(*inputs)
+    return call
 
+
+def prepare(model: nn.Module, inputs: tuple, device: torch.device) -> tuple[dict, object]:
+    """First call (compiles, if the fix compiles), peak memory and size on disk; not the latency."""
+    call = _call(model, inputs)
     t0 = time.perf_counter()
     out = call()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     first = time.perf_counter() - t0
-    t = time_calls(call, device, iters=iters, warmup=warmup)
     peak = peak_bytes(call, device)
     size, kind = serialized_bytes(model)
+    return {"first_call_ms": first * 1e3, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
+
+
+def time_interleaved(models: dict[str, nn.Module], inputs: tuple, device: torch.device, iters: int, warmup: int,
+                     rounds: int = ROUNDS) -> dict[str, dict]:
+    """Latency of every candidate, timed in ``rounds`` interleaved rounds (A B C, A B C, ...) so that
+    drift on a shared machine (other jobs, clocks, caches) spreads over all candidates alike."""
+    from diagnostics.analyses.profiler import latency_stats, measure_latency
+
+    samples: dict[str, list[float]] = {k: [] for k in models}
+    rounds = max(1, min(rounds, iters))
+    per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
+    for n in per_round:
+        for key, m in models.items():
+            samples[key] += measure_latency(_call(m, inputs), device, warmup, n)
     batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
-    return {"median_ms": t["median_s"] * 1e3, "p90_ms": t["p90_s"] * 1e3, "throughput_per_s": batch / t["median_s"],
-            "first_call_ms": first * 1e3, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
+    out = {}
+    for key, ms in samples.items():
+        st = latency_stats(ms, batch)
+        out[key] = {"median_ms": st["median_ms"], "p90_ms": st["p90_ms"], "throughput_per_s": st["samples_per_s"]}
+    return out
 
 
 def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixes: list[str], facts: dict,
                params: dict | None = None, *, iters: int = 10, warmup: int = 2, classifier: bool = True,
                artifact_dir: Path | None = None, progress: Callable[[float, str], None] | None = None) -> list[dict]:
-    """Rows: the baseline first, then one per fix in the order given."""
+    """Rows: the baseline first, then one per fix in the order given.
+
+    Every candidate is built and checked first (first call, peak memory, size, fidelity, artifact);
+    then all are timed together in interleaved rounds.
+    """
     device = torch.device(device)
     progress = progress or (lambda f, m: None)
     params = params or {}
     base_model = copy.deepcopy(model).eval()
-    progress(0.05, "baseline")
-    base, base_out = measure(base_model, inputs, device, iters, warmup)
-    rows = [_row("baseline", "Baseline (eval, no_grad)", "ok", speedup=1.0, size_ratio=1.0,
+    progress(0.02, "baseline")
+    base, base_out = prepare(base_model, inputs, device)
+    rows = [_row("baseline", "Baseline (eval, no_grad)", "ok", size_ratio=1.0,
                  **fidelity(base_out, base_out, classifier), **base)]
+    candidates = {"baseline": base_model}
     for i, fix_id in enumerate(fixes):
         fix = get_fix(fix_id)
-        progress(0.1 + 0.85 * i / max(1, len(fixes)), f"trial: {fix.title}")
+        progress(0.05 + 0.5 * i / max(1, len(fixes)), f"applying: {fix.title}")
         opts = fix.options(params.get(fix_id))
         ok, why = fix.applies(facts)
         if not ok:
@@ -139,9 +170,8 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
             continue
         try:
             candidate, notes = fix.apply(copy.deepcopy(model), inputs, opts)
-            m, out = measure(candidate, inputs, device, iters, warmup)
+            m, out = prepare(candidate, inputs, device)
             row = _row(fix_id, fix.title, "ok", notes=notes, params=opts, **m, **fidelity(base_out, out, classifier))
-            row["speedup"] = base["median_ms"] / m["median_ms"] if m["median_ms"] else None
             row["size_ratio"] = m["size_bytes"] / base["size_bytes"] if base["size_bytes"] else None
             if fix_id == "prune_l1":
                 row["notes"].append(f"zero weights: {zero_fraction(candidate):.1%} of Linear/Conv weights")
@@ -153,6 +183,7 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
                 except Exception as e:
                     row["notes"].append(f"could not save the optimized model: {type(e).__name__}: {e}")
             rows.append(row)
+            candidates[fix_id] = candidate
         except FixNotApplicable as e:
             rows.append(_row(fix_id, fix.title, "not_applicable", why=str(e), params=opts))
         except torch.OutOfMemoryError:
@@ -160,6 +191,17 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
         except Exception as e:  # a failing fix says why; the others still run
             msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             rows.append(_row(fix_id, fix.title, "failed", why=f"{type(e).__name__}: {msg}", params=opts))
+    progress(0.6, f"timing {len(candidates)} candidates in interleaved rounds")
+    try:
+        times = time_interleaved(candidates, inputs, device, iters, warmup)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # a candidate that ran once but fails when repeated
+        raise RuntimeError(f"timing the trials failed: {type(e).__name__}: {e}") from e
+    for row in rows:
+        if row["fix"] in times:
+            row.update(times[row["fix"]])
+            row["speedup"] = times["baseline"]["median_ms"] / row["median_ms"] if row["median_ms"] else None
     return rows
 
 

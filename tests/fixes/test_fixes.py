@@ -221,3 +221,24 @@ def test_trials_a_failing_fix_says_why_and_the_others_run(monkeypatch, tmp_path)
     loaded = torch.jit.load(art["path"])
     torch.testing.assert_close(loaded(*X_VEC), ref(m, X_VEC))
     assert json.loads(open(art["recipe"]).read())["fix"] == "inference_mode"
+
+
+def test_candidates_are_timed_in_interleaved_rounds():
+    from diagnostics.fixes.trial import time_interleaved
+
+    log = []
+
+    class Tag(nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def forward(self, x):
+            log.append(self.name)
+            return x
+
+    times = time_interleaved({"a": Tag("a"), "b": Tag("b")}, (torch.zeros(4, 2),), torch.device("cpu"),
+                             iters=7, warmup=1, rounds=3)
+    # rounds of 3, 2, 2 timed calls, each after 1 warm-up call, alternating a / b
+    assert "".join(log) == "a" * 4 + "b" * 4 + "a" * 3 + "b" * 3 + "a" * 3 + "b" * 3
+    assert times["a"]["throughput_per_s"] == pytest.approx(4 / (times["a"]["median_ms"] / 1e3))
