@@ -139,7 +139,16 @@ def generate(sizes_mb: list[int]) -> dict[str, Path]:
 
 def _measure(tool: str, path: str) -> None:
     """Child process: load `path` with `tool`, print {"seconds", "peak_rss_mb", "events"}."""
+    import resource
     sys.path.insert(0, str(ROOT))
+
+    def cpu_seconds():
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    load = os.getloadavg()[0]
+    cpu0 = cpu_seconds()
     if tool == "torchscope":
         from diagnostics.traces.ingest import load_trace
         t = time.perf_counter()
@@ -162,7 +171,8 @@ def _measure(tool: str, path: str) -> None:
         raise SystemExit(f"unknown tool {tool}")
     seconds = time.perf_counter() - t
     rss = _peak_rss_mb()
-    print(json.dumps({"seconds": seconds, "peak_rss_mb": rss, "events": n}))
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds() - cpu0,
+                      "peak_rss_mb": rss, "events": n, "load": load}))
 
 
 def _peak_rss_mb() -> float:
@@ -231,7 +241,7 @@ def _fmt(res: dict | None, key: str, unit: str) -> str:
         return "-"
     if "error" in res:
         return "failed"
-    return f"{res[key]:.2f} {unit}" if key == "seconds" else f"{res[key]:.0f} {unit}"
+    return f"{res[key]:.0f} {unit}" if key == "peak_rss_mb" else f"{res[key]:.2f} {unit}"
 
 
 def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
@@ -244,16 +254,24 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
              "(shared pages counted once per process, so this overstates).", "",
              "Command: `.venv/bin/python bench/bench_traces.py --sizes 100,1000 --runs 3 "
              "--write-doc`", "",
-             "| trace | size | events | " + " | ".join(f"{t} time | {t} RSS" for t in tools) +
-             " | HTA / TorchScope time | HTA / TorchScope RSS | json.load / TorchScope time |",
-             "|---" * (3 + 2 * len(tools) + 3) + "|"]
+             "| trace | size | events | " +
+             " | ".join(f"{t} wall | {t} CPU | {t} RSS" for t in tools) +
+             " | HTA / TorchScope wall | HTA / TorchScope RSS | json.load / TorchScope wall |",
+             "|---" * (3 + 3 * len(tools) + 3) + "|"]
+    loads = [res["load"] for r in results.values() for res in r.values() if "load" in res]
+    if loads:
+        lines[2] += (f" Load average (1 min) when the runs started: {min(loads):.1f} to "
+                     f"{max(loads):.1f}; above ~1 other work shared the 2 cores, so wall times "
+                     "are inflated and CPU seconds (the process and its workers) are the steadier "
+                     "figure.")
     for label, path in files.items():
         r = results[label]
         ours = r.get("torchscope") or {}
         events = ours.get("events", "-")
         row = [label, f"{path.stat().st_size / 1e6:.0f} MB", f"{events:,}" if events != "-" else "-"]
         for t in tools:
-            row += [_fmt(r.get(t), "seconds", "s"), _fmt(r.get(t), "peak_rss_mb", "MB")]
+            row += [_fmt(r.get(t), "seconds", "s"), _fmt(r.get(t), "cpu_seconds", "s"),
+                    _fmt(r.get(t), "peak_rss_mb", "MB")]
 
         def ratio(tool, key):
             a, b = r.get(tool), ours

@@ -4,7 +4,7 @@ Why it is fast and bounded: the file is read (and gunzipped, in a background thr
 beside the parser) in blocks; each block of the traceEvents array is cut at an event boundary and
 decoded by msgspec into small typed structs that keep only the fields the analyses use (args
 such as "Input Dims" are skipped without building objects); those become numpy columns and are
-dropped (see _chunks). Large files are decoded by two worker processes while this one reads.
+dropped (see _chunks). Worker processes can decode slices while this one reads (opt-in).
 Peak memory is the columns plus a few blocks.
 
 Bad input raises TraceError (not gzip, not JSON, no traceEvents, truncated, empty); malformed
@@ -14,7 +14,6 @@ events are skipped, counted in Trace.skipped_events and described in Trace.warni
 from __future__ import annotations
 
 import multiprocessing
-import os
 import queue
 import re
 import threading
@@ -41,9 +40,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 BLOCK_BYTES = 16 << 20          # decoded bytes handed to the parser at a time
 GZ_READ_BYTES = 1 << 20         # compressed bytes read at a time
 HEADER_LIMIT_BYTES = 64 << 20   # the traceEvents array must start within this many bytes
-PARALLEL_MIN_BYTES = 48 << 20   # decoded size from which worker processes pay off
+PARALLEL_MIN_BYTES = 48 << 20   # decoded size from which workers may be used (AUTO_WORKERS)
+AUTO_WORKERS = 0                # decoding processes used by default for big traces
 GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trace's size
-MAX_WORKERS = 2
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS_COMMA = b" \t\r\n,"
 
@@ -167,10 +166,13 @@ class _Merger:
 
 
 def _pool(expected_bytes: int, workers: int | None):
-    """A worker pool for big traces, or None (small trace, one core, or inside a daemon)."""
+    """A worker pool when asked for (workers >= 2), else None.
+
+    Off by default: on the 2-core machines this targets, two decoding processes beside the
+    reader took twice the CPU time and were slower than decoding here (see docs/BENCHMARKS.md).
+    """
     if workers is None:
-        workers = min(MAX_WORKERS, os.cpu_count() or 1) if expected_bytes >= PARALLEL_MIN_BYTES \
-            else 0
+        workers = AUTO_WORKERS if expected_bytes >= PARALLEL_MIN_BYTES else 0
     if workers < 2 or multiprocessing.current_process().daemon:
         return None
     # fork is cheap; with other threads alive (a Streamlit server) forkserver is the safe choice.
@@ -322,7 +324,7 @@ def load_trace(path, allow_truncated: bool = False, workers: int | None = None) 
     Raises TraceError when the file is missing, not gzip though named .gz, not JSON, has no
     traceEvents, is truncated (unless allow_truncated: then the complete events before the cut
     are kept, with a warning) or holds no timed event. `workers`: decoding processes (None:
-    MAX_WORKERS for traces over PARALLEL_MIN_BYTES, else none; 0 or 1: decode here).
+    AUTO_WORKERS for traces over PARALLEL_MIN_BYTES, else none; 0 or 1: decode here).
     """
     path = Path(path)
     name = path.name
