@@ -8,13 +8,13 @@ st.set_page_config(page_title="TorchScope", page_icon="🔬", layout="wide")
 
 PAGES = [
     st.Page("pages/model.py", title="Model", icon=":material/view_in_ar:", default=True),
-    st.Page("pages/profiler.py", title="Profiler", icon="⏱️"),
-    st.Page("pages/memory.py", title="Memory", icon="💾"),
-    st.Page("pages/gradients.py", title="Gradient flow", icon="📉"),
-    st.Page("pages/distributed.py", title="Distributed", icon="🌐"),
+    st.Page("pages/profiler.py", title="Profiler", icon=":material/timer:"),
+    st.Page("pages/memory.py", title="Memory", icon=":material/memory:"),
+    st.Page("pages/gradients.py", title="Gradient flow", icon=":material/trending_down:"),
+    st.Page("pages/checklist.py", title="Checklist", icon=":material/checklist:"),
+    st.Page("pages/optimize.py", title="Optimize", icon=":material/rocket_launch:"),
     st.Page("pages/traces.py", title="Trace explorer", icon=":material/timeline:"),
-    st.Page("pages/checklist.py", title="Checklist", icon="✅"),
-    st.Page("pages/optimize.py", title="Optimize", icon="🚀"),
+    st.Page("pages/distributed.py", title="Distributed", icon=":material/hub:"),
     st.Page("pages/history.py", title="History", icon=":material/history:"),
 ]
 

@@ -6,6 +6,9 @@ from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAG
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
 from ui.widgets import show_failure
+from ui.frame import require_app
+
+require_app()
 
 st.title("Distributed")
 spec = state.current_spec()

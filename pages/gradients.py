@@ -7,6 +7,9 @@ from diagnostics.analyses.memory_steps import OPTIMIZERS
 from ui import state, views
 from ui.jobs import run_analysis
 from ui.widgets import show_failure
+from ui.frame import require_app
+
+require_app()
 
 st.title("Gradient flow")
 spec = state.current_spec()

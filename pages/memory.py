@@ -6,6 +6,9 @@ from diagnostics.analyses.memory_steps import OPTIMIZERS
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
 from ui.widgets import show_failure
+from ui.frame import require_app
+
+require_app()
 
 st.title("Memory")
 spec = state.current_spec()

@@ -5,6 +5,9 @@ import streamlit as st
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
 from ui.widgets import show_failure
+from ui.frame import require_app
+
+require_app()
 
 st.title("Profiler")
 spec = state.current_spec()
