@@ -22,8 +22,6 @@ from torch import nn
 from diagnostics.checklist.measure import peak_bytes
 from diagnostics.fixes.catalog import FixNotApplicable, get_fix
 
-#: Timed calls are split into this many interleaved rounds over all candidates.
-ROUNDS = 3
 
 
 def first_tensor(out) -> torch.Tensor | None:
@@ -123,18 +121,22 @@ def prepare(model: nn.Module, inputs: tuple, device: torch.device) -> tuple[dict
     return {"first_call_ms": first * 1e3, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
 
 
-def time_interleaved(models: dict[str, nn.Module], inputs: tuple, device: torch.device, iters: int, warmup: int,
-                     rounds: int = ROUNDS) -> dict[str, dict]:
-    """Latency of every candidate, timed in ``rounds`` interleaved rounds (A B C, A B C, ...) so that
-    drift on a shared machine (other jobs, clocks, caches) spreads over all candidates alike."""
+def time_interleaved(models: dict[str, nn.Module], inputs: tuple, device: torch.device, iters: int,
+                     warmup: int) -> dict[str, dict]:
+    """Latency of every candidate: ``warmup`` calls each, then ``iters`` rounds of one timed call per
+    candidate, the order rotated each round. Drift on a shared machine (other jobs, clocks, caches)
+    then hits every candidate alike instead of whichever happened to run during it."""
     from diagnostics.analyses.profiler import latency_stats, measure_latency
 
-    samples: dict[str, list[float]] = {k: [] for k in models}
-    rounds = max(1, min(rounds, iters))
-    per_round = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
-    for n in per_round:
-        for key, m in models.items():
-            samples[key] += measure_latency(_call(m, inputs), device, warmup, n)
+    keys = list(models)
+    calls = {k: _call(models[k], inputs) for k in keys}
+    for k in keys:
+        measure_latency(calls[k], device, warmup, 0)
+    samples: dict[str, list[float]] = {k: [] for k in keys}
+    for r in range(max(1, iters)):
+        for j in range(len(keys)):
+            k = keys[(r + j) % len(keys)]
+            samples[k] += measure_latency(calls[k], device, 0, 1)
     batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
     out = {}
     for key, ms in samples.items():
@@ -149,7 +151,7 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
     """Rows: the baseline first, then one per fix in the order given.
 
     Every candidate is built and checked first (first call, peak memory, size, fidelity, artifact);
-    then all are timed together in interleaved rounds.
+    then all are timed together, one call each per round (see ``time_interleaved``).
     """
     device = torch.device(device)
     progress = progress or (lambda f, m: None)

@@ -237,8 +237,8 @@ def test_candidates_are_timed_in_interleaved_rounds():
             log.append(self.name)
             return x
 
-    times = time_interleaved({"a": Tag("a"), "b": Tag("b")}, (torch.zeros(4, 2),), torch.device("cpu"),
-                             iters=7, warmup=1, rounds=3)
-    # rounds of 3, 2, 2 timed calls, each after 1 warm-up call, alternating a / b
-    assert "".join(log) == "a" * 4 + "b" * 4 + "a" * 3 + "b" * 3 + "a" * 3 + "b" * 3
+    times = time_interleaved({"a": Tag("a"), "b": Tag("b"), "c": Tag("c")}, (torch.zeros(4, 2),),
+                             torch.device("cpu"), iters=3, warmup=2)
+    # 2 warm-up calls each, then 3 rounds of one timed call per candidate, the order rotated per round
+    assert "".join(log) == "aabbcc" + "abc" + "bca" + "cab"
     assert times["a"]["throughput_per_s"] == pytest.approx(4 / (times["a"]["median_ms"] / 1e3))
