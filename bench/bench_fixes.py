@@ -74,10 +74,14 @@ same job with the same inputs, in eval mode under torch.no_grad(): median / p90 
 disk / the baseline's (state_dict, or the TorchScript archive for torchscript); fidelity against the baseline's
 outputs. {"torch.compile included." if args.compile else "torch.compile left out (--compile adds it)."} The
 machine was shared with other work while this ran, so single timings are noisy; the sizes and fidelity
-figures are exact. Reading: int8 dynamic quantization shrinks Linear-heavy models about 3-4x but is often
-slower on this CPU at these small sizes; bf16 (amp / half) is slower on a CPU without AMX/AVX512-BF16;
-pruning zeroes weights but keeps them dense (same size, same speed); TorchScript freeze and channels_last
-are where the CPU gains are.
+figures are exact. Reading (this run): bf16 (amp, half) is 4-35x slower on this CPU (no AMX/AVX512-BF16)
+and AMP fails on the LSTM (oneDNN has no bf16 LSTM primitive here: the row says so); int8 dynamic
+quantization shrinks the MLP to 0.31x and the LSTM to 0.42x (torch.ao, which also quantizes LSTM) but is
+slower at these small sizes, torchao's dynamic activation quantization most of all (0.06x on the MLP and the
+Transformer); pruning zeroes 50% of the weights but keeps them dense (same size) and moves outputs most
+(cosine 0.84 on the MLP); torch.compile gains 1.1x on the conv nets; Conv-BN fusion, channels_last,
+TorchScript freeze and inference_mode are within the noise of this shared 2-core machine (0.8-1.1x). No GPU
+was lent to this task, so there are no CUDA figures (run with --device cuda where one is).
 
 {table}
 """

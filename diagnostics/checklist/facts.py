@@ -52,6 +52,9 @@ TENSOR_CORE_PATTERNS = ("884", "1688", "16816", "8816", "hmma", "xmma", "wgmma",
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
             "cudaEventSynchronize")
 STEP_MARK = "ts_checklist_step"
+#: Warm-up calls before the inference and batch-size probes time anything: the first calls at a new
+#: shape or mode pay one-off costs (oneDNN primitive creation, allocator growth).
+WARMUP = 3
 
 
 # ----------------------------------------------------------------------------- static facts
@@ -373,7 +376,7 @@ def measured_facts(loaded, model: nn.Module, *,
     step = _train_step_fn(model, inputs, loss_fn)
     if trainable:
         progress(0.2, "timing the training step")
-        out["train_step"] = guarded("train_step", lambda: time_calls(step, device, iters=iters, warmup=1))
+        out["train_step"] = guarded("train_step", lambda: time_calls(step, device, iters=iters, warmup=2))
         progress(0.35, "profiling the training step")
         out["profile"] = guarded("profile", lambda: profile_facts(step, device, profile_steps))
         progress(0.5, "peak memory and saved activations")
@@ -406,10 +409,10 @@ def measured_facts(loaded, model: nn.Module, *,
     def infer_check():
         model.train()
         with torch.enable_grad():
-            grad_t = time_calls(lambda: model(*inputs), device, iters=iters, warmup=1)
+            grad_t = time_calls(lambda: model(*inputs), device, iters=iters, warmup=WARMUP)
         model.eval()
         with torch.inference_mode():
-            inf_t = time_calls(lambda: model(*inputs), device, iters=iters, warmup=1)
+            inf_t = time_calls(lambda: model(*inputs), device, iters=iters, warmup=WARMUP)
         return {"train_grad_forward_s": grad_t["median_s"], "eval_inference_forward_s": inf_t["median_s"],
                 "speedup": grad_t["median_s"] / inf_t["median_s"] if inf_t["median_s"] else None}
 
@@ -423,7 +426,7 @@ def measured_facts(loaded, model: nn.Module, *,
             for b in (batch_size, batch_size * 2):
                 x = make_inputs(b)
                 with torch.inference_mode():
-                    t = time_calls(lambda: model(*x), device, iters=iters, warmup=1)
+                    t = time_calls(lambda: model(*x), device, iters=iters, warmup=WARMUP)
                 res.append({"batch_size": b, "median_s": t["median_s"], "samples_per_s": b / t["median_s"]})
             return {"points": res, "throughput_gain_2x": res[1]["samples_per_s"] / res[0]["samples_per_s"]}
 
