@@ -92,7 +92,7 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture
-def page(server):
+def page(server, request):
     from playwright.sync_api import sync_playwright
 
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -104,6 +104,8 @@ def page(server):
             pg.set_default_timeout(120_000)
             pg.goto(server["url"])
             yield pg
+            if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+                shot(pg, f"failed-{request.node.name}")
         finally:
             browser.close()
 
@@ -251,13 +253,13 @@ def test_cancel_stops_the_worker_and_the_page_offers_run_again(server, page, tmp
             shot(page, "05-model-running")
         page.get_by_role("button", name="Cancel").click()
 
-        page.get_by_text("Model summary: cancelled").wait_for(timeout=30_000)
+        page.get_by_text("Model summary: cancelled").wait_for(timeout=JOB_TIMEOUT_MS)
         page.get_by_text("you cancelled this job").wait_for()
-        final = _wait(lambda: [r for r in runs(data) if r["id"] == row["id"] and r["status"] != "running"], 20,
+        final = _wait(lambda: [r for r in runs(data) if r["id"] == row["id"] and r["status"] != "running"], 60,
                       "the run to be finished in the store")[0]
         assert final["status"] == "cancelled" and final["error"].startswith("cancelled:")
         _wait(lambda: not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE,
-              10, "the worker to exit")
+              30, "the worker to exit")
         assert not live_workers(server["proc"].pid), "a worker process is still running after Cancel"
         # The rerun shows "cancelled"; it does not start the same job again by itself.
         page.wait_for_timeout(2000)
