@@ -236,3 +236,19 @@ def test_static_facts_see_through_compile_and_data_parallel():
     assert c["compiled"] and c["n_conv2d"] == 1 and c["n_batchnorm"] == 1
     d = static_facts(nn.DataParallel(m))
     assert d["data_parallel"] and d["n_conv2d"] == 1 and not d["compiled"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_facts_and_tensor_core_rule(tmp_path):
+    r = execute(Job("checklist", ModelSpec(name="mlp", device="cuda:0"), FAST), tmp_path)
+    env, p = r["facts"]["env"], r["facts"]["measured"]["profile"]
+    assert env["compute_capability"] >= 3 and env["device_memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
+    assert p["kernels_per_step"] > 0 and 0 < p["gpu_busy_fraction"] <= 1
+    assert r["facts"]["measured"]["peak_bytes"] > 0
+    assert "aten::addmm" in p["eligible_ops"] or "aten::mm" in p["eligible_ops"]
+    tc = _status(r, "tensor_cores")
+    if env["compute_capability"] >= 7:
+        # fp32 matmuls without TF32 use no Tensor Cores: the rule fails and offers AMP
+        assert tc["status"] in ("pass", "fail") and (tc["status"] == "pass") == bool(p["tensor_core_kernels"])
+    for rule in ("gpu_utilization", "peak_memory", "memory_growth", "cudnn_benchmark"):
+        assert "no CUDA" not in _status(r, rule)["evidence"]

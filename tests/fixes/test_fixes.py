@@ -242,3 +242,15 @@ def test_candidates_are_timed_in_interleaved_rounds():
     # 2 warm-up calls each, then 3 rounds of one timed call per candidate, the order rotated per round
     assert "".join(log) == "aabbcc" + "abc" + "bca" + "cab"
     assert times["a"]["throughput_per_s"] == pytest.approx(4 / (times["a"]["median_ms"] / 1e3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_trials_on_cuda_measure_memory_and_time(tmp_path):
+    m = mlp().cuda()
+    x = (X_VEC[0].cuda(),)
+    rows = run_trials(m, x, "cuda:0", ["half", "int8_dynamic"], facts_of(m, x) | {"env": environment_facts("cuda:0")},
+                      iters=5, warmup=2)
+    by = {r["fix"]: r for r in rows}
+    assert by["baseline"]["peak_bytes"] > 0 and by["baseline"]["median_ms"] > 0
+    assert by["half"]["status"] == "ok" and by["half"]["size_ratio"] == pytest.approx(0.5, abs=0.05)
+    assert by["int8_dynamic"]["status"] in ("ok", "not_applicable")  # torchao on CUDA, or says why not
