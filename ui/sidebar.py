@@ -140,6 +140,8 @@ def render_sidebar() -> ModelSpec:
                 declared = tuple(InputSpec(tuple(i["shape"]), i["dtype"], i.get("high"))
                                  for i in info["result"]["inputs"])
                 st.success(f"Loaded {base.name} ({info['result']['model_type']})")
+                for note in info["result"].get("notes") or []:
+                    st.warning(note)
             else:
                 st.info("No uploaded model yet: the pages keep showing the previous model.")
 

@@ -28,4 +28,4 @@ def metric_row(items: list[tuple[str, str, str | None]]) -> None:
 
 def json_download(result: dict, name: str, label: str = "Download result (JSON)") -> None:
     st.download_button(label, json.dumps(result, indent=1, default=str).encode(), file_name=name,
-                       mime="application/json")
+                       mime="application/json", on_click="ignore")

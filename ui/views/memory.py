@@ -50,7 +50,7 @@ def show(result: dict) -> None:
     if snap and Path(snap["path"]).exists():
         st.download_button("Download CUDA memory snapshot (.pickle)", Path(snap["path"]).read_bytes(),
                            file_name=snap["file"], mime="application/octet-stream",
-                           help="Open it at https://pytorch.org/memory_viz (drag the file onto the page)")
+                           help="Open it at https://pytorch.org/memory_viz (drag the file onto the page)", on_click="ignore")
         st.caption(f"Snapshot: {human_bytes(snap['bytes'])} — {snap['note']}")
 
     tab_break, tab_layers, tab_time, tab_est = st.tabs(["Breakdown", "Per layer", "Timeline", "Estimate"])

@@ -66,8 +66,8 @@ def show(result: dict) -> None:
         ("p90", _ms(lat["p90_ms"]), None),
         ("p99", _ms(lat["p99_ms"]), None),
         ("Std dev", _ms(lat["std_ms"]), f"mean {_ms(lat['mean_ms'])}"),
-        ("Throughput", f"{human_count(lat['samples_per_s'])} samples/s",
-         f"batch {result['batch_size']} / median latency"),
+        ("Samples/s", human_count(lat["samples_per_s"]),
+         f"throughput: {lat['samples_per_s']:,.0f} samples/s = batch {result['batch_size']} / median latency"),
         ("Profiled step", _ms(m["step_time_mean_ms"]), f"mean of {m['profiled_steps']} active steps under the "
                                                        "profiler (includes its overhead)"),
     ])
@@ -186,4 +186,4 @@ def _downloads(result: dict) -> None:
             continue
         col.download_button(f"{label} · {human_bytes(Path(path).stat().st_size)}",
                             data=lambda p=path: Path(p).read_bytes(), file_name=Path(path).name, mime=mime,
-                            key=f"prof_dl_{key}", icon=":material/download:")
+                            key=f"prof_dl_{key}", icon=":material/download:", on_click="ignore")
