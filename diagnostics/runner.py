@@ -386,7 +386,9 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
     cap = int(memory_limit_mb * 2**20) if memory_limit_mb else _memory_cap_bytes()
     as_limit = cap if (job.spec is None or job.spec.device == "cpu") else None  # CUDA needs a huge VA space
     proc = ctx.Process(target=_worker_main, args=(job.to_dict(), child, log_write, str(artifact_dir), as_limit,
-                                                  os.getpid()), daemon=True)
+                                                  os.getpid()), daemon=False)
+    # Not a daemon, so a job may start processes of its own (DataLoader workers, torchrun); the
+    # worker still dies with this process (PR_SET_PDEATHSIG) and is killed with its children below.
     drain = _LogDrain(os.dup(log_read.fileno()), log_path)
     log_read.close()
     t0 = time.monotonic()

@@ -41,3 +41,20 @@ def test_hanging_model_times_out(tmp_path):
     out = run_job(Job("summary", ModelSpec(source="python", name="hang.py", path=str(py))), timeout_s=8, store=store)
     assert out.status == "timeout" and out.error.startswith("timed out after 8 s")
     assert store.get(out.run_id).status == "timeout"
+
+
+def test_a_job_may_start_processes_of_its_own(tmp_path):
+    """DataLoader workers and torchrun are child processes: the job's worker must not be a daemon."""
+    py = tmp_path / "kids.py"
+    py.write_text(textwrap.dedent("""
+        import multiprocessing as mp, torch
+        from torch import nn
+        def build_model():
+            p = mp.get_context("fork").Process(target=int)
+            p.start(); p.join()
+            assert p.exitcode == 0
+            return nn.Linear(2, 2)
+        def example_inputs(): return (torch.zeros(1, 2),)
+    """))
+    out = run_job(Job("validate", ModelSpec(source="python", name="kids.py", path=str(py))), artifact_dir=tmp_path / "a")
+    assert out.ok, out.error

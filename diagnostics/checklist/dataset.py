@@ -58,16 +58,7 @@ def _loader(dataset, desc: dict, workers: int):
 def time_loader(dataset, desc: dict, batches: int = 5) -> tuple[float | None, str | None]:
     """Median seconds to fetch one batch (after the first, which pays the start-up), and a note."""
     workers = int(desc.get("num_workers") or 0)
-    note = None
-    try:
-        return _time(_loader(dataset, desc, workers), batches), note
-    except AssertionError as e:
-        if "daemonic" not in str(e) or workers == 0:
-            raise
-        # Jobs run in a daemon worker process, which may not start DataLoader workers.
-        note = (f"measured with num_workers=0: the job's worker process cannot start {workers} loader "
-                "processes; with workers the real loader time is lower")
-        return _time(_loader(dataset, desc, 0), batches), note
+    return _time(_loader(dataset, desc, workers), batches), None
 
 
 def _time(loader, batches: int) -> float | None:
