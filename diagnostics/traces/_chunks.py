@@ -26,6 +26,9 @@ STRING_FIELDS = ("ph", "cat", "name", "pid", "tid")
 NUMERIC_FIELDS = ("ts", "dur", "ext_id", "corr", "device", "stream", "flow_id", "nbytes",
                   "total_allocated", "device_type")
 _NUMBER_TYPES = (int, float)
+# What decoding hostile bytes can raise: bad JSON or types, nesting deeper than msgspec's
+# limit (RecursionError), and strings that are not UTF-8 (UnicodeDecodeError).
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError)
 _FLOW_PHASES = frozenset({"s", "f", "t"})
 _INSTANT_PHASES = frozenset({"i", "I"})
 # Events whose args carry "device" and "stream" (GPU activity).
@@ -234,12 +237,19 @@ class Columns:
             try:
                 good.append(_decode_event(raw))
                 continue
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            except DECODE_ERRORS as exc:
                 first_error = exc
             ev = _lenient_event(raw)
+            if ev is None and isinstance(first_error, UnicodeDecodeError):
+                ev = _lenient_event(raw.decode("utf-8", "replace").encode())
+                if ev is not None:
+                    self.warn("an event holds text that is not UTF-8; its bad bytes were "
+                              f"replaced by \ufffd: {raw[:120].decode('utf-8', 'replace')}")
             if ev is None:
                 self.skipped += 1
-                self.warn(f"skipped an event ({first_error}): {raw[:120].decode('utf-8', 'replace')}")
+                why = ("nested deeper than the JSON decoder allows"
+                       if isinstance(first_error, RecursionError) else str(first_error))
+                self.warn(f"skipped an event ({why}): {raw[:120].decode('utf-8', 'replace')}")
             else:
                 good.append(ev)
         self.add(good)
@@ -309,7 +319,7 @@ def consume(cols: Columns, buf: bytes, cut: int | None = None) -> bytes:
     try:
         cols.add(_decode_events(view[:cut + 3]))
         return buf[cut + 1:].lstrip(b" \t\r\n,")
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         pass
     finally:
         view.release()
@@ -342,7 +352,7 @@ def consume_spans(cols: Columns, buf: bytes, starts: np.ndarray, ends: np.ndarra
         try:
             cols.add(_decode_events(b"[" + buf[int(starts[0]):int(ends[-1]) + 1] + b"]"))
             return
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except DECODE_ERRORS:
             pass
     cols.add_one_by_one(buf, starts, ends)
 
@@ -379,6 +389,6 @@ def decode_slice(buf: bytes) -> dict | None:
     cols = Columns()
     try:
         cols.add(_decode_events(b"[" + buf + b"]"))
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         return None
     return cols.export()
