@@ -28,5 +28,8 @@ chromium:
 test: install chromium
 	$(PY) -m pytest -q
 
+# Every benchmark, each beside its peer in the same run; each rewrites its docs/BENCHMARKS.md section.
 bench: install
-	$(PY) bench/run_all.py
+	$(PY) bench/bench_traces.py --write-doc
+	$(PY) bench/bench_profiler.py --write
+	$(PY) bench/bench_fixes.py --compile --write

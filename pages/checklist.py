@@ -7,7 +7,10 @@ from diagnostics.uploads import save_upload
 from ui import state
 from ui.jobs import cached_outcome, get_store, run_analysis
 from ui.views import checklist as checklist_view
+from ui.frame import require_app
 from ui.widgets import show_failure
+
+require_app()
 
 st.title("Checklist")
 spec = state.current_spec()

@@ -5,7 +5,10 @@ import streamlit as st
 from diagnostics.fixes import FIXES
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
+from ui.frame import require_app
 from ui.widgets import show_failure
+
+require_app()
 
 st.title("Optimize")
 spec = state.current_spec()

@@ -381,10 +381,14 @@ def analyze(ctx, options: dict) -> dict:
         data = orjson.loads(path.read_bytes())
         path.unlink()
         cycle_traces.append(orjson.dumps(_with_rank(data)))
-        ka = prof.key_averages()
-        cycle_ops.append(operator_rows(ka))
         if opts["record_shapes"]:
-            cycle_ops_shape.append(operator_rows(prof.key_averages(group_by_input_shape=True), by_shape=True))
+            # One grouping pass: the per-name table is the per-shape one summed by name
+            # (merge_operator_rows), the same numbers key_averages() gives, without a second pass.
+            shaped = operator_rows(prof.key_averages(group_by_input_shape=True), by_shape=True)
+            cycle_ops_shape.append(shaped)
+            cycle_ops.append([{k: v for k, v in r.items() if k != "input_shapes"} for r in shaped])
+        else:
+            cycle_ops.append(operator_rows(prof.key_averages()))
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

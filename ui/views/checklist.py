@@ -66,9 +66,9 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None) -> None:
     d1, d2, d3 = st.columns(3)
     with d1:
         st.download_button("Report (Markdown)", build_markdown(result).encode(), file_name="checklist.md",
-                           mime="text/markdown", icon=":material/description:")
+                           mime="text/markdown", icon=":material/description:", on_click="ignore")
     with d2:
         st.download_button("Report (HTML)", build_html(result).encode(), file_name="checklist.html",
-                           mime="text/html", icon=":material/html:")
+                           mime="text/html", icon=":material/html:", on_click="ignore")
     with d3:
         json_download(result, "checklist.json")

@@ -62,9 +62,11 @@ def show(result: dict) -> None:
             if p.exists():
                 label = f"{r['title']} ({'TorchScript' if a['kind'] == 'torchscript' else 'state_dict'})"
                 cols[i % len(cols)].download_button(label, p.read_bytes(), file_name=p.name,
-                                                    key=f"opt_dl_{r['fix']}", icon=":material/download:")
+                                                    key=f"opt_dl_{r['fix']}", icon=":material/download:",
+                                                    on_click="ignore")
             rp = Path(a["recipe"])
             if rp.exists():
                 cols[i % len(cols)].download_button(f"{r['fix']} recipe (JSON)", rp.read_bytes(), file_name=rp.name,
-                                                    key=f"opt_recipe_{r['fix']}", mime="application/json")
+                                                    key=f"opt_recipe_{r['fix']}", mime="application/json",
+                                                    on_click="ignore")
     json_download(result, "optimize.json")
