@@ -147,11 +147,15 @@ def _load_export(path: Path):
     return ep.module(), example
 
 
-def _load_python(path: Path):
+def import_user_file(path: Path, what: str, missing: str = "file not found"):
+    """Import a user's Python file as a fresh module; errors name the file and the problem.
+
+    Refused in server-safe mode (``what`` names the feature in that message)."""
     if safe_mode():
-        raise TrustError("Python-file models are disabled on this server (server-safe mode)")
+        raise TrustError(f"{what} are disabled on this server (server-safe mode)")
+    path = Path(path)
     if not path.exists():
-        raise ModelLoadError(f"file not found: {path.name}")
+        raise ModelLoadError(f"{missing}: {path.name}")
     mod_name = f"torchscope_user_{uuid.uuid4().hex[:8]}"
     try:
         spec = importlib.util.spec_from_file_location(mod_name, path)
@@ -162,6 +166,11 @@ def _load_python(path: Path):
         raise ModelLoadError(f"{path.name} has a syntax error at line {e.lineno}: {e.msg}") from e
     except Exception as e:
         raise ModelLoadError(f"{path.name} raised while being imported: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _load_python(path: Path):
+    module = import_user_file(path, "Python-file models")
     if not callable(getattr(module, "build_model", None)):
         raise ModelLoadError(f"{path.name} defines no build_model() function; it must define "
                              "build_model() -> nn.Module and example_inputs() -> tuple of tensors")

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from diagnostics.analyses.validate import iter_tensors
+
 ROOT = "(model)"
 
 #: The profiler's categories, folded into the ones the page shows.
@@ -46,17 +48,6 @@ def _storage_key(t: torch.Tensor):
         return (s.data_ptr(), str(t.device)), s.nbytes()
     except (RuntimeError, NotImplementedError):
         return ("id", id(t)), t.numel() * t.element_size()
-
-
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            yield from _tensors(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _tensors(v)
 
 
 def _walk(nodes):
@@ -158,7 +149,7 @@ class SavedTensorTracker:
 
     @contextmanager
     def track(self, model: nn.Module, inputs=()):
-        for t in list(model.parameters()) + list(model.buffers()) + list(_tensors(inputs)):
+        for t in list(model.parameters()) + list(model.buffers()) + list(iter_tensors(inputs)):
             self.exclude.add(_storage_key(t)[0])
         stack: list[str] = []
         handles = []
@@ -192,7 +183,7 @@ class SavedTensorTracker:
                         stack.pop()
                     if name not in self.outputs:
                         keys = {}
-                        for t in _tensors(out):
+                        for t in iter_tensors(out):
                             k, n = _storage_key(t)
                             keys[k] = n
                         self.outputs[name] = sum(keys.values())

@@ -12,21 +12,22 @@ import torch
 from diagnostics.analyses.summary import _shape_of
 
 
-def _tensors(x):
+def iter_tensors(x):
+    """Every tensor in a (nested) tuple, list or dict output."""
     if isinstance(x, torch.Tensor):
         yield x
     elif isinstance(x, (tuple, list)):
         for v in x:
-            yield from _tensors(v)
+            yield from iter_tensors(v)
     elif isinstance(x, dict):
         for v in x.values():
-            yield from _tensors(v)
+            yield from iter_tensors(v)
 
 
 def nonfinite_counts(out) -> tuple[int, int, int]:
     """(NaN count, infinity count, total floating-point elements) over every tensor in ``out``."""
     nan = inf = total = 0
-    for t in _tensors(out):
+    for t in iter_tensors(out):
         if t.is_floating_point() or t.is_complex():
             nan += int(torch.isnan(t).sum())
             inf += int(torch.isinf(t).sum())

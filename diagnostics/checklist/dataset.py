@@ -5,33 +5,17 @@ Executing a user's file is refused in server-safe mode, like Python-file models.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
-import uuid
 from pathlib import Path
 
-from diagnostics.errors import ModelLoadError, TrustError
-from diagnostics.intake import safe_mode
+from diagnostics.errors import ModelLoadError
+from diagnostics.intake import import_user_file
 
 
 def load_dataset(path: str):
     """Import ``path`` and return ``build_dataset()``; errors name the problem."""
-    if safe_mode():
-        raise TrustError("dataset modules (Python files) are disabled on this server (server-safe mode)")
     p = Path(path)
-    if not p.exists():
-        raise ModelLoadError(f"dataset file not found: {p.name}")
-    name = f"torchscope_dataset_{uuid.uuid4().hex[:8]}"
-    try:
-        spec = importlib.util.spec_from_file_location(name, p)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    except SyntaxError as e:
-        raise ModelLoadError(f"{p.name} has a syntax error at line {e.lineno}: {e.msg}") from e
-    except Exception as e:
-        raise ModelLoadError(f"{p.name} raised while being imported: {type(e).__name__}: {e}") from e
+    module = import_user_file(p, "dataset modules (Python files)", missing="dataset file not found")
     if not callable(getattr(module, "build_dataset", None)):
         raise ModelLoadError(f"{p.name} defines no build_dataset() function returning a torch Dataset")
     try:

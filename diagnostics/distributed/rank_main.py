@@ -23,7 +23,6 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import replace
 
 from diagnostics.distributed.job import DistJob, resolve_backend, status_path, steps_path, trace_path
 

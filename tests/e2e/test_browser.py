@@ -121,6 +121,27 @@ def choose(page, label: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
+def wait_idle(page, timeout_s: float = 120) -> None:
+    """Until the script run in progress (the toolbar's running icon) has finished."""
+    page.wait_for_timeout(300)
+    page.locator('[data-testid="stStatusWidgetRunningIcon"]').wait_for(state="detached", timeout=timeout_s * 1000)
+
+
+def upload(page, path: Path) -> None:
+    """Put a file into the sidebar's model uploader; retried when a rerun swallowed the upload."""
+    for _ in range(3):
+        wait_idle(page)
+        page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(path))
+        try:
+            page.locator('[data-testid="stSidebar"]').get_by_text(path.name, exact=True).wait_for(timeout=20_000)
+            return
+        except Exception as e:  # playwright's TimeoutError; imported lazily like the rest of playwright
+            if type(e).__name__ != "TimeoutError":
+                raise
+            continue
+    raise AssertionError(f"the uploader never showed {path.name}")
+
+
 def open_page(page, title: str) -> None:
     page.locator('[data-testid="stSidebarNav"] a').filter(has_text=title).click()
     page.get_by_role("heading", name=title, exact=True).wait_for()
@@ -233,7 +254,7 @@ def test_cancel_stops_the_worker_and_the_page_offers_run_again(server, page, tmp
 
     page.get_by_text("Upload a file", exact=True).click()
     choose(page, "File kind", "Python file with build_model() and example_inputs()")
-    page.locator('[data-testid="stFileUploaderDropzoneInput"]').first.set_input_files(str(model))
+    upload(page, model)
     page.get_by_role("button", name="Load model").click()
     page.get_by_text("Loaded sleepy_model.py").wait_for(timeout=JOB_TIMEOUT_MS)
 

@@ -30,8 +30,9 @@ def show(result: dict) -> None:
         ("Exploding", str(m["layers_exploding"]), None),
         ("Dead", str(m["layers_dead"]), None),
         ("Non-finite", str(m["layers_nonfinite"]), None),
-        ("Global norm (first → last)", f"{_fmt(m['global_norm_first'])} → {_fmt(m['global_norm_last'])}",
-         "L2 norm of all gradients together, at the first and the last step"),
+        ("Global norm", _fmt(m["global_norm_last"]),
+         f"L2 norm of all gradients together at the last step (first step: {_fmt(m['global_norm_first'])}); "
+         "the Global norm tab shows every step"),
     ])
     if m["layers_flagged"]:
         st.error(f"Gradient flow: {result['verdict']}")

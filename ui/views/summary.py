@@ -42,8 +42,10 @@ def show(result: dict) -> None:
     tab_table, tab_tree, tab_top = st.tabs(["Layers", "Parameter treemap", "Top layers"])
     with tab_table:
         leaves = st.toggle("Leaf layers only", value=True, key="summary_leaves")
+        table = layer_table(result, leaves)
         st.dataframe(
-            layer_table(result, leaves), hide_index=True, width="stretch",
+            table, hide_index=True, width="stretch",
+            height=min(36 * (len(table) + 1) + 3, 720),  # small models show every row without scrolling
             column_config={
                 "name": st.column_config.TextColumn("Layer (qualified name)"),
                 "type": st.column_config.TextColumn("Type"),
