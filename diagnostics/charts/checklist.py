@@ -18,11 +18,11 @@ def build_score_gauge_figure(result: dict) -> go.Figure:
         mode="gauge+number", value=score if score is not None else 0,
         number={"suffix": " / 100", "valueformat": ".0f"},
         title={"text": "Checklist score (points)" + ("" if score is not None else " — no rule applies")},
-        gauge={"axis": {"range": [0, 100], "ticksuffix": " pts"}, "bar": {"color": "#37474f"},
+        gauge={"axis": {"range": [0, 100], "tickvals": [0, 20, 40, 60, 80, 100]}, "bar": {"color": "#37474f"},
                "steps": [{"range": [0, 50], "color": "#ffcdd2"}, {"range": [50, 80], "color": "#ffe0b2"},
                          {"range": [80, 100], "color": "#c8e6c9"}]},
     ))
-    fig.update_layout(height=260, margin=dict(l=20, r=20, t=60, b=10))
+    fig.update_layout(height=260, margin=dict(l=40, r=40, t=60, b=10))  # room for the 0 and 100 ticks
     return fig
 
 

@@ -30,7 +30,7 @@ def build_category_figure(summary: dict) -> go.Figure:
     fig = go.Figure(go.Bar(x=[r["cat"] for r in rows], y=[r["events"] for r in rows],
                            customdata=[r["total_us"] / 1000 for r in rows],
                            hovertemplate="%{x}: %{y:,} events, %{customdata:.3f} ms<extra></extra>"))
-    fig.update_layout(title="Events by category", yaxis_title="events", xaxis_title=None)
+    fig.update_layout(title="Events by category", yaxis_title="events (count)", xaxis_title=None)
     return fig
 
 

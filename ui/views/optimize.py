@@ -9,19 +9,20 @@ import streamlit as st
 
 from diagnostics.charts.optimize import (build_fidelity_figure, build_latency_figure, build_size_figure,
                                          build_speedup_figure)
+from diagnostics.formatting import human_bytes
 from ui.widgets import json_download, metric_row
 
 
 def trials_table(result: dict) -> pd.DataFrame:
     rows = []
     for r in result["rows"]:
-        rows.append({
-            "fix": r["title"], "status": r["status"], "median (ms)": r["median_ms"], "p90 (ms)": r["p90_ms"],
-            "throughput (samples/s)": r["throughput_per_s"], "speed-up (x)": r["speedup"],
+        rows.append({  # what decides first (speed-up, fidelity), then the raw measurements
+            "fix": r["title"], "status": r["status"], "speed-up (x)": r["speedup"], "median (ms)": r["median_ms"],
+            "p90 (ms)": r["p90_ms"], "peak memory (MiB)": None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20,
+            "size ratio": r["size_ratio"], "max abs err": r["max_abs_err"], "cosine": r["cosine"],
+            "top-1 agreement": r["top1_agreement"], "throughput (samples/s)": r["throughput_per_s"],
             "first call (ms)": r["first_call_ms"],
-            "peak memory (MiB)": None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20,
-            "size (MiB)": None if r["size_bytes"] is None else r["size_bytes"] / 2**20, "size ratio": r["size_ratio"],
-            "max abs err": r["max_abs_err"], "cosine": r["cosine"], "top-1 agreement": r["top1_agreement"],
+            "size (MiB)": None if r["size_bytes"] is None else r["size_bytes"] / 2**20,
             "why / notes": r["why"] or "; ".join(r["notes"]),
         })
     return pd.DataFrame(rows)
@@ -54,19 +55,23 @@ def show(result: dict) -> None:
         t4.plotly_chart(build_fidelity_figure(result), width="stretch")
     arts = [r for r in result["rows"] if r.get("artifact")]
     if arts:
-        st.markdown("**Optimized models**")
-        cols = st.columns(min(4, len(arts)))
-        for i, r in enumerate(arts):
-            a = r["artifact"]
-            p = Path(a["path"])
-            if p.exists():
-                label = f"{r['title']} ({'TorchScript' if a['kind'] == 'torchscript' else 'state_dict'})"
-                cols[i % len(cols)].download_button(label, p.read_bytes(), file_name=p.name,
-                                                    key=f"opt_dl_{r['fix']}", icon=":material/download:",
-                                                    on_click="ignore")
-            rp = Path(a["recipe"])
-            if rp.exists():
-                cols[i % len(cols)].download_button(f"{r['fix']} recipe (JSON)", rp.read_bytes(), file_name=rp.name,
-                                                    key=f"opt_recipe_{r['fix']}", mime="application/json",
-                                                    on_click="ignore")
+        st.markdown("**Optimized models** (the fixed copy, and the recipe that reproduces it)")
+        for r in arts:
+            _artifact_row(r)
     json_download(result, "optimize.json")
+
+
+def _artifact_row(r: dict) -> None:
+    a = r["artifact"]
+    model_path, recipe_path = Path(a["path"]), Path(a["recipe"])
+    c1, c2, c3 = st.columns([2, 2, 1.4], vertical_alignment="center")
+    c1.markdown(r["title"])
+    if model_path.exists():
+        kind = "TorchScript" if a["kind"] == "torchscript" else "state_dict"
+        c2.download_button(f"{kind} · {human_bytes(model_path.stat().st_size)}", model_path.read_bytes,
+                           file_name=model_path.name, key=f"opt_dl_{r['fix']}", icon=":material/download:",
+                           on_click="ignore", width="stretch")
+    if recipe_path.exists():
+        c3.download_button("recipe (JSON)", recipe_path.read_bytes, file_name=recipe_path.name,
+                           key=f"opt_recipe_{r['fix']}", mime="application/json", on_click="ignore",
+                           width="stretch")

@@ -18,7 +18,18 @@ def _table(records: list, rename: dict | None = None, height: int | None = None)
         st.caption("(none)")
         return
     df = pd.DataFrame(records)
-    st.dataframe(df.rename(columns=rename or {}), hide_index=True, width="stretch", height=height or "auto")
+    config = {}
+    for col in df.columns:  # engine times are µs; people read ms. Bytes get their unit in the name.
+        if col in (rename or {}):
+            continue
+        if col.endswith("_us") and pd.api.types.is_numeric_dtype(df[col]):
+            df[col] = df[col] / 1e3
+            label = col[:-3].replace("_", " ") + " (ms)"
+            config[col] = st.column_config.NumberColumn(label, format="%.3f")
+        elif pd.api.types.is_float_dtype(df[col]):
+            config[col] = st.column_config.NumberColumn(col.replace("_", " "), format="%.4g")
+    st.dataframe(df.rename(columns=rename or {}), hide_index=True, width="stretch", height=height or "auto",
+                 column_config=config)
 
 
 def _timeline(result: dict) -> None:
@@ -64,13 +75,13 @@ def show(result: dict) -> None:
         c1, c2 = st.columns(2)
         with c1:
             st.markdown("**Threads**")
-            _table(s["threads"], {"busy_us": "busy (µs)"})
+            _table(s["threads"])
         with c2:
             st.markdown("**Steps**")
-            _table(s["steps"], {"start_us": "start (µs)", "dur_us": "duration (µs)"})
+            _table(s["steps"])
         if s["streams"]:
             st.markdown("**GPU streams**")
-            _table(s["streams"], {"busy_us": "busy (µs)"})
+            _table(s["streams"])
         if s.get("memory"):
             st.markdown("**Memory (from [memory] events)**")
             _table(s["memory"], {"peak_allocated_bytes": "peak allocated (bytes)"})
