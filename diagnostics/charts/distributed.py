@@ -33,10 +33,10 @@ def build_rank_step_figure(result: dict) -> go.Figure:
                                   f"(median {t['median_ms']:.2f} ms + max({t['margin']:.0%}, "
                                   f"{t['min_excess_ms']:g} ms))",
                   annotation_position="top left")
-    fig.update_layout(title="Step time and busy time per rank (median over steps; red = straggler)",
+    fig.update_layout(title="Step and busy time per rank<br><sup>median over steps; red = straggler</sup>",
                       barmode="group", xaxis_title="rank", yaxis_title="time per step (ms)", height=380,
-                      margin=dict(l=10, r=10, t=50, b=40),
-                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+                      margin=dict(l=10, r=10, t=70, b=40),
+                      legend=dict(orientation="h", y=-0.28, x=0))
     return fig
 
 
@@ -48,10 +48,10 @@ def build_breakdown_figure(result: dict) -> go.Figure:
     for key, name in PARTS:
         fig.add_bar(x=labels, y=[r[key] for r in ranks], name=name, marker_color=COLORS[key],
                     hovertemplate="%{x}<br>" + name + ": %{y:.2f} ms<extra></extra>")
-    fig.update_layout(title="Where each rank's step goes (median over steps)", barmode="stack",
+    fig.update_layout(title="Where each rank's step goes<br><sup>median over steps</sup>", barmode="stack",
                       xaxis_title="rank", yaxis_title="time per step (ms)", height=380,
-                      margin=dict(l=10, r=10, t=50, b=40),
-                      legend=dict(orientation="h", y=-0.2, x=0))
+                      margin=dict(l=10, r=10, t=70, b=40),
+                      legend=dict(orientation="h", y=-0.28, x=0))
     return fig
 
 
@@ -77,9 +77,9 @@ def build_overlap_figure(result: dict) -> go.Figure:
     value = 0.0 if ratio is None else 100.0 * ratio
     fig = go.Figure(go.Indicator(
         mode="gauge+number", value=value, number={"suffix": " %", "valueformat": ".1f"},
-        title={"text": "Communication overlapped with computation (%)"},
+        title={"text": "Comm. overlapped<br>with compute (%)", "font": {"size": 14}},
         gauge={"axis": {"range": [0, 100]}, "bar": {"color": COLORS["overlap_ms"]},
                "steps": [{"range": [0, 30], "color": "#FBE5D6"}, {"range": [30, 70], "color": "#FFF2CC"},
                          {"range": [70, 100], "color": "#E2F0D9"}]}))
-    fig.update_layout(height=260, margin=dict(l=20, r=20, t=60, b=10))
+    fig.update_layout(height=260, margin=dict(l=40, r=40, t=70, b=10))
     return fig

@@ -28,7 +28,7 @@ def show(result: dict) -> None:
         ("Median step", _ms(m["median_step_ms"]), "median over every rank's profiled steps (ProfilerStep)"),
         ("Slowest step", _ms(m["max_step_ms"]), None),
         ("Communication", f"{100 * m['comm_fraction']:.1f} %", "share of step time with a collective running"),
-        ("Exposed communication", f"{100 * m['exposed_comm_fraction']:.1f} %",
+        ("Exposed comm.", f"{100 * m['exposed_comm_fraction']:.1f} %",
          "share of step time spent communicating while nothing computes"),
         ("Comm/comp overlap", "n/a" if m["overlap_ratio"] is None else f"{100 * m['overlap_ratio']:.1f} %",
          "overlap time / communication time: how much communication is hidden behind computation"),
@@ -50,11 +50,11 @@ def show(result: dict) -> None:
 
     tab_ranks, tab_coll, tab_steps = st.tabs(["Ranks", "Collectives", "Steps"])
     with tab_ranks:
-        c1, c2 = st.columns(2)
+        c1, c2, c3 = st.columns([2, 2, 1.2])
         c1.plotly_chart(build_rank_step_figure(result), width="stretch")
         c2.plotly_chart(build_breakdown_figure(result), width="stretch")
-        c3, c4 = st.columns([1, 2])
         c3.plotly_chart(build_overlap_figure(result), width="stretch")
+        c4 = st.container()  # the per-rank table gets the full width
         df = pd.DataFrame(result["ranks"])[["rank", "step_ms", "wall_step_ms", "busy_ms", "compute_ms", "comm_ms",
                                             "overlap_ms", "exposed_comm_ms", "other_ms", "overlap_ratio",
                                             "straggler", "file"]]
