@@ -27,7 +27,7 @@ import pandas as pd
 
 from diagnostics.traces._chunks import (
     MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, STRING_FIELDS, Columns, _Interner,
-    consume, consume_spans, decode_slice, last_boundary, resync, scan,
+    consume, consume_block, consume_spans, decode_slice, last_boundary, resync, scan,
 )
 from diagnostics.traces.errors import TraceError
 from diagnostics.traces.trace import COLUMNS, Trace
@@ -237,6 +237,11 @@ def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> t
     parallel = pool is not None
     for block in it:
         total += len(block)
+        if not parallel:
+            cols = Columns()
+            carry = consume_block(cols, carry, block)
+            out.add_columns(cols)
+            continue
         buf = carry + block if carry else block
         if parallel:
             cut = last_boundary(buf)
@@ -246,8 +251,6 @@ def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> t
             raw, carry = buf[:cut + 1], buf[cut + 1:]
             inflight.append((raw, pool.apply_async(decode_slice, (raw.lstrip(_WS_COMMA),))))
             parallel = settle(max_inflight)
-        else:
-            carry = _consume_all(out, buf)
     if parallel:
         settle(0)
     # 3. End of the array: the rest holds the last events, `]` and the trailing keys.
