@@ -236,11 +236,15 @@ def ensure_hta() -> bool:
 
 # ---- report ------------------------------------------------------------------------------------
 
+SIZES_ARG = "100,1000"  # what --sizes was, for the command line in the report
+
+
 def _fmt(res: dict | None, key: str, unit: str) -> str:
     if not res:
         return "-"
     if "error" in res:
-        return "failed"
+        m = re.search(r"timed out after (\d+) s", res["error"])
+        return f"> {m.group(1)} s (timed out)" if m and key == "seconds" else "failed" if not m else "-"
     return f"{res[key]:.0f} {unit}" if key == "peak_rss_mb" else f"{res[key]:.2f} {unit}"
 
 
@@ -252,7 +256,7 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
              "and imports excluded); peak RSS is the process's high-water mark or, when larger, "
              "the peak of the summed RSS of it and its worker processes sampled every 20 ms "
              "(shared pages counted once per process, so this overstates).", "",
-             "Command: `.venv/bin/python bench/bench_traces.py --sizes 100,1000 --runs 3 "
+             f"Command: `.venv/bin/python bench/bench_traces.py --sizes {SIZES_ARG} --runs {runs} "
              "--write-doc`", "",
              "| trace | size | events | " +
              " | ".join(f"{t} wall | {t} CPU | {t} RSS" for t in tools) +
@@ -275,6 +279,9 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
 
         def ratio(tool, key):
             a, b = r.get(tool), ours
+            if a and "error" in a and b and "error" not in b:
+                m = re.search(r"timed out after (\d+) s", a["error"])
+                return f"> {float(m.group(1)) / b[key]:.0f}x" if m and key == "seconds" else "-"
             if not a or "error" in a or not b or "error" in b:
                 return "-"
             return f"{a[key] / b[key]:.1f}x"
@@ -328,6 +335,8 @@ def main(argv=None) -> int:
     if "hta" in tools and not ensure_hta():
         print("HTA could not be installed; leaving it out", flush=True)
         tools.remove("hta")
+    global SIZES_ARG
+    SIZES_ARG = args.sizes
     files = generate([int(s) for s in args.sizes.split(",")])
     results: dict = {}
     for label, path in files.items():
