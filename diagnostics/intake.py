@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import sys
 import uuid
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -131,10 +133,51 @@ def _load_torchscript(path: Path) -> nn.Module:
                              f"{str(e).splitlines()[0] if str(e) else ''}") from e
 
 
+class _PickleRefused(Exception):
+    pass
+
+
+class _RefusingPickle:
+    """Stands in for the pickle module inside torch.export's archive reader."""
+
+    @staticmethod
+    def loads(*_args, **_kwargs):
+        raise _PickleRefused("an opaque pickled object")
+
+
+@contextmanager
+def _no_code_in_pickles():
+    """torch.export.load unpickles some archive members with full pickle: sample inputs that a
+    weights-only load rejects (it then retries with weights_only=False), weights and constants saved
+    with use_pickle, opaque objects. A crafted .pt2 can run code that way, so while it loads every
+    torch.load is forced weights-only and plain pickle is refused."""
+    from torch.export.pt2_archive import _package
+
+    saved_env = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    saved_pickle = getattr(_package, "pickle", None)
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    _package.pickle = _RefusingPickle
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = saved_env
+        _package.pickle = saved_pickle
+
+
 def _load_export(path: Path):
     _check_zip(path, "torch.export archive (.pt2)")
     try:
-        ep = torch.export.load(str(path))
+        with _no_code_in_pickles():
+            ep = torch.export.load(str(path))
+    except (_PickleRefused, pickle.UnpicklingError) as e:
+        found = next((ln.strip() for ln in str(e).splitlines() if "Unsupported global" in ln), "")
+        raise TrustError(f"{path.name} carries pickled objects (sample inputs, weights or constants) that a "
+                         f"weights-only load refuses{' (' + found + ')' if found else ''}: loading them could run "
+                         "code. TorchScope opens .pt2 archives that hold only tensors and plain values; export "
+                         "the model again without custom objects") from e
     except Exception as e:
         raise ModelLoadError(f"{path.name} is not a loadable torch.export archive (.pt2): {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from e

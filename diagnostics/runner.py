@@ -56,6 +56,24 @@ class Job:
     def key(self) -> str:
         return cache_key(self.spec or ModelSpec(), self.analysis, self.options)
 
+    def label(self) -> str | None:
+        """What History shows in its model column: the model, or the trace file(s) a spec-less job reads."""
+        if self.spec is not None:
+            return self.spec.label
+        o = self.options
+
+        def name(p) -> str:  # the file and its folder: a profiling run's id, or a trace's directory
+            p = Path(str(p).rstrip("/"))
+            return f"{p.parent.name[:24]}/{p.name}" if p.parent.name else p.name
+
+        if o.get("path"):
+            return name(o["path"])
+        if o.get("before") and o.get("after"):
+            return f"{name(o['before'])} vs {name(o['after'])}"
+        if o.get("trace_dir"):
+            return f"{name(o['trace_dir'])}/ (per-rank traces)"
+        return None
+
     def to_dict(self) -> dict:
         return {"analysis": self.analysis, "spec": None if self.spec is None else self.spec.to_dict(),
                 "options": self.options}
@@ -331,7 +349,7 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
     if store is not None:
         run_id = store.create_run(job.analysis, spec=None if job.spec is None else job.spec.to_dict(),
                                   options=job.options, cache_key=job.key(),
-                                  model_label=None if job.spec is None else job.spec.label,
+                                  model_label=job.label(),
                                   device=device, source=source)
         artifact_dir = store.artifact_dir(run_id)
     elif artifact_dir is None:

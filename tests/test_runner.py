@@ -58,3 +58,12 @@ def test_a_job_may_start_processes_of_its_own(tmp_path):
     """))
     out = run_job(Job("validate", ModelSpec(source="python", name="kids.py", path=str(py))), artifact_dir=tmp_path / "a")
     assert out.ok, out.error
+
+
+def test_jobs_without_a_model_are_labelled_by_the_files_they_read():
+    assert Job("summary", ModelSpec(name="mlp")).label() == "mlp (sample)"
+    assert Job("trace", None, {"path": "/data/runs/abc/trace.json.gz"}).label() == "abc/trace.json.gz"
+    assert Job("trace_diff", None, {"before": "/t/a.json", "after": "/t/b.json"}).label() == "t/a.json vs t/b.json"
+    assert Job("distributed_traces", None, {"trace_dir": "/shared/run1/"}).label() == \
+        "shared/run1/ (per-rank traces)"
+    assert Job("trace", None, {}).label() is None

@@ -131,7 +131,11 @@ def build_batch_scan_figure(result: dict) -> go.Figure:
     fig.update_xaxes(type="log", dtick=0.30102999566, row=2, col=1)
     fig.update_yaxes(title_text="latency (ms)", row=1, col=1)
     fig.update_yaxes(title_text="samples/s", row=2, col=1)
-    fig.update_yaxes(title_text="peak (MiB)", row=3, col=1)
+    peaks = [_mib(r["peak_bytes"]) for r in probes if r["peak_bytes"]]
+    if peaks and budget > 4 * max(peaks):  # far-off budget: a log axis keeps the peaks from lying flat at 0
+        fig.update_yaxes(type="log", title_text="peak (MiB, log scale)", row=3, col=1)
+    else:
+        fig.update_yaxes(title_text="peak (MiB)", row=3, col=1)
     fig.update_layout(title=f"Batch-size scan ({result['mode']})", height=720, showlegend=True,
                       margin=dict(t=70, l=10, r=10, b=10), legend=dict(orientation="h", y=-0.08))
     return fig

@@ -60,6 +60,55 @@ def test_a_crafted_pickle_never_runs_without_the_trust_switch(tmp_path, source):
     assert not marker.exists()
 
 
+def evil_pt2(folder: Path, marker: Path) -> Path:
+    """A real torch.export archive whose sample inputs are a code-running pickle (weights-only
+    loading rejects it, and torch.export.load then retries with weights_only=False)."""
+    import io
+    import zipfile
+
+    good = folder / "good.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),)), good)
+    payload = io.BytesIO()
+    torch.save(((Payload(marker),), {}), payload)
+    evil = folder / "evil.pt2"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(evil, "w") as out:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            out.writestr(info.filename, payload.getvalue() if info.filename.endswith("sample_inputs/model.pt") else data)
+    return evil
+
+
+def test_a_pt2_archive_with_a_code_running_pickle_never_runs_it(tmp_path):
+    control = tmp_path / "control"
+    try:  # control: torch's own loader runs the payload, so the check below means something
+        torch.export.load(evil_pt2(tmp_path, control))
+    except Exception:
+        pass
+    assert control.read_text() == "pwned"
+    marker = tmp_path / "pwned"
+    with pytest.raises(TrustError, match="evil.pt2 carries pickled objects .* that a weights-only load refuses"):
+        load_model(ModelSpec(source="export", name="evil.pt2", path=str(evil_pt2(tmp_path, marker))))
+    assert not marker.exists()
+    # The guard is lifted afterwards: a clean archive still loads, with its example inputs.
+    loaded = load_model(ModelSpec(source="export", name="good.pt2", path=str(tmp_path / "good.pt2")))
+    assert loaded.inputs[0].shape == (3, 4)
+    import os
+    assert "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in os.environ
+
+
+def test_pt2_opaque_objects_are_refused_while_loading():
+    """torch.export's reader unpickles opaque constants with plain pickle.loads: refused under the guard."""
+    import pickle
+
+    from torch.export.pt2_archive import _package
+
+    from diagnostics.intake import _no_code_in_pickles
+
+    with _no_code_in_pickles(), pytest.raises(Exception, match="opaque pickled object"):
+        _package.pickle.loads(pickle.dumps(1))
+    assert _package.pickle is pickle
+
+
 def test_a_crafted_pickle_in_the_weights_slot_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     with pytest.raises(TrustError, match="not a plain state_dict: loading it would run pickled code"):
