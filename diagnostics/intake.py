@@ -23,20 +23,15 @@ import torch
 from torch import nn
 
 from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError
+from diagnostics.settings import SAFE_MODE_ENV, safe_mode  # noqa: F401 (re-exported)
 from diagnostics.spec import InputSpec, ModelSpec
 
-SAFE_MODE_ENV = "TORCHSCOPE_SAFE_MODE"
 
 _DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
 }
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
-
-
-def safe_mode() -> bool:
-    """Server-safe mode: no Python-file uploads and no pickled modules, whatever the user asks."""
-    return os.environ.get(SAFE_MODE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 @dataclass

@@ -30,6 +30,7 @@ import psutil
 
 from diagnostics.errors import JobError, TorchScopeError
 from diagnostics.registry import get_analysis
+from diagnostics.settings import env_number
 from diagnostics.spec import ModelSpec, cache_key
 
 MEMORY_LIMIT_ENV = "TORCHSCOPE_WORKER_MEMORY_MB"
@@ -261,9 +262,9 @@ class _LogDrain(threading.Thread):
 
 
 def _memory_cap_bytes() -> int:
-    env = os.environ.get(MEMORY_LIMIT_ENV)
-    if env:
-        return int(float(env) * 2**20)
+    mb = env_number(MEMORY_LIMIT_ENV, None)
+    if mb is not None:
+        return int(mb * 2**20)
     return int(psutil.virtual_memory().total * DEFAULT_MEMORY_SHARE)
 
 
@@ -340,10 +341,11 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
     re-raised. Every other failure comes back as a JobOutcome with a readable ``error``.
     """
     analysis = get_analysis(job.analysis)
-    if timeout_s is None:
-        env = os.environ.get(TIMEOUT_ENV)
-        timeout_s = float(env) if env else analysis.default_timeout_s
-    timeout_s = float(timeout_s)
+    try:  # settings from the environment, read before anything is stored (a bad value names itself)
+        timeout_s = float(timeout_s if timeout_s is not None else env_number(TIMEOUT_ENV, analysis.default_timeout_s))
+        memory_limit_mb = memory_limit_mb or _memory_cap_bytes() / 2**20
+    except TorchScopeError as e:
+        return JobOutcome("error", error=str(e), error_type=type(e).__name__)
     device = job.spec.device if job.spec is not None else "cpu"
     run_id = None
     if store is not None:
@@ -404,7 +406,7 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
     parent, child = ctx.Pipe(duplex=False)
     log_read, log_write = ctx.Pipe(duplex=False)
     log_path = artifact_dir / "worker.log"
-    cap = int(memory_limit_mb * 2**20) if memory_limit_mb else _memory_cap_bytes()
+    cap = int(memory_limit_mb * 2**20)
     as_limit = cap if (job.spec is None or job.spec.device == "cpu") else None  # CUDA needs a huge VA space
     proc = ctx.Process(target=_worker_main, args=(job.to_dict(), child, log_write, str(artifact_dir), as_limit,
                                                   os.getpid()), daemon=False)

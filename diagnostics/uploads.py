@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from diagnostics.errors import ModelLoadError
+from diagnostics.settings import env_number
 
 MAX_UPLOAD_ENV = "TORCHSCOPE_MAX_UPLOAD_MB"
 DEFAULT_MAX_UPLOAD_MB = 1024
@@ -22,7 +23,7 @@ WEIGHT_EXTS = (".safetensors", ".pt", ".pth", ".bin")
 
 
 def max_upload_bytes() -> int:
-    return int(float(os.environ.get(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_MB)) * 2**20)
+    return int(env_number(MAX_UPLOAD_ENV, DEFAULT_MAX_UPLOAD_MB) * 2**20)
 
 
 def check_size(n_bytes: int, what: str = "upload") -> None:

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
+from diagnostics.intake import safe_mode
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
 from ui.widgets import show_failure
@@ -12,8 +13,9 @@ require_app()
 
 st.title("Distributed")
 spec = state.current_spec()
-mode = st.radio("Source", ["Launch with torchrun", "Load per-rank traces from a folder"], horizontal=True,
-                key="dist_mode")
+# A folder on the server is no place for remote users to browse: server-safe mode offers launches only.
+sources = ["Launch with torchrun"] + ([] if safe_mode() else ["Load per-rank traces from a folder"])
+mode = st.radio("Source", sources, horizontal=True, key="dist_mode")
 c1, c2 = st.columns(2)
 margin_pct = c1.number_input("Straggler margin (%)", min_value=0.0, max_value=1000.0, value=100 * STRAGGLER_MARGIN,
                              step=5.0, key="dist_margin",

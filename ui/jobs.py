@@ -1,7 +1,9 @@
 """Run engine jobs from a page: cached by (spec, analysis, options), with progress and Cancel.
 
 The same spec + options is never computed twice: a result is looked up in this session, then in
-the run store (any session, the CLI too), and only then computed in a worker process.
+the run store (any session, the CLI too), and only then computed in a worker process. A failed
+run is remembered in this session only (the store offers successes alone), so its error stays on
+the page until the user asks for another try.
 
 Cancel: the button's on_click records the job's key in ``state.cancelled()``. The click reruns
 the script, and Streamlit interrupts the running script at its next ``st`` call (``on_tick``
@@ -13,6 +15,7 @@ the worker and stores the run as 'cancelled'. The rerun then finds the key cance
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import streamlit as st
 
@@ -85,8 +88,11 @@ def run_analysis(analysis: str, spec: ModelSpec | None, options: dict | None = N
             box.update(label=f"{title}: done in {outcome.duration_s:.1f} s", state="complete", expanded=False)
         else:
             box.update(label=f"{title}: {outcome.status}", state="error", expanded=True)
-    if outcome.ok:
-        state.results()[key] = outcome
+    if outcome.status != "cancelled":
+        # Failures are kept for this session too: a rerun (any widget touched) shows the error
+        # again instead of restarting a job that crashed or timed out; the page's own
+        # Run / Recompute button (force=True) tries again.
+        state.results()[key] = replace(outcome, from_cache=True) if not outcome.ok else outcome
     return outcome
 
 

@@ -21,6 +21,9 @@ from sample_models import DEFAULT_SAMPLE, SAMPLES
 from ui import state
 from ui.jobs import get_store, run_analysis
 
+INT_DTYPES = ("int64", "int32")
+DEFAULT_INT_HIGH = 1000  # integer inputs (token ids, class ids) are drawn from [0, this) unless set
+
 KIND_LABELS = {
     "torchscript": "TorchScript archive (torch.jit.save)",
     "export": "torch.export archive (.pt2)",
@@ -50,6 +53,21 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+def parse_inputs(text: str, default_dtype: str, high: int) -> tuple[InputSpec, ...] | None:
+    """'8,3,32,32 ; 8,16:int64' -> InputSpecs; ':dtype' after a shape overrides the default dtype.
+    Integer inputs draw values from [0, high). Empty text: None (the model's own example inputs)."""
+    specs = []
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        shape_text, _, dtype = part.partition(":")
+        dtype = dtype.strip() or default_dtype
+        if dtype not in DTYPES:
+            raise TorchScopeError(f"input {part!r}: unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+        specs.append(InputSpec(parse_shape(shape_text), dtype, high if dtype in INT_DTYPES else None))
+    return tuple(specs) or None
+
+
 def _allowed_kinds() -> list[str]:
     return [k for k in MODEL_KINDS if not (safe_mode() and k in ("python", "pickle"))]
 
@@ -68,10 +86,15 @@ def _upload_form() -> None:
         trust = st.checkbox("I trust this file (unpickling can run any code on this server)", value=False,
                             key="sb_trust")
     shapes = st.text_input("Input shapes (needed for TorchScript)", key="sb_upload_shapes",
-                           placeholder="e.g. 8,3,32,32 ; 8,16",
-                           help="Batch first. Separate several inputs with ';'. Leave empty to use the model's own "
-                                "example inputs (.pt2, Python file).")
-    dtype = st.selectbox("Input dtype", DTYPES, key="sb_upload_dtype")
+                           placeholder="e.g. 8,3,32,32 ; 8,16:int64",
+                           help="Batch first. Separate several inputs with ';'; ':dtype' after a shape gives that "
+                                "input its own dtype. Leave empty to use the model's own example inputs (.pt2, "
+                                "Python file).")
+    c1, c2 = st.columns(2)
+    dtype = c1.selectbox("Input dtype", DTYPES, key="sb_upload_dtype", help="for inputs without ':dtype'")
+    high = c2.number_input("Integer values below", min_value=1, max_value=2**31 - 1, value=DEFAULT_INT_HIGH,
+                           key="sb_upload_high", help="integer inputs (token or class ids) are drawn from "
+                                                      "[0, this): the vocabulary or number of classes")
     if not st.button("Load model", type="primary", disabled=model_file is None, key="sb_load"):
         return
     try:
@@ -81,10 +104,7 @@ def _upload_form() -> None:
         if weights_file is not None:
             wpath, wdigest = save_upload(weights_file.getvalue(), "weights", store.data_dir, weights_file.name)
             weights_path, digest = str(wpath), digest + wdigest[:16]
-        inputs = None
-        if shapes.strip():
-            inputs = tuple(InputSpec(parse_shape(s), dtype, 1000 if dtype in ("int64", "int32") else None)
-                           for s in shapes.split(";") if s.strip())
+        inputs = parse_inputs(shapes, dtype, int(high))
         spec = ModelSpec(source=kind, name=model_file.name[:80], path=str(path), weights_path=weights_path,
                          file_sha256=digest, trust_pickle=trust, inputs=inputs)
     except TorchScopeError as e:
@@ -99,22 +119,41 @@ def _upload_form() -> None:
 
 
 def _inputs_editor(base: ModelSpec, declared: tuple[InputSpec, ...]) -> ModelSpec | None:
+    """Batch size, and per input its shape, dtype and integer range. Left as declared, the spec keeps
+    the model's own example inputs (an uploaded file's real values, e.g. sorted sequence lengths)."""
     ident = f"{base.source}-{base.name}-{base.file_sha256 or ''}"
-    batch = st.number_input("Batch size", min_value=1, max_value=65536, value=int(declared[0].shape[0]),
-                            step=1, key=f"sb_batch_{ident}")
+    batched = bool(declared) and len(declared[0].shape) > 0
+    if batched:
+        batch = int(st.number_input("Batch size", min_value=1, max_value=65536, value=int(declared[0].shape[0]),
+                                    step=1, key=f"sb_batch_{ident}"))
+    elif not declared:
+        st.caption("The model takes no inputs.")
+        return base
+    else:
+        st.caption("The first input is a scalar, so there is no batch size to change.")
     edited = []
     with st.expander("Input shapes and dtypes"):
         for i, inp in enumerate(declared):
             c1, c2 = st.columns([3, 2])
-            text = c1.text_input(f"Input {i + 1} shape (after batch)", ",".join(map(str, inp.shape[1:])),
-                                 key=f"sb_shape_{ident}_{i}")
+            lead = inp.shape[:1] if batched and inp.shape else ()
+            text = c1.text_input(f"Input {i + 1} shape" + (" (after batch)" if lead else ""),
+                                 ",".join(map(str, inp.shape[len(lead):])), key=f"sb_shape_{ident}_{i}")
             dt = c2.selectbox("dtype", DTYPES, index=DTYPES.index(inp.dtype), key=f"sb_dtype_{ident}_{i}")
+            high = None
+            if dt in INT_DTYPES:
+                high = int(st.number_input(f"Input {i + 1}: integer values below", min_value=1,
+                                           max_value=2**31 - 1, value=int(inp.high or DEFAULT_INT_HIGH),
+                                           key=f"sb_high_{ident}_{i}",
+                                           help="values are drawn from [0, this): the vocabulary or class count"))
             try:
                 rest = parse_shape(text) if text.strip() else ()
-                edited.append(InputSpec((int(batch),) + rest, dt, inp.high if dt in ("int64", "int32") else None))
+                first = (batch,) if lead else ()
+                edited.append(InputSpec(first + rest, dt, high))
             except TorchScopeError as e:
                 st.error(f"Input {i + 1}: {e}")
                 return None
+    if tuple(edited) == tuple(declared):
+        return replace(base, batch_size=None)  # unchanged: the declared inputs, with their own values
     return replace(base, inputs=tuple(edited), batch_size=None)
 
 

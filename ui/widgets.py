@@ -14,6 +14,9 @@ def show_failure(outcome: JobOutcome) -> None:
     heading = {"timeout": "Timed out", "crashed": "The worker crashed", "oom": "Out of memory",
                "cancelled": "Cancelled"}.get(outcome.status, "Failed")
     st.error(f"**{heading}:** {outcome.error}")
+    if outcome.from_cache:
+        st.caption("This is the last attempt's error; it does not run again by itself. Fix the cause (model, "
+                   "inputs, options), or press the page's run button to try again.")
     if outcome.log_tail:
         with st.expander("Worker output (last lines)"):
             st.code(outcome.log_tail[-2000:], language=None)

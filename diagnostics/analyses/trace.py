@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from diagnostics.errors import TorchScopeError
+from diagnostics.settings import check_server_path
 from diagnostics.traces import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -38,7 +39,7 @@ def _require_path(options: dict, key: str = "path") -> str:
     path = options.get(key)
     if not path:
         raise TorchScopeError(f"no trace given: option {key!r} must name a .json or .json.gz trace file")
-    if not Path(path).is_file():
+    if not check_server_path(path, "trace").is_file():
         raise TorchScopeError(f"trace file not found: {path}")
     return str(path)
 

@@ -31,6 +31,7 @@ import orjson
 
 from diagnostics.distributed import intervals as iv
 from diagnostics.distributed.job import DistJob, DistributedError, MAX_NPROC
+from diagnostics.settings import check_server_path
 
 #: A rank straggles when its median busy time is over the median across ranks by this fraction...
 STRAGGLER_MARGIN = 0.20
@@ -375,7 +376,7 @@ def analyze_folder(ctx, options: dict) -> dict:
     if not folder:
         raise DistributedError("give trace_dir: the folder holding one trace per rank")
     margin, floor = _thresholds(options)
-    result = analyze_folder_path(Path(folder).expanduser(), margin=margin, min_excess_ms=floor,
+    result = analyze_folder_path(check_server_path(folder, "trace folder"), margin=margin, min_excess_ms=floor,
                                  progress=ctx.progress)
     result["source"] = "folder"
     return result

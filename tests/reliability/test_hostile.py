@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from diagnostics import ModelSpec
-from diagnostics.errors import ModelLoadError, TrustError
+from diagnostics.errors import ModelLoadError, TorchScopeError, TrustError
 from diagnostics.intake import load_model, load_state_dict_file
 from diagnostics.runner import Job, run_job
 from diagnostics.store import Store
@@ -164,6 +164,61 @@ def test_safe_mode_hides_python_and_pickle_uploads_in_the_sidebar(new_app, monke
     assert len(kinds) == 2
     assert not any("Python" in k or "ickle" in k for k in kinds), kinds
     assert any("Server-safe mode" in c for c in captions)
+
+
+def test_safe_mode_reads_no_server_path_outside_the_data_folder(tmp_path, monkeypatch):
+    """Trace and per-rank-folder jobs take a path; in safe mode only the data folder is readable,
+    and the Distributed page stops offering a folder at all."""
+    data = tmp_path / "data"
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(data))
+    monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "t.json").write_text('{"traceEvents": []}')
+    refused = "reading a {} from a path on the server is disabled in server-safe mode; upload it instead"
+    out = run_job(Job("trace", None, {"path": str(outside / "t.json")}), artifact_dir=tmp_path / "a")
+    assert out.status == "error" and out.error == refused.format("trace")
+    out = run_job(Job("distributed_traces", None, {"trace_dir": str(outside)}), artifact_dir=tmp_path / "b")
+    assert out.status == "error" and out.error == refused.format("trace folder")
+    # A path that climbs out of the data folder is resolved first, so it is refused too.
+    sneaky = data / ".." / "elsewhere" / "t.json"
+    out = run_job(Job("trace", None, {"path": str(sneaky)}), artifact_dir=tmp_path / "c")
+    assert out.error == refused.format("trace")
+    # Inside the data folder (uploads, stored runs) the same job reads the file.
+    (data / "uploads").mkdir(parents=True)
+    inside = data / "uploads" / "t.json"
+    inside.write_text((ROOT / "tests/data/traces/gpu_small.json").read_text())
+    out = run_job(Job("trace", None, {"path": str(inside)}), artifact_dir=tmp_path / "d")
+    assert out.ok, out.error
+
+
+def test_safe_mode_distributed_page_offers_no_folder(new_app, monkeypatch):
+    monkeypatch.delenv("TORCHSCOPE_SAFE_MODE", raising=False)
+    for safe, expected in ((False, 2), (True, 1)):
+        if safe:
+            monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
+        at = new_app().run()
+        at.switch_page("pages/distributed.py").run()
+        assert not at.exception
+        assert len(at.radio(key="dist_mode").options) == expected
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("TORCHSCOPE_WORKER_MEMORY_MB", "lots", "the environment variable TORCHSCOPE_WORKER_MEMORY_MB='lots' is not a number"),
+    ("TORCHSCOPE_JOB_TIMEOUT_S", "-5", "the environment variable TORCHSCOPE_JOB_TIMEOUT_S='-5' must be above 0"),
+])
+def test_a_malformed_setting_fails_the_job_with_its_name(tmp_path, monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    store = Store(tmp_path)
+    out = run_job(Job("summary", ModelSpec(name="mlp")), store=store)
+    assert out.status == "error" and out.error == message
+    assert store.list() == []  # nothing half-written
+
+
+def test_a_malformed_upload_limit_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHSCOPE_MAX_UPLOAD_MB", "1 GB")
+    with pytest.raises(TorchScopeError, match="TORCHSCOPE_MAX_UPLOAD_MB='1 GB' is not a number"):
+        save_upload(b"x", "torchscript", tmp_path, "m.pt")
 
 
 # ------------------------------------------------------------------------------------- uploads

@@ -1,0 +1,110 @@
+"""AppTest of the shared sidebar: uploads' input descriptions, the inputs editor, and failed runs
+that stay failed (shown again, not re-run) until the user asks for another try."""
+
+import textwrap
+
+import pytest
+
+from diagnostics import ModelSpec
+from diagnostics.errors import TorchScopeError
+from diagnostics.runner import Job, run_job
+from diagnostics.spec import InputSpec
+from diagnostics.store import Store
+from ui import state
+from ui.sidebar import parse_inputs
+
+PACKED = textwrap.dedent("""
+    import torch
+    from torch import nn
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    class Packed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(4, 8, batch_first=True)
+
+        def forward(self, x, lengths):  # lengths must be sorted, longest first
+            _, (h, _) = self.rnn(pack_padded_sequence(x, lengths.cpu(), batch_first=True))
+            return h[-1]
+
+    def build_model():
+        return Packed()
+
+    def example_inputs():
+        return (torch.randn(4, 5, 4), torch.tensor([5, 4, 3, 2]))
+""")
+
+
+def test_upload_shapes_take_a_dtype_each_and_an_integer_range():
+    assert parse_inputs("8,3,32,32 ; 8,16:int64", "float32", 100) == (
+        InputSpec((8, 3, 32, 32), "float32"), InputSpec((8, 16), "int64", 100))
+    assert parse_inputs("  ", "float32", 100) is None
+    with pytest.raises(TorchScopeError, match="input '8,16:int8': unknown dtype 'int8'; choose one of float32"):
+        parse_inputs("8,16:int8", "float32", 100)
+    with pytest.raises(TorchScopeError, match="shape '8,a' is not a comma-separated list of integers"):
+        parse_inputs("8,a", "float32", 100)
+
+
+def _uploaded(at, spec: ModelSpec, result: dict):
+    """What a successful 'Load model' leaves in the session (AppTest cannot drive a file uploader)."""
+    at.session_state["sb_source"] = "Upload a file"
+    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": result}
+    return at
+
+
+def test_an_upload_left_as_declared_runs_on_its_own_example_values(new_app, tmp_path):
+    py = tmp_path / "packed.py"
+    py.write_text(PACKED)
+    spec = ModelSpec(source="python", name="packed.py", path=str(py), file_sha256="packed")
+    validated = run_job(Job("validate", spec), artifact_dir=tmp_path / "v")
+    assert validated.ok, validated.error
+    at = _uploaded(new_app(), spec, validated.result).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert at.session_state[state.SPEC].inputs is None  # the file's own example inputs
+    assert at.metric[0].label == "Parameters"
+    # Random lengths would not be sorted: the model's error shows once the user asks for them.
+    at.sidebar.text_input(key="sb_shape_python-packed.py-packed_0").set_value("6,4").run()
+    assert at.session_state[state.SPEC].inputs[0].shape == (4, 6, 4)
+    assert any("sorted in decreasing order" in e.value for e in at.error)
+
+
+def test_a_scalar_first_input_has_no_batch_size(new_app, tmp_path):
+    spec = ModelSpec(source="python", name="scalar.py", path=str(tmp_path / "scalar.py"), file_sha256="s")
+    at = _uploaded(new_app(), spec, {"inputs": [{"shape": [], "dtype": "float32", "high": None}],
+                                      "model_type": "Scalar", "notes": []}).run(timeout=30)
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("scalar, so there is no batch size" in c.value for c in at.sidebar.caption)
+    assert not [n for n in at.sidebar.number_input if n.label == "Batch size"]
+
+
+def test_integer_inputs_have_an_editable_range(new_app):
+    at = new_app().run()
+    at.sidebar.selectbox(key="sb_sample").set_value("transformer").run()
+    high = at.sidebar.number_input(key="sb_high_sample-transformer-_0")
+    declared = high.value
+    assert declared > 1 and at.session_state[state.SPEC].inputs is None
+    high.set_value(7).run()
+    assert at.session_state[state.SPEC].inputs[0].high == 7
+
+
+def test_a_failed_run_is_shown_again_not_rerun_until_asked(new_app):
+    store = Store()
+
+    def failures() -> int:
+        return sum(1 for r in store.list(limit=10_000) if r.analysis == "summary" and r.status == "error"
+                   and r.model_label == "mlp (sample)")
+
+    before = failures()
+    at = new_app().run()
+    at.sidebar.selectbox(key="sb_sample").set_value("mlp").run()
+    at.sidebar.selectbox(key="sb_dtype_sample-mlp-_0").set_value("bool").run()
+    assert any("the model rejected its inputs" in e.value for e in at.error)
+    assert failures() == before + 1
+    at.run()
+    at.run()
+    assert failures() == before + 1  # reruns show the stored error
+    assert any("the model rejected its inputs" in e.value for e in at.error)
+    assert any("last attempt's error" in c.value for c in at.caption)
+    at.button[0].click().run()  # Recompute: one more try
+    assert failures() == before + 2
