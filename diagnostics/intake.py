@@ -69,7 +69,11 @@ class LoadedModel:
             raise
         except Exception as e:  # the user's model: any exception is possible
             shapes = ", ".join(f"{list(t.shape)} {_DTYPE_NAMES.get(t.dtype, t.dtype)}" for t in inputs)
-            raise ModelRunError(f"the model rejected its inputs ({shapes}): {type(e).__name__}: {e}") from e
+            hint = ""
+            if self.spec.source == "export" and "Guard failed" in str(e):
+                hint = (" (this .pt2 was exported for fixed input shapes: keep the declared ones, or export "
+                        "again with dynamic_shapes)")
+            raise ModelRunError(f"the model rejected its inputs ({shapes}): {type(e).__name__}: {e}{hint}") from e
 
 
 def make_inputs(specs: tuple[InputSpec, ...], device: str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -176,13 +180,19 @@ def _load_export(path: Path):
     except Exception as e:
         raise ModelLoadError(f"{path.name} is not a loadable torch.export archive (.pt2): {type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    module = ep.module()
+    # ExportedProgram.module() makes train() and eval() raise NotImplementedError, and every
+    # training or inference analysis calls one. Its graph was traced in one mode, so the flags change
+    # nothing it computes: drop the instance overrides and let nn.Module's methods set them.
+    for name in ("train", "eval"):
+        module.__dict__.pop(name, None)
     example = None
     ex = getattr(ep, "example_inputs", None)
     if ex is not None:
         args, kwargs = ex
         if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
             example = tuple(args)
-    return ep.module(), example
+    return module, example
 
 
 def import_user_file(path: Path, what: str, missing: str = "file not found"):
@@ -303,6 +313,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     torch.manual_seed(spec.seed)
     example: tuple[torch.Tensor, ...] | None = None
     declared: tuple[InputSpec, ...] | None = None
+    notes: list[str] = []
     loss_fn, loss_name, task, num_classes = None, "mean square of the output (no loss declared)", "unknown", None
     path = Path(spec.path) if spec.path else None
 
@@ -320,6 +331,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         model = _load_torchscript(path)
     elif spec.source == "export":
         model, example = _load_export(path)
+        notes.append("a torch.export program keeps the train/eval mode it was exported in: Dropout and "
+                     "BatchNorm behave that way in every analysis, whatever mode it asks for")
     elif spec.source == "python":
         model, example, user_loss = _load_python(path)
         if user_loss is not None:
@@ -353,4 +366,5 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     else:
         inputs = make_inputs(specs, spec.device, spec.seed)
     return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=inputs,
-                       loss_fn=loss_fn or default_loss, loss_name=loss_name, task=task, num_classes=num_classes)
+                       loss_fn=loss_fn or default_loss, loss_name=loss_name, task=task, num_classes=num_classes,
+                       notes=notes)

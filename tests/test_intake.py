@@ -66,6 +66,35 @@ def test_export_archive_uses_its_example_inputs(tmp_path):
     assert loaded.forward().shape == (6, 3)
 
 
+@pytest.mark.parametrize("analysis,options", [
+    ("validate", {}), ("summary", {}), ("gradients", {"steps": 2}),
+    ("profile", {"mode": "train", "wait": 0, "warmup": 0, "active": 1, "latency_iters": 2, "latency_warmup": 0}),
+    ("memory", {"timeline": False}),
+])
+def test_every_model_analysis_runs_on_an_export_archive(tmp_path, analysis, options):
+    """ExportedProgram.module() refuses train()/eval(); the analyses call both."""
+    from diagnostics.runner import Job, execute
+
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(Tiny(), (torch.randn(6, 4),)), str(path))
+    result = execute(Job(analysis, ModelSpec(source="export", name="m.pt2", path=str(path)), options),
+                     tmp_path / "art")
+    assert isinstance(result, dict) and result
+    if analysis == "validate":
+        assert result["output_shape"] == [6, 3]
+        assert any("keeps the train/eval mode it was exported in" in n for n in result["notes"])
+    if analysis == "memory":  # exported for batch 6 only: the estimate measures at that batch
+        assert "measured at batch 6 itself (the model accepts no smaller batch)" in result["estimate"]["method"]
+
+
+def test_an_export_archive_with_fixed_shapes_says_so(tmp_path):
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(Tiny(), (torch.randn(6, 4),)), str(path))
+    loaded = load_model(ModelSpec(source="export", name="m.pt2", path=str(path), batch_size=2))
+    with pytest.raises(ModelRunError, match="exported for fixed input shapes: keep the declared ones"):
+        loaded.forward()
+
+
 def test_truncated_and_corrupt_archives_are_named(tmp_path):
     good = tmp_path / "m.pt2"
     torch.export.save(torch.export.export(Tiny(), (torch.randn(6, 4),)), str(good))

@@ -22,7 +22,7 @@ from diagnostics.analyses.memory_measure import (CATEGORIES, ROOT, category_time
 from diagnostics.analyses.memory_steps import (OPTIMIZERS, STATE_PER_PARAM, buffer_bytes, grad_bytes,
                                                make_optimizer, optimizer_state_bytes, param_bytes,
                                                restored_state, tensor_bytes, trainable_bytes)
-from diagnostics.errors import TorchScopeError
+from diagnostics.errors import ModelRunError, TorchScopeError
 
 DEFAULTS = {"optimizer": "adamw", "lr": 1e-3, "timeline": True}
 #: Batches the estimate measures saved activations at (then a straight line through them).
@@ -66,23 +66,36 @@ def estimate(loaded, opt_name: str, batch: int) -> dict:
     """Parameters + gradients + optimizer state + inputs + saved activations scaled from small batches."""
     model = loaded.model
     points = []
-    for b in ESTIMATE_BATCHES:
-        inputs = loaded.make_inputs(b)
-        points.append((b, measure_saved(loaded, inputs).saved_total, tensor_bytes(inputs)))
-    (b1, s1, i1), (b2, s2, i2) = points
-    slope = (s2 - s1) / (b2 - b1)
-    saved = max(0, round(s1 + slope * (batch - b1)))
-    inputs_b = max(0, round(i1 + (i2 - i1) / (b2 - b1) * (batch - b1)))
+    try:
+        for b in ESTIMATE_BATCHES:
+            inputs = loaded.make_inputs(b)
+            points.append((b, measure_saved(loaded, inputs).saved_total, tensor_bytes(inputs)))
+    except ModelRunError:
+        # The model takes no other batch size (a .pt2 exported for fixed shapes, say): measure the
+        # saved activations once, at the batch it has.
+        points = []
+    if points:
+        (b1, s1, i1), (b2, s2, i2) = points
+        slope = (s2 - s1) / (b2 - b1)
+        saved = max(0, round(s1 + slope * (batch - b1)))
+        inputs_b = max(0, round(i1 + (i2 - i1) / (b2 - b1) * (batch - b1)))
+        how = f"measured at batch {b1} and {b2} and extended linearly to batch {batch}"
+    else:
+        b1 = b2 = batch
+        s1 = s2 = saved = measure_saved(loaded, loaded.inputs).saved_total
+        i1 = inputs_b = tensor_bytes(loaded.inputs)
+        slope = saved / max(1, batch)
+        how = f"measured at batch {batch} itself (the model accepts no smaller batch)"
     p, t = param_bytes(model) + buffer_bytes(model), trainable_bytes(model)
     parts = {"parameters": p, "gradients": t, "optimizer state": STATE_PER_PARAM[opt_name] * t,
              "activations": saved, "inputs": inputs_b}
     return {"parts": parts, "total_bytes": sum(parts.values()),
             "static_bytes": p + t + STATE_PER_PARAM[opt_name] * t,
-            "saved_per_sample_bytes": slope, "batches_measured": list(ESTIMATE_BATCHES),
-            "saved_at_measured_batches": [s1, s2],
+            "saved_per_sample_bytes": slope, "batches_measured": sorted({b1, b2}),
+            "saved_at_measured_batches": [s1, s2] if b1 != b2 else [s1],
             "method": (f"parameters and buffers + gradients (trainable parameters) + {opt_name} state "
                        f"({STATE_PER_PARAM[opt_name]} × trainable) + inputs + activations saved for backward "
-                       f"measured at batch {b1} and {b2} and extended linearly to batch {batch}")}
+                       f"{how}")}
 
 
 def _breakdown_at_peak(timeline: dict, measured_peak: int) -> dict:

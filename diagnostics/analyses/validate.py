@@ -42,7 +42,7 @@ def analyze(ctx, options: dict) -> dict:
     with torch.no_grad():
         out = loaded.forward()
     nan, inf, total = nonfinite_counts(out)
-    notes = []
+    notes = list(loaded.notes)
     if nan or inf:
         notes.append(f"the output is not finite: {nan:,} NaN and {inf:,} infinite values out of {total:,}; "
                      "check the weights, the inputs' range and dtype, or a division/log in forward()")
