@@ -332,25 +332,30 @@ _STATUS_ORDER = {"fail": 0, "warn": 1, "pass": 2, "not_applicable": 3}
 
 
 def checklist_sections(result: dict) -> list[Section]:
+    """Score and charts, then one table per category (failures and warnings first: status, evidence,
+    suggestion, fix), the rules that do not apply here, and the thresholds."""
     counts = result.get("counts") or {}
     text = [f"Score {result.get('score', 0):.1f} / 100 for {result.get('purpose', '?')} on {result.get('device')}: "
-            + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()) + "."]
+            + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()) + ".",
+            "Score = 100 × (pass + 0.5 × warn) / (pass + warn + fail); rules that do not apply do not count."]
     text += [str(n) for n in result.get("notes", [])]
-    findings = sorted(result.get("findings") or [], key=lambda f: (_STATUS_ORDER.get(f.get("status"), 9),
-                                                                   f.get("category", "")))
-    cols = ["status", "category", "id", "title", "evidence", "suggestion", "fix"]
-    df = records_frame(findings)
-    df = df[[c for c in cols if c in df.columns]] if not df.empty else df
-    applicable = df[df["status"] != "not_applicable"] if "status" in df else df
+    findings = sorted(result.get("findings") or [], key=lambda f: _STATUS_ORDER.get(f.get("status"), 9))
+    cols = ["status", "title", "id", "evidence", "suggestion", "fix"]
     from diagnostics.charts import checklist as ch
+    from diagnostics.checklist.rules import CATEGORIES
 
     figs, notes = _figures(lambda: ch.build_score_gauge_figure(result),
                            lambda: ch.build_status_by_category_figure(result))
-    sections = [Section("Checklist", text=text + notes, figures=figs,
-                        tables=[("findings (failures and warnings first)", applicable)])]
-    rest = df[df["status"] == "not_applicable"] if "status" in df else df.iloc[0:0]
-    if len(rest):
-        sections.append(Section("Not applicable here", tables=[("", rest[["category", "id", "title", "evidence"]])]))
+    sections = [Section("Checklist", text=text + notes, figures=figs)]
+    for cat in CATEGORIES:
+        rows = [f for f in findings if f.get("category") == cat and f.get("status") != "not_applicable"]
+        if rows:
+            df = records_frame(rows)
+            sections.append(Section(str(cat).capitalize(), tables=[("", df[[c for c in cols if c in df.columns]])]))
+    rest = [f for f in findings if f.get("status") == "not_applicable"]
+    if rest:
+        sections.append(Section("Not applicable here", tables=[
+            ("", records_frame(rest)[["category", "id", "title", "evidence"]])]))
     if result.get("thresholds"):
         sections.append(Section("Thresholds", tables=[("", _records(result, "thresholds"))]))
     return sections

@@ -4,7 +4,7 @@ import streamlit as st
 
 from diagnostics.intake import safe_mode
 from diagnostics.uploads import save_upload
-from ui import state
+from ui import state, views
 from ui.jobs import cached_outcome, get_store, run_analysis
 from ui.views import checklist as checklist_view
 from ui.frame import require_app
@@ -64,3 +64,4 @@ def apply_fix(fix_id: str) -> None:
 
 
 checklist_view.show(outcome.result, apply_fix=apply_fix)
+views.report_download("checklist", outcome.result)  # the HTML report every page offers

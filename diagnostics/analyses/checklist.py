@@ -11,7 +11,7 @@ written to the artifact folder.
 from __future__ import annotations
 
 from diagnostics.checklist.facts import collect_facts
-from diagnostics.checklist.report import build_html, build_markdown
+from diagnostics.checklist.report import build_markdown
 from diagnostics.checklist.rules import CATEGORIES, STATUSES, THRESHOLDS, evaluate, score
 from diagnostics.errors import TorchScopeError
 
@@ -68,5 +68,4 @@ def analyze(ctx, options: dict) -> dict:
     ctx.progress(0.95, "evaluating rules")
     result = build_result(facts, loaded.spec.label, str(loaded.device))
     (ctx.artifact_dir / "checklist_report.md").write_text(build_markdown(result))
-    (ctx.artifact_dir / "checklist_report.html").write_text(build_html(result))
     return result

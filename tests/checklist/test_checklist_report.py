@@ -3,7 +3,8 @@
 import re
 
 from diagnostics.analyses.checklist import build_result
-from diagnostics.checklist.report import build_html, build_markdown
+from diagnostics.checklist.report import build_markdown
+from diagnostics.report import build_report
 from tests.checklist.sample_facts import healthy, set_path
 
 
@@ -25,11 +26,15 @@ def test_markdown_lists_every_finding_by_category_with_score():
     assert "`DATALOADER_FRACTION_MAX` | 0.05" in md
 
 
-def test_html_is_self_contained_and_escaped():
+def test_html_is_the_shared_report_by_category_self_contained_and_escaped():
     r = result()
-    page = build_html(r)
-    assert not re.search(r"https?://", page)
-    assert "<script" not in page  # the evidence text is escaped, and no scripts are loaded
-    assert "&lt;script&gt;" in page
-    assert page.count("<tr>") >= len(r["findings"])
+    page = build_report("checklist", r, "checklist")
+    assert not re.search(r"<script[^>]+src=", page)  # plotly.js is inlined, nothing is fetched
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "Tensor Cores used where eligible" in page
+    # One section per category that has applicable findings, in the registry's order.
+    heads = re.findall(r"<h2[^>]*>([^<]+)</h2>", page)
+    cats = [c for c in ("Model design", "Memory", "Compute", "Data pipeline", "Deployment") if c in heads]
+    assert cats and [h for h in heads if h in cats] == cats
+    failing = [f for f in r["findings"] if f["status"] == "fail"]
+    assert failing and all(f["evidence"].split("<")[0][:30] in page for f in failing)

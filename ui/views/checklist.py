@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.charts.checklist import build_score_gauge_figure, build_status_by_category_figure
-from diagnostics.checklist.report import build_html, build_markdown
+from diagnostics.checklist.report import build_markdown
 from diagnostics.checklist.rules import CATEGORIES
 from ui.widgets import json_download, metric_row
 
@@ -63,12 +63,9 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None) -> None:
         st.dataframe(pd.DataFrame(result["thresholds"]), hide_index=True, width="stretch",
                      column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
                                     "meaning": "Meaning"})
-    d1, d2, d3 = st.columns(3)
+    d1, d2 = st.columns(2)
     with d1:
         st.download_button("Report (Markdown)", build_markdown(result).encode(), file_name="checklist.md",
                            mime="text/markdown", icon=":material/description:", on_click="ignore")
     with d2:
-        st.download_button("Report (HTML)", build_html(result).encode(), file_name="checklist.html",
-                           mime="text/html", icon=":material/html:", on_click="ignore")
-    with d3:
         json_download(result, "checklist.json")
