@@ -37,7 +37,9 @@ if rec is None:
     st.warning("That run is no longer in the store.")
     st.stop()
 st.subheader(f"{rec.analysis} · {rec.model_label} · {rec.status}")
-if rec.status != "ok":
+if rec.status == "running":
+    st.info("Still running: its result appears here once the job ends (reopen the run then).")
+elif rec.status != "ok":
     st.error(rec.error or rec.status)
 else:
     views.show(rec.analysis, rec.result)

@@ -206,6 +206,30 @@ def test_sample_model_profile_and_trace_download(server, page, tmp_path):
     assert {("summary", "ok"), ("profile", "ok")} <= stored
 
 
+def test_every_page_renders_in_the_frame_and_is_screenshotted(server, page):
+    """Each page of the navigation opens inside app.py's frame without an exception; the pages that
+    compute on open (Memory, Gradient flow, Trace explorer) draw their charts; the Checklist runs."""
+    page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=JOB_TIMEOUT_MS)  # Model, default sample
+    for n, (title, ready) in enumerate([
+        ("Memory", "What holds the training-step peak"),
+        ("Gradient flow", "Layers flagged"),
+        ("Checklist", "No checklist yet"),
+        ("Optimize", "Run trials"),
+        ("Trace explorer", "Open from"),
+        ("Distributed", "Launch with torchrun"),
+    ], start=7):
+        open_page(page, title)
+        page.get_by_text(ready).first.wait_for(timeout=JOB_TIMEOUT_MS)
+        wait_idle(page, JOB_TIMEOUT_MS / 1000)
+        if title == "Checklist":
+            page.get_by_role("button", name=re.compile("Run checklist")).click()
+            page.get_by_text("Checklist score").first.wait_for(timeout=JOB_TIMEOUT_MS)
+            wait_idle(page, JOB_TIMEOUT_MS / 1000)
+        assert not page.locator('[data-testid="stException"]').count(), title
+        assert page.locator('[data-testid="stSidebar"]').get_by_text("Sample model").count()  # the shared frame
+        shot(page, f"{n:02d}-{title.lower().replace(' ', '-')}")
+
+
 HANGING_MODEL = """
 import time
 import torch
