@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import re
 import sys
 import uuid
 import zipfile
@@ -109,7 +110,37 @@ def default_loss(output) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- loading by source
-def _check_zip(path: Path, what: str) -> None:
+#: what a zip archive from torch is, by its member names -> how to load it instead
+_ZIP_KINDS = {
+    "torchscript": "a TorchScript archive (torch.jit.save): choose that file kind",
+    "export": "a torch.export archive: choose 'torch.export archive (.pt2)' as the file kind",
+    "torch.save": "a torch.save file: a state_dict goes in the weights slot beside a model definition, and a "
+                  "pickled module needs the file kind 'Pickled nn.Module' and 'I trust this file'",
+}
+
+
+def _zip_kind(names: list[str]) -> str:
+    if any(n.endswith("/archive_format") for n in names) or any("/models/" in n and n.endswith(".json")
+                                                                 for n in names):
+        return "export"
+    if any("/code/" in n for n in names) or any(n.endswith("/constants.pkl") for n in names):
+        return "torchscript"
+    if any(n.endswith("/data.pkl") for n in names):
+        return "torch.save"
+    return "unknown"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _refused_global(e: Exception) -> str:
+    """The line of a weights-only unpickling error that names what it refused, without colour codes."""
+    text = _ANSI.sub("", str(e))
+    line = next((ln.strip() for ln in text.splitlines() if "Unsupported global" in ln), "")
+    return line.split(" was not an allowed global")[0]
+
+
+def _check_zip(path: Path, what: str, expected: str) -> None:
     if not path.exists():
         raise ModelLoadError(f"file not found: {path.name}")
     if not zipfile.is_zipfile(path):
@@ -121,10 +152,14 @@ def _check_zip(path: Path, what: str) -> None:
         raise ModelLoadError(f"{path.name} is a corrupt or truncated {what}: {e}") from e
     if bad is not None:
         raise ModelLoadError(f"{path.name} is a corrupt {what}: member {bad!r} fails its checksum")
+    with zipfile.ZipFile(path) as z:
+        kind = _zip_kind(z.namelist())
+    if kind not in (expected, "unknown"):
+        raise ModelLoadError(f"{path.name} is not a {what}: it is {_ZIP_KINDS[kind]}")
 
 
 def _load_torchscript(path: Path) -> nn.Module:
-    _check_zip(path, "TorchScript archive (torch.jit.save)")
+    _check_zip(path, "TorchScript archive (torch.jit.save)", "torchscript")
     try:
         return torch.jit.load(str(path), map_location="cpu")
     except Exception as e:
@@ -167,12 +202,12 @@ def _no_code_in_pickles():
 
 
 def _load_export(path: Path):
-    _check_zip(path, "torch.export archive (.pt2)")
+    _check_zip(path, "torch.export archive (.pt2)", "export")
     try:
         with _no_code_in_pickles():
             ep = torch.export.load(str(path))
     except (_PickleRefused, pickle.UnpicklingError) as e:
-        found = next((ln.strip() for ln in str(e).splitlines() if "Unsupported global" in ln), "")
+        found = _refused_global(e)
         raise TrustError(f"{path.name} carries pickled objects (sample inputs, weights or constants) that a "
                          f"weights-only load refuses{' (' + found + ')' if found else ''}: loading them could run "
                          "code. TorchScope opens .pt2 archives that hold only tensors and plain values; export "
@@ -275,10 +310,11 @@ def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        msg = _ANSI.sub("", str(e)).splitlines()[0] if str(e) else type(e).__name__
         if "weights_only" in str(e) or "Unsupported global" in str(e):
             raise TrustError(f"{path.name} is not a plain state_dict: loading it would run pickled code "
-                             f"({msg}). Save weights with torch.save(model.state_dict()) or safetensors") from e
+                             f"({_refused_global(e) or msg}). Save weights with torch.save(model.state_dict()) "
+                             "or safetensors") from e
         raise ModelLoadError(f"{path.name} could not be read as a state_dict (corrupt or truncated?): {msg}") from e
     for key in ("state_dict", "model_state_dict", "model"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):

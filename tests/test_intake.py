@@ -95,6 +95,34 @@ def test_an_export_archive_with_fixed_shapes_says_so(tmp_path):
         loaded.forward()
 
 
+def test_an_archive_of_another_kind_is_named_with_the_kind_to_choose(tmp_path):
+    ts, pt2, sd = tmp_path / "m.ts.pt", tmp_path / "m.pt2", tmp_path / "sd.pt"
+    torch.jit.save(torch.jit.script(Tiny()), str(ts))
+    torch.export.save(torch.export.export(Tiny(), (torch.randn(6, 4),)), str(pt2))
+    torch.save(Tiny().state_dict(), sd)
+    cases = [("torchscript", pt2, "m.pt2 is not a TorchScript archive (torch.jit.save): it is a torch.export archive: "
+                                  "choose 'torch.export archive (.pt2)' as the file kind"),
+             ("export", ts, "m.ts.pt is not a torch.export archive (.pt2): it is a TorchScript archive "
+                            "(torch.jit.save): choose that file kind"),
+             ("torchscript", sd, "sd.pt is not a TorchScript archive (torch.jit.save): it is a torch.save file")]
+    for source, path, message in cases:
+        with pytest.raises(ModelLoadError) as err:
+            load_model(ModelSpec(source=source, name=path.name, path=str(path), inputs=(InputSpec((2, 4)),)))
+        assert str(err.value).startswith(message)
+
+
+def test_a_pickled_module_in_the_weights_slot_names_the_refused_class(tmp_path):
+    from diagnostics.intake import load_state_dict_file
+
+    path = tmp_path / "full.pt"
+    torch.save(Tiny(), path)
+    with pytest.raises(TrustError) as err:
+        load_state_dict_file(path)
+    assert "(WeightsUnpickler error: Unsupported global: GLOBAL test_intake.Tiny)" in str(err.value) or \
+        "Unsupported global: GLOBAL tests.test_intake.Tiny)" in str(err.value), str(err.value)
+    assert "\x1b[" not in str(err.value)
+
+
 def test_truncated_and_corrupt_archives_are_named(tmp_path):
     good = tmp_path / "m.pt2"
     torch.export.save(torch.export.export(Tiny(), (torch.randn(6, 4),)), str(good))

@@ -54,9 +54,10 @@ def test_a_crafted_pickle_never_runs_without_the_trust_switch(tmp_path, source):
     if source == "pickle":
         assert isinstance(err.value, TrustError)
         assert "can run arbitrary code" in str(err.value) and "I trust this file" in str(err.value)
-    else:  # the TorchScript / torch.export readers do not run Python pickles
-        what = "TorchScript archive" if source == "torchscript" else "torch.export archive"
-        assert str(err.value).startswith(f"evil.pt is not a loadable {what}")
+    else:  # recognised as a torch.save file before any reader touches it
+        what = "TorchScript archive (torch.jit.save)" if source == "torchscript" else "torch.export archive (.pt2)"
+        assert str(err.value).startswith(f"evil.pt is not a {what}: it is a torch.save file: a state_dict goes "
+                                         "in the weights slot")
     assert not marker.exists()
 
 
