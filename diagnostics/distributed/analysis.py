@@ -410,7 +410,8 @@ def analyze(ctx, options: dict) -> dict:
                   pg_timeout_s=float(options.get("pg_timeout_s", 60.0)),
                   straggler_rank=options.get("straggler_rank"),
                   straggler_sleep_ms=float(options.get("straggler_sleep_ms", 0.0) or 0.0),
-                  die_rank=options.get("die_rank"), die_step=int(options.get("die_step", 1)))
+                  die_rank=options.get("die_rank"), die_step=int(options.get("die_step", 1)),
+                  die_how=str(options.get("die_how", "exit")))
     ctx.progress(0.05, f"launching torchrun with {nproc} processes ({backend})")
     run = launch(job, nproc, timeout_s=float(options.get("run_timeout_s", DEFAULT_RUN_TIMEOUT_S)),
                  on_progress=ctx.progress)

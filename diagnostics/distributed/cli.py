@@ -56,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--straggler-ms", type=float, default=150.0, help="how long it sleeps (ms)")
     r.add_argument("--die-rank", type=int, help="inject: this rank exits at --die-step")
     r.add_argument("--die-step", type=int, default=1)
+    r.add_argument("--die-how", choices=("exit", "kill"), default="exit",
+                   help="exit: os._exit(3); kill: SIGKILL, as the OOM killer would")
     r.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is stopped")
     thresholds(r)
     a = sub.add_parser("analyze", help="analyse a folder of per-rank traces (one file per rank)")
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.straggler_rank is not None:
                 options.update(straggler_rank=args.straggler_rank, straggler_sleep_ms=args.straggler_ms)
             if args.die_rank is not None:
-                options.update(die_rank=args.die_rank, die_step=args.die_step)
+                options.update(die_rank=args.die_rank, die_step=args.die_step, die_how=args.die_how)
             job = Job("distributed", _spec(args), options)
             timeout = args.timeout
         outcome = run_job(job, store=Store(), timeout_s=timeout, source="cli",

@@ -14,6 +14,9 @@ from pathlib import Path
 from diagnostics.errors import TorchScopeError
 
 BACKENDS = ("auto", "gloo", "nccl")
+#: How the die_rank injection ends its rank: "exit" calls os._exit(3) (a crash), "kill" sends the
+#: rank SIGKILL without a word (what the OOM killer does).
+DIE_HOWS = ("exit", "kill")
 #: Process-group timeout: a collective that waits longer than this fails instead of hanging.
 DEFAULT_PG_TIMEOUT_S = 60.0
 MAX_NPROC = 64
@@ -37,6 +40,7 @@ class DistJob:
     straggler_sleep_ms: float = 0.0
     die_rank: int | None = None  # inject: this rank exits (code 3) at step die_step
     die_step: int = 1
+    die_how: str = "exit"  # "exit": os._exit(3); "kill": SIGKILL to itself, as the OOM killer would
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -47,6 +51,8 @@ class DistJob:
             raise DistributedError(f"warmup must be >= 0, got {self.warmup}")
         if float(self.pg_timeout_s) <= 0:
             raise DistributedError(f"the process-group timeout must be positive, got {self.pg_timeout_s}")
+        if self.die_how not in DIE_HOWS:
+            raise DistributedError(f"unknown die_how {self.die_how!r}; choose one of {', '.join(DIE_HOWS)}")
         if float(self.straggler_sleep_ms) < 0:
             raise DistributedError(f"straggler sleep must be >= 0 ms, got {self.straggler_sleep_ms}")
 

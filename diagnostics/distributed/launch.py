@@ -29,9 +29,16 @@ KILL_GRACE_S = 5.0
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_NAME = "torchrun.log"
 JOB_NAME = "job.json"
-_SIGTERM_EXITS = {-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM}
+#: Exit codes of a rank that torchrun stopped itself (SIGTERM) after another rank failed.
+_SIGTERM_EXITS = {-signal.SIGTERM, 128 + signal.SIGTERM}
+#: What a signal that killed a rank from outside usually means.
+_SIGNAL_HINTS = {signal.SIGKILL: "out of memory?", signal.SIGSEGV: "a segmentation fault",
+                 signal.SIGABRT: "aborted", signal.SIGBUS: "a bus error"}
 # torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : 3 (pid: 123)".
-_SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
+                         r"(?:\s*\(pid:\s*(\d+)\))?")
+# torchrun closing its other ranks once one failed: SIGTERM, then SIGKILL for those that linger.
+_CLOSED_RE = re.compile(r"Sending process (\d+) closing signal|Unable to shutdown process (\d+) via")
 _ROOT_RE = re.compile(r"Root Cause \(first observed failure\):\s*\n\[\d+\]:\s*\n\s*time\s*:.*\n\s*host\s*:.*\n"
                       r"\s*rank\s*:\s*(\d+)")
 
@@ -114,32 +121,81 @@ def _tail(path: Path, n: int = 4000) -> str:
 
 def exit_codes(log_text: str) -> dict[int, int]:
     """rank -> exit code, from torchrun's failure summary."""
-    return {int(r): int(c) for r, c in _SUMMARY_RE.findall(log_text)}
+    return {int(r): int(c) for r, c, _ in _SUMMARY_RE.findall(log_text)}
+
+
+def _summary_pids(log_text: str) -> dict[int, int]:
+    return {int(r): int(p) for r, _, p in _SUMMARY_RE.findall(log_text) if p}
+
+
+def closed_pids(log_text: str) -> set[int]:
+    """Pids of the ranks torchrun stopped itself (SIGTERM, then SIGKILL) because another rank failed."""
+    return {int(a or b) for a, b in _CLOSED_RE.findall(log_text)}
+
+
+def describe_exit(code: int) -> str:
+    """'killed (SIGKILL, exit -9: out of memory?)' or 'died with exit code 3'."""
+    if code < 0:
+        try:
+            sig = signal.Signals(-code)
+        except ValueError:
+            return f"was killed (signal {-code}, exit {code})"
+        hint = _SIGNAL_HINTS.get(sig)
+        return f"was killed ({sig.name}, exit {code}" + (f": {hint})" if hint else ")")
+    return f"died with exit code {code}"
 
 
 def failed_rank(statuses: dict[int, dict], codes: dict[int, int], log_text: str = "") -> tuple[int | None, str]:
     """(rank, why) of the rank that brought the run down, or (None, why) if it cannot be told.
 
-    A rank that exited without reporting an error (a crash: os._exit, a signal, the OOM killer)
-    and that torchrun did not stop itself (SIGTERM) comes first; then the rank whose Python error
-    came first; then torchrun's own "root cause".
+    A rank that exited without reporting a Python error (a crash: os._exit, a signal, SIGKILL
+    from the OOM killer) comes first, unless torchrun stopped it itself after another rank failed
+    (it logs "Sending process PID closing signal SIGTERM" and, for a rank that lingers,
+    "Unable to shutdown process PID ... SIGKILL"; a SIGTERM exit counts as stopped too). Then
+    the rank whose Python error came first; then torchrun's own "root cause".
     """
-    crashed = [r for r, s in statuses.items()
-               if s.get("state") in ("running", "dying") and r in codes and codes[r] not in _SIGTERM_EXITS]
-    if crashed:
-        r = min(crashed, key=lambda r: statuses[r].get("time", 0.0))
-        step = statuses[r].get("step")
-        return r, (f"rank {r} died with exit code {codes[r]}" + (f" at step {step}" if step is not None else "")
-                   + " without reporting a Python error")
-    errored = [r for r, s in statuses.items() if s.get("state") == "error"]
-    if errored:
-        r = min(errored, key=lambda r: statuses[r].get("time", 0.0))
-        return r, f"rank {r} failed: {statuses[r].get('error', 'unknown error')}"
+    pids = _summary_pids(log_text)
+    closed = closed_pids(log_text)
+
+    def stopped_by_torchrun(r: int) -> bool:
+        pid = statuses.get(r, {}).get("pid") or pids.get(r)
+        return codes.get(r) in _SIGTERM_EXITS or (pid is not None and int(pid) in closed)
+
     m = _ROOT_RE.search(log_text)
-    if m:
-        r = int(m.group(1))
-        return r, f"rank {r} failed (exit code {codes.get(r, '?')}, torchrun's first observed failure)"
-    return None, "torchrun failed before any rank reported (see its log)"
+    root = int(m.group(1)) if m else None
+    crashed = [r for r, s in statuses.items()
+               if s.get("state") in ("running", "dying") and codes.get(r, 0) != 0 and not stopped_by_torchrun(r)]
+    errored = [r for r, s in statuses.items() if s.get("state") == "error"]
+    if crashed:
+        # torchrun's first observed failure first, then the rank that said it was dying first.
+        r = min(crashed, key=lambda r: (r != root, statuses[r].get("state") != "dying", statuses[r].get("time", 0.0)))
+        step = statuses[r].get("step")
+        why = (f"rank {r} {describe_exit(codes[r])}" + (f" at step {step}" if step is not None else "")
+               + " without reporting a Python error")
+    elif errored:
+        r = min(errored, key=lambda r: statuses[r].get("time", 0.0))
+        why = f"rank {r} failed: {statuses[r].get('error', 'unknown error')}"
+    elif root is not None:
+        r = root
+        code = codes.get(r)
+        why = (f"rank {r} failed (exit code {'?' if code is None else code}, torchrun's first observed failure)"
+               if code is None or code >= 0 else
+               f"rank {r} {describe_exit(code)} (torchrun's first observed failure)")
+    else:
+        return None, "torchrun failed before any rank reported (see its log)"
+    after = []
+    for o in sorted(set(statuses) | set(codes)):
+        if o == r:
+            continue
+        state = statuses.get(o, {}).get("state")
+        if state == "error":
+            after.append(f"rank {o} failed ({str(statuses[o].get('error', '')).split(':')[0] or 'error'})"
+                         + (" and was stopped by torchrun" if stopped_by_torchrun(o) else ""))
+        elif stopped_by_torchrun(o):
+            after.append(f"rank {o} was stopped by torchrun")
+    if after:
+        why += "; then " + ", ".join(after)
+    return r, why
 
 
 def launch(job: DistJob, nproc: int, *, timeout_s: float = DEFAULT_LAUNCH_TIMEOUT_S,
@@ -188,6 +244,8 @@ def launch(job: DistJob, nproc: int, *, timeout_s: float = DEFAULT_LAUNCH_TIMEOU
     result = LaunchResult(str(out), int(nproc), proc.returncode, duration, log_text[-4000:], statuses)
     if proc.returncode != 0:
         rank, why = failed_rank(statuses, exit_codes(log_text), log_text)
+        if rank is None and proc.returncode < 0:
+            why = f"torchrun itself {describe_exit(proc.returncode)} before any rank reported"
         raise DistributedError(f"the distributed run failed: {why} (torchrun exit code {proc.returncode}; "
                                f"log: {log_path})")
     missing = [r for r in range(nproc) if not trace_path(out, r).exists()]

@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -96,6 +97,8 @@ def run(job: DistJob) -> None:
 
         def step(i: int) -> None:
             if job.die_rank == rank and i == job.die_step:
+                if job.die_how == "kill":  # like the OOM killer: no status, no cleanup, no word
+                    os.kill(os.getpid(), signal.SIGKILL)
                 _status(job, rank, "dying", step=i)
                 sys.stdout.flush()
                 os._exit(INJECTED_EXIT_CODE)  # a crash: no cleanup, no exception to catch

@@ -14,7 +14,7 @@ import torch
 
 from diagnostics.distributed.analysis import analyze
 from diagnostics.distributed.job import DistJob, DistributedError, steps_path, trace_path
-from diagnostics.distributed.launch import exit_codes, failed_rank, launch, torchrun_command
+from diagnostics.distributed.launch import closed_pids, exit_codes, failed_rank, launch, torchrun_command
 from diagnostics.runner import AnalysisContext, Job, run_job
 from diagnostics.spec import ModelSpec
 
@@ -72,6 +72,19 @@ def test_a_dying_rank_is_named_without_hanging(tmp_path):
         analyze(_ctx(tmp_path, {}), {"nproc": 2, "steps": 3, "warmup": 1, "die_rank": 1, "die_step": 1,
                                      "pg_timeout_s": 30, "run_timeout_s": 90})
     assert time.monotonic() - t0 < 60
+    assert not _rank_processes_left()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_by_sigkill_is_named_not_the_peer_that_lost_it(tmp_path):
+    # Rank 1 SIGKILLs itself (as the OOM killer would: no status, no Python error); rank 0 then
+    # fails with "Connection reset by peer" and is stopped by torchrun. Rank 1 is the cause.
+    with pytest.raises(DistributedError) as err:
+        analyze(_ctx(tmp_path, {}), {"nproc": 2, "steps": 3, "warmup": 1, "die_rank": 1, "die_step": 1,
+                                     "die_how": "kill", "pg_timeout_s": 30, "run_timeout_s": 90})
+    msg = str(err.value)
+    assert "failed: rank 1 was killed (SIGKILL, exit -9: out of memory?) without reporting a Python error" in msg
+    assert "rank 0 failed: " not in msg
     assert not _rank_processes_left()
 
 
@@ -137,6 +150,56 @@ def test_failed_rank_rules():
     assert rank == 1 and "ValueError: bad batch" in why
     # Nothing reported: torchrun's root cause.
     assert failed_rank({0: {"state": "not started"}, 1: {"state": "not started"}}, {}, SUMMARY)[0] == 1
+
+
+# What torchrun 2.13 logs when rank 1 is SIGKILLed from outside and rank 0 then fails on the
+# lost connection: torchrun sends rank 0 SIGTERM (its exit -15), the root cause is rank 1 (-9).
+KILLED_LOG = """[rank0]: RuntimeError: Read error [127.0.0.1]:3981: Connection reset by peer.
+W1123 08:01:29.297000 17607 api.py:1028] Sending process 17618 closing signal SIGTERM
+E1123 08:01:29.316000 17607 api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 17619) of binary: python
+Failures:
+[1]:
+  time      : 2026-11-23_08:01:29
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 17618)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_08:01:29
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 17619)  (SIGKILL)
+  error_file: <N/A>
+"""
+
+
+def test_a_sigkilled_rank_is_blamed_not_the_rank_that_lost_its_peer():
+    statuses = {0: {"rank": 0, "state": "error", "time": 9.0,
+                    "error": "RuntimeError: Read error [127.0.0.1]:3981: Connection reset by peer"},
+                1: {"rank": 1, "state": "running", "time": 1.0, "pid": 17619}}
+    assert exit_codes(KILLED_LOG) == {0: -15, 1: -9} and closed_pids(KILLED_LOG) == {17618}
+    rank, why = failed_rank(statuses, exit_codes(KILLED_LOG), KILLED_LOG)
+    assert rank == 1
+    assert why.startswith("rank 1 was killed (SIGKILL, exit -9: out of memory?) without reporting a Python error")
+    assert why.endswith("then rank 0 failed (RuntimeError) and was stopped by torchrun")
+    # Without the log's root cause and pids the exit codes alone still tell: -9 is not torchrun's SIGTERM.
+    assert failed_rank(statuses, {0: -15, 1: -9})[0] == 1
+
+
+def test_a_rank_torchrun_sigkilled_itself_is_not_blamed():
+    # Rank 0 crashed (exit 3); torchrun sent rank 1 SIGTERM, rank 1 lingered and got SIGKILL from torchrun.
+    log = ("Sending process 501 closing signal SIGTERM\n"
+           "Unable to shutdown process 501 via Signals.SIGTERM, forcefully exiting via Signals.SIGKILL\n"
+           "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 501)  (SIGKILL)\n"
+           "  rank      : 0 (local_rank: 0)\n  exitcode  : 3 (pid: 500)\n")
+    statuses = {0: {"state": "running", "time": 2.0, "pid": 500}, 1: {"state": "running", "time": 1.0, "pid": 501}}
+    rank, why = failed_rank(statuses, exit_codes(log), log)
+    assert rank == 0
+    assert why == "rank 0 died with exit code 3 without reporting a Python error; then rank 1 was stopped by torchrun"
+    # Other signals are named too.
+    assert failed_rank({0: {"state": "running"}}, {0: -11})[1].startswith(
+        "rank 0 was killed (SIGSEGV, exit -11: a segmentation fault)")
 
 
 @pytest.mark.slow
