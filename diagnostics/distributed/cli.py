@@ -19,6 +19,15 @@ from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAG
 from diagnostics.formatting import human_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Of ``--timeout``, the launch gets all but this many seconds (model load, analysis, report)...
+LAUNCH_RESERVE_S = 30.0
+#: ...and never less than this share of it, so a short --timeout still leaves the run its time.
+LAUNCH_MIN_SHARE = 0.8
+
+
+def launch_timeout_s(total_s: float) -> float:
+    """Seconds the torchrun launch may take within a job timeout of ``total_s``: 600 -> 570, 20 -> 16."""
+    return max(total_s - LAUNCH_RESERVE_S, LAUNCH_MIN_SHARE * total_s)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--die-step", type=int, default=1)
     r.add_argument("--die-how", choices=("exit", "kill"), default="exit",
                    help="exit: os._exit(3); kill: SIGKILL, as the OOM killer would")
-    r.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is stopped")
+    r.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds before the run is stopped (default 600; the torchrun launch gets all but 30 s "
+                        "of it, and at least 80 %%)")
     thresholds(r)
     a = sub.add_parser("analyze", help="analyse a folder of per-rank traces (one file per rank)")
     a.add_argument("dir", help="folder with rank*.pt.trace.json(.gz) files")
@@ -121,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "command":
             return _command(args)
+        if args.cmd == "run" and not args.timeout > 0:
+            raise SystemExit(f"bad --timeout {args.timeout:g}: must be positive seconds")
         from diagnostics.runner import Job, run_job
         from diagnostics.store import Store
 
@@ -130,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout = None
         else:
             options.update(nproc=args.nproc, steps=args.steps, warmup=args.warmup, backend=args.backend,
-                           run_timeout_s=max(1.0, args.timeout - 30))
+                           run_timeout_s=launch_timeout_s(args.timeout))
             if args.straggler_rank is not None:
                 options.update(straggler_rank=args.straggler_rank, straggler_sleep_ms=args.straggler_ms)
             if args.die_rank is not None:

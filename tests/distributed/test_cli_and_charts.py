@@ -8,7 +8,7 @@ import pytest
 from diagnostics.charts.distributed import (build_breakdown_figure, build_collectives_figure, build_overlap_figure,
                                             build_rank_step_figure)
 from diagnostics.distributed.analysis import analyze_folder_path
-from diagnostics.distributed.cli import main
+from diagnostics.distributed.cli import launch_timeout_s, main
 from diagnostics.distributed.job import DistJob
 
 PAIR = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
@@ -76,3 +76,34 @@ def test_collectives_and_overlap_figures(tight):
     gauge = build_overlap_figure(tight)
     assert gauge.data[0].value == pytest.approx(100 * 120 / 815)
     assert "(%)" in gauge.data[0].title.text
+
+
+class _Captured(Exception):
+    pass
+
+
+@pytest.fixture
+def captured_job(monkeypatch):
+    """Stops `distributed run` where it hands its job to the runner; yields what it handed over."""
+    seen = {}
+
+    def fake_run_job(job, **kw):
+        seen.update(job=job, **kw)
+        raise _Captured
+
+    monkeypatch.setattr("diagnostics.runner.run_job", fake_run_job)
+    return seen
+
+
+@pytest.mark.parametrize("total,launch", [(600, 570), (100, 80), (31, 24.8), (20, 16), (5, 4)])
+def test_launch_timeout_leaves_the_run_most_of_a_short_timeout(total, launch):
+    assert launch_timeout_s(total) == pytest.approx(launch)
+
+
+def test_cli_run_small_timeout_gives_the_launch_most_of_it(captured_job, capsys):
+    with pytest.raises(_Captured):
+        main(["run", "--model", "mlp", "--timeout", "20"])
+    assert captured_job["timeout_s"] == 20
+    assert captured_job["job"].options["run_timeout_s"] == pytest.approx(16.0)  # was 1 s
+    assert main(["run", "--model", "mlp", "--timeout", "0"]) == 2
+    assert "bad --timeout 0: must be positive seconds" in capsys.readouterr().err
