@@ -14,7 +14,8 @@ Definitions (per rank, per profiler step ``ProfilerStep#N``):
 * busy time = step time - exposed communication: the rank's own work. DDP's all-reduce makes
   every rank's *step* equally long (the fast ranks wait for the slow one inside the collective),
   so a straggler is found by its busy time: a rank is a straggler when its median busy time
-  exceeds the median over ranks by more than ``STRAGGLER_MARGIN`` and by ``STRAGGLER_MIN_EXCESS_MS``.
+  exceeds the median of the *other* ranks by more than ``STRAGGLER_MARGIN`` and by
+  ``STRAGGLER_MIN_EXCESS_MS`` (leave-one-out: with 2 ranks the slow one must not raise its own bar).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from diagnostics.distributed import intervals as iv
 from diagnostics.distributed.job import DistJob, DistributedError, MAX_NPROC
 from diagnostics.settings import check_server_path
 
-#: A rank straggles when its median busy time is over the median across ranks by this fraction...
+#: A rank straggles when its median busy time is over the median of the other ranks by this fraction...
 STRAGGLER_MARGIN = 0.20
 #: ...and by at least this many milliseconds (keeps scheduler noise on tiny steps from counting).
 STRAGGLER_MIN_EXCESS_MS = 10.0
@@ -223,14 +224,43 @@ def find_rank_traces(folder) -> list[Path]:
 
 def find_stragglers(busy_ms: dict[int, float], margin: float = STRAGGLER_MARGIN,
                     min_excess_ms: float = STRAGGLER_MIN_EXCESS_MS) -> tuple[list[int], dict]:
-    """Ranks whose median busy time exceeds the median over ranks by the margin (and floor)."""
+    """Ranks whose median busy time exceeds the median of the *other* ranks by the margin (and floor).
+
+    Leave-one-out: a rank is compared with the others only, so with 2 ranks a slow one does not
+    inflate its own yardstick (busy 17.9 vs 2.7 ms: threshold 2.7 + 10 = 12.7 ms, not 20.3 ms). With
+    an even number of others their median is the upper middle value (statistics.median_high), so
+    two equally slow ranks out of three are not both called stragglers of the third.
+
+    The thresholds dict keeps one headline threshold: the busiest rank's (``compared_rank``), which
+    is the lowest of all ranks' thresholds, so a rank is a straggler only if the busiest one is;
+    ``median_ms`` is the median of the ranks other than that one. Every rank's own figures are in
+    ``per_rank`` (keyed by the rank as a string): others_median_ms, threshold_ms.
+    """
     if margin < 0 or min_excess_ms < 0:
         raise DistributedError("the straggler margin and minimum excess must be >= 0")
-    med = statistics.median(busy_ms.values()) if busy_ms else 0.0
-    threshold = max(med * (1.0 + margin), med + min_excess_ms)
-    stragglers = sorted(r for r, v in busy_ms.items() if v > threshold) if len(busy_ms) > 1 else []
-    return stragglers, {"metric": "busy_ms", "median_ms": med, "margin": margin,
-                        "min_excess_ms": min_excess_ms, "threshold_ms": threshold}
+
+    def limit(med: float) -> float:
+        return max(med * (1.0 + margin), med + min_excess_ms)
+
+    ranks = sorted(busy_ms)
+    median_all = float(statistics.median(busy_ms.values())) if busy_ms else 0.0
+    per_rank = {}
+    for r in ranks:
+        others = [busy_ms[o] for o in ranks if o != r]
+        if others:
+            med = float(statistics.median_high(others))
+            per_rank[str(r)] = {"others_median_ms": med, "threshold_ms": limit(med)}
+    if len(ranks) < 2:  # one rank: nothing to compare with
+        return [], {"metric": "busy_ms", "rule": "leave-one-out", "median_ms": median_all,
+                    "median_all_ms": median_all, "margin": margin, "min_excess_ms": min_excess_ms,
+                    "threshold_ms": limit(median_all), "compared_rank": ranks[0] if ranks else None,
+                    "per_rank": per_rank}
+    stragglers = [r for r in ranks if busy_ms[r] > per_rank[str(r)]["threshold_ms"]]
+    busiest = max(ranks, key=lambda r: (busy_ms[r], -r))
+    head = per_rank[str(busiest)]
+    return stragglers, {"metric": "busy_ms", "rule": "leave-one-out", "median_ms": head["others_median_ms"],
+                        "median_all_ms": median_all, "margin": margin, "min_excess_ms": min_excess_ms,
+                        "threshold_ms": head["threshold_ms"], "compared_rank": busiest, "per_rank": per_rank}
 
 
 def _median(values) -> float:
@@ -306,8 +336,11 @@ def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_exces
         wall = per_rank[r].get("wall_step_ms")
         row["wall_step_ms"] = _median(wall) if wall else None
         row["straggler"] = r in stragglers
-        row["busy_excess_pct"] = (100.0 * (busy[r] - thresholds["median_ms"]) / thresholds["median_ms"]
-                                  if thresholds["median_ms"] else None)
+        own = thresholds["per_rank"].get(str(r))  # leave-one-out: this rank against the others
+        row["others_median_ms"] = own["others_median_ms"] if own else None
+        row["threshold_ms"] = own["threshold_ms"] if own else None
+        row["busy_excess_pct"] = (100.0 * (busy[r] - own["others_median_ms"]) / own["others_median_ms"]
+                                  if own and own["others_median_ms"] else None)
         rank_rows.append(row)
 
     groups: dict[tuple[str, str], dict] = {}
@@ -338,7 +371,7 @@ def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_exces
         "world_size": world, "ranks_loaded": len(ranks),
         "steps_per_rank": min((len(per_rank[r]["steps"]) for r in ranks), default=0),
         "median_step_ms": _median(all_steps), "max_step_ms": max(all_steps, default=0.0),
-        "median_busy_ms": thresholds["median_ms"],
+        "median_busy_ms": thresholds["median_all_ms"],
         "comm_fraction": comm_sum / step_sum if step_sum else 0.0,
         "exposed_comm_fraction": sum(s["exposed_comm_ms"] for s in step_rows) / step_sum if step_sum else 0.0,
         "overlap_ratio": sum(s["overlap_ms"] for s in step_rows) / comm_sum if comm_sum else None,

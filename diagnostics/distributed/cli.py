@@ -102,20 +102,37 @@ def format_result(res: dict) -> str:
              + ("n/a" if m["overlap_ratio"] is None else f"{100 * m['overlap_ratio']:.1f} %"),
              "",
              f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'compute':>9} {'comm':>9} {'overlap':>9} "
-             f"{'exposed':>9} {'other':>9}  straggler"]
+             f"{'exposed':>9} {'other':>9} {'limit ms':>9}  straggler"]
     for r in res["ranks"]:
+        limit = r.get("threshold_ms")
         lines.append(f"{r['rank']:>4} {r['step_ms']:>9.2f} {r['busy_ms']:>9.2f} {r['compute_ms']:>9.2f} "
                      f"{r['comm_ms']:>9.2f} {r['overlap_ms']:>9.2f} {r['exposed_comm_ms']:>9.2f} "
-                     f"{r['other_ms']:>9.2f}  {'YES' if r['straggler'] else ''}")
-    lines += ["", f"stragglers: {', '.join(f'rank {r}' for r in res['stragglers']) or 'none'} (busy time over "
-                  f"{t['threshold_ms']:.2f} ms = median {t['median_ms']:.2f} ms + max({t['margin']:.0%}, "
-                  f"{t['min_excess_ms']:g} ms))", "", "collectives:"]
+                     f"{r['other_ms']:>9.2f} {'-' if limit is None else f'{limit:.2f}':>9}  "
+                     f"{'YES' if r['straggler'] else ''}")
+    lines += ["", straggler_line(res), "", "collectives:"]
     for c in res["collectives"][:15]:
         size = human_bytes(c["mean_bytes"]) if c["mean_bytes"] is not None else "size not recorded"
         lines.append(f"  {c['name']:<32} {c['where']:<4} {c['calls']:>6} calls  total {c['total_ms']:>9.3f} ms  "
                      f"mean {c['mean_ms']:>8.3f} ms  {size}")
     lines += [f"note: {n}" for n in res.get("notes", [])]
     return "\n".join(lines)
+
+
+def straggler_line(res: dict) -> str:
+    """'stragglers: rank 1 (...)' with the leave-one-out rule and the busiest rank's figures."""
+    t, ranks = res["thresholds"], res["ranks"]
+    names = ", ".join(f"rank {r}" for r in res["stragglers"]) or "none"
+    if len(ranks) < 2:
+        return f"stragglers: {names} (one rank: nothing to compare with)"
+    rule = (f"a rank straggles when its busy time is over the median of the other ranks + max({t['margin']:.0%}, "
+            f"{t['min_excess_ms']:g} ms)")
+    cr = t.get("compared_rank")
+    busy = next((r["busy_ms"] for r in ranks if r["rank"] == cr), None)
+    if busy is None:
+        return f"stragglers: {names} (busy time over {t['threshold_ms']:.2f} ms; {rule})"
+    verdict = "over" if busy > t["threshold_ms"] else "within"
+    return (f"stragglers: {names} (busiest rank {cr}: {busy:.2f} ms, {verdict} {t['threshold_ms']:.2f} ms = the "
+            f"other ranks' median {t['median_ms']:.2f} ms + {t['threshold_ms'] - t['median_ms']:.2f} ms; {rule})")
 
 
 def _emit(res: dict, as_json: bool) -> None:

@@ -11,7 +11,8 @@ rank 0, step 2 [2000, 3000): compute = addmm 100 + aten::broadcast_tensors 50 = 
 rank 1, step 1 [11000, 12000): compute = 600 + 100 = 700; comm = [11695,11760] = 65;
   overlap = mm [11740,11840] n gloo [11705,11760] = 20; other = 1000 - 745 = 255; busy = 955.
 rank 1, step 2 [12000, 13000): compute 800; comm [12910,12950] = 40; overlap 0; other 160; busy 960.
-Median busy: rank 0 695, rank 1 957.5; over ranks 826.25.
+Median busy: rank 0 695, rank 1 957.5; over ranks 826.25. Stragglers are judged leave-one-out:
+rank 1 against rank 0's 695 (threshold 695 + max(margin, floor)), rank 0 against rank 1's 957.5.
 """
 
 import json
@@ -90,19 +91,41 @@ def test_stragglers_and_thresholds(result):
     # Default floor (10 ms) is far above these sub-millisecond steps: nobody flagged.
     assert result["stragglers"] == []
     t = result["thresholds"]
-    assert t["median_ms"] == pytest.approx(0.82625)
-    assert t["threshold_ms"] == pytest.approx(0.82625 + STRAGGLER_MIN_EXCESS_MS)
+    # The headline threshold is the busiest rank's (1), against the median of the others (rank 0).
+    assert (t["compared_rank"], t["rule"]) == (1, "leave-one-out")
+    assert t["median_ms"] == pytest.approx(0.695) and t["median_all_ms"] == pytest.approx(0.82625)
+    assert t["threshold_ms"] == pytest.approx(0.695 + STRAGGLER_MIN_EXCESS_MS)
+    assert result["metrics"]["median_busy_ms"] == pytest.approx(0.82625)
     tight = analyze_folder_path(PAIR, margin=0.10, min_excess_ms=0.1)
     assert tight["stragglers"] == [1]
-    assert tight["thresholds"]["threshold_ms"] == pytest.approx(0.92625)  # max(0.908875, 0.92625)
-    assert [r["straggler"] for r in tight["ranks"]] == [False, True]
-    # A 20 % margin puts the threshold at 0.9915 ms: rank 1 (0.9575) is inside it.
-    assert analyze_folder_path(PAIR, margin=0.20, min_excess_ms=0.1)["stragglers"] == []
+    assert tight["thresholds"]["threshold_ms"] == pytest.approx(0.795)  # max(0.7645, 0.795)
+    assert tight["thresholds"]["per_rank"] == {
+        "0": {"others_median_ms": pytest.approx(0.9575), "threshold_ms": pytest.approx(1.0575)},
+        "1": {"others_median_ms": pytest.approx(0.695), "threshold_ms": pytest.approx(0.795)}}
+    r0, r1 = tight["ranks"]
+    assert [r0["straggler"], r1["straggler"]] == [False, True]
+    assert (r1["others_median_ms"], r1["threshold_ms"]) == (pytest.approx(0.695), pytest.approx(0.795))
+    assert r1["busy_excess_pct"] == pytest.approx(100 * (0.9575 - 0.695) / 0.695)
+    # 20 %: 0.695 x 1.2 = 0.834 < 0.9575, still a straggler; 40 %: 0.973 lets rank 1 through.
+    assert analyze_folder_path(PAIR, margin=0.20, min_excess_ms=0.1)["stragglers"] == [1]
+    assert analyze_folder_path(PAIR, margin=0.40, min_excess_ms=0.1)["stragglers"] == []
+
+
+def test_two_ranks_a_clear_straggler_is_flagged():
+    # The audit's case: with the straggler inside the median the threshold was 20.29 ms and
+    # nobody was flagged; against the other rank alone it is 2.7 + 10 = 12.7 ms.
+    stragglers, t = find_stragglers({0: 2.7, 1: 17.9})
+    assert stragglers == [1]
+    assert t["threshold_ms"] == pytest.approx(12.7) and t["median_ms"] == pytest.approx(2.7)
+    assert t["per_rank"]["0"]["threshold_ms"] == pytest.approx(27.9)
 
 
 def test_find_stragglers_rules():
     assert find_stragglers({0: 10.0, 1: 10.0, 2: 10.0, 3: 50.0}, 0.2, 5.0)[0] == [3]
     assert find_stragglers({0: 10.0}, 0.2, 0.0)[0] == []  # one rank: nothing to compare with
+    # Two equally slow ranks of three: the others' upper median keeps them from flagging each other.
+    assert find_stragglers({0: 100.0, 1: 100.0, 2: 2.0}, 0.2, 5.0)[0] == []
+    assert find_stragglers({0: 2.0, 1: 2.0, 2: 100.0}, 0.2, 5.0)[0] == [2]
     with pytest.raises(DistributedError, match="margin"):
         find_stragglers({0: 1.0, 1: 2.0}, -0.1, 0.0)
 

@@ -28,7 +28,9 @@ def test_cli_analyze_json(capsys):
 def test_cli_analyze_text(capsys):
     assert main(["analyze", str(PAIR), "--margin", "0.1", "--min-excess-ms", "0.1"]) == 0
     out = capsys.readouterr().out
-    assert "stragglers: rank 1 (busy time over 0.93 ms" in out
+    assert ("stragglers: rank 1 (busiest rank 1: 0.96 ms, over 0.79 ms = the other ranks' median 0.69 ms + "
+            "0.10 ms; a rank straggles when its busy time is over the median of the other ranks") in out
+    assert "limit ms" in out and "1.06" in out.splitlines()[4]  # rank 0's own threshold: 0.9575 + 0.1
     assert "gloo:all_reduce" in out and "overlap ratio 14.7 %" in out
 
 
@@ -57,8 +59,8 @@ def test_rank_step_figure(tight):
     assert list(busy.y) == pytest.approx([0.695, 0.9575])
     assert busy.marker.color[1] != busy.marker.color[0]  # the straggler is drawn in its own colour
     line = fig.layout.shapes[0]
-    assert line.y0 == pytest.approx(0.92625)
-    assert "straggler threshold 0.93 ms" in fig.layout.annotations[0].text
+    assert line.y0 == pytest.approx(0.795)  # rank 1's leave-one-out threshold: rank 0's 0.695 + 0.1
+    assert "straggler threshold 0.79 ms" in fig.layout.annotations[0].text
 
 
 def test_breakdown_figure_stacks_to_step(tight):
