@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("command", help="write job.json and print the torchrun command for a multi-node run")
     model(c)
     c.add_argument("--nnodes", type=int, default=1)
-    c.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous (node 0); omit for one machine")
+    c.add_argument("--rdzv-endpoint", help="HOST:PORT of the rendezvous (node 0); required with --nnodes > 1, "
+                                                "omit for one machine")
     c.add_argument("--out", required=True, help="folder every rank writes its trace to (the same path on each "
                                                 "node, e.g. a shared file system)")
     return p
@@ -188,6 +189,11 @@ def _command(args) -> int:
     from diagnostics.distributed.job import DistJob
     from diagnostics.distributed.launch import torchrun_command
 
+    if args.nnodes < 1:
+        raise SystemExit(f"bad --nnodes {args.nnodes}: must be at least 1")
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise SystemExit(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address, reachable from "
+                         "every node); without it torchrun runs one standalone node")
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     job = DistJob(spec=_spec(args).to_dict(), out_dir=str(out), steps=args.steps, warmup=args.warmup,

@@ -50,6 +50,9 @@ def torchrun_command(job_file, nproc: int, *, nnodes: int = 1, rdzv_endpoint: st
     nproc = int(nproc)
     if not 1 <= nproc <= 4096:
         raise DistributedError(f"processes per node must be between 1 and 4096, got {nproc}")
+    if int(nnodes) > 1 and not rdzv_endpoint:
+        raise DistributedError(f"{nnodes} nodes need a rendezvous endpoint (HOST:PORT of node 0); without one "
+                               "torchrun runs a single standalone node")
     cmd = [python or sys.executable, "-m", "torch.distributed.run"]
     if rdzv_endpoint:
         cmd += ["--nnodes", str(nnodes), "--rdzv_backend", rdzv_backend, "--rdzv_endpoint", rdzv_endpoint,

@@ -9,7 +9,8 @@ from diagnostics.charts.distributed import (build_breakdown_figure, build_collec
                                             build_rank_step_figure)
 from diagnostics.distributed.analysis import analyze_folder_path
 from diagnostics.distributed.cli import launch_timeout_s, main
-from diagnostics.distributed.job import DistJob
+from diagnostics.distributed.job import DistJob, DistributedError
+from diagnostics.distributed.launch import torchrun_command
 
 PAIR = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
 
@@ -50,6 +51,20 @@ def test_cli_command_writes_a_job_for_every_node(capsys, tmp_path):
     assert "--nproc_per_node 8" in out and f"--job {tmp_path / 'job.json'}" in out
     job = DistJob.from_arg(str(tmp_path / "job.json"))
     assert job.spec["name"] == "cnn" and job.out_dir == str(tmp_path)
+
+
+def test_cli_command_several_nodes_need_a_rendezvous_endpoint(capsys, tmp_path):
+    assert main(["command", "--nnodes", "2", "--nproc", "8", "--out", str(tmp_path / "job")]) == 2
+    captured = capsys.readouterr()
+    assert "error: --nnodes 2 needs --rdzv-endpoint HOST:PORT" in captured.err
+    assert "--standalone" not in captured.out and not (tmp_path / "job").exists()
+    assert main(["command", "--nnodes", "0", "--out", str(tmp_path / "job")]) == 2
+    assert "bad --nnodes 0: must be at least 1" in capsys.readouterr().err
+    # One node without an endpoint is the standalone command.
+    assert main(["command", "--out", str(tmp_path / "one")]) == 0
+    assert "--standalone --nnodes 1" in capsys.readouterr().out
+    with pytest.raises(DistributedError, match="2 nodes need a rendezvous endpoint"):
+        torchrun_command("job.json", 8, nnodes=2)
 
 
 def test_rank_step_figure(tight):
