@@ -31,7 +31,7 @@ import numpy as np
 import orjson
 
 from diagnostics.distributed import intervals as iv
-from diagnostics.distributed.job import DistJob, DistributedError, MAX_NPROC
+from diagnostics.distributed.job import DistJob, DistributedError, DistributedInputError, MAX_NPROC
 from diagnostics.settings import check_server_path
 
 #: A rank straggles when its median busy time is over the median of the other ranks by this fraction...
@@ -211,14 +211,15 @@ def rank_breakdown(trace, comm_bytes: dict | None = None) -> dict:
 
 # ---------------------------------------------------------------------------- folders of ranks
 def find_rank_traces(folder) -> list[Path]:
+    """Every *.json / *.json.gz under ``folder`` but the run's sidecars; which are traces is told on loading."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise DistributedError(f"trace folder not found: {folder}")
+        raise DistributedInputError(f"trace folder not found: {folder}")
     found = [p for p in sorted(folder.rglob("*")) if p.is_file()
              and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
              and not p.name.endswith(_SIDECARS)]
     if not found:
-        raise DistributedError(f"{folder} holds no trace files (*.json or *.json.gz)")
+        raise DistributedInputError(f"{folder} holds no trace files (*.json or *.json.gz)")
     return found
 
 
@@ -237,7 +238,7 @@ def find_stragglers(busy_ms: dict[int, float], margin: float = STRAGGLER_MARGIN,
     ``per_rank`` (keyed by the rank as a string): others_median_ms, threshold_ms.
     """
     if margin < 0 or min_excess_ms < 0:
-        raise DistributedError("the straggler margin and minimum excess must be >= 0")
+        raise DistributedInputError("the straggler margin and minimum excess must be >= 0")
 
     def limit(med: float) -> float:
         return max(med * (1.0 + margin), med + min_excess_ms)
@@ -273,14 +274,26 @@ def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_
     """Analyse every per-rank trace in ``folder`` (one file per rank)."""
     from diagnostics.traces.ingest import load_trace
 
+    from diagnostics.traces.errors import TraceError
+
     progress = progress or (lambda f, m: None)
+    folder = Path(folder)
     files = find_rank_traces(folder)
     per_rank: dict[int, dict] = {}
     notes: list[str] = []
     infos = {}
+    skipped: list[dict] = []
     for i, path in enumerate(files):
         progress(0.8 + 0.15 * i / len(files), f"analysing {path.name}")
-        trace = load_trace(path)
+        rel = str(path.relative_to(folder)) if path.is_relative_to(folder) else path.name
+        try:
+            trace = load_trace(path)
+        except TraceError as e:  # a config, a metrics file, a broken download: not a trace, skip it
+            skipped.append({"file": rel, "reason": str(e)})
+            continue
+        if not (trace.cpu_mask() | trace.gpu_mask()).any():
+            skipped.append({"file": rel, "reason": f"{path.name}: no CPU or GPU events (not a profiler trace)"})
+            continue
         info = trace.meta.get("distributedInfo") if isinstance(trace.meta.get("distributedInfo"), dict) else {}
         rank = trace.rank
         if rank is None:
@@ -288,7 +301,7 @@ def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_
             rank = int(m.group(1)) if m else i
             notes.append(f"{path.name} has no distributedInfo; taken as rank {rank}")
         if rank in per_rank:
-            raise DistributedError(f"two traces claim rank {rank}: {per_rank[rank]['file']} and {path.name}; "
+            raise DistributedInputError(f"two traces claim rank {rank}: {per_rank[rank]['file']} and {path.name}; "
                                    "load one run's traces at a time")
         comm_bytes, note = collective_bytes(path)
         if note:
@@ -305,7 +318,17 @@ def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_
         notes.extend(f"{path.name}: {w}" for w in trace.warnings[:3])
         per_rank[rank] = b
         infos[rank] = info
-    return _assemble(per_rank, infos, notes, margin, min_excess_ms, str(folder))
+    if not per_rank:
+        raise DistributedInputError(
+            f"{folder} holds no profiler trace: none of its {len(files)} .json file(s) is one ("
+            + "; ".join(s["reason"] for s in skipped[:3]) + ("; ..." if len(skipped) > 3 else "") + ")")
+    if skipped:
+        notes.insert(0, f"skipped {len(skipped)} file(s) that are not traces: "
+                     + ", ".join(s["file"] for s in skipped[:5]) + (", ..." if len(skipped) > 5 else ""))
+    result = _assemble(per_rank, infos, notes, margin, min_excess_ms, str(folder))
+    result["skipped_files"] = skipped
+    result["metrics"]["files_skipped"] = len(skipped)
+    return result
 
 
 def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_excess_ms: float, folder: str) -> dict:
@@ -399,7 +422,7 @@ def _thresholds(options: dict) -> tuple[float, float]:
         margin = float(options.get("straggler_margin", STRAGGLER_MARGIN))
         floor = float(options.get("straggler_min_ms", STRAGGLER_MIN_EXCESS_MS))
     except (TypeError, ValueError):
-        raise DistributedError("straggler_margin and straggler_min_ms must be numbers") from None
+        raise DistributedInputError("straggler_margin and straggler_min_ms must be numbers") from None
     return margin, floor
 
 
@@ -407,7 +430,7 @@ def analyze_folder(ctx, options: dict) -> dict:
     """Registered "distributed_traces": per-rank traces already on disk (e.g. from several nodes)."""
     folder = options.get("trace_dir")
     if not folder:
-        raise DistributedError("give trace_dir: the folder holding one trace per rank")
+        raise DistributedInputError("give trace_dir: the folder holding one trace per rank")
     margin, floor = _thresholds(options)
     result = analyze_folder_path(check_server_path(folder, "trace folder"), margin=margin, min_excess_ms=floor,
                                  progress=ctx.progress)
@@ -428,14 +451,14 @@ def analyze(ctx, options: dict) -> dict:
     nproc = int(options.get("nproc", DEFAULT_NPROC))
     backend = resolve_backend(str(options.get("backend", "auto")), torch.cuda.is_available())
     if not 1 <= nproc <= MAX_NPROC:
-        raise DistributedError(f"processes must be between 1 and {MAX_NPROC}, got {nproc}")
+        raise DistributedInputError(f"processes must be between 1 and {MAX_NPROC}, got {nproc}")
     if backend == "nccl" and nproc > torch.cuda.device_count():
-        raise DistributedError(f"{nproc} NCCL processes need {nproc} GPUs; this machine has "
+        raise DistributedInputError(f"{nproc} NCCL processes need {nproc} GPUs; this machine has "
                                f"{torch.cuda.device_count()}")
     for key in ("straggler_rank", "die_rank"):
         r = options.get(key)
         if r is not None and not 0 <= int(r) < nproc:
-            raise DistributedError(f"{key} {r} is not a rank of a {nproc}-process run (0..{nproc - 1})")
+            raise DistributedInputError(f"{key} {r} is not a rank of a {nproc}-process run (0..{nproc - 1})")
     out_dir = ctx.artifact_dir / "distributed"
     spec = ctx.spec.to_dict() if ctx.spec is not None else {"source": "sample", "name": "mlp"}
     job = DistJob(spec=spec, out_dir=str(out_dir), steps=int(options.get("steps", DEFAULT_STEPS)),

@@ -5,7 +5,8 @@
     distributed command --nnodes 2 --nproc 8 --rdzv-endpoint HOST:29400 --out DIR
                                                   write job.json and print the torchrun line per node
 
-Exit codes: 0 ok, 1 the run or analysis failed, 2 bad usage.
+Exit codes: 0 ok, 1 the run or analysis failed, 2 bad usage or input (unknown model, missing folder,
+a folder without traces, options that do not fit), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAG
 from diagnostics.formatting import human_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Job errors that mean "what you gave cannot be used" (exit 2) rather than "the run failed" (exit 1).
+INPUT_ERRORS = ("DistributedInputError", "TorchScopeError", "SpecError", "ModelLoadError", "TrustError",
+                "UsageError", "TraceError")
 #: Of ``--timeout``, the launch gets all but this many seconds (model load, analysis, report)...
 LAUNCH_RESERVE_S = 30.0
 #: ...and never less than this share of it, so a short --timeout still leaves the run its time.
@@ -157,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
 
         options = {"straggler_margin": args.margin, "straggler_min_ms": args.min_excess_ms}
         if args.cmd == "analyze":
+            from pathlib import Path
+
+            if not Path(args.dir).expanduser().is_dir():
+                raise SystemExit(f"trace folder not found: {args.dir}")
             job = Job("distributed_traces", None, {"trace_dir": args.dir, **options})
             timeout = None
         else:
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if not outcome.ok:
         sys.stderr.write(f"error: {outcome.error}\n")
-        return EXIT_FAILED
+        return EXIT_USAGE if outcome.error_type in INPUT_ERRORS else EXIT_FAILED
     _emit(outcome.result, args.json)
     return EXIT_OK
 

@@ -26,6 +26,10 @@ class DistributedError(TorchScopeError):
     """A distributed run that could not start, failed on a rank or timed out."""
 
 
+class DistributedInputError(DistributedError):
+    """What was given cannot be used: a bad option, a missing folder, a folder without traces (CLI exit 2)."""
+
+
 @dataclass(frozen=True)
 class DistJob:
     spec: dict  # ModelSpec.to_dict()
@@ -44,17 +48,17 @@ class DistJob:
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
-            raise DistributedError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+            raise DistributedInputError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if int(self.steps) < 1:
-            raise DistributedError(f"steps must be at least 1, got {self.steps}")
+            raise DistributedInputError(f"steps must be at least 1, got {self.steps}")
         if int(self.warmup) < 0:
-            raise DistributedError(f"warmup must be >= 0, got {self.warmup}")
+            raise DistributedInputError(f"warmup must be >= 0, got {self.warmup}")
         if float(self.pg_timeout_s) <= 0:
-            raise DistributedError(f"the process-group timeout must be positive, got {self.pg_timeout_s}")
+            raise DistributedInputError(f"the process-group timeout must be positive, got {self.pg_timeout_s}")
         if self.die_how not in DIE_HOWS:
-            raise DistributedError(f"unknown die_how {self.die_how!r}; choose one of {', '.join(DIE_HOWS)}")
+            raise DistributedInputError(f"unknown die_how {self.die_how!r}; choose one of {', '.join(DIE_HOWS)}")
         if float(self.straggler_sleep_ms) < 0:
-            raise DistributedError(f"straggler sleep must be >= 0 ms, got {self.straggler_sleep_ms}")
+            raise DistributedInputError(f"straggler sleep must be >= 0 ms, got {self.straggler_sleep_ms}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -64,7 +68,7 @@ class DistJob:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
-            raise DistributedError(f"the job description is not valid JSON: {e}") from None
+            raise DistributedInputError(f"the job description is not valid JSON: {e}") from None
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -75,7 +79,7 @@ class DistJob:
         if not text.startswith("{"):
             path = Path(text)
             if not path.is_file():
-                raise DistributedError(f"--job {arg!r} is neither inline JSON nor an existing file")
+                raise DistributedInputError(f"--job {arg!r} is neither inline JSON nor an existing file")
             text = path.read_text()
         return cls.from_json(text)
 
@@ -84,7 +88,7 @@ def resolve_backend(backend: str, cuda_available: bool) -> str:
     if backend == "auto":
         return "nccl" if cuda_available else "gloo"
     if backend == "nccl" and not cuda_available:
-        raise DistributedError("backend nccl needs CUDA GPUs; none is available here (use gloo)")
+        raise DistributedInputError("backend nccl needs CUDA GPUs; none is available here (use gloo)")
     return backend
 
 

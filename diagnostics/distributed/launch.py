@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from diagnostics.distributed.job import DistJob, DistributedError, status_path, trace_path
+from diagnostics.distributed.job import DistJob, DistributedError, DistributedInputError, status_path, trace_path
 
 #: Seconds a run may take when the caller gives no timeout.
 DEFAULT_LAUNCH_TIMEOUT_S = 300.0
@@ -49,9 +49,9 @@ def torchrun_command(job_file, nproc: int, *, nnodes: int = 1, rdzv_endpoint: st
     """The torchrun command line; without ``rdzv_endpoint`` a standalone single-machine run."""
     nproc = int(nproc)
     if not 1 <= nproc <= 4096:
-        raise DistributedError(f"processes per node must be between 1 and 4096, got {nproc}")
+        raise DistributedInputError(f"processes per node must be between 1 and 4096, got {nproc}")
     if int(nnodes) > 1 and not rdzv_endpoint:
-        raise DistributedError(f"{nnodes} nodes need a rendezvous endpoint (HOST:PORT of node 0); without one "
+        raise DistributedInputError(f"{nnodes} nodes need a rendezvous endpoint (HOST:PORT of node 0); without one "
                                "torchrun runs a single standalone node")
     cmd = [python or sys.executable, "-m", "torch.distributed.run"]
     if rdzv_endpoint:

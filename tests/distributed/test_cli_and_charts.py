@@ -1,6 +1,7 @@
 """CLI (analyze, command, errors) and chart builders on the hand-made 2-rank trace pair."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,35 @@ def test_cli_analyze_text(capsys):
 
 
 def test_cli_errors(capsys, tmp_path):
-    assert main(["analyze", str(tmp_path / "missing")]) == 1
-    assert "trace folder not found" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path / "missing")]) == 2  # bad input, as docs/cli.md says
+    assert f"error: trace folder not found: {tmp_path / 'missing'}" in capsys.readouterr().err
+    assert main(["analyze", str(tmp_path)]) == 2  # a folder, but no trace in it
+    assert "holds no trace files" in capsys.readouterr().err
     assert main(["frobnicate"]) == 2
     assert main(["run", "--model", "no_such_model"]) == 2
     assert "unknown sample model 'no_such_model'" in capsys.readouterr().err
+
+
+def test_cli_analyze_skips_json_files_that_are_not_traces(capsys, tmp_path):
+    shutil.copytree(PAIR, tmp_path / "run")
+    (tmp_path / "run" / "config.json").write_text('{"lr": 0.1}')
+    (tmp_path / "run" / "sub").mkdir()
+    (tmp_path / "run" / "sub" / "metrics.json").write_text("[1, 2, 3]")
+    (tmp_path / "run" / "sub" / "broken.json").write_text("not json")
+    assert main(["analyze", str(tmp_path / "run"), "--margin", "0.1", "--min-excess-ms", "0.1", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["stragglers"] == [1] and res["metrics"]["ranks_loaded"] == 2
+    assert res["metrics"]["files_skipped"] == 3
+    assert sorted(s["file"] for s in res["skipped_files"]) == ["config.json", "sub/broken.json", "sub/metrics.json"]
+    reasons = {s["file"]: s["reason"] for s in res["skipped_files"]}
+    assert "no traceEvents array" in reasons["config.json"] and "not a JSON trace" in reasons["sub/broken.json"]
+    assert res["notes"][0].startswith("skipped 3 file(s) that are not traces: config.json, sub/broken.json")
+    # Only non-traces: the folder is refused (exit 2), saying why.
+    for p in (tmp_path / "run").glob("rank*.json"):
+        p.unlink()
+    assert main(["analyze", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "holds no profiler trace: none of its 3 .json file(s) is one" in err and "no traceEvents array" in err
 
 
 def test_cli_command_writes_a_job_for_every_node(capsys, tmp_path):
