@@ -444,17 +444,16 @@ def analyze(ctx, options: dict) -> dict:
         return analyze_folder(ctx, options)
     import torch
 
+    from diagnostics.distributed.job import choose_backend
     from diagnostics.distributed.launch import launch, torchrun_command
-    from diagnostics.distributed.job import resolve_backend
 
     margin, floor = _thresholds(options)
     nproc = int(options.get("nproc", DEFAULT_NPROC))
-    backend = resolve_backend(str(options.get("backend", "auto")), torch.cuda.is_available())
     if not 1 <= nproc <= MAX_NPROC:
         raise DistributedInputError(f"processes must be between 1 and {MAX_NPROC}, got {nproc}")
-    if backend == "nccl" and nproc > torch.cuda.device_count():
-        raise DistributedInputError(f"{nproc} NCCL processes need {nproc} GPUs; this machine has "
-                               f"{torch.cuda.device_count()}")
+    requested = str(options.get("backend", "auto"))
+    backend, backend_why = choose_backend(requested, nproc,
+                                          torch.cuda.device_count() if torch.cuda.is_available() else 0)
     for key in ("straggler_rank", "die_rank"):
         r = options.get(key)
         if r is not None and not 0 <= int(r) < nproc:
@@ -468,14 +467,17 @@ def analyze(ctx, options: dict) -> dict:
                   straggler_sleep_ms=float(options.get("straggler_sleep_ms", 0.0) or 0.0),
                   die_rank=options.get("die_rank"), die_step=int(options.get("die_step", 1)),
                   die_how=str(options.get("die_how", "exit")))
-    ctx.progress(0.05, f"launching torchrun with {nproc} processes ({backend})")
+    ctx.progress(0.05, f"launching torchrun with {nproc} processes (backend {backend}: {backend_why})")
     run = launch(job, nproc, timeout_s=float(options.get("run_timeout_s", DEFAULT_RUN_TIMEOUT_S)),
                  on_progress=ctx.progress)
     result = analyze_folder_path(out_dir, margin=margin, min_excess_ms=floor, progress=ctx.progress)
     result["source"] = "launch"
+    if requested == "auto":
+        result["notes"].insert(0, f"backend {backend} ({backend_why})")
     result["launch"] = {
         "command": shlex.join(torchrun_command(Path(out_dir) / "job.json", nproc)),
-        "nproc": nproc, "backend": backend, "duration_s": run.duration_s,
+        "nproc": nproc, "backend": backend, "backend_requested": requested, "backend_reason": backend_why,
+        "duration_s": run.duration_s,
         "straggler_rank": job.straggler_rank, "straggler_sleep_ms": job.straggler_sleep_ms,
     }
     ctx.progress(1.0, "done")

@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="profiled training steps")
         q.add_argument("--warmup", type=int, default=2, help="steps before the profiled ones")
         q.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                       help="auto: nccl with CUDA, else gloo")
+                       help="auto (default): nccl when every process gets its own CUDA GPU (nproc <= GPUs), "
+                            "else gloo on CPU; the choice and why are printed")
 
     r = sub.add_parser("run", help="launch DDP training with torchrun here and analyse every rank")
     model(r)

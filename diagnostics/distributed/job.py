@@ -36,7 +36,7 @@ class DistJob:
     out_dir: str  # where every rank writes rank{R}.pt.trace.json and rank{R}.steps.json
     steps: int = 5  # profiled training steps
     warmup: int = 2  # steps run before the profiled ones (profiler warm-up included)
-    backend: str = "auto"  # auto: nccl when CUDA is available, else gloo
+    backend: str = "auto"  # auto: nccl when every process on a node gets a GPU, else gloo
     pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
     threads: int = 1  # torch intra-op threads per rank (CPU)
     lr: float = 0.01
@@ -84,12 +84,32 @@ class DistJob:
         return cls.from_json(text)
 
 
-def resolve_backend(backend: str, cuda_available: bool) -> str:
+def choose_backend(backend: str, nproc: int, gpu_count: int) -> tuple[str, str]:
+    """(backend, why) for ``nproc`` processes on a machine with ``gpu_count`` CUDA GPUs.
+
+    auto: nccl only when every process gets its own GPU (nproc <= gpu_count), else gloo on CPU (NCCL
+    cannot put two ranks on one GPU). An explicit nccl that the GPUs cannot serve is refused.
+    """
+    nproc, gpu_count = int(nproc), int(gpu_count)
+    gpus = f"{gpu_count} CUDA GPU{'' if gpu_count == 1 else 's'}"
+    procs = f"{nproc} process{'' if nproc == 1 else 'es'}"
     if backend == "auto":
-        return "nccl" if cuda_available else "gloo"
-    if backend == "nccl" and not cuda_available:
-        raise DistributedInputError("backend nccl needs CUDA GPUs; none is available here (use gloo)")
-    return backend
+        if gpu_count <= 0:
+            return "gloo", "auto: no CUDA GPU here, gloo on CPU"
+        if nproc <= gpu_count:
+            return "nccl", f"auto: {procs}, {gpus}: nccl, one GPU per process"
+        return "gloo", (f"auto: {procs} but only {gpus} (nccl needs one GPU per process): gloo on CPU; "
+                        f"use --nproc {gpu_count} for nccl")
+    if backend == "nccl":
+        if gpu_count <= 0:
+            raise DistributedInputError("backend nccl needs CUDA GPUs; none is available here (use gloo)")
+        if nproc > gpu_count:
+            raise DistributedInputError(f"{nproc} NCCL processes need {nproc} GPUs; this machine has {gpu_count} "
+                                        "(use gloo, or fewer processes)")
+        return "nccl", "requested"
+    if backend not in BACKENDS:
+        raise DistributedInputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return backend, "requested"
 
 
 def trace_path(out_dir, rank: int) -> Path:

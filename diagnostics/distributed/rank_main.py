@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 
-from diagnostics.distributed.job import DistJob, resolve_backend, status_path, steps_path, trace_path
+from diagnostics.distributed.job import DistJob, choose_backend, status_path, steps_path, trace_path
 
 #: Exit code of a rank killed on purpose by the die_rank injection.
 INJECTED_EXIT_CODE = 3
@@ -71,8 +71,10 @@ def run(job: DistJob) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     os.makedirs(job.out_dir, exist_ok=True)
     _status(job, rank, "running", pid=os.getpid())
-    cuda = torch.cuda.is_available()
-    backend = resolve_backend(job.backend, cuda)
+    # auto: nccl when every process of this node gets its own GPU (the launcher usually resolved it).
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend, _ = choose_backend(job.backend, local_world, gpus)
     on_gpu = backend == "nccl"
     device = torch.device(f"cuda:{local_rank}") if on_gpu else torch.device("cpu")
     if on_gpu:

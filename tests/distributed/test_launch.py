@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from diagnostics.distributed.analysis import analyze
-from diagnostics.distributed.job import DistJob, DistributedError, steps_path, trace_path
+from diagnostics.distributed.job import DistJob, DistributedError, choose_backend, steps_path, trace_path
 from diagnostics.distributed.launch import closed_pids, exit_codes, failed_rank, launch, torchrun_command
 from diagnostics.runner import AnalysisContext, Job, run_job
 from diagnostics.spec import ModelSpec
@@ -110,6 +110,48 @@ def test_bad_options_are_named(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(DistributedError, match="nccl needs CUDA"):
             analyze(_ctx(tmp_path, {}), {"nproc": 2, "backend": "nccl"})
+
+
+@pytest.mark.parametrize("requested,nproc,gpus,backend,why", [
+    ("auto", 2, 0, "gloo", "auto: no CUDA GPU here, gloo on CPU"),
+    ("auto", 2, 1, "gloo", "auto: 2 processes but only 1 CUDA GPU (nccl needs one GPU per process): gloo on CPU; "
+                           "use --nproc 1 for nccl"),
+    ("auto", 2, 2, "nccl", "auto: 2 processes, 2 CUDA GPUs: nccl, one GPU per process"),
+    ("auto", 1, 8, "nccl", "auto: 1 process, 8 CUDA GPUs: nccl, one GPU per process"),
+    ("gloo", 2, 8, "gloo", "requested"),
+    ("nccl", 2, 2, "nccl", "requested"),
+])
+def test_backend_choice_by_gpu_count(requested, nproc, gpus, backend, why):
+    assert choose_backend(requested, nproc, gpus) == (backend, why)
+
+
+def test_backend_choice_refuses_nccl_the_gpus_cannot_serve():
+    with pytest.raises(DistributedError, match=r"2 NCCL processes need 2 GPUs; this machine has 1"):
+        choose_backend("nccl", 2, 1)
+    with pytest.raises(DistributedError, match="backend nccl needs CUDA GPUs; none is available"):
+        choose_backend("nccl", 1, 0)
+    with pytest.raises(DistributedError, match="unknown backend 'mpi'"):
+        choose_backend("mpi", 1, 0)
+
+
+def test_auto_backend_on_a_one_gpu_machine_launches_gloo_and_says_why(tmp_path, monkeypatch):
+    # A 1-GPU box asked for 2 processes: gloo (was nccl, which then failed on the shared GPU).
+    import diagnostics.distributed.launch as launch_mod
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    seen, progress = {}, []
+
+    def fake_launch(job, nproc, **kw):
+        seen.update(job=job, nproc=nproc)
+        raise DistributedError("stop here")
+
+    monkeypatch.setattr(launch_mod, "launch", fake_launch)
+    ctx = AnalysisContext(Job("distributed", MLP, {}), tmp_path, lambda f, m: progress.append(m))
+    with pytest.raises(DistributedError, match="stop here"):
+        analyze(ctx, {"nproc": 2, "backend": "auto"})
+    assert seen["job"].backend == "gloo" and seen["nproc"] == 2
+    assert any("backend gloo: auto: 2 processes but only 1 CUDA GPU" in m for m in progress)
 
 
 def test_torchrun_command_single_and_multi_node():
