@@ -458,6 +458,15 @@ def analyze(ctx, options: dict) -> dict:
         r = options.get(key)
         if r is not None and not 0 <= int(r) < nproc:
             raise DistributedInputError(f"{key} {r} is not a rank of a {nproc}-process run (0..{nproc - 1})")
+    if ctx.spec is not None and ctx.spec.source != "sample":
+        # A model file: load it once here, so a file that does not load fails now, as bad input,
+        # rather than on every rank after torchrun started.
+        import dataclasses
+
+        from diagnostics.intake import load_model
+
+        ctx.progress(0.02, f"checking that {ctx.spec.name} loads")
+        load_model(dataclasses.replace(ctx.spec, device="cpu"))
     out_dir = ctx.artifact_dir / "distributed"
     spec = ctx.spec.to_dict() if ctx.spec is not None else {"source": "sample", "name": "mlp"}
     job = DistJob(spec=spec, out_dir=str(out_dir), steps=int(options.get("steps", DEFAULT_STEPS)),

@@ -16,6 +16,7 @@ import json
 import shlex
 import sys
 
+from diagnostics.cli_model import KINDS, build_spec
 from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
 from diagnostics.formatting import human_bytes
 
@@ -54,9 +55,19 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"and at least this many ms over it (default {STRAGGLER_MIN_EXCESS_MS:g})")
         q.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    def model(q):
-        q.add_argument("--model", default="mlp", help="built-in sample model (default mlp)")
-        q.add_argument("--batch-size", type=int, help="per-rank batch size (default: the model's)")
+    def model(q):  # the model description of the other commands (diagnostics.cli_model.build_spec)
+        q.add_argument("--model", "-m", default="mlp", metavar="NAME_OR_PATH",
+                       help="a built-in sample (default mlp) or a model file: TorchScript (.pt/.ts), torch.export "
+                            "(.pt2), Python file with build_model() (.py) or pickled module (with --trust)")
+        q.add_argument("--kind", choices=KINDS, help="the model file's kind, when its extension does not tell")
+        q.add_argument("--weights", metavar="PATH", help="weights to load into the model: .safetensors or a "
+                                                         "state_dict .pt (read with weights_only=True)")
+        q.add_argument("--trust", action="store_true", help="allow loading a pickled module (runs code from the file)")
+        q.add_argument("--input", "-i", action="append", metavar="SHAPE[:DTYPE[:HIGH]]", dest="inputs",
+                       help="one positional input per rank, batch first, e.g. 8,3,32,32 or 8,64:int64 (repeat for "
+                            "several inputs). Default: the model's own example inputs")
+        q.add_argument("--batch-size", "-b", type=int, help="per-rank batch size (default: the model's)")
+        q.add_argument("--seed", type=int, default=0, help="seed for the weights and inputs (rank R adds R)")
         q.add_argument("--nproc", type=int, default=DEFAULT_NPROC, help="processes per node")
         q.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="profiled training steps")
         q.add_argument("--warmup", type=int, default=2, help="steps before the profiled ones")
@@ -90,13 +101,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _spec(args):
-    from diagnostics.spec import ModelSpec
-    from sample_models import SAMPLES
-
-    if args.model not in SAMPLES:
-        raise SystemExit(f"unknown sample model {args.model!r}; choose one of {', '.join(SAMPLES)}")
-    return ModelSpec(source="sample", name=args.model, batch_size=args.batch_size,
-                     device="cuda:0" if args.backend == "nccl" else "cpu")
+    """The same ModelSpec the other commands build (a sample or a model file), device by --backend."""
+    return build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust, inputs=args.inputs,
+                      batch_size=args.batch_size, device="cuda:0" if args.backend == "nccl" else "cpu",
+                      seed=args.seed)
 
 
 def format_result(res: dict) -> str:
@@ -121,6 +129,11 @@ def format_result(res: dict) -> str:
         lines.append(f"  {c['name']:<32} {c['where']:<4} {c['calls']:>6} calls  total {c['total_ms']:>9.3f} ms  "
                      f"mean {c['mean_ms']:>8.3f} ms  {size}")
     lines += [f"note: {n}" for n in res.get("notes", [])]
+    files = [r["file"] for r in res["ranks"] if r.get("file")]
+    if res.get("folder") and files:
+        shown = ", ".join(files[:4]) + (f", ... ({len(files)} files)" if len(files) > 4 else "")
+        lines += ["", f"per-rank traces: {res['folder']} ({shown}); open one in https://ui.perfetto.dev, or "
+                      f"analyse them again: python -m diagnostics distributed analyze {shlex.quote(res['folder'])}"]
     return "\n".join(lines)
 
 
@@ -210,7 +223,11 @@ def _command(args) -> int:
     (out / "job.json").write_text(job.to_json())
     cmd = torchrun_command(out / "job.json", args.nproc, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
                            python="python")
-    sys.stdout.write(f"wrote {out / 'job.json'}\nrun on every node (from the TorchScope folder):\n  "
+    spec = job.spec
+    need = "" if spec.get("source") == "sample" else "".join(
+        f"note: every node reads {what} at {spec[key]}: it must be there on each node\n"
+        for key, what in (("path", "the model file"), ("weights_path", "the weights")) if spec.get(key))
+    sys.stdout.write(f"wrote {out / 'job.json'}\n{need}run on every node (from the TorchScope folder):\n  "
                      f"{shlex.join(cmd)}\nthen: python -m diagnostics distributed analyze {out}\n")
     return EXIT_OK
 

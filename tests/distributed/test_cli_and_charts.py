@@ -43,7 +43,11 @@ def test_cli_errors(capsys, tmp_path):
     assert "holds no trace files" in capsys.readouterr().err
     assert main(["frobnicate"]) == 2
     assert main(["run", "--model", "no_such_model"]) == 2
-    assert "unknown sample model 'no_such_model'" in capsys.readouterr().err
+    assert "unknown model 'no_such_model': not a file and not a built-in sample" in capsys.readouterr().err
+    assert main(["run", "--model", str(tmp_path / "gone.py")]) == 2
+    assert f"model file not found: {tmp_path / 'gone.py'}" in capsys.readouterr().err
+    assert main(["run", "--model", "mlp", "--input", "8,x"]) == 2
+    assert "bad --input shape '8,x'" in capsys.readouterr().err
 
 
 def test_cli_analyze_skips_json_files_that_are_not_traces(capsys, tmp_path):
@@ -149,3 +153,63 @@ def test_cli_run_small_timeout_gives_the_launch_most_of_it(captured_job, capsys)
     assert captured_job["job"].options["run_timeout_s"] == pytest.approx(16.0)  # was 1 s
     assert main(["run", "--model", "mlp", "--timeout", "0"]) == 2
     assert "bad --timeout 0: must be positive seconds" in capsys.readouterr().err
+
+
+PY_MODEL = """
+import torch
+from torch import nn
+
+def build_model():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+def example_inputs():
+    return (torch.randn(4, 8),)
+"""
+
+
+def test_cli_run_takes_a_model_file_like_the_other_commands(captured_job, tmp_path):
+    model = tmp_path / "my_model.py"
+    model.write_text(PY_MODEL)
+    with pytest.raises(_Captured):
+        main(["run", "--model", str(model), "--batch-size", "6", "--seed", "3"])
+    spec = captured_job["job"].spec
+    assert (spec.source, spec.name, spec.path) == ("python", "my_model.py", str(model.resolve()))
+    assert (spec.batch_size, spec.seed, spec.device) == (6, 3, "cpu")
+    with pytest.raises(_Captured):
+        main(["run", "--model", "transformer", "--input", "2,16:int64"])
+    spec = captured_job["job"].spec
+    assert spec.name == "transformer" and spec.inputs[0].shape == (2, 16) and spec.inputs[0].dtype == "int64"
+
+
+def test_cli_command_writes_a_model_file_into_the_job(capsys, tmp_path):
+    model = tmp_path / "my_model.py"
+    model.write_text(PY_MODEL)
+    assert main(["command", "--model", str(model), "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert f"note: every node reads the model file at {model.resolve()}" in out
+    job = DistJob.from_arg(str(tmp_path / "run" / "job.json"))
+    assert job.spec["source"] == "python" and job.spec["path"] == str(model.resolve())
+
+
+@pytest.mark.slow
+def test_cli_run_trains_a_model_file_and_says_where_the_traces_are(capsys, tmp_path):
+    model = tmp_path / "my_model.py"
+    model.write_text(PY_MODEL)
+    assert main(["run", "--model", str(model), "--nproc", "2", "--steps", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("per-rank traces: "))
+    folder = Path(line[len("per-rank traces: "):].split(" (")[0])
+    assert "(rank0.pt.trace.json, rank1.pt.trace.json)" in line
+    assert f"python -m diagnostics distributed analyze {folder}" in line
+    for rank in (0, 1):
+        info = json.loads((folder / f"rank{rank}.pt.trace.json").read_text())["distributedInfo"]
+        assert (info["rank"], info["world_size"]) == (rank, 2)
+    if __import__("torch").cuda.device_count() < 2:  # auto: gloo unless each rank gets a GPU
+        assert "2 of 2 ranks, backend gloo" in out and "note: backend gloo (auto: " in out
+
+
+def test_cli_run_refuses_a_model_file_that_does_not_load(capsys, tmp_path):
+    model = tmp_path / "broken.py"
+    model.write_text("def build_model(:\n")
+    assert main(["run", "--model", str(model), "--nproc", "2"]) == 2  # bad input, before torchrun starts
+    assert "broken.py" in capsys.readouterr().err
