@@ -1,7 +1,10 @@
-"""`trace analyze PATH [--json] [--top N]` and `trace diff A B [--json]` from the shell.
+"""The text of `trace analyze` / `trace diff`, and a bare in-process version of both.
 
-main(argv) -> exit code: 0 done, 1 a trace could not be read (the message says why), 2 usage.
-argv may start with "trace" or directly with the subcommand.
+``python -m diagnostics trace ...`` runs the registered "trace" / "trace_diff" analyses in a worker
+(run store, report folder; see diagnostics.cli_trace) and prints with format_analysis / format_diff.
+``python -m diagnostics.trace_cli analyze PATH [--json] [--top N]`` / ``diff A B`` reads the traces
+in this process and writes nothing: main(argv) -> exit code: 0 done, 1 a trace could not be read
+(the message says why), 2 usage. argv may start with "trace" or directly with the subcommand.
 """
 
 from __future__ import annotations
@@ -49,15 +52,17 @@ def _clip(name: str, n: int = 60) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def analyze(path: str, as_json: bool, top: int) -> str:
-    trace = load_trace(path)
-    s = summary(trace)
-    ops = top_operators(trace, n=top)
-    if as_json:
-        result = {"summary": s, "top_operators": ops, "temporal_breakdown":
-                  temporal_breakdown(trace), "idle_time": idle_time(trace),
-                  "launch_stats": launch_stats(trace)}
-        return json.dumps(result, indent=2)
+def analysis_result(trace, top: int | None = None) -> dict:
+    """What ``trace analyze --json`` prints: summary, top operators/kernels, per-step breakdown,
+    idle time and launch statistics of a loaded trace."""
+    ops = top_operators(trace) if top is None else top_operators(trace, n=top)
+    return {"summary": summary(trace), "top_operators": ops, "temporal_breakdown": temporal_breakdown(trace),
+            "idle_time": idle_time(trace), "launch_stats": launch_stats(trace)}
+
+
+def format_analysis(result: dict, top: int) -> str:
+    """The text of ``trace analyze``: a result with "summary" and "top_operators" (at most ``top`` rows each)."""
+    s, ops = result["summary"], result["top_operators"]
     out = [f"{s['source']}: {s['events']:,} events, {s['bytes'] / 1e6:.1f} MB, "
            f"duration {_ms(s['duration_us'])}, {s['n_steps']} steps, "
            f"rank {s['rank'] if s['rank'] is not None else '-'}, "
@@ -71,13 +76,13 @@ def analyze(path: str, as_json: bool, top: int) -> str:
         out += ["", "GPU streams:", _table(s["streams"], [
             ("device", "device", str), ("stream", "stream", str), ("kernels", "kernels", str),
             ("memcpy", "memcpy", str), ("memset", "memset", str), ("busy", "busy_us", _ms)])]
-    rows = [dict(r, name=_clip(r["name"])) for r in ops["operators"]]
+    rows = [dict(r, name=_clip(r["name"])) for r in ops["operators"][:top]]
     out += ["", f"Top {len(rows)} of {ops['n_operators']} operators by self time:",
             _table(rows, [("operator", "name", str), ("calls", "calls", str),
                           ("self", "self_us", _ms), ("total", "total_us", _ms),
                           ("self %", "self_pct", "{:.1f}".format)])]
     if ops["kernels"]:
-        rows = [dict(r, name=_clip(r["name"])) for r in ops["kernels"]]
+        rows = [dict(r, name=_clip(r["name"])) for r in ops["kernels"][:top]]
         out += ["", f"Top {len(rows)} of {ops['n_kernels']} GPU kernels:",
                 _table(rows, [("kernel", "name", str), ("kind", "kind", str),
                               ("calls", "calls", str), ("total", "total_us", _ms),
@@ -85,10 +90,13 @@ def analyze(path: str, as_json: bool, top: int) -> str:
     return "\n".join(out)
 
 
-def diff(a: str, b: str, as_json: bool, top: int) -> str:
-    r = diff_traces(load_trace(a), load_trace(b))
-    if as_json:
-        return json.dumps(r, indent=2)
+def analyze(path: str, as_json: bool, top: int) -> str:
+    result = analysis_result(load_trace(path), top)
+    return json.dumps(result, indent=2) if as_json else format_analysis(result, top)
+
+
+def format_diff(r: dict, a: str, b: str, top: int) -> str:
+    """The text of ``trace diff``: ``r`` is diff_traces' result, its first ``top`` rows shown."""
     c = r["counts"]
     rows = [dict(x, name=_clip(x["name"]), ratio=x["ratio"]) for x in r["rows"][:top]]
     return "\n".join([
@@ -99,6 +107,11 @@ def diff(a: str, b: str, as_json: bool, top: int) -> str:
                       ("before", "time_us_before", _ms), ("after", "time_us_after", _ms),
                       ("delta", "delta_us", _ms),
                       ("ratio", "ratio", lambda v: "-" if v is None else f"{v:.2f}x")])])
+
+
+def diff(a: str, b: str, as_json: bool, top: int) -> str:
+    r = diff_traces(load_trace(a), load_trace(b))
+    return json.dumps(r, indent=2) if as_json else format_diff(r, a, b, top)
 
 
 def main(argv=None) -> int:
