@@ -1,12 +1,14 @@
 """Per-analysis command-line options: flag -> key of the options dict the analysis receives.
 
 Only the options a user actually passes go into the dict, so an analysis' own defaults apply (and
-a CLI run with no options has the same cache key as the dashboard's run with defaults). Anything
-not listed here can still be passed with ``--option key=value`` (JSON-parsed).
+a CLI run with no options has the same cache key as the dashboard's run with defaults). Any other
+key the analysis reads can be passed with ``--option key=value`` (JSON-parsed); OPTION_KEYS says
+which keys each analysis reads, and an unknown key is refused (a typo must not be silently ignored).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass
 from typing import Callable
@@ -155,6 +157,50 @@ CLI_ONLY: dict[str, tuple[Opt, ...]] = {
                                                      "a CI gate"),
     ),
 }
+
+
+#: analysis -> the option keys it reads: "module:NAME" for the keys of the analysis' own defaults dict
+#: (its DEFAULTS), or the keys themselves for an analysis that checks its options in code.
+OPTION_KEYS: dict[str, str | tuple[str, ...]] = {
+    "summary": ("skip_backward",),
+    "profile": "diagnostics.analyses.profiler:DEFAULTS",
+    "memory": "diagnostics.analyses.memory:DEFAULTS",
+    "batch_scan": "diagnostics.analyses.memory_scan:DEFAULTS",
+    "gradients": "diagnostics.analyses.gradients:DEFAULTS",
+    # diagnostics.analyses.checklist.validate_options and diagnostics.checklist.facts.collect_facts
+    "checklist": ("purpose", "iters", "profile_steps", "dataloader", "dataset_path", "skip_measured"),
+    # diagnostics.analyses.optimize.validate_options and analyze
+    "optimize": ("fixes", "params", "iters", "warmup", "save_artifacts"),
+    # diagnostics.distributed.analysis.analyze (when the generic command runs it)
+    "distributed": ("nproc", "steps", "warmup", "backend", "pg_timeout_s", "run_timeout_s", "straggler_rank",
+                    "straggler_sleep_ms", "die_rank", "die_step", "die_how", "straggler_margin",
+                    "straggler_min_ms", "trace_dir"),
+}
+
+
+def option_keys(analysis: str) -> tuple[str, ...] | None:
+    """The option keys ``analysis`` reads (None: not known here, nothing is checked)."""
+    where = OPTION_KEYS.get(analysis)
+    if where is None or isinstance(where, tuple):
+        return where
+    module, _, name = where.partition(":")
+    return tuple(getattr(importlib.import_module(module), name))
+
+
+def check_option_keys(analysis: str, options: dict) -> None:
+    """Refuse keys ``analysis`` does not read, listing the valid ones (UsageError, so exit 2)."""
+    if not options:
+        return
+    known = option_keys(analysis)
+    if known is None:
+        return
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        listed = ", ".join(known) if known else "(none: it takes no options)"
+        flags = {o.flag.lstrip("-").replace("-", "_"): o for o in ANALYSIS_OPTIONS.get(analysis, ())}
+        hints = [f"{flags[k].flag} sets {flags[k].key!r}" for k in unknown if k in flags and flags[k].key != k]
+        raise UsageError(f"unknown --option key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"for {analysis}; valid keys: {listed}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 def collect_options(analysis: str, args) -> dict:
