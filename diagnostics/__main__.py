@@ -1,10 +1,12 @@
 """The headless CLI: ``python -m diagnostics <analysis> --model NAME_OR_PATH [options]``.
 
-One subcommand per registered analysis (diagnostics.registry.ANALYSES), so an analysis gets its
-command the moment it is registered; ``trace analyze`` / ``trace diff`` work on trace files.
-Every run goes through the same worker runner and SQLite store as the dashboard (source "cli",
-so it shows in History) and writes a report folder: report.html (self-contained, opens offline),
-result.json, one CSV per table and the Chrome trace when the run made one.
+One subcommand per registered analysis that runs on a model (diagnostics.registry.ANALYSES, less
+INTERNAL), so such an analysis gets its command the moment it is registered; ``trace analyze`` /
+``trace diff`` run the "trace" / "trace_diff" analyses on trace files and ``distributed`` has its
+own CLI. Every run goes through the same worker runner and SQLite store as the dashboard (source
+"cli", so it shows in History; run_job_command) and writes a report folder: report.html
+(self-contained, opens offline), result.json, one CSV per table and the Chrome trace when the run
+made one.
 
 Exit codes: 0 ok, 1 the job failed (error, timeout, crash, out of memory), 2 bad usage or input
 (unknown model, missing file, bad shape, a model that does not load or rejects its inputs),
@@ -23,7 +25,9 @@ import time
 from pathlib import Path
 
 from diagnostics.cli_model import KINDS, UsageError, build_spec
-from diagnostics.cli_options import ANALYSIS_OPTIONS, CLI_ONLY, collect_options, parse_option_pairs, positive_int
+from diagnostics.cli_options import (
+    ANALYSIS_OPTIONS, CLI_ONLY, check_option_keys, collect_options, parse_option_pairs, positive_int,
+)
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import ANALYSES
 
@@ -33,6 +37,28 @@ INPUT_ERRORS = ("SpecError", "ModelLoadError", "TrustError", "ModelRunError", "U
 DEFAULT_REPORT_ROOT = "torchscope-report"
 #: Command names the CLI keeps for itself (an analysis by that name gets no subcommand).
 RESERVED = ("trace", "list")
+#: Registered analyses that are no command: the sidebar's load check. (Analyses that need no model get
+#: none either: "trace" / "trace_diff" run under ``trace analyze`` / ``trace diff``, "distributed_traces"
+#: under ``distributed analyze``, and "trace_timeline" only re-draws a dashboard run's timeline.)
+INTERNAL = ("validate",)
+#: Dashboard wording in job errors -> what to do on the command line instead.
+CLI_WORDING = {
+    "enter the input shapes in the sidebar": "give the input shapes with --input SHAPE[:DTYPE], e.g. --input 8,3,32,32 "
+                                             "(repeat it for each input)",
+}
+
+
+def model_commands() -> list[str]:
+    """The analyses that are CLI subcommands: every registered analysis that runs on a model, less INTERNAL."""
+    return [n for n, a in ANALYSES.items() if a.needs_model and n not in INTERNAL and n not in RESERVED]
+
+
+def cli_message(message: str | None) -> str:
+    """A job's error as the CLI says it: the dashboard's instructions replaced by the flags to use."""
+    message = str(message or "")
+    for dashboard, cli in CLI_WORDING.items():
+        message = message.replace(dashboard, cli)
+    return message
 
 
 def is_input_error(error_type: str | None) -> bool:
@@ -113,12 +139,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed for the random inputs and weights (default 0)")
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
+def _add_run_args(p: argparse.ArgumentParser, name: str = "<analysis>") -> None:
     g = p.add_argument_group("run and report")
     g.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the job after this long "
                                                                    "(default: the analysis' own limit)")
-    g.add_argument("--out", "-o", metavar="DIR", help="report folder (default ./torchscope-report/"
-                                                      "<analysis>-<timestamp>)")
+    g.add_argument("--out", "-o", metavar="DIR", help=f"report folder (default ./{DEFAULT_REPORT_ROOT}/"
+                                                      f"{name}-<timestamp>)")
     g.add_argument("--no-report", action="store_true", help="write no report folder")
     g.add_argument("--json", action="store_true", help="print the result as JSON on stdout (nothing else there)")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -135,8 +161,8 @@ def _add_analysis_args(p: argparse.ArgumentParser, name: str) -> None:
     for o in CLI_ONLY.get(name, ()):
         o.add_to(p)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", dest="extra_options",
-                   help="any other analysis option; VALUE is parsed as JSON when it can be (e.g. --option "
-                        "steps=3 --option mode='\"train\"')")
+                   help="any other option the analysis reads; VALUE is parsed as JSON when it can be (e.g. "
+                        "--option record_shapes=false). An unknown KEY is refused with the list of valid ones")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,35 +173,33 @@ def build_parser() -> argparse.ArgumentParser:
                               "--fail-under, 130 interrupted.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=ArgParser)
     delegated = _distributed_main() is not None
-    for name, analysis in ANALYSES.items():
-        if name in RESERVED:
-            continue
+    for name in model_commands():
+        analysis = ANALYSES[name]
         if name == "distributed" and delegated:
             continue  # its own CLI (run / analyze / command) takes over, see main()
-        what = "on a model " if analysis.needs_model else ""
         p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
-                                                                  f"{what}and write a report folder.")
-        if analysis.needs_model:
-            _add_model_args(p)
+                                                                  "on a model and write a report folder.")
+        _add_model_args(p)
         _add_analysis_args(p, name)
-        _add_run_args(p)
+        _add_run_args(p, name)
     tp = sub.add_parser("trace", help="analyse or compare Chrome/Kineto trace files",
                         description="Trace files: 'trace analyze PATH' or 'trace diff A B'.")
     tsub = tp.add_subparsers(dest="trace_command", metavar="{analyze,diff}", required=True, parser_class=ArgParser)
-    ta = tsub.add_parser("analyze", help="analyse one trace file (.json or .json.gz)")
+    ta = tsub.add_parser("analyze", help="analyse one trace file (.json or .json.gz)",
+                         description="Analyse one trace file (the 'trace' analysis) and write a report folder.")
     ta.add_argument("path", help="a Chrome/Kineto trace (.json or .json.gz)")
-    td = tsub.add_parser("diff", help="compare two trace files")
+    td = tsub.add_parser("diff", help="compare two trace files",
+                         description="Compare two trace files (the 'trace_diff' analysis) and write a report folder.")
     td.add_argument("a", help="the baseline trace")
     td.add_argument("b", help="the trace to compare with it")
-    for t in (ta, td):
-        t.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-        t.add_argument("--top", type=positive_int, metavar="N", help="rows shown in the text output (10 / 15)")
-        t.add_argument("--out", "-o", metavar="DIR", help="also write a report folder (report.html, result.json, "
-                                                          "CSVs) here")
+    for t, rows in ((ta, "operators and kernels (default 10; result.json keeps every row the analysis keeps)"),
+                    (td, "changed operators (default 15)")):
+        t.add_argument("--top", type=positive_int, metavar="N", help=f"rows shown in the text output: {rows}")
+        _add_run_args(t, "trace" if t is ta else "trace_diff")
     if delegated:
         sub.add_parser("distributed", add_help=False,
                        help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
-    sub.add_parser("list", help="list the analyses and the built-in sample models")
+    sub.add_parser("list", help="list the commands and the built-in sample models")
     return parser
 
 
@@ -239,27 +263,38 @@ def _print_human(name: str, spec, outcome, written: dict | None) -> None:
 
 
 # ----------------------------------------------------------------------------- commands
-def run_analysis_command(args) -> int:
+def report_dir(args, name: str) -> Path | None:
+    """Where a command writes its report folder: none with --no-report, --out DIR, else the default."""
+    if getattr(args, "no_report", False):
+        return None
+    return Path(args.out) if args.out else _default_out(name)
+
+
+def run_job_command(args, name: str, spec, options: dict, *, title: str, label: str | None = None,
+                    show=None, text=None, copy_artifacts: bool = True) -> tuple[int, dict | None]:
+    """Run one analysis as every command does; returns (exit code, the result shown).
+
+    The job runs in a worker through diagnostics.runner with the run store (source "cli", so it is
+    in the dashboard's History), a progress bar on stderr (--quiet: none) and Ctrl-C recorded as
+    cancelled; then the report folder (report_dir) and stdout (--json: only the result). ``show``
+    turns the stored result into the one shown and written (default: as stored); ``text(result)``
+    is the human output (default: the headline metrics); ``copy_artifacts`` copies the run's
+    Chrome trace into the report folder.
+    """
     from diagnostics.runner import Job, run_job
     from diagnostics.store import Store
 
-    name = args.command
     try:
-        options = collect_options(name, args)
-        options.update(parse_option_pairs(args.extra_options))
-        spec = None
-        if ANALYSES[name].needs_model:
-            spec = build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust,
-                              inputs=args.inputs, batch_size=args.batch_size, device=args.device, seed=args.seed)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError(f"bad --timeout {args.timeout}: must be positive seconds")
-        out_dir = None if args.no_report else (Path(args.out) if args.out else _default_out(name))
+        out_dir = report_dir(args, name)
         store = Store(args.data_dir)
     except TorchScopeError as e:
         _err(str(e))
-        return EXIT_USAGE
+        return EXIT_USAGE, None
 
-    bar = ProgressBar(name, enabled=not args.quiet)
+    label = label or name
+    bar = ProgressBar(label, enabled=not args.quiet)
     cancel = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop the worker, record it
     try:
@@ -270,37 +305,63 @@ def run_analysis_command(args) -> int:
         bar.close()
     if not outcome.ok:
         if outcome.status == "cancelled" and cancel.is_set():
-            _err(f"{name} interrupted; run {outcome.run_id} recorded as cancelled")
-            return EXIT_INTERRUPTED
-        _err(f"{name} failed ({outcome.status}): {outcome.error}")
+            _err(f"{label} interrupted; run {outcome.run_id} recorded as cancelled")
+            return EXIT_INTERRUPTED, None
+        _err(f"{label} failed ({outcome.status}): {cli_message(outcome.error)}")
         if not is_input_error(outcome.error_type) and outcome.log_tail:
             sys.stderr.write("worker output (last lines):\n" + outcome.log_tail[-1500:] + "\n")
-        return EXIT_USAGE if is_input_error(outcome.error_type) else EXIT_FAILED
+        return (EXIT_USAGE if is_input_error(outcome.error_type) else EXIT_FAILED), None
 
+    result = show(outcome.result) if show is not None else outcome.result
     written = None
     if out_dir is not None:
         from diagnostics.report import write_report_folder
 
         artifacts = {p.name: str(p) for p in Path(outcome.artifact_dir).iterdir() if p.is_file()} \
-            if outcome.artifact_dir and Path(outcome.artifact_dir).is_dir() else {}
+            if copy_artifacts and outcome.artifact_dir and Path(outcome.artifact_dir).is_dir() else {}
         try:
-            written = write_report_folder(name, outcome.result, out_dir, artifacts,
-                                          title=f"TorchScope {ANALYSES[name].title}" + (f": {spec.label}" if spec
-                                                                                        else ""),
+            written = write_report_folder(name, result, out_dir, artifacts, title=title,
                                           meta={"run": outcome.run_id, "source": "cli"})
         except OSError as e:
             _err(f"could not write the report folder {out_dir}: {e}")
-            return EXIT_FAILED
+            return EXIT_FAILED, None
     if args.json:
-        sys.stdout.write(json.dumps(outcome.result, default=str) + "\n")
+        sys.stdout.write(json.dumps(result, default=str) + "\n")
+        if written:
+            sys.stderr.write(f"report: {written['report.html']}\n")
+    elif text is not None:
+        sys.stdout.write(text(result) + "\n")
+        sys.stdout.write(f"{label} · ok in {outcome.duration_s:.1f} s (run {outcome.run_id})\n")
+        if written:
+            sys.stdout.write(f"report: {written['report.html']}\n")
     else:
-        _print_human(name, spec, outcome, written)
-    if written and args.json:
-        sys.stderr.write(f"report: {written['report.html']}\n")
+        _print_human(label, spec, outcome, written)
+    return EXIT_OK, result
+
+
+def run_analysis_command(args) -> int:
+    name = args.command
+    try:
+        options = collect_options(name, args)
+        extra = parse_option_pairs(args.extra_options)
+        check_option_keys(name, extra)
+        options.update(extra)
+        spec = None
+        if ANALYSES[name].needs_model:
+            spec = build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust,
+                              inputs=args.inputs, batch_size=args.batch_size, device=args.device, seed=args.seed)
+    except TorchScopeError as e:
+        _err(str(e))
+        return EXIT_USAGE
+
+    title = f"TorchScope {ANALYSES[name].title}" + (f": {spec.label}" if spec else "")
+    code, result = run_job_command(args, name, spec, options, title=title)
+    if code != EXIT_OK:
+        return code
 
     fail_under = getattr(args, "opt_fail_under", None)
     if fail_under is not None:
-        score = checklist_score(outcome.result)
+        score = checklist_score(result)
         if score is None:
             _err("--fail-under: the result has no score")
             return EXIT_FAILED
@@ -312,23 +373,33 @@ def run_analysis_command(args) -> int:
 
 
 def run_trace_command(args) -> int:
-    try:
-        from diagnostics import trace_cli
-    except ImportError:
-        _err("trace commands are not available in this build (diagnostics.trace_cli is missing)")
-        return EXIT_USAGE
-    from diagnostics.cli_trace import trace_command
+    """``trace analyze`` / ``trace diff``: the "trace" / "trace_diff" analyses, run like every command."""
+    from diagnostics import cli_trace
 
-    return trace_command(trace_cli, args)
+    try:
+        name, options = cli_trace.trace_job(args)
+    except TorchScopeError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    code, _ = run_job_command(args, name, None, options, label=f"trace {args.trace_command}",
+                              title=cli_trace.report_title(args), show=lambda r: cli_trace.cli_result(name, r),
+                              text=lambda r: cli_trace.text(args, r), copy_artifacts=False)
+    return code
 
 
 def list_command() -> int:
     from sample_models import SAMPLES
 
     out = sys.stdout
-    out.write("analyses:\n")
-    for name, a in ANALYSES.items():
-        out.write(f"  {name:<14} {a.title}\n")
+    out.write("commands:\n")
+    rows = [(name, ANALYSES[name].title) for name in model_commands()
+            if not (name == "distributed" and _distributed_main() is not None)]
+    rows += [("trace analyze", "Trace explorer: analyse one trace file"),
+             ("trace diff", "Trace diff: compare two trace files")]
+    if _distributed_main() is not None:
+        rows.append(("distributed", "Distributed runs (torchrun + DDP): run / analyze / command"))
+    for name, title in rows:
+        out.write(f"  {name:<14} {title}\n")
     out.write("sample models:\n")
     for name, s in SAMPLES.items():
         out.write(f"  {name:<18} {s.description}\n")

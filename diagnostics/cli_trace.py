@@ -1,48 +1,58 @@
-"""``trace analyze PATH`` / ``trace diff A B``: diagnostics.trace_cli does the work and the text;
-this adds the report folder (``--out``) and the CLI's exit codes (2 for a trace that cannot be read).
+"""``trace analyze PATH`` / ``trace diff A B``: the registered "trace" / "trace_diff" analyses as CLI jobs.
 
-Report results are shaped like the dashboard's trace views: ``{"name", "path", "summary",
-"top_operators", ...}`` for "trace" and ``{"before", "after", "diff"}`` for "trace_diff".
+The CLI runs them like every other command (diagnostics.__main__.run_job_command: a worker, the
+run store with source "cli", progress, the report folder); this module says what to run for the
+parsed arguments and how to show the result. What it prints and writes (``--json``, result.json,
+report.html, CSVs) is shaped like ``python -m diagnostics.trace_cli --json``:
+``{"name", "path", "summary", "top_operators", "temporal_breakdown", "idle_time", "launch_stats",
+"timeline", "metrics"}`` for "trace" and ``{"before", "after", "diff", "metrics"}`` for
+"trace_diff". The store keeps the analysis' own result, which the dashboard's History reopens.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_USAGE = 0, 2
+#: Rows shown in the text output when --top is not given.
+DEFAULT_TOP = {"analyze": 10, "diff": 15}
+#: The analysis result's keys -> the CLI's (and report layout's) names for them.
+RENAMED = {"top": "top_operators", "breakdown": "temporal_breakdown", "idle": "idle_time", "launch": "launch_stats"}
+#: Where the worker keeps the parsed columns for the dashboard's timeline re-draw: of no use in a report.
+NOT_SHOWN = ("columns_dir",)
 
 
-def trace_command(trace_cli, args) -> int:
-    from diagnostics.traces import TraceError
+def trace_job(args) -> tuple[str, dict]:
+    """(analysis, options) for ``trace analyze`` / ``trace diff``; options as the Trace explorer page sends
+    them, so the run is the same job. Raises TorchScopeError naming a file that is not there (exit 2)."""
+    from diagnostics.analyses.trace import file_stamp
 
-    top = args.top if args.top is not None else (10 if args.trace_command == "analyze" else 15)
-    try:
-        if args.trace_command == "analyze":
-            if args.out or args.json:
-                result = {"name": Path(args.path).name, "path": str(args.path),
-                          **json.loads(trace_cli.analyze(args.path, True, top))}
-            text = None if args.json else trace_cli.analyze(args.path, False, top)
-            analysis = "trace"
-        else:
-            if args.out or args.json:
-                result = {"before": str(args.a), "after": str(args.b),
-                          "diff": json.loads(trace_cli.diff(args.a, args.b, True, top))}
-            text = None if args.json else trace_cli.diff(args.a, args.b, False, top)
-            analysis = "trace_diff"
-    except TraceError as e:
-        sys.stderr.write(f"error: {e}\n")
-        return EXIT_USAGE
-    if args.json:
-        sys.stdout.write(json.dumps(result, default=str) + "\n")
-    else:
-        sys.stdout.write(text + "\n")
-    if args.out:
-        from diagnostics.report import write_report_folder
+    if args.trace_command == "analyze":
+        stamp = file_stamp(args.path)
+        return "trace", {"path": stamp["path"], "stamp": stamp}
+    stamps = [file_stamp(args.a), file_stamp(args.b)]
+    return "trace_diff", {"before": stamps[0]["path"], "after": stamps[1]["path"], "stamps": stamps}
 
-        title = (f"TorchScope trace: {result['name']}" if analysis == "trace"
-                 else f"TorchScope trace diff: {Path(args.a).name} -> {Path(args.b).name}")
-        written = write_report_folder(analysis, result, args.out, title=title)
-        sys.stderr.write(f"report: {written['report.html']}\n")
-    return EXIT_OK
+
+def cli_result(analysis: str, result: dict) -> dict:
+    """The analysis' result with the CLI's key names (see the module docstring)."""
+    out = {RENAMED.get(k, k): v for k, v in (result or {}).items() if k not in NOT_SHOWN}
+    if analysis == "trace":
+        order = ["name", "path", "summary", *RENAMED.values()]
+        out = {**{k: out[k] for k in order if k in out}, **{k: v for k, v in out.items() if k not in order}}
+    return out
+
+
+def report_title(args) -> str:
+    if args.trace_command == "analyze":
+        return f"TorchScope trace: {Path(args.path).name}"
+    return f"TorchScope trace diff: {Path(args.a).name} -> {Path(args.b).name}"
+
+
+def text(args, result: dict) -> str:
+    """What ``trace analyze`` / ``trace diff`` print without --json (the first --top rows of each table)."""
+    from diagnostics import trace_cli
+
+    top = args.top if args.top is not None else DEFAULT_TOP[args.trace_command]
+    if args.trace_command == "analyze":
+        return trace_cli.format_analysis(result, top)
+    return trace_cli.format_diff(result["diff"], args.a, args.b, top)

@@ -81,3 +81,28 @@ def test_module_entry_point_and_no_streamlit():
                           str(DATA / "cpu_small.pt.trace.json.gz")], capture_output=True,
                          text=True, cwd=ROOT)
     assert out.returncode == 0 and "3 steps" in out.stdout
+
+
+def test_text_is_formatted_from_a_result_and_top_limits_its_rows():
+    result = trace_cli.analysis_result(load_trace(DATA / "gpu_small.json"))
+    assert len(result["top_operators"]["operators"]) == 4  # every operator kept (fewer than TOP_N)
+    text = trace_cli.format_analysis(result, 1)
+    assert "Top 1 of 4 operators by self time" in text and "Top 1 of 5 GPU kernels" in text
+    assert text == trace_cli.analyze(str(DATA / "gpu_small.json"), False, 1)
+    r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
+    lines = trace_cli.format_diff(r, "a.json", "b.json", 2).splitlines()
+    assert lines[0].startswith("a.json -> b.json (per step)") and len(lines) == 2 + 1 + 2  # head, blank, header, 2
+
+
+def test_diagnostics_trace_json_matches_the_bare_tool(tmp_path, capsys):
+    """`python -m diagnostics trace analyze --json` (a worker job) prints what trace_cli computes in process."""
+    from diagnostics.__main__ import main
+
+    path = DATA / "cpu_small.pt.trace.json.gz"
+    assert main(["trace", "analyze", str(path), "--json", "--no-report", "-q", "--data-dir", str(tmp_path)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    bare = json.loads(json.dumps(trace_cli.analysis_result(load_trace(path)), default=str))
+    for key in ("summary", "top_operators", "temporal_breakdown", "idle_time", "launch_stats"):
+        assert shown[key] == bare[key], key
+    assert shown["name"] == path.name and shown["path"] == str(path.resolve())
+    assert shown["metrics"]["steps"] == bare["summary"]["n_steps"] == 3

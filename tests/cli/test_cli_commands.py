@@ -1,0 +1,259 @@
+"""The CLI's commands behave alike: trace analyze / diff write the default report folder, run through
+the run store (History) with progress, and fail cleanly on an unwritable --out; only documented commands
+are exposed; unknown --option keys are refused; CLI errors name CLI flags, not the dashboard's sidebar.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from diagnostics.store import Store
+from tests.cli.test_cli import REPO, assert_offline_html, cli
+
+TRACES = REPO / "tests" / "data" / "traces"
+GPU_TRACE = TRACES / "gpu_small.json"
+BEFORE, AFTER = TRACES / "diff_before.json", TRACES / "diff_after.json"
+
+
+@pytest.fixture
+def store_dir(tmp_path):
+    return tmp_path / "store"
+
+
+# ----------------------------------------------------------------------------- 1. default report folder
+def test_trace_analyze_writes_the_default_report_folder(tmp_path, store_dir):
+    p = cli("trace", "analyze", GPU_TRACE, "--top", "2", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    (folder,) = (tmp_path / "torchscope-report").glob("trace-*")
+    names = {f.name for f in folder.iterdir()}
+    assert {"report.html", "result.json", "top_operators_operators.csv", "summary_categories.csv"} <= names
+    assert not any(n.endswith(".feather") or n == "trace_meta.json" for n in names), names  # worker internals
+    result = json.loads((folder / "result.json").read_text())
+    assert result["name"] == "gpu_small.json" and result["summary"]["n_steps"] == 2
+    assert result["top_operators"]["operators"][0]["name"] == "aten::mm"
+    assert "columns_dir" not in result
+    text = assert_offline_html(folder / "report.html", min_figures=2)
+    assert "Top operators" in text and "aten::mm" in text
+    assert f"report: {folder / 'report.html'}" in p.stdout
+    assert "Top 2 of 4 operators by self time" in p.stdout and "2 steps" in p.stdout  # --top limits the text
+
+
+def test_trace_diff_writes_the_default_report_folder_and_no_report_skips_it(tmp_path, store_dir):
+    p = cli("trace", "diff", BEFORE, AFTER, "-q", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""  # -q
+    (folder,) = (tmp_path / "torchscope-report").glob("trace_diff-*")
+    assert {"report.html", "result.json", "diff_rows.csv"} <= {f.name for f in folder.iterdir()}
+    d = json.loads((folder / "result.json").read_text())
+    assert d["diff"]["counts"] == {"added": 1, "removed": 1, "faster": 1, "slower": 1, "unchanged": 1}
+    assert Path(d["before"]).name == "diff_before.json" and Path(d["after"]).name == "diff_after.json"
+    assert_offline_html(folder / "report.html", min_figures=1)
+    assert "1 added, 1 removed, 1 faster, 1 slower" in p.stdout and f"report: {folder / 'report.html'}" in p.stdout
+
+    p = cli("trace", "diff", BEFORE, AFTER, "-q", "--no-report", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert len(list((tmp_path / "torchscope-report").glob("trace_diff-*"))) == 1 and "report:" not in p.stdout
+
+
+# ----------------------------------------------------------------------------- 2. run store and progress
+def test_trace_commands_are_recorded_in_the_store_with_progress(tmp_path, store_dir):
+    p = cli("trace", "analyze", GPU_TRACE, "--json", "--no-report", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    shown = json.loads(p.stdout)
+    assert re.search(r"^trace analyze \[ *\d+%\] reading gpu_small\.json", p.stderr, re.M), p.stderr  # progress
+    (rec,) = Store(store_dir).list(analysis="trace")
+    assert (rec.source, rec.status, rec.model_label) == ("cli", "ok", "traces/gpu_small.json")
+    stored = Store(store_dir).get(rec.id).result
+    # the store keeps the analysis' own result, the one the dashboard's History view reopens
+    assert stored["top"] == shown["top_operators"] and stored["summary"] == shown["summary"]
+    assert stored["path"] == str(GPU_TRACE.resolve())
+
+    p = cli("trace", "diff", BEFORE, AFTER, "--json", "--no-report", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    (rec,) = Store(store_dir).list(analysis="trace_diff")
+    assert (rec.source, rec.status) == ("cli", "ok")
+    assert rec.model_label == "traces/diff_before.json vs traces/diff_after.json"
+    assert Store(store_dir).get(rec.id).result["diff"] == json.loads(p.stdout)["diff"]
+
+
+def test_unreadable_trace_exits_2_and_is_recorded_as_failed(tmp_path, store_dir):
+    bad = tmp_path / "bad.json.gz"
+    bad.write_text("{}")
+    p = cli("trace", "analyze", bad, data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert "error: trace analyze failed (error)" in p.stderr and "not gzip" in p.stderr and p.stdout == ""
+    assert "Traceback" not in p.stderr and not (tmp_path / "torchscope-report").exists()
+    (rec,) = Store(store_dir).list(analysis="trace")
+    assert rec.status == "error" and rec.source == "cli" and "not gzip" in Store(store_dir).get(rec.id).error
+
+
+def test_missing_trace_file_exits_2_before_any_job(tmp_path, capsys):
+    from diagnostics.__main__ import main
+
+    data = tmp_path / "store"
+    assert main(["trace", "diff", str(BEFORE), str(tmp_path / "nope.json"), "-q", "--data-dir", str(data)]) == 2
+    assert f"trace file not found: {tmp_path / 'nope.json'}" in capsys.readouterr().err
+    assert not Store(data).list()
+
+
+# ----------------------------------------------------------------------------- 3. unwritable --out
+@pytest.mark.parametrize("command", [["trace", "analyze", GPU_TRACE], ["trace", "diff", BEFORE, AFTER],
+                                     ["summary", "--model", "mlp"]])
+def test_unwritable_out_is_a_clean_error(command, tmp_path, store_dir):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    out = blocker / "report"
+    p = cli(*command, "--out", out, data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    assert f"error: could not write the report folder {out}" in p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+# ----------------------------------------------------------------------------- 4. only user-facing commands
+DOCUMENTED = {"list", "summary", "profile", "memory", "batch_scan", "gradients", "checklist", "optimize", "trace",
+              "distributed"}
+
+
+def _documented_commands() -> set[str]:
+    """The first word after `python -m diagnostics` in docs/cli.md's Commands block."""
+    doc = (REPO / "docs" / "cli.md").read_text()
+    block = doc.split("## Commands", 1)[1].split("```", 2)[1]
+    return set(re.findall(r"python -m diagnostics (\w+)", block))
+
+
+def test_only_documented_commands_are_exposed(capsys):
+    from diagnostics.__main__ import build_parser
+
+    assert _documented_commands() == DOCUMENTED
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) == DOCUMENTED
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    top_help = capsys.readouterr().out
+    for internal in ("validate", "trace_timeline", "trace_diff", "distributed_traces"):
+        assert not re.search(rf"^\s+{internal}\b", top_help, re.M), internal
+
+
+@pytest.mark.parametrize("internal", ["trace_timeline", "trace_diff", "distributed_traces", "validate"])
+def test_internal_analyses_are_not_commands(internal, tmp_path, capsys):
+    from diagnostics.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main([internal, "--data-dir", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"invalid choice: '{internal}'" in err and "KeyError" not in err
+
+
+def test_list_shows_the_commands(capsys):
+    from diagnostics.__main__ import main
+
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    commands = out.split("commands:\n", 1)[1].split("sample models:", 1)[0]
+    names = {line.strip().split("  ")[0] for line in commands.strip().splitlines()}
+    assert names == DOCUMENTED - {"list", "trace"} | {"trace analyze", "trace diff"}
+    assert "mlp" in out.split("sample models:", 1)[1]
+
+
+# ----------------------------------------------------------------------------- 5. unknown --option keys
+@pytest.mark.parametrize("command, key, valid", [
+    ("profile", "record_shape", ["record_shapes", "latency_iters", "mode"]),
+    ("summary", "skip_backwards", ["skip_backward"]),
+    ("checklist", "purposes", ["purpose", "dataloader", "profile_steps"]),
+    ("gradients", "step", ["steps", "optimizer", "lr"]),
+])
+def test_unknown_option_key_exits_2_listing_the_valid_keys(command, key, valid, tmp_path, capsys):
+    from diagnostics.__main__ import main
+
+    data = tmp_path / "store"
+    assert main([command, "--model", "mlp", "--no-report", "-q", "--data-dir", str(data),
+                 "--option", f"{key}=1"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: unknown --option key '{key}' for {command}; valid keys: " in err
+    listed = err.split("valid keys: ", 1)[1]
+    assert all(v in listed for v in valid), err
+    assert not Store(data).list()  # refused before any job
+
+
+def test_option_key_hint_names_the_flag(tmp_path, capsys):
+    from diagnostics.__main__ import main
+
+    assert main(["profile", "--model", "mlp", "--no-report", "-q", "--data-dir", str(tmp_path),
+                 "--option", "steps=2"]) == 2
+    assert "(--steps sets 'active')" in capsys.readouterr().err
+
+
+def test_known_option_keys_reach_the_analysis(monkeypatch, tmp_path):
+    import diagnostics.__main__ as m
+    from diagnostics.runner import JobOutcome
+
+    seen = []
+
+    def fake_run_job(job, **kw):
+        seen.append(job.options)
+        return JobOutcome("ok", result={"metrics": {}}, run_id="x", artifact_dir=str(tmp_path))
+
+    monkeypatch.setattr("diagnostics.runner.run_job", fake_run_job)
+    assert m.main(["profile", "--model", "mlp", "--no-report", "-q", "--data-dir", str(tmp_path), "--mode", "train",
+                   "--option", "record_shapes=false", "--option", "latency_iters=2"]) == 0
+    assert seen == [{"mode": "train", "record_shapes": False, "latency_iters": 2}]
+
+
+def _keys_read(module: str, names: str = "options|opts|o") -> set[str]:
+    """Option keys a module reads: <names>.get("k") / ["k"] / .setdefault("k") (names: its options dicts)."""
+    src = (REPO / (module.replace(".", "/") + ".py")).read_text()
+    return set(re.findall(rf"\b(?:{names})(?:\.get\(|\.setdefault\(|\[)\"(\w+)\"", src))
+
+
+def test_option_keys_cover_every_command_and_what_its_analysis_reads():
+    from diagnostics.__main__ import model_commands
+    from diagnostics.cli_options import ANALYSIS_OPTIONS, option_keys
+
+    for name in model_commands():
+        keys = option_keys(name)
+        assert keys is not None, f"list the option keys of {name!r} in cli_options.OPTION_KEYS"
+        assert {o.key for o in ANALYSIS_OPTIONS.get(name, ())} <= set(keys), name
+    read = {
+        "summary": _keys_read("diagnostics.analyses.summary"),
+        "checklist": _keys_read("diagnostics.analyses.checklist") | _keys_read("diagnostics.checklist.facts", "options"),
+        "optimize": _keys_read("diagnostics.analyses.optimize"),
+        "distributed": _keys_read("diagnostics.distributed.analysis"),
+        "gradients": _keys_read("diagnostics.analyses.gradients"),
+        "memory": _keys_read("diagnostics.analyses.memory"),
+        "batch_scan": _keys_read("diagnostics.analyses.memory_scan"),
+    }
+    for name, keys in read.items():
+        assert keys and keys <= set(option_keys(name)), (name, keys - set(option_keys(name)))
+
+
+# ----------------------------------------------------------------------------- 6. CLI wording in errors
+def test_file_model_without_inputs_names_the_input_flag(tmp_path, store_dir):
+    import torch
+    from torch import nn
+
+    path = tmp_path / "lin.pt"
+    torch.jit.save(torch.jit.script(nn.Linear(3, 2)), str(path))
+    p = cli("summary", "--model", path, "-q", "--no-report", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert "lin.pt declares no example inputs: give the input shapes with --input SHAPE[:DTYPE]" in p.stderr
+    assert "sidebar" not in p.stderr
+    # the same model with --input runs
+    p = cli("summary", "--model", path, "--input", "4,3", "-q", "--no-report", "--json", data_dir=store_dir,
+            cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["metrics"]["params_total"] == 3 * 2 + 2
+
+
+def test_cli_message_rewrites_only_the_dashboard_instruction():
+    from diagnostics.__main__ import cli_message
+
+    assert cli_message("m.pt declares no example inputs: enter the input shapes in the sidebar") == (
+        "m.pt declares no example inputs: give the input shapes with --input SHAPE[:DTYPE], e.g. --input 8,3,32,32 "
+        "(repeat it for each input)")
+    assert cli_message("bad shape [8, 65]") == "bad shape [8, 65]"
+    assert cli_message(None) == ""
