@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
+import threading
 
 from diagnostics.cli_model import KINDS, build_spec
 from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
 from diagnostics.formatting import human_bytes
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 #: Job errors that mean "what you gave cannot be used" (exit 2) rather than "the run failed" (exit 1).
 INPUT_ERRORS = ("DistributedInputError", "TorchScopeError", "SpecError", "ModelLoadError", "TrustError",
                 "UsageError", "TraceError")
@@ -160,6 +162,14 @@ def _emit(res: dict, as_json: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C outside the job (parsing, imports, writing the job): one line, 130
+        sys.stderr.write("\nerror: interrupted (Ctrl-C)\n")
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
         args = _parser().parse_args(argv)
     except SystemExit as e:
         return EXIT_OK if e.code in (0, None) else EXIT_USAGE
@@ -190,14 +200,28 @@ def main(argv: list[str] | None = None) -> int:
                 options.update(die_rank=args.die_rank, die_step=args.die_step, die_how=args.die_how)
             job = Job("distributed", _spec(args), options)
             timeout = args.timeout
-        outcome = run_job(job, store=Store(), timeout_s=timeout, source="cli",
-                          on_progress=lambda f, m: sys.stderr.write(f"[{100 * f:3.0f} %] {m}\n"))
+        store = Store()
     except SystemExit as e:
         sys.stderr.write(f"error: {e.code}\n")
         return EXIT_USAGE
     except TorchScopeError as e:
         sys.stderr.write(f"error: {e}\n")
         return EXIT_USAGE
+    # Ctrl-C: stop the worker (which kills torchrun and every rank), record the run as cancelled.
+    cancel = threading.Event()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set()) if in_main else None
+    try:
+        outcome = run_job(job, store=store, timeout_s=timeout, source="cli", cancel=cancel,
+                          on_progress=lambda f, m: sys.stderr.write(f"[{100 * f:3.0f} %] {m}\n"))
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+    if cancel.is_set():
+        sys.stderr.write(f"error: distributed {args.cmd} interrupted (Ctrl-C)"
+                         + (f"; run {outcome.run_id} recorded as cancelled" if outcome.status == "cancelled" else "")
+                         + "\n")
+        return EXIT_INTERRUPTED
     if not outcome.ok:
         sys.stderr.write(f"error: {outcome.error}\n")
         return EXIT_USAGE if outcome.error_type in INPUT_ERRORS else EXIT_FAILED

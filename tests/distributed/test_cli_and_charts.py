@@ -213,3 +213,63 @@ def test_cli_run_refuses_a_model_file_that_does_not_load(capsys, tmp_path):
     model.write_text("def build_model(:\n")
     assert main(["run", "--model", str(model), "--nproc", "2"]) == 2  # bad input, before torchrun starts
     assert "broken.py" in capsys.readouterr().err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(job, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("diagnostics.runner.run_job", interrupted)
+    assert main(["analyze", str(PAIR)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "error: interrupted (Ctrl-C)" and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_run_stops_every_rank_and_exits_130(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    env = {**os.environ, "TORCHSCOPE_DATA_DIR": str(tmp_path / "data")}
+    # Its own process group, as a terminal's foreground job: Ctrl-C sends SIGINT to the whole group.
+    proc = subprocess.Popen([sys.executable, "-m", "diagnostics", "distributed", "run", "--model", "mlp", "--nproc",
+                             "2", "--steps", "2", "--warmup", "0", "--straggler-rank", "1", "--straggler-ms", "60000",
+                             "--timeout", "120"], cwd=str(Path(__file__).resolve().parents[2]), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def ranks():
+        try:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        out = []
+        for k in kids:
+            try:
+                cmd = " ".join(k.cmdline())
+                if "diagnostics.distributed.rank_main" in cmd and "torch.distributed.run" not in cmd:
+                    out.append(k)  # a rank, not torchrun (whose command line names rank_main too)
+            except psutil.Error:
+                pass
+        return out
+
+    deadline = time.monotonic() + 90
+    while len(ranks()) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.3)
+    started = ranks()
+    if len(started) != 2:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the ranks did not start: {proc.communicate(timeout=30)}")
+    time.sleep(3)  # the ranks are in their steps (rank 1 sleeping, rank 0 waiting in the all-reduce)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.strip().splitlines()[-1].startswith("error: distributed run interrupted (Ctrl-C)")
+    assert out == ""
+    gone, alive = psutil.wait_procs(started, timeout=15)
+    assert not alive
