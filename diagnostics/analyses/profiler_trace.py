@@ -30,12 +30,13 @@ DEVICE_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS | frozenset({"gpu_user_ann
 #: kernel even when the CPU is also busy; "other" is what no event covers.
 SPLIT_CATEGORIES = ("kernel", "memcpy", "memset", "runtime", "cpu_exec", "other")
 
-#: Kernel-name fragments that mean the kernel ran on Tensor Cores (cuBLAS / cuDNN / CUTLASS
-#: naming: HMMA/IMMA/WGMMA instructions, xmma/tensorop GEMMs, the h884/h1688/s1688 tile names).
+#: Kernel-name fragments that mean the kernel ran on Tensor Cores (cuBLAS / cuDNN / CUTLASS naming:
+#: HMMA/IMMA/WGMMA instructions, xmma and tensorop GEMMs, the h884/s1688/h16816/i8816 tile names,
+#: half and bfloat16 GEMMs, flash attention). Architecture prefixes alone (ampere_, sm80_,
+#: cutlass_80) say nothing: ampere_sgemm and cutlass_80_simt_sgemm run on the ordinary CUDA cores.
 TENSOR_CORE_PATTERNS = (
-    r"sm\d+_xmma", r"xmma", r"h884", r"s884", r"h1688", r"s1688", r"h16816", r"s16816", r"i8816",
-    r"hmma", r"imma", r"wgmma", r"gemm.*tensorop", r"tensorop", r"_tc_", r"cutlass.*_tensorop",
-    r"ampere_.*gemm", r"hopper_.*gemm", r"sm90_", r"sm80_",
+    r"xmma", r"hmma", r"imma", r"wgmma", r"[hsi](?:884|1688|16816|8816)", r"tensor_?op",
+    r"b?f16.*gemm", r"gemm.*b?f16", r"flash_(?:fwd|bwd)", r"fmha",
 )
 _TC_RE = re.compile("|".join(TENSOR_CORE_PATTERNS), re.IGNORECASE)
 

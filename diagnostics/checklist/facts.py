@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from diagnostics.analyses.profiler_trace import uses_tensor_cores
 from diagnostics.checklist.measure import absolute_peak_bytes, time_calls
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -44,10 +45,6 @@ ELIGIBLE_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::
                 "aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::conv1d",
                 "aten::conv2d", "aten::conv3d", "aten::_scaled_dot_product_flash_attention",
                 "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention")
-#: substrings of kernel names that run on Tensor Cores (the TensorBoard plugin's list, extended).
-TENSOR_CORE_PATTERNS = ("884", "1688", "16816", "8816", "hmma", "xmma", "wgmma", "imma", "tensorop", "tensor_op",
-                        "sm80_", "sm86_", "sm89_", "sm90_", "cutlass_80", "cutlass_90", "flash_fwd", "flash_bwd",
-                        "bf16gemm", "gemm_bf16", "gemm_fp16")
 #: CPU-GPU synchronisation points, counted per step.
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
             "cudaEventSynchronize")
@@ -301,7 +298,7 @@ def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2
     kernels = [e for e in events if e.device_type.name == "CUDA" and not e.name.startswith(STEP_MARK)
                and "Memcpy" not in e.name and "Memset" not in e.name]
     kernel_names = sorted({e.name for e in kernels})
-    tc = [n for n in kernel_names if any(p in n.lower() for p in TENSOR_CORE_PATTERNS)]
+    tc = [n for n in kernel_names if uses_tensor_cores(n)]
     busy_us = _intervals_union([(e.time_range.start, e.time_range.end) for e in kernels]) if kernels else 0.0
     nccl_us = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower())
     kernel_us = sum(e.time_range.elapsed_us() for e in kernels)

@@ -299,9 +299,14 @@ def test_kernel_table_groups_and_flags_tensor_cores():
     assert g["grid"] == "4×1×1" and g["block"] == "128×1×1" and g["tensor_cores"]
     assert not rows[1]["tensor_cores"]
     assert g["pct_of_kernel_time"] == pytest.approx(100 * 40 / 45)
-    for name in ("volta_h884gemm_64x64", "ampere_fp16_s16816gemm", "cutlass_gemm_tensorop_f16", "sm90_wgmma_x"):
+    for name in ("volta_h884gemm_64x64", "ampere_fp16_s16816gemm", "cutlass_gemm_tensorop_f16", "sm90_wgmma_x",
+                 "turing_i8816gemm_int8", "cutlass_80_tensorop_s1688gemm_64x64", "sm90_xmma_gemm_f32f32_tf32f32",
+                 "ampere_bf16_s16816gemm_bf16_128x64", "flash_fwd_kernel", "fmha_cutlassF_f16_aligned"):
         assert pt.uses_tensor_cores(name), name
-    assert not pt.uses_tensor_cores("elementwise_kernel")
+    # FP32 / FP64 SIMT kernels on Tensor-Core GPUs: the architecture prefix alone says nothing.
+    for name in ("elementwise_kernel", "ampere_sgemm_128x64_nn", "ampere_dgemm_64x64", "sm80_sgemm_nn",
+                 "cutlass_80_simt_sgemm_128x128", "volta_sgemm_128x64_tn", "void at::native::reduce_kernel"):
+        assert not pt.uses_tensor_cores(name), name
 
 
 def test_timeline_keeps_the_longest_events_and_every_lane_when_downsampling():
