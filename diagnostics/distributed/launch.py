@@ -31,8 +31,9 @@ LOG_NAME = "torchrun.log"
 JOB_NAME = "job.json"
 #: Exit codes of a rank that torchrun stopped itself (SIGTERM) after another rank failed.
 _SIGTERM_EXITS = {-signal.SIGTERM, 128 + signal.SIGTERM}
-#: What a signal that killed a rank from outside usually means.
-_SIGNAL_HINTS = {signal.SIGKILL: "out of memory?", signal.SIGSEGV: "a segmentation fault",
+#: What a signal that killed a rank from outside usually means. (Not the words "out of memory": the
+#: runner reads those in an error as the *worker* running out of its memory cap.)
+_SIGNAL_HINTS = {signal.SIGKILL: "the OOM killer, out of RAM?", signal.SIGSEGV: "a segmentation fault",
                  signal.SIGABRT: "aborted", signal.SIGBUS: "a bus error"}
 # torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : 3 (pid: 123)".
 _SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
@@ -137,7 +138,7 @@ def closed_pids(log_text: str) -> set[int]:
 
 
 def describe_exit(code: int) -> str:
-    """'killed (SIGKILL, exit -9: out of memory?)' or 'died with exit code 3'."""
+    """'killed (SIGKILL, exit -9: the OOM killer, out of RAM?)' or 'died with exit code 3'."""
     if code < 0:
         try:
             sig = signal.Signals(-code)
