@@ -258,11 +258,12 @@ def latency_stats(samples_ms: list[float], batch_size: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- key_averages
-def operator_rows(key_averages, by_shape: bool = False) -> list[dict]:
-    """key_averages as records (times in ms, memory in bytes); user ranges and [memory] left out."""
+def operator_rows(key_averages, by_shape: bool = False, skip: frozenset[str] = frozenset()) -> list[dict]:
+    """key_averages as records (times in ms, memory in bytes); user ranges, [memory] and the
+    names in ``skip`` (Python frames recorded by with_stack) left out."""
     rows = []
     for e in key_averages:
-        if e.is_user_annotation or e.key == "[memory]" or e.key.startswith(pt.MODULE_PREFIX):
+        if e.is_user_annotation or e.key == "[memory]" or e.key.startswith(pt.MODULE_PREFIX) or e.key in skip:
             continue
         row = {
             "name": e.key, "calls": int(e.count),
@@ -340,7 +341,7 @@ def engine_timeline(path: Path, max_events: int) -> tuple[dict | None, str | Non
                "start_ms": e["start_us"] / 1e3, "dur_ms": e["dur_us"] / 1e3, "depth": int(e["depth"]),
                "count": int(e.get("count", 1))} for e in data["events"]]
     return {"events": events, "lanes": [label[l["lane"]] for l in data["lanes"]],
-            "total_events": int(data["in_range"]), "shown_events": len(events),
+            "total_events": int(data["in_range"]), "shown_events": len(events), "deeper": int(data["deeper"]),
             "span_ms": float(data["t1"]) / 1e3, "builder": "diagnostics.traces.timeline_data"}, None
 
 
@@ -381,14 +382,16 @@ def analyze(ctx, options: dict) -> dict:
         data = orjson.loads(path.read_bytes())
         path.unlink()
         cycle_traces.append(orjson.dumps(_with_rank(data)))
+        # with_stack records Python frames as events too; they are call stacks, not operators.
+        frames = frozenset(e.name for e in prof.events() if e.is_python_function) if opts["with_stack"] else frozenset()
         if opts["record_shapes"]:
             # One grouping pass: the per-name table is the per-shape one summed by name
             # (merge_operator_rows), the same numbers key_averages() gives, without a second pass.
-            shaped = operator_rows(prof.key_averages(group_by_input_shape=True), by_shape=True)
+            shaped = operator_rows(prof.key_averages(group_by_input_shape=True), by_shape=True, skip=frames)
             cycle_ops_shape.append(shaped)
             cycle_ops.append([{k: v for k, v in r.items() if k != "input_shapes"} for r in shaped])
         else:
-            cycle_ops.append(operator_rows(prof.key_averages()))
+            cycle_ops.append(operator_rows(prof.key_averages(), skip=frames))
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -42,7 +42,7 @@ _TC_RE = re.compile("|".join(TENSOR_CORE_PATTERNS), re.IGNORECASE)
 
 #: Timeline default: at most this many events drawn; the longest are kept.
 TIMELINE_MAX_EVENTS = 4000
-TIMELINE_MAX_DEPTH = 6
+TIMELINE_MAX_DEPTH = 24
 
 
 def uses_tensor_cores(kernel_name: str) -> bool:
@@ -354,13 +354,14 @@ def timeline(trace: dict, max_events: int = TIMELINE_MAX_EVENTS, max_depth: int 
             rows.append({"lane": _lane_name(e, thread_names), "name": e.get("name", ""), "cat": e.get("cat") or "",
                          "start_ms": (e["ts"] - origin) / 1e3, "dur_ms": e["dur"] / 1e3, "depth": depth[i]})
     total = len(rows)
-    kept = [r for r in rows if r["depth"] < max_depth]
+    kept = [r for r in rows if r["depth"] <= max_depth]
+    deeper = total - len(kept)
     if len(kept) > max_events:
         kept = _downsample(kept, max_events)
     kept.sort(key=lambda r: (r["lane"], r["start_ms"]))
     lanes = sorted({r["lane"] for r in kept}, key=lambda l: (l.startswith("GPU"), l))
     return {"events": kept, "lanes": lanes, "total_events": total, "shown_events": len(kept), "span_ms": span / 1e3,
-            "builder": "profiler_trace.timeline"}
+            "deeper": deeper, "builder": "profiler_trace.timeline"}
 
 
 def _downsample(rows: list[dict], max_events: int) -> list[dict]:

@@ -173,12 +173,15 @@ def build_timeline_figure(result: dict) -> go.Figure:
             hovertemplate="%{customdata[0]}<br>start %{base:.3f} ms, duration %{customdata[1]:.3f} ms"
                           "<br>depth %{customdata[2]} · stands for %{customdata[3]} event(s)<extra>" + cat
                           + "</extra>")
+    deeper = int(tl.get("deeper") or 0)
     shown = f"{tl['shown_events']:,} of {tl['total_events']:,} events" + (
-        " (downsampled, longest kept)" if tl["shown_events"] < tl["total_events"] else "")
+        " (downsampled, longest kept)" if tl["shown_events"] < tl["total_events"] - deeper else "") + (
+        f"; {deeper:,} calls nested too deep to draw" if deeper else "")
     fig.update_layout(title=f"Timeline of the last profiler cycle: {shown}", barmode="overlay",
                       xaxis_title="time since the first event (ms)", yaxis_title="thread / stream",
                       yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes))),
-                      height=max(300, 120 * len(lanes) + 140), margin=dict(l=10, r=10, t=50, b=40),
+                      height=max(300, len(lanes) * max(120, 14 * max(depth_of_lane.values())) + 140),
+                      margin=dict(l=10, r=10, t=50, b=40),
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
                       dragmode="zoom")
     return fig

@@ -135,8 +135,11 @@ def build_timeline_figure(timeline: dict) -> go.Figure:
             customdata=[[e["name"], e["count"], e["dur_us"]] for e in evs],
             hovertemplate="%{customdata[0]}<br>%{customdata[2]:.1f} µs"
                           "<br>stands for %{customdata[1]} event(s)<extra></extra>"))
+    deeper = int(timeline.get("deeper") or 0)
     fig.update_layout(barmode="overlay", title=f"Timeline ({timeline['shown']:,} of "
-                      f"{timeline['in_range']:,} events shown)", xaxis_title="ms",
+                      f"{timeline['in_range']:,} events shown"
+                      + (f"; {deeper:,} calls nested too deep to draw" if deeper else "") + ")",
+                      xaxis_title="time (ms)",
                       yaxis={"categoryorder": "array",
                              "categoryarray": [label[r] for r in rows][::-1]},
                       height=max(300, 24 * len(rows) + 140), bargap=0.1)

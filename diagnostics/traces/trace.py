@@ -129,13 +129,14 @@ class Trace:
         return self._cache["nesting"]
 
 
-def _nesting(trace: Trace) -> dict:
+def _nesting(trace: Trace, mask: np.ndarray | None = None) -> dict:
+    """Trace.nesting() over the host events in ``mask`` (default: all of them)."""
     ev = trace.events
     n = len(ev)
     depth = np.full(n, -1, dtype=np.int32)
     parent = np.full(n, -1, dtype=np.int64)
     self_us = np.full(n, np.nan)
-    rows = np.flatnonzero(trace.cpu_mask())
+    rows = np.flatnonzero(trace.cpu_mask() if mask is None else mask)
     if rows.size == 0:
         return {"depth": depth, "parent": parent, "self_us": self_us}
     ts = ev["ts"].to_numpy()[rows]

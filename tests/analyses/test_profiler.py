@@ -204,6 +204,18 @@ def test_inference_mode_runs_eval_without_backward(tmp_path, no_hooks_left):
     no_hooks_left(model)
 
 
+def test_with_stack_keeps_python_frames_out_of_the_operator_table(tmp_path):
+    result, _ = run_profile(small_model(), (torch.randn(2, 3, 8, 8),),
+                            {**SMALL, "with_stack": True, "latency_iters": 2}, tmp_path)
+    names = [r["name"] for r in result["operators"]]
+    assert "aten::linear" in names and "aten::conv2d" in names
+    frames = [n for n in names if ".py(" in n or n.startswith("<built-in") or n.startswith("nn.Module:")]
+    assert not frames, frames
+    # The frames are still in the trace, where with_stack put them.
+    trace = json.loads(Path(result["artifacts"]["trace_json"]).read_text())
+    assert any(e.get("cat") == "python_function" for e in trace["traceEvents"])
+
+
 @pytest.mark.parametrize("options, message", [
     ({"mode": "bogus"}, "mode must be one of inference, train"),
     ({"active": 0}, "active must be at least 1"),

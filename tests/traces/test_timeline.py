@@ -45,3 +45,48 @@ def test_downsampling_keeps_longest_per_bucket_and_counts(tmp_path):
     assert r["shown"] <= 1000 and r["bucket_us"] > 0
     assert sum(e["count"] for e in r["events"]) == 10001
     assert any(e["name"] == "long" and e["dur_us"] == 3000.0 for e in r["events"])
+
+
+def _write(tmp_path, evs, name="t.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps({"traceEvents": evs}))
+    return load_trace(p)
+
+
+def test_deep_module_trees_are_drawn_and_what_is_deeper_is_counted(tmp_path):
+    from diagnostics.traces.timeline import MAX_DEPTH
+
+    n = MAX_DEPTH + 6  # one chain of nested calls, each 1 µs inside its parent
+    evs = [{"ph": "X", "cat": "cpu_op", "name": f"level{i}", "pid": 1, "tid": 1, "ts": float(i),
+            "dur": float(2 * n - 2 * i)} for i in range(n)]
+    r = timeline_data(_write(tmp_path, evs))
+    assert r["in_range"] == n and r["shown"] == MAX_DEPTH + 1 and r["deeper"] == n - MAX_DEPTH - 1
+    assert max(e["depth"] for e in r["events"]) == MAX_DEPTH
+
+
+def test_python_frames_get_their_own_lane_and_leave_operator_depths_alone(tmp_path):
+    ops = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0.0, "dur": 100.0},
+           {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 40.0, "dur": 10.0}]
+    frames = [{"ph": "X", "cat": "python_function", "name": f"frame{i}", "pid": 1, "tid": 1, "ts": 1.0 + i,
+               "dur": 90.0 - 2 * i} for i in range(10)]
+    r = timeline_data(_write(tmp_path, ops + frames))
+    assert [lane["lane"] for lane in r["lanes"]] == ["1/1", "1/1 · Python"]
+    mm = next(e for e in r["events"] if e["name"] == "aten::mm")
+    assert (mm["lane"], mm["depth"]) == ("1/1", 1)  # under the step, not under ten frames
+    assert sorted(e["depth"] for e in r["events"] if e["lane"] == "1/1 · Python") == list(range(10))
+
+
+def test_downsampling_never_drops_a_lane(tmp_path):
+    """Three host threads with 7 nested levels each, and one stream of 20,000 short kernels."""
+    evs = []
+    for tid in (1, 2, 3):
+        for k in range(50):
+            evs += [{"ph": "X", "cat": "cpu_op", "name": f"op{d}", "pid": 1, "tid": tid, "ts": k * 200.0 + d,
+                     "dur": 150.0 - 2 * d} for d in range(7)]
+    evs += [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": i * 0.5, "dur": 0.2,
+             "args": {"device": 0, "stream": 7}} for i in range(20000)]
+    r = timeline_data(_write(tmp_path, evs), max_events=1000)
+    assert r["shown"] <= 1000
+    assert "GPU 0 stream 7" in [lane["lane"] for lane in r["lanes"]]
+    assert any(e["lane"] == "GPU 0 stream 7" for e in r["events"])
+    assert {e["lane"] for e in r["events"]} == {"1/1", "1/2", "1/3", "GPU 0 stream 7"}
