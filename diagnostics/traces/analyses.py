@@ -305,10 +305,13 @@ def top_operators(trace: Trace, n: int = TOP_N) -> dict:
     ev = trace.events
     nest = trace.nesting()
     m = trace.complete_mask() & trace.cat_mask(frozenset({"cpu_op", "operator"}))
-    ops = pd.DataFrame({"name": trace.strings("name", m),
-                        "dur": ev["dur"].to_numpy()[m], "self": nest["self_us"][m]})
-    agg = ops.groupby("name").agg(calls=("dur", "size"), total_us=("dur", "sum"),
-                                  self_us=("self", "sum"), max_us=("dur", "max"))
+    dup = _repeated_calls(trace, nest["parent"])
+    # key_averages semantics: a call recorded twice (an only child named like its parent) is one
+    # call; its self time stays with the name, so self_us sums every row.
+    ops = pd.DataFrame({"name": trace.strings("name", m), "dur": ev["dur"].to_numpy()[m],
+                        "call_dur": np.where(dup, np.nan, ev["dur"].to_numpy())[m], "self": nest["self_us"][m]})
+    agg = ops.groupby("name").agg(calls=("call_dur", "count"), total_us=("call_dur", "sum"),
+                                  self_us=("self", "sum"), max_us=("call_dur", "max"))
     agg["mean_us"] = agg["total_us"] / agg["calls"]
     all_self = float(agg["self_us"].sum()) or 1.0
     agg["self_pct"] = 100.0 * agg["self_us"] / all_self
@@ -324,6 +327,17 @@ def top_operators(trace: Trace, n: int = TOP_N) -> dict:
             "n_operators": int(len(agg)), "n_kernels": int(len(kern)),
             "operator_self_us": float(agg["self_us"].sum()),
             "kernel_us": float(kern["total_us"].sum())}
+
+
+def _repeated_calls(trace: Trace, parent: np.ndarray) -> np.ndarray:
+    """Rows that torch's EventList drops as duplicates (_remove_dup_nodes): an event whose parent
+    has the same name and no other child."""
+    n = parent.size
+    has = parent >= 0
+    children = np.bincount(parent[has], minlength=n) if has.any() else np.zeros(n, dtype=np.int64)
+    codes = trace.codes("name")
+    safe = np.where(has, parent, 0)
+    return has & (codes[safe] == codes) & (children[safe] == 1)
 
 
 def idle_time(trace: Trace) -> dict:

@@ -154,3 +154,34 @@ def test_no_steps_uses_whole_trace(tmp_path):
 ])
 def test_op_family(name, family):
     assert op_family(name) == family
+
+
+def test_top_operators_match_key_averages_on_a_real_training_trace(tmp_path):
+    """Calls, total and self time per operator, against torch's own key_averages on the same run
+    (an only child named like its parent is one call recorded twice, as torch counts it)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from diagnostics.traces import load_trace, top_operators
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                            torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10))
+    opt = torch.optim.AdamW(m.parameters())
+    x = torch.randn(4, 3, 16, 16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(2):
+            with record_function(f"ProfilerStep#{i}"):
+                opt.zero_grad()
+                m(x).pow(2).mean().backward()
+                opt.step()
+    path = tmp_path / "train.json"
+    prof.export_chrome_trace(str(path))
+    torch_says = {e.key: e for e in prof.key_averages() if not e.is_user_annotation}
+    ours = top_operators(load_trace(path), n=10_000)["operators"]
+    assert {r["name"] for r in ours} == set(torch_says)
+    for r in ours:
+        e = torch_says[r["name"]]
+        assert r["calls"] == e.count, r["name"]
+        assert r["total_us"] == pytest.approx(e.cpu_time_total, abs=2), r["name"]
+        assert r["self_us"] == pytest.approx(e.self_cpu_time_total, abs=2), r["name"]
