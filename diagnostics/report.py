@@ -295,10 +295,15 @@ def trace_sections(result: dict) -> list[Section]:
     text = [f"{result.get('name', s.get('source', 'trace'))}: {s.get('events', 0):,} events, "
             f"duration {(s.get('duration_us') or 0) / 1e3:,.3f} ms, {s.get('n_steps', 0)} steps, "
             f"{'GPU' if s.get('has_gpu') else 'CPU only'}"] + [f"warning: {w}" for w in s.get("warnings") or []]
-    top = result.get("top_operators") or {}
+    # The trace analysis stores top / breakdown / idle / launch; the CLI's output names them in full.
+    def part(full: str, short: str):
+        return result.get(full) or result.get(short)
+
+    top = part("top_operators", "top") or {}
+    idle, launch = part("idle_time", "idle") or {}, part("launch_stats", "launch")
     sections = [_section("Trace", [lambda: ch.build_category_figure(s)], text=text)]
-    if result.get("temporal_breakdown"):
-        tb = result["temporal_breakdown"]
+    if part("temporal_breakdown", "breakdown"):
+        tb = part("temporal_breakdown", "breakdown")
         sections.append(_section("Per step", [lambda: ch.build_gpu_breakdown_figure(tb),
                                               lambda: ch.build_cpu_breakdown_figure(tb)]))
     if top:
@@ -307,10 +312,10 @@ def trace_sections(result: dict) -> list[Section]:
             builders.append(lambda: ch.build_top_operators_figure(top, "kernels"))
         sections.append(_section("Top operators", builders, tables=[("operators", records_frame(
             top.get("operators") or []))]))
-    if (result.get("idle_time") or {}).get("streams"):
-        sections.append(_section("GPU idle time", [lambda: ch.build_idle_time_figure(result["idle_time"])]))
-    if result.get("launch_stats") and s.get("has_gpu"):
-        sections.append(_section("Kernel launches", [lambda: ch.build_launch_figure(result["launch_stats"])]))
+    if idle.get("streams"):
+        sections.append(_section("GPU idle time", [lambda: ch.build_idle_time_figure(idle)]))
+    if launch and s.get("has_gpu"):
+        sections.append(_section("Kernel launches", [lambda: ch.build_launch_figure(launch)]))
     if result.get("timeline"):
         sections.append(_section("Timeline", [lambda: ch.build_timeline_figure(result["timeline"])]))
     return sections

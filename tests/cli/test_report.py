@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +148,16 @@ def test_report_renders_offline_in_chromium(tmp_path, summary_result):
             browser.close()
     assert plots == 3
     assert requested == [] and errors == []
+
+
+def test_a_stored_trace_run_reports_every_section(tmp_path):
+    """History's 'Download report' gets the analysis' own keys (top, breakdown, idle, launch), the
+    CLI's output the long names: both give the same sections."""
+    from diagnostics.runner import Job, execute
+
+    gpu = Path(__file__).resolve().parents[1] / "data" / "traces" / "gpu_small.json"
+    stored = execute(Job("trace", None, {"path": str(gpu)}), tmp_path)
+    assert {"top", "breakdown", "idle", "launch"} <= set(stored)
+    page = build_report("trace", stored, "trace")
+    for heading in ("Per step", "Top operators", "GPU idle time", "Kernel launches", "Timeline"):
+        assert f">{heading}<" in page, heading
