@@ -20,8 +20,9 @@ st.caption("Chrome / Kineto traces from torch.profiler (.json, .json.gz, *.pt.tr
 SOURCES = ["A profiling run", "Upload", "Local path"]
 
 
-def pick_trace(slot: str) -> str | None:
-    """A trace path chosen from the store, an upload or (outside server-safe mode) a local path."""
+def pick_trace(slot: str) -> tuple[str | None, str | None]:
+    """(path, display name) of a trace chosen from the store, an upload or (outside server-safe mode)
+    a local path. The display name is an upload's own file name (it is stored under one we choose)."""
     sources = SOURCES if not safe_mode() else SOURCES[:2]
     source = st.radio("Open from", sources, horizontal=True, key=f"trace_src_{slot}")
     if source == "A profiling run":
@@ -29,35 +30,38 @@ def pick_trace(slot: str) -> str | None:
                 if r.status == "ok" and "trace.json.gz" in r.artifacts]
         if not runs:
             st.info("No profiling run yet: run one on the Profiler page, or upload a trace.")
-            return None
+            return None, None
         labels = {r.id: f"{r.model_label} · {r.id}" for r in runs}
         run_id = st.selectbox("Profiling run", list(labels), format_func=labels.get, key=f"trace_run_{slot}")
-        return next(r for r in runs if r.id == run_id).artifacts["trace.json.gz"]
+        return next(r for r in runs if r.id == run_id).artifacts["trace.json.gz"], None
     if source == "Upload":
         up = st.file_uploader("Trace file (.json or .json.gz)", type=["json", "gz"], key=f"trace_up_{slot}")
         if up is None:
-            return None
+            return None, None
         try:
             path, _ = save_upload(up.getvalue(), "trace", get_store().data_dir, up.name)
         except TorchScopeError as e:
             st.error(str(e))
-            return None
-        return str(path)
+            return None, None
+        return str(path), up.name
     text = st.text_input("Path on the dashboard's machine (for files too large to upload)",
                          key=f"trace_path_{slot}", placeholder="/data/traces/worker0.pt.trace.json.gz")
-    return text.strip() or None
+    return text.strip() or None, None
 
 
 tab_open, tab_diff = st.tabs(["Open a trace", "Compare two traces"])
 with tab_open:
-    path = pick_trace("a")
+    path, display_name = pick_trace("a")
     if path:
         try:
             stamp = file_stamp(path)
         except TorchScopeError as e:
             st.error(str(e))
         else:
-            outcome = run_analysis("trace", None, {"path": stamp["path"], "stamp": stamp}, label="Opening the trace")
+            options = {"path": stamp["path"], "stamp": stamp}
+            if display_name:
+                options["display_name"] = display_name
+            outcome = run_analysis("trace", None, options, label="Opening the trace")
             if outcome.ok:
                 views.show("trace", outcome.result)
             else:
@@ -66,10 +70,10 @@ with tab_diff:
     c1, c2 = st.columns(2)
     with c1:
         st.markdown("**Before**")
-        before = pick_trace("before")
+        before, _ = pick_trace("before")
     with c2:
         st.markdown("**After**")
-        after = pick_trace("after")
+        after, _ = pick_trace("after")
     if before and after:
         try:
             options = {"before": file_stamp(before)["path"], "after": file_stamp(after)["path"],

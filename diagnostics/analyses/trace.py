@@ -16,6 +16,7 @@ import pandas as pd
 
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import check_server_path
+from diagnostics.traces.errors import TraceError
 from diagnostics.traces import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -62,10 +63,16 @@ def load_columns(folder: str | Path) -> Trace:
 def analyze(ctx, options: dict) -> dict:
     """Open one trace: summary, temporal breakdown, top operators/kernels, idle time, launches, timeline."""
     path = _require_path(options)
-    ctx.progress(0.05, f"reading {Path(path).name} ({os.path.getsize(path) / 2**20:.0f} MiB)")
-    trace = load_trace(path, allow_truncated=bool(options.get("allow_truncated", False)))
+    # An upload is stored under a name we chose; "display_name" is the one the user knows it by.
+    stored, name = Path(path).name, str(options.get("display_name") or Path(path).name)
+    ctx.progress(0.05, f"reading {name} ({os.path.getsize(path) / 2**20:.0f} MiB)")
+    try:
+        trace = load_trace(path, allow_truncated=bool(options.get("allow_truncated", False)))
+    except TraceError as e:
+        msg = str(e)
+        raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
-    out = {"path": path, "name": Path(path).name}
+    out = {"path": path, "name": name}
     steps = [("summary", summary), ("breakdown", temporal_breakdown), ("top", top_operators),
              ("idle", idle_time), ("launch", launch_stats)]
     for i, (key, fn) in enumerate(steps):

@@ -300,6 +300,10 @@ def _raise_no_events(name: str, head: bytes) -> None:
             raise TraceError(f"{name}: the JSON is truncated and holds no traceEvents array "
                              "(not a complete torch.profiler trace)") from None
         raise TraceError(f"{name}: not valid JSON ({exc})") from None
+    if isinstance(doc, dict) and "traceEvents" in doc:
+        kind = {dict: "an object", str: "a string", type(None): "null"}.get(type(doc["traceEvents"]),
+                                                                          type(doc["traceEvents"]).__name__)
+        raise TraceError(f"{name}: not a trace: its traceEvents is {kind}, not an array of events")
     keys = ", ".join(list(doc)[:8]) if isinstance(doc, dict) else type(doc).__name__
     raise TraceError(f"{name}: not a trace: the JSON has no traceEvents array (found: {keys})")
 
@@ -352,7 +356,8 @@ def _build(merged: _Merger, meta: dict, source: str, total: int, name: str) -> T
         if merged.skipped:
             raise TraceError(f"{name}: none of its {merged.skipped} events could be read "
                              f"({'; '.join(merged.warnings[:2])})")
-        raise TraceError(f"{name}: the trace is empty: traceEvents holds no events")
+        raise TraceError(f"{name}: the trace holds no events: its event array is empty or holds no JSON "
+                         "objects (not a torch.profiler trace?)")
     ch = {}
     for k, parts in merged.arrays.items():
         ch[k] = np.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -367,7 +372,7 @@ def _build(merged: _Merger, meta: dict, source: str, total: int, name: str) -> T
         ch = {k: v[ok] for k, v in ch.items()}
         ts = ch["ts"]
         if ts.size == 0:
-            raise TraceError(f"{name}: none of its {bad} events could be read: none has a "
+            raise TraceError(f"{name}: none of its {merged.skipped} events could be read: none has a "
                              "numeric ts")
     # Metadata (ph M) events carry ts 0 or the trace start: keep them out of the origin.
     timed = ch["ph"] != ph_table.get("M", -1)

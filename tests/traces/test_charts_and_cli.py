@@ -106,3 +106,16 @@ def test_diagnostics_trace_json_matches_the_bare_tool(tmp_path, capsys):
         assert shown[key] == bare[key], key
     assert shown["name"] == path.name and shown["path"] == str(path.resolve())
     assert shown["metrics"]["steps"] == bare["summary"]["n_steps"] == 3
+
+
+def test_an_uploaded_trace_is_named_by_its_own_file_name_in_errors_and_results(tmp_path):
+    from diagnostics.runner import Job, execute
+    from diagnostics.traces.errors import TraceError
+
+    stored = tmp_path / "trace.json"  # how uploads are stored
+    stored.write_text('{"traceEvents": {"ph": "X"}}')
+    with pytest.raises(TraceError, match=r"^worker3\.json: not a trace: its traceEvents is an object"):
+        execute(Job("trace", None, {"path": str(stored), "display_name": "worker3.json"}), tmp_path / "a")
+    stored.write_text((DATA / "gpu_small.json").read_text())
+    result = execute(Job("trace", None, {"path": str(stored), "display_name": "worker3.json"}), tmp_path / "b")
+    assert result["name"] == "worker3.json"
