@@ -12,7 +12,9 @@ import importlib.util
 import os
 import pickle
 import re
+import shutil
 import sys
+import tempfile
 import uuid
 import zipfile
 from contextlib import contextmanager
@@ -230,6 +232,19 @@ def _load_export(path: Path):
     return module, example
 
 
+_USER_MODULES: list[Path] = []
+
+
+def _user_module_dir() -> Path:
+    """A private folder of this process on sys.path (spawned children inherit sys.path)."""
+    if not _USER_MODULES:
+        folder = Path(tempfile.mkdtemp(prefix="torchscope-user-modules-"))
+        sys.path.insert(0, str(folder))
+        importlib.invalidate_caches()
+        _USER_MODULES.append(folder)
+    return _USER_MODULES[0]
+
+
 def import_user_file(path: Path, what: str, missing: str = "file not found"):
     """Import a user's Python file as a fresh module; errors name the file and the problem.
 
@@ -239,12 +254,12 @@ def import_user_file(path: Path, what: str, missing: str = "file not found"):
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"{missing}: {path.name}")
+    # Imported by name from a folder on sys.path, not from its path: processes this one spawns
+    # (DataLoader workers, which unpickle a Dataset by its module's name) must import it too.
     mod_name = f"torchscope_user_{uuid.uuid4().hex[:8]}"
     try:
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        spec.loader.exec_module(module)
+        shutil.copyfile(path, _user_module_dir() / f"{mod_name}.py")
+        module = importlib.import_module(mod_name)
     except SyntaxError as e:
         raise ModelLoadError(f"{path.name} has a syntax error at line {e.lineno}: {e.msg}") from e
     except Exception as e:

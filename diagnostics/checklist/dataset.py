@@ -42,7 +42,14 @@ def _loader(dataset, desc: dict, workers: int):
 def time_loader(dataset, desc: dict, batches: int = 5) -> tuple[float | None, str | None]:
     """Median seconds to fetch one batch (after the first, which pays the start-up), and a note."""
     workers = int(desc.get("num_workers") or 0)
-    return _time(_loader(dataset, desc, workers), batches), None
+    try:
+        return _time(_loader(dataset, desc, workers), batches), None
+    except Exception as e:  # the user's Dataset in loader workers: anything can go wrong there
+        if workers == 0:
+            raise
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return _time(_loader(dataset, desc, 0), batches), (
+        f"with num_workers={workers} the DataLoader failed ({why}); the time is measured with num_workers=0")
 
 
 def _time(loader, batches: int) -> float | None:

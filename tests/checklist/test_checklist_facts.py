@@ -164,6 +164,46 @@ def test_dataset_module_measures_loader_time(tmp_path):
     assert nw.status == "warn"
 
 
+def test_dataloader_workers_load_a_dataset_module_inside_a_job(tmp_path):
+    """The job's worker is spawned, so its DataLoader workers are spawned too and unpickle the
+    Dataset by its module's name: the uploaded module must be importable there."""
+    from diagnostics import ModelSpec
+    from diagnostics.runner import Job, run_job
+
+    path = tmp_path / "ds.py"
+    path.write_text(DATASET)
+    options = {**FAST, "dataloader": {"batch_size": 4, "num_workers": 2, "persistent_workers": True,
+                                      "prefetch_factor": 2}, "dataset_path": str(path)}
+    out = run_job(Job("checklist", ModelSpec(name="mlp"), options), artifact_dir=tmp_path / "job")
+    assert out.ok, out.error
+    dl = out.result["facts"]["dataloader"]
+    assert dl is not None and dl["note"] is None, out.result["notes"]
+    assert dl["described"]["num_workers"] == 2 and dl["loader_s_per_batch"] > 0
+    statuses = {f["id"]: f["status"] for f in out.result["findings"]}
+    assert statuses["dataloader_time"] != "not_applicable" and statuses["num_workers"] != "not_applicable"
+
+
+def test_a_loader_that_fails_with_workers_is_timed_without_them_and_says_why(monkeypatch):
+    import multiprocessing as mp
+
+    from diagnostics.checklist import dataset as ds_mod
+
+    class Unpicklable(torch.utils.data.Dataset):  # local class: spawned workers cannot unpickle it
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            return torch.zeros(2)
+
+    spawn = mp.get_context("spawn")
+    monkeypatch.setattr(ds_mod, "_loader", lambda d, desc, w: torch.utils.data.DataLoader(
+        d, batch_size=4, num_workers=w, **({"multiprocessing_context": spawn} if w else {})))
+    per_batch, note = ds_mod.time_loader(Unpicklable(), {"batch_size": 4, "num_workers": 1}, batches=2)
+    assert per_batch is not None and per_batch >= 0
+    assert note.startswith("with num_workers=1 the DataLoader failed (") and note.endswith(
+        "; the time is measured with num_workers=0")
+
+
 def test_dataset_module_refused_in_safe_mode(tmp_path, monkeypatch):
     path = tmp_path / "ds.py"
     path.write_text(DATASET)
