@@ -30,15 +30,24 @@ class Sample:
 def task_loss(task: str, num_classes: int, seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
     """A loss for ``task`` with fixed pseudo-random targets shaped after the output."""
 
+    targets: dict[tuple, torch.Tensor] = {}
+
+    def target_for(shape: tuple, device: torch.device) -> torch.Tensor:
+        # Made once per shape and device: a host-to-device copy in every step would be a CPU-GPU
+        # sync that the checklist rightly blames on the training step.
+        key = (tuple(shape), str(device))
+        if key not in targets:
+            g = torch.Generator().manual_seed(seed)
+            targets[key] = torch.randint(0, num_classes, tuple(shape), generator=g).to(device)
+        return targets[key]
+
     def loss_fn(output: torch.Tensor) -> torch.Tensor:
         if isinstance(output, (tuple, list)):
             output = output[0]
-        g = torch.Generator().manual_seed(seed)
         if task == "lm":
-            target = torch.randint(0, num_classes, output.shape[:-1], generator=g).to(output.device)
+            target = target_for(output.shape[:-1], output.device)
             return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1))
-        target = torch.randint(0, num_classes, (output.shape[0],), generator=g).to(output.device)
-        return nn.functional.cross_entropy(output.float(), target)
+        return nn.functional.cross_entropy(output.float(), target_for((output.shape[0],), output.device))
 
     return loss_fn
 

@@ -287,9 +287,13 @@ def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2
                 step()
             _sync(device)
     events = list(prof.events())
+    # Count inside the marked steps only: the _sync between steps is this harness's, not the model's.
+    spans = [(e.time_range.start, e.time_range.end) for e in events
+             if e.name == STEP_MARK and e.device_type.name == "CPU"]
     counts: dict[str, int] = {}
     for e in events:
-        counts[e.name] = counts.get(e.name, 0) + 1
+        if e.device_type.name == "CPU" and any(lo <= e.time_range.start <= hi for lo, hi in spans):
+            counts[e.name] = counts.get(e.name, 0) + 1
     # Top-level operators: those called directly by the step (not the ops they call in turn).
     top = [e for e in events if e.name.startswith("aten::") and e.device_type.name == "CPU"
            and (e.cpu_parent is None or e.cpu_parent.name == STEP_MARK)]

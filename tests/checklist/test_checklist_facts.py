@@ -93,6 +93,30 @@ class ItemEveryStep(nn.Module):
         return y
 
 
+def test_sync_points_count_only_what_the_step_does(monkeypatch):
+    """The harness waits for the device between steps (a sync of its own, here made an
+    aten::item): that is not the model's, so a clean model has none and ItemEveryStep one."""
+    from diagnostics.checklist import facts as facts_mod
+
+    monkeypatch.setattr(facts_mod, "_sync", lambda device: torch.ones(1).sum().item())
+    clean = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(16, 8)), FAST)["measured"]["profile"]
+    assert clean["sync_points_per_step"] == 0.0
+    dirty = collect_facts(loaded_of(ItemEveryStep(), torch.randn(16, 8)), FAST)["measured"]["profile"]
+    assert dirty["sync_points_per_step"] == 1.0
+
+
+def test_sample_losses_make_their_targets_once_per_shape():
+    from sample_models import task_loss
+
+    loss = task_loss("classification", 10, seed=3)
+    out = torch.randn(4, 10, requires_grad=True)
+    first = loss(out)
+    with torch.profiler.profile() as prof:
+        again = loss(out)
+    assert torch.equal(first, again)
+    assert not [e.name for e in prof.events() if e.name in ("aten::randint", "aten::_to_copy")]
+
+
 def test_sync_points_and_saved_activations_and_gradients():
     torch.manual_seed(0)
     model = ItemEveryStep()
