@@ -45,9 +45,16 @@ TIMELINE_MAX_EVENTS = 4000
 TIMELINE_MAX_DEPTH = 24
 
 
+#: xmma kernels whose operands and math are all plain fp32 (no tf32 in the name) run without Tensor Cores.
+_FP32_XMMA_RE = re.compile(r"f32f32_f32f32_f32", re.IGNORECASE)
+
+
 def uses_tensor_cores(kernel_name: str) -> bool:
     """Name heuristic, as the TensorBoard plugin did: true when the name marks a Tensor Core kernel."""
-    return bool(_TC_RE.search(kernel_name or ""))
+    name = kernel_name or ""
+    if _FP32_XMMA_RE.search(name) and "tf32" not in name.lower():
+        return False
+    return bool(_TC_RE.search(name))
 
 
 def complete_events(trace: dict) -> list[dict]:

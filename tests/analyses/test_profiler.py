@@ -317,7 +317,8 @@ def test_kernel_table_groups_and_flags_tensor_cores():
         assert pt.uses_tensor_cores(name), name
     # FP32 / FP64 SIMT kernels on Tensor-Core GPUs: the architecture prefix alone says nothing.
     for name in ("elementwise_kernel", "ampere_sgemm_128x64_nn", "ampere_dgemm_64x64", "sm80_sgemm_nn",
-                 "cutlass_80_simt_sgemm_128x128", "volta_sgemm_128x64_tn", "void at::native::reduce_kernel"):
+                 "cutlass_80_simt_sgemm_128x128", "volta_sgemm_128x64_tn", "void at::native::reduce_kernel",
+                 "sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8"):
         assert not pt.uses_tensor_cores(name), name
 
 
