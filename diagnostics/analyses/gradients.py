@@ -38,6 +38,13 @@ DEAD_ZERO_FRACTION = 0.99
 SATURATION_EPS = 0.01
 #: Activation modules with more dead / saturated units than this fraction are flagged.
 ACTIVATION_FLAG_FRACTION = 0.5
+#: A ReLU unit (a feature, or a channel of a feature map) is judged dead only with at least this
+#: many observations in one forward pass (samples x positions): at batch 1 an MLP's unit is
+#: "never positive" half the time by chance.
+MIN_UNIT_OBSERVATIONS = 8
+#: Layers whose gradient touches only the rows a batch looked up: unused rows are exactly zero,
+#: so they are dead only when no row got a gradient at all.
+SPARSE_ROW_LAYERS = ("Embedding", "EmbeddingBag")
 
 THRESHOLDS = {
     "VANISHING_RATIO": VANISHING_RATIO,
@@ -46,14 +53,18 @@ THRESHOLDS = {
     "DEAD_ZERO_FRACTION": DEAD_ZERO_FRACTION,
     "SATURATION_EPS": SATURATION_EPS,
     "ACTIVATION_FLAG_FRACTION": ACTIVATION_FLAG_FRACTION,
+    "MIN_UNIT_OBSERVATIONS": MIN_UNIT_OBSERVATIONS,
 }
 THRESHOLD_HELP = {
     "VANISHING_RATIO": "vanishing if the layer's mean gradient norm < this × the largest layer's",
     "VANISHING_NORM": "vanishing if the layer's mean gradient norm < this (absolute)",
     "EXPLODING_NORM": "exploding if the layer's gradient norm > this (absolute) in any finite step",
-    "DEAD_ZERO_FRACTION": "dead if at least this fraction of its gradient entries are exactly 0",
+    "DEAD_ZERO_FRACTION": "dead if at least this fraction of its gradient entries are exactly 0 "
+                          "(embeddings: only if all are, since rows a batch does not use get none)",
     "SATURATION_EPS": "a sigmoid output within this of 0 / 1 (tanh of ±1) counts as saturated",
     "ACTIVATION_FLAG_FRACTION": "an activation with more dead / saturated units than this is flagged",
+    "MIN_UNIT_OBSERVATIONS": "ReLU units are judged dead only with this many values each per forward pass "
+                             "(batch × positions)",
 }
 STATUSES = ("healthy", "vanishing", "exploding", "dead", "non-finite")
 DEFAULTS = {"steps": 5, "optimizer": "sgd", "lr": 0.01}
@@ -128,12 +139,28 @@ def activation_kind(mod: nn.Module) -> str | None:
     return None
 
 
+def relu_units_alive(out: torch.Tensor) -> torch.Tensor | None:
+    """Per unit, whether it was positive at least once in this output. Units are features (dim 1 of
+    [B, F], the last dim of [B, T, F]) or channels (dim 1 of [B, C, H, W, ...]). None when the output
+    is not finite or has fewer than MIN_UNIT_OBSERVATIONS values per unit."""
+    y = out.detach()
+    if y.dim() < 2 or not bool(torch.isfinite(y).all()):
+        return None
+    unit_dim = 2 if y.dim() == 3 else 1
+    units = y.movedim(unit_dim, 0).reshape(y.shape[unit_dim], -1)
+    if units.shape[1] < MIN_UNIT_OBSERVATIONS:
+        return None
+    return (units > 0).any(dim=1)
+
+
 def activation_stats(kind: str, out: torch.Tensor) -> dict:
-    """Dead-unit fraction (ReLU: never > 0 over the batch) or saturated-output fraction."""
+    """Dead-unit fraction (ReLU: a unit never > 0 in this pass; None when it cannot be judged) or
+    saturated-output fraction."""
     y = out.detach().float()
     if kind == "relu":
-        units = (y > 0).reshape(y.shape[0], -1).any(dim=0) if y.dim() > 1 else (y > 0)
-        return {"dead_fraction": float(1.0 - units.float().mean()), "saturated_fraction": None}
+        alive = relu_units_alive(y)
+        return {"dead_fraction": None if alive is None else float(1.0 - alive.float().mean()),
+                "saturated_fraction": None}
     if kind == "sigmoid":
         sat = (y < SATURATION_EPS) | (y > 1 - SATURATION_EPS)
     else:
@@ -240,7 +267,10 @@ def classify(layer: dict, largest_norm: float) -> tuple[str, str]:
     if nonfinite:
         return "non-finite", f"{layer['nan_count']} NaN and {layer['inf_count']} Inf gradient entries"
     norm = layer["grad_norm_mean"]
-    if layer["zero_fraction"] >= DEAD_ZERO_FRACTION:
+    if layer.get("type") in SPARSE_ROW_LAYERS:
+        if layer["zero_fraction"] >= 1.0:
+            return "dead", "no row of this embedding got a gradient"
+    elif layer["zero_fraction"] >= DEAD_ZERO_FRACTION:
         return "dead", f"{layer['zero_fraction']:.1%} of gradient entries are exactly zero"
     if norm < VANISHING_NORM:
         return "vanishing", f"gradient norm {norm:.3g} < {VANISHING_NORM:g}"
@@ -344,12 +374,13 @@ def analyze(ctx, options: dict) -> dict:
     for name, a in acts.items():
         samples = a["samples"]
         key = "dead_fraction" if a["kind"] == "relu" else "saturated_fraction"
-        value = sum(s[key] for s in samples) / len(samples)
+        seen = [s[key] for s in samples if s[key] is not None]
+        value = sum(seen) / len(seen) if seen else None  # None: too few values per unit to judge
         activations.append({
             "module": name, "type": a["type"], "kind": a["kind"],
             "dead_fraction": value if key == "dead_fraction" else None,
             "saturated_fraction": value if key == "saturated_fraction" else None,
-            "flagged": value > ACTIVATION_FLAG_FRACTION,
+            "flagged": value is not None and value > ACTIVATION_FLAG_FRACTION,
         })
     activations.sort(key=lambda r: order.index(r["module"]) if r["module"] in order else len(order))
 

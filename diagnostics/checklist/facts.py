@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from diagnostics.analyses.gradients import relu_units_alive
 from diagnostics.analyses.profiler_trace import uses_tensor_cores
 from diagnostics.checklist.measure import absolute_peak_bytes, time_calls
 
@@ -146,11 +147,13 @@ def _trace_hooks(model: nn.Module, order: list, conv_out: dict, pairs: list, rel
                 order.append({"name": name, "type": type(mod).__name__, "in_shape": shape_in})
                 if isinstance(mod, CONV) and isinstance(out, torch.Tensor):
                     conv_out[id(out)] = name
-                if isinstance(mod, (nn.ReLU, nn.ReLU6)) and isinstance(out, torch.Tensor) and out.dim() >= 2:
-                    # A unit (feature / channel) is dead when it is zero for every sample and position.
-                    alive = (out.detach() != 0).transpose(0, 1).reshape(out.shape[1], -1).any(dim=1)
+                if isinstance(mod, (nn.ReLU, nn.ReLU6)) and isinstance(out, torch.Tensor):
+                    # A unit (feature / channel) is dead when it is zero for every sample and position;
+                    # the Gradient-flow page's rule, so the two pages agree.
+                    alive = relu_units_alive(out)
                     prev = relu_stats.get(name)
-                    relu_stats[name] = alive if prev is None or prev.shape != alive.shape else (prev | alive)
+                    if alive is not None:
+                        relu_stats[name] = alive if prev is None or prev.shape != alive.shape else (prev | alive)
 
             def pre(mod, inp, name=name):
                 if isinstance(mod, BATCHNORM) and inp and id(inp[0]) in conv_out:

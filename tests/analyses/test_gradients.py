@@ -99,6 +99,44 @@ def test_dead_layer_and_dead_relu(tmp_path):
     assert r["metrics"]["layers_dead"] == 1 and r["metrics"]["dead_relu_fraction_max"] == 1.0
 
 
+class BigVocab(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50_000, 16)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.fc(self.emb(ids).mean(1))
+
+
+def test_a_large_vocabulary_embedding_is_not_dead_but_an_unreached_one_is(tmp_path):
+    ids = torch.randint(0, 50_000, (8, 32))
+    r = run(BigVocab(), (ids,), tmp_path / "a", steps=1)
+    emb = next(l for l in r["layers"] if l["layer"] == "emb")
+    assert emb["zero_fraction"] > 0.99  # 256 of 50,000 rows looked up
+    assert emb["status"] == "healthy", emb["reason"]
+    model = BigVocab()
+    model.fc.weight.requires_grad_(False)
+    with torch.no_grad():
+        model.fc.weight.zero_()  # nothing flows back into the embedding
+    r = run(model, (ids,), tmp_path / "b", steps=1)
+    emb = next(l for l in r["layers"] if l["layer"] == "emb")
+    assert (emb["status"], emb["reason"]) == ("dead", "no row of this embedding got a gradient")
+
+
+def test_relu_units_need_enough_values_to_be_called_dead(tmp_path):
+    """At batch 1 about half of an MLP's units are zero by chance; a conv map's channel has many
+    positions per sample, so it is judged even at batch 1."""
+    r = run(Net(), (torch.randn(1, 6),), tmp_path / "a", steps=1)
+    act = r["activations"][0]
+    assert act["dead_fraction"] is None and not act["flagged"]
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 2))
+    r = run(conv, (torch.randn(1, 3, 8, 8),), tmp_path / "b", steps=1)
+    assert r["activations"][0]["dead_fraction"] is not None
+    assert gradients.relu_units_alive(torch.tensor([[float("nan")] * 4] * 16)) is None  # NaN: not judged
+
+
 class Saturated(nn.Module):
     def __init__(self):
         super().__init__()

@@ -61,8 +61,11 @@ def test_dead_relu_units_counted_per_feature():
     with torch.no_grad():
         lin.weight.zero_()
         lin.bias.copy_(torch.tensor([-1.0, -2.0, 1.0, 1.0, -3.0, 2.0]))  # three units always negative
-    ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(5, 4),))
+    ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(8, 4),))
     assert ff["relu_units"] == 6 and ff["dead_relu_units"] == 3
+    # Two samples are too few to call a unit dead (MIN_UNIT_OBSERVATIONS): nothing is judged.
+    ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(2, 4),))
+    assert ff["relu_units"] == 0 and ff["dead_relu_units"] == 0
 
 
 def test_static_facts_modes_layout_and_init():
