@@ -216,6 +216,7 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
         "widths_not_multiple_of_8": off,
         "relu_units": units,
         "dead_relu_units": dead,
+        "relu_modules": sum(1 for e in executed if e["type"] in ("ReLU", "ReLU6")),
         "conv_input_channels_last": None,
     }
 

@@ -33,7 +33,7 @@ LAUNCH_BOUND_MEDIAN_US = 20.0  # median op / kernel duration (µs) below which a
 INIT_GAIN_MIN = 0.2  # weight std * sqrt(fan_in) below this: too small an init
 INIT_GAIN_MAX = 3.0  # ... above this: too large (He init gives 1.41, PyTorch default 0.58)
 # Gradient thresholds are the Gradient-flow analysis' own (one definition, per layer):
-from diagnostics.analyses.gradients import EXPLODING_NORM, VANISHING_RATIO  # noqa: E402
+from diagnostics.analyses.gradients import EXPLODING_NORM, MIN_UNIT_OBSERVATIONS, VANISHING_RATIO  # noqa: E402
 DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole batch
 INFERENCE_SPEEDUP_MIN = 1.10  # eval()+inference_mode faster than train-mode forward by this factor
 BATCH_GAIN_MIN = 1.20  # throughput gain at twice the batch that says "use a bigger batch"
@@ -340,6 +340,9 @@ def check_dead_units(f):
     fw = f.get("forward") or {}
     units = fw.get("relu_units") or 0
     if not units:
+        if fw.get("relu_modules"):
+            return na(f"the batch is too small to judge ReLU units (a unit needs {MIN_UNIT_OBSERVATIONS} values "
+                      "per pass, samples × positions): raise the batch size")
         return na("no ReLU modules")
     dead = fw.get("dead_relu_units", 0)
     frac = dead / units

@@ -65,7 +65,11 @@ def test_dead_relu_units_counted_per_feature():
     assert ff["relu_units"] == 6 and ff["dead_relu_units"] == 3
     # Two samples are too few to call a unit dead (MIN_UNIT_OBSERVATIONS): nothing is judged.
     ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(2, 4),))
-    assert ff["relu_units"] == 0 and ff["dead_relu_units"] == 0
+    assert ff["relu_units"] == 0 and ff["dead_relu_units"] == 0 and ff["relu_modules"] == 1
+    from diagnostics.checklist.rules import check_dead_units
+
+    status, why = check_dead_units({"forward": ff})[:2]
+    assert status == "not_applicable" and why.startswith("the batch is too small to judge ReLU units")
 
 
 def test_static_facts_modes_layout_and_init():
