@@ -12,7 +12,6 @@ import importlib.util
 import os
 import pickle
 import re
-import shutil
 import sys
 import tempfile
 import uuid
@@ -254,11 +253,15 @@ def import_user_file(path: Path, what: str, missing: str = "file not found"):
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"{missing}: {path.name}")
-    # Imported by name from a folder on sys.path, not from its path: processes this one spawns
-    # (DataLoader workers, which unpickle a Dataset by its module's name) must import it too.
+    # Imported by name, through a stub in a folder on sys.path that runs the file from where it is:
+    # processes this one spawns (DataLoader workers, which unpickle a Dataset by its module's name)
+    # can import it too, and tracebacks still name the user's file and lines.
     mod_name = f"torchscope_user_{uuid.uuid4().hex[:8]}"
+    source = str(path.resolve())
     try:
-        shutil.copyfile(path, _user_module_dir() / f"{mod_name}.py")
+        (_user_module_dir() / f"{mod_name}.py").write_text(
+            f"_path = {source!r}\nwith open(_path, 'rb') as _file:\n    _code = compile(_file.read(), _path, 'exec')\n"
+            "del _file\nexec(_code)\n")
         module = importlib.import_module(mod_name)
     except SyntaxError as e:
         raise ModelLoadError(f"{path.name} has a syntax error at line {e.lineno}: {e.msg}") from e

@@ -164,6 +164,16 @@ def _is_oom(exc: BaseException) -> bool:
     return False
 
 
+def _is_gpu_oom(exc: BaseException) -> bool:
+    """torch's OutOfMemoryError (the CUDA caching allocator's) anywhere in the cause chain."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if type(exc).__name__ == "OutOfMemoryError" or "cuda out of memory" in str(exc).lower():
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: int | None,
                  parent_pid: int) -> None:
     _die_with_parent(parent_pid)
@@ -184,11 +194,17 @@ def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: i
     except BaseException as e:  # the user's code: anything can come out
         # Build the message here but send it after the except block: the traceback keeps the
         # failing frames (and whatever they allocated) alive until then.
-        if _is_oom(e):
-            cap = f" (the worker's cap is {mem_limit / 2**30:.1f} GiB; set {MEMORY_LIMIT_ENV})" if mem_limit else ""
-            text = f"ran out of memory{cap}: {e}"
+        # Our own errors say what happened: one is an OOM only when it wraps one (a model's forward
+        # running out), not when its text mentions memory (a distributed rank's report, say).
+        mine = isinstance(e, TorchScopeError)
+        if _is_oom(e.__cause__ or e.__context__ if mine else e):
+            if _is_gpu_oom(e):  # the device's memory, not this worker's cap
+                text = f"the GPU ran out of memory: {e}"
+            else:
+                cap = f" (the worker's cap is {mem_limit / 2**30:.1f} GiB; set {MEMORY_LIMIT_ENV})" if mem_limit else ""
+                text = f"ran out of memory{cap}: {e}"
             message = ("oom", type(e).__name__, text, traceback.format_exc(limit=8))
-        elif isinstance(e, TorchScopeError):
+        elif mine:
             message = ("error", type(e).__name__, str(e), "")
         else:
             message = ("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))

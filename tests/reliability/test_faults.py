@@ -125,6 +125,14 @@ def test_runaway_allocation_hits_the_memory_cap(world):
     assert out.status == "oom" and "MemoryError" in out.error
 
 
+def test_a_gpu_out_of_memory_is_not_blamed_on_the_worker_cap(world):
+    """torch's OutOfMemoryError is the device's allocator giving up (raised here by hand: no GPU)."""
+    forward = 'raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")'
+    out, rec = run_fault(world, forward, name="fault_gpu_oom.py")
+    assert out.status == "oom"
+    assert out.error == "the GPU ran out of memory: CUDA out of memory. Tried to allocate 20.00 GiB"
+
+
 def test_megabytes_on_stdout_are_kept_bounded(world):
     # ~12 MB of output, first and last lines recognisable
     forward = """
