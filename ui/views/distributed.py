@@ -39,12 +39,13 @@ def show(result: dict) -> None:
         st.warning(f"**Straggler{'s' if len(stragglers) > 1 else ''}: "
                    + ", ".join(f"rank {r}" for r in stragglers)
                    + f".** Busy time (step minus exposed communication) over {t['threshold_ms']:.2f} ms "
-                     f"= the median over ranks ({t['median_ms']:.2f} ms) plus the larger of "
+                     f"= the median of the other ranks ({t['median_ms']:.2f} ms) plus the larger of "
                      f"{t['margin']:.0%} and {t['min_excess_ms']:g} ms. The other ranks wait for "
                      "it inside their collectives.")
     else:
-        st.success(f"No straggler: every rank's busy time is within {t['threshold_ms']:.2f} ms (median "
-                   f"{t['median_ms']:.2f} ms plus the larger of {t['margin']:.0%} and {t['min_excess_ms']:g} ms).")
+        st.success(f"No straggler: every rank's busy time is within the median of the other ranks plus the "
+                   f"larger of {t['margin']:.0%} and {t['min_excess_ms']:g} ms (for the busiest rank, a limit of "
+                   f"{t['threshold_ms']:.2f} ms).")
     for note in result.get("notes", []):
         st.info(note)
 
