@@ -1,0 +1,488 @@
+"""Each rule driven by real models: one small nn.Module that passes it and one that fails (or warns)
+it, run through ``collect_facts`` and the rule itself (test_checklist_rules.py does the same on
+hand-written facts).
+
+Models that serve several rules are collected once per module (fixtures below). Rules that need
+no timing run with ``skip_measured``. CUDA-only rules are asserted not applicable here (with a
+reason naming CUDA / the GPU), and have a pass/fail pair that runs where a GPU is present.
+
+Rules that no real model can drive on this machine (said again at their tests):
+* ``saved_activations`` warns only above 30% of the device's memory; on CPU that is 30% of RAM, so
+  the failing side evaluates a real model's measured bytes against a smaller pretend device;
+* ``communication`` needs NCCL kernels from several GPUs, ``data_parallel``'s fail needs
+  nn.DataParallel over more than one GPU, ``peak_memory``'s fail needs 90% of a GPU's memory:
+  their failing sides are left to the hand-written facts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from diagnostics.checklist.facts import collect_facts
+from diagnostics.checklist.rules import RULES, Finding
+from diagnostics.intake import default_loss
+
+from tests.checklist.test_checklist_facts import FAST, loaded_of
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+STATIC = {**FAST, "skip_measured": True}  # module tree and one traced forward only
+
+
+def facts_of(model, *inputs, loss=default_loss, **options) -> dict:
+    return collect_facts(loaded_of(model, *inputs, loss=loss), {**FAST, **options})
+
+
+def static_of(model, *inputs, **options) -> dict:
+    return collect_facts(loaded_of(model, *inputs), {**STATIC, **options})
+
+
+def settled(rule_id: str, status: str, facts: dict, collect, tries: int = 3) -> dict:
+    """Facts on which ``rule_id`` has ``status``, measured again (up to ``tries`` times in all) when
+    the first measurement disagrees. Only for the timing-based rules' passing side: other jobs on
+    this shared 2-core machine can stall one run's medians; their failing sides have wide margins."""
+    for _ in range(tries - 1):
+        if rule(rule_id, facts).status == status:
+            break
+        facts = collect()
+    return facts
+
+
+def rule(rule_id: str, facts: dict) -> Finding:
+    return next(r for r in RULES if r.id == rule_id)(facts)
+
+
+def expect(rule_id: str, facts: dict, status: str, fragment: str) -> Finding:
+    f = rule(rule_id, facts)
+    assert f.status == status, (rule_id, f.status, f.evidence, facts.get("errors"))
+    assert fragment in f.evidence, (rule_id, f.evidence)
+    if status in ("warn", "fail"):
+        assert f.suggestion
+    return f
+
+
+# ----------------------------------------------------------------------------- models
+def mlp(widths=(64, 128, 128, 16), act=lambda: nn.ReLU(inplace=True), dropout=0.1) -> nn.Sequential:
+    layers = []
+    for i, (a, b) in enumerate(zip(widths, widths[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(widths) - 2:
+            layers += [act(), nn.Dropout(dropout)] if dropout else [act()]
+    return nn.Sequential(*layers)
+
+
+class Heavy(nn.Module):
+    """A compute-bound step (two 768-wide matmuls at batch 256, ~ms each): few ops, no dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(256, 768), nn.Linear(768, 16)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class TinyOps(nn.Module):
+    """Hundreds of elementwise ops (a few µs each) on a 4x8 tensor per forward: launch-bound."""
+
+    def __init__(self, n: int = 150):
+        super().__init__()
+        self.fc, self.n = nn.Linear(8, 8), n
+
+    def forward(self, x):
+        x = self.fc(x)
+        for _ in range(self.n):
+            x = torch.neg(x)
+        return x
+
+
+class RowLoop(nn.Module):
+    """A Python loop over the batch: one select and one small linear per sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.stack([self.fc(x[i]) for i in range(x.shape[0])])
+
+
+class Transposes(nn.Module):
+    """Copies the activation to a new layout three times per forward (transpose + contiguous)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(96, 8)
+
+    def forward(self, x):  # x: [B, 96, 96]
+        for _ in range(3):
+            x = x.transpose(1, 2).contiguous()
+        return self.fc(x.mean(1))
+
+
+def conv_net(bn_after_conv: bool = True) -> nn.Sequential:
+    mid = [nn.BatchNorm2d(8), nn.ReLU()] if bn_after_conv else [nn.ReLU(), nn.BatchNorm2d(8)]
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *mid, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 8))
+
+
+FAST_DATASET = """
+import torch
+class Ready(torch.utils.data.Dataset):
+    def __init__(self): self.items = torch.randn(64, 256)
+    def __len__(self): return 64
+    def __getitem__(self, i): return self.items[i]
+def build_dataset():
+    return Ready()
+"""
+SLOW_DATASET = FAST_DATASET.replace("def __getitem__(self, i): return", "def __getitem__(self, i):\n"
+                                    "        import time; time.sleep(0.01); return")
+GOOD_LOADER = {"batch_size": 8, "num_workers": 1, "pin_memory": True, "prefetch_factor": 2, "persistent_workers": True}
+
+
+# ----------------------------------------------------------------------------- shared facts
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Timing rules compare medians of a few calls: two OpenMP threads on a 2-core machine that
+    other jobs share spin against each other (a 4 ms matmul took 32 ms), one thread does not."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(was)
+
+
+@pytest.fixture(scope="module")
+def healthy():
+    """A ReLU MLP (in place, widths multiples of 8, Dropout in training mode) at batch 32 with a
+    well-described DataLoader: passes the model-design, memory and data-pipeline rules."""
+    torch.manual_seed(0)
+    return facts_of(mlp(), torch.randn(32, 64), dataloader=GOOD_LOADER)
+
+
+def heavy_facts(dataset_path) -> dict:
+    torch.manual_seed(0)
+    return facts_of(Heavy(), torch.randn(256, 256), iters=5,
+                    dataloader={"batch_size": 8, "num_workers": 0}, dataset_path=str(dataset_path))
+
+
+@pytest.fixture(scope="module")
+def ready_dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ds") / "ready_ds.py"
+    path.write_text(FAST_DATASET)
+    return path
+
+
+@pytest.fixture(scope="module")
+def heavy(ready_dataset):
+    """Compute-bound step, a DataLoader over precomputed tensors: loader time, batch size and
+    inference mode have nothing to gain. More timing iterations for steadier medians."""
+    return heavy_facts(ready_dataset)
+
+
+# ----------------------------------------------------------------------------- data pipeline
+def test_dataloader_time(heavy, ready_dataset, tmp_path):
+    facts = settled("dataloader_time", "pass", heavy, lambda: heavy_facts(ready_dataset))
+    expect("dataloader_time", facts, "pass", "of the step (max 5.0%)")
+    path = tmp_path / "slow_ds.py"
+    path.write_text(SLOW_DATASET)
+    slow = facts_of(nn.Linear(256, 16), torch.randn(8, 256), skip_measured=False,
+                    dataloader={"batch_size": 4, "num_workers": 0}, dataset_path=str(path))
+    expect("dataloader_time", slow, "fail", "loading a batch took")
+
+
+def test_num_workers(healthy):
+    expect("num_workers", healthy, "pass", "num_workers=1")
+    expect("num_workers", static_of(nn.Linear(8, 8), torch.randn(8, 8), dataloader={"num_workers": 0}),
+           "warn", "num_workers=0")
+    many = static_of(nn.Linear(8, 8), torch.randn(8, 8), dataloader={"num_workers": 4096})
+    expect("num_workers", many, "warn", "exceeds the")
+
+
+def test_prefetch(healthy):
+    expect("prefetch", healthy, "pass", "prefetch_factor=2, persistent_workers=True")
+    bad = static_of(nn.Linear(8, 8), torch.randn(8, 8),
+                    dataloader={**GOOD_LOADER, "prefetch_factor": 1, "persistent_workers": False})
+    f = expect("prefetch", bad, "warn", "prefetch_factor=1")
+    assert "persistent_workers=False" in f.evidence
+
+
+def test_pin_memory_is_cuda_only(healthy):
+    if not CUDA:
+        expect("pin_memory", healthy, "not_applicable", "no CUDA")
+
+
+@needs_cuda
+def test_pin_memory_on_cuda():
+    m, x = nn.Linear(8, 8).cuda(), torch.randn(8, 8, device="cuda")
+    expect("pin_memory", static_of(m, x, dataloader=GOOD_LOADER), "pass", "pin_memory=True")
+    expect("pin_memory", static_of(m, x, dataloader={**GOOD_LOADER, "pin_memory": False}), "warn", "pin_memory=False")
+
+
+# ----------------------------------------------------------------------------- model design
+def test_hidden_activations(healthy):
+    expect("hidden_activations", healthy, "pass", "ReLU x2")
+    tanh = static_of(mlp(act=nn.Tanh), torch.randn(8, 64))
+    expect("hidden_activations", tanh, "warn", "2 Sigmoid/Tanh activations in hidden layers (1, 4)")
+
+
+def test_layer_widths(healthy):
+    expect("layer_widths", healthy, "pass", "all 4 inner widths are multiples of 8")
+    odd = static_of(mlp(widths=(60, 100, 50, 10)), torch.randn(8, 60))
+    expect("layer_widths", odd, "fail", "4 of 4 inner widths are not multiples of 8 (0.out=100")
+
+
+def test_weight_init(healthy):
+    expect("weight_init", healthy, "pass", "weight scale std x sqrt(fan_in) in [0.5")
+    big = mlp()
+    with torch.no_grad():
+        big[0].weight.mul_(10)
+    expect("weight_init", static_of(big, torch.randn(8, 64)), "warn", "1 of 3 layers have weight std x sqrt(fan_in)")
+
+
+def test_dropout_bn_mode(healthy):
+    expect("dropout_bn_mode", healthy, "pass", "all Dropout/BatchNorm layers are in training mode")
+    expect("dropout_bn_mode", static_of(mlp(), torch.randn(8, 64), purpose="inference"), "fail",
+           "for inference, 2 Dropout/BatchNorm layers are in training mode")
+    expect("dropout_bn_mode", static_of(mlp().eval(), torch.randn(8, 64)), "warn", "the model is in eval mode")
+    expect("dropout_bn_mode", static_of(mlp().eval(), torch.randn(8, 64), purpose="inference"), "pass",
+           "in eval mode")
+
+
+def test_gradients_finite(healthy):
+    expect("gradients_finite", healthy, "pass", "gradients of all 3 layers are finite")
+    nan = mlp()
+    with torch.no_grad():
+        nan[0].bias[0] = float("nan")
+    expect("gradients_finite", facts_of(nan, torch.randn(16, 64)), "fail", "layers got NaN/Inf gradients")
+
+
+def test_gradient_flow(healthy):
+    from sample_models.mlps import DeepSigmoidMLP
+
+    expect("gradient_flow", healthy, "pass", "all 3 layers healthy")
+    torch.manual_seed(0)
+    expect("gradient_flow", facts_of(DeepSigmoidMLP(), torch.randn(16, 64)), "fail", "vanishing gradients in")
+
+
+def test_dead_units(healthy):
+    expect("dead_units", healthy, "pass", "of 256 ReLU units output zero")
+    dead = mlp()
+    with torch.no_grad():
+        dead[0].bias.fill_(-100.0)  # every unit of the first layer is negative for every sample
+    f = expect("dead_units", static_of(dead, torch.randn(16, 64)), "warn", "of 256 ReLU units output zero")
+    assert f.numbers["dead"] >= 128
+
+
+def test_data_parallel(healthy):
+    expect("data_parallel", healthy, "pass", "not wrapped in nn.DataParallel")
+    dp = static_of(nn.DataParallel(mlp()), torch.randn(8, 64))
+    # Without GPUs DataParallel has no devices; over more than one GPU it fails (hand-written facts).
+    assert rule("data_parallel", dp).status in ("warn", "fail")
+
+
+def test_ddp_backend(tmp_path):
+    import torch.distributed as dist
+
+    expect("ddp_backend", static_of(nn.Linear(8, 8), torch.randn(8, 8)), "not_applicable", "not wrapped")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(nn.Linear(8, 8))
+        expect("ddp_backend", static_of(ddp, torch.randn(8, 8)), "pass", "DDP with backend 'gloo'")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_cuda
+def test_ddp_backend_gloo_on_cuda_fails(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(nn.Linear(8, 8).cuda())
+        expect("ddp_backend", static_of(ddp, torch.randn(8, 8, device="cuda")), "fail", "DDP on CUDA with backend")
+    finally:
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- memory
+def test_saved_activations(healthy):
+    f = expect("saved_activations", healthy, "pass", "autograd saves")
+    # Warning needs saved activations above 30% of the device's memory: on CPU, 30% of the RAM. No
+    # small model gets there, so the real measured bytes are judged against a pretend device twice
+    # their size.
+    assert f.numbers["saved_bytes"] > 0
+    small_device = {**healthy, "env": {**healthy["env"], "device_memory_bytes": 2 * f.numbers["saved_bytes"]}}
+    expect("saved_activations", small_device, "warn", "autograd saves")
+
+
+def test_inplace_activations(healthy):
+    expect("inplace_activations", healthy, "pass", "2 of 2 activations run in place")
+    expect("inplace_activations", static_of(mlp(act=nn.ReLU), torch.randn(8, 64)), "warn",
+           "none of 2 activations run in place")
+
+
+# ----------------------------------------------------------------------------- compute
+def test_launch_bound(heavy):
+    expect("launch_bound", heavy, "pass", "operators per step")
+    expect("launch_bound", facts_of(TinyOps(), torch.randn(4, 8)), "warn", "launch-bound")
+
+
+def test_torch_compile(healthy):
+    if not healthy["env"]["cxx_compiler"]:
+        expect("torch_compile", healthy, "not_applicable", "C++ compiler")
+    else:
+        expect("torch_compile", healthy, "warn", "the model is not compiled")
+    scripted = torch.jit.script(mlp())
+    expect("torch_compile", static_of(scripted, torch.randn(8, 64)), "pass", "TorchScript")
+
+
+def test_channels_last():
+    x = torch.randn(2, 3, 8, 8)
+    expect("channels_last", static_of(conv_net(), x), "warn", "1 Conv2d layers run in NCHW")
+    cl = conv_net().to(memory_format=torch.channels_last)
+    expect("channels_last", static_of(cl, x.to(memory_format=torch.channels_last)), "pass",
+           "weights and input are channels_last")
+    expect("channels_last", static_of(mlp(), torch.randn(8, 64)), "not_applicable", "no 2-D convolutions")
+
+
+def test_batch_size(heavy, ready_dataset):
+    facts = settled("batch_size", "pass", heavy, lambda: heavy_facts(ready_dataset))
+    expect("batch_size", facts, "pass", "at batch 256")
+    f = expect("batch_size", facts_of(nn.Linear(8, 8), torch.randn(4, 8)), "warn", "at batch 4")
+    assert "more than x1.2" in f.evidence or "not a multiple of 8" in f.evidence
+
+
+def test_inference_mode(heavy, ready_dataset):
+    facts = settled("inference_mode", "pass", heavy, lambda: heavy_facts(ready_dataset))
+    expect("inference_mode", facts, "pass", "below x1.1")
+    # Dropout in training mode on a wide activation costs a random mask per call; eval() skips it.
+    drops = nn.Sequential(nn.Linear(64, 2048), *[nn.Dropout(0.5) for _ in range(4)], nn.Linear(2048, 8))
+    expect("inference_mode", facts_of(drops, torch.randn(256, 64)), "warn", "eval() + inference_mode")
+
+
+# ----------------------------------------------------------------------------- deployment
+def test_conv_bn_fusion():
+    x = torch.randn(2, 3, 8, 8)
+    expect("conv_bn_fusion", static_of(conv_net(), x), "warn", "1 Conv -> BatchNorm pairs can be fused for inference (e.g. 0 -> 1)")
+    expect("conv_bn_fusion", static_of(conv_net(bn_after_conv=False), x), "pass", "no BatchNorm directly follows")
+    expect("conv_bn_fusion", static_of(mlp(), torch.randn(8, 64)), "not_applicable", "no BatchNorm")
+
+
+# ----------------------------------------------------------------------------- CUDA only
+CUDA_ONLY = {  # rule -> a word of its not-applicable reason on CPU
+    "communication": "CUDA", "gpu_utilization": "CUDA", "tensor_cores": "CUDA", "peak_memory": "CUDA",
+    "memory_growth": "CUDA", "cudnn_benchmark": "CUDA", "tf32": "CUDA", "mixed_precision": "CUDA",
+    "pin_memory": "CUDA",
+}
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU answers")
+@pytest.mark.parametrize("rule_id", sorted(CUDA_ONLY))
+def test_cuda_only_rules_do_not_apply_on_cpu(rule_id, healthy):
+    facts = healthy
+    if rule_id == "cudnn_benchmark":  # it first needs a convolution to care about
+        facts = static_of(conv_net(), torch.randn(2, 3, 8, 8))
+    expect(rule_id, facts, "not_applicable", CUDA_ONLY[rule_id])
+
+
+@pytest.fixture(scope="module")
+def cuda_heavy():
+    torch.manual_seed(0)
+    return facts_of(nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048)).cuda(),
+                    torch.randn(2048, 2048, device="cuda"))
+
+
+class Sleepy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        import time
+
+        time.sleep(0.005)  # the GPU idles while the host sleeps
+        return self.fc(x)
+
+
+@needs_cuda
+def test_gpu_utilization_on_cuda(cuda_heavy):
+    expect("gpu_utilization", cuda_heavy, "pass", "a GPU kernel was running")
+    expect("gpu_utilization", facts_of(Sleepy().cuda(), torch.randn(8, 8, device="cuda")), "warn",
+           "a GPU kernel was running")
+
+
+@needs_cuda
+def test_tensor_cores_and_mixed_precision_on_cuda(cuda_heavy):
+    if cuda_heavy["env"]["compute_capability"] < 7:
+        pytest.skip("no Tensor Cores on this GPU")
+    was = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        fp32 = facts_of(nn.Linear(1024, 1024).cuda(), torch.randn(1024, 1024, device="cuda"))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+    expect("tensor_cores", fp32, "fail", "but no Tensor Core kernel was launched")
+    expect("mixed_precision", fp32, "warn", "all parameters are float32")
+    bf16 = facts_of(nn.Linear(1024, 1024).cuda().bfloat16(), torch.randn(1024, 1024, device="cuda").bfloat16())
+    expect("tensor_cores", bf16, "pass", "Tensor Core kernel kinds ran")
+    expect("mixed_precision", bf16, "pass", "of parameters are in 16-bit")
+
+
+@needs_cuda
+def test_tf32_on_cuda():
+    m, x = nn.Linear(8, 8).cuda(), torch.randn(8, 8, device="cuda")
+    was = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        on = static_of(m, x)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        off = static_of(m, x)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+    if on["env"]["compute_capability"] < 8:
+        expect("tf32", on, "not_applicable", "no TF32")
+        return
+    expect("tf32", on, "pass", "TF32 on")
+    expect("tf32", off, "warn", "TF32 matmuls are off")
+
+
+@needs_cuda
+def test_cudnn_benchmark_on_cuda():
+    m, x = conv_net().cuda(), torch.randn(2, 3, 8, 8, device="cuda")
+    was = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = True
+        on = static_of(m, x)
+        torch.backends.cudnn.benchmark = False
+        off = static_of(m, x)
+    finally:
+        torch.backends.cudnn.benchmark = was
+    expect("cudnn_benchmark", on, "pass", "cudnn.benchmark is on")
+    expect("cudnn_benchmark", off, "warn", "cudnn.benchmark is off")
+
+
+class Leaky(nn.Module):
+    """Keeps every output alive across steps: 2 MiB more allocated per step."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.kept = nn.Linear(512, 1024), []
+
+    def forward(self, x):
+        y = self.fc(x)
+        self.kept.append(y)
+        return y
+
+
+@needs_cuda
+def test_memory_growth_and_peak_memory_on_cuda(cuda_heavy):
+    expect("memory_growth", cuda_heavy, "pass", "allocated memory grew")
+    expect("peak_memory", cuda_heavy, "pass", "device memory")
+    leak = facts_of(Leaky().cuda(), torch.randn(512, 512, device="cuda"))
+    expect("memory_growth", leak, "fail", "allocated memory grew")
+
+
+@needs_cuda
+def test_communication_on_one_gpu_is_not_distributed(cuda_heavy):
+    expect("communication", cuda_heavy, "not_applicable", "not distributed")
