@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import statistics
+import weakref
 from contextlib import contextmanager
 from typing import Callable
 
@@ -40,6 +41,14 @@ ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.GELU, nn.SiLU, nn.M
 SATURATING = (nn.Sigmoid, nn.Tanh)
 INPLACE_CAPABLE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.SiLU, nn.Hardswish, nn.Hardtanh)
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: layers that take a hidden activation as their input (a Sigmoid/Tanh feeding one is a hidden activation)
+CONSUMERS = WEIGHTED + (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Bilinear, nn.LSTM, nn.GRU,
+                        nn.RNN, nn.MultiheadAttention)
+#: layers between an activation and the next weighted layer that keep it that layer's nonlinearity
+PASS_THROUGH = DROPOUT + BATCHNORM + (
+    nn.Identity, nn.Flatten, nn.Unflatten, nn.LayerNorm, nn.GroupNorm, nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d,
+    nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
 
 #: ops that can run on Tensor Cores (matmuls, convolutions, attention), as named in the profiler.
 ELIGIBLE_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
@@ -56,12 +65,6 @@ WARMUP = 3
 
 
 # ----------------------------------------------------------------------------- static facts
-def _leaf_modules(model: nn.Module):
-    for name, m in model.named_modules():
-        if not list(m.children()):
-            yield name, m
-
-
 def static_facts(model: nn.Module) -> dict:
     """Facts from the module tree alone."""
     types: dict[str, int] = {}
@@ -132,22 +135,65 @@ def static_facts(model: nn.Module) -> dict:
     }
 
 
+class _TensorMap:
+    """Values keyed by tensor identity, valid only while that tensor lives: ``id()`` alone can be
+    reused by a later tensor at the same address once the first is freed, which would link layers
+    that never fed each other. A weak reference tells the two apart."""
+
+    def __init__(self):
+        self._d: dict[int, tuple] = {}
+
+    def put(self, t, value) -> None:
+        if isinstance(t, torch.Tensor):
+            self._d[id(t)] = (weakref.ref(t), value)
+
+    def get(self, t):
+        entry = self._d.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return entry[1] if entry is not None and entry[0]() is t else None
+
+
+def _first_tensor(args):
+    return args[0] if args and isinstance(args[0], torch.Tensor) else None
+
+
 @contextmanager
-def _trace_hooks(model: nn.Module, order: list, conv_out: dict, pairs: list, relu_stats: dict):
-    """Record leaf execution order, Conv -> BN pairs (BN input is the Conv's output tensor) and
-    per-unit activity of ReLU outputs. Hooks are removed and the mode restored in ``finally``."""
-    handles, was_training = [], model.training
+def _trace_hooks(model: nn.Module, order: list, pairs: list, relu_stats: dict, hidden: set):
+    """Record leaf execution order, Conv -> BN pairs (the BN's input is the conv's output tensor),
+    per-unit activity of ReLU outputs, and the Sigmoid/Tanh modules whose output tensor is the input
+    of a Linear / Conv / RNN / attention layer (``hidden``: used as a layer's nonlinearity; a gate
+    multiplied into features, as in Squeeze-Excitation, is not). Layers that only reshape, pool,
+    normalise or drop pass that on. Hooks are removed and each module's mode restored in ``finally``."""
+    handles, modes = [], [(m, m.training) for m in model.modules()]
+    produced = _TensorMap()  # output tensor -> (name, module) of the leaf that returned it last
+    saturating = _TensorMap()  # output tensor -> name of the Sigmoid/Tanh it comes from
     try:
-        for name, m in _leaf_modules(model):
+        for name, m in model.named_modules():
             if isinstance(m, torch.jit.ScriptModule):
+                continue
+            leaf = not list(m.children())
+            if not leaf:
+                if isinstance(m, CONSUMERS):  # e.g. MultiheadAttention (its projections are not called as modules)
+                    def consumer_pre(mod, inp):
+                        src = saturating.get(_first_tensor(inp))
+                        if src is not None:
+                            hidden.add(src)
+                    handles.append(m.register_forward_pre_hook(consumer_pre))
                 continue
 
             def fwd(mod, inp, out, name=name):
-                shape_in = list(inp[0].shape) if inp and isinstance(inp[0], torch.Tensor) else None
-                order.append({"name": name, "type": type(mod).__name__, "in_shape": shape_in})
-                if isinstance(mod, CONV) and isinstance(out, torch.Tensor):
-                    conv_out[id(out)] = name
-                if isinstance(mod, (nn.ReLU, nn.ReLU6)) and isinstance(out, torch.Tensor):
+                x = _first_tensor(inp)
+                order.append({"name": name, "type": type(mod).__name__, "in_shape": None if x is None else list(x.shape)})
+                if not isinstance(out, torch.Tensor):
+                    return
+                # an in-place activation returns its input: the tensor is now the activation's
+                produced.put(out, (name, mod))
+                if isinstance(mod, SATURATING):
+                    saturating.put(out, name)
+                elif isinstance(mod, PASS_THROUGH):
+                    src = saturating.get(x)
+                    if src is not None:
+                        saturating.put(out, src)
+                if isinstance(mod, (nn.ReLU, nn.ReLU6)):
                     # A unit (feature / channel) is dead when it is zero for every sample and position;
                     # the Gradient-flow page's rule, so the two pages agree.
                     alive = relu_units_alive(out)
@@ -156,8 +202,14 @@ def _trace_hooks(model: nn.Module, order: list, conv_out: dict, pairs: list, rel
                         relu_stats[name] = alive if prev is None or prev.shape != alive.shape else (prev | alive)
 
             def pre(mod, inp, name=name):
-                if isinstance(mod, BATCHNORM) and inp and id(inp[0]) in conv_out:
-                    pairs.append([conv_out[id(inp[0])], name])
+                x = _first_tensor(inp)
+                src = produced.get(x)
+                if isinstance(mod, BATCHNORM) and src is not None and isinstance(src[1], CONV):
+                    pairs.append([src[0], name])
+                if isinstance(mod, CONSUMERS):
+                    sat = saturating.get(x)
+                    if sat is not None:
+                        hidden.add(sat)
 
             handles.append(m.register_forward_hook(fwd))
             handles.append(m.register_forward_pre_hook(pre))
@@ -165,22 +217,23 @@ def _trace_hooks(model: nn.Module, order: list, conv_out: dict, pairs: list, rel
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
+        for m, training in modes:
+            m.training = training
 
 
 def forward_facts(model: nn.Module, inputs: tuple) -> dict:
     """Facts from one forward in eval mode without grad: execution order, Conv->BN pairs,
-    hidden saturating activations, layer widths in execution order, dead ReLU units."""
-    order, conv_out, pairs, relu_stats = [], {}, [], {}
-    with _trace_hooks(model, order, conv_out, pairs, relu_stats):
+    hidden saturating activations (Sigmoid/Tanh feeding a weighted layer), layer widths in
+    execution order, dead ReLU units. Each module's train/eval mode is restored."""
+    order, pairs, relu_stats, hidden = [], [], {}, set()
+    with _trace_hooks(model, order, pairs, relu_stats, hidden):
         model.eval()
         with torch.no_grad():
             model(*inputs)
     names = {n: m for n, m in model.named_modules()}
     executed = [o for o in order]
     last = executed[-1]["name"] if executed else None
-    hidden_saturating = sorted({o["name"] for o in executed
-                                if isinstance(names.get(o["name"]), SATURATING) and o["name"] != last})
+    hidden_saturating = sorted(hidden)
     widths = []
     for o in executed:
         m = names.get(o["name"])

@@ -486,3 +486,69 @@ def test_memory_growth_and_peak_memory_on_cuda(cuda_heavy):
 @needs_cuda
 def test_communication_on_one_gpu_is_not_distributed(cuda_heavy):
     expect("communication", cuda_heavy, "not_applicable", "not distributed")
+
+
+# ----------------------------------------------------------------------------- fixed: gates are not hidden activations
+class SqueezeExcite(nn.Module):
+    """MobileNet/EfficientNet-style block: a Sigmoid gate multiplied into the features."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.conv = nn.Conv2d(3, c, 3, padding=1)
+        self.act = nn.SiLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.reduce, self.relu, self.expand = nn.Conv2d(c, 8, 1), nn.ReLU(), nn.Conv2d(8, c, 1)
+        self.gate = nn.Sigmoid()
+        self.head = nn.Linear(c, 8)
+
+    def forward(self, x):
+        x = self.act(self.conv(x))
+        x = x * self.gate(self.expand(self.relu(self.reduce(self.pool(x)))))
+        return self.head(x.mean((2, 3)))
+
+
+class GatedUnit(nn.Module):
+    """A GLU/GRU-style gate: tanh(a) * sigmoid(b), then a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.out = nn.Linear(16, 32), nn.Linear(16, 32), nn.Linear(32, 8)
+        self.tanh, self.sigmoid = nn.Tanh(), nn.Sigmoid()
+
+    def forward(self, x):
+        return self.out(self.tanh(self.a(x)) * self.sigmoid(self.b(x)))
+
+
+def test_sigmoid_and_tanh_gates_are_not_hidden_activations():
+    se = static_of(SqueezeExcite(), torch.randn(2, 3, 8, 8))
+    assert se["forward"]["hidden_saturating"] == []
+    expect("hidden_activations", se, "pass", "Sigmoid x1")
+    glu = static_of(GatedUnit(), torch.randn(4, 16))
+    expect("hidden_activations", glu, "pass", "Tanh x1")
+
+
+def test_a_sigmoid_feeding_a_layer_through_pooling_or_dropout_is_hidden():
+    lenet = nn.Sequential(nn.Conv2d(1, 8, 3), nn.Tanh(), nn.AvgPool2d(2), nn.Conv2d(8, 16, 3), nn.Sigmoid(),
+                          nn.Flatten(), nn.Dropout(0.1), nn.Linear(16, 8))
+    f = static_of(lenet, torch.randn(2, 1, 8, 8))
+    assert f["forward"]["hidden_saturating"] == ["1", "4"]
+    expect("hidden_activations", f, "warn", "2 Sigmoid/Tanh activations in hidden layers (1, 4)")
+    # as an attention input
+    attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    class TanhAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.tanh, self.attn = nn.Linear(16, 16), nn.Tanh(), attn
+
+        def forward(self, x):
+            h = self.tanh(self.fc(x))
+            return self.attn(h, h, h)[0]
+
+    expect("hidden_activations", static_of(TanhAttention(), torch.randn(2, 4, 16)), "warn", "(tanh)")
+
+
+def test_conv_then_inplace_relu_then_batchnorm_is_no_fusable_pair():
+    """An in-place ReLU returns the conv's output tensor: the BN after it still reads a ReLU output."""
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.BatchNorm2d(8))
+    expect("conv_bn_fusion", static_of(m, torch.randn(2, 3, 8, 8)), "pass", "no BatchNorm directly follows")
