@@ -10,14 +10,14 @@ Three kinds of facts, each a section of the dict:
   kernels), step time, peak memory, saved-activation bytes, gradient health, inference-mode
   speed, a two-point batch-size probe, and the DataLoader when one is described.
 
-Measurements run on a deep copy, so the model that was passed in keeps its weights, buffers and
-mode. Every collector that fails records why under ``facts["errors"]`` instead of failing the job.
-Facts are plain data (no tensors, no modules).
+Measurements run on the model itself inside ``_state_restored``, which puts back its weights,
+buffers, gradients and each module's mode afterwards (a deep copy on the same GPU would double the
+weights in the peak-memory figure). Every collector that fails records why under
+``facts["errors"]`` instead of failing the job. Facts are plain data (no tensors, no modules).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import shutil
@@ -411,7 +411,8 @@ def measured_facts(loaded, model: nn.Module, *,
                    iters: int = 5, profile_steps: int = 2, make_inputs: Callable[[int], tuple] | None = None,
                    batch_size: int | None = None, progress: Callable[[float, str], None] | None = None,
                    errors: dict | None = None) -> dict:
-    """Everything timed or traced. ``model`` is a copy of ``loaded.model`` this function may change."""
+    """Everything timed or traced. ``model`` is ``loaded.model``: this function trains it, switches
+    its mode and zeroes its gradients, so the caller restores it (``collect_facts`` does)."""
     from dataclasses import replace
 
     inputs, loss_fn, device = loaded.inputs, loaded.loss_fn, loaded.device
@@ -517,6 +518,41 @@ def dataloader_facts(desc: dict | None, dataset_path: str | None = None, step_ti
 
 
 # ----------------------------------------------------------------------------- all together
+@contextmanager
+def _state_restored(model: nn.Module):
+    """Let the probes train and switch modes on ``model`` itself, then put back what they change:
+    every parameter's and buffer's values (from one copy in host memory), the tensor objects each
+    module holds under those names (so optimizers and tied weights still point at them), the
+    gradients (the original tensors) and each module's own train/eval mode (a frozen BatchNorm in a
+    training model stays frozen). Python attributes a model changes in its own forward are not
+    tracked."""
+    host: dict[int, torch.Tensor] = {}
+    slots = []  # (the dict that holds the tensor, its key, the tensor)
+    for m in model.modules():
+        for held in (m._parameters, m._buffers):
+            for k, t in list(held.items()):
+                if isinstance(t, torch.Tensor):
+                    slots.append((held, k, t))
+                    if id(t) not in host:
+                        host[id(t)] = t.detach().to("cpu", copy=True)
+    grads = [(p, p.grad) for p in model.parameters()]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for held, k, t in slots:
+                if k not in held or held[k] is not t:  # a probe replaced (or dropped) it
+                    held[k] = t
+                saved = host[id(t)]
+                if t.shape == saved.shape:
+                    t.copy_(saved)
+        for p, g in grads:
+            p.grad = g
+        for m, training in modes:
+            m.training = training
+
+
 def collect_facts(loaded, options: dict | None = None, progress: Callable[[float, str], None] | None = None) -> dict:
     """All facts for ``loaded`` (a LoadedModel). Options: purpose ("training" | "inference"),
     iters, profile_steps, dataloader (dict of LOADER_KEYS), dataset_path, skip_measured."""
@@ -528,23 +564,28 @@ def collect_facts(loaded, options: dict | None = None, progress: Callable[[float
     facts = {"purpose": options.get("purpose", "training"), "errors": errors,
              "static": static_facts(model), "env": environment_facts(loaded.device),
              "batch_size": loaded.batch_size, "task": getattr(loaded, "task", "unknown")}
-    work = copy.deepcopy(model)
-    try:
-        facts["forward"] = forward_facts(work, loaded.inputs)
-    except Exception as e:
-        errors["forward"] = f"{type(e).__name__}: {str(e)[:300]}"
-        facts["forward"] = None
-    if facts["forward"] is not None and facts["static"]["n_conv2d"]:
-        x = next((t for t in loaded.inputs if t.dim() == 4), None)
-        facts["forward"]["conv_input_channels_last"] = (
-            None if x is None else bool(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()))
-    if options.get("skip_measured"):
-        facts["measured"] = None
-    else:
-        facts["measured"] = measured_facts(
-            loaded, work, iters=int(options.get("iters", 5)),
-            profile_steps=int(options.get("profile_steps", 2)), make_inputs=loaded.make_inputs,
-            batch_size=loaded.batch_size, progress=progress, errors=errors)
+    # The probes run on the model itself, not on a deep copy: on a GPU a copy sat next to the
+    # original on the same device, so the peak memory measured on it counted the weights twice (a
+    # model at 50% of the GPU read as 100%, or ran out of memory), and a model holding something
+    # copy.deepcopy cannot copy (a lock, a file) failed the whole checklist. _state_restored puts
+    # back what the probes change, from a copy in host memory that no device measurement sees.
+    with _state_restored(model):
+        try:
+            facts["forward"] = forward_facts(model, loaded.inputs)
+        except Exception as e:
+            errors["forward"] = f"{type(e).__name__}: {str(e)[:300]}"
+            facts["forward"] = None
+        if facts["forward"] is not None and facts["static"]["n_conv2d"]:
+            x = next((t for t in loaded.inputs if t.dim() == 4), None)
+            facts["forward"]["conv_input_channels_last"] = (
+                None if x is None else bool(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()))
+        if options.get("skip_measured"):
+            facts["measured"] = None
+        else:
+            facts["measured"] = measured_facts(
+                loaded, model, iters=int(options.get("iters", 5)),
+                profile_steps=int(options.get("profile_steps", 2)), make_inputs=loaded.make_inputs,
+                batch_size=loaded.batch_size, progress=progress, errors=errors)
     step_s = ((facts["measured"] or {}).get("train_step") or {}).get("median_s")
     progress(0.9, "data loader")
     try:

@@ -552,3 +552,49 @@ def test_conv_then_inplace_relu_then_batchnorm_is_no_fusable_pair():
     """An in-place ReLU returns the conv's output tensor: the BN after it still reads a ReLU output."""
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.BatchNorm2d(8))
     expect("conv_bn_fusion", static_of(m, torch.randn(2, 3, 8, 8)), "pass", "no BatchNorm directly follows")
+
+
+# ----------------------------------------------------------------------------- fixed: no second copy of the model
+class HoldsALock(nn.Module):
+    """A model with an attribute copy.deepcopy cannot copy (locks, open files, CUDA streams...)."""
+
+    def __init__(self):
+        import threading
+
+        super().__init__()
+        self.fc, self.lock = nn.Linear(8, 8), threading.Lock()
+
+    def forward(self, x):
+        with self.lock:
+            return self.fc(x)
+
+
+def test_the_probes_run_on_the_model_itself_and_put_it_back():
+    m = HoldsALock()
+    facts = facts_of(m, torch.randn(16, 8))  # a deep copy raised TypeError: cannot pickle '_thread.lock'
+    assert facts["measured"]["train_step"]["median_s"] > 0 and not facts["errors"]
+    # what the probes change comes back: values, tensor objects, gradients, per-module modes
+    net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 8))
+    net.train()
+    net[1].eval()  # a frozen BatchNorm inside a training model
+    default_loss(net(torch.randn(16, 8))).backward()
+    params = list(net.parameters())
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    grads = [p.grad for p in params]
+    grad_values = [g.clone() for g in grads]
+    facts_of(net, torch.randn(16, 8))
+    assert list(net.parameters()) == params and all(a is b for a, b in zip(net.parameters(), params))
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    assert all(p.grad is g and torch.equal(g, v) for p, g, v in zip(params, grads, grad_values))
+    assert net.training and not net[1].training and net[3].training
+
+
+@needs_cuda
+def test_peak_memory_counts_the_weights_once_on_cuda():
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    m = nn.Linear(4096, 4096).cuda()  # 64 MiB of weights
+    weights = sum(p.numel() * p.element_size() for p in m.parameters())
+    facts = facts_of(m, torch.randn(8, 4096, device="cuda"))
+    # weights + their gradients + a few small activations: about twice the weights, not three times
+    assert facts["measured"]["peak_bytes"] - base < 2.5 * weights
