@@ -420,6 +420,10 @@ def check_tf32(f):
 
 
 def check_sync_points(f):
+    if not _cuda(f):
+        # .item() on a CPU tensor is a memory read: there is no device to wait for. Many of them in a
+        # loop are a vectorisation problem, which python_loops reports.
+        return na("no GPU (CUDA): host reads such as .item() cost no device synchronisation on CPU")
     sync = _m(f, "profile", "sync_per_step")
     if sync is None:
         return na("the step was not profiled")

@@ -373,7 +373,7 @@ def test_conv_bn_fusion():
 CUDA_ONLY = {  # rule -> a word of its not-applicable reason on CPU
     "communication": "CUDA", "gpu_utilization": "CUDA", "tensor_cores": "CUDA", "peak_memory": "CUDA",
     "memory_growth": "CUDA", "cudnn_benchmark": "CUDA", "tf32": "CUDA", "mixed_precision": "CUDA",
-    "pin_memory": "CUDA",
+    "pin_memory": "CUDA", "sync_points": "no GPU",
 }
 
 
@@ -384,6 +384,36 @@ def test_cuda_only_rules_do_not_apply_on_cpu(rule_id, healthy):
     if rule_id == "cudnn_benchmark":  # it first needs a convolution to care about
         facts = static_of(conv_net(), torch.randn(2, 3, 8, 8))
     expect(rule_id, facts, "not_applicable", CUDA_ONLY[rule_id])
+
+
+class ItemEveryStep(nn.Module):
+    """Reads a value on the host in every forward, twelve times."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        for i in range(12):
+            if y[i % y.shape[0]].abs().max().item() > 1e9:
+                y = y * 0
+        return y
+
+
+def test_sync_points_on_cpu_are_not_applicable_even_with_host_reads():
+    facts = facts_of(ItemEveryStep(), torch.randn(16, 8))
+    assert facts["measured"]["profile"]["sync_per_step"]["aten::item"] == 12  # counted, not blamed
+    if not CUDA:
+        expect("sync_points", facts, "not_applicable", "no GPU (CUDA): host reads such as .item() cost no")
+
+
+@needs_cuda
+def test_sync_points_on_cuda():
+    expect("sync_points", facts_of(nn.Linear(8, 8).cuda(), torch.randn(16, 8, device="cuda")), "pass",
+           "0 CPU-GPU sync points per step")
+    expect("sync_points", facts_of(ItemEveryStep().cuda(), torch.randn(16, 8, device="cuda")), "fail",
+           "12 CPU-GPU sync points per step")
 
 
 @pytest.fixture(scope="module")

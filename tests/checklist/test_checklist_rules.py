@@ -69,6 +69,7 @@ NOT_APPLICABLE = {
     "conv_bn_fusion": ("static.n_batchnorm", 0, "no BatchNorm"),
     "channels_last": ("static.n_conv2d", 0, "no 2-D convolutions"),
     "gradient_flow": ("measured.gradients", None, "not measured"),
+    "sync_points": ("env.device_type", "cpu", "no GPU"),
 }
 
 
