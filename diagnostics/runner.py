@@ -416,6 +416,25 @@ def _null():
     yield False
 
 
+@contextmanager
+def _main_script_hidden():
+    """Start a spawned worker without re-running the caller's main script in it.
+
+    spawn runs ``__main__.__file__`` in every child (so objects defined there unpickle). Under
+    Streamlit, __main__ is the page script, so each job's worker ran the whole dashboard (app.py,
+    the sidebar, a page) before its job; a notebook or a user's script would be re-run likewise.
+    A job is a plain dict and needs nothing from __main__, so its file is hidden while the worker
+    starts (milliseconds; the child has read it by the time start() returns).
+    """
+    main = sys.modules.get("__main__")
+    path = None if main is None or getattr(main, "__spec__", None) is not None else main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        if path is not None:
+            main.__dict__["__file__"] = path
+
+
 def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb, store, run_id,
                 on_tick) -> JobOutcome:
     ctx = mp.get_context("spawn")
@@ -432,7 +451,8 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
     log_read.close()
     t0 = time.monotonic()
     try:
-        proc.start()
+        with _main_script_hidden():
+            proc.start()
     finally:
         child.close()
         log_write.close()  # the worker holds the only write end: EOF when it ends

@@ -67,3 +67,21 @@ def test_jobs_without_a_model_are_labelled_by_the_files_they_read():
     assert Job("distributed_traces", None, {"trace_dir": "/shared/run1/"}).label() == \
         "shared/run1/ (per-rank traces)"
     assert Job("trace", None, {}).label() is None
+
+
+def test_a_worker_does_not_rerun_the_callers_main_script(tmp_path, monkeypatch):
+    """Under Streamlit __main__ is the page script (no __spec__, a __file__); spawn would run it
+    in every worker before the job. A marker file shows whether it ran."""
+    import sys
+    import types
+
+    marker = tmp_path / "ran"
+    script = tmp_path / "page.py"
+    script.write_text(f"open({str(marker)!r}, 'w').write('the page ran in the worker')\n")
+    fake = types.ModuleType("__main__")
+    fake.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", fake)
+    out = run_job(Job("validate", ModelSpec(name="mlp")), artifact_dir=tmp_path / "job")
+    assert out.ok, out.error
+    assert not marker.exists()
+    assert fake.__file__ == str(script)  # put back once the worker has started
