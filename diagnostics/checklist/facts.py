@@ -58,6 +58,11 @@ ELIGIBLE_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::
 #: CPU-GPU synchronisation points, counted per step.
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
             "cudaEventSynchronize")
+#: ops that copy a tensor into a new layout when a view would often do (clone is what contiguous
+#: and reshape-of-a-non-viewable-tensor call).
+LAYOUT_COPY_OPS = ("aten::contiguous", "aten::clone")
+#: per-element indexing and scalar reads: hundreds of them per step mean a Python loop over a tensor.
+ELEMENT_OPS = ("aten::select", "aten::slice", "aten::narrow", "aten::index", "aten::index_put_", "aten::item")
 STEP_MARK = "ts_checklist_step"
 #: Warm-up calls before the inference and batch-size probes time anything: the first calls at a new
 #: shape or mode pay one-off costs (oneDNN primitive creation, allocator growth).
@@ -117,6 +122,7 @@ def static_facts(model: nn.Module) -> dict:
         "activations": act_counts,
         "inplace_activations": len(inplace), "not_inplace_activations": not_inplace,
         "training": bool(model.training),
+        "dropout_p0": [n for n, m in drops if getattr(m, "p", None) == 0],
         "dropout_bn_train": [n for n, m in drops + bns if m.training],
         "dropout_bn_eval": [n for n, m in drops + bns if not m.training],
         "param_dtypes": dtypes,
@@ -156,13 +162,38 @@ def _first_tensor(args):
     return args[0] if args and isinstance(args[0], torch.Tensor) else None
 
 
+def _redundant_pair(first: nn.Module, second: nn.Module) -> str | None:
+    """Why ``second``, reading ``first``'s output tensor as it is, adds nothing; None if it does.
+
+    * Linear -> Linear with nothing between: W2 (W1 x + b1) + b2 is one Linear. Only said when the
+      one Linear is no bigger than the two (in x out <= mid x (in + out)); a narrower middle is a
+      low-rank factorisation, on purpose.
+    * the same activation twice (ReLU(ReLU(x)) = ReLU(x); the others only distort);
+    * BatchNorm straight after BatchNorm: the second re-normalises each channel, undoing the first's
+      scale and shift (in eval mode the two are one affine map). Not said of LayerNorm / GroupNorm,
+      whose per-feature affine the next norm does not undo (a post-norm encoder's last norm2
+      followed by a final LayerNorm is common and not a no-op).
+    """
+    if isinstance(first, nn.Linear) and isinstance(second, nn.Linear):
+        a, mid, b = first.in_features, first.out_features, second.out_features
+        if a * b <= mid * (a + b):
+            return f"Linear {a}->{mid} then Linear {mid}->{b} with no nonlinearity between: one Linear {a}->{b}"
+        return None
+    if isinstance(second, ACTIVATIONS) and type(first) is type(second):
+        return f"{type(first).__name__} applied twice in a row"
+    if isinstance(second, BATCHNORM) and type(first) is type(second):
+        return f"{type(first).__name__} straight after {type(first).__name__}"
+    return None
+
+
 @contextmanager
-def _trace_hooks(model: nn.Module, order: list, pairs: list, relu_stats: dict, hidden: set):
+def _trace_hooks(model: nn.Module, order: list, pairs: list, relu_stats: dict, hidden: set, redundant: list):
     """Record leaf execution order, Conv -> BN pairs (the BN's input is the conv's output tensor),
     per-unit activity of ReLU outputs, and the Sigmoid/Tanh modules whose output tensor is the input
     of a Linear / Conv / RNN / attention layer (``hidden``: used as a layer's nonlinearity; a gate
     multiplied into features, as in Squeeze-Excitation, is not). Layers that only reshape, pool,
-    normalise or drop pass that on. Hooks are removed and each module's mode restored in ``finally``."""
+    normalise or drop pass that on. ``redundant`` gets layers that add nothing to the one feeding
+    them (see ``_redundant_pair``). Hooks are removed and each module's mode restored in ``finally``."""
     handles, modes = [], [(m, m.training) for m in model.modules()]
     produced = _TensorMap()  # output tensor -> (name, module) of the leaf that returned it last
     saturating = _TensorMap()  # output tensor -> name of the Sigmoid/Tanh it comes from
@@ -206,6 +237,9 @@ def _trace_hooks(model: nn.Module, order: list, pairs: list, relu_stats: dict, h
                 src = produced.get(x)
                 if isinstance(mod, BATCHNORM) and src is not None and isinstance(src[1], CONV):
                     pairs.append([src[0], name])
+                why = None if src is None else _redundant_pair(src[1], mod)
+                if why and not any(r["layers"] == [src[0], name] for r in redundant):
+                    redundant.append({"layers": [src[0], name], "why": why})
                 if isinstance(mod, CONSUMERS):
                     sat = saturating.get(x)
                     if sat is not None:
@@ -225,8 +259,8 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
     """Facts from one forward in eval mode without grad: execution order, Conv->BN pairs,
     hidden saturating activations (Sigmoid/Tanh feeding a weighted layer), layer widths in
     execution order, dead ReLU units. Each module's train/eval mode is restored."""
-    order, pairs, relu_stats, hidden = [], [], {}, set()
-    with _trace_hooks(model, order, pairs, relu_stats, hidden):
+    order, pairs, relu_stats, hidden, redundant = [], [], {}, set(), []
+    with _trace_hooks(model, order, pairs, relu_stats, hidden, redundant):
         model.eval()
         with torch.no_grad():
             model(*inputs)
@@ -263,6 +297,7 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
         "executed_leaves": len(executed),
         "conv_bn_pairs": pairs,
         "hidden_saturating": hidden_saturating,
+        "redundant_layers": redundant,
         "output_activation": executed[-1]["type"] if executed and isinstance(names.get(last), ACTIVATIONS) else None,
         "widths": widths,
         "inner_dims": len(dims),
@@ -364,7 +399,24 @@ def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2
     nccl_us = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower())
     kernel_us = sum(e.time_range.elapsed_us() for e in kernels)
     sync = {name: counts.get(name, 0) / steps for name in SYNC_OPS}
+    in_step = [e for e in events if e.device_type.name == "CPU" and e.name != STEP_MARK
+               and any(lo <= e.time_range.start <= hi for lo, hi in spans)]
+    copies = layout_copy_facts(in_step, device, kernel_us, steps)
+    # Indexing and scalar reads called straight from Python (not inside another op: LSTM, attention
+    # and backward kernels index internally); ``for row in x`` is one unbind with a select per row.
+    element: dict[str, float] = {}
+    for e in in_step:
+        if not (e.cpu_parent is None or e.cpu_parent.name == STEP_MARK):
+            continue
+        if e.name in ELEMENT_OPS:
+            element[e.name] = element.get(e.name, 0) + 1 / steps
+        elif e.name == "aten::unbind":
+            rows = sum(1 for c in e.cpu_children if c.name == "aten::select")
+            element["aten::select (unbind)"] = element.get("aten::select (unbind)", 0) + rows / steps
     return {
+        **copies,
+        "element_ops_per_step": element,
+        "element_ops_total_per_step": sum(element.values()),
         "steps": steps,
         "step_wall_us": wall_us,
         "ops_per_step": len(top) / steps,
@@ -381,6 +433,33 @@ def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2
         "top_ops": sorted(({"name": k, "count_per_step": v / steps} for k, v in counts.items()
                            if k.startswith("aten::")), key=lambda r: -r["count_per_step"])[:15],
     }
+
+
+def layout_copy_facts(in_step: list, device: torch.device, kernel_us: float, steps: int) -> dict:
+    """Layout copies the forward asks for (``.contiguous()``, ``.clone()``, a ``reshape`` of a view
+    that cannot be viewed) against the step's operator time: on CPU the ops' CPU time, on CUDA their
+    kernels' time. A copy inside another copy counts once; copies inside backward kernels (made by
+    PyTorch for its own kernels) are left out."""
+
+    def forward_copy(e) -> bool:
+        p = e.cpu_parent
+        while p is not None:
+            if p.name in LAYOUT_COPY_OPS or p.name.startswith("autograd::engine::evaluate_function"):
+                return False
+            p = p.cpu_parent
+        return True
+
+    copies = [e for e in in_step if e.name in LAYOUT_COPY_OPS and forward_copy(e)]
+    if device.type == "cuda":
+        copy_us = sum(e.device_time_total for e in copies)
+        total_us = kernel_us
+    else:
+        copy_us = sum(e.cpu_time_total for e in copies)
+        total_us = sum(e.self_cpu_time_total for e in in_step)
+    return {"layout_copies_per_step": len(copies) / steps, "layout_copy_us_per_step": copy_us / steps,
+            "op_time_us_per_step": total_us / steps,
+            "layout_copy_fraction": (copy_us / total_us) if total_us else None,
+            "layout_copy_time_kind": "GPU kernel" if device.type == "cuda" else "CPU operator"}
 
 
 class _Ctx:

@@ -38,6 +38,9 @@ DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole 
 INFERENCE_SPEEDUP_MIN = 1.10  # eval()+inference_mode faster than train-mode forward by this factor
 BATCH_GAIN_MIN = 1.20  # throughput gain at twice the batch that says "use a bigger batch"
 PREFETCH_FACTOR_MIN = 2  # DataLoader prefetch_factor
+TENSOR_COPY_FRACTION_MAX = 0.10  # share of the step's operator time in layout copies the forward asks for
+PYTHON_LOOP_MIN_OPS = 32  # indexing / scalar-read ops per step called from Python ...
+PYTHON_LOOP_MIN_SHARE = 0.25  # ... that also make this share of the step's top-level ops
 
 THRESHOLDS = [
     ("DATALOADER_FRACTION_MAX", DATALOADER_FRACTION_MAX, "max share of the step spent waiting for data"),
@@ -62,6 +65,12 @@ THRESHOLDS = [
     ("INFERENCE_SPEEDUP_MIN", INFERENCE_SPEEDUP_MIN, "speed-up of eval+inference_mode that is worth taking"),
     ("BATCH_GAIN_MIN", BATCH_GAIN_MIN, "throughput gain at 2x batch that suggests a bigger batch"),
     ("PREFETCH_FACTOR_MIN", PREFETCH_FACTOR_MIN, "min DataLoader prefetch_factor"),
+    ("TENSOR_COPY_FRACTION_MAX", TENSOR_COPY_FRACTION_MAX, "max share of the step's operator time in layout "
+     "copies (.contiguous(), .clone(), reshape of a non-viewable tensor) made by the forward"),
+    ("PYTHON_LOOP_MIN_OPS", PYTHON_LOOP_MIN_OPS, "indexing / scalar-read ops per step (called from Python) from "
+     "which a Python loop over tensor elements is suspected"),
+    ("PYTHON_LOOP_MIN_SHARE", PYTHON_LOOP_MIN_SHARE, "... when they are also at least this share of the step's "
+     "top-level ops"),
 ]
 
 
@@ -353,6 +362,23 @@ def check_dead_units(f):
     return "pass", ev, "", nums
 
 
+def check_redundant_layers(f):
+    fw = f.get("forward")
+    if fw is None or fw.get("redundant_layers") is None:
+        return na("the forward pass could not be traced")
+    p0 = f["static"].get("dropout_p0") or []
+    pairs = fw["redundant_layers"]
+    items = [f"Dropout(p=0) {n}" for n in p0] + [f"{' -> '.join(r['layers'])} ({r['why']})" for r in pairs]
+    nums = {"dropout_p0": len(p0), "redundant_pairs": len(pairs)}
+    if items:
+        return ("warn", f"{len(items)} layers add nothing: " + "; ".join(items[:4]) + ("; ..." if len(items) > 4 else ""),
+                "Remove Dropout(p=0), repeated activations and a BatchNorm that another BatchNorm follows; merge two Linear layers with no "
+                "nonlinearity between into one (W2 W1, W2 b1 + b2), or put the activation you meant between them.",
+                nums)
+    return ("pass", "no Dropout(p=0), Linear -> Linear without a nonlinearity, repeated activation or "
+            "BatchNorm straight after BatchNorm", "", nums)
+
+
 # ---------------------------------------------------------------------------- memory
 def check_saved_activations(f):
     saved, total = _m(f, "saved_activation_bytes"), f["env"].get("device_memory_bytes")
@@ -457,6 +483,51 @@ def check_launch_bound(f):
         return ("warn", ev + f" (>= {LAUNCH_BOUND_MIN_OPS} and < {LAUNCH_BOUND_MEDIAN_US:g} µs: launch-bound)",
                 "Many tiny ops spend their time in dispatch: torch.compile fuses them; CUDA graphs remove launch cost; "
                 "a bigger batch amortises it.", nums)
+    return "pass", ev, "", nums
+
+
+def check_tensor_copies(f):
+    p = _m(f, "profile")
+    if p is None:
+        return na("the step was not profiled")
+    frac = p.get("layout_copy_fraction")
+    if frac is None:
+        return na("no operator time was traced")
+    n, us, kind = p.get("layout_copies_per_step", 0), p.get("layout_copy_us_per_step", 0), p.get(
+        "layout_copy_time_kind", "operator")
+    nums = {"copies_per_step": n, "copy_us_per_step": us, "fraction": frac}
+    ev = (f"{n:g} layout copies per step in the forward (.contiguous() / .clone() / reshape of a view) took "
+          f"{us / 1e3:.2f} ms, {_pct(frac)} of the step's {kind} time (max {_pct(TENSOR_COPY_FRACTION_MAX)})")
+    if frac > TENSOR_COPY_FRACTION_MAX:
+        return ("warn", ev, "Keep views instead of copies: view / reshape / transpose / permute / narrow / expand "
+                "cost nothing; drop .contiguous() where the next op accepts strided input (matmul, einsum, "
+                "elementwise ops do); pick one layout end to end (batch_first, channels_last) so no transpose has "
+                "to be materialised every step.", nums)
+    return "pass", ev, "", nums
+
+
+def check_python_loops(f):
+    p = _m(f, "profile")
+    if p is None:
+        return na("the step was not profiled")
+    ops = p.get("element_ops_per_step")
+    top = p.get("ops_per_step")
+    if ops is None or not top:
+        return na("no ops were traced")
+    n = sum(ops.values())
+    share = n / top
+    b = f.get("batch_size")
+    nums = {"element_ops_per_step": n, "top_level_ops_per_step": top, "share": share, "batch_size": b}
+    detail = ", ".join(f"{k} {v:g}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]) if v)
+    ev = (f"{n:g} indexing / scalar-read ops per step called from Python" + (f" ({detail})" if detail else "")
+          + f", {_pct(share)} of {top:g} top-level ops")
+    if b:
+        ev += f"; {n / b:.2g} per sample at batch {b}"
+    if n >= PYTHON_LOOP_MIN_OPS and share >= PYTHON_LOOP_MIN_SHARE:
+        return ("warn", ev + f" (>= {PYTHON_LOOP_MIN_OPS} and >= {_pct(PYTHON_LOOP_MIN_SHARE)}: a Python loop over "
+                "tensor elements?)", "Vectorise: replace the loop by whole-tensor ops (broadcasting, torch.where, "
+                "gather / scatter / index_select with an index tensor, bmm / einsum, torch.vmap); read many values "
+                "with one .tolist() instead of .item() per element.", nums)
     return "pass", ev, "", nums
 
 
@@ -618,6 +689,7 @@ RULES: list[Rule] = [
     Rule("gradients_finite", "Gradients are finite", "model design", check_gradients_nonfinite),
     Rule("gradient_flow", "No vanishing or exploding gradients", "model design", check_gradient_flow),
     Rule("dead_units", "Few dead ReLU units", "model design", check_dead_units),
+    Rule("redundant_layers", "No layers that add nothing", "model design", check_redundant_layers),
     # Memory
     Rule("saved_activations", "Saved activations fit (checkpointing)", "memory", check_saved_activations),
     Rule("memory_growth", "No memory growth across steps", "memory", check_memory_growth),
@@ -625,6 +697,8 @@ RULES: list[Rule] = [
     # Compute
     Rule("sync_points", "No CPU-GPU sync points in the step", "compute", check_sync_points),
     Rule("launch_bound", "Not launch-bound (many tiny ops)", "compute", check_launch_bound, fix="torch_compile"),
+    Rule("tensor_copies", "Views instead of layout copies", "compute", check_tensor_copies),
+    Rule("python_loops", "Vectorised (no Python loop over tensor elements)", "compute", check_python_loops),
     Rule("torch_compile", "torch.compile used", "compute", check_compile, fix="torch_compile"),
     Rule("channels_last", "Conv nets in channels_last", "compute", check_channels_last, fix="channels_last"),
     Rule("cudnn_benchmark", "cudnn.benchmark on", "compute", check_cudnn_benchmark),

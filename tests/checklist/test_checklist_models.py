@@ -628,3 +628,65 @@ def test_peak_memory_counts_the_weights_once_on_cuda():
     facts = facts_of(m, torch.randn(8, 4096, device="cuda"))
     # weights + their gradients + a few small activations: about twice the weights, not three times
     assert facts["measured"]["peak_bytes"] - base < 2.5 * weights
+
+
+# ----------------------------------------------------------------------------- rules added with the development checklist
+class Redundant(nn.Module):
+    """Every kind of layer that adds nothing, wired in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)  # no nonlinearity between
+        self.bn1, self.bn2 = nn.BatchNorm1d(16), nn.BatchNorm1d(16)
+        self.relu1, self.relu2 = nn.ReLU(), nn.ReLU()
+        self.drop = nn.Dropout(0.0)
+        self.head = nn.Linear(16, 8)
+
+    def forward(self, x):
+        x = self.bn2(self.bn1(self.fc2(self.fc1(x))))
+        return self.head(self.drop(self.relu2(self.relu1(x))))
+
+
+def test_redundant_layers(healthy):
+    expect("redundant_layers", healthy, "pass", "no Dropout(p=0), Linear -> Linear without a nonlinearity")
+    f = expect("redundant_layers", static_of(Redundant(), torch.randn(8, 16)), "warn", "4 layers add nothing")
+    for part in ("Dropout(p=0) drop", "fc1 -> fc2 (Linear 16->32 then Linear 32->16", "bn1 -> bn2",
+                 "relu1 -> relu2 (ReLU applied twice"):
+        assert part in f.evidence, (part, f.evidence)
+
+
+def test_redundant_layers_leaves_bottlenecks_and_nonlinear_stacks_alone():
+    # a low-rank factorisation (256 -> 16 -> 256) is smaller than one 256 -> 256 Linear: on purpose
+    low_rank = nn.Sequential(nn.Linear(256, 16), nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 8))
+    expect("redundant_layers", static_of(low_rank, torch.randn(4, 256)), "pass", "no Dropout(p=0)")
+    # a functional activation between two Linears is a nonlinearity, a residual add breaks the chain
+    expect("redundant_layers", static_of(Heavy(), torch.randn(4, 256)), "pass", "no Dropout(p=0)")
+
+
+def test_tensor_copies(healthy):
+    expect("tensor_copies", healthy, "pass", "0 layout copies per step")
+    f = expect("tensor_copies", facts_of(Transposes(), torch.randn(8, 96, 96)), "warn", "3 layout copies per step")
+    assert f.numbers["fraction"] > 0.10
+
+
+def test_python_loops(healthy):
+    expect("python_loops", healthy, "pass", "0 indexing / scalar-read ops per step")
+    f = expect("python_loops", facts_of(RowLoop(), torch.randn(64, 16)), "warn", "aten::select 64")
+    assert "1 per sample at batch 64" in f.evidence
+    # ``for row in x`` selects through one unbind
+    class Rows(RowLoop):
+        def forward(self, x):
+            return torch.stack([self.fc(row) for row in x])
+
+    expect("python_loops", facts_of(Rows(), torch.randn(64, 16)), "warn", "aten::select (unbind) 64")
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "resnet", "transformer", "lstm"])
+def test_healthy_samples_pass_the_new_rules(name):
+    from diagnostics.intake import load_model
+    from diagnostics.spec import ModelSpec
+
+    facts = collect_facts(load_model(ModelSpec(name=name)), {**FAST, "purpose": "training"})
+    for rule_id in ("redundant_layers", "tensor_copies", "python_loops"):
+        f = rule(rule_id, facts)
+        assert f.status == "pass", (name, rule_id, f.evidence)

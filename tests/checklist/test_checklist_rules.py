@@ -52,6 +52,9 @@ BREAKERS = {
     "num_workers": ([("dataloader.described.num_workers", 0)], "warn"),
     "pin_memory": ([("dataloader.described.pin_memory", False)], "warn"),
     "prefetch": ([("dataloader.described.persistent_workers", False)], "warn"),
+    "redundant_layers": ([("static.dropout_p0", ["drop"])], "warn"),
+    "tensor_copies": ([("measured.profile.layout_copy_fraction", 0.3)], "warn"),
+    "python_loops": ([("measured.profile.element_ops_per_step", {"aten::select": 64, "aten::item": 64})], "warn"),
 }
 
 # rule id -> (path, value) that makes it not applicable, and a word its reason must contain
@@ -70,6 +73,9 @@ NOT_APPLICABLE = {
     "channels_last": ("static.n_conv2d", 0, "no 2-D convolutions"),
     "gradient_flow": ("measured.gradients", None, "not measured"),
     "sync_points": ("env.device_type", "cpu", "no GPU"),
+    "redundant_layers": ("forward", None, "could not be traced"),
+    "tensor_copies": ("measured.profile", None, "not profiled"),
+    "python_loops": ("measured.profile", None, "not profiled"),
 }
 
 
@@ -113,6 +119,23 @@ def test_evidence_carries_the_numbers():
     assert "2.50 ms" in f.evidence and "20.0%" in f.evidence and f.numbers["fraction"] == 0.2
     f = run("peak_memory", set_path(healthy(), "measured.peak_bytes", 75 * GiB))
     assert f.numbers["fraction"] == pytest.approx(75 / 80) and "93.8%" in f.evidence
+
+
+def test_new_rule_thresholds_are_the_boundaries():
+    at = set_path(healthy(), "measured.profile.layout_copy_fraction", R.TENSOR_COPY_FRACTION_MAX)
+    assert run("tensor_copies", at).status == "pass"
+    assert run("tensor_copies", set_path(at, "measured.profile.layout_copy_fraction", 0.1001)).status == "warn"
+    # python_loops needs both many element ops and a large share of the step's ops
+    top = healthy()["measured"]["profile"]["ops_per_step"]  # 50
+    n = R.PYTHON_LOOP_MIN_OPS
+    f = set_path(set_path(healthy(), "measured.profile.ops_per_step", n / R.PYTHON_LOOP_MIN_SHARE),
+                 "measured.profile.element_ops_per_step", {"aten::select": n})
+    assert run("python_loops", f).status == "warn"
+    f = set_path(f, "measured.profile.element_ops_per_step", {"aten::select": n - 1})
+    assert run("python_loops", f).status == "pass"
+    f = set_path(set_path(healthy(), "measured.profile.ops_per_step", 10 * n),
+                 "measured.profile.element_ops_per_step", {"aten::select": n})
+    assert top < 10 * n and run("python_loops", f).status == "pass"  # many ops, but a small share
 
 
 def test_thresholds_are_the_boundaries():
