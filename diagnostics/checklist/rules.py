@@ -225,7 +225,8 @@ def check_data_parallel(f):
     if n > 1:
         return ("fail", f"nn.DataParallel over {n} devices", "Use DistributedDataParallel (one process per GPU): "
                 "DataParallel replicates the model every step and is GIL-bound.", {"devices": n})
-    return "warn", "nn.DataParallel over one device only", "Drop the wrapper: it only adds overhead.", {"devices": n}
+    where = "one device only" if n == 1 else "no GPU (it just calls the module)"
+    return "warn", f"nn.DataParallel over {where}", "Drop the wrapper: it only adds overhead.", {"devices": n}
 
 
 def check_ddp_backend(f):
