@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from diagnostics.cli_model import KINDS, UsageError, build_spec
+from diagnostics.cli_model import UsageError, add_model_args, build_spec
 from diagnostics.cli_options import (
     ANALYSIS_OPTIONS, CLI_ONLY, check_option_keys, collect_options, parse_option_pairs, positive_int,
 )
@@ -122,23 +122,6 @@ class ProgressBar:
 
 
 # ----------------------------------------------------------------------------- parser
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model (the same description as the dashboard's sidebar)")
-    g.add_argument("--model", "-m", required=True, metavar="NAME_OR_PATH",
-                   help="a built-in sample (e.g. mlp, cnn, resnet, transformer) or a model file: TorchScript "
-                        "(.pt/.ts), torch.export (.pt2), Python file with build_model() (.py) or pickled module")
-    g.add_argument("--kind", choices=KINDS, help="the model file's kind, when its extension does not tell")
-    g.add_argument("--weights", metavar="PATH", help="weights to load into the model: .safetensors or a "
-                                                     "state_dict .pt (read with weights_only=True)")
-    g.add_argument("--trust", action="store_true", help="allow loading a pickled module (runs code from the file)")
-    g.add_argument("--input", "-i", action="append", metavar="SHAPE[:DTYPE[:HIGH]]", dest="inputs",
-                   help="one positional input, batch first, e.g. 8,3,32,32 or 8,64:int64 (repeat for several "
-                        "inputs; HIGH bounds random integers). Default: the model's own example inputs")
-    g.add_argument("--batch-size", "-b", type=int, metavar="N", help="override the batch dimension of every input")
-    g.add_argument("--device", "-d", default="cpu", help="cpu (default), cuda or cuda:N")
-    g.add_argument("--seed", type=int, default=0, help="seed for the random inputs and weights (default 0)")
-
-
 def _add_run_args(p: argparse.ArgumentParser, name: str = "<analysis>") -> None:
     g = p.add_argument_group("run and report")
     g.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the job after this long "
@@ -179,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # its own CLI (run / analyze / command) takes over, see main()
         p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
                                                                   "on a model and write a report folder.")
-        _add_model_args(p)
+        add_model_args(p)
         _add_analysis_args(p, name)
         _add_run_args(p, name)
     tp = sub.add_parser("trace", help="analyse or compare Chrome/Kineto trace files",

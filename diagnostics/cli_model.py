@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 from diagnostics.errors import SpecError, TorchScopeError
-from diagnostics.spec import DTYPES, InputSpec, ModelSpec
+from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec
 
 #: Extension -> model kind (".pt"/".pth" are sniffed, see infer_kind).
 KIND_BY_EXT = {
@@ -27,8 +27,33 @@ KIND_BY_EXT = {
 }
 SNIFFED_EXTS = (".pt", ".pth")
 KINDS = ("torchscript", "export", "python", "pickle")
-#: Exclusive upper bound for random integer inputs of a file model (the dashboard uses the same).
-DEFAULT_INT_HIGH = 1000
+
+
+def add_model_args(p, *, default_model: str | None = None, per_rank: bool = False, device: bool = True) -> None:
+    """The model description every command takes, as the dashboard's sidebar does: --model, --kind,
+    --weights, --trust, --input, --batch-size, --seed, and --device unless ``device`` is False (a
+    distributed run picks devices per rank). ``per_rank`` words the inputs and seed for one rank."""
+    g = p.add_argument_group("model (the same description as the dashboard's sidebar)")
+    g.add_argument("--model", "-m", required=default_model is None, default=default_model, metavar="NAME_OR_PATH",
+                   help="a built-in sample (e.g. mlp, cnn, resnet, transformer"
+                        + (f"; default {default_model}" if default_model else "") + ") or a model file: TorchScript "
+                        "(.pt/.ts), torch.export (.pt2), Python file with build_model() (.py) or pickled module "
+                        "(with --trust)")
+    g.add_argument("--kind", choices=KINDS, help="the model file's kind, when its extension does not tell")
+    g.add_argument("--weights", metavar="PATH", help="weights to load into the model: .safetensors or a "
+                                                     "state_dict .pt (read with weights_only=True)")
+    g.add_argument("--trust", action="store_true", help="allow loading a pickled module (runs code from the file)")
+    g.add_argument("--input", "-i", action="append", metavar="SHAPE[:DTYPE[:HIGH]]", dest="inputs",
+                   help=f"one positional input{' per rank' if per_rank else ''}, batch first, e.g. 8,3,32,32 or "
+                        "8,64:int64 (repeat for several inputs; HIGH bounds random integers). Default: the "
+                        "model's own example inputs")
+    g.add_argument("--batch-size", "-b", type=int, metavar="N",
+                   help="per-rank batch size (default: the model's)" if per_rank else
+                   "override the batch dimension of every input")
+    if device:
+        g.add_argument("--device", "-d", default="cpu", help="cpu (default), cuda or cuda:N")
+    g.add_argument("--seed", type=int, default=0, help="seed for the random inputs and weights (default 0"
+                                                       + ("; rank R adds R)" if per_rank else ")"))
 
 
 class UsageError(TorchScopeError):

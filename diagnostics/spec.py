@@ -20,6 +20,8 @@ SOURCES = ("sample", "torchscript", "export", "python", "pickle")
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
 
 MAX_INPUT_ELEMENTS = 2**31 - 1
+#: Integer inputs whose range nobody gave (token or class ids) are drawn from [0, this).
+DEFAULT_INT_HIGH = 1000
 
 
 @dataclass(frozen=True)

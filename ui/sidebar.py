@@ -15,14 +15,13 @@ from diagnostics.devices import device_report, list_devices
 from diagnostics.errors import TorchScopeError
 from diagnostics.formatting import human_bytes
 from diagnostics.intake import safe_mode
-from diagnostics.spec import DTYPES, InputSpec, ModelSpec
+from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec
 from diagnostics.uploads import MODEL_KINDS, save_upload
 from sample_models import DEFAULT_SAMPLE, SAMPLES
 from ui import state
 from ui.jobs import get_store, run_analysis
 
 INT_DTYPES = ("int64", "int32")
-DEFAULT_INT_HIGH = 1000  # integer inputs (token ids, class ids) are drawn from [0, this) unless set
 
 KIND_LABELS = {
     "torchscript": "TorchScript archive (torch.jit.save)",

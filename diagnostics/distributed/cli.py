@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 
-from diagnostics.cli_model import KINDS, build_spec
+from diagnostics.cli_model import add_model_args, build_spec
 from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
 from diagnostics.formatting import human_bytes
 
@@ -58,18 +58,7 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def model(q):  # the model description of the other commands (diagnostics.cli_model.build_spec)
-        q.add_argument("--model", "-m", default="mlp", metavar="NAME_OR_PATH",
-                       help="a built-in sample (default mlp) or a model file: TorchScript (.pt/.ts), torch.export "
-                            "(.pt2), Python file with build_model() (.py) or pickled module (with --trust)")
-        q.add_argument("--kind", choices=KINDS, help="the model file's kind, when its extension does not tell")
-        q.add_argument("--weights", metavar="PATH", help="weights to load into the model: .safetensors or a "
-                                                         "state_dict .pt (read with weights_only=True)")
-        q.add_argument("--trust", action="store_true", help="allow loading a pickled module (runs code from the file)")
-        q.add_argument("--input", "-i", action="append", metavar="SHAPE[:DTYPE[:HIGH]]", dest="inputs",
-                       help="one positional input per rank, batch first, e.g. 8,3,32,32 or 8,64:int64 (repeat for "
-                            "several inputs). Default: the model's own example inputs")
-        q.add_argument("--batch-size", "-b", type=int, help="per-rank batch size (default: the model's)")
-        q.add_argument("--seed", type=int, default=0, help="seed for the weights and inputs (rank R adds R)")
+        add_model_args(q, default_model="mlp", per_rank=True, device=False)
         q.add_argument("--nproc", type=int, default=DEFAULT_NPROC, help="processes per node")
         q.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="profiled training steps")
         q.add_argument("--warmup", type=int, default=2, help="steps before the profiled ones")
