@@ -180,7 +180,7 @@ def build_timeline_figure(result: dict) -> go.Figure:
     fig.update_layout(title=f"Timeline of the last profiler cycle: {shown}", barmode="overlay",
                       xaxis_title="time since the first event (ms)", yaxis_title="thread / stream",
                       yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes))),
-                      height=max(300, len(lanes) * max(120, 14 * max(depth_of_lane.values())) + 140),
+                      height=max(300, len(lanes) * max(120, 22 * max(depth_of_lane.values())) + 140),
                       margin=dict(l=10, r=10, t=50, b=40),
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
                       dragmode="zoom")
