@@ -2,7 +2,7 @@
 
 The worker is a fresh ``spawn`` process: a crash, hang, abort or runaway allocation in user code
 ends the worker, never the dashboard. The parent enforces the timeout, a memory cap (RLIMIT_AS on
-CPU jobs, an RSS watchdog on all), cancellation, and a per-device queue for jobs that time the
+CPU jobs, over what torch maps by itself; an RSS watchdog on all), cancellation, and a per-device queue for jobs that time the
 device, so two sessions do not distort each other's figures. The worker's stdout/stderr are drained
 by a thread into a log file in the run's artifact folder (its first LOG_HEAD_BYTES and last
 LOG_TAIL_BYTES), so a model that prints megabytes neither blocks nor fills the disk. The worker
@@ -174,6 +174,24 @@ def _is_gpu_oom(exc: BaseException) -> bool:
     return False
 
 
+def _cap_address_space(extra: int) -> None:
+    """Cap the worker's address space (RLIMIT_AS) at what it maps once torch is loaded, plus ``extra``.
+
+    Counted from that baseline because a CUDA build of torch maps gigabytes of libraries before a
+    job allocates anything (a flat 1.5 GiB cap failed to load libtorch_cpu.so there). Only the soft
+    limit is set: the distributed launch lifts it again for torchrun's ranks (NCCL maps device
+    memory into the address space and failed with 'out of memory' under the worker's cap).
+    """
+    import resource
+
+    import torch  # noqa: F401  (the libraries are mapped now, before the cap)
+
+    base = psutil.Process().memory_info().vms
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = base + extra if hard == resource.RLIM_INFINITY else min(base + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: int | None,
                  parent_pid: int) -> None:
     _die_with_parent(parent_pid)
@@ -184,9 +202,7 @@ def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: i
 
     faulthandler.enable()  # a segfault in native code leaves a Python traceback in worker.log
     if mem_limit:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
+        _cap_address_space(mem_limit)
     try:
         job = Job.from_dict(job_dict)
         result = execute(job, Path(artifact_dir), lambda f, m: conn.send(("progress", f, m)))

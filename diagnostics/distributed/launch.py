@@ -77,6 +77,12 @@ class LaunchResult:
 
 def _die_with_parent() -> None:  # runs in the child before exec
     os.setsid()
+    try:  # the ranks are processes of their own: lift the runner worker's address-space cap (its soft
+        import resource  # limit; NCCL maps device memory into the address space and fails under it)
+
+        resource.setrlimit(resource.RLIMIT_AS, (resource.getrlimit(resource.RLIMIT_AS)[1],) * 2)
+    except (ImportError, ValueError, OSError):
+        pass
     try:
         import ctypes
 
