@@ -32,13 +32,21 @@ SPLIT_CATEGORIES = ("kernel", "memcpy", "memset", "runtime", "cpu_exec", "other"
 
 #: Kernel-name fragments that mean the kernel ran on Tensor Cores (cuBLAS / cuDNN / CUTLASS naming:
 #: HMMA/IMMA/WGMMA instructions, xmma and tensorop GEMMs, the h884/s1688/h16816/i8816 tile names,
-#: half and bfloat16 GEMMs, flash attention). Architecture prefixes alone (ampere_, sm80_,
-#: cutlass_80) say nothing: ampere_sgemm and cutlass_80_simt_sgemm run on the ordinary CUDA cores.
+#: half and bfloat16 GEMMs, flash attention, and Hopper cuBLAS's nvjet GEMMs, e.g.
+#: nvjet_sm90_hsh_128x64_64x8_1x2_h_bz_NNT for float16 and nvjet_sm90_tst_... for bfloat16, as read on
+#: an H100 with CUDA 13). Architecture prefixes alone (ampere_, sm80_, cutlass_80) say nothing:
+#: ampere_sgemm and cutlass_80_simt_sgemm run on the ordinary CUDA cores.
 TENSOR_CORE_PATTERNS = (
     r"xmma", r"hmma", r"imma", r"wgmma", r"[hsi](?:884|1688|16816|8816)", r"tensor_?op",
-    r"b?f16.*gemm", r"gemm.*b?f16", r"flash_(?:fwd|bwd)", r"fmha",
+    r"b?f16.*gemm", r"gemm.*b?f16", r"flash_(?:fwd|bwd)", r"fmha", r"nvjet_",
 )
 _TC_RE = re.compile("|".join(TENSOR_CORE_PATTERNS), re.IGNORECASE)
+
+#: Names the patterns above match that still run on CUDA cores (all read on an H100): xmma kernels
+#: doing fp32 (or complex fp32) math with FFMA instructions, e.g.
+#: sm80_xmma_gemm_cf32cf32_f32f32_cf32_nt_n_..._ffma_..., cuDNN's xmma workspace initialisation, and
+#: an nvjet GEMM whose operand and output types are all fp32 or fp64 (sss / ddd).
+_CUDA_CORE_RE = re.compile(r"_[fd]fma_|init_device_workspace|nvjet_(?:sm\d+_)?(?:sss|ddd)_", re.IGNORECASE)
 
 #: Timeline default: at most this many events drawn; the longest are kept.
 TIMELINE_MAX_EVENTS = 4000
@@ -52,7 +60,7 @@ _FP32_XMMA_RE = re.compile(r"f32f32_f32f32_f32", re.IGNORECASE)
 def uses_tensor_cores(kernel_name: str) -> bool:
     """Name heuristic, as the TensorBoard plugin did: true when the name marks a Tensor Core kernel."""
     name = kernel_name or ""
-    if _FP32_XMMA_RE.search(name) and "tf32" not in name.lower():
+    if _FP32_XMMA_RE.search(name) and "tf32" not in name.lower() or _CUDA_CORE_RE.search(name):
         return False
     return bool(_TC_RE.search(name))
 

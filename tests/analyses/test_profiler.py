@@ -322,6 +322,46 @@ def test_kernel_table_groups_and_flags_tensor_cores():
         assert not pt.uses_tensor_cores(name), name
 
 
+#: Kernel names read on an H100 (torch 2.11+cu130, cuBLAS / cuDNN of CUDA 13) for Linear, Conv2d,
+#: scaled_dot_product_attention and LSTM, forward and backward, in fp32, tf32, fp16 and bf16.
+H100_TENSOR_CORE_KERNELS = (
+    "nvjet_sm90_hsh_128x64_64x8_1x2_h_bz_NNT",  # fp16 Linear
+    "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_bias_TNT",  # bf16 Linear
+    "nvjet_sm90_tst_64x80_64x11_2x1_v_bz_TNT",  # bf16 LSTM
+    "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize64x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+    "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x64x32_stage5_warpsize2x2x1_g1_"
+    "tensor16x8x8_execute_kernel__5x_cudnn",
+    "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x64x32_warpgroupsize1x1x1_g1_"
+    "execute_segment_k_off_kernel__5x_cudnn",
+    "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_256x64_16x4_nhwc_unity_stride_align4>",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0",
+    "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_nt_align4>",
+)
+H100_CUDA_CORE_KERNELS = (
+    "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x64x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_"
+    "kernel__5x_cublas",  # fp32 Linear with TF32 off
+    "sm80_xmma_gemm_cf32cf32_f32f32_cf32_nt_n_tilesize32x32x8_stage3_warpsize2x2x1_ffma_aligna8_alignc8_execute_"
+    "kernel__5x_cublas",  # the complex fp32 GEMM of cuDNN's FFT convolution
+    "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize128x32x8_stage3_warpsize2x2x1_g1_ffma_"
+    "aligna4_alignc4_execute_kernel__5x_cudnn",
+    "void cask_plugin__5x_cudnn::xmma__5x_cudnn::init_device_workspace_kernel<xmma__5x_cudnn::implicit_gemm::"
+    "wgrad_indexed::Warp_specialized_params>",
+    "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>",
+    "void cudnn::winograd_nonfused::winogradWgradData4x4<float, float>",
+    "nvjet_sm90_sss_128x64_64x8_1x2_h_bz_NNT",  # an all-fp32 nvjet GEMM (named by the same scheme)
+)
+
+
+@pytest.mark.parametrize("name", H100_TENSOR_CORE_KERNELS)
+def test_hopper_tensor_core_kernels_are_recognised(name):
+    assert pt.uses_tensor_cores(name)
+
+
+@pytest.mark.parametrize("name", H100_CUDA_CORE_KERNELS)
+def test_hopper_cuda_core_kernels_are_not_counted_as_tensor_core(name):
+    assert not pt.uses_tensor_cores(name)
+
+
 def test_timeline_keeps_the_longest_events_and_every_lane_when_downsampling():
     events = [X("ProfilerStep#1", 0, 10_000, "user_annotation")]
     events += [X(f"op{i}", 10 * i + 1, 5 + (i % 7), tid=1) for i in range(900)]
