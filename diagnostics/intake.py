@@ -189,9 +189,10 @@ def _no_code_in_pickles():
     from torch.export.pt2_archive import _package
 
     saved_env = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
-    saved_pickle = getattr(_package, "pickle", None)
+    saved_pickle = getattr(_package, "pickle", None)  # None: this torch's reader does not use it (2.11)
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    _package.pickle = _RefusingPickle
+    if saved_pickle is not None:
+        _package.pickle = _RefusingPickle
     try:
         yield
     finally:
@@ -199,7 +200,8 @@ def _no_code_in_pickles():
             os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
         else:
             os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = saved_env
-        _package.pickle = saved_pickle
+        if saved_pickle is not None:
+            _package.pickle = saved_pickle
 
 
 def _load_export(path: Path):

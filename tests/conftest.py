@@ -4,7 +4,10 @@ import os
 import tempfile
 
 # Set before any module reads it, so AppTest pages, the runner and the store use a temp folder.
-os.environ.setdefault("TORCHSCOPE_DATA_DIR", tempfile.mkdtemp(prefix="torchscope-test-"))
+# Under pytest-xdist each worker gets its own (the workers inherit the controller's environment, and
+# a shared folder shows one worker's runs in another's History page).
+if os.environ.get("PYTEST_XDIST_WORKER") or "TORCHSCOPE_DATA_DIR" not in os.environ:
+    os.environ["TORCHSCOPE_DATA_DIR"] = tempfile.mkdtemp(prefix="torchscope-test-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import tempfile
 import time
 import zipfile
@@ -27,6 +28,15 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from diagnostics.analyses import profiler_trace as pt
 from diagnostics.errors import ModelRunError, TorchScopeError
+
+#: with_stack's Python-frame event names, for a torch whose FunctionEvent has no is_python_function (2.11).
+_PY_FRAME_RE = re.compile(r"^(?:nn\.Module: |<built-in |[^ ]*\(\d+\): )")
+
+
+def _is_python_frame(event) -> bool:
+    flag = getattr(event, "is_python_function", None)
+    return bool(flag) if flag is not None else bool(_PY_FRAME_RE.match(event.name or ""))
+
 
 MODES = ("inference", "train")
 OPTIMIZERS = ("sgd", "adamw")
@@ -383,7 +393,7 @@ def analyze(ctx, options: dict) -> dict:
         path.unlink()
         cycle_traces.append(orjson.dumps(_with_rank(data)))
         # with_stack records Python frames as events too; they are call stacks, not operators.
-        frames = frozenset(e.name for e in prof.events() if e.is_python_function) if opts["with_stack"] else frozenset()
+        frames = frozenset(e.name for e in prof.events() if _is_python_frame(e)) if opts["with_stack"] else frozenset()
         if opts["record_shapes"]:
             # One grouping pass: the per-name table is the per-shape one summed by name
             # (merge_operator_rows), the same numbers key_averages() gives, without a second pass.

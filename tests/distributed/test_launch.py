@@ -26,10 +26,12 @@ def _ctx(tmp_path, options):
     return AnalysisContext(Job("distributed", MLP, options), tmp_path)
 
 
-def _rank_processes_left():
+def _rank_processes_left(tmp_path):
+    """This test's ranks still running (their --job file is under tmp_path: not another test's ranks)."""
     me = psutil.Process()
     left = [p for p in psutil.process_iter(["cmdline"])
-            if "diagnostics.distributed.rank_main" in " ".join(p.info["cmdline"] or []) and p.pid != me.pid]
+            if "diagnostics.distributed.rank_main" in (cmd := " ".join(p.info["cmdline"] or []))
+            and str(tmp_path) in cmd and p.pid != me.pid]
     return [p.pid for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
@@ -72,7 +74,7 @@ def test_a_dying_rank_is_named_without_hanging(tmp_path):
         analyze(_ctx(tmp_path, {}), {"nproc": 2, "steps": 3, "warmup": 1, "die_rank": 1, "die_step": 1,
                                      "pg_timeout_s": 30, "run_timeout_s": 90})
     assert time.monotonic() - t0 < 60
-    assert not _rank_processes_left()
+    assert not _rank_processes_left(tmp_path)
 
 
 @pytest.mark.slow
@@ -86,7 +88,7 @@ def test_a_rank_killed_by_sigkill_is_named_not_the_peer_that_lost_it(tmp_path):
     assert ("failed: rank 1 was killed (SIGKILL, exit -9: the OOM killer, out of RAM?) without reporting a Python "
             "error") in msg
     assert "rank 0 failed: " not in msg
-    assert not _rank_processes_left()
+    assert not _rank_processes_left(tmp_path)
 
 
 @pytest.mark.slow
@@ -98,7 +100,7 @@ def test_a_hung_run_is_stopped_by_the_timeout(tmp_path):
         launch(job, 2, timeout_s=4)
     assert time.monotonic() - t0 < 20
     time.sleep(0.5)
-    assert not _rank_processes_left()
+    assert not _rank_processes_left(tmp_path)
 
 
 def test_bad_options_are_named(tmp_path):
@@ -254,6 +256,6 @@ def test_the_runner_timeout_leaves_no_rank_running(tmp_path):
                                                "straggler_sleep_ms": 60_000}), artifact_dir=tmp_path, timeout_s=12)
     assert outcome.status == "timeout"
     deadline = time.monotonic() + 15
-    while _rank_processes_left() and time.monotonic() < deadline:
+    while _rank_processes_left(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _rank_processes_left()
+    assert not _rank_processes_left(tmp_path)

@@ -105,6 +105,8 @@ def test_pt2_opaque_objects_are_refused_while_loading():
 
     from diagnostics.intake import _no_code_in_pickles
 
+    if not hasattr(_package, "pickle"):
+        pytest.skip("this torch's .pt2 reader does not unpickle opaque objects with plain pickle")
     with _no_code_in_pickles(), pytest.raises(Exception, match="opaque pickled object"):
         _package.pickle.loads(pickle.dumps(1))
     assert _package.pickle is pickle
@@ -323,8 +325,11 @@ def test_deeply_nested_json_is_an_error_or_a_skipped_event(tmp_path):
     except TraceError as e:
         assert "nested" in str(e) or "deep" in str(e)
     else:
-        assert len(trace.events) == 2 and trace.skipped_events == 1
-        assert any("nested deeper" in w for w in trace.warnings)
+        if trace.skipped_events:  # too deep for the decoder: skipped, and said so
+            assert len(trace.events) == 2 and trace.skipped_events == 1
+            assert any("nested deeper" in w for w in trace.warnings)
+        else:  # Python 3.12's decoder reads 5000 levels: the event is kept whole
+            assert len(trace.events) == 3 and "a" in set(trace.events["name"].astype(str))
 
 
 @pytest.mark.timeout(30)

@@ -177,7 +177,11 @@ def test_top_operators_match_key_averages_on_a_real_training_trace(tmp_path):
                 opt.step()
     path = tmp_path / "train.json"
     prof.export_chrome_trace(str(path))
-    torch_says = {e.key: e for e in prof.key_averages() if not e.is_user_annotation}
+    # On a CUDA machine the optimizer step makes runtime calls (cudaStreamIsCapturing) even in a
+    # CPU-only run: key_averages lists them, the operator table does not (runtime time is its own view).
+    runtime = {e["name"] for e in json.loads(path.read_text())["traceEvents"]
+               if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    torch_says = {e.key: e for e in prof.key_averages() if not e.is_user_annotation and e.key not in runtime}
     ours = top_operators(load_trace(path), n=10_000)["operators"]
     assert {r["name"] for r in ours} == set(torch_says)
     for r in ours:
