@@ -12,6 +12,7 @@ COLORS = {
     "optimizer state": "#F9A825",
     "activations": "#C62828",
     "temporaries": "#8E7CC3",
+    "workspaces": "#6D4C41",
     "inputs": "#424242",
     "unattributed": "#9E9E9E",
 }

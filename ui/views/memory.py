@@ -24,7 +24,7 @@ def show(result: dict) -> None:
     m = result["metrics"]
     st.caption(f"{result['model']} · device {result['device']} · batch {result['batch_size']} · optimizer "
                f"{result['options']['optimizer']}")
-    est = result["estimate"]["estimates"][1]
+    est = result["estimate"]["estimates"][-1]  # the one estimate_bytes is
     metric_row([
         ("Training-step peak", human_bytes(m["peak_train_bytes"]), result["train"]["source"]),
         ("Inference peak", human_bytes(m["peak_inference_bytes"]), result["inference"]["source"]),
