@@ -267,6 +267,30 @@ def test_cuda_run_has_kernels_and_a_device_split(tmp_path):
     assert sum(r["kernel_ms"] for r in result["device_split"]) > 0
     assert result["metrics"]["peak_device_memory_bytes"] > 0
     assert any(r["self_device_ms"] > 0 for r in result["operators"])
+    # kernels are rows of the kernel table, not operators: the operators' self device time is the
+    # kernels' time once (memcpy / memset aside), not twice
+    assert not {r["name"] for r in result["operators"]} & {k["name"] for k in result["kernels"]}
+    # (double counted it read 2.0x the kernel time; memcpy / memset, outside the kernel table, are a few us)
+    assert result["metrics"]["self_device_total_ms"] < 1.5 * result["metrics"]["kernel_time_ms"]
+
+
+def test_operator_rows_leave_out_device_side_rows():
+    """On CUDA key_averages has a row per kernel too (device_type CUDA), whose time the launching
+    operator's self device time already holds: the operator table keeps only the CPU-side rows."""
+    from types import SimpleNamespace as NS
+
+    from diagnostics.analyses.profiler import operator_rows
+
+    def row(key, dev, self_dev):
+        return NS(key=key, is_user_annotation=False, device_type=NS(name=dev), count=2, self_cpu_time_total=10.0,
+                  cpu_time_total=20.0, self_device_time_total=self_dev, device_time_total=self_dev,
+                  self_cpu_memory_usage=0, cpu_memory_usage=0, self_device_memory_usage=0, device_memory_usage=0,
+                  input_shapes=[])
+
+    rows = operator_rows([row("aten::mm", "CPU", 500.0), row("sm90_xmma_gemm_bf16bf16", "CUDA", 500.0),
+                          row("cudaLaunchKernel", "CPU", 0.0)])
+    assert [r["name"] for r in rows] == ["aten::mm", "cudaLaunchKernel"]
+    assert sum(r["self_device_ms"] for r in rows) == 0.5
 
 
 # ----------------------------------------------------------------------------- pure trace views
