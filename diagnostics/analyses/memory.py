@@ -242,17 +242,15 @@ def analyze(ctx, options: dict) -> dict:
         layers.append({"layer": name, "type": types.get(name, "?"), "is_leaf": name in leaves,
                        "output_bytes": tracker.outputs.get(name, 0) if name in leaves else 0,
                        "saved_bytes": tracker.saved.get(name, 0)})
+    def estimate_row(name: str, nbytes: int) -> dict:
+        return {"name": name, "bytes": nbytes, "error_pct": 100.0 * (nbytes - peak) / peak if peak else None}
+
     est_total = est["total_bytes"]
-    estimates = [
-        {"name": "params + grads + optimizer (no activations)", "bytes": est["static_bytes"],
-         "error_pct": 100.0 * (est["static_bytes"] - peak) / peak if peak else None},
-        {"name": "+ inputs + saved activations (scaled)", "bytes": est_total,
-         "error_pct": 100.0 * (est_total - peak) / peak if peak else None},
-    ]
+    estimates = [estimate_row("params + grads + optimizer (no activations)", est["static_bytes"]),
+                 estimate_row("+ inputs + saved activations (scaled)", est_total)]
     if workspace:
         est_total += workspace
-        estimates.append({"name": "+ CUDA workspaces (measured before the step)", "bytes": est_total,
-                          "error_pct": 100.0 * (est_total - peak) / peak if peak else None})
+        estimates.append(estimate_row("+ CUDA workspaces (measured before the step)", est_total))
     metrics = {
         "peak_train_bytes": int(peak),
         "peak_inference_bytes": int(inference.peak_bytes),

@@ -60,7 +60,7 @@ _FP32_XMMA_RE = re.compile(r"f32f32_f32f32_f32", re.IGNORECASE)
 def uses_tensor_cores(kernel_name: str) -> bool:
     """Name heuristic, as the TensorBoard plugin did: true when the name marks a Tensor Core kernel."""
     name = kernel_name or ""
-    if _FP32_XMMA_RE.search(name) and "tf32" not in name.lower() or _CUDA_CORE_RE.search(name):
+    if (_FP32_XMMA_RE.search(name) and "tf32" not in name.lower()) or _CUDA_CORE_RE.search(name):
         return False
     return bool(_TC_RE.search(name))
 
