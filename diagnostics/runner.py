@@ -184,8 +184,6 @@ def _cap_address_space(extra: int) -> None:
     """
     import resource
 
-    import torch  # noqa: F401  (the libraries are mapped now, before the cap)
-
     base = psutil.Process().memory_info().vms
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     soft = base + extra if hard == resource.RLIM_INFINITY else min(base + extra, hard)
@@ -201,6 +199,11 @@ def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: i
     import faulthandler
 
     faulthandler.enable()  # a segfault in native code leaves a Python traceback in worker.log
+    import torch  # noqa: F401  (loaded before the baseline: the cap counts what the job adds)
+
+    # The parent's watchdog counts resident memory from here, as the address-space cap below
+    # counts from here: otherwise the watchdog fired first, at cap minus torch's own footprint.
+    conn.send(("baseline", psutil.Process().memory_info().rss))
     if mem_limit:
         _cap_address_space(mem_limit)
     try:
@@ -477,6 +480,7 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
         store.set_pid(run_id, proc.pid)
     progress(0.0, "starting worker")
     last_mem_check = last_tick = 0.0
+    baseline_rss = 0  # the worker's footprint once torch is loaded; it reports it first
 
     def done(outcome: JobOutcome, extra_log: str = "") -> JobOutcome:
         _kill(proc)
@@ -502,6 +506,9 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                 if msg is not None and msg[0] == "progress":
                     progress(msg[1], msg[2])
                     continue
+                if msg is not None and msg[0] == "baseline":
+                    baseline_rss = msg[1]
+                    continue
                 if msg is not None:
                     proc.join(5)
                     if msg[0] == "ok":
@@ -526,10 +533,10 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                 return stop("cancelled", "cancelled by the user")
             if elapsed - last_mem_check > 0.5:
                 last_mem_check = elapsed
-                rss = _tree_rss(proc.pid)
-                if rss > cap:
-                    return stop("oom", f"ran out of memory: the worker used {rss / 2**30:.1f} GiB, over its cap of "
-                                       f"{cap / 2**30:.1f} GiB (set {MEMORY_LIMIT_ENV})")
+                used = _tree_rss(proc.pid) - baseline_rss
+                if used > cap:
+                    return stop("oom", f"ran out of memory: the job used {used / 2**30:.1f} GiB beyond the worker's "
+                                       f"start-up, over its cap of {cap / 2**30:.1f} GiB (set {MEMORY_LIMIT_ENV})")
     finally:
         parent.close()
         if proc.is_alive():

@@ -6,6 +6,7 @@ The models are Python files run through the real runner (spawned worker) with a 
 """
 
 import os
+import re
 
 import psutil
 import pytest
@@ -126,6 +127,29 @@ def test_runaway_allocation_hits_the_memory_cap(world):
                        name="fault_bytes.py", memory_limit_mb=1500)
     assert out.status == "oom", (out.status, out.error)
     assert "MemoryError" in out.error or "over its cap of 1.5 GiB" in out.error, out.error
+
+
+def _child_holding(mb: int) -> str:
+    """A forward that starts a process holding ``mb`` MB resident for 2.5 s (no address-space cap
+    reaches it: only the parent's watchdog, which counts the worker's whole process tree)."""
+    code = f"import resource, time; resource.setrlimit(resource.RLIMIT_AS, (-1, -1)); b = b'x' * ({mb} * 2**20); time.sleep(2.5)"
+    return f"subprocess.run([sys.executable, '-c', {code!r}], check=True)\nreturn self.lin(x)"
+
+
+def test_the_watchdog_counts_from_the_workers_start_up(world):
+    # torch alone makes the worker ~220 MB resident: with a 500 MB cap, 400 MB more is within it
+    # (the watchdog once counted from zero and stopped this job at 630 MB) ...
+    out, _ = run_fault(world, _child_holding(400), "import subprocess, sys", name="fault_child_ok.py",
+                       memory_limit_mb=500, check_next=False)
+    assert out.ok, out.error
+    # ... and 900 MB more is not: the job is stopped and the message counts the job's own memory
+    out, _ = run_fault(world, _child_holding(900), "import subprocess, sys", name="fault_child_big.py",
+                       memory_limit_mb=500)
+    assert out.status == "oom", (out.status, out.error)
+    # (caught while the child is still filling its 900 MB: somewhere past 0.5 GiB)
+    m = re.fullmatch(r"ran out of memory: the job used (\d\.\d) GiB beyond the worker's start-up, "
+                     r"over its cap of 0\.5 GiB \(set TORCHSCOPE_WORKER_MEMORY_MB\)", out.error)
+    assert m and 0.5 <= float(m[1]) <= 1.0, out.error
 
 
 def test_a_gpu_out_of_memory_is_not_blamed_on_the_worker_cap(world):
