@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -250,7 +251,24 @@ def report_dir(args, name: str) -> Path | None:
     """Where a command writes its report folder: none with --no-report, --out DIR, else the default."""
     if getattr(args, "no_report", False):
         return None
-    return Path(args.out) if args.out else _default_out(name)
+    if not args.out:
+        return _default_out(name)
+    out = Path(args.out)
+    _check_report_folder(out)
+    return out
+
+
+def _check_report_folder(out: Path) -> None:
+    """Refuse an --out that cannot become a report folder before the job runs, not after it."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"cannot write the report folder {out}: it is a file")
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write the report folder {out}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write the report folder {out}: {parent} is not writable")
 
 
 def run_job_command(args, name: str, spec, options: dict, *, title: str, label: str | None = None,

@@ -108,9 +108,26 @@ def test_unwritable_out_is_a_clean_error(command, tmp_path, store_dir):
     blocker.write_text("not a folder")
     out = blocker / "report"
     p = cli(*command, "--out", out, data_dir=store_dir, cwd=tmp_path)
-    assert p.returncode == 1, p.stderr
-    assert f"error: could not write the report folder {out}" in p.stderr
+    assert p.returncode == 2, p.stderr
+    assert f"error: cannot write the report folder {out}: {blocker} is a file, not a folder" in p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
+    assert not Store(store_dir).list(), "refused before the job ran: no run is recorded"
+    p = cli(*command, "--out", blocker, data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 2 and f"error: cannot write the report folder {blocker}: it is a file" in p.stderr
+
+
+def test_a_report_folder_that_fails_while_written_is_reported(tmp_path, store_dir, monkeypatch, capsys):
+    """A folder that passes the early check but fails on writing (disk full, say) is still one message."""
+    from diagnostics import report
+    from diagnostics.__main__ import main
+
+    def full(*_, **__):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "write_report_folder", full)
+    out = tmp_path / "report"
+    assert main(["trace", "analyze", str(GPU_TRACE), "-q", "--out", str(out), "--data-dir", str(store_dir)]) == 1
+    assert f"error: could not write the report folder {out}: [Errno 28] No space left on device" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- 4. only user-facing commands
