@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Compare two trace files (the 'trace_diff' analysis) and write a report folder.")
     td.add_argument("a", help="the baseline trace")
     td.add_argument("b", help="the trace to compare with it")
-    for t, rows in ((ta, "operators and kernels (default 10; result.json keeps every row the analysis keeps)"),
+    for t, rows in ((ta, "operators and kernels (default 10; result.json keeps 20 rows per table, or N when more)"),
                     (td, "changed operators (default 15)")):
         t.add_argument("--top", type=positive_int, metavar="N", help=f"rows shown in the text output: {rows}")
         _add_run_args(t, "trace" if t is ta else "trace_diff")

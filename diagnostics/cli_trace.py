@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from diagnostics.traces.analyses import TOP_N
+
 #: Rows shown in the text output when --top is not given.
 DEFAULT_TOP = {"analyze": 10, "diff": 15}
 #: The analysis result's keys -> the CLI's (and report layout's) names for them.
@@ -28,7 +30,10 @@ def trace_job(args) -> tuple[str, dict]:
 
     if args.trace_command == "analyze":
         stamp = file_stamp(args.path)
-        return "trace", {"path": stamp["path"], "stamp": stamp}
+        options = {"path": stamp["path"], "stamp": stamp}
+        if args.top is not None and args.top > TOP_N:  # the analysis keeps TOP_N rows per table unless told
+            options["top"] = args.top
+        return "trace", options
     stamps = [file_stamp(args.a), file_stamp(args.b)]
     return "trace_diff", {"before": stamps[0]["path"], "after": stamps[1]["path"], "stamps": stamps}
 

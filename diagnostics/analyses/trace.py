@@ -21,6 +21,7 @@ from diagnostics.traces import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
 )
+from diagnostics.traces.analyses import TOP_N
 
 EVENTS_FILE = "events.feather"
 META_FILE = "trace_meta.json"
@@ -75,9 +76,12 @@ def analyze(ctx, options: dict) -> dict:
     out = {"path": path, "name": name}
     steps = [("summary", summary), ("breakdown", temporal_breakdown), ("top", top_operators),
              ("idle", idle_time), ("launch", launch_stats)]
+    rows = int(options.get("top", TOP_N))  # rows kept in the top-operator and launch tables
+    if rows < 1:
+        raise TorchScopeError(f"bad option top={rows}: the tables keep at least one row")
     for i, (key, fn) in enumerate(steps):
         ctx.progress(0.5 + 0.08 * i, key)
-        out[key] = fn(trace)
+        out[key] = fn(trace, rows) if fn in (top_operators, launch_stats) else fn(trace)
     ctx.progress(0.9, "timeline")
     out["timeline"] = timeline_data(trace, options.get("t0"), options.get("t1"),
                                     max_events=int(options.get("max_events", TIMELINE_MAX_EVENTS)))

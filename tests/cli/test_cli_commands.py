@@ -42,6 +42,24 @@ def test_trace_analyze_writes_the_default_report_folder(tmp_path, store_dir):
     assert "Top 2 of 4 operators by self time" in p.stdout and "2 steps" in p.stdout  # --top limits the text
 
 
+def test_trace_analyze_top_beyond_the_kept_rows(tmp_path, store_dir):
+    """The analysis keeps 20 rows per table; --top 25 asks the job for 25 (it once printed 20)."""
+    from diagnostics.traces.analyses import TOP_N
+
+    trace = tmp_path / "thirty_ops.json"
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i:02d}", "ts": 1000 + 100 * i, "dur": 90 - i,
+               "pid": 1, "tid": 1, "args": {}} for i in range(30)]
+    trace.write_text(json.dumps({"traceEvents": events}))
+    assert TOP_N == 20
+    p = cli("trace", "analyze", trace, "--top", "25", "--json", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    ops = json.loads(p.stdout)["top_operators"]["operators"]
+    assert [o["name"] for o in ops] == [f"aten::op{i:02d}" for i in range(25)]  # by self time, longest first
+    p = cli("trace", "analyze", trace, "--top", "25", "--no-report", data_dir=store_dir, cwd=tmp_path)
+    assert "Top 25 of 30 operators by self time" in p.stdout and "aten::op24" in p.stdout
+    assert "aten::op25" not in p.stdout
+
+
 def test_trace_diff_writes_the_default_report_folder_and_no_report_skips_it(tmp_path, store_dir):
     p = cli("trace", "diff", BEFORE, AFTER, "-q", data_dir=store_dir, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
