@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
+from diagnostics import cli_report
 from diagnostics.cli_model import UsageError, add_model_args, build_spec
+from diagnostics.cli_report import add_report_args
 from diagnostics.cli_options import (
     ANALYSIS_OPTIONS, CLI_ONLY, check_option_keys, collect_options, parse_option_pairs, positive_int,
 )
@@ -35,7 +36,6 @@ from diagnostics.registry import ANALYSES
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 #: Job errors that mean "what you gave cannot be used" (exit 2) rather than "the job failed" (exit 1).
 INPUT_ERRORS = ("SpecError", "ModelLoadError", "TrustError", "ModelRunError", "UsageError", "TraceError")
-DEFAULT_REPORT_ROOT = "torchscope-report"
 #: Command names the CLI keeps for itself (an analysis by that name gets no subcommand).
 RESERVED = ("trace", "list")
 #: Registered analyses that are no command: the sidebar's load check. (Analyses that need no model get
@@ -127,9 +127,7 @@ def _add_run_args(p: argparse.ArgumentParser, name: str = "<analysis>") -> None:
     g = p.add_argument_group("run and report")
     g.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the job after this long "
                                                                    "(default: the analysis' own limit)")
-    g.add_argument("--out", "-o", metavar="DIR", help=f"report folder (default ./{DEFAULT_REPORT_ROOT}/"
-                                                      f"{name}-<timestamp>)")
-    g.add_argument("--no-report", action="store_true", help="write no report folder")
+    add_report_args(g, name)
     g.add_argument("--json", action="store_true", help="print the result as JSON on stdout (nothing else there)")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     g.add_argument("--data-dir", metavar="DIR", help="run store folder (default $TORCHSCOPE_DATA_DIR or "
@@ -213,15 +211,6 @@ def _err(message: str) -> None:
     sys.stderr.flush()
 
 
-def _default_out(name: str) -> Path:
-    base = Path.cwd() / DEFAULT_REPORT_ROOT / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out, n = base, 1
-    while out.exists():
-        n += 1
-        out = base.with_name(f"{base.name}-{n}")
-    return out
-
-
 def checklist_score(result: dict) -> float | None:
     """The checklist's 0-100 score, wherever the result keeps it."""
     for holder in (result, result.get("metrics") or {}):
@@ -249,26 +238,7 @@ def _print_human(name: str, spec, outcome, written: dict | None) -> None:
 # ----------------------------------------------------------------------------- commands
 def report_dir(args, name: str) -> Path | None:
     """Where a command writes its report folder: none with --no-report, --out DIR, else the default."""
-    if getattr(args, "no_report", False):
-        return None
-    if not args.out:
-        return _default_out(name)
-    out = Path(args.out)
-    _check_report_folder(out)
-    return out
-
-
-def _check_report_folder(out: Path) -> None:
-    """Refuse an --out that cannot become a report folder before the job runs, not after it."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"cannot write the report folder {out}: it is a file")
-    parent = out
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"cannot write the report folder {out}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write the report folder {out}: {parent} is not writable")
+    return cli_report.report_dir(args.out, getattr(args, "no_report", False), name)
 
 
 def run_job_command(args, name: str, spec, options: dict, *, title: str, label: str | None = None,

@@ -19,6 +19,7 @@ import sys
 import threading
 
 from diagnostics.cli_model import add_model_args, build_spec
+from diagnostics.cli_report import add_report_args, report_dir
 from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
 from diagnostics.formatting import human_bytes
 
@@ -50,12 +51,13 @@ def _parser() -> argparse.ArgumentParser:
                             "communication, collectives, stragglers.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
-    def thresholds(q):
+    def thresholds(q, analysis: str):  # and the run and report options
         q.add_argument("--margin", type=float, default=STRAGGLER_MARGIN,
                        help=f"straggler margin over the median busy time (default {STRAGGLER_MARGIN})")
         q.add_argument("--min-excess-ms", type=float, default=STRAGGLER_MIN_EXCESS_MS,
                        help=f"and at least this many ms over it (default {STRAGGLER_MIN_EXCESS_MS:g})")
         q.add_argument("--json", action="store_true", help="print the result as JSON")
+        add_report_args(q, analysis)
 
     def model(q):  # the model description of the other commands (diagnostics.cli_model.build_spec)
         add_model_args(q, default_model="mlp", per_rank=True, device=False)
@@ -77,10 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before the run is stopped (default 600; the torchrun launch gets all but 30 s "
                         "of it, and at least 80 %%)")
-    thresholds(r)
+    thresholds(r, "distributed")
     a = sub.add_parser("analyze", help="analyse a folder of per-rank traces (one file per rank)")
     a.add_argument("dir", help="folder with rank*.pt.trace.json(.gz) files")
-    thresholds(a)
+    thresholds(a, "distributed_traces")
     c = sub.add_parser("command", help="write job.json and print the torchrun command for a multi-node run")
     model(c)
     c.add_argument("--nnodes", type=int, default=1)
@@ -99,7 +101,7 @@ def _spec(args):
 
 
 def format_result(res: dict) -> str:
-    m, t = res["metrics"], res["thresholds"]
+    m = res["metrics"]
     lines = [f"{m['ranks_loaded']} of {m['world_size']} ranks, backend {res['backend']}, {res['device_kind']}, "
              f"{m['steps_per_rank']} profiled steps per rank",
              f"median step {m['median_step_ms']:.2f} ms; communication {100 * m['comm_fraction']:.1f} % of step "
@@ -189,6 +191,7 @@ def _main(argv: list[str] | None) -> int:
                 options.update(die_rank=args.die_rank, die_step=args.die_step, die_how=args.die_how)
             job = Job("distributed", _spec(args), options)
             timeout = args.timeout
+        out_dir = report_dir(args.out, args.no_report, job.analysis)
         store = Store()
     except SystemExit as e:
         sys.stderr.write(f"error: {e.code}\n")
@@ -214,8 +217,34 @@ def _main(argv: list[str] | None) -> int:
     if not outcome.ok:
         sys.stderr.write(f"error: {outcome.error}\n")
         return EXIT_USAGE if outcome.error_type in INPUT_ERRORS else EXIT_FAILED
+    written = None
+    if out_dir is not None:
+        written = _write_report(job, outcome, out_dir)
+        if written is None:
+            return EXIT_FAILED
     _emit(outcome.result, args.json)
+    if written:
+        (sys.stderr if args.json else sys.stdout).write(f"report: {written['report.html']}\n")
     return EXIT_OK
+
+
+def _write_report(job, outcome, out_dir):
+    """The report folder of a finished run (report.html, result.json, CSVs, and a launched run's rank
+    traces); None after saying why it could not be written."""
+    from pathlib import Path
+
+    from diagnostics.report import write_report_folder
+
+    ranks = Path(outcome.artifact_dir or "") / "distributed"  # where a launched run's ranks wrote their traces
+    traces = {p.name: str(p) for p in sorted(ranks.glob("rank*"))} if job.analysis == "distributed" else {}
+    title = ("TorchScope distributed run" if job.analysis == "distributed"
+             else f"TorchScope distributed traces: {Path(job.options['trace_dir']).name}")
+    try:
+        return write_report_folder(job.analysis, outcome.result, out_dir, traces, title=title,
+                                   meta={"run": outcome.run_id, "source": "cli"})
+    except OSError as e:
+        sys.stderr.write(f"error: could not write the report folder {out_dir}: {e}\n")
+        return None
 
 
 def _command(args) -> int:

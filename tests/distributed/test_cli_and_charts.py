@@ -12,8 +12,15 @@ from diagnostics.distributed.analysis import analyze_folder_path
 from diagnostics.distributed.cli import launch_timeout_s, main
 from diagnostics.distributed.job import DistJob, DistributedError
 from diagnostics.distributed.launch import torchrun_command
+from diagnostics.store import Store
 
 PAIR = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """The commands write their report folder under ./torchscope-report: here, not in the repository."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +41,32 @@ def test_cli_analyze_text(capsys):
             "0.10 ms; a rank straggles when its busy time is over the median of the other ranks") in out
     assert "limit ms" in out and "1.06" in out.splitlines()[4]  # rank 0's own threshold: 0.9575 + 0.1
     assert "gloo:all_reduce" in out and "overlap ratio 14.7 %" in out
+
+
+def test_cli_analyze_writes_a_report_folder(capsys, tmp_path):
+    out = tmp_path / "reports" / "pair"
+    assert main(["analyze", str(PAIR), "--margin", "0.1", "--min-excess-ms", "0.1", "--json", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert json.loads((out / "result.json").read_text())["stragglers"] == json.loads(printed.out)["stragglers"] == [1]
+    assert f"report: {out / 'report.html'}" in printed.err  # --json: stdout holds only the JSON
+    html = (out / "report.html").read_text()
+    assert "TorchScope distributed traces: pair" in html and "plotly" in html.lower()
+    assert {"ranks.csv", "collectives.csv"} <= {p.name for p in out.iterdir()}
+    assert not any(p.name.startswith("rank0") for p in out.iterdir()), "the user's own traces are not copied"
+    # the default folder, and none with --no-report
+    assert main(["analyze", str(PAIR)]) == 0
+    (folder,) = (tmp_path / "torchscope-report").glob("distributed_traces-*")
+    assert f"report: {folder / 'report.html'}" in capsys.readouterr().out
+    assert main(["analyze", str(PAIR), "--no-report"]) == 0
+    assert len(list((tmp_path / "torchscope-report").iterdir())) == 1
+    # an --out that cannot be a folder is refused before the job: exit 2, nothing recorded
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    runs = len(Store().list())
+    assert main(["analyze", str(PAIR), "--out", str(blocker / "r")]) == 2
+    assert f"error: cannot write the report folder {blocker / 'r'}: {blocker} is a file, not a folder" in \
+        capsys.readouterr().err
+    assert len(Store().list()) == runs
 
 
 def test_cli_errors(capsys, tmp_path):
@@ -206,6 +239,12 @@ def test_cli_run_trains_a_model_file_and_says_where_the_traces_are(capsys, tmp_p
         assert (info["rank"], info["world_size"]) == (rank, 2)
     if __import__("torch").cuda.device_count() < 2:  # auto: gloo unless each rank gets a GPU
         assert "2 of 2 ranks, backend gloo" in out and "note: backend gloo (auto: " in out
+    # the report folder, as every command writes one: the result, its tables, and the ranks' traces
+    (report,) = (tmp_path / "torchscope-report").glob("distributed-*")
+    assert f"report: {report / 'report.html'}" in out
+    assert {"report.html", "result.json", "ranks.csv", "rank0.pt.trace.json", "rank1.pt.trace.json"} <= {
+        p.name for p in report.iterdir()}
+    assert json.loads((report / "result.json").read_text())["metrics"]["ranks_loaded"] == 2
 
 
 def test_cli_run_refuses_a_model_file_that_does_not_load(capsys, tmp_path):
