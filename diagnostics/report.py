@@ -86,6 +86,8 @@ def safe_filename(name: str) -> str:
 # ----------------------------------------------------------------------------- metrics
 _BYTES_HINTS = ("bytes", "memory", "_mem")
 _SECONDS_HINTS = ("_s", "_sec", "_seconds")
+#: Metrics in 0..1 whose names do not end in _fraction.
+_FRACTION_NAMES = ("overlap_ratio",)
 
 
 def format_metric(name: str, value) -> str:
@@ -110,6 +112,8 @@ def format_metric(name: str, value) -> str:
             return human_count(value, "FLOP")
         if low.endswith("_pct") or low.endswith("percent"):
             return f"{value:.1f} %"
+        if (low.endswith("_fraction") or low in _FRACTION_NAMES) and 0 <= value <= 1:
+            return f"{100 * value:.1f} %"
         if isinstance(value, int) or float(value).is_integer():
             return f"{int(value):,}"
         return f"{value:.4g}"

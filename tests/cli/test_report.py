@@ -44,6 +44,10 @@ def test_find_tables_nested_and_flattened():
     ("params_total", 26122, "26,122"),
     ("tensor_core_kernel_pct", None, "n/a"),
     ("score", 85.714, "85.71"),
+    ("exposed_comm_fraction", 0.4873, "48.7 %"),
+    ("overlap_ratio", 0.08879, "8.9 %"),
+    ("dead_fraction", 0, "0.0 %"),
+    ("change_ratio", 0.5, "0.5"),  # not a share of a whole: left as a number
 ])
 def test_metric_units(name, value, text):
     assert format_metric(name, value) == text
