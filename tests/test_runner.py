@@ -85,3 +85,21 @@ def test_a_worker_does_not_rerun_the_callers_main_script(tmp_path, monkeypatch):
     assert out.ok, out.error
     assert not marker.exists()
     assert fake.__file__ == str(script)  # put back once the worker has started
+
+
+def test_the_worker_freezes_what_it_loaded_before_the_job(tmp_path):
+    """torch's objects are out of the collector's reach (gc.freeze) before the user's code runs,
+    so a full collection inside a timed step scans the job's objects only."""
+    py = tmp_path / "frozen.py"
+    py.write_text(textwrap.dedent("""
+        import gc, torch
+        from torch import nn
+        FROZEN = gc.get_freeze_count()
+        def build_model():
+            return nn.Linear(FROZEN, 1)  # the count, read back as the layer's width
+        def example_inputs(): return (torch.zeros(1, FROZEN),)
+    """))
+    out = run_job(Job("summary", ModelSpec(source="python", name="frozen.py", path=str(py))), artifact_dir=tmp_path / "a")
+    assert out.ok, out.error
+    frozen = out.result["metrics"]["params_total"] - 1  # weight FROZEN x 1, bias 1
+    assert frozen > 100_000, frozen  # importing torch alone makes ~170k tracked objects
