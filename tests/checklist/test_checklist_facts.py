@@ -88,7 +88,7 @@ def test_static_facts_modes_layout_and_init():
     assert s["data_parallel"] is False and static_facts(nn.DataParallel(nn.Linear(2, 2)))["data_parallel"]
 
 
-class ItemEveryStep(nn.Module):
+class OneItemPerForward(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 8)
@@ -102,13 +102,13 @@ class ItemEveryStep(nn.Module):
 
 def test_sync_points_count_only_what_the_step_does(monkeypatch):
     """The harness waits for the device between steps (a sync of its own, here made an
-    aten::item): that is not the model's, so a clean model has none and ItemEveryStep one."""
+    aten::item): that is not the model's, so a clean model has none and OneItemPerForward one."""
     from diagnostics.checklist import facts as facts_mod
 
     monkeypatch.setattr(facts_mod, "_sync", lambda device: torch.ones(1).sum().item())
     clean = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(16, 8)), FAST)["measured"]["profile"]
     assert clean["sync_points_per_step"] == 0.0
-    dirty = collect_facts(loaded_of(ItemEveryStep(), torch.randn(16, 8)), FAST)["measured"]["profile"]
+    dirty = collect_facts(loaded_of(OneItemPerForward(), torch.randn(16, 8)), FAST)["measured"]["profile"]
     assert dirty["sync_points_per_step"] == 1.0
 
 
@@ -126,7 +126,7 @@ def test_sample_losses_make_their_targets_once_per_shape():
 
 def test_sync_points_and_saved_activations_and_gradients():
     torch.manual_seed(0)
-    model = ItemEveryStep()
+    model = OneItemPerForward()
     x = torch.randn(16, 8)
     facts = collect_facts(loaded_of(model, x), FAST)
     p = facts["measured"]["profile"]
@@ -136,7 +136,7 @@ def test_sync_points_and_saved_activations_and_gradients():
     # the loss's pow saves y again (same storage, counted once).
     assert facts["measured"]["saved_activation_bytes"] == 2 * 16 * 8 * 4 + 4
     # gradients (from the Gradient-flow analysis) against a manual backward
-    ref = ItemEveryStep()
+    ref = OneItemPerForward()
     ref.load_state_dict(model.state_dict())
     default_loss(ref(x)).backward()
     g = facts["measured"]["gradients"]

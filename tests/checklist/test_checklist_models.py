@@ -405,7 +405,7 @@ def test_cuda_only_rules_do_not_apply_on_cpu(rule_id, healthy):
     expect(rule_id, facts, "not_applicable", CUDA_ONLY[rule_id])
 
 
-class ItemEveryStep(nn.Module):
+class TwelveItemsPerForward(nn.Module):
     """Reads a value on the host in every forward, twelve times."""
 
     def __init__(self):
@@ -421,7 +421,7 @@ class ItemEveryStep(nn.Module):
 
 
 def test_sync_points_on_cpu_are_not_applicable_even_with_host_reads():
-    facts = facts_of(ItemEveryStep(), torch.randn(16, 8))
+    facts = facts_of(TwelveItemsPerForward(), torch.randn(16, 8))
     assert facts["measured"]["profile"]["sync_per_step"]["aten::item"] == 12  # counted, not blamed
     expect("sync_points", facts, "not_applicable", "no GPU (CUDA): host reads such as .item() cost no")
 
@@ -430,7 +430,7 @@ def test_sync_points_on_cpu_are_not_applicable_even_with_host_reads():
 def test_sync_points_on_cuda():
     expect("sync_points", facts_of(nn.Linear(8, 8).cuda(), torch.randn(16, 8, device="cuda")), "pass",
            "0 CPU-GPU sync points per step")
-    dirty = facts_of(ItemEveryStep().cuda(), torch.randn(16, 8, device="cuda"))
+    dirty = facts_of(TwelveItemsPerForward().cuda(), torch.randn(16, 8, device="cuda"))
     assert dirty["measured"]["profile"]["sync_per_step"]["aten::item"] == 12
     expect("sync_points", dirty, "fail", "CPU-GPU sync points per step")
 
