@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -64,6 +65,9 @@ def load_columns(folder: str | Path) -> Trace:
 def analyze(ctx, options: dict) -> dict:
     """Open one trace: summary, temporal breakdown, top operators/kernels, idle time, launches, timeline."""
     path = _require_path(options)
+    rows = int(options.get("top", TOP_N))  # rows kept in the top-operator and launch tables
+    if rows < 1:
+        raise TorchScopeError(f"bad option top={rows}: the tables keep at least one row")
     # An upload is stored under a name we chose; "display_name" is the one the user knows it by.
     stored, name = Path(path).name, str(options.get("display_name") or Path(path).name)
     ctx.progress(0.05, f"reading {name} ({os.path.getsize(path) / 2**20:.0f} MiB)")
@@ -74,14 +78,11 @@ def analyze(ctx, options: dict) -> dict:
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
     out = {"path": path, "name": name}
-    steps = [("summary", summary), ("breakdown", temporal_breakdown), ("top", top_operators),
-             ("idle", idle_time), ("launch", launch_stats)]
-    rows = int(options.get("top", TOP_N))  # rows kept in the top-operator and launch tables
-    if rows < 1:
-        raise TorchScopeError(f"bad option top={rows}: the tables keep at least one row")
+    steps = [("summary", summary), ("breakdown", temporal_breakdown), ("top", partial(top_operators, n=rows)),
+             ("idle", idle_time), ("launch", partial(launch_stats, n=rows))]
     for i, (key, fn) in enumerate(steps):
         ctx.progress(0.5 + 0.08 * i, key)
-        out[key] = fn(trace, rows) if fn in (top_operators, launch_stats) else fn(trace)
+        out[key] = fn(trace)
     ctx.progress(0.9, "timeline")
     out["timeline"] = timeline_data(trace, options.get("t0"), options.get("t1"),
                                     max_events=int(options.get("max_events", TIMELINE_MAX_EVENTS)))

@@ -63,3 +63,12 @@ def test_missing_and_broken_traces_are_named(tmp_path):
     cut.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1}] * 50})[:300])
     out = run_job(Job("trace", None, {"path": str(cut)}))
     assert out.status == "error" and "truncated" in out.error.lower()
+
+
+def test_a_bad_row_count_is_refused_before_the_trace_is_read(tmp_path):
+    from diagnostics.runner import execute
+
+    path = tmp_path / "never_read.json"
+    path.write_text("not JSON")  # reading it would fail with another message
+    with pytest.raises(Exception, match=r"^bad option top=0: the tables keep at least one row$"):
+        execute(Job("trace", None, {"path": str(path), "top": 0}), tmp_path)
