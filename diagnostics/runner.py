@@ -2,8 +2,9 @@
 
 The worker is a fresh ``spawn`` process: a crash, hang, abort or runaway allocation in user code
 ends the worker, never the dashboard. The parent enforces the timeout, a memory cap (RLIMIT_AS on
-CPU jobs, over what torch maps by itself; an RSS watchdog on all), cancellation, and a per-device queue for jobs that time the
-device, so two sessions do not distort each other's figures. The worker's stdout/stderr are drained
+CPU jobs, an RSS watchdog on all; both count from the worker's footprint once torch is loaded),
+cancellation, and a per-device queue for jobs that time the device, so two sessions do not distort
+each other's figures. The worker's stdout/stderr are drained
 by a thread into a log file in the run's artifact folder (its first LOG_HEAD_BYTES and last
 LOG_TAIL_BYTES), so a model that prints megabytes neither blocks nor fills the disk. The worker
 dies with the process that started it (PR_SET_PDEATHSIG on Linux), and a job interrupted in the
@@ -175,8 +176,9 @@ def _is_gpu_oom(exc: BaseException) -> bool:
     return False
 
 
-def _cap_address_space(extra: int) -> None:
-    """Cap the worker's address space (RLIMIT_AS) at what it maps once torch is loaded, plus ``extra``.
+def _cap_address_space(base: int, extra: int) -> None:
+    """Cap the worker's address space (RLIMIT_AS) at ``base``, what it maps once torch is loaded,
+    plus ``extra``.
 
     Counted from that baseline because a CUDA build of torch maps gigabytes of libraries before a
     job allocates anything (a flat 1.5 GiB cap failed to load libtorch_cpu.so there). Only the soft
@@ -185,7 +187,6 @@ def _cap_address_space(extra: int) -> None:
     """
     import resource
 
-    base = psutil.Process().memory_info().vms
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     soft = base + extra if hard == resource.RLIM_INFINITY else min(base + extra, hard)
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
@@ -204,13 +205,14 @@ def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: i
 
     # The parent's watchdog counts resident memory from here, as the address-space cap below
     # counts from here: otherwise the watchdog fired first, at cap minus torch's own footprint.
-    conn.send(("baseline", psutil.Process().memory_info().rss))
+    mem = psutil.Process().memory_info()
+    conn.send(("baseline", mem.rss))
     # Everything loaded so far (torch's ~300k objects) lives as long as this one-job process: moved
     # out of the collector's reach, a full collection scans only the job's objects (0.2 s -> 0.04 s
     # here), so no long GC pause lands inside a timed step or a profile (docs/BENCHMARKS.md).
     gc.freeze()
     if mem_limit:
-        _cap_address_space(mem_limit)
+        _cap_address_space(mem.vms, mem_limit)
     try:
         job = Job.from_dict(job_dict)
         result = execute(job, Path(artifact_dir), lambda f, m: conn.send(("progress", f, m)))
