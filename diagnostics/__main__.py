@@ -286,15 +286,10 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     result = show(outcome.result) if show is not None else outcome.result
     written = None
     if out_dir is not None:
-        from diagnostics.report import write_report_folder
-
         artifacts = {p.name: str(p) for p in Path(outcome.artifact_dir).iterdir() if p.is_file()} \
             if copy_artifacts and outcome.artifact_dir and Path(outcome.artifact_dir).is_dir() else {}
-        try:
-            written = write_report_folder(name, result, out_dir, artifacts, title=title,
-                                          meta={"run": outcome.run_id, "source": "cli"})
-        except OSError as e:
-            _err(f"could not write the report folder {out_dir}: {e}")
+        written = cli_report.write_report(name, result, out_dir, artifacts, title=title, run_id=outcome.run_id)
+        if written is None:
             return EXIT_FAILED, None
     if args.json:
         sys.stdout.write(json.dumps(result, default=str) + "\n")

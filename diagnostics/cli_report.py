@@ -8,6 +8,7 @@ a long run never ends in "could not write".
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -53,3 +54,18 @@ def check_report_folder(out: Path) -> None:
         raise UsageError(f"cannot write the report folder {out}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write the report folder {out}: {parent} is not writable")
+
+
+def write_report(analysis: str, result: dict, out_dir: Path, artifacts: dict, *, title: str,
+                 run_id: str) -> dict | None:
+    """diagnostics.report.write_report_folder for a CLI run; None after saying on stderr why the
+    folder could not be written (a full disk, say: --out itself was checked before the job)."""
+    from diagnostics.report import write_report_folder
+
+    try:
+        return write_report_folder(analysis, result, out_dir, artifacts, title=title,
+                                   meta={"run": run_id, "source": "cli"})
+    except OSError as e:
+        sys.stderr.write(f"error: could not write the report folder {out_dir}: {e}\n")
+        sys.stderr.flush()
+        return None

@@ -17,9 +17,10 @@ import shlex
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from diagnostics.cli_model import add_model_args, build_spec
-from diagnostics.cli_report import add_report_args, report_dir
+from diagnostics.cli_report import add_report_args, report_dir, write_report
 from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
 from diagnostics.formatting import human_bytes
 
@@ -176,8 +177,6 @@ def _main(argv: list[str] | None) -> int:
 
         options = {"straggler_margin": args.margin, "straggler_min_ms": args.min_excess_ms}
         if args.cmd == "analyze":
-            from pathlib import Path
-
             if not Path(args.dir).expanduser().is_dir():
                 raise SystemExit(f"trace folder not found: {args.dir}")
             job = Job("distributed_traces", None, {"trace_dir": args.dir, **options})
@@ -219,7 +218,8 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_USAGE if outcome.error_type in INPUT_ERRORS else EXIT_FAILED
     written = None
     if out_dir is not None:
-        written = _write_report(job, outcome, out_dir)
+        written = write_report(job.analysis, outcome.result, out_dir, _rank_traces(job, outcome),
+                               title=_report_title(job), run_id=outcome.run_id)
         if written is None:
             return EXIT_FAILED
     _emit(outcome.result, args.json)
@@ -228,28 +228,21 @@ def _main(argv: list[str] | None) -> int:
     return EXIT_OK
 
 
-def _write_report(job, outcome, out_dir):
-    """The report folder of a finished run (report.html, result.json, CSVs, and a launched run's rank
-    traces); None after saying why it could not be written."""
-    from pathlib import Path
+def _rank_traces(job, outcome) -> dict:
+    """A launched run's per-rank traces, copied into its report folder (``analyze`` reads the user's own)."""
+    if job.analysis != "distributed":
+        return {}
+    ranks = Path(outcome.artifact_dir or "") / "distributed"  # where the ranks wrote them
+    return {p.name: str(p) for p in sorted(ranks.glob("rank*"))}
 
-    from diagnostics.report import write_report_folder
 
-    ranks = Path(outcome.artifact_dir or "") / "distributed"  # where a launched run's ranks wrote their traces
-    traces = {p.name: str(p) for p in sorted(ranks.glob("rank*"))} if job.analysis == "distributed" else {}
-    title = ("TorchScope distributed run" if job.analysis == "distributed"
-             else f"TorchScope distributed traces: {Path(job.options['trace_dir']).name}")
-    try:
-        return write_report_folder(job.analysis, outcome.result, out_dir, traces, title=title,
-                                   meta={"run": outcome.run_id, "source": "cli"})
-    except OSError as e:
-        sys.stderr.write(f"error: could not write the report folder {out_dir}: {e}\n")
-        return None
+def _report_title(job) -> str:
+    if job.analysis == "distributed":
+        return "TorchScope distributed run"
+    return f"TorchScope distributed traces: {Path(job.options['trace_dir']).name}"
 
 
 def _command(args) -> int:
-    from pathlib import Path
-
     from diagnostics.distributed.job import DistJob
     from diagnostics.distributed.launch import torchrun_command
 
