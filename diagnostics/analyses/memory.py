@@ -242,6 +242,7 @@ def analyze(ctx, options: dict) -> dict:
         layers.append({"layer": name, "type": types.get(name, "?"), "is_leaf": name in leaves,
                        "output_bytes": tracker.outputs.get(name, 0) if name in leaves else 0,
                        "saved_bytes": tracker.saved.get(name, 0)})
+
     def estimate_row(name: str, nbytes: int) -> dict:
         return {"name": name, "bytes": nbytes, "error_pct": 100.0 * (nbytes - peak) / peak if peak else None}
 
