@@ -201,7 +201,7 @@ schedule with torch.profiler, exports the Chrome trace and computes key_averages
 additionally puts module ranges in every step, groups key_averages by input shape (the per-operator
 table is that grouping summed by name, so there is one pass, as in the bare script), writes
 trace.json.gz and the TensorBoard zip and builds every view (the timeline through
-diagnostics.traces). Each round runs both sides back to back (ABBA order); {repeats} in-process rounds,
+diagnostics.trace). Each round runs both sides back to back (ABBA order); {repeats} in-process rounds,
 {runner_repeats} of them also end to end. Ratios are the median of the per-round ratios, since rounds
 share the machine's load at the time (1-minute load average {load:.1f} when the run ended).
 

@@ -150,7 +150,7 @@ def _measure(tool: str, path: str) -> None:
     load = os.getloadavg()[0]
     cpu0 = cpu_seconds()
     if tool == "torchscope":
-        from diagnostics.traces.ingest import load_trace
+        from diagnostics.trace.ingest import load_trace
         t = time.perf_counter()
         n = len(load_trace(path))
     elif tool in ("json", "orjson"):
@@ -296,7 +296,7 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
               "HTA is HolisticTraceAnalysis 0.5.0 in its own venv (bench/.venv-hta, default "
               "JSON backend, no ijson); json/orjson parse the whole document (dicts only, no "
               "columns).", "",
-              "How TorchScope gets there (diagnostics/traces/ingest.py, _chunks.py): the file is "
+              "How TorchScope gets there (diagnostics/trace/ingest.py, _chunks.py): the file is "
               "read in 16 MB blocks (gunzipped by ISA-L in a background thread), each block is "
               "cut at its last event boundary and decoded in one msgspec call into structs that "
               "keep only the fields the analyses use, which become numpy columns at once. Peak "

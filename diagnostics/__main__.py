@@ -24,10 +24,10 @@ import threading
 import time
 from pathlib import Path
 
-from diagnostics import cli_report
-from diagnostics.cli_model import UsageError, add_model_args, build_spec
-from diagnostics.cli_report import add_report_args
-from diagnostics.cli_options import (
+from diagnostics.cli import report_folder as cli_report
+from diagnostics.cli.model_args import UsageError, add_model_args, build_spec
+from diagnostics.cli.report_folder import add_report_args
+from diagnostics.cli.options import (
     ANALYSIS_OPTIONS, CLI_ONLY, check_option_keys, collect_options, parse_option_pairs, positive_int,
 )
 from diagnostics.errors import TorchScopeError
@@ -187,11 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- helpers
 def _distributed_main():
-    """diagnostics.distributed's CLI entry point main(argv) -> int, when that package provides one."""
+    """diagnostics.analyses.distributed's CLI entry point main(argv) -> int, when that package provides one."""
     import importlib
     import importlib.util
 
-    for mod in ("diagnostics.distributed.cli", "diagnostics.distributed"):
+    for mod in ("diagnostics.cli.distributed", "diagnostics.analyses.distributed"):
         try:
             if importlib.util.find_spec(mod) is None:
                 continue
@@ -220,7 +220,7 @@ def checklist_score(result: dict) -> float | None:
 
 
 def _print_human(name: str, spec, outcome, written: dict | None) -> None:
-    from diagnostics.report import format_metric
+    from diagnostics.render.html import format_metric
 
     out = sys.stdout
     what = f" · {spec.label} · {spec.device}" if spec is not None else ""
@@ -340,8 +340,7 @@ def run_analysis_command(args) -> int:
 
 def run_trace_command(args) -> int:
     """``trace analyze`` / ``trace diff``: the "trace" / "trace_diff" analyses, run like every command."""
-    from diagnostics import cli_trace
-
+    from diagnostics.cli import trace as cli_trace
     try:
         name, options = cli_trace.trace_job(args)
     except TorchScopeError as e:

@@ -28,19 +28,19 @@ class Analysis:
 ANALYSES: dict[str, Analysis] = {
     a.name: a
     for a in [
-        Analysis("validate", "Load check", "diagnostics.analyses.validate:analyze", default_timeout_s=120),
-        Analysis("summary", "Model summary", "diagnostics.analyses.summary:analyze"),
-        Analysis("memory", "Memory", "diagnostics.analyses.memory:analyze", exclusive=True, default_timeout_s=600),
-        Analysis("batch_scan", "Batch-size scan", "diagnostics.analyses.memory_scan:analyze", exclusive=True, default_timeout_s=600),
-        Analysis("gradients", "Gradient flow", "diagnostics.analyses.gradients:analyze"),
-        Analysis("checklist", "Optimization checklist", "diagnostics.analyses.checklist:analyze", exclusive=True, default_timeout_s=600),
-        Analysis("optimize", "One-click fixes (trials)", "diagnostics.analyses.optimize:analyze", exclusive=True, default_timeout_s=600),
-        Analysis("profile", "Profiler", "diagnostics.analyses.profiler:analyze", exclusive=True, default_timeout_s=600),
-        Analysis("distributed", "Distributed run (torchrun)", "diagnostics.distributed.analysis:analyze", exclusive=True, default_timeout_s=600),
-        Analysis("trace", "Trace explorer", "diagnostics.analyses.trace:analyze", needs_model=False, default_timeout_s=600),
-        Analysis("trace_timeline", "Trace timeline", "diagnostics.analyses.trace:analyze_timeline", needs_model=False),
-        Analysis("trace_diff", "Trace diff", "diagnostics.analyses.trace:analyze_diff", needs_model=False, default_timeout_s=600),
-        Analysis("distributed_traces", "Distributed traces (folder)", "diagnostics.distributed.analysis:analyze_folder", needs_model=False),
+        Analysis("validate", "Load check", "diagnostics.analyses.validate.job:analyze", default_timeout_s=120),
+        Analysis("summary", "Model summary", "diagnostics.analyses.summary.job:analyze"),
+        Analysis("memory", "Memory", "diagnostics.analyses.memory.job:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("batch_scan", "Batch-size scan", "diagnostics.analyses.batch_scan.job:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("gradients", "Gradient flow", "diagnostics.analyses.gradients.job:analyze"),
+        Analysis("checklist", "Optimization checklist", "diagnostics.analyses.checklist.job:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("optimize", "One-click fixes (trials)", "diagnostics.analyses.optimize.job:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("profile", "Profiler", "diagnostics.analyses.profile.job:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("distributed", "Distributed run (torchrun)", "diagnostics.analyses.distributed.job:analyze", exclusive=True, default_timeout_s=600),
+        Analysis("trace", "Trace explorer", "diagnostics.analyses.trace.job:analyze", needs_model=False, default_timeout_s=600),
+        Analysis("trace_timeline", "Trace timeline", "diagnostics.analyses.trace.job:analyze_timeline", needs_model=False),
+        Analysis("trace_diff", "Trace diff", "diagnostics.analyses.trace.job:analyze_diff", needs_model=False, default_timeout_s=600),
+        Analysis("distributed_traces", "Distributed traces (folder)", "diagnostics.analyses.distributed.job:analyze_folder", needs_model=False),
     ]
 }
 

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from diagnostics.distributed.analysis import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
+from diagnostics.analyses.distributed.job import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
 from diagnostics.intake import safe_mode
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis

@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from diagnostics.analyses.gradients import DEFAULTS, MAX_STEPS
-from diagnostics.analyses.memory_steps import OPTIMIZERS
+from diagnostics.analyses.gradients.job import DEFAULTS, MAX_STEPS
+from diagnostics.measure.training import OPTIMIZERS
 from ui import state, views
 from ui.jobs import run_analysis
 from ui.widgets import show_failure

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from diagnostics.formatting import human_seconds
+from diagnostics.units import human_seconds
 from ui import views
 from ui.jobs import get_store
 from ui.widgets import json_download

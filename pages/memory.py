@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from diagnostics.analyses.memory_steps import OPTIMIZERS
+from diagnostics.measure.training import OPTIMIZERS
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
 from ui.widgets import show_failure

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from diagnostics.fixes import FIXES
+from diagnostics.analyses.optimize.fixes import FIXES
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
 from ui.frame import require_app

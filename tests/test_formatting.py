@@ -1,6 +1,6 @@
 import pytest
 
-from diagnostics.formatting import human_bytes, human_count, human_seconds
+from diagnostics.units import human_bytes, human_count, human_seconds
 
 
 @pytest.mark.parametrize("n, text", [

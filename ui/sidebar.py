@@ -13,7 +13,7 @@ import streamlit as st
 
 from diagnostics.devices import device_report, list_devices
 from diagnostics.errors import TorchScopeError
-from diagnostics.formatting import human_bytes
+from diagnostics.units import human_bytes
 from diagnostics.intake import safe_mode
 from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec
 from diagnostics.uploads import MODEL_KINDS, save_upload

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.analyses import gradients
+from diagnostics.analyses.gradients import job as gradients
 from diagnostics.errors import TorchScopeError
 from diagnostics.intake import LoadedModel, default_loss, load_model
 from diagnostics.runner import AnalysisContext, Job

@@ -13,8 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.analyses import memory, memory_scan
-from diagnostics.analyses.memory_measure import SavedTensorTracker
+from diagnostics.analyses.memory import job as memory
+
+from diagnostics.analyses.batch_scan import job as memory_scan
+from diagnostics.measure.memory import SavedTensorTracker
 from diagnostics.errors import TorchScopeError
 from diagnostics.intake import LoadedModel, default_loss
 from diagnostics.runner import AnalysisContext, Job

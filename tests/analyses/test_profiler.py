@@ -12,7 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.analyses import profiler, profiler_trace as pt
+from diagnostics.analyses.profile import job as profiler
+
+from diagnostics.trace import profiler_views as pt
 from diagnostics.intake import LoadedModel
 from diagnostics.runner import AnalysisContext, Job
 from diagnostics.spec import InputSpec, ModelSpec
@@ -279,7 +281,7 @@ def test_operator_rows_leave_out_device_side_rows():
     operator's self device time already holds: the operator table keeps only the CPU-side rows."""
     from types import SimpleNamespace as NS
 
-    from diagnostics.analyses.profiler import operator_rows
+    from diagnostics.analyses.profile.job import operator_rows
 
     def row(key, dev, self_dev):
         return NS(key=key, is_user_annotation=False, device_type=NS(name=dev), count=2, self_cpu_time_total=10.0,
@@ -413,7 +415,7 @@ def test_timeline_keeps_the_longest_events_and_every_lane_when_downsampling():
 def test_timeline_comes_from_the_trace_explorer_engine(trained):
     _, result, _, _ = trained
     tl = result["timeline"]
-    assert tl["builder"] == "diagnostics.traces.timeline_data"
+    assert tl["builder"] == "diagnostics.trace.timeline_data"
     steps = sorted((e for e in tl["events"] if e["name"].startswith("ProfilerStep#")), key=lambda e: e["start_ms"])
     assert [round(e["dur_ms"], 6) for e in steps] == [round(s["step_ms"], 6) for s in result["steps"]]
     assert tl["shown_events"] == len(tl["events"]) <= tl["total_events"]

@@ -8,9 +8,7 @@ from torch import nn
 from diagnostics.intake import LoadedModel, default_loss
 from diagnostics.runner import AnalysisContext, Job
 from diagnostics.spec import InputSpec, ModelSpec
-from diagnostics.analyses import summary
-
-
+from diagnostics.analyses.summary import job as summary
 def run_summary(model, *inputs, tmp_path=Path("/tmp")):
     ctx = AnalysisContext(Job("summary", ModelSpec()), tmp_path)
     ctx._loaded = LoadedModel(ModelSpec(name="handmade"), model,

@@ -8,7 +8,7 @@ import pytest
 
 from diagnostics.runner import Job, run_job
 from diagnostics.store import Store
-from diagnostics.traces import load_trace, summary, top_operators
+from diagnostics.trace import load_trace, summary, top_operators
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 

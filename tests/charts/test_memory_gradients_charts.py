@@ -4,9 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.analyses import gradients, memory, memory_scan
-from diagnostics.charts import gradients as gcharts
-from diagnostics.charts import memory as mcharts
+from diagnostics.analyses.gradients import job as gradients
+
+from diagnostics.analyses.memory import job as memory
+
+from diagnostics.analyses.batch_scan import job as memory_scan
+from diagnostics.render.charts import gradients as gcharts
+from diagnostics.render.charts import memory as mcharts
 from diagnostics.intake import LoadedModel, default_loss
 from diagnostics.runner import AnalysisContext, Job
 from diagnostics.spec import InputSpec, ModelSpec

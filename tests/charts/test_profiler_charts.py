@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.analyses import profiler
-from diagnostics.charts import profiler as charts
+from diagnostics.analyses.profile import job as profiler
+from diagnostics.render.charts import profiler as charts
 from diagnostics.intake import LoadedModel
 from diagnostics.runner import AnalysisContext, Job
 from diagnostics.spec import InputSpec, ModelSpec

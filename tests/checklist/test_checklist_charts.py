@@ -1,8 +1,8 @@
 """Chart builders for the checklist and the fix trials: data and labelled axes with units."""
 
-from diagnostics.analyses.checklist import build_result
-from diagnostics.charts.checklist import build_score_gauge_figure, build_status_by_category_figure
-from diagnostics.charts.optimize import (build_fidelity_figure, build_latency_figure, build_size_figure,
+from diagnostics.analyses.checklist.job import build_result
+from diagnostics.render.charts.checklist import build_score_gauge_figure, build_status_by_category_figure
+from diagnostics.render.charts.optimize import (build_fidelity_figure, build_latency_figure, build_size_figure,
                                          build_speedup_figure)
 from tests.checklist.sample_facts import healthy, set_path
 

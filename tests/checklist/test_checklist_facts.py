@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.checklist.facts import collect_facts, forward_facts, static_facts
+from diagnostics.analyses.checklist.facts import collect_facts, forward_facts, static_facts
 from diagnostics.errors import TrustError
 from diagnostics.intake import LoadedModel, default_loss
 from diagnostics.runner import Job, execute
@@ -66,7 +66,7 @@ def test_dead_relu_units_counted_per_feature():
     # Two samples are too few to call a unit dead (MIN_UNIT_OBSERVATIONS): nothing is judged.
     ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(2, 4),))
     assert ff["relu_units"] == 0 and ff["dead_relu_units"] == 0 and ff["relu_modules"] == 1
-    from diagnostics.checklist.rules import check_dead_units
+    from diagnostics.analyses.checklist.rules import check_dead_units
 
     status, why = check_dead_units({"forward": ff})[:2]
     assert status == "not_applicable" and why.startswith("the batch is too small to judge ReLU units")
@@ -103,7 +103,7 @@ class OneItemPerForward(nn.Module):
 def test_sync_points_count_only_what_the_step_does(monkeypatch):
     """The harness waits for the device between steps (a sync of its own, here made an
     aten::item): that is not the model's, so a clean model has none and OneItemPerForward one."""
-    from diagnostics.checklist import facts as facts_mod
+    from diagnostics.analyses.checklist import facts as facts_mod
 
     monkeypatch.setattr(facts_mod, "_sync", lambda device: torch.ones(1).sum().item())
     clean = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(16, 8)), FAST)["measured"]["profile"]
@@ -187,7 +187,7 @@ def test_dataset_module_measures_loader_time(tmp_path):
     assert dl["loader_s_per_batch"] >= 0.04  # 4 items x 10 ms sleep
     assert dl["loader_fraction"] == pytest.approx(dl["loader_s_per_batch"] /
                                                   (dl["loader_s_per_batch"] + dl["step_time_s"]))
-    from diagnostics.checklist.rules import RULES
+    from diagnostics.analyses.checklist.rules import RULES
 
     f = next(r for r in RULES if r.id == "dataloader_time")(facts)
     assert f.status == "fail"
@@ -217,7 +217,7 @@ def test_dataloader_workers_load_a_dataset_module_inside_a_job(tmp_path):
 def test_a_loader_that_fails_with_workers_is_timed_without_them_and_says_why(monkeypatch):
     import multiprocessing as mp
 
-    from diagnostics.checklist import dataset as ds_mod
+    from diagnostics.analyses.checklist import dataset as ds_mod
 
     class Unpicklable(torch.utils.data.Dataset):  # local class: spawned workers cannot unpickle it
         def __len__(self):
@@ -293,7 +293,7 @@ def test_bad_options_name_the_problem(tmp_path):
 
 
 def test_time_calls_counts_and_orders_its_statistics():
-    from diagnostics.checklist.measure import time_calls
+    from diagnostics.measure.probes import time_calls
 
     calls = []
     t = time_calls(lambda: calls.append(1), "cpu", iters=7, warmup=3)

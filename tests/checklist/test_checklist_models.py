@@ -22,8 +22,8 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.checklist.facts import collect_facts
-from diagnostics.checklist.rules import RULES, Finding
+from diagnostics.analyses.checklist.facts import collect_facts
+from diagnostics.analyses.checklist.rules import RULES, Finding
 from diagnostics.intake import default_loss
 
 from tests.checklist.test_checklist_facts import FAST, loaded_of

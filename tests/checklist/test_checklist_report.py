@@ -2,9 +2,9 @@
 
 import re
 
-from diagnostics.analyses.checklist import build_result
-from diagnostics.checklist.report import build_markdown
-from diagnostics.report import build_report
+from diagnostics.analyses.checklist.job import build_result
+from diagnostics.analyses.checklist.report import build_markdown
+from diagnostics.render.html import build_report
 from tests.checklist.sample_facts import healthy, set_path
 
 

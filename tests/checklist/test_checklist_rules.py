@@ -3,8 +3,8 @@ and, where it has one, the reason it does not apply."""
 
 import pytest
 
-from diagnostics.checklist import rules as R
-from diagnostics.checklist.rules import RULES, Finding, score
+from diagnostics.analyses.checklist import rules as R
+from diagnostics.analyses.checklist.rules import RULES, Finding, score
 
 from tests.checklist.sample_facts import GiB, healthy, set_path
 

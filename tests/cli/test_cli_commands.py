@@ -44,7 +44,7 @@ def test_trace_analyze_writes_the_default_report_folder(tmp_path, store_dir):
 
 def test_trace_analyze_top_beyond_the_kept_rows(tmp_path, store_dir):
     """The analysis keeps 20 rows per table; --top 25 asks the job for 25 (it once printed 20)."""
-    from diagnostics.traces.analyses import TOP_N
+    from diagnostics.trace.views import TOP_N
 
     trace = tmp_path / "thirty_ops.json"
     events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i:02d}", "ts": 1000 + 100 * i, "dur": 90 - i,
@@ -136,7 +136,7 @@ def test_unwritable_out_is_a_clean_error(command, tmp_path, store_dir):
 
 def test_a_report_folder_that_fails_while_written_is_reported(tmp_path, store_dir, monkeypatch, capsys):
     """A folder that passes the early check but fails on writing (disk full, say) is still one message."""
-    from diagnostics import report
+    from diagnostics.render import html as report
     from diagnostics.__main__ import main
 
     def full(*_, **__):
@@ -247,20 +247,20 @@ def _keys_read(module: str, names: str = "options|opts|o") -> set[str]:
 
 def test_option_keys_cover_every_command_and_what_its_analysis_reads():
     from diagnostics.__main__ import model_commands
-    from diagnostics.cli_options import ANALYSIS_OPTIONS, option_keys
+    from diagnostics.cli.options import ANALYSIS_OPTIONS, option_keys
 
     for name in model_commands():
         keys = option_keys(name)
         assert keys is not None, f"list the option keys of {name!r} in cli_options.OPTION_KEYS"
         assert {o.key for o in ANALYSIS_OPTIONS.get(name, ())} <= set(keys), name
     read = {
-        "summary": _keys_read("diagnostics.analyses.summary"),
-        "checklist": _keys_read("diagnostics.analyses.checklist") | _keys_read("diagnostics.checklist.facts", "options"),
-        "optimize": _keys_read("diagnostics.analyses.optimize"),
-        "distributed": _keys_read("diagnostics.distributed.analysis"),
-        "gradients": _keys_read("diagnostics.analyses.gradients"),
-        "memory": _keys_read("diagnostics.analyses.memory"),
-        "batch_scan": _keys_read("diagnostics.analyses.memory_scan"),
+        "summary": _keys_read("diagnostics.analyses.summary.job"),
+        "checklist": _keys_read("diagnostics.analyses.checklist.job") | _keys_read("diagnostics.analyses.checklist.facts", "options"),
+        "optimize": _keys_read("diagnostics.analyses.optimize.job"),
+        "distributed": _keys_read("diagnostics.analyses.distributed.job"),
+        "gradients": _keys_read("diagnostics.analyses.gradients.job"),
+        "memory": _keys_read("diagnostics.analyses.memory.job"),
+        "batch_scan": _keys_read("diagnostics.analyses.batch_scan.job"),
     }
     for name, keys in read.items():
         assert keys and keys <= set(option_keys(name)), (name, keys - set(option_keys(name)))

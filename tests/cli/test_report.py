@@ -1,4 +1,4 @@
-"""diagnostics.report in-process: tables found in results, metric units, plotly.js inlined once,
+"""diagnostics.render.html in-process: tables found in results, metric units, plotly.js inlined once,
 the generic fallback, a failing layout falling back, and the report folder's files."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics import report
-from diagnostics.report import (Section, build_report, find_tables, format_metric, records_frame,
+from diagnostics.render import html as report
+from diagnostics.render.html import (Section, build_report, find_tables, format_metric, records_frame,
                                 write_report_folder)
 
 PLOTLY_BUNDLE_MARK = "window.PlotlyConfig"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.distributed.analysis import (STRAGGLER_MIN_EXCESS_MS, analyze_folder_path, event_bytes,
+from diagnostics.analyses.distributed.job import (STRAGGLER_MIN_EXCESS_MS, analyze_folder_path, event_bytes,
                                               find_stragglers, is_comm)
-from diagnostics.distributed.job import DistributedError
+from diagnostics.analyses.distributed.dist_job import DistributedError
 from diagnostics.runner import Job, execute
 
 PAIR = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"

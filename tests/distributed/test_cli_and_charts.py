@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.charts.distributed import (build_breakdown_figure, build_collectives_figure, build_overlap_figure,
+from diagnostics.render.charts.distributed import (build_breakdown_figure, build_collectives_figure, build_overlap_figure,
                                             build_rank_step_figure)
-from diagnostics.distributed.analysis import analyze_folder_path
-from diagnostics.distributed.cli import launch_timeout_s, main
-from diagnostics.distributed.job import DistJob, DistributedError
-from diagnostics.distributed.launch import torchrun_command
+from diagnostics.analyses.distributed.job import analyze_folder_path
+from diagnostics.cli.distributed import launch_timeout_s, main
+from diagnostics.analyses.distributed.dist_job import DistJob, DistributedError
+from diagnostics.analyses.distributed.launch import torchrun_command
 from diagnostics.store import Store
 
 PAIR = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
@@ -290,7 +290,7 @@ def test_ctrl_c_during_a_run_stops_every_rank_and_exits_130(tmp_path):
         for k in kids:
             try:
                 cmd = " ".join(k.cmdline())
-                if "diagnostics.distributed.rank_main" in cmd and "torch.distributed.run" not in cmd:
+                if "diagnostics.analyses.distributed.rank_main" in cmd and "torch.distributed.run" not in cmd:
                     out.append(k)  # a rank, not torchrun (whose command line names rank_main too)
             except psutil.Error:
                 pass

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from diagnostics.distributed.analysis import analyze, analyze_folder_path
+from diagnostics.analyses.distributed.job import analyze, analyze_folder_path
 from diagnostics.runner import AnalysisContext, Job
 from diagnostics.spec import ModelSpec
 
@@ -64,7 +64,7 @@ def test_live_nccl_run(tmp_path):
 
 
 def test_distributed_info_is_added_when_the_profiler_left_it_out(tmp_path):
-    from diagnostics.distributed.rank_main import _ensure_distributed_info
+    from diagnostics.analyses.distributed.rank_main import _ensure_distributed_info
 
     p = tmp_path / "rank3.pt.trace.json"
     p.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 0, "dur": 1, "pid": 1, "tid": 1}]}))

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from diagnostics.distributed import intervals as iv
+from diagnostics.trace import intervals as iv
 
 
 def _grid(a, n=200):

@@ -12,9 +12,9 @@ import psutil
 import pytest
 import torch
 
-from diagnostics.distributed.analysis import analyze
-from diagnostics.distributed.job import DistJob, DistributedError, choose_backend, steps_path, trace_path
-from diagnostics.distributed.launch import closed_pids, exit_codes, failed_rank, launch, torchrun_command
+from diagnostics.analyses.distributed.job import analyze
+from diagnostics.analyses.distributed.dist_job import DistJob, DistributedError, choose_backend, steps_path, trace_path
+from diagnostics.analyses.distributed.launch import closed_pids, exit_codes, failed_rank, launch, torchrun_command
 from diagnostics.runner import AnalysisContext, Job, run_job
 from diagnostics.spec import ModelSpec
 
@@ -30,7 +30,7 @@ def _rank_processes_left(tmp_path):
     """This test's ranks still running (their --job file is under tmp_path: not another test's ranks)."""
     me = psutil.Process()
     left = [p for p in psutil.process_iter(["cmdline"])
-            if "diagnostics.distributed.rank_main" in (cmd := " ".join(p.info["cmdline"] or []))
+            if "diagnostics.analyses.distributed.rank_main" in (cmd := " ".join(p.info["cmdline"] or []))
             and str(tmp_path) in cmd and p.pid != me.pid]
     return [p.pid for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
@@ -139,7 +139,7 @@ def test_backend_choice_refuses_nccl_the_gpus_cannot_serve():
 
 def test_auto_backend_on_a_one_gpu_machine_launches_gloo_and_says_why(tmp_path, monkeypatch):
     # A 1-GPU box asked for 2 processes: gloo (was nccl, which then failed on the shared GPU).
-    import diagnostics.distributed.launch as launch_mod
+    import diagnostics.analyses.distributed.launch as launch_mod
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -160,7 +160,7 @@ def test_auto_backend_on_a_one_gpu_machine_launches_gloo_and_says_why(tmp_path, 
 def test_torchrun_command_single_and_multi_node():
     cmd = torchrun_command("/x/job.json", 2, python="py")
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"] and "--standalone" in cmd
-    assert cmd[-4:] == ["-m", "diagnostics.distributed.rank_main", "--job", "/x/job.json"]
+    assert cmd[-4:] == ["-m", "diagnostics.analyses.distributed.rank_main", "--job", "/x/job.json"]
     multi = torchrun_command("job.json", 8, nnodes=2, rdzv_endpoint="host:29400", python="py")
     assert "--standalone" not in multi
     assert multi[multi.index("--rdzv_endpoint") + 1] == "host:29400" and multi[multi.index("--nnodes") + 1] == "2"

@@ -168,7 +168,7 @@ def live_workers(server_pid: int) -> list[psutil.Process]:
 
 
 def test_sample_model_profile_and_trace_download(server, page, tmp_path):
-    from diagnostics.formatting import human_count
+    from diagnostics.units import human_count
 
     # Pick a sample other than the default, so the pick itself is what the page shows.
     choose(page, "Sample model", "mlp")

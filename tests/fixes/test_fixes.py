@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.checklist.facts import BATCHNORM, environment_facts, forward_facts, static_facts
+from diagnostics.analyses.checklist.facts import BATCHNORM, environment_facts, forward_facts, static_facts
 from diagnostics.errors import TorchScopeError
-from diagnostics.fixes import FIX_IDS, FIXES, get_fix, run_fix
-from diagnostics.fixes import catalog
-from diagnostics.fixes.trial import fidelity, run_trials, serialized_bytes, zero_fraction
+from diagnostics.analyses.optimize.fixes import FIX_IDS, FIXES, get_fix, run_fix
+from diagnostics.analyses.optimize import fixes as catalog
+from diagnostics.analyses.optimize.trials import fidelity, run_trials, serialized_bytes, zero_fraction
 
 
 def cnn():
@@ -224,7 +224,7 @@ def test_trials_a_failing_fix_says_why_and_the_others_run(monkeypatch, tmp_path)
 
 
 def test_candidates_are_timed_in_interleaved_rounds():
-    from diagnostics.fixes.trial import time_interleaved
+    from diagnostics.analyses.optimize.trials import time_interleaved
 
     log = []
 

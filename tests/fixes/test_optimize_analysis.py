@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from diagnostics.errors import TorchScopeError
-from diagnostics.fixes import run_fix
+from diagnostics.analyses.optimize.fixes import run_fix
 from diagnostics.runner import Job, execute
 from diagnostics.spec import ModelSpec
 

@@ -273,7 +273,7 @@ def _trace_bytes(n: int = 2000) -> bytes:
 
 
 def _load(tmp_path, name: str, data: bytes, **kwargs):
-    from diagnostics.traces import load_trace
+    from diagnostics.trace import load_trace
 
     path = tmp_path / name
     path.write_bytes(data)
@@ -282,7 +282,7 @@ def _load(tmp_path, name: str, data: bytes, **kwargs):
 
 @pytest.mark.timeout(30)
 def test_truncated_traces_are_refused_clearly_or_kept_up_to_the_cut(tmp_path):
-    from diagnostics.traces import TraceError
+    from diagnostics.trace import TraceError
 
     data = _trace_bytes()
     with pytest.raises(TraceError, match="truncated"):
@@ -308,7 +308,7 @@ def test_huge_numbers_are_skipped_and_counted(tmp_path):
 @pytest.mark.parametrize("data", [bytes(range(256)) * 100, _trace_bytes().decode().encode("utf-16")],
                          ids=["binary", "utf16"])
 def test_binary_and_utf16_files_are_refused_clearly(tmp_path, data):
-    from diagnostics.traces import TraceError
+    from diagnostics.trace import TraceError
 
     with pytest.raises(TraceError, match="not a JSON trace"):
         _load(tmp_path, "bad.json", data)
@@ -316,7 +316,7 @@ def test_binary_and_utf16_files_are_refused_clearly(tmp_path, data):
 
 @pytest.mark.timeout(30)
 def test_deeply_nested_json_is_an_error_or_a_skipped_event(tmp_path):
-    from diagnostics.traces import TraceError
+    from diagnostics.trace import TraceError
 
     good = json.dumps([_event(1), _event(2)]).encode()[1:-1]
     nested = b'{"ph":"X","name":"a","pid":1,"tid":1,"ts":1,"dur":1,"args":{"x":' + b"[" * 5000 + b"]" * 5000 + b"}}"
@@ -334,7 +334,7 @@ def test_deeply_nested_json_is_an_error_or_a_skipped_event(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_names_that_are_not_utf8_are_an_error_or_a_warning(tmp_path):
-    from diagnostics.traces import TraceError
+    from diagnostics.trace import TraceError
 
     data = (b'{"traceEvents":[' + json.dumps(_event(1)).encode()
             + b',{"ph":"X","name":"caf\xe9","pid":1,"tid":1,"ts":30,"dur":1}]}')

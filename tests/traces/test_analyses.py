@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diagnostics.traces import (
+from diagnostics.trace import (
     idle_time, launch_stats, load_trace, summary, temporal_breakdown, top_operators,
 )
-from diagnostics.traces.analyses import KERNEL_WAIT_MAX_US, op_family
+from diagnostics.trace.views import KERNEL_WAIT_MAX_US, op_family
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 
@@ -162,7 +162,7 @@ def test_top_operators_match_key_averages_on_a_real_training_trace(tmp_path):
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from diagnostics.traces import load_trace, top_operators
+    from diagnostics.trace import load_trace, top_operators
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),

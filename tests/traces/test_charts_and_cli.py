@@ -8,9 +8,9 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
-from diagnostics import trace_cli
-from diagnostics.charts import traces as charts
-from diagnostics.traces import (
+from diagnostics.cli import trace_text as trace_cli
+from diagnostics.render.charts import traces as charts
+from diagnostics.trace import (
     diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
 )
@@ -74,10 +74,10 @@ def test_cli_diff_and_errors(capsys, tmp_path):
 
 
 def test_module_entry_point_and_no_streamlit():
-    code = ("import sys, diagnostics.traces, diagnostics.trace_cli, diagnostics.charts.traces; "
+    code = ("import sys, diagnostics.trace, diagnostics.cli.trace_text, diagnostics.render.charts.traces; "
             "assert 'streamlit' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-    out = subprocess.run([sys.executable, "-m", "diagnostics.trace_cli", "trace", "analyze",
+    out = subprocess.run([sys.executable, "-m", "diagnostics.cli.trace_text", "trace", "analyze",
                           str(DATA / "cpu_small.pt.trace.json.gz")], capture_output=True,
                          text=True, cwd=ROOT)
     assert out.returncode == 0 and "3 steps" in out.stdout
@@ -110,7 +110,7 @@ def test_diagnostics_trace_json_matches_the_bare_tool(tmp_path, capsys):
 
 def test_an_uploaded_trace_is_named_by_its_own_file_name_in_errors_and_results(tmp_path):
     from diagnostics.runner import Job, execute
-    from diagnostics.traces.errors import TraceError
+    from diagnostics.trace.errors import TraceError
 
     stored = tmp_path / "trace.json"  # how uploads are stored
     stored.write_text('{"traceEvents": {"ph": "X"}}')

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.traces import diff_traces, load_trace
-from diagnostics.traces.diff import CHANGE_RATIO, NOISE_FLOOR_US
+from diagnostics.trace import diff_traces, load_trace
+from diagnostics.trace.diff import CHANGE_RATIO, NOISE_FLOOR_US
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 

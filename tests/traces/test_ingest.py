@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from diagnostics.errors import TorchScopeError
-from diagnostics.traces import _chunks, ingest
-from diagnostics.traces import TraceError, load_trace
+from diagnostics.trace import _chunks, ingest
+from diagnostics.trace import TraceError, load_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 GPU = DATA / "gpu_small.json"

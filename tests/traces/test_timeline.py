@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from diagnostics.traces import load_trace, timeline_data
+from diagnostics.trace import load_trace, timeline_data
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 
@@ -54,7 +54,7 @@ def _write(tmp_path, evs, name="t.json"):
 
 
 def test_deep_module_trees_are_drawn_and_what_is_deeper_is_counted(tmp_path):
-    from diagnostics.traces.timeline import MAX_DEPTH
+    from diagnostics.trace.timeline import MAX_DEPTH
 
     n = MAX_DEPTH + 6  # one chain of nested calls, each 1 µs inside its parent
     evs = [{"ph": "X", "cat": "cpu_op", "name": f"level{i}", "pid": 1, "tid": 1, "ts": float(i),

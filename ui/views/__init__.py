@@ -43,7 +43,7 @@ def report_download(analysis: str, result: dict) -> None:
 
     import streamlit as st
 
-    from diagnostics.report import build_report
+    from diagnostics.render.html import build_report
 
     digest = hashlib.sha1(json.dumps(result, sort_keys=True, default=str).encode()).hexdigest()[:12]
     model = result.get("model") if isinstance(result, dict) else None

@@ -8,9 +8,9 @@ from typing import Callable
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts.checklist import build_score_gauge_figure, build_status_by_category_figure
-from diagnostics.checklist.report import build_markdown
-from diagnostics.checklist.rules import CATEGORIES
+from diagnostics.render.charts.checklist import build_score_gauge_figure, build_status_by_category_figure
+from diagnostics.analyses.checklist.report import build_markdown
+from diagnostics.analyses.checklist.rules import CATEGORIES
 from ui.widgets import json_download, metric_row
 
 ICON = {"pass": ":material/check_circle:", "warn": ":material/warning:", "fail": ":material/cancel:",
@@ -59,7 +59,7 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None) -> None:
             for f in order:
                 if f["status"] != "not_applicable" or show_na:
                     _finding(f, apply_fix)
-    with st.expander("Thresholds (named constants in diagnostics/checklist/rules.py)"):
+    with st.expander("Thresholds (named constants in diagnostics/analyses/checklist/rules.py)"):
         st.dataframe(pd.DataFrame(result["thresholds"]), hide_index=True, width="stretch",
                      column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
                                     "meaning": "Meaning"})

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts.distributed import (build_breakdown_figure, build_collectives_figure,
+from diagnostics.render.charts.distributed import (build_breakdown_figure, build_collectives_figure,
                                             build_overlap_figure, build_rank_step_figure)
-from diagnostics.formatting import human_bytes
+from diagnostics.units import human_bytes
 from ui.widgets import json_download, metric_row
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts.gradients import (STATUS_COLORS, build_activation_health_figure, build_global_norm_figure,
+from diagnostics.render.charts.gradients import (STATUS_COLORS, build_activation_health_figure, build_global_norm_figure,
                                           build_grad_heatmap_figure, build_grad_norm_depth_figure)
 from ui.widgets import metric_row
 
@@ -75,4 +75,4 @@ def show(result: dict) -> None:
         st.dataframe(pd.DataFrame(result["thresholds"]), hide_index=True, width="stretch",
                      column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
                                     "meaning": "Meaning"})
-        st.caption("Named constants in diagnostics/analyses/gradients.py; see docs/gradients.md.")
+        st.caption("Named constants in diagnostics/analyses/gradients/job.py; see docs/gradients.md.")

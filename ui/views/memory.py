@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts.memory import (build_batch_scan_figure, build_estimate_figure, build_layer_activation_figure,
+from diagnostics.render.charts.memory import (build_batch_scan_figure, build_estimate_figure, build_layer_activation_figure,
                                        build_memory_breakdown_figure, build_memory_timeline_figure)
-from diagnostics.formatting import human_bytes
+from diagnostics.units import human_bytes
 from ui.widgets import metric_row
 
 MIB = 2**20

@@ -7,9 +7,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts.optimize import (build_fidelity_figure, build_latency_figure, build_size_figure,
+from diagnostics.render.charts.optimize import (build_fidelity_figure, build_latency_figure, build_size_figure,
                                          build_speedup_figure)
-from diagnostics.formatting import human_bytes
+from diagnostics.units import human_bytes
 from ui.widgets import json_download, metric_row
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts.profiler import (build_device_split_figure, build_kernel_figure,
+from diagnostics.render.charts.profiler import (build_device_split_figure, build_kernel_figure,
                                          build_latency_histogram_figure, build_module_tree_figure,
                                          build_step_breakdown_figure, build_timeline_figure,
                                          build_top_operators_figure)
-from diagnostics.formatting import human_bytes, human_count
+from diagnostics.units import human_bytes, human_count
 from ui.widgets import json_download, metric_row
 
 ARTIFACTS = (  # result key, button label, mime

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts.summary import build_param_treemap_figure, build_top_layers_figure
-from diagnostics.formatting import human_bytes, human_count
+from diagnostics.render.charts.summary import build_param_treemap_figure, build_top_layers_figure
+from diagnostics.units import human_bytes, human_count
 from ui.widgets import json_download, metric_row
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from diagnostics.charts.traces import (
+from diagnostics.render.charts.traces import (
     build_category_figure, build_cpu_breakdown_figure, build_diff_figure, build_gpu_breakdown_figure,
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure,
 )
-from diagnostics.formatting import human_bytes, human_count
+from diagnostics.units import human_bytes, human_count
 from ui.widgets import metric_row
 
 

@@ -1,0 +1,1 @@
+"""The batch_scan analysis: its declaration here, its work in job.py."""

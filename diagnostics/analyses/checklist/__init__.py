@@ -1,0 +1,1 @@
+"""The checklist analysis: its declaration here, its work in job.py."""

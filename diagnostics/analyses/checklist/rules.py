@@ -1,0 +1,729 @@
+"""The checklist rules: one visible list, ``RULES``, each ``rule(facts) -> Finding``.
+
+A rule reads only the plain ``facts`` dict (see ``diagnostics.analyses.checklist.facts``), so it can be
+tested on hand-written facts. Every threshold is a named constant listed in ``THRESHOLDS``
+(shown in the UI and in docs/checklist.md). The score: ``100 * (pass + 0.5 * warn) / applicable``
+where applicable = pass + warn + fail (not-applicable findings do not count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from diagnostics.units import human_bytes
+
+CATEGORIES = ("model design", "memory", "compute", "data pipeline", "deployment")
+STATUSES = ("pass", "warn", "fail", "not_applicable")
+
+# ---------------------------------------------------------------------------- thresholds
+DATALOADER_FRACTION_MAX = 0.05  # DataLoader share of step time (TensorBoard plugin rule)
+COMMUNICATION_FRACTION_MAX = 0.10  # communication share of kernel time (TensorBoard plugin rule)
+GPU_UTILIZATION_MIN = 0.50  # GPU busy share of step time (TensorBoard plugin rule)
+TENSOR_CORE_MIN_CC = 7.0  # compute capability with Tensor Cores (Volta)
+TF32_MIN_CC = 8.0  # compute capability with TF32 (Ampere)
+PEAK_MEMORY_FRACTION_MAX = 0.90  # peak memory share of device memory (TensorBoard plugin rule)
+SAVED_ACTIVATION_FRACTION_MAX = 0.30  # bytes saved for backward, share of device memory
+MEMORY_GROWTH_MAX_BYTES = 1 * 2**20  # allocated-memory growth per training step
+WIDTH_MULTIPLE = 8  # layer widths should be multiples of this for Tensor Cores / vector units
+SYNC_POINTS_WARN = 1  # CPU-GPU sync points per step that earn a warning
+SYNC_POINTS_FAIL = 10  # ... and a failure
+LAUNCH_BOUND_MIN_OPS = 100  # ops (CPU) or kernels (CUDA) per step
+LAUNCH_BOUND_MEDIAN_US = 20.0  # median op / kernel duration (µs) below which a step is launch-bound
+INIT_GAIN_MIN = 0.2  # weight std * sqrt(fan_in) below this: too small an init
+INIT_GAIN_MAX = 3.0  # ... above this: too large (He init gives 1.41, PyTorch default 0.58)
+# Gradient thresholds are the Gradient-flow analysis' own (one definition, per layer):
+from diagnostics.analyses.gradients.job import EXPLODING_NORM, MIN_UNIT_OBSERVATIONS, VANISHING_RATIO  # noqa: E402
+DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole batch
+INFERENCE_SPEEDUP_MIN = 1.10  # eval()+inference_mode faster than train-mode forward by this factor
+BATCH_GAIN_MIN = 1.20  # throughput gain at twice the batch that says "use a bigger batch"
+PREFETCH_FACTOR_MIN = 2  # DataLoader prefetch_factor
+TENSOR_COPY_FRACTION_MAX = 0.10  # share of the step's operator time in layout copies the forward asks for
+PYTHON_LOOP_MIN_OPS = 32  # indexing / scalar-read ops per step called from Python ...
+PYTHON_LOOP_MIN_SHARE = 0.25  # ... that also make this share of the step's top-level ops
+
+THRESHOLDS = [
+    ("DATALOADER_FRACTION_MAX", DATALOADER_FRACTION_MAX, "max share of the step spent waiting for data"),
+    ("COMMUNICATION_FRACTION_MAX", COMMUNICATION_FRACTION_MAX, "max share of GPU kernel time in communication"),
+    ("GPU_UTILIZATION_MIN", GPU_UTILIZATION_MIN, "min share of step time with a GPU kernel running"),
+    ("TENSOR_CORE_MIN_CC", TENSOR_CORE_MIN_CC, "compute capability from which Tensor Cores exist"),
+    ("TF32_MIN_CC", TF32_MIN_CC, "compute capability from which TF32 exists"),
+    ("PEAK_MEMORY_FRACTION_MAX", PEAK_MEMORY_FRACTION_MAX, "max peak memory / device memory"),
+    ("SAVED_ACTIVATION_FRACTION_MAX", SAVED_ACTIVATION_FRACTION_MAX, "max saved activations / device memory"),
+    ("MEMORY_GROWTH_MAX_BYTES", MEMORY_GROWTH_MAX_BYTES, "max allocated-memory growth per step (bytes)"),
+    ("WIDTH_MULTIPLE", WIDTH_MULTIPLE, "layer widths should be multiples of this"),
+    ("SYNC_POINTS_WARN", SYNC_POINTS_WARN, "sync points per step that warn"),
+    ("SYNC_POINTS_FAIL", SYNC_POINTS_FAIL, "sync points per step that fail"),
+    ("LAUNCH_BOUND_MIN_OPS", LAUNCH_BOUND_MIN_OPS, "ops/kernels per step for the launch-bound rule"),
+    ("LAUNCH_BOUND_MEDIAN_US", LAUNCH_BOUND_MEDIAN_US, "median op/kernel time (µs) under which ops are tiny"),
+    ("INIT_GAIN_MIN", INIT_GAIN_MIN, "min weight std x sqrt(fan_in)"),
+    ("INIT_GAIN_MAX", INIT_GAIN_MAX, "max weight std x sqrt(fan_in)"),
+    ("VANISHING_RATIO", VANISHING_RATIO, "a layer's gradient norm / the largest layer's, under which it vanishes "
+     "(diagnostics.analyses.gradients.job)"),
+    ("EXPLODING_NORM", EXPLODING_NORM, "a layer's gradient norm over which it explodes (diagnostics.analyses.gradients.job)"),
+    ("DEAD_UNIT_FRACTION_MAX", DEAD_UNIT_FRACTION_MAX, "max share of ReLU units dead for the whole batch"),
+    ("INFERENCE_SPEEDUP_MIN", INFERENCE_SPEEDUP_MIN, "speed-up of eval+inference_mode that is worth taking"),
+    ("BATCH_GAIN_MIN", BATCH_GAIN_MIN, "throughput gain at 2x batch that suggests a bigger batch"),
+    ("PREFETCH_FACTOR_MIN", PREFETCH_FACTOR_MIN, "min DataLoader prefetch_factor"),
+    ("TENSOR_COPY_FRACTION_MAX", TENSOR_COPY_FRACTION_MAX, "max share of the step's operator time in layout "
+     "copies (.contiguous(), .clone(), reshape of a non-viewable tensor) made by the forward"),
+    ("PYTHON_LOOP_MIN_OPS", PYTHON_LOOP_MIN_OPS, "indexing / scalar-read ops per step (called from Python) from "
+     "which a Python loop over tensor elements is suspected"),
+    ("PYTHON_LOOP_MIN_SHARE", PYTHON_LOOP_MIN_SHARE, "... when they are also at least this share of the step's "
+     "top-level ops"),
+]
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    title: str
+    category: str
+    status: str  # pass | warn | fail | not_applicable
+    evidence: str  # what was measured, in words with numbers (or why the rule does not apply)
+    suggestion: str = ""
+    numbers: dict = field(default_factory=dict)
+    fix: str | None = None  # a diagnostics.analyses.optimize.fixes id that addresses it
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+        if self.category not in CATEGORIES:
+            raise ValueError(f"unknown category {self.category!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    category: str
+    check: Callable[[dict], tuple]  # facts -> (status, evidence, suggestion, numbers)
+    fix: str | None = None
+
+    def __call__(self, facts: dict) -> Finding:
+        try:
+            status, evidence, suggestion, numbers = self.check(facts)
+        except Exception as e:  # a rule that cannot read its facts says so, the others still run
+            status, evidence, suggestion, numbers = "not_applicable", f"could not evaluate: {type(e).__name__}: {e}", "", {}
+        fix = self.fix if status in ("warn", "fail") else None
+        return Finding(self.id, self.title, self.category, status, evidence, suggestion, numbers, fix)
+
+
+def na(why: str):
+    return "not_applicable", why, "", {}
+
+
+def _m(facts, *keys):
+    """facts['measured'][k1][k2]... or None when any level is missing."""
+    cur = facts.get("measured")
+    for k in keys:
+        if not isinstance(cur, dict):
+            return None
+        cur = cur.get(k)
+    return cur
+
+
+def _cuda(facts) -> bool:
+    return facts["env"].get("device_type") == "cuda"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+# ---------------------------------------------------------------------------- TensorBoard plugin's seven
+def check_dataloader_time(f):
+    dl = f.get("dataloader")
+    if not dl:
+        return na("no DataLoader given")
+    frac = dl.get("loader_fraction")
+    if frac is None:
+        return na("no dataset module given: loader time was not measured")
+    nums = {"loader_s_per_batch": dl["loader_s_per_batch"], "step_time_s": dl["step_time_s"], "fraction": frac}
+    ev = (f"loading a batch took {dl['loader_s_per_batch'] * 1e3:.2f} ms against a {dl['step_time_s'] * 1e3:.2f} ms "
+          f"training step: {_pct(frac)} of the step (max {_pct(DATALOADER_FRACTION_MAX)})")
+    if dl.get("note"):
+        ev += f"; {dl['note']}"
+    if frac > DATALOADER_FRACTION_MAX:
+        return ("fail", ev, "Use more DataLoader workers (num_workers), pin_memory and prefetching, or move "
+                "preprocessing out of __getitem__ (precompute, or do it on the GPU).", nums)
+    return "pass", ev, "", nums
+
+
+def check_communication(f):
+    frac = _m(f, "profile", "communication_fraction")
+    if not _cuda(f):
+        return na("no CUDA: communication kernels are not traced")
+    if f["env"].get("world_size", 1) <= 1 and not frac:
+        return na("not distributed (world size 1)")
+    frac = frac or 0.0
+    ev = f"communication kernels (NCCL) took {_pct(frac)} of kernel time (max {_pct(COMMUNICATION_FRACTION_MAX)})"
+    if frac > COMMUNICATION_FRACTION_MAX:
+        return ("warn", ev, "Overlap communication with compute (DDP bucket_cap_mb, gradient accumulation with "
+                "no_sync), or use a larger batch per device.", {"fraction": frac})
+    return "pass", ev, "", {"fraction": frac}
+
+
+def check_gpu_utilization(f):
+    if not _cuda(f):
+        return na("no CUDA")
+    u = _m(f, "profile", "gpu_busy_fraction")
+    if u is None:
+        return na("no GPU kernels were traced")
+    ev = f"a GPU kernel was running {_pct(u)} of the training step (min {_pct(GPU_UTILIZATION_MIN)})"
+    if u < GPU_UTILIZATION_MIN:
+        return ("warn", ev, "The GPU idles: increase the batch size, or cut CPU work per step (data loading, "
+                "sync points, many tiny kernels: try CUDA graphs or torch.compile).", {"gpu_busy_fraction": u})
+    return "pass", ev, "", {"gpu_busy_fraction": u}
+
+
+def check_tensor_cores(f):
+    if not _cuda(f):
+        return na("no CUDA")
+    cc = f["env"].get("compute_capability") or 0
+    if cc < TENSOR_CORE_MIN_CC:
+        return na(f"compute capability {cc} has no Tensor Cores (needs >= {TENSOR_CORE_MIN_CC})")
+    eligible = _m(f, "profile", "eligible_ops") or []
+    tc = _m(f, "profile", "tensor_core_kernels") or []
+    if not eligible:
+        return na("no matmul / convolution ops in the step")
+    nums = {"eligible_ops": len(eligible), "tensor_core_kernels": len(tc), "compute_capability": cc}
+    if not tc:
+        return ("fail", f"{len(eligible)} Tensor-Core-eligible op kinds ran ({', '.join(eligible[:4])}) but no "
+                "Tensor Core kernel was launched", "Enable automatic mixed precision (torch.autocast with "
+                "bfloat16/float16) or TF32 so matmuls and convolutions use Tensor Cores.", nums)
+    return "pass", f"{len(tc)} Tensor Core kernel kinds ran (e.g. {tc[0]})", "", nums
+
+
+def check_peak_memory(f):
+    if not _cuda(f):
+        return na("no CUDA: device memory limits apply to GPUs")
+    peak, total = _m(f, "peak_bytes"), f["env"].get("device_memory_bytes")
+    if peak is None or not total:
+        return na("peak memory was not measured")
+    frac = peak / total
+    nums = {"peak_bytes": peak, "device_memory_bytes": total, "fraction": frac}
+    ev = f"peak {human_bytes(peak)} of {human_bytes(total)} device memory ({_pct(frac)}, max {_pct(PEAK_MEMORY_FRACTION_MAX)})"
+    if frac > PEAK_MEMORY_FRACTION_MAX:
+        return ("fail", ev, "Close to out-of-memory: use activation checkpointing "
+                "(torch.utils.checkpoint) or mixed precision, or a smaller batch.", nums)
+    return "pass", ev, "", nums
+
+
+def check_data_parallel(f):
+    s = f["static"]
+    if not s.get("data_parallel"):
+        return "pass", "the model is not wrapped in nn.DataParallel", "", {"devices": 0}
+    n = s.get("data_parallel_devices", 0)
+    if n > 1:
+        return ("fail", f"nn.DataParallel over {n} devices", "Use DistributedDataParallel (one process per GPU): "
+                "DataParallel replicates the model every step and is GIL-bound.", {"devices": n})
+    where = "one device only" if n == 1 else "no GPU (it just calls the module)"
+    return "warn", f"nn.DataParallel over {where}", "Drop the wrapper: it only adds overhead.", {"devices": n}
+
+
+def check_ddp_backend(f):
+    s = f["static"]
+    if not s.get("ddp"):
+        return na("the model is not wrapped in DistributedDataParallel")
+    backend = s.get("dist_backend")
+    if _cuda(f) and backend != "nccl":
+        return ("fail", f"DDP on CUDA with backend {backend!r}", "Use the NCCL backend for GPU training: "
+                "torch.distributed.init_process_group('nccl').", {})
+    return "pass", f"DDP with backend {backend!r}", "", {}
+
+
+# ---------------------------------------------------------------------------- model design
+def check_hidden_activations(f):
+    fw = f.get("forward") or {}
+    hidden = fw.get("hidden_saturating")
+    if hidden is None:
+        return na("the forward pass could not be traced")
+    acts = f["static"].get("activations", {})
+    if not acts:
+        return na("no activation modules (functional activations are not inspected)")
+    nums = {"hidden_saturating": len(hidden), "activation_modules": sum(acts.values())}
+    if hidden:
+        return ("warn", f"{len(hidden)} Sigmoid/Tanh activations in hidden layers ({', '.join(hidden[:4])})",
+                "Sigmoid and tanh saturate (gradients vanish in deep stacks) and cost more than ReLU / GELU / SiLU: "
+                "use those for hidden layers.", nums)
+    return "pass", "hidden activations: " + ", ".join(f"{k} x{v}" for k, v in acts.items()), "", nums
+
+
+def check_layer_widths(f):
+    fw = f.get("forward") or {}
+    if not fw.get("inner_dims"):
+        return na("no inner Linear / Conv / Embedding widths")
+    off = fw.get("widths_not_multiple_of_8", [])
+    n = fw["inner_dims"]
+    nums = {"inner_dims": n, "not_multiple": len(off), "multiple": WIDTH_MULTIPLE}
+    if off:
+        ex = ", ".join(f"{o['name']}.{o['side']}={o['dim']}" for o in off[:4])
+        status = "fail" if len(off) > n / 2 else "warn"
+        return (status, f"{len(off)} of {n} inner widths are not multiples of {WIDTH_MULTIPLE} ({ex})",
+                f"Pad hidden sizes / channels to multiples of {WIDTH_MULTIPLE} (64 for best GPU efficiency): Tensor "
+                "Cores and vector units work on such tiles.", nums)
+    return "pass", f"all {n} inner widths are multiples of {WIDTH_MULTIPLE}", "", nums
+
+
+def check_init(f):
+    init = f["static"].get("init") or []
+    if not init:
+        return na("no Linear / Conv weights")
+    bad = [r for r in init if not (INIT_GAIN_MIN <= r["gain"] <= INIT_GAIN_MAX)]
+    gains = [r["gain"] for r in init]
+    nums = {"layers": len(init), "outside": len(bad), "min_gain": min(gains), "max_gain": max(gains)}
+    if bad:
+        ex = ", ".join(f"{r['name']} ({r['gain']:.2f})" for r in bad[:4])
+        return ("warn", f"{len(bad)} of {len(init)} layers have weight std x sqrt(fan_in) outside "
+                f"[{INIT_GAIN_MIN}, {INIT_GAIN_MAX}]: {ex}", "Initialise with Kaiming (ReLU) or Xavier "
+                "(tanh/sigmoid) so activations keep their scale through depth.", nums)
+    return "pass", f"weight scale std x sqrt(fan_in) in [{min(gains):.2f}, {max(gains):.2f}] for {len(init)} layers", "", nums
+
+
+def check_dropout_bn_mode(f):
+    s = f["static"]
+    if not (s.get("n_dropout") or s.get("n_batchnorm")):
+        return na("no Dropout or BatchNorm layers")
+    purpose, tr, ev_ = f.get("purpose", "training"), s.get("dropout_bn_train", []), s.get("dropout_bn_eval", [])
+    nums = {"in_train_mode": len(tr), "in_eval_mode": len(ev_)}
+    if purpose == "inference" and tr:
+        return ("fail", f"for inference, {len(tr)} Dropout/BatchNorm layers are in training mode ({', '.join(tr[:4])})",
+                "Call model.eval() before inference: Dropout drops activations and BatchNorm uses batch statistics "
+                "in training mode.", nums)
+    if purpose == "training" and s.get("training") and ev_:
+        return ("warn", f"the model is in training mode but {len(ev_)} Dropout/BatchNorm layers are in eval mode "
+                f"({', '.join(ev_[:4])})", "Check this is intended (frozen BatchNorm); otherwise call model.train().", nums)
+    if purpose == "training" and not s.get("training"):
+        return ("warn", "for training, the model is in eval mode: Dropout is off and BatchNorm statistics are frozen",
+                "Call model.train() before training steps.", nums)
+    return "pass", f"all Dropout/BatchNorm layers are in {'eval' if purpose == 'inference' else 'training'} mode", "", nums
+
+
+def _grad_examples(g: dict, status: str) -> str:
+    rows = [r for r in g.get("flagged", []) if r["status"] == status][:3]
+    return "; ".join(f"{r['layer']}: {r['reason']}" for r in rows)
+
+
+def check_gradients_nonfinite(f):
+    g = _m(f, "gradients")
+    if g is None:
+        return na("gradients were not measured (no trainable parameters or backward failed)")
+    n = g["nonfinite"]
+    if n:
+        return ("fail", f"{n} of {g['layers']} layers got NaN/Inf gradients ({_grad_examples(g, 'non-finite')})",
+                "Look for log(0), division by zero or overflow (fp16 without a GradScaler); lower the learning "
+                "rate; clip gradients.", {"nonfinite_layers": n, "layers": g["layers"]})
+    return "pass", f"gradients of all {g['layers']} layers are finite", "", {"nonfinite_layers": 0}
+
+
+def check_gradient_flow(f):
+    g = _m(f, "gradients")
+    if g is None or not g.get("layers"):
+        return na("gradients were not measured")
+    nums = {"vanishing": g["vanishing"], "exploding": g["exploding"], "dead": g["dead"],
+            "global_norm_max": g["global_norm_max"], "min_ratio": g["min_ratio"], "layers": g["layers"]}
+    if g["exploding"]:
+        return ("fail", f"exploding gradients in {g['exploding']} of {g['layers']} layers (norm > "
+                f"{EXPLODING_NORM:g}): {_grad_examples(g, 'exploding')}", "Fix the init scale, add normalisation, "
+                "lower the learning rate, clip gradients (torch.nn.utils.clip_grad_norm_).", nums)
+    if g["vanishing"]:
+        return ("fail", f"vanishing gradients in {g['vanishing']} of {g['layers']} layers (norm < "
+                f"{VANISHING_RATIO:g} x the largest layer's): {_grad_examples(g, 'vanishing')}",
+                "Use ReLU-family activations, residual connections, normalisation layers and Kaiming init.", nums)
+    if g["dead"]:
+        return ("warn", f"{g['dead']} layers get all-zero gradients: {_grad_examples(g, 'dead')}",
+                "Check for dead ReLUs or detached branches.", nums)
+    ratio = g["min_ratio"]
+    return ("pass", f"all {g['layers']} layers healthy; max gradient norm {g['global_norm_max']:.3g}, smallest "
+            f"layer norm {'n/a' if ratio is None else f'{ratio:.2g}'} x the largest", "", nums)
+
+
+def check_dead_units(f):
+    fw = f.get("forward") or {}
+    units = fw.get("relu_units") or 0
+    if not units:
+        if fw.get("relu_modules"):
+            return na(f"the batch is too small to judge ReLU units (a unit needs {MIN_UNIT_OBSERVATIONS} values "
+                      "per pass, samples × positions): raise the batch size")
+        return na("no ReLU modules")
+    dead = fw.get("dead_relu_units", 0)
+    frac = dead / units
+    nums = {"dead": dead, "units": units, "fraction": frac}
+    ev = f"{dead} of {units} ReLU units output zero for the whole batch ({_pct(frac)}, max {_pct(DEAD_UNIT_FRACTION_MAX)})"
+    if frac > DEAD_UNIT_FRACTION_MAX:
+        return "warn", ev, "Dead ReLUs learn nothing: lower the learning rate, fix the init, or use LeakyReLU / GELU.", nums
+    return "pass", ev, "", nums
+
+
+def check_redundant_layers(f):
+    fw = f.get("forward")
+    if fw is None or fw.get("redundant_layers") is None:
+        return na("the forward pass could not be traced")
+    p0 = f["static"].get("dropout_p0") or []
+    pairs = fw["redundant_layers"]
+    items = [f"Dropout(p=0) {n}" for n in p0] + [f"{' -> '.join(r['layers'])} ({r['why']})" for r in pairs]
+    nums = {"dropout_p0": len(p0), "redundant_pairs": len(pairs)}
+    if items:
+        return ("warn", f"{len(items)} layers add nothing: " + "; ".join(items[:4]) + ("; ..." if len(items) > 4 else ""),
+                "Remove Dropout(p=0), repeated activations and a BatchNorm that another BatchNorm follows; merge two Linear layers with no "
+                "nonlinearity between into one (W2 W1, W2 b1 + b2), or put the activation you meant between them.",
+                nums)
+    return ("pass", "no Dropout(p=0), Linear -> Linear without a nonlinearity, repeated activation or "
+            "BatchNorm straight after BatchNorm", "", nums)
+
+
+# ---------------------------------------------------------------------------- memory
+def check_saved_activations(f):
+    saved, total = _m(f, "saved_activation_bytes"), f["env"].get("device_memory_bytes")
+    if saved is None or not total:
+        return na("saved activations were not measured")
+    frac = saved / total
+    nums = {"saved_bytes": saved, "device_memory_bytes": total, "fraction": frac,
+            "param_bytes": f["static"].get("param_bytes")}
+    ev = (f"autograd saves {human_bytes(saved)} for backward at batch {f.get('batch_size')} ({_pct(frac)} of "
+          f"{human_bytes(total)}; parameters: {human_bytes(f['static'].get('param_bytes'))})")
+    if frac > SAVED_ACTIVATION_FRACTION_MAX:
+        return ("warn", ev, "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks, or mixed "
+                "precision, to trade compute for memory.", nums)
+    return "pass", ev, "", nums
+
+
+def check_memory_growth(f):
+    if not _cuda(f):
+        return na("no CUDA: allocator growth is tracked on GPUs")
+    g = _m(f, "memory_growth_bytes_per_step")
+    if g is None:
+        return na("not measured")
+    ev = f"allocated memory grew {human_bytes(g)} per step over repeated steps (max {human_bytes(MEMORY_GROWTH_MAX_BYTES)})"
+    if g > MEMORY_GROWTH_MAX_BYTES:
+        return ("fail", ev, "Something keeps tensors alive between steps (e.g. accumulating a loss tensor instead of "
+                "loss.item(), lists of outputs): detach or convert to Python numbers.", {"bytes_per_step": g})
+    return "pass", ev, "", {"bytes_per_step": g}
+
+
+def check_inplace(f):
+    s = f["static"]
+    n_not, n_in = len(s.get("not_inplace_activations", [])), s.get("inplace_activations", 0)
+    if not (n_not or n_in):
+        return na("no activation modules that can run in place")
+    nums = {"inplace": n_in, "not_inplace": n_not}
+    if n_not and not n_in:
+        return ("warn", f"none of {n_not} activations run in place", "Activations such as ReLU(inplace=True) save "
+                "one activation tensor each when autograd allows it (check the gradients stay correct).", nums)
+    return "pass", f"{n_in} of {n_in + n_not} activations run in place", "", nums
+
+
+# ---------------------------------------------------------------------------- compute
+def check_cudnn_benchmark(f):
+    if not _cuda(f):
+        return na("no CUDA")
+    if not f["static"].get("n_conv"):
+        return na("no convolutions")
+    if not f["env"].get("cudnn_benchmark"):
+        return ("warn", "torch.backends.cudnn.benchmark is off", "With fixed input shapes, set "
+                "torch.backends.cudnn.benchmark = True to pick the fastest convolution algorithms.", {})
+    return "pass", "cudnn.benchmark is on", "", {}
+
+
+def check_tf32(f):
+    if not _cuda(f):
+        return na("no CUDA")
+    cc = f["env"].get("compute_capability") or 0
+    if cc < TF32_MIN_CC:
+        return na(f"compute capability {cc} has no TF32 (needs >= {TF32_MIN_CC})")
+    mm, cd = f["env"].get("matmul_allow_tf32"), f["env"].get("cudnn_allow_tf32")
+    if not mm:
+        return ("warn", f"TF32 matmuls are off (matmul.allow_tf32={mm}, cudnn.allow_tf32={cd})",
+                "torch.set_float32_matmul_precision('high') makes fp32 matmuls use TF32 Tensor Cores.", {})
+    return "pass", f"TF32 on (matmul {mm}, cudnn {cd})", "", {}
+
+
+def check_sync_points(f):
+    if not _cuda(f):
+        # .item() on a CPU tensor is a memory read: there is no device to wait for. Many of them in a
+        # loop are a vectorisation problem, which python_loops reports.
+        return na("no GPU (CUDA): host reads such as .item() cost no device synchronisation on CPU")
+    sync = _m(f, "profile", "sync_per_step")
+    if sync is None:
+        return na("the step was not profiled")
+    n = _m(f, "profile", "sync_points_per_step") or 0
+    nums = dict(sync, total=n)
+    detail = ", ".join(f"{k} {v:g}" for k, v in sync.items() if v)
+    ev = f"{n:g} CPU-GPU sync points per step" + (f" ({detail})" if detail else "")
+    if n >= SYNC_POINTS_FAIL:
+        status = "fail"
+    elif n >= SYNC_POINTS_WARN:
+        status = "warn"
+    else:
+        return "pass", ev, "", nums
+    return (status, ev, "Each .item(), .cpu(), print of a tensor or bool() of a tensor waits for the GPU: "
+            "accumulate on the device and read values every N steps.", nums)
+
+
+def check_launch_bound(f):
+    p = _m(f, "profile")
+    if p is None:
+        return na("the step was not profiled")
+    if _cuda(f) and p.get("kernels_per_step"):
+        n, med, what = p["kernels_per_step"], p.get("median_kernel_us"), "kernels"
+    else:
+        n, med, what = p.get("ops_per_step"), p.get("median_op_us"), "operators"
+    if not n or med is None:
+        return na("no ops were traced")
+    nums = {"per_step": n, "median_us": med}
+    ev = f"{n:g} {what} per step, median {med:.1f} µs each"
+    if n >= LAUNCH_BOUND_MIN_OPS and med < LAUNCH_BOUND_MEDIAN_US:
+        return ("warn", ev + f" (>= {LAUNCH_BOUND_MIN_OPS} and < {LAUNCH_BOUND_MEDIAN_US:g} µs: launch-bound)",
+                "Many tiny ops spend their time in dispatch: torch.compile fuses them; CUDA graphs remove launch cost; "
+                "a bigger batch amortises it.", nums)
+    return "pass", ev, "", nums
+
+
+def check_tensor_copies(f):
+    p = _m(f, "profile")
+    if p is None:
+        return na("the step was not profiled")
+    frac = p.get("layout_copy_fraction")
+    if frac is None:
+        return na("no operator time was traced")
+    n, us, kind = p.get("layout_copies_per_step", 0), p.get("layout_copy_us_per_step", 0), p.get(
+        "layout_copy_time_kind", "operator")
+    nums = {"copies_per_step": n, "copy_us_per_step": us, "fraction": frac}
+    ev = (f"{n:g} layout copies per step in the forward (.contiguous() / .clone() / reshape of a view) took "
+          f"{us / 1e3:.2f} ms, {_pct(frac)} of the step's {kind} time (max {_pct(TENSOR_COPY_FRACTION_MAX)})")
+    if frac > TENSOR_COPY_FRACTION_MAX:
+        return ("warn", ev, "Keep views instead of copies: view / reshape / transpose / permute / narrow / expand "
+                "cost nothing; drop .contiguous() where the next op accepts strided input (matmul, einsum, "
+                "elementwise ops do); pick one layout end to end (batch_first, channels_last) so no transpose has "
+                "to be materialised every step.", nums)
+    return "pass", ev, "", nums
+
+
+def check_python_loops(f):
+    p = _m(f, "profile")
+    if p is None:
+        return na("the step was not profiled")
+    ops = p.get("element_ops_per_step")
+    top = p.get("ops_per_step")
+    if ops is None or not top:
+        return na("no ops were traced")
+    n = sum(ops.values())
+    share = n / top
+    b = f.get("batch_size")
+    nums = {"element_ops_per_step": n, "top_level_ops_per_step": top, "share": share, "batch_size": b}
+    detail = ", ".join(f"{k} {v:g}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]) if v)
+    ev = (f"{n:g} indexing / scalar-read ops per step called from Python" + (f" ({detail})" if detail else "")
+          + f", {_pct(share)} of {top:g} top-level ops")
+    if b:
+        ev += f"; {n / b:.2g} per sample at batch {b}"
+    if n >= PYTHON_LOOP_MIN_OPS and share >= PYTHON_LOOP_MIN_SHARE:
+        return ("warn", ev + f" (>= {PYTHON_LOOP_MIN_OPS} and >= {_pct(PYTHON_LOOP_MIN_SHARE)}: a Python loop over "
+                "tensor elements?)", "Vectorise: replace the loop by whole-tensor ops (broadcasting, torch.where, "
+                "gather / scatter / index_select with an index tensor, bmm / einsum, torch.vmap); read many values "
+                "with one .tolist() instead of .item() per element.", nums)
+    return "pass", ev, "", nums
+
+
+def check_compile(f):
+    s = f["static"]
+    if s.get("compiled"):
+        return "pass", "the model is torch.compile'd", "", {}
+    if s.get("torchscript"):
+        return "pass", "the model is TorchScript (already graph-compiled)", "", {}
+    if not _cuda(f) and not f["env"].get("cxx_compiler"):
+        return na("torch.compile on CPU needs a C++ compiler, none found")
+    return ("warn", "the model is not compiled", "Try torch.compile(model) (the Optimize page measures it): it fuses "
+            "elementwise ops and cuts Python overhead; the first call pays compile time.", {})
+
+
+def check_channels_last(f):
+    s = f["static"]
+    if not s.get("n_conv2d"):
+        return na("no 2-D convolutions")
+    x_cl = (f.get("forward") or {}).get("conv_input_channels_last")
+    nums = {"conv2d": s["n_conv2d"], "weights_channels_last": s.get("channels_last"), "input_channels_last": x_cl}
+    if s.get("channels_last") and x_cl:
+        return "pass", "weights and input are channels_last", "", nums
+    return ("warn", f"{s['n_conv2d']} Conv2d layers run in NCHW (channels_first) memory format",
+            "model.to(memory_format=torch.channels_last) and the same for inputs: cuDNN (Tensor Cores) and oneDNN "
+            "convolutions prefer NHWC.", nums)
+
+
+def check_batch_size(f):
+    bp = _m(f, "batch_probe")
+    b = f.get("batch_size")
+    if bp is None:
+        return na("the batch-size probe did not run")
+    gain = bp["throughput_gain_2x"]
+    nums = {"batch_size": b, "throughput_gain_2x": gain, "points": bp["points"]}
+    ev = (f"at batch {bp['points'][0]['batch_size']}: {bp['points'][0]['samples_per_s']:.0f} samples/s; at "
+          f"{bp['points'][1]['batch_size']}: {bp['points'][1]['samples_per_s']:.0f} samples/s (x{gain:.2f})")
+    if gain > BATCH_GAIN_MIN:
+        return ("warn", ev + f", more than x{BATCH_GAIN_MIN}", "A larger batch (if memory and the optimisation "
+                "allow) raises throughput: the device is not saturated at this batch size.", nums)
+    if b and b % WIDTH_MULTIPLE:
+        return ("warn", ev + f"; batch size {b} is not a multiple of {WIDTH_MULTIPLE}",
+                f"Use a batch size that is a multiple of {WIDTH_MULTIPLE}.", nums)
+    return "pass", ev, "", nums
+
+
+def check_mixed_precision(f):
+    dt = f["static"].get("param_dtypes", {})
+    if not dt:
+        return na("no parameters")
+    low = sum(v for k, v in dt.items() if k in ("float16", "bfloat16"))
+    total = sum(dt.values())
+    if not _cuda(f):
+        return na("no CUDA: mixed precision pays off on GPUs (on CPU, bf16 needs AMX/AVX512-BF16; try the AMP fix)")
+    nums = {"low_precision_params": low, "params": total}
+    if low == 0:
+        return ("warn", "all parameters are float32 and AMP is not part of the model",
+                "Train with torch.autocast('cuda', dtype=torch.bfloat16) (+ GradScaler for float16).", nums)
+    return "pass", f"{low / total:.0%} of parameters are in 16-bit", "", nums
+
+
+# ---------------------------------------------------------------------------- deployment
+def check_conv_bn_fusion(f):
+    pairs = (f.get("forward") or {}).get("conv_bn_pairs")
+    if pairs is None:
+        return na("the forward pass could not be traced")
+    if not f["static"].get("n_batchnorm"):
+        return na("no BatchNorm layers")
+    if pairs:
+        return ("warn", f"{len(pairs)} Conv -> BatchNorm pairs can be fused for inference "
+                f"(e.g. {pairs[0][0]} -> {pairs[0][1]})", "Fold BatchNorm into the preceding convolution for "
+                "inference (torch.fx fuse or torch.nn.utils.fusion.fuse_conv_bn_eval): one op fewer per pair.",
+                {"pairs": len(pairs)})
+    return "pass", "no BatchNorm directly follows a convolution", "", {"pairs": 0}
+
+
+def check_inference_mode(f):
+    inf = _m(f, "inference")
+    if inf is None:
+        return na("not measured")
+    sp = inf.get("speedup") or 0
+    nums = dict(inf)
+    ev = (f"forward in train mode with grad: {inf['train_grad_forward_s'] * 1e3:.2f} ms; eval() + inference_mode: "
+          f"{inf['eval_inference_forward_s'] * 1e3:.2f} ms (x{sp:.2f})")
+    if sp >= INFERENCE_SPEEDUP_MIN:
+        return ("warn", ev, "For inference call model.eval() and run under torch.inference_mode(): no autograd "
+                "graph, no saved tensors, no version counters.", nums)
+    return "pass", ev + f" (below x{INFERENCE_SPEEDUP_MIN})", "", nums
+
+
+# ---------------------------------------------------------------------------- data pipeline
+def _dl(f):
+    dl = f.get("dataloader")
+    return None if not dl else dl.get("described") or {}
+
+
+def check_num_workers(f):
+    d = _dl(f)
+    if d is None:
+        return na("no DataLoader given")
+    w = d.get("num_workers")
+    if w is None:
+        return na("num_workers not given")
+    cpus = f["env"].get("cpu_count") or 1
+    if int(w) == 0:
+        return ("warn", "num_workers=0: batches are loaded in the training process, between steps",
+                f"Use num_workers > 0 (up to the {cpus} CPU cores) so loading overlaps compute.", {"num_workers": 0})
+    if int(w) > cpus:
+        return ("warn", f"num_workers={w} exceeds the {cpus} CPU cores", "Use at most one worker per core.",
+                {"num_workers": w, "cpus": cpus})
+    return "pass", f"num_workers={w} ({cpus} cores)", "", {"num_workers": w, "cpus": cpus}
+
+
+def check_pin_memory(f):
+    d = _dl(f)
+    if d is None:
+        return na("no DataLoader given")
+    if not _cuda(f):
+        return na("no CUDA: pinned memory speeds host-to-GPU copies")
+    if not d.get("pin_memory"):
+        return ("warn", "pin_memory=False", "pin_memory=True with .to(device, non_blocking=True) makes copies "
+                "asynchronous.", {})
+    return "pass", "pin_memory=True", "", {}
+
+
+def check_prefetch(f):
+    d = _dl(f)
+    if d is None:
+        return na("no DataLoader given")
+    w = int(d.get("num_workers") or 0)
+    if w == 0:
+        return na("prefetch_factor and persistent_workers need num_workers > 0")
+    pf, pw = d.get("prefetch_factor"), d.get("persistent_workers")
+    problems = []
+    if pf is not None and int(pf) < PREFETCH_FACTOR_MIN:
+        problems.append(f"prefetch_factor={pf} (< {PREFETCH_FACTOR_MIN})")
+    if not pw:
+        problems.append("persistent_workers=False (workers restart every epoch)")
+    if problems:
+        return ("warn", "; ".join(problems), f"Set prefetch_factor >= {PREFETCH_FACTOR_MIN} and "
+                "persistent_workers=True.", {"prefetch_factor": pf, "persistent_workers": pw})
+    return "pass", f"prefetch_factor={pf}, persistent_workers={pw}", "", {"prefetch_factor": pf}
+
+
+RULES: list[Rule] = [
+    # The TensorBoard profiler plugin's seven
+    Rule("dataloader_time", "DataLoader time under 5% of the step", "data pipeline", check_dataloader_time),
+    Rule("communication", "Communication under 10% of kernel time", "compute", check_communication),
+    Rule("gpu_utilization", "GPU busy at least 50% of the step", "compute", check_gpu_utilization),
+    Rule("tensor_cores", "Tensor Cores used where eligible (AMP)", "compute", check_tensor_cores, fix="amp"),
+    Rule("peak_memory", "Peak memory under 90% of the device", "memory", check_peak_memory, fix="amp"),
+    Rule("data_parallel", "DistributedDataParallel instead of DataParallel", "compute", check_data_parallel),
+    Rule("ddp_backend", "DDP uses NCCL on GPUs", "compute", check_ddp_backend),
+    # Model design
+    Rule("hidden_activations", "No Sigmoid/Tanh in hidden layers", "model design", check_hidden_activations),
+    Rule("layer_widths", "Layer widths are multiples of 8", "model design", check_layer_widths),
+    Rule("weight_init", "Weights initialised at a sane scale", "model design", check_init),
+    Rule("dropout_bn_mode", "Dropout/BatchNorm in the right mode", "model design", check_dropout_bn_mode),
+    Rule("gradients_finite", "Gradients are finite", "model design", check_gradients_nonfinite),
+    Rule("gradient_flow", "No vanishing or exploding gradients", "model design", check_gradient_flow),
+    Rule("dead_units", "Few dead ReLU units", "model design", check_dead_units),
+    Rule("redundant_layers", "No layers that add nothing", "model design", check_redundant_layers),
+    # Memory
+    Rule("saved_activations", "Saved activations fit (checkpointing)", "memory", check_saved_activations),
+    Rule("memory_growth", "No memory growth across steps", "memory", check_memory_growth),
+    Rule("inplace_activations", "In-place activations", "memory", check_inplace),
+    # Compute
+    Rule("sync_points", "No CPU-GPU sync points in the step", "compute", check_sync_points),
+    Rule("launch_bound", "Not launch-bound (many tiny ops)", "compute", check_launch_bound, fix="torch_compile"),
+    Rule("tensor_copies", "Views instead of layout copies", "compute", check_tensor_copies),
+    Rule("python_loops", "Vectorised (no Python loop over tensor elements)", "compute", check_python_loops),
+    Rule("torch_compile", "torch.compile used", "compute", check_compile, fix="torch_compile"),
+    Rule("channels_last", "Conv nets in channels_last", "compute", check_channels_last, fix="channels_last"),
+    Rule("cudnn_benchmark", "cudnn.benchmark on", "compute", check_cudnn_benchmark),
+    Rule("tf32", "TF32 on for fp32 matmuls", "compute", check_tf32),
+    Rule("mixed_precision", "Mixed precision", "compute", check_mixed_precision, fix="amp"),
+    Rule("batch_size", "Batch size saturates the device", "compute", check_batch_size),
+    # Deployment
+    Rule("conv_bn_fusion", "Conv -> BatchNorm pairs fused", "deployment", check_conv_bn_fusion, fix="conv_bn_fusion"),
+    Rule("inference_mode", "eval() + inference_mode for inference", "deployment", check_inference_mode,
+         fix="inference_mode"),
+    # Data pipeline
+    Rule("num_workers", "DataLoader uses worker processes", "data pipeline", check_num_workers),
+    Rule("pin_memory", "DataLoader pins memory", "data pipeline", check_pin_memory),
+    Rule("prefetch", "DataLoader prefetches and keeps workers", "data pipeline", check_prefetch),
+]
+
+
+def evaluate(facts: dict) -> list[Finding]:
+    return [rule(facts) for rule in RULES]
+
+
+def score(findings: list[Finding]) -> float | None:
+    """100 * (pass + 0.5 * warn) / (pass + warn + fail); None when no rule applies."""
+    p = sum(f.status == "pass" for f in findings)
+    w = sum(f.status == "warn" for f in findings)
+    x = sum(f.status == "fail" for f in findings)
+    return None if p + w + x == 0 else 100.0 * (p + 0.5 * w) / (p + w + x)

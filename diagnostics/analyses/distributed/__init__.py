@@ -1,0 +1,1 @@
+"""The distributed analysis: its declaration here, its work in job.py."""

@@ -1,0 +1,493 @@
+"""Per-rank analysis of a distributed run: step time, computation vs communication, collectives,
+stragglers. Registered as "distributed" (launch with torchrun, then analyse) and
+"distributed_traces" (analyse a folder of per-rank traces, e.g. copied from several nodes).
+
+Definitions (per rank, per profiler step ``ProfilerStep#N``):
+
+* communication: collective events. On GPU the NCCL kernels; on CPU (gloo) the collective ops
+  and annotations on any thread (``gloo:all_reduce`` runs on gloo's own thread, ``c10d::*`` on
+  the caller's).
+* computation: on GPU the other kernels, memcpys and memsets; on CPU the ``cpu_op`` events
+  (aten operators), less what a thread spends inside its own collective calls.
+* overlap: the time both run; exposed communication: communication while nothing computes.
+* other: the rest of the step (Python, data, sleeps, idle).
+* busy time = step time - exposed communication: the rank's own work. DDP's all-reduce makes
+  every rank's *step* equally long (the fast ranks wait for the slow one inside the collective),
+  so a straggler is found by its busy time: a rank is a straggler when its median busy time
+  exceeds the median of the *other* ranks by more than ``STRAGGLER_MARGIN`` and by
+  ``STRAGGLER_MIN_EXCESS_MS`` (leave-one-out: with 2 ranks the slow one must not raise its own bar).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shlex
+import statistics
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from diagnostics.trace import intervals as iv
+from diagnostics.analyses.distributed.dist_job import DistJob, DistributedError, DistributedInputError, MAX_NPROC
+from diagnostics.settings import check_server_path
+
+#: A rank straggles when its median busy time is over the median of the other ranks by this fraction...
+STRAGGLER_MARGIN = 0.20
+#: ...and by at least this many milliseconds (keeps scheduler noise on tiny steps from counting).
+STRAGGLER_MIN_EXCESS_MS = 10.0
+#: Seconds the launch may take before it is stopped (below the registry's job timeout, so the
+#: user reads which ranks were stuck rather than a bare worker timeout).
+DEFAULT_RUN_TIMEOUT_S = 480.0
+#: Collective message sizes come from event args the columnar loader does not keep; they are
+#: read in a second pass over files up to this size (larger files: bytes shown as unknown).
+ARGS_PASS_MAX_FILE_BYTES = 256 << 20
+DEFAULT_NPROC = 2
+DEFAULT_STEPS = 5
+
+# Collective events by name: gloo / nccl annotations, c10d ops, NCCL kernels, record_param_comms.
+COMM_RE = re.compile(r"^(?!aten::)(?:gloo:|nccl|c10d::|record_param_comms|ProcessGroup"
+                     r"|.*?(?:all_?reduce|all_?gather|reduce_?scatter|all_?to_?all))", re.IGNORECASE)
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_SIDECARS = (".steps.json", ".status.json", "job.json")
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "c10::float": 4, "int": 4, "int32": 4, "unsigned int": 4,
+    "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "long long": 8,
+    "half": 2, "float16": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "short": 2, "int16": 2,
+    "byte": 1, "char": 1, "bool": 1, "unsigned char": 1, "signed char": 1, "uint8": 1, "int8": 1,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+def is_comm(name: str) -> bool:
+    return bool(COMM_RE.search(name))
+
+
+# ---------------------------------------------------------------------------- collective bytes
+def _open_json(path: Path):
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return orjson.loads(data)
+
+
+def event_bytes(args: dict) -> int | None:
+    """Message bytes of one collective event from its args, or None when not recorded.
+
+    record_param_comms (NCCL) has "In msg nelems"/"Out msg nelems" and "dtype": the larger of the
+    two messages counts. gloo:/nccl: annotations recorded with shapes have "Input Dims" and
+    "Input type" of the tensor: elements x element size.
+    """
+    size = None
+    if "In msg nelems" in args or "Out msg nelems" in args:
+        size = DTYPE_BYTES.get(str(args.get("dtype", "")).lower())
+        if size is None:
+            return None
+        n = max(int(args.get("In msg nelems") or 0), int(args.get("Out msg nelems") or 0))
+        return n * size
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if isinstance(dims, list) and dims and isinstance(types, list) and types:
+        size = DTYPE_BYTES.get(str(types[0]).lower())
+        first = dims[0]
+        if size is None or not isinstance(first, list) or not all(isinstance(d, int) for d in first):
+            return None
+        return int(np.prod(first, dtype=np.int64)) * size if first else size
+    return None
+
+
+def collective_bytes(path) -> tuple[dict[tuple[str, int], int], str | None]:
+    """(name, k-th complete event of that name) -> bytes, for the collective events of one file."""
+    path = Path(path)
+    if path.stat().st_size > ARGS_PASS_MAX_FILE_BYTES:
+        return {}, f"{path.name}: over {ARGS_PASS_MAX_FILE_BYTES >> 20} MiB, collective bytes not read"
+    try:
+        doc = _open_json(path)
+    except (OSError, ValueError, EOFError) as e:
+        return {}, f"{path.name}: collective bytes not read ({e})"
+    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    seen: dict[str, int] = {}
+    out = {}
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        name, dur, ts = e.get("name"), e.get("dur"), e.get("ts")
+        if not isinstance(name, str) or not isinstance(dur, (int, float)) or dur < 0 \
+                or not isinstance(ts, (int, float)) or not is_comm(name):
+            continue
+        k = seen.get(name, 0)
+        seen[name] = k + 1
+        b = event_bytes(e.get("args") or {})
+        if b is not None:
+            out[(name, k)] = b
+    return out, None
+
+
+# ---------------------------------------------------------------------------- one rank
+def rank_breakdown(trace, comm_bytes: dict | None = None) -> dict:
+    """Steps, the compute/comm/overlap/other split per step, and the collective calls of one trace."""
+    ev = trace.events
+    ts = ev["ts"].to_numpy(dtype=float)
+    end = ts + np.nan_to_num(ev["dur"].to_numpy(dtype=float))
+    comm_name = trace.name_mask(COMM_RE)
+    gpu = trace.gpu_mask()
+    on_gpu = bool(gpu.any())
+    cpu = trace.cpu_mask()
+    if on_gpu:
+        comm = gpu & comm_name
+        comm_iv = iv.union(ts[comm], end[comm])
+        comp = gpu & ~comm_name
+        compute_iv = iv.union(ts[comp], end[comp])
+    else:
+        comm = cpu & comm_name
+        comm_iv = iv.union(ts[comm], end[comm])
+        ops = cpu & trace.cat_mask(frozenset({"cpu_op"})) & ~comm_name
+        lane = (ev["pid"].cat.codes.to_numpy().astype(np.int64) << 32) | ev["tid"].cat.codes.to_numpy()
+        starts, ends = [], []
+        for ln in np.unique(lane[ops]):
+            o, c = ops & (lane == ln), comm & (lane == ln)
+            # An op inside the thread's own collective call is that call's work (copy, wait).
+            piece = iv.subtract(iv.union(ts[o], end[o]), iv.union(ts[c], end[c]))
+            starts.append(piece[0])
+            ends.append(piece[1])
+        compute_iv = iv.union(np.concatenate(starts), np.concatenate(ends)) if starts else iv.EMPTY
+
+    step_mask = cpu & trace.name_mask(STEP_RE)
+    windows = []
+    if step_mask.any():
+        step_names = ev["name"].to_numpy()[step_mask]
+        for n, s, e in zip(step_names, ts[step_mask], end[step_mask]):
+            windows.append((int(STEP_RE.match(str(n)).group(1)), float(s), float(e)))
+        windows.sort(key=lambda w: w[1])
+    else:
+        timed = cpu | gpu
+        windows.append((0, float(ts[timed].min()), float(end[timed].max())))
+
+    steps = []
+    for number, lo, hi in windows:
+        comm_w = iv.clip(comm_iv, lo, hi)
+        comp_w = iv.clip(compute_iv, lo, hi)
+        step_ms = (hi - lo) / 1000.0
+        comm_ms = iv.length(comm_w) / 1000.0
+        comp_ms = iv.length(comp_w) / 1000.0
+        overlap_ms = iv.length(iv.intersect(comm_w, comp_w)) / 1000.0
+        busy_union = comm_ms + comp_ms - overlap_ms
+        steps.append({
+            "step": number, "step_ms": step_ms,
+            "compute_ms": comp_ms, "comm_ms": comm_ms, "overlap_ms": overlap_ms,
+            "compute_only_ms": comp_ms - overlap_ms, "exposed_comm_ms": comm_ms - overlap_ms,
+            "other_ms": max(0.0, step_ms - busy_union),
+            "busy_ms": step_ms - (comm_ms - overlap_ms),
+        })
+
+    # Collective calls that start inside a step (or anywhere, without steps); on a GPU trace the
+    # host-side calls (record_param_comms, c10d ops) are listed too, beside the NCCL kernels.
+    rows = np.flatnonzero((cpu | gpu) & comm_name)
+    calls = []
+    if rows.size:
+        name_col = ev["name"].to_numpy()
+        in_step = np.zeros(rows.size, dtype=bool)
+        for _, lo, hi in windows:
+            in_step |= (ts[rows] >= lo) & (ts[rows] < hi)
+        # k-th event of its name, in file order: the key of the bytes read in the args pass.
+        ordinal: dict[str, int] = {}
+        all_comm_rows = np.flatnonzero(trace.complete_mask() & comm_name)
+        kth = {}
+        for r in all_comm_rows:
+            n = str(name_col[r])
+            kth[r] = ordinal.get(n, 0)
+            ordinal[n] = kth[r] + 1
+        for r, ok in zip(rows, in_step):
+            if not ok:
+                continue
+            n = str(name_col[r])
+            calls.append({"name": n, "where": "GPU" if gpu[r] else "CPU",
+                          "dur_ms": float(end[r] - ts[r]) / 1000.0,
+                          "bytes": (comm_bytes or {}).get((n, kth[r]))})
+    return {"on_gpu": on_gpu, "steps": steps, "calls": calls}
+
+
+# ---------------------------------------------------------------------------- folders of ranks
+def find_rank_traces(folder) -> list[Path]:
+    """Every *.json / *.json.gz under ``folder`` but the run's sidecars; which are traces is told on loading."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DistributedInputError(f"trace folder not found: {folder}")
+    found = [p for p in sorted(folder.rglob("*")) if p.is_file()
+             and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+             and not p.name.endswith(_SIDECARS)]
+    if not found:
+        raise DistributedInputError(f"{folder} holds no trace files (*.json or *.json.gz)")
+    return found
+
+
+def find_stragglers(busy_ms: dict[int, float], margin: float = STRAGGLER_MARGIN,
+                    min_excess_ms: float = STRAGGLER_MIN_EXCESS_MS) -> tuple[list[int], dict]:
+    """Ranks whose median busy time exceeds the median of the *other* ranks by the margin (and floor).
+
+    Leave-one-out: a rank is compared with the others only, so with 2 ranks a slow one does not
+    inflate its own yardstick (busy 17.9 vs 2.7 ms: threshold 2.7 + 10 = 12.7 ms, not 20.3 ms). With
+    an even number of others their median is the upper middle value (statistics.median_high), so
+    two equally slow ranks out of three are not both called stragglers of the third.
+
+    The thresholds dict keeps one headline threshold: the busiest rank's (``compared_rank``), which
+    is the lowest of all ranks' thresholds, so a rank is a straggler only if the busiest one is;
+    ``median_ms`` is the median of the ranks other than that one. Every rank's own figures are in
+    ``per_rank`` (keyed by the rank as a string): others_median_ms, threshold_ms.
+    """
+    if margin < 0 or min_excess_ms < 0:
+        raise DistributedInputError("the straggler margin and minimum excess must be >= 0")
+
+    def limit(med: float) -> float:
+        return max(med * (1.0 + margin), med + min_excess_ms)
+
+    ranks = sorted(busy_ms)
+    median_all = float(statistics.median(busy_ms.values())) if busy_ms else 0.0
+    per_rank = {}
+    for r in ranks:
+        others = [busy_ms[o] for o in ranks if o != r]
+        if others:
+            med = float(statistics.median_high(others))
+            per_rank[str(r)] = {"others_median_ms": med, "threshold_ms": limit(med)}
+    if len(ranks) < 2:  # one rank: nothing to compare with
+        return [], {"metric": "busy_ms", "rule": "leave-one-out", "median_ms": median_all,
+                    "median_all_ms": median_all, "margin": margin, "min_excess_ms": min_excess_ms,
+                    "threshold_ms": limit(median_all), "compared_rank": ranks[0] if ranks else None,
+                    "per_rank": per_rank}
+    stragglers = [r for r in ranks if busy_ms[r] > per_rank[str(r)]["threshold_ms"]]
+    busiest = max(ranks, key=lambda r: (busy_ms[r], -r))
+    head = per_rank[str(busiest)]
+    return stragglers, {"metric": "busy_ms", "rule": "leave-one-out", "median_ms": head["others_median_ms"],
+                        "median_all_ms": median_all, "margin": margin, "min_excess_ms": min_excess_ms,
+                        "threshold_ms": head["threshold_ms"], "compared_rank": busiest, "per_rank": per_rank}
+
+
+def _median(values) -> float:
+    values = list(values)
+    return float(statistics.median(values)) if values else 0.0
+
+
+def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_ms: float = STRAGGLER_MIN_EXCESS_MS,
+                        progress=None) -> dict:
+    """Analyse every per-rank trace in ``folder`` (one file per rank)."""
+    from diagnostics.trace.ingest import load_trace
+
+    from diagnostics.trace.errors import TraceError
+
+    progress = progress or (lambda f, m: None)
+    folder = Path(folder)
+    files = find_rank_traces(folder)
+    per_rank: dict[int, dict] = {}
+    notes: list[str] = []
+    infos = {}
+    skipped: list[dict] = []
+    for i, path in enumerate(files):
+        progress(0.8 + 0.15 * i / len(files), f"analysing {path.name}")
+        rel = str(path.relative_to(folder)) if path.is_relative_to(folder) else path.name
+        try:
+            trace = load_trace(path)
+        except TraceError as e:  # a config, a metrics file, a broken download: not a trace, skip it
+            skipped.append({"file": rel, "reason": str(e)})
+            continue
+        if not (trace.cpu_mask() | trace.gpu_mask()).any():
+            skipped.append({"file": rel, "reason": f"{path.name}: no CPU or GPU events (not a profiler trace)"})
+            continue
+        info = trace.meta.get("distributedInfo") if isinstance(trace.meta.get("distributedInfo"), dict) else {}
+        rank = trace.rank
+        if rank is None:
+            m = _RANK_IN_NAME.search(path.name)
+            rank = int(m.group(1)) if m else i
+            notes.append(f"{path.name} has no distributedInfo; taken as rank {rank}")
+        if rank in per_rank:
+            raise DistributedInputError(f"two traces claim rank {rank}: {per_rank[rank]['file']} and {path.name}; "
+                                   "load one run's traces at a time")
+        comm_bytes, note = collective_bytes(path)
+        if note:
+            notes.append(note)
+        b = rank_breakdown(trace, comm_bytes)
+        b["file"] = path.name
+        b["info"] = info
+        wall = path.with_name(f"rank{rank}.steps.json")
+        if wall.is_file():
+            try:
+                b["wall_step_ms"] = json.loads(wall.read_text()).get("step_ms") or []
+            except ValueError:
+                pass
+        notes.extend(f"{path.name}: {w}" for w in trace.warnings[:3])
+        per_rank[rank] = b
+        infos[rank] = info
+    if not per_rank:
+        raise DistributedInputError(
+            f"{folder} holds no profiler trace: none of its {len(files)} .json file(s) is one ("
+            + "; ".join(s["reason"] for s in skipped[:3]) + ("; ..." if len(skipped) > 3 else "") + ")")
+    if skipped:
+        notes.insert(0, f"skipped {len(skipped)} file(s) that are not traces: "
+                     + ", ".join(s["file"] for s in skipped[:5]) + (", ..." if len(skipped) > 5 else ""))
+    result = _assemble(per_rank, infos, notes, margin, min_excess_ms, str(folder))
+    result["skipped_files"] = skipped
+    result["metrics"]["files_skipped"] = len(skipped)
+    return result
+
+
+def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_excess_ms: float, folder: str) -> dict:
+    ranks = sorted(per_rank)
+    world_sizes = {i.get("world_size") for i in infos.values() if i.get("world_size")}
+    backends = {i.get("backend") for i in infos.values() if i.get("backend")}
+    world = max(world_sizes) if world_sizes else len(ranks)
+    if len(world_sizes) > 1:
+        notes.append(f"the traces disagree on the world size ({sorted(world_sizes)}): mixed runs?")
+    if world_sizes and len(ranks) < world:
+        missing = sorted(set(range(world)) - set(ranks))
+        notes.append(f"loaded {len(ranks)} of {world} ranks; missing: {missing}")
+
+    step_rows, rank_rows = [], []
+    for r in ranks:
+        for s in per_rank[r]["steps"]:
+            step_rows.append({"rank": r, **s})
+    busy = {r: _median(s["busy_ms"] for s in per_rank[r]["steps"]) for r in ranks}
+    stragglers, thresholds = find_stragglers(busy, margin, min_excess_ms)
+    for r in ranks:
+        st = per_rank[r]["steps"]
+        row = {"rank": r, "file": per_rank[r]["file"], "steps": len(st)}
+        for key in ("step_ms", "compute_ms", "comm_ms", "overlap_ms", "compute_only_ms", "exposed_comm_ms",
+                    "other_ms", "busy_ms"):
+            row[key] = _median(s[key] for s in st)
+        comm_total = sum(s["comm_ms"] for s in st)
+        row["overlap_ratio"] = sum(s["overlap_ms"] for s in st) / comm_total if comm_total else None
+        wall = per_rank[r].get("wall_step_ms")
+        row["wall_step_ms"] = _median(wall) if wall else None
+        row["straggler"] = r in stragglers
+        own = thresholds["per_rank"].get(str(r))  # leave-one-out: this rank against the others
+        row["others_median_ms"] = own["others_median_ms"] if own else None
+        row["threshold_ms"] = own["threshold_ms"] if own else None
+        row["busy_excess_pct"] = (100.0 * (busy[r] - own["others_median_ms"]) / own["others_median_ms"]
+                                  if own and own["others_median_ms"] else None)
+        rank_rows.append(row)
+
+    groups: dict[tuple[str, str], dict] = {}
+    for r in ranks:
+        for c in per_rank[r]["calls"]:
+            g = groups.setdefault((c["name"], c["where"]), {"name": c["name"], "where": c["where"], "calls": 0,
+                                                           "ranks": set(), "total_ms": 0.0, "max_ms": 0.0,
+                                                           "bytes": 0, "calls_with_bytes": 0})
+            g["calls"] += 1
+            g["ranks"].add(r)
+            g["total_ms"] += c["dur_ms"]
+            g["max_ms"] = max(g["max_ms"], c["dur_ms"])
+            if c["bytes"] is not None:
+                g["bytes"] += c["bytes"]
+                g["calls_with_bytes"] += 1
+    collectives = []
+    for g in sorted(groups.values(), key=lambda g: -g["total_ms"]):
+        known = g.pop("calls_with_bytes")
+        collectives.append({**g, "ranks": len(g["ranks"]), "mean_ms": g["total_ms"] / g["calls"],
+                            "bytes": g["bytes"] if known == g["calls"] else None,
+                            "mean_bytes": g["bytes"] / known if known else None})
+
+    all_steps = [s["step_ms"] for s in step_rows]
+    comm_sum = sum(s["comm_ms"] for s in step_rows)
+    step_sum = sum(all_steps)
+    on_gpu = any(per_rank[r]["on_gpu"] for r in ranks)
+    metrics = {
+        "world_size": world, "ranks_loaded": len(ranks),
+        "steps_per_rank": min((len(per_rank[r]["steps"]) for r in ranks), default=0),
+        "median_step_ms": _median(all_steps), "max_step_ms": max(all_steps, default=0.0),
+        "median_busy_ms": thresholds["median_all_ms"],
+        "comm_fraction": comm_sum / step_sum if step_sum else 0.0,
+        "exposed_comm_fraction": sum(s["exposed_comm_ms"] for s in step_rows) / step_sum if step_sum else 0.0,
+        "overlap_ratio": sum(s["overlap_ms"] for s in step_rows) / comm_sum if comm_sum else None,
+        "stragglers": len(stragglers),
+    }
+    return {
+        "folder": folder,
+        "backend": ", ".join(sorted(backends)) or "unknown",
+        "device_kind": "GPU" if on_gpu else "CPU",
+        "metrics": metrics,
+        "ranks": rank_rows,
+        "steps": step_rows,
+        "collectives": collectives,
+        "stragglers": stragglers,
+        "thresholds": thresholds,
+        "distributed_info": {str(r): {k: v for k, v in infos[r].items() if k in ("rank", "world_size", "backend")}
+                             for r in ranks},
+        "notes": notes,
+    }
+
+
+# ---------------------------------------------------------------------------- registered analyses
+def _thresholds(options: dict) -> tuple[float, float]:
+    try:
+        margin = float(options.get("straggler_margin", STRAGGLER_MARGIN))
+        floor = float(options.get("straggler_min_ms", STRAGGLER_MIN_EXCESS_MS))
+    except (TypeError, ValueError):
+        raise DistributedInputError("straggler_margin and straggler_min_ms must be numbers") from None
+    return margin, floor
+
+
+def analyze_folder(ctx, options: dict) -> dict:
+    """Registered "distributed_traces": per-rank traces already on disk (e.g. from several nodes)."""
+    folder = options.get("trace_dir")
+    if not folder:
+        raise DistributedInputError("give trace_dir: the folder holding one trace per rank")
+    margin, floor = _thresholds(options)
+    result = analyze_folder_path(check_server_path(folder, "trace folder"), margin=margin, min_excess_ms=floor,
+                                 progress=ctx.progress)
+    result["source"] = "folder"
+    return result
+
+
+def analyze(ctx, options: dict) -> dict:
+    """Registered "distributed": launch DDP training of the model with torchrun, then analyse."""
+    if options.get("trace_dir"):
+        return analyze_folder(ctx, options)
+    import torch
+
+    from diagnostics.analyses.distributed.dist_job import choose_backend
+    from diagnostics.analyses.distributed.launch import launch, torchrun_command
+
+    margin, floor = _thresholds(options)
+    nproc = int(options.get("nproc", DEFAULT_NPROC))
+    if not 1 <= nproc <= MAX_NPROC:
+        raise DistributedInputError(f"processes must be between 1 and {MAX_NPROC}, got {nproc}")
+    requested = str(options.get("backend", "auto"))
+    backend, backend_why = choose_backend(requested, nproc,
+                                          torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    for key in ("straggler_rank", "die_rank"):
+        r = options.get(key)
+        if r is not None and not 0 <= int(r) < nproc:
+            raise DistributedInputError(f"{key} {r} is not a rank of a {nproc}-process run (0..{nproc - 1})")
+    if ctx.spec is not None and ctx.spec.source != "sample":
+        # A model file: load it once here, so a file that does not load fails now, as bad input,
+        # rather than on every rank after torchrun started.
+        import dataclasses
+
+        from diagnostics.intake import load_model
+
+        ctx.progress(0.02, f"checking that {ctx.spec.name} loads")
+        load_model(dataclasses.replace(ctx.spec, device="cpu"))
+    out_dir = ctx.artifact_dir / "distributed"
+    spec = ctx.spec.to_dict() if ctx.spec is not None else {"source": "sample", "name": "mlp"}
+    job = DistJob(spec=spec, out_dir=str(out_dir), steps=int(options.get("steps", DEFAULT_STEPS)),
+                  warmup=int(options.get("warmup", 2)), backend=backend,
+                  pg_timeout_s=float(options.get("pg_timeout_s", 60.0)),
+                  straggler_rank=options.get("straggler_rank"),
+                  straggler_sleep_ms=float(options.get("straggler_sleep_ms", 0.0) or 0.0),
+                  die_rank=options.get("die_rank"), die_step=int(options.get("die_step", 1)),
+                  die_how=str(options.get("die_how", "exit")))
+    ctx.progress(0.05, f"launching torchrun with {nproc} processes (backend {backend}: {backend_why})")
+    run = launch(job, nproc, timeout_s=float(options.get("run_timeout_s", DEFAULT_RUN_TIMEOUT_S)),
+                 on_progress=ctx.progress)
+    result = analyze_folder_path(out_dir, margin=margin, min_excess_ms=floor, progress=ctx.progress)
+    result["source"] = "launch"
+    if requested == "auto":
+        result["notes"].insert(0, f"backend {backend} ({backend_why})")
+    result["launch"] = {
+        "command": shlex.join(torchrun_command(Path(out_dir) / "job.json", nproc)),
+        "nproc": nproc, "backend": backend, "backend_requested": requested, "backend_reason": backend_why,
+        "duration_s": run.duration_s,
+        "straggler_rank": job.straggler_rank, "straggler_sleep_ms": job.straggler_sleep_ms,
+    }
+    ctx.progress(1.0, "done")
+    return result

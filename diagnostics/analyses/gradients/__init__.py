@@ -1,0 +1,1 @@
+"""The gradients analysis: its declaration here, its work in job.py."""

@@ -1,0 +1,1 @@
+"""The memory analysis: its declaration here, its work in job.py."""

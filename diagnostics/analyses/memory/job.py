@@ -1,0 +1,295 @@
+"""Memory: peak of one inference pass and of one training step, what holds it, per layer, over time.
+
+Peaks come from ``torch.cuda.max_memory_allocated`` on CUDA and from the profiler's memory events
+on the CPU (see ``memory_measure``); each figure carries a ``source``. The breakdown at the peak
+comes from the profiler's memory timeline (categories at the instant of the peak), next to an
+accounting of resident sizes (parameters, gradients, optimizer state, saved activations, inputs;
+temporaries = peak minus the rest). The estimate before running adds parameters, gradients,
+optimizer state, inputs and saved activations measured at two small batches and scaled linearly
+to the batch, and is compared with the measured peak. On CUDA a memory snapshot for
+pytorch.org/memory_viz is written to the run's artifacts.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import psutil
+import torch
+
+from diagnostics.measure.memory import (CATEGORIES, ROOT, category_timeline, is_cuda, measure_peak,
+                                                 measure_saved, phase_ranges)
+from diagnostics.measure.training import (OPTIMIZERS, STATE_PER_PARAM, buffer_bytes, grad_bytes,
+                                               make_optimizer, optimizer_state_bytes, param_bytes,
+                                               restored_state, tensor_bytes, trainable_bytes)
+from diagnostics.errors import ModelRunError, TorchScopeError
+
+DEFAULTS = {"optimizer": "adamw", "lr": 1e-3, "timeline": True}
+#: Batches the estimate measures saved activations at (then a straight line through them).
+ESTIMATE_BATCHES = (2, 4)
+SNAPSHOT_FILE = "memory_snapshot.pickle"
+SNAPSHOT_MAX_ENTRIES = 100_000
+PHASES = ("## forward ##", "## backward ##", "## optimizer ##")
+
+
+def check_options(options: dict) -> dict:
+    o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
+    if o["optimizer"] not in OPTIMIZERS:
+        raise TorchScopeError(f"unknown optimizer {o['optimizer']!r}; choose one of {', '.join(OPTIMIZERS)}")
+    try:
+        o["lr"] = float(o["lr"])
+    except (TypeError, ValueError):
+        raise TorchScopeError(f"lr must be a number, got {o['lr']!r}") from None
+    o["timeline"] = bool(o["timeline"])
+    return o
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def _phased_step(loaded, opt, inputs):
+    """Forward, backward, optimizer step, each in a named profiler range. Gradients must be None
+    before it (zero_grad(set_to_none=True) outside): the CPU profiler cannot size frees of blocks
+    allocated before it started, so freeing old gradients inside would inflate the CPU peak."""
+    from torch.profiler import record_function
+
+    with record_function(PHASES[0]):
+        loss = loaded.loss_fn(loaded.forward(inputs))
+    with record_function(PHASES[1]):
+        loss.backward()
+    with record_function(PHASES[2]):
+        opt.step()
+
+
+def estimate(loaded, opt_name: str, batch: int) -> dict:
+    """Parameters + gradients + optimizer state + inputs + saved activations scaled from small batches."""
+    model = loaded.model
+    points = []
+    try:
+        for b in ESTIMATE_BATCHES:
+            inputs = loaded.make_inputs(b)
+            points.append((b, measure_saved(loaded, inputs).saved_total, tensor_bytes(inputs)))
+    except ModelRunError:
+        # The model takes no other batch size (a .pt2 exported for fixed shapes, say): measure the
+        # saved activations once, at the batch it has.
+        points = []
+    if points:
+        (b1, s1, i1), (b2, s2, i2) = points
+        slope = (s2 - s1) / (b2 - b1)
+        saved = max(0, round(s1 + slope * (batch - b1)))
+        inputs_b = max(0, round(i1 + (i2 - i1) / (b2 - b1) * (batch - b1)))
+        how = f"measured at batch {b1} and {b2} and extended linearly to batch {batch}"
+    else:
+        b1 = b2 = batch
+        s1 = s2 = saved = measure_saved(loaded, loaded.inputs).saved_total
+        i1 = inputs_b = tensor_bytes(loaded.inputs)
+        slope = saved / max(1, batch)
+        how = f"measured at batch {batch} itself (the model accepts no smaller batch)"
+    p, t = param_bytes(model) + buffer_bytes(model), trainable_bytes(model)
+    parts = {"parameters": p, "gradients": t, "optimizer state": STATE_PER_PARAM[opt_name] * t,
+             "activations": saved, "inputs": inputs_b}
+    return {"parts": parts, "total_bytes": sum(parts.values()),
+            "static_bytes": p + t + STATE_PER_PARAM[opt_name] * t,
+            "saved_per_sample_bytes": slope, "batches_measured": sorted({b1, b2}),
+            "saved_at_measured_batches": [s1, s2] if b1 != b2 else [s1],
+            "method": (f"parameters and buffers + gradients (trainable parameters) + {opt_name} state "
+                       f"({STATE_PER_PARAM[opt_name]} × trainable) + inputs + activations saved for backward "
+                       f"{how}")}
+
+
+def _breakdown_at_peak(timeline: dict, measured_peak: int) -> dict:
+    """Categories at the instant the profiler's timeline total is highest, plus what it missed."""
+    series = timeline["series"]
+    n = len(timeline["times_us"])
+    totals = [sum(series[c][i] for c in CATEGORIES) for i in range(n)]
+    i = max(range(n), key=totals.__getitem__)
+    parts = {c: series[c][i] for c in CATEGORIES}
+    parts["unattributed"] += max(0, measured_peak - totals[i])
+    return {"parts": parts, "at_us": timeline["times_us"][i] - timeline["times_us"][0],
+            "timeline_peak_bytes": totals[i],
+            "source": "torch.profiler memory timeline: tensors by category at the instant of its peak; "
+                      "'unattributed' also holds what the measured peak has beyond the timeline's"}
+
+
+def _snapshot(loaded, opt, inputs, artifact_dir) -> dict:
+    """Record the CUDA allocator's history over one training step; dump it for memory_viz."""
+    path = artifact_dir / SNAPSHOT_FILE
+    torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
+    try:
+        opt.zero_grad(set_to_none=True)
+        _phased_step(loaded, opt, inputs)
+        torch.cuda.synchronize(loaded.device)
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    with open(path, "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    return {"path": str(path), "file": SNAPSHOT_FILE, "bytes": path.stat().st_size,
+            "note": "open it at https://pytorch.org/memory_viz (drag the file onto the page)"}
+
+
+def analyze(ctx, options: dict) -> dict:
+    o = check_options(options)
+    loaded = ctx.loaded
+    model, device = loaded.model, loaded.device
+    inputs = loaded.inputs
+    batch = loaded.batch_size
+    notes: list[str] = []
+    if not any(p.requires_grad for p in model.parameters()):
+        raise TorchScopeError("the model has no trainable parameters: a training step has nothing to train")
+    rss_start = _rss()
+    p_bytes, b_bytes, in_bytes = param_bytes(model), buffer_bytes(model), tensor_bytes(inputs)
+
+    with restored_state(model):
+        # -- inference: eval mode, no autograd
+        ctx.progress(0.05, "inference pass")
+        model.eval()
+        with torch.no_grad():
+            loaded.forward()  # warm-up: lazy initialisation, allocator caches
+            inference = measure_peak(lambda: loaded.forward(), device, p_bytes + b_bytes + in_bytes)
+        model.train()
+
+        # -- estimate before running the step at full batch
+        ctx.progress(0.2, "estimate from small batches")
+        est = estimate(loaded, o["optimizer"], batch)
+
+        # -- per-layer saved activations at this batch
+        ctx.progress(0.35, "activations saved for backward, per layer")
+        tracker = measure_saved(loaded, inputs)
+
+        # -- one warm-up step (optimizer state exists afterwards), then the measured step
+        ctx.progress(0.5, "training step")
+        opt = make_optimizer(model.parameters(), o["optimizer"], o["lr"])
+        opt.zero_grad(set_to_none=True)
+        _phased_step(loaded, opt, inputs)
+        g_bytes, s_bytes = grad_bytes(model), optimizer_state_bytes(opt)
+        opt.zero_grad(set_to_none=True)  # the measured step starts as a training loop's does: no grads
+        baseline = p_bytes + b_bytes + in_bytes + s_bytes
+        timeline, timeline_error = None, None
+        train = measure_peak(lambda: _phased_step(loaded, opt, inputs), device, baseline,
+                             profile=o["timeline"], timeline=o["timeline"])
+        rss_end = _rss()
+        ctx.progress(0.75, "memory timeline")
+        phases = {}
+        if train.prof is not None:
+            try:
+                timeline = category_timeline(train.prof, str(device))
+                t0 = timeline["times_us"][0] if timeline["times_us"] else 0
+                timeline["times_ms"] = [(t - t0) / 1e3 for t in timeline.pop("times_us")]
+                timeline["source"] = ("torch.profiler memory timeline (profile_memory, record_shapes, with_stack): "
+                                      "every tensor's lifetime, categorised by the profiler")
+                for name, (a, b) in phase_ranges(train.prof, PHASES).items():
+                    phases[name.strip("# ")] = [(a / 1e3 - t0) / 1e3, (b / 1e3 - t0) / 1e3]
+            except Exception as e:  # a private profiler API: keep the rest of the page
+                timeline_error = f"the profiler's memory timeline failed ({type(e).__name__}: {e}); phase samples shown"
+        train.prof = None
+        snapshot = None
+        if is_cuda(device):
+            ctx.progress(0.85, "CUDA memory snapshot")
+            try:
+                snapshot = _snapshot(loaded, opt, inputs, ctx.artifact_dir)
+            except Exception as e:
+                notes.append(f"CUDA memory snapshot failed: {type(e).__name__}: {e}")
+        else:
+            notes.append("CUDA memory snapshot: skipped (CPU device); run on a CUDA device to get a file for "
+                         "pytorch.org/memory_viz")
+        del opt
+
+    peak = train.peak_bytes
+    accounting = {"parameters": p_bytes + b_bytes, "gradients": g_bytes, "optimizer state": s_bytes,
+                  "activations": tracker.saved_total, "inputs": in_bytes}
+    # On CUDA, what was allocated when the measured step began beyond parameters, buffers, inputs and
+    # optimizer state: mostly cuBLAS / cuDNN workspaces, which torch's caching allocator holds for the
+    # life of each handle (one per thread: the forward's and autograd's backward thread). Measured,
+    # not guessed; on a small model on an H100 they were most of the peak (108 MiB with 21 MiB of tensors).
+    workspace = max(0, int(train.baseline_bytes) - baseline) if is_cuda(device) else 0
+    if workspace:
+        accounting["workspaces"] = workspace
+    rest = sum(accounting.values())
+    accounting["temporaries"] = max(0, peak - rest)
+    if rest > peak:
+        notes.append(f"the resident sizes add up to {rest - peak:,} bytes more than the measured peak: "
+                     "saved activations are freed during backward while gradients are allocated, so they are "
+                     "never all alive at once")
+    if timeline is not None and timeline["times_ms"]:
+        at_peak = _breakdown_at_peak({"times_us": [t * 1e3 for t in timeline["times_ms"]],
+                                      "series": timeline["series"]}, peak)
+        at_peak["at_ms"] = at_peak.pop("at_us") / 1e3
+    else:
+        at_peak = None
+        if timeline_error:
+            notes.append(timeline_error)
+        # Phase samples from accounting (no profiler timeline): what is alive at each boundary.
+        timeline = {
+            "phases_only": True,
+            "labels": ["start", "after forward", "after backward", "after optimizer step"],
+            "series": {
+                "parameters": [p_bytes + b_bytes] * 4,
+                "gradients": [g_bytes, 0, g_bytes, g_bytes],
+                "optimizer state": [s_bytes] * 4,
+                "activations": [0, tracker.saved_total, 0, 0],
+                "inputs": [in_bytes] * 4,
+            },
+            "source": "accounting at phase boundaries (sizes of live tensors), not a measurement over time",
+        }
+
+    layers = []
+    order = {n: i for i, n in enumerate(tracker.calls)}
+    types = {(n or ROOT): type(m).__name__ for n, m in model.named_modules()}
+    leaves = {(n or ROOT) for n, m in model.named_modules() if not list(m.children())}
+    for name in sorted(set(tracker.saved) | (set(tracker.outputs) & leaves), key=lambda n: order.get(n, 1e9)):
+        layers.append({"layer": name, "type": types.get(name, "?"), "is_leaf": name in leaves,
+                       "output_bytes": tracker.outputs.get(name, 0) if name in leaves else 0,
+                       "saved_bytes": tracker.saved.get(name, 0)})
+
+    def estimate_row(name: str, nbytes: int) -> dict:
+        return {"name": name, "bytes": nbytes, "error_pct": 100.0 * (nbytes - peak) / peak if peak else None}
+
+    est_total = est["total_bytes"]
+    estimates = [estimate_row("params + grads + optimizer (no activations)", est["static_bytes"]),
+                 estimate_row("+ inputs + saved activations (scaled)", est_total)]
+    if workspace:
+        est_total += workspace
+        estimates.append(estimate_row("+ CUDA workspaces (measured before the step)", est_total))
+    metrics = {
+        "peak_train_bytes": int(peak),
+        "peak_inference_bytes": int(inference.peak_bytes),
+        "reserved_train_bytes": train.reserved_bytes,
+        "param_bytes": p_bytes,
+        "buffer_bytes": b_bytes,
+        "grad_bytes": g_bytes,
+        "optimizer_state_bytes": s_bytes,
+        "saved_activation_bytes": tracker.saved_total,
+        "input_bytes": in_bytes,
+        "estimate_bytes": est_total,
+        "estimate_error_pct": estimates[-1]["error_pct"],
+        "workspace_bytes": workspace,
+        "rss_bytes": rss_end,
+        "batch_size": batch,
+    }
+    ctx.progress(1.0, "done")
+    return {
+        "model": loaded.spec.label,
+        "device": str(device),
+        "options": o,
+        "batch_size": batch,
+        "metrics": metrics,
+        "inference": inference.to_dict(),
+        "train": train.to_dict(),
+        "rss": {"start_bytes": rss_start, "end_bytes": rss_end,
+                "source": "psutil: this worker process's resident set size (context: includes the Python "
+                          "runtime, libraries and allocator caches, not only tensors)"},
+        "breakdown_at_peak": at_peak,
+        "accounting": {"parts": accounting,
+                       "source": "sizes of the live tensors (each storage once); activations = bytes saved for "
+                                 "backward (saved_tensors_hooks); workspaces (CUDA) = allocated before the step beyond "
+                                 "parameters, buffers, inputs and optimizer state (cuBLAS / cuDNN workspaces); "
+                                 "temporaries = measured peak minus the rest"},
+        "layers": layers,
+        "timeline": timeline,
+        "phases_ms": phases,
+        "estimate": {**est, "estimates": estimates, "measured_peak_bytes": int(peak)},
+        "snapshot": snapshot,
+        "notes": notes,
+    }

@@ -1,0 +1,1 @@
+"""The optimize analysis: its declaration here, its work in job.py."""

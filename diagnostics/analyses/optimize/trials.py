@@ -1,0 +1,217 @@
+"""Run the baseline and each fix as a trial in one process, with the same inputs and harness.
+
+Every candidate (the baseline included) is called in eval mode under ``torch.no_grad()`` with the
+same inputs, and all are timed together in interleaved rounds (so machine drift hits each alike):
+median and p90 latency, throughput, peak memory above the inputs and weights, size
+on disk (TorchScript archive for script modules, else the state_dict) and fidelity against the
+baseline's outputs. A fix that does not apply or raises gets a row that says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from diagnostics.measure.probes import peak_bytes
+from diagnostics.analyses.optimize.fixes import FixNotApplicable, get_fix
+
+
+
+def first_tensor(out) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        for o in out:
+            t = first_tensor(o)
+            if t is not None:
+                return t
+    if isinstance(out, dict):
+        return first_tensor(list(out.values()))
+    return None
+
+
+def fidelity(base, other, classifier: bool) -> dict:
+    """How far ``other`` moved from ``base``: max abs error, relative error, cosine, top-1 agreement."""
+    a, b = first_tensor(base), first_tensor(other)
+    if a is None or b is None:
+        return {"max_abs_err": None, "rel_err": None, "cosine": None, "top1_agreement": None}
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    if a.shape != b.shape:
+        raise ValueError(f"output shape changed: {list(a.shape)} -> {list(b.shape)}")
+    diff = (a - b).abs().max().item() if a.numel() else 0.0
+    scale = a.abs().max().item() if a.numel() else 0.0
+    cos = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item() if a.numel() else 1.0
+    top1 = None
+    if classifier and a.dim() >= 2 and a.shape[-1] > 1:
+        top1 = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    return {"max_abs_err": diff, "rel_err": diff / scale if scale else None, "cosine": cos, "top1_agreement": top1}
+
+
+def serialized_bytes(model: nn.Module) -> tuple[int, str]:
+    """Bytes of the model on disk: TorchScript archive, or the state_dict saved with torch.save."""
+    buf = io.BytesIO()
+    if isinstance(model, torch.jit.ScriptModule):
+        torch.jit.save(model, buf)
+        return len(buf.getvalue()), "TorchScript archive"
+    inner = getattr(model, "_orig_mod", model)
+    torch.save(inner.state_dict(), buf)
+    return len(buf.getvalue()), "state_dict (torch.save)"
+
+
+def save_artifact(model: nn.Module, inputs: tuple, directory: Path, name: str, recipe: dict) -> dict:
+    """The optimized model as TorchScript where it traces, else state_dict + the recipe as JSON."""
+    directory.mkdir(parents=True, exist_ok=True)
+    recipe_path = directory / f"{name}.recipe.json"
+    recipe_path.write_text(json.dumps(recipe, indent=1, default=str))
+    ts = model if isinstance(model, torch.jit.ScriptModule) else None
+    why = None
+    if ts is None and not hasattr(model, "_orig_mod"):
+        try:
+            with torch.no_grad():
+                ts = torch.jit.trace(model, inputs, check_trace=False)
+        except Exception as e:  # quantized tensor subclasses, data-dependent control flow...
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    elif ts is None:
+        why = "compiled modules are not serialisable; re-apply torch.compile after loading"
+    if ts is not None:
+        try:
+            path = directory / f"{name}.torchscript.pt"
+            torch.jit.save(ts, str(path))
+            return {"kind": "torchscript", "path": str(path), "recipe": str(recipe_path)}
+        except Exception as e:
+            why = f"{type(e).__name__}: {str(e)[:120]}"
+    path = directory / f"{name}.state_dict.pt"
+    torch.save(getattr(model, "_orig_mod", model).state_dict(), str(path))
+    return {"kind": "state_dict", "path": str(path), "recipe": str(recipe_path), "why_not_torchscript": why}
+
+
+def _row(fix: str, title: str, status: str, **kw) -> dict:
+    row = {"fix": fix, "title": title, "status": status, "why": None, "notes": [], "params": {},
+           "median_ms": None, "p90_ms": None, "throughput_per_s": None, "first_call_ms": None, "peak_bytes": None,
+           "size_bytes": None, "size_kind": None, "speedup": None, "size_ratio": None, "max_abs_err": None,
+           "rel_err": None, "cosine": None, "top1_agreement": None, "artifact": None}
+    row.update(kw)
+    return row
+
+
+def _call(model: nn.Module, inputs: tuple) -> Callable[[], object]:
+    def call():
+        with torch.no_grad():
+            return model(*inputs)
+    return call
+
+
+def prepare(model: nn.Module, inputs: tuple, device: torch.device) -> tuple[dict, object]:
+    """First call (compiles, if the fix compiles), peak memory and size on disk; not the latency."""
+    call = _call(model, inputs)
+    t0 = time.perf_counter()
+    out = call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    first = time.perf_counter() - t0
+    peak = peak_bytes(call, device)
+    size, kind = serialized_bytes(model)
+    return {"first_call_ms": first * 1e3, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
+
+
+def time_interleaved(models: dict[str, nn.Module], inputs: tuple, device: torch.device, iters: int,
+                     warmup: int) -> dict[str, dict]:
+    """Latency of every candidate: ``warmup`` calls each, then ``iters`` rounds of one timed call per
+    candidate, the order rotated each round. Drift on a shared machine (other jobs, clocks, caches)
+    then hits every candidate alike instead of whichever happened to run during it."""
+    from diagnostics.analyses.profile.job import latency_stats, measure_latency
+
+    keys = list(models)
+    calls = {k: _call(models[k], inputs) for k in keys}
+    for k in keys:
+        measure_latency(calls[k], device, warmup, 0)
+    samples: dict[str, list[float]] = {k: [] for k in keys}
+    for r in range(max(1, iters)):
+        for j in range(len(keys)):
+            k = keys[(r + j) % len(keys)]
+            samples[k] += measure_latency(calls[k], device, 0, 1)
+    batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
+    out = {}
+    for key, ms in samples.items():
+        st = latency_stats(ms, batch)
+        out[key] = {"median_ms": st["median_ms"], "p90_ms": st["p90_ms"], "throughput_per_s": st["samples_per_s"]}
+    return out
+
+
+def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixes: list[str], facts: dict,
+               params: dict | None = None, *, iters: int = 10, warmup: int = 2, classifier: bool = True,
+               artifact_dir: Path | None = None, progress: Callable[[float, str], None] | None = None) -> list[dict]:
+    """Rows: the baseline first, then one per fix in the order given.
+
+    Every candidate is built and checked first (first call, peak memory, size, fidelity, artifact);
+    then all are timed together, one call each per round (see ``time_interleaved``).
+    """
+    device = torch.device(device)
+    progress = progress or (lambda f, m: None)
+    params = params or {}
+    base_model = copy.deepcopy(model).eval()
+    progress(0.02, "baseline")
+    base, base_out = prepare(base_model, inputs, device)
+    rows = [_row("baseline", "Baseline (eval, no_grad)", "ok", size_ratio=1.0,
+                 **fidelity(base_out, base_out, classifier), **base)]
+    candidates = {"baseline": base_model}
+    for i, fix_id in enumerate(fixes):
+        fix = get_fix(fix_id)
+        progress(0.05 + 0.5 * i / max(1, len(fixes)), f"applying: {fix.title}")
+        opts = fix.options(params.get(fix_id))
+        ok, why = fix.applies(facts)
+        if not ok:
+            rows.append(_row(fix_id, fix.title, "not_applicable", why=why, params=opts))
+            continue
+        try:
+            candidate, notes = fix.apply(copy.deepcopy(model), inputs, opts)
+            m, out = prepare(candidate, inputs, device)
+            row = _row(fix_id, fix.title, "ok", notes=notes, params=opts, **m, **fidelity(base_out, out, classifier))
+            row["size_ratio"] = m["size_bytes"] / base["size_bytes"] if base["size_bytes"] else None
+            if fix_id == "prune_l1":
+                row["notes"].append(f"zero weights: {zero_fraction(candidate):.1%} of Linear/Conv weights")
+            if artifact_dir is not None:
+                try:
+                    row["artifact"] = save_artifact(candidate, inputs, Path(artifact_dir), f"optimized_{fix_id}",
+                                                    {"fix": fix_id, "params": opts, "notes": notes,
+                                                     "torch": torch.__version__})
+                except Exception as e:
+                    row["notes"].append(f"could not save the optimized model: {type(e).__name__}: {e}")
+            rows.append(row)
+            candidates[fix_id] = candidate
+        except FixNotApplicable as e:
+            rows.append(_row(fix_id, fix.title, "not_applicable", why=str(e), params=opts))
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # a failing fix says why; the others still run
+            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            rows.append(_row(fix_id, fix.title, "failed", why=f"{type(e).__name__}: {msg}", params=opts))
+    progress(0.6, f"timing {len(candidates)} candidates in interleaved rounds")
+    try:
+        times = time_interleaved(candidates, inputs, device, iters, warmup)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # a candidate that ran once but fails when repeated
+        raise RuntimeError(f"timing the trials failed: {type(e).__name__}: {e}") from e
+    for row in rows:
+        if row["fix"] in times:
+            row.update(times[row["fix"]])
+            row["speedup"] = times["baseline"]["median_ms"] / row["median_ms"] if row["median_ms"] else None
+    return rows
+
+
+def zero_fraction(model: nn.Module) -> float:
+    total = zeros = 0
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            w = m.weight.detach()
+            total += w.numel()
+            zeros += int((w == 0).sum())
+    return zeros / total if total else 0.0

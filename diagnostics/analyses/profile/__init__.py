@@ -1,0 +1,1 @@
+"""The profile analysis: its declaration here, its work in job.py."""

@@ -1,0 +1,502 @@
+"""Profile the model with torch.profiler: latency, operators, steps, modules, kernels, timeline, trace.
+
+``analyze(ctx, options)`` first times the step *outside* the profiler (warmup, then N timed
+iterations: CUDA events + synchronize on CUDA, perf_counter on CPU), then runs it under
+``torch.profiler.profile`` with a wait/warmup/active schedule. Each step is labelled with
+record_function ranges ("zero_grad", "forward", "backward", "optimizer") and, with
+``with_modules``, each module's forward with a ``module::<qualified name>`` range (forward hooks,
+removed afterwards), so the step and module views work on CPU and CUDA alike. The exported Chrome
+trace is written to the run's artifact folder as trace.json / trace.json.gz (with
+``distributedInfo`` rank 0 so HTA loads it) and as a TensorBoard-style folder zipped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import tempfile
+import time
+import zipfile
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import numpy as np
+import orjson
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from diagnostics.trace import profiler_views as pt
+from diagnostics.errors import ModelRunError, TorchScopeError
+
+#: with_stack's Python-frame event names, for a torch whose FunctionEvent has no is_python_function (2.11).
+_PY_FRAME_RE = re.compile(r"^(?:nn\.Module: |<built-in |[^ ]*\(\d+\): )")
+
+
+def _is_python_frame(event) -> bool:
+    flag = getattr(event, "is_python_function", None)
+    return bool(flag) if flag is not None else bool(_PY_FRAME_RE.match(event.name or ""))
+
+
+MODES = ("inference", "train")
+OPTIMIZERS = ("sgd", "adamw")
+ACTIVITIES = ("cpu", "cuda")
+
+DEFAULTS = {
+    "mode": "inference",
+    "optimizer": "sgd",
+    "lr": 0.01,
+    "wait": 1,
+    "warmup": 1,
+    "active": 3,
+    "repeat": 1,
+    "activities": None,  # None: cpu, plus cuda when the model runs on CUDA
+    "record_shapes": True,
+    "profile_memory": False,
+    "with_stack": False,
+    "with_modules": True,
+    "latency_warmup": 5,
+    "latency_iters": 30,
+    "timeline_max_events": pt.TIMELINE_MAX_EVENTS,
+}
+#: Upper bounds that keep a job (and its trace) a sensible size.
+MAX_PROFILED_STEPS = 200
+MAX_LATENCY_ITERS = 10_000
+TB_WORKER = "torchscope_rank0"
+
+TRACE_JSON = "trace.json"
+TRACE_GZ = "trace.json.gz"
+TB_ZIP = "tb_trace.zip"
+
+
+class ProfilerOptionError(TorchScopeError):
+    """An option of the profiler job that cannot work (unknown mode, negative steps...)."""
+
+
+def normalize_options(options: dict, device: str = "cpu") -> dict:
+    """Defaults filled in and every option checked; raises ProfilerOptionError naming the bad one."""
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        raise ProfilerOptionError(f"unknown profiler option(s): {', '.join(sorted(unknown))}; "
+                                  f"known: {', '.join(DEFAULTS)}")
+    o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None or k == "activities"}}
+    if o["mode"] not in MODES:
+        raise ProfilerOptionError(f"mode must be one of {', '.join(MODES)}, got {o['mode']!r}")
+    o["optimizer"] = str(o["optimizer"]).lower()
+    if o["optimizer"] not in OPTIMIZERS:
+        raise ProfilerOptionError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {o['optimizer']!r}")
+    try:
+        o["lr"] = float(o["lr"])
+    except (TypeError, ValueError):
+        raise ProfilerOptionError(f"learning rate must be a number, got {o['lr']!r}") from None
+    if not o["lr"] > 0:
+        raise ProfilerOptionError(f"learning rate must be positive, got {o['lr']}")
+    for key, low in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 1), ("latency_warmup", 0),
+                     ("latency_iters", 1), ("timeline_max_events", 10)):
+        try:
+            o[key] = int(o[key])
+        except (TypeError, ValueError):
+            raise ProfilerOptionError(f"{key} must be an integer, got {o[key]!r}") from None
+        if o[key] < low:
+            raise ProfilerOptionError(f"{key} must be at least {low}, got {o[key]}")
+    steps = (o["wait"] + o["warmup"] + o["active"]) * o["repeat"]
+    if steps > MAX_PROFILED_STEPS:
+        raise ProfilerOptionError(f"the schedule runs {steps} steps ((wait + warmup + active) x repeat); "
+                                  f"keep it at most {MAX_PROFILED_STEPS}")
+    if o["latency_iters"] + o["latency_warmup"] > MAX_LATENCY_ITERS:
+        raise ProfilerOptionError(f"latency warmup + iterations must be at most {MAX_LATENCY_ITERS}")
+    acts = o["activities"]
+    if acts is None:
+        acts = ["cpu", "cuda"] if device.startswith("cuda") else ["cpu"]
+    if isinstance(acts, str):
+        acts = [acts]
+    acts = [str(a).lower() for a in acts]
+    bad = [a for a in acts if a not in ACTIVITIES]
+    if bad or not acts:
+        raise ProfilerOptionError(f"activities must be a non-empty subset of {', '.join(ACTIVITIES)}, got {acts}")
+    if "cuda" in acts and not torch.cuda.is_available():
+        raise ProfilerOptionError("the CUDA activity was asked for but CUDA is not available here")
+    o["activities"] = sorted(set(acts), key=ACTIVITIES.index)
+    for key in ("record_shapes", "profile_memory", "with_stack", "with_modules"):
+        o[key] = bool(o[key])
+    return o
+
+
+# ----------------------------------------------------------------------------- the step
+class _Step:
+    """One inference or training step on the loaded model; labelled with ranges when asked."""
+
+    def __init__(self, loaded, opts: dict):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.inputs = loaded.inputs
+        self.train = opts["mode"] == "train"
+        self.optimizer = None
+        if self.train:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            if not params:
+                raise ProfilerOptionError("training mode needs trainable parameters, but the model has none "
+                                          "(all frozen, or a TorchScript/exported model without parameters)")
+            cls = torch.optim.SGD if opts["optimizer"] == "sgd" else torch.optim.AdamW
+            self.optimizer = cls(params, lr=opts["lr"])
+
+    def __call__(self, label: bool = False) -> None:
+        rf = record_function if label else _no_range
+        if not self.train:
+            with rf("forward"):
+                self.loaded.forward(self.inputs)
+            return
+        with rf("zero_grad"):
+            self.optimizer.zero_grad(set_to_none=True)
+        with rf("forward"):
+            out = self.loaded.forward(self.inputs)
+            try:
+                loss = self.loaded.loss_fn(out)
+            except Exception as e:  # the user's loss: any exception is possible
+                raise ModelRunError(f"the loss ({self.loaded.loss_name}) failed on the model's output: "
+                                    f"{type(e).__name__}: {e}") from e
+        with rf("backward"):
+            try:
+                loss.backward()
+            except Exception as e:
+                raise ModelRunError(f"backward failed: {type(e).__name__}: {e}") from e
+        with rf("optimizer"):
+            self.optimizer.step()
+
+
+def _no_range(_name):
+    return nullcontext()
+
+
+@contextmanager
+def _mode(model, opts: dict):
+    """eval + inference_mode for inference, train() + grad for training; model.training restored."""
+    was_training = model.training
+    try:
+        if opts["mode"] == "train":
+            model.train()
+            with torch.enable_grad():
+                yield
+        else:
+            model.eval()
+            with torch.inference_mode():
+                yield
+    finally:
+        model.train(was_training)
+
+
+@contextmanager
+def module_ranges(model):
+    """Open a record_function range "module::<qualified name>" around every module's forward.
+
+    Hooks are removed (and any range left open by a forward that raised is closed) on exit.
+    TorchScript modules take no Python hooks and are skipped.
+    """
+    handles = []
+    open_ranges: dict[int, list] = {}
+
+    def pre(mod, _inputs, name):
+        rf = record_function(pt.MODULE_PREFIX + name)
+        rf.__enter__()
+        open_ranges.setdefault(id(mod), []).append(rf)
+
+    def post(mod, _inputs, _output):
+        stack = open_ranges.get(id(mod))
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+    try:
+        for name, mod in model.named_modules():
+            if isinstance(mod, torch.jit.ScriptModule):
+                continue
+            handles.append(mod.register_forward_pre_hook(lambda m, i, n=name or pt.ROOT: pre(m, i, n)))
+            handles.append(mod.register_forward_hook(post))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for stack in open_ranges.values():
+            while stack:
+                try:
+                    stack.pop().__exit__(None, None, None)
+                except Exception:  # a range whose profiler already stopped: nothing to close
+                    pass
+
+
+# ----------------------------------------------------------------------------- latency
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_latency(step, device: torch.device, warmup: int, iters: int, progress=None) -> list[float]:
+    """Per-iteration times in ms: CUDA events (each iteration synchronized) on CUDA, perf_counter on CPU."""
+    for i in range(warmup):
+        step()
+        if progress and i % max(1, warmup // 5) == 0:
+            progress(i / max(1, warmup + iters), f"latency warmup {i + 1}/{warmup}")
+    _sync(device)
+    samples = []
+    cuda = device.type == "cuda"
+    for i in range(iters):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            samples.append(float(start.elapsed_time(end)))
+        else:
+            t0 = time.perf_counter()
+            step()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        if progress and i % max(1, iters // 10) == 0:
+            progress((warmup + i) / max(1, warmup + iters), f"latency iteration {i + 1}/{iters}")
+    return samples
+
+
+def latency_stats(samples_ms: list[float], batch_size: int) -> dict:
+    """median / p90 / p99 (numpy linear percentiles), mean, std (population), min, max, samples/s."""
+    a = np.asarray(samples_ms, dtype=float)
+    median = float(np.median(a))
+    return {
+        "median_ms": median, "p90_ms": float(np.percentile(a, 90)), "p99_ms": float(np.percentile(a, 99)),
+        "mean_ms": float(a.mean()), "std_ms": float(a.std()), "min_ms": float(a.min()), "max_ms": float(a.max()),
+        "samples_per_s": batch_size / (median / 1e3) if median > 0 else None,
+        "iterations": int(a.size),
+    }
+
+
+# ----------------------------------------------------------------------------- key_averages
+def operator_rows(key_averages, by_shape: bool = False, skip: frozenset[str] = frozenset()) -> list[dict]:
+    """key_averages as records (times in ms, memory in bytes); user ranges, [memory], the names in
+    ``skip`` (Python frames recorded by with_stack) and device-side rows left out: on CUDA
+    key_averages also lists every kernel, memcpy and memset as a row of its own, whose time is already
+    the self device time of the operator that launched it (summed, the column counted kernels twice:
+    4.2 ms of 'self device' over 2.1 ms of kernels in an H100 run). Kernels have their own table."""
+    rows = []
+    for e in key_averages:
+        if e.is_user_annotation or e.key == "[memory]" or e.key.startswith(pt.MODULE_PREFIX) or e.key in skip:
+            continue
+        if getattr(getattr(e, "device_type", None), "name", "CPU") != "CPU":
+            continue
+        row = {
+            "name": e.key, "calls": int(e.count),
+            "self_cpu_ms": e.self_cpu_time_total / 1e3, "cpu_total_ms": e.cpu_time_total / 1e3,
+            "self_device_ms": e.self_device_time_total / 1e3, "device_total_ms": e.device_time_total / 1e3,
+            "self_cpu_memory_bytes": int(e.self_cpu_memory_usage), "cpu_memory_bytes": int(e.cpu_memory_usage),
+            "self_device_memory_bytes": int(e.self_device_memory_usage),
+            "device_memory_bytes": int(e.device_memory_usage),
+        }
+        if by_shape:
+            row["input_shapes"] = str(e.input_shapes)
+        rows.append(row)
+    return rows
+
+
+def merge_operator_rows(tables: list[list[dict]]) -> list[dict]:
+    """Sum the tables of several profiler cycles row by row (same name, same shapes)."""
+    merged: dict[tuple, dict] = {}
+    for table in tables:
+        for r in table:
+            key = (r["name"], r.get("input_shapes"))
+            if key not in merged:
+                merged[key] = dict(r)
+            else:
+                m = merged[key]
+                for k, v in r.items():
+                    if k not in ("name", "input_shapes"):
+                        m[k] += v
+    rows = list(merged.values())
+    total_self = sum(r["self_cpu_ms"] for r in rows) or 1.0
+    total_dev = sum(r["self_device_ms"] for r in rows) or 1.0
+    for r in rows:
+        r["self_cpu_pct"] = 100.0 * r["self_cpu_ms"] / total_self
+        r["self_device_pct"] = 100.0 * r["self_device_ms"] / total_dev
+        r["mean_cpu_ms"] = r["cpu_total_ms"] / r["calls"] if r["calls"] else 0.0
+    rows.sort(key=lambda r: -(r["self_device_ms"] + r["self_cpu_ms"]))
+    return rows
+
+
+# ----------------------------------------------------------------------------- artifacts
+def _with_rank(trace: dict) -> dict:
+    info = trace.get("distributedInfo")
+    if not isinstance(info, dict) or "rank" not in info:
+        trace["distributedInfo"] = {"rank": 0, "world_size": 1, "backend": "none"}
+    return trace
+
+
+def write_artifacts(traces: list[bytes], artifact_dir: Path) -> dict:
+    """trace.json (last cycle), trace.json.gz, and tb_trace.zip with every cycle as the TB plugin names them."""
+    artifact_dir = Path(artifact_dir)
+    last = traces[-1]
+    (artifact_dir / TRACE_JSON).write_bytes(last)
+    with gzip.open(artifact_dir / TRACE_GZ, "wb", compresslevel=5) as f:
+        f.write(last)
+    stamp = time.time_ns() // 1_000_000
+    with zipfile.ZipFile(artifact_dir / TB_ZIP, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=5) as z:
+        for i, data in enumerate(traces):
+            z.writestr(f"tb_trace/{TB_WORKER}.{stamp + i}.pt.trace.json", data)
+    return {"trace_json": str(artifact_dir / TRACE_JSON), "trace_json_gz": str(artifact_dir / TRACE_GZ),
+            "tb_zip": str(artifact_dir / TB_ZIP)}
+
+
+def engine_timeline(path: Path, max_events: int) -> tuple[dict | None, str | None]:
+    """The timeline from the trace explorer engine (diagnostics.trace), in this module's shape:
+    {"events": [{lane, name, cat, start_ms, dur_ms, depth, count}], "lanes", "total_events",
+    "shown_events", "span_ms"}. Returns (None, reason) when that engine cannot read the trace."""
+    try:
+        from diagnostics.trace import load_trace, timeline_data
+
+        data = timeline_data(load_trace(path), max_events=max_events)
+    except Exception as e:  # another component: never let it sink a finished profile
+        return None, f"{type(e).__name__}: {e}"
+    label = {l["lane"]: (l.get("name") or l["lane"]) for l in data["lanes"]}
+    events = [{"lane": label.get(e["lane"], e["lane"]), "name": e["name"], "cat": e["cat"] or "",
+               "start_ms": e["start_us"] / 1e3, "dur_ms": e["dur_us"] / 1e3, "depth": int(e["depth"]),
+               "count": int(e.get("count", 1))} for e in data["events"]]
+    return {"events": events, "lanes": [label[l["lane"]] for l in data["lanes"]],
+            "total_events": int(data["in_range"]), "shown_events": len(events), "deeper": int(data["deeper"]),
+            "span_ms": float(data["t1"]) / 1e3, "builder": "diagnostics.trace.timeline_data"}, None
+
+
+# ----------------------------------------------------------------------------- the job
+def analyze(ctx, options: dict) -> dict:
+    loaded = ctx.loaded
+    spec = loaded.spec
+    device = loaded.device
+    opts = normalize_options(options, spec.device)
+    model = loaded.model
+    step = _Step(loaded, opts)
+    batch = loaded.batch_size
+    notes: list[str] = []
+
+    # 1) latency, outside the profiler and without any labels or hooks
+    ctx.progress(0.02, "latency: warmup")
+    with _mode(model, opts):
+        samples = measure_latency(step, device, opts["latency_warmup"], opts["latency_iters"],
+                                  lambda f, m: ctx.progress(0.02 + 0.3 * f, m))
+    latency = latency_stats(samples, batch)
+    latency["samples_ms"] = samples
+    latency["method"] = "CUDA events" if device.type == "cuda" else "time.perf_counter"
+    latency["warmup"] = opts["latency_warmup"]
+
+    # 2) the profiled steps
+    activities = [ProfilerActivity.CPU] if "cpu" in opts["activities"] else []
+    if "cuda" in opts["activities"]:
+        activities.append(ProfilerActivity.CUDA)
+    n_steps = (opts["wait"] + opts["warmup"] + opts["active"]) * opts["repeat"]
+    cycle_traces: list[bytes] = []
+    cycle_ops: list[list[dict]] = []
+    cycle_ops_shape: list[list[dict]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="profile-", dir=ctx.artifact_dir))
+
+    def on_ready(prof) -> None:
+        path = tmp / f"cycle{len(cycle_traces)}.json"
+        prof.export_chrome_trace(str(path))
+        data = orjson.loads(path.read_bytes())
+        path.unlink()
+        cycle_traces.append(orjson.dumps(_with_rank(data)))
+        # with_stack records Python frames as events too; they are call stacks, not operators.
+        frames = frozenset(e.name for e in prof.events() if _is_python_frame(e)) if opts["with_stack"] else frozenset()
+        if opts["record_shapes"]:
+            # One grouping pass: the per-name table is the per-shape one summed by name
+            # (merge_operator_rows), the same numbers key_averages() gives, without a second pass.
+            shaped = operator_rows(prof.key_averages(group_by_input_shape=True), by_shape=True, skip=frames)
+            cycle_ops_shape.append(shaped)
+            cycle_ops.append([{k: v for k, v in r.items() if k != "input_shapes"} for r in shaped])
+        else:
+            cycle_ops.append(operator_rows(prof.key_averages(), skip=frames))
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sched = schedule(wait=opts["wait"], warmup=opts["warmup"], active=opts["active"], repeat=opts["repeat"])
+    cycle_len = opts["wait"] + opts["warmup"] + opts["active"]
+    modules_ctx = module_ranges(model) if opts["with_modules"] else nullcontext()
+    t_prof = time.perf_counter()
+    with _mode(model, opts), modules_ctx:
+        with profile(activities=activities, schedule=sched, on_trace_ready=on_ready,
+                     record_shapes=opts["record_shapes"], profile_memory=opts["profile_memory"],
+                     with_stack=opts["with_stack"], with_modules=opts["with_modules"]) as prof:
+            for i in range(n_steps):
+                phase_i = i % cycle_len
+                phase = ("wait" if phase_i < opts["wait"] else
+                         "warmup" if phase_i < opts["wait"] + opts["warmup"] else "active")
+                ctx.progress(0.35 + 0.45 * i / n_steps, f"profiling step {i + 1}/{n_steps} ({phase})")
+                step(label=True)
+                prof.step()
+        _sync(device)
+    profile_wall_s = time.perf_counter() - t_prof
+    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    try:
+        os.rmdir(tmp)
+    except OSError:
+        pass
+    if not cycle_traces:
+        raise TorchScopeError("the profiler produced no trace (no active step completed)")
+
+    # 3) views from the traces
+    ctx.progress(0.82, "building views")
+    module_types = {(n or pt.ROOT): type(m).__name__ for n, m in model.named_modules()}
+    steps, split, kernels_ev, module_rows = [], [], [], []
+    all_events = []
+    for c, data in enumerate(cycle_traces):
+        trace = orjson.loads(data)
+        events = pt.complete_events(trace)
+        all_events.extend(events)
+        for r in pt.step_breakdown(events):
+            steps.append({"cycle": c, **r})
+        for r in pt.device_split(events):
+            split.append({"cycle": c, **r})
+        last_trace = trace
+    if opts["with_modules"]:
+        module_rows = pt.module_times(all_events, module_types)
+    kernels_ev = pt.kernel_table(all_events)
+    operators = merge_operator_rows(cycle_ops)
+    by_shape = merge_operator_rows(cycle_ops_shape) if opts["record_shapes"] else None
+
+    ctx.progress(0.92, "writing trace files")
+    artifacts = write_artifacts(cycle_traces, ctx.artifact_dir)
+    timeline, why = engine_timeline(Path(artifacts["trace_json"]), opts["timeline_max_events"])
+    if timeline is None:
+        notes.append(f"timeline drawn by the profiler's own builder (the trace explorer's failed: {why})")
+        timeline = pt.timeline(last_trace, opts["timeline_max_events"])
+
+    step_ms = [s["step_ms"] for s in steps]
+    cuda_ran = "cuda" in opts["activities"]
+    if opts["repeat"] > 1:
+        notes.append(f"{opts['repeat']} profiler cycles: tables sum all cycles; trace.json holds the last one, "
+                     "tb_trace.zip every cycle")
+    if opts["warmup"] == 0:
+        notes.append("no profiler warmup: the first recorded step includes the profiler's start-up cost")
+    if not opts["with_modules"]:
+        notes.append("per-module times need with_modules (module ranges); it was off")
+    if opts["mode"] == "train":
+        notes.append(f"training steps ran {opts['optimizer'].upper()} (lr {opts['lr']:g}) on the loaded copy "
+                     "of the model; the weights changed in the worker only")
+    metrics = {
+        "latency_median_ms": latency["median_ms"], "latency_p90_ms": latency["p90_ms"],
+        "latency_p99_ms": latency["p99_ms"], "latency_std_ms": latency["std_ms"],
+        "throughput_samples_per_s": latency["samples_per_s"],
+        "profiled_steps": len(steps),
+        "step_time_mean_ms": float(np.mean(step_ms)) if step_ms else None,
+        "self_cpu_total_ms": sum(r["self_cpu_ms"] for r in operators),
+        "self_device_total_ms": sum(r["self_device_ms"] for r in operators),
+        "kernel_time_ms": sum(k["total_us"] for k in kernels_ev) / 1e3,
+        "tensor_core_kernel_pct": (100.0 * sum(k["total_us"] for k in kernels_ev if k["tensor_cores"])
+                                   / max(1e-9, sum(k["total_us"] for k in kernels_ev))) if kernels_ev else None,
+        "peak_device_memory_bytes": peak,
+        "profile_wall_s": profile_wall_s,
+        "batch_size": batch,
+    }
+    ctx.progress(1.0, "done")
+    return {
+        "model": spec.label, "device": spec.device, "batch_size": batch, "mode": opts["mode"],
+        "config": opts, "cuda_ran": cuda_ran,
+        "inputs": [{"shape": list(s.shape), "dtype": s.dtype} for s in loaded.input_specs],
+        "loss": loaded.loss_name if opts["mode"] == "train" else None,
+        "metrics": metrics, "latency": latency, "steps": steps, "device_split": split,
+        "operators": operators, "operators_by_shape": by_shape, "modules": module_rows,
+        "kernels": kernels_ev, "timeline": timeline, "artifacts": artifacts, "notes": notes,
+        "torch_version": torch.__version__,
+    }

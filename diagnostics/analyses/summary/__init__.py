@@ -1,0 +1,1 @@
+"""The summary analysis: its declaration here, its work in job.py."""

@@ -1,0 +1,1 @@
+"""The trace analysis: its declaration here, its work in job.py."""

@@ -1,0 +1,116 @@
+"""Trace explorer jobs: open a Chrome/Kineto trace in a worker, run the trace analyses, diff two.
+
+The ingest runs in the runner's worker, so a pathological file costs a worker, never the
+dashboard. After the first open the parsed columns are kept next to the run (Arrow/Feather),
+so re-drawing the timeline for another time range reads them back instead of re-parsing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import fields
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+
+from diagnostics.errors import TorchScopeError
+from diagnostics.settings import check_server_path
+from diagnostics.trace.errors import TraceError
+from diagnostics.trace import (
+    Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
+    top_operators,
+)
+from diagnostics.trace.views import TOP_N
+
+EVENTS_FILE = "events.feather"
+META_FILE = "trace_meta.json"
+TIMELINE_MAX_EVENTS = 4000
+
+
+def file_stamp(path: str) -> dict:
+    """What identifies a file's content cheaply (for cache keys): path, size, mtime."""
+    p = Path(path)
+    if not p.is_file():
+        raise TorchScopeError(f"trace file not found: {path}")
+    st = p.stat()
+    return {"path": str(p.resolve()), "size": st.st_size, "mtime": int(st.st_mtime)}
+
+
+def _require_path(options: dict, key: str = "path") -> str:
+    path = options.get(key)
+    if not path:
+        raise TorchScopeError(f"no trace given: option {key!r} must name a .json or .json.gz trace file")
+    if not check_server_path(path, "trace").is_file():
+        raise TorchScopeError(f"trace file not found: {path}")
+    return str(path)
+
+
+def _save_columns(trace: Trace, folder: Path) -> None:
+    trace.events.reset_index(drop=True).to_feather(folder / EVENTS_FILE)
+    meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
+    (folder / META_FILE).write_text(json.dumps(meta, default=str))
+
+
+def load_columns(folder: str | Path) -> Trace:
+    """Read back what _save_columns kept (our own files, no pickle involved)."""
+    folder = Path(folder)
+    if not (folder / EVENTS_FILE).is_file():
+        raise TorchScopeError(f"no parsed trace kept in {folder}; open the trace again")
+    meta = json.loads((folder / META_FILE).read_text())
+    return Trace(events=pd.read_feather(folder / EVENTS_FILE), **meta)
+
+
+def analyze(ctx, options: dict) -> dict:
+    """Open one trace: summary, temporal breakdown, top operators/kernels, idle time, launches, timeline."""
+    path = _require_path(options)
+    rows = int(options.get("top", TOP_N))  # rows kept in the top-operator and launch tables
+    if rows < 1:
+        raise TorchScopeError(f"bad option top={rows}: the tables keep at least one row")
+    # An upload is stored under a name we chose; "display_name" is the one the user knows it by.
+    stored, name = Path(path).name, str(options.get("display_name") or Path(path).name)
+    ctx.progress(0.05, f"reading {name} ({os.path.getsize(path) / 2**20:.0f} MiB)")
+    try:
+        trace = load_trace(path, allow_truncated=bool(options.get("allow_truncated", False)))
+    except TraceError as e:
+        msg = str(e)
+        raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
+    ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
+    out = {"path": path, "name": name}
+    steps = [("summary", summary), ("breakdown", temporal_breakdown), ("top", partial(top_operators, n=rows)),
+             ("idle", idle_time), ("launch", partial(launch_stats, n=rows))]
+    for i, (key, fn) in enumerate(steps):
+        ctx.progress(0.5 + 0.08 * i, key)
+        out[key] = fn(trace)
+    ctx.progress(0.9, "timeline")
+    out["timeline"] = timeline_data(trace, options.get("t0"), options.get("t1"),
+                                    max_events=int(options.get("max_events", TIMELINE_MAX_EVENTS)))
+    if options.get("keep_columns", True):
+        _save_columns(trace, ctx.artifact_dir)
+        out["columns_dir"] = str(ctx.artifact_dir)
+    s = out["summary"]
+    out["metrics"] = {"events": s["events"], "duration_ms": s["duration_us"] / 1e3, "steps": s["n_steps"],
+                      "skipped_events": s["skipped_events"], "has_gpu": s["has_gpu"]}
+    return out
+
+
+def analyze_timeline(ctx, options: dict) -> dict:
+    """Re-draw the timeline for [t0, t1] µs from columns kept by a previous ``trace`` run."""
+    trace = load_columns(options["columns_dir"])
+    return {"timeline": timeline_data(trace, options.get("t0"), options.get("t1"),
+                                      max_events=int(options.get("max_events", TIMELINE_MAX_EVENTS))),
+            "metrics": {}}
+
+
+def analyze_diff(ctx, options: dict) -> dict:
+    """Diff two traces (before / after a fix) by operator and kernel."""
+    before_path, after_path = _require_path(options, "before"), _require_path(options, "after")
+    ctx.progress(0.1, f"reading {Path(before_path).name}")
+    before = load_trace(before_path)
+    ctx.progress(0.5, f"reading {Path(after_path).name}")
+    after = load_trace(after_path)
+    ctx.progress(0.9, "comparing")
+    diff = diff_traces(before, after)
+    return {"before": before_path, "after": after_path, "diff": diff,
+            "metrics": {k: v for k, v in (diff.get("counts") or {}).items()}}

@@ -1,0 +1,1 @@
+"""The validate analysis: its declaration here, its work in job.py."""

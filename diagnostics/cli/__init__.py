@@ -1,0 +1,1 @@
+"""The command line: ``python -m diagnostics <command>``; subcommands come from the registry."""

@@ -1,0 +1,284 @@
+"""Declarations: an analysis says once what options it takes and what its result holds.
+
+An :class:`Analysis` names its options (:class:`Option`: key, kind, default, bounds, choices, help,
+CLI flag), its headline metrics (:class:`Metric`: key, unit, label) and its tables
+(:class:`Table`: where in the result, columns with units). The CLI flags, the dashboard's
+widgets, option validation, the report and the text output all read these declarations; nothing
+else restates a default or guesses a unit from a key's name.
+
+Plain frozen dataclasses and no torch: the dashboard lists analyses without importing torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from diagnostics.errors import TorchScopeError
+from diagnostics.units import UNITS
+
+#: What an option's value may be.
+KINDS = ("int", "float", "bool", "choice", "multi", "str", "path", "list", "dict")
+
+
+class OptionError(TorchScopeError):
+    """An option value that cannot be used; the message names the option and what it accepts."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of an analysis.
+
+    ``kind``: int / float (with ``lo`` / ``hi`` bounds, inclusive, or ``gt``: strictly above), bool, choice (one of
+    ``choices``), multi (a list of ``choices``), str, path (a file or folder on the server), list
+    (of strings), dict (checked by ``check``). ``optional``: None is accepted and means "decide for
+    me" (the help says what). ``required``: the analysis cannot run without it. ``flag``: the CLI flag (None: ``--key-with-dashes``; "": no flag of
+    its own, still settable with ``--option key=value``). ``check``: an extra torch-free validator
+    ``fn(value) -> value`` raising OptionError.
+    """
+
+    key: str
+    kind: str
+    default: Any = None
+    help: str = ""
+    label: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    gt: float | None = None
+    choices: tuple = ()
+    optional: bool = False
+    required: bool = False
+    flag: str | None = None
+    unit: str | None = None
+    check: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"option {self.key}: unknown kind {self.kind!r}")
+        if self.kind in ("choice", "multi") and not self.choices:
+            raise ValueError(f"option {self.key}: a {self.kind} option needs choices")
+        if self.unit is not None and self.unit not in UNITS:
+            raise ValueError(f"option {self.key}: unknown unit {self.unit!r}")
+
+    @property
+    def cli_flag(self) -> str | None:
+        if self.flag == "":
+            return None
+        return self.flag or "--" + self.key.replace("_", "-")
+
+    @property
+    def title(self) -> str:
+        return self.label or self.key.replace("_", " ").capitalize()
+
+    def describe_default(self) -> str:
+        if self.default is None:
+            return "auto" if self.optional else "none"
+        if self.kind == "bool":
+            return "on" if self.default else "off"
+        if isinstance(self.default, (list, tuple)):
+            return ", ".join(map(str, self.default)) or "none"
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+
+    def accepts(self) -> str:
+        """What values are valid, in words (for error messages and help)."""
+        if self.kind in ("choice", "multi"):
+            what = "one of " if self.kind == "choice" else "a list of "
+            return what + ", ".join(map(str, self.choices))
+        if self.kind in ("int", "float"):
+            noun = "an integer" if self.kind == "int" else "a number"
+            if self.gt is not None:
+                return f"{noun} > {self.gt:g}" + (f" and <= {self.hi:g}" if self.hi is not None else "")
+            if self.lo is not None and self.hi is not None:
+                return f"{noun} from {self.lo:g} to {self.hi:g}"
+            if self.lo is not None:
+                return f"{noun} >= {self.lo:g}" if not (self.lo == 0 and self.kind == "float") else f"{noun} >= 0"
+            if self.hi is not None:
+                return f"{noun} <= {self.hi:g}"
+            return noun
+        return {"bool": "true or false", "str": "text", "path": "a path", "list": "a list",
+                "dict": "a dict"}[self.kind]
+
+    def _bad(self, value, why: str = "") -> OptionError:
+        return OptionError(f"option {self.key}: {why or 'must be ' + self.accepts()}, got {value!r}")
+
+    def validate(self, value):
+        """``value`` converted to this option's kind and checked; raises OptionError naming the option."""
+        if value is None:
+            if self.optional or self.default is None:
+                return None
+            raise self._bad(value)
+        k = self.kind
+        if k == "bool":
+            if isinstance(value, bool):
+                out = value
+            elif isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                out = value.lower() in ("true", "1", "yes", "on")
+            elif isinstance(value, int) and value in (0, 1):
+                out = bool(value)
+            else:
+                raise self._bad(value)
+        elif k in ("int", "float"):
+            if isinstance(value, bool):
+                raise self._bad(value)
+            try:
+                num = float(value)
+            except (TypeError, ValueError):
+                raise self._bad(value) from None
+            if not math.isfinite(num):
+                raise self._bad(value)
+            if k == "int":
+                if not num.is_integer():
+                    raise self._bad(value)
+                out = int(num)
+            else:
+                out = num
+            if ((self.lo is not None and out < self.lo) or (self.hi is not None and out > self.hi)
+                    or (self.gt is not None and not out > self.gt)):
+                raise self._bad(value)
+        elif k == "choice":
+            if value not in self.choices:
+                raise self._bad(value)
+            out = value
+        elif k == "multi":
+            items = [value] if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)):
+                raise self._bad(value)
+            bad = [v for v in items if v not in self.choices]
+            if bad:
+                raise self._bad(value, f"unknown value{'s' if len(bad) > 1 else ''} "
+                                       f"{', '.join(map(repr, bad))}; choose from {', '.join(map(str, self.choices))}")
+            out = list(dict.fromkeys(items))
+        elif k in ("str", "path"):
+            if not isinstance(value, str) or (k == "path" and not value.strip()):
+                raise self._bad(value)
+            out = value
+        elif k == "list":
+            items = [value] if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)):
+                raise self._bad(value)
+            out = list(items)
+        else:  # dict
+            if not isinstance(value, dict):
+                raise self._bad(value)
+            out = dict(value)
+        return self.check(out) if self.check is not None else out
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A headline figure of a result (``result["metrics"][key]``) with its unit."""
+
+    key: str
+    unit: str
+    label: str
+    help: str = ""
+
+    def __post_init__(self):
+        if self.unit not in UNITS:
+            raise ValueError(f"metric {self.key}: unknown unit {self.unit!r}")
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    unit: str
+    label: str = ""
+
+    def __post_init__(self):
+        if self.unit not in UNITS:
+            raise ValueError(f"column {self.key}: unknown unit {self.unit!r}")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A list of row dicts in the result at ``path`` (keys joined by '.'), with its columns' units.
+
+    Columns not declared are shown as they are (text, or plain numbers without a unit)."""
+
+    path: str
+    title: str
+    columns: tuple[Column, ...] = ()
+
+    def rows(self, result: dict) -> list | None:
+        node = result
+        for part in self.path.split("."):
+            if not isinstance(node, dict):
+                return None
+            node = node.get(part)
+        return node if isinstance(node, list) else None
+
+    def unit(self, column: str) -> str | None:
+        return next((c.unit for c in self.columns if c.key == column), None)
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis, declared once: what it is called, how it runs, what it takes and returns.
+
+    ``target`` is "module:function", called in the worker as ``fn(ctx, options) -> dict`` with
+    options already validated here. ``command``: its CLI subcommand (None: no command of its own).
+    ``exclusive``: it times the device, so such jobs queue one at a time per device.
+    """
+
+    name: str
+    title: str
+    target: str
+    options: tuple[Option, ...] = ()
+    metrics: tuple[Metric, ...] = ()
+    tables: tuple[Table, ...] = ()
+    needs_model: bool = True
+    exclusive: bool = False
+    timeout_s: float = 300.0
+    command: str | None = None
+    description: str = ""
+
+    def __post_init__(self):
+        keys = [o.key for o in self.options]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"analysis {self.name}: an option is declared twice")
+        mkeys = [m.key for m in self.metrics]
+        if len(set(mkeys)) != len(mkeys):
+            raise ValueError(f"analysis {self.name}: a metric is declared twice")
+
+    def load(self) -> Callable:
+        module, _, fn = self.target.partition(":")
+        return getattr(importlib.import_module(module), fn)
+
+    def option(self, key: str) -> Option:
+        for o in self.options:
+            if o.key == key:
+                return o
+        raise OptionError(f"{self.name} has no option {key!r}; its options: {', '.join(self.option_keys) or 'none'}")
+
+    @property
+    def option_keys(self) -> tuple[str, ...]:
+        return tuple(o.key for o in self.options)
+
+    def defaults(self) -> dict:
+        return {o.key: o.default for o in self.options}
+
+    def validate(self, options: dict | None) -> dict:
+        """Every option of this analysis, defaults filled in and each value checked.
+
+        An unknown key is refused with the list of valid ones: a typo must not be silently ignored."""
+        options = dict(options or {})
+        unknown = [k for k in options if k not in self.option_keys]
+        if unknown:
+            listed = ", ".join(self.option_keys) if self.options else "(none: it takes no options)"
+            raise OptionError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                              f"for {self.name}; valid: {listed}")
+        missing = [o for o in self.options if o.required and options.get(o.key) is None]
+        if missing:
+            o = missing[0]
+            raise OptionError(f"option {o.key} is required for {self.name}: {o.help or o.accepts()}")
+        return {o.key: o.validate(options[o.key]) if o.key in options else copy.deepcopy(o.default)
+                for o in self.options}
+
+    def metric(self, key: str) -> Metric | None:
+        return next((m for m in self.metrics if m.key == key), None)
+
+    def table(self, path: str) -> Table | None:
+        return next((t for t in self.tables if t.path == path), None)

@@ -1,0 +1,1 @@
+"""Rendering of results: Plotly charts, the HTML report, text and CSV. Draws, never measures."""

@@ -1,0 +1,42 @@
+"""Figures for the checklist: the score as a gauge, and rule status counts by category."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from diagnostics.analyses.checklist.rules import CATEGORIES
+
+STATUS_ORDER = ("pass", "warn", "fail", "not_applicable")
+STATUS_LABEL = {"pass": "pass", "warn": "warn", "fail": "fail", "not_applicable": "not applicable"}
+STATUS_COLOR = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "not_applicable": "#9e9e9e"}
+
+
+def build_score_gauge_figure(result: dict) -> go.Figure:
+    """The checklist score (0-100 points) as a gauge; red under 50, amber under 80."""
+    score = result.get("score")
+    fig = go.Figure(go.Indicator(
+        mode="gauge+number", value=score if score is not None else 0,
+        number={"suffix": " / 100", "valueformat": ".0f"},
+        title={"text": "Checklist score (points)" + ("" if score is not None else " — no rule applies")},
+        gauge={"axis": {"range": [0, 100], "tickvals": [0, 20, 40, 60, 80, 100]}, "bar": {"color": "#37474f"},
+               "steps": [{"range": [0, 50], "color": "#ffcdd2"}, {"range": [50, 80], "color": "#ffe0b2"},
+                         {"range": [80, 100], "color": "#c8e6c9"}]},
+    ))
+    fig.update_layout(height=260, margin=dict(l=40, r=40, t=60, b=10))  # room for the 0 and 100 ticks
+    return fig
+
+
+def build_status_by_category_figure(result: dict) -> go.Figure:
+    """Stacked horizontal bars: how many rules pass / warn / fail / do not apply in each category."""
+    by_id = {f["id"]: f for f in result["findings"]}
+    cats = [c for c in CATEGORIES if result["by_category"].get(c)]
+    fig = go.Figure()
+    for status in STATUS_ORDER:
+        counts = [sum(by_id[i]["status"] == status for i in result["by_category"][c]) for c in cats]
+        fig.add_bar(y=cats, x=counts, orientation="h", name=STATUS_LABEL[status], marker_color=STATUS_COLOR[status],
+                    hovertemplate="%{y}: %{x} rules " + STATUS_LABEL[status] + "<extra></extra>")
+    fig.update_layout(title="Rule status by category", barmode="stack", xaxis_title="rules (count)",
+                      yaxis=dict(autorange="reversed"), height=80 + 45 * max(1, len(cats)),
+                      margin=dict(l=10, r=10, t=50, b=40),
+                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+    return fig

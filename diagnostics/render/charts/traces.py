@@ -1,0 +1,163 @@
+"""Figures for the trace explorer, each drawn from one diagnostics.trace result (plain data)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+GPU_KINDS = (("compute_us", "compute", "#4c78a8"), ("communication_us", "communication", "#f58518"),
+             ("memcpy_us", "memcpy", "#54a24b"), ("memset_us", "memset", "#b279a2"),
+             ("idle_us", "idle", "#bab0ac"))
+STATUS_COLORS = {"faster": "#54a24b", "slower": "#e45756", "added": "#f58518",
+                 "removed": "#4c78a8", "unchanged": "#bab0ac"}
+MAX_BARS = 25
+
+
+def _empty(title: str, message: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
+                      annotations=[{"text": message, "showarrow": False, "x": 0.5, "y": 0.5,
+                                    "xref": "paper", "yref": "paper"}])
+    return fig
+
+
+def _clip(name: str, n: int = 50) -> str:
+    return name if len(name) <= n else name[: n - 1] + "…"
+
+
+def build_category_figure(summary: dict) -> go.Figure:
+    """Event count per category (hover: total time)."""
+    rows = summary["categories"]
+    fig = go.Figure(go.Bar(x=[r["cat"] for r in rows], y=[r["events"] for r in rows],
+                           customdata=[r["total_us"] / 1000 for r in rows],
+                           hovertemplate="%{x}: %{y:,} events, %{customdata:.3f} ms<extra></extra>"))
+    fig.update_layout(title="Events by category", yaxis_title="events (count)", xaxis_title=None)
+    return fig
+
+
+def build_gpu_breakdown_figure(breakdown: dict) -> go.Figure:
+    """Per step, GPU time by kind stacked with idle (temporal_breakdown)."""
+    rows = breakdown["gpu"]
+    if not rows:
+        return _empty("GPU time per step", "No GPU activity in this trace")
+    steps = [str(r["step"]) for r in rows]
+    fig = go.Figure([go.Bar(name=label, x=steps, y=[r[key] / 1000 for r in rows],
+                            marker_color=color) for key, label, color in GPU_KINDS])
+    fig.update_layout(barmode="stack", title="GPU time per step", xaxis_title="step",
+                      yaxis_title="ms", xaxis_type="category")
+    return fig
+
+
+def build_cpu_breakdown_figure(breakdown: dict) -> go.Figure:
+    """Per step, host self time by operator family / category (temporal_breakdown)."""
+    rows = breakdown["cpu"]
+    if not rows:
+        return _empty("Host self time per step", "No host events in the steps")
+    groups = sorted({r["group"] for r in rows},
+                    key=lambda g: -sum(r["self_us"] for r in rows if r["group"] == g))
+    steps = sorted({r["step"] for r in rows})
+    value = {(r["step"], r["group"]): r["self_us"] / 1000 for r in rows}
+    fig = go.Figure([go.Bar(name=g, x=[str(s) for s in steps],
+                            y=[value.get((s, g), 0.0) for s in steps]) for g in groups])
+    fig.update_layout(barmode="stack", title="Host self time per step", xaxis_title="step",
+                      yaxis_title="ms", xaxis_type="category")
+    return fig
+
+
+def build_top_operators_figure(top: dict, kind: str = "operators") -> go.Figure:
+    """Top host operators by self time (kind="operators") or GPU kernels by time ("kernels")."""
+    rows = top[kind][:MAX_BARS]
+    title = "Top operators by self time" if kind == "operators" else "Top GPU kernels by time"
+    if not rows:
+        return _empty(title, "None in this trace")
+    key = "self_us" if kind == "operators" else "total_us"
+    rows = rows[::-1]
+    fig = go.Figure(go.Bar(
+        x=[r[key] / 1000 for r in rows], y=[_clip(r["name"]) for r in rows], orientation="h",
+        customdata=[[r["calls"], r["total_us"] / 1000, r["name"]] for r in rows],
+        hovertemplate="%{customdata[2]}<br>%{x:.3f} ms, %{customdata[0]} calls, "
+                      "total %{customdata[1]:.3f} ms<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title="ms", height=max(300, 22 * len(rows) + 120))
+    return fig
+
+
+def build_idle_time_figure(idle: dict) -> go.Figure:
+    """Idle time per GPU stream, split by cause (idle_time)."""
+    rows = idle["streams"]
+    if not rows:
+        return _empty("GPU idle time by cause", "No GPU activity in this trace")
+    labels = [f"GPU {r['device']} stream {r['stream']}" for r in rows]
+    causes = (("host_wait_us", "host wait"), ("kernel_wait_us", "kernel wait"),
+              ("other_wait_us", "other wait"))
+    fig = go.Figure([go.Bar(name=name, x=labels, y=[r[key] / 1000 for r in rows])
+                     for key, name in causes])
+    fig.update_layout(barmode="stack", title="GPU idle time by cause", yaxis_title="ms")
+    return fig
+
+
+def build_launch_figure(launch: dict) -> go.Figure:
+    """Launch call duration vs GPU duration; points under the diagonal are launch-bound."""
+    pts = launch["sample"]
+    if not pts:
+        return _empty("Kernel launches", "No kernel launches in this trace")
+    x = [p["launch_dur_us"] for p in pts]
+    y = [p["dur_us"] for p in pts]
+    top = max(max(x), max(y))
+    fig = go.Figure([
+        go.Scatter(x=x, y=y, mode="markers", name="launches", text=[p["name"] for p in pts],
+                   customdata=[p["delay_us"] for p in pts],
+                   hovertemplate="%{text}<br>launch %{x:.1f} µs, kernel %{y:.1f} µs, "
+                                 "delay %{customdata:.1f} µs<extra></extra>"),
+        go.Scatter(x=[0, top], y=[0, top], mode="lines", name="kernel = launch",
+                   line={"dash": "dash", "color": "gray"})])
+    fig.update_layout(title=f"Kernel launches ({launch['short_kernels']} shorter than their "
+                            "launch call)", xaxis_title="runtime call (µs)",
+                      yaxis_title="GPU duration (µs)")
+    return fig
+
+
+def build_timeline_figure(timeline: dict) -> go.Figure:
+    """Timeline bars per lane and call depth (timeline_data), one colour per category."""
+    events = timeline["events"]
+    if not events:
+        return _empty("Timeline", "No events in this range")
+    rows = sorted({(e["lane"], e["depth"]) for e in events},
+                  key=lambda r: (r[0].startswith("GPU"), r[0], r[1]))
+    label = {r: f"{r[0]}" + (f" · {r[1]}" if r[1] else "") for r in rows}
+    by_cat: dict = {}
+    for e in events:
+        by_cat.setdefault(e["cat"] or "(none)", []).append(e)
+    fig = go.Figure()
+    for cat, evs in sorted(by_cat.items()):
+        fig.add_trace(go.Bar(
+            name=cat, orientation="h", base=[e["start_us"] / 1000 for e in evs],
+            x=[max(e["dur_us"], 0.0) / 1000 for e in evs],
+            y=[label[(e["lane"], e["depth"])] for e in evs],
+            customdata=[[e["name"], e["count"], e["dur_us"]] for e in evs],
+            hovertemplate="%{customdata[0]}<br>%{customdata[2]:.1f} µs"
+                          "<br>stands for %{customdata[1]} event(s)<extra></extra>"))
+    deeper = int(timeline.get("deeper") or 0)
+    fig.update_layout(barmode="overlay", title=f"Timeline ({timeline['shown']:,} of "
+                      f"{timeline['in_range']:,} events shown"
+                      + (f"; {deeper:,} calls nested too deep to draw" if deeper else "") + ")",
+                      xaxis_title="time (ms)",
+                      yaxis={"categoryorder": "array",
+                             "categoryarray": [label[r] for r in rows][::-1]},
+                      height=max(300, 24 * len(rows) + 140), bargap=0.1)
+    return fig
+
+
+def build_diff_figure(diff: dict) -> go.Figure:
+    """Largest time changes from before to after, coloured by status (diff_traces)."""
+    rows = [r for r in diff["rows"] if r["status"] != "unchanged"][:MAX_BARS][::-1]
+    if not rows:
+        return _empty("Trace diff", "No operator changed beyond the thresholds")
+    fig = go.Figure(go.Bar(
+        x=[r["delta_us"] / 1000 for r in rows], y=[_clip(r["name"]) for r in rows],
+        orientation="h", marker_color=[STATUS_COLORS[r["status"]] for r in rows],
+        customdata=[[r["status"], r["time_us_before"] / 1000, r["time_us_after"] / 1000]
+                    for r in rows],
+        hovertemplate="%{y}: %{customdata[0]}<br>%{customdata[1]:.3f} → %{customdata[2]:.3f} ms"
+                      "<extra></extra>"))
+    fig.update_layout(title=f"Change in time ({diff['unit']}), after − before",
+                      xaxis_title="ms", height=max(300, 22 * len(rows) + 120))
+    return fig

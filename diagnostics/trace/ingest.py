@@ -1,0 +1,427 @@
+"""load_trace(path) -> Trace: stream a Chrome/Kineto JSON trace (.json, .json.gz) into columns.
+
+Why it is fast and bounded: the file is read (and gunzipped, in a background thread that runs
+beside the parser) in blocks; each block of the traceEvents array is cut at an event boundary and
+decoded by msgspec into small typed structs that keep only the fields the analyses use (args
+such as "Input Dims" are skipped without building objects); those become numpy columns and are
+dropped (see _chunks). Worker processes can decode slices while this one reads (opt-in).
+Peak memory is the columns plus a few blocks.
+
+Bad input raises TraceError (not gzip, not JSON, no traceEvents, truncated, empty); malformed
+events are skipped, counted in Trace.skipped_events and described in Trace.warnings.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import re
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from diagnostics.trace._chunks import (
+    MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, STRING_FIELDS, Columns, _Interner,
+    consume, consume_block, consume_spans, decode_slice, last_boundary, resync, scan,
+)
+from diagnostics.trace.errors import TraceError
+from diagnostics.trace.model import COLUMNS, Trace
+
+try:  # ISA-L inflates about 2x faster than zlib; optional.
+    from isal import isal_zlib as _zlib
+except ImportError:  # pragma: no cover - depends on the environment
+    import zlib as _zlib
+
+BLOCK_BYTES = 16 << 20          # decoded bytes handed to the parser at a time
+GZ_READ_BYTES = 1 << 20         # compressed bytes read at a time
+HEADER_LIMIT_BYTES = 64 << 20   # the traceEvents array must start within this many bytes
+PARALLEL_MIN_BYTES = 48 << 20   # decoded size from which workers may be used (AUTO_WORKERS)
+AUTO_WORKERS = 0                # decoding processes used by default for big traces
+GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trace's size
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_WS_COMMA = b" \t\r\n,"
+
+
+# ---- reading bytes ---------------------------------------------------------------------------
+
+def _open_blocks(path: Path) -> tuple[Iterator[bytes], bool]:
+    """Blocks of decoded bytes, and whether the file was gzip. Sniffs the gzip magic bytes."""
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    is_gz = magic == b"\x1f\x8b"
+    if path.suffix == ".gz" and not is_gz:
+        raise TraceError(f"{path.name}: the name ends in .gz but the file is not gzip "
+                         f"(it starts with {magic!r}); rename it or gzip it")
+    return (_gunzip_blocks(path) if is_gz else _plain_blocks(path)), is_gz
+
+
+def _plain_blocks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(BLOCK_BYTES)
+            if not block:
+                return
+            yield block
+
+
+def _gunzip_blocks(path: Path) -> Iterator[bytes]:
+    """Inflate in a background thread (zlib and ISA-L release the GIL) through a 2-block queue."""
+    q: queue.Queue = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def produce():
+        try:
+            with open(path, "rb") as f:
+                d = _zlib.decompressobj(31)
+                pending: list = []
+                size = 0
+                while not stop.is_set():
+                    data = f.read(GZ_READ_BYTES)
+                    if not data:
+                        break
+                    while data:
+                        out = d.decompress(data)
+                        pending.append(out)
+                        size += len(out)
+                        data = d.unused_data
+                        if data:  # a further gzip member follows
+                            d = _zlib.decompressobj(31)
+                        if size >= BLOCK_BYTES:
+                            q.put(b"".join(pending))
+                            pending, size = [], 0
+                pending.append(d.flush())
+                if not d.eof:
+                    pending.append(None)  # marks a cut-off gzip stream
+                q.put(b"".join(p for p in pending if p is not None))
+                if pending[-1] is None:
+                    q.put(TraceError(f"{path.name}: the gzip stream is truncated (the file ends "
+                                     "before the compressed data does)"))
+        except (OSError, _zlib.error, EOFError) as exc:
+            q.put(TraceError(f"{path.name}: cannot decompress the gzip data: {exc}"))
+        finally:
+            q.put(None)
+
+    thread = threading.Thread(target=produce, name="trace-gunzip", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            if isinstance(item, Exception):
+                raise item
+            if item:
+                yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # drain so the producer can finish
+            try:
+                q.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
+
+
+class _Merger:
+    """Concatenates exported slices in file order, re-coding their string tables globally."""
+
+    def __init__(self):
+        self.tables = {f: _Interner() for f in STRING_FIELDS}
+        self.arrays: dict = {c: [] for c in STRING_FIELDS + NUMERIC_FIELDS}
+        self.n = 0
+        self.meta_events: list = []
+        self.skipped = 0
+        self.warnings: list = []
+
+    def add(self, part: dict | None) -> None:
+        if not part:
+            return
+        self.skipped += part["skipped"]
+        for w in part["warnings"]:
+            self.warn(w)
+        if not part["n"]:
+            return
+        arrays = part["arrays"]
+        for f in STRING_FIELDS:
+            table = self.tables[f]
+            remap = np.fromiter(map(table.__getitem__, part["tables"][f]), np.int32)
+            self.arrays[f].append(remap[arrays[f]])
+        for f in NUMERIC_FIELDS:
+            self.arrays[f].append(arrays[f])
+        self.meta_events.extend(part["meta_events"])
+        self.n += part["n"]
+
+    def add_columns(self, cols: Columns) -> None:
+        if cols.n or cols.skipped:
+            self.add(cols.export())
+
+    def warn(self, message: str) -> None:
+        if len(self.warnings) < MAX_WARNINGS:
+            self.warnings.append(message)
+
+
+def _pool(expected_bytes: int, workers: int | None):
+    """A worker pool when asked for (workers >= 2), else None.
+
+    Off by default: on the 2-core machines this targets, two decoding processes beside the
+    reader took twice the CPU time and were slower than decoding here (see docs/BENCHMARKS.md).
+    """
+    if workers is None:
+        workers = AUTO_WORKERS if expected_bytes >= PARALLEL_MIN_BYTES else 0
+    if workers < 2 or multiprocessing.current_process().daemon:
+        return None
+    # fork is cheap; with other threads alive (a Streamlit server) forkserver is the safe choice.
+    method = "fork" if threading.active_count() == 1 else "forkserver"
+    if method not in multiprocessing.get_all_start_methods():
+        method = "spawn"
+    try:
+        return multiprocessing.get_context(method).Pool(workers)
+    except OSError:
+        return None
+
+
+def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> tuple:
+    out = _Merger()
+    total = 0
+    head = b""
+    it = iter(blocks)
+    # 1. Header: everything before the traceEvents array (or a bare top-level array).
+    bare = False
+    while True:
+        first = head.lstrip()[:1]
+        if first == b"[":
+            bare = True
+            start = head.index(b"[") + 1
+            break
+        if first and first != b"{":
+            raise TraceError(f"{name}: not a JSON trace (it starts with {head.lstrip()[:20]!r})")
+        m = _EVENTS_KEY.search(head)
+        if m:
+            start = m.end()
+            break
+        block = next(it, None)
+        if block is None:
+            _raise_no_events(name, head)
+        total += len(block)
+        head += block
+        if len(head) > HEADER_LIMIT_BYTES:
+            raise TraceError(f"{name}: no traceEvents array in the first "
+                             f"{HEADER_LIMIT_BYTES >> 20} MB: not a torch.profiler trace")
+    header = head[:start - 1]
+    carry = head[start:]
+    del head
+    # 2. Events: cut each buffer at its last event boundary and decode the part before it,
+    # in the workers (in flight, results taken in order) or here.
+    inflight: deque = deque()
+    max_inflight = 2 * (pool._processes if pool else 0)
+
+    def settle(limit: int) -> bool:
+        """Take finished slices in order; False once one failed (then all go sequential)."""
+        nonlocal carry
+        while len(inflight) > limit:
+            raw, res = inflight.popleft()
+            part = res.get()
+            if part is None:  # redo this slice and all later ones here, in order
+                rest = b"".join([raw] + [r for r, _ in inflight]) + carry
+                inflight.clear()
+                carry = _consume_all(out, rest)
+                return False
+            out.add(part)
+        return True
+
+    parallel = pool is not None
+    for block in it:
+        total += len(block)
+        if not parallel:
+            cols = Columns()
+            carry = consume_block(cols, carry, block)
+            out.add_columns(cols)
+            continue
+        buf = carry + block if carry else block
+        if parallel:
+            cut = last_boundary(buf)
+            if cut < 0:
+                carry = buf if len(buf) <= MAX_EVENT_BYTES else _resync_into(out, buf)
+                continue
+            raw, carry = buf[:cut + 1], buf[cut + 1:]
+            inflight.append((raw, pool.apply_async(decode_slice, (raw.lstrip(_WS_COMMA),))))
+            parallel = settle(max_inflight)
+    if parallel:
+        settle(0)
+    # 3. End of the array: the rest holds the last events, `]` and the trailing keys.
+    buf = carry.lstrip(_WS_COMMA)
+    cut = last_boundary(buf)
+    if cut >= 0:
+        cols = Columns()
+        buf = consume(cols, buf, cut=cut)
+        out.add_columns(cols)
+    starts, ends, close = scan(buf)
+    cols = Columns()
+    if close < 0:
+        msg = (f"{name}: the trace is truncated (or corrupt): the traceEvents array is not "
+               f"closed when the file ends, after {total:,} bytes of JSON")
+        if not allow_truncated:
+            raise TraceError(msg)
+        out.warn(msg + "; the events before the cut were loaded")
+        consume_spans(cols, buf, starts, ends)
+        out.add_columns(cols)
+        return out, _meta(header, b"}", bare, out), total
+    consume_spans(cols, buf[:close], starts, ends, whole=True)
+    out.add_columns(cols)
+    return out, _meta(header, buf[close + 1:], bare, out), total
+
+
+def _consume_all(out: _Merger, buf: bytes) -> bytes:
+    cols = Columns()
+    rest = consume(cols, buf)
+    out.add_columns(cols)
+    return rest
+
+
+def _resync_into(out: _Merger, buf: bytes) -> bytes:
+    cols = Columns()
+    rest = resync(cols, buf)
+    out.add_columns(cols)
+    return rest
+
+
+def _raise_no_events(name: str, head: bytes) -> None:
+    try:
+        doc = orjson.loads(head)
+    except orjson.JSONDecodeError as exc:
+        if not head.strip():
+            raise TraceError(f"{name}: the file is empty") from None
+        if "unexpected end" in str(exc).lower() or "eof" in str(exc).lower():
+            raise TraceError(f"{name}: the JSON is truncated and holds no traceEvents array "
+                             "(not a complete torch.profiler trace)") from None
+        raise TraceError(f"{name}: not valid JSON ({exc})") from None
+    if isinstance(doc, dict) and "traceEvents" in doc:
+        kind = {dict: "an object", str: "a string", type(None): "null"}.get(type(doc["traceEvents"]),
+                                                                          type(doc["traceEvents"]).__name__)
+        raise TraceError(f"{name}: not a trace: its traceEvents is {kind}, not an array of events")
+    keys = ", ".join(list(doc)[:8]) if isinstance(doc, dict) else type(doc).__name__
+    raise TraceError(f"{name}: not a trace: the JSON has no traceEvents array (found: {keys})")
+
+
+def _meta(header: bytes, trailer: bytes, bare: bool, cols: _Merger) -> dict:
+    """Top-level keys other than traceEvents, parsed from the bytes around the array."""
+    if bare:
+        return {}
+    try:
+        doc = orjson.loads(header + b"[]" + trailer)
+    except orjson.JSONDecodeError as exc:
+        cols.warn(f"could not read the trace's top-level keys ({exc})")
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    doc.pop("traceEvents", None)
+    return doc
+
+
+# ---- public ----------------------------------------------------------------------------------
+
+def load_trace(path, allow_truncated: bool = False, workers: int | None = None) -> Trace:
+    """Load a torch.profiler / Kineto trace (.json, .json.gz, *.pt.trace.json.gz) into a Trace.
+
+    Raises TraceError when the file is missing, not gzip though named .gz, not JSON, has no
+    traceEvents, is truncated (unless allow_truncated: then the complete events before the cut
+    are kept, with a warning) or holds no timed event. `workers`: decoding processes (None:
+    AUTO_WORKERS for traces over PARALLEL_MIN_BYTES, else none; 0 or 1: decode here).
+    """
+    path = Path(path)
+    name = path.name
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size == 0:
+        raise TraceError(f"{name}: the file is empty")
+    blocks, is_gz = _open_blocks(path)
+    pool = _pool(size * GZ_RATIO_GUESS if is_gz else size, workers)
+    try:
+        merged, meta, total = _parse(blocks, name, allow_truncated, pool)
+    finally:
+        if pool is not None:
+            pool.terminate()
+        blocks.close()
+    return _build(merged, meta, str(path), total, name)
+
+
+def _build(merged: _Merger, meta: dict, source: str, total: int, name: str) -> Trace:
+    if merged.n == 0:
+        if merged.skipped:
+            raise TraceError(f"{name}: none of its {merged.skipped} events could be read "
+                             f"({'; '.join(merged.warnings[:2])})")
+        raise TraceError(f"{name}: the trace holds no events: its event array is empty or holds no JSON "
+                         "objects (not a torch.profiler trace?)")
+    ch = {}
+    for k, parts in merged.arrays.items():
+        ch[k] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        parts.clear()
+    ph_table = merged.tables["ph"]
+    ts = ch["ts"]
+    ok = np.isfinite(ts)
+    if not ok.all():
+        bad = int((~ok).sum())
+        merged.skipped += bad
+        merged.warn(f"skipped {bad} events without a numeric ts")
+        ch = {k: v[ok] for k, v in ch.items()}
+        ts = ch["ts"]
+        if ts.size == 0:
+            raise TraceError(f"{name}: none of its {merged.skipped} events could be read: none has a "
+                             "numeric ts")
+    # Metadata (ph M) events carry ts 0 or the trace start: keep them out of the origin.
+    timed = ch["ph"] != ph_table.get("M", -1)
+    if not timed.any():
+        raise TraceError(f"{name}: the trace is empty: it holds only metadata events")
+    origin = float(ts[timed].min())
+    ch["ts"] = ts - origin
+    neg = ch["dur"] < 0
+    if neg.any():
+        merged.warn(f"{int(neg.sum())} events have a negative duration; they are left out of "
+                    "duration statistics")
+    data = {}
+    for col in COLUMNS:
+        if col in STRING_FIELDS:
+            data[col] = _categorical(ch[col], merged.tables[col].values_list())
+        else:
+            data[col] = ch[col]
+    events = pd.DataFrame(data, copy=False)
+    process_names, thread_names = {}, {}
+    for ev_name, pid, tid, label in merged.meta_events:
+        if ev_name == "process_name" and label:
+            process_names[str(pid)] = label
+        elif ev_name == "thread_name" and label:
+            thread_names[f"{pid}/{tid}"] = label
+    warnings = list(merged.warnings)
+    if merged.skipped:
+        warnings.insert(0, f"skipped {merged.skipped} malformed events")
+    return Trace(events=events, meta=meta, origin_us=origin, source=source, n_bytes=total,
+                 skipped_events=merged.skipped, warnings=warnings,
+                 process_names=process_names, thread_names=thread_names)
+
+
+def _categorical(codes: np.ndarray, table: list) -> pd.Categorical:
+    labels = [str(v) for v in table]
+    if len(set(labels)) != len(labels):  # 5 and "5" both seen: merge them
+        merged = _Interner()
+        remap = np.fromiter((merged[s] for s in labels), np.int32, len(labels))
+        codes = remap[codes]
+        labels = merged.values_list()
+    return pd.Categorical.from_codes(codes, categories=pd.Index(labels, dtype=object),
+                                     validate=False)
+
+
+def trace_files(folder) -> list[Path]:
+    """Trace files in a folder (TensorBoard plugin layout included), newest first."""
+    folder = Path(folder)
+    found = [p for p in folder.rglob("*") if p.is_file() and
+             (p.name.endswith(".json") or p.name.endswith(".json.gz"))]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+__all__ = ["load_trace", "trace_files", "TraceError"]

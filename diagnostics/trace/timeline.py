@@ -1,0 +1,149 @@
+"""timeline_data(trace, t0, t1, max_events): a downsampled, drawable slice of a trace.
+
+Rows are lanes (a host thread at one call depth, or a GPU stream); Python frames (with_stack)
+get a lane of their own per thread, so they do not push the operators down. The time range is
+split into buckets (about one per pixel); each (row, bucket) keeps its longest event and the
+number of events it stands for, so a GB trace draws in a few thousand bars and nothing long goes
+missing. When even that is too many bars, every lane keeps its own longest share first, so a
+stream of short kernels never disappears.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from diagnostics.trace.model import FRAME_CATS, GPU_ANNOTATION_CATS, Trace, _nesting
+
+MAX_EVENTS = 5000        # bars returned at most
+MAX_DEPTH = 24           # host call depths drawn (deeper calls are counted, not drawn)
+MIN_BUCKETS = 200        # buckets across the range, at least
+LANE_SHARE = 4           # past max_events, each lane first keeps max_events / (LANE_SHARE x lanes) bars
+PYTHON_CATS = frozenset({"python_function"})
+
+
+def _lanes(trace: Trace) -> dict:
+    """Drawable duration events: rows, lane code, depth; lane names and kinds (cached)."""
+    if "lanes" in trace._cache:
+        return trace._cache["lanes"]
+    ev = trace.events
+    m = trace.complete_mask() & ~trace.cat_mask(FRAME_CATS | GPU_ANNOTATION_CATS)
+    rows = np.flatnonzero(m)
+    gpu = trace.gpu_mask()[rows]
+    py_all = trace.cat_mask(PYTHON_CATS)
+    py = py_all[rows]
+    if py.any():  # Python frames nest among themselves, operators among themselves
+        host = trace.cpu_mask()
+        depth = np.where(py_all, _nesting(trace, host & py_all)["depth"],
+                         _nesting(trace, host & ~py_all)["depth"])[rows]
+    else:
+        depth = trace.nesting()["depth"][rows]
+    device = ev["device"].to_numpy()[rows].astype(np.int64)
+    stream = ev["stream"].to_numpy()[rows].astype(np.int64)
+    pid, tid = trace.codes("pid")[rows].astype(np.int64), trace.codes("tid")[rows].astype(np.int64)
+    # Integer lane keys (GPU: device/stream when known, else pid/tid codes), labelled once each.
+    use_dev, use_stream = gpu & (device >= 0), gpu & (stream >= 0)
+    a = np.where(use_dev, device, pid) & 0x3FFFFFFF
+    b = np.where(use_stream, stream, tid) & 0x1FFFFFFF
+    key = (py.astype(np.int64) << 62) | (gpu.astype(np.int64) << 61) | (use_dev.astype(np.int64) << 60) | \
+        (use_stream.astype(np.int64) << 59) | (a << 29) | b
+    uniq, inv = np.unique(key, return_inverse=True)
+    pid_l, tid_l = trace.labels("pid"), trace.labels("tid")
+    names, kinds = [], []
+    for k in uniq.tolist():
+        is_py, is_gpu, ka, kb = k >> 62 & 1, k >> 61 & 1, k >> 29 & 0x3FFFFFFF, k & 0x1FFFFFFF
+        sa = str(ka) if k >> 60 & 1 else pid_l[ka]
+        sb = str(kb) if k >> 59 & 1 else tid_l[kb]
+        names.append(f"GPU {sa} stream {sb}" if is_gpu else f"{sa}/{sb}" + (" · Python" if is_py else ""))
+        kinds.append("gpu" if is_gpu else "cpu")
+    out = {"rows": rows, "lane": inv.ravel(), "depth": np.where(gpu, 0, np.maximum(depth, 0)),
+           "names": names, "kinds": kinds}
+    trace._cache["lanes"] = out
+    return out
+
+
+def timeline_data(trace: Trace, t0: float | None = None, t1: float | None = None,
+                  max_events: int = MAX_EVENTS) -> dict:
+    """Bars for [t0, t1] µs (default: the whole trace), at most max_events of them.
+
+    Returns {"t0", "t1", "lanes": [{lane, kind, name}], "events": [{lane, depth, name, cat,
+    start_us, dur_us, count}], "in_range": events overlapping the range, "shown", "bucket_us",
+    "deeper": events in range nested deeper than MAX_DEPTH (counted, not drawn)}.
+    `count` > 1 marks a bar that stands for that many events of its row and bucket.
+    """
+    ev = trace.events
+    lanes = _lanes(trace)
+    rows = lanes["rows"]
+    ts = ev["ts"].to_numpy()[rows]
+    end = ts + ev["dur"].to_numpy()[rows]
+    lo = float(ts.min()) if ts.size else 0.0
+    hi = float(end.max()) if ts.size else 0.0
+    t0 = lo if t0 is None else float(t0)
+    t1 = hi if t1 is None else float(t1)
+    if t1 <= t0:
+        t1 = t0 + 1e-3
+    depth = lanes["depth"]
+    overlap = (end >= t0) & (ts <= t1)
+    in_range = int(overlap.sum())
+    idx = np.flatnonzero(overlap & (depth <= MAX_DEPTH))
+    deeper = in_range - int(idx.size)
+    lane_codes = lanes["lane"][idx]
+    d = depth[idx]
+    row_key = lane_codes.astype(np.int64) * (MAX_DEPTH + 1) + d
+    n_rows = int(np.unique(row_key).size) if idx.size else 0
+    n_buckets = max(MIN_BUCKETS, max_events // max(1, n_rows))
+    bucket_us = (t1 - t0) / n_buckets
+    s = np.clip(ts[idx], t0, t1)
+    dur = np.minimum(end[idx], t1) - s
+    count = np.ones(idx.size, dtype=np.int64)
+    if idx.size > max_events:
+        bucket = np.minimum(((s - t0) / bucket_us).astype(np.int64), n_buckets - 1)
+        key = row_key * n_buckets + bucket
+        order = np.lexsort((-dur, key))
+        key_sorted = key[order]
+        first = np.r_[True, key_sorted[1:] != key_sorted[:-1]]
+        pick = order[first]
+        count = np.diff(np.r_[np.flatnonzero(first), key_sorted.size])
+        if pick.size > max_events:  # still too many rows x buckets
+            sel = _lane_shares(lane_codes[pick], dur[pick], max_events)
+            pick, count = pick[sel], count[sel]
+        idx, lane_codes, d, s, dur = idx[pick], lane_codes[pick], d[pick], s[pick], dur[pick]
+    src = rows[idx]
+    names = np.array(lanes["names"], dtype=object)
+    out = pd.DataFrame({"lane": names[lane_codes],
+                        "depth": d.astype(int), "name": trace.strings("name", src),
+                        "cat": trace.strings("cat", src),
+                        "start_us": s, "dur_us": dur, "count": count.astype(int)})
+    out = out.sort_values(["lane", "depth", "start_us"]).reset_index(drop=True)
+    lane_rows = [{"lane": lanes["names"][c], "kind": lanes["kinds"][c],
+                  "name": trace.thread_names.get(lanes["names"][c], "")}
+                 for c in np.unique(lane_codes).tolist()]
+    lane_rows.sort(key=lambda r: (r["kind"] != "cpu", r["lane"]))
+    records = out.to_dict("records")
+    for r in records:
+        r["depth"], r["count"] = int(r["depth"]), int(r["count"])
+        r["start_us"], r["dur_us"] = float(r["start_us"]), float(r["dur_us"])
+    return {"t0": t0, "t1": t1, "lanes": lane_rows, "events": records, "in_range": in_range,
+            "shown": len(records), "bucket_us": bucket_us if in_range - deeper > max_events else 0.0,
+            "deeper": deeper}
+
+
+def _lane_shares(lane: np.ndarray, dur: np.ndarray, max_events: int) -> np.ndarray:
+    """Indices of at most max_events bars: each lane's longest share first, then the longest overall."""
+    order = np.lexsort((-dur, lane))
+    lane_sorted = lane[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(lane_sorted)) + 1]
+    sizes = np.diff(np.r_[starts, order.size])
+    rank = np.arange(order.size) - np.repeat(starts, sizes)
+    share = max(1, max_events // (LANE_SHARE * starts.size))
+    chosen = np.zeros(lane.size, dtype=bool)
+    chosen[order[rank < share]] = True
+    if chosen.sum() > max_events:  # more lanes than bars: the longest of each lane's longest
+        first = np.flatnonzero(chosen)
+        chosen[:] = False
+        chosen[first[np.argsort(-dur[first], kind="stable")[:max_events]]] = True
+    rest = np.flatnonzero(~chosen)
+    budget = max_events - int(chosen.sum())
+    if budget > 0 and rest.size:
+        chosen[rest[np.argsort(-dur[rest], kind="stable")[:budget]]] = True
+    return np.flatnonzero(chosen)
