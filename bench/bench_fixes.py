@@ -34,7 +34,7 @@ def fmt(v, spec: str, none: str = "–") -> str:
 def run(device: str, iters: int, warmup: int, with_compile: bool) -> tuple[str, float]:
     import torch
 
-    from diagnostics.analyses.optimize.fixes import FIX_IDS
+    from diagnostics.analyses.optimize.catalog import FIX_IDS
     from diagnostics.runner import Job, execute
     from diagnostics.spec import ModelSpec
 

@@ -82,6 +82,10 @@ class Option:
             return ", ".join(map(str, self.default)) or "none"
         return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
 
+    @staticmethod
+    def _num(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
     def accepts(self) -> str:
         """What values are valid, in words (for error messages and help)."""
         if self.kind in ("choice", "multi"):
@@ -90,13 +94,14 @@ class Option:
         if self.kind in ("int", "float"):
             noun = "an integer" if self.kind == "int" else "a number"
             if self.gt is not None:
-                return f"{noun} > {self.gt:g}" + (f" and <= {self.hi:g}" if self.hi is not None else "")
+                top = f" and <= {self._num(self.hi)}" if self.hi is not None else ""
+                return f"{noun} > {self._num(self.gt)}{top}"
             if self.lo is not None and self.hi is not None:
-                return f"{noun} from {self.lo:g} to {self.hi:g}"
+                return f"{noun} from {self._num(self.lo)} to {self._num(self.hi)}"
             if self.lo is not None:
-                return f"{noun} >= {self.lo:g}" if not (self.lo == 0 and self.kind == "float") else f"{noun} >= 0"
+                return f"{noun} >= {self._num(self.lo)}"
             if self.hi is not None:
-                return f"{noun} <= {self.hi:g}"
+                return f"{noun} <= {self._num(self.hi)}"
             return noun
         return {"bool": "true or false", "str": "text", "path": "a path", "list": "a list",
                 "dict": "a dict"}[self.kind]
@@ -165,6 +170,22 @@ class Option:
                 raise self._bad(value)
             out = dict(value)
         return self.check(out) if self.check is not None else out
+
+
+class Options(dict):
+    """Validated options of one analysis: every declared key is present, with its default when not given.
+
+    Reading a key the analysis did not declare is a bug in the analysis, not a missing value, so it
+    raises instead of quietly giving None (``get`` included): what an analysis reads is exactly
+    what it declares."""
+
+    def __missing__(self, key):
+        raise KeyError(f"option {key!r} is not declared")
+
+    def get(self, key, default=None):
+        if key not in self:
+            raise KeyError(f"option {key!r} is not declared")
+        return super().get(key, default)
 
 
 @dataclass(frozen=True)
@@ -260,7 +281,7 @@ class Analysis:
     def defaults(self) -> dict:
         return {o.key: o.default for o in self.options}
 
-    def validate(self, options: dict | None) -> dict:
+    def validate(self, options: dict | None) -> Options:
         """Every option of this analysis, defaults filled in and each value checked.
 
         An unknown key is refused with the list of valid ones: a typo must not be silently ignored."""
@@ -274,8 +295,8 @@ class Analysis:
         if missing:
             o = missing[0]
             raise OptionError(f"option {o.key} is required for {self.name}: {o.help or o.accepts()}")
-        return {o.key: o.validate(options[o.key]) if o.key in options else copy.deepcopy(o.default)
-                for o in self.options}
+        return Options({o.key: o.validate(options[o.key]) if o.key in options else copy.deepcopy(o.default)
+                        for o in self.options})
 
     def metric(self, key: str) -> Metric | None:
         return next((m for m in self.metrics if m.key == key), None)

@@ -56,14 +56,25 @@ class Job:
     spec: ModelSpec | None
     options: dict = field(default_factory=dict)
 
+    def validated(self) -> "Job":
+        """This job with its options checked against the analysis' declaration and every default
+        filled in (raises OptionError / TorchScopeError naming the problem)."""
+        return Job(self.analysis, self.spec, get_analysis(self.analysis).validate(self.options))
+
     def key(self) -> str:
-        return cache_key(self.spec or ModelSpec(), self.analysis, self.options)
+        """Same key, same computation: options are keyed with their defaults filled in, so a run that
+        spells out a default and one that leaves it out share their result."""
+        try:
+            options = self.validated().options
+        except TorchScopeError:
+            options = self.options
+        return cache_key(self.spec or ModelSpec(), self.analysis, options)
 
     def label(self) -> str | None:
         """What History shows in its model column: the model, or the trace file(s) a spec-less job reads."""
         if self.spec is not None:
             return self.spec.label
-        o = self.options
+        o = dict(self.options)  # any analysis' options: read what is there
 
         def name(p) -> str:  # the file and its folder: a profiling run's id, or a trace's directory
             p = Path(str(p).rstrip("/"))
@@ -136,6 +147,7 @@ class AnalysisContext:
 def execute(job: Job, artifact_dir: Path, progress: ProgressFn | None = None) -> dict:
     """Run the analysis in this process (the worker calls this; tests and notebooks may too)."""
     analysis = get_analysis(job.analysis)
+    job = job.validated()
     Path(artifact_dir).mkdir(parents=True, exist_ok=True)
     ctx = AnalysisContext(job, artifact_dir, progress)
     return analysis.load()(ctx, dict(job.options))
@@ -382,9 +394,10 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
     stop) or by the caller's thread (Ctrl-C) kills the worker, marks the run 'cancelled' and is
     re-raised. Every other failure comes back as a JobOutcome with a readable ``error``.
     """
-    analysis = get_analysis(job.analysis)
-    try:  # settings from the environment, read before anything is stored (a bad value names itself)
-        timeout_s = float(timeout_s if timeout_s is not None else env_number(TIMEOUT_ENV, analysis.default_timeout_s))
+    try:  # options and settings, checked before anything is stored (a bad value names itself)
+        analysis = get_analysis(job.analysis)
+        job = job.validated()
+        timeout_s = float(timeout_s if timeout_s is not None else env_number(TIMEOUT_ENV, analysis.timeout_s))
         memory_limit_mb = memory_limit_mb or _memory_cap_bytes() / 2**20
     except TorchScopeError as e:
         return JobOutcome("error", error=str(e), error_type=type(e).__name__)

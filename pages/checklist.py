@@ -8,7 +8,7 @@ from ui import state, views
 from ui.jobs import cached_outcome, get_store, run_analysis
 from ui.views import checklist as checklist_view
 from ui.frame import require_app
-from ui.widgets import show_failure
+from ui.widgets import option_input, show_failure
 
 require_app()
 
@@ -20,9 +20,8 @@ st.caption("Reads the module tree, the device settings and a short profiled trai
 
 with st.container(border=True):
     c1, c2 = st.columns(2)
-    purpose = c1.radio("Purpose", ["training", "inference"], horizontal=True, key="cl_purpose",
-                       help="Decides which mode Dropout/BatchNorm should be in")
-    iters = c2.number_input("Timed repetitions", 1, 50, 5, key="cl_iters")
+    purpose = option_input("checklist", "purpose", c1, widget_key="cl_purpose", radio=True)
+    iters = option_input("checklist", "iters", c2, widget_key="cl_iters", max_value=50)
     with st.expander("DataLoader (optional): feeds the data-pipeline rules"):
         use_dl = st.checkbox("Describe my DataLoader", key="cl_use_dl")
         d1, d2, d3, d4, d5 = st.columns(5)
@@ -39,7 +38,7 @@ with st.container(border=True):
                                             type=["py"], key="cl_dataset", disabled=not use_dl)
     run = st.button("Run checklist", type="primary", icon=":material/play_arrow:", key="cl_run")
 
-options = {"purpose": purpose, "iters": int(iters)}
+options = {"purpose": purpose, "iters": iters}
 if use_dl:
     options["dataloader"] = {"batch_size": int(dl_batch), "num_workers": int(dl_workers),
                              "prefetch_factor": int(dl_prefetch), "pin_memory": bool(dl_pin),

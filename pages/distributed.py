@@ -2,11 +2,10 @@
 
 import streamlit as st
 
-from diagnostics.analyses.distributed.job import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
 from diagnostics.intake import safe_mode
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
-from ui.widgets import show_failure
+from ui.widgets import option_input, show_failure
 from ui.frame import require_app
 
 require_app()
@@ -17,13 +16,12 @@ spec = state.current_spec()
 sources = ["Launch with torchrun"] + ([] if safe_mode() else ["Load per-rank traces from a folder"])
 mode = st.radio("Source", sources, horizontal=True, key="dist_mode")
 c1, c2 = st.columns(2)
-margin_pct = c1.number_input("Straggler margin (%)", min_value=0.0, max_value=1000.0, value=100 * STRAGGLER_MARGIN,
-                             step=5.0, key="dist_margin",
-                             help="A rank straggles when its median busy time exceeds the median over ranks by "
-                                  "this share and by the minimum excess below")
-min_ms = c2.number_input("Minimum excess (ms)", min_value=0.0, value=STRAGGLER_MIN_EXCESS_MS, step=1.0,
-                         key="dist_min_ms", help="Keeps scheduler noise on very short steps from counting")
-thresholds = {"straggler_margin": margin_pct / 100.0, "straggler_min_ms": min_ms}
+thresholds = {
+    "straggler_margin": option_input("distributed", "straggler_margin", c1, widget_key="dist_margin",
+                                     label="Straggler margin (%)", scale=100.0, max_value=10.0, step=5.0),
+    "straggler_min_ms": option_input("distributed", "straggler_min_ms", c2, widget_key="dist_min_ms",
+                                     label="Minimum excess (ms)", step=1.0),
+}
 
 if mode == "Launch with torchrun":
     backend = "nccl" if spec.device.startswith("cuda") else "gloo"
@@ -31,10 +29,9 @@ if mode == "Launch with torchrun":
                f"({'one GPU per process' if backend == 'nccl' else 'CPU processes over loopback'}) · "
                "every rank profiled with torch.profiler")
     c1, c2 = st.columns(2)
-    nproc = c1.number_input("Processes (--nproc_per_node)", min_value=1, max_value=64, value=DEFAULT_NPROC,
-                            key="dist_nproc")
-    steps = c2.number_input("Profiled steps", min_value=1, max_value=100, value=DEFAULT_STEPS, key="dist_steps")
-    options = {"nproc": int(nproc), "steps": int(steps), "backend": backend, **thresholds}
+    nproc = option_input("distributed", "nproc", c1, widget_key="dist_nproc", label="Processes (--nproc_per_node)")
+    steps = option_input("distributed", "steps", c2, widget_key="dist_steps", label="Profiled steps", max_value=100)
+    options = {"nproc": nproc, "steps": steps, "backend": backend, **thresholds}
     with st.expander("Fault injection (for demos)"):
         if st.checkbox("Inject a straggler", key="dist_inject"):
             c1, c2 = st.columns(2)

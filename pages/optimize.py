@@ -2,11 +2,11 @@
 
 import streamlit as st
 
-from diagnostics.analyses.optimize.fixes import FIXES
+from diagnostics.analyses.optimize.catalog import FIXES
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
 from ui.frame import require_app
-from ui.widgets import show_failure
+from ui.widgets import option_input, show_failure
 
 require_app()
 
@@ -28,22 +28,22 @@ with st.container(border=True):
     if with_params:
         cols = st.columns(len(with_params))
         for col, fix in zip(cols, with_params):
-            for p in fix.params:
-                label = f"{fix.title}: {p.name}"
+            for p in fix.params:  # each fix's parameters are declared options (catalog.py)
+                label = f"{fix.title}: {p.key}"
                 if p.kind == "choice":
-                    v = col.selectbox(label, p.choices, index=p.choices.index(p.default), key=f"opt_{fix.id}_{p.name}",
+                    v = col.selectbox(label, p.choices, index=p.choices.index(p.default), key=f"opt_{fix.id}_{p.key}",
                                       help=p.help or None)
                 else:
                     v = col.slider(label, float(p.lo), float(p.hi), float(p.default), 0.05,
-                                   key=f"opt_{fix.id}_{p.name}", help=p.help or None)
+                                   key=f"opt_{fix.id}_{p.key}", help=p.help or None)
                 if v != p.default:
-                    params.setdefault(fix.id, {})[p.name] = v
+                    params.setdefault(fix.id, {})[p.key] = v
     c1, c2 = st.columns(2)
-    iters = c1.number_input("Timed calls per trial", 1, 1000, 20, key="opt_iters")
-    warmup = c2.number_input("Warm-up calls", 0, 100, 3, key="opt_warmup")
+    iters = option_input("optimize", "iters", c1, widget_key="opt_iters", label="Timed calls per trial")
+    warmup = option_input("optimize", "warmup", c2, widget_key="opt_warmup", label="Warm-up calls")
     run = st.button("Run trials", type="primary", icon=":material/play_arrow:", key="opt_run", disabled=not chosen)
 
-options = {"fixes": list(chosen), "params": params, "iters": int(iters), "warmup": int(warmup)}
+options = {"fixes": list(chosen), "params": params, "iters": iters, "warmup": warmup}
 outcome = run_analysis("optimize", spec, options, force=True) if run else cached_outcome("optimize", spec, options)
 if outcome is None:
     st.info(f"No trials yet for {spec.label} with these fixes: press **Run trials**.")

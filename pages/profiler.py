@@ -4,7 +4,7 @@ import streamlit as st
 
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
-from ui.widgets import show_failure
+from ui.widgets import option_input, show_failure
 from ui.frame import require_app
 
 require_app()
@@ -14,47 +14,39 @@ spec = state.current_spec()
 cuda = spec.device.startswith("cuda")
 
 # Plain widgets (no st.form): changing a setting shows the stored result for it at once, if any.
+# Defaults, bounds and help come from the profile analysis' declaration.
+P = "profile"
 with st.container(border=True):
     c1, c2, c3 = st.columns(3)
-    mode = c1.radio("Mode", ["inference", "train"], key="prof_mode", horizontal=True,
-                    format_func={"inference": "Inference (eval + inference_mode)",
-                                 "train": "Training step (forward, loss, backward, optimizer)"}.get)
-    optimizer = c2.selectbox("Optimizer (training)", ["sgd", "adamw"], key="prof_optimizer",
-                             format_func=str.upper)
-    lr = c3.number_input("Learning rate (training)", min_value=1e-8, max_value=10.0, value=0.01, format="%g",
-                         key="prof_lr")
+    options = {
+        "mode": option_input(P, "mode", c1, widget_key="prof_mode", radio=True,
+                             format_func={"inference": "Inference (eval + inference_mode)",
+                                          "train": "Training step (forward, loss, backward, optimizer)"}.get),
+        "optimizer": option_input(P, "optimizer", c2, widget_key="prof_optimizer", label="Optimizer (training)",
+                                  format_func=str.upper),
+        "lr": option_input(P, "lr", c3, widget_key="prof_lr", label="Learning rate (training)", max_value=10.0),
+    }
     st.markdown("**Profiler schedule** (steps per cycle: wait, then warmup, then active; recorded: active)")
     s1, s2, s3, s4 = st.columns(4)
-    wait = s1.number_input("Wait", 0, 50, 1, key="prof_wait", help="steps run without the profiler")
-    warmup = s2.number_input("Warmup", 0, 50, 1, key="prof_warmup", help="profiled but discarded steps")
-    active = s3.number_input("Active", 1, 50, 3, key="prof_active", help="recorded steps")
-    repeat = s4.number_input("Repeat", 1, 10, 1, key="prof_repeat", help="cycles of wait + warmup + active")
+    for col, key in zip((s1, s2, s3, s4), ("wait", "warmup", "active", "repeat")):
+        options[key] = option_input(P, key, col, widget_key=f"prof_{key}", max_value=50 if key != "repeat" else 10)
     a1, a2, a3 = st.columns([2, 3, 3])
-    activities = a1.multiselect("Activities", ["cpu", "cuda"] if cuda else ["cpu"],
-                                default=["cpu", "cuda"] if cuda else ["cpu"], key="prof_activities",
-                                help="CUDA is offered when the model runs on a CUDA device")
+    offered = ["cpu", "cuda"] if cuda else ["cpu"]
+    options["activities"] = option_input(P, "activities", a1, widget_key="prof_activities", choices=offered,
+                                         default=offered) or ["cpu"]
     with a2:
-        record_shapes = st.checkbox("record_shapes", True, key="prof_record_shapes",
-                                    help="input shapes per operator (enables grouping by shape)")
-        profile_memory = st.checkbox("profile_memory", False, key="prof_profile_memory",
-                                     help="memory allocated per operator")
+        for key in ("record_shapes", "profile_memory"):
+            options[key] = option_input(P, key, widget_key=f"prof_{key}", label=key)
     with a3:
-        with_stack = st.checkbox("with_stack", False, key="prof_with_stack",
-                                 help="Python stacks in the trace (slower, larger trace)")
-        with_modules = st.checkbox("with_modules", True, key="prof_with_modules",
-                                   help="a range per module's forward: per-module times and the module tree")
+        for key in ("with_stack", "with_modules"):
+            options[key] = option_input(P, key, widget_key=f"prof_{key}", label=key)
     l1, l2 = st.columns(2)
-    latency_warmup = l1.number_input("Latency warmup iterations", 0, 1000, 5, key="prof_lat_warmup")
-    latency_iters = l2.number_input("Latency timed iterations", 1, 10000, 30, key="prof_lat_iters",
-                                    help="timed outside the profiler, after the warmup")
+    options["latency_warmup"] = option_input(P, "latency_warmup", l1, widget_key="prof_lat_warmup",
+                                             label="Latency warmup iterations", max_value=1000)
+    options["latency_iters"] = option_input(P, "latency_iters", l2, widget_key="prof_lat_iters",
+                                            label="Latency timed iterations")
     submitted = st.button("Run profile", type="primary", icon=":material/play_arrow:", key="prof_run")
 
-options = {
-    "mode": mode, "optimizer": optimizer, "lr": float(lr), "wait": int(wait), "warmup": int(warmup),
-    "active": int(active), "repeat": int(repeat), "activities": list(activities) or ["cpu"],
-    "record_shapes": record_shapes, "profile_memory": profile_memory, "with_stack": with_stack,
-    "with_modules": with_modules, "latency_warmup": int(latency_warmup), "latency_iters": int(latency_iters),
-}
 if submitted:
     outcome = run_analysis("profile", spec, options, force=True)
 else:

@@ -32,3 +32,52 @@ def metric_row(items: list[tuple[str, str, str | None]]) -> None:
 def json_download(result: dict, name: str, label: str = "Download result (JSON)") -> None:
     st.download_button(label, json.dumps(result, indent=1, default=str).encode(), file_name=name,
                        mime="application/json", on_click="ignore")
+
+
+def option_input(analysis: str, key: str, container=None, *, widget_key: str | None = None,
+                 label: str | None = None, radio: bool = False, format_func=None, scale: float = 1.0, **kwargs):
+    """A widget for one declared option of ``analysis``: its label, default, bounds, choices and help
+    come from the declaration (diagnostics.declare), so the page never restates them. Returns the
+    value in the option's own terms (``scale`` shows a fraction as a percentage and maps it back).
+
+    ``radio``: a choice as horizontal radio buttons instead of a select box. Other keyword arguments go
+    to the Streamlit widget (``step``, ``disabled``...)."""
+    from diagnostics.registry import ANALYSES
+
+    o = ANALYSES[analysis].option(key)
+    c = container or st
+    wkey = widget_key or f"{analysis}_{key}"
+    label = label or o.title
+    help_ = kwargs.pop("help", None) or o.help or None
+    if o.kind == "bool":
+        return c.checkbox(label, value=bool(o.default), key=wkey, help=help_, **kwargs)
+    if o.kind == "choice":
+        choices = list(o.choices)
+        index = choices.index(o.default) if o.default in choices else 0
+        if radio:
+            return c.radio(label, choices, index=index, key=wkey, help=help_, horizontal=True,
+                           format_func=format_func or str, **kwargs)
+        return c.selectbox(label, choices, index=index, key=wkey, help=help_, format_func=format_func or str,
+                           **kwargs)
+    if o.kind == "multi":
+        default = list(o.default) if o.default else list(kwargs.pop("default", []) or [])
+        offered = list(kwargs.pop("choices", None) or o.choices)  # e.g. what this device supports
+        return c.multiselect(label, offered, default=[d for d in default if d in offered], key=wkey, help=help_,
+                             format_func=format_func or str, **kwargs)
+    if o.kind in ("int", "float"):
+        integer = o.kind == "int"
+        cast = int if integer else float
+        lo = kwargs.pop("min_value", None)
+        if lo is None:  # from the declaration; strictly above gt: the smallest value the widget offers
+            lo = o.lo if o.lo is not None else (None if o.gt is None else o.gt + (1 if integer else 1e-12))
+        hi = kwargs.pop("max_value", o.hi)
+        value = kwargs.pop("value", o.default)
+        if not integer:
+            kwargs.setdefault("format", "%g")
+        def shown_as(x):  # rounded, so 0.2 x 100 reads 20 and maps back to exactly 0.2 (same cache key)
+            return None if x is None else cast(round(x * scale, 12))
+
+        shown = c.number_input(label, min_value=shown_as(lo), max_value=shown_as(hi), value=shown_as(value),
+                               key=wkey, help=help_, **kwargs)
+        return None if shown is None else cast(round(shown / scale, 12)) if scale != 1.0 else shown
+    return c.text_input(label, value=o.default or "", key=wkey, help=help_, **kwargs)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from diagnostics.cli.model_args import add_model_args, build_spec
 from diagnostics.cli.report_folder import add_report_args, report_dir, write_report
-from diagnostics.analyses.distributed.job import DEFAULT_NPROC, DEFAULT_STEPS, STRAGGLER_MARGIN, STRAGGLER_MIN_EXCESS_MS
+from diagnostics.analyses.distributed import DISTRIBUTED, DISTRIBUTED_TRACES
+from diagnostics.cli.options import add_option, dest
 from diagnostics.units import human_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -32,6 +33,12 @@ INPUT_ERRORS = ("DistributedInputError", "TorchScopeError", "SpecError", "ModelL
 LAUNCH_RESERVE_S = 30.0
 #: ...and never less than this share of it, so a short --timeout still leaves the run its time.
 LAUNCH_MIN_SHARE = 0.8
+#: How long an injected straggler sleeps per step when --straggler-rank is given without --straggler-ms.
+DEFAULT_STRAGGLER_MS = 150.0
+#: The declared options each subcommand offers as flags (the declaration gives type, bounds, help, default).
+MODEL_OPTIONS = ("nproc", "steps", "warmup", "backend")
+INJECT_OPTIONS = ("straggler_rank", "straggler_sleep_ms", "die_rank", "die_step", "die_how")
+THRESHOLD_OPTIONS = ("straggler_margin", "straggler_min_ms")
 
 
 def launch_timeout_s(total_s: float) -> float:
@@ -52,38 +59,30 @@ def _parser() -> argparse.ArgumentParser:
                             "communication, collectives, stragglers.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
-    def thresholds(q, analysis: str):  # and the run and report options
-        q.add_argument("--margin", type=float, default=STRAGGLER_MARGIN,
-                       help=f"straggler margin over the median busy time (default {STRAGGLER_MARGIN})")
-        q.add_argument("--min-excess-ms", type=float, default=STRAGGLER_MIN_EXCESS_MS,
-                       help=f"and at least this many ms over it (default {STRAGGLER_MIN_EXCESS_MS:g})")
+    def declared(q, analysis, keys):
+        g = q.add_argument_group(f"{analysis.name} options")
+        for key in keys:
+            add_option(g, analysis.option(key))
+
+    def thresholds(q, analysis):  # and the run and report options
+        declared(q, analysis, THRESHOLD_OPTIONS)
         q.add_argument("--json", action="store_true", help="print the result as JSON")
-        add_report_args(q, analysis)
+        add_report_args(q, analysis.name)
 
     def model(q):  # the model description of the other commands (diagnostics.cli.model_args.build_spec)
         add_model_args(q, default_model="mlp", per_rank=True, device=False)
-        q.add_argument("--nproc", type=int, default=DEFAULT_NPROC, help="processes per node")
-        q.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="profiled training steps")
-        q.add_argument("--warmup", type=int, default=2, help="steps before the profiled ones")
-        q.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                       help="auto (default): nccl when every process gets its own CUDA GPU (nproc <= GPUs), "
-                            "else gloo on CPU; the choice and why are printed")
+        declared(q, DISTRIBUTED, MODEL_OPTIONS)
 
     r = sub.add_parser("run", help="launch DDP training with torchrun here and analyse every rank")
     model(r)
-    r.add_argument("--straggler-rank", type=int, help="inject: this rank sleeps in every step")
-    r.add_argument("--straggler-ms", type=float, default=150.0, help="how long it sleeps (ms)")
-    r.add_argument("--die-rank", type=int, help="inject: this rank exits at --die-step")
-    r.add_argument("--die-step", type=int, default=1)
-    r.add_argument("--die-how", choices=("exit", "kill"), default="exit",
-                   help="exit: os._exit(3); kill: SIGKILL, as the OOM killer would")
+    declared(r, DISTRIBUTED, INJECT_OPTIONS)
     r.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before the run is stopped (default 600; the torchrun launch gets all but 30 s "
                         "of it, and at least 80 %%)")
-    thresholds(r, "distributed")
+    thresholds(r, DISTRIBUTED)
     a = sub.add_parser("analyze", help="analyse a folder of per-rank traces (one file per rank)")
     a.add_argument("dir", help="folder with rank*.pt.trace.json(.gz) files")
-    thresholds(a, "distributed_traces")
+    thresholds(a, DISTRIBUTED_TRACES)
     c = sub.add_parser("command", help="write job.json and print the torchrun command for a multi-node run")
     model(c)
     c.add_argument("--nnodes", type=int, default=1)
@@ -94,10 +93,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _options(args, keys) -> dict:
+    """The declared options given on the command line (the declaration fills in the rest)."""
+    return {k: getattr(args, dest(DISTRIBUTED.option(k))) for k in keys
+            if getattr(args, dest(DISTRIBUTED.option(k)), None) is not None}
+
+
 def _spec(args):
     """The same ModelSpec the other commands build (a sample or a model file), device by --backend."""
     return build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust, inputs=args.inputs,
-                      batch_size=args.batch_size, device="cuda:0" if args.backend == "nccl" else "cpu",
+                      batch_size=args.batch_size, device="cuda:0" if args.opt_backend == "nccl" else "cpu",
                       seed=args.seed)
 
 
@@ -175,19 +180,16 @@ def _main(argv: list[str] | None) -> int:
         from diagnostics.runner import Job, run_job
         from diagnostics.store import Store
 
-        options = {"straggler_margin": args.margin, "straggler_min_ms": args.min_excess_ms}
+        options = _options(args, THRESHOLD_OPTIONS)
         if args.cmd == "analyze":
             if not Path(args.dir).expanduser().is_dir():
                 raise SystemExit(f"trace folder not found: {args.dir}")
             job = Job("distributed_traces", None, {"trace_dir": args.dir, **options})
             timeout = None
         else:
-            options.update(nproc=args.nproc, steps=args.steps, warmup=args.warmup, backend=args.backend,
-                           run_timeout_s=launch_timeout_s(args.timeout))
-            if args.straggler_rank is not None:
-                options.update(straggler_rank=args.straggler_rank, straggler_sleep_ms=args.straggler_ms)
-            if args.die_rank is not None:
-                options.update(die_rank=args.die_rank, die_step=args.die_step, die_how=args.die_how)
+            options.update(_options(args, MODEL_OPTIONS + INJECT_OPTIONS), run_timeout_s=launch_timeout_s(args.timeout))
+            if options.get("straggler_rank") is not None:
+                options.setdefault("straggler_sleep_ms", DEFAULT_STRAGGLER_MS)
             job = Job("distributed", _spec(args), options)
             timeout = args.timeout
         out_dir = report_dir(args.out, args.no_report, job.analysis)
@@ -253,10 +255,11 @@ def _command(args) -> int:
                          "every node); without it torchrun runs one standalone node")
     out = Path(args.out).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    job = DistJob(spec=_spec(args).to_dict(), out_dir=str(out), steps=args.steps, warmup=args.warmup,
-                  backend=args.backend)
+    o = DISTRIBUTED.validate(_options(args, MODEL_OPTIONS))
+    job = DistJob(spec=_spec(args).to_dict(), out_dir=str(out), steps=o["steps"], warmup=o["warmup"],
+                  backend=o["backend"])
     (out / "job.json").write_text(job.to_json())
-    cmd = torchrun_command(out / "job.json", args.nproc, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
+    cmd = torchrun_command(out / "job.json", o["nproc"], nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
                            python="python")
     spec = job.spec
     need = "" if spec.get("source") == "sample" else "".join(

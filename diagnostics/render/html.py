@@ -24,7 +24,7 @@ from typing import Callable
 
 import pandas as pd
 
-from diagnostics.units import human_bytes, human_count, human_seconds
+from diagnostics.render.text import format_metric, metric_label
 
 #: Rows of a table shown in the HTML; the CSV next to it always has all of them.
 MAX_HTML_ROWS = 200
@@ -84,47 +84,12 @@ def safe_filename(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------- metrics
-_BYTES_HINTS = ("bytes", "memory", "_mem")
-_SECONDS_HINTS = ("_s", "_sec", "_seconds")
-#: Metrics in 0..1 whose names do not end in _fraction.
-_FRACTION_NAMES = ("overlap_ratio",)
-
-
-def format_metric(name: str, value) -> str:
-    """A metric value with its unit, guessed from the name's suffix (..._bytes, ..._ms, flops...)."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return "n/a" if value is None else str(value)
-    if isinstance(value, (int, float)):
-        if isinstance(value, float) and not math.isfinite(value):
-            return str(value)
-        low = name.lower()
-        if low.endswith("per_s"):
-            return f"{human_count(value)}/s"
-        if low.endswith("_bytes") or low.endswith("bytes"):
-            return human_bytes(value)
-        if low.endswith("_ms"):
-            return human_seconds(value / 1e3)
-        if low.endswith("_us"):
-            return human_seconds(value / 1e6)
-        if low.endswith(_SECONDS_HINTS):
-            return human_seconds(value)
-        if "flops" in low and "per_s" not in low:
-            return human_count(value, "FLOP")
-        if low.endswith("_pct") or low.endswith("percent"):
-            return f"{value:.1f} %"
-        if (low.endswith("_fraction") or low in _FRACTION_NAMES) and 0 <= value <= 1:
-            return f"{100 * value:.1f} %"
-        if isinstance(value, int) or float(value).is_integer():
-            return f"{int(value):,}"
-        return f"{value:.4g}"
-    return json.dumps(value, default=str)[:200]
-
-
-def metrics_frame(result: dict) -> pd.DataFrame | None:
+def metrics_frame(analysis: str, result: dict) -> pd.DataFrame | None:
+    """The headline metrics as a table: label, value in its declared unit, and the raw value."""
     metrics = result.get("metrics") if isinstance(result, dict) else None
     if not isinstance(metrics, dict) or not metrics:
         return None
-    return pd.DataFrame([{"metric": k, "value": format_metric(k, v),
+    return pd.DataFrame([{"metric": metric_label(analysis, k), "value": format_metric(analysis, k, v),
                           "raw": v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v)}
                          for k, v in metrics.items()])
 
@@ -299,15 +264,11 @@ def trace_sections(result: dict) -> list[Section]:
     text = [f"{result.get('name', s.get('source', 'trace'))}: {s.get('events', 0):,} events, "
             f"duration {(s.get('duration_us') or 0) / 1e3:,.3f} ms, {s.get('n_steps', 0)} steps, "
             f"{'GPU' if s.get('has_gpu') else 'CPU only'}"] + [f"warning: {w}" for w in s.get("warnings") or []]
-    # The trace analysis stores top / breakdown / idle / launch; the CLI's output names them in full.
-    def part(full: str, short: str):
-        return result.get(full) or result.get(short)
-
-    top = part("top_operators", "top") or {}
-    idle, launch = part("idle_time", "idle") or {}, part("launch_stats", "launch")
+    top = result.get("top_operators") or {}
+    idle, launch = result.get("idle_time") or {}, result.get("launch_stats")
     sections = [_section("Trace", [lambda: ch.build_category_figure(s)], text=text)]
-    if part("temporal_breakdown", "breakdown"):
-        tb = part("temporal_breakdown", "breakdown")
+    if result.get("temporal_breakdown"):
+        tb = result["temporal_breakdown"]
         sections.append(_section("Per step", [lambda: ch.build_gpu_breakdown_figure(tb),
                                               lambda: ch.build_cpu_breakdown_figure(tb)]))
     if top:
@@ -431,12 +392,14 @@ def _table_html(df: pd.DataFrame, caption: str = "") -> str:
             f"</tbody></table></div>{more}")
 
 
-def _metrics_html(result: dict) -> str:
+def _metrics_html(analysis: str, result: dict) -> str:
     metrics = result.get("metrics") if isinstance(result, dict) else None
     if not isinstance(metrics, dict) or not metrics:
         return ""
-    cards = "".join(f'<div class="metric"><div class="k" title="{html.escape(k)}">{html.escape(k.replace("_", " "))}</div>'
-                    f'<div class="v">{html.escape(format_metric(k, v))}</div></div>' for k, v in metrics.items())
+    cards = "".join(f'<div class="metric"><div class="k" title="{html.escape(k)}">'
+                    f'{html.escape(metric_label(analysis, k))}</div>'
+                    f'<div class="v">{html.escape(format_metric(analysis, k, v))}</div></div>'
+                    for k, v in metrics.items())
     return f'<section><h2>Headline numbers</h2><div class="metrics">{cards}</div></section>'
 
 
@@ -472,7 +435,7 @@ def build_report(analysis: str, result: dict, title: str | None = None, *, meta:
     parts = [f"<header><h1>{html.escape(title)}</h1><p>{html.escape(sub)}</p></header><main>"]
     if problem:
         parts.append(f'<section><p class="error">{html.escape(problem)}</p></section>')
-    parts.append(_metrics_html(result))
+    parts.append(_metrics_html(analysis, result))
     js_done = False
     for s in sections:
         body = [f"<h2>{html.escape(s.title)}</h2>"]

@@ -1,8 +1,8 @@
 """Chrome/Kineto trace explorer engine: load_trace, analyses, timeline and diff (no streamlit).
 
     trace = load_trace("run.pt.trace.json.gz")      # Trace: events DataFrame + metadata
-    summary(trace); temporal_breakdown(trace); top_operators(trace)
-    idle_time(trace); launch_stats(trace); timeline_data(trace, t0, t1)
+    summary(trace); temporal_breakdown(trace); top_operators(trace, n=20)
+    idle_time(trace); launch_stats(trace, n=20); timeline_data(trace, t0, t1)
     diff_traces(before, after)
 Every analysis returns plain JSON-able data (records); TraceError says why a file is unusable.
 """

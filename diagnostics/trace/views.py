@@ -24,7 +24,6 @@ from diagnostics.trace.model import (
 KERNEL_WAIT_MAX_US = 5.0
 # Launches whose kernel started this long after the runtime call began are flagged.
 LONG_LAUNCH_DELAY_US = 100.0
-TOP_N = 20
 LAUNCH_SAMPLE = 2000   # (cpu, gpu duration) points kept for a scatter plot
 
 # Host operator families, first match wins (names are aten / c10d / record_function names).
@@ -300,7 +299,7 @@ def _cpu_groups(trace: Trace) -> np.ndarray:
     return out
 
 
-def top_operators(trace: Trace, n: int = TOP_N) -> dict:
+def top_operators(trace: Trace, n: int) -> dict:
     """Host operators (cpu_op, by self time) and GPU kernels (by time): calls, totals, shares."""
     ev = trace.events
     nest = trace.nesting()
@@ -369,7 +368,7 @@ def idle_time(trace: Trace) -> dict:
     return {"streams": rows, "kernel_wait_max_us": KERNEL_WAIT_MAX_US}
 
 
-def launch_stats(trace: Trace, n: int = TOP_N) -> dict:
+def launch_stats(trace: Trace, n: int) -> dict:
     """Per GPU event with a launch call: launch delay (GPU start - call start), call duration.
 
     Flags kernels shorter than their launch call (launch-bound) and launch delays over

@@ -203,11 +203,11 @@ def test_samples_sick_caught_healthy_not_flagged(name, tmp_path, no_hooks_left):
 
 
 def test_options_are_checked(tmp_path):
-    with pytest.raises(TorchScopeError, match="steps must be between 1 and"):
+    with pytest.raises(TorchScopeError, match=r"option steps: must be an integer from 1 to 1000, got 0"):
         run(Net(), (torch.randn(2, 6),), tmp_path, steps=0)
-    with pytest.raises(TorchScopeError, match="unknown optimizer 'rmsprop'"):
+    with pytest.raises(TorchScopeError, match=r"option optimizer: must be one of sgd, adamw, got 'rmsprop'"):
         run(Net(), (torch.randn(2, 6),), tmp_path, optimizer="rmsprop")
-    with pytest.raises(TorchScopeError, match="learning rate must be a positive number"):
+    with pytest.raises(TorchScopeError, match=r"option lr: must be a number > 0, got -1"):
         run(Net(), (torch.randn(2, 6),), tmp_path, lr=-1)
 
 

@@ -121,7 +121,7 @@ def test_timeline_and_breakdown_from_profiler(tmp_path):
 
 def test_bad_options_and_frozen_model(tmp_path):
     model, x = chain(1, 8), torch.randn(2, 8)
-    with pytest.raises(TorchScopeError, match="unknown optimizer 'adam'"):
+    with pytest.raises(TorchScopeError, match=r"option optimizer: must be one of sgd, adamw, got 'adam'"):
         run(model, (x,), tmp_path, optimizer="adam")
     for p in model.parameters():
         p.requires_grad_(False)
@@ -218,9 +218,9 @@ def test_scan_out_of_memory_ends_the_probe_not_the_job(tmp_path, error):
 
 def test_scan_options_are_checked(tmp_path):
     model, x = chain(1, 8), torch.randn(2, 8)
-    with pytest.raises(TorchScopeError, match="max_batch must be between 1"):
+    with pytest.raises(TorchScopeError, match=r"option max_batch: must be an integer from 1 to 1048576, got 0"):
         scan(model, x, tmp_path, max_batch=0)
-    with pytest.raises(TorchScopeError, match="unknown mode 'eval'"):
+    with pytest.raises(TorchScopeError, match=r"option mode: must be one of train, inference, got 'eval'"):
         scan(model, x, tmp_path, mode="eval")
-    with pytest.raises(TorchScopeError, match="memory_budget_mb must be positive"):
+    with pytest.raises(TorchScopeError, match=r"option memory_budget_mb: must be a number > 0, got -1"):
         scan(model, x, tmp_path, memory_budget_mb=-1)

@@ -219,24 +219,30 @@ def test_with_stack_keeps_python_frames_out_of_the_operator_table(tmp_path):
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"mode": "bogus"}, "mode must be one of inference, train"),
-    ({"active": 0}, "active must be at least 1"),
-    ({"optimizer": "lion"}, "optimizer must be one of sgd, adamw"),
-    ({"warmup": "x"}, "warmup must be an integer"),
-    ({"wait": 100, "active": 150}, "keep it at most 200"),
-    ({"activities": ["tpu"]}, "activities must be a non-empty subset"),
-    ({"colour": 1}, "unknown profiler option(s): colour"),
+    ({"mode": "bogus"}, "option mode: must be one of inference, train, got 'bogus'"),
+    ({"active": 0}, "option active: must be an integer from 1 to 200, got 0"),
+    ({"optimizer": "lion"}, "option optimizer: must be one of sgd, adamw, got 'lion'"),
+    ({"warmup": "x"}, "option warmup: must be an integer from 0 to 200, got 'x'"),
+    ({"wait": 100, "active": 150}, "the schedule runs 251 steps ((wait + warmup + active) x repeat); keep it at most 200"),
+    ({"activities": ["tpu"]}, "option activities: unknown value 'tpu'; choose from cpu, cuda"),
+    ({"colour": 1}, "unknown option 'colour' for profile; valid: mode, optimizer"),
 ])
 def test_bad_options_are_named(options, message):
-    with pytest.raises(profiler.ProfilerOptionError, match=None) as e:
-        profiler.normalize_options(options)
+    from diagnostics.analyses.profile import ANALYSIS
+    from diagnostics.declare import OptionError
+
+    with pytest.raises(OptionError) as e:
+        profiler.resolve_options(ANALYSIS.validate(options))
     assert message in str(e.value)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_activity_without_cuda_is_refused():
-    with pytest.raises(profiler.ProfilerOptionError, match="CUDA is not available"):
-        profiler.normalize_options({"activities": ["cpu", "cuda"]})
+    from diagnostics.analyses.profile import ANALYSIS
+    from diagnostics.declare import OptionError
+
+    with pytest.raises(OptionError, match="CUDA is not available"):
+        profiler.resolve_options(ANALYSIS.validate({"activities": ["cpu", "cuda"]}))
 
 
 def test_a_failing_loss_is_reported_with_its_error(tmp_path, no_hooks_left):
@@ -254,7 +260,9 @@ def test_a_failing_loss_is_reported_with_its_error(tmp_path, no_hooks_left):
 
 def test_training_a_frozen_model_is_refused(tmp_path):
     model = small_model().requires_grad_(False)
-    with pytest.raises(profiler.ProfilerOptionError, match="needs trainable parameters"):
+    from diagnostics.errors import TorchScopeError
+
+    with pytest.raises(TorchScopeError, match="needs trainable parameters"):
         run_profile(model, (torch.randn(2, 3, 8, 8),), {**SMALL, "mode": "train"}, tmp_path)
     assert model.training
 

@@ -286,9 +286,9 @@ def test_analysis_on_the_cnn_offers_fixes(tmp_path):
 def test_bad_options_name_the_problem(tmp_path):
     from diagnostics.errors import TorchScopeError
 
-    with pytest.raises(TorchScopeError, match="unknown purpose"):
+    with pytest.raises(TorchScopeError, match=r"option purpose: must be one of training, inference, got 'serving'"):
         _run("mlp", tmp_path, purpose="serving")
-    with pytest.raises(TorchScopeError, match="num_workers"):
+    with pytest.raises(TorchScopeError, match=r"option dataloader: num_workers must be an integer >= 0, got -1"):
         _run("mlp", tmp_path, dataloader={"num_workers": -1})
 
 

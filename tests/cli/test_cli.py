@@ -114,7 +114,9 @@ def test_human_output_default_folder_and_file_model(tmp_path, data_dir):
     assert p.stderr == ""  # -q: no progress
     n_params = sum(q.numel() for q in model.parameters())
     assert n_params == 5 * 7 + 7 + 7 * 2 + 2 == 58
-    assert any(line.split() == ["params_total", "58"] for line in p.stdout.splitlines()), p.stdout
+    # each metric with its declared label and unit
+    assert any(line.split() == ["Parameters", "58"] for line in p.stdout.splitlines()), p.stdout
+    assert any(line.split() == ["Parameter", "memory", "232", "B"] for line in p.stdout.splitlines()), p.stdout
     assert "tiny.pt (torchscript)" in p.stdout
     folders = list((tmp_path / "torchscope-report").glob("summary-*"))
     assert len(folders) == 1
@@ -147,7 +149,7 @@ def test_bad_input_exits_2_naming_it(args, needle, data_dir):
     (["--model", str(REPO / "pyproject.toml")], f"cannot tell what kind of model {REPO / 'pyproject.toml'} is"),
 ])
 def test_more_bad_input_in_process(args, needle, tmp_path, capsys):
-    from diagnostics.__main__ import main
+    from diagnostics.cli.main import main
 
     assert main(["summary", "--no-report", "--data-dir", str(tmp_path), *args]) == 2
     captured = capsys.readouterr()
@@ -173,7 +175,7 @@ def test_usage_errors_from_argparse(data_dir):
 
 
 def test_help_on_every_subcommand(capsys):
-    from diagnostics.__main__ import build_parser, main, model_commands
+    from diagnostics.cli.main import build_parser, main, model_commands
 
     commands = model_commands() + ["trace", "list"]
     for cmd in commands:
@@ -239,7 +241,7 @@ def test_checklist_fail_under_gate(tmp_path, data_dir):
 
 def test_fail_under_logic_in_process(monkeypatch, tmp_path, capsys):
     """The gate against a fixed score, without running a job: below -> 3, at or above -> 0."""
-    import diagnostics.__main__ as m
+    import diagnostics.cli.main as m
     from diagnostics.runner import JobOutcome
 
     if "checklist" not in ANALYSES:
@@ -303,7 +305,7 @@ def test_optimize_one_fix(tmp_path, data_dir):
 
 # ----------------------------------------------------------------------------- every subcommand's failures
 def _model_commands() -> list[str]:
-    from diagnostics.__main__ import model_commands
+    from diagnostics.cli.main import model_commands
 
     return model_commands()
 
@@ -314,7 +316,7 @@ MODEL_COMMANDS = [n for n in _model_commands() if n != "distributed"]
 @pytest.mark.parametrize("command", MODEL_COMMANDS)
 def test_each_subcommand_rejects_bad_path_and_shape(command, tmp_path, capsys):
     """In-process (no job starts): exit 2 and a message naming the path / the shape."""
-    from diagnostics.__main__ import main
+    from diagnostics.cli.main import main
 
     base = [command, "--no-report", "--data-dir", str(tmp_path)]
     assert main(base + ["--model", "models/missing.pt2"]) == 2
@@ -365,7 +367,7 @@ class _Stream:
 
 
 def test_progress_bar_redraws_on_a_terminal_and_logs_lines_otherwise():
-    from diagnostics.__main__ import ProgressBar
+    from diagnostics.cli.main import ProgressBar
 
     tty = _Stream(True)
     bar = ProgressBar("profile", tty)

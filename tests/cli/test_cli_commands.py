@@ -44,7 +44,7 @@ def test_trace_analyze_writes_the_default_report_folder(tmp_path, store_dir):
 
 def test_trace_analyze_top_beyond_the_kept_rows(tmp_path, store_dir):
     """The analysis keeps 20 rows per table; --top 25 asks the job for 25 (it once printed 20)."""
-    from diagnostics.trace.views import TOP_N
+    from diagnostics.analyses.trace import TOP_N
 
     trace = tmp_path / "thirty_ops.json"
     events = [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i:02d}", "ts": 1000 + 100 * i, "dur": 90 - i,
@@ -87,7 +87,7 @@ def test_trace_commands_are_recorded_in_the_store_with_progress(tmp_path, store_
     assert (rec.source, rec.status, rec.model_label) == ("cli", "ok", "traces/gpu_small.json")
     stored = Store(store_dir).get(rec.id).result
     # the store keeps the analysis' own result, the one the dashboard's History view reopens
-    assert stored["top"] == shown["top_operators"] and stored["summary"] == shown["summary"]
+    assert stored["top_operators"] == shown["top_operators"] and stored["summary"] == shown["summary"]
     assert stored["path"] == str(GPU_TRACE.resolve())
 
     p = cli("trace", "diff", BEFORE, AFTER, "--json", "--no-report", data_dir=store_dir, cwd=tmp_path)
@@ -110,7 +110,7 @@ def test_unreadable_trace_exits_2_and_is_recorded_as_failed(tmp_path, store_dir)
 
 
 def test_missing_trace_file_exits_2_before_any_job(tmp_path, capsys):
-    from diagnostics.__main__ import main
+    from diagnostics.cli.main import main
 
     data = tmp_path / "store"
     assert main(["trace", "diff", str(BEFORE), str(tmp_path / "nope.json"), "-q", "--data-dir", str(data)]) == 2
@@ -137,7 +137,7 @@ def test_unwritable_out_is_a_clean_error(command, tmp_path, store_dir):
 def test_a_report_folder_that_fails_while_written_is_reported(tmp_path, store_dir, monkeypatch, capsys):
     """A folder that passes the early check but fails on writing (disk full, say) is still one message."""
     from diagnostics.render import html as report
-    from diagnostics.__main__ import main
+    from diagnostics.cli.main import main
 
     def full(*_, **__):
         raise OSError(28, "No space left on device")
@@ -161,7 +161,7 @@ def _documented_commands() -> set[str]:
 
 
 def test_only_documented_commands_are_exposed(capsys):
-    from diagnostics.__main__ import build_parser
+    from diagnostics.cli.main import build_parser
 
     assert _documented_commands() == DOCUMENTED
     sub = next(a for a in build_parser()._actions if a.dest == "command")
@@ -175,7 +175,7 @@ def test_only_documented_commands_are_exposed(capsys):
 
 @pytest.mark.parametrize("internal", ["trace_timeline", "trace_diff", "distributed_traces", "validate"])
 def test_internal_analyses_are_not_commands(internal, tmp_path, capsys):
-    from diagnostics.__main__ import main
+    from diagnostics.cli.main import main
 
     with pytest.raises(SystemExit) as e:
         main([internal, "--data-dir", str(tmp_path)])
@@ -185,7 +185,7 @@ def test_internal_analyses_are_not_commands(internal, tmp_path, capsys):
 
 
 def test_list_shows_the_commands(capsys):
-    from diagnostics.__main__ import main
+    from diagnostics.cli.main import main
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out
@@ -203,20 +203,20 @@ def test_list_shows_the_commands(capsys):
     ("gradients", "step", ["steps", "optimizer", "lr"]),
 ])
 def test_unknown_option_key_exits_2_listing_the_valid_keys(command, key, valid, tmp_path, capsys):
-    from diagnostics.__main__ import main
+    from diagnostics.cli.main import main
 
     data = tmp_path / "store"
     assert main([command, "--model", "mlp", "--no-report", "-q", "--data-dir", str(data),
                  "--option", f"{key}=1"]) == 2
     err = capsys.readouterr().err
-    assert f"error: unknown --option key '{key}' for {command}; valid keys: " in err
-    listed = err.split("valid keys: ", 1)[1]
+    assert f"error: unknown option '{key}' for {command}; valid: " in err
+    listed = err.split("valid: ", 1)[1]
     assert all(v in listed for v in valid), err
     assert not Store(data).list()  # refused before any job
 
 
 def test_option_key_hint_names_the_flag(tmp_path, capsys):
-    from diagnostics.__main__ import main
+    from diagnostics.cli.main import main
 
     assert main(["profile", "--model", "mlp", "--no-report", "-q", "--data-dir", str(tmp_path),
                  "--option", "steps=2"]) == 2
@@ -224,7 +224,7 @@ def test_option_key_hint_names_the_flag(tmp_path, capsys):
 
 
 def test_known_option_keys_reach_the_analysis(monkeypatch, tmp_path):
-    import diagnostics.__main__ as m
+    import diagnostics.cli.main as m
     from diagnostics.runner import JobOutcome
 
     seen = []
@@ -239,31 +239,24 @@ def test_known_option_keys_reach_the_analysis(monkeypatch, tmp_path):
     assert seen == [{"mode": "train", "record_shapes": False, "latency_iters": 2}]
 
 
-def _keys_read(module: str, names: str = "options|opts|o") -> set[str]:
-    """Option keys a module reads: <names>.get("k") / ["k"] / .setdefault("k") (names: its options dicts)."""
-    src = (REPO / (module.replace(".", "/") + ".py")).read_text()
-    return set(re.findall(rf"\b(?:{names})(?:\.get\(|\.setdefault\(|\[)\"(\w+)\"", src))
+def test_every_flag_of_a_command_is_a_declared_option_of_its_analysis(capsys):
+    """The command's flags come from its analysis' declaration: one flag per flagged option, with
+    the declared default in its help; options declared without a flag only via --option."""
+    from diagnostics.cli.main import build_parser, model_commands
+    from diagnostics.registry import ANALYSES
 
-
-def test_option_keys_cover_every_command_and_what_its_analysis_reads():
-    from diagnostics.__main__ import model_commands
-    from diagnostics.cli.options import ANALYSIS_OPTIONS, option_keys
-
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
     for name in model_commands():
-        keys = option_keys(name)
-        assert keys is not None, f"list the option keys of {name!r} in cli_options.OPTION_KEYS"
-        assert {o.key for o in ANALYSIS_OPTIONS.get(name, ())} <= set(keys), name
-    read = {
-        "summary": _keys_read("diagnostics.analyses.summary.job"),
-        "checklist": _keys_read("diagnostics.analyses.checklist.job") | _keys_read("diagnostics.analyses.checklist.facts", "options"),
-        "optimize": _keys_read("diagnostics.analyses.optimize.job"),
-        "distributed": _keys_read("diagnostics.analyses.distributed.job"),
-        "gradients": _keys_read("diagnostics.analyses.gradients.job"),
-        "memory": _keys_read("diagnostics.analyses.memory.job"),
-        "batch_scan": _keys_read("diagnostics.analyses.batch_scan.job"),
-    }
-    for name, keys in read.items():
-        assert keys and keys <= set(option_keys(name)), (name, keys - set(option_keys(name)))
+        analysis = ANALYSES[name]
+        dests = {a.dest: a for a in sub[name]._actions}
+        for o in analysis.options:
+            if o.cli_flag is None:
+                assert "opt_" + o.key not in dests, (name, o.key)
+            else:
+                action = dests["opt_" + o.key]
+                assert f"(default {o.describe_default()})" in action.help.replace("%%", "%"), (name, o.key)
+        assert {d.removeprefix("opt_") for d in dests if d.startswith("opt_")} <= set(analysis.option_keys), name
 
 
 # ----------------------------------------------------------------------------- 6. CLI wording in errors
@@ -285,7 +278,7 @@ def test_file_model_without_inputs_names_the_input_flag(tmp_path, store_dir):
 
 
 def test_cli_message_rewrites_only_the_dashboard_instruction():
-    from diagnostics.__main__ import cli_message
+    from diagnostics.cli.main import cli_message
 
     assert cli_message("m.pt declares no example inputs: enter the input shapes in the sidebar") == (
         "m.pt declares no example inputs: give the input shapes with --input SHAPE[:DTYPE], e.g. --input 8,3,32,32 "

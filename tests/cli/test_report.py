@@ -35,22 +35,26 @@ def test_find_tables_nested_and_flattened():
     assert df["x"].tolist() == [1, 2]
 
 
-@pytest.mark.parametrize("name, value, text", [
-    ("param_bytes", 3 * 2**20, "3.00 MiB"),
-    ("latency_median_ms", 12.5, "12.50 ms"),
-    ("profile_wall_s", 2.5, "2.50 s"),
-    ("throughput_samples_per_s", 1500.0, "1.5 k/s"),
-    ("flops_forward", 2_000_000, "2 MFLOP"),
-    ("params_total", 26122, "26,122"),
-    ("tensor_core_kernel_pct", None, "n/a"),
-    ("score", 85.714, "85.71"),
-    ("exposed_comm_fraction", 0.4873, "48.7 %"),
-    ("overlap_ratio", 0.08879, "8.9 %"),
-    ("dead_fraction", 0, "0.0 %"),
-    ("change_ratio", 0.5, "0.5"),  # not a share of a whole: left as a number
+@pytest.mark.parametrize("analysis, name, value, text", [
+    ("summary", "param_bytes", 3 * 2**20, "3.00 MiB"),
+    ("profile", "latency_median_ms", 12.5, "12.50 ms"),
+    ("profile", "profile_wall_s", 2.5, "2.50 s"),
+    ("profile", "throughput_samples_per_s", 1500.0, "1.5 k/s"),
+    ("summary", "flops_forward", 2_000_000, "2 MFLOP"),
+    ("summary", "params_total", 26122, "26,122"),
+    ("profile", "tensor_core_kernel_pct", None, "n/a"),
+    ("checklist", "score", 85.714, "85.7 / 100"),
+    ("distributed", "exposed_comm_fraction", 0.4873, "48.7 %"),
+    ("distributed", "overlap_ratio", 0.08879, "8.9 %"),
+    ("gradients", "dead_relu_fraction_max", 0, "0.0 %"),
+    ("optimize", "best_speedup", 1.4249, "x1.42"),
+    ("optimize", "best_fix", "amp", "amp"),
+    ("trace", "has_gpu", False, "no"),
+    # a key the analysis does not declare: a plain number, never a unit guessed from its name
+    ("profile", "made_up_ms", 12.5, "12.5"),
 ])
-def test_metric_units(name, value, text):
-    assert format_metric(name, value) == text
+def test_metric_units_come_from_the_declaration(analysis, name, value, text):
+    assert format_metric(analysis, name, value) == text
 
 
 def test_summary_report_inlines_plotly_once(summary_result):
@@ -72,7 +76,8 @@ def test_generic_fallback_has_every_table_and_no_plotly():
     html = build_report("not_registered", result)
     assert PLOTLY_BUNDLE_MARK not in html  # no figures -> no 4 MB of JS
     assert "<td>a&lt;b&gt;</td>" in html  # escaped
-    assert "1.00 KiB" in html and "Tables" in html
+    # nothing declares this metric's unit: the plain number, not a unit guessed from its name
+    assert ">1,024<" in html and "KiB" not in html and "Tables" in html
 
 
 def test_failing_layout_falls_back_and_says_why(monkeypatch):
@@ -155,13 +160,12 @@ def test_report_renders_offline_in_chromium(tmp_path, summary_result):
 
 
 def test_a_stored_trace_run_reports_every_section(tmp_path):
-    """History's 'Download report' gets the analysis' own keys (top, breakdown, idle, launch), the
-    CLI's output the long names: both give the same sections."""
+    """History's 'Download report' and the CLI both get the analysis' own result: every section."""
     from diagnostics.runner import Job, execute
 
     gpu = Path(__file__).resolve().parents[1] / "data" / "traces" / "gpu_small.json"
     stored = execute(Job("trace", None, {"path": str(gpu)}), tmp_path)
-    assert {"top", "breakdown", "idle", "launch"} <= set(stored)
+    assert {"top_operators", "temporal_breakdown", "idle_time", "launch_stats"} <= set(stored)
     page = build_report("trace", stored, "trace")
     for heading in ("Per step", "Top operators", "GPU idle time", "Kernel launches", "Timeline"):
         assert f">{heading}<" in page, heading

@@ -9,8 +9,9 @@ from torch import nn
 
 from diagnostics.analyses.checklist.facts import BATCHNORM, environment_facts, forward_facts, static_facts
 from diagnostics.errors import TorchScopeError
-from diagnostics.analyses.optimize.fixes import FIX_IDS, FIXES, get_fix, run_fix
-from diagnostics.analyses.optimize import fixes as catalog
+from diagnostics.analyses.optimize import catalog
+from diagnostics.analyses.optimize.catalog import FIX_IDS, FIXES, get_fix
+from diagnostics.analyses.optimize.fixes import run_fix
 from diagnostics.analyses.optimize.trials import fidelity, run_trials, serialized_bytes, zero_fraction
 
 
@@ -46,13 +47,25 @@ def facts_of(model, inputs):
 
 
 def test_registry():
-    assert len(FIXES) == 9 and len(set(FIX_IDS)) == 9
+    # every declared fix has a unique id, a title, a recipe that resolves to a function, and parameters
+    # whose defaults pass their own declaration; the optimize analysis offers exactly these ids
+    from diagnostics.analyses.optimize import ANALYSIS
+
+    assert len(set(FIX_IDS)) == len(FIXES) > 0
+    for fix in FIXES:
+        assert fix.title and fix.description, fix.id
+        module, _, name = fix.recipe.partition(":")
+        assert callable(getattr(__import__(module, fromlist=[name]), name)), fix.id
+        assert fix.options(None) == {p.key: p.validate(p.default) for p in fix.params}, fix.id
+    assert ANALYSIS.option("fixes").choices == tuple(FIX_IDS) and ANALYSIS.defaults()["fixes"] == FIX_IDS
     with pytest.raises(TorchScopeError, match="unknown fix 'magic'"):
         get_fix("magic")
-    with pytest.raises(TorchScopeError, match="amount must be between 0.0 and 0.95"):
+    with pytest.raises(TorchScopeError, match=r"fix prune_l1: amount: must be a number from 0 to 0.95, got 2"):
         get_fix("prune_l1").options({"amount": 2})
-    with pytest.raises(TorchScopeError, match="dtype must be one of"):
+    with pytest.raises(TorchScopeError, match=r"fix amp: dtype: must be one of auto, bfloat16, float16, got 'int4'"):
         get_fix("amp").options({"dtype": "int4"})
+    with pytest.raises(TorchScopeError, match=r"fix half has no parameter 'amount'; its parameters: dtype"):
+        get_fix("half").options({"amount": 1})
 
 
 @pytest.mark.parametrize("fix_id", ["amp", "channels_last", "conv_bn_fusion", "prune_l1", "torchscript",
@@ -202,7 +215,7 @@ def test_trials_a_failing_fix_says_why_and_the_others_run(monkeypatch, tmp_path)
     def boom(model, inputs, opts):
         raise RuntimeError("this fix always breaks")
 
-    monkeypatch.setattr(catalog, "FIXES", catalog.FIXES + [catalog.Fix("boom", "Boom", "", boom, catalog._ok)])
+    monkeypatch.setattr(catalog, "FIXES", catalog.FIXES + [catalog.Fix("boom", "Boom", "", boom)])
     m = mlp()
     rows = run_trials(m, X_VEC, "cpu", ["boom", "channels_last", "inference_mode"], facts_of(m, X_VEC),
                       iters=3, warmup=1, artifact_dir=tmp_path)

@@ -34,9 +34,11 @@ def test_optimize_on_the_sample_cnn(tmp_path):
 
 
 def test_bad_options_name_the_problem(tmp_path):
-    with pytest.raises(TorchScopeError, match="unknown fix 'turbo'"):
+    with pytest.raises(TorchScopeError, match=r"option fixes: unknown value 'turbo'; choose from amp, "):
         execute(Job("optimize", ModelSpec(name="mlp"), {"fixes": ["turbo"]}), tmp_path)
-    with pytest.raises(TorchScopeError, match="iters must be an integer"):
+    with pytest.raises(TorchScopeError, match=r"option params: unknown fix 'turbo'"):
+        execute(Job("optimize", ModelSpec(name="mlp"), {"fixes": ["half"], "params": {"turbo": {}}}), tmp_path)
+    with pytest.raises(TorchScopeError, match=r"option iters: must be an integer from 1 to 1000, got 0"):
         execute(Job("optimize", ModelSpec(name="mlp"), {"fixes": ["half"], "iters": 0}), tmp_path)
 
 

@@ -101,7 +101,7 @@ def test_idle_time_causes(gpu):
 
 
 def test_launch_stats(gpu):
-    r = launch_stats(gpu)
+    r = launch_stats(gpu, n=20)
     assert r["launches"] == 7
     assert r["mean_delay_us"] == pytest.approx(76 / 7)   # 10+18+8+3+12+6+19
     assert r["max_delay_us"] == 19.0
@@ -121,8 +121,8 @@ def test_cpu_only_trace(cpu):
     for step, dur in steps.items():   # nesting conserves time: self times sum to the step
         total = sum(c["self_us"] for c in r["cpu"] if c["step"] == step)
         assert total == pytest.approx(dur, rel=1e-6)
-    assert idle_time(cpu)["streams"] == [] and launch_stats(cpu)["launches"] == 0
-    top = top_operators(cpu)
+    assert idle_time(cpu)["streams"] == [] and launch_stats(cpu, n=20)["launches"] == 0
+    top = top_operators(cpu, n=20)
     assert top["kernels"] == []
     assert any(o["name"] == "aten::addmm" for o in top["operators"])
     nest = cpu.nesting()

@@ -8,7 +8,6 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
-from diagnostics.cli import trace_text as trace_cli
 from diagnostics.render.charts import traces as charts
 from diagnostics.trace import (
     diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
@@ -22,14 +21,14 @@ DATA = ROOT / "tests" / "data" / "traces"
 @pytest.mark.parametrize("name", ["gpu_small.json", "cpu_small.pt.trace.json.gz"])
 def test_every_builder_returns_a_figure(name):
     t = load_trace(DATA / name)
-    top = top_operators(t)
+    top = top_operators(t, n=20)
     figs = [charts.build_category_figure(summary(t)),
             charts.build_gpu_breakdown_figure(temporal_breakdown(t)),
             charts.build_cpu_breakdown_figure(temporal_breakdown(t)),
             charts.build_top_operators_figure(top, "operators"),
             charts.build_top_operators_figure(top, "kernels"),
             charts.build_idle_time_figure(idle_time(t)),
-            charts.build_launch_figure(launch_stats(t)),
+            charts.build_launch_figure(launch_stats(t, n=20)),
             charts.build_timeline_figure(timeline_data(t)),
             charts.build_diff_figure(diff_traces(t, t))]
     for fig in figs:
@@ -50,58 +49,73 @@ def test_diff_figure_colours_by_status():
     assert dict(zip(bar.y, bar.marker.color))["aten::mm"] == charts.STATUS_COLORS["faster"]
 
 
-def test_cli_analyze_text_and_json(capsys):
-    assert trace_cli.main(["trace", "analyze", str(DATA / "gpu_small.json"), "--top", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "41 events" in out and "2 steps" in out and "aten::mm" in out
-    assert trace_cli.main(["analyze", str(DATA / "gpu_small.json"), "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+def cli(capsys, tmp_path, *argv) -> tuple[int, str, str]:
+    """``python -m diagnostics trace ...`` in this process (the job still runs in a worker)."""
+    from diagnostics.cli.main import main
+
+    try:
+        code = main(["trace", *map(str, argv), "--no-report", "-q", "--data-dir", str(tmp_path / "data")])
+    except SystemExit as e:  # argparse refusing the command line
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_analyze_text_and_json(capsys, tmp_path):
+    code, out, _ = cli(capsys, tmp_path, "analyze", DATA / "gpu_small.json", "--top", "2")
+    assert code == 0 and "41 events" in out and "2 steps" in out and "aten::mm" in out
+    code, out, _ = cli(capsys, tmp_path, "analyze", DATA / "gpu_small.json", "--json")
+    data = json.loads(out)
     assert data["summary"]["n_steps"] == 2
     assert data["top_operators"]["operators"][0]["name"] == "aten::mm"
 
 
 def test_cli_diff_and_errors(capsys, tmp_path):
-    before, after = str(DATA / "diff_before.json"), str(DATA / "diff_after.json")
-    assert trace_cli.main(["trace", "diff", before, after]) == 0
-    assert "1 added, 1 removed, 1 faster, 1 slower" in capsys.readouterr().out
-    assert trace_cli.main(["diff", before, after, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["counts"]["added"] == 1
+    before, after = DATA / "diff_before.json", DATA / "diff_after.json"
+    code, out, _ = cli(capsys, tmp_path, "diff", before, after)
+    assert code == 0 and "1 added, 1 removed, 1 faster, 1 slower" in out
+    code, out, _ = cli(capsys, tmp_path, "diff", before, after, "--json")
+    assert json.loads(out)["diff"]["counts"]["added"] == 1
     bad = tmp_path / "bad.json.gz"
     bad.write_text("{}")
-    assert trace_cli.main(["trace", "analyze", str(bad)]) == 1
-    assert "not gzip" in capsys.readouterr().err
-    assert trace_cli.main(["trace", "frobnicate"]) == 2
+    code, _, err = cli(capsys, tmp_path, "analyze", bad)
+    assert code == 2 and "not gzip" in err  # what was given cannot be used: exit 2, the reason named
+    code, _, err = cli(capsys, tmp_path, "frobnicate")
+    assert code == 2 and "invalid choice: 'frobnicate'" in err
 
 
-def test_module_entry_point_and_no_streamlit():
-    code = ("import sys, diagnostics.trace, diagnostics.cli.trace_text, diagnostics.render.charts.traces; "
+def test_module_entry_point_and_no_streamlit(tmp_path):
+    code = ("import sys, diagnostics.trace, diagnostics.render.text, diagnostics.render.charts.traces; "
             "assert 'streamlit' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
-    out = subprocess.run([sys.executable, "-m", "diagnostics.cli.trace_text", "trace", "analyze",
-                          str(DATA / "cpu_small.pt.trace.json.gz")], capture_output=True,
-                         text=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, "-m", "diagnostics", "trace", "analyze", str(DATA / "cpu_small.pt.trace.json.gz"),
+                          "--no-report", "-q", "--data-dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and "3 steps" in out.stdout
 
 
-def test_text_is_formatted_from_a_result_and_top_limits_its_rows():
-    result = trace_cli.analysis_result(load_trace(DATA / "gpu_small.json"))
+def test_text_is_formatted_from_a_result_and_top_limits_its_rows(tmp_path):
+    from diagnostics.render.text import format_analysis, format_diff
+    from diagnostics.runner import Job, execute
+
+    result = execute(Job("trace", None, {"path": str(DATA / "gpu_small.json")}), tmp_path)
     assert len(result["top_operators"]["operators"]) == 4  # every operator kept (fewer than TOP_N)
-    text = trace_cli.format_analysis(result, 1)
+    text = format_analysis(result, 1)
     assert "Top 1 of 4 operators by self time" in text and "Top 1 of 5 GPU kernels" in text
-    assert text == trace_cli.analyze(str(DATA / "gpu_small.json"), False, 1)
     r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
-    lines = trace_cli.format_diff(r, "a.json", "b.json", 2).splitlines()
+    lines = format_diff(r, "a.json", "b.json", 2).splitlines()
     assert lines[0].startswith("a.json -> b.json (per step)") and len(lines) == 2 + 1 + 2  # head, blank, header, 2
 
 
-def test_diagnostics_trace_json_matches_the_bare_tool(tmp_path, capsys):
-    """`python -m diagnostics trace analyze --json` (a worker job) prints what trace_cli computes in process."""
-    from diagnostics.__main__ import main
-
+def test_diagnostics_trace_json_is_the_trace_layer_s_figures(tmp_path, capsys):
+    """`python -m diagnostics trace analyze --json` (a worker job) prints what the trace layer computes in process."""
     path = DATA / "cpu_small.pt.trace.json.gz"
-    assert main(["trace", "analyze", str(path), "--json", "--no-report", "-q", "--data-dir", str(tmp_path)]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    bare = json.loads(json.dumps(trace_cli.analysis_result(load_trace(path)), default=str))
+    code, out, _ = cli(capsys, tmp_path, "analyze", path, "--json")
+    assert code == 0
+    shown = json.loads(out)
+    t = load_trace(path)
+    bare = json.loads(json.dumps({"summary": summary(t), "top_operators": top_operators(t, n=20),
+                                  "temporal_breakdown": temporal_breakdown(t), "idle_time": idle_time(t),
+                                  "launch_stats": launch_stats(t, n=20)}, default=str))
     for key in ("summary", "top_operators", "temporal_breakdown", "idle_time", "launch_stats"):
         assert shown[key] == bare[key], key
     assert shown["name"] == path.name and shown["path"] == str(path.resolve())

@@ -86,12 +86,12 @@ def show(result: dict) -> None:
             st.markdown("**Memory (from [memory] events)**")
             _table(s["memory"], {"peak_allocated_bytes": "peak allocated (bytes)"})
     with tabs[1]:
-        b = result["breakdown"]
+        b = result["temporal_breakdown"]
         if b["gpu"]:
             st.plotly_chart(build_gpu_breakdown_figure(b), width="stretch")
         st.plotly_chart(build_cpu_breakdown_figure(b), width="stretch")
     with tabs[2]:
-        top = result["top"]
+        top = result["top_operators"]
         st.plotly_chart(build_top_operators_figure(top, "operators"), width="stretch")
         _table(top["operators"], height=300)
         if top["kernels"]:
@@ -101,10 +101,10 @@ def show(result: dict) -> None:
         if not s["has_gpu"]:
             st.info("CPU-only trace: no GPU streams, so no idle time or kernel launches to analyse.")
         else:
-            st.plotly_chart(build_idle_time_figure(result["idle"]), width="stretch")
-            _table(result["idle"]["streams"])
-            st.plotly_chart(build_launch_figure(result["launch"]), width="stretch")
-            _table(result["launch"]["by_name"], height=300)
+            st.plotly_chart(build_idle_time_figure(result["idle_time"]), width="stretch")
+            _table(result["idle_time"]["streams"])
+            st.plotly_chart(build_launch_figure(result["launch_stats"]), width="stretch")
+            _table(result["launch_stats"]["by_name"], height=300)
     with tabs[4]:
         _timeline(result)
 

@@ -18,15 +18,11 @@ import time
 import psutil
 import torch
 
+from diagnostics.analyses.batch_scan import ANALYSIS
 from diagnostics.measure.memory import is_cuda, measure_peak
-from diagnostics.measure.training import (OPTIMIZERS, buffer_bytes, make_optimizer,
+from diagnostics.measure.training import (buffer_bytes, make_optimizer,
                                                optimizer_state_bytes, param_bytes, restored_state, tensor_bytes)
-from diagnostics.errors import TorchScopeError
 
-MODES = ("train", "inference")
-DEFAULTS = {"max_batch": 64, "memory_budget_mb": None, "mode": "train", "repeats": 5, "optimizer": "sgd",
-            "lr": 1e-3}
-MAX_BATCH_LIMIT = 1 << 20
 #: With no budget given on the CPU, the budget is this share of the RAM available when the scan starts.
 CPU_DEFAULT_BUDGET_SHARE = 0.5
 _OOM_TEXT = ("out of memory", "can't allocate memory", "memoryerror", "cannot allocate memory")
@@ -35,26 +31,6 @@ _OOM_TEXT = ("out of memory", "can't allocate memory", "memoryerror", "cannot al
 class OverBudget(Exception):
     pass
 
-
-def check_options(options: dict) -> dict:
-    o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
-    try:
-        o["max_batch"], o["repeats"] = int(o["max_batch"]), int(o["repeats"])
-        if o["memory_budget_mb"] is not None:
-            o["memory_budget_mb"] = float(o["memory_budget_mb"])
-    except (TypeError, ValueError):
-        raise TorchScopeError("max_batch and repeats must be integers and memory_budget_mb a number") from None
-    if not 1 <= o["max_batch"] <= MAX_BATCH_LIMIT:
-        raise TorchScopeError(f"max_batch must be between 1 and {MAX_BATCH_LIMIT}, got {o['max_batch']}")
-    if not 1 <= o["repeats"] <= 100:
-        raise TorchScopeError(f"repeats must be between 1 and 100, got {o['repeats']}")
-    if o["memory_budget_mb"] is not None and not o["memory_budget_mb"] > 0:
-        raise TorchScopeError(f"memory_budget_mb must be positive, got {o['memory_budget_mb']}")
-    if o["mode"] not in MODES:
-        raise TorchScopeError(f"unknown mode {o['mode']!r}; choose one of {', '.join(MODES)}")
-    if o["mode"] == "train" and o["optimizer"] not in OPTIMIZERS:
-        raise TorchScopeError(f"unknown optimizer {o['optimizer']!r}; choose one of {', '.join(OPTIMIZERS)}")
-    return o
 
 
 def is_oom(e: BaseException) -> bool:
@@ -105,7 +81,8 @@ def _recover(model, device) -> None:
 
 
 def analyze(ctx, options: dict) -> dict:
-    o = check_options(options)
+    options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
+    o = options
     loaded = ctx.loaded
     model, device = loaded.model, loaded.device
     if o["memory_budget_mb"] is not None:

@@ -572,7 +572,7 @@ def measured_facts(loaded, model: nn.Module, *,
 
 
 # ----------------------------------------------------------------------------- data loader
-LOADER_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+from diagnostics.analyses.checklist import LOADER_KEYS  # noqa: E402
 
 
 def dataloader_facts(desc: dict | None, dataset_path: str | None = None, step_time_s: float | None = None,
@@ -634,12 +634,14 @@ def _state_restored(model: nn.Module):
 def collect_facts(loaded, options: dict | None = None, progress: Callable[[float, str], None] | None = None) -> dict:
     """All facts for ``loaded`` (a LoadedModel). Options: purpose ("training" | "inference"),
     iters, profile_steps, dataloader (dict of LOADER_KEYS), dataset_path, skip_measured."""
-    options = options or {}
+    from diagnostics.analyses.checklist import ANALYSIS
+
+    options = ANALYSIS.validate(options)
     progress = progress or (lambda f, m: None)
     errors: dict[str, str] = {}
     model = loaded.model
     progress(0.05, "reading the module tree")
-    facts = {"purpose": options.get("purpose", "training"), "errors": errors,
+    facts = {"purpose": options["purpose"], "errors": errors,
              "static": static_facts(model), "env": environment_facts(loaded.device),
              "batch_size": loaded.batch_size, "task": getattr(loaded, "task", "unknown")}
     # The probes run on the model itself, not on a deep copy: on a GPU a copy sat next to the
@@ -657,17 +659,17 @@ def collect_facts(loaded, options: dict | None = None, progress: Callable[[float
             x = next((t for t in loaded.inputs if t.dim() == 4), None)
             facts["forward"]["conv_input_channels_last"] = (
                 None if x is None else bool(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()))
-        if options.get("skip_measured"):
+        if options["skip_measured"]:
             facts["measured"] = None
         else:
             facts["measured"] = measured_facts(
-                loaded, model, iters=int(options.get("iters", 5)),
-                profile_steps=int(options.get("profile_steps", 2)), make_inputs=loaded.make_inputs,
+                loaded, model, iters=options["iters"],
+                profile_steps=options["profile_steps"], make_inputs=loaded.make_inputs,
                 batch_size=loaded.batch_size, progress=progress, errors=errors)
     step_s = ((facts["measured"] or {}).get("train_step") or {}).get("median_s")
     progress(0.9, "data loader")
     try:
-        facts["dataloader"] = dataloader_facts(options.get("dataloader"), options.get("dataset_path"), step_s)
+        facts["dataloader"] = dataloader_facts(options["dataloader"], options["dataset_path"], step_s)
     except Exception as e:
         from diagnostics.errors import TorchScopeError
 

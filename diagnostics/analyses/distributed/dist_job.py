@@ -11,15 +11,11 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from diagnostics.analyses.distributed import BACKENDS, DIE_HOWS
 from diagnostics.errors import TorchScopeError
 
-BACKENDS = ("auto", "gloo", "nccl")
-#: How the die_rank injection ends its rank: "exit" calls os._exit(3) (a crash), "kill" sends the
-#: rank SIGKILL without a word (what the OOM killer does).
-DIE_HOWS = ("exit", "kill")
 #: Process-group timeout: a collective that waits longer than this fails instead of hanging.
 DEFAULT_PG_TIMEOUT_S = 60.0
-MAX_NPROC = 64
 
 
 class DistributedError(TorchScopeError):

@@ -31,21 +31,14 @@ import numpy as np
 import orjson
 
 from diagnostics.trace import intervals as iv
-from diagnostics.analyses.distributed.dist_job import DistJob, DistributedError, DistributedInputError, MAX_NPROC
+from diagnostics.analyses.distributed import (DISTRIBUTED, DISTRIBUTED_TRACES, STRAGGLER_MARGIN,
+                                              STRAGGLER_MIN_EXCESS_MS)
+from diagnostics.analyses.distributed.dist_job import DistJob, DistributedInputError
 from diagnostics.settings import check_server_path
 
-#: A rank straggles when its median busy time is over the median of the other ranks by this fraction...
-STRAGGLER_MARGIN = 0.20
-#: ...and by at least this many milliseconds (keeps scheduler noise on tiny steps from counting).
-STRAGGLER_MIN_EXCESS_MS = 10.0
-#: Seconds the launch may take before it is stopped (below the registry's job timeout, so the
-#: user reads which ranks were stuck rather than a bare worker timeout).
-DEFAULT_RUN_TIMEOUT_S = 480.0
 #: Collective message sizes come from event args the columnar loader does not keep; they are
 #: read in a second pass over files up to this size (larger files: bytes shown as unknown).
 ARGS_PASS_MAX_FILE_BYTES = 256 << 20
-DEFAULT_NPROC = 2
-DEFAULT_STEPS = 5
 
 # Collective events by name: gloo / nccl annotations, c10d ops, NCCL kernels, record_param_comms.
 COMM_RE = re.compile(r"^(?!aten::)(?:gloo:|nccl|c10d::|record_param_comms|ProcessGroup"
@@ -417,22 +410,11 @@ def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_exces
 
 
 # ---------------------------------------------------------------------------- registered analyses
-def _thresholds(options: dict) -> tuple[float, float]:
-    try:
-        margin = float(options.get("straggler_margin", STRAGGLER_MARGIN))
-        floor = float(options.get("straggler_min_ms", STRAGGLER_MIN_EXCESS_MS))
-    except (TypeError, ValueError):
-        raise DistributedInputError("straggler_margin and straggler_min_ms must be numbers") from None
-    return margin, floor
-
-
 def analyze_folder(ctx, options: dict) -> dict:
     """Registered "distributed_traces": per-rank traces already on disk (e.g. from several nodes)."""
-    folder = options.get("trace_dir")
-    if not folder:
-        raise DistributedInputError("give trace_dir: the folder holding one trace per rank")
-    margin, floor = _thresholds(options)
-    result = analyze_folder_path(check_server_path(folder, "trace folder"), margin=margin, min_excess_ms=floor,
+    options = DISTRIBUTED_TRACES.validate(options)  # idempotent: the runner validated them too
+    result = analyze_folder_path(check_server_path(options["trace_dir"], "trace folder"),
+                                 margin=options["straggler_margin"], min_excess_ms=options["straggler_min_ms"],
                                  progress=ctx.progress)
     result["source"] = "folder"
     return result
@@ -440,23 +422,21 @@ def analyze_folder(ctx, options: dict) -> dict:
 
 def analyze(ctx, options: dict) -> dict:
     """Registered "distributed": launch DDP training of the model with torchrun, then analyse."""
-    if options.get("trace_dir"):
-        return analyze_folder(ctx, options)
+    options = DISTRIBUTED.validate(options)  # idempotent: the runner validated them too
+    if options["trace_dir"]:
+        return analyze_folder(ctx, {k: options[k] for k in DISTRIBUTED_TRACES.option_keys})
     import torch
 
     from diagnostics.analyses.distributed.dist_job import choose_backend
     from diagnostics.analyses.distributed.launch import launch, torchrun_command
 
-    margin, floor = _thresholds(options)
-    nproc = int(options.get("nproc", DEFAULT_NPROC))
-    if not 1 <= nproc <= MAX_NPROC:
-        raise DistributedInputError(f"processes must be between 1 and {MAX_NPROC}, got {nproc}")
-    requested = str(options.get("backend", "auto"))
+    nproc = options["nproc"]
+    requested = options["backend"]
     backend, backend_why = choose_backend(requested, nproc,
                                           torch.cuda.device_count() if torch.cuda.is_available() else 0)
     for key in ("straggler_rank", "die_rank"):
-        r = options.get(key)
-        if r is not None and not 0 <= int(r) < nproc:
+        r = options[key]
+        if r is not None and not r < nproc:
             raise DistributedInputError(f"{key} {r} is not a rank of a {nproc}-process run (0..{nproc - 1})")
     if ctx.spec is not None and ctx.spec.source != "sample":
         # A model file: load it once here, so a file that does not load fails now, as bad input,
@@ -469,17 +449,15 @@ def analyze(ctx, options: dict) -> dict:
         load_model(dataclasses.replace(ctx.spec, device="cpu"))
     out_dir = ctx.artifact_dir / "distributed"
     spec = ctx.spec.to_dict() if ctx.spec is not None else {"source": "sample", "name": "mlp"}
-    job = DistJob(spec=spec, out_dir=str(out_dir), steps=int(options.get("steps", DEFAULT_STEPS)),
-                  warmup=int(options.get("warmup", 2)), backend=backend,
-                  pg_timeout_s=float(options.get("pg_timeout_s", 60.0)),
-                  straggler_rank=options.get("straggler_rank"),
-                  straggler_sleep_ms=float(options.get("straggler_sleep_ms", 0.0) or 0.0),
-                  die_rank=options.get("die_rank"), die_step=int(options.get("die_step", 1)),
-                  die_how=str(options.get("die_how", "exit")))
+    job = DistJob(spec=spec, out_dir=str(out_dir), steps=options["steps"], warmup=options["warmup"],
+                  backend=backend, pg_timeout_s=options["pg_timeout_s"], straggler_rank=options["straggler_rank"],
+                  straggler_sleep_ms=options["straggler_sleep_ms"], die_rank=options["die_rank"],
+                  die_step=options["die_step"], die_how=options["die_how"])
     ctx.progress(0.05, f"launching torchrun with {nproc} processes (backend {backend}: {backend_why})")
-    run = launch(job, nproc, timeout_s=float(options.get("run_timeout_s", DEFAULT_RUN_TIMEOUT_S)),
+    run = launch(job, nproc, timeout_s=options["run_timeout_s"],
                  on_progress=ctx.progress)
-    result = analyze_folder_path(out_dir, margin=margin, min_excess_ms=floor, progress=ctx.progress)
+    result = analyze_folder_path(out_dir, margin=options["straggler_margin"],
+                                 min_excess_ms=options["straggler_min_ms"], progress=ctx.progress)
     result["source"] = "launch"
     if requested == "auto":
         result["notes"].insert(0, f"backend {backend} ({backend_why})")

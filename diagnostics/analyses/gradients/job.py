@@ -17,7 +17,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from diagnostics.measure.training import OPTIMIZERS, make_optimizer, restored_state
+from diagnostics.analyses.gradients import ANALYSIS
+from diagnostics.measure.training import make_optimizer, restored_state
 from diagnostics.errors import TorchScopeError
 
 ROOT = "(model)"
@@ -67,28 +68,11 @@ THRESHOLD_HELP = {
                              "(batch × positions)",
 }
 STATUSES = ("healthy", "vanishing", "exploding", "dead", "non-finite")
-DEFAULTS = {"steps": 5, "optimizer": "sgd", "lr": 0.01}
-MAX_STEPS = 1000
 
 _RELUS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU)
 _SIGMOIDS = (nn.Sigmoid, nn.Hardsigmoid)
 _TANHS = (nn.Tanh, nn.Hardtanh)
 
-
-def check_options(options: dict) -> dict:
-    o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
-    try:
-        o["steps"], o["lr"] = int(o["steps"]), float(o["lr"])
-    except (TypeError, ValueError):
-        raise TorchScopeError(f"steps must be an integer and lr a number, got steps={o['steps']!r}, "
-                              f"lr={o['lr']!r}") from None
-    if not 1 <= o["steps"] <= MAX_STEPS:
-        raise TorchScopeError(f"steps must be between 1 and {MAX_STEPS}, got {o['steps']}")
-    if o["optimizer"] not in OPTIMIZERS:
-        raise TorchScopeError(f"unknown optimizer {o['optimizer']!r}; choose one of {', '.join(OPTIMIZERS)}")
-    if not (o["lr"] > 0 and math.isfinite(o["lr"])):
-        raise TorchScopeError(f"learning rate must be a positive number, got {o['lr']}")
-    return o
 
 
 def _finite(x: float) -> float | None:
@@ -281,7 +265,8 @@ def classify(layer: dict, largest_norm: float) -> tuple[str, str]:
 
 
 def analyze(ctx, options: dict) -> dict:
-    o = check_options(options)
+    options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
+    o = options
     loaded = ctx.loaded
     model = loaded.model
     owners = param_owners(model)

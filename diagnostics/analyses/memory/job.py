@@ -17,31 +17,20 @@ import pickle
 import psutil
 import torch
 
+from diagnostics.analyses.memory import ANALYSIS
 from diagnostics.measure.memory import (CATEGORIES, ROOT, category_timeline, is_cuda, measure_peak,
                                                  measure_saved, phase_ranges)
-from diagnostics.measure.training import (OPTIMIZERS, STATE_PER_PARAM, buffer_bytes, grad_bytes,
+from diagnostics.measure.training import (STATE_PER_PARAM, buffer_bytes, grad_bytes,
                                                make_optimizer, optimizer_state_bytes, param_bytes,
                                                restored_state, tensor_bytes, trainable_bytes)
 from diagnostics.errors import ModelRunError, TorchScopeError
 
-DEFAULTS = {"optimizer": "adamw", "lr": 1e-3, "timeline": True}
 #: Batches the estimate measures saved activations at (then a straight line through them).
 ESTIMATE_BATCHES = (2, 4)
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 SNAPSHOT_MAX_ENTRIES = 100_000
 PHASES = ("## forward ##", "## backward ##", "## optimizer ##")
 
-
-def check_options(options: dict) -> dict:
-    o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}}
-    if o["optimizer"] not in OPTIMIZERS:
-        raise TorchScopeError(f"unknown optimizer {o['optimizer']!r}; choose one of {', '.join(OPTIMIZERS)}")
-    try:
-        o["lr"] = float(o["lr"])
-    except (TypeError, ValueError):
-        raise TorchScopeError(f"lr must be a number, got {o['lr']!r}") from None
-    o["timeline"] = bool(o["timeline"])
-    return o
 
 
 def _rss() -> int:
@@ -130,7 +119,8 @@ def _snapshot(loaded, opt, inputs, artifact_dir) -> dict:
 
 
 def analyze(ctx, options: dict) -> dict:
-    o = check_options(options)
+    options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
+    o = options
     loaded = ctx.loaded
     model, device = loaded.model, loaded.device
     inputs = loaded.inputs

@@ -1,1 +1,38 @@
-"""The optimize analysis: its declaration here, its work in job.py."""
+"""The optimize analysis: the baseline and each chosen fix as trials, measured in the same job
+(job.py, trials.py); the fixes are declared in catalog.py and applied by fixes.py."""
+
+from diagnostics.analyses.optimize.catalog import FIX_IDS, check_params
+from diagnostics.declare import Analysis, Column, Metric, Option, Table
+
+ANALYSIS = Analysis(
+    name="optimize", title="One-click fixes (trials)", target="diagnostics.analyses.optimize.job:analyze",
+    command="optimize", exclusive=True, timeout_s=600,
+    description="each fix on a copy of the model, side by side with the baseline: speed, memory, size, fidelity",
+    options=(
+        Option("fixes", "multi", list(FIX_IDS), "fix ids to try (repeat --fix for several; default: every fix)",
+               choices=tuple(FIX_IDS), flag="--fix", check=lambda v: v or list(FIX_IDS)),
+        Option("params", "dict", {}, "per-fix parameters: {fix_id: {param: value}}", flag="", check=check_params),
+        Option("iters", "int", 20, "timed calls per trial", lo=1, hi=1000),
+        Option("warmup", "int", 3, "untimed calls per trial first", lo=0, hi=100),
+        Option("save_artifacts", "bool", True, "keep each optimized model (and its recipe) for download", flag=""),
+    ),
+    metrics=(
+        Metric("baseline_median_ms", "ms", "Baseline latency (median)"),
+        Metric("baseline_size_bytes", "bytes", "Baseline size"),
+        Metric("best_fix", "text", "Best fix"),
+        Metric("best_speedup", "ratio", "Best speed-up"),
+        Metric("trials_ok", "count", "Trials run"),
+        Metric("trials_failed", "count", "Trials failed"),
+        Metric("trials_not_applicable", "count", "Trials not applicable"),
+    ),
+    tables=(
+        Table("rows", "Trials", (Column("median_ms", "ms", "median"), Column("p90_ms", "ms", "p90"),
+                                 Column("throughput_per_s", "per_s", "throughput"),
+                                 Column("first_call_ms", "ms", "first call"), Column("peak_bytes", "bytes", "peak"),
+                                 Column("size_bytes", "bytes", "size"), Column("speedup", "ratio", "speed-up"),
+                                 Column("size_ratio", "ratio", "size ratio"),
+                                 Column("max_abs_err", "number", "max abs error"),
+                                 Column("rel_err", "number", "relative error"), Column("cosine", "number", "cosine"),
+                                 Column("top1_agreement", "fraction", "top-1 agreement"))),
+    ),
+)

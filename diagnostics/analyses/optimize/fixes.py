@@ -1,5 +1,6 @@
-"""The one-click fixes: each a function ``apply(model, example_inputs, options) -> (model', notes)``
-and a check ``applies(facts) -> (bool, why_not)``.
+"""How each one-click fix is applied: ``apply_<fix>(model, example_inputs, params) -> (model', notes)``.
+
+What the fixes are (ids, titles, parameters, when they apply) is declared in catalog.py.
 
 ``apply`` may change the module it is given: callers pass a deep copy (see ``run_fix``), so the
 user's model never changes. A fix that changes how inputs must be fed (memory format, dtype,
@@ -11,57 +12,17 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import nn
 
+from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.errors import TorchScopeError
 
 
 class FixNotApplicable(TorchScopeError):
     """The fix cannot run on this model / device; the message says why."""
 
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    kind: str  # "choice" | "float"
-    default: object
-    choices: tuple = ()
-    lo: float | None = None
-    hi: float | None = None
-    help: str = ""
-
-
-@dataclass(frozen=True)
-class Fix:
-    id: str
-    title: str
-    description: str
-    apply: Callable[[nn.Module, tuple, dict], tuple[nn.Module, list[str]]]
-    applies: Callable[[dict], tuple[bool, str]]
-    params: tuple[Param, ...] = field(default_factory=tuple)
-
-    def options(self, given: dict | None) -> dict:
-        """Defaults merged with ``given``; bad values raise a message naming the parameter."""
-        out = {p.name: p.default for p in self.params}
-        for k, v in (given or {}).items():
-            p = next((p for p in self.params if p.name == k), None)
-            if p is None:
-                raise TorchScopeError(f"fix {self.id} has no parameter {k!r}")
-            if p.kind == "choice" and v not in p.choices:
-                raise TorchScopeError(f"fix {self.id}: {k} must be one of {', '.join(map(str, p.choices))}, got {v!r}")
-            if p.kind == "float":
-                try:
-                    v = float(v)
-                except (TypeError, ValueError):
-                    raise TorchScopeError(f"fix {self.id}: {k} must be a number, got {v!r}") from None
-                if not (p.lo <= v <= p.hi):
-                    raise TorchScopeError(f"fix {self.id}: {k} must be between {p.lo} and {p.hi}, got {v}")
-            out[k] = v
-        return out
 
 
 # ----------------------------------------------------------------------------- wrappers
@@ -123,16 +84,6 @@ def _device_of(model: nn.Module, inputs: tuple) -> torch.device:
     return torch.device("cpu")
 
 
-def _ok(_facts) -> tuple[bool, str]:
-    return True, ""
-
-
-def _static(facts) -> dict:
-    return facts.get("static") or {}
-
-
-def _env(facts) -> dict:
-    return facts.get("env") or {}
 
 
 # ----------------------------------------------------------------------------- the fixes
@@ -153,9 +104,6 @@ def apply_channels_last(model, inputs, opts):
     model = model.to(memory_format=torch.channels_last)
     return InputCastModule(model, channels_last=True), ["weights and 4-D inputs in torch.channels_last"]
 
-
-def applies_channels_last(facts):
-    return (True, "") if _static(facts).get("n_conv2d") else (False, "no Conv2d layers: memory format does not matter")
 
 
 def _fuse_pairs(model: nn.Module, pairs: list[list[str]]) -> int:
@@ -194,14 +142,6 @@ def apply_conv_bn_fusion(model, inputs, opts):
     return model, [f"torch.fx could not trace the model ({why}); fused {n} Conv -> BN pairs found by tensor identity "
                    "with torch.nn.utils.fusion.fuse_conv_bn_eval (assumes each such conv output feeds only its BN)"]
 
-
-def applies_conv_bn_fusion(facts):
-    if not _static(facts).get("n_batchnorm"):
-        return False, "no BatchNorm layers"
-    pairs = (facts.get("forward") or {}).get("conv_bn_pairs")
-    if pairs is not None and not pairs:
-        return False, "no BatchNorm directly follows a convolution"
-    return True, ""
 
 
 def _torchao_quantize(model):
@@ -244,12 +184,6 @@ def apply_int8_dynamic(model, inputs, opts):
     return q, notes
 
 
-def applies_int8_dynamic(facts):
-    s = _static(facts)
-    if not (s.get("n_linear") or s.get("n_rnn")):
-        return False, "no Linear / LSTM / GRU layers to quantize (dynamic quantization leaves convolutions alone)"
-    return True, ""
-
 
 def apply_prune_l1(model, inputs, opts):
     from torch.nn.utils import prune
@@ -266,10 +200,6 @@ def apply_prune_l1(model, inputs, opts):
                    "dense (zeros), so size on disk and speed change only with sparse kernels"]
 
 
-def applies_prune(facts):
-    s = _static(facts)
-    return (True, "") if (s.get("n_linear") or s.get("n_conv")) else (False, "no Linear / Conv layers")
-
 
 def apply_torch_compile(model, inputs, opts):
     model.eval()
@@ -277,14 +207,6 @@ def apply_torch_compile(model, inputs, opts):
     compiled = torch.compile(model, mode=None if mode == "default" else mode)
     return compiled, [f"torch.compile(mode={mode!r}); the first call compiles (its time is reported apart)"]
 
-
-def applies_compile(facts):
-    env = _env(facts)
-    if env.get("device_type") != "cuda" and not env.get("cxx_compiler"):
-        return False, "torch.compile on CPU needs a C++ compiler (g++), none found"
-    if _static(facts).get("torchscript"):
-        return False, "the model is TorchScript"
-    return True, ""
 
 
 def apply_torchscript(model, inputs, opts):
@@ -315,39 +237,6 @@ def apply_half(model, inputs, opts):
         notes.append("float16 on CPU is emulated for many ops")
     return InputCastModule(model, dtype=getattr(torch, dtype)), notes
 
-
-FIXES: list[Fix] = [
-    Fix("amp", "Automatic mixed precision", "Run under torch.autocast (float16 on CUDA, bfloat16 on CPU by default).",
-        apply_amp, _ok, (Param("dtype", "choice", "auto", ("auto", "bfloat16", "float16"),
-                               help="auto: float16 on CUDA, bfloat16 on CPU"),)),
-    Fix("channels_last", "channels_last memory format", "Weights and 4-D inputs in NHWC.", apply_channels_last,
-        applies_channels_last),
-    Fix("conv_bn_fusion", "Conv-BN fusion", "Fold BatchNorm into the preceding convolution (eval mode).",
-        apply_conv_bn_fusion, applies_conv_bn_fusion),
-    Fix("int8_dynamic", "Dynamic int8 quantization", "int8 weights (and activations, torchao) for Linear/LSTM layers.",
-        apply_int8_dynamic, applies_int8_dynamic,
-        (Param("backend", "choice", "auto", ("auto", "torchao", "torch.ao"),
-               help="auto: torchao where it supports the model, torch.ao.quantization otherwise"),)),
-    Fix("prune_l1", "L1 unstructured pruning", "Zero the smallest-magnitude weights of Linear/Conv layers.",
-        apply_prune_l1, applies_prune, (Param("amount", "float", 0.5, lo=0.0, hi=0.95, help="fraction zeroed"),)),
-    Fix("torch_compile", "torch.compile", "Graph capture and kernel fusion with TorchInductor.", apply_torch_compile,
-        applies_compile, (Param("mode", "choice", "default",
-                                ("default", "reduce-overhead", "max-autotune-no-cudagraphs")),)),
-    Fix("torchscript", "TorchScript trace + freeze", "torch.jit.trace then torch.jit.freeze.", apply_torchscript, _ok),
-    Fix("inference_mode", "inference_mode", "eval() and torch.inference_mode() around the forward.",
-        apply_inference_mode, _ok),
-    Fix("half", "Half precision", "Parameters and inputs in 16-bit floats (no autocast).", apply_half, _ok,
-        (Param("dtype", "choice", "auto", ("auto", "float16", "bfloat16"),
-               help="auto: float16 on CUDA, bfloat16 on CPU"),)),
-]
-FIX_IDS = [f.id for f in FIXES]
-
-
-def get_fix(fix_id: str) -> Fix:
-    for f in FIXES:
-        if f.id == fix_id:
-            return f
-    raise TorchScopeError(f"unknown fix {fix_id!r}; known: {', '.join(FIX_IDS)}")
 
 
 def run_fix(fix_id: str, model: nn.Module, inputs: tuple, options: dict | None = None) -> tuple[nn.Module, list[str]]:

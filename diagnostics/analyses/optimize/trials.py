@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from diagnostics.measure.probes import peak_bytes
-from diagnostics.analyses.optimize.fixes import FixNotApplicable, get_fix
+from diagnostics.analyses.optimize.catalog import get_fix
+from diagnostics.analyses.optimize.fixes import FixNotApplicable
 
 
 

@@ -1,1 +1,86 @@
-"""The profile analysis: its declaration here, its work in job.py."""
+"""The profile analysis: a torch.profiler run of inference or training steps, latency measured
+outside the profiler, and the operator / step / module / kernel / timeline views (job.py)."""
+
+from diagnostics.declare import Analysis, Column, Metric, Option, Table
+
+MODES = ("inference", "train")
+OPTIMIZERS = ("sgd", "adamw")
+ACTIVITIES = ("cpu", "cuda")
+#: The schedule runs at most this many steps ((wait + warmup + active) x repeat).
+MAX_PROFILED_STEPS = 200
+MAX_LATENCY_ITERS = 10_000
+TIMELINE_MAX_EVENTS = 4000
+
+_OP_COLUMNS = (
+    Column("calls", "count", "calls"), Column("self_cpu_ms", "ms", "self CPU"), Column("cpu_total_ms", "ms", "CPU total"),
+    Column("self_device_ms", "ms", "self device"), Column("device_total_ms", "ms", "device total"),
+    Column("self_cpu_pct", "percent", "self CPU share"), Column("self_device_pct", "percent", "self device share"),
+    Column("mean_cpu_ms", "ms", "mean CPU per call"),
+    Column("self_cpu_memory_bytes", "bytes", "self CPU memory"), Column("cpu_memory_bytes", "bytes", "CPU memory"),
+    Column("self_device_memory_bytes", "bytes", "self device memory"),
+    Column("device_memory_bytes", "bytes", "device memory"),
+)
+
+ANALYSIS = Analysis(
+    name="profile", title="Profiler", target="diagnostics.analyses.profile.job:analyze", command="profile",
+    exclusive=True, timeout_s=600,
+    description="torch.profiler run: latency, operators, steps, modules, kernels, timeline and the Chrome trace",
+    options=(
+        Option("mode", "choice", "inference", "profile inference (eval + inference_mode) or training steps "
+               "(forward, loss, backward, optimizer)", choices=MODES),
+        Option("optimizer", "choice", "sgd", "optimizer of training steps", choices=OPTIMIZERS),
+        Option("lr", "float", 0.01, "learning rate of training steps", gt=0, label="Learning rate"),
+        Option("wait", "int", 1, "schedule: steps run without the profiler first", lo=0, hi=MAX_PROFILED_STEPS),
+        Option("warmup", "int", 1, "schedule: profiled steps that are discarded (the profiler warms up)",
+               lo=0, hi=MAX_PROFILED_STEPS),
+        Option("active", "int", 3, "schedule: recorded steps per cycle", lo=1, hi=MAX_PROFILED_STEPS,
+               flag="--steps"),
+        Option("repeat", "int", 1, "schedule: cycles of wait + warmup + active", lo=1, hi=MAX_PROFILED_STEPS),
+        Option("activities", "multi", None, "what to record (default: cpu, plus cuda when the model runs on a "
+               "CUDA device)", choices=ACTIVITIES, optional=True),
+        Option("record_shapes", "bool", True, "input shapes per operator (enables the by-shape table)"),
+        Option("profile_memory", "bool", False, "memory allocated per operator"),
+        Option("with_stack", "bool", False, "Python stacks in the trace (slower, larger trace)"),
+        Option("with_modules", "bool", True, "a range per module's forward: per-module times and the module tree"),
+        Option("latency_warmup", "int", 5, "untimed iterations before the latency is measured", lo=0,
+               hi=MAX_LATENCY_ITERS),
+        Option("latency_iters", "int", 30, "timed iterations outside the profiler", lo=1, hi=MAX_LATENCY_ITERS),
+        Option("timeline_max_events", "int", TIMELINE_MAX_EVENTS, "events drawn on the timeline at most",
+               lo=10, hi=200_000),
+    ),
+    metrics=(
+        Metric("latency_median_ms", "ms", "Latency (median)", "per step, measured outside the profiler"),
+        Metric("latency_p90_ms", "ms", "Latency p90"),
+        Metric("latency_p99_ms", "ms", "Latency p99"),
+        Metric("latency_std_ms", "ms", "Latency std"),
+        Metric("throughput_samples_per_s", "per_s", "Throughput", "samples per second at the median latency"),
+        Metric("profiled_steps", "count", "Profiled steps"),
+        Metric("step_time_mean_ms", "ms", "Profiled step time (mean)", "inside the profiler: includes its overhead"),
+        Metric("self_cpu_total_ms", "ms", "Self CPU time (sum)"),
+        Metric("self_device_total_ms", "ms", "Self device time (sum)"),
+        Metric("kernel_time_ms", "ms", "GPU kernel time"),
+        Metric("tensor_core_kernel_pct", "percent", "Kernel time on Tensor Cores"),
+        Metric("peak_device_memory_bytes", "bytes", "Peak device memory"),
+        Metric("profile_wall_s", "s", "Profiler wall time"),
+        Metric("batch_size", "count", "Batch size"),
+    ),
+    tables=(
+        Table("operators", "Operators (summed over the profiled steps)", _OP_COLUMNS),
+        Table("operators_by_shape", "Operators by input shape", _OP_COLUMNS),
+        Table("steps", "Steps", (Column("step_ms", "ms", "step"), Column("zero_grad_ms", "ms", "zero_grad"),
+                                 Column("forward_ms", "ms", "forward"), Column("backward_ms", "ms", "backward"),
+                                 Column("optimizer_ms", "ms", "optimizer"), Column("other_ms", "ms", "other"))),
+        Table("device_split", "Step split (kernel / memcpy / memset / runtime / CPU)",
+              tuple(Column(f"{c}_ms", "ms", c) for c in ("window", "kernel", "memcpy", "memset", "runtime",
+                                                         "cpu_exec", "other"))),
+        Table("modules", "Modules", (Column("calls", "count", "calls"), Column("forward_ms", "ms", "forward"),
+                                     Column("forward_self_ms", "ms", "forward self"),
+                                     Column("backward_ms", "ms", "backward"),
+                                     Column("backward_self_ms", "ms", "backward self"))),
+        Table("kernels", "GPU kernels", (Column("calls", "count", "calls"), Column("total_us", "us", "total"),
+                                         Column("mean_us", "us", "mean"), Column("max_us", "us", "max"),
+                                         Column("min_us", "us", "min"),
+                                         Column("pct_of_kernel_time", "percent", "share of kernel time"),
+                                         Column("occupancy_pct", "percent", "achieved occupancy"))),
+    ),
+)

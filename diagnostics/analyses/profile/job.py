@@ -38,30 +38,9 @@ def _is_python_frame(event) -> bool:
     return bool(flag) if flag is not None else bool(_PY_FRAME_RE.match(event.name or ""))
 
 
-MODES = ("inference", "train")
-OPTIMIZERS = ("sgd", "adamw")
-ACTIVITIES = ("cpu", "cuda")
+from diagnostics.analyses.profile import ANALYSIS, MAX_LATENCY_ITERS, MAX_PROFILED_STEPS
+from diagnostics.declare import OptionError
 
-DEFAULTS = {
-    "mode": "inference",
-    "optimizer": "sgd",
-    "lr": 0.01,
-    "wait": 1,
-    "warmup": 1,
-    "active": 3,
-    "repeat": 1,
-    "activities": None,  # None: cpu, plus cuda when the model runs on CUDA
-    "record_shapes": True,
-    "profile_memory": False,
-    "with_stack": False,
-    "with_modules": True,
-    "latency_warmup": 5,
-    "latency_iters": 30,
-    "timeline_max_events": pt.TIMELINE_MAX_EVENTS,
-}
-#: Upper bounds that keep a job (and its trace) a sensible size.
-MAX_PROFILED_STEPS = 200
-MAX_LATENCY_ITERS = 10_000
 TB_WORKER = "torchscope_rank0"
 
 TRACE_JSON = "trace.json"
@@ -69,56 +48,22 @@ TRACE_GZ = "trace.json.gz"
 TB_ZIP = "tb_trace.zip"
 
 
-class ProfilerOptionError(TorchScopeError):
-    """An option of the profiler job that cannot work (unknown mode, negative steps...)."""
-
-
-def normalize_options(options: dict, device: str = "cpu") -> dict:
-    """Defaults filled in and every option checked; raises ProfilerOptionError naming the bad one."""
-    unknown = set(options) - set(DEFAULTS)
-    if unknown:
-        raise ProfilerOptionError(f"unknown profiler option(s): {', '.join(sorted(unknown))}; "
-                                  f"known: {', '.join(DEFAULTS)}")
-    o = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None or k == "activities"}}
-    if o["mode"] not in MODES:
-        raise ProfilerOptionError(f"mode must be one of {', '.join(MODES)}, got {o['mode']!r}")
-    o["optimizer"] = str(o["optimizer"]).lower()
-    if o["optimizer"] not in OPTIMIZERS:
-        raise ProfilerOptionError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {o['optimizer']!r}")
-    try:
-        o["lr"] = float(o["lr"])
-    except (TypeError, ValueError):
-        raise ProfilerOptionError(f"learning rate must be a number, got {o['lr']!r}") from None
-    if not o["lr"] > 0:
-        raise ProfilerOptionError(f"learning rate must be positive, got {o['lr']}")
-    for key, low in (("wait", 0), ("warmup", 0), ("active", 1), ("repeat", 1), ("latency_warmup", 0),
-                     ("latency_iters", 1), ("timeline_max_events", 10)):
-        try:
-            o[key] = int(o[key])
-        except (TypeError, ValueError):
-            raise ProfilerOptionError(f"{key} must be an integer, got {o[key]!r}") from None
-        if o[key] < low:
-            raise ProfilerOptionError(f"{key} must be at least {low}, got {o[key]}")
+def resolve_options(options: dict, device: str = "cpu") -> dict:
+    """The declared options (already valid one by one) checked together, and the activities resolved
+    for ``device``; raises OptionError naming the problem."""
+    o = dict(options)
     steps = (o["wait"] + o["warmup"] + o["active"]) * o["repeat"]
     if steps > MAX_PROFILED_STEPS:
-        raise ProfilerOptionError(f"the schedule runs {steps} steps ((wait + warmup + active) x repeat); "
-                                  f"keep it at most {MAX_PROFILED_STEPS}")
+        raise OptionError(f"the schedule runs {steps} steps ((wait + warmup + active) x repeat); "
+                          f"keep it at most {MAX_PROFILED_STEPS}")
     if o["latency_iters"] + o["latency_warmup"] > MAX_LATENCY_ITERS:
-        raise ProfilerOptionError(f"latency warmup + iterations must be at most {MAX_LATENCY_ITERS}")
+        raise OptionError(f"latency warmup + iterations must be at most {MAX_LATENCY_ITERS}")
     acts = o["activities"]
-    if acts is None:
+    if not acts:
         acts = ["cpu", "cuda"] if device.startswith("cuda") else ["cpu"]
-    if isinstance(acts, str):
-        acts = [acts]
-    acts = [str(a).lower() for a in acts]
-    bad = [a for a in acts if a not in ACTIVITIES]
-    if bad or not acts:
-        raise ProfilerOptionError(f"activities must be a non-empty subset of {', '.join(ACTIVITIES)}, got {acts}")
     if "cuda" in acts and not torch.cuda.is_available():
-        raise ProfilerOptionError("the CUDA activity was asked for but CUDA is not available here")
-    o["activities"] = sorted(set(acts), key=ACTIVITIES.index)
-    for key in ("record_shapes", "profile_memory", "with_stack", "with_modules"):
-        o[key] = bool(o[key])
+        raise OptionError("the CUDA activity was asked for but CUDA is not available here")
+    o["activities"] = sorted(set(acts), key=("cpu", "cuda").index)
     return o
 
 
@@ -135,7 +80,7 @@ class _Step:
         if self.train:
             params = [p for p in self.model.parameters() if p.requires_grad]
             if not params:
-                raise ProfilerOptionError("training mode needs trainable parameters, but the model has none "
+                raise TorchScopeError("training mode needs trainable parameters, but the model has none "
                                           "(all frozen, or a TorchScript/exported model without parameters)")
             cls = torch.optim.SGD if opts["optimizer"] == "sgd" else torch.optim.AdamW
             self.optimizer = cls(params, lr=opts["lr"])
@@ -362,10 +307,11 @@ def engine_timeline(path: Path, max_events: int) -> tuple[dict | None, str | Non
 
 # ----------------------------------------------------------------------------- the job
 def analyze(ctx, options: dict) -> dict:
+    options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     loaded = ctx.loaded
     spec = loaded.spec
     device = loaded.device
-    opts = normalize_options(options, spec.device)
+    opts = resolve_options(options, spec.device)
     model = loaded.model
     step = _Step(loaded, opts)
     batch = loaded.batch_size

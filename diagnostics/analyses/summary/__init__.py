@@ -1,1 +1,29 @@
-"""The summary analysis: its declaration here, its work in job.py."""
+"""The model summary: parameters, bytes, output shapes and FLOPs, in total and per layer (job.py)."""
+
+from diagnostics.declare import Analysis, Column, Metric, Option, Table
+
+ANALYSIS = Analysis(
+    name="summary", title="Model summary", target="diagnostics.analyses.summary.job:analyze", command="summary",
+    description="parameters, bytes, output shapes and FLOPs (forward and backward), in total and per layer",
+    options=(
+        Option("skip_backward", "bool", False, "count forward FLOPs only (no backward pass)"),
+    ),
+    metrics=(
+        Metric("params_total", "count", "Parameters", "tied weights counted once"),
+        Metric("params_trainable", "count", "Trainable parameters"),
+        Metric("params_frozen", "count", "Frozen parameters"),
+        Metric("param_bytes", "bytes", "Parameter memory"),
+        Metric("buffer_bytes", "bytes", "Buffer memory"),
+        Metric("flops_forward", "flop", "FLOPs (forward)"),
+        Metric("flops_backward", "flop", "FLOPs (backward)"),
+        Metric("flops_train_step", "flop", "FLOPs (forward + backward)"),
+        Metric("tied_parameters", "count", "Tied parameters"),
+        Metric("batch_size", "count", "Batch size"),
+    ),
+    tables=(
+        Table("layers", "Layers", (Column("params", "count", "parameters"), Column("trainable", "count", "trainable"),
+                                   Column("pct_of_total", "percent", "share of parameters"),
+                                   Column("flops_forward", "flop", "FLOPs forward"),
+                                   Column("flops_backward", "flop", "FLOPs backward"))),
+    ),
+)

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from diagnostics.analyses.summary import ANALYSIS
+
 ROOT = "(model)"
 
 
@@ -89,6 +91,7 @@ def _flops_by_module(model: nn.Module, run) -> tuple[int, dict[str, int]]:
 
 
 def analyze(ctx, options: dict) -> dict:
+    options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     loaded = ctx.loaded
     model = loaded.model
     ctx.progress(0.1, "counting parameters")
@@ -120,7 +123,7 @@ def analyze(ctx, options: dict) -> dict:
         with output_shape_hooks(model, shapes), torch.no_grad():
             fwd_total, fwd_per = _flops_by_module(model, lambda: loaded.forward())
         bwd_total, bwd_per, backward_note = 0, {}, None
-        if trainable and not options.get("skip_backward"):
+        if trainable and not options["skip_backward"]:
             ctx.progress(0.6, "forward + backward FLOPs")
 
             def train_step():

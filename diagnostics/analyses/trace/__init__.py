@@ -1,1 +1,74 @@
-"""The trace analysis: its declaration here, its work in job.py."""
+"""The trace explorer's analyses: open a Chrome/Kineto trace (trace), re-draw its timeline for a
+time range (trace_timeline) and compare two traces (trace_diff). The work is in job.py; the
+trace layer (diagnostics.trace) does the reading and the views."""
+
+from diagnostics.declare import Analysis, Column, Metric, Option, Table
+
+TOP_N = 20
+TIMELINE_MAX_EVENTS = 4000
+
+_TIMELINE = (
+    Option("t0", "float", None, "timeline start (µs from the trace's first event)", optional=True, flag=""),
+    Option("t1", "float", None, "timeline end (µs)", optional=True, flag=""),
+    Option("max_events", "int", TIMELINE_MAX_EVENTS, "timeline bars drawn at most", lo=10, hi=200_000, flag=""),
+)
+
+TRACE = Analysis(
+    name="trace", title="Trace explorer", target="diagnostics.analyses.trace.job:analyze", needs_model=False,
+    timeout_s=600, description="one torch.profiler / Kineto trace: steps, operators, kernels, idle time, launches",
+    options=(
+        Option("path", "path", None, "a .json or .json.gz trace file", required=True, flag=""),
+        Option("display_name", "str", None, "the name the user knows the file by (uploads are stored under "
+               "another)", optional=True, flag=""),
+        Option("stamp", "dict", None, "path, size and mtime of the file, so a changed file is a new job",
+               optional=True, flag=""),
+        Option("top", "int", TOP_N, "rows kept per table (operators, kernels, launches)", lo=1, hi=100_000),
+        Option("allow_truncated", "bool", False, "read what a truncated file holds instead of refusing it",
+               flag=""),
+        Option("keep_columns", "bool", True, "keep the parsed columns beside the run (fast timeline re-draws)",
+               flag=""),
+    ) + _TIMELINE,
+    metrics=(
+        Metric("events", "count", "Events"),
+        Metric("duration_ms", "ms", "Duration"),
+        Metric("steps", "count", "Profiler steps"),
+        Metric("skipped_events", "count", "Events skipped (malformed)"),
+        Metric("has_gpu", "bool", "GPU activity"),
+    ),
+    tables=(
+        Table("top_operators.operators", "Host operators", (Column("calls", "count", "calls"), Column("total_us", "us", "total"),
+                                                  Column("self_us", "us", "self"), Column("max_us", "us", "max"),
+                                                  Column("mean_us", "us", "mean"),
+                                                  Column("self_pct", "percent", "self share"))),
+        Table("top_operators.kernels", "GPU kernels", (Column("calls", "count", "calls"), Column("total_us", "us", "total"),
+                                             Column("max_us", "us", "max"), Column("mean_us", "us", "mean"),
+                                             Column("pct", "percent", "share"))),
+        Table("temporal_breakdown.gpu", "GPU time per step", ()),
+        Table("idle_time.streams", "Idle time per stream", ()),
+        Table("launch_stats.by_name", "Kernel launches", ()),
+    ),
+)
+
+TRACE_TIMELINE = Analysis(
+    name="trace_timeline", title="Trace timeline", target="diagnostics.analyses.trace.job:analyze_timeline",
+    needs_model=False, description="the timeline of a trace opened before, for another time range",
+    options=(Option("columns_dir", "path", None, "where a trace run kept its parsed columns", required=True,
+                    flag=""),) + _TIMELINE,
+)
+
+TRACE_DIFF = Analysis(
+    name="trace_diff", title="Trace diff", target="diagnostics.analyses.trace.job:analyze_diff", needs_model=False,
+    timeout_s=600, description="two traces compared by operator and kernel: added, removed, faster, slower",
+    options=(
+        Option("before", "path", None, "the baseline trace", required=True, flag=""),
+        Option("after", "path", None, "the trace to compare with it", required=True, flag=""),
+        Option("stamps", "list", None, "path, size and mtime of both files", optional=True, flag=""),
+    ),
+    metrics=(
+        Metric("added", "count", "Added"), Metric("removed", "count", "Removed"), Metric("faster", "count", "Faster"),
+        Metric("slower", "count", "Slower"), Metric("unchanged", "count", "Unchanged"),
+    ),
+    tables=(Table("diff.rows", "Changes", ()),),
+)
+
+ANALYSES = (TRACE, TRACE_TIMELINE, TRACE_DIFF)

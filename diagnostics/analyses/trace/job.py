@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from diagnostics.analyses.trace import TRACE, TRACE_DIFF, TRACE_TIMELINE
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import check_server_path
 from diagnostics.trace.errors import TraceError
@@ -22,11 +23,9 @@ from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
 )
-from diagnostics.trace.views import TOP_N
 
 EVENTS_FILE = "events.feather"
 META_FILE = "trace_meta.json"
-TIMELINE_MAX_EVENTS = 4000
 
 
 def file_stamp(path: str) -> dict:
@@ -39,9 +38,7 @@ def file_stamp(path: str) -> dict:
 
 
 def _require_path(options: dict, key: str = "path") -> str:
-    path = options.get(key)
-    if not path:
-        raise TorchScopeError(f"no trace given: option {key!r} must name a .json or .json.gz trace file")
+    path = options[key]
     if not check_server_path(path, "trace").is_file():
         raise TorchScopeError(f"trace file not found: {path}")
     return str(path)
@@ -64,29 +61,28 @@ def load_columns(folder: str | Path) -> Trace:
 
 def analyze(ctx, options: dict) -> dict:
     """Open one trace: summary, temporal breakdown, top operators/kernels, idle time, launches, timeline."""
+    options = TRACE.validate(options)  # idempotent: the runner validated them too
     path = _require_path(options)
-    rows = int(options.get("top", TOP_N))  # rows kept in the top-operator and launch tables
-    if rows < 1:
-        raise TorchScopeError(f"bad option top={rows}: the tables keep at least one row")
+    rows = options["top"]  # rows kept in the top-operator and launch tables
     # An upload is stored under a name we chose; "display_name" is the one the user knows it by.
-    stored, name = Path(path).name, str(options.get("display_name") or Path(path).name)
+    stored, name = Path(path).name, options["display_name"] or Path(path).name
     ctx.progress(0.05, f"reading {name} ({os.path.getsize(path) / 2**20:.0f} MiB)")
     try:
-        trace = load_trace(path, allow_truncated=bool(options.get("allow_truncated", False)))
+        trace = load_trace(path, allow_truncated=options["allow_truncated"])
     except TraceError as e:
         msg = str(e)
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
     out = {"path": path, "name": name}
-    steps = [("summary", summary), ("breakdown", temporal_breakdown), ("top", partial(top_operators, n=rows)),
-             ("idle", idle_time), ("launch", partial(launch_stats, n=rows))]
+    steps = [("summary", summary), ("temporal_breakdown", temporal_breakdown),
+             ("top_operators", partial(top_operators, n=rows)), ("idle_time", idle_time),
+             ("launch_stats", partial(launch_stats, n=rows))]
     for i, (key, fn) in enumerate(steps):
         ctx.progress(0.5 + 0.08 * i, key)
         out[key] = fn(trace)
     ctx.progress(0.9, "timeline")
-    out["timeline"] = timeline_data(trace, options.get("t0"), options.get("t1"),
-                                    max_events=int(options.get("max_events", TIMELINE_MAX_EVENTS)))
-    if options.get("keep_columns", True):
+    out["timeline"] = timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
+    if options["keep_columns"]:
         _save_columns(trace, ctx.artifact_dir)
         out["columns_dir"] = str(ctx.artifact_dir)
     s = out["summary"]
@@ -97,14 +93,15 @@ def analyze(ctx, options: dict) -> dict:
 
 def analyze_timeline(ctx, options: dict) -> dict:
     """Re-draw the timeline for [t0, t1] µs from columns kept by a previous ``trace`` run."""
+    options = TRACE_TIMELINE.validate(options)  # idempotent: the runner validated them too
     trace = load_columns(options["columns_dir"])
-    return {"timeline": timeline_data(trace, options.get("t0"), options.get("t1"),
-                                      max_events=int(options.get("max_events", TIMELINE_MAX_EVENTS))),
+    return {"timeline": timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"]),
             "metrics": {}}
 
 
 def analyze_diff(ctx, options: dict) -> dict:
     """Diff two traces (before / after a fix) by operator and kernel."""
+    options = TRACE_DIFF.validate(options)  # idempotent: the runner validated them too
     before_path, after_path = _require_path(options, "before"), _require_path(options, "after")
     ctx.progress(0.1, f"reading {Path(before_path).name}")
     before = load_trace(before_path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from diagnostics.analyses.validate import ANALYSIS
 from diagnostics.analyses.summary.job import _shape_of
 
 
@@ -36,6 +37,7 @@ def nonfinite_counts(out) -> tuple[int, int, int]:
 
 
 def analyze(ctx, options: dict) -> dict:
+    options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     loaded = ctx.loaded
     ctx.progress(0.5, "one forward pass")
     loaded.model.eval()

@@ -1,40 +1,46 @@
-"""The text of `trace analyze` / `trace diff`, and a bare in-process version of both.
-
-``python -m diagnostics trace ...`` runs the registered "trace" / "trace_diff" analyses in a worker
-(run store, report folder; see diagnostics.cli.trace) and prints with format_analysis / format_diff.
-``python -m diagnostics.cli.trace_text analyze PATH [--json] [--top N]`` / ``diff A B`` reads the traces
-in this process and writes nothing: main(argv) -> exit code: 0 done, 1 a trace could not be read
-(the message says why), 2 usage. argv may start with "trace" or directly with the subcommand.
-"""
+"""Results as text: a metric with the unit its analysis declared, the CLI's headline lines, and the
+text of ``trace analyze`` / ``trace diff``."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 
-from diagnostics.trace import (
-    TraceError, diff_traces, load_trace, summary, temporal_breakdown, top_operators,
-)
-from diagnostics.trace.views import idle_time, launch_stats
+from diagnostics.units import format_value
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m diagnostics trace",
-                                 description="Analyse or compare torch.profiler trace files.")
-    sub = ap.add_subparsers(dest="command", required=True)
-    a = sub.add_parser("analyze", help="summary and top operators of one trace")
-    a.add_argument("path", help="a trace (.json, .json.gz, *.pt.trace.json.gz)")
-    a.add_argument("--json", action="store_true", help="print the full result as JSON")
-    a.add_argument("--top", type=int, default=10, metavar="N", help="operators shown (10)")
-    d = sub.add_parser("diff", help="operators added, removed, faster, slower from A to B")
-    d.add_argument("a", help="the baseline trace (before)")
-    d.add_argument("b", help="the trace to compare (after)")
-    d.add_argument("--json", action="store_true", help="print the full result as JSON")
-    d.add_argument("--top", type=int, default=15, metavar="N", help="rows shown (15)")
-    return ap
+def _declared(analysis: str, key: str):
+    from diagnostics.registry import ANALYSES
+
+    a = ANALYSES.get(analysis)
+    return None if a is None else a.metric(key)
 
 
+def format_metric(analysis: str, key: str, value) -> str:
+    """``value`` of ``analysis``' metric ``key`` in its declared unit (12.3 ms, 4.00 MiB, 87.5 %).
+
+    A metric the analysis did not declare is shown as a plain number, never with a guessed unit
+    (and tests/test_declarations.py fails on it)."""
+    m = _declared(analysis, key)
+    if m is not None:
+        return format_value(value, m.unit)
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)[:200]
+    return format_value(value, "text" if isinstance(value, str) else "number")
+
+
+def metric_label(analysis: str, key: str) -> str:
+    m = _declared(analysis, key)
+    return m.label if m is not None else key.replace("_", " ")
+
+
+def metric_lines(analysis: str, metrics: dict) -> list[str]:
+    """'Latency (median)   12.3 ms' lines, labels aligned, in the result's order."""
+    rows = [(metric_label(analysis, k), format_metric(analysis, k, v)) for k, v in metrics.items()]
+    width = max((len(label) for label, _ in rows), default=0)
+    return [f"{label.ljust(width)}  {value}" for label, value in rows]
+
+
+# ----------------------------------------------------------------------------- traces
 def _ms(us) -> str:
     return "-" if us is None else f"{us / 1000:.3f} ms"
 
@@ -50,14 +56,6 @@ def _table(rows: list, cols: list) -> str:
 
 def _clip(name: str, n: int = 60) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
-
-
-def analysis_result(trace, top: int | None = None) -> dict:
-    """What ``trace analyze --json`` prints: summary, top operators/kernels, per-step breakdown,
-    idle time and launch statistics of a loaded trace."""
-    ops = top_operators(trace) if top is None else top_operators(trace, n=top)
-    return {"summary": summary(trace), "top_operators": ops, "temporal_breakdown": temporal_breakdown(trace),
-            "idle_time": idle_time(trace), "launch_stats": launch_stats(trace)}
 
 
 def format_analysis(result: dict, top: int) -> str:
@@ -90,11 +88,6 @@ def format_analysis(result: dict, top: int) -> str:
     return "\n".join(out)
 
 
-def analyze(path: str, as_json: bool, top: int) -> str:
-    result = analysis_result(load_trace(path), top)
-    return json.dumps(result, indent=2) if as_json else format_analysis(result, top)
-
-
 def format_diff(r: dict, a: str, b: str, top: int) -> str:
     """The text of ``trace diff``: ``r`` is diff_traces' result, its first ``top`` rows shown."""
     c = r["counts"]
@@ -107,32 +100,3 @@ def format_diff(r: dict, a: str, b: str, top: int) -> str:
                       ("before", "time_us_before", _ms), ("after", "time_us_after", _ms),
                       ("delta", "delta_us", _ms),
                       ("ratio", "ratio", lambda v: "-" if v is None else f"{v:.2f}x")])])
-
-
-def diff(a: str, b: str, as_json: bool, top: int) -> str:
-    r = diff_traces(load_trace(a), load_trace(b))
-    return json.dumps(r, indent=2) if as_json else format_diff(r, a, b, top)
-
-
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["trace"]:
-        argv = argv[1:]
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    try:
-        if args.command == "analyze":
-            text = analyze(args.path, args.json, args.top)
-        else:
-            text = diff(args.a, args.b, args.json, args.top)
-    except TraceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

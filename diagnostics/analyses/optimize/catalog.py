@@ -1,0 +1,144 @@
+"""The one-click fixes, declared: id, title, what it does, its parameters (declared options) and
+when it applies. No torch here, so the page and the CLI list fixes and check their parameters
+without loading it; each fix's ``recipe`` names the function in fixes.py that applies it.
+
+``applies(facts) -> (bool, why_not)`` reads the plain facts dict the checklist collects
+(``static``, ``env``, ``forward``), so a fix that cannot help says why instead of running.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+from diagnostics.declare import Option, OptionError
+from diagnostics.errors import TorchScopeError
+
+
+def _static(facts) -> dict:
+    return facts.get("static") or {}
+
+
+def _env(facts) -> dict:
+    return facts.get("env") or {}
+
+
+def always(_facts) -> tuple[bool, str]:
+    return True, ""
+
+
+def applies_channels_last(facts):
+    return (True, "") if _static(facts).get("n_conv2d") else (False, "no Conv2d layers: memory format does not matter")
+
+
+def applies_conv_bn_fusion(facts):
+    if not _static(facts).get("n_batchnorm"):
+        return False, "no BatchNorm layers"
+    pairs = (facts.get("forward") or {}).get("conv_bn_pairs")
+    if pairs is not None and not pairs:
+        return False, "no BatchNorm directly follows a convolution"
+    return True, ""
+
+
+def applies_int8_dynamic(facts):
+    s = _static(facts)
+    if not (s.get("n_linear") or s.get("n_rnn")):
+        return False, "no Linear / LSTM / GRU layers to quantize (dynamic quantization leaves convolutions alone)"
+    return True, ""
+
+
+def applies_prune(facts):
+    s = _static(facts)
+    return (True, "") if (s.get("n_linear") or s.get("n_conv")) else (False, "no Linear / Conv layers")
+
+
+def applies_compile(facts):
+    env = _env(facts)
+    if env.get("device_type") != "cuda" and not env.get("cxx_compiler"):
+        return False, "torch.compile on CPU needs a C++ compiler (g++), none found"
+    if _static(facts).get("torchscript"):
+        return False, "the model is TorchScript"
+    return True, ""
+
+
+@dataclass(frozen=True)
+class Fix:
+    id: str
+    title: str
+    description: str
+    recipe: str | Callable  # "module:function" (or the function) applying it: fn(model, inputs, params) -> (model', notes)
+    applies: Callable[[dict], tuple[bool, str]] = always
+    params: tuple[Option, ...] = field(default_factory=tuple)
+
+    def options(self, given: dict | None) -> dict:
+        """Defaults merged with ``given``; a bad value raises a message naming the fix and parameter."""
+        out = {p.key: p.default for p in self.params}
+        for k, v in (given or {}).items():
+            p = next((p for p in self.params if p.key == k), None)
+            if p is None:
+                raise OptionError(f"fix {self.id} has no parameter {k!r}"
+                                  + (f"; its parameters: {', '.join(p.key for p in self.params)}" if self.params
+                                     else " (it takes none)"))
+            try:
+                out[k] = p.validate(v)
+            except OptionError as e:
+                raise OptionError(f"fix {self.id}: {str(e).removeprefix('option ')}") from None
+        return out
+
+    def apply(self, model, inputs, params: dict):
+        fn = self.recipe
+        if isinstance(fn, str):
+            module, _, name = fn.partition(":")
+            fn = getattr(importlib.import_module(module), name)
+        return fn(model, inputs, params)
+
+
+_R = "diagnostics.analyses.optimize.fixes:"
+_AUTO_DTYPE = "auto: float16 on CUDA, bfloat16 on CPU"
+
+FIXES: list[Fix] = [
+    Fix("amp", "Automatic mixed precision", "Run under torch.autocast (float16 on CUDA, bfloat16 on CPU by default).",
+        _R + "apply_amp", params=(Option("dtype", "choice", "auto", _AUTO_DTYPE,
+                                         choices=("auto", "bfloat16", "float16")),)),
+    Fix("channels_last", "channels_last memory format", "Weights and 4-D inputs in NHWC.", _R + "apply_channels_last",
+        applies_channels_last),
+    Fix("conv_bn_fusion", "Conv-BN fusion", "Fold BatchNorm into the preceding convolution (eval mode).",
+        _R + "apply_conv_bn_fusion", applies_conv_bn_fusion),
+    Fix("int8_dynamic", "Dynamic int8 quantization", "int8 weights (and activations, torchao) for Linear/LSTM layers.",
+        _R + "apply_int8_dynamic", applies_int8_dynamic,
+        (Option("backend", "choice", "auto", "auto: torchao where it supports the model, torch.ao.quantization "
+                "otherwise", choices=("auto", "torchao", "torch.ao")),)),
+    Fix("prune_l1", "L1 unstructured pruning", "Zero the smallest-magnitude weights of Linear/Conv layers.",
+        _R + "apply_prune_l1", applies_prune, (Option("amount", "float", 0.5, "fraction zeroed", lo=0.0, hi=0.95),)),
+    Fix("torch_compile", "torch.compile", "Graph capture and kernel fusion with TorchInductor.",
+        _R + "apply_torch_compile", applies_compile,
+        (Option("mode", "choice", "default", "torch.compile mode",
+                choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs")),)),
+    Fix("torchscript", "TorchScript trace + freeze", "torch.jit.trace then torch.jit.freeze.", _R + "apply_torchscript"),
+    Fix("inference_mode", "inference_mode", "eval() and torch.inference_mode() around the forward.",
+        _R + "apply_inference_mode"),
+    Fix("half", "Half precision", "Parameters and inputs in 16-bit floats (no autocast).", _R + "apply_half",
+        params=(Option("dtype", "choice", "auto", _AUTO_DTYPE, choices=("auto", "float16", "bfloat16")),)),
+]
+FIX_IDS = [f.id for f in FIXES]
+
+
+def get_fix(fix_id: str) -> Fix:
+    for f in FIXES:
+        if f.id == fix_id:
+            return f
+    raise TorchScopeError(f"unknown fix {fix_id!r}; known: {', '.join(FIX_IDS)}")
+
+
+def check_params(params: dict) -> dict:
+    """{fix_id: {param: value}}: every fix known, every parameter valid (OptionError naming it)."""
+    out = {}
+    for fix_id, given in params.items():
+        if fix_id not in FIX_IDS:
+            raise OptionError(f"option params: unknown fix {fix_id!r}; known: {', '.join(FIX_IDS)}")
+        if not isinstance(given, dict):
+            raise OptionError(f"option params: the parameters of {fix_id} must be a dict, got {given!r}")
+        get_fix(fix_id).options(given)
+        out[fix_id] = dict(given)
+    return out

@@ -1,0 +1,376 @@
+"""The headless CLI: ``python -m diagnostics <analysis> --model NAME_OR_PATH [options]``.
+
+One subcommand per registered analysis that runs on a model (diagnostics.registry.ANALYSES, less
+INTERNAL), so such an analysis gets its command the moment it is registered; ``trace analyze`` /
+``trace diff`` run the "trace" / "trace_diff" analyses on trace files and ``distributed`` has its
+own CLI. Every run goes through the same worker runner and SQLite store as the dashboard (source
+"cli", so it shows in History; run_job_command) and writes a report folder: report.html
+(self-contained, opens offline), result.json, one CSV per table and the Chrome trace when the run
+made one.
+
+Exit codes: 0 ok, 1 the job failed (error, timeout, crash, out of memory), 2 bad usage or input
+(unknown model, missing file, bad shape, a model that does not load or rejects its inputs),
+3 the checklist score is under --fail-under, 130 interrupted. Reasons go to stderr; with --json
+stdout holds only the result as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from diagnostics.cli import report_folder as cli_report
+from diagnostics.cli.model_args import UsageError, add_model_args, build_spec
+from diagnostics.cli.report_folder import add_report_args
+from diagnostics.cli.options import add_options, collect_options, positive_int, score
+from diagnostics.errors import TorchScopeError
+from diagnostics.registry import ANALYSES
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: Job errors that mean "what you gave cannot be used" (exit 2) rather than "the job failed" (exit 1).
+INPUT_ERRORS = ("SpecError", "ModelLoadError", "TrustError", "ModelRunError", "UsageError", "TraceError",
+                "OptionError")
+#: Command names the CLI keeps for itself (an analysis declaring one of them as its command is refused).
+RESERVED = ("trace", "list", "distributed")
+#: Dashboard wording in job errors -> what to do on the command line instead.
+CLI_WORDING = {
+    "enter the input shapes in the sidebar": "give the input shapes with --input SHAPE[:DTYPE], e.g. --input 8,3,32,32 "
+                                             "(repeat it for each input)",
+}
+
+
+def model_commands() -> list[str]:
+    """The analyses that are CLI subcommands of their own: every registered analysis that declares a
+    command. (The load check declares none; "trace" / "trace_diff" run under ``trace analyze`` /
+    ``trace diff``, "distributed" / "distributed_traces" under ``distributed``.)"""
+    commands = [a.command for a in ANALYSES.values() if a.command]
+    clash = [c for c in commands if c in RESERVED]
+    if clash:
+        raise RuntimeError(f"analysis command names {clash} are kept by the CLI itself")
+    return commands
+
+
+def cli_message(message: str | None) -> str:
+    """A job's error as the CLI says it: the dashboard's instructions replaced by the flags to use."""
+    message = str(message or "")
+    for dashboard, cli in CLI_WORDING.items():
+        message = message.replace(dashboard, cli)
+    return message
+
+
+def is_input_error(error_type: str | None) -> bool:
+    """A job error that means the model, inputs or options given cannot be used (exit 2)."""
+    return bool(error_type) and (error_type in INPUT_ERRORS or error_type == "TorchScopeError"
+                                 or error_type.endswith("OptionError"))
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse that exits 2 with 'error: ...' on stderr (its default) but names the command."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+# ----------------------------------------------------------------------------- progress
+class ProgressBar:
+    """A text progress bar on stderr: redrawn in place on a terminal, one line per step otherwise."""
+
+    WIDTH = 24
+
+    def __init__(self, label: str, stream=None, enabled: bool = True):
+        self.label, self.stream, self.enabled = label, stream or sys.stderr, enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.fraction, self.message, self.t0, self._last_draw, self._last_line = 0.0, "", time.monotonic(), 0.0, None
+
+    def update(self, fraction: float, message: str = "") -> None:
+        self.fraction, self.message = fraction, message or self.message
+        self._draw(force=True)
+
+    def tick(self, _elapsed: float = 0.0) -> None:
+        self._draw(force=False)
+
+    def _draw(self, force: bool) -> None:
+        if not self.enabled:
+            return
+        pct = int(round(100 * self.fraction))
+        elapsed = time.monotonic() - self.t0
+        if self.tty:
+            now = time.monotonic()
+            if not force and now - self._last_draw < 0.25:
+                return
+            self._last_draw = now
+            filled = int(self.WIDTH * self.fraction)
+            bar = "#" * filled + "-" * (self.WIDTH - filled)
+            line = f"{self.label} [{bar}] {pct:3d}% {elapsed:6.1f}s  {self.message}"
+            self.stream.write("\r" + line[:160].ljust(100))
+            self.stream.flush()
+        elif force:
+            line = f"{self.label} [{pct:3d}%] {self.message}"
+            if line != self._last_line:  # a CI log gets one line per step, not a redraw per tick
+                self._last_line = line
+                self.stream.write(f"{line} ({elapsed:.1f}s)\n")
+                self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ----------------------------------------------------------------------------- parser
+def _add_run_args(p: argparse.ArgumentParser, name: str = "<analysis>") -> None:
+    g = p.add_argument_group("run and report")
+    g.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the job after this long "
+                                                                   "(default: the analysis' own limit)")
+    add_report_args(g, name)
+    g.add_argument("--json", action="store_true", help="print the result as JSON on stdout (nothing else there)")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g.add_argument("--data-dir", metavar="DIR", help="run store folder (default $TORCHSCOPE_DATA_DIR or "
+                                                     "~/.torchscope), shared with the dashboard's History")
+
+
+def _add_analysis_args(p: argparse.ArgumentParser, name: str) -> None:
+    add_options(p, ANALYSES[name])
+    if name == "checklist":  # the CLI's own gate, not an option of the analysis
+        p.add_argument("--fail-under", dest="fail_under", type=score, metavar="SCORE",
+                       help="exit 3 when the checklist score (0-100) is below this: a CI gate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgParser(prog="python -m diagnostics",
+                       description="TorchScope diagnostics without a browser: run an analysis on a model and "
+                                   "write a shareable report folder. Runs land in the dashboard's History.",
+                       epilog="Exit codes: 0 ok, 1 the job failed, 2 bad usage or input, 3 checklist score under "
+                              "--fail-under, 130 interrupted.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=ArgParser)
+    delegated = _distributed_main() is not None
+    for name in model_commands():
+        analysis = ANALYSES[name]
+        p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
+                                                                  "on a model and write a report folder.")
+        add_model_args(p)
+        _add_analysis_args(p, name)
+        _add_run_args(p, name)
+    tp = sub.add_parser("trace", help="analyse or compare Chrome/Kineto trace files",
+                        description="Trace files: 'trace analyze PATH' or 'trace diff A B'.")
+    tsub = tp.add_subparsers(dest="trace_command", metavar="{analyze,diff}", required=True, parser_class=ArgParser)
+    ta = tsub.add_parser("analyze", help="analyse one trace file (.json or .json.gz)",
+                         description="Analyse one trace file (the 'trace' analysis) and write a report folder.")
+    ta.add_argument("path", help="a Chrome/Kineto trace (.json or .json.gz)")
+    td = tsub.add_parser("diff", help="compare two trace files",
+                         description="Compare two trace files (the 'trace_diff' analysis) and write a report folder.")
+    td.add_argument("a", help="the baseline trace")
+    td.add_argument("b", help="the trace to compare with it")
+    for t, rows in ((ta, "operators and kernels (default 10; result.json keeps 20 rows per table, or N when more)"),
+                    (td, "changed operators (default 15)")):
+        t.add_argument("--top", type=positive_int, metavar="N", help=f"rows shown in the text output: {rows}")
+        _add_run_args(t, "trace" if t is ta else "trace_diff")
+    if delegated:
+        sub.add_parser("distributed", add_help=False,
+                       help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
+    sub.add_parser("list", help="list the commands and the built-in sample models")
+    return parser
+
+
+# ----------------------------------------------------------------------------- helpers
+def _distributed_main():
+    """diagnostics.analyses.distributed's CLI entry point main(argv) -> int, when that package provides one."""
+    import importlib
+    import importlib.util
+
+    for mod in ("diagnostics.cli.distributed", "diagnostics.analyses.distributed"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                continue
+        except ImportError:
+            continue
+        try:
+            fn = getattr(importlib.import_module(mod), "main", None)
+        except Exception:  # a half-written package must not break the other commands
+            continue
+        if callable(fn):
+            return fn
+    return None
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+
+
+def checklist_score(result: dict) -> float | None:
+    """The checklist's 0-100 score, wherever the result keeps it."""
+    for holder in (result, result.get("metrics") or {}):
+        if isinstance(holder, dict) and isinstance(holder.get("score"), (int, float)):
+            return float(holder["score"])
+    return None
+
+
+def _print_human(name: str, spec, outcome, written: dict | None) -> None:
+    from diagnostics.render.text import metric_lines
+
+    out = sys.stdout
+    what = f" · {spec.label} · {spec.device}" if spec is not None else ""
+    out.write(f"{name}{what} · ok in {outcome.duration_s:.1f} s (run {outcome.run_id})\n")
+    for line in metric_lines(name, (outcome.result or {}).get("metrics") or {}):
+        out.write(f"  {line}\n")
+    for note in (outcome.result or {}).get("notes", []) or []:
+        out.write(f"  note: {note}\n")
+    if written and "report.html" in written:
+        out.write(f"report: {written['report.html']}\n")
+
+
+# ----------------------------------------------------------------------------- commands
+def report_dir(args, name: str) -> Path | None:
+    """Where a command writes its report folder: none with --no-report, --out DIR, else the default."""
+    return cli_report.report_dir(args.out, getattr(args, "no_report", False), name)
+
+
+def run_job_command(args, name: str, spec, options: dict, *, title: str, label: str | None = None,
+                    show=None, text=None, copy_artifacts: bool = True) -> tuple[int, dict | None]:
+    """Run one analysis as every command does; returns (exit code, the result shown).
+
+    The job runs in a worker through diagnostics.runner with the run store (source "cli", so it is
+    in the dashboard's History), a progress bar on stderr (--quiet: none) and Ctrl-C recorded as
+    cancelled; then the report folder (report_dir) and stdout (--json: only the result). ``show``
+    turns the stored result into the one shown and written (default: as stored); ``text(result)``
+    is the human output (default: the headline metrics); ``copy_artifacts`` copies the run's
+    Chrome trace into the report folder.
+    """
+    from diagnostics.runner import Job, run_job
+    from diagnostics.store import Store
+
+    try:
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError(f"bad --timeout {args.timeout}: must be positive seconds")
+        out_dir = report_dir(args, name)
+        store = Store(args.data_dir)
+    except TorchScopeError as e:
+        _err(str(e))
+        return EXIT_USAGE, None
+
+    label = label or name
+    bar = ProgressBar(label, enabled=not args.quiet)
+    cancel = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop the worker, record it
+    try:
+        outcome = run_job(Job(name, spec, options), timeout_s=args.timeout, on_progress=bar.update,
+                          on_tick=bar.tick, store=store, source="cli", cancel=cancel)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        bar.close()
+    if not outcome.ok:
+        if outcome.status == "cancelled" and cancel.is_set():
+            _err(f"{label} interrupted; run {outcome.run_id} recorded as cancelled")
+            return EXIT_INTERRUPTED, None
+        _err(f"{label} failed ({outcome.status}): {cli_message(outcome.error)}")
+        if not is_input_error(outcome.error_type) and outcome.log_tail:
+            sys.stderr.write("worker output (last lines):\n" + outcome.log_tail[-1500:] + "\n")
+        return (EXIT_USAGE if is_input_error(outcome.error_type) else EXIT_FAILED), None
+
+    result = show(outcome.result) if show is not None else outcome.result
+    written = None
+    if out_dir is not None:
+        artifacts = {p.name: str(p) for p in Path(outcome.artifact_dir).iterdir() if p.is_file()} \
+            if copy_artifacts and outcome.artifact_dir and Path(outcome.artifact_dir).is_dir() else {}
+        written = cli_report.write_report(name, result, out_dir, artifacts, title=title, run_id=outcome.run_id)
+        if written is None:
+            return EXIT_FAILED, None
+    if args.json:
+        sys.stdout.write(json.dumps(result, default=str) + "\n")
+        if written:
+            sys.stderr.write(f"report: {written['report.html']}\n")
+    elif text is not None:
+        sys.stdout.write(text(result) + "\n")
+        sys.stdout.write(f"{label} · ok in {outcome.duration_s:.1f} s (run {outcome.run_id})\n")
+        if written:
+            sys.stdout.write(f"report: {written['report.html']}\n")
+    else:
+        _print_human(label, spec, outcome, written)
+    return EXIT_OK, result
+
+
+def run_analysis_command(args) -> int:
+    name = args.command
+    try:
+        options = collect_options(ANALYSES[name], args)
+        spec = None
+        if ANALYSES[name].needs_model:
+            spec = build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust,
+                              inputs=args.inputs, batch_size=args.batch_size, device=args.device, seed=args.seed)
+    except TorchScopeError as e:
+        _err(str(e))
+        return EXIT_USAGE
+
+    title = f"TorchScope {ANALYSES[name].title}" + (f": {spec.label}" if spec else "")
+    code, result = run_job_command(args, name, spec, options, title=title)
+    if code != EXIT_OK:
+        return code
+
+    fail_under = getattr(args, "fail_under", None)
+    if fail_under is not None:
+        score = checklist_score(result)
+        if score is None:
+            _err("--fail-under: the result has no score")
+            return EXIT_FAILED
+        if score < fail_under:
+            _err(f"checklist score {score:.1f} is below --fail-under {fail_under:g}")
+            return EXIT_GATE
+        sys.stderr.write(f"checklist score {score:.1f} >= {fail_under:g}: pass\n")
+    return EXIT_OK
+
+
+def run_trace_command(args) -> int:
+    """``trace analyze`` / ``trace diff``: the "trace" / "trace_diff" analyses, run like every command."""
+    from diagnostics.cli import trace as cli_trace
+    try:
+        name, options = cli_trace.trace_job(args)
+    except TorchScopeError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    code, _ = run_job_command(args, name, None, options, label=f"trace {args.trace_command}",
+                              title=cli_trace.report_title(args), show=lambda r: cli_trace.cli_result(name, r),
+                              text=lambda r: cli_trace.text(args, r), copy_artifacts=False)
+    return code
+
+
+def list_command() -> int:
+    from sample_models import SAMPLES
+
+    out = sys.stdout
+    out.write("commands:\n")
+    rows = [(name, ANALYSES[name].title) for name in model_commands()]
+    rows += [("trace analyze", "Trace explorer: analyse one trace file"),
+             ("trace diff", "Trace diff: compare two trace files")]
+    if _distributed_main() is not None:
+        rows.append(("distributed", "Distributed runs (torchrun + DDP): run / analyze / command"))
+    for name, title in rows:
+        out.write(f"  {name:<14} {title}\n")
+    out.write("sample models:\n")
+    for name, s in SAMPLES.items():
+        out.write(f"  {name:<18} {s.description}\n")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "distributed":
+        fn = _distributed_main()
+        if fn is not None:
+            return int(fn(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    if args.command == "trace":
+        return run_trace_command(args)
+    if args.command == "list":
+        return list_command()
+    return run_analysis_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
