@@ -298,21 +298,21 @@ def trace_diff_sections(result: dict) -> list[Section]:
                      tables=[("changes", records_frame(d.get("rows") or []))])]
 
 
-_STATUS_ORDER = {"fail": 0, "warn": 1, "pass": 2, "not_applicable": 3}
-
-
 def checklist_sections(result: dict) -> list[Section]:
     """Score and charts, then one table per category (failures and warnings first: status, evidence,
     suggestion, fix), the rules that do not apply here, and the thresholds."""
+    from diagnostics.analyses.checklist import SCORE_FORMULA
+    from diagnostics.analyses.checklist.rules import CATEGORIES
+    from diagnostics.render.charts import checklist as ch
+
     counts = result.get("counts") or {}
     text = [f"Score {result.get('score', 0):.1f} / 100 for {result.get('purpose', '?')} on {result.get('device')}: "
             + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()) + ".",
-            "Score = 100 × (pass + 0.5 × warn) / (pass + warn + fail); rules that do not apply do not count."]
+            SCORE_FORMULA]
     text += [str(n) for n in result.get("notes", [])]
-    findings = sorted(result.get("findings") or [], key=lambda f: _STATUS_ORDER.get(f.get("status"), 9))
+    order = ("error", "fail", "warn", "pass", "not_applicable")  # what needs attention first
+    findings = sorted(result.get("findings") or [], key=lambda f: order.index(f.get("status", "not_applicable")))
     cols = ["status", "title", "id", "evidence", "suggestion", "fix"]
-    from diagnostics.render.charts import checklist as ch
-    from diagnostics.analyses.checklist.rules import CATEGORIES
 
     figs, notes = _figures(lambda: ch.build_score_gauge_figure(result),
                            lambda: ch.build_status_by_category_figure(result))

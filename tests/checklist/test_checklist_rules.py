@@ -150,13 +150,28 @@ def test_thresholds_are_the_boundaries():
     assert run("gradient_flow", f).status == "fail" and "exploding" in run("gradient_flow", f).evidence
 
 
-def test_a_rule_that_cannot_read_its_facts_is_not_applicable_not_a_crash():
+def test_a_rule_that_crashes_is_an_error_that_counts_as_failed():
+    """A broken rule says so with its message and lowers the score like a failure; it must not drop
+    out of the denominator (one crashing rule used to move a score from 97.0 to 100.0)."""
+    import dataclasses
+
     facts = healthy()
-    del facts["static"]["init"]
-    facts["measured"]["profile"] = "garbage"
-    findings = [r(facts) for r in RULES]
-    assert len(findings) == len(RULES)
-    assert run("sync_points", facts).status == "not_applicable"
+    good = [r(facts) for r in RULES]
+    i = next(i for i, f in enumerate(good) if f.status == "pass")
+
+    def crash(_facts):
+        return _facts["measured"]["no such probe"]["x"]  # a bug in a rule: it reads what is not there
+
+    rules = list(RULES)
+    rules[i] = dataclasses.replace(RULES[i], check=crash)
+    findings = [r(facts) for r in rules]
+    assert len(findings) == len(RULES)  # the others still ran
+    broken = findings[i]
+    assert broken.status == "error" and broken.evidence == "the rule crashed: KeyError: 'no such probe'"
+    assert broken.fix is None and "bug in TorchScope's rule" in broken.suggestion
+    n = sum(f.status in ("pass", "warn", "fail", "error") for f in findings)
+    assert n == sum(f.status != "not_applicable" for f in good)  # still in the denominator
+    assert score(findings) == pytest.approx(score(good) - 100.0 / n)  # one pass became a failure
 
 
 def test_finding_round_trip_and_validation():
@@ -176,3 +191,4 @@ def test_score_formula():
     assert score([mk("fail")] * 2) == 0.0
     assert score([mk("not_applicable")]) is None
     assert score([mk("warn"), mk("warn")]) == 50.0
+    assert score([mk("pass"), mk("error")]) == 50.0  # a crashed rule counts as failed

@@ -10,19 +10,21 @@ import streamlit as st
 
 from diagnostics.render.charts.checklist import build_score_gauge_figure, build_status_by_category_figure
 from diagnostics.analyses.checklist.report import build_markdown
-from diagnostics.analyses.checklist.rules import CATEGORIES
+from diagnostics.analyses.checklist import SCORE_FORMULA
+from diagnostics.analyses.checklist.rules import CATEGORIES, STATUS_LABEL, STATUSES
 from ui.widgets import json_download, metric_row
 
 ICON = {"pass": ":material/check_circle:", "warn": ":material/warning:", "fail": ":material/cancel:",
-        "not_applicable": ":material/remove_circle_outline:"}
-COLOR = {"pass": "green", "warn": "orange", "fail": "red", "not_applicable": "gray"}
-LABEL = {"pass": "pass", "warn": "warn", "fail": "fail", "not_applicable": "n/a"}
+        "error": ":material/bug_report:", "not_applicable": ":material/remove_circle_outline:"}
+COLOR = {"pass": "green", "warn": "orange", "fail": "red", "error": "violet", "not_applicable": "gray"}
+#: What needs attention first.
+ORDER = ("error", "fail", "warn", "pass", "not_applicable")
 
 
 def _finding(f: dict, apply_fix: Callable[[str], None] | None) -> None:
     with st.container(border=True):
         c1, c2 = st.columns([5, 1])
-        c1.markdown(f":{COLOR[f['status']]}[{ICON[f['status']]} **{LABEL[f['status']]}**] &nbsp; **{f['title']}** "
+        c1.markdown(f":{COLOR[f['status']]}[{ICON[f['status']]} **{STATUS_LABEL[f['status']]}**] &nbsp; **{f['title']}** "
                     f"`{f['id']}`")
         c1.markdown(f["evidence"])
         if f["suggestion"]:
@@ -39,10 +41,12 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None) -> None:
     g1, g2 = st.columns([2, 3])
     g1.plotly_chart(build_score_gauge_figure(result), width="stretch")
     with g2:
-        metric_row([("Score", "n/a" if result["score"] is None else f"{result['score']:.0f}",
-                     "100 x (pass + 0.5 x warn) / (pass + warn + fail)"),
-                    ("Pass", str(c["pass"]), None), ("Warn", str(c["warn"]), None), ("Fail", str(c["fail"]), None),
-                    ("Not applicable", str(c["not_applicable"]), "rules that do not apply here (see why)")])
+        tiles = [("Score", "n/a" if result["score"] is None else f"{result['score']:.0f}", SCORE_FORMULA),
+                 ("Pass", str(c["pass"]), None), ("Warn", str(c["warn"]), None), ("Fail", str(c["fail"]), None),
+                 ("Not applicable", str(c["not_applicable"]), "rules that do not apply here (see why)")]
+        if c.get("error"):
+            tiles.insert(4, ("Rule errors", str(c["error"]), "rules that crashed: counted as failed"))
+        metric_row(tiles)
         st.plotly_chart(build_status_by_category_figure(result), width="stretch")
     for note in result.get("notes", []):
         st.info(f"A probe could not run: {note}")
@@ -52,10 +56,11 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None) -> None:
         fs = [by_id[i] for i in result["by_category"].get(cat, [])]
         if not fs:
             continue
-        n = {s: sum(f["status"] == s for f in fs) for s in LABEL}
-        with st.expander(f"**{cat.capitalize()}** — {n['fail']} fail, {n['warn']} warn, {n['pass']} pass, "
-                         f"{n['not_applicable']} n/a", expanded=bool(n["fail"] or n["warn"])):
-            order = sorted(fs, key=lambda f: ("fail", "warn", "pass", "not_applicable").index(f["status"]))
+        n = {s: sum(f["status"] == s for f in fs) for s in STATUSES}
+        errors = f"{n['error']} rule errors, " if n["error"] else ""
+        with st.expander(f"**{cat.capitalize()}** — {errors}{n['fail']} fail, {n['warn']} warn, {n['pass']} pass, "
+                         f"{n['not_applicable']} n/a", expanded=bool(n["error"] or n["fail"] or n["warn"])):
+            order = sorted(fs, key=lambda f: ORDER.index(f["status"]))
             for f in order:
                 if f["status"] != "not_applicable" or show_na:
                     _finding(f, apply_fix)

@@ -5,6 +5,9 @@ from diagnostics.declare import Analysis, Metric, Option, OptionError, Table
 
 PURPOSES = ("training", "inference")
 LOADER_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+#: How the score is computed, in words (the page, the reports and the docs show this sentence).
+SCORE_FORMULA = ("Score = 100 x (pass + 0.5 x warn) / (pass + warn + fail + rule errors); rules that do not "
+                 "apply do not count, and a rule that crashed counts as failed.")
 
 
 def check_dataloader(dl: dict) -> dict:
@@ -38,10 +41,11 @@ ANALYSIS = Analysis(
         Option("skip_measured", "bool", False, "static facts only: nothing is timed or profiled", flag=""),
     ),
     metrics=(
-        Metric("score", "score", "Score", "100 x (pass + 0.5 x warn) / (pass + warn + fail)"),
+        Metric("score", "score", "Score", SCORE_FORMULA),
         Metric("pass", "count", "Passed"),
         Metric("warn", "count", "Warnings"),
         Metric("fail", "count", "Failed"),
+        Metric("error", "count", "Rule errors", "rules that crashed (counted as failed)"),
         Metric("not_applicable", "count", "Not applicable"),
         Metric("applicable", "count", "Applicable rules"),
     ),

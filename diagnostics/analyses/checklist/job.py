@@ -11,7 +11,7 @@ from __future__ import annotations
 from diagnostics.analyses.checklist import ANALYSIS
 from diagnostics.analyses.checklist.facts import collect_facts
 from diagnostics.analyses.checklist.report import build_markdown
-from diagnostics.analyses.checklist.rules import CATEGORIES, STATUSES, THRESHOLDS, evaluate, score
+from diagnostics.analyses.checklist.rules import CATEGORIES, SCORED, STATUSES, THRESHOLDS, evaluate, score
 
 
 def build_result(facts: dict, model_label: str, device: str) -> dict:
@@ -30,8 +30,8 @@ def build_result(facts: dict, model_label: str, device: str) -> dict:
         "thresholds": [{"name": n, "value": v, "meaning": m} for n, v, m in THRESHOLDS],
         "facts": facts,
         "metrics": {"score": sc, "pass": counts["pass"], "warn": counts["warn"], "fail": counts["fail"],
-                    "not_applicable": counts["not_applicable"],
-                    "applicable": counts["pass"] + counts["warn"] + counts["fail"]},
+                    "error": counts["error"], "not_applicable": counts["not_applicable"],
+                    "applicable": sum(counts[s] for s in SCORED)},
         "notes": [f"{k}: {v}" for k, v in facts.get("errors", {}).items()],
     }
 

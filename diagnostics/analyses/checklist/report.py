@@ -5,10 +5,11 @@ The HTML report is the one every analysis has (diagnostics.render.html.build_rep
 
 from __future__ import annotations
 
+from diagnostics.analyses.checklist import SCORE_FORMULA
 from diagnostics.analyses.checklist.rules import CATEGORIES
 
-STATUS_MARK = {"pass": "✅ pass", "warn": "⚠️ warn", "fail": "❌ fail", "not_applicable": "➖ n/a"}
-STATUS_COLOR = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "not_applicable": "#757575"}
+STATUS_MARK = {"pass": "✅ pass", "warn": "⚠️ warn", "fail": "❌ fail", "error": "🐞 rule error",
+               "not_applicable": "➖ n/a"}
 
 
 def _score_text(result: dict) -> str:
@@ -24,8 +25,9 @@ def build_markdown(result: dict) -> str:
     c = result["counts"]
     lines = [f"# Optimization checklist: {result['model']}", "",
              f"Device: {result['device']} · purpose: {result.get('purpose')} · score: **{_score_text(result)}** "
-             f"(pass {c['pass']}, warn {c['warn']}, fail {c['fail']}, not applicable {c['not_applicable']})", "",
-             "Score = 100 x (pass + 0.5 x warn) / (pass + warn + fail); not-applicable rules do not count.", ""]
+             f"(pass {c['pass']}, warn {c['warn']}, fail {c['fail']}, rule errors {c.get('error', 0)}, "
+             f"not applicable {c['not_applicable']})", "",
+             SCORE_FORMULA, ""]
     by_id = {f["id"]: f for f in result["findings"]}
     for cat in CATEGORIES:
         ids = result["by_category"].get(cat, [])

@@ -2,8 +2,7 @@
 
 A rule reads only the plain ``facts`` dict (see ``diagnostics.analyses.checklist.facts``), so it can be
 tested on hand-written facts. Every threshold is a named constant listed in ``THRESHOLDS``
-(shown in the UI and in docs/checklist.md). The score: ``100 * (pass + 0.5 * warn) / applicable``
-where applicable = pass + warn + fail (not-applicable findings do not count).
+(shown in the UI and in docs/checklist.md). The score: see ``SCORE_FORMULA``.
 """
 
 from __future__ import annotations
@@ -14,7 +13,14 @@ from typing import Callable
 from diagnostics.units import human_bytes
 
 CATEGORIES = ("model design", "memory", "compute", "data pipeline", "deployment")
-STATUSES = ("pass", "warn", "fail", "not_applicable")
+#: A rule's verdict. "error": the rule itself crashed on these facts; it says so with the message and
+#: counts in the score as a failure (a broken rule must not raise the score by leaving the denominator).
+STATUSES = ("pass", "warn", "fail", "error", "not_applicable")
+STATUS_LABEL = {"pass": "pass", "warn": "warn", "fail": "fail", "error": "rule error", "not_applicable": "n/a"}
+STATUS_COLOR = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "error": "#6a1b9a",
+                "not_applicable": "#757575"}
+#: Statuses that count in the score's denominator; pass counts 1, warn 0.5, the rest 0.
+SCORED = ("pass", "warn", "fail", "error")
 
 # ---------------------------------------------------------------------------- thresholds
 DATALOADER_FRACTION_MAX = 0.05  # DataLoader share of step time (TensorBoard plugin rule)
@@ -79,7 +85,7 @@ class Finding:
     id: str
     title: str
     category: str
-    status: str  # pass | warn | fail | not_applicable
+    status: str  # one of STATUSES
     evidence: str  # what was measured, in words with numbers (or why the rule does not apply)
     suggestion: str = ""
     numbers: dict = field(default_factory=dict)
@@ -110,8 +116,11 @@ class Rule:
     def __call__(self, facts: dict) -> Finding:
         try:
             status, evidence, suggestion, numbers = self.check(facts)
-        except Exception as e:  # a rule that cannot read its facts says so, the others still run
-            status, evidence, suggestion, numbers = "not_applicable", f"could not evaluate: {type(e).__name__}: {e}", "", {}
+        except Exception as e:  # a broken rule says so and counts as failed; the others still run
+            status, evidence, suggestion, numbers = (
+                "error", f"the rule crashed: {type(e).__name__}: {e}",
+                "This is a bug in TorchScope's rule, not in your model: please report it with the facts "
+                "(result.json).", {})
         fix = self.fix if status in ("warn", "fail") else None
         return Finding(self.id, self.title, self.category, status, evidence, suggestion, numbers, fix)
 
@@ -722,8 +731,10 @@ def evaluate(facts: dict) -> list[Finding]:
 
 
 def score(findings: list[Finding]) -> float | None:
-    """100 * (pass + 0.5 * warn) / (pass + warn + fail); None when no rule applies."""
-    p = sum(f.status == "pass" for f in findings)
-    w = sum(f.status == "warn" for f in findings)
-    x = sum(f.status == "fail" for f in findings)
-    return None if p + w + x == 0 else 100.0 * (p + 0.5 * w) / (p + w + x)
+    """100 * (pass + 0.5 * warn) / (pass + warn + fail + error); None when no rule applies.
+
+    A rule that crashed ("error") counts as failed: dropping it from the denominator would raise the
+    score (one broken rule moved a 97.0 to 100.0)."""
+    n = {s: sum(f.status == s for f in findings) for s in SCORED}
+    applicable = sum(n.values())
+    return None if applicable == 0 else 100.0 * (n["pass"] + 0.5 * n["warn"]) / applicable

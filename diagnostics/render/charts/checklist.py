@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from diagnostics.analyses.checklist.rules import CATEGORIES
-
-STATUS_ORDER = ("pass", "warn", "fail", "not_applicable")
-STATUS_LABEL = {"pass": "pass", "warn": "warn", "fail": "fail", "not_applicable": "not applicable"}
-STATUS_COLOR = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "not_applicable": "#9e9e9e"}
+from diagnostics.analyses.checklist.rules import CATEGORIES, STATUS_COLOR, STATUS_LABEL, STATUSES
 
 
 def build_score_gauge_figure(result: dict) -> go.Figure:
@@ -31,8 +27,10 @@ def build_status_by_category_figure(result: dict) -> go.Figure:
     by_id = {f["id"]: f for f in result["findings"]}
     cats = [c for c in CATEGORIES if result["by_category"].get(c)]
     fig = go.Figure()
-    for status in STATUS_ORDER:
+    for status in STATUSES:
         counts = [sum(by_id[i]["status"] == status for i in result["by_category"][c]) for c in cats]
+        if status == "error" and not any(counts):
+            continue  # only when a rule crashed
         fig.add_bar(y=cats, x=counts, orientation="h", name=STATUS_LABEL[status], marker_color=STATUS_COLOR[status],
                     hovertemplate="%{y}: %{x} rules " + STATUS_LABEL[status] + "<extra></extra>")
     fig.update_layout(title="Rule status by category", barmode="stack", xaxis_title="rules (count)",
