@@ -27,6 +27,7 @@ from torch import nn
 from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError
 from diagnostics.settings import SAFE_MODE_ENV, safe_mode  # noqa: F401 (re-exported)
 from diagnostics.spec import InputSpec, ModelSpec
+from diagnostics.uploads import archive_kind
 
 
 _DTYPES = {
@@ -120,17 +121,6 @@ _ZIP_KINDS = {
 }
 
 
-def _zip_kind(names: list[str]) -> str:
-    if any(n.endswith("/archive_format") for n in names) or any("/models/" in n and n.endswith(".json")
-                                                                 for n in names):
-        return "export"
-    if any("/code/" in n for n in names) or any(n.endswith("/constants.pkl") for n in names):
-        return "torchscript"
-    if any(n.endswith("/data.pkl") for n in names):
-        return "torch.save"
-    return "unknown"
-
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -154,7 +144,7 @@ def _check_zip(path: Path, what: str, expected: str) -> None:
     if bad is not None:
         raise ModelLoadError(f"{path.name} is a corrupt {what}: member {bad!r} fails its checksum")
     with zipfile.ZipFile(path) as z:
-        kind = _zip_kind(z.namelist())
+        kind = archive_kind(z.namelist())
     if kind not in (expected, "unknown"):
         raise ModelLoadError(f"{path.name} is not a {what}: it is {_ZIP_KINDS[kind]}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field, replace
 
 from diagnostics.errors import SpecError
@@ -112,6 +113,66 @@ class ModelSpec:
     def label(self) -> str:
         """A short human name: 'resnet (sample)' or 'my_model.pt2 (export)'."""
         return f"{self.name} ({self.source})"
+
+
+# ----------------------------------------------------------------------------- input grammar
+#: How an input is written, wherever it is typed (the CLI's --input, the sidebar's upload form):
+#: SHAPE[:DTYPE[:HIGH]], the shape batch first ("8,3,32,32", "8x3x32x32" or "(8, 3, 32, 32)"),
+#: HIGH the exclusive upper bound of random integers (token or class ids).
+INPUT_GRAMMAR = "SHAPE[:DTYPE[:HIGH]], e.g. 8,3,32,32 or 8,64:int64"
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """'8,3,32,32' / '8x3x32x32' / '(8, 3, 32, 32)' -> (8, 3, 32, 32); SpecError naming the shape."""
+    body = text.strip().strip("()[] ")
+    sep = "x" if re.fullmatch(r"\d+(\s*x\s*\d+)+", body) else ","  # 8x3x32x32, else commas
+    parts = [p.strip() for p in body.split(sep)]
+    parts = parts[:-1] if len(parts) > 1 and parts[-1] == "" else parts  # a trailing comma: (8,)
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = ()
+    if not shape or any(d <= 0 for d in shape):
+        raise SpecError(f"shape {text.strip()!r}: dimensions must be positive integers separated by commas, "
+                        "batch first, e.g. 8,3,32,32")
+    return shape
+
+
+def parse_input(text: str, default_dtype: str = "float32", default_high: int | None = None) -> InputSpec:
+    """One input in the grammar above; integer inputs without a HIGH get ``default_high``.
+
+    Errors are SpecErrors naming the part that is wrong and the whole text ("dtype 'int8' in
+    '8,16:int8': ..."); callers prefix where it was typed ("bad --input ...")."""
+    parts = text.strip().split(":")
+    if len(parts) > 3 or not parts[0].strip():
+        raise SpecError(f"{text.strip()!r}: write {INPUT_GRAMMAR}")
+    try:
+        shape = parse_shape(parts[0])
+    except SpecError as e:
+        raise SpecError(f"{e} (in {text.strip()!r})") from None
+    dtype = parts[1].strip() if len(parts) > 1 and parts[1].strip() else default_dtype
+    if dtype not in DTYPES:
+        raise SpecError(f"dtype {dtype!r} in {text.strip()!r}: choose one of {', '.join(DTYPES)}")
+    high = default_high if dtype in ("int64", "int32") else None
+    if len(parts) == 3:
+        try:
+            high = int(parts[2])
+        except ValueError:
+            raise SpecError(f"HIGH {parts[2].strip()!r} in {text.strip()!r}: an integer, the exclusive upper bound "
+                            "of random integer values") from None
+        if high <= 0:
+            raise SpecError(f"HIGH {high} in {text.strip()!r}: must be positive")
+    return InputSpec(shape, dtype, high)
+
+
+def parse_inputs(texts, default_dtype: str = "float32", default_high: int | None = None
+                 ) -> tuple[InputSpec, ...] | None:
+    """Several inputs: a list of texts, or one text with inputs separated by ';'. None when empty
+    (the model's own example inputs are used)."""
+    if isinstance(texts, str):
+        texts = texts.split(";")
+    specs = tuple(parse_input(t, default_dtype, default_high) for t in texts if t.strip())
+    return specs or None
 
 
 def cache_key(spec: ModelSpec, analysis: str, options: dict | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from pathlib import Path
 
 from diagnostics.errors import ModelLoadError
@@ -20,6 +21,29 @@ MODEL_KINDS = {
     "pickle": ("model.pickle.pt", (".pt", ".pth", ".pkl", ".pickle")),
 }
 WEIGHT_EXTS = (".safetensors", ".pt", ".pth", ".bin")
+
+
+def archive_kind(names: list[str]) -> str:
+    """What a zip archive written by torch is, from its member names: "export" (torch.export .pt2),
+    "torchscript" (torch.jit.save), "torch.save" (a pickled object or state_dict) or "unknown".
+    The one place that tells them apart (the CLI's --model sniffing and the loader's check)."""
+    if any(n.endswith("/archive_format") for n in names) or any("/models/" in n and n.endswith(".json")
+                                                                 for n in names):
+        return "export"
+    if any("/code/" in n for n in names) or any(n.endswith("constants.pkl") for n in names):
+        return "torchscript"
+    if any(n.endswith("/data.pkl") for n in names):
+        return "torch.save"
+    return "unknown"
+
+
+def sniff_kind(path: Path) -> str:
+    """archive_kind of the file at ``path``, or "not a zip" (e.g. the legacy torch.save format)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return archive_kind(z.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return "not a zip"
 
 
 def max_upload_bytes() -> int:

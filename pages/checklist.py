@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from diagnostics.intake import safe_mode
+from diagnostics.settings import safe_mode
 from diagnostics.uploads import save_upload
 from ui import state, views
 from ui.jobs import cached_outcome, get_store, run_analysis

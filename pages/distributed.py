@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from diagnostics.intake import safe_mode
+from diagnostics.settings import safe_mode
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
 from ui.widgets import option_input, show_failure

@@ -4,7 +4,7 @@ import streamlit as st
 
 from diagnostics.analyses.trace.job import file_stamp
 from diagnostics.errors import TorchScopeError
-from diagnostics.intake import safe_mode
+from diagnostics.settings import safe_mode
 from diagnostics.uploads import save_upload
 from ui import views
 from ui.jobs import get_store, run_analysis

@@ -12,10 +12,12 @@ from dataclasses import replace
 import streamlit as st
 
 from diagnostics.devices import device_report, list_devices
-from diagnostics.errors import TorchScopeError
+from diagnostics.errors import SpecError, TorchScopeError
 from diagnostics.units import human_bytes
-from diagnostics.intake import safe_mode
-from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec
+from diagnostics.settings import safe_mode
+
+from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec, parse_shape
+from diagnostics.spec import parse_inputs as spec_parse_inputs
 from diagnostics.uploads import MODEL_KINDS, save_upload
 from sample_models import DEFAULT_SAMPLE, SAMPLES
 from ui import state
@@ -41,30 +43,13 @@ def _device_report() -> dict:
     return device_report()
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    parts = [p.strip() for p in text.replace("x", ",").replace("(", "").replace(")", "").split(",") if p.strip()]
-    try:
-        shape = tuple(int(p) for p in parts)
-    except ValueError:
-        raise TorchScopeError(f"shape {text!r} is not a comma-separated list of integers") from None
-    if not shape or any(s <= 0 for s in shape):
-        raise TorchScopeError(f"shape {text!r} must have at least one dimension, each positive")
-    return shape
-
-
 def parse_inputs(text: str, default_dtype: str, high: int) -> tuple[InputSpec, ...] | None:
-    """'8,3,32,32 ; 8,16:int64' -> InputSpecs; ':dtype' after a shape overrides the default dtype.
-    Integer inputs draw values from [0, high). Empty text: None (the model's own example inputs)."""
-    specs = []
-    for part in (p.strip() for p in text.split(";")):
-        if not part:
-            continue
-        shape_text, _, dtype = part.partition(":")
-        dtype = dtype.strip() or default_dtype
-        if dtype not in DTYPES:
-            raise TorchScopeError(f"input {part!r}: unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
-        specs.append(InputSpec(parse_shape(shape_text), dtype, high if dtype in INT_DTYPES else None))
-    return tuple(specs) or None
+    """'8,3,32,32 ; 8,16:int64' -> InputSpecs, in the engine's one input grammar (diagnostics.spec);
+    integer inputs draw values from [0, high). Empty text: None (the model's own example inputs)."""
+    try:
+        return spec_parse_inputs(text, default_dtype, high)
+    except SpecError as e:
+        raise SpecError(f"input {e}") from None
 
 
 def _allowed_kinds() -> list[str]:

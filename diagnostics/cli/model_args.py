@@ -1,19 +1,20 @@
 """Turn the CLI's model arguments into a ModelSpec, the same description the dashboard builds.
 
 ``--model`` is a built-in sample name or a file; a file's kind comes from ``--kind`` or is inferred
-from its extension (a ``.pt`` is sniffed: a TorchScript archive holds ``code/``, a pickled module
-does not). Inputs are ``SHAPE[:DTYPE[:HIGH]]`` strings such as ``8,3,32,32`` or ``8,64:int64``.
+from its extension (a ``.pt`` is sniffed: diagnostics.uploads.sniff_kind). Inputs are written in the
+engine's one grammar (diagnostics.spec.INPUT_GRAMMAR), such as ``8,3,32,32`` or ``8,64:int64``.
 Every problem raises UsageError naming the argument, so the CLI can exit 2 with that message.
 """
 
 from __future__ import annotations
 
 import hashlib
-import zipfile
 from pathlib import Path
 
 from diagnostics.errors import SpecError, TorchScopeError
-from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec
+from diagnostics.uploads import sniff_kind
+from diagnostics.spec import DEFAULT_INT_HIGH, InputSpec, ModelSpec
+from diagnostics.spec import parse_input as spec_parse_input
 
 #: Extension -> model kind (".pt"/".pth" are sniffed, see infer_kind).
 KIND_BY_EXT = {
@@ -61,35 +62,11 @@ class UsageError(TorchScopeError):
 
 
 def parse_input(text: str) -> InputSpec:
-    """'8,3,32,32' -> InputSpec((8,3,32,32)); '8,64:int64' and '8,64:int64:5000' (HIGH) too."""
-    parts = text.strip().split(":")
-    if len(parts) > 3 or not parts[0].strip():
-        raise UsageError(f"bad --input {text!r}: write SHAPE[:DTYPE[:HIGH]], e.g. 8,3,32,32 or 8,64:int64")
-    dims = [d.strip() for d in parts[0].strip("()[] ").split(",") if d.strip()]
+    """One --input in the engine's one input grammar (diagnostics.spec.parse_input)."""
     try:
-        shape = tuple(int(d) for d in dims)
-    except ValueError:
-        raise UsageError(f"bad --input shape {parts[0]!r} (in {text!r}): dimensions must be integers "
-                         "separated by commas, e.g. 8,3,32,32") from None
-    if not shape or any(d <= 0 for d in shape):
-        raise UsageError(f"bad --input shape {parts[0]!r} (in {text!r}): every dimension must be a positive "
-                         "integer, batch first")
-    dtype = parts[1].strip() if len(parts) > 1 and parts[1].strip() else "float32"
-    if dtype not in DTYPES:
-        raise UsageError(f"bad --input dtype {dtype!r} (in {text!r}): choose one of {', '.join(DTYPES)}")
-    high = None
-    if len(parts) == 3:
-        try:
-            high = int(parts[2])
-        except ValueError:
-            raise UsageError(f"bad --input HIGH {parts[2]!r} (in {text!r}): an integer, the exclusive upper "
-                             "bound of random integer values") from None
-        if high <= 0:
-            raise UsageError(f"bad --input HIGH {high} (in {text!r}): must be positive")
-    try:
-        return InputSpec(shape, dtype, high)
+        return spec_parse_input(text)
     except SpecError as e:
-        raise UsageError(f"bad --input {text!r}: {e}") from None
+        raise UsageError(f"bad --input {e}") from None
 
 
 def infer_kind(path: Path) -> str:
@@ -98,14 +75,8 @@ def infer_kind(path: Path) -> str:
     if ext in KIND_BY_EXT:
         return KIND_BY_EXT[ext]
     if ext in SNIFFED_EXTS:
-        try:
-            with zipfile.ZipFile(path) as z:
-                names = z.namelist()
-        except (zipfile.BadZipFile, OSError):
-            return "pickle"  # the legacy (non-zip) torch.save format: a pickle
-        if any("/code/" in n or n.endswith("constants.pkl") for n in names):
-            return "torchscript"
-        return "pickle"
+        kind = sniff_kind(path)  # a legacy (non-zip) or zip torch.save file: a pickle
+        return kind if kind in ("torchscript", "export") else "pickle"
     raise UsageError(f"cannot tell what kind of model {path} is from its extension {ext or '(none)'!r}: "
                      f"pass --kind {'|'.join(KINDS)}")
 
