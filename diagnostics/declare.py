@@ -241,7 +241,9 @@ class Analysis:
 
     ``target`` is "module:function", called in the worker as ``fn(ctx, options) -> dict`` with
     options already validated here. ``command``: its CLI subcommand (None: no command of its own).
-    ``exclusive``: it times the device, so such jobs queue one at a time per device.
+    ``exclusive``: it times the device, so such jobs queue one at a time per device. ``view``: the
+    module that draws it, ``diagnostics.render.charts.<view>`` (figures and report ``SECTIONS``) and
+    ``ui.views.<view>`` (its ``VIEWS``); several analyses may share one (default: its name).
     """
 
     name: str
@@ -255,8 +257,11 @@ class Analysis:
     timeout_s: float = 300.0
     command: str | None = None
     description: str = ""
+    view: str = ""
 
     def __post_init__(self):
+        if not self.view:  # the chart module (diagnostics.render.charts.<view>) and page view (ui.views.<view>)
+            object.__setattr__(self, "view", self.name)
         keys = [o.key for o in self.options]
         if len(set(keys)) != len(keys):
             raise ValueError(f"analysis {self.name}: an option is declared twice")

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.render import html as report
-from diagnostics.render.html import (Section, build_report, find_tables, format_metric, records_frame,
-                                write_report_folder)
+from diagnostics.render.html import build_report, write_report_folder
+from diagnostics.render.sections import MAX_HTML_ROWS, Section
+from diagnostics.render.tables import find_tables, records_frame
+from diagnostics.render.text import format_metric
 
 PLOTLY_BUNDLE_MARK = "window.PlotlyConfig"
 
@@ -84,17 +85,19 @@ def test_failing_layout_falls_back_and_says_why(monkeypatch):
     def broken(result):
         raise KeyError("layers")
 
-    monkeypatch.setitem(report.SECTIONS, "summary", broken)
+    from diagnostics.render.charts import summary as charts
+
+    monkeypatch.setitem(charts.SECTIONS, "summary", broken)
     html = build_report("summary", {"metrics": {"params_total": 5}, "rows": [{"a": 1}]})
     assert "the summary report layout failed (KeyError" in html
     assert "<td class=\"num\">1</td>" in html
 
 
 def test_long_tables_are_cut_in_html_but_not_in_csv(tmp_path):
-    rows = [{"i": i} for i in range(report.MAX_HTML_ROWS + 50)]
+    rows = [{"i": i} for i in range(MAX_HTML_ROWS + 50)]
     written = write_report_folder("x", {"rows": rows}, tmp_path / "r")
     html = written["report.html"].read_text()
-    assert f"Showing the first {report.MAX_HTML_ROWS:,} of {len(rows):,} rows" in html
+    assert f"Showing the first {MAX_HTML_ROWS:,} of {len(rows):,} rows" in html
     with open(written["rows.csv"]) as f:
         assert len(list(csv.DictReader(f))) == len(rows)
 
@@ -114,12 +117,23 @@ def test_report_folder_copies_traces_only(tmp_path, summary_result):
     assert json.loads((tmp_path / "out" / "result.json").read_text()) == summary_result
 
 
-def test_sections_registry_has_every_analysis_layout():
-    known = {"summary", "profile", "memory", "batch_scan", "gradients", "checklist", "optimize", "distributed",
-             "trace", "trace_diff"}
-    assert known <= set(report.SECTIONS)
-    assert all(callable(fn) for fn in report.SECTIONS.values())
-    assert isinstance(report.summary_sections({"layers": [], "inputs": []})[0], Section)
+def test_every_analysis_finds_its_report_layout_and_page_view_through_its_declared_view():
+    """An analysis' chart module (its declared view) has its report SECTIONS; the dashboard's view module
+    (ui.views.<view>) has its VIEWS. Only the load check and the timeline re-draw have no report layout."""
+    import importlib
+
+    from diagnostics.registry import ANALYSES
+
+    without = {"validate", "trace_timeline"}
+    for name, decl in ANALYSES.items():
+        sections = getattr(importlib.import_module(f"diagnostics.render.charts.{decl.view}"), "SECTIONS", {}) \
+            if name not in without else {}
+        assert (name in sections) == (name not in without), name
+        if name in sections:
+            assert callable(sections[name]), name
+    from diagnostics.render.charts.summary import summary_sections
+
+    assert isinstance(summary_sections({"layers": [], "inputs": []})[0], Section)
 
 
 @pytest.mark.browser

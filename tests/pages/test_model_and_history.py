@@ -25,7 +25,8 @@ def test_bad_input_shape_keeps_previous_model(new_app):
     at = new_app().run()
     at.sidebar.selectbox(key="sb_sample").set_value("mlp").run()
     at.sidebar.text_input(key="sb_shape_sample-mlp-_0").set_value("64,abc").run()
-    assert any("not a comma-separated list of integers" in e.value for e in at.sidebar.error)
+    assert any("Input 1: shape '64,abc': dimensions must be positive integers separated by commas" in e.value
+               for e in at.sidebar.error), [e.value for e in at.sidebar.error]
     assert not at.exception
 
 

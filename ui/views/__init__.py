@@ -1,34 +1,33 @@
 """How each analysis' result is shown. Pages and History both call ``show(analysis, result)``.
 
-Adding a view is one module plus one entry in ``VIEWS``.
+The module is the one the analysis' declaration names as its ``view`` (ui.views.<view>); its
+``VIEWS`` maps the analysis to a ``fn(result)``. Adding an analysis' page view is that module.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
-from ui.views import summary, validate
-from ui.views import traces as traces_view
-from ui.views import profiler as profiler_view
-from ui.views import distributed as distributed_view
-from ui.views import memory as memory_view, gradients as gradients_view
-from ui.views import checklist as checklist_view, optimize as optimize_view
 
-VIEWS: dict[str, Callable[[dict], None]] = {
-    "summary": summary.show,
-    "trace": traces_view.show, "trace_diff": traces_view.show_diff,
-    "validate": validate.show,
-    "profile": profiler_view.show,
-    "memory": memory_view.show, "batch_scan": memory_view.show_scan, "gradients": gradients_view.show,
-    "distributed": distributed_view.show, "distributed_traces": distributed_view.show,
-    "checklist": checklist_view.show, "optimize": optimize_view.show,
-}
+def view_of(analysis: str) -> Callable[[dict], None] | None:
+    """The function that shows ``analysis``' results, or None (then the raw result is shown)."""
+    from diagnostics.registry import ANALYSES
+
+    decl = ANALYSES.get(analysis)
+    if decl is None:
+        return None
+    try:
+        module = importlib.import_module(f"ui.views.{decl.view}")
+    except ModuleNotFoundError:
+        return None
+    return getattr(module, "VIEWS", {}).get(analysis)
 
 
 def show(analysis: str, result: dict) -> None:
     import streamlit as st
 
-    view = VIEWS.get(analysis)
+    view = view_of(analysis)
     if view is None:
         st.json(result, expanded=False)
     else:

@@ -74,3 +74,7 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None) -> None:
                            mime="text/markdown", icon=":material/description:", on_click="ignore")
     with d2:
         json_download(result, "checklist.json")
+
+
+#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
+VIEWS = {"checklist": show}

@@ -100,3 +100,7 @@ def show(result: dict) -> None:
         with st.expander("torchrun command"):
             st.code(launch["command"], language="bash")
     json_download(result, "distributed.json")
+
+
+#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
+VIEWS = {"distributed": show, "distributed_traces": show}

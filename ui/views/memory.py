@@ -108,3 +108,7 @@ def show_scan(result: dict) -> None:
                  column_config={"latency_ms": st.column_config.NumberColumn("Latency (ms)", format="%.2f"),
                                 "throughput": st.column_config.NumberColumn("Throughput (samples/s)", format="%.0f"),
                                 "peak_mib": st.column_config.NumberColumn("Peak (MiB)", format="%.2f")})
+
+
+#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
+VIEWS = {"memory": show, "batch_scan": show_scan}

@@ -126,3 +126,7 @@ def show_diff(result: dict) -> None:
                             default=["faster", "slower", "added", "removed"], key="trace_diff_status")
     _table([r for r in d["rows"] if r["status"] in status], {"time_us_before": "before (µs)",
                                                               "time_us_after": "after (µs)", "delta_us": "Δ (µs)"})
+
+
+#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
+VIEWS = {"trace": show, "trace_diff": show_diff}

@@ -76,7 +76,7 @@ DISTRIBUTED = Analysis(
 
 DISTRIBUTED_TRACES = Analysis(
     name="distributed_traces", title="Distributed traces (folder)",
-    target="diagnostics.analyses.distributed.job:analyze_folder", needs_model=False,
+    target="diagnostics.analyses.distributed.job:analyze_folder", needs_model=False, view="distributed",
     description="a folder of per-rank torch.profiler traces (e.g. copied from several nodes)",
     options=(Option("trace_dir", "path", None, "a folder holding one trace per rank", required=True,
                     flag="--trace-dir"),) + _THRESHOLDS,

@@ -23,7 +23,7 @@ _OP_COLUMNS = (
 
 ANALYSIS = Analysis(
     name="profile", title="Profiler", target="diagnostics.analyses.profile.job:analyze", command="profile",
-    exclusive=True, timeout_s=600,
+    exclusive=True, timeout_s=600, view="profiler",
     description="torch.profiler run: latency, operators, steps, modules, kernels, timeline and the Chrome trace",
     options=(
         Option("mode", "choice", "inference", "profile inference (eval + inference_mode) or training steps "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.analyses.checklist.rules import CATEGORIES, STATUS_COLOR, STATUS_LABEL, STATUSES
+from diagnostics.render.sections import Section, figures, records
+from diagnostics.render.tables import records_frame
 
 
 def build_score_gauge_figure(result: dict) -> go.Figure:
@@ -38,3 +40,41 @@ def build_status_by_category_figure(result: dict) -> go.Figure:
                       margin=dict(l=10, r=10, t=50, b=40),
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
     return fig
+
+
+# ----------------------------------------------------------------------------- report sections
+def checklist_sections(result: dict) -> list[Section]:
+    """Score and charts, then one table per category (failures and warnings first: status, evidence,
+    suggestion, fix), the rules that do not apply here, and the thresholds."""
+    from diagnostics.analyses.checklist import SCORE_FORMULA
+    from diagnostics.analyses.checklist.rules import CATEGORIES
+
+    counts = result.get("counts") or {}
+    text = [f"Score {result.get('score', 0):.1f} / 100 for {result.get('purpose', '?')} on {result.get('device')}: "
+            + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()) + ".",
+            SCORE_FORMULA]
+    text += [str(n) for n in result.get("notes", [])]
+    order = ("error", "fail", "warn", "pass", "not_applicable")  # what needs attention first
+    findings = sorted(result.get("findings") or [], key=lambda f: order.index(f.get("status", "not_applicable")))
+    cols = ["status", "title", "id", "evidence", "suggestion", "fix"]
+
+    figs, notes = figures(lambda: build_score_gauge_figure(result),
+                           lambda: build_status_by_category_figure(result))
+    sections = [Section("Checklist", text=text + notes, figures=figs)]
+    for cat in CATEGORIES:
+        rows = [f for f in findings if f.get("category") == cat and f.get("status") != "not_applicable"]
+        if rows:
+            df = records_frame(rows)
+            sections.append(Section(str(cat).capitalize(), tables=[("", df[[c for c in cols if c in df.columns]])]))
+    rest = [f for f in findings if f.get("status") == "not_applicable"]
+    if rest:
+        sections.append(Section("Not applicable here", tables=[
+            ("", records_frame(rest)[["category", "id", "title", "evidence"]])]))
+    if result.get("thresholds"):
+        sections.append(Section("Thresholds", tables=[("", records(result, "thresholds"))]))
+    return sections
+
+
+#: This module's report layout per analysis (diagnostics.render.html finds it through the
+#: analysis' declared ``view``).
+SECTIONS = {"checklist": checklist_sections}

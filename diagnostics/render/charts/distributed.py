@@ -6,6 +6,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.units import human_bytes
+from diagnostics.render.sections import Section, notes, section
+from diagnostics.render.tables import find_tables, records_frame
 
 COLORS = {"compute_only_ms": "#4C78A8", "overlap_ms": "#72B7B2", "exposed_comm_ms": "#F58518",
           "other_ms": "#BAB0AC", "busy": "#54A24B", "straggler": "#E45756", "step": "#9D9D9D"}
@@ -82,3 +84,20 @@ def build_overlap_figure(result: dict) -> go.Figure:
                          {"range": [70, 100], "color": "#E2F0D9"}]}))
     fig.update_layout(height=260, margin=dict(l=40, r=40, t=70, b=10))
     return fig
+
+
+# ----------------------------------------------------------------------------- report sections
+def distributed_sections(result: dict) -> list[Section]:
+
+    return [
+        section("Ranks", [lambda: build_rank_step_figure(result), lambda: build_breakdown_figure(result)],
+                 text=notes(result)),
+        section("Communication", [lambda: build_collectives_figure(result),
+                                   lambda: build_overlap_figure(result)]),
+        Section("Tables", tables=[(n, records_frame(r)) for n, r in find_tables(result).items()]),
+    ]
+
+
+#: This module's report layout per analysis (diagnostics.render.html finds it through the
+#: analysis' declared ``view``).
+SECTIONS = {"distributed": distributed_sections, "distributed_traces": distributed_sections}

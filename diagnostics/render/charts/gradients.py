@@ -3,9 +3,13 @@ dead / saturated activations."""
 
 from __future__ import annotations
 
+import json
+
 import math
 
 import plotly.graph_objects as go
+from diagnostics.render.sections import Section, notes, section
+from diagnostics.render.tables import find_tables, records_frame
 
 STATUS_COLORS = {
     "healthy": "#2E7D32",
@@ -104,3 +108,23 @@ def build_activation_health_figure(result: dict) -> go.Figure:
                       height=380, margin=dict(t=50, l=10, r=10, b=10),
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
     return fig
+
+
+# ----------------------------------------------------------------------------- report sections
+def gradients_sections(result: dict) -> list[Section]:
+
+    verdict = result.get("verdict")
+    text = ([f"Verdict: {verdict if isinstance(verdict, str) else json.dumps(verdict, default=str)}"]
+            if verdict else []) + notes(result)
+    return [
+        section("Gradient flow", [lambda: build_grad_norm_depth_figure(result),
+                                   lambda: build_global_norm_figure(result)], text=text),
+        section("Per layer and step", [lambda: build_grad_heatmap_figure(result)]),
+        section("Activations", [lambda: build_activation_health_figure(result)]),
+        Section("Tables", tables=[(n, records_frame(r)) for n, r in find_tables(result).items() if n != "inputs"]),
+    ]
+
+
+#: This module's report layout per analysis (diagnostics.render.html finds it through the
+#: analysis' declared ``view``).
+SECTIONS = {"gradients": gradients_sections}

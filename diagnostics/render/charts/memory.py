@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from diagnostics.render.sections import MAX_HTML_ROWS, Section, notes, section
+from diagnostics.render.tables import find_tables, records_frame
 
 MIB = 2**20
 COLORS = {
@@ -140,3 +142,29 @@ def build_batch_scan_figure(result: dict) -> go.Figure:
     fig.update_layout(title=f"Batch-size scan ({result['mode']})", height=720, showlegend=True,
                       margin=dict(t=70, l=10, r=10, b=10), legend=dict(orientation="h", y=-0.08))
     return fig
+
+
+# ----------------------------------------------------------------------------- report sections
+def memory_sections(result: dict) -> list[Section]:
+
+    sections = [section("Memory at the peak", [lambda: build_memory_breakdown_figure(result)],
+                         text=notes(result)),
+                section("Estimate against measurement", [lambda: build_estimate_figure(result)]),
+                section("Activations by layer", [lambda: build_layer_activation_figure(result)]),
+                section("Over time", [lambda: build_memory_timeline_figure(result)])]
+    tables = [(name, records_frame(rows)) for name, rows in find_tables(result).items()
+              if name not in ("inputs",) and not name.startswith("timeline")]
+    if tables:
+        sections.append(Section("Tables", tables=[(n, df.head(MAX_HTML_ROWS)) for n, df in tables]))
+    return sections
+
+
+def batch_scan_sections(result: dict) -> list[Section]:
+
+    return [section("Batch-size scan", [lambda: build_batch_scan_figure(result)], text=notes(result),
+                     tables=[(n, records_frame(r)) for n, r in find_tables(result).items() if n != "inputs"])]
+
+
+#: This module's report layout per analysis (diagnostics.render.html finds it through the
+#: analysis' declared ``view``).
+SECTIONS = {"memory": memory_sections, "batch_scan": batch_scan_sections}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from diagnostics.render.sections import Section, notes, records, section
 
 
 def _ok_rows(result: dict) -> list[dict]:
@@ -76,3 +77,18 @@ def build_fidelity_figure(result: dict) -> go.Figure:
                       margin=dict(l=10, r=10, t=80, b=40),
                       legend=dict(orientation="h", y=-0.2, x=1, xanchor="right"))
     return fig
+
+
+# ----------------------------------------------------------------------------- report sections
+def optimize_sections(result: dict) -> list[Section]:
+
+    return [
+        section("Trials", [lambda: build_latency_figure(result), lambda: build_speedup_figure(result)],
+                 text=notes(result), tables=[("trials (baseline first)", records(result, "rows"))]),
+        section("Size and fidelity", [lambda: build_size_figure(result), lambda: build_fidelity_figure(result)]),
+    ]
+
+
+#: This module's report layout per analysis (diagnostics.render.html finds it through the
+#: analysis' declared ``view``).
+SECTIONS = {"optimize": optimize_sections}

@@ -3,7 +3,11 @@ kernels and a zoomable timeline. Each takes the plain result dict; times are sho
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import plotly.graph_objects as go
+from diagnostics.render.tables import is_trace_file
+from diagnostics.render.sections import Section, records
 
 PHASE_COLORS = {"forward": "#4C78A8", "backward": "#F58518", "optimizer": "#54A24B", "zero_grad": "#B279A2",
                 "other": "#BAB0AC"}
@@ -185,3 +189,42 @@ def build_timeline_figure(result: dict) -> go.Figure:
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
                       dragmode="zoom")
     return fig
+
+
+# ----------------------------------------------------------------------------- report sections
+def profile_sections(result: dict) -> list[Section]:
+
+    lat = result.get("latency") or {}
+    cfg = [f"{result.get('model')} · {result.get('mode')} · batch {result.get('batch_size')} · device "
+           f"{result.get('device')} · torch {result.get('torch_version', '?')}"]
+    if lat:
+        cfg.append(f"Latency: {lat.get('iterations')} timed iterations after {lat.get('warmup')} warm-up, outside the "
+                   f"profiler ({lat.get('method', '')}).")
+    cfg += [str(n) for n in result.get("notes", [])]
+    sections = [
+        Section("Run", text=cfg),
+        Section("Latency", figures=[build_latency_histogram_figure(result)]),
+        Section("Steps", figures=[build_step_breakdown_figure(result), build_device_split_figure(result)],
+                tables=[("steps", records(result, "steps"))]),
+        Section("Operators", figures=[build_top_operators_figure(result)],
+                tables=[("operators (operators.csv has all, operators_by_shape.csv by input shape)",
+                         records(result, "operators", n=50))]),
+    ]
+    if result.get("modules"):
+        sections.append(Section("Modules", figures=[build_module_tree_figure(result)]))
+    if result.get("kernels"):
+        sections.append(Section("GPU kernels", figures=[build_kernel_figure(result)],
+                                tables=[("kernels", records(result, "kernels", n=50))]))
+    if (result.get("timeline") or {}).get("events"):
+        sections.append(Section("Timeline", figures=[build_timeline_figure(result)]))
+    files = [Path(p).name for p in (result.get("artifacts") or {}).values()]
+    if files:
+        sections.append(Section("Trace files", text=[
+            "The Chrome trace in this folder (" + ", ".join(f for f in files if is_trace_file(Path(f))) + ") opens in "
+            "https://ui.perfetto.dev or chrome://tracing, and in `python -m diagnostics trace analyze`."]))
+    return sections
+
+
+#: This module's report layout per analysis (diagnostics.render.html finds it through the
+#: analysis' declared ``view``).
+SECTIONS = {"profile": profile_sections}

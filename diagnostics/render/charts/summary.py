@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 import plotly.graph_objects as go
 
 from diagnostics.units import human_count, human_flops
+from diagnostics.render.sections import Section
 
 ROOT = "(model)"
 
@@ -59,3 +62,34 @@ def build_top_layers_figure(result: dict, by: str = "params", n: int = 15) -> go
                       height=max(300, 28 * len(rows) + 120), margin=dict(l=10, r=10, t=40, b=40),
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
     return fig
+
+
+# ----------------------------------------------------------------------------- report sections
+def summary_sections(result: dict) -> list[Section]:
+
+    inputs = ", ".join(f"{i['shape']} {i['dtype']}" for i in result.get("inputs", []))
+    overview = [f"{result.get('model', '?')} · {result.get('model_type', '?')} · inputs {inputs} · "
+                f"output {result.get('output_shape')} · device {result.get('device')} · loss: {result.get('loss')}"]
+    overview += [str(n) for n in result.get("notes", [])]
+    layers = pd.DataFrame(result["layers"])
+    if not layers.empty:
+        leaves = layers[(layers["is_leaf"] | (layers["params"] > 0)) & (layers["name"] != "(model)")]
+        leaves = leaves[["name", "type", "output_shape", "params", "pct_of_total", "trainable",
+                         "flops_forward", "flops_backward"]].copy()
+        leaves["output_shape"] = leaves["output_shape"].map(lambda s: "" if s is None else str(s))
+        leaves["pct_of_total"] = leaves["pct_of_total"].round(2)
+    else:
+        leaves = layers
+    return [
+        Section("Overview", text=overview),
+        Section("Where the parameters are", figures=[build_param_treemap_figure(result),
+                                                     build_top_layers_figure(result, "params")]),
+        Section("Where the FLOPs are", figures=[build_top_layers_figure(result, "flops")]),
+        Section("Layers", text=["Leaf layers and layers that own parameters; layers.csv has every module."],
+                tables=[("layers", leaves)]),
+    ]
+
+
+#: This module's report layout per analysis (diagnostics.render.html finds it through the
+#: analysis' declared ``view``).
+SECTIONS = {"summary": summary_sections}

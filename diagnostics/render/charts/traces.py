@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import plotly.graph_objects as go
+from diagnostics.render.sections import Section, section
+from diagnostics.render.tables import records_frame
 
 GPU_KINDS = (("compute_us", "compute", "#4c78a8"), ("communication_us", "communication", "#f58518"),
              ("memcpy_us", "memcpy", "#54a24b"), ("memset_us", "memset", "#b279a2"),
@@ -161,3 +163,48 @@ def build_diff_figure(diff: dict) -> go.Figure:
     fig.update_layout(title=f"Change in time ({diff['unit']}), after − before",
                       xaxis_title="ms", height=max(300, 22 * len(rows) + 120))
     return fig
+
+
+# ----------------------------------------------------------------------------- report sections
+def trace_sections(result: dict) -> list[Section]:
+
+    s = result.get("summary") or {}
+    text = [f"{result.get('name', s.get('source', 'trace'))}: {s.get('events', 0):,} events, "
+            f"duration {(s.get('duration_us') or 0) / 1e3:,.3f} ms, {s.get('n_steps', 0)} steps, "
+            f"{'GPU' if s.get('has_gpu') else 'CPU only'}"] + [f"warning: {w}" for w in s.get("warnings") or []]
+    top = result.get("top_operators") or {}
+    idle, launch = result.get("idle_time") or {}, result.get("launch_stats")
+    sections = [section("Trace", [lambda: build_category_figure(s)], text=text)]
+    if result.get("temporal_breakdown"):
+        tb = result["temporal_breakdown"]
+        sections.append(section("Per step", [lambda: build_gpu_breakdown_figure(tb),
+                                              lambda: build_cpu_breakdown_figure(tb)]))
+    if top:
+        builders = [lambda: build_top_operators_figure(top, "operators")]
+        if top.get("kernels"):
+            builders.append(lambda: build_top_operators_figure(top, "kernels"))
+        sections.append(section("Top operators", builders, tables=[("operators", records_frame(
+            top.get("operators") or []))]))
+    if idle.get("streams"):
+        sections.append(section("GPU idle time", [lambda: build_idle_time_figure(idle)]))
+    if launch and s.get("has_gpu"):
+        sections.append(section("Kernel launches", [lambda: build_launch_figure(launch)]))
+    if result.get("timeline"):
+        sections.append(section("Timeline", [lambda: build_timeline_figure(result["timeline"])]))
+    return sections
+
+
+def trace_diff_sections(result: dict) -> list[Section]:
+
+    d = result.get("diff") or result
+    c = d.get("counts") or {}
+    text = [f"{result.get('before', 'before')} -> {result.get('after', 'after')} ({d.get('unit', '')}): "
+            f"{(d.get('time_us_before') or 0) / 1e3:,.3f} ms -> {(d.get('time_us_after') or 0) / 1e3:,.3f} ms; "
+            + ", ".join(f"{v} {k}" for k, v in c.items())]
+    return [section("Trace diff", [lambda: build_diff_figure(d)], text=text,
+                     tables=[("changes", records_frame(d.get("rows") or []))])]
+
+
+#: This module's report layout per analysis (diagnostics.render.html finds it through the
+#: analysis' declared ``view``).
+SECTIONS = {"trace": trace_sections, "trace_diff": trace_diff_sections}

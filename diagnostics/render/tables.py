@@ -1,0 +1,57 @@
+"""Tables in a result: every list of row dicts found in it, as DataFrames and CSV-safe cells."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+#: Nesting depth searched for tables (lists of records) in a result.
+MAX_TABLE_DEPTH = 3
+#: Artifact files copied into a report folder: Chrome traces, by name.
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def find_tables(result: dict, max_depth: int = MAX_TABLE_DEPTH) -> dict[str, list[dict]]:
+    """Every list of row dicts in ``result`` by its key path ('layers', 'steps_ops'...), in order."""
+    found: dict[str, list[dict]] = {}
+
+    def walk(obj, path: list[str], depth: int) -> None:
+        if depth > max_depth or not isinstance(obj, dict):
+            return
+        for key, value in obj.items():
+            name = "_".join(path + [str(key)])
+            if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+                found[name] = value
+            elif isinstance(value, dict):
+                walk(value, path + [str(key)], depth + 1)
+
+    walk(result, [], 0)
+    return found
+
+
+def _flat_cell(v):
+    """A CSV/HTML cell: nested lists and dicts as compact JSON, everything else as is."""
+    if isinstance(v, (list, dict, tuple)):
+        return json.dumps(v, default=str, separators=(",", ":"))
+    return v
+
+
+def records_frame(records: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(records)
+    for col in df.columns:
+        if df[col].map(lambda v: isinstance(v, (list, dict, tuple))).any():
+            df[col] = df[col].map(_flat_cell)
+    return df
+
+
+def safe_filename(name: str) -> str:
+    keep = "".join(c if (c.isalnum() or c in "-_.") else "_" for c in name).strip("._")
+    return keep[:80] or "table"
+
+
+def is_trace_file(path: Path) -> bool:
+    """A Chrome trace among a run's artifacts (trace.json, rank0.pt.trace.json.gz...)."""
+    name = path.name.lower()
+    return "trace" in name and name.endswith(TRACE_SUFFIXES)
