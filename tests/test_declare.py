@@ -63,7 +63,8 @@ def test_every_declaration_is_whole(name):
             assert o.validate(o.default) == o.default or o.kind == "multi", (name, o.key)
         assert o.help, (name, o.key)
     module, _, fn = a.target.partition(":")
-    assert module.startswith(f"diagnostics.analyses.") and fn
+    assert module.startswith(f"diagnostics.analyses.{name}") or module.startswith("diagnostics.analyses."), module
+    assert fn
 
 
 def test_declarations_import_no_torch():
