@@ -19,6 +19,8 @@ import msgspec
 import numpy as np
 import orjson
 
+from diagnostics.trace.classify import GPU_CATS  # events whose args carry "device" and "stream"
+
 MAX_EVENT_BYTES = 64 << 20      # one event larger than this is treated as corrupt and skipped
 MAX_WARNINGS = 20               # distinct warning lines kept (counts are always exact)
 BOUNDARY = re.compile(rb"\}\s*,\s*\{")
@@ -32,9 +34,6 @@ _STRING_KEY = attrgetter(*STRING_FIELDS)
 DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError)
 _FLOW_PHASES = frozenset({"s", "f", "t"})
 _INSTANT_PHASES = frozenset({"i", "I"})
-# Events whose args carry "device" and "stream" (GPU activity).
-_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation",
-                          "memcpy", "memset"})
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -196,7 +195,7 @@ class Columns:
         ph = ch["ph"][-1]
         cat = ch["cat"][-1]
         flow_rows = self._rows(ph, self.ph, _FLOW_PHASES)
-        gpu_rows = self._rows(cat, self.cat, _DEVICE_CATS)
+        gpu_rows = self._rows(cat, self.cat, GPU_CATS)
         mem_rows = self._rows(ph, self.ph, _INSTANT_PHASES)
         flow = np.full(k, -1, np.int64)
         if flow_rows.size:

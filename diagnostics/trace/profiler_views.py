@@ -7,62 +7,24 @@ table and a downsampled timeline. They return plain records (lists of dicts), ti
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 import numpy as np
 
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-#: record_function labels the profiler job puts inside each ProfilerStep (see profiler.py).
-STEP_PHASES = ("zero_grad", "forward", "backward", "optimizer")
-#: Prefix of the record_function ranges the module hooks open: "module::<qualified name>".
-MODULE_PREFIX = "module::"
-ROOT = "(model)"
+from diagnostics.trace.classify import (
+    KERNEL_CATS, MEMCPY_CATS, MEMSET_CATS, MODULE_PREFIX, ROOT_MODULE as ROOT, RUNTIME_CATS, STEP_PHASES, STEP_RE,
+    GPU_CATS as DEVICE_CATS, uses_tensor_cores,
+)
 
-KERNEL_CATS = frozenset({"kernel"})
-MEMCPY_CATS = frozenset({"gpu_memcpy", "memcpy"})
-MEMSET_CATS = frozenset({"gpu_memset", "memset"})
-RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
 CPU_CATS = frozenset({"cpu_op", "user_annotation", "python_function"})
-DEVICE_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS | frozenset({"gpu_user_annotation"})
 
 #: The TensorBoard plugin's step split, in priority order: a moment covered by a kernel counts as
 #: kernel even when the CPU is also busy; "other" is what no event covers.
 SPLIT_CATEGORIES = ("kernel", "memcpy", "memset", "runtime", "cpu_exec", "other")
 
-#: Kernel-name fragments that mean the kernel ran on Tensor Cores (cuBLAS / cuDNN / CUTLASS naming:
-#: HMMA/IMMA/WGMMA instructions, xmma and tensorop GEMMs, the h884/s1688/h16816/i8816 tile names,
-#: half and bfloat16 GEMMs, flash attention, and Hopper cuBLAS's nvjet GEMMs, e.g.
-#: nvjet_sm90_hsh_128x64_64x8_1x2_h_bz_NNT for float16 and nvjet_sm90_tst_... for bfloat16, as read on
-#: an H100 with CUDA 13). Architecture prefixes alone (ampere_, sm80_, cutlass_80) say nothing:
-#: ampere_sgemm and cutlass_80_simt_sgemm run on the ordinary CUDA cores.
-TENSOR_CORE_PATTERNS = (
-    r"xmma", r"hmma", r"imma", r"wgmma", r"[hsi](?:884|1688|16816|8816)", r"tensor_?op",
-    r"b?f16.*gemm", r"gemm.*b?f16", r"flash_(?:fwd|bwd)", r"fmha", r"nvjet_",
-)
-_TC_RE = re.compile("|".join(TENSOR_CORE_PATTERNS), re.IGNORECASE)
-
-#: Names the patterns above match that still run on CUDA cores (all read on an H100): xmma kernels
-#: doing fp32 (or complex fp32) math with FFMA instructions, e.g.
-#: sm80_xmma_gemm_cf32cf32_f32f32_cf32_nt_n_..._ffma_..., cuDNN's xmma workspace initialisation, and
-#: an nvjet GEMM whose operand and output types are all fp32 or fp64 (sss / ddd).
-_CUDA_CORE_RE = re.compile(r"_[fd]fma_|init_device_workspace|nvjet_(?:sm\d+_)?(?:sss|ddd)_", re.IGNORECASE)
-
 #: Timeline default: at most this many events drawn; the longest are kept.
 TIMELINE_MAX_EVENTS = 4000
 TIMELINE_MAX_DEPTH = 24
-
-
-#: xmma kernels whose operands and math are all plain fp32 (no tf32 in the name) run without Tensor Cores.
-_FP32_XMMA_RE = re.compile(r"f32f32_f32f32_f32", re.IGNORECASE)
-
-
-def uses_tensor_cores(kernel_name: str) -> bool:
-    """Name heuristic, as the TensorBoard plugin did: true when the name marks a Tensor Core kernel."""
-    name = kernel_name or ""
-    if (_FP32_XMMA_RE.search(name) and "tf32" not in name.lower()) or _CUDA_CORE_RE.search(name):
-        return False
-    return bool(_TC_RE.search(name))
 
 
 def complete_events(trace: dict) -> list[dict]:

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from diagnostics.analyses.distributed import STRAGGLER_MIN_EXCESS_MS
-from diagnostics.analyses.distributed.job import (analyze_folder_path, event_bytes,
-                                              find_stragglers, is_comm)
+from diagnostics.analyses.distributed.job import analyze_folder_path, find_stragglers
+from diagnostics.trace.classify import is_comm
+from diagnostics.trace.comm import event_bytes
 from diagnostics.analyses.distributed.dist_job import DistributedError
 from diagnostics.runner import Job, execute
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import re
 import tempfile
 import time
 import zipfile
@@ -27,15 +26,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from diagnostics.trace import profiler_views as pt
+from diagnostics.trace.classify import is_python_frame_name
 from diagnostics.errors import ModelRunError, TorchScopeError
 
-#: with_stack's Python-frame event names, for a torch whose FunctionEvent has no is_python_function (2.11).
-_PY_FRAME_RE = re.compile(r"^(?:nn\.Module: |<built-in |[^ ]*\(\d+\): )")
-
-
 def _is_python_frame(event) -> bool:
+    """A with_stack frame among prof.events(): by its flag, or by name where torch has no flag (2.11)."""
     flag = getattr(event, "is_python_function", None)
-    return bool(flag) if flag is not None else bool(_PY_FRAME_RE.match(event.name or ""))
+    return bool(flag) if flag is not None else is_python_frame_name(event.name)
 
 
 from diagnostics.analyses.profile import ANALYSIS, MAX_LATENCY_ITERS, MAX_PROFILED_STEPS
