@@ -60,6 +60,32 @@ def test_gpu_trace_columns_and_metadata():
     assert t.skipped_events == 0 and t.warnings == []
 
 
+def test_kernel_launch_and_autograd_args_are_kept():
+    ev = load_trace(GPU).events
+    k = ev[ev["cat"] == "kernel"]
+    assert set(k["grid"]) == {"64×1×1"} and set(k["block"]) == {"128×1×1"}
+    assert set(k["registers"]) == {128} and set(k["occupancy"]) == {12.0}
+    host = ev[ev["cat"] != "kernel"]
+    assert host["grid"].isna().all() and (host["registers"] == -1).all() and host["occupancy"].isna().all()
+    raw = _events(CPU)
+    cpu = load_trace(CPU).events
+    assert cpu["seq"].tolist() == [(e.get("args") or {}).get("Sequence number", -1) for e in raw]
+    assert cpu["fwd_tid"].tolist() == [(e.get("args") or {}).get("Fwd thread id", -1) for e in raw]
+    assert (cpu["fwd_tid"] > 0).any() and (cpu["seq"] >= 0).any()
+
+
+def test_odd_launch_args_fall_back_to_the_lenient_decoder(tmp_path):
+    k = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0, "dur": 2.0}
+    evs = [dict(k, args={"grid": [2, 1, 1], "block": [32, 1, 1], "registers per thread": 16}),
+           dict(k, ts=5.0, args={"grid": "2x1x1", "block": [32, 1.5, 1], "registers per thread": "16",
+                                 "est. achieved occupancy %": 50, "Sequence number": "7"})]
+    ev = load_trace(_write(tmp_path, "k.json", {"traceEvents": evs})).events
+    assert ev["grid"].tolist()[0] == "2×1×1" and ev["grid"].isna().tolist() == [False, True]
+    assert ev["block"].isna().tolist() == [False, True]
+    assert ev["registers"].tolist() == [16, 16] and ev["occupancy"].isna().tolist() == [True, False]
+    assert ev["seq"].tolist() == [-1, 7]
+
+
 def test_recorded_cpu_trace_gz_matches_json_module():
     t = load_trace(CPU)
     raw = _events(CPU)
