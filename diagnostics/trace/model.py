@@ -69,13 +69,6 @@ class Trace:
         c = self.codes(col)
         return self.labels(col)[c if rows is None else c[rows]]
 
-    def cat_lower(self) -> np.ndarray:
-        """Lower-cased category per event as an object array (small: built from the categories)."""
-        if "cat_lower" not in self._cache:
-            lowered = np.array([c.lower() for c in self.labels("cat")], dtype=object)
-            self._cache["cat_lower"] = lowered[self.codes("cat")]
-        return self._cache["cat_lower"]
-
     def cat_mask(self, cats: frozenset) -> np.ndarray:
         """Boolean mask of events whose lower-cased category is in `cats`."""
         cat = self.events["cat"].cat

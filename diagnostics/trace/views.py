@@ -14,7 +14,7 @@ import pandas as pd
 
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.classify import (
-    FRAME_CATS, MEMCPY_CATS, MEMSET_CATS, RUNTIME_CATS, STEP_RE, comm_mask, gpu_work_mask,
+    FRAME_CATS, HOST_OP_CATS, MEMCPY_CATS, MEMSET_CATS, RUNTIME_CATS, STEP_RE, comm_mask, gpu_work_mask,
     host_mask, host_op_mask, op_family, step_mask,
 )
 from diagnostics.trace.model import Trace
@@ -44,17 +44,22 @@ def _records(df: pd.DataFrame) -> list:
 
 def steps(trace: Trace) -> pd.DataFrame:
     """ProfilerStep#N host spans: columns step, name, start_us, dur_us (sorted by start)."""
+    return step_spans(trace)[["step", "name", "start_us", "dur_us"]]
+
+
+def step_spans(trace: Trace) -> pd.DataFrame:
+    """steps() with the event row of each step's span (its thread: trace.lane_keys()[row])."""
     if "steps" in trace._cache:
         return trace._cache["steps"]
     ev = trace.events
-    mask = step_mask(trace)
-    df = pd.DataFrame({"name": trace.strings("name", mask),
-                       "start_us": ev["ts"].to_numpy()[mask],
-                       "dur_us": ev["dur"].to_numpy()[mask]})
+    rows = np.flatnonzero(step_mask(trace))
+    df = pd.DataFrame({"row": rows, "name": trace.strings("name", rows),
+                       "start_us": ev["ts"].to_numpy()[rows],
+                       "dur_us": ev["dur"].to_numpy()[rows]})
     df["step"] = df["name"].str.extract(STEP_RE, expand=False).astype(int)
     # One span per step number (the profiler writes one; merged traces may repeat it).
     df = df.sort_values(["step", "dur_us"], ascending=[True, False]).drop_duplicates("step")
-    df = df.sort_values("start_us").reset_index(drop=True)[["step", "name", "start_us", "dur_us"]]
+    df = df.sort_values("start_us").reset_index(drop=True)[["step", "name", "start_us", "dur_us", "row"]]
     trace._cache["steps"] = df
     return df
 
@@ -246,9 +251,8 @@ def _cpu_groups(trace: Trace) -> np.ndarray:
     name_cats = ev["name"].cat.categories
     fam = np.array(["op: " + op_family(str(n)) for n in name_cats] + [""], dtype=object)
     is_step = trace.name_mask(STEP_RE)
-    cat_l = trace.cat_lower()
     out = fam[ev["name"].cat.codes.to_numpy()]
-    not_op = cat_l != "cpu_op"
+    not_op = ~trace.cat_mask(HOST_OP_CATS)
     out[not_op] = trace.strings("cat")[not_op]
     out[is_step] = STEP_SELF
     return out
