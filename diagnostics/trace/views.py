@@ -263,7 +263,7 @@ def top_operators(trace: Trace, n: int) -> dict:
     ev = trace.events
     nest = trace.nesting()
     m = host_op_mask(trace)
-    dup = _repeated_calls(trace, nest["parent"])
+    dup = repeated_calls(trace)
     # key_averages semantics: a call recorded twice (an only child named like its parent) is one
     # call; its self time stays with the name, so self_us sums every row.
     ops = pd.DataFrame({"name": trace.strings("name", m), "dur": ev["dur"].to_numpy()[m],
@@ -287,9 +287,10 @@ def top_operators(trace: Trace, n: int) -> dict:
             "kernel_us": float(kern["total_us"].sum())}
 
 
-def _repeated_calls(trace: Trace, parent: np.ndarray) -> np.ndarray:
+def repeated_calls(trace: Trace) -> np.ndarray:
     """Rows that torch's EventList drops as duplicates (_remove_dup_nodes): an event whose parent
-    has the same name and no other child."""
+    has the same name and no other child (one call recorded twice; the outer one stands for it)."""
+    parent = trace.nesting()["parent"]
     n = parent.size
     has = parent >= 0
     children = np.bincount(parent[has], minlength=n) if has.any() else np.zeros(n, dtype=np.int64)
