@@ -1,7 +1,8 @@
 """What a trace event is: every classifier of the engine, each defined once.
 
 Name and category rules (plain ``re`` / frozensets, no pandas, so the worker-side decoder can use
-them) and, next to each, its vectorised mask over a :class:`~diagnostics.trace.model.Trace`.
+them) and, next to each, its vectorised mask over a loaded trace (a ``diagnostics.trace.model.Trace``;
+not imported here, since model.py imports this module).
 The profiler page, the trace explorer, the distributed analysis and the checklist all ask these;
 a second definition anywhere else is a bug (tests/trace/test_classify.py greps for one).
 """
@@ -9,12 +10,7 @@ a second definition anywhere else is a bug (tests/trace/test_classify.py greps f
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
-
 import numpy as np
-
-if TYPE_CHECKING:  # the masks take a Trace; model.py imports this module, not the other way round
-    from diagnostics.trace.model import Trace
 
 # ---- steps -----------------------------------------------------------------------------------
 
@@ -178,31 +174,31 @@ def uses_tensor_cores(kernel_name: str) -> bool:
 # Name rules are tested once per distinct name (Trace.name_mask), category rules once per
 # distinct category (Trace.cat_mask); each mask is a boolean array over Trace.events.
 
-def host_mask(trace: Trace) -> np.ndarray:
+def host_mask(trace) -> np.ndarray:
     """Duration events on a host thread: not device activity, not a frame span."""
     return trace.complete_mask() & ~trace.cat_mask(GPU_CATS | FRAME_CATS)
 
 
-def gpu_work_mask(trace: Trace) -> np.ndarray:
+def gpu_work_mask(trace) -> np.ndarray:
     """Kernels, memcpys and memsets (annotations are labels, not work)."""
     return trace.complete_mask() & trace.cat_mask(GPU_WORK_CATS)
 
 
-def kernel_mask(trace: Trace) -> np.ndarray:
+def kernel_mask(trace) -> np.ndarray:
     return trace.complete_mask() & trace.cat_mask(KERNEL_CATS)
 
 
-def host_op_mask(trace: Trace) -> np.ndarray:
+def host_op_mask(trace) -> np.ndarray:
     """Host operators (cpu_op): what the operator tables count."""
     return trace.complete_mask() & trace.cat_mask(HOST_OP_CATS)
 
 
-def step_mask(trace: Trace) -> np.ndarray:
+def step_mask(trace) -> np.ndarray:
     """The host step ranges (STEP_RE); the GPU mirror of a step is an annotation and left out."""
     return host_mask(trace) & trace.name_mask(STEP_RE)
 
 
-def comm_mask(trace: Trace) -> np.ndarray:
+def comm_mask(trace) -> np.ndarray:
     """Collectives (COMM_RE): NCCL kernels on the device, collective calls on the host."""
     return (kernel_mask(trace) | host_mask(trace)) & trace.name_mask(COMM_RE)
 
