@@ -74,6 +74,23 @@ def test_kernel_launch_and_autograd_args_are_kept():
     assert (cpu["fwd_tid"] > 0).any() and (cpu["seq"] >= 0).any()
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_launch_dims_survive_slices_and_workers(tmp_path, monkeypatch, workers):
+    """Each slice interns its own grid table; the merge re-codes them (absent stays absent)."""
+    doc = json.loads(GPU.read_text())
+    for i, e in enumerate(doc["traceEvents"]):
+        if e.get("cat") == "kernel":
+            e["args"]["grid"] = [i, 1, 1]
+    path = _write(tmp_path, "g.json", json.dumps(doc, indent=1))
+    whole = load_trace(path, workers=0)
+    monkeypatch.setattr(ingest, "BLOCK_BYTES", 600)
+    small = load_trace(path, workers=workers)
+    assert small.strings("grid").tolist() == whole.strings("grid").tolist()
+    kernels = whole.events["cat"] == "kernel"
+    assert whole.strings("grid")[kernels.to_numpy()].tolist() == ["20×1×1", "21×1×1", "23×1×1", "37×1×1", "38×1×1"]
+    assert set(whole.strings("grid")[~kernels.to_numpy()]) == {""}
+
+
 def test_odd_launch_args_fall_back_to_the_lenient_decoder(tmp_path):
     k = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0, "dur": 2.0}
     evs = [dict(k, args={"grid": [2, 1, 1], "block": [32, 1, 1], "registers per thread": 16}),
