@@ -1,10 +1,16 @@
-"""Chrome/Kineto trace explorer engine: load_trace, analyses, timeline and diff (no streamlit).
+"""The trace layer: one Trace model of a Chrome/Kineto trace and everything read from it (no streamlit).
 
-    trace = load_trace("run.pt.trace.json.gz")      # Trace: events DataFrame + metadata
-    summary(trace); temporal_breakdown(trace); top_operators(trace, n=20)
-    idle_time(trace); launch_stats(trace, n=20); timeline_data(trace, t0, t1)
-    diff_traces(before, after)
-Every analysis returns plain JSON-able data (records); TraceError says why a file is unusable.
+    trace = load_trace("run.pt.trace.json.gz")      # ingest.py: Trace (model.py), events as columns
+    classify.py   what an event is: steps, categories, collectives, op families, Tensor Cores
+    intervals.py  union / intersect / subtract / clip / length of time intervals
+    views.py      summary, temporal_breakdown, top_operators, idle_time, launch_stats, steps
+    timeline.py   timeline_data(trace, t0, t1): the one timeline
+    profiler_views.py  the profiler page's steps, device split, modules, kernels
+    comm.py       one rank's computation / communication split and collectives
+    diff.py       diff_traces(before, after)
+The profiler page, the trace explorer, the distributed analysis and the checklist all read traces
+through this layer. Views return plain JSON-able data (records); TraceError says why a file is
+unusable.
 """
 
 from diagnostics.trace.views import (

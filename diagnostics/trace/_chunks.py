@@ -19,12 +19,16 @@ import msgspec
 import numpy as np
 import orjson
 
+from diagnostics.trace.classify import GPU_CATS, KERNEL_CATS
+
 MAX_EVENT_BYTES = 64 << 20      # one event larger than this is treated as corrupt and skipped
 MAX_WARNINGS = 20               # distinct warning lines kept (counts are always exact)
 BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 STRING_FIELDS = ("ph", "cat", "name", "pid", "tid")
+# A kernel's launch dimensions, interned (a trace has few distinct ones): code -1 when absent.
+LAUNCH_FIELDS = ("grid", "block")
 NUMERIC_FIELDS = ("ts", "dur", "ext_id", "corr", "device", "stream", "flow_id", "nbytes",
-                  "total_allocated", "device_type")
+                  "total_allocated", "device_type", "seq", "fwd_tid", "registers", "occupancy")
 _NUMBER_TYPES = (int, float)
 _STRING_KEY = attrgetter(*STRING_FIELDS)
 # What decoding hostile bytes can raise: bad JSON or types, nesting deeper than msgspec's
@@ -32,9 +36,6 @@ _STRING_KEY = attrgetter(*STRING_FIELDS)
 DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError)
 _FLOW_PHASES = frozenset({"s", "f", "t"})
 _INSTANT_PHASES = frozenset({"i", "I"})
-# Events whose args carry "device" and "stream" (GPU activity).
-_DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation",
-                          "memcpy", "memset"})
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -47,6 +48,15 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     device_type: int = msgspec.field(name="Device Type", default=-1)
     device_id: int = msgspec.field(name="Device Id", default=-1)
     label: str = msgspec.field(name="name", default="")
+    # Backward-to-module attribution: the autograd sequence number of an op, and on a backward op
+    # the forward thread it belongs to (absent or 0 on forward ops).
+    seq: int = msgspec.field(name="Sequence number", default=-1)
+    fwd_tid: int = msgspec.field(name="Fwd thread id", default=-1)
+    # Kernels' launch configuration.
+    grid: tuple[int, ...] = ()
+    block: tuple[int, ...] = ()
+    registers: int = msgspec.field(name="registers per thread", default=-1)
+    occupancy: float = msgspec.field(name="est. achieved occupancy %", default=math.nan)
 
 
 _NO_ARGS = _Args()
@@ -143,11 +153,12 @@ class Columns:
     def __init__(self):
         self.ph, self.cat, self.name = _Interner(), _Interner(), _Interner()
         self.pid, self.tid = _Interner(), _Interner()
+        self.grid, self.block = _Interner(), _Interner()
         # (ph, cat, name, pid, tid) -> one code: one dict lookup per event instead of five; the
         # per-field codes of each distinct combination are kept beside it (few thousand at most).
         self.combos = _Interner()
         self.combo_codes: dict = {f: [] for f in STRING_FIELDS}
-        self.chunks: dict = {c: [] for c in STRING_FIELDS + NUMERIC_FIELDS}
+        self.chunks: dict = {c: [] for c in STRING_FIELDS + LAUNCH_FIELDS + NUMERIC_FIELDS}
         self.n = 0
         self.meta_events: list = []
         self.skipped = 0
@@ -158,7 +169,7 @@ class Columns:
         arrays = {k: (np.concatenate(v) if len(v) > 1 else v[0]) if v else
                   np.empty(0, np.int32) for k, v in self.chunks.items()}
         tables = {}
-        for f in STRING_FIELDS:
+        for f in STRING_FIELDS + LAUNCH_FIELDS:
             tables[f] = getattr(self, f).values_list()
         return {"n": self.n, "arrays": arrays, "tables": tables, "meta_events": self.meta_events,
                 "skipped": self.skipped, "warnings": self.warnings}
@@ -192,11 +203,14 @@ class Columns:
         args = list(map(attrgetter("args"), evs))
         ch["ext_id"].append(col("external_id", np.int64, args))
         ch["corr"].append(col("correlation", np.int64, args))
+        ch["seq"].append(col("seq", np.int64, args))
+        # "Fwd thread id" is RecordFunction's own thread counter (1, 2, ...), not an OS thread id.
+        ch["fwd_tid"].append(col("fwd_tid", np.int32, args))
         # Sparse fields are read only for the events that can carry them.
         ph = ch["ph"][-1]
         cat = ch["cat"][-1]
         flow_rows = self._rows(ph, self.ph, _FLOW_PHASES)
-        gpu_rows = self._rows(cat, self.cat, _DEVICE_CATS)
+        gpu_rows = self._rows(cat, self.cat, GPU_CATS)
         mem_rows = self._rows(ph, self.ph, _INSTANT_PHASES)
         flow = np.full(k, -1, np.int64)
         if flow_rows.size:
@@ -223,11 +237,33 @@ class Columns:
         ch["nbytes"].append(nbytes)
         ch["total_allocated"].append(total)
         ch["device_type"].append(dev_type)
+        self._add_launches(cat, args)
         m_code = self.ph.get("M")
         if m_code is not None and (ch["ph"][-1] == m_code).any():
             self.meta_events.extend((e.name, e.pid, e.tid, e.args.label) for e in evs
                                     if e.ph == "M")
         self.n += k
+
+    def _add_launches(self, cat: np.ndarray, args: list) -> None:
+        """grid / block codes, registers per thread and occupancy of the kernels among ``args``."""
+        k = len(args)
+        grid = np.full(k, -1, np.int32)
+        block = np.full(k, -1, np.int32)
+        registers = np.full(k, -1, np.int16)  # at most 255 per thread
+        occupancy = np.full(k, np.nan, np.float32)
+        rows = self._rows(cat, self.cat, KERNEL_CATS)
+        if rows.size:
+            sub = [args[i] for i in rows.tolist()]
+            gt, bt = self.grid, self.block
+            grid[rows] = [gt[a.grid] if a.grid else -1 for a in sub]
+            block[rows] = [bt[a.block] if a.block else -1 for a in sub]
+            registers[rows] = list(map(attrgetter("registers"), sub))
+            occupancy[rows] = list(map(attrgetter("occupancy"), sub))
+        ch = self.chunks
+        ch["grid"].append(grid)
+        ch["block"].append(block)
+        ch["registers"].append(registers)
+        ch["occupancy"].append(occupancy)
 
     @staticmethod
     def _rows(codes: np.ndarray, table: dict, wanted: frozenset) -> np.ndarray:
@@ -292,6 +328,10 @@ def _lenient_event(raw: bytes) -> _Event | None:
             return v
         return -1 if v is None else str(v)
 
+    def dims(v):
+        ok = isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+        return tuple(v) if ok else ()
+
     ts = num(d.get("ts"))
     if not math.isfinite(ts):
         return None
@@ -302,7 +342,11 @@ def _lenient_event(raw: bytes) -> _Event | None:
         device=integer(a.get("device")), stream=integer(a.get("stream")),
         nbytes=integer(a.get("Bytes"), 0), total_allocated=integer(a.get("Total Allocated")),
         device_type=integer(a.get("Device Type")), device_id=integer(a.get("Device Id")),
-        label=label if isinstance(label, str) else "")
+        label=label if isinstance(label, str) else "",
+        seq=integer(a.get("Sequence number")), fwd_tid=integer(a.get("Fwd thread id")),
+        grid=dims(a.get("grid")), block=dims(a.get("block")),
+        registers=integer(a.get("registers per thread")),
+        occupancy=num(a.get("est. achieved occupancy %")))
     dur = num(d.get("dur"))
     return _Event(ph=str(d.get("ph") or ""), cat=str(d.get("cat") or ""),
                   name=str(d.get("name") or ""), pid=ident(d.get("pid")), tid=ident(d.get("tid")),

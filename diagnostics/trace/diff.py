@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from diagnostics.trace.classify import host_op_mask
 from diagnostics.trace.views import _gpu_frame, _records, steps
 from diagnostics.trace.model import Trace
 
@@ -20,7 +21,7 @@ STATUSES = ("added", "removed", "faster", "slower", "unchanged")
 
 
 def _table(trace: Trace, scale: float) -> pd.DataFrame:
-    m = trace.complete_mask() & trace.cat_mask(frozenset({"cpu_op", "operator"}))
+    m = host_op_mask(trace)
     ops = pd.DataFrame({"name": trace.strings("name", m),
                         "time": trace.nesting()["self_us"][m], "kind": "cpu_op"})
     g = _gpu_frame(trace)

@@ -26,7 +26,7 @@ import orjson
 import pandas as pd
 
 from diagnostics.trace._chunks import (
-    MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, STRING_FIELDS, Columns, _Interner,
+    LAUNCH_FIELDS, MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, STRING_FIELDS, Columns, _Interner,
     consume, consume_block, consume_spans, decode_slice, last_boundary, resync, scan,
 )
 from diagnostics.trace.errors import TraceError
@@ -131,8 +131,8 @@ class _Merger:
     """Concatenates exported slices in file order, re-coding their string tables globally."""
 
     def __init__(self):
-        self.tables = {f: _Interner() for f in STRING_FIELDS}
-        self.arrays: dict = {c: [] for c in STRING_FIELDS + NUMERIC_FIELDS}
+        self.tables = {f: _Interner() for f in STRING_FIELDS + LAUNCH_FIELDS}
+        self.arrays: dict = {c: [] for c in STRING_FIELDS + LAUNCH_FIELDS + NUMERIC_FIELDS}
         self.n = 0
         self.meta_events: list = []
         self.skipped = 0
@@ -147,9 +147,10 @@ class _Merger:
         if not part["n"]:
             return
         arrays = part["arrays"]
-        for f in STRING_FIELDS:
+        for f in STRING_FIELDS + LAUNCH_FIELDS:
             table = self.tables[f]
-            remap = np.fromiter(map(table.__getitem__, part["tables"][f]), np.int32)
+            # One extra slot maps code -1 (absent: launch fields only) to -1.
+            remap = np.fromiter([*map(table.__getitem__, part["tables"][f]), -1], np.int32)
             self.arrays[f].append(remap[arrays[f]])
         for f in NUMERIC_FIELDS:
             self.arrays[f].append(arrays[f])
@@ -388,6 +389,8 @@ def _build(merged: _Merger, meta: dict, source: str, total: int, name: str) -> T
     for col in COLUMNS:
         if col in STRING_FIELDS:
             data[col] = _categorical(ch[col], merged.tables[col].values_list())
+        elif col in LAUNCH_FIELDS:  # (64, 1, 1) -> "64×1×1", as the profiler's kernel table shows it
+            data[col] = _categorical(ch[col], ["×".join(map(str, v)) for v in merged.tables[col]])
         else:
             data[col] = ch[col]
     events = pd.DataFrame(data, copy=False)

@@ -7,35 +7,23 @@ on demand, and cached on the object.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-# Columns of Trace.events, in order. Integer columns use -1 for "absent".
+from diagnostics.trace import classify
+
+# Columns of Trace.events, in order. Integer columns use -1 for "absent", float ones NaN.
+# ext_id, corr: "External id" and "correlation" (host op <-> runtime call <-> kernel); device,
+# stream: where GPU work ran; flow_id: flow arrows; nbytes, total_allocated, device_type: memory
+# events; seq, fwd_tid: an op's autograd "Sequence number" and, on a backward op, its "Fwd thread
+# id"; grid, block ("64×1×1"), registers, occupancy (est. achieved %): a kernel's launch.
 COLUMNS = (
     "ts", "dur", "ph", "cat", "name", "pid", "tid",
     "ext_id", "corr", "device", "stream", "flow_id", "nbytes", "total_allocated", "device_type",
+    "seq", "fwd_tid", "grid", "block", "registers", "occupancy",
 )
-
-# Event categories (Kineto's `cat`, compared lower-case; older Kineto wrote "Kernel", "Memcpy"...).
-KERNEL_CATS = frozenset({"kernel"})
-MEMCPY_CATS = frozenset({"gpu_memcpy", "memcpy"})
-MEMSET_CATS = frozenset({"gpu_memset", "memset"})
-GPU_ANNOTATION_CATS = frozenset({"gpu_user_annotation"})
-GPU_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS | GPU_ANNOTATION_CATS
-RUNTIME_CATS = frozenset({"cuda_runtime", "runtime", "cuda_driver", "driver"})
-# Spans that frame the whole profile rather than run on a thread: kept out of the nesting.
-FRAME_CATS = frozenset({"trace"})
-
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-# NCCL kernels ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_AllGather_...").
-COMM_KERNEL_RE = re.compile(r"^nccl", re.IGNORECASE)
-# Host-side collectives (gloo, c10d, NCCL launches recorded as ops).
-COMM_OP_RE = re.compile(r"(gloo|nccl|c10d::|record_param_comms|all_reduce|allreduce|all_gather|"
-                        r"allgather|reduce_scatter|broadcast|all_to_all|alltoall|barrier)",
-                        re.IGNORECASE)
 
 @dataclass
 class Trace:
@@ -81,20 +69,13 @@ class Trace:
         c = self.codes(col)
         return self.labels(col)[c if rows is None else c[rows]]
 
-    def cat_lower(self) -> np.ndarray:
-        """Lower-cased category per event as an object array (small: built from the categories)."""
-        if "cat_lower" not in self._cache:
-            lowered = np.array([c.lower() for c in self.labels("cat")], dtype=object)
-            self._cache["cat_lower"] = lowered[self.codes("cat")]
-        return self._cache["cat_lower"]
-
     def cat_mask(self, cats: frozenset) -> np.ndarray:
         """Boolean mask of events whose lower-cased category is in `cats`."""
         cat = self.events["cat"].cat
         keep = np.array([str(c).lower() in cats for c in cat.categories] + [False])
         return keep[cat.codes.to_numpy()]
 
-    def name_mask(self, pattern: re.Pattern) -> np.ndarray:
+    def name_mask(self, pattern) -> np.ndarray:
         """Boolean mask of events whose name matches `pattern` (tested once per distinct name)."""
         name = self.events["name"].cat
         keep = np.array([bool(pattern.search(str(n))) for n in name.categories] + [False])
@@ -108,13 +89,12 @@ class Trace:
             self._cache["complete"] = is_x[self.codes("ph")] & np.isfinite(dur) & (dur >= 0)
         return self._cache["complete"]
 
-    def cpu_mask(self) -> np.ndarray:
-        """Duration events that run on a host thread (not GPU activity, not frame spans)."""
-        return self.complete_mask() & ~self.cat_mask(GPU_CATS | FRAME_CATS)
-
-    def gpu_mask(self) -> np.ndarray:
-        """GPU kernels, memcpys and memsets (annotations excluded)."""
-        return self.complete_mask() & self.cat_mask(KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS)
+    def lane_keys(self) -> np.ndarray:
+        """One int64 per event naming its (pid, tid) lane, for grouping events by thread."""
+        if "lane_keys" not in self._cache:
+            self._cache["lane_keys"] = (self.codes("pid").astype(np.int64) << 32) | \
+                self.codes("tid").astype(np.int64)
+        return self._cache["lane_keys"]
 
     def nesting(self) -> dict:
         """Per host-thread call nesting of duration events: depth, parent row, self time.
@@ -125,24 +105,24 @@ class Trace:
         that overhangs its parent is still attributed to the innermost event that started before it.
         """
         if "nesting" not in self._cache:
-            self._cache["nesting"] = _nesting(self)
+            self._cache["nesting"] = nesting_of(self)
         return self._cache["nesting"]
 
 
-def _nesting(trace: Trace, mask: np.ndarray | None = None) -> dict:
-    """Trace.nesting() over the host events in ``mask`` (default: all of them)."""
+def nesting_of(trace: Trace, mask: np.ndarray | None = None) -> dict:
+    """Trace.nesting() over the host events in ``mask`` only (default: all of them), not cached:
+    e.g. operators among operators, with Python frames or other ranges left out."""
     ev = trace.events
     n = len(ev)
     depth = np.full(n, -1, dtype=np.int32)
     parent = np.full(n, -1, dtype=np.int64)
     self_us = np.full(n, np.nan)
-    rows = np.flatnonzero(trace.cpu_mask() if mask is None else mask)
+    rows = np.flatnonzero(classify.host_mask(trace) if mask is None else mask)
     if rows.size == 0:
         return {"depth": depth, "parent": parent, "self_us": self_us}
     ts = ev["ts"].to_numpy()[rows]
     dur = ev["dur"].to_numpy()[rows]
-    lane = (ev["pid"].cat.codes.to_numpy()[rows].astype(np.int64) << 32) | \
-        ev["tid"].cat.codes.to_numpy()[rows].astype(np.int64)
+    lane = trace.lane_keys()[rows]
     # Sort by lane, start, longest first: a parent precedes its children.
     order = np.lexsort((-dur, ts, lane))
     rows, ts, dur, lane = rows[order], ts[order], dur[order], lane[order]

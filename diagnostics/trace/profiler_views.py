@@ -1,161 +1,79 @@
-"""Views computed from one exported Chrome/Kineto trace (the dict `export_chrome_trace` writes).
+"""The profiler page's views of a profiled run, computed on loaded Traces (one per profiler cycle).
 
-Pure functions over the trace's ``traceEvents``: the per-step breakdown from record_function
-ranges, the TensorBoard plugin's device split, per-module forward/backward time, the GPU kernel
-table and a downsampled timeline. They return plain records (lists of dicts), times in ms.
+step_breakdown: each step's time in its record_function phases. device_split: the TensorBoard
+plugin's split of each step into kernel / memcpy / memset / runtime / CPU / other time.
+module_times: forward and backward time per module, as a tree. kernel_table: GPU kernels by
+name with their launch configuration. timeline: the trace layer's timeline (trace/timeline.py)
+in the page's shape. Plain records; times in ms (the kernel table in µs).
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 import numpy as np
+import pandas as pd
 
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-#: record_function labels the profiler job puts inside each ProfilerStep (see profiler.py).
-STEP_PHASES = ("zero_grad", "forward", "backward", "optimizer")
-#: Prefix of the record_function ranges the module hooks open: "module::<qualified name>".
-MODULE_PREFIX = "module::"
-ROOT = "(model)"
-
-KERNEL_CATS = frozenset({"kernel"})
-MEMCPY_CATS = frozenset({"gpu_memcpy", "memcpy"})
-MEMSET_CATS = frozenset({"gpu_memset", "memset"})
-RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
-CPU_CATS = frozenset({"cpu_op", "user_annotation", "python_function"})
-DEVICE_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS | frozenset({"gpu_user_annotation"})
+from diagnostics.trace import intervals as iv
+from diagnostics.trace.classify import (
+    BACKWARD_NODE_PREFIX, HOST_OP_CATS, KERNEL_CATS, MEMCPY_CATS, MEMSET_CATS, MODULE_PREFIX,
+    PYTHON_CATS, ROOT_MODULE, RUNTIME_CATS, STEP_PHASES, USER_ANNOTATION_CATS, kernel_mask,
+    uses_tensor_cores,
+)
+from diagnostics.trace.model import Trace, nesting_of
+from diagnostics.trace.timeline import timeline_data
+from diagnostics.trace.views import step_spans
 
 #: The TensorBoard plugin's step split, in priority order: a moment covered by a kernel counts as
 #: kernel even when the CPU is also busy; "other" is what no event covers.
 SPLIT_CATEGORIES = ("kernel", "memcpy", "memset", "runtime", "cpu_exec", "other")
-
-#: Kernel-name fragments that mean the kernel ran on Tensor Cores (cuBLAS / cuDNN / CUTLASS naming:
-#: HMMA/IMMA/WGMMA instructions, xmma and tensorop GEMMs, the h884/s1688/h16816/i8816 tile names,
-#: half and bfloat16 GEMMs, flash attention, and Hopper cuBLAS's nvjet GEMMs, e.g.
-#: nvjet_sm90_hsh_128x64_64x8_1x2_h_bz_NNT for float16 and nvjet_sm90_tst_... for bfloat16, as read on
-#: an H100 with CUDA 13). Architecture prefixes alone (ampere_, sm80_, cutlass_80) say nothing:
-#: ampere_sgemm and cutlass_80_simt_sgemm run on the ordinary CUDA cores.
-TENSOR_CORE_PATTERNS = (
-    r"xmma", r"hmma", r"imma", r"wgmma", r"[hsi](?:884|1688|16816|8816)", r"tensor_?op",
-    r"b?f16.*gemm", r"gemm.*b?f16", r"flash_(?:fwd|bwd)", r"fmha", r"nvjet_",
-)
-_TC_RE = re.compile("|".join(TENSOR_CORE_PATTERNS), re.IGNORECASE)
-
-#: Names the patterns above match that still run on CUDA cores (all read on an H100): xmma kernels
-#: doing fp32 (or complex fp32) math with FFMA instructions, e.g.
-#: sm80_xmma_gemm_cf32cf32_f32f32_cf32_nt_n_..._ffma_..., cuDNN's xmma workspace initialisation, and
-#: an nvjet GEMM whose operand and output types are all fp32 or fp64 (sss / ddd).
-_CUDA_CORE_RE = re.compile(r"_[fd]fma_|init_device_workspace|nvjet_(?:sm\d+_)?(?:sss|ddd)_", re.IGNORECASE)
-
-#: Timeline default: at most this many events drawn; the longest are kept.
-TIMELINE_MAX_EVENTS = 4000
-TIMELINE_MAX_DEPTH = 24
+_SPLIT_CATS = {"kernel": KERNEL_CATS, "memcpy": MEMCPY_CATS, "memset": MEMSET_CATS,
+               "runtime": RUNTIME_CATS, "cpu_exec": HOST_OP_CATS | PYTHON_CATS}
+#: The host events module ranges nest among: operators and record_function ranges. Python frames
+#: (with_stack) are left out: a module range opens in one hook's frame and closes in another's,
+#: so it overhangs both, and an overhanging event breaks the nesting of what follows it.
+_MODULE_NEST_CATS = HOST_OP_CATS | USER_ANNOTATION_CATS
+#: Slack for "inside the step" (µs): Kineto rounds ends and starts separately.
+_EDGE_US = 1e-3
 
 
-#: xmma kernels whose operands and math are all plain fp32 (no tf32 in the name) run without Tensor Cores.
-_FP32_XMMA_RE = re.compile(r"f32f32_f32f32_f32", re.IGNORECASE)
+def _times(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    ev = trace.events
+    ts = ev["ts"].to_numpy()
+    return ts, ts + ev["dur"].to_numpy()
 
 
-def uses_tensor_cores(kernel_name: str) -> bool:
-    """Name heuristic, as the TensorBoard plugin did: true when the name marks a Tensor Core kernel."""
-    name = kernel_name or ""
-    if (_FP32_XMMA_RE.search(name) and "tf32" not in name.lower()) or _CUDA_CORE_RE.search(name):
-        return False
-    return bool(_TC_RE.search(name))
+# ---- steps -----------------------------------------------------------------------------------
 
+def step_breakdown(trace: Trace) -> list[dict]:
+    """Per step: its time and the time in each record_function phase; 'other_ms' is the rest.
 
-def complete_events(trace: dict) -> list[dict]:
-    """The 'X' (complete) events with a duration, deduplicated (Kineto can write a step twice)."""
-    seen = set()
+    A phase counts when it is a STEP_PHASES range on the step's thread inside the step's time
+    range; the columns add up to ``step_ms`` (other is clamped at zero).
+    """
+    st = step_spans(trace)
+    if not len(st):
+        return []
+    ts, end = _times(trace)
+    lane = trace.lane_keys()
+    is_phase = np.isin(trace.labels("name"), STEP_PHASES)[trace.codes("name")]
+    rows = np.flatnonzero(trace.complete_mask() & trace.cat_mask(USER_ANNOTATION_CATS) & is_phase)
+    rows_ts, rows_end, rows_lane = ts[rows], end[rows], lane[rows]
+    rows_name = trace.strings("name", rows)
+    dur = (rows_end - rows_ts) / 1e3
     out = []
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or "dur" not in e or e.get("cat") == "Trace":
-            continue
-        key = (e.get("name"), e.get("ts"), e.get("dur"), e.get("pid"), e.get("tid"), e.get("cat"))
-        if key in seen:
-            continue
-        seen.add(key)
-        out.append(e)
+    for s in st.itertuples(index=False):
+        start, stop = s.start_us, s.start_us + s.dur_us
+        inside = (rows_lane == lane[s.row]) & (rows_ts >= start) & (rows_end <= stop + _EDGE_US)
+        row = {"step": int(s.step), "step_ms": s.dur_us / 1e3}
+        for p in STEP_PHASES:
+            row[f"{p}_ms"] = float(dur[inside & (rows_name == p)].sum())
+        row["other_ms"] = max(0.0, row["step_ms"] - sum(row[f"{p}_ms"] for p in STEP_PHASES))
+        out.append(row)
     return out
 
 
-def _by_thread(events: list[dict]) -> dict:
-    lanes = defaultdict(list)
-    for e in events:
-        lanes[(e.get("pid"), e.get("tid"))].append(e)
-    for evs in lanes.values():
-        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
-    return lanes
-
-
-def nest(events: list[dict]) -> list[int]:
-    """Parent index (or -1) of each event of ONE thread, sorted by (ts, -dur): containment nesting."""
-    parents = [-1] * len(events)
-    stack: list[int] = []
-    for i, e in enumerate(events):
-        end = e["ts"] + e["dur"]
-        while stack:
-            top = events[stack[-1]]
-            if e["ts"] >= top["ts"] + top["dur"] or end > top["ts"] + top["dur"] + 1e-3:
-                stack.pop()
-            else:
-                break
-        parents[i] = stack[-1] if stack else -1
-        stack.append(i)
-    return parents
-
-
-def profiler_steps(events: list[dict]) -> list[dict]:
-    """The ProfilerStep#N ranges, in order: {'step', 'ts', 'dur', 'pid', 'tid'}."""
-    steps = []
-    for e in events:
-        m = STEP_RE.match(e.get("name", ""))
-        if m and e.get("cat") in ("user_annotation", "cpu_op"):
-            steps.append({"step": int(m.group(1)), "ts": e["ts"], "dur": e["dur"], "pid": e.get("pid"),
-                          "tid": e.get("tid")})
-    steps.sort(key=lambda s: s["ts"])
-    return steps
-
-
-def step_breakdown(events: list[dict]) -> list[dict]:
-    """Per step: its time and the time in each record_function phase; 'other_ms' is the rest.
-
-    Phases are the top-most ranges named in STEP_PHASES on the step's thread and inside the step's
-    time range; the columns add up to ``step_ms`` (other is clamped at zero).
-    """
-    steps = profiler_steps(events)
-    phase_events = [e for e in events if e.get("name") in STEP_PHASES and e.get("cat") == "user_annotation"]
-    rows = []
-    for s in steps:
-        start, end = s["ts"], s["ts"] + s["dur"]
-        row = {"step": s["step"], "step_ms": s["dur"] / 1e3}
-        for phase in STEP_PHASES:
-            row[f"{phase}_ms"] = 0.0
-        for e in phase_events:
-            if e.get("tid") == s["tid"] and e.get("pid") == s["pid"] and e["ts"] >= start and e["ts"] + e["dur"] <= end + 1e-3:
-                row[f"{e['name']}_ms"] += e["dur"] / 1e3
-        row["other_ms"] = max(0.0, row["step_ms"] - sum(row[f"{p}_ms"] for p in STEP_PHASES))
-        rows.append(row)
-    return rows
-
-
-def _category(cat: str) -> str | None:
-    cat = (cat or "").lower()
-    if cat in KERNEL_CATS:
-        return "kernel"
-    if cat in MEMCPY_CATS:
-        return "memcpy"
-    if cat in MEMSET_CATS:
-        return "memset"
-    if cat in RUNTIME_CATS:
-        return "runtime"
-    if cat in ("cpu_op", "python_function"):
-        return "cpu_exec"
-    return None
-
-
-def device_split(events: list[dict]) -> list[dict]:
+def device_split(trace: Trace) -> list[dict]:
     """The TensorBoard plugin's step split: kernel / memcpy / memset / runtime / cpu_exec / other (ms).
 
     Each moment of a step's window goes to the highest-priority category covering it (see
@@ -163,111 +81,141 @@ def device_split(events: list[dict]) -> list[dict]:
     to the later of its end and the end of the last device event, so GPU work that lags its
     launching step still lands in a step. The columns add up to ``window_ms``.
     """
-    steps = profiler_steps(events)
-    if not steps:
+    st = step_spans(trace)
+    if not len(st):
         return []
-    intervals = {c: [] for c in SPLIT_CATEGORIES[:-1]}
-    last_device_end = None
-    for e in events:
-        c = _category(e.get("cat"))
-        if c is None:
-            continue
-        intervals[c].append((e["ts"], e["ts"] + e["dur"]))
-        if c in ("kernel", "memcpy", "memset"):
-            last_device_end = max(last_device_end or 0.0, e["ts"] + e["dur"])
-    arrays = {c: np.array(v, dtype=float).reshape(-1, 2) for c, v in intervals.items()}
+    ts, end = _times(trace)
+    complete = trace.complete_mask()
+    covered = {}
+    for c, cats in _SPLIT_CATS.items():
+        m = complete & trace.cat_mask(cats)
+        covered[c] = iv.union(ts[m], end[m])
+    device_ends = [covered[c][1][-1] for c in SPLIT_CATEGORIES[:3] if covered[c][1].size]  # device work
+    last_device_end = max(device_ends, default=0.0)
+    starts = st["start_us"].to_numpy()
+    stops = starts + st["dur_us"].to_numpy()
     rows = []
-    for i, s in enumerate(steps):
-        start = s["ts"]
-        if i + 1 < len(steps):
-            end = steps[i + 1]["ts"]
-        else:
-            end = max(s["ts"] + s["dur"], last_device_end or 0.0)
-        row = {"step": s["step"], "window_ms": (end - start) / 1e3}
-        row.update(_split_window(arrays, start, end))
+    for i, step in enumerate(st["step"].tolist()):
+        lo = float(starts[i])
+        hi = float(starts[i + 1]) if i + 1 < len(st) else max(float(stops[i]), last_device_end)
+        row = {"step": int(step), "window_ms": (hi - lo) / 1e3}
+        taken = iv.EMPTY
+        for c in SPLIT_CATEGORIES[:-1]:
+            mine = iv.clip(covered[c], lo, hi)
+            grown = iv.union(np.r_[taken[0], mine[0]], np.r_[taken[1], mine[1]])
+            row[f"{c}_ms"] = (iv.length(grown) - iv.length(taken)) / 1e3
+            taken = grown
+        row["other_ms"] = (hi - lo - iv.length(taken)) / 1e3
         rows.append(row)
     return rows
 
 
-def _split_window(arrays: dict, start: float, end: float) -> dict:
-    clipped = {}
-    bounds = [start, end]
-    for c, a in arrays.items():
-        if len(a):
-            a = a[(a[:, 1] > start) & (a[:, 0] < end)]
-            a = np.clip(a, start, end)
-        clipped[c] = a
-        bounds.extend(a.ravel().tolist())
-    edges = np.unique(np.array(bounds, dtype=float))
-    seg = np.diff(edges)
-    taken = np.zeros(len(seg), dtype=bool)
-    out = {}
-    for c in SPLIT_CATEGORIES[:-1]:
-        a = clipped[c]
-        cover = np.zeros(len(edges), dtype=int)
-        if len(a):
-            np.add.at(cover, np.searchsorted(edges, a[:, 0]), 1)
-            np.add.at(cover, np.searchsorted(edges, a[:, 1]), -1)
-        covered = np.cumsum(cover)[:-1] > 0
-        mine = covered & ~taken
-        out[f"{c}_ms"] = float(seg[mine].sum()) / 1e3
-        taken |= covered
-    out["other_ms"] = float(seg[~taken].sum()) / 1e3
-    return out
+# ---- modules ---------------------------------------------------------------------------------
+
+class _ModuleTimes:
+    """Forward ranges, forward-op sequence numbers and backward nodes gathered over the traces."""
+
+    def __init__(self):
+        self.forward: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.seq_owner: dict[int, str] = {}
+        self.backward: list[tuple[int, float]] = []  # (sequence number or -1, ms)
+
+    def add(self, trace: Trace) -> None:
+        ev = trace.events
+        mask = trace.complete_mask() & trace.cat_mask(_MODULE_NEST_CATS)
+        rows = np.flatnonzero(mask)
+        if not rows.size:
+            return
+        nest = nesting_of(trace, mask)
+        depth, parent = nest["depth"], nest["parent"]
+        labels = trace.labels("name")
+        codes = trace.codes("name")
+        module_name = np.array([n.startswith(MODULE_PREFIX) for n in labels])
+        node_name = np.array([n.startswith(BACKWARD_NODE_PREFIX) for n in labels])
+        is_module = mask & module_name[codes] & trace.cat_mask(USER_ANNOTATION_CATS)
+        dur = ev["dur"].to_numpy()
+        # owner: the name code of the innermost module range around each event (-1: none),
+        # filled level by level so a parent is always done before its children.
+        owner = np.full(len(ev), -1, dtype=np.int64)
+        for level in range(int(depth[rows].max()) + 1):
+            r = rows[depth[rows] == level]
+            p = parent[r]
+            inherited = np.where(p >= 0, owner[np.maximum(p, 0)], -1)
+            owner[r] = np.where(is_module[r], codes[r], inherited)
+        mods = np.flatnonzero(is_module)
+        if mods.size:
+            uniq, inv, counts = np.unique(codes[mods], return_inverse=True, return_counts=True)
+            ms = np.bincount(inv.ravel(), weights=dur[mods] / 1e3)
+            for code, total, n in zip(uniq.tolist(), ms.tolist(), counts.tolist()):
+                name = labels[code][len(MODULE_PREFIX):]
+                self.forward[name] += total
+                self.calls[name] += n
+        seq = ev["seq"].to_numpy()
+        fwd_tid = ev["fwd_tid"].to_numpy()
+        is_node = mask & node_name[codes]
+        # Forward ops: a sequence number and no forward thread (that marks a backward op).
+        forward_op = mask & ~is_node & (seq >= 0) & (fwd_tid <= 0) & (owner >= 0)
+        self._own_sequences(trace, np.flatnonzero(forward_op), seq, owner, labels, rows)
+        # Only the outermost evaluate_function owns its time (nested ones are inside it).
+        outer = is_node & ~np.where(parent >= 0, is_node[np.maximum(parent, 0)], False)
+        self.backward.extend(zip(seq[outer].tolist(), (dur[outer] / 1e3).tolist()))
+
+    def _own_sequences(self, trace: Trace, cand: np.ndarray, seq, owner, labels, rows) -> None:
+        """Each sequence number's module: its first forward op's, threads taken in the order they
+        first appear in the trace, each thread's ops by start (longest first)."""
+        if not cand.size:
+            return
+        lane = trace.lane_keys()
+        lanes, first = np.unique(lane[rows], return_index=True)
+        rank = np.empty(lanes.size, dtype=np.int64)
+        rank[np.argsort(first)] = np.arange(lanes.size)
+        cand_rank = rank[np.searchsorted(lanes, lane[cand])]
+        ev = trace.events
+        order = np.lexsort((-ev["dur"].to_numpy()[cand], ev["ts"].to_numpy()[cand], cand_rank))
+        cand = cand[order]
+        _, first_of_seq = np.unique(seq[cand], return_index=True)
+        for r in cand[np.sort(first_of_seq)].tolist():
+            self.seq_owner.setdefault(int(seq[r]), labels[owner[r]][len(MODULE_PREFIX):])
+
+    def rows(self, module_types: dict[str, str]) -> list[dict]:
+        bwd_self: dict[str, float] = defaultdict(float)
+        unattributed = 0.0
+        for seq, ms in self.backward:
+            mod = self.seq_owner.get(seq) if seq >= 0 else None
+            if mod is None:
+                unattributed += ms
+            else:
+                bwd_self[mod] += ms
+        return _module_tree(self.forward, self.calls, bwd_self, unattributed, module_types)
 
 
-def module_times(events: list[dict], module_types: dict[str, str] | None = None) -> list[dict]:
+def module_times(traces: Trace | list[Trace], module_types: dict[str, str] | None = None) -> list[dict]:
     """Per module (qualified name): forward time from its ``module::`` ranges and backward time.
 
     Backward: each autograd ``evaluate_function`` event carries the sequence number of the forward
     op that created its node; that op's innermost enclosing module range owns the backward time.
     ``*_self_ms`` excludes child modules; inclusive times sum the subtree. Returns records sorted
-    by name with 'parent' (None for the root) for a tree chart.
+    by name with 'parent' (None for the root) for a tree chart. Several traces (profiler cycles)
+    are summed; a sequence number's module is taken from the first trace that has it.
     """
-    module_types = module_types or {}
-    fwd_total: dict[str, float] = defaultdict(float)
-    calls: dict[str, int] = defaultdict(int)
-    seq_owner: dict[int, str] = {}
-    bwd_self: dict[str, float] = defaultdict(float)
-    unattributed = 0.0
-    lanes = _by_thread([e for e in events if e.get("cat") in CPU_CATS])
-    backward_events = []
-    for evs in lanes.values():
-        parents = nest(evs)
-        owner: list[str | None] = [None] * len(evs)
-        for i, e in enumerate(evs):
-            name = e.get("name", "")
-            p = parents[i]
-            if name.startswith(MODULE_PREFIX) and e.get("cat") == "user_annotation":
-                mod = name[len(MODULE_PREFIX):]
-                owner[i] = mod
-                fwd_total[mod] += e["dur"] / 1e3
-                calls[mod] += 1
-            else:
-                owner[i] = owner[p] if p >= 0 else None
-            args = e.get("args") or {}
-            seq = args.get("Sequence number")
-            if name.startswith("autograd::engine::evaluate_function"):
-                # Only the outermost evaluate_function owns its time (nested ones are inside it).
-                if p < 0 or not evs[p].get("name", "").startswith("autograd::engine::evaluate_function"):
-                    backward_events.append((seq, e["dur"] / 1e3))
-            elif seq is not None and not args.get("Fwd thread id") and owner[i] is not None:
-                seq_owner.setdefault(int(seq), owner[i])
-    for seq, dur in backward_events:
-        mod = seq_owner.get(int(seq)) if seq is not None else None
-        if mod is None:
-            unattributed += dur
-        else:
-            bwd_self[mod] += dur
+    acc = _ModuleTimes()
+    for t in ([traces] if isinstance(traces, Trace) else traces):
+        acc.add(t)
+    return acc.rows(module_types or {})
+
+
+def _module_tree(fwd_total: dict, calls: dict, bwd_self: dict, unattributed: float,
+                 module_types: dict) -> list[dict]:
     names = set(fwd_total) | set(bwd_self)
     # Fill in ancestors that never ran a range of their own (e.g. containers), so the tree is whole.
     for n in list(names):
-        while n != ROOT:
+        while n != ROOT_MODULE:
             n = _parent(n)
             names.add(n)
     children: dict[str, list[str]] = defaultdict(list)
     for n in names:
-        if n != ROOT:
+        if n != ROOT_MODULE:
             children[_parent(n)].append(n)
 
     def bwd_incl(n: str) -> float:
@@ -280,7 +228,7 @@ def module_times(events: list[dict], module_types: dict[str, str] | None = None)
             fwd = sum(fwd_total.get(c, 0.0) for c in children[n])
         kids_fwd = sum(fwd_total.get(c, 0.0) for c in children.get(n, []))
         rows.append({
-            "name": n, "parent": None if n == ROOT else _parent(n), "type": module_types.get(n, ""),
+            "name": n, "parent": None if n == ROOT_MODULE else _parent(n), "type": module_types.get(n, ""),
             "calls": calls.get(n, 0), "forward_ms": fwd, "forward_self_ms": max(0.0, fwd - kids_fwd),
             "backward_ms": bwd_incl(n), "backward_self_ms": bwd_self.get(n, 0.0),
         })
@@ -291,106 +239,57 @@ def module_times(events: list[dict], module_types: dict[str, str] | None = None)
 
 
 def _parent(name: str) -> str:
-    return name.rsplit(".", 1)[0] if "." in name else ROOT
+    return name.rsplit(".", 1)[0] if "." in name else ROOT_MODULE
 
 
 def _sort_key(name: str):
-    return (0, ()) if name == ROOT else (1, tuple(int(p) if p.isdigit() else p for p in name.split(".")))
+    return (0, ()) if name == ROOT_MODULE else (1, tuple(int(p) if p.isdigit() else p for p in name.split(".")))
 
 
-def kernel_table(events: list[dict]) -> list[dict]:
-    """GPU kernels grouped by name: calls, total / mean / max / min µs, grid, block, Tensor Cores."""
-    groups: dict[str, dict] = {}
-    for e in events:
-        if (e.get("cat") or "").lower() not in KERNEL_CATS:
-            continue
-        name = e.get("name", "")
-        args = e.get("args") or {}
-        g = groups.get(name)
-        if g is None:
-            g = groups[name] = {"name": name, "calls": 0, "total_us": 0.0, "max_us": 0.0, "min_us": float("inf"),
-                                "grid": _dims(args.get("grid")), "block": _dims(args.get("block")),
-                                "registers_per_thread": args.get("registers per thread"),
-                                "occupancy_pct": args.get("est. achieved occupancy %"),
-                                "tensor_cores": uses_tensor_cores(name)}
-        g["calls"] += 1
-        g["total_us"] += e["dur"]
-        g["max_us"] = max(g["max_us"], e["dur"])
-        g["min_us"] = min(g["min_us"], e["dur"])
-    total = sum(g["total_us"] for g in groups.values()) or 1.0
-    rows = []
-    for g in sorted(groups.values(), key=lambda g: -g["total_us"]):
-        g["mean_us"] = g["total_us"] / g["calls"]
-        g["pct_of_kernel_time"] = 100.0 * g["total_us"] / total
-        rows.append(g)
-    return rows
+# ---- kernels ---------------------------------------------------------------------------------
+
+def kernel_table(traces: Trace | list[Trace]) -> list[dict]:
+    """GPU kernels grouped by name: calls, total / mean / max / min µs, grid, block, registers,
+    occupancy (of the first launch seen) and whether the name marks a Tensor Core kernel."""
+    parts = []
+    for t in ([traces] if isinstance(traces, Trace) else traces):
+        rows = np.flatnonzero(kernel_mask(t))
+        ev = t.events
+        parts.append(pd.DataFrame({
+            "name": t.strings("name", rows), "dur": ev["dur"].to_numpy()[rows],
+            "grid": t.strings("grid", rows), "block": t.strings("block", rows),
+            "registers": ev["registers"].to_numpy()[rows], "occupancy": ev["occupancy"].to_numpy()[rows]}))
+    k = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    if not len(k):
+        return []
+    g = k.groupby("name", sort=False)
+    agg = g.agg(calls=("dur", "size"), total_us=("dur", "sum"), max_us=("dur", "max"), min_us=("dur", "min"))
+    first = g[["grid", "block", "registers", "occupancy"]].first()
+    agg = agg.join(first).reset_index().sort_values("total_us", ascending=False, kind="stable")
+    total = float(agg["total_us"].sum()) or 1.0
+    out = []
+    for r in agg.itertuples(index=False):
+        out.append({
+            "name": r.name, "calls": int(r.calls), "total_us": float(r.total_us), "max_us": float(r.max_us),
+            "min_us": float(r.min_us), "grid": r.grid or None, "block": r.block or None,
+            "registers_per_thread": int(r.registers) if r.registers >= 0 else None,
+            "occupancy_pct": float(r.occupancy) if np.isfinite(r.occupancy) else None,
+            "tensor_cores": uses_tensor_cores(r.name),
+            "mean_us": float(r.total_us) / int(r.calls), "pct_of_kernel_time": 100.0 * float(r.total_us) / total})
+    return out
 
 
-def _dims(v) -> str | None:
-    if v is None:
-        return None
-    if isinstance(v, (list, tuple)):
-        return "×".join(str(int(x)) for x in v)
-    return str(v)
+# ---- timeline --------------------------------------------------------------------------------
 
-
-def _lane_name(e: dict, thread_names: dict) -> str:
-    cat = (e.get("cat") or "").lower()
-    args = e.get("args") or {}
-    if cat in DEVICE_CATS:
-        return f"GPU {args.get('device', e.get('pid'))} · stream {args.get('stream', e.get('tid'))}"
-    return thread_names.get((e.get("pid"), e.get("tid"))) or f"CPU thread {e.get('tid')}"
-
-
-def timeline(trace: dict, max_events: int = TIMELINE_MAX_EVENTS, max_depth: int = TIMELINE_MAX_DEPTH) -> dict:
-    """A downsampled timeline: a lane per CPU thread / GPU stream; each event's lane, depth, start, duration.
-
-    When there are more events than ``max_events`` the longest are kept, after each lane's own
-    longest share (so a stream of short kernels still shows), and everything deeper than
-    ``max_depth`` is dropped first; a large trace thus still draws quickly. ``total_events``
-    and ``shown_events`` say how much was left out. Times are ms from the first event.
-    """
-    events = complete_events(trace)
-    thread_names = {}
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") == "M" and e.get("name") == "thread_name":
-            thread_names[(e.get("pid"), e.get("tid"))] = (e.get("args") or {}).get("name")
-    if not events:
-        return {"events": [], "lanes": [], "total_events": 0, "shown_events": 0, "span_ms": 0.0}
-    origin = min(e["ts"] for e in events)
-    span = max(e["ts"] + e["dur"] for e in events) - origin
-    rows = []
-    for evs in _by_thread(events).values():
-        parents = nest(evs)
-        depth = [0] * len(evs)
-        for i, p in enumerate(parents):
-            depth[i] = depth[p] + 1 if p >= 0 else 0
-        for i, e in enumerate(evs):
-            rows.append({"lane": _lane_name(e, thread_names), "name": e.get("name", ""), "cat": e.get("cat") or "",
-                         "start_ms": (e["ts"] - origin) / 1e3, "dur_ms": e["dur"] / 1e3, "depth": depth[i]})
-    total = len(rows)
-    kept = [r for r in rows if r["depth"] <= max_depth]
-    deeper = total - len(kept)
-    if len(kept) > max_events:
-        kept = _downsample(kept, max_events)
-    kept.sort(key=lambda r: (r["lane"], r["start_ms"]))
-    lanes = sorted({r["lane"] for r in kept}, key=lambda l: (l.startswith("GPU"), l))
-    return {"events": kept, "lanes": lanes, "total_events": total, "shown_events": len(kept), "span_ms": span / 1e3,
-            "deeper": deeper, "builder": "profiler_trace.timeline"}
-
-
-def _downsample(rows: list[dict], max_events: int) -> list[dict]:
-    """Each lane keeps its longest max_events / (4 x lanes) events; the rest of the budget goes to
-    the longest events overall."""
-    by_lane = defaultdict(list)
-    for r in rows:
-        by_lane[r["lane"]].append(r)
-    share = max(1, max_events // (4 * len(by_lane)))
-    chosen = set()
-    for lane_rows in by_lane.values():
-        lane_rows.sort(key=lambda r: -r["dur_ms"])
-        chosen.update(id(r) for r in lane_rows[:share])
-    rest = sorted((r for r in rows if id(r) not in chosen), key=lambda r: -r["dur_ms"])
-    budget = max(0, max_events - len(chosen))
-    chosen.update(id(r) for r in rest[:budget])
-    return [r for r in rows if id(r) in chosen]
+def timeline(trace: Trace, max_events: int) -> dict:
+    """trace.timeline_data in the profiler page's shape: {"events": [{lane, name, cat, start_ms,
+    dur_ms, depth, count}], "lanes", "total_events", "shown_events", "deeper", "span_ms", "builder"};
+    lanes are named by their thread name where the trace has one."""
+    data = timeline_data(trace, max_events=max_events)
+    label = {l["lane"]: (l.get("name") or l["lane"]) for l in data["lanes"]}
+    events = [{"lane": label.get(e["lane"], e["lane"]), "name": e["name"], "cat": e["cat"] or "",
+               "start_ms": e["start_us"] / 1e3, "dur_ms": e["dur_us"] / 1e3, "depth": int(e["depth"]),
+               "count": int(e.get("count", 1))} for e in data["events"]]
+    return {"events": events, "lanes": [label[l["lane"]] for l in data["lanes"]],
+            "total_events": int(data["in_range"]), "shown_events": len(events), "deeper": int(data["deeper"]),
+            "span_ms": float(data["t1"]) / 1e3, "builder": "diagnostics.trace.timeline_data"}

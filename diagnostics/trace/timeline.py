@@ -13,13 +13,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from diagnostics.trace.model import FRAME_CATS, GPU_ANNOTATION_CATS, Trace, _nesting
+from diagnostics.trace.classify import (
+    FRAME_CATS, GPU_ANNOTATION_CATS, PYTHON_CATS, gpu_work_mask, host_mask,
+)
+from diagnostics.trace.model import Trace, nesting_of
 
 MAX_EVENTS = 5000        # bars returned at most
 MAX_DEPTH = 24           # host call depths drawn (deeper calls are counted, not drawn)
 MIN_BUCKETS = 200        # buckets across the range, at least
 LANE_SHARE = 4           # past max_events, each lane first keeps max_events / (LANE_SHARE x lanes) bars
-PYTHON_CATS = frozenset({"python_function"})
 
 
 def _lanes(trace: Trace) -> dict:
@@ -29,13 +31,13 @@ def _lanes(trace: Trace) -> dict:
     ev = trace.events
     m = trace.complete_mask() & ~trace.cat_mask(FRAME_CATS | GPU_ANNOTATION_CATS)
     rows = np.flatnonzero(m)
-    gpu = trace.gpu_mask()[rows]
+    gpu = gpu_work_mask(trace)[rows]
     py_all = trace.cat_mask(PYTHON_CATS)
     py = py_all[rows]
     if py.any():  # Python frames nest among themselves, operators among themselves
-        host = trace.cpu_mask()
-        depth = np.where(py_all, _nesting(trace, host & py_all)["depth"],
-                         _nesting(trace, host & ~py_all)["depth"])[rows]
+        host = host_mask(trace)
+        depth = np.where(py_all, nesting_of(trace, host & py_all)["depth"],
+                         nesting_of(trace, host & ~py_all)["depth"])[rows]
     else:
         depth = trace.nesting()["depth"][rows]
     device = ev["device"].to_numpy()[rows].astype(np.int64)

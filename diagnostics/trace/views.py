@@ -9,15 +9,15 @@ stream, with their cause. launch_stats: launch delay, runtime call duration, sho
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
-from diagnostics.trace.model import (
-    COMM_KERNEL_RE, COMM_OP_RE, FRAME_CATS, GPU_CATS, KERNEL_CATS, MEMCPY_CATS, MEMSET_CATS,
-    RUNTIME_CATS, STEP_RE, Trace,
+from diagnostics.trace import intervals as iv
+from diagnostics.trace.classify import (
+    FRAME_CATS, HOST_OP_CATS, MEMCPY_CATS, MEMSET_CATS, RUNTIME_CATS, STEP_RE, comm_mask, gpu_work_mask,
+    host_mask, host_op_mask, op_family, step_mask,
 )
+from diagnostics.trace.model import Trace
 
 # A gap shorter than this between two GPU events whose launch was already queued is put down
 # to launch overhead ("kernel wait"); a longer one to syncs/dependencies ("other wait").
@@ -26,26 +26,6 @@ KERNEL_WAIT_MAX_US = 5.0
 LONG_LAUNCH_DELAY_US = 100.0
 LAUNCH_SAMPLE = 2000   # (cpu, gpu duration) points kept for a scatter plot
 
-# Host operator families, first match wins (names are aten / c10d / record_function names).
-OP_FAMILIES = (
-    ("communication", COMM_OP_RE),
-    ("optimizer", re.compile(r"Optimizer\.|_foreach_|aten::(sgd|adam|adamw)", re.I)),
-    ("autograd", re.compile(r"Backward|autograd::", re.I)),
-    ("matmul", re.compile(r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|_?scaled_dot_product\w*|"
-                          r"einsum|addmv|mv|dot|_addmm_activation)$")),
-    ("convolution", re.compile(r"conv|convolution", re.I)),
-    ("normalization", re.compile(r"norm", re.I)),
-    ("view", re.compile(r"aten::(view|reshape|_reshape_alias|transpose|t|permute|expand|"
-                        r"as_strided|squeeze|unsqueeze|slice|select|split|chunk|narrow|"
-                        r"flatten|unflatten|detach|alias|_unsafe_view|unbind|view_as)$")),
-    ("memory", re.compile(r"aten::(copy_|to|_to_copy|empty|empty_like|empty_strided|zeros|"
-                          r"zeros_like|ones|ones_like|full|fill_|zero_|clone|contiguous|cat|"
-                          r"stack|index|index_select|gather|scatter|resize_|new_empty\w*|"
-                          r"new_zeros|lift_fresh)$")),
-    ("reduction", re.compile(r"aten::(sum|mean|max|min|amax|amin|argmax|argmin|prod|var|std|"
-                             r"_?softmax|_?log_softmax|cross_entropy\w*|nll_loss\w*)$")),
-    ("elementwise", re.compile(r"aten::\w+")),  # the remaining aten ops are mostly pointwise
-)
 STEP_SELF = "untracked (step self time)"
 
 
@@ -60,29 +40,26 @@ def _records(df: pd.DataFrame) -> list:
     return out
 
 
-def op_family(name: str) -> str:
-    """The OP_FAMILIES label of a host operator name ("other" when none matches)."""
-    for label, pattern in OP_FAMILIES:
-        if pattern.search(name):
-            return label
-    return "other"
-
-
 # ---- steps -----------------------------------------------------------------------------------
 
 def steps(trace: Trace) -> pd.DataFrame:
     """ProfilerStep#N host spans: columns step, name, start_us, dur_us (sorted by start)."""
+    return step_spans(trace)[["step", "name", "start_us", "dur_us"]]
+
+
+def step_spans(trace: Trace) -> pd.DataFrame:
+    """steps() with the event row of each step's span (its thread: trace.lane_keys()[row])."""
     if "steps" in trace._cache:
         return trace._cache["steps"]
     ev = trace.events
-    mask = trace.complete_mask() & trace.name_mask(STEP_RE) & ~trace.cat_mask(GPU_CATS)
-    df = pd.DataFrame({"name": trace.strings("name", mask),
-                       "start_us": ev["ts"].to_numpy()[mask],
-                       "dur_us": ev["dur"].to_numpy()[mask]})
+    rows = np.flatnonzero(step_mask(trace))
+    df = pd.DataFrame({"row": rows, "name": trace.strings("name", rows),
+                       "start_us": ev["ts"].to_numpy()[rows],
+                       "dur_us": ev["dur"].to_numpy()[rows]})
     df["step"] = df["name"].str.extract(STEP_RE, expand=False).astype(int)
     # One span per step number (the profiler writes one; merged traces may repeat it).
     df = df.sort_values(["step", "dur_us"], ascending=[True, False]).drop_duplicates("step")
-    df = df.sort_values("start_us").reset_index(drop=True)[["step", "name", "start_us", "dur_us"]]
+    df = df.sort_values("start_us").reset_index(drop=True)[["step", "name", "start_us", "dur_us", "row"]]
     trace._cache["steps"] = df
     return df
 
@@ -116,12 +93,11 @@ def _gpu_frame(trace: Trace) -> pd.DataFrame:
     if "gpu" in trace._cache:
         return trace._cache["gpu"]
     ev = trace.events
-    m = trace.gpu_mask()
-    rows = np.flatnonzero(m)
+    rows = np.flatnonzero(gpu_work_mask(trace))
     kind = np.full(rows.size, "compute", dtype=object)
     kind[trace.cat_mask(MEMCPY_CATS)[rows]] = "memcpy"
     kind[trace.cat_mask(MEMSET_CATS)[rows]] = "memset"
-    comm = trace.name_mask(COMM_KERNEL_RE)[rows] & trace.cat_mask(KERNEL_CATS)[rows]
+    comm = comm_mask(trace)[rows]
     kind[comm] = "communication"
     pid = trace.strings("pid", rows)
     device = ev["device"].to_numpy()[rows]
@@ -148,22 +124,6 @@ def _gpu_frame(trace: Trace) -> pd.DataFrame:
     return g
 
 
-def _union_length(start: np.ndarray, end: np.ndarray) -> float:
-    """Total length covered by the union of [start, end) intervals."""
-    if start.size == 0:
-        return 0.0
-    order = np.argsort(start, kind="stable")
-    s, e = start[order], np.maximum.accumulate(end[order])
-    # A new run starts where an interval begins after everything before it has ended.
-    prev_end = np.r_[-np.inf, e[:-1]]
-    new = s > prev_end
-    run_id = np.cumsum(new) - 1
-    run_start = s[new]
-    run_end = np.zeros(run_start.size)
-    np.maximum.at(run_end, run_id, e)
-    return float((run_end - run_start).sum())
-
-
 def _exclusive(g: pd.DataFrame) -> dict:
     """GPU time per kind with overlaps given to the first kind in KIND_PRIORITY."""
     covered = {}
@@ -173,7 +133,7 @@ def _exclusive(g: pd.DataFrame) -> dict:
         sub = g[g["kind"] == kind]
         acc_s = np.r_[acc_s, sub["start_us"].to_numpy()]
         acc_e = np.r_[acc_e, sub["end_us"].to_numpy()]
-        total = _union_length(acc_s, acc_e)
+        total = iv.length(iv.union(acc_s, acc_e))
         covered[kind] = total - base
         base = total
     return covered
@@ -199,7 +159,7 @@ def summary(trace: Trace) -> dict:
         "cat", observed=True).agg(events=("dur", "size"), total_us=("dur", "sum"))
     by_cat = by_cat.sort_values("events", ascending=False).reset_index()
     nest = trace.nesting()
-    cpu = trace.cpu_mask()
+    cpu = host_mask(trace)
     roots = cpu & (nest["parent"] < 0)
     th = pd.DataFrame({"pid": trace.strings("pid", cpu),
                        "tid": trace.strings("tid", cpu),
@@ -216,8 +176,8 @@ def summary(trace: Trace) -> dict:
                         "kernels": int(counts.get("compute", 0) + counts.get("communication", 0)),
                         "memcpy": int(counts.get("memcpy", 0)),
                         "memset": int(counts.get("memset", 0)),
-                        "busy_us": _union_length(sub["start_us"].to_numpy(),
-                                                 sub["end_us"].to_numpy())})
+                        "busy_us": iv.length(iv.union(sub["start_us"].to_numpy(),
+                                                              sub["end_us"].to_numpy()))})
     mem = ev["total_allocated"].to_numpy() >= 0
     memory = []
     if mem.any():
@@ -272,7 +232,7 @@ def temporal_breakdown(trace: Trace) -> dict:
             gpu_rows.append(row)
     ev = trace.events
     nest = trace.nesting()
-    cpu = np.flatnonzero(trace.cpu_mask())
+    cpu = np.flatnonzero(host_mask(trace))
     step_i = _assign_step(ev["ts"].to_numpy()[cpu], win)
     keep = step_i >= 0
     cpu, step_i = cpu[keep], step_i[keep]
@@ -291,9 +251,8 @@ def _cpu_groups(trace: Trace) -> np.ndarray:
     name_cats = ev["name"].cat.categories
     fam = np.array(["op: " + op_family(str(n)) for n in name_cats] + [""], dtype=object)
     is_step = trace.name_mask(STEP_RE)
-    cat_l = trace.cat_lower()
     out = fam[ev["name"].cat.codes.to_numpy()]
-    not_op = cat_l != "cpu_op"
+    not_op = ~trace.cat_mask(HOST_OP_CATS)
     out[not_op] = trace.strings("cat")[not_op]
     out[is_step] = STEP_SELF
     return out
@@ -303,8 +262,8 @@ def top_operators(trace: Trace, n: int) -> dict:
     """Host operators (cpu_op, by self time) and GPU kernels (by time): calls, totals, shares."""
     ev = trace.events
     nest = trace.nesting()
-    m = trace.complete_mask() & trace.cat_mask(frozenset({"cpu_op", "operator"}))
-    dup = _repeated_calls(trace, nest["parent"])
+    m = host_op_mask(trace)
+    dup = repeated_calls(trace)
     # key_averages semantics: a call recorded twice (an only child named like its parent) is one
     # call; its self time stays with the name, so self_us sums every row.
     ops = pd.DataFrame({"name": trace.strings("name", m), "dur": ev["dur"].to_numpy()[m],
@@ -328,9 +287,10 @@ def top_operators(trace: Trace, n: int) -> dict:
             "kernel_us": float(kern["total_us"].sum())}
 
 
-def _repeated_calls(trace: Trace, parent: np.ndarray) -> np.ndarray:
+def repeated_calls(trace: Trace) -> np.ndarray:
     """Rows that torch's EventList drops as duplicates (_remove_dup_nodes): an event whose parent
-    has the same name and no other child."""
+    has the same name and no other child (one call recorded twice; the outer one stands for it)."""
+    parent = trace.nesting()["parent"]
     n = parent.size
     has = parent >= 0
     children = np.bincount(parent[has], minlength=n) if has.any() else np.zeros(n, dtype=np.int64)
@@ -361,7 +321,7 @@ def idle_time(trace: Trace) -> dict:
         window = float(e.max() - s.min()) if s.size else 0.0
         rows.append({
             "device": device, "stream": stream, "events": int(s.size), "window_us": window,
-            "busy_us": _union_length(s, e),
+            "busy_us": iv.length(iv.union(s, e)),
             "idle_us": float(gap.sum()), "gaps": int((gap > 0).sum()),
             "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[kernel].sum()),
             "other_wait_us": float(gap[other].sum())})

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from diagnostics.analyses.profile import job as profiler
-
 from diagnostics.trace import profiler_views as pt
 from diagnostics.intake import LoadedModel
 from diagnostics.runner import AnalysisContext, Job
@@ -130,6 +129,22 @@ def test_trace_artifacts_parse_and_carry_rank(trained):
         assert len(members) == 1 and members[0].startswith("tb_trace/") and members[0].endswith(".pt.trace.json")
         assert json.loads(z.read(members[0])) == trace
     json.dumps(result)  # plain data throughout
+
+
+@pytest.mark.parametrize("info", [None, {"world_size": 1}, {"rank": 3, "world_size": 4, "backend": "gloo"}])
+def test_exported_trace_gets_a_rank_when_it_has_none(tmp_path, info):
+    from diagnostics.trace import load_trace
+
+    doc = {"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}
+    if info is not None:
+        doc["distributedInfo"] = info
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc, indent=2))
+    trace = load_trace(path)
+    out = json.loads(profiler._with_rank(path.read_bytes(), trace))
+    want = info if info and "rank" in info else profiler.RANK_INFO
+    assert out["distributedInfo"] == want == trace.meta["distributedInfo"]
+    assert out["traceEvents"] == doc["traceEvents"] and out["schemaVersion"] == 1
 
 
 def test_step_breakdown_adds_up_to_the_step_time(trained):
@@ -303,123 +318,6 @@ def test_operator_rows_leave_out_device_side_rows():
     assert sum(r["self_device_ms"] for r in rows) == 0.5
 
 
-# ----------------------------------------------------------------------------- pure trace views
-def X(name, ts, dur, cat="cpu_op", tid=1, pid=1, **args):
-    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "cat": cat, "pid": pid, "tid": tid, "args": args}
-
-
-def test_device_split_gives_each_moment_to_the_highest_priority_category():
-    events = [
-        X("ProfilerStep#1", 0, 100, "user_annotation"),
-        X("aten::mm", 10, 40),                                    # cpu 10..50
-        X("cudaLaunchKernel", 20, 10, "cuda_runtime"),            # runtime 20..30 (under cpu)
-        X("gemm", 25, 30, "kernel", pid=0, tid=7),                # kernel 25..55
-        X("Memcpy HtoD", 60, 10, "gpu_memcpy", pid=0, tid=7),     # memcpy 60..70
-        X("ProfilerStep#2", 120, 50, "user_annotation"),
-        X("Memset", 150, 40, "gpu_memset", pid=0, tid=7),         # runs past the last step's end
-    ]
-    rows = pt.device_split(events)
-    assert [r["step"] for r in rows] == [1, 2]
-    a, b = rows
-    assert a["window_ms"] == pytest.approx(0.120)  # to the next step's start
-    assert a["kernel_ms"] == pytest.approx(0.030)
-    assert a["runtime_ms"] == pytest.approx(0.005)   # 20..25, then the kernel covers it
-    assert a["cpu_exec_ms"] == pytest.approx(0.010)  # 10..20
-    assert a["memcpy_ms"] == pytest.approx(0.010)
-    assert a["other_ms"] == pytest.approx(0.120 - 0.055)
-    assert b["window_ms"] == pytest.approx(0.070)  # 120 .. end of the memset at 190
-    assert b["memset_ms"] == pytest.approx(0.040)
-
-
-def test_kernel_table_groups_and_flags_tensor_cores():
-    events = [
-        X("sm80_xmma_gemm_f16f16_f16f32", 0, 10, "kernel", grid=[4, 1, 1], block=[128, 1, 1]),
-        X("sm80_xmma_gemm_f16f16_f16f32", 20, 30, "kernel", grid=[4, 1, 1], block=[128, 1, 1]),
-        X("vectorized_elementwise_kernel", 60, 5, "kernel", grid=[1, 1, 1], block=[256, 1, 1]),
-        X("aten::mm", 0, 70),
-    ]
-    rows = pt.kernel_table(events)
-    assert [r["name"] for r in rows] == ["sm80_xmma_gemm_f16f16_f16f32", "vectorized_elementwise_kernel"]
-    g = rows[0]
-    assert (g["calls"], g["total_us"], g["mean_us"], g["max_us"], g["min_us"]) == (2, 40, 20, 30, 10)
-    assert g["grid"] == "4×1×1" and g["block"] == "128×1×1" and g["tensor_cores"]
-    assert not rows[1]["tensor_cores"]
-    assert g["pct_of_kernel_time"] == pytest.approx(100 * 40 / 45)
-    for name in ("volta_h884gemm_64x64", "ampere_fp16_s16816gemm", "cutlass_gemm_tensorop_f16", "sm90_wgmma_x",
-                 "turing_i8816gemm_int8", "cutlass_80_tensorop_s1688gemm_64x64", "sm90_xmma_gemm_f32f32_tf32f32",
-                 "ampere_bf16_s16816gemm_bf16_128x64", "flash_fwd_kernel", "fmha_cutlassF_f16_aligned"):
-        assert pt.uses_tensor_cores(name), name
-    # FP32 / FP64 SIMT kernels on Tensor-Core GPUs: the architecture prefix alone says nothing.
-    for name in ("elementwise_kernel", "ampere_sgemm_128x64_nn", "ampere_dgemm_64x64", "sm80_sgemm_nn",
-                 "cutlass_80_simt_sgemm_128x128", "volta_sgemm_128x64_tn", "void at::native::reduce_kernel",
-                 "sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8"):
-        assert not pt.uses_tensor_cores(name), name
-
-
-#: Kernel names read on an H100 (torch 2.11+cu130, cuBLAS / cuDNN of CUDA 13) for Linear, Conv2d,
-#: scaled_dot_product_attention and LSTM, forward and backward, in fp32, tf32, fp16 and bf16.
-H100_TENSOR_CORE_KERNELS = (
-    "nvjet_sm90_hsh_128x64_64x8_1x2_h_bz_NNT",  # fp16 Linear
-    "nvjet_sm90_tst_128x64_64x8_1x2_h_bz_bias_TNT",  # bf16 Linear
-    "nvjet_sm90_tst_64x80_64x11_2x1_v_bz_TNT",  # bf16 LSTM
-    "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize64x128x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
-    "sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x64x32_stage5_warpsize2x2x1_g1_"
-    "tensor16x8x8_execute_kernel__5x_cudnn",
-    "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x64x32_warpgroupsize1x1x1_g1_"
-    "execute_segment_k_off_kernel__5x_cudnn",
-    "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_s1688dgrad_optimized_tf32_256x64_16x4_nhwc_unity_stride_align4>",
-    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0",
-    "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_16x6_nt_align4>",
-)
-H100_CUDA_CORE_KERNELS = (
-    "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize128x64x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_"
-    "kernel__5x_cublas",  # fp32 Linear with TF32 off
-    "sm80_xmma_gemm_cf32cf32_f32f32_cf32_nt_n_tilesize32x32x8_stage3_warpsize2x2x1_ffma_aligna8_alignc8_execute_"
-    "kernel__5x_cublas",  # the complex fp32 GEMM of cuDNN's FFT convolution
-    "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize128x32x8_stage3_warpsize2x2x1_g1_ffma_"
-    "aligna4_alignc4_execute_kernel__5x_cudnn",
-    "void cask_plugin__5x_cudnn::xmma__5x_cudnn::init_device_workspace_kernel<xmma__5x_cudnn::implicit_gemm::"
-    "wgrad_indexed::Warp_specialized_params>",
-    "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>",
-    "void cudnn::winograd_nonfused::winogradWgradData4x4<float, float>",
-    "nvjet_sm90_sss_128x64_64x8_1x2_h_bz_NNT",  # an all-fp32 nvjet GEMM (named by the same scheme)
-)
-
-
-@pytest.mark.parametrize("name", H100_TENSOR_CORE_KERNELS)
-def test_hopper_tensor_core_kernels_are_recognised(name):
-    assert pt.uses_tensor_cores(name)
-
-
-@pytest.mark.parametrize("name", H100_CUDA_CORE_KERNELS)
-def test_hopper_cuda_core_kernels_are_not_counted_as_tensor_core(name):
-    assert not pt.uses_tensor_cores(name)
-
-
-def test_timeline_keeps_the_longest_events_and_every_lane_when_downsampling():
-    events = [X("ProfilerStep#1", 0, 10_000, "user_annotation")]
-    events += [X(f"op{i}", 10 * i + 1, 5 + (i % 7), tid=1) for i in range(900)]
-    events += [X("k", 3 * i, 2, "kernel", pid=0, tid=7, device=0, stream=7) for i in range(100)]
-    trace = {"traceEvents": events + [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1,
-                                       "args": {"name": "main thread"}}]}
-    tl = pt.timeline(trace, max_events=200)
-    assert tl["total_events"] == 1001 and tl["shown_events"] == 200 == len(tl["events"])
-    assert tl["lanes"] == ["main thread", "GPU 0 · stream 7"]  # device lanes after the CPU threads
-    gpu = [e for e in tl["events"] if e["lane"].startswith("GPU")]
-    assert len(gpu) == 200 // (4 * 2)  # the short kernels keep their lane's share
-    cpu_kept = {(e["name"], e["start_ms"]) for e in tl["events"] if e["lane"] == "main thread"}
-    assert ("ProfilerStep#1", 0.0) in cpu_kept
-    full = pt.timeline(trace, max_events=5000)
-    assert full["shown_events"] == 1001
-    cpu_all = [e for e in full["events"] if e["lane"] == "main thread"]
-    kept_min = min(e["dur_ms"] for e in cpu_all if (e["name"], e["start_ms"]) in cpu_kept)
-    dropped_max = max(e["dur_ms"] for e in cpu_all if (e["name"], e["start_ms"]) not in cpu_kept)
-    assert dropped_max <= kept_min  # the longest CPU events were kept
-    ops = [e for e in cpu_all if e["name"].startswith("op")]
-    assert {e["depth"] for e in ops} == {1} and ops[0]["start_ms"] == pytest.approx(0.001)
-    assert tl["span_ms"] == pytest.approx(10.0)
-
-
 def test_timeline_comes_from_the_trace_explorer_engine(trained):
     _, result, _, _ = trained
     tl = result["timeline"]
@@ -428,11 +326,3 @@ def test_timeline_comes_from_the_trace_explorer_engine(trained):
     assert [round(e["dur_ms"], 6) for e in steps] == [round(s["step_ms"], 6) for s in result["steps"]]
     assert tl["shown_events"] == len(tl["events"]) <= tl["total_events"]
     assert set(e["lane"] for e in tl["events"]) == set(tl["lanes"])
-
-
-def test_timeline_falls_back_to_its_own_builder(tmp_path, monkeypatch):
-    monkeypatch.setattr(profiler, "engine_timeline", lambda path, n: (None, "TraceError: boom"))
-    result, _ = run_profile(small_model(), (torch.randn(2, 3, 8, 8),), {**SMALL, "latency_iters": 3}, tmp_path)
-    assert result["timeline"]["builder"] == "profiler_trace.timeline"
-    assert any("TraceError: boom" in n for n in result["notes"])
-    assert any(e["name"] == "forward" for e in result["timeline"]["events"])

@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.analyses.distributed import STRAGGLER_MIN_EXCESS_MS
-from diagnostics.analyses.distributed.job import (analyze_folder_path, event_bytes,
-                                              find_stragglers, is_comm)
+from diagnostics.analyses.distributed.job import analyze_folder_path, find_stragglers
 from diagnostics.analyses.distributed.dist_job import DistributedError
 from diagnostics.runner import Job, execute
 
@@ -129,16 +128,6 @@ def test_find_stragglers_rules():
     assert find_stragglers({0: 2.0, 1: 2.0, 2: 100.0}, 0.2, 5.0)[0] == [2]
     with pytest.raises(DistributedError, match="margin"):
         find_stragglers({0: 1.0, 1: 2.0}, -0.1, 0.0)
-
-
-def test_comm_names_and_bytes():
-    assert is_comm("gloo:all_reduce") and is_comm("ncclDevKernel_AllReduce_Sum_f32_RING_LL")
-    assert is_comm("c10d::allreduce_") and is_comm("record_param_comms") and is_comm("nccl:all_gather")
-    assert not is_comm("aten::broadcast_tensors") and not is_comm("aten::addmm")
-    assert event_bytes({"In msg nelems": 10, "Out msg nelems": 20, "dtype": "BFloat16"}) == 40
-    assert event_bytes({"Input Dims": [[4, 8]], "Input type": ["double"]}) == 256
-    assert event_bytes({"Input Dims": [[[4]]], "Input type": ["TensorList"]}) is None
-    assert event_bytes({}) is None
 
 
 def test_registered_folder_analysis_runs_without_model(tmp_path):

@@ -63,7 +63,6 @@ SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", 
 LAYOUT_COPY_OPS = ("aten::contiguous", "aten::clone")
 #: per-element indexing and scalar reads: hundreds of them per step mean a Python loop over a tensor.
 ELEMENT_OPS = ("aten::select", "aten::slice", "aten::narrow", "aten::index", "aten::index_put_", "aten::item")
-STEP_MARK = "ts_checklist_step"
 #: Warm-up calls before the inference and batch-size probes time anything: the first calls at a new
 #: shape or mode pay one-off costs (oneDNN primitive creation, allocator growth).
 WARMUP = 3
@@ -358,60 +357,66 @@ def _train_step_fn(model: nn.Module, inputs: tuple, loss_fn: Callable) -> Callab
     return step
 
 
-def _intervals_union(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -math.inf
-    for s, e in sorted(spans):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
-
-
 def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2) -> dict:
-    """Profile ``steps`` training steps: ops and kernels per step, sync points, Tensor Cores."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    """Profile ``steps`` training steps (``measure.profiling.profile_steps``) and read, per step,
+    ops, kernels, sync points and Tensor Cores from the trace (``step_profile_facts``)."""
+    from diagnostics.measure.profiling import profile_steps
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        for _ in range(steps):
-            with record_function(STEP_MARK):
-                step()
-            _sync(device)
-    events = list(prof.events())
-    # Count inside the marked steps only: the _sync between steps is this harness's, not the model's.
-    spans = [(e.time_range.start, e.time_range.end) for e in events
-             if e.name == STEP_MARK and e.device_type.name == "CPU"]
+    # _sync between the steps, outside them: the harness's wait, not the model's.
+    return step_profile_facts(profile_steps(step, steps, device, between=lambda: _sync(device)), device)
+
+
+def step_profile_facts(trace, device: torch.device) -> dict:
+    """The profile facts of a Trace whose steps are marked (classify.STEP_RE).
+
+    Events are counted as torch's EventList counts calls (a call recorded twice, an only child
+    named like its parent, once: views.repeated_calls) and, except kernels, only when they start
+    inside a step. Top-level operators are the aten ops the step calls directly.
+    """
+    import numpy as np
+
+    from diagnostics.trace import intervals as iv
+    from diagnostics.trace.classify import comm_mask, host_mask, kernel_mask
+    from diagnostics.trace.views import repeated_calls, step_spans
+
+    st = step_spans(trace)
+    steps = len(st)
+    if not steps:
+        raise ValueError("the profile holds no marked step")
+    ev = trace.events
+    ts, dur = ev["ts"].to_numpy(), ev["dur"].to_numpy()
+    names = trace.strings("name")
+    parent = trace.nesting()["parent"]
+    is_step = np.zeros(len(ev), dtype=bool)
+    is_step[st["row"].to_numpy()] = True
+    lo = st["start_us"].to_numpy()
+    i = np.clip(np.searchsorted(lo, ts, side="right") - 1, 0, None)
+    within = (ts >= lo[i]) & (ts <= lo[i] + st["dur_us"].to_numpy()[i])
+    in_step = host_mask(trace) & within & ~is_step
+    calls = in_step & ~repeated_calls(trace)
     counts: dict[str, int] = {}
-    for e in events:
-        if e.device_type.name == "CPU" and any(lo <= e.time_range.start <= hi for lo, hi in spans):
-            counts[e.name] = counts.get(e.name, 0) + 1
-    # Top-level operators: those called directly by the step (not the ops they call in turn).
-    top = [e for e in events if e.name.startswith("aten::") and e.device_type.name == "CPU"
-           and (e.cpu_parent is None or e.cpu_parent.name == STEP_MARK)]
-    step_spans = [e for e in events if e.name == STEP_MARK and e.device_type.name == "CPU"]
-    wall_us = statistics.median([e.time_range.elapsed_us() for e in step_spans]) if step_spans else None
-    kernels = [e for e in events if e.device_type.name == "CUDA" and not e.name.startswith(STEP_MARK)
-               and "Memcpy" not in e.name and "Memset" not in e.name]
-    kernel_names = sorted({e.name for e in kernels})
+    for name in names[calls].tolist():
+        counts[name] = counts.get(name, 0) + 1
+    # Called by the step itself (or by nothing): what the user's code asked for, not what ops call.
+    direct = calls & ((parent < 0) | is_step[np.maximum(parent, 0)])
+    top = direct & np.array([n.startswith("aten::") for n in trace.labels("name")])[trace.codes("name")]
+    wall_us = statistics.median(st["dur_us"].tolist())
+    kernels = kernel_mask(trace)
+    kernel_names = sorted(set(names[kernels].tolist()))
     tc = [n for n in kernel_names if uses_tensor_cores(n)]
-    busy_us = _intervals_union([(e.time_range.start, e.time_range.end) for e in kernels]) if kernels else 0.0
-    nccl_us = sum(e.time_range.elapsed_us() for e in kernels if "nccl" in e.name.lower())
-    kernel_us = sum(e.time_range.elapsed_us() for e in kernels)
+    busy_us = iv.length(iv.union(ts[kernels], ts[kernels] + dur[kernels]))
+    comm_us = float(dur[kernels & comm_mask(trace)].sum())
+    kernel_us = float(dur[kernels].sum())
     sync = {name: counts.get(name, 0) / steps for name in SYNC_OPS}
-    in_step = [e for e in events if e.device_type.name == "CPU" and e.name != STEP_MARK
-               and any(lo <= e.time_range.start <= hi for lo, hi in spans)]
-    copies = layout_copy_facts(in_step, device, kernel_us, steps)
+    copies = layout_copy_facts(trace, in_step, calls, device, kernel_us, steps)
     # Indexing and scalar reads called straight from Python (not inside another op: LSTM, attention
     # and backward kernels index internally); ``for row in x`` is one unbind with a select per row.
     element: dict[str, float] = {}
-    for e in in_step:
-        if not (e.cpu_parent is None or e.cpu_parent.name == STEP_MARK):
-            continue
-        if e.name in ELEMENT_OPS:
-            element[e.name] = element.get(e.name, 0) + 1 / steps
-        elif e.name == "aten::unbind":
-            rows = sum(1 for c in e.cpu_children if c.name == "aten::select")
+    for r in np.flatnonzero(direct).tolist():
+        if names[r] in ELEMENT_OPS:
+            element[names[r]] = element.get(names[r], 0) + 1 / steps
+        elif names[r] == "aten::unbind":
+            rows = int((calls & (parent == r) & (names == "aten::select")).sum())
             element["aten::select (unbind)"] = element.get("aten::select (unbind)", 0) + rows / steps
     return {
         **copies,
@@ -419,43 +424,60 @@ def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2
         "element_ops_total_per_step": sum(element.values()),
         "steps": steps,
         "step_wall_us": wall_us,
-        "ops_per_step": len(top) / steps,
-        "median_op_us": statistics.median([e.cpu_time_total for e in top]) if top else None,
-        "kernels_per_step": len(kernels) / steps,
-        "median_kernel_us": statistics.median([e.time_range.elapsed_us() for e in kernels]) if kernels else None,
+        "ops_per_step": int(top.sum()) / steps,
+        "median_op_us": statistics.median(dur[top].tolist()) if top.any() else None,
+        "kernels_per_step": int(kernels.sum()) / steps,
+        "median_kernel_us": statistics.median(dur[kernels].tolist()) if kernels.any() else None,
         "sync_per_step": sync,
         "sync_points_per_step": sum(v for k, v in sync.items() if k != "aten::_local_scalar_dense"),
         "eligible_ops": sorted({n for n in counts if n in ELIGIBLE_OPS}),
         "tensor_core_kernels": tc[:20],
         "kernel_names_sample": kernel_names[:20],
-        "gpu_busy_fraction": (busy_us / steps / wall_us) if (kernels and wall_us) else None,
-        "communication_fraction": (nccl_us / kernel_us) if kernel_us else None,
+        "gpu_busy_fraction": (busy_us / steps / wall_us) if (kernels.any() and wall_us) else None,
+        "communication_fraction": (comm_us / kernel_us) if kernel_us else None,
         "top_ops": sorted(({"name": k, "count_per_step": v / steps} for k, v in counts.items()
                            if k.startswith("aten::")), key=lambda r: -r["count_per_step"])[:15],
     }
 
 
-def layout_copy_facts(in_step: list, device: torch.device, kernel_us: float, steps: int) -> dict:
+def layout_copy_facts(trace, in_step, calls, device: torch.device, kernel_us: float, steps: int) -> dict:
     """Layout copies the forward asks for (``.contiguous()``, ``.clone()``, a ``reshape`` of a view
     that cannot be viewed) against the step's operator time: on CPU the ops' CPU time, on CUDA their
-    kernels' time. A copy inside another copy counts once; copies inside backward kernels (made by
-    PyTorch for its own kernels) are left out."""
+    kernels' time (the GPU work launched inside the copy). A copy inside another copy counts once;
+    copies inside backward kernels (made by PyTorch for its own kernels) are left out. ``in_step``:
+    the host events that start in a step; ``calls``: those of them torch counts as calls."""
+    import numpy as np
 
-    def forward_copy(e) -> bool:
-        p = e.cpu_parent
-        while p is not None:
-            if p.name in LAYOUT_COPY_OPS or p.name.startswith("autograd::engine::evaluate_function"):
-                return False
-            p = p.cpu_parent
-        return True
+    from diagnostics.trace.classify import BACKWARD_NODE_PREFIX, RUNTIME_CATS, gpu_work_mask
 
-    copies = [e for e in in_step if e.name in LAYOUT_COPY_OPS and forward_copy(e)]
+    names = trace.strings("name")
+    parent = trace.nesting()["parent"]
+
+    def ancestors(r: int):
+        p = parent[r]
+        while p >= 0:
+            yield p
+            p = parent[p]
+
+    def forward_copy(r: int) -> bool:
+        return not any(names[p] in LAYOUT_COPY_OPS or names[p].startswith(BACKWARD_NODE_PREFIX)
+                       for p in ancestors(r))
+
+    copies = [r for r in np.flatnonzero(calls & np.isin(names, LAYOUT_COPY_OPS)).tolist() if forward_copy(r)]
+    dur = trace.events["dur"].to_numpy()
     if device.type == "cuda":
-        copy_us = sum(e.device_time_total for e in copies)
+        # GPU work whose launch call (same correlation id) runs inside one of the copies.
+        ev = trace.events
+        launch = trace.complete_mask() & trace.cat_mask(RUNTIME_CATS) & (ev["corr"].to_numpy() >= 0)
+        by_corr = dict(zip(ev["corr"].to_numpy()[launch].tolist(), np.flatnonzero(launch).tolist()))
+        work = np.flatnonzero(gpu_work_mask(trace))
+        mine = set(copies)
+        copy_us = sum(float(dur[w]) for w, c in zip(work.tolist(), ev["corr"].to_numpy()[work].tolist())
+                      if c in by_corr and any(a in mine for a in ancestors(by_corr[c])))
         total_us = kernel_us
     else:
-        copy_us = sum(e.cpu_time_total for e in copies)
-        total_us = sum(e.self_cpu_time_total for e in in_step)
+        copy_us = float(dur[copies].sum())
+        total_us = float(np.nansum(trace.nesting()["self_us"][in_step]))
     return {"layout_copies_per_step": len(copies) / steps, "layout_copy_us_per_step": copy_us / steps,
             "op_time_us_per_step": total_us / steps,
             "layout_copy_fraction": (copy_us / total_us) if total_us else None,

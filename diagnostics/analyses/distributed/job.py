@@ -2,15 +2,10 @@
 stragglers. Registered as "distributed" (launch with torchrun, then analyse) and
 "distributed_traces" (analyse a folder of per-rank traces, e.g. copied from several nodes).
 
-Definitions (per rank, per profiler step ``ProfilerStep#N``):
+Each rank's trace is split per step into computation, communication, their overlap and the rest
+by the trace layer (``diagnostics.trace.comm``, which says what each part holds). This module
+launches the run, finds the traces, tells stragglers and assembles the ranks:
 
-* communication: collective events. On GPU the NCCL kernels; on CPU (gloo) the collective ops
-  and annotations on any thread (``gloo:all_reduce`` runs on gloo's own thread, ``c10d::*`` on
-  the caller's).
-* computation: on GPU the other kernels, memcpys and memsets; on CPU the ``cpu_op`` events
-  (aten operators), less what a thread spends inside its own collective calls.
-* overlap: the time both run; exposed communication: communication while nothing computes.
-* other: the rest of the step (Python, data, sleeps, idle).
 * busy time = step time - exposed communication: the rank's own work. DDP's all-reduce makes
   every rank's *step* equally long (the fast ranks wait for the slow one inside the collective),
   so a straggler is found by its busy time: a rank is a straggler when its median busy time
@@ -20,186 +15,21 @@ Definitions (per rank, per profiler step ``ProfilerStep#N``):
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import shlex
 import statistics
 from pathlib import Path
 
-import numpy as np
-import orjson
-
-from diagnostics.trace import intervals as iv
 from diagnostics.analyses.distributed import (DISTRIBUTED, DISTRIBUTED_TRACES, STRAGGLER_MARGIN,
                                               STRAGGLER_MIN_EXCESS_MS)
 from diagnostics.analyses.distributed.dist_job import DistJob, DistributedInputError
 from diagnostics.settings import check_server_path
+from diagnostics.trace.comm import collective_bytes, rank_breakdown
+from diagnostics.trace.classify import gpu_work_mask, host_mask
 
-#: Collective message sizes come from event args the columnar loader does not keep; they are
-#: read in a second pass over files up to this size (larger files: bytes shown as unknown).
-ARGS_PASS_MAX_FILE_BYTES = 256 << 20
-
-# Collective events by name: gloo / nccl annotations, c10d ops, NCCL kernels, record_param_comms.
-COMM_RE = re.compile(r"^(?!aten::)(?:gloo:|nccl|c10d::|record_param_comms|ProcessGroup"
-                     r"|.*?(?:all_?reduce|all_?gather|reduce_?scatter|all_?to_?all))", re.IGNORECASE)
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _SIDECARS = (".steps.json", ".status.json", "job.json")
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "c10::float": 4, "int": 4, "int32": 4, "unsigned int": 4,
-    "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "long long": 8,
-    "half": 2, "float16": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "short": 2, "int16": 2,
-    "byte": 1, "char": 1, "bool": 1, "unsigned char": 1, "signed char": 1, "uint8": 1, "int8": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
-
-
-def is_comm(name: str) -> bool:
-    return bool(COMM_RE.search(name))
-
-
-# ---------------------------------------------------------------------------- collective bytes
-def _open_json(path: Path):
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    return orjson.loads(data)
-
-
-def event_bytes(args: dict) -> int | None:
-    """Message bytes of one collective event from its args, or None when not recorded.
-
-    record_param_comms (NCCL) has "In msg nelems"/"Out msg nelems" and "dtype": the larger of the
-    two messages counts. gloo:/nccl: annotations recorded with shapes have "Input Dims" and
-    "Input type" of the tensor: elements x element size.
-    """
-    size = None
-    if "In msg nelems" in args or "Out msg nelems" in args:
-        size = DTYPE_BYTES.get(str(args.get("dtype", "")).lower())
-        if size is None:
-            return None
-        n = max(int(args.get("In msg nelems") or 0), int(args.get("Out msg nelems") or 0))
-        return n * size
-    dims, types = args.get("Input Dims"), args.get("Input type")
-    if isinstance(dims, list) and dims and isinstance(types, list) and types:
-        size = DTYPE_BYTES.get(str(types[0]).lower())
-        first = dims[0]
-        if size is None or not isinstance(first, list) or not all(isinstance(d, int) for d in first):
-            return None
-        return int(np.prod(first, dtype=np.int64)) * size if first else size
-    return None
-
-
-def collective_bytes(path) -> tuple[dict[tuple[str, int], int], str | None]:
-    """(name, k-th complete event of that name) -> bytes, for the collective events of one file."""
-    path = Path(path)
-    if path.stat().st_size > ARGS_PASS_MAX_FILE_BYTES:
-        return {}, f"{path.name}: over {ARGS_PASS_MAX_FILE_BYTES >> 20} MiB, collective bytes not read"
-    try:
-        doc = _open_json(path)
-    except (OSError, ValueError, EOFError) as e:
-        return {}, f"{path.name}: collective bytes not read ({e})"
-    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
-    seen: dict[str, int] = {}
-    out = {}
-    for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        name, dur, ts = e.get("name"), e.get("dur"), e.get("ts")
-        if not isinstance(name, str) or not isinstance(dur, (int, float)) or dur < 0 \
-                or not isinstance(ts, (int, float)) or not is_comm(name):
-            continue
-        k = seen.get(name, 0)
-        seen[name] = k + 1
-        b = event_bytes(e.get("args") or {})
-        if b is not None:
-            out[(name, k)] = b
-    return out, None
-
-
-# ---------------------------------------------------------------------------- one rank
-def rank_breakdown(trace, comm_bytes: dict | None = None) -> dict:
-    """Steps, the compute/comm/overlap/other split per step, and the collective calls of one trace."""
-    ev = trace.events
-    ts = ev["ts"].to_numpy(dtype=float)
-    end = ts + np.nan_to_num(ev["dur"].to_numpy(dtype=float))
-    comm_name = trace.name_mask(COMM_RE)
-    gpu = trace.gpu_mask()
-    on_gpu = bool(gpu.any())
-    cpu = trace.cpu_mask()
-    if on_gpu:
-        comm = gpu & comm_name
-        comm_iv = iv.union(ts[comm], end[comm])
-        comp = gpu & ~comm_name
-        compute_iv = iv.union(ts[comp], end[comp])
-    else:
-        comm = cpu & comm_name
-        comm_iv = iv.union(ts[comm], end[comm])
-        ops = cpu & trace.cat_mask(frozenset({"cpu_op"})) & ~comm_name
-        lane = (ev["pid"].cat.codes.to_numpy().astype(np.int64) << 32) | ev["tid"].cat.codes.to_numpy()
-        starts, ends = [], []
-        for ln in np.unique(lane[ops]):
-            o, c = ops & (lane == ln), comm & (lane == ln)
-            # An op inside the thread's own collective call is that call's work (copy, wait).
-            piece = iv.subtract(iv.union(ts[o], end[o]), iv.union(ts[c], end[c]))
-            starts.append(piece[0])
-            ends.append(piece[1])
-        compute_iv = iv.union(np.concatenate(starts), np.concatenate(ends)) if starts else iv.EMPTY
-
-    step_mask = cpu & trace.name_mask(STEP_RE)
-    windows = []
-    if step_mask.any():
-        step_names = ev["name"].to_numpy()[step_mask]
-        for n, s, e in zip(step_names, ts[step_mask], end[step_mask]):
-            windows.append((int(STEP_RE.match(str(n)).group(1)), float(s), float(e)))
-        windows.sort(key=lambda w: w[1])
-    else:
-        timed = cpu | gpu
-        windows.append((0, float(ts[timed].min()), float(end[timed].max())))
-
-    steps = []
-    for number, lo, hi in windows:
-        comm_w = iv.clip(comm_iv, lo, hi)
-        comp_w = iv.clip(compute_iv, lo, hi)
-        step_ms = (hi - lo) / 1000.0
-        comm_ms = iv.length(comm_w) / 1000.0
-        comp_ms = iv.length(comp_w) / 1000.0
-        overlap_ms = iv.length(iv.intersect(comm_w, comp_w)) / 1000.0
-        busy_union = comm_ms + comp_ms - overlap_ms
-        steps.append({
-            "step": number, "step_ms": step_ms,
-            "compute_ms": comp_ms, "comm_ms": comm_ms, "overlap_ms": overlap_ms,
-            "compute_only_ms": comp_ms - overlap_ms, "exposed_comm_ms": comm_ms - overlap_ms,
-            "other_ms": max(0.0, step_ms - busy_union),
-            "busy_ms": step_ms - (comm_ms - overlap_ms),
-        })
-
-    # Collective calls that start inside a step (or anywhere, without steps); on a GPU trace the
-    # host-side calls (record_param_comms, c10d ops) are listed too, beside the NCCL kernels.
-    rows = np.flatnonzero((cpu | gpu) & comm_name)
-    calls = []
-    if rows.size:
-        name_col = ev["name"].to_numpy()
-        in_step = np.zeros(rows.size, dtype=bool)
-        for _, lo, hi in windows:
-            in_step |= (ts[rows] >= lo) & (ts[rows] < hi)
-        # k-th event of its name, in file order: the key of the bytes read in the args pass.
-        ordinal: dict[str, int] = {}
-        all_comm_rows = np.flatnonzero(trace.complete_mask() & comm_name)
-        kth = {}
-        for r in all_comm_rows:
-            n = str(name_col[r])
-            kth[r] = ordinal.get(n, 0)
-            ordinal[n] = kth[r] + 1
-        for r, ok in zip(rows, in_step):
-            if not ok:
-                continue
-            n = str(name_col[r])
-            calls.append({"name": n, "where": "GPU" if gpu[r] else "CPU",
-                          "dur_ms": float(end[r] - ts[r]) / 1000.0,
-                          "bytes": (comm_bytes or {}).get((n, kth[r]))})
-    return {"on_gpu": on_gpu, "steps": steps, "calls": calls}
 
 
 # ---------------------------------------------------------------------------- folders of ranks
@@ -284,7 +114,7 @@ def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_
         except TraceError as e:  # a config, a metrics file, a broken download: not a trace, skip it
             skipped.append({"file": rel, "reason": str(e)})
             continue
-        if not (trace.cpu_mask() | trace.gpu_mask()).any():
+        if not (host_mask(trace) | gpu_work_mask(trace)).any():
             skipped.append({"file": rel, "reason": f"{path.name}: no CPU or GPU events (not a profiler trace)"})
             continue
         info = trace.meta.get("distributedInfo") if isinstance(trace.meta.get("distributedInfo"), dict) else {}

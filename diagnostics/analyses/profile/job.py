@@ -13,8 +13,7 @@ trace is written to the run's artifact folder as trace.json / trace.json.gz (wit
 from __future__ import annotations
 
 import gzip
-import os
-import re
+import shutil
 import tempfile
 import time
 import zipfile
@@ -26,22 +25,24 @@ import orjson
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from diagnostics.trace import profiler_views as pt
+from diagnostics.trace import load_trace, profiler_views as pt
+from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, STEP_PHASES, is_python_frame_name
+from diagnostics.trace.model import Trace
 from diagnostics.errors import ModelRunError, TorchScopeError
-
-#: with_stack's Python-frame event names, for a torch whose FunctionEvent has no is_python_function (2.11).
-_PY_FRAME_RE = re.compile(r"^(?:nn\.Module: |<built-in |[^ ]*\(\d+\): )")
 
 
 def _is_python_frame(event) -> bool:
+    """A with_stack frame among prof.events(): by its flag, or by name where torch has no flag (2.11)."""
     flag = getattr(event, "is_python_function", None)
-    return bool(flag) if flag is not None else bool(_PY_FRAME_RE.match(event.name or ""))
+    return bool(flag) if flag is not None else is_python_frame_name(event.name)
 
 
 from diagnostics.analyses.profile import ANALYSIS, MAX_LATENCY_ITERS, MAX_PROFILED_STEPS
 from diagnostics.declare import OptionError
 
 TB_WORKER = "torchscope_rank0"
+#: The step's phases, named as the step views read them back.
+ZERO_GRAD, FORWARD, BACKWARD, OPTIMIZER = STEP_PHASES
 
 TRACE_JSON = "trace.json"
 TRACE_GZ = "trace.json.gz"
@@ -88,24 +89,24 @@ class _Step:
     def __call__(self, label: bool = False) -> None:
         rf = record_function if label else _no_range
         if not self.train:
-            with rf("forward"):
+            with rf(FORWARD):
                 self.loaded.forward(self.inputs)
             return
-        with rf("zero_grad"):
+        with rf(ZERO_GRAD):
             self.optimizer.zero_grad(set_to_none=True)
-        with rf("forward"):
+        with rf(FORWARD):
             out = self.loaded.forward(self.inputs)
             try:
                 loss = self.loaded.loss_fn(out)
             except Exception as e:  # the user's loss: any exception is possible
                 raise ModelRunError(f"the loss ({self.loaded.loss_name}) failed on the model's output: "
                                     f"{type(e).__name__}: {e}") from e
-        with rf("backward"):
+        with rf(BACKWARD):
             try:
                 loss.backward()
             except Exception as e:
                 raise ModelRunError(f"backward failed: {type(e).__name__}: {e}") from e
-        with rf("optimizer"):
+        with rf(OPTIMIZER):
             self.optimizer.step()
 
 
@@ -141,7 +142,7 @@ def module_ranges(model):
     open_ranges: dict[int, list] = {}
 
     def pre(mod, _inputs, name):
-        rf = record_function(pt.MODULE_PREFIX + name)
+        rf = record_function(MODULE_PREFIX + name)
         rf.__enter__()
         open_ranges.setdefault(id(mod), []).append(rf)
 
@@ -154,7 +155,7 @@ def module_ranges(model):
         for name, mod in model.named_modules():
             if isinstance(mod, torch.jit.ScriptModule):
                 continue
-            handles.append(mod.register_forward_pre_hook(lambda m, i, n=name or pt.ROOT: pre(m, i, n)))
+            handles.append(mod.register_forward_pre_hook(lambda m, i, n=name or ROOT_MODULE: pre(m, i, n)))
             handles.append(mod.register_forward_hook(post))
         yield
     finally:
@@ -221,7 +222,7 @@ def operator_rows(key_averages, by_shape: bool = False, skip: frozenset[str] = f
     4.2 ms of 'self device' over 2.1 ms of kernels in an H100 run). Kernels have their own table."""
     rows = []
     for e in key_averages:
-        if e.is_user_annotation or e.key == "[memory]" or e.key.startswith(pt.MODULE_PREFIX) or e.key in skip:
+        if e.is_user_annotation or e.key == "[memory]" or e.key.startswith(MODULE_PREFIX) or e.key in skip:
             continue
         if getattr(getattr(e, "device_type", None), "name", "CPU") != "CPU":
             continue
@@ -264,11 +265,23 @@ def merge_operator_rows(tables: list[list[dict]]) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- artifacts
-def _with_rank(trace: dict) -> dict:
-    info = trace.get("distributedInfo")
-    if not isinstance(info, dict) or "rank" not in info:
-        trace["distributedInfo"] = {"rank": 0, "world_size": 1, "backend": "none"}
-    return trace
+#: What the exported trace says about ranks when the profiler wrote nothing (HTA needs a rank).
+RANK_INFO = {"rank": 0, "world_size": 1, "backend": "none"}
+
+
+def _with_rank(data: bytes, trace: Trace) -> bytes:
+    """The exported trace ``data`` (loaded as ``trace``) with distributedInfo rank 0 when it has no
+    rank: spliced in after the opening brace, so the file is not parsed a second time."""
+    info = trace.meta.get("distributedInfo")
+    if isinstance(info, dict) and "rank" in info:
+        return data
+    trace.meta["distributedInfo"] = dict(RANK_INFO)
+    head = data.lstrip()
+    if info is None and head[:1] == b"{":  # the object holds traceEvents at least: a comma follows
+        return b'{"distributedInfo": ' + orjson.dumps(RANK_INFO) + b"," + head[1:]
+    doc = orjson.loads(data)
+    doc["distributedInfo"] = dict(RANK_INFO)
+    return orjson.dumps(doc)
 
 
 def write_artifacts(traces: list[bytes], artifact_dir: Path) -> dict:
@@ -284,25 +297,6 @@ def write_artifacts(traces: list[bytes], artifact_dir: Path) -> dict:
             z.writestr(f"tb_trace/{TB_WORKER}.{stamp + i}.pt.trace.json", data)
     return {"trace_json": str(artifact_dir / TRACE_JSON), "trace_json_gz": str(artifact_dir / TRACE_GZ),
             "tb_zip": str(artifact_dir / TB_ZIP)}
-
-
-def engine_timeline(path: Path, max_events: int) -> tuple[dict | None, str | None]:
-    """The timeline from the trace explorer engine (diagnostics.trace), in this module's shape:
-    {"events": [{lane, name, cat, start_ms, dur_ms, depth, count}], "lanes", "total_events",
-    "shown_events", "span_ms"}. Returns (None, reason) when that engine cannot read the trace."""
-    try:
-        from diagnostics.trace import load_trace, timeline_data
-
-        data = timeline_data(load_trace(path), max_events=max_events)
-    except Exception as e:  # another component: never let it sink a finished profile
-        return None, f"{type(e).__name__}: {e}"
-    label = {l["lane"]: (l.get("name") or l["lane"]) for l in data["lanes"]}
-    events = [{"lane": label.get(e["lane"], e["lane"]), "name": e["name"], "cat": e["cat"] or "",
-               "start_ms": e["start_us"] / 1e3, "dur_ms": e["dur_us"] / 1e3, "depth": int(e["depth"]),
-               "count": int(e.get("count", 1))} for e in data["events"]]
-    return {"events": events, "lanes": [label[l["lane"]] for l in data["lanes"]],
-            "total_events": int(data["in_range"]), "shown_events": len(events), "deeper": int(data["deeper"]),
-            "span_ms": float(data["t1"]) / 1e3, "builder": "diagnostics.trace.timeline_data"}, None
 
 
 # ----------------------------------------------------------------------------- the job
@@ -332,17 +326,15 @@ def analyze(ctx, options: dict) -> dict:
     if "cuda" in opts["activities"]:
         activities.append(ProfilerActivity.CUDA)
     n_steps = (opts["wait"] + opts["warmup"] + opts["active"]) * opts["repeat"]
-    cycle_traces: list[bytes] = []
+    cycle_files: list[Path] = []
     cycle_ops: list[list[dict]] = []
     cycle_ops_shape: list[list[dict]] = []
     tmp = Path(tempfile.mkdtemp(prefix="profile-", dir=ctx.artifact_dir))
 
     def on_ready(prof) -> None:
-        path = tmp / f"cycle{len(cycle_traces)}.json"
-        prof.export_chrome_trace(str(path))
-        data = orjson.loads(path.read_bytes())
-        path.unlink()
-        cycle_traces.append(orjson.dumps(_with_rank(data)))
+        path = tmp / f"cycle{len(cycle_files)}.json"
+        prof.export_chrome_trace(str(path))  # read after the profile, outside the profiled steps
+        cycle_files.append(path)
         # with_stack records Python frames as events too; they are call stacks, not operators.
         frames = frozenset(e.name for e in prof.events() if _is_python_frame(e)) if opts["with_stack"] else frozenset()
         if opts["record_shapes"]:
@@ -374,39 +366,34 @@ def analyze(ctx, options: dict) -> dict:
         _sync(device)
     profile_wall_s = time.perf_counter() - t_prof
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-    try:
-        os.rmdir(tmp)
-    except OSError:
-        pass
-    if not cycle_traces:
+    if not cycle_files:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise TorchScopeError("the profiler produced no trace (no active step completed)")
 
-    # 3) views from the traces
+    # 3) views from the traces, each cycle's loaded once through the trace layer
     ctx.progress(0.82, "building views")
-    module_types = {(n or pt.ROOT): type(m).__name__ for n, m in model.named_modules()}
-    steps, split, kernels_ev, module_rows = [], [], [], []
-    all_events = []
-    for c, data in enumerate(cycle_traces):
-        trace = orjson.loads(data)
-        events = pt.complete_events(trace)
-        all_events.extend(events)
-        for r in pt.step_breakdown(events):
-            steps.append({"cycle": c, **r})
-        for r in pt.device_split(events):
-            split.append({"cycle": c, **r})
-        last_trace = trace
+    traces: list[Trace] = []
+    cycle_traces: list[bytes] = []
+    try:
+        for path in cycle_files:
+            traces.append(load_trace(path))
+            cycle_traces.append(_with_rank(path.read_bytes(), traces[-1]))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    module_types = {(n or ROOT_MODULE): type(m).__name__ for n, m in model.named_modules()}
+    steps, split, module_rows = [], [], []
+    for c, trace in enumerate(traces):
+        steps += [{"cycle": c, **r} for r in pt.step_breakdown(trace)]
+        split += [{"cycle": c, **r} for r in pt.device_split(trace)]
     if opts["with_modules"]:
-        module_rows = pt.module_times(all_events, module_types)
-    kernels_ev = pt.kernel_table(all_events)
+        module_rows = pt.module_times(traces, module_types)
+    kernels_ev = pt.kernel_table(traces)
     operators = merge_operator_rows(cycle_ops)
     by_shape = merge_operator_rows(cycle_ops_shape) if opts["record_shapes"] else None
 
     ctx.progress(0.92, "writing trace files")
     artifacts = write_artifacts(cycle_traces, ctx.artifact_dir)
-    timeline, why = engine_timeline(Path(artifacts["trace_json"]), opts["timeline_max_events"])
-    if timeline is None:
-        notes.append(f"timeline drawn by the profiler's own builder (the trace explorer's failed: {why})")
-        timeline = pt.timeline(last_trace, opts["timeline_max_events"])
+    timeline = pt.timeline(traces[-1], opts["timeline_max_events"])
 
     step_ms = [s["step_ms"] for s in steps]
     cuda_ran = "cuda" in opts["activities"]

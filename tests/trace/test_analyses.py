@@ -17,7 +17,7 @@ import pytest
 from diagnostics.trace import (
     idle_time, launch_stats, load_trace, summary, temporal_breakdown, top_operators,
 )
-from diagnostics.trace.views import KERNEL_WAIT_MAX_US, op_family
+from diagnostics.trace.views import KERNEL_WAIT_MAX_US
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 
@@ -143,17 +143,6 @@ def test_no_steps_uses_whole_trace(tmp_path):
     assert cpu["op: matmul"]["self_us"] == 7.0 and cpu["op: elementwise"]["self_us"] == 3.0
     assert cpu["op: view"]["self_us"] == 0.0
     assert t.nesting()["depth"].tolist() == [0, 1, 1]
-
-
-@pytest.mark.parametrize("name, family", [
-    ("aten::addmm", "matmul"), ("aten::copy_", "memory"), ("aten::view", "view"),
-    ("c10d::allreduce_", "communication"), ("gloo:all_reduce", "communication"),
-    ("aten::native_layer_norm", "normalization"), ("AddmmBackward0", "autograd"),
-    ("Optimizer.step#SGD.step", "optimizer"), ("aten::relu", "elementwise"),
-    ("aten::sum", "reduction"), ("my_function", "other"),
-])
-def test_op_family(name, family):
-    assert op_family(name) == family
 
 
 def test_top_operators_match_key_averages_on_a_real_training_trace(tmp_path):

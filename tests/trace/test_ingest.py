@@ -60,6 +60,49 @@ def test_gpu_trace_columns_and_metadata():
     assert t.skipped_events == 0 and t.warnings == []
 
 
+def test_kernel_launch_and_autograd_args_are_kept():
+    ev = load_trace(GPU).events
+    k = ev[ev["cat"] == "kernel"]
+    assert set(k["grid"]) == {"64×1×1"} and set(k["block"]) == {"128×1×1"}
+    assert set(k["registers"]) == {128} and set(k["occupancy"]) == {12.0}
+    host = ev[ev["cat"] != "kernel"]
+    assert host["grid"].isna().all() and (host["registers"] == -1).all() and host["occupancy"].isna().all()
+    raw = _events(CPU)
+    cpu = load_trace(CPU).events
+    assert cpu["seq"].tolist() == [(e.get("args") or {}).get("Sequence number", -1) for e in raw]
+    assert cpu["fwd_tid"].tolist() == [(e.get("args") or {}).get("Fwd thread id", -1) for e in raw]
+    assert (cpu["fwd_tid"] > 0).any() and (cpu["seq"] >= 0).any()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_launch_dims_survive_slices_and_workers(tmp_path, monkeypatch, workers):
+    """Each slice interns its own grid table; the merge re-codes them (absent stays absent)."""
+    doc = json.loads(GPU.read_text())
+    for i, e in enumerate(doc["traceEvents"]):
+        if e.get("cat") == "kernel":
+            e["args"]["grid"] = [i, 1, 1]
+    path = _write(tmp_path, "g.json", json.dumps(doc, indent=1))
+    whole = load_trace(path, workers=0)
+    monkeypatch.setattr(ingest, "BLOCK_BYTES", 600)
+    small = load_trace(path, workers=workers)
+    assert small.strings("grid").tolist() == whole.strings("grid").tolist()
+    kernels = whole.events["cat"] == "kernel"
+    assert whole.strings("grid")[kernels.to_numpy()].tolist() == ["20×1×1", "21×1×1", "23×1×1", "37×1×1", "38×1×1"]
+    assert set(whole.strings("grid")[~kernels.to_numpy()]) == {""}
+
+
+def test_odd_launch_args_fall_back_to_the_lenient_decoder(tmp_path):
+    k = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0, "dur": 2.0}
+    evs = [dict(k, args={"grid": [2, 1, 1], "block": [32, 1, 1], "registers per thread": 16}),
+           dict(k, ts=5.0, args={"grid": "2x1x1", "block": [32, 1.5, 1], "registers per thread": "16",
+                                 "est. achieved occupancy %": 50, "Sequence number": "7"})]
+    ev = load_trace(_write(tmp_path, "k.json", {"traceEvents": evs})).events
+    assert ev["grid"].tolist()[0] == "2×1×1" and ev["grid"].isna().tolist() == [False, True]
+    assert ev["block"].isna().tolist() == [False, True]
+    assert ev["registers"].tolist() == [16, 16] and ev["occupancy"].isna().tolist() == [True, False]
+    assert ev["seq"].tolist() == [-1, 7]
+
+
 def test_recorded_cpu_trace_gz_matches_json_module():
     t = load_trace(CPU)
     raw = _events(CPU)

@@ -1,0 +1,39 @@
+"""One rank's computation / communication split, its collective calls and their message sizes,
+on the hand-made pair in tests/data/distributed (worked by hand in tests/distributed/test_analysis.py)."""
+
+from pathlib import Path
+
+import pytest
+
+from diagnostics.trace import load_trace
+from diagnostics.trace.comm import collective_bytes, event_bytes, rank_breakdown
+
+PAIR = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
+
+
+def test_event_bytes():
+    assert event_bytes({"In msg nelems": 10, "Out msg nelems": 20, "dtype": "BFloat16"}) == 40
+    assert event_bytes({"In msg nelems": 10, "dtype": "complex32"}) is None  # unknown element size
+    assert event_bytes({"Input Dims": [[4, 8]], "Input type": ["double"]}) == 256
+    assert event_bytes({"Input Dims": [[]], "Input type": ["float"]}) == 4  # a scalar
+    assert event_bytes({"Input Dims": [[[4]]], "Input type": ["TensorList"]}) is None
+    assert event_bytes({}) is None
+
+
+def test_collective_bytes_are_keyed_by_the_kth_event_of_a_name():
+    got, note = collective_bytes(PAIR / "rank1.pt.trace.json")
+    assert note is None
+    assert got == {("gloo:all_reduce", 0): 4000, ("gloo:all_reduce", 1): 4000,
+                   ("record_param_comms", 0): 4000, ("record_param_comms", 1): 4000}
+
+
+def test_rank_breakdown_lists_the_calls_inside_steps_with_their_bytes():
+    path = PAIR / "rank1.pt.trace.json"
+    b = rank_breakdown(load_trace(path), collective_bytes(path)[0])
+    assert not b["on_gpu"] and [s["step"] for s in b["steps"]] == [1, 2]
+    s1 = b["steps"][0]
+    assert (s1["compute_ms"], s1["comm_ms"], s1["overlap_ms"]) == pytest.approx((0.7, 0.065, 0.02))
+    calls = [(c["name"], c["where"], c["bytes"]) for c in b["calls"]]
+    assert calls.count(("record_param_comms", "CPU", 4000)) == 2
+    assert calls.count(("gloo:all_reduce", "CPU", 4000)) == 2
+    assert {c["name"] for c in b["calls"]} == {"gloo:all_reduce", "c10d::allreduce_", "record_param_comms"}
