@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from diagnostics.analyses.gradients.job import relu_units_alive
-from diagnostics.trace.profiler_views import uses_tensor_cores
+from diagnostics.trace.classify import uses_tensor_cores
 from diagnostics.measure.probes import absolute_peak_bytes, time_calls
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
