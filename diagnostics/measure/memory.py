@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import nn
 
-from diagnostics.analyses.validate.job import iter_tensors
+from diagnostics.measure.tensors import iter_tensors
 
 ROOT = "(model)"
 
@@ -230,3 +231,14 @@ def category_timeline(prof, device: str) -> dict:
         for name, v in zip(names, row[1:]):  # row[0] is a spare slot of the profiler's
             series[name][i] += int(v)
     return {"times_us": [int(t) for t in times], "series": series}
+
+
+def added_peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
+    """Peak bytes allocated during one call of ``fn`` above what was allocated before it."""
+    p = measure_peak(fn, device, 0)
+    return int(p.peak_bytes - p.baseline_bytes)
+
+
+def peak_in_use_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
+    """Peak bytes in use during one call of ``fn``, what was allocated before included (CUDA)."""
+    return int(measure_peak(fn, device, 0).peak_bytes)

@@ -1,24 +1,25 @@
-"""Training-step plumbing shared by the memory, batch-scan and gradient analyses.
+"""The one training step, and the optimizers it can use.
 
-``make_optimizer`` builds the optimizer a user picked, ``train_step`` runs one
-zero_grad/forward/loss/backward/step, ``restored_state`` puts the weights back afterwards so an
-analysis that trains leaves the loaded model as it found it, and the ``*_bytes`` helpers size
-what a model keeps resident (each storage counted once).
+``make_optimizer`` builds the optimizer a user picked by name (``measure.optimizers``: "sgd" is SGD
+with momentum everywhere); ``Step`` is one inference forward or one training step (zero_grad,
+forward, loss, backward, optimizer step), optionally with a profiler range around each phase, as
+the profiler, the checklist, memory, the batch scan and the gradient flow all run it. A user's loss
+or backward that raises is reported as a ModelRunError naming the phase.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import nullcontext
 
 import torch
-from torch import nn
 
-from diagnostics.errors import TorchScopeError
+from diagnostics.errors import ModelRunError, TorchScopeError
+from diagnostics.measure.optimizers import OPTIMIZERS, SGD_MOMENTUM
+from diagnostics.trace.classify import STEP_PHASES
 
-OPTIMIZERS = ("sgd", "adamw")
-SGD_MOMENTUM = 0.9  # SGD keeps one momentum buffer per parameter
-#: Optimizer state kept per parameter byte: SGD with momentum one buffer, AdamW exp_avg + exp_avg_sq.
-STATE_PER_PARAM = {"sgd": 1, "adamw": 2}
+ZERO_GRAD, FORWARD, BACKWARD, OPTIMIZER = STEP_PHASES
+NO_TRAINABLE = ("training mode needs trainable parameters, but the model has no trainable parameters "
+                "(all frozen, or a TorchScript/exported model without parameters)")
 
 
 def make_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
@@ -29,84 +30,57 @@ def make_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
         raise TorchScopeError(f"learning rate must be positive, got {lr}")
     params = [p for p in params if p.requires_grad]
     if not params:
-        raise TorchScopeError("the model has no trainable parameters: nothing to train")
+        raise TorchScopeError(NO_TRAINABLE)
     if name == "sgd":
         return torch.optim.SGD(params, lr=float(lr), momentum=SGD_MOMENTUM)
     return torch.optim.AdamW(params, lr=float(lr))
 
 
-def unique_params(model: nn.Module) -> list[nn.Parameter]:
-    return list({id(p): p for p in model.parameters()}.values())
+def _no_range(_name):
+    return nullcontext()
 
 
-def tensor_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views and tied weights counted once)."""
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None or not isinstance(t, torch.Tensor):
-            continue
-        try:
-            storage = t.untyped_storage()
-            key, n = (storage.data_ptr(), t.device), storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # sparse / functional tensors: size by elements
-            key, n = id(t), t.numel() * t.element_size()
-        if key in seen:
-            continue
-        seen.add(key)
-        total += n
-    return total
+class Step:
+    """One inference forward (``train=False``) or one training step on a loaded model.
 
-
-def param_bytes(model: nn.Module) -> int:
-    return tensor_bytes(unique_params(model))
-
-
-def buffer_bytes(model: nn.Module) -> int:
-    return tensor_bytes(model.buffers())
-
-
-def grad_bytes(model: nn.Module) -> int:
-    return tensor_bytes(p.grad for p in unique_params(model))
-
-
-def optimizer_state_bytes(opt: torch.optim.Optimizer | None) -> int:
-    if opt is None:
-        return 0
-    return tensor_bytes(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
-
-
-def trainable_bytes(model: nn.Module) -> int:
-    return tensor_bytes(p for p in unique_params(model) if p.requires_grad)
-
-
-def train_step(loaded, opt: torch.optim.Optimizer | None, inputs=None) -> float:
-    """One step: zero_grad(set_to_none), forward, loss, backward, optimizer step. Returns the loss."""
-    if opt is not None:
-        opt.zero_grad(set_to_none=True)
-    loss = loaded.loss_fn(loaded.forward(inputs))
-    loss.backward()
-    if opt is not None:
-        opt.step()
-    return float(loss.detach())
-
-
-@contextmanager
-def restored_state(model: nn.Module):
-    """Train freely inside; weights, buffers, grads and ``model.training`` come back afterwards.
-
-    The copy lives on the CPU so that device memory figures measured inside do not include it.
+    ``step()`` runs it; ``step(label=True)`` opens a record_function range around each phase
+    (zero_grad, forward, backward, optimizer), the names the profiler's step views read back.
+    ``inputs`` defaults to the loaded model's own. The optimizer is built once, here.
     """
-    was_training = model.training
-    saved = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict(keep_vars=True).items()
-             if isinstance(v, torch.Tensor)}
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            own = model.state_dict(keep_vars=True)
-            for k, v in saved.items():
-                if k in own and isinstance(own[k], torch.Tensor) and own[k].shape == v.shape:
-                    own[k].copy_(v)
-        for p in model.parameters():
-            p.grad = None
-        model.train(was_training)
+
+    def __init__(self, loaded, train: bool, optimizer: str = "sgd", lr: float = 0.01, inputs=None):
+        self.loaded = loaded
+        self.inputs = loaded.inputs if inputs is None else inputs
+        self.train = bool(train)
+        self.optimizer = make_optimizer(loaded.model.parameters(), optimizer, lr) if self.train else None
+        self.last_loss: torch.Tensor | None = None
+
+    def __call__(self, label: bool = False) -> None:
+        rf = record_range if label else _no_range
+        if not self.train:
+            with rf(FORWARD):
+                self.loaded.forward(self.inputs)
+            return
+        with rf(ZERO_GRAD):
+            self.optimizer.zero_grad(set_to_none=True)
+        with rf(FORWARD):
+            out = self.loaded.forward(self.inputs)
+            try:
+                loss = self.loaded.loss_fn(out)
+            except Exception as e:  # the user's loss: any exception is possible
+                raise ModelRunError(f"the loss ({self.loaded.loss_name}) failed on the model's output: "
+                                    f"{type(e).__name__}: {e}") from e
+        with rf(BACKWARD):
+            try:
+                loss.backward()
+            except Exception as e:
+                raise ModelRunError(f"backward failed: {type(e).__name__}: {e}") from e
+        with rf(OPTIMIZER):
+            self.optimizer.step()
+        self.last_loss = loss.detach()
+
+
+def record_range(name: str):
+    from torch.profiler import record_function
+
+    return record_function(name)

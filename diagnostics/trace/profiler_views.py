@@ -279,6 +279,14 @@ def kernel_table(traces: Trace | list[Trace]) -> list[dict]:
     return out
 
 
+def tensor_core_pct(kernels: list[dict]) -> float | None:
+    """Share of kernel time (%) in kernels whose names mark Tensor Cores; None without kernels."""
+    total = sum(k["total_us"] for k in kernels)
+    if not kernels or total <= 0:
+        return None
+    return 100.0 * sum(k["total_us"] for k in kernels if k["tensor_cores"]) / total
+
+
 # ---- timeline --------------------------------------------------------------------------------
 
 def timeline(trace: Trace, max_events: int) -> dict:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from diagnostics.analyses.gradients import job as gradients
+from diagnostics.measure import gradflow, gradient_health
 from diagnostics.errors import TorchScopeError
 from diagnostics.intake import LoadedModel, default_loss, load_model
 from diagnostics.runner import AnalysisContext, Job
@@ -134,7 +135,7 @@ def test_relu_units_need_enough_values_to_be_called_dead(tmp_path):
     conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 2))
     r = run(conv, (torch.randn(1, 3, 8, 8),), tmp_path / "b", steps=1)
     assert r["activations"][0]["dead_fraction"] is not None
-    assert gradients.relu_units_alive(torch.tensor([[float("nan")] * 4] * 16)) is None  # NaN: not judged
+    assert gradflow.relu_units_alive(torch.tensor([[float("nan")] * 4] * 16)) is None  # NaN: not judged
 
 
 class Saturated(nn.Module):
@@ -157,7 +158,7 @@ def test_saturation(tmp_path):
     acts = {a["module"]: a for a in r["activations"]}
     z = 100 * model.fc(x)
     y = torch.sigmoid(z)
-    expected = float(((y < gradients.SATURATION_EPS) | (y > 1 - gradients.SATURATION_EPS)).float().mean())
+    expected = float(((y < gradient_health.SATURATION_EPS) | (y > 1 - gradient_health.SATURATION_EPS)).float().mean())
     assert acts["sig"]["saturated_fraction"] == pytest.approx(expected) and expected > 0.5
     assert acts["tanh"]["saturated_fraction"] == 0.0
 
@@ -193,7 +194,7 @@ def test_samples_sick_caught_healthy_not_flagged(name, tmp_path, no_hooks_left):
         assert r["layers"][0]["status"] == "vanishing"  # the first layers starve
     elif sick == "exploding gradients":
         assert m["layers_exploding"] == m["layers"]
-        assert m["global_norm_first"] > gradients.EXPLODING_NORM
+        assert m["global_norm_first"] > gradient_health.EXPLODING_NORM
     else:
         assert m["layers_flagged"] == 0, [(l["layer"], l["status"], l["reason"]) for l in r["layers"]
                                           if l["status"] != "healthy"]
@@ -214,4 +215,4 @@ def test_options_are_checked(tmp_path):
 def test_layer_order_places_functionally_called_layers_after_their_parent():
     called = ["(model)", "enc", "enc.attn", "enc.ff", "head"]
     layers = ["enc.attn", "enc.attn.out_proj", "enc.ff", "head", "unused"]
-    assert gradients.layer_order(called, layers) == ["enc.attn", "enc.attn.out_proj", "enc.ff", "head", "unused"]
+    assert gradflow.layer_order(called, layers) == ["enc.attn", "enc.attn.out_proj", "enc.ff", "head", "unused"]

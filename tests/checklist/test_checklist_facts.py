@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.analyses.checklist.facts import collect_facts, forward_facts, static_facts
+from diagnostics.analyses.checklist.facts import collect_facts
+from diagnostics.measure.structure import forward_facts, static_facts
 from diagnostics.errors import TrustError
 from diagnostics.intake import LoadedModel, default_loss
 from diagnostics.runner import Job, execute
@@ -105,7 +106,7 @@ def test_sync_points_count_only_what_the_step_does(monkeypatch):
     aten::item): that is not the model's, so a clean model has none and OneItemPerForward one."""
     from diagnostics.analyses.checklist import facts as facts_mod
 
-    monkeypatch.setattr(facts_mod, "_sync", lambda device: torch.ones(1).sum().item())
+    monkeypatch.setattr(facts_mod, "sync", lambda device: torch.ones(1).sum().item())
     clean = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(16, 8)), FAST)["measured"]["profile"]
     assert clean["sync_points_per_step"] == 0.0
     dirty = collect_facts(loaded_of(OneItemPerForward(), torch.randn(16, 8)), FAST)["measured"]["profile"]
@@ -290,15 +291,6 @@ def test_bad_options_name_the_problem(tmp_path):
         _run("mlp", tmp_path, purpose="serving")
     with pytest.raises(TorchScopeError, match=r"option dataloader: num_workers must be an integer >= 0, got -1"):
         _run("mlp", tmp_path, dataloader={"num_workers": -1})
-
-
-def test_time_calls_counts_and_orders_its_statistics():
-    from diagnostics.measure.probes import time_calls
-
-    calls = []
-    t = time_calls(lambda: calls.append(1), "cpu", iters=7, warmup=3)
-    assert len(calls) == 10 and t["iters"] == 7
-    assert 0 <= t["min_s"] <= t["median_s"] <= t["p90_s"]
 
 
 def test_static_facts_see_through_compile_and_data_parallel():

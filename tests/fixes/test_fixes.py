@@ -7,7 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.analyses.checklist.facts import BATCHNORM, environment_facts, forward_facts, static_facts
+from diagnostics.measure.compare import verdict
+from diagnostics.measure.environment import environment_facts
+from diagnostics.measure.structure import BATCHNORM, forward_facts, static_facts
 from diagnostics.errors import TorchScopeError
 from diagnostics.analyses.optimize import catalog
 from diagnostics.analyses.optimize.catalog import FIX_IDS, FIXES, get_fix
@@ -226,7 +228,9 @@ def test_trials_a_failing_fix_says_why_and_the_others_run(monkeypatch, tmp_path)
     assert by["channels_last"]["status"] == "not_applicable"
     im = by["inference_mode"]
     assert im["status"] == "ok" and im["max_abs_err"] == 0.0 and im["top1_agreement"] == 1.0
-    assert im["speedup"] == pytest.approx(by["baseline"]["median_ms"] / im["median_ms"])
+    low, high = im["speedup_ci"]  # the median of 3 interleaved rounds' ratios, inside its interval
+    assert low <= im["speedup"] <= high and im["verdict"] == verdict(low, high)
+    assert by["baseline"]["speedup"] == 1.0 and by["baseline"]["verdict"] is None
     assert im["p90_ms"] >= im["median_ms"] > 0
     assert im["throughput_per_s"] == pytest.approx(16 / (im["median_ms"] / 1e3))
     art = im["artifact"]
@@ -252,8 +256,9 @@ def test_candidates_are_timed_in_interleaved_rounds():
 
     times = time_interleaved({"a": Tag("a"), "b": Tag("b"), "c": Tag("c")}, (torch.zeros(4, 2),),
                              torch.device("cpu"), iters=3, warmup=2)
-    # 2 warm-up calls each, then 3 rounds of one timed call per candidate, the order rotated per round
-    assert "".join(log) == "aabbcc" + "abc" + "bca" + "cab"
+    # 2 warm-up calls each, then 3 rounds, each a palindrome (ABBA), starting from alternate ends
+    assert "".join(log) == "aabbcc" + "abccba" + "cbaabc" + "abccba"
+    assert times["b"]["speedup"] > 0 and times["a"]["speedup"] == 1.0
     assert times["a"]["throughput_per_s"] == pytest.approx(4 / (times["a"]["median_ms"] / 1e3))
 
 

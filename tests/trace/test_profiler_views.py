@@ -132,6 +132,21 @@ def test_kernel_table_groups_and_flags_tensor_cores(trace_of):
     assert pv.kernel_table(trace_of([X("aten::mm", 0, 70)])) == []
 
 
+def test_tensor_core_pct_is_the_tensor_core_kernels_share_of_kernel_time(trace_of):
+    """The profile's tensor_core_kernel_pct: 60 µs of Tensor Core gemm (an fp16 xmma kernel), 25 µs
+    of fp32 sgemm on CUDA cores and 15 µs elementwise: 60 / 100."""
+    t = trace_of([
+        X("sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize128x128x32", 0, 40, "kernel"),
+        X("sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize128x128x32", 50, 20, "kernel"),
+        X("ampere_sgemm_128x64_nn", 80, 25, "kernel"),
+        X("void at::native::vectorized_elementwise_kernel<4>", 110, 15, "kernel"),
+        X("aten::mm", 0, 130),  # host time is not kernel time
+    ])
+    assert pv.tensor_core_pct(pv.kernel_table(t)) == pytest.approx(100 * 60 / (40 + 20 + 25 + 15))
+    assert pv.tensor_core_pct(pv.kernel_table(trace_of([X("ampere_sgemm_128x64_nn", 0, 9, "kernel")]))) == 0.0
+    assert pv.tensor_core_pct([]) is None
+
+
 def test_timeline_is_the_trace_layers_in_ms_with_thread_names(trace_of):
     t = trace_of([X("ProfilerStep#1", 0, 2000, "user_annotation"), X("aten::mm", 100, 500),
                   X("k", 300, 400, "kernel", pid=0, tid=7, device=0, stream=7)],

@@ -75,7 +75,7 @@ def show(result: dict) -> None:
         st.dataframe(pd.DataFrame(result["thresholds"]), hide_index=True, width="stretch",
                      column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
                                     "meaning": "Meaning"})
-        st.caption("Named constants in diagnostics/analyses/gradients/job.py; see docs/gradients.md.")
+        st.caption("Named constants in diagnostics/measure/gradient_health.py; see docs/gradients.md.")
 
 
 #: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).

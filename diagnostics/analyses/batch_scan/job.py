@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import gc
 import statistics
-import time
 
 import psutil
 import torch
 
 from diagnostics.analyses.batch_scan import ANALYSIS
 from diagnostics.measure.memory import is_cuda, measure_peak
-from diagnostics.measure.training import (buffer_bytes, make_optimizer,
-                                               optimizer_state_bytes, param_bytes, restored_state, tensor_bytes)
+from diagnostics.measure.state import restored_state
+from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
+from diagnostics.measure.timer import time_once
+from diagnostics.measure.training import make_optimizer
 
 #: With no budget given on the CPU, the budget is this share of the RAM available when the scan starts.
 CPU_DEFAULT_BUDGET_SHARE = 0.5
@@ -49,19 +50,6 @@ def batch_plan(max_batch: int) -> list[int]:
     if out[-1] != max_batch:
         out.append(max_batch)
     return out
-
-
-def _time_once(fn, device) -> float:
-    if is_cuda(device):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def default_budget(device) -> tuple[int, str]:
@@ -128,7 +116,7 @@ def analyze(ctx, options: dict) -> dict:
                     for _ in range(o["repeats"]):
                         if train:
                             opt.zero_grad(set_to_none=True)
-                        times.append(_time_once(lambda: work(inputs), device))
+                        times.append(time_once(lambda: work(inputs), device) / 1e3)
                     lat = statistics.median(times)
                     row.update(latency_ms=lat * 1e3, throughput=batch / lat if lat > 0 else None)
             return row

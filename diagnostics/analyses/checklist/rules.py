@@ -39,7 +39,7 @@ LAUNCH_BOUND_MEDIAN_US = 20.0  # median op / kernel duration (µs) below which a
 INIT_GAIN_MIN = 0.2  # weight std * sqrt(fan_in) below this: too small an init
 INIT_GAIN_MAX = 3.0  # ... above this: too large (He init gives 1.41, PyTorch default 0.58)
 # Gradient thresholds are the Gradient-flow analysis' own (one definition, per layer):
-from diagnostics.analyses.gradients.job import EXPLODING_NORM, MIN_UNIT_OBSERVATIONS, VANISHING_RATIO  # noqa: E402
+from diagnostics.measure.gradient_health import EXPLODING_NORM, MIN_UNIT_OBSERVATIONS, VANISHING_RATIO  # noqa: E402
 DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole batch
 INFERENCE_SPEEDUP_MIN = 1.10  # eval()+inference_mode faster than train-mode forward by this factor
 BATCH_GAIN_MIN = 1.20  # throughput gain at twice the batch that says "use a bigger batch"
@@ -65,11 +65,13 @@ THRESHOLDS = [
     ("INIT_GAIN_MIN", INIT_GAIN_MIN, "min weight std x sqrt(fan_in)"),
     ("INIT_GAIN_MAX", INIT_GAIN_MAX, "max weight std x sqrt(fan_in)"),
     ("VANISHING_RATIO", VANISHING_RATIO, "a layer's gradient norm / the largest layer's, under which it vanishes "
-     "(diagnostics.analyses.gradients.job)"),
-    ("EXPLODING_NORM", EXPLODING_NORM, "a layer's gradient norm over which it explodes (diagnostics.analyses.gradients.job)"),
+     "(diagnostics.measure.gradient_health)"),
+    ("EXPLODING_NORM", EXPLODING_NORM, "a layer's gradient norm over which it explodes (diagnostics.measure.gradient_health)"),
     ("DEAD_UNIT_FRACTION_MAX", DEAD_UNIT_FRACTION_MAX, "max share of ReLU units dead for the whole batch"),
-    ("INFERENCE_SPEEDUP_MIN", INFERENCE_SPEEDUP_MIN, "speed-up of eval+inference_mode that is worth taking"),
-    ("BATCH_GAIN_MIN", BATCH_GAIN_MIN, "throughput gain at 2x batch that suggests a bigger batch"),
+    ("INFERENCE_SPEEDUP_MIN", INFERENCE_SPEEDUP_MIN, "speed-up of eval+inference_mode that is worth taking "
+     "(the low end of its interleaved interval must pass it)"),
+    ("BATCH_GAIN_MIN", BATCH_GAIN_MIN, "throughput gain at 2x batch that suggests a bigger batch "
+     "(the low end of its interleaved interval must pass it)"),
     ("PREFETCH_FACTOR_MIN", PREFETCH_FACTOR_MIN, "min DataLoader prefetch_factor"),
     ("TENSOR_COPY_FRACTION_MAX", TENSOR_COPY_FRACTION_MAX, "max share of the step's operator time in layout "
      "copies (.contiguous(), .clone(), reshape of a non-viewable tensor) made by the forward"),
@@ -566,18 +568,30 @@ def check_channels_last(f):
             "convolutions prefer NHWC.", nums)
 
 
+def _interval(ci) -> str:
+    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+
+
+def _surely_above(value, ci, threshold: float) -> bool:
+    """Above ``threshold`` beyond the noise: the interval's low end is (no interval: the value)."""
+    return (ci[0] if ci else value) > threshold
+
+
 def check_batch_size(f):
     bp = _m(f, "batch_probe")
     b = f.get("batch_size")
     if bp is None:
         return na("the batch-size probe did not run")
-    gain = bp["throughput_gain_2x"]
-    nums = {"batch_size": b, "throughput_gain_2x": gain, "points": bp["points"]}
+    gain, ci = bp["throughput_gain_2x"], bp.get("throughput_gain_ci")
+    nums = {"batch_size": b, "throughput_gain_2x": gain, "throughput_gain_ci": ci, "points": bp["points"]}
     ev = (f"at batch {bp['points'][0]['batch_size']}: {bp['points'][0]['samples_per_s']:.0f} samples/s; at "
-          f"{bp['points'][1]['batch_size']}: {bp['points'][1]['samples_per_s']:.0f} samples/s (x{gain:.2f})")
-    if gain > BATCH_GAIN_MIN:
+          f"{bp['points'][1]['batch_size']}: {bp['points'][1]['samples_per_s']:.0f} samples/s "
+          f"(x{gain:.2f}{_interval(ci)}, interleaved)")
+    if _surely_above(gain, ci, BATCH_GAIN_MIN):
         return ("warn", ev + f", more than x{BATCH_GAIN_MIN}", "A larger batch (if memory and the optimisation "
                 "allow) raises throughput: the device is not saturated at this batch size.", nums)
+    if gain > BATCH_GAIN_MIN:
+        ev += f"; not above x{BATCH_GAIN_MIN} beyond the noise"
     if b and b % WIDTH_MULTIPLE:
         return ("warn", ev + f"; batch size {b} is not a multiple of {WIDTH_MULTIPLE}",
                 f"Use a batch size that is a multiple of {WIDTH_MULTIPLE}.", nums)
@@ -618,13 +632,15 @@ def check_inference_mode(f):
     inf = _m(f, "inference")
     if inf is None:
         return na("not measured")
-    sp = inf.get("speedup") or 0
+    sp, ci = inf.get("speedup") or 0, inf.get("speedup_ci")
     nums = dict(inf)
     ev = (f"forward in train mode with grad: {inf['train_grad_forward_s'] * 1e3:.2f} ms; eval() + inference_mode: "
-          f"{inf['eval_inference_forward_s'] * 1e3:.2f} ms (x{sp:.2f})")
-    if sp >= INFERENCE_SPEEDUP_MIN:
+          f"{inf['eval_inference_forward_s'] * 1e3:.2f} ms (x{sp:.2f}{_interval(ci)}, interleaved)")
+    if _surely_above(sp, ci, INFERENCE_SPEEDUP_MIN):
         return ("warn", ev, "For inference call model.eval() and run under torch.inference_mode(): no autograd "
                 "graph, no saved tensors, no version counters.", nums)
+    if sp >= INFERENCE_SPEEDUP_MIN:
+        return "pass", ev + f" (not above x{INFERENCE_SPEEDUP_MIN} beyond the noise)", "", nums
     return "pass", ev + f" (below x{INFERENCE_SPEEDUP_MIN})", "", nums
 
 

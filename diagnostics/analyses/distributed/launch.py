@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import diagnostics
 from diagnostics.analyses.distributed.dist_job import DistJob, DistributedError, DistributedInputError, status_path, trace_path
 
 #: Seconds a run may take when the caller gives no timeout.
@@ -28,7 +27,7 @@ DEFAULT_LAUNCH_TIMEOUT_S = 300.0
 #: After SIGTERM, seconds torchrun gets to stop its ranks before SIGKILL.
 KILL_GRACE_S = 5.0
 #: The folder holding the diagnostics package: torchrun's ranks import it from there.
-REPO_ROOT = Path(diagnostics.__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]  # the checkout that holds the diagnostics package
 LOG_NAME = "torchrun.log"
 JOB_NAME = "job.json"
 #: Exit codes of a rank that torchrun stopped itself (SIGTERM) after another rank failed.

@@ -25,6 +25,8 @@ import sys
 import time
 import traceback
 
+from diagnostics.measure.timer import method as timer_method, time_once
+from diagnostics.measure.training import make_optimizer
 from diagnostics.analyses.distributed.dist_job import DistJob, choose_backend, status_path, steps_path, trace_path
 
 #: Exit code of a rank killed on purpose by the die_rank injection.
@@ -90,7 +92,7 @@ def run(job: DistJob) -> None:
         model = loaded.model
         model.train()
         ddp = DDP(model, device_ids=[local_rank] if on_gpu else None)
-        opt = torch.optim.SGD(ddp.parameters(), lr=job.lr)
+        opt = make_optimizer(ddp.parameters(), "sgd", job.lr)  # SGD with momentum, as everywhere
         inputs = loaded.make_inputs(seed=spec.seed + rank)  # each rank its own shard of data
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         sleep_s = job.straggler_sleep_ms / 1000.0 if job.straggler_rank == rank else 0.0
@@ -122,17 +124,7 @@ def run(job: DistJob) -> None:
         with profile(activities=activities, schedule=sched, record_shapes=True,
                      on_trace_ready=lambda p: p.export_chrome_trace(str(trace_file))) as prof:
             for i in range(total):
-                if on_gpu:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    step(i)
-                    end.record()
-                    torch.cuda.synchronize()
-                    ms = start.elapsed_time(end)
-                else:
-                    t0 = time.perf_counter()
-                    step(i)
-                    ms = (time.perf_counter() - t0) * 1000.0
+                ms = time_once(lambda: step(i), device)
                 if i >= job.warmup:
                     wall_ms.append(ms)
                 prof.step()
@@ -140,7 +132,7 @@ def run(job: DistJob) -> None:
         _write_json(steps_path(job.out_dir, rank), {
             "rank": rank, "world_size": world, "backend": backend, "device": str(device),
             "step_ms": wall_ms, "straggler_sleep_ms": sleep_s * 1000.0,
-            "timing": "cuda events" if on_gpu else "perf_counter",
+            "timing": timer_method(device),
         })
         dist.barrier()
     finally:

@@ -20,9 +20,11 @@ import torch
 from diagnostics.analyses.memory import ANALYSIS
 from diagnostics.measure.memory import (CATEGORIES, ROOT, category_timeline, is_cuda, measure_peak,
                                                  measure_saved, phase_ranges)
-from diagnostics.measure.training import (STATE_PER_PARAM, buffer_bytes, grad_bytes,
-                                               make_optimizer, optimizer_state_bytes, param_bytes,
-                                               restored_state, tensor_bytes, trainable_bytes)
+from diagnostics.measure.optimizers import STATE_PER_PARAM
+from diagnostics.measure.state import restored_state
+from diagnostics.measure.tensors import (buffer_bytes, grad_bytes, optimizer_state_bytes, param_bytes, tensor_bytes,
+                                         trainable_bytes)
+from diagnostics.measure.training import make_optimizer
 from diagnostics.errors import ModelRunError, TorchScopeError
 
 #: Batches the estimate measures saved activations at (then a straight line through them).

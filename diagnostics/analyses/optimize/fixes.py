@@ -124,7 +124,7 @@ def _fuse_pairs(model: nn.Module, pairs: list[list[str]]) -> int:
 
 
 def apply_conv_bn_fusion(model, inputs, opts):
-    from diagnostics.analyses.checklist.facts import BATCHNORM, forward_facts
+    from diagnostics.measure.structure import BATCHNORM, forward_facts
 
     model.eval()
     n_bn = sum(isinstance(m, BATCHNORM) for m in model.modules())

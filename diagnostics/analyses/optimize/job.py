@@ -11,7 +11,8 @@ trials_not_applicable). The user's model is never changed: every trial runs on a
 from __future__ import annotations
 
 from diagnostics.analyses.optimize import ANALYSIS
-from diagnostics.analyses.checklist.facts import environment_facts, forward_facts, static_facts
+from diagnostics.measure.environment import environment_facts
+from diagnostics.measure.structure import forward_facts, static_facts
 from diagnostics.analyses.optimize.trials import run_trials
 
 

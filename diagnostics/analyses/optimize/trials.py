@@ -19,7 +19,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diagnostics.measure.probes import peak_bytes
+from diagnostics.measure.compare import interleaved
+from diagnostics.measure.memory import added_peak_bytes
+from diagnostics.measure.timer import sync
 from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
 
@@ -114,36 +116,20 @@ def prepare(model: nn.Module, inputs: tuple, device: torch.device) -> tuple[dict
     call = _call(model, inputs)
     t0 = time.perf_counter()
     out = call()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    sync(device)
     first = time.perf_counter() - t0
-    peak = peak_bytes(call, device)
+    peak = added_peak_bytes(call, device)
     size, kind = serialized_bytes(model)
     return {"first_call_ms": first * 1e3, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
 
 
 def time_interleaved(models: dict[str, nn.Module], inputs: tuple, device: torch.device, iters: int,
                      warmup: int) -> dict[str, dict]:
-    """Latency of every candidate: ``warmup`` calls each, then ``iters`` rounds of one timed call per
-    candidate, the order rotated each round. Drift on a shared machine (other jobs, clocks, caches)
-    then hits every candidate alike instead of whichever happened to run during it."""
-    from diagnostics.analyses.profile.job import latency_stats, measure_latency
-
-    keys = list(models)
-    calls = {k: _call(models[k], inputs) for k in keys}
-    for k in keys:
-        measure_latency(calls[k], device, warmup, 0)
-    samples: dict[str, list[float]] = {k: [] for k in keys}
-    for r in range(max(1, iters)):
-        for j in range(len(keys)):
-            k = keys[(r + j) % len(keys)]
-            samples[k] += measure_latency(calls[k], device, 0, 1)
+    """Latency of every candidate, and its speed-up over the first (the baseline) with an interval
+    and a verdict: ``measure.compare.interleaved`` over ``iters`` rounds (ABBA order)."""
     batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
-    out = {}
-    for key, ms in samples.items():
-        st = latency_stats(ms, batch)
-        out[key] = {"median_ms": st["median_ms"], "p90_ms": st["p90_ms"], "throughput_per_s": st["samples_per_s"]}
-    return out
+    calls = {k: _call(m, inputs) for k, m in models.items()}
+    return interleaved(calls, device, iters, warmup, batch_size=batch)
 
 
 def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixes: list[str], facts: dict,
@@ -203,8 +189,9 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
         raise RuntimeError(f"timing the trials failed: {type(e).__name__}: {e}") from e
     for row in rows:
         if row["fix"] in times:
-            row.update(times[row["fix"]])
-            row["speedup"] = times["baseline"]["median_ms"] / row["median_ms"] if row["median_ms"] else None
+            t = times[row["fix"]]
+            row.update({k: t[k] for k in ("median_ms", "p90_ms", "throughput_per_s", "speedup", "speedup_ci",
+                                          "verdict")})
     return rows
 
 

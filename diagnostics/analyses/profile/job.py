@@ -26,9 +26,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from diagnostics.trace import load_trace, profiler_views as pt
-from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, STEP_PHASES, is_python_frame_name
+from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, is_python_frame_name
 from diagnostics.trace.model import Trace
-from diagnostics.errors import ModelRunError, TorchScopeError
+from diagnostics.errors import TorchScopeError
+from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls
+from diagnostics.measure.training import Step
 
 
 def _is_python_frame(event) -> bool:
@@ -41,8 +43,6 @@ from diagnostics.analyses.profile import ANALYSIS, MAX_LATENCY_ITERS, MAX_PROFIL
 from diagnostics.declare import OptionError
 
 TB_WORKER = "torchscope_rank0"
-#: The step's phases, named as the step views read them back.
-ZERO_GRAD, FORWARD, BACKWARD, OPTIMIZER = STEP_PHASES
 
 TRACE_JSON = "trace.json"
 TRACE_GZ = "trace.json.gz"
@@ -66,52 +66,6 @@ def resolve_options(options: dict, device: str = "cpu") -> dict:
         raise OptionError("the CUDA activity was asked for but CUDA is not available here")
     o["activities"] = sorted(set(acts), key=("cpu", "cuda").index)
     return o
-
-
-# ----------------------------------------------------------------------------- the step
-class _Step:
-    """One inference or training step on the loaded model; labelled with ranges when asked."""
-
-    def __init__(self, loaded, opts: dict):
-        self.loaded = loaded
-        self.model = loaded.model
-        self.inputs = loaded.inputs
-        self.train = opts["mode"] == "train"
-        self.optimizer = None
-        if self.train:
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            if not params:
-                raise TorchScopeError("training mode needs trainable parameters, but the model has none "
-                                          "(all frozen, or a TorchScript/exported model without parameters)")
-            cls = torch.optim.SGD if opts["optimizer"] == "sgd" else torch.optim.AdamW
-            self.optimizer = cls(params, lr=opts["lr"])
-
-    def __call__(self, label: bool = False) -> None:
-        rf = record_function if label else _no_range
-        if not self.train:
-            with rf(FORWARD):
-                self.loaded.forward(self.inputs)
-            return
-        with rf(ZERO_GRAD):
-            self.optimizer.zero_grad(set_to_none=True)
-        with rf(FORWARD):
-            out = self.loaded.forward(self.inputs)
-            try:
-                loss = self.loaded.loss_fn(out)
-            except Exception as e:  # the user's loss: any exception is possible
-                raise ModelRunError(f"the loss ({self.loaded.loss_name}) failed on the model's output: "
-                                    f"{type(e).__name__}: {e}") from e
-        with rf(BACKWARD):
-            try:
-                loss.backward()
-            except Exception as e:
-                raise ModelRunError(f"backward failed: {type(e).__name__}: {e}") from e
-        with rf(OPTIMIZER):
-            self.optimizer.step()
-
-
-def _no_range(_name):
-    return nullcontext()
 
 
 @contextmanager
@@ -169,51 +123,6 @@ def module_ranges(model):
                     pass
 
 
-# ----------------------------------------------------------------------------- latency
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def measure_latency(step, device: torch.device, warmup: int, iters: int, progress=None) -> list[float]:
-    """Per-iteration times in ms: CUDA events (each iteration synchronized) on CUDA, perf_counter on CPU."""
-    for i in range(warmup):
-        step()
-        if progress and i % max(1, warmup // 5) == 0:
-            progress(i / max(1, warmup + iters), f"latency warmup {i + 1}/{warmup}")
-    _sync(device)
-    samples = []
-    cuda = device.type == "cuda"
-    for i in range(iters):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            samples.append(float(start.elapsed_time(end)))
-        else:
-            t0 = time.perf_counter()
-            step()
-            samples.append((time.perf_counter() - t0) * 1e3)
-        if progress and i % max(1, iters // 10) == 0:
-            progress((warmup + i) / max(1, warmup + iters), f"latency iteration {i + 1}/{iters}")
-    return samples
-
-
-def latency_stats(samples_ms: list[float], batch_size: int) -> dict:
-    """median / p90 / p99 (numpy linear percentiles), mean, std (population), min, max, samples/s."""
-    a = np.asarray(samples_ms, dtype=float)
-    median = float(np.median(a))
-    return {
-        "median_ms": median, "p90_ms": float(np.percentile(a, 90)), "p99_ms": float(np.percentile(a, 99)),
-        "mean_ms": float(a.mean()), "std_ms": float(a.std()), "min_ms": float(a.min()), "max_ms": float(a.max()),
-        "samples_per_s": batch_size / (median / 1e3) if median > 0 else None,
-        "iterations": int(a.size),
-    }
-
-
-# ----------------------------------------------------------------------------- key_averages
 def operator_rows(key_averages, by_shape: bool = False, skip: frozenset[str] = frozenset()) -> list[dict]:
     """key_averages as records (times in ms, memory in bytes); user ranges, [memory], the names in
     ``skip`` (Python frames recorded by with_stack) and device-side rows left out: on CUDA
@@ -307,18 +216,18 @@ def analyze(ctx, options: dict) -> dict:
     device = loaded.device
     opts = resolve_options(options, spec.device)
     model = loaded.model
-    step = _Step(loaded, opts)
+    step = Step(loaded, opts["mode"] == "train", opts["optimizer"], opts["lr"])
     batch = loaded.batch_size
     notes: list[str] = []
 
     # 1) latency, outside the profiler and without any labels or hooks
     ctx.progress(0.02, "latency: warmup")
     with _mode(model, opts):
-        samples = measure_latency(step, device, opts["latency_warmup"], opts["latency_iters"],
-                                  lambda f, m: ctx.progress(0.02 + 0.3 * f, m))
+        samples = time_calls(step, device, opts["latency_iters"], opts["latency_warmup"],
+                             lambda f, m: ctx.progress(0.02 + 0.3 * f, "latency: " + m))
     latency = latency_stats(samples, batch)
     latency["samples_ms"] = samples
-    latency["method"] = "CUDA events" if device.type == "cuda" else "time.perf_counter"
+    latency["method"] = timer_method(device)
     latency["warmup"] = opts["latency_warmup"]
 
     # 2) the profiled steps
@@ -363,7 +272,7 @@ def analyze(ctx, options: dict) -> dict:
                 ctx.progress(0.35 + 0.45 * i / n_steps, f"profiling step {i + 1}/{n_steps} ({phase})")
                 step(label=True)
                 prof.step()
-        _sync(device)
+        sync(device)
     profile_wall_s = time.perf_counter() - t_prof
     peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     if not cycle_files:
@@ -416,8 +325,7 @@ def analyze(ctx, options: dict) -> dict:
         "self_cpu_total_ms": sum(r["self_cpu_ms"] for r in operators),
         "self_device_total_ms": sum(r["self_device_ms"] for r in operators),
         "kernel_time_ms": sum(k["total_us"] for k in kernels_ev) / 1e3,
-        "tensor_core_kernel_pct": (100.0 * sum(k["total_us"] for k in kernels_ev if k["tensor_cores"])
-                                   / max(1e-9, sum(k["total_us"] for k in kernels_ev))) if kernels_ev else None,
+        "tensor_core_kernel_pct": pt.tensor_core_pct(kernels_ev),
         "peak_device_memory_bytes": peak,
         "profile_wall_s": profile_wall_s,
         "batch_size": batch,

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from diagnostics.analyses.summary import ANALYSIS
+from diagnostics.measure.tensors import shape_of
 
 ROOT = "(model)"
 
@@ -38,16 +39,6 @@ def _extra_flop_formulas() -> dict:
     return extra
 
 
-def _shape_of(x):
-    if isinstance(x, torch.Tensor):
-        return list(x.shape)
-    if isinstance(x, (tuple, list)):
-        return [_shape_of(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _shape_of(v) for k, v in x.items()}
-    return None
-
-
 @contextmanager
 def output_shape_hooks(model: nn.Module, shapes: dict[str, object]):
     """Record each module's first output shape; hooks are removed and the mode restored after."""
@@ -59,7 +50,7 @@ def output_shape_hooks(model: nn.Module, shapes: dict[str, object]):
                 continue  # TorchScript modules take no Python hooks
 
             def hook(_m, _inp, out, name=name):
-                shapes.setdefault(name or ROOT, _shape_of(out))
+                shapes.setdefault(name or ROOT, shape_of(out))
 
             handles.append(mod.register_forward_hook(hook))
         yield

@@ -10,19 +10,7 @@ from __future__ import annotations
 import torch
 
 from diagnostics.analyses.validate import ANALYSIS
-from diagnostics.analyses.summary.job import _shape_of
-
-
-def iter_tensors(x):
-    """Every tensor in a (nested) tuple, list or dict output."""
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            yield from iter_tensors(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from iter_tensors(v)
+from diagnostics.measure.tensors import iter_tensors, shape_of
 
 
 def nonfinite_counts(out) -> tuple[int, int, int]:
@@ -52,7 +40,7 @@ def analyze(ctx, options: dict) -> dict:
         "model": loaded.spec.label,
         "model_type": type(loaded.model).__name__,
         "inputs": [{"shape": list(s.shape), "dtype": s.dtype, "high": s.high} for s in loaded.input_specs],
-        "output_shape": _shape_of(out),
+        "output_shape": shape_of(out),
         "loss": loaded.loss_name,
         "metrics": {"output_nan": nan, "output_inf": inf, "output_elements": total},
         "notes": notes,

@@ -1,0 +1,43 @@
+"""The machine a measurement ran on: device, backend flags (cudnn.benchmark, TF32, matmul precision),
+threads, compilers, NCCL and the device's memory. Plain data out."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+
+# ----------------------------------------------------------------------------- environment
+def environment_facts(device: torch.device | str) -> dict:
+    device = torch.device(device)
+    cuda = torch.cuda.is_available()
+    env = {
+        "device": str(device), "device_type": device.type, "cuda_available": cuda,
+        "cudnn_available": torch.backends.cudnn.is_available(),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "torch_version": torch.__version__, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "cxx_compiler": bool(shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
+        "nccl_available": bool(torch.distributed.is_available() and torch.distributed.is_nccl_available()),
+        "world_size": (torch.distributed.get_world_size() if torch.distributed.is_available()
+                       and torch.distributed.is_initialized() else 1),
+        "compute_capability": None, "device_name": None, "device_memory_bytes": None,
+        "cuda_device_count": torch.cuda.device_count() if cuda else 0,
+    }
+    if device.type == "cuda" and cuda:
+        props = torch.cuda.get_device_properties(device)
+        env.update(compute_capability=float(f"{props.major}.{props.minor}"), device_name=props.name,
+                   device_memory_bytes=int(props.total_memory),
+                   bf16_supported=bool(torch.cuda.is_bf16_supported()))
+    else:
+        try:
+            import psutil
+
+            env["device_memory_bytes"] = int(psutil.virtual_memory().total)
+        except Exception:
+            pass
+        env["device_name"] = "CPU"
+    return env

@@ -1,0 +1,346 @@
+"""Gradient flow: per-layer gradient statistics over a few training steps, and a health verdict.
+
+A "layer" is a module that owns parameters (tied weights belong to the first module holding them),
+listed in forward order. Hooks on every parameter (``register_post_accumulate_grad_hook``) record
+the gradient's L2 norm, mean and max |g|, zero fraction and NaN / Inf counts as soon as it is
+accumulated; after the optimizer step the update-to-weight ratio ||w' - w|| / ||w|| is measured.
+Forward hooks on ReLU / Sigmoid / Tanh modules give dead-unit and saturation fractions.
+Each layer is classified with the thresholds below (named constants, shown on the page).
+The model's weights are restored afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+from torch import nn
+
+from diagnostics.measure.gradient_health import (ACTIVATION_FLAG_FRACTION, MIN_UNIT_OBSERVATIONS, ROOT,
+                                                 SATURATION_EPS, STATUSES, THRESHOLD_HELP, THRESHOLDS, classify)
+from diagnostics.measure.state import restored_state
+from diagnostics.measure.training import make_optimizer
+from diagnostics.errors import TorchScopeError
+
+_RELUS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU)
+_SIGMOIDS = (nn.Sigmoid, nn.Hardsigmoid)
+_TANHS = (nn.Tanh, nn.Hardtanh)
+
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN / Inf: non-finite numbers become None (the NaN / Inf counts say why)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def param_owners(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """Module name -> its own trainable parameters; a tied parameter goes to its first owner."""
+    seen, owners = set(), {}
+    for mname, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            owners.setdefault(mname or ROOT, []).append((pname, p))
+    return owners
+
+
+@contextmanager
+def forward_order_hooks(model: nn.Module, order: list[str]):
+    """Append each module's name the first time its forward starts (pre-hooks: parents first)."""
+    handles = []
+    try:
+        for mname, mod in model.named_modules():
+            if isinstance(mod, torch.jit.ScriptModule):
+                continue
+
+            def pre(_m, _inp, name=mname or ROOT):
+                if name not in order:
+                    order.append(name)
+
+            handles.append(mod.register_forward_pre_hook(pre))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def activation_kind(mod: nn.Module) -> str | None:
+    if isinstance(mod, _RELUS):
+        return "relu"
+    if isinstance(mod, _SIGMOIDS):
+        return "sigmoid"
+    if isinstance(mod, _TANHS):
+        return "tanh"
+    return None
+
+
+def relu_units_alive(out: torch.Tensor) -> torch.Tensor | None:
+    """Per unit, whether it was positive at least once in this output. Units are features (dim 1 of
+    [B, F], the last dim of [B, T, F]) or channels (dim 1 of [B, C, H, W, ...]). None when the output
+    is not finite or has fewer than MIN_UNIT_OBSERVATIONS values per unit."""
+    y = out.detach()
+    if y.dim() < 2 or not bool(torch.isfinite(y).all()):
+        return None
+    unit_dim = 2 if y.dim() == 3 else 1
+    units = y.movedim(unit_dim, 0).reshape(y.shape[unit_dim], -1)
+    if units.shape[1] < MIN_UNIT_OBSERVATIONS:
+        return None
+    return (units > 0).any(dim=1)
+
+
+def activation_stats(kind: str, out: torch.Tensor) -> dict:
+    """Dead-unit fraction (ReLU: a unit never > 0 in this pass; None when it cannot be judged) or
+    saturated-output fraction."""
+    y = out.detach().float()
+    if kind == "relu":
+        alive = relu_units_alive(y)
+        return {"dead_fraction": None if alive is None else float(1.0 - alive.float().mean()),
+                "saturated_fraction": None}
+    if kind == "sigmoid":
+        sat = (y < SATURATION_EPS) | (y > 1 - SATURATION_EPS)
+    else:
+        sat = y.abs() > 1 - SATURATION_EPS
+    return {"dead_fraction": None, "saturated_fraction": float(sat.float().mean())}
+
+
+@contextmanager
+def activation_hooks(model: nn.Module, sink: dict):
+    """Record activation statistics of ReLU / Sigmoid / Tanh modules on every forward pass."""
+    handles = []
+    try:
+        for mname, mod in model.named_modules():
+            kind = activation_kind(mod)
+            if kind is None or isinstance(mod, torch.jit.ScriptModule):
+                continue
+
+            def hook(_m, _inp, out, name=mname or ROOT, kind=kind):
+                if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
+                    sink.setdefault(name, {"kind": kind, "type": type(_m).__name__, "samples": []})["samples"].append(
+                        activation_stats(kind, out))
+
+            handles.append(mod.register_forward_hook(hook))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def grad_stats(g: torch.Tensor) -> dict:
+    """Sums over one gradient tensor, accumulated per layer: squares, |g|, max |g|, zeros, NaN, Inf."""
+    g = g.detach()
+    if g.is_sparse:
+        g = g.to_dense()
+    g = g.float()
+    nan = int(torch.isnan(g).sum())
+    inf = int(torch.isinf(g).sum())
+    finite = torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0)
+    return {
+        "sq": float(finite.double().pow(2).sum()),
+        "abs": float(finite.double().abs().sum()),
+        "max": float(finite.abs().max()) if g.numel() else 0.0,
+        "zeros": int((g == 0).sum()),
+        "nan": nan,
+        "inf": inf,
+        "numel": g.numel(),
+    }
+
+
+@contextmanager
+def grad_hooks(params: dict[int, str], sink: dict):
+    """One post-accumulate-grad hook per parameter; ``sink[layer]`` collects that step's sums."""
+    handles = []
+    try:
+        for p_id, (layer, p) in params.items():
+            def hook(param, layer=layer):
+                if param.grad is None:
+                    return
+                s, acc = grad_stats(param.grad), sink.setdefault(layer, {})
+                for k, v in s.items():
+                    acc[k] = max(acc.get(k, 0.0), v) if k == "max" else acc.get(k, 0) + v
+
+            handles.append(p.register_post_accumulate_grad_hook(hook))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def layer_order(called: list[str], layers: list[str]) -> list[str]:
+    """Layers in forward order. A layer whose forward never ran as a module call (MultiheadAttention
+    calls its out_proj functionally) goes after its nearest called ancestor's subtree."""
+    seq = list(called)
+    for name in layers:
+        if name in seq:
+            continue
+        anc = name
+        while anc != ROOT:
+            anc = anc.rsplit(".", 1)[0] if "." in anc else ROOT
+            if anc in seq and anc != ROOT:
+                break
+        if anc == ROOT or anc not in seq:
+            seq.append(name)
+            continue
+        i = seq.index(anc) + 1
+        while i < len(seq) and seq[i].startswith(anc + "."):
+            i += 1
+        seq.insert(i, name)
+    return [n for n in seq if n in layers]
+
+
+def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
+                  progress: Callable[[float, str], None] | None = None) -> dict:
+    """Train ``steps`` steps on the loaded model (restored afterwards) with hooks on every layer's
+    parameter gradients and on the activations: per-step and per-layer gradient statistics, update
+    ratios, dead / saturated activations, and each layer's status (``gradient_health.classify``)."""
+    progress = progress or (lambda f, m: None)
+    o = {"steps": int(steps), "optimizer": optimizer, "lr": float(lr)}
+    model = loaded.model
+    owners = param_owners(model)
+    if not owners:
+        raise TorchScopeError("the model has no trainable parameters: there is no gradient flow to look at")
+    params = {id(p): (layer, p) for layer, ps in owners.items() for _, p in ps}
+
+    order: list[str] = []
+    acts: dict[str, dict] = {}
+    per_step: list[dict] = []
+    losses: list[float | None] = []
+    progress(0.05, "training steps with gradient hooks")
+    with restored_state(model):
+        model.train()
+        opt = make_optimizer([p for _, p in params.values()], o["optimizer"], o["lr"])
+        with forward_order_hooks(model, order), activation_hooks(model, acts):
+            for step in range(o["steps"]):
+                sink: dict[str, dict] = {}
+                opt.zero_grad(set_to_none=True)
+                with grad_hooks(params, sink):
+                    loss = loaded.loss_fn(loaded.forward())
+                    loss.backward()
+                before = {pid: p.detach().clone() for pid, (_, p) in params.items()}
+                opt.step()
+                with torch.no_grad():
+                    upd: dict[str, list[float]] = {}
+                    for pid, (layer, p) in params.items():
+                        d = (p.detach() - before[pid]).double().pow(2).sum().item()
+                        w = before[pid].double().pow(2).sum().item()
+                        u = upd.setdefault(layer, [0.0, 0.0])
+                        u[0] += d
+                        u[1] += w
+                del before
+                per_step.append({"sink": sink, "upd": upd})
+                losses.append(_finite(loss.detach()))
+                progress(0.05 + 0.85 * (step + 1) / o["steps"], f"step {step + 1} / {o['steps']}")
+
+    progress(0.92, "classifying layers")
+    names = layer_order(order, list(owners))
+    types = dict((mname or ROOT, type(m).__name__) for mname, m in model.named_modules())
+    steps_table, layers = [], []
+    global_norms = []
+    for s, rec in enumerate(per_step):
+        total_sq = 0.0
+        for name in names:
+            acc = rec["sink"].get(name)
+            if acc is None:  # no gradient reached it this step
+                acc = {"sq": 0.0, "abs": 0.0, "max": 0.0, "zeros": sum(p.numel() for _, p in owners[name]),
+                       "nan": 0, "inf": 0, "numel": sum(p.numel() for _, p in owners[name])}
+            total_sq += acc["sq"]
+            d, w = rec["upd"].get(name, (0.0, 0.0))
+            steps_table.append({
+                "step": s + 1, "layer": name,
+                "grad_norm": math.sqrt(acc["sq"]),
+                "grad_abs_mean": acc["abs"] / max(1, acc["numel"]),
+                "grad_abs_max": acc["max"],
+                "update_ratio": _finite(math.sqrt(d) / math.sqrt(w)) if w > 0 else None,
+                "zero_fraction": acc["zeros"] / max(1, acc["numel"]),
+                "nan_count": acc["nan"], "inf_count": acc["inf"],
+                "numel": acc["numel"],
+            })
+        global_norms.append({"step": s + 1, "global_norm": math.sqrt(total_sq), "loss": losses[s]})
+
+    for name in names:
+        all_rows = [r for r in steps_table if r["layer"] == name]
+        rows = [r for r in all_rows if not (r["nan_count"] or r["inf_count"])] or all_rows
+        ratios = [r["update_ratio"] for r in rows if r["update_ratio"] is not None]
+        numel = rows[0]["numel"]
+        layers.append({
+            "index": len(layers), "layer": name, "type": types.get(name, "?"),
+            "params": numel,
+            "param_names": [pn for pn, _ in owners[name]],
+            "grad_norm_mean": sum(r["grad_norm"] for r in rows) / len(rows),
+            "grad_norm_max": max(r["grad_norm"] for r in rows),
+            "grad_norm_first": all_rows[0]["grad_norm"], "grad_norm_last": all_rows[-1]["grad_norm"],
+            "grad_abs_mean": sum(r["grad_abs_mean"] for r in rows) / len(rows),
+            "grad_abs_max": max(r["grad_abs_max"] for r in rows),
+            "update_ratio_mean": sum(ratios) / len(ratios) if ratios else None,
+            "update_ratio_max": max(ratios) if ratios else None,
+            "zero_fraction": sum(r["zero_fraction"] for r in rows) / len(rows),
+            "nan_count": sum(r["nan_count"] for r in all_rows), "inf_count": sum(r["inf_count"] for r in all_rows),
+            "finite_steps": sum(1 for r in all_rows if not (r["nan_count"] or r["inf_count"])),
+        })
+    largest = max((l["grad_norm_mean"] for l in layers), default=0.0)
+    for l in layers:
+        l["status"], l["reason"] = classify(l, largest)
+        l["grad_norm_relative"] = l["grad_norm_mean"] / largest if largest > 0 else None
+
+    activations = []
+    for name, a in acts.items():
+        samples = a["samples"]
+        key = "dead_fraction" if a["kind"] == "relu" else "saturated_fraction"
+        seen = [s[key] for s in samples if s[key] is not None]
+        value = sum(seen) / len(seen) if seen else None  # None: too few values per unit to judge
+        activations.append({
+            "module": name, "type": a["type"], "kind": a["kind"],
+            "dead_fraction": value if key == "dead_fraction" else None,
+            "saturated_fraction": value if key == "saturated_fraction" else None,
+            "flagged": value is not None and value > ACTIVATION_FLAG_FRACTION,
+        })
+    activations.sort(key=lambda r: order.index(r["module"]) if r["module"] in order else len(order))
+
+    counts = {s: sum(1 for l in layers if l["status"] == s) for s in STATUSES}
+    dead_fracs = [a["dead_fraction"] for a in activations if a["dead_fraction"] is not None]
+    sat_fracs = [a["saturated_fraction"] for a in activations if a["saturated_fraction"] is not None]
+    metrics = {
+        "layers": len(layers),
+        "layers_healthy": counts["healthy"],
+        "layers_vanishing": counts["vanishing"],
+        "layers_exploding": counts["exploding"],
+        "layers_dead": counts["dead"],
+        "layers_nonfinite": counts["non-finite"],
+        "layers_flagged": len(layers) - counts["healthy"],
+        "global_norm_first": _finite(global_norms[0]["global_norm"]),
+        "global_norm_last": _finite(global_norms[-1]["global_norm"]),
+        "global_norm_max": _finite(max(g["global_norm"] for g in global_norms)),
+        "grad_norm_min_ratio": _finite(min(l["grad_norm_relative"] or 0.0 for l in layers)),
+        "loss_first": losses[0], "loss_last": losses[-1],
+        "dead_relu_fraction_max": max(dead_fracs) if dead_fracs else None,
+        "saturated_fraction_max": max(sat_fracs) if sat_fracs else None,
+        "activations_flagged": sum(1 for a in activations if a["flagged"]),
+        "steps": o["steps"],
+    }
+    verdict = "healthy" if metrics["layers_flagged"] == 0 else ", ".join(
+        f"{counts[s]} {s}" for s in STATUSES[1:] if counts[s])
+    for r in steps_table:
+        for k in ("grad_norm", "grad_abs_mean", "grad_abs_max"):
+            r[k] = _finite(r[k])
+    for l in layers:
+        for k in ("grad_norm_mean", "grad_norm_max", "grad_norm_first", "grad_norm_last", "grad_abs_mean", "grad_abs_max",
+                  "grad_norm_relative"):
+            l[k] = None if l[k] is None else _finite(l[k])
+    for g in global_norms:
+        g["global_norm"] = _finite(g["global_norm"])
+    progress(1.0, "done")
+    return {
+        "model": loaded.spec.label,
+        "device": str(loaded.device),
+        "verdict": verdict,
+        "thresholds": [{"name": k, "value": v, "meaning": THRESHOLD_HELP[k]} for k, v in THRESHOLDS.items()],
+        "metrics": metrics,
+        "layers": layers,
+        "steps": steps_table,
+        "global_norms": global_norms,
+        "activations": activations,
+        "notes": [],
+    }
