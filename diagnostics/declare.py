@@ -241,7 +241,9 @@ class Analysis:
 
     ``target`` is "module:function", called in the worker as ``fn(ctx, options) -> dict`` with
     options already validated here. ``command``: its CLI subcommand (None: no command of its own).
-    ``exclusive``: it times the device, so such jobs queue one at a time per device. ``view``: the
+    ``exclusive``: it times the device, so such jobs queue one at a time per device, and its
+    result carries ``disturbance`` (was the machine busy meanwhile: measure.disturbance; the CV of
+    the samples the analysis puts in ``result["timing_cv"]``). ``view``: the
     module that draws it, ``diagnostics.render.charts.<view>`` (figures and report ``SECTIONS``) and
     ``ui.views.<view>`` (its ``VIEWS``); several analyses may share one (default: its name).
     """

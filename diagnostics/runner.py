@@ -150,7 +150,17 @@ def execute(job: Job, artifact_dir: Path, progress: ProgressFn | None = None) ->
     job = job.validated()
     Path(artifact_dir).mkdir(parents=True, exist_ok=True)
     ctx = AnalysisContext(job, artifact_dir, progress)
-    return analysis.load()(ctx, dict(job.options))
+    if not analysis.exclusive:
+        return analysis.load()(ctx, dict(job.options))
+    # A timed analysis: was the machine busy meanwhile? (measure.disturbance; the figures and the
+    # verdict go into the result, and a page, the report and the CLI say so.)
+    from diagnostics.measure.disturbance import assess, watch
+
+    with watch() as w:
+        result = analysis.load()(ctx, dict(job.options))
+    if isinstance(result, dict):
+        result["disturbance"] = assess(w.figures, result.get("timing_cv"))
+    return result
 
 
 # ----------------------------------------------------------------------------- the worker

@@ -213,7 +213,7 @@ def checklist_score(result: dict) -> float | None:
 
 
 def _print_human(name: str, spec, outcome, written: dict | None) -> None:
-    from diagnostics.render.text import metric_lines
+    from diagnostics.render.text import disturbance_line, metric_lines
 
     out = sys.stdout
     what = f" · {spec.label} · {spec.device}" if spec is not None else ""
@@ -222,6 +222,9 @@ def _print_human(name: str, spec, outcome, written: dict | None) -> None:
         out.write(f"  {line}\n")
     for note in (outcome.result or {}).get("notes", []) or []:
         out.write(f"  note: {note}\n")
+    line = disturbance_line((outcome.result or {}).get("disturbance"))
+    if line:
+        out.write(f"  machine: {line}\n")
     if written and "report.html" in written:
         out.write(f"report: {written['report.html']}\n")
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from diagnostics.render.sections import MAX_HTML_ROWS, Section, generic_sections
 from diagnostics.render.tables import _flat_cell, find_tables, is_trace_file, records_frame, safe_filename
-from diagnostics.render.text import format_metric, metric_label
+from diagnostics.render.text import disturbance_line, format_metric, metric_label
 
 
 
@@ -138,6 +138,10 @@ def build_report(analysis: str, result: dict, title: str | None = None, *, meta:
     parts = [f"<header><h1>{html.escape(title)}</h1><p>{html.escape(sub)}</p></header><main>"]
     if problem:
         parts.append(f'<section><p class="error">{html.escape(problem)}</p></section>')
+    machine = disturbance_line(result.get("disturbance")) if isinstance(result, dict) else None
+    if machine:
+        cls = "error" if result["disturbance"].get("disturbed") else "note"
+        parts.append(f'<section><p class="{cls}">Machine: {html.escape(machine)}</p></section>')
     parts.append(_metrics_html(analysis, result))
     js_done = False
     for s in sections:

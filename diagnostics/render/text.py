@@ -40,6 +40,18 @@ def metric_lines(analysis: str, metrics: dict) -> list[str]:
     return [f"{label.ljust(width)}  {value}" for label, value in rows]
 
 
+def disturbance_line(report: dict | None) -> str | None:
+    """One line on what the machine did while a timed job ran (result["disturbance"]); None without."""
+    if not report:
+        return None
+    threads = report.get("torch_threads") or "?"
+    if not report.get("disturbed"):
+        return (f"quiet run: other processes used {report['other_processes_cores']:.2f} CPU cores on average; "
+                f"{threads} torch threads on {report['cores']} cores")
+    return ("disturbed run: " + "; ".join(report["reasons"])
+            + ". Timings and the verdicts drawn from them are low-confidence.")
+
+
 # ----------------------------------------------------------------------------- traces
 def _ms(us) -> str:
     return "-" if us is None else f"{us / 1000:.3f} ms"

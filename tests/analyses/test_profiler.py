@@ -177,6 +177,10 @@ def test_latency_stats_are_numpy_statistics_of_the_samples(trained):
     assert lat["mean_ms"] == pytest.approx(np.mean(s))
     assert lat["samples_per_s"] == pytest.approx(2 / (np.median(s) / 1e3))
     assert result["metrics"]["latency_median_ms"] == lat["median_ms"]
+    assert lat["cv"] == pytest.approx(np.std(s) / np.mean(s)) and result["timing_cv"] == lat["cv"]
+    # the profiler's own cost: the median profiled step against the unprofiled median latency
+    step_ms = [st["step_ms"] for st in result["steps"]]
+    assert result["metrics"]["profiler_overhead_pct"] == pytest.approx(100 * (np.median(step_ms) / np.median(s) - 1))
     assert any("profiling step 3/4 (active)" in m for _, m in progress)
 
 

@@ -292,8 +292,9 @@ def test_optimize_one_fix(tmp_path, data_dir):
             "--warmup", "0", "--json", "--out", tmp_path / "o", data_dir=data_dir)
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)["rows"]
-    assert [r["fix"] for r in rows] == ["baseline", "inference_mode"]
-    assert rows[1]["status"] == "ok" and rows[1]["max_abs_err"] == 0.0  # the same numbers, no autograd
+    assert [r["fix"] for r in rows] == ["baseline", "control", "inference_mode"]
+    assert rows[2]["status"] == "ok" and rows[2]["max_abs_err"] == 0.0  # the same numbers, no autograd
+    assert rows[2]["verdict"] == "within noise" and rows[2]["speedup_ci"] is None  # one round: no interval
     assert_offline_html(tmp_path / "o" / "report.html", min_figures=2)
     # an unknown fix id is bad input: exit 2 naming it
     p = cli("optimize", "--model", "mlp", "--fix", "nosuchfix", "--no-report", "-q", data_dir=data_dir)

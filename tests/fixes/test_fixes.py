@@ -213,17 +213,24 @@ def test_applies_says_why_not():
     assert get_fix("int8_dynamic").applies(f)[0]
 
 
+def im_conf(by):
+    return by["inference_mode"]["confidence"]
+
+
 def test_trials_a_failing_fix_says_why_and_the_others_run(monkeypatch, tmp_path):
     def boom(model, inputs, opts):
         raise RuntimeError("this fix always breaks")
 
     monkeypatch.setattr(catalog, "FIXES", catalog.FIXES + [catalog.Fix("boom", "Boom", "", boom)])
     m = mlp()
-    rows = run_trials(m, X_VEC, "cpu", ["boom", "channels_last", "inference_mode"], facts_of(m, X_VEC),
-                      iters=3, warmup=1, artifact_dir=tmp_path)
-    json.dumps(rows)
+    rows, disturbance = run_trials(m, X_VEC, "cpu", ["boom", "channels_last", "inference_mode"],
+                                   facts_of(m, X_VEC), iters=3, warmup=1, artifact_dir=tmp_path)
+    json.dumps([rows, disturbance])
     by = {r["fix"]: r for r in rows}
-    assert [r["fix"] for r in rows] == ["baseline", "boom", "channels_last", "inference_mode"]
+    assert [r["fix"] for r in rows] == ["baseline", "control", "boom", "channels_last", "inference_mode"]
+    assert by["control"]["status"] == "ok" and by["control"]["speedup_ci"] is not None
+    assert by["control"]["artifact"] is None and by["control"]["size_bytes"] == by["baseline"]["size_bytes"]
+    assert im_conf(by) == ("low" if disturbance["disturbed"] else "normal")
     assert by["boom"]["status"] == "failed" and by["boom"]["why"] == "RuntimeError: this fix always breaks"
     assert by["channels_last"]["status"] == "not_applicable"
     im = by["inference_mode"]
@@ -254,7 +261,7 @@ def test_candidates_are_timed_in_interleaved_rounds():
             log.append(self.name)
             return x
 
-    times = time_interleaved({"a": Tag("a"), "b": Tag("b"), "c": Tag("c")}, (torch.zeros(4, 2),),
+    times, _ = time_interleaved({"a": Tag("a"), "b": Tag("b"), "c": Tag("c")}, (torch.zeros(4, 2),),
                              torch.device("cpu"), iters=3, warmup=2)
     # 2 warm-up calls each, then 3 rounds, each a palindrome (ABBA), starting from alternate ends
     assert "".join(log) == "aabbcc" + "abccba" + "cbaabc" + "abccba"
@@ -266,7 +273,7 @@ def test_candidates_are_timed_in_interleaved_rounds():
 def test_trials_on_cuda_measure_memory_and_time(tmp_path):
     m = mlp().cuda()
     x = (X_VEC[0].cuda(),)
-    rows = run_trials(m, x, "cuda:0", ["half", "int8_dynamic"], facts_of(m, x) | {"env": environment_facts("cuda:0")},
+    rows, _ = run_trials(m, x, "cuda:0", ["half", "int8_dynamic"], facts_of(m, x) | {"env": environment_facts("cuda:0")},
                       iters=5, warmup=2)
     by = {r["fix"]: r for r in rows}
     assert by["baseline"]["peak_bytes"] > 0 and by["baseline"]["median_ms"] > 0

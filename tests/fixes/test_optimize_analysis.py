@@ -19,7 +19,7 @@ def test_optimize_on_the_sample_cnn(tmp_path):
                      "iters": 3, "warmup": 1}), tmp_path)
     json.dumps(r)
     rows = {row["fix"]: row for row in r["rows"]}
-    assert list(rows) == ["baseline", "conv_bn_fusion", "int8_dynamic", "prune_l1"]
+    assert list(rows) == ["baseline", "control", "conv_bn_fusion", "int8_dynamic", "prune_l1"]
     assert all(row["status"] == "ok" for row in rows.values()), [row["why"] for row in rows.values()]
     assert rows["conv_bn_fusion"]["max_abs_err"] < 1e-3 and rows["conv_bn_fusion"]["top1_agreement"] == 1.0
     assert rows["prune_l1"]["params"] == {"amount": 0.25}
@@ -27,7 +27,13 @@ def test_optimize_on_the_sample_cnn(tmp_path):
     assert rows["prune_l1"]["size_ratio"] == pytest.approx(1.0, abs=0.01)  # dense zeros: same size on disk
     m = r["metrics"]
     assert m["trials_ok"] == 3 and m["baseline_median_ms"] == rows["baseline"]["median_ms"]
-    assert m["best_speedup"] == max(rows[f]["speedup"] for f in ("conv_bn_fusion", "int8_dynamic", "prune_l1"))
+    faster = [rows[f] for f in ("conv_bn_fusion", "int8_dynamic", "prune_l1") if rows[f]["verdict"] == "faster"]
+    assert m["fixes_faster"] == len(faster)
+    assert m["best_speedup"] == max((f["speedup"] for f in faster), default=None)  # only a fix surely faster
+    assert (m["control_ci_low"], m["control_ci_high"]) == tuple(rows["control"]["speedup_ci"])
+    assert m["threads"] == r["threads"] >= 1
+    d = r["disturbance"]  # a timed job says what the machine did meanwhile
+    assert d["disturbed"] == bool(d["reasons"]) and d["wall_s"] > 0 and d["cores"] >= 1
     for fix in ("conv_bn_fusion", "prune_l1"):
         assert (tmp_path / f"optimized_{fix}.torchscript.pt").exists()
     assert (tmp_path / "optimized_int8_dynamic.recipe.json").exists()

@@ -41,8 +41,14 @@ def test_optimize_runs_trials_and_shows_the_table(new_app):
     at.button(key="opt_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
     df = at.dataframe[0].value
-    assert list(df["fix"]) == ["Baseline (eval, no_grad)", "inference_mode", "channels_last memory format"]
-    assert list(df["status"]) == ["ok", "ok", "not_applicable"]
-    assert "no Conv2d layers" in df["why / notes"].iloc[2]
-    assert [m.label for m in at.metric][:2] == ["Baseline median", "Best speed-up"]
+    assert list(df["fix"]) == ["Baseline (eval, no_grad)", "A/A control (the baseline, timed as if it were a fix)",
+                               "inference_mode", "channels_last memory format"]
+    assert list(df["status"]) == ["ok", "ok", "ok", "not_applicable"]
+    assert "no Conv2d layers" in df["why / notes"].iloc[3]
+    assert df["verdict"].iloc[0] == "" and df["verdict"].iloc[2].split(" (")[0] in ("faster", "slower", "within noise")
+    assert df["95% interval"].iloc[1].startswith("[")  # the control's interval: the noise floor
+    assert [m.label for m in at.metric] == ["Baseline median", "Best speed-up", "Noise floor (A/A)", "Faster / slower"]
+    # the timed job says what the machine did meanwhile
+    assert any(c.value.startswith("Machine: quiet run") for c in at.caption) or any(
+        w.value.startswith("disturbed run") for w in at.warning)
     assert len(at.tabs) == 4

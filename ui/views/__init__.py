@@ -27,12 +27,32 @@ def view_of(analysis: str) -> Callable[[dict], None] | None:
 def show(analysis: str, result: dict) -> None:
     import streamlit as st
 
+    machine_banner(result)
     view = view_of(analysis)
     if view is None:
         st.json(result, expanded=False)
     else:
         view(result)
     report_download(analysis, result)
+
+
+def machine_banner(result: dict) -> None:
+    """A timed job's word on the machine: a warning when it was busy (the figures behind it in the
+    expander), a caption when it was quiet."""
+    import streamlit as st
+
+    from diagnostics.render.text import disturbance_line
+
+    report = result.get("disturbance") if isinstance(result, dict) else None
+    line = disturbance_line(report)
+    if not line:
+        return
+    if report.get("disturbed"):
+        st.warning(line, icon=":material/speed:")
+        with st.expander("What the machine did during the run"):
+            st.json({k: v for k, v in report.items() if k not in ("reasons",)}, expanded=True)
+    else:
+        st.caption(f"Machine: {line}")
 
 
 def report_download(analysis: str, result: dict) -> None:

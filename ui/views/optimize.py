@@ -17,7 +17,9 @@ def trials_table(result: dict) -> pd.DataFrame:
     rows = []
     for r in result["rows"]:
         rows.append({  # what decides first (speed-up, fidelity), then the raw measurements
-            "fix": r["title"], "status": r["status"], "speed-up (x)": r["speedup"], "median (ms)": r["median_ms"],
+            "fix": r["title"], "status": r["status"], "speed-up (x)": r["speedup"],
+            "95% interval": _interval(r.get("speedup_ci")), "verdict": _verdict(r),
+            "median (ms)": r["median_ms"],
             "p90 (ms)": r["p90_ms"], "peak memory (MiB)": None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20,
             "size ratio": r["size_ratio"], "max abs err": r["max_abs_err"], "cosine": r["cosine"],
             "top-1 agreement": r["top1_agreement"], "throughput (samples/s)": r["throughput_per_s"],
@@ -28,17 +30,30 @@ def trials_table(result: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _interval(ci) -> str:
+    return "" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
+def _verdict(r: dict) -> str:
+    if r["fix"] == "baseline" or r.get("verdict") is None:
+        return ""
+    return r["verdict"] + (" (low confidence)" if r.get("confidence") == "low" else "")
+
+
 def show(result: dict) -> None:
     m = result["metrics"]
     st.caption(f"{result['model']} · device {result['device']} · batch {result['batch_size']} · "
-               f"{result['iters']} timed calls per trial")
+               f"{result['iters']} interleaved rounds · {m.get('threads', '?')} torch threads")
     best = m["best_fix"]
+    low, high = m.get("control_ci_low"), m.get("control_ci_high")
     metric_row([
         ("Baseline median", f"{m['baseline_median_ms']:.3g} ms", "eval mode, torch.no_grad()"),
-        ("Best speed-up", "n/a" if best is None else f"x{m['best_speedup']:.2f}",
+        ("Best speed-up", "none beyond the noise" if best is None else f"x{m['best_speedup']:.2f}",
          None if best is None else f"fix: {best}"),
-        ("Trials run", str(m["trials_ok"]), None),
-        ("Failed / not applicable", f"{m['trials_failed']} / {m['trials_not_applicable']}", "see the why column"),
+        ("Noise floor (A/A)", "n/a" if m.get("control_speedup") is None else f"x{m['control_speedup']:.2f}",
+         None if low is None else f"interval [{low:.2f}, {high:.2f}]"),
+        ("Faster / slower", f"{m.get('fixes_faster', 0)} / {m.get('fixes_slower', 0)}",
+         f"of {m['trials_ok']} run; {m['trials_failed']} failed, {m['trials_not_applicable']} n/a"),
     ])
     for note in result.get("notes", []):
         st.caption(note)
@@ -47,7 +62,7 @@ def show(result: dict) -> None:
                                 ("median (ms)", "p90 (ms)", "throughput (samples/s)", "speed-up (x)", "first call (ms)",
                                  "peak memory (MiB)", "size (MiB)", "size ratio", "max abs err", "cosine",
                                  "top-1 agreement")})
-    if any(r["status"] == "ok" for r in result["rows"][1:]):
+    if any(r["status"] == "ok" for r in result["rows"] if r["fix"] not in ("baseline", "control")):
         t1, t2, t3, t4 = st.tabs(["Latency", "Speed-up", "Size", "Fidelity"])
         t1.plotly_chart(build_latency_figure(result), width="stretch")
         t2.plotly_chart(build_speedup_figure(result), width="stretch")

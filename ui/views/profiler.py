@@ -70,6 +70,9 @@ def show(result: dict) -> None:
          f"throughput: {lat['samples_per_s']:,.0f} samples/s = batch {result['batch_size']} / median latency"),
         ("Profiled step", _ms(m["step_time_mean_ms"]), f"mean of {m['profiled_steps']} active steps under the "
                                                        "profiler (includes its overhead)"),
+        ("Profiler overhead", "n/a" if m.get("profiler_overhead_pct") is None else f"{m['profiler_overhead_pct']:+.0f}%",
+         "median profiled step vs the median unprofiled latency: how much the profiler's recording "
+         "(ranges, module hooks, events) distorts the step"),
     ])
     if m.get("peak_device_memory_bytes") is not None:
         st.caption(f"Peak device memory while profiling: {human_bytes(m['peak_device_memory_bytes'])}")

@@ -16,6 +16,7 @@ launches the run, finds the traces, tells stragglers and assembles the ranks:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import statistics
@@ -289,6 +290,7 @@ def analyze(ctx, options: dict) -> dict:
     result = analyze_folder_path(out_dir, margin=options["straggler_margin"],
                                  min_excess_ms=options["straggler_min_ms"], progress=ctx.progress)
     result["source"] = "launch"
+    oversubscribed(result, nproc, job.threads, on_gpu=backend == "nccl")
     if requested == "auto":
         result["notes"].insert(0, f"backend {backend} ({backend_why})")
     result["launch"] = {
@@ -299,3 +301,31 @@ def analyze(ctx, options: dict) -> dict:
     }
     ctx.progress(1.0, "done")
     return result
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity mask), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def oversubscribed(result: dict, nproc: int, threads: int, on_gpu: bool, cores: int | None = None) -> None:
+    """On the CPU, ranks x threads beyond the cores make ranks wait for a core: their busy-time
+    differences are scheduling, not stragglers. Say so, and call no rank a straggler for it."""
+    cores = cores or cpu_cores()
+    demand = nproc * max(1, int(threads))
+    result["cpu"] = {"ranks": nproc, "threads_per_rank": int(threads), "cores": cores,
+                     "oversubscribed": (not on_gpu) and demand > cores}
+    if not result["cpu"]["oversubscribed"]:
+        return
+    flagged = list(result["stragglers"])
+    result["stragglers"] = []
+    result["metrics"]["stragglers"] = 0
+    for row in result["ranks"]:
+        row["straggler"] = False
+    result["notes"].insert(0, f"{nproc} ranks x {threads} thread(s) = {demand} busy threads on {cores} CPU cores: "
+                              "the ranks took turns on the cores, so a slower rank is not called a straggler"
+                              + (f" (rank(s) {', '.join(map(str, flagged))} would have been)" if flagged else "")
+                              + f". Run at most {cores} ranks x threads here to compare ranks.")

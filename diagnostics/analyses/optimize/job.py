@@ -14,6 +14,7 @@ from diagnostics.analyses.optimize import ANALYSIS
 from diagnostics.measure.environment import environment_facts
 from diagnostics.measure.structure import forward_facts, static_facts
 from diagnostics.analyses.optimize.trials import run_trials
+from diagnostics.measure.compare import CONTROL
 
 
 
@@ -30,29 +31,48 @@ def analyze(ctx, options: dict) -> dict:
     except Exception:
         facts["forward"] = None
     classifier = getattr(loaded, "task", "unknown") in ("classification", "lm")
-    rows = run_trials(loaded.model, loaded.inputs, loaded.device, opts["fixes"], facts, opts["params"],
+    rows, disturbance = run_trials(loaded.model, loaded.inputs, loaded.device, opts["fixes"], facts, opts["params"],
                       iters=opts["iters"], warmup=opts["warmup"], classifier=classifier,
                       artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
                       progress=lambda f, m: ctx.progress(0.1 + 0.85 * f, m))
-    ok = [r for r in rows[1:] if r["status"] == "ok"]
-    best = max(ok, key=lambda r: r["speedup"] or 0, default=None)
+    ok = [r for r in rows if r["status"] == "ok" and r["fix"] not in ("baseline", CONTROL)]
+    faster = [r for r in ok if r["verdict"] == "faster"]
+    best = max(faster, key=lambda r: r["speedup"] or 0, default=None)
+    control = next(r for r in rows if r["fix"] == CONTROL)
+    import torch
+
     return {
         "model": loaded.spec.label,
         "device": str(loaded.device),
         "batch_size": loaded.batch_size,
         "task": getattr(loaded, "task", "unknown"),
         "iters": opts["iters"],
+        "threads": torch.get_num_threads(),
         "rows": rows,
+        "timing_disturbance": disturbance,
+        "timing_cv": rows[0].get("cv"),
         "metrics": {
             "baseline_median_ms": rows[0]["median_ms"],
             "baseline_size_bytes": rows[0]["size_bytes"],
             "best_fix": best["fix"] if best else None,
             "best_speedup": best["speedup"] if best else None,
+            "control_speedup": control["speedup"],
+            "control_ci_low": (control["speedup_ci"] or [None, None])[0],
+            "control_ci_high": (control["speedup_ci"] or [None, None])[1],
+            "fixes_faster": len(faster),
+            "fixes_slower": sum(r["verdict"] == "slower" for r in ok),
             "trials_ok": len(ok),
             "trials_failed": sum(r["status"] == "failed" for r in rows),
             "trials_not_applicable": sum(r["status"] == "not_applicable" for r in rows),
+            "threads": torch.get_num_threads(),
         },
-        "notes": ["Every candidate runs in eval mode under torch.no_grad() with the same inputs; latency is "
-                  f"the median / p90 of {opts['iters']} calls after {opts['warmup']} warm-up calls on "
-                  f"{loaded.device}. Peak memory is what one call allocates above the weights and inputs."],
+        "notes": [f"Every candidate runs in eval mode under torch.no_grad() with the same inputs and "
+                  f"{torch.get_num_threads()} torch threads, on {loaded.device}. Timing: {opts['warmup']} warm-up "
+                  f"calls each, then {opts['iters']} interleaved rounds, each timing every candidate twice in "
+                  "mirrored order (ABBA); a speed-up is the median of the rounds' ratios with a 95% bootstrap "
+                  "interval, 'faster' / 'slower' only when the whole interval is above / below 1. The A/A control "
+                  "row times the baseline against itself: its interval is this run's noise floor. Peak memory is "
+                  "what one call allocates above the weights and inputs."]
+                 + ([f"The machine was busy while the trials were timed: {'; '.join(disturbance['reasons'])}. "
+                     "The verdicts are low-confidence."] if disturbance["disturbed"] else []),
     }

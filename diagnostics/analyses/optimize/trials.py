@@ -19,7 +19,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diagnostics.measure.compare import interleaved
+from diagnostics.measure.compare import CONTROL, interleaved
+from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import added_peak_bytes
 from diagnostics.measure.timer import sync
 from diagnostics.analyses.optimize.catalog import get_fix
@@ -99,7 +100,8 @@ def _row(fix: str, title: str, status: str, **kw) -> dict:
     row = {"fix": fix, "title": title, "status": status, "why": None, "notes": [], "params": {},
            "median_ms": None, "p90_ms": None, "throughput_per_s": None, "first_call_ms": None, "peak_bytes": None,
            "size_bytes": None, "size_kind": None, "speedup": None, "size_ratio": None, "max_abs_err": None,
-           "rel_err": None, "cosine": None, "top1_agreement": None, "artifact": None}
+           "rel_err": None, "cosine": None, "top1_agreement": None, "artifact": None,
+           "speedup_ci": None, "verdict": None, "confidence": None}
     row.update(kw)
     return row
 
@@ -124,18 +126,24 @@ def prepare(model: nn.Module, inputs: tuple, device: torch.device) -> tuple[dict
 
 
 def time_interleaved(models: dict[str, nn.Module], inputs: tuple, device: torch.device, iters: int,
-                     warmup: int) -> dict[str, dict]:
+                     warmup: int, control: bool = False) -> tuple[dict[str, dict], dict]:
     """Latency of every candidate, and its speed-up over the first (the baseline) with an interval
-    and a verdict: ``measure.compare.interleaved`` over ``iters`` rounds (ABBA order)."""
+    and a verdict: ``measure.compare.interleaved`` over ``iters`` rounds (ABBA order); ``control``
+    adds the A/A row. Also what the machine did meanwhile (``measure.disturbance``)."""
     batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
     calls = {k: _call(m, inputs) for k, m in models.items()}
-    return interleaved(calls, device, iters, warmup, batch_size=batch)
+    with watch() as w:
+        times = interleaved(calls, device, iters, warmup, batch_size=batch, control=control)
+    base = times[next(iter(models))]
+    return times, assess(w.figures, base["cv"])
 
 
 def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixes: list[str], facts: dict,
                params: dict | None = None, *, iters: int = 10, warmup: int = 2, classifier: bool = True,
-               artifact_dir: Path | None = None, progress: Callable[[float, str], None] | None = None) -> list[dict]:
-    """Rows: the baseline first, then one per fix in the order given.
+               artifact_dir: Path | None = None,
+               progress: Callable[[float, str], None] | None = None) -> tuple[list[dict], dict]:
+    """Rows: the baseline first, the A/A control, then one per fix in the order given; and what the
+    machine did while they were timed (``measure.disturbance.assess``).
 
     Every candidate is built and checked first (first call, peak memory, size, fidelity, artifact);
     then all are timed together, one call each per round (see ``time_interleaved``).
@@ -180,19 +188,24 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
         except Exception as e:  # a failing fix says why; the others still run
             msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             rows.append(_row(fix_id, fix.title, "failed", why=f"{type(e).__name__}: {msg}", params=opts))
-    progress(0.6, f"timing {len(candidates)} candidates in interleaved rounds")
+    progress(0.6, f"timing {len(candidates)} candidates and the A/A control in interleaved rounds")
     try:
-        times = time_interleaved(candidates, inputs, device, iters, warmup)
+        times, disturbance = time_interleaved(candidates, inputs, device, iters, warmup, control=True)
     except torch.OutOfMemoryError:
         raise
     except Exception as e:  # a candidate that ran once but fails when repeated
         raise RuntimeError(f"timing the trials failed: {type(e).__name__}: {e}") from e
+    control = dict(rows[0], fix=CONTROL, title="A/A control (the baseline, timed as if it were a fix)",
+                   notes=["the unchanged baseline: its interval is this run's noise floor"], artifact=None)
+    rows.insert(1, control)
+    confidence = "low" if disturbance["disturbed"] else "normal"
     for row in rows:
         if row["fix"] in times:
             t = times[row["fix"]]
-            row.update({k: t[k] for k in ("median_ms", "p90_ms", "throughput_per_s", "speedup", "speedup_ci",
+            row.update({k: t[k] for k in ("median_ms", "p90_ms", "cv", "throughput_per_s", "speedup", "speedup_ci",
                                           "verdict")})
-    return rows
+            row["confidence"] = confidence
+    return rows, disturbance
 
 
 def zero_fraction(model: nn.Module) -> float:

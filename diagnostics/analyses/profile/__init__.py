@@ -56,6 +56,8 @@ ANALYSIS = Analysis(
         Metric("throughput_samples_per_s", "per_s", "Throughput", "samples per second at the median latency"),
         Metric("profiled_steps", "count", "Profiled steps"),
         Metric("step_time_mean_ms", "ms", "Profiled step time (mean)", "inside the profiler: includes its overhead"),
+        Metric("profiler_overhead_pct", "percent", "Profiler overhead",
+               "median profiled step over the unprofiled median latency, minus 1"),
         Metric("self_cpu_total_ms", "ms", "Self CPU time (sum)"),
         Metric("self_device_total_ms", "ms", "Self device time (sum)"),
         Metric("kernel_time_ms", "ms", "GPU kernel time"),

@@ -322,6 +322,10 @@ def analyze(ctx, options: dict) -> dict:
         "throughput_samples_per_s": latency["samples_per_s"],
         "profiled_steps": len(steps),
         "step_time_mean_ms": float(np.mean(step_ms)) if step_ms else None,
+        # the profiler's own cost: a profiled step (ranges, hooks, event recording) against the same
+        # step timed without it above
+        "profiler_overhead_pct": (100.0 * (float(np.median(step_ms)) / latency["median_ms"] - 1.0)
+                                  if step_ms and latency["median_ms"] else None),
         "self_cpu_total_ms": sum(r["self_cpu_ms"] for r in operators),
         "self_device_total_ms": sum(r["self_device_ms"] for r in operators),
         "kernel_time_ms": sum(k["total_us"] for k in kernels_ev) / 1e3,
@@ -336,7 +340,7 @@ def analyze(ctx, options: dict) -> dict:
         "config": opts, "cuda_ran": cuda_ran,
         "inputs": [{"shape": list(s.shape), "dtype": s.dtype} for s in loaded.input_specs],
         "loss": loaded.loss_name if opts["mode"] == "train" else None,
-        "metrics": metrics, "latency": latency, "steps": steps, "device_split": split,
+        "metrics": metrics, "latency": latency, "timing_cv": latency["cv"], "steps": steps, "device_split": split,
         "operators": operators, "operators_by_shape": by_shape, "modules": module_rows,
         "kernels": kernels_ev, "timeline": timeline, "artifacts": artifacts, "notes": notes,
         "torch_version": torch.__version__,

@@ -22,7 +22,7 @@ def build_latency_figure(result: dict) -> go.Figure:
     rows = _ok_rows(result)
     med = [r["median_ms"] for r in rows]
     up = [max(0.0, r["p90_ms"] - r["median_ms"]) for r in rows]
-    colors = ["#9e9e9e" if r["fix"] == "baseline" else "#4C78A8" for r in rows]
+    colors = ["#9e9e9e" if r["fix"] in ("baseline", "control") else "#4C78A8" for r in rows]
     fig = go.Figure(go.Bar(
         y=[r["title"] for r in rows], x=med, orientation="h", marker_color=colors,
         error_x=dict(type="data", symmetric=False, array=up, arrayminus=[0] * len(rows)),
@@ -32,20 +32,37 @@ def build_latency_figure(result: dict) -> go.Figure:
                    "latency (ms)", len(rows))
 
 
+VERDICT_COLOR = {"faster": "#2e7d32", "slower": "#c62828", "within noise": "#9e9e9e"}
+
+
 def build_speedup_figure(result: dict) -> go.Figure:
-    """Baseline median / trial median: > 1 is faster. The line at 1 is the baseline."""
+    """Each fix's speed-up over the baseline (median of the interleaved rounds' ratios) with its 95%
+    interval as an error bar, coloured by verdict; the A/A control's interval is the shaded noise floor."""
     rows = [r for r in _ok_rows(result) if r["fix"] != "baseline"]
     sp = [r["speedup"] for r in rows]
-    fig = go.Figure(go.Bar(y=[r["title"] for r in rows], x=sp, orientation="h",
-                           marker_color=["#2e7d32" if (s or 0) >= 1 else "#c62828" for s in sp],
-                           hovertemplate="%{y}<br>x%{x:.2f} vs baseline<extra></extra>"))
+    ci = [r.get("speedup_ci") or [s, s] for r, s in zip(rows, sp)]
+    colors = ["#5b6375" if r["fix"] == "control" else VERDICT_COLOR.get(r.get("verdict"), "#9e9e9e") for r in rows]
+    fig = go.Figure(go.Bar(
+        y=[r["title"] for r in rows], x=sp, orientation="h", marker_color=colors,
+        error_x=dict(type="data", symmetric=False, array=[(c[1] - s) if s is not None else 0 for c, s in zip(ci, sp)],
+                     arrayminus=[(s - c[0]) if s is not None else 0 for c, s in zip(ci, sp)], color="#263238"),
+        customdata=[[r.get("verdict") or "", (r.get("speedup_ci") or [None, None])[0],
+                     (r.get("speedup_ci") or [None, None])[1]] for r in rows],
+        hovertemplate="%{y}<br>x%{x:.2f} vs baseline (95% interval %{customdata[1]:.2f}-%{customdata[2]:.2f})"
+                      "<br>%{customdata[0]}<extra></extra>"))
+    control = next((r for r in rows if r["fix"] == "control" and r.get("speedup_ci")), None)
+    if control:
+        lo, hi = control["speedup_ci"]
+        fig.add_vrect(x0=lo, x1=hi, fillcolor="#90a4ae", opacity=0.25, line_width=0,
+                      annotation_text="noise floor (A/A)", annotation_position="top left")
     fig.add_vline(x=1.0, line_dash="dash", line_color="#616161")
-    return _layout(fig, "Speed-up vs baseline (x, higher is faster)", "speed-up (x baseline)", len(rows))
+    return _layout(fig, "Speed-up vs baseline (x, higher is faster; bars: 95% interval)",
+                   "speed-up (x baseline)", len(rows))
 
 
 def build_size_figure(result: dict) -> go.Figure:
     """Size of the saved model on disk (MiB)."""
-    rows = _ok_rows(result)
+    rows = [r for r in _ok_rows(result) if r["fix"] != "control"]
     mib = [r["size_bytes"] / 2**20 for r in rows]
     fig = go.Figure(go.Bar(y=[r["title"] for r in rows], x=mib, orientation="h",
                            marker_color=["#9e9e9e" if r["fix"] == "baseline" else "#72B7B2" for r in rows],
@@ -57,7 +74,7 @@ def build_size_figure(result: dict) -> go.Figure:
 
 def build_fidelity_figure(result: dict) -> go.Figure:
     """How far outputs moved: max abs error (log scale) and cosine similarity / top-1 agreement."""
-    rows = [r for r in _ok_rows(result) if r["fix"] != "baseline"]
+    rows = [r for r in _ok_rows(result) if r["fix"] not in ("baseline", "control")]
     names = [r["title"] for r in rows]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.25,
                         subplot_titles=("Max abs error vs baseline (output units, log)",
