@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError
+from diagnostics.graph_ops import check_exported, check_torchscript
+from diagnostics.sandbox import graph_code_refusal
 from diagnostics.settings import SAFE_MODE_ENV, safe_mode  # noqa: F401 (re-exported)
 from diagnostics.spec import InputSpec, ModelSpec
 from diagnostics.uploads import archive_kind
@@ -149,13 +151,22 @@ def _check_zip(path: Path, what: str, expected: str) -> None:
         raise ModelLoadError(f"{path.name} is not a {what}: it is {_ZIP_KINDS[kind]}")
 
 
+def _first_line(e: Exception) -> str:
+    """The first non-blank line of an error (TorchScript's compile errors start with a newline)."""
+    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "(no message)")
+
+
 def _load_torchscript(path: Path) -> nn.Module:
     _check_zip(path, "TorchScript archive (torch.jit.save)", "torchscript")
+    graph_code_refusal("TorchScript models")
     try:
-        return torch.jit.load(str(path), map_location="cpu")
+        module = torch.jit.load(str(path), map_location="cpu")
     except Exception as e:
         raise ModelLoadError(f"{path.name} is not a loadable TorchScript archive: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from e
+                             f"{_first_line(e)}") from e
+    if safe_mode():
+        check_torchscript(module, path.name)
+    return module
 
 
 class _PickleRefused(Exception):
@@ -196,6 +207,7 @@ def _no_code_in_pickles():
 
 def _load_export(path: Path):
     _check_zip(path, "torch.export archive (.pt2)", "export")
+    graph_code_refusal("torch.export (.pt2) models")
     try:
         with _no_code_in_pickles():
             ep = torch.export.load(str(path))
@@ -207,7 +219,9 @@ def _load_export(path: Path):
                          "the model again without custom objects") from e
     except Exception as e:
         raise ModelLoadError(f"{path.name} is not a loadable torch.export archive (.pt2): {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from e
+                             f"{_first_line(e)}") from e
+    if safe_mode():
+        check_exported(ep, path.name)
     module = ep.module()
     # ExportedProgram.module() makes train() and eval() raise NotImplementedError, and every
     # training or inference analysis calls one. Its graph was traced in one mode, so the flags change

@@ -18,8 +18,10 @@ import gc
 import multiprocessing as mp
 import os
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -30,6 +32,7 @@ from typing import Callable
 
 import psutil
 
+from diagnostics import procs, sandbox
 from diagnostics.errors import JobError, TorchScopeError
 from diagnostics.registry import get_analysis
 from diagnostics.settings import env_number
@@ -215,20 +218,28 @@ def _cap_address_space(base: int, extra: int) -> None:
 
 
 def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: int | None,
-                 parent_pid: int) -> None:
-    _die_with_parent(parent_pid)
+                 parent_pid: int, tmp_dir: str | None = None, hidden: tuple = ()) -> None:
     os.dup2(log_conn.fileno(), 1)
     os.dup2(log_conn.fileno(), 2)
     log_conn.close()
+    # This process stays behind as the job's guardian (it ends whatever the job leaves running,
+    # also when the parent is killed); the job runs in the forked process that returns here.
+    guarded = procs.guard(parent_pid, close=(conn,))
     import faulthandler
 
     faulthandler.enable()  # a segfault in native code leaves a Python traceback in worker.log
+    setup_error = None
+    try:  # the sandbox, once the job is known: before any user code, and before torch starts a thread
+        sandbox.enter(Job.from_dict(job_dict), Path(artifact_dir), Path(tmp_dir or artifact_dir), hidden)
+    except BaseException as e:
+        setup_error = e
     import torch  # noqa: F401  (loaded before the baseline: the cap counts what the job adds)
 
     # The parent's watchdog counts resident memory from here, as the address-space cap below
     # counts from here: otherwise the watchdog fired first, at cap minus torch's own footprint.
     mem = psutil.Process().memory_info()
-    conn.send(("baseline", mem.rss))
+    guardian_rss = psutil.Process(os.getppid()).memory_info().rss if guarded else 0
+    conn.send(("baseline", mem.rss + guardian_rss))
     # Everything loaded so far (torch's ~300k objects) lives as long as this one-job process: moved
     # out of the collector's reach, a full collection scans only the job's objects (0.2 s -> 0.04 s
     # here), so no long GC pause lands inside a timed step or a profile (docs/BENCHMARKS.md).
@@ -236,6 +247,8 @@ def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: i
     if mem_limit:
         _cap_address_space(mem.vms, mem_limit)
     try:
+        if setup_error is not None:
+            raise setup_error
         job = Job.from_dict(job_dict)
         result = execute(job, Path(artifact_dir), lambda f, m: conn.send(("progress", f, m)))
         message = ("ok", result)
@@ -301,6 +314,7 @@ class _LogDrain(threading.Thread):
                 if written < self.head:
                     part = chunk[: self.head - written]
                     out.write(part)
+                    out.flush()  # the head is readable while the job runs (to follow it, or find a pid)
                     written += len(part)
                     chunk = chunk[len(part):]
                 if chunk:
@@ -420,8 +434,6 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
                                   device=device, source=source)
         artifact_dir = store.artifact_dir(run_id)
     elif artifact_dir is None:
-        import tempfile
-
         artifact_dir = Path(tempfile.mkdtemp(prefix="torchscope-job-"))
     artifact_dir = Path(artifact_dir)
     artifact_dir.mkdir(parents=True, exist_ok=True)
@@ -492,8 +504,12 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
     log_path = artifact_dir / "worker.log"
     cap = int(memory_limit_mb * 2**20)
     as_limit = cap if (job.spec is None or job.spec.device == "cpu") else None  # CUDA needs a huge VA space
+    # The job's private temp folder (TMPDIR, compiler caches): the only place beside its artifact
+    # folder that the sandbox lets it write; removed with everything in it when the job ends.
+    tmp_dir = tempfile.mkdtemp(prefix="torchscope-job-tmp-")
+    hidden = (str(store.data_dir),) if store is not None else ()  # the run store: out of the job's reach
     proc = ctx.Process(target=_worker_main, args=(job.to_dict(), child, log_write, str(artifact_dir), as_limit,
-                                                  os.getpid()), daemon=False)
+                                                  os.getpid(), tmp_dir, hidden), daemon=False)
     # Not a daemon, so a job may start processes of its own (DataLoader workers, torchrun); the
     # worker still dies with this process (PR_SET_PDEATHSIG) and is killed with its children below.
     drain = _LogDrain(os.dup(log_read.fileno()), log_path)
@@ -573,6 +589,7 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
             _kill(proc)
         if drain.is_alive():
             drain.finish(0.5)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 def _tree_rss(pid: int) -> int:
@@ -592,18 +609,10 @@ def _tree_rss(pid: int) -> int:
 
 
 def _kill(proc) -> None:
-    """Kill the worker and anything it started (DataLoader workers, subprocesses)."""
+    """Kill the worker (the job's guardian), the job process and anything they started (DataLoader
+    workers, subprocesses, their orphans): frozen first, so nothing forks away meanwhile."""
     if proc.is_alive():
-        try:
-            children = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.Error:
-            children = []
-        proc.kill()
-        for c in children:
-            try:
-                c.kill()
-            except psutil.Error:
-                pass
+        procs.kill_tree(proc.pid)
     proc.join(5)
 
 

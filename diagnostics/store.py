@@ -6,10 +6,17 @@ write is one statement, so a row is never half-written. WAL mode and a busy time
 dashboard, the CLI and several sessions write at once. A row remembers the process that owns it
 (``owner_pid``, the dashboard or CLI) and its worker (``pid``): when the owner is gone, nobody will
 finish the row, and ``mark_interrupted()`` (called when a dashboard starts) marks it 'interrupted'.
+
+The store belongs to the dashboard and CLI processes alone: a job's worker never opens it and its
+sandbox cannot reach the data folder. A file that is not (or no longer) a database, or cannot be
+opened, is moved aside to ``runs.sqlite.corrupt-<time>`` (its -wal and -shm with it) and a fresh
+store is started; ``notices`` says so, for the dashboard and the CLI to show once. Artifacts are
+never touched.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -50,6 +57,21 @@ CREATE INDEX IF NOT EXISTS runs_cache ON runs(cache_key, status);
 CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
 CREATE INDEX IF NOT EXISTS runs_started ON runs(started);
 """
+
+
+#: SQLite errors that mean the file is not a usable database (as opposed to busy, locked or full).
+_UNUSABLE = ("file is not a database", "database disk image is malformed", "unable to open database file")
+
+
+def _create_schema(db) -> None:
+    db.executescript(_SCHEMA)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    if "owner_pid" not in columns:  # stores written before owner_pid existed
+        try:
+            db.execute("ALTER TABLE runs ADD COLUMN owner_pid INTEGER")
+        except sqlite3.OperationalError as e:  # another process added it meanwhile
+            if "duplicate column" not in str(e):
+                raise
 
 
 def default_data_dir() -> Path:
@@ -101,25 +123,88 @@ class Store:
         self.artifacts_root = self.data_dir / "artifacts"
         self.artifacts_root.mkdir(parents=True, exist_ok=True)
         self.db_path = self.data_dir / "runs.sqlite"
+        #: What happened to the store that users should hear about (a file moved aside), oldest first.
+        self.notices: list[str] = []
+        self._ready = False
         with self._connect() as db:
-            db.executescript(_SCHEMA)
-            columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
-            if "owner_pid" not in columns:  # stores written before owner_pid existed
-                try:
-                    db.execute("ALTER TABLE runs ADD COLUMN owner_pid INTEGER")
-                except sqlite3.OperationalError as e:  # another process added it meanwhile
-                    if "duplicate column" not in str(e):
-                        raise
+            _create_schema(db)
+        self._ready = True  # from now on a missing table means the file was emptied under us
 
-    @contextmanager
-    def _connect(self):
+    def _open(self):
         db = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA busy_timeout=30000")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    @contextmanager
+    def _connect(self):
+        try:
+            db = self._open()
+        except sqlite3.DatabaseError as e:
+            if not self._unusable(e):
+                raise
+            self._set_aside(e)  # then carry on with a fresh store
+            db = self._open()
+            try:
+                _create_schema(db)
+            except BaseException:
+                db.close()
+                raise
+        if self._ready:
+            try:
+                db.execute("SELECT 1 FROM runs LIMIT 0")
+            except sqlite3.OperationalError as e:
+                if "no such table" not in str(e):
+                    db.close()
+                    raise
+                _create_schema(db)  # emptied (truncated or replaced by an empty database): start afresh
+                self.notices.append(f"the run store {self.db_path} was emptied while in use; a fresh store was "
+                                    "started. Runs stored before are lost from History; their artifacts are kept.")
+        try:
             yield db
+        except sqlite3.DatabaseError as e:
+            if self._unusable(e):  # damaged past its header: this call fails, the next starts afresh
+                self._set_aside(e)
+            raise
         finally:
             db.close()
+
+    def _unusable(self, e: Exception) -> bool:
+        return any(m in str(e) for m in _UNUSABLE) and os.path.lexists(self.db_path)
+
+    def _set_aside(self, error: Exception) -> None:
+        """Move an unusable runs.sqlite (with its -wal and -shm) to runs.sqlite.corrupt-<time>.
+
+        Under a lock, and only if it is still unusable: another process may have done it already."""
+        with open(self.data_dir / "runs.sqlite.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                db = self._open()
+                try:
+                    db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+                finally:
+                    db.close()
+                return  # usable again (set aside and restarted by another process)
+            except sqlite3.DatabaseError as e:
+                if not self._unusable(e):
+                    return
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            target, n = self.data_dir / f"runs.sqlite.corrupt-{stamp}", 1
+            while os.path.lexists(target):
+                n += 1
+                target = self.data_dir / f"runs.sqlite.corrupt-{stamp}-{n}"
+            os.replace(self.db_path, target)
+            for suffix in ("-wal", "-shm"):  # a stale log must not be replayed into the fresh store
+                side = Path(f"{self.db_path}{suffix}")
+                if os.path.lexists(side):
+                    os.replace(side, Path(f"{target}{suffix}"))
+        self.notices.append(f"the run store {self.db_path} could not be read ({error}); it was moved aside to "
+                            f"{target.name} and a fresh store was started. Runs stored before are not listed; "
+                            "their artifacts are kept.")
 
     # -- writing -------------------------------------------------------------------------
     def create_run(self, analysis: str, *, spec: dict | None, options: dict | None, cache_key: str | None,

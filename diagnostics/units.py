@@ -32,7 +32,10 @@ UNITS: dict[str, tuple[str, str]] = {
 def _sig3(x: float, trim: bool = False) -> str:
     """Three significant digits without scientific notation: 3.00, 15.5, 118, 1020.
 
-    trim drops trailing zeros (1.5 k, 2 M) for counts, where "2.00 M" reads as noise."""
+    trim drops trailing zeros (1.5 k, 2 M) for counts, where "2.00 M" reads as noise. From a million
+    on (a bogus value, past the largest unit) it is 1.23e+308, not 309 digits."""
+    if abs(x) >= 1e6:
+        return f"{x:.3g}"
     digits = 0 if abs(x) >= 100 else 1 if abs(x) >= 10 else 2
     text = f"{x:.{digits}f}"
     if trim and "." in text:
@@ -69,6 +72,8 @@ def human_seconds(s: float | None) -> str:
     if s is None:
         return "n/a"
     s = float(s)
+    if abs(s) >= 1e6:  # 11 days and more: a bogus timestamp, not a duration worth 300 digits
+        return f"{s:.3g} s"
     if abs(s) >= 1:
         return f"{s:.2f} s"
     if abs(s) >= 1e-3:

@@ -247,3 +247,23 @@ def test_inputs_the_model_rejects_show_its_error():
     loaded = load_model(ModelSpec(name="mlp", inputs=(InputSpec((2, 7)),)))
     with pytest.raises(ModelRunError, match=r"rejected its inputs \(\[2, 7\] float32\).*mat1 and mat2"):
         loaded.forward()
+
+
+def test_a_tampered_torchscript_archive_is_refused_with_a_message(tmp_path):
+    """TorchScript compile errors start with a blank line: the message must not end at 'RuntimeError: '."""
+    import zipfile
+
+    good = tmp_path / "good.ts.pt"
+    torch.jit.save(torch.jit.script(Tiny()), str(good))
+    bad = tmp_path / "tampered.ts.pt"
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith(".py") and "code/" in item.filename:
+                data = b"def forward(self, x):\n    return x +* 1\n"  # not TorchScript
+            zout.writestr(item, data)
+    with pytest.raises(ModelLoadError) as err:
+        load_model(ModelSpec(source="torchscript", name="tampered", path=str(bad), inputs=(InputSpec((1, 4)),)))
+    msg = str(err.value)
+    assert msg.startswith("tampered.ts.pt is not a loadable TorchScript archive: ")
+    assert len(msg.split("RuntimeError: ", 1)[-1].strip()) > 10, msg  # the error itself, not an empty line

@@ -13,15 +13,16 @@ import streamlit as st
 
 from diagnostics.devices import device_report, list_devices
 from diagnostics.errors import SpecError, TorchScopeError
-from diagnostics.units import human_bytes
+from diagnostics.sandbox import will_confine
 from diagnostics.settings import safe_mode
-
 from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec, parse_shape
 from diagnostics.spec import parse_inputs as spec_parse_inputs
+from diagnostics.units import human_bytes
 from diagnostics.uploads import MODEL_KINDS, save_upload
 from sample_models import DEFAULT_SAMPLE, SAMPLES
 from ui import state
 from ui.jobs import get_store, run_analysis
+from ui.notices import show_notices
 
 INT_DTYPES = ("int64", "int32")
 
@@ -53,12 +54,17 @@ def parse_inputs(text: str, default_dtype: str, high: int) -> tuple[InputSpec, .
 
 
 def _allowed_kinds() -> list[str]:
-    return [k for k in MODEL_KINDS if not (safe_mode() and k in ("python", "pickle"))]
+    # Safe mode runs graph code (TorchScript, .pt2) only in a sandboxed worker: none here, none offered.
+    refused = ("python", "pickle") + (() if will_confine() else ("torchscript", "export"))
+    return [k for k in MODEL_KINDS if not (safe_mode() and k in refused)]
 
 
 def _upload_form() -> None:
     """Upload a model (and weights); validate it in a worker; switch to it only if it loads."""
     kinds = _allowed_kinds()
+    if not kinds:
+        st.caption("Server-safe mode without a job sandbox: model uploads are disabled (see the notice above).")
+        return
     kind = st.selectbox("File kind", kinds, format_func=KIND_LABELS.get, key="sb_upload_kind")
     if safe_mode():
         st.caption("Server-safe mode: Python files and pickled modules are disabled.")
@@ -143,6 +149,7 @@ def _inputs_editor(base: ModelSpec, declared: tuple[InputSpec, ...]) -> ModelSpe
 
 def render_sidebar() -> ModelSpec:
     sb = st.sidebar
+    show_notices()
     with sb:
         st.header("Model")
         source = st.radio("Source", ["Built-in sample", "Upload a file"], horizontal=True, key="sb_source")

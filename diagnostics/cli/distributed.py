@@ -194,6 +194,8 @@ def _main(argv: list[str] | None) -> int:
             timeout = args.timeout
         out_dir = report_dir(args.out, args.no_report, job.analysis)
         store = Store()
+        for note in store.notices:  # e.g. an unreadable run store, moved aside
+            sys.stderr.write(f"warning: {note}\n")
     except SystemExit as e:
         sys.stderr.write(f"error: {e.code}\n")
         return EXIT_USAGE
@@ -217,7 +219,7 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_INTERRUPTED
     if not outcome.ok:
         sys.stderr.write(f"error: {outcome.error}\n")
-        return EXIT_USAGE if outcome.error_type in INPUT_ERRORS else EXIT_FAILED
+        return EXIT_USAGE if outcome.error_type in INPUT_ERRORS and outcome.status == "error" else EXIT_FAILED
     written = None
     if out_dir is not None:
         written = write_report(job.analysis, outcome.result, out_dir, _rank_traces(job, outcome),

@@ -257,6 +257,9 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     except TorchScopeError as e:
         _err(str(e))
         return EXIT_USAGE, None
+    for note in store.notices:  # e.g. an unreadable run store, moved aside
+        sys.stderr.write(f"warning: {note}\n")
+    told = len(store.notices)
 
     label = label or name
     bar = ProgressBar(label, enabled=not args.quiet)
@@ -268,14 +271,18 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     finally:
         signal.signal(signal.SIGINT, previous)
         bar.close()
+    for note in store.notices[told:]:
+        sys.stderr.write(f"warning: {note}\n")
     if not outcome.ok:
         if outcome.status == "cancelled" and cancel.is_set():
             _err(f"{label} interrupted; run {outcome.run_id} recorded as cancelled")
             return EXIT_INTERRUPTED, None
         _err(f"{label} failed ({outcome.status}): {cli_message(outcome.error)}")
-        if not is_input_error(outcome.error_type) and outcome.log_tail:
+        # Out of memory is the job failing (exit 1), even when the model's forward ran out (ModelRunError).
+        bad_input = is_input_error(outcome.error_type) and outcome.status == "error"
+        if not bad_input and outcome.log_tail:
             sys.stderr.write("worker output (last lines):\n" + outcome.log_tail[-1500:] + "\n")
-        return (EXIT_USAGE if is_input_error(outcome.error_type) else EXIT_FAILED), None
+        return (EXIT_USAGE if bad_input else EXIT_FAILED), None
 
     result = show(outcome.result) if show is not None else outcome.result
     written = None
@@ -363,6 +370,11 @@ def list_command() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from diagnostics.sandbox import startup_notice
+
+    notice = startup_notice()  # jobs will run without a sandbox: say so before anything runs
+    if notice:
+        sys.stderr.write(f"warning: {notice}\n")
     if argv and argv[0] == "distributed":
         fn = _distributed_main()
         if fn is not None:

@@ -54,7 +54,10 @@ def disturbance_line(report: dict | None) -> str | None:
 
 # ----------------------------------------------------------------------------- traces
 def _ms(us) -> str:
-    return "-" if us is None else f"{us / 1000:.3f} ms"
+    if us is None:
+        return "-"
+    # From a million seconds on (a bogus timestamp), 1e+305 ms rather than 306 digits.
+    return f"{us / 1000:.3f} ms" if abs(us) < 1e12 else f"{us / 1000:.3g} ms"
 
 
 def _table(rows: list, cols: list) -> str:

@@ -22,6 +22,10 @@ import orjson
 from diagnostics.trace.classify import GPU_CATS, KERNEL_CATS
 
 MAX_EVENT_BYTES = 64 << 20      # one event larger than this is treated as corrupt and skipped
+# A carry that starts with SKIPPING is inside an event too large to keep: the bytes up to the next
+# event boundary are dropped as they come (only the last SKIP_TAIL_BYTES are held, for the array's end).
+SKIPPING = b"\x00skipping an oversized event\x00"
+SKIP_TAIL_BYTES = 1 << 20
 MAX_WARNINGS = 20               # distinct warning lines kept (counts are always exact)
 BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 STRING_FIELDS = ("ph", "cat", "name", "pid", "tid")
@@ -353,11 +357,26 @@ def _lenient_event(raw: bytes) -> _Event | None:
                   ts=ts, dur=dur, id=ident(d.get("id")), args=args)
 
 
+def skip_oversized(buf: bytes) -> bytes:
+    """``buf`` = SKIPPING + bytes inside an oversized event: what follows its end (the next event
+    on), or SKIPPING + a bounded tail while it has not ended yet."""
+    data = buf[len(SKIPPING):]
+    m = BOUNDARY.search(data)
+    if m is None:
+        return SKIPPING + data[-SKIP_TAIL_BYTES:]
+    return data[m.start() + 1:].lstrip(b" \t\r\n,")
+
+
 def consume(cols: Columns, buf: bytes, cut: int | None = None) -> bytes:
     """Decode the complete events at the front of buf; return the unconsumed rest."""
+    if buf.startswith(SKIPPING):
+        buf, cut = skip_oversized(buf), None
+        if buf.startswith(SKIPPING):
+            return buf
     if cut is None:
         cut = last_boundary(buf)
     if cut < 0:
+        buf = buf.rstrip(b" \t\r\n")  # whitespace between events is JSON, not a corrupt stretch
         if len(buf) > MAX_EVENT_BYTES:
             return resync(cols, buf)
         return buf
@@ -395,6 +414,10 @@ def consume_block(cols: Columns, carry: bytes, block: bytes) -> bytes:
     last event boundary becomes `]`, and msgspec decodes the view up to it. Anything unusual
     (no boundary, a block that does not decode as a whole) goes through consume().
     """
+    if carry.startswith(SKIPPING):  # inside an oversized event: drop bytes up to its end first
+        carry, block = b"", skip_oversized(carry + block)
+        if block.startswith(SKIPPING):
+            return block
     work = bytearray().join((b"[", carry, block))  # one allocation, one copy
     cut = last_boundary(work)
     if cut < 0:
@@ -446,10 +469,17 @@ def _count_non_objects(cols: Columns, buf: bytes, starts: np.ndarray, ends: np.n
 
 
 def resync(cols: Columns, buf: bytes) -> bytes:
-    """A corrupt stretch with no event boundary for MAX_EVENT_BYTES: drop it, count it, go on."""
+    """A corrupt stretch with no event boundary for MAX_EVENT_BYTES: drop it, count it, go on.
+
+    With no boundary in its second half either, it is one event larger than MAX_EVENT_BYTES (or a
+    corrupt stretch that long): skip it to its end, however far (SKIPPING), and count it once."""
     m = BOUNDARY.search(buf, len(buf) // 2)
-    cut = m.start() + 1 if m else len(buf)
     cols.skipped += 1
+    if m is None:
+        cols.warn(f"skipped an event larger than {MAX_EVENT_BYTES >> 20} MB (the most one event may "
+                  "hold), or a corrupt stretch that long")
+        return SKIPPING + buf[-SKIP_TAIL_BYTES:]
+    cut = m.start() + 1
     cols.warn(f"skipped {cut:,} bytes that do not parse as trace events")
     return buf[cut:].lstrip(b" \t\r\n,")
 

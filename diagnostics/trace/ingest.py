@@ -26,7 +26,7 @@ import orjson
 import pandas as pd
 
 from diagnostics.trace._chunks import (
-    LAUNCH_FIELDS, MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, STRING_FIELDS, Columns, _Interner,
+    LAUNCH_FIELDS, MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, SKIPPING, STRING_FIELDS, Columns, _Interner,
     consume, consume_block, consume_spans, decode_slice, last_boundary, resync, scan,
 )
 from diagnostics.trace.errors import TraceError
@@ -43,7 +43,12 @@ HEADER_LIMIT_BYTES = 64 << 20   # the traceEvents array must start within this m
 PARALLEL_MIN_BYTES = 48 << 20   # decoded size from which workers may be used (AUTO_WORKERS)
 AUTO_WORKERS = 0                # decoding processes used by default for big traces
 GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trace's size
+# A .gz that expands more than GZ_BOMB_RATIO-fold past GZ_BOMB_MIN_BYTES is a decompression bomb
+# (whitespace or one repeated byte), not a trace: real traces expand 5-30 fold.
+GZ_BOMB_RATIO = 200
+GZ_BOMB_MIN_BYTES = 256 << 20
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_ARRAY_END = re.compile(rb"\}\s*\]")
 _WS_COMMA = b" \t\r\n,"
 
 
@@ -58,6 +63,10 @@ def _open_blocks(path: Path) -> tuple[Iterator[bytes], bool]:
         raise TraceError(f"{path.name}: the name ends in .gz but the file is not gzip "
                          f"(it starts with {magic!r}); rename it or gzip it")
     return (_gunzip_blocks(path) if is_gz else _plain_blocks(path)), is_gz
+
+
+class _Bomb(Exception):
+    pass
 
 
 def _plain_blocks(path: Path) -> Iterator[bytes]:
@@ -80,17 +89,27 @@ def _gunzip_blocks(path: Path) -> Iterator[bytes]:
                 d = _zlib.decompressobj(31)
                 pending: list = []
                 size = 0
+                read = made = 0
                 while not stop.is_set():
                     data = f.read(GZ_READ_BYTES)
                     if not data:
                         break
-                    while data:
-                        out = d.decompress(data)
+                    read += len(data)
+                    while data and not stop.is_set():
+                        out = d.decompress(data, BLOCK_BYTES)  # bounded: a bomb never lands in memory whole
                         pending.append(out)
                         size += len(out)
-                        data = d.unused_data
-                        if data:  # a further gzip member follows
-                            d = _zlib.decompressobj(31)
+                        made += len(out)
+                        if made > GZ_BOMB_MIN_BYTES and made > GZ_BOMB_RATIO * read:
+                            raise _Bomb(f"{path.name}: the gzip data expands more than {GZ_BOMB_RATIO}-fold "
+                                        f"({made >> 20:,} MB from the first {read / 2**20:.1f} MB): a "
+                                        "decompression bomb, not a trace; refused")
+                        if d.eof:
+                            data = d.unused_data
+                            if data:  # a further gzip member follows
+                                d = _zlib.decompressobj(31)
+                        else:
+                            data = d.unconsumed_tail
                         if size >= BLOCK_BYTES:
                             q.put(b"".join(pending))
                             pending, size = [], 0
@@ -101,6 +120,8 @@ def _gunzip_blocks(path: Path) -> Iterator[bytes]:
                 if pending[-1] is None:
                     q.put(TraceError(f"{path.name}: the gzip stream is truncated (the file ends "
                                      "before the compressed data does)"))
+        except _Bomb as exc:
+            q.put(TraceError(str(exc)))
         except (OSError, _zlib.error, EOFError) as exc:
             q.put(TraceError(f"{path.name}: cannot decompress the gzip data: {exc}"))
         finally:
@@ -256,6 +277,11 @@ def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> t
         settle(0)
     # 3. End of the array: the rest holds the last events, `]` and the trailing keys.
     buf = carry.lstrip(_WS_COMMA)
+    if buf.startswith(SKIPPING):  # the file ended inside (or right after) an oversized last event
+        closes = list(_ARRAY_END.finditer(buf, len(SKIPPING)))
+        if closes:
+            return out, _meta(header, buf[closes[-1].end():], bare, out), total
+        buf = b""  # no `]` after it: truncated, as below
     cut = last_boundary(buf)
     if cut >= 0:
         cols = Columns()

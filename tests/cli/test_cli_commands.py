@@ -285,3 +285,19 @@ def test_cli_message_rewrites_only_the_dashboard_instruction():
         "(repeat it for each input)")
     assert cli_message("bad shape [8, 65]") == "bad shape [8, 65]"
     assert cli_message(None) == ""
+
+
+def test_out_of_memory_inside_forward_is_a_failed_job_not_bad_input(tmp_path, store_dir):
+    """Exit 1 (the job failed), not 2 (bad input), when the model's own forward runs out of memory."""
+    model = tmp_path / "oom_model.py"
+    model.write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "class M(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.lin = nn.Linear(4, 2)\n\n"
+        "    def forward(self, x):\n"
+        "        raise torch.OutOfMemoryError('out of memory: tried to allocate 64.00 GiB')\n\n"
+        "def build_model():\n    return M()\n\n"
+        "def example_inputs():\n    return (torch.randn(2, 4),)\n")
+    p = cli("summary", "--model", model, "-q", "--no-report", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert "out of memory" in p.stderr.lower()

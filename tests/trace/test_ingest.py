@@ -224,3 +224,45 @@ def test_corrupt_stretch_is_skipped_with_bounded_memory(tmp_path, monkeypatch):
     assert t.skipped_events >= 1
     assert 150 <= len(t) <= 200
     assert t.strings("name")[-1] == "op199"
+
+
+def test_one_event_larger_than_the_limit_is_skipped_not_called_truncated(tmp_path, monkeypatch):
+    """An event bigger than MAX_EVENT_BYTES (1 GiB in the field; 4 kB here) is skipped and named;
+    the events after it are read and the trace is not called truncated."""
+    huge = json.dumps(_x("huge", 5, 1, args={"blob": "x" * 20000}))
+    after = ",".join(json.dumps(_x(f"op{i}", 100 + i * 10, 5)) for i in range(50))
+    p = _write(tmp_path, "huge.json", '{"traceEvents": [' + json.dumps(_x("first", 0, 1)) + ", " + huge + ", "
+               + after + "]}")
+    monkeypatch.setattr(ingest, "BLOCK_BYTES", 2000)
+    monkeypatch.setattr(ingest, "MAX_EVENT_BYTES", 4000)
+    monkeypatch.setattr(_chunks, "MAX_EVENT_BYTES", 4000)
+    t = load_trace(p, workers=0)
+    names = list(t.strings("name"))
+    assert "huge" not in names and names[-1] == "op49" and len(names) >= 50
+    assert t.skipped_events == 1
+    assert any("larger than" in w for w in t.warnings) and not any("truncated" in w for w in t.warnings)
+
+
+def test_a_whitespace_gzip_bomb_is_refused_as_a_bomb(tmp_path, monkeypatch):
+    """Megabytes of spaces inside the array gzip a thousand-fold: refused by name, never read as events."""
+    body = b'{"traceEvents": [' + json.dumps(_x("a", 0, 1)).encode() + b"," + b" " * (8 << 20) + b"]}"
+    p = tmp_path / "bomb.json.gz"
+    p.write_bytes(gzip.compress(body, 9))
+    monkeypatch.setattr(ingest, "GZ_BOMB_MIN_BYTES", 1 << 20)
+    with pytest.raises(TraceError, match=r"a decompression bomb, not a trace; refused"):
+        load_trace(p, workers=0)
+
+
+def test_whitespace_between_events_is_json_not_corruption(tmp_path, monkeypatch):
+    doc = '{"traceEvents": [' + json.dumps(_x("a", 0, 1)) + "," + " " * 9000 + json.dumps(_x("b", 5, 1)) + "]}"
+    monkeypatch.setattr(ingest, "BLOCK_BYTES", 2000)
+    monkeypatch.setattr(ingest, "MAX_EVENT_BYTES", 4000)
+    monkeypatch.setattr(_chunks, "MAX_EVENT_BYTES", 4000)
+    t = load_trace(_write(tmp_path, "ws.json", doc), workers=0)
+    assert list(t.strings("name")) == ["a", "b"] and t.skipped_events == 0
+
+
+def test_an_absurd_timestamp_prints_as_a_short_duration():
+    from diagnostics.render.text import _ms
+
+    assert _ms(1e308) == "1e+305 ms" and _ms(1500.0) == "1.500 ms" and _ms(None) == "-"

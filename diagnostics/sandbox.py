@@ -1,0 +1,512 @@
+"""Confine a job's worker: Landlock for files and TCP, seccomp for every other socket.
+
+``enter(job, artifact_dir, tmp_dir)`` is called once inside the worker, as soon as it knows its
+job and before any user code runs (and before torch starts threads: both layers bind the calling
+thread and what it starts later). From then on the worker and everything it starts may write only
+the run's artifact folder, a private temp folder and /dev/shm; read only what running the job needs
+(Python and its packages, TorchScope's own code, the system's libraries and compilers, the job's
+input files); open no socket but a Unix one (a distributed job keeps TCP for its ranks); and
+neither signal nor ptrace a process outside the sandbox (the dashboard, the CLI, the job's
+guardian). The rules, and why each is there, are listed in docs/reliability.md.
+
+Landlock (Linux 5.13+, unprivileged, stackable) was chosen over bubblewrap (a setuid or
+user-namespace helper, not always installed or allowed in containers) and seccomp alone (it sees
+syscall numbers, not paths). ``TORCHSCOPE_SANDBOX``: ``auto`` (default: confine where the kernel
+allows it), ``1`` (a job fails rather than run unconfined), ``0`` (off). Without a sandbox, server-
+safe mode refuses TorchScript and .pt2 uploads (their graphs can call file ops) instead of running
+them unconfined: see ``graph_code_refusal``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from diagnostics.errors import TorchScopeError, TrustError
+from diagnostics.settings import safe_mode
+
+SANDBOX_ENV = "TORCHSCOPE_SANDBOX"
+#: Landlock ABI needed to confine at all: 3 (Linux 6.2) is the first that can refuse truncate(2),
+#: without which a job could still empty any file it may not write, the run store included.
+MIN_LANDLOCK_ABI = 3
+
+# --- Landlock uapi (include/uapi/linux/landlock.h); syscall numbers are the same on every arch.
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
+FS_EXECUTE = 1 << 0
+FS_WRITE_FILE = 1 << 1
+FS_READ_FILE = 1 << 2
+FS_READ_DIR = 1 << 3
+FS_REMOVE_DIR = 1 << 4
+FS_REMOVE_FILE = 1 << 5
+FS_MAKE_CHAR = 1 << 6
+FS_MAKE_DIR = 1 << 7
+FS_MAKE_REG = 1 << 8
+FS_MAKE_SOCK = 1 << 9
+FS_MAKE_FIFO = 1 << 10
+FS_MAKE_BLOCK = 1 << 11
+FS_MAKE_SYM = 1 << 12
+FS_REFER = 1 << 13       # ABI 2
+FS_TRUNCATE = 1 << 14    # ABI 3
+FS_IOCTL_DEV = 1 << 15   # ABI 5
+NET_BIND_TCP = 1 << 0    # ABI 4
+NET_CONNECT_TCP = 1 << 1
+SCOPE_ABSTRACT_UNIX = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1
+#: Rights that apply to a file (the rest apply to directories only; a rule on a file may hold only these).
+_FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
+READ = FS_READ_FILE | FS_READ_DIR
+READ_EXEC = READ | FS_EXECUTE
+DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV
+EVERYTHING = (1 << 16) - 1
+
+# --- seccomp: refuse socket(2) / socketpair(2) for every family but AF_UNIX, and io_uring (whose
+# socket ops seccomp cannot see). Other architectures' syscalls (x32, i386's socketcall) are refused.
+_ARCH = {"x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "io_uring_setup": 425}, True),
+         "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "io_uring_setup": 425}, False)}
+_AF_UNIX = 1
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
+
+#: /etc files a job may read: the dynamic loader's, and name lookup for a distributed job's ranks.
+#: Not /etc/passwd, /etc/shadow, /etc/group nor anything else there.
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ld.so.preload", "localtime", "timezone",
+             "hosts", "host.conf", "nsswitch.conf", "resolv.conf", "gai.conf")
+#: System folders with libraries, compilers (torch.compile runs g++) and headers: read and execute.
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt")
+#: Read only: process and hardware facts (torch, psutil, cpuinfo read them). Landlock itself keeps
+#: a sandboxed process from reading the environment or memory of a process outside the sandbox.
+INFO_DIRS = ("/proc", "/sys")
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+#: Device files of GPUs (CUDA, ROCm): read, write and ioctl, when present.
+GPU_DEVICE_GLOBS = ("nvidia*", "nvidia-caps", "dri", "kfd")
+#: Job options that name files or folders the job reads.
+INPUT_OPTIONS = ("path", "before", "after", "trace_dir", "columns_dir", "dataset_path")
+#: Options whose value is a Python file that is imported: its folder is readable too.
+PYTHON_OPTIONS = ("dataset_path",)
+#: Where tools keep caches and scratch files: all pointed into the private temp folder, so nothing
+#: lands outside it and no job reads another's compiled code (an inductor cache is code).
+TEMP_ENV = {"TMPDIR": "", "TEMP": "", "TMP": "", "TORCHINDUCTOR_CACHE_DIR": "inductor",
+            "TRITON_CACHE_DIR": "triton", "TRITON_HOME": "triton-home", "XDG_CACHE_HOME": "cache",
+            "CUDA_CACHE_PATH": "cuda", "MPLCONFIGDIR": "matplotlib", "PYTHONPYCACHEPREFIX": "pycache"}
+
+
+class SandboxError(TorchScopeError):
+    """The sandbox was required (TORCHSCOPE_SANDBOX=1) or asked for and could not be applied."""
+
+
+def setting() -> str:
+    """TORCHSCOPE_SANDBOX as 'auto' (default), 'on' or 'off'; another value is an error naming it."""
+    raw = os.environ.get(SANDBOX_ENV, "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    if raw in ("1", "true", "yes", "on", "required"):
+        return "on"
+    if raw in ("0", "false", "no", "off"):
+        return "off"
+    raise TorchScopeError(f"the environment variable {SANDBOX_ENV}={raw!r} must be 0, 1 or auto")
+
+
+@dataclass(frozen=True)
+class Support:
+    """What this kernel offers: the Landlock ABI (0: none), seccomp filters, and why not when missing."""
+
+    landlock_abi: int
+    seccomp: bool
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.landlock_abi >= MIN_LANDLOCK_ABI
+
+    def describe(self) -> str:
+        if not self.ok:
+            return f"no sandbox: {self.reason}"
+        extras = ["files"] + (["TCP"] if self.landlock_abi >= 4 else []) \
+            + (["signals"] if self.landlock_abi >= 6 else [])
+        return (f"Landlock ABI {self.landlock_abi} ({', '.join(extras)})"
+                + (" + seccomp (sockets)" if self.seccomp else ""))
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@lru_cache(maxsize=1)
+def probe() -> Support:
+    """Ask the kernel (once per process) which sandbox layers it offers. Starts nothing."""
+    if sys.platform != "linux":
+        return Support(0, False, f"Landlock is Linux-only (this is {sys.platform})")
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    seccomp = platform.machine() in _ARCH and os.path.exists("/proc/self/status") and \
+        "Seccomp:" in Path("/proc/self/status").read_text()
+    if abi < 0:
+        err = ctypes.get_errno()
+        why = {errno.ENOSYS: "this kernel has no Landlock (Linux 5.13+ built with CONFIG_SECURITY_LANDLOCK)",
+               errno.EOPNOTSUPP: "Landlock is built into this kernel but turned off (add landlock to the lsm= "
+                                 "boot parameter)"}.get(err, f"Landlock is not usable here ({os.strerror(err)})")
+        return Support(0, seccomp, why)
+    if abi < MIN_LANDLOCK_ABI:
+        return Support(int(abi), seccomp, f"this kernel's Landlock (ABI {abi}) cannot refuse truncate(2); "
+                                          f"ABI {MIN_LANDLOCK_ABI} (Linux 6.2) is needed")
+    return Support(int(abi), seccomp)
+
+
+def will_confine() -> bool:
+    """Jobs started from this process will run sandboxed (the setting allows it and the kernel can)."""
+    try:
+        return setting() != "off" and probe().ok
+    except TorchScopeError:  # a malformed setting: each job fails naming it
+        return False
+
+
+def startup_notice() -> str | None:
+    """What the dashboard and the CLI say at start-up when jobs will run unconfined, else None."""
+    try:
+        mode = setting()
+    except TorchScopeError as e:
+        return str(e)
+    support = probe()
+    if mode != "off" and support.ok:
+        return None
+    if mode == "off":
+        why = f"the job sandbox is turned off ({SANDBOX_ENV}=0)"
+    else:
+        why = f"this system offers no job sandbox: {support.reason}"
+    consequence = (" A job that fails to be confined is refused." if mode == "on" else
+                   " Jobs run unconfined: a model can read and write whatever this user can.")
+    if safe_mode():
+        consequence += " In server-safe mode TorchScript and .pt2 uploads are refused (they can run file operations)."
+    return why + "." + consequence
+
+
+# ------------------------------------------------------------------------------------ state
+_CONFINED: list[str] = []  # what enter() applied in this process, if anything
+
+
+def confined() -> bool:
+    """This process entered the sandbox (so did everything it starts)."""
+    return bool(_CONFINED)
+
+
+def graph_code_refusal(what: str) -> None:
+    """Server-safe mode runs graph code (TorchScript, .pt2) only inside the sandbox: raise TrustError outside it."""
+    if safe_mode() and not confined():
+        try:
+            off = setting() == "off"
+        except TorchScopeError:
+            off = False
+        why = (f"{SANDBOX_ENV}=0" if off else probe().reason if not probe().ok else
+               "the model was not loaded by a job's worker")
+        raise TrustError(f"{what} are refused on this server: server-safe mode runs their graph code only in a "
+                         f"sandboxed worker, and there is no sandbox here ({why})")
+
+
+# ------------------------------------------------------------------------------------ policy
+@dataclass
+class Policy:
+    """Paths by the rights they get, and whether TCP is allowed (a distributed job's ranks)."""
+
+    read: list[Path] = field(default_factory=list)          # read (and list)
+    read_exec: list[Path] = field(default_factory=list)     # read and execute
+    inputs: list[Path] = field(default_factory=list)        # read: the job's own files, wherever they are
+    write: list[Path] = field(default_factory=list)         # everything beneath
+    devices: list[Path] = field(default_factory=list)       # read, write, ioctl
+    network: bool = False
+    hidden: list[Path] = field(default_factory=list)        # never granted by a broad rule (the data folder)
+
+    def rules(self) -> list[tuple[Path, int]]:
+        """(path, rights) pairs, broad roots carved around the hidden folders; duplicates merged."""
+        out: dict[Path, int] = {}
+
+        def grant(p: Path, rights: int, explicit: bool) -> None:
+            try:
+                rp = Path(os.path.realpath(p))
+            except (OSError, ValueError):
+                return
+            if not rp.exists():
+                return
+            if not explicit:
+                for h in self.hidden:
+                    if rp == h or h in rp.parents:
+                        return  # a broad rule never reaches into a hidden folder
+                    if rp in h.parents:  # the root holds a hidden folder: grant its other entries
+                        try:
+                            children = list(rp.iterdir())
+                        except OSError:
+                            return
+                        for c in children:
+                            grant(c, rights, explicit=False)
+                        return
+            out[rp] = out.get(rp, 0) | rights
+
+        for paths, rights, explicit in ((self.read_exec, READ_EXEC, False), (self.read, READ, False),
+                                        (self.inputs, READ, True), (self.devices, DEVICE, True),
+                                        (self.write, EVERYTHING, True)):
+            for p in paths:
+                grant(Path(p), rights, explicit)
+        return sorted(out.items())
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]
+
+
+def _python_roots() -> list[Path]:
+    import site
+    import sysconfig
+
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable)), *sysconfig.get_paths().values()}
+    try:
+        roots.update(site.getsitepackages())
+        roots.add(site.getusersitepackages())
+    except AttributeError:  # a virtualenv's old site.py
+        pass
+    home = os.path.realpath(os.path.expanduser("~"))
+    for entry in sys.path:  # PYTHONPATH, the dashboard's folder; never the filesystem root or the home folder
+        if entry and os.path.isdir(entry) and os.path.realpath(entry) not in ("/", home):
+            roots.add(entry)
+    return [Path(r) for r in sorted(roots) if r]
+
+
+def _job_inputs(job) -> tuple[list[Path], list[Path]]:
+    """(files or folders the job reads, folders of imported Python files)."""
+    reads, folders = [], []
+    options = dict(job.options or {})  # a plain dict: the validated Options refuse undeclared keys
+    spec = job.spec
+    if spec is not None:
+        for p in (spec.path, spec.weights_path):
+            if p:
+                reads.append(Path(p))
+        if spec.source == "python" and spec.path:
+            folders.append(Path(spec.path).parent)
+    for key in INPUT_OPTIONS:
+        value = options.get(key)
+        if isinstance(value, str) and value:
+            reads.append(Path(value).expanduser())
+            if key in PYTHON_OPTIONS:
+                folders.append(Path(value).expanduser().parent)
+    for stamp in [options.get("stamp")] + list(options.get("stamps") or []):
+        if isinstance(stamp, dict) and isinstance(stamp.get("path"), str):
+            reads.append(Path(stamp["path"]))
+    return reads, folders
+
+
+def _is_store_file(path: Path, hidden: list[Path]) -> bool:
+    """runs.sqlite (and its -wal, -shm and moved-aside copies) in a hidden folder: never an input."""
+    rp = Path(os.path.realpath(path))
+    return rp.name.startswith("runs.sqlite") and rp.parent in hidden
+
+
+def needs_network(job) -> bool:
+    """A distributed job's ranks talk over TCP (torchrun's rendezvous, gloo/NCCL)."""
+    return job.analysis == "distributed"
+
+
+def policy_for(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = ()) -> Policy:
+    """What ``job`` may touch. ``hidden`` (the data folder: run store, other runs, uploads, locks) is
+    out of reach of every broad rule; the job's own upload, inputs and artifact folder inside it are
+    granted one by one, the store's files never."""
+    from diagnostics.store import default_data_dir
+
+    if needs_network(job) and safe_mode() and (job.spec is None or job.spec.source != "sample"):
+        raise TrustError("the distributed analysis runs an uploaded model only outside server-safe mode: its ranks "
+                         "need TCP sockets, which the sandbox cannot limit to this machine (the built-in samples "
+                         "run)")
+    hidden = sorted({Path(os.path.realpath(p)) for p in [default_data_dir(), *hidden]})
+    reads, folders = _job_inputs(job)
+    reads = [p for p in reads if not _is_store_file(p, hidden)]
+    policy = Policy(network=needs_network(job), hidden=hidden)
+    policy.read_exec += [Path(p) for p in SYSTEM_DIRS] + _python_roots() + [_repo_root()]
+    policy.read += [Path(p) for p in INFO_DIRS] + [Path("/etc") / f for f in ETC_FILES]
+    policy.read += folders
+    policy.devices += [Path(d) for d in DEVICES]
+    for pattern in GPU_DEVICE_GLOBS:
+        policy.devices += sorted(Path("/dev").glob(pattern))
+    policy.write += [Path(artifact_dir), Path(tmp_dir), Path("/dev/shm")]
+    policy.inputs += reads  # granted one by one, even inside the data folder (its upload, a trace there)
+    return policy
+
+
+# ------------------------------------------------------------------------------------ applying
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _handled_fs(abi: int) -> int:
+    rights = (1 << 13) - 1
+    if abi >= 2:
+        rights |= FS_REFER
+    if abi >= 3:
+        rights |= FS_TRUNCATE
+    if abi >= 5:
+        rights |= FS_IOCTL_DEV
+    return rights
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise SandboxError(f"the job sandbox could not be applied: {what} failed ({os.strerror(err)})")
+    return ret
+
+
+def _landlock(policy: Policy, abi: int) -> None:
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    handled = _handled_fs(abi)
+    attr = _RulesetAttr(handled, 0, 0)
+    size = 8
+    if abi >= 4:
+        size = 16
+        attr.handled_access_net = 0 if policy.network else (NET_BIND_TCP | NET_CONNECT_TCP)
+    if abi >= 6:
+        size = 24
+        attr.scoped = SCOPE_SIGNAL | (0 if policy.network else SCOPE_ABSTRACT_UNIX)
+    fd = _check(libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
+                             ctypes.c_uint32(0)), "landlock_create_ruleset")
+    try:
+        for path, rights in policy.rules():
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # gone since: nothing to grant
+            try:
+                if not os.path.isdir(path):
+                    rights &= _FILE_RIGHTS
+                rule = _PathBeneath(rights & handled, pfd)
+                _check(libc.syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(fd), ctypes.c_int(_RULE_PATH_BENEATH),
+                                    ctypes.byref(rule), ctypes.c_uint32(0)), f"landlock_add_rule({path})")
+            finally:
+                os.close(pfd)
+        _check(libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)),
+               "landlock_restrict_self")
+    finally:
+        os.close(fd)
+
+
+def _bpf(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("HBBI", code, jt, jf, k)
+
+
+def seccomp_program(machine: str | None = None) -> bytes:
+    """The BPF filter: sockets other than AF_UNIX and io_uring get EACCES / EPERM; all else is allowed."""
+    arch, nr, has_x32 = _ARCH[machine or platform.machine()]
+    ld_w_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    deny_sock = _RET_ERRNO | errno.EACCES
+    prog = [
+        _bpf(ld_w_abs, 0, 0, 4),                       # 0: A = arch
+        _bpf(jeq, 1, 0, arch),                         # 1: native -> 3
+        _bpf(ret, 0, 0, _RET_ERRNO | errno.EPERM),     # 2: another ABI's syscalls: refused
+        _bpf(ld_w_abs, 0, 0, 0),                       # 3: A = syscall number
+        _bpf(jge, 0, 1, 0x40000000) if has_x32 else _bpf(jeq, 0, 1, 0xFFFFFFFF),  # 4: x32 -> 5
+        _bpf(ret, 0, 0, _RET_ERRNO | errno.EPERM),     # 5
+        _bpf(jeq, 0, 1, nr["io_uring_setup"]),         # 6
+        _bpf(ret, 0, 0, _RET_ERRNO | errno.EPERM),     # 7
+        _bpf(jeq, 1, 0, nr["socket"]),                 # 8: socket -> 10
+        _bpf(jeq, 0, 3, nr["socketpair"]),             # 9: neither -> 13
+        _bpf(ld_w_abs, 0, 0, 16),                      # 10: A = domain (args[0], low word)
+        _bpf(jeq, 1, 0, _AF_UNIX),                     # 11: AF_UNIX -> 13
+        _bpf(ret, 0, 0, deny_sock),                    # 12
+        _bpf(ret, 0, 0, _RET_ALLOW),                   # 13
+    ]
+    return b"".join(prog)
+
+
+def _seccomp() -> None:
+    libc = _libc()
+    prog = seccomp_program()
+    buf = ctypes.create_string_buffer(prog, len(prog))
+
+    class _Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = _Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp filter")
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def apply(policy: Policy, support: Support | None = None) -> str:
+    """Confine this process (and all it starts) to ``policy``; returns what was applied.
+
+    Both layers bind the calling thread and its future children only, so this must run while the
+    process has one thread (before ``import torch``, which starts one)."""
+    support = support or probe()
+    if not support.ok:
+        raise SandboxError(f"the job sandbox is required ({SANDBOX_ENV}=1) but {support.reason}")
+    if _threads() > 1:
+        raise SandboxError("the job sandbox must be applied while the worker has a single thread")
+    _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    _landlock(policy, support.landlock_abi)
+    layers = [f"Landlock ABI {support.landlock_abi}"]
+    if support.seccomp and not policy.network:
+        _seccomp()
+        layers.append("seccomp")
+    what = " + ".join(layers) + ("; TCP allowed (distributed ranks)" if policy.network else "; no network")
+    _CONFINED.append(what)
+    return what
+
+
+def prepare_temp(tmp_dir: Path) -> None:
+    """Point every temp and cache location into the private ``tmp_dir`` (done with or without a sandbox)."""
+    import tempfile
+
+    for name, sub in TEMP_ENV.items():
+        path = Path(tmp_dir) / sub if sub else Path(tmp_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(path)
+    tempfile.tempdir = None  # re-read TMPDIR
+
+
+def enter(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = ()) -> str:
+    """Called by the worker once it knows its job: private temp folders, then the sandbox the setting
+    asks for. Returns a line for worker.log; raises SandboxError when the sandbox is required and
+    cannot be applied, TrustError when the job is refused outright."""
+    prepare_temp(tmp_dir)
+    _remember_user_name()
+    mode = setting()
+    policy = policy_for(job, artifact_dir, tmp_dir, hidden)  # its refusals apply with the sandbox off too
+    if mode == "off":
+        return f"sandbox: off ({SANDBOX_ENV}=0)"
+    support = probe()
+    if not support.ok:
+        if mode == "on":
+            raise SandboxError(f"the job sandbox is required ({SANDBOX_ENV}=1) but {support.reason}")
+        return f"sandbox: none ({support.reason})"
+    return "sandbox: " + apply(policy, support)
+
+
+def _remember_user_name() -> None:
+    """getpass.getuser() falls back to /etc/passwd, which the sandbox hides: read the name first."""
+    if any(os.environ.get(v) for v in ("LOGNAME", "USER", "LNAME", "USERNAME")):
+        return
+    try:
+        import pwd
+
+        os.environ["USER"] = pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        pass
