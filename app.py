@@ -13,6 +13,7 @@ PAGES = [
     st.Page("pages/gradients.py", title="Gradient flow", icon=":material/trending_down:"),
     st.Page("pages/checklist.py", title="Checklist", icon=":material/checklist:"),
     st.Page("pages/optimize.py", title="Optimize", icon=":material/rocket_launch:"),
+    st.Page("pages/compile.py", title="Compile", icon=":material/bolt:"),
     st.Page("pages/traces.py", title="Trace explorer", icon=":material/timeline:"),
     st.Page("pages/distributed.py", title="Distributed", icon=":material/hub:"),
     st.Page("pages/history.py", title="History", icon=":material/history:"),

@@ -32,7 +32,8 @@ from typing import Callable
 
 import psutil
 
-from diagnostics import procs, sandbox
+import diagnostics.procs as procs
+import diagnostics.sandbox as sandbox
 from diagnostics.errors import JobError, TorchScopeError
 from diagnostics.registry import get_analysis
 from diagnostics.settings import env_number

@@ -73,6 +73,9 @@ SAMPLES: dict[str, Sample] = {
         Sample("bad_init_mlp", "8-layer ReLU MLP initialised with std=1.5 weights (sick: exploding gradients)",
                mlps.BadInitMLP, (InputSpec((32, 64)),), "classification", 10,
                sick="exploding gradients"),
+        Sample("graph_break_mlp", "MLP whose forward breaks torch.compile's graph: an .item() branch and numpy "
+               "on tensor data (sick: graph breaks)", mlps.GraphBreakMLP, (InputSpec((32, 64)),), "classification",
+               10, sick="graph breaks"),
     ]
 }
 

@@ -1,5 +1,6 @@
 """Fully connected samples: a healthy MLP and two sick ones."""
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -51,3 +52,23 @@ class BadInitMLP(nn.Module):
 
     def forward(self, x):
         return self.head(self.body(x))
+
+
+class GraphBreakMLP(nn.Module):
+    """An MLP written the way that breaks torch.compile's graph: a Python branch on a value read
+    from a tensor (Tensor.item()), and numpy on a tensor's data turned into a Python float."""
+
+    def __init__(self, d_in: int = 64, hidden: int = 128, classes: int = 10):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        h = self.act(self.fc1(x))
+        if h.mean().item() > 0.5:  # a data-dependent Python branch: Dynamo must leave the graph here
+            h = h * 0.5
+        scale = float(np.abs(h.detach().cpu().numpy()).mean())  # numpy on the tensor's data, back to Python
+        h = self.act(self.fc2(h)) / (1.0 + scale)
+        return self.head(h)

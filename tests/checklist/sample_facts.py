@@ -41,6 +41,7 @@ def healthy() -> dict:
             "batch_probe": {"points": [{"batch_size": 64, "median_s": 0.01, "samples_per_s": 6400},
                                        {"batch_size": 128, "median_s": 0.02, "samples_per_s": 6400}],
                             "throughput_gain_2x": 1.0},
+            "compile": {"graph_count": 1, "graph_break_count": 0, "breaks": []},
         },
         "dataloader": {"described": {"batch_size": 64, "num_workers": 4, "pin_memory": True, "prefetch_factor": 2,
                                      "persistent_workers": True},

@@ -701,3 +701,15 @@ def test_healthy_samples_pass_the_new_rules(name):
     for rule_id in ("redundant_layers", "tensor_copies", "python_loops"):
         f = rule(rule_id, facts)
         assert f.status == "pass", (name, rule_id, f.evidence)
+
+
+# ----------------------------------------------------------------------------- torch.compile
+def test_graph_breaks_on_a_model_that_breaks_and_one_that_does_not():
+    from sample_models.mlps import GraphBreakMLP
+
+    torch.manual_seed(0)
+    f = expect("graph_breaks", facts_of(GraphBreakMLP(), torch.randn(32, 64), skip_measured=False), "warn",
+               "2 graph break(s) split the forward into 3 graphs (mlps.py:")
+    assert "Compile page" in f.suggestion and [b["count"] for b in f.numbers["breaks"]] == [1, 1]
+    expect("graph_breaks", facts_of(mlp(), torch.randn(32, 64), skip_measured=False), "pass",
+           "captures the forward as 1 graph(s) with no break")

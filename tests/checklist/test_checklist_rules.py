@@ -55,6 +55,9 @@ BREAKERS = {
     "redundant_layers": ([("static.dropout_p0", ["drop"])], "warn"),
     "tensor_copies": ([("measured.profile.layout_copy_fraction", 0.3)], "warn"),
     "python_loops": ([("measured.profile.element_ops_per_step", {"aten::select": 64, "aten::item": 64})], "warn"),
+    "graph_breaks": ([("measured.compile", {"graph_count": 3, "graph_break_count": 2, "breaks": [
+        {"location": "model.py:12", "reason": "Unsupported Tensor.item() call", "count": 1},
+        {"location": "model.py:14", "reason": "Data dependent operator", "count": 1}]})], "warn"),
 }
 
 # rule id -> (path, value) that makes it not applicable, and a word its reason must contain
@@ -76,6 +79,7 @@ NOT_APPLICABLE = {
     "redundant_layers": ("forward", None, "could not be traced"),
     "tensor_copies": ("measured.profile", None, "not profiled"),
     "python_loops": ("measured.profile", None, "not profiled"),
+    "graph_breaks": ("measured.compile", None, "not checked"),
 }
 
 

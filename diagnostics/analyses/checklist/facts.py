@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from diagnostics.measure.compare import interleaved
+from diagnostics.measure.dynamo import explain
 from diagnostics.measure.environment import environment_facts
 from diagnostics.measure.gradflow import gradient_flow
 from diagnostics.measure.memory import peak_in_use_bytes
@@ -60,6 +61,18 @@ def _timed(fn: Callable[[], object], device, iters: int, warmup: int) -> dict:
     ms = np.asarray(time_calls(fn, device, max(1, iters), max(0, warmup)))
     return {"median_s": float(np.median(ms)) / 1e3, "p90_s": float(np.percentile(ms, 90)) / 1e3,
             "mean_s": float(ms.mean()) / 1e3, "min_s": float(ms.min()) / 1e3, "iters": int(ms.size)}
+
+
+def compile_facts(model: nn.Module, inputs: tuple) -> dict:
+    """Dynamo's graphs and graph breaks of one eval forward (measure.dynamo.explain; no code generation)."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError("a TorchScript model is not compiled with torch.compile")
+    model.eval()
+    with torch.no_grad():
+        ex = explain(model, inputs)
+    return {"graph_count": ex["graph_count"], "graph_break_count": ex["graph_break_count"],
+            "breaks": [{"location": b["location"], "reason": b["reason"].splitlines()[0], "count": b["count"]}
+                       for b in ex["graph_breaks"]]}
 
 
 def _train_step_fn(model: nn.Module, inputs: tuple, loss_fn: Callable) -> Callable[[], None]:
@@ -288,6 +301,8 @@ def measured_facts(loaded, model: nn.Module, *,
                 "rounds": inf["rounds"]}
 
     out["inference"] = guarded("inference", infer_check)
+    progress(0.75, "torch.compile graph breaks (Dynamo only)")
+    out["compile"] = guarded("compile", lambda: compile_facts(model, inputs))
     if make_inputs is not None and batch_size:
         progress(0.8, "batch-size probe")
 

@@ -577,6 +577,21 @@ def _surely_above(value, ci, threshold: float) -> bool:
     return (ci[0] if ci else value) > threshold
 
 
+def check_graph_breaks(f):
+    c = _m(f, "compile")
+    if c is None:
+        return na("graph breaks were not checked (torch._dynamo.explain did not run on this model)")
+    n = c["graph_break_count"]
+    nums = {"graph_count": c["graph_count"], "graph_break_count": n, "breaks": c["breaks"]}
+    if n == 0:
+        return "pass", f"Dynamo captures the forward as {c['graph_count']} graph(s) with no break", "", nums
+    where = "; ".join(f"{b['location']}: {b['reason']}" for b in c["breaks"][:3])
+    return ("warn", f"{n} graph break(s) split the forward into {c['graph_count']} graphs ({where})",
+            "Each break hands control back to Python and gives back part of torch.compile's speed-up. The Compile "
+            "page (python -m diagnostics compile) lists every break with its source line and the rewrite that "
+            "removes it.", nums)
+
+
 def check_batch_size(f):
     bp = _m(f, "batch_probe")
     b = f.get("batch_size")
@@ -726,6 +741,7 @@ RULES: list[Rule] = [
     Rule("tensor_copies", "Views instead of layout copies", "compute", check_tensor_copies),
     Rule("python_loops", "Vectorised (no Python loop over tensor elements)", "compute", check_python_loops),
     Rule("torch_compile", "torch.compile used", "compute", check_compile, fix="torch_compile"),
+    Rule("graph_breaks", "No torch.compile graph breaks", "compute", check_graph_breaks),
     Rule("channels_last", "Conv nets in channels_last", "compute", check_channels_last, fix="channels_last"),
     Rule("cudnn_benchmark", "cudnn.benchmark on", "compute", check_cudnn_benchmark),
     Rule("tf32", "TF32 on for fp32 matmuls", "compute", check_tf32),

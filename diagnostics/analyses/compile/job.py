@@ -1,0 +1,166 @@
+"""The compile job: Dynamo's graphs and graph breaks, then the model compiled as the user asked,
+its first (compiling) call, recompiles, and eager vs compiled time interleaved.
+
+The model is compiled in the worker; the user's model is left as it was (weights, modes). Numbers
+come from Dynamo itself (torch._dynamo.explain, its compile-time metrics and recompile log) and
+from the one timer (measure.compare: ABBA rounds, a bootstrap interval and a verdict).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch._dynamo
+
+from diagnostics.analyses.compile import ANALYSIS
+from diagnostics.errors import ModelRunError, TorchScopeError
+from diagnostics.measure.compare import interleaved
+from diagnostics.measure.dynamo import compile_seconds, explain, watch_recompiles
+from diagnostics.measure.state import restored_state
+from diagnostics.measure.timer import sync
+
+
+def _first_line(e: BaseException) -> str:
+    text = next((l.strip() for l in str(e).splitlines() if l.strip()), "")
+    return f"{type(e).__name__}: {text}"[:500]
+
+
+def _compile(model, o: dict, **extra):
+    dynamic = {"auto": None, "static": False, "dynamic": True}[o["dynamic"]]
+    kwargs = {"backend": o["backend"], "dynamic": dynamic, **extra}
+    if o["mode"] != "default" and o["backend"] == "inductor":
+        kwargs["mode"] = o["mode"]
+    return torch.compile(model, **kwargs)
+
+
+def analyze(ctx, options: dict) -> dict:
+    o = ANALYSIS.validate(options)  # idempotent: the runner validated them too
+    loaded = ctx.loaded
+    model, inputs, device = loaded.model, loaded.inputs, loaded.device
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TorchScopeError("a TorchScript model cannot be compiled with torch.compile (it is already a graph); "
+                              "load the Python model or an exported program instead")
+    notes: list[str] = []
+    result: dict = {"model": loaded.spec.label, "device": str(device), "batch_size": loaded.batch_size}
+    with restored_state(model):
+        model.eval()
+        ctx.progress(0.05, "Dynamo: graphs and graph breaks (torch._dynamo.explain)")
+        try:
+            with torch.no_grad():
+                ex = explain(model, inputs)
+        except Exception as e:  # Dynamo failing outright is what the user needs to see
+            raise ModelRunError(f"torch._dynamo.explain failed on the model: {_first_line(e)}") from e
+
+        fullgraph_ok, fullgraph_error = None, None
+        if o["fullgraph"]:
+            ctx.progress(0.2, "checking fullgraph=True")
+            torch._dynamo.reset()
+            try:
+                with torch.no_grad():
+                    torch.compile(model, fullgraph=True, backend="eager")(*inputs)
+                fullgraph_ok = True
+            except Exception as e:
+                fullgraph_ok, fullgraph_error = False, _first_line(e)
+
+        ctx.progress(0.3, f"compiling (backend {o['backend']}, mode {o['mode']})")
+        torch._dynamo.reset()
+        kernels_before = _kernel_count()
+        frames_before = len(compile_seconds())
+        compiled = _compile(model, o)
+
+        def eager_call():
+            with torch.no_grad():
+                return model(*inputs)
+
+        def compiled_call():
+            with torch.no_grad():
+                return compiled(*inputs)
+
+        with watch_recompiles() as recompiles:
+            t0 = time.perf_counter()
+            try:
+                compiled_call()
+                sync(device)
+            except Exception as e:
+                raise ModelRunError(f"the compiled model failed on its first call ({o['backend']}): "
+                                    f"{_first_line(e)}") from e
+            first_ms = (time.perf_counter() - t0) * 1e3
+            frames = compile_seconds()[frames_before:]
+            kernels = _kernel_count()
+            ctx.progress(0.55, f"eager vs compiled: {o['rounds']} interleaved rounds")
+            cmp = interleaved({"eager": eager_call, "compiled": compiled_call}, device, o["rounds"], o["warmup"],
+                              batch_size=loaded.batch_size, progress=lambda f, m: ctx.progress(0.55 + 0.25 * f, m))
+            if o["recompile_probe"] and loaded.make_inputs is not None and loaded.batch_size:
+                ctx.progress(0.82, f"calling at batch {2 * loaded.batch_size} (a new input shape)")
+                bigger = loaded.make_inputs(2 * loaded.batch_size)
+                try:
+                    with torch.no_grad():
+                        compiled(*bigger)
+                except Exception as e:
+                    notes.append(f"the compiled model failed at batch {2 * loaded.batch_size}: {_first_line(e)}")
+
+        train = None
+        if o["train"]:
+            ctx.progress(0.88, "training step: eager vs compiled")
+            train = _train_comparison(model, loaded, o, device)
+
+    torch._dynamo.reset()
+    c = cmp["compiled"]
+    ci = c["speedup_ci"] or [None, None]
+    if kernels is not None and kernels_before is not None and o["backend"] == "inductor":
+        generated = kernels - kernels_before
+    else:
+        generated = None
+        notes.append("generated kernels are counted for the inductor backend only")
+    if ex["graph_break_count"]:
+        notes.append(f"{ex['graph_break_count']} graph break(s): each splits the model into separately compiled "
+                     "graphs with Python in between; fix the listed lines to give the compiler the whole model")
+    metrics = {
+        "graph_count": ex["graph_count"], "graph_break_count": ex["graph_break_count"],
+        "break_sites": len(ex["graph_breaks"]), "op_count": ex["op_count"],
+        "recompiles": len(recompiles), "fullgraph_ok": fullgraph_ok,
+        "compile_time_s": sum(frames) if frames else None, "first_call_ms": first_ms,
+        "eager_ms": cmp["eager"]["median_ms"], "compiled_ms": c["median_ms"],
+        "speedup": c["speedup"], "speedup_ci_low": ci[0], "speedup_ci_high": ci[1], "verdict": c["verdict"],
+        "train_speedup": None if train is None else train["speedup"],
+        "generated_kernels": generated,
+    }
+    ctx.progress(1.0, "done")
+    return {
+        **result, "options": o, "metrics": metrics,
+        "graph_breaks": ex["graph_breaks"], "graphs": ex["graphs"], "recompiles": recompiles,
+        "compile_frames": [{"frame": i, "seconds": s} for i, s in enumerate(frames)],
+        "fullgraph_error": fullgraph_error,
+        "timing": {k: {kk: v[kk] for kk in ("median_ms", "p90_ms", "speedup", "speedup_ci", "verdict", "rounds",
+                                              "round_ms")} for k, v in cmp.items()},
+        "train_timing": train, "timing_cv": cmp["eager"]["cv"],
+        "torch_version": torch.__version__, "notes": notes,
+    }
+
+
+def _kernel_count() -> int | None:
+    try:
+        import torch._inductor.metrics as m
+
+        return int(m.generated_kernel_count)
+    except Exception:
+        return None
+
+
+def _train_comparison(model, loaded, o: dict, device) -> dict:
+    """Forward + loss + backward, eager vs compiled, interleaved (no optimizer step: weights stay)."""
+    model.train()
+    compiled = _compile(model, o)
+
+    def step(m):
+        def run():
+            model.zero_grad(set_to_none=True)
+            loaded.loss_fn(m(*loaded.inputs)).backward()
+        return run
+
+    step(compiled)()  # compiles forward and backward
+    cmp = interleaved({"eager": step(model), "compiled": step(compiled)}, device, o["rounds"], o["warmup"])
+    c = cmp["compiled"]
+    return {"eager_ms": cmp["eager"]["median_ms"], "compiled_ms": c["median_ms"], "speedup": c["speedup"],
+            "speedup_ci": c["speedup_ci"], "verdict": c["verdict"]}

@@ -1,0 +1,66 @@
+"""Figures for the torch.compile explorer: ops per graph (where the breaks cut the model), eager vs
+compiled time with the interval, and compile time per frame."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from diagnostics.render.sections import Section, notes, records, section
+
+
+def build_graphs_figure(result: dict) -> go.Figure:
+    """Ops captured per graph, in order: every gap between two bars is a graph break."""
+    graphs = result["graphs"]
+    labels = [f"graph {g['index']}" for g in graphs]
+    fig = go.Figure(go.Bar(x=labels, y=[g["ops"] for g in graphs], marker_color="#4C78A8",
+                           customdata=[", ".join(g["modules"]) or "(no module: free functions)" for g in graphs],
+                           hovertemplate="%{x}: %{y} ops<br>modules: %{customdata}<extra></extra>"))
+    for i, b in enumerate(result["graph_breaks"][: max(0, len(graphs) - 1)]):
+        fig.add_annotation(x=i + 0.5, y=max((g["ops"] for g in graphs), default=1), text=f"break: {b['location']}",
+                           showarrow=False, textangle=-90, font=dict(size=10, color="#c62828"), yanchor="top")
+    fig.update_layout(title=f"Ops per captured graph ({len(graphs)} graphs, "
+                            f"{result['metrics']['graph_break_count']} breaks)",
+                      xaxis_title="graph, in execution order", yaxis_title="ops captured (count)",
+                      height=340, margin=dict(l=10, r=10, t=50, b=40), showlegend=False)
+    return fig
+
+
+def build_timing_figure(result: dict) -> go.Figure:
+    """Median time per call, eager and compiled (inference; a training step when measured)."""
+    m = result["metrics"]
+    names, ms, colors = ["eager", "compiled"], [m["eager_ms"], m["compiled_ms"]], ["#9e9e9e", "#2e7d32"]
+    t = result.get("train_timing")
+    if t:
+        names += ["eager train step", "compiled train step"]
+        ms += [t["eager_ms"], t["compiled_ms"]]
+        colors += ["#9e9e9e", "#2e7d32"]
+    fig = go.Figure(go.Bar(x=ms, y=names, orientation="h", marker_color=colors,
+                           hovertemplate="%{y}: %{x:.3f} ms<extra></extra>"))
+    ci = "" if m.get("speedup_ci_low") is None else f" [{m['speedup_ci_low']:.2f}, {m['speedup_ci_high']:.2f}]"
+    sp = "n/a" if m.get("speedup") is None else f"x{m['speedup']:.2f}{ci}, {m['verdict']}"
+    fig.update_layout(title=f"Eager vs compiled, median per call (speed-up {sp})", xaxis_title="time per call (ms)",
+                      yaxis=dict(autorange="reversed"), height=260 + 30 * len(names),
+                      margin=dict(l=10, r=10, t=50, b=40), showlegend=False)
+    return fig
+
+
+def build_compile_time_figure(result: dict) -> go.Figure:
+    frames = result["compile_frames"]
+    fig = go.Figure(go.Bar(x=[f"frame {f['frame']}" for f in frames], y=[f["seconds"] for f in frames],
+                           marker_color="#F58518", hovertemplate="%{x}: %{y:.3f} s<extra></extra>"))
+    fig.update_layout(title="Compile time per compiled frame (first call)", xaxis_title="frame (a graph and its guards)",
+                      yaxis_title="compile time (s)", height=300, margin=dict(l=10, r=10, t=50, b=40))
+    return fig
+
+
+def compile_sections(result: dict) -> list[Section]:
+    return [
+        section("Graph breaks", [lambda: build_graphs_figure(result)], text=notes(result),
+                tables=[("graph breaks (reason, file:line, suggested rewrite)", records(result, "graph_breaks")),
+                        ("graphs", records(result, "graphs"))]),
+        section("Time", [lambda: build_timing_figure(result), lambda: build_compile_time_figure(result)],
+                tables=[("recompiles", records(result, "recompiles"))]),
+    ]
+
+
+SECTIONS = {"compile": compile_sections}

@@ -1,0 +1,114 @@
+"""The torch.compile explorer against torch._dynamo.explain run directly on the same model."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from diagnostics.errors import TorchScopeError
+from diagnostics.measure.compare import VERDICTS
+from diagnostics.measure.dynamo import parse_recompile, suggestion
+from diagnostics.runner import Job, execute
+from diagnostics.spec import InputSpec, ModelSpec
+from sample_models import mlps
+
+ROOT = Path(__file__).resolve().parents[2]
+MLPS = ROOT / "sample_models" / "mlps.py"
+
+
+def _line_of(fragment: str) -> int:
+    return next(i for i, line in enumerate(MLPS.read_text().splitlines(), 1) if fragment in line)
+
+
+@pytest.fixture(scope="module")
+def breaky(tmp_path_factory):
+    return execute(Job("compile", ModelSpec(name="graph_break_mlp"),
+                       {"backend": "eager", "rounds": 3, "warmup": 1}), tmp_path_factory.mktemp("c"))
+
+
+def test_breaks_graphs_and_ops_are_dynamos_own(breaky):
+    torch.manual_seed(0)
+    model = mlps.GraphBreakMLP().eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = torch._dynamo.explain(model)(torch.randn(32, 64))
+    torch._dynamo.reset()
+    m = breaky["metrics"]
+    assert m["graph_count"] == ref.graph_count == 3
+    assert m["graph_break_count"] == ref.graph_break_count == 2
+    assert m["op_count"] == ref.op_count
+    assert [g["ops"] for g in breaky["graphs"]] == [
+        sum(1 for n in g.graph.nodes if n.op in ("call_function", "call_method", "call_module")) for g in ref.graphs]
+    assert [b["reason"] for b in breaky["graph_breaks"]] == [str(r.reason).strip() for r in ref.break_reasons]
+
+
+def test_every_break_names_its_source_line_and_a_rewrite(breaky):
+    by_loc = {b["location"]: b for b in breaky["graph_breaks"]}
+    item, numpy = f"mlps.py:{_line_of('h.mean().item() > 0.5')}", f"mlps.py:{_line_of('.numpy()).mean())')}"
+    assert set(by_loc) == {item, numpy}
+    assert by_loc[item]["code"].startswith("if h.mean().item() > 0.5:")
+    assert by_loc[item]["reason"].startswith("Unsupported Tensor.item() call")
+    assert "torch.where" in by_loc[item]["suggestion"] and by_loc[item]["count"] == 1
+    assert by_loc[numpy]["code"].startswith("scale = float(np.abs(")
+    assert by_loc[numpy]["suggestion"]
+
+
+def test_compile_time_recompiles_fullgraph_and_the_interleaved_comparison(breaky):
+    m = breaky["metrics"]
+    assert m["compile_time_s"] == pytest.approx(sum(f["seconds"] for f in breaky["compile_frames"]))
+    assert m["compile_time_s"] > 0 and len(breaky["compile_frames"]) == 3  # one frame per graph
+    assert m["first_call_ms"] > m["compiled_ms"] > 0 and m["eager_ms"] > 0
+    low, high = m["speedup_ci_low"], m["speedup_ci_high"]
+    assert low <= m["speedup"] <= high and m["verdict"] in VERDICTS
+    # the batch x2 probe recompiles every frame on the new shape
+    assert m["recompiles"] == len(breaky["recompiles"]) >= 1
+    assert any("size mismatch" in g for r in breaky["recompiles"] for g in r["guard_failures"])
+    assert all("mark_dynamic" in r["advice"] for r in breaky["recompiles"])
+    assert m["fullgraph_ok"] is False and breaky["fullgraph_error"]
+    assert m["generated_kernels"] is None and any("inductor backend only" in n for n in breaky["notes"])
+    json.dumps(breaky)
+
+
+def test_a_clean_model_is_one_graph(tmp_path):
+    r = execute(Job("compile", ModelSpec(name="mlp"), {"backend": "eager", "rounds": 2, "recompile_probe": False}),
+                tmp_path)
+    m = r["metrics"]
+    assert (m["graph_count"], m["graph_break_count"], m["fullgraph_ok"], m["recompiles"]) == (1, 0, True, 0)
+    assert r["graph_breaks"] == [] and r["graphs"][0]["modules"] == ["fc1", "act1", "fc2", "act2", "head"]
+
+
+def test_torchscript_is_refused_by_name(tmp_path):
+    path = tmp_path / "lin.ts.pt"
+    torch.jit.save(torch.jit.script(nn.Linear(4, 2)), str(path))
+    spec = ModelSpec(source="torchscript", name="lin.ts.pt", path=str(path), inputs=(InputSpec((2, 4)),))
+    with pytest.raises(TorchScopeError, match="a TorchScript model cannot be compiled with torch.compile"):
+        execute(Job("compile", spec, {"backend": "eager"}), tmp_path)
+
+
+def test_recompile_messages_and_suggestions_are_read():
+    r = parse_recompile("Recompiling function forward in /x/m.py:12\n    triggered by the following guard failure(s):\n"
+                        "    - 0/0: tensor 'x' dtype mismatch. expected Float, actual Double")
+    assert r == {"function": "forward", "where": "/x/m.py:12",
+                 "guard_failures": ["0/0: tensor 'x' dtype mismatch. expected Float, actual Double"],
+                 "advice": "the input dtype or device changed: cast inputs to one dtype / device before the "
+                           "compiled call"}
+    assert "print" in suggestion("Failed to trace builtin operator `print`")
+    assert suggestion("something entirely new") is None
+
+
+@pytest.mark.slow
+def test_the_cli_compiles_with_inductor_and_lists_the_breaks(tmp_path):
+    env = {"TORCHSCOPE_DATA_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, "-m", "diagnostics", "compile", "--model", "graph_break_mlp", "--rounds", "3",
+                        "--json", "--no-report"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout)
+    assert [b["location"] for b in r["graph_breaks"]] == [
+        f"mlps.py:{_line_of('h.mean().item() > 0.5')}", f"mlps.py:{_line_of('.numpy()).mean())')}"]
+    assert r["metrics"]["graph_count"] == 3 and r["metrics"]["generated_kernels"] >= 1
+    assert re.match(r"(faster|slower|within noise)$", r["metrics"]["verdict"])

@@ -1,0 +1,70 @@
+"""Show a torch.compile exploration: graph breaks with their source lines and fixes, graphs,
+recompiles, compile time and eager vs compiled."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from diagnostics.render.charts.compile import build_compile_time_figure, build_graphs_figure, build_timing_figure
+from ui.widgets import json_download, metric_row
+
+
+def _s(v) -> str:
+    return "n/a" if v is None else f"{v:.2f} s"
+
+
+def show(result: dict) -> None:
+    m, o = result["metrics"], result["options"]
+    st.caption(f"{result['model']} · device {result['device']} · backend {o['backend']} · mode {o['mode']} · "
+               f"dynamic {o['dynamic']} · torch {result['torch_version']}")
+    ci = "" if m["speedup_ci_low"] is None else f"interval [{m['speedup_ci_low']:.2f}, {m['speedup_ci_high']:.2f}]"
+    metric_row([
+        ("Graphs", str(m["graph_count"]), "as torch._dynamo.explain counts them"),
+        ("Graph breaks", str(m["graph_break_count"]), f"{m['break_sites']} distinct places"),
+        ("Recompiles", str(m["recompiles"]), "guard failures while running (incl. the batch x2 probe)"
+         if o["recompile_probe"] else "guard failures while running"),
+        ("Compile time", _s(m["compile_time_s"]), f"first call {m['first_call_ms']:.0f} ms"),
+        ("Compiled speed-up", "n/a" if m["speedup"] is None else f"x{m['speedup']:.2f}",
+         f"{m['verdict']}; {ci}" if ci else m["verdict"]),
+    ])
+    if m["fullgraph_ok"] is False:
+        st.error(f"fullgraph=True fails: {result['fullgraph_error']}", icon=":material/call_split:")
+    elif m["fullgraph_ok"]:
+        st.success("The whole forward compiles as one graph (fullgraph=True).", icon=":material/check_circle:")
+    for note in result.get("notes", []):
+        st.caption(note)
+    breaks = result["graph_breaks"]
+    tabs = st.tabs(["Graph breaks", "Graphs", "Recompiles", "Time"])
+    with tabs[0]:
+        if not breaks:
+            st.info("No graph breaks: Dynamo captured the forward whole.")
+        for b in breaks:
+            with st.expander(f"{b['location']} · {b['reason'].splitlines()[0]} · hit {b['count']}x",
+                             expanded=len(breaks) <= 3):
+                if b["code"]:
+                    st.code(b["code"], language="python")
+                if b["suggestion"]:
+                    st.markdown(f"**What to change:** {b['suggestion']}")
+                st.text(b["reason"])
+    with tabs[1]:
+        st.plotly_chart(build_graphs_figure(result), width="stretch")
+        st.dataframe(pd.DataFrame([{"graph": g["index"], "ops": g["ops"], "modules": ", ".join(g["modules"])}
+                                   for g in result["graphs"]]), hide_index=True, width="stretch")
+    with tabs[2]:
+        if not result["recompiles"]:
+            st.info("No recompiles.")
+        for r in result["recompiles"]:
+            st.markdown(f"**{r['function']}** ({r['where']})")
+            for g in r["guard_failures"]:
+                st.text(f"guard failed: {g}")
+            if r["advice"]:
+                st.caption(r["advice"])
+    with tabs[3]:
+        st.plotly_chart(build_timing_figure(result), width="stretch")
+        if result["compile_frames"]:
+            st.plotly_chart(build_compile_time_figure(result), width="stretch")
+    json_download(result, "compile.json")
+
+
+VIEWS = {"compile": show}
