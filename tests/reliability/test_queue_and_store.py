@@ -63,6 +63,9 @@ def _two_at_once(store, spec) -> list[tuple]:
 
 
 def test_exclusive_jobs_take_turns_on_a_device_and_the_waiting_one_is_queued(tmp_path, monkeypatch):
+    # The model logs its forward's wall clock to a file of the test's: outside what the job sandbox
+    # lets a job write (tests/reliability/test_sandbox.py covers that), so the sandbox is off here.
+    monkeypatch.setenv("TORCHSCOPE_SANDBOX", "0")
     # The parent decides exclusivity (the worker only looks the function up), so marking the
     # validate analysis exclusive here is enough to put it through the device queue.
     store = Store(tmp_path / "data")
@@ -132,7 +135,9 @@ def test_a_dashboard_killed_mid_job_leaves_a_row_that_the_next_start_marks_inter
     store = Store(data)
     spec = _sleepy_spec(tmp_path, tmp_path / "forward.log", 120)
     mine = store.create_run("summary", spec=None, options={}, cache_key=None, model_label=None, device="cpu")
-    dash = subprocess.Popen([sys.executable, "-c", _DASHBOARD, str(data), spec.path], cwd=ROOT)
+    # sandbox off: the model logs to a file of the test's (see the queue test above)
+    dash = subprocess.Popen([sys.executable, "-c", _DASHBOARD, str(data), spec.path], cwd=ROOT,
+                            env=dict(os.environ, TORCHSCOPE_SANDBOX="0"))
     try:
         deadline = time.monotonic() + 60
         worker = None
