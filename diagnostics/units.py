@@ -18,6 +18,7 @@ UNITS: dict[str, tuple[str, str]] = {
     "count": ("a count", ""),
     "flop": ("floating-point operations", "FLOP"),
     "flop_per_s": ("floating-point operations per second", "FLOP/s"),
+    "bytes_per_s": ("bytes per second (shown in GB/s)", "B/s"),
     "per_s": ("items (samples) per second", "/s"),
     "fraction": ("a share between 0 and 1, shown as a percentage", "%"),
     "percent": ("a percentage (0-100)", "%"),
@@ -117,6 +118,8 @@ def format_value(value, unit: str) -> str:
         return human_count(value, "FLOP")
     if unit == "flop_per_s":
         return human_count(value, "FLOP/s")
+    if unit == "bytes_per_s":
+        return f"{value / 1e9:.3g} GB/s"
     if unit == "per_s":
         return f"{human_count(value)}/s"
     if unit == "fraction":

@@ -26,8 +26,9 @@ def test_profiler_page_runs_on_demand_and_shows_the_views(new_app):
     assert not at.error, [e.value for e in at.error]
     labels = [m.label for m in at.metric]
     assert labels[:3] == ["Median latency", "p90", "p99"]
-    assert [t.label for t in at.tabs] == ["Latency", "Steps", "Operators", "Modules", "GPU kernels", "Timeline",
-                                          "Trace files"]
+    assert [t.label for t in at.tabs] == ["Latency", "Steps", "Operators", "Roofline", "Modules", "GPU kernels",
+                                          "Timeline", "Trace files"]
+    assert "MFU" in labels and "Above the roofs" in labels
     ops = at.dataframe[1].value  # steps table, then operators
     assert "aten::addmm" in set(ops["name"])
     assert "input_shapes" not in ops
@@ -37,7 +38,9 @@ def test_profiler_page_runs_on_demand_and_shows_the_views(new_app):
     at.text_input(key="prof_op_filter").set_value("addmm").run()
     names = set(at.dataframe[1].value["name"])
     assert "aten::addmm" in names and all("addmm" in n.lower() for n in names) and len(names) < len(ops)
-    modules = at.dataframe[2].value
+    roof = at.dataframe[2].value  # the roofline table
+    assert "aten::addmm" in set(roof["op"]) and set(roof["bound"]) <= {"compute", "memory"}
+    modules = at.dataframe[3].value
     assert {"(model)", "fc1", "fc2", "head"} <= set(modules["name"])
     assert (modules["backward_ms"] > 0).any()
     # the trace files are on disk and named in the result

@@ -9,7 +9,7 @@ import streamlit as st
 
 from diagnostics.render.charts.profiler import (build_device_split_figure, build_kernel_figure,
                                          build_latency_histogram_figure, build_module_tree_figure,
-                                         build_step_breakdown_figure, build_timeline_figure,
+                                         build_roofline_figure, build_step_breakdown_figure, build_timeline_figure,
                                          build_top_operators_figure)
 from diagnostics.units import human_bytes, human_count
 from ui.widgets import json_download, metric_row
@@ -57,6 +57,35 @@ def _config_caption(result: dict) -> str:
             f"{result.get('torch_version', '?')}")
 
 
+def _roofline(result: dict) -> None:
+    roofs, rows, m = result.get("roofs"), result.get("roofline") or [], result["metrics"]
+    if not roofs:
+        st.info("The roofline was off for this run (option roofline).")
+        return
+    ds = roofs.get("datasheet")
+    metric_row([
+        ("MFU", "n/a" if m.get("mfu") is None else f"{100 * m['mfu']:.1f}%",
+         "model FLOPs per step / median latency / measured GEMM peak"),
+        ("Model FLOPs / step", human_count(m.get("model_flops_per_step"), "FLOP"), "FlopCounterMode, one step"),
+        ("GEMM peak (measured)", human_count(roofs["peak_flops"], "FLOP/s"),
+         None if not ds else f"datasheet ({ds['gpu']}): {human_count(ds['peak_flops'], 'FLOP/s')}"),
+        ("Bandwidth (measured)", f"{roofs['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s",
+         None if not ds else f"datasheet: {ds['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s"),
+        ("Above the roofs", f"{m.get('roofline_headroom_ms') or 0:.3f} ms", "per step: time minus time at the roof"),
+    ])
+    st.caption(roofs["method"])
+    st.plotly_chart(build_roofline_figure(result), width="stretch")
+    if rows:
+        df = pd.DataFrame([{"op": r["op"], "bound": r["bound"], "time / step (ms)": r["time_ms"],
+                            "at the roof (ms)": r["roof_ms"], "headroom (ms)": r["headroom_ms"],
+                            "% of roof": r["pct_of_roof"], "achieved TFLOP/s": r["achieved_tflops"],
+                            "FLOP / byte": r["intensity"], "GFLOP / step": r["flops"] / 1e9,
+                            "MB moved / step": r["bytes"] / 1e6, "calls": r["calls"]} for r in rows])
+        st.dataframe(df, hide_index=True, width="stretch",
+                     column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in df.columns
+                                    if c not in ("op", "bound", "calls")})
+
+
 def show(result: dict) -> None:
     m, lat = result["metrics"], result["latency"]
     st.caption(_config_caption(result))
@@ -79,7 +108,7 @@ def show(result: dict) -> None:
     for note in result.get("notes", []):
         st.info(note)
 
-    tabs = st.tabs(["Latency", "Steps", "Operators", "Modules", "GPU kernels", "Timeline", "Trace files"])
+    tabs = st.tabs(["Latency", "Steps", "Operators", "Roofline", "Modules", "GPU kernels", "Timeline", "Trace files"])
     with tabs[0]:
         st.plotly_chart(build_latency_histogram_figure(result), width="stretch")
     with tabs[1]:
@@ -95,16 +124,18 @@ def show(result: dict) -> None:
     with tabs[2]:
         _operators(result)
     with tabs[3]:
-        _modules(result)
+        _roofline(result)
     with tabs[4]:
-        _kernels(result)
+        _modules(result)
     with tabs[5]:
+        _kernels(result)
+    with tabs[6]:
         tl = result["timeline"]
         st.caption(f"{tl['shown_events']:,} of {tl['total_events']:,} events drawn (downsampled so it draws fast: "
                    "the longest events are kept, a bar may stand for several); drag to zoom, double-click to "
                    "reset. For every event, open the trace file in Perfetto.")
         st.plotly_chart(build_timeline_figure(result), width="stretch")
-    with tabs[6]:
+    with tabs[7]:
         _downloads(result)
     json_download(result, "profile.json")
 

@@ -45,6 +45,8 @@ ANALYSIS = Analysis(
         Option("latency_warmup", "int", 5, "untimed iterations before the latency is measured", lo=0,
                hi=MAX_LATENCY_ITERS),
         Option("latency_iters", "int", 30, "timed iterations outside the profiler", lo=1, hi=MAX_LATENCY_ITERS),
+        Option("roofline", "bool", True, "measure this machine's roofs (GEMM FLOP/s, copy bandwidth) and place each "
+               "operator on the roofline; MFU of the step"),
         Option("timeline_max_events", "int", TIMELINE_MAX_EVENTS, "events drawn on the timeline at most",
                lo=10, hi=200_000),
     ),
@@ -58,6 +60,12 @@ ANALYSIS = Analysis(
         Metric("step_time_mean_ms", "ms", "Profiled step time (mean)", "inside the profiler: includes its overhead"),
         Metric("profiler_overhead_pct", "percent", "Profiler overhead",
                "median profiled step over the unprofiled median latency, minus 1"),
+        Metric("mfu", "fraction", "MFU", "model FLOPs per step / median latency / the measured GEMM peak"),
+        Metric("model_flops_per_step", "flop", "Model FLOPs per step", "FlopCounterMode, one step"),
+        Metric("peak_flops", "flop_per_s", "Measured GEMM peak"),
+        Metric("bandwidth_bytes_per_s", "bytes_per_s", "Measured memory bandwidth"),
+        Metric("roofline_headroom_ms", "ms", "Time above the roofs per step", "sum over ops of time minus time "
+               "at the roof"),
         Metric("self_cpu_total_ms", "ms", "Self CPU time (sum)"),
         Metric("self_device_total_ms", "ms", "Self device time (sum)"),
         Metric("kernel_time_ms", "ms", "GPU kernel time"),
@@ -67,6 +75,11 @@ ANALYSIS = Analysis(
         Metric("batch_size", "count", "Batch size"),
     ),
     tables=(
+        Table("roofline", "Roofline per operator", (
+            Column("time_ms", "ms", "time per step"), Column("flops", "flop", "FLOPs per step"),
+            Column("bytes", "bytes", "bytes moved per step"), Column("achieved_tflops", "number", "achieved TFLOP/s"),
+            Column("intensity", "number", "FLOP per byte"), Column("roof_ms", "ms", "time at the roof"),
+            Column("headroom_ms", "ms", "headroom"))),
         Table("operators", "Operators (summed over the profiled steps)", _OP_COLUMNS),
         Table("operators_by_shape", "Operators by input shape", _OP_COLUMNS),
         Table("steps", "Steps", (Column("step_ms", "ms", "step"), Column("zero_grad_ms", "ms", "zero_grad"),

@@ -29,6 +29,7 @@ from diagnostics.trace import load_trace, profiler_views as pt
 from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, is_python_frame_name
 from diagnostics.trace.model import Trace
 from diagnostics.errors import TorchScopeError
+from diagnostics.measure.roofline import count_ops, measure_roofs, mfu, roofline_rows
 from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls
 from diagnostics.measure.training import Step
 
@@ -208,6 +209,20 @@ def write_artifacts(traces: list[bytes], artifact_dir: Path) -> dict:
             "tb_zip": str(artifact_dir / TB_ZIP)}
 
 
+# ----------------------------------------------------------------------------- roofline
+def _roofline(model, step, opts: dict, device, operators: list[dict], steps: int, latency_ms: float,
+              cuda_ran: bool) -> dict:
+    """Roofs measured here, each op's FLOPs and bytes counted over one step, its time per profiled step."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    roofs = measure_roofs(device, dtype)
+    with _mode(model, opts):
+        ops, model_flops = count_ops(step)
+    times = {r["name"]: (r["self_device_ms"] if cuda_ran and r["self_device_ms"] > 0 else r["self_cpu_ms"]) / steps
+             for r in operators}
+    return {"roofs": roofs, "rows": roofline_rows(ops, times, roofs), "model_flops": model_flops,
+            "mfu": mfu(model_flops, latency_ms, roofs["peak_flops"])}
+
+
 # ----------------------------------------------------------------------------- the job
 def analyze(ctx, options: dict) -> dict:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
@@ -304,6 +319,14 @@ def analyze(ctx, options: dict) -> dict:
     artifacts = write_artifacts(cycle_traces, ctx.artifact_dir)
     timeline = pt.timeline(traces[-1], opts["timeline_max_events"])
 
+    roof = None
+    if opts["roofline"]:
+        ctx.progress(0.9, "roofline: this machine's roofs, FLOPs and bytes per operator")
+        roof = _roofline(model, step, opts, device, operators, max(1, len(steps)), latency["median_ms"],
+                         cuda_ran="cuda" in opts["activities"])
+        notes.append("roofline: " + roof["roofs"]["method"] + "; FLOPs from torch's FlopCounterMode (matmuls, "
+                     "convolutions, attention; elementwise ops count 0 FLOPs and are placed by their bytes), bytes "
+                     "from every op's tensor inputs and outputs; time is each op's self time per profiled step")
     step_ms = [s["step_ms"] for s in steps]
     cuda_ran = "cuda" in opts["activities"]
     if opts["repeat"] > 1:
@@ -331,6 +354,11 @@ def analyze(ctx, options: dict) -> dict:
         "kernel_time_ms": sum(k["total_us"] for k in kernels_ev) / 1e3,
         "tensor_core_kernel_pct": pt.tensor_core_pct(kernels_ev),
         "peak_device_memory_bytes": peak,
+        "mfu": roof["mfu"] if roof else None,
+        "model_flops_per_step": roof["model_flops"] if roof else None,
+        "peak_flops": roof["roofs"]["peak_flops"] if roof else None,
+        "bandwidth_bytes_per_s": roof["roofs"]["bandwidth_bytes_per_s"] if roof else None,
+        "roofline_headroom_ms": sum(r["headroom_ms"] for r in roof["rows"]) if roof else None,
         "profile_wall_s": profile_wall_s,
         "batch_size": batch,
     }
@@ -342,6 +370,7 @@ def analyze(ctx, options: dict) -> dict:
         "loss": loaded.loss_name if opts["mode"] == "train" else None,
         "metrics": metrics, "latency": latency, "timing_cv": latency["cv"], "steps": steps, "device_split": split,
         "operators": operators, "operators_by_shape": by_shape, "modules": module_rows,
-        "kernels": kernels_ev, "timeline": timeline, "artifacts": artifacts, "notes": notes,
+        "kernels": kernels_ev, "timeline": timeline,
+        "roofline": roof["rows"] if roof else [], "roofs": roof["roofs"] if roof else None, "artifacts": artifacts, "notes": notes,
         "torch_version": torch.__version__,
     }

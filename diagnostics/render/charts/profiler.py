@@ -192,6 +192,46 @@ def build_timeline_figure(result: dict) -> go.Figure:
 
 
 # ----------------------------------------------------------------------------- report sections
+def build_roofline_figure(result: dict) -> go.Figure:
+    """Log-log roofline: one point per operator (achieved FLOP/s against FLOP per byte), sized by its
+    time per step; the measured compute roof and memory roof drawn as lines."""
+    import math
+
+    rows = [r for r in result.get("roofline") or [] if r["flops"] > 0 and r["intensity"]]
+    roofs = result.get("roofs")
+    if not rows or not roofs:
+        return _empty("Roofline", "no operator with counted FLOPs and a measured time (or the roofline was off)")
+    peak, bw = roofs["peak_flops"], roofs["bandwidth_bytes_per_s"]
+    xs = [r["intensity"] for r in rows]
+    lo, hi = min(xs + [peak / bw]) / 4, max(xs + [peak / bw]) * 4
+    grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
+    fig = go.Figure()
+    fig.add_scatter(x=grid, y=[min(peak, bw * x) for x in grid], mode="lines", name="roof (measured)",
+                    line=dict(color="#616161"), hovertemplate="roof %{y:.3s}FLOP/s at %{x:.3g} FLOP/B<extra></extra>")
+    ds = roofs.get("datasheet")
+    if ds:
+        fig.add_scatter(x=grid, y=[min(ds["peak_flops"], ds["bandwidth_bytes_per_s"] * x) for x in grid], mode="lines",
+                        name=f"roof ({ds['gpu']} datasheet)", line=dict(color="#9e9e9e", dash="dash"))
+    tmax = max(r["time_ms"] for r in rows)
+    fig.add_scatter(
+        x=xs, y=[r["achieved_tflops"] * 1e12 for r in rows], mode="markers", name="operators",
+        marker=dict(size=[8 + 30 * math.sqrt(r["time_ms"] / tmax) for r in rows],
+                    color=["#c62828" if r["bound"] == "memory" else "#4C78A8" for r in rows], opacity=0.75),
+        text=[r["op"] for r in rows],
+        customdata=[[r["time_ms"], r["roof_ms"], r["bound"]] for r in rows],
+        hovertemplate="%{text}<br>%{y:.3s}FLOP/s at %{x:.3g} FLOP/B<br>%{customdata[0]:.3f} ms per step, "
+                      "%{customdata[1]:.3f} ms at the roof (%{customdata[2]}-bound)<extra></extra>")
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte moved, log)")
+    fig.update_yaxes(type="log", title_text="achieved FLOP/s (log)")
+    m = result.get("metrics") or {}
+    mfu = m.get("mfu")
+    fig.update_layout(title=f"Roofline ({roofs['device_name']}, {roofs['dtype']}; MFU "
+                            f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'})",
+                      height=440, margin=dict(l=10, r=10, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.18, x=1, xanchor="right"))
+    return fig
+
+
 def profile_sections(result: dict) -> list[Section]:
 
     lat = result.get("latency") or {}
@@ -210,6 +250,10 @@ def profile_sections(result: dict) -> list[Section]:
                 tables=[("operators (operators.csv has all, operators_by_shape.csv by input shape)",
                          records(result, "operators", n=50))]),
     ]
+    if result.get("roofline"):
+        sections.append(Section("Roofline", figures=[build_roofline_figure(result)],
+                                tables=[("roofline per operator (time per step, at the roof, headroom)",
+                                         records(result, "roofline", n=50))]))
     if result.get("modules"):
         sections.append(Section("Modules", figures=[build_module_tree_figure(result)]))
     if result.get("kernels"):

@@ -1,0 +1,66 @@
+"""Roofline: the row arithmetic on known numbers, the op counts against hand counts, and MFU of a
+profiled step recomputed from its FLOPs, its measured latency and the reported roof."""
+
+import pytest
+import torch
+from torch import nn
+
+from diagnostics.measure.roofline import count_ops, datasheet, measure_roofs, mfu, roofline_rows
+from diagnostics.runner import Job, execute
+from diagnostics.spec import ModelSpec
+
+ROOFS = {"peak_flops": 100e9, "bandwidth_bytes_per_s": 10e9}  # ridge at 10 FLOP/byte
+
+
+def test_rows_place_each_op_against_its_roof():
+    ops = {"aten::mm": {"flops": 2e9, "bytes": 40e6, "calls": 2},          # 50 FLOP/B: compute-bound
+           "aten::relu": {"flops": 0, "bytes": 100e6, "calls": 1},         # memory-bound by its bytes
+           "aten::view": {"flops": 0, "bytes": 0, "calls": 4}}             # moves nothing: no row
+    rows = {r["op"]: r for r in roofline_rows(ops, {"aten::mm": 40.0, "aten::relu": 5.0, "aten::view": 0.1}, ROOFS)}
+    mm, relu = rows["aten::mm"], rows["aten::relu"]
+    assert set(rows) == {"aten::mm", "aten::relu"}
+    assert mm["intensity"] == 50 and mm["bound"] == "compute" and mm["roof_ms"] == pytest.approx(20.0)
+    assert mm["achieved_tflops"] == pytest.approx(2e9 / 0.040 / 1e12) and mm["headroom_ms"] == pytest.approx(20.0)
+    assert mm["pct_of_roof"] == pytest.approx(50.0) and not mm["above_roof"]
+    assert relu["bound"] == "memory" and relu["roof_ms"] == pytest.approx(10.0) and relu["above_roof"]  # 2x faster
+    assert mfu(2e9, 40.0, 100e9) == pytest.approx(0.5) and mfu(0, 1, 1) is None
+
+
+def test_counted_flops_and_bytes_of_a_linear_layer():
+    lin, x = nn.Linear(64, 32), torch.randn(16, 64)
+    ops, total = count_ops(lambda: lin(x))
+    assert ops["aten::addmm"]["flops"] == 2 * 16 * 64 * 32 == total
+    four = 4  # float32
+    assert ops["aten::addmm"]["bytes"] == four * (32 + 16 * 64 + 64 * 32 + 16 * 32)  # bias, x, W^T, out
+    assert ops["aten::t"]["bytes"] == 0  # a view moves nothing
+
+
+def test_measured_roofs_are_plausible_and_named():
+    r = measure_roofs("cpu", reps=3)
+    assert 1e8 < r["peak_flops"] < 1e14 and 1e8 < r["bandwidth_bytes_per_s"] < 1e13
+    assert r["ridge_intensity"] == pytest.approx(r["peak_flops"] / r["bandwidth_bytes_per_s"])
+    assert r["datasheet"] is None and "torch.mm" in r["method"]
+    assert datasheet("NVIDIA H100 80GB HBM3", "bfloat16")["peak_flops"] == 989e12
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    return execute(Job("profile", ModelSpec(name="mlp", batch_size=32),
+                       {"active": 2, "latency_iters": 10, "latency_warmup": 2}), tmp_path_factory.mktemp("p"))
+
+
+def test_profile_mfu_is_recomputed_from_flops_latency_and_the_roof(profiled):
+    m = profiled["metrics"]
+    d_in, h, c, b = 64, 128, 10, 32
+    assert m["model_flops_per_step"] == 2 * b * (d_in * h + h * h + h * c)  # three Linear layers, inference
+    assert m["mfu"] == pytest.approx(m["model_flops_per_step"] / (m["latency_median_ms"] / 1e3) / m["peak_flops"])
+    assert 0 < m["mfu"] <= 1
+    assert m["peak_flops"] == profiled["roofs"]["peak_flops"]
+
+
+def test_profile_roofline_rows_and_no_matmul_above_its_roof(profiled):
+    rows = {r["op"]: r for r in profiled["roofline"]}
+    assert "aten::addmm" in rows and rows["aten::addmm"]["calls"] == 3
+    assert rows["aten::addmm"]["bound"] in ("compute", "memory") and rows["aten::addmm"]["time_ms"] > 0
+    assert not any(r["above_roof"] for r in profiled["roofline"] if r["flops"] > 0)
+    assert profiled["metrics"]["roofline_headroom_ms"] == pytest.approx(sum(r["headroom_ms"] for r in rows.values()))
