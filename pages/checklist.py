@@ -5,6 +5,7 @@ import streamlit as st
 from diagnostics.settings import safe_mode
 from diagnostics.uploads import save_upload
 from ui import state, views
+from diagnostics.analyses.checklist.rank import fix_first
 from ui.jobs import cached_outcome, get_store, run_analysis
 from ui.views import checklist as checklist_view
 from ui.frame import require_app
@@ -62,5 +63,18 @@ def apply_fix(fix_id: str) -> None:
     st.switch_page("pages/optimize.py")
 
 
-checklist_view.show(outcome.result, apply_fix=apply_fix)
+def latest(analysis: str) -> dict | None:
+    """The newest successful run of ``analysis`` on this model and device, if any (History has it)."""
+    for rec in get_store().list(limit=50, analysis=analysis):
+        if rec.status == "ok" and rec.model_label == spec.label and rec.device == spec.device:
+            full = get_store().get(rec.id)
+            return full.result if full is not None else None
+    return None
+
+
+profile_result, optimize_result = latest("profile"), latest("optimize")
+sources = ", ".join(n for n, r in (("the latest profile's roofline", profile_result),
+                                   ("the latest Optimize trials", optimize_result)) if r)
+ranked = fix_first(outcome.result, profile_result, optimize_result)
+checklist_view.show(outcome.result, apply_fix=apply_fix, ranked=ranked, sources=sources)
 views.report_download("checklist", outcome.result)  # the HTML report every page offers

@@ -149,8 +149,8 @@ def test_a_report_folder_that_fails_while_written_is_reported(tmp_path, store_di
 
 
 # ----------------------------------------------------------------------------- 4. only user-facing commands
-DOCUMENTED = {"list", "summary", "profile", "memory", "batch_scan", "gradients", "checklist", "optimize", "trace",
-              "distributed"}
+DOCUMENTED = {"list", "summary", "profile", "memory", "batch_scan", "gradients", "checklist", "optimize", "compile",
+              "trace", "distributed"}
 
 
 def _documented_commands() -> set[str]:

@@ -35,9 +35,29 @@ def _finding(f: dict, apply_fix: Callable[[str], None] | None) -> None:
                 apply_fix(f["fix"])  # in the script run (not a callback), so it may switch pages
 
 
-def show(result: dict, apply_fix: Callable[[str], None] | None = None) -> None:
+def fix_first_table(entries: list[dict]) -> None:
+    """The ranked list: estimated ms saved per step, how it was estimated, and what addresses it."""
+    if not entries:
+        st.success("Nothing to fix first: no finding warns or fails, and no faster trial or roofline headroom is known.")
+        return
+    df = pd.DataFrame([{"#": i + 1, "what": e["title"],
+                        "est. saving (ms/step)": e["est_saving_ms"], "how it was estimated": e["how"],
+                        "fix / trial": e["fix"] or "", "detail": e["detail"]} for i, e in enumerate(entries)])
+    st.dataframe(df, hide_index=True, width="stretch",
+                 column_config={"est. saving (ms/step)": st.column_config.NumberColumn(format="%.3f")})
+
+
+def show(result: dict, apply_fix: Callable[[str], None] | None = None, ranked: list[dict] | None = None,
+         sources: str = "") -> None:
     c = result["counts"]
     st.caption(f"{result['model']} · device {result['device']} · purpose: {result.get('purpose')}")
+    entries = ranked if ranked is not None else result.get("fix_first") or []
+    st.subheader("Fix this first")
+    st.caption("Ranked by the milliseconds per step each item would save; items without a measured or modelled "
+               "saving follow, marked 'not estimated'." + (f" Also from: {sources}." if sources else
+                                                           " Run the Profiler (roofline) and Optimize on this model "
+                                                           "to add their savings."))
+    fix_first_table(entries)
     g1, g2 = st.columns([2, 3])
     g1.plotly_chart(build_score_gauge_figure(result), width="stretch")
     with g2:

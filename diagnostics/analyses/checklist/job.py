@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from diagnostics.analyses.checklist import ANALYSIS
 from diagnostics.analyses.checklist.facts import collect_facts
+from diagnostics.analyses.checklist.rank import fix_first
 from diagnostics.analyses.checklist.report import build_markdown
 from diagnostics.analyses.checklist.rules import CATEGORIES, SCORED, STATUSES, THRESHOLDS, evaluate, score
 
@@ -19,7 +20,7 @@ def build_result(facts: dict, model_label: str, device: str) -> dict:
     counts = {s: sum(f.status == s for f in findings) for s in STATUSES}
     by_category = {c: [f.id for f in findings if f.category == c] for c in CATEGORIES}
     sc = score(findings)
-    return {
+    result = {
         "model": model_label,
         "device": device,
         "purpose": facts.get("purpose"),
@@ -34,6 +35,10 @@ def build_result(facts: dict, model_label: str, device: str) -> dict:
                     "applicable": sum(counts[s] for s in SCORED)},
         "notes": [f"{k}: {v}" for k, v in facts.get("errors", {}).items()],
     }
+    # the list ranked by ms saved, from the findings alone; the page adds the model's latest profile
+    # (roofline headroom) and Optimize trials where they exist
+    result["fix_first"] = fix_first(result)
+    return result
 
 
 def analyze(ctx, options: dict) -> dict:

@@ -28,6 +28,13 @@ def build_markdown(result: dict) -> str:
              f"(pass {c['pass']}, warn {c['warn']}, fail {c['fail']}, rule errors {c.get('error', 0)}, "
              f"not applicable {c['not_applicable']})", "",
              SCORE_FORMULA, ""]
+    ranked = result.get("fix_first") or []
+    if ranked:
+        lines += ["## Fix this first", "", "| # | What | Est. saving (ms/step) | How | Fix |", "|---|---|---|---|---|"]
+        for i, e in enumerate(ranked, 1):
+            ms = "not estimated" if e["est_saving_ms"] is None else f"{e['est_saving_ms']:.3f}"
+            lines.append(f"| {i} | {_md_cell(e['title'])} | {ms} | {_md_cell(e['how'])} | {e['fix'] or ''} |")
+        lines.append("")
     by_id = {f["id"]: f for f in result["findings"]}
     for cat in CATEGORIES:
         ids = result["by_category"].get(cat, [])

@@ -61,6 +61,15 @@ def checklist_sections(result: dict) -> list[Section]:
     figs, notes = figures(lambda: build_score_gauge_figure(result),
                            lambda: build_status_by_category_figure(result))
     sections = [Section("Checklist", text=text + notes, figures=figs)]
+    ranked = result.get("fix_first") or []
+    if ranked:
+        import pandas as pd
+
+        sections.append(Section("Fix this first", text=["Ranked by the estimated milliseconds saved per step; "
+                                                        "'how' says whether a saving was measured or modelled."],
+                                tables=[("fix this first", pd.DataFrame([{
+                                    "what": e["title"], "est. saving (ms/step)": e["est_saving_ms"], "how": e["how"],
+                                    "fix": e["fix"] or "", "detail": e["detail"]} for e in ranked]))]))
     for cat in CATEGORIES:
         rows = [f for f in findings if f.get("category") == cat and f.get("status") != "not_applicable"]
         if rows:

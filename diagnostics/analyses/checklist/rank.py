@@ -1,0 +1,78 @@
+"""Fix this first: one list, ranked by the milliseconds per step each item would save.
+
+It merges what was measured about one model: the checklist's findings that carry a measured time
+(inference mode, batch size, the DataLoader), the roofline's headroom per operator (a profile's
+``roofline`` rows: time above the op's roof), and Optimize trials that were faster beyond the noise.
+Each entry says how its saving was estimated: ``measured`` (a trial or an interleaved probe timed
+both ways), or ``model`` (a roofline bound: what the op would take at the machine's roof). Findings
+that warn or fail without a time of their own follow, "not estimated", never a silent 0.
+No torch: the page and the report rank results they already have.
+"""
+
+from __future__ import annotations
+
+#: Operators listed from the roofline at most (the rest are summed in the profile's headroom).
+TOP_OPS = 5
+
+
+def _entry(title: str, saving_ms: float | None, how: str, source: str, fix: str | None = None,
+           detail: str = "") -> dict:
+    return {"title": title, "est_saving_ms": saving_ms, "how": how, "source": source, "fix": fix, "detail": detail}
+
+
+def from_findings(checklist: dict) -> list[dict]:
+    out = []
+    facts = checklist.get("facts") or {}
+    measured = facts.get("measured") or {}
+    for f in checklist.get("findings", []):
+        if f["status"] not in ("warn", "fail"):
+            continue
+        saving, how = None, "not estimated"
+        if f["id"] == "inference_mode" and measured.get("inference"):
+            inf = measured["inference"]
+            saving = (inf["train_grad_forward_s"] - inf["eval_inference_forward_s"]) * 1e3
+            how = "measured: train-mode forward vs eval + inference_mode, interleaved (per forward)"
+        elif f["id"] == "batch_size" and measured.get("batch_probe") and "more than" in f["evidence"]:
+            p1, p2 = measured["batch_probe"]["points"]
+            saving = (p1["median_s"] - p2["median_s"] * p1["batch_size"] / p2["batch_size"]) * 1e3
+            how = (f"measured: time for {p1['batch_size']} samples at batch {p1['batch_size']} vs at batch "
+                   f"{p2['batch_size']} (interleaved)")
+        elif f["id"] == "dataloader_time" and (facts.get("dataloader") or {}).get("loader_s_per_batch"):
+            saving = facts["dataloader"]["loader_s_per_batch"] * 1e3
+            how = "measured: loading one batch, if it stops overlapping the step (workers, prefetch)"
+        out.append(_entry(f["title"], None if saving is None else max(0.0, saving), how, f"checklist: {f['id']}",
+                          f.get("fix"), f["evidence"]))
+    return out
+
+
+def from_roofline(profile: dict | None) -> list[dict]:
+    rows = (profile or {}).get("roofline") or []
+    out = []
+    for r in sorted(rows, key=lambda r: -r["headroom_ms"])[:TOP_OPS]:
+        if r["headroom_ms"] <= 0:
+            continue
+        out.append(_entry(f"{r['op']} runs at {r['pct_of_roof']:.0f}% of its {r['bound']} roof", r["headroom_ms"],
+                          "model: its time per step minus the time at this machine's roof (profile roofline)",
+                          "roofline", None, f"{r['time_ms']:.3f} ms per step, {r['roof_ms']:.3f} ms at the roof"))
+    return out
+
+
+def from_trials(optimize: dict | None) -> list[dict]:
+    rows = (optimize or {}).get("rows") or []
+    base = next((r for r in rows if r["fix"] == "baseline"), None)
+    out = []
+    for r in rows:
+        if base is None or r["fix"] in ("baseline", "control") or r.get("verdict") != "faster":
+            continue
+        ci = r.get("speedup_ci") or [None, None]
+        out.append(_entry(f"apply {r['title']}", base["median_ms"] - r["median_ms"],
+                          "measured: Optimize trial, interleaved with the baseline", "optimize", r["fix"],
+                          f"x{r['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] else "")))
+    return out
+
+
+def fix_first(checklist: dict, profile: dict | None = None, optimize: dict | None = None) -> list[dict]:
+    """Every entry, those with an estimated saving first (largest first), then the rest."""
+    entries = from_trials(optimize) + from_findings(checklist) + from_roofline(profile)
+    with_ms = sorted((e for e in entries if e["est_saving_ms"] is not None), key=lambda e: -e["est_saving_ms"])
+    return with_ms + [e for e in entries if e["est_saving_ms"] is None]

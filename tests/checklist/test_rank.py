@@ -1,0 +1,58 @@
+"""Fix this first: savings from findings, roofline and trials, ranked by ms; never a silent 0."""
+
+import pytest
+
+from diagnostics.analyses.checklist.job import build_result
+from diagnostics.analyses.checklist.rank import fix_first
+from tests.checklist.sample_facts import healthy, set_path
+
+
+def _checklist():
+    f = healthy()
+    for path, value in (("measured.inference.speedup", 1.6), ("measured.inference.train_grad_forward_s", 0.016),
+                        ("measured.inference.eval_inference_forward_s", 0.010), ("static.channels_last", False)):
+        f = set_path(f, path, value)
+    return build_result(f, "m", "cpu")
+
+
+PROFILE = {"roofline": [
+    {"op": "aten::addmm", "pct_of_roof": 25.0, "bound": "compute", "time_ms": 4.0, "roof_ms": 1.0, "headroom_ms": 3.0},
+    {"op": "aten::relu", "pct_of_roof": 90.0, "bound": "memory", "time_ms": 1.0, "roof_ms": 0.9, "headroom_ms": 0.1},
+    {"op": "aten::copy_", "pct_of_roof": 100.0, "bound": "memory", "time_ms": 1.0, "roof_ms": 1.0, "headroom_ms": 0.0},
+]}
+OPTIMIZE = {"rows": [
+    {"fix": "baseline", "title": "Baseline", "median_ms": 10.0, "verdict": None},
+    {"fix": "control", "title": "A/A", "median_ms": 10.1, "verdict": "within noise", "speedup": 0.99},
+    {"fix": "channels_last", "title": "channels_last", "median_ms": 5.5, "verdict": "faster", "speedup": 1.82,
+     "speedup_ci": [1.7, 1.9]},
+    {"fix": "half", "title": "half", "median_ms": 9.0, "verdict": "within noise", "speedup": 1.1},
+]}
+
+
+def test_the_list_is_ranked_by_milliseconds_and_says_how_each_was_estimated():
+    r = _checklist()
+    ranked = fix_first(r, PROFILE, OPTIMIZE)
+    ms = [e["est_saving_ms"] for e in ranked if e["est_saving_ms"] is not None]
+    assert ms == sorted(ms, reverse=True)
+    inf, trial = ranked[0], ranked[1]
+    assert inf["source"] == "checklist: inference_mode" and inf["est_saving_ms"] == pytest.approx(6.0)
+    assert inf["how"].startswith("measured") and inf["fix"] == "inference_mode"
+    assert trial["title"] == "apply channels_last" and trial["est_saving_ms"] == pytest.approx(4.5)
+    assert trial["how"].startswith("measured: Optimize trial") and trial["fix"] == "channels_last"
+    roof = next(e for e in ranked if e["source"] == "roofline")
+    assert roof["est_saving_ms"] == 3.0 and roof["how"].startswith("model") and "25% of its compute roof" in roof["title"]
+    assert not any(e["fix"] in ("control", "half") for e in ranked)  # the noise floor and a no-verdict fix
+    assert not any("aten::copy_" in e["title"] for e in ranked)  # at its roof: nothing to gain
+    # warnings without a time of their own come last, "not estimated", not 0
+    tail = [e for e in ranked if e["est_saving_ms"] is None]
+    assert tail and ranked[-len(tail):] == tail and all(e["how"] == "not estimated" for e in tail)
+    assert any(e["source"] == "checklist: channels_last" for e in tail)
+
+
+def test_the_checklist_result_carries_its_own_list_and_the_markdown_shows_it():
+    from diagnostics.analyses.checklist.report import build_markdown
+
+    r = _checklist()
+    assert r["fix_first"] == fix_first(r)
+    md = build_markdown(r)
+    assert "## Fix this first" in md and "| 1 | eval() + inference_mode for inference | 6.000 |" in md
