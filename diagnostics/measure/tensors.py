@@ -31,8 +31,23 @@ def shape_of(x):
     return None
 
 
+def tensor_key(t: torch.Tensor):
+    """What makes two tensors the same weights: the same object, or the same view of one storage.
+
+    torch.export save/load gives tied weights (an LM head tied to its embedding) back as two
+    Parameter objects over one storage: counted by object they would be counted twice."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        ptr = 0
+    if not ptr:  # meta, fake or empty tensors have no storage to share: the object is the key
+        return ("id", id(t))
+    return ("view", ptr, str(t.device), t.storage_offset(), tuple(t.shape), tuple(t.stride()), str(t.dtype))
+
+
 def unique_params(model: nn.Module) -> list[nn.Parameter]:
-    return list({id(p): p for p in model.parameters()}.values())
+    """Each distinct parameter once (tied weights, also tied through a shared storage, counted once)."""
+    return list({tensor_key(p): p for p in (p for _, p in model.named_parameters(remove_duplicate=False))}.values())
 
 
 def tensor_bytes(tensors) -> int:

@@ -100,3 +100,52 @@ def test_result_is_plain_json(tmp_path):
     r = run_summary(s.build(), torch.randn(2, 3, 32, 32), tmp_path=tmp_path)
     json.dumps(r)
     assert r["metrics"]["params_total"] == sum(p.numel() for p in s.build().parameters())
+
+
+def test_tied_weights_of_an_exported_model_are_counted_once(tmp_path):
+    """torch.export save/load returns tied weights as two Parameters over one storage."""
+    import torch
+    from torch import nn
+
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import InputSpec, ModelSpec
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(100, 16)
+            self.head = nn.Linear(16, 100, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x):
+            return self.head(self.emb(x))
+
+    path = tmp_path / "lm.pt2"
+    torch.export.save(torch.export.export(LM(), (torch.randint(0, 100, (2, 5)),)), str(path))
+    spec = ModelSpec(source="export", name="lm.pt2", path=str(path), inputs=(InputSpec((2, 5), "int64", high=100),))
+    m = execute(Job("summary", spec), tmp_path / "out")["metrics"]
+    assert m["params_total"] == 100 * 16 and m["tied_parameters"] == 1 and m["param_bytes"] == 100 * 16 * 4
+
+
+def test_a_flop_counter_failure_leaves_the_summary_with_flops_not_counted(tmp_path, monkeypatch):
+    from diagnostics.analyses.summary import job as summary_job
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import ModelSpec
+
+    class Broken:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            raise AssertionError("the counter tripped on this model")
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(summary_job, "FlopCounterMode", Broken)
+    r = execute(Job("summary", ModelSpec(name="mlp")), tmp_path)
+    m = r["metrics"]
+    assert m["params_total"] > 0 and m["flops_forward"] is None and m["flops_train_step"] is None
+    assert r["notes"][0].startswith("FLOPs not counted: torch's FlopCounterMode failed on this model "
+                                    "(AssertionError: the counter tripped on this model)")
+    assert all(l["flops_forward"] is None for l in r["layers"]) and r["output_shape"] == [32, 10]

@@ -32,10 +32,12 @@ def show(result: dict) -> None:
         ("Trainable", human_count(m["params_trainable"]), f"{m['params_trainable']:,}"),
         ("Frozen", human_count(m["params_frozen"]), f"{m['params_frozen']:,}"),
         ("Parameter memory", human_bytes(m["param_bytes"]), f"buffers: {human_bytes(m['buffer_bytes'])}"),
-        ("Forward FLOPs", human_count(m["flops_forward"]), f"{m['flops_forward']:,} FLOPs for one forward pass at "
-                                                            f"batch {m['batch_size']}"),
-        ("Fwd + bwd FLOPs", human_count(m["flops_train_step"]), f"{m['flops_train_step']:,} FLOPs for one training "
-                                                                 "step (without the optimizer)"),
+        ("Forward FLOPs", "not counted" if m["flops_forward"] is None else human_count(m["flops_forward"]),
+         "see the note below" if m["flops_forward"] is None else
+         f"{m['flops_forward']:,} FLOPs for one forward pass at batch {m['batch_size']}"),
+        ("Fwd + bwd FLOPs", "not counted" if m["flops_train_step"] is None else human_count(m["flops_train_step"]),
+         None if m["flops_train_step"] is None else
+         f"{m['flops_train_step']:,} FLOPs for one training step (without the optimizer)"),
     ])
     for note in result.get("notes", []):
         st.info(note)

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from diagnostics.analyses.summary import ANALYSIS
-from diagnostics.measure.tensors import shape_of
+from diagnostics.measure.tensors import shape_of, tensor_key, unique_params
 
 ROOT = "(model)"
 
@@ -93,13 +93,13 @@ def analyze(ctx, options: dict) -> dict:
     own_trainable: dict[str, int] = {}
     for mname, mod in model.named_modules():
         for p in mod.parameters(recurse=False):
-            if id(p) in owner:
+            if tensor_key(p) in owner:
                 continue
-            owner[id(p)] = mname or ROOT
+            owner[tensor_key(p)] = mname or ROOT
             own_params[mname or ROOT] = own_params.get(mname or ROOT, 0) + p.numel()
             if p.requires_grad:
                 own_trainable[mname or ROOT] = own_trainable.get(mname or ROOT, 0) + p.numel()
-    unique = list({id(p): p for p in model.parameters()}.values())
+    unique = unique_params(model)
     total = sum(p.numel() for p in unique)
     trainable = sum(p.numel() for p in unique if p.requires_grad)
     param_bytes = sum(p.numel() * p.element_size() for p in unique)
@@ -110,11 +110,24 @@ def analyze(ctx, options: dict) -> dict:
     shapes: dict[str, object] = {}
     was_training = model.training
     model.eval()
+    flops_note = None
     try:
+        # The model itself first, with shape hooks: a failure here is the model's (or its inputs').
         with output_shape_hooks(model, shapes), torch.no_grad():
-            fwd_total, fwd_per = _flops_by_module(model, lambda: loaded.forward())
-        bwd_total, bwd_per, backward_note = 0, {}, None
-        if trainable and not options["skip_backward"]:
+            loaded.forward()
+        try:
+            with torch.no_grad():
+                fwd_total, fwd_per = _flops_by_module(model, lambda: loaded.forward())
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # the counter failed where the model runs: the summary still comes
+            cause = e.__cause__ or e
+            first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
+            fwd_total, fwd_per = None, {}
+            flops_note = (f"FLOPs not counted: torch's FlopCounterMode failed on this model "
+                          f"({type(cause).__name__}: {first[:300]}) though the model itself runs")
+        bwd_total, bwd_per, backward_note = (0, {}, None) if fwd_total is not None else (None, {}, None)
+        if fwd_total is not None and trainable and not options["skip_backward"]:
             ctx.progress(0.6, "forward + backward FLOPs")
 
             def train_step():
@@ -136,7 +149,7 @@ def analyze(ctx, options: dict) -> dict:
     layers = []
     for mname, mod in model.named_modules():
         name = mname or ROOT
-        subtree = {id(p): p for p in mod.parameters()}
+        subtree = {tensor_key(p): p for p in (p for _, p in mod.named_parameters(remove_duplicate=False))}
         children = list(mod.named_children())
         layers.append({
             "name": name,
@@ -149,8 +162,8 @@ def analyze(ctx, options: dict) -> dict:
             "params_total": sum(p.numel() for p in subtree.values()),
             "pct_of_total": 100.0 * own_params.get(name, 0) / total if total else 0.0,
             "trainable": own_trainable.get(name, 0),
-            "flops_forward": fwd_per.get(name, 0),
-            "flops_backward": bwd_per.get(name, 0),
+            "flops_forward": None if fwd_total is None else fwd_per.get(name, 0),
+            "flops_backward": None if bwd_total is None else bwd_per.get(name, 0),
         })
 
     metrics = {
@@ -161,7 +174,7 @@ def analyze(ctx, options: dict) -> dict:
         "buffer_bytes": buffer_bytes,
         "flops_forward": fwd_total,
         "flops_backward": bwd_total,
-        "flops_train_step": fwd_total + bwd_total,
+        "flops_train_step": None if fwd_total is None else fwd_total + bwd_total,
         "tied_parameters": tied,
         "batch_size": loaded.batch_size,
     }
@@ -174,5 +187,5 @@ def analyze(ctx, options: dict) -> dict:
         "loss": loaded.loss_name,
         "metrics": metrics,
         "layers": layers,
-        "notes": [n for n in [backward_note] if n],
+        "notes": [n for n in [flops_note, backward_note] if n],
     }

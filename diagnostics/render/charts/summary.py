@@ -50,7 +50,7 @@ def build_top_layers_figure(result: dict, by: str = "params", n: int = 15) -> go
         series = [("parameters", [l["params"] for l in rows], "#4C78A8")]
     else:
         key, title, axis, fmt = "flops", f"Top {n} layers by FLOPs (one batch)", "FLOPs per batch", human_flops
-        rows = sorted(leaves, key=lambda l: l["flops_forward"] + l["flops_backward"], reverse=True)[:n]
+        rows = sorted(leaves, key=lambda l: (l["flops_forward"] or 0) + (l["flops_backward"] or 0), reverse=True)[:n]
         series = [("forward", [l["flops_forward"] for l in rows], "#4C78A8"),
                   ("backward", [l["flops_backward"] for l in rows], "#F58518")]
     rows_names = [f"{l['name']} ({l['type']})" for l in rows]
