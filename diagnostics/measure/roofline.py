@@ -34,9 +34,12 @@ DATASHEET = {
     "V100": {"float16": 125e12, "float32": 15.7e12, "bandwidth": 0.9e12},
     "T4": {"float16": 65e12, "float32": 8.1e12, "bandwidth": 0.32e12},
 }
-#: An op whose achieved rate exceeds its roof by more than this factor is flagged (cache-resident
-#: data can beat the DRAM roof; timing noise can too).
+#: An op whose achieved rate exceeds its roof by more than this factor is flagged (timing noise).
 ABOVE_ROOF_TOLERANCE = 1.10
+#: Ops moving at most this many bytes per call work in cache: their memory roof is the cache
+#: bandwidth (a copy of CACHE_COPY_BYTES, repeated), not DRAM's.
+CACHE_OP_BYTES = 1 << 20
+CACHE_COPY_BYTES = 256 << 10
 
 
 def datasheet(device_name: str | None, dtype: str) -> dict | None:
@@ -54,13 +57,16 @@ def measure_roofs(device: torch.device | str, dtype: torch.dtype = torch.float32
     elems = (256 << 20) // 4 if cuda else (128 << 20) // 4  # 256 / 128 MiB of float32: past every cache
     peak = _gemm_rate(n, device, dtype, reps)
     bandwidth = _copy_rate(elems, device, reps)
+    cache_bandwidth = max(bandwidth, _copy_rate(CACHE_COPY_BYTES // 4, device, reps, repeat=64))
     sync(device)
     name = torch.cuda.get_device_name(device) if cuda else "CPU"
     return {"device": str(device), "device_name": name, "dtype": str(dtype).replace("torch.", ""),
             "threads": torch.get_num_threads(), "peak_flops": peak, "bandwidth_bytes_per_s": bandwidth,
+            "cache_bandwidth_bytes_per_s": cache_bandwidth, "cache_op_bytes": CACHE_OP_BYTES,
             "ridge_intensity": peak / bandwidth,
             "method": f"median of {reps}: torch.mm of two {n}x{n} {str(dtype).replace('torch.', '')} matrices "
-                      f"(2n^3 FLOP); a copy of {elems * 4 >> 20} MiB (read + write)",
+                      f"(2n^3 FLOP); a copy of {elems * 4 >> 20} MiB (read + write) for DRAM, of "
+                      f"{CACHE_COPY_BYTES >> 10} KiB for ops that move at most {CACHE_OP_BYTES >> 20} MiB per call",
             "datasheet": datasheet(name if cuda else None, str(dtype).replace("torch.", ""))}
 
 
@@ -71,11 +77,16 @@ def _gemm_rate(n: int, device, dtype, reps: int) -> float:
     return 2.0 * n ** 3 / (ms / 1e3)
 
 
-def _copy_rate(elems: int, device, reps: int) -> float:
+def _copy_rate(elems: int, device, reps: int, repeat: int = 1) -> float:
     x = torch.empty(elems, device=device, dtype=torch.float32).fill_(1.0)
     y = torch.empty_like(x)
-    ms = sorted(time_calls(lambda: y.copy_(x), device, reps, 1))[reps // 2]
-    return 2.0 * x.nbytes / (ms / 1e3)  # every byte read once and written once
+
+    def copies():
+        for _ in range(repeat):
+            y.copy_(x)
+
+    ms = sorted(time_calls(copies, device, reps, 1))[reps // 2]
+    return 2.0 * x.nbytes * repeat / (ms / 1e3)  # every byte read once and written once
 
 
 class _Bytes(TorchDispatchMode):
@@ -126,13 +137,16 @@ def count_ops(fn: Callable[[], object]) -> tuple[dict[str, dict], int]:
 
 def roofline_rows(ops: dict[str, dict], times_ms: dict[str, float], roofs: dict) -> list[dict]:
     """One row per op with a measured time and counted work, slowest first."""
-    peak, bw = roofs["peak_flops"], roofs["bandwidth_bytes_per_s"]
+    peak, dram = roofs["peak_flops"], roofs["bandwidth_bytes_per_s"]
+    cache = roofs.get("cache_bandwidth_bytes_per_s") or dram
     rows = []
     for name, work in ops.items():
         t = times_ms.get(name)
         if not t or t <= 0 or (work["flops"] <= 0 and work["bytes"] <= 0):
             continue
         flops, nbytes = work["flops"], work["bytes"]
+        in_cache = nbytes / max(1, work["calls"]) <= roofs.get("cache_op_bytes", 0)
+        bw = cache if in_cache else dram
         intensity = flops / nbytes if nbytes else None
         roof_rate = peak if intensity is None else min(peak, bw * intensity)
         roof_ms = max(flops / peak, nbytes / bw) * 1e3
@@ -142,6 +156,7 @@ def roofline_rows(ops: dict[str, dict], times_ms: dict[str, float], roofs: dict)
             "op": name, "calls": work["calls"], "flops": flops, "bytes": nbytes, "time_ms": t,
             "achieved_tflops": achieved / 1e12, "achieved_bytes_per_s": nbytes / (t / 1e3),
             "intensity": intensity, "roof_tflops": roof_rate / 1e12, "bound": bound, "roof_ms": roof_ms,
+            "memory_roof": "cache" if in_cache else "DRAM",
             "headroom_ms": max(0.0, t - roof_ms), "pct_of_roof": 100.0 * roof_ms / t,
             "above_roof": roof_ms > t * ABOVE_ROOF_TOLERANCE,
         })

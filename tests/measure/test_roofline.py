@@ -26,6 +26,15 @@ def test_rows_place_each_op_against_its_roof():
     assert mfu(2e9, 40.0, 100e9) == pytest.approx(0.5) and mfu(0, 1, 1) is None
 
 
+def test_small_ops_are_held_to_the_cache_roof():
+    roofs = {**ROOFS, "cache_bandwidth_bytes_per_s": 40e9, "cache_op_bytes": 1 << 20}
+    ops = {"aten::relu": {"flops": 0, "bytes": 2 * 500_000, "calls": 2},   # 0.5 MB per call: in cache
+           "aten::add": {"flops": 0, "bytes": 8_000_000, "calls": 2}}      # 4 MB per call: DRAM
+    rows = {r["op"]: r for r in roofline_rows(ops, {"aten::relu": 0.05, "aten::add": 1.0}, roofs)}
+    assert rows["aten::relu"]["memory_roof"] == "cache" and rows["aten::relu"]["roof_ms"] == pytest.approx(0.025)
+    assert rows["aten::add"]["memory_roof"] == "DRAM" and rows["aten::add"]["roof_ms"] == pytest.approx(0.8)
+
+
 def test_counted_flops_and_bytes_of_a_linear_layer():
     lin, x = nn.Linear(64, 32), torch.randn(16, 64)
     ops, total = count_ops(lambda: lin(x))
@@ -39,6 +48,7 @@ def test_measured_roofs_are_plausible_and_named():
     r = measure_roofs("cpu", reps=3)
     assert 1e8 < r["peak_flops"] < 1e14 and 1e8 < r["bandwidth_bytes_per_s"] < 1e13
     assert r["ridge_intensity"] == pytest.approx(r["peak_flops"] / r["bandwidth_bytes_per_s"])
+    assert r["cache_bandwidth_bytes_per_s"] >= r["bandwidth_bytes_per_s"]
     assert r["datasheet"] is None and "torch.mm" in r["method"]
     assert datasheet("NVIDIA H100 80GB HBM3", "bfloat16")["peak_flops"] == 989e12
 
@@ -62,5 +72,5 @@ def test_profile_roofline_rows_and_no_matmul_above_its_roof(profiled):
     rows = {r["op"]: r for r in profiled["roofline"]}
     assert "aten::addmm" in rows and rows["aten::addmm"]["calls"] == 3
     assert rows["aten::addmm"]["bound"] in ("compute", "memory") and rows["aten::addmm"]["time_ms"] > 0
-    assert not any(r["above_roof"] for r in profiled["roofline"] if r["flops"] > 0)
+    assert not any(r["above_roof"] for r in profiled["roofline"])
     assert profiled["metrics"]["roofline_headroom_ms"] == pytest.approx(sum(r["headroom_ms"] for r in rows.values()))

@@ -67,11 +67,12 @@ def _roofline(result: dict) -> None:
         ("MFU", "n/a" if m.get("mfu") is None else f"{100 * m['mfu']:.1f}%",
          "model FLOPs per step / median latency / measured GEMM peak"),
         ("Model FLOPs / step", human_count(m.get("model_flops_per_step"), "FLOP"), "FlopCounterMode, one step"),
-        ("GEMM peak (measured)", human_count(roofs["peak_flops"], "FLOP/s"),
-         None if not ds else f"datasheet ({ds['gpu']}): {human_count(ds['peak_flops'], 'FLOP/s')}"),
-        ("Bandwidth (measured)", f"{roofs['bandwidth_bytes_per_s'] / 1e9:.3g} GB/s",
-         None if not ds else f"datasheet: {ds['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s"),
-        ("Above the roofs", f"{m.get('roofline_headroom_ms') or 0:.3f} ms", "per step: time minus time at the roof"),
+        ("GEMM peak (GFLOP/s)", f"{roofs['peak_flops'] / 1e9:,.3g}",
+         "measured here" + ("" if not ds else f"; datasheet ({ds['gpu']}): {ds['peak_flops'] / 1e9:,.0f} GFLOP/s")),
+        ("Bandwidth (GB/s)", f"{roofs['bandwidth_bytes_per_s'] / 1e9:.3g}",
+         "measured here" + ("" if not ds else f"; datasheet: {ds['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s")),
+        ("Above the roofs (ms)", f"{m.get('roofline_headroom_ms') or 0:.3g}", "per step: time minus time at the roof, "
+                                                                              "summed over operators"),
     ])
     st.caption(roofs["method"])
     st.plotly_chart(build_roofline_figure(result), width="stretch")
@@ -91,10 +92,10 @@ def show(result: dict) -> None:
     st.caption(_config_caption(result))
     metric_row([
         ("Median latency", _ms(lat["median_ms"]), f"{lat['iterations']} timed iterations after {lat['warmup']} "
-                                                  f"warmup, outside the profiler ({lat['method']})"),
+                                                  f"warmup, outside the profiler ({lat['method']}); mean "
+                                                  f"{_ms(lat['mean_ms'])}, std {_ms(lat['std_ms'])}"),
         ("p90", _ms(lat["p90_ms"]), None),
         ("p99", _ms(lat["p99_ms"]), None),
-        ("Std dev", _ms(lat["std_ms"]), f"mean {_ms(lat['mean_ms'])}"),
         ("Samples/s", human_count(lat["samples_per_s"]),
          f"throughput: {lat['samples_per_s']:,.0f} samples/s = batch {result['batch_size']} / median latency"),
         ("Profiled step", _ms(m["step_time_mean_ms"]), f"mean of {m['profiled_steps']} active steps under the "

@@ -208,6 +208,10 @@ def build_roofline_figure(result: dict) -> go.Figure:
     fig = go.Figure()
     fig.add_scatter(x=grid, y=[min(peak, bw * x) for x in grid], mode="lines", name="roof (measured)",
                     line=dict(color="#616161"), hovertemplate="roof %{y:.3s}FLOP/s at %{x:.3g} FLOP/B<extra></extra>")
+    cache = roofs.get("cache_bandwidth_bytes_per_s")
+    if cache and cache > bw:
+        fig.add_scatter(x=grid, y=[min(peak, cache * x) for x in grid], mode="lines", name="roof in cache (measured)",
+                        line=dict(color="#616161", dash="dot"))
     ds = roofs.get("datasheet")
     if ds:
         fig.add_scatter(x=grid, y=[min(ds["peak_flops"], ds["bandwidth_bytes_per_s"] * x) for x in grid], mode="lines",
