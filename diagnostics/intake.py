@@ -52,6 +52,9 @@ class LoadedModel:
     task: str = "unknown"
     num_classes: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: True when no loss was declared and the mean square of the output stands in for one: analyses
+    #: driven by the loss (gradient flow) say so and mark their verdicts low-confidence.
+    loss_stand_in: bool = False
 
     @property
     def device(self) -> torch.device:
@@ -427,4 +430,5 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         inputs = make_inputs(specs, spec.device, spec.seed)
     return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=inputs,
                        loss_fn=loss_fn or default_loss, loss_name=loss_name, task=task, num_classes=num_classes,
+                       loss_stand_in=loss_fn is None,
                        notes=notes)

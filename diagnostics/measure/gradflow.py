@@ -332,7 +332,16 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
     for g in global_norms:
         g["global_norm"] = _finite(g["global_norm"])
     progress(1.0, "done")
+    stand_in = bool(getattr(loaded, "loss_stand_in", False))
+    notes = []
+    if stand_in:
+        notes.append(f"the loss is a stand-in ({loaded.loss_name}): with no loss declared, the gradients are those "
+                     "of the output's mean square, which a final normalisation layer makes nearly constant; "
+                     "declare loss_fn(output) in the model file for verdicts about your training. Verdicts from "
+                     "a stand-in loss are low-confidence.")
     return {
+        "loss": getattr(loaded, "loss_name", None), "loss_stand_in": stand_in,
+        "confidence": "low" if stand_in else "normal",
         "model": loaded.spec.label,
         "device": str(loaded.device),
         "verdict": verdict,
@@ -342,5 +351,5 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
         "steps": steps_table,
         "global_norms": global_norms,
         "activations": activations,
-        "notes": [],
+        "notes": notes,
     }

@@ -216,3 +216,30 @@ def test_layer_order_places_functionally_called_layers_after_their_parent():
     called = ["(model)", "enc", "enc.attn", "enc.ff", "head"]
     layers = ["enc.attn", "enc.attn.out_proj", "enc.ff", "head", "unused"]
     assert gradflow.layer_order(called, layers) == ["enc.attn", "enc.attn.out_proj", "enc.ff", "head", "unused"]
+
+
+def test_a_stand_in_loss_is_named_and_makes_the_verdict_low_confidence(tmp_path):
+    """No declared loss: the mean square of the output stands in, and the result says so."""
+    import textwrap
+
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import ModelSpec
+
+    path = tmp_path / "noloss.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        def build_model():
+            return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.LayerNorm(8))
+
+        def example_inputs():
+            return (torch.randn(16, 8),)
+    """))
+    r = execute(Job("gradients", ModelSpec(source="python", name="noloss.py", path=str(path)), {"steps": 2}),
+                tmp_path / "out")
+    assert r["loss_stand_in"] is True and r["confidence"] == "low"
+    assert r["loss"] == "mean square of the output (no loss declared)"
+    assert r["notes"][0].startswith("the loss is a stand-in (mean square of the output (no loss declared))")
+    declared = execute(Job("gradients", ModelSpec(name="mlp"), {"steps": 2}), tmp_path / "out2")
+    assert declared["loss_stand_in"] is False and declared["confidence"] == "normal" and declared["notes"] == []

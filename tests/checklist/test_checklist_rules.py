@@ -196,3 +196,19 @@ def test_score_formula():
     assert score([mk("not_applicable")]) is None
     assert score([mk("warn"), mk("warn")]) == 50.0
     assert score([mk("pass"), mk("error")]) == 50.0  # a crashed rule counts as failed
+
+
+def test_a_gradient_failure_from_a_stand_in_loss_is_a_low_confidence_warning():
+    from tests.checklist.sample_facts import healthy, set_path
+
+    f = healthy()
+    for path, value in (("measured.gradients.vanishing", 3), ("measured.gradients.flagged",
+                                                             [{"layer": "a", "status": "vanishing", "reason": "r"}])):
+        f = set_path(f, path, value)
+    assert R.check_gradient_flow(f)[0] == "fail"  # a declared loss: as before
+    f = set_path(set_path(f, "measured.gradients.loss_stand_in", True), "measured.gradients.loss",
+                 "mean square of the output (no loss declared)")
+    status, evidence, suggestion, _ = R.check_gradient_flow(f)
+    assert status == "warn" and evidence.endswith("(measured with a stand-in loss, mean square of the output "
+                                                  "(no loss declared): low confidence)")
+    assert suggestion.startswith("Declare loss_fn(output) in the model file")

@@ -34,7 +34,9 @@ def show(result: dict) -> None:
          f"L2 norm of all gradients together at the last step (first step: {_fmt(m['global_norm_first'])}); "
          "the Global norm tab shows every step"),
     ])
-    if m["layers_flagged"]:
+    if m["layers_flagged"] and result.get("confidence") == "low":
+        st.warning(f"Gradient flow: {result['verdict']} (low confidence: a stand-in loss, see below)")
+    elif m["layers_flagged"]:
         st.error(f"Gradient flow: {result['verdict']}")
     else:
         st.success("Gradient flow: every layer within the thresholds")

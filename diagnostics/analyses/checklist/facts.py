@@ -217,7 +217,7 @@ def gradient_facts(loaded, steps: int = 1) -> dict:
     return {"verdict": r["verdict"], "layers": m["layers"], "vanishing": m["layers_vanishing"],
             "exploding": m["layers_exploding"], "dead": m["layers_dead"], "nonfinite": m["layers_nonfinite"],
             "global_norm_first": m["global_norm_first"], "global_norm_max": m["global_norm_max"],
-            "min_ratio": m["grad_norm_min_ratio"],
+            "min_ratio": m["grad_norm_min_ratio"], "loss_stand_in": r["loss_stand_in"], "loss": r["loss"],
             "flagged": [{"layer": l["layer"], "status": l["status"], "reason": l["reason"]}
                         for l in r["layers"] if l["status"] != "healthy"]}
 

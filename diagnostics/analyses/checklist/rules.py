@@ -339,6 +339,15 @@ def check_gradient_flow(f):
     g = _m(f, "gradients")
     if g is None or not g.get("layers"):
         return na("gradients were not measured")
+    status, evidence, suggestion, nums = _gradient_flow(g)
+    if g.get("loss_stand_in") and status == "fail":
+        # no loss was declared: a stand-in loss drives these gradients, so the verdict is low-confidence
+        return ("warn", evidence + f" (measured with a stand-in loss, {g.get('loss')}: low confidence)",
+                "Declare loss_fn(output) in the model file and run again; " + suggestion, nums)
+    return status, evidence, suggestion, nums
+
+
+def _gradient_flow(g):
     nums = {"vanishing": g["vanishing"], "exploding": g["exploding"], "dead": g["dead"],
             "global_norm_max": g["global_norm_max"], "min_ratio": g["min_ratio"], "layers": g["layers"]}
     if g["exploding"]:
