@@ -119,20 +119,31 @@ def op_name(func) -> str:
     return f"{ns}::{getattr(packet, '__name__', str(packet)).split('.')[-1]}"
 
 
-def count_ops(fn: Callable[[], object]) -> tuple[dict[str, dict], int]:
-    """Per aten op of one call of ``fn``: {"flops", "bytes", "calls"}; and the total FLOPs."""
+def count_ops(fn: Callable[[], object], root: str | None = None) -> tuple[dict[str, dict], int, dict[str, int]]:
+    """Per aten op of one call of ``fn``: {"flops", "bytes", "calls"}; the total FLOPs; and FLOPs per
+    module (qualified name, "" for the root; FlopCounterMode's module tracking) when ``root`` names
+    the model's class."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
     moved = _Bytes()
     with counter, moved:
         fn()
+    counts = counter.get_flop_counts()
     flops: dict[str, int] = defaultdict(int)
-    for packet, n in counter.get_flop_counts().get("Global", {}).items():
+    for packet, n in counts.get("Global", {}).items():
         flops[op_name(packet)] += int(n)
     ops = {name: {"flops": int(flops.get(name, 0)), "bytes": int(moved.bytes.get(name, 0)),
                   "calls": int(moved.calls[name])} for name in set(moved.calls) | set(flops)}
-    return ops, int(counter.get_total_flops())
+    modules: dict[str, int] = {}
+    if root:
+        for key, per_op in counts.items():
+            if key == "Global":
+                continue
+            name = key[len(root) + 1:] if key.startswith(root + ".") else ("" if key == root else None)
+            if name is not None:
+                modules[name] = int(sum(per_op.values()))
+    return ops, int(counter.get_total_flops()), modules
 
 
 def roofline_rows(ops: dict[str, dict], times_ms: dict[str, float], roofs: dict) -> list[dict]:
@@ -162,6 +173,17 @@ def roofline_rows(ops: dict[str, dict], times_ms: dict[str, float], roofs: dict)
         })
     rows.sort(key=lambda r: -r["time_ms"])
     return rows
+
+
+def module_mfu(rows: list[dict], module_flops: dict[str, int], steps: int, peak_flops: float,
+               root_name: str) -> None:
+    """Add ``flops`` and ``mfu`` to each module row of the profiler (forward + backward time per step)."""
+    for r in rows:
+        key = "" if r["name"] == root_name else r["name"]
+        f = module_flops.get(key)
+        t_ms = ((r.get("forward_ms") or 0.0) + (r.get("backward_ms") or 0.0)) / max(1, steps)
+        r["flops"] = f
+        r["mfu"] = mfu(f, t_ms, peak_flops) if f else None
 
 
 def mfu(model_flops: float, step_ms: float, peak_flops: float) -> float | None:

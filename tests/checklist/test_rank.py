@@ -56,3 +56,14 @@ def test_the_checklist_result_carries_its_own_list_and_the_markdown_shows_it():
     assert r["fix_first"] == fix_first(r)
     md = build_markdown(r)
     assert "## Fix this first" in md and "| 1 | eval() + inference_mode for inference | 6.000 |" in md
+
+
+def test_gpu_idle_time_of_a_cuda_profile_is_an_entry():
+    from diagnostics.analyses.checklist.rank import from_idle
+
+    split = [{"window_ms": 10.0, "kernel_ms": 6.0, "memcpy_ms": 1.0, "memset_ms": 0.0},
+             {"window_ms": 12.0, "kernel_ms": 6.0, "memcpy_ms": 1.0, "memset_ms": 0.5},
+             {"window_ms": 9.0, "kernel_ms": 6.0, "memcpy_ms": 1.0, "memset_ms": 0.0}]
+    (e,) = from_idle({"cuda_ran": True, "device_split": split})
+    assert e["est_saving_ms"] == pytest.approx(3.0) and e["title"] == "the GPU is idle 3.000 ms per step"
+    assert from_idle({"cuda_ran": False, "device_split": split}) == [] and from_idle(None) == []

@@ -37,7 +37,8 @@ def test_small_ops_are_held_to_the_cache_roof():
 
 def test_counted_flops_and_bytes_of_a_linear_layer():
     lin, x = nn.Linear(64, 32), torch.randn(16, 64)
-    ops, total = count_ops(lambda: lin(x))
+    ops, total, modules = count_ops(lambda: lin(x), "Linear")
+    assert modules == {"": total}
     assert ops["aten::addmm"]["flops"] == 2 * 16 * 64 * 32 == total
     four = 4  # float32
     assert ops["aten::addmm"]["bytes"] == four * (32 + 16 * 64 + 64 * 32 + 16 * 32)  # bias, x, W^T, out
@@ -66,6 +67,17 @@ def test_profile_mfu_is_recomputed_from_flops_latency_and_the_roof(profiled):
     assert m["mfu"] == pytest.approx(m["model_flops_per_step"] / (m["latency_median_ms"] / 1e3) / m["peak_flops"])
     assert 0 < m["mfu"] <= 1
     assert m["peak_flops"] == profiled["roofs"]["peak_flops"]
+
+
+def test_module_mfu_is_its_flops_over_its_time_and_the_peak(profiled):
+    rows = {r["name"]: r for r in profiled["modules"]}
+    steps = len(profiled["steps"])
+    fc1 = rows["fc1"]
+    assert fc1["flops"] == 2 * 32 * 64 * 128
+    t_ms = (fc1["forward_ms"] + (fc1["backward_ms"] or 0)) / steps
+    assert fc1["mfu"] == pytest.approx(fc1["flops"] / (t_ms / 1e3) / profiled["metrics"]["peak_flops"])
+    assert rows["(model)"]["flops"] == profiled["metrics"]["model_flops_per_step"]
+    assert rows["act1"]["flops"] is None and rows["act1"]["mfu"] is None  # ReLU: no FLOPs counted, no MFU
 
 
 def test_profile_roofline_rows_and_no_matmul_above_its_roof(profiled):

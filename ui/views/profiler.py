@@ -181,11 +181,15 @@ def _modules(result: dict) -> None:
                      disabled=result["mode"] != "train")
     st.plotly_chart(build_module_tree_figure(result, which), width="stretch")
     df = pd.DataFrame(result["modules"])
-    st.dataframe(df[["name", "type", "calls", "forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms"]],
-                 hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(c.replace("_ms", "").replace("_", " ") + " (ms)",
-                                                                 format=MS)
-                                for c in ("forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms")})
+    cols = ["name", "type", "calls", "forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms"]
+    config = {c: st.column_config.NumberColumn(c.replace("_ms", "").replace("_", " ") + " (ms)", format=MS)
+              for c in ("forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms")}
+    if "mfu" in df:  # with the roofline: each module's FLOPs over its time and the measured peak
+        df["mfu_pct"] = df["mfu"].map(lambda v: None if v is None or v != v else 100.0 * v)
+        cols += ["flops", "mfu_pct"]
+        config.update(flops=st.column_config.NumberColumn("FLOPs / step", format="compact"),
+                      mfu_pct=st.column_config.NumberColumn("MFU (%)", format="%.1f"))
+    st.dataframe(df[cols], hide_index=True, width="stretch", column_config=config)
     st.caption("Forward: each module's record_function range. Backward: autograd nodes attributed to the module "
                "whose forward created them (sequence numbers). Times include child modules; 'self' excludes them.")
 

@@ -2,7 +2,8 @@
 
 It merges what was measured about one model: the checklist's findings that carry a measured time
 (inference mode, batch size, the DataLoader), the roofline's headroom per operator (a profile's
-``roofline`` rows: time above the op's roof), and Optimize trials that were faster beyond the noise.
+``roofline`` rows: time above the op's roof), the GPU's idle time per step (a CUDA profile's step
+split), and Optimize trials that were faster beyond the noise.
 Each entry says how its saving was estimated: ``measured`` (a trial or an interleaved probe timed
 both ways), or ``model`` (a roofline bound: what the op would take at the machine's roof). Findings
 that warn or fail without a time of their own follow, "not estimated", never a silent 0.
@@ -57,6 +58,21 @@ def from_roofline(profile: dict | None) -> list[dict]:
     return out
 
 
+def from_idle(profile: dict | None) -> list[dict]:
+    """On CUDA, the time per step the GPU ran nothing (the step window minus kernels, copies, sets)."""
+    if not profile or not profile.get("cuda_ran") or not profile.get("device_split"):
+        return []
+    idle = sorted(max(0.0, r["window_ms"] - r.get("kernel_ms", 0.0) - r.get("memcpy_ms", 0.0) - r.get("memset_ms", 0.0))
+                  for r in profile["device_split"])
+    median = idle[len(idle) // 2]
+    if median <= 0:
+        return []
+    return [_entry(f"the GPU is idle {median:.3f} ms per step", median,
+                   "model: the step's window minus GPU kernels, copies and sets (profile, median step); "
+                   "overlap host work (data loading, Python) with device work to recover it", "profile: idle", None,
+                   "see the Profiler's step split")]
+
+
 def from_trials(optimize: dict | None) -> list[dict]:
     rows = (optimize or {}).get("rows") or []
     base = next((r for r in rows if r["fix"] == "baseline"), None)
@@ -73,6 +89,6 @@ def from_trials(optimize: dict | None) -> list[dict]:
 
 def fix_first(checklist: dict, profile: dict | None = None, optimize: dict | None = None) -> list[dict]:
     """Every entry, those with an estimated saving first (largest first), then the rest."""
-    entries = from_trials(optimize) + from_findings(checklist) + from_roofline(profile)
+    entries = from_trials(optimize) + from_findings(checklist) + from_roofline(profile) + from_idle(profile)
     with_ms = sorted((e for e in entries if e["est_saving_ms"] is not None), key=lambda e: -e["est_saving_ms"])
     return with_ms + [e for e in entries if e["est_saving_ms"] is None]

@@ -29,7 +29,7 @@ from diagnostics.trace import load_trace, profiler_views as pt
 from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, is_python_frame_name
 from diagnostics.trace.model import Trace
 from diagnostics.errors import TorchScopeError
-from diagnostics.measure.roofline import count_ops, measure_roofs, mfu, roofline_rows
+from diagnostics.measure.roofline import count_ops, measure_roofs, mfu, module_mfu, roofline_rows
 from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls
 from diagnostics.measure.training import Step
 
@@ -216,11 +216,11 @@ def _roofline(model, step, opts: dict, device, operators: list[dict], steps: int
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     roofs = measure_roofs(device, dtype)
     with _mode(model, opts):
-        ops, model_flops = count_ops(step)
+        ops, model_flops, module_flops = count_ops(step, type(model).__name__)
     times = {r["name"]: (r["self_device_ms"] if cuda_ran and r["self_device_ms"] > 0 else r["self_cpu_ms"]) / steps
              for r in operators}
     return {"roofs": roofs, "rows": roofline_rows(ops, times, roofs), "model_flops": model_flops,
-            "mfu": mfu(model_flops, latency_ms, roofs["peak_flops"])}
+            "module_flops": module_flops, "mfu": mfu(model_flops, latency_ms, roofs["peak_flops"])}
 
 
 # ----------------------------------------------------------------------------- the job
@@ -327,6 +327,8 @@ def analyze(ctx, options: dict) -> dict:
         notes.append("roofline: " + roof["roofs"]["method"] + "; FLOPs from torch's FlopCounterMode (matmuls, "
                      "convolutions, attention; elementwise ops count 0 FLOPs and are placed by their bytes), bytes "
                      "from every op's tensor inputs and outputs; time is each op's self time per profiled step")
+    if roof and module_rows:  # MFU per module: its FLOPs over its forward + backward time per step
+        module_mfu(module_rows, roof["module_flops"], max(1, len(steps)), roof["roofs"]["peak_flops"], ROOT_MODULE)
     step_ms = [s["step_ms"] for s in steps]
     cuda_ran = "cuda" in opts["activities"]
     if opts["repeat"] > 1:
