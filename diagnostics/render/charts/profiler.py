@@ -226,7 +226,7 @@ def build_roofline_figure(result: dict) -> go.Figure:
         hovertemplate="%{text}<br>%{y:.3s}FLOP/s at %{x:.3g} FLOP/B<br>%{customdata[0]:.3f} ms per step, "
                       "%{customdata[1]:.3f} ms at the roof (%{customdata[2]}-bound)<extra></extra>")
     fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte moved, log)")
-    fig.update_yaxes(type="log", title_text="achieved FLOP/s (log)")
+    fig.update_yaxes(type="log", title_text="achieved FLOP/s (log; G = 10^9)", exponentformat="SI")
     m = result.get("metrics") or {}
     mfu = m.get("mfu")
     fig.update_layout(title=f"Roofline ({roofs['device_name']}, {roofs['dtype']}; MFU "
