@@ -59,7 +59,11 @@ def fidelity(base, other, classifier: bool) -> dict:
 
 
 def serialized_bytes(model: nn.Module) -> tuple[int, str]:
-    """Bytes of the model on disk: TorchScript archive, or the state_dict saved with torch.save."""
+    """Bytes of the model on disk: TorchScript archive, or the state_dict saved with torch.save; a
+    candidate that is not a plain module (an ONNX Runtime session, say) answers ``serialized()``."""
+    own = getattr(model, "serialized", None)
+    if callable(own):
+        return own()
     buf = io.BytesIO()
     if isinstance(model, torch.jit.ScriptModule):
         torch.jit.save(model, buf)
@@ -74,6 +78,9 @@ def save_artifact(model: nn.Module, inputs: tuple, directory: Path, name: str, r
     directory.mkdir(parents=True, exist_ok=True)
     recipe_path = directory / f"{name}.recipe.json"
     recipe_path.write_text(json.dumps(recipe, indent=1, default=str))
+    own = getattr(model, "save_to", None)  # a candidate with its own file format (an .onnx file, say)
+    if callable(own):
+        return {**own(directory, name), "recipe": str(recipe_path)}
     ts = model if isinstance(model, torch.jit.ScriptModule) else None
     why = None
     if ts is None and not hasattr(model, "_orig_mod"):
