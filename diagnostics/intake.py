@@ -116,6 +116,10 @@ def default_loss(output) -> torch.Tensor:
     return output.float().pow(2).mean()
 
 
+# A mean over the batch: micro-batches of equal size average to the whole batch's value.
+default_loss.for_rows = lambda output, start, stop, batch: default_loss(output)
+
+
 # --------------------------------------------------------------------------- loading by source
 #: what a zip archive from torch is, by its member names -> how to load it instead
 _ZIP_KINDS = {

@@ -41,14 +41,21 @@ def task_loss(task: str, num_classes: int, seed: int = 0) -> Callable[[torch.Ten
             targets[key] = torch.randint(0, num_classes, tuple(shape), generator=g).to(device)
         return targets[key]
 
-    def loss_fn(output: torch.Tensor) -> torch.Tensor:
+    def rows_loss(output, start: int, stop: int, batch: int) -> torch.Tensor:
+        """The loss of rows ``start:stop`` of a batch of ``batch``: the same targets the whole batch
+        gets, so a step in micro-batches sees the full batch's targets (gradient accumulation)."""
         if isinstance(output, (tuple, list)):
             output = output[0]
         if task == "lm":
-            target = target_for(output.shape[:-1], output.device)
+            target = target_for((batch,) + tuple(output.shape[1:-1]), output.device)[start:stop]
             return nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]).float(), target.reshape(-1))
-        return nn.functional.cross_entropy(output.float(), target_for((output.shape[0],), output.device))
+        return nn.functional.cross_entropy(output.float(), target_for((batch,), output.device)[start:stop])
 
+    def loss_fn(output: torch.Tensor) -> torch.Tensor:
+        first = output[0] if isinstance(output, (tuple, list)) else output
+        return rows_loss(output, 0, first.shape[0], first.shape[0])
+
+    loss_fn.for_rows = rows_loss
     return loss_fn
 
 

@@ -59,7 +59,13 @@ def test_registry():
         module, _, name = fix.recipe.partition(":")
         assert callable(getattr(__import__(module, fromlist=[name]), name)), fix.id
         assert fix.options(None) == {p.key: p.validate(p.default) for p in fix.params}, fix.id
-    assert ANALYSIS.option("fixes").choices == tuple(FIX_IDS) and ANALYSIS.defaults()["fixes"] == FIX_IDS
+    # the fixes option offers every fix of both modes; none chosen means every fix of the mode
+    assert ANALYSIS.option("fixes").choices == tuple(catalog.all_fix_ids()) and ANALYSIS.defaults()["fixes"] == []
+    assert set(FIX_IDS) <= set(catalog.all_fix_ids()) and set(catalog.TRAIN_FIX_IDS) <= set(catalog.all_fix_ids())
+    for fix in catalog.TRAIN_FIXES:
+        assert fix.mode == "train" and fix.title and fix.description, fix.id
+        module, _, name = fix.recipe.partition(":")
+        assert callable(getattr(__import__(module, fromlist=[name]), name)), fix.id
     with pytest.raises(TorchScopeError, match="unknown fix 'magic'"):
         get_fix("magic")
     with pytest.raises(TorchScopeError, match=r"fix prune_l1: amount: must be a number from 0 to 0.95, got 2"):

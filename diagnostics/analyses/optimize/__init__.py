@@ -1,7 +1,8 @@
 """The optimize analysis: the baseline and each chosen fix as trials, measured in the same job
 (job.py, trials.py); the fixes are declared in catalog.py and applied by fixes.py."""
 
-from diagnostics.analyses.optimize.catalog import FIX_IDS, check_params
+from diagnostics.analyses.optimize.catalog import all_fix_ids, check_params
+from diagnostics.measure.optimizers import OPTIMIZERS
 from diagnostics.declare import Analysis, Column, Metric, Option, Table
 
 ANALYSIS = Analysis(
@@ -9,16 +10,24 @@ ANALYSIS = Analysis(
     command="optimize", exclusive=True, timeout_s=600,
     description="each fix on a copy of the model, side by side with the baseline: speed, memory, size, fidelity",
     options=(
-        Option("fixes", "multi", list(FIX_IDS), "fix ids to try (repeat --fix for several; default: every fix)",
-               choices=tuple(FIX_IDS), flag="--fix", check=lambda v: v or list(FIX_IDS)),
+        Option("mode", "choice", "inference", "inference: the model called under no_grad; train: a whole "
+               "training step (forward, loss, backward, optimizer step)", choices=("inference", "train")),
+        Option("fixes", "multi", [], "fix ids to try (repeat --fix for several; default: every fix of the mode)",
+               choices=tuple(all_fix_ids()), flag="--fix"),
         Option("params", "dict", {}, "per-fix parameters: {fix_id: {param: value}}", flag="", check=check_params),
         Option("iters", "int", 20, "interleaved timing rounds (each times every trial twice, ABBA)", lo=1, hi=1000),
         Option("warmup", "int", 3, "untimed calls per trial first", lo=0, hi=100),
+        Option("optimizer", "choice", "adamw", "training mode: the optimizer of the step",
+               choices=tuple(OPTIMIZERS)),
+        Option("lr", "float", 1e-3, "training mode: learning rate", gt=0),
+        Option("train_steps", "int", 3, "training mode: steps from the same initial state whose losses are "
+               "compared with the baseline's", lo=1, hi=100),
         Option("save_artifacts", "bool", True, "keep each optimized model (and its recipe) for download", flag=""),
     ),
     metrics=(
-        Metric("baseline_median_ms", "ms", "Baseline latency (median)"),
+        Metric("baseline_median_ms", "ms", "Baseline latency (median; a training step in training mode)"),
         Metric("baseline_size_bytes", "bytes", "Baseline size"),
+        Metric("baseline_peak_bytes", "bytes", "Baseline peak memory"),
         Metric("best_fix", "text", "Best fix (faster beyond the noise)"),
         Metric("best_speedup", "ratio", "Best speed-up"),
         Metric("control_speedup", "ratio", "A/A control (noise floor)"),
@@ -40,6 +49,8 @@ ANALYSIS = Analysis(
                                  Column("size_ratio", "ratio", "size ratio"),
                                  Column("max_abs_err", "number", "max abs error"),
                                  Column("rel_err", "number", "relative error"), Column("cosine", "number", "cosine"),
-                                 Column("top1_agreement", "fraction", "top-1 agreement"))),
+                                 Column("top1_agreement", "fraction", "top-1 agreement"),
+                                 Column("loss_rel_diff", "number", "loss difference (relative, largest)"),
+                                 Column("grad_cosine", "number", "gradient cosine (first step)"))),
     ),
 )

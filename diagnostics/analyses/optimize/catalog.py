@@ -70,6 +70,9 @@ class Fix:
     recipe: str | Callable  # "module:function" (or the function) applying it: fn(model, inputs, params) -> (model', notes)
     applies: Callable[[dict], tuple[bool, str]] = always
     params: tuple[Option, ...] = field(default_factory=tuple)
+    #: "inference": the recipe returns a model called under no_grad; "train": the recipe returns a
+    #: training step (train_fixes.py) timed against the baseline's step.
+    mode: str = "inference"
 
     def options(self, given: dict | None) -> dict:
         """Defaults merged with ``given``; a bad value raises a message naming the fix and parameter."""
@@ -124,21 +127,91 @@ FIXES: list[Fix] = [
 FIX_IDS = [f.id for f in FIXES]
 
 
-def get_fix(fix_id: str) -> Fix:
-    for f in FIXES:
+def get_fix(fix_id: str, mode: str = "inference") -> Fix:
+    """The fix ``fix_id`` of ``mode`` ("inference" or "train"); a clear error for an unknown id or
+    one that exists only in the other mode."""
+    table = TRAIN_FIXES if mode == "train" else FIXES
+    for f in table:
         if f.id == fix_id:
             return f
-    raise TorchScopeError(f"unknown fix {fix_id!r}; known: {', '.join(FIX_IDS)}")
+    other = FIXES if mode == "train" else TRAIN_FIXES
+    if any(f.id == fix_id for f in other):
+        raise TorchScopeError(f"fix {fix_id!r} is a{'n inference' if mode == 'train' else ' training'} fix; "
+                              f"run it with --mode {'inference' if mode == 'train' else 'train'} (fixes of mode "
+                              f"{mode}: {', '.join(f.id for f in table)})")
+    raise TorchScopeError(f"unknown fix {fix_id!r}; known: {', '.join(all_fix_ids())}")
+
+
+def fix_ids(mode: str) -> list[str]:
+    return [f.id for f in (TRAIN_FIXES if mode == "train" else FIXES)]
+
+
+def all_fix_ids() -> list[str]:
+    """Every fix id, inference ones first, each once (amp, channels_last, torch_compile are in both)."""
+    return list(dict.fromkeys([f.id for f in FIXES] + [f.id for f in TRAIN_FIXES]))
 
 
 def check_params(params: dict) -> dict:
     """{fix_id: {param: value}}: every fix known, every parameter valid (OptionError naming it)."""
     out = {}
     for fix_id, given in params.items():
-        if fix_id not in FIX_IDS:
-            raise OptionError(f"option params: unknown fix {fix_id!r}; known: {', '.join(FIX_IDS)}")
+        if fix_id not in all_fix_ids():
+            raise OptionError(f"option params: unknown fix {fix_id!r}; known: {', '.join(all_fix_ids())}")
         if not isinstance(given, dict):
             raise OptionError(f"option params: the parameters of {fix_id} must be a dict, got {given!r}")
-        get_fix(fix_id).options(given)
+        for table in (FIXES, TRAIN_FIXES):  # a fix of both modes: its parameters must suit each
+            fix = next((f for f in table if f.id == fix_id), None)
+            if fix is not None and (table is FIXES or not any(f.id == fix_id for f in FIXES) or fix.params):
+                fix.options(given)
         out[fix_id] = dict(given)
     return out
+
+
+# ----------------------------------------------------------------------------- training fixes
+def applies_checkpointing(facts):
+    if _static(facts).get("torchscript"):
+        return False, "the model is TorchScript: its blocks cannot be wrapped"
+    return True, ""
+
+
+def applies_qat(facts):
+    s = _static(facts)
+    if s.get("torchscript"):
+        return False, "the model is TorchScript"
+    if not s.get("n_linear"):
+        return False, "no Linear layers: torchao's quantization-aware training fake-quantizes Linear layers"
+    return True, ""
+
+
+_T = "diagnostics.analyses.optimize.train_fixes:"
+_TRAIN_AMP = "auto: float16 with GradScaler on CUDA, bfloat16 (no scaler needed) on CPU"
+
+TRAIN_FIXES: list[Fix] = [
+    Fix("amp", "Mixed-precision training", "Forward and loss under torch.autocast; float16 adds a GradScaler "
+        "(loss scaling, inf/NaN steps skipped). Weights and optimizer stay float32.", _T + "train_amp",
+        params=(Option("dtype", "choice", "auto", _TRAIN_AMP, choices=("auto", "bfloat16", "float16")),),
+        mode="train"),
+    Fix("activation_checkpointing", "Activation checkpointing",
+        "torch.utils.checkpoint around the blocks that save the most activations for backward (measured): "
+        "their activations are recomputed in backward instead of kept.", _T + "train_checkpointing",
+        applies_checkpointing,
+        (Option("blocks", "int", 0, "how many blocks to wrap (0: every block of the container holding the most "
+                "saved activations)", lo=0, hi=10_000),), mode="train"),
+    Fix("grad_accumulation", "Gradient accumulation", "The same batch as k micro-batches, gradients summed, one "
+        "optimizer step: less activation memory per pass, same effective batch.", _T + "train_accumulation",
+        params=(Option("micro_batches", "int", 4, "micro-batches per step (must divide the batch)", lo=2,
+                       hi=1024),), mode="train"),
+    Fix("fused_optimizer", "Fused / foreach optimizer", "The same optimizer with its fused (one kernel for all "
+        "parameters) or foreach (batched per-tensor ops) implementation.", _T + "train_fused_optimizer",
+        params=(Option("impl", "choice", "auto", "auto: fused where the device has it, else foreach",
+                       choices=("auto", "fused", "foreach")),), mode="train"),
+    Fix("torch_compile", "torch.compile (training)", "The model's forward and backward compiled by TorchInductor "
+        "(AOTAutograd), and the optimizer step compiled too.", _T + "train_compile", applies_compile,
+        mode="train"),
+    Fix("channels_last", "channels_last (training)", "Weights, inputs and so gradients in NHWC.",
+        _T + "train_channels_last", applies_channels_last, mode="train"),
+    Fix("qat_int8", "Quantization-aware training (int8)", "torchao QAT: Linear layers train with fake int8 "
+        "activations (per token) and weights (per channel), then convert to int8 (dynamic activations, int8 "
+        "weights).", _T + "train_qat", applies_qat, mode="train"),
+]
+TRAIN_FIX_IDS = [f.id for f in TRAIN_FIXES]

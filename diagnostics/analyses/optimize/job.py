@@ -13,6 +13,8 @@ from __future__ import annotations
 from diagnostics.analyses.optimize import ANALYSIS
 from diagnostics.measure.environment import environment_facts
 from diagnostics.measure.structure import forward_facts, static_facts
+from diagnostics.analyses.optimize.catalog import fix_ids, get_fix
+from diagnostics.analyses.optimize.train_trials import run_train_trials
 from diagnostics.analyses.optimize.trials import run_trials
 from diagnostics.measure.compare import CONTROL
 
@@ -31,10 +33,21 @@ def analyze(ctx, options: dict) -> dict:
     except Exception:
         facts["forward"] = None
     classifier = getattr(loaded, "task", "unknown") in ("classification", "lm")
-    rows, disturbance = run_trials(loaded.model, loaded.inputs, loaded.device, opts["fixes"], facts, opts["params"],
-                      iters=opts["iters"], warmup=opts["warmup"], classifier=classifier,
-                      artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
-                      progress=lambda f, m: ctx.progress(0.1 + 0.85 * f, m))
+    train = opts["mode"] == "train"
+    fixes = opts["fixes"] or fix_ids(opts["mode"])
+    for f in fixes:
+        get_fix(f, opts["mode"])  # a fix of the other mode: a clear error before any work
+    progress = lambda f, m: ctx.progress(0.1 + 0.85 * f, m)  # noqa: E731
+    if train:
+        rows, disturbance = run_train_trials(loaded.model, loaded.inputs, loaded.device, loaded.loss_fn, fixes,
+                                             facts, opts["params"], optimizer=opts["optimizer"], lr=opts["lr"],
+                                             steps=opts["train_steps"], iters=opts["iters"], warmup=opts["warmup"],
+                                             classifier=classifier, progress=progress)
+    else:
+        rows, disturbance = run_trials(loaded.model, loaded.inputs, loaded.device, fixes, facts, opts["params"],
+                                       iters=opts["iters"], warmup=opts["warmup"], classifier=classifier,
+                                       artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
+                                       progress=progress)
     ok = [r for r in rows if r["status"] == "ok" and r["fix"] not in ("baseline", CONTROL)]
     faster = [r for r in ok if r["verdict"] == "faster"]
     best = max(faster, key=lambda r: r["speedup"] or 0, default=None)
@@ -47,6 +60,10 @@ def analyze(ctx, options: dict) -> dict:
         "batch_size": loaded.batch_size,
         "task": getattr(loaded, "task", "unknown"),
         "iters": opts["iters"],
+        "mode": opts["mode"],
+        "loss": loaded.loss_name if train else None,
+        "optimizer": opts["optimizer"] if train else None,
+        "train_steps": opts["train_steps"] if train else None,
         "threads": torch.get_num_threads(),
         "rows": rows,
         "timing_disturbance": disturbance,
@@ -54,6 +71,7 @@ def analyze(ctx, options: dict) -> dict:
         "metrics": {
             "baseline_median_ms": rows[0]["median_ms"],
             "baseline_size_bytes": rows[0]["size_bytes"],
+            "baseline_peak_bytes": rows[0]["peak_bytes"],
             "best_fix": best["fix"] if best else None,
             "best_speedup": best["speedup"] if best else None,
             "control_speedup": control["speedup"],
@@ -66,13 +84,26 @@ def analyze(ctx, options: dict) -> dict:
             "trials_not_applicable": sum(r["status"] == "not_applicable" for r in rows),
             "threads": torch.get_num_threads(),
         },
-        "notes": [f"Every candidate runs in eval mode under torch.no_grad() with the same inputs and "
+        "notes": ([_train_note(loaded, opts, torch.get_num_threads())] if train else [
+                  f"Every candidate runs in eval mode under torch.no_grad() with the same inputs and "
                   f"{torch.get_num_threads()} torch threads, on {loaded.device}. Timing: {opts['warmup']} warm-up "
                   f"calls each, then {opts['iters']} interleaved rounds, each timing every candidate twice in "
                   "mirrored order (ABBA); a speed-up is the median of the rounds' ratios with a 95% bootstrap "
                   "interval, 'faster' / 'slower' only when the whole interval is above / below 1. The A/A control "
                   "row times the baseline against itself: its interval is this run's noise floor. Peak memory is "
-                  "what one call allocates above the weights and inputs."]
+                  "what one call allocates above the weights and inputs."])
                  + ([f"The machine was busy while the trials were timed: {'; '.join(disturbance['reasons'])}. "
                      "The verdicts are low-confidence."] if disturbance["disturbed"] else []),
     }
+
+
+def _train_note(loaded, opts: dict, threads: int) -> str:
+    return (f"Training mode: every candidate trains a copy of the model from the same initial state (same seed) "
+            f"with {opts['optimizer']} (lr {opts['lr']:g}) on the same batch, loss: {loaded.loss_name}, "
+            f"{threads} torch threads, on {loaded.device}. Fidelity: {opts['train_steps']} steps; the loss after "
+            "each against the baseline's (largest relative difference), the cosine of the gradients after the "
+            "first step, and the trained model's outputs (eval mode) against the trained baseline's. Peak memory: "
+            "one more step, with parameters, buffers, inputs and optimizer state resident before it (as the "
+            f"memory analysis measures a training peak). Timing: {opts['warmup']} warm-up steps each, then "
+            f"{opts['iters']} interleaved rounds (ABBA); speed-up is the median of the rounds' ratios with a 95% "
+            "bootstrap interval; the A/A control row is this run's noise floor.")

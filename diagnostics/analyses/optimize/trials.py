@@ -108,7 +108,8 @@ def _row(fix: str, title: str, status: str, **kw) -> dict:
            "median_ms": None, "p90_ms": None, "throughput_per_s": None, "first_call_ms": None, "peak_bytes": None,
            "size_bytes": None, "size_kind": None, "speedup": None, "size_ratio": None, "max_abs_err": None,
            "rel_err": None, "cosine": None, "top1_agreement": None, "artifact": None,
-           "speedup_ci": None, "verdict": None, "confidence": None}
+           "speedup_ci": None, "verdict": None, "confidence": None,
+           "losses": None, "loss_rel_diff": None, "grad_cosine": None}  # the last three: training mode
     row.update(kw)
     return row
 

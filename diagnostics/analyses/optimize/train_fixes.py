@@ -1,0 +1,295 @@
+"""How each training fix is applied: ``train_<fix>(model, ctx, params) -> TrainSetup``.
+
+What the fixes are (ids, titles, parameters, when they apply) is declared in catalog.py
+(``TRAIN_FIXES``). A training fix changes the whole step, not only the model, so its recipe
+returns a ``TrainSetup``: the module being trained, its optimizer, and ``step(inputs) -> loss``
+(zero_grad, forward, loss, backward, optimizer step). ``params`` lists the model's parameters in
+the baseline's order, the same Parameter objects the step updates, so the gradients of a fix are
+read against the baseline's one by one. ``model`` is a deep copy the recipe may change.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from diagnostics.analyses.optimize.fixes import FixNotApplicable
+from diagnostics.measure.training import make_optimizer
+
+
+@dataclass
+class TrainContext:
+    """What every recipe needs besides the model: the loss, the optimizer the user chose, the device."""
+
+    inputs: tuple
+    loss_fn: Callable[[object], torch.Tensor]
+    optimizer: str
+    lr: float
+    device: torch.device
+    #: per-module bytes saved for backward, measured on the baseline (module name -> bytes), or None
+    saved_bytes: dict | None = None
+
+
+@dataclass
+class TrainSetup:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: Callable[[tuple], torch.Tensor]  # one training step on a batch; returns the loss, detached
+    params: list  # the trained Parameters, in the baseline's order
+    notes: list = field(default_factory=list)
+    #: after training, the model to serve (QAT's converted int8 model); None: ``model`` itself
+    finish: Callable[[], nn.Module] | None = None
+
+
+def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn, *, autocast=None, scaler=None,
+               prepare_inputs=None) -> Callable[[tuple], torch.Tensor]:
+    """The baseline's step, optionally under autocast, with a GradScaler, or with inputs converted."""
+
+    def step(inputs):
+        optimizer.zero_grad(set_to_none=True)
+        if prepare_inputs is not None:
+            inputs = prepare_inputs(inputs)
+        if autocast is not None:
+            with autocast():
+                loss = loss_fn(model(*inputs))
+        else:
+            loss = loss_fn(model(*inputs))
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)  # unscales the gradients in place first; skips a step with inf/NaN
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return loss.detach().float()
+
+    return step
+
+
+def baseline(model: nn.Module, ctx: TrainContext) -> TrainSetup:
+    params = list(model.parameters())
+    opt = make_optimizer(params, ctx.optimizer, ctx.lr)
+    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn), params)
+
+
+# ----------------------------------------------------------------------------- recipes
+def train_amp(model, ctx: TrainContext, p: dict) -> TrainSetup:
+    dev = ctx.device.type
+    dtype = {"auto": torch.float16 if dev == "cuda" else torch.bfloat16, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[p["dtype"]]
+    if dev == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise FixNotApplicable("this GPU has no bfloat16 support: choose float16 (with GradScaler)")
+    params = list(model.parameters())
+    opt = make_optimizer(params, ctx.optimizer, ctx.lr)
+    scaler = torch.amp.GradScaler(dev) if dtype == torch.float16 else None
+    step = plain_step(model, opt, ctx.loss_fn, autocast=lambda: torch.autocast(dev, dtype=dtype), scaler=scaler)
+    name = str(dtype).removeprefix("torch.")
+    notes = [f"autocast {name} on {dev} around forward and loss"
+             + ("; GradScaler scales the loss, unscales the gradients and skips steps with inf/NaN gradients"
+                if scaler else "; no GradScaler (bfloat16 has float32's exponent range)")]
+    if dev == "cpu":
+        notes.append("CPU autocast speeds up only on CPUs with bfloat16 / AMX units; elsewhere expect a slowdown")
+    return TrainSetup(model, opt, step, params, notes)
+
+
+def checkpoint_module(module: nn.Module) -> None:
+    """Make ``module`` run under torch.utils.checkpoint (non-reentrant): its activations are
+    recomputed during backward instead of saved. Its forward is replaced on the instance, so its
+    type, attributes, parameter names and hooks stay as they were (containers that inspect their
+    layers, like nn.TransformerEncoder, still see them)."""
+    from torch.utils.checkpoint import checkpoint
+
+    inner = module.forward
+
+    def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return inner(*args, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    module.forward = forward
+
+
+def choose_blocks(model: nn.Module, saved: dict | None, limit: int = 0) -> tuple[list[str], str]:
+    """The blocks to checkpoint: the children of one container (ModuleList / Sequential), chosen
+    from the activation bytes each module saves for backward (measured): the container whose
+    children cover at least half of them with the smallest largest child; the largest blocks first
+    when ``limit`` caps them. Returns the block names and how they were chosen."""
+    saved = saved or {}
+
+    def subtree_bytes(prefix: str) -> int:
+        return sum(b for name, b in saved.items() if name == prefix or name.startswith(prefix + "."))
+
+    total = sum(saved.values())
+    candidates = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential)) or len(mod) < 2:
+            continue
+        kids = [f"{name}.{k}" if name else k for k, _ in mod.named_children()]
+        sizes = [subtree_bytes(k) for k in kids]
+        candidates.append((kids, sum(sizes), max(sizes)))
+    if not candidates:
+        raise FixNotApplicable("no ModuleList / Sequential of two or more blocks to checkpoint")
+    # Backward recomputes one checkpointed block at a time, so the finest container that still
+    # covers most of the saved activations saves the most: among those covering at least half,
+    # the one whose largest block saves the least (a whole-model Sequential recomputes everything
+    # at once and saves nothing).
+    covering = [c for c in candidates if total and c[1] >= 0.5 * total] or candidates
+    best = min(covering, key=lambda c: (c[2], -c[1]))[0]
+    ranked = sorted(best, key=subtree_bytes, reverse=True)
+    chosen = ranked[:limit] if limit else best
+    share = sum(subtree_bytes(k) for k in chosen) / (total or 1)
+    how = (f"{len(chosen)} block(s) of the container saving the most activations for backward; together they "
+           f"save {sum(subtree_bytes(k) for k in chosen):,} bytes, {share:.0%} of the step's saved activations"
+           if saved else f"{len(chosen)} block(s) (no activation measurement)")
+    return chosen, how
+
+
+def train_checkpointing(model, ctx: TrainContext, p: dict) -> TrainSetup:
+    params = list(model.parameters())
+    blocks, how = choose_blocks(model, ctx.saved_bytes, p["blocks"])
+    for name in blocks:
+        checkpoint_module(model.get_submodule(name))
+    opt = make_optimizer(params, ctx.optimizer, ctx.lr)
+    shown = ", ".join(blocks[:8]) + (f" and {len(blocks) - 8} more" if len(blocks) > 8 else "")
+    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn), params,
+                      [f"checkpointed: {shown} ({how})", "each checkpointed block runs its forward twice: "
+                       "once in forward, again in backward"])
+
+
+def split_batch(inputs: tuple, k: int) -> list[tuple]:
+    batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), None)
+    if batch is None:
+        raise FixNotApplicable("the inputs have no batch dimension to split")
+    if batch % k:
+        raise FixNotApplicable(f"the batch ({batch}) does not split into {k} equal micro-batches: choose "
+                               f"micro_batches dividing {batch}")
+    m = batch // k
+
+    def part(x, i):
+        return x[i * m:(i + 1) * m] if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch else x
+
+    return [tuple(part(x, i) for x in inputs) for i in range(k)]
+
+
+def train_accumulation(model, ctx: TrainContext, p: dict) -> TrainSetup:
+    k = p["micro_batches"]
+    split_batch(ctx.inputs, k)  # refuses now, with why, rather than in the first step
+    params = list(model.parameters())
+    opt = make_optimizer(params, ctx.optimizer, ctx.lr)
+    rows_loss = getattr(ctx.loss_fn, "for_rows", None)  # a loss whose targets follow the batch's rows
+
+    def step(inputs):
+        opt.zero_grad(set_to_none=True)
+        parts = split_batch(inputs, k)
+        m = next(x.shape[0] for x in parts[0] if isinstance(x, torch.Tensor) and x.dim())
+        total = None
+        for i, part in enumerate(parts):
+            out = model(*part)
+            loss = (rows_loss(out, i * m, (i + 1) * m, m * k) if rows_loss else ctx.loss_fn(out)) / k
+            loss.backward()  # gradients add up over the micro-batches
+            total = loss.detach() if total is None else total + loss.detach()
+        opt.step()
+        return total.float()
+
+    notes = [f"{k} micro-batches of {next(x.shape[0] for x in ctx.inputs if isinstance(x, torch.Tensor)) // k}, "
+             "each loss divided by k: for a mean-reduced loss the summed gradients are the full batch's"]
+    if not rows_loss:
+        notes.append("the loss sees each micro-batch as a batch of its own: with targets tied to the batch "
+                     "shape, losses differ from the full batch's")
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        notes.append("BatchNorm normalises each micro-batch with its own statistics: gradients and losses "
+                     "differ slightly from the full batch's")
+    return TrainSetup(model, opt, step, params, notes)
+
+
+def train_fused_optimizer(model, ctx: TrainContext, p: dict) -> TrainSetup:
+    params = list(model.parameters())
+    impl = p["impl"]
+    if impl == "auto":
+        impl = "fused"
+    opt = make_optimizer(params, ctx.optimizer, ctx.lr)  # the same hyper-parameters as the baseline's
+    cls = type(opt)
+    accepted = inspect.signature(cls.__init__).parameters
+    defaults = {k: v for k, v in opt.defaults.items() if k in accepted and k not in ("fused", "foreach")}
+    try:
+        fast = cls(params, **defaults, **{impl: True})
+    except (RuntimeError, ValueError, TypeError) as e:
+        if p["impl"] != "auto":
+            raise FixNotApplicable(f"{cls.__name__}({impl}=True) is not available here: {e}") from None
+        impl = "foreach"
+        fast = cls(params, **defaults, foreach=True)
+    base_impl = "foreach" if ctx.device.type == "cuda" else "for-loop (single tensor)"
+    return TrainSetup(model, fast, plain_step(model, fast, ctx.loss_fn), params,
+                      [f"{cls.__name__}({impl}=True) against the default implementation on {ctx.device.type} "
+                       f"({base_impl})"])
+
+
+def train_compile(model, ctx: TrainContext, p: dict) -> TrainSetup:
+    params = list(model.parameters())
+    opt = make_optimizer(params, ctx.optimizer, ctx.lr)
+    compiled = torch.compile(model)
+    opt_step = torch.compile(opt.step)
+
+    def step(inputs):
+        opt.zero_grad(set_to_none=True)
+        loss = ctx.loss_fn(compiled(*inputs))
+        loss.backward()
+        opt_step()
+        return loss.detach().float()
+
+    return TrainSetup(model, opt, step, params,
+                      ["torch.compile(model): TorchInductor kernels for forward and backward (AOTAutograd); "
+                       "torch.compile(optimizer.step); the loss stays eager. The first step compiles (see first "
+                       "call): worth it over long runs"])
+
+
+def train_channels_last(model, ctx: TrainContext, p: dict) -> TrainSetup:
+    params = list(model.parameters())
+    model = model.to(memory_format=torch.channels_last)  # keeps the Parameter objects
+    opt = make_optimizer(params, ctx.optimizer, ctx.lr)
+
+    def to_nhwc(inputs):
+        return tuple(x.contiguous(memory_format=torch.channels_last)
+                     if isinstance(x, torch.Tensor) and x.dim() == 4 else x for x in inputs)
+
+    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn, prepare_inputs=to_nhwc), params,
+                      ["weights and 4-D inputs in NHWC; gradients follow the weights' format"])
+
+
+def train_qat(model, ctx: TrainContext, p: dict) -> TrainSetup:
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+        from torchao.quantization.qat import IntxFakeQuantizeConfig, QATConfig
+    except ImportError as e:
+        raise FixNotApplicable(f"quantization-aware training needs torchao (pip install torchao): {e}") from None
+    params = list(model.parameters())
+    param_names = [n for n, _ in model.named_parameters()]
+    names = [n for n, m in model.named_modules() if type(m) is nn.Linear]
+    if not names:
+        raise FixNotApplicable("no nn.Linear layers to fake-quantize")
+    act = IntxFakeQuantizeConfig(torch.int8, "per_token", is_symmetric=False)
+    weight = IntxFakeQuantizeConfig(torch.int8, "per_channel")
+    quantize_(model, QATConfig(activation_config=act, weight_config=weight, step="prepare"))
+    by_name = dict(model.named_parameters())
+    # torchao swaps each Linear for a FakeQuantizedLinear that takes over its weight and bias:
+    # read the gradients from the parameters the prepared model trains, matched by name.
+    trained = [by_name.get(n, p_) for n, p_ in zip(param_names, params)]
+    opt = make_optimizer(list(model.parameters()), ctx.optimizer, ctx.lr)
+
+    def finish():  # on a copy: the QAT model keeps training (the timed steps)
+        served = copy.deepcopy(model)
+        quantize_(served, QATConfig(step="convert"))
+        quantize_(served, Int8DynamicActivationInt8WeightConfig())
+        return served
+
+    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn), trained,
+                      [f"{len(names)} Linear layer(s) train with fake int8 (activations per token, asymmetric; "
+                       "weights per channel, symmetric), then convert to int8 weights with dynamic int8 "
+                       "activations (torchao)", "fake quantization costs time in training; the gain is the "
+                       "int8 model it yields"], finish=finish)
+

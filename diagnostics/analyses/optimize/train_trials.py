@@ -1,0 +1,203 @@
+"""Training-step trials: the baseline's training step and each training fix, measured in one process.
+
+Every candidate starts from the same initial state (a deep copy of the user's model, a fresh
+optimizer of the same kind and learning rate, the same random seed) and trains on the same batch:
+
+- fidelity: ``steps`` training steps; the loss after each against the baseline's, the cosine of the
+  gradients after the first step against the baseline's (parameter by parameter, in the baseline's
+  order), and the trained model's outputs (eval mode) against the trained baseline's;
+- peak memory of one more step, measured like the memory analysis's training peak: parameters,
+  buffers, inputs and optimizer state resident before the step, plus the step's own allocations
+  (gradients and activations);
+- time: every candidate's step in the same interleaved rounds (ABBA, ``measure.compare``), with the
+  A/A control as the noise floor, and what the machine did meanwhile.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from diagnostics.analyses.optimize.catalog import get_fix
+from diagnostics.analyses.optimize.fixes import FixNotApplicable
+from diagnostics.analyses.optimize.train_fixes import TrainContext, TrainSetup, baseline
+from diagnostics.analyses.optimize.trials import _row, fidelity, serialized_bytes
+from diagnostics.measure.compare import CONTROL, interleaved
+from diagnostics.measure.disturbance import assess, watch
+from diagnostics.measure.memory import SavedTensorTracker, measure_peak
+from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
+from diagnostics.measure.timer import sync
+
+SEED = 0
+
+
+def short_error(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"
+
+
+def grad_vector(params: list) -> torch.Tensor:
+    parts = []
+    for p in params:
+        g = p.grad
+        parts.append(torch.zeros(p.numel(), dtype=torch.float64) if g is None
+                     else g.detach().reshape(-1).double().cpu())
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    if a.numel() != b.numel() or not a.numel():
+        return None
+    na, nb = a.norm().item(), b.norm().item()
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(a.dot(b).item() / (na * nb))
+
+
+def train_for(setup: TrainSetup, inputs: tuple, steps: int, device) -> tuple[list[float], torch.Tensor, float]:
+    """``steps`` steps; the losses, the gradients after the first step and the first step's seconds."""
+    losses, grads, first = [], None, 0.0
+    for i in range(steps):
+        t0 = time.perf_counter()
+        losses.append(float(setup.step(inputs)))
+        sync(device)
+        if i == 0:
+            first = time.perf_counter() - t0
+            grads = grad_vector(setup.params)
+    return losses, grads, first
+
+
+def resident_bytes(setup: TrainSetup, inputs: tuple) -> int:
+    """What a step starts with: parameters, buffers, inputs, optimizer state (no gradients)."""
+    return (param_bytes(setup.model) + buffer_bytes(setup.model) + tensor_bytes(inputs)
+            + optimizer_state_bytes(setup.optimizer))
+
+
+def saved_activation_bytes(model: nn.Module, inputs: tuple, loss_fn) -> dict:
+    """Bytes each module saves for backward in one training forward (module name -> bytes)."""
+    tracker = SavedTensorTracker()
+    with tracker.track(model, inputs):
+        loss = loss_fn(model(*inputs))
+    del loss
+    return dict(tracker.saved)
+
+
+def eval_outputs(model: nn.Module, inputs: tuple):
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(*inputs)
+    finally:
+        model.train(was)
+
+
+def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str, loss_fn, fixes: list[str],
+                     facts: dict, params: dict | None = None, *, optimizer: str = "adamw", lr: float = 1e-3,
+                     steps: int = 3, iters: int = 10, warmup: int = 2, classifier: bool = True,
+                     progress: Callable[[float, str], None] | None = None) -> tuple[list[dict], dict]:
+    """Rows (the baseline first, the A/A control, then one per fix) and the machine's disturbance."""
+    device = torch.device(device)
+    progress = progress or (lambda f, m: None)
+    params = params or {}
+    batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
+    saved = None
+    if "activation_checkpointing" in fixes:
+        progress(0.01, "measuring the activations each block saves for backward")
+        probe = copy.deepcopy(model).train()
+        saved = saved_activation_bytes(probe, inputs, loss_fn)
+        del probe
+    ctx = TrainContext(inputs, loss_fn, optimizer, lr, device, saved)
+
+    def build(fix_id: str | None, opts: dict) -> TrainSetup:
+        torch.manual_seed(SEED)
+        m = copy.deepcopy(model).train()
+        return baseline(m, ctx) if fix_id is None else get_fix(fix_id, "train").apply(m, ctx, opts)
+
+    progress(0.03, "baseline training steps")
+    setups: dict[str, TrainSetup] = {}
+    base = build(None, {})
+    torch.manual_seed(SEED)
+    base_losses, base_grads, base_first = train_for(base, inputs, steps, device)
+    base_out = eval_outputs(base.model, inputs)
+    rows = [_row("baseline", f"Baseline training step ({_opt_title(base.optimizer)})", "ok", size_ratio=1.0,
+                 first_call_ms=base_first * 1e3, losses=base_losses, loss_rel_diff=0.0, grad_cosine=1.0,
+                 **fidelity(base_out, base_out, classifier))]
+    setups["baseline"] = base
+    for i, fix_id in enumerate(fixes):
+        fix = get_fix(fix_id, "train")
+        progress(0.05 + 0.45 * i / max(1, len(fixes)), f"training with: {fix.title}")
+        opts = fix.options(params.get(fix_id))
+        ok, why = fix.applies(facts)
+        if not ok:
+            rows.append(_row(fix_id, fix.title, "not_applicable", why=why, params=opts))
+            continue
+        try:
+            setup = build(fix_id, opts)
+            torch.manual_seed(SEED)
+            losses, grads, first = train_for(setup, inputs, steps, device)
+            served = setup.finish() if setup.finish else setup.model
+            out = eval_outputs(served, inputs)
+            rel = [abs(a - b) / abs(b) if b else abs(a - b) for a, b in zip(losses, base_losses)]
+            row = _row(fix_id, fix.title, "ok", notes=list(setup.notes), params=opts, first_call_ms=first * 1e3,
+                       losses=losses, loss_rel_diff=max(rel) if rel else None,
+                       grad_cosine=cosine(grads, base_grads), **fidelity(base_out, out, classifier))
+            if setup.finish:
+                row["notes"].append("size and output fidelity: the converted model, after the training steps")
+                row["size_bytes"], row["size_kind"] = serialized_bytes(served)
+            rows.append(row)
+            setups[fix_id] = setup
+        except FixNotApplicable as e:
+            rows.append(_row(fix_id, fix.title, "not_applicable", why=str(e), params=opts))
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # a failing fix says why; the others still run
+            rows.append(_row(fix_id, fix.title, "failed", why=short_error(e), params=opts))
+
+    progress(0.55, "peak memory of one training step per candidate")
+    for row in rows:
+        setup = setups.get(row["fix"])
+        if setup is None:
+            continue
+        setup.optimizer.zero_grad(set_to_none=True)
+        peak = measure_peak(lambda: setup.step(inputs), device, resident_bytes(setup, inputs))
+        row["peak_bytes"] = int(peak.peak_bytes)
+        if row["size_bytes"] is None:
+            row["size_bytes"], row["size_kind"] = serialized_bytes(setup.model)
+    base_size = rows[0]["size_bytes"]
+    for row in rows:
+        if row["size_bytes"] is not None and base_size:
+            row["size_ratio"] = row["size_bytes"] / base_size
+
+    progress(0.6, f"timing {len(setups)} training steps and the A/A control in interleaved rounds")
+    calls = {k: (lambda s=s: s.step(inputs)) for k, s in setups.items()}
+    try:
+        with watch() as w:
+            times = interleaved(calls, device, iters, warmup, batch_size=batch, control=True,
+                                progress=lambda f, m: progress(0.6 + 0.38 * f, m))
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:
+        raise RuntimeError(f"timing the training steps failed: {short_error(e)}") from e
+    disturbance = assess(w.figures, times["baseline"]["cv"])
+    control = dict(rows[0], fix=CONTROL, title="A/A control (the baseline step, timed as if it were a fix)",
+                   notes=["the unchanged baseline: its interval is this run's noise floor"], artifact=None)
+    rows.insert(1, control)
+    confidence = "low" if disturbance["disturbed"] else "normal"
+    for row in rows:
+        if row["fix"] in times:
+            t = times[row["fix"]]
+            row.update({k: t[k] for k in ("median_ms", "p90_ms", "cv", "throughput_per_s", "speedup", "speedup_ci",
+                                          "verdict")})
+            row["confidence"] = confidence
+    return rows, disturbance
+
+
+def _opt_title(opt: torch.optim.Optimizer) -> str:
+    d = opt.defaults
+    extra = f", momentum {d['momentum']}" if d.get("momentum") else ""
+    return f"{type(opt).__name__}, lr {d['lr']:g}{extra}"
