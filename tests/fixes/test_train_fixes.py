@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from diagnostics.analyses.optimize import catalog
-from diagnostics.analyses.optimize.train_fixes import TrainContext, choose_blocks, split_batch
+from diagnostics.analyses.optimize.train_fixes import choose_blocks, split_batch
 from diagnostics.analyses.optimize.train_trials import cosine, grad_vector, run_train_trials
 from diagnostics.errors import TorchScopeError
 from diagnostics.measure.environment import environment_facts
