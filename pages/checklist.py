@@ -5,7 +5,7 @@ import streamlit as st
 from diagnostics.settings import safe_mode
 from diagnostics.uploads import save_upload
 from ui import state, views
-from diagnostics.analyses.checklist.rank import fix_first
+from diagnostics.analyses.checklist.rank import fix_first, split_fix, trial_evidence
 from ui.jobs import cached_outcome, get_store, run_analysis
 from ui.views import checklist as checklist_view
 from ui.frame import require_app
@@ -58,23 +58,28 @@ if not outcome.ok:
     st.stop()
 
 
-def apply_fix(fix_id: str) -> None:
-    st.session_state[state.OPTIMIZE_PRESELECT] = [fix_id]
+def apply_fix(fix_ref: str) -> None:
+    mode, fix_id = split_fix(fix_ref)  # "train:activation_checkpointing" -> a training-mode trial
+    st.session_state[state.OPTIMIZE_PRESELECT] = {"mode": mode, "fixes": [fix_id]}
     st.switch_page("pages/optimize.py")
 
 
-def latest(analysis: str) -> dict | None:
+def latest(analysis: str, accept=lambda result: True) -> dict | None:
     """The newest successful run of ``analysis`` on this model and device, if any (History has it)."""
     for rec in get_store().list(limit=50, analysis=analysis):
         if rec.status == "ok" and rec.model_label == spec.label and rec.device == spec.device:
             full = get_store().get(rec.id)
-            return full.result if full is not None else None
+            if full is not None and accept(full.result):
+                return full.result
     return None
 
 
-profile_result, optimize_result = latest("profile"), latest("optimize")
+profile_result = latest("profile")
+trials = [latest("optimize", lambda r, m=m: (r.get("mode") or "inference") == m) for m in ("inference", "train")]
 sources = ", ".join(n for n, r in (("the latest profile's roofline", profile_result),
-                                   ("the latest Optimize trials", optimize_result)) if r)
-ranked = fix_first(outcome.result, profile_result, optimize_result)
-checklist_view.show(outcome.result, apply_fix=apply_fix, ranked=ranked, sources=sources)
+                                   ("the latest Optimize trials", trials[0]),
+                                   ("the latest training-step trials", trials[1])) if r)
+ranked = fix_first(outcome.result, profile_result, [t for t in trials if t])
+checklist_view.show(outcome.result, apply_fix=apply_fix, ranked=ranked, sources=sources,
+                    trial_note=lambda f: trial_evidence(f, [t for t in trials if t]))
 views.report_download("checklist", outcome.result)  # the HTML report every page offers

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from diagnostics.analyses.optimize.catalog import FIXES
+from diagnostics.analyses.optimize.catalog import FIXES, TRAIN_FIXES
 from ui import state, views
 from ui.jobs import cached_outcome, run_analysis
 from ui.frame import require_app
@@ -13,37 +13,63 @@ require_app()
 st.title("Optimize")
 spec = state.current_spec()
 st.caption("Each fix runs on a copy of the model (yours never changes), in the same job as the baseline, with the "
-           "same inputs: latency, throughput, peak memory, size on disk and how far the outputs moved.")
-titles = {f.id: f.title for f in FIXES}
+           "same inputs: time, throughput, peak memory, size on disk and how far the outputs (or, for a training "
+           "step, the losses and gradients) moved.")
 preselect = st.session_state.pop(state.OPTIMIZE_PRESELECT, None)
+if isinstance(preselect, list):  # an older hand-off: inference fix ids
+    preselect = {"mode": "inference", "fixes": preselect}
 if preselect:
-    st.session_state["opt_fixes"] = [f for f in preselect if f in titles]
-    st.info(f"From the checklist: {', '.join(titles.get(f, f) for f in preselect)}. Add others to compare, then run.")
+    st.session_state["opt_mode"] = "Training step" if preselect["mode"] == "train" else "Inference"
+st.session_state.setdefault("opt_mode", "Inference")
+mode_label = st.segmented_control("Trial", ["Inference", "Training step"], key="opt_mode",
+                                  help="Inference: the model called under no_grad. Training step: forward, loss, "
+                                       "backward and optimizer step, each fix training a copy from the same start.")
+mode = "train" if mode_label == "Training step" else "inference"
+fixes = TRAIN_FIXES if mode == "train" else FIXES
+titles = {f.id: f.title for f in fixes}
+fixes_key = f"opt_fixes_{mode}"
+if preselect:
+    st.session_state[fixes_key] = [f for f in preselect["fixes"] if f in titles]
+    st.info(f"From the checklist: {', '.join(titles.get(f, f) for f in preselect['fixes'])}. Add others to "
+            "compare, then run.")
 
 with st.container(border=True):
-    st.session_state.setdefault("opt_fixes", ["inference_mode", "torchscript"])
-    chosen = st.multiselect("Fixes", list(titles), key="opt_fixes", format_func=titles.get)
+    st.session_state.setdefault(fixes_key, ["inference_mode", "torchscript"] if mode == "inference"
+                                else ["activation_checkpointing", "fused_optimizer"])
+    chosen = st.multiselect("Fixes", list(titles), key=fixes_key, format_func=titles.get)
     params = {}
-    with_params = [f for f in FIXES if f.id in chosen and f.params]
+    with_params = [f for f in fixes if f.id in chosen and f.params]
     if with_params:
         cols = st.columns(len(with_params))
         for col, fix in zip(cols, with_params):
             for p in fix.params:  # each fix's parameters are declared options (catalog.py)
                 label = f"{fix.title}: {p.key}"
+                wkey = f"opt_{mode}_{fix.id}_{p.key}"
                 if p.kind == "choice":
-                    v = col.selectbox(label, p.choices, index=p.choices.index(p.default), key=f"opt_{fix.id}_{p.key}",
+                    v = col.selectbox(label, p.choices, index=p.choices.index(p.default), key=wkey,
                                       help=p.help or None)
+                elif p.kind == "int":
+                    v = col.number_input(label, int(p.lo), int(p.hi), int(p.default), 1, key=wkey,
+                                         help=p.help or None)
                 else:
-                    v = col.slider(label, float(p.lo), float(p.hi), float(p.default), 0.05,
-                                   key=f"opt_{fix.id}_{p.key}", help=p.help or None)
+                    v = col.slider(label, float(p.lo), float(p.hi), float(p.default), 0.05, key=wkey,
+                                   help=p.help or None)
                 if v != p.default:
                     params.setdefault(fix.id, {})[p.key] = v
+    if mode == "train":
+        t1, t2, t3 = st.columns(3)
+        optimizer = option_input("optimize", "optimizer", t1, widget_key="opt_optimizer", label="Optimizer")
+        lr = option_input("optimize", "lr", t2, widget_key="opt_lr", label="Learning rate")
+        steps = option_input("optimize", "train_steps", t3, widget_key="opt_steps", label="Fidelity steps")
     c1, c2 = st.columns(2)
-    iters = option_input("optimize", "iters", c1, widget_key="opt_iters", label="Timed calls per trial")
-    warmup = option_input("optimize", "warmup", c2, widget_key="opt_warmup", label="Warm-up calls")
+    iters = option_input("optimize", "iters", c1, widget_key="opt_iters", label="Timed rounds")
+    warmup = option_input("optimize", "warmup", c2, widget_key="opt_warmup",
+                          label="Warm-up steps" if mode == "train" else "Warm-up calls")
     run = st.button("Run trials", type="primary", icon=":material/play_arrow:", key="opt_run", disabled=not chosen)
 
 options = {"fixes": list(chosen), "params": params, "iters": iters, "warmup": warmup}
+if mode == "train":
+    options.update(mode="train", optimizer=optimizer, lr=lr, train_steps=steps)
 outcome = run_analysis("optimize", spec, options, force=True) if run else cached_outcome("optimize", spec, options)
 if outcome is None:
     st.info(f"No trials yet for {spec.label} with these fixes: press **Run trials**.")

@@ -67,3 +67,41 @@ def test_gpu_idle_time_of_a_cuda_profile_is_an_entry():
     (e,) = from_idle({"cuda_ran": True, "device_split": split})
     assert e["est_saving_ms"] == pytest.approx(3.0) and e["title"] == "the GPU is idle 3.000 ms per step"
     assert from_idle({"cuda_ran": False, "device_split": split}) == [] and from_idle(None) == []
+
+
+TRAIN_TRIALS = {"mode": "train", "rows": [
+    {"fix": "baseline", "title": "Baseline training step", "status": "ok", "median_ms": 60.0, "peak_bytes": 30 * 2**20,
+     "verdict": None},
+    {"fix": "control", "title": "A/A", "status": "ok", "median_ms": 60.2, "verdict": "within noise", "speedup": 1.0},
+    {"fix": "activation_checkpointing", "title": "Activation checkpointing", "status": "ok", "median_ms": 75.0,
+     "speedup": 0.8, "verdict": "slower", "peak_bytes": 18 * 2**20, "grad_cosine": 1.0},
+    {"fix": "fused_optimizer", "title": "Fused / foreach optimizer", "status": "ok", "median_ms": 55.0,
+     "speedup": 1.09, "speedup_ci": [1.05, 1.12], "verdict": "faster", "peak_bytes": 30 * 2**20,
+     "grad_cosine": 1.0},
+]}
+
+
+def test_training_trials_feed_the_findings_that_recommend_them():
+    from diagnostics.analyses.checklist.rank import split_fix, trial_evidence
+
+    assert split_fix("train:activation_checkpointing") == ("train", "activation_checkpointing")
+    assert split_fix("amp") == ("inference", "amp")
+    finding = {"id": "saved_activations", "fix": "train:activation_checkpointing", "status": "warn"}
+    note = trial_evidence(finding, [OPTIMIZE, TRAIN_TRIALS])
+    # the training trial measured it (the inference run has no such row): 30 -> 18 MiB is -40%
+    assert note == ("measured by an Optimize trial (train): step x0.80 (slower), peak memory 30.0 -> 18.0 MiB "
+                    "(-40%), gradient cosine 1.000000")
+    # an inference fix is not answered by a training trial of the same id
+    assert trial_evidence({"fix": "amp"}, [TRAIN_TRIALS]) is None
+    ranked = fix_first(_checklist(), None, [OPTIMIZE, TRAIN_TRIALS])
+    fused = next(e for e in ranked if e["fix"] == "train:fused_optimizer")
+    assert fused["title"] == "apply Fused / foreach optimizer to the training step"
+    assert fused["est_saving_ms"] == pytest.approx(5.0) and fused["how"].startswith("measured: Optimize training-step")
+    assert any(e["fix"] == "channels_last" for e in ranked)  # both modes' trials are read
+
+
+def test_memory_findings_offer_the_checkpointing_trial():
+    from diagnostics.analyses.checklist.rules import RULES
+
+    fixes = {r.id: r.fix for r in RULES}
+    assert fixes["saved_activations"] == fixes["peak_memory"] == "train:activation_checkpointing"

@@ -27,7 +27,7 @@ def test_checklist_runs_and_apply_fix_preselects_it_on_optimize(new_app):
     at.button(key="apply_torch_compile").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.title[0].value == "Optimize"
-    assert at.multiselect(key="opt_fixes").value == ["torch_compile"]
+    assert at.multiselect(key="opt_fixes_inference").value == ["torch_compile"]
     assert any("From the checklist" in i.value for i in at.info)
 
 
@@ -35,7 +35,7 @@ def test_optimize_runs_trials_and_shows_the_table(new_app):
     at = _mlp_app(new_app)
     at.switch_page("pages/optimize.py").run()
     assert not at.exception, [e.value for e in at.exception]
-    at.multiselect(key="opt_fixes").set_value(["inference_mode", "channels_last"])
+    at.multiselect(key="opt_fixes_inference").set_value(["inference_mode", "channels_last"])
     at.number_input(key="opt_iters").set_value(3)
     at.number_input(key="opt_warmup").set_value(1)
     at.button(key="opt_run").click().run()
@@ -52,3 +52,26 @@ def test_optimize_runs_trials_and_shows_the_table(new_app):
     assert any(c.value.startswith("Machine: quiet run") for c in at.caption) or any(
         w.value.startswith("disturbed run") for w in at.warning)
     assert len(at.tabs) == 4
+
+
+def test_a_training_fix_from_the_checklist_opens_a_training_step_trial(new_app):
+    from ui.state import OPTIMIZE_PRESELECT
+
+    at = _mlp_app(new_app)
+    at.session_state[OPTIMIZE_PRESELECT] = {"mode": "train", "fixes": ["grad_accumulation"]}
+    at.switch_page("pages/optimize.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["opt_mode"] == "Training step"
+    assert at.multiselect(key="opt_fixes_train").value == ["grad_accumulation"]
+    at.multiselect(key="opt_fixes_train").set_value(["grad_accumulation", "fused_optimizer"])
+    at.number_input(key="opt_iters").set_value(2)
+    at.number_input(key="opt_warmup").set_value(1)
+    at.button(key="opt_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    df = at.dataframe[0].value
+    assert list(df["status"]) == ["ok"] * 4
+    assert df["fix"].iloc[0].startswith("Baseline training step (AdamW, lr 0.001")
+    # the same effective batch from micro-batches: the losses follow the baseline's, the gradients point alike
+    assert df["loss diff (rel, max)"].iloc[2] < 1e-4 and df["gradient cosine"].iloc[2] > 0.9999
+    assert [m.label for m in at.metric][0] == "Baseline step"
+    assert [t.label for t in at.tabs] == ["Step time", "Speed-up", "Peak memory", "Loss and gradients"]

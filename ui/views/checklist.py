@@ -21,7 +21,8 @@ COLOR = {"pass": "green", "warn": "orange", "fail": "red", "error": "violet", "n
 ORDER = ("error", "fail", "warn", "pass", "not_applicable")
 
 
-def _finding(f: dict, apply_fix: Callable[[str], None] | None) -> None:
+def _finding(f: dict, apply_fix: Callable[[str], None] | None, trial_note: Callable[[dict], str | None] | None = None
+             ) -> None:
     with st.container(border=True):
         c1, c2 = st.columns([5, 1])
         c1.markdown(f":{COLOR[f['status']]}[{ICON[f['status']]} **{STATUS_LABEL[f['status']]}**] &nbsp; **{f['title']}** "
@@ -29,9 +30,15 @@ def _finding(f: dict, apply_fix: Callable[[str], None] | None) -> None:
         c1.markdown(f["evidence"])
         if f["suggestion"]:
             c1.caption(f"Suggestion: {f['suggestion']}")
+        note = trial_note(f) if (trial_note and f.get("fix") and f["status"] in ("warn", "fail")) else None
+        if note:
+            c1.caption(f":material/science: {note.capitalize()}")
         if f.get("fix") and apply_fix is not None:
+            train = f["fix"].startswith("train:")
+            fix_id = f["fix"].removeprefix("train:")
             if c2.button("Apply fix", key=f"apply_{f['id']}", icon=":material/rocket_launch:",
-                         help=f"Try the '{f['fix']}' fix on the Optimize page"):
+                         help=f"Try the '{fix_id}' fix on the Optimize page"
+                              + (" as a training-step trial" if train else "") + ", against the baseline"):
                 apply_fix(f["fix"])  # in the script run (not a callback), so it may switch pages
 
 
@@ -48,7 +55,7 @@ def fix_first_table(entries: list[dict]) -> None:
 
 
 def show(result: dict, apply_fix: Callable[[str], None] | None = None, ranked: list[dict] | None = None,
-         sources: str = "") -> None:
+         sources: str = "", trial_note: Callable[[dict], str | None] | None = None) -> None:
     c = result["counts"]
     st.caption(f"{result['model']} · device {result['device']} · purpose: {result.get('purpose')}")
     entries = ranked if ranked is not None else result.get("fix_first") or []
@@ -83,7 +90,7 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None, ranked: l
             order = sorted(fs, key=lambda f: ORDER.index(f["status"]))
             for f in order:
                 if f["status"] != "not_applicable" or show_na:
-                    _finding(f, apply_fix)
+                    _finding(f, apply_fix, trial_note)
     with st.expander("Thresholds (named constants in diagnostics/analyses/checklist/rules.py)"):
         st.dataframe(pd.DataFrame(result["thresholds"]), hide_index=True, width="stretch",
                      column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),

@@ -7,18 +7,24 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from diagnostics.render.charts.optimize import (build_fidelity_figure, build_latency_figure, build_size_figure,
-                                         build_speedup_figure)
+from diagnostics.render.charts.optimize import (build_fidelity_figure, build_latency_figure, build_peak_figure,
+                                                build_size_figure, build_speedup_figure,
+                                                build_train_fidelity_figure)
 from diagnostics.units import human_bytes
 from ui.widgets import json_download, metric_row
 
 
 def trials_table(result: dict) -> pd.DataFrame:
+    train = result.get("mode") == "train"
     rows = []
     for r in result["rows"]:
-        rows.append({  # what decides first (speed-up, fidelity), then the raw measurements
+        row = {  # what decides first (speed-up, fidelity), then the raw measurements
             "fix": r["title"], "status": r["status"], "speed-up (x)": r["speedup"],
-            "95% interval": _interval(r.get("speedup_ci")), "verdict": _verdict(r),
+            "95% interval": _interval(r.get("speedup_ci")), "verdict": _verdict(r)}
+        if train:
+            row.update({"peak memory (MiB)": None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20,
+                        "loss diff (rel, max)": r.get("loss_rel_diff"), "gradient cosine": r.get("grad_cosine")})
+        row.update({
             "median (ms)": r["median_ms"],
             "p90 (ms)": r["p90_ms"], "peak memory (MiB)": None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20,
             "size ratio": r["size_ratio"], "max abs err": r["max_abs_err"], "cosine": r["cosine"],
@@ -27,6 +33,7 @@ def trials_table(result: dict) -> pd.DataFrame:
             "size (MiB)": None if r["size_bytes"] is None else r["size_bytes"] / 2**20,
             "why / notes": r["why"] or "; ".join(r["notes"]),
         })
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -42,12 +49,17 @@ def _verdict(r: dict) -> str:
 
 def show(result: dict) -> None:
     m = result["metrics"]
+    train = result.get("mode") == "train"
     st.caption(f"{result['model']} · device {result['device']} · batch {result['batch_size']} · "
-               f"{result['iters']} interleaved rounds · {m.get('threads', '?')} torch threads")
+               + (f"training step: {result.get('optimizer')}, loss {result.get('loss')}, {result.get('train_steps')} "
+                  "fidelity steps · " if train else "")
+               + f"{result['iters']} interleaved rounds · {m.get('threads', '?')} torch threads")
     best = m["best_fix"]
     low, high = m.get("control_ci_low"), m.get("control_ci_high")
     metric_row([
-        ("Baseline median", f"{m['baseline_median_ms']:.3g} ms", "eval mode, torch.no_grad()"),
+        ("Baseline step" if result.get("mode") == "train" else "Baseline median",
+         f"{m['baseline_median_ms']:.3g} ms",
+         f"training step, {result.get('optimizer')}" if result.get("mode") == "train" else "eval mode, torch.no_grad()"),
         ("Best speed-up", "none beyond the noise" if best is None else f"x{m['best_speedup']:.2f}",
          None if best is None else f"fix: {best}"),
         ("Noise floor (A/A)", "n/a" if m.get("control_speedup") is None else f"x{m['control_speedup']:.2f}",
@@ -61,13 +73,18 @@ def show(result: dict) -> None:
                  column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in
                                 ("median (ms)", "p90 (ms)", "throughput (samples/s)", "speed-up (x)", "first call (ms)",
                                  "peak memory (MiB)", "size (MiB)", "size ratio", "max abs err", "cosine",
-                                 "top-1 agreement")})
+                                 "top-1 agreement", "loss diff (rel, max)", "gradient cosine")})
     if any(r["status"] == "ok" for r in result["rows"] if r["fix"] not in ("baseline", "control")):
-        t1, t2, t3, t4 = st.tabs(["Latency", "Speed-up", "Size", "Fidelity"])
+        if train:
+            t1, t2, t3, t4 = st.tabs(["Step time", "Speed-up", "Peak memory", "Loss and gradients"])
+            t3.plotly_chart(build_peak_figure(result), width="stretch")
+            t4.plotly_chart(build_train_fidelity_figure(result), width="stretch")
+        else:
+            t1, t2, t3, t4 = st.tabs(["Latency", "Speed-up", "Size", "Fidelity"])
+            t3.plotly_chart(build_size_figure(result), width="stretch")
+            t4.plotly_chart(build_fidelity_figure(result), width="stretch")
         t1.plotly_chart(build_latency_figure(result), width="stretch")
         t2.plotly_chart(build_speedup_figure(result), width="stretch")
-        t3.plotly_chart(build_size_figure(result), width="stretch")
-        t4.plotly_chart(build_fidelity_figure(result), width="stretch")
     arts = [r for r in result["rows"] if r.get("artifact")]
     if arts:
         st.markdown("**Optimized models** (the fixed copy, and the recipe that reproduces it)")

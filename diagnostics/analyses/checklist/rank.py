@@ -14,6 +14,46 @@ from __future__ import annotations
 
 #: Operators listed from the roofline at most (the rest are summed in the profile's headroom).
 TOP_OPS = 5
+#: A finding's fix names a training fix with this prefix ("train:activation_checkpointing").
+TRAIN = "train:"
+
+
+def split_fix(ref: str) -> tuple[str, str]:
+    """A finding's fix reference -> (mode, fix id): "train:amp" -> ("train", "amp"), "amp" -> ("inference", "amp")."""
+    return ("train", ref[len(TRAIN):]) if ref.startswith(TRAIN) else ("inference", ref)
+
+
+def _trial_mode(optimize: dict) -> str:
+    return optimize.get("mode") or "inference"
+
+
+def trial_evidence(finding: dict, trials: list[dict]) -> str | None:
+    """What an Optimize trial of the finding's fix measured (time, peak memory, fidelity), from the
+    newest run of the matching mode among ``trials``; None when no such trial ran."""
+    if not finding.get("fix"):
+        return None
+    mode, fix_id = split_fix(finding["fix"])
+    for result in trials:
+        if not result or _trial_mode(result) != mode:
+            continue
+        rows = {r["fix"]: r for r in result.get("rows") or []}
+        r, base = rows.get(fix_id), rows.get("baseline")
+        if r is None or base is None:
+            continue
+        if r.get("status", "ok") != "ok":
+            return f"Optimize trial ({mode}): {r['status'].replace('_', ' ')}: {r.get('why') or ''}".rstrip(": ")
+        step = "step" if mode == "train" else "call"
+        parts = [f"{step} x{r['speedup']:.2f} ({r.get('verdict') or 'no verdict'})" if r.get("speedup") else None]
+        if r.get("peak_bytes") and base.get("peak_bytes"):
+            change = r["peak_bytes"] / base["peak_bytes"] - 1
+            parts.append(f"peak memory {base['peak_bytes'] / 2**20:.1f} -> {r['peak_bytes'] / 2**20:.1f} MiB "
+                         f"({change:+.0%})")
+        if r.get("grad_cosine") is not None:
+            parts.append(f"gradient cosine {r['grad_cosine']:.6f}")
+        elif r.get("cosine") is not None:
+            parts.append(f"output cosine {r['cosine']:.6f}")
+        return f"measured by an Optimize trial ({mode}): " + ", ".join(p for p in parts if p)
+    return None
 
 
 def _entry(title: str, saving_ms: float | None, how: str, source: str, fix: str | None = None,
@@ -21,7 +61,7 @@ def _entry(title: str, saving_ms: float | None, how: str, source: str, fix: str 
     return {"title": title, "est_saving_ms": saving_ms, "how": how, "source": source, "fix": fix, "detail": detail}
 
 
-def from_findings(checklist: dict) -> list[dict]:
+def from_findings(checklist: dict, trials: list[dict] = ()) -> list[dict]:
     out = []
     facts = checklist.get("facts") or {}
     measured = facts.get("measured") or {}
@@ -41,8 +81,9 @@ def from_findings(checklist: dict) -> list[dict]:
         elif f["id"] == "dataloader_time" and (facts.get("dataloader") or {}).get("loader_s_per_batch"):
             saving = facts["dataloader"]["loader_s_per_batch"] * 1e3
             how = "measured: loading one batch, if it stops overlapping the step (workers, prefetch)"
+        measured_by_trial = trial_evidence(f, list(trials))
         out.append(_entry(f["title"], None if saving is None else max(0.0, saving), how, f"checklist: {f['id']}",
-                          f.get("fix"), f["evidence"]))
+                          f.get("fix"), f["evidence"] + (f"; {measured_by_trial}" if measured_by_trial else "")))
     return out
 
 
@@ -75,20 +116,26 @@ def from_idle(profile: dict | None) -> list[dict]:
 
 def from_trials(optimize: dict | None) -> list[dict]:
     rows = (optimize or {}).get("rows") or []
+    train = _trial_mode(optimize or {}) == "train"
     base = next((r for r in rows if r["fix"] == "baseline"), None)
     out = []
     for r in rows:
         if base is None or r["fix"] in ("baseline", "control") or r.get("verdict") != "faster":
             continue
         ci = r.get("speedup_ci") or [None, None]
-        out.append(_entry(f"apply {r['title']}", base["median_ms"] - r["median_ms"],
-                          "measured: Optimize trial, interleaved with the baseline", "optimize", r["fix"],
+        out.append(_entry(f"apply {r['title']}" + (" to the training step" if train else ""),
+                          base["median_ms"] - r["median_ms"],
+                          "measured: Optimize " + ("training-step " if train else "") + "trial, interleaved with "
+                          "the baseline", "optimize", (TRAIN if train else "") + r["fix"],
                           f"x{r['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] else "")))
     return out
 
 
-def fix_first(checklist: dict, profile: dict | None = None, optimize: dict | None = None) -> list[dict]:
-    """Every entry, those with an estimated saving first (largest first), then the rest."""
-    entries = from_trials(optimize) + from_findings(checklist) + from_roofline(profile) + from_idle(profile)
+def fix_first(checklist: dict, profile: dict | None = None, optimize: dict | list | None = None) -> list[dict]:
+    """Every entry, those with an estimated saving first (largest first), then the rest. ``optimize``:
+    an Optimize result, or several (the newest inference and training runs)."""
+    trials = [o for o in (optimize if isinstance(optimize, list) else [optimize]) if o]
+    entries = [e for o in trials for e in from_trials(o)] + from_findings(checklist, trials)
+    entries += from_roofline(profile) + from_idle(profile)
     with_ms = sorted((e for e in entries if e["est_saving_ms"] is not None), key=lambda e: -e["est_saving_ms"])
     return with_ms + [e for e in entries if e["est_saving_ms"] is None]

@@ -91,7 +91,7 @@ class Finding:
     evidence: str  # what was measured, in words with numbers (or why the rule does not apply)
     suggestion: str = ""
     numbers: dict = field(default_factory=dict)
-    fix: str | None = None  # a diagnostics.analyses.optimize.fixes id that addresses it
+    fix: str | None = None  # the Optimize fix that addresses it: an inference fix id, or "train:<id>"
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -728,7 +728,8 @@ RULES: list[Rule] = [
     Rule("communication", "Communication under 10% of kernel time", "compute", check_communication),
     Rule("gpu_utilization", "GPU busy at least 50% of the step", "compute", check_gpu_utilization),
     Rule("tensor_cores", "Tensor Cores used where eligible (AMP)", "compute", check_tensor_cores, fix="amp"),
-    Rule("peak_memory", "Peak memory under 90% of the device", "memory", check_peak_memory, fix="amp"),
+    Rule("peak_memory", "Peak memory under 90% of the device", "memory", check_peak_memory,
+         fix="train:activation_checkpointing"),
     Rule("data_parallel", "DistributedDataParallel instead of DataParallel", "compute", check_data_parallel),
     Rule("ddp_backend", "DDP uses NCCL on GPUs", "compute", check_ddp_backend),
     # Model design
@@ -741,7 +742,8 @@ RULES: list[Rule] = [
     Rule("dead_units", "Few dead ReLU units", "model design", check_dead_units),
     Rule("redundant_layers", "No layers that add nothing", "model design", check_redundant_layers),
     # Memory
-    Rule("saved_activations", "Saved activations fit (checkpointing)", "memory", check_saved_activations),
+    Rule("saved_activations", "Saved activations fit (checkpointing)", "memory", check_saved_activations,
+         fix="train:activation_checkpointing"),
     Rule("memory_growth", "No memory growth across steps", "memory", check_memory_growth),
     Rule("inplace_activations", "In-place activations", "memory", check_inplace),
     # Compute

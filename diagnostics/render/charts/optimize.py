@@ -28,6 +28,9 @@ def build_latency_figure(result: dict) -> go.Figure:
         error_x=dict(type="data", symmetric=False, array=up, arrayminus=[0] * len(rows)),
         customdata=[[r["p90_ms"]] for r in rows],
         hovertemplate="%{y}<br>median %{x:.3f} ms<br>p90 %{customdata[0]:.3f} ms<extra></extra>"))
+    if result.get("mode") == "train":
+        return _layout(fig, f"Training-step time, batch {result.get('batch_size')} (median, whisker to p90)",
+                       "step time (ms)", len(rows))
     return _layout(fig, f"Latency per call, batch {result.get('batch_size')} (median, whisker to p90)",
                    "latency (ms)", len(rows))
 
@@ -96,14 +99,52 @@ def build_fidelity_figure(result: dict) -> go.Figure:
     return fig
 
 
+def build_peak_figure(result: dict) -> go.Figure:
+    """Peak memory of one step per candidate (MiB), the baseline in grey; the ratio on hover."""
+    rows = [r for r in _ok_rows(result) if r["fix"] != "control" and r.get("peak_bytes") is not None]
+    base = next((r["peak_bytes"] for r in rows if r["fix"] == "baseline"), None)
+    fig = go.Figure(go.Bar(y=[r["title"] for r in rows], x=[r["peak_bytes"] / 2**20 for r in rows], orientation="h",
+                           marker_color=["#9e9e9e" if r["fix"] == "baseline" else "#B279A2" for r in rows],
+                           customdata=[[r["peak_bytes"] / base if base else None] for r in rows],
+                           hovertemplate="%{y}<br>%{x:.2f} MiB<br>x%{customdata[0]:.2f} of the baseline's"
+                                         "<extra></extra>"))
+    what = "training step" if result.get("mode") == "train" else "call"
+    return _layout(fig, f"Peak memory of one {what} (MiB)", "peak memory (MiB)", len(rows))
+
+
+def build_train_fidelity_figure(result: dict) -> go.Figure:
+    """Training fidelity: the loss after each step per candidate (lines), and the cosine between each
+    fix's gradients after the first step and the baseline's (bars)."""
+    rows = [r for r in _ok_rows(result) if r["fix"] != "control" and r.get("losses")]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.22,
+                        subplot_titles=("Loss after each training step", "Gradient cosine vs baseline (first step)"))
+    for r in rows:
+        fig.add_scatter(x=list(range(1, len(r["losses"]) + 1)), y=r["losses"], mode="lines+markers", name=r["title"],
+                        line=dict(color="#616161", width=3) if r["fix"] == "baseline" else None, row=1, col=1,
+                        hovertemplate=r["title"] + "<br>step %{x}: loss %{y:.6g}<extra></extra>")
+    fixes = [r for r in rows if r["fix"] != "baseline" and r.get("grad_cosine") is not None]
+    fig.add_bar(y=[r["title"] for r in fixes], x=[r["grad_cosine"] for r in fixes], orientation="h",
+                marker_color="#4C78A8", showlegend=False, row=1, col=2,
+                hovertemplate="%{y}<br>cosine %{x:.6f}<extra></extra>")
+    low = min([r["grad_cosine"] for r in fixes] + [0.99])
+    fig.update_xaxes(title_text="step", dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text=f"loss ({result.get('loss') or 'the model loss'})", row=1, col=1)
+    fig.update_xaxes(range=[max(0.0, low - 0.01), 1.0005], title_text="cosine (1 = same direction)", row=1, col=2)
+    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    fig.update_layout(title="Training fidelity to the baseline", height=max(340, 40 * len(rows) + 180),
+                      margin=dict(l=10, r=10, t=80, b=40), legend=dict(orientation="h", y=-0.25, x=0))
+    return fig
+
+
 # ----------------------------------------------------------------------------- report sections
 def optimize_sections(result: dict) -> list[Section]:
 
-    return [
-        section("Trials", [lambda: build_latency_figure(result), lambda: build_speedup_figure(result)],
-                 text=notes(result), tables=[("trials (baseline first)", records(result, "rows"))]),
-        section("Size and fidelity", [lambda: build_size_figure(result), lambda: build_fidelity_figure(result)]),
-    ]
+    trials = section("Trials", [lambda: build_latency_figure(result), lambda: build_speedup_figure(result)],
+                     text=notes(result), tables=[("trials (baseline first)", records(result, "rows"))])
+    if result.get("mode") == "train":
+        return [trials, section("Memory and fidelity", [lambda: build_peak_figure(result),
+                                                         lambda: build_train_fidelity_figure(result)])]
+    return [trials, section("Size and fidelity", [lambda: build_size_figure(result), lambda: build_fidelity_figure(result)])]
 
 
 #: This module's report layout per analysis (diagnostics.render.html finds it through the
