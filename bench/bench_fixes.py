@@ -7,6 +7,12 @@ disk relative to the baseline, max abs error, cosine similarity and top-1 agreem
 measured is what is shown: a fix that is slower on this machine shows a speed-up below 1.
 
     .venv/bin/python bench/bench_fixes.py [--iters 30] [--compile] [--device cpu] [--write]
+    .venv/bin/python bench/bench_fixes.py --train [--iters 10] [--compile] [--write]
+
+``--train`` measures the training-step trials instead (Optimize --mode train): every training fix
+on each sample, and as the peer, a bare PyTorch training loop (zero_grad, forward, loss, backward,
+AdamW step) timed in the same run on the same model, inputs and loss: the ratio of the trial
+harness's baseline step to the bare loop's shows what the harness adds.
 """
 
 from __future__ import annotations
@@ -94,6 +100,101 @@ was lent to this task, so there are no CUDA figures (run with --device cuda wher
     path.write_text(text)
 
 
+TRAIN_SECTION = "## Training-step trials"
+TRAIN_SAMPLES = ("mlp", "cnn", "resnet", "transformer")
+
+
+def bare_loop_ms(name: str, device: str, steps: int) -> float:
+    """The peer: a plain training loop on the sample, median ms per step (after 2 warm-up steps)."""
+    import statistics
+
+    import torch
+
+    from diagnostics.intake import load_model
+    from diagnostics.spec import ModelSpec
+
+    loaded = load_model(ModelSpec(name=name, device=device))
+    model, inputs, loss_fn = loaded.model.train(), loaded.inputs, loaded.loss_fn
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times = []
+    for i in range(steps + 2):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(*inputs)).backward()
+        opt.step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if i >= 2:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def run_train(device: str, iters: int, warmup: int, with_compile: bool) -> tuple[str, float]:
+    import torch
+
+    from diagnostics.analyses.optimize.catalog import TRAIN_FIX_IDS
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import ModelSpec
+
+    torch.set_num_threads(int(THREADS))
+    fixes = [f for f in TRAIN_FIX_IDS if with_compile or f != "torch_compile"]
+    lines = ["| model | fix | status | median ms (step) | speed-up [95% CI] | verdict | peak MiB | peak ratio | "
+             "loss rel. diff | grad cosine | notes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    t0 = time.perf_counter()
+    for name in TRAIN_SAMPLES:
+        r = execute(Job("optimize", ModelSpec(name=name, device=device),
+                        {"mode": "train", "fixes": fixes, "iters": iters, "warmup": warmup, "optimizer": "adamw"}),
+                    Path(tempfile.mkdtemp(prefix="bench-train-")))
+        bare = bare_loop_ms(name, device, max(5, iters))
+        base = r["rows"][0]
+        lines.append(f"| {name} (b={r['batch_size']}) | *peer: bare PyTorch loop* | ok | {bare:.3f} | – | – | – | – | "
+                     f"– | – | harness baseline / bare loop = {base['median_ms'] / bare:.2f} |")
+        for row in r["rows"]:
+            ci = row.get("speedup_ci")
+            sp = "–" if row["speedup"] is None else f"{row['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+            peak = row["peak_bytes"]
+            note = (row["why"] or "; ".join(row["notes"][:1]))[:110]
+            lines.append(
+                f"| {name} (b={r['batch_size']}) | {row['fix']} | {row['status']} | {fmt(row['median_ms'], '.3f')} | {sp} | "
+                f"{row.get('verdict') or '–'} | {fmt(None if peak is None else peak / 2**20, '.2f')} | "
+                f"{fmt(None if peak is None or not base['peak_bytes'] else peak / base['peak_bytes'], '.2f')} | "
+                f"{fmt(row.get('loss_rel_diff'), '.1e')} | {fmt(row.get('grad_cosine'), '.6f')} | "
+                f"{note.replace('|', '/')} |")
+        print(f"{name}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return "\n".join(lines), time.perf_counter() - t0
+
+
+def write_train_section(table: str, args, elapsed: float, torch_version: str) -> None:
+    path = ROOT / "docs" / "BENCHMARKS.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    cmd = f".venv/bin/python bench/bench_fixes.py --train --iters {args.iters} --warmup {args.warmup}" + \
+          (" --compile" if args.compile else "") + (f" --device {args.device}" if args.device != "cpu" else "") + " --write"
+    body = f"""{TRAIN_SECTION}
+
+Command: `{cmd}` (`bench/bench_fixes.py`, {elapsed:.0f} s).
+
+Optimize in training mode on each sample at its default batch, on {args.device} ({platform.processor() or
+platform.machine()}, {os.cpu_count()} cores, OMP_NUM_THREADS={THREADS}, torch {torch_version}), AdamW lr 1e-3, the
+sample's loss. Every candidate trains a copy from the same initial state; step times are interleaved (ABBA,
+{args.iters} rounds after {args.warmup} warm-up steps) with the A/A control as the noise floor; peak memory is one
+step with parameters, inputs and optimizer state resident (as the memory analysis measures it); loss rel. diff is
+the largest relative difference of the loss over 3 steps from the baseline's; grad cosine compares the first
+step's gradients. The peer row times a bare PyTorch loop on the same model in the same run.
+
+{{table}}
+"""
+    body = body.replace("{{table}}", table)
+    if TRAIN_SECTION in text:
+        start = text.index(TRAIN_SECTION)
+        nxt = text.find("\n## ", start + len(TRAIN_SECTION))
+        text = text[:start] + body + (text[nxt + 1:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + body
+    path.write_text(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=30)
@@ -101,8 +202,16 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--compile", action="store_true", help="include torch.compile (slow to compile on CPU)")
     ap.add_argument("--write", action="store_true", help=f"write the table into docs/BENCHMARKS.md ({SECTION})")
+    ap.add_argument("--train", action="store_true", help=f"training-step trials instead ({TRAIN_SECTION})")
     args = ap.parse_args()
     import torch
+
+    if args.train:
+        table, elapsed = run_train(args.device, args.iters, args.warmup, args.compile)
+        print(table)
+        if args.write:
+            write_train_section(table, args, elapsed, torch.__version__)
+        return
 
     table, elapsed = run(args.device, args.iters, args.warmup, args.compile)
     print(table)
