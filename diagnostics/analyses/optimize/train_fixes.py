@@ -139,7 +139,21 @@ def choose_blocks(model: nn.Module, saved: dict | None, limit: int = 0) -> tuple
     # the one whose largest block saves the least (a whole-model Sequential recomputes everything
     # at once and saves nothing).
     covering = [c for c in candidates if total and c[1] >= 0.5 * total] or candidates
-    best = min(covering, key=lambda c: (c[2], -c[1]))[0]
+    best = list(min(covering, key=lambda c: (c[2], -c[1]))[0])
+    # Refine: a chosen block that is itself a ModuleList (never called) or the largest block and a
+    # Sequential of several is replaced by its children, so no one recompute brings back most of
+    # the activations (a ResNet's first stage, say).
+    while True:
+        split = [n for n in best if isinstance(model.get_submodule(n), nn.ModuleList)]
+        big = max(best, key=subtree_bytes)
+        mod = model.get_submodule(big)
+        if not split and isinstance(mod, nn.Sequential) and len(mod) >= 2 and subtree_bytes(big) > 0:
+            split = [big]
+        if not split:
+            break
+        for n in split:
+            i = best.index(n)
+            best[i:i + 1] = [f"{n}.{k}" for k, _ in model.get_submodule(n).named_children()]
     ranked = sorted(best, key=subtree_bytes, reverse=True)
     chosen = ranked[:limit] if limit else best
     share = sum(subtree_bytes(k) for k in chosen) / (total or 1)
@@ -156,9 +170,12 @@ def train_checkpointing(model, ctx: TrainContext, p: dict) -> TrainSetup:
         checkpoint_module(model.get_submodule(name))
     opt = make_optimizer(params, ctx.optimizer, ctx.lr)
     shown = ", ".join(blocks[:8]) + (f" and {len(blocks) - 8} more" if len(blocks) > 8 else "")
-    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn), params,
-                      [f"checkpointed: {shown} ({how})", "each checkpointed block runs its forward twice: "
-                       "once in forward, again in backward"])
+    notes = [f"checkpointed: {shown} ({how})", "each checkpointed block runs its forward twice: once in forward, "
+             "again in backward"]
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for b in blocks for m in model.get_submodule(b).modules()):
+        notes.append("BatchNorm layers inside checkpointed blocks update their running statistics twice per step "
+                     "(the recompute too): eval-mode outputs drift from the baseline's; the gradients do not")
+    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn), params, notes)
 
 
 def split_batch(inputs: tuple, k: int) -> list[tuple]:
