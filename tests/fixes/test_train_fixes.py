@@ -181,3 +181,23 @@ def test_train_mode_analysis_peak_matches_the_memory_analysis(tmp_path):
     assert opt["metrics"]["baseline_peak_bytes"] == base["peak_bytes"]
     with pytest.raises(Exception, match="is an inference fix; run it with --mode inference"):
         execute(Job("optimize", spec, {"mode": "train", "fixes": ["torchscript"]}), tmp_path / "bad")
+
+
+def test_choose_blocks_splits_a_stage_of_blocks_but_not_a_block_of_layers():
+    torch.manual_seed(0)
+
+    def block():
+        return nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+
+    # stage "0" holds two blocks and most of the activations; stage "1" is one block
+    model = nn.Sequential(nn.Sequential(block(), block()), block())
+    assert choose_blocks(model, {"0.0.0": 40, "0.1.0": 40, "1.0": 20})[0] == ["0.0", "0.1"]
+    # when the stage covers less than half, the top level's children are the blocks; the largest,
+    # a block of single layers, is not split into layers (recomputing one layer saves nothing)
+    assert choose_blocks(model, {"0.0.0": 25, "0.1.0": 20, "1.0": 55})[0] == ["0", "1"]
+    # a ModuleList is never called: its members are the blocks
+    holder = nn.Module()
+    holder.layers = nn.ModuleList([block(), block()])
+    holder.layers2 = nn.ModuleList([nn.ModuleList([block(), block()]), block()])
+    names, _ = choose_blocks(holder, {"layers2.0.0.0": 20, "layers2.0.1.0": 20, "layers2.1.0": 55, "layers.0.0": 5})
+    assert names == ["layers2.0.0", "layers2.0.1", "layers2.1"]

@@ -141,14 +141,15 @@ def choose_blocks(model: nn.Module, saved: dict | None, limit: int = 0) -> tuple
     covering = [c for c in candidates if total and c[1] >= 0.5 * total] or candidates
     best = list(min(covering, key=lambda c: (c[2], -c[1]))[0])
     # Refine: a chosen block that is itself a ModuleList (never called) or the largest block and a
-    # Sequential of several is replaced by its children, so no one recompute brings back most of
+    # Sequential of several blocks is replaced by its children, so no one recompute brings back most of
     # the activations (a ResNet's first stage, say).
     while True:
         split = [n for n in best if isinstance(model.get_submodule(n), nn.ModuleList)]
         big = max(best, key=subtree_bytes)
         mod = model.get_submodule(big)
-        if not split and isinstance(mod, nn.Sequential) and len(mod) >= 2 and subtree_bytes(big) > 0:
-            split = [big]
+        composite = sum(1 for c in mod.children() if next(c.children(), None) is not None)
+        if not split and isinstance(mod, nn.Sequential) and composite >= 2 and subtree_bytes(big) > 0:
+            split = [big]  # a Sequential of blocks (not of single layers, whose recompute saves nothing)
         if not split:
             break
         for n in split:
