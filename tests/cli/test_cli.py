@@ -386,3 +386,18 @@ def test_progress_bar_redraws_on_a_terminal_and_logs_lines_otherwise():
     bar = ProgressBar("x", quiet, enabled=False)
     bar.update(0.3, "y")
     assert quiet.text == ""
+
+
+@pytest.mark.slow
+def test_optimize_training_mode_on_resnet(data_dir, tmp_path):
+    # issue #20's command: every training fix runs, checkpointing lowers the measured training peak
+    p = cli("optimize", "--model", "resnet", "--mode", "train", "--fix", "activation_checkpointing", "--fix",
+            "fused_optimizer", "--fix", "grad_accumulation", "--fix", "amp", "--iters", "2", "--warmup", "1",
+            "--json", "--out", tmp_path, data_dir=data_dir)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = {r["fix"]: r for r in json.loads(p.stdout)["rows"]}
+    assert [rows[f]["status"] for f in ("activation_checkpointing", "fused_optimizer", "grad_accumulation", "amp")] \
+        == ["ok"] * 4
+    assert rows["activation_checkpointing"]["peak_bytes"] < rows["baseline"]["peak_bytes"]
+    assert rows["fused_optimizer"]["loss_rel_diff"] < 1e-5  # the same arithmetic, fused
+    assert all(len(rows[f]["losses"]) == 3 for f in rows if rows[f]["status"] == "ok")
