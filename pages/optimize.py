@@ -4,6 +4,7 @@ import streamlit as st
 
 from diagnostics.analyses.optimize.catalog import FIXES, TRAIN_FIXES
 from ui import state, views
+from ui.views import optimize as optimize_view
 from ui.jobs import cached_outcome, run_analysis
 from ui.frame import require_app
 from ui.widgets import option_input, show_failure
@@ -65,6 +66,11 @@ with st.container(border=True):
     iters = option_input("optimize", "iters", c1, widget_key="opt_iters", label="Timed rounds")
     warmup = option_input("optimize", "warmup", c2, widget_key="opt_warmup",
                           label="Warm-up steps" if mode == "train" else "Warm-up calls")
+    with st.expander("Fidelity thresholds (flag fixes that move the results too far)"):
+        f1, f2 = st.columns(2)
+        min_cosine = option_input("optimize", "min_cosine", f1, widget_key="opt_min_cosine", label="Minimum cosine")
+        min_top1 = option_input("optimize", "min_top1", f2, widget_key="opt_min_top1",
+                                label="Minimum top-1 agreement")
     run = st.button("Run trials", type="primary", icon=":material/play_arrow:", key="opt_run", disabled=not chosen)
 
 options = {"fixes": list(chosen), "params": params, "iters": iters, "warmup": warmup}
@@ -74,6 +80,7 @@ outcome = run_analysis("optimize", spec, options, force=True) if run else cached
 if outcome is None:
     st.info(f"No trials yet for {spec.label} with these fixes: press **Run trials**.")
 elif outcome.ok:
-    views.show("optimize", outcome.result)
+    # the thresholds only re-read the measured rows: changing them never re-runs the trials
+    views.show("optimize", optimize_view.with_thresholds(outcome.result, min_cosine, min_top1))
 else:
     show_failure(outcome)

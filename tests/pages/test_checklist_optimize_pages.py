@@ -47,6 +47,11 @@ def test_optimize_runs_trials_and_shows_the_table(new_app):
     assert "no Conv2d layers" in df["why / notes"].iloc[3]
     assert df["verdict"].iloc[0] == "" and df["verdict"].iloc[2].split(" (")[0] in ("faster", "slower", "within noise")
     assert df["95% interval"].iloc[1].startswith("[")  # the control's interval: the noise floor
+    # what the fix buys or costs, in words with its numbers (inference_mode keeps the outputs exactly)
+    from ui.views.optimize import FLAG_TEXT
+
+    assert df["assessment"].iloc[2].split(":")[0] in FLAG_TEXT.values() and df["assessment"].iloc[0] == ""
+    assert "fidelity" not in df["assessment"].iloc[2]
     assert [m.label for m in at.metric] == ["Baseline median", "Best speed-up", "Noise floor (A/A)", "Faster / slower"]
     # the timed job says what the machine did meanwhile
     assert any(c.value.startswith("Machine: quiet run") for c in at.caption) or any(

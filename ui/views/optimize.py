@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pandas as pd
@@ -10,6 +11,7 @@ import streamlit as st
 from diagnostics.render.charts.optimize import (build_fidelity_figure, build_latency_figure, build_peak_figure,
                                                 build_size_figure, build_speedup_figure,
                                                 build_train_fidelity_figure)
+from diagnostics.analyses.optimize.assess import assess, ranked
 from diagnostics.units import human_bytes
 from ui.widgets import json_download, metric_row
 
@@ -18,8 +20,8 @@ def trials_table(result: dict) -> pd.DataFrame:
     train = result.get("mode") == "train"
     rows = []
     for r in result["rows"]:
-        row = {  # what decides first (speed-up, fidelity), then the raw measurements
-            "fix": r["title"], "status": r["status"], "speed-up (x)": r["speedup"],
+        row = {  # what decides first (what it buys and costs, speed-up, fidelity), then the raw measurements
+            "fix": r["title"], "status": r["status"], "assessment": _assessment(r), "speed-up (x)": r["speedup"],
             "95% interval": _interval(r.get("speedup_ci")), "verdict": _verdict(r)}
         if train:
             row.update({"peak memory (MiB)": None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20,
@@ -37,6 +39,26 @@ def trials_table(result: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+FLAG_TEXT = {"gain": "✅ gain", "trade_off": "⚖️ trade-off", "regression": "🔻 regression",
+             "fidelity_loss": "⚠️ fidelity loss", "neutral": "➖ no change"}
+FLAG_COLOR = {"gain": "#e8f5e9", "trade_off": "#fff8e1", "regression": "#ffebee", "fidelity_loss": "#fff3e0"}
+
+
+def _assessment(r: dict) -> str:
+    if not r.get("flag"):
+        return ""
+    return f"{FLAG_TEXT[r['flag']]}: {'; '.join(r.get('assessment') or [])}"
+
+
+def _highlight(df: pd.DataFrame, flags: list) -> pd.DataFrame:
+    """Background of the assessment cell by flag: regressions and fidelity losses stand out."""
+    out = pd.DataFrame("", index=df.index, columns=df.columns)
+    for i, flag in zip(df.index, flags):
+        if flag in FLAG_COLOR:
+            out.loc[i, "assessment"] = f"background-color: {FLAG_COLOR[flag]}"
+    return out
+
+
 def _interval(ci) -> str:
     return "" if not ci else f"[{ci[0]:.2f}, {ci[1]:.2f}]"
 
@@ -47,7 +69,14 @@ def _verdict(r: dict) -> str:
     return r["verdict"] + (" (low confidence)" if r.get("confidence") == "low" else "")
 
 
+def with_thresholds(result: dict, min_cosine: float, min_top1: float) -> dict:
+    """The result with its rows re-assessed at the user's fidelity thresholds (no re-run)."""
+    rows = assess(copy.deepcopy(result["rows"]), result.get("mode") or "inference", min_cosine, min_top1)
+    return dict(result, rows=rows)
+
+
 def show(result: dict) -> None:
+    result = dict(result, rows=ranked(result["rows"]))  # what each buys first
     m = result["metrics"]
     train = result.get("mode") == "train"
     st.caption(f"{result['model']} · device {result['device']} · batch {result['batch_size']} · "
@@ -65,11 +94,14 @@ def show(result: dict) -> None:
         ("Noise floor (A/A)", "n/a" if m.get("control_speedup") is None else f"x{m['control_speedup']:.2f}",
          None if low is None else f"interval [{low:.2f}, {high:.2f}]"),
         ("Faster / slower", f"{m.get('fixes_faster', 0)} / {m.get('fixes_slower', 0)}",
-         f"of {m['trials_ok']} run; {m['trials_failed']} failed, {m['trials_not_applicable']} n/a"),
+         f"of {m['trials_ok']} run; {m['trials_failed']} failed, {m['trials_not_applicable']} n/a; "
+         f"{sum(r.get('flag') == 'fidelity_loss' for r in result['rows'])} below the fidelity thresholds"),
     ])
     for note in result.get("notes", []):
         st.caption(note)
-    st.dataframe(trials_table(result), hide_index=True, width="stretch",
+    table = trials_table(result)
+    flags = [r.get("flag") for r in result["rows"]]
+    st.dataframe(table.style.apply(lambda df: _highlight(df, flags), axis=None), hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in
                                 ("median (ms)", "p90 (ms)", "throughput (samples/s)", "speed-up (x)", "first call (ms)",
                                  "peak memory (MiB)", "size (MiB)", "size ratio", "max abs err", "cosine",

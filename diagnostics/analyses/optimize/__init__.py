@@ -22,19 +22,24 @@ ANALYSIS = Analysis(
         Option("lr", "float", 1e-3, "training mode: learning rate", gt=0),
         Option("train_steps", "int", 3, "training mode: steps from the same initial state whose losses are "
                "compared with the baseline's", lo=1, hi=100),
+        Option("min_cosine", "float", 0.999, "fidelity threshold: a fix whose outputs (or, training, gradients) "
+               "have a cosine below this against the baseline's is flagged as losing fidelity", lo=0.0, hi=1.0),
+        Option("min_top1", "float", 0.99, "fidelity threshold for classifiers: top-1 agreement below this is "
+               "flagged", lo=0.0, hi=1.0),
         Option("save_artifacts", "bool", True, "keep each optimized model (and its recipe) for download", flag=""),
     ),
     metrics=(
         Metric("baseline_median_ms", "ms", "Baseline latency (median; a training step in training mode)"),
         Metric("baseline_size_bytes", "bytes", "Baseline size"),
         Metric("baseline_peak_bytes", "bytes", "Baseline peak memory"),
-        Metric("best_fix", "text", "Best fix (faster beyond the noise)"),
+        Metric("best_fix", "text", "Best fix (faster beyond the noise, fidelity kept)"),
         Metric("best_speedup", "ratio", "Best speed-up"),
         Metric("control_speedup", "ratio", "A/A control (noise floor)"),
         Metric("control_ci_low", "ratio", "A/A control interval, low"),
         Metric("control_ci_high", "ratio", "A/A control interval, high"),
         Metric("fixes_faster", "count", "Fixes faster beyond the noise"),
         Metric("fixes_slower", "count", "Fixes slower beyond the noise"),
+        Metric("fixes_fidelity_loss", "count", "Fixes losing fidelity (below the thresholds)"),
         Metric("threads", "count", "Torch threads (every candidate)"),
         Metric("trials_ok", "count", "Trials run"),
         Metric("trials_failed", "count", "Trials failed"),
@@ -51,6 +56,7 @@ ANALYSIS = Analysis(
                                  Column("rel_err", "number", "relative error"), Column("cosine", "number", "cosine"),
                                  Column("top1_agreement", "fraction", "top-1 agreement"),
                                  Column("loss_rel_diff", "number", "loss difference (relative, largest)"),
-                                 Column("grad_cosine", "number", "gradient cosine (first step)"))),
+                                 Column("grad_cosine", "number", "gradient cosine (first step)"),
+                                 Column("flag", "text", "assessment (gain / trade-off / regression / fidelity loss)"))),
     ),
 )

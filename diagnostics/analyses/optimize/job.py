@@ -13,6 +13,7 @@ from __future__ import annotations
 from diagnostics.analyses.optimize import ANALYSIS
 from diagnostics.measure.environment import environment_facts
 from diagnostics.measure.structure import forward_facts, static_facts
+from diagnostics.analyses.optimize.assess import assess
 from diagnostics.analyses.optimize.catalog import fix_ids, get_fix
 from diagnostics.analyses.optimize.train_trials import run_train_trials
 from diagnostics.analyses.optimize.trials import run_trials
@@ -48,8 +49,9 @@ def analyze(ctx, options: dict) -> dict:
                                        iters=opts["iters"], warmup=opts["warmup"], classifier=classifier,
                                        artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
                                        progress=progress)
+    rows = assess(rows, opts["mode"], opts["min_cosine"], opts["min_top1"])
     ok = [r for r in rows if r["status"] == "ok" and r["fix"] not in ("baseline", CONTROL)]
-    faster = [r for r in ok if r["verdict"] == "faster"]
+    faster = [r for r in ok if r["verdict"] == "faster" and r["flag"] != "fidelity_loss"]
     best = max(faster, key=lambda r: r["speedup"] or 0, default=None)
     control = next(r for r in rows if r["fix"] == CONTROL)
     import torch
@@ -79,6 +81,7 @@ def analyze(ctx, options: dict) -> dict:
             "control_ci_high": (control["speedup_ci"] or [None, None])[1],
             "fixes_faster": len(faster),
             "fixes_slower": sum(r["verdict"] == "slower" for r in ok),
+            "fixes_fidelity_loss": sum(r["flag"] == "fidelity_loss" for r in ok),
             "trials_ok": len(ok),
             "trials_failed": sum(r["status"] == "failed" for r in rows),
             "trials_not_applicable": sum(r["status"] == "not_applicable" for r in rows),

@@ -1,0 +1,49 @@
+"""What a trial buys and costs: flags and ranking (issue #19 item 7: a 0.024x int8 row or a pruned
+model with top-1 agreement 0 must not read as a plain "ok")."""
+
+from diagnostics.analyses.optimize.assess import assess, ranked
+
+BASE = {"fix": "baseline", "status": "ok", "peak_bytes": 100, "size_ratio": 1.0}
+CONTROL = {"fix": "control", "status": "ok", "verdict": "within noise", "speedup": 1.0}
+
+
+def row(fix, **kw):
+    r = {"fix": fix, "status": "ok", "verdict": "within noise", "speedup": 1.0, "size_ratio": 1.0,
+         "peak_bytes": 100, "cosine": 1.0, "top1_agreement": 1.0}
+    r.update(kw)
+    return r
+
+
+def test_flags_and_reasons_carry_the_numbers():
+    rows = ranked(assess([BASE, CONTROL,
+                   row("int8", verdict="slower", speedup=0.024, size_ratio=0.31, cosine=0.9999),
+                   row("prune", top1_agreement=0.0, cosine=0.84),
+                   row("compile", verdict="faster", speedup=1.3),
+                   row("fusion"),
+                   row("half", verdict="slower", speedup=0.5),
+                   {"fix": "boom", "status": "failed"}]))
+    by = {r["fix"]: r for r in rows}
+    assert by["int8"]["flag"] == "trade_off" and by["int8"]["assessment"] == ["slower x0.02", "size x0.31"]
+    assert by["prune"]["flag"] == "fidelity_loss"
+    assert by["prune"]["assessment"] == ["outputs moved: cosine 0.8400 < 0.999", "top-1 agreement 0.0% < 99%"]
+    assert by["compile"]["flag"] == "gain" and by["compile"]["assessment"] == ["faster x1.30"]
+    assert by["fusion"]["flag"] == "neutral" and by["half"]["flag"] == "regression"
+    assert by["boom"]["flag"] is None and by["baseline"]["flag"] is None
+    # ranked by what they buy: gains (fastest first), trade-offs, regressions / fidelity losses, failures
+    assert [r["fix"] for r in rows] == ["baseline", "control", "compile", "fusion", "int8", "prune", "half", "boom"] \
+        or [r["fix"] for r in rows] == ["baseline", "control", "compile", "fusion", "int8", "half", "prune", "boom"]
+
+
+def test_thresholds_are_the_users():
+    r = row("amp", cosine=0.9995)
+    assert assess([BASE, dict(r)], min_cosine=0.999)[1]["flag"] == "neutral"
+    assert assess([BASE, dict(r)], min_cosine=0.9999)[1]["flag"] == "fidelity_loss"
+
+
+def test_training_rows_judge_gradients_and_memory():
+    ck = row("activation_checkpointing", verdict="slower", speedup=0.78, peak_bytes=60, grad_cosine=0.999999)
+    bad = row("qat", grad_cosine=0.95)
+    rows = {r["fix"]: r for r in assess([BASE, ck, bad], mode="train")}
+    assert rows["activation_checkpointing"]["flag"] == "trade_off"
+    assert rows["activation_checkpointing"]["assessment"] == ["slower x0.78", "peak memory x0.60"]
+    assert rows["qat"]["assessment"] == ["gradients moved: cosine 0.9500 < 0.999"]
