@@ -201,3 +201,10 @@ def test_choose_blocks_splits_a_stage_of_blocks_but_not_a_block_of_layers():
     holder.layers2 = nn.ModuleList([nn.ModuleList([block(), block()]), block()])
     names, _ = choose_blocks(holder, {"layers2.0.0.0": 20, "layers2.0.1.0": 20, "layers2.1.0": 55, "layers.0.0": 5})
     assert names == ["layers2.0.0", "layers2.0.1", "layers2.1"]
+
+
+def test_checkpointing_a_flat_model_is_not_applicable_and_says_why():
+    r = trials(mlp(), ["activation_checkpointing"])["activation_checkpointing"]
+    assert r["status"] == "not_applicable"
+    assert r["why"].startswith("no ModuleList / Sequential holding two or more blocks (modules with layers of their "
+                               "own) to checkpoint")

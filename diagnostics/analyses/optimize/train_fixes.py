@@ -127,13 +127,15 @@ def choose_blocks(model: nn.Module, saved: dict | None, limit: int = 0) -> tuple
     total = sum(saved.values())
     candidates = []
     for name, mod in model.named_modules():
-        if not isinstance(mod, (nn.ModuleList, nn.Sequential)) or len(mod) < 2:
-            continue
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential)) or _blocks_in(mod) < 2:
+            continue  # a container of single layers: recomputing one layer saves nothing
         kids = [f"{name}.{k}" if name else k for k, _ in mod.named_children()]
         sizes = [subtree_bytes(k) for k in kids]
         candidates.append((kids, sum(sizes), max(sizes)))
     if not candidates:
-        raise FixNotApplicable("no ModuleList / Sequential of two or more blocks to checkpoint")
+        raise FixNotApplicable("no ModuleList / Sequential holding two or more blocks (modules with layers of "
+                               "their own) to checkpoint: the layers sit in flat containers; group them into block "
+                               "modules, or use torch.utils.checkpoint.checkpoint_sequential")
     # Backward recomputes one checkpointed block at a time, so the finest container that still
     # covers most of the saved activations saves the most: among those covering at least half,
     # the one whose largest block saves the least (a whole-model Sequential recomputes everything
@@ -147,8 +149,7 @@ def choose_blocks(model: nn.Module, saved: dict | None, limit: int = 0) -> tuple
         split = [n for n in best if isinstance(model.get_submodule(n), nn.ModuleList)]
         big = max(best, key=subtree_bytes)
         mod = model.get_submodule(big)
-        composite = sum(1 for c in mod.children() if next(c.children(), None) is not None)
-        if not split and isinstance(mod, nn.Sequential) and composite >= 2 and subtree_bytes(big) > 0:
+        if not split and isinstance(mod, nn.Sequential) and _blocks_in(mod) >= 2 and subtree_bytes(big) > 0:
             split = [big]  # a Sequential of blocks (not of single layers, whose recompute saves nothing)
         if not split:
             break
@@ -162,6 +163,11 @@ def choose_blocks(model: nn.Module, saved: dict | None, limit: int = 0) -> tuple
            f"save {sum(subtree_bytes(k) for k in chosen):,} bytes, {share:.0%} of the step's saved activations"
            if saved else f"{len(chosen)} block(s) (no activation measurement)")
     return chosen, how
+
+
+def _blocks_in(container: nn.Module) -> int:
+    """How many children of ``container`` are blocks: modules with submodules of their own."""
+    return sum(1 for c in container.children() if next(c.children(), None) is not None)
 
 
 def train_checkpointing(model, ctx: TrainContext, p: dict) -> TrainSetup:
