@@ -185,7 +185,7 @@ step's gradients. The peer row times a bare PyTorch loop on the same model in th
 
 {{table}}
 """
-    body = body.replace("{{table}}", table)
+    body = body.replace("{table}", table)  # the f-string above left "{table}" for it
     if TRAIN_SECTION in text:
         start = text.index(TRAIN_SECTION)
         nxt = text.find("\n## ", start + len(TRAIN_SECTION))
