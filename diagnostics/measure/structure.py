@@ -27,6 +27,26 @@ ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.GELU, nn.SiLU, nn.M
 SATURATING = (nn.Sigmoid, nn.Tanh)
 INPLACE_CAPABLE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.SiLU, nn.Hardswish, nn.Hardtanh)
 WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: A layer whose module path has one of these in its name is a pooler: BERT-style heads put a Tanh
+#: there by design (the pretrained recipe), so it is not reported as a hidden activation.
+POOLER_NAMES = ("pooler",)
+#: Embedding widths below this are counts, not hidden sizes (T5's relative-attention bias has one
+#: column per head): the width rule leaves them alone.
+EMBEDDING_WIDTH_MIN = 64
+
+
+def is_hf_conv1d(m: nn.Module) -> bool:
+    """transformers' Conv1D (GPT-2 and relatives): a Linear with its weight stored (in, out)."""
+    return type(m).__name__ == "Conv1D" and getattr(getattr(m, "weight", None), "dim", lambda: 0)() == 2 \
+        and hasattr(m, "nf")
+
+
+def is_norm(m: nn.Module) -> bool:
+    """A normalisation layer, torch's or a model's own (T5LayerNorm, LlamaRMSNorm, ...)."""
+    return isinstance(m, (nn.LayerNorm, nn.GroupNorm, nn.RMSNorm) + BATCHNORM) or type(m).__name__.endswith(
+        ("LayerNorm", "RMSNorm", "GroupNorm"))
+
+
 #: layers that take a hidden activation as their input (a Sigmoid/Tanh feeding one is a hidden activation)
 CONSUMERS = WEIGHTED + (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Bilinear, nn.LSTM, nn.GRU,
                         nn.RNN, nn.MultiheadAttention)
@@ -74,7 +94,11 @@ def static_facts(model: nn.Module) -> dict:
         dist_backend = str(torch.distributed.get_backend())
     init = []
     for n, m in mods:
-        if isinstance(m, WEIGHTED) and m.weight is not None and m.weight.numel() > 1:
+        if is_hf_conv1d(m) and m.weight.numel() > 1:
+            fan_in = m.weight.shape[0]  # stored (in, out)
+            std = float(m.weight.detach().float().std())
+            init.append({"name": n, "type": "Conv1D", "fan_in": fan_in, "std": std, "gain": std * math.sqrt(fan_in)})
+        elif isinstance(m, WEIGHTED) and m.weight is not None and m.weight.numel() > 1:
             fan_in = m.weight[0].numel()
             std = float(m.weight.detach().float().std())
             init.append({"name": n, "type": type(m).__name__, "fan_in": fan_in, "std": std,
@@ -84,7 +108,9 @@ def static_facts(model: nn.Module) -> dict:
         "module_types": types,
         "n_modules": len(mods),
         "n_conv": len(convs), "n_conv2d": len(conv2d), "n_batchnorm": len(bns), "n_dropout": len(drops),
-        "n_linear": sum(1 for _, m in mods if isinstance(m, nn.Linear)),
+        "n_linear": sum(1 for _, m in mods if isinstance(m, nn.Linear) or is_hf_conv1d(m)),
+        "n_hf_conv1d": sum(1 for _, m in mods if is_hf_conv1d(m)),
+        "n_norm": sum(1 for _, m in mods if is_norm(m)),
         "n_rnn": sum(1 for _, m in mods if isinstance(m, (nn.LSTM, nn.GRU, nn.RNN))),
         "n_attention": sum(1 for _, m in mods if isinstance(m, nn.MultiheadAttention)),
         "activations": act_counts,
@@ -235,7 +261,8 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
     names = {n: m for n, m in model.named_modules()}
     executed = [o for o in order]
     last = executed[-1]["name"] if executed else None
-    hidden_saturating = sorted(hidden)
+    pooler = sorted(n for n in hidden if any(p in part for part in n.split(".") for p in POOLER_NAMES))
+    hidden_saturating = sorted(set(hidden) - set(pooler))
     widths = []
     for o in executed:
         m = names.get(o["name"])
@@ -243,8 +270,10 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
             widths.append({"name": o["name"], "type": "Linear", "in": m.in_features, "out": m.out_features})
         elif isinstance(m, CONV):
             widths.append({"name": o["name"], "type": type(m).__name__, "in": m.in_channels, "out": m.out_channels})
-        elif isinstance(m, nn.Embedding):
+        elif isinstance(m, nn.Embedding) and m.embedding_dim >= EMBEDDING_WIDTH_MIN:
             widths.append({"name": o["name"], "type": "Embedding", "in": None, "out": m.embedding_dim})
+        elif is_hf_conv1d(m):
+            widths.append({"name": o["name"], "type": "Conv1D", "in": m.weight.shape[0], "out": m.weight.shape[1]})
     # Inner widths: everything but the raw input of the first layer and the output of the last
     # (those are fixed by the data and the number of classes).
     dims = []
@@ -265,6 +294,7 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
         "executed_leaves": len(executed),
         "conv_bn_pairs": pairs,
         "hidden_saturating": hidden_saturating,
+        "pooler_saturating": pooler,
         "redundant_layers": redundant,
         "output_activation": executed[-1]["type"] if executed and isinstance(names.get(last), ACTIVATIONS) else None,
         "widths": widths,

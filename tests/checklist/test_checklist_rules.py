@@ -52,7 +52,8 @@ BREAKERS = {
     "num_workers": ([("dataloader.described.num_workers", 0)], "warn"),
     "pin_memory": ([("dataloader.described.pin_memory", False)], "warn"),
     "prefetch": ([("dataloader.described.persistent_workers", False)], "warn"),
-    "redundant_layers": ([("static.dropout_p0", ["drop"])], "warn"),
+    "redundant_layers": ([("forward.redundant_layers", [{"layers": ["a", "b"], "why": "ReLU applied twice in a row"}])],
+                         "warn"),
     "tensor_copies": ([("measured.profile.layout_copy_fraction", 0.3)], "warn"),
     "python_loops": ([("measured.profile.element_ops_per_step", {"aten::select": 64, "aten::item": 64})], "warn"),
     "graph_breaks": ([("measured.compile", {"graph_count": 3, "graph_break_count": 2, "breaks": [

@@ -38,6 +38,8 @@ LAUNCH_BOUND_MIN_OPS = 100  # ops (CPU) or kernels (CUDA) per step
 LAUNCH_BOUND_MEDIAN_US = 20.0  # median op / kernel duration (µs) below which a step is launch-bound
 INIT_GAIN_MIN = 0.2  # weight std * sqrt(fan_in) below this: too small an init
 INIT_GAIN_MAX = 3.0  # ... above this: too large (He init gives 1.41, PyTorch default 0.58)
+INIT_GAIN_MIN_NORMED = 0.05  # the lower bound in a model with normalisation layers, which restore the scale
+# (transformers' normal(0, 0.02) init gives 0.2-0.6 at real widths; T5's query projections 1/sqrt(d_kv))
 # Gradient thresholds are the Gradient-flow analysis' own (one definition, per layer):
 from diagnostics.measure.gradient_health import EXPLODING_NORM, MIN_UNIT_OBSERVATIONS, VANISHING_RATIO  # noqa: E402
 DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole batch
@@ -64,6 +66,7 @@ THRESHOLDS = [
     ("LAUNCH_BOUND_MEDIAN_US", LAUNCH_BOUND_MEDIAN_US, "median op/kernel time (µs) under which ops are tiny"),
     ("INIT_GAIN_MIN", INIT_GAIN_MIN, "min weight std x sqrt(fan_in)"),
     ("INIT_GAIN_MAX", INIT_GAIN_MAX, "max weight std x sqrt(fan_in)"),
+    ("INIT_GAIN_MIN_NORMED", INIT_GAIN_MIN_NORMED, "min weight std x sqrt(fan_in) in a model with normalisation layers"),
     ("VANISHING_RATIO", VANISHING_RATIO, "a layer's gradient norm / the largest layer's, under which it vanishes "
      "(diagnostics.measure.gradient_health)"),
     ("EXPLODING_NORM", EXPLODING_NORM, "a layer's gradient norm over which it explodes (diagnostics.measure.gradient_health)"),
@@ -265,7 +268,10 @@ def check_hidden_activations(f):
         return ("warn", f"{len(hidden)} Sigmoid/Tanh activations in hidden layers ({', '.join(hidden[:4])})",
                 "Sigmoid and tanh saturate (gradients vanish in deep stacks) and cost more than ReLU / GELU / SiLU: "
                 "use those for hidden layers.", nums)
-    return "pass", "hidden activations: " + ", ".join(f"{k} x{v}" for k, v in acts.items()), "", nums
+    pooler = fw.get("pooler_saturating") or []
+    return ("pass", "hidden activations: " + ", ".join(f"{k} x{v}" for k, v in acts.items())
+            + (f"; the Tanh/Sigmoid of the pooler ({', '.join(pooler[:2])}) is the pretrained recipe's, left alone"
+               if pooler else ""), "", nums)
 
 
 def check_layer_widths(f):
@@ -288,15 +294,20 @@ def check_init(f):
     init = f["static"].get("init") or []
     if not init:
         return na("no Linear / Conv weights")
-    bad = [r for r in init if not (INIT_GAIN_MIN <= r["gain"] <= INIT_GAIN_MAX)]
+    normed = bool(f["static"].get("n_norm"))
+    low = INIT_GAIN_MIN_NORMED if normed else INIT_GAIN_MIN
+    bad = [r for r in init if not (low <= r["gain"] <= INIT_GAIN_MAX)]
     gains = [r["gain"] for r in init]
-    nums = {"layers": len(init), "outside": len(bad), "min_gain": min(gains), "max_gain": max(gains)}
+    nums = {"layers": len(init), "outside": len(bad), "min_gain": min(gains), "max_gain": max(gains), "low": low}
+    why_low = (f" (lower bound {low}: the model has {f['static']['n_norm']} normalisation layers, which restore the "
+               "scale; small inits such as transformers' normal(0, 0.02) are by design)") if normed else ""
     if bad:
         ex = ", ".join(f"{r['name']} ({r['gain']:.2f})" for r in bad[:4])
         return ("warn", f"{len(bad)} of {len(init)} layers have weight std x sqrt(fan_in) outside "
-                f"[{INIT_GAIN_MIN}, {INIT_GAIN_MAX}]: {ex}", "Initialise with Kaiming (ReLU) or Xavier "
+                f"[{low}, {INIT_GAIN_MAX}]: {ex}{why_low}", "Initialise with Kaiming (ReLU) or Xavier "
                 "(tanh/sigmoid) so activations keep their scale through depth.", nums)
-    return "pass", f"weight scale std x sqrt(fan_in) in [{min(gains):.2f}, {max(gains):.2f}] for {len(init)} layers", "", nums
+    return ("pass", f"weight scale std x sqrt(fan_in) in [{min(gains):.2f}, {max(gains):.2f}] for {len(init)} layers"
+            + why_low, "", nums)
 
 
 def check_dropout_bn_mode(f):
@@ -389,15 +400,17 @@ def check_redundant_layers(f):
         return na("the forward pass could not be traced")
     p0 = f["static"].get("dropout_p0") or []
     pairs = fw["redundant_layers"]
-    items = [f"Dropout(p=0) {n}" for n in p0] + [f"{' -> '.join(r['layers'])} ({r['why']})" for r in pairs]
+    items = [f"{' -> '.join(r['layers'])} ({r['why']})" for r in pairs]
     nums = {"dropout_p0": len(p0), "redundant_pairs": len(pairs)}
+    # Dropout(p=0) is an identity a config switched off (transformers' *_dropout_prob = 0): harmless, said only
+    p0_note = (f"; {len(p0)} Dropout(p=0) ({', '.join(p0[:3])}) are identities, harmless" if p0 else "")
     if items:
-        return ("warn", f"{len(items)} layers add nothing: " + "; ".join(items[:4]) + ("; ..." if len(items) > 4 else ""),
-                "Remove Dropout(p=0), repeated activations and a BatchNorm that another BatchNorm follows; merge two Linear layers with no "
-                "nonlinearity between into one (W2 W1, W2 b1 + b2), or put the activation you meant between them.",
-                nums)
-    return ("pass", "no Dropout(p=0), Linear -> Linear without a nonlinearity, repeated activation or "
-            "BatchNorm straight after BatchNorm", "", nums)
+        return ("warn", f"{len(items)} layers add nothing: " + "; ".join(items[:4]) + ("; ..." if len(items) > 4 else "")
+                + p0_note, "Remove repeated activations and a BatchNorm that another BatchNorm follows; merge two "
+                "Linear layers with no nonlinearity between into one (W2 W1, W2 b1 + b2), or put the activation you "
+                "meant between them.", nums)
+    return ("pass", "no Linear -> Linear without a nonlinearity, repeated activation or BatchNorm straight after "
+            "BatchNorm" + p0_note, "", nums)
 
 
 # ---------------------------------------------------------------------------- memory
@@ -616,7 +629,7 @@ def check_batch_size(f):
                 "allow) raises throughput: the device is not saturated at this batch size.", nums)
     if gain > BATCH_GAIN_MIN:
         ev += f"; not above x{BATCH_GAIN_MIN} beyond the noise"
-    if b and b % WIDTH_MULTIPLE:
+    if b and b % WIDTH_MULTIPLE and _cuda(f):  # tiles matter to Tensor Cores, not to a CPU
         return ("warn", ev + f"; batch size {b} is not a multiple of {WIDTH_MULTIPLE}",
                 f"Use a batch size that is a multiple of {WIDTH_MULTIPLE}.", nums)
     return "pass", ev, "", nums
