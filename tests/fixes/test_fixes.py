@@ -293,3 +293,33 @@ def test_trials_on_cuda_measure_memory_and_time(tmp_path):
     else:
         assert by["int8_dynamic"]["status"] == "not_applicable"
         assert "torchao is not installed" in by["int8_dynamic"]["why"]
+
+
+def test_int8_on_gpt2_quantizes_conv1d_and_keeps_the_tied_head():
+    # issue #17 item 6: GPT-2's blocks are transformers Conv1D (skipped before: only lm_head was
+    # quantized), and its lm_head shares the embedding's weight (an int8 copy grew the file 1.24x)
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4,
+                                                                 n_positions=32)).eval()
+
+    class Logits(nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids).logits
+
+    ids = (torch.randint(0, 1000, (2, 16)),)
+    model = Logits(gpt2)
+    for backend in ("torchao", "torch.ao"):
+        q, notes = run_fix("int8_dynamic", model, ids, {"backend": backend})
+        assert "8 transformers Conv1D layers turned into the equivalent nn.Linear first" in notes[0]
+        assert "m.lm_head (tied to m.transformer.wte.weight)" in notes[1]
+        base_size, q_size = serialized_bytes(model)[0], serialized_bytes(q)[0]
+        # the 8 block matrices (4 * 64 * 64 * ... ) go to int8; the tied embedding stays float, stored once
+        assert q_size < 0.9 * base_size, (backend, q_size / base_size)
+        assert q.m.lm_head.weight.data_ptr() == q.m.transformer.wte.weight.data_ptr()
+        f = fidelity(ref(model, ids), ref(q, ids), classifier=True)
+        assert f["cosine"] > 0.99, (backend, f)

@@ -144,11 +144,52 @@ def apply_conv_bn_fusion(model, inputs, opts):
 
 
 
-def _torchao_quantize(model):
+def _torchao_quantize(model, skip: set[str] = frozenset()):
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
-    quantize_(model, Int8DynamicActivationInt8WeightConfig())
+    quantize_(model, Int8DynamicActivationInt8WeightConfig(),
+              filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn not in skip)
     return model
+
+
+def conv1d_to_linear(model: nn.Module) -> int:
+    """Replace transformers' Conv1D layers (GPT-2: a Linear with its weight stored (in, out)) by the
+    equivalent nn.Linear, so quantizers that know Linear quantize them; returns how many."""
+    from diagnostics.measure.structure import is_hf_conv1d
+
+    n = 0
+    for name, m in list(model.named_modules()):
+        if not is_hf_conv1d(m):
+            continue
+        nx, nf = m.weight.shape
+        lin = nn.Linear(nx, nf, bias=getattr(m, "bias", None) is not None, device=m.weight.device,
+                        dtype=m.weight.dtype)
+        with torch.no_grad():
+            lin.weight.copy_(m.weight.t())
+            if lin.bias is not None:
+                lin.bias.copy_(m.bias)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, lin)
+        n += 1
+    return n
+
+
+def tied_linears(model: nn.Module) -> dict[str, str]:
+    """Linear layers whose weight shares its storage with another module's parameter (a language
+    model's head tied to its embedding): name -> the other holder's name."""
+    owners: dict = {}
+    for name, m in model.named_modules():
+        for pname, p in m.named_parameters(recurse=False):
+            owners.setdefault(p.untyped_storage().data_ptr(), []).append((name, m, pname))
+    out = {}
+    for holders in owners.values():
+        if len(holders) < 2:
+            continue
+        for name, m, pname in holders:
+            if isinstance(m, nn.Linear) and pname == "weight":
+                other = next(f"{n}.{q}" for n, mm, q in holders if mm is not m)
+                out[name] = other
+    return out
 
 
 def apply_int8_dynamic(model, inputs, opts):
@@ -157,14 +198,25 @@ def apply_int8_dynamic(model, inputs, opts):
     backend = opts["backend"]
     has_rnn = any(isinstance(m, (nn.LSTM, nn.GRU)) for m in model.modules())
     notes = []
+    converted = conv1d_to_linear(model)
+    if converted:
+        notes.append(f"{converted} transformers Conv1D layers turned into the equivalent nn.Linear first, so they "
+                     "quantize")
+    tied = tied_linears(model)
+    if tied:
+        notes.append("left in float, tied to another parameter (an int8 copy would add bytes, the float original "
+                     "stays): " + ", ".join(f"{k} (tied to {v})" for k, v in list(tied.items())[:3]))
+    if not any(isinstance(m, nn.Linear) and n not in tied for n, m in model.named_modules()) and not has_rnn:
+        raise FixNotApplicable("every Linear layer's weight is tied to another parameter: nothing to quantize "
+                               "without growing the model")
     if backend in ("auto", "torchao") and not (backend == "auto" and has_rnn and dev.type == "cpu"):
         try:
             import torchao  # noqa: F401
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return _torchao_quantize(model), [f"torchao {torchao.__version__}: int8 dynamic activations, "
-                                                  "int8 weights (Linear layers)"]
+                return _torchao_quantize(model, set(tied)), notes + [
+                    f"torchao {torchao.__version__}: int8 dynamic activations, int8 weights (Linear layers)"]
         except ImportError:
             if backend == "torchao":
                 raise FixNotApplicable("torchao is not installed")
@@ -175,14 +227,15 @@ def apply_int8_dynamic(model, inputs, opts):
             notes.append(f"torchao failed ({type(e).__name__}: {str(e)[:100]})")
     if dev.type != "cpu":
         raise FixNotApplicable("torch.ao dynamic quantization runs on CPU only" + (f"; {notes[0]}" if notes else ""))
-    types = {nn.Linear} | ({nn.LSTM, nn.GRU} if has_rnn else set())
+    types = (nn.Linear,) + ((nn.LSTM, nn.GRU) if has_rnn else ())
+    spec = {n: torch.ao.quantization.default_dynamic_qconfig for n, m in model.named_modules()
+            if isinstance(m, types) and n not in tied}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        q = torch.ao.quantization.quantize_dynamic(model, types, dtype=torch.qint8)
+        q = torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8)
     notes.append("torch.ao.quantization.quantize_dynamic: int8 weights for "
                  + ", ".join(sorted(t.__name__ for t in types)))
     return q, notes
-
 
 
 def apply_prune_l1(model, inputs, opts):
