@@ -10,7 +10,6 @@ ones below less T0.
 
 import json
 
-import numpy as np
 import pytest
 
 from diagnostics.trace import launch_stats, load_trace, summary, temporal_breakdown
@@ -297,7 +296,14 @@ def test_kinetos_own_categories_are_not_named(tmp_path):
     sync = t.strings("cat") == "cuda_sync"
     assert not (host_mask(t) & sync).any()
     assert summary(t)["threads"] and all(th["pid"] != str(DEVICE) for th in summary(t)["threads"])
-    assert np.isfinite(t.events["ts"].to_numpy()).all()
+    # ... and drawn on its stream's row
+    from diagnostics.trace import timeline_data
+
+    tl = timeline_data(t)
+    kinds = {lane["lane"]: lane["kind"] for lane in tl["lanes"]}
+    (sync_bar,) = [e for e in tl["events"] if e["name"] == "Stream Sync"]
+    (gemm_bar,) = [e for e in tl["events"] if e["name"] == GEMM]
+    assert sync_bar["lane"] == gemm_bar["lane"] and kinds[sync_bar["lane"]] == "gpu"
 
 
 # ---- what the user reads ----------------------------------------------------------------------
