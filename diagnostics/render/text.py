@@ -82,6 +82,14 @@ def format_analysis(result: dict, top: int) -> str:
            f"{'GPU' if s['has_gpu'] else 'CPU only'}"]
     for w in s["warnings"]:
         out.append(f"warning: {w}")
+    for n in s.get("notes") or []:
+        out.append(f"note: {n}")
+    for n in (result.get("temporal_breakdown") or {}).get("notes") or []:
+        out.append(f"note (per step): {n}")
+    graphs = (result.get("launch_stats") or {}).get("graphs") or {}
+    if graphs.get("launches"):
+        out.append(f"note: {graphs['launches']:,} CUDA graph launches started {graphs['kernels']:,} kernels; "
+                   "they are counted apart from the per-kernel launch figures")
     out += ["", "Events by category:",
             _table(s["categories"], [("category", "cat", str), ("events", "events", "{:,}".format),
                                      ("total", "total_us", _ms)])]

@@ -44,8 +44,12 @@ def step_number(name: str) -> int | None:
 # ---- categories ------------------------------------------------------------------------------
 # Kineto's `cat`, compared lower-case (older Kineto wrote "Kernel", "Memcpy", "Runtime").
 
-#: GPU kernels.
-KERNEL_CATS = frozenset({"kernel"})
+#: GPU kernels, and MTIA's device work ("mtia_ccp_events": Kineto now names it CONCURRENT_KERNEL too).
+KERNEL_CATS = frozenset({"kernel", "mtia_ccp_events"})
+#: MTIA's device events (among KERNEL_CATS) and runtime calls (among RUNTIME_CATS).
+MTIA_CATS = frozenset({"mtia_ccp_events", "mtia_runtime"})
+#: MTIA device events that are DMA transfers (HTA's "MTIA Memory" group): copies, not kernels.
+MTIA_DMA_RE = re.compile(r"^dma", re.IGNORECASE)
 #: Copies between host and device or device and device, run by the copy engines.
 MEMCPY_CATS = frozenset({"gpu_memcpy", "memcpy"})
 #: Device memsets.
@@ -54,10 +58,14 @@ MEMSET_CATS = frozenset({"gpu_memset", "memset"})
 GPU_ANNOTATION_CATS = frozenset({"gpu_user_annotation"})
 #: Work the device does (kernels, copies, sets).
 GPU_WORK_CATS = KERNEL_CATS | MEMCPY_CATS | MEMSET_CATS
+#: Waits the device timeline records ("Stream Wait Event", "Context Sync"): neither work nor host events.
+GPU_SYNC_CATS = frozenset({"cuda_sync"})
 #: Everything on a device timeline (its events carry "device" and "stream").
-GPU_CATS = GPU_WORK_CATS | GPU_ANNOTATION_CATS
-#: CUDA runtime and driver calls on a host thread (cudaLaunchKernel, cudaMemcpyAsync, syncs).
-RUNTIME_CATS = frozenset({"cuda_runtime", "runtime", "cuda_driver", "driver"})
+GPU_CATS = GPU_WORK_CATS | GPU_ANNOTATION_CATS | GPU_SYNC_CATS
+#: Runtime and driver calls on a host thread (cudaLaunchKernel, cudaMemcpyAsync, syncs; HIP's are
+#: written as cuda_runtime too), and those of the other accelerators Kineto profiles.
+RUNTIME_CATS = frozenset({"cuda_runtime", "runtime", "cuda_driver", "driver", "mtia_runtime",
+                          "xpu_runtime", "xpu_driver", "privateuse1_runtime", "privateuse1_driver"})
 #: Host operators: aten / c10d / custom ops dispatched by the profiler ("operator": older Kineto).
 HOST_OP_CATS = frozenset({"cpu_op", "operator"})
 #: Host record_function ranges (steps, phases, module ranges, gloo:/nccl: annotations).
@@ -67,6 +75,18 @@ PYTHON_CATS = frozenset({"python_function"})
 #: Spans that frame the whole profile ("PyTorch Profiler (0)") rather than run on a thread.
 FRAME_CATS = frozenset({"trace"})
 
+#: Flow arrows from a launch call to the GPU work it started, written at the call's and the work's
+#: (pid, tid, ts) with the correlation id as id ("async_cpu_to_gpu": older Kineto).
+LAUNCH_FLOW_CATS = frozenset({"ac2g", "async_cpu_to_gpu"})
+#: All flow arrows: launches, and forward op -> its backward ("forward_backward": older Kineto).
+FLOW_CATS = LAUNCH_FLOW_CATS | frozenset({"fwdbwd", "forward_backward"})
+#: Kineto categories read for what they are but not analysed as time: instant events (memory
+#: records: their columns are read) and CUPTI's own overhead.
+OTHER_KINETO_CATS = frozenset({"cpu_instant_event", "overhead"})
+#: Every category some part of the engine reads; a trace's other categories are named in a warning.
+KNOWN_CATS = (GPU_CATS | RUNTIME_CATS | HOST_OP_CATS | USER_ANNOTATION_CATS | PYTHON_CATS | FRAME_CATS
+              | FLOW_CATS | OTHER_KINETO_CATS)
+
 #: with_stack's Python-frame names, for a torch whose FunctionEvent has no is_python_function
 #: (2.11): "nn.Module: Linear_0", "<built-in method ...>", "path/file.py(12): fn".
 PYTHON_FRAME_NAME_RE = re.compile(r"^(?:nn\.Module: |<built-in |[^ ]*\(\d+\): )")
@@ -74,6 +94,17 @@ PYTHON_FRAME_NAME_RE = re.compile(r"^(?:nn\.Module: |<built-in |[^ ]*\(\d+\): )"
 
 def is_python_frame_name(name: str) -> bool:
     return bool(PYTHON_FRAME_NAME_RE.match(name or ""))
+
+
+# ---- launches ------------------------------------------------------------------------------
+
+#: A CUDA / HIP graph launch: one runtime call whose kernels (all carrying its correlation id) are
+#: the graph's nodes ("cudaGraphLaunch", "cudaGraphLaunch_v10000", "cuGraphLaunch", "hipGraphLaunch").
+GRAPH_LAUNCH_RE = re.compile(r"^(?:cuda|cu|hip)GraphLaunch(?:_v\d+|_ptsz)?$")
+
+
+def is_graph_launch(name: str) -> bool:
+    return bool(GRAPH_LAUNCH_RE.match(name or ""))
 
 
 # ---- communication ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from diagnostics.trace._chunks import (
     LAUNCH_FIELDS, MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, SKIPPING, STRING_FIELDS, Columns, _Interner,
     consume, consume_block, consume_spans, decode_slice, last_boundary, resync, scan,
 )
+from diagnostics.trace.classify import KNOWN_CATS
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import COLUMNS, Trace
 
@@ -47,6 +48,7 @@ GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trac
 # (whitespace or one repeated byte), not a trace: real traces expand 5-30 fold.
 GZ_BOMB_RATIO = 200
 GZ_BOMB_MIN_BYTES = 256 << 20
+UNREAD_CATS_NAMED = 8            # categories no view reads named one by one in the warning; the rest counted
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _ARRAY_END = re.compile(rb"\}\s*\]")
 _WS_COMMA = b" \t\r\n,"
@@ -427,11 +429,30 @@ def _build(merged: _Merger, meta: dict, source: str, total: int, name: str) -> T
         elif ev_name == "thread_name" and label:
             thread_names[f"{pid}/{tid}"] = label
     warnings = list(merged.warnings)
+    unread = _unread_categories(ch["cat"][timed], merged.tables["cat"].values_list())
+    if unread:
+        warnings.append(unread)
     if merged.skipped:
         warnings.insert(0, f"skipped {merged.skipped} malformed events")
     return Trace(events=events, meta=meta, origin_us=origin, source=source, n_bytes=total,
                  skipped_events=merged.skipped, warnings=warnings,
                  process_names=process_names, thread_names=thread_names)
+
+
+def _unread_categories(codes: np.ndarray, table: list) -> str | None:
+    """A warning naming the categories no view reads (not in KNOWN_CATS), with their event counts,
+    or None. Their duration events still count as host events on their own thread."""
+    counts = np.bincount(codes[codes >= 0], minlength=len(table))
+    unread = sorted(((int(counts[i]), str(c)) for i, c in enumerate(table)
+                     if counts[i] and str(c) and str(c).lower() not in KNOWN_CATS), key=lambda x: (-x[0], x[1]))
+    if not unread:
+        return None
+    shown = ", ".join(f"{n:,} events of category {c!r}" for n, c in unread[:UNREAD_CATS_NAMED])
+    more = unread[UNREAD_CATS_NAMED:]
+    if more:
+        shown += f" and {sum(n for n, _ in more):,} events of {len(more)} more categories"
+    return (f"skipped {shown}: no device, launch or GPU step figure reads these categories (their "
+            "timed events count only as host events on their own thread)")
 
 
 def _categorical(codes: np.ndarray, table: list) -> pd.Categorical:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from diagnostics.trace.classify import (
-    FRAME_CATS, GPU_ANNOTATION_CATS, PYTHON_CATS, gpu_work_mask, host_mask,
+    FRAME_CATS, GPU_ANNOTATION_CATS, GPU_SYNC_CATS, PYTHON_CATS, gpu_work_mask, host_mask,
 )
 from diagnostics.trace.model import Trace, nesting_of
 
@@ -31,7 +31,7 @@ def _lanes(trace: Trace) -> dict:
     ev = trace.events
     m = trace.complete_mask() & ~trace.cat_mask(FRAME_CATS | GPU_ANNOTATION_CATS)
     rows = np.flatnonzero(m)
-    gpu = gpu_work_mask(trace)[rows]
+    gpu = (gpu_work_mask(trace) | trace.cat_mask(GPU_SYNC_CATS))[rows]  # device lanes: work and waits
     py_all = trace.cat_mask(PYTHON_CATS)
     py = py_all[rows]
     if py.any():  # Python frames nest among themselves, operators among themselves

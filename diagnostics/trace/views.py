@@ -2,9 +2,11 @@
 
 summary: duration, steps, events by category, threads, streams, memory peaks.
 temporal_breakdown: per ProfilerStep, GPU time by kind (exclusive, priority compute >
-communication > memcpy > memset, the rest idle) and host self time by operator family.
-top_operators: host operators and GPU kernels by time. idle_time: gaps between GPU work on each
-stream, with their cause. launch_stats: launch delay, runtime call duration, short kernels.
+communication > memcpy > memset, the rest idle) over GPU windows that partition the GPU timeline,
+GPU work put in the step that launched it (gpu_step_attribution), and host self time by operator
+family. top_operators: host operators and GPU kernels by time. idle_time: gaps between GPU work on
+each stream, with their cause. launch_stats: launch delay, runtime call duration, short kernels,
+graph launches apart.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import pandas as pd
 
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.classify import (
-    FRAME_CATS, HOST_OP_CATS, MEMCPY_CATS, MEMSET_CATS, RUNTIME_CATS, STEP_RE, comm_mask, gpu_work_mask,
-    host_mask, host_op_mask, op_family, step_mask,
+    FRAME_CATS, HOST_OP_CATS, LAUNCH_FLOW_CATS, MEMCPY_CATS, MEMSET_CATS, MTIA_CATS, MTIA_DMA_RE, RUNTIME_CATS, STEP_RE,
+    comm_mask, gpu_work_mask, host_mask, host_op_mask, is_graph_launch, op_family, step_mask,
 )
 from diagnostics.trace.model import Trace
 
@@ -89,7 +91,11 @@ def _assign_step(ts: np.ndarray, windows: pd.DataFrame) -> np.ndarray:
 # ---- GPU helpers -----------------------------------------------------------------------------
 
 def _gpu_frame(trace: Trace) -> pd.DataFrame:
-    """GPU kernels/memcpys/memsets with kind, launch call (by correlation) and times."""
+    """GPU kernels/memcpys/memsets with kind, launch call and times.
+
+    The launch call of a GPU event is the runtime event with its correlation id; failing that, the
+    one its "ac2g" flow arrow starts at (``launch_by``: "correlation", "flow" or None).
+    """
     if "gpu" in trace._cache:
         return trace._cache["gpu"]
     ev = trace.events
@@ -97,6 +103,7 @@ def _gpu_frame(trace: Trace) -> pd.DataFrame:
     kind = np.full(rows.size, "compute", dtype=object)
     kind[trace.cat_mask(MEMCPY_CATS)[rows]] = "memcpy"
     kind[trace.cat_mask(MEMSET_CATS)[rows]] = "memset"
+    kind[(trace.cat_mask(MTIA_CATS) & trace.name_mask(MTIA_DMA_RE))[rows]] = "memcpy"
     comm = comm_mask(trace)[rows]
     kind[comm] = "communication"
     pid = trace.strings("pid", rows)
@@ -110,35 +117,67 @@ def _gpu_frame(trace: Trace) -> pd.DataFrame:
         "stream": np.where(stream >= 0, stream.astype(str), tid),
         "corr": ev["corr"].to_numpy()[rows]})
     g["end_us"] = g["start_us"] + g["dur_us"]
-    # Launch calls: runtime events with a correlation id.
-    rm = trace.complete_mask() & trace.cat_mask(RUNTIME_CATS) & (ev["corr"].to_numpy() >= 0)
-    launch = pd.DataFrame({"corr": ev["corr"].to_numpy()[rm],
-                           "launch_name": trace.strings("name", rm),
-                           "launch_start_us": ev["ts"].to_numpy()[rm],
-                           "launch_dur_us": ev["dur"].to_numpy()[rm]})
-    launch = launch.drop_duplicates("corr")
-    g = g.merge(launch, on="corr", how="left") if len(g) else g.assign(
-        launch_name=None, launch_start_us=np.nan, launch_dur_us=np.nan)
+    launch = _runtime_calls(trace)
+    by_corr = launch[launch["corr"] >= 0].drop_duplicates("corr")
+    g = g.merge(by_corr.drop(columns="lane"), on="corr", how="left")
+    g["launch_by"] = np.where(g["launch_start_us"].notna(), "correlation", None)
+    _link_by_flow(trace, g, launch)
     g = g.sort_values("start_us", kind="stable").reset_index(drop=True)
     trace._cache["gpu"] = g
     return g
 
 
-def _exclusive(g: pd.DataFrame) -> dict:
-    """GPU time per kind with overlaps given to the first kind in KIND_PRIORITY."""
-    covered = {}
-    acc_s, acc_e = np.empty(0), np.empty(0)
-    base = 0.0
-    for kind in KIND_PRIORITY:
-        sub = g[g["kind"] == kind]
-        acc_s = np.r_[acc_s, sub["start_us"].to_numpy()]
-        acc_e = np.r_[acc_e, sub["end_us"].to_numpy()]
-        total = iv.length(iv.union(acc_s, acc_e))
-        covered[kind] = total - base
-        base = total
-    return covered
+def _runtime_calls(trace: Trace) -> pd.DataFrame:
+    """Runtime calls (RUNTIME_CATS duration events): corr, name, start, duration, lane."""
+    ev = trace.events
+    rm = trace.complete_mask() & trace.cat_mask(RUNTIME_CATS)
+    return pd.DataFrame({"corr": ev["corr"].to_numpy()[rm],
+                         "launch_name": trace.strings("name", rm),
+                         "launch_start_us": ev["ts"].to_numpy()[rm],
+                         "launch_dur_us": ev["dur"].to_numpy()[rm],
+                         "lane": trace.lane_keys()[rm]})
 
 
+def _link_by_flow(trace: Trace, g: pd.DataFrame, launch: pd.DataFrame) -> None:
+    """Fill the launch columns of GPU events without a correlated runtime call from "ac2g" flows.
+
+    Kineto writes a flow start ("s") at the launch call's start on its thread and a flow end ("f")
+    at the GPU event's start on its stream, both with the correlation id as the flow id. The call is
+    the runtime event on the start's thread that begins there; without one, the flow start's time
+    stands for the launch (name and duration unknown).
+    """
+    todo = np.flatnonzero(g["launch_start_us"].isna().to_numpy())
+    if not todo.size:
+        return
+    ev = trace.events
+    flow = trace.cat_mask(LAUNCH_FLOW_CATS) & (ev["flow_id"].to_numpy() >= 0)
+    ph = trace.strings("ph")
+    ends, starts = np.flatnonzero(flow & (ph == "f")), np.flatnonzero(flow & (ph == "s"))
+    if not ends.size or not starts.size:
+        return
+    ts, lane, fid = ev["ts"].to_numpy(), trace.lane_keys(), ev["flow_id"].to_numpy()
+    rows = g["row"].to_numpy()[todo]
+    want = pd.DataFrame({"i": todo, "lane": lane[rows], "ts": ts[rows]})
+    fin = pd.DataFrame({"lane": lane[ends], "ts": ts[ends], "fid": fid[ends]}).drop_duplicates(["lane", "ts"])
+    src = pd.DataFrame({"fid": fid[starts], "lane": lane[starts], "launch_start_us": ts[starts]}
+                       ).drop_duplicates("fid")
+    calls = launch[["lane", "launch_start_us", "launch_name", "launch_dur_us"]].drop_duplicates(
+        ["lane", "launch_start_us"])
+    hit = want.merge(fin, on=["lane", "ts"]).drop(columns=["lane", "ts"]).merge(src, on="fid")
+    if not len(hit):
+        return
+    hit = hit.merge(calls, on=["lane", "launch_start_us"], how="left")
+    i = hit["i"].to_numpy()
+    for c in ("launch_name", "launch_start_us", "launch_dur_us"):
+        col = g[c].to_numpy(copy=True).astype(object if c == "launch_name" else float)
+        col[i] = hit[c].to_numpy()
+        g[c] = col
+    by = g["launch_by"].to_numpy(copy=True).astype(object)
+    by[i] = "flow"
+    g["launch_by"] = by
+
+
+#: GPU time of several kinds at once counts as the first of them.
 KIND_PRIORITY = ("compute", "communication", "memcpy", "memset")
 
 
@@ -189,6 +228,10 @@ def summary(trace: Trace) -> dict:
                            + ("" if dv < 0 else f":{dv}"),
                            "peak_allocated_bytes": int(sub["alloc"].max())})
     st = steps(trace)
+    notes = []
+    if trace.cat_mask(MTIA_CATS).any():
+        notes.append("MTIA trace: its device events (mtia_ccp_events) are read as kernels (DMA ones as "
+                     "copies) and mtia_runtime events as runtime calls; \"GPU\" below means the MTIA device")
     return {
         "source": trace.source,
         "bytes": trace.n_bytes,
@@ -206,30 +249,142 @@ def summary(trace: Trace) -> dict:
         "memory": memory,
         "skipped_events": trace.skipped_events,
         "warnings": list(trace.warnings),
+        "notes": notes,
     }
+
+
+#: How a GPU event was put in a step, or why it is in none (gpu_step_attribution's "attributed").
+ATTRIBUTION = ("launch", "time", "before_profiling", "outside_steps")
+
+
+def gpu_step_attribution(trace: Trace) -> pd.DataFrame:
+    """_gpu_frame with the step each GPU event belongs to: ``step_i`` (index into _step_windows,
+    -1 for none) and ``attributed`` (one of ATTRIBUTION).
+
+    * "launch": its launch call (by correlation id or ac2g flow, see _gpu_frame) starts inside the
+      step's host span: the step whose CPU launched it, however late the GPU ran it.
+    * "before_profiling": no launch call in the trace, and it starts before the first launch of
+      any step (or its correlation id is below every runtime call's): queued before the profiler
+      began, by a step that was not profiled.
+    * "time": no launch call otherwise: the step whose GPU window (built from the launched events,
+      see temporal_breakdown) holds its start; without any launched event, the step whose host
+      span holds it.
+    * "outside_steps": launched outside every step, or (by time) outside every window.
+    """
+    if "gpu_steps" in trace._cache:
+        return trace._cache["gpu_steps"]
+    win = _step_windows(trace)
+    g = _gpu_frame(trace).copy()
+    start = g["start_us"].to_numpy()
+    launch = g["launch_start_us"].to_numpy()
+    linked = np.isfinite(launch)
+    step_i = np.full(len(g), -1, dtype=np.int64)
+    step_i[linked] = _assign_step(launch[linked], win)
+    how = np.where(linked, np.where(step_i >= 0, "launch", "outside_steps"), "").astype(object)
+    by_launch = linked & (step_i >= 0)
+    first = float(launch[by_launch].min()) if by_launch.any() else np.nan
+    corr = g["corr"].to_numpy()
+    rt = _runtime_calls(trace)["corr"].to_numpy()
+    rt = rt[rt >= 0]
+    early_corr = (corr >= 0) & (corr < rt.min()) if rt.size else np.zeros(len(g), dtype=bool)
+    before = ~linked & ((by_launch.any() & (start < first)) | early_corr)
+    how[before] = "before_profiling"
+    rest = ~linked & ~before
+    if rest.any():
+        if by_launch.any():
+            lo, hi = _gpu_windows(g[by_launch], step_i[by_launch], len(win))
+            i = np.searchsorted(lo, start[rest], side="right") - 1
+            ok = (i >= 0) & (start[rest] < hi[np.maximum(i, 0)])
+            step_i[rest] = np.where(ok, i, -1)
+        else:
+            step_i[rest] = _assign_step(start[rest], win)
+        how[rest] = np.where(step_i[rest] >= 0, "time", "outside_steps")
+    g["step_i"], g["attributed"] = step_i, how
+    trace._cache["gpu_steps"] = g
+    return g
+
+
+def _gpu_windows(g: pd.DataFrame, step_i: np.ndarray, n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step (index into the step windows): the start and end of its GPU window. A window runs
+    from the step's first GPU event start (the first window: from the first event's, whichever
+    step's; never before an earlier step's) to the next such start, the last one to the end of the
+    last event; a step with no GPU event gets an empty window where the next one starts. They
+    partition the GPU timeline of the steps' work, however far the GPU lags the CPU."""
+    lo = np.full(n_steps, np.nan)
+    starts = g["start_us"].to_numpy()
+    np.fmin.at(lo, step_i, starts)
+    has = np.flatnonzero(np.isfinite(lo))
+    if not has.size:
+        return lo, lo.copy()
+    lo[has[0]] = starts.min()   # the first window opens with the first event, whichever step's
+    lo[has] = np.maximum.accumulate(lo[has])
+    hi = np.full(n_steps, np.nan)
+    hi[has[:-1]] = lo[has[1:]]
+    hi[has[-1]] = max(g["end_us"].max(), lo[has[-1]])
+    # searchsorted over lo needs it non-decreasing: empty steps take the next window's start (zero width).
+    filled = pd.Series(lo).bfill().fillna(hi[has[-1]]).to_numpy()
+    return filled, np.where(np.isfinite(hi), hi, filled)
+
+
+def _length_within(u: iv.Intervals, a: float, b: float) -> float:
+    """Length of the sorted disjoint intervals ``u`` inside [a, b)."""
+    s, e = u
+    i, j = np.searchsorted(e, a, side="right"), np.searchsorted(s, b, side="left")
+    if j <= i:
+        return 0.0
+    return float(np.sum(np.minimum(e[i:j], b) - np.maximum(s[i:j], a)))
 
 
 def temporal_breakdown(trace: Trace) -> dict:
     """Per step: GPU time by kind plus idle, and host self time by operator family/category.
 
-    GPU work belongs to the step in which its launch call started (by correlation id; work with
-    no launch call, by its own start). A step's GPU window runs from its first GPU event's start
-    to its last one's end; idle is the window less the union of busy time.
+    GPU events belong to steps as gpu_step_attribution says (the step whose CPU launched them).
+    A step's GPU window runs from the start of its first GPU event to the start of the next step's
+    first GPU event (the last step's: to the end of the last event), so the windows partition the
+    GPU timeline and add up to its span, however far the GPU lags the CPU. In a window, busy time
+    is the union of the steps' GPU work running there (with concurrent streams, the tail of one
+    step's work can run in the next one's window), split by kind with overlaps given to the first
+    kind in KIND_PRIORITY; idle is the window less busy. Per-step busy adds up to the steps' total
+    GPU busy time. ``events`` counts the GPU events attributed to the step: each event in exactly
+    one step. Work queued before profiling began, and work launched outside every step, is left
+    out, counted in ``attribution`` and named in ``notes``.
     """
     win = _step_windows(trace)
-    g = _gpu_frame(trace)
-    gpu_rows = []
-    if len(g):
-        anchor = g["launch_start_us"].fillna(g["start_us"]).to_numpy()
-        g = g.assign(step_i=_assign_step(anchor, win))
-        for i, sub in g[g["step_i"] >= 0].groupby("step_i"):
-            lo, hi = float(sub["start_us"].min()), float(sub["end_us"].max())
-            ex = _exclusive(sub)
-            busy = sum(ex.values())
-            row = {"step": int(win["step"].iloc[i]), "window_us": hi - lo}
-            row.update({f"{k}_us": v for k, v in ex.items()})
-            row["idle_us"] = (hi - lo) - busy
+    g = gpu_step_attribution(trace)
+    gpu_rows, notes = [], []
+    counts = {a: int((g["attributed"] == a).sum()) for a in ATTRIBUTION}
+    mine = g[g["step_i"] >= 0]
+    if len(mine):
+        lo, hi = _gpu_windows(mine, mine["step_i"].to_numpy(), len(win))
+        n_events = np.bincount(mine["step_i"].to_numpy(), minlength=len(win))
+        # Busy time of each kind not already covered by an earlier kind in KIND_PRIORITY: unions of
+        # the kinds so far, measured window by window.
+        acc = []
+        for k in KIND_PRIORITY:
+            sub = mine[mine["kind"].isin(KIND_PRIORITY[:KIND_PRIORITY.index(k) + 1])]
+            acc.append(iv.union(sub["start_us"].to_numpy(), sub["end_us"].to_numpy()))
+        for i in np.flatnonzero(n_events):
+            a, b = float(lo[i]), float(hi[i])
+            covered = [_length_within(u, a, b) for u in acc]
+            row = {"step": int(win["step"].iloc[i]), "window_start_us": a, "window_us": b - a,
+                   "events": int(n_events[i])}
+            row.update({f"{k}_us": c - (covered[j - 1] if j else 0.0)
+                        for j, (k, c) in enumerate(zip(KIND_PRIORITY, covered))})
+            row["idle_us"] = (b - a) - covered[-1]
             gpu_rows.append(row)
+    attribution = {f"{a}_events": counts[a] for a in ATTRIBUTION}
+    for a in ("before_profiling", "outside_steps"):
+        attribution[f"{a}_us"] = float(g.loc[g["attributed"] == a, "dur_us"].sum())
+    if counts["time"]:
+        notes.append(f"{counts['time']:,} GPU events have no launch call in the trace (no correlation "
+                     "id or flow to one): put in the step whose GPU window holds their start")
+    if counts["before_profiling"]:
+        notes.append(f"{counts['before_profiling']:,} GPU events "
+                     f"({attribution['before_profiling_us'] / 1e3:,.3f} ms) launched before profiling "
+                     "began: left out of step figures")
+    if counts["outside_steps"] and len(steps(trace)):
+        notes.append(f"{counts['outside_steps']:,} GPU events ({attribution['outside_steps_us'] / 1e3:,.3f} ms) "
+                     "launched outside every profiler step: left out of step figures")
     ev = trace.events
     nest = trace.nesting()
     cpu = np.flatnonzero(host_mask(trace))
@@ -242,7 +397,7 @@ def temporal_breakdown(trace: Trace) -> dict:
     cpu_rows = df.groupby(["step", "group"], sort=True)["self_us"].sum().reset_index()
     return {"steps": _records(win[["step", "start_us", "dur_us"]]),
             "gpu": gpu_rows, "cpu": _records(cpu_rows),
-            "kind_priority": list(KIND_PRIORITY)}
+            "kind_priority": list(KIND_PRIORITY), "attribution": attribution, "notes": notes}
 
 
 def _cpu_groups(trace: Trace) -> np.ndarray:
@@ -329,16 +484,27 @@ def idle_time(trace: Trace) -> dict:
 
 
 def launch_stats(trace: Trace, n: int) -> dict:
-    """Per GPU event with a launch call: launch delay (GPU start - call start), call duration.
+    """Launch calls and the GPU work they started: launch delay, call duration, launch-bound kernels.
 
-    Flags kernels shorter than their launch call (launch-bound) and launch delays over
-    LONG_LAUNCH_DELAY_US. Returns totals, per-name aggregates and a sample for scatter plots.
+    A graph launch (cudaGraphLaunch, hipGraphLaunch: GRAPH_LAUNCH_RE) is one call that starts all
+    of its graph's kernels, so it counts as one launch and its kernels are kept out of the
+    per-kernel figures (comparing one 1 ms graph launch with each of its hundred kernels would call
+    them all launch-bound); ``graphs`` describes graph launches per launch. ``launches`` counts the
+    calls that started GPU work, a graph launch once. For the other GPU events (``kernel_launches``:
+    one per event) the launch delay is GPU start - call start; ``short_kernels`` are those shorter
+    than their launch call, ``long_delays`` those delayed more than LONG_LAUNCH_DELAY_US.
+    Returns totals, per-name aggregates and a sample for scatter plots.
     """
     g = _gpu_frame(trace)
     g = g[g["launch_start_us"].notna()].copy()
+    graph = np.array([is_graph_launch(x) for x in g["launch_name"].fillna("")], dtype=bool)
+    graphs = _graph_launches(g[graph], n)
+    g = g[~graph]
+    out = {"launches": int(len(g)) + graphs["launches"], "kernel_launches": int(len(g)),
+           "short_kernels": 0, "long_delays": 0, "long_launch_delay_us": LONG_LAUNCH_DELAY_US,
+           "by_name": [], "sample": [], "graphs": graphs}
     if not len(g):
-        return {"launches": 0, "by_name": [], "sample": [], "short_kernels": 0,
-                "long_delays": 0, "long_launch_delay_us": LONG_LAUNCH_DELAY_US}
+        return out
     g["delay_us"] = g["start_us"] - g["launch_start_us"]
     g["short"] = g["dur_us"] < g["launch_dur_us"]
     g["long_delay"] = g["delay_us"] > LONG_LAUNCH_DELAY_US
@@ -351,17 +517,41 @@ def launch_stats(trace: Trace, n: int) -> dict:
     by = by.sort_values(["short_kernels", "launches"], ascending=False)
     step = max(1, len(g) // LAUNCH_SAMPLE)
     sample = g.iloc[::step][["name", "kind", "launch_dur_us", "dur_us", "delay_us"]]
-    return {
-        "launches": int(len(g)),
+    out.update({
         "mean_delay_us": float(g["delay_us"].mean()),
         "max_delay_us": float(g["delay_us"].max()),
         "mean_runtime_us": float(g["launch_dur_us"].mean()),
         "short_kernels": int(g["short"].sum()),
         "long_delays": int(g["long_delay"].sum()),
-        "long_launch_delay_us": LONG_LAUNCH_DELAY_US,
         "by_name": _records(by.head(n)),
         "sample": _records(sample),
-    }
+    })
+    return out
+
+
+def _graph_launches(g: pd.DataFrame, n: int) -> dict:
+    """Graph launches (one row of ``g`` per kernel they started, grouped by correlation id): per
+    launch its kernels, call duration, delay to its first kernel, GPU span and summed kernel time;
+    ``shorter_than_launch``: graphs whose GPU span is shorter than their launch call."""
+    if not len(g):
+        return {"launches": 0, "kernels": 0, "by_launch": []}
+    # A flow-linked kernel may lack a correlation id: its launch's start time names the launch.
+    key = g["corr"].astype(float).where(g["corr"] >= 0, -1.0 - g["launch_start_us"])
+    per = g.groupby(key).agg(launch_name=("launch_name", "first"), launch_start_us=("launch_start_us", "first"),
+                             runtime_us=("launch_dur_us", "first"), kernels=("dur_us", "size"),
+                             first_start_us=("start_us", "min"), last_end_us=("end_us", "max"),
+                             gpu_us=("dur_us", "sum")).reset_index(drop=True)
+    per["delay_us"] = per["first_start_us"] - per["launch_start_us"]
+    per["span_us"] = per["last_end_us"] - per["first_start_us"]
+    per = per.sort_values("launch_start_us")
+    return {"launches": int(len(per)), "kernels": int(per["kernels"].sum()),
+            "mean_kernels_per_launch": float(per["kernels"].mean()),
+            "mean_runtime_us": float(per["runtime_us"].mean()),
+            "mean_delay_us": float(per["delay_us"].mean()), "max_delay_us": float(per["delay_us"].max()),
+            "gpu_us": float(per["gpu_us"].sum()),
+            "shorter_than_launch": int((per["span_us"] < per["runtime_us"]).sum()),
+            "by_launch": _records(per[["launch_name", "launch_start_us", "runtime_us", "kernels", "delay_us",
+                                       "span_us", "gpu_us"]].head(n))}
 
 
 ANALYSES = {

@@ -36,3 +36,17 @@ def test_diff_two_traces(new_app):
     assert not at.exception, [e.value for e in at.exception]
     labels = [m.label for m in at.metric]
     assert "Faster" in labels and "Slower" in labels
+
+
+def test_notes_on_left_out_work_and_graph_launches_are_shown(new_app, tmp_path):
+    from tests.trace.test_gpu_steps import queued_graph_trace
+
+    path = queued_graph_trace(tmp_path)
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    at.radio(key="trace_src_a").set_value("Local path").run()
+    at.text_input(key="trace_path_a").set_value(str(path)).run()
+    assert not at.exception, [e.value for e in at.exception]
+    infos = [i.value for i in at.info]
+    assert any("launched before profiling began: left out of step figures" in i for i in infos)
+    assert any("CUDA graph launches" in m.value for m in at.markdown)

@@ -58,10 +58,16 @@ def test_summary(gpu):
 def test_temporal_breakdown_gpu(gpu):
     r = temporal_breakdown(gpu)
     g = _by(r["gpu"], "step")
-    # step 1 window [25, 89) = 64: compute [25,57) 32, nccl 14, memcpy 5, memset 2, idle 3+6+2.
-    assert g[1] == {"step": 1, "window_us": 64.0, "compute_us": 32.0, "communication_us": 14.0,
-                    "memcpy_us": 5.0, "memset_us": 2.0, "idle_us": 11.0}
+    # step 1 window [25, 117): from its first GPU event to step 2's first = 92: compute [25,57) 32,
+    # nccl 14, memcpy 5, memset 2, idle 3+6+2 inside its work and 28 waiting for step 2's launches.
+    assert g[1] == {"step": 1, "window_start_us": 25.0, "window_us": 92.0, "events": 5, "compute_us": 32.0,
+                    "communication_us": 14.0, "memcpy_us": 5.0, "memset_us": 2.0, "idle_us": 39.0}
+    # the last step's window ends with its last event: [117, 170)
     assert g[2]["window_us"] == 53.0 and g[2]["compute_us"] == 40.0 and g[2]["idle_us"] == 13.0
+    assert g[2]["events"] == 2
+    assert r["attribution"] == {"launch_events": 7, "time_events": 0, "before_profiling_events": 0,
+                                "outside_steps_events": 0, "before_profiling_us": 0.0, "outside_steps_us": 0.0}
+    assert r["notes"] == []
 
 
 def test_temporal_breakdown_cpu_self_time(gpu):

@@ -55,10 +55,12 @@ def test_category_masks_on_a_recorded_gpu_trace():
 
 
 def test_the_category_sets_partition_what_kineto_writes():
-    assert C.GPU_CATS == C.KERNEL_CATS | C.MEMCPY_CATS | C.MEMSET_CATS | C.GPU_ANNOTATION_CATS
-    groups = [C.KERNEL_CATS, C.MEMCPY_CATS, C.MEMSET_CATS, C.GPU_ANNOTATION_CATS, C.RUNTIME_CATS, C.HOST_OP_CATS,
-              C.USER_ANNOTATION_CATS, C.PYTHON_CATS, C.FRAME_CATS]
+    assert C.GPU_CATS == C.KERNEL_CATS | C.MEMCPY_CATS | C.MEMSET_CATS | C.GPU_ANNOTATION_CATS | C.GPU_SYNC_CATS
+    groups = [C.KERNEL_CATS, C.MEMCPY_CATS, C.MEMSET_CATS, C.GPU_ANNOTATION_CATS, C.GPU_SYNC_CATS, C.RUNTIME_CATS,
+              C.HOST_OP_CATS, C.USER_ANNOTATION_CATS, C.PYTHON_CATS, C.FRAME_CATS, C.FLOW_CATS, C.OTHER_KINETO_CATS]
     assert sum(len(g) for g in groups) == len(frozenset().union(*groups))  # disjoint
+    assert C.KNOWN_CATS == frozenset().union(*groups)
+    assert C.MTIA_CATS <= C.KERNEL_CATS | C.RUNTIME_CATS
     assert all(c == c.lower() for g in groups for c in g)  # compared lower-case
 
 

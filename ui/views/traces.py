@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.render.charts.traces import (
-    build_category_figure, build_cpu_breakdown_figure, build_diff_figure, build_gpu_breakdown_figure,
-    build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure,
+    GPU_WINDOW_HELP, build_category_figure, build_cpu_breakdown_figure, build_diff_figure, build_gpu_breakdown_figure,
+    build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
 )
 from diagnostics.units import human_bytes, human_count
 from ui.widgets import metric_row
@@ -69,6 +69,8 @@ def show(result: dict) -> None:
     ])
     for w in s.get("warnings") or []:
         st.warning(w)
+    for n in s.get("notes") or []:
+        st.info(n)
     tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"])
     with tabs[0]:
         st.plotly_chart(build_category_figure(s), width="stretch")
@@ -89,6 +91,9 @@ def show(result: dict) -> None:
         b = result["temporal_breakdown"]
         if b["gpu"]:
             st.plotly_chart(build_gpu_breakdown_figure(b), width="stretch")
+            st.caption(GPU_WINDOW_HELP)
+            for n in b.get("notes") or []:
+                st.info(n)
         st.plotly_chart(build_cpu_breakdown_figure(b), width="stretch")
     with tabs[2]:
         top = result["top_operators"]
@@ -103,8 +108,14 @@ def show(result: dict) -> None:
         else:
             st.plotly_chart(build_idle_time_figure(result["idle_time"]), width="stretch")
             _table(result["idle_time"]["streams"])
-            st.plotly_chart(build_launch_figure(result["launch_stats"]), width="stretch")
-            _table(result["launch_stats"]["by_name"], height=300)
+            launch = result["launch_stats"]
+            st.plotly_chart(build_launch_figure(launch), width="stretch")
+            _table(launch["by_name"], height=300)
+            graphs = launch.get("graphs") or {}
+            if graphs.get("launches"):
+                st.markdown("**CUDA graph launches**")
+                st.caption(graph_launch_text(graphs))
+                _table(graphs["by_launch"], height=300)
     with tabs[4]:
         _timeline(result)
 

@@ -12,6 +12,10 @@ GPU_KINDS = (("compute_us", "compute", "#4c78a8"), ("communication_us", "communi
 STATUS_COLORS = {"faster": "#54a24b", "slower": "#e45756", "added": "#f58518",
                  "removed": "#4c78a8", "unchanged": "#bab0ac"}
 MAX_BARS = 25
+#: What a step's GPU bar covers (temporal_breakdown's definition), shown under the chart.
+GPU_WINDOW_HELP = ("GPU work counts in the step whose CPU launched it (correlation id or flow arrow). A step's "
+                   "window runs from its first GPU event to the next step's first, so the windows follow each "
+                   "other and add up to the GPU's span; idle is the window less busy time.")
 
 
 def _empty(title: str, message: str) -> go.Figure:
@@ -117,6 +121,15 @@ def build_launch_figure(launch: dict) -> go.Figure:
     return fig
 
 
+def graph_launch_text(graphs: dict) -> str:
+    """One sentence on launch_stats' graph launches (kept out of the per-kernel launch figures)."""
+    return (f"{graphs['launches']:,} graph launches started {graphs['kernels']:,} kernels "
+            f"({graphs['mean_kernels_per_launch']:.1f} per launch, {graphs['gpu_us'] / 1e3:,.3f} ms of kernel time); "
+            f"a launch call took {graphs['mean_runtime_us']:,.1f} µs on average and its first kernel started "
+            f"{graphs['mean_delay_us']:,.1f} µs after the call began. Graph kernels are left out of the "
+            "per-kernel launch figures above (one call starts them all).")
+
+
 def build_timeline_figure(timeline: dict) -> go.Figure:
     """Timeline bars per lane and call depth (timeline_data), one colour per category."""
     events = timeline["events"]
@@ -171,14 +184,16 @@ def trace_sections(result: dict) -> list[Section]:
     s = result.get("summary") or {}
     text = [f"{result.get('name', s.get('source', 'trace'))}: {s.get('events', 0):,} events, "
             f"duration {(s.get('duration_us') or 0) / 1e3:,.3f} ms, {s.get('n_steps', 0)} steps, "
-            f"{'GPU' if s.get('has_gpu') else 'CPU only'}"] + [f"warning: {w}" for w in s.get("warnings") or []]
+            f"{'GPU' if s.get('has_gpu') else 'CPU only'}"] + [f"warning: {w}" for w in s.get("warnings") or []] \
+        + [f"note: {n}" for n in s.get("notes") or []]
     top = result.get("top_operators") or {}
     idle, launch = result.get("idle_time") or {}, result.get("launch_stats")
     sections = [section("Trace", [lambda: build_category_figure(s)], text=text)]
     if result.get("temporal_breakdown"):
         tb = result["temporal_breakdown"]
         sections.append(section("Per step", [lambda: build_gpu_breakdown_figure(tb),
-                                              lambda: build_cpu_breakdown_figure(tb)]))
+                                              lambda: build_cpu_breakdown_figure(tb)],
+                                text=([GPU_WINDOW_HELP] if tb.get("gpu") else []) + list(tb.get("notes") or [])))
     if top:
         builders = [lambda: build_top_operators_figure(top, "operators")]
         if top.get("kernels"):
@@ -188,7 +203,9 @@ def trace_sections(result: dict) -> list[Section]:
     if idle.get("streams"):
         sections.append(section("GPU idle time", [lambda: build_idle_time_figure(idle)]))
     if launch and s.get("has_gpu"):
-        sections.append(section("Kernel launches", [lambda: build_launch_figure(launch)]))
+        graphs = launch.get("graphs") or {}
+        sections.append(section("Kernel launches", [lambda: build_launch_figure(launch)],
+                                text=[graph_launch_text(graphs)] if graphs.get("launches") else []))
     if result.get("timeline"):
         sections.append(section("Timeline", [lambda: build_timeline_figure(result["timeline"])]))
     return sections
