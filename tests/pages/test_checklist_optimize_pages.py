@@ -27,7 +27,9 @@ def test_checklist_runs_and_apply_fix_preselects_it_on_optimize(new_app):
     at.button(key="apply_torch_compile").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.title[0].value == "Optimize"
-    assert at.multiselect(key="opt_fixes_inference").value == ["torch_compile"]
+    # the checklist's purpose is training: the fix comes as a training-step trial
+    assert at.session_state["opt_mode"] == "Training step"
+    assert at.multiselect(key="opt_fixes_train").value == ["torch_compile"]
     assert any("From the checklist" in i.value for i in at.info)
 
 

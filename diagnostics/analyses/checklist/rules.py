@@ -110,6 +110,12 @@ class Finding:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+#: A rule's fix written "purpose:<id>" is the training-step trial of <id> when the checklist's purpose
+#: is training, the inference trial otherwise (fixes that exist in both modes: amp, torch_compile,
+#: channels_last).
+FOR_PURPOSE = "purpose:"
+
+
 @dataclass(frozen=True)
 class Rule:
     id: str
@@ -127,6 +133,8 @@ class Rule:
                 "This is a bug in TorchScope's rule, not in your model: please report it with the facts "
                 "(result.json).", {})
         fix = self.fix if status in ("warn", "fail") else None
+        if fix and fix.startswith(FOR_PURPOSE):  # the trial of the checklist's purpose: a training step or inference
+            fix = ("train:" if facts.get("purpose", "training") == "training" else "") + fix[len(FOR_PURPOSE):]
         return Finding(self.id, self.title, self.category, status, evidence, suggestion, numbers, fix)
 
 
@@ -740,7 +748,7 @@ RULES: list[Rule] = [
     Rule("dataloader_time", "DataLoader time under 5% of the step", "data pipeline", check_dataloader_time),
     Rule("communication", "Communication under 10% of kernel time", "compute", check_communication),
     Rule("gpu_utilization", "GPU busy at least 50% of the step", "compute", check_gpu_utilization),
-    Rule("tensor_cores", "Tensor Cores used where eligible (AMP)", "compute", check_tensor_cores, fix="amp"),
+    Rule("tensor_cores", "Tensor Cores used where eligible (AMP)", "compute", check_tensor_cores, fix="purpose:amp"),
     Rule("peak_memory", "Peak memory under 90% of the device", "memory", check_peak_memory,
          fix="train:activation_checkpointing"),
     Rule("data_parallel", "DistributedDataParallel instead of DataParallel", "compute", check_data_parallel),
@@ -761,15 +769,15 @@ RULES: list[Rule] = [
     Rule("inplace_activations", "In-place activations", "memory", check_inplace),
     # Compute
     Rule("sync_points", "No CPU-GPU sync points in the step", "compute", check_sync_points),
-    Rule("launch_bound", "Not launch-bound (many tiny ops)", "compute", check_launch_bound, fix="torch_compile"),
+    Rule("launch_bound", "Not launch-bound (many tiny ops)", "compute", check_launch_bound, fix="purpose:torch_compile"),
     Rule("tensor_copies", "Views instead of layout copies", "compute", check_tensor_copies),
     Rule("python_loops", "Vectorised (no Python loop over tensor elements)", "compute", check_python_loops),
-    Rule("torch_compile", "torch.compile used", "compute", check_compile, fix="torch_compile"),
+    Rule("torch_compile", "torch.compile used", "compute", check_compile, fix="purpose:torch_compile"),
     Rule("graph_breaks", "No torch.compile graph breaks", "compute", check_graph_breaks),
-    Rule("channels_last", "Conv nets in channels_last", "compute", check_channels_last, fix="channels_last"),
+    Rule("channels_last", "Conv nets in channels_last", "compute", check_channels_last, fix="purpose:channels_last"),
     Rule("cudnn_benchmark", "cudnn.benchmark on", "compute", check_cudnn_benchmark),
     Rule("tf32", "TF32 on for fp32 matmuls", "compute", check_tf32),
-    Rule("mixed_precision", "Mixed precision", "compute", check_mixed_precision, fix="amp"),
+    Rule("mixed_precision", "Mixed precision", "compute", check_mixed_precision, fix="purpose:amp"),
     Rule("batch_size", "Batch size saturates the device", "compute", check_batch_size),
     # Deployment
     Rule("conv_bn_fusion", "Conv -> BatchNorm pairs fused", "deployment", check_conv_bn_fusion, fix="conv_bn_fusion"),
