@@ -10,7 +10,10 @@ from diagnostics.runner import JobOutcome
 
 
 def show_failure(outcome: JobOutcome) -> None:
-    """A readable error for a failed job, with the worker's last output folded away."""
+    """A readable error for a failed job, with the worker's last output folded away. A job still
+    running (ui.jobs) draws nothing: its progress panel is on the page already."""
+    if outcome.status == "running":
+        return
     heading = {"timeout": "Timed out", "crashed": "The worker crashed", "oom": "Out of memory",
                "cancelled": "Cancelled"}.get(outcome.status, "Failed")
     st.error(f"**{heading}:** {outcome.error}")
@@ -41,11 +44,14 @@ def option_input(analysis: str, key: str, container=None, *, widget_key: str | N
     value in the option's own terms (``scale`` shows a fraction as a percentage and maps it back).
 
     ``radio``: a choice as horizontal radio buttons instead of a select box. Other keyword arguments go
-    to the Streamlit widget (``step``, ``disabled``...)."""
+    to the Streamlit widget (``step``, ``disabled``...). The value is kept across page switches
+    (``persist_state="session"``), so a page shows the job its settings started when the user comes back."""
     from diagnostics.registry import ANALYSES
 
     o = ANALYSES[analysis].option(key)
     c = container or st
+    # A page's settings survive a visit to another page: its job (ui.jobs) is found again on return.
+    kwargs.setdefault("persist_state", "session")
     wkey = widget_key or f"{analysis}_{key}"
     label = label or o.title
     help_ = kwargs.pop("help", None) or o.help or None
