@@ -22,7 +22,7 @@ if preselect:
 
 with st.container(border=True):
     st.session_state.setdefault("opt_fixes", ["inference_mode", "torchscript"])
-    chosen = st.multiselect("Fixes", list(titles), key="opt_fixes", format_func=titles.get)
+    chosen = st.multiselect("Fixes", list(titles), key="opt_fixes", persist_state="session", format_func=titles.get)
     params = {}
     with_params = [f for f in FIXES if f.id in chosen and f.params]
     if with_params:
@@ -32,10 +32,10 @@ with st.container(border=True):
                 label = f"{fix.title}: {p.key}"
                 if p.kind == "choice":
                     v = col.selectbox(label, p.choices, index=p.choices.index(p.default), key=f"opt_{fix.id}_{p.key}",
-                                      help=p.help or None)
+                                      persist_state="session", help=p.help or None)
                 else:
                     v = col.slider(label, float(p.lo), float(p.hi), float(p.default), 0.05,
-                                   key=f"opt_{fix.id}_{p.key}", help=p.help or None)
+                                   key=f"opt_{fix.id}_{p.key}", persist_state="session", help=p.help or None)
                 if v != p.default:
                     params.setdefault(fix.id, {})[p.key] = v
     c1, c2 = st.columns(2)
