@@ -71,7 +71,7 @@ class BackgroundJob:
         self.store, self.timeout_s, self.replaceable = store, timeout_s, replaceable
         self.cancel_event = CancelEvent()
         self._lock = threading.Lock()
-        self._state, self._fraction, self._message = QUEUED, 0.0, "waiting for this session's earlier jobs"
+        self._state, self._fraction, self._message = QUEUED, 0.0, ""
         self._started = self._finished = None
         self._outcome: JobOutcome | None = None
 

@@ -105,14 +105,13 @@ def run_analysis(analysis: str, spec: ModelSpec | None, options: dict | None = N
     return _follow(bj)
 
 
-def _panel_label(bj: BackgroundJob, snap) -> str:
+def _panel_label(bj: BackgroundJob, snap, ahead: list[BackgroundJob]) -> str:
     if snap.cancelling:
         return f"{bj.title}: cancelling…"
+    if ahead:
+        more = f" and {len(ahead) - 1} more" if len(ahead) > 1 else ""
+        return f"{bj.title}: queued behind {ahead[0].title}{more}"
     if snap.state == "queued":
-        ahead = manager().ahead_of(bj)
-        if ahead:
-            more = f" and {len(ahead) - 1} more" if len(ahead) > 1 else ""
-            return f"{bj.title}: queued behind {ahead[0].title}{more}"
         return f"{bj.title}: starting…"  # the session's thread is about to take it
     if snap.message.startswith("queued"):
         return f"{bj.title}: queued, waiting for the device"
@@ -130,16 +129,19 @@ def _follow(bj: BackgroundJob) -> JobOutcome:
         if snap.done:
             st.session_state[state.JOB_RERUN] = True  # not the user's doing: ui.notices keeps its notes
             st.rerun()
+        ahead = manager().ahead_of(bj) if snap.state == "queued" else []
         # Written to, not entered: leaving a `with st.status` block marks it complete.
-        box = st.status(_panel_label(bj, snap), state="running", expanded=True)
+        box = st.status(_panel_label(bj, snap, ahead), state="running", expanded=True)
         box.button("Cancel", key=f"cancel-{bj.key}", disabled=snap.cancelling,
                    on_click=manager().cancel, args=(session, bj.key),
                    help="Stop this job (its worker is killed; nothing else is stopped)")
-        box.progress(snap.fraction, text=snap.message or "…")
-        when = f"{snap.elapsed_s:.1f} s elapsed · " if snap.state != "queued" else ""
+        if ahead:
+            box.progress(0.0, text="waiting for this session's earlier jobs: it runs one job at a time, "
+                                   "in the order they were started")
+        else:
+            box.progress(snap.fraction, text=snap.message if snap.state == "running" else "starting worker")
+        when = f"{snap.elapsed_s:.1f} s elapsed · " if snap.state == "running" else ""
         box.caption(when + "This runs on the server: you may open other pages and come back to it.")
-        if snap.state == "queued":
-            box.caption("This session runs its jobs one at a time, in the order they were started.")
 
     panel()
     return JobOutcome(RUNNING, error=f"{bj.title} is still running", error_type="JobError")
