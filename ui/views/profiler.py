@@ -10,7 +10,7 @@ import streamlit as st
 from diagnostics.render.charts.profiler import (build_device_split_figure, build_kernel_figure,
                                          build_latency_histogram_figure, build_module_tree_figure,
                                          build_roofline_figure, build_step_breakdown_figure, build_timeline_figure,
-                                         build_top_operators_figure)
+                                         build_top_operators_figure, modules_missing)
 from diagnostics.units import human_bytes, human_count
 from ui.widgets import json_download, metric_row
 
@@ -175,7 +175,8 @@ def _operators(result: dict) -> None:
 
 def _modules(result: dict) -> None:
     if not result["modules"]:
-        st.info("No per-module times: run with 'with_modules' on.")
+        why = modules_missing(result)
+        st.info(why[:1].upper() + why[1:] + ".")
         return
     which = st.radio("Pass", ["forward", "backward"], horizontal=True, key="prof_module_pass",
                      disabled=result["mode"] != "train")
