@@ -121,8 +121,9 @@ def _follow_load() -> None:
     elif outcome.ok:
         st.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": outcome.result}
         st.session_state[state.LOAD_ERROR] = None
-    else:
-        st.session_state[state.LOAD_ERROR] = f"{name}: {outcome.error}"
+    else:  # the loader's errors name the file already; others (the model rejected its inputs) do not
+        error = outcome.error or outcome.status
+        st.session_state[state.LOAD_ERROR] = error if error.startswith(name) else f"{name}: {error}"
 
 
 def _inputs_editor(base: ModelSpec, declared: tuple[InputSpec, ...]) -> ModelSpec | None:
