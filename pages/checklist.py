@@ -78,4 +78,4 @@ sources = ", ".join(n for n, r in (("the latest profile's roofline", profile_res
                                    ("the latest Optimize trials", optimize_result)) if r)
 ranked = fix_first(outcome.result, profile_result, optimize_result)
 checklist_view.show(outcome.result, apply_fix=apply_fix, ranked=ranked, sources=sources)
-views.report_download("checklist", outcome.result)  # the HTML report every page offers
+views.downloads("checklist", outcome.result)  # the HTML report and the JSON every page offers

@@ -1,8 +1,6 @@
-"""Small shared widgets: error boxes, metric rows, downloads."""
+"""Small shared widgets: error boxes, metric rows, option inputs (the downloads: ui.views.downloads)."""
 
 from __future__ import annotations
-
-import json
 
 import streamlit as st
 
@@ -30,11 +28,6 @@ def metric_row(items: list[tuple[str, str, str | None]]) -> None:
     cols = st.columns(len(items))
     for col, (label, value, help_) in zip(cols, items):
         col.metric(label, value, help=help_)
-
-
-def json_download(result: dict, name: str, label: str = "Download result (JSON)") -> None:
-    st.download_button(label, json.dumps(result, indent=1, default=str).encode(), file_name=name,
-                       mime="application/json", on_click="ignore")
 
 
 def option_input(analysis: str, key: str, container=None, *, widget_key: str | None = None,
