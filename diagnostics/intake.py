@@ -29,7 +29,7 @@ from diagnostics.graph_ops import check_exported, check_torchscript
 from diagnostics.sandbox import graph_code_refusal
 from diagnostics.settings import SAFE_MODE_ENV, safe_mode  # noqa: F401 (re-exported)
 from diagnostics.spec import InputSpec, ModelSpec
-from diagnostics.uploads import archive_kind
+from diagnostics.uploads import WEIGHTS_NAMES, archive_kind
 
 
 _DTYPES = {
@@ -140,22 +140,22 @@ def _refused_global(e: Exception) -> str:
     return line.split(" was not an allowed global")[0]
 
 
-def _check_zip(path: Path, what: str, expected: str) -> None:
+def _check_zip(path: Path, what: str, expected: str, name: str) -> None:
     if not path.exists():
-        raise ModelLoadError(f"file not found: {path.name}")
+        raise ModelLoadError(f"file not found: {name}")
     if not zipfile.is_zipfile(path):
-        raise ModelLoadError(f"{path.name} is not a {what}: it is not a zip archive (corrupt or wrong kind of file)")
+        raise ModelLoadError(f"{name} is not a {what}: it is not a zip archive (corrupt or wrong kind of file)")
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise ModelLoadError(f"{path.name} is a corrupt or truncated {what}: {e}") from e
+        raise ModelLoadError(f"{name} is a corrupt or truncated {what}: {e}") from e
     if bad is not None:
-        raise ModelLoadError(f"{path.name} is a corrupt {what}: member {bad!r} fails its checksum")
+        raise ModelLoadError(f"{name} is a corrupt {what}: member {bad!r} fails its checksum")
     with zipfile.ZipFile(path) as z:
         kind = archive_kind(z.namelist())
     if kind not in (expected, "unknown"):
-        raise ModelLoadError(f"{path.name} is not a {what}: it is {_ZIP_KINDS[kind]}")
+        raise ModelLoadError(f"{name} is not a {what}: it is {_ZIP_KINDS[kind]}")
 
 
 def _first_line(e: Exception) -> str:
@@ -163,16 +163,16 @@ def _first_line(e: Exception) -> str:
     return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "(no message)")
 
 
-def _load_torchscript(path: Path) -> nn.Module:
-    _check_zip(path, "TorchScript archive (torch.jit.save)", "torchscript")
+def _load_torchscript(path: Path, name: str) -> nn.Module:
+    _check_zip(path, "TorchScript archive (torch.jit.save)", "torchscript", name)
     graph_code_refusal("TorchScript models")
     try:
         module = torch.jit.load(str(path), map_location="cpu")
     except Exception as e:
-        raise ModelLoadError(f"{path.name} is not a loadable TorchScript archive: {type(e).__name__}: "
+        raise ModelLoadError(f"{name} is not a loadable TorchScript archive: {type(e).__name__}: "
                              f"{_first_line(e)}") from e
     if safe_mode():
-        check_torchscript(module, path.name)
+        check_torchscript(module, name)
     return module
 
 
@@ -212,23 +212,23 @@ def _no_code_in_pickles():
             _package.pickle = saved_pickle
 
 
-def _load_export(path: Path):
-    _check_zip(path, "torch.export archive (.pt2)", "export")
+def _load_export(path: Path, name: str):
+    _check_zip(path, "torch.export archive (.pt2)", "export", name)
     graph_code_refusal("torch.export (.pt2) models")
     try:
         with _no_code_in_pickles():
             ep = torch.export.load(str(path))
     except (_PickleRefused, pickle.UnpicklingError) as e:
         found = _refused_global(e)
-        raise TrustError(f"{path.name} carries pickled objects (sample inputs, weights or constants) that a "
+        raise TrustError(f"{name} carries pickled objects (sample inputs, weights or constants) that a "
                          f"weights-only load refuses{' (' + found + ')' if found else ''}: loading them could run "
                          "code. TorchScope opens .pt2 archives that hold only tensors and plain values; export "
                          "the model again without custom objects") from e
     except Exception as e:
-        raise ModelLoadError(f"{path.name} is not a loadable torch.export archive (.pt2): {type(e).__name__}: "
+        raise ModelLoadError(f"{name} is not a loadable torch.export archive (.pt2): {type(e).__name__}: "
                              f"{_first_line(e)}") from e
     if safe_mode():
-        check_exported(ep, path.name)
+        check_exported(ep, name)
     module = ep.module()
     # ExportedProgram.module() makes train() and eval() raise NotImplementedError, and every
     # training or inference analysis calls one. Its graph was traced in one mode, so the flags change
@@ -257,15 +257,16 @@ def _user_module_dir() -> Path:
     return _USER_MODULES[0]
 
 
-def import_user_file(path: Path, what: str, missing: str = "file not found"):
+def import_user_file(path: Path, what: str, missing: str = "file not found", name: str | None = None):
     """Import a user's Python file as a fresh module; errors name the file and the problem.
 
     Refused in server-safe mode (``what`` names the feature in that message)."""
     if safe_mode():
         raise TrustError(f"{what} are disabled on this server (server-safe mode)")
     path = Path(path)
+    name = name or path.name
     if not path.exists():
-        raise ModelLoadError(f"{missing}: {path.name}")
+        raise ModelLoadError(f"{missing}: {name}")
     # Imported by name, through a stub in a folder on sys.path that runs the file from where it is:
     # processes this one spawns (DataLoader workers, which unpickle a Dataset by its module's name)
     # can import it too, and tracebacks still name the user's file and lines.
@@ -277,81 +278,83 @@ def import_user_file(path: Path, what: str, missing: str = "file not found"):
             "del _file\nexec(_code)\n")
         module = importlib.import_module(mod_name)
     except SyntaxError as e:
-        raise ModelLoadError(f"{path.name} has a syntax error at line {e.lineno}: {e.msg}") from e
+        raise ModelLoadError(f"{name} has a syntax error at line {e.lineno}: {e.msg}") from e
     except Exception as e:
-        raise ModelLoadError(f"{path.name} raised while being imported: {type(e).__name__}: {e}") from e
+        raise ModelLoadError(f"{name} raised while being imported: {type(e).__name__}: {e}") from e
     return module
 
 
-def _load_python(path: Path):
-    module = import_user_file(path, "Python-file models")
+def _load_python(path: Path, name: str):
+    module = import_user_file(path, "Python-file models", name=name)
     if not callable(getattr(module, "build_model", None)):
-        raise ModelLoadError(f"{path.name} defines no build_model() function; it must define "
+        raise ModelLoadError(f"{name} defines no build_model() function; it must define "
                              "build_model() -> nn.Module and example_inputs() -> tuple of tensors")
     try:
         model = module.build_model()
     except Exception as e:
-        raise ModelLoadError(f"build_model() in {path.name} raised: {type(e).__name__}: {e}") from e
+        raise ModelLoadError(f"build_model() in {name} raised: {type(e).__name__}: {e}") from e
     if not isinstance(model, nn.Module):
-        raise ModelLoadError(f"build_model() in {path.name} returned {type(model).__name__}, not an nn.Module")
+        raise ModelLoadError(f"build_model() in {name} returned {type(model).__name__}, not an nn.Module")
     example = None
     if callable(getattr(module, "example_inputs", None)):
         try:
             example = module.example_inputs()
         except Exception as e:
-            raise ModelLoadError(f"example_inputs() in {path.name} raised: {type(e).__name__}: {e}") from e
+            raise ModelLoadError(f"example_inputs() in {name} raised: {type(e).__name__}: {e}") from e
         if isinstance(example, torch.Tensor):
             example = (example,)
         if not isinstance(example, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in example):
-            raise ModelLoadError(f"example_inputs() in {path.name} must return a tensor or a tuple of tensors")
+            raise ModelLoadError(f"example_inputs() in {name} must return a tensor or a tuple of tensors")
         example = tuple(example)
     loss_fn = getattr(module, "loss_fn", None)
     return model, example, loss_fn if callable(loss_fn) else None
 
 
-def _load_pickle(path: Path, trusted: bool) -> nn.Module:
+def _load_pickle(path: Path, trusted: bool, name: str) -> nn.Module:
     if safe_mode():
         raise TrustError("pickled modules are disabled on this server (server-safe mode); "
                          "upload TorchScript, torch.export (.pt2) or weights instead")
     if not trusted:
-        raise TrustError(f"{path.name} is a full pickle, which can run arbitrary code when loaded; "
+        raise TrustError(f"{name} is a full pickle, which can run arbitrary code when loaded; "
                          "turn on 'I trust this file' to load it, or upload TorchScript / .pt2 / weights")
     if not path.exists():
-        raise ModelLoadError(f"file not found: {path.name}")
+        raise ModelLoadError(f"file not found: {name}")
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except Exception as e:
-        raise ModelLoadError(f"{path.name} could not be unpickled (corrupt or truncated?): {type(e).__name__}: {e}") from e
+        raise ModelLoadError(f"{name} could not be unpickled (corrupt or truncated?): {type(e).__name__}: {e}") from e
     if not isinstance(obj, nn.Module):
-        raise ModelLoadError(f"{path.name} holds a {type(obj).__name__}, not an nn.Module; "
+        raise ModelLoadError(f"{name} holds a {type(obj).__name__}, not an nn.Module; "
                              "a state_dict goes in the weights slot next to a model definition")
     return obj
 
 
-def load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
-    """Read weights safely: .safetensors, or a state_dict .pt with weights_only=True."""
+def load_state_dict_file(path: Path, name: str | None = None) -> dict[str, torch.Tensor]:
+    """Read weights safely: .safetensors, or a state_dict .pt with weights_only=True. Errors call the
+    file ``name`` (default: its file name)."""
+    name = name or path.name
     if not path.exists():
-        raise ModelLoadError(f"weights file not found: {path.name}")
+        raise ModelLoadError(f"weights file not found: {name}")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
         try:
             return load_file(str(path))
         except Exception as e:
-            raise ModelLoadError(f"{path.name} is not a valid .safetensors file: {e}") from e
+            raise ModelLoadError(f"{name} is not a valid .safetensors file: {e}") from e
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
         msg = _ANSI.sub("", str(e)).splitlines()[0] if str(e) else type(e).__name__
         if "weights_only" in str(e) or "Unsupported global" in str(e):
-            raise TrustError(f"{path.name} is not a plain state_dict: loading it would run pickled code "
+            raise TrustError(f"{name} is not a plain state_dict: loading it would run pickled code "
                              f"({_refused_global(e) or msg}). Save weights with torch.save(model.state_dict()) "
                              "or safetensors") from e
-        raise ModelLoadError(f"{path.name} could not be read as a state_dict (corrupt or truncated?): {msg}") from e
+        raise ModelLoadError(f"{name} could not be read as a state_dict (corrupt or truncated?): {msg}") from e
     for key in ("state_dict", "model_state_dict", "model"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ModelLoadError(f"{path.name} does not hold a state_dict (a dict of name -> tensor)")
+        raise ModelLoadError(f"{name} does not hold a state_dict (a dict of name -> tensor)")
     return obj
 
 
@@ -383,6 +386,9 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     notes: list[str] = []
     loss_fn, loss_name, task, num_classes = None, "mean square of the output (no loss declared)", "unknown", None
     path = Path(spec.path) if spec.path else None
+    # Errors name the file as the user knows it (spec.name: an upload is stored under a name of ours,
+    # e.g. model.ts.pt, that means nothing to them).
+    shown = spec.name or (path.name if path else "")
 
     if spec.source == "sample":
         from sample_models import SAMPLES, task_loss
@@ -395,20 +401,24 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         loss_name = "cross-entropy" + (" over the vocabulary" if sample.task == "lm" else "")
         task, num_classes = sample.task, sample.num_classes
     elif spec.source == "torchscript":
-        model = _load_torchscript(path)
+        model = _load_torchscript(path, shown)
     elif spec.source == "export":
-        model, example = _load_export(path)
+        model, example = _load_export(path, shown)
         notes.append("a torch.export program keeps the train/eval mode it was exported in: Dropout and "
                      "BatchNorm behave that way in every analysis, whatever mode it asks for")
     elif spec.source == "python":
-        model, example, user_loss = _load_python(path)
+        model, example, user_loss = _load_python(path, shown)
         if user_loss is not None:
             loss_fn, loss_name = user_loss, "loss_fn() from the uploaded file"
     else:
-        model = _load_pickle(path, spec.trust_pickle)
+        model = _load_pickle(path, spec.trust_pickle, shown)
 
     if spec.weights_path:
-        apply_weights(model, load_state_dict_file(Path(spec.weights_path)), Path(spec.weights_path).name)
+        weights = Path(spec.weights_path)
+        # An uploaded weights file is stored under a name of ours: then it is named by its role.
+        ours = weights.name in WEIGHTS_NAMES
+        apply_weights(model, load_state_dict_file(weights, "the weights file" if ours else weights.name),
+                      "the weights" if ours else weights.name)
 
     if spec.inputs is not None:
         specs = spec.inputs

@@ -7,8 +7,9 @@ cancellation, and a per-device queue for jobs that time the device, so two sessi
 each other's figures. The worker's stdout/stderr are drained
 by a thread into a log file in the run's artifact folder (its first LOG_HEAD_BYTES and last
 LOG_TAIL_BYTES), so a model that prints megabytes neither blocks nor fills the disk. The worker
-dies with the process that started it (PR_SET_PDEATHSIG on Linux), and a job interrupted in the
-parent (a Streamlit rerun or stop, Ctrl-C) kills its worker and is stored as 'cancelled'.
+dies with the thread that started it (PR_SET_PDEATHSIG on Linux). A job is stopped by setting its
+``cancel`` event (the CLI's Ctrl-C, the dashboard's Cancel: ui.background), or by an exception in
+the calling thread; either way its worker is killed and the run is stored as 'cancelled'.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ LOG_TAIL_CHARS = 2000
 #: worker.log keeps the first and the last bytes of the worker's output; the middle is dropped.
 LOG_HEAD_BYTES = 1 << 20
 LOG_TAIL_BYTES = 256 << 10
-#: Stored as the error of a run whose parent was interrupted (rerun, stop, Ctrl-C) mid-job.
-INTERRUPTED_MESSAGE = "cancelled: the job was stopped before it finished (Cancel, a page rerun or shutdown)"
+#: Stored as the error of a run whose calling thread was interrupted mid-job (an exception from a
+#: callback, KeyboardInterrupt in a notebook).
+INTERRUPTED_MESSAGE = "cancelled: the process running the job was interrupted before it finished"
+#: Stored as the error of a run stopped through its ``cancel`` event, unless the event carries a
+#: ``reason`` of its own (the dashboard's shutdown does).
+CANCELLED_MESSAGE = "cancelled: stopped by the user before it finished"
 
 ProgressFn = Callable[[float, str], None]
 
@@ -103,7 +108,7 @@ class Job:
 
 @dataclass
 class JobOutcome:
-    status: str  # ok | error | timeout | crashed | oom | cancelled
+    status: str  # ok | error | timeout | crashed | oom | cancelled; "running": ui.jobs' job not finished yet
     result: dict | None = None
     error: str | None = None
     error_type: str | None = None
@@ -380,6 +385,11 @@ def _signal_name(code: int | None) -> str:
     return f"{name}: {meaning}" if meaning else name
 
 
+def _cancel_reason(cancel: threading.Event) -> str:
+    """What to store for a run stopped through ``cancel``: its own ``reason`` if it has one."""
+    return getattr(cancel, "reason", None) or CANCELLED_MESSAGE
+
+
 @contextmanager
 def device_queue(lock_dir: Path, device: str, on_wait: Callable[[], None] | None = None,
                  cancel: threading.Event | None = None, on_tick: Callable[[float], None] | None = None):
@@ -394,7 +404,7 @@ def device_queue(lock_dir: Path, device: str, on_wait: Callable[[], None] | None
                 break
             except BlockingIOError:
                 if cancel is not None and cancel.is_set():
-                    raise JobError("cancelled while queued") from None
+                    raise JobError(_cancel_reason(cancel) + " (it was waiting for the device)") from None
                 if not waited and on_wait is not None:
                     on_wait()
                 waited = True
@@ -415,9 +425,10 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
 
     ``on_progress(fraction, message)`` gets the analysis' progress (and "queued: ..." while an
     exclusive job waits for its device); ``on_tick(elapsed_s)`` is called a few times a second while
-    waiting, so a UI can show elapsed time. Any exception raised by a callback (a Streamlit rerun or
-    stop) or by the caller's thread (Ctrl-C) kills the worker, marks the run 'cancelled' and is
-    re-raised. Every other failure comes back as a JobOutcome with a readable ``error``.
+    waiting, so a UI can show elapsed time. Setting ``cancel`` stops the job: the worker is killed
+    and the run is stored as 'cancelled' (error: the event's ``reason`` attribute, if it has one, or
+    CANCELLED_MESSAGE). Any exception raised by a callback or by the caller's thread (Ctrl-C) does
+    the same and is re-raised. Every other failure comes back as a JobOutcome with a readable ``error``.
     """
     try:  # options and settings, checked before anything is stored (a bad value names itself)
         analysis = get_analysis(job.analysis)
@@ -577,7 +588,7 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
             if elapsed > timeout_s:
                 return stop("timeout", f"timed out after {timeout_s:g} s: the worker was stopped")
             if cancel is not None and cancel.is_set():
-                return stop("cancelled", "cancelled by the user")
+                return stop("cancelled", _cancel_reason(cancel))
             if elapsed - last_mem_check > 0.5:
                 last_mem_check = elapsed
                 used = _tree_rss(proc.pid) - baseline_rss

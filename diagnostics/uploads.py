@@ -21,6 +21,8 @@ MODEL_KINDS = {
     "pickle": ("model.pickle.pt", (".pt", ".pth", ".pkl", ".pickle")),
 }
 WEIGHT_EXTS = (".safetensors", ".pt", ".pth", ".bin")
+#: The names an uploaded weights file is stored under (.safetensors, anything else).
+WEIGHTS_NAMES = ("weights.safetensors", "weights.pt")
 
 
 def archive_kind(names: list[str]) -> str:
@@ -70,7 +72,7 @@ def save_upload(data: bytes, kind: str, data_dir: Path, original_name: str = "")
     if kind == "weights":
         if ext and ext not in WEIGHT_EXTS:
             raise ModelLoadError(f"weights must be .safetensors or a state_dict .pt/.pth, not {ext!r}")
-        name = "weights.safetensors" if ext == ".safetensors" else "weights.pt"
+        name = WEIGHTS_NAMES[0] if ext == ".safetensors" else WEIGHTS_NAMES[1]
     elif kind == "trace":
         if ext and ext not in (".json", ".gz"):
             raise ModelLoadError(f"a trace should be a .json or .json.gz file, not {ext!r}")

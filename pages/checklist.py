@@ -24,13 +24,14 @@ with st.container(border=True):
     purpose = option_input("checklist", "purpose", c1, widget_key="cl_purpose", radio=True)
     iters = option_input("checklist", "iters", c2, widget_key="cl_iters", max_value=50)
     with st.expander("DataLoader (optional): feeds the data-pipeline rules"):
-        use_dl = st.checkbox("Describe my DataLoader", key="cl_use_dl")
+        use_dl = st.checkbox("Describe my DataLoader", key="cl_use_dl", persist_state="session")
         d1, d2, d3, d4, d5 = st.columns(5)
-        dl_batch = d1.number_input("batch_size", 1, 65536, 32, key="cl_dl_batch", disabled=not use_dl)
-        dl_workers = d2.number_input("num_workers", 0, 256, 0, key="cl_dl_workers", disabled=not use_dl)
-        dl_prefetch = d3.number_input("prefetch_factor", 1, 64, 2, key="cl_dl_prefetch", disabled=not use_dl)
-        dl_pin = d4.checkbox("pin_memory", key="cl_dl_pin", disabled=not use_dl)
-        dl_persist = d5.checkbox("persistent_workers", key="cl_dl_persist", disabled=not use_dl)
+        dl = {"persist_state": "session", "disabled": not use_dl}  # kept across page switches, like option_input's
+        dl_batch = d1.number_input("batch_size", 1, 65536, 32, key="cl_dl_batch", **dl)
+        dl_workers = d2.number_input("num_workers", 0, 256, 0, key="cl_dl_workers", **dl)
+        dl_prefetch = d3.number_input("prefetch_factor", 1, 64, 2, key="cl_dl_prefetch", **dl)
+        dl_pin = d4.checkbox("pin_memory", key="cl_dl_pin", **dl)
+        dl_persist = d5.checkbox("persistent_workers", key="cl_dl_persist", **dl)
         dataset_file = None
         if safe_mode():
             st.caption("Server-safe mode: dataset modules (Python files) are disabled; the description is still used.")
@@ -82,4 +83,4 @@ sources = ", ".join(n for n, r in (("the latest profile's roofline", profile_res
 ranked = fix_first(outcome.result, profile_result, [t for t in trials if t])
 checklist_view.show(outcome.result, apply_fix=apply_fix, ranked=ranked, sources=sources,
                     trial_note=lambda f: trial_evidence(f, [t for t in trials if t]))
-views.report_download("checklist", outcome.result)  # the HTML report every page offers
+views.downloads("checklist", outcome.result)  # the HTML report and the JSON every page offers

@@ -14,7 +14,7 @@ st.title("Distributed")
 spec = state.current_spec()
 # A folder on the server is no place for remote users to browse: server-safe mode offers launches only.
 sources = ["Launch with torchrun"] + ([] if safe_mode() else ["Load per-rank traces from a folder"])
-mode = st.radio("Source", sources, horizontal=True, key="dist_mode")
+mode = st.radio("Source", sources, horizontal=True, key="dist_mode", persist_state="session")
 c1, c2 = st.columns(2)
 thresholds = {
     "straggler_margin": option_input("distributed", "straggler_margin", c1, widget_key="dist_margin",
@@ -33,23 +33,27 @@ if mode == "Launch with torchrun":
     steps = option_input("distributed", "steps", c2, widget_key="dist_steps", label="Profiled steps", max_value=100)
     options = {"nproc": nproc, "steps": steps, "backend": backend, **thresholds}
     with st.expander("Fault injection (for demos)"):
-        if st.checkbox("Inject a straggler", key="dist_inject"):
+        if st.checkbox("Inject a straggler", key="dist_inject", persist_state="session"):
             c1, c2 = st.columns(2)
             options["straggler_rank"] = int(c1.number_input("Slow rank", min_value=0, max_value=int(nproc) - 1,
-                                                            value=min(1, int(nproc) - 1), key="dist_slow_rank"))
-            options["straggler_sleep_ms"] = float(c2.number_input("Sleep per step (ms)", min_value=1.0,
-                                                                  value=150.0, key="dist_sleep"))
-        if st.checkbox("Make a rank die", key="dist_die"):
+                                                            value=min(1, int(nproc) - 1), key="dist_slow_rank",
+                                                            persist_state="session"))
+            options["straggler_sleep_ms"] = float(c2.number_input("Sleep per step (ms)", min_value=1.0, value=150.0,
+                                                                  key="dist_sleep", persist_state="session"))
+        if st.checkbox("Make a rank die", key="dist_die", persist_state="session"):
             c1, c2 = st.columns(2)
             options["die_rank"] = int(c1.number_input("Dying rank", min_value=0, max_value=int(nproc) - 1,
-                                                      value=int(nproc) - 1, key="dist_die_rank"))
-            options["die_step"] = int(c2.number_input("At step", min_value=0, value=1, key="dist_die_step"))
+                                                      value=int(nproc) - 1, key="dist_die_rank",
+                                                      persist_state="session"))
+            options["die_step"] = int(c2.number_input("At step", min_value=0, value=1, key="dist_die_step",
+                                                      persist_state="session"))
     analysis, job_spec = "distributed", spec
     clicked = st.button("Run", type="primary", key="dist_run")
 else:
     folder = st.text_input("Folder with one trace per rank (on the dashboard's machine)", key="dist_folder",
-                           placeholder="/path/to/traces", help="*.json or *.json.gz, e.g. rank0.pt.trace.json; the "
-                           "rank comes from each trace's distributedInfo")
+                           persist_state="session", placeholder="/path/to/traces",
+                           help="*.json or *.json.gz, e.g. rank0.pt.trace.json; the rank comes from each trace's "
+                           "distributedInfo")
     options = {"trace_dir": folder.strip(), **thresholds}
     analysis, job_spec = "distributed_traces", None
     clicked = st.button("Analyse", type="primary", key="dist_load", disabled=not folder.strip())

@@ -6,7 +6,6 @@ import streamlit as st
 from diagnostics.units import human_seconds
 from ui import views
 from ui.jobs import get_store
-from ui.widgets import json_download
 from ui.frame import require_app
 
 require_app()
@@ -31,7 +30,10 @@ shown = table[mask].reset_index(drop=True)
 event = st.dataframe(shown, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
                      key="history_table")
 rows = event.selection.rows if event and event.selection else []
-run_id = shown.iloc[rows[0]]["id"] if rows else st.selectbox("Open run", shown["id"], key="history_pick")
+labels = {r["id"]: f"{r['started']} · {r['analysis']} · {r['model'] or '—'} · {r['status']}"
+          for r in shown.to_dict("records")}
+run_id = (shown.iloc[rows[0]]["id"] if rows
+          else st.selectbox("Open run", list(labels), format_func=labels.get, key="history_pick"))
 rec = store.get(run_id)
 if rec is None:
     st.warning("That run is no longer in the store.")
@@ -42,5 +44,4 @@ if rec.status == "running":
 elif rec.status != "ok":
     st.error(rec.error or rec.status)
 else:
-    views.show(rec.analysis, rec.result)
-    json_download(rec.result, f"{rec.id}.json", "Download this run (JSON)")
+    views.show(rec.analysis, rec.result, file_stem=rec.id)  # its downloads: the report and the JSON

@@ -22,7 +22,7 @@ if isinstance(preselect, list):  # an older hand-off: inference fix ids
 if preselect:
     st.session_state["opt_mode"] = "Training step" if preselect["mode"] == "train" else "Inference"
 st.session_state.setdefault("opt_mode", "Inference")
-mode_label = st.segmented_control("Trial", ["Inference", "Training step"], key="opt_mode",
+mode_label = st.segmented_control("Trial", ["Inference", "Training step"], key="opt_mode", persist_state="session",
                                   help="Inference: the model called under no_grad. Training step: forward, loss, "
                                        "backward and optimizer step, each fix training a copy from the same start.")
 mode = "train" if mode_label == "Training step" else "inference"
@@ -37,7 +37,7 @@ if preselect:
 with st.container(border=True):
     st.session_state.setdefault(fixes_key, ["inference_mode", "torchscript"] if mode == "inference"
                                 else ["activation_checkpointing", "fused_optimizer"])
-    chosen = st.multiselect("Fixes", list(titles), key=fixes_key, format_func=titles.get)
+    chosen = st.multiselect("Fixes", list(titles), key=fixes_key, persist_state="session", format_func=titles.get)
     params = {}
     with_params = [f for f in fixes if f.id in chosen and f.params]
     if with_params:
@@ -48,13 +48,13 @@ with st.container(border=True):
                 wkey = f"opt_{mode}_{fix.id}_{p.key}"
                 if p.kind == "choice":
                     v = col.selectbox(label, p.choices, index=p.choices.index(p.default), key=wkey,
-                                      help=p.help or None)
+                                      persist_state="session", help=p.help or None)
                 elif p.kind == "int":
                     v = col.number_input(label, int(p.lo), int(p.hi), int(p.default), 1, key=wkey,
-                                         help=p.help or None)
+                                         persist_state="session", help=p.help or None)
                 else:
                     v = col.slider(label, float(p.lo), float(p.hi), float(p.default), 0.05, key=wkey,
-                                   help=p.help or None)
+                                   persist_state="session", help=p.help or None)
                 if v != p.default:
                     params.setdefault(fix.id, {})[p.key] = v
     if mode == "train":

@@ -62,12 +62,37 @@ def _navigation_like_the_server():
 _navigation_like_the_server()
 
 
+def _until_jobs_end(at) -> None:
+    """In a browser a running job's panel reruns the page when the job ends (ui.jobs); AppTest runs a
+    script once per run(). So after each run, while this session has background jobs, wait for them
+    and run again: the test sees the page as the user sees it once the jobs are done."""
+    from ui.background import manager
+    from ui.state import JOB_RERUN, SESSION_ID
+
+    run_once = at._run
+
+    def run(widget_state=None, timeout=None):
+        result = run_once(widget_state, timeout)
+        session = at.session_state[SESSION_ID] if SESSION_ID in at.session_state else None
+        if session is not None and manager().pending(session):
+            if manager().wait(session, timeout or at.default_timeout):
+                at.session_state[JOB_RERUN] = True  # what the job panel sets before its st.rerun()
+                return at._tree.run(timeout=timeout)  # the current widgets, as the page's rerun has them
+        return result
+
+    at._run = run
+
+
 @pytest.fixture
 def new_app():
-    """Factory for an AppTest of the whole app (sidebar + navigation), started on the Model page."""
+    """Factory for an AppTest of the whole app (sidebar + navigation), started on the Model page.
+    ``follow_jobs`` (default): each run() returns once the background jobs it started have ended."""
     from streamlit.testing.v1 import AppTest
 
-    def make(timeout: float = 240):
-        return AppTest.from_file(APP_PATH, default_timeout=timeout)
+    def make(timeout: float = 240, follow_jobs: bool = True):
+        at = AppTest.from_file(APP_PATH, default_timeout=timeout)
+        if follow_jobs:
+            _until_jobs_end(at)
+        return at
 
     return make

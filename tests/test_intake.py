@@ -129,11 +129,11 @@ def test_truncated_and_corrupt_archives_are_named(tmp_path):
     cut = tmp_path / "cut.pt2"
     cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     with pytest.raises(ModelLoadError, match="cut.pt2 is not a torch.export archive"):
-        load_model(ModelSpec(source="export", name="cut", path=str(cut)))
+        load_model(ModelSpec(source="export", name="cut.pt2", path=str(cut)))
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"hello, not a model")
     with pytest.raises(ModelLoadError, match="junk.pt is not a TorchScript archive"):
-        load_model(ModelSpec(source="torchscript", name="junk", path=str(junk), inputs=(InputSpec((1, 4)),)))
+        load_model(ModelSpec(source="torchscript", name="junk.pt", path=str(junk), inputs=(InputSpec((1, 4)),)))
 
 
 PY_MODEL = textwrap.dedent("""
@@ -263,7 +263,30 @@ def test_a_tampered_torchscript_archive_is_refused_with_a_message(tmp_path):
                 data = b"def forward(self, x):\n    return x +* 1\n"  # not TorchScript
             zout.writestr(item, data)
     with pytest.raises(ModelLoadError) as err:
-        load_model(ModelSpec(source="torchscript", name="tampered", path=str(bad), inputs=(InputSpec((1, 4)),)))
+        load_model(ModelSpec(source="torchscript", name="tampered.ts.pt", path=str(bad),
+                             inputs=(InputSpec((1, 4)),)))
     msg = str(err.value)
     assert msg.startswith("tampered.ts.pt is not a loadable TorchScript archive: ")
     assert len(msg.split("RuntimeError: ", 1)[-1].strip()) > 10, msg  # the error itself, not an empty line
+
+
+def test_errors_name_an_upload_as_the_user_named_it_not_as_it_is_stored(tmp_path):
+    """An upload is stored as model.ts.pt / weights.pt (uploads.save_upload); errors use spec.name."""
+    from diagnostics.uploads import save_upload
+
+    path, _ = save_upload(b"not a zip at all" * 10, "torchscript", tmp_path, "my_net.pt")
+    assert path.name == "model.ts.pt"
+    with pytest.raises(ModelLoadError) as e:
+        load_model(ModelSpec(source="torchscript", name="my_net.pt", path=str(path), inputs=(InputSpec((2, 4)),)))
+    assert str(e.value).startswith("my_net.pt is not a TorchScript archive") and "model.ts.pt" not in str(e.value)
+
+    py, _ = save_upload(b"def build_model(:\n", "python", tmp_path, "net.py")
+    with pytest.raises(ModelLoadError, match=r"^net\.py has a syntax error at line 1"):
+        load_model(ModelSpec(source="python", name="net.py", path=str(py)))
+
+    good, _ = save_upload(PY_MODEL.encode(), "python", tmp_path, "net.py")
+    weights, _ = save_upload(b"\x00garbage" * 10, "weights", tmp_path, "w.safetensors")
+    with pytest.raises(ModelLoadError) as e:
+        load_model(ModelSpec(source="python", name="net.py", path=str(good), weights_path=str(weights)))
+    assert str(e.value).startswith("the weights file is not a valid .safetensors file")
+    assert "weights.safetensors" not in str(e.value)

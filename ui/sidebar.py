@@ -1,8 +1,8 @@
 """The shared sidebar: model picker (samples or uploads), inputs editor, device choice and facts.
 
 It ends by storing the current, validated ModelSpec in session state for every page to read.
-An upload replaces the current model only after a worker loaded it and ran one forward pass;
-otherwise its error is shown and the previous model stays.
+An upload replaces the current model only after a worker loaded it and ran one forward pass (in the
+background: ui.jobs); otherwise its error is shown and the previous model stays.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from diagnostics.units import human_bytes
 from diagnostics.uploads import MODEL_KINDS, save_upload
 from sample_models import DEFAULT_SAMPLE, SAMPLES
 from ui import state
-from ui.jobs import get_store, run_analysis
+from ui.jobs import cached_outcome, get_store, run_analysis
 from ui.notices import show_notices
 
 INT_DTYPES = ("int64", "int32")
@@ -85,27 +85,45 @@ def _upload_form() -> None:
     high = c2.number_input("Integer values below", min_value=1, max_value=2**31 - 1, value=DEFAULT_INT_HIGH,
                            key="sb_upload_high", help="integer inputs (token or class ids) are drawn from "
                                                       "[0, this): the vocabulary or number of classes")
-    if not st.button("Load model", type="primary", disabled=model_file is None, key="sb_load"):
+    if st.button("Load model", type="primary", disabled=model_file is None, key="sb_load"):
+        try:
+            store = get_store()
+            path, digest = save_upload(model_file.getvalue(), kind, store.data_dir, model_file.name)
+            weights_path = None
+            if weights_file is not None:
+                wpath, wdigest = save_upload(weights_file.getvalue(), "weights", store.data_dir, weights_file.name)
+                weights_path, digest = str(wpath), digest + wdigest[:16]
+            inputs = parse_inputs(shapes, dtype, int(high))
+            spec = ModelSpec(source=kind, name=model_file.name[:80], path=str(path), weights_path=weights_path,
+                             file_sha256=digest, trust_pickle=trust, inputs=inputs)
+        except TorchScopeError as e:
+            st.session_state[state.LOAD_ERROR] = str(e)
+            return
+        st.session_state[state.PENDING_LOAD] = {"spec": spec.to_dict(), "name": model_file.name}
+        run_analysis("validate", spec, force=True, label=f"Loading {model_file.name}")  # draws its panel
         return
-    try:
-        store = get_store()
-        path, digest = save_upload(model_file.getvalue(), kind, store.data_dir, model_file.name)
-        weights_path = None
-        if weights_file is not None:
-            wpath, wdigest = save_upload(weights_file.getvalue(), "weights", store.data_dir, weights_file.name)
-            weights_path, digest = str(wpath), digest + wdigest[:16]
-        inputs = parse_inputs(shapes, dtype, int(high))
-        spec = ModelSpec(source=kind, name=model_file.name[:80], path=str(path), weights_path=weights_path,
-                         file_sha256=digest, trust_pickle=trust, inputs=inputs)
-    except TorchScopeError as e:
-        st.session_state[state.LOAD_ERROR] = str(e)
+    _follow_load()
+
+
+def _follow_load() -> None:
+    """The upload being checked in a worker (in the background: its panel shows meanwhile): once it
+    ends, switch to the model, or keep the previous one and say why."""
+    pending = st.session_state.get(state.PENDING_LOAD)
+    if not pending:
         return
-    outcome = run_analysis("validate", spec, force=True, label=f"Loading {model_file.name}")
-    if outcome.ok:
+    spec, name = ModelSpec.from_dict(pending["spec"]), pending["name"]
+    outcome = cached_outcome("validate", spec)
+    if outcome is not None and outcome.status == "running":
+        return
+    del st.session_state[state.PENDING_LOAD]
+    if outcome is None:  # cancelled
+        st.session_state[state.LOAD_ERROR] = f"{name}: loading was cancelled; press Load model to try again"
+    elif outcome.ok:
         st.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": outcome.result}
         st.session_state[state.LOAD_ERROR] = None
-    else:
-        st.session_state[state.LOAD_ERROR] = f"{model_file.name}: {outcome.error}"
+    else:  # the loader's errors name the file already; others (the model rejected its inputs) do not
+        error = outcome.error or outcome.status
+        st.session_state[state.LOAD_ERROR] = error if error.startswith(name) else f"{name}: {error}"
 
 
 def _inputs_editor(base: ModelSpec, declared: tuple[InputSpec, ...]) -> ModelSpec | None:

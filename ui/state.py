@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import streamlit as st
 
 from diagnostics.spec import ModelSpec
@@ -14,6 +16,9 @@ MODEL_INFO = "ts_model_info"  # validate result for an uploaded model: inputs, o
 LOAD_ERROR = "ts_load_error"  # the last upload's error message, shown in the sidebar
 HISTORY_OPEN = "ts_history_open"  # run id the History page shows
 OPTIMIZE_PRESELECT = "ts_optimize_preselect"  # fix ids the Checklist's "Apply fix" hands to Optimize
+SESSION_ID = "ts_session_id"  # this session's background jobs are filed under it (ui.background)
+PENDING_LOAD = "ts_pending_load"  # an upload being checked in the background: {"spec", "name"}
+JOB_RERUN = "ts_job_rerun"  # set when a job's panel reruns the page because the job ended
 
 
 def current_spec() -> ModelSpec:
@@ -32,3 +37,9 @@ def results() -> dict:
 
 def cancelled() -> set:
     return st.session_state.setdefault(CANCELLED, set())
+
+
+def session_id() -> str:
+    """This browser session's id for its background jobs: lives as long as its session state (a
+    reload starts a new session; its jobs go on and are stored)."""
+    return st.session_state.setdefault(SESSION_ID, uuid.uuid4().hex)

@@ -1,8 +1,6 @@
-"""Small shared widgets: error boxes, metric rows, downloads."""
+"""Small shared widgets: error boxes, metric rows, option inputs (the downloads: ui.views.downloads)."""
 
 from __future__ import annotations
-
-import json
 
 import streamlit as st
 
@@ -10,7 +8,10 @@ from diagnostics.runner import JobOutcome
 
 
 def show_failure(outcome: JobOutcome) -> None:
-    """A readable error for a failed job, with the worker's last output folded away."""
+    """A readable error for a failed job, with the worker's last output folded away. A job still
+    running (ui.jobs) draws nothing: its progress panel is on the page already."""
+    if outcome.status == "running":
+        return
     heading = {"timeout": "Timed out", "crashed": "The worker crashed", "oom": "Out of memory",
                "cancelled": "Cancelled"}.get(outcome.status, "Failed")
     st.error(f"**{heading}:** {outcome.error}")
@@ -29,11 +30,6 @@ def metric_row(items: list[tuple[str, str, str | None]]) -> None:
         col.metric(label, value, help=help_)
 
 
-def json_download(result: dict, name: str, label: str = "Download result (JSON)") -> None:
-    st.download_button(label, json.dumps(result, indent=1, default=str).encode(), file_name=name,
-                       mime="application/json", on_click="ignore")
-
-
 def option_input(analysis: str, key: str, container=None, *, widget_key: str | None = None,
                  label: str | None = None, radio: bool = False, format_func=None, scale: float = 1.0, **kwargs):
     """A widget for one declared option of ``analysis``: its label, default, bounds, choices and help
@@ -41,11 +37,14 @@ def option_input(analysis: str, key: str, container=None, *, widget_key: str | N
     value in the option's own terms (``scale`` shows a fraction as a percentage and maps it back).
 
     ``radio``: a choice as horizontal radio buttons instead of a select box. Other keyword arguments go
-    to the Streamlit widget (``step``, ``disabled``...)."""
+    to the Streamlit widget (``step``, ``disabled``...). The value is kept across page switches
+    (``persist_state="session"``), so a page shows the job its settings started when the user comes back."""
     from diagnostics.registry import ANALYSES
 
     o = ANALYSES[analysis].option(key)
     c = container or st
+    # A page's settings survive a visit to another page: its job (ui.jobs) is found again on return.
+    kwargs.setdefault("persist_state", "session")
     wkey = widget_key or f"{analysis}_{key}"
     label = label or o.title
     help_ = kwargs.pop("help", None) or o.help or None

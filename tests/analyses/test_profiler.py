@@ -323,3 +323,23 @@ def test_timeline_comes_from_the_trace_explorer_engine(trained):
     assert [round(e["dur_ms"], 6) for e in steps] == [round(s["step_ms"], 6) for s in result["steps"]]
     assert tl["shown_events"] == len(tl["events"]) <= tl["total_events"]
     assert set(e["lane"] for e in tl["events"]) == set(tl["lanes"])
+
+
+def test_a_torchscript_model_says_why_it_has_no_module_times(tmp_path):
+    """TorchScript modules take no Python hooks: with_modules on still gives no module rows, and the
+    result says why (not "turn with_modules on")."""
+    scripted = torch.jit.script(small_model())
+    result, _ = run_profile(scripted, (torch.randn(2, 3, 8, 8),), {**SMALL, "with_modules": True, "roofline": False},
+                            tmp_path)
+    assert result["config"]["with_modules"] is True and result["modules"] == []
+    assert "TorchScript model" in result["modules_note"] and "with_modules was on" in result["modules_note"]
+    assert result["modules_note"] in result["notes"]
+    assert any(r["name"] == "aten::conv2d" for r in result["operators"])  # the rest was measured
+
+    (tmp_path / "p").mkdir()
+    (tmp_path / "o").mkdir()
+    plain, _ = run_profile(small_model(), (torch.randn(2, 3, 8, 8),), {**SMALL, "roofline": False}, tmp_path / "p")
+    assert plain["modules"] and plain["modules_note"] is None
+    off, _ = run_profile(small_model(), (torch.randn(2, 3, 8, 8),), {**SMALL, "with_modules": False,
+                                                                     "roofline": False}, tmp_path / "o")
+    assert off["modules"] == [] and "it was off" in off["modules_note"]

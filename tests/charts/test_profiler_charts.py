@@ -68,6 +68,17 @@ def test_module_icicle_sizes_are_self_times(result):
     assert charts.build_module_tree_figure(result, "backward").data[0].type == "icicle"
 
 
+def test_no_module_times_are_explained_by_the_result_or_its_setting(result):
+    note = "no per-module times: a TorchScript model is a compiled graph"
+    text = charts.build_module_tree_figure({**result, "modules": [], "modules_note": note}).layout.annotations[0].text
+    assert text == note
+    stored_before = {k: v for k, v in result.items() if k != "modules_note"}  # a profile stored before the note
+    off = {**stored_before, "modules": [], "config": {**result["config"], "with_modules": False}}
+    on = {**stored_before, "modules": [], "config": {**result["config"], "with_modules": True}}
+    assert charts.modules_missing(off) == "per-module times need with_modules (module ranges); it was off"
+    assert charts.modules_missing(on) == "no per-module times were recorded (with_modules was on)"
+
+
 def test_kernel_chart_without_and_with_kernels(result):
     assert "CUDA did not run" in charts.build_kernel_figure(result).layout.annotations[0].text
     fake = {"kernels": [

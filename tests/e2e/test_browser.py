@@ -3,7 +3,9 @@
 Path: pick a sample model -> the Model page shows its parameters -> run a profile -> the charts
 are drawn -> download the Chrome trace and parse it -> History lists the runs. A second test
 uploads a Python-file model that hangs, presses Cancel and checks that the worker is gone, the
-run is stored as 'cancelled' and the page offers "Run again" instead of restarting the job.
+run is stored as 'cancelled' and the page offers "Run again" instead of restarting the job. A third
+starts a profile, opens History while it runs and comes back to the finished profile (leaving a page
+does not cancel its job).
 Screenshots of each page go to test-artifacts/screenshots/. Uses Debian's /usr/bin/chromium
 (never `playwright install`); without it the tests skip, except under CI (env CI set): fail.
 """
@@ -313,3 +315,39 @@ def test_cancel_stops_the_worker_and_the_page_offers_run_again(server, page, tmp
             page.get_by_role("button", name="Run again").click()
     assert [r["status"] for r in runs(data) if r["analysis"] == "summary"
             and "sleepy_model.py" in (r["model_label"] or "")] == ["cancelled", "cancelled"]
+
+
+def test_a_profile_runs_on_while_another_page_is_open(server, page):
+    """Leaving a page does not cancel its job: start a profile, open another page, come back to the
+    finished profile; the store has it as 'ok', never 'cancelled'."""
+    data = server["data"]
+    choose(page, "Sample model", "cnn")
+    page.get_by_text(re.compile(r"^cnn \(sample\) · ")).wait_for(timeout=JOB_TIMEOUT_MS)  # the Model page's summary
+    open_page(page, "Profiler")
+    page.get_by_role("spinbutton", name="Latency timed iterations").fill("300")  # long enough to leave it running
+    page.keyboard.press("Enter")
+    wait_idle(page)
+    page.get_by_role("button", name=re.compile("Run profile")).click()
+    page.get_by_text(re.compile(r"^Profiler: (starting|running)")).wait_for()
+    page.get_by_text("you may open other pages and come back").wait_for()
+
+    def profiles() -> list[dict]:
+        return [r for r in runs(data) if r["analysis"] == "profile" and r["model_label"] == "cnn (sample)"]
+
+    row = _wait(lambda: [r for r in profiles() if r["status"] == "running"], 60, "the profile to be running")[0]
+    shot(page, "20-profile-running")
+
+    open_page(page, "History")  # the Profiler's script run ends here; its job goes on
+    shot(page, "21-history-while-profiling")
+    done = _wait(lambda: [r for r in profiles() if r["id"] == row["id"] and r["status"] != "running"],
+                 JOB_TIMEOUT_MS / 1000, "the profile to finish while its page is closed")[0]
+    assert done["status"] == "ok", done["error"]
+
+    open_page(page, "Profiler")
+    assert page.get_by_role("spinbutton", name="Latency timed iterations").input_value() == "300"  # kept
+    page.locator(".js-plotly-plot").first.wait_for(timeout=JOB_TIMEOUT_MS)
+    assert page.locator('[data-testid="stMetricLabel"]').filter(has_text="Median latency").count()
+    assert not page.get_by_text("No profile yet").count()
+    assert not page.locator('[data-testid="stException"]').count()
+    shot(page, "22-profile-back-and-done")
+    assert [r["status"] for r in profiles()] == ["ok"]

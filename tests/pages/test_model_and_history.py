@@ -37,3 +37,17 @@ def test_history_reopens_a_run_without_recomputing(new_app):
     assert at.title[0].value == "History"
     assert "summary" in at.subheader[0].value
     assert [m.label for m in at.metric][:1] == ["Parameters"]
+
+
+def test_history_names_its_runs_and_offers_each_download_once(new_app):
+    from ui.jobs import get_store
+
+    at = new_app().run()  # the Model page's summary: at least one run in the store
+    at.switch_page("pages/history.py").run()
+    newest = get_store().list(limit=1)[0]
+    pick = at.selectbox(key="history_pick")
+    assert pick.value == newest.id
+    assert pick.options[0].startswith(f"{__import__('pandas').Timestamp(newest.started, unit='s'):%Y-%m-%d %H:%M:%S}"
+                                      f" · {newest.analysis} · {newest.model_label} · {newest.status}")
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels.count("Download result (JSON)") == 1 and labels.count("Download report (HTML)") == 1, labels

@@ -11,6 +11,7 @@ from diagnostics.runner import Job, run_job
 from diagnostics.spec import InputSpec
 from diagnostics.store import Store
 from ui import state
+from ui.background import manager as ui_manager
 from ui.sidebar import parse_inputs
 
 PACKED = textwrap.dedent("""
@@ -110,3 +111,23 @@ def test_a_failed_run_is_shown_again_not_rerun_until_asked(new_app):
     assert any("last attempt's error" in c.value for c in at.caption)
     at.button[0].click().run()  # Recompute: one more try
     assert failures() == before + 2
+
+
+def test_a_failed_upload_names_the_users_file_and_leaves_no_progress_panel(new_app):
+    at = new_app(follow_jobs=False).run()
+    at.sidebar.radio(key="sb_source").set_value("Upload a file").run()
+    at.sidebar.selectbox(key="sb_upload_kind").set_value("torchscript")
+    at.sidebar.text_input(key="sb_upload_shapes").set_value("2,4")
+    at.sidebar.file_uploader(key="sb_upload_model").upload("my_net.pt", b"not a TorchScript archive" * 4).run()
+    at.sidebar.button(key="sb_load").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    # While the worker checks it: a panel in the sidebar, and the previous model stays.
+    assert [s.label.split(": ")[0] for s in at.sidebar.status] == ["Loading my_net.pt"]
+    assert ui_manager().wait(at.session_state[state.SESSION_ID], 120)
+    at.run()  # the panel's refresh once the job ended
+    errors = [e.value for e in at.sidebar.error]
+    assert errors == ["my_net.pt is not a TorchScript archive (torch.jit.save): it is not a zip archive (corrupt or "
+                      "wrong kind of file)"], errors
+    assert "model.ts.pt" not in errors[0]
+    assert not at.sidebar.status and not [b for b in at.sidebar.button if b.label == "Cancel"]
+    assert at.session_state[state.SPEC].source == "sample"  # the previous model stays

@@ -24,7 +24,8 @@ def view_of(analysis: str) -> Callable[[dict], None] | None:
     return getattr(module, "VIEWS", {}).get(analysis)
 
 
-def show(analysis: str, result: dict) -> None:
+def show(analysis: str, result: dict, *, file_stem: str | None = None) -> None:
+    """The result's view, then its downloads (``file_stem``: the JSON file's name, default the analysis)."""
     import streamlit as st
 
     machine_banner(result)
@@ -33,7 +34,7 @@ def show(analysis: str, result: dict) -> None:
         st.json(result, expanded=False)
     else:
         view(result)
-    report_download(analysis, result)
+    downloads(analysis, result, file_stem=file_stem)
 
 
 def machine_banner(result: dict) -> None:
@@ -55,8 +56,9 @@ def machine_banner(result: dict) -> None:
         st.caption(f"Machine: {line}")
 
 
-def report_download(analysis: str, result: dict) -> None:
-    """'Download report (HTML)': the CLI's self-contained report, built only when clicked."""
+def downloads(analysis: str, result: dict, *, file_stem: str | None = None) -> None:
+    """The result's two downloads, in one row, once per page: 'Download report (HTML)' (the CLI's
+    self-contained report, built only when clicked) and 'Download result (JSON)'."""
     import hashlib
     import json
 
@@ -64,10 +66,16 @@ def report_download(analysis: str, result: dict) -> None:
 
     from diagnostics.render.html import build_report
 
-    digest = hashlib.sha1(json.dumps(result, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    text = json.dumps(result, sort_keys=True, default=str)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
     model = result.get("model") if isinstance(result, dict) else None
     title = f"TorchScope {analysis}" + (f": {model}" if model else "")
-    st.download_button("Download report (HTML)", lambda: build_report(analysis, result, title).encode("utf-8"),
+    c1, c2, _ = st.columns([1, 1, 2])
+    c1.download_button("Download report (HTML)", lambda: build_report(analysis, result, title).encode("utf-8"),
                        file_name=f"torchscope-{analysis}-{digest}.html", mime="text/html",
                        key=f"report-{analysis}-{digest}", on_click="ignore", icon=":material/download:",
                        help="One HTML file with the charts and tables; opens offline (plotly.js inlined)")
+    c2.download_button("Download result (JSON)", json.dumps(result, indent=1, default=str).encode(),
+                       file_name=f"{file_stem or analysis}.json", mime="application/json",
+                       key=f"json-{analysis}-{digest}", on_click="ignore", icon=":material/data_object:",
+                       help="The plain result, as stored in the run history")

@@ -12,7 +12,7 @@ from diagnostics.render.charts.checklist import build_score_gauge_figure, build_
 from diagnostics.analyses.checklist.report import build_markdown
 from diagnostics.analyses.checklist import SCORE_FORMULA
 from diagnostics.analyses.checklist.rules import CATEGORIES, STATUS_LABEL, STATUSES
-from ui.widgets import json_download, metric_row
+from ui.widgets import metric_row
 
 ICON = {"pass": ":material/check_circle:", "warn": ":material/warning:", "fail": ":material/cancel:",
         "error": ":material/bug_report:", "not_applicable": ":material/remove_circle_outline:"}
@@ -95,12 +95,8 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None, ranked: l
         st.dataframe(pd.DataFrame(result["thresholds"]), hide_index=True, width="stretch",
                      column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
                                     "meaning": "Meaning"})
-    d1, d2 = st.columns(2)
-    with d1:
-        st.download_button("Report (Markdown)", build_markdown(result).encode(), file_name="checklist.md",
-                           mime="text/markdown", icon=":material/description:", on_click="ignore")
-    with d2:
-        json_download(result, "checklist.json")
+    st.download_button("Report (Markdown)", build_markdown(result).encode(), file_name="checklist.md",
+                       mime="text/markdown", icon=":material/description:", on_click="ignore")
 
 
 #: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).

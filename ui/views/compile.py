@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.render.charts.compile import build_compile_time_figure, build_graphs_figure, build_timing_figure
-from ui.widgets import json_download, metric_row
+from ui.widgets import metric_row
 
 
 def _s(v) -> str:
@@ -64,7 +64,6 @@ def show(result: dict) -> None:
         st.plotly_chart(build_timing_figure(result), width="stretch")
         if result["compile_frames"]:
             st.plotly_chart(build_compile_time_figure(result), width="stretch")
-    json_download(result, "compile.json")
 
 
 VIEWS = {"compile": show}

@@ -9,7 +9,7 @@ import streamlit as st
 from diagnostics.render.charts.distributed import (build_breakdown_figure, build_collectives_figure,
                                             build_overlap_figure, build_rank_step_figure)
 from diagnostics.units import human_bytes
-from ui.widgets import json_download, metric_row
+from ui.widgets import metric_row
 
 
 def _ms(v) -> str:
@@ -99,7 +99,6 @@ def show(result: dict) -> None:
     if launch.get("command"):
         with st.expander("torchrun command"):
             st.code(launch["command"], language="bash")
-    json_download(result, "distributed.json")
 
 
 #: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).

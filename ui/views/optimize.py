@@ -13,7 +13,7 @@ from diagnostics.render.charts.optimize import (build_fidelity_figure, build_lat
                                                 build_train_fidelity_figure)
 from diagnostics.analyses.optimize.assess import assess, ranked
 from diagnostics.units import human_bytes
-from ui.widgets import json_download, metric_row
+from ui.widgets import metric_row
 
 
 def trials_table(result: dict) -> pd.DataFrame:
@@ -122,7 +122,6 @@ def show(result: dict) -> None:
         st.markdown("**Optimized models** (the fixed copy, and the recipe that reproduces it)")
         for r in arts:
             _artifact_row(r)
-    json_download(result, "optimize.json")
 
 
 def _artifact_row(r: dict) -> None:

@@ -10,9 +10,9 @@ import streamlit as st
 from diagnostics.render.charts.profiler import (build_device_split_figure, build_kernel_figure,
                                          build_latency_histogram_figure, build_module_tree_figure,
                                          build_roofline_figure, build_step_breakdown_figure, build_timeline_figure,
-                                         build_top_operators_figure)
+                                         build_top_operators_figure, modules_missing)
 from diagnostics.units import human_bytes, human_count
-from ui.widgets import json_download, metric_row
+from ui.widgets import metric_row
 
 ARTIFACTS = (  # result key, button label, mime
     ("trace_json", "Chrome trace (.json)", "application/json"),
@@ -138,7 +138,6 @@ def show(result: dict) -> None:
         st.plotly_chart(build_timeline_figure(result), width="stretch")
     with tabs[7]:
         _downloads(result)
-    json_download(result, "profile.json")
 
 
 def _operators(result: dict) -> None:
@@ -175,7 +174,8 @@ def _operators(result: dict) -> None:
 
 def _modules(result: dict) -> None:
     if not result["modules"]:
-        st.info("No per-module times: run with 'with_modules' on.")
+        why = modules_missing(result)
+        st.info(why[:1].upper() + why[1:] + ".")
         return
     which = st.radio("Pass", ["forward", "backward"], horizontal=True, key="prof_module_pass",
                      disabled=result["mode"] != "train")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from diagnostics.render.charts.summary import build_param_treemap_figure, build_top_layers_figure
 from diagnostics.units import human_bytes, human_count
-from ui.widgets import json_download, metric_row
+from ui.widgets import metric_row
 
 
 def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
@@ -66,7 +66,6 @@ def show(result: dict) -> None:
         c1, c2 = st.columns(2)
         c1.plotly_chart(build_top_layers_figure(result, "params"), width="stretch")
         c2.plotly_chart(build_top_layers_figure(result, "flops"), width="stretch")
-    json_download(result, "summary.json")
 
 
 #: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).

@@ -124,6 +124,19 @@ def module_ranges(model):
                     pass
 
 
+def modules_missing(model, with_modules: bool, module_rows: list) -> str | None:
+    """Why the profile has no per-module times, or None when it has them."""
+    if not with_modules:
+        return "per-module times need with_modules (module ranges); it was off"
+    if module_rows:
+        return None
+    if isinstance(model, torch.jit.ScriptModule):
+        return ("no per-module times: a TorchScript model is a compiled graph that takes no Python forward "
+                "hooks, so its modules cannot be timed one by one (with_modules was on); operators and steps "
+                "are measured. Profile the Python model or a torch.export archive for module times")
+    return "no per-module times: with_modules was on but no module ran a forward inside the profiled steps"
+
+
 def operator_rows(key_averages, by_shape: bool = False, skip: frozenset[str] = frozenset()) -> list[dict]:
     """key_averages as records (times in ms, memory in bytes); user ranges, [memory], the names in
     ``skip`` (Python frames recorded by with_stack) and device-side rows left out: on CUDA
@@ -336,8 +349,9 @@ def analyze(ctx, options: dict) -> dict:
                      "tb_trace.zip every cycle")
     if opts["warmup"] == 0:
         notes.append("no profiler warmup: the first recorded step includes the profiler's start-up cost")
-    if not opts["with_modules"]:
-        notes.append("per-module times need with_modules (module ranges); it was off")
+    modules_note = modules_missing(model, opts["with_modules"], module_rows)
+    if modules_note:
+        notes.append(modules_note)
     if opts["mode"] == "train":
         notes.append(f"training steps ran {opts['optimizer'].upper()} (lr {opts['lr']:g}) on the loaded copy "
                      "of the model; the weights changed in the worker only")
@@ -371,7 +385,7 @@ def analyze(ctx, options: dict) -> dict:
         "inputs": [{"shape": list(s.shape), "dtype": s.dtype} for s in loaded.input_specs],
         "loss": loaded.loss_name if opts["mode"] == "train" else None,
         "metrics": metrics, "latency": latency, "timing_cv": latency["cv"], "steps": steps, "device_split": split,
-        "operators": operators, "operators_by_shape": by_shape, "modules": module_rows,
+        "operators": operators, "operators_by_shape": by_shape, "modules": module_rows, "modules_note": modules_note,
         "kernels": kernels_ev, "timeline": timeline,
         "roofline": roof["rows"] if roof else [], "roofs": roof["roofs"] if roof else None, "artifacts": artifacts, "notes": notes,
         "torch_version": torch.__version__,

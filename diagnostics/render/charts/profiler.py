@@ -3,6 +3,7 @@ kernels and a zoomable timeline. Each takes the plain result dict; times are sho
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -106,11 +107,21 @@ def build_top_operators_figure(result: dict, n: int = 15, by: str = "self_cpu_ms
     return fig
 
 
+def modules_missing(result: dict) -> str:
+    """Why a profile has no module times: the analysis says (modules_note); a profile stored before it
+    did is told apart by its with_modules setting."""
+    if result.get("modules_note"):
+        return result["modules_note"]
+    if not result.get("config", {}).get("with_modules"):
+        return "per-module times need with_modules (module ranges); it was off"
+    return "no per-module times were recorded (with_modules was on)"
+
+
 def build_module_tree_figure(result: dict, which: str = "forward") -> go.Figure:
     """Icicle of the module tree; a box's size is its module's inclusive forward or backward time (ms)."""
     mods = [m for m in result["modules"] if m["name"] != "(backward, no module)"]
     if not mods:
-        return _empty(f"Module {which} time", "no module times (with_modules was off)")
+        return _empty(f"Module {which} time", "<br>".join(textwrap.wrap(modules_missing(result), 90)))
     self_key = f"{which}_self_ms"
     if not any(m[f"{which}_ms"] for m in mods):
         return _empty(f"Module {which} time", f"no {which} time recorded"
