@@ -75,7 +75,10 @@ def _used(offs, default: int) -> int:
         return default
     if offs.device.type == "meta" or offs.numel() == 0:
         raise Uncountable("grouped matmul offsets are not readable")
-    return int(offs[-1].item())
+    try:
+        return int(offs[-1].item())
+    except Exception as e:  # a fake or symbolic tensor (tracing): its values do not exist yet
+        raise Uncountable("grouped matmul offsets are not readable") from e
 
 
 def grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> int:
