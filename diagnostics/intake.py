@@ -9,12 +9,14 @@ Every failure raises a ModelLoadError whose message names the problem.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import pickle
 import re
 import sys
 import tempfile
 import uuid
+import warnings
 import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError
+from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError, clean_message, explain
 from diagnostics.graph_ops import check_exported, check_torchscript
 from diagnostics.sandbox import graph_code_refusal
 from diagnostics.settings import SAFE_MODE_ENV, safe_mode  # noqa: F401 (re-exported)
@@ -212,11 +214,49 @@ def _no_code_in_pickles():
             _package.pickle = saved_pickle
 
 
+class _Kept(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def _load_problems():
+    """What torch.export.load logs and warns while it reads an archive. A failed load logs its real
+    cause (with the exception) and then raises "check the warnings above", which a job's log hides."""
+    kept = _Kept()
+    logger = logging.getLogger("torch.export")
+    logger.addHandler(kept)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield kept.records, caught
+    finally:
+        logger.removeHandler(kept)
+
+
+def _export_load_failure(e: Exception, records: list, caught: list) -> str:
+    """The cause of a failed torch.export.load: the exception it logged, else what it logged or warned."""
+    logged = next((r.exc_info[1] for r in records if r.exc_info and r.exc_info[1] is not None), None)
+    if logged is not None:
+        return explain(logged)
+    said = [clean_message(r.getMessage(), 300) for r in records] + [clean_message(str(w.message), 300) for w in caught]
+    text = explain(e)
+    if said:
+        text = text.replace(" Please check the warnings above for possible errors.", "") + " (it said: " + \
+            "; ".join(dict.fromkeys(x for x in said if x)) + ")"
+    return text
+
+
 def _load_export(path: Path, name: str):
     _check_zip(path, "torch.export archive (.pt2)", "export", name)
     graph_code_refusal("torch.export (.pt2) models")
+    records, caught = [], []
     try:
-        with _no_code_in_pickles():
+        with _no_code_in_pickles(), _load_problems() as (records, caught):
             ep = torch.export.load(str(path))
     except (_PickleRefused, pickle.UnpicklingError) as e:
         found = _refused_global(e)
@@ -225,8 +265,8 @@ def _load_export(path: Path, name: str):
                          "code. TorchScope opens .pt2 archives that hold only tensors and plain values; export "
                          "the model again without custom objects") from e
     except Exception as e:
-        raise ModelLoadError(f"{name} is not a loadable torch.export archive (.pt2): {type(e).__name__}: "
-                             f"{_first_line(e)}") from e
+        raise ModelLoadError(f"{name} is not a loadable torch.export archive (.pt2): "
+                             f"{_export_load_failure(e, records, caught)}") from e
     if safe_mode():
         check_exported(ep, name)
     module = ep.module()

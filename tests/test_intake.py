@@ -290,3 +290,82 @@ def test_errors_name_an_upload_as_the_user_named_it_not_as_it_is_stored(tmp_path
         load_model(ModelSpec(source="python", name="net.py", path=str(good), weights_path=str(weights)))
     assert str(e.value).startswith("the weights file is not a valid .safetensors file")
     assert "weights.safetensors" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- a .pt2 with a library's output type
+EXPORT_WITH_OWN_OUTPUT = textwrap.dedent("""
+    import dataclasses, sys
+    import torch
+    from torch import nn
+    from torch.utils._pytree import register_dataclass
+
+    @dataclasses.dataclass
+    class LMOutput:  # registered here only, as transformers registers its ModelOutput classes on import
+        logits: torch.Tensor
+
+    register_dataclass(LMOutput, serialized_type_name="somelib.outputs.LMOutput")
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(50, 8), nn.Linear(8, 50)
+
+        def forward(self, ids):
+            return LMOutput(self.head(self.emb(ids)))
+
+    torch.export.save(torch.export.export(LM(), (torch.randint(0, 50, (2, 5)),)), sys.argv[1])
+""")
+
+
+def _fails_to_load(path) -> str:
+    with pytest.raises(ModelLoadError) as err:
+        load_model(ModelSpec(source="export", name=path.name, path=str(path), inputs=(InputSpec((2, 5), "int64", high=50),)))
+    return str(err.value)
+
+
+def test_a_pt2_whose_output_type_is_not_registered_says_so_and_what_to_do(tmp_path):
+    """torch.export.load logs the cause and raises 'check the warnings above', which a job never shows."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "lm.pt2"
+    subprocess.run([sys.executable, "-c", EXPORT_WITH_OWN_OUTPUT, str(path)], check=True, capture_output=True)
+    message = _fails_to_load(path)
+    assert message.startswith("lm.pt2 is not a loadable torch.export archive (.pt2): NotImplementedError: "
+                              "Deserializing somelib.outputs.LMOutput in pytree is not registered. -- what to do: "
+                              "the model's inputs or outputs use a container type (here somelib.outputs.LMOutput)")
+    assert "Export a wrapper whose forward returns the logits (a tensor or a tuple of tensors)" in message
+    assert "warnings above" not in message
+
+
+def test_a_pt2_returning_a_transformers_model_output_says_what_to_do(tmp_path):
+    """Exported where transformers is imported (its ModelOutput classes registered); loaded in a fresh
+    worker-like interpreter, which never imports transformers."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    from transformers.modeling_outputs import CausalLMOutput
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(50, 8), nn.Linear(8, 50)
+
+        def forward(self, ids):
+            return CausalLMOutput(logits=self.head(self.emb(ids)))
+
+    path = tmp_path / "hf.pt2"
+    torch.export.save(torch.export.export(LM(), (torch.randint(0, 50, (2, 5)),)), str(path))
+    load = ("import json, sys\nfrom diagnostics.intake import load_model\nfrom diagnostics.spec import InputSpec, "
+            "ModelSpec\ntry:\n    load_model(ModelSpec(source='export', name='hf.pt2', path=sys.argv[1], "
+            "inputs=(InputSpec((2, 5), 'int64', high=50),)))\nexcept Exception as e:\n"
+            "    print(json.dumps([type(e).__name__, str(e), 'transformers' in sys.modules]))\n")
+    out = subprocess.run([sys.executable, "-c", load, str(path)], check=True, capture_output=True, text=True,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1])).stdout
+    kind, message, imported = json.loads(out.strip().splitlines()[-1])
+    assert kind == "ModelLoadError" and not imported
+    assert ("NotImplementedError: Deserializing transformers.modeling_outputs.CausalLMOutput in pytree is not "
+            "registered. -- what to do: ") in message
+    assert "`return model(ids, use_cache=False).logits`" in message and "warnings above" not in message

@@ -4,9 +4,11 @@ bytes moved per step, measured time), and how far from its roof each one ran.
 * ``measure_roofs(device, dtype)``: dense GEMM FLOP/s (an n x n matmul) and memory bandwidth (a
   large copy: bytes read + bytes written), timed with the one timer; datasheet peaks beside them for
   known GPUs.
-* ``count_ops(fn)``: run ``fn`` (one step) under torch's FlopCounterMode (the same FLOP formulas as
-  the Model page, attention included) and a dispatch mode that sums the bytes of every op's tensor
-  inputs and outputs (views move nothing and count 0): FLOPs, bytes and calls per aten op.
+* ``count_ops(fn)``: run ``fn`` (one step) under ``flops.FlopCounter`` (the same FLOP formulas as
+  the Model page: FlopCounterMode's plus grouped matmuls and fused attention) and a dispatch mode that
+  sums the bytes of every op's tensor inputs and outputs (views move nothing and count 0): FLOPs,
+  bytes and calls per aten op, and the ops whose FLOPs could not be counted.
+* ``not_counted_rows(count, times_ms)``: those ops with their share of the measured op time.
 * ``roofline_rows(ops, times_ms, roofs)``: per op, achieved FLOP/s, arithmetic intensity, the roof
   at that intensity, compute- or memory-bound, the time at the roof and the headroom.
 * ``mfu(model_flops, step_ms, peak)``: model FLOPs utilisation of a step.
@@ -21,6 +23,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from diagnostics.measure.flops import FlopCount, FlopCounter, op_name
 from diagnostics.measure.timer import sync, time_calls
 
 #: Dense peak FLOP/s and memory bandwidth from the datasheets (dense, no sparsity), by name fragment.
@@ -112,38 +115,27 @@ class _Bytes(TorchDispatchMode):
         return out
 
 
-def op_name(func) -> str:
-    """'aten::addmm', as torch.profiler names the op."""
-    packet = getattr(func, "overloadpacket", func)
-    ns = getattr(func, "namespace", "aten")
-    return f"{ns}::{getattr(packet, '__name__', str(packet)).split('.')[-1]}"
-
-
-def count_ops(fn: Callable[[], object], root: str | None = None) -> tuple[dict[str, dict], int, dict[str, int]]:
-    """Per aten op of one call of ``fn``: {"flops", "bytes", "calls"}; the total FLOPs; and FLOPs per
-    module (qualified name, "" for the root; FlopCounterMode's module tracking) when ``root`` names
-    the model's class."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
+def count_ops(fn: Callable[[], object], root: str | None = None) -> tuple[dict[str, dict], FlopCount]:
+    """Per aten op of one call of ``fn``: {"flops", "bytes", "calls"}, and the ``FlopCount`` (total,
+    FLOPs per module when ``root`` names the model's class, the ops not counted)."""
+    counter = FlopCounter()
     moved = _Bytes()
     with counter, moved:
         fn()
-    counts = counter.get_flop_counts()
-    flops: dict[str, int] = defaultdict(int)
-    for packet, n in counts.get("Global", {}).items():
-        flops[op_name(packet)] += int(n)
-    ops = {name: {"flops": int(flops.get(name, 0)), "bytes": int(moved.bytes.get(name, 0)),
-                  "calls": int(moved.calls[name])} for name in set(moved.calls) | set(flops)}
-    modules: dict[str, int] = {}
-    if root:
-        for key, per_op in counts.items():
-            if key == "Global":
-                continue
-            name = key[len(root) + 1:] if key.startswith(root + ".") else ("" if key == root else None)
-            if name is not None:
-                modules[name] = int(sum(per_op.values()))
-    return ops, int(counter.get_total_flops()), modules
+    count = counter.result(root)
+    ops = {name: {"flops": int(count.by_op.get(name, 0)), "bytes": int(moved.bytes.get(name, 0)),
+                  "calls": int(moved.calls[name])} for name in set(moved.calls) | set(count.by_op)}
+    return ops, count
+
+
+def not_counted_rows(count: FlopCount, times_ms: dict[str, float]) -> list[dict]:
+    """The ops the FLOP count left out, each with its measured time per step and share of all op time."""
+    total = sum(t for t in times_ms.values() if t and t > 0)
+    rows = [{"op": op, "calls": d["calls"], "modules": d["modules"], "time_ms": times_ms.get(op),
+             "pct_of_time": 100.0 * times_ms[op] / total if total and times_ms.get(op) else None}
+            for op, d in count.not_counted.items()]
+    rows.sort(key=lambda r: -(r["time_ms"] or 0.0))
+    return rows
 
 
 def roofline_rows(ops: dict[str, dict], times_ms: dict[str, float], roofs: dict) -> list[dict]:
@@ -176,14 +168,17 @@ def roofline_rows(ops: dict[str, dict], times_ms: dict[str, float], roofs: dict)
 
 
 def module_mfu(rows: list[dict], module_flops: dict[str, int], steps: int, peak_flops: float,
-               root_name: str) -> None:
-    """Add ``flops`` and ``mfu`` to each module row of the profiler (forward + backward time per step)."""
+               root_name: str, not_counted: dict[str, dict[str, int]] | None = None) -> None:
+    """Add ``flops``, ``mfu`` and ``flops_not_counted`` (the ops under the module whose FLOPs the count
+    leaves out, or None) to each module row of the profiler (forward + backward time per step)."""
     for r in rows:
         key = "" if r["name"] == root_name else r["name"]
         f = module_flops.get(key)
         t_ms = ((r.get("forward_ms") or 0.0) + (r.get("backward_ms") or 0.0)) / max(1, steps)
+        missing = sorted((not_counted or {}).get(key, {}))
         r["flops"] = f
         r["mfu"] = mfu(f, t_ms, peak_flops) if f else None
+        r["flops_not_counted"] = ", ".join(missing) or None
 
 
 def mfu(model_flops: float, step_ms: float, peak_flops: float) -> float | None:

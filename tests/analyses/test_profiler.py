@@ -343,3 +343,42 @@ def test_a_torchscript_model_says_why_it_has_no_module_times(tmp_path):
     off, _ = run_profile(small_model(), (torch.randn(2, 3, 8, 8),), {**SMALL, "with_modules": False,
                                                                      "roofline": False}, tmp_path / "o")
     assert off["modules"] == [] and "it was off" in off["modules_note"]
+
+
+# ----------------------------------------------------------------------------- FLOPs not counted
+@torch.library.custom_op("torchscope_test::profile_mystery", mutates_args=())
+def profile_mystery(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w
+
+
+class Mystery(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(256, 256))
+
+    def forward(self, x):
+        return profile_mystery(x, self.w)
+
+
+def test_ops_the_flop_count_cannot_see_are_listed_with_their_share_of_measured_time(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), Mystery())
+    r, _ = run_profile(model, (torch.randn(64, 256),), dict(SMALL, latency_iters=3), tmp_path)
+    (row,) = r["flops_not_counted"]
+    assert row["op"] == "torchscope_test::profile_mystery" and row["calls"] == 1 and row["modules"] == ["1"]
+    ops = {o["name"]: o for o in r["operators"]}
+    steps = len(r["steps"])
+    own = ops["torchscope_test::profile_mystery"]["self_cpu_ms"]
+    assert row["time_ms"] == pytest.approx(own / steps)
+    assert row["pct_of_time"] == pytest.approx(100.0 * own / sum(o["self_cpu_ms"] for o in r["operators"]))
+    assert 0 < row["pct_of_time"] < 100
+    assert r["metrics"]["model_flops_per_step"] == 2 * 64 * 256 * 256  # the Linear only: a lower bound
+    note = next(n for n in r["notes"] if n.startswith("FLOPs not counted for torchscope_test::profile_mystery"))
+    assert f"{row['pct_of_time']:.1f}% of measured op time" in note and "lower bounds" in note
+    mods = {m["name"]: m for m in r["modules"]}
+    assert mods["1"]["flops"] is None and mods["1"]["mfu"] is None
+    assert mods["1"]["flops_not_counted"] == "torchscope_test::profile_mystery"
+    assert mods["0"]["flops_not_counted"] is None and mods["0"]["flops"] == 2 * 64 * 256 * 256
+    roof = {x["op"]: x for x in r["roofline"]}
+    assert roof["torchscope_test::profile_mystery"]["flops_not_counted"] is True
+    assert roof["aten::addmm"]["flops_not_counted"] is False

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 import torch
 from torch import nn
 
@@ -142,10 +144,93 @@ def test_a_flop_counter_failure_leaves_the_summary_with_flops_not_counted(tmp_pa
         def __exit__(self, *a):
             return False
 
-    monkeypatch.setattr(summary_job, "FlopCounterMode", Broken)
+    monkeypatch.setattr(summary_job, "FlopCounter", Broken)
     r = execute(Job("summary", ModelSpec(name="mlp")), tmp_path)
     m = r["metrics"]
     assert m["params_total"] > 0 and m["flops_forward"] is None and m["flops_train_step"] is None
     assert r["notes"][0].startswith("FLOPs not counted: torch's FlopCounterMode failed on this model "
                                     "(AssertionError: the counter tripped on this model)")
     assert all(l["flops_forward"] is None for l in r["layers"]) and r["output_shape"] == [32, 10]
+
+
+# ----------------------------------------------------------------------------- real architectures, uncounted ops
+class Logits(nn.Module):
+    """A transformers model as users wrap it: token ids in, logits out."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        return self.lm(ids, use_cache=False).logits
+
+
+def test_mixtral_expert_flops_are_counted_not_zero(tmp_path):
+    """transformers runs Mixtral's experts through aten._grouped_mm, which torch's FlopCounterMode does
+    not count: the experts showed 0 FLOPs beside their parameters."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.MixtralConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                     num_experts_per_tok=2, max_position_embeddings=64)
+    model = Logits(transformers.MixtralForCausalLM(cfg))
+    assert model.lm.config._experts_implementation == "grouped_mm"
+    B, S, H, I = 2, 16, cfg.hidden_size, cfg.intermediate_size
+    ids = torch.randint(0, cfg.vocab_size, (B, S))
+    r = run_summary(model, ids, tmp_path=tmp_path)
+    # every token runs top-k experts: gate_up (H -> 2I) and down (I -> H)
+    per_layer = B * S * cfg.num_experts_per_tok * (2 * H * 2 * I + 2 * I * H)
+    for i in range(cfg.num_hidden_layers):
+        experts = layer(r, f"lm.model.layers.{i}.mlp.experts")
+        assert experts["params"] == cfg.num_local_experts * (H * 2 * I + I * H)
+        assert experts["flops_forward"] == per_layer
+        assert experts["flops_not_counted"] is None
+    assert not any("not counted" in n for n in r["notes"])
+    # The same model with transformers' eager experts (a loop of F.linear per expert: plain matmuls that
+    # torch's own formulas count), layer by layer, forward and backward.
+    model.lm.set_experts_implementation("eager")
+    eager = run_summary(model, ids, tmp_path=tmp_path)
+    assert [(l["name"], l["flops_forward"], l["flops_backward"]) for l in r["layers"]] == \
+        [(l["name"], l["flops_forward"], l["flops_backward"]) for l in eager["layers"]]
+    assert r["metrics"]["flops_train_step"] == eager["metrics"]["flops_train_step"] > 3 * cfg.num_hidden_layers * per_layer
+
+
+@torch.library.custom_op("torchscope_test::summary_mystery", mutates_args=())
+def summary_mystery(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w
+
+
+summary_mystery.register_autograd(lambda ctx, g: (g @ ctx.w.t(), ctx.x.t() @ g),
+                                  setup_context=lambda ctx, inputs, output: setattr(ctx, "x", inputs[0])
+                                  or setattr(ctx, "w", inputs[1]))
+
+
+class Mystery(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x):
+        return summary_mystery(x, self.w)
+
+
+def test_a_layer_running_an_op_the_counter_does_not_know_shows_not_counted_not_zero(tmp_path):
+    model = nn.Sequential(nn.Linear(8, 8), Mystery())
+    r = run_summary(model, torch.randn(4, 8), tmp_path=tmp_path)
+    odd = layer(r, "1")
+    assert odd["params"] == 64
+    assert odd["flops_forward"] is None and odd["flops_not_counted"] == "torchscope_test::summary_mystery"
+    assert odd["flops_backward"] == 2 * (2 * 4 * 8 * 8)  # its backward is two plain matmuls: counted
+    assert layer(r, "0")["flops_forward"] == 2 * 4 * 8 * 8 and layer(r, "0")["flops_not_counted"] is None
+    assert layer(r, "(model)")["flops_not_counted"] == "torchscope_test::summary_mystery"
+    assert r["metrics"]["flops_forward"] == 2 * 4 * 8 * 8  # the Linear: a lower bound, and the note says so
+    note = next(n for n in r["notes"] if n.startswith("FLOPs not counted for "))
+    assert "torchscope_test::summary_mystery (1 call; in 1)" in note and "lower bounds" in note
+
+
+def test_a_model_whose_only_arithmetic_went_uncounted_has_no_flop_total(tmp_path):
+    r = run_summary(Mystery(), torch.randn(4, 8), tmp_path=tmp_path)
+    m = r["metrics"]
+    assert m["flops_forward"] is None  # not 0
+    assert m["flops_backward"] == m["flops_train_step"] == 2 * (2 * 4 * 8 * 8)  # lower bounds, as the note says
+    assert any(n.startswith("FLOPs not counted for torchscope_test::summary_mystery") for n in r["notes"])

@@ -323,3 +323,72 @@ def test_int8_on_gpt2_quantizes_conv1d_and_keeps_the_tied_head():
         assert q.m.lm_head.weight.data_ptr() == q.m.transformer.wte.weight.data_ptr()
         f = fidelity(ref(model, ids), ref(q, ids), classifier=True)
         assert f["cosine"] > 0.99, (backend, f)
+
+
+# ----------------------------------------------------------------------------- why a fix failed, in full
+class DictOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return {"logits": self.fc(x), "features": x}
+
+
+def test_a_torchscript_trial_on_dict_outputs_keeps_the_reason_and_says_what_to_do():
+    m = DictOut().eval()
+    rows, _ = run_trials(m, X_VEC, "cpu", ["torchscript"], facts_of(m, X_VEC), iters=2, warmup=1)
+    why = rows[-1]["why"]
+    assert rows[-1]["status"] == "failed"
+    assert why.startswith("RuntimeError: Encountering a dict at the output of the tracer")
+    # the reason torch gives past 300 characters, then the remedy
+    assert "pass strict=False to trace() to allow this behavior." in why
+    assert "what to do: torch.jit.trace (strict) refuses a dict output" in why and "logits" in why
+
+
+def test_a_torchscript_trial_on_a_transformers_lm_names_the_cache_not_the_logits_values():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100,
+                                                              bos_token_id=0, eos_token_id=0)).eval()
+    ids = (torch.randint(0, 100, (2, 8)),)
+    rows, _ = run_trials(lm, ids, "cpu", ["torchscript"], {"static": {}, "env": {}}, iters=2, warmup=1)
+    why = rows[-1]["why"]
+    assert rows[-1]["status"] == "failed" and "Tracer cannot infer type of CausalLMOutputWithCrossAttentions(" in why
+    assert "logits=tensor(...)" in why and "tensor([" not in why  # the values are gone
+    assert "but instead got value of type DynamicCache." in why  # the reason, which the old 300-char cut lost
+    assert "what to do: " in why and "`return model(ids, use_cache=False).logits`" in why
+
+
+def test_fixes_that_change_dtype_layout_or_modules_do_not_apply_to_an_exported_program(tmp_path):
+    from diagnostics.analyses.optimize.catalog import EXPORT_DTYPE, EXPORT_LAYOUT, EXPORT_STRUCTURE
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import InputSpec, ModelSpec
+
+    class WithConstant(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4 * 8 * 8, 10)
+
+        def forward(self, x):
+            h = self.conv(x).flatten(1)
+            return self.fc(h + torch.arange(h.shape[1], dtype=torch.float32))  # a float32 tensor made in the graph
+
+    x = torch.randn(2, 3, 8, 8)
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(WithConstant().eval(), (x,)), str(path))
+    # what the half fix did on it before: a bare dtype mismatch
+    loaded = torch.export.load(str(path)).module()
+    with pytest.raises(RuntimeError, match="must have the same dtype"):
+        run_fix("half", loaded, (x,))[0](x)
+    spec = ModelSpec(source="export", name="m.pt2", path=str(path), inputs=(InputSpec((2, 3, 8, 8)),))
+    r = execute(Job("optimize", spec, {"fixes": ["half", "channels_last", "conv_bn_fusion", "int8_dynamic",
+                                                  "prune_l1", "inference_mode"], "iters": 2, "warmup": 1,
+                                        "save_artifacts": False}), tmp_path / "out")
+    rows = {row["fix"]: row for row in r["rows"]}
+    assert rows["half"]["status"] == "not_applicable" and rows["half"]["why"] == EXPORT_DTYPE
+    assert "fixed at export time" in EXPORT_DTYPE and "export a 16-bit copy instead" in EXPORT_DTYPE
+    assert rows["channels_last"]["why"] == EXPORT_LAYOUT
+    for fix in ("conv_bn_fusion", "int8_dynamic", "prune_l1"):
+        assert rows[fix]["status"] == "not_applicable" and rows[fix]["why"] == EXPORT_STRUCTURE
+    assert rows["inference_mode"]["status"] == "ok"  # a fix that leaves the graph alone still runs

@@ -37,8 +37,9 @@ def test_small_ops_are_held_to_the_cache_roof():
 
 def test_counted_flops_and_bytes_of_a_linear_layer():
     lin, x = nn.Linear(64, 32), torch.randn(16, 64)
-    ops, total, modules = count_ops(lambda: lin(x), "Linear")
-    assert modules == {"": total}
+    ops, count = count_ops(lambda: lin(x), "Linear")
+    total = count.total
+    assert count.by_module == {"": total} and count.not_counted == {}
     assert ops["aten::addmm"]["flops"] == 2 * 16 * 64 * 32 == total
     four = 4  # float32
     assert ops["aten::addmm"]["bytes"] == four * (32 + 16 * 64 + 64 * 32 + 16 * 32)  # bias, x, W^T, out

@@ -189,6 +189,9 @@ def _modules(result: dict) -> None:
         cols += ["flops", "mfu_pct"]
         config.update(flops=st.column_config.NumberColumn("FLOPs / step", format="compact"),
                       mfu_pct=st.column_config.NumberColumn("MFU (%)", format="%.1f"))
+        if "flops_not_counted" in df:  # ops under the module that the FLOP count leaves out
+            cols.append("flops_not_counted")
+            config.update(flops_not_counted=st.column_config.TextColumn("FLOPs not counted for"))
     st.dataframe(df[cols], hide_index=True, width="stretch", column_config=config)
     st.caption("Forward: each module's record_function range. Backward: autograd nodes attributed to the module "
                "whose forward created them (sequence numbers). Times include child modules; 'self' excludes them.")

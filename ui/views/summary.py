@@ -12,13 +12,15 @@ from ui.widgets import metric_row
 
 def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
     df = pd.DataFrame(result["layers"])
+    if "flops_not_counted" not in df:  # a result stored before the field existed
+        df["flops_not_counted"] = None
     if leaves_only:
         df = df[df["is_leaf"] | (df["params"] > 0)]
         df = df[df["name"] != "(model)"]
     df = df.assign(output_shape=df["output_shape"].map(lambda s: "" if s is None else str(s)),
                    trainable=(df["trainable"] > 0).where(df["params"] > 0))
     return df[["name", "type", "output_shape", "params", "pct_of_total", "trainable",
-               "flops_forward", "flops_backward"]]
+               "flops_forward", "flops_backward", "flops_not_counted"]]
 
 
 def show(result: dict) -> None:
@@ -58,6 +60,7 @@ def show(result: dict) -> None:
                 "trainable": st.column_config.CheckboxColumn("Trainable"),
                 "flops_forward": st.column_config.NumberColumn("Forward FLOPs", format="compact"),
                 "flops_backward": st.column_config.NumberColumn("Backward FLOPs", format="compact"),
+                "flops_not_counted": st.column_config.TextColumn("FLOPs not counted for"),
             },
         )
     with tab_tree:

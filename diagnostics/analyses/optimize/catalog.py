@@ -3,7 +3,8 @@ when it applies. No torch here, so the page and the CLI list fixes and check the
 without loading it; each fix's ``recipe`` names the function in fixes.py that applies it.
 
 ``applies(facts) -> (bool, why_not)`` reads the plain facts dict the checklist collects
-(``static``, ``env``, ``forward``), so a fix that cannot help says why instead of running.
+(``static``, ``env``, ``forward``; ``source``: the model's source, "export" for a .pt2), so a fix that
+cannot help says why instead of running.
 """
 
 from __future__ import annotations
@@ -28,11 +29,37 @@ def always(_facts) -> tuple[bool, str]:
     return True, ""
 
 
+#: Why fixes that change module structure, dtype or memory format cannot apply to a torch.export
+#: program (facts["source"] == "export"): its graph was fixed at export time.
+EXPORT_STRUCTURE = ("an exported program's graph was fixed at export time: it calls aten ops directly and keeps no "
+                    "nn.Conv2d / nn.Linear / nn.BatchNorm2d modules to fuse, swap or prune; apply the fix to the "
+                    "nn.Module, then export it again")
+EXPORT_DTYPE = ("an exported program's dtypes were fixed at export time: the tensors its graph creates and the casts "
+                "it records keep the dtype they were exported with, so 16-bit parameters meet float32 activations "
+                "(a dtype mismatch); export a 16-bit copy instead (model.to(torch.bfloat16) before "
+                "torch.export.export)")
+EXPORT_LAYOUT = ("an exported program's graph was fixed at export time and keeps no nn.Conv2d modules, so whether "
+                 "memory format matters cannot be told from it; convert the nn.Module and its example inputs to "
+                 "channels_last, then export it again")
+
+
+def _exported(facts) -> bool:
+    return facts.get("source") == "export"
+
+
+def applies_half(facts):
+    return (False, EXPORT_DTYPE) if _exported(facts) else (True, "")
+
+
 def applies_channels_last(facts):
+    if _exported(facts):
+        return False, EXPORT_LAYOUT
     return (True, "") if _static(facts).get("n_conv2d") else (False, "no Conv2d layers: memory format does not matter")
 
 
 def applies_conv_bn_fusion(facts):
+    if _exported(facts):
+        return False, EXPORT_STRUCTURE
     if not _static(facts).get("n_batchnorm"):
         return False, "no BatchNorm layers"
     pairs = (facts.get("forward") or {}).get("conv_bn_pairs")
@@ -42,6 +69,8 @@ def applies_conv_bn_fusion(facts):
 
 
 def applies_int8_dynamic(facts):
+    if _exported(facts):
+        return False, EXPORT_STRUCTURE
     s = _static(facts)
     if not (s.get("n_linear") or s.get("n_rnn")):
         return False, "no Linear / LSTM / GRU layers to quantize (dynamic quantization leaves convolutions alone)"
@@ -49,6 +78,8 @@ def applies_int8_dynamic(facts):
 
 
 def applies_prune(facts):
+    if _exported(facts):
+        return False, EXPORT_STRUCTURE
     s = _static(facts)
     return (True, "") if (s.get("n_linear") or s.get("n_conv")) else (False, "no Linear / Conv layers")
 
@@ -122,7 +153,7 @@ FIXES: list[Fix] = [
     Fix("inference_mode", "inference_mode", "eval() and torch.inference_mode() around the forward.",
         _R + "apply_inference_mode"),
     Fix("half", "Half precision", "Parameters and inputs in 16-bit floats (no autocast).", _R + "apply_half",
-        params=(Option("dtype", "choice", "auto", _AUTO_DTYPE, choices=("auto", "float16", "bfloat16")),)),
+        applies_half, params=(Option("dtype", "choice", "auto", _AUTO_DTYPE, choices=("auto", "float16", "bfloat16")),)),
 ]
 FIX_IDS = [f.id for f in FIXES]
 

@@ -28,7 +28,8 @@ def analyze(ctx, options: dict) -> dict:
     ctx.progress(0.05, "reading the model")
     import copy
 
-    facts = {"static": static_facts(loaded.model), "env": environment_facts(loaded.device)}
+    facts = {"static": static_facts(loaded.model), "env": environment_facts(loaded.device),
+             "source": loaded.spec.source}
     try:
         facts["forward"] = forward_facts(copy.deepcopy(loaded.model), loaded.inputs)
     except Exception:

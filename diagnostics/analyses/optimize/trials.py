@@ -25,6 +25,7 @@ from diagnostics.measure.memory import added_peak_bytes
 from diagnostics.measure.timer import sync
 from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
+from diagnostics.errors import explain
 
 
 
@@ -194,8 +195,7 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # a failing fix says why; the others still run
-            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            rows.append(_row(fix_id, fix.title, "failed", why=f"{type(e).__name__}: {msg}", params=opts))
+            rows.append(_row(fix_id, fix.title, "failed", why=explain(e), params=opts))
     progress(0.6, f"timing {len(candidates)} candidates and the A/A control in interleaved rounds")
     try:
         times, disturbance = time_interleaved(candidates, inputs, device, iters, warmup, control=True)

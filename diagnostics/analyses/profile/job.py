@@ -29,7 +29,8 @@ from diagnostics.trace import load_trace, profiler_views as pt
 from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, is_python_frame_name
 from diagnostics.trace.model import Trace
 from diagnostics.errors import TorchScopeError
-from diagnostics.measure.roofline import count_ops, measure_roofs, mfu, module_mfu, roofline_rows
+from diagnostics.measure.roofline import (count_ops, measure_roofs, mfu, module_mfu, not_counted_rows,
+                                           roofline_rows)
 from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls
 from diagnostics.measure.training import Step
 
@@ -229,11 +230,31 @@ def _roofline(model, step, opts: dict, device, operators: list[dict], steps: int
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     roofs = measure_roofs(device, dtype)
     with _mode(model, opts):
-        ops, model_flops, module_flops = count_ops(step, type(model).__name__)
+        ops, count = count_ops(step, type(model).__name__)
     times = {r["name"]: (r["self_device_ms"] if cuda_ran and r["self_device_ms"] > 0 else r["self_cpu_ms"]) / steps
              for r in operators}
-    return {"roofs": roofs, "rows": roofline_rows(ops, times, roofs), "model_flops": model_flops,
-            "module_flops": module_flops, "mfu": mfu(model_flops, latency_ms, roofs["peak_flops"])}
+    missing = not_counted_rows(count, times)
+    rows = roofline_rows(ops, times, roofs)
+    for r in rows:  # an op whose FLOPs were not counted is placed by its bytes only: say so on its row
+        r["flops_not_counted"] = r["op"] in count.not_counted
+    # A model whose every op with arithmetic went uncounted has no FLOP figure, not 0.
+    model_flops = None if not count.total and missing else count.total
+    return {"roofs": roofs, "rows": rows, "model_flops": model_flops, "module_flops": count.by_module,
+            "not_counted": missing, "module_not_counted": count.not_counted_by_module,
+            "mfu": mfu(model_flops, latency_ms, roofs["peak_flops"])}
+
+
+def _not_counted_note(rows: list[dict]) -> str | None:
+    """The ops the FLOP count left out, with their share of the measured op time."""
+    if not rows:
+        return None
+    parts = []
+    for r in rows:
+        share = "time not measured" if r["pct_of_time"] is None else f"{r['pct_of_time']:.1f}% of measured op time"
+        where = ", ".join(m or ROOT_MODULE for m in r["modules"][:4]) + (" ..." if len(r["modules"]) > 4 else "")
+        parts.append(f"{r['op']} ({r['calls']} calls per step, {share}; in {where})")
+    return ("FLOPs not counted for " + "; ".join(parts) + ": torch's FlopCounterMode has no formula for them, so "
+            "model FLOPs and MFU leave them out (lower bounds)")
 
 
 # ----------------------------------------------------------------------------- the job
@@ -341,7 +362,10 @@ def analyze(ctx, options: dict) -> dict:
                      "convolutions, attention; elementwise ops count 0 FLOPs and are placed by their bytes), bytes "
                      "from every op's tensor inputs and outputs; time is each op's self time per profiled step")
     if roof and module_rows:  # MFU per module: its FLOPs over its forward + backward time per step
-        module_mfu(module_rows, roof["module_flops"], max(1, len(steps)), roof["roofs"]["peak_flops"], ROOT_MODULE)
+        module_mfu(module_rows, roof["module_flops"], max(1, len(steps)), roof["roofs"]["peak_flops"], ROOT_MODULE,
+                   roof["module_not_counted"])
+    if roof and roof["not_counted"]:
+        notes.append(_not_counted_note(roof["not_counted"]))
     step_ms = [s["step_ms"] for s in steps]
     cuda_ran = "cuda" in opts["activities"]
     if opts["repeat"] > 1:
@@ -388,5 +412,6 @@ def analyze(ctx, options: dict) -> dict:
         "operators": operators, "operators_by_shape": by_shape, "modules": module_rows, "modules_note": modules_note,
         "kernels": kernels_ev, "timeline": timeline,
         "roofline": roof["rows"] if roof else [], "roofs": roof["roofs"] if roof else None, "artifacts": artifacts, "notes": notes,
+        "flops_not_counted": roof["not_counted"] if roof else [],
         "torch_version": torch.__version__,
     }

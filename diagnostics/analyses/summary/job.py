@@ -1,7 +1,9 @@
 """Model summary: parameter counts, bytes, output shapes and FLOPs, in total and per layer.
 
-FLOPs come from ``torch.utils.flop_counter.FlopCounterMode`` (so matmuls, convolutions and
-attention count); backward FLOPs are those of forward+backward minus forward. Parameters shared
+FLOPs come from ``diagnostics.measure.flops.FlopCounter`` (torch's FlopCounterMode, plus grouped
+matmuls and fused attention): matmuls, convolutions and attention count; an op it cannot count is
+named in the notes and in the layer's ``flops_not_counted``, and a layer whose only arithmetic went
+uncounted shows None, not 0. Backward FLOPs are those of forward+backward minus forward. Parameters shared
 between modules (tied weights) are counted once, for the first module that holds them.
 """
 
@@ -11,32 +13,12 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from diagnostics.analyses.summary import ANALYSIS
+from diagnostics.measure.flops import FlopCount, FlopCounter
 from diagnostics.measure.tensors import shape_of, tensor_key, unique_params
 
 ROOT = "(model)"
-
-
-def _cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-
-def _cpu_sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
-                            **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
-
-
-def _extra_flop_formulas() -> dict:
-    """FlopCounterMode knows the CUDA attention kernels but not the CPU flash kernel: add it."""
-    aten = torch.ops.aten
-    extra = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        extra[aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_sdpa_flop
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
-        extra[aten._scaled_dot_product_flash_attention_for_cpu_backward] = _cpu_sdpa_backward_flop
-    return extra
 
 
 @contextmanager
@@ -60,10 +42,10 @@ def output_shape_hooks(model: nn.Module, shapes: dict[str, object]):
         model.train(was_training)
 
 
-def _flops_by_module(model: nn.Module, run) -> tuple[int, dict[str, int]]:
-    counter = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
-    # The fused MultiheadAttention fast path (eval, no grad) runs one op FlopCounterMode cannot
-    # see; the regular path counts its matmuls, so attention is included.
+def _flops_by_module(model: nn.Module, run) -> FlopCount:
+    counter = FlopCounter()
+    # The fused MultiheadAttention fast path (eval, no grad) runs one fused op; the regular path runs
+    # the matmuls the per-layer table attributes to the projections, so count that one.
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
@@ -71,14 +53,11 @@ def _flops_by_module(model: nn.Module, run) -> tuple[int, dict[str, int]]:
             run()
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
-    root = type(model).__name__
-    per = {}
-    for key, ops in counter.get_flop_counts().items():
-        if key == "Global":
-            continue
-        name = key[len(root) + 1:] if key.startswith(root + ".") else ("" if key == root else key)
-        per[name or ROOT] = int(sum(ops.values()))
-    return int(counter.get_total_flops()), per
+    return counter.result(type(model).__name__)
+
+
+def _per_layer(count: FlopCount) -> dict[str, int]:
+    return {(k or ROOT): v for k, v in count.by_module.items()}
 
 
 def analyze(ctx, options: dict) -> dict:
@@ -115,19 +94,19 @@ def analyze(ctx, options: dict) -> dict:
         # The model itself first, with shape hooks: a failure here is the model's (or its inputs').
         with output_shape_hooks(model, shapes), torch.no_grad():
             loaded.forward()
+        fwd = both = None
         try:
             with torch.no_grad():
-                fwd_total, fwd_per = _flops_by_module(model, lambda: loaded.forward())
+                fwd = _flops_by_module(model, lambda: loaded.forward())
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # the counter failed where the model runs: the summary still comes
             cause = e.__cause__ or e
             first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
-            fwd_total, fwd_per = None, {}
             flops_note = (f"FLOPs not counted: torch's FlopCounterMode failed on this model "
                           f"({type(cause).__name__}: {first[:300]}) though the model itself runs")
-        bwd_total, bwd_per, backward_note = (0, {}, None) if fwd_total is not None else (None, {}, None)
-        if fwd_total is not None and trainable and not options["skip_backward"]:
+        backward_note = None
+        if fwd is not None and trainable and not options["skip_backward"]:
             ctx.progress(0.6, "forward + backward FLOPs")
 
             def train_step():
@@ -135,15 +114,28 @@ def analyze(ctx, options: dict) -> dict:
                 loaded.loss_fn(loaded.forward()).backward()
 
             try:
-                both_total, both_per = _flops_by_module(model, train_step)
-                bwd_total = both_total - fwd_total
-                bwd_per = {k: v - fwd_per.get(k, 0) for k, v in both_per.items()}
+                both = _flops_by_module(model, train_step)
             except Exception as e:  # a model that cannot train (e.g. integer outputs) still gets a summary
                 backward_note = f"backward not counted: {type(e).__name__}: {e}"
             finally:
                 model.zero_grad(set_to_none=True)
     finally:
         model.train(was_training)
+    fwd_total = None if fwd is None else fwd.total
+    fwd_per = {} if fwd is None else _per_layer(fwd)
+    fwd_missing = {} if fwd is None else {(k or ROOT): v for k, v in fwd.not_counted_by_module.items()}
+    bwd_total, bwd_per, bwd_missing = (None, {}, {}) if fwd is None else (0, {}, {})
+    if both is not None:
+        bwd_total = both.total - fwd.total
+        bwd_per = {k: v - fwd_per.get(k, 0) for k, v in _per_layer(both).items()}
+        for k, ops in both.not_counted_by_module.items():
+            extra = {op: n - fwd_missing.get(k or ROOT, {}).get(op, 0) for op, n in ops.items()}
+            bwd_missing[k or ROOT] = {op: n for op, n in extra.items() if n > 0}
+    missing_note = (both or fwd).note("FLOP totals") if fwd is not None else None
+
+    def flops_or_none(counted: int | None, missing: dict) -> int | None:
+        """0 FLOPs where ops went uncounted is not a count: None (shown as not counted)."""
+        return None if counted is None or (counted == 0 and missing) else counted
 
     ctx.progress(0.9, "building table")
     layers = []
@@ -162,8 +154,11 @@ def analyze(ctx, options: dict) -> dict:
             "params_total": sum(p.numel() for p in subtree.values()),
             "pct_of_total": 100.0 * own_params.get(name, 0) / total if total else 0.0,
             "trainable": own_trainable.get(name, 0),
-            "flops_forward": None if fwd_total is None else fwd_per.get(name, 0),
-            "flops_backward": None if bwd_total is None else bwd_per.get(name, 0),
+            "flops_forward": None if fwd_total is None else flops_or_none(fwd_per.get(name, 0), fwd_missing.get(name)),
+            "flops_backward": None if bwd_total is None else flops_or_none(bwd_per.get(name, 0), bwd_missing.get(name)),
+            # ops run under this module whose FLOPs the counts above leave out
+            "flops_not_counted": ", ".join(sorted(set(fwd_missing.get(name, {})) | set(bwd_missing.get(name, {}))))
+                                 or None,
         })
 
     metrics = {
@@ -172,9 +167,10 @@ def analyze(ctx, options: dict) -> dict:
         "params_frozen": total - trainable,
         "param_bytes": param_bytes,
         "buffer_bytes": buffer_bytes,
-        "flops_forward": fwd_total,
-        "flops_backward": bwd_total,
-        "flops_train_step": None if fwd_total is None else fwd_total + bwd_total,
+        "flops_forward": flops_or_none(fwd_total, fwd_missing.get(ROOT)),
+        "flops_backward": flops_or_none(bwd_total, bwd_missing.get(ROOT)),
+        "flops_train_step": None if fwd_total is None or bwd_total is None else
+                            flops_or_none(fwd_total + bwd_total, fwd_missing.get(ROOT) or bwd_missing.get(ROOT)),
         "tied_parameters": tied,
         "batch_size": loaded.batch_size,
     }
@@ -187,5 +183,5 @@ def analyze(ctx, options: dict) -> dict:
         "loss": loaded.loss_name,
         "metrics": metrics,
         "layers": layers,
-        "notes": [n for n in [flops_note, backward_note] if n],
+        "notes": [n for n in [flops_note, missing_note, backward_note] if n],
     }

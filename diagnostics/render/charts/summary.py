@@ -73,9 +73,11 @@ def summary_sections(result: dict) -> list[Section]:
     overview += [str(n) for n in result.get("notes", [])]
     layers = pd.DataFrame(result["layers"])
     if not layers.empty:
+        if "flops_not_counted" not in layers:  # a result stored before the field existed
+            layers["flops_not_counted"] = None
         leaves = layers[(layers["is_leaf"] | (layers["params"] > 0)) & (layers["name"] != "(model)")]
         leaves = leaves[["name", "type", "output_shape", "params", "pct_of_total", "trainable",
-                         "flops_forward", "flops_backward"]].copy()
+                         "flops_forward", "flops_backward", "flops_not_counted"]].copy()
         leaves["output_shape"] = leaves["output_shape"].map(lambda s: "" if s is None else str(s))
         leaves["pct_of_total"] = leaves["pct_of_total"].round(2)
     else:

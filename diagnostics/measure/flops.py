@@ -1,0 +1,272 @@
+"""FLOPs of one call, counted exactly: torch's FlopCounterMode with formulas for the ops it lacks, and
+a record of every op it still cannot count.
+
+``FlopCounter`` is a FlopCounterMode that also counts grouped matmuls (``aten._grouped_mm``, which
+transformers' mixture-of-experts layers run), the CPU and "overrideable" fused attention kernels, the
+fused MultiheadAttention / TransformerEncoderLayer fast paths and the int8 / int4 weight-only matmuls.
+An op that has no formula but does arithmetic (a matmul, convolution, attention or linear-algebra name,
+or any op outside aten, such as a user's ``torch.library`` op) is recorded as *not counted*, with its
+calls and the modules it ran in: FLOP totals then leave it out, and a caller says so instead of
+showing 0. Elementwise ops count 0 FLOPs, as in FlopCounterMode.
+
+``FlopCounter.result(root)`` gives a ``FlopCount``: the total, FLOPs per module (qualified names, ""
+for the model) and per op (``aten::mm``, as torch.profiler names ops), and the ops not counted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+#: aten ops whose name has one of these "_"-separated words do arithmetic worth counting: an op of
+#: this kind without a formula is reported as not counted.
+ARITHMETIC_WORDS = frozenset({
+    "mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "einsum", "linear", "conv", "convolution",
+    "attention", "gemm", "transformer", "linalg", "fft", "cholesky", "solve",
+})
+#: aten ops with such a word that move or reduce data rather than multiply matrices.
+NOT_ARITHMETIC = frozenset({"fft_fftshift", "fft_ifftshift", "linalg_vector_norm", "linalg_cross"})
+#: namespaces whose ops bookkeep (profiler ranges, collectives, primitive metadata): never "not counted".
+QUIET_NAMESPACES = frozenset({"prim", "prims", "profiler", "c10d", "_c10d_functional",
+                              "_c10d_functional_autograd", "_dtensor", "debugprims"})
+
+
+class Uncountable(Exception):
+    """A formula met inputs it cannot count (a nested tensor, a meta offsets tensor...)."""
+
+
+def op_name(func) -> str:
+    """'aten::addmm', as torch.profiler names the op."""
+    packet = getattr(func, "overloadpacket", func)
+    qualified = getattr(packet, "_qualified_op_name", None)  # 'mylib::foo' for a user's op too
+    if qualified:
+        return qualified
+    return f"{getattr(packet, 'namespace', 'aten')}::{getattr(packet, '__name__', str(packet)).split('.')[-1]}"
+
+
+def does_arithmetic(func) -> bool:
+    """Whether an op FlopCounterMode has no formula for should be reported as not counted."""
+    ns, _, base = op_name(func).partition("::")
+    if ns in QUIET_NAMESPACES:
+        return False
+    if ns != "aten":
+        return True  # a user's or a library's op: FlopCounterMode knows nothing of what it computes
+    base = base.lstrip("_")
+    if base in NOT_ARITHMETIC or base.startswith("upsample"):
+        return False
+    words = set(re.split(r"[_\d]+", base))
+    return bool(words & ARITHMETIC_WORDS)
+
+
+# ----------------------------------------------------------------------------- formulas
+def _raw(f):
+    """Mark a formula to receive the op's real arguments (tensors, not shapes): FlopCounterMode's flag."""
+    f._get_raw = True
+    return f
+
+
+def _used(offs, default: int) -> int:
+    """How much of the jagged dimension a grouped matmul computes: offs[-1] (rows past it are skipped)."""
+    if offs is None:
+        return default
+    if offs.device.type == "meta" or offs.numel() == 0:
+        raise Uncountable("grouped matmul offsets are not readable")
+    try:
+        return int(offs[-1].item())
+    except Exception as e:  # a fake or symbolic tensor (tracing): its values do not exist yet
+        raise Uncountable("grouped matmul offsets are not readable") from e
+
+
+def grouped_mm_flops(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> int:
+    """2 x the multiply-adds of ``torch._grouped_mm(a, b, offs=offs)``, over the rows ``offs`` selects.
+
+    2d x 3d (MoE forward): a (M, K) sliced by offs into groups, b (G, K, N) -> 2 x offs[-1] x K x N.
+    3d x 2d: a (G, M, K), b (K, N) sliced along N -> 2 x M x K x offs[-1].
+    2d x 2d (MoE weight gradient): a (M, K), b (K, N), the shared K sliced -> 2 x M x N x offs[-1].
+    3d x 3d: a batched matmul (G, M, K) x (G, K, N) -> 2 x G x M x K x N."""
+    if a.dim() == 3 and b.dim() == 3:
+        g, m, k = a.shape
+        return 2 * g * m * k * b.shape[-1]
+    if a.dim() == 2 and b.dim() == 3:
+        return 2 * _used(offs, a.shape[0]) * a.shape[1] * b.shape[-1]
+    if a.dim() == 3 and b.dim() == 2:
+        return 2 * a.shape[1] * a.shape[2] * _used(offs, b.shape[1])
+    if a.dim() == 2 and b.dim() == 2:
+        return 2 * a.shape[0] * b.shape[1] * _used(offs, a.shape[1])
+    raise Uncountable(f"grouped matmul of {a.dim()}d x {b.dim()}d operands")
+
+
+def _grouped(offs_at: int):
+    @_raw
+    def formula(*args, out_val=None, **kwargs):
+        offs = kwargs["offs"] if "offs" in kwargs else (args[offs_at] if len(args) > offs_at else None)
+        return grouped_mm_flops(args[0], args[1], offs)
+    return formula
+
+
+@_raw
+def _linear_like(x, *args, out_val=None, **kwargs) -> int:
+    """x (..., K) times a (packed, quantized) weight -> out (..., N): 2 x out elements x K."""
+    out = out_val[0] if isinstance(out_val, (tuple, list)) else out_val
+    return 2 * out.numel() * x.shape[-1]
+
+
+@_raw
+def _addmm_activation(bias, mat1, mat2, *args, out_val=None, **kwargs) -> int:
+    return 2 * mat1.shape[0] * mat1.shape[1] * mat2.shape[1]
+
+
+@_raw
+def _addbmm(bias, batch1, batch2, *args, out_val=None, **kwargs) -> int:
+    b, n, m = batch1.shape
+    return 2 * b * n * m * batch2.shape[-1]
+
+
+def _dims(t: torch.Tensor) -> tuple[int, int]:
+    """(batch, length) of a batch-first (B, L, E) or unbatched (L, E) sequence."""
+    if t.is_nested:
+        raise Uncountable("nested-tensor input")
+    return (t.shape[0], t.shape[1]) if t.dim() == 3 else (1, t.shape[0])
+
+
+@_raw
+def _native_mha(query, key, value, embed_dim, num_head, *args, out_val=None, **kwargs) -> int:
+    """The fused MultiheadAttention fast path: q, k, v and output projections and the attention."""
+    (b, lq), (_, lk) = _dims(query), _dims(key)
+    e = int(embed_dim)
+    return 2 * b * e * e * (2 * lq + 2 * lk) + 4 * b * lq * lk * e
+
+
+@_raw
+def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
+                   norm_first, eps, nw1, nb1, nw2, nb2, ffn_weight_1, *args, out_val=None, **kwargs) -> int:
+    """The fused TransformerEncoderLayer fast path: self-attention as above plus the two FFN matmuls."""
+    b, seq = _dims(src)
+    e, ff = int(embed_dim), ffn_weight_1.shape[0]
+    return 2 * b * seq * e * 4 * e + 4 * b * seq * seq * e + 4 * b * seq * e * ff
+
+
+def _sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def formulas() -> dict:
+    """FLOP formulas for the ops torch's registry lacks, for FlopCounterMode's custom_mapping."""
+    aten = torch.ops.aten
+    table = {
+        "_grouped_mm": _grouped(2),
+        "_scaled_grouped_mm": _grouped(4),
+        "_int_mm": _linear_like,
+        "_weight_int8pack_mm": _linear_like,
+        "_weight_int4pack_mm": _linear_like,
+        "_weight_int4pack_mm_for_cpu": _linear_like,
+        "_weight_int4pack_mm_with_scales_and_zeros": _linear_like,
+        "_dyn_quant_matmul_4bit": _linear_like,
+        "_addmm_activation": _addmm_activation,
+        "addbmm": _addbmm,
+        "_native_multi_head_attention": _native_mha,
+        "_transformer_encoder_layer_fwd": _encoder_layer,
+        "_scaled_dot_product_flash_attention_for_cpu": _sdpa,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_backward,
+        "_scaled_dot_product_fused_attention_overrideable": _sdpa,
+        "_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_backward,
+        "_scaled_dot_product_attention_math_for_mps": _sdpa,
+    }
+    mapping = {getattr(aten, name): f for name, f in table.items() if hasattr(aten, name)}
+    # transformers' MoE fallback (an opaque custom op over per-expert torch.mm), once transformers made it
+    fallback = getattr(getattr(torch.ops, "transformers", None), "grouped_mm_fallback", None)
+    if fallback is not None:
+        mapping[fallback] = _grouped(2)
+    return mapping
+
+
+# ----------------------------------------------------------------------------- the counter
+@dataclass
+class FlopCount:
+    """What one counted call did. ``not_counted``: op -> {"calls", "modules"} (the innermost modules it
+    ran in, qualified names, "" for the model); ``not_counted_by_module``: module -> {op: calls}, for
+    every module on the way down (a module's FLOPs leave out the ops listed under it)."""
+
+    total: int
+    by_module: dict[str, int] = field(default_factory=dict)
+    by_op: dict[str, int] = field(default_factory=dict)
+    not_counted: dict[str, dict] = field(default_factory=dict)
+    not_counted_by_module: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def note(self, what: str = "FLOP totals") -> str | None:
+        """One sentence naming the ops not counted, or None when every op with arithmetic was counted."""
+        if not self.not_counted:
+            return None
+        parts = []
+        for op, d in sorted(self.not_counted.items(), key=lambda kv: -kv[1]["calls"]):
+            where = ", ".join(m or "(model)" for m in d["modules"][:4]) + (" ..." if len(d["modules"]) > 4 else "")
+            parts.append(f"{op} ({d['calls']} call{'s' if d['calls'] != 1 else ''}; in {where})")
+        return (f"FLOPs not counted for {'; '.join(parts)}: torch's FlopCounterMode has no formula for "
+                f"{'this op' if len(parts) == 1 else 'these ops'}, so the {what} leave them out (lower bounds)")
+
+
+def _module_name(key: str, root: str) -> str | None:
+    """The counter's module key ('Root.layer.0') as a qualified name ('layer.0'; '' for the root)."""
+    if key == root:
+        return ""
+    return key[len(root) + 1:] if key.startswith(root + ".") else None
+
+
+class FlopCounter(FlopCounterMode):
+    """FlopCounterMode with ``formulas()`` that records the ops it cannot count (see the module doc)."""
+
+    def __init__(self):
+        super().__init__(display=False, custom_mapping=formulas())
+        self._not_counted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    def __enter__(self):
+        self._not_counted.clear()
+        return super().__enter__()
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        formula = self.flop_registry.get(func_packet)
+        n = None
+        if formula is not None:
+            try:
+                n = formula(*args, **kwargs, out_val=out)
+            except Uncountable:
+                n = None
+        if n is None:
+            if formula is not None or does_arithmetic(func_packet):
+                for par in set(self.mod_tracker.parents):
+                    self._not_counted[par][op_name(func_packet)] += 1
+            return out
+        for par in set(self.mod_tracker.parents):
+            self.flop_counts[par][func_packet] += n
+        return out
+
+    def result(self, root: str | None = None) -> FlopCount:
+        """The counts; per module only when ``root`` names the model's class (the counter's keys)."""
+        counts = self.get_flop_counts()
+        by_op: dict[str, int] = defaultdict(int)
+        for packet, n in counts.get("Global", {}).items():
+            by_op[op_name(packet)] += int(n)
+        by_module, nc_by_module = {}, {}
+        if root:
+            for key, per_op in counts.items():
+                name = _module_name(key, root)
+                if name is not None:
+                    by_module[name] = int(sum(per_op.values()))
+            for key, per_op in self._not_counted.items():
+                name = _module_name(key, root)
+                if name is not None:
+                    nc_by_module[name] = dict(per_op)
+        not_counted = {}
+        for op, calls in self._not_counted.get("Global", {}).items():
+            where = [m for m, ops in nc_by_module.items() if op in ops]
+            inner = sorted(m for m in where if not any(o != m and (m == "" or o.startswith(m + ".")) for o in where))
+            not_counted[op] = {"calls": int(calls), "modules": inner}
+        return FlopCount(int(self.get_total_flops()), by_module, dict(by_op), not_counted, nc_by_module)
