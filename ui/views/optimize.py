@@ -130,7 +130,8 @@ def _artifact_row(r: dict) -> None:
     c1, c2, c3 = st.columns([2, 2, 1.4], vertical_alignment="center")
     c1.markdown(r["title"])
     if model_path.exists():
-        kind = "TorchScript" if a["kind"] == "torchscript" else "state_dict"
+        kind = {"torchscript": "TorchScript", "onnx": "ONNX", "state_dict": "state_dict"}.get(
+            a["kind"], "torch.export (.pt2)" if model_path.suffix == ".pt2" else a["kind"])
         c2.download_button(f"{kind} · {human_bytes(model_path.stat().st_size)}", model_path.read_bytes,
                            file_name=model_path.name, key=f"opt_dl_{r['fix']}", icon=":material/download:",
                            on_click="ignore", width="stretch")

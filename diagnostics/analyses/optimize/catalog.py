@@ -1,6 +1,7 @@
 """The one-click fixes, declared: id, title, what it does, its parameters (declared options) and
 when it applies. No torch here, so the page and the CLI list fixes and check their parameters
-without loading it; each fix's ``recipe`` names the function in fixes.py that applies it.
+without loading it; each fix's ``recipe`` names the function in fixes.py (deploy.py for the
+deployment trials, static_int8 and onnxruntime) that applies it.
 
 ``applies(facts) -> (bool, why_not)`` reads the plain facts dict the checklist collects
 (``static``, ``env``, ``forward``; ``source``: the model's source, "export" for a .pt2), so a fix that
@@ -93,6 +94,18 @@ def applies_compile(facts):
     return True, ""
 
 
+def applies_static_int8(facts):
+    s = _static(facts)
+    if not (s.get("n_conv") or s.get("n_linear")):
+        return False, "no Conv / Linear layers: static int8 quantizes convolutions and linear layers"
+    if s.get("torchscript"):
+        return False, ("the model is TorchScript: PT2E quantization captures it with torch.export, which does not "
+                       "take one")
+    if _env(facts).get("device_type", "cpu") != "cpu":
+        return False, "static int8 with the X86 quantizer is for CPU inference"
+    return True, ""
+
+
 @dataclass(frozen=True)
 class Fix:
     id: str
@@ -129,6 +142,7 @@ class Fix:
 
 
 _R = "diagnostics.analyses.optimize.fixes:"
+_D = "diagnostics.analyses.optimize.deploy:"
 _AUTO_DTYPE = "auto: float16 on CUDA, bfloat16 on CPU"
 
 FIXES: list[Fix] = [
@@ -154,6 +168,10 @@ FIXES: list[Fix] = [
         _R + "apply_inference_mode"),
     Fix("half", "Half precision", "Parameters and inputs in 16-bit floats (no autocast).", _R + "apply_half",
         applies_half, params=(Option("dtype", "choice", "auto", _AUTO_DTYPE, choices=("auto", "float16", "bfloat16")),)),
+    Fix("static_int8", "Static int8 quantization (PT2E)", "Post-training static int8: torch.export, the X86 "
+        "quantizer, calibration on the example inputs, convert_pt2e.", _D + "apply_static_int8", applies_static_int8),
+    Fix("onnxruntime", "ONNX Runtime", "torch.onnx.export, then an ONNX Runtime session (CPU, or CUDA where "
+        "installed); the .onnx file to download.", _D + "apply_onnxruntime"),
 ]
 FIX_IDS = [f.id for f in FIXES]
 
