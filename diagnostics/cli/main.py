@@ -175,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("distributed", add_help=False,
                        help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
     sub.add_parser("list", help="list the commands and the built-in sample models")
+    from diagnostics.cli import history as cli_history
+
+    cli_history.add_parser(sub, ArgParser)
     return parser
 
 
@@ -357,7 +360,8 @@ def list_command() -> int:
     out.write("commands:\n")
     rows = [(name, ANALYSES[name].title) for name in model_commands()]
     rows += [("trace analyze", "Trace explorer: analyse one trace file"),
-             ("trace diff", "Trace diff: compare two trace files")]
+             ("trace diff", "Trace diff: compare two trace files"),
+             ("history", "Stored runs: list, compare two, a metric's trend")]
     if _distributed_main() is not None:
         rows.append(("distributed", "Distributed runs (torchrun + DDP): run / analyze / command"))
     for name, title in rows:
@@ -384,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_trace_command(args)
     if args.command == "list":
         return list_command()
+    if args.command == "history":
+        from diagnostics.cli import history as cli_history
+
+        return cli_history.run(args)
     return run_analysis_command(args)
 
 
