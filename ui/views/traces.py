@@ -11,6 +11,7 @@ from diagnostics.render.charts.traces import (
 )
 from diagnostics.units import human_bytes, human_count
 from ui.widgets import metric_row
+from ui.views.timeline import show_timeline
 
 
 def _table(records: list, rename: dict | None = None, height: int | None = None) -> None:
@@ -50,7 +51,7 @@ def _timeline(result: dict) -> None:
                 timeline = out.result["timeline"]
             else:
                 st.error(out.error)
-    st.plotly_chart(build_timeline_figure(timeline), width="stretch")
+    show_timeline(timeline, lambda search: build_timeline_figure(timeline, search=search), key="trace")
     st.caption(f"{timeline['shown']:,} bars drawn for {timeline['in_range']:,} events in range; a bar with count > 1 "
                f"stands for several short events of its row merged (bucket {timeline.get('bucket_us', 0):.1f} µs).")
 
