@@ -47,8 +47,10 @@ def test_one_row_per_lane_depth_drawn_inside_the_band_names_on_bars():
     cpu = next(t for t in fig.data if t.name == "cpu_op")
     assert list(cpu.text) == ["aten::mm", "aten::mm_out"] and cpu.textposition == "inside"
     assert fig.layout.uniformtext.mode == "hide"  # names appear once zoomed in far enough to fit
-    # depth 1 of a lane with 2 depths: the lower half of the band
-    assert list(cpu.width) == [pytest.approx(0.42)] * 2 and list(cpu.offset) == [pytest.approx(0.0)] * 2
+    # depth 1 of a lane with 2 depths: the lower half of the band (depth 0, the parent, on top)
+    assert list(cpu.width) == [pytest.approx(0.42)] * 2 and list(cpu.offset) == [pytest.approx(-0.42)] * 2
+    step = next(t for t in fig.data if t.name == "user_annotation")
+    assert list(step.offset) == [pytest.approx(0.0)]
     assert list(fig.layout.yaxis.categoryarray) == ["GPU 0 · stream 7", "main"]  # host lane on top
     assert fig.layout.xaxis.title.text == "time since the first event (ms)"
     p = build_timeline_figure(PROFILE_TL)

@@ -103,7 +103,8 @@ def build_timeline_figure(timeline: dict, *, search: str | None = None, title: s
             orientation="h", name=cat, marker_color=CAT_COLORS.get(cat, OTHER_COLOR),
             marker_opacity=[1.0 if h else DIMMED for h in hit],
             marker_line=dict(width=[1.5 if (h and query) else 0 for h in hit], color="#111"),
-            width=band, offset=[-0.42 + e["depth"] * b for e, b in zip(evs, band)],
+            # parents on top, children below them (as Perfetto and chrome://tracing draw it)
+            width=band, offset=[0.42 - (e["depth"] + 1) * b for e, b in zip(evs, band)],
             text=[e["name"] for e in evs], textposition="inside", insidetextanchor="start",
             textfont=dict(color="white", size=11), constraintext="inside", cliponaxis=True,
             customdata=[[e["name"], human_seconds(e["dur_ms"] / 1e3), e["depth"], e["count"],
