@@ -375,7 +375,9 @@ def _gradient_flow(g):
                 "lower the learning rate, clip gradients (torch.nn.utils.clip_grad_norm_).", nums)
     if g["vanishing"]:
         return ("fail", f"vanishing gradients in {g['vanishing']} of {g['layers']} layers (norm < "
-                f"{VANISHING_RATIO:g} x the largest layer's): {_grad_examples(g, 'vanishing')}",
+                f"{VANISHING_RATIO:g} x the largest layer's; query/key projections, norms, relative-position "
+                f"biases, layer scales and state-space time steps by their own kind's rule): "
+                f"{_grad_examples(g, 'vanishing')}",
                 "Use ReLU-family activations, residual connections, normalisation layers and Kaiming init.", nums)
     if g["dead"]:
         return ("warn", f"{g['dead']} layers get all-zero gradients: {_grad_examples(g, 'dead')}",
