@@ -47,7 +47,8 @@ KIND_OTHER = "layer"
 #: A layer of a small-by-design kind is vanishing below this × the largest layer's norm (100x looser
 #: than VANISHING_RATIO: the measured healthy values above sit 10-40x over it).
 KIND_VANISHING_RATIO = {KIND_QK: 1e-5, KIND_REL_POS: 1e-5, KIND_LAYER_SCALE: 1e-5, KIND_NORM: 1e-5, KIND_SSM_DT: 1e-5}
-#: ... or below this × the largest layer of its own kind (with at least PEER_MIN_LAYERS of that kind).
+#: ... or below this × the largest layer of its own kind (with at least PEER_MIN_LAYERS of that kind)
+#: while also below VANISHING_RATIO × the largest layer (so no kind is judged more strictly than a plain layer).
 PEER_VANISHING_RATIO = 1e-3
 PEER_MIN_LAYERS = 2
 #: A residual branch y = x + γ·f(x) scales every gradient inside f by γ, and layer scale starts γ
@@ -90,7 +91,7 @@ def vanishing_rule(kind: str) -> str:
     """The vanishing rule that applies to a kind, as shown in the layers table's ``rule`` column."""
     if kind in KIND_VANISHING_RATIO:
         return (f"{kind}: < {KIND_VANISHING_RATIO[kind]:g} × the largest layer's norm, or < {PEER_VANISHING_RATIO:g} × "
-                f"the largest {kind}'s")
+                f"the largest {kind}'s and < {VANISHING_RATIO:g} × the largest layer's")
     return f"< {VANISHING_RATIO:g} × the largest layer's norm"
 
 THRESHOLDS = {
@@ -117,8 +118,8 @@ THRESHOLD_HELP = {
                              "(batch × positions)",
     **{f"KIND_VANISHING_RATIO[{k}]": f"a {k} (small at initialisation by design) is vanishing if its norm < this × "
                                      "the largest layer's" for k in KIND_VANISHING_RATIO},
-    "PEER_VANISHING_RATIO": "... or < this × the largest layer of its own kind (other depths), with at least "
-                            f"{PEER_MIN_LAYERS} of that kind",
+    "PEER_VANISHING_RATIO": "... or < this × the largest layer of its own kind (other depths, at least "
+                            f"{PEER_MIN_LAYERS} of that kind) and < VANISHING_RATIO × the largest layer's",
     "LAYER_SCALE_GATE_MAX": "layers in a block whose layer scale has mean |γ| below this are judged on "
                             "gradient norm / mean |γ| (the branch scales their gradients by γ)",
 }
@@ -160,7 +161,9 @@ def classify(layer: dict, largest_norm: float, peer_largest: float | None = None
     if largest_norm > 0 and norm < ratio * largest_norm:
         return "vanishing", (f"{what} {norm:.3g} is {norm / largest_norm:.2g} × the largest layer's "
                              f"({largest_norm:.3g}); < {ratio:g}{label}")
-    if kind in KIND_VANISHING_RATIO and peer_largest and norm < PEER_VANISHING_RATIO * peer_largest:
+    # the peer rule only applies below the plain rule's line: a kind's own rule is never stricter
+    if (kind in KIND_VANISHING_RATIO and peer_largest and norm < PEER_VANISHING_RATIO * peer_largest
+            and norm < VANISHING_RATIO * largest_norm):
         return "vanishing", (f"{what} {norm:.3g} is {norm / peer_largest:.2g} × the largest {kind}'s "
                              f"({peer_largest:.3g}); < {PEER_VANISHING_RATIO:g}")
     return "healthy", ""

@@ -280,7 +280,7 @@ def test_bert_with_hf_init_is_not_flagged_vanishing(head, tmp_path):
     assert q["grad_norm_relative"] < gradient_health.VANISHING_RATIO
     assert q["kind"] == gradient_health.KIND_QK == "query/key projection"
     assert q["rule"] == "query/key projection: < 1e-05 × the largest layer's norm, or < 0.001 × the largest " \
-                        "query/key projection's"
+                        "query/key projection's and < 0.001 × the largest layer's"
     assert layers["bert.encoder.layer.0.attention.self.value"]["kind"] == "layer"
     assert layers["bert.encoder.layer.0.attention.self.value"]["rule"] == "< 0.001 × the largest layer's norm"
     assert layers["bert.embeddings.LayerNorm"]["kind"] == "normalisation"
@@ -333,12 +333,14 @@ def test_layer_scale_gated_blocks_and_ssm_time_steps_are_judged_by_their_own_rul
 def test_the_peer_rule_flags_a_small_by_design_layer_far_below_its_own_kind():
     row = {"grad_norm_max": 1e-3, "grad_norm_mean": 1e-3, "nan_count": 0, "inf_count": 0, "zero_fraction": 0.0,
            "type": "LayerNorm", "kind": "normalisation"}
-    # 1e-3 x the largest layer: fine for a norm (its kind's ratio is 1e-5) ...
-    assert gradient_health.classify(row, 1.0, peer_largest=1e-2) == ("healthy", "")
-    # ... but 1e-4 x the other norms is not
-    status, reason = gradient_health.classify(row, 1.0, peer_largest=10.0)
+    # 1e-4 x the largest layer: fine for a norm (its kind's ratio is 1e-5) among norms of its size ...
+    assert gradient_health.classify(row, 10.0, peer_largest=1e-2) == ("healthy", "")
+    # ... but not at 1e-4 x the other norms
+    status, reason = gradient_health.classify(row, 10.0, peer_largest=10.0)
     assert status == "vanishing"
     assert reason == "gradient norm 0.001 is 0.0001 × the largest normalisation's (10); < 0.001"
+    # never stricter than the plain rule: at 1e-3 x the largest layer or above, the peers do not matter
+    assert gradient_health.classify(row, 1.0, peer_largest=100.0) == ("healthy", "")
     # a plain layer at 1e-3.5 of the largest is vanishing under the plain rule
     plain = {**row, "kind": "layer", "type": "Linear", "grad_norm_mean": 3e-4}
     assert gradient_health.classify(plain, 1.0)[0] == "vanishing"
