@@ -271,13 +271,23 @@ def _launching_ops(trace: Trace, g: pd.DataFrame) -> np.ndarray:
     return np.where(found >= 0, names, "")
 
 
+def _most_common_op(ops: pd.Series) -> str:
+    """The operator named most often (ties: the first in name order); "" when none was found."""
+    found = ops[ops != ""]
+    if not len(found):
+        return ""
+    counts = found.value_counts()
+    return str(min(counts.index[counts == counts.max()]))
+
+
 def launch_delay(trace: Trace, n: int = 20) -> dict:
     """From a launch call's start to its GPU work's start (µs), per kernel name and overall.
 
     GPU events whose launch call is in the trace (correlation id or flow arrow), graph launches left
     out (one call starts all of a graph's kernels: see launch_stats' graphs) and counted. Per name:
     ``launches``, ``mean_us``, ``min_us``, ``p50_us``, ``p90_us``, ``max_us`` (linear-interpolated
-    percentiles) and ``op``, the host operator that launched it most often ("" when none is found).
+    percentiles) and ``op``, the host operator that launched it most often (of the launches whose call
+    sits in one; "" when none does).
     ``histogram``: counts per DELAY_EDGES_US bin; ``negative``: delays below 0 (clock skew).
     """
     g = _gpu_frame(trace)
@@ -302,7 +312,7 @@ def launch_delay(trace: Trace, n: int = 20) -> dict:
                  min_us=("delay_us", "min"), max_us=("delay_us", "max"))
     agg["p50_us"] = by["delay_us"].quantile(0.5)
     agg["p90_us"] = by["delay_us"].quantile(0.9)
-    agg["op"] = by["op"].agg(lambda s: s.value_counts().index[0])
+    agg["op"] = by["op"].agg(_most_common_op)
     agg = agg.reset_index().sort_values(["launches", "mean_us"], ascending=False, kind="stable")
     out["by_name"] = _records(agg[["name", "kind", "op", "launches", "mean_us", "min_us", "p50_us", "p90_us",
                                    "max_us"]].head(n))
