@@ -280,8 +280,14 @@ def _most_common_op(ops: pd.Series) -> str:
     return str(min(counts.index[counts == counts.max()]))
 
 
-def launch_delay(trace: Trace, n: int = 20) -> dict:
-    """From a launch call's start to its GPU work's start (µs), per kernel name and overall.
+#: Where launch_delay measures from: the launch call's start, or its end with negative delays clipped to
+#: 0 (HTA's cuda_kernel_launch_stats).
+DELAY_FROM = ("call_start", "call_end")
+
+
+def launch_delay(trace: Trace, n: int = 20, since: str = "call_start") -> dict:
+    """From a launch call's start (``since="call_end"``: its end, as HTA measures, negative delays
+    clipped to 0 and counted in ``negative``) to its GPU work's start (µs), per kernel name and overall.
 
     GPU events whose launch call is in the trace (correlation id or flow arrow), graph launches left
     out (one call starts all of a graph's kernels: see launch_stats' graphs) and counted. Per name:
@@ -295,15 +301,28 @@ def launch_delay(trace: Trace, n: int = 20) -> dict:
     graph = np.array([is_graph_launch(x) for x in g["launch_name"].fillna("")], dtype=bool)
     out = {"launches": 0, "graph_kernels": int(graph.sum()), "by_name": [], "histogram": [], "negative": 0,
            "notes": []}
+    if since not in DELAY_FROM:
+        raise ValueError(f"since must be one of {', '.join(DELAY_FROM)}, got {since!r}")
+    out["since"] = since
     g = g[~graph].copy()
+    if since == "call_end":   # a call found through a flow arrow alone has no duration: left out, counted
+        timed = g["launch_dur_us"].notna()
+        out["no_call_duration"] = int((~timed).sum())
+        g = g[timed]
     if not len(g):
         out["notes"].append(f"{NOT_COUNTED}: no GPU work with its launch call in this trace")
         return out
     g["delay_us"] = g["start_us"] - g["launch_start_us"]
+    if since == "call_end":
+        g["delay_us"] -= g["launch_dur_us"]
+        out["negative"] = int((g["delay_us"] < 0).sum())
+        g["delay_us"] = g["delay_us"].clip(lower=0.0)
     g["op"] = _launching_ops(trace, g)
     d = g["delay_us"]
     out.update({"launches": int(len(g)), "mean_us": float(d.mean()), "p50_us": float(d.quantile(0.5)),
-                "p90_us": float(d.quantile(0.9)), "max_us": float(d.max()), "negative": int((d < 0).sum())})
+                "p90_us": float(d.quantile(0.9)), "max_us": float(d.max())})
+    if since == "call_start":
+        out["negative"] = int((d < 0).sum())
     counts, _ = np.histogram(d[d >= 0], bins=np.array(DELAY_EDGES_US, dtype=float))
     out["histogram"] = [{"lo_us": float(lo), "hi_us": float(hi) if np.isfinite(hi) else None, "count": int(c)}
                         for lo, hi, c in zip(DELAY_EDGES_US[:-1], DELAY_EDGES_US[1:], counts)]

@@ -455,9 +455,11 @@ def repeated_calls(trace: Trace) -> np.ndarray:
 
 
 #: Rules of idle_time: ours, or HTA's get_idle_time_breakdown (strict comparisons, no launch call needed
-#: for a kernel wait). HTA_KERNEL_WAIT_US is HTA's default consecutive_kernel_delay (30 ns).
+#: for a kernel wait). HTA_KERNEL_WAIT_US is HTA's default consecutive_kernel_delay, 30: documented as
+#: ns, but HTA 0.5.0 compares it with the trace's own timestamps, which Kineto writes in µs (checked
+#: against HTA 0.5.0: with 30 µs and these rules the three categories agree to the µs on every stream).
 IDLE_RULES = ("torchscope", "hta")
-HTA_KERNEL_WAIT_US = 0.03
+HTA_KERNEL_WAIT_US = 30.0
 
 
 def idle_time(trace: Trace, kernel_wait_max_us: float = KERNEL_WAIT_MAX_US, rules: str = "torchscope") -> dict:

@@ -52,5 +52,6 @@ def test_an_old_trace_says_not_counted_and_hta_definitions_rerun(new_app, tmp_pa
     at.radio(key="trace_definitions").set_value("hta").run()
     assert not at.exception, [e.value for e in at.exception]
     captions = " ".join(c.value for c in at.caption)
-    assert "idle kernel wait up to 0.03 µs (hta rules)" in captions and "overlap over compute kernels" in captions
+    assert "idle kernel wait up to 30 µs (hta rules)" in captions and "overlap over compute kernels" in captions
+    assert "launch delay from the launch call's end" in captions
     assert "until its GPU work starts" in " ".join(c["layout"]["title"]["text"] for c in _charts(at))

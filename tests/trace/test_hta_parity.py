@@ -13,6 +13,7 @@ import pytest
 
 from diagnostics.trace import idle_time, load_trace
 from diagnostics.trace import hta_parity as hp
+from diagnostics.trace.views import HTA_KERNEL_WAIT_US
 
 T0 = 1_000_000.0
 CPU_PID, CPU_TID, DEVICE = 4242, 4242, 0
@@ -260,6 +261,21 @@ def test_launch_delay_per_kernel_with_its_operator(trace):
         assert b["count"] == sum(b["lo_us"] <= d < hi for d in delays), b
 
 
+def test_launch_delay_from_the_call_s_end_as_hta_measures_it(trace, tmp_path):
+    r = hp.launch_delay(trace, since="call_end")
+    a = {x["name"]: x for x in r["by_name"]}[A]
+    # Every call lasts 1 µs: A's delays from the call's end are [5, 8, 24, 49].
+    assert (a["min_us"], a["max_us"], a["mean_us"], a["p50_us"]) == (5.0, 49.0, 21.5, 16.0)
+    assert r["since"] == "call_end" and r["negative"] == 0 and r["no_call_duration"] == 0
+    # A kernel that starts before its call returns: -0.5 µs from the end, clipped to 0 and counted.
+    early = load_trace(write(tmp_path, events([(A, "kernel", 7, 1, 0, 0.5, 2, None)], [], []), "early.json"))
+    e = hp.launch_delay(early, since="call_end")
+    assert (e["negative"], e["max_us"]) == (1, 0.0)
+    assert hp.launch_delay(early)["max_us"] == 0.5   # from the call's start
+    with pytest.raises(ValueError, match="since must be one of call_start, call_end"):
+        hp.launch_delay(early, since="kernel")
+
+
 def test_graph_launch_kernels_are_left_out_of_launch_delay(tmp_path):
     evs = [_x("cuda_runtime", "cudaGraphLaunch", CPU_PID, CPU_TID, 0, 50, {"correlation": 9})]
     evs += [_x("kernel", f"k{i}", DEVICE, 7, 60 + 10 * i, 5, {"device": DEVICE, "stream": 7, "correlation": 9})
@@ -297,8 +313,12 @@ def test_idle_kernel_wait_threshold_and_hta_comparisons(tmp_path):
     assert split(idle_time(t)) == (15.0, 1.02, 7.0)                      # ours: gaps <= 5 µs with a launch call
     assert split(idle_time(t, kernel_wait_max_us=1.0)) == (15.0, 1.02, 7.0)   # 1 µs gap: <= 1 is kernel wait
     assert split(idle_time(t, kernel_wait_max_us=1.0, rules="hta")) == (15.0, 0.02, 8.0)  # HTA: < 1 strictly
-    # HTA's default 30 ns: only the 0.02 µs gap is kernel wait; E (no launch call) is other wait either way.
+    # A 30 ns threshold: only the 0.02 µs gap is kernel wait; E (no launch call) is other wait either way.
     r = idle_time(t, kernel_wait_max_us=0.03, rules="hta")
     assert split(r) == (15.0, 0.02, 8.0) and r["kernel_wait_max_us"] == 0.03 and r["rules"] == "hta"
+    # HTA's default (30, in the trace's µs): every gap but the host wait is kernel wait, E's 7 µs included
+    # (HTA asks no launch call for a kernel wait); ours asks one, so E's gap stays other wait.
+    assert split(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US, rules="hta")) == (15.0, 8.02, 0.0)
+    assert split(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US)) == (15.0, 1.02, 7.0)
     with pytest.raises(ValueError, match="rules must be one of torchscope, hta"):
         idle_time(t, rules="perfetto")

@@ -18,10 +18,12 @@ _TIMELINE = (
 HTA_OPTIONS = (
     Option("definitions", "choice", "torchscope", "whose definitions the figures follow: torchscope, or hta to "
            "compare with Holistic Trace Analysis (overlap over compute kernels only, idle kernel wait "
-           "under 30 ns with HTA's comparisons, the launch queue counting a kernel until it starts)",
+           "under 30 µs with HTA's comparisons, the launch queue counting a kernel until it starts, launch "
+           "delay from the end of the launch call)",
            choices=("torchscope", "hta")),
     Option("kernel_wait_us", "float", None, "idle gaps up to this long between queued GPU work count as "
-           "kernel wait (auto: 5 µs; 0.03 µs, HTA's 30 ns, under definitions=hta)", optional=True, lo=0,
+           "kernel wait (auto: 5 µs; 30 µs under definitions=hta: HTA's consecutive_kernel_delay of 30, "
+           "which it compares with Kineto's µs timestamps)", optional=True, lo=0,
            unit="us"),
     Option("overlap_compute", "choice", None, "computation in the communication overlap: gpu_work (kernels, "
            "copies, sets) or kernels (compute kernels only, as HTA); auto: by definitions", optional=True,
@@ -29,6 +31,9 @@ HTA_OPTIONS = (
     Option("queue_until", "choice", None, "a launch stays in its stream's queue until its GPU work ends "
            "(kernel_end) or starts (kernel_start, as HTA); auto: by definitions", optional=True,
            choices=("kernel_end", "kernel_start")),
+    Option("launch_delay_from", "choice", None, "launch delay measured from the launch call's start "
+           "(call_start) or its end, negative delays clipped to 0 (call_end, as HTA); auto: by definitions",
+           optional=True, choices=("call_start", "call_end")),
     Option("queue_full", "int", 1024, "launch queue length counted as full (HTA's max_queue_length)", lo=1,
            hi=1_000_000),
     Option("sequence_length", "int", 3, "longest run of consecutive kernels looked for as a fusion candidate "

@@ -111,7 +111,7 @@ def hta_steps(options, rows: int) -> dict:
                                 full=options["queue_full"]),
         "memcpy_bandwidth": hp.memcpy_bandwidth,
         "annotations": partial(hp.annotations, n=rows),
-        "launch_delay": partial(hp.launch_delay, n=rows),
+        "launch_delay": partial(hp.launch_delay, n=rows, since=pick("launch_delay_from", "call_start", "call_end")),
         "comm_overlap": partial(hp.comm_overlap, compute=pick("overlap_compute", "gpu_work", "kernels")),
     }
 

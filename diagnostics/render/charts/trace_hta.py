@@ -106,7 +106,7 @@ def _bin_label(b: dict) -> str:
 def build_launch_delay_figure(ld: dict) -> go.Figure:
     """How long after its launch call GPU work started: a histogram over all launches."""
     bins = ld.get("histogram") or []
-    title = "Launch delay (call start to GPU start)"
+    title = f"Launch delay (call {'end' if ld.get('since') == 'call_end' else 'start'} to GPU start)"
     if not bins:
         return _empty(title, "; ".join(ld.get("notes") or []) or "No launches")
     fig = go.Figure(go.Bar(x=[_bin_label(b) for b in bins], y=[b["count"] for b in bins],
@@ -137,7 +137,8 @@ def definitions_text(result: dict) -> str:
     idle, q, o = result.get("idle_time") or {}, result.get("queue_length") or {}, result.get("comm_overlap") or {}
     return (f"Definitions: idle kernel wait up to {idle.get('kernel_wait_max_us', 0):g} µs ({idle.get('rules', '')} "
             f"rules); a launch is queued until its GPU work {'ends' if q.get('until') == 'kernel_end' else 'starts'}; "
-            f"overlap over {'compute kernels' if o.get('compute') == 'kernels' else 'all GPU work'}.")
+            f"overlap over {'compute kernels' if o.get('compute') == 'kernels' else 'all GPU work'}; launch delay "
+            f"from the launch call's {'end' if (result.get('launch_delay') or {}).get('since') == 'call_end' else 'start'}.")
 
 
 def notes_of(part: dict) -> list[str]:
