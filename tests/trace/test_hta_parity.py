@@ -322,3 +322,63 @@ def test_idle_kernel_wait_threshold_and_hta_comparisons(tmp_path):
     assert split(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US)) == (15.0, 1.02, 7.0)
     with pytest.raises(ValueError, match="rules must be one of torchscope, hta"):
         idle_time(t, rules="perfetto")
+
+
+# ---- ingest, job, CLI -------------------------------------------------------------------------------
+
+def test_copy_bytes_are_read_by_the_lenient_decoder_too(tmp_path):
+    # A "bytes" written as a string and an event with a bad "ts" make msgspec refuse the block: the
+    # events are then decoded one by one, and the copy's size must survive that path.
+    evs = events([(HTOD, "gpu_memcpy", 7, 1, 0, 10, 10, 2048)], [], [])
+    copy = next(e for e in evs if e["cat"] == "gpu_memcpy")
+    copy["args"]["bytes"] = "2048"
+    evs.append({"ph": "X", "cat": "cpu_op", "name": "bad ts", "ts": {"x": 1}, "dur": 1})
+    t = load_trace(write(tmp_path, evs))
+    assert t.skipped_events == 1
+    (row,) = hp.memcpy_bandwidth(t)["directions"]
+    assert row["bytes"] == 2048 and row["bytes_per_s"] == pytest.approx(2048 / 10e-6)
+
+
+def cli(capsys, tmp_path, *argv):
+    from diagnostics.cli.main import main
+
+    try:
+        code = main(["trace", *map(str, argv), "--no-report", "-q", "--data-dir", str(tmp_path / "data")])
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_trace_analyze_json_has_a_top_level_key_per_analysis_and_takes_the_definitions(capsys, tmp_path):
+    path = write(tmp_path, events())
+    code, out, _ = cli(capsys, tmp_path, "analyze", path, "--json")
+    assert code == 0
+    data = json.loads(out)
+    for key in ("kernel_sequences", "queue_length", "memcpy_bandwidth", "annotations", "launch_delay", "comm_overlap"):
+        assert key in data, key
+    trace = load_trace(path)
+    assert data["kernel_sequences"]["by_time"] == hp.kernel_sequences(trace, n=20)["by_time"]
+    assert data["queue_length"]["until"] == "kernel_end" and data["launch_delay"]["since"] == "call_start"
+    assert data["idle_time"]["kernel_wait_max_us"] == 5.0 and data["comm_overlap"]["compute"] == "gpu_work"
+    code, out, _ = cli(capsys, tmp_path, "analyze", path, "--json", "--definitions", "hta", "--sequence-length", "2",
+                       "--queue-full", "6", "--kernel-wait-us", "2")
+    data = json.loads(out)
+    assert data["idle_time"]["kernel_wait_max_us"] == 2.0 and data["idle_time"]["rules"] == "hta"  # the flag wins
+    assert data["queue_length"]["until"] == "kernel_start" and data["launch_delay"]["since"] == "call_end"
+    assert data["comm_overlap"]["compute"] == "kernels" and data["kernel_sequences"]["max_len"] == 2
+    # Until the kernel starts, stream 7 holds 5 after A starts at 10, 6 from the launch at 13, 7 from 15, 6 from
+    # 21 (B starts), 5 from 30: >= 6 on [13, 30) = 17 µs; the same by counting µs by µs:
+    full = sum(1 for t in range(0, 200) if queued_at(WORK, 7, t + 0.5, "kernel_start") >= 6)
+    assert {s["stream"]: s["full_us"] for s in data["queue_length"]["streams"]}["7"] == 17.0 == full
+    code, _, err = cli(capsys, tmp_path, "analyze", path, "--sequence-length", "1")
+    assert code == 2 and "from 2 to 16" in err
+
+
+def test_trace_analyze_text_names_each_analysis(capsys, tmp_path):
+    code, out, _ = cli(capsys, tmp_path, "analyze", write(tmp_path, events()), "--top", "3")
+    assert code == 0
+    for heading in ("Frequent kernel sequences (2..3 kernels", "Launch queue: Time with 1,024 or more",
+                    "Memcpy / memset bandwidth:", "GPU user annotations:", "Launch delay (launch call start"):
+        assert heading in out, heading
+    assert f"{A} → {B}" in out and "133.33 GB/s" in out and "not counted" in out
