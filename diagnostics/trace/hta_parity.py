@@ -46,6 +46,22 @@ OVERLAP_COMPUTE = ("gpu_work", "kernels")
 NOT_COUNTED = "not counted"
 
 
+def _covered_within(u: iv.Intervals, starts: np.ndarray, ends: np.ndarray) -> float:
+    """Summed length of the sorted disjoint intervals ``u`` inside each [starts[k], ends[k]) (vectorised:
+    the covered length before t is a cumulative sum read with searchsorted)."""
+    s, e = u
+    if not s.size or not len(starts):
+        return 0.0
+    cum = np.r_[0.0, np.cumsum(e - s)]
+
+    def before(t):
+        i = np.searchsorted(s, t, side="right")   # intervals starting at or before t
+        last = np.maximum(i - 1, 0)
+        return cum[np.maximum(i - 1, 0)] + np.where(i > 0, np.minimum(t, e[last]) - s[last], 0.0)
+
+    return float(np.sum(before(np.asarray(ends, float)) - before(np.asarray(starts, float))))
+
+
 def _stream_order(g: pd.DataFrame) -> pd.DataFrame:
     return g.sort_values(["device", "stream", "start_us"], kind="stable").reset_index(drop=True)
 
@@ -71,42 +87,51 @@ def kernel_sequences(trace: Trace, max_len: int = SEQ_MAX_LEN, n: int = 20) -> d
     if not len(g):
         return out
     code, names = pd.factorize(g["name"])
+    code = code.astype(np.int64)
     grp = pd.factorize(g["device"].astype(str) + "/" + g["stream"].astype(str))[0]
     is_k = (g["kind"] == "compute").to_numpy()
     start, end, dur = g["start_us"].to_numpy(), g["end_us"].to_numpy(), g["dur_us"].to_numpy()
     ck = np.r_[0, np.cumsum(is_k)]
     cdur = np.r_[0.0, np.cumsum(dur)]
     parts = []
+    # key[i]: one integer per distinct name sequence code[i:i + length], grown one kernel at a time
+    # (the pair (previous key, next name) factorised, so keys stay below the number of windows).
+    key = code
     for length in range(SEQ_MIN_LEN, max_len + 1):
-        i = np.arange(len(g) - length + 1)
-        if not i.size:
+        m = len(g) - length + 1
+        if m <= 0:
             break
+        key = pd.factorize(key[:m] * len(names) + code[length - 1:length - 1 + m])[0].astype(np.int64)
+        i = np.arange(m)
         ok = (ck[i + length] - ck[i] == length) & (grp[i] == grp[i + length - 1])
         i = i[ok]
         if not i.size:
             continue
-        keys = [f"k{j}" for j in range(length)]
-        df = pd.DataFrame({k: code[i + j] for j, k in enumerate(keys)})
-        df["total_us"] = cdur[i + length] - cdur[i]
-        df["span_us"] = end[i + length - 1] - start[i]
-        agg = df.groupby(keys, sort=False).agg(count=("total_us", "size"), total_us=("total_us", "sum"),
-                                               span_us=("span_us", "sum")).reset_index()
-        agg = agg[agg["count"] >= 2]
-        if not len(agg):
+        uniq, first, inv, count = np.unique(key[i], return_index=True, return_inverse=True, return_counts=True)
+        keep = count >= 2
+        if not keep.any():
             continue
-        agg["kernels"] = [list(names[list(r)]) for r in agg[keys].to_numpy()]
-        agg["length"] = length
-        parts.append(agg.drop(columns=keys))
+        parts.append(pd.DataFrame({
+            "length": length, "count": count[keep], "pos": i[first[keep]],
+            "total_us": np.bincount(inv, weights=cdur[i + length] - cdur[i], minlength=uniq.size)[keep],
+            "span_us": np.bincount(inv, weights=end[i + length - 1] - start[i], minlength=uniq.size)[keep]}))
     if not parts:
         return out
     seqs = pd.concat(parts, ignore_index=True)
     seqs["gap_us"] = seqs["span_us"] - seqs["total_us"]
     seqs["mean_us"] = seqs["total_us"] / seqs["count"]
-    seqs["sequence"] = [" → ".join(k) for k in seqs["kernels"]]
     cols = ["sequence", "length", "count", "total_us", "mean_us", "span_us", "gap_us", "kernels"]
     out["sequences"] = int(len(seqs))
-    out["by_time"] = _records(seqs.sort_values(["total_us", "count"], ascending=False, kind="stable")[cols].head(n))
-    out["by_count"] = _records(seqs.sort_values(["count", "total_us"], ascending=False, kind="stable")[cols].head(n))
+
+    def top(order: list[str]) -> list:
+        rows = seqs.sort_values(order, ascending=False, kind="stable").head(n).copy()
+        # Names only for the rows kept: from the first occurrence's position.
+        rows["kernels"] = [[str(x) for x in names[code[p:p + ln]]] for p, ln in zip(rows["pos"], rows["length"])]
+        rows["sequence"] = [" → ".join(k) for k in rows["kernels"]]
+        return _records(rows[cols])
+
+    out["by_time"] = top(["total_us", "count"])
+    out["by_count"] = top(["count", "total_us"])
     return out
 
 
@@ -237,7 +262,7 @@ def annotations(trace: Trace, n: int = 20) -> dict:
     busy = {}
     for (name, d), sub in a.groupby(["name", "device"], sort=False):
         u = iv.union(sub["start"].to_numpy(), sub["end"].to_numpy())
-        busy[name] = busy.get(name, 0.0) + (iv.length(iv.intersect(u, work[d])) if d in work else 0.0)
+        busy[name] = busy.get(name, 0.0) + (_covered_within(work[d], *u) if d in work else 0.0)
     agg = a.groupby("name").agg(count=("dur", "size"), total_us=("dur", "sum"), mean_us=("dur", "mean"),
                                 max_us=("dur", "max")).reset_index()
     agg["gpu_busy_us"] = agg["name"].map(busy)
@@ -298,7 +323,8 @@ def launch_delay(trace: Trace, n: int = 20, since: str = "call_start") -> dict:
     """
     g = _gpu_frame(trace)
     g = g[g["launch_start_us"].notna()]
-    graph = np.array([is_graph_launch(x) for x in g["launch_name"].fillna("")], dtype=bool)
+    calls = g["launch_name"].fillna("").astype(str)
+    graph = calls.isin([x for x in calls.unique() if is_graph_launch(x)]).to_numpy()   # once per distinct name
     out = {"launches": 0, "graph_kernels": int(graph.sum()), "by_name": [], "histogram": [], "negative": 0,
            "notes": []}
     if since not in DELAY_FROM:
@@ -357,7 +383,7 @@ def comm_overlap(trace: Trace, compute: str = "gpu_work") -> dict:
     s, e = g["start_us"].to_numpy(), g["end_us"].to_numpy()
     comm_u, comp_u = iv.union(s[is_comm], e[is_comm]), iv.union(s[is_comp], e[is_comp])
     comm_us, comp_us = iv.length(comm_u), iv.length(comp_u)
-    overlap = iv.length(iv.intersect(comm_u, comp_u))
+    overlap = _covered_within(comp_u, *comm_u)
     out = {"compute": compute, "comm_us": comm_us, "compute_us": comp_us, "overlap_us": overlap,
            "overlap_pct": 100.0 * overlap / comm_us if comm_us > 0 else None, "notes": []}
     if not comm_us:

@@ -382,3 +382,19 @@ def test_trace_analyze_text_names_each_analysis(capsys, tmp_path):
                     "Memcpy / memset bandwidth:", "GPU user annotations:", "Launch delay (launch call start"):
         assert heading in out, heading
     assert f"{A} → {B}" in out and "133.33 GB/s" in out and "not counted" in out
+
+
+def test_covered_time_matches_pairwise_overlaps_of_disjoint_sets():
+    # The vectorised busy-inside / overlap measure against a brute force: for two disjoint sets, the length of
+    # their intersection is the sum of pairwise overlaps.
+    import random
+
+    from diagnostics.trace import intervals as iv
+
+    rnd = random.Random(3)
+    for _ in range(200):
+        a = [(s, s + rnd.uniform(0, 10)) for s in (rnd.uniform(0, 100) for _ in range(rnd.randint(0, 25)))]
+        b = [(s, s + rnd.uniform(0, 10)) for s in (rnd.uniform(0, 100) for _ in range(rnd.randint(0, 25)))]
+        ua, ub = iv.union([x for x, _ in a], [y for _, y in a]), iv.union([x for x, _ in b], [y for _, y in b])
+        brute = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in zip(*ua) for s2, e2 in zip(*ub))
+        assert hp._covered_within(ub, *ua) == pytest.approx(brute, abs=1e-9)
