@@ -83,8 +83,9 @@ def kernel_sequences(trace: Trace, max_len: int = SEQ_MAX_LEN, n: int = 20) -> d
         raise ValueError(f"max_len must be at least {SEQ_MIN_LEN}, got {max_len}")
     g = _stream_order(_gpu_frame(trace))
     out = {"max_len": int(max_len), "kernels": int((g["kind"] == "compute").sum()), "sequences": 0,
-           "by_time": [], "by_count": []}
-    if not len(g):
+           "by_time": [], "by_count": [], "notes": []}
+    if not out["kernels"]:
+        out["notes"].append(f"{NOT_COUNTED}: no GPU compute kernels in this trace")
         return out
     code, names = pd.factorize(g["name"])
     code = code.astype(np.int64)

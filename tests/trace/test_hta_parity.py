@@ -227,6 +227,7 @@ def test_an_old_trace_without_bytes_or_annotations_says_not_counted(tmp_path):
     cpu_only = load_trace(write(tmp_path, events(work=[], annotations=[]), "cpu.json"))
     assert "not counted" in hp.memcpy_bandwidth(cpu_only)["notes"][0]
     assert "not counted" in hp.launch_delay(cpu_only)["notes"][0]
+    assert hp.kernel_sequences(cpu_only)["notes"] == ["not counted: no GPU compute kernels in this trace"]
 
 
 # ---- 4. GPU user annotations -----------------------------------------------------------------------
@@ -398,3 +399,33 @@ def test_covered_time_matches_pairwise_overlaps_of_disjoint_sets():
         ua, ub = iv.union([x for x, _ in a], [y for _, y in a]), iv.union([x for x, _ in b], [y for _, y in b])
         brute = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in zip(*ua) for s2, e2 in zip(*ub))
         assert hp._covered_within(ub, *ua) == pytest.approx(brute, abs=1e-9)
+
+
+@pytest.mark.parametrize("which", ["gpu", "cpu_only"])
+def test_figures_and_report_sections_draw_every_result(which, tmp_path):
+    import plotly.graph_objects as go
+
+    from diagnostics.analyses.trace import TRACE
+    from diagnostics.analyses.trace.job import hta_steps
+    from diagnostics.render.charts import trace_hta as charts
+
+    evs = events() if which == "gpu" else events(work=[], annotations=[])
+    t = load_trace(write(tmp_path, evs))
+    result = {k: fn(t) for k, fn in hta_steps(TRACE.validate({"path": "x"}), 20).items()}
+    figs = [charts.build_kernel_sequences_figure(result["kernel_sequences"]),
+            charts.build_queue_length_figure(result["queue_length"]),
+            charts.build_bandwidth_figure(result["memcpy_bandwidth"]),
+            charts.build_annotations_figure(result["annotations"]),
+            charts.build_launch_delay_figure(result["launch_delay"])]
+    for fig in figs:
+        assert isinstance(fig, go.Figure)
+        fig.to_json()
+    titles = [s.title for s in charts.hta_sections(result)]
+    assert titles == ["Kernel sequences", "Launch queue", "Memcpy bandwidth", "GPU annotations", "Launch delay",
+                      "Definitions"]
+    if which == "cpu_only":   # nothing drawn as 0: each empty figure says why
+        texts = [f.layout.annotations[0].text for f in figs]
+        assert all("not counted" in x for x in texts), texts
+    else:
+        (bar,) = figs[0].data
+        assert list(bar.x) == [19.0, 45.0] and figs[0].layout.xaxis.title.text == "GPU time, all occurrences (µs)"

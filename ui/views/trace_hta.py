@@ -53,6 +53,7 @@ def show_tabs(tabs, result: dict) -> None:
     ann, ld = result["annotations"], result["launch_delay"]
     with tabs[0]:
         st.plotly_chart(build_kernel_sequences_figure(seqs), width="stretch")
+        _notes(seqs)
         st.caption(f"Runs of 2 to {seqs['max_len']} consecutive kernels on one stream seen at least twice: "
                    "fusing one saves its launches and the gaps inside it.")
         _table(seqs["by_time"], {"total_us": "GPU time (µs)", "mean_us": "each (µs)", "span_us": "span (µs)",

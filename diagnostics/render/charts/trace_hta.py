@@ -35,7 +35,7 @@ def build_kernel_sequences_figure(seqs: dict) -> go.Figure:
     rows = (seqs.get("by_time") or [])[:MAX_BARS][::-1]
     title = "Frequent kernel sequences (fusion candidates)"
     if not rows:
-        return _empty(title, "No run of kernels occurs twice on a stream")
+        return _empty(title, "; ".join(seqs.get("notes") or []) or "No run of kernels occurs twice on a stream")
     fig = go.Figure(go.Bar(
         x=[r["total_us"] for r in rows], y=[_clip(r["sequence"]) for r in rows], orientation="h",
         customdata=[[r["count"], r["gap_us"], r["sequence"]] for r in rows],
@@ -152,7 +152,7 @@ def hta_sections(result: dict) -> list[Section]:
     seqs, q, bw = result.get("kernel_sequences") or {}, result.get("queue_length") or {}, result.get("memcpy_bandwidth") or {}
     ann, ld = result.get("annotations") or {}, result.get("launch_delay") or {}
     return [
-        section("Kernel sequences", [lambda: build_kernel_sequences_figure(seqs)],
+        section("Kernel sequences", [lambda: build_kernel_sequences_figure(seqs)], text=notes_of(seqs),
                 tables=[("kernel sequences", records_frame([{k: v for k, v in r.items() if k != "kernels"}
                                                             for r in seqs.get("by_time") or []]))]),
         section("Launch queue", [lambda: build_queue_length_figure(q)], text=[queue_text(q)] + notes_of(q),
@@ -177,7 +177,8 @@ def hta_text(result: dict, top: int, table, clip, ms) -> list[str]:
     rows = [dict(r, sequence=clip(r["sequence"])) for r in (seqs.get("by_time") or [])[:top]]
     out += ["", f"Frequent kernel sequences (2..{seqs.get('max_len')} kernels, by GPU time; fusion candidates):",
             table(rows, [("sequence", "sequence", str), ("count", "count", "{:,}".format),
-                         ("GPU time", "total_us", ms), ("gaps", "gap_us", ms)]) if rows else "(none occurs twice)"]
+                         ("GPU time", "total_us", ms), ("gaps", "gap_us", ms)]) if rows
+            else "; ".join(notes_of(seqs)) or "(no run of kernels occurs twice on a stream)"]
     q = result.get("queue_length") or {}
     out += ["", "Launch queue: " + queue_text(q)] + [f"note: {n}" for n in notes_of(q) if q.get("streams")]
     if q.get("streams"):
