@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import plotly.graph_objects as go
-from diagnostics.render.charts.trace_hta import hta_sections
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
+
+from diagnostics.render.charts.trace_hta import hta_sections  # the HTA-parity sections (#18)
 
 GPU_KINDS = (("compute_us", "compute", "#4c78a8"), ("communication_us", "communication", "#f58518"),
              ("memcpy_us", "memcpy", "#54a24b"), ("memset_us", "memset", "#b279a2"),
