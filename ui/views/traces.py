@@ -10,6 +10,7 @@ from diagnostics.render.charts.traces import (
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
 )
 from diagnostics.units import human_bytes, human_count
+from ui.views import trace_hta
 from ui.widgets import metric_row
 from ui.views.timeline import show_timeline
 
@@ -72,7 +73,9 @@ def show(result: dict) -> None:
         st.warning(w)
     for n in s.get("notes") or []:
         st.info(n)
-    tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"])
+    tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"]
+                   + trace_hta.TABS)
+    trace_hta.show_tabs(tabs[-len(trace_hta.TABS):], result)   # the HTA-parity tabs (ui.views.trace_hta)
     with tabs[0]:
         st.plotly_chart(build_category_figure(s), width="stretch")
         c1, c2 = st.columns(2)
