@@ -72,3 +72,21 @@ def test_a_bad_row_count_is_refused_before_the_trace_is_read(tmp_path):
     path.write_text("not JSON")  # reading it would fail with another message
     with pytest.raises(Exception, match=r"^option top: must be an integer from 1 to 100000, got 0$"):
         execute(Job("trace", None, {"path": str(path), "top": 0}), tmp_path)
+
+
+def test_a_second_open_of_an_unchanged_trace_reads_the_trace_cache(tmp_path, monkeypatch):
+    from diagnostics.settings import trace_cache_dir
+
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "data"))  # the worker inherits it
+    path = tmp_path / "gpu.json"
+    path.write_bytes((DATA / "gpu_small.json").read_bytes())
+    first = run_job(Job("trace", None, {"path": str(path), "top": 5}))
+    second = run_job(Job("trace", None, {"path": str(path), "top": 6}))  # another job, the same file
+    assert first.ok and second.ok, (first.error, second.error)
+    assert first.result["trace_cache"]["hit"] is False and second.result["trace_cache"]["hit"] is True
+    assert second.result["summary"] == first.result["summary"]
+    assert second.result["temporal_breakdown"] == first.result["temporal_breakdown"]
+    assert len(list(trace_cache_dir().iterdir())) == 1  # written by the (sandboxed) worker
+    diff = run_job(Job("trace_diff", None, {"before": str(path), "after": str(DATA / "diff_after.json")}))
+    assert diff.ok, diff.error
+    assert diff.result["trace_cache"]["before"]["hit"] is True
