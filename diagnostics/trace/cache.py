@@ -43,6 +43,7 @@ MAX_BYTES_ENV = "TORCHSCOPE_TRACE_CACHE_MB"
 STALE_TMP_S = 3600
 EVENTS_FILE = "events.feather"
 META_FILE = "trace_meta.json"
+ENTRY = "trace_cache_entry"  # Trace._cache key: the entry folder a trace was read from or kept in
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 
@@ -90,11 +91,37 @@ def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: b
     trace = read_entry(root / key, file_stamp)
     if trace is not None:
         trace.source = str(path)
+        trace._cache[ENTRY] = root / key
         return trace, True
     trace = load_trace(path, allow_truncated=allow_truncated, workers=workers)
     if stamp(path) == file_stamp:  # not rewritten while it was being read
-        write_entry(root, key, trace, file_stamp, limit)
+        folder = write_entry(root, key, trace, file_stamp, limit)
+        if folder is not None:
+            trace._cache[ENTRY] = folder
     return trace, False
+
+
+def link_events(trace: Trace, dest: Path) -> bool:
+    """Hard-link the events file of the entry ``trace`` came from (or was kept in) to ``dest``:
+    the same columns kept beside a run without writing them again. False when it cannot be done
+    (no entry, evicted meanwhile, another file system); then the caller writes them. The entry's
+    file is never written again (a new entry is a new folder), so the link stays valid after an
+    eviction."""
+    folder = trace._cache.get(ENTRY)
+    if folder is None:
+        return False
+    dest = Path(dest)
+    tmp = dest.with_name(f"{_TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.link(Path(folder) / EVENTS_FILE, tmp)
+        os.replace(tmp, dest)  # a file already there is replaced, never written through the link
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return False
+    return True
 
 
 def read_entry(folder: Path, file_stamp: dict) -> Trace | None:

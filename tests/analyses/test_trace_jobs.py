@@ -86,7 +86,15 @@ def test_a_second_open_of_an_unchanged_trace_reads_the_trace_cache(tmp_path, mon
     assert first.result["trace_cache"]["hit"] is False and second.result["trace_cache"]["hit"] is True
     assert second.result["summary"] == first.result["summary"]
     assert second.result["temporal_breakdown"] == first.result["temporal_breakdown"]
-    assert len(list(trace_cache_dir().iterdir())) == 1  # written by the (sandboxed) worker
+    [entry] = list(trace_cache_dir().iterdir())  # written by the (sandboxed) worker
+    # The columns kept beside each run are the cache entry's file, linked, not written again ...
+    for out in (first, second):
+        kept = Path(out.result["columns_dir"]) / "events.feather"
+        assert kept.stat().st_ino == (entry / "events.feather").stat().st_ino
+    # ... and a timeline re-draw reads them.
+    tl = run_job(Job("trace_timeline", None, {"columns_dir": second.result["columns_dir"]}))
+    assert tl.ok, tl.error
+    assert tl.result["timeline"] == first.result["timeline"]
     diff = run_job(Job("trace_diff", None, {"before": str(path), "after": str(DATA / "diff_after.json")}))
     assert diff.ok, diff.error
     assert diff.result["trace_cache"]["before"]["hit"] is True

@@ -81,6 +81,28 @@ def test_a_touched_or_resized_file_is_a_miss(tmp_path):
     assert cached_load(path, root)[1] is False
 
 
+def test_link_events_shares_the_entry_file_or_says_it_cannot(tmp_path):
+    path = _trace_with(tmp_path, "t.json", "k")
+    root = tmp_path / "cache"
+    for expect_hit in (False, True):  # kept on the first open, read on the second: both know their entry
+        trace, hit = cached_load(path, root)
+        assert hit is expect_hit
+        dest = tmp_path / f"kept-{hit}.feather"
+        assert cache.link_events(trace, dest) is True
+        [(_, _, folder)] = entries(root)
+        assert dest.stat().st_ino == (folder / cache.EVENTS_FILE).stat().st_ino
+    assert cache.link_events(load_trace(path), tmp_path / "other.feather") is False  # not from the cache
+    dest = tmp_path / "older.feather"
+    dest.write_bytes(b"an older file")
+    assert cache.link_events(trace, dest) is True  # replaced, not written through
+    assert dest.stat().st_ino == (folder / cache.EVENTS_FILE).stat().st_ino
+    _same_trace(trace, cached_load(path, root)[0])  # the entry is intact
+    cache.evict(root, 0)  # evicted: the linked copy still reads
+    assert not entries(root)
+    pd.testing.assert_frame_equal(pd.read_feather(dest), pd.read_feather(tmp_path / "kept-False.feather"))
+    assert cache.link_events(trace, tmp_path / "gone.feather") is False  # its entry is gone
+
+
 def test_the_ingest_options_are_part_of_the_key(tmp_path):
     path = _trace_with(tmp_path, "t.json", "k")
     root = tmp_path / "cache"

@@ -19,7 +19,7 @@ import pandas as pd
 from diagnostics.analyses.trace import TRACE, TRACE_DIFF, TRACE_TIMELINE
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import check_server_path, trace_cache_dir
-from diagnostics.trace.cache import cached_load
+from diagnostics.trace.cache import cached_load, link_events
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
@@ -47,7 +47,8 @@ def _require_path(options: dict, key: str = "path") -> str:
 
 
 def _save_columns(trace: Trace, folder: Path) -> None:
-    trace.events.reset_index(drop=True).to_feather(folder / EVENTS_FILE)
+    if not link_events(trace, folder / EVENTS_FILE):  # the trace cache's copy, when there is one
+        trace.events.reset_index(drop=True).to_feather(folder / EVENTS_FILE)
     meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
     (folder / META_FILE).write_text(json.dumps(meta, default=str))
 
