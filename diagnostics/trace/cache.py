@@ -79,8 +79,8 @@ def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: b
                 workers: int | None = None, limit: int | None = None) -> tuple[Trace, bool]:
     """load_trace(path) through the cache in ``root``: (trace, True) when it was read from the cache.
 
-    root None, or a limit of 0 bytes: no cache (plain load_trace). A cache that cannot be written (disk full, read-only)
-    costs the speed-up only; the trace is still returned.
+    root None, or a limit of 0 bytes: no cache (plain load_trace). A cache that cannot be written
+    (disk full, read-only) costs the speed-up only; the trace is still returned.
     """
     limit = max_bytes() if limit is None else limit
     if root is None or limit <= 0:
