@@ -84,7 +84,7 @@ def analyze(ctx, options: dict) -> dict:
         msg = str(e)
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
-    out = {"path": path, "name": name, "trace_cache": cache}
+    out = {"path": path, "name": name}
     steps = [("summary", summary), ("temporal_breakdown", temporal_breakdown),
              ("top_operators", partial(top_operators, n=rows)), ("idle_time", idle_time),
              ("launch_stats", partial(launch_stats, n=rows))]
@@ -99,6 +99,7 @@ def analyze(ctx, options: dict) -> dict:
     s = out["summary"]
     out["metrics"] = {"events": s["events"], "duration_ms": s["duration_us"] / 1e3, "steps": s["n_steps"],
                       "skipped_events": s["skipped_events"], "has_gpu": s["has_gpu"]}
+    out["trace_cache"] = cache  # whether the parsed trace came from the trace cache, and how long the open took
     return out
 
 
