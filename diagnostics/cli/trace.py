@@ -4,8 +4,8 @@ The CLI runs them like every other command (diagnostics.cli.main.run_job_command
 run store with source "cli", progress, the report folder); this module says what to run for the
 parsed arguments and how to show the result. ``--json``, result.json and the report hold the
 analysis' own result (``summary``, ``temporal_breakdown``, ``top_operators``, ``idle_time``,
-``launch_stats``, ``timeline``, ``metrics`` for "trace"; ``before``, ``after``, ``diff``,
-``metrics`` for "trace_diff"), less where the worker kept its parsed columns.
+``launch_stats``, ``timeline``, ``trace_cache``, ``metrics`` for "trace"; ``before``, ``after``,
+``diff``, ``trace_cache``, ``metrics`` for "trace_diff"), less where the worker kept its parsed columns.
 """
 
 from __future__ import annotations

@@ -57,10 +57,21 @@ def _timeline(result: dict) -> None:
                f"stands for several short events of its row merged (bucket {timeline.get('bucket_us', 0):.1f} µs).")
 
 
+def cache_caption(cache: dict | None) -> str:
+    """Where the trace was read from: the parsed-trace cache or the file (diagnostics.trace.cache)."""
+    if not cache:
+        return "Parsed from the file (this run did not record the trace cache)"
+    if cache["hit"]:
+        return f"Reopened from the trace cache in {cache['open_s']:.2f} s (the file is unchanged since it was parsed)"
+    return (f"Parsed from the file in {cache['open_s']:.2f} s; its columns are kept in the trace cache, so the "
+            "next open of the unchanged file is faster")
+
+
 def show(result: dict) -> None:
     s = result["summary"]
     st.caption(f"{result['name']} · {human_bytes(s['bytes'])} · rank {s['rank'] if s['rank'] is not None else 'n/a'}"
                f" · schema {s.get('schema_version')}")
+    st.caption(cache_caption(result.get("trace_cache")))
     metric_row([
         ("Duration", f"{s['duration_us'] / 1e3:,.2f} ms", "first event start to last event end"),
         ("Events", human_count(s["events"]), f"{s['events']:,} events parsed"),
