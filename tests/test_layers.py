@@ -77,13 +77,14 @@ def test_the_trace_layer_stands_on_the_base_only():
 
 
 def test_the_measure_layer_stands_on_the_trace_layer_and_the_base_only():
-    assert _violations("diagnostics.measure", BASE | {"diagnostics.trace"}) == []
+    # diagnostics.inputs: how a model is called with its inputs (positional and keyword), beside intake
+    assert _violations("diagnostics.measure", BASE | {"diagnostics.trace", "diagnostics.inputs"}) == []
 
 
 @pytest.mark.parametrize("analysis", sorted({unit(m) for m in MODULES if m.startswith("diagnostics.analyses.")}))
 def test_an_analysis_never_imports_another_or_anything_above_it(analysis):
     below = BASE | {"diagnostics.trace", "diagnostics.measure", "diagnostics.declare", "diagnostics.spec",
-                    "diagnostics.intake", "diagnostics.settings", "diagnostics.uploads"}
+                    "diagnostics.intake", "diagnostics.inputs", "diagnostics.settings", "diagnostics.uploads"}
     assert _violations(analysis, below) == []
 
 
