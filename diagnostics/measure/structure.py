@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from diagnostics.measure.gradflow import relu_units_alive
+from diagnostics.inputs import call as call_model
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -257,7 +258,7 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
     with _trace_hooks(model, order, pairs, relu_stats, hidden, redundant):
         model.eval()
         with torch.no_grad():
-            model(*inputs)
+            call_model(model, inputs)
     names = {n: m for n, m in model.named_modules()}
     executed = [o for o in order]
     last = executed[-1]["name"] if executed else None

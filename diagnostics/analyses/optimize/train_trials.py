@@ -31,6 +31,7 @@ from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import SavedTensorTracker, measure_peak
 from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
 from diagnostics.measure.timer import sync
+from diagnostics.inputs import call as call_model
 
 SEED = 0
 
@@ -81,7 +82,7 @@ def saved_activation_bytes(model: nn.Module, inputs: tuple, loss_fn) -> dict:
     """Bytes each module saves for backward in one training forward (module name -> bytes)."""
     tracker = SavedTensorTracker()
     with tracker.track(model, inputs):
-        loss = loss_fn(model(*inputs))
+        loss = loss_fn(call_model(model, inputs))
     del loss
     return dict(tracker.saved)
 
@@ -91,7 +92,7 @@ def eval_outputs(model: nn.Module, inputs: tuple):
     model.eval()
     try:
         with torch.no_grad():
-            return model(*inputs)
+            return call_model(model, inputs)
     finally:
         model.train(was)
 
