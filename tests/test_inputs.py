@@ -362,3 +362,28 @@ def test_keyword_inputs_through_compile_and_the_batch_scan(kw_file, tmp_path):
     assert scan["metrics"]["largest_batch_under_budget"] == 16
     peaks = [r["peak_bytes"] for r in scan["rows"]]
     assert peaks == sorted(peaks) and peaks[-1] > peaks[0]  # every keyword tensor grew with the batch
+
+
+def test_a_rejected_keyword_input_is_named_in_the_error(kw_file):
+    from diagnostics.errors import ModelRunError
+
+    spec = _spec(kw_file, inputs=(InputSpec((4, 6), "int64", 50, "tokens"), InputSpec((4, 5), name="features")))
+    with pytest.raises(ModelRunError, match=r"the model rejected its inputs \(tokens=\[4, 6\] int64, "
+                                            r"features=\[4, 5\] float32\)"):
+        load_model(spec).forward()
+
+
+def test_an_export_archive_with_keyword_example_inputs_keeps_them(tmp_path):
+    class Gate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, x, *, scale):
+            return self.lin(x) * scale
+
+    path = tmp_path / "gate.pt2"
+    torch.export.save(torch.export.export(Gate(), (torch.randn(5, 3),), {"scale": torch.rand(5, 2)}), str(path))
+    loaded = load_model(ModelSpec(source="export", name=path.name, path=str(path)))
+    assert [(s.name, s.shape) for s in loaded.input_specs] == [(None, (5, 3)), ("scale", (5, 2))]
+    assert loaded.forward().shape == (5, 2)
