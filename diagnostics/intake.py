@@ -28,11 +28,11 @@ from torch import nn
 
 from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError, clean_message, explain
 from diagnostics.graph_ops import check_exported, check_torchscript
-from diagnostics.sandbox import graph_code_refusal
-from diagnostics.settings import SAFE_MODE_ENV, safe_mode  # noqa: F401 (re-exported)
 from diagnostics.inputs import Inputs, from_example, make_inputs, spec_of, specs_of, with_batch
 from diagnostics.inputs import describe as describe_inputs
 from diagnostics.inputs import with_names
+from diagnostics.sandbox import graph_code_refusal
+from diagnostics.settings import SAFE_MODE_ENV, safe_mode  # noqa: F401 (re-exported)
 from diagnostics.spec import InputSpec, ModelSpec
 from diagnostics.uploads import WEIGHTS_NAMES, archive_kind
 

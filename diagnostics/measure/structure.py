@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from diagnostics.measure.gradflow import relu_units_alive
 from diagnostics.inputs import call as call_model
+from diagnostics.measure.gradflow import relu_units_alive
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import interleaved
 from diagnostics.measure.dynamo import explain
 from diagnostics.measure.environment import environment_facts
@@ -34,7 +35,6 @@ from diagnostics.measure.state import restored_state
 from diagnostics.measure.structure import forward_facts, static_facts
 from diagnostics.measure.timer import sync, time_calls
 from diagnostics.trace.classify import uses_tensor_cores
-from diagnostics.inputs import call as call_model
 
 #: ops that can run on Tensor Cores (matmuls, convolutions, attention), as named in the profiler.
 ELIGIBLE_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",

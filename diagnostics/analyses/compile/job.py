@@ -15,11 +15,11 @@ import torch._dynamo
 
 from diagnostics.analyses.compile import ANALYSIS
 from diagnostics.errors import ModelRunError, TorchScopeError
+from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import interleaved
 from diagnostics.measure.dynamo import compile_seconds, explain, watch_recompiles
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.timer import sync
-from diagnostics.inputs import call as call_model
 
 
 def _first_line(e: BaseException) -> str:

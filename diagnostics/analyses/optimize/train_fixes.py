@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
-from diagnostics.measure.training import make_optimizer
 from diagnostics.inputs import as_inputs
 from diagnostics.inputs import call as call_model
+from diagnostics.measure.training import make_optimizer
 
 
 @dataclass

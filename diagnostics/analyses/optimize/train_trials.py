@@ -26,12 +26,12 @@ from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
 from diagnostics.analyses.optimize.train_fixes import TrainContext, TrainSetup, baseline
 from diagnostics.analyses.optimize.trials import _row, fidelity, serialized_bytes
+from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import CONTROL, interleaved
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import SavedTensorTracker, measure_peak
 from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
 from diagnostics.measure.timer import sync
-from diagnostics.inputs import call as call_model
 
 SEED = 0
 
