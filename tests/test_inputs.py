@@ -275,8 +275,8 @@ def test_t5_with_keyword_inputs_runs_every_analysis(t5_file, tmp_path, analysis,
     if analysis == "profile":
         assert m["latency_median_ms"] > 0 and m["batch_size"] == 2
     if analysis == "checklist":
-        assert m["applicable"] > 0
-        assert "forward" not in (result.get("errors") or {}) and "train_step" not in (result.get("errors") or {})
+        assert m["applicable"] > 0 and m["error"] == 0
+        assert result["facts"]["errors"] == {}  # every probe (forward, train step, profile, compile) ran
 
 
 def test_t5_with_keyword_inputs_through_fixes(t5_file, tmp_path):
