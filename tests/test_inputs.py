@@ -387,3 +387,22 @@ def test_an_export_archive_with_keyword_example_inputs_keeps_them(tmp_path):
     loaded = load_model(ModelSpec(source="export", name=path.name, path=str(path)))
     assert [(s.name, s.shape) for s in loaded.input_specs] == [(None, (5, 3)), ("scale", (5, 2))]
     assert loaded.forward().shape == (5, 2)
+
+
+def test_the_engine_never_calls_a_model_with_star_inputs():
+    """model(*inputs) would pass keyword inputs by position: the engine calls through diagnostics.inputs."""
+    import ast
+    from pathlib import Path
+
+    engine = Path(__file__).resolve().parents[1] / "diagnostics"
+    bad = []
+    for path in sorted(engine.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call) or any(k.arg is None for k in node.keywords):
+                continue  # f(*args, **kwargs) forwards both
+            for arg in node.args:
+                if isinstance(arg, ast.Starred):
+                    name = ast.unparse(arg.value)
+                    if "input" in name or name in ("x", "xs", "part", "bigger", "batch"):
+                        bad.append(f"{path.relative_to(engine.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert bad == []
