@@ -59,6 +59,8 @@ def tensor_bytes(tensors) -> int:
         try:
             storage = t.untyped_storage()
             key, n = (storage.data_ptr(), t.device), storage.nbytes()
+            if not key[0]:  # meta or fake tensors have no storage to share: each tensor is its own
+                key, n = id(t), t.numel() * t.element_size()
         except (RuntimeError, NotImplementedError):  # sparse / functional tensors: size by elements
             key, n = id(t), t.numel() * t.element_size()
         if key in seen:
