@@ -179,8 +179,8 @@ def make_config(config: dict, strict: bool = True):
     cls = CONFIG_MAPPING[model_type]
     defaults = cls()
     known = set(defaults.to_dict()) | set(getattr(cls, "attribute_map", {}) or {}) | set(vars(defaults))
-    keys = {k: v for k, v in config.items() if k not in METADATA_KEYS}
-    unknown = [k for k in keys if k not in known and not hasattr(defaults, k)]
+    keys = {k: v for k, v in config.items() if k not in METADATA_KEYS or k == "architectures"}
+    unknown = [k for k in keys if k not in known and not hasattr(defaults, k) and k not in METADATA_KEYS]
     notes = []
     if unknown:
         if strict:
@@ -384,10 +384,3 @@ def build(settings: HFSettings, device: str = "cpu", seed: int = 0) -> HFBuilt:
                     f"{task}; nothing downloaded)")
     return HFBuilt(model=model, task=task, input_spec=spec, loss_fn=loss_fn, loss_name=loss_name,
                    num_classes=num_classes, meta_reason=meta_reason, notes=notes)
-
-
-def fake_mode():
-    """A FakeTensorMode in which a meta-device model runs: shapes and FLOPs without memory."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode(allow_non_fake_inputs=True)

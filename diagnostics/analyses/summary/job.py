@@ -132,7 +132,7 @@ def analyze(ctx, options: dict) -> dict:
     # shapes and FLOPs without allocating; parameters are counted from the meta tensors as usual.
     counting = nullcontext()
     if loaded.meta:
-        from diagnostics.hf import fake_mode
+        from diagnostics.measure.tensors import fake_mode
 
         counting = fake_mode()
     with counting:
@@ -198,7 +198,8 @@ def analyze(ctx, options: dict) -> dict:
     meta_note = None
     if loaded.meta:
         meta_note = (f"this model was {loaded.meta}: parameters and FLOPs are counted exactly (FLOPs on fake "
-                     "tensors); no activation memory or time was measured")
+                     "tensors; backward with the math attention backward, where a fused kernel may also recompute "
+                     "the attention scores); no activation memory or time was measured")
     return {
         "model": loaded.spec.label,
         "model_type": type(model).__name__,

@@ -30,7 +30,7 @@ def analyze(ctx, options: dict) -> dict:
     ctx.progress(0.5, "one forward pass")
     loaded.model.eval()
     if loaded.meta:  # a model on the meta device runs on fake tensors: shapes, no values to check
-        from diagnostics.hf import fake_mode
+        from diagnostics.measure.tensors import fake_mode
 
         with fake_mode(), torch.no_grad():
             out = loaded.forward()
