@@ -129,12 +129,11 @@ def _counted_only(loaded, o: dict) -> dict:
     s_bytes = STATE_PER_PARAM[o["optimizer"]] * t_bytes
     static = p_bytes + b_bytes + t_bytes + s_bytes
     parts = {"parameters": p_bytes + b_bytes, "gradients": t_bytes, "optimizer state": s_bytes}
-    metrics = {k: None for k in ("peak_train_bytes", "peak_inference_bytes", "reserved_train_bytes",
-                                 "saved_activation_bytes", "input_bytes", "estimate_bytes", "estimate_error_pct",
-                                 "workspace_bytes", "rss_bytes")}
-    metrics.update({"param_bytes": p_bytes, "buffer_bytes": b_bytes, "grad_bytes": t_bytes,
-                    "optimizer_state_bytes": s_bytes, "static_train_bytes": static,
-                    "batch_size": loaded.batch_size})
+    metrics = {"param_bytes": p_bytes, "buffer_bytes": b_bytes, "grad_bytes": t_bytes, "optimizer_state_bytes": s_bytes,
+               "static_train_bytes": static, "batch_size": loaded.batch_size}
+    metrics.update({k: None for k in ("peak_train_bytes", "peak_inference_bytes", "reserved_train_bytes",
+                                      "saved_activation_bytes", "input_bytes", "estimate_bytes", "estimate_error_pct",
+                                      "workspace_bytes", "rss_bytes")})  # not measured
     return {
         "model": loaded.spec.label,
         "device": str(loaded.device),
