@@ -368,7 +368,9 @@ def build(settings: HFSettings, device: str = "cpu", seed: int = 0) -> HFBuilt:
 
     torch.manual_seed(seed)
     inner = build_hf_model(cfg, task, meta=meta_reason is not None)
-    model = _task_model_class()(inner, task)
+    # Named after what it wraps, so summaries say which transformers class runs (HFTaskModel[GPT2LMHeadModel]).
+    wrapper = _task_model_class()
+    model = type(f"HFTaskModel[{type(inner).__name__}]", (wrapper,), {"__doc__": wrapper.__doc__})(inner, task)
     if meta_reason:
         notes.append(meta_reason + ": parameters, FLOPs and weight / gradient / optimizer-state memory are "
                      "counted exactly; activations and timings are not measured")
