@@ -258,3 +258,23 @@ def test_spec_round_trip_and_other_specs_unchanged():
     assert "hf" not in ModelSpec().to_dict()  # other sources keep their dict and cache keys
     with pytest.raises(SpecError, match="needs its config"):
         ModelSpec(source="hf", name="x")
+
+
+def test_mixtral_on_the_meta_device_keeps_exact_parameters_when_flops_cannot_be_counted(tmp_path):
+    """torch's meta kernel of the experts' grouped matmul asks for bf16 where the CPU runs fp32: the
+    summary still comes, parameters exact, FLOPs None with the reason (never a silent 0)."""
+    cfg = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 300, "num_local_experts": 4,
+           "num_experts_per_tok": 2}
+    real = execute(Job("summary", hf_spec(cfg, seq_len=16, meta="off"), {"skip_backward": True}), tmp_path)
+    meta = execute(Job("summary", hf_spec(cfg, seq_len=16, meta="on"), {"skip_backward": True}), tmp_path)
+    ref = transformers.MixtralForCausalLM(transformers.MixtralConfig(**{k: v for k, v in cfg.items()
+                                                                        if k != "model_type"}))
+    assert meta["metrics"]["params_total"] == real["metrics"]["params_total"] == storage_numel(ref)
+    assert real["metrics"]["flops_forward"] > 0
+    m = meta["metrics"]
+    if m["flops_forward"] is None:  # this torch's meta kernel refuses fp32 grouped matmuls
+        assert m["flops_forward_per_token"] is None
+        assert any(n.startswith("FLOPs not counted: the model could not run on fake tensors") for n in meta["notes"])
+    else:
+        assert m["flops_forward"] == real["metrics"]["flops_forward"]

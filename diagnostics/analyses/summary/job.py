@@ -71,8 +71,18 @@ def _forward_counts(ctx, loaded, options, trainable, shapes):
     backward_note = None
     try:
         # The model itself first, with shape hooks: a failure here is the model's (or its inputs').
-        with output_shape_hooks(model, shapes), torch.no_grad():
-            loaded.forward()
+        try:
+            with output_shape_hooks(model, shapes), torch.no_grad():
+                loaded.forward()
+        except Exception as e:
+            if not loaded.meta:
+                raise
+            # On fake tensors some ops' meta kernels are stricter than the CPU's (the grouped matmul of
+            # mixture-of-experts layers asks for bf16): the parameters are still counted exactly.
+            cause = e.__cause__ or e
+            first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
+            return None, None, (f"FLOPs not counted: the model could not run on fake tensors (meta device): "
+                                f"{type(cause).__name__}: {first[:300]}"), None
         try:
             with torch.no_grad():
                 fwd = _flops_by_module(model, lambda: loaded.forward())
@@ -191,7 +201,7 @@ def analyze(ctx, options: dict) -> dict:
         "batch_size": loaded.batch_size,
     }
     first = loaded.input_specs[0] if loaded.input_specs else None
-    if first is not None and first.dtype in ("int64", "int32") and len(first.shape) == 2 and fwd_total is not None:
+    if first is not None and first.dtype in ("int64", "int32") and len(first.shape) == 2:
         # token ids (batch, sequence): FLOPs per token, the figure language models are compared by
         counted = flops_or_none(fwd_total, fwd_missing.get(ROOT))
         metrics["flops_forward_per_token"] = None if counted is None else counted / (first.shape[0] * first.shape[1])
