@@ -52,3 +52,24 @@ def test_a_typo_in_more_keys_is_named(new_app):
     errors = [e.value for e in at.sidebar.error]
     assert any("unknown gpt2 config key 'n_layers' (did you mean n_layer" in e for e in errors), errors
     assert at.session_state[state.SPEC].source == "sample"  # the previous model stays
+
+
+def test_memory_page_of_a_meta_model_shows_counts_not_peaks(new_app):
+    from diagnostics import ModelSpec
+    from diagnostics.hf import HFSettings
+
+    config = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000}
+    spec = ModelSpec(source="hf", name="gpt2", hf=HFSettings(config, seq_len=16, meta="on").to_json())
+    at = new_app()
+    at.session_state["sb_source"] = "Hugging Face config"
+    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": {
+        "inputs": [{"shape": [2, 16], "dtype": "int64", "high": 1000}], "model_type": "HFTaskModel[GPT2LMHeadModel]",
+        "notes": []}}
+    at.switch_page("pages/memory.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    metrics = {m.label: m.value for m in at.metric}
+    params = 229_632
+    assert metrics["Parameters"] == "897 KiB" and params * 4 == 918_528  # 918,528 B = 897 KiB
+    assert metrics["Optimizer state"] == "1.75 MiB"  # AdamW: 2 x 918,528 B
+    assert metrics["Training-step peak"] == "not measured"
+    assert any("not measured" in i.value for i in at.info)
