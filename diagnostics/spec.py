@@ -75,6 +75,8 @@ class ModelSpec:
         if self.source == "hf":
             if not self.hf:
                 raise SpecError("a Hugging Face model needs its config (ModelSpec.hf)")
+            if self.file_sha256 is None:  # the config's content identifies the model (caches, widget keys)
+                object.__setattr__(self, "file_sha256", hashlib.sha256(self.hf.encode()).hexdigest()[:16])
         elif self.source != "sample" and not self.path:
             raise SpecError(f"a {self.source} model needs a file path")
         if self.batch_size is not None and int(self.batch_size) <= 0:

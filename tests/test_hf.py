@@ -256,6 +256,8 @@ def test_spec_round_trip_and_other_specs_unchanged():
     spec = hf_spec(SMALL_GPT2)
     assert ModelSpec.from_json(spec.to_json()) == spec
     assert "hf" not in ModelSpec().to_dict()  # other sources keep their dict and cache keys
+    other = hf_spec({**SMALL_GPT2, "n_layer": 3})
+    assert spec.file_sha256 and other.file_sha256 != spec.file_sha256  # the config identifies the model
     with pytest.raises(SpecError, match="needs its config"):
         ModelSpec(source="hf", name="x")
 
