@@ -20,7 +20,26 @@ def _source_caption(label: str, source: str) -> None:
     st.caption(f"**{label}** — {source}")
 
 
+def _show_counted(result: dict) -> None:
+    """A model on the meta device (too big to build here): the counted static memory, no peaks."""
+    m = result["metrics"]
+    st.caption(f"{result['model']} · built on the meta device · optimizer {result['options']['optimizer']}")
+    metric_row([
+        ("Parameters", human_bytes(m["param_bytes"]), "weights as stored, tied weights once"),
+        ("Gradients", human_bytes(m["grad_bytes"]), "one per trainable parameter"),
+        ("Optimizer state", human_bytes(m["optimizer_state_bytes"]), result["accounting"]["source"]),
+        ("Weights + gradients + optimizer", human_bytes(m["static_train_bytes"]), "activations not included"),
+        ("Training-step peak", "not measured", "the model was not built: no activations, inputs or peaks"),
+    ])
+    for note in result.get("notes", []):
+        st.info(note)
+    st.plotly_chart(build_memory_breakdown_figure(result), width="stretch")
+
+
 def show(result: dict) -> None:
+    if result.get("meta"):
+        _show_counted(result)
+        return
     m = result["metrics"]
     st.caption(f"{result['model']} · device {result['device']} · batch {result['batch_size']} · optimizer "
                f"{result['options']['optimizer']}")
