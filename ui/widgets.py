@@ -68,10 +68,11 @@ def tile_texts(tiles: list[Tile]) -> list[str]:
     return [t.text(shared.get(t.unit)) if _number(t.value) and t.value != 0 else t.text() for t in tiles]
 
 
-def metric_row(tiles: list[Tile]) -> None:
-    """Tiles in rows of at most TILES_PER_ROW (a sixth tile starts a second row of even width)."""
+def metric_row(tiles: list[Tile], per_row: int = TILES_PER_ROW) -> None:
+    """Tiles in rows of at most ``per_row`` (a sixth tile starts a second row of even width; a
+    narrow column passes fewer)."""
     texts = tile_texts(tiles)
-    rows = -(-len(tiles) // TILES_PER_ROW)
+    rows = -(-len(tiles) // per_row)
     per_row = -(-len(tiles) // rows) if rows else 0
     for start in range(0, len(tiles), per_row or 1):
         chunk = list(zip(tiles, texts))[start:start + per_row]
@@ -132,10 +133,11 @@ def option_input(analysis: str, key: str, container=None, *, widget_key: str | N
     return c.text_input(label, value=o.default or "", key=wkey, help=help_, **kwargs)
 
 
-def unit_columns(df, columns: dict[str, tuple], config: dict | None = None):
+def unit_columns(df, columns: dict[str, tuple], config: dict | None = None, width: str | None = None):
     """Numeric columns shown with their unit in the header and one scale per unit for the whole
     table (so '(ms)' columns never mix with µs): ``columns`` maps a column to (label, unit) or
-    (label, unit, help). Returns the rescaled copy of ``df`` and the column_config (merged into ``config``)."""
+    (label, unit, help); ``width`` ('small') keeps a wide table on the page. Returns the rescaled
+    copy of ``df`` and the column_config (merged into ``config``)."""
     import pandas as pd
 
     from diagnostics.units import column_scale
@@ -155,8 +157,9 @@ def unit_columns(df, columns: dict[str, tuple], config: dict | None = None):
         if sc is None:
             fmt = "%.2f" if unit == "ratio" else "localized"
             config[col] = st.column_config.NumberColumn(label + (" (x)" if unit == "ratio" else ""), format=fmt,
-                                                        help=help_)
+                                                        help=help_, width=width)
             continue
         df[col] = pd.to_numeric(df[col], errors="coerce") / sc.factor
-        config[col] = st.column_config.NumberColumn(sc.header(label), format=sc.number_format(), help=help_)
+        config[col] = st.column_config.NumberColumn(sc.header(label), format=sc.number_format(), help=help_,
+                                                    width=width)
     return df, config

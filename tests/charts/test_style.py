@@ -44,3 +44,22 @@ def test_for_report_white_template_uncut_axes_and_coloured_icicle():
     assert styled.layout.template.layout.plot_bgcolor == "white"
     assert list(styled_ice.data[0].marker.colors) == [1.0, 2.0] and styled_ice.data[0].marker.colorscale
     assert fig.layout.yaxis.automargin is None  # the dashboard's figure is left as it was
+
+
+def test_treemap_and_icicle_label_boxes_with_module_names(tmp_path):
+    """Sequential children read 'features.0.0 · Conv2d', never a bare '0'; the boxes are coloured."""
+    from diagnostics.render.charts.profiler import _module_label
+    from diagnostics.render.charts.summary import build_param_treemap_figure
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import ModelSpec
+
+    result = execute(Job("summary", ModelSpec(name="cnn")), tmp_path / "summary")
+    tree = build_param_treemap_figure(result).data[0]
+    label = dict(zip(tree.ids, tree.labels))
+    types = {l["name"]: l["type"] for l in result["layers"]}
+    assert label["features.0.0"] == f"features.0.0 · {types['features.0.0']}" == "features.0.0 · Conv2d"
+    assert label["features"] == "features · Sequential" and label["classifier"].startswith("classifier · ")
+    assert not any(l.split(" · ")[0].isdigit() for l in tree.labels)
+    assert list(tree.marker.colors) == list(tree.values) and tree.marker.colorscale
+    assert [_module_label(n) for n in ("features.0.1", "blocks.3.attn", "0", "2.0", "head")] == [
+        "features.0.1", "attn", "0", "2.0", "head"]

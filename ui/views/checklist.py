@@ -50,7 +50,11 @@ def fix_first_table(entries: list[dict]) -> None:
     df = pd.DataFrame([{"#": i + 1, "what": e["title"],
                         "est. saving (ms/step)": e["est_saving_ms"], "how it was estimated": e["how"],
                         "fix / trial": e["fix"] or "", "detail": e["detail"]} for i, e in enumerate(entries)])
-    df, config = unit_columns(df, {"est. saving (ms/step)": ("Saving/step", "ms", "estimated time saved per step")})
+    df, config = unit_columns(df, {"est. saving (ms/step)": ("Saving/step", "ms", "estimated time saved per step")}, {
+        "#": st.column_config.NumberColumn("#", width="small"), "what": st.column_config.TextColumn("what", width="medium"),
+        "how it was estimated": st.column_config.TextColumn("how it was estimated", width="medium"),
+        "fix / trial": st.column_config.TextColumn("fix / trial", width="small"),
+        "detail": st.column_config.TextColumn("detail", width="medium")})
     st.dataframe(df, hide_index=True, width="stretch", column_config=config)
 
 
@@ -79,7 +83,7 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None, ranked: l
     g1, g2 = st.columns([2, 3])
     g1.plotly_chart(build_score_gauge_figure(result), width="stretch")
     with g2:
-        metric_row(tiles(result))
+        metric_row(tiles(result), per_row=3)  # beside the gauge: 3 a row keep '88/100' whole
         st.plotly_chart(build_status_by_category_figure(result), width="stretch")
     for note in result.get("notes", []):
         st.info(f"A probe could not run: {note}")

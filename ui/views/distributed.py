@@ -12,6 +12,14 @@ from diagnostics.units import human_bytes
 from ui.widgets import Tile, metric_row, unit_columns
 
 
+def _ranks(ranks: list) -> str:
+    """'none', 'rank 1', 'ranks 1, 3', or '5 ranks' when the list would not fit a tile."""
+    if not ranks:
+        return "none"
+    text = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+    return text if len(text) <= 12 else f"{len(ranks)} ranks"
+
+
 def tiles(result: dict) -> list[Tile]:
     m, t = result["metrics"], result["thresholds"]
     stragglers = result["stragglers"]
@@ -24,7 +32,7 @@ def tiles(result: dict) -> list[Tile]:
         Tile("Overlap", m["overlap_ratio"], "fraction",
              "communication/computation overlap: overlap time / communication time, how much communication is "
              "hidden behind computation"),
-        Tile("Stragglers", ", ".join(str(r) for r in stragglers) or "none", "text",
+        Tile("Stragglers", _ranks(stragglers), "text",
              (("ranks " + ", ".join(str(r) for r in stragglers) + ": ") if stragglers else "")
              + f"busy time over {t['threshold_ms']:.2f} ms"),
     ]
@@ -69,10 +77,11 @@ def show(result: dict) -> None:
             "busy_ms": ("Busy", "ms", "step minus exposed communication"), "compute_ms": ("Compute", "ms"),
             "comm_ms": ("Comm", "ms"), "overlap_ms": ("Overlap", "ms"), "exposed_comm_ms": ("Exposed comm", "ms"),
             "other_ms": ("Other", "ms"),
-            "overlap_ratio": ("Overlap", "fraction", "overlap time / communication time")}, {
-            "rank": st.column_config.NumberColumn("Rank"),
-            "straggler": st.column_config.CheckboxColumn("Straggler"),
-            "file": st.column_config.TextColumn("Trace file")})
+            "overlap_ratio": ("Hidden", "fraction", "overlap time / communication time: the share of "
+                                                    "communication hidden behind computation")}, {
+            "rank": st.column_config.NumberColumn("Rank", width="small"),
+            "straggler": st.column_config.CheckboxColumn("Straggler", width="small"),
+            "file": st.column_config.TextColumn("Trace file", width="medium")}, width="small")
         c4.dataframe(df, hide_index=True, width="stretch", column_config=config)
     with tab_coll:
         if result["collectives"]:

@@ -56,16 +56,18 @@ def show(result: dict) -> None:
                 "grad_abs_max", "update_ratio_mean", "zero_fraction", "nan_count", "inf_count"]
         st.dataframe(df[cols].style.apply(_status_style, subset=["status"]), hide_index=True, width="stretch",
                      column_config={
-                         "index": st.column_config.NumberColumn("#"),
+                         "index": st.column_config.NumberColumn("#", width="small"),
                          "layer": st.column_config.TextColumn("Layer (forward order)"),
+                         "status": st.column_config.TextColumn("Status", width="small"),
+                         "reason": st.column_config.TextColumn("Reason", width="small"),
                          "grad_norm_mean": st.column_config.NumberColumn("Grad L2 norm", format="%.3e"),
                          "grad_norm_relative": st.column_config.NumberColumn("Norm / largest", format="%.2e"),
                          "grad_abs_mean": st.column_config.NumberColumn("Mean |g|", format="%.3e"),
                          "grad_abs_max": st.column_config.NumberColumn("Max |g|", format="%.3e"),
                          "update_ratio_mean": st.column_config.NumberColumn("‖Δw‖ / ‖w‖", format="%.2e"),
-                         "zero_fraction": st.column_config.NumberColumn("Zero grads", format="percent"),
-                         "nan_count": st.column_config.NumberColumn("NaN"),
-                         "inf_count": st.column_config.NumberColumn("Inf"),
+                         "zero_fraction": st.column_config.NumberColumn("Zero grads", format="percent", width="small"),
+                         "nan_count": st.column_config.NumberColumn("NaN", width="small"),
+                         "inf_count": st.column_config.NumberColumn("Inf", width="small"),
                      })
     with tab_depth:
         st.plotly_chart(build_grad_norm_depth_figure(result), width="stretch")

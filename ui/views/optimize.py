@@ -106,12 +106,27 @@ def show(result: dict) -> None:
     table, config = unit_columns(trials_table(result), {
         "median": ("Median", "ms"), "p90": ("p90", "ms"), "first call": ("First call", "ms"),
         "peak memory": ("Peak memory", "bytes"), "size": ("Size", "bytes")},
-        {c: st.column_config.NumberColumn(c, format="%.4g") for c in
-         ("throughput (samples/s)", "speed-up (x)", "size ratio", "max abs err", "cosine", "top-1 agreement",
+        {c: st.column_config.NumberColumn(c, format="%.4g", width="small") for c in
+         ("throughput (samples/s)", "size ratio", "max abs err", "cosine", "top-1 agreement",
           "loss diff (rel, max)", "gradient cosine")})
+    config.update({"speed-up (x)": st.column_config.NumberColumn("speed-up", format="x%.2f", width="small",
+                                                                 help="baseline median / this fix's median"),
+                   "fix": st.column_config.TextColumn("fix", width="medium"),
+                   "assessment": st.column_config.TextColumn("assessment", width="medium"),
+                   "status": st.column_config.TextColumn("status", width="small"),
+                   "95% interval": st.column_config.TextColumn("95% interval", width="small"),
+                   "why / notes": st.column_config.TextColumn("why / notes", width="medium")})
+    # what decides first, in one table that fits the page; the raw measurements in a second one
+    fidelity = ["loss diff (rel, max)", "gradient cosine"] if train else ["cosine", "top-1 agreement"]
+    first = ["fix", "status", "assessment", "speed-up (x)", "95% interval", "verdict", "median"] \
+        + (["peak memory"] if train else []) + fidelity + ["why / notes"]
     flags = [r.get("flag") for r in result["rows"]]
-    st.dataframe(table.style.apply(lambda df: _highlight(df, flags), axis=None), hide_index=True, width="stretch",
-                 column_config=config)
+    st.dataframe(table[first].style.apply(lambda df: _highlight(df, flags), axis=None), hide_index=True,
+                 width="stretch", column_config={c: v for c, v in config.items() if c in first})
+    rest = ["fix"] + [c for c in table.columns if c not in first]
+    with st.expander("Measurements of every trial (p90, throughput, first call, memory, size, errors)"):
+        st.dataframe(table[rest], hide_index=True, width="stretch",
+                     column_config={c: v for c, v in config.items() if c in rest})
     if any(r["status"] == "ok" for r in result["rows"] if r["fix"] not in ("baseline", "control")):
         if train:
             t1, t2, t3, t4 = st.tabs(["Step time", "Speed-up", "Peak memory", "Loss and gradients"])

@@ -175,11 +175,13 @@ def _operators(result: dict) -> None:
                                                            max_value=100),
     }
     df, config = unit_columns(df, {
-        **{c: (c.replace("_ms", "").replace("_", " ").capitalize(), "ms") for c in
-           ("self_cpu_ms", "cpu_total_ms", "mean_cpu_ms", "self_device_ms", "device_total_ms")},
-        **{c: (c.replace("_bytes", "").replace("_", " ").capitalize(), "bytes") for c in
-           ("self_cpu_memory_bytes", "cpu_memory_bytes", "self_device_memory_bytes", "device_memory_bytes")}},
-        config)
+        "self_cpu_ms": ("Self CPU", "ms", "own CPU time without child operators, all profiled steps"),
+        "cpu_total_ms": ("CPU total", "ms", "CPU time including child operators"),
+        "mean_cpu_ms": ("CPU per call", "ms", "CPU total / calls"),
+        "self_device_ms": ("Self device", "ms"), "device_total_ms": ("Device total", "ms"),
+        "self_cpu_memory_bytes": ("Self CPU memory", "bytes"), "cpu_memory_bytes": ("CPU memory", "bytes"),
+        "self_device_memory_bytes": ("Self device memory", "bytes"),
+        "device_memory_bytes": ("Device memory", "bytes")}, config)
     st.caption(f"{len(df)} operators · times summed over all profiled (active) steps · key_averages semantics: "
                "self = own time without child operators")
     st.dataframe(df, hide_index=True, width="stretch", column_config=config)
@@ -194,9 +196,13 @@ def _modules(result: dict) -> None:
                      disabled=result["mode"] != "train")
     st.plotly_chart(build_module_tree_figure(result, which), width="stretch")
     df = pd.DataFrame(result["modules"])
-    cols = ["name", "type", "calls", "forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms"]
-    df, config = unit_columns(df, {c: (c.replace("_ms", "").replace("_", " ").capitalize(), "ms")
-                                   for c in ("forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms")})
+    cols = ["name", "type", "calls", "forward_ms", "forward_self_ms"]
+    if result["mode"] == "train":  # inference runs no backward: no columns of zeros
+        cols += ["backward_ms", "backward_self_ms"]
+    df, config = unit_columns(df, {"forward_ms": ("Forward", "ms", "including child modules"),
+                                   "forward_self_ms": ("Forward self", "ms", "without child modules"),
+                                   "backward_ms": ("Backward", "ms", "including child modules"),
+                                   "backward_self_ms": ("Backward self", "ms", "without child modules")})
     config.update(name=st.column_config.TextColumn("Module"), type=st.column_config.TextColumn("Type"),
                   calls=st.column_config.NumberColumn("Calls"))
     if "mfu" in df:  # with the roofline: each module's FLOPs over its time and the measured peak
@@ -206,7 +212,9 @@ def _modules(result: dict) -> None:
                       mfu_pct=st.column_config.NumberColumn("MFU (%)", format="%.1f"))
         if "flops_not_counted" in df:  # ops under the module that the FLOP count leaves out
             cols.append("flops_not_counted")
-            config.update(flops_not_counted=st.column_config.TextColumn("FLOPs not counted for"))
+            config.update(flops_not_counted=st.column_config.TextColumn("Not counted", width="small",
+                                                                        help="ops under the module that the FLOP "
+                                                                             "count leaves out"))
     st.dataframe(df[cols], hide_index=True, width="stretch", column_config=config)
     st.caption("Forward: each module's record_function range. Backward: autograd nodes attributed to the module "
                "whose forward created them (sequence numbers). Times include child modules; 'self' excludes them.")

@@ -28,7 +28,7 @@ def _table(records: list, rename: dict | None = None, height: int | None = None)
     for col in df.columns:
         if not pd.api.types.is_numeric_dtype(df[col]) or pd.api.types.is_bool_dtype(df[col]):
             continue
-        for suffix, unit in (("_us", "us"), ("_ms", "ms"), ("_bytes", "bytes")):
+        for suffix, unit in (("_us", "us"), ("_ms", "ms"), ("_bytes", "bytes"), ("_pct", "percent")):
             if col.endswith(suffix) or f"{suffix}_" in col:
                 name = (rename or {}).get(col) or _label(col.replace(suffix, " ").strip())
                 units[col] = (name, unit)

@@ -146,9 +146,10 @@ def _module_label(name: str) -> str:
     """A module's box label: its attribute name, with its parent's for Sequential children
     ('features.0', not '0')."""
     parts = name.split(".")
-    if len(parts) > 1 and parts[-1].isdigit():
-        return ".".join(parts[-2:])
-    return parts[-1]
+    i = len(parts) - 1
+    while i > 0 and parts[i].isdigit():  # 'features.0.1', not '0.1'
+        i -= 1
+    return ".".join(parts[i:])
 
 
 def build_kernel_figure(result: dict, n: int = 15) -> go.Figure:

@@ -17,7 +17,10 @@ def _module_label(name: str, type_: str) -> str:
     """A box's label: the module's qualified name from its parent's attribute on ('features.0',
     never a bare '0' of a Sequential) and its type."""
     parts = name.split(".")
-    short = ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
+    i = len(parts) - 1
+    while i > 0 and parts[i].isdigit():  # 'features.0.1', not '0.1'
+        i -= 1
+    short = ".".join(parts[i:])
     return f"{short} · {type_}"
 
 
