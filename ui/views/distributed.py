@@ -73,16 +73,18 @@ def show(result: dict) -> None:
                                             "straggler", "file"]]
         df, config = unit_columns(df, {
             "step_ms": ("Step", "ms", "median ProfilerStep"),
-            "wall_step_ms": ("Wall step", "ms", "step, wall clock: perf_counter / CUDA events around each step"),
+            "wall_step_ms": ("Wall", "ms", "step, wall clock: perf_counter / CUDA events around each step"),
             "busy_ms": ("Busy", "ms", "step minus exposed communication"), "compute_ms": ("Compute", "ms"),
-            "comm_ms": ("Comm", "ms"), "overlap_ms": ("Overlap", "ms"), "exposed_comm_ms": ("Exposed comm", "ms"),
+            "comm_ms": ("Comm", "ms"), "overlap_ms": ("Overlap", "ms"), "exposed_comm_ms": ("Exposed", "ms", "communication while nothing computes"),
             "other_ms": ("Other", "ms"),
             "overlap_ratio": ("Hidden", "fraction", "overlap time / communication time: the share of "
                                                     "communication hidden behind computation")}, {
             "rank": st.column_config.NumberColumn("Rank", width="small"),
             "straggler": st.column_config.CheckboxColumn("Straggler", width="small"),
-            "file": st.column_config.TextColumn("Trace file", width="medium")}, width="small")
-        c4.dataframe(df, hide_index=True, width="stretch", column_config=config)
+            })
+        # the trace files below the table, so its figures keep the page's width
+        c4.dataframe(df.drop(columns=["file"]), hide_index=True, width="stretch", column_config=config)
+        c4.caption("Trace files: " + ", ".join(f"rank {r['rank']}: {r['file']}" for r in result["ranks"]))
     with tab_coll:
         if result["collectives"]:
             st.plotly_chart(build_collectives_figure(result), width="stretch")

@@ -43,6 +43,8 @@ FLAG_COLOR = {"gain": "#e8f5e9", "trade_off": "#fff8e1", "regression": "#ffebee"
 
 
 def _assessment(r: dict) -> str:
+    if r["status"] != "ok":  # failed / not applicable: why, in the column read first
+        return f"{r['status'].replace('_', ' ')}: {r['why'] or '; '.join(r['notes'])}"
     if not r.get("flag"):
         return ""
     return f"{FLAG_TEXT[r['flag']]}: {'; '.join(r.get('assessment') or [])}"
@@ -106,25 +108,33 @@ def show(result: dict) -> None:
     table, config = unit_columns(trials_table(result), {
         "median": ("Median", "ms"), "p90": ("p90", "ms"), "first call": ("First call", "ms"),
         "peak memory": ("Peak memory", "bytes"), "size": ("Size", "bytes")},
-        {c: st.column_config.NumberColumn(c, format="%.4g", width="small") for c in
+        {c: st.column_config.NumberColumn(c, format="%.4g", width={"cosine": 65, "top-1 agreement": 90}.get(c))
+         for c in
          ("throughput (samples/s)", "size ratio", "max abs err", "cosine", "top-1 agreement",
           "loss diff (rel, max)", "gradient cosine")})
-    config.update({"speed-up (x)": st.column_config.NumberColumn("speed-up", format="x%.2f", width="small",
+    config.update({"speed-up (x)": st.column_config.NumberColumn("speed-up", format="x%.2f", width=70,
                                                                  help="baseline median / this fix's median"),
-                   "fix": st.column_config.TextColumn("fix", width="medium"),
-                   "assessment": st.column_config.TextColumn("assessment", width="medium"),
+                   "verdict": st.column_config.TextColumn("verdict", width=160),
+                   "top-1 agreement": st.column_config.NumberColumn("top-1", format="%.4g", width=70,
+                                                                    help="top-1 agreement with the baseline: the "
+                                                                         "share of samples whose top class agrees"),
+                   "median": {**config["median"], "width": 85},
+                   "fix": st.column_config.TextColumn("fix", width=160),  # the first table fits 1400 px: widths in px
+                   "assessment": st.column_config.TextColumn("assessment", width=180),
                    "status": st.column_config.TextColumn("status", width="small"),
-                   "95% interval": st.column_config.TextColumn("95% interval", width="small"),
+                   "95% interval": st.column_config.TextColumn("95% CI", width=95,
+                                                               help="95% bootstrap interval of the speed-up"),
                    "why / notes": st.column_config.TextColumn("why / notes", width="medium")})
     # what decides first, in one table that fits the page; the raw measurements in a second one
     fidelity = ["loss diff (rel, max)", "gradient cosine"] if train else ["cosine", "top-1 agreement"]
-    first = ["fix", "status", "assessment", "speed-up (x)", "95% interval", "verdict", "median"] \
-        + (["peak memory"] if train else []) + fidelity + ["why / notes"]
+    first = ["fix", "assessment", "speed-up (x)", "95% interval", "verdict", "median"] \
+        + (["peak memory"] if train else []) + fidelity
     flags = [r.get("flag") for r in result["rows"]]
     st.dataframe(table[first].style.apply(lambda df: _highlight(df, flags), axis=None), hide_index=True,
                  width="stretch", column_config={c: v for c, v in config.items() if c in first})
-    rest = ["fix"] + [c for c in table.columns if c not in first]
-    with st.expander("Measurements of every trial (p90, throughput, first call, memory, size, errors)"):
+    rest = ["fix", "status"] + [c for c in table.columns if c not in first and c != "status"]
+    with st.expander("Every trial's status, notes and measurements (p90, throughput, first call, memory, "
+                     "size, errors)"):
         st.dataframe(table[rest], hide_index=True, width="stretch",
                      column_config={c: v for c, v in config.items() if c in rest})
     if any(r["status"] == "ok" for r in result["rows"] if r["fix"] not in ("baseline", "control")):
