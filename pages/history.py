@@ -28,9 +28,7 @@ statuses = c2.multiselect("Status", sorted(table["status"].unique()))
 mask = table["analysis"].isin(analyses or table["analysis"]) & table["status"].isin(statuses or table["status"])
 shown = table[mask].reset_index(drop=True)
 event = st.dataframe(shown, hide_index=True, width="stretch", on_select="rerun", selection_mode="single-row",
-                     key="history_table",  # narrow columns for the short fields: the run id stays on the page
-                     column_config={c: st.column_config.TextColumn(c, width="small")
-                                    for c in ("device", "status", "duration", "source")})
+                     key="history_table")
 rows = event.selection.rows if event and event.selection else []
 labels = {r["id"]: f"{r['started']} · {r['analysis']} · {r['model'] or '—'} · {r['status']}"
           for r in shown.to_dict("records")}
