@@ -1,0 +1,525 @@
+"""The critical path of one profiler step: the chain of host ops, launches, kernels, copies and syncs
+whose summed length is the step's time, with what-if estimates from re-running it.
+
+The step becomes a graph (HTA's critical-path design, written afresh here): every event has a start
+and an end node; edges carry time.
+
+* host thread order: a call's start -> its first child's start -> ... -> its last child's end -> its
+  end (the gaps are the call's self time), and one root call's end -> the next one's start (host time
+  no call covers);
+* launch -> GPU work: the runtime call's start -> the kernel's / copy's start (correlation id or
+  "ac2g" flow, as diagnostics.trace.views links them);
+* stream order: a GPU event's end -> the next event's start on the same stream; work launched
+  before the step that still holds the stream is a fixed wait from the step's start;
+* syncs (classify.SYNC_CALL_RE: cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize,
+  synchronous cudaMemcpy): the GPU event it waited for -> the call's end;
+* the sink: the step span's end and the end of every GPU event the step launched.
+
+A GPU event starts when both its launch and its stream allow; the later of the two *decided* the
+start and its edge carries the observed gap. An edge that did not decide (a kernel queued long
+after its launch) carries the median latency of that edge type among the edges that did, capped at
+its observed gap: shorten the kernel ahead of it and the queued kernel moves up, as it would. A sync
+call that waited keeps only its return latency as its own time. Built this way the longest path
+from the step's start to the sink is the step's observed time, and a what-if (an event ``factor``
+times faster) re-runs the longest-path computation with that event's edges shortened.
+
+Not modelled: dependencies between host threads (another thread's first call is a fixed offset
+from the step's start), cross-stream waits (cudaStreamWaitEvent: such a wait shows as an idle gap on
+the stream), and CPU work outside the step's threads.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+
+from diagnostics.trace.classify import (
+    GPU_SYNC_CATS, PYTHON_CATS, RUNTIME_CATS, STEP_RE, SYNC_CALL_RE, host_mask,
+)
+from diagnostics.trace.errors import TraceError
+from diagnostics.trace.model import Trace, nesting_of
+from diagnostics.trace.views import gpu_step_attribution, step_spans
+
+#: The kinds of time on a path, in the order the breakdown lists them. cpu: host calls and the host
+#: time between them; launch: runtime calls and the launch latency to the GPU event's start; kernel,
+#: copy (memcpy and memset): GPU work; sync: what a blocking call took once the GPU was done (and its
+#: own time when it did not wait); idle-wait: a stream idle between queued events, waiting on work
+#: launched before the step, or a thread's first call offset from the step's start.
+KINDS = ("cpu", "launch", "kernel", "copy", "sync", "idle-wait")
+#: The default speed-up of a what-if ("this kernel 2x faster").
+WHAT_IF_FACTOR = 2.0
+#: Names whose what-if is computed (the largest by time on the path).
+WHAT_IF_TOP = 10
+#: Path events kept in the result (the breakdown counts them all).
+MAX_PATH_ROWS = 2000
+#: A step with more graph nodes than this is not analysed (say so, rather than take minutes).
+MAX_NODES = 2_000_000
+#: Float slack when comparing path lengths (µs).
+EPS = 1e-6
+
+SOURCE, SINK = 0, 1
+# Edge types: an event's own time (leaf duration or a parent's self gap), and the dependencies.
+OWN, GAP, LAUNCH, STREAM, PRIOR, SYNC_TAIL, THREAD_START, TO_SINK = range(8)
+_EDGE_KIND = {GAP: "cpu", LAUNCH: "launch", STREAM: "idle-wait", PRIOR: "idle-wait", SYNC_TAIL: "sync",
+              THREAD_START: "idle-wait", TO_SINK: "idle-wait"}
+_EDGE_WHAT = {GAP: "host time between calls", LAUNCH: "launch latency", STREAM: "stream gap after",
+              PRIOR: "earlier steps' work on its stream", SYNC_TAIL: "waited for",
+              THREAD_START: "thread start offset", TO_SINK: "step end"}
+
+
+class _Graph:
+    """Nodes (2 per event plus source and sink) and edges as growing lists, frozen into arrays."""
+
+    def __init__(self, n_events: int):
+        self.n_nodes = 2 + 2 * n_events
+        self.src, self.dst, self.w, self.type, self.event, self.binding = [], [], [], [], [], []
+
+    def add(self, u, v, w, etype, event=-1, binding=True):
+        self.src.append(u)
+        self.dst.append(v)
+        self.w.append(max(float(w), 0.0))
+        self.type.append(etype)
+        self.event.append(event)
+        self.binding.append(binding)
+
+    def freeze(self):
+        for k in ("src", "dst", "type", "event"):
+            setattr(self, k, np.asarray(getattr(self, k), dtype=np.int64))
+        self.w = np.asarray(self.w, dtype=float)
+        self.binding = np.asarray(self.binding, dtype=bool)
+        # Kahn's order, and incoming edges per node (CSR over edges sorted by destination).
+        order = np.argsort(self.dst, kind="stable")
+        self.in_edges = order
+        self.in_ptr = np.r_[0, np.cumsum(np.bincount(self.dst, minlength=self.n_nodes))]
+        indeg = np.bincount(self.dst, minlength=self.n_nodes)
+        out_order = np.argsort(self.src, kind="stable")
+        out_ptr = np.r_[0, np.cumsum(np.bincount(self.src, minlength=self.n_nodes))]
+        ready = [int(v) for v in np.flatnonzero(indeg == 0)]
+        indeg = indeg.tolist()
+        dst, topo = self.dst.tolist(), []
+        out_order, out_ptr = out_order.tolist(), out_ptr.tolist()
+        while ready:
+            u = ready.pop()
+            topo.append(u)
+            for e in out_order[out_ptr[u]:out_ptr[u + 1]]:
+                v = dst[e]
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    ready.append(v)
+        if len(topo) != self.n_nodes:
+            raise TraceError("critical path: the step's dependencies form a cycle (host and GPU clocks "
+                             "disagree in this trace); it cannot be computed")
+        self.topo = topo
+        return self
+
+    def longest(self, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Longest distance from SOURCE to every node, and the edge each node's best path came in on."""
+        w = (self.w if w is None else w).tolist()
+        src, ins, ptr = self.src.tolist(), self.in_edges.tolist(), self.in_ptr.tolist()
+        binding = self.binding.tolist()
+        dist = [-np.inf] * self.n_nodes
+        pred = [-1] * self.n_nodes
+        dist[SOURCE] = 0.0
+        for v in self.topo:
+            best, bp, bb = -np.inf, -1, False
+            for e in ins[ptr[v]:ptr[v + 1]]:
+                d = dist[src[e]] + w[e]
+                # Ties (common: the observed edges are tight) go to the edge that decided the start.
+                if d > best + EPS or (d >= best - EPS and binding[e] and not bb):
+                    best, bp, bb = max(d, best), e, binding[e]
+            if bp >= 0:
+                dist[v], pred[v] = best, bp
+        return np.asarray(dist), np.asarray(pred)
+
+
+def _median_or_zero(values: list) -> float:
+    return float(np.median(values)) if values else 0.0
+
+
+def _pick_step(trace: Trace, step: int | None) -> pd.Series:
+    spans = step_spans(trace)
+    if not len(spans):
+        raise TraceError("critical path: the trace has no ProfilerStep#N ranges (record it with "
+                         "torch.profiler's schedule and prof.step())")
+    if step is not None:
+        hit = spans[spans["step"] == int(step)]
+        if not len(hit):
+            have = ", ".join(str(s) for s in spans["step"].tolist()[:20])
+            raise TraceError(f"critical path: no ProfilerStep#{int(step)} in this trace (steps: {have})")
+        return hit.iloc[0]
+    return None
+
+
+def step_graph(trace: Trace, step: int | None = None) -> dict:
+    """The dependency graph of ProfilerStep#``step`` (default: the step that takes longest, from its
+    host span's start to the end of its span or of its last GPU work, whichever is later), with its
+    events; what critical_path and what_if compute on."""
+    chosen = _pick_step(trace, step)
+    spans = step_spans(trace)
+    if chosen is None:
+        g = gpu_step_attribution(trace)
+        ends = (spans["start_us"] + spans["dur_us"]).to_numpy().copy()
+        mine = g[g["attributed"].isin(["launch", "time"]) & (g["step_i"] >= 0)]
+        for i, e in mine.groupby("step_i")["end_us"].max().items():
+            ends[int(i)] = max(ends[int(i)], float(e))
+        chosen = spans.iloc[int(np.argmax(ends - spans["start_us"].to_numpy()))]
+    model = _build(trace, chosen)
+    dist, pred = model["graph"].longest()
+    model["length_us"], model["pred"] = float(dist[SINK]), pred
+    return model
+
+
+def critical_path(trace: Trace, step: int | None = None, factor: float = WHAT_IF_FACTOR,
+                  what_if_top: int = WHAT_IF_TOP, model: dict | None = None) -> dict:
+    """The critical path of one step as plain data: the path's events, time by kind and what-ifs
+    (see the module docstring). ``model``: a step_graph already built for this trace."""
+    if not factor > 1.0:
+        raise TraceError(f"critical path: the what-if factor must be above 1 (x times faster), got {factor}")
+    model = model if model is not None else step_graph(trace, step)
+    return _report(model, factor, what_if_top)
+
+
+# ---- building the graph ------------------------------------------------------------------------
+
+def _build(trace: Trace, span: pd.Series) -> dict:
+    ev = trace.events
+    ts_all, dur_all = ev["ts"].to_numpy(), ev["dur"].to_numpy()
+    t0, t1 = float(span["start_us"]), float(span["start_us"] + span["dur_us"])
+    step_row = int(span["row"])
+    lanes_all = trace.lane_keys()
+    step_lane = lanes_all[step_row]
+
+    # GPU work of this step: the events its host calls launched (and, with no launch call, those put
+    # in it by time). Index of this step among the step windows (views' step_i) is its rank by start.
+    spans = step_spans(trace)
+    step_i = int(np.flatnonzero(spans["row"].to_numpy() == step_row)[0])
+    gall = gpu_step_attribution(trace)
+    gsel = gall[(gall["step_i"] == step_i) & gall["attributed"].isin(["launch", "time"])]
+
+    # Host events: the step's thread within the span, and the other threads that launched its GPU work.
+    host = host_mask(trace) & ~trace.cat_mask(PYTHON_CATS)
+    launch_lanes = set()
+    rt = trace.complete_mask() & trace.cat_mask(RUNTIME_CATS)
+    corr = ev["corr"].to_numpy()
+    if len(gsel):
+        want = set(gsel.loc[gsel["corr"] >= 0, "corr"].tolist())
+        rows_rt = np.flatnonzero(rt & np.isin(corr, list(want))) if want else np.array([], dtype=np.int64)
+        launch_lanes = set(lanes_all[rows_rt].tolist())
+    lanes = {int(step_lane)} | {int(x) for x in launch_lanes}
+    in_win = (ts_all >= t0) & (ts_all + dur_all <= t1 + EPS)   # calls inside the step's span
+    hmask = host & in_win & np.isin(lanes_all, list(lanes))
+    hrows = np.flatnonzero(hmask)
+    nest = nesting_of(trace, hmask)
+    parent = nest["parent"]
+
+    # Event table: host rows, then GPU rows.
+    grows = gsel["row"].to_numpy()
+    rows = np.r_[hrows, grows].astype(np.int64)
+    n_h = hrows.size
+    n = rows.size
+    if 2 + 2 * n > MAX_NODES:
+        raise TraceError(f"critical path: step {int(span['step'])} has {n:,} events, more than this analysis "
+                         f"takes ({MAX_NODES // 2:,}); pick a smaller step")
+    index = {int(r): i for i, r in enumerate(rows.tolist())}
+    start = ts_all[rows] - t0
+    end = start + dur_all[rows]
+    names = trace.strings("name", rows)
+    cats = np.array([c.lower() for c in trace.strings("cat", rows)], dtype=object)
+    kind = np.full(n, "cpu", dtype=object)
+    is_rt = np.isin(cats, list(RUNTIME_CATS))
+    sync_call = is_rt & np.array([bool(SYNC_CALL_RE.match(x)) for x in names], dtype=bool)
+    kind[is_rt] = "launch"
+    kind[sync_call] = "sync"
+    gkind = gsel["kind"].to_numpy()
+    kind[n_h:] = np.where(np.isin(gkind, ["memcpy", "memset"]), "copy", "kernel")
+    where = np.empty(n, dtype=object)
+    pid_l, tid_l = trace.strings("pid", rows), trace.strings("tid", rows)
+    where[:n_h] = [f"thread {p}/{t}" for p, t in zip(pid_l[:n_h], tid_l[:n_h])]
+    where[n_h:] = [f"GPU {d} stream {s}" for d, s in zip(gsel["device"], gsel["stream"])]
+
+    S = lambda i: 2 + 2 * i      # noqa: E731  start node of event i
+    E = lambda i: 3 + 2 * i      # noqa: E731  end node of event i
+    G = _Graph(n)
+    ev_parent = np.full(n, -1, dtype=np.int64)
+
+    # Host thread order.
+    children = defaultdict(list)
+    roots = defaultdict(list)
+    for i in range(n_h):
+        p = int(parent[rows[i]])
+        if p >= 0 and p in index:
+            ev_parent[i] = index[p]
+            children[index[p]].append(i)
+        else:
+            roots[int(lanes_all[rows[i]])].append(i)
+    order_key = lambda i: (start[i], -(end[i] - start[i]))  # noqa: E731
+    for i in range(n_h):
+        kids = sorted(children.get(i, ()), key=order_key)
+        if not kids:
+            if not sync_call[i]:
+                G.add(S(i), E(i), end[i] - start[i], OWN, i)
+            continue
+        G.add(S(i), S(kids[0]), start[kids[0]] - start[i], OWN, i)
+        for a, b in zip(kids, kids[1:]):
+            G.add(E(a), S(b), start[b] - end[a], OWN, i)
+        G.add(E(kids[-1]), E(i), end[i] - end[kids[-1]], OWN, i)
+    for lane, rs in roots.items():
+        rs = sorted(rs, key=order_key)
+        if lane == int(step_lane):
+            G.add(SOURCE, S(rs[0]), start[rs[0]], GAP, rs[0])
+        else:
+            G.add(SOURCE, S(rs[0]), start[rs[0]], THREAD_START, rs[0])
+        for a, b in zip(rs, rs[1:]):
+            G.add(E(a), S(b), start[b] - end[a], GAP, b)
+        G.add(E(rs[-1]), SINK, 0.0, TO_SINK, rs[-1])
+
+    # GPU events: launch and stream edges; the later predecessor decided the start.
+    launch_of = {}
+    rt_idx = np.flatnonzero(is_rt[:n_h])
+    by_corr, by_time = {}, {}
+    for i in rt_idx.tolist():
+        c = int(corr[rows[i]])
+        if c >= 0:
+            by_corr.setdefault(c, i)
+        by_time.setdefault(round(float(start[i]), 3), i)
+    gcorr, glaunch = gsel["corr"].to_numpy(), gsel["launch_start_us"].to_numpy() - t0
+    for j in range(len(gsel)):
+        li = by_corr.get(int(gcorr[j])) if gcorr[j] >= 0 else None
+        if li is None and np.isfinite(glaunch[j]):  # linked by an ac2g flow: the call that starts there
+            li = by_time.get(round(float(glaunch[j]), 3))
+        if li is not None:
+            launch_of[n_h + j] = li
+    gdev, gstream = gsel["device"].to_numpy(), gsel["stream"].to_numpy()
+    mine = set(grows.tolist())
+    pending = []  # (edge type, u, v, observed gap, event, decided)
+    lat_seen, gap_seen = [], []
+    for key in sorted({(a, b) for a, b in zip(gdev, gstream)}):
+        js = sorted((n_h + j for j in np.flatnonzero((gdev == key[0]) & (gstream == key[1]))),
+                    key=lambda i: (start[i], end[i]))
+        # Work of other steps on this stream that started before this step's first event there.
+        other = gall[(gall["device"] == key[0]) & (gall["stream"] == key[1]) & ~gall["row"].isin(mine)
+                     & (gall["start_us"] < t0 + start[js[0]])]
+        prior_end = float(other["end_us"].max()) - t0 if len(other) else None
+        prev = None
+        for i in js:
+            li = launch_of.get(i)
+            a = start[li] if li is not None else None
+            b = end[prev] if prev is not None else prior_end
+            launch_decides = a is not None and (b is None or a >= b)
+            if a is not None:
+                pending.append((LAUNCH, S(li), S(i), start[i] - a, i, launch_decides))
+                if launch_decides:
+                    lat_seen.append(max(start[i] - a, 0.0))
+            if prev is not None:
+                pending.append((STREAM, E(prev), S(i), start[i] - end[prev], i, not launch_decides))
+                if not launch_decides:
+                    gap_seen.append(max(start[i] - end[prev], 0.0))
+            elif (b is not None and b > 0) or a is None:
+                # The stream still ran earlier steps' work (or no launch call is known): a fixed wait
+                # from the step's start.
+                pending.append((PRIOR, SOURCE, S(i), start[i], i, not launch_decides))
+            G.add(S(i), E(i), end[i] - start[i], OWN, i)
+            G.add(E(i), SINK, 0.0, TO_SINK, i)
+            prev = i
+
+    # Syncs: a blocking call ends when the GPU work it waited for has ended.
+    sync_rows = np.flatnonzero(sync_call[:n_h])
+    scopes = _sync_streams(trace, corr, rows[sync_rows])
+    g_launch = np.array([start[launch_of[n_h + j]] if (n_h + j) in launch_of else np.inf
+                         for j in range(len(gsel))])
+    g_end = end[n_h:]
+    tail_seen = []
+    for i in sync_rows.tolist():
+        c = int(corr[rows[i]])
+        target = _waited_on(start[i], end[i], c, gcorr, g_launch, g_end, gdev, gstream, scopes.get(c))
+        target = None if target is None else n_h + target
+        waited = target is not None and end[target] >= start[i]
+        if target is not None:
+            pending.append((SYNC_TAIL, E(target), E(i), end[i] - end[target], i, waited))
+            if waited:
+                tail_seen.append(max(end[i] - end[target], 0.0))
+        own = (end[i] - end[target]) if waited else end[i] - start[i]
+        G.add(S(i), E(i), own, OWN, i, binding=not waited)
+
+    typical = {LAUNCH: _median_or_zero(lat_seen), STREAM: _median_or_zero(gap_seen),
+               SYNC_TAIL: _median_or_zero(tail_seen), PRIOR: 0.0}
+    for etype, u, v, gap, i, decided in pending:
+        w = gap if decided or etype == PRIOR else min(max(gap, 0.0), typical[etype])
+        G.add(u, v, w, etype, i, binding=decided)
+    G.add(SOURCE, SINK, 0.0, TO_SINK, -1, binding=False)  # an empty step still has a length
+    G.freeze()
+    step_end = max([t1 - t0] + [float(x) for x in end[n_h:]]) if n else t1 - t0
+    return {"graph": G, "rows": rows, "n_host": n_h, "names": names, "kind": kind, "start": start, "end": end,
+            "where": where, "parent": ev_parent, "step": int(span["step"]), "t0": t0, "step_us": step_end,
+            "host_span_us": t1 - t0, "launch_of": launch_of, "typical": typical}
+
+
+def _sync_streams(trace: Trace, corr: np.ndarray, sync_rows: np.ndarray) -> dict:
+    """Correlation id -> (device, stream or None) of the GPU-timeline sync events ("cuda_sync":
+    "Stream Sync" names a stream, "Context Sync" / "Event Sync" do not)."""
+    want = {int(corr[r]) for r in sync_rows if corr[r] >= 0}
+    if not want:
+        return {}
+    ev = trace.events
+    m = trace.complete_mask() & trace.cat_mask(GPU_SYNC_CATS) & np.isin(corr, list(want))
+    out = {}
+    rows = np.flatnonzero(m)
+    names = trace.strings("name", rows)
+    for r, name in zip(rows, names):
+        dev, st = int(ev["device"].iat[r]), int(ev["stream"].iat[r])
+        scoped = "stream" in name.lower() and st >= 0
+        out[int(corr[r])] = (str(dev) if dev >= 0 else None, str(st) if scoped else None)
+    return out
+
+
+def _waited_on(s0, s1, c, gcorr, g_launch, g_end, gdev, gstream, scope) -> int | None:
+    """Index (into the step's GPU events) of what a blocking call over [s0, s1] waited for: its own
+    copy (a synchronous memcpy), else the latest-ending event launched before the call began that
+    ended by the call's end, on the stream a "Stream Sync" names (on any stream otherwise)."""
+    if c >= 0:
+        own = np.flatnonzero(gcorr == c)
+        if own.size:
+            return int(own[np.argmax(g_end[own])])
+    ok = (g_launch < s0) & (g_end <= s1 + EPS)
+    dev, stream = scope if scope else (None, None)
+    if dev is not None:
+        ok &= gdev == dev
+    if stream is not None:
+        ok &= gstream == stream
+    cand = np.flatnonzero(ok)
+    return int(cand[np.argmax(g_end[cand])]) if cand.size else None
+
+
+# ---- the report --------------------------------------------------------------------------------
+
+def path_edges(model: dict) -> list[int]:
+    """The critical path's edges (indices into the graph's edge arrays), from the step's start to its end."""
+    G, pred = model["graph"], model["pred"]
+    edges, v = [], SINK
+    while v != SOURCE and pred[v] >= 0:
+        e = int(pred[v])
+        edges.append(e)
+        v = int(G.src[e])
+    return edges[::-1]
+
+
+def _edge_kind(model: dict, e: int) -> str:
+    G = model["graph"]
+    t = int(G.type[e])
+    return model["kind"][int(G.event[e])] if t == OWN else _EDGE_KIND[t]
+
+
+def _subtree(model: dict, events: set) -> set:
+    """``events`` and every host call nested in them."""
+    parent = model["parent"]
+    out = set(events)
+    for i in range(parent.size):
+        p = int(parent[i])
+        while p >= 0 and p not in out:
+            p = int(parent[p])
+        if p >= 0:
+            out.add(i)
+    return out
+
+
+def what_if(model: dict, events, factor: float = WHAT_IF_FACTOR) -> dict:
+    """The step's time with ``events`` (indices into the model's events; a host call with the calls
+    nested in it) ``factor`` times faster: their own edges divided by ``factor``, the longest path
+    computed again. Returns step_us (after) and saving_us."""
+    G = model["graph"]
+    chosen = _subtree(model, {int(x) for x in events})
+    w = G.w.copy()
+    w[np.isin(G.event, list(chosen)) & (G.type == OWN)] /= factor
+    dist, _ = G.longest(w)
+    return {"step_us": float(dist[SINK]), "saving_us": float(model["length_us"] - dist[SINK])}
+
+
+def on_path(model: dict) -> dict:
+    """Event index -> its time on the critical path (own time; a sync call's return after the GPU)."""
+    G = model["graph"]
+    out = defaultdict(float)
+    for e in path_edges(model):
+        t, i = int(G.type[e]), int(G.event[e])
+        if t in (OWN, SYNC_TAIL):
+            out[i] += float(G.w[e])
+    return dict(out)
+
+
+def _report(model: dict, factor: float, what_if_top: int) -> dict:
+    G = model["graph"]
+    by_kind = {k: 0.0 for k in KINDS}
+    rows, row_of, time_of = [], {}, defaultdict(float)
+    wait_us, wait_text = 0.0, ""
+    for e in path_edges(model):
+        w, t, i = float(G.w[e]), int(G.type[e]), int(G.event[e])
+        by_kind[_edge_kind(model, e)] += w
+        if t == TO_SINK:
+            continue
+        if t not in (OWN, SYNC_TAIL):   # a dependency: charged to the event it leads to
+            wait_us += w
+            wait_text = _describe_wait(model, e) if w > 0 else wait_text
+            continue
+        time_of[i] += w
+        if i not in row_of:
+            row_of[i] = len(rows)
+            rows.append({"event": i, "wait_before_us": wait_us, "waited_on": wait_text})
+            wait_us, wait_text = 0.0, ""
+        if t == SYNC_TAIL:
+            rows[row_of[i]]["waited_on"] = _describe_wait(model, e)
+    if rows and wait_us:  # a wait right before the step's end (none today; kept so times add up)
+        rows[-1]["wait_after_us"] = wait_us
+    names, kinds, start, end = model["names"], model["kind"], model["start"], model["end"]
+    path = [{"name": str(names[r["event"]]), "kind": str(kinds[r["event"]]), "where": str(model["where"][r["event"]]),
+             "start_us": float(start[r["event"]]), "dur_us": float(end[r["event"]] - start[r["event"]]),
+             "on_path_us": float(time_of[r["event"]]), "wait_before_us": float(r["wait_before_us"]),
+             "waited_on": r["waited_on"]} for r in rows]
+    # What-ifs: all of a name's calls in the step `factor` times faster, the largest on the path first.
+    per_name = defaultdict(float)
+    for i, us in time_of.items():
+        # A sync is faster only when what it waits for is: no what-if of its own.
+        if kinds[i] != "sync" and not _is_step_name(names[i]):
+            per_name[(str(kinds[i]), str(names[i]))] += us
+    ranked = [kv for kv in sorted(per_name.items(), key=lambda kv: -kv[1]) if kv[1] > 0][:what_if_top]
+    what_ifs = []
+    for (kind, name), us in ranked:
+        members = np.flatnonzero((names == name) & (kinds == kind))
+        r = what_if(model, members, factor)
+        what_ifs.append({"name": name, "kind": kind, "calls": int(members.size), "on_path_us": float(us),
+                         "saving_us": max(r["saving_us"], 0.0), "step_us_after": r["step_us"]})
+    total = model["step_us"]
+    return {
+        "step": model["step"], "step_start_us": model["t0"], "step_us": total,
+        "host_span_us": model["host_span_us"], "length_us": model["length_us"], "factor": factor,
+        "events": int(model["rows"].size), "edges": int(G.src.size),
+        "path_events": len(path), "path": path[:MAX_PATH_ROWS],
+        "by_kind": [{"kind": k, "us": by_kind[k], "pct": 100.0 * by_kind[k] / total if total else None}
+                    for k in KINDS],
+        "what_if": what_ifs,
+        "typical_us": {"launch": model["typical"][LAUNCH], "stream_gap": model["typical"][STREAM],
+                       "sync_return": model["typical"][SYNC_TAIL]},
+    }
+
+
+def _is_step_name(name: str) -> bool:
+    return bool(STEP_RE.match(str(name)))
+
+
+def _describe_wait(model: dict, e: int) -> str:
+    G = model["graph"]
+    t, u, w = int(G.type[e]), int(G.src[e]), float(G.w[e])
+    src = (u - 2) // 2 if u >= 2 else None
+    if t == LAUNCH and src is not None:
+        return f"launch by {model['names'][src]} ({w:.1f} µs latency)"
+    if t == STREAM and src is not None:
+        return f"{model['names'][src]} before it on {model['where'][src]} ({w:.1f} µs gap)"
+    if t == SYNC_TAIL and src is not None:
+        return f"{model['kind'][src]} {model['names'][src]} on {model['where'][src]} (returned {w:.1f} µs after it ended)"
+    if t == PRIOR:
+        return "work launched before the step, still running on its stream"
+    if t == THREAD_START:
+        return "its thread's first call in the step (offset from the step's start)"
+    if t == GAP:
+        return "host time between calls"
+    return ""

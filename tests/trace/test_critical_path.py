@@ -1,0 +1,180 @@
+"""The critical path of a step (issue #18, "Beyond") on small traces written the way Kineto writes them:
+cpu_op / user_annotation / cuda_runtime events on a host thread, kernels on streams, "ac2g" flows, a
+"cuda_sync" event on the GPU timeline, ProfilerStep#N ranges. Times are µs after T0; every expected
+number below is worked out by hand from the event times written here.
+"""
+
+import json
+
+import pytest
+
+from diagnostics.trace import load_trace
+from diagnostics.trace.critical_path import KINDS, critical_path, step_graph, what_if
+from diagnostics.trace.errors import TraceError
+
+T0 = 1_000_000.0
+PID, TID, DEV = 4242, 4242, 0
+
+
+def span(name, ts, dur, cat="cpu_op"):
+    return {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": TID, "ts": T0 + ts, "dur": dur,
+            "args": {"External id": 1}}
+
+
+def step(n, ts, dur):
+    return span(f"ProfilerStep#{n}", ts, dur, cat="user_annotation")
+
+
+def runtime(name, ts, dur, corr):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": PID, "tid": TID, "ts": T0 + ts, "dur": dur,
+            "args": {"correlation": corr, "External id": corr, "cbid": 211}}
+
+
+def kernel(name, ts, dur, corr, stream=7, cat="kernel"):
+    return [{"ph": "X", "cat": cat, "name": name, "pid": DEV, "tid": stream, "ts": T0 + ts, "dur": dur,
+             "args": {"correlation": corr, "External id": corr, "device": DEV, "stream": stream}}]
+
+
+def launched(name, launch_ts, kts, kdur, corr, stream=7, call="cudaLaunchKernel", cat="kernel"):
+    """A launch call (5 µs) and the GPU event it started, joined by an ac2g flow as Kineto writes it."""
+    return [runtime(call, launch_ts, 5, corr)] + kernel(name, kts, kdur, corr, stream, cat) + [
+        {"ph": "s", "id": corr, "pid": PID, "tid": TID, "ts": T0 + launch_ts, "cat": "ac2g", "name": "ac2g"},
+        {"ph": "f", "id": corr, "pid": DEV, "tid": stream, "ts": T0 + kts, "cat": "ac2g", "name": "ac2g", "bp": "e"}]
+
+
+def write(tmp_path, events, name="t.json"):
+    p = tmp_path / name
+    meta = [{"name": "process_name", "ph": "M", "ts": T0, "pid": DEV, "tid": 0, "args": {"name": "GPU 0"}}]
+    p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": meta + events}))
+    return p
+
+
+# Step 0 (CPU-bound, 300 µs): two ops each launch a short kernel that is done long before the host
+# moves on; a third op launches nothing.
+CPU_STEP = ([step(0, 0, 300), span("aten::linear", 10, 100)] + launched("k_linear", 20, 32, 10, 11)
+            + [span("aten::relu", 120, 100)] + launched("k_relu", 130, 142, 8, 12) + [span("aten::sum", 230, 60)])
+# Step 1 (GPU-bound, 300 -> 730): three ops launch 100 + 100 + 200 µs of kernels back to back on
+# stream 7; the host waits in cudaDeviceSynchronize until the last one ends (415 after the step
+# began) and returns 5 µs later, then runs aten::zero_.
+G = 300
+GPU_STEP = ([step(1, G, 430), span("aten::mm", G + 8, 10)] + launched("gemm_a", G + 10, G + 15, 100, 1)
+            + [span("aten::relu", G + 18, 10)] + launched("relu_b", G + 20, G + 115, 100, 2)
+            + [span("aten::add", G + 28, 10)] + launched("add_c", G + 30, G + 215, 200, 3)
+            + [runtime("cudaDeviceSynchronize", G + 40, 380, 4), span("aten::zero_", G + 422, 6)])
+
+
+def by_kind(cp):
+    return {r["kind"]: r["us"] for r in cp["by_kind"]}
+
+
+def test_gpu_bound_step_runs_through_the_kernels(tmp_path):
+    trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
+    cp = critical_path(trace)              # default: the longest step, step 1 (430 µs against 300)
+    assert cp["step"] == 1
+    assert cp["step_us"] == pytest.approx(730 - 300)
+    assert cp["length_us"] == pytest.approx(430)
+    names = [r["name"] for r in cp["path"]]
+    assert [n for n in names if n in ("gemm_a", "relu_b", "add_c")] == ["gemm_a", "relu_b", "add_c"]
+    assert "cudaDeviceSynchronize" in names and names[-1] == "aten::zero_" or names[-1].startswith("ProfilerStep")
+    # By hand: host 8 (step self) + 2 (aten::mm until its launch) + 5 launch latency (10 -> 15)
+    # + 400 of kernels + 5 sync return (415 -> 420) + 2 + 6 (aten::zero_) + 2 host = 430.
+    k = by_kind(cp)
+    assert k["kernel"] == pytest.approx(400)
+    assert k["launch"] == pytest.approx(5)
+    assert k["sync"] == pytest.approx(5)
+    assert k["cpu"] == pytest.approx(8 + 2 + 2 + 6 + 2)
+    assert k["idle-wait"] == pytest.approx(0) and k["copy"] == pytest.approx(0)
+    assert sum(k.values()) == pytest.approx(cp["step_us"])
+    assert list(k) == list(KINDS)
+    sync = next(r for r in cp["path"] if r["name"] == "cudaDeviceSynchronize")
+    assert "add_c" in sync["waited_on"]
+    # Path rows account for the whole step: own time plus the waits charged to them.
+    assert sum(r["on_path_us"] + r["wait_before_us"] for r in cp["path"]) == pytest.approx(430)
+
+
+def test_what_if_halving_the_longest_kernel_saves_what_the_hand_computation_says(tmp_path):
+    trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
+    cp = critical_path(trace, step=1)
+    w = {r["name"]: r for r in cp["what_if"]}
+    # add_c 200 -> 100 µs: it ends at 315 instead of 415, the sync returns at 320, aten::zero_ and the
+    # step's end move up by the same 100 µs: 430 -> 330.
+    assert w["add_c"]["saving_us"] == pytest.approx(100)
+    assert w["add_c"]["step_us_after"] == pytest.approx(330)
+    # gemm_a 100 -> 50: relu_b (launched at 20, long queued) can start at 65; everything after moves 50.
+    assert w["gemm_a"]["saving_us"] == pytest.approx(50)
+    # Halving the host op that waits in no sync saves only its own 6 µs / 2.
+    assert w["aten::zero_"]["saving_us"] == pytest.approx(3)
+    # Two kernels at once: 100 + 50.
+    m = step_graph(trace, 1)
+    idx = [i for i, n in enumerate(m["names"]) if n in ("gemm_a", "add_c")]
+    assert what_if(m, idx)["saving_us"] == pytest.approx(150)
+    # Not half of what is on the path for everything: aten::mm's 10 µs host op is mostly off the path.
+    assert w.get("aten::mm", {"saving_us": 1.0})["saving_us"] <= 1.0 + 1e-6
+
+
+def test_cpu_bound_step_runs_through_the_host_ops(tmp_path):
+    trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
+    cp = critical_path(trace, step=0)
+    assert cp["step_us"] == pytest.approx(300) and cp["length_us"] == pytest.approx(300)
+    names = [r["name"] for r in cp["path"]]
+    assert {"aten::linear", "aten::relu", "aten::sum"} <= set(names)
+    assert "k_linear" not in names and "k_relu" not in names
+    k = by_kind(cp)
+    assert k["kernel"] == pytest.approx(0)
+    assert k["launch"] == pytest.approx(10)          # the two 5 µs launch calls
+    assert k["cpu"] == pytest.approx(290)
+    # Halving the longest kernel (k_linear, 10 µs) saves nothing: the GPU was never waited for.
+    m = step_graph(trace, 0)
+    longest = max((i for i, kd in enumerate(m["kind"]) if kd == "kernel"), key=lambda i: m["end"][i] - m["start"][i])
+    assert m["names"][longest] == "k_linear"
+    assert what_if(m, [longest])["saving_us"] == pytest.approx(0, abs=1e-6)
+    # aten::linear (100 µs with its launch call) twice as fast: 50 µs off the step.
+    w = {r["name"]: r for r in cp["what_if"]}
+    assert w["aten::linear"]["saving_us"] == pytest.approx(50)
+
+
+def sync_trace(tmp_path, sync_name="cudaStreamSynchronize", sync_event="Stream Sync"):
+    # K_long on stream 7 (20 -> 320) and K_other on stream 9 (30 -> 322); the host waits on stream 7
+    # only (a cudaStreamSynchronize 30 -> 325 with its "Stream Sync" event), then runs aten::add.
+    ev = [step(2, 0, 500), span("aten::mm", 5, 20)] + launched("k_long", 10, 20, 300, 21) \
+        + launched("k_other", 19, 30, 292, 22, stream=9) \
+        + [runtime(sync_name, 30, 295, 23), span("aten::add", 330, 10)]
+    if sync_event:
+        ev.append({"ph": "X", "cat": "cuda_sync", "name": sync_event, "pid": DEV, "tid": 7, "ts": T0 + 320,
+                   "dur": 1, "args": {"correlation": 23, "device": DEV, "stream": 7}})
+    return load_trace(write(tmp_path, ev))
+
+
+def test_a_sync_wait_puts_the_kernel_it_waited_on_on_the_path(tmp_path):
+    cp = critical_path(sync_trace(tmp_path))
+    names = [r["name"] for r in cp["path"]]
+    assert "k_long" in names and "k_other" not in names
+    assert names.index("k_long") < names.index("cudaStreamSynchronize") < names.index("aten::add")
+    sync = cp["path"][names.index("cudaStreamSynchronize")]
+    assert "k_long" in sync["waited_on"] and sync["on_path_us"] == pytest.approx(5)
+    assert cp["length_us"] == pytest.approx(500)
+    k = by_kind(cp)
+    # host 5 + 5 (aten::mm until the launch), launch latency 10 (10 -> 20), k_long 300, sync return 5,
+    # then host 5 + aten::add 10 + 160 to the step's end.
+    assert k["kernel"] == pytest.approx(300) and k["launch"] == pytest.approx(10) and k["sync"] == pytest.approx(5)
+    w = {r["name"]: r for r in cp["what_if"]}
+    # k_long 300 -> 150: the sync returns at 175 (k_other, not waited for, ends at 322 < the new end 350).
+    assert w["k_long"]["saving_us"] == pytest.approx(150)
+
+
+def test_a_device_sync_waits_on_the_last_kernel_of_any_stream(tmp_path):
+    cp = critical_path(sync_trace(tmp_path, "cudaDeviceSynchronize", None))
+    sync = next(r for r in cp["path"] if r["name"] == "cudaDeviceSynchronize")
+    assert "k_other" in sync["waited_on"]
+    assert cp["length_us"] == pytest.approx(500)
+
+
+def test_bad_step_and_no_steps_are_clear_errors(tmp_path):
+    trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
+    with pytest.raises(TraceError, match=r"no ProfilerStep#9 in this trace \(steps: 0, 1\)"):
+        critical_path(trace, step=9)
+    bare = load_trace(write(tmp_path, [span("aten::mm", 0, 10)], "bare.json"))
+    with pytest.raises(TraceError, match="no ProfilerStep#N ranges"):
+        critical_path(bare)
+    with pytest.raises(TraceError, match="factor must be above 1"):
+        critical_path(trace, factor=1.0)
