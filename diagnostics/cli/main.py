@@ -163,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     ta = tsub.add_parser("analyze", help="analyse one trace file (.json or .json.gz)",
                          description="Analyse one trace file (the 'trace' analysis) and write a report folder.")
     ta.add_argument("path", help="a Chrome/Kineto trace (.json or .json.gz)")
+    ta.add_argument("--step", type=int, metavar="N", help="the profiler step number whose critical path is "
+                                                          "computed (default: the step that takes longest)")
     td = tsub.add_parser("diff", help="compare two trace files",
                          description="Compare two trace files (the 'trace_diff' analysis) and write a report folder.")
     td.add_argument("a", help="the baseline trace")

@@ -108,6 +108,32 @@ def format_analysis(result: dict, top: int) -> str:
                 _table(rows, [("kernel", "name", str), ("kind", "kind", str),
                               ("calls", "calls", str), ("total", "total_us", _ms),
                               ("%", "pct", "{:.1f}".format)])]
+    if result.get("critical_path"):
+        out += ["", format_critical_path(result["critical_path"], top)]
+    return "\n".join(out)
+
+
+def format_critical_path(cp: dict, top: int) -> str:
+    """The critical path of one step (diagnostics.trace.critical_path): its time by kind, its longest
+    events and the what-ifs."""
+    if not cp.get("available", True):
+        return f"Critical path: not computed: {cp.get('reason')}"
+    out = [f"Critical path of step {cp['step']}: {_ms(cp['length_us'])} "
+           f"(step time {_ms(cp['step_us'])}, host span {_ms(cp['host_span_us'])}), "
+           f"{cp['path_events']:,} events on it of {cp['events']:,}"]
+    out.append("  by kind: " + ", ".join(f"{r['kind']} {_ms(r['us'])}" for r in cp["by_kind"] if r["us"] > 0))
+    rows = sorted(cp["path"], key=lambda r: -r["on_path_us"])[:top]
+    rows = [dict(r, name=_clip(r["name"])) for r in rows]
+    out += [f"Longest {len(rows)} events on the path:",
+            _table(rows, [("event", "name", str), ("kind", "kind", str), ("start", "start_us", _ms),
+                          ("on path", "on_path_us", _ms), ("waited on", "waited_on", lambda v: _clip(v or "", 50))])]
+    if cp["what_if"]:
+        rows = [dict(r, name=_clip(r["name"])) for r in cp["what_if"][:top]]
+        out += [f"What if it were {cp['factor']:g}x faster (every call of the name in the step; the longest path "
+                "computed again):",
+                _table(rows, [("event", "name", str), ("kind", "kind", str), ("calls", "calls", str),
+                              ("on path", "on_path_us", _ms), ("saves", "saving_us", _ms),
+                              ("step after", "step_us_after", _ms)])]
     return "\n".join(out)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from diagnostics.trace.classify import (
-    GPU_SYNC_CATS, PYTHON_CATS, RUNTIME_CATS, STEP_RE, SYNC_CALL_RE, host_mask,
+    GPU_SYNC_CATS, PYTHON_CATS, RUNTIME_CATS, STEP_RE, SYNC_CALL_RE, host_mask, step_label,
 )
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace, nesting_of
@@ -67,6 +67,10 @@ _EDGE_KIND = {GAP: "cpu", LAUNCH: "launch", STREAM: "idle-wait", PRIOR: "idle-wa
 _EDGE_WHAT = {GAP: "host time between calls", LAUNCH: "launch latency", STREAM: "stream gap after",
               PRIOR: "earlier steps' work on its stream", SYNC_TAIL: "waited for",
               THREAD_START: "thread start offset", TO_SINK: "step end"}
+
+
+class UnknownStep(TraceError):
+    """The step asked for is not in the trace."""
 
 
 class _Graph:
@@ -141,19 +145,19 @@ def _median_or_zero(values: list) -> float:
 def _pick_step(trace: Trace, step: int | None) -> pd.Series:
     spans = step_spans(trace)
     if not len(spans):
-        raise TraceError("critical path: the trace has no ProfilerStep#N ranges (record it with "
-                         "torch.profiler's schedule and prof.step())")
+        raise TraceError(f"critical path: the trace has no profiler step ranges ({step_label(0)}, ...; record "
+                         "it with torch.profiler's schedule and prof.step())")
     if step is not None:
         hit = spans[spans["step"] == int(step)]
         if not len(hit):
             have = ", ".join(str(s) for s in spans["step"].tolist()[:20])
-            raise TraceError(f"critical path: no ProfilerStep#{int(step)} in this trace (steps: {have})")
+            raise UnknownStep(f"critical path: no {step_label(step)} in this trace (steps: {have})")
         return hit.iloc[0]
     return None
 
 
 def step_graph(trace: Trace, step: int | None = None) -> dict:
-    """The dependency graph of ProfilerStep#``step`` (default: the step that takes longest, from its
+    """The dependency graph of profiler step ``step`` (default: the step that takes longest, from its
     host span's start to the end of its span or of its last GPU work, whichever is later), with its
     events; what critical_path and what_if compute on."""
     chosen = _pick_step(trace, step)
@@ -233,7 +237,7 @@ def _build(trace: Trace, span: pd.Series) -> dict:
     kind[is_rt] = "launch"
     kind[sync_call] = "sync"
     gkind = gsel["kind"].to_numpy()
-    kind[n_h:] = np.where(np.isin(gkind, ["memcpy", "memset"]), "copy", "kernel")
+    kind[n_h:] = np.where(np.isin(gkind, ["compute", "communication"]), "kernel", "copy")
     where = np.empty(n, dtype=object)
     pid_l, tid_l = trace.strings("pid", rows), trace.strings("tid", rows)
     where[:n_h] = [f"thread {p}/{t}" for p, t in zip(pid_l[:n_h], tid_l[:n_h])]
@@ -459,7 +463,7 @@ def _report(model: dict, factor: float, what_if_top: int) -> dict:
             continue
         if t not in (OWN, SYNC_TAIL):   # a dependency: charged to the event it leads to
             wait_us += w
-            wait_text = _describe_wait(model, e) if w > 0 else wait_text
+            wait_text = _describe_wait(model, e) if (w > 0 or t in (LAUNCH, STREAM, PRIOR)) else wait_text
             continue
         time_of[i] += w
         if i not in row_of:
@@ -523,3 +527,63 @@ def _describe_wait(model: dict, e: int) -> str:
     if t == GAP:
         return "host time between calls"
     return ""
+
+
+# ---- export ----------------------------------------------------------------------------------
+
+#: The category of the flow arrows that chain the path's events in an exported trace.
+FLOW_CAT = "critical_path"
+_FLOW_ID_BASE = 1 << 40   # above any correlation id, so the path's arrows never join a launch arrow
+
+
+def _id(label: str):
+    return int(label) if label.lstrip("-").isdigit() else label
+
+
+def chrome_trace(trace: Trace, model: dict) -> dict:
+    """The step's events as a Chrome / Kineto trace (opens in Perfetto and chrome://tracing, and in
+    diagnostics.trace.load_trace): the path's events carry args {"critical": 1, "critical_path_us": its
+    time on the path}, arrows of category FLOW_CAT chain them in path order, and the launch arrows
+    ("ac2g") of the step's GPU work are kept."""
+    ev = trace.events
+    rows = model["rows"]
+    time_of = on_path(model)
+    order = []
+    for e in path_edges(model):
+        i = int(model["graph"].event[e])
+        if int(model["graph"].type[e]) in (OWN, SYNC_TAIL) and i not in order:
+            order.append(i)
+    pid, tid = trace.strings("pid", rows), trace.strings("tid", rows)
+    names, cats = trace.strings("name", rows), trace.strings("cat", rows)
+    base = trace.origin_us
+    ts = ev["ts"].to_numpy()[rows] + base
+    dur = ev["dur"].to_numpy()[rows]
+    cols = {"correlation": ev["corr"].to_numpy()[rows], "External id": ev["ext_id"].to_numpy()[rows],
+            "device": ev["device"].to_numpy()[rows], "stream": ev["stream"].to_numpy()[rows]}
+    out = []
+    for label, name in trace.process_names.items():
+        out.append({"ph": "M", "name": "process_name", "pid": _id(label), "tid": 0, "args": {"name": name}})
+    for label, name in trace.thread_names.items():
+        p, _, t = label.partition("/")
+        out.append({"ph": "M", "name": "thread_name", "pid": _id(p), "tid": _id(t), "args": {"name": name}})
+    for i in range(rows.size):
+        args = {k: int(v[i]) for k, v in cols.items() if v[i] >= 0}
+        if i in time_of:
+            args.update({"critical": 1, "critical_path_us": round(time_of[i], 3)})
+        out.append({"ph": "X", "cat": cats[i], "name": names[i], "pid": _id(pid[i]), "tid": _id(tid[i]),
+                    "ts": float(ts[i]), "dur": float(dur[i]), "args": args})
+    for k, i in model["launch_of"].items():   # launch call -> GPU event, as Kineto draws them
+        c = int(cols["correlation"][k])
+        if c >= 0:
+            out += [{"ph": "s", "cat": "ac2g", "name": "ac2g", "id": c, "pid": _id(pid[i]), "tid": _id(tid[i]),
+                     "ts": float(ts[i])},
+                    {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": c, "bp": "e", "pid": _id(pid[k]),
+                     "tid": _id(tid[k]), "ts": float(ts[k])}]
+    for n, (a, b) in enumerate(zip(order, order[1:])):
+        fid = _FLOW_ID_BASE + n
+        out += [{"ph": "s", "cat": FLOW_CAT, "name": "critical path", "id": fid, "pid": _id(pid[a]),
+                 "tid": _id(tid[a]), "ts": float(ts[a])},
+                {"ph": "f", "cat": FLOW_CAT, "name": "critical path", "id": fid, "bp": "e", "pid": _id(pid[b]),
+                 "tid": _id(tid[b]), "ts": float(ts[b])}]
+    return {"schemaVersion": 1, "displayTimeUnit": "ms", "traceEvents": out,
+            "critical_path": {"step": model["step"], "step_us": model["step_us"], "events": len(order)}}

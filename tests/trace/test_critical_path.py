@@ -174,7 +174,31 @@ def test_bad_step_and_no_steps_are_clear_errors(tmp_path):
     with pytest.raises(TraceError, match=r"no ProfilerStep#9 in this trace \(steps: 0, 1\)"):
         critical_path(trace, step=9)
     bare = load_trace(write(tmp_path, [span("aten::mm", 0, 10)], "bare.json"))
-    with pytest.raises(TraceError, match="no ProfilerStep#N ranges"):
+    with pytest.raises(TraceError, match="no profiler step ranges"):
         critical_path(bare)
     with pytest.raises(TraceError, match="factor must be above 1"):
         critical_path(trace, factor=1.0)
+
+
+def test_exported_trace_marks_the_path_and_reads_back(tmp_path):
+    from diagnostics.trace.critical_path import FLOW_CAT, chrome_trace
+
+    trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
+    m = step_graph(trace, 1)
+    doc = chrome_trace(trace, m)
+    p = tmp_path / "cp.json"
+    p.write_text(json.dumps(doc))          # valid JSON (no NaN: json.dumps would write it, loads refuses)
+    json.loads(p.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    marked = {e["name"] for e in doc["traceEvents"] if e.get("ph") == "X" and e["args"].get("critical")}
+    assert {"gemm_a", "relu_b", "add_c", "cudaDeviceSynchronize", "aten::zero_"} <= marked
+    assert "k_linear" not in marked        # step 0's events are not exported at all
+    assert not any(e.get("name") == "k_linear" for e in doc["traceEvents"])
+    arrows = [e for e in doc["traceEvents"] if e.get("cat") == FLOW_CAT]
+    assert len(arrows) == 2 * (len(marked) - 1)
+    # Our own loader reads it back: the step's events, at their original times, launches linked.
+    back = load_trace(p)
+    names = set(back.strings("name"))
+    assert {"ProfilerStep#1", "gemm_a", "add_c"} <= names
+    again = critical_path(back, step=1)
+    assert again["length_us"] == pytest.approx(430)
+    assert [r["name"] for r in again["path"]] == [r["name"] for r in critical_path(trace, step=1)["path"]]
