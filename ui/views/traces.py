@@ -10,6 +10,7 @@ from diagnostics.render.charts.traces import (
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
 )
 from diagnostics.units import human_bytes, human_count
+from ui.views.critical_path import show_critical_path
 from ui.widgets import metric_row
 
 
@@ -71,7 +72,8 @@ def show(result: dict) -> None:
         st.warning(w)
     for n in s.get("notes") or []:
         st.info(n)
-    tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"])
+    tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline",
+                    "Critical path"])
     with tabs[0]:
         st.plotly_chart(build_category_figure(s), width="stretch")
         c1, c2 = st.columns(2)
@@ -118,6 +120,8 @@ def show(result: dict) -> None:
                 _table(graphs["by_launch"], height=300)
     with tabs[4]:
         _timeline(result)
+    with tabs[5]:  # #18: ui/views/critical_path.py
+        show_critical_path(result)
 
 
 def show_diff(result: dict) -> None:
