@@ -266,3 +266,13 @@ def test_breakdown_figure_is_labelled_in_ms(tmp_path):
     assert dict(zip(wi.data[0].y, wi.data[0].x))["add_c"] == pytest.approx(0.1)
     tl = build_critical_path_timeline_figure(cp)
     assert {"GPU 0 stream 7", "thread 4242/4242"} <= {y for d in tl.data for y in d.y}
+
+
+def test_a_step_too_large_is_named_not_computed(tmp_path, monkeypatch):
+    from diagnostics.trace import critical_path as mod
+
+    trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
+    monkeypatch.setattr(mod, "MAX_EVENTS_AUTO", 5)   # step 1: 9 host events (the span, 4 ops, 3 launches, the sync) + 3 kernels
+    with pytest.raises(TraceError, match=r"step 1 has 12 events, more than 5 \(name a step to go up to"):
+        critical_path(trace)
+    assert critical_path(trace, step=1)["length_us"] == pytest.approx(430)   # named: the larger limit

@@ -43,14 +43,15 @@ def _other_step(result: dict, cp: dict) -> dict | None:
     from ui.jobs import run_analysis
 
     steps = [int(s["step"]) for s in (result.get("summary") or {}).get("steps") or []]
-    if len(steps) < 2 or not cp.get("available"):
+    if not steps or (len(steps) < 2 and cp.get("available")):
         return None
-    current = int(cp["step"])
-    pick = st.selectbox("Step", steps, index=steps.index(current) if current in steps else 0,
+    current = int(cp["step"]) if cp.get("available") else None
+    pick = st.selectbox("Step", steps, index=steps.index(current) if current in steps else None,
+                        placeholder="pick a step",
                         key=f"cp-step-{result['path']}",
                         help="The profiler step whose critical path is shown (the default is the step that "
                              "takes longest)")
-    if pick == current:
+    if pick is None or pick == current:
         return None
     options = {"path": result["path"], "stamp": file_stamp(result["path"]), "critical_path_step": int(pick)}
     if result.get("name") and result["name"] != Path(result["path"]).name:
@@ -70,9 +71,10 @@ def show_critical_path(result: dict) -> None:
         return
     if not cp.get("available", True):
         st.info(headline(cp))
-        return
     other = _other_step(result, cp)
-    if other == {}:
+    if other == {} or not (other or cp).get("available", True):
+        if other:
+            st.info(headline(other))
         return
     cp = other or cp
     metric_row([
