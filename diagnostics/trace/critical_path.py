@@ -43,11 +43,12 @@ from diagnostics.trace.model import Trace, nesting_of
 from diagnostics.trace.views import gpu_step_attribution, step_spans
 
 #: The kinds of time on a path, in the order the breakdown lists them. cpu: host calls and the host
-#: time between them; launch: runtime calls and the launch latency to the GPU event's start; kernel,
+#: time between them; launch: runtime calls that started GPU work and the launch latency to the GPU
+#: event's start; runtime: the other runtime calls (cudaMalloc, cudaFree, stream creation); kernel,
 #: copy (memcpy and memset): GPU work; sync: what a blocking call took once the GPU was done (and its
 #: own time when it did not wait); idle-wait: a stream idle between queued events, waiting on work
 #: launched before the step, or a thread's first call offset from the step's start.
-KINDS = ("cpu", "launch", "kernel", "copy", "sync", "idle-wait")
+KINDS = ("cpu", "launch", "runtime", "kernel", "copy", "sync", "idle-wait")
 #: The default speed-up of a what-if ("this kernel 2x faster").
 WHAT_IF_FACTOR = 2.0
 #: Names whose what-if is computed (the largest by time on the path).
@@ -254,7 +255,7 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
     kind = np.full(n, "cpu", dtype=object)
     is_rt = np.isin(cats, list(RUNTIME_CATS))
     sync_call = is_rt & np.array([bool(SYNC_CALL_RE.match(x)) for x in names], dtype=bool)
-    kind[is_rt] = "launch"
+    kind[is_rt] = "runtime"      # "launch" once it is known to have started GPU work (below)
     kind[sync_call] = "sync"
     gkind = gsel["kind"].to_numpy()
     kind[n_h:] = np.where(np.isin(gkind, ["compute", "communication"]), "kernel", "copy")
@@ -315,6 +316,8 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
             li = by_time.get(round(float(glaunch[j]), 3))
         if li is not None:
             launch_of[n_h + j] = li
+            if kind[li] == "runtime":
+                kind[li] = "launch"
     gdev, gstream = gsel["device"].to_numpy(), gsel["stream"].to_numpy()
     mine = set(grows.tolist())
     pending = []  # (edge type, u, v, observed gap, event, decided)

@@ -50,9 +50,10 @@ def write(tmp_path, events, name="t.json"):
 
 
 # Step 0 (CPU-bound, 300 µs): two ops each launch a short kernel that is done long before the host
-# moves on; a third op launches nothing.
+# moves on; a third op launches nothing and allocates (a 10 µs cudaMalloc).
 CPU_STEP = ([step(0, 0, 300), span("aten::linear", 10, 100)] + launched("k_linear", 20, 32, 10, 11)
-            + [span("aten::relu", 120, 100)] + launched("k_relu", 130, 142, 8, 12) + [span("aten::sum", 230, 60)])
+            + [span("aten::relu", 120, 100)] + launched("k_relu", 130, 142, 8, 12) + [span("aten::sum", 230, 60),
+                                                                                     runtime("cudaMalloc", 240, 10, 13)])
 # Step 1 (GPU-bound, 300 -> 730): three ops launch 100 + 100 + 200 µs of kernels back to back on
 # stream 7; the host waits in cudaDeviceSynchronize until the last one ends (415 after the step
 # began) and returns 5 µs later, then runs aten::zero_.
@@ -122,7 +123,9 @@ def test_cpu_bound_step_runs_through_the_host_ops(tmp_path):
     k = by_kind(cp)
     assert k["kernel"] == pytest.approx(0)
     assert k["launch"] == pytest.approx(10)          # the two 5 µs launch calls
-    assert k["cpu"] == pytest.approx(290)
+    assert k["runtime"] == pytest.approx(10)         # cudaMalloc: a runtime call that launched nothing
+    assert k["cpu"] == pytest.approx(280)
+    assert next(r for r in cp["path"] if r["name"] == "cudaMalloc")["kind"] == "runtime"
     # Halving the longest kernel (k_linear, 10 µs) saves nothing: the GPU was never waited for.
     m = step_graph(trace, 0)
     longest = max((i for i, kd in enumerate(m["kind"]) if kd == "kernel"), key=lambda i: m["end"][i] - m["start"][i])

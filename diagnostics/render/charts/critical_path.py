@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 
-KIND_COLORS = {"cpu": "#4c78a8", "launch": "#f58518", "kernel": "#54a24b", "copy": "#b279a2",
+KIND_COLORS = {"cpu": "#4c78a8", "launch": "#f58518", "runtime": "#eeca3b", "kernel": "#54a24b", "copy": "#b279a2",
                "sync": "#e45756", "idle-wait": "#bab0ac"}
 #: Path events drawn on the timeline at most (the longest kept).
 MAX_DRAWN = 1500
