@@ -134,6 +134,8 @@ def format_critical_path(cp: dict, top: int) -> str:
                 _table(rows, [("event", "name", str), ("kind", "kind", str), ("calls", "calls", str),
                               ("on path", "on_path_us", _ms), ("saves", "saving_us", _ms),
                               ("step after", "step_us_after", _ms)])]
+    if cp.get("trace_file"):
+        out.append(f"The step's trace with the critical path marked (Perfetto, chrome://tracing): {cp['trace_file']}")
     return "\n".join(out)
 
 

@@ -67,9 +67,6 @@ SOURCE, SINK = 0, 1
 OWN, GAP, LAUNCH, STREAM, PRIOR, SYNC_TAIL, THREAD_START, TO_SINK = range(8)
 _EDGE_KIND = {GAP: "cpu", LAUNCH: "launch", STREAM: "idle-wait", PRIOR: "idle-wait", SYNC_TAIL: "sync",
               THREAD_START: "idle-wait", TO_SINK: "idle-wait"}
-_EDGE_WHAT = {GAP: "host time between calls", LAUNCH: "launch latency", STREAM: "stream gap after",
-              PRIOR: "earlier steps' work on its stream", SYNC_TAIL: "waited for",
-              THREAD_START: "thread start offset", TO_SINK: "step end"}
 
 
 class UnknownStep(TraceError):
@@ -237,6 +234,10 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
     hrows = np.flatnonzero(hmask)
     nest = nesting_of(trace, hmask)
     parent = nest["parent"]
+    # Call depth as diagnostics.trace.timeline draws its rows (operators among operators), so that
+    # the path can be marked on that timeline.
+    py = trace.cat_mask(PYTHON_CATS)
+    draw_depth = (nesting_of(trace, host_mask(trace) & ~py) if py.any() else trace.nesting())["depth"]
 
     # Event table: host rows, then GPU rows.
     grows = gsel["row"].to_numpy()
@@ -263,6 +264,10 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
     pid_l, tid_l = trace.strings("pid", rows), trace.strings("tid", rows)
     where[:n_h] = [f"thread {p}/{t}" for p, t in zip(pid_l[:n_h], tid_l[:n_h])]
     where[n_h:] = [f"GPU {d} stream {s}" for d, s in zip(gsel["device"], gsel["stream"])]
+    row_label = where.copy()   # the timeline's row label: "pid/tid" (" · depth" below the top) or the stream's
+    depth = np.zeros(n, dtype=np.int64)
+    depth[:n_h] = np.maximum(draw_depth[hrows], 0)
+    row_label[:n_h] = [f"{p}/{t}" + (f" · {d}" if d else "") for p, t, d in zip(pid_l[:n_h], tid_l[:n_h], depth[:n_h])]
 
     S = lambda i: 2 + 2 * i      # noqa: E731  start node of event i
     E = lambda i: 3 + 2 * i      # noqa: E731  end node of event i
@@ -379,7 +384,7 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
     G.freeze()
     step_end = max([t1 - t0] + [float(x) for x in end[n_h:]]) if n else t1 - t0
     return {"graph": G, "rows": rows, "n_host": n_h, "names": names, "kind": kind, "start": start, "end": end,
-            "where": where, "parent": ev_parent, "step": int(span["step"]), "t0": t0, "step_us": step_end,
+            "where": where, "lane": row_label, "parent": ev_parent, "step": int(span["step"]), "t0": t0, "step_us": step_end,
             "host_span_us": t1 - t0, "launch_of": launch_of, "typical": typical}
 
 
@@ -500,6 +505,7 @@ def _report(model: dict, factor: float, what_if_top: int) -> dict:
         rows[-1]["wait_after_us"] = wait_us
     names, kinds, start, end = model["names"], model["kind"], model["start"], model["end"]
     path = [{"name": str(names[r["event"]]), "kind": str(kinds[r["event"]]), "where": str(model["where"][r["event"]]),
+             "lane": str(model["lane"][r["event"]]),
              "start_us": float(start[r["event"]]), "dur_us": float(end[r["event"]] - start[r["event"]]),
              "on_path_us": float(time_of[r["event"]]), "wait_before_us": float(r["wait_before_us"]),
              "waited_on": r["waited_on"]} for r in rows]

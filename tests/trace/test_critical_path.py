@@ -240,6 +240,7 @@ def test_trace_analyze_text_and_report_show_the_critical_path(tmp_path, capsys):
     assert code == 0, err
     assert "Critical path of step 1: 0.430 ms" in out
     assert "kernel 0.400 ms" in out
+    assert "critical path marked (Perfetto, chrome://tracing): " in out and "critical_path.pt.trace.json" in out
     # the what-if line of add_c: 0.200 ms on the path, saves 0.100 ms, step after 0.330 ms
     assert any(line.split()[:1] == ["add_c"] and "0.100 ms" in line and "0.330 ms" in line
                for line in out.splitlines())
@@ -279,3 +280,22 @@ def test_a_step_too_large_is_named_not_computed(tmp_path, monkeypatch):
     with pytest.raises(TraceError, match=r"step 1 has 12 events, more than 5 \(name a step to go up to"):
         critical_path(trace)
     assert critical_path(trace, step=1)["length_us"] == pytest.approx(430)   # named: the larger limit
+
+
+def test_the_path_is_marked_on_the_trace_timeline(tmp_path):
+    from diagnostics.render.charts.critical_path import mark_critical_path
+    from diagnostics.render.charts.traces import build_timeline_figure
+    from diagnostics.trace import timeline_data
+
+    trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
+    cp = critical_path(trace, step=1)
+    fig = mark_critical_path(build_timeline_figure(timeline_data(trace)), cp)
+    line = fig.data[-1]
+    assert line.name == "critical path (step 1)"
+    drawn = dict(zip([c[0] for c in line.customdata], zip(line.x, line.y)))
+    # at the events' own rows and times (ms from the trace's start: step 1 starts 300 µs in)
+    assert drawn["add_c"] == (pytest.approx((300 + 215) / 1e3), "GPU 0 stream 7")
+    assert drawn["aten::zero_"] == (pytest.approx((300 + 422) / 1e3), "4242/4242 · 1")
+    assert drawn["cudaDeviceSynchronize"][1] == "4242/4242 · 1"
+    rows = set(fig.layout.yaxis.categoryarray)
+    assert set(line.y) <= rows          # only rows the timeline draws: no new ones

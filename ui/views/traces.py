@@ -10,6 +10,7 @@ from diagnostics.render.charts.traces import (
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
 )
 from diagnostics.units import human_bytes, human_count
+from diagnostics.render.charts.critical_path import mark_critical_path
 from ui.views.critical_path import show_critical_path
 from ui.widgets import metric_row
 
@@ -51,7 +52,7 @@ def _timeline(result: dict) -> None:
                 timeline = out.result["timeline"]
             else:
                 st.error(out.error)
-    st.plotly_chart(build_timeline_figure(timeline), width="stretch")
+    st.plotly_chart(mark_critical_path(build_timeline_figure(timeline), result.get("critical_path")), width="stretch")
     st.caption(f"{timeline['shown']:,} bars drawn for {timeline['in_range']:,} events in range; a bar with count > 1 "
                f"stands for several short events of its row merged (bucket {timeline.get('bucket_us', 0):.1f} µs).")
 

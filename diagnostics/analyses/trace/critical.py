@@ -28,6 +28,8 @@ def critical_path_result(trace, options, artifact_dir: Path | None) -> dict:
         raise TorchScopeError(f"option critical_path_step: {e}") from None
     except TraceError as e:
         return {"available": False, "reason": str(e)}
+    except Exception as e:  # noqa: BLE001  a fault here must not cost the rest of the trace analysis
+        return {"available": False, "reason": f"the critical path could not be computed ({type(e).__name__}: {e})"}
     out = {"available": True, **critical_path(trace, model=model)}
     if artifact_dir is not None:
         path = Path(artifact_dir) / EXPORT_FILE

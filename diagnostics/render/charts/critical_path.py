@@ -119,3 +119,24 @@ def critical_path_sections(result: dict) -> list[Section]:
                                       lambda: build_what_if_figure(cp)],
                     text=[headline(cp), CRITICAL_PATH_HELP],
                     tables=[("path", records_frame(cp["path"])), ("what-ifs", records_frame(cp["what_if"]))])]
+
+
+def mark_critical_path(fig: go.Figure, cp: dict | None) -> go.Figure:
+    """The trace timeline (traces.build_timeline_figure) with the critical path drawn over it: a line
+    through the path's events in order, a marker at each one's start (hover: its time on the path).
+    Events whose row the timeline does not draw (a range that leaves them out) are skipped."""
+    if not cp or not cp.get("available", True) or not cp.get("path"):
+        return fig
+    rows = set(fig.layout.yaxis.categoryarray or ())
+    t0 = float(cp.get("step_start_us") or 0.0)
+    pts = [r for r in cp["path"] if r.get("lane") in rows]
+    if not pts:
+        return fig
+    fig.add_trace(go.Scatter(
+        x=[(t0 + r["start_us"]) / 1e3 for r in pts], y=[r["lane"] for r in pts], mode="lines+markers",
+        name=f"critical path (step {cp['step']})", line={"color": "#d62728", "width": 2},
+        marker={"symbol": "diamond", "size": 8, "color": "#d62728"},
+        customdata=[[r["name"], r["on_path_us"], r["kind"]] for r in pts],
+        hovertemplate="critical path: %{customdata[0]} (%{customdata[2]})<br>%{customdata[1]:.1f} µs on the path"
+                      "<extra></extra>"))
+    return fig

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import plotly.graph_objects as go
-from diagnostics.render.charts.critical_path import critical_path_sections
+from diagnostics.render.charts.critical_path import critical_path_sections, mark_critical_path
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 
@@ -209,7 +209,8 @@ def trace_sections(result: dict) -> list[Section]:
                                 text=[graph_launch_text(graphs)] if graphs.get("launches") else []))
     sections += critical_path_sections(result)   # #18: render/charts/critical_path.py
     if result.get("timeline"):
-        sections.append(section("Timeline", [lambda: build_timeline_figure(result["timeline"])]))
+        sections.append(section("Timeline", [lambda: mark_critical_path(build_timeline_figure(result["timeline"]),
+                                                                        result.get("critical_path"))]))
     return sections
 
 
