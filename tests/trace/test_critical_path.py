@@ -299,3 +299,16 @@ def test_the_path_is_marked_on_the_trace_timeline(tmp_path):
     assert drawn["cudaDeviceSynchronize"][1] == "4242/4242 · 1"
     rows = set(fig.layout.yaxis.categoryarray)
     assert set(line.y) <= rows          # only rows the timeline draws: no new ones
+
+
+def test_a_fault_in_the_critical_path_leaves_the_trace_analysis_standing(tmp_path, monkeypatch):
+    from diagnostics.analyses.trace import TRACE
+    from diagnostics.analyses.trace import critical as job_part
+
+    def broken(*a, **k):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(job_part, "critical_path", broken)
+    trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
+    out = job_part.critical_path_result(trace, TRACE.validate({"path": "x.json"}), tmp_path)
+    assert out == {"available": False, "reason": "the critical path could not be computed (ValueError: boom)"}

@@ -24,13 +24,13 @@ def critical_path_result(trace, options, artifact_dir: Path | None) -> dict:
     step = options["critical_path_step"]
     try:
         model = step_graph(trace, step)
+        out = {"available": True, **critical_path(trace, model=model)}
     except UnknownStep as e:
         raise TorchScopeError(f"option critical_path_step: {e}") from None
     except TraceError as e:
         return {"available": False, "reason": str(e)}
     except Exception as e:  # noqa: BLE001  a fault here must not cost the rest of the trace analysis
         return {"available": False, "reason": f"the critical path could not be computed ({type(e).__name__}: {e})"}
-    out = {"available": True, **critical_path(trace, model=model)}
     if artifact_dir is not None:
         path = Path(artifact_dir) / EXPORT_FILE
         path.write_text(json.dumps(chrome_trace(trace, model)))
