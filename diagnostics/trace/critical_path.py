@@ -327,19 +327,28 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
     mine = set(grows.tolist())
     pending = []  # (edge type, u, v, observed gap, event, decided)
     lat_seen, gap_seen = [], []
+    chains = []   # per stream: its events in order, and the end of earlier steps' work still on it
     for key in sorted({(a, b) for a, b in zip(gdev, gstream)}):
         js = sorted((n_h + j for j in np.flatnonzero((gdev == key[0]) & (gstream == key[1]))),
                     key=lambda i: (start[i], end[i]))
         # Work of other steps on this stream that started before this step's first event there.
         other = gall[(gall["device"] == key[0]) & (gall["stream"] == key[1]) & ~gall["row"].isin(mine)
                      & (gall["start_us"] < t0 + start[js[0]])]
-        prior_end = float(other["end_us"].max()) - t0 if len(other) else None
+        chains.append((js, float(other["end_us"].max()) - t0 if len(other) else None))
+    # The launch latency of the events whose launch came after the stream was free (they can only
+    # have waited for it) says how long a launch takes here; with it, an event whose launch came
+    # shortly before the previous event ended is still put down to its launch when launch plus
+    # latency is the later of the two.
+    plain = [start[i] - start[launch_of[i]] for js, prior in chains for k, i in enumerate(js)
+             if i in launch_of and start[launch_of[i]] >= (end[js[k - 1]] if k else (prior or -np.inf))]
+    lat_est = max(_median_or_zero(plain), 0.0)
+    for js, prior_end in chains:
         prev = None
         for i in js:
             li = launch_of.get(i)
             a = start[li] if li is not None else None
             b = end[prev] if prev is not None else prior_end
-            launch_decides = a is not None and (b is None or a >= b)
+            launch_decides = a is not None and (b is None or a + min(lat_est, start[i] - a) >= b)
             if a is not None:
                 pending.append((LAUNCH, S(li), S(i), start[i] - a, i, launch_decides))
                 if launch_decides:

@@ -312,3 +312,46 @@ def test_a_fault_in_the_critical_path_leaves_the_trace_analysis_standing(tmp_pat
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
     out = job_part.critical_path_result(trace, TRACE.validate({"path": "x.json"}), tmp_path)
     assert out == {"available": False, "reason": "the critical path could not be computed (ValueError: boom)"}
+
+
+def _simulate(launch_at, kdur, sync_at, latency, ret):
+    """An independent schedule of one stream: a kernel starts when its launch (plus ``latency``) and the
+    kernel before it allow; the sync returns ``ret`` after the later of its own start and the last
+    kernel's end. Returns (kernel starts, sync end)."""
+    starts, end = [], None
+    for a, d in zip(launch_at, kdur):
+        s = a + latency if end is None else max(a + latency, end)
+        starts.append(s)
+        end = s + d
+    return starts, max(sync_at, end) + ret
+
+
+def test_what_ifs_match_an_independent_schedule_on_a_random_step(tmp_path):
+    import random
+
+    rng = random.Random(18)
+    latency, ret, n = 6.0, 4.0, 30
+    t, ev, launch_at, kdur = 10.0, [], [], []
+    for i in range(n):                      # host ops of 8-40 µs, each launching one kernel (5 µs) 1 µs in
+        op = rng.choice([8.0, 12.0, 25.0, 40.0])
+        ev.append(span(f"aten::op{i}", t, op))
+        launch_at.append(t + 1)
+        kdur.append(rng.choice([2.0, 10.0, 30.0, 80.0]))
+        t += op + 1
+    sync_at = t
+    starts, sync_end = _simulate(launch_at, kdur, sync_at, latency, ret)
+    for i in range(n):
+        ev += launched(f"k{i}", launch_at[i], starts[i], kdur[i], 100 + i)
+    ev += [runtime("cudaDeviceSynchronize", sync_at, sync_end - sync_at, 99), span("aten::zero_", sync_end + 1, 3)]
+    step_end = sync_end + 5
+    trace = load_trace(write(tmp_path, [step(3, 0, step_end)] + ev))
+    m = step_graph(trace, 3)
+    assert m["length_us"] == pytest.approx(step_end)
+    bound = [i for i in range(1, n) if launch_at[i] + latency > starts[i - 1] + kdur[i - 1]]
+    assert 0 < len(bound) < n - 1          # a mix: some kernels waited for their launch, some queued
+    for j in range(n):
+        shorter = [d / 2 if i == j else d for i, d in enumerate(kdur)]
+        _, sync_after = _simulate(launch_at, shorter, sync_at, latency, ret)
+        expected = sync_end - sync_after    # everything after the sync moves with it
+        idx = next(i for i, name in enumerate(m["names"]) if name == f"k{j}")
+        assert what_if(m, [idx])["saving_us"] == pytest.approx(expected, abs=1e-6), f"k{j}"
