@@ -16,7 +16,8 @@ and an end node; edges carry time.
 * the sink: the step span's end and the end of every GPU event the step launched.
 
 A GPU event starts when both its launch and its stream allow; the later of the two *decided* the
-start and its edge carries the observed gap. An edge that did not decide (a kernel queued long
+start (launch start + the step's typical launch latency against the previous event's end) and its
+edge carries the observed gap. An edge that did not decide (a kernel queued long
 after its launch) carries the median latency of that edge type among the edges that did, capped at
 its observed gap: shorten the kernel ahead of it and the queued kernel moves up, as it would. A sync
 call that waited keeps only its return latency as its own time. Built this way the longest path
