@@ -36,6 +36,8 @@ def test_critical_path_tab_shows_the_path_breakdown_and_what_ifs(new_app, cp_tra
     assert saved["add_c"] == pytest.approx(0.1) and saved["gemm_a"] == pytest.approx(0.05)
     path = next(f for f in frames if "waited on" in f.columns)
     assert {"gemm_a", "relu_b", "add_c", "cudaDeviceSynchronize"} <= set(path["event"])
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "Download the step's trace with the critical path (JSON)" in labels
 
 
 def test_picking_another_step_shows_its_path(new_app, cp_trace):
