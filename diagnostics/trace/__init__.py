@@ -8,6 +8,7 @@
     profiler_views.py  the profiler page's steps, device split, modules, kernels
     comm.py       one rank's computation / communication split and collectives
     diff.py       diff_traces(before, after)
+    critical_path.py  one step's critical path (host ops, launches, kernels, syncs), what-ifs, the marked trace
 The profiler page, the trace explorer, the distributed analysis and the checklist all read traces
 through this layer. Views return plain JSON-able data (records); TraceError says why a file is
 unusable.

@@ -55,6 +55,8 @@ TRACE = Analysis(
         Table("critical_path.path", "Critical path", (Column("start_us", "us", "start"), Column("dur_us", "us", "duration"),
                                                       Column("on_path_us", "us", "on the path"),
                                                       Column("wait_before_us", "us", "wait before"))),
+        Table("critical_path.by_kind", "Critical path by kind", (Column("us", "us", "time on the path"),
+                                                                 Column("pct", "percent", "share of the step"))),
         Table("critical_path.what_if", "Critical path what-ifs", (Column("on_path_us", "us", "on the path"),
                                                                   Column("saving_us", "us", "step time saved"),
                                                                   Column("step_us_after", "us", "step time after"))),
