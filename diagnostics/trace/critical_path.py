@@ -511,8 +511,6 @@ def _report(model: dict, factor: float, what_if_top: int) -> dict:
             wait_us, wait_text = 0.0, ""
         if t == SYNC_TAIL:
             rows[row_of[i]]["waited_on"] = _describe_wait(model, e)
-    if rows and wait_us:  # a wait right before the step's end (none today; kept so times add up)
-        rows[-1]["wait_after_us"] = wait_us
     names, kinds, start, end = model["names"], model["kind"], model["start"], model["end"]
     path = [{"name": str(names[r["event"]]), "kind": str(kinds[r["event"]]), "where": str(model["where"][r["event"]]),
              "lane": str(model["lane"][r["event"]]),
