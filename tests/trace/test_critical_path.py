@@ -355,3 +355,14 @@ def test_what_ifs_match_an_independent_schedule_on_a_random_step(tmp_path):
         expected = sync_end - sync_after    # everything after the sync moves with it
         idx = next(i for i, name in enumerate(m["names"]) if name == f"k{j}")
         assert what_if(m, [idx])["saving_us"] == pytest.approx(expected, abs=1e-6), f"k{j}"
+
+
+def test_blocking_calls_are_the_syncs_and_synchronous_copies():
+    from diagnostics.trace.classify import is_sync_call
+
+    for name in ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cuCtxSynchronize",
+                 "hipDeviceSynchronize", "cudaMemcpy", "cudaStreamSynchronize_v3020"):
+        assert is_sync_call(name), name
+    for name in ("cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaLaunchKernel", "cudaEventRecord", "aten::copy_",
+                 "cudaMemsetAsync", ""):
+        assert not is_sync_call(name), name
