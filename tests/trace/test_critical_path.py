@@ -366,3 +366,20 @@ def test_blocking_calls_are_the_syncs_and_synchronous_copies():
     for name in ("cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaLaunchKernel", "cudaEventRecord", "aten::copy_",
                  "cudaMemsetAsync", ""):
         assert not is_sync_call(name), name
+
+
+def test_a_synchronous_memcpy_waits_for_its_own_copy(tmp_path):
+    # A 100 µs kernel (12 -> 112), then a D2H cudaMemcpy (22 -> 125) whose copy queues behind it on
+    # stream 7 (112 -> 122); the call returns 3 µs after its copy ends.
+    ev = [step(5, 0, 200), span("aten::mm", 5, 10)] + launched("gemm", 6, 12, 100, 31) \
+        + [span("aten::to", 20, 110)] + launched("Memcpy DtoH (Device -> Pageable)", 22, 112, 10, 32,
+                                                 call="cudaMemcpy", cat="gpu_memcpy")
+    ev[-4]["dur"] = 103                      # the cudaMemcpy call: 22 -> 125
+    cp = critical_path(load_trace(write(tmp_path, ev)))
+    names = [r["name"] for r in cp["path"]]
+    assert names.index("gemm") < names.index("Memcpy DtoH (Device -> Pageable)") < names.index("cudaMemcpy")
+    k = by_kind(cp)
+    # host 5 + 1, launch latency 6 (6 -> 12), gemm 100, copy 10, the call's return 3, aten::to's 5 after it
+    # and the step's last 70.
+    assert (k["kernel"], k["copy"], k["sync"], k["launch"], k["cpu"]) == pytest.approx((100, 10, 3, 6, 81))
+    assert {r["name"]: r["saving_us"] for r in cp["what_if"]}["gemm"] == pytest.approx(50)
