@@ -118,10 +118,14 @@ def format_critical_path(cp: dict, top: int) -> str:
     events and the what-ifs."""
     if not cp.get("available", True):
         return f"Critical path: not computed: {cp.get('reason')}"
-    out = [f"Critical path of step {cp['step']}: {_ms(cp['length_us'])} "
+    how = f" ({cp['chosen_as']})" if cp.get("chosen_as") else ""
+    out = [f"Critical path of step {cp['step']}{how}: {_ms(cp['length_us'])} "
            f"(step time {_ms(cp['step_us'])}, host span {_ms(cp['host_span_us'])}), "
            f"{cp['path_events']:,} events on it of {cp['events']:,}"]
     out.append("  by kind: " + ", ".join(f"{r['kind']} {_ms(r['us'])}" for r in cp["by_kind"] if r["us"] > 0))
+    if cp.get("incomplete_steps"):
+        out.append("  steps cut short by the end of profiling (a kernel launch with no kernel in the trace): "
+                   + ", ".join(map(str, cp["incomplete_steps"])))
     rows = sorted(cp["path"], key=lambda r: -r["on_path_us"])[:top]
     rows = [dict(r, name=_clip(r["name"])) for r in rows]
     out += [f"Longest {len(rows)} events on the path:",

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from diagnostics.trace.classify import (
-    GPU_SYNC_CATS, PYTHON_CATS, RUNTIME_CATS, STEP_RE, SYNC_CALL_RE, host_mask, step_label,
+    GPU_SYNC_CATS, LAUNCH_CALL_RE, PYTHON_CATS, RUNTIME_CATS, STEP_RE, SYNC_CALL_RE, host_mask, step_label,
 )
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace, nesting_of
@@ -174,20 +174,51 @@ def _pick_step(trace: Trace, step: int | None) -> pd.Series:
     return None
 
 
+def incomplete_steps(trace: Trace) -> list[int]:
+    """Steps cut short by the end of profiling: a kernel launch call in the step's span (LAUNCH_CALL_RE,
+    with a correlation id) whose GPU work is not in the trace. None when the trace has no GPU work
+    at all (then nothing can be told)."""
+    ev = trace.events
+    gpu = gpu_step_attribution(trace)
+    if not len(gpu):
+        return []
+    spans = step_spans(trace)
+    rt = trace.complete_mask() & trace.cat_mask(RUNTIME_CATS) & trace.name_mask(LAUNCH_CALL_RE)
+    corr = ev["corr"].to_numpy()
+    rows = np.flatnonzero(rt & (corr >= 0) & ~np.isin(corr, gpu["corr"].to_numpy()))
+    if not rows.size:
+        return []
+    ts = ev["ts"].to_numpy()[rows]
+    lo = spans["start_us"].to_numpy()
+    hi = lo + spans["dur_us"].to_numpy()
+    cut = {int(n) for n, a, b in zip(spans["step"], lo, hi) if ((ts >= a) & (ts <= b)).any()}
+    return sorted(cut)
+
+
 def step_graph(trace: Trace, step: int | None = None) -> dict:
-    """The dependency graph of profiler step ``step`` (default: the step that takes longest, from its
-    host span's start to the end of its span or of its last GPU work, whichever is later), with its
-    events; what critical_path and what_if compute on."""
+    """The dependency graph of profiler step ``step`` (default: the longest complete step, by its time
+    from its host span's start to the end of its span or of its last GPU work, whichever is later;
+    see incomplete_steps), with its events; what critical_path and what_if compute on."""
     chosen = _pick_step(trace, step)
     spans = step_spans(trace)
+    cut = incomplete_steps(trace)
+    how = f"step {step}, as asked"
     if chosen is None:
         g = gpu_step_attribution(trace)
         ends = (spans["start_us"] + spans["dur_us"]).to_numpy().copy()
         mine = g[g["attributed"].isin(["launch", "time"]) & (g["step_i"] >= 0)]
         for i, e in mine.groupby("step_i")["end_us"].max().items():
             ends[int(i)] = max(ends[int(i)], float(e))
-        chosen = spans.iloc[int(np.argmax(ends - spans["start_us"].to_numpy()))]
+        took = ends - spans["start_us"].to_numpy()
+        complete = ~spans["step"].isin(cut).to_numpy()
+        if complete.any():
+            took = np.where(complete, took, -np.inf)
+            how = "the longest complete step"
+        else:
+            how = "the longest step (none is complete)"
+        chosen = spans.iloc[int(np.argmax(took))]
     model = _build(trace, chosen, MAX_EVENTS if step is not None else MAX_EVENTS_AUTO)
+    model["chosen_as"], model["incomplete_steps"] = how, cut
     dist, pred = model["graph"].longest()
     model["length_us"], model["pred"], model["dist"] = float(dist[SINK]), pred, dist
     return model
@@ -532,7 +563,8 @@ def _report(model: dict, factor: float, what_if_top: int) -> dict:
                          "saving_us": max(r["saving_us"], 0.0), "step_us_after": r["step_us"]})
     total = model["step_us"]
     return {
-        "step": model["step"], "step_start_us": model["t0"], "step_us": total,
+        "step": model["step"], "chosen_as": model.get("chosen_as", ""),
+        "incomplete_steps": list(model.get("incomplete_steps", [])), "step_start_us": model["t0"], "step_us": total,
         "host_span_us": model["host_span_us"], "length_us": model["length_us"], "factor": factor,
         "events": int(model["rows"].size), "edges": int(G.src.size),
         "path_events": len(path), "path": path[:MAX_PATH_ROWS],

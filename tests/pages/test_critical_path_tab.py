@@ -29,7 +29,8 @@ def test_critical_path_tab_shows_the_path_breakdown_and_what_ifs(new_app, cp_tra
     # the longest step by default: step 1, 430 µs, all of it on the path
     assert _metric(at, "Step") == "1"
     assert _metric(at, "Critical path") == "0.430 ms" and _metric(at, "Step time") == "0.430 ms"
-    assert any("Step 1: 0.430 ms on the critical path" in c.value and "kernel" in c.value for c in at.caption)
+    assert any("Step 1 (the longest complete step): 0.430 ms on the critical path" in c.value and "kernel" in c.value
+               for c in at.caption)
     frames = [df.value for df in at.dataframe]
     what_if = next(f for f in frames if "saving_us" in f.columns)   # shown in ms, labelled "... (ms)"
     saved = dict(zip(what_if["event"], what_if["saving_us"]))

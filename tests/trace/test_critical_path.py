@@ -238,7 +238,7 @@ def test_trace_analyze_text_and_report_show_the_critical_path(tmp_path, capsys):
     p = write(tmp_path, CPU_STEP + GPU_STEP)
     code, out, err = _cli(capsys, tmp_path, p, "--out", tmp_path / "rep")
     assert code == 0, err
-    assert "Critical path of step 1: 0.430 ms" in out
+    assert "Critical path of step 1 (the longest complete step): 0.430 ms" in out
     assert "kernel 0.400 ms" in out
     assert "critical path marked (Perfetto, chrome://tracing): " in out and "critical_path.pt.trace.json" in out
     # the what-if line of add_c: 0.200 ms on the path, saves 0.100 ms, step after 0.330 ms
@@ -383,3 +383,17 @@ def test_a_synchronous_memcpy_waits_for_its_own_copy(tmp_path):
     # and the step's last 70.
     assert (k["kernel"], k["copy"], k["sync"], k["launch"], k["cpu"]) == pytest.approx((100, 10, 3, 6, 81))
     assert {r["name"]: r["saving_us"] for r in cp["what_if"]}["gemm"] == pytest.approx(50)
+
+
+def test_the_default_step_is_the_longest_complete_one(tmp_path):
+    # Step 2 takes longest (600 µs) but profiling ended before its second kernel ran: the launch
+    # (correlation 42) has no kernel in the trace. The default is then step 1 (430 µs), and step 2
+    # can still be asked for.
+    cut = [step(2, 800, 600), span("aten::mm", 810, 10)] + launched("late_a", 812, 820, 50, 41) \
+        + [runtime("cudaLaunchKernel", 830, 5, 42)]
+    trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP + cut))
+    cp = critical_path(trace)
+    assert cp["step"] == 1 and cp["chosen_as"] == "the longest complete step"
+    assert cp["incomplete_steps"] == [2]
+    asked = critical_path(trace, step=2)
+    assert asked["step"] == 2 and asked["length_us"] == pytest.approx(600) and asked["chosen_as"] == "step 2, as asked"

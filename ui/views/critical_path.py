@@ -49,8 +49,8 @@ def _other_step(result: dict, cp: dict) -> dict | None:
     pick = st.selectbox("Step", steps, index=steps.index(current) if current in steps else None,
                         placeholder="pick a step",
                         key=f"cp-step-{result['path']}",
-                        help="The profiler step whose critical path is shown (the default is the step that "
-                             "takes longest)")
+                        help="The profiler step whose critical path is shown (the default is the longest "
+                             "complete step)")
     if pick is None or pick == current:
         return None
     options = {"path": result["path"], "stamp": file_stamp(result["path"]), "critical_path_step": int(pick)}

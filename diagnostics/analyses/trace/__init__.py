@@ -16,7 +16,7 @@ _TIMELINE = (
 #: The critical path's options (issue #18), kept together so other parts' options merge cleanly.
 _CRITICAL_PATH = (
     Option("critical_path_step", "int", None, "the profiler step number whose critical path is "
-           "computed; default: the step that takes longest", optional=True, lo=0, flag=""),
+           "computed; default: the longest complete step", optional=True, lo=0, flag=""),
 )
 
 TRACE = Analysis(

@@ -39,9 +39,13 @@ def headline(cp: dict) -> str:
     if not cp.get("available", True):
         return f"Critical path not computed: {cp.get('reason')}"
     top = max(cp["by_kind"], key=lambda r: r["us"])
-    return (f"Step {cp['step']}: {cp['length_us'] / 1e3:,.3f} ms on the critical path "
+    cut = cp.get("incomplete_steps") or []
+    return (f"Step {cp['step']}" + (f" ({cp['chosen_as']})" if cp.get("chosen_as") else "")
+            + f": {cp['length_us'] / 1e3:,.3f} ms on the critical path "
             f"({cp['path_events']:,} of {cp['events']:,} events); the largest part is {top['kind']}, "
-            f"{top['us'] / 1e3:,.3f} ms ({top['pct'] or 0:.1f} %).")
+            f"{top['us'] / 1e3:,.3f} ms ({top['pct'] or 0:.1f} %)."
+            + (f" Steps cut short by the end of profiling (a kernel launch with no kernel in the trace): "
+               f"{', '.join(map(str, cut))}." if cut else ""))
 
 
 def build_critical_path_breakdown_figure(cp: dict) -> go.Figure:
