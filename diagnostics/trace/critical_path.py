@@ -300,6 +300,9 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
     depth = np.zeros(n, dtype=np.int64)
     depth[:n_h] = np.maximum(draw_depth[hrows], 0)
     row_label[:n_h] = [f"{p}/{t}" + (f" · {d}" if d else "") for p, t, d in zip(pid_l[:n_h], tid_l[:n_h], depth[:n_h])]
+    # The timeline's lane key (timeline_data's "lane": "pid/tid", "GPU d stream s"), without the depth.
+    lane_key = where.copy()
+    lane_key[:n_h] = [f"{p}/{t}" for p, t in zip(pid_l[:n_h], tid_l[:n_h])]
 
     S = lambda i: 2 + 2 * i      # noqa: E731  start node of event i
     E = lambda i: 3 + 2 * i      # noqa: E731  end node of event i
@@ -425,7 +428,7 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
     G.freeze()
     step_end = max([t1 - t0] + [float(x) for x in end[n_h:]]) if n else t1 - t0
     return {"graph": G, "rows": rows, "n_host": n_h, "names": names, "kind": kind, "start": start, "end": end,
-            "where": where, "lane": row_label, "parent": ev_parent, "step": int(span["step"]), "t0": t0, "step_us": step_end,
+            "where": where, "lane": row_label, "lane_key": lane_key, "parent": ev_parent, "step": int(span["step"]), "t0": t0, "step_us": step_end,
             "host_span_us": t1 - t0, "launch_of": launch_of, "typical": typical}
 
 
@@ -544,7 +547,7 @@ def _report(model: dict, factor: float, what_if_top: int) -> dict:
             rows[row_of[i]]["waited_on"] = _describe_wait(model, e)
     names, kinds, start, end = model["names"], model["kind"], model["start"], model["end"]
     path = [{"name": str(names[r["event"]]), "kind": str(kinds[r["event"]]), "where": str(model["where"][r["event"]]),
-             "lane": str(model["lane"][r["event"]]),
+             "lane": str(model["lane"][r["event"]]), "lane_key": str(model["lane_key"][r["event"]]),
              "start_us": float(start[r["event"]]), "dur_us": float(end[r["event"]] - start[r["event"]]),
              "on_path_us": float(time_of[r["event"]]), "wait_before_us": float(r["wait_before_us"]),
              "waited_on": r["waited_on"]} for r in rows]

@@ -289,14 +289,19 @@ def test_the_path_is_marked_on_the_trace_timeline(tmp_path):
 
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
     cp = critical_path(trace, step=1)
-    fig = mark_critical_path(build_timeline_figure(timeline_data(trace)), cp)
+    tl = timeline_data(trace)
+    fig = mark_critical_path(build_timeline_figure(tl), cp, tl)
     line = fig.data[-1]
     assert line.name == "critical path (step 1)"
     drawn = dict(zip([c[0] for c in line.customdata], zip(line.x, line.y)))
-    # at the events' own rows and times (ms from the trace's start: step 1 starts 300 µs in)
-    assert drawn["add_c"] == (pytest.approx((300 + 215) / 1e3), "GPU 0 stream 7")
-    assert drawn["aten::zero_"] == (pytest.approx((300 + 422) / 1e3), "4242/4242 · 1")
-    assert drawn["cudaDeviceSynchronize"][1] == "4242/4242 · 1"
+    # at the events' own rows (the lane's label where the timeline gives lanes one, else "pid/tid · depth")
+    # and times (ms from the trace's start: step 1 starts 300 µs in)
+    label = {lane["lane"]: lane.get("label") for lane in tl["lanes"]}
+    gpu_row = label.get("GPU 0 stream 7") or "GPU 0 stream 7"
+    host_row = label.get("4242/4242") or "4242/4242 · 1"
+    assert drawn["add_c"] == (pytest.approx((300 + 215) / 1e3), gpu_row)
+    assert drawn["aten::zero_"] == (pytest.approx((300 + 422) / 1e3), host_row)
+    assert drawn["cudaDeviceSynchronize"][1] == host_row
     rows = set(fig.layout.yaxis.categoryarray)
     assert set(line.y) <= rows          # only rows the timeline draws: no new ones
 

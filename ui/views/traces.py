@@ -52,7 +52,7 @@ def _timeline(result: dict) -> None:
                 timeline = out.result["timeline"]
             else:
                 st.error(out.error)
-    st.plotly_chart(mark_critical_path(build_timeline_figure(timeline), result.get("critical_path")), width="stretch")
+    st.plotly_chart(mark_critical_path(build_timeline_figure(timeline), result.get("critical_path"), timeline), width="stretch")
     st.caption(f"{timeline['shown']:,} bars drawn for {timeline['in_range']:,} events in range; a bar with count > 1 "
                f"stands for several short events of its row merged (bucket {timeline.get('bucket_us', 0):.1f} µs).")
 

@@ -125,22 +125,29 @@ def critical_path_sections(result: dict) -> list[Section]:
                     tables=[("path", records_frame(cp["path"])), ("what-ifs", records_frame(cp["what_if"]))])]
 
 
-def mark_critical_path(fig: go.Figure, cp: dict | None) -> go.Figure:
-    """The trace timeline (traces.build_timeline_figure) with the critical path drawn over it: a line
-    through the path's events in order, a marker at each one's start (hover: its time on the path).
-    Events whose row the timeline does not draw (a range that leaves them out) are skipped."""
+def mark_critical_path(fig: go.Figure, cp: dict | None, timeline: dict | None = None) -> go.Figure:
+    """The trace timeline figure with the critical path drawn over it: a line through the path's events
+    in order, a marker at each one's start (hover: its time on the path). ``timeline`` (the
+    timeline_data the figure was drawn from) names its rows: a lane's "label" where it has one, else
+    the path row's own "pid/tid · depth" label. Events whose row the figure does not draw (a range that
+    leaves them out) are skipped."""
     if not cp or not cp.get("available", True) or not cp.get("path"):
         return fig
     rows = set(fig.layout.yaxis.categoryarray or ())
+    labels = {lane["lane"]: lane["label"] for lane in (timeline or {}).get("lanes") or [] if lane.get("label")}
     t0 = float(cp.get("step_start_us") or 0.0)
-    pts = [r for r in cp["path"] if r.get("lane") in rows]
+    pts = []
+    for r in cp["path"]:
+        y = labels.get(r.get("lane_key")) or r.get("lane")
+        if y in rows:
+            pts.append((r, y))
     if not pts:
         return fig
     fig.add_trace(go.Scatter(
-        x=[(t0 + r["start_us"]) / 1e3 for r in pts], y=[r["lane"] for r in pts], mode="lines+markers",
+        x=[(t0 + r["start_us"]) / 1e3 for r, _ in pts], y=[y for _, y in pts], mode="lines+markers",
         name=f"critical path (step {cp['step']})", line={"color": "#d62728", "width": 2},
         marker={"symbol": "diamond", "size": 8, "color": "#d62728"},
-        customdata=[[r["name"], r["on_path_us"], r["kind"]] for r in pts],
+        customdata=[[r["name"], r["on_path_us"], r["kind"]] for r, _ in pts],
         hovertemplate="critical path: %{customdata[0]} (%{customdata[2]})<br>%{customdata[1]:.1f} µs on the path"
                       "<extra></extra>"))
     return fig

@@ -210,7 +210,7 @@ def trace_sections(result: dict) -> list[Section]:
     sections += critical_path_sections(result)   # #18: render/charts/critical_path.py
     if result.get("timeline"):
         sections.append(section("Timeline", [lambda: mark_critical_path(build_timeline_figure(result["timeline"]),
-                                                                        result.get("critical_path"))]))
+                                                                        result.get("critical_path"), result["timeline"])]))
     return sections
 
 
