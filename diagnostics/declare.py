@@ -196,10 +196,14 @@ class Metric:
     unit: str
     label: str
     help: str = ""
+    #: which way is an improvement when two runs are compared: "lower", "higher" or "" (neither: a setting)
+    better: str = ""
 
     def __post_init__(self):
         if self.unit not in UNITS:
             raise ValueError(f"metric {self.key}: unknown unit {self.unit!r}")
+        if self.better not in ("", "lower", "higher"):
+            raise ValueError(f"metric {self.key}: better must be 'lower', 'higher' or '', not {self.better!r}")
 
 
 @dataclass(frozen=True)

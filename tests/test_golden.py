@@ -28,6 +28,10 @@ UPDATE = os.environ.get("TORCHSCOPE_UPDATE_GOLDEN") == "1"
 SAMPLES = ("mlp", "cnn", "resnet", "transformer", "lstm", "deep_sigmoid_mlp", "bad_init_mlp")
 #: Relative tolerance for floating-point figures (bytes and counts must match exactly).
 REL = 1e-6
+#: Absolute tolerance for the share of gradient elements that are exactly zero: which tiny gradients
+#: round to exactly 0.0 follows the CPU's vector path (seen: 0.000212 on one machine, 0.000182 on another
+#: for the transformer's in_proj), so this share is compared to 1e-4, not to 9 digits.
+ZERO_FRACTION_ABS = 1e-4
 
 
 def run(analysis: str, tmp_path, sample: str | None = None, batch: int | None = None, **options) -> dict:
@@ -68,7 +72,8 @@ def _close(a, b, path="") -> list[str]:
     if isinstance(a, float) or isinstance(b, float):
         if a is None or b is None:
             return [] if a == b else [f"{path}: {a!r} before, {b!r} now"]
-        return [] if math.isclose(a, b, rel_tol=REL, abs_tol=1e-12) else [f"{path}: {a!r} before, {b!r} now"]
+        abs_tol = ZERO_FRACTION_ABS if path.endswith("/zero_fraction") else 1e-12
+        return [] if math.isclose(a, b, rel_tol=REL, abs_tol=abs_tol) else [f"{path}: {a!r} before, {b!r} now"]
     return [] if a == b else [f"{path}: {a!r} before, {b!r} now"]
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from diagnostics.cli import report_folder as cli_report
 from diagnostics.cli.model_args import UsageError, add_model_args, build_spec
 from diagnostics.cli.report_folder import add_report_args
+from diagnostics.cli.trace import add_trace_options
 from diagnostics.cli.options import add_options, collect_options, positive_int, score
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import ANALYSES
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     ta = tsub.add_parser("analyze", help="analyse one trace file (.json or .json.gz)",
                          description="Analyse one trace file (the 'trace' analysis) and write a report folder.")
     ta.add_argument("path", help="a Chrome/Kineto trace (.json or .json.gz)")
+    add_trace_options(ta)
     ta.add_argument("--step", type=int, metavar="N", help="the profiler step number whose critical path is "
                                                           "computed (default: the longest complete step)")
     td = tsub.add_parser("diff", help="compare two trace files",
@@ -177,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("distributed", add_help=False,
                        help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
     sub.add_parser("list", help="list the commands and the built-in sample models")
+    from diagnostics.cli import history as cli_history
+
+    cli_history.add_parser(sub, ArgParser)
     return parser
 
 
@@ -359,7 +364,8 @@ def list_command() -> int:
     out.write("commands:\n")
     rows = [(name, ANALYSES[name].title) for name in model_commands()]
     rows += [("trace analyze", "Trace explorer: analyse one trace file"),
-             ("trace diff", "Trace diff: compare two trace files")]
+             ("trace diff", "Trace diff: compare two trace files"),
+             ("history", "Stored runs: list, compare two, a metric's trend")]
     if _distributed_main() is not None:
         rows.append(("distributed", "Distributed runs (torchrun + DDP): run / analyze / command"))
     for name, title in rows:
@@ -386,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_trace_command(args)
     if args.command == "list":
         return list_command()
+    if args.command == "history":
+        from diagnostics.cli import history as cli_history
+
+        return cli_history.run(args)
     return run_analysis_command(args)
 
 

@@ -18,8 +18,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diagnostics.measure.gradient_health import (ACTIVATION_FLAG_FRACTION, MIN_UNIT_OBSERVATIONS, ROOT,
-                                                 SATURATION_EPS, STATUSES, THRESHOLD_HELP, THRESHOLDS, classify)
+from diagnostics.measure.gradient_health import (ACTIVATION_FLAG_FRACTION, KIND_VANISHING_RATIO, LAYER_SCALE_GATE_MAX,
+                                                 MIN_UNIT_OBSERVATIONS, PEER_MIN_LAYERS, ROOT, SATURATION_EPS, STATUSES,
+                                                 THRESHOLD_HELP, THRESHOLDS, classify, is_layer_scale_param, layer_kind,
+                                                 vanishing_rule)
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.training import make_optimizer
 from diagnostics.errors import TorchScopeError
@@ -169,6 +171,35 @@ def grad_hooks(params: dict[int, str], sink: dict):
             h.remove()
 
 
+def layer_scale_gates(model: nn.Module) -> dict[str, float]:
+    """Block name -> mean |γ| of the small layer-scale parameters gating it (the largest, if several).
+
+    A module owning a layer-scale parameter and other layers (HF ConvNeXt's layer) gates itself; a
+    bare LayerScale module (timm's ``ls1.gamma``) gates its parent block. Only γ with mean |γ| below
+    LAYER_SCALE_GATE_MAX count: a grown-up layer scale does not hide its branch's gradients."""
+    gates: dict[str, float] = {}
+    for mname, mod in model.named_modules():
+        for pname, p in mod.named_parameters(recurse=False):
+            if not p.is_floating_point() or not p.numel() or not is_layer_scale_param(pname, type(mod).__name__):
+                continue
+            scale = float(p.detach().abs().float().mean())
+            if scale >= LAYER_SCALE_GATE_MAX:
+                continue
+            has_layers = any(True for c in mod.children() for _ in c.parameters())
+            block = mname if has_layers or "." not in mname else mname.rsplit(".", 1)[0]
+            gates[block] = max(gates.get(block, 0.0), scale)
+    return gates
+
+
+def _gate_for(name: str, gates: dict[str, float]) -> float | None:
+    """The gate of the innermost gated block holding ``name`` (not the layer scale itself)."""
+    best = None
+    for block, scale in gates.items():
+        if name.startswith(block + ".") and (best is None or len(block) > len(best[0])):
+            best = (block, scale)
+    return best[1] if best else None
+
+
 def layer_order(called: list[str], layers: list[str]) -> list[str]:
     """Layers in forward order. A layer whose forward never ran as a module call (MultiheadAttention
     calls its out_proj functionally) goes after its nearest called ancestor's subtree."""
@@ -280,9 +311,20 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
             "nan_count": sum(r["nan_count"] for r in all_rows), "inf_count": sum(r["inf_count"] for r in all_rows),
             "finite_steps": sum(1 for r in all_rows if not (r["nan_count"] or r["inf_count"])),
         })
-    largest = max((l["grad_norm_mean"] for l in layers), default=0.0)
+    gates = layer_scale_gates(model)
     for l in layers:
-        l["status"], l["reason"] = classify(l, largest)
+        l["kind"] = layer_kind(l["layer"], l["type"], l["param_names"])
+        l["gate_scale"] = None if l["kind"] == "layer scale" else _gate_for(l["layer"], gates)
+        l["rule"] = vanishing_rule(l["kind"]) + (
+            f"; judged on gradient norm / layer scale mean |γ| {l['gate_scale']:.2g}" if l["gate_scale"] else "")
+    largest = max((l["grad_norm_mean"] for l in layers), default=0.0)
+    peers: dict[str, list[float]] = {}
+    for l in layers:
+        if l["kind"] in KIND_VANISHING_RATIO:
+            peers.setdefault(l["kind"], []).append(l["grad_norm_mean"] / (l["gate_scale"] or 1.0))
+    for l in layers:
+        kin = peers.get(l["kind"], [])
+        l["status"], l["reason"] = classify(l, largest, max(kin) if len(kin) >= PEER_MIN_LAYERS else None)
         l["grad_norm_relative"] = l["grad_norm_mean"] / largest if largest > 0 else None
 
     activations = []

@@ -30,6 +30,70 @@ MIN_UNIT_OBSERVATIONS = 8
 #: so they are dead only when no row got a gradient at all.
 SPARSE_ROW_LAYERS = ("Embedding", "EmbeddingBag")
 
+# --- layer kinds that are small at initialisation by design ---------------------------------------
+# Comparing every layer with the largest one calls these vanishing on healthy models. Each kind gets
+# its own ratio to the largest layer (KIND_VANISHING_RATIO) and is also compared with its peers, the
+# other layers of the same kind at other depths (PEER_VANISHING_RATIO): a kind whose members all sit
+# low is judged by the first, one member starving among its peers by the second. Measured with HF's
+# standard init (normal(0, 0.02), 2 steps, SGD): BERT (hidden 128, 4 layers) query / key projections
+# at 3.7e-4 .. 6.4e-4 x the largest layer (the softmax is nearly uniform, so its gradient is small);
+# Mamba's dt_proj at 2.8e-4 .. 4.6e-4; T5's relative-attention bias and RMS norms at >= 9.8e-3.
+KIND_QK = "query/key projection"
+KIND_REL_POS = "relative-position bias"
+KIND_LAYER_SCALE = "layer scale"
+KIND_NORM = "normalisation"
+KIND_SSM_DT = "state-space time step"
+KIND_OTHER = "layer"
+#: A layer of a small-by-design kind is vanishing below this × the largest layer's norm (100x looser
+#: than VANISHING_RATIO: the measured healthy values above sit 10-40x over it).
+KIND_VANISHING_RATIO = {KIND_QK: 1e-5, KIND_REL_POS: 1e-5, KIND_LAYER_SCALE: 1e-5, KIND_NORM: 1e-5, KIND_SSM_DT: 1e-5}
+#: ... or below this × the largest layer of its own kind (with at least PEER_MIN_LAYERS of that kind)
+#: while also below VANISHING_RATIO × the largest layer (so no kind is judged more strictly than a plain layer).
+PEER_VANISHING_RATIO = 1e-3
+PEER_MIN_LAYERS = 2
+#: A residual branch y = x + γ·f(x) scales every gradient inside f by γ, and layer scale starts γ
+#: small on purpose (ConvNeXt: 1e-6, CaiT / DeiT-III: 1e-5 .. 0.1). A block owning a layer-scale
+#: parameter whose mean |γ| is below this is "gated": its layers are judged on gradient norm / mean |γ|.
+LAYER_SCALE_GATE_MAX = 0.1
+
+_QK_NAMES = frozenset({"q", "k", "query", "key", "q_proj", "k_proj", "wq", "wk", "to_q", "to_k", "q_lin", "k_lin",
+                       "query_proj", "key_proj", "q_linear", "k_linear"})
+_REL_POS_MARKS = ("relative_attention_bias", "relative_position_bias", "rel_pos", "relative_bias", "pos_bias")
+_SSM_DT_NAMES = frozenset({"dt_proj", "dt_bias", "time_step_proj"})
+_LAYER_SCALE_PARAMS = ("gamma", "layer_scale", "layerscale", "ls_gamma", "lambda_", "scale_param")
+
+
+def is_layer_scale_param(param_name: str, module_type: str) -> bool:
+    """A parameter that scales a residual branch: timm's ``LayerScale.gamma``, HF ConvNeXt's
+    ``layer_scale_parameter``, CaiT's ``gamma_1``. Norm modules' ``gamma`` (old TF ports) is a norm weight."""
+    low = param_name.lower()
+    return "norm" not in module_type.lower() and any(low.startswith(m) for m in _LAYER_SCALE_PARAMS)
+
+
+def layer_kind(name: str, module_type: str, param_names=()) -> str:
+    """The kind of layer, from its module name, class name and own parameter names (no torch)."""
+    last = name.rsplit(".", 1)[-1].lower()
+    low = name.lower()
+    if "norm" in module_type.lower():
+        return KIND_NORM
+    if any(m in low for m in _REL_POS_MARKS) or any(m in p.lower() for p in param_names for m in _REL_POS_MARKS):
+        return KIND_REL_POS
+    if last in _QK_NAMES:
+        return KIND_QK
+    if last in _SSM_DT_NAMES or any(p in _SSM_DT_NAMES for p in param_names):
+        return KIND_SSM_DT
+    if param_names and all(is_layer_scale_param(p, module_type) for p in param_names):
+        return KIND_LAYER_SCALE
+    return KIND_OTHER
+
+
+def vanishing_rule(kind: str) -> str:
+    """The vanishing rule that applies to a kind, as shown in the layers table's ``rule`` column."""
+    if kind in KIND_VANISHING_RATIO:
+        return (f"{kind}: < {KIND_VANISHING_RATIO[kind]:g} × the largest layer's norm, or < {PEER_VANISHING_RATIO:g} × "
+                f"the largest {kind}'s and < {VANISHING_RATIO:g} × the largest layer's")
+    return f"< {VANISHING_RATIO:g} × the largest layer's norm"
+
 THRESHOLDS = {
     "VANISHING_RATIO": VANISHING_RATIO,
     "VANISHING_NORM": VANISHING_NORM,
@@ -38,6 +102,9 @@ THRESHOLDS = {
     "SATURATION_EPS": SATURATION_EPS,
     "ACTIVATION_FLAG_FRACTION": ACTIVATION_FLAG_FRACTION,
     "MIN_UNIT_OBSERVATIONS": MIN_UNIT_OBSERVATIONS,
+    **{f"KIND_VANISHING_RATIO[{k}]": v for k, v in KIND_VANISHING_RATIO.items()},
+    "PEER_VANISHING_RATIO": PEER_VANISHING_RATIO,
+    "LAYER_SCALE_GATE_MAX": LAYER_SCALE_GATE_MAX,
 }
 THRESHOLD_HELP = {
     "VANISHING_RATIO": "vanishing if the layer's mean gradient norm < this × the largest layer's",
@@ -49,13 +116,22 @@ THRESHOLD_HELP = {
     "ACTIVATION_FLAG_FRACTION": "an activation with more dead / saturated units than this is flagged",
     "MIN_UNIT_OBSERVATIONS": "ReLU units are judged dead only with this many values each per forward pass "
                              "(batch × positions)",
+    **{f"KIND_VANISHING_RATIO[{k}]": f"a {k} (small at initialisation by design) is vanishing if its norm < this × "
+                                     "the largest layer's" for k in KIND_VANISHING_RATIO},
+    "PEER_VANISHING_RATIO": "... or < this × the largest layer of its own kind (other depths, at least "
+                            f"{PEER_MIN_LAYERS} of that kind) and < VANISHING_RATIO × the largest layer's",
+    "LAYER_SCALE_GATE_MAX": "layers in a block whose layer scale has mean |γ| below this are judged on "
+                            "gradient norm / mean |γ| (the branch scales their gradients by γ)",
 }
 STATUSES = ("healthy", "vanishing", "exploding", "dead", "non-finite")
 
 
-def classify(layer: dict, largest_norm: float) -> tuple[str, str]:
+def classify(layer: dict, largest_norm: float, peer_largest: float | None = None) -> tuple[str, str]:
     """(status, reason) for one layer summary (see the thresholds above).
 
+    ``layer["kind"]`` (default: a plain layer) picks the vanishing rule; ``peer_largest`` is the
+    largest norm among the layers of its kind (None: too few peers); ``layer["gate_scale"]`` (mean
+    |γ| of a small layer scale gating its block) divides the norm before the vanishing checks.
     Exploding is checked first: an exploding layer's weights usually turn NaN a step later, and
     the explosion, not the NaN, is the cause to report.
     """
@@ -73,9 +149,21 @@ def classify(layer: dict, largest_norm: float) -> tuple[str, str]:
             return "dead", "no row of this embedding got a gradient"
     elif layer["zero_fraction"] >= DEAD_ZERO_FRACTION:
         return "dead", f"{layer['zero_fraction']:.1%} of gradient entries are exactly zero"
+    gate = layer.get("gate_scale")
+    what = "gradient norm"
+    if gate:
+        norm, what = norm / gate, f"gradient norm / layer scale |γ| {gate:.2g}"
     if norm < VANISHING_NORM:
-        return "vanishing", f"gradient norm {norm:.3g} < {VANISHING_NORM:g}"
-    if largest_norm > 0 and norm < VANISHING_RATIO * largest_norm:
-        return "vanishing", (f"gradient norm {norm:.3g} is {norm / largest_norm:.2g} × the largest layer's "
-                             f"({largest_norm:.3g}); < {VANISHING_RATIO:g}")
+        return "vanishing", f"{what} {norm:.3g} < {VANISHING_NORM:g}"
+    kind = layer.get("kind", KIND_OTHER)
+    ratio = KIND_VANISHING_RATIO.get(kind, VANISHING_RATIO)
+    label = "" if kind == KIND_OTHER else f" (rule for a {kind})"
+    if largest_norm > 0 and norm < ratio * largest_norm:
+        return "vanishing", (f"{what} {norm:.3g} is {norm / largest_norm:.2g} × the largest layer's "
+                             f"({largest_norm:.3g}); < {ratio:g}{label}")
+    # the peer rule only applies below the plain rule's line: a kind's own rule is never stricter
+    if (kind in KIND_VANISHING_RATIO and peer_largest and norm < PEER_VANISHING_RATIO * peer_largest
+            and norm < VANISHING_RATIO * largest_norm):
+        return "vanishing", (f"{what} {norm:.3g} is {norm / peer_largest:.2g} × the largest {kind}'s "
+                             f"({peer_largest:.3g}); < {PEER_VANISHING_RATIO:g}")
     return "healthy", ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from diagnostics.render.charts.trace_hta import hta_text
 from diagnostics.units import format_value
 
 
@@ -108,6 +109,7 @@ def format_analysis(result: dict, top: int) -> str:
                 _table(rows, [("kernel", "name", str), ("kind", "kind", str),
                               ("calls", "calls", str), ("total", "total_us", _ms),
                               ("%", "pct", "{:.1f}".format)])]
+    out += hta_text(result, top, _table, _clip, _ms)   # the HTA-parity analyses (render.charts.trace_hta)
     if result.get("critical_path"):
         out += ["", format_critical_path(result["critical_path"], top)]
     return "\n".join(out)
@@ -141,6 +143,8 @@ def format_critical_path(cp: dict, top: int) -> str:
     if cp.get("trace_file"):
         out.append(f"The step's trace with the critical path marked (Perfetto, chrome://tracing): {cp['trace_file']}")
     return "\n".join(out)
+
+
 
 
 def format_diff(r: dict, a: str, b: str, top: int) -> str:

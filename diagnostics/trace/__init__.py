@@ -7,6 +7,7 @@
     timeline.py   timeline_data(trace, t0, t1): the one timeline
     profiler_views.py  the profiler page's steps, device split, modules, kernels
     comm.py       one rank's computation / communication split and collectives
+    hta_parity.py kernel sequences, launch queue, copy bandwidth, GPU annotations, launch delay, overlap
     diff.py       diff_traces(before, after)
     critical_path.py  one step's critical path (host ops, launches, kernels, syncs), what-ifs, the marked trace
 The profiler page, the trace explorer, the distributed analysis and the checklist all read traces

@@ -289,15 +289,36 @@ def tensor_core_pct(kernels: list[dict]) -> float | None:
 
 # ---- timeline --------------------------------------------------------------------------------
 
-def timeline(trace: Trace, max_events: int) -> dict:
+def timeline(trace: Trace, max_events: int, trace_json: bytes | None = None) -> dict:
     """trace.timeline_data in the profiler page's shape: {"events": [{lane, name, cat, start_ms,
-    dur_ms, depth, count}], "lanes", "total_events", "shown_events", "deeper", "span_ms", "builder"};
-    lanes are named by their thread name where the trace has one."""
+    dur_ms, depth, count, shapes}], "lanes", "total_events", "shown_events", "deeper", "span_ms",
+    "builder"}; lanes carry the labels timeline_data gives (the thread's name where the trace has one,
+    "GPU 0 · stream 7"). With ``trace_json`` (the same trace's file content, recorded with shapes) each
+    drawn operator gets its "Input Dims" (the trace layer skips args at ingest, for speed)."""
     data = timeline_data(trace, max_events=max_events)
-    label = {l["lane"]: (l.get("name") or l["lane"]) for l in data["lanes"]}
+    label = {l["lane"]: l["label"] for l in data["lanes"]}
+    shapes = _input_dims(trace_json, trace.origin_us) if trace_json else {}
     events = [{"lane": label.get(e["lane"], e["lane"]), "name": e["name"], "cat": e["cat"] or "",
                "start_ms": e["start_us"] / 1e3, "dur_ms": e["dur_us"] / 1e3, "depth": int(e["depth"]),
-               "count": int(e.get("count", 1))} for e in data["events"]]
+               "count": int(e.get("count", 1)),
+               "shapes": shapes.get((e["name"], round(e["start_us"], 3)), "")} for e in data["events"]]
     return {"events": events, "lanes": [label[l["lane"]] for l in data["lanes"]],
             "total_events": int(data["in_range"]), "shown_events": len(events), "deeper": int(data["deeper"]),
             "span_ms": float(data["t1"]) / 1e3, "builder": "diagnostics.trace.timeline_data"}
+
+
+def _input_dims(trace_json: bytes, origin_us: float) -> dict:
+    """(name, start µs from the trace's origin) -> "[[8, 64], [64]]" for the operators that recorded
+    input shapes; {} when the content is not a trace."""
+    import orjson
+
+    try:
+        events = orjson.loads(trace_json).get("traceEvents") or []
+    except (orjson.JSONDecodeError, AttributeError):
+        return {}
+    out = {}
+    for e in events:
+        dims = (e.get("args") or {}).get("Input Dims") if isinstance(e, dict) else None
+        if dims and any(dims) and isinstance(e.get("ts"), (int, float)):
+            out[(e.get("name"), round(float(e["ts"]) - origin_us, 3))] = str(dims).replace(" ", "")
+    return out

@@ -10,6 +10,8 @@ stream of short kernels never disappears.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -51,24 +53,50 @@ def _lanes(trace: Trace) -> dict:
         (use_stream.astype(np.int64) << 59) | (a << 29) | b
     uniq, inv = np.unique(key, return_inverse=True)
     pid_l, tid_l = trace.labels("pid"), trace.labels("tid")
-    names, kinds = [], []
+    names, kinds, parts = [], [], []
     for k in uniq.tolist():
         is_py, is_gpu, ka, kb = k >> 62 & 1, k >> 61 & 1, k >> 29 & 0x3FFFFFFF, k & 0x1FFFFFFF
         sa = str(ka) if k >> 60 & 1 else pid_l[ka]
         sb = str(kb) if k >> 59 & 1 else tid_l[kb]
         names.append(f"GPU {sa} stream {sb}" if is_gpu else f"{sa}/{sb}" + (" · Python" if is_py else ""))
         kinds.append("gpu" if is_gpu else "cpu")
+        parts.append((bool(is_gpu), str(sa), str(sb), bool(is_py)))
     out = {"rows": rows, "lane": inv.ravel(), "depth": np.where(gpu, 0, np.maximum(depth, 0)),
-           "names": names, "kinds": kinds}
+           "names": names, "kinds": kinds, "labels": _lane_labels(parts, trace.thread_names)}
     trace._cache["lanes"] = out
     return out
+
+
+def natural_key(text: str) -> tuple:
+    """Sort key that orders the numbers inside a name by value: "stream 7" before "stream 20",
+    "rank 2" before "rank 10"."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text) if p)
+
+
+def _lane_labels(parts: list[tuple], thread_names: dict) -> list[str]:
+    """What a user reads for each lane: "GPU 0 · stream 7", the thread's own name where the trace
+    gives one ("thread 100 (python)", "main thread"), else "thread 4242"; a Python-stack lane says so;
+    the process is named only when the trace has several."""
+    pids = {pa for is_gpu, pa, _, _ in parts if not is_gpu}
+    labels = []
+    for is_gpu, a, b, is_py in parts:
+        if is_gpu:
+            labels.append(f"GPU {a} · stream {b}")
+            continue
+        name = (thread_names.get(f"{a}/{b}") or "").strip()
+        text = name or f"thread {b}"
+        if len(pids) > 1:
+            text = f"process {a} · {text}"
+        labels.append(text + (" · Python stack" if is_py else ""))
+    return labels
 
 
 def timeline_data(trace: Trace, t0: float | None = None, t1: float | None = None,
                   max_events: int = MAX_EVENTS) -> dict:
     """Bars for [t0, t1] µs (default: the whole trace), at most max_events of them.
 
-    Returns {"t0", "t1", "lanes": [{lane, kind, name}], "events": [{lane, depth, name, cat,
+    Returns {"t0", "t1", "lanes": [{lane, kind, name, label}] (label: what a user reads, see
+    _lane_labels; lanes in natural order, host threads first), "events": [{lane, depth, name, cat,
     start_us, dur_us, count}], "in_range": events overlapping the range, "shown", "bucket_us",
     "deeper": events in range nested deeper than MAX_DEPTH (counted, not drawn)}.
     `count` > 1 marks a bar that stands for that many events of its row and bucket.
@@ -118,9 +146,9 @@ def timeline_data(trace: Trace, t0: float | None = None, t1: float | None = None
                         "start_us": s, "dur_us": dur, "count": count.astype(int)})
     out = out.sort_values(["lane", "depth", "start_us"]).reset_index(drop=True)
     lane_rows = [{"lane": lanes["names"][c], "kind": lanes["kinds"][c],
-                  "name": trace.thread_names.get(lanes["names"][c], "")}
+                  "name": trace.thread_names.get(lanes["names"][c], ""), "label": lanes["labels"][c]}
                  for c in np.unique(lane_codes).tolist()]
-    lane_rows.sort(key=lambda r: (r["kind"] != "cpu", r["lane"]))
+    lane_rows.sort(key=lambda r: (r["kind"] != "cpu", natural_key(r["lane"])))
     records = out.to_dict("records")
     for r in records:
         r["depth"], r["count"] = int(r["depth"]), int(r["count"])

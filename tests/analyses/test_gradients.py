@@ -243,3 +243,133 @@ def test_a_stand_in_loss_is_named_and_makes_the_verdict_low_confidence(tmp_path)
     assert r["notes"][0].startswith("the loss is a stand-in (mean square of the output (no loss declared))")
     declared = execute(Job("gradients", ModelSpec(name="mlp"), {"steps": 2}), tmp_path / "out2")
     assert declared["loss_stand_in"] is False and declared["confidence"] == "normal" and declared["notes"] == []
+
+
+# --- layer kinds small at initialisation by design (issue #17 item 3) ------------------------------
+
+def _hf_run(model, inputs, loss_fn, tmp_path, steps=2):
+    ctx = AnalysisContext(Job("gradients", ModelSpec(), {}), tmp_path)
+    ctx._loaded = LoadedModel(ModelSpec(name="hf"), model, tuple(InputSpec(tuple(t.shape), "int64"
+                                                                            if not t.is_floating_point() else "float32")
+                                                                 for t in inputs), tuple(inputs), loss_fn, "cross-entropy")
+    return gradients.analyze(ctx, {"steps": steps})
+
+
+def _bert(head):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                  intermediate_size=512)
+    torch.manual_seed(0)
+    return (transformers.BertForMaskedLM if head == "mlm" else transformers.BertForSequenceClassification)(cfg)
+
+
+@pytest.mark.parametrize("head", ["mlm", "cls"])
+def test_bert_with_hf_init_is_not_flagged_vanishing(head, tmp_path):
+    """BERT's query / key gradients sit at ~4e-4 x the largest layer with HF's init (the softmax is
+    nearly uniform): healthy by their own kind's rule, which the row names."""
+    model = _bert(head)
+    ids = torch.randint(0, 1000, (8, 32), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone() if head == "mlm" else torch.randint(0, 2, (8,), generator=torch.Generator().manual_seed(2))
+    r = _hf_run(model, (ids,), lambda o: nn.functional.cross_entropy(
+        o.logits.reshape(-1, o.logits.shape[-1]), labels.reshape(-1)), tmp_path)
+    flagged = [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
+    assert flagged == [] and r["verdict"] == "healthy"
+    layers = {l["layer"]: l for l in r["layers"]}
+    q = layers["bert.encoder.layer.0.attention.self.query"]
+    # the old rule (< 1e-3 x the largest layer) would have flagged it: the kind rule is what saves it
+    assert q["grad_norm_relative"] < gradient_health.VANISHING_RATIO
+    assert q["kind"] == gradient_health.KIND_QK == "query/key projection"
+    assert q["rule"] == "query/key projection: < 1e-05 × the largest layer's norm, or < 0.001 × the largest " \
+                        "query/key projection's and < 0.001 × the largest layer's"
+    assert layers["bert.encoder.layer.0.attention.self.value"]["kind"] == "layer"
+    assert layers["bert.encoder.layer.0.attention.self.value"]["rule"] == "< 0.001 × the largest layer's norm"
+    assert layers["bert.embeddings.LayerNorm"]["kind"] == "normalisation"
+
+
+def test_one_starving_query_among_its_peers_is_still_flagged(tmp_path):
+    """Keys of layer 0 scaled by 1e-2: its query gradient (dQ = dS·K) drops ~1e-2 x its peers', under
+    the query/key rule's 1e-5 x the largest layer."""
+    model = _bert("mlm")
+    with torch.no_grad():
+        model.bert.encoder.layer[0].attention.self.key.weight.mul_(1e-2)
+        model.bert.encoder.layer[0].attention.self.key.bias.zero_()
+    ids = torch.randint(0, 1000, (8, 32), generator=torch.Generator().manual_seed(1))
+    r = _hf_run(model, (ids,), lambda o: nn.functional.cross_entropy(o.logits.reshape(-1, 1000), ids.reshape(-1)),
+                tmp_path, steps=1)
+    layers = {l["layer"]: l for l in r["layers"]}
+    q0 = layers["bert.encoder.layer.0.attention.self.query"]
+    largest = max(l["grad_norm_mean"] for l in r["layers"])
+    assert q0["status"] == "vanishing" and q0["grad_norm_mean"] < 1e-5 * largest
+    assert q0["reason"].endswith(f"× the largest layer's ({largest:.3g}); < 1e-05 (rule for a query/key projection)")
+    assert layers["bert.encoder.layer.1.attention.self.query"]["status"] == "healthy"
+
+
+def test_layer_scale_gated_blocks_and_ssm_time_steps_are_judged_by_their_own_rules(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    convnext = transformers.ConvNextForImageClassification(transformers.ConvNextConfig(
+        hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1], num_labels=10))  # layer scale γ = 1e-6
+    x, y = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
+    r = _hf_run(convnext, (x,), lambda o: nn.functional.cross_entropy(o.logits, y), tmp_path / "c")
+    layers = {l["layer"]: l for l in r["layers"]}
+    dw = layers["convnext.encoder.stages.0.layers.0.dwconv"]
+    assert dw["grad_norm_mean"] < gradient_health.VANISHING_NORM  # every gradient behind γ = 1e-6 is tiny
+    assert dw["gate_scale"] == pytest.approx(1e-6) and dw["status"] == "healthy"
+    assert dw["rule"].endswith("judged on gradient norm / layer scale mean |γ| 1e-06")
+    assert layers["convnext.encoder.stages.0.layers.0"]["kind"] == "layer scale"
+    assert r["verdict"] == "healthy", [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
+
+    torch.manual_seed(0)
+    mamba = transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=500, hidden_size=64,
+                                                                   num_hidden_layers=2, state_size=8))
+    ids = torch.randint(0, 500, (2, 16))
+    r = _hf_run(mamba, (ids,), lambda o: nn.functional.cross_entropy(o.logits.reshape(-1, 500), ids.reshape(-1)),
+                tmp_path / "m")
+    dt = next(l for l in r["layers"] if l["layer"] == "backbone.layers.0.mixer.dt_proj")
+    assert dt["kind"] == "state-space time step" and dt["status"] == "healthy"
+    assert r["verdict"] == "healthy", [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
+
+
+def test_the_peer_rule_flags_a_small_by_design_layer_far_below_its_own_kind():
+    row = {"grad_norm_max": 1e-3, "grad_norm_mean": 1e-3, "nan_count": 0, "inf_count": 0, "zero_fraction": 0.0,
+           "type": "LayerNorm", "kind": "normalisation"}
+    # 1e-4 x the largest layer: fine for a norm (its kind's ratio is 1e-5) among norms of its size ...
+    assert gradient_health.classify(row, 10.0, peer_largest=1e-2) == ("healthy", "")
+    # ... but not at 1e-4 x the other norms
+    status, reason = gradient_health.classify(row, 10.0, peer_largest=10.0)
+    assert status == "vanishing"
+    assert reason == "gradient norm 0.001 is 0.0001 × the largest normalisation's (10); < 0.001"
+    # never stricter than the plain rule: at 1e-3 x the largest layer or above, the peers do not matter
+    assert gradient_health.classify(row, 1.0, peer_largest=100.0) == ("healthy", "")
+    # a plain layer at 1e-3.5 of the largest is vanishing under the plain rule
+    plain = {**row, "kind": "layer", "type": "Linear", "grad_norm_mean": 3e-4}
+    assert gradient_health.classify(plain, 1.0)[0] == "vanishing"
+
+
+def test_deep_sigmoid_mlp_is_still_flagged_under_the_plain_rule(tmp_path):
+    loaded = load_model(ModelSpec(name="deep_sigmoid_mlp"))
+    ctx = AnalysisContext(Job("gradients", ModelSpec(name="deep_sigmoid_mlp"), {}), tmp_path)
+    ctx._loaded = loaded
+    r = gradients.analyze(ctx, {"steps": 2})
+    first = r["layers"][0]
+    assert first["kind"] == "layer" and first["status"] == "vanishing"
+    assert first["grad_norm_relative"] < gradient_health.VANISHING_RATIO
+    assert first["rule"] == "< 0.001 × the largest layer's norm"
+
+
+@pytest.mark.parametrize("name,type_,params,kind", [
+    ("enc.layer.3.attention.self.query", "Linear", ["weight", "bias"], "query/key projection"),
+    ("model.layers.0.self_attn.k_proj", "Linear", ["weight"], "query/key projection"),
+    ("model.layers.0.self_attn.v_proj", "Linear", ["weight"], "layer"),
+    ("h.0.attn.c_attn", "Conv1D", ["weight", "bias"], "layer"),  # fused q/k/v: v keeps it large
+    ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias", "Embedding", ["weight"], "relative-position bias"),
+    ("layers.0.attn", "WindowAttention", ["relative_position_bias_table"], "relative-position bias"),
+    ("blocks.0.ls1", "LayerScale", ["gamma"], "layer scale"),
+    ("blocks.0.norm1", "LayerNorm", ["weight", "bias"], "normalisation"),
+    ("old.ln", "TFLayerNorm", ["gamma", "beta"], "normalisation"),
+    ("model.layers.0.input_layernorm", "LlamaRMSNorm", ["weight"], "normalisation"),
+    ("backbone.layers.0.mixer.dt_proj", "Linear", ["weight", "bias"], "state-space time step"),
+    ("fc1", "Linear", ["weight", "bias"], "layer"),
+])
+def test_layer_kinds(name, type_, params, kind):
+    assert gradient_health.layer_kind(name, type_, params) == kind

@@ -234,3 +234,59 @@ def test_a_model_whose_only_arithmetic_went_uncounted_has_no_flop_total(tmp_path
     assert m["flops_forward"] is None  # not 0
     assert m["flops_backward"] == m["flops_train_step"] == 2 * (2 * 4 * 8 * 8)  # lower bounds, as the note says
     assert any(n.startswith("FLOPs not counted for torchscope_test::summary_mystery") for n in r["notes"])
+
+
+# --- TorchScript: no hooks, so no per-layer breakdown; the result says why (issue #17 item 7) -----------
+
+class _TSNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.act, self.head = nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 4), nn.Tanh())
+
+    def forward(self, x):
+        return self.head(self.act(self.fc1(x)))
+
+
+@pytest.mark.parametrize("how", ["trace", "script"])
+def test_a_torchscript_file_says_why_its_layers_have_no_shapes_or_flops(how, tmp_path):
+    from diagnostics.render.charts.summary import summary_sections
+    from diagnostics.runner import execute
+
+    torch.manual_seed(0)
+    B, x = 2, torch.randn(2, 8)
+    ts = torch.jit.trace(_TSNet().eval(), (x,)) if how == "trace" else torch.jit.script(_TSNet().eval())
+    path = tmp_path / "net.pt"
+    torch.jit.save(ts, str(path))
+    spec = ModelSpec(source="torchscript", name="net.pt", path=str(path), inputs=(InputSpec((B, 8)),))
+    r = execute(Job("summary", spec, {}), tmp_path / "out")
+    note = r["notes"][0]
+    assert note.startswith("per-layer shapes and FLOPs not counted: this is a TorchScript model. TorchScript "
+                           "modules take no Python forward hooks")
+    assert "counted for the whole graph, on the model's row" in note
+    # the whole graph's FLOPs, all on the root: 2·B·(8·16 + 16·4)
+    assert r["metrics"]["flops_forward"] == layer(r, "(model)")["flops_forward"] == 2 * B * (8 * 16 + 16 * 4)
+    assert r["output_shape"] == layer(r, "(model)")["output_shape"] == [B, 4]
+    for name, type_, params in [("fc1", "Linear", 8 * 16 + 16), ("head.0", "Linear", 16 * 4 + 4), ("act", "ReLU", 0)]:
+        row = layer(r, name)
+        assert (row["type"], row["params"]) == (type_, params)
+        assert row["output_shape"] is None and row["flops_forward"] is None and row["flops_backward"] is None  # not 0
+    # the report's overview carries the note (the CLI prints result["notes"], the Model page shows them)
+    assert any(note in str(sec.text) for sec in summary_sections(r))
+
+
+def test_a_torchscript_submodule_gets_a_note_and_its_flops_land_on_its_python_parent(tmp_path):
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.jit.script(_TSNet())
+            self.out = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.out(self.inner(x))
+
+    B = 5
+    r = run_summary(Outer(), torch.randn(B, 8), tmp_path=tmp_path)
+    assert r["notes"][0].startswith("per-layer shapes and FLOPs not counted inside the TorchScript submodule inner.")
+    assert layer(r, "out")["flops_forward"] == 2 * B * 4 * 3 and layer(r, "out")["output_shape"] == [B, 3]
+    assert layer(r, "inner")["flops_forward"] is None and layer(r, "inner.fc1")["flops_forward"] is None
+    assert layer(r, "(model)")["flops_forward"] == r["metrics"]["flops_forward"] == 2 * B * (8 * 16 + 16 * 4 + 4 * 3)

@@ -335,33 +335,76 @@ class DictOut(nn.Module):
         return {"logits": self.fc(x), "features": x}
 
 
-def test_a_torchscript_trial_on_dict_outputs_keeps_the_reason_and_says_what_to_do():
+def _cosine(a, b):
+    return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
+
+
+def test_a_torchscript_trial_on_dict_outputs_traces_non_strict_and_says_so():
     m = DictOut().eval()
     rows, _ = run_trials(m, X_VEC, "cpu", ["torchscript"], facts_of(m, X_VEC), iters=2, warmup=1)
-    why = rows[-1]["why"]
-    assert rows[-1]["status"] == "failed"
-    assert why.startswith("RuntimeError: Encountering a dict at the output of the tracer")
-    # the reason torch gives past 300 characters, then the remedy
-    assert "pass strict=False to trace() to allow this behavior." in why
-    assert "what to do: torch.jit.trace (strict) refuses a dict output" in why and "logits" in why
+    row = rows[-1]
+    assert row["status"] == "ok", row["why"]
+    assert row["notes"][0].startswith("torch.jit.trace(strict=False) + torch.jit.freeze")
+    assert "traced with strict=False: the model returns a dict, which a strict trace refuses" in row["notes"][1]
+    ts, _ = run_fix("torchscript", m, X_VEC)
+    out, base = ts(*X_VEC), ref(m, X_VEC)
+    assert set(out) == {"logits", "features"} and torch.allclose(out["logits"], base["logits"], atol=1e-6)
+    assert row["cosine"] == pytest.approx(_cosine(base["logits"], out["logits"]), abs=1e-9)
 
 
-def test_a_torchscript_trial_on_a_transformers_lm_names_the_cache_not_the_logits_values():
+def _hf_lms():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    lm = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100,
-                                                              bos_token_id=0, eos_token_id=0)).eval()
-    ids = (torch.randint(0, 100, (2, 8)),)
-    rows, _ = run_trials(lm, ids, "cpu", ["torchscript"], {"static": {}, "env": {}}, iters=2, warmup=1)
-    why = rows[-1]["why"]
-    assert rows[-1]["status"] == "failed" and "Tracer cannot infer type of CausalLMOutputWithCrossAttentions(" in why
-    assert "logits=tensor(...)" in why and "tensor([" not in why  # the values are gone
-    assert "but instead got value of type DynamicCache." in why  # the reason, which the old 300-char cut lost
-    assert "what to do: " in why and "`return model(ids, use_cache=False).logits`" in why
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100,
+                                                                bos_token_id=0, eos_token_id=0)).eval()
+    bert = transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                                                num_attention_heads=4, intermediate_size=128)).eval()
+    return {"gpt2": gpt2, "bert": bert}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_the_torchscript_fix_runs_on_transformers_model_outputs(name):
+    """GPT-2's CausalLMOutputWithCrossAttentions holds a DynamicCache (no strict or non-strict trace
+    takes it): traced through the output-flattening wrapper. BERT's MaskedLMOutput holds tensors only."""
+    model = _hf_lms()[name]
+    ids = (torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(4)),)
+    rows, _ = run_trials(model, ids, "cpu", ["torchscript"], {"static": {}, "env": {}}, iters=2, warmup=1)
+    row = rows[-1]
+    assert row["status"] == "ok", row["why"]
+    base = ref(model, ids).logits
+    ts, notes = run_fix("torchscript", model, ids)
+    out = ts(*ids)
+    logits = out[0] if isinstance(out, tuple) else out["logits"]
+    assert logits.shape == base.shape and _cosine(base, logits) > 0.99999
+    assert row["cosine"] == pytest.approx(_cosine(base, logits), abs=1e-6) and row["cosine"] > 0.99999
+    assert notes == row["notes"]
+    if name == "gpt2":
+        assert notes[0].startswith("torch.jit.trace through an output-flattening wrapper + torch.jit.freeze")
+        assert notes[1] == ("traced through an output-flattening wrapper: the CausalLMOutputWithCrossAttentions output "
+                            "becomes a tuple of its 1 tensor, in order; left out (not tensors): "
+                            f"{list(ref(model, ids).keys())[1]} (DynamicCache)")
+        assert isinstance(out, tuple) and len(out) == 1
+    else:
+        assert notes[0].startswith("torch.jit.trace(strict=False)") and "strict=False" in notes[1]
+
+
+def test_a_torchscript_trial_names_the_output_parts_the_wrapper_leaves_out():
+    class StrOut(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 4)
+
+        def forward(self, x):
+            return self.fc(x), "label"
+
+    m = StrOut().eval()
+    rows, _ = run_trials(m, X_VEC, "cpu", ["torchscript"], {"static": {}, "env": {}}, iters=2, warmup=1)
+    # torch.jit.trace refuses a str in the output; the wrapper drops it and names it
+    assert rows[-1]["status"] == "ok" and "left out (not tensors): output[1] (str)" in rows[-1]["notes"][1]
 
 
 def test_fixes_that_change_dtype_layout_or_modules_do_not_apply_to_an_exported_program(tmp_path):
-    from diagnostics.analyses.optimize.catalog import EXPORT_DTYPE, EXPORT_LAYOUT, EXPORT_STRUCTURE
+    from diagnostics.analyses.optimize.catalog import EXPORT_DTYPE, EXPORT_LAYOUT, EXPORT_QUANTIZE, EXPORT_STRUCTURE
     from diagnostics.runner import Job, execute
     from diagnostics.spec import InputSpec, ModelSpec
 
@@ -389,6 +432,32 @@ def test_fixes_that_change_dtype_layout_or_modules_do_not_apply_to_an_exported_p
     assert rows["half"]["status"] == "not_applicable" and rows["half"]["why"] == EXPORT_DTYPE
     assert "fixed at export time" in EXPORT_DTYPE and "export a 16-bit copy instead" in EXPORT_DTYPE
     assert rows["channels_last"]["why"] == EXPORT_LAYOUT
-    for fix in ("conv_bn_fusion", "int8_dynamic", "prune_l1"):
+    for fix in ("conv_bn_fusion", "prune_l1"):
         assert rows[fix]["status"] == "not_applicable" and rows[fix]["why"] == EXPORT_STRUCTURE
+    assert rows["int8_dynamic"]["status"] == "not_applicable" and rows["int8_dynamic"]["why"] == EXPORT_QUANTIZE
     assert rows["inference_mode"]["status"] == "ok"  # a fix that leaves the graph alone still runs
+
+
+def test_int8_on_an_all_linear_exported_program_says_why_and_static_int8_quantizes_the_graph(tmp_path):
+    """Dynamic int8 swaps nn.Linear modules; an exported program has none (its module count is 0 on
+    an all-Linear model): the row says why and points at static int8 (PT2E), which quantizes the graph."""
+    from diagnostics.analyses.optimize.catalog import EXPORT_QUANTIZE
+    from diagnostics.intake import load_model
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import InputSpec, ModelSpec
+
+    m, x = mlp(), torch.randn(8, 64)
+    path = tmp_path / "mlp.pt2"
+    torch.export.save(torch.export.export(m, (x,)), str(path))
+    spec = ModelSpec(source="export", name="mlp.pt2", path=str(path), inputs=(InputSpec((8, 64)),))
+    assert static_facts(load_model(spec).model)["n_linear"] == 0  # what misled the old check
+    r = execute(Job("optimize", spec, {"fixes": ["int8_dynamic", "static_int8"], "iters": 2, "warmup": 1,
+                                       "save_artifacts": False}), tmp_path / "out")
+    rows = {row["fix"]: row for row in r["rows"]}
+    why = rows["int8_dynamic"]["why"]
+    assert rows["int8_dynamic"]["status"] == "not_applicable" and why == EXPORT_QUANTIZE
+    assert "no Linear / LSTM / GRU layers" not in why and "static int8 fix" in why and "export it again" in why
+    row = rows["static_int8"]
+    assert row["status"] == "ok", row["why"]
+    assert "quantized: 3 of 3 conv/linear ops (3 linear)" in " ".join(row["notes"])
+    assert row["cosine"] > 0.999

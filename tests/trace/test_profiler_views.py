@@ -153,7 +153,22 @@ def test_timeline_is_the_trace_layers_in_ms_with_thread_names(trace_of):
                  [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main thread"}}])
     tl = pv.timeline(t, 100)
     assert tl["builder"] == "diagnostics.trace.timeline_data"
-    assert tl["lanes"] == ["main thread", "GPU 0 stream 7"]
+    assert tl["lanes"] == ["main thread", "GPU 0 · stream 7"]
     mm = next(e for e in tl["events"] if e["name"] == "aten::mm")
     assert (mm["lane"], mm["depth"], mm["start_ms"], mm["dur_ms"], mm["count"]) == ("main thread", 1, 0.1, 0.5, 1)
     assert (tl["total_events"], tl["shown_events"], tl["span_ms"]) == (3, 3, 2.0)
+
+
+def test_timeline_carries_the_input_shapes_the_trace_recorded(tmp_path):
+    events = [X("ProfilerStep#1", 1000, 2000, "user_annotation"),
+              X("aten::mm", 1100, 500, **{"Input Dims": [[8, 64], [64, 32]]}),
+              X("aten::relu", 1700, 100, **{"Input Dims": [[8, 32]]}), X("aten::empty", 1800, 5, **{"Input Dims": []})]
+    raw = json.dumps({"traceEvents": events}).encode()
+    p = tmp_path / "t.json"
+    p.write_bytes(raw)
+    t = load_trace(p)
+    tl = pv.timeline(t, 100, raw)
+    shapes = {e["name"]: e["shapes"] for e in tl["events"]}
+    assert shapes == {"ProfilerStep#1": "", "aten::mm": "[[8,64],[64,32]]", "aten::relu": "[[8,32]]",
+                      "aten::empty": ""}
+    assert all(e["shapes"] == "" for e in pv.timeline(t, 100)["events"])  # without the file: none claimed

@@ -12,8 +12,10 @@ def test_full_range_keeps_every_event():
     t = load_trace(DATA / "gpu_small.json")
     r = timeline_data(t)
     json.dumps(r)
-    assert [lane["lane"] for lane in r["lanes"]] == ["100/100", "GPU 0 stream 20", "GPU 0 stream 7"]
+    # natural order: stream 7 before stream 20 (a string sort put "20" first)
+    assert [lane["lane"] for lane in r["lanes"]] == ["100/100", "GPU 0 stream 7", "GPU 0 stream 20"]
     assert r["lanes"][0]["name"] == "thread 100 (python)"
+    assert [lane["label"] for lane in r["lanes"]] == ["thread 100 (python)", "GPU 0 · stream 7", "GPU 0 · stream 20"]
     assert r["in_range"] == r["shown"] == 24 and r["bucket_us"] == 0.0
     mm = [e for e in r["events"] if e["name"] == "aten::mm"]
     assert [(e["depth"], e["start_us"], e["dur_us"]) for e in mm] == [

@@ -47,12 +47,14 @@ def show(result: dict) -> None:
         ["Layers", "Norm across depth", "Layer × step", "Global norm", "Activations", "Thresholds"])
     with tab_layers:
         df = pd.DataFrame(result["layers"])
-        cols = ["index", "layer", "type", "status", "reason", "grad_norm_mean", "grad_norm_relative", "grad_abs_mean",
-                "grad_abs_max", "update_ratio_mean", "zero_fraction", "nan_count", "inf_count"]
+        cols = ["index", "layer", "type", "kind", "status", "reason", "rule", "grad_norm_mean", "grad_norm_relative",
+                "grad_abs_mean", "grad_abs_max", "update_ratio_mean", "zero_fraction", "nan_count", "inf_count"]
+        cols = [c for c in cols if c in df.columns]  # results stored before layer kinds have no kind / rule
         st.dataframe(df[cols].style.apply(_status_style, subset=["status"]), hide_index=True, width="stretch",
                      column_config={
                          "index": st.column_config.NumberColumn("#"),
                          "layer": st.column_config.TextColumn("Layer (forward order)"),
+                         "rule": st.column_config.TextColumn("Vanishing rule applied"),
                          "grad_norm_mean": st.column_config.NumberColumn("Grad L2 norm", format="%.3e"),
                          "grad_norm_relative": st.column_config.NumberColumn("Norm / largest", format="%.2e"),
                          "grad_abs_mean": st.column_config.NumberColumn("Mean |g|", format="%.3e"),

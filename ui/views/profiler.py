@@ -13,6 +13,7 @@ from diagnostics.render.charts.profiler import (build_device_split_figure, build
                                          build_top_operators_figure, modules_missing)
 from diagnostics.units import human_bytes, human_count
 from ui.widgets import metric_row
+from ui.views.timeline import occurrences, show_timeline
 
 ARTIFACTS = (  # result key, button label, mime
     ("trace_json", "Chrome trace (.json)", "application/json"),
@@ -135,7 +136,7 @@ def show(result: dict) -> None:
         st.caption(f"{tl['shown_events']:,} of {tl['total_events']:,} events drawn (downsampled so it draws fast: "
                    "the longest events are kept, a bar may stand for several); drag to zoom, double-click to "
                    "reset. For every event, open the trace file in Perfetto.")
-        st.plotly_chart(build_timeline_figure(result), width="stretch")
+        show_timeline(tl, lambda search: build_timeline_figure(result, search=search), key="prof")
     with tabs[7]:
         _downloads(result)
 
@@ -169,7 +170,13 @@ def _operators(result: dict) -> None:
                                                     format="compact")
     st.caption(f"{len(df)} operators · times summed over all profiled (active) steps · key_averages semantics: "
                "self = own time without child operators")
-    st.dataframe(df, hide_index=True, width="stretch", column_config=config)
+    event = st.dataframe(df, hide_index=True, width="stretch", column_config=config, on_select="rerun",
+                         selection_mode="single-row", key="prof_op_table")
+    rows = event.selection.rows if event and event.selection else []
+    if rows:  # the link from a row to its occurrences on the timeline
+        occurrences(result["timeline"], str(df.iloc[rows[0]]["name"]), key="prof")
+    else:
+        st.caption("Select a row to see that operator's occurrences on the timeline.")
 
 
 def _modules(result: dict) -> None:

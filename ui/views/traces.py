@@ -10,9 +10,11 @@ from diagnostics.render.charts.traces import (
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
 )
 from diagnostics.units import human_bytes, human_count
+from ui.views import trace_hta
 from diagnostics.render.charts.critical_path import mark_critical_path
 from ui.views.critical_path import show_critical_path
 from ui.widgets import metric_row
+from ui.views.timeline import show_timeline
 
 
 def _table(records: list, rename: dict | None = None, height: int | None = None) -> None:
@@ -52,7 +54,9 @@ def _timeline(result: dict) -> None:
                 timeline = out.result["timeline"]
             else:
                 st.error(out.error)
-    st.plotly_chart(mark_critical_path(build_timeline_figure(timeline), result.get("critical_path"), timeline), width="stretch")
+    show_timeline(timeline, lambda search: mark_critical_path(build_timeline_figure(timeline, search=search),
+                                                          result.get("critical_path"), timeline),
+                  key="trace")
     st.caption(f"{timeline['shown']:,} bars drawn for {timeline['in_range']:,} events in range; a bar with count > 1 "
                f"stands for several short events of its row merged (bucket {timeline.get('bucket_us', 0):.1f} µs).")
 
@@ -74,7 +78,8 @@ def show(result: dict) -> None:
     for n in s.get("notes") or []:
         st.info(n)
     tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline",
-                    "Critical path"])
+                    "Critical path"] + trace_hta.TABS)
+    trace_hta.show_tabs(tabs[-len(trace_hta.TABS):], result)   # the HTA-parity tabs (ui.views.trace_hta)
     with tabs[0]:
         st.plotly_chart(build_category_figure(s), width="stretch")
         c1, c2 = st.columns(2)

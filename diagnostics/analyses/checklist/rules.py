@@ -41,7 +41,8 @@ INIT_GAIN_MAX = 3.0  # ... above this: too large (He init gives 1.41, PyTorch de
 INIT_GAIN_MIN_NORMED = 0.05  # the lower bound in a model with normalisation layers, which restore the scale
 # (transformers' normal(0, 0.02) init gives 0.2-0.6 at real widths; T5's query projections 1/sqrt(d_kv))
 # Gradient thresholds are the Gradient-flow analysis' own (one definition, per layer):
-from diagnostics.measure.gradient_health import EXPLODING_NORM, MIN_UNIT_OBSERVATIONS, VANISHING_RATIO  # noqa: E402
+from diagnostics.measure.gradient_health import (EXPLODING_NORM, KIND_VANISHING_RATIO, MIN_UNIT_OBSERVATIONS,  # noqa: E402
+                                                 PEER_VANISHING_RATIO, VANISHING_RATIO)
 DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole batch
 INFERENCE_SPEEDUP_MIN = 1.10  # eval()+inference_mode faster than train-mode forward by this factor
 BATCH_GAIN_MIN = 1.20  # throughput gain at twice the batch that says "use a bigger batch"
@@ -69,6 +70,10 @@ THRESHOLDS = [
     ("INIT_GAIN_MIN_NORMED", INIT_GAIN_MIN_NORMED, "min weight std x sqrt(fan_in) in a model with normalisation layers"),
     ("VANISHING_RATIO", VANISHING_RATIO, "a layer's gradient norm / the largest layer's, under which it vanishes "
      "(diagnostics.measure.gradient_health)"),
+    ("KIND_VANISHING_RATIO", min(KIND_VANISHING_RATIO.values()), "the same for layers small at initialisation by "
+     "design (" + ", ".join(KIND_VANISHING_RATIO) + "; diagnostics.measure.gradient_health)"),
+    ("PEER_VANISHING_RATIO", PEER_VANISHING_RATIO, "... or their norm / the largest of their own kind, under which "
+     "they vanish when also under VANISHING_RATIO"),
     ("EXPLODING_NORM", EXPLODING_NORM, "a layer's gradient norm over which it explodes (diagnostics.measure.gradient_health)"),
     ("DEAD_UNIT_FRACTION_MAX", DEAD_UNIT_FRACTION_MAX, "max share of ReLU units dead for the whole batch"),
     ("INFERENCE_SPEEDUP_MIN", INFERENCE_SPEEDUP_MIN, "speed-up of eval+inference_mode that is worth taking "
@@ -375,7 +380,9 @@ def _gradient_flow(g):
                 "lower the learning rate, clip gradients (torch.nn.utils.clip_grad_norm_).", nums)
     if g["vanishing"]:
         return ("fail", f"vanishing gradients in {g['vanishing']} of {g['layers']} layers (norm < "
-                f"{VANISHING_RATIO:g} x the largest layer's): {_grad_examples(g, 'vanishing')}",
+                f"{VANISHING_RATIO:g} x the largest layer's; query/key projections, norms, relative-position "
+                f"biases, layer scales and state-space time steps by their own kind's rule): "
+                f"{_grad_examples(g, 'vanishing')}",
                 "Use ReLU-family activations, residual connections, normalisation layers and Kaiming init.", nums)
     if g["dead"]:
         return ("warn", f"{g['dead']} layers get all-zero gradients: {_grad_examples(g, 'dead')}",

@@ -43,6 +43,13 @@ EXPORT_LAYOUT = ("an exported program's graph was fixed at export time and keeps
                  "memory format matters cannot be told from it; convert the nn.Module and its example inputs to "
                  "channels_last, then export it again")
 
+#: Why dynamic int8 cannot quantize an exported program, and what does.
+EXPORT_QUANTIZE = ("dynamic int8 swaps nn.Linear / LSTM / GRU modules for quantized ones, and an exported program has "
+                   "none to swap: its graph was fixed at export time and calls aten.linear directly (the module count "
+                   "sees 0 Linear layers even on an all-Linear model); quantize the exported graph with the static "
+                   "int8 fix (PT2E quantizes the graph's linear and conv ops), or apply dynamic int8 to the "
+                   "nn.Module, then export it again")
+
 
 def _exported(facts) -> bool:
     return facts.get("source") == "export"
@@ -71,7 +78,7 @@ def applies_conv_bn_fusion(facts):
 
 def applies_int8_dynamic(facts):
     if _exported(facts):
-        return False, EXPORT_STRUCTURE
+        return False, EXPORT_QUANTIZE
     s = _static(facts)
     if not (s.get("n_linear") or s.get("n_rnn")):
         return False, "no Linear / LSTM / GRU layers to quantize (dynamic quantization leaves convolutions alone)"
@@ -96,7 +103,9 @@ def applies_compile(facts):
 
 def applies_static_int8(facts):
     s = _static(facts)
-    if not (s.get("n_conv") or s.get("n_linear")):
+    # an exported program keeps no nn.Linear / nn.Conv modules, but PT2E quantizes its graph's ops (and
+    # says so when it finds none)
+    if not (s.get("n_conv") or s.get("n_linear")) and not _exported(facts):
         return False, "no Conv / Linear layers: static int8 quantizes convolutions and linear layers"
     if s.get("torchscript"):
         return False, ("the model is TorchScript: PT2E quantization captures it with torch.export, which does not "

@@ -262,15 +262,75 @@ def apply_torch_compile(model, inputs, opts):
 
 
 
+class FlatOutputs(nn.Module):
+    """Returns the tensors of ``inner``'s output as one flat tuple, in order (a dict's or a
+    transformers ModelOutput's values, nested tuples and lists); anything else (a DynamicCache) is
+    left out. torch.jit.trace takes nothing but tensors and tuples / lists / dicts of them."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        from diagnostics.measure.tensors import iter_tensors
+
+        return tuple(iter_tensors(self.inner(*args)))
+
+
+def _left_out(out, path: str = "output") -> list[str]:
+    """The parts of an output FlatOutputs drops: 'past_key_values (DynamicCache)'."""
+    if isinstance(out, torch.Tensor) or out is None:
+        return []
+    if isinstance(out, (tuple, list)):
+        return [x for i, v in enumerate(out) for x in _left_out(v, f"{path}[{i}]")]
+    if isinstance(out, dict):
+        return [x for k, v in out.items() for x in _left_out(v, str(k))]
+    return [f"{path} ({type(out).__name__})"]
+
+
+def _is_dict_output_error(e: Exception) -> bool:
+    return "Encountering a dict at the output of the tracer" in str(e)
+
+
 def apply_torchscript(model, inputs, opts):
+    """torch.jit.trace (strict) + freeze. A dict output (strict trace refuses it) is traced with
+    strict=False; an output holding something else than tensors and containers of them (a
+    transformers ModelOutput with a DynamicCache) through FlatOutputs. The notes say which."""
     model.eval()
+    notes = []
     if isinstance(model, torch.jit.ScriptModule):
         scripted, how = model, "already TorchScript"
     else:
-        with torch.no_grad():
-            scripted, how = torch.jit.trace(model, inputs, check_trace=False), "torch.jit.trace"
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            try:
+                scripted, how = torch.jit.trace(model, inputs, check_trace=False), "torch.jit.trace"
+            except RuntimeError as strict_error:
+                scripted = None
+                if _is_dict_output_error(strict_error):
+                    try:
+                        scripted = torch.jit.trace(model, inputs, check_trace=False, strict=False)
+                        how = "torch.jit.trace(strict=False)"
+                        notes.append("traced with strict=False: the model returns a dict, which a strict trace "
+                                     "refuses; valid while the dict's keys do not depend on the inputs")
+                    except RuntimeError:
+                        scripted = None
+                if scripted is None:
+                    out = model(*inputs)
+                    dropped = _left_out(out)
+                    from diagnostics.measure.tensors import iter_tensors
+
+                    n = sum(1 for _ in iter_tensors(out))
+                    try:
+                        scripted = torch.jit.trace(FlatOutputs(model), inputs, check_trace=False)
+                    except Exception:
+                        raise strict_error from None  # the trace's own reason says more than the wrapper's
+                    how = "torch.jit.trace through an output-flattening wrapper"
+                    notes.append(f"traced through an output-flattening wrapper: the {type(out).__name__} output "
+                                 f"becomes a tuple of its {n} tensor{'s' if n != 1 else ''}, in order"
+                                 + (f"; left out (not tensors): {', '.join(dropped[:4])}" if dropped else ""))
     frozen = torch.jit.freeze(scripted.eval())
-    return frozen, [f"{how} + torch.jit.freeze (weights folded as constants)"]
+    return frozen, [f"{how} + torch.jit.freeze (weights folded as constants)"] + notes
 
 
 def apply_inference_mode(model, inputs, opts):

@@ -56,6 +56,37 @@ def _flops_by_module(model: nn.Module, run) -> FlopCount:
     return counter.result(type(model).__name__)
 
 
+def script_subtrees(model: nn.Module) -> list[str]:
+    """Names of the outermost TorchScript modules in ``model`` (ROOT for a TorchScript model)."""
+    tops: list[str] = []
+    for mname, mod in model.named_modules():
+        name = mname or ROOT
+        if isinstance(mod, torch.jit.ScriptModule) and not any(
+                t == ROOT or name.startswith(t + ".") for t in tops):
+            tops.append(name)
+    return tops
+
+
+def _in_script(name: str, tops: list[str]) -> bool:
+    return any(t == ROOT or name == t or name.startswith(t + ".") for t in tops)
+
+
+def script_note(tops: list[str]) -> str | None:
+    """Why a TorchScript model's (or submodule's) layers have no shapes and no FLOPs of their own."""
+    if not tops:
+        return None
+    why = ("TorchScript modules take no Python forward hooks, so nothing sees where one submodule's work ends and "
+           "the next begins: ")
+    if tops == [ROOT]:
+        return ("per-layer shapes and FLOPs not counted: this is a TorchScript model. " + why +
+                "the output shape is the model's own and its FLOPs are counted for the whole graph, on the model's "
+                "row (its layers' FLOPs show as not counted); parameters per layer are exact. For a per-layer "
+                "breakdown, load the Python model (a .py file with build_model() and example_inputs()).")
+    shown = ", ".join(tops[:3]) + (f" and {len(tops) - 3} more" if len(tops) > 3 else "")
+    return (f"per-layer shapes and FLOPs not counted inside the TorchScript submodule{'s' if len(tops) > 1 else ''} "
+            f"{shown}. " + why + "their FLOPs are counted on the nearest Python module above them.")
+
+
 def _per_layer(count: FlopCount) -> dict[str, int]:
     return {(k or ROOT): v for k, v in count.by_module.items()}
 
@@ -93,7 +124,9 @@ def analyze(ctx, options: dict) -> dict:
     try:
         # The model itself first, with shape hooks: a failure here is the model's (or its inputs').
         with output_shape_hooks(model, shapes), torch.no_grad():
-            loaded.forward()
+            out = loaded.forward()
+        shapes.setdefault(ROOT, shape_of(out))  # a TorchScript root takes no hook: its output still has a shape
+        del out
         fwd = both = None
         try:
             with torch.no_grad():
@@ -138,6 +171,7 @@ def analyze(ctx, options: dict) -> dict:
         return None if counted is None or (counted == 0 and missing) else counted
 
     ctx.progress(0.9, "building table")
+    tops = script_subtrees(model)
     layers = []
     for mname, mod in model.named_modules():
         name = mname or ROOT
@@ -146,7 +180,9 @@ def analyze(ctx, options: dict) -> dict:
         layers.append({
             "name": name,
             "parent": None if not mname else (mname.rsplit(".", 1)[0] if "." in mname else ROOT),
-            "type": type(mod).__name__,
+            # a TorchScript module's class is RecursiveScriptModule; original_name is the class it was made from
+            "type": getattr(mod, "original_name", None) or type(mod).__name__
+                    if isinstance(mod, torch.jit.ScriptModule) else type(mod).__name__,
             "depth": 0 if not mname else mname.count(".") + 1,
             "is_leaf": not children,
             "output_shape": shapes.get(name),
@@ -154,8 +190,11 @@ def analyze(ctx, options: dict) -> dict:
             "params_total": sum(p.numel() for p in subtree.values()),
             "pct_of_total": 100.0 * own_params.get(name, 0) / total if total else 0.0,
             "trainable": own_trainable.get(name, 0),
-            "flops_forward": None if fwd_total is None else flops_or_none(fwd_per.get(name, 0), fwd_missing.get(name)),
-            "flops_backward": None if bwd_total is None else flops_or_none(bwd_per.get(name, 0), bwd_missing.get(name)),
+            # inside TorchScript (not the root) nothing is attributed: not counted, never 0
+            "flops_forward": None if fwd_total is None or (name != ROOT and _in_script(name, tops)) else
+                             flops_or_none(fwd_per.get(name, 0), fwd_missing.get(name)),
+            "flops_backward": None if bwd_total is None or (name != ROOT and _in_script(name, tops)) else
+                              flops_or_none(bwd_per.get(name, 0), bwd_missing.get(name)),
             # ops run under this module whose FLOPs the counts above leave out
             "flops_not_counted": ", ".join(sorted(set(fwd_missing.get(name, {})) | set(bwd_missing.get(name, {}))))
                                  or None,
@@ -183,5 +222,5 @@ def analyze(ctx, options: dict) -> dict:
         "loss": loaded.loss_name,
         "metrics": metrics,
         "layers": layers,
-        "notes": [n for n in [flops_note, missing_note, backward_note] if n],
+        "notes": [n for n in [script_note(tops), flops_note, missing_note, backward_note] if n],
     }

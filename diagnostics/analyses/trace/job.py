@@ -20,6 +20,8 @@ from diagnostics.analyses.trace.critical import critical_path_result
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import check_server_path
 from diagnostics.trace.errors import TraceError
+from diagnostics.trace import hta_parity as hp
+from diagnostics.trace.views import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -75,11 +77,12 @@ def analyze(ctx, options: dict) -> dict:
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
     out = {"path": path, "name": name}
+    hta = hta_steps(options, rows)
     steps = [("summary", summary), ("temporal_breakdown", temporal_breakdown),
-             ("top_operators", partial(top_operators, n=rows)), ("idle_time", idle_time),
-             ("launch_stats", partial(launch_stats, n=rows))]
+             ("top_operators", partial(top_operators, n=rows)), ("idle_time", hta.pop("idle_time")),
+             ("launch_stats", partial(launch_stats, n=rows))] + list(hta.items())
     for i, (key, fn) in enumerate(steps):
-        ctx.progress(0.5 + 0.08 * i, key)
+        ctx.progress(0.5 + 0.4 * i / len(steps), key)
         out[key] = fn(trace)
     ctx.progress(0.88, "critical path")
     out["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical.py
@@ -92,6 +95,28 @@ def analyze(ctx, options: dict) -> dict:
     out["metrics"] = {"events": s["events"], "duration_ms": s["duration_us"] / 1e3, "steps": s["n_steps"],
                       "skipped_events": s["skipped_events"], "has_gpu": s["has_gpu"]}
     return out
+
+
+def hta_steps(options, rows: int) -> dict:
+    """The Holistic Trace Analysis parity analyses (diagnostics.trace.hta_parity) and idle_time, each a
+    function of the trace with the rules ``options`` pick: result key -> fn(trace). The keys are
+    the top-level result keys."""
+    hta = options["definitions"] == "hta"
+
+    def pick(key, ours, theirs):
+        return options[key] if options[key] is not None else (theirs if hta else ours)
+
+    wait = pick("kernel_wait_us", KERNEL_WAIT_MAX_US, HTA_KERNEL_WAIT_US)
+    return {
+        "idle_time": partial(idle_time, kernel_wait_max_us=wait, rules=options["definitions"]),
+        "kernel_sequences": partial(hp.kernel_sequences, max_len=options["sequence_length"], n=rows),
+        "queue_length": partial(hp.queue_length, until=pick("queue_until", "kernel_end", "kernel_start"),
+                                full=options["queue_full"]),
+        "memcpy_bandwidth": hp.memcpy_bandwidth,
+        "annotations": partial(hp.annotations, n=rows),
+        "launch_delay": partial(hp.launch_delay, n=rows, since=pick("launch_delay_from", "call_start", "call_end")),
+        "comm_overlap": partial(hp.comm_overlap, compute=pick("overlap_compute", "gpu_work", "kernels")),
+    }
 
 
 def analyze_timeline(ctx, options: dict) -> dict:

@@ -37,8 +37,10 @@ def build_grad_norm_depth_figure(result: dict) -> go.Figure:
             continue
         fig.add_scatter(x=[p[0] for p in pts], y=[p[1]["grad_norm_mean"] for p in pts], mode="markers",
                         name=status, marker=dict(color=color, size=9),
-                        customdata=[[p[1]["type"], p[1]["reason"] or "within thresholds"] for p in pts],
+                        customdata=[[p[1]["type"], p[1]["reason"] or "within thresholds",
+                                     p[1].get("rule") or ""] for p in pts],
                         hovertemplate="%{x} (%{customdata[0]})<br>gradient norm %{y:.3g}<br>%{customdata[1]}"
+                                      "<br>vanishing rule: %{customdata[2]}"
                                       "<extra>" + status + "</extra>")
     exploding = _threshold(result, "EXPLODING_NORM")
     if exploding:

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import plotly.graph_objects as go
+from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
 from diagnostics.render.tables import is_trace_file
 from diagnostics.render.sections import Section, records
 
@@ -16,9 +17,6 @@ SPLIT_COLORS = {"kernel": "#4C78A8", "memcpy": "#F58518", "memset": "#E45756", "
                 "cpu_exec": "#54A24B", "other": "#BAB0AC"}
 SPLIT_LABELS = {"kernel": "kernel", "memcpy": "memcpy", "memset": "memset", "runtime": "CUDA runtime",
                 "cpu_exec": "CPU exec", "other": "other"}
-CAT_COLORS = {"user_annotation": "#B279A2", "cpu_op": "#4C78A8", "kernel": "#F58518", "gpu_memcpy": "#E45756",
-              "gpu_memset": "#FF9DA6", "cuda_runtime": "#72B7B2", "cuda_driver": "#9D755D",
-              "python_function": "#54A24B", "gpu_user_annotation": "#EECA3B"}
 
 
 def _empty(title: str, message: str) -> go.Figure:
@@ -166,40 +164,9 @@ def _short(name: str, n: int = 60) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def build_timeline_figure(result: dict) -> go.Figure:
-    """Zoomable timeline: a lane per CPU thread / GPU stream, nested events as sub-rows (ms from start)."""
-    tl = result["timeline"]
-    events = tl["events"]
-    if not events:
-        return _empty("Timeline", "the trace has no events")
-    lanes = tl["lanes"]
-    depth_of_lane = {l: 1 + max(e["depth"] for e in events if e["lane"] == l) for l in lanes}
-    fig = go.Figure()
-    by_cat: dict[str, list[dict]] = {}
-    for e in events:
-        by_cat.setdefault(e["cat"] or "other", []).append(e)
-    for cat, evs in sorted(by_cat.items()):
-        band = [0.8 / depth_of_lane[e["lane"]] for e in evs]
-        fig.add_bar(
-            y=[e["lane"] for e in evs], x=[max(e["dur_ms"], 1e-6) for e in evs], base=[e["start_ms"] for e in evs],
-            orientation="h", name=cat, marker_color=CAT_COLORS.get(cat, "#BAB0AC"),
-            width=band, offset=[-0.4 + e["depth"] * b for e, b in zip(evs, band)],
-            customdata=[[e["name"], e["dur_ms"], e["depth"], e.get("count", 1)] for e in evs],
-            hovertemplate="%{customdata[0]}<br>start %{base:.3f} ms, duration %{customdata[1]:.3f} ms"
-                          "<br>depth %{customdata[2]} · stands for %{customdata[3]} event(s)<extra>" + cat
-                          + "</extra>")
-    deeper = int(tl.get("deeper") or 0)
-    shown = f"{tl['shown_events']:,} of {tl['total_events']:,} events" + (
-        " (downsampled, longest kept)" if tl["shown_events"] < tl["total_events"] - deeper else "") + (
-        f"; {deeper:,} calls nested too deep to draw" if deeper else "")
-    fig.update_layout(title=f"Timeline of the last profiler cycle: {shown}", barmode="overlay",
-                      xaxis_title="time since the first event (ms)", yaxis_title="thread / stream",
-                      yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes))),
-                      height=max(300, len(lanes) * max(120, 22 * max(depth_of_lane.values())) + 140),
-                      margin=dict(l=10, r=10, t=50, b=40),
-                      legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
-                      dragmode="zoom")
-    return fig
+def build_timeline_figure(result: dict, search: str | None = None) -> go.Figure:
+    """The last profiler cycle's timeline, drawn by the one timeline figure (charts.timeline)."""
+    return draw_timeline(result["timeline"], search=search, title="Timeline of the last profiler cycle")
 
 
 # ----------------------------------------------------------------------------- report sections

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import plotly.graph_objects as go
+from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
 from diagnostics.render.charts.critical_path import critical_path_sections, mark_critical_path
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
+
+from diagnostics.render.charts.trace_hta import hta_sections  # the HTA-parity sections (#18)
 
 GPU_KINDS = (("compute_us", "compute", "#4c78a8"), ("communication_us", "communication", "#f58518"),
              ("memcpy_us", "memcpy", "#54a24b"), ("memset_us", "memset", "#b279a2"),
@@ -131,35 +134,9 @@ def graph_launch_text(graphs: dict) -> str:
             "per-kernel launch figures above (one call starts them all).")
 
 
-def build_timeline_figure(timeline: dict) -> go.Figure:
-    """Timeline bars per lane and call depth (timeline_data), one colour per category."""
-    events = timeline["events"]
-    if not events:
-        return _empty("Timeline", "No events in this range")
-    rows = sorted({(e["lane"], e["depth"]) for e in events},
-                  key=lambda r: (r[0].startswith("GPU"), r[0], r[1]))
-    label = {r: f"{r[0]}" + (f" · {r[1]}" if r[1] else "") for r in rows}
-    by_cat: dict = {}
-    for e in events:
-        by_cat.setdefault(e["cat"] or "(none)", []).append(e)
-    fig = go.Figure()
-    for cat, evs in sorted(by_cat.items()):
-        fig.add_trace(go.Bar(
-            name=cat, orientation="h", base=[e["start_us"] / 1000 for e in evs],
-            x=[max(e["dur_us"], 0.0) / 1000 for e in evs],
-            y=[label[(e["lane"], e["depth"])] for e in evs],
-            customdata=[[e["name"], e["count"], e["dur_us"]] for e in evs],
-            hovertemplate="%{customdata[0]}<br>%{customdata[2]:.1f} µs"
-                          "<br>stands for %{customdata[1]} event(s)<extra></extra>"))
-    deeper = int(timeline.get("deeper") or 0)
-    fig.update_layout(barmode="overlay", title=f"Timeline ({timeline['shown']:,} of "
-                      f"{timeline['in_range']:,} events shown"
-                      + (f"; {deeper:,} calls nested too deep to draw" if deeper else "") + ")",
-                      xaxis_title="time (ms)",
-                      yaxis={"categoryorder": "array",
-                             "categoryarray": [label[r] for r in rows][::-1]},
-                      height=max(300, 24 * len(rows) + 140), bargap=0.1)
-    return fig
+def build_timeline_figure(timeline: dict, search: str | None = None) -> go.Figure:
+    """The trace's timeline (timeline_data), drawn by the one timeline figure (charts.timeline)."""
+    return draw_timeline(timeline, search=search, title="Timeline")
 
 
 def build_diff_figure(diff: dict) -> go.Figure:
@@ -207,6 +184,7 @@ def trace_sections(result: dict) -> list[Section]:
         graphs = launch.get("graphs") or {}
         sections.append(section("Kernel launches", [lambda: build_launch_figure(launch)],
                                 text=[graph_launch_text(graphs)] if graphs.get("launches") else []))
+    sections += hta_sections(result)   # the HTA-parity analyses (render.charts.trace_hta)
     sections += critical_path_sections(result)   # #18: render/charts/critical_path.py
     if result.get("timeline"):
         sections.append(section("Timeline", [lambda: mark_critical_path(build_timeline_figure(result["timeline"]),

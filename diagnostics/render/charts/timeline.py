@@ -1,0 +1,132 @@
+"""The one timeline figure, for the Profiler and the Trace explorer alike.
+
+A lane per host thread / GPU stream, named as a user reads it (trace.timeline's labels); nested
+calls are drawn as thinner bars inside their lane's band, not as extra rows. Bars carry their
+event's name, shown on the bar once zoomed in far enough for it to fit (Plotly hides text that
+does not fit and shows it again on zoom). Hover gives the name, lane, start, duration, the number
+of events a merged bar stands for and, where the profile recorded them, the input shapes. A
+search dims every bar but the events whose name matches, and ``find_events`` lists them.
+
+Two input shapes are accepted: the trace layer's ``timeline_data`` (times in µs, lanes as
+dicts) and the profile result's ``timeline`` (times in ms, lanes as labels).
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from diagnostics.units import human_seconds
+
+CAT_COLORS = {"user_annotation": "#B279A2", "cpu_op": "#4C78A8", "kernel": "#F58518", "gpu_memcpy": "#E45756",
+              "gpu_memset": "#FF9DA6", "cuda_runtime": "#72B7B2", "cuda_driver": "#9D755D",
+              "python_function": "#54A24B", "gpu_user_annotation": "#EECA3B", "cuda_sync": "#8C564B"}
+OTHER_COLOR = "#BAB0AC"
+#: smallest font for a name on a bar; names that do not fit at this size are hidden until zoomed in
+MIN_TEXT_PX = 9
+#: pixels per call depth inside a lane, and the least height of a lane
+DEPTH_PX, LANE_MIN_PX = 20, 44
+#: opacity of the bars a search does not match
+DIMMED = 0.18
+
+
+def normalize(timeline: dict) -> dict:
+    """{"lanes": [{label, kind, depths}], "events": [{lane (label), depth, name, cat, start_ms, dur_ms,
+    count, shapes}], "shown", "in_range", "deeper"} from either timeline shape (see the module doc)."""
+    events = timeline.get("events") or []
+    if "t0" in timeline:  # the trace layer's timeline_data: µs, lanes as dicts
+        label = {l["lane"]: l.get("label") or l.get("name") or l["lane"] for l in timeline.get("lanes", [])}
+        kinds = {label[l["lane"]]: l.get("kind", "cpu") for l in timeline.get("lanes", [])}
+        order = [label[l["lane"]] for l in timeline.get("lanes", [])]
+        evs = [{"lane": label.get(e["lane"], e["lane"]), "depth": int(e["depth"]), "name": e["name"],
+                "cat": e.get("cat") or "", "start_ms": e["start_us"] / 1e3, "dur_ms": e["dur_us"] / 1e3,
+                "count": int(e.get("count", 1)), "shapes": e.get("shapes") or ""} for e in events]
+        shown, in_range = timeline.get("shown", len(evs)), timeline.get("in_range", len(evs))
+    else:  # the profile result's timeline: ms, lanes as labels
+        order = list(timeline.get("lanes") or [])
+        kinds = {l: "gpu" if l.startswith("GPU") else "cpu" for l in order}
+        evs = [{"lane": e["lane"], "depth": int(e.get("depth", 0)), "name": e["name"], "cat": e.get("cat") or "",
+                "start_ms": e["start_ms"], "dur_ms": e["dur_ms"], "count": int(e.get("count", 1)),
+                "shapes": e.get("shapes") or ""} for e in events]
+        shown, in_range = timeline.get("shown_events", len(evs)), timeline.get("total_events", len(evs))
+    for e in evs:  # lanes an event names but the lane list lacks (older results) still get drawn
+        if e["lane"] not in kinds:
+            order.append(e["lane"])
+            kinds[e["lane"]] = "cpu"
+    depths: dict = {}
+    for e in evs:
+        depths[e["lane"]] = max(depths.get(e["lane"], 0), e["depth"] + 1)
+    lanes = [{"label": l, "kind": kinds[l], "depths": depths.get(l, 1)} for l in order if l in depths]
+    return {"lanes": lanes, "events": evs, "shown": shown, "in_range": in_range,
+            "deeper": int(timeline.get("deeper") or 0)}
+
+
+def matches(name: str, query: str) -> bool:
+    """Case-insensitive substring match; a query in double quotes must match the whole name."""
+    q = query.strip()
+    if len(q) >= 2 and q[0] == q[-1] == '"':
+        return name == q[1:-1]
+    return q.lower() in name.lower()
+
+
+def find_events(timeline: dict, query: str, limit: int = 200) -> list[dict]:
+    """The drawn events whose name matches ``query`` (see ``matches``), longest first: lane, name,
+    start (ms), duration (ms), depth, count, shapes."""
+    if not query or not query.strip():
+        return []
+    tl = normalize(timeline)
+    hits = [e for e in tl["events"] if matches(e["name"], query)]
+    hits.sort(key=lambda e: -e["dur_ms"])
+    return hits[:limit]
+
+
+def build_timeline_figure(timeline: dict, *, search: str | None = None, title: str | None = None) -> go.Figure:
+    """Zoomable timeline bars (module doc); ``search`` dims the events whose name does not match."""
+    tl = normalize(timeline)
+    events = tl["events"]
+    fig = go.Figure()
+    if not events:
+        fig.add_annotation(text="No events in this range", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+        fig.update_layout(title=title or "Timeline", height=200, xaxis_visible=False, yaxis_visible=False)
+        return fig
+    depth_of = {l["label"]: l["depths"] for l in tl["lanes"]}
+    query = (search or "").strip()
+    n_hits = 0
+    by_cat: dict = {}
+    for e in events:
+        by_cat.setdefault(e["cat"] or "other", []).append(e)
+    for cat, evs in sorted(by_cat.items()):
+        band = [0.84 / depth_of[e["lane"]] for e in evs]
+        hit = [matches(e["name"], query) for e in evs] if query else [True] * len(evs)
+        n_hits += sum(hit) if query else 0
+        fig.add_bar(
+            y=[e["lane"] for e in evs], x=[max(e["dur_ms"], 1e-7) for e in evs], base=[e["start_ms"] for e in evs],
+            orientation="h", name=cat, marker_color=CAT_COLORS.get(cat, OTHER_COLOR),
+            marker_opacity=[1.0 if h else DIMMED for h in hit],
+            marker_line=dict(width=[1.5 if (h and query) else 0 for h in hit], color="#111"),
+            # parents on top, children below them (as Perfetto and chrome://tracing draw it)
+            width=band, offset=[0.42 - (e["depth"] + 1) * b for e, b in zip(evs, band)],
+            text=[e["name"] for e in evs], textposition="inside", insidetextanchor="start",
+            textfont=dict(color="white", size=11), constraintext="inside", cliponaxis=True,
+            customdata=[[e["name"], human_seconds(e["dur_ms"] / 1e3), e["depth"], e["count"],
+                         f"<br>shapes {e['shapes']}" if e["shapes"] else "", e["lane"]] for e in evs],
+            hovertemplate="<b>%{customdata[0]}</b><br>%{customdata[5]}<br>start %{base:.3f} ms · duration "
+                          "%{customdata[1]}%{customdata[4]}<br>depth %{customdata[2]} · stands for %{customdata[3]} "
+                          "event(s)<extra>" + cat + "</extra>")
+    lanes = [l["label"] for l in tl["lanes"]]
+    deeper = tl["deeper"]
+    shown = f"{tl['shown']:,} of {tl['in_range']:,} events" + (
+        " (downsampled: the longest kept, a bar may stand for several)" if tl["shown"] < tl["in_range"] - deeper
+        else "") + (f"; {deeper:,} calls nested too deep to draw" if deeper else "")
+    if query:
+        shown += f"; {n_hits:,} match '{query}'"
+    height = sum(max(LANE_MIN_PX, DEPTH_PX * depth_of[l]) for l in lanes) + 150
+    fig.update_layout(
+        title=f"{title or 'Timeline'}: {shown}", barmode="overlay", template="plotly_white",
+        xaxis=dict(title="time since the first event (ms)", showgrid=True),
+        yaxis=dict(title="thread / stream", categoryorder="array", categoryarray=list(reversed(lanes)),
+                   automargin=True),
+        uniformtext=dict(minsize=MIN_TEXT_PX, mode="hide"),
+        height=min(max(300, height), 2400), margin=dict(l=10, r=10, t=60, b=40),
+        legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom", title_text=""),
+        dragmode="zoom", hoverlabel=dict(align="left"))
+    return fig

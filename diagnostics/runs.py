@@ -1,0 +1,192 @@
+"""Stored runs side by side: two runs of one analysis compared metric by metric, and a model's trend.
+
+A user who applied a fix wants the run before and the run after together. Every figure comes from
+the stored results and their declared metrics (unit, label, which way is better); nothing is re-run.
+Two runs measured at different times are not an interleaved comparison (the machine, its load and
+its clocks may have changed between them), so a difference in a timing is called "within noise"
+when it is smaller than what the runs' own spread allows (see ``timing_noise``), and a run whose
+timings were disturbed says so. For a fair timing verdict, Optimize measures candidates interleaved.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from diagnostics.declare import Metric
+from diagnostics.errors import TorchScopeError
+from diagnostics.registry import get_analysis
+from diagnostics.store import RunRecord
+from diagnostics.units import format_value
+
+#: the difference of two medians of n timed steps each is "within noise" under this many standard errors
+NOISE_Z = 2.0
+#: standard error of a median of n normal samples is about this times sigma / sqrt(n)
+MEDIAN_SE_FACTOR = 1.2533
+#: the same factor for each latency statistic a profile reports (normal samples): a quantile q has
+#: sqrt(q (1 - q)) / phi(z_q), the standard deviation 1 / sqrt(2)
+SE_FACTORS = {"latency_median_ms": MEDIAN_SE_FACTOR, "latency_p90_ms": 1.7094, "latency_p99_ms": 3.7328,
+              "latency_std_ms": 0.7071}
+#: relative changes smaller than this are "same" for exact counts (parameters, FLOPs, bytes)
+SAME_REL = 1e-9
+#: files a run keeps that the trace explorer can diff
+TRACE_ARTIFACTS = ("trace.json.gz", "trace.json")
+
+VERDICTS = ("better", "worse", "same", "within noise", "changed", "n/a")
+
+
+class CompareError(TorchScopeError):
+    """Two runs that cannot be compared (different analyses, a failed run); the message says why."""
+
+
+def trace_file(rec: RunRecord) -> str | None:
+    """The Chrome trace a run kept (profile runs), or None."""
+    arts = rec.artifacts or {}
+    return next((arts[n] for n in TRACE_ARTIFACTS if n in arts), None)
+
+
+def _number(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def timing_noise(rec_a: RunRecord, rec_b: RunRecord, key: str = "latency_median_ms") -> float | None:
+    """The band (ms) within which two profile runs' latency statistic ``key`` cannot be told apart.
+
+    NOISE_Z standard errors of the difference of the two runs' statistics, each SE_FACTORS[key] * std /
+    sqrt(n) with std the run's latency std and n its timed iterations; None when a run lacks either."""
+    factor = SE_FACTORS.get(key)
+    if factor is None:
+        return None
+    parts = []
+    for rec in (rec_a, rec_b):
+        std = _number((rec.metrics or {}).get("latency_std_ms"))
+        n = (rec.options or {}).get("latency_iters")
+        if std is None or not isinstance(n, int) or n < 1:
+            return None
+        parts.append((factor * std) ** 2 / n)
+    return NOISE_Z * math.sqrt(sum(parts))
+
+
+def _verdict(m: Metric, a, b, noise_ms: float | None) -> str:
+    x, y = _number(a), _number(b)
+    if x is None or y is None:
+        return "n/a" if a is None or b is None or a == b else ("same" if a == b else "changed")
+    delta = y - x
+    if m.unit in ("ms", "us", "s") and noise_ms is not None:
+        scale = {"ms": 1.0, "us": 1e3, "s": 1e-3}[m.unit]
+        if abs(delta) <= noise_ms * scale:
+            return "within noise"
+    if abs(delta) <= SAME_REL * max(abs(x), abs(y), 1e-300):
+        return "same"
+    if not m.better:
+        return "changed"
+    return "better" if (delta < 0) == (m.better == "lower") else "worse"
+
+
+def _setting_rows(rec_a: RunRecord, rec_b: RunRecord) -> list[dict]:
+    """What differs between the two runs' model, device and options (what the user changed)."""
+    rows = []
+    for what, a, b in (("model", rec_a.model_label, rec_b.model_label), ("device", rec_a.device, rec_b.device)):
+        if a != b:
+            rows.append({"setting": what, "a": a, "b": b})
+    spec_a, spec_b = rec_a.spec or {}, rec_b.spec or {}
+    for key in sorted(set(spec_a) | set(spec_b)):
+        if key != "name" and spec_a.get(key) != spec_b.get(key):
+            rows.append({"setting": f"model.{key}", "a": spec_a.get(key), "b": spec_b.get(key)})
+    opt_a, opt_b = rec_a.options or {}, rec_b.options or {}
+    for key in sorted(set(opt_a) | set(opt_b)):
+        if opt_a.get(key) != opt_b.get(key):
+            rows.append({"setting": key, "a": opt_a.get(key), "b": opt_b.get(key)})
+    return [{k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v)) for k, v in r.items()}
+            for r in rows]
+
+
+def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> dict:
+    """Run A (before) beside run B (after): one row per declared metric either run has, with the change.
+
+    Each row: key, label, unit, a, b, delta (b - a), ratio (b / a, None when a is 0 or either is not a
+    number), change_pct, verdict (one of VERDICTS: better / worse by the metric's declared direction,
+    same, within noise for latencies inside ``timing_noise``, changed for settings, n/a when a run has
+    no value) and a and b formatted in the metric's unit. Also the settings that differ, each run's
+    disturbance verdict, and both runs' trace files when both kept one (for a trace diff)."""
+    for rec, name in ((rec_a, "A"), (rec_b, "B")):
+        if rec.status != "ok":
+            raise CompareError(f"run {name} ({rec.id}) is {rec.status!r}, not ok: only finished runs can be compared"
+                               + (f" ({rec.error})" if rec.error else ""))
+    if rec_a.analysis != rec_b.analysis:
+        raise CompareError(f"run A is a {rec_a.analysis!r} run and run B a {rec_b.analysis!r} run: "
+                           "compare two runs of the same analysis")
+    analysis = get_analysis(rec_a.analysis)
+    profile = rec_a.analysis == "profile"
+    noise = timing_noise(rec_a, rec_b) if profile else None
+    ma, mb = rec_a.metrics or {}, rec_b.metrics or {}
+    rows = []
+    for m in analysis.metrics:
+        if m.key not in ma and m.key not in mb:
+            continue
+        a, b = ma.get(m.key), mb.get(m.key)
+        x, y = _number(a), _number(b)
+        delta = None if x is None or y is None else y - x
+        ratio = None if delta is None or x == 0 else y / x
+        rows.append({
+            "key": m.key, "label": m.label, "unit": m.unit, "better": m.better or None, "a": a, "b": b,
+            "a_text": format_value(a, m.unit), "b_text": format_value(b, m.unit), "delta": delta,
+            "ratio": ratio, "change_pct": None if ratio is None else 100.0 * (ratio - 1.0),
+            "verdict": _verdict(m, a, b, timing_noise(rec_a, rec_b, m.key) if profile else None),
+        })
+    disturbed = {name: bool(((rec.result or {}).get("disturbance") or {}).get("disturbed"))
+                 for rec, name in ((rec_a, "a"), (rec_b, "b"))}
+    notes = ["The two runs were measured at different times, not interleaved: timings compare the machine's "
+             "state too. For a timing verdict with an interval, try the change in Optimize (interleaved, "
+             "with an A/A control)."]
+    if noise is not None:
+        notes.append(f"Latency differences within ±{noise:.3g} ms for the median ({NOISE_Z:g} standard errors of "
+                     "the difference of the two medians, from each run's std and timed iterations; wider for p90, "
+                     "p99 and the std, whose estimates scatter more) are within noise.")
+    for name, busy in disturbed.items():
+        if busy:
+            notes.append(f"Run {name.upper()} was timed on a busy machine (its disturbance report says so): "
+                         "its timings are not reliable.")
+    traces = (trace_file(rec_a), trace_file(rec_b))
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
+    return {
+        "analysis": rec_a.analysis,
+        "a": {"id": rec_a.id, "started": rec_a.started, "model": rec_a.model_label, "device": rec_a.device},
+        "b": {"id": rec_b.id, "started": rec_b.started, "model": rec_b.model_label, "device": rec_b.device},
+        "rows": rows, "counts": counts, "settings": _setting_rows(rec_a, rec_b), "noise_ms": noise,
+        "disturbed": disturbed, "notes": notes,
+        "traces": {"a": traces[0], "b": traces[1]} if all(traces) else None,
+    }
+
+
+def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | None = None) -> dict:
+    """One metric over a model's finished runs of one analysis, oldest first.
+
+    ``model`` is the run's model label (None: every model). Rows: started (epoch s), run id, model,
+    device, value, disturbed (from the run's disturbance report when its result was loaded: records
+    listed without results count as not disturbed). Runs without the metric are counted in
+    ``missing``, not drawn as 0."""
+    a = get_analysis(analysis)
+    m = a.metric(metric)
+    if m is None:
+        known = ", ".join(x.key for x in a.metrics) or "none"
+        raise CompareError(f"{analysis!r} has no metric {metric!r}; its metrics: {known}")
+    chosen = [r for r in runs if r.analysis == analysis and r.status == "ok"
+              and (model is None or r.model_label == model)]
+    rows, missing = [], 0
+    for r in sorted(chosen, key=lambda r: r.started):
+        v = _number((r.metrics or {}).get(metric))
+        if v is None:
+            missing += 1
+            continue
+        rows.append({"started": r.started, "id": r.id, "model": r.model_label, "device": r.device, "value": v,
+                     "disturbed": bool(((r.result or {}).get("disturbance") or {}).get("disturbed"))})
+    return {"analysis": analysis, "metric": metric, "label": m.label, "unit": m.unit, "better": m.better or None,
+            "model": model, "rows": rows, "missing": missing}
+
+
+def comparable_metrics(analysis: str) -> list[Metric]:
+    """The declared metrics of ``analysis`` a trend can draw (numbers, not settings or text)."""
+    return [m for m in get_analysis(analysis).metrics if m.unit not in ("bool", "text")]
