@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Analyse one trace file (the 'trace' analysis) and write a report folder.")
     ta.add_argument("path", help="a Chrome/Kineto trace (.json or .json.gz)")
     add_trace_options(ta)
+    ta.add_argument("--step", type=int, metavar="N", help="the profiler step number whose critical path is "
+                                                          "computed (default: the longest complete step)")
     td = tsub.add_parser("diff", help="compare two trace files",
                          description="Compare two trace files (the 'trace_diff' analysis) and write a report folder.")
     td.add_argument("a", help="the baseline trace")

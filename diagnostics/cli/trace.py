@@ -4,8 +4,8 @@ The CLI runs them like every other command (diagnostics.cli.main.run_job_command
 run store with source "cli", progress, the report folder); this module says what to run for the
 parsed arguments and how to show the result. ``--json``, result.json and the report hold the
 analysis' own result (``summary``, ``temporal_breakdown``, ``top_operators``, ``idle_time``,
-``launch_stats``, ``timeline``, ``trace_cache``, ``metrics`` for "trace"; ``before``, ``after``,
-``diff``, ``trace_cache``, ``metrics`` for "trace_diff"), less where the worker kept its parsed columns.
+``launch_stats``, ``critical_path``, ``timeline``, ``trace_cache``, ``metrics`` for "trace"; ``before``,
+``after``, ``diff``, ``trace_cache``, ``metrics`` for "trace_diff"), less where the worker kept its parsed columns.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def trace_job(args) -> tuple[str, dict]:
     if args.trace_command == "analyze":
         stamp = file_stamp(args.path)
         options = {"path": stamp["path"], "stamp": stamp}
+        if getattr(args, "step", None) is not None:  # the critical path's step (#18)
+            options["critical_path_step"] = args.step
         if args.top is not None and args.top > TOP_N:  # the analysis keeps TOP_N rows per table unless told
             options["top"] = args.top
         options.update({o.key: getattr(args, dest(o)) for o in HTA_OPTIONS if getattr(args, dest(o), None) is not None})

@@ -110,7 +110,41 @@ def format_analysis(result: dict, top: int) -> str:
                               ("calls", "calls", str), ("total", "total_us", _ms),
                               ("%", "pct", "{:.1f}".format)])]
     out += hta_text(result, top, _table, _clip, _ms)   # the HTA-parity analyses (render.charts.trace_hta)
+    if result.get("critical_path"):
+        out += ["", format_critical_path(result["critical_path"], top)]
     return "\n".join(out)
+
+
+def format_critical_path(cp: dict, top: int) -> str:
+    """The critical path of one step (diagnostics.trace.critical_path): its time by kind, its longest
+    events and the what-ifs."""
+    if not cp.get("available", True):
+        return f"Critical path: not computed: {cp.get('reason')}"
+    how = f" ({cp['chosen_as']})" if cp.get("chosen_as") else ""
+    out = [f"Critical path of step {cp['step']}{how}: {_ms(cp['length_us'])} "
+           f"(step time {_ms(cp['step_us'])}, host span {_ms(cp['host_span_us'])}), "
+           f"{cp['path_events']:,} events on it of {cp['events']:,}"]
+    out.append("  by kind: " + ", ".join(f"{r['kind']} {_ms(r['us'])}" for r in cp["by_kind"] if r["us"] > 0))
+    if cp.get("incomplete_steps"):
+        out.append("  steps cut short by the end of profiling (a kernel launch with no kernel in the trace): "
+                   + ", ".join(map(str, cp["incomplete_steps"])))
+    rows = sorted(cp["path"], key=lambda r: -r["on_path_us"])[:top]
+    rows = [dict(r, name=_clip(r["name"])) for r in rows]
+    out += [f"Longest {len(rows)} events on the path:",
+            _table(rows, [("event", "name", str), ("kind", "kind", str), ("start", "start_us", _ms),
+                          ("on path", "on_path_us", _ms), ("waited on", "waited_on", lambda v: _clip(v or "", 50))])]
+    if cp["what_if"]:
+        rows = [dict(r, name=_clip(r["name"])) for r in cp["what_if"][:top]]
+        out += [f"What if it were {cp['factor']:g}x faster (every call of the name in the step; the longest path "
+                "computed again):",
+                _table(rows, [("event", "name", str), ("kind", "kind", str), ("calls", "calls", str),
+                              ("on path", "on_path_us", _ms), ("saves", "saving_us", _ms),
+                              ("step after", "step_us_after", _ms)])]
+    if cp.get("trace_file"):
+        out.append(f"The step's trace with the critical path marked (Perfetto, chrome://tracing): {cp['trace_file']}")
+    return "\n".join(out)
+
+
 
 
 def format_diff(r: dict, a: str, b: str, top: int) -> str:

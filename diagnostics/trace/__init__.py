@@ -10,6 +10,7 @@
     hta_parity.py kernel sequences, launch queue, copy bandwidth, GPU annotations, launch delay, overlap
     diff.py       diff_traces(before, after)
     cache.py      cached_load(path, root): parsed traces kept on disk, so an unchanged file reopens fast
+    critical_path.py  one step's critical path (host ops, launches, kernels, syncs), what-ifs, the marked trace
 The profiler page, the trace explorer, the distributed analysis and the checklist all read traces
 through this layer. Views return plain JSON-able data (records); TraceError says why a file is
 unusable.

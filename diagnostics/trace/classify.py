@@ -117,6 +117,31 @@ def is_graph_launch(name: str) -> bool:
     return bool(GRAPH_LAUNCH_RE.match(name or ""))
 
 
+#: A runtime call that launches a kernel (or a graph of them): its GPU work always follows, so one
+#: whose work is not in the trace marks a step cut short by the end of profiling ("cudaLaunchKernel",
+#: "cudaLaunchKernelExC", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "hipLaunchKernel",
+#: "hipExtModuleLaunchKernel", "cudaGraphLaunch").
+LAUNCH_CALL_RE = re.compile(r"^(?:cuda|cu|hip)(?:Ext)?(?:Module)?(?:LaunchKernel|LaunchKernelEx|LaunchKernelExC"
+                            r"|LaunchCooperativeKernel|GraphLaunch)(?:_v\d+|_ptsz|_ptds)?$")
+
+
+def is_launch_call(name: str) -> bool:
+    return bool(LAUNCH_CALL_RE.match(name or ""))
+
+
+#: A host call that blocks until device work has finished: the synchronize calls (device, stream,
+#: event, context) and the synchronous memcpys, which return only once their copy is done
+#: ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cuCtxSynchronize",
+#: "hipDeviceSynchronize", "cudaMemcpy"; not "cudaMemcpyAsync", not "cudaStreamWaitEvent", which
+#: makes a stream, not the host, wait).
+SYNC_CALL_RE = re.compile(r"^(?:(?:cuda|hip|cu)(?:Device|Stream|Event|Ctx|Thread)Synchronize"
+                          r"|(?:cuda|hip)Memcpy(?:2D|3D|Peer)?)(?:_v\d+|_ptsz|_ptds)?$")
+
+
+def is_sync_call(name: str) -> bool:
+    return bool(SYNC_CALL_RE.match(name or ""))
+
+
 # ---- communication ---------------------------------------------------------------------------
 
 _COMM_VERBS = r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"

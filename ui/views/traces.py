@@ -11,6 +11,8 @@ from diagnostics.render.charts.traces import (
 )
 from diagnostics.units import compact, human_bytes
 from ui.views import trace_hta
+from diagnostics.render.charts.critical_path import mark_critical_path
+from ui.views.critical_path import show_critical_path
 from ui.widgets import Tile, metric_row, unit_columns
 from ui.views.timeline import show_timeline
 
@@ -66,7 +68,9 @@ def _timeline(result: dict) -> None:
                 timeline = out.result["timeline"]
             else:
                 st.error(out.error)
-    show_timeline(timeline, lambda search: build_timeline_figure(timeline, search=search), key="trace")
+    show_timeline(timeline, lambda search: mark_critical_path(build_timeline_figure(timeline, search=search),
+                                                          result.get("critical_path"), timeline),
+                  key="trace")
     st.caption(f"{timeline['shown']:,} bars drawn for {timeline['in_range']:,} events in range; a bar with count > 1 "
                f"stands for several short events of its row merged (bucket {timeline.get('bucket_us', 0):.1f} µs).")
 
@@ -118,8 +122,8 @@ def show(result: dict) -> None:
         st.warning(w)
     for n in s.get("notes") or []:
         st.info(n)
-    tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"]
-                   + trace_hta.TABS)
+    tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline",
+                    "Critical path"] + trace_hta.TABS)
     trace_hta.show_tabs(tabs[-len(trace_hta.TABS):], result)   # the HTA-parity tabs (ui.views.trace_hta)
     with tabs[0]:
         st.plotly_chart(build_category_figure(s), width="stretch")
@@ -167,6 +171,8 @@ def show(result: dict) -> None:
                 _table(graphs["by_launch"], height=300)
     with tabs[4]:
         _timeline(result)
+    with tabs[5]:  # #18: ui/views/critical_path.py
+        show_critical_path(result)
 
 
 def show_diff(result: dict) -> None:

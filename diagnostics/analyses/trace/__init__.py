@@ -63,6 +63,12 @@ HTA_TABLES = (
                                                        Column("count", "count", "launches"))),
 )
 
+#: The critical path's options (issue #18), kept together so other parts' options merge cleanly.
+_CRITICAL_PATH = (
+    Option("critical_path_step", "int", None, "the profiler step number whose critical path is "
+           "computed; default: the longest complete step", optional=True, lo=0, flag=""),
+)
+
 TRACE = Analysis(
     name="trace", title="Trace explorer", target="diagnostics.analyses.trace.job:analyze", needs_model=False,
     timeout_s=600, view="traces", description="one torch.profiler / Kineto trace: steps, operators, kernels, idle time, launches",
@@ -77,7 +83,7 @@ TRACE = Analysis(
                flag=""),
         Option("keep_columns", "bool", True, "keep the parsed columns beside the run (fast timeline re-draws)",
                flag=""),
-    ) + _TIMELINE + HTA_OPTIONS,
+    ) + _TIMELINE + HTA_OPTIONS + _CRITICAL_PATH,
     metrics=(
         Metric("events", "count", "Events"),
         Metric("duration_ms", "ms", "Duration"),
@@ -96,6 +102,14 @@ TRACE = Analysis(
         Table("temporal_breakdown.gpu", "GPU time per step", ()),
         Table("idle_time.streams", "Idle time per stream", ()),
         Table("launch_stats.by_name", "Kernel launches", ()),
+        Table("critical_path.path", "Critical path", (Column("start_us", "us", "start"), Column("dur_us", "us", "duration"),
+                                                      Column("on_path_us", "us", "on the path"),
+                                                      Column("wait_before_us", "us", "wait before"))),
+        Table("critical_path.by_kind", "Critical path by kind", (Column("us", "us", "time on the path"),
+                                                                 Column("pct", "percent", "share of the step"))),
+        Table("critical_path.what_if", "Critical path what-ifs", (Column("on_path_us", "us", "on the path"),
+                                                                  Column("saving_us", "us", "step time saved"),
+                                                                  Column("step_us_after", "us", "step time after"))),
     ) + HTA_TABLES,
 )
 

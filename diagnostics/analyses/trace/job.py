@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from diagnostics.analyses.trace import TRACE, TRACE_DIFF, TRACE_TIMELINE
+from diagnostics.analyses.trace.critical import critical_path_result
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import check_server_path, trace_cache_dir
 from diagnostics.trace.cache import cached_load, link_events
@@ -94,6 +95,8 @@ def analyze(ctx, options: dict) -> dict:
     for i, (key, fn) in enumerate(steps):
         ctx.progress(0.5 + 0.4 * i / len(steps), key)
         out[key] = fn(trace)
+    ctx.progress(0.88, "critical path")
+    out["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical.py
     ctx.progress(0.9, "timeline")
     out["timeline"] = timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
     if options["keep_columns"]:

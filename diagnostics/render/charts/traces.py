@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 
 from diagnostics.render.charts.style import readable_axes, short_names
 from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
+from diagnostics.render.charts.critical_path import critical_path_sections, mark_critical_path
 from diagnostics.units import column_scale
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
@@ -190,8 +191,10 @@ def trace_sections(result: dict) -> list[Section]:
         sections.append(section("Kernel launches", [lambda: build_launch_figure(launch)],
                                 text=[graph_launch_text(graphs)] if graphs.get("launches") else []))
     sections += hta_sections(result)   # the HTA-parity analyses (render.charts.trace_hta)
+    sections += critical_path_sections(result)   # #18: render/charts/critical_path.py
     if result.get("timeline"):
-        sections.append(section("Timeline", [lambda: build_timeline_figure(result["timeline"])]))
+        sections.append(section("Timeline", [lambda: mark_critical_path(build_timeline_figure(result["timeline"]),
+                                                                        result.get("critical_path"), result["timeline"])]))
     return sections
 
 

@@ -1,0 +1,50 @@
+"""AppTest: the Trace explorer's "Critical path" tab (issue #18) on a trace written in the test."""
+
+import pytest
+
+
+@pytest.fixture
+def cp_trace(tmp_path):
+    from tests.trace.test_critical_path import CPU_STEP, GPU_STEP, write
+
+    return write(tmp_path, CPU_STEP + GPU_STEP)
+
+
+def _open(new_app, path):
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    at.radio(key="trace_src_a").set_value("Local path").run()
+    at.text_input(key="trace_path_a").set_value(str(path)).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _metric(at, label):
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_critical_path_tab_shows_the_path_breakdown_and_what_ifs(new_app, cp_trace):
+    at = _open(new_app, cp_trace)
+    assert "Critical path" in [t.label for t in at.tabs]
+    # the longest step by default: step 1, 430 µs, all of it on the path
+    assert _metric(at, "Step") == "1"
+    assert _metric(at, "Critical path") == "0.430 ms" and _metric(at, "Step time") == "0.430 ms"
+    assert any("Step 1 (the longest complete step): 0.430 ms on the critical path" in c.value and "kernel" in c.value
+               for c in at.caption)
+    frames = [df.value for df in at.dataframe]
+    what_if = next(f for f in frames if "saving_us" in f.columns)   # shown in ms, labelled "... (ms)"
+    saved = dict(zip(what_if["event"], what_if["saving_us"]))
+    assert saved["add_c"] == pytest.approx(0.1) and saved["gemm_a"] == pytest.approx(0.05)
+    path = next(f for f in frames if "waited on" in f.columns)
+    assert {"gemm_a", "relu_b", "add_c", "cudaDeviceSynchronize"} <= set(path["event"])
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "Download the step's trace with the critical path (JSON)" in labels
+
+
+def test_picking_another_step_shows_its_path(new_app, cp_trace):
+    at = _open(new_app, cp_trace)
+    at.selectbox(key=f"cp-step-{cp_trace}").set_value(0).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert _metric(at, "Step") == "0" and _metric(at, "Critical path") == "0.300 ms"
+    path = next(df.value for df in at.dataframe if "waited on" in df.value.columns)
+    assert "aten::linear" in set(path["event"]) and "k_linear" not in set(path["event"])
