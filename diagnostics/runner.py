@@ -312,7 +312,8 @@ SPARES_ENV = "TORCHSCOPE_SPARE_WORKERS"
 #: What a spare imports while it waits: torch, the loader, the samples, and the jobs of the Model
 #: page and of the upload check (their torch modules included: the summary's FLOP counter pulls in
 #: dynamo, 1 s of imports). Nothing that reads a cache folder from the environment at import.
-SPARE_PRELOAD = ("torch", "diagnostics.intake", "sample_models", "diagnostics.analyses.summary.job",
+SPARE_PRELOAD = ("torch", "diagnostics.intake", "sample_models.convnets", "sample_models.mlps", "sample_models.sequence",
+                 "diagnostics.analyses.summary.job",
                  "diagnostics.analyses.validate.job")
 #: A spare's process name (``ps``, psutil's ``name()``) while it waits; a job renames it.
 SPARE_NAME, WORKER_NAME = "tscope-spare", "tscope-worker"

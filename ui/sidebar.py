@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import streamlit as st
 
-from diagnostics.devices import device_report, list_devices
+from diagnostics.devices import device_report
 from diagnostics.errors import SpecError, TorchScopeError
 from diagnostics.sandbox import will_confine
 from diagnostics.settings import safe_mode
@@ -34,14 +34,35 @@ KIND_LABELS = {
 }
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def _devices() -> list[str]:
-    return list_devices()
+#: Seconds after a session's first page before the server imports torch (for the device panel's
+#: torch thread count): later than the first job's start and its result on screen.
+TORCH_LATER_S = 20.0
+_TORCH_LATER: list = []
 
 
 @st.cache_data(ttl=5, show_spinner=False)
 def _device_report() -> dict:
-    return device_report()
+    """GPUs (one NVML session for the device list and the panel) and the CPU. torch's thread count
+    only once the server has torch (``import_torch_later``): not on the first page's critical path."""
+    return device_report(import_torch=False)
+
+
+def _devices() -> list[str]:
+    return ["cpu"] + [f"cuda:{g['index']}" for g in _device_report()["gpus"] if g.get("index") is not None]
+
+
+def import_torch_later() -> None:
+    """app.py calls this after the page has run: the server imports torch in a thread TORCH_LATER_S
+    later (once per process), for the device panel's thread count."""
+    import sys
+    import threading
+
+    if "torch" in sys.modules or _TORCH_LATER:
+        return
+    timer = threading.Timer(TORCH_LATER_S, lambda: __import__("torch"))
+    timer.daemon = True
+    _TORCH_LATER.append(timer)
+    timer.start()
 
 
 def parse_inputs(text: str, default_dtype: str, high: int) -> tuple[InputSpec, ...] | None:
@@ -224,4 +245,5 @@ def _device_panel() -> None:
     st.markdown(f"**CPU:** {c['model']}")
     st.caption(f"{c['logical_cores']} logical cores ({c['affinity_cores']} usable) · RAM "
                f"{human_bytes(c['ram_available_bytes'])} free of {human_bytes(c['ram_total_bytes'])} · "
-               f"torch threads {c['torch_threads']}")
+               + (f"torch threads {c['torch_threads']}" if c["torch_threads"] is not None
+                  else "torch threads: not read yet (the server loads torch after the first page)"))
