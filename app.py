@@ -6,7 +6,7 @@ from ui.background import start_spares
 
 start_spares()  # before the sidebar's imports (torch): the first job's worker starts meanwhile
 
-from ui.sidebar import import_torch_later, render_sidebar  # noqa: E402
+from ui.sidebar import render_sidebar  # noqa: E402
 
 st.set_page_config(page_title="TorchScope", page_icon="🔬", layout="wide")
 
@@ -26,4 +26,3 @@ PAGES = [
 nav = st.navigation(PAGES)
 render_sidebar()
 nav.run()
-import_torch_later()

@@ -1,20 +1,24 @@
 """A cold session's Model page against a bare `python -c "import torch"`, in the same run.
 
-Each round, in turn (so the machine's load hits all three alike):
+Each round, in turn (so the machine's load hits all of them alike):
 
 1. ``python -c "import torch"`` in a new process: its wall time;
-2. the dashboard started with a fresh data folder and spare workers on (the default), a new
-   headless-Chromium session opened on the Model page: the time from the navigation to the summary
-   result on screen (the sample ``cnn``'s "cnn (sample) · ..." line); then the History page and back
-   to Model: the time until the cached summary shows again;
-3. the same with spare workers off (``TORCHSCOPE_SPARE_WORKERS=0``): the cold workers of before.
+2. for spare workers on (the default) and off (``TORCHSCOPE_SPARE_WORKERS=0``: a cold worker per
+   job, as before), the dashboard started with a fresh data folder and a new headless-Chromium
+   session opened on the Model page: the time from the navigation to the summary result on screen
+   (the sample ``cnn``'s "cnn (sample) · ..." line); then History and back to Model: the time until
+   the cached summary shows again. Two cases:
+   * **running server**: an earlier visitor opened History (no job) and left; the new session comes
+     once the server is idle again (the spare has finished its imports: its CPU time stopped growing;
+     with spares off, after the same wait);
+   * **first session**: the first visitor of a server just started (its spare starts with that
+     visit, beside the server's first page).
 
 A fresh server per measurement: the run store would otherwise serve the summary from an earlier
-round, and the first session after start is the coldest case (the server imports torch for the
-sidebar meanwhile). Reports medians and the ratio of medians; after each server is stopped, checks
-that none of its processes (spares included) is left.
+round. Reports medians and the ratio of medians; after each server is stopped, checks that none of
+its processes (spares included) is left.
 
-    .venv/bin/python bench/bench_cold_page.py [--rounds 5] [--port 8711] [--write]
+    .venv/bin/python bench/bench_cold_page.py [--rounds 4] [--port 8711] [--json out.json]
 """
 
 from __future__ import annotations
@@ -111,11 +115,47 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
-def cold_page(browser, port: int, spares: bool) -> tuple[float, float, int]:
+def _settle(server: "Server", spares: bool, cap_s: float = 120.0) -> float:
+    """Wait until the server's spare has finished its imports (its CPU time stops growing); returns
+    the seconds waited. Without spares: nothing to wait for."""
+    t = time.monotonic()
+    if not spares:
+        return 0.0
+    last, still = None, 0
+    while time.monotonic() - t < cap_s:
+        try:
+            kids = [c for c in psutil.Process(server.proc.pid).children(recursive=True) if c.name() == "tscope-spare"]
+            cpu = sum(sum(c.cpu_times()[:2]) for c in kids) if kids else None
+        except psutil.Error:
+            cpu = None
+        if cpu is not None and cpu == last:
+            still += 1
+            if still >= 4:  # 1 s without a tick of CPU: it waits for its job
+                break
+        else:
+            still = 0
+        last = cpu
+        time.sleep(0.25)
+    return time.monotonic() - t
+
+
+def cold_page(browser, port: int, spares: bool, running: bool, settle_s: float = 0.0) -> tuple[float, float, int, float]:
     """(seconds to the summary on a new session's Model page, seconds to the cached summary after
-    History -> Model, processes left after the server stopped)."""
+    History -> Model, processes left after the server stopped, seconds the server was left idle)."""
     server = Server(port, spares)
+    waited = 0.0
     try:
+        if running:  # an earlier visitor, on a page that runs no job
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            page = context.new_page()
+            page.set_default_timeout(180_000)
+            page.goto(server.url + "/history")
+            page.get_by_role("heading", name="History", exact=True).wait_for()
+            context.close()
+            waited = _settle(server, spares)
+            if not spares:
+                time.sleep(settle_s)
+                waited = settle_s
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
         page.set_default_timeout(180_000)
@@ -133,13 +173,18 @@ def cold_page(browser, port: int, spares: bool) -> tuple[float, float, int]:
         context.close()
     finally:
         left = server.stop()
-    return cold, cached, left
+    return cold, cached, left, waited
+
+
+CASES = (("run_on", True, True), ("run_off", False, True), ("first_on", True, False), ("first_off", False, False))
 
 
 def run(rounds: int, port: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    rows = {"torch": [], "warm": [], "warm_cached": [], "cold": [], "cold_cached": []}
+    rows = {"torch": []}
+    for name, _, _ in CASES:
+        rows[name], rows[name + "_cached"], rows[name + "_idle"] = [], [], []
     left = 0
     loads = [load()]
     with sync_playwright() as p:
@@ -147,23 +192,31 @@ def run(rounds: int, port: int) -> dict:
         try:
             for r in range(rounds):
                 rows["torch"].append(torch_import_s())
-                w, wc, lw = cold_page(browser, port, spares=True)
-                c, cc, lc = cold_page(browser, port, spares=False)
-                rows["warm"].append(w)
-                rows["warm_cached"].append(wc)
-                rows["cold"].append(c)
-                rows["cold_cached"].append(cc)
-                left += lw + lc
+                settle = 0.0
+                for name, spares, running in CASES:
+                    c, cc, lf, waited = cold_page(browser, port, spares, running, settle)
+                    if name == "run_on":
+                        settle = waited  # the spares-off server idles as long
+                    rows[name].append(c)
+                    rows[name + "_cached"].append(cc)
+                    rows[name + "_idle"].append(waited)
+                    left += lf
                 loads.append(load())
-                print(f"round {r + 1}: import torch {rows['torch'][-1]:.2f} s · cold page, spares on {w:.2f} s "
-                      f"(cached {wc:.2f} s) · spares off {c:.2f} s (cached {cc:.2f} s) · load {loads[-1]}",
-                      flush=True)
+                print(f"round {r + 1}: import torch {rows['torch'][-1]:.2f} s · " + " · ".join(
+                    f"{n} {rows[n][-1]:.2f} s (cached {rows[n + '_cached'][-1]:.2f} s)" for n, _, _ in CASES)
+                    + f" · load {loads[-1]}", flush=True)
         finally:
             browser.close()
     med = {k: statistics.median(v) for k, v in rows.items()}
-    return {"rounds": rounds, "samples": rows, "median": med, "ratio_warm": med["warm"] / med["torch"],
-            "ratio_cold": med["cold"] / med["torch"], "processes_left": left, "loads": loads,
-            "cpus": os.cpu_count()}
+    return {"rounds": rounds, "samples": rows, "median": med,
+            "ratio": {n: med[n] / med["torch"] for n, _, _ in CASES},
+            "processes_left": left, "loads": loads, "cpus": os.cpu_count()}
+
+
+LABELS = {"run_on": "new session on a running server, spare workers on (default)",
+          "run_off": "new session on a running server, spare workers off (a cold worker per job, as before)",
+          "first_on": "first session of a just-started server, spares on",
+          "first_off": "first session of a just-started server, spares off"}
 
 
 def table(res: dict) -> str:
@@ -174,28 +227,27 @@ def table(res: dict) -> str:
         r = f"{ratio:.2f}x" if ratio is not None else ""
         return f"| {label} | {m[key]:.2f} s | {lo:.2f}-{hi:.2f} s | {r} | {target} |"
 
-    return "\n".join([
-        "| measurement | median | range | / bare import (medians) | goal |",
-        "|---|---|---|---|---|",
-        row('bare `python -c "import torch"`', "torch"),
-        row("cold session's Model page, spare workers on (default)", "warm", res["ratio_warm"], "<= 1.5x"),
-        row("cold session's Model page, spare workers off (cold workers, as before)", "cold", res["ratio_cold"]),
-        row("cached Model page after a page switch, spares on", "warm_cached", None, "< 0.5 s"),
-        row("cached Model page after a page switch, spares off", "cold_cached", None, "< 0.5 s"),
-    ])
+    lines = ["| measurement | median | range | / bare import (medians) | goal |", "|---|---|---|---|---|",
+             row('bare `python -c "import torch"`', "torch")]
+    for n, _, _ in CASES:
+        lines.append(row(f"cold Model page: {LABELS[n]}", n, res["ratio"][n], "<= 1.5x" if n == "run_on" else ""))
+    for n, _, _ in CASES:
+        lines.append(row(f"cached Model page after a page switch: {LABELS[n]}", n + "_cached", None, "< 0.5 s"))
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--port", type=int, default=8711)
     ap.add_argument("--json", type=Path, help="also write the raw figures here")
     args = ap.parse_args(argv)
     res = run(args.rounds, args.port)
     print(table(res))
-    print(f"ratio (cold page with spares / bare import): {res['ratio_warm']:.2f}x; without spares "
-          f"{res['ratio_cold']:.2f}x; processes left after the servers stopped: {res['processes_left']}; "
-          f"load averages (1, 5, 15 min) before and after each round: {' | '.join(res['loads'])}")
+    print("ratios (cold page / bare import, medians): " + ", ".join(f"{n} {r:.2f}x" for n, r in res["ratio"].items())
+          + f"; processes left after the servers stopped: {res['processes_left']}; server idle before the "
+          f"running-server sessions: median {statistics.median(res['samples']['run_on_idle']):.1f} s; load averages "
+          f"(1, 5, 15 min) before and after each round: {' | '.join(res['loads'])}")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     return 0

@@ -315,6 +315,9 @@ SPARES_ENV = "TORCHSCOPE_SPARE_WORKERS"
 SPARE_PRELOAD = ("torch", "diagnostics.intake", "sample_models.convnets", "sample_models.mlps", "sample_models.sequence",
                  "diagnostics.analyses.summary.job",
                  "diagnostics.analyses.validate.job")
+#: The next spare starts this long after the last job of the process ended (and none runs): the
+#: page that shows the job's result is drawn meanwhile, without a spare's imports beside it.
+REFILL_DELAY_S = 3.0
 #: A spare's process name (``ps``, psutil's ``name()``) while it waits; a job renames it.
 SPARE_NAME, WORKER_NAME = "tscope-spare", "tscope-worker"
 #: The first line a spare writes into the worker.log of the job it takes.
@@ -353,7 +356,8 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
     gc.collect()
     gc.freeze()  # what the job process shares with this one stays shared (no refcount writes by the GC)
     try:
-        conn.send(("ready", ready - t0))
+        threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+        conn.send(("ready", ready - t0, threads))
         args = job_conn.recv()
     except (EOFError, OSError):  # the pool closed: no job will come
         os._exit(0)
@@ -409,8 +413,8 @@ class SparePool:
     that lives as long as the process (the dashboard's session threads end when their line is empty).
     ``keep(n)`` asks for n spares; ``take()`` hands one out (or None); ``close()`` kills the waiting
     spares (a taken one runs its job to the end). The next spare is started only while no job of
-    this process runs (``busy``): its imports would take a core from the job, and disturb the
-    figures of a timed one."""
+    this process runs (``busy``), REFILL_DELAY_S after the last one ended: its imports would take a
+    core from the job (and disturb a timed one's figures), or from drawing the job's result."""
 
     def __init__(self, preload: tuple = SPARE_PRELOAD):
         self.preload = preload
@@ -420,7 +424,9 @@ class SparePool:
         self._thread: threading.Thread | None = None
         self._starting = False
         self._busy = 0  # jobs of this process running now (warm or cold)
+        self._last_end = float("-inf")  # when the last of them ended (monotonic)
         self.taken = 0
+        self._torch_threads: int | None = None  # torch's intra-op threads, as a spare reported them
 
     @property
     def size(self) -> int:
@@ -463,6 +469,7 @@ class SparePool:
         finally:
             with self._cond:
                 self._busy -= 1
+                self._last_end = time.monotonic()
                 self._cond.notify_all()
 
     def pids(self) -> list[int]:
@@ -482,16 +489,26 @@ class SparePool:
             time.sleep(0.05)
         return False
 
-    @staticmethod
-    def _poll_ready(spare: _Spare) -> bool:
+    def _poll_ready(self, spare: _Spare) -> bool:
         try:
             if spare.answers.poll(0):
                 msg = spare.answers.recv()
                 spare.ready_s = msg[1]
+                if msg[2] is not None:
+                    self._torch_threads = msg[2]
                 return True
         except (EOFError, OSError):
             pass
         return False
+
+    def torch_threads(self) -> int | None:
+        """torch's intra-op thread count in a worker, as the last spare that finished its imports said
+        (None before any did): the dashboard's device panel shows it without importing torch."""
+        with self._cond:
+            for s in self._spares:
+                if s.ready_s is None:
+                    self._poll_ready(s)
+            return self._torch_threads
 
     def close(self) -> None:
         """Stop keeping spares and kill the waiting ones (the thread stays, idle, for a later ``keep``)."""
@@ -508,8 +525,14 @@ class SparePool:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                while len(self._spares) >= self._size or self._busy:
-                    self._cond.wait()
+                while True:
+                    calm = time.monotonic() - self._last_end
+                    if len(self._spares) >= self._size or self._busy:
+                        self._cond.wait()
+                    elif calm < REFILL_DELAY_S:
+                        self._cond.wait(REFILL_DELAY_S - calm)
+                    else:
+                        break
                 self._starting = True
             spare = None
             try:
@@ -848,6 +871,8 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                     baseline_rss = msg[1]
                     continue
                 if msg is not None and msg[0] == "ready":  # a spare's imports were done
+                    if msg[2] is not None:
+                        _POOL._torch_threads = msg[2]
                     continue
                 if msg is not None:
                     proc.join(5)

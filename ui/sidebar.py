@@ -13,6 +13,7 @@ import streamlit as st
 
 from diagnostics.devices import device_report
 from diagnostics.errors import SpecError, TorchScopeError
+from diagnostics.runner import spares
 from diagnostics.sandbox import will_confine
 from diagnostics.settings import safe_mode
 from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec, parse_shape
@@ -34,35 +35,22 @@ KIND_LABELS = {
 }
 
 
-#: Seconds after a session's first page before the server imports torch (for the device panel's
-#: torch thread count): later than the first job's start and its result on screen.
-TORCH_LATER_S = 20.0
-_TORCH_LATER: list = []
-
-
 @st.cache_data(ttl=5, show_spinner=False)
 def _device_report() -> dict:
     """GPUs (one NVML session for the device list and the panel) and the CPU. torch's thread count
-    only once the server has torch (``import_torch_later``): not on the first page's critical path."""
-    return device_report(import_torch=False)
+    comes from a spare worker (the server does not import torch for it, nor for anything else of a
+    first page); with spares off, from torch imported here, as the CLI does."""
+    rep = device_report(import_torch=False)
+    if rep["cpu"]["torch_threads"] is None:
+        if spares().size:
+            rep["cpu"]["torch_threads"] = spares().torch_threads()  # None until the first spare is ready
+        else:
+            rep = device_report()
+    return rep
 
 
 def _devices() -> list[str]:
     return ["cpu"] + [f"cuda:{g['index']}" for g in _device_report()["gpus"] if g.get("index") is not None]
-
-
-def import_torch_later() -> None:
-    """app.py calls this after the page has run: the server imports torch in a thread TORCH_LATER_S
-    later (once per process), for the device panel's thread count."""
-    import sys
-    import threading
-
-    if "torch" in sys.modules or _TORCH_LATER:
-        return
-    timer = threading.Timer(TORCH_LATER_S, lambda: __import__("torch"))
-    timer.daemon = True
-    _TORCH_LATER.append(timer)
-    timer.start()
 
 
 def parse_inputs(text: str, default_dtype: str, high: int) -> tuple[InputSpec, ...] | None:
@@ -246,4 +234,4 @@ def _device_panel() -> None:
     st.caption(f"{c['logical_cores']} logical cores ({c['affinity_cores']} usable) · RAM "
                f"{human_bytes(c['ram_available_bytes'])} free of {human_bytes(c['ram_total_bytes'])} · "
                + (f"torch threads {c['torch_threads']}" if c["torch_threads"] is not None
-                  else "torch threads: not read yet (the server loads torch after the first page)"))
+                  else "torch threads: not read yet (a worker is starting)"))

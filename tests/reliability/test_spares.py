@@ -85,6 +85,13 @@ def test_a_job_runs_in_the_waiting_spare_and_the_spare_ends_with_it(pool, tmp_pa
     assert again.result == out.result  # the same answer as the first spare's
 
 
+def test_a_spare_reports_torchs_thread_count_of_a_fresh_process(pool):
+    pool()
+    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                           capture_output=True, text=True, check=True, timeout=240)
+    assert runner.spares().torch_threads() == int(fresh.stdout)
+
+
 def test_the_result_is_the_one_a_cold_worker_gives(pool, tmp_path, monkeypatch):
     from diagnostics.spec import ModelSpec
 
