@@ -123,16 +123,23 @@ def _panel_label(bj: BackgroundJob, snap, ahead: list[BackgroundJob]) -> str:
     return f"{bj.title}: running…"
 
 
+def refresh_every(snap, ahead: list) -> float:
+    """Seconds between two refreshes of a job's panel: FAST_REFRESH_S while it starts (nothing of its
+    session ahead of it) or has run under FAST_FOR_S, else REFRESH_S."""
+    if snap.state == "running":
+        return FAST_REFRESH_S if snap.elapsed_s < FAST_FOR_S else REFRESH_S
+    return FAST_REFRESH_S if snap.state == "queued" and not ahead else REFRESH_S
+
+
 def _follow(bj: BackgroundJob) -> JobOutcome:
     """Draw the job's panel, refreshed every REFRESH_S (FAST_REFRESH_S in its first FAST_FOR_S) until
     the job ends; then rerun the page, whose next run collects the outcome and shows it."""
     session = state.session_id()
-    first, since = bj.snapshot(), time.monotonic()
-    # Fast while it starts (nothing of the session ahead of it) or has run under FAST_FOR_S.
-    fast = first.elapsed_s < FAST_FOR_S if first.state == "running" else \
-        first.state == "queued" and not manager().ahead_of(bj)
+    since = time.monotonic()
+    every = refresh_every(bj.snapshot(), manager().ahead_of(bj))
+    fast = every == FAST_REFRESH_S
 
-    @st.fragment(run_every=FAST_REFRESH_S if fast else REFRESH_S)
+    @st.fragment(run_every=every)
     def panel() -> None:
         snap = bj.snapshot()
         if snap.done or (fast and time.monotonic() - since > FAST_FOR_S):
