@@ -2,7 +2,11 @@
 
 import streamlit as st
 
-from ui.sidebar import render_sidebar
+from ui.background import start_spares
+
+start_spares()  # before the sidebar's imports (torch): the first job's worker starts meanwhile
+
+from ui.sidebar import render_sidebar  # noqa: E402
 
 st.set_page_config(page_title="TorchScope", page_icon="🔬", layout="wide")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 
 import psutil
 
@@ -57,7 +58,10 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def cpu_facts() -> dict:
+def cpu_facts(import_torch: bool = True) -> dict:
+    """The CPU, memory and torch's intra-op thread count. ``import_torch=False``: the thread count only
+    if torch is already imported here (None otherwise: the dashboard's server imports torch for
+    nothing else, and not on a first page's critical path)."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -68,19 +72,21 @@ def cpu_facts() -> dict:
     except OSError:
         pass
     vm = psutil.virtual_memory()
-    try:
-        import torch
+    threads = None
+    if import_torch or "torch" in sys.modules:
+        try:
+            import torch
 
-        threads = torch.get_num_threads()
-    except ImportError:
-        threads = None
+            threads = torch.get_num_threads()
+        except ImportError:
+            pass
     return {"model": model, "logical_cores": psutil.cpu_count(logical=True),
             "physical_cores": psutil.cpu_count(logical=False), "affinity_cores": len(os.sched_getaffinity(0)),
             "ram_total_bytes": int(vm.total), "ram_available_bytes": int(vm.available),
             "torch_threads": threads, "platform": platform.platform()}
 
 
-def device_report() -> dict:
+def device_report(import_torch: bool = True) -> dict:
     gpus = gpu_facts()
-    return {"gpus": gpus, "cpu": cpu_facts(),
+    return {"gpus": gpus, "cpu": cpu_facts(import_torch),
             "message": None if gpus else "No NVIDIA GPU was found (no driver or no device): jobs run on the CPU."}

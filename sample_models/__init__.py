@@ -7,13 +7,29 @@ inputs (batch first) and the task its loss is computed for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
-import torch
-from torch import nn
+from importlib import import_module
+from typing import TYPE_CHECKING, Callable
 
 from diagnostics.spec import InputSpec
-from sample_models import convnets, sequence, mlps
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+#: The token models' vocabulary (sample_models.sequence takes it from here).
+VOCAB = 1000
+
+
+def _lazy(module: str, name: str) -> Callable[[], "nn.Module"]:
+    """A builder that imports ``sample_models.<module>`` (and torch) only when a model is built: the
+    catalogue below is read by the dashboard's sidebar, whose process need not import torch for it
+    (the job's worker builds the model)."""
+
+    def build(*args, **kwargs):
+        return getattr(import_module(f"sample_models.{module}"), name)(*args, **kwargs)
+
+    build.__name__ = build.__qualname__ = name
+    return build
 
 
 @dataclass(frozen=True)
@@ -29,6 +45,8 @@ class Sample:
 
 def task_loss(task: str, num_classes: int, seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
     """A loss for ``task`` with fixed pseudo-random targets shaped after the output."""
+    import torch
+    from torch import nn
 
     targets: dict[tuple, torch.Tensor] = {}
 
@@ -65,26 +83,26 @@ def task_loss(task: str, num_classes: int, seed: int = 0) -> Callable[[torch.Ten
 SAMPLES: dict[str, Sample] = {
     s.name: s
     for s in [
-        Sample("mlp", "3-layer MLP classifier (64 -> 128 -> 128 -> 10)", mlps.MLP,
+        Sample("mlp", "3-layer MLP classifier (64 -> 128 -> 128 -> 10)", _lazy("mlps", "MLP"),
                (InputSpec((32, 64)),), "classification", 10),
         Sample("cnn", "Small CNN: three Conv-BN-ReLU blocks and a linear head on 32x32 images",
-               convnets.SmallCNN, (InputSpec((8, 3, 32, 32)),), "classification", 10),
+               _lazy("convnets", "SmallCNN"), (InputSpec((8, 3, 32, 32)),), "classification", 10),
         Sample("resnet", "ResNet-10-style network (BasicBlocks, 4 stages) on 32x32 images",
-               convnets.resnet10, (InputSpec((8, 3, 32, 32)),), "classification", 10),
+               _lazy("convnets", "resnet10"), (InputSpec((8, 3, 32, 32)),), "classification", 10),
         Sample("transformer", "Transformer encoder LM over token ids (2 layers, d=128, 4 heads)",
-               sequence.TinyTransformerLM, (InputSpec((8, 64), "int64", high=sequence.VOCAB),),
-               "lm", sequence.VOCAB),
+               _lazy("sequence", "TinyTransformerLM"), (InputSpec((8, 64), "int64", high=VOCAB),),
+               "lm", VOCAB),
         Sample("lstm", "Embedding + 2-layer LSTM text classifier",
-               sequence.LSTMClassifier, (InputSpec((16, 32), "int64", high=sequence.VOCAB),),
+               _lazy("sequence", "LSTMClassifier"), (InputSpec((16, 32), "int64", high=VOCAB),),
                "classification", 4),
         Sample("deep_sigmoid_mlp", "20-layer MLP with sigmoid activations (sick: vanishing gradients)",
-               mlps.DeepSigmoidMLP, (InputSpec((32, 64)),), "classification", 10,
+               _lazy("mlps", "DeepSigmoidMLP"), (InputSpec((32, 64)),), "classification", 10,
                sick="vanishing gradients"),
         Sample("bad_init_mlp", "8-layer ReLU MLP initialised with std=1.5 weights (sick: exploding gradients)",
-               mlps.BadInitMLP, (InputSpec((32, 64)),), "classification", 10,
+               _lazy("mlps", "BadInitMLP"), (InputSpec((32, 64)),), "classification", 10,
                sick="exploding gradients"),
         Sample("graph_break_mlp", "MLP whose forward breaks torch.compile's graph: an .item() branch and numpy "
-               "on tensor data (sick: graph breaks)", mlps.GraphBreakMLP, (InputSpec((32, 64)),), "classification",
+               "on tensor data (sick: graph breaks)", _lazy("mlps", "GraphBreakMLP"), (InputSpec((32, 64)),), "classification",
                10, sick="graph breaks"),
     ]
 }

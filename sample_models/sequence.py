@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-VOCAB = 1000
+from sample_models import VOCAB
 
 
 class TinyTransformerLM(nn.Module):

@@ -9,6 +9,10 @@ import tempfile
 if os.environ.get("PYTEST_XDIST_WORKER") or "TORCHSCOPE_DATA_DIR" not in os.environ:
     os.environ["TORCHSCOPE_DATA_DIR"] = tempfile.mkdtemp(prefix="torchscope-test-")
 
+# No spare workers in tests (each imports torch in the background: AppTest runs app.py, which keeps
+# them); the tests of spares turn them on themselves, the browser tests' server gets the default.
+os.environ["TORCHSCOPE_SPARE_WORKERS"] = "0"
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

@@ -26,7 +26,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from diagnostics.runner import Job, JobOutcome, run_job
+from diagnostics.errors import TorchScopeError
+from diagnostics.runner import Job, JobOutcome, keep_spares, run_job
 
 QUEUED, RUNNING, DONE = "queued", "running", "done"
 #: How long a finished job nobody collected (its session closed) is kept before it is dropped.
@@ -255,3 +256,23 @@ def manager() -> JobManager:
             _MANAGER = JobManager()
             atexit.register(_MANAGER.shutdown)
         return _MANAGER
+
+
+_SPARES_STARTED = False
+
+
+def start_spares() -> None:
+    """Keep the runner's spare workers (TORCHSCOPE_SPARE_WORKERS, default runner.SPARE_WORKERS) for
+    this server's jobs: called by app.py on every run, first thing, so the first spare imports torch
+    while the server builds the first page. Idempotent; spares are killed when the server exits."""
+    global _SPARES_STARTED
+    with _MANAGER_LOCK:
+        if _SPARES_STARTED:
+            return
+        _SPARES_STARTED = True
+    try:
+        keep_spares()
+    except TorchScopeError as e:  # a malformed setting: jobs start cold, and the server log says why
+        import sys
+
+        print(f"torchscope: spare workers are off: {e}", file=sys.stderr)

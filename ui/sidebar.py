@@ -11,8 +11,9 @@ from dataclasses import replace
 
 import streamlit as st
 
-from diagnostics.devices import device_report, list_devices
+from diagnostics.devices import device_report
 from diagnostics.errors import SpecError, TorchScopeError
+from diagnostics.runner import spares
 from diagnostics.sandbox import will_confine
 from diagnostics.settings import safe_mode
 from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec, parse_shape
@@ -34,14 +35,22 @@ KIND_LABELS = {
 }
 
 
-@st.cache_data(ttl=10, show_spinner=False)
-def _devices() -> list[str]:
-    return list_devices()
-
-
 @st.cache_data(ttl=5, show_spinner=False)
 def _device_report() -> dict:
-    return device_report()
+    """GPUs (one NVML session for the device list and the panel) and the CPU. torch's thread count
+    comes from a spare worker (the server does not import torch for it, nor for anything else of a
+    first page); with spares off, from torch imported here, as the CLI does."""
+    rep = device_report(import_torch=False)
+    if rep["cpu"]["torch_threads"] is None:
+        if spares().size:
+            rep["cpu"]["torch_threads"] = spares().torch_threads()  # None until the first spare is ready
+        else:
+            rep = device_report()
+    return rep
+
+
+def _devices() -> list[str]:
+    return ["cpu"] + [f"cuda:{g['index']}" for g in _device_report()["gpus"] if g.get("index") is not None]
 
 
 def parse_inputs(text: str, default_dtype: str, high: int) -> tuple[InputSpec, ...] | None:
@@ -287,4 +296,5 @@ def _device_panel() -> None:
     st.markdown(f"**CPU:** {c['model']}")
     st.caption(f"{c['logical_cores']} logical cores ({c['affinity_cores']} usable) · RAM "
                f"{human_bytes(c['ram_available_bytes'])} free of {human_bytes(c['ram_total_bytes'])} · "
-               f"torch threads {c['torch_threads']}")
+               + (f"torch threads {c['torch_threads']}" if c["torch_threads"] is not None
+                  else "torch threads: not read yet (a worker is starting)"))

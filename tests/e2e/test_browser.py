@@ -60,6 +60,7 @@ def server(tmp_path_factory):
     log = open(data / "server.log", "w")
     env = {**os.environ, "TORCHSCOPE_DATA_DIR": str(data), "PYTHONUNBUFFERED": "1"}
     env.pop("TORCHSCOPE_SAFE_MODE", None)
+    env.pop("TORCHSCOPE_SPARE_WORKERS", None)  # the dashboard's default: a spare worker waits for each job
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
@@ -162,9 +163,12 @@ def live_workers(server_pid: int) -> list[psutil.Process]:
     out = []
     for child in psutil.Process(server_pid).children(recursive=True):
         try:
-            if "spawn_main" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            # A job's processes left the server's session (its guardian calls setsid); a spare
+            # worker waiting for the next job has not, and runs none.
+            if "spawn_main" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE \
+                    and os.getsid(child.pid) != server_pid:
                 out.append(child)
-        except psutil.Error:
+        except (psutil.Error, ProcessLookupError):
             pass
     return out
 
