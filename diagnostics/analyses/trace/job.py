@@ -19,6 +19,7 @@ from diagnostics.analyses.trace import TRACE, TRACE_DIFF, TRACE_TIMELINE
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import check_server_path
 from diagnostics.trace.errors import TraceError
+from diagnostics.trace.ranks import analyse_ranks
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -82,6 +83,8 @@ def analyze(ctx, options: dict) -> dict:
         out[key] = fn(trace)
     ctx.progress(0.9, "timeline")
     out["timeline"] = timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
+    if options["ranks"]:
+        out["ranks"] = _ranks(ctx, options)
     if options["keep_columns"]:
         _save_columns(trace, ctx.artifact_dir)
         out["columns_dir"] = str(ctx.artifact_dir)
@@ -89,6 +92,14 @@ def analyze(ctx, options: dict) -> dict:
     out["metrics"] = {"events": s["events"], "duration_ms": s["duration_us"] / 1e3, "steps": s["n_steps"],
                       "skipped_events": s["skipped_events"], "has_gpu": s["has_gpu"]}
     return out
+
+
+def _ranks(ctx, options: dict) -> dict:
+    """Several ranks' traces (the "ranks" option): diagnostics.trace.ranks.analyse_ranks."""
+    paths = [str(check_server_path(p, "trace")) for p in options["ranks"]]
+    ctx.progress(0.92, f"{len(paths)} rank path(s): analysing each rank")
+    return analyse_ranks(paths, max_events=options["max_events"],
+                         progress=lambda f, m: ctx.progress(0.92 + 0.06 * f, m))
 
 
 def analyze_timeline(ctx, options: dict) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import plotly.graph_objects as go
+from diagnostics.render.charts.ranks import ranks_sections
 from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
@@ -183,6 +184,8 @@ def trace_sections(result: dict) -> list[Section]:
                                 text=[graph_launch_text(graphs)] if graphs.get("launches") else []))
     if result.get("timeline"):
         sections.append(section("Timeline", [lambda: build_timeline_figure(result["timeline"])]))
+    if result.get("ranks"):  # several ranks' traces (diagnostics.trace.ranks)
+        sections += ranks_sections(result["ranks"])
     return sections
 
 
