@@ -147,3 +147,20 @@ def test_unreadable_file_is_a_problem_and_missing_path_an_error(tmp_path):
         rank_paths([tmp_path / "nope.json"])
     with pytest.raises(TraceError, match="none of the rank traces could be read"):
         analyse_ranks([tmp_path / "config.json"], parallel=False)
+
+
+def test_step_time_chart_in_ms_and_the_merged_timeline_figure(three):
+    from diagnostics.render.charts.ranks import build_rank_steps_figure, build_ranks_timeline_figure, rank_table
+
+    out = analyse_ranks([three], parallel=False)
+    fig = build_rank_steps_figure(out)
+    bar = fig.data[0]
+    assert list(bar.x) == ["rank 0", "rank 1", "rank 2"]
+    assert list(bar.y) == [statistics.median(STEPS[r]) / 1e3 for r in (0, 1, 2)]
+    assert fig.layout.yaxis.title.text == "median step time (ms)"
+    assert list(bar.marker.color).count("#e45756") == 1 and bar.marker.color[1] == "#e45756"  # slowest: rank 1
+    tl = build_ranks_timeline_figure(out)
+    lanes = list(reversed(tl.layout.yaxis.categoryarray))  # top to bottom
+    assert [lane.split(" · ")[0] for lane in lanes] == ["rank 0"] * 3 + ["rank 1"] * 3 + ["rank 2"] * 3
+    assert tl.layout.xaxis.title.text == "time since each rank's first ProfilerStep (ms)"
+    assert list(rank_table(out)["file"]) == ["host0.pt.trace.json", "host1.pt.trace.json", "host2.pt.trace.json"]

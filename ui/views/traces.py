@@ -12,6 +12,7 @@ from diagnostics.render.charts.traces import (
 from diagnostics.units import human_bytes, human_count
 from ui.widgets import metric_row
 from ui.views.timeline import show_timeline
+from ui.views.trace_ranks import show_ranks
 
 
 def _table(records: list, rename: dict | None = None, height: int | None = None) -> None:
@@ -72,7 +73,13 @@ def show(result: dict) -> None:
         st.warning(w)
     for n in s.get("notes") or []:
         st.info(n)
-    tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"])
+    has_ranks = bool(result.get("ranks"))  # several ranks' traces (ui.views.trace_ranks): their tab first
+    tabs = st.tabs((["Ranks"] if has_ranks else []) +
+                   ["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"])
+    if has_ranks:
+        with tabs[0]:
+            show_ranks(result["ranks"])
+        tabs = tabs[1:]
     with tabs[0]:
         st.plotly_chart(build_category_figure(s), width="stretch")
         c1, c2 = st.columns(2)

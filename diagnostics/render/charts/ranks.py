@@ -47,7 +47,10 @@ def build_rank_steps_figure(ranks: dict) -> go.Figure:
 
 def build_ranks_timeline_figure(ranks: dict, search: str | None = None) -> go.Figure:
     """All ranks on one timeline (lanes "rank N · …"), aligned as ranks["alignment"] says."""
-    return draw_timeline(ranks["timeline"], search=search, title="All ranks (ms from each rank's first step)")
+    fig = draw_timeline(ranks["timeline"], search=search, title="All ranks")
+    fig.update_xaxes(title="time since each rank's first ProfilerStep (ms)")
+    fig.update_yaxes(title="rank · thread / stream")
+    return fig
 
 
 def ranks_text(ranks: dict) -> list[str]:
