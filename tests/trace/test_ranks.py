@@ -164,3 +164,49 @@ def test_step_time_chart_in_ms_and_the_merged_timeline_figure(three):
     assert [lane.split(" · ")[0] for lane in lanes] == ["rank 0"] * 3 + ["rank 1"] * 3 + ["rank 2"] * 3
     assert tl.layout.xaxis.title.text == "time since each rank's first ProfilerStep (ms)"
     assert list(rank_table(out)["file"]) == ["host0.pt.trace.json", "host1.pt.trace.json", "host2.pt.trace.json"]
+
+
+def test_the_trace_job_reads_a_ranks_folder_inside_the_sandboxed_worker(three, tmp_path):
+    """The runner's worker is confined (diagnostics.sandbox): the "ranks" paths are granted as inputs,
+    and the ranks are analysed in processes of its own."""
+    from diagnostics import sandbox
+    from diagnostics.runner import Job, run_job
+    from diagnostics.store import Store
+
+    job = Job("trace", None, {"path": str(three / "host0.pt.trace.json"), "ranks": [str(three)]})
+    rules = dict(sandbox.policy_for(job, tmp_path / "art", tmp_path / "tmp").rules())
+    assert rules.get(three.resolve(), 0) & sandbox.FS_READ_FILE
+    out = run_job(job, store=Store(tmp_path / "data"))
+    assert out.ok, out.error
+    ranks = out.result["ranks"]
+    assert ranks["problems"] == [], ranks["problems"]  # every rank file was readable in the worker
+    assert [r["step_ms_median"] for r in ranks["ranks"]] == [1.1, 2.0, 1.5]
+    assert ranks["mode"].startswith("parallel"), ranks["mode"]
+
+
+def test_a_bad_ranks_option_is_refused_by_name():
+    from diagnostics.analyses.trace import TRACE
+    from diagnostics.declare import OptionError
+
+    with pytest.raises(OptionError, match="option ranks: each entry must be a trace file or folder path"):
+        TRACE.validate({"path": "a.json", "ranks": ["a.json", ""]})
+
+
+def test_no_worker_processes_means_sequential_and_says_why(three, monkeypatch):
+    import diagnostics.trace.ranks as ranks
+
+    class Daemon:
+        daemon = True
+
+    monkeypatch.setattr(ranks.multiprocessing, "current_process", lambda: Daemon())
+    out = analyse_ranks([three])
+    assert out["mode"] == "sequential (this process is a daemon and may not start processes)"
+    monkeypatch.undo()
+
+    def refuse(*a, **k):
+        raise OSError("fork refused")
+
+    monkeypatch.setattr(ranks, "ProcessPoolExecutor", refuse)
+    out2 = analyse_ranks([three])
+    assert out2["mode"] == "sequential (worker processes could not run (OSError: fork refused))"
+    assert out2["ranks"] == out["ranks"] == analyse_ranks([three], parallel=False)["ranks"]
