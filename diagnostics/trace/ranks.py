@@ -17,7 +17,7 @@ CUDA / NCCL versions or devices, trace starts further apart than START_SKEW_MAX_
 of profiler step numbers, files that are not traces.
 
 The merged timeline is every rank's timeline_data, its lanes named "rank N · <lane>" and ordered by
-rank number (rank 2 before rank 10), each rank's times shifted so that its first ProfilerStep
+rank number (rank 2 before rank 10), each rank's times shifted so that its first profiler step
 starts at 0 (a rank without steps: its first event), within one overall max_events budget.
 """
 
@@ -49,7 +49,7 @@ RANK_NAME_RE = re.compile(r"(?:rank|worker)[_\-.]?(\d+)", re.IGNORECASE)
 #: Top-level trace keys that must agree between one run's ranks (versions of the recording stack).
 VERSION_KEYS = ("schemaVersion", "cupti_version", "cuda_runtime_version", "cuda_driver_version",
                 "hip_version", "rocm_version")
-ALIGNMENT = "each rank's times start at its first ProfilerStep (0 ms); a rank without steps at its first event"
+ALIGNMENT = "each rank's times start at its first profiler step (0 ms); a rank without steps at its first event"
 #: The problem checks, in the order they are reported.
 CHECKS = ("unreadable", "world_size", "pg_config", "duplicate_rank", "missing_rank", "versions",
           "start_time", "steps")
@@ -142,7 +142,7 @@ def analyse_rank(path: str, max_events: int = MAX_EVENTS) -> dict:
         "comm_ms_median": _median([s["comm_ms"] for s in comm["steps"]]),
         "overlap_ms_median": _median([s["overlap_ms"] for s in comm["steps"]]),
         "exposed_comm_ms_median": _median([s["exposed_comm_ms"] for s in comm["steps"]]),
-        "aligned_on": "first ProfilerStep" if has_steps else "first event",
+        "aligned_on": "first profiler step" if has_steps else "first event",
         "timeline": timeline,
     }
 
@@ -363,7 +363,7 @@ def analyse_ranks(paths, max_events: int = MAX_EVENTS, parallel: bool | None = N
              "name or the file's place in the list (no distributedInfo.rank in the trace)"] \
         if any(r["rank_source"] != "distributedInfo" for r in table) else []
     if any(r["aligned_on"] == "first event" for r in rows):
-        notes.append("ranks without ProfilerStep ranges are aligned on their first event")
+        notes.append("ranks without profiler steps are aligned on their first event")
     return {"ranks": table, "slowest_rank": slowest["rank"] if slowest else None,
             "fastest_rank": fastest["rank"] if fastest else None, "spread": spread,
             "problems": problems, "timeline": timeline, "alignment": ALIGNMENT, "mode": mode,

@@ -68,7 +68,7 @@ def test_ranks_tab_from_a_folder_shows_table_chart_problems_and_merged_timeline(
     assert metrics["Slowest rank"] == "1" and metrics["Step-time spread"] == "1.82x"
     table = next(df.value for df in at.dataframe if "step (ms)" in df.value.columns)
     assert list(table["rank"]) == [0, 1, 2] and list(table["step (ms)"]) == [1.1, 2.0, 1.5]
-    assert any("first ProfilerStep" in c.value for c in at.caption)  # the merged timeline says its alignment
+    assert any("first profiler step" in c.value for c in at.caption)  # the merged timeline says its alignment
     assert at.text_input(key="trace_ranks_tl_search") is not None  # the merged timeline's search box
 
 

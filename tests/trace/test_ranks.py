@@ -74,7 +74,7 @@ def test_eleven_ranks_lanes_in_numeric_order(tmp_path):
 def test_times_aligned_on_each_ranks_first_step(three):
     out = analyse_ranks([three], parallel=False)
     tl = out["timeline"]
-    assert "first ProfilerStep" in tl["alignment"]
+    assert "first profiler step" in tl["alignment"]
     for r in STEPS:
         starts = [e["start_us"] for e in tl["events"] if e["lane"].startswith(f"rank {r} · ")
                   and e["name"] == "ProfilerStep#1"]
@@ -162,7 +162,7 @@ def test_step_time_chart_in_ms_and_the_merged_timeline_figure(three):
     tl = build_ranks_timeline_figure(out)
     lanes = list(reversed(tl.layout.yaxis.categoryarray))  # top to bottom
     assert [lane.split(" · ")[0] for lane in lanes] == ["rank 0"] * 3 + ["rank 1"] * 3 + ["rank 2"] * 3
-    assert tl.layout.xaxis.title.text == "time since each rank's first ProfilerStep (ms)"
+    assert tl.layout.xaxis.title.text == "time since each rank's first profiler step (ms)"
     assert list(rank_table(out)["file"]) == ["host0.pt.trace.json", "host1.pt.trace.json", "host2.pt.trace.json"]
 
 

@@ -48,7 +48,7 @@ def build_rank_steps_figure(ranks: dict) -> go.Figure:
 def build_ranks_timeline_figure(ranks: dict, search: str | None = None) -> go.Figure:
     """All ranks on one timeline (lanes "rank N · …"), aligned as ranks["alignment"] says."""
     fig = draw_timeline(ranks["timeline"], search=search, title="All ranks")
-    fig.update_xaxes(title="time since each rank's first ProfilerStep (ms)")
+    fig.update_xaxes(title="time since each rank's first profiler step (ms)")
     fig.update_yaxes(title="rank · thread / stream")
     return fig
 
