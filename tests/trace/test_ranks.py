@@ -210,3 +210,30 @@ def test_no_worker_processes_means_sequential_and_says_why(three, monkeypatch):
     out2 = analyse_ranks([three])
     assert out2["mode"] == "sequential (worker processes could not run (OSError: fork refused))"
     assert out2["ranks"] == out["ranks"] == analyse_ranks([three], parallel=False)["ranks"]
+
+
+def test_the_gloo_pair_cpu_traces_hand_values_and_gpu_not_counted():
+    """tests/data/distributed/pair: the 2-rank gloo traces whose per-step split tests/distributed/
+    test_analysis.py works out by hand (rank 0: compute 0.400 / 0.150 ms, comm 0.400 / 0.310, overlap
+    0.100 / 0; rank 1: compute 0.700 / 0.800, comm 0.065 / 0.040, overlap 0.020 / 0)."""
+    from pathlib import Path
+
+    pair = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
+    out = analyse_ranks([pair], parallel=False)
+    r0, r1 = out["ranks"]
+    assert (r0["rank"], r1["rank"]) == (0, 1)
+    assert r0["compute_ms_median"] == pytest.approx((0.400 + 0.150) / 2)
+    assert r0["comm_ms_median"] == pytest.approx((0.400 + 0.310) / 2)
+    assert r0["overlap_ms_median"] == pytest.approx(0.050)
+    assert r1["compute_ms_median"] == pytest.approx(0.750)
+    assert r1["comm_ms_median"] == pytest.approx((0.065 + 0.040) / 2)
+    assert r1["overlap_ms_median"] == pytest.approx(0.010)
+    assert r0["step_ms_median"] == r1["step_ms_median"] == pytest.approx(1.0)
+    for r in (r0, r1):  # CPU-only traces: no GPU figure, not a 0
+        assert r["gpu_busy_ms_median"] is None and r["gpu_idle_ms_median"] is None and r["gpu_idle_pct"] is None
+    assert out["problems"] == []
+    # rank 1's steps start 10 ms later in its trace; on the merged timeline both start at 0
+    firsts = {lane_rank: min(e["start_us"] for e in out["timeline"]["events"]
+                             if e["lane"].startswith(lane_rank) and e["name"] == "ProfilerStep#1")
+              for lane_rank in ("rank 0 · ", "rank 1 · ")}
+    assert firsts == {"rank 0 · ": 0.0, "rank 1 · ": 0.0}
