@@ -95,7 +95,7 @@ with tab_ranks:  # several ranks' traces of one job: ui.views.trace_ranks
     st.caption("Several ranks of one distributed job: each rank is analysed in its own process; the result "
                "compares them, checks that they come from one run, and draws them on one timeline. The first "
                "file is also opened in full.")
-    rank_paths = pick_ranks(safe_mode())
+    rank_paths, rank_names = pick_ranks(safe_mode())
     if rank_paths:
         from diagnostics.trace.ranks import rank_paths as expand_ranks
 
@@ -106,6 +106,9 @@ with tab_ranks:  # several ranks' traces of one job: ui.views.trace_ranks
             st.error(str(e))
         else:
             options = {"path": stamps[0]["path"], "stamp": stamps[0], "ranks": rank_paths, "ranks_stamps": stamps}
+            if rank_names:
+                options["ranks_names"] = rank_names
+                options["display_name"] = rank_names.get(rank_paths[0])
             outcome = run_analysis("trace", None, options, label="Analysing the ranks")
             if outcome.ok:
                 views.show("trace", outcome.result)

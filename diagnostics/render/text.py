@@ -121,7 +121,7 @@ def format_ranks(r: dict) -> str:
     """The multi-rank part of ``trace analyze A B C``: diagnostics.trace.ranks.analyse_ranks' result."""
     out = [f"Ranks: {len(r['ranks'])} traces ({r['mode']}); medians per profiler step"]
     out.append(_table(r["ranks"], [
-        ("rank", "rank", str), ("file", "file", lambda f: _clip(str(f).rsplit("/", 1)[-1], 40)),
+        ("rank", "rank", str), ("file", "name", lambda f: _clip(str(f), 40)),
         ("steps", "steps", str), ("step", "step_ms_median", _msv), ("GPU busy", "gpu_busy_ms_median", _msv),
         ("GPU idle", "gpu_idle_ms_median", _msv), ("compute", "compute_ms_median", _msv),
         ("comm", "comm_ms_median", _msv), ("overlap", "overlap_ms_median", _msv)]))

@@ -195,7 +195,7 @@ def _assign_ranks(rows: list[dict]) -> None:
         if r.get("dist_rank") is not None:
             r["rank"], r["rank_source"] = r["dist_rank"], "distributedInfo"
             continue
-        m = RANK_NAME_RE.findall(Path(r["file"]).name)
+        m = RANK_NAME_RE.findall(r["name"])
         if m:
             r["rank"], r["rank_source"] = int(m[-1]), "file name"
         else:
@@ -221,7 +221,7 @@ def _spell(groups: dict) -> str:
 
 def check_one_run(rows: list[dict], failed: list[dict], start_skew_max_s: float = START_SKEW_MAX_S) -> list[dict]:
     """The named problems that say these ranks are not one run's (see CHECKS)."""
-    problems = [_problem("unreadable", f"{Path(f['file']).name}: not read ({f['error']})") for f in failed]
+    problems = [_problem("unreadable", f"{f['name']}: not read ({f['error']})") for f in failed]
     sizes = {r["world_size"] for r in rows if r["world_size"] is not None}
     if len(sizes) > 1:
         problems.append(_problem("world_size", "ranks disagree on world_size: "
@@ -240,7 +240,7 @@ def check_one_run(rows: list[dict], failed: list[dict], start_skew_max_s: float 
                                      for g in groups.values())))
     counts: dict = {}
     for r in rows:
-        counts.setdefault(r["rank"], []).append(Path(r["file"]).name)
+        counts.setdefault(r["rank"], []).append(r["name"])
     for rank, files in sorted(counts.items()):
         if len(files) > 1:
             problems.append(_problem("duplicate_rank", f"rank {rank} appears {len(files)} times: {', '.join(files)}"))
@@ -322,16 +322,16 @@ def _rank_names(rows: list[dict]) -> list[str]:
     count: dict = {}
     for r in rows:
         count[r["rank"]] = count.get(r["rank"], 0) + 1
-    return [f"rank {r['rank']}" + (f" ({Path(r['file']).name})" if count[r["rank"]] > 1 else "") for r in rows]
+    return [f"rank {r['rank']}" + (f" ({r['name']})" if count[r["rank"]] > 1 else "") for r in rows]
 
 
-TABLE_KEYS = ("rank", "rank_source", "file", "steps", "step_ms_median", "step_ms_max", "gpu_busy_ms_median",
+TABLE_KEYS = ("rank", "rank_source", "name", "file", "steps", "step_ms_median", "step_ms_max", "gpu_busy_ms_median",
               "gpu_idle_ms_median", "gpu_idle_pct", "compute_ms_median", "comm_ms_median", "overlap_ms_median",
               "exposed_comm_ms_median")
 
 
 def analyse_ranks(paths, max_events: int = MAX_EVENTS, parallel: bool | None = None,
-                  start_skew_max_s: float = START_SKEW_MAX_S, progress=None) -> dict:
+                  start_skew_max_s: float = START_SKEW_MAX_S, progress=None, names: dict | None = None) -> dict:
     """Per-rank table, problems and merged timeline for several ranks' traces (files or folders).
 
     Returns {"ranks": [{rank, rank_source, file, steps, step_ms_median, step_ms_max, gpu_busy_ms_median,
@@ -339,12 +339,17 @@ def analyse_ranks(paths, max_events: int = MAX_EVENTS, parallel: bool | None = N
     exposed_comm_ms_median}] in rank order (medians are per profiler step, ms; GPU figures None on a
     CPU-only trace), "slowest_rank", "spread" (max / min step-time median), "problems":
     [{check, message}], "timeline" (merged, see merge_timelines), "alignment", "mode" (parallel or
-    sequential, and why), "n_files"}. Raises TraceError when no file could be read.
+    sequential, and why), "n_files"}. ``names``: file path -> the name a user knows it by (an upload's
+    own file name; default the file's name), used in the table, the problems and rank numbers from
+    names. Raises TraceError when no file could be read.
     """
     progress = progress or (lambda f, m: None)
     files = [str(p) for p in rank_paths(paths)]
     per_rank = max(10, -(-max_events // len(files)))
     results, mode = _run_all(files, per_rank, parallel, progress)
+    names = {str(Path(k).resolve()): v for k, v in (names or {}).items() if v}
+    for r in results:
+        r["name"] = names.get(str(Path(r["file"]).resolve()), Path(r["file"]).name)
     failed = [r for r in results if "error" in r]
     rows = [r for r in results if "error" not in r]
     if not rows:

@@ -237,3 +237,15 @@ def test_the_gloo_pair_cpu_traces_hand_values_and_gpu_not_counted():
                              if e["lane"].startswith(lane_rank) and e["name"] == "ProfilerStep#1")
               for lane_rank in ("rank 0 · ", "rank 1 · ")}
     assert firsts == {"rank 0 · ": 0.0, "rank 1 · ": 0.0}
+
+
+def test_upload_names_replace_stored_names_in_table_problems_and_rank_numbers(tmp_path):
+    """Uploads are stored as .../<sha>/trace.json: the names the user gave them are what is shown."""
+    a = write_rank(tmp_path / "u1", "trace.json", None, None, [1000])
+    b = write_rank(tmp_path / "u2", "trace.json", None, None, [1000])
+    c = write_rank(tmp_path / "u3", "trace.json", None, None, [1000])
+    out = analyse_ranks([a, b, c], parallel=False,
+                        names={str(a): "worker_1.json", str(b): "worker_0.json", str(c): "worker_0_again.json"})
+    assert [(r["rank"], r["name"], r["rank_source"]) for r in out["ranks"]] == [
+        (0, "worker_0.json", "file name"), (0, "worker_0_again.json", "file name"), (1, "worker_1.json", "file name")]
+    assert {p["message"] for p in out["problems"]} == {"rank 0 appears 2 times: worker_0.json, worker_0_again.json"}

@@ -11,9 +11,10 @@ from diagnostics.render.charts.ranks import build_rank_steps_figure, build_ranks
 from ui.views.timeline import show_timeline
 
 
-def pick_ranks(safe: bool) -> list[str]:
-    """Paths of several ranks' traces: uploads (stored in the data folder) or, outside server-safe mode,
-    files or folders on the dashboard's machine, one per line."""
+def pick_ranks(safe: bool) -> tuple[list[str], dict]:
+    """(paths, {stored path: upload's own name}) of several ranks' traces: uploads (stored in the data
+    folder under a name of ours) or, outside server-safe mode, files or folders on the dashboard's
+    machine, one per line."""
     from diagnostics.errors import TorchScopeError
     from diagnostics.uploads import save_upload
     from ui.jobs import get_store
@@ -23,18 +24,19 @@ def pick_ranks(safe: bool) -> list[str]:
     if source == "Upload":
         ups = st.file_uploader("One trace per rank (.json or .json.gz)", type=["json", "gz"],
                                accept_multiple_files=True, key="trace_ranks_up")
-        paths = []
+        paths, names = [], {}
         for up in ups or []:
             try:
                 path, _ = save_upload(up.getvalue(), "trace", get_store().data_dir, up.name)
             except TorchScopeError as e:
                 st.error(f"{up.name}: {e}")
-                return []
+                return [], {}
             paths.append(str(path))
-        return paths
+            names[str(path)] = up.name
+        return paths, names
     text = st.text_area("Trace files or a folder of them on the dashboard's machine, one per line",
                         key="trace_ranks_paths", placeholder="/data/traces/job42/")
-    return [line.strip() for line in text.splitlines() if line.strip()]
+    return [line.strip() for line in text.splitlines() if line.strip()], {}
 
 
 def show_ranks(ranks: dict) -> None:

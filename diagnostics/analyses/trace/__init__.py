@@ -39,6 +39,8 @@ TRACE = Analysis(
         # Multi-rank (diagnostics.trace.ranks): several ranks' traces side by side, in the result's "ranks".
         Option("ranks", "list", None, "trace files or folders of several ranks of one job: a per-rank table, "
                "checks that they are one run, a merged timeline", optional=True, flag="", check=_rank_paths),
+        Option("ranks_names", "dict", None, "rank file path -> the name the user knows it by (uploads are "
+               "stored under another)", optional=True, flag=""),
         Option("ranks_stamps", "list", None, "path, size and mtime of the rank files, so a changed file is a "
                "new job", optional=True, flag=""),
     ) + _TIMELINE,

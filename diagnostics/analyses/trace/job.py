@@ -98,7 +98,7 @@ def _ranks(ctx, options: dict) -> dict:
     """Several ranks' traces (the "ranks" option): diagnostics.trace.ranks.analyse_ranks."""
     paths = [str(check_server_path(p, "trace")) for p in options["ranks"]]
     ctx.progress(0.92, f"{len(paths)} rank path(s): analysing each rank")
-    return analyse_ranks(paths, max_events=options["max_events"],
+    return analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
                          progress=lambda f, m: ctx.progress(0.92 + 0.06 * f, m))
 
 

@@ -22,7 +22,7 @@ COLUMNS = {"rank": "rank", "file": "file", "steps": "steps", "step_ms_median": "
 
 def rank_table(ranks: dict):
     """The per-rank table as a DataFrame with readable headers (file names only)."""
-    df = records_frame([dict(r, file=Path(str(r["file"])).name) for r in ranks.get("ranks") or []])
+    df = records_frame([dict(r, file=r.get("name") or Path(str(r["file"])).name) for r in ranks.get("ranks") or []])
     if df.empty:
         return df
     return df[[c for c in COLUMNS if c in df.columns]].rename(columns=COLUMNS)
@@ -35,7 +35,7 @@ def build_rank_steps_figure(ranks: dict) -> go.Figure:
     fig = go.Figure(go.Bar(
         x=names, y=[r["step_ms_median"] for r in rows],
         marker_color=[SLOWEST_COLOR if r["rank"] == ranks.get("slowest_rank") else OTHER_COLOR for r in rows],
-        customdata=[[Path(str(r["file"])).name, r["steps"], r.get("step_ms_max")] for r in rows],
+        customdata=[[r.get("name") or Path(str(r["file"])).name, r["steps"], r.get("step_ms_max")] for r in rows],
         hovertemplate="%{x} (%{customdata[0]}): median step %{y:.3f} ms over %{customdata[1]} steps, "
                       "slowest %{customdata[2]:.3f} ms<extra></extra>"))
     spread = ranks.get("spread")
