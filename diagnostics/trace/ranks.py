@@ -33,12 +33,15 @@ from pathlib import Path
 
 from diagnostics.trace.comm import rank_breakdown
 from diagnostics.trace.errors import TraceError
-from diagnostics.trace.ingest import load_trace
+from diagnostics.trace.ingest import GZ_RATIO_GUESS, load_trace
 from diagnostics.trace.timeline import MAX_EVENTS, natural_key, timeline_data
 from diagnostics.trace.views import steps as step_table, temporal_breakdown
 
 #: Processes analysing ranks at once, at most (and never more than the CPU count or the ranks).
 MAX_RANK_WORKERS = 4
+#: Memory one rank's analysis needs, per byte of decoded trace JSON (the columns, the per-step views);
+#: the processes at once are bounded so that together they need at most half the available memory.
+MEMORY_PER_JSON_BYTE = 1.5
 #: Ranks whose traces start further apart than this (wall clock) are not one run's.
 START_SKEW_MAX_S = 300.0
 #: A first timestamp at least this large (µs) is an epoch time (after 2001): wall clock even without
@@ -156,12 +159,13 @@ def _safe_analyse(path: str, max_events: int) -> dict:
 
 def _run_all(paths: list[str], max_events: int, parallel: bool | None, progress) -> tuple[list, str]:
     """Each path's analyse_rank, in worker processes where possible; (results in path order, mode)."""
-    workers = min(MAX_RANK_WORKERS, os.cpu_count() or 1, len(paths))
+    workers = min(MAX_RANK_WORKERS, os.cpu_count() or 1, len(paths), _memory_workers(paths))
     why = None
     if parallel is False:
         why = "asked for"
     elif workers < 2:
-        why = "one rank" if len(paths) < 2 else "one CPU"
+        why = ("one rank" if len(paths) < 2 else "one CPU" if (os.cpu_count() or 1) < 2
+               else "not enough free memory for two ranks at once")
     elif multiprocessing.current_process().daemon:
         why = "this process is a daemon and may not start processes"
     if why is None:
@@ -182,6 +186,23 @@ def _run_all(paths: list[str], max_events: int, parallel: bool | None, progress)
         results.append(_safe_analyse(p, max_events))
         progress((i + 1) / len(paths), f"rank trace {i + 1}/{len(paths)} analysed")
     return results, f"sequential ({why})"
+
+
+def _memory_workers(paths: list[str]) -> int:
+    """How many ranks fit in half the available memory at once (by the largest trace's decoded size)."""
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except (ImportError, OSError):
+        return MAX_RANK_WORKERS
+    need = 1
+    for p in paths:
+        size = Path(p).stat().st_size
+        with open(p, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        need = max(need, int(size * (GZ_RATIO_GUESS if gz else 1) * MEMORY_PER_JSON_BYTE))
+    return max(1, int(available * 0.5 // need))
 
 
 def _as_completed(futures):
@@ -376,4 +397,4 @@ def analyse_ranks(paths, max_events: int = MAX_EVENTS, parallel: bool | None = N
 
 
 __all__ = ["analyse_ranks", "analyse_rank", "check_one_run", "merge_timelines", "rank_paths",
-           "MAX_RANK_WORKERS", "START_SKEW_MAX_S", "CHECKS", "ALIGNMENT"]
+           "MAX_RANK_WORKERS", "MEMORY_PER_JSON_BYTE", "START_SKEW_MAX_S", "CHECKS", "ALIGNMENT"]

@@ -249,3 +249,20 @@ def test_upload_names_replace_stored_names_in_table_problems_and_rank_numbers(tm
     assert [(r["rank"], r["name"], r["rank_source"]) for r in out["ranks"]] == [
         (0, "worker_0.json", "file name"), (0, "worker_0_again.json", "file name"), (1, "worker_1.json", "file name")]
     assert {p["message"] for p in out["problems"]} == {"rank 0 appears 2 times: worker_0.json, worker_0_again.json"}
+
+
+def test_workers_are_bounded_by_free_memory(three, monkeypatch):
+    import diagnostics.trace.ranks as ranks
+
+    files = [str(p) for p in rank_paths([three])]
+    biggest = max(__import__("os").path.getsize(f) for f in files)  # plain JSON: decoded size = file size
+    need = biggest * ranks.MEMORY_PER_JSON_BYTE
+
+    class VM:
+        available = int(2 * need * 2.5)  # half of it holds 2.5 ranks: 2 at once
+
+    monkeypatch.setattr("psutil.virtual_memory", lambda: VM())
+    assert ranks._memory_workers(files) == 2
+    VM.available = int(need)  # not even one in half: one at a time, and said so
+    assert ranks._memory_workers(files) == 1
+    assert analyse_ranks([three])["mode"] == "sequential (not enough free memory for two ranks at once)"
