@@ -1,6 +1,7 @@
 """Trace ingest benchmark: TorchScope's load_trace vs json.load, orjson and HTA's TraceAnalysis.
 
-    .venv/bin/python bench/bench_traces.py [--sizes 100,1000] [--runs 3] [--skip-hta] [--write-doc]
+    .venv/bin/python bench/bench_traces.py [--sizes 100,1000] [--runs 3] [--skip-hta] [--reopen]
+        [--data DIR] [--write-doc]
 
 1. Generates traces under bench/.data (gitignored): a real torch.profiler CPU trace of a
    Transformer encoder's training steps (record_shapes, profile_memory) of about 100 MB, and a
@@ -11,7 +12,11 @@
    dependencies its import needs; no torch, HTA does not import it) unless --skip-hta.
 3. Times each tool on each file in a fresh subprocess (so peak RSS is that tool's alone), best
    of --runs, and prints a table; --write-doc replaces the "## Trace ingest" section of
-   docs/BENCHMARKS.md with it.
+   docs/BENCHMARKS.md with it. The tool "job" is the whole `trace analyze` job (the analysis'
+   own function: ingest, every view, the timeline, the kept columns) on a cold trace cache,
+   compared with orjson.loads of the same file.
+4. --reopen: the same job again on the cache the cold run left (a second open of the unchanged
+   file), each in a fresh process; the ratio goes into the "## Trace reopen" section.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ DATA = ROOT / "bench" / ".data"
 HTA_VENV = ROOT / "bench" / ".venv-hta"
 DOC = ROOT / "docs" / "BENCHMARKS.md"
 SECTION = "## Trace ingest"
+REOPEN_SECTION = "## Trace reopen"
+CACHE_ENV = "BENCH_TRACE_CACHE_DATA"   # the data folder (trace cache) a "job" child uses
 HTA_REQUIREMENT = "HolisticTraceAnalysis==0.5.0"
 # What HTA 0.5.0 imports (its declared jupyterlab and pytest are not needed to load traces).
 HTA_DEPS = ["numpy<2.3", "pandas<3", "plotly", "networkx", "pydot", "pyyaml", "psutil"]
@@ -148,6 +155,7 @@ def _measure(tool: str, path: str) -> None:
         return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
     load = os.getloadavg()[0]
+    extra: dict = {}
     cpu0 = cpu_seconds()
     if tool == "torchscope":
         from diagnostics.trace.ingest import load_trace
@@ -160,6 +168,24 @@ def _measure(tool: str, path: str) -> None:
         t = time.perf_counter()
         with opener(path, "rb") as f:
             n = len((json.load(f) if tool == "json" else orjson.loads(f.read()))["traceEvents"])
+    elif tool == "job":
+        import tempfile
+
+        os.environ["TORCHSCOPE_DATA_DIR"] = os.environ[CACHE_ENV]
+        from diagnostics.analyses.trace.job import analyze
+
+        class Ctx:  # what the runner hands the analysis: an artifact folder and a progress callback
+            artifact_dir = Path(tempfile.mkdtemp(prefix="bench-trace-job-"))
+
+            def progress(self, fraction, message=""):
+                pass
+
+        t = time.perf_counter()
+        result = analyze(Ctx(), {"path": path})
+        n = result["summary"]["events"]
+        extra = {"hit": result["trace_cache"]["hit"], "open_s": result["trace_cache"]["open_s"]}
+        import shutil
+        shutil.rmtree(Ctx.artifact_dir, ignore_errors=True)
     elif tool == "hta":
         import logging
         logging.disable(logging.WARNING)
@@ -172,7 +198,7 @@ def _measure(tool: str, path: str) -> None:
     seconds = time.perf_counter() - t
     rss = _peak_rss_mb()
     print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds() - cpu0,
-                      "peak_rss_mb": rss, "events": n, "load": load}))
+                      "peak_rss_mb": rss, "events": n, "load": load, **extra}))
 
 
 def _peak_rss_mb() -> float:
@@ -184,14 +210,24 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
-def _run_tool(tool: str, path: Path, runs: int, timeout: float) -> dict:
-    """Best of `runs` child runs; peak RSS also sampled here over the child's process tree."""
+def _cache_data(path: Path) -> Path:
+    """The data folder whose trace cache the "job" runs on `path` use (beside the trace)."""
+    return path.parent / "trace-cache-data" / path.name
+
+
+def _run_tool(tool: str, path: Path, runs: int, timeout: float, cold: bool = True) -> dict:
+    """Best of `runs` child runs; peak RSS also sampled here over the child's process tree.
+    Tool "job": each run on an empty trace cache (cold) or on the one the runs before left."""
     import psutil
+    import shutil
 
     python = str(HTA_VENV / "bin" / "python") if tool == "hta" else PY
+    env = dict(os.environ, **{CACHE_ENV: str(_cache_data(path))})
     best = None
     for _ in range(runs):
-        proc = subprocess.Popen([python, __file__, "--measure", tool, str(path)], cwd=ROOT,
+        if tool == "job" and cold:
+            shutil.rmtree(_cache_data(path), ignore_errors=True)
+        proc = subprocess.Popen([python, __file__, "--measure", tool, str(path)], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         tree_peak = 0
         start = time.monotonic()
@@ -236,7 +272,7 @@ def ensure_hta() -> bool:
 
 # ---- report ------------------------------------------------------------------------------------
 
-SIZES_ARG = "100,1000"  # what --sizes was, for the command line in the report
+COMMAND = ".venv/bin/python bench/bench_traces.py"  # the command line, for the report
 
 
 def _fmt(res: dict | None, key: str, unit: str) -> str:
@@ -256,12 +292,12 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
              "and imports excluded); peak RSS is the process's high-water mark or, when larger, "
              "the peak of the summed RSS of it and its worker processes sampled every 20 ms "
              "(shared pages counted once per process, so this overstates).", "",
-             f"Command: `.venv/bin/python bench/bench_traces.py --sizes {SIZES_ARG} --runs {runs} "
-             "--write-doc`", "",
+             f"Command: `{COMMAND}`", "",
              "| trace | size | events | " +
              " | ".join(f"{t} wall | {t} CPU | {t} RSS" for t in tools) +
-             " | HTA / TorchScope wall | HTA / TorchScope RSS | json.load / TorchScope wall |",
-             "|---" * (3 + 3 * len(tools) + 3) + "|"]
+             " | HTA / TorchScope wall | HTA / TorchScope RSS | json.load / TorchScope wall |"
+             " orjson / job wall | orjson / job CPU |",
+             "|---" * (3 + 3 * len(tools) + 5) + "|"]
     loads = [res["load"] for r in results.values() for res in r.values() if "load" in res]
     if loads:
         lines[2] += (f" Load average (1 min) when the runs started: {min(loads):.1f} to "
@@ -277,15 +313,16 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
             row += [_fmt(r.get(t), "seconds", "s"), _fmt(r.get(t), "cpu_seconds", "s"),
                     _fmt(r.get(t), "peak_rss_mb", "MB")]
 
-        def ratio(tool, key):
-            a, b = r.get(tool), ours
+        def ratio(tool, key, base="torchscope"):
+            a, b = r.get(tool), r.get(base) or {}
             if a and "error" in a and b and "error" not in b:
                 m = re.search(r"timed out after (\d+) s", a["error"])
                 return f"> {float(m.group(1)) / b[key]:.0f}x" if m and key == "seconds" else "-"
             if not a or "error" in a or not b or "error" in b:
                 return "-"
             return f"{a[key] / b[key]:.1f}x"
-        row += [ratio("hta", "seconds"), ratio("hta", "peak_rss_mb"), ratio("json", "seconds")]
+        row += [ratio("hta", "seconds"), ratio("hta", "peak_rss_mb"), ratio("json", "seconds"),
+                ratio("orjson", "seconds", "job"), ratio("orjson", "cpu_seconds", "job")]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["",
               "The ~100 MB trace is a real torch.profiler capture (150 training steps of a "
@@ -295,7 +332,11 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
               "The .gz files are the same traces gzipped (level 1). "
               "HTA is HolisticTraceAnalysis 0.5.0 in its own venv (bench/.venv-hta, default "
               "JSON backend, no ijson); json/orjson parse the whole document (dicts only, no "
-              "columns).", "",
+              "columns). \"job\" is the whole `trace analyze` job, the analysis' own function "
+              "(diagnostics.analyses.trace.job.analyze: ingest, summary, temporal breakdown, top "
+              "operators, idle time, launches, the timeline and the kept columns) on an empty trace "
+              "cache, so it includes writing the cache entry; the runner's worker start and the "
+              "report are not in it.", "",
               "How TorchScope gets there (diagnostics/trace/ingest.py, _chunks.py): the file is "
               "read in 16 MB blocks (gunzipped by ISA-L in a background thread), each block is "
               "cut at its last event boundary and decoded in one msgspec call into structs that "
@@ -306,9 +347,47 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
     return "\n".join(lines)
 
 
-def write_doc(section: str) -> None:
+def reopen_report(files: dict, results: dict, runs: int) -> str:
+    """The "## Trace reopen" section: the job on a cold cache, then again on the cache it left."""
+    lines = [REOPEN_SECTION, "",
+             f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} cores; best of "
+             f"{runs} run(s), each in a fresh process, the reopen runs after the first open in the same "
+             "benchmark run. \"Job\" is the whole `trace analyze` job (the analysis' function, as in the "
+             "ingest table); \"open\" is the part of it that reads the trace (parse and write the cache "
+             "entry on the first open; read the entry back on a reopen), as the job reports it "
+             "(result key trace_cache).", "",
+             f"Command: `{COMMAND}`", ""]
+    loads = [res["load"] for r in results.values() for k, res in r.items() if k.startswith("job") and "load" in res]
+    if loads:
+        lines[2] += (f" Load average (1 min) when the runs started: {min(loads):.1f} to {max(loads):.1f} "
+                     "(on 2 cores: wall times are inflated, CPU seconds are the steadier figure).")
+    lines += ["| trace | size | first open: job wall | job CPU | job RSS | open | reopen: job wall | job CPU "
+              "| job RSS | open | reopen hit | job first / reopen wall | open first / reopen |",
+              "|---" * 13 + "|"]
+    for label, path in files.items():
+        cold, warm = results[label].get("job") or {}, results[label].get("job_reopen") or {}
+        ok = "error" not in cold and "error" not in warm and cold and warm
+
+        def ratio(key):
+            return f"{cold[key] / warm[key]:.1f}x" if ok and warm.get(key) else "-"
+        row = [label, f"{path.stat().st_size / 1e6:.0f} MB"]
+        for res in (cold, warm):
+            row += [_fmt(res, "seconds", "s"), _fmt(res, "cpu_seconds", "s"), _fmt(res, "peak_rss_mb", "MB"),
+                    f"{res['open_s']:.2f} s" if res and "open_s" in res else "-"]
+        row += [str(warm.get("hit", "-")).lower(), ratio("seconds"), ratio("open_s")]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "The cache (diagnostics/trace/cache.py) keeps the parsed columns as Arrow/Feather (no "
+              "compression: read back at disk or page-cache speed) and the rest of the Trace as JSON in "
+              "<data folder>/trace_cache, one folder per (resolved path, size, mtime in ns, ingest options, "
+              "format version); a reopen of an unchanged file reads that folder instead of the JSON. What "
+              "stays is the analyses themselves (summary, breakdown, tables, timeline), which the cache does "
+              "not shorten.", ""]
+    return "\n".join(lines)
+
+
+def write_doc(section: str, title: str = SECTION) -> None:
     text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^{re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text)
     else:
@@ -323,6 +402,10 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-hta", action="store_true", help="do not install or run HTA")
     ap.add_argument("--tools", default="torchscope,json,orjson,hta")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    ap.add_argument("--reopen", action="store_true",
+                    help="also time the trace analyze job's reopen on the cache its first open left "
+                         "(adds the tool 'job' when missing)")
+    ap.add_argument("--data", default=None, help="folder for the generated traces (default bench/.data)")
     ap.add_argument("--write-doc", action="store_true", help="update docs/BENCHMARKS.md")
     ap.add_argument("--measure", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -335,8 +418,12 @@ def main(argv=None) -> int:
     if "hta" in tools and not ensure_hta():
         print("HTA could not be installed; leaving it out", flush=True)
         tools.remove("hta")
-    global SIZES_ARG
-    SIZES_ARG = args.sizes
+    global COMMAND, DATA
+    COMMAND = ".venv/bin/python bench/bench_traces.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.data:
+        DATA = Path(args.data).resolve()
+    if args.reopen and "job" not in tools:
+        tools.append("job")
     files = generate([int(s) for s in args.sizes.split(",")])
     results: dict = {}
     for label, path in files.items():
@@ -346,12 +433,21 @@ def main(argv=None) -> int:
             res = _run_tool(tool, path, runs, args.timeout)
             results[label][tool] = res
             print(f"{label:12s} {tool:10s} {json.dumps(res)}", flush=True)
+            if tool == "job" and args.reopen:  # now, while the cache the cold run left is there
+                res = _run_tool("job", path, args.runs, args.timeout, cold=False)
+                results[label]["job_reopen"] = res
+                print(f"{label:12s} {'reopen':10s} {json.dumps(res)}", flush=True)
     section = report(files, results, tools, args.runs)
     print("\n" + section)
+    if args.reopen:
+        reopen = reopen_report(files, results, args.runs)
+        print("\n" + reopen)
     (DATA / "results.json").write_text(json.dumps(
         {k: v for k, v in results.items()}, indent=1))
     if args.write_doc:
         write_doc(section)
+        if args.reopen:
+            write_doc(reopen, REOPEN_SECTION)
     return 0
 
 

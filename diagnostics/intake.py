@@ -28,17 +28,13 @@ from torch import nn
 
 from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError, clean_message, explain
 from diagnostics.graph_ops import check_exported, check_torchscript
+from diagnostics.inputs import Inputs, from_example, make_inputs, spec_of, specs_of, with_batch
+from diagnostics.inputs import describe as describe_inputs
+from diagnostics.inputs import with_names
 from diagnostics.sandbox import graph_code_refusal
 from diagnostics.settings import SAFE_MODE_ENV, safe_mode  # noqa: F401 (re-exported)
 from diagnostics.spec import InputSpec, ModelSpec
 from diagnostics.uploads import WEIGHTS_NAMES, archive_kind
-
-
-_DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
-}
-_DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
 
 
 @dataclass
@@ -47,8 +43,8 @@ class LoadedModel:
 
     spec: ModelSpec
     model: nn.Module
-    input_specs: tuple[InputSpec, ...]
-    inputs: tuple[torch.Tensor, ...]
+    input_specs: tuple[InputSpec, ...]  # positional inputs first, then keyword ones (name set)
+    inputs: Inputs  # a plain tuple is taken as positional inputs (or named as in input_specs)
     loss_fn: Callable[[object], torch.Tensor]
     loss_name: str
     task: str = "unknown"
@@ -58,6 +54,9 @@ class LoadedModel:
     #: driven by the loss (gradient flow) say so and mark their verdicts low-confidence.
     loss_stand_in: bool = False
 
+    def __post_init__(self):
+        self.inputs = with_names(self.inputs, self.input_specs)
+
     @property
     def device(self) -> torch.device:
         return torch.device(self.spec.device)
@@ -66,19 +65,26 @@ class LoadedModel:
     def batch_size(self) -> int:
         return self.input_specs[0].shape[0] if self.input_specs and self.input_specs[0].shape else 1
 
-    def make_inputs(self, batch_size: int | None = None, seed: int | None = None) -> tuple[torch.Tensor, ...]:
-        specs = self.input_specs if batch_size is None else tuple(s.with_batch(batch_size) for s in self.input_specs)
+    def make_inputs(self, batch_size: int | None = None, seed: int | None = None) -> Inputs:
+        """Fresh random inputs like the declared ones; ``batch_size`` scales every input's first dimension."""
+        specs = self.input_specs if batch_size is None else with_batch(self.input_specs, batch_size)
         return make_inputs(specs, self.spec.device, self.spec.seed if seed is None else seed)
 
-    def forward(self, inputs: tuple[torch.Tensor, ...] | None = None):
+    def call(self, model: nn.Module, inputs=None):
+        """``model`` (the loaded one, or a candidate built from it) called with ``inputs`` (default: the
+        loaded inputs), keyword inputs by name."""
+        inputs = self.inputs if inputs is None else with_names(inputs, self.input_specs)
+        return inputs.call(model)
+
+    def forward(self, inputs=None):
         """Run the model once, turning its exception into a ModelRunError that carries it."""
-        inputs = self.inputs if inputs is None else inputs
+        inputs = self.inputs if inputs is None else with_names(inputs, self.input_specs)
         try:
-            return self.model(*inputs)
+            return inputs.call(self.model)
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # the user's model: any exception is possible
-            shapes = ", ".join(f"{list(t.shape)} {_DTYPE_NAMES.get(t.dtype, t.dtype)}" for t in inputs)
+            shapes = describe_inputs(inputs)
             hint = ""
             if self.spec.source == "export" and "Guard failed" in str(e):
                 hint = (" (this .pt2 was exported for fixed input shapes: keep the declared ones, or export "
@@ -86,27 +92,8 @@ class LoadedModel:
             raise ModelRunError(f"the model rejected its inputs ({shapes}): {type(e).__name__}: {e}{hint}") from e
 
 
-def make_inputs(specs: tuple[InputSpec, ...], device: str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """Deterministic random tensors for the given input specs."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for s in specs:
-        dt = _DTYPES[s.dtype]
-        if dt.is_floating_point:
-            t = torch.randn(s.shape, generator=g).to(dt)
-        elif dt == torch.bool:
-            t = torch.randint(0, 2, s.shape, generator=g).bool()
-        else:
-            t = torch.randint(0, s.high or 2, s.shape, generator=g).to(dt)
-        out.append(t.to(device))
-    return tuple(out)
-
-
-def input_spec_of(t: torch.Tensor) -> InputSpec:
-    if t.dtype not in _DTYPE_NAMES:
-        raise SpecError(f"example input of dtype {t.dtype} is not supported")
-    high = int(t.max().item()) + 1 if (not t.dtype.is_floating_point and t.dtype != torch.bool and t.numel()) else None
-    return InputSpec(tuple(t.shape), _DTYPE_NAMES[t.dtype], high)
+def input_spec_of(t: torch.Tensor, name: str | None = None) -> InputSpec:
+    return spec_of(t, name)
 
 
 def default_loss(output) -> torch.Tensor:
@@ -279,8 +266,8 @@ def _load_export(path: Path, name: str):
     ex = getattr(ep, "example_inputs", None)
     if ex is not None:
         args, kwargs = ex
-        if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
-            example = tuple(args)
+        if all(isinstance(a, torch.Tensor) for a in list(args) + list((kwargs or {}).values())):
+            example = Inputs(tuple(args), kwargs or {})
     return module, example
 
 
@@ -328,7 +315,8 @@ def _load_python(path: Path, name: str):
     module = import_user_file(path, "Python-file models", name=name)
     if not callable(getattr(module, "build_model", None)):
         raise ModelLoadError(f"{name} defines no build_model() function; it must define "
-                             "build_model() -> nn.Module and example_inputs() -> tuple of tensors")
+                             "build_model() -> nn.Module and example_inputs() -> a tuple of tensors, a dict of "
+                             "keyword inputs or an (args, kwargs) pair")
     try:
         model = module.build_model()
     except Exception as e:
@@ -341,11 +329,10 @@ def _load_python(path: Path, name: str):
             example = module.example_inputs()
         except Exception as e:
             raise ModelLoadError(f"example_inputs() in {name} raised: {type(e).__name__}: {e}") from e
-        if isinstance(example, torch.Tensor):
-            example = (example,)
-        if not isinstance(example, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in example):
-            raise ModelLoadError(f"example_inputs() in {name} must return a tensor or a tuple of tensors")
-        example = tuple(example)
+        try:
+            example = from_example(example, f"example_inputs() in {name}")
+        except SpecError as e:
+            raise ModelLoadError(str(e)) from None
     loss_fn = getattr(module, "loss_fn", None)
     return model, example, loss_fn if callable(loss_fn) else None
 
@@ -421,7 +408,7 @@ def apply_weights(model: nn.Module, state: dict[str, torch.Tensor], name: str = 
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Build the model and inputs that ``spec`` describes, on ``spec.device``."""
     torch.manual_seed(spec.seed)
-    example: tuple[torch.Tensor, ...] | None = None
+    example: Inputs | None = None
     declared: tuple[InputSpec, ...] | None = None
     notes: list[str] = []
     loss_fn, loss_name, task, num_classes = None, "mean square of the output (no loss declared)", "unknown", None
@@ -465,11 +452,11 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     elif declared is not None:
         specs = declared
     elif example is not None:
-        specs = tuple(input_spec_of(t) for t in example)
+        specs = specs_of(example)
     else:
         raise SpecError(f"{spec.name} declares no example inputs: enter the input shapes in the sidebar")
     if spec.batch_size is not None:
-        specs = tuple(s.with_batch(spec.batch_size) for s in specs)
+        specs = with_batch(specs, spec.batch_size)
 
     device = torch.device(spec.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -478,8 +465,8 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         model = model.to(device)
     except Exception as e:
         raise ModelLoadError(f"could not move the model to {spec.device}: {e}") from e
-    if example is not None and spec.inputs is None and specs == tuple(input_spec_of(t) for t in example):
-        inputs = tuple(t.to(device) for t in example)  # the user's own values, e.g. valid token ids
+    if example is not None and spec.inputs is None and specs == specs_of(example):
+        inputs = example.map(lambda t: t.to(device))  # the user's own values, e.g. valid token ids
     else:
         inputs = make_inputs(specs, spec.device, spec.seed)
     return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=inputs,

@@ -23,6 +23,10 @@ from diagnostics.units import format_value
 NOISE_Z = 2.0
 #: standard error of a median of n normal samples is about this times sigma / sqrt(n)
 MEDIAN_SE_FACTOR = 1.2533
+#: the same factor for each latency statistic a profile reports (normal samples): a quantile q has
+#: sqrt(q (1 - q)) / phi(z_q), the standard deviation 1 / sqrt(2)
+SE_FACTORS = {"latency_median_ms": MEDIAN_SE_FACTOR, "latency_p90_ms": 1.7094, "latency_p99_ms": 3.7328,
+              "latency_std_ms": 0.7071}
 #: relative changes smaller than this are "same" for exact counts (parameters, FLOPs, bytes)
 SAME_REL = 1e-9
 #: files a run keeps that the trace explorer can diff
@@ -47,18 +51,21 @@ def _number(v) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def timing_noise(rec_a: RunRecord, rec_b: RunRecord) -> float | None:
-    """The band (ms) within which two profile runs' median latencies cannot be told apart.
+def timing_noise(rec_a: RunRecord, rec_b: RunRecord, key: str = "latency_median_ms") -> float | None:
+    """The band (ms) within which two profile runs' latency statistic ``key`` cannot be told apart.
 
-    NOISE_Z standard errors of the difference of two medians, each MEDIAN_SE_FACTOR * std / sqrt(n)
-    with std the run's latency std and n its timed iterations; None when a run lacks either."""
+    NOISE_Z standard errors of the difference of the two runs' statistics, each SE_FACTORS[key] * std /
+    sqrt(n) with std the run's latency std and n its timed iterations; None when a run lacks either."""
+    factor = SE_FACTORS.get(key)
+    if factor is None:
+        return None
     parts = []
     for rec in (rec_a, rec_b):
         std = _number((rec.metrics or {}).get("latency_std_ms"))
         n = (rec.options or {}).get("latency_iters")
         if std is None or not isinstance(n, int) or n < 1:
             return None
-        parts.append((MEDIAN_SE_FACTOR * std) ** 2 / n)
+        parts.append((factor * std) ** 2 / n)
     return NOISE_Z * math.sqrt(sum(parts))
 
 
@@ -67,7 +74,7 @@ def _verdict(m: Metric, a, b, noise_ms: float | None) -> str:
     if x is None or y is None:
         return "n/a" if a is None or b is None or a == b else ("same" if a == b else "changed")
     delta = y - x
-    if m.unit in ("ms", "us", "s") and noise_ms is not None and m.key.startswith("latency_"):
+    if m.unit in ("ms", "us", "s") and noise_ms is not None:
         scale = {"ms": 1.0, "us": 1e3, "s": 1e-3}[m.unit]
         if abs(delta) <= noise_ms * scale:
             return "within noise"
@@ -112,7 +119,8 @@ def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> dict:
         raise CompareError(f"run A is a {rec_a.analysis!r} run and run B a {rec_b.analysis!r} run: "
                            "compare two runs of the same analysis")
     analysis = get_analysis(rec_a.analysis)
-    noise = timing_noise(rec_a, rec_b) if rec_a.analysis == "profile" else None
+    profile = rec_a.analysis == "profile"
+    noise = timing_noise(rec_a, rec_b) if profile else None
     ma, mb = rec_a.metrics or {}, rec_b.metrics or {}
     rows = []
     for m in analysis.metrics:
@@ -126,7 +134,7 @@ def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> dict:
             "key": m.key, "label": m.label, "unit": m.unit, "better": m.better or None, "a": a, "b": b,
             "a_text": format_value(a, m.unit), "b_text": format_value(b, m.unit), "delta": delta,
             "ratio": ratio, "change_pct": None if ratio is None else 100.0 * (ratio - 1.0),
-            "verdict": _verdict(m, a, b, noise),
+            "verdict": _verdict(m, a, b, timing_noise(rec_a, rec_b, m.key) if profile else None),
         })
     disturbed = {name: bool(((rec.result or {}).get("disturbance") or {}).get("disturbed"))
                  for rec, name in ((rec_a, "a"), (rec_b, "b"))}
@@ -134,8 +142,9 @@ def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> dict:
              "state too. For a timing verdict with an interval, try the change in Optimize (interleaved, "
              "with an A/A control)."]
     if noise is not None:
-        notes.append(f"Latency differences within ±{noise:.3g} ms ({NOISE_Z:g} standard errors of the "
-                     "difference of the two medians, from each run's std and timed iterations) are within noise.")
+        notes.append(f"Latency differences within ±{noise:.3g} ms for the median ({NOISE_Z:g} standard errors of "
+                     "the difference of the two medians, from each run's std and timed iterations; wider for p90, "
+                     "p99 and the std, whose estimates scatter more) are within noise.")
     for name, busy in disturbed.items():
         if busy:
             notes.append(f"Run {name.upper()} was timed on a busy machine (its disturbance report says so): "

@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from diagnostics.errors import TorchScopeError, TrustError
-from diagnostics.settings import safe_mode
+from diagnostics.settings import safe_mode, trace_cache_dir
 
 SANDBOX_ENV = "TORCHSCOPE_SANDBOX"
 #: Landlock ABI needed to confine at all: 3 (Linux 6.2) is the first that can refuse truncate(2),
@@ -88,6 +88,8 @@ INFO_DIRS = ("/proc", "/sys")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 #: Device files of GPUs (CUDA, ROCm): read, write and ioctl, when present.
 GPU_DEVICE_GLOBS = ("nvidia*", "nvidia-caps", "dri", "kfd")
+#: Analyses that read trace files only (no user code) and may write the parsed-trace cache.
+TRACE_CACHE_ANALYSES = ("trace", "trace_diff")
 #: Job options that name files or folders the job reads.
 INPUT_OPTIONS = ("path", "before", "after", "trace_dir", "columns_dir", "dataset_path")
 #: Options whose value is a list of files or folders the job reads (the trace explorer's ranks).
@@ -317,6 +319,16 @@ def _is_store_file(path: Path, hidden: list[Path]) -> bool:
     return rp.name.startswith("runs.sqlite") and rp.parent in hidden
 
 
+def _trace_cache_folder() -> Path:
+    """The parsed-trace cache, created so that it can be granted (a rule needs an existing path)."""
+    folder = trace_cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # not granted then; the job opens its traces without the cache
+    return folder
+
+
 def needs_network(job) -> bool:
     """A distributed job's ranks talk over TCP (torchrun's rendezvous, gloo/NCCL)."""
     return job.analysis == "distributed"
@@ -343,6 +355,8 @@ def policy_for(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = ()
     for pattern in GPU_DEVICE_GLOBS:
         policy.devices += sorted(Path("/dev").glob(pattern))
     policy.write += [Path(artifact_dir), Path(tmp_dir), Path("/dev/shm")]
+    if job.analysis in TRACE_CACHE_ANALYSES:  # the parsed-trace cache in the data folder (no user code runs)
+        policy.write.append(_trace_cache_folder())
     policy.inputs += reads  # granted one by one, even inside the data folder (its upload, a trace there)
     return policy
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from diagnostics.errors import TorchScopeError
 
 SAFE_MODE_ENV = "TORCHSCOPE_SAFE_MODE"
+#: The folder in the data folder where parsed traces are kept for instant reopening (diagnostics.trace.cache).
+TRACE_CACHE_DIR = "trace_cache"
 
 
 def safe_mode() -> bool:
@@ -28,6 +30,13 @@ def env_number(name: str, default: float | None) -> float | None:
     if not value > 0:
         raise TorchScopeError(f"the environment variable {name}={raw!r} must be above 0")
     return value
+
+
+def trace_cache_dir() -> Path:
+    """Where trace jobs keep parsed traces: <data folder>/trace_cache ($TORCHSCOPE_DATA_DIR or ~/.torchscope)."""
+    from diagnostics.store import default_data_dir
+
+    return default_data_dir() / TRACE_CACHE_DIR
 
 
 def check_server_path(path: str | Path, what: str = "file") -> Path:

@@ -25,16 +25,23 @@ MAX_INPUT_ELEMENTS = 2**31 - 1
 DEFAULT_INT_HIGH = 1000
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 @dataclass(frozen=True)
 class InputSpec:
-    """One positional input: its full shape (batch first), dtype and, for integers, the range."""
+    """One input: its full shape (batch first), dtype, for integers the range, and for a keyword input
+    its name (``model(..., name=tensor)``); ``name`` None is a positional input."""
 
     shape: tuple[int, ...]
     dtype: str = "float32"
     high: int | None = None  # exclusive upper bound for integer inputs (e.g. vocabulary size)
+    name: str | None = None  # keyword inputs only
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.name is not None and not (isinstance(self.name, str) and _NAME.fullmatch(self.name)):
+            raise SpecError(f"input name {self.name!r} is not a Python identifier (a keyword argument of forward())")
         if self.dtype not in DTYPES:
             raise SpecError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if any(s <= 0 for s in self.shape):
@@ -49,6 +56,29 @@ class InputSpec:
         if not self.shape:
             return self
         return replace(self, shape=(int(batch_size),) + self.shape[1:])
+
+    def to_dict(self) -> dict:
+        d = {"shape": list(self.shape), "dtype": self.dtype, "high": self.high}
+        if self.name is not None:  # positional inputs serialise as before: their cache keys stay
+            d["name"] = self.name
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "InputSpec":
+        return cls(tuple(d["shape"]), d.get("dtype", "float32"), d.get("high"), d.get("name"))
+
+
+def check_input_order(specs) -> None:
+    """Positional inputs first, then keyword inputs, each name once: SpecError naming the problem."""
+    seen: set[str] = set()
+    for n, s in enumerate(specs):
+        if s.name is None and seen:
+            raise SpecError(f"positional input {n + 1} comes after keyword input(s) "
+                            f"{', '.join(sorted(seen))}: give positional inputs first")
+        if s.name is not None:
+            if s.name in seen:
+                raise SpecError(f"keyword input {s.name!r} is given twice")
+            seen.add(s.name)
 
 
 @dataclass(frozen=True)
@@ -80,15 +110,14 @@ class ModelSpec:
             object.__setattr__(
                 self,
                 "inputs",
-                tuple(i if isinstance(i, InputSpec) else InputSpec(**i) for i in self.inputs),
+                tuple(i if isinstance(i, InputSpec) else InputSpec.from_dict(i) for i in self.inputs),
             )
+            check_input_order(self.inputs)
 
     # -- serialization -------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["inputs"] = None if self.inputs is None else [
-            {"shape": list(i.shape), "dtype": i.dtype, "high": i.high} for i in self.inputs
-        ]
+        d["inputs"] = None if self.inputs is None else [i.to_dict() for i in self.inputs]
         d["extra"] = [list(kv) for kv in self.extra]
         return d
 
@@ -96,8 +125,7 @@ class ModelSpec:
     def from_dict(cls, d: dict) -> "ModelSpec":
         d = dict(d)
         if d.get("inputs") is not None:
-            d["inputs"] = tuple(InputSpec(tuple(i["shape"]), i.get("dtype", "float32"), i.get("high"))
-                                for i in d["inputs"])
+            d["inputs"] = tuple(InputSpec.from_dict(i) for i in d["inputs"])
         d["extra"] = tuple(tuple(kv) for kv in d.get("extra") or ())
         known = cls.__dataclass_fields__.keys()
         return cls(**{k: v for k, v in d.items() if k in known})
@@ -117,9 +145,10 @@ class ModelSpec:
 
 # ----------------------------------------------------------------------------- input grammar
 #: How an input is written, wherever it is typed (the CLI's --input, the sidebar's upload form):
-#: SHAPE[:DTYPE[:HIGH]], the shape batch first ("8,3,32,32", "8x3x32x32" or "(8, 3, 32, 32)"),
-#: HIGH the exclusive upper bound of random integers (token or class ids).
-INPUT_GRAMMAR = "SHAPE[:DTYPE[:HIGH]], e.g. 8,3,32,32 or 8,64:int64"
+#: [NAME=]SHAPE[:DTYPE[:HIGH]], the shape batch first ("8,3,32,32", "8x3x32x32" or "(8, 3, 32, 32)"),
+#: HIGH the exclusive upper bound of random integers (token or class ids), NAME a keyword input
+#: (forward(..., NAME=tensor)); positional inputs come first, in order.
+INPUT_GRAMMAR = "[NAME=]SHAPE[:DTYPE[:HIGH]], e.g. 8,3,32,32 or 8,64:int64 or input_ids=8,64:int64:32000"
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -143,7 +172,14 @@ def parse_input(text: str, default_dtype: str = "float32", default_high: int | N
 
     Errors are SpecErrors naming the part that is wrong and the whole text ("dtype 'int8' in
     '8,16:int8': ..."); callers prefix where it was typed ("bad --input ...")."""
-    parts = text.strip().split(":")
+    name = None
+    body = text.strip()
+    if "=" in body:
+        name, _, body = (p.strip() for p in body.partition("="))
+        if not _NAME.fullmatch(name):
+            raise SpecError(f"input name {name!r} in {text.strip()!r}: a keyword argument of forward() "
+                            f"(a Python identifier); write {INPUT_GRAMMAR}")
+    parts = body.split(":")
     if len(parts) > 3 or not parts[0].strip():
         raise SpecError(f"{text.strip()!r}: write {INPUT_GRAMMAR}")
     try:
@@ -162,7 +198,7 @@ def parse_input(text: str, default_dtype: str = "float32", default_high: int | N
                             "of random integer values") from None
         if high <= 0:
             raise SpecError(f"HIGH {high} in {text.strip()!r}: must be positive")
-    return InputSpec(shape, dtype, high)
+    return InputSpec(shape, dtype, high, name)
 
 
 def parse_inputs(texts, default_dtype: str = "float32", default_high: int | None = None
@@ -172,6 +208,7 @@ def parse_inputs(texts, default_dtype: str = "float32", default_high: int | None
     if isinstance(texts, str):
         texts = texts.split(";")
     specs = tuple(parse_input(t, default_dtype, default_high) for t in texts if t.strip())
+    check_input_order(specs)
     return specs or None
 
 

@@ -7,6 +7,7 @@ from diagnostics.errors import TorchScopeError
 from diagnostics.settings import safe_mode
 from diagnostics.uploads import save_upload
 from ui import views
+from ui.views import trace_hta
 from ui.jobs import get_store, run_analysis
 from ui.widgets import show_failure
 from ui.frame import require_app
@@ -58,7 +59,7 @@ with tab_open:
         except TorchScopeError as e:
             st.error(str(e))
         else:
-            options = {"path": stamp["path"], "stamp": stamp}
+            options = {"path": stamp["path"], "stamp": stamp, **trace_hta.option_inputs()}
             if display_name:
                 options["display_name"] = display_name
             outcome = run_analysis("trace", None, options, label="Opening the trace")

@@ -65,6 +65,8 @@ def _violations(prefix: str, allowed: set[str]) -> list[str]:
 
 
 BASE = {"diagnostics.errors", "diagnostics.units"}
+#: diagnostics.inputs: how a model is called with its inputs (positional and keyword), beside intake
+MEASURE_MAY_USE = BASE | {"diagnostics.trace", "diagnostics.inputs"}
 
 
 def test_the_module_list_is_read():
@@ -77,13 +79,13 @@ def test_the_trace_layer_stands_on_the_base_only():
 
 
 def test_the_measure_layer_stands_on_the_trace_layer_and_the_base_only():
-    assert _violations("diagnostics.measure", BASE | {"diagnostics.trace"}) == []
+    assert _violations("diagnostics.measure", MEASURE_MAY_USE) == []
 
 
 @pytest.mark.parametrize("analysis", sorted({unit(m) for m in MODULES if m.startswith("diagnostics.analyses.")}))
 def test_an_analysis_never_imports_another_or_anything_above_it(analysis):
     below = BASE | {"diagnostics.trace", "diagnostics.measure", "diagnostics.declare", "diagnostics.spec",
-                    "diagnostics.intake", "diagnostics.settings", "diagnostics.uploads"}
+                    "diagnostics.intake", "diagnostics.inputs", "diagnostics.settings", "diagnostics.uploads"}
     assert _violations(analysis, below) == []
 
 
@@ -139,7 +141,7 @@ def test_the_checker_sees_a_cycle_and_a_forbidden_import():
     planted["diagnostics.measure.timer"] = MODULES["diagnostics.measure.timer"] | {"diagnostics.analyses.profile.job"}
     globals()["MODULES"] = planted
     try:
-        assert _violations("diagnostics.measure", BASE | {"diagnostics.trace"}) == [
+        assert _violations("diagnostics.measure", MEASURE_MAY_USE) == [
             "diagnostics.measure.timer imports diagnostics.analyses.profile"]
         with pytest.raises(AssertionError):
             test_no_import_cycles_between_the_engines_parts()

@@ -51,6 +51,11 @@ def test_a_latency_change_inside_the_runs_spread_is_within_noise():
     assert timing_noise(a, near) == pytest.approx(band)
     assert row(compare_runs(a, near), "latency_median_ms")["verdict"] == "within noise"
     assert row(compare_runs(a, far), "latency_median_ms")["verdict"] == "worse"
+    # p99 scatters more than the median: its band is wider (3.7328 vs 1.2533 standard errors per sigma)
+    assert timing_noise(a, near, "latency_p99_ms") == pytest.approx(band * 3.7328 / MEDIAN_SE_FACTOR)
+    a99 = rec("a", metrics={"latency_p99_ms": 10.0, "latency_std_ms": 2.0})
+    b99 = rec("b", metrics={"latency_p99_ms": 10.0 + 2 * band, "latency_std_ms": 2.0})
+    assert row(compare_runs(a99, b99), "latency_p99_ms")["verdict"] == "within noise"
     # without a std the band is unknown: no "within noise", the direction decides
     bare = rec("d", metrics={"latency_median_ms": 10.5})
     assert timing_noise(a, bare) is None

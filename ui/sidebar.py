@@ -76,10 +76,11 @@ def _upload_form() -> None:
         trust = st.checkbox("I trust this file (unpickling can run any code on this server)", value=False,
                             key="sb_trust")
     shapes = st.text_input("Input shapes (needed for TorchScript)", key="sb_upload_shapes",
-                           placeholder="e.g. 8,3,32,32 ; 8,16:int64",
+                           placeholder="e.g. 8,3,32,32 ; 8,16:int64 ; input_ids=8,16:int64",
                            help="Batch first. Separate several inputs with ';'; ':dtype' after a shape gives that "
-                                "input its own dtype. Leave empty to use the model's own example inputs (.pt2, "
-                                "Python file).")
+                                "input its own dtype; NAME= before a shape makes it a keyword input "
+                                "(forward(NAME=tensor)), after the positional ones. Leave empty to use the model's "
+                                "own example inputs (.pt2, Python file).")
     c1, c2 = st.columns(2)
     dtype = c1.selectbox("Input dtype", DTYPES, key="sb_upload_dtype", help="for inputs without ':dtype'")
     high = c2.number_input("Integer values below", min_value=1, max_value=2**31 - 1, value=DEFAULT_INT_HIGH,
@@ -144,21 +145,22 @@ def _inputs_editor(base: ModelSpec, declared: tuple[InputSpec, ...]) -> ModelSpe
         for i, inp in enumerate(declared):
             c1, c2 = st.columns([3, 2])
             lead = inp.shape[:1] if batched and inp.shape else ()
-            text = c1.text_input(f"Input {i + 1} shape" + (" (after batch)" if lead else ""),
+            label = f"Keyword input {inp.name}" if inp.name else f"Input {i + 1}"
+            text = c1.text_input(f"{label} shape" + (" (after batch)" if lead else ""),
                                  ",".join(map(str, inp.shape[len(lead):])), key=f"sb_shape_{ident}_{i}")
             dt = c2.selectbox("dtype", DTYPES, index=DTYPES.index(inp.dtype), key=f"sb_dtype_{ident}_{i}")
             high = None
             if dt in INT_DTYPES:
-                high = int(st.number_input(f"Input {i + 1}: integer values below", min_value=1,
+                high = int(st.number_input(f"{label}: integer values below", min_value=1,
                                            max_value=2**31 - 1, value=int(inp.high or DEFAULT_INT_HIGH),
                                            key=f"sb_high_{ident}_{i}",
                                            help="values are drawn from [0, this): the vocabulary or class count"))
             try:
                 rest = parse_shape(text) if text.strip() else ()
                 first = (batch,) if lead else ()
-                edited.append(InputSpec(first + rest, dt, high))
+                edited.append(InputSpec(first + rest, dt, high, inp.name))
             except TorchScopeError as e:
-                st.error(f"Input {i + 1}: {e}")
+                st.error(f"{label}: {e}")
                 return None
     if tuple(edited) == tuple(declared):
         return replace(base, batch_size=None)  # unchanged: the declared inputs, with their own values
@@ -185,8 +187,7 @@ def render_sidebar() -> ModelSpec:
             info = st.session_state.get(state.MODEL_INFO)
             if info:
                 base = ModelSpec.from_dict(info["spec"])
-                declared = tuple(InputSpec(tuple(i["shape"]), i["dtype"], i.get("high"))
-                                 for i in info["result"]["inputs"])
+                declared = tuple(InputSpec.from_dict(i) for i in info["result"]["inputs"])  # keyword ones named
                 st.success(f"Loaded {base.name} ({info['result']['model_type']})")
                 for note in info["result"].get("notes") or []:
                     st.warning(note)

@@ -27,6 +27,7 @@ from pathlib import Path
 from diagnostics.cli import report_folder as cli_report
 from diagnostics.cli.model_args import UsageError, add_model_args, build_spec
 from diagnostics.cli.report_folder import add_report_args
+from diagnostics.cli.trace import add_trace_options
 from diagnostics.cli.options import add_options, collect_options, positive_int, score
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import ANALYSES
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "one run, a merged timeline).")
     ta.add_argument("path", nargs="+", help="a Chrome/Kineto trace (.json or .json.gz); several files or a folder: "
                                             "one trace per rank")
+    add_trace_options(ta)
     td = tsub.add_parser("diff", help="compare two trace files",
                          description="Compare two trace files (the 'trace_diff' analysis) and write a report folder.")
     td.add_argument("a", help="the baseline trace")

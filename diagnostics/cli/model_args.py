@@ -13,7 +13,9 @@ from pathlib import Path
 
 from diagnostics.errors import SpecError, TorchScopeError
 from diagnostics.uploads import sniff_kind
-from diagnostics.spec import DEFAULT_INT_HIGH, InputSpec, ModelSpec
+from dataclasses import replace
+
+from diagnostics.spec import DEFAULT_INT_HIGH, InputSpec, ModelSpec, check_input_order
 from diagnostics.spec import parse_input as spec_parse_input
 
 #: Extension -> model kind (".pt"/".pth" are sniffed, see infer_kind).
@@ -44,10 +46,11 @@ def add_model_args(p, *, default_model: str | None = None, per_rank: bool = Fals
     g.add_argument("--weights", metavar="PATH", help="weights to load into the model: .safetensors or a "
                                                      "state_dict .pt (read with weights_only=True)")
     g.add_argument("--trust", action="store_true", help="allow loading a pickled module (runs code from the file)")
-    g.add_argument("--input", "-i", action="append", metavar="SHAPE[:DTYPE[:HIGH]]", dest="inputs",
-                   help=f"one positional input{' per rank' if per_rank else ''}, batch first, e.g. 8,3,32,32 or "
-                        "8,64:int64 (repeat for several inputs; HIGH bounds random integers). Default: the "
-                        "model's own example inputs")
+    g.add_argument("--input", "-i", action="append", metavar="[NAME=]SHAPE[:DTYPE[:HIGH]]", dest="inputs",
+                   help=f"one input{' per rank' if per_rank else ''}, batch first, e.g. 8,3,32,32 or "
+                        "8,64:int64 (repeat for several inputs; HIGH bounds random integers); NAME= makes it a "
+                        "keyword input, forward(NAME=tensor), e.g. input_ids=2,16:int64:32000, given after the "
+                        "positional ones. Default: the model's own example inputs")
     g.add_argument("--batch-size", "-b", type=int, metavar="N",
                    help="per-rank batch size (default: the model's)" if per_rank else
                    "override the batch dimension of every input")
@@ -119,6 +122,10 @@ def build_spec(model: str, *, kind: str | None = None, weights: str | None = Non
         raise UsageError("--model is required: a sample name (e.g. resnet) or a model file")
     path = Path(model).expanduser()
     parsed = tuple(parse_input(t) for t in inputs or [])
+    try:
+        check_input_order(parsed)
+    except SpecError as e:
+        raise UsageError(f"bad --input: {e}") from None
     if batch_size is not None and batch_size <= 0:
         raise UsageError(f"bad --batch-size {batch_size}: must be a positive integer")
     weights_path = None
@@ -135,7 +142,7 @@ def build_spec(model: str, *, kind: str | None = None, weights: str | None = Non
                 raise UsageError(f"unknown --kind {kind!r}: one of {', '.join(KINDS)}")
             digest = file_digest(path) + (file_digest(weights_path)[:16] if weights_path else "")
             specs = tuple(i if i.high is not None or i.dtype not in ("int64", "int32")
-                          else InputSpec(i.shape, i.dtype, DEFAULT_INT_HIGH) for i in parsed) or None
+                          else replace(i, high=DEFAULT_INT_HIGH) for i in parsed) or None
             return ModelSpec(source=kind, name=path.name[:80], path=str(path.resolve()),
                              weights_path=str(weights_path.resolve()) if weights_path else None,
                              file_sha256=digest, trust_pickle=trust, inputs=specs, batch_size=batch_size,
@@ -151,8 +158,8 @@ def build_spec(model: str, *, kind: str | None = None, weights: str | None = Non
             declared = _sample_inputs(model) or ()
             specs = tuple(
                 i if i.high is not None or i.dtype not in ("int64", "int32")
-                else InputSpec(i.shape, i.dtype, declared[n].high if n < len(declared) and declared[n].high
-                               else DEFAULT_INT_HIGH)
+                else replace(i, high=declared[n].high if n < len(declared) and declared[n].high
+                             else DEFAULT_INT_HIGH)
                 for n, i in enumerate(parsed))
         return ModelSpec(source="sample", name=model, weights_path=str(weights_path.resolve()) if weights_path
                          else None, file_sha256=file_digest(weights_path)[:16] if weights_path else None,

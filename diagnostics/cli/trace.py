@@ -4,20 +4,29 @@ The CLI runs them like every other command (diagnostics.cli.main.run_job_command
 run store with source "cli", progress, the report folder); this module says what to run for the
 parsed arguments and how to show the result. ``--json``, result.json and the report hold the
 analysis' own result (``summary``, ``temporal_breakdown``, ``top_operators``, ``idle_time``,
-``launch_stats``, ``timeline``, ``metrics`` for "trace", and ``ranks`` when several rank traces are given; ``before``, ``after``, ``diff``,
-``metrics`` for "trace_diff"), less where the worker kept its parsed columns.
+``launch_stats``, ``timeline``, ``trace_cache``, ``metrics`` for "trace", and ``ranks`` when several rank
+traces are given; ``before``, ``after``, ``diff``, ``trace_cache``, ``metrics`` for "trace_diff"), less where
+the worker kept its parsed columns.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from diagnostics.analyses.trace import TOP_N
+from diagnostics.analyses.trace import HTA_OPTIONS, TOP_N
+from diagnostics.cli.options import add_option, dest
 
 #: Rows shown in the text output when --top is not given.
 DEFAULT_TOP = {"analyze": 10, "diff": 15}
 #: Where the worker keeps the parsed columns for the dashboard's timeline re-draw: of no use in a report.
 NOT_SHOWN = ("columns_dir",)
+
+
+def add_trace_options(parser) -> None:
+    """The flags of ``trace analyze`` that the trace analysis declares (its HTA-parity options)."""
+    group = parser.add_argument_group("analysis definitions (Holistic Trace Analysis parity)")
+    for o in HTA_OPTIONS:
+        add_option(group, o)
 
 
 def trace_job(args) -> tuple[str, dict]:
@@ -39,6 +48,7 @@ def trace_job(args) -> tuple[str, dict]:
             options["ranks_stamps"] = [file_stamp(str(f)) for f in files]
         if args.top is not None and args.top > TOP_N:  # the analysis keeps TOP_N rows per table unless told
             options["top"] = args.top
+        options.update({o.key: getattr(args, dest(o)) for o in HTA_OPTIONS if getattr(args, dest(o), None) is not None})
         return "trace", options
     stamps = [file_stamp(args.a), file_stamp(args.b)]
     return "trace_diff", {"before": stamps[0]["path"], "after": stamps[1]["path"], "stamps": stamps}

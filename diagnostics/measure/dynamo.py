@@ -17,6 +17,8 @@ from contextlib import contextmanager
 
 import torch
 
+from diagnostics.inputs import call as call_model
+
 #: Common causes of a break (matched on Dynamo's reason, lower-cased) -> what to write instead.
 SUGGESTIONS = (
     (("tensor.item()", "item()", "_local_scalar_dense", "data-dependent", "data dependent"),
@@ -87,7 +89,7 @@ def explain(model, inputs: tuple) -> dict:
     import torch._dynamo
 
     torch._dynamo.reset()
-    out = torch._dynamo.explain(model)(*inputs)
+    out = call_model(torch._dynamo.explain(model), inputs)
     breaks: dict[tuple, dict] = {}
     for br in out.break_reasons:
         reason = str(br.reason).strip()

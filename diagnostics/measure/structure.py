@@ -17,6 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from diagnostics.inputs import call as call_model
 from diagnostics.measure.gradflow import relu_units_alive
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -257,7 +258,7 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
     with _trace_hooks(model, order, pairs, relu_stats, hidden, redundant):
         model.eval()
         with torch.no_grad():
-            model(*inputs)
+            call_model(model, inputs)
     names = {n: m for n, m in model.named_modules()}
     executed = [o for o in order]
     last = executed[-1]["name"] if executed else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from diagnostics.render.charts.trace_hta import hta_text
 from diagnostics.units import format_value
 
 
@@ -108,6 +109,7 @@ def format_analysis(result: dict, top: int) -> str:
                 _table(rows, [("kernel", "name", str), ("kind", "kind", str),
                               ("calls", "calls", str), ("total", "total_us", _ms),
                               ("%", "pct", "{:.1f}".format)])]
+    out += hta_text(result, top, _table, _clip, _ms)   # the HTA-parity analyses (render.charts.trace_hta)
     if result.get("ranks"):
         out += ["", format_ranks(result["ranks"])]
     return "\n".join(out)

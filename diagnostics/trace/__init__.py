@@ -7,7 +7,9 @@
     timeline.py   timeline_data(trace, t0, t1): the one timeline
     profiler_views.py  the profiler page's steps, device split, modules, kernels
     comm.py       one rank's computation / communication split and collectives
+    hta_parity.py kernel sequences, launch queue, copy bandwidth, GPU annotations, launch delay, overlap
     diff.py       diff_traces(before, after)
+    cache.py      cached_load(path, root): parsed traces kept on disk, so an unchanged file reopens fast
 The profiler page, the trace explorer, the distributed analysis and the checklist all read traces
 through this layer. Views return plain JSON-able data (records); TraceError says why a file is
 unusable.

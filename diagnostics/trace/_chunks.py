@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from diagnostics.trace.classify import GPU_CATS, KERNEL_CATS
+from diagnostics.trace.classify import GPU_CATS, KERNEL_CATS, MEMCPY_CATS, MEMSET_CATS
 
 MAX_EVENT_BYTES = 64 << 20      # one event larger than this is treated as corrupt and skipped
 # A carry that starts with SKIPPING is inside an event too large to keep: the bytes up to the next
@@ -48,6 +48,8 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     device: int = -1
     stream: int = -1
     nbytes: int = msgspec.field(name="Bytes", default=0)
+    # A memcpy's / memset's size ("bytes", lower case, as Kineto writes it): -1 when not recorded.
+    copy_bytes: int = msgspec.field(name="bytes", default=-1)
     total_allocated: int = msgspec.field(name="Total Allocated", default=-1)
     device_type: int = msgspec.field(name="Device Type", default=-1)
     device_id: int = msgspec.field(name="Device Id", default=-1)
@@ -230,6 +232,9 @@ class Columns:
         nbytes = np.zeros(k, np.int64)
         total = np.full(k, -1, np.int64)
         dev_type = np.full(k, -1, np.int8)
+        copy_rows = self._rows(cat, self.cat, MEMCPY_CATS | MEMSET_CATS)
+        if copy_rows.size:  # a copy's size: -1 when the trace does not record it (older Kineto)
+            nbytes[copy_rows] = [args[i].copy_bytes for i in copy_rows.tolist()]
         if mem_rows.size:
             sub = [args[i] for i in mem_rows.tolist()]
             nbytes[mem_rows] = list(map(attrgetter("nbytes"), sub))
@@ -344,7 +349,7 @@ def _lenient_event(raw: bytes) -> _Event | None:
     args = _Args(
         external_id=integer(a.get("External id")), correlation=integer(a.get("correlation")),
         device=integer(a.get("device")), stream=integer(a.get("stream")),
-        nbytes=integer(a.get("Bytes"), 0), total_allocated=integer(a.get("Total Allocated")),
+        nbytes=integer(a.get("Bytes"), 0), copy_bytes=integer(a.get("bytes")), total_allocated=integer(a.get("Total Allocated")),
         device_type=integer(a.get("Device Type")), device_id=integer(a.get("Device Id")),
         label=label if isinstance(label, str) else "",
         seq=integer(a.get("Sequence number")), fwd_tid=integer(a.get("Fwd thread id")),

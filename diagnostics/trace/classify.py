@@ -54,6 +54,16 @@ MTIA_DMA_RE = re.compile(r"^dma", re.IGNORECASE)
 MEMCPY_CATS = frozenset({"gpu_memcpy", "memcpy"})
 #: Device memsets.
 MEMSET_CATS = frozenset({"gpu_memset", "memset"})
+#: A copy's direction in its name, as CUPTI names copies ("Memcpy HtoD (Pageable -> Device)",
+#: "Memcpy DtoH (Device -> Pinned)", "Memcpy DtoD (Device -> Device)", "Memcpy PtoP ..."; older
+#: Kineto: "Memcpy HtoD"). HtoH, AtoD... are read the same way.
+MEMCPY_DIRECTION_RE = re.compile(r"\b([HDAP]to[HDAP])\b")
+
+
+def memcpy_direction(name: str) -> str | None:
+    """"HtoD", "DtoH", "DtoD", "PtoP"... from a copy's name; None when the name does not say."""
+    m = MEMCPY_DIRECTION_RE.search(name or "")
+    return m.group(1) if m else None
 #: A host record_function range mirrored on the GPU timeline: a label, not work.
 GPU_ANNOTATION_CATS = frozenset({"gpu_user_annotation"})
 #: Work the device does (kernels, copies, sets).

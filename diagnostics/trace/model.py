@@ -17,7 +17,7 @@ from diagnostics.trace import classify
 # Columns of Trace.events, in order. Integer columns use -1 for "absent", float ones NaN.
 # ext_id, corr: "External id" and "correlation" (host op <-> runtime call <-> kernel); device,
 # stream: where GPU work ran; flow_id: flow arrows; nbytes, total_allocated, device_type: memory
-# events; seq, fwd_tid: an op's autograd "Sequence number" and, on a backward op, its "Fwd thread
+# events (nbytes is also a memcpy's / memset's "bytes", -1 there when not recorded); seq, fwd_tid: an op's autograd "Sequence number" and, on a backward op, its "Fwd thread
 # id"; grid, block ("64×1×1"), registers, occupancy (est. achieved %): a kernel's launch.
 COLUMNS = (
     "ts", "dur", "ph", "cat", "name", "pid", "tid",

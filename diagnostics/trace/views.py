@@ -454,14 +454,27 @@ def repeated_calls(trace: Trace) -> np.ndarray:
     return has & (codes[safe] == codes) & (children[safe] == 1)
 
 
-def idle_time(trace: Trace) -> dict:
+#: Rules of idle_time: ours, or HTA's get_idle_time_breakdown (strict comparisons, no launch call needed
+#: for a kernel wait). HTA_KERNEL_WAIT_US is HTA's default consecutive_kernel_delay, 30: documented as
+#: ns, but HTA 0.5.0 compares it with the trace's own timestamps, which Kineto writes in µs (checked
+#: against HTA 0.5.0: with 30 µs and these rules the three categories agree to the µs on every stream).
+IDLE_RULES = ("torchscope", "hta")
+HTA_KERNEL_WAIT_US = 30.0
+
+
+def idle_time(trace: Trace, kernel_wait_max_us: float = KERNEL_WAIT_MAX_US, rules: str = "torchscope") -> dict:
     """Idle gaps between consecutive GPU events on each stream, by cause.
 
     For a gap before event k: "host wait" when k's launch call started after the previous event
     ended (the GPU waited for the CPU); else "kernel wait" when the gap is at most
-    KERNEL_WAIT_MAX_US (launch overhead between queued work); else "other wait" (syncs, events,
+    ``kernel_wait_max_us`` (launch overhead between queued work); else "other wait" (syncs, events,
     other streams). Events with no launch call found count as "other wait".
+    ``rules="hta"``: HTA's comparisons, host wait when the call started strictly after, kernel
+    wait when the gap is strictly below the threshold, with or without a launch call found.
     """
+    if rules not in IDLE_RULES:
+        raise ValueError(f"rules must be one of {', '.join(IDLE_RULES)}, got {rules!r}")
+    hta = rules == "hta"
     g = _gpu_frame(trace)
     rows = []
     for (device, stream), sub in g.groupby(["device", "stream"]):
@@ -470,8 +483,12 @@ def idle_time(trace: Trace) -> dict:
         prev_end = np.maximum.accumulate(e)[:-1]
         gap = np.maximum(s[1:] - prev_end, 0.0)
         launch = sub["launch_start_us"].to_numpy()[1:]
-        host = np.isfinite(launch) & (launch >= prev_end)
-        kernel = ~host & np.isfinite(launch) & (gap <= KERNEL_WAIT_MAX_US)
+        if hta:
+            host = np.isfinite(launch) & (launch > prev_end)
+            kernel = ~host & (gap < kernel_wait_max_us)
+        else:
+            host = np.isfinite(launch) & (launch >= prev_end)
+            kernel = ~host & np.isfinite(launch) & (gap <= kernel_wait_max_us)
         other = ~host & ~kernel
         window = float(e.max() - s.min()) if s.size else 0.0
         rows.append({
@@ -480,7 +497,7 @@ def idle_time(trace: Trace) -> dict:
             "idle_us": float(gap.sum()), "gaps": int((gap > 0).sum()),
             "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[kernel].sum()),
             "other_wait_us": float(gap[other].sum())})
-    return {"streams": rows, "kernel_wait_max_us": KERNEL_WAIT_MAX_US}
+    return {"streams": rows, "kernel_wait_max_us": float(kernel_wait_max_us), "rules": rules}
 
 
 def launch_stats(trace: Trace, n: int) -> dict:

@@ -72,3 +72,29 @@ def test_a_bad_row_count_is_refused_before_the_trace_is_read(tmp_path):
     path.write_text("not JSON")  # reading it would fail with another message
     with pytest.raises(Exception, match=r"^option top: must be an integer from 1 to 100000, got 0$"):
         execute(Job("trace", None, {"path": str(path), "top": 0}), tmp_path)
+
+
+def test_a_second_open_of_an_unchanged_trace_reads_the_trace_cache(tmp_path, monkeypatch):
+    from diagnostics.settings import trace_cache_dir
+
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "data"))  # the worker inherits it
+    path = tmp_path / "gpu.json"
+    path.write_bytes((DATA / "gpu_small.json").read_bytes())
+    first = run_job(Job("trace", None, {"path": str(path), "top": 5}))
+    second = run_job(Job("trace", None, {"path": str(path), "top": 6}))  # another job, the same file
+    assert first.ok and second.ok, (first.error, second.error)
+    assert first.result["trace_cache"]["hit"] is False and second.result["trace_cache"]["hit"] is True
+    assert second.result["summary"] == first.result["summary"]
+    assert second.result["temporal_breakdown"] == first.result["temporal_breakdown"]
+    [entry] = list(trace_cache_dir().iterdir())  # written by the (sandboxed) worker
+    # The columns kept beside each run are the cache entry's file, linked, not written again ...
+    for out in (first, second):
+        kept = Path(out.result["columns_dir"]) / "events.feather"
+        assert kept.stat().st_ino == (entry / "events.feather").stat().st_ino
+    # ... and a timeline re-draw reads them.
+    tl = run_job(Job("trace_timeline", None, {"columns_dir": second.result["columns_dir"]}))
+    assert tl.ok, tl.error
+    assert tl.result["timeline"] == first.result["timeline"]
+    diff = run_job(Job("trace_diff", None, {"before": str(path), "after": str(DATA / "diff_after.json")}))
+    assert diff.ok, diff.error
+    assert diff.result["trace_cache"]["before"]["hit"] is True

@@ -79,3 +79,20 @@ def test_ranks_tab_missing_path_is_a_clear_error(new_app):
     at.text_area(key="trace_ranks_paths").set_value("/no/such/job/").run()
     assert not at.exception
     assert any("/no/such/job: no such file or folder" in e.value for e in at.error)
+
+
+def test_the_page_says_whether_the_trace_came_from_the_trace_cache(new_app, tmp_path):
+    from diagnostics.settings import trace_cache_dir
+    from diagnostics.trace.cache import cached_load
+
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    for p in (first, second):
+        p.write_bytes((DATA / "gpu_small.json").read_bytes())
+    assert cached_load(second, trace_cache_dir())[1] is False  # second.json parsed (and kept) before
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    at.radio(key="trace_src_a").set_value("Local path").run()
+    for path, said in ((first, "Parsed from the file in"), (second, "Reopened from the trace cache in")):
+        at.text_input(key="trace_path_a").set_value(str(path)).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert any(c.value.startswith(said) for c in at.caption), [c.value for c in at.caption]

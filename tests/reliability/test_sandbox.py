@@ -397,6 +397,21 @@ def test_the_policy_hides_the_data_folder_but_grants_the_jobs_own_files(tmp_path
     assert rules[upload.resolve()] == sandbox.READ  # the job's own upload, inside the hidden folder
 
 
+def test_trace_jobs_alone_may_write_the_trace_cache_in_the_data_folder(tmp_path, monkeypatch):
+    from diagnostics.settings import trace_cache_dir
+
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "data"))
+    art, tmp = tmp_path / "art", tmp_path / "tmp"
+    art.mkdir(), tmp.mkdir()
+    cache = trace_cache_dir().resolve()
+    for analysis in ("trace", "trace_diff"):
+        rules = dict(sandbox.policy_for(Job(analysis, None, {}), art, tmp).rules())
+        assert rules[cache] == sandbox.EVERYTHING
+        assert not any(p == cache.parent for p in rules)  # the data folder itself stays hidden
+    rules = dict(sandbox.policy_for(Job("validate", ModelSpec(name="mlp")), art, tmp).rules())
+    assert not any(p == cache or cache in p.parents for p in rules)  # user code never reaches it
+
+
 def test_the_policy_carves_the_data_folder_out_of_a_broad_root(tmp_path):
     root = tmp_path / "app"
     (root / "pkg").mkdir(parents=True)

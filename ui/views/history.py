@@ -16,7 +16,11 @@ def _delta_text(row: dict) -> str:
     if row["delta"] is None:
         return "—"
     sign = "+" if row["delta"] > 0 else "−" if row["delta"] < 0 else "±"
-    text = f"{sign}{format_value(abs(row['delta']), row['unit'])}"
+    if row["unit"] in ("percent", "fraction"):  # a change of a percentage is in percentage points
+        pp = abs(row["delta"]) * (100.0 if row["unit"] == "fraction" else 1.0)
+        text = f"{sign}{pp:.1f} pp"
+    else:
+        text = f"{sign}{format_value(abs(row['delta']), row['unit'])}"
     if row["change_pct"] is not None:
         text += f" ({row['change_pct']:+.1f} %)"
     return text

@@ -26,7 +26,7 @@ def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
 def show(result: dict) -> None:
     m = result["metrics"]
     st.caption(f"{result['model']} · {result['model_type']} · inputs "
-               + ", ".join(f"{i['shape']} {i['dtype']}" for i in result["inputs"])
+               + ", ".join(f"{i['name'] + '=' if i.get('name') else ''}{i['shape']} {i['dtype']}" for i in result["inputs"])
                + f" · output {result['output_shape']} · device {result['device']} · loss: {result['loss']}")
     metric_row([
         ("Parameters", human_count(m["params_total"]), f"{m['params_total']:,} in total; tied weights counted once"

@@ -10,6 +10,7 @@ from diagnostics.render.charts.traces import (
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
 )
 from diagnostics.units import human_bytes, human_count
+from ui.views import trace_hta
 from ui.widgets import metric_row
 from ui.views.timeline import show_timeline
 from ui.views.trace_ranks import show_ranks
@@ -57,10 +58,21 @@ def _timeline(result: dict) -> None:
                f"stands for several short events of its row merged (bucket {timeline.get('bucket_us', 0):.1f} µs).")
 
 
+def cache_caption(cache: dict | None) -> str:
+    """Where the trace was read from: the parsed-trace cache or the file (diagnostics.trace.cache)."""
+    if not cache:
+        return "Parsed from the file (this run did not record the trace cache)"
+    if cache["hit"]:
+        return f"Reopened from the trace cache in {cache['open_s']:.2f} s (the file is unchanged since it was parsed)"
+    return (f"Parsed from the file in {cache['open_s']:.2f} s; its columns are kept in the trace cache, so the "
+            "next open of the unchanged file is faster")
+
+
 def show(result: dict) -> None:
     s = result["summary"]
     st.caption(f"{result['name']} · {human_bytes(s['bytes'])} · rank {s['rank'] if s['rank'] is not None else 'n/a'}"
                f" · schema {s.get('schema_version')}")
+    st.caption(cache_caption(result.get("trace_cache")))
     metric_row([
         ("Duration", f"{s['duration_us'] / 1e3:,.2f} ms", "first event start to last event end"),
         ("Events", human_count(s["events"]), f"{s['events']:,} events parsed"),
@@ -75,11 +87,13 @@ def show(result: dict) -> None:
         st.info(n)
     has_ranks = bool(result.get("ranks"))  # several ranks' traces (ui.views.trace_ranks): their tab first
     tabs = st.tabs((["Ranks"] if has_ranks else []) +
-                   ["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"])
+                   ["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline"]
+                   + trace_hta.TABS)
     if has_ranks:
         with tabs[0]:
             show_ranks(result["ranks"])
         tabs = tabs[1:]
+    trace_hta.show_tabs(tabs[-len(trace_hta.TABS):], result)   # the HTA-parity tabs (ui.views.trace_hta)
     with tabs[0]:
         st.plotly_chart(build_category_figure(s), width="stretch")
         c1, c2 = st.columns(2)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import interleaved
 from diagnostics.measure.dynamo import explain
 from diagnostics.measure.environment import environment_facts
@@ -78,7 +79,7 @@ def compile_facts(model: nn.Module, inputs: tuple) -> dict:
 def _train_step_fn(model: nn.Module, inputs: tuple, loss_fn: Callable) -> Callable[[], None]:
     def step():
         model.zero_grad(set_to_none=True)
-        out = model(*inputs)
+        out = call_model(model, inputs)
         loss_fn(out).backward()
     return step
 
@@ -286,12 +287,12 @@ def measured_facts(loaded, model: nn.Module, *,
         def train_forward():
             model.train()
             with torch.enable_grad():
-                model(*inputs)
+                call_model(model, inputs)
 
         def inference_forward():
             model.eval()
             with torch.inference_mode():
-                model(*inputs)
+                call_model(model, inputs)
 
         c = interleaved({"train": train_forward, "inference": inference_forward}, device, rounds, WARMUP)
         inf = c["inference"]
@@ -314,7 +315,7 @@ def measured_facts(loaded, model: nn.Module, *,
             def forward(x):
                 def call():
                     with torch.inference_mode():
-                        model(*x)
+                        call_model(model, x)
                 return call
 
             c = interleaved({"single": forward(xs[0]), "double": forward(xs[1])}, device, rounds, WARMUP)

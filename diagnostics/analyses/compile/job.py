@@ -15,6 +15,7 @@ import torch._dynamo
 
 from diagnostics.analyses.compile import ANALYSIS
 from diagnostics.errors import ModelRunError, TorchScopeError
+from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import interleaved
 from diagnostics.measure.dynamo import compile_seconds, explain, watch_recompiles
 from diagnostics.measure.state import restored_state
@@ -58,7 +59,7 @@ def analyze(ctx, options: dict) -> dict:
             torch._dynamo.reset()
             try:
                 with torch.no_grad():
-                    torch.compile(model, fullgraph=True, backend="eager")(*inputs)
+                    call_model(torch.compile(model, fullgraph=True, backend="eager"), inputs)
                 fullgraph_ok = True
             except Exception as e:
                 fullgraph_ok, fullgraph_error = False, _first_line(e)
@@ -71,11 +72,11 @@ def analyze(ctx, options: dict) -> dict:
 
         def eager_call():
             with torch.no_grad():
-                return model(*inputs)
+                return call_model(model, inputs)
 
         def compiled_call():
             with torch.no_grad():
-                return compiled(*inputs)
+                return call_model(compiled, inputs)
 
         with watch_recompiles() as recompiles:
             t0 = time.perf_counter()
@@ -96,7 +97,7 @@ def analyze(ctx, options: dict) -> dict:
                 bigger = loaded.make_inputs(2 * loaded.batch_size)
                 try:
                     with torch.no_grad():
-                        compiled(*bigger)
+                        call_model(compiled, bigger)
                 except Exception as e:
                     notes.append(f"the compiled model failed at batch {2 * loaded.batch_size}: {_first_line(e)}")
 
@@ -156,7 +157,7 @@ def _train_comparison(model, loaded, o: dict, device) -> dict:
     def step(m):
         def run():
             model.zero_grad(set_to_none=True)
-            loaded.loss_fn(m(*loaded.inputs)).backward()
+            loaded.loss_fn(call_model(m, loaded.inputs)).backward()
         return run
 
     step(compiled)()  # compiles forward and backward

@@ -28,6 +28,7 @@ import traceback
 from diagnostics.measure.timer import method as timer_method, time_once
 from diagnostics.measure.training import make_optimizer
 from diagnostics.analyses.distributed.dist_job import DistJob, choose_backend, status_path, steps_path, trace_path
+from diagnostics.inputs import call as call_model
 
 #: Exit code of a rank killed on purpose by the die_rank injection.
 INJECTED_EXIT_CODE = 3
@@ -110,7 +111,7 @@ def run(job: DistJob) -> None:
                 if sleep_s:
                     with record_function("injected_straggler_sleep"):
                         time.sleep(sleep_s)
-                loss = loaded.loss_fn(ddp(*inputs))
+                loss = loaded.loss_fn(call_model(ddp, inputs))
             with record_function("backward"):
                 loss.backward()  # DDP all-reduces gradient buckets during backward
             with record_function("optimizer"):

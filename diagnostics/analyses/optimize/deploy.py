@@ -26,6 +26,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
+from diagnostics.inputs import as_inputs
+from diagnostics.inputs import call as call_model
 
 #: calibration batches besides the example inputs themselves (static_int8)
 CALIBRATION_PERTURBATIONS = 4
@@ -125,14 +127,16 @@ def export_onnx(model: nn.Module, inputs: tuple, path: Path) -> str:
     took (what the legacy TorchScript-based exporter does). ScriptModules, which torch.export does not
     take, go through the legacy exporter: their graph already holds their control flow."""
     script = isinstance(model, torch.jit.ScriptModule)
+    args, kwargs = as_inputs(inputs).args, as_inputs(inputs).kwargs  # keyword inputs by name
     big = sum(p.numel() * p.element_size() for p in model.parameters()) > ONNX_EXTERNAL_DATA_BYTES
     try:
         with _quiet():
             if script:
-                torch.onnx.export(model, inputs, str(path), dynamo=False)
+                torch.onnx.export(model, args, str(path), kwargs=kwargs or None, dynamo=False)
                 return ("torch.onnx.export(dynamo=False), the TorchScript exporter: the only one that takes a "
                         "ScriptModule")
-            torch.onnx.export(model, inputs, str(path), dynamo=True, external_data=big, verbose=False)
+            torch.onnx.export(model, args, str(path), kwargs=kwargs or None, dynamo=True, external_data=big,
+                              verbose=False)
             return ("torch.onnx.export(dynamo=True): torch.export captures the graph, onnxscript translates it"
                     + (" (weights in a side file: over protobuf's 2 GiB)" if big else ""))
     except FixNotApplicable:
@@ -146,8 +150,9 @@ def export_onnx(model: nn.Module, inputs: tuple, path: Path) -> str:
 
 
 class OnnxRuntimeModule(nn.Module):
-    """An ONNX Runtime session that is called like the model: ``forward(*inputs)`` feeds the tensor
-    inputs, as numpy arrays, by the session's input names in order and returns torch tensors on the
+    """An ONNX Runtime session that is called like the model: ``forward(*args, **kwargs)`` feeds the
+    tensor inputs (positional ones, then keyword ones, as the export flattened them), as numpy arrays,
+    by the session's input names in order and returns torch tensors on the
     inputs' device (floating ones as float32), in the model's own output structure where it matches.
 
     ``serialized()`` is the .onnx file's size (plus its weights side file, if any), ``save_to`` copies
@@ -167,8 +172,8 @@ class OnnxRuntimeModule(nn.Module):
         """The .onnx file first, then its weights side files (the export's folder holds nothing else)."""
         return [self.path] + sorted(p for p in self.path.parent.iterdir() if p != self.path and p.is_file())
 
-    def forward(self, *inputs):
-        tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    def forward(self, *inputs, **kwargs):
+        tensors = [x for x in list(inputs) + list(kwargs.values()) if isinstance(x, torch.Tensor)]
         if len(tensors) != len(self.input_names):
             raise ValueError(f"the ONNX graph takes {len(self.input_names)} inputs ({', '.join(self.input_names)}), "
                              f"got {len(tensors)} tensors")
@@ -218,7 +223,7 @@ def apply_onnxruntime(model, inputs, opts):
         path = tmp / "model.onnx"
         how = export_onnx(model, inputs, path)
         with torch.no_grad():
-            reference = model(*inputs)
+            reference = call_model(model, inputs)
         leaves, spec = pytree.tree_flatten(reference)
         spec = spec if leaves and all(isinstance(x, torch.Tensor) for x in leaves) else None
         so = ort.SessionOptions()
@@ -304,20 +309,20 @@ def _counted(c: dict) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _perturbed(inputs: tuple, k: int) -> tuple:
+def _perturbed(inputs, k: int):
     """The k-th deterministic variation of the example inputs: floating tensors plus Gaussian noise
     of CALIBRATION_NOISE times their std (a fixed seed per k), integer tensors (token ids) rolled by k
     along their last dimension; anything else unchanged."""
     g = torch.Generator().manual_seed(1000 + k)
-    out = []
-    for x in inputs:
+
+    def vary(x):
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 1:
             noise = torch.randn(x.shape, generator=g, dtype=torch.float32).to(device=x.device, dtype=x.dtype)
             x = x + CALIBRATION_NOISE * x.detach().std() * noise
         elif isinstance(x, torch.Tensor) and x.dtype in (torch.int32, torch.int64) and x.dim():
             x = torch.roll(x, shifts=k, dims=-1)
-        out.append(x)
-    return tuple(out)
+        return x
+    return as_inputs(inputs).map(vary)  # positional and keyword inputs alike, in order
 
 
 def _drop_unused_attributes(gm: torch.fx.GraphModule) -> int:
@@ -340,13 +345,13 @@ class Int8GraphModule(nn.Module):
     """The converted PT2E graph, called like the model; saved as a torch.export program (.pt2), which
     ``torch.export.load`` (and TorchScope's model loader) reads back."""
 
-    def __init__(self, graph_module: torch.fx.GraphModule, example_inputs: tuple):
+    def __init__(self, graph_module: torch.fx.GraphModule, example_inputs):
         super().__init__()
         self.graph_module = graph_module
-        self._example = tuple(example_inputs)  # for save_to's export; not state
+        self._example = as_inputs(example_inputs)  # for save_to's export; not state
 
-    def forward(self, *inputs):
-        return self.graph_module(*inputs)
+    def forward(self, *inputs, **kwargs):
+        return self.graph_module(*inputs, **kwargs)
 
     def serialized(self) -> tuple[int, str]:
         buf = io.BytesIO()
@@ -358,7 +363,8 @@ class Int8GraphModule(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{name}.pt2"
         with _quiet():
-            torch.export.save(torch.export.export(self.graph_module, self._example), str(path))
+            torch.export.save(torch.export.export(self.graph_module, self._example.args, self._example.kwargs),
+                              str(path))
         return {"kind": "pt2", "path": str(path)}
 
 
@@ -384,7 +390,7 @@ def _capture_and_prepare(model, inputs, prepare_pt2e, xiq):
     errors = []
     for strict in (False, True):
         try:
-            gm = torch.export.export(model, inputs, strict=strict).module()
+            gm = torch.export.export(model, as_inputs(inputs).args, as_inputs(inputs).kwargs, strict=strict).module()
             n_bn = _batch_norm_nodes(gm)
             quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
             return prepare_pt2e(gm, quantizer), f"torch.export.export(strict={strict})", n_bn
@@ -407,9 +413,9 @@ def apply_static_int8(model, inputs, opts):
     with _quiet():
         prepared, how, n_bn = _capture_and_prepare(model, inputs, prepare_pt2e, xiq)
         with torch.no_grad():
-            prepared(*inputs)
+            call_model(prepared, inputs)
             for k in range(1, CALIBRATION_PERTURBATIONS + 1):
-                prepared(*_perturbed(inputs, k))
+                call_model(prepared, _perturbed(inputs, k))
         converted = convert_pt2e(prepared)
     counts = quantized_op_counts(converted)
     n_quantized, n_weighted = sum(counts["quantized"].values()), sum(counts["weighted_ops"].values())

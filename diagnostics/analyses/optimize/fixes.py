@@ -11,13 +11,16 @@ inputs and returns float32 outputs, which keeps the trial harness and the fideli
 from __future__ import annotations
 
 import copy
+import io
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.errors import TorchScopeError
+from diagnostics.inputs import as_inputs, call
 
 
 class FixNotApplicable(TorchScopeError):
@@ -43,9 +46,9 @@ class AutocastModule(nn.Module):
         super().__init__()
         self.inner, self.device_type, self.dtype = inner, device_type, dtype
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
         with torch.autocast(self.device_type, dtype=self.dtype):
-            out = self.inner(*args)
+            out = self.inner(*args, **kwargs)
         return to_float32(out)
 
 
@@ -56,16 +59,16 @@ class InputCastModule(nn.Module):
         super().__init__()
         self.inner, self.dtype, self.channels_last = inner, dtype, channels_last
 
-    def forward(self, *args):
-        xs = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                if self.dtype is not None and a.is_floating_point():
-                    a = a.to(self.dtype)
-                if self.channels_last and a.dim() == 4:
-                    a = a.contiguous(memory_format=torch.channels_last)
-            xs.append(a)
-        return to_float32(self.inner(*xs))
+    def _cast(self, a):
+        if isinstance(a, torch.Tensor):
+            if self.dtype is not None and a.is_floating_point():
+                a = a.to(self.dtype)
+            if self.channels_last and a.dim() == 4:
+                a = a.contiguous(memory_format=torch.channels_last)
+        return a
+
+    def forward(self, *args, **kwargs):
+        return to_float32(self.inner(*(self._cast(a) for a in args), **{k: self._cast(v) for k, v in kwargs.items()}))
 
 
 class InferenceModeModule(nn.Module):
@@ -73,9 +76,57 @@ class InferenceModeModule(nn.Module):
         super().__init__()
         self.inner = inner
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
         with torch.inference_mode():
-            return self.inner(*args)
+            return self.inner(*args, **kwargs)
+
+
+KEYWORDS_TRACED = ("keyword inputs ({names}) traced by position (TorchScript archives take positional inputs only): "
+                   "the archive takes them after the positional ones, in that order")
+
+
+class KeywordsByPosition(nn.Module):
+    """``inner`` called with its last inputs by keyword: torch.jit.trace feeds positional inputs only."""
+
+    def __init__(self, inner: nn.Module, n_args: int, names: tuple[str, ...]):
+        super().__init__()
+        self.inner, self.n_args, self.names = inner, n_args, tuple(names)
+
+    def forward(self, *xs):
+        return self.inner(*xs[:self.n_args], **dict(zip(self.names, xs[self.n_args:])))
+
+
+class ScriptedWithKeywords(nn.Module):
+    """A TorchScript module traced through KeywordsByPosition, called like the model (keyword inputs by
+    name); its size and artifact are the TorchScript archive's."""
+
+    def __init__(self, scripted, n_args: int, names: tuple[str, ...]):
+        super().__init__()
+        self.scripted, self.n_args, self.names = scripted, n_args, tuple(names)
+
+    def forward(self, *args, **kwargs):
+        return self.scripted(*args, *(kwargs[n] for n in self.names))
+
+    def serialized(self) -> tuple[int, str]:
+        buf = io.BytesIO()
+        torch.jit.save(self.scripted, buf)
+        return len(buf.getvalue()), "TorchScript archive"
+
+    def save_to(self, directory, name: str) -> dict:
+        path = Path(directory) / f"{name}.torchscript.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.jit.save(self.scripted, str(path))
+        return {"kind": "torchscript", "path": str(path), "inputs_by_position": list(self.names)}
+
+
+def trace(model: nn.Module, inputs, **kw):
+    """torch.jit.trace at ``inputs``; keyword inputs are traced by position (KeywordsByPosition), so
+    the traced module takes every input positionally, keyword ones last, in their order."""
+    inputs = as_inputs(inputs)
+    if not inputs.names:
+        return torch.jit.trace(model, inputs.args, check_trace=False, **kw)
+    return torch.jit.trace(KeywordsByPosition(model, len(inputs.args), inputs.names), tuple(inputs),
+                           check_trace=False, **kw)
 
 
 def _device_of(model: nn.Module, inputs: tuple) -> torch.device:
@@ -271,10 +322,10 @@ class FlatOutputs(nn.Module):
         super().__init__()
         self.inner = inner
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
         from diagnostics.measure.tensors import iter_tensors
 
-        return tuple(iter_tensors(self.inner(*args)))
+        return tuple(iter_tensors(self.inner(*args, **kwargs)))
 
 
 def _left_out(out, path: str = "output") -> list[str]:
@@ -304,25 +355,25 @@ def apply_torchscript(model, inputs, opts):
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             try:
-                scripted, how = torch.jit.trace(model, inputs, check_trace=False), "torch.jit.trace"
+                scripted, how = trace(model, inputs), "torch.jit.trace"
             except RuntimeError as strict_error:
                 scripted = None
                 if _is_dict_output_error(strict_error):
                     try:
-                        scripted = torch.jit.trace(model, inputs, check_trace=False, strict=False)
+                        scripted = trace(model, inputs, strict=False)
                         how = "torch.jit.trace(strict=False)"
                         notes.append("traced with strict=False: the model returns a dict, which a strict trace "
                                      "refuses; valid while the dict's keys do not depend on the inputs")
                     except RuntimeError:
                         scripted = None
                 if scripted is None:
-                    out = model(*inputs)
+                    out = call(model, inputs)
                     dropped = _left_out(out)
                     from diagnostics.measure.tensors import iter_tensors
 
                     n = sum(1 for _ in iter_tensors(out))
                     try:
-                        scripted = torch.jit.trace(FlatOutputs(model), inputs, check_trace=False)
+                        scripted = trace(FlatOutputs(model), inputs)
                     except Exception:
                         raise strict_error from None  # the trace's own reason says more than the wrapper's
                     how = "torch.jit.trace through an output-flattening wrapper"
@@ -330,7 +381,12 @@ def apply_torchscript(model, inputs, opts):
                                  f"becomes a tuple of its {n} tensor{'s' if n != 1 else ''}, in order"
                                  + (f"; left out (not tensors): {', '.join(dropped[:4])}" if dropped else ""))
     frozen = torch.jit.freeze(scripted.eval())
-    return frozen, [f"{how} + torch.jit.freeze (weights folded as constants)"] + notes
+    notes.insert(0, f"{how} + torch.jit.freeze (weights folded as constants)")
+    names = as_inputs(inputs).names
+    if names and not isinstance(model, torch.jit.ScriptModule):
+        frozen = ScriptedWithKeywords(frozen, len(as_inputs(inputs).args), names)
+        notes.append(KEYWORDS_TRACED.format(names=", ".join(names)))
+    return frozen, notes
 
 
 def apply_inference_mode(model, inputs, opts):

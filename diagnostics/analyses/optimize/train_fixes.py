@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
+from diagnostics.inputs import as_inputs
+from diagnostics.inputs import call as call_model
 from diagnostics.measure.training import make_optimizer
 
 
@@ -56,9 +58,9 @@ def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn, *, a
             inputs = prepare_inputs(inputs)
         if autocast is not None:
             with autocast():
-                loss = loss_fn(model(*inputs))
+                loss = loss_fn(call_model(model, inputs))
         else:
-            loss = loss_fn(model(*inputs))
+            loss = loss_fn(call_model(model, inputs))
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(optimizer)  # unscales the gradients in place first; skips a step with inf/NaN
@@ -185,7 +187,7 @@ def train_checkpointing(model, ctx: TrainContext, p: dict) -> TrainSetup:
     return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn), params, notes)
 
 
-def split_batch(inputs: tuple, k: int) -> list[tuple]:
+def split_batch(inputs, k: int) -> list:
     batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), None)
     if batch is None:
         raise FixNotApplicable("the inputs have no batch dimension to split")
@@ -197,7 +199,7 @@ def split_batch(inputs: tuple, k: int) -> list[tuple]:
     def part(x, i):
         return x[i * m:(i + 1) * m] if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == batch else x
 
-    return [tuple(part(x, i) for x in inputs) for i in range(k)]
+    return [as_inputs(inputs).map(lambda x, i=i: part(x, i)) for i in range(k)]  # keyword inputs too
 
 
 def train_accumulation(model, ctx: TrainContext, p: dict) -> TrainSetup:
@@ -213,7 +215,7 @@ def train_accumulation(model, ctx: TrainContext, p: dict) -> TrainSetup:
         m = next(x.shape[0] for x in parts[0] if isinstance(x, torch.Tensor) and x.dim())
         total = None
         for i, part in enumerate(parts):
-            out = model(*part)
+            out = call_model(model, part)
             loss = (rows_loss(out, i * m, (i + 1) * m, m * k) if rows_loss else ctx.loss_fn(out)) / k
             loss.backward()  # gradients add up over the micro-batches
             total = loss.detach() if total is None else total + loss.detach()
@@ -261,7 +263,7 @@ def train_compile(model, ctx: TrainContext, p: dict) -> TrainSetup:
 
     def step(inputs):
         opt.zero_grad(set_to_none=True)
-        loss = ctx.loss_fn(compiled(*inputs))
+        loss = ctx.loss_fn(call_model(compiled, inputs))
         loss.backward()
         opt_step()
         return loss.detach().float()
@@ -278,8 +280,8 @@ def train_channels_last(model, ctx: TrainContext, p: dict) -> TrainSetup:
     opt = make_optimizer(params, ctx.optimizer, ctx.lr)
 
     def to_nhwc(inputs):
-        return tuple(x.contiguous(memory_format=torch.channels_last)
-                     if isinstance(x, torch.Tensor) and x.dim() == 4 else x for x in inputs)
+        return as_inputs(inputs).map(lambda x: x.contiguous(memory_format=torch.channels_last)
+                                     if isinstance(x, torch.Tensor) and x.dim() == 4 else x)
 
     return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn, prepare_inputs=to_nhwc), params,
                       ["weights and 4-D inputs in NHWC; gradients follow the weights' format"])

@@ -26,6 +26,7 @@ from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
 from diagnostics.analyses.optimize.train_fixes import TrainContext, TrainSetup, baseline
 from diagnostics.analyses.optimize.trials import _row, fidelity, serialized_bytes
+from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import CONTROL, interleaved
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import SavedTensorTracker, measure_peak
@@ -81,7 +82,7 @@ def saved_activation_bytes(model: nn.Module, inputs: tuple, loss_fn) -> dict:
     """Bytes each module saves for backward in one training forward (module name -> bytes)."""
     tracker = SavedTensorTracker()
     with tracker.track(model, inputs):
-        loss = loss_fn(model(*inputs))
+        loss = loss_fn(call_model(model, inputs))
     del loss
     return dict(tracker.saved)
 
@@ -91,7 +92,7 @@ def eval_outputs(model: nn.Module, inputs: tuple):
     model.eval()
     try:
         with torch.no_grad():
-            return model(*inputs)
+            return call_model(model, inputs)
     finally:
         model.train(was)
 

@@ -24,8 +24,9 @@ from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import added_peak_bytes
 from diagnostics.measure.timer import sync
 from diagnostics.analyses.optimize.catalog import get_fix
-from diagnostics.analyses.optimize.fixes import FixNotApplicable
+from diagnostics.analyses.optimize.fixes import FixNotApplicable, trace
 from diagnostics.errors import explain
+from diagnostics.inputs import call as call_model
 
 
 
@@ -87,7 +88,7 @@ def save_artifact(model: nn.Module, inputs: tuple, directory: Path, name: str, r
     if ts is None and not hasattr(model, "_orig_mod"):
         try:
             with torch.no_grad():
-                ts = torch.jit.trace(model, inputs, check_trace=False)
+                ts = trace(model, inputs)  # keyword inputs traced by position
         except Exception as e:  # quantized tensor subclasses, data-dependent control flow...
             why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     elif ts is None:
@@ -118,7 +119,7 @@ def _row(fix: str, title: str, status: str, **kw) -> dict:
 def _call(model: nn.Module, inputs: tuple) -> Callable[[], object]:
     def call():
         with torch.no_grad():
-            return model(*inputs)
+            return call_model(model, inputs)
     return call
 
 

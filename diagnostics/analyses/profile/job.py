@@ -410,7 +410,8 @@ def analyze(ctx, options: dict) -> dict:
     return {
         "model": spec.label, "device": spec.device, "batch_size": batch, "mode": opts["mode"],
         "config": opts, "cuda_ran": cuda_ran,
-        "inputs": [{"shape": list(s.shape), "dtype": s.dtype} for s in loaded.input_specs],
+        "inputs": [{"shape": list(s.shape), "dtype": s.dtype, **({"name": s.name} if s.name else {})}
+                   for s in loaded.input_specs],
         "loss": loaded.loss_name if opts["mode"] == "train" else None,
         "metrics": metrics, "latency": latency, "timing_cv": latency["cv"], "steps": steps, "device_split": split,
         "operators": operators, "operators_by_shape": by_shape, "modules": module_rows, "modules_note": modules_note,

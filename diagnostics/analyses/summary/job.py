@@ -217,7 +217,8 @@ def analyze(ctx, options: dict) -> dict:
         "model": loaded.spec.label,
         "model_type": type(model).__name__,
         "device": str(loaded.device),
-        "inputs": [{"shape": list(s.shape), "dtype": s.dtype} for s in loaded.input_specs],
+        "inputs": [{"shape": list(s.shape), "dtype": s.dtype, **({"name": s.name} if s.name else {})}
+                   for s in loaded.input_specs],
         "output_shape": shapes.get(ROOT),
         "loss": loaded.loss_name,
         "metrics": metrics,

@@ -22,6 +22,56 @@ _TIMELINE = (
     Option("max_events", "int", TIMELINE_MAX_EVENTS, "timeline bars drawn at most", lo=10, hi=200_000, flag=""),
 )
 
+# ---- Holistic Trace Analysis parity (diagnostics.trace.hta_parity): options and tables -------------
+# "definitions" picks every rule at once; the other options, when given, override one rule.
+HTA_OPTIONS = (
+    Option("definitions", "choice", "torchscope", "whose definitions the figures follow: torchscope, or hta to "
+           "compare with Holistic Trace Analysis (overlap over compute kernels only, idle kernel wait "
+           "under 30 µs with HTA's comparisons, the launch queue counting a kernel until it starts, launch "
+           "delay from the end of the launch call)",
+           choices=("torchscope", "hta")),
+    Option("kernel_wait_us", "float", None, "idle gaps up to this long between queued GPU work count as "
+           "kernel wait (auto: 5 µs; 30 µs under definitions=hta: HTA's consecutive_kernel_delay of 30, "
+           "which it compares with Kineto's µs timestamps)", optional=True, lo=0,
+           unit="us"),
+    Option("overlap_compute", "choice", None, "computation in the communication overlap: gpu_work (kernels, "
+           "copies, sets) or kernels (compute kernels only, as HTA); auto: by definitions", optional=True,
+           choices=("gpu_work", "kernels")),
+    Option("queue_until", "choice", None, "a launch stays in its stream's queue until its GPU work ends "
+           "(kernel_end) or starts (kernel_start, as HTA); auto: by definitions", optional=True,
+           choices=("kernel_end", "kernel_start")),
+    Option("launch_delay_from", "choice", None, "launch delay measured from the launch call's start "
+           "(call_start) or its end, negative delays clipped to 0 (call_end, as HTA); auto: by definitions",
+           optional=True, choices=("call_start", "call_end")),
+    Option("queue_full", "int", 1024, "launch queue length counted as full (HTA's max_queue_length)", lo=1,
+           hi=1_000_000),
+    Option("sequence_length", "int", 3, "longest run of consecutive kernels looked for as a fusion candidate "
+           "(runs of 2 up to this)", lo=2, hi=16),
+)
+_US = lambda key, label: Column(key, "us", label)  # noqa: E731
+HTA_TABLES = (
+    Table("kernel_sequences.by_time", "Frequent kernel sequences (fusion candidates)", (
+        Column("length", "count", "kernels"), Column("count", "count", "occurrences"), _US("total_us", "GPU time"),
+        _US("mean_us", "GPU time each"), _US("span_us", "span"), _US("gap_us", "gaps inside"))),
+    Table("queue_length.streams", "Launch queue length per stream", (
+        Column("launches", "count", "launches"), Column("max", "count", "max queued"),
+        Column("mean", "number", "mean queued"), _US("full_us", "time at a full queue"),
+        _US("span_us", "span"))),
+    Table("memcpy_bandwidth.directions", "Memcpy / memset bandwidth", (
+        Column("events", "count", "events"), Column("counted_events", "count", "with bytes"),
+        _US("time_us", "time"), Column("bytes", "bytes", "bytes"), Column("bytes_per_s", "bytes_per_s", "bandwidth"),
+        Column("median_bytes_per_s", "bytes_per_s", "median per copy"),
+        Column("max_bytes_per_s", "bytes_per_s", "max per copy"))),
+    Table("annotations.annotations", "GPU user annotations", (
+        Column("count", "count", "count"), _US("total_us", "total"), _US("mean_us", "mean"), _US("max_us", "max"),
+        _US("gpu_busy_us", "GPU busy inside"))),
+    Table("launch_delay.by_name", "Launch delay per kernel", (
+        Column("launches", "count", "launches"), _US("mean_us", "mean"), _US("min_us", "min"),
+        _US("p50_us", "median"), _US("p90_us", "p90"), _US("max_us", "max"))),
+    Table("launch_delay.histogram", "Launch delays", (_US("lo_us", "from"), _US("hi_us", "to"),
+                                                       Column("count", "count", "launches"))),
+)
+
 TRACE = Analysis(
     name="trace", title="Trace explorer", target="diagnostics.analyses.trace.job:analyze", needs_model=False,
     timeout_s=600, view="traces", description="one torch.profiler / Kineto trace: steps, operators, kernels, idle time, launches",
@@ -43,7 +93,7 @@ TRACE = Analysis(
                "stored under another)", optional=True, flag=""),
         Option("ranks_stamps", "list", None, "path, size and mtime of the rank files, so a changed file is a "
                "new job", optional=True, flag=""),
-    ) + _TIMELINE,
+    ) + _TIMELINE + HTA_OPTIONS,
     metrics=(
         Metric("events", "count", "Events"),
         Metric("duration_ms", "ms", "Duration"),
@@ -62,7 +112,7 @@ TRACE = Analysis(
         Table("temporal_breakdown.gpu", "GPU time per step", ()),
         Table("idle_time.streams", "Idle time per stream", ()),
         Table("launch_stats.by_name", "Kernel launches", ()),
-    ),
+    ) + HTA_TABLES,
 )
 
 TRACE_TIMELINE = Analysis(

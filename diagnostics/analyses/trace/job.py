@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import fields
 from functools import partial
 from pathlib import Path
@@ -17,9 +18,12 @@ import pandas as pd
 
 from diagnostics.analyses.trace import TRACE, TRACE_DIFF, TRACE_TIMELINE
 from diagnostics.errors import TorchScopeError
-from diagnostics.settings import check_server_path
+from diagnostics.settings import check_server_path, trace_cache_dir
+from diagnostics.trace.cache import cached_load, link_events
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks import analyse_ranks
+from diagnostics.trace import hta_parity as hp
+from diagnostics.trace.views import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -46,7 +50,8 @@ def _require_path(options: dict, key: str = "path") -> str:
 
 
 def _save_columns(trace: Trace, folder: Path) -> None:
-    trace.events.reset_index(drop=True).to_feather(folder / EVENTS_FILE)
+    if not link_events(trace, folder / EVENTS_FILE):  # the trace cache's copy, when there is one
+        trace.events.reset_index(drop=True).to_feather(folder / EVENTS_FILE)
     meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
     (folder / META_FILE).write_text(json.dumps(meta, default=str))
 
@@ -60,6 +65,14 @@ def load_columns(folder: str | Path) -> Trace:
     return Trace(events=pd.read_feather(folder / EVENTS_FILE), **meta)
 
 
+def _open(path: str, allow_truncated: bool = False) -> tuple[Trace, dict]:
+    """load_trace through the parsed-trace cache (diagnostics.trace.cache): the trace, and whether
+    it came from the cache with the seconds the open took (result key "trace_cache")."""
+    t = time.perf_counter()
+    trace, hit = cached_load(path, trace_cache_dir(), allow_truncated=allow_truncated)
+    return trace, {"hit": hit, "open_s": time.perf_counter() - t}
+
+
 def analyze(ctx, options: dict) -> dict:
     """Open one trace: summary, temporal breakdown, top operators/kernels, idle time, launches, timeline."""
     options = TRACE.validate(options)  # idempotent: the runner validated them too
@@ -69,17 +82,18 @@ def analyze(ctx, options: dict) -> dict:
     stored, name = Path(path).name, options["display_name"] or Path(path).name
     ctx.progress(0.05, f"reading {name} ({os.path.getsize(path) / 2**20:.0f} MiB)")
     try:
-        trace = load_trace(path, allow_truncated=options["allow_truncated"])
+        trace, cache = _open(path, allow_truncated=options["allow_truncated"])
     except TraceError as e:
         msg = str(e)
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
     out = {"path": path, "name": name}
+    hta = hta_steps(options, rows)
     steps = [("summary", summary), ("temporal_breakdown", temporal_breakdown),
-             ("top_operators", partial(top_operators, n=rows)), ("idle_time", idle_time),
-             ("launch_stats", partial(launch_stats, n=rows))]
+             ("top_operators", partial(top_operators, n=rows)), ("idle_time", hta.pop("idle_time")),
+             ("launch_stats", partial(launch_stats, n=rows))] + list(hta.items())
     for i, (key, fn) in enumerate(steps):
-        ctx.progress(0.5 + 0.08 * i, key)
+        ctx.progress(0.5 + 0.4 * i / len(steps), key)
         out[key] = fn(trace)
     ctx.progress(0.9, "timeline")
     out["timeline"] = timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
@@ -91,7 +105,30 @@ def analyze(ctx, options: dict) -> dict:
     s = out["summary"]
     out["metrics"] = {"events": s["events"], "duration_ms": s["duration_us"] / 1e3, "steps": s["n_steps"],
                       "skipped_events": s["skipped_events"], "has_gpu": s["has_gpu"]}
+    out["trace_cache"] = cache  # whether the parsed trace came from the trace cache, and how long the open took
     return out
+
+
+def hta_steps(options, rows: int) -> dict:
+    """The Holistic Trace Analysis parity analyses (diagnostics.trace.hta_parity) and idle_time, each a
+    function of the trace with the rules ``options`` pick: result key -> fn(trace). The keys are
+    the top-level result keys."""
+    hta = options["definitions"] == "hta"
+
+    def pick(key, ours, theirs):
+        return options[key] if options[key] is not None else (theirs if hta else ours)
+
+    wait = pick("kernel_wait_us", KERNEL_WAIT_MAX_US, HTA_KERNEL_WAIT_US)
+    return {
+        "idle_time": partial(idle_time, kernel_wait_max_us=wait, rules=options["definitions"]),
+        "kernel_sequences": partial(hp.kernel_sequences, max_len=options["sequence_length"], n=rows),
+        "queue_length": partial(hp.queue_length, until=pick("queue_until", "kernel_end", "kernel_start"),
+                                full=options["queue_full"]),
+        "memcpy_bandwidth": hp.memcpy_bandwidth,
+        "annotations": partial(hp.annotations, n=rows),
+        "launch_delay": partial(hp.launch_delay, n=rows, since=pick("launch_delay_from", "call_start", "call_end")),
+        "comm_overlap": partial(hp.comm_overlap, compute=pick("overlap_compute", "gpu_work", "kernels")),
+    }
 
 
 def _ranks(ctx, options: dict) -> dict:
@@ -115,10 +152,11 @@ def analyze_diff(ctx, options: dict) -> dict:
     options = TRACE_DIFF.validate(options)  # idempotent: the runner validated them too
     before_path, after_path = _require_path(options, "before"), _require_path(options, "after")
     ctx.progress(0.1, f"reading {Path(before_path).name}")
-    before = load_trace(before_path)
+    before, cache_before = _open(before_path)
     ctx.progress(0.5, f"reading {Path(after_path).name}")
-    after = load_trace(after_path)
+    after, cache_after = _open(after_path)
     ctx.progress(0.9, "comparing")
     diff = diff_traces(before, after)
     return {"before": before_path, "after": after_path, "diff": diff,
+            "trace_cache": {"before": cache_before, "after": cache_after},
             "metrics": {k: v for k, v in (diff.get("counts") or {}).items()}}

@@ -39,7 +39,7 @@ def analyze(ctx, options: dict) -> dict:
     return {
         "model": loaded.spec.label,
         "model_type": type(loaded.model).__name__,
-        "inputs": [{"shape": list(s.shape), "dtype": s.dtype, "high": s.high} for s in loaded.input_specs],
+        "inputs": [s.to_dict() for s in loaded.input_specs],  # keyword inputs carry their name
         "output_shape": shape_of(out),
         "loss": loaded.loss_name,
         "metrics": {"output_nan": nan, "output_inf": inf, "output_elements": total},

@@ -67,7 +67,8 @@ def build_top_layers_figure(result: dict, by: str = "params", n: int = 15) -> go
 # ----------------------------------------------------------------------------- report sections
 def summary_sections(result: dict) -> list[Section]:
 
-    inputs = ", ".join(f"{i['shape']} {i['dtype']}" for i in result.get("inputs", []))
+    inputs = ", ".join(f"{i['name'] + '=' if i.get('name') else ''}{i['shape']} {i['dtype']}"
+                       for i in result.get("inputs", []))
     overview = [f"{result.get('model', '?')} · {result.get('model_type', '?')} · inputs {inputs} · "
                 f"output {result.get('output_shape')} · device {result.get('device')} · loss: {result.get('loss')}"]
     overview += [str(n) for n in result.get("notes", [])]

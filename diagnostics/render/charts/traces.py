@@ -8,6 +8,8 @@ from diagnostics.render.charts.timeline import build_timeline_figure as draw_tim
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 
+from diagnostics.render.charts.trace_hta import hta_sections  # the HTA-parity sections (#18)
+
 GPU_KINDS = (("compute_us", "compute", "#4c78a8"), ("communication_us", "communication", "#f58518"),
              ("memcpy_us", "memcpy", "#54a24b"), ("memset_us", "memset", "#b279a2"),
              ("idle_us", "idle", "#bab0ac"))
@@ -182,6 +184,7 @@ def trace_sections(result: dict) -> list[Section]:
         graphs = launch.get("graphs") or {}
         sections.append(section("Kernel launches", [lambda: build_launch_figure(launch)],
                                 text=[graph_launch_text(graphs)] if graphs.get("launches") else []))
+    sections += hta_sections(result)   # the HTA-parity analyses (render.charts.trace_hta)
     if result.get("timeline"):
         sections.append(section("Timeline", [lambda: build_timeline_figure(result["timeline"])]))
     if result.get("ranks"):  # several ranks' traces (diagnostics.trace.ranks)

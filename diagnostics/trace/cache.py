@@ -1,0 +1,264 @@
+"""Parsed traces kept on disk, so a second open of an unchanged trace reads columns instead of JSON.
+
+    trace, hit = cached_load(path, root)      # root: e.g. <data dir>/trace_cache
+
+An entry is one folder named by a key over the file's resolved path, size and mtime (ns), the
+ingest options and CACHE_VERSION: a changed, touched or moved file is a miss. It holds the events
+as Arrow/Feather (events.feather) and the rest of the Trace as JSON (trace_meta.json, with the
+file's stamp written into it and checked on reading). No pickle: a planted entry can hold wrong
+numbers, never code.
+
+Writers build an entry in a temporary folder beside the cache and rename it into place, so a
+reader never sees half an entry and two writers of the same key do not mix their files (the
+second rename fails or replaces a whole entry with a whole entry). An entry that cannot be read
+(corrupt, partial, another version) is removed and rebuilt. The cache holds at most max_bytes
+(MAX_BYTES, or $TORCHSCOPE_TRACE_CACHE_MB); the least recently used entries go first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import fields
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.feather as feather
+
+from diagnostics.trace.errors import TraceError
+from diagnostics.trace.ingest import load_trace
+from diagnostics.trace.model import COLUMNS, Trace
+
+#: Bumped whenever the columns, their types or the Trace fields change: older entries are misses.
+CACHE_VERSION = 1
+#: Total bytes the cache may hold (all entries); least recently used entries are evicted past it.
+MAX_BYTES = 4 << 30
+MAX_BYTES_ENV = "TORCHSCOPE_TRACE_CACHE_MB"
+#: A temporary folder this old is a writer that died; it is removed by the next writer.
+STALE_TMP_S = 3600
+EVENTS_FILE = "events.feather"
+META_FILE = "trace_meta.json"
+ENTRY = "trace_cache_entry"  # Trace._cache key: the entry folder a trace was read from or kept in
+_TMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".trash-"
+
+
+def max_bytes() -> int:
+    """MAX_BYTES, or $TORCHSCOPE_TRACE_CACHE_MB megabytes; a malformed value is an error naming it."""
+    raw = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if not raw:
+        return MAX_BYTES
+    try:
+        mb = float(raw)
+    except ValueError:
+        raise TraceError(f"the environment variable {MAX_BYTES_ENV}={raw!r} is not a number") from None
+    if not mb >= 0:
+        raise TraceError(f"the environment variable {MAX_BYTES_ENV}={raw!r} must be 0 or more")
+    return int(mb * 2**20)
+
+
+def stamp(path: str | Path) -> dict:
+    """What identifies a file's content cheaply: resolved path, size, mtime in nanoseconds."""
+    p = Path(path).resolve()
+    st = p.stat()
+    return {"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def cache_key(file_stamp: dict, options: dict) -> str:
+    """The entry name for a file stamp and the ingest options that shape the columns."""
+    blob = json.dumps({"version": CACHE_VERSION, "stamp": file_stamp, "options": options}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: bool = False,
+                workers: int | None = None, limit: int | None = None) -> tuple[Trace, bool]:
+    """load_trace(path) through the cache in ``root``: (trace, True) when it was read from the cache.
+
+    root None, or a limit of 0 bytes: no cache (plain load_trace). A cache that cannot be written
+    (disk full, read-only) costs the speed-up only; the trace is still returned.
+    """
+    limit = max_bytes() if limit is None else limit
+    if root is None or limit <= 0:
+        return load_trace(path, allow_truncated=allow_truncated, workers=workers), False
+    root = Path(root)
+    file_stamp = stamp(path)
+    key = cache_key(file_stamp, {"allow_truncated": bool(allow_truncated)})
+    trace = read_entry(root / key, file_stamp)
+    if trace is not None:
+        trace.source = str(path)
+        trace._cache[ENTRY] = root / key
+        return trace, True
+    trace = load_trace(path, allow_truncated=allow_truncated, workers=workers)
+    if stamp(path) == file_stamp:  # not rewritten while it was being read
+        folder = write_entry(root, key, trace, file_stamp, limit)
+        if folder is not None:
+            trace._cache[ENTRY] = folder
+    return trace, False
+
+
+def link_events(trace: Trace, dest: Path) -> bool:
+    """Hard-link the events file of the entry ``trace`` came from (or was kept in) to ``dest``:
+    the same columns kept beside a run without writing them again. False when it cannot be done
+    (no entry, evicted meanwhile, another file system); then the caller writes them. The entry's
+    file is never written again (a new entry is a new folder), so the link stays valid after an
+    eviction."""
+    folder = trace._cache.get(ENTRY)
+    if folder is None:
+        return False
+    dest = Path(dest)
+    tmp = dest.with_name(f"{_TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.link(Path(folder) / EVENTS_FILE, tmp)
+        os.replace(tmp, dest)  # a file already there is replaced, never written through the link
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return False
+    return True
+
+
+def read_entry(folder: Path, file_stamp: dict) -> Trace | None:
+    """The Trace kept in ``folder``, or None when there is none. One that cannot be read (corrupt,
+    partial, another version, another file's) is removed, so the caller rebuilds it."""
+    meta_file, events_file = folder / META_FILE, folder / EVENTS_FILE
+    if not folder.is_dir():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+        if meta.pop("cache_version") != CACHE_VERSION or meta.pop("stamp") != file_stamp:
+            raise ValueError("stale entry")
+        table = feather.read_table(events_file, memory_map=False)
+        if tuple(table.column_names) != COLUMNS or table.num_rows != meta.pop("n_events"):
+            raise ValueError("columns do not match")
+        events = _object_categories(table.to_pandas())
+        trace = Trace(events=events, **meta)
+    except Exception:  # noqa: BLE001 - any unreadable entry is a miss, never an error
+        _remove(folder)
+        return None
+    _touch(folder)
+    return trace
+
+
+def write_entry(root: Path, key: str, trace: Trace, file_stamp: dict, limit: int) -> Path | None:
+    """Keep ``trace`` as entry ``key`` (built aside, renamed into place), then evict down to
+    ``limit`` bytes. Returns the entry folder, or None when it was not kept."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f"{_TMP_PREFIX}{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+    except OSError:
+        return None
+    try:
+        table = pa.Table.from_pandas(trace.events.reset_index(drop=True), preserve_index=False)
+        feather.write_feather(table, tmp / EVENTS_FILE, compression="uncompressed")
+        meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
+        meta.update(cache_version=CACHE_VERSION, stamp=file_stamp, n_events=len(trace.events))
+        (tmp / META_FILE).write_text(json.dumps(meta, default=str))
+        if _size(tmp) > limit:  # bigger than the whole cache: not kept
+            _remove(tmp)
+            return None
+        final = root / key
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another writer's entry is there: a whole one (renamed in), or one to replace
+            if _complete(final, file_stamp):
+                _remove(tmp)
+            else:
+                _remove(final)
+                os.rename(tmp, final)
+    except Exception:  # noqa: BLE001 - a cache that cannot be written costs speed, not the result
+        _remove(tmp)
+        return None
+    evict(root, limit, keep=final)
+    return final
+
+
+def entries(root: Path) -> list[tuple[float, int, Path]]:
+    """(last used, bytes, folder) of each complete entry, least recently used first."""
+    out = []
+    try:
+        listing = list(Path(root).iterdir())
+    except OSError:
+        return []
+    for p in listing:
+        if p.name.startswith(".") or not p.is_dir():
+            continue
+        try:
+            out.append((p.stat().st_mtime, _size(p), p))
+        except OSError:  # removed meanwhile
+            continue
+    return sorted(out, key=lambda e: e[0])
+
+
+def total_bytes(root: Path) -> int:
+    return sum(size for _, size, _ in entries(root))
+
+
+def evict(root: Path, limit: int, keep: Path | None = None) -> None:
+    """Remove least recently used entries until the cache holds at most ``limit`` bytes, and
+    temporary folders left by writers that died."""
+    now = time.time()
+    try:
+        for p in Path(root).iterdir():
+            if p.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)) and now - p.stat().st_mtime > STALE_TMP_S:
+                shutil.rmtree(p, ignore_errors=True)
+    except OSError:
+        pass
+    listed = entries(root)
+    total = sum(size for _, size, _ in listed)
+    for _, size, p in listed:
+        if total <= limit:
+            break
+        if keep is not None and p == keep:
+            continue
+        _remove(p)
+        total -= size
+
+
+def _object_categories(events: pd.DataFrame) -> pd.DataFrame:
+    """Arrow gives string categories back as pandas' str dtype; load_trace makes object ones."""
+    for col in events.columns:
+        s = events[col]
+        if isinstance(s.dtype, pd.CategoricalDtype) and s.cat.categories.dtype != object:
+            events[col] = pd.Categorical.from_codes(
+                s.cat.codes.to_numpy(), categories=pd.Index(s.cat.categories.astype(object), dtype=object),
+                validate=False)
+    return events
+
+
+def _complete(folder: Path, file_stamp: dict) -> bool:
+    """Whether ``folder`` looks like a whole entry for this stamp (its meta read, its events there)."""
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+        return (meta.get("cache_version") == CACHE_VERSION and meta.get("stamp") == file_stamp
+                and (folder / EVENTS_FILE).stat().st_size > 0)
+    except (OSError, ValueError):
+        return False
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+
+
+def _touch(folder: Path) -> None:
+    try:
+        os.utime(folder)  # the folder's mtime is its last use (LRU order)
+    except OSError:
+        pass
+
+
+def _remove(folder: Path) -> None:
+    """Take a folder out of the cache at once (renamed aside), then delete it."""
+    trash = folder.with_name(f"{_TRASH_PREFIX}{folder.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(folder, trash)
+    except OSError:
+        return  # gone already (another process removed or replaced it)
+    shutil.rmtree(trash, ignore_errors=True)

@@ -1,0 +1,208 @@
+"""The parsed-trace cache (diagnostics.trace.cache): hits, misses on a changed file, corrupt entries
+rebuilt, LRU eviction under the bound, concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from diagnostics.trace import Trace, TraceError, load_trace
+from diagnostics.trace import cache
+from diagnostics.trace.cache import cached_load, entries, total_bytes
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "traces"
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.write_bytes(src.read_bytes())
+    return dst
+
+
+def _same_trace(a: Trace, b: Trace) -> None:
+    pd.testing.assert_frame_equal(a.events, b.events)
+    for f in fields(Trace):
+        if f.name not in ("events", "_cache"):
+            assert getattr(a, f.name) == getattr(b, f.name), f.name
+
+
+def _trace_with(tmp_path: Path, name: str, kernel: str, n: int = 3) -> Path:
+    """A small real-schema trace: n kernels named `kernel` on stream 7 and their launches."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 100 * n}]
+    for i in range(n):
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": 10 + 100 * i, "dur": 5, "args": {"correlation": i + 1}})
+        events.append({"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": 20 + 100 * i,
+                       "dur": 50, "args": {"correlation": i + 1, "device": 0, "stream": 7,
+                                           "grid": [64, 1, 1], "block": [128, 1, 1]}})
+    path = tmp_path / name
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize("name", ["gpu_small.json", "cpu_small.pt.trace.json.gz"])
+def test_a_hit_after_a_miss_gives_the_same_trace(tmp_path, name):
+    path = _copy(DATA / name, tmp_path / name)
+    root = tmp_path / "cache"
+    first, hit1 = cached_load(path, root)
+    second, hit2 = cached_load(path, root)
+    assert (hit1, hit2) == (False, True)
+    _same_trace(first, second)
+    _same_trace(load_trace(path), second)  # and the same as a fresh parse, category dtypes included
+    assert second.events["name"].cat.categories.dtype == object
+    assert len(entries(root)) == 1
+
+
+def test_a_touched_or_resized_file_is_a_miss(tmp_path):
+    path = _trace_with(tmp_path, "t.json", "kernel_a")
+    root = tmp_path / "cache"
+    assert cached_load(path, root)[1] is False
+    assert cached_load(path, root)[1] is True
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000))  # touched: 1 µs later, same bytes
+    assert cached_load(path, root)[1] is False
+    assert cached_load(path, root)[1] is True
+    # Rewritten with other content of the same size: a miss by the mtime the rewrite leaves ...
+    text = path.read_text().replace("kernel_a", "kernel_b")
+    path.write_text(text)
+    trace, hit = cached_load(path, root)
+    assert hit is False and "kernel_b" in set(trace.events["name"].astype(str))
+    # ... and a changed size with the mtime put back is a miss too.
+    mtime = path.stat().st_mtime_ns
+    path.write_text(text + "\n ")
+    os.utime(path, ns=(mtime, mtime))
+    assert cached_load(path, root)[1] is False
+
+
+def test_link_events_shares_the_entry_file_or_says_it_cannot(tmp_path):
+    path = _trace_with(tmp_path, "t.json", "k")
+    root = tmp_path / "cache"
+    for expect_hit in (False, True):  # kept on the first open, read on the second: both know their entry
+        trace, hit = cached_load(path, root)
+        assert hit is expect_hit
+        dest = tmp_path / f"kept-{hit}.feather"
+        assert cache.link_events(trace, dest) is True
+        [(_, _, folder)] = entries(root)
+        assert dest.stat().st_ino == (folder / cache.EVENTS_FILE).stat().st_ino
+    assert cache.link_events(load_trace(path), tmp_path / "other.feather") is False  # not from the cache
+    dest = tmp_path / "older.feather"
+    dest.write_bytes(b"an older file")
+    assert cache.link_events(trace, dest) is True  # replaced, not written through
+    assert dest.stat().st_ino == (folder / cache.EVENTS_FILE).stat().st_ino
+    _same_trace(trace, cached_load(path, root)[0])  # the entry is intact
+    cache.evict(root, 0)  # evicted: the linked copy still reads
+    assert not entries(root)
+    pd.testing.assert_frame_equal(pd.read_feather(dest), pd.read_feather(tmp_path / "kept-False.feather"))
+    assert cache.link_events(trace, tmp_path / "gone.feather") is False  # its entry is gone
+
+
+def test_the_ingest_options_are_part_of_the_key(tmp_path):
+    path = _trace_with(tmp_path, "t.json", "k")
+    root = tmp_path / "cache"
+    cached_load(path, root)
+    assert cached_load(path, root, allow_truncated=True)[1] is False
+    assert len(entries(root)) == 2
+
+
+@pytest.mark.parametrize("damage", ["events", "meta", "missing_events", "other_stamp"])
+def test_a_corrupt_entry_is_rebuilt_not_an_error(tmp_path, damage):
+    path = _copy(DATA / "gpu_small.json", tmp_path / "gpu.json")
+    root = tmp_path / "cache"
+    good, _ = cached_load(path, root)
+    [(_, _, folder)] = entries(root)
+    if damage == "events":
+        (folder / cache.EVENTS_FILE).write_bytes(b"ARROW1\x00\x00 not really")
+    elif damage == "meta":
+        text = (folder / cache.META_FILE).read_text()
+        (folder / cache.META_FILE).write_text(text[: len(text) // 2])
+    elif damage == "missing_events":
+        (folder / cache.EVENTS_FILE).unlink()
+    else:  # an entry that names another file's stamp
+        meta = json.loads((folder / cache.META_FILE).read_text())
+        meta["stamp"]["size"] += 1
+        (folder / cache.META_FILE).write_text(json.dumps(meta))
+    again, hit = cached_load(path, root)
+    assert hit is False
+    _same_trace(good, again)
+    assert cached_load(path, root)[1] is True  # rebuilt
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # nothing left aside
+
+
+def test_eviction_keeps_the_total_under_the_bound_least_recently_used_first(tmp_path):
+    root = tmp_path / "cache"
+    paths = [_trace_with(tmp_path, f"t{i}.json", f"kernel_{i}", n=50) for i in range(4)]
+    cached_load(paths[0], root, limit=10 << 20)
+    one = total_bytes(root)
+    limit = int(2.5 * one)  # room for two entries of this size
+    cached_load(paths[1], root, limit=limit)
+    os.utime(entries(root)[0][2], ns=(1, 1))  # entry 0 used long ago ...
+    assert cached_load(paths[0], root, limit=limit)[1] is True  # ... and now again: entry 1 is the oldest
+    cached_load(paths[2], root, limit=limit)
+    assert total_bytes(root) <= limit and len(entries(root)) == 2
+    assert cached_load(paths[0], root, limit=limit)[1] is True
+    assert cached_load(paths[2], root, limit=limit)[1] is True
+    assert cached_load(paths[1], root, limit=limit)[1] is False  # evicted
+    cached_load(paths[3], root, limit=limit)
+    assert total_bytes(root) <= limit and len(entries(root)) == 2
+    # An entry bigger than the whole bound is not kept at all, and evicts nothing.
+    before = sorted(p.name for _, _, p in entries(root))
+    big = _trace_with(tmp_path, "big.json", "big", n=400)
+    assert cached_load(big, root, limit=limit)[1] is False
+    assert sorted(p.name for _, _, p in entries(root)) == before
+
+
+def test_a_zero_bound_turns_the_cache_off_and_a_bad_setting_is_named(tmp_path, monkeypatch):
+    path = _trace_with(tmp_path, "t.json", "k")
+    root = tmp_path / "cache"
+    monkeypatch.setenv(cache.MAX_BYTES_ENV, "0")
+    assert cached_load(path, root)[1] is False and cached_load(path, root)[1] is False
+    assert not root.exists()
+    monkeypatch.setenv(cache.MAX_BYTES_ENV, "lots")
+    with pytest.raises(TraceError, match=r"TORCHSCOPE_TRACE_CACHE_MB='lots' is not a number"):
+        cached_load(path, root)
+    monkeypatch.setenv(cache.MAX_BYTES_ENV, "0.5")
+    assert cache.max_bytes() == 2**19
+
+
+_WRITER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from diagnostics.trace import load_trace
+from diagnostics.trace.cache import cache_key, stamp, write_entry
+path, out = Path({path!r}), Path({out!r})
+trace = load_trace(path)
+s = stamp(path)
+key = cache_key(s, {{"allow_truncated": False}})
+go = Path({go!r})
+import time
+while not go.exists():
+    time.sleep(0.001)
+for _ in range(20):
+    write_entry(out, key, trace, s, 1 << 30)
+print("ok")
+"""
+
+
+def test_two_concurrent_writers_leave_one_whole_entry(tmp_path):
+    path = _copy(DATA / "cpu_small.pt.trace.json.gz", tmp_path / "cpu.json.gz")
+    root, go = tmp_path / "cache", tmp_path / "go"
+    code = _WRITER.format(root=str(ROOT), path=str(path), out=str(root), go=str(go))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    go.touch()
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.strip() == "ok", err
+    assert len(entries(root)) == 1
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    trace, hit = cached_load(path, root)
+    assert hit is True
+    _same_trace(load_trace(path), trace)
