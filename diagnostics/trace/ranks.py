@@ -47,6 +47,8 @@ START_SKEW_MAX_S = 300.0
 #: A first timestamp at least this large (µs) is an epoch time (after 2001): wall clock even without
 #: baseTimeNanoseconds.
 EPOCH_US_MIN = 1e15
+#: Files a distributed run writes beside its rank traces (diagnostics.analyses.distributed): not traces.
+NOT_TRACES = (".steps.json", ".status.json", "job.json")
 #: The number in a file name that names its rank.
 RANK_NAME_RE = re.compile(r"(?:rank|worker)[_\-.]?(\d+)", re.IGNORECASE)
 #: Top-level trace keys that must agree between one run's ranks (versions of the recording stack).
@@ -66,7 +68,8 @@ def rank_paths(paths) -> list[Path]:
     for p in paths:
         p = Path(p).expanduser()
         if p.is_dir():
-            found = [f for f in p.rglob("*") if f.is_file() and f.name.endswith((".json", ".json.gz"))]
+            found = [f for f in p.rglob("*") if f.is_file() and f.name.endswith((".json", ".json.gz"))
+                     and not f.name.endswith(NOT_TRACES)]
             if not found:
                 raise TraceError(f"{p}: the folder holds no trace files (*.json or *.json.gz)")
             out += sorted(found, key=lambda f: natural_key(str(f.relative_to(p))))

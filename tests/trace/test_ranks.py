@@ -141,6 +141,7 @@ def test_rank_from_file_name_then_order(tmp_path):
 def test_unreadable_file_is_a_problem_and_missing_path_an_error(tmp_path):
     write_rank(tmp_path, "r0.json", 0, 1, [1000])
     (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    (tmp_path / "r0.steps.json").write_text("[]")  # a distributed run's sidecar: not a trace, left out
     out = analyse_ranks([tmp_path], parallel=False)
     assert _checks(out) == ["unreadable"] and out["problems"][0]["message"].startswith("config.json: not read")
     with pytest.raises(TraceError, match="nope.json: no such file or folder"):

@@ -44,7 +44,8 @@ def show_ranks(ranks: dict) -> None:
     n = len(ranks.get("ranks") or [])
     st.caption(f"{n} ranks analysed, {ranks.get('mode')}. Figures are medians per profiler step.")
     for p in ranks.get("problems") or []:
-        st.warning(f"Not one run? ({p['check'].replace('_', ' ')}) {p['message']}")
+        prefix = "" if p["check"] == "unreadable" else f"Not one run? ({p['check'].replace('_', ' ')}) "
+        st.warning(prefix + p["message"])
     if not ranks.get("problems"):
         st.success("No sign that these ranks come from different runs (world size, process groups, rank numbers, "
                    "versions, start times and step numbers agree).")

@@ -61,7 +61,8 @@ def ranks_text(ranks: dict) -> list[str]:
         out.append(f"slowest rank: {ranks['slowest_rank']}"
                    + (f"; step-time spread (max/min) {spread:.2f}x" if spread else ""))
     problems = ranks.get("problems") or []
-    out += [f"not one run? ({p['check']}) {p['message']}" for p in problems]
+    out += [p["message"] if p["check"] == "unreadable" else f"not one run? ({p['check']}) {p['message']}"
+            for p in problems]
     if not problems:
         out.append("no sign that these ranks come from different runs")
     out += [f"note: {n}" for n in ranks.get("notes") or []]
