@@ -53,6 +53,9 @@ class LoadedModel:
     #: True when no loss was declared and the mean square of the output stands in for one: analyses
     #: driven by the loss (gradient flow) say so and mark their verdicts low-confidence.
     loss_stand_in: bool = False
+    #: Why the model was built on the meta device (a Hugging Face config too big for this machine):
+    #: nothing is allocated; only counting analyses (summary, memory, validate) run, on fake tensors.
+    meta: str | None = None
 
     def __post_init__(self):
         self.inputs = with_names(self.inputs, self.input_specs)
@@ -68,7 +71,7 @@ class LoadedModel:
     def make_inputs(self, batch_size: int | None = None, seed: int | None = None) -> Inputs:
         """Fresh random inputs like the declared ones; ``batch_size`` scales every input's first dimension."""
         specs = self.input_specs if batch_size is None else with_batch(self.input_specs, batch_size)
-        return make_inputs(specs, self.spec.device, self.spec.seed if seed is None else seed)
+        return make_inputs(specs, "meta" if self.meta else self.spec.device, self.spec.seed if seed is None else seed)
 
     def call(self, model: nn.Module, inputs=None):
         """``model`` (the loaded one, or a candidate built from it) called with ``inputs`` (default: the
@@ -411,6 +414,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     example: Inputs | None = None
     declared: tuple[InputSpec, ...] | None = None
     notes: list[str] = []
+    meta = None
     loss_fn, loss_name, task, num_classes = None, "mean square of the output (no loss declared)", "unknown", None
     path = Path(spec.path) if spec.path else None
     # Errors name the file as the user knows it (spec.name: an upload is stored under a name of ours,
@@ -427,6 +431,14 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         loss_fn = task_loss(sample.task, sample.num_classes, spec.seed)
         loss_name = "cross-entropy" + (" over the vocabulary" if sample.task == "lm" else "")
         task, num_classes = sample.task, sample.num_classes
+    elif spec.source == "hf":
+        from diagnostics.hf import HFSettings, build
+
+        built = build(HFSettings.from_json(spec.hf), spec.device, spec.seed)
+        model, declared, meta = built.model, (built.input_spec,), built.meta_reason
+        loss_fn, loss_name, notes = built.loss_fn, built.loss_name, list(built.notes)
+        task = "lm" if built.task in ("causal-lm", "masked-lm") else "classification"
+        num_classes = built.num_classes
     elif spec.source == "torchscript":
         model = _load_torchscript(path, shown)
     elif spec.source == "export":
@@ -461,6 +473,10 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     device = torch.device(spec.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpecError(f"device {spec.device} was asked for but CUDA is not available here")
+    if meta:  # nothing to move: the parameters and inputs stay on the meta device
+        return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=make_inputs(specs, "meta", spec.seed),
+                           loss_fn=loss_fn, loss_name=loss_name, task=task, num_classes=num_classes,
+                           notes=notes, meta=meta)
     try:
         model = model.to(device)
     except Exception as e:

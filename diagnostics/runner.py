@@ -35,7 +35,7 @@ import psutil
 
 import diagnostics.procs as procs
 import diagnostics.sandbox as sandbox
-from diagnostics.errors import JobError, TorchScopeError
+from diagnostics.errors import JobError, SpecError, TorchScopeError
 from diagnostics.registry import get_analysis
 from diagnostics.settings import env_number
 from diagnostics.spec import ModelSpec, cache_key
@@ -128,6 +128,10 @@ class JobOutcome:
         return self.result
 
 
+#: Analyses that run on a model built on the meta device (counts on fake tensors, no measurement).
+META_ANALYSES = ("summary", "memory", "validate")
+
+
 class AnalysisContext:
     """What an analysis sees: the loaded model (lazily), options, progress and an artifact folder."""
 
@@ -145,7 +149,12 @@ class AnalysisContext:
             from diagnostics.intake import load_model
 
             self.progress(0.0, "loading model")
-            self._loaded = load_model(self.spec)
+            loaded = load_model(self.spec)
+            if loaded.meta and self.job.analysis not in META_ANALYSES:
+                raise SpecError(f"{self.spec.label} was {loaded.meta}: nothing was allocated, so only the "
+                                      f"counting analyses run on it ({', '.join(META_ANALYSES)}); for "
+                                      f"{self.job.analysis}, use a smaller config")
+            self._loaded = loaded
         return self._loaded
 
     def progress(self, fraction: float, message: str = "") -> None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from diagnostics.errors import SpecError
 
 #: Where a model can come from.
-SOURCES = ("sample", "torchscript", "export", "python", "pickle")
+SOURCES = ("sample", "torchscript", "export", "python", "pickle", "hf")
 
 #: dtypes an input may have, by the name users type.
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
@@ -96,11 +96,18 @@ class ModelSpec:
     device: str = "cpu"
     seed: int = 0
     extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: source "hf": a transformers config, task, sequence length (diagnostics.hf.HFSettings as JSON)
+    hf: str | None = None
 
     def __post_init__(self):
         if self.source not in SOURCES:
             raise SpecError(f"unknown model source {self.source!r}; one of {', '.join(SOURCES)}")
-        if self.source != "sample" and not self.path:
+        if self.source == "hf":
+            if not self.hf:
+                raise SpecError("a Hugging Face model needs its config (ModelSpec.hf)")
+            if self.file_sha256 is None:  # the config's content identifies the model (caches, widget keys)
+                object.__setattr__(self, "file_sha256", hashlib.sha256(self.hf.encode()).hexdigest()[:16])
+        elif self.source != "sample" and not self.path:
             raise SpecError(f"a {self.source} model needs a file path")
         if self.batch_size is not None and int(self.batch_size) <= 0:
             raise SpecError(f"batch size must be positive, got {self.batch_size}")
@@ -119,6 +126,8 @@ class ModelSpec:
         d = asdict(self)
         d["inputs"] = None if self.inputs is None else [i.to_dict() for i in self.inputs]
         d["extra"] = [list(kv) for kv in self.extra]
+        if d.get("hf") is None:
+            d.pop("hf", None)  # specs of other sources keep the dict (and cache keys) they had
         return d
 
     @classmethod

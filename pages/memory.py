@@ -17,7 +17,8 @@ with st.form("memory_form"):
         "optimizer": option_input("memory", "optimizer", c1, widget_key="mem_optimizer", format_func=str.upper),
         "lr": option_input("memory", "lr", c2, widget_key="mem_lr", max_value=10.0),
         "timeline": option_input("memory", "timeline", c3, widget_key="mem_timeline",
-                                 label="Memory timeline (slower: profiles with shapes and stacks)"),
+                                 label="Memory timeline", help="Slower: profiles with shapes and stacks to "
+                                                               "draw memory over time"),
     }
     rerun = st.form_submit_button("Run again", help="Results are cached per model, inputs, device and options")
 outcome = run_analysis("memory", spec, options, force=rerun)

@@ -106,6 +106,67 @@ def _upload_form() -> None:
     _follow_load()
 
 
+#: The size fields of the Hugging Face form: (label, config key) — transformers maps these common
+#: names onto each architecture's own (GPT-2's n_layer, n_embd, n_head).
+HF_SIZES = (("Layers", "num_hidden_layers"), ("Hidden size", "hidden_size"), ("Attention heads", "num_attention_heads"))
+
+
+@st.cache_data(show_spinner=False)
+def _hf_defaults(model_type: str) -> dict:
+    """The architecture's default sizes (transformers' config class defaults)."""
+    from diagnostics.hf import make_config
+
+    cfg, _ = make_config({"model_type": model_type})
+    keys = [k for _, k in HF_SIZES] + ["vocab_size", "intermediate_size"]
+    return {k: int(getattr(cfg, k)) for k in keys if isinstance(getattr(cfg, k, None), int)}
+
+
+def _hf_form() -> None:
+    """A transformers config (an architecture with sizes, or a config.json) built with random
+    weights in a worker, checked like an upload before it replaces the current model."""
+    from diagnostics.hf import ARCHITECTURES, DEFAULT_SEQ_LEN, TASKS, HFSettings, parse_assignments, read_config_json
+
+    how = st.radio("Config", ["Architecture", "config.json"], horizontal=True, key="sb_hf_how")
+    try:
+        if how == "Architecture":
+            arch = st.selectbox("Architecture", ARCHITECTURES, key="sb_hf_arch")
+            defaults = _hf_defaults(arch)
+            config, strict = {"model_type": arch}, True
+            cols = st.columns(2)
+            for n, (label, key) in enumerate(HF_SIZES + (("Vocabulary", "vocab_size"),)):
+                if key in defaults:
+                    config[key] = int(cols[n % 2].number_input(label, min_value=1, value=defaults[key], step=1,
+                                                               key=f"sb_hf_{arch}_{key}"))
+            extra = st.text_input("More config keys", key="sb_hf_extra", placeholder="e.g. intermediate_size=512",
+                                  help="KEY=VALUE pairs separated by commas; any key of the architecture's config")
+            config.update(parse_assignments(extra, "more config keys"))
+        else:
+            upload = st.file_uploader("config.json", type=["json"], key="sb_hf_file")
+            config, strict = (read_config_json(upload.getvalue(), upload.name), False) if upload else (None, False)
+    except (TorchScopeError, ImportError) as e:
+        st.error(str(e))
+        return
+    c1, c2 = st.columns(2)
+    task = c1.selectbox("Task", ("auto",) + TASKS, key="sb_hf_task",
+                        help="the head and loss; auto: from the config's architectures, else masked-LM for "
+                             "encoders and causal-LM for decoders")
+    seq_len = int(c2.number_input("Sequence length", min_value=1, max_value=1 << 20, value=DEFAULT_SEQ_LEN,
+                                  key="sb_hf_seq"))
+    st.caption("Random weights, nothing downloaded. A config too big for this machine is built on the meta "
+               "device: parameters, FLOPs and weight / gradient / optimizer memory are counted, nothing measured.")
+    if st.button("Build model", type="primary", disabled=config is None, key="sb_hf_build"):
+        try:
+            settings = HFSettings(config, None if task == "auto" else task, seq_len, "auto", strict)
+            spec = ModelSpec(source="hf", name=str(config["model_type"])[:80], hf=settings.to_json())
+        except TorchScopeError as e:
+            st.session_state[state.LOAD_ERROR] = str(e)
+            return
+        st.session_state[state.PENDING_LOAD] = {"spec": spec.to_dict(), "name": spec.name}
+        run_analysis("validate", spec, force=True, label=f"Building {spec.name}")
+        return
+    _follow_load()
+
+
 def _follow_load() -> None:
     """The upload being checked in a worker (in the background: its panel shows meanwhile): once it
     ends, switch to the model, or keep the previous one and say why."""
@@ -172,7 +233,8 @@ def render_sidebar() -> ModelSpec:
     show_notices()
     with sb:
         st.header("Model")
-        source = st.radio("Source", ["Built-in sample", "Upload a file"], horizontal=True, key="sb_source")
+        source = st.radio("Source", ["Built-in sample", "Upload a file", "Hugging Face config"], horizontal=True,
+                          key="sb_source")
         base, declared = None, None
         if source == "Built-in sample":
             names = list(SAMPLES)
@@ -181,7 +243,7 @@ def render_sidebar() -> ModelSpec:
             st.caption(SAMPLES[name].description)
             base, declared = ModelSpec(source="sample", name=name), SAMPLES[name].inputs
         else:
-            _upload_form()
+            _upload_form() if source == "Upload a file" else _hf_form()
             if st.session_state.get(state.LOAD_ERROR):
                 st.error(st.session_state[state.LOAD_ERROR])
             info = st.session_state.get(state.MODEL_INFO)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import streamlit as st
 
 from diagnostics.runner import JobOutcome
+from diagnostics.units import _SCALES, COMPACT_WIDTH, Scale, compact, scale_of
 
 
 def show_failure(outcome: JobOutcome) -> None:
@@ -23,11 +26,59 @@ def show_failure(outcome: JobOutcome) -> None:
             st.code(outcome.log_tail[-2000:], language=None)
 
 
-def metric_row(items: list[tuple[str, str, str | None]]) -> None:
-    """items: (label, value, help)."""
-    cols = st.columns(len(items))
-    for col, (label, value, help_) in zip(cols, items):
-        col.metric(label, value, help=help_)
+#: A tile's label and figure fit a tile at 1400 px (at most TILES_PER_ROW in a row): longer text goes
+#: into the help, never into the label (Streamlit cuts both with '…', taking the unit with it).
+MAX_LABEL_CHARS = 18
+MAX_VALUE_CHARS = COMPACT_WIDTH
+TILES_PER_ROW = 5
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One metric tile: a short label, the raw value in its declared unit (diagnostics.units.UNITS),
+    and the long text for the help. The figure is formatted here (units.compact), never by a view.
+    ``missing``: what None reads ('n/a', 'not counted', 'none'); ``signed``: '+' on gains."""
+
+    label: str
+    value: object
+    unit: str = "text"
+    help: str | None = None
+    missing: str = "n/a"
+    signed: bool = False
+
+    def text(self, scale: Scale | None = None) -> str:
+        return compact(self.value, self.unit, scale, signed=self.signed, missing=self.missing)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def tile_texts(tiles: list[Tile]) -> list[str]:
+    """Each tile's figure; tiles of one unit share one scale (the largest one's) so a page reads
+    '385.9 MiB' beside '12.0 MiB', unless that would show a small figure as 0.0x (then it keeps its own)."""
+    shared: dict[str, Scale] = {}
+    for unit in {t.unit for t in tiles if t.unit in _SCALES}:
+        values = [abs(float(t.value)) for t in tiles if t.unit == unit and _number(t.value)]
+        if len(values) < 2:
+            continue
+        sc = scale_of(max(values), unit)
+        if all(v == 0 or v / sc.factor >= 1 for v in values):
+            shared[unit] = sc
+    return [t.text(shared.get(t.unit)) if _number(t.value) and t.value != 0 else t.text() for t in tiles]
+
+
+def metric_row(tiles: list[Tile], per_row: int = TILES_PER_ROW) -> None:
+    """Tiles in rows of at most ``per_row`` (a sixth tile starts a second row of even width; a
+    narrow column passes fewer)."""
+    texts = tile_texts(tiles)
+    rows = -(-len(tiles) // per_row)
+    per_row = -(-len(tiles) // rows) if rows else 0
+    for start in range(0, len(tiles), per_row or 1):
+        chunk = list(zip(tiles, texts))[start:start + per_row]
+        cols = st.columns(per_row)
+        for col, (t, text) in zip(cols, chunk):
+            col.metric(t.label, text, help=t.help)
 
 
 def option_input(analysis: str, key: str, container=None, *, widget_key: str | None = None,
@@ -80,3 +131,35 @@ def option_input(analysis: str, key: str, container=None, *, widget_key: str | N
                                key=wkey, help=help_, **kwargs)
         return None if shown is None else cast(round(shown / scale, 12)) if scale != 1.0 else shown
     return c.text_input(label, value=o.default or "", key=wkey, help=help_, **kwargs)
+
+
+def unit_columns(df, columns: dict[str, tuple], config: dict | None = None, width: str | None = None):
+    """Numeric columns shown with their unit in the header and one scale per unit for the whole
+    table (so '(ms)' columns never mix with µs): ``columns`` maps a column to (label, unit) or
+    (label, unit, help); ``width`` ('small') keeps a wide table on the page. Returns the rescaled
+    copy of ``df`` and the column_config (merged into ``config``)."""
+    import pandas as pd
+
+    from diagnostics.units import column_scale
+
+    df = df.copy()
+    config = dict(config or {})
+    present = {c: spec for c, spec in columns.items() if c in df.columns}
+    by_unit: dict[str, list] = {}
+    for col, spec in present.items():
+        by_unit.setdefault(spec[1], []).extend(pd.to_numeric(df[col], errors="coerce").dropna().tolist())
+    scales = {unit: column_scale(values, unit) for unit, values in by_unit.items()
+              if unit in _SCALES or unit in ("fraction", "percent")}
+    for col, spec in present.items():
+        label, unit = spec[0], spec[1]
+        help_ = spec[2] if len(spec) > 2 else None
+        sc = scales.get(unit)
+        if sc is None:
+            fmt = "%.2f" if unit == "ratio" else "localized"
+            config[col] = st.column_config.NumberColumn(label + (" (x)" if unit == "ratio" else ""), format=fmt,
+                                                        help=help_, width=width)
+            continue
+        df[col] = pd.to_numeric(df[col], errors="coerce") / sc.factor
+        config[col] = st.column_config.NumberColumn(sc.header(label), format=sc.number_format(), help=help_,
+                                                    width=width)
+    return df, config

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from diagnostics.cli import report_folder as cli_report
-from diagnostics.cli.model_args import UsageError, add_model_args, build_spec
+from diagnostics.cli.model_args import UsageError, add_model_args, spec_from_args
 from diagnostics.cli.report_folder import add_report_args
 from diagnostics.cli.trace import add_trace_options
 from diagnostics.cli.options import add_options, collect_options, positive_int, score
@@ -321,8 +321,7 @@ def run_analysis_command(args) -> int:
         options = collect_options(ANALYSES[name], args)
         spec = None
         if ANALYSES[name].needs_model:
-            spec = build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust,
-                              inputs=args.inputs, batch_size=args.batch_size, device=args.device, seed=args.seed)
+            spec = spec_from_args(args)
     except TorchScopeError as e:
         _err(str(e))
         return EXIT_USAGE

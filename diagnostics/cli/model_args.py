@@ -37,7 +37,8 @@ def add_model_args(p, *, default_model: str | None = None, per_rank: bool = Fals
     --weights, --trust, --input, --batch-size, --seed, and --device unless ``device`` is False (a
     distributed run picks devices per rank). ``per_rank`` words the inputs and seed for one rank."""
     g = p.add_argument_group("model (the same description as the dashboard's sidebar)")
-    g.add_argument("--model", "-m", required=default_model is None, default=default_model, metavar="NAME_OR_PATH",
+    g.add_argument("--model", "-m", required=default_model is None and per_rank, default=default_model,
+                   metavar="NAME_OR_PATH",
                    help="a built-in sample (e.g. mlp, cnn, resnet, transformer"
                         + (f"; default {default_model}" if default_model else "") + ") or a model file: TorchScript "
                         "(.pt/.ts), torch.export (.pt2), Python file with build_model() (.py) or pickled module "
@@ -58,6 +59,27 @@ def add_model_args(p, *, default_model: str | None = None, per_rank: bool = Fals
         g.add_argument("--device", "-d", default="cpu", help="cpu (default), cuda or cuda:N")
     g.add_argument("--seed", type=int, default=0, help="seed for the random inputs and weights (default 0"
                                                        + ("; rank R adds R)" if per_rank else ")"))
+    if not per_rank:
+        add_hf_args(p)
+
+
+def add_hf_args(p) -> None:
+    """A Hugging Face config instead of --model: built with random weights, nothing downloaded."""
+    from diagnostics.hf import DEFAULT_SEQ_LEN, TASKS
+
+    g = p.add_argument_group("Hugging Face config (instead of --model; needs transformers, nothing is downloaded)")
+    g.add_argument("--hf", metavar="ARCH[:KEY=VALUE,...]|CONFIG_JSON",
+                   help="a transformers architecture and its sizes, e.g. gpt2:n_layer=2,n_embd=128 or "
+                        "llama:hidden_size=4096,num_hidden_layers=32, or a config.json file; the model is built "
+                        "with random weights")
+    g.add_argument("--hf-set", action="append", metavar="KEY=VALUE", default=None,
+                   help="set one config key (repeatable; after the --hf keys or file)")
+    g.add_argument("--hf-task", choices=TASKS, help="the head and loss (default: from the config's architectures, "
+                                                    "else masked-lm for encoders, causal-lm for decoders)")
+    g.add_argument("--seq-len", type=int, metavar="N", help=f"tokens per sequence (default {DEFAULT_SEQ_LEN})")
+    g.add_argument("--hf-meta", action="store_true",
+                   help="build on the meta device even when the model fits: counts only (parameters, FLOPs, "
+                        "weight / gradient / optimizer memory), nothing allocated or timed")
 
 
 class UsageError(TorchScopeError):
@@ -114,12 +136,54 @@ def normalise_device(device: str) -> str:
     return device
 
 
+def hf_spec(hf: str, *, hf_set: list[str] | None = None, hf_task: str | None = None, seq_len: int | None = None,
+            hf_meta: bool = False, batch_size: int | None = None, device: str = "cpu", seed: int = 0) -> ModelSpec:
+    """A ModelSpec for --hf (an architecture with sizes, or a config.json). The config's keys are
+    checked in the worker, where transformers is imported (an unknown key is an error there)."""
+    from diagnostics.hf import DEFAULT_SEQ_LEN, HFSettings, parse_hf_arg
+
+    if seq_len is not None and seq_len <= 0:
+        raise UsageError(f"bad --seq-len {seq_len}: must be a positive integer")
+    if batch_size is not None and batch_size <= 0:
+        raise UsageError(f"bad --batch-size {batch_size}: must be a positive integer")
+    try:
+        config, strict = parse_hf_arg(hf, hf_set or ())
+        settings = HFSettings(config, hf_task, seq_len or DEFAULT_SEQ_LEN, "on" if hf_meta else "auto", strict)
+        return ModelSpec(source="hf", name=str(config["model_type"])[:80], hf=settings.to_json(),
+                         batch_size=batch_size, device=normalise_device(device), seed=seed)
+    except SpecError as e:
+        raise UsageError(f"bad --hf: {e}") from None
+
+
+def spec_from_args(args) -> ModelSpec:
+    """The ModelSpec of a command's model arguments: --model (sample or file) or --hf."""
+    hf = getattr(args, "hf", None)
+    hf_only = {"--hf-set": getattr(args, "hf_set", None), "--hf-task": getattr(args, "hf_task", None),
+               "--seq-len": getattr(args, "seq_len", None), "--hf-meta": getattr(args, "hf_meta", False)}
+    if hf is None:
+        given = [flag for flag, v in hf_only.items() if v]
+        if given:
+            raise UsageError(f"{', '.join(given)} need --hf (a Hugging Face config)")
+        return build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust, inputs=args.inputs,
+                          batch_size=args.batch_size, device=args.device, seed=args.seed)
+    if args.model:
+        raise UsageError("--model and --hf are two model sources: give one")
+    others = [flag for flag, v in (("--kind", args.kind), ("--weights", args.weights), ("--input", args.inputs),
+                                   ("--trust", args.trust)) if v]
+    if others:
+        raise UsageError(f"{', '.join(others)} do not apply to --hf: its inputs come from the config "
+                         "(--seq-len, --batch-size) and its weights are random")
+    return hf_spec(hf, hf_set=args.hf_set, hf_task=args.hf_task, seq_len=args.seq_len, hf_meta=args.hf_meta,
+                   batch_size=args.batch_size, device=args.device, seed=args.seed)
+
+
 def build_spec(model: str, *, kind: str | None = None, weights: str | None = None, trust: bool = False,
                inputs: list[str] | None = None, batch_size: int | None = None, device: str = "cpu",
                seed: int = 0) -> ModelSpec:
     """A ModelSpec for a sample name or a model file, validated here (files must exist)."""
     if not model:
-        raise UsageError("--model is required: a sample name (e.g. resnet) or a model file")
+        raise UsageError("--model (a sample name such as resnet, or a model file) or --hf (a Hugging Face "
+                         "config) is required")
     path = Path(model).expanduser()
     parsed = tuple(parse_input(t) for t in inputs or [])
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +27,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 #: this kind without a formula is reported as not counted.
 ARITHMETIC_WORDS = frozenset({
     "mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "einsum", "linear", "conv", "convolution",
-    "attention", "gemm", "transformer", "linalg", "fft", "cholesky", "solve",
+    "attention", "gemm", "transformer", "linalg", "fft", "cholesky", "solve", "rnn", "lstm", "gru",
 })
 #: aten ops with such a word that move or reduce data rather than multiply matrices.
 NOT_ARITHMETIC = frozenset({"fft_fftshift", "fft_ifftshift", "linalg_vector_norm", "linalg_cross"})
@@ -158,6 +159,20 @@ def _sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, o
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
+def _rnn_layer(input, w_ih, w_hh, *args, out_val=None, **kwargs) -> int:
+    """One recurrent layer (mkldnn_rnn_layer: LSTM / GRU / RNN, one direction): at every time step and
+    batch row, the input and the hidden state times their gate weights, 2 x (w_ih + w_hh) FLOPs; the
+    gates' elementwise work is not counted, as for every other op (matmul FLOPs only)."""
+    size = lambda shape: math.prod(shape)  # noqa: E731  (formulas get shapes, not tensors)
+    steps_x_batch = size(input) // max(1, input[-1])
+    return 2 * steps_x_batch * (size(w_ih) + size(w_hh))
+
+
+def _rnn_layer_backward(input, w_ih, w_hh, *args, out_val=None, **kwargs) -> int:
+    """Gradients of the input / hidden state and of both weights: twice the forward's matmuls."""
+    return 2 * _rnn_layer(input, w_ih, w_hh)
+
+
 def formulas() -> dict:
     """FLOP formulas for the ops torch's registry lacks, for FlopCounterMode's custom_mapping."""
     aten = torch.ops.aten
@@ -179,6 +194,8 @@ def formulas() -> dict:
         "_scaled_dot_product_fused_attention_overrideable": _sdpa,
         "_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_backward,
         "_scaled_dot_product_attention_math_for_mps": _sdpa,
+        "mkldnn_rnn_layer": _rnn_layer,  # nn.LSTM / GRU / RNN on CPU: one call per layer and direction
+        "mkldnn_rnn_layer_backward": _rnn_layer_backward,
     }
     mapping = {getattr(aten, name): f for name, f in table.items() if hasattr(aten, name)}
     # transformers' MoE fallback (an opaque custom op over per-expert torch.mm), once transformers made it

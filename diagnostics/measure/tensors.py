@@ -59,6 +59,8 @@ def tensor_bytes(tensors) -> int:
         try:
             storage = t.untyped_storage()
             key, n = (storage.data_ptr(), t.device), storage.nbytes()
+            if not key[0]:  # meta or fake tensors have no storage to share: each tensor is its own
+                key, n = id(t), t.numel() * t.element_size()
         except (RuntimeError, NotImplementedError):  # sparse / functional tensors: size by elements
             key, n = id(t), t.numel() * t.element_size()
         if key in seen:
@@ -88,3 +90,11 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer | None) -> int:
 
 def trainable_bytes(model: nn.Module) -> int:
     return tensor_bytes(p for p in unique_params(model) if p.requires_grad)
+
+
+def fake_mode():
+    """A FakeTensorMode in which a model on the meta device runs (a Hugging Face config too big for
+    this machine): shapes and FLOPs without allocating memory."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(allow_non_fake_inputs=True)

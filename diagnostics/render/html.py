@@ -97,6 +97,10 @@ def _metrics_html(analysis: str, result: dict) -> str:
 
 def _figure_html(fig, include_js: bool) -> str:
     # include_plotlyjs=True inlines plotly.js (no CDN); config keeps the mode bar from linking out.
+    # The report has no Streamlit theme: for_report gives it the white template and uncut axes.
+    from diagnostics.render.charts.style import for_report
+
+    fig = for_report(fig)
     return fig.to_html(full_html=False, include_plotlyjs=include_js, include_mathjax=False,
                        config={"displaylogo": False, "responsive": True})
 

@@ -101,3 +101,28 @@ def test_timeline_lanes_and_events(result):
     assert 0.0 <= starts[0] and starts[-1] <= tl["span_ms"]
     steps = [e for e in tl["events"] if e["name"].startswith("ProfilerStep#")]
     assert len(steps) == 2 and all(e["depth"] == 0 for e in steps)
+
+
+def test_report_figures_keep_full_operator_names_and_make_room_for_them(result):
+    """The HTML report (opened outside Streamlit): every figure's axes automargin, titles set off from
+    their ticks, the top-operator bars labelled with the operators' full names, the white template
+    and a colour scale on the module icicle. Read back from the figure JSON in the page."""
+    from diagnostics.render.html import build_report
+    from tests.charts.test_style import figures_in_report
+
+    figs = figures_in_report(build_report("profile", result))
+    assert figs
+    for f in figs:
+        for axis in ("xaxis", "yaxis"):
+            if axis in f["layout"]:
+                assert f["layout"][axis].get("automargin") is True, (f["layout"].get("title"), axis)
+        assert f["layout"]["template"]["layout"]["plot_bgcolor"] == "white"
+    top = next(f for f in figs if f["layout"]["title"]["text"].startswith("Top") and "operators" in
+               f["layout"]["title"]["text"])
+    expected = [r["name"] for r in sorted(result["operators"], key=lambda r: -r["self_cpu_ms"]) if r["self_cpu_ms"] > 0]
+    ticks = top["data"][0]["y"]
+    assert ticks == expected[:len(ticks)] and any(len(t) > 10 for t in ticks)  # 'aten::addmm', not 'at'
+    hist = next(f for f in figs if f["layout"]["title"]["text"].startswith("Latency"))
+    assert hist["layout"]["yaxis"]["title"]["standoff"] > 0
+    icicle = next(d for f in figs for d in f["data"] if d["type"] == "icicle")
+    assert icicle["marker"]["colorscale"] and len(icicle["marker"]["colors"]) == len(icicle["ids"])

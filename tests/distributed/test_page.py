@@ -26,7 +26,7 @@ def test_page_loads_a_trace_folder_and_flags_the_straggler(new_app):
     labels = [m.label for m in at.metric]
     assert labels[:3] == ["Median step", "Slowest step", "Communication"]
     assert at.metric[labels.index("Stragglers")].value == "rank 1"
-    assert at.metric[labels.index("Comm/comp overlap")].value == "14.7 %"  # 120 / 815
+    assert at.metric[labels.index("Overlap")].value == "14.7 %"  # 120 / 815
     assert any("Straggler: rank 1" in w.value and "0.79 ms" in w.value for w in at.warning)
     ranks = at.dataframe[0].value
     assert list(ranks["rank"]) == [0, 1] and list(ranks["straggler"]) == [False, True]

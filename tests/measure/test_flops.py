@@ -175,3 +175,23 @@ def test_which_ops_are_reported_when_uncounted():
     for op in (aten.add, aten.lgamma, aten.cummax, aten.upsample_bilinear2d, aten.fft_fftshift,
                aten.linalg_vector_norm, aten._convert_indices_from_coo_to_csr, torch.ops.profiler._record_function_enter_new):
         assert not does_arithmetic(op), op
+
+
+def test_an_lstm_on_cpu_is_counted_by_hand_not_left_at_zero():
+    """nn.LSTM runs as aten::mkldnn_rnn_layer on CPU (one call per layer and direction), which torch's
+    counter does not know: 2 x T x B x 4H x (I + H) per layer and direction, backward twice that."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    T, B, I, H = 7, 3, 16, 24
+    m = nn.LSTM(I, H, num_layers=2, bidirectional=True, batch_first=True)
+    x = torch.randn(B, T, I)
+    per_dir_layer0 = 2 * T * B * 4 * H * (I + H)
+    per_dir_layer1 = 2 * T * B * 4 * H * (2 * H + H)  # layer 1 reads both directions' outputs
+    forward = 2 * (per_dir_layer0 + per_dir_layer1)
+    with torch.no_grad():
+        fwd = counted(lambda: m(x))
+    assert fwd.total == forward and not fwd.not_counted
+    both = counted(lambda: m(x)[0].sum().backward())
+    assert both.total == 3 * forward

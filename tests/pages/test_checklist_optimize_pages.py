@@ -19,7 +19,7 @@ def test_checklist_runs_and_apply_fix_preselects_it_on_optimize(new_app):
     assert not at.exception, [e.value for e in at.exception]
     labels = [m.label for m in at.metric]
     assert labels[:2] == ["Score", "Pass"]
-    assert 0 <= float(at.metric[0].value) <= 100
+    assert at.metric[0].value.endswith("/100") and 0 <= float(at.metric[0].value[:-4]) <= 100
     expanders = [e.label for e in at.expander]
     assert any(l.startswith("**Compute**") for l in expanders) and any("Thresholds" in l for l in expanders)
     assert len(at.get("download_button")) == 3  # Markdown, HTML, JSON
@@ -42,11 +42,12 @@ def test_optimize_runs_trials_and_shows_the_table(new_app):
     at.number_input(key="opt_warmup").set_value(1)
     at.button(key="opt_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    df = at.dataframe[0].value
+    df, measured = at.dataframe[0].value, at.dataframe[1].value  # what decides; every measurement
     assert list(df["fix"]) == ["Baseline (eval, no_grad)", "A/A control (the baseline, timed as if it were a fix)",
                                "inference_mode", "channels_last memory format"]
-    assert list(df["status"]) == ["ok", "ok", "ok", "not_applicable"]
-    assert "no Conv2d layers" in df["why / notes"].iloc[3]
+    assert list(measured["status"]) == ["ok", "ok", "ok", "not_applicable"]
+    assert "no Conv2d layers" in measured["why / notes"].iloc[3]
+    assert df["assessment"].iloc[3].startswith("not applicable: ") and "no Conv2d layers" in df["assessment"].iloc[3]
     assert df["verdict"].iloc[0] == "" and df["verdict"].iloc[2].split(" (")[0] in ("faster", "slower", "within noise")
     assert df["95% interval"].iloc[1].startswith("[")  # the control's interval: the noise floor
     # what the fix buys or costs, in words with its numbers (inference_mode keeps the outputs exactly)
@@ -76,7 +77,7 @@ def test_a_training_fix_from_the_checklist_opens_a_training_step_trial(new_app):
     at.button(key="opt_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
     df = at.dataframe[0].value
-    assert list(df["status"]) == ["ok"] * 4
+    assert list(at.dataframe[1].value["status"]) == ["ok"] * 4
     assert df["fix"].iloc[0].startswith("Baseline training step (AdamW, lr 0.001")
     # the same effective batch from micro-batches: the losses follow the baseline's, the gradients point alike
     assert df["loss diff (rel, max)"].iloc[2] < 1e-4 and df["gradient cosine"].iloc[2] > 0.9999

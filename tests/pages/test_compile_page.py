@@ -17,7 +17,7 @@ def test_compile_page_shows_the_breaks_of_the_sample_that_has_them(new_app):
     at.button(key="cmp_run").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert [m.label for m in at.metric] == ["Graphs", "Graph breaks", "Recompiles", "Compile time",
-                                           "Compiled speed-up"]
+                                           "Speed-up"]
     assert [m.value for m in at.metric][:2] == ["3", "2"]
     item_line = next(i for i, l in enumerate(MLPS.read_text().splitlines(), 1) if "h.mean().item() > 0.5" in l)
     assert any(e.label.startswith(f"mlps.py:{item_line} · Unsupported Tensor.item() call") for e in at.expander)

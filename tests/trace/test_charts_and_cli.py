@@ -133,3 +133,14 @@ def test_an_uploaded_trace_is_named_by_its_own_file_name_in_errors_and_results(t
     stored.write_text((DATA / "gpu_small.json").read_text())
     result = execute(Job("trace", None, {"path": str(stored), "display_name": "worker3.json"}), tmp_path / "b")
     assert result["name"] == "worker3.json"
+
+
+def test_diff_figure_axis_in_the_scale_of_its_changes():
+    """The recorded pair changes by 5-20 µs: the axis reads µs (as the page's tiles and table do), not
+    0.02 ms; each bar is the row's delta in that unit."""
+    r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
+    fig = charts.build_diff_figure(r)
+    assert fig.layout.xaxis.title.text == "change in time (µs)"
+    deltas = {row["name"]: row["delta_us"] for row in r["rows"] if row["status"] != "unchanged"}
+    assert dict(zip(fig.data[0].y, fig.data[0].x)) == deltas
+    assert fig.layout.yaxis.automargin is True

@@ -12,7 +12,7 @@ from diagnostics.render.charts.checklist import build_score_gauge_figure, build_
 from diagnostics.analyses.checklist.report import build_markdown
 from diagnostics.analyses.checklist import SCORE_FORMULA
 from diagnostics.analyses.checklist.rules import CATEGORIES, STATUS_LABEL, STATUSES
-from ui.widgets import metric_row
+from ui.widgets import Tile, metric_row, unit_columns
 
 ICON = {"pass": ":material/check_circle:", "warn": ":material/warning:", "fail": ":material/cancel:",
         "error": ":material/bug_report:", "not_applicable": ":material/remove_circle_outline:"}
@@ -50,8 +50,23 @@ def fix_first_table(entries: list[dict]) -> None:
     df = pd.DataFrame([{"#": i + 1, "what": e["title"],
                         "est. saving (ms/step)": e["est_saving_ms"], "how it was estimated": e["how"],
                         "fix / trial": e["fix"] or "", "detail": e["detail"]} for i, e in enumerate(entries)])
-    st.dataframe(df, hide_index=True, width="stretch",
-                 column_config={"est. saving (ms/step)": st.column_config.NumberColumn(format="%.3f")})
+    df, config = unit_columns(df, {"est. saving (ms/step)": ("Saving/step", "ms", "estimated time saved per step")}, {
+        "#": st.column_config.NumberColumn("#", width="small"), "what": st.column_config.TextColumn("what", width="medium"),
+        "how it was estimated": st.column_config.TextColumn("how it was estimated", width="medium"),
+        "fix / trial": st.column_config.TextColumn("fix / trial", width="small"),
+        "detail": st.column_config.TextColumn("detail", width="medium")})
+    st.dataframe(df, hide_index=True, width="stretch", column_config=config)
+
+
+def tiles(result: dict) -> list[Tile]:
+    c = result["counts"]
+    out = [Tile("Score", result["score"], "score", SCORE_FORMULA),
+           Tile("Pass", c["pass"], "count", "rules passed"), Tile("Warn", c["warn"], "count", "rules that warn"),
+           Tile("Fail", c["fail"], "count", "rules that fail"),
+           Tile("N/a", c["not_applicable"], "count", "rules that do not apply here (see why)")]
+    if c.get("error"):
+        out.insert(4, Tile("Rule errors", c["error"], "count", "rules that crashed: counted as failed"))
+    return out
 
 
 def show(result: dict, apply_fix: Callable[[str], None] | None = None, ranked: list[dict] | None = None,
@@ -68,12 +83,7 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None, ranked: l
     g1, g2 = st.columns([2, 3])
     g1.plotly_chart(build_score_gauge_figure(result), width="stretch")
     with g2:
-        tiles = [("Score", "n/a" if result["score"] is None else f"{result['score']:.0f}", SCORE_FORMULA),
-                 ("Pass", str(c["pass"]), None), ("Warn", str(c["warn"]), None), ("Fail", str(c["fail"]), None),
-                 ("Not applicable", str(c["not_applicable"]), "rules that do not apply here (see why)")]
-        if c.get("error"):
-            tiles.insert(4, ("Rule errors", str(c["error"]), "rules that crashed: counted as failed"))
-        metric_row(tiles)
+        metric_row(tiles(result), per_row=3)  # beside the gauge: 3 a row keep '88/100' whole
         st.plotly_chart(build_status_by_category_figure(result), width="stretch")
     for note in result.get("notes", []):
         st.info(f"A probe could not run: {note}")

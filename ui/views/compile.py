@@ -7,27 +7,34 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.render.charts.compile import build_compile_time_figure, build_graphs_figure, build_timing_figure
-from ui.widgets import metric_row
+from diagnostics.units import compact
+from ui.widgets import Tile, metric_row
 
 
 def _s(v) -> str:
     return "n/a" if v is None else f"{v:.2f} s"
 
 
+def tiles(result: dict) -> list[Tile]:
+    m, o = result["metrics"], result["options"]
+    ci = "" if m["speedup_ci_low"] is None else f"interval [{m['speedup_ci_low']:.2f}, {m['speedup_ci_high']:.2f}]"
+    return [
+        Tile("Graphs", m["graph_count"], "count", "as torch._dynamo.explain counts them"),
+        Tile("Graph breaks", m["graph_break_count"], "count", f"{m['break_sites']} distinct places"),
+        Tile("Recompiles", m["recompiles"], "count", "guard failures while running (incl. the batch x2 probe)"
+             if o["recompile_probe"] else "guard failures while running"),
+        Tile("Compile time", m["compile_time_s"], "s", "Dynamo + backend, all frames of the first call; first call "
+             + compact(m["first_call_ms"], "ms")),
+        Tile("Speed-up", m["speedup"], "ratio", "compiled vs eager: " + (f"{m['verdict']}; {ci}" if ci else
+                                                                         str(m["verdict"]))),
+    ]
+
+
 def show(result: dict) -> None:
     m, o = result["metrics"], result["options"]
     st.caption(f"{result['model']} · device {result['device']} · backend {o['backend']} · mode {o['mode']} · "
                f"dynamic {o['dynamic']} · torch {result['torch_version']}")
-    ci = "" if m["speedup_ci_low"] is None else f"interval [{m['speedup_ci_low']:.2f}, {m['speedup_ci_high']:.2f}]"
-    metric_row([
-        ("Graphs", str(m["graph_count"]), "as torch._dynamo.explain counts them"),
-        ("Graph breaks", str(m["graph_break_count"]), f"{m['break_sites']} distinct places"),
-        ("Recompiles", str(m["recompiles"]), "guard failures while running (incl. the batch x2 probe)"
-         if o["recompile_probe"] else "guard failures while running"),
-        ("Compile time", _s(m["compile_time_s"]), f"first call {m['first_call_ms']:.0f} ms"),
-        ("Compiled speed-up", "n/a" if m["speedup"] is None else f"x{m['speedup']:.2f}",
-         f"{m['verdict']}; {ci}" if ci else m["verdict"]),
-    ])
+    metric_row(tiles(result))
     if m["fullgraph_ok"] is False:
         st.error(f"fullgraph=True fails: {result['fullgraph_error']}", icon=":material/call_split:")
     elif m["fullgraph_ok"]:

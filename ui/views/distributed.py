@@ -9,11 +9,33 @@ import streamlit as st
 from diagnostics.render.charts.distributed import (build_breakdown_figure, build_collectives_figure,
                                             build_overlap_figure, build_rank_step_figure)
 from diagnostics.units import human_bytes
-from ui.widgets import metric_row
+from ui.widgets import Tile, metric_row, unit_columns
 
 
-def _ms(v) -> str:
-    return "n/a" if v is None else f"{v:.2f} ms"
+def _ranks(ranks: list) -> str:
+    """'none', 'rank 1', 'ranks 1, 3', or '5 ranks' when the list would not fit a tile."""
+    if not ranks:
+        return "none"
+    text = ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+    return text if len(text) <= 12 else f"{len(ranks)} ranks"
+
+
+def tiles(result: dict) -> list[Tile]:
+    m, t = result["metrics"], result["thresholds"]
+    stragglers = result["stragglers"]
+    return [
+        Tile("Median step", m["median_step_ms"], "ms", "median over every rank's profiled steps (ProfilerStep)"),
+        Tile("Slowest step", m["max_step_ms"], "ms", "the slowest profiled step of any rank"),
+        Tile("Communication", m["comm_fraction"], "fraction", "share of step time with a collective running"),
+        Tile("Exposed comm.", m["exposed_comm_fraction"], "fraction",
+             "share of step time spent communicating while nothing computes"),
+        Tile("Overlap", m["overlap_ratio"], "fraction",
+             "communication/computation overlap: overlap time / communication time, how much communication is "
+             "hidden behind computation"),
+        Tile("Stragglers", _ranks(stragglers), "text",
+             (("ranks " + ", ".join(str(r) for r in stragglers) + ": ") if stragglers else "")
+             + f"busy time over {t['threshold_ms']:.2f} ms"),
+    ]
 
 
 def show(result: dict) -> None:
@@ -24,17 +46,7 @@ def show(result: dict) -> None:
     st.caption(f"{source} · {m['ranks_loaded']} of {m['world_size']} ranks · {m['steps_per_rank']} profiled steps "
                f"per rank · {result['device_kind']} · backend {result['backend']}")
     stragglers = result["stragglers"]
-    metric_row([
-        ("Median step", _ms(m["median_step_ms"]), "median over every rank's profiled steps (ProfilerStep)"),
-        ("Slowest step", _ms(m["max_step_ms"]), None),
-        ("Communication", f"{100 * m['comm_fraction']:.1f} %", "share of step time with a collective running"),
-        ("Exposed comm.", f"{100 * m['exposed_comm_fraction']:.1f} %",
-         "share of step time spent communicating while nothing computes"),
-        ("Comm/comp overlap", "n/a" if m["overlap_ratio"] is None else f"{100 * m['overlap_ratio']:.1f} %",
-         "overlap time / communication time: how much communication is hidden behind computation"),
-        ("Stragglers", ", ".join(f"rank {r}" for r in stragglers) or "none",
-         f"busy time over {t['threshold_ms']:.2f} ms"),
-    ])
+    metric_row(tiles(result))
     if stragglers:
         st.warning(f"**Straggler{'s' if len(stragglers) > 1 else ''}: "
                    + ", ".join(f"rank {r}" for r in stragglers)
@@ -59,43 +71,42 @@ def show(result: dict) -> None:
         df = pd.DataFrame(result["ranks"])[["rank", "step_ms", "wall_step_ms", "busy_ms", "compute_ms", "comm_ms",
                                             "overlap_ms", "exposed_comm_ms", "other_ms", "overlap_ratio",
                                             "straggler", "file"]]
-        c4.dataframe(df, hide_index=True, width="stretch", column_config={
-            "rank": st.column_config.NumberColumn("Rank"),
-            "step_ms": st.column_config.NumberColumn("Step (ms)", format="%.2f", help="median ProfilerStep"),
-            "wall_step_ms": st.column_config.NumberColumn("Step, wall clock (ms)", format="%.2f",
-                                                          help="perf_counter / CUDA events around each step"),
-            "busy_ms": st.column_config.NumberColumn("Busy (ms)", format="%.2f",
-                                                     help="step minus exposed communication"),
-            "compute_ms": st.column_config.NumberColumn("Compute (ms)", format="%.2f"),
-            "comm_ms": st.column_config.NumberColumn("Comm (ms)", format="%.2f"),
-            "overlap_ms": st.column_config.NumberColumn("Overlap (ms)", format="%.2f"),
-            "exposed_comm_ms": st.column_config.NumberColumn("Exposed comm (ms)", format="%.2f"),
-            "other_ms": st.column_config.NumberColumn("Other (ms)", format="%.2f"),
-            "overlap_ratio": st.column_config.NumberColumn("Overlap ratio", format="%.2f"),
-            "straggler": st.column_config.CheckboxColumn("Straggler"),
-            "file": st.column_config.TextColumn("Trace file"),
-        })
+        df, config = unit_columns(df, {
+            "step_ms": ("Step", "ms", "median ProfilerStep"),
+            "wall_step_ms": ("Wall", "ms", "step, wall clock: perf_counter / CUDA events around each step"),
+            "busy_ms": ("Busy", "ms", "step minus exposed communication"), "compute_ms": ("Compute", "ms"),
+            "comm_ms": ("Comm", "ms"), "overlap_ms": ("Overlap", "ms"), "exposed_comm_ms": ("Exposed", "ms", "communication while nothing computes"),
+            "other_ms": ("Other", "ms"),
+            "overlap_ratio": ("Hidden", "fraction", "overlap time / communication time: the share of "
+                                                    "communication hidden behind computation")}, {
+            "rank": st.column_config.NumberColumn("Rank", width="small"),
+            "straggler": st.column_config.CheckboxColumn("Straggler", width="small"),
+            })
+        # the trace files below the table, so its figures keep the page's width
+        c4.dataframe(df.drop(columns=["file"]), hide_index=True, width="stretch", column_config=config)
+        c4.caption("Trace files: " + ", ".join(f"rank {r['rank']}: {r['file']}" for r in result["ranks"]))
     with tab_coll:
         if result["collectives"]:
             st.plotly_chart(build_collectives_figure(result), width="stretch")
             cdf = pd.DataFrame(result["collectives"]).assign(
                 mean_message=lambda d: d["mean_bytes"].map(lambda b: "not recorded" if pd.isna(b) else human_bytes(b)))
-            st.dataframe(cdf[["name", "where", "calls", "ranks", "total_ms", "mean_ms", "max_ms", "mean_message",
-                              "bytes"]], hide_index=True, width="stretch", column_config={
-                "name": st.column_config.TextColumn("Collective"),
-                "where": st.column_config.TextColumn("Runs on"),
-                "calls": st.column_config.NumberColumn("Calls"),
-                "ranks": st.column_config.NumberColumn("Ranks"),
-                "total_ms": st.column_config.NumberColumn("Total (ms)", format="%.3f"),
-                "mean_ms": st.column_config.NumberColumn("Mean (ms)", format="%.3f"),
-                "max_ms": st.column_config.NumberColumn("Max (ms)", format="%.3f"),
-                "mean_message": st.column_config.TextColumn("Mean message"),
-                "bytes": st.column_config.NumberColumn("Total bytes", format="localized"),
-            })
+            cdf, config = unit_columns(
+                cdf[["name", "where", "calls", "ranks", "total_ms", "mean_ms", "max_ms", "mean_message", "bytes"]],
+                {"total_ms": ("Total", "ms"), "mean_ms": ("Mean", "ms"), "max_ms": ("Max", "ms"),
+                 "bytes": ("Total moved", "bytes")}, {
+                    "name": st.column_config.TextColumn("Collective"),
+                    "where": st.column_config.TextColumn("Runs on"),
+                    "calls": st.column_config.NumberColumn("Calls"),
+                    "ranks": st.column_config.NumberColumn("Ranks"),
+                    "mean_message": st.column_config.TextColumn("Mean message")})
+            st.dataframe(cdf, hide_index=True, width="stretch", column_config=config)
         else:
             st.info("No collective events in the profiled steps.")
     with tab_steps:
-        st.dataframe(pd.DataFrame(result["steps"]), hide_index=True, width="stretch")
+        steps = pd.DataFrame(result["steps"])
+        steps, config = unit_columns(steps, {c: (c[:-3].replace("_", " ").capitalize(), "ms") for c in steps.columns
+                                             if c.endswith("_ms")})
+        st.dataframe(steps, hide_index=True, width="stretch", column_config=config)
     if launch.get("command"):
         with st.expander("torchrun command"):
             st.code(launch["command"], language="bash")

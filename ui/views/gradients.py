@@ -7,7 +7,7 @@ import streamlit as st
 
 from diagnostics.render.charts.gradients import (STATUS_COLORS, build_activation_health_figure, build_global_norm_figure,
                                           build_grad_heatmap_figure, build_grad_norm_depth_figure)
-from ui.widgets import metric_row
+from ui.widgets import Tile, metric_row
 
 
 def _fmt(v) -> str:
@@ -18,22 +18,27 @@ def _status_style(col: pd.Series) -> list[str]:
     return [f"color: white; background-color: {STATUS_COLORS.get(v, '#9E9E9E')}" for v in col]
 
 
+def tiles(result: dict) -> list[Tile]:
+    m = result["metrics"]
+    return [
+        Tile("Layers flagged", f"{m['layers_flagged']} / {m['layers']}", "text", "layers not classified healthy"),
+        Tile("Vanishing", m["layers_vanishing"], "count", "layers whose gradients vanish"),
+        Tile("Exploding", m["layers_exploding"], "count", "layers whose gradients explode"),
+        Tile("Dead", m["layers_dead"], "count", "layers whose gradients are (almost) all zero"),
+        Tile("Non-finite", m["layers_nonfinite"], "count", "layers with NaN or Inf gradients"),
+        Tile("Global norm", _fmt(m["global_norm_last"]), "text",
+             f"L2 norm of all gradients together at the last step (first step: {_fmt(m['global_norm_first'])}); "
+             "the Global norm tab shows every step"),
+    ]
+
+
 def show(result: dict) -> None:
     m = result["metrics"]
     o = result["options"]
     st.caption(f"{result['model']} · device {result['device']} · {o['steps']} step{'s' if o['steps'] != 1 else ''} "
                f"of {o['optimizer']} at lr "
                f"{o['lr']:g}")
-    metric_row([
-        ("Layers flagged", f"{m['layers_flagged']} / {m['layers']}", "layers not classified healthy"),
-        ("Vanishing", str(m["layers_vanishing"]), None),
-        ("Exploding", str(m["layers_exploding"]), None),
-        ("Dead", str(m["layers_dead"]), None),
-        ("Non-finite", str(m["layers_nonfinite"]), None),
-        ("Global norm", _fmt(m["global_norm_last"]),
-         f"L2 norm of all gradients together at the last step (first step: {_fmt(m['global_norm_first'])}); "
-         "the Global norm tab shows every step"),
-    ])
+    metric_row(tiles(result))
     if m["layers_flagged"] and result.get("confidence") == "low":
         st.warning(f"Gradient flow: {result['verdict']} (low confidence: a stand-in loss, see below)")
     elif m["layers_flagged"]:
@@ -52,17 +57,19 @@ def show(result: dict) -> None:
         cols = [c for c in cols if c in df.columns]  # results stored before layer kinds have no kind / rule
         st.dataframe(df[cols].style.apply(_status_style, subset=["status"]), hide_index=True, width="stretch",
                      column_config={
-                         "index": st.column_config.NumberColumn("#"),
+                         "index": st.column_config.NumberColumn("#", width="small"),
                          "layer": st.column_config.TextColumn("Layer (forward order)"),
                          "rule": st.column_config.TextColumn("Vanishing rule applied"),
+                         "status": st.column_config.TextColumn("Status", width="small"),
+                         "reason": st.column_config.TextColumn("Reason", width="small"),
                          "grad_norm_mean": st.column_config.NumberColumn("Grad L2 norm", format="%.3e"),
                          "grad_norm_relative": st.column_config.NumberColumn("Norm / largest", format="%.2e"),
                          "grad_abs_mean": st.column_config.NumberColumn("Mean |g|", format="%.3e"),
                          "grad_abs_max": st.column_config.NumberColumn("Max |g|", format="%.3e"),
                          "update_ratio_mean": st.column_config.NumberColumn("‖Δw‖ / ‖w‖", format="%.2e"),
-                         "zero_fraction": st.column_config.NumberColumn("Zero grads", format="percent"),
-                         "nan_count": st.column_config.NumberColumn("NaN"),
-                         "inf_count": st.column_config.NumberColumn("Inf"),
+                         "zero_fraction": st.column_config.NumberColumn("Zero grads", format="percent", width="small"),
+                         "nan_count": st.column_config.NumberColumn("NaN", width="small"),
+                         "inf_count": st.column_config.NumberColumn("Inf", width="small"),
                      })
     with tab_depth:
         st.plotly_chart(build_grad_norm_depth_figure(result), width="stretch")

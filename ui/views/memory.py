@@ -11,31 +11,70 @@ import streamlit as st
 from diagnostics.render.charts.memory import (build_batch_scan_figure, build_estimate_figure, build_layer_activation_figure,
                                        build_memory_breakdown_figure, build_memory_timeline_figure)
 from diagnostics.units import human_bytes
-from ui.widgets import metric_row
-
-MIB = 2**20
+from ui.widgets import Tile, metric_row, unit_columns
 
 
 def _source_caption(label: str, source: str) -> None:
     st.caption(f"**{label}** — {source}")
 
 
+def _show_counted(result: dict) -> None:
+    """A model on the meta device (too big to build here): the counted static memory, no peaks."""
+    m = result["metrics"]
+    st.caption(f"{result['model']} · built on the meta device · optimizer {result['options']['optimizer']}")
+    metric_row([
+        Tile("Parameters", m["param_bytes"], "bytes", "weights as stored, tied weights once"),
+        Tile("Gradients", m["grad_bytes"], "bytes", "one per trainable parameter"),
+        Tile("Optimizer state", m["optimizer_state_bytes"], "bytes", result["accounting"]["source"]),
+        Tile("Static total", m["static_train_bytes"], "bytes",
+             "weights + gradients + optimizer state; activations not included"),
+        Tile("Training peak", None, "bytes", "the model was not built: no activations, inputs or peaks",
+             missing="not measured"),
+    ])
+    for note in result.get("notes", []):
+        st.info(note)
+    st.plotly_chart(build_memory_breakdown_figure(result), width="stretch")
+
+
+def tiles(result: dict) -> list[Tile]:
+    m = result["metrics"]
+    est = result["estimate"]["estimates"][-1]  # the one estimate_bytes is
+    return [
+        Tile("Training peak", m["peak_train_bytes"], "bytes", "peak of one training step: " + result["train"]["source"]),
+        Tile("Inference peak", m["peak_inference_bytes"], "bytes", result["inference"]["source"]),
+        Tile("Reserved", m["reserved_train_bytes"], "bytes",
+             "reserved by the CUDA caching allocator (torch.cuda.max_memory_reserved); the CPU has no caching "
+             "allocator to report"),
+        Tile("Saved for backward", m["saved_activation_bytes"], "bytes",
+             "activations autograd keeps for backward (saved_tensors_hooks), each storage once"),
+        Tile("Estimate", m["estimate_bytes"], "bytes",
+             "estimated before running" + (f"; error vs measured: {est['error_pct']:+.1f} %"
+                                           if est["error_pct"] is not None else "")),
+        Tile("Process RSS", result["rss"]["end_bytes"], "bytes", result["rss"]["source"]),
+    ]
+
+
+def scan_tiles(result: dict) -> list[Tile]:
+    m = result["metrics"]
+    return [
+        Tile("Largest batch", m["largest_batch_under_budget"], "count",
+             "the largest batch under the memory budget, found by doubling, then binary search", missing="none"),
+        Tile("Memory budget", m["budget_bytes"], "bytes", result["budget"]["source"]),
+        Tile("Best throughput", m["max_throughput"], "per_s",
+             "samples per second" + ("" if m["best_throughput_batch"] is None
+                                     else f", at batch {m['best_throughput_batch']}")),
+        Tile("Probes", m["probes"], "count", "batch sizes tried"),
+    ]
+
+
 def show(result: dict) -> None:
+    if result.get("meta"):
+        _show_counted(result)
+        return
     m = result["metrics"]
     st.caption(f"{result['model']} · device {result['device']} · batch {result['batch_size']} · optimizer "
                f"{result['options']['optimizer']}")
-    est = result["estimate"]["estimates"][-1]  # the one estimate_bytes is
-    metric_row([
-        ("Training-step peak", human_bytes(m["peak_train_bytes"]), result["train"]["source"]),
-        ("Inference peak", human_bytes(m["peak_inference_bytes"]), result["inference"]["source"]),
-        ("Reserved (CUDA cache)", human_bytes(m["reserved_train_bytes"]) if m["reserved_train_bytes"] is not None
-         else "n/a", "torch.cuda.max_memory_reserved; the CPU has no caching allocator to report"),
-        ("Saved for backward", human_bytes(m["saved_activation_bytes"]),
-         "activations autograd keeps for backward (saved_tensors_hooks), each storage once"),
-        ("Estimate before running", human_bytes(m["estimate_bytes"]),
-         f"error vs measured: {est['error_pct']:+.1f} %" if est["error_pct"] is not None else None),
-        ("Process RSS", human_bytes(result["rss"]["end_bytes"]), result["rss"]["source"]),
-    ])
+    metric_row(tiles(result))
     with st.expander("Where each figure comes from"):
         _source_caption("Training-step peak", result["train"]["source"])
         _source_caption("Inference peak", result["inference"]["source"])
@@ -58,24 +97,21 @@ def show(result: dict) -> None:
         st.plotly_chart(build_memory_breakdown_figure(result), width="stretch")
         parts = result["accounting"]["parts"]
         at_peak = (result.get("breakdown_at_peak") or {}).get("parts", {})
-        st.dataframe(pd.DataFrame([{"category": c, "at the peak (MiB)": at_peak.get(c, 0) / MIB if at_peak else None,
-                                    "resident size (MiB)": parts.get(c, 0) / MIB}
-                                   for c in dict.fromkeys(list(parts) + list(at_peak))]),
-                     hide_index=True, width="stretch",
-                     column_config={"at the peak (MiB)": st.column_config.NumberColumn(format="%.3f"),
-                                    "resident size (MiB)": st.column_config.NumberColumn(format="%.3f")})
+        df, config = unit_columns(
+            pd.DataFrame([{"category": c, "at_peak": at_peak.get(c, 0) if at_peak else None,
+                           "resident": parts.get(c, 0)} for c in dict.fromkeys(list(parts) + list(at_peak))]),
+            {"at_peak": ("At the peak", "bytes"), "resident": ("Resident size", "bytes")},
+            {"category": st.column_config.TextColumn("Category")})
+        st.dataframe(df, hide_index=True, width="stretch", column_config=config)
     with tab_layers:
         st.plotly_chart(build_layer_activation_figure(result), width="stretch")
         df = pd.DataFrame(result["layers"])
         if not df.empty:
-            df = df.assign(output_mib=df["output_bytes"] / MIB, saved_mib=df["saved_bytes"] / MIB)
-            st.dataframe(df[["layer", "type", "output_mib", "saved_mib"]], hide_index=True, width="stretch",
-                         column_config={
-                             "layer": st.column_config.TextColumn("Layer (forward order)"),
-                             "type": st.column_config.TextColumn("Type"),
-                             "output_mib": st.column_config.NumberColumn("Output (MiB)", format="%.4f"),
-                             "saved_mib": st.column_config.NumberColumn("Saved for backward (MiB)", format="%.4f"),
-                         })
+            df, config = unit_columns(df[["layer", "type", "output_bytes", "saved_bytes"]], {
+                "output_bytes": ("Output", "bytes"), "saved_bytes": ("Saved for backward", "bytes")}, {
+                "layer": st.column_config.TextColumn("Layer (forward order)"),
+                "type": st.column_config.TextColumn("Type")})
+            st.dataframe(df, hide_index=True, width="stretch", column_config=config)
     with tab_time:
         st.plotly_chart(build_memory_timeline_figure(result), width="stretch")
         st.caption(result["timeline"]["source"])
@@ -86,15 +122,7 @@ def show(result: dict) -> None:
 
 
 def show_scan(result: dict) -> None:
-    m = result["metrics"]
-    metric_row([
-        ("Largest batch under budget", "none" if m["largest_batch_under_budget"] is None
-         else str(m["largest_batch_under_budget"]), "found by doubling, then binary search"),
-        ("Memory budget", human_bytes(m["budget_bytes"]), result["budget"]["source"]),
-        ("Best throughput", "n/a" if m["max_throughput"] is None else f"{m['max_throughput']:,.0f} samples/s",
-         None if m["best_throughput_batch"] is None else f"at batch {m['best_throughput_batch']}"),
-        ("Probes", str(m["probes"]), None),
-    ])
+    metric_row(scan_tiles(result))
     if result["stopped"]:
         st.warning(result["summary"])
     else:
@@ -102,12 +130,10 @@ def show_scan(result: dict) -> None:
     st.plotly_chart(build_batch_scan_figure(result), width="stretch")
     st.caption(f"Memory: {result['memory_source']}. Timing: {result['timing_source']}.")
     df = pd.DataFrame(result["rows"] + [{**s, "searched": True} for s in result["search"]])
-    df = df.assign(peak_mib=df["peak_bytes"].astype(float) / MIB)
-    cols = [c for c in ["batch", "fits", "latency_ms", "throughput", "peak_mib", "reason"] if c in df]
-    st.dataframe(df[cols], hide_index=True, width="stretch",
-                 column_config={"latency_ms": st.column_config.NumberColumn("Latency (ms)", format="%.2f"),
-                                "throughput": st.column_config.NumberColumn("Throughput (samples/s)", format="%.0f"),
-                                "peak_mib": st.column_config.NumberColumn("Peak (MiB)", format="%.2f")})
+    cols = [c for c in ["batch", "fits", "latency_ms", "throughput", "peak_bytes", "reason"] if c in df]
+    df, config = unit_columns(df[cols], {"latency_ms": ("Latency", "ms"), "peak_bytes": ("Peak", "bytes")}, {
+        "throughput": st.column_config.NumberColumn("Throughput (samples/s)", format="%.0f")})
+    st.dataframe(df, hide_index=True, width="stretch", column_config=config)
 
 
 #: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).

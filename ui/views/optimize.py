@@ -13,7 +13,7 @@ from diagnostics.render.charts.optimize import (build_fidelity_figure, build_lat
                                                 build_train_fidelity_figure)
 from diagnostics.analyses.optimize.assess import assess, ranked
 from diagnostics.units import human_bytes
-from ui.widgets import metric_row
+from ui.widgets import Tile, metric_row, unit_columns
 
 
 def trials_table(result: dict) -> pd.DataFrame:
@@ -24,15 +24,13 @@ def trials_table(result: dict) -> pd.DataFrame:
             "fix": r["title"], "status": r["status"], "assessment": _assessment(r), "speed-up (x)": r["speedup"],
             "95% interval": _interval(r.get("speedup_ci")), "verdict": _verdict(r)}
         if train:
-            row.update({"peak memory (MiB)": None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20,
-                        "loss diff (rel, max)": r.get("loss_rel_diff"), "gradient cosine": r.get("grad_cosine")})
+            row.update({"peak memory": r["peak_bytes"], "loss diff (rel, max)": r.get("loss_rel_diff"),
+                        "gradient cosine": r.get("grad_cosine")})
         row.update({
-            "median (ms)": r["median_ms"],
-            "p90 (ms)": r["p90_ms"], "peak memory (MiB)": None if r["peak_bytes"] is None else r["peak_bytes"] / 2**20,
+            "median": r["median_ms"], "p90": r["p90_ms"], "peak memory": r["peak_bytes"],
             "size ratio": r["size_ratio"], "max abs err": r["max_abs_err"], "cosine": r["cosine"],
             "top-1 agreement": r["top1_agreement"], "throughput (samples/s)": r["throughput_per_s"],
-            "first call (ms)": r["first_call_ms"],
-            "size (MiB)": None if r["size_bytes"] is None else r["size_bytes"] / 2**20,
+            "first call": r["first_call_ms"], "size": r["size_bytes"],
             "why / notes": r["why"] or "; ".join(r["notes"]),
         })
         rows.append(row)
@@ -45,6 +43,8 @@ FLAG_COLOR = {"gain": "#e8f5e9", "trade_off": "#fff8e1", "regression": "#ffebee"
 
 
 def _assessment(r: dict) -> str:
+    if r["status"] != "ok":  # failed / not applicable: why, in the column read first
+        return f"{r['status'].replace('_', ' ')}: {r['why'] or '; '.join(r['notes'])}"
     if not r.get("flag"):
         return ""
     return f"{FLAG_TEXT[r['flag']]}: {'; '.join(r.get('assessment') or [])}"
@@ -75,6 +75,25 @@ def with_thresholds(result: dict, min_cosine: float, min_top1: float) -> dict:
     return dict(result, rows=rows)
 
 
+def tiles(result: dict) -> list[Tile]:
+    m = result["metrics"]
+    train = result.get("mode") == "train"
+    best = m["best_fix"]
+    low, high = m.get("control_ci_low"), m.get("control_ci_high")
+    return [
+        Tile("Baseline step" if train else "Baseline median", m["baseline_median_ms"], "ms",
+             f"training step, {result.get('optimizer')}" if train else "median latency, eval mode, torch.no_grad()"),
+        Tile("Best speed-up", None if best is None else m["best_speedup"], "ratio",
+             "no fix was faster beyond the noise" if best is None else f"fix: {best}", missing="none"),
+        Tile("Noise floor (A/A)", m.get("control_speedup"), "ratio",
+             "the control's speed-up against itself" + ("" if low is None else f"; interval [{low:.2f}, {high:.2f}]")),
+        Tile("Faster / slower", f"{m.get('fixes_faster', 0)} / {m.get('fixes_slower', 0)}", "text",
+             f"fixes faster / slower than the baseline, of {m['trials_ok']} run; {m['trials_failed']} failed, "
+             f"{m['trials_not_applicable']} n/a; "
+             f"{sum(r.get('flag') == 'fidelity_loss' for r in result['rows'])} below the fidelity thresholds"),
+    ]
+
+
 def show(result: dict) -> None:
     result = dict(result, rows=ranked(result["rows"]))  # what each buys first
     m = result["metrics"]
@@ -83,29 +102,41 @@ def show(result: dict) -> None:
                + (f"training step: {result.get('optimizer')}, loss {result.get('loss')}, {result.get('train_steps')} "
                   "fidelity steps · " if train else "")
                + f"{result['iters']} interleaved rounds · {m.get('threads', '?')} torch threads")
-    best = m["best_fix"]
-    low, high = m.get("control_ci_low"), m.get("control_ci_high")
-    metric_row([
-        ("Baseline step" if result.get("mode") == "train" else "Baseline median",
-         f"{m['baseline_median_ms']:.3g} ms",
-         f"training step, {result.get('optimizer')}" if result.get("mode") == "train" else "eval mode, torch.no_grad()"),
-        ("Best speed-up", "none" if best is None else f"x{m['best_speedup']:.2f}",
-         "no fix was faster beyond the noise" if best is None else f"fix: {best}"),
-        ("Noise floor (A/A)", "n/a" if m.get("control_speedup") is None else f"x{m['control_speedup']:.2f}",
-         None if low is None else f"interval [{low:.2f}, {high:.2f}]"),
-        ("Faster / slower", f"{m.get('fixes_faster', 0)} / {m.get('fixes_slower', 0)}",
-         f"of {m['trials_ok']} run; {m['trials_failed']} failed, {m['trials_not_applicable']} n/a; "
-         f"{sum(r.get('flag') == 'fidelity_loss' for r in result['rows'])} below the fidelity thresholds"),
-    ])
+    metric_row(tiles(result))
     for note in result.get("notes", []):
         st.caption(note)
-    table = trials_table(result)
+    table, config = unit_columns(trials_table(result), {
+        "median": ("Median", "ms"), "p90": ("p90", "ms"), "first call": ("First call", "ms"),
+        "peak memory": ("Peak memory", "bytes"), "size": ("Size", "bytes")},
+        {c: st.column_config.NumberColumn(c, format="%.4g", width={"cosine": 65, "top-1 agreement": 90}.get(c))
+         for c in
+         ("throughput (samples/s)", "size ratio", "max abs err", "cosine", "top-1 agreement",
+          "loss diff (rel, max)", "gradient cosine")})
+    config.update({"speed-up (x)": st.column_config.NumberColumn("speed-up", format="x%.2f", width=70,
+                                                                 help="baseline median / this fix's median"),
+                   "verdict": st.column_config.TextColumn("verdict", width=160),
+                   "top-1 agreement": st.column_config.NumberColumn("top-1", format="%.4g", width=70,
+                                                                    help="top-1 agreement with the baseline: the "
+                                                                         "share of samples whose top class agrees"),
+                   "median": {**config["median"], "width": 85},
+                   "fix": st.column_config.TextColumn("fix", width=160),  # the first table fits 1400 px: widths in px
+                   "assessment": st.column_config.TextColumn("assessment", width=180),
+                   "status": st.column_config.TextColumn("status", width="small"),
+                   "95% interval": st.column_config.TextColumn("95% CI", width=95,
+                                                               help="95% bootstrap interval of the speed-up"),
+                   "why / notes": st.column_config.TextColumn("why / notes", width="medium")})
+    # what decides first, in one table that fits the page; the raw measurements in a second one
+    fidelity = ["loss diff (rel, max)", "gradient cosine"] if train else ["cosine", "top-1 agreement"]
+    first = ["fix", "assessment", "speed-up (x)", "95% interval", "verdict", "median"] \
+        + (["peak memory"] if train else []) + fidelity
     flags = [r.get("flag") for r in result["rows"]]
-    st.dataframe(table.style.apply(lambda df: _highlight(df, flags), axis=None), hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in
-                                ("median (ms)", "p90 (ms)", "throughput (samples/s)", "speed-up (x)", "first call (ms)",
-                                 "peak memory (MiB)", "size (MiB)", "size ratio", "max abs err", "cosine",
-                                 "top-1 agreement", "loss diff (rel, max)", "gradient cosine")})
+    st.dataframe(table[first].style.apply(lambda df: _highlight(df, flags), axis=None), hide_index=True,
+                 width="stretch", column_config={c: v for c, v in config.items() if c in first})
+    rest = ["fix", "status"] + [c for c in table.columns if c not in first and c != "status"]
+    with st.expander("Every trial's status, notes and measurements (p90, throughput, first call, memory, "
+                     "size, errors)"):
+        st.dataframe(table[rest], hide_index=True, width="stretch",
+                     column_config={c: v for c, v in config.items() if c in rest})
     if any(r["status"] == "ok" for r in result["rows"] if r["fix"] not in ("baseline", "control")):
         if train:
             t1, t2, t3, t4 = st.tabs(["Step time", "Speed-up", "Peak memory", "Loss and gradients"])

@@ -11,8 +11,8 @@ from diagnostics.render.charts.profiler import (build_device_split_figure, build
                                          build_latency_histogram_figure, build_module_tree_figure,
                                          build_roofline_figure, build_step_breakdown_figure, build_timeline_figure,
                                          build_top_operators_figure, modules_missing)
-from diagnostics.units import human_bytes, human_count
-from ui.widgets import metric_row
+from diagnostics.units import compact, human_bytes
+from ui.widgets import Tile, metric_row, unit_columns
 from ui.views.timeline import occurrences, show_timeline
 
 ARTIFACTS = (  # result key, button label, mime
@@ -20,13 +20,6 @@ ARTIFACTS = (  # result key, button label, mime
     ("trace_json_gz", "Chrome trace (.json.gz)", "application/gzip"),
     ("tb_zip", "TensorBoard trace folder (.zip)", "application/zip"),
 )
-MS = "%.3f ms"
-
-
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v:.3g} ms" if v >= 0.01 else f"{v * 1e3:.3g} µs"
 
 
 def operator_table(result: dict, by_shape: bool, query: str) -> pd.DataFrame:
@@ -58,53 +51,71 @@ def _config_caption(result: dict) -> str:
             f"{result.get('torch_version', '?')}")
 
 
+def tiles(result: dict) -> list[Tile]:
+    m, lat = result["metrics"], result["latency"]
+    return [
+        Tile("Median latency", lat["median_ms"], "ms",
+             f"{lat['iterations']} timed iterations after {lat['warmup']} warmup, outside the profiler "
+             f"({lat['method']}); mean {compact(lat['mean_ms'], 'ms')}, std {compact(lat['std_ms'], 'ms')}"),
+        Tile("p90", lat["p90_ms"], "ms", "90th percentile of the timed iterations"),
+        Tile("p99", lat["p99_ms"], "ms", "99th percentile of the timed iterations"),
+        Tile("Throughput", lat["samples_per_s"], "per_s",
+             f"{lat['samples_per_s']:,.0f} samples/s = batch {result['batch_size']} / median latency"),
+        Tile("Profiled step", m["step_time_mean_ms"], "ms", f"mean of {m['profiled_steps']} active steps under the "
+                                                            "profiler (includes its overhead)"),
+        Tile("Profiler overhead", m.get("profiler_overhead_pct"), "percent",
+             "median profiled step vs the median unprofiled latency: how much the profiler's recording "
+             "(ranges, module hooks, events) distorts the step", signed=True),
+    ]
+
+
+def roofline_tiles(result: dict) -> list[Tile]:
+    roofs, m = result["roofs"], result["metrics"]
+    ds = roofs.get("datasheet")
+    return [
+        Tile("MFU", m.get("mfu"), "fraction", "model FLOPs per step / median latency / measured GEMM peak"),
+        Tile("Model FLOPs/step", m.get("model_flops_per_step"), "flop", "FlopCounterMode, one step",
+             missing="not counted"),
+        Tile("GEMM peak", roofs["peak_flops"], "flop_per_s",
+             "measured here" + ("" if not ds else f"; datasheet ({ds['gpu']}): "
+                                                  f"{compact(ds['peak_flops'], 'flop_per_s')}")),
+        Tile("Bandwidth", roofs["bandwidth_bytes_per_s"], "bytes_per_s",
+             "memory bandwidth measured here" + ("" if not ds else
+                                                 f"; datasheet: {compact(ds['bandwidth_bytes_per_s'], 'bytes_per_s')}")),
+        Tile("Above the roofs", m.get("roofline_headroom_ms"), "ms", "per step: time minus time at the roof, "
+                                                                      "summed over operators"),
+    ]
+
+
 def _roofline(result: dict) -> None:
     roofs, rows, m = result.get("roofs"), result.get("roofline") or [], result["metrics"]
     if not roofs:
         st.info("The roofline was off for this run (option roofline).")
         return
-    ds = roofs.get("datasheet")
-    metric_row([
-        ("MFU", "n/a" if m.get("mfu") is None else f"{100 * m['mfu']:.1f}%",
-         "model FLOPs per step / median latency / measured GEMM peak"),
-        ("Model FLOPs / step", human_count(m.get("model_flops_per_step"), "FLOP"), "FlopCounterMode, one step"),
-        ("GEMM peak (GFLOP/s)", f"{roofs['peak_flops'] / 1e9:,.3g}",
-         "measured here" + ("" if not ds else f"; datasheet ({ds['gpu']}): {ds['peak_flops'] / 1e9:,.0f} GFLOP/s")),
-        ("Bandwidth (GB/s)", f"{roofs['bandwidth_bytes_per_s'] / 1e9:.3g}",
-         "measured here" + ("" if not ds else f"; datasheet: {ds['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s")),
-        ("Above the roofs (ms)", f"{m.get('roofline_headroom_ms') or 0:.3g}", "per step: time minus time at the roof, "
-                                                                              "summed over operators"),
-    ])
+    metric_row(roofline_tiles(result))
     st.caption(roofs["method"])
     st.plotly_chart(build_roofline_figure(result), width="stretch")
     if rows:
-        df = pd.DataFrame([{"op": r["op"], "bound": r["bound"], "time / step (ms)": r["time_ms"],
-                            "at the roof (ms)": r["roof_ms"], "headroom (ms)": r["headroom_ms"],
-                            "% of roof": r["pct_of_roof"], "achieved TFLOP/s": r["achieved_tflops"],
-                            "FLOP / byte": r["intensity"], "GFLOP / step": r["flops"] / 1e9,
-                            "MB moved / step": r["bytes"] / 1e6, "calls": r["calls"]} for r in rows])
-        st.dataframe(df, hide_index=True, width="stretch",
-                     column_config={c: st.column_config.NumberColumn(c, format="%.4g") for c in df.columns
-                                    if c not in ("op", "bound", "calls")})
+        df = pd.DataFrame([{"op": r["op"], "bound": r["bound"], "time_ms": r["time_ms"], "roof_ms": r["roof_ms"],
+                            "headroom_ms": r["headroom_ms"], "pct_of_roof": r["pct_of_roof"],
+                            "achieved": None if r["achieved_tflops"] is None else r["achieved_tflops"] * 1e12,
+                            "intensity": r["intensity"], "flops": r["flops"], "bytes": r["bytes"],
+                            "calls": r["calls"]} for r in rows])
+        df, config = unit_columns(df, {
+            "time_ms": ("Time/step", "ms"), "roof_ms": ("At the roof", "ms", "the time at the roofline's bound"),
+            "headroom_ms": ("Headroom", "ms", "time per step minus the time at the roof"),
+            "pct_of_roof": ("Of roof", "percent", "achieved / attainable performance"),
+            "achieved": ("Achieved", "flop_per_s"), "flops": ("FLOPs/step", "flop"), "bytes": ("Moved/step", "bytes"),
+            "calls": ("Calls", "count")})
+        config.update(op=st.column_config.TextColumn("Operator"), bound=st.column_config.TextColumn("Bound"),
+                      intensity=st.column_config.NumberColumn("Intensity (FLOP/B)", format="%.3g"))
+        st.dataframe(df, hide_index=True, width="stretch", column_config=config)
 
 
 def show(result: dict) -> None:
-    m, lat = result["metrics"], result["latency"]
+    m = result["metrics"]
     st.caption(_config_caption(result))
-    metric_row([
-        ("Median latency", _ms(lat["median_ms"]), f"{lat['iterations']} timed iterations after {lat['warmup']} "
-                                                  f"warmup, outside the profiler ({lat['method']}); mean "
-                                                  f"{_ms(lat['mean_ms'])}, std {_ms(lat['std_ms'])}"),
-        ("p90", _ms(lat["p90_ms"]), None),
-        ("p99", _ms(lat["p99_ms"]), None),
-        ("Samples/s", human_count(lat["samples_per_s"]),
-         f"throughput: {lat['samples_per_s']:,.0f} samples/s = batch {result['batch_size']} / median latency"),
-        ("Profiled step", _ms(m["step_time_mean_ms"]), f"mean of {m['profiled_steps']} active steps under the "
-                                                       "profiler (includes its overhead)"),
-        ("Profiler overhead", "n/a" if m.get("profiler_overhead_pct") is None else f"{m['profiler_overhead_pct']:+.0f}%",
-         "median profiled step vs the median unprofiled latency: how much the profiler's recording "
-         "(ranges, module hooks, events) distorts the step"),
-    ])
+    metric_row(tiles(result))
     if m.get("peak_device_memory_bytes") is not None:
         st.caption(f"Peak device memory while profiling: {human_bytes(m['peak_device_memory_bytes'])}")
     for note in result.get("notes", []):
@@ -120,9 +131,10 @@ def show(result: dict) -> None:
         else:
             with st.expander("Execution categories (the TensorBoard plugin's split; GPU categories are zero on CPU)"):
                 st.plotly_chart(build_device_split_figure(result), width="stretch")
-        st.dataframe(pd.DataFrame(result["steps"]), hide_index=True, width="stretch",
-                     column_config={c: st.column_config.NumberColumn(c.replace("_ms", " (ms)"), format=MS)
-                                    for c in result["steps"][0] if c.endswith("_ms")} if result["steps"] else None)
+        steps = pd.DataFrame(result["steps"])
+        steps, config = unit_columns(steps, {c: (c[:-3].replace("_", " ").capitalize(), "ms") for c in steps.columns
+                                             if c.endswith("_ms")})
+        st.dataframe(steps, hide_index=True, width="stretch", column_config=config)
     with tabs[2]:
         _operators(result)
     with tabs[3]:
@@ -163,11 +175,14 @@ def _operators(result: dict) -> None:
         "self_device_pct": st.column_config.ProgressColumn("Self device %", format="%.1f%%", min_value=0,
                                                            max_value=100),
     }
-    for col in ("self_cpu_ms", "cpu_total_ms", "mean_cpu_ms", "self_device_ms", "device_total_ms"):
-        config[col] = st.column_config.NumberColumn(col.replace("_ms", "").replace("_", " ") + " (ms)", format=MS)
-    for col in ("self_cpu_memory_bytes", "cpu_memory_bytes", "self_device_memory_bytes", "device_memory_bytes"):
-        config[col] = st.column_config.NumberColumn(col.replace("_bytes", "").replace("_", " ") + " (bytes)",
-                                                    format="compact")
+    df, config = unit_columns(df, {
+        "self_cpu_ms": ("Self CPU", "ms", "own CPU time without child operators, all profiled steps"),
+        "cpu_total_ms": ("CPU total", "ms", "CPU time including child operators"),
+        "mean_cpu_ms": ("CPU per call", "ms", "CPU total / calls"),
+        "self_device_ms": ("Self device", "ms"), "device_total_ms": ("Device total", "ms"),
+        "self_cpu_memory_bytes": ("Self CPU memory", "bytes"), "cpu_memory_bytes": ("CPU memory", "bytes"),
+        "self_device_memory_bytes": ("Self device memory", "bytes"),
+        "device_memory_bytes": ("Device memory", "bytes")}, config)
     st.caption(f"{len(df)} operators · times summed over all profiled (active) steps · key_averages semantics: "
                "self = own time without child operators")
     event = st.dataframe(df, hide_index=True, width="stretch", column_config=config, on_select="rerun",
@@ -188,17 +203,25 @@ def _modules(result: dict) -> None:
                      disabled=result["mode"] != "train")
     st.plotly_chart(build_module_tree_figure(result, which), width="stretch")
     df = pd.DataFrame(result["modules"])
-    cols = ["name", "type", "calls", "forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms"]
-    config = {c: st.column_config.NumberColumn(c.replace("_ms", "").replace("_", " ") + " (ms)", format=MS)
-              for c in ("forward_ms", "forward_self_ms", "backward_ms", "backward_self_ms")}
+    cols = ["name", "type", "calls", "forward_ms", "forward_self_ms"]
+    if result["mode"] == "train":  # inference runs no backward: no columns of zeros
+        cols += ["backward_ms", "backward_self_ms"]
+    df, config = unit_columns(df, {"forward_ms": ("Forward", "ms", "including child modules"),
+                                   "forward_self_ms": ("Forward self", "ms", "without child modules"),
+                                   "backward_ms": ("Backward", "ms", "including child modules"),
+                                   "backward_self_ms": ("Backward self", "ms", "without child modules")})
+    config.update(name=st.column_config.TextColumn("Module"), type=st.column_config.TextColumn("Type"),
+                  calls=st.column_config.NumberColumn("Calls"))
     if "mfu" in df:  # with the roofline: each module's FLOPs over its time and the measured peak
         df["mfu_pct"] = df["mfu"].map(lambda v: None if v is None or v != v else 100.0 * v)
         cols += ["flops", "mfu_pct"]
-        config.update(flops=st.column_config.NumberColumn("FLOPs / step", format="compact"),
+        config.update(flops=st.column_config.NumberColumn("FLOPs/step (FLOP)", format="compact"),
                       mfu_pct=st.column_config.NumberColumn("MFU (%)", format="%.1f"))
         if "flops_not_counted" in df:  # ops under the module that the FLOP count leaves out
             cols.append("flops_not_counted")
-            config.update(flops_not_counted=st.column_config.TextColumn("FLOPs not counted for"))
+            config.update(flops_not_counted=st.column_config.TextColumn("Not counted", width="small",
+                                                                        help="ops under the module that the FLOP "
+                                                                             "count leaves out"))
     st.dataframe(df[cols], hide_index=True, width="stretch", column_config=config)
     st.caption("Forward: each module's record_function range. Backward: autograd nodes attributed to the module "
                "whose forward created them (sequence numbers). Times include child modules; 'self' excludes them.")
@@ -209,17 +232,17 @@ def _kernels(result: dict) -> None:
         st.info("No GPU kernels: CUDA did not run in this profile (CPU device, or the CUDA activity was off).")
         return
     m = result["metrics"]
-    st.caption(f"{len(result['kernels'])} kernels, {_ms(m['kernel_time_ms'])} in total; "
+    st.caption(f"{len(result['kernels'])} kernels, {compact(m['kernel_time_ms'], 'ms')} in total; "
                f"{m['tensor_core_kernel_pct']:.1f}% of kernel time on Tensor Cores (kernel-name heuristic)")
     st.plotly_chart(build_kernel_figure(result), width="stretch")
-    df = pd.DataFrame(result["kernels"])
-    st.dataframe(df[["name", "calls", "total_us", "mean_us", "max_us", "min_us", "grid", "block", "tensor_cores",
-                     "pct_of_kernel_time"]], hide_index=True, width="stretch",
-                 column_config={"tensor_cores": st.column_config.CheckboxColumn("Tensor Cores"),
-                                "pct_of_kernel_time": st.column_config.ProgressColumn(
-                                    "% of kernel time", format="%.1f%%", min_value=0, max_value=100),
-                                **{c: st.column_config.NumberColumn(c.replace("_us", " (µs)"), format="%.1f")
-                                   for c in ("total_us", "mean_us", "max_us", "min_us")}})
+    df = pd.DataFrame(result["kernels"])[["name", "calls", "total_us", "mean_us", "max_us", "min_us", "grid", "block",
+                                          "tensor_cores", "pct_of_kernel_time"]]
+    df, config = unit_columns(df, {c: (c[:-3].capitalize(), "us") for c in ("total_us", "mean_us", "max_us", "min_us")})
+    config.update(name=st.column_config.TextColumn("Kernel"),
+                  tensor_cores=st.column_config.CheckboxColumn("Tensor Cores"),
+                  pct_of_kernel_time=st.column_config.ProgressColumn("Of kernel time", format="%.1f%%", min_value=0,
+                                                                     max_value=100))
+    st.dataframe(df, hide_index=True, width="stretch", column_config=config)
 
 
 def _downloads(result: dict) -> None:

@@ -6,8 +6,8 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.render.charts.summary import build_param_treemap_figure, build_top_layers_figure
-from diagnostics.units import human_bytes, human_count
-from ui.widgets import metric_row
+from diagnostics.units import human_bytes
+from ui.widgets import Tile, metric_row
 
 
 def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
@@ -23,24 +23,27 @@ def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
                "flops_forward", "flops_backward", "flops_not_counted"]]
 
 
-def show(result: dict) -> None:
+def tiles(result: dict) -> list[Tile]:
     m = result["metrics"]
+    return [
+        Tile("Parameters", m["params_total"], "count", f"{m['params_total']:,} in total; tied weights counted once"
+                                                        f" ({m['tied_parameters']} tied)"),
+        Tile("Trainable", m["params_trainable"], "count", f"{m['params_trainable']:,} trainable parameters"),
+        Tile("Frozen", m["params_frozen"], "count", f"{m['params_frozen']:,} frozen parameters"),
+        Tile("Parameter memory", m["param_bytes"], "bytes", f"{m['param_bytes']:,} bytes of parameters; buffers: "
+                                                            f"{human_bytes(m['buffer_bytes'])}"),
+        Tile("Forward FLOPs", m["flops_forward"], "flop", "see the note below" if m["flops_forward"] is None else
+             f"{m['flops_forward']:,} FLOPs for one forward pass at batch {m['batch_size']}", missing="not counted"),
+        Tile("Fwd + bwd FLOPs", m["flops_train_step"], "flop", None if m["flops_train_step"] is None else
+             f"{m['flops_train_step']:,} FLOPs for one training step (without the optimizer)", missing="not counted"),
+    ]
+
+
+def show(result: dict) -> None:
     st.caption(f"{result['model']} · {result['model_type']} · inputs "
                + ", ".join(f"{i['name'] + '=' if i.get('name') else ''}{i['shape']} {i['dtype']}" for i in result["inputs"])
                + f" · output {result['output_shape']} · device {result['device']} · loss: {result['loss']}")
-    metric_row([
-        ("Parameters", human_count(m["params_total"]), f"{m['params_total']:,} in total; tied weights counted once"
-                                                         f" ({m['tied_parameters']} tied)"),
-        ("Trainable", human_count(m["params_trainable"]), f"{m['params_trainable']:,}"),
-        ("Frozen", human_count(m["params_frozen"]), f"{m['params_frozen']:,}"),
-        ("Parameter memory", human_bytes(m["param_bytes"]), f"buffers: {human_bytes(m['buffer_bytes'])}"),
-        ("Forward FLOPs", "not counted" if m["flops_forward"] is None else human_count(m["flops_forward"]),
-         "see the note below" if m["flops_forward"] is None else
-         f"{m['flops_forward']:,} FLOPs for one forward pass at batch {m['batch_size']}"),
-        ("Fwd + bwd FLOPs", "not counted" if m["flops_train_step"] is None else human_count(m["flops_train_step"]),
-         None if m["flops_train_step"] is None else
-         f"{m['flops_train_step']:,} FLOPs for one training step (without the optimizer)"),
-    ])
+    metric_row(tiles(result))
     for note in result.get("notes", []):
         st.info(note)
     tab_table, tab_tree, tab_top = st.tabs(["Layers", "Parameter treemap", "Top layers"])
@@ -58,8 +61,10 @@ def show(result: dict) -> None:
                 "pct_of_total": st.column_config.ProgressColumn("% of params", format="%.1f%%", min_value=0,
                                                                 max_value=100),
                 "trainable": st.column_config.CheckboxColumn("Trainable"),
-                "flops_forward": st.column_config.NumberColumn("Forward FLOPs", format="compact"),
-                "flops_backward": st.column_config.NumberColumn("Backward FLOPs", format="compact"),
+                "flops_forward": st.column_config.NumberColumn("Forward (FLOP)", format="compact",
+                                                               help="FLOPs of one forward pass at this batch"),
+                "flops_backward": st.column_config.NumberColumn("Backward (FLOP)", format="compact",
+                                                                help="FLOPs of the backward pass"),
                 "flops_not_counted": st.column_config.TextColumn("FLOPs not counted for"),
             },
         )

@@ -9,30 +9,44 @@ from diagnostics.render.charts.traces import (
     GPU_WINDOW_HELP, build_category_figure, build_cpu_breakdown_figure, build_diff_figure, build_gpu_breakdown_figure,
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
 )
-from diagnostics.units import human_bytes, human_count
+from diagnostics.units import compact, human_bytes
 from ui.views import trace_hta
-from ui.widgets import metric_row
+from ui.widgets import Tile, metric_row, unit_columns
 from ui.views.timeline import show_timeline
 from ui.views.trace_ranks import show_ranks
 
 
+def _label(col: str) -> str:
+    return col.replace("_", " ").strip().capitalize()
+
+
 def _table(records: list, rename: dict | None = None, height: int | None = None) -> None:
+    """A trace table: times (engine µs) in one scale per table with the unit in the header, bytes the
+    same, ratios to three significant digits; ``rename``: headers for columns without a unit suffix."""
     if not records:
         st.caption("(none)")
         return
     df = pd.DataFrame(records)
-    config = {}
-    for col in df.columns:  # engine times are µs; people read ms. Bytes get their unit in the name.
-        if col in (rename or {}):
+    units = {}
+    for col in df.columns:
+        if not pd.api.types.is_numeric_dtype(df[col]) or pd.api.types.is_bool_dtype(df[col]):
             continue
-        if col.endswith("_us") and pd.api.types.is_numeric_dtype(df[col]):
-            df[col] = df[col] / 1e3
-            label = col[:-3].replace("_", " ") + " (ms)"
-            config[col] = st.column_config.NumberColumn(label, format="%.3f")
-        elif pd.api.types.is_float_dtype(df[col]):
-            config[col] = st.column_config.NumberColumn(col.replace("_", " "), format="%.4g")
-    st.dataframe(df.rename(columns=rename or {}), hide_index=True, width="stretch", height=height or "auto",
-                 column_config=config)
+        for suffix, unit in (("_us", "us"), ("_ms", "ms"), ("_bytes", "bytes"), ("_pct", "percent")):
+            if col.endswith(suffix) or f"{suffix}_" in col:
+                name = (rename or {}).get(col) or _label(col.replace(suffix, " ").strip())
+                units[col] = (name, unit)
+                break
+    df, config = unit_columns(df, units)
+    for col in df.columns:
+        if col in config:
+            continue
+        label = (rename or {}).get(col) or _label(col)
+        if pd.api.types.is_float_dtype(df[col]):
+            whole = df[col].dropna().map(float.is_integer).all()
+            config[col] = st.column_config.NumberColumn(label, format="%d" if whole else "%.3g")
+        else:
+            config[col] = st.column_config.Column(label)
+    st.dataframe(df, hide_index=True, width="stretch", height=height or "auto", column_config=config)
 
 
 def _timeline(result: dict) -> None:
@@ -68,19 +82,39 @@ def cache_caption(cache: dict | None) -> str:
             "next open of the unchanged file is faster")
 
 
+def tiles(result: dict) -> list[Tile]:
+    s = result["summary"]
+    return [
+        Tile("Duration", s["duration_us"], "us", "first event start to last event end"),
+        Tile("Events", s["events"], "count", f"{s['events']:,} events parsed"),
+        Tile("Steps", s["n_steps"], "count", "ProfilerStep#N ranges"),
+        Tile("Threads", len(s["threads"]), "count", "CPU threads with events"),
+        Tile("GPU streams", len(s["streams"]), "count", "GPU streams with kernels or copies" if s["has_gpu"]
+             else "CPU-only trace"),
+        Tile("Skipped events", s["skipped_events"], "count", "malformed events left out"),
+    ]
+
+
+def diff_tiles(result: dict) -> list[Tile]:
+    d = result["diff"]
+    counts = d["counts"]
+    return [
+        Tile("Time before", d["time_us_before"], "us", f"summed operator/kernel time, {d['unit']}"),
+        Tile("Time after", d["time_us_after"], "us", f"summed operator/kernel time, {d['unit']}"),
+        Tile("Faster", counts.get("faster", 0), "count",
+             f"operators changed by ≥ {d['change_ratio']:.0%} and ≥ {compact(d['noise_floor_us'], 'us')}"),
+        Tile("Slower", counts.get("slower", 0), "count", "operators slower by the same margin"),
+        Tile("Added", counts.get("added", 0), "count", "operators only in the second trace"),
+        Tile("Removed", counts.get("removed", 0), "count", "operators only in the first trace"),
+    ]
+
+
 def show(result: dict) -> None:
     s = result["summary"]
     st.caption(f"{result['name']} · {human_bytes(s['bytes'])} · rank {s['rank'] if s['rank'] is not None else 'n/a'}"
                f" · schema {s.get('schema_version')}")
     st.caption(cache_caption(result.get("trace_cache")))
-    metric_row([
-        ("Duration", f"{s['duration_us'] / 1e3:,.2f} ms", "first event start to last event end"),
-        ("Events", human_count(s["events"]), f"{s['events']:,} events parsed"),
-        ("Steps", str(s["n_steps"]), "ProfilerStep#N ranges"),
-        ("Threads", str(len(s["threads"])), None),
-        ("GPU streams", str(len(s["streams"])), None if s["has_gpu"] else "CPU-only trace"),
-        ("Skipped events", str(s["skipped_events"]), "malformed events left out"),
-    ])
+    metric_row(tiles(result))
     for w in s.get("warnings") or []:
         st.warning(w)
     for n in s.get("notes") or []:
@@ -108,7 +142,7 @@ def show(result: dict) -> None:
             _table(s["streams"])
         if s.get("memory"):
             st.markdown("**Memory (from [memory] events)**")
-            _table(s["memory"], {"peak_allocated_bytes": "peak allocated (bytes)"})
+            _table(s["memory"], {"peak_allocated_bytes": "Peak allocated"})
     with tabs[1]:
         b = result["temporal_breakdown"]
         if b["gpu"]:
@@ -146,19 +180,12 @@ def show_diff(result: dict) -> None:
     d = result["diff"]
     st.caption(f"before: {result['before']} · after: {result['after']} · times {d['unit']}")
     counts = d["counts"]
-    metric_row([
-        ("Time before", f"{d['time_us_before'] / 1e3:,.3f} ms", f"summed operator/kernel time, {d['unit']}"),
-        ("Time after", f"{d['time_us_after'] / 1e3:,.3f} ms", None),
-        ("Faster", str(counts.get("faster", 0)), f"changed by ≥ {d['change_ratio']:.0%} and ≥ {d['noise_floor_us']} µs"),
-        ("Slower", str(counts.get("slower", 0)), None),
-        ("Added", str(counts.get("added", 0)), None),
-        ("Removed", str(counts.get("removed", 0)), None),
-    ])
+    metric_row(diff_tiles(result))
     st.plotly_chart(build_diff_figure(d), width="stretch")
     status = st.multiselect("Status", ["faster", "slower", "added", "removed", "unchanged"],
                             default=["faster", "slower", "added", "removed"], key="trace_diff_status")
-    _table([r for r in d["rows"] if r["status"] in status], {"time_us_before": "before (µs)",
-                                                              "time_us_after": "after (µs)", "delta_us": "Δ (µs)"})
+    _table([r for r in d["rows"] if r["status"] in status], {"time_us_before": "Before", "time_us_after": "After",
+                                                              "delta_us": "Δ", "ratio": "After / before (x)"})
 
 
 #: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).

@@ -22,6 +22,8 @@ ANALYSIS = Analysis(
         Metric("buffer_bytes", "bytes", "Buffers"),
         Metric("grad_bytes", "bytes", "Gradients", better="lower"),
         Metric("optimizer_state_bytes", "bytes", "Optimizer state", better="lower"),
+        Metric("static_train_bytes", "bytes", "Weights + gradients + optimizer state",
+               "counted without running (a model on the meta device); activations not included", better="lower"),
         Metric("saved_activation_bytes", "bytes", "Activations saved for backward", better="lower"),
         Metric("input_bytes", "bytes", "Inputs"),
         Metric("estimate_bytes", "bytes", "Estimate before running"),

@@ -120,6 +120,37 @@ def _snapshot(loaded, opt, inputs, artifact_dir) -> dict:
             "note": "open it at https://pytorch.org/memory_viz (drag the file onto the page)"}
 
 
+def _counted_only(loaded, o: dict) -> dict:
+    """A model on the meta device (too big to build here): the memory a training step needs for
+    weights, gradients and optimizer state, counted from the parameters; the peaks, activations and
+    inputs were not measured and are None, not 0."""
+    model = loaded.model
+    p_bytes, b_bytes, t_bytes = param_bytes(model), buffer_bytes(model), trainable_bytes(model)
+    s_bytes = STATE_PER_PARAM[o["optimizer"]] * t_bytes
+    static = p_bytes + b_bytes + t_bytes + s_bytes
+    parts = {"parameters": p_bytes + b_bytes, "gradients": t_bytes, "optimizer state": s_bytes}
+    metrics = {"param_bytes": p_bytes, "buffer_bytes": b_bytes, "grad_bytes": t_bytes, "optimizer_state_bytes": s_bytes,
+               "static_train_bytes": static, "batch_size": loaded.batch_size}
+    metrics.update({k: None for k in ("peak_train_bytes", "peak_inference_bytes", "reserved_train_bytes",
+                                      "saved_activation_bytes", "input_bytes", "estimate_bytes", "estimate_error_pct",
+                                      "workspace_bytes", "rss_bytes")})  # not measured
+    return {
+        "model": loaded.spec.label,
+        "device": str(loaded.device),
+        "options": o,
+        "batch_size": loaded.batch_size,
+        "meta": True,
+        "metrics": metrics,
+        "accounting": {"parts": parts,
+                       "source": f"counted from the parameters of a model on the meta device: weights and buffers as "
+                                 f"stored, gradients = trainable parameters, {o['optimizer']} state = "
+                                 f"{STATE_PER_PARAM[o['optimizer']]} x trainable"},
+        "notes": [f"this model was {loaded.meta}: weights, gradients and {o['optimizer']} state are counted "
+                  f"({static:,} bytes in all); activations, inputs, temporaries and peaks were not measured "
+                  "(shown as n/a), so the real training peak is higher"],
+    }
+
+
 def analyze(ctx, options: dict) -> dict:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     o = options
@@ -130,6 +161,8 @@ def analyze(ctx, options: dict) -> dict:
     notes: list[str] = []
     if not any(p.requires_grad for p in model.parameters()):
         raise TorchScopeError("the model has no trainable parameters: a training step has nothing to train")
+    if loaded.meta:
+        return _counted_only(loaded, o)
     rss_start = _rss()
     p_bytes, b_bytes, in_bytes = param_bytes(model), buffer_bytes(model), tensor_bytes(inputs)
 

@@ -17,6 +17,8 @@ ANALYSIS = Analysis(
         Metric("flops_forward", "flop", "FLOPs (forward)", better="lower"),
         Metric("flops_backward", "flop", "FLOPs (backward)"),
         Metric("flops_train_step", "flop", "FLOPs (forward + backward)", better="lower"),
+        Metric("flops_forward_per_token", "flop", "FLOPs per token (forward)",
+               "forward FLOPs / (batch x sequence length); models whose input is token ids", better="lower"),
         Metric("tied_parameters", "count", "Tied parameters"),
         Metric("batch_size", "count", "Batch size"),
     ),

@@ -9,7 +9,7 @@ between modules (tied weights) are counted once, for the first module that holds
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
@@ -91,6 +91,59 @@ def _per_layer(count: FlopCount) -> dict[str, int]:
     return {(k or ROOT): v for k, v in count.by_module.items()}
 
 
+def _forward_counts(ctx, loaded, options, trainable, shapes):
+    """Output shapes (into ``shapes``) and FLOPs: (forward count, forward+backward count, FLOPs
+    note, backward note); a count is None where it failed (its note says why)."""
+    model = loaded.model
+    was_training = model.training
+    model.eval()
+    flops_note = None
+    fwd = both = None
+    backward_note = None
+    try:
+        # The model itself first, with shape hooks: a failure here is the model's (or its inputs').
+        try:
+            with output_shape_hooks(model, shapes), torch.no_grad():
+                out = loaded.forward()
+            shapes.setdefault(ROOT, shape_of(out))  # a TorchScript root takes no hook: its output still has a shape
+            del out
+        except Exception as e:
+            if not loaded.meta:
+                raise
+            # On fake tensors some ops' meta kernels are stricter than the CPU's (the grouped matmul of
+            # mixture-of-experts layers asks for bf16): the parameters are still counted exactly.
+            cause = e.__cause__ or e
+            first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
+            return None, None, (f"FLOPs not counted: the model could not run on fake tensors (meta device): "
+                                f"{type(cause).__name__}: {first[:300]}"), None
+        try:
+            with torch.no_grad():
+                fwd = _flops_by_module(model, lambda: loaded.forward())
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # the counter failed where the model runs: the summary still comes
+            cause = e.__cause__ or e
+            first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
+            flops_note = (f"FLOPs not counted: torch's FlopCounterMode failed on this model "
+                          f"({type(cause).__name__}: {first[:300]}) though the model itself runs")
+        if fwd is not None and trainable and not options["skip_backward"]:
+            ctx.progress(0.6, "forward + backward FLOPs")
+
+            def train_step():
+                model.zero_grad(set_to_none=True)
+                loaded.loss_fn(loaded.forward()).backward()
+
+            try:
+                both = _flops_by_module(model, train_step)
+            except Exception as e:  # a model that cannot train (e.g. integer outputs) still gets a summary
+                backward_note = f"backward not counted: {type(e).__name__}: {e}"
+            finally:
+                model.zero_grad(set_to_none=True)
+    finally:
+        model.train(was_training)
+    return fwd, both, flops_note, backward_note
+
+
 def analyze(ctx, options: dict) -> dict:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     loaded = ctx.loaded
@@ -118,42 +171,15 @@ def analyze(ctx, options: dict) -> dict:
 
     ctx.progress(0.3, "forward pass: shapes and FLOPs")
     shapes: dict[str, object] = {}
-    was_training = model.training
-    model.eval()
-    flops_note = None
-    try:
-        # The model itself first, with shape hooks: a failure here is the model's (or its inputs').
-        with output_shape_hooks(model, shapes), torch.no_grad():
-            out = loaded.forward()
-        shapes.setdefault(ROOT, shape_of(out))  # a TorchScript root takes no hook: its output still has a shape
-        del out
-        fwd = both = None
-        try:
-            with torch.no_grad():
-                fwd = _flops_by_module(model, lambda: loaded.forward())
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:  # the counter failed where the model runs: the summary still comes
-            cause = e.__cause__ or e
-            first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
-            flops_note = (f"FLOPs not counted: torch's FlopCounterMode failed on this model "
-                          f"({type(cause).__name__}: {first[:300]}) though the model itself runs")
-        backward_note = None
-        if fwd is not None and trainable and not options["skip_backward"]:
-            ctx.progress(0.6, "forward + backward FLOPs")
+    # A model built on the meta device (a config too big for this machine) runs on fake tensors:
+    # shapes and FLOPs without allocating; parameters are counted from the meta tensors as usual.
+    counting = nullcontext()
+    if loaded.meta:
+        from diagnostics.measure.tensors import fake_mode
 
-            def train_step():
-                model.zero_grad(set_to_none=True)
-                loaded.loss_fn(loaded.forward()).backward()
-
-            try:
-                both = _flops_by_module(model, train_step)
-            except Exception as e:  # a model that cannot train (e.g. integer outputs) still gets a summary
-                backward_note = f"backward not counted: {type(e).__name__}: {e}"
-            finally:
-                model.zero_grad(set_to_none=True)
-    finally:
-        model.train(was_training)
+        counting = fake_mode()
+    with counting:
+        fwd, both, flops_note, backward_note = _forward_counts(ctx, loaded, options, trainable, shapes)
     fwd_total = None if fwd is None else fwd.total
     fwd_per = {} if fwd is None else _per_layer(fwd)
     fwd_missing = {} if fwd is None else {(k or ROOT): v for k, v in fwd.not_counted_by_module.items()}
@@ -213,6 +239,16 @@ def analyze(ctx, options: dict) -> dict:
         "tied_parameters": tied,
         "batch_size": loaded.batch_size,
     }
+    first = loaded.input_specs[0] if loaded.input_specs else None
+    if first is not None and first.dtype in ("int64", "int32") and len(first.shape) == 2:
+        # token ids (batch, sequence): FLOPs per token, the figure language models are compared by
+        counted = flops_or_none(fwd_total, fwd_missing.get(ROOT))
+        metrics["flops_forward_per_token"] = None if counted is None else counted / (first.shape[0] * first.shape[1])
+    meta_note = None
+    if loaded.meta:
+        meta_note = (f"this model was {loaded.meta}: parameters and FLOPs are counted exactly (FLOPs on fake "
+                     "tensors; backward with the math attention backward, where a fused kernel may also recompute "
+                     "the attention scores); no activation memory or time was measured")
     return {
         "model": loaded.spec.label,
         "model_type": type(model).__name__,
@@ -223,5 +259,6 @@ def analyze(ctx, options: dict) -> dict:
         "loss": loaded.loss_name,
         "metrics": metrics,
         "layers": layers,
-        "notes": [n for n in [script_note(tops), flops_note, missing_note, backward_note] if n],
+        "meta": loaded.meta is not None,
+        "notes": [n for n in [meta_note, script_note(tops), flops_note, missing_note, backward_note] if n],
     }

@@ -29,9 +29,16 @@ def analyze(ctx, options: dict) -> dict:
     loaded = ctx.loaded
     ctx.progress(0.5, "one forward pass")
     loaded.model.eval()
-    with torch.no_grad():
-        out = loaded.forward()
-    nan, inf, total = nonfinite_counts(out)
+    if loaded.meta:  # a model on the meta device runs on fake tensors: shapes, no values to check
+        from diagnostics.measure.tensors import fake_mode
+
+        with fake_mode(), torch.no_grad():
+            out = loaded.forward()
+        nan = inf = total = None
+    else:
+        with torch.no_grad():
+            out = loaded.forward()
+        nan, inf, total = nonfinite_counts(out)
     notes = list(loaded.notes)
     if nan or inf:
         notes.append(f"the output is not finite: {nan:,} NaN and {inf:,} infinite values out of {total:,}; "

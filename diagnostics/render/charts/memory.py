@@ -39,9 +39,12 @@ def build_memory_breakdown_figure(result: dict) -> go.Figure:
         fig.add_bar(x=[b for b, _ in bars], y=ys, name=cat, marker_color=COLORS[cat],
                     hovertemplate="%{x}<br>" + cat + ": %{y:.2f} MiB<extra></extra>")
     peak = _mib(result["metrics"]["peak_train_bytes"])
-    fig.add_hline(y=peak, line_dash="dash", line_color="black",
-                  annotation_text=f"measured training peak {peak:.2f} MiB", annotation_position="top left")
-    fig.update_layout(title=f"What holds the training-step peak (batch {result['batch_size']})", barmode="stack",
+    if peak is not None:  # None: a model on the meta device, counted without running
+        fig.add_hline(y=peak, line_dash="dash", line_color="black",
+                      annotation_text=f"measured training peak {peak:.2f} MiB", annotation_position="top left")
+    title = (f"What holds the training-step peak (batch {result['batch_size']})" if peak is not None else
+             "Weights, gradients and optimizer state (counted; activations not measured)")
+    fig.update_layout(title=title, barmode="stack",
                       yaxis_title="memory (MiB)", height=420, margin=dict(t=50, l=10, r=10, b=10),
                       legend=dict(orientation="h", y=-0.15))
     return fig
@@ -146,6 +149,9 @@ def build_batch_scan_figure(result: dict) -> go.Figure:
 
 # ----------------------------------------------------------------------------- report sections
 def memory_sections(result: dict) -> list[Section]:
+    if result.get("meta"):  # a model on the meta device: what was counted, nothing measured
+        return [section("Memory counted without running", [lambda: build_memory_breakdown_figure(result)],
+                        text=notes(result))]
 
     sections = [section("Memory at the peak", [lambda: build_memory_breakdown_figure(result)],
                          text=notes(result)),

@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
 from diagnostics.render.tables import is_trace_file
 from diagnostics.render.sections import Section, records
+from diagnostics.render.charts.style import HIERARCHY_COLORSCALE, readable_axes, short_names
 
 PHASE_COLORS = {"forward": "#4C78A8", "backward": "#F58518", "optimizer": "#54A24B", "zero_grad": "#B279A2",
                 "other": "#BAB0AC"}
@@ -39,7 +40,7 @@ def build_latency_histogram_figure(result: dict) -> go.Figure:
     fig.update_layout(title=f"Latency of {len(lat['samples_ms'])} timed iterations ({unit}, {lat['method']})",
                       xaxis_title="latency per iteration (ms)", yaxis_title="iterations (count)",
                       height=360, margin=dict(t=60, l=10, r=10, b=40), bargap=0.05)
-    return fig
+    return readable_axes(fig)
 
 
 def build_step_breakdown_figure(result: dict) -> go.Figure:
@@ -95,14 +96,14 @@ def build_top_operators_figure(result: dict, n: int = 15, by: str = "self_cpu_ms
         return _empty(f"Top operators by {label}", f"no operator has {label}")
     names = [r["name"] + (f" {r['input_shapes']}" if r.get("input_shapes") else "") for r in top]
     fig = go.Figure(go.Bar(
-        y=names, x=[r[by] for r in top], orientation="h", marker_color="#4C78A8",
-        customdata=[[r["calls"], r["cpu_total_ms"]] for r in top],
-        hovertemplate="%{y}<br>" + label + ": %{x:.3f} ms<br>calls: %{customdata[0]}"
+        y=short_names(names), x=[r[by] for r in top], orientation="h", marker_color="#4C78A8",
+        customdata=[[r["calls"], r["cpu_total_ms"], name] for r, name in zip(top, names)],
+        hovertemplate="%{customdata[2]}<br>" + label + ": %{x:.3f} ms<br>calls: %{customdata[0]}"
                       "<br>total CPU: %{customdata[1]:.3f} ms<extra></extra>"))
     fig.update_layout(title=f"Top {len(top)} operators by {label} (all profiled steps)", xaxis_title=f"{label} (ms)",
-                      yaxis=dict(autorange="reversed"), height=max(300, 26 * len(top) + 120),
+                      yaxis=dict(autorange="reversed", title="operator"), height=max(300, 26 * len(top) + 120),
                       margin=dict(l=10, r=10, t=50, b=40))
-    return fig
+    return readable_axes(fig)
 
 
 def modules_missing(result: dict) -> str:
@@ -125,7 +126,9 @@ def build_module_tree_figure(result: dict, which: str = "forward") -> go.Figure:
         return _empty(f"Module {which} time", f"no {which} time recorded"
                       + (" (inference runs no backward)" if which == "backward" else ""))
     fig = go.Figure(go.Icicle(
-        ids=[m["name"] for m in mods], labels=[m["name"].rsplit(".", 1)[-1] for m in mods],
+        ids=[m["name"] for m in mods], labels=[_module_label(m["name"]) for m in mods],
+        marker=dict(colors=[m[f"{which}_ms"] for m in mods], colorscale=HIERARCHY_COLORSCALE,
+                    colorbar=dict(title="ms"), showscale=True),
         parents=[m["parent"] or "" for m in mods], values=[m[self_key] for m in mods], branchvalues="remainder",
         customdata=[[m["name"], m["type"], m[f"{which}_ms"], m[self_key], m["calls"]] for m in mods],
         hovertemplate="<b>%{customdata[0]}</b> (%{customdata[1]})<br>" + which
@@ -135,6 +138,16 @@ def build_module_tree_figure(result: dict, which: str = "forward") -> go.Figure:
     fig.update_layout(title=f"Module {which} time (ms, all profiled steps; width = time incl. children)",
                       height=480, margin=dict(t=50, l=5, r=5, b=5))
     return fig
+
+
+def _module_label(name: str) -> str:
+    """A module's box label: its attribute name, with its parent's for Sequential children
+    ('features.0', not '0')."""
+    parts = name.split(".")
+    i = len(parts) - 1
+    while i > 0 and parts[i].isdigit():  # 'features.0.1', not '0.1'
+        i -= 1
+    return ".".join(parts[i:])
 
 
 def build_kernel_figure(result: dict, n: int = 15) -> go.Figure:
@@ -157,7 +170,7 @@ def build_kernel_figure(result: dict, n: int = 15) -> go.Figure:
     fig.update_layout(title=f"Top {len(kernels)} GPU kernels by total time", xaxis_title="total kernel time (ms)",
                       yaxis=dict(categoryorder="array", categoryarray=order, autorange="reversed"),
                       height=max(300, 26 * len(kernels) + 120), margin=dict(l=10, r=10, t=50, b=40))
-    return fig
+    return readable_axes(fig)
 
 
 def _short(name: str, n: int = 60) -> str:

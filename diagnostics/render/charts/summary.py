@@ -8,8 +8,20 @@ import plotly.graph_objects as go
 
 from diagnostics.units import human_count, human_flops
 from diagnostics.render.sections import Section
+from diagnostics.render.charts.style import HIERARCHY_COLORSCALE, readable_axes, short_names
 
 ROOT = "(model)"
+
+
+def _module_label(name: str, type_: str) -> str:
+    """A box's label: the module's qualified name from its parent's attribute on ('features.0',
+    never a bare '0' of a Sequential) and its type."""
+    parts = name.split(".")
+    i = len(parts) - 1
+    while i > 0 and parts[i].isdigit():  # 'features.0.1', not '0.1'
+        i -= 1
+    short = ".".join(parts[i:])
+    return f"{short} · {type_}"
 
 
 def build_param_treemap_figure(result: dict) -> go.Figure:
@@ -27,7 +39,8 @@ def build_param_treemap_figure(result: dict) -> go.Figure:
 
     ids = [l["name"] for l in layers]
     values = [total(n) for n in ids]
-    labels = [n.rsplit(".", 1)[-1] if n != ROOT else result.get("model_type", ROOT) for n in ids]
+    labels = [_module_label(n, t) if n != ROOT else result.get("model_type", ROOT) for n, t in
+              zip(ids, [l["type"] for l in layers])]
     types = [l["type"] for l in layers]
     fig = go.Figure(go.Treemap(
         ids=ids, labels=labels, parents=[l["parent"] or "" for l in layers], values=values,
@@ -35,6 +48,7 @@ def build_param_treemap_figure(result: dict) -> go.Figure:
         hovertemplate="<b>%{customdata[0]}</b> (%{customdata[1]})<br>%{customdata[2]} parameters"
                       "<br>%{percentRoot:.1%} of the model<extra></extra>",
         texttemplate="%{label}<br>%{customdata[2]}",
+        marker=dict(colors=values, colorscale=HIERARCHY_COLORSCALE, showscale=False),
     ))
     fig.update_layout(title="Parameters by module (area = parameter count)", margin=dict(t=40, l=5, r=5, b=5),
                       height=460)
@@ -53,15 +67,17 @@ def build_top_layers_figure(result: dict, by: str = "params", n: int = 15) -> go
         rows = sorted(leaves, key=lambda l: (l["flops_forward"] or 0) + (l["flops_backward"] or 0), reverse=True)[:n]
         series = [("forward", [l["flops_forward"] for l in rows], "#4C78A8"),
                   ("backward", [l["flops_backward"] for l in rows], "#F58518")]
-    rows_names = [f"{l['name']} ({l['type']})" for l in rows]
+    full = [f"{l['name']} ({l['type']})" for l in rows]
+    rows_names = short_names(full)
     fig = go.Figure()
     for label, values, color in series:
         fig.add_bar(y=rows_names, x=values, orientation="h", name=label, marker_color=color,
-                    customdata=[fmt(v) for v in values], hovertemplate="%{y}<br>%{customdata}<extra>" + label + "</extra>")
+                    customdata=[[fmt(v), f] for v, f in zip(values, full)],
+                    hovertemplate="%{customdata[1]}<br>%{customdata[0]}<extra>" + label + "</extra>")
     fig.update_layout(title=title, barmode="stack", xaxis_title=axis, yaxis=dict(autorange="reversed"),
                       height=max(300, 28 * len(rows) + 120), margin=dict(l=10, r=10, t=40, b=40),
                       legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
-    return fig
+    return readable_axes(fig)
 
 
 # ----------------------------------------------------------------------------- report sections

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import plotly.graph_objects as go
+
+from diagnostics.render.charts.style import readable_axes, short_names
 from diagnostics.render.charts.ranks import ranks_sections
 from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
+from diagnostics.units import column_scale
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 
@@ -30,8 +33,8 @@ def _empty(title: str, message: str) -> go.Figure:
     return fig
 
 
-def _clip(name: str, n: int = 50) -> str:
-    return name if len(name) <= n else name[: n - 1] + "…"
+def _clip(name: str) -> str:
+    return short_names([name])[0]
 
 
 def build_category_figure(summary: dict) -> go.Figure:
@@ -86,8 +89,8 @@ def build_top_operators_figure(top: dict, kind: str = "operators") -> go.Figure:
         customdata=[[r["calls"], r["total_us"] / 1000, r["name"]] for r in rows],
         hovertemplate="%{customdata[2]}<br>%{x:.3f} ms, %{customdata[0]} calls, "
                       "total %{customdata[1]:.3f} ms<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="ms", height=max(300, 22 * len(rows) + 120))
-    return fig
+    fig.update_layout(title=title, xaxis_title="time (ms)", height=max(300, 22 * len(rows) + 120))
+    return readable_axes(fig)
 
 
 def build_idle_time_figure(idle: dict) -> go.Figure:
@@ -140,20 +143,23 @@ def build_timeline_figure(timeline: dict, search: str | None = None) -> go.Figur
 
 
 def build_diff_figure(diff: dict) -> go.Figure:
-    """Largest time changes from before to after, coloured by status (diff_traces)."""
+    """Largest time changes from before to after, coloured by status (diff_traces). The axis takes the
+    scale of the largest change (µs for a small trace, ms otherwise), the one the page's tiles use."""
     rows = [r for r in diff["rows"] if r["status"] != "unchanged"][:MAX_BARS][::-1]
     if not rows:
         return _empty("Trace diff", "No operator changed beyond the thresholds")
+    sc = column_scale([r["delta_us"] for r in rows] + [r["time_us_before"] for r in rows]
+                      + [r["time_us_after"] for r in rows], "us")
     fig = go.Figure(go.Bar(
-        x=[r["delta_us"] / 1000 for r in rows], y=[_clip(r["name"]) for r in rows],
+        x=[r["delta_us"] / sc.factor for r in rows], y=[_clip(r["name"]) for r in rows],
         orientation="h", marker_color=[STATUS_COLORS[r["status"]] for r in rows],
-        customdata=[[r["status"], r["time_us_before"] / 1000, r["time_us_after"] / 1000]
+        customdata=[[r["status"], r["time_us_before"] / sc.factor, r["time_us_after"] / sc.factor, r["name"]]
                     for r in rows],
-        hovertemplate="%{y}: %{customdata[0]}<br>%{customdata[1]:.3f} → %{customdata[2]:.3f} ms"
-                      "<extra></extra>"))
+        hovertemplate="%{customdata[3]}: %{customdata[0]}<br>%{customdata[1]:.3f} → %{customdata[2]:.3f} "
+                      + sc.suffix + "<extra></extra>"))
     fig.update_layout(title=f"Change in time ({diff['unit']}), after − before",
-                      xaxis_title="ms", height=max(300, 22 * len(rows) + 120))
-    return fig
+                      xaxis_title=f"change in time ({sc.suffix})", height=max(300, 22 * len(rows) + 120))
+    return readable_axes(fig)
 
 
 # ----------------------------------------------------------------------------- report sections

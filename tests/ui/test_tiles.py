@@ -1,0 +1,119 @@
+"""Metric tiles: short labels, figures that fit a tile with their unit, one scale per unit on a page."""
+
+import copy
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from diagnostics.registry import ANALYSES
+from diagnostics.units import UNITS
+from ui.widgets import MAX_LABEL_CHARS, MAX_VALUE_CHARS, Tile, tile_texts
+
+#: Results of the CLI's analyses on the samples (cnn, transformer, mlp, graph_break_mlp) and the
+#: recorded traces, trimmed to what the tiles read.
+SAMPLES = sorted((Path(__file__).parents[1] / "data" / "tiles").glob("*.json"))
+TILE_FUNCTIONS = {"batch_scan": ("scan_tiles",), "trace_diff": ("diff_tiles",), "profile": ("tiles", "roofline_tiles")}
+
+
+def _tiles(path: Path, result: dict | None = None) -> list[Tile]:
+    analysis = path.stem.split("-")[0]
+    module = importlib.import_module(f"ui.views.{ANALYSES[analysis].view}")
+    result = result if result is not None else json.loads(path.read_text())
+    out = []
+    for name in TILE_FUNCTIONS.get(analysis, ("tiles",)):
+        out += getattr(module, name)(result)
+    return out
+
+
+def _scaled(x, factor):
+    """Every number in the result's metric-like parts times ``factor`` (counts stay whole)."""
+    if isinstance(x, bool) or x is None:
+        return x
+    if isinstance(x, int):
+        return int(x * factor) if factor >= 1 else x
+    if isinstance(x, float):
+        return x * factor
+    if isinstance(x, dict):
+        return {k: _scaled(v, factor) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_scaled(v, factor) for v in x]
+    return x
+
+
+def test_every_view_has_sample_results():
+    views = {ANALYSES[p.stem.split("-")[0]].view for p in SAMPLES}
+    assert views >= {"summary", "profiler", "memory", "gradients", "checklist", "optimize", "compile", "traces",
+                     "distributed"}
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.stem)
+def test_tiles_fit_with_their_unit(path):
+    tiles = _tiles(path)
+    texts = tile_texts(tiles)
+    for t, text in zip(tiles, texts):
+        assert len(t.label) <= MAX_LABEL_CHARS, f"label too long for a tile: {t.label!r}"
+        assert len(text) <= MAX_VALUE_CHARS, f"{t.label}: {text!r} is cut in a tile"
+        assert "…" not in text and t.unit in UNITS
+        if isinstance(t.value, (int, float)) and not isinstance(t.value, bool) and t.unit in (
+                "ms", "us", "s", "bytes", "flop", "flop_per_s", "bytes_per_s", "per_s", "fraction", "percent"):
+            assert text.split()[-1].strip("0123456789.,+-") or text.endswith("/s"), f"{t.label}: {text!r} lost its unit"
+        if t.value is not None and not isinstance(t.value, str):
+            assert t.help, f"{t.label}: a tile's long text belongs in its help"
+
+
+@pytest.mark.parametrize("factor", [1e-4, 1e3, 1e6])
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.stem)
+def test_tiles_fit_at_other_magnitudes(path, factor):
+    """The same results with every figure 10^-4, 10^3 and 10^6 times as large still fit a tile."""
+    result = _scaled(copy.deepcopy(json.loads(path.read_text())), factor)
+    tiles = _tiles(path, result)
+    for t, text in zip(tiles, tile_texts(tiles)):
+        if t.unit != "text":  # text tiles ('3 / 3 fixes faster') are counts of things, not figures that scale
+            assert len(text) <= MAX_VALUE_CHARS, f"{t.label}: {text!r} at x{factor:g}"
+
+
+def test_one_scale_per_unit_on_a_row():
+    mib = 2**20
+    tiles = [Tile("Peak", 385.88 * mib, "bytes", "h"), Tile("Saved", 12 * mib, "bytes", "h"),
+             Tile("Latency", 1.234, "ms", "h"), Tile("Frozen", 0, "count", "h"), Tile("Params", 94762, "count", "h")]
+    assert tile_texts(tiles) == ["385.9 MiB", "12.0 MiB", "1.23 ms", "0", "94.8 k"]
+    # a figure that the shared scale would show as 0.00 keeps its own scale
+    tiles = [Tile("Peak", 385.88 * mib, "bytes", "h"), Tile("Buffers", 1812, "bytes", "h")]
+    assert tile_texts(tiles) == ["385.9 MiB", "1.77 KiB"]
+    assert tile_texts([Tile("FLOPs", None, "flop", "h", missing="not counted")]) == ["not counted"]
+
+
+def test_unit_columns_one_scale_and_the_unit_in_the_header():
+    import pandas as pd
+
+    from ui.widgets import unit_columns
+
+    df = pd.DataFrame({"op": ["a", "b"], "self_ms": [0.0555, 120.5], "total_ms": [2.0, 300.25],
+                       "peak_bytes": [3 * 2**20, 512 * 2**10]})
+    out, config = unit_columns(df, {"self_ms": ("Self", "ms"), "total_ms": ("Total", "ms", "with children"),
+                                    "peak_bytes": ("Peak", "bytes")})
+    assert config["self_ms"]["label"] == "Self (ms)" and config["total_ms"]["label"] == "Total (ms)"
+    assert config["total_ms"]["help"] == "with children"
+    assert config["self_ms"]["type_config"]["format"] == "%.1f"  # the table's largest is 300 ms
+    assert config["peak_bytes"]["label"] == "Peak (MiB)"
+    assert out["peak_bytes"].tolist() == [3.0, 0.5]
+    assert out["self_ms"].tolist() == [0.0555, 120.5] and df["peak_bytes"].iloc[0] == 3 * 2**20  # input untouched
+    out, config = unit_columns(pd.DataFrame({"d_us": [20.0, 40.0]}), {"d_us": ("Δ", "us")})
+    assert config["d_us"]["label"] == "Δ (µs)" and config["d_us"]["type_config"]["format"] == "%.2f"
+
+
+def test_model_page_tiles_carry_units(new_app):
+    """The Model page's tiles for the default sample (the small CNN): the parameter memory read
+    from the model itself, with its unit, and FLOPs with theirs."""
+    from sample_models.convnets import SmallCNN
+
+    model = SmallCNN()
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    at = new_app().run()
+    assert not at.exception, [e.value for e in at.exception]
+    tiles = {m.label: m.value for m in at.metric}
+    assert tiles["Parameter memory"] == f"{param_bytes / 1024:.1f} KiB"
+    assert tiles["Forward FLOPs"].endswith(" MFLOP")
+    assert all(len(v) <= MAX_VALUE_CHARS for v in tiles.values()), tiles
