@@ -92,6 +92,8 @@ GPU_DEVICE_GLOBS = ("nvidia*", "nvidia-caps", "dri", "kfd")
 TRACE_CACHE_ANALYSES = ("trace", "trace_diff")
 #: Job options that name files or folders the job reads.
 INPUT_OPTIONS = ("path", "before", "after", "trace_dir", "columns_dir", "dataset_path")
+#: Options whose value is a list of files or folders the job reads (the trace explorer's ranks).
+INPUT_LIST_OPTIONS = ("ranks",)
 #: Options whose value is a Python file that is imported: its folder is readable too.
 PYTHON_OPTIONS = ("dataset_path",)
 #: Where tools keep caches and scratch files: all pointed into the private temp folder, so nothing
@@ -300,6 +302,11 @@ def _job_inputs(job) -> tuple[list[Path], list[Path]]:
             reads.append(Path(value).expanduser())
             if key in PYTHON_OPTIONS:
                 folders.append(Path(value).expanduser().parent)
+    for key in INPUT_LIST_OPTIONS:
+        value = options.get(key)
+        for item in value if isinstance(value, (list, tuple)) else ():
+            if isinstance(item, str) and item:
+                reads.append(Path(item).expanduser())
     for stamp in [options.get("stamp")] + list(options.get("stamps") or []):
         if isinstance(stamp, dict) and isinstance(stamp.get("path"), str):
             reads.append(Path(stamp["path"]))

@@ -50,7 +50,7 @@ def pick_trace(slot: str) -> tuple[str | None, str | None]:
     return text.strip() or None, None
 
 
-tab_open, tab_diff = st.tabs(["Open a trace", "Compare two traces"])
+tab_open, tab_diff, tab_ranks = st.tabs(["Open a trace", "Compare two traces", "Ranks"])
 with tab_open:
     path, display_name = pick_trace("a")
     if path:
@@ -90,3 +90,28 @@ with tab_diff:
                     views.show("trace_diff", outcome.result)
                 else:
                     show_failure(outcome)
+with tab_ranks:  # several ranks' traces of one job: ui.views.trace_ranks
+    from ui.views.trace_ranks import pick_ranks
+
+    st.caption("Several ranks of one distributed job: each rank is analysed in its own process; the result "
+               "compares them, checks that they come from one run, and draws them on one timeline. The first "
+               "file is also opened in full.")
+    rank_paths, rank_names = pick_ranks(safe_mode())
+    if rank_paths:
+        from diagnostics.trace.ranks import rank_paths as expand_ranks
+
+        try:
+            files = expand_ranks(rank_paths)
+            stamps = [file_stamp(str(f)) for f in files]
+        except TorchScopeError as e:
+            st.error(str(e))
+        else:
+            options = {"path": stamps[0]["path"], "stamp": stamps[0], "ranks": rank_paths, "ranks_stamps": stamps}
+            if rank_names:
+                options["ranks_names"] = rank_names
+                options["display_name"] = rank_names.get(rank_paths[0])
+            outcome = run_analysis("trace", None, options, label="Analysing the ranks")
+            if outcome.ok:
+                views.show("trace", outcome.result)
+            else:
+                show_failure(outcome)

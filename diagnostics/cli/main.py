@@ -161,9 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
     tp = sub.add_parser("trace", help="analyse or compare Chrome/Kineto trace files",
                         description="Trace files: 'trace analyze PATH' or 'trace diff A B'.")
     tsub = tp.add_subparsers(dest="trace_command", metavar="{analyze,diff}", required=True, parser_class=ArgParser)
-    ta = tsub.add_parser("analyze", help="analyse one trace file (.json or .json.gz)",
-                         description="Analyse one trace file (the 'trace' analysis) and write a report folder.")
-    ta.add_argument("path", help="a Chrome/Kineto trace (.json or .json.gz)")
+    ta = tsub.add_parser("analyze", help="analyse one trace file (.json or .json.gz), or several ranks' traces",
+                         description="Analyse one trace file (the 'trace' analysis) and write a report folder. "
+                                     "Several files, or a folder, are the ranks of one job: the first is analysed "
+                                     "in full, and all of them side by side (per-rank table, checks that they are "
+                                     "one run, a merged timeline).")
+    ta.add_argument("path", nargs="+", help="a Chrome/Kineto trace (.json or .json.gz); several files or a folder: "
+                                            "one trace per rank")
     add_trace_options(ta)
     ta.add_argument("--step", type=int, metavar="N", help="the profiler step number whose critical path is "
                                                           "computed (default: the longest complete step)")

@@ -4,8 +4,9 @@ The CLI runs them like every other command (diagnostics.cli.main.run_job_command
 run store with source "cli", progress, the report folder); this module says what to run for the
 parsed arguments and how to show the result. ``--json``, result.json and the report hold the
 analysis' own result (``summary``, ``temporal_breakdown``, ``top_operators``, ``idle_time``,
-``launch_stats``, ``critical_path``, ``timeline``, ``trace_cache``, ``metrics`` for "trace"; ``before``,
-``after``, ``diff``, ``trace_cache``, ``metrics`` for "trace_diff"), less where the worker kept its parsed columns.
+``launch_stats``, ``critical_path``, ``timeline``, ``trace_cache``, ``metrics`` for "trace", and ``ranks``
+when several rank traces are given; ``before``, ``after``, ``diff``, ``trace_cache``, ``metrics`` for
+"trace_diff"), less where the worker kept its parsed columns.
 """
 
 from __future__ import annotations
@@ -34,16 +35,41 @@ def trace_job(args) -> tuple[str, dict]:
     from diagnostics.analyses.trace.job import file_stamp
 
     if args.trace_command == "analyze":
-        stamp = file_stamp(args.path)
+        paths = _paths(args)
+        ranks = len(paths) > 1 or Path(paths[0]).is_dir()
+        if ranks:  # several ranks' traces: the first file is opened in full, all are compared
+            files = _rank_files(paths)
+            stamp = file_stamp(str(files[0]))
+        else:
+            stamp = file_stamp(paths[0])
         options = {"path": stamp["path"], "stamp": stamp}
         if getattr(args, "step", None) is not None:  # the critical path's step (#18)
             options["critical_path_step"] = args.step
+        if ranks:
+            options["ranks"] = [str(Path(p).resolve()) for p in paths]
+            options["ranks_stamps"] = [file_stamp(str(f)) for f in files]
         if args.top is not None and args.top > TOP_N:  # the analysis keeps TOP_N rows per table unless told
             options["top"] = args.top
         options.update({o.key: getattr(args, dest(o)) for o in HTA_OPTIONS if getattr(args, dest(o), None) is not None})
         return "trace", options
     stamps = [file_stamp(args.a), file_stamp(args.b)]
     return "trace_diff", {"before": stamps[0]["path"], "after": stamps[1]["path"], "stamps": stamps}
+
+
+def _paths(args) -> list[str]:
+    return list(args.path) if isinstance(args.path, (list, tuple)) else [args.path]
+
+
+def _rank_files(paths: list[str]) -> list:
+    """The trace files the rank paths name (TorchScopeError, exit 2, for one that is not there)."""
+    from diagnostics.errors import TorchScopeError
+    from diagnostics.trace.errors import TraceError
+    from diagnostics.trace.ranks import rank_paths
+
+    try:
+        return rank_paths(paths)
+    except TraceError as e:
+        raise TorchScopeError(str(e)) from None
 
 
 def cli_result(analysis: str, result: dict) -> dict:
@@ -53,7 +79,10 @@ def cli_result(analysis: str, result: dict) -> dict:
 
 def report_title(args) -> str:
     if args.trace_command == "analyze":
-        return f"TorchScope trace: {Path(args.path).name}"
+        paths = _paths(args)
+        if len(paths) > 1 or Path(paths[0]).is_dir():
+            return f"TorchScope trace: {len(paths)} rank path(s), {Path(paths[0]).name} first"
+        return f"TorchScope trace: {Path(paths[0]).name}"
     return f"TorchScope trace diff: {Path(args.a).name} -> {Path(args.b).name}"
 
 

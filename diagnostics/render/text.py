@@ -112,6 +112,33 @@ def format_analysis(result: dict, top: int) -> str:
     out += hta_text(result, top, _table, _clip, _ms)   # the HTA-parity analyses (render.charts.trace_hta)
     if result.get("critical_path"):
         out += ["", format_critical_path(result["critical_path"], top)]
+    if result.get("ranks"):
+        out += ["", format_ranks(result["ranks"])]
+    return "\n".join(out)
+
+
+def _msv(ms) -> str:
+    return "-" if ms is None else f"{ms:.3f} ms"
+
+
+def format_ranks(r: dict) -> str:
+    """The multi-rank part of ``trace analyze A B C``: diagnostics.trace.ranks.analyse_ranks' result."""
+    out = [f"Ranks: {len(r['ranks'])} traces ({r['mode']}); medians per profiler step"]
+    out.append(_table(r["ranks"], [
+        ("rank", "rank", str), ("file", "name", lambda f: _clip(str(f), 40)),
+        ("steps", "steps", str), ("step", "step_ms_median", _msv), ("GPU busy", "gpu_busy_ms_median", _msv),
+        ("GPU idle", "gpu_idle_ms_median", _msv), ("compute", "compute_ms_median", _msv),
+        ("comm", "comm_ms_median", _msv), ("overlap", "overlap_ms_median", _msv)]))
+    if r.get("slowest_rank") is not None:
+        spread = "-" if r.get("spread") is None else f"{r['spread']:.2f}x"
+        out.append(f"slowest rank: {r['slowest_rank']} (step-time spread max/min {spread})")
+    for p in r.get("problems") or []:
+        out.append(f"problem ({p['check']}): {p['message']}")
+    if not r.get("problems"):
+        out.append("no sign that these ranks come from different runs")
+    for n in r.get("notes") or []:
+        out.append(f"note: {n}")
+    out.append(f"merged timeline: {r['alignment']}")
     return "\n".join(out)
 
 

@@ -52,6 +52,35 @@ def test_notes_on_left_out_work_and_graph_launches_are_shown(new_app, tmp_path):
     assert any("CUDA graph launches" in m.value for m in at.markdown)
 
 
+def test_ranks_tab_from_a_folder_shows_table_chart_problems_and_merged_timeline(new_app, tmp_path):
+    from tests.trace.rank_traces import BASE_NS, write_rank
+
+    for r, steps in {0: [1000, 1200, 1100], 1: [2000, 1000, 3000], 2: [1500, 1500, 1600]}.items():
+        write_rank(tmp_path / "job", f"rank{r}.json", r, 3, steps, base_ns=BASE_NS + (3600 * 10**9 if r == 2 else 0))
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    at.radio(key="trace_ranks_src").set_value("Local paths").run()
+    at.text_area(key="trace_ranks_paths").set_value(str(tmp_path / "job")).run(timeout=300)
+    assert not at.exception, [e.value for e in at.exception]
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith("Not one run? (start time) traces start 3,600 s apart") for w in warnings), warnings
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Slowest rank"] == "1" and metrics["Step-time spread"] == "1.82x"
+    table = next(df.value for df in at.dataframe if "step (ms)" in df.value.columns)
+    assert list(table["rank"]) == [0, 1, 2] and list(table["step (ms)"]) == [1.1, 2.0, 1.5]
+    assert any("first profiler step" in c.value for c in at.caption)  # the merged timeline says its alignment
+    assert at.text_input(key="trace_ranks_tl_search") is not None  # the merged timeline's search box
+
+
+def test_ranks_tab_missing_path_is_a_clear_error(new_app):
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    at.radio(key="trace_ranks_src").set_value("Local paths").run()
+    at.text_area(key="trace_ranks_paths").set_value("/no/such/job/").run()
+    assert not at.exception
+    assert any("/no/such/job: no such file or folder" in e.value for e in at.error)
+
+
 def test_the_page_says_whether_the_trace_came_from_the_trace_cache(new_app, tmp_path):
     from diagnostics.settings import trace_cache_dir
     from diagnostics.trace.cache import cached_load

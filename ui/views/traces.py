@@ -15,6 +15,7 @@ from diagnostics.render.charts.critical_path import mark_critical_path
 from ui.views.critical_path import show_critical_path
 from ui.widgets import Tile, metric_row, unit_columns
 from ui.views.timeline import show_timeline
+from ui.views.trace_ranks import show_ranks
 
 
 def _label(col: str) -> str:
@@ -122,8 +123,14 @@ def show(result: dict) -> None:
         st.warning(w)
     for n in s.get("notes") or []:
         st.info(n)
-    tabs = st.tabs(["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline",
+    has_ranks = bool(result.get("ranks"))  # several ranks' traces (ui.views.trace_ranks): their tab first
+    tabs = st.tabs((["Ranks"] if has_ranks else []) +
+                   ["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline",
                     "Critical path"] + trace_hta.TABS)
+    if has_ranks:
+        with tabs[0]:
+            show_ranks(result["ranks"])
+        tabs = tabs[1:]
     trace_hta.show_tabs(tabs[-len(trace_hta.TABS):], result)   # the HTA-parity tabs (ui.views.trace_hta)
     with tabs[0]:
         st.plotly_chart(build_category_figure(s), width="stretch")

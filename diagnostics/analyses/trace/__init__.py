@@ -2,9 +2,18 @@
 time range (trace_timeline) and compare two traces (trace_diff). The work is in job.py; the
 trace layer (diagnostics.trace) does the reading and the views."""
 
-from diagnostics.declare import Analysis, Column, Metric, Option, Table
+from diagnostics.declare import Analysis, Column, Metric, Option, OptionError, Table
 
 TOP_N = 20
+
+
+def _rank_paths(value: list) -> list:
+    """The "ranks" option: trace files or folders, each a non-empty string."""
+    bad = [v for v in value if not isinstance(v, str) or not v.strip()]
+    if bad:
+        raise OptionError(f"option ranks: each entry must be a trace file or folder path, got {bad[0]!r}")
+    return value
+
 TIMELINE_MAX_EVENTS = 4000
 
 _TIMELINE = (
@@ -83,6 +92,13 @@ TRACE = Analysis(
                flag=""),
         Option("keep_columns", "bool", True, "keep the parsed columns beside the run (fast timeline re-draws)",
                flag=""),
+        # Multi-rank (diagnostics.trace.ranks): several ranks' traces side by side, in the result's "ranks".
+        Option("ranks", "list", None, "trace files or folders of several ranks of one job: a per-rank table, "
+               "checks that they are one run, a merged timeline", optional=True, flag="", check=_rank_paths),
+        Option("ranks_names", "dict", None, "rank file path -> the name the user knows it by (uploads are "
+               "stored under another)", optional=True, flag=""),
+        Option("ranks_stamps", "list", None, "path, size and mtime of the rank files, so a changed file is a "
+               "new job", optional=True, flag=""),
     ) + _TIMELINE + HTA_OPTIONS + _CRITICAL_PATH,
     metrics=(
         Metric("events", "count", "Events"),

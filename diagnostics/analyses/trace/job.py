@@ -22,6 +22,7 @@ from diagnostics.errors import TorchScopeError
 from diagnostics.settings import check_server_path, trace_cache_dir
 from diagnostics.trace.cache import cached_load, link_events
 from diagnostics.trace.errors import TraceError
+from diagnostics.trace.ranks import analyse_ranks
 from diagnostics.trace import hta_parity as hp
 from diagnostics.trace.views import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
 from diagnostics.trace import (
@@ -99,6 +100,8 @@ def analyze(ctx, options: dict) -> dict:
     out["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical.py
     ctx.progress(0.9, "timeline")
     out["timeline"] = timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
+    if options["ranks"]:
+        out["ranks"] = _ranks(ctx, options)
     if options["keep_columns"]:
         _save_columns(trace, ctx.artifact_dir)
         out["columns_dir"] = str(ctx.artifact_dir)
@@ -129,6 +132,14 @@ def hta_steps(options, rows: int) -> dict:
         "launch_delay": partial(hp.launch_delay, n=rows, since=pick("launch_delay_from", "call_start", "call_end")),
         "comm_overlap": partial(hp.comm_overlap, compute=pick("overlap_compute", "gpu_work", "kernels")),
     }
+
+
+def _ranks(ctx, options: dict) -> dict:
+    """Several ranks' traces (the "ranks" option): diagnostics.trace.ranks.analyse_ranks."""
+    paths = [str(check_server_path(p, "trace")) for p in options["ranks"]]
+    ctx.progress(0.92, f"{len(paths)} rank path(s): analysing each rank")
+    return analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
+                         progress=lambda f, m: ctx.progress(0.92 + 0.06 * f, m))
 
 
 def analyze_timeline(ctx, options: dict) -> dict:

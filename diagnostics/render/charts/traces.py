@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.render.charts.style import readable_axes, short_names
+from diagnostics.render.charts.ranks import ranks_sections
 from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
 from diagnostics.render.charts.critical_path import critical_path_sections, mark_critical_path
 from diagnostics.units import column_scale
@@ -195,6 +196,8 @@ def trace_sections(result: dict) -> list[Section]:
     if result.get("timeline"):
         sections.append(section("Timeline", [lambda: mark_critical_path(build_timeline_figure(result["timeline"]),
                                                                         result.get("critical_path"), result["timeline"])]))
+    if result.get("ranks"):  # several ranks' traces (diagnostics.trace.ranks)
+        sections += ranks_sections(result["ranks"])
     return sections
 
 
