@@ -148,6 +148,15 @@ def test_t5_large_is_counted_exactly_on_the_meta_device(tmp_path):
     result = execute(Job("summary", spec(T5_LARGE, seq_len=16, decoder_len=8, meta="on"), {"skip_backward": True}),
                      tmp_path)
     assert result["meta"] is True and result["metrics"]["params_total"] == meta_numel(ref)
+    # FLOPs in closed form: 2 per weight per token of every matmul, plus the attention matmuls (QK^T, AV:
+    # 4 * b * s_q * s_k * inner per layer). Encoder: q, k, v, o and the two FF matmuls per encoder token.
+    # Decoder: self q, k, v, o, cross q, o and FF per decoder token; cross k, v per encoder token; LM head.
+    d, ff, inner, layers, vocab, b, se, sd = 1024, 4096, 16 * 64, 24, 32128, 2, 16, 8
+    te, td = b * se, b * sd
+    encoder = layers * (te * 2 * (4 * d * inner + 2 * d * ff) + 4 * b * se * se * inner)
+    decoder = layers * (td * 2 * (6 * d * inner + 2 * d * ff) + te * 2 * 2 * d * inner
+                        + 4 * b * sd * sd * inner + 4 * b * sd * se * inner)
+    assert result["metrics"]["flops_forward"] == encoder + decoder + td * 2 * d * vocab
     memory = execute(Job("memory", spec(T5_LARGE, seq_len=16, decoder_len=8, meta="on"), {"optimizer": "adamw"}),
                      tmp_path)
     assert memory["metrics"]["param_bytes"] == 737_668_096 * 4
@@ -198,4 +207,6 @@ def test_optimize_fixes_on_an_encoder_decoder(config, tmp_path):
         assert rows[fix]["status"] in ("ok", "not_applicable"), (fix, rows[fix]["why"])
         assert rows[fix]["status"] == "ok" or rows[fix]["why"], fix
     assert rows["inference_mode"]["status"] == "ok" and rows["inference_mode"]["max_abs_err"] == 0
-    assert rows["int8_dynamic"]["status"] == "ok"  # nn.Linear layers throughout
+    assert rows["int8_dynamic"]["status"] == "ok" and rows["int8_dynamic"]["cosine"] > 0.999  # nn.Linear throughout
+    assert rows["torchscript"]["status"] == "ok" and rows["torchscript"]["max_abs_err"] == 0  # traced by keyword
+    assert rows["channels_last"]["status"] == "not_applicable" and "no Conv2d layers" in rows["channels_last"]["why"]
