@@ -233,6 +233,12 @@ def choose_task(cfg, task: str | None) -> str:
     model_type = cfg.model_type
     have = tasks_of(model_type)
     if task is not None:
+        if task == "sequence-classification" and getattr(cfg, "is_encoder_decoder", False):
+            # T5 / BART classify from the decoder's state at an <eos> token, with decoder inputs made from
+            # input_ids: random ids have no <eos> (BART refuses) and T5's config lacks a decoder start token.
+            raise ModelLoadError(f"{model_type} is an encoder-decoder: its sequence-classification head reads the "
+                                 "decoder's state at <eos> tokens, which random token ids do not have; use the "
+                                 "seq2seq-lm task (input_ids and decoder_input_ids)")
         if task not in have:
             raise ModelLoadError(f"{model_type} has no {task} head in transformers; its tasks: "
                                  f"{', '.join(have) or 'none of ' + ', '.join(TASKS)}")

@@ -119,6 +119,17 @@ def test_decoder_len_defaults_to_seq_len_and_is_checked():
                         task="seq2seq-lm", decoder_len=None))
 
 
+def test_other_heads_of_an_encoder_decoder():
+    """BART's masked-LM head (BartForConditionalGeneration fed input_ids only) and its decoder-only causal-LM
+    build with one positional input; sequence classification, which needs <eos> tokens, is refused clearly."""
+    loaded = load_model(spec(BART, task="causal-lm", decoder_len=None))
+    assert type(loaded.model.model).__name__ == "BartForCausalLM" and [s.name for s in loaded.input_specs] == [None]
+    assert loaded.loss_fn(loaded.forward()).item() > 0
+    for config in (T5, BART):
+        with pytest.raises(ModelLoadError, match="sequence-classification head reads the decoder's state at <eos>"):
+            load_model(spec(config, task="sequence-classification", decoder_len=None))
+
+
 def test_decoder_len_in_the_spec_json_only_when_set():
     base = HFSettings(T5, None, 16)
     assert "decoder_len" not in base.to_json()  # other specs keep their JSON, hence their cache keys
