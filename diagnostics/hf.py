@@ -15,7 +15,12 @@ task's loss:
 A config too big for this machine (weights + gradients + AdamW state over half its free memory, or
 ``meta="on"``) is built on the meta device: nothing is allocated; parameters are counted exactly
 and FLOPs by running the forward pass on fake tensors (see the summary and memory analyses).
-Encoder-decoder configs (T5, BART) need keyword inputs (``decoder_input_ids=``) and are refused.
+- ``seq2seq-lm`` (encoder-decoder configs: T5, BART, ...): keyword inputs ``input_ids`` (batch x seq_len)
+  and ``decoder_input_ids`` (batch x decoder_len, default seq_len); the wrapper returns
+  ``(logits, decoder_input_ids)`` and the loss is the decoder's next-token cross-entropy (logits at
+  position i against decoder token i + 1), exactly ``model(input_ids=..., decoder_input_ids=d,
+  labels=L).loss`` with ``L = d`` shifted left by one and its last position ignored (-100): the
+  convention of training, where the decoder inputs are the labels shifted right.
 transformers is an optional dependency: without it, a clear error says how to install it.
 """
 
@@ -29,9 +34,9 @@ from pathlib import Path
 
 from diagnostics.errors import ModelLoadError, SpecError
 
-TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
+TASKS = ("causal-lm", "masked-lm", "seq2seq-lm", "sequence-classification", "image-classification")
 #: Short architecture names the sidebar offers (any transformers model_type is accepted).
-ARCHITECTURES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "bert", "roberta", "distilbert", "vit")
+ARCHITECTURES = ("gpt2", "llama", "mistral", "mixtral", "qwen2", "bert", "roberta", "distilbert", "vit", "t5", "bart")
 #: What "meta" may be: auto (meta when the model would not fit), on (always), off (never).
 META_MODES = ("auto", "on", "off")
 DEFAULT_SEQ_LEN = 128
@@ -41,8 +46,8 @@ TRAIN_BYTES_PER_PARAM = 16
 #: Keys of a config.json that describe the file, not the model: accepted and not checked.
 METADATA_KEYS = {"model_type", "architectures", "transformers_version", "_name_or_path", "torch_dtype", "dtype",
                  "auto_map", "_commit_hash", "_attn_implementation_autoset", "name_or_path"}
-_LM_TASKS = ("causal-lm", "masked-lm")
-_SUFFIX_TASK = (("ForCausalLM", "causal-lm"), ("LMHeadModel", "causal-lm"), ("ForMaskedLM", "masked-lm"),
+_LM_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm")
+_SUFFIX_TASK = (("ForConditionalGeneration", "seq2seq-lm"), ("ForCausalLM", "causal-lm"), ("LMHeadModel", "causal-lm"), ("ForMaskedLM", "masked-lm"),
                 ("ForSequenceClassification", "sequence-classification"),
                 ("ForImageClassification", "image-classification"))
 INSTALL_HINT = "pip install transformers"
@@ -67,6 +72,7 @@ class HFSettings:
     seq_len: int = DEFAULT_SEQ_LEN
     meta: str = "auto"
     strict: bool = True  # unknown config keys are an error (typed by hand), else a note (a config.json)
+    decoder_len: int | None = None  # seq2seq-lm: decoder tokens per sequence (None: seq_len)
 
     def __post_init__(self):
         if not isinstance(self.config, dict) or not self.config.get("model_type"):
@@ -77,10 +83,16 @@ class HFSettings:
             raise SpecError(f"sequence length must be positive, got {self.seq_len}")
         if self.meta not in META_MODES:
             raise SpecError(f"meta must be one of {', '.join(META_MODES)}, got {self.meta!r}")
+        if self.decoder_len is not None and int(self.decoder_len) < 2:
+            raise SpecError(f"decoder length must be at least 2 (the loss predicts each decoder token from the "
+                            f"ones before it), got {self.decoder_len}")
 
     def to_json(self) -> str:
-        return json.dumps({"config": self.config, "task": self.task, "seq_len": int(self.seq_len),
-                           "meta": self.meta, "strict": bool(self.strict)}, sort_keys=True)
+        d = {"config": self.config, "task": self.task, "seq_len": int(self.seq_len), "meta": self.meta,
+             "strict": bool(self.strict)}
+        if self.decoder_len is not None:  # only when set: other specs keep their JSON (and cache keys)
+            d["decoder_len"] = int(self.decoder_len)
+        return json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "HFSettings":
@@ -89,7 +101,8 @@ class HFSettings:
         except (TypeError, ValueError) as e:
             raise SpecError(f"the Hugging Face settings are not valid JSON: {e}") from None
         return cls(config=d.get("config") or {}, task=d.get("task"), seq_len=int(d.get("seq_len") or DEFAULT_SEQ_LEN),
-                   meta=d.get("meta") or "auto", strict=bool(d.get("strict", True)))
+                   meta=d.get("meta") or "auto", strict=bool(d.get("strict", True)),
+                   decoder_len=None if d.get("decoder_len") is None else int(d["decoder_len"]))
 
     @property
     def label(self) -> str:
@@ -193,10 +206,6 @@ def make_config(config: dict, strict: bool = True):
             cfg.validate()
     except Exception as e:
         raise ModelLoadError(f"invalid {model_type} config: {type(e).__name__}: {e}") from e
-    if getattr(cfg, "is_encoder_decoder", False):
-        raise ModelLoadError(f"{model_type} is an encoder-decoder config: encoder-decoder configs need keyword inputs "
-                             "(decoder_input_ids=...), which this intake does not pass yet; use a decoder-only "
-                             "(gpt2, llama) or encoder-only (bert, vit) architecture")
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False  # a training-style forward: no KV cache in the outputs
     return cfg, notes
@@ -206,6 +215,7 @@ def _mappings():
     from transformers.models.auto import modeling_auto as ma
 
     return {"causal-lm": ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "masked-lm": ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+            "seq2seq-lm": ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
             "sequence-classification": ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
             "image-classification": ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES}
 
@@ -218,10 +228,17 @@ def tasks_of(model_type: str) -> list[str]:
 
 def choose_task(cfg, task: str | None) -> str:
     """``task``, checked; else from the config's architectures, else the model_type's heads
-    (masked-LM before causal-LM: encoders such as BERT have both, decoders only causal-LM)."""
+    (seq2seq-LM for encoder-decoder configs; masked-LM before causal-LM: encoders such as BERT have
+    both, decoders only causal-LM)."""
     model_type = cfg.model_type
     have = tasks_of(model_type)
     if task is not None:
+        if task == "sequence-classification" and getattr(cfg, "is_encoder_decoder", False):
+            # T5 / BART classify from the decoder's state at an <eos> token, with decoder inputs made from
+            # input_ids: random ids have no <eos> (BART refuses) and T5's config lacks a decoder start token.
+            raise ModelLoadError(f"{model_type} is an encoder-decoder: its sequence-classification head reads the "
+                                 "decoder's state at <eos> tokens, which random token ids do not have; use the "
+                                 "seq2seq-lm task (input_ids and decoder_input_ids)")
         if task not in have:
             raise ModelLoadError(f"{model_type} has no {task} head in transformers; its tasks: "
                                  f"{', '.join(have) or 'none of ' + ', '.join(TASKS)}")
@@ -230,10 +247,12 @@ def choose_task(cfg, task: str | None) -> str:
         for suffix, t in _SUFFIX_TASK:
             if str(arch).endswith(suffix) and t in have:
                 return t
+    if getattr(cfg, "is_encoder_decoder", False) and "seq2seq-lm" in have:
+        return "seq2seq-lm"
     for t in ("image-classification", "masked-lm", "causal-lm", "sequence-classification"):
         if t in have:
             return t
-    raise ModelLoadError(f"{model_type} has no causal-LM, masked-LM, sequence- or image-classification head in "
+    raise ModelLoadError(f"{model_type} has no causal-LM, masked-LM, seq2seq-LM, sequence- or image-classification head in "
                          "transformers: TorchScope cannot pick inputs and a loss for it")
 
 
@@ -241,6 +260,7 @@ def _auto_class(task: str):
     import transformers
 
     return {"causal-lm": transformers.AutoModelForCausalLM, "masked-lm": transformers.AutoModelForMaskedLM,
+            "seq2seq-lm": transformers.AutoModelForSeq2SeqLM,
             "sequence-classification": transformers.AutoModelForSequenceClassification,
             "image-classification": transformers.AutoModelForImageClassification}[task]
 
@@ -262,15 +282,23 @@ def _task_model_class():
     from torch import nn
 
     class HFTaskModel(nn.Module):
-        """A transformers model behind one positional tensor: input_ids or pixel_values. Language
-        models return (logits, input_ids), so the loss has its labels whatever batch ran."""
+        """A transformers model behind one positional tensor (input_ids or pixel_values), or, for
+        seq2seq-lm, the keyword inputs input_ids and decoder_input_ids. Language models return (logits,
+        the ids the loss predicts), so the loss has its labels whatever batch ran."""
 
         def __init__(self, model, task: str):
             super().__init__()
             self.model = model
             self.task = task
 
-        def forward(self, x):
+        def forward(self, x=None, input_ids=None, decoder_input_ids=None):
+            if self.task == "seq2seq-lm":
+                if decoder_input_ids is None:
+                    raise TypeError("a seq2seq-lm model needs decoder_input_ids= (keyword inputs input_ids= and "
+                                    "decoder_input_ids=)")
+                logits = self.model(input_ids=input_ids if input_ids is not None else x,
+                                    decoder_input_ids=decoder_input_ids, return_dict=False)[0]
+                return logits, decoder_input_ids
             if self.task == "image-classification":
                 return self.model(pixel_values=x, return_dict=False)[0]
             logits = self.model(input_ids=x, return_dict=False)[0]
@@ -280,12 +308,13 @@ def _task_model_class():
 
 
 def lm_loss(task: str):
-    """The loss transformers computes with ``labels=input_ids``: shifted for causal-LM, not for masked-LM."""
+    """The loss transformers computes with ``labels=input_ids``: shifted for causal-LM, not for masked-LM;
+    for seq2seq-LM the decoder's next token (``labels`` = decoder ids shifted left, last one ignored)."""
     import torch.nn.functional as F
 
     def loss_fn(output):
         logits, ids = output
-        if task == "causal-lm":
+        if task in ("causal-lm", "seq2seq-lm"):
             logits, ids = logits[:, :-1], ids[:, 1:]
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids.reshape(-1))
 
@@ -301,19 +330,33 @@ def vocab_size(cfg) -> int:
     return int(v)
 
 
-def example_input_spec(cfg, task: str, seq_len: int, batch: int = DEFAULT_BATCH):
-    """The InputSpec of the model's one input: token ids for text, pixel_values for images."""
+def example_input_specs(cfg, task: str, seq_len: int, batch: int = DEFAULT_BATCH,
+                        decoder_len: int | None = None) -> tuple:
+    """The model's InputSpecs: token ids for text, pixel_values for images (one positional input);
+    for seq2seq-lm the keyword inputs input_ids (batch, seq_len) and decoder_input_ids (batch, decoder_len)."""
     from diagnostics.spec import InputSpec
 
     if task == "image-classification":
         size = getattr(cfg, "image_size", 224)
         h, w = (size, size) if isinstance(size, int) else tuple(size)
-        return InputSpec((batch, int(getattr(cfg, "num_channels", 3)), int(h), int(w)), "float32")
+        return (InputSpec((batch, int(getattr(cfg, "num_channels", 3)), int(h), int(w)), "float32"),)
     limit = getattr(cfg, "max_position_embeddings", None)
     if limit and seq_len > int(limit):
         raise SpecError(f"sequence length {seq_len} is longer than the config's max_position_embeddings "
                         f"({limit}): lower it or raise that key")
-    return InputSpec((batch, int(seq_len)), "int64", vocab_size(cfg))
+    if task != "seq2seq-lm":
+        if decoder_len is not None:
+            raise SpecError(f"a decoder length applies to the seq2seq-lm task (encoder-decoder configs), not {task}")
+        return (InputSpec((batch, int(seq_len)), "int64", vocab_size(cfg)),)
+    decoder_len = int(seq_len if decoder_len is None else decoder_len)
+    if decoder_len < 2:
+        raise SpecError(f"decoder length must be at least 2 (the loss predicts each decoder token from the ones "
+                        f"before it), got {decoder_len}")
+    if limit and decoder_len > int(limit):
+        raise SpecError(f"decoder length {decoder_len} is longer than the config's max_position_embeddings "
+                        f"({limit}): lower it or raise that key")
+    return (InputSpec((batch, int(seq_len)), "int64", vocab_size(cfg), "input_ids"),
+            InputSpec((batch, decoder_len), "int64", vocab_size(cfg), "decoder_input_ids"))
 
 
 def _free_bytes(device: str) -> int:
@@ -329,7 +372,7 @@ def _free_bytes(device: str) -> int:
 class HFBuilt:
     model: object  # the HFTaskModel
     task: str
-    input_spec: object
+    input_specs: tuple  # InputSpecs: one positional input, or seq2seq-lm's two keyword inputs
     loss_fn: object
     loss_name: str
     num_classes: int | None
@@ -349,7 +392,7 @@ def build(settings: HFSettings, device: str = "cpu", seed: int = 0) -> HFBuilt:
 
     cfg, notes = make_config(settings.config, strict=settings.strict)
     task = choose_task(cfg, settings.task)
-    spec = example_input_spec(cfg, task, int(settings.seq_len))
+    specs = example_input_specs(cfg, task, int(settings.seq_len), decoder_len=settings.decoder_len)
     meta_reason = None
     if settings.meta == "on":
         meta_reason = "built on the meta device as asked (meta=on)"
@@ -375,14 +418,16 @@ def build(settings: HFSettings, device: str = "cpu", seed: int = 0) -> HFBuilt:
         notes.append(meta_reason + ": parameters, FLOPs and weight / gradient / optimizer-state memory are "
                      "counted exactly; activations and timings are not measured")
     if task in _LM_TASKS:
-        loss_fn, loss_name, num_classes = lm_loss(task), (
-            "causal-LM cross-entropy (next token, labels = input_ids)" if task == "causal-lm" else
-            "masked-LM cross-entropy (every position against its own token, labels = input_ids)"), vocab_size(cfg)
+        loss_fn, loss_name, num_classes = lm_loss(task), {
+            "causal-lm": "causal-LM cross-entropy (next token, labels = input_ids)",
+            "masked-lm": "masked-LM cross-entropy (every position against its own token, labels = input_ids)",
+            "seq2seq-lm": "seq2seq-LM cross-entropy (the decoder's next token: labels = decoder_input_ids "
+                          "shifted left, the last position ignored)"}[task], vocab_size(cfg)
     else:
         num_classes = int(getattr(cfg, "num_labels", 2))
         loss_fn, loss_name = task_loss("classification", num_classes, seed), \
             f"cross-entropy over {num_classes} classes (fixed random labels)"
     notes.insert(0, f"{type(inner).__name__} built from a {cfg.model_type} config with random weights (task "
                     f"{task}; nothing downloaded)")
-    return HFBuilt(model=model, task=task, input_spec=spec, loss_fn=loss_fn, loss_name=loss_name,
+    return HFBuilt(model=model, task=task, input_specs=specs, loss_fn=loss_fn, loss_name=loss_name,
                    num_classes=num_classes, meta_reason=meta_reason, notes=notes)

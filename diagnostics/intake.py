@@ -435,9 +435,9 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         from diagnostics.hf import HFSettings, build
 
         built = build(HFSettings.from_json(spec.hf), spec.device, spec.seed)
-        model, declared, meta = built.model, (built.input_spec,), built.meta_reason
+        model, declared, meta = built.model, tuple(built.input_specs), built.meta_reason
         loss_fn, loss_name, notes = built.loss_fn, built.loss_name, list(built.notes)
-        task = "lm" if built.task in ("causal-lm", "masked-lm") else "classification"
+        task = "lm" if built.task in ("causal-lm", "masked-lm", "seq2seq-lm") else "classification"
         num_classes = built.num_classes
     elif spec.source == "torchscript":
         model = _load_torchscript(path, shown)

@@ -214,10 +214,12 @@ def test_unknown_model_type_and_wrong_task_and_bad_values():
                             "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 10}))
 
 
-def test_encoder_decoder_configs_are_refused_clearly():
-    with pytest.raises(ModelLoadError, match="encoder-decoder configs need keyword inputs"):
-        load_model(hf_spec({"model_type": "t5", "d_model": 32, "num_layers": 1, "num_heads": 2, "d_kv": 16,
-                            "d_ff": 64}))
+def test_encoder_decoder_configs_build_as_seq2seq_lm():
+    """Refused before keyword inputs; now T5 gets the seq2seq-lm task (tests/test_hf_seq2seq.py covers it)."""
+    loaded = load_model(hf_spec({"model_type": "t5", "d_model": 32, "num_layers": 1, "num_heads": 2, "d_kv": 16,
+                                 "d_ff": 64, "vocab_size": 100}, seq_len=8))
+    assert type(loaded.model.model).__name__ == "T5ForConditionalGeneration"
+    assert [s.name for s in loaded.input_specs] == ["input_ids", "decoder_input_ids"]
 
 
 def test_missing_model_type_and_bad_json():

@@ -117,7 +117,19 @@ def _upload_form() -> None:
 
 #: The size fields of the Hugging Face form: (label, config key) — transformers maps these common
 #: names onto each architecture's own (GPT-2's n_layer, n_embd, n_head).
-HF_SIZES = (("Layers", "num_hidden_layers"), ("Hidden size", "hidden_size"), ("Attention heads", "num_attention_heads"))
+HF_SIZES = (("Layers", "num_hidden_layers"), ("Hidden size", "hidden_size"), ("Attention heads", "num_attention_heads"),
+            ("Vocabulary", "vocab_size"))
+#: Encoder-decoder architectures have an encoder and a decoder stack: their own keys (the common
+#: num_hidden_layers would set the encoder's only, leaving the decoder at its default depth).
+HF_SIZES_BY_ARCH = {
+    "t5": (("Encoder layers", "num_layers"), ("Decoder layers", "num_decoder_layers"), ("Model width", "d_model"),
+           ("Feed-forward width", "d_ff"), ("Attention heads", "num_heads"), ("Head width", "d_kv"),
+           ("Vocabulary", "vocab_size")),
+    "bart": (("Encoder layers", "encoder_layers"), ("Decoder layers", "decoder_layers"), ("Model width", "d_model"),
+             ("Encoder heads", "encoder_attention_heads"), ("Decoder heads", "decoder_attention_heads"),
+             ("Encoder FFN width", "encoder_ffn_dim"), ("Decoder FFN width", "decoder_ffn_dim"),
+             ("Vocabulary", "vocab_size")),
+}
 
 
 @st.cache_data(show_spinner=False)
@@ -126,8 +138,20 @@ def _hf_defaults(model_type: str) -> dict:
     from diagnostics.hf import make_config
 
     cfg, _ = make_config({"model_type": model_type})
-    keys = [k for _, k in HF_SIZES] + ["vocab_size", "intermediate_size"]
+    keys = [k for _, k in HF_SIZES_BY_ARCH.get(model_type, HF_SIZES)] + ["intermediate_size"]
     return {k: int(getattr(cfg, k)) for k in keys if isinstance(getattr(cfg, k, None), int)}
+
+
+@st.cache_data(show_spinner=False)
+def _is_encoder_decoder(model_type: str) -> bool:
+    """Whether the architecture's config is an encoder-decoder one (T5, BART): it takes a decoder length."""
+    from diagnostics.hf import make_config
+
+    try:
+        cfg, _ = make_config({"model_type": model_type})
+    except (TorchScopeError, ImportError):
+        return False
+    return bool(getattr(cfg, "is_encoder_decoder", False))
 
 
 def _hf_form() -> None:
@@ -142,7 +166,7 @@ def _hf_form() -> None:
             defaults = _hf_defaults(arch)
             config, strict = {"model_type": arch}, True
             cols = st.columns(2)
-            for n, (label, key) in enumerate(HF_SIZES + (("Vocabulary", "vocab_size"),)):
+            for n, (label, key) in enumerate(HF_SIZES_BY_ARCH.get(arch, HF_SIZES)):
                 if key in defaults:
                     config[key] = int(cols[n % 2].number_input(label, min_value=1, value=defaults[key], step=1,
                                                                key=f"sb_hf_{arch}_{key}"))
@@ -157,15 +181,23 @@ def _hf_form() -> None:
         return
     c1, c2 = st.columns(2)
     task = c1.selectbox("Task", ("auto",) + TASKS, key="sb_hf_task",
-                        help="the head and loss; auto: from the config's architectures, else masked-LM for "
-                             "encoders and causal-LM for decoders")
+                        help="the head and loss; auto: from the config's architectures, else seq2seq-LM for "
+                             "encoder-decoders (t5, bart), masked-LM for encoders and causal-LM for decoders")
     seq_len = int(c2.number_input("Sequence length", min_value=1, max_value=1 << 20, value=DEFAULT_SEQ_LEN,
                                   key="sb_hf_seq"))
+    decoder_len = None
+    encoder_decoder = bool(config) and (bool(config.get("is_encoder_decoder"))
+                                        or _is_encoder_decoder(str(config["model_type"])))
+    if task == "seq2seq-lm" or (task == "auto" and encoder_decoder):
+        dec = c2.number_input("Decoder length", min_value=2, max_value=1 << 20, value=None, key="sb_hf_dec",
+                              placeholder="= sequence length",
+                              help="decoder tokens per sequence (decoder_input_ids); empty: the sequence length")
+        decoder_len = None if dec is None else int(dec)
     st.caption("Random weights, nothing downloaded. A config too big for this machine is built on the meta "
                "device: parameters, FLOPs and weight / gradient / optimizer memory are counted, nothing measured.")
     if st.button("Build model", type="primary", disabled=config is None, key="sb_hf_build"):
         try:
-            settings = HFSettings(config, None if task == "auto" else task, seq_len, "auto", strict)
+            settings = HFSettings(config, None if task == "auto" else task, seq_len, "auto", strict, decoder_len)
             spec = ModelSpec(source="hf", name=str(config["model_type"])[:80], hf=settings.to_json())
         except TorchScopeError as e:
             st.session_state[state.LOAD_ERROR] = str(e)

@@ -77,6 +77,9 @@ def add_hf_args(p) -> None:
     g.add_argument("--hf-task", choices=TASKS, help="the head and loss (default: from the config's architectures, "
                                                     "else masked-lm for encoders, causal-lm for decoders)")
     g.add_argument("--seq-len", type=int, metavar="N", help=f"tokens per sequence (default {DEFAULT_SEQ_LEN})")
+    g.add_argument("--decoder-len", type=int, metavar="N",
+                   help="seq2seq-lm (encoder-decoder configs: t5, bart): decoder tokens per sequence, the length of "
+                        "decoder_input_ids (default: --seq-len)")
     g.add_argument("--hf-meta", action="store_true",
                    help="build on the meta device even when the model fits: counts only (parameters, FLOPs, "
                         "weight / gradient / optimizer memory), nothing allocated or timed")
@@ -137,18 +140,22 @@ def normalise_device(device: str) -> str:
 
 
 def hf_spec(hf: str, *, hf_set: list[str] | None = None, hf_task: str | None = None, seq_len: int | None = None,
-            hf_meta: bool = False, batch_size: int | None = None, device: str = "cpu", seed: int = 0) -> ModelSpec:
+            hf_meta: bool = False, decoder_len: int | None = None, batch_size: int | None = None, device: str = "cpu", seed: int = 0) -> ModelSpec:
     """A ModelSpec for --hf (an architecture with sizes, or a config.json). The config's keys are
     checked in the worker, where transformers is imported (an unknown key is an error there)."""
     from diagnostics.hf import DEFAULT_SEQ_LEN, HFSettings, parse_hf_arg
 
     if seq_len is not None and seq_len <= 0:
         raise UsageError(f"bad --seq-len {seq_len}: must be a positive integer")
+    if decoder_len is not None and decoder_len < 2:
+        raise UsageError(f"bad --decoder-len {decoder_len}: must be at least 2 (the loss predicts each decoder "
+                         "token from the ones before it)")
     if batch_size is not None and batch_size <= 0:
         raise UsageError(f"bad --batch-size {batch_size}: must be a positive integer")
     try:
         config, strict = parse_hf_arg(hf, hf_set or ())
-        settings = HFSettings(config, hf_task, seq_len or DEFAULT_SEQ_LEN, "on" if hf_meta else "auto", strict)
+        settings = HFSettings(config, hf_task, seq_len or DEFAULT_SEQ_LEN, "on" if hf_meta else "auto", strict,
+                              decoder_len)
         return ModelSpec(source="hf", name=str(config["model_type"])[:80], hf=settings.to_json(),
                          batch_size=batch_size, device=normalise_device(device), seed=seed)
     except SpecError as e:
@@ -159,7 +166,8 @@ def spec_from_args(args) -> ModelSpec:
     """The ModelSpec of a command's model arguments: --model (sample or file) or --hf."""
     hf = getattr(args, "hf", None)
     hf_only = {"--hf-set": getattr(args, "hf_set", None), "--hf-task": getattr(args, "hf_task", None),
-               "--seq-len": getattr(args, "seq_len", None), "--hf-meta": getattr(args, "hf_meta", False)}
+               "--seq-len": getattr(args, "seq_len", None), "--hf-meta": getattr(args, "hf_meta", False),
+               "--decoder-len": getattr(args, "decoder_len", None)}
     if hf is None:
         given = [flag for flag, v in hf_only.items() if v]
         if given:
@@ -174,6 +182,7 @@ def spec_from_args(args) -> ModelSpec:
         raise UsageError(f"{', '.join(others)} do not apply to --hf: its inputs come from the config "
                          "(--seq-len, --batch-size) and its weights are random")
     return hf_spec(hf, hf_set=args.hf_set, hf_task=args.hf_task, seq_len=args.seq_len, hf_meta=args.hf_meta,
+                   decoder_len=args.decoder_len,
                    batch_size=args.batch_size, device=args.device, seed=args.seed)
 
 

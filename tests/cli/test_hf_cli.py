@@ -78,3 +78,26 @@ def test_bad_keys_and_flags_are_named(tmp_path):
     assert p.returncode == 2 and "--model (a sample name" in p.stderr and "or --hf" in p.stderr
     p = cli("profile", "--hf", GPT2, "--hf-meta", "--no-report", data_dir=tmp_path)
     assert p.returncode == 2 and "only the counting analyses run on it" in p.stderr
+
+
+def test_summary_of_a_t5_config_with_a_decoder_length(tmp_path):
+    p = cli("summary", "--hf", "t5:d_model=64,d_ff=128,num_layers=2,num_decoder_layers=2,num_heads=4,d_kv=16,"
+            "vocab_size=500", "--seq-len", "24", "--decoder-len", "10", "--batch-size", "3", "--json", "--no-report",
+            data_dir=tmp_path)
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout)
+    ref = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        d_model=64, d_ff=128, num_layers=2, num_decoder_layers=2, num_heads=4, d_kv=16, vocab_size=500))
+    assert result["metrics"]["params_total"] == storage_numel(ref)
+    assert result["inputs"] == [{"shape": [3, 24], "dtype": "int64", "name": "input_ids"},
+                                {"shape": [3, 10], "dtype": "int64", "name": "decoder_input_ids"}]
+    assert result["model"] == "t5 (hf)" and "seq2seq-LM" in result["loss"]
+
+
+def test_decoder_len_flags_are_checked(tmp_path):
+    p = cli("summary", "--model", "mlp", "--decoder-len", "8", data_dir=tmp_path)
+    assert p.returncode == 2 and "--decoder-len need --hf" in p.stderr
+    p = cli("summary", "--hf", "t5:d_model=32,num_heads=2,d_kv=16", "--decoder-len", "1", data_dir=tmp_path)
+    assert p.returncode == 2 and "bad --decoder-len 1: must be at least 2" in p.stderr
+    p = cli("summary", "--hf", GPT2, "--decoder-len", "8", data_dir=tmp_path)
+    assert p.returncode != 0 and "a decoder length applies to the seq2seq-lm task" in p.stderr

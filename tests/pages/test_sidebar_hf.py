@@ -75,3 +75,47 @@ def test_memory_page_of_a_meta_model_shows_counts_not_peaks(new_app):
     assert metrics["Optimizer state"] == "1.75 MiB"  # AdamW: 2 x 918,528 B
     assert metrics["Training peak"] == "not measured"
     assert any("not measured" in i.value for i in at.info)
+
+
+def _storage_numel(model) -> int:
+    return sum({p.untyped_storage().data_ptr(): p.numel()
+                for _, p in model.named_parameters(remove_duplicate=False)}.values())
+
+
+@pytest.mark.parametrize("arch, sizes, reference", [
+    ("t5", {"num_layers": 2, "num_decoder_layers": 1, "d_model": 32, "d_ff": 64, "num_heads": 4, "d_kv": 8,
+            "vocab_size": 300}, "T5ForConditionalGeneration"),
+    ("bart", {"encoder_layers": 2, "decoder_layers": 1, "d_model": 32, "encoder_attention_heads": 4,
+              "decoder_attention_heads": 4, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "vocab_size": 300},
+     "BartForConditionalGeneration"),
+])
+def test_build_an_encoder_decoder_with_a_decoder_length(new_app, arch, sizes, reference):
+    at = new_app().run()
+    at.sidebar.radio(key="sb_source").set_value("Hugging Face config").run()
+    at.sidebar.selectbox(key="sb_hf_arch").set_value(arch).run()
+    assert not at.exception, [e.value for e in at.exception]
+    for key, value in sizes.items():  # the encoder-decoder's own keys, both stacks
+        at.sidebar.number_input(key=f"sb_hf_{arch}_{key}").set_value(value)
+    at.sidebar.number_input(key="sb_hf_seq").set_value(16)
+    at.sidebar.number_input(key="sb_hf_dec").set_value(8)  # offered for an encoder-decoder (task auto)
+    at.sidebar.button(key="sb_hf_build").click().run()
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.sidebar.error, [e.value for e in at.sidebar.error]
+    spec = at.session_state[state.SPEC]
+    settings = json.loads(spec.hf)
+    assert settings["config"] == {"model_type": arch, **sizes} and settings["decoder_len"] == 8
+    assert any(f"HFTaskModel[{reference}]" in s.value for s in at.sidebar.success)
+    cfg_cls = getattr(transformers, reference.replace("ForConditionalGeneration", "Config"))
+    n = _storage_numel(getattr(transformers, reference)(cfg_cls(**sizes)))
+    params = next(m for m in at.metric if m.label == "Parameters")
+    assert f"{n:,}" in params.help
+    assert any("decoder_input_ids=[2, 8] int64" in c.value for c in at.caption), [c.value for c in at.caption]
+
+
+def test_decoder_length_is_offered_only_to_encoder_decoders(new_app):
+    at = new_app().run()
+    at.sidebar.radio(key="sb_source").set_value("Hugging Face config").run()
+    assert not [n for n in at.sidebar.number_input if n.key == "sb_hf_dec"]  # gpt2, task auto
+    at.sidebar.selectbox(key="sb_hf_arch").set_value("t5").run()
+    assert [n for n in at.sidebar.number_input if n.key == "sb_hf_dec"]

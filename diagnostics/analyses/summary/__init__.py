@@ -18,7 +18,8 @@ ANALYSIS = Analysis(
         Metric("flops_backward", "flop", "FLOPs (backward)"),
         Metric("flops_train_step", "flop", "FLOPs (forward + backward)", better="lower"),
         Metric("flops_forward_per_token", "flop", "FLOPs per token (forward)",
-               "forward FLOPs / (batch x sequence length); models whose input is token ids", better="lower"),
+               "forward FLOPs / (batch x sequence length) of the first input; models whose first input is token ids "
+               "(encoder-decoders: per encoder token, input_ids)", better="lower"),
         Metric("tied_parameters", "count", "Tied parameters"),
         Metric("batch_size", "count", "Batch size"),
     ),
