@@ -85,10 +85,10 @@ def show_critical_path(result: dict) -> None:
         Tile("Path events", cp["path_events"], "count", f"events on the path, of {cp['events']:,} in the step"),
     ])
     st.caption(headline(cp))
-    st.plotly_chart(build_critical_path_breakdown_figure(cp), width="stretch")
-    st.plotly_chart(build_critical_path_timeline_figure(cp), width="stretch")
+    st.plotly_chart(build_critical_path_breakdown_figure(cp), width="stretch", key="cp-chart-1")
+    st.plotly_chart(build_critical_path_timeline_figure(cp), width="stretch", key="cp-chart-2")
     st.markdown("**What if it were faster**")
-    st.plotly_chart(build_what_if_figure(cp), width="stretch")
+    st.plotly_chart(build_what_if_figure(cp), width="stretch", key="cp-chart-3")
     _ms_table(cp["what_if"], _WHAT_IF_COLS)
     st.markdown("**Events on the critical path** (in path order)")
     if cp["path_events"] > len(cp["path"]):
