@@ -91,11 +91,11 @@ with tab_diff:
                 else:
                     show_failure(outcome)
 with tab_ranks:  # several ranks' traces of one job: ui.views.trace_ranks
-    from ui.views.trace_ranks import pick_ranks
+    from ui.views.trace_ranks import pick_ranks, show_ranks
 
     st.caption("Several ranks of one distributed job: each rank is analysed in its own process; the result "
                "compares them, checks that they come from one run, and draws them on one timeline. The first "
-               "file is also opened in full.")
+               "file is also analysed in full: its report (below) and History show every view of it.")
     rank_paths, rank_names = pick_ranks(safe_mode())
     if rank_paths:
         from diagnostics.trace.ranks import rank_paths as expand_ranks
@@ -111,7 +111,9 @@ with tab_ranks:  # several ranks' traces of one job: ui.views.trace_ranks
                 options["ranks_names"] = rank_names
                 options["display_name"] = rank_names.get(rank_paths[0])
             outcome = run_analysis("trace", None, options, label="Analysing the ranks")
-            if outcome.ok:
-                views.show("trace", outcome.result)
+            if outcome.ok:  # the ranks' view only: "Open a trace" may show another trace's full view on this page
+                views.machine_banner(outcome.result)
+                show_ranks(outcome.result["ranks"])
+                views.downloads("trace", outcome.result, file_stem="trace-ranks")
             else:
                 show_failure(outcome)

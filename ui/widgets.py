@@ -163,3 +163,13 @@ def unit_columns(df, columns: dict[str, tuple], config: dict | None = None, widt
         config[col] = st.column_config.NumberColumn(sc.header(label), format=sc.number_format(), help=help_,
                                                     width=width)
     return df, config
+
+
+def chart_key(view: str, result: dict, n: int) -> str:
+    """A chart's widget key, unique per (view, result, chart): two results shown on one page (a trace and a
+    ranks folder) and two empty figures in one view (a CPU-only trace) would otherwise share an id."""
+    import hashlib
+    import json
+
+    ident = json.dumps([result.get(k) for k in ("path", "name", "files", "alignment")], default=str)
+    return f"{view}-{hashlib.sha1(ident.encode()).hexdigest()[:10]}-{n}"

@@ -48,3 +48,12 @@ def test_picking_another_step_shows_its_path(new_app, cp_trace):
     assert _metric(at, "Step") == "0" and _metric(at, "Critical path") == "300.0 µs"
     path = next(df.value for df in at.dataframe if "waited on" in df.value.columns)
     assert "aten::linear" in set(path["event"]) and "k_linear" not in set(path["event"])
+
+
+def test_every_engine_microsecond_column_is_shown_in_ms():
+    from ui.views.critical_path import _WHAT_IF_COLS, _PATH_COLS, is_us
+
+    for cols in (_WHAT_IF_COLS, _PATH_COLS):
+        for key, label in cols.items():
+            assert is_us(key) == label.endswith("(ms)") or "ms from" in label, (key, label)
+    assert is_us("step_us_after") and is_us("saving_us") and not is_us("calls")

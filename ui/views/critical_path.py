@@ -12,7 +12,7 @@ from diagnostics.render.charts.critical_path import (
     CRITICAL_PATH_HELP, build_critical_path_breakdown_figure, build_critical_path_timeline_figure,
     build_what_if_figure, headline,
 )
-from ui.widgets import Tile, metric_row
+from ui.widgets import Tile, metric_row, chart_key
 
 #: Columns of the path table, in µs in the result, shown in ms.
 _PATH_COLS = {"name": "event", "kind": "kind", "where": "where", "start_us": "start (ms from step start)",
@@ -22,17 +22,21 @@ _WHAT_IF_COLS = {"name": "event", "kind": "kind", "calls": "calls in the step", 
                  "saving_us": "step time saved (ms)", "step_us_after": "step time after (ms)"}
 
 
+def is_us(column: str) -> bool:
+    """An engine column in µs: name ending in _us or with _us_ inside (step_us_after)."""
+    return column.endswith("_us") or "_us_" in column
+
+
 def _ms_table(rows: list, columns: dict, height: int | None = None) -> None:
     if not rows:
         st.caption("(none)")
         return
     df = pd.DataFrame(rows)[[c for c in columns if c in rows[0]]]
-    for c in df.columns:
-        if c.endswith("_us"):
-            df[c] = df[c] / 1e3
-    config = {c: st.column_config.NumberColumn(label, format="%.3f") for c, label in columns.items()
-              if c.endswith("_us")}
-    st.dataframe(df.rename(columns={c: columns[c] for c in df.columns if not c.endswith("_us")}), hide_index=True,
+    us = [c for c in df.columns if is_us(c)]  # engine µs shown in ms (step_us_after too, not only *_us)
+    for c in us:
+        df[c] = df[c] / 1e3
+    config = {c: st.column_config.NumberColumn(columns[c], format="%.3f") for c in us}
+    st.dataframe(df.rename(columns={c: columns[c] for c in df.columns if c not in us}), hide_index=True,
                  width="stretch", height=height or "auto", column_config=config)
 
 
@@ -85,10 +89,10 @@ def show_critical_path(result: dict) -> None:
         Tile("Path events", cp["path_events"], "count", f"events on the path, of {cp['events']:,} in the step"),
     ])
     st.caption(headline(cp))
-    st.plotly_chart(build_critical_path_breakdown_figure(cp), width="stretch", key="cp-chart-1")
-    st.plotly_chart(build_critical_path_timeline_figure(cp), width="stretch", key="cp-chart-2")
+    st.plotly_chart(build_critical_path_breakdown_figure(cp), width="stretch", key=chart_key("cp", result, 1))
+    st.plotly_chart(build_critical_path_timeline_figure(cp), width="stretch", key=chart_key("cp", result, 2))
     st.markdown("**What if it were faster**")
-    st.plotly_chart(build_what_if_figure(cp), width="stretch", key="cp-chart-3")
+    st.plotly_chart(build_what_if_figure(cp), width="stretch", key=chart_key("cp", result, 3))
     _ms_table(cp["what_if"], _WHAT_IF_COLS)
     st.markdown("**Events on the critical path** (in path order)")
     if cp["path_events"] > len(cp["path"]):

@@ -19,8 +19,10 @@ def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
         df = df[df["name"] != "(model)"]
     df = df.assign(output_shape=df["output_shape"].map(lambda s: "" if s is None else str(s)),
                    trainable=(df["trainable"] > 0).where(df["params"] > 0))
-    return df[["name", "type", "output_shape", "params", "pct_of_total", "trainable",
-               "flops_forward", "flops_backward", "flops_not_counted"]]
+    cols = ["name", "type", "output_shape", "params", "pct_of_total", "trainable", "flops_forward", "flops_backward"]
+    if df["flops_not_counted"].notna().any():  # only when some op was left out (the notes name it too)
+        cols.append("flops_not_counted")
+    return df[cols]
 
 
 def tiles(result: dict) -> list[Tile]:
@@ -55,7 +57,7 @@ def show(result: dict) -> None:
             height=min(36 * (len(table) + 1) + 3, 720),  # small models show every row without scrolling
             column_config={
                 "name": st.column_config.TextColumn("Layer (qualified name)"),
-                "type": st.column_config.TextColumn("Type"),
+                "type": st.column_config.TextColumn("Type", width="medium"),
                 "output_shape": st.column_config.TextColumn("Output shape"),
                 "params": st.column_config.NumberColumn("Params", format="localized"),
                 "pct_of_total": st.column_config.ProgressColumn("% of params", format="%.1f%%", min_value=0,

@@ -11,7 +11,7 @@ from diagnostics.render.charts.trace_hta import (
     build_annotations_figure, build_bandwidth_figure, build_kernel_sequences_figure, build_launch_delay_figure,
     build_queue_length_figure, definitions_text, notes_of, overlap_text, queue_text,
 )
-from ui.widgets import option_input
+from ui.widgets import option_input, chart_key
 
 TABS = ["Kernel sequences", "Launch queue", "Memcpy bandwidth", "GPU annotations", "Launch delay"]
 
@@ -52,31 +52,31 @@ def show_tabs(tabs, result: dict) -> None:
     seqs, q, bw = result["kernel_sequences"], result["queue_length"], result["memcpy_bandwidth"]
     ann, ld = result["annotations"], result["launch_delay"]
     with tabs[0]:
-        st.plotly_chart(build_kernel_sequences_figure(seqs), width="stretch", key="hta-chart-1")
+        st.plotly_chart(build_kernel_sequences_figure(seqs), width="stretch", key=chart_key("hta", result, 1))
         _notes(seqs)
         st.caption(f"Runs of 2 to {seqs['max_len']} consecutive kernels on one stream seen at least twice: "
                    "fusing one saves its launches and the gaps inside it.")
         _table(seqs["by_time"], {"total_us": "GPU time (µs)", "mean_us": "each (µs)", "span_us": "span (µs)",
                                  "gap_us": "gaps (µs)", "count": "occurrences", "length": "kernels"})
     with tabs[1]:
-        st.plotly_chart(build_queue_length_figure(q), width="stretch", key="hta-chart-2")
+        st.plotly_chart(build_queue_length_figure(q), width="stretch", key=chart_key("hta", result, 2))
         st.caption(queue_text(q))
         _notes(q)
         _table(q["streams"], {"full_us": "at full queue (µs)", "span_us": "span (µs)", "max": "max queued",
                               "mean": "mean queued"})
     with tabs[2]:
-        st.plotly_chart(build_bandwidth_figure(bw), width="stretch", key="hta-chart-3")
+        st.plotly_chart(build_bandwidth_figure(bw), width="stretch", key=chart_key("hta", result, 3))
         _notes(bw)
         _table(bw["directions"], {"time_us": "time (µs)", "bytes_per_s": "bandwidth (GB/s)",
                                   "median_bytes_per_s": "median per copy (GB/s)",
                                   "max_bytes_per_s": "max per copy (GB/s)", "bytes": "bytes"})
     with tabs[3]:
-        st.plotly_chart(build_annotations_figure(ann), width="stretch", key="hta-chart-4")
+        st.plotly_chart(build_annotations_figure(ann), width="stretch", key=chart_key("hta", result, 4))
         _notes(ann)
         _table(ann["annotations"], {"total_us": "total (µs)", "mean_us": "mean (µs)", "max_us": "max (µs)",
                                     "gpu_busy_us": "GPU busy inside (µs)"})
     with tabs[4]:
-        st.plotly_chart(build_launch_delay_figure(ld), width="stretch", key="hta-chart-5")
+        st.plotly_chart(build_launch_delay_figure(ld), width="stretch", key=chart_key("hta", result, 5))
         _notes(ld)
         _table(ld["by_name"], {"mean_us": "mean (µs)", "min_us": "min (µs)", "p50_us": "median (µs)",
                                "p90_us": "p90 (µs)", "max_us": "max (µs)", "op": "launched by"})

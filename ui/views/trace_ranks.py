@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from ui.widgets import chart_key
+
 from diagnostics.render.charts.ranks import build_rank_steps_figure, build_ranks_timeline_figure, rank_table
 from ui.views.timeline import show_timeline
 
@@ -57,7 +59,7 @@ def show_ranks(ranks: dict) -> None:
         cols[0].metric("Slowest rank", str(ranks["slowest_rank"]), help="highest median step time")
         cols[1].metric("Step-time spread", f"{spread:.2f}x" if spread else "n/a",
                        help="slowest rank's median step time / fastest rank's")
-        st.plotly_chart(build_rank_steps_figure(ranks), width="stretch", key="ranks-chart-1")
+        st.plotly_chart(build_rank_steps_figure(ranks), width="stretch", key=chart_key("ranks", ranks, 1))
     st.dataframe(rank_table(ranks), hide_index=True, width="stretch")
     timeline = ranks.get("timeline") or {}
     if timeline.get("events"):

@@ -72,8 +72,10 @@ def _timeline(result: dict) -> None:
     show_timeline(timeline, lambda search: mark_critical_path(build_timeline_figure(timeline, search=search),
                                                           result.get("critical_path"), timeline),
                   key="trace")
-    st.caption(f"{timeline['shown']:,} bars drawn for {timeline['in_range']:,} events in range; a bar with count > 1 "
-               f"stands for several short events of its row merged (bucket {timeline.get('bucket_us', 0):.1f} µs).")
+    bucket = timeline.get("bucket_us") or 0.0
+    st.caption(f"{timeline['shown']:,} bars drawn for {timeline['in_range']:,} events in range"
+               + (f"; a bar with count > 1 stands for several short events of its row merged (bucket "
+                  f"{bucket:.1f} µs)." if bucket > 0 else ": every event has its own bar."))
 
 
 def cache_caption(cache: dict | None) -> str:
