@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from diagnostics.render.charts.style import empty_figure
+
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 
@@ -20,14 +22,6 @@ CRITICAL_PATH_HELP = (
     "Shortening an event off the path does not shorten the step. A what-if makes every call of a name in the "
     "step faster and computes the longest path again; a queued kernel's launch or stream latency is taken as "
     "the median of those that decided a start, so the saving can be less than the time cut.")
-
-
-def _empty(title: str, message: str) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
-                      annotations=[{"text": message, "showarrow": False, "x": 0.5, "y": 0.5,
-                                    "xref": "paper", "yref": "paper"}])
-    return fig
 
 
 def _clip(name: str, n: int = 50) -> str:
@@ -52,7 +46,7 @@ def build_critical_path_breakdown_figure(cp: dict) -> go.Figure:
     """Time on the critical path by kind (ms), each bar labelled."""
     rows = cp.get("by_kind") or []
     if not rows:
-        return _empty("Critical path by kind", "No critical path")
+        return empty_figure("Critical path by kind", "No critical path")
     fig = go.Figure(go.Bar(
         x=[r["kind"] for r in rows], y=[r["us"] / 1e3 for r in rows],
         marker_color=[KIND_COLORS.get(r["kind"], "#888") for r in rows],
@@ -68,7 +62,7 @@ def build_critical_path_timeline_figure(cp: dict) -> go.Figure:
     """The path's events on a timeline (ms from the step's start), one row per thread / stream."""
     path = cp.get("path") or []
     if not path:
-        return _empty("Critical path on the timeline", "No critical path")
+        return empty_figure("Critical path on the timeline", "No critical path")
     drawn = sorted(path, key=lambda r: -r["dur_us"])[:MAX_DRAWN]
     lanes = sorted({r["where"] for r in drawn}, key=lambda w: (w.startswith("GPU"), w))
     fig = go.Figure()
@@ -99,7 +93,7 @@ def build_what_if_figure(cp: dict) -> go.Figure:
     rows = (cp.get("what_if") or [])[::-1]
     title = f"What if it were {cp.get('factor', 2):g}x faster: step time saved"
     if not rows:
-        return _empty(title, "Nothing on the path to speed up")
+        return empty_figure(title, "Nothing on the path to speed up")
     fig = go.Figure(go.Bar(
         x=[r["saving_us"] / 1e3 for r in rows], y=[_clip(r["name"]) for r in rows], orientation="h",
         marker_color=[KIND_COLORS.get(r["kind"], "#888") for r in rows],

@@ -15,6 +15,15 @@ TITLE_STANDOFF = 12
 HIERARCHY_COLORSCALE = "Blues"
 
 
+def empty_figure(title: str, message: str) -> go.Figure:
+    """A figure with nothing to draw: its title, hidden axes and the message in the middle."""
+    fig = go.Figure()
+    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
+                      annotations=[{"text": message, "showarrow": False, "x": 0.5, "y": 0.5,
+                                    "xref": "paper", "yref": "paper"}])
+    return fig
+
+
 def short_names(names: list[str], n: int = MAX_NAME_CHARS) -> list[str]:
     """Axis labels for ``names``: unchanged up to ``n`` characters, else cut to ``n`` with '…'.
     Two names that shorten alike get ' (2)', ' (3)' so their bars stay apart."""

@@ -39,9 +39,8 @@ def build_param_treemap_figure(result: dict) -> go.Figure:
 
     ids = [l["name"] for l in layers]
     values = [total(n) for n in ids]
-    labels = [_module_label(n, t) if n != ROOT else result.get("model_type", ROOT) for n, t in
-              zip(ids, [l["type"] for l in layers])]
     types = [l["type"] for l in layers]
+    labels = [_module_label(n, t) if n != ROOT else result.get("model_type", ROOT) for n, t in zip(ids, types)]
     fig = go.Figure(go.Treemap(
         ids=ids, labels=labels, parents=[l["parent"] or "" for l in layers], values=values,
         branchvalues="total", customdata=list(zip(ids, types, [human_count(v) for v in values])),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from diagnostics.render.charts.style import empty_figure
 from diagnostics.units import human_seconds
 
 CAT_COLORS = {"user_annotation": "#B279A2", "cpu_op": "#4C78A8", "kernel": "#F58518", "gpu_memcpy": "#E45756",
@@ -83,11 +84,9 @@ def build_timeline_figure(timeline: dict, *, search: str | None = None, title: s
     """Zoomable timeline bars (module doc); ``search`` dims the events whose name does not match."""
     tl = normalize(timeline)
     events = tl["events"]
-    fig = go.Figure()
     if not events:
-        fig.add_annotation(text="No events in this range", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
-        fig.update_layout(title=title or "Timeline", height=200, xaxis_visible=False, yaxis_visible=False)
-        return fig
+        return empty_figure(title or "Timeline", "No events in this range").update_layout(height=200)
+    fig = go.Figure()
     depth_of = {l["label"]: l["depths"] for l in tl["lanes"]}
     query = (search or "").strip()
     n_hits = 0

@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from diagnostics.render.charts.style import empty_figure
+
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 
 MAX_BARS = 20
 #: The result keys these figures read, in the order the report and the page show them.
 KEYS = ("kernel_sequences", "queue_length", "memcpy_bandwidth", "annotations", "launch_delay", "comm_overlap")
-
-
-def _empty(title: str, message: str) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
-                      annotations=[{"text": message, "showarrow": False, "x": 0.5, "y": 0.5,
-                                    "xref": "paper", "yref": "paper"}])
-    return fig
 
 
 def _clip(name: str, n: int = 70) -> str:
@@ -35,7 +29,7 @@ def build_kernel_sequences_figure(seqs: dict) -> go.Figure:
     rows = (seqs.get("by_time") or [])[:MAX_BARS][::-1]
     title = "Frequent kernel sequences (fusion candidates)"
     if not rows:
-        return _empty(title, "; ".join(seqs.get("notes") or []) or "No run of kernels occurs twice on a stream")
+        return empty_figure(title, "; ".join(seqs.get("notes") or []) or "No run of kernels occurs twice on a stream")
     fig = go.Figure(go.Bar(
         x=[r["total_us"] for r in rows], y=[_clip(r["sequence"]) for r in rows], orientation="h",
         customdata=[[r["count"], r["gap_us"], r["sequence"]] for r in rows],
@@ -51,7 +45,7 @@ def build_queue_length_figure(queue: dict) -> go.Figure:
     series = queue.get("series") or []
     title = "Launch queue length per stream"
     if not series:
-        return _empty(title, "; ".join(queue.get("notes") or []) or "No launched GPU work")
+        return empty_figure(title, "; ".join(queue.get("notes") or []) or "No launched GPU work")
     fig = go.Figure([go.Scatter(x=[t / 1e3 for t in s["t_us"]], y=s["queued"], mode="lines", line_shape="hv",
                                 name=f"GPU {s['device']} stream {s['stream']}" + (" (sampled)" if s["sampled"] else ""))
                      for s in series])
@@ -70,7 +64,7 @@ def build_bandwidth_figure(bw: dict) -> go.Figure:
     title = "Memcpy / memset bandwidth"
     counted = [r for r in rows if r["bytes_per_s"] is not None]
     if not counted:
-        return _empty(title, "; ".join(bw.get("notes") or []) or "No copies")
+        return empty_figure(title, "; ".join(bw.get("notes") or []) or "No copies")
     fig = go.Figure([
         go.Bar(name="overall (bytes / time)", x=[r["direction"] for r in counted],
                y=[r["bytes_per_s"] / 1e9 for r in counted]),
@@ -87,7 +81,7 @@ def build_annotations_figure(ann: dict) -> go.Figure:
     rows = (ann.get("annotations") or [])[:MAX_BARS][::-1]
     title = "GPU user annotations"
     if not rows:
-        return _empty(title, "; ".join(ann.get("notes") or []) or "No GPU user annotations")
+        return empty_figure(title, "; ".join(ann.get("notes") or []) or "No GPU user annotations")
     names = [_clip(r["name"]) for r in rows]
     fig = go.Figure([
         go.Bar(name="annotation time", x=[r["total_us"] / 1e3 for r in rows], y=names, orientation="h",
@@ -108,7 +102,7 @@ def build_launch_delay_figure(ld: dict) -> go.Figure:
     bins = ld.get("histogram") or []
     title = f"Launch delay (call {'end' if ld.get('since') == 'call_end' else 'start'} to GPU start)"
     if not bins:
-        return _empty(title, "; ".join(ld.get("notes") or []) or "No launches")
+        return empty_figure(title, "; ".join(ld.get("notes") or []) or "No launches")
     fig = go.Figure(go.Bar(x=[_bin_label(b) for b in bins], y=[b["count"] for b in bins],
                            hovertemplate="%{x} µs: %{y:,} launches<extra></extra>"))
     fig.update_layout(title=f"{title}: median {ld['p50_us']:,.1f} µs, p90 {ld['p90_us']:,.1f} µs",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from diagnostics.render.charts.style import readable_axes, short_names
+from diagnostics.render.charts.style import empty_figure, readable_axes, short_names
 from diagnostics.render.charts.ranks import ranks_sections
 from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
 from diagnostics.render.charts.critical_path import critical_path_sections, mark_critical_path
@@ -26,14 +26,6 @@ GPU_WINDOW_HELP = ("GPU work counts in the step whose CPU launched it (correlati
                    "other and add up to the GPU's span; idle is the window less busy time.")
 
 
-def _empty(title: str, message: str) -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(title=title, xaxis={"visible": False}, yaxis={"visible": False},
-                      annotations=[{"text": message, "showarrow": False, "x": 0.5, "y": 0.5,
-                                    "xref": "paper", "yref": "paper"}])
-    return fig
-
-
 def _clip(name: str) -> str:
     return short_names([name])[0]
 
@@ -52,7 +44,7 @@ def build_gpu_breakdown_figure(breakdown: dict) -> go.Figure:
     """Per step, GPU time by kind stacked with idle (temporal_breakdown)."""
     rows = breakdown["gpu"]
     if not rows:
-        return _empty("GPU time per step", "No GPU activity in this trace")
+        return empty_figure("GPU time per step", "No GPU activity in this trace")
     steps = [str(r["step"]) for r in rows]
     fig = go.Figure([go.Bar(name=label, x=steps, y=[r[key] / 1000 for r in rows],
                             marker_color=color) for key, label, color in GPU_KINDS])
@@ -65,7 +57,7 @@ def build_cpu_breakdown_figure(breakdown: dict) -> go.Figure:
     """Per step, host self time by operator family / category (temporal_breakdown)."""
     rows = breakdown["cpu"]
     if not rows:
-        return _empty("Host self time per step", "No host events in the steps")
+        return empty_figure("Host self time per step", "No host events in the steps")
     groups = sorted({r["group"] for r in rows},
                     key=lambda g: -sum(r["self_us"] for r in rows if r["group"] == g))
     steps = sorted({r["step"] for r in rows})
@@ -82,7 +74,7 @@ def build_top_operators_figure(top: dict, kind: str = "operators") -> go.Figure:
     rows = top[kind][:MAX_BARS]
     title = "Top operators by self time" if kind == "operators" else "Top GPU kernels by time"
     if not rows:
-        return _empty(title, "None in this trace")
+        return empty_figure(title, "None in this trace")
     key = "self_us" if kind == "operators" else "total_us"
     rows = rows[::-1]
     fig = go.Figure(go.Bar(
@@ -98,7 +90,7 @@ def build_idle_time_figure(idle: dict) -> go.Figure:
     """Idle time per GPU stream, split by cause (idle_time)."""
     rows = idle["streams"]
     if not rows:
-        return _empty("GPU idle time by cause", "No GPU activity in this trace")
+        return empty_figure("GPU idle time by cause", "No GPU activity in this trace")
     labels = [f"GPU {r['device']} stream {r['stream']}" for r in rows]
     causes = (("host_wait_us", "host wait"), ("kernel_wait_us", "kernel wait"),
               ("other_wait_us", "other wait"))
@@ -112,7 +104,7 @@ def build_launch_figure(launch: dict) -> go.Figure:
     """Launch call duration vs GPU duration; points under the diagonal are launch-bound."""
     pts = launch["sample"]
     if not pts:
-        return _empty("Kernel launches", "No kernel launches in this trace")
+        return empty_figure("Kernel launches", "No kernel launches in this trace")
     x = [p["launch_dur_us"] for p in pts]
     y = [p["dur_us"] for p in pts]
     top = max(max(x), max(y))
@@ -148,7 +140,7 @@ def build_diff_figure(diff: dict) -> go.Figure:
     scale of the largest change (µs for a small trace, ms otherwise), the one the page's tiles use."""
     rows = [r for r in diff["rows"] if r["status"] != "unchanged"][:MAX_BARS][::-1]
     if not rows:
-        return _empty("Trace diff", "No operator changed beyond the thresholds")
+        return empty_figure("Trace diff", "No operator changed beyond the thresholds")
     sc = column_scale([r["delta_us"] for r in rows] + [r["time_us_before"] for r in rows]
                       + [r["time_us_after"] for r in rows], "us")
     fig = go.Figure(go.Bar(
