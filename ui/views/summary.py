@@ -57,7 +57,7 @@ def show(result: dict) -> None:
             height=min(36 * (len(table) + 1) + 3, 720),  # small models show every row without scrolling
             column_config={
                 "name": st.column_config.TextColumn("Layer (qualified name)"),
-                "type": st.column_config.TextColumn("Type", width="medium"),
+                "type": st.column_config.TextColumn("Type"),
                 "output_shape": st.column_config.TextColumn("Output shape"),
                 "params": st.column_config.NumberColumn("Params", format="localized"),
                 "pct_of_total": st.column_config.ProgressColumn("% of params", format="%.1f%%", min_value=0,
