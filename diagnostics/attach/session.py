@@ -257,7 +257,8 @@ class Session:
 
         try:
             result = analyse_run(out.run_dir, exit_code=out.exit_code, command=list(self.command.argv),
-                                 cwd=self.command.cwd, duration_s=out.duration_s, interrupted=out.interrupted)
+                                 cwd=self.command.cwd, duration_s=out.duration_s, interrupted=out.interrupted,
+                                 run_id=self.run_id)
             data = result.to_dict()
             if out.stop_reason:
                 data["notes"].insert(0, f"the run was {out.stop_reason}: what was measured until then is kept")

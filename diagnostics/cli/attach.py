@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     r.add_argument("--data-dir", metavar="DIR", help="run store folder (default $TORCHSCOPE_DATA_DIR or ~/.torchscope)")
     r.add_argument("--status-file", metavar="PATH", help=argparse.SUPPRESS)  # the dashboard's live view
+    r.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)  # ... and its Stop at exit
     return p
 
 
@@ -102,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(ours)
     except SystemExit as e:
         return int(e.code or 0)
+    stop = threading.Event()
+    if args.die_with_parent:  # started by the dashboard: its end is our Stop
+        threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
     from diagnostics.analyses.attach.protocol import AttachConfig
     from diagnostics.attach.command import check_command
     from diagnostics.attach.session import Session
@@ -142,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"[torchscope] {line}\n")
         sys.stderr.flush()
 
-    session = Session(cmd, config, store=store, source="cli", on_live=on_live, timeout_s=args.timeout)
+    session = Session(cmd, config, store=store, source="dashboard" if args.die_with_parent else "cli",
+                      on_live=on_live, timeout_s=args.timeout, stop=stop)
     outcome = session.run()
     result = outcome.result
     if status_file:
@@ -173,6 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     if outcome.exit_code is None:
         return 1
     return outcome.exit_code
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    """Set ``stop`` when the process that started us is gone (PR_SET_PDEATHSIG would fire when its
+    starting *thread* ends: a dashboard's script run ends after every rerun)."""
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    stop.set()
 
 
 def _summary(result: dict, outcome, written) -> None:

@@ -60,7 +60,7 @@ def _median(xs):
 
 
 def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str = "", duration_s: float | None = None,
-                interrupted: bool = False, progress=None) -> AttachResult:
+                interrupted: bool = False, progress=None, run_id: str | None = None) -> AttachResult:
     progress = progress or (lambda f, m: None)
     run_dir = Path(run_dir)
     cfg = AttachConfig.read(str(run_dir))
@@ -127,7 +127,7 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
         syncs=head["syncs"] if head else [], memory=head["memory"] if head else {},
         gpu=head["gpu"] if head else None, gradients=head["gradients"] if head else None,
         ranks_view=ranks_view, findings=[f.to_dict() for f in found], fix_first=fix_first, notes=notes,
-        errors=errors, metrics=metrics, artifacts=artifacts)
+        errors=errors, metrics=metrics, artifacts=artifacts, run_id=run_id, run_dir=str(run_dir))
 
 
 # ---------------------------------------------------------------------- one process
@@ -451,7 +451,7 @@ def _workers(lines: list, p: dict, fig: dict) -> dict:
         need = per_batch * batches_per_step / compute if compute > 0 else None
         out["supply_interval_ms"] = per_batch / n
         out["demand_interval_ms"] = compute / batches_per_step if batches_per_step else None
-        out["workers_needed"] = math.ceil(need) if need else None
+        out["workers_needed"] = math.ceil(need - 1e-6) if need else None  # 8.0000001 workers are 8
     elif not n and loader is not None:
         out["main_process"] = True
     return out

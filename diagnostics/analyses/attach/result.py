@@ -92,6 +92,8 @@ class AttachResult:
     errors: list = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
     artifacts: list = field(default_factory=list)
+    run_id: str | None = None
+    run_dir: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
