@@ -193,3 +193,40 @@ def test_the_bootstrap_chains_to_the_sitecustomize_it_shadows_and_costs_nothing_
     assert on.stdout.split() == ["True", "False", "TorchWatcher"], on.stderr  # waits for torch, imports nothing
     assert off.stdout.split()[:2] == ["True", "False"] and "TorchWatcher" not in off.stdout
     assert on.stderr == off.stderr == ""
+
+
+# ----------------------------------------------------------------------------- what runs inside the job
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_the_code_that_runs_inside_the_users_job_imports_only_the_standard_library():
+    """The bootstrap, the agent and the protocol they load by path: no engine, no numpy, streamlit or
+    plotly (the GPU machine has none of them), torch only as the module handed over."""
+    std = set(sys.stdlib_module_names) | {"__future__"}
+    for path in (BOOT / "sitecustomize.py", ROOT / "diagnostics" / "attach" / "agent.py",
+                 ROOT / "diagnostics" / "analyses" / "attach" / "protocol.py"):
+        assert _imports(path) - std <= {"torch"}, (path.name, _imports(path) - std)
+
+
+def test_the_attach_package_stands_below_the_cli_and_the_dashboard():
+    allowed = {"diagnostics", "psutil"}
+    engine_ok = ("diagnostics.errors", "diagnostics.procs", "diagnostics.attach", "diagnostics.analyses.attach",
+                 "diagnostics.store")
+    import ast
+
+    for path in (ROOT / "diagnostics" / "attach").rglob("*.py"):
+        std = set(sys.stdlib_module_names) | {"__future__", "torch"}
+        assert _imports(path) - std <= allowed, path
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("diagnostics"):
+                names = [node.module] if node.module != "diagnostics" else [f"diagnostics.{a.name}" for a in node.names]
+                assert all(n.startswith(engine_ok) for n in names), (path.name, names)
