@@ -45,6 +45,21 @@ class Finding:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+def not_applicable(why: str) -> tuple:
+    """A check's answer when its rule does not apply here: (status, evidence, suggestion, numbers)."""
+    return "not_applicable", why, "", {}
+
+
+def run_check(check, facts, bug_note: str = "") -> tuple:
+    """``check(facts)`` -> (status, evidence, suggestion, numbers); a check that crashes says so as a
+    "rule error" (counted as failed where there is a score), and the other rules still run."""
+    try:
+        return check(facts)
+    except Exception as e:
+        return ("error", f"the rule crashed: {type(e).__name__}: {e}",
+                f"This is a bug in TorchScope's rule{bug_note}: please report it with the facts (result.json).", {})
+
+
 def fix_first_entry(title: str, saving_ms: float | None, how: str, source: str, fix: str | None = None,
                     detail: str = "") -> dict:
     """One row of "fix this first": what, the milliseconds per step it would save (None: not estimated,

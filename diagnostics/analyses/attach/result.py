@@ -49,10 +49,7 @@ class RankResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RankResult":
-        d = dict(d)
-        b = d.get("bottleneck")
-        d["bottleneck"] = Bottleneck(**b) if isinstance(b, dict) else None
-        return cls(**{f.name: d.get(f.name) for f in fields(cls) if f.name in d})
+        return cls(**_typed(cls, d))
 
 
 @dataclass(frozen=True)
@@ -100,8 +97,14 @@ class AttachResult:
 
     @classmethod
     def from_dict(cls, d: dict) -> "AttachResult":
-        d = dict(d)
-        b = d.get("bottleneck")
-        d["bottleneck"] = Bottleneck(**b) if isinstance(b, dict) else None
-        d["ranks"] = [RankResult.from_dict(r) for r in d.get("ranks") or []]
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        d = dict(d, ranks=[RankResult.from_dict(r) for r in d.get("ranks") or []])
+        return cls(**_typed(cls, d))
+
+
+def _typed(cls, d: dict) -> dict:
+    """``d``'s keys that are fields of ``cls``, its bottleneck as a Bottleneck (unknown keys dropped)."""
+    out = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+    if "bottleneck" in out:
+        b = out["bottleneck"]
+        out["bottleneck"] = Bottleneck(**b) if isinstance(b, dict) else b
+    return out

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from diagnostics.findings import Finding, fix_first_entry
+from diagnostics.findings import Finding, fix_first_entry, not_applicable, run_check
 
 # ---------------------------------------------------------------------------- thresholds
 #: Share of the step the main thread may wait for DataLoader batches (the TensorBoard plugin's rule,
@@ -67,17 +67,10 @@ class Rule:
     check: Callable[[Facts], tuple]  # -> (status, evidence, suggestion, numbers)
 
     def __call__(self, facts: Facts) -> Finding:
-        try:
-            status, evidence, suggestion, numbers = self.check(facts)
-        except Exception as e:  # a broken rule says so; the others still run
-            status, evidence, suggestion, numbers = ("error", f"the rule crashed: {type(e).__name__}: {e}",
-                                                     "This is a bug in TorchScope's rule: please report it with "
-                                                     "result.json.", {})
-        return Finding(self.id, self.title, self.category, status, evidence, suggestion, numbers)
+        return Finding(self.id, self.title, self.category, *run_check(self.check, facts))
 
 
-def na(why: str):
-    return "not_applicable", why, "", {}
+na = not_applicable
 
 
 def _pct(x: float) -> str:
@@ -230,13 +223,19 @@ def check_comm(f: Facts):
     return "fail" if share > 2 * COMM_SHARE_MAX else "warn", ev, tip, nums
 
 
+def _gpu_idle(g: dict) -> tuple[float, float]:
+    """(GPU idle ms per profiled step, its share of the median profiled step)."""
+    step = _median([r["step_ms"] for r in g["steps"]])
+    idle = g["idle_ms_per_step"]
+    return idle, idle / step if step else 0.0
+
+
 def check_gpu_idle(f: Facts):
     h = f.head
     if not h or not h.get("gpu"):
         return na("no GPU work in the trace")
     g = h["gpu"]
-    idle, step = g["idle_ms_per_step"], _median([r["step_ms"] for r in g["steps"]])
-    share = idle / step if step else 0.0
+    idle, share = _gpu_idle(g)
     causes = g.get("idle_causes_ms_per_step") or {}
     why = ", ".join(f"{k} {v:.2f} ms" for k, v in list(causes.items())[:4])
     nums = {"saving_ms": idle, "gpu_idle_ms": idle, "share": share, "causes": causes}
@@ -258,9 +257,7 @@ def check_launch_bound(f: Facts):
         return na("no GPU work in the trace")
     g = h["gpu"]
     k, med = g.get("kernels_per_step") or 0, g.get("kernel_us_median")
-    step = _median([r["step_ms"] for r in g["steps"]])
-    idle = g["idle_ms_per_step"]
-    share = idle / step if step else 0.0
+    idle, share = _gpu_idle(g)
     nums = {"kernels_per_step": k, "kernel_us_median": med, "gpu_idle_share": share,
             "saving_ms": idle if k >= LAUNCH_BOUND_MIN_KERNELS and med is not None
             and med < LAUNCH_BOUND_MEDIAN_US else 0.0}

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 # The finding's form is shared with every part that judges a run (diagnostics.findings).
-from diagnostics.findings import CATEGORIES, SCORED, STATUS_COLOR, STATUS_LABEL, STATUSES, Finding  # noqa: F401
+from diagnostics.findings import (  # noqa: F401
+    CATEGORIES, SCORED, STATUS_COLOR, STATUS_LABEL, STATUSES, Finding, not_applicable, run_check,
+)
 from diagnostics.units import human_bytes
 
 # ---------------------------------------------------------------------------- thresholds
@@ -97,21 +99,14 @@ class Rule:
     fix: str | None = None
 
     def __call__(self, facts: dict) -> Finding:
-        try:
-            status, evidence, suggestion, numbers = self.check(facts)
-        except Exception as e:  # a broken rule says so and counts as failed; the others still run
-            status, evidence, suggestion, numbers = (
-                "error", f"the rule crashed: {type(e).__name__}: {e}",
-                "This is a bug in TorchScope's rule, not in your model: please report it with the facts "
-                "(result.json).", {})
+        status, evidence, suggestion, numbers = run_check(self.check, facts, ", not in your model")
         fix = self.fix if status in ("warn", "fail") else None
         if fix and fix.startswith(FOR_PURPOSE):  # the trial of the checklist's purpose: a training step or inference
             fix = ("train:" if facts.get("purpose", "training") == "training" else "") + fix[len(FOR_PURPOSE):]
         return Finding(self.id, self.title, self.category, status, evidence, suggestion, numbers, fix)
 
 
-def na(why: str):
-    return "not_applicable", why, "", {}
+na = not_applicable
 
 
 def _m(facts, *keys):

@@ -4,7 +4,6 @@ Gradient flow figures and the checklist's "fix this first" table."""
 
 from __future__ import annotations
 
-import pandas as pd
 import plotly.graph_objects as go
 
 from diagnostics.analyses.attach.protocol import PHASES
@@ -109,17 +108,15 @@ def summary_lines(result: dict) -> list[str]:
 
 
 def attach_sections(result: dict) -> list[Section]:
+    from diagnostics.render.charts.checklist import fix_first_section
     from diagnostics.render.charts.gradients import gradients_sections
 
     sections = [section("Run", [lambda: build_breakdown_figure(result), lambda: build_steps_figure(result)],
                         text=summary_lines(result) + notes(result))]
     ranked = result.get("fix_first") or []
     if ranked:
-        sections.append(Section("Fix this first", text=["Ranked by the milliseconds per step each part takes "
-                                                        "(at most what fixing it saves)."],
-                                tables=[("fix this first", pd.DataFrame([{
-                                    "what": e["title"], "ms per step": e["est_saving_ms"], "how": e["how"],
-                                    "detail": e["detail"]} for e in ranked]))]))
+        sections.append(fix_first_section(ranked, "Ranked by the milliseconds per step each part takes (at most "
+                                                  "what fixing it saves)."))
     order = ("error", "fail", "warn", "pass", "not_applicable")
     findings = sorted(result.get("findings") or [], key=lambda f: order.index(f.get("status", "not_applicable")))
     if findings:
