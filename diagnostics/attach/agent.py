@@ -51,6 +51,11 @@ SYNC_METHODS = ("item", "tolist", "__bool__", "cpu")
 FLUSH_STEPS, FLUSH_S = 64, 1.0
 #: Frames looked through for the model and loss modules when the first optimizer step comes.
 SCAN_DEPTH = 40
+#: Steps written out: the first KEEP_FIRST, the KEEP_BEFORE before the window, and KEEP_AFTER after it;
+#: the others are counted only (a long job's files stay small: a line is about 300 bytes).
+KEEP_FIRST, KEEP_BEFORE, KEEP_AFTER = 60, 10, 200
+#: Step times kept in memory for the warm-up decision.
+KEEP_TIMES = 64
 
 
 def _noop_compiling() -> bool:
@@ -120,6 +125,7 @@ class Agent:
         self.autocast = None
         self.compiles_at_window = None
         self.finished = False
+        self.cuda = False
         try:
             self.is_compiling = torch.compiler.is_compiling
         except AttributeError:
@@ -174,17 +180,30 @@ class Agent:
         self.t_last += spent
 
     # ------------------------------------------------------------------ steps
+    def _keep(self, n: int) -> bool:
+        """Whether step n is written out (see KEEP_FIRST)."""
+        if n <= KEEP_FIRST:
+            return True
+        first = self.window[0] if self.window else self.cfg.at
+        if first is None:
+            return self.state == "warming up"  # warm-up ends by max_warmup: never long
+        return first - KEEP_BEFORE <= n <= (self.window[1] if self.window else first + self.cfg.steps) + KEEP_AFTER
+
     def _record(self, t0: float, t1: float, acc: dict, syncs: dict, tool: float, batches: int) -> None:
         n = self.completed = self.completed + 1
         profiled = self.window is not None and self.state == "profiling" and self.window[0] <= n <= self.window[1]
+        if len(self.step_times) > KEEP_TIMES:
+            del self.step_times[:-KEEP_TIMES]
+        if not self._keep(n):
+            self.step_times.append((n, (t1 - t0 - tool) * 1e3, None))
+            return
         rec = {"n": n, "t0": t0, "t1": t1, "ms": {k: v * 1e3 for k, v in acc.items()}, "tool_ms": tool * 1e3,
                "syncs": [[loc, c, s * 1e3] for loc, (c, s) in syncs.items()], "p": profiled, "b": batches,
                "c": self._compiles()}
         torch = self.torch
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if profiled and self.cuda:  # the peak since the step began (reset at its start: window only)
             try:
                 rec["mem"] = torch.cuda.max_memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
             except Exception:
                 pass
         elif profiled:
@@ -353,6 +372,11 @@ class Agent:
         n = self.completed + 1
         if self.window is None or not (self.window[0] <= n <= self.window[1]):
             return
+        if self.cuda:
+            try:  # the step's own peak; the script's later max_memory_allocated() counts from the window's end
+                self.torch.cuda.reset_peak_memory_stats()
+            except Exception:
+                pass
         self.step_rf = self.torch.autograd.profiler.record_function(f"ProfilerStep#{n}")
         self.step_rf.__enter__()
         if restart:  # the step starts with its range (a retro boundary's step started before)
@@ -540,7 +564,8 @@ class Agent:
         if self.state == "profiling" and self.cfg.grads and self.prof is not None:
             t = perf()
             try:
-                self.grad_stats(opt)
+                with self.torch.autograd.profiler.record_function("torchscope: gradient statistics"):
+                    self.grad_stats(opt)  # named in the trace: our kernels, not the script's
             except Exception as e:
                 self.notes.append(f"gradient statistics stopped: {type(e).__name__}: {e}")
                 self.cfg = type(self.cfg)(**{**self.cfg.to_dict(), "grads": False})

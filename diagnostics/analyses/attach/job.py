@@ -188,7 +188,7 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
         own_notes.append(f"{shift:.2f} ms per step of communication ran inside backward (DDP's gradient all-reduce "
                          "waits there): measured in the profiled steps' trace as exposed communication and moved "
                          "from backward to comm")
-    total_steps = rows[-1]["n"] if rows else 0
+    total_steps = max(rows[-1]["n"] if rows else 0, meta.get("steps_seen") or 0)  # long runs: counted, not all kept
     outside_all = sum(1 for r in rows if not r.get("p"))
     partial = p["partial"][-1]["n"] if p["partial"] and meta.get("boundary") != "time window" else None
     tool_outside_s = meta.get("tool_outside_s") or 0.0
