@@ -5,7 +5,8 @@ torch and the standard library only, and the run folder's protocol (loaded by it
 the engine is imported inside the user's job. Every failure of ours is written to the process'
 errors.jsonl and switches the instrumentation off; the job runs on as it would bare. The user's
 own calls are never inside our try blocks, so their exceptions pass through unchanged, and the
-frames our wrappers add are taken out of a traceback before it is printed (``_excepthook``).
+frames our wrappers add are taken out of a traceback before it is printed (the excepthook
+installed by ``_install_exit``).
 
 What is timed, on the main thread, in every step (a few perf_counter reads per step):
 
@@ -16,8 +17,8 @@ What is timed, on the main thread, in every step (a few perf_counter reads per s
 * its parts: ``DataLoader.__iter__`` / ``__next__`` (data_wait), the forward of the top-level
   modules found in the caller's frames (forward), ``torch.autograd.backward`` / ``grad``
   (backward), the optimizer's step (optimizer), torch.distributed's collectives (comm), and
-  ``.item()`` / ``.tolist()`` / ``bool()`` / ``.cpu()`` of a device tensor / ``cuda.synchronize``
-  (sync, by file:line). The main thread's time goes to the innermost part it is in, ``host`` when
+  ``.item()`` / ``.tolist()`` / ``bool()`` / ``.cpu()`` of a tensor on a device (not the CPU:
+  nothing waits there) and ``cuda.synchronize`` (sync, by file:line). The main thread's time goes to the innermost part it is in, ``host`` when
   in none, so the parts sum to the step's time; our own work between and inside steps is kept out.
 
 In the profiled steps only: torch.profiler (ProfilerStep#N ranges with our step numbers), the
@@ -357,7 +358,8 @@ class Agent:
             acts.append(torch.profiler.ProfilerActivity.CUDA)
             if self.cfg.memory:
                 try:
-                    torch.cuda.memory._record_memory_history(max_entries=200_000)
+                    # Python stacks only: C++ unwinding at every allocation would slow the window down
+                    torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=200_000)
                     self.memory_history = True
                 except Exception as e:
                     self.notes.append(f"CUDA memory history not recorded: {type(e).__name__}: {e}")
