@@ -197,3 +197,20 @@ def test_the_bootstrap_never_breaks_the_job_when_it_cannot_write(tmp_path):
                                                                                              "HOST_MS": "1"},
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stderr == "", p.stderr[-2000:]
+
+
+def test_a_recompile_after_warm_up_is_found_in_its_step(tmp_path):
+    ran = run_attached(tmp_path, "recompile.py", options=("--at", "4", "--steps", "3"))
+    assert ran.code == 0, ran.stderr[-3000:]
+    f = next(f for f in ran.result["findings"] if f["id"] == "recompiles")
+    assert f["status"] == "fail" and f["numbers"]["steps"] == [10], f
+
+
+def test_a_torchrun_whose_ranks_fail_at_once_says_so_and_passes_the_exit_code(tmp_path):
+    (tmp_path / "bad.py").write_text("import torch\nraise SystemExit(3)\n")
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    ran = run_attached(tmp_path, "bad.py", command=[torchrun, "--standalone", "--nproc-per-node", "2",
+                                                    str(tmp_path / "bad.py")])
+    assert ran.code == 1  # torchrun's own exit code when its ranks fail
+    assert ran.result["status"] == "failed" and ran.result["steps"] == 0
+    assert "no step was seen" in ran.result["notes"][0]

@@ -130,7 +130,7 @@ def test_a_run_without_a_window_says_why_and_a_run_without_steps_says_what_was_s
     (tmp_path / "b").mkdir()
     AttachConfig().write(str(tmp_path / "b"))
     empty = analyse_run(tmp_path / "b", exit_code=3)
-    assert empty.status == "no steps" and empty.steps == 0 and empty.exit_code == 3
+    assert empty.status == "failed" and empty.steps == 0 and empty.exit_code == 3  # the exit code first
     assert "never imported torch" in empty.notes[0]
 
 

@@ -81,8 +81,8 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
         ranked.append(fig)
     ranked.sort(key=lambda f: (f["rank"] is None, f["rank"] if f["rank"] is not None else 0, f["pid"]))
     progress(0.7, "findings")
-    status = "interrupted" if interrupted else ("no steps" if not ranked else
-                                               ("ok" if exit_code in (0, None) else "failed"))
+    status = ("interrupted" if interrupted else "failed" if exit_code not in (0, None) else
+              "no steps" if not ranked else "ok")
     if not ranked:
         notes.append(_no_steps_note(run_dir, errors))
     for e in errors:
