@@ -64,8 +64,15 @@ def test_workers_time_fetch_and_collate_per_batch_and_too_few_workers_are_named(
     assert ("too few workers" in finding["suggestion"]) == (finding["numbers"]["workers_needed"] <= os.cpu_count())
 
 
-def test_a_python_bound_script_is_host_bound_by_its_own_busy_loop(tmp_path, near):
-    ran = run_attached(tmp_path, "host_bound.py", options=("--at", "6", "--steps", "4"))
+@pytest.fixture(scope="module")
+def host_bound(tmp_path_factory):
+    """One attached run of the Python-bound script, read by two tests."""
+    tmp = tmp_path_factory.mktemp("host_bound")
+    return tmp, run_attached(tmp, "host_bound.py", options=("--at", "6", "--steps", "4"))
+
+
+def test_a_python_bound_script_is_host_bound_by_its_own_busy_loop(host_bound, near):
+    _, ran = host_bound
     assert ran.code == 0, ran.stderr[-3000:]
     r = ran.result
     assert r["bottleneck"]["category"] == "host"
@@ -153,14 +160,14 @@ def test_two_rank_torchrun_gives_two_traces_and_the_faster_rank_waits_in_comm(tm
     assert [x["rank"] for x in json.loads(p.stdout)["ranks"]["ranks"]] == [0, 1]
 
 
-def test_every_exported_trace_opens_in_trace_analyze(tmp_path):
-    ran = run_attached(tmp_path, "host_bound.py", options=("--at", "4", "--steps", "3"), env={"STEPS": "12"})
+def test_every_exported_trace_opens_in_trace_analyze(host_bound):
+    tmp_path, ran = host_bound
     trace = Path(ran.result["run_dir"]) / ran.result["trace"]
     p = subprocess.run([sys.executable, "-m", "diagnostics", "trace", "analyze", str(trace), "--json", "--no-report",
                         "-q"], cwd=tmp_path, env=env_for(tmp_path), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout)
-    assert [s["step"] for s in out["summary"]["steps"]] == [4, 5, 6]  # our step numbers, as ProfilerStep#N
+    assert [s["step"] for s in out["summary"]["steps"]] == [6, 7, 8, 9]  # our step numbers, as ProfilerStep#N
     assert out["critical_path"]["available"]
 
 
