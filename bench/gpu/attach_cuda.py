@@ -157,9 +157,10 @@ def check_training(work: Path) -> dict:
             a[0] += c
             a[1] += ms
     where = f"{script}:{sync_line}"
-    peaks = [r.get("mem") for r in steps if r.get("p")]
+    complete = [r for r in steps if not r.get("partial")]  # the last .item() falls in the unfinished step
+    peaks = [r.get("mem") for r in complete if r.get("p")]
     checks.update({
-        "steps_seen": len(steps), "window": meta.get("window"), "trace_steps": sorted(prof_steps),
+        "steps_seen": len(complete), "window": meta.get("window"), "trace_steps": sorted(prof_steps),
         "cuda_in_meta": meta.get("cuda"), "device": meta.get("device_name"), "per_step": per_step,
         "syncs": {k: {"calls": v[0], "ms": round(v[1], 3)} for k, v in syncs.items()},
         "peak_bytes_per_profiled_step": peaks, "snapshot": (meta.get("exports") or {}).get("snapshot"),
@@ -170,9 +171,14 @@ def check_training(work: Path) -> dict:
         "kernels in every profiled step": all(s["kernel_ms"] > 0 for s in per_step),
         "GPU idle in every profiled step": all(s["gpu_idle_ms"] > 0 for s in per_step),
         "idle placed in data_wait": offset is not None and all(s["idle_in_data_wait_ms"] > 0 for s in per_step),
-        "sync located at the .item() line": where in syncs and syncs[where][0] >= len(steps) - 1 and syncs[where][1] > 0,
+        "sync located at the .item() line": where in syncs and syncs[where][0] >= len(complete) - 1
+        and syncs[where][1] > 0,
         "peak memory per profiled step": len(peaks) == 3 and all(isinstance(b, int) and b > 0 for b in peaks),
         "memory snapshot written": bool(checks["snapshot"]) and (run_dir / str(checks["snapshot"])).exists(),
+        "parts sum to the step time in every step": all(
+            abs(sum(r["ms"].values()) - ((r["t1"] - r["t0"]) * 1e3 - r.get("tool_ms", 0.0))) < 1e-6 * (r["t1"] - r["t0"]) * 1e3
+            + 1e-6 for r in complete),
+        "only the script's syncs (none of ours)": set(syncs) == {where},
     }
     if checks["snapshot"] and (run_dir / checks["snapshot"]).exists():
         snap = pickle.loads((run_dir / checks["snapshot"]).read_bytes())
@@ -209,7 +215,10 @@ def engine_analysis(run_dir: str) -> dict:
         from diagnostics.analyses.attach.job import analyse_run
     except Exception as e:  # orjson / msgspec / psutil missing on this machine: the stdlib checks stand
         return {"skipped": f"{type(e).__name__}: {e}"}
-    r = analyse_run(run_dir, exit_code=0).to_dict()
+    try:
+        r = analyse_run(run_dir, exit_code=0).to_dict()
+    except ImportError as e:  # the trace layer's orjson / msgspec missing here
+        return {"skipped": f"{type(e).__name__}: {e}"}
     return {"step_ms": r["step_ms"], "breakdown_ms": r["breakdown_ms"], "bottleneck": r["bottleneck"],
             "gpu": {k: v for k, v in (r["gpu"] or {}).items() if k != "steps"}, "syncs": r["syncs"][:3],
             "findings": [(f["id"], f["status"]) for f in r["findings"]], "notes": r["notes"],

@@ -127,6 +127,7 @@ class Agent:
         self.compiles_at_window = None
         self.finished = False
         self.cuda = False
+        self.busy = False  # our own work runs: our wrappers let the calls through untimed
         try:
             self.is_compiling = torch.compiler.is_compiling
         except AttributeError:
@@ -150,8 +151,9 @@ class Agent:
             pass
 
     def ok(self) -> bool:
-        """Instrument this call: our instrumentation is on, on the main thread, outside torch.compile's tracing."""
-        return self.active and not self.child and threading.get_ident() == self.main
+        """Instrument this call: our instrumentation is on, on the main thread, and the call is the script's
+        (not ours: reading the gradient statistics back calls .cpu() on a device tensor)."""
+        return self.active and not self.child and not self.busy and threading.get_ident() == self.main
 
     # ------------------------------------------------------------------ phases
     def enter(self, phase: str) -> None:
@@ -247,6 +249,7 @@ class Agent:
     def _between(self, ended: float | None) -> None:
         """Between two steps: the warm-up decision, the window, the live status, the files."""
         t = perf()
+        self.busy = True
         try:
             if _OOM_PENDING and self.torch.cuda.is_initialized():
                 attach_oom_observer(self)
@@ -257,6 +260,8 @@ class Agent:
                 self._status()
         except Exception as e:
             self.fail("between steps", e)
+        finally:
+            self.busy = False
         now = perf()
         if ended is not None:  # a live boundary: the next step starts now, our work left out
             self.tool_outside += now - ended
@@ -565,12 +570,15 @@ class Agent:
             self.close_retro()
         if self.state == "profiling" and self.cfg.grads and self.prof is not None:
             t = perf()
+            self.busy = True
             try:
                 with self.torch.autograd.profiler.record_function("torchscope: gradient statistics"):
                     self.grad_stats(opt)  # named in the trace: our kernels, not the script's
             except Exception as e:
                 self.notes.append(f"gradient statistics stopped: {type(e).__name__}: {e}")
                 self.cfg = type(self.cfg)(**{**self.cfg.to_dict(), "grads": False})
+            finally:
+                self.busy = False
             self.tool(t)
         self.enter("optimizer")
 
@@ -706,6 +714,7 @@ class Agent:
         if self.child or self.finished:
             return
         self.finished = True
+        self.busy = True
         try:
             if self.events == 0 and self.mode is None:
                 return
