@@ -108,6 +108,7 @@ class Agent:
         self.grad_steps: list = []
         self.step_times: list = []  # (n, ms) of completed steps, for the warm-up decision
         self.window_file = os.path.join(run_dir, protocol.WINDOW)
+        self.decided: int | None = None  # the first profiled step, once decided
         self.decider = os.environ.get("LOCAL_RANK", "0") == "0"
         distributed = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
         self.lead = 2 if distributed else 1
@@ -299,7 +300,13 @@ class Agent:
                 self._stop_window()
 
     def _decide(self, n: int) -> int | None:
-        """The first profiled step once known: --at, the deciding process' choice, or our own."""
+        """The first profiled step once known: --at, the deciding process' choice, or our own (once
+        decided, kept: a decision made two steps ahead must not be judged again meanwhile)."""
+        if self.decided is None:
+            self.decided = self._decide_now(n)
+        return self.decided
+
+    def _decide_now(self, n: int) -> int | None:
         cfg = self.cfg
         if cfg.at is not None:
             return cfg.at
