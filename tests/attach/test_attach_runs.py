@@ -51,10 +51,11 @@ def test_a_dataloader_bound_script_waits_for_data_as_long_as_its_dataset_sleeps(
 
 
 def test_workers_time_fetch_and_collate_per_batch_and_too_few_workers_are_named(tmp_path, near):
-    ran = run_attached(tmp_path, "loader_bound.py", "2", options=("--at", "8", "--steps", "3"),
-                       env={"SAMPLE_MS": "10", "STEPS": "30"})
+    ran = run_attached(tmp_path, "loader_bound.py", "2", options=("--max-warmup", "12", "--steps", "3"),
+                       env={"SAMPLE_MS": "10", "STEPS": "30"})  # the automatic warm-up, one process
     assert ran.code == 0, ran.stderr[-3000:]
     r, own = ran.result, ran.self_timing
+    assert r["window"]["steps_profiled"] == 3 and r["window"]["reason"]
     w = r["workers"]
     assert w["num_workers"] == 2 and {x["worker"] for x in w["per_worker"]} == {0, 1}
     near(w["fetch_collate_ms"], own["batch_sleep_ms"])  # one batch of a worker: its samples' sleeps
