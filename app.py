@@ -20,6 +20,7 @@ PAGES = [
     st.Page("pages/compile.py", title="Compile", icon=":material/bolt:"),
     st.Page("pages/traces.py", title="Trace explorer", icon=":material/timeline:"),
     st.Page("pages/distributed.py", title="Distributed", icon=":material/hub:"),
+    st.Page("pages/run_script.py", title="Run a script", icon=":material/terminal:"),
     st.Page("pages/history.py", title="History", icon=":material/history:"),
 ]
 

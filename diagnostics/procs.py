@@ -47,6 +47,12 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
+def set_subreaper(on: bool = True) -> bool:
+    """Make this process (or stop it being) the child subreaper of what it starts: orphans below it are
+    re-parented to it, so they can still be found and stopped. False where prctl is missing."""
+    return sys.platform == "linux" and _prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0)
+
+
 def descendants(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)

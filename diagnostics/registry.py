@@ -8,7 +8,7 @@ builds widgets without loading torch; the worker imports an analysis' ``job`` mo
 from __future__ import annotations
 
 from diagnostics.analyses import (
-    batch_scan, checklist, compile, distributed, gradients, memory, optimize, profile, summary, trace, validate,
+    attach, batch_scan, checklist, compile, distributed, gradients, memory, optimize, profile, summary, trace, validate,
 )
 from diagnostics.declare import Analysis
 from diagnostics.errors import TorchScopeError
@@ -27,6 +27,7 @@ ANALYSES: dict[str, Analysis] = {
         compile.ANALYSIS,
         *trace.ANALYSES,
         *distributed.ANALYSES,
+        attach.ANALYSIS,
     ]
 }
 

@@ -54,6 +54,8 @@ def runs_tab() -> None:
         st.info("Still running: its result appears here once the job ends (reopen the run then).")
     elif rec.status != "ok":
         st.error(rec.error or rec.status)
+        if rec.result:  # what was measured before it failed or was stopped (an attached script's run)
+            views.show(rec.analysis, rec.result, file_stem=rec.id)
     else:
         views.show(rec.analysis, rec.result, file_stem=rec.id)  # its downloads: the report and the JSON
 

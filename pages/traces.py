@@ -27,14 +27,21 @@ def pick_trace(slot: str) -> tuple[str | None, str | None]:
     sources = SOURCES if not safe_mode() else SOURCES[:2]
     source = st.radio("Open from", sources, horizontal=True, key=f"trace_src_{slot}")
     if source == "A profiling run":
-        runs = [r for r in get_store().list(limit=200, analysis="profile")
-                if r.status == "ok" and "trace.json.gz" in r.artifacts]
-        if not runs:
+        # Profiler runs, and the traces of scripts run attached ("Run a script"; one per rank): run id/file.
+        choices = {}
+        for r in get_store().list(limit=200):
+            if r.analysis == "profile" and r.status == "ok" and "trace.json.gz" in r.artifacts:
+                choices[f"{r.id}/trace.json.gz"] = (f"{r.model_label} · {r.id}", r.artifacts["trace.json.gz"])
+            elif r.analysis == "attach":
+                for name, file in sorted(r.artifacts.items()):
+                    if name.endswith(".json.gz") and "trace" in name:
+                        choices[f"{r.id}/{name}"] = (f"script {r.model_label} · {name} · {r.id}", file)
+        if not choices:
             st.info("No profiling run yet: run one on the Profiler page, or upload a trace.")
             return None, None
-        labels = {r.id: f"{r.model_label} · {r.id}" for r in runs}
-        run_id = st.selectbox("Profiling run", list(labels), format_func=labels.get, key=f"trace_run_{slot}")
-        return next(r for r in runs if r.id == run_id).artifacts["trace.json.gz"], None
+        key = st.selectbox("Profiling run", list(choices), format_func=lambda k: choices[k][0],
+                           key=f"trace_run_{slot}")
+        return choices[key][1], None
     if source == "Upload":
         up = st.file_uploader("Trace file (.json or .json.gz)", type=["json", "gz"], key=f"trace_up_{slot}")
         if up is None:

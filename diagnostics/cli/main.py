@@ -37,7 +37,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 INPUT_ERRORS = ("SpecError", "ModelLoadError", "TrustError", "ModelRunError", "UsageError", "TraceError",
                 "OptionError")
 #: Command names the CLI keeps for itself (an analysis declaring one of them as its command is refused).
-RESERVED = ("trace", "list", "distributed")
+RESERVED = ("trace", "list", "distributed", "run")
 #: Dashboard wording in job errors -> what to do on the command line instead.
 CLI_WORDING = {
     "enter the input shapes in the sidebar": "give the input shapes with --input SHAPE[:DTYPE], e.g. --input 8,3,32,32 "
@@ -182,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     if delegated:
         sub.add_parser("distributed", add_help=False,
                        help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
+    sub.add_parser("run", add_help=False, help="run your own training script, unmodified, and profile it: "
+                                                "run [options] -- python train.py ...; see its own --help")
     sub.add_parser("list", help="list the commands and the built-in sample models")
     from diagnostics.cli import history as cli_history
 
@@ -368,7 +370,8 @@ def list_command() -> int:
     rows = [(name, ANALYSES[name].title) for name in model_commands()]
     rows += [("trace analyze", "Trace explorer: analyse one trace file"),
              ("trace diff", "Trace diff: compare two trace files"),
-             ("history", "Stored runs: list, compare two, a metric's trend")]
+             ("history", "Stored runs: list, compare two, a metric's trend"),
+             ("run", "Your own script, unmodified, profiled while it runs (run -- python train.py)")]
     if _distributed_main() is not None:
         rows.append(("distributed", "Distributed runs (torchrun + DDP): run / analyze / command"))
     for name, title in rows:
@@ -381,6 +384,10 @@ def list_command() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "run":  # the user's own script: no worker, no sandbox (diagnostics.attach)
+        from diagnostics.cli.attach import main as run_main
+
+        return run_main(argv[1:])
     from diagnostics.sandbox import startup_notice
 
     notice = startup_notice()  # jobs will run without a sandbox: say so before anything runs

@@ -11,17 +11,16 @@ The model's weights are restored afterwards.
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager
 from typing import Callable
 
 import torch
 from torch import nn
 
-from diagnostics.measure.gradient_health import (ACTIVATION_FLAG_FRACTION, KIND_VANISHING_RATIO, LAYER_SCALE_GATE_MAX,
-                                                 MIN_UNIT_OBSERVATIONS, PEER_MIN_LAYERS, ROOT, SATURATION_EPS, STATUSES,
-                                                 THRESHOLD_HELP, THRESHOLDS, classify, is_layer_scale_param, layer_kind,
-                                                 vanishing_rule)
+from diagnostics.measure.gradient_health import (ACTIVATION_FLAG_FRACTION, LAYER_SCALE_GATE_MAX,
+                                                 MIN_UNIT_OBSERVATIONS, ROOT, SATURATION_EPS, STATUSES,
+                                                 THRESHOLD_HELP, THRESHOLDS, finite as _finite, is_layer_scale_param,
+                                                 summarize_layers)
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.training import make_optimizer
 from diagnostics.errors import TorchScopeError
@@ -30,12 +29,6 @@ _RELUS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU)
 _SIGMOIDS = (nn.Sigmoid, nn.Hardsigmoid)
 _TANHS = (nn.Tanh, nn.Hardtanh)
 
-
-
-def _finite(x: float) -> float | None:
-    """JSON has no NaN / Inf: non-finite numbers become None (the NaN / Inf counts say why)."""
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 def param_owners(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
@@ -191,15 +184,6 @@ def layer_scale_gates(model: nn.Module) -> dict[str, float]:
     return gates
 
 
-def _gate_for(name: str, gates: dict[str, float]) -> float | None:
-    """The gate of the innermost gated block holding ``name`` (not the layer scale itself)."""
-    best = None
-    for block, scale in gates.items():
-        if name.startswith(block + ".") and (best is None or len(block) > len(best[0])):
-            best = (block, scale)
-    return best[1] if best else None
-
-
 def layer_order(called: list[str], layers: list[str]) -> list[str]:
     """Layers in forward order. A layer whose forward never ran as a module call (MultiheadAttention
     calls its out_proj functionally) goes after its nearest called ancestor's subtree."""
@@ -268,64 +252,9 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
     progress(0.92, "classifying layers")
     names = layer_order(order, list(owners))
     types = dict((mname or ROOT, type(m).__name__) for mname, m in model.named_modules())
-    steps_table, layers = [], []
-    global_norms = []
-    for s, rec in enumerate(per_step):
-        total_sq = 0.0
-        for name in names:
-            acc = rec["sink"].get(name)
-            if acc is None:  # no gradient reached it this step
-                acc = {"sq": 0.0, "abs": 0.0, "max": 0.0, "zeros": sum(p.numel() for _, p in owners[name]),
-                       "nan": 0, "inf": 0, "numel": sum(p.numel() for _, p in owners[name])}
-            total_sq += acc["sq"]
-            d, w = rec["upd"].get(name, (0.0, 0.0))
-            steps_table.append({
-                "step": s + 1, "layer": name,
-                "grad_norm": math.sqrt(acc["sq"]),
-                "grad_abs_mean": acc["abs"] / max(1, acc["numel"]),
-                "grad_abs_max": acc["max"],
-                "update_ratio": _finite(math.sqrt(d) / math.sqrt(w)) if w > 0 else None,
-                "zero_fraction": acc["zeros"] / max(1, acc["numel"]),
-                "nan_count": acc["nan"], "inf_count": acc["inf"],
-                "numel": acc["numel"],
-            })
-        global_norms.append({"step": s + 1, "global_norm": math.sqrt(total_sq), "loss": losses[s]})
-
-    for name in names:
-        all_rows = [r for r in steps_table if r["layer"] == name]
-        rows = [r for r in all_rows if not (r["nan_count"] or r["inf_count"])] or all_rows
-        ratios = [r["update_ratio"] for r in rows if r["update_ratio"] is not None]
-        numel = rows[0]["numel"]
-        layers.append({
-            "index": len(layers), "layer": name, "type": types.get(name, "?"),
-            "params": numel,
-            "param_names": [pn for pn, _ in owners[name]],
-            "grad_norm_mean": sum(r["grad_norm"] for r in rows) / len(rows),
-            "grad_norm_max": max(r["grad_norm"] for r in rows),
-            "grad_norm_first": all_rows[0]["grad_norm"], "grad_norm_last": all_rows[-1]["grad_norm"],
-            "grad_abs_mean": sum(r["grad_abs_mean"] for r in rows) / len(rows),
-            "grad_abs_max": max(r["grad_abs_max"] for r in rows),
-            "update_ratio_mean": sum(ratios) / len(ratios) if ratios else None,
-            "update_ratio_max": max(ratios) if ratios else None,
-            "zero_fraction": sum(r["zero_fraction"] for r in rows) / len(rows),
-            "nan_count": sum(r["nan_count"] for r in all_rows), "inf_count": sum(r["inf_count"] for r in all_rows),
-            "finite_steps": sum(1 for r in all_rows if not (r["nan_count"] or r["inf_count"])),
-        })
-    gates = layer_scale_gates(model)
-    for l in layers:
-        l["kind"] = layer_kind(l["layer"], l["type"], l["param_names"])
-        l["gate_scale"] = None if l["kind"] == "layer scale" else _gate_for(l["layer"], gates)
-        l["rule"] = vanishing_rule(l["kind"]) + (
-            f"; judged on gradient norm / layer scale mean |γ| {l['gate_scale']:.2g}" if l["gate_scale"] else "")
-    largest = max((l["grad_norm_mean"] for l in layers), default=0.0)
-    peers: dict[str, list[float]] = {}
-    for l in layers:
-        if l["kind"] in KIND_VANISHING_RATIO:
-            peers.setdefault(l["kind"], []).append(l["grad_norm_mean"] / (l["gate_scale"] or 1.0))
-    for l in layers:
-        kin = peers.get(l["kind"], [])
-        l["status"], l["reason"] = classify(l, largest, max(kin) if len(kin) >= PEER_MIN_LAYERS else None)
-        l["grad_norm_relative"] = l["grad_norm_mean"] / largest if largest > 0 else None
+    steps_table, layers, global_norms = summarize_layers(
+        names, per_step, {n: sum(p.numel() for _, p in owners[n]) for n in names}, types,
+        {n: [pn for pn, _ in owners[n]] for n in names}, layer_scale_gates(model), losses)
 
     activations = []
     for name, a in acts.items():

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import math
+
 ROOT = "(model)"
 
 # --- classification thresholds (per layer, on its gradient norm averaged over the steps) -----------
@@ -167,3 +169,85 @@ def classify(layer: dict, largest_norm: float, peer_largest: float | None = None
         return "vanishing", (f"{what} {norm:.3g} is {norm / peer_largest:.2g} × the largest {kind}'s "
                              f"({peer_largest:.3g}); < {PEER_VANISHING_RATIO:g}")
     return "healthy", ""
+
+
+def finite(x: float) -> float | None:
+    """JSON has no NaN / Inf: non-finite numbers become None (the NaN / Inf counts say why)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def gate_for(name: str, gates: dict[str, float]) -> float | None:
+    """The gate of the innermost gated block holding ``name`` (not the layer scale itself)."""
+    best = None
+    for block, scale in gates.items():
+        if name.startswith(block + ".") and (best is None or len(block) > len(best[0])):
+            best = (block, scale)
+    return best[1] if best else None
+
+
+def summarize_layers(names: list[str], per_step: list[dict], numels: dict[str, int], types: dict[str, str],
+                     param_names: dict[str, list[str]], gates: dict[str, float], losses: list) -> tuple:
+    """Per-step and per-layer gradient statistics, each layer classified (``classify``).
+
+    ``per_step``: one {"sink": {layer: sums}, "upd": {layer: (update sq, weight sq)}} per step, the sums
+    being sq, abs, max, zeros, nan, inf, numel of the layer's gradients (a layer missing from a step's
+    sink got no gradient: all zeros). ``gates``: block -> mean |γ| of a small layer scale gating it.
+    Returns (steps_table, layers, global_norms), as the Gradient flow page shows them."""
+    steps_table, layers, global_norms = [], [], []
+    for s, rec in enumerate(per_step):
+        total_sq = 0.0
+        for name in names:
+            acc = rec["sink"].get(name)
+            if acc is None:  # no gradient reached it this step
+                acc = {"sq": 0.0, "abs": 0.0, "max": 0.0, "zeros": numels[name], "nan": 0, "inf": 0,
+                       "numel": numels[name]}
+            total_sq += acc["sq"]
+            d, w = (rec.get("upd") or {}).get(name, (0.0, 0.0))
+            steps_table.append({
+                "step": rec.get("step", s + 1), "layer": name,
+                "grad_norm": math.sqrt(acc["sq"]),
+                "grad_abs_mean": acc["abs"] / max(1, acc["numel"]),
+                "grad_abs_max": acc["max"],
+                "update_ratio": finite(math.sqrt(d) / math.sqrt(w)) if w > 0 else None,
+                "zero_fraction": acc["zeros"] / max(1, acc["numel"]),
+                "nan_count": acc["nan"], "inf_count": acc["inf"],
+                "numel": acc["numel"],
+            })
+        global_norms.append({"step": rec.get("step", s + 1), "global_norm": math.sqrt(total_sq), "loss": losses[s]})
+
+    for name in names:
+        all_rows = [r for r in steps_table if r["layer"] == name]
+        rows = [r for r in all_rows if not (r["nan_count"] or r["inf_count"])] or all_rows
+        ratios = [r["update_ratio"] for r in rows if r["update_ratio"] is not None]
+        numel = rows[0]["numel"]
+        layers.append({
+            "index": len(layers), "layer": name, "type": types.get(name, "?"),
+            "params": numel,
+            "param_names": list(param_names.get(name, [])),
+            "grad_norm_mean": sum(r["grad_norm"] for r in rows) / len(rows),
+            "grad_norm_max": max(r["grad_norm"] for r in rows),
+            "grad_norm_first": all_rows[0]["grad_norm"], "grad_norm_last": all_rows[-1]["grad_norm"],
+            "grad_abs_mean": sum(r["grad_abs_mean"] for r in rows) / len(rows),
+            "grad_abs_max": max(r["grad_abs_max"] for r in rows),
+            "update_ratio_mean": sum(ratios) / len(ratios) if ratios else None,
+            "update_ratio_max": max(ratios) if ratios else None,
+            "zero_fraction": sum(r["zero_fraction"] for r in rows) / len(rows),
+            "nan_count": sum(r["nan_count"] for r in all_rows), "inf_count": sum(r["inf_count"] for r in all_rows),
+            "finite_steps": sum(1 for r in all_rows if not (r["nan_count"] or r["inf_count"])),
+        })
+    for l in layers:
+        l["kind"] = layer_kind(l["layer"], l["type"], l["param_names"])
+        l["gate_scale"] = None if l["kind"] == "layer scale" else gate_for(l["layer"], gates)
+        l["rule"] = vanishing_rule(l["kind"]) + (
+            f"; judged on gradient norm / layer scale mean |γ| {l['gate_scale']:.2g}" if l["gate_scale"] else "")
+    largest = max((l["grad_norm_mean"] for l in layers), default=0.0)
+    peers: dict[str, list[float]] = {}
+    for l in layers:
+        if l["kind"] in KIND_VANISHING_RATIO:
+            peers.setdefault(l["kind"], []).append(l["grad_norm_mean"] / (l["gate_scale"] or 1.0))
+    for l in layers:
+        kin = peers.get(l["kind"], [])
+        l["status"], l["reason"] = classify(l, largest, max(kin) if len(kin) >= PEER_MIN_LAYERS else None)
+        l["grad_norm_relative"] = l["grad_norm_mean"] / largest if largest > 0 else None
+    return steps_table, layers, global_norms

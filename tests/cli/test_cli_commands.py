@@ -150,7 +150,7 @@ def test_a_report_folder_that_fails_while_written_is_reported(tmp_path, store_di
 
 # ----------------------------------------------------------------------------- 4. only user-facing commands
 DOCUMENTED = {"list", "summary", "profile", "memory", "batch_scan", "gradients", "checklist", "optimize", "compile",
-              "trace", "distributed", "history"}
+              "trace", "distributed", "history", "run"}
 
 
 def _documented_commands() -> set[str]:

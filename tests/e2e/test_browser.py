@@ -224,6 +224,7 @@ def test_every_page_renders_in_the_frame_and_is_screenshotted(server, page):
         ("Optimize", "Run trials"),
         ("Trace explorer", "Open from"),
         ("Distributed", "Launch with torchrun"),
+        ("Run a script", "Give the command and press Run"),
     ], start=7):
         open_page(page, title)
         page.get_by_text(ready).first.wait_for(timeout=JOB_TIMEOUT_MS)

@@ -12,6 +12,8 @@ No torch: the page and the report rank results they already have.
 
 from __future__ import annotations
 
+from diagnostics.findings import fix_first_entry, rank_fix_first
+
 #: Operators listed from the roofline at most (the rest are summed in the profile's headroom).
 TOP_OPS = 5
 #: A finding's fix names a training fix with this prefix ("train:activation_checkpointing").
@@ -56,9 +58,7 @@ def trial_evidence(finding: dict, trials: list[dict]) -> str | None:
     return None
 
 
-def _entry(title: str, saving_ms: float | None, how: str, source: str, fix: str | None = None,
-           detail: str = "") -> dict:
-    return {"title": title, "est_saving_ms": saving_ms, "how": how, "source": source, "fix": fix, "detail": detail}
+_entry = fix_first_entry  # the one row form of "fix this first" (diagnostics.findings)
 
 
 def from_findings(checklist: dict, trials: list[dict] = ()) -> list[dict]:
@@ -137,5 +137,4 @@ def fix_first(checklist: dict, profile: dict | None = None, optimize: dict | lis
     trials = [o for o in (optimize if isinstance(optimize, list) else [optimize]) if o]
     entries = [e for o in trials for e in from_trials(o)] + from_findings(checklist, trials)
     entries += from_roofline(profile) + from_idle(profile)
-    with_ms = sorted((e for e in entries if e["est_saving_ms"] is not None), key=lambda e: -e["est_saving_ms"])
-    return with_ms + [e for e in entries if e["est_saving_ms"] is None]
+    return rank_fix_first(entries)

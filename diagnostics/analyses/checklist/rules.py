@@ -7,20 +7,14 @@ tested on hand-written facts. Every threshold is a named constant listed in ``TH
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
+# The finding's form is shared with every part that judges a run (diagnostics.findings).
+from diagnostics.findings import (  # noqa: F401
+    CATEGORIES, SCORED, STATUS_COLOR, STATUS_LABEL, STATUSES, Finding, not_applicable, run_check,
+)
 from diagnostics.units import human_bytes
-
-CATEGORIES = ("model design", "memory", "compute", "data pipeline", "deployment")
-#: A rule's verdict. "error": the rule itself crashed on these facts; it says so with the message and
-#: counts in the score as a failure (a broken rule must not raise the score by leaving the denominator).
-STATUSES = ("pass", "warn", "fail", "error", "not_applicable")
-STATUS_LABEL = {"pass": "pass", "warn": "warn", "fail": "fail", "error": "rule error", "not_applicable": "n/a"}
-STATUS_COLOR = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "error": "#6a1b9a",
-                "not_applicable": "#757575"}
-#: Statuses that count in the score's denominator; pass counts 1, warn 0.5, the rest 0.
-SCORED = ("pass", "warn", "fail", "error")
 
 # ---------------------------------------------------------------------------- thresholds
 DATALOADER_FRACTION_MAX = 0.05  # DataLoader share of step time (TensorBoard plugin rule)
@@ -90,31 +84,6 @@ THRESHOLDS = [
 ]
 
 
-@dataclass(frozen=True)
-class Finding:
-    id: str
-    title: str
-    category: str
-    status: str  # one of STATUSES
-    evidence: str  # what was measured, in words with numbers (or why the rule does not apply)
-    suggestion: str = ""
-    numbers: dict = field(default_factory=dict)
-    fix: str | None = None  # the Optimize fix that addresses it: an inference fix id, or "train:<id>"
-
-    def __post_init__(self):
-        if self.status not in STATUSES:
-            raise ValueError(f"unknown status {self.status!r}")
-        if self.category not in CATEGORIES:
-            raise ValueError(f"unknown category {self.category!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Finding":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-
 #: A rule's fix written "purpose:<id>" is the training-step trial of <id> when the checklist's purpose
 #: is training, the inference trial otherwise (fixes that exist in both modes: amp, torch_compile,
 #: channels_last).
@@ -130,21 +99,14 @@ class Rule:
     fix: str | None = None
 
     def __call__(self, facts: dict) -> Finding:
-        try:
-            status, evidence, suggestion, numbers = self.check(facts)
-        except Exception as e:  # a broken rule says so and counts as failed; the others still run
-            status, evidence, suggestion, numbers = (
-                "error", f"the rule crashed: {type(e).__name__}: {e}",
-                "This is a bug in TorchScope's rule, not in your model: please report it with the facts "
-                "(result.json).", {})
+        status, evidence, suggestion, numbers = run_check(self.check, facts, ", not in your model")
         fix = self.fix if status in ("warn", "fail") else None
         if fix and fix.startswith(FOR_PURPOSE):  # the trial of the checklist's purpose: a training step or inference
             fix = ("train:" if facts.get("purpose", "training") == "training" else "") + fix[len(FOR_PURPOSE):]
         return Finding(self.id, self.title, self.category, status, evidence, suggestion, numbers, fix)
 
 
-def na(why: str):
-    return "not_applicable", why, "", {}
+na = not_applicable
 
 
 def _m(facts, *keys):

@@ -43,6 +43,15 @@ def build_status_by_category_figure(result: dict) -> go.Figure:
 
 
 # ----------------------------------------------------------------------------- report sections
+def fix_first_section(ranked: list[dict], text: str) -> Section:
+    """The "fix this first" list (diagnostics.findings.fix_first_entry rows) as a report section."""
+    import pandas as pd
+
+    return Section("Fix this first", text=[text], tables=[("fix this first", pd.DataFrame([{
+        "what": e["title"], "est. saving (ms/step)": e["est_saving_ms"], "how": e["how"], "fix": e["fix"] or "",
+        "detail": e["detail"]} for e in ranked]))])
+
+
 def checklist_sections(result: dict) -> list[Section]:
     """Score and charts, then one table per category (failures and warnings first: status, evidence,
     suggestion, fix), the rules that do not apply here, and the thresholds."""
@@ -63,13 +72,8 @@ def checklist_sections(result: dict) -> list[Section]:
     sections = [Section("Checklist", text=text + notes, figures=figs)]
     ranked = result.get("fix_first") or []
     if ranked:
-        import pandas as pd
-
-        sections.append(Section("Fix this first", text=["Ranked by the estimated milliseconds saved per step; "
-                                                        "'how' says whether a saving was measured or modelled."],
-                                tables=[("fix this first", pd.DataFrame([{
-                                    "what": e["title"], "est. saving (ms/step)": e["est_saving_ms"], "how": e["how"],
-                                    "fix": e["fix"] or "", "detail": e["detail"]} for e in ranked]))]))
+        sections.append(fix_first_section(ranked, "Ranked by the estimated milliseconds saved per step; 'how' says "
+                                                  "whether a saving was measured or modelled."))
     for cat in CATEGORIES:
         rows = [f for f in findings if f.get("category") == cat and f.get("status") != "not_applicable"]
         if rows:

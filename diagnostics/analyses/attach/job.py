@@ -1,0 +1,584 @@
+"""What an attached run measured, from its run folder (see protocol.py): the step time and its parts,
+the bottleneck, the profiler's window and the tool's overhead, per rank, with the DataLoader
+workers, the device syncs by line, the gradients, memory and the GPU's idle time; then the findings.
+
+The figures:
+
+* ``step_ms``: the median step outside the profiled window, after warm-up (the last
+  ``stable_steps`` steps before the window and every step after it): what the script does bare;
+* ``breakdown_ms``: per part the median over the same steps; ``host`` is the step less the others'
+  medians (host is "the rest" by definition), so the parts sum to ``step_ms``; each step's own
+  parts sum to its time (``step_table``);
+* ``overhead_pct``: the profiled steps' median against ``step_ms`` (the profiler's cost per step);
+  ``overhead`` also holds our time between steps (export, files) per step of the run;
+* from the trace (the profiled steps): on CUDA the GPU's idle time per step and, from the main
+  thread's phases placed on the trace's clock, what the host was doing meanwhile; under
+  torch.distributed, communication the light timing cannot see (DDP's all-reduce inside backward)
+  as the trace layer's exposed communication.
+
+No torch: the trace layer reads the traces, gradient_health judges the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from pathlib import Path
+
+from diagnostics.analyses.attach import rules
+from diagnostics.analyses.attach.protocol import (
+    ERRORS, GRADS, META, PHASES, PROC_PREFIX, SEGMENTS, STEPS, WORKERS, AttachConfig, read_json, read_jsonl,
+)
+from diagnostics.analyses.attach.result import AttachResult, Bottleneck, RankResult
+from diagnostics.findings import rank_fix_first
+from diagnostics.measure.gradient_health import (
+    STATUSES as GRAD_STATUSES, THRESHOLD_HELP, THRESHOLDS, finite, summarize_layers,
+)
+
+#: A rank is "waited for" when its busy time (step less communication) is over the others' median by
+#: this fraction (the distributed analysis' straggler margin) and the others spend time in comm.
+WAIT_MARGIN = 0.20
+#: Communication the trace shows beyond what the light timing measured, per step, below which it
+#: is not moved out of backward (scheduler noise).
+TRACE_COMM_MIN_MS = 0.5
+#: GPU idle causes: our phase names, plus the time between steps (ours) and outside every step.
+BETWEEN = "between steps"
+
+
+def analyze(ctx, options) -> dict:
+    """The registered analysis: (re-)analyse a run folder written by ``python -m diagnostics run``."""
+    ctx.progress(0.1, "reading the run folder")
+    result = analyse_run(options["run_dir"], exit_code=options["exit_code"], command=options["command"] or [],
+                         cwd=options["cwd"] or "", progress=ctx.progress)
+    return result.to_dict()
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str = "", duration_s: float | None = None,
+                interrupted: bool = False, progress=None, run_id: str | None = None) -> AttachResult:
+    progress = progress or (lambda f, m: None)
+    run_dir = Path(run_dir)
+    cfg = AttachConfig.read(str(run_dir))
+    notes: list[str] = []
+    errors = []
+    procs = []
+    for d in sorted(run_dir.glob(f"{PROC_PREFIX}*")):
+        p = _load_proc(d)
+        errors += [{"pid": p["pid"], **e} for e in p["errors"]]
+        if p["steps"]:
+            procs.append(p)
+    workers = _worker_lines(run_dir)
+    progress(0.3, f"{len(procs)} process(es) stepped")
+    ranked = []
+    for p in procs:
+        fig = _figures(p, cfg, run_dir, notes)
+        fig["workers"] = _workers(workers.get(p["pid"], []), p, fig)
+        ranked.append(fig)
+    ranked.sort(key=lambda f: (f["rank"] is None, f["rank"] if f["rank"] is not None else 0, f["pid"]))
+    progress(0.7, "findings")
+    status = ("interrupted" if interrupted else "failed" if exit_code not in (0, None) else
+              "no steps" if not ranked else "ok")
+    if not ranked:
+        notes.append(_no_steps_note(run_dir, errors))
+    for e in errors:
+        notes.append(f"the bootstrap failed in process {e['pid']} ({e.get('where')}): {e.get('error')}; that "
+                     "process ran on unprofiled from there")
+    head = ranked[0] if ranked else None
+    waited = _waited_for(ranked)
+    rank_rows = [RankResult(f["rank"], f["pid"], f["steps"], f["step_ms"], f["breakdown_ms"], f["bottleneck"],
+                            f["window"], f["step_ms_profiled"], f["overhead_pct"], f["trace"], f["busy_ms"],
+                            f["rank"] == waited and waited is not None) for f in ranked]
+    if len(ranked) > 1:
+        notes.append(f"{len(ranked)} processes stepped: the headline figures are rank {head['rank']}'s, every "
+                     "rank's are in ranks")
+        windows = {tuple(f["window"] or ()) for f in ranked}
+        if len(windows) > 1:
+            notes.append("the ranks profiled different steps: " + "; ".join(
+                f"rank {f['rank']}: {f['window']}" for f in ranked))
+    ranks_view = _ranks_view(run_dir, ranked) if len(ranked) > 1 else None
+    trace = ([f["trace"] for f in ranked if f["trace"]] if len(ranked) > 1 else (head or {}).get("trace"))
+    facts = rules.Facts(head=head, ranked=ranked, waited_for=waited, cpu_count=os.cpu_count() or 1)
+    found = rules.evaluate(facts)
+    fix_first = rank_fix_first([rules.fix_first_row(f) for f in found if f.status in ("warn", "fail")])
+    if head:
+        notes += head["notes"]
+        if head["partial_step"] and (interrupted or exit_code not in (0, None)):
+            notes.append(f"the script ended during step {head['partial_step']}, after {head['steps']} whole steps")
+    breakdown = head["breakdown_ms"] if head else {}
+    metrics = _metrics(head, ranked, exit_code, found)
+    artifacts = sorted(p.name for p in run_dir.iterdir() if p.is_file())
+    progress(1.0, "done")
+    return AttachResult(
+        exit_code=exit_code, status=status, command=list(command), cwd=cwd, duration_s=duration_s,
+        steps=head["steps"] if head else 0, step_boundary=head["boundary"] if head else None,
+        step_boundary_detail=head["boundary_detail"] if head else "",
+        profiled_steps=head["window"] if head else None, step_ms=head["step_ms"] if head else None,
+        step_ms_profiled=head["step_ms_profiled"] if head else None, breakdown_ms=breakdown,
+        bottleneck=head["bottleneck"] if head else None, overhead_pct=head["overhead_pct"] if head else None,
+        trace=trace, ranks=rank_rows, waited_for_rank=waited, window=head["window_info"] if head else {},
+        overhead=head["overhead"] if head else {}, step_table=head["table"] if head else [],
+        workers=head["workers"] if head else {}, loaders=head["loaders"] if head else [],
+        optimizers=head["optimizers"] if head else [], model=head["model"] if head else {},
+        syncs=head["syncs"] if head else [], memory=head["memory"] if head else {},
+        gpu=head["gpu"] if head else None, gradients=head["gradients"] if head else None,
+        ranks_view=ranks_view, findings=[f.to_dict() for f in found], fix_first=fix_first, notes=notes,
+        errors=errors, metrics=metrics, artifacts=artifacts, run_id=run_id, run_dir=str(run_dir))
+
+
+# ---------------------------------------------------------------------- one process
+def _load_proc(d: Path) -> dict:
+    rows = read_jsonl(str(d / STEPS))
+    return {"pid": int(d.name[len(PROC_PREFIX):]) if d.name[len(PROC_PREFIX):].isdigit() else 0, "dir": d,
+            "meta": read_json(str(d / META), {}) or {}, "steps": [r for r in rows if not r.get("partial")],
+            "partial": [r for r in rows if r.get("partial")], "errors": read_jsonl(str(d / ERRORS))}
+
+
+def _total(r: dict) -> float:
+    return (r["t1"] - r["t0"]) * 1e3 - (r.get("tool_ms") or 0.0)
+
+
+def _breakdown(rows: list[dict], step_ms: float) -> dict:
+    """Per part the median over ``rows``; host the rest, so the parts sum to ``step_ms``. When the
+    medians of the other parts exceed the median step (a bimodal run), the median step's own parts."""
+    parts = {k: _median([r["ms"].get(k, 0.0) for r in rows]) or 0.0 for k in PHASES if k != "host"}
+    host = step_ms - sum(parts.values())
+    if host < 0:
+        mid = sorted(rows, key=_total)[len(rows) // 2]
+        scale = step_ms / _total(mid) if _total(mid) > 0 else 1.0
+        return {k: mid["ms"].get(k, 0.0) * scale for k in PHASES}
+    return {**parts, "host": host}
+
+
+def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
+    meta, rows = p["meta"], p["steps"]
+    own_notes = list(meta.get("notes") or [])
+    window = meta.get("window")
+    prof = [r for r in rows if r.get("p")]
+    if window:
+        lo = max(2, window[0] - cfg.stable_steps)
+        outside = [r for r in rows if not r.get("p") and r["n"] >= lo]
+    else:
+        outside = [r for r in rows if r["n"] > cfg.min_warmup] or rows
+        if meta.get("boundary") != "time window":
+            own_notes.append(f"the script ended after {len(rows)} step(s), before the profiled window "
+                             + ("(--at was past the end)" if cfg.at else "(warm-up had not ended: try --at K)")
+                             + ": no trace, the figures are the steps after warm-up")
+    basis = outside or prof
+    if not outside and prof:
+        own_notes.append("no step ran outside the profiled window: step_ms is the profiled steps' median "
+                         "(it includes the profiler's cost)")
+    step_ms = _median([_total(r) for r in basis])
+    breakdown = _breakdown(basis, step_ms) if basis and step_ms is not None else {}
+    step_prof = _median([_total(r) for r in prof])
+    overhead_pct = 100.0 * (step_prof - step_ms) / step_ms if prof and outside and step_ms else None
+    trace_name = (meta.get("exports") or {}).get("trace")
+    trace_path = run_dir / trace_name if trace_name else None
+    segments = (read_json(str(p["dir"] / SEGMENTS), {}) or {}).get("segments") or []
+    trace_fig = _trace_figures(trace_path, segments, prof, meta, own_notes) if trace_path and trace_path.exists() \
+        else {}
+    moved = trace_fig.get("comm_moved_ms")
+    if moved:  # communication inside backward (DDP's all-reduce), seen in the trace: out of backward
+        shift = min(moved, breakdown.get("backward", 0.0))
+        breakdown = {**breakdown, "backward": breakdown["backward"] - shift, "comm": breakdown["comm"] + shift}
+        own_notes.append(f"{shift:.2f} ms per step of communication ran inside backward (DDP's gradient all-reduce "
+                         "waits there): measured in the profiled steps' trace as exposed communication and moved "
+                         "from backward to comm")
+    total_steps = max(rows[-1]["n"] if rows else 0, meta.get("steps_seen") or 0)  # long runs: counted, not all kept
+    outside_all = sum(1 for r in rows if not r.get("p"))
+    partial = p["partial"][-1]["n"] if p["partial"] and meta.get("boundary") != "time window" else None
+    tool_outside_s = meta.get("tool_outside_s") or 0.0
+    elapsed = sum(_total(r) for r in rows) / 1e3
+    table = [{"step": r["n"], "profiled": bool(r.get("p")), "warmup": bool(window and r["n"] < window[0] - cfg.stable_steps
+                                                                         or not window and r["n"] <= cfg.min_warmup),
+              "step_ms": _total(r), **{f"{k}_ms": r["ms"].get(k, 0.0) for k in PHASES},
+              "tool_ms": r.get("tool_ms") or 0.0, "batches": r.get("b"), "peak_bytes": r.get("mem"),
+              "rss_bytes": r.get("rss")} for r in rows]
+    for row in table:
+        extra = trace_fig.get("per_step", {}).get(row["step"], {})
+        row.update(extra)
+    window_info = {"first": window[0] if window else None, "last": window[1] if window else None,
+                   "reason": meta.get("window_reason") or ("--at" if cfg.at else ""),
+                   "note": meta.get("window_note") or "", "requested_steps": cfg.steps, "at": cfg.at,
+                   "steps_profiled": len(prof)}
+    if window and len(prof) < cfg.steps:
+        own_notes.append(f"only {len(prof)} of the {cfg.steps} steps asked for were profiled: the script ended first")
+    compiles = [r.get("c") for r in rows]
+    recompiles = _recompiles_after_warmup(rows, window, cfg)
+    return {
+        "pid": p["pid"], "rank": meta.get("rank"), "world_size": meta.get("world_size"), "meta": meta,
+        "boundary": meta.get("boundary"), "boundary_detail": _boundary_detail(meta),
+        "steps": total_steps, "partial_step": partial, "window": list(window) if window else None, "window_info": window_info,
+        "step_ms": step_ms, "step_ms_profiled": step_prof, "breakdown_ms": breakdown,
+        "bottleneck": Bottleneck.of(breakdown, step_ms), "overhead_pct": overhead_pct,
+        "busy_ms": (step_ms - breakdown.get("comm", 0.0)) if step_ms is not None else None,
+        "trace": trace_name, "table": table, "notes": own_notes, "trace_fig": trace_fig,
+        "overhead": {"profiled_vs_outside_pct": overhead_pct, "tool_outside_s": tool_outside_s,
+                     "tool_outside_ms_per_step": 1e3 * tool_outside_s / max(1, outside_all + len(prof)),
+                     "tool_outside_pct": 100.0 * tool_outside_s / elapsed if elapsed > 0 else None,
+                     "export_s": (meta.get("exports") or {}).get("export_s"),
+                     "tool_in_steps_ms": _median([r.get("tool_ms") or 0.0 for r in outside]),
+                     "steps_outside": len(outside), "steps_profiled": len(prof)},
+        "syncs": _syncs(basis + prof if outside else prof),
+        "loaders": meta.get("loaders") or [], "optimizers": meta.get("optimizers") or [],
+        "model": _model(meta),
+        "memory": _memory(rows, prof, meta, run_dir),
+        "gpu": trace_fig.get("gpu"),
+        "gradients": _gradients(p["dir"]),
+        "recompiles": recompiles, "compiles": compiles[-1] if compiles else None,
+        "outside_rows": outside, "prof_rows": prof,
+    }
+
+
+def _boundary_detail(meta: dict) -> str:
+    b = meta.get("boundary")
+    if b == "optimizer":
+        opts = meta.get("optimizers") or []
+        names = ", ".join(o["type"] for o in opts)
+        cycle = meta.get("cycle") or 1
+        return (f"the optimizer's step ({names})" if cycle == 1 else
+                f"every {cycle} optimizer steps ({names}): one iteration steps {cycle} times")
+    return meta.get("boundary_detail") or ""
+
+
+def _recompiles_after_warmup(rows, window, cfg) -> dict | None:
+    cs = [(r["n"], r.get("c")) for r in rows if r.get("c") is not None]
+    if not cs:
+        return None
+    start = window[0] if window else cfg.min_warmup + 1
+    before = [c for n, c in cs if n < start]
+    base = before[-1] if before else cs[0][1]
+    after = [(n, c) for n, c in cs if n >= start]
+    extra = (after[-1][1] - base) if after else 0
+    steps = [n for (n, c), (_, prev) in zip(after, [(None, base)] + after[:-1]) if c != prev]
+    slow = []
+    if steps:
+        med = _median([_total(r) for r in rows if r["n"] >= start and r["n"] not in steps])
+        slow = [_total(r) - med for r in rows if r["n"] in steps and med is not None]
+    return {"graphs_before": base, "graphs_after_warmup": extra, "steps": steps,
+            "extra_ms_total": sum(x for x in slow if x > 0) if slow else 0.0}
+
+
+def _syncs(rows: list[dict]) -> list[dict]:
+    n = len(rows)
+    agg: dict[str, list] = {}
+    for r in rows:
+        for loc, c, ms in r.get("syncs") or []:
+            a = agg.setdefault(loc, [0, 0.0])
+            a[0] += c
+            a[1] += ms
+    out = [{"location": loc, "calls_per_step": c / n, "ms_per_step": ms / n, "calls": c}
+           for loc, (c, ms) in agg.items()] if n else []
+    return sorted(out, key=lambda s: -s["ms_per_step"])
+
+
+def _model(meta: dict) -> dict:
+    opts = meta.get("optimizers") or []
+    dtypes: dict[str, int] = {}
+    devices: dict[str, int] = {}
+    for o in opts:
+        for k, v in (o.get("param_dtypes") or {}).items():
+            dtypes[k] = dtypes.get(k, 0) + v
+        for k, v in (o.get("devices") or {}).items():
+            devices[k] = devices.get(k, 0) + v
+    sizes = list((meta.get("batch_sizes") or {}).values())
+    return {"modules": meta.get("roots") or [], "param_dtypes": dtypes, "devices": devices,
+            "batch_size": max(set(sizes), key=sizes.count) if sizes else None,
+            "loader_batch_size": next((l.get("batch_size") for l in meta.get("loaders") or []), None),
+            "autocast": meta.get("autocast") or {}, "cuda": meta.get("cuda"), "device_name": meta.get("device_name"),
+            "torch": meta.get("torch"), "argv": meta.get("argv"), "rank": meta.get("rank"),
+            "world_size": meta.get("world_size")}
+
+
+def _memory(rows, prof, meta, run_dir: Path) -> dict:
+    peaks = [r.get("mem") for r in prof if r.get("mem") is not None]
+    rss = [r.get("rss") for r in prof if r.get("rss") is not None]
+    exports = meta.get("exports") or {}
+    out = {"cuda": bool(meta.get("cuda")), "peak_bytes_per_step": peaks, "peak_bytes": max(peaks) if peaks else None,
+           "rss_bytes_per_step": rss, "snapshot": exports.get("snapshot"), "oom": meta.get("oom")}
+    if not peaks:
+        out["note"] = ("CPU: no allocator peak per step; the process' resident memory at the end of each profiled "
+                       "step instead") if rss else "not measured"
+    return out
+
+
+# ---------------------------------------------------------------------- the trace
+def _trace_figures(path: Path, segments: list, prof: list, meta: dict, notes: list) -> dict:
+    """Profiled steps as the trace saw them: the step numbers, the GPU's idle time and why, and the
+    communication the light timing cannot see."""
+    import numpy as np
+
+    from diagnostics.trace import intervals as iv
+    from diagnostics.trace.classify import gpu_work_mask, kernel_mask
+    from diagnostics.trace.comm import rank_breakdown
+    from diagnostics.trace.errors import TraceError
+    from diagnostics.trace.ingest import load_trace
+    from diagnostics.trace.views import steps as step_table
+
+    try:
+        trace = load_trace(str(path))
+    except (TraceError, OSError) as e:
+        notes.append(f"the exported trace {path.name} could not be read: {e}")
+        return {}
+    st = step_table(trace)
+    out: dict = {"trace_steps": [int(s) for s in st["step"]], "per_step": {}}
+    want = [r["n"] for r in prof]
+    if want and sorted(out["trace_steps"]) != sorted(want):
+        notes.append(f"the trace's ProfilerStep numbers {out['trace_steps']} differ from the profiled steps {want}")
+    # our clock -> the trace's: the step ranges start where our step marks are
+    marks = {s[2]: s[0] for s in segments if len(s) == 3}
+    offsets = [float(start) - marks[int(n)] * 1e6 for n, start in zip(st["step"], st["start_us"]) if int(n) in marks]
+    offset = _median(offsets)
+    if meta.get("world_size") and meta["world_size"] > 1:
+        try:
+            rb = rank_breakdown(trace)
+            ours = {r["n"]: r["ms"].get("comm", 0.0) for r in prof}
+            extra = [max(0.0, s["exposed_comm_ms"] - ours.get(s["step"], 0.0)) for s in rb["steps"]
+                     if s["step"] in ours]
+            moved = _median(extra)
+            if moved and moved > TRACE_COMM_MIN_MS:
+                out["comm_moved_ms"] = moved
+            for s in rb["steps"]:
+                out["per_step"].setdefault(s["step"], {})["trace_exposed_comm_ms"] = s["exposed_comm_ms"]
+        except Exception as e:  # the split is a refinement: the light timing stands without it
+            notes.append(f"communication in the trace was not read: {type(e).__name__}: {e}")
+    if not gpu_work_mask(trace).any():
+        return out
+    ev = trace.events
+    ts = ev["ts"].to_numpy(dtype=float)
+    end = ts + ev["dur"].to_numpy(dtype=float)
+    g = gpu_work_mask(trace)
+    busy = iv.union(ts[g], end[g])
+    k = kernel_mask(trace)
+    kern = iv.union(ts[k], end[k])
+    phase_iv = _phase_intervals(segments, offset) if offset is not None else {}
+    rows = []
+    for n, s0, d in zip(st["step"], st["start_us"], st["dur_us"]):
+        lo, hi = float(s0), float(s0 + d)
+        step_busy = iv.clip(busy, lo, hi)
+        idle = iv.subtract((np.array([lo]), np.array([hi])), step_busy)
+        causes = {ph: iv.length(iv.intersect(idle, ivs)) / 1e3 for ph, ivs in phase_iv.items()}
+        placed = sum(causes.values())
+        idle_ms = iv.length(idle) / 1e3
+        if idle_ms - placed > 1e-3:
+            causes[BETWEEN] = idle_ms - placed
+        row = {"step": int(n), "step_ms": d / 1e3, "gpu_busy_ms": iv.length(step_busy) / 1e3,
+               "kernel_ms": iv.length(iv.clip(kern, lo, hi)) / 1e3, "gpu_idle_ms": idle_ms,
+               "kernels": int(((ts[k] >= lo) & (ts[k] < hi)).sum()),
+               "idle_causes_ms": {c: v for c, v in causes.items() if v > 1e-3}}
+        rows.append(row)
+        out["per_step"].setdefault(int(n), {}).update(gpu_idle_ms=idle_ms, kernel_ms=row["kernel_ms"])
+    kd = (end[k] - ts[k])
+    total_causes: dict[str, float] = {}
+    for r in rows:
+        for c, v in r["idle_causes_ms"].items():
+            total_causes[c] = total_causes.get(c, 0.0) + v / len(rows)
+    out["gpu"] = {"steps": rows, "idle_ms_per_step": _median([r["gpu_idle_ms"] for r in rows]),
+                  "kernel_ms_per_step": _median([r["kernel_ms"] for r in rows]),
+                  "kernels_per_step": _median([r["kernels"] for r in rows]),
+                  "kernel_us_median": float(statistics.median(kd)) if len(kd) else None,
+                  "idle_causes_ms_per_step": dict(sorted(total_causes.items(), key=lambda kv: -kv[1])),
+                  "clock_placed": offset is not None}
+    return out
+
+
+def _phase_intervals(segments: list, offset_us: float) -> dict:
+    """The main thread's phases as trace-time intervals (µs): segments are (time, phase now) change
+    points, and (time, phase, step) where a profiled step begins."""
+    from diagnostics.trace import intervals as iv
+
+    pts = sorted((s[0], s[1]) for s in segments)
+    spans: dict[str, tuple[list, list]] = {}
+    for (t, ph), (t_next, _) in zip(pts, pts[1:]):
+        if t_next > t:
+            a, b = spans.setdefault(ph, ([], []))
+            a.append(t * 1e6 + offset_us)
+            b.append(t_next * 1e6 + offset_us)
+    return {ph: iv.union(a, b) for ph, (a, b) in spans.items()}
+
+
+# ---------------------------------------------------------------------- DataLoader workers
+def _worker_lines(run_dir: Path) -> dict[int, list]:
+    """Every worker batch, by the pid of the process its workers belong to."""
+    out: dict[int, list] = {}
+    folder = run_dir / WORKERS
+    if not folder.is_dir():
+        return out
+    for f in sorted(folder.glob("*.jsonl")):
+        for line in read_jsonl(str(f)):
+            if isinstance(line, list) and len(line) >= 6:
+                out.setdefault(int(line[5]), []).append(line)
+    return out
+
+
+def _workers(lines: list, p: dict, fig: dict) -> dict:
+    """Each worker's fetch + collate time per batch in the steady part of the run, and what it means:
+    too slow workers (one batch takes longer than the workers together can hide) or too few."""
+    loaders = fig["loaders"]
+    loader = max(loaders, key=lambda l: l.get("iters", 0) + (l.get("len") or 0)) if loaders else None
+    rows = fig["outside_rows"] + fig["prof_rows"]
+    out: dict = {"loader": loader, "per_worker": [], "batches": 0}
+    if not rows:
+        return out
+    lo, hi = min(r["t0"] for r in rows), max(r["t1"] for r in rows)
+    steady = [x for x in lines if lo <= x[1] <= hi]
+    by_worker: dict[int, list] = {}
+    for x in steady:
+        by_worker.setdefault(int(x[3]), []).append(x)
+    for w, xs in sorted(by_worker.items()):
+        out["per_worker"].append({"worker": w, "batches": len(xs),
+                                  "fetch_collate_ms": _median([(x[1] - x[0]) * 1e3 for x in xs]),
+                                  "collate_ms": _median([x[2] * 1e3 for x in xs]),
+                                  "samples_per_batch": _median([x[4] for x in xs])})
+    out["batches"] = len(steady)
+    per_batch = _median([(x[1] - x[0]) * 1e3 for x in steady])
+    out["fetch_collate_ms"] = per_batch
+    out["collate_ms"] = _median([x[2] * 1e3 for x in steady])
+    data_wait = fig["breakdown_ms"].get("data_wait", 0.0)
+    compute = (fig["step_ms"] or 0.0) - data_wait
+    batches_per_step = _median([r.get("b") or 0 for r in rows]) or 1
+    out["batches_per_step"] = batches_per_step
+    out["step_compute_ms"] = compute
+    n = (loader or {}).get("num_workers")
+    out["num_workers"] = n
+    if per_batch is not None and n:
+        # a worker makes one batch in per_batch ms; n of them supply one every per_batch / n ms,
+        # while a step takes one every compute / batches_per_step ms without waiting
+        need = per_batch * batches_per_step / compute if compute > 0 else None
+        out["supply_interval_ms"] = per_batch / n
+        out["demand_interval_ms"] = compute / batches_per_step if batches_per_step else None
+        out["workers_needed"] = math.ceil(need - 1e-6) if need else None  # 8.0000001 workers are 8
+    elif not n and loader is not None:
+        out["main_process"] = True
+    return out
+
+
+# ---------------------------------------------------------------------- gradients
+def _gradients(d: Path) -> dict | None:
+    """The Gradient flow page's result from the profiled steps' gradient sums (per parameter, summed
+    per layer = the module owning it), judged with gradient_health's thresholds."""
+    data = read_json(str(d / GRADS), None)
+    if not data or not data.get("steps"):
+        return None
+    names: list[str] = []
+    numels: dict[str, int] = {}
+    types: dict[str, str] = {}
+    pnames: dict[str, list] = {}
+    per_step = []
+    for s in data["steps"]:
+        sink: dict[str, dict] = {}
+        for p in s["params"]:
+            layer, _, pname = p["name"].rpartition(".")
+            layer = layer or "(model)"
+            if layer not in numels:
+                names.append(layer)
+                numels[layer] = 0
+                types[layer] = p.get("type") or "?"
+                pnames[layer] = []
+            if pname not in pnames[layer]:
+                pnames[layer].append(pname)
+                numels[layer] += p["numel"]
+            acc = sink.setdefault(layer, {"sq": 0.0, "abs": 0.0, "max": 0.0, "zeros": 0, "nan": 0, "inf": 0,
+                                          "numel": 0})
+            norm = p["norm"] if p["norm"] is not None and math.isfinite(p["norm"]) else 0.0
+            acc["sq"] += norm * norm
+            acc["abs"] += p["abs_sum"] if p["abs_sum"] is not None and math.isfinite(p["abs_sum"]) else 0.0
+            acc["max"] = max(acc["max"], p["max"] if p["max"] is not None and math.isfinite(p["max"]) else 0.0)
+            acc["zeros"] += p["zeros"]
+            acc["nan"] += p["nan"]
+            acc["inf"] += p["inf"]
+            acc["numel"] += p["numel"]
+        per_step.append({"step": s["step"], "sink": sink, "upd": {}})
+    steps_table, layers, global_norms = summarize_layers(names, per_step, numels, types, pnames, {},
+                                                         [None] * len(per_step))
+    counts = {s: sum(1 for l in layers if l["status"] == s) for s in GRAD_STATUSES}
+    for r in steps_table:
+        for k in ("grad_norm", "grad_abs_mean", "grad_abs_max"):
+            r[k] = finite(r[k])
+    for l in layers:
+        for k in ("grad_norm_mean", "grad_norm_max", "grad_norm_first", "grad_norm_last", "grad_abs_mean",
+                  "grad_abs_max", "grad_norm_relative"):
+            l[k] = None if l[k] is None else finite(l[k])
+    for g in global_norms:
+        g["global_norm"] = finite(g["global_norm"])
+    metrics = {"layers": len(layers), "layers_healthy": counts["healthy"], "layers_vanishing": counts["vanishing"],
+               "layers_exploding": counts["exploding"], "layers_dead": counts["dead"],
+               "layers_nonfinite": counts["non-finite"], "layers_flagged": len(layers) - counts["healthy"],
+               "global_norm_first": global_norms[0]["global_norm"], "global_norm_last": global_norms[-1]["global_norm"],
+               "global_norm_max": max((g["global_norm"] for g in global_norms if g["global_norm"] is not None),
+                                      default=None),
+               "steps": len(per_step)}
+    verdict = "healthy" if metrics["layers_flagged"] == 0 else ", ".join(
+        f"{counts[s]} {s}" for s in GRAD_STATUSES[1:] if counts[s])
+    return {"loss": "the script's own", "loss_stand_in": False, "confidence": "normal",
+            "model": "the script's model", "device": None, "verdict": verdict,
+            "thresholds": [{"name": k, "value": v, "meaning": THRESHOLD_HELP[k]} for k, v in THRESHOLDS.items()],
+            "metrics": metrics, "layers": layers, "steps": steps_table, "global_norms": global_norms,
+            "activations": [], "notes": ["gradients of the profiled steps, read before each optimizer step "
+                                         "(the parameters the optimizer holds); update ratios and activations "
+                                         "are not measured in an attached run"]}
+
+
+# ---------------------------------------------------------------------- ranks
+def _waited_for(ranked: list[dict]) -> int | None:
+    """The rank the others wait for: the most busy time (step less communication), over the others'
+    median by WAIT_MARGIN while the others spend time in comm (as the distributed analysis' rule)."""
+    timed = [f for f in ranked if f["busy_ms"] is not None and f["rank"] is not None]
+    if len(timed) < 2:
+        return None
+    top = max(timed, key=lambda f: f["busy_ms"])
+    others = [f for f in timed if f is not top]
+    med = _median([f["busy_ms"] for f in others])
+    waiting = _median([f["breakdown_ms"].get("comm", 0.0) for f in others]) or 0.0
+    if med is not None and top["busy_ms"] > med * (1 + WAIT_MARGIN) and waiting > 0:
+        return top["rank"]
+    return None
+
+
+def _ranks_view(run_dir: Path, ranked: list[dict]) -> dict | None:
+    """The trace layer's Ranks view over the ranks' traces (per-rank table, "not one run" problems)."""
+    paths = [str(run_dir / f["trace"]) for f in ranked if f["trace"]]
+    if len(paths) < 2:
+        return None
+    from diagnostics.trace.errors import TraceError
+    from diagnostics.trace.ranks import analyse_ranks
+
+    try:
+        view = analyse_ranks(paths, max_events=2000, parallel=False)
+    except (TraceError, OSError) as e:
+        return {"error": str(e)}
+    return {k: v for k, v in view.items() if k != "timeline"}
+
+
+def _no_steps_note(run_dir: Path, errors: list) -> str:
+    metas = [read_json(str(d / META), {}) for d in run_dir.glob(f"{PROC_PREFIX}*")]
+    if errors and not metas:
+        return "the bootstrap failed before any step: see errors"
+    if not any(run_dir.glob(f"{PROC_PREFIX}*")) and not (run_dir / WORKERS).exists():
+        return ("no step was seen: the script never imported torch in a process the bootstrap reached (python -E, "
+                "-I or -S, or an environment that drops PYTHONPATH, keeps it out), or it ended before its first step")
+    return ("no step was seen: no optimizer stepped, and no module forward or DataLoader batch ended a step "
+            "before the script ended")
+
+
+def _metrics(head: dict | None, ranked: list, exit_code, found) -> dict:
+    m: dict = {"exit_code": exit_code, "ranks": len(ranked)}
+    if not head:
+        return {**m, "steps": 0}
+    b = head["breakdown_ms"]
+    m.update({"steps": head["steps"], "profiled_steps": len(head["prof_rows"]), "step_ms": head["step_ms"],
+              "step_ms_profiled": head["step_ms_profiled"], "overhead_pct": head["overhead_pct"],
+              **{f"{k}_ms": b.get(k) for k in PHASES},
+              "bottleneck_share": head["bottleneck"].share if head["bottleneck"] else None,
+              "findings_failed": sum(1 for f in found if f.status == "fail"),
+              "findings_warned": sum(1 for f in found if f.status == "warn")})
+    if head["gpu"]:
+        m["gpu_idle_ms"] = head["gpu"]["idle_ms_per_step"]
+        m["kernel_ms"] = head["gpu"]["kernel_ms_per_step"]
+    if head["memory"].get("peak_bytes") is not None:
+        m["peak_memory_bytes"] = head["memory"]["peak_bytes"]
+    return m

@@ -1,0 +1,1211 @@
+"""The bootstrap's work inside every process of an attached job (loaded by bootstrap/sitecustomize.py
+once the process has imported torch): find the steps, time their parts, profile the chosen steps.
+
+torch and the standard library only, and the run folder's protocol (loaded by its path): nothing of
+the engine is imported inside the user's job. Every failure of ours is written to the process'
+errors.jsonl and switches the instrumentation off; the job runs on as it would bare. The user's
+own calls are never inside our try blocks, so their exceptions pass through unchanged, and the
+frames our wrappers add are taken out of a traceback before it is printed (the excepthook
+installed by ``_install_exit``).
+
+What is timed, on the main thread, in every step (a few perf_counter reads per step):
+
+* the boundary: the global optimizer step post-hook (pytorch#88446); an iteration that steps
+  several optimizers counts once (its cycle is learned from the first iteration: the steps until
+  an optimizer steps again); with no optimizer, the end of a top-level module's forward, else a
+  DataLoader batch, else the whole run as one time window;
+* its parts: ``DataLoader.__iter__`` / ``__next__`` (data_wait), the forward of the top-level
+  modules found in the caller's frames (forward), ``torch.autograd.backward`` / ``grad``
+  (backward), the optimizer's step (optimizer), torch.distributed's collectives (comm), and
+  ``.item()`` / ``.tolist()`` / ``bool()`` / ``.cpu()`` of a tensor on a device (not the CPU:
+  nothing waits there) and ``cuda.synchronize`` (sync, by file:line). The main thread's time goes to the innermost part it is in, ``host`` when
+  in none, so the parts sum to the step's time; our own work between and inside steps is kept out.
+
+In the profiled steps only: torch.profiler (ProfilerStep#N ranges with our step numbers), the
+phase segments (to place GPU idle time), gradient sums per parameter (the optimizer's pre-hook),
+CUDA peak memory per step and the allocator's history (a memory snapshot at the end).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+
+perf = time.perf_counter
+AGENT_FILE = os.path.abspath(__file__)
+if AGENT_FILE.endswith((".pyc", ".pyo")):
+    AGENT_FILE = AGENT_FILE[:-1]
+#: torch.distributed functions timed as communication.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "reduce", "barrier", "all_to_all",
+               "all_to_all_single", "gather", "gather_object", "scatter", "scatter_object_list", "send", "recv",
+               "monitored_barrier")
+#: Tensor methods that make the host wait for the device (``cpu`` only on a device tensor).
+SYNC_METHODS = ("item", "tolist", "__bool__", "cpu")
+#: Steps kept in memory before they are written out (also flushed every FLUSH_S seconds).
+FLUSH_STEPS, FLUSH_S = 64, 1.0
+#: Frames looked through for the model and loss modules when the first optimizer step comes.
+SCAN_DEPTH = 40
+#: Steps written out: the first KEEP_FIRST, the KEEP_BEFORE before the window, and KEEP_AFTER after it;
+#: the others are counted only (a long job's files stay small: a line is about 300 bytes).
+KEEP_FIRST, KEEP_BEFORE, KEEP_AFTER = 60, 10, 200
+#: Step times kept in memory for the warm-up decision.
+KEEP_TIMES = 64
+
+
+def _noop_compiling() -> bool:
+    return False
+
+
+class Agent:
+    """One process' instrumentation; a forked child (a DataLoader worker) keeps only the worker timing."""
+
+    def __init__(self, torch, run_dir: str, protocol):
+        self.torch, self.run_dir, self.P = torch, run_dir, protocol
+        self.cfg = protocol.AttachConfig.read(run_dir)
+        self.pid = os.getpid()
+        self.child = False  # a forked copy (DataLoader worker): main-thread instrumentation off
+        self.active = True
+        self.main = threading.main_thread().ident
+        self.t_start = perf()
+        self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        self.proc_dir = os.path.join(run_dir, f"{protocol.PROC_PREFIX}{self.pid}")
+        self.lock = threading.Lock()
+        # the step in progress
+        self.mode = None  # one of protocol.BOUNDARIES once known
+        self.mode_detail = ""
+        self.completed = 0
+        self.stack: list[str] = []
+        self.acc = dict.fromkeys(protocol.PHASES, 0.0)
+        self.t0 = self.t_last = self.t_start
+        self.step_tool = 0.0
+        self.syncs: dict[str, list] = {}
+        self.batches = 0
+        self.events = 0  # instrumented main-thread events seen (a process with none writes nothing)
+        # optimizer cycle
+        self.seq: list[int] = []
+        self.cycle: int | None = None
+        self.snap = None
+        self.optimizers: dict[int, dict] = {}
+        self.roots: list = []
+        self.root_info: list[dict] = []
+        self.param_names: dict[int, tuple] = {}
+        self.main_root = None
+        self.fwd_depth: dict[int, int] = {}
+        # the window
+        self.state = "warming up"
+        self.window = None  # (first, last)
+        self.window_note = ""
+        self.prof = None
+        self.step_rf = None
+        self.segs = None
+        self.grad_steps: list = []
+        self.step_times: list = []  # (n, ms) of completed steps, for the warm-up decision
+        self.window_file = os.path.join(run_dir, protocol.WINDOW)
+        self.decided: int | None = None  # the first profiled step, once decided
+        self.decider = os.environ.get("LOCAL_RANK", "0") == "0"
+        distributed = os.environ.get("WORLD_SIZE", "1") not in ("", "1")
+        self.lead = 2 if distributed else 1
+        # records
+        self.lines: list[str] = []
+        self.last_flush = self.last_status = 0.0
+        self.notes: list[str] = []
+        self.loaders: dict[int, dict] = {}
+        self.batch_sizes: dict[int, int] = {}
+        self.tool_outside = 0.0
+        self.exports: dict = {}
+        self.oom = None
+        self.worker_lines: list[str] = []
+        self.worker_flush = perf()
+        self.collate_s = 0.0
+        self.autocast = None
+        self.compiles_at_window = None
+        self.finished = False
+        self.cuda = False
+        self.busy = False  # our own work runs: our wrappers let the calls through untimed
+        try:
+            self.is_compiling = torch.compiler.is_compiling
+        except AttributeError:
+            self.is_compiling = _noop_compiling
+
+    # ------------------------------------------------------------------ failures of ours
+    def fail(self, where: str, exc: BaseException | None = None) -> None:
+        """Our own failure: written down, instrumentation off, the job goes on."""
+        self.active = False
+        try:
+            os.makedirs(self.proc_dir, exist_ok=True)
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)) if exc else ""
+            with open(os.path.join(self.proc_dir, self.P.ERRORS), "a") as f:
+                f.write(json.dumps({"where": where, "error": f"{type(exc).__name__}: {exc}" if exc else where,
+                                    "traceback": text[-4000:], "step": self.completed}) + "\n")
+        except Exception:
+            pass
+        try:
+            self._stop_window(aborted=True)
+        except Exception:
+            pass
+
+    def ok(self) -> bool:
+        """Instrument this call: our instrumentation is on, on the main thread, and the call is the script's
+        (not ours: reading the gradient statistics back calls .cpu() on a device tensor)."""
+        return self.active and not self.child and not self.busy and threading.get_ident() == self.main
+
+    # ------------------------------------------------------------------ phases
+    def enter(self, phase: str) -> None:
+        now = perf()
+        st = self.stack
+        self.acc[st[-1] if st else "host"] += now - self.t_last
+        self.t_last = now
+        st.append(phase)
+        self.events += 1
+        if self.segs is not None:
+            self.segs.append((now, phase))
+
+    def leave(self) -> float:
+        now = perf()
+        st = self.stack
+        top = st.pop() if st else "host"
+        self.acc[top] += now - self.t_last
+        self.t_last = now
+        if self.segs is not None:
+            self.segs.append((now, st[-1] if st else "host"))
+        return now
+
+    def tool(self, t_begin: float) -> None:
+        """Our own work inside a step, from t_begin to now: kept out of the step's parts and time."""
+        spent = perf() - t_begin
+        self.step_tool += spent
+        self.t_last += spent
+
+    # ------------------------------------------------------------------ steps
+    def _keep(self, n: int) -> bool:
+        """Whether step n is written out (see KEEP_FIRST)."""
+        if n <= KEEP_FIRST:
+            return True
+        first = self.window[0] if self.window else self.cfg.at
+        if first is None:
+            return self.state == "warming up"  # warm-up ends by max_warmup: never long
+        return first - KEEP_BEFORE <= n <= (self.window[1] if self.window else first + self.cfg.steps) + KEEP_AFTER
+
+    def _record(self, t0: float, t1: float, acc: dict, syncs: dict, tool: float, batches: int) -> None:
+        n = self.completed = self.completed + 1
+        profiled = self.window is not None and self.state == "profiling" and self.window[0] <= n <= self.window[1]
+        if len(self.step_times) > KEEP_TIMES:
+            del self.step_times[:-KEEP_TIMES]
+        if not self._keep(n):
+            self.step_times.append((n, (t1 - t0 - tool) * 1e3, None))
+            return
+        rec = {"n": n, "t0": t0, "t1": t1, "ms": {k: v * 1e3 for k, v in acc.items()}, "tool_ms": tool * 1e3,
+               "syncs": [[loc, c, s * 1e3] for loc, (c, s) in syncs.items()], "p": profiled, "b": batches,
+               "c": self._compiles()}
+        torch = self.torch
+        if profiled and self.cuda:  # the peak since the step began (reset at its start: window only)
+            try:
+                rec["mem"] = torch.cuda.max_memory_allocated()
+            except Exception:
+                pass
+        elif profiled:
+            rec["rss"] = _rss()
+        self.lines.append(json.dumps(rec))
+        self.step_times.append((n, (t1 - t0 - tool) * 1e3, rec["c"]))
+
+    def close(self, now: float) -> None:
+        """The step in progress ends now; then the window's work; the next step starts after it."""
+        self._record(self.t0, now, self.acc, self.syncs, self.step_tool, self.batches)
+        self._reset_step()
+        self._between(now)
+
+    def close_retro(self) -> None:
+        """The iteration ended at the last optimizer post-hook (an optimizer stepped again): the step is
+        recorded up to then, and what came after starts the next one."""
+        t, acc, syncs, tool, batches = self.snap
+        now_acc = {k: self.acc[k] - acc[k] for k in self.acc}
+        rest_syncs = {k: [v[0] - syncs.get(k, (0, 0))[0], v[1] - syncs.get(k, (0, 0))[1]]
+                      for k, v in self.syncs.items() if v[0] - syncs.get(k, (0, 0))[0] > 0}
+        self._record(self.t0, t, acc, syncs, tool, batches)
+        self.acc, self.syncs = now_acc, rest_syncs
+        self.step_tool -= tool
+        self.batches -= batches
+        self.t0 = t
+        if self.cycle is None:
+            self.cycle = max(1, len(self.seq))
+        self.seq = []
+        self.snap = None
+        self._between(None)
+
+    def _reset_step(self) -> None:
+        self.acc = dict.fromkeys(self.P.PHASES, 0.0)
+        self.syncs = {}
+        self.step_tool = 0.0
+        self.batches = 0
+        self.seq = []
+        self.snap = None
+
+    def _between(self, ended: float | None) -> None:
+        """Between two steps: the warm-up decision, the window, the live status, the files."""
+        t = perf()
+        self.busy = True
+        try:
+            if _OOM_PENDING and self.torch.cuda.is_initialized():
+                attach_oom_observer(self)
+            self._window_control()
+            if t - self.last_flush > FLUSH_S or len(self.lines) >= FLUSH_STEPS:
+                self.flush()
+            if t - self.last_status > self.P.STATUS_EVERY_S:
+                self._status()
+        except Exception as e:
+            self.fail("between steps", e)
+        finally:
+            self.busy = False
+        now = perf()
+        if ended is not None:  # a live boundary: the next step starts now, our work left out
+            self.tool_outside += now - ended
+            self.t0 = self.t_last = now
+        else:  # a retro boundary: the step started at the snapshot; our time here is tool time inside it
+            self.step_tool += now - t
+            self.t_last += now - t
+        if self.state == "profiling" and self.prof is not None:
+            self._begin_profiled_step(restart=ended is not None)
+
+    def _compiles(self) -> int | None:
+        dyn = sys.modules.get("torch._dynamo.utils")
+        if dyn is None:
+            return None
+        try:
+            return int(dyn.counters["stats"]["unique_graphs"])
+        except Exception:
+            return None
+
+    # ------------------------------------------------------------------ the window
+    def _window_control(self) -> None:
+        n = self.completed
+        if self.state == "warming up":
+            first = self._decide(n)
+            if first is not None and n + 1 >= first:
+                if n + 1 > first:
+                    self.window_note = (f"the window was decided for step {first} and read at step {n + 1}: "
+                                        f"profiled from step {n + 1}")
+                self._start_window(n + 1)
+        elif self.state == "profiling":
+            if self.step_rf is not None:
+                self.step_rf.__exit__(None, None, None)
+                self.step_rf = None
+            if n >= self.window[1]:
+                self._stop_window()
+
+    def _decide(self, n: int) -> int | None:
+        """The first profiled step once known: --at, the deciding process' choice, or our own (once
+        decided, kept: a decision made two steps ahead must not be judged again meanwhile)."""
+        if self.decided is None:
+            self.decided = self._decide_now(n)
+        return self.decided
+
+    def _decide_now(self, n: int) -> int | None:
+        cfg = self.cfg
+        if cfg.at is not None:
+            return cfg.at
+        if not self.decider:
+            if os.path.exists(self.window_file):
+                got = self.P.read_json(self.window_file, {})
+                if isinstance(got.get("first"), int):
+                    self.window_reason = got.get("reason", "")
+                    return got["first"]
+            if n < cfg.max_warmup + 2 * self.lead:
+                return None
+            self.notes.append("the deciding process (LOCAL_RANK 0) chose no window in time: this process chose its own")
+        first, reason = self._stable(n)
+        if first is None:
+            return None
+        self.window_reason = reason
+        self.P.write_json(self.window_file, {"first": first, "last": first + cfg.steps - 1, "decided_at": n,
+                                             "reason": reason, "pid": self.pid})
+        return first
+
+    def _stable(self, n: int):
+        cfg = self.cfg
+        recent = [(ms, c) for k, ms, c in self.step_times if k > cfg.min_warmup][-cfg.stable_steps:]
+        if n >= cfg.max_warmup:
+            return n + self.lead, (f"step times had not settled after {cfg.max_warmup} steps (the most warm-up "
+                                   "allowed): profiled from there")
+        if len(recent) < cfg.stable_steps:
+            return None, ""
+        last = [ms for ms, _ in recent]
+        med = sorted(last)[len(last) // 2]
+        spread = max(abs(x - med) for x in last) / med if med > 0 else 0.0
+        if spread > cfg.stable_tol or len({c for _, c in recent}) > 1:  # still changing, or still compiling
+            return None, ""
+        return n + self.lead, (f"steps {n - cfg.stable_steps + 1}-{n} within {spread:.0%} of their median "
+                               f"{med:.2f} ms (stable: within {cfg.stable_tol:.0%})")
+
+    def _rank(self):
+        torch = self.torch
+        try:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                return dist.get_rank(), dist.get_world_size()
+        except Exception:
+            pass
+        r, w = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        if r is not None and w not in (None, "", "1"):
+            try:
+                return int(r), int(w)
+            except ValueError:
+                pass
+        return None, None
+
+    def _start_window(self, first: int) -> None:
+        torch = self.torch
+        self.window = (first, first + self.cfg.steps - 1)
+        self.state = "profiling"
+        self.compiles_at_window = self._compiles()
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self.cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+            if self.cfg.memory:
+                try:
+                    # Python stacks only: C++ unwinding at every allocation would slow the window down
+                    torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=200_000)
+                    self.memory_history = True
+                except Exception as e:
+                    self.notes.append(f"CUDA memory history not recorded: {type(e).__name__}: {e}")
+        self.segs = []
+        self.grad_steps = []
+        self.prof = torch.profiler.profile(activities=acts, record_shapes=True, profile_memory=True,
+                                           with_stack=bool(self.cfg.stacks))
+        self.prof.start()
+        self._status(force=True)
+
+    def _begin_profiled_step(self, restart: bool) -> None:
+        n = self.completed + 1
+        if self.window is None or not (self.window[0] <= n <= self.window[1]):
+            return
+        if self.cuda:
+            try:  # the step's own peak; the script's later max_memory_allocated() counts from the window's end
+                self.torch.cuda.reset_peak_memory_stats()
+            except Exception:
+                pass
+        self.step_rf = self.torch.autograd.profiler.record_function(f"ProfilerStep#{n}")
+        self.step_rf.__enter__()
+        if restart:  # the step starts with its range (a retro boundary's step started before)
+            now = perf()
+            self.tool_outside += now - self.t0
+            self.t0 = self.t_last = now
+        self.segs.append((self.t0, self.stack[-1] if self.stack else "host", n))
+
+    def _stop_window(self, aborted: bool = False) -> None:
+        if self.prof is None:
+            return
+        prof, self.prof = self.prof, None
+        torch = self.torch
+        if self.step_rf is not None:
+            try:
+                self.step_rf.__exit__(None, None, None)
+            except Exception:
+                pass
+            self.step_rf = None
+        rank, world = self._rank()
+        self.rank, self.world = rank, world
+        prof.stop()
+        name = self.P.rank_trace_name(rank)
+        path = os.path.join(self.run_dir, name)
+        if rank is None and os.path.exists(path):
+            name = f"pid{self.pid}.{self.P.TRACE}"
+            path = os.path.join(self.run_dir, name)
+        t = perf()
+        prof.export_chrome_trace(path)
+        self.exports["trace"] = name
+        self.exports["export_s"] = perf() - t
+        if getattr(self, "memory_history", False):
+            snap = os.path.join(self.run_dir, self.P.rank_file(self.P.SNAPSHOT, rank))
+            try:
+                torch.cuda.memory._dump_snapshot(snap)
+                self.exports["snapshot"] = os.path.basename(snap)
+            except Exception as e:
+                self.notes.append(f"the memory snapshot could not be written: {type(e).__name__}: {e}")
+            try:
+                torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                pass
+            self.memory_history = False
+        segs, self.segs = self.segs, None
+        os.makedirs(self.proc_dir, exist_ok=True)
+        self.P.write_json(os.path.join(self.proc_dir, self.P.SEGMENTS), {"segments": segs or []})
+        self._write_grads()
+        self.state = "running" if not aborted else "aborted"
+        if aborted:
+            self.notes.append("the profiled window was cut short: " + ("the script ended first"
+                              if self.finished else "an error of ours stopped it"))
+        self.write_meta()
+        self._status(force=True)
+
+    # ------------------------------------------------------------------ gradients (profiled steps)
+    def grad_stats(self, opt) -> None:
+        torch = self.torch
+        params = [p for g in opt.param_groups for p in g["params"]
+                  if getattr(p, "grad", None) is not None and not p.grad.is_sparse]
+        if not params:
+            return
+        grads = [p.grad.detach() for p in params]
+        with torch.no_grad():
+            by_dtype: dict = {}
+            for i, g in enumerate(grads):
+                by_dtype.setdefault((g.device, g.dtype), []).append(i)
+            rows = [None] * len(grads)
+            for idx in by_dtype.values():
+                gs = [grads[i] for i in idx]
+                n2 = torch._foreach_norm(gs, 2)
+                n1 = torch._foreach_norm(gs, 1)
+                ninf = torch._foreach_norm(gs, float("inf"))
+                for j, i in enumerate(idx):
+                    g = gs[j]
+                    rows[i] = torch.stack([n2[j].float(), n1[j].float(), ninf[j].float(), (g == 0).sum().float(),
+                                           g.isnan().sum().float(), g.isinf().sum().float()])
+            self.grad_steps.append((self.completed + 1, [id(p) for p in params], [p.numel() for p in params],
+                                    torch.stack([r.to(rows[0].device) for r in rows])))
+
+    def _write_grads(self) -> None:
+        if not self.grad_steps:
+            return
+        out = []
+        for n, ids, numels, t in self.grad_steps:
+            values = t.cpu().tolist()
+            out.append({"step": n, "params": [
+                {"name": self.param_names.get(pid, (f"param{k}", ""))[0],
+                 "type": self.param_names.get(pid, ("", ""))[1], "numel": numels[k],
+                 "norm": v[0], "abs_sum": v[1], "max": v[2], "zeros": int(v[3]), "nan": int(v[4]), "inf": int(v[5])}
+                for k, (pid, v) in enumerate(zip(ids, values))]})
+        self.grad_steps = []
+        self.P.write_json(os.path.join(self.proc_dir, self.P.GRADS), {"steps": out})
+
+    # ------------------------------------------------------------------ discovery
+    def discover(self, frame) -> None:
+        """The model and loss modules: nn.Modules in the caller's frames (locals, module globals, and
+        the attributes of ``self``) that no other found module contains. Their forward is timed."""
+        nn = self.torch.nn
+        found: dict[int, object] = {}
+
+        def take(v):
+            if isinstance(v, nn.Module):
+                found.setdefault(id(v), v)
+            elif isinstance(v, (list, tuple)) and len(v) <= 16:
+                for x in v:
+                    if isinstance(x, nn.Module):
+                        found.setdefault(id(x), x)
+
+        f, depth = frame, 0
+        while f is not None and depth < SCAN_DEPTH:
+            name = f.f_code.co_filename
+            if not name.startswith(self.torch_dir) and name != AGENT_FILE:
+                for v in list(f.f_locals.values()):
+                    take(v)
+                    if v is f.f_locals.get("self") and hasattr(v, "__dict__") and not isinstance(v, nn.Module):
+                        for a in list(vars(v).values()):
+                            take(a)
+                if f.f_back is None or f.f_globals.get("__name__") == "__main__":
+                    for v in list(f.f_globals.values()):
+                        take(v)
+            f, depth = f.f_back, depth + 1
+        inner = set()
+        for m in found.values():
+            inner.update(id(s) for s in m.modules() if s is not m)
+        roots = [m for k, m in found.items() if k not in inner]
+        for m in roots:
+            if any(m is r for r in self.roots):
+                continue
+            self.roots.append(m)
+            self._hook_forward(m)
+            n_params = sum(p.numel() for p in m.parameters())
+            self.root_info.append({"type": type(m).__name__, "params": n_params})
+            prefix = "" if len(roots) == 1 else f"{type(m).__name__}."
+            for pname, p in m.named_parameters():
+                owner = pname.rsplit(".", 1)[0] if "." in pname else "(model)"
+                try:
+                    mtype = type(m.get_submodule(owner)).__name__ if owner != "(model)" else type(m).__name__
+                except Exception:
+                    mtype = ""
+                self.param_names.setdefault(id(p), (prefix + pname, mtype))
+
+    def _hook_forward(self, module) -> None:
+        agent = self
+
+        depth = agent.fwd_depth
+
+        def pre(mod, args):
+            if agent.is_compiling() or not agent.ok():
+                return
+            try:
+                agent.enter("forward")
+                depth[id(mod)] = depth.get(id(mod), 0) + 1
+                if agent.state == "profiling" and agent.autocast is None:
+                    agent.autocast = _autocast(agent.torch)
+            except Exception as e:
+                agent.fail("forward pre-hook", e)
+
+        def post(mod, args, out):
+            if agent.is_compiling() or not depth.get(id(mod)):
+                return
+            try:
+                depth[id(mod)] -= 1
+                if not agent.active:
+                    return
+                now = agent.leave()
+                if agent.mode == "forward" and mod is agent.main_root and not agent.stack:
+                    agent.close(now)
+            except Exception as e:
+                agent.fail("forward hook", e)
+
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post, always_call=True)
+
+    # ------------------------------------------------------------------ optimizer hooks
+    def on_opt_pre(self, opt) -> None:
+        if not self.optimizers:
+            if threading.get_ident() != self.main:
+                self.main = threading.get_ident()
+            self._first_optimizer(opt)
+        key = id(opt)
+        if key not in self.optimizers:
+            self._describe_optimizer(opt)
+        if key in self.seq and self.mode == "optimizer":
+            self.close_retro()
+        if self.state == "profiling" and self.cfg.grads and self.prof is not None:
+            t = perf()
+            self.busy = True
+            try:
+                with self.torch.autograd.profiler.record_function("torchscope: gradient statistics"):
+                    self.grad_stats(opt)  # named in the trace: our kernels, not the script's
+            except Exception as e:
+                self.notes.append(f"gradient statistics stopped: {type(e).__name__}: {e}")
+                self.cfg = type(self.cfg)(**{**self.cfg.to_dict(), "grads": False})
+            finally:
+                self.busy = False
+            self.tool(t)
+        self.enter("optimizer")
+
+    def on_opt_post(self, opt) -> None:
+        now = self.leave()
+        if self.mode != "optimizer":
+            return
+        self.seq.append(id(opt))
+        self.snap = (now, dict(self.acc), {k: list(v) for k, v in self.syncs.items()}, self.step_tool, self.batches)
+        if self.cycle is not None and len(self.seq) >= self.cycle and not self.stack:
+            self.close(now)
+
+    def _first_optimizer(self, opt) -> None:
+        if self.mode in (None, "time window") or (self.mode in ("forward", "batch") and self.window is None):
+            if self.mode in ("forward", "batch"):
+                self.notes.append(f"an optimizer first stepped after {self.completed} {self.mode} steps: from "
+                                  "then on, steps end at the optimizer's step")
+            self.mode = "optimizer"
+            self.completed = 0
+            self.step_times = []
+        try:
+            self.discover(sys._getframe())
+        except Exception as e:
+            self.notes.append(f"the model's modules were not found in the caller's frames ({type(e).__name__}: "
+                              f"{e}): forward is not told apart from host")
+
+    def _describe_optimizer(self, opt) -> None:
+        groups = []
+        dtypes: dict[str, int] = {}
+        devices: dict[str, int] = {}
+        n = 0
+        for g in opt.param_groups:
+            groups.append({k: v for k, v in g.items() if k != "params" and isinstance(v, (int, float, str, bool,
+                                                                                       type(None), tuple, list))})
+            for p in g["params"]:
+                n += p.numel()
+                dtypes[str(p.dtype).replace("torch.", "")] = dtypes.get(str(p.dtype).replace("torch.", ""), 0) + p.numel()
+                devices[p.device.type] = devices.get(p.device.type, 0) + p.numel()
+                if id(p) not in self.param_names:
+                    self.param_names[id(p)] = (f"{type(opt).__name__}{len(self.optimizers)}.param{len(self.param_names)}", "")
+        self.optimizers[id(opt)] = {"type": type(opt).__name__, "module": type(opt).__module__, "params": n,
+                                    "groups": groups[:8], "param_dtypes": dtypes, "devices": devices,
+                                    "order": len(self.optimizers)}
+        try:
+            self.write_meta()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ fallback boundaries
+    def fallback_watch(self) -> None:
+        """A thread: with no optimizer step after fallback_after_s, end steps at the main module's
+        forward (found in the main thread's frames), else at DataLoader batches."""
+        deadline = self.t_start + self.cfg.fallback_after_s
+        while True:
+            time.sleep(max(0.05, deadline - perf()))
+            if self.mode is not None or not self.active or self.child or self.finished:
+                return
+            if self.events == 0 and not self.batches:
+                deadline = perf() + self.cfg.fallback_after_s  # nothing of ours ran yet: wait on
+                if perf() - self.t_start > 30 * self.cfg.fallback_after_s + 60:
+                    return
+                continue
+            try:
+                frame = sys._current_frames().get(self.main)
+                self.discover(frame)
+                if self.roots:
+                    self.main_root = max(self.roots, key=lambda m: sum(p.numel() for p in m.parameters()))
+                    self.mode = "forward"
+                    self.mode_detail = f"the end of {type(self.main_root).__name__}.forward"
+                    self.notes.append(f"no optimizer stepped in the first {self.cfg.fallback_after_s:g} s: steps end "
+                                      f"at the end of {type(self.main_root).__name__}.forward (the top-level module)")
+                elif self.loaders:
+                    self.mode = "batch"
+                    self.mode_detail = "each DataLoader batch"
+                    self.notes.append(f"no optimizer stepped and no module was found in the first "
+                                      f"{self.cfg.fallback_after_s:g} s: a step is one DataLoader batch")
+                else:
+                    return
+                self.completed = 0
+                self.step_times = []
+            except Exception as e:
+                self.fail("fallback boundary", e)
+            return
+
+    # ------------------------------------------------------------------ files
+    def flush(self) -> None:
+        self.last_flush = perf()
+        if not self.lines:
+            return
+        os.makedirs(self.proc_dir, exist_ok=True)
+        lines, self.lines = self.lines, []
+        with open(os.path.join(self.proc_dir, self.P.STEPS), "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def _status(self, force: bool = False) -> None:
+        now = perf()
+        if not force and now - self.last_status < self.P.STATUS_EVERY_S:
+            return
+        self.last_status = now
+        os.makedirs(self.proc_dir, exist_ok=True)
+        self.P.write_json(os.path.join(self.proc_dir, self.P.STATUS), {
+            "phase": self.state, "step": self.completed, "window": self.window, "pid": self.pid,
+            "rank": os.environ.get("RANK"), "boundary": self.mode, "time": time.time()})
+
+    def write_meta(self) -> None:
+        if self.events == 0 and self.mode is None:
+            return
+        os.makedirs(self.proc_dir, exist_ok=True)
+        rank, world = getattr(self, "rank", None), getattr(self, "world", None)
+        if rank is None:
+            rank, world = self._rank()
+        torch = self.torch
+        meta = {
+            "pid": self.pid, "ppid": os.getppid(), "argv": list(sys.argv), "cwd": os.getcwd(),
+            "rank": rank, "world_size": world, "local_rank": os.environ.get("LOCAL_RANK"),
+            "boundary": self.mode, "boundary_detail": self.mode_detail, "cycle": self.cycle,
+            "steps_seen": self.completed, "state": self.state, "window": self.window,
+            "window_reason": getattr(self, "window_reason", ""), "window_note": self.window_note,
+            "optimizers": sorted(self.optimizers.values(), key=lambda o: o["order"]),
+            "roots": self.root_info, "loaders": list(self.loaders.values()),
+            "batch_sizes": {str(k): v for k, v in self.batch_sizes.items()},
+            "autocast": self.autocast, "cuda": bool(torch.cuda.is_available() and torch.cuda.is_initialized()),
+            "device_name": _device_name(torch), "torch": torch.__version__,
+            "tool_outside_s": self.tool_outside, "exports": self.exports, "oom": self.oom,
+            "notes": self.notes, "compiles_at_window": self.compiles_at_window, "compiles": self._compiles(),
+            "finished": self.finished, "events": self.events, "elapsed_s": perf() - self.t_start,
+            "clock": {"perf": perf(), "time": time.time()},
+        }
+        self.P.write_json(os.path.join(self.proc_dir, self.P.META), meta)
+
+    def finish(self) -> None:
+        """At exit (also after an uncaught exception): the open step, the window, every file."""
+        if self.child or self.finished:
+            return
+        self.finished = True
+        self.busy = True
+        try:
+            if self.events == 0 and self.mode is None:
+                return
+            if self.mode is None:
+                self.mode = "time window"
+                self.mode_detail = "the whole run (no optimizer step, module or DataLoader batch ended a step)"
+                self._record(self.t0, perf(), self.acc, self.syncs, self.step_tool, self.batches)
+            else:
+                # the step in progress, unfinished: kept apart (not a whole step)
+                partial = {"n": self.completed + 1, "t0": self.t0, "t1": perf(),
+                           "ms": {k: v * 1e3 for k, v in self.acc.items()}, "partial": True}
+                self.lines.append(json.dumps(partial))
+            if self.prof is not None:
+                self._stop_window(aborted=True)
+            self.flush()
+            self.write_meta()
+            self._status(force=True)
+        except Exception as e:
+            self.fail("at exit", e)
+
+    # ------------------------------------------------------------------ DataLoader workers
+    def worker_batch(self, t0: float, t1: float, collate_s: float, worker: int, n: int) -> None:
+        self.worker_lines.append(f"[{t0:.6f},{t1:.6f},{collate_s:.6f},{worker},{n},{os.getppid()}]")
+        if t1 - self.worker_flush > self.P.WORKER_FLUSH_S:
+            self.flush_workers()
+
+    def flush_workers(self) -> None:
+        self.worker_flush = perf()
+        if not self.worker_lines:
+            return
+        d = os.path.join(self.run_dir, self.P.WORKERS)
+        os.makedirs(d, exist_ok=True)
+        lines, self.worker_lines = self.worker_lines, []
+        with open(os.path.join(d, f"{os.getpid()}.jsonl"), "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+    def after_fork(self) -> None:
+        self.child = True
+        self.prof = None
+        self.step_rf = None
+        self.lines = []
+        self.worker_lines = []
+
+
+# ---------------------------------------------------------------------- helpers
+def _rss() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _device_name(torch) -> str | None:
+    try:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return torch.cuda.get_device_name(torch.cuda.current_device())
+    except Exception:
+        pass
+    return None
+
+
+def _autocast(torch) -> dict | None:
+    out = {}
+    for dev in ("cuda", "cpu"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                out[dev] = str(torch.get_autocast_dtype(dev)).replace("torch.", "")
+        except Exception:
+            pass
+    return out
+
+
+def _first_tensor(x, torch, depth: int = 0):
+    if isinstance(x, torch.Tensor):
+        return x
+    if depth > 2:
+        return None
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, (list, tuple)):
+        for v in x[:8]:
+            t = _first_tensor(v, torch, depth + 1)
+            if t is not None:
+                return t
+    return None
+
+
+def _location(frame, torch_dir: str) -> str:
+    """file:line of the first frame outside torch (and outside this file)."""
+    f, k = frame, 0
+    while f is not None and k < 20 and (f.f_code.co_filename.startswith(torch_dir) or f.f_code.co_filename == AGENT_FILE):
+        f, k = f.f_back, k + 1
+    f = f or frame
+    return f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+def _prune(tb):
+    """A traceback without the frames of this file (our wrappers), so the user reads their own."""
+    head = prev = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != AGENT_FILE:
+            if prev is None:
+                head = tb
+            else:
+                prev.tb_next = tb
+            prev = tb
+        tb = tb.tb_next
+    if prev is not None:
+        prev.tb_next = None
+    return head
+
+
+def _prune_chain(exc, seen=None) -> None:
+    seen = seen if seen is not None else set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            exc.__traceback__ = _prune(exc.__traceback__)
+        if exc.__cause__ is not None:
+            _prune_chain(exc.__cause__, seen)
+        exc = exc.__context__
+
+
+# ---------------------------------------------------------------------- installation
+def install(torch, run_dir: str, protocol) -> Agent:
+    """Install every hook in this process (torch has just been imported)."""
+    agent = Agent(torch, run_dir, protocol)
+    _install_optimizer(agent)
+    _install_autograd(agent)
+    _install_dataloader(agent)
+    _install_syncs(agent)
+    _install_collectives(agent)
+    _install_exit(agent)
+    os.register_at_fork(after_in_child=agent.after_fork)
+    threading.Thread(target=_guarded(agent, agent.fallback_watch), daemon=True, name="torchscope-attach").start()
+    return agent
+
+
+def _guarded(agent, fn):
+    def run():
+        try:
+            fn()
+        except Exception as e:
+            agent.fail(getattr(fn, "__name__", "thread"), e)
+    return run
+
+
+def _install_optimizer(agent: Agent) -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def pre(opt, args, kwargs):
+        if agent.is_compiling() or not agent.active or agent.child:
+            return
+        if agent.optimizers and threading.get_ident() != agent.main:
+            return
+        try:
+            agent.on_opt_pre(opt)
+        except Exception as e:
+            agent.fail("optimizer pre-hook", e)
+
+    def post(opt, args, kwargs):
+        if agent.is_compiling() or not agent.ok():
+            return
+        try:
+            agent.on_opt_post(opt)
+        except Exception as e:
+            agent.fail("optimizer post-hook", e)
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
+
+
+def _phase_wrapper(agent: Agent, orig, phase: str):
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if agent.is_compiling() or not agent.ok():
+            return orig(*args, **kwargs)
+        try:
+            agent.enter(phase)
+        except Exception as e:
+            agent.fail(phase, e)
+            return orig(*args, **kwargs)
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            if agent.active:
+                agent.leave()
+    return wrapper
+
+
+def _install_autograd(agent: Agent) -> None:
+    autograd = agent.torch.autograd
+    autograd.backward = _phase_wrapper(agent, autograd.backward, "backward")
+    autograd.grad = _phase_wrapper(agent, autograd.grad, "backward")
+
+
+def _install_dataloader(agent: Agent) -> None:
+    torch = agent.torch
+    from torch.utils.data import dataloader as dl
+    from torch.utils.data._utils import worker as wk
+
+    base_next = dl._BaseDataLoaderIter.__next__
+
+    @functools.wraps(base_next)
+    def __next__(self):
+        if agent.is_compiling() or not agent.ok():
+            return base_next(self)
+        try:
+            if agent.mode == "batch":
+                agent.close(perf())
+            agent.enter("data_wait")
+        except Exception as e:
+            agent.fail("DataLoader.__next__", e)
+            return base_next(self)
+        try:
+            batch = base_next(self)
+        finally:
+            if agent.active:
+                agent.leave()
+        try:
+            agent.batches += 1
+            key = id(getattr(self, "_torchscope_loader", self))
+            if key not in agent.batch_sizes or agent.state == "profiling":
+                t = _first_tensor(batch, torch)
+                if t is not None and t.dim() > 0:
+                    agent.batch_sizes[key] = int(t.shape[0])
+        except Exception as e:
+            agent.fail("DataLoader batch", e)
+        return batch
+
+    dl._BaseDataLoaderIter.__next__ = __next__
+
+    loader_iter = dl.DataLoader.__iter__
+
+    @functools.wraps(loader_iter)
+    def __iter__(self):
+        if agent.is_compiling() or not agent.ok():
+            return loader_iter(self)
+        t = perf()
+        try:
+            agent.enter("data_wait")
+        except Exception as e:
+            agent.fail("DataLoader.__iter__", e)
+            return loader_iter(self)
+        try:
+            it = loader_iter(self)
+        finally:
+            if agent.active:
+                agent.leave()
+        try:
+            info = agent.loaders.get(id(self))
+            if info is None:
+                info = agent.loaders[id(self)] = {
+                    "id": id(self), "batch_size": self.batch_size, "num_workers": self.num_workers,
+                    "pin_memory": bool(self.pin_memory), "persistent_workers": bool(self.persistent_workers),
+                    "prefetch_factor": self.prefetch_factor, "drop_last": bool(self.drop_last),
+                    "dataset": type(self.dataset).__name__, "iter_starts_ms": [], "iters": 0,
+                    "multiprocessing_context": str(getattr(self.multiprocessing_context, "_name", None)
+                                                   or self.multiprocessing_context or "default")}
+                try:
+                    info["len"] = len(self)
+                except Exception:
+                    info["len"] = None
+            info["iters"] += 1
+            if len(info["iter_starts_ms"]) < 50:
+                info["iter_starts_ms"].append((perf() - t) * 1e3)
+            try:
+                it._torchscope_loader = self
+            except Exception:
+                pass
+        except Exception as e:
+            agent.fail("DataLoader iterator", e)
+        return it
+
+    dl.DataLoader.__iter__ = __iter__
+
+    worker_loop = wk._worker_loop
+
+    @functools.wraps(worker_loop)
+    def _worker_loop(dataset_kind, dataset, index_queue, data_queue, done_event, auto_collation, collate_fn,
+                     *rest, **kw):
+        worker_id = rest[3] if len(rest) > 3 else kw.get("worker_id", -1)
+        timing = _WorkerTiming(agent, worker_id)
+        try:
+            return worker_loop(dataset_kind, dataset, _TimedGet(index_queue, timing),
+                               _TimedPut(data_queue, timing), done_event, auto_collation,
+                               timing.collate(collate_fn), *rest, **kw)
+        finally:
+            try:
+                agent.flush_workers()
+            except Exception:
+                pass
+
+    wk._worker_loop = _worker_loop
+
+
+class _WorkerTiming:
+    """One DataLoader worker's batches: from taking an index off its queue to putting the batch on
+    the data queue (fetch + collate), and the collate part."""
+
+    def __init__(self, agent: Agent, worker: int):
+        self.agent, self.worker = agent, worker
+        self.t_get = None
+        self.n = 0
+        self.collate_s = 0.0
+
+    def collate(self, fn):
+        if fn is None:
+            return fn
+        timing = self
+
+        def timed_collate(batch):
+            t = perf()
+            try:
+                return fn(batch)
+            finally:
+                timing.collate_s += perf() - t
+        timed_collate.__wrapped__ = fn
+        return timed_collate
+
+
+class _TimedGet:
+    def __init__(self, q, timing: _WorkerTiming):
+        self._q, self._timing = q, timing
+
+    def get(self, *a, **k):
+        r = self._q.get(*a, **k)
+        if isinstance(r, tuple) and len(r) == 2:
+            t = self._timing
+            t.t_get, t.collate_s = perf(), 0.0
+            try:
+                t.n = len(r[1])
+            except TypeError:
+                t.n = 1
+        return r
+
+    def __getattr__(self, name):
+        return getattr(self._q, name)
+
+
+class _TimedPut:
+    def __init__(self, q, timing: _WorkerTiming):
+        self._q, self._timing = q, timing
+
+    def put(self, item, *a, **k):
+        t = self._timing
+        if t.t_get is not None and isinstance(item, tuple) and len(item) == 2:
+            try:
+                t.agent.worker_batch(t.t_get, perf(), t.collate_s, t.worker, t.n)
+            except Exception:
+                pass
+            t.t_get = None
+        return self._q.put(item, *a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._q, name)
+
+
+def _install_syncs(agent: Agent) -> None:
+    torch = agent.torch
+    torch_dir = agent.torch_dir
+
+    def make(orig, name):
+        @functools.wraps(orig)
+        def sync(self, *args, **kwargs):
+            if agent.is_compiling() or not agent.ok():
+                return orig(self, *args, **kwargs)
+            if self is not None and self.device.type == "cpu":  # no device to wait for
+                return orig(self, *args, **kwargs)
+            try:
+                frame = sys._getframe(1)
+                agent.enter("sync")
+                t = agent.t_last
+            except Exception as e:
+                agent.fail("sync", e)
+                return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                if agent.active:
+                    try:
+                        now = agent.leave()
+                        loc = _location(frame, torch_dir)
+                        rec = agent.syncs.get(loc)
+                        if rec is None:
+                            agent.syncs[loc] = [1, now - t]
+                        else:
+                            rec[0] += 1
+                            rec[1] += now - t
+                    except Exception as e:
+                        agent.fail("sync", e)
+        return sync
+
+    for name in SYNC_METHODS:
+        orig = getattr(torch.Tensor, name, None)
+        if orig is not None:
+            setattr(torch.Tensor, name, make(orig, name))
+    if hasattr(torch, "cuda") and hasattr(torch.cuda, "synchronize"):
+        orig_sync = torch.cuda.synchronize
+
+        @functools.wraps(orig_sync)
+        def synchronize(*args, **kwargs):
+            return sync_fn(None, *args, **kwargs)
+
+        sync_fn = make(lambda _self, *a, **k: orig_sync(*a, **k), "synchronize")
+        torch.cuda.synchronize = synchronize
+
+
+def _install_collectives(agent: Agent) -> None:
+    torch = agent.torch
+    try:
+        dist = torch.distributed
+        if not dist.is_available():
+            return
+        import torch.distributed.distributed_c10d as c10d
+    except Exception:
+        return
+    for name in COLLECTIVES:
+        orig = getattr(c10d, name, None)
+        if orig is None:
+            continue
+        wrapped = _phase_wrapper(agent, orig, "comm")
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is orig:
+            setattr(dist, name, wrapped)
+
+
+def _install_exit(agent: Agent) -> None:
+    atexit.register(_guarded(agent, agent.finish))
+    previous = sys.excepthook
+
+    def excepthook(etype, value, tb):
+        try:
+            if value is not None:
+                _prune_chain(value)
+                tb = value.__traceback__
+            if agent.torch.cuda.is_available() and "OutOfMemoryError" in etype.__name__:
+                _dump_oom(agent, f"{etype.__name__}: {value}")
+        except Exception:
+            pass
+        return previous(etype, value, tb)
+
+    # No SIGTERM handler: a Python handler would delay a rank blocked in native code, which torchrun
+    # stops with SIGTERM (bare, it dies at once). What was measured is flushed every FLUSH_S anyway.
+    sys.excepthook = excepthook
+    try:
+        observer = getattr(agent.torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if observer is not None and agent.torch.cuda.is_available():
+            agent.oom_observer = observer
+            _OOM_PENDING.append(agent)
+    except Exception:
+        pass
+
+
+_OOM_PENDING: list = []
+
+
+def attach_oom_observer(agent: Agent) -> None:
+    """Once CUDA is initialised: the allocator's out-of-memory observer dumps a snapshot."""
+    if agent not in _OOM_PENDING:
+        return
+    _OOM_PENDING.remove(agent)
+
+    def on_oom(device, alloc, device_alloc, device_free):
+        _dump_oom(agent, f"CUDA out of memory on device {device}: asked for {alloc} bytes, "
+                         f"{device_alloc} allocated, {device_free} free")
+
+    agent.oom_observer(on_oom)
+
+
+def _dump_oom(agent: Agent, why: str) -> None:
+    if agent.oom is not None:
+        return
+    torch = agent.torch
+    rank, _ = agent._rank()
+    path = os.path.join(agent.run_dir, agent.P.rank_file(agent.P.OOM_SNAPSHOT, rank))
+    agent.oom = {"why": why, "step": agent.completed + 1, "snapshot": None}
+    try:
+        torch.cuda.memory._dump_snapshot(path)
+        agent.oom["snapshot"] = os.path.basename(path)
+    except Exception as e:
+        agent.oom["error"] = f"{type(e).__name__}: {e}"
+    try:
+        agent.write_meta()
+    except Exception:
+        pass

@@ -1,0 +1,298 @@
+"""One attached run from start to stored result: the run is written to the store ('running'), the
+user's command starts with the bootstrap in its environment (same argv, working folder, stdin,
+stdout and stderr: its output passes through live), the live phase is followed, Stop / Ctrl-C /
+a timeout stop the whole process tree, and whatever the outcome, the run folder is analysed and the
+run finished in the store with its result.
+
+Stopping: a first Ctrl-C reaches the script from the terminal as it would bare (the script and
+this process share the terminal's process group); SIGTERM, ``stop``, a timeout, or a Ctrl-C that
+did not come from the terminal send the script SIGINT. If it has not ended STOP_GRACE_S later (or
+at a second Ctrl-C) its whole tree is stopped and killed (diagnostics.procs). This process is the
+subreaper of what the script starts, so nothing it leaves behind (DataLoader workers, torchrun's
+ranks, double-forked helpers) outlives the run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from diagnostics import procs
+from diagnostics.analyses.attach.protocol import LIVE_PHASES, PROC_PREFIX, STATUS, AttachConfig, read_json
+from diagnostics.attach.command import Command, child_environment
+
+#: Seconds a stopped script gets to end on its own (KeyboardInterrupt: its finally blocks, our export)
+#: before its tree is killed.
+STOP_GRACE_S = 10.0
+#: How often the live status is read and the process tree looked at (seconds).
+POLL_S = 0.2
+
+
+@dataclass
+class Live:
+    """The run's live state, for a progress line or the dashboard: phase (LIVE_PHASES), the step the
+    furthest process has completed, the profiled window, the processes that stepped."""
+
+    phase: str = "starting"
+    step: int = 0
+    window: list | None = None
+    processes: int = 0
+    elapsed_s: float = 0.0
+    stopping: str = ""
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Outcome:
+    run_id: str | None
+    run_dir: str
+    exit_code: int | None  # the script's, as a shell reports it (128 + N after signal N); None: never started
+    interrupted: bool
+    duration_s: float
+    result: dict | None = None
+    error: str | None = None  # our failure to analyse (the script's own failure is in exit_code)
+    stop_reason: str = ""
+    leftovers_killed: int = 0
+    notes: list = field(default_factory=list)
+
+
+def read_live(run_dir: Path) -> Live:
+    """The live state from every process' status file."""
+    live = Live()
+    order = {p: i for i, p in enumerate(LIVE_PHASES)}
+    for d in Path(run_dir).glob(f"{PROC_PREFIX}*"):
+        st = read_json(str(d / STATUS), None)
+        if not st:
+            continue
+        live.processes += 1
+        if st.get("step", 0) >= live.step:
+            live.step = st.get("step", 0)
+        if order.get(st.get("phase"), -1) > order.get(live.phase, -1) or live.phase == "starting":
+            live.phase = st.get("phase") or live.phase
+        if st.get("window"):
+            live.window = st["window"]
+    return live
+
+
+class Session:
+    """Run ``command`` attached. ``store``: a diagnostics.store.Store (None: a temporary run folder,
+    nothing recorded); ``on_live(Live)`` is called when the phase or step changes; ``stop`` ends the
+    run as Stop does; ``timeout_s`` likewise after that long."""
+
+    def __init__(self, command: Command, config: AttachConfig, *, store=None, source: str = "cli",
+                 on_live: Callable[[Live], None] | None = None, stop: threading.Event | None = None,
+                 timeout_s: float | None = None, run_dir: str | None = None):
+        self.command, self.config, self.store, self.source = command, config, store, source
+        self.on_live = on_live or (lambda live: None)
+        self.stop_event = stop or threading.Event()
+        self.timeout_s = timeout_s
+        self.run_id = None
+        self._run_dir = run_dir
+        self._interrupts = 0
+        self._stop_reason = ""
+        self._stop_at: float | None = None  # when the grace period ends
+        self._kill_now = False
+        self._seen: dict[int, float] = {}  # pid -> create time of every process seen below the script
+
+    # ------------------------------------------------------------------ the run
+    def start_record(self) -> Path:
+        """The run's row ('running') and folder; the config the bootstrap reads."""
+        if self.store is not None:
+            self.run_id = self.store.create_run(
+                "attach", spec=None, options={"command": list(self.command.argv), "cwd": self.command.cwd,
+                                              "steps": self.config.steps, "at": self.config.at},
+                cache_key=None, model_label=self.command.label, device=None, source=self.source)
+            run_dir = self.store.artifact_dir(self.run_id)
+        else:
+            import tempfile
+
+            run_dir = Path(self._run_dir or tempfile.mkdtemp(prefix="torchscope-attach-"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.config.write(str(run_dir))
+        self.run_dir = run_dir
+        return run_dir
+
+    def run(self) -> Outcome:
+        import subprocess
+
+        run_dir = self.start_record()
+        env = child_environment(str(run_dir))
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = {}
+        if in_main:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        reaper = procs.set_subreaper(True)
+        t0 = time.monotonic()
+        self._t_wall = time.time()
+        proc = None
+        try:
+            try:
+                proc = subprocess.Popen(list(self.command.argv), cwd=self.command.cwd, env=env)
+            except OSError as e:
+                return self._finish(Outcome(self.run_id, str(run_dir), None, False, 0.0,
+                                            error=f"the command could not start: {e.strerror or e}"))
+            code = self._wait(proc, t0)
+        finally:
+            killed = self._sweep(proc)
+            if reaper:
+                procs.set_subreaper(False)
+            if in_main:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+        out = Outcome(self.run_id, str(run_dir), code, bool(self._stop_reason), time.monotonic() - t0,
+                      stop_reason=self._stop_reason, leftovers_killed=killed)
+        return self._finish(out)
+
+    def _wait(self, proc, t0: float) -> int:
+        last = None
+        while True:
+            try:
+                rc = proc.wait(timeout=POLL_S)
+                break
+            except Exception:  # subprocess.TimeoutExpired: still running
+                rc = None
+            now = time.monotonic()
+            self._track(proc.pid)
+            live = read_live(self.run_dir)
+            live.elapsed_s = now - t0
+            live.stopping = self._stop_reason
+            key = (live.phase, live.step, live.stopping)
+            if key != last:
+                last = key
+                self.on_live(live)
+            if self.stop_event.is_set() and not self._stop_reason:
+                self._request_stop(proc, "stopped by the user")
+            if self.timeout_s is not None and now - t0 > self.timeout_s and not self._stop_reason:
+                self._request_stop(proc, f"stopped after the --timeout of {self.timeout_s:g} s")
+            if self._pending_signal:
+                self._request_stop(proc, self._pending_signal)
+            if self._kill_now or (self._stop_at is not None and now > self._stop_at):
+                if not self._stop_reason:
+                    self._stop_reason = self._pending_signal or "stopped"
+                procs.kill_tree(proc.pid)
+                self._stop_at, self._kill_now = None, False
+        return rc if rc >= 0 else 128 - rc  # killed by signal N: 128 + N, as a shell reports it
+
+    # ------------------------------------------------------------------ stopping
+    _pending_signal = ""
+
+    _forward = True
+
+    def _on_signal(self, signum, frame) -> None:
+        self._interrupts += 1
+        if self._interrupts > 1:  # a second Ctrl-C: no more waiting
+            self._kill_now = True
+            return
+        # The terminal's Ctrl-C reached the script itself (one process group): it is not sent twice.
+        self._forward = not (signum == signal.SIGINT and _terminal_owns_us())
+        self._pending_signal = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "stopped (SIGTERM)"
+
+    def _request_stop(self, proc, reason: str) -> None:
+        self._pending_signal = ""
+        if self._stop_reason:
+            return
+        self._stop_reason = reason
+        if self._forward:
+            try:
+                proc.send_signal(signal.SIGINT)  # the script's KeyboardInterrupt: its own cleanup, our export
+            except OSError:
+                pass
+        self._forward = True
+        self._stop_at = time.monotonic() + STOP_GRACE_S
+
+    # ------------------------------------------------------------------ nothing left behind
+    def _track(self, pid: int) -> None:
+        for p in procs.descendants(pid):
+            try:
+                self._seen.setdefault(p.pid, p.create_time())
+            except psutil.Error:
+                pass
+
+    def _sweep(self, proc) -> int:
+        """Kill every process the script left: those seen below it, and orphans re-parented to us."""
+        if proc is None:
+            return 0
+        if proc.poll() is None:
+            procs.kill_tree(proc.pid)
+            proc.wait()
+        me = os.getpid()
+        left = []
+        for pid, created in self._seen.items():
+            try:
+                p = psutil.Process(pid)
+                if abs(p.create_time() - created) < 1e-3 and not procs.gone(p):
+                    left.append(p)
+            except psutil.Error:
+                pass
+        for p in procs.descendants(me):  # orphans re-parented to us (we are their subreaper)
+            try:
+                mine = p.pid in self._seen or p.create_time() >= self._t_wall - 0.05
+            except psutil.Error:
+                continue
+            if p.pid != proc.pid and p.pid not in {q.pid for q in left} and mine:
+                left.append(p)
+        killed = 0
+        for p in left:
+            killed += procs.kill_tree(p.pid)
+            try:
+                os.waitpid(p.pid, os.WNOHANG)  # an orphan re-parented to us: collect it
+            except (ChildProcessError, OSError):
+                pass
+        return killed
+
+    # ------------------------------------------------------------------ the result
+    def _finish(self, out: Outcome) -> Outcome:
+        from diagnostics.analyses.attach.job import analyse_run
+
+        try:
+            result = analyse_run(out.run_dir, exit_code=out.exit_code, command=list(self.command.argv),
+                                 cwd=self.command.cwd, duration_s=out.duration_s, interrupted=out.interrupted,
+                                 run_id=self.run_id)
+            data = result.to_dict()
+            if out.stop_reason:
+                data["notes"].insert(0, f"the run was {out.stop_reason}: what was measured until then is kept")
+            if out.leftovers_killed:
+                data["notes"].append(f"{out.leftovers_killed} process(es) the script left running were stopped")
+            for n in self.command.notes:
+                data["notes"].append(n)
+            out.result = data
+        except Exception as e:  # ours: say so, keep the script's exit code
+            import traceback
+
+            out.error = f"the run folder could not be analysed: {type(e).__name__}: {e}"
+            out.notes.append(traceback.format_exc(limit=6))
+        if self.store is not None:
+            if out.exit_code is None and out.error:
+                status, error = "error", out.error
+            elif out.interrupted:
+                status, error = "cancelled", f"the script was {out.stop_reason}"
+            elif out.exit_code not in (0, None):
+                status, error = "error", f"the script exited with code {out.exit_code}"
+            elif out.error:
+                status, error = "error", out.error
+            else:
+                status, error = "ok", None
+            artifacts = {p.name: str(p) for p in sorted(Path(out.run_dir).iterdir()) if p.is_file()}
+            self.store.finish_run(self.run_id, status, result=out.result, error=error, artifacts=artifacts)
+        return out
+
+
+def _terminal_owns_us() -> bool:
+    """True when a terminal's foreground process group is ours: its Ctrl-C reached the script too."""
+    for stream in (sys.stdin, sys.stderr, sys.stdout):
+        try:
+            return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False

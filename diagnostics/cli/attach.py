@@ -1,0 +1,215 @@
+"""``python -m diagnostics run [options] -- COMMAND [ARGS...]`` (also ``torchscope run -- ...``): run the
+user's own training script, unmodified, and profile it while it runs (diagnostics.attach).
+
+    python -m diagnostics run -- python train.py --epochs 1
+    python -m diagnostics run --steps 10 --at 50 -- python -m mypkg.train
+    python -m diagnostics run --json -- torchrun --nproc-per-node 2 train.py
+
+The script runs as it would bare: same argv, working folder, environment (plus the bootstrap on
+PYTHONPATH), stdin, stdout and stderr; this command exits with the script's exit code (128 + N
+after signal N). The summary goes to stderr; with ``--json`` the result is printed on stdout after
+the script's own output, as its last line, also when the script failed. Exit 2 for a command that
+cannot run (not found, not Python, bad torchrun arguments): nothing is started then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+
+from diagnostics.analyses.attach import DEFAULT_STEPS
+from diagnostics.cli.report_folder import add_report_args, report_dir, write_report
+
+EXIT_USAGE = 2
+PROG = "python -m diagnostics run"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def positive(kind):
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a {'whole' if kind is int else ''} number, got {text!r}")
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text!r}")
+        return v
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, usage=f"{PROG} [options] -- COMMAND [ARGS...]",
+                description="Run your own training script, unmodified, and profile it while it runs: step time and "
+                            "its parts (data wait, forward, backward, optimizer, communication, device syncs, host), "
+                            "a torch.profiler trace of a few steps after warm-up, DataLoader workers, gradients, "
+                            "memory, findings. COMMAND is `python train.py ...`, `python -m pkg.train ...` or "
+                            "`torchrun [its args] train.py ...`.",
+                epilog="Exit code: the script's own (2 when the command cannot run). The run lands in the "
+                       "dashboard's History.")
+    g = p.add_argument_group("what to profile")
+    g.add_argument("--steps", type=positive(int), default=DEFAULT_STEPS,
+                   help=f"steps to profile with torch.profiler (default {DEFAULT_STEPS})")
+    g.add_argument("--at", type=positive(int), metavar="K",
+                   help="profile from step K (at least 2) instead of after the automatic warm-up")
+    g.add_argument("--stacks", action="store_true", help="record Python stacks in the trace (slower profiled steps)")
+    g.add_argument("--no-grads", action="store_true", help="no gradient statistics in the profiled steps")
+    g.add_argument("--max-warmup", type=positive(int), default=50, metavar="N",
+                   help="profile after N steps even if step times have not settled (default 50)")
+    g.add_argument("--fallback-after", type=positive(float), default=3.0, metavar="S",
+                   help="seconds without an optimizer step before steps end at the model's forward or at "
+                        "DataLoader batches instead (default 3)")
+    r = p.add_argument_group("run and report")
+    r.add_argument("--cwd", metavar="DIR", help="the script's working folder (default: this one)")
+    r.add_argument("--timeout", type=positive(float), metavar="SECONDS",
+                   help="stop the script after this long, as Ctrl-C does (what was measured is kept)")
+    add_report_args(r, "attach")
+    r.add_argument("--json", action="store_true", help="print the result as JSON on stdout, after the script's output")
+    r.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    r.add_argument("--data-dir", metavar="DIR", help="run store folder (default $TORCHSCOPE_DATA_DIR or ~/.torchscope)")
+    r.add_argument("--status-file", metavar="PATH", help=argparse.SUPPRESS)  # the dashboard's live view
+    r.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)  # ... and its Stop at exit
+    return p
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(our options, the command): the command is everything after the first ``--``; without one, from
+    the first word that is not an option of ours."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    with_value = {"--steps", "--at", "--max-warmup", "--fallback-after", "--cwd", "--timeout", "--out", "-o",
+                  "--data-dir", "--status-file"}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if not a.startswith("-"):
+            break
+        i += 2 if a in with_value else 1
+    return argv[:i], argv[i:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, command = split_argv(argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(ours)
+    except SystemExit as e:
+        return int(e.code or 0)
+    stop = threading.Event()
+    if args.die_with_parent:  # started by the dashboard: its end is our Stop
+        threading.Thread(target=_watch_parent, args=(os.getppid(), stop), daemon=True).start()
+    from diagnostics.analyses.attach.protocol import AttachConfig
+    from diagnostics.attach.command import check_command
+    from diagnostics.attach.session import Session
+    from diagnostics.errors import TorchScopeError
+    from diagnostics.store import Store
+
+    try:
+        if args.at is not None and args.at < 2:
+            raise TorchScopeError(f"--at {args.at}: the first step starts with the script; profile from step 2 on")
+        cmd = check_command(command, args.cwd)
+        out_dir = report_dir(args.out, args.no_report, "attach")
+        store = Store(args.data_dir)
+    except TorchScopeError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return EXIT_USAGE
+    for note in store.notices:
+        sys.stderr.write(f"warning: {note}\n")
+    config = AttachConfig(steps=args.steps, at=args.at, stacks=args.stacks, grads=not args.no_grads,
+                          max_warmup=args.max_warmup, fallback_after_s=args.fallback_after)
+    status_file = args.status_file
+    said = {"phase": None}
+
+    def on_live(live):
+        if status_file:
+            from diagnostics.analyses.attach.protocol import write_json
+
+            write_json(status_file, {**live.to_dict(), "run_id": session.run_id, "run_dir": str(session.run_dir),
+                                     "done": False})
+        if args.quiet or live.phase == said["phase"]:
+            return
+        said["phase"] = live.phase
+        if live.phase == "profiling" and live.window:
+            line = f"profiling steps {live.window[0]}-{live.window[1]}"
+        elif live.phase == "running":
+            line = f"profiled; the script runs on (step {live.step})"
+        else:
+            line = live.phase
+        sys.stderr.write(f"[torchscope] {line}\n")
+        sys.stderr.flush()
+
+    session = Session(cmd, config, store=store, source="dashboard" if args.die_with_parent else "cli",
+                      on_live=on_live, timeout_s=args.timeout, stop=stop)
+    outcome = session.run()
+    result = outcome.result
+    if status_file:
+        from diagnostics.analyses.attach.protocol import write_json
+
+        write_json(status_file, {"phase": "done", "done": True, "run_id": outcome.run_id, "run_dir": outcome.run_dir,
+                                 "exit_code": outcome.exit_code, "error": outcome.error,
+                                 "stop_reason": outcome.stop_reason})
+    if outcome.error:
+        sys.stderr.write(f"error: {outcome.error}\n")
+    written = None
+    if result is not None and out_dir is not None:
+        from pathlib import Path
+
+        artifacts = {p.name: str(p) for p in Path(outcome.run_dir).iterdir() if p.is_file()}
+        written = write_report("attach", result, out_dir, artifacts, title=f"TorchScope run: {cmd.label}",
+                               run_id=outcome.run_id or "")
+    if result is not None and not args.quiet:
+        _summary(result, outcome, written)
+    if args.json:
+        shown = dict(result or {}, run_id=outcome.run_id, run_dir=outcome.run_dir,
+                     report=str(written["report.html"]) if written else None)
+        if result is None:
+            shown.update(exit_code=outcome.exit_code, error=outcome.error)
+        sys.stdout.flush()
+        sys.stdout.write(json.dumps(shown, default=str) + "\n")
+        sys.stdout.flush()
+    if outcome.exit_code is None:
+        return 1
+    return outcome.exit_code
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    """Set ``stop`` when the process that started us is gone (PR_SET_PDEATHSIG would fire when its
+    starting *thread* ends: a dashboard's script run ends after every rerun)."""
+    import time
+
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    stop.set()
+
+
+def _summary(result: dict, outcome, written) -> None:
+    from diagnostics.render.charts.attach import summary_lines
+
+    err = sys.stderr
+    err.write("[torchscope] " + "\n[torchscope] ".join(summary_lines(result)) + "\n")
+    for f in result.get("fix_first") or []:
+        if f.get("est_saving_ms"):
+            err.write(f"[torchscope] fix first: {f['title']}: {f['est_saving_ms']:.2f} ms per step: {f['detail']}\n")
+    for n in result.get("notes") or []:
+        err.write(f"[torchscope] note: {n}\n")
+    trace = result.get("trace")
+    if trace:
+        names = trace if isinstance(trace, list) else [trace]
+        err.write(f"[torchscope] trace: {', '.join(names)} in {outcome.run_dir}\n")
+    if written:
+        err.write(f"[torchscope] report: {written['report.html']}\n")
+    err.write(f"[torchscope] run {outcome.run_id} (History)\n")
+    err.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

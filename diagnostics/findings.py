@@ -1,0 +1,73 @@
+"""A finding: what a rule found, in one form for every part that judges a run (the checklist's
+rules, an attached run's rules), so one list ranks them ("fix this first") and one view shows them.
+
+A Finding carries the rule id, category, status (pass / warn / fail / rule error / not applicable),
+the evidence in words with its numbers, a suggestion and an optional fix id. No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+CATEGORIES = ("model design", "memory", "compute", "data pipeline", "deployment")
+#: A rule's verdict. "error": the rule itself crashed on these facts; it says so with the message and
+#: counts in the score as a failure (a broken rule must not raise the score by leaving the denominator).
+STATUSES = ("pass", "warn", "fail", "error", "not_applicable")
+STATUS_LABEL = {"pass": "pass", "warn": "warn", "fail": "fail", "error": "rule error", "not_applicable": "n/a"}
+STATUS_COLOR = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "error": "#6a1b9a",
+                "not_applicable": "#757575"}
+#: Statuses that count in the score's denominator; pass counts 1, warn 0.5, the rest 0.
+SCORED = ("pass", "warn", "fail", "error")
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    title: str
+    category: str
+    status: str  # one of STATUSES
+    evidence: str  # what was measured, in words with numbers (or why the rule does not apply)
+    suggestion: str = ""
+    numbers: dict = field(default_factory=dict)
+    fix: str | None = None  # the Optimize fix that addresses it: an inference fix id, or "train:<id>"
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+        if self.category not in CATEGORIES:
+            raise ValueError(f"unknown category {self.category!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def not_applicable(why: str) -> tuple:
+    """A check's answer when its rule does not apply here: (status, evidence, suggestion, numbers)."""
+    return "not_applicable", why, "", {}
+
+
+def run_check(check, facts, bug_note: str = "") -> tuple:
+    """``check(facts)`` -> (status, evidence, suggestion, numbers); a check that crashes says so as a
+    "rule error" (counted as failed where there is a score), and the other rules still run."""
+    try:
+        return check(facts)
+    except Exception as e:
+        return ("error", f"the rule crashed: {type(e).__name__}: {e}",
+                f"This is a bug in TorchScope's rule{bug_note}: please report it with the facts (result.json).", {})
+
+
+def fix_first_entry(title: str, saving_ms: float | None, how: str, source: str, fix: str | None = None,
+                    detail: str = "") -> dict:
+    """One row of "fix this first": what, the milliseconds per step it would save (None: not estimated,
+    never a silent 0), how that was estimated, where it comes from, the fix id and the evidence."""
+    return {"title": title, "est_saving_ms": saving_ms, "how": how, "source": source, "fix": fix, "detail": detail}
+
+
+def rank_fix_first(entries: list[dict]) -> list[dict]:
+    """Entries with an estimated saving first (largest first), then the rest in their order."""
+    with_ms = sorted((e for e in entries if e["est_saving_ms"] is not None), key=lambda e: -e["est_saving_ms"])
+    return with_ms + [e for e in entries if e["est_saving_ms"] is None]

@@ -1,0 +1,232 @@
+"""Attach mode's parts without running a training script: the command check, the run folder's
+analysis on hand-written records, the result's round trip, the bootstrap's chaining."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diagnostics.analyses.attach.job import analyse_run
+from diagnostics.analyses.attach.protocol import PHASES, AttachConfig
+from diagnostics.analyses.attach.result import AttachResult
+from diagnostics.attach.command import UsageError, check_command, child_environment
+from tests.attach.harness import ROOT
+
+BOOT = ROOT / "diagnostics" / "attach" / "bootstrap"
+
+
+# ----------------------------------------------------------------------------- the command
+def test_a_python_script_a_module_and_another_program_are_told_apart(tmp_path):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    c = check_command([sys.executable, "-u", "-W", "ignore", "train.py", "--lr", "1"], tmp_path)
+    assert c.kind == "script" and c.target == str(tmp_path / "train.py") and c.label == "train.py"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise SystemExit('imported!')\n")  # must not run
+    m = check_command([sys.executable, "-m", "pkg.train"], tmp_path)
+    assert m.kind == "module" and m.label == "-m pkg.train"
+    o = check_command(["true"], tmp_path)
+    assert o.kind == "other" and "reaches every Python process" in o.notes[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["no-such-program-xyz", "a"], "command not found: no-such-program-xyz (not on PATH)"),
+    ([sys.executable, "missing.py"], "the script missing.py does not exist"),
+    ([sys.executable, "notes.txt"], "the script notes.txt is not a Python script"),
+    ([sys.executable, "blob.bin"], "is not a Python script: a binary file"),
+    ([sys.executable, "-E", "train.py"], "python -E ignores PYTHON* variables"),
+    ([sys.executable, "-I", "train.py"], "python -I isolates it"),
+    ([sys.executable, "-m", "no_such_module_xyz.train"], "no module named no_such_module_xyz"),
+    ([sys.executable], "would start an interactive interpreter"),
+    (["./train.py"], "cannot run ./train.py: it is not an executable file"),
+    ([], "no command given"),
+])
+def test_a_command_that_cannot_run_is_refused_with_its_reason(tmp_path, argv, message):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "notes.txt").write_text("these are my notes, not a program\n")
+    (tmp_path / "blob.bin").write_bytes(b"\x7fELF\x00\x00\x01\x02" * 20)
+    with pytest.raises(UsageError, match=__import__("re").escape(message)):
+        check_command(argv, tmp_path)
+
+
+def test_torchrun_arguments_are_read_by_torchruns_own_parser(tmp_path):
+    (tmp_path / "train.py").write_text("print(1)\n")
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    c = check_command([torchrun, "--standalone", "--nproc-per-node", "3", "train.py", "--epochs", "2"], tmp_path)
+    assert c.kind == "torchrun" and c.nproc == "3" and c.label == "torchrun x3 train.py"
+    with pytest.raises(UsageError, match="torchrun's arguments are not valid"):
+        check_command([torchrun, "--nproc-per-node"], tmp_path)
+    with pytest.raises(UsageError, match="the script nope.py does not exist"):
+        check_command([torchrun, "--nproc-per-node", "2", "nope.py"], tmp_path)
+
+
+def test_the_child_environment_puts_the_bootstrap_first_and_keeps_the_rest(tmp_path):
+    env = child_environment(str(tmp_path), {"PYTHONPATH": "/mine", "HOME": "/h"})
+    assert env["PYTHONPATH"] == f"{BOOT}{os.pathsep}/mine" and env["HOME"] == "/h"
+    assert env["TORCHSCOPE_ATTACH_DIR"] == str(tmp_path)
+
+
+def test_the_cli_refuses_bad_input_with_exit_2_and_stores_nothing(tmp_path, capsys):
+    from diagnostics.cli.main import main
+    from diagnostics.store import Store
+
+    before = Store(tmp_path).count()
+    assert main(["run", "--data-dir", str(tmp_path), "--", "no-such-program-xyz"]) == 2
+    assert "error: command not found: no-such-program-xyz" in capsys.readouterr().err
+    assert main(["run", "--data-dir", str(tmp_path), "--at", "1", "--", sys.executable, "x.py"]) == 2
+    assert "--at 1: the first step starts with the script" in capsys.readouterr().err
+    assert Store(tmp_path).count() == before
+
+
+# ----------------------------------------------------------------------------- the analysis
+def _write_run(run_dir: Path, steps: list[dict], meta: dict, config: AttachConfig | None = None) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (config or AttachConfig(steps=2, at=4)).write(str(run_dir))
+    proc = run_dir / "proc-1234"
+    proc.mkdir(parents=True)
+    (proc / "meta.json").write_text(json.dumps({"boundary": "optimizer", "cycle": 1, "optimizers": [
+        {"type": "SGD", "params": 10, "param_dtypes": {"float32": 10}, "devices": {"cpu": 10}, "order": 0}],
+        **meta}))
+    (proc / "steps.jsonl").write_text("\n".join(json.dumps(s) for s in steps) + "\n")
+
+
+def _step(n, parts, profiled=False, tool=0.0, t0=None):
+    t0 = float(n) if t0 is None else t0
+    total = sum(parts.values()) + tool
+    return {"n": n, "t0": t0, "t1": t0 + total / 1e3, "ms": {k: parts.get(k, 0.0) for k in PHASES},
+            "tool_ms": tool, "syncs": [], "p": profiled, "b": 1, "c": None}
+
+
+def test_the_step_time_is_the_median_outside_the_window_and_its_parts_sum_to_it(tmp_path):
+    steps = [_step(1, {"host": 900.0})]  # start-up: warm-up, never counted
+    steps += [_step(n, {"data_wait": 10.0 + n, "forward": 2.0, "backward": 3.0, "host": 1.0}) for n in (2, 3)]
+    steps += [_step(n, {"data_wait": 12.0, "forward": 2.5, "backward": 3.0, "host": 1.0}, profiled=True, tool=0.4)
+              for n in (4, 5)]
+    steps += [_step(n, {"data_wait": 9.0 + n, "forward": 2.0, "backward": 3.0, "host": 1.0}) for n in (6, 7, 8)]
+    _write_run(tmp_path, steps, {"window": [4, 5]})
+    r = analyse_run(tmp_path, exit_code=0, command=["python", "t.py"])
+    outside = [12.0 + 6, 13.0 + 6, 15.0 + 6, 16.0 + 6, 17.0 + 6]  # steps 2, 3, 6, 7, 8
+    assert r.step_ms == pytest.approx(sorted(outside)[2])
+    assert r.breakdown_ms["data_wait"] == pytest.approx(15.0) and r.breakdown_ms["forward"] == pytest.approx(2.0)
+    assert sum(r.breakdown_ms.values()) == pytest.approx(r.step_ms)
+    assert r.step_ms_profiled == pytest.approx(18.5)  # the profiler's own 0.4 ms per step is ours, left out
+    assert r.overhead_pct == pytest.approx(100 * (18.5 - 21.0) / 21.0)
+    assert r.bottleneck.category == "data_wait" and r.bottleneck.share == pytest.approx(15 / 21)
+    assert r.steps == 8 and r.profiled_steps == [4, 5] and r.status == "ok"
+    assert [row["step_ms"] for row in r.step_table][1:3] == pytest.approx([18.0, 19.0])
+    assert AttachResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+
+def test_a_run_without_a_window_says_why_and_a_run_without_steps_says_what_was_seen(tmp_path):
+    _write_run(tmp_path / "a", [_step(n, {"host": 5.0}) for n in range(1, 5)], {"window": None},
+               AttachConfig(steps=5))
+    r = analyse_run(tmp_path / "a", exit_code=0)
+    assert r.profiled_steps is None and r.step_ms == pytest.approx(5.0)
+    assert any("before the profiled window" in n and "--at K" in n for n in r.notes)
+    (tmp_path / "b").mkdir()
+    AttachConfig().write(str(tmp_path / "b"))
+    empty = analyse_run(tmp_path / "b", exit_code=3)
+    assert empty.status == "failed" and empty.steps == 0 and empty.exit_code == 3  # the exit code first
+    assert "never imported torch" in empty.notes[0]
+
+
+def test_too_few_and_too_slow_workers_are_told_apart(tmp_path):
+    """Workers take 40 ms a batch; the step computes 5 ms and waits for the rest: 8 workers keep up."""
+    steps = [_step(n, {"data_wait": 15.0, "forward": 5.0}, t0=100.0 + n) for n in range(1, 12)]
+    _write_run(tmp_path, steps, {"window": None, "loaders": [{"id": 1, "num_workers": 2, "batch_size": 4,
+                                                                "persistent_workers": True, "pin_memory": False,
+                                                                "prefetch_factor": 2, "iters": 1, "len": 100}]},
+               AttachConfig(steps=5))
+    (tmp_path / "workers").mkdir()
+    lines = [[100.0 + n, 100.0 + n + 0.040, 0.001, n % 2, 4, 1234] for n in range(3, 11)]
+    (tmp_path / "workers" / "77.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    r = analyse_run(tmp_path, exit_code=0)
+    w = r.workers
+    assert w["fetch_collate_ms"] == pytest.approx(40.0) and w["collate_ms"] == pytest.approx(1.0)
+    assert w["workers_needed"] == 8 and w["supply_interval_ms"] == pytest.approx(20.0)
+    f = next(f for f in r.findings if f["id"] == "data_wait")
+    assert f["status"] == "fail" and f["numbers"]["workers_needed"] == 8
+    from diagnostics.analyses.attach import rules
+    from diagnostics.analyses.attach.job import _figures, _load_proc, _workers
+
+    head = _figures(_load_proc(tmp_path / "proc-1234"), AttachConfig(steps=5), tmp_path, [])
+    head["workers"] = _workers(lines, _load_proc(tmp_path / "proc-1234"), head)
+    few = rules.check_data_wait(rules.Facts(head, [head], None, cpu_count=16))
+    slow = rules.check_data_wait(rules.Facts(head, [head], None, cpu_count=4))
+    assert "too few workers: 8 worker(s) would keep up" in few[2] and "set num_workers=8" in few[2]
+    assert "the workers are too slow: 8 workers would be needed but this machine has 4 CPUs" in slow[2]
+
+
+def test_the_declared_metrics_cover_the_result_and_the_report_has_its_sections(tmp_path):
+    from diagnostics.registry import ANALYSES
+    from diagnostics.render.html import write_report_folder
+
+    steps = [_step(n, {"data_wait": 3.0, "forward": 2.0, "host": 1.0}, profiled=n in (4, 5)) for n in range(1, 9)]
+    _write_run(tmp_path / "run", steps, {"window": [4, 5]})
+    r = analyse_run(tmp_path / "run", exit_code=0, command=["python", "t.py"]).to_dict()
+    decl = ANALYSES["attach"]
+    assert [k for k in r["metrics"] if decl.metric(k) is None] == []
+    written = write_report_folder("attach", r, tmp_path / "report")
+    html = written["report.html"].read_text()
+    assert "Where each step&#x27;s time goes" in html or "Where each step's time goes" in html
+    assert "Fix this first" in html and "step_table.csv" in written
+
+
+# ----------------------------------------------------------------------------- the bootstrap
+def test_the_bootstrap_chains_to_the_sitecustomize_it_shadows_and_costs_nothing_without_a_run(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import builtins\nbuiltins.THEIRS_RAN = True\n")
+    code = "import builtins, sys; print(getattr(builtins, 'THEIRS_RAN', False), 'torch' in sys.modules, " \
+           "[f.__class__.__name__ for f in sys.meta_path][0])"
+    base = {k: v for k, v in os.environ.items() if k != "TORCHSCOPE_ATTACH_DIR"}
+    path = f"{BOOT}{os.pathsep}{theirs}"
+    on = subprocess.run([sys.executable, "-c", code], env={**base, "PYTHONPATH": path,
+                                                           "TORCHSCOPE_ATTACH_DIR": str(tmp_path)},
+                        capture_output=True, text=True, timeout=60)
+    off = subprocess.run([sys.executable, "-c", code], env={**base, "PYTHONPATH": path}, capture_output=True,
+                         text=True, timeout=60)
+    assert on.stdout.split() == ["True", "False", "TorchWatcher"], on.stderr  # waits for torch, imports nothing
+    assert off.stdout.split()[:2] == ["True", "False"] and "TorchWatcher" not in off.stdout
+    assert on.stderr == off.stderr == ""
+
+
+# ----------------------------------------------------------------------------- what runs inside the job
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_the_code_that_runs_inside_the_users_job_imports_only_the_standard_library():
+    """The bootstrap, the agent and the protocol they load by path: no engine, no numpy, streamlit or
+    plotly (the GPU machine has none of them), torch only as the module handed over."""
+    std = set(sys.stdlib_module_names) | {"__future__"}
+    for path in (BOOT / "sitecustomize.py", ROOT / "diagnostics" / "attach" / "agent.py",
+                 ROOT / "diagnostics" / "analyses" / "attach" / "protocol.py"):
+        assert _imports(path) - std <= {"torch"}, (path.name, _imports(path) - std)
+
+
+def test_the_attach_package_stands_below_the_cli_and_the_dashboard():
+    allowed = {"diagnostics", "psutil"}
+    engine_ok = ("diagnostics.errors", "diagnostics.procs", "diagnostics.attach", "diagnostics.analyses.attach",
+                 "diagnostics.store")
+    import ast
+
+    for path in (ROOT / "diagnostics" / "attach").rglob("*.py"):
+        std = set(sys.stdlib_module_names) | {"__future__", "torch"}
+        assert _imports(path) - std <= allowed, path
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("diagnostics"):
+                names = [node.module] if node.module != "diagnostics" else [f"diagnostics.{a.name}" for a in node.names]
+                assert all(n.startswith(engine_ok) for n in names), (path.name, names)

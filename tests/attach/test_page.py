@@ -1,0 +1,91 @@
+"""AppTest: the "Run a script" page (off in server-safe mode, a bad command named, a real run to its
+result) and the attach view on a stored result."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.attach.harness import SCRIPTS
+
+
+def _open(new_app):
+    at = new_app().run()
+    at.switch_page("pages/run_script.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_the_page_is_off_in_server_safe_mode_and_says_why(new_app, monkeypatch):
+    monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
+    at = _open(new_app)
+    assert at.title[0].value == "Run a script"
+    assert any("Running scripts is off in server-safe mode" in w.value and "arbitrary" not in w.value
+               and "any command" in w.value for w in at.warning)
+    assert not [b for b in at.button if b.key == "attach_go"]
+
+
+def test_a_command_that_cannot_run_is_named_and_nothing_starts(new_app):
+    at = _open(new_app)
+    at.text_input(key="attach_cmd").set_value("no-such-program-xyz --lr 1").run()
+    at.button(key="attach_go").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("command not found: no-such-program-xyz" in e.value for e in at.error)
+    assert "attach_run" not in at.session_state
+
+
+@pytest.mark.slow
+def test_a_script_runs_live_and_its_result_is_shown_and_stored(new_app, tmp_path):
+    at = _open(new_app)
+    at.text_input(key="attach_cmd").set_value(f"{sys.executable} {SCRIPTS / 'host_bound.py'}")
+    at.text_input(key="attach_cwd").set_value(str(SCRIPTS))
+    at.number_input(key="attach_at").set_value(4)
+    at.number_input(key="attach_steps").set_value(3).run()
+    at.button(key="attach_go").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    run = at.session_state["attach_run"]
+    deadline = time.monotonic() + 240
+    while not run.done and time.monotonic() < deadline:
+        time.sleep(1)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    labels = [m.label for m in at.metric]
+    assert labels[:2] == ["Step", "Bottleneck"] and at.metric[1].value == "host"
+    status = json.loads(Path(run.status_file).read_text())
+    from ui.jobs import get_store
+
+    rec = get_store().get(status["run_id"])
+    assert rec.analysis == "attach" and rec.status == "ok" and rec.source == "dashboard"
+    assert rec.result["bottleneck"]["category"] == "host" and rec.result["profiled_steps"] == [4, 6]
+
+
+def test_the_view_shows_a_stored_result_with_its_findings_and_gradients(tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    from tests.attach.test_attach_unit import _step, _write_run
+    from diagnostics.analyses.attach.job import analyse_run
+
+    steps = [_step(n, {"data_wait": 30.0, "forward": 2.0, "host": 1.0}, profiled=n in (4, 5)) for n in range(1, 9)]
+    _write_run(tmp_path, steps, {"window": [4, 5], "loaders": [{"id": 1, "num_workers": 0, "batch_size": 8,
+                                                                  "iters": 1, "len": 10}]})
+    result = analyse_run(tmp_path, exit_code=1, command=["python", "t.py"]).to_dict()
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(result))
+
+    def page(path):
+        import json as _json
+
+        from ui import views
+
+        views.show("attach", _json.loads(open(path).read()))
+
+    at = AppTest.from_function(page, default_timeout=60, kwargs={"path": str(path)}).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("The script exited with code 1" in e.value for e in at.error)
+    assert [m.label for m in at.metric][:3] == ["Step", "Bottleneck", "Data wait"]
+    assert at.metric[1].value == "data_wait"
+    assert any("The step waits for data" in m.value for m in at.markdown)
