@@ -13,8 +13,6 @@ import re
 
 import numpy as np
 
-from diagnostics.declare import Option, OptionError
-
 # ---- steps -----------------------------------------------------------------------------------
 
 #: A training / inference step: the range torch.profiler's ``prof.step()`` opens ("ProfilerStep#7"),
@@ -242,24 +240,6 @@ def use_comm_kernels(trace, pattern: str | None) -> None:
     trace._cache.clear()
 
 
-def _comm_kernels_check(value):
-    try:
-        comm_kernels_pattern(value)
-    except ValueError as e:
-        raise OptionError(f"option {e}") from None
-    return value
-
-
-#: The user's pattern for in-house communication kernels, an option of every analysis that reads
-#: traces with collectives (trace, distributed, distributed_traces): `--comm-kernels REGEX` on the
-#: CLI, the "Communication kernels" field on the pages.
-COMM_KERNELS_OPTION = Option(
-    "comm_kernels", "str", None, "a regular expression (searched in GPU kernel names) for in-house "
-    "communication kernels that no known family (NCCL, RCCL, MSCCL++, NVSHMEM, expert-parallel dispatch / "
-    "combine, custom all-reduce) names; they then count as communication", optional=True,
-    flag="--comm-kernels", check=_comm_kernels_check)
-
-
 # ---- host operator families ------------------------------------------------------------------
 
 #: Host operator families for the time breakdown, first match wins (aten / c10d / record_function
@@ -422,8 +402,14 @@ def communication(trace) -> dict:
     kernel_us, hinted_us, share, examples}]: GPU streams with no communication matched whose kernel time
     is mostly (COMM_HINT_SHARE) in kernels whose names hint at it; "notes": what a reader must know
     (those streams, a distributed job with no communication kernel matched, a user pattern matching
-    nothing) rather than a silent 0}.
+    nothing) rather than a silent 0}. Computed once per trace (and pattern).
     """
+    if "communication" not in trace._cache:
+        trace._cache["communication"] = _communication(trace)
+    return trace._cache["communication"]
+
+
+def _communication(trace) -> dict:
     ev = trace.events
     kern = kernel_mask(trace)
     comm = comm_mask(trace)

@@ -632,7 +632,7 @@ def _explain(model: dict, total: float) -> list[str]:
         share = f"{w / 1e3:,.3f} ms ({100 * w / total:.0f} % of the step)"
         if t == PRIOR:
             out.append(f"{share} waiting for {where} to finish work launched before this step (the GPU was busy "
-                       f"with earlier steps, not idle); then {name[:80]} ran.")
+                       f"with earlier steps, not idle) before it could start {_short(name)}.")
         elif t == STREAM:
             gap_end = float(model["start"][i])
             ends, names, keys = model["all_gpu"]
@@ -641,16 +641,22 @@ def _explain(model: dict, total: float) -> list[str]:
             if near.size:
                 j = near[np.argmax(ends[near])]
                 dev, stream = str(keys[j]).split("/", 1)
-                cause = (f"the gap ended {gap_end - ends[j]:.1f} µs after {str(names[j])[:80]} ended on GPU {dev} "
+                cause = (f"the gap ended {gap_end - ends[j]:.1f} µs after {_short(str(names[j]))} ended on GPU {dev} "
                          f"stream {stream}: a wait on another stream (cudaStreamWaitEvent), which the path does not "
                          "follow")
             else:
                 cause = "no other stream's work ended then: a wait the trace does not show (an event or a sync)"
-            out.append(f"{share} with {where} idle before {name[:80]} although it had been launched; {cause}.")
+            out.append(f"{share} with {where} idle before {_short(name)} although it had been launched; {cause}.")
         elif t == THREAD_START:
-            out.append(f"{share} before the first call of {where} in the step ({name[:80]}): threads wait on one "
+            out.append(f"{share} before the first call of {where} in the step ({_short(name)}): threads wait on one "
                        "another in ways the trace does not record.")
     return out
+
+
+def _short(name: str, n: int = 60) -> str:
+    """A kernel's name short enough for a sentence (templated C++ names run to hundreds of characters)."""
+    name = str(name)
+    return name if len(name) <= n else name[: n - 1] + "…"
 
 
 def _is_step_name(name: str) -> bool:

@@ -234,13 +234,13 @@ def test_in_house_kernels_get_a_note_and_the_users_pattern_counts_them(tmp_path)
 
 
 def test_the_comm_kernels_option_is_declared_once_and_checked():
-    from diagnostics.declare import OptionError
+    from diagnostics.declare import COMM_KERNELS, OptionError
     from diagnostics.registry import ANALYSES
 
     have = sorted(name for name, a in ANALYSES.items() if "comm_kernels" in a.option_keys)
     assert have == ["distributed", "distributed_traces", "trace"]
     for name in have:
-        assert ANALYSES[name].option("comm_kernels") is C.COMM_KERNELS_OPTION
+        assert ANALYSES[name].option("comm_kernels") is COMM_KERNELS
     with pytest.raises(OptionError, match=r"option comm_kernels: '\[' is not a regular expression"):
         ANALYSES["trace"].validate({"path": "x.json", "comm_kernels": "["})
 

@@ -100,5 +100,9 @@ def show_launch_delay(result: dict) -> None:
 
 
 def show_comm_overlap(result: dict) -> None:
-    """The communication / computation overlap sentence (its notes are the communication's, shown with it)."""
-    st.caption(overlap_text(result.get("comm_overlap") or {}) + " " + definitions_text(result))
+    """The communication / computation overlap sentence; the communication's own notes are shown above it
+    (ui.views.traces), so they are not repeated here."""
+    o = dict(result.get("comm_overlap") or {})
+    shown = set((result.get("communication") or {}).get("notes") or [])
+    o["notes"] = [n for n in o.get("notes") or [] if n not in shown]
+    st.caption(overlap_text(o) + " " + definitions_text(result))
