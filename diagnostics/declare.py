@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import importlib
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -314,3 +315,23 @@ class Analysis:
 
     def table(self, path: str) -> Table | None:
         return next((t for t in self.tables if t.path == path), None)
+
+
+# ---- options several analyses share, declared once ------------------------------------------------
+
+def _regular_expression(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise OptionError(f"option comm_kernels: {value!r} is not a regular expression ({e})") from None
+    return value
+
+
+#: The user's pattern for in-house communication kernels, an option of every analysis that reads traces
+#: with collectives (trace, distributed, distributed_traces): `--comm-kernels REGEX` on the CLI, the
+#: "Communication kernels" field on the pages; diagnostics.trace.classify.use_comm_kernels applies it.
+COMM_KERNELS = Option(
+    "comm_kernels", "str", None, "a regular expression (searched in GPU kernel names) for in-house "
+    "communication kernels that no known family (NCCL, RCCL, MSCCL++, NVSHMEM, expert-parallel dispatch / "
+    "combine, custom all-reduce) names; they then count as communication", optional=True,
+    flag="--comm-kernels", check=_regular_expression)

@@ -22,6 +22,10 @@ thresholds = {
     "straggler_min_ms": option_input("distributed", "straggler_min_ms", c2, widget_key="dist_min_ms",
                                      label="Minimum excess (ms)", step=1.0),
 }
+_pattern = option_input("distributed", "comm_kernels", widget_key="dist_comm_kernels",
+                        label="Communication kernels (regular expression, for in-house collectives)")
+if _pattern:
+    thresholds["comm_kernels"] = _pattern
 
 if mode == "Launch with torchrun":
     backend = "nccl" if spec.device.startswith("cuda") else "gloo"

@@ -38,7 +38,7 @@ DEFAULT_STRAGGLER_MS = 150.0
 #: The declared options each subcommand offers as flags (the declaration gives type, bounds, help, default).
 MODEL_OPTIONS = ("nproc", "steps", "warmup", "backend")
 INJECT_OPTIONS = ("straggler_rank", "straggler_sleep_ms", "die_rank", "die_step", "die_how")
-THRESHOLD_OPTIONS = ("straggler_margin", "straggler_min_ms")
+THRESHOLD_OPTIONS = ("straggler_margin", "straggler_min_ms", "comm_kernels")
 
 
 def launch_timeout_s(total_s: float) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diagnostics.analyses.trace import HTA_OPTIONS, TOP_N
+from diagnostics.analyses.trace import ANALYZE_FLAGS, HTA_OPTIONS, TOP_N
 from diagnostics.cli.options import add_option, dest
 
 #: Rows shown in the text output when --top is not given.
@@ -23,10 +23,13 @@ NOT_SHOWN = ("columns_dir",)
 
 
 def add_trace_options(parser) -> None:
-    """The flags of ``trace analyze`` that the trace analysis declares (its HTA-parity options)."""
+    """The flags of ``trace analyze`` that the trace analysis declares (its HTA-parity options and the
+    user's communication kernels)."""
     group = parser.add_argument_group("analysis definitions (Holistic Trace Analysis parity)")
     for o in HTA_OPTIONS:
         add_option(group, o)
+    for o in ANALYZE_FLAGS[len(HTA_OPTIONS):]:
+        add_option(parser, o)
 
 
 def trace_job(args) -> tuple[str, dict]:
@@ -50,7 +53,7 @@ def trace_job(args) -> tuple[str, dict]:
             options["ranks_stamps"] = [file_stamp(str(f)) for f in files]
         if args.top is not None and args.top > TOP_N:  # the analysis keeps TOP_N rows per table unless told
             options["top"] = args.top
-        options.update({o.key: getattr(args, dest(o)) for o in HTA_OPTIONS if getattr(args, dest(o), None) is not None})
+        options.update({o.key: getattr(args, dest(o)) for o in ANALYZE_FLAGS if getattr(args, dest(o), None) is not None})
         return "trace", options
     stamps = [file_stamp(args.a), file_stamp(args.b)]
     return "trace_diff", {"before": stamps[0]["path"], "after": stamps[1]["path"], "stamps": stamps}

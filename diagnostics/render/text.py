@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from diagnostics.render.charts.trace_hta import hta_text
+from diagnostics.render.charts.traces import communication_lines
 from diagnostics.units import format_value
 
 
@@ -87,6 +88,7 @@ def format_analysis(result: dict, top: int) -> str:
         out.append(f"note: {n}")
     for n in (result.get("temporal_breakdown") or {}).get("notes") or []:
         out.append(f"note (per step): {n}")
+    out += communication_lines(result.get("communication"))
     graphs = (result.get("launch_stats") or {}).get("graphs") or {}
     if graphs.get("launches"):
         out.append(f"note: {graphs['launches']:,} CUDA graph launches started {graphs['kernels']:,} kernels; "
@@ -148,10 +150,13 @@ def format_critical_path(cp: dict, top: int) -> str:
     if not cp.get("available", True):
         return f"Critical path: not computed: {cp.get('reason')}"
     how = f" ({cp['chosen_as']})" if cp.get("chosen_as") else ""
-    out = [f"Critical path of step {cp['step']}{how}: {_ms(cp['length_us'])} "
-           f"(step time {_ms(cp['step_us'])}, host span {_ms(cp['host_span_us'])}), "
+    window = cp.get("gpu_window_us")
+    out = [f"Critical path of step {cp['step']}{how}: {_ms(cp['length_us'])} from the step's start to the end of "
+           f"its last work (CPU step {_ms(cp['host_span_us'])}"
+           + (f", GPU window {_ms(window)}" if window is not None else "") + "), "
            f"{cp['path_events']:,} events on it of {cp['events']:,}"]
     out.append("  by kind: " + ", ".join(f"{r['kind']} {_ms(r['us'])}" for r in cp["by_kind"] if r["us"] > 0))
+    out += [f"  note: {n}" for n in cp.get("notes") or []]
     if cp.get("incomplete_steps"):
         out.append("  steps cut short by the end of profiling (a kernel launch with no kernel in the trace): "
                    + ", ".join(map(str, cp["incomplete_steps"])))

@@ -39,6 +39,13 @@ _STRING_KEY = attrgetter(*STRING_FIELDS)
 # limit (RecursionError), and strings that are not UTF-8 (UnicodeDecodeError).
 DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError)
 _FLOW_PHASES = frozenset({"s", "f", "t"})
+# Integer columns and their types. Ids, streams and devices are int64: real files hold a uint32 -1
+# ("stream": 4294967295 on HTA's captures) and 64-bit ids. Registers and device types are small
+# by nature; a value past its column's range (or past int64: a uint64 -1) is read as absent (-1)
+# and counted in a warning, never an OverflowError.
+INT_TYPES = {"ext_id": np.int64, "corr": np.int64, "seq": np.int64, "fwd_tid": np.int64, "device": np.int64,
+             "stream": np.int64, "nbytes": np.int64, "total_allocated": np.int64, "device_type": np.int8,
+             "registers": np.int16}
 _INSTANT_PHASES = frozenset({"i", "I"})
 
 
@@ -194,6 +201,12 @@ class Columns:
         def col(attr, dtype, items=evs):
             return fi(map(attrgetter(attr), items), dtype, k)
 
+        def ints(attr, column, items):
+            try:
+                return col(attr, INT_TYPES[column], items)
+            except OverflowError:  # rare: redo this chunk's column value by value
+                return self._ints(list(map(attrgetter(attr), items)), column)
+
         ch["ts"].append(col("ts", np.float64))
         ch["dur"].append(col("dur", np.float64))
         combos = self.combos
@@ -207,11 +220,11 @@ class Columns:
         for f in STRING_FIELDS:
             ch[f].append(np.asarray(self.combo_codes[f], dtype=np.int32)[combo])
         args = list(map(attrgetter("args"), evs))
-        ch["ext_id"].append(col("external_id", np.int64, args))
-        ch["corr"].append(col("correlation", np.int64, args))
-        ch["seq"].append(col("seq", np.int64, args))
+        ch["ext_id"].append(ints("external_id", "ext_id", args))
+        ch["corr"].append(ints("correlation", "corr", args))
+        ch["seq"].append(ints("seq", "seq", args))
         # "Fwd thread id" is RecordFunction's own thread counter (1, 2, ...), not an OS thread id.
-        ch["fwd_tid"].append(col("fwd_tid", np.int32, args))
+        ch["fwd_tid"].append(ints("fwd_tid", "fwd_tid", args))
         # Sparse fields are read only for the events that can carry them.
         ph = ch["ph"][-1]
         cat = ch["cat"][-1]
@@ -223,24 +236,24 @@ class Columns:
             ids = [evs[i].id for i in flow_rows.tolist()]
             flow[flow_rows] = [i if i.__class__ is int else _flow_number(i) for i in ids]
         ch["flow_id"].append(flow)
-        device = np.full(k, -1, np.int32)
-        stream = np.full(k, -1, np.int32)
+        device = np.full(k, -1, INT_TYPES["device"])
+        stream = np.full(k, -1, INT_TYPES["stream"])
         if gpu_rows.size:
             sub = [args[i] for i in gpu_rows.tolist()]
-            device[gpu_rows] = list(map(attrgetter("device"), sub))
-            stream[gpu_rows] = list(map(attrgetter("stream"), sub))
-        nbytes = np.zeros(k, np.int64)
-        total = np.full(k, -1, np.int64)
-        dev_type = np.full(k, -1, np.int8)
+            device[gpu_rows] = self._ints(list(map(attrgetter("device"), sub)), "device")
+            stream[gpu_rows] = self._ints(list(map(attrgetter("stream"), sub)), "stream")
+        nbytes = np.zeros(k, INT_TYPES["nbytes"])
+        total = np.full(k, -1, INT_TYPES["total_allocated"])
+        dev_type = np.full(k, -1, INT_TYPES["device_type"])
         copy_rows = self._rows(cat, self.cat, MEMCPY_CATS | MEMSET_CATS)
         if copy_rows.size:  # a copy's size: -1 when the trace does not record it (older Kineto)
-            nbytes[copy_rows] = [args[i].copy_bytes for i in copy_rows.tolist()]
+            nbytes[copy_rows] = self._ints([args[i].copy_bytes for i in copy_rows.tolist()], "nbytes")
         if mem_rows.size:
             sub = [args[i] for i in mem_rows.tolist()]
-            nbytes[mem_rows] = list(map(attrgetter("nbytes"), sub))
-            total[mem_rows] = list(map(attrgetter("total_allocated"), sub))
-            dev_type[mem_rows] = list(map(attrgetter("device_type"), sub))
-            device[mem_rows] = list(map(attrgetter("device_id"), sub))
+            nbytes[mem_rows] = self._ints(list(map(attrgetter("nbytes"), sub)), "nbytes")
+            total[mem_rows] = self._ints(list(map(attrgetter("total_allocated"), sub)), "total_allocated")
+            dev_type[mem_rows] = self._ints(list(map(attrgetter("device_type"), sub)), "device_type")
+            device[mem_rows] = self._ints(list(map(attrgetter("device_id"), sub)), "device")
         ch["device"].append(device)
         ch["stream"].append(stream)
         ch["nbytes"].append(nbytes)
@@ -258,7 +271,7 @@ class Columns:
         k = len(args)
         grid = np.full(k, -1, np.int32)
         block = np.full(k, -1, np.int32)
-        registers = np.full(k, -1, np.int16)  # at most 255 per thread
+        registers = np.full(k, -1, INT_TYPES["registers"])  # at most 255 per thread
         occupancy = np.full(k, np.nan, np.float32)
         rows = self._rows(cat, self.cat, KERNEL_CATS)
         if rows.size:
@@ -266,13 +279,27 @@ class Columns:
             gt, bt = self.grid, self.block
             grid[rows] = [gt[a.grid] if a.grid else -1 for a in sub]
             block[rows] = [bt[a.block] if a.block else -1 for a in sub]
-            registers[rows] = list(map(attrgetter("registers"), sub))
+            registers[rows] = self._ints(list(map(attrgetter("registers"), sub)), "registers")
             occupancy[rows] = list(map(attrgetter("occupancy"), sub))
         ch = self.chunks
         ch["grid"].append(grid)
         ch["block"].append(block)
         ch["registers"].append(registers)
         ch["occupancy"].append(occupancy)
+
+    def _ints(self, values: list, column: str) -> np.ndarray:
+        """``values`` (Python ints) as ``column``'s integer type; those outside its range become -1
+        (absent), counted in a warning that names the column."""
+        dtype = INT_TYPES[column]
+        try:
+            return np.array(values, dtype=dtype)
+        except OverflowError:
+            pass
+        info = np.iinfo(dtype)
+        bad = sum(1 for v in values if not info.min <= v <= info.max)
+        self.warn(f"{bad:,} values of {column!r} outside its range ({info.min:,} to {info.max:,}) were read as "
+                  "absent (-1)")
+        return np.array([v if info.min <= v <= info.max else -1 for v in values], dtype=dtype)
 
     @staticmethod
     def _rows(codes: np.ndarray, table: dict, wanted: frozenset) -> np.ndarray:

@@ -10,6 +10,7 @@ a second definition anywhere else is a bug (tests/trace/test_classify.py greps f
 from __future__ import annotations
 
 import re
+
 import numpy as np
 
 # ---- steps -----------------------------------------------------------------------------------
@@ -145,30 +146,98 @@ def is_sync_call(name: str) -> bool:
 # ---- communication ---------------------------------------------------------------------------
 
 _COMM_VERBS = r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
-#: A collective, on the GPU or the host, by its name:
+
+#: Communication by family, first match wins; each pattern is searched in a GPU kernel's or a host
+#: call's name (case-insensitive). Kernel names as the libraries' own kernels show them in Kineto traces:
 #:
-#: * NCCL's kernels and calls: "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_...",
-#:   "nccl:all_reduce" (RCCL keeps these names);
-#: * host collective calls: gloo annotations ("gloo:all_reduce", which runs on gloo's own thread),
-#:   c10d ops ("c10d::allreduce_", "c10d::barrier"), record_param_comms, ProcessGroup* ranges;
+#: * expert-parallel all-to-all (DeepEP-style dispatch / combine): DeepEP's
+#:   "deep_ep::intranode::dispatch<...>", "deep_ep::internode_ll::combine<...>", "...::notify_dispatch",
+#:   "...::cached_notify_combine" and DeepSeek's own build of it ("dpsk::ep::internode::dispatch<false, 8, ...>",
+#:   "dpsk::ep::internode::cached_notify<false>", read in deepseek-ai/profile-data's H800 training trace);
+#:   pplx-kernels' "pplx::...dispatchKernel" / "combineKernel"; "moe_dispatch" / "ep_combine" style
+#:   names. Local layout kernels in the same namespace ("dpsk::ep::cuda::get_dispatch_layout") are compute;
+#: * MSCCL++ (kernels whose signature names mscclpp:: types) and MSCCL ("mscclKernel_Sum_float_Simple");
+#: * NVSHMEM's own kernels ("nvshmemi_...", "nvshmem_barrier_all_on_stream");
+#: * serving engines' custom all-reduce: vLLM's and sglang's "cross_device_reduce_1stage / 2stage",
+#:   TensorRT-LLM's "oneShotAllReduceKernel", "twoShotAllReduceKernel", "allreduce_fusion_kernel...",
+#:   its Lamport kernels, quick reduce ("quickreduce::allreduce_..."), "custom_all_reduce";
+#: * torch's symmetric memory ("one_shot_all_reduce_kernel", "multimem_all_reduce_kernel",
+#:   "c10d::symmetric_memory::...");
+#: * RCCL: "rccl" anywhere, or an NCCL-named kernel on a ROCm trace (RCCL keeps NCCL's names:
+#:   "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)" on an MI300);
+#: * NCCL: "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclKernel_...", "nccl:all_reduce";
+#: * gloo: host annotations ("gloo:all_reduce", which runs on gloo's own thread);
+#: * c10d host calls: "c10d::allreduce_", "c10d::barrier", record_param_comms, ProcessGroup* ranges;
 #: * any other name with a collective verb (all_reduce / allreduce, all_gather, reduce_scatter,
-#:   all_to_all) anywhere, or "broadcast" / "barrier" as a word ("_c10d_functional::all_reduce",
-#:   symmetric-memory "one_shot_all_reduce_kernel"). Broadcast and barrier must start a word:
-#:   inside one they are GEMM epilogues and block barriers ("EpilogueWithBroadcast").
+#:   all_to_all) anywhere, or "broadcast" / "barrier" as a word ("_c10d_functional::all_reduce").
+#:   Broadcast and barrier must start a word: inside one they are GEMM epilogues and block barriers
+#:   ("EpilogueWithBroadcast").
 #:
 #: aten:: operators never count: they are local tensor operations, and the aten names with these
 #: words are shape ops (aten::broadcast_tensors, aten::broadcast_to) that an older host-op rule
 #: counted as communication. Categories decide the rest (see comm_mask): memcpys, memsets and GPU
 #: annotations are not collectives whatever their name.
-COMM_RE = re.compile(
-    rf"^(?!aten::)(?:nccl|gloo:|c10d::|record_param_comms|ProcessGroup"
-    rf"|.*?(?:{_COMM_VERBS}|(?<![a-z])(?:broadcast|barrier)))",
-    re.IGNORECASE)
+COMM_FAMILIES = (
+    ("expert-parallel all-to-all",
+     r"\b(?:deep_?ep|ep|pplx|uccl_ep|mori)::(?:\w+::)*?(?:intranode|internode(?:_ll)?|low_latency|dispatch|combine"
+     r"|notify_dispatch|notify_combine|cached_notify\w*|clean_low_latency_buffer)\b"
+     r"|\bpplx::.*(?:dispatch|combine)|(?:^|[\s:_])(?:ep|moe|a2a|all2all)_?(?:dispatch|combine)(?:_ll)?(?:_?kernel)?\b"),
+    ("MSCCL++", r"mscclpp"),
+    ("MSCCL", r"\bmsccl(?:Kernel|_)"),
+    ("NVSHMEM", r"nvshmem"),
+    ("custom all-reduce", r"cross_device_reduce|custom_?all_?reduce|oneShotAllReduce|twoShotAllReduce|allreduce_fusion"
+     r"|lamport|quick_?reduce"),
+    ("torch symmetric memory", r"symmetric_memory|symm_mem|\b(?:one|two)_shot_all_reduce|multimem_"),
+    ("RCCL", r"rccl"),
+    ("NCCL", r"^(?:void )?nccl"),
+    ("gloo", r"^gloo:"),
+    ("c10d", r"^(?:c10d::|record_param_comms|ProcessGroup)"),
+    ("collective", rf"{_COMM_VERBS}|(?<![a-z])(?:broadcast|barrier)"),
+)
+_FAMILY_RES = tuple((family, re.compile(p, re.IGNORECASE)) for family, p in COMM_FAMILIES)
+#: Every communication family at once: a collective's name, on the GPU or the host (not aten::).
+COMM_RE = re.compile(r"^(?!aten::)(?:" + "|".join(f".*?(?:{p})" if not p.startswith("^") else f"(?:{p[1:]})"
+                                                for _, p in COMM_FAMILIES) + ")", re.IGNORECASE)
+#: The family of kernels matched by the user's own pattern (--comm-kernels, the page's field).
+USER_FAMILY = "your pattern"
+#: What a ROCm trace's NCCL-named kernels are.
+_ROCM_META_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version")
 
 
 def is_comm(name: str) -> bool:
-    """True when ``name`` is a collective's (COMM_RE): an NCCL kernel or a host collective call."""
+    """True when ``name`` is a collective's (COMM_RE): a communication kernel or a host collective call."""
     return bool(COMM_RE.search(name or ""))
+
+
+def comm_family(name: str, rocm: bool = False) -> str | None:
+    """The COMM_FAMILIES family of a collective's name ("NCCL", "expert-parallel all-to-all", ...;
+    NCCL-named kernels are "RCCL" on a ROCm trace), or None when the name is not a collective's."""
+    name = name or ""
+    if name.startswith("aten::"):
+        return None
+    for family, pattern in _FAMILY_RES:
+        if pattern.search(name):
+            return "RCCL" if (family == "NCCL" and rocm) else family
+    return None
+
+
+def comm_kernels_pattern(text: str | None) -> re.Pattern | None:
+    """The user's pattern for in-house communication kernels, compiled (None for none); a pattern that
+    does not compile raises ValueError naming it."""
+    if not text:
+        return None
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise ValueError(f"comm_kernels: {text!r} is not a regular expression ({e})") from None
+
+
+def use_comm_kernels(trace, pattern: str | None) -> None:
+    """Count GPU kernels whose name matches ``pattern`` (re.search) as communication, family
+    USER_FAMILY, in every view of ``trace``; the views computed so far are dropped."""
+    comm_kernels_pattern(pattern)
+    trace.comm_kernels = pattern or ""
+    trace._cache.clear()
 
 
 # ---- host operator families ------------------------------------------------------------------
@@ -264,7 +333,151 @@ def step_mask(trace) -> np.ndarray:
     return host_mask(trace) & trace.name_mask(STEP_RE)
 
 
+_HIP_CALL_RE = re.compile(r"^hip")
+
+
+def is_rocm(trace) -> bool:
+    """The trace was recorded on ROCm: roctracer / HIP versions in its metadata, or HIP runtime calls."""
+    if "rocm" not in trace._cache:
+        trace._cache["rocm"] = any(k in trace.meta for k in _ROCM_META_KEYS) or bool(
+            (trace.cat_mask(RUNTIME_CATS) & trace.name_mask(_HIP_CALL_RE)).any())
+    return trace._cache["rocm"]
+
+
+def user_comm_mask(trace) -> np.ndarray:
+    """GPU kernels the user's pattern (Trace.comm_kernels, use_comm_kernels) names communication."""
+    pattern = comm_kernels_pattern(trace.comm_kernels)
+    if pattern is None:
+        return np.zeros(len(trace.events), dtype=bool)
+    return kernel_mask(trace) & trace.name_mask(pattern)
+
+
 def comm_mask(trace) -> np.ndarray:
-    """Collectives (COMM_RE): NCCL kernels on the device, collective calls on the host."""
-    return (kernel_mask(trace) | host_mask(trace)) & trace.name_mask(COMM_RE)
+    """Collectives: communication kernels on the device (COMM_RE, and the user's pattern), collective
+    calls on the host (not with_stack's Python frames: "vllm/distributed/...(516): all_gather" is the
+    frame around a call, not one more call)."""
+    if "comm" not in trace._cache:
+        host = host_mask(trace) & ~trace.cat_mask(PYTHON_CATS)
+        trace._cache["comm"] = (((kernel_mask(trace) | host) & trace.name_mask(COMM_RE)) | user_comm_mask(trace))
+    return trace._cache["comm"]
+
+
+def comm_families(trace, rows: np.ndarray) -> np.ndarray:
+    """The communication family of each of ``rows`` (USER_FAMILY for the user's pattern; None for
+    what is not communication), decided once per distinct name."""
+    rocm = is_rocm(trace)
+    names = trace.strings("name", rows)
+    user = user_comm_mask(trace)[rows]
+    comm = comm_mask(trace)[rows]
+    memo: dict = {}
+    out = np.empty(rows.size, dtype=object)
+    for i, (name, u, c) in enumerate(zip(names, user, comm)):
+        if u:
+            out[i] = USER_FAMILY
+        elif c:
+            if name not in memo:
+                memo[name] = comm_family(name, rocm)
+            out[i] = memo[name]
+        else:
+            out[i] = None
+    return out
+
+
+#: A GPU stream with no communication kernel matched, where at least this share of the kernel time is
+#: in kernels whose names hint at communication (COMM_HINT_RE), gets a note: they count as compute.
+COMM_HINT_SHARE = 0.5
+#: Words in a kernel's name that hint at communication without naming a known family.
+COMM_HINT_RE = re.compile(r"send|recv|peer|p2p|ipc|nvlink|multimem|rdma|ibgda|\bcomm|collective|all2all|alltoall"
+                          r"|a2a|dispatch|combine|exchange|shuffle|signal|wait_?flag|barrier|notify|proxy"
+                          r"|transfer|allgather|allreduce|reduce_?scatter", re.IGNORECASE)
+#: Example kernel names given in a note, at most.
+HINT_EXAMPLES = 2
+
+
+def communication(trace) -> dict:
+    """The trace's communication by family, and notes where it may be missing.
+
+    Returns {"families": [{family, where ("GPU" or "host"), events, names, time_us, example}], largest
+    time first; "comm_kernels": the user's pattern or None; "rocm"; "suspect_streams": [{device, stream,
+    kernel_us, hinted_us, share, examples}]: GPU streams with no communication matched whose kernel time
+    is mostly (COMM_HINT_SHARE) in kernels whose names hint at it; "notes": what a reader must know
+    (those streams, a distributed job with no communication kernel matched, a user pattern matching
+    nothing) rather than a silent 0}. Computed once per trace (and pattern).
+    """
+    if "communication" not in trace._cache:
+        trace._cache["communication"] = _communication(trace)
+    return trace._cache["communication"]
+
+
+def _communication(trace) -> dict:
+    ev = trace.events
+    kern = kernel_mask(trace)
+    comm = comm_mask(trace)
+    rows = np.flatnonzero(comm)
+    fams = comm_families(trace, rows)
+    names = trace.strings("name", rows)
+    dur = ev["dur"].to_numpy()
+    groups: dict = {}
+    for r, fam, name in zip(rows.tolist(), fams, names):
+        key = (fam, "GPU" if kern[r] else "host")
+        g = groups.setdefault(key, {"family": fam, "where": key[1], "events": 0, "names": set(), "time_us": 0.0,
+                                    "_top": {}})
+        g["events"] += 1
+        g["names"].add(name)
+        g["time_us"] += float(dur[r])
+        g["_top"][name] = g["_top"].get(name, 0.0) + float(dur[r])
+    families = []
+    for g in sorted(groups.values(), key=lambda g: (g["where"] != "GPU", -g["time_us"])):
+        top = g.pop("_top")
+        families.append({**g, "names": len(g["names"]), "example": max(top, key=top.get)})
+    out = {"families": families, "comm_kernels": trace.comm_kernels or None, "rocm": is_rocm(trace),
+           "suspect_streams": _suspect_streams(trace, kern, comm), "notes": []}
+    notes = out["notes"]
+    for s in out["suspect_streams"]:
+        notes.append(f"GPU {s['device']} stream {s['stream']}: {s['share']:.0%} of its kernel time "
+                     f"({s['kernel_us'] / 1e3:,.3f} ms) is in kernels whose names suggest communication but match no "
+                     f"known family (e.g. {', '.join(repr(x[:80]) for x in s['examples'])}): counted as compute. If "
+                     "they are collectives, name them with --comm-kernels REGEX (the page's 'Communication "
+                     "kernels' field).")
+    gpu_comm = any(f["where"] == "GPU" for f in families)
+    info = trace.meta.get("distributedInfo") if isinstance(trace.meta.get("distributedInfo"), dict) else {}
+    world = info.get("world_size")
+    if kern.any() and not gpu_comm and isinstance(world, int) and world > 1:
+        notes.append(f"This trace is rank {info.get('rank', '?')} of a distributed job (world size {world}, backend "
+                     f"{info.get('backend', '?')}), yet none of its GPU kernels matches a communication family "
+                     "(NCCL, RCCL, MSCCL++, NVSHMEM, expert-parallel dispatch / combine, custom all-reduce): "
+                     "communication reads 0 because nothing matched, which need not mean none ran. In-house "
+                     "collective kernels: --comm-kernels REGEX.")
+    if trace.comm_kernels and not user_comm_mask(trace).any():
+        notes.append(f"The communication-kernel pattern {trace.comm_kernels!r} matches no GPU kernel of this trace.")
+    return out
+
+
+def _suspect_streams(trace, kern: np.ndarray, comm: np.ndarray) -> list:
+    """GPU streams with no communication matched, mostly running kernels whose names hint at it."""
+    ev = trace.events
+    rows = np.flatnonzero(kern)
+    if not rows.size:
+        return []
+    dev, stream = ev["device"].to_numpy()[rows], ev["stream"].to_numpy()[rows]
+    dur = np.nan_to_num(ev["dur"].to_numpy()[rows])
+    hinted = trace.name_mask(COMM_HINT_RE)[rows]
+    is_comm = comm[rows]
+    names = trace.strings("name", rows)
+    out = []
+    for d, s in sorted(set(zip(dev.tolist(), stream.tolist()))):
+        on = (dev == d) & (stream == s)
+        total = float(dur[on].sum())
+        if is_comm[on].any() or total <= 0:
+            continue
+        hint = on & hinted
+        share = float(dur[hint].sum()) / total
+        if share >= COMM_HINT_SHARE:
+            by_name: dict = {}
+            for n, t in zip(names[hint], dur[hint]):
+                by_name[n] = by_name.get(n, 0.0) + float(t)
+            examples = sorted(by_name, key=by_name.get, reverse=True)[:HINT_EXAMPLES]
+            out.append({"device": int(d), "stream": int(s), "kernel_us": total, "hinted_us": float(dur[hint].sum()),
+                        "share": share, "examples": examples})
+    return out
 

@@ -26,7 +26,7 @@ import orjson
 
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.classify import (
-    COMM_RE, comm_mask, gpu_work_mask, host_mask, host_op_mask, is_comm,
+    COMM_RE, comm_families, comm_mask, gpu_work_mask, host_mask, host_op_mask, is_comm,
 )
 from diagnostics.trace.model import Trace
 from diagnostics.trace.views import steps as step_table
@@ -134,7 +134,8 @@ def rank_breakdown(trace: Trace, comm_bytes: dict | None = None) -> dict:
 
     ``comm_bytes``: what ``collective_bytes`` read from the same file (message sizes of the calls).
     Returns {"on_gpu", "steps": [{step, step_ms, compute_ms, comm_ms, overlap_ms, compute_only_ms,
-    exposed_comm_ms, other_ms, busy_ms}], "calls": [{name, where, dur_ms, bytes}]}.
+    exposed_comm_ms, other_ms, busy_ms}], "calls": [{name, family (classify.comm_family), where, dur_ms,
+    bytes}]}.
     """
     ev = trace.events
     ts = ev["ts"].to_numpy(dtype=float)
@@ -161,9 +162,10 @@ def rank_breakdown(trace: Trace, comm_bytes: dict | None = None) -> dict:
         steps.append({
             "step": number, "step_ms": step_ms,
             "compute_ms": comp_ms, "comm_ms": comm_ms, "overlap_ms": overlap_ms,
-            "compute_only_ms": comp_ms - overlap_ms, "exposed_comm_ms": comm_ms - overlap_ms,
+            # differences of float sums: never below 0 (a -1e-13 would read "-0.0" in a table)
+            "compute_only_ms": max(0.0, comp_ms - overlap_ms), "exposed_comm_ms": max(0.0, comm_ms - overlap_ms),
             "other_ms": max(0.0, step_ms - busy_union),
-            "busy_ms": step_ms - (comm_ms - overlap_ms),
+            "busy_ms": max(0.0, step_ms - max(0.0, comm_ms - overlap_ms)),
         })
     return {"on_gpu": on_gpu, "steps": steps, "calls": _calls(trace, windows, ts, end, comm_bytes or {})}
 
@@ -187,9 +189,10 @@ def _calls(trace: Trace, windows: list, ts: np.ndarray, end: np.ndarray, comm_by
         kth[r] = ordinal.get(n, 0)
         ordinal[n] = kth[r] + 1
     calls = []
-    for r in rows[in_step].tolist():
+    chosen = rows[in_step]
+    for r, family in zip(chosen.tolist(), comm_families(trace, chosen)):
         n = str(names[r])
-        calls.append({"name": n, "where": "GPU" if gpu[r] else "CPU",
+        calls.append({"name": n, "family": family, "where": "GPU" if gpu[r] else "CPU",
                       "dur_ms": float(end[r] - ts[r]) / 1000.0,
-                      "bytes": comm_bytes.get((n, kth[r]))})
+                      "bytes": comm_bytes.get((n, kth[r])) if r in kth else None})
     return calls

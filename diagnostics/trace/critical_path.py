@@ -41,15 +41,17 @@ from diagnostics.trace.classify import (
 )
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace, nesting_of
-from diagnostics.trace.views import gpu_step_attribution, step_spans
+from diagnostics.trace.timeline import thread_label
+from diagnostics.trace.views import gpu_step_attribution, step_spans, temporal_breakdown
 
 #: The kinds of time on a path, in the order the breakdown lists them. cpu: host calls and the host
 #: time between them; launch: runtime calls that started GPU work and the launch latency to the GPU
 #: event's start; runtime: the other runtime calls (cudaMalloc, cudaFree, stream creation); kernel,
 #: copy (memcpy and memset): GPU work; sync: what a blocking call took once the GPU was done (and its
-#: own time when it did not wait); idle-wait: a stream idle between queued events, waiting on work
-#: launched before the step, or a thread's first call offset from the step's start.
-KINDS = ("cpu", "launch", "runtime", "kernel", "copy", "sync", "idle-wait")
+#: own time when it did not wait); earlier-steps: a stream still running work launched before the step
+#: (the GPU a step or more behind the CPU: busy, not idle); idle-wait: a stream idle between queued
+#: events, or a thread's first call offset from the step's start.
+KINDS = ("cpu", "launch", "runtime", "kernel", "copy", "sync", "earlier-steps", "idle-wait")
 #: The default speed-up of a what-if ("this kernel 2x faster").
 WHAT_IF_FACTOR = 2.0
 #: Names whose what-if is computed (the largest by time on the path).
@@ -60,13 +62,19 @@ MAX_PATH_ROWS = 2000
 #: computes it on every open: about 3 s per 100,000 events here) and when one is (a minute or so).
 MAX_EVENTS_AUTO = 250_000
 MAX_EVENTS = 1_500_000
+#: A wait on the path (earlier-steps, idle-wait) longer than this share of the step is explained in the
+#: result's notes: what it waited for, as far as the trace tells.
+EXPLAIN_SHARE = 0.10
+#: An idle gap on a stream "ends as" another stream's event ends when that end is at most this far
+#: before the gap's end (µs): a sign of a cross-stream wait (cudaStreamWaitEvent), which is not modelled.
+CROSS_STREAM_SLACK_US = 50.0
 #: Float slack when comparing path lengths (µs).
 EPS = 1e-6
 
 SOURCE, SINK = 0, 1
 # Edge types: an event's own time (leaf duration or a parent's self gap), and the dependencies.
 OWN, GAP, LAUNCH, STREAM, PRIOR, SYNC_TAIL, THREAD_START, TO_SINK = range(8)
-_EDGE_KIND = {GAP: "cpu", LAUNCH: "launch", STREAM: "idle-wait", PRIOR: "idle-wait", SYNC_TAIL: "sync",
+_EDGE_KIND = {GAP: "cpu", LAUNCH: "launch", STREAM: "idle-wait", PRIOR: "earlier-steps", SYNC_TAIL: "sync",
               THREAD_START: "idle-wait", TO_SINK: "idle-wait"}
 
 
@@ -231,7 +239,30 @@ def critical_path(trace: Trace, step: int | None = None, factor: float = WHAT_IF
     if not factor > 1.0:
         raise TraceError(f"critical path: the what-if factor must be above 1 (x times faster), got {factor}")
     model = model if model is not None else step_graph(trace, step)
-    return _report(model, factor, what_if_top)
+    out = _report(model, factor, what_if_top)
+    window = next((r for r in temporal_breakdown(trace)["gpu"] if r["step"] == out["step"]), None)
+    out["gpu_window_us"] = window["window_us"] if window else None
+    out["notes"] = span_notes(out) + out["notes"]
+    return out
+
+
+def span_notes(cp: dict) -> list[str]:
+    """What each step time spans, said when they differ: the CPU step (the ProfilerStep range, the Steps
+    table's figure), the path's (from the step's start to the end of its last GPU work) and the GPU
+    window of the step (the per-step GPU figures')."""
+    host, total, window = cp["host_span_us"], cp["step_us"], cp.get("gpu_window_us")
+    if total <= host * 1.01 + 1.0:
+        return []
+    text = (f"This step's time here, {total / 1e3:,.3f} ms, runs from its start on the CPU to the end of its last GPU "
+            f"work; its CPU step (its range on the CPU, as the Steps table gives it) is {host / 1e3:,.3f} ms")
+    if window is not None:
+        text += f", and the GPU ran its work in a {window / 1e3:,.3f} ms window (GPU time per step)"
+    lag = cp.get("gpu_start_us")
+    if lag is not None and lag > 0.25 * host:
+        text += (f". Its first GPU work started {lag / 1e3:,.3f} ms after the CPU step began: the GPU runs "
+                 f"{lag / host:.1f} steps behind the CPU, so a step's CPU and GPU time overlap the neighbours'"
+                 " and the two figures are not one step's length")
+    return [text + "."]
 
 
 # ---- building the graph ------------------------------------------------------------------------
@@ -294,7 +325,7 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
     kind[n_h:] = np.where(np.isin(gkind, ["compute", "communication"]), "kernel", "copy")
     where = np.empty(n, dtype=object)
     pid_l, tid_l = trace.strings("pid", rows), trace.strings("tid", rows)
-    where[:n_h] = [f"thread {p}/{t}" for p, t in zip(pid_l[:n_h], tid_l[:n_h])]
+    where[:n_h] = [thread_label(trace.thread_names, p, t) for p, t in zip(pid_l[:n_h], tid_l[:n_h])]
     where[n_h:] = [f"GPU {d} stream {s}" for d, s in zip(gsel["device"], gsel["stream"])]
     row_label = where.copy()   # the timeline's row label: "pid/tid" (" · depth" below the top) or the stream's
     depth = np.zeros(n, dtype=np.int64)
@@ -428,6 +459,11 @@ def _build(trace: Trace, span: pd.Series, max_events: int = MAX_EVENTS) -> dict:
     G.freeze()
     step_end = max([t1 - t0] + [float(x) for x in end[n_h:]]) if n else t1 - t0
     return {"graph": G, "rows": rows, "n_host": n_h, "names": names, "kind": kind, "start": start, "end": end,
+            # every GPU event of the trace (ends from the step's start, names, device/stream), and the
+            # step's own events' device/stream: what explains a wait on the path (_explain)
+            "all_gpu": (gall["end_us"].to_numpy() - t0, gall["name"].to_numpy(),
+                        (gall["device"].astype(str) + "/" + gall["stream"].astype(str)).to_numpy()),
+            "gpu_key": np.array([f"{d}/{s}" for d, s in zip(gdev, gstream)], dtype=object),
             "where": where, "lane": row_label, "lane_key": lane_key, "parent": ev_parent, "step": int(span["step"]), "t0": t0, "step_us": step_end,
             "host_span_us": t1 - t0, "launch_of": launch_of, "typical": typical}
 
@@ -565,7 +601,10 @@ def _report(model: dict, factor: float, what_if_top: int) -> dict:
         what_ifs.append({"name": name, "kind": kind, "calls": int(members.size), "on_path_us": float(us),
                          "saving_us": max(r["saving_us"], 0.0), "step_us_after": r["step_us"]})
     total = model["step_us"]
+    gpu_starts = start[model["n_host"]:]
     return {
+        "notes": _explain(model, total),
+        "gpu_start_us": float(gpu_starts.min()) if gpu_starts.size else None,
         "step": model["step"], "chosen_as": model.get("chosen_as", ""),
         "incomplete_steps": list(model.get("incomplete_steps", [])), "step_start_us": model["t0"], "step_us": total,
         "host_span_us": model["host_span_us"], "length_us": model["length_us"], "factor": factor,
@@ -577,6 +616,47 @@ def _report(model: dict, factor: float, what_if_top: int) -> dict:
         "typical_us": {"launch": model["typical"][LAUNCH], "stream_gap": model["typical"][STREAM],
                        "sync_return": model["typical"][SYNC_TAIL]},
     }
+
+
+def _explain(model: dict, total: float) -> list[str]:
+    """A sentence for each wait on the path (earlier-steps, idle-wait) longer than EXPLAIN_SHARE of the
+    step: what the trace says it waited for."""
+    G, n_h = model["graph"], model["n_host"]
+    out = []
+    for e in path_edges(model):
+        t, w = int(G.type[e]), float(G.w[e])
+        if t == OWN or _EDGE_KIND.get(t) not in ("earlier-steps", "idle-wait") or w <= EXPLAIN_SHARE * total:
+            continue
+        i = int(G.event[e])
+        name, where = model["names"][i], model["where"][i]
+        share = f"{w / 1e3:,.3f} ms ({100 * w / total:.0f} % of the step)"
+        if t == PRIOR:
+            out.append(f"{share} waiting for {where} to finish work launched before this step (the GPU was busy "
+                       f"with earlier steps, not idle) before it could start {_short(name)}.")
+        elif t == STREAM:
+            gap_end = float(model["start"][i])
+            ends, names, keys = model["all_gpu"]
+            key = model["gpu_key"][i - n_h] if i >= n_h else None
+            near = np.flatnonzero((keys != key) & (ends <= gap_end + EPS) & (ends >= gap_end - CROSS_STREAM_SLACK_US))
+            if near.size:
+                j = near[np.argmax(ends[near])]
+                dev, stream = str(keys[j]).split("/", 1)
+                cause = (f"the gap ended {gap_end - ends[j]:.1f} µs after {_short(str(names[j]))} ended on GPU {dev} "
+                         f"stream {stream}: a wait on another stream (cudaStreamWaitEvent), which the path does not "
+                         "follow")
+            else:
+                cause = "no other stream's work ended then: a wait the trace does not show (an event or a sync)"
+            out.append(f"{share} with {where} idle before {_short(name)} although it had been launched; {cause}.")
+        elif t == THREAD_START:
+            out.append(f"{share} before the first call of {where} in the step ({_short(name)}): threads wait on one "
+                       "another in ways the trace does not record.")
+    return out
+
+
+def _short(name: str, n: int = 60) -> str:
+    """A kernel's name short enough for a sentence (templated C++ names run to hundreds of characters)."""
+    name = str(name)
+    return name if len(name) <= n else name[: n - 1] + "…"
 
 
 def _is_step_name(name: str) -> bool:

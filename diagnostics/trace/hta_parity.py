@@ -23,7 +23,7 @@ import pandas as pd
 
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.classify import (
-    GPU_ANNOTATION_CATS, RUNTIME_CATS, host_op_mask, is_graph_launch, memcpy_direction,
+    GPU_ANNOTATION_CATS, RUNTIME_CATS, communication, host_op_mask, is_graph_launch, memcpy_direction,
 )
 from diagnostics.trace.model import Trace
 from diagnostics.trace.views import _gpu_frame, _records
@@ -373,7 +373,7 @@ def launch_delay(trace: Trace, n: int = 20, since: str = "call_start") -> dict:
 def comm_overlap(trace: Trace, compute: str = "gpu_work") -> dict:
     """The share of communication time with computation running beside it (HTA's comm/comp overlap):
     overlap_pct = 100 x |comm ∩ comp| / |comm|, over unions of GPU events (so concurrent streams
-    count once). ``compute="gpu_work"``: computation is all non-communication GPU work (kernels,
+    count once); communication is every family classify.communication names (``families``). ``compute="gpu_work"``: computation is all non-communication GPU work (kernels,
     copies, sets; the distributed analysis' definition); ``"kernels"``: compute kernels only, as HTA
     counts it. Without communication kernels, overlap_pct is None (not counted)."""
     if compute not in OVERLAP_COMPUTE:
@@ -385,10 +385,13 @@ def comm_overlap(trace: Trace, compute: str = "gpu_work") -> dict:
     comm_u, comp_u = iv.union(s[is_comm], e[is_comm]), iv.union(s[is_comp], e[is_comp])
     comm_us, comp_us = iv.length(comm_u), iv.length(comp_u)
     overlap = _covered_within(comp_u, *comm_u)
+    found = communication(trace)
     out = {"compute": compute, "comm_us": comm_us, "compute_us": comp_us, "overlap_us": overlap,
-           "overlap_pct": 100.0 * overlap / comm_us if comm_us > 0 else None, "notes": []}
+           "overlap_pct": 100.0 * overlap / comm_us if comm_us > 0 else None,
+           "families": [f["family"] for f in found["families"] if f["where"] == "GPU"], "notes": []}
     if not comm_us:
         out["notes"].append(f"{NOT_COUNTED}: no communication kernels in this trace")
+    out["notes"] += found["notes"]   # kernels that look like communication but match no family, say so
     return out
 
 

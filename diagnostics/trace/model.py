@@ -38,6 +38,8 @@ class Trace:
     warnings: list = field(default_factory=list)
     process_names: dict = field(default_factory=dict)   # pid label -> name
     thread_names: dict = field(default_factory=dict)    # "pid/tid" label -> name
+    # The user's pattern for in-house communication kernels (classify.use_comm_kernels), "" for none.
+    comm_kernels: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -61,8 +61,20 @@ def _lanes(trace: Trace) -> dict:
         names.append(f"GPU {sa} stream {sb}" if is_gpu else f"{sa}/{sb}" + (" · Python" if is_py else ""))
         kinds.append("gpu" if is_gpu else "cpu")
         parts.append((bool(is_gpu), str(sa), str(sb), bool(is_py)))
-    out = {"rows": rows, "lane": inv.ravel(), "depth": np.where(gpu, 0, np.maximum(depth, 0)),
-           "names": names, "kinds": kinds, "labels": _lane_labels(parts, trace.thread_names)}
+    lane = inv.ravel()
+    # The call a thread without an OS id runs most often names it (thread_label).
+    top = {}
+    unnamed = [i for i, (is_gpu, a, b, _) in enumerate(parts) if not is_gpu and _no_os_id(b)
+               and not trace.thread_names.get(f"{a}/{b}")]
+    if unnamed:
+        codes = trace.codes("name")[rows]
+        labels = trace.labels("name")
+        for i in unnamed:
+            on = codes[lane == i]
+            if on.size:
+                top[i] = labels[np.bincount(on[on >= 0]).argmax()] if (on >= 0).any() else None
+    out = {"rows": rows, "lane": lane, "depth": np.where(gpu, 0, np.maximum(depth, 0)),
+           "names": names, "kinds": kinds, "labels": _lane_labels(parts, trace.thread_names, top)}
     trace._cache["lanes"] = out
     return out
 
@@ -73,18 +85,34 @@ def natural_key(text: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text) if p)
 
 
-def _lane_labels(parts: list[tuple], thread_names: dict) -> list[str]:
-    """What a user reads for each lane: "GPU 0 · stream 7", the thread's own name where the trace
-    gives one ("thread 100 (python)", "main thread"), else "thread 4242"; a Python-stack lane says so;
-    the process is named only when the trace has several."""
+def _no_os_id(tid: str) -> bool:
+    """A thread id that is no OS thread id: negative (a pthread handle cut to 32 bits, as CUPTI reports
+    the threads it did not see start: "-247463936")."""
+    return tid.startswith("-") and tid[1:].isdigit()
+
+
+def thread_label(thread_names: dict, pid: str, tid: str, top_call: str | None = None) -> str:
+    """A host thread as a user reads it: its own name where the trace gives one ("thread 1102
+    (pt_main_thread)"), else its OS id ("thread 4242"), else, for an id that is none (_no_os_id), the
+    call it runs most ("unnamed thread (cudaEventQuery)")."""
+    name = (thread_names.get(f"{pid}/{tid}") or "").strip()
+    if name:
+        return name
+    if _no_os_id(str(tid)):
+        return f"unnamed thread ({top_call})" if top_call else "unnamed thread"
+    return f"thread {tid}"
+
+
+def _lane_labels(parts: list[tuple], thread_names: dict, top_calls: dict | None = None) -> list[str]:
+    """What a user reads for each lane: "GPU 0 · stream 7", a host thread's thread_label; a
+    Python-stack lane says so; the process is named only when the trace has several."""
     pids = {pa for is_gpu, pa, _, _ in parts if not is_gpu}
     labels = []
-    for is_gpu, a, b, is_py in parts:
+    for i, (is_gpu, a, b, is_py) in enumerate(parts):
         if is_gpu:
             labels.append(f"GPU {a} · stream {b}")
             continue
-        name = (thread_names.get(f"{a}/{b}") or "").strip()
-        text = name or f"thread {b}"
+        text = thread_label(thread_names, a, b, (top_calls or {}).get(i))
         if len(pids) > 1:
             text = f"process {a} · {text}"
         labels.append(text + (" · Python stack" if is_py else ""))

@@ -96,3 +96,24 @@ def test_the_page_says_whether_the_trace_came_from_the_trace_cache(new_app, tmp_
         at.text_input(key="trace_path_a").set_value(str(path)).run()
         assert not at.exception, [e.value for e in at.exception]
         assert any(c.value.startswith(said) for c in at.caption), [c.value for c in at.caption]
+
+
+def test_in_house_communication_gets_a_note_and_the_page_field_counts_it(new_app, tmp_path):
+    """Issue #31: kernels that look like communication but match no family are named, never a silent 0;
+    the 'Communication kernels' field (the comm_kernels option) makes them communication."""
+    from tests.trace.test_classify import _two_stream_trace
+
+    _two_stream_trace(tmp_path, "acme_ring_send_recv_kernel<bf16>")
+    path = tmp_path / "two_streams.json"
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    at.radio(key="trace_src_a").set_value("Local path").run()
+    at.text_input(key="trace_path_a").set_value(str(path)).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("suggest communication but match no known family" in w.value for w in at.warning)
+    at.text_input(key="trace_comm_kernels").set_value("^acme_ring_").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not any("suggest communication" in w.value for w in at.warning)
+    fams = next(df.value for df in at.dataframe if "Family" in df.value.columns or "family" in df.value.columns)
+    assert "your pattern" in set(fams.iloc[:, 0])
+    assert any("Your pattern for communication kernels" in c.value for c in at.caption)

@@ -266,3 +266,43 @@ def test_an_absurd_timestamp_prints_as_a_short_duration():
     from diagnostics.render.text import _ms
 
     assert _ms(1e308) == "1e+305 ms" and _ms(1500.0) == "1.500 ms" and _ms(None) == "-"
+
+
+def test_wide_integers_from_real_files_are_kept(tmp_path):
+    """Real traces carry ids and streams past int32 (issue #31: HTA's critical-path captures hold
+    "stream": 4294967295, a uint32 -1, on their cuda_sync events; ingest raised OverflowError).
+    Streams and devices are read as int64, pids and tids as strings; a value past int64 (a uint64 -1)
+    is read as absent and said in a warning, never a crash."""
+    k = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "dur": 2.0}
+    evs = [
+        dict(k, ts=1.0, args={"stream": 4294967295, "device": 0, "correlation": 2**62, "External id": 2**63 - 1}),
+        dict(k, ts=4.0, args={"stream": 2**40, "device": 2**33, "registers per thread": 70000}),
+        dict(k, ts=7.0, args={"stream": 2**64 - 1, "device": 0}),
+        {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": "rank0 GPU", "tid": 2**40, "ts": 9.0,
+         "dur": 1.0, "args": {"stream": 4294967295, "device": 0}},
+        {"ph": "X", "cat": "cpu_op", "name": "op", "pid": "worker-3", "tid": 4294967295, "ts": 10.0, "dur": 1.0,
+         "args": {"Fwd thread id": 2**40, "Sequence number": 2**50}},
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 11.0, "s": "t",
+         "args": {"Device Type": 300, "Device Id": 2**35, "Bytes": 2**62, "Total Allocated": 2**62}},
+    ]
+    t = load_trace(_write(tmp_path, "wide.json", {"traceEvents": evs}))
+    ev = t.events
+    assert ev["stream"].tolist()[:4] == [4294967295, 2**40, -1, 4294967295]
+    assert ev["device"].tolist()[:4] == [0, 2**33, 0, 0]
+    assert ev["corr"].iat[0] == 2**62 and ev["ext_id"].iat[0] == 2**63 - 1
+    assert ev["fwd_tid"].iat[4] == 2**40 and ev["seq"].iat[4] == 2**50
+    assert ev["nbytes"].iat[5] == 2**62 and ev["device"].iat[5] == 2**35
+    assert t.strings("pid").tolist()[3:5] == ["rank0 GPU", "worker-3"]
+    assert t.strings("tid").tolist()[3:5] == [str(2**40), "4294967295"]
+    # Out of their columns' range: read as absent, each named in a warning.
+    assert ev["stream"].iat[2] == -1 and ev["registers"].iat[1] == -1 and ev["device_type"].iat[5] == -1
+    text = " ".join(t.warnings)
+    for field in ("stream", "registers", "device_type"):
+        assert f"'{field}'" in text, (field, t.warnings)
+
+
+def test_hta_capture_with_a_uint32_stream_opens():
+    """The public trace of the report (HTA's critical-path simple_add capture) opens."""
+    t = load_trace(DATA / "public" / "hta" / "critical_path_simple_add.json.gz")
+    sync = t.events[t.events["cat"] == "cuda_sync"]
+    assert (sync["stream"] == 4294967295).any()

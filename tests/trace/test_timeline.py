@@ -92,3 +92,23 @@ def test_downsampling_never_drops_a_lane(tmp_path):
     assert "GPU 0 stream 7" in [lane["lane"] for lane in r["lanes"]]
     assert any(e["lane"] == "GPU 0 stream 7" for e in r["events"])
     assert {e["lane"] for e in r["events"]} == {"1/1", "1/2", "1/3", "GPU 0 stream 7"}
+
+
+def test_a_thread_without_an_os_id_is_named_by_what_it_runs():
+    """HTA's ns_resolution capture has a thread "-247463936" (a pthread handle cut to int32, not an OS
+    thread id, and no thread_name): the lane said "thread -247463936" (issue #31). It is named by what
+    runs on it; threads the trace names keep their names, an OS id stays as it is."""
+    from diagnostics.trace import load_trace
+
+    t = load_trace(DATA / "public" / "hta" / "ns_resolution_rank0.json.gz")
+    labels = {lane["lane"]: lane["label"] for lane in timeline_data(t)["lanes"]}
+    assert labels["1102/-247463936"] == "unnamed thread (cudaEventQuery)"
+    assert labels["1102/1102"] == "thread 1102 (pt_main_thread)"
+    assert labels["1102/1262"] == "thread 1262 (pt_autograd_0)"
+    assert not any("-247463936" in label for label in labels.values())
+    from diagnostics.trace.timeline import thread_label
+
+    assert thread_label({}, "9", "4242") == "thread 4242"
+    assert thread_label({"9/5": "main thread"}, "9", "5") == "main thread"
+    assert thread_label({}, "9", "-5", top_call="cudaEventQuery") == "unnamed thread (cudaEventQuery)"
+    assert thread_label({}, "9", "-5") == "unnamed thread"

@@ -83,12 +83,17 @@ def show_critical_path(result: dict) -> None:
     cp = other or cp
     metric_row([
         Tile("Step", str(cp["step"]), "text", "ProfilerStep number"),
-        Tile("Step time", cp["step_us"], "us",
-             "from the step's start to the end of its host span or of its last GPU work, whichever is later"),
-        Tile("Critical path", cp["length_us"], "us", "the longest dependency chain: equals the step time"),
+        Tile("CPU step", cp["host_span_us"], "us", "the ProfilerStep range on the CPU: the Steps table's figure"),
+        Tile("To last GPU work", cp["step_us"], "us",
+             "from the step's start to the end of its host span or of its last GPU work, whichever is later: "
+             "the critical path's length. Longer than the CPU step when the GPU runs behind the CPU"),
+        Tile("GPU window", cp.get("gpu_window_us"), "us",
+             "the GPU's time for this step's work: from its first GPU event to the next step's (GPU time per step)"),
         Tile("Path events", cp["path_events"], "count", f"events on the path, of {cp['events']:,} in the step"),
     ])
     st.caption(headline(cp))
+    for note in cp.get("notes") or []:
+        st.info(note)
     st.plotly_chart(build_critical_path_breakdown_figure(cp), width="stretch", key=chart_key("cp", result, 1))
     st.plotly_chart(build_critical_path_timeline_figure(cp), width="stretch", key=chart_key("cp", result, 2))
     st.markdown("**What if it were faster**")

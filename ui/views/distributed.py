@@ -91,10 +91,14 @@ def show(result: dict) -> None:
             cdf = pd.DataFrame(result["collectives"]).assign(
                 mean_message=lambda d: d["mean_bytes"].map(lambda b: "not recorded" if pd.isna(b) else human_bytes(b)))
             cdf, config = unit_columns(
-                cdf[["name", "where", "calls", "ranks", "total_ms", "mean_ms", "max_ms", "mean_message", "bytes"]],
+                cdf.assign(family=cdf.get("family", pd.Series([None] * len(cdf))).fillna("-"))[
+                    ["name", "family", "where", "calls", "ranks", "total_ms", "mean_ms", "max_ms", "mean_message",
+                     "bytes"]],
                 {"total_ms": ("Total", "ms"), "mean_ms": ("Mean", "ms"), "max_ms": ("Max", "ms"),
                  "bytes": ("Total moved", "bytes")}, {
                     "name": st.column_config.TextColumn("Collective"),
+                    "family": st.column_config.TextColumn("Family", help="the communication family the name "
+                                                          "belongs to (NCCL, RCCL, expert-parallel all-to-all...)"),
                     "where": st.column_config.TextColumn("Runs on"),
                     "calls": st.column_config.NumberColumn("Calls"),
                     "ranks": st.column_config.NumberColumn("Ranks"),

@@ -115,6 +115,13 @@ def diff_tiles(result: dict) -> list[Tile]:
     ]
 
 
+#: The Trace explorer's tabs (issue #31: eleven overflowed the page at 1280 px): what a trace is, its steps,
+#: what ran, what the GPU did (with its own tabs), the timeline, one step's critical path.
+TABS = ("Summary", "Per step", "Operators & kernels", "GPU", "Timeline", "Critical path")
+#: The "GPU" tab's own tabs.
+GPU_TABS = ("Idle time", "Launches", "Launch queue", "Copies", "Annotations", "Communication")
+
+
 def show(result: dict) -> None:
     s = result["summary"]
     st.caption(f"{result['name']} · {human_bytes(s['bytes'])} · rank {s['rank'] if s['rank'] is not None else 'n/a'}"
@@ -126,14 +133,12 @@ def show(result: dict) -> None:
     for n in s.get("notes") or []:
         st.info(n)
     has_ranks = bool(result.get("ranks"))  # several ranks' traces (ui.views.trace_ranks): their tab first
-    tabs = st.tabs((["Ranks"] if has_ranks else []) +
-                   ["Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline",
-                    "Critical path"] + trace_hta.TABS)
+    tabs = st.tabs((["Ranks"] if has_ranks else []) + list(TABS))
     if has_ranks:
         with tabs[0]:
             show_ranks(result["ranks"])
         tabs = tabs[1:]
-    trace_hta.show_tabs(tabs[-len(trace_hta.TABS):], result)   # the HTA-parity tabs (ui.views.trace_hta)
+    hta = trace_hta.has_parts(result)
     with tabs[0]:
         st.plotly_chart(build_category_figure(s), width="stretch")
         c1, c2 = st.columns(2)
@@ -164,24 +169,70 @@ def show(result: dict) -> None:
         if top["kernels"]:
             st.plotly_chart(build_top_operators_figure(top, "kernels"), width="stretch")
             _table(top["kernels"], height=300)
+        if hta:
+            st.markdown("**Kernel sequences (fusion candidates)**")
+            trace_hta.show_kernel_sequences(result)
     with tabs[3]:
         if not s["has_gpu"]:
-            st.info("CPU-only trace: no GPU streams, so no idle time or kernel launches to analyse.")
+            st.info("CPU-only trace: no GPU streams, so no idle time, kernel launches or copies to analyse.")
+            _communication(result)
         else:
-            st.plotly_chart(build_idle_time_figure(result["idle_time"]), width="stretch")
-            _table(result["idle_time"]["streams"])
-            launch = result["launch_stats"]
-            st.plotly_chart(build_launch_figure(launch), width="stretch")
-            _table(launch["by_name"], height=300)
-            graphs = launch.get("graphs") or {}
-            if graphs.get("launches"):
-                st.markdown("**CUDA graph launches**")
-                st.caption(graph_launch_text(graphs))
-                _table(graphs["by_launch"], height=300)
+            _gpu(result, hta)
     with tabs[4]:
         _timeline(result)
     with tabs[5]:  # #18: ui/views/critical_path.py
         show_critical_path(result)
+
+
+def _gpu(result: dict, hta: bool) -> None:
+    """The "GPU" tab: idle time, launches (with their delays), the launch queue, copies, annotations and
+    communication, each in a tab of its own."""
+    gt = st.tabs(list(GPU_TABS))
+    with gt[0]:
+        st.plotly_chart(build_idle_time_figure(result["idle_time"]), width="stretch")
+        _table(result["idle_time"]["streams"])
+    with gt[1]:
+        launch = result["launch_stats"]
+        st.plotly_chart(build_launch_figure(launch), width="stretch")
+        _table(launch["by_name"], height=300)
+        graphs = launch.get("graphs") or {}
+        if graphs.get("launches"):
+            st.markdown("**CUDA graph launches**")
+            st.caption(graph_launch_text(graphs))
+            _table(graphs["by_launch"], height=300)
+        if hta:
+            trace_hta.show_launch_delay(result)
+    parts = ((gt[2], trace_hta.show_queue_length), (gt[3], trace_hta.show_memcpy_bandwidth),
+             (gt[4], trace_hta.show_annotations))
+    for tab, part in parts:
+        with tab:
+            if hta:
+                part(result)
+            else:
+                st.info("This result predates these analyses: open the trace again to compute them.")
+    with gt[5]:
+        _communication(result)
+        if hta:
+            trace_hta.show_comm_overlap(result)
+
+
+def _communication(result: dict) -> None:
+    """Communication by family (classify.communication) and what may be missing from it."""
+    comm = result.get("communication")
+    if comm is None:
+        st.info("This result predates communication families: open the trace again.")
+        return
+    if comm["families"]:
+        df = pd.DataFrame(comm["families"]).rename(columns={"where": "runs on", "names": "distinct names",
+                                                            "example": "largest"})
+        _table(df.to_dict("records"), {"time_us": "Time"})
+    else:
+        st.caption("No kernel or host call of this trace matches a communication family (NCCL, RCCL, MSCCL++, "
+                   "NVSHMEM, expert-parallel dispatch / combine, custom all-reduce, gloo, c10d).")
+    if comm.get("comm_kernels"):
+        st.caption(f"Your pattern for communication kernels: `{comm['comm_kernels']}`")
+    for n in comm.get("notes") or []:
+        st.warning(n)
 
 
 def show_diff(result: dict) -> None:

@@ -153,7 +153,9 @@ def check_communication(f):
     if f["env"].get("world_size", 1) <= 1 and not frac:
         return na("not distributed (world size 1)")
     frac = frac or 0.0
-    ev = f"communication kernels (NCCL) took {_pct(frac)} of kernel time (max {_pct(COMMUNICATION_FRACTION_MAX)})"
+    families = ", ".join(_m(f, "profile", "communication_families") or []) or "none matched a known family"
+    ev = (f"communication kernels ({families}) took {_pct(frac)} of kernel time "
+          f"(max {_pct(COMMUNICATION_FRACTION_MAX)})")
     if frac > COMMUNICATION_FRACTION_MAX:
         return ("warn", ev, "Overlap communication with compute (DDP bucket_cap_mb, gradient accumulation with "
                 "no_sync), or use a larger batch per device.", {"fraction": frac})

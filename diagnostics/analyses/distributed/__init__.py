@@ -2,7 +2,7 @@
 (distributed), or analyse a folder of per-rank traces (distributed_traces). The work is in
 job.py (per-rank breakdown, collectives, stragglers), launch.py and rank_main.py."""
 
-from diagnostics.declare import Analysis, Column, Metric, Option, Table
+from diagnostics.declare import COMM_KERNELS, Analysis, Column, Metric, Option, Table
 
 BACKENDS = ("auto", "gloo", "nccl")
 DIE_HOWS = ("exit", "kill")
@@ -22,6 +22,7 @@ _THRESHOLDS = (
            "the other ranks' median by this fraction...", lo=0, flag="--margin"),
     Option("straggler_min_ms", "float", STRAGGLER_MIN_EXCESS_MS, "...and by at least this many ms", lo=0,
            flag="--min-excess-ms", unit="ms"),
+    COMM_KERNELS,
 )
 _METRICS = (
     Metric("world_size", "count", "World size"),

@@ -94,8 +94,10 @@ def _median(values) -> float:
 
 
 def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_ms: float = STRAGGLER_MIN_EXCESS_MS,
-                        progress=None) -> dict:
-    """Analyse every per-rank trace in ``folder`` (one file per rank)."""
+                        progress=None, comm_kernels: str | None = None) -> dict:
+    """Analyse every per-rank trace in ``folder`` (one file per rank); ``comm_kernels``: the user's
+    pattern for in-house communication kernels (classify.use_comm_kernels)."""
+    from diagnostics.trace.classify import communication, use_comm_kernels
     from diagnostics.trace.ingest import load_trace
 
     from diagnostics.trace.errors import TraceError
@@ -130,7 +132,11 @@ def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_
         comm_bytes, note = collective_bytes(path)
         if note:
             notes.append(note)
+        use_comm_kernels(trace, comm_kernels)
         b = rank_breakdown(trace, comm_bytes)
+        comm = communication(trace)
+        b["families"] = [f["family"] for f in comm["families"]]
+        notes.extend(f"{path.name}: {n}" for n in comm["notes"] if f"{path.name}: {n}" not in notes)
         b["file"] = path.name
         b["info"] = info
         wall = path.with_name(f"rank{rank}.steps.json")
@@ -193,7 +199,8 @@ def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_exces
     groups: dict[tuple[str, str], dict] = {}
     for r in ranks:
         for c in per_rank[r]["calls"]:
-            g = groups.setdefault((c["name"], c["where"]), {"name": c["name"], "where": c["where"], "calls": 0,
+            g = groups.setdefault((c["name"], c["where"]), {"name": c["name"], "family": c.get("family"),
+                                                           "where": c["where"], "calls": 0,
                                                            "ranks": set(), "total_ms": 0.0, "max_ms": 0.0,
                                                            "bytes": 0, "calls_with_bytes": 0})
             g["calls"] += 1
@@ -246,7 +253,7 @@ def analyze_folder(ctx, options: dict) -> dict:
     options = DISTRIBUTED_TRACES.validate(options)  # idempotent: the runner validated them too
     result = analyze_folder_path(check_server_path(options["trace_dir"], "trace folder"),
                                  margin=options["straggler_margin"], min_excess_ms=options["straggler_min_ms"],
-                                 progress=ctx.progress)
+                                 progress=ctx.progress, comm_kernels=options["comm_kernels"])
     result["source"] = "folder"
     return result
 
@@ -288,7 +295,8 @@ def analyze(ctx, options: dict) -> dict:
     run = launch(job, nproc, timeout_s=options["run_timeout_s"],
                  on_progress=ctx.progress)
     result = analyze_folder_path(out_dir, margin=options["straggler_margin"],
-                                 min_excess_ms=options["straggler_min_ms"], progress=ctx.progress)
+                                 min_excess_ms=options["straggler_min_ms"], progress=ctx.progress,
+                                 comm_kernels=options["comm_kernels"])
     result["source"] = "launch"
     oversubscribed(result, nproc, job.threads, on_gpu=backend == "nccl")
     if requested == "auto":

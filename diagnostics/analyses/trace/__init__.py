@@ -2,7 +2,7 @@
 time range (trace_timeline) and compare two traces (trace_diff). The work is in job.py; the
 trace layer (diagnostics.trace) does the reading and the views."""
 
-from diagnostics.declare import Analysis, Column, Metric, Option, OptionError, Table
+from diagnostics.declare import COMM_KERNELS, Analysis, Column, Metric, Option, OptionError, Table
 
 TOP_N = 20
 
@@ -72,6 +72,9 @@ HTA_TABLES = (
                                                        Column("count", "count", "launches"))),
 )
 
+#: The options `trace analyze` has flags for: the HTA-parity definitions and the user's communication kernels.
+ANALYZE_FLAGS = HTA_OPTIONS + (COMM_KERNELS,)
+
 #: The critical path's options (issue #18), kept together so other parts' options merge cleanly.
 _CRITICAL_PATH = (
     Option("critical_path_step", "int", None, "the profiler step number whose critical path is "
@@ -99,7 +102,7 @@ TRACE = Analysis(
                "stored under another)", optional=True, flag=""),
         Option("ranks_stamps", "list", None, "path, size and mtime of the rank files, so a changed file is a "
                "new job", optional=True, flag=""),
-    ) + _TIMELINE + HTA_OPTIONS + _CRITICAL_PATH,
+    ) + _TIMELINE + HTA_OPTIONS + (COMM_KERNELS,) + _CRITICAL_PATH,
     metrics=(
         Metric("events", "count", "Events"),
         Metric("duration_ms", "ms", "Duration"),

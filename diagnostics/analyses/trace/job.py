@@ -24,6 +24,7 @@ from diagnostics.trace.cache import cached_load, link_events
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks import analyse_ranks
 from diagnostics.trace import hta_parity as hp
+from diagnostics.trace.classify import communication, use_comm_kernels
 from diagnostics.trace.views import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
@@ -88,7 +89,8 @@ def analyze(ctx, options: dict) -> dict:
         msg = str(e)
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
-    out = {"path": path, "name": name}
+    use_comm_kernels(trace, options["comm_kernels"])   # before any view: every one reads communication so
+    out = {"path": path, "name": name, "communication": communication(trace)}
     hta = hta_steps(options, rows)
     steps = [("summary", summary), ("temporal_breakdown", temporal_breakdown),
              ("top_operators", partial(top_operators, n=rows)), ("idle_time", hta.pop("idle_time")),

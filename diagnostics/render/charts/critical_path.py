@@ -11,14 +11,16 @@ from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 
 KIND_COLORS = {"cpu": "#4c78a8", "launch": "#f58518", "runtime": "#eeca3b", "kernel": "#54a24b", "copy": "#b279a2",
-               "sync": "#e45756", "idle-wait": "#bab0ac"}
+               "sync": "#e45756", "earlier-steps": "#9d755d", "idle-wait": "#bab0ac"}
 #: Path events drawn on the timeline at most (the longest kept).
 MAX_DRAWN = 1500
 #: What the path is, shown under its charts.
 CRITICAL_PATH_HELP = (
     "The critical path is the chain of dependent events (host calls in thread order, launch -> GPU work, "
     "GPU work in stream order, a sync -> the GPU work it waited for) whose summed length is the step's time: "
-    "from the step's start to the end of its host span or of its last GPU work, whichever is later. "
+    "from the step's start to the end of its host span or of its last GPU work, whichever is later (when the "
+    "GPU runs behind the CPU this is longer than the CPU step of the Steps table; 'earlier-steps' is the GPU "
+    "still busy with work launched before the step). "
     "Shortening an event off the path does not shorten the step. A what-if makes every call of a name in the "
     "step faster and computes the longest path again; a queued kernel's launch or stream latency is taken as "
     "the median of those that decided a start, so the saving can be less than the time cut.")
@@ -34,9 +36,13 @@ def headline(cp: dict) -> str:
         return f"Critical path not computed: {cp.get('reason')}"
     top = max(cp["by_kind"], key=lambda r: r["us"])
     cut = cp.get("incomplete_steps") or []
+    spans = f"CPU step {cp['host_span_us'] / 1e3:,.3f} ms"
+    if cp.get("gpu_window_us") is not None:
+        spans += f", GPU window {cp['gpu_window_us'] / 1e3:,.3f} ms"
     return (f"Step {cp['step']}" + (f" ({cp['chosen_as']})" if cp.get("chosen_as") else "")
-            + f": {cp['length_us'] / 1e3:,.3f} ms on the critical path "
-            f"({cp['path_events']:,} of {cp['events']:,} events); the largest part is {top['kind']}, "
+            + f": {cp['length_us'] / 1e3:,.3f} ms on the critical path from the step's start to the end of its "
+            f"last work ({spans}; {cp['path_events']:,} of {cp['events']:,} events on the path); the largest part "
+            f"is {top['kind']}, "
             f"{top['us'] / 1e3:,.3f} ms ({top['pct'] or 0:.1f} %)."
             + (f" Steps cut short by the end of profiling (a kernel launch with no kernel in the trace): "
                f"{', '.join(map(str, cut))}." if cut else ""))
@@ -115,7 +121,7 @@ def critical_path_sections(result: dict) -> list[Section]:
     return [section("Critical path", [lambda: build_critical_path_breakdown_figure(cp),
                                       lambda: build_critical_path_timeline_figure(cp),
                                       lambda: build_what_if_figure(cp)],
-                    text=[headline(cp), CRITICAL_PATH_HELP],
+                    text=[headline(cp), *(cp.get("notes") or []), CRITICAL_PATH_HELP],
                     tables=[("path", records_frame(cp["path"])), ("what-ifs", records_frame(cp["what_if"]))])]
 
 

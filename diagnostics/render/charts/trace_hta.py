@@ -123,8 +123,9 @@ def overlap_text(o: dict) -> str:
     if o.get("overlap_pct") is None:
         return "Communication / computation overlap: " + "; ".join(o.get("notes") or ["not counted"])
     what = "compute kernels only (HTA)" if o["compute"] == "kernels" else "all non-communication GPU work"
+    families = ", ".join(o.get("families") or [])
     return (f"Communication / computation overlap: {o['overlap_pct']:.1f} % of {o['comm_us'] / 1e3:,.3f} ms of "
-            f"communication ran beside computation ({what}).")
+            f"communication{f' ({families})' if families else ''} ran beside computation ({what}).")
 
 
 def definitions_text(result: dict) -> str:

@@ -130,6 +130,19 @@ def graph_launch_text(graphs: dict) -> str:
             "per-kernel launch figures above (one call starts them all).")
 
 
+def communication_lines(comm: dict | None) -> list[str]:
+    """The trace's communication by family (classify.communication), one line each, then its notes."""
+    if not comm:
+        return []
+    where = {"GPU": "kernels", "host": "host calls"}
+    found = [f"{f['family']} {where[f['where']]}: {f['events']:,} ({f['names']} name{'s' if f['names'] != 1 else ''}), "
+             f"{f['time_us'] / 1e3:,.3f} ms, e.g. {f['example'][:80]}" for f in comm.get("families") or []]
+    lines = ["Communication by family: " + ("; ".join(found) if found else "none matched")]
+    if comm.get("comm_kernels"):
+        lines.append(f"Your communication-kernel pattern: {comm['comm_kernels']!r}")
+    return lines + list(comm.get("notes") or [])
+
+
 def build_timeline_figure(timeline: dict, search: str | None = None) -> go.Figure:
     """The trace's timeline (timeline_data), drawn by the one timeline figure (charts.timeline)."""
     return draw_timeline(timeline, search=search, title="Timeline")
@@ -165,7 +178,8 @@ def trace_sections(result: dict) -> list[Section]:
         + [f"note: {n}" for n in s.get("notes") or []]
     top = result.get("top_operators") or {}
     idle, launch = result.get("idle_time") or {}, result.get("launch_stats")
-    sections = [section("Trace", [lambda: build_category_figure(s)], text=text)]
+    sections = [section("Trace", [lambda: build_category_figure(s)], text=text + communication_lines(
+        result.get("communication")))]
     if result.get("temporal_breakdown"):
         tb = result["temporal_breakdown"]
         sections.append(section("Per step", [lambda: build_gpu_breakdown_figure(tb),
