@@ -155,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         analysis = ANALYSES[name]
         p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
                                                                   "on a model and write a report folder.")
-        add_model_args(p)
+        # An analysis with an option of its own on --device (the plan's device to fit) runs its model where
+        # the spec says (the CPU by default) rather than taking the model's --device.
+        add_model_args(p, device=not any(o.cli_flag == "--device" for o in analysis.options))
         _add_analysis_args(p, name)
         _add_run_args(p, name)
     tp = sub.add_parser("trace", help="analyse or compare Chrome/Kineto trace files",
