@@ -319,6 +319,17 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     return EXIT_OK, result
 
 
+def _text_of(name: str):
+    """The analysis' own CLI text (its chart module's ``TEXT``), or None: the headline metrics."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"diagnostics.render.charts.{ANALYSES[name].view}")
+    except ImportError:
+        return None
+    return getattr(module, "TEXT", {}).get(name)
+
+
 def run_analysis_command(args) -> int:
     name = args.command
     try:
@@ -331,7 +342,7 @@ def run_analysis_command(args) -> int:
         return EXIT_USAGE
 
     title = f"TorchScope {ANALYSES[name].title}" + (f": {spec.label}" if spec else "")
-    code, result = run_job_command(args, name, spec, options, title=title)
+    code, result = run_job_command(args, name, spec, options, title=title, text=_text_of(name))
     if code != EXIT_OK:
         return code
 

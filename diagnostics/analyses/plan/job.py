@@ -85,7 +85,7 @@ def analyze(ctx, options: dict) -> dict:
             ctx.progress(0.02 + 0.4 * i / len(configs), f"tracing {c.setting.label}, batch {c.batch}"
                          + (f", seq {c.seq}" if c.seq is not None else ""))
             try:
-                st = planner.run(c)
+                st = planner.run(c, timeline=i == 0)
             except TorchScopeError as e:
                 raise _dtype_error(c.setting.dtype, e.__cause__ or e) or e
             except Exception as e:
@@ -102,6 +102,7 @@ def analyze(ctx, options: dict) -> dict:
         if len(settings) > len(swept):
             notes.append(f"sweeps ran for the first {len(swept)} of {len(settings)} settings")
         extra_seqs = grid_seqs([s for s in seqs if s is not None], _seq_limit(loaded)) if seqs[0] is not None else [None]
+
         for k, st_ in enumerate(swept):
             curves = {}
             for s in seqs:

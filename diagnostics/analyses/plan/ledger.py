@@ -148,12 +148,13 @@ class Ledger(TorchDispatchMode):
             return n, 0
         return n, -(-n // r) * r - n
 
-    def add(self, t: torch.Tensor, category: str) -> None:
-        """Count ``t``'s storages under ``category`` unless already counted (then leave them as they are)."""
+    def add(self, t: torch.Tensor, category: str, nbytes: int | None = None) -> None:
+        """Count ``t``'s storages under ``category`` unless already counted (then leave them as they are);
+        ``nbytes``: the size its real kernel gives it, where that differs from the fake one's."""
         for st in _storages(t):
             if st in self.blocks:
                 continue
-            raw, extra = self._size(int(st.nbytes()))
+            raw, extra = self._size(int(st.nbytes() if nbytes is None else nbytes))
             block = _Block(raw, extra, category)
             self.blocks[st] = block
             weakref.finalize(st, self._free, block)
@@ -246,10 +247,14 @@ class Ledger(TorchDispatchMode):
             out = _shape_in_bf16(func, args, kwargs)
         else:
             out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
+        scratch, sizes = self.scratch.measure(func, args, kwargs, out) if self.scratch is not None else (0, None)
+        leaves = tree_leaves(out)
+        if sizes is not None and len(sizes) != len(leaves):
+            sizes = None
+        for i, t in enumerate(leaves):
             if isinstance(t, torch.Tensor):
-                self.add(t, self._new_category())
-        self._after(self.scratch.bytes(func, args, kwargs, out) if self.scratch is not None else 0)
+                self.add(t, self._new_category(), sizes[i] if sizes is not None else None)
+        self._after(scratch)
         return out
 
     # ------------------------------------------------------------------ hooks

@@ -47,9 +47,11 @@ class Planner:
         self.scratch = Scratch(device) if device == ("cuda" if target.kind == "cuda" else "cpu") else None
         self.progress = progress or (lambda message: None)
 
-    def run(self, config: Config, timeline: bool = False) -> StepTrace:
-        """The configuration's trace (cached; a cached one without a timeline is traced again for one)."""
-        hit = self.cache.get(config)
+    def run(self, config: Config, timeline: bool = False, first_rank_only: bool = False) -> StepTrace:
+        """The configuration's trace (cached; a cached one without a timeline is traced again for one).
+        ``first_rank_only``: a sharded configuration's rank 0 alone (the suggestions' quick look)."""
+        key = (config, "rank0") if first_rank_only and config.setting.shard != "none" else config
+        hit = self.cache.get(key) or (self.cache.get(config) if key != config else None)
         if hit is not None and (hit.timeline is not None or not timeline):
             return hit
         while True:
@@ -58,7 +60,7 @@ class Planner:
                 if config.setting.shard != "none":
                     from diagnostics.analyses.plan.shard import trace_sharded
 
-                    st = trace_sharded(self, config, timeline=timeline)
+                    st = trace_sharded(self, config, timeline=timeline, ranks=(0,) if first_rank_only else None)
                 else:
                     st = trace(self.loaded, config, self.target, self.fake, timeline=timeline,
                                checkpoint_patterns=self.checkpoint_patterns, standins=self.standins,
@@ -69,7 +71,7 @@ class Planner:
             finally:
                 self.traces += 1
                 self.seconds += time.perf_counter() - t0
-            self.cache[config] = st
+            self.cache[key] = st
             return st
 
     def _stand_in_for(self, e: TraceFailure) -> None:

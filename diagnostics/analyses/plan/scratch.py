@@ -79,17 +79,22 @@ class Scratch:
         self.skipped: set[str] = set()
         self.probes = 0
 
-    def bytes(self, func, args, kwargs, out) -> int:
+    def measure(self, func, args, kwargs, out) -> tuple[int, list | None]:
+        """(scratch bytes, the real storage size of each output tensor in tree_leaves order, or None): a fake
+        kernel may size an output its real kernel sizes otherwise (oneDNN's RNN workspace)."""
         if func not in self.ops:
-            return 0
+            return 0, None
         key = _key(func, args, kwargs)
         if key not in self.cache:
             try:
                 self.cache[key] = self._probe(func, args, kwargs, out)
             except Exception as e:  # a probe must never cost the plan: that op's scratch is then not counted
                 self.skipped.add(f"{func} ({type(e).__name__})")
-                self.cache[key] = 0
+                self.cache[key] = (0, None)
         return self.cache[key]
+
+    def bytes(self, func, args, kwargs, out) -> int:
+        return self.measure(func, args, kwargs, out)[0]
 
     def _probe(self, func, args, kwargs, out) -> int:
         from torch.utils._python_dispatch import _disable_current_modes
@@ -114,11 +119,14 @@ class Scratch:
                 box["out"] = func(*real_args, **real_kwargs)
 
             peak = added_peak_bytes(run, self.device)
-            outs = {}
+            outs, sizes = {}, []
             for t in tree_leaves(box["out"]):
                 if isinstance(t, torch.Tensor):
                     st = t.untyped_storage()
+                    sizes.append(int(st.nbytes()))
                     if st.data_ptr() and st.data_ptr() not in inputs:
                         outs[st.data_ptr()] = st.nbytes()
+                else:
+                    sizes.append(None)
         self.probes += 1
-        return max(0, int(peak) - sum(outs.values()))
+        return max(0, int(peak) - sum(outs.values())), sizes

@@ -151,10 +151,11 @@ def _one_rank(planner, config: Config, rank: int, timeline: bool) -> StepTrace:
         host_bytes=_bytes(state) + _bytes(grads) if config.setting.offload else 0)
 
 
-def trace_sharded(planner, config: Config, timeline: bool = False) -> StepTrace:
-    """The larger of the first and the last rank's traced peaks (see the module doc)."""
+def trace_sharded(planner, config: Config, timeline: bool = False, ranks=None) -> StepTrace:
+    """The larger of the first and the last rank's traced peaks (see the module doc); ``ranks``: which
+    ranks to trace instead."""
     n = config.setting.ranks
-    traces = {r: _one_rank(planner, config, r, timeline) for r in sorted({0, n - 1})}
+    traces = {r: _one_rank(planner, config, r, timeline) for r in sorted(ranks or {0, n - 1})}
     worst = max(traces.values(), key=lambda t: t.peak_bytes)
     worst.per_rank = {r: int(t.peak_bytes) for r, t in traces.items()}
     worst.notes = list(worst.notes) + [

@@ -27,12 +27,39 @@ from diagnostics.analyses.plan.result import Suggestion
 from diagnostics.errors import TorchScopeError
 
 SHARD_RANKS = (2, 4, 8, 16, 32, 64)
+#: Suggestions that fit after which costlier candidates are not traced.
+FITTING_ENOUGH = 3
+
+
+def _shard_suggestion(planner: Planner, config: Config, notes: list):
+    """ZeRO-3 over the fewest ranks in SHARD_RANKS that fit: the peak per rank is a + b / N (the sharded
+    parameters, gradients and state shrink with N, activations do not), fitted from N = 2 and 8, then the
+    answer traced."""
+    s = config.setting
+
+    def at(n):
+        return replace(config, setting=replace(s, shard="zero3", ranks=n))
+
+    try:
+        p2, p8 = (planner.device_peak(planner.run(at(n), first_rank_only=True))[0] for n in (2, 8))
+    except TorchScopeError as e:
+        notes.append(f"sharding not suggested: {e}")
+        return None
+    b = (p2 - p8) / (1 / 2 - 1 / 8)
+    a = p2 - b / 2
+    n = next((n for n in SHARD_RANKS if a + b / n <= planner.budget()), None)
+    if n is None:
+        notes.append(f"sharding alone does not make it fit: what ZeRO-3 does not shard (activations, temporaries) "
+                     f"needs about {int(a):,} bytes per rank (fitted from 2 and 8 ranks)")
+        return None
+    return _suggest(planner, at(n), f"ZeRO-3 / FSDP2 over {n} GPUs",
+                    f"{n} GPUs; parameters all-gathered and gradients reduce-scattered every step", 5)
 
 
 def _suggest(planner: Planner, config: Config, change: str, cost: str, rank: int, *,
              flops: bool = False) -> tuple[int, Suggestion] | None:
     try:
-        st = planner.run(config)
+        st = planner.run(config, first_rank_only=True)
     except TorchScopeError:
         return None
     peak, _ = planner.device_peak(st)
@@ -44,6 +71,17 @@ def _suggest(planner: Planner, config: Config, change: str, cost: str, rank: int
                             setting=config.setting.label)
 
 
+def _state_bytes(planner: Planner, optimizer: str, base) -> int:
+    """The closed-form optimizer state of ``optimizer`` on this model, in the traced state's element size."""
+    from diagnostics.analyses.plan.analytic import static_bytes
+    from diagnostics.measure.tensors import unique_params
+
+    params = unique_params(planner.loaded.model)
+    elt = (base.param_bytes * 2 // max(1, sum(p.numel() for p in params))) / 2 or 4
+    shapes = [(tuple(p.shape), p.requires_grad) for p in params]
+    return int(static_bytes(shapes, optimizer, elt)["optimizer state"])
+
+
 def suggestions(planner: Planner, config: Config, largest_batch: int | None, notes: list) -> list[Suggestion]:
     """Changes to ``config`` (which does not fit) that make it fit, each with its traced peak and cost."""
     s = config.setting
@@ -53,41 +91,47 @@ def suggestions(planner: Planner, config: Config, largest_batch: int | None, not
         if item is not None:
             found.append(item)
 
+    def enough() -> bool:
+        """Candidates are tried cheapest first; once FITTING_ENOUGH fit, the costlier ones are not traced."""
+        return sum(1 for _, x in found if x.fits) < FITTING_ENOUGH
+
     if largest_batch and 0 < largest_batch < config.batch:
         k = math.ceil(config.batch / largest_batch)
         micro = math.ceil(config.batch / k)
         add(_suggest(planner, config.with_size(micro, config.seq),
                      f"micro-batch {micro} with {k} gradient-accumulation steps (batch {config.batch} per step)",
                      f"no extra FLOPs; {k} sequential micro-batches per optimizer step", 1))
-    if s.dtype == "fp32":
+    if s.dtype == "fp32" and enough():
         add(_suggest(planner, replace(config, setting=replace(s, dtype="amp_bf16")), "bf16 autocast",
                      "none in FLOPs; matmuls and activations in bf16 (fp32 weights and optimizer kept)", 2))
-    if s.checkpointing == "none":
+    if s.checkpointing == "none" and enough():
         try:
             add(_suggest(planner, replace(config, setting=replace(s, checkpointing="blocks")),
                          "activation checkpointing of every block", "recompute each block's forward in backward",
                          3, flops=True))
         except TorchScopeError as e:
             notes.append(f"checkpointing not suggested: {e}")
-    if not s.offload and s.optimizer not in ("sgd_nomomentum",):
+    base = planner.run(config)
+    fb = max([v["bytes"] for ph, v in base.phase_peaks.items() if ph in ("forward", "backward")] or [0])
+    fb += planner.device_peak(base)[0] - int(base.peak_bytes)
+
+    def hopeless(state_after: int) -> bool:
+        """Forward and backward hold the state they start with: with ``state_after`` bytes of it instead, their
+        peaks move by the difference, so a candidate that still does not fit there is not traced."""
+        return fb - (base.state_bytes - state_after) > planner.budget()
+
+    if not s.offload and s.optimizer not in ("sgd_nomomentum",) and enough() and not hopeless(0):
         add(_suggest(planner, replace(config, setting=replace(s, offload=True)), "optimizer state and step on the CPU",
                      "host memory for the state; gradients and updated weights cross PCIe every step", 4))
-    if s.shard == "none":
-        for n in SHARD_RANKS:
-            item = _suggest(planner, replace(config, setting=replace(s, shard="zero3", ranks=n)),
-                            f"ZeRO-3 / FSDP2 over {n} GPUs",
-                            f"{n} GPUs; parameters all-gathered and gradients reduce-scattered every step", 5)
-            if item is None:
-                notes.append("sharding not suggested: this model could not be traced with FSDP2 on fake tensors")
-                break
-            found.append(item)
-            if item[1].fits:
-                break
-    if s.dtype in ("fp32", "amp_bf16", "amp_fp16"):
+    if s.shard == "none" and enough():
+        add(_shard_suggestion(planner, config, notes))
+    if s.dtype in ("fp32", "amp_bf16", "amp_fp16") and enough():
         add(_suggest(planner, replace(config, setting=replace(s, dtype="bf16")), "bf16 weights and compute",
                      "none in FLOPs; weights, gradients and optimizer state in bf16 (update precision)", 6))
-    if s.optimizer in ("adam", "adamw", "adamw_fused"):
+    if s.optimizer in ("adam", "adamw", "adamw_fused") and enough():
         for other in ("adafactor", "sgd"):
+            if hopeless(_state_bytes(planner, other, base)):
+                continue
             add(_suggest(planner, replace(config, setting=replace(s, optimizer=other)), f"{other} instead of {s.optimizer}",
                          "a different optimizer: smaller state, different training dynamics", 7))
     fitting = sorted((x for x in found if x[1].fits), key=lambda x: (x[0], x[1].peak_bytes))

@@ -169,9 +169,9 @@ def grid(planner, setting: Setting, curves: dict, batches: list[int]) -> Grid:
 
 
 def grid_seqs(requested: list[int], limit: int | None) -> list[int]:
-    """The grid's sequence lengths: the requested ones, with halves and doubles until there are three."""
+    """The grid's sequence lengths: the requested ones; one asked for gets its half and double beside it."""
     seqs = sorted(set(requested))
-    while len(seqs) < 3 and seqs:
+    while len(seqs) < 3 and len(set(requested)) < 2 and seqs:
         lo, hi = seqs[0], seqs[-1]
         if limit is None or 2 * hi <= limit:
             seqs.append(2 * hi)

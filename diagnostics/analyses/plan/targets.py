@@ -76,10 +76,6 @@ class Target:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-def known_names() -> list[str]:
-    return list(DECLARED) + ["local", "cpu", "<N>GB / <N>GiB"]
-
-
 def _canonical(name: str) -> str:
     key = name.strip().replace(" ", "").replace("_", "-")
     for known in DECLARED:
@@ -91,13 +87,21 @@ def _canonical(name: str) -> str:
     return ""
 
 
+def _cpu_capacity(value: str) -> int | None:
+    """'cpu:64GiB' -> bytes: this machine's CPU memory, as if it had that much."""
+    head, _, rest = value.partition(":")
+    return _custom_bytes(rest) if head.strip().lower() == "cpu" and rest else None
+
+
 def check_name(value: str) -> str:
     """The option check: a device name the table, NVML or a capacity can resolve (no NVML call here)."""
     value = str(value).strip()
-    if value.lower() in ("auto", "local", "cpu") or _canonical(value) or _custom_bytes(value) is not None:
+    if (value.lower() in ("auto", "local", "cpu") or _canonical(value) or _custom_bytes(value) is not None
+            or _cpu_capacity(value) is not None):
         return value
     raise OptionError(f"option device: unknown device {value!r}; known: {', '.join(DECLARED)}, local (this "
-                      "machine's GPUs by NVML), cpu (this machine's memory), or a capacity such as 48GB or 40GiB")
+                      "machine's GPUs by NVML), cpu (this machine's memory), cpu:<capacity> (the CPU with that much), or a GPU "
+                      "capacity such as 48GB or 40GiB")
 
 
 def _custom_bytes(value: str) -> int | None:
@@ -152,6 +156,9 @@ def resolve(name: str, count: int = 1, gpus: list[dict] | None = None, cpu: dict
         cpu = cpu or {}
         avail = int(cpu.get("ram_available_bytes") or 0)
         return Target("cpu", "cpu", avail, count, "this machine's available RAM (psutil, when the job started)")
+    cpu_cap = _cpu_capacity(value)
+    if cpu_cap is not None:
+        return Target(value, "cpu", cpu_cap, count, f"given as {value}: this machine's CPU, as if it had that much")
     known = _canonical(value)
     if known:
         mib, what = DECLARED[known]
