@@ -12,7 +12,7 @@ from __future__ import annotations
 from diagnostics.analyses.plan import ANALYSIS
 from diagnostics.analyses.plan.configs import DTYPES, Config, parse_sizes, settings_of
 from diagnostics.analyses.plan.ledger import CATEGORIES
-from diagnostics.analyses.plan.planner import Planner, recompute_flops
+from diagnostics.analyses.plan.planner import Planner, is_dtype_error, recompute_flops
 from diagnostics.analyses.plan.result import PlanResult, Row
 from diagnostics.analyses.plan.sweep import Curve, curve_point, grid, grid_batches, grid_seqs, max_batch
 from diagnostics.analyses.plan.targets import resolve
@@ -56,11 +56,10 @@ def _sizes(loaded, o) -> tuple[list[int], list]:
     return batches, seqs
 
 
-def _dtype_error(dtype: str, e: Exception) -> TorchScopeError | None:
-    text = str(e)
-    words = ("dtype", "scalar type", "type BFloat16", "type Half", "Float8", "float8", "expected both", "mat1 and mat2")
-    if dtype != "fp32" and any(w in text for w in words):
-        return TorchScopeError(f"the model cannot run in {dtype} ({DTYPES[dtype].label}): {text.splitlines()[0][:300]}")
+def _dtype_error(dtype: str, e: BaseException) -> TorchScopeError | None:
+    if dtype != "fp32" and is_dtype_error(e):
+        return TorchScopeError(f"the model cannot run in {dtype} ({DTYPES[dtype].label}): "
+                               f"{str(e).splitlines()[0][:300]}")
     return None
 
 

@@ -102,6 +102,22 @@ def _shape_in_bf16(func, args, kwargs):
                     else t, out)
 
 
+#: matmul-like ops whose real kernels (CPU and CUDA) refuse operands of two float dtypes, which their fake
+#: (meta) kernels let through: checked here, or a model that cannot run in a dtype would get a plan
+SAME_DTYPE_OPS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+                  torch.ops.aten.baddbmm.default, torch.ops.aten.addbmm.default, torch.ops.aten.convolution.default}
+
+
+def check_dtypes(func, args) -> None:
+    """Raise as the real kernel would when a matmul-like op gets two float dtypes."""
+    if func not in SAME_DTYPE_OPS:
+        return
+    dtypes = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if len(set(dtypes)) > 1:
+        raise RuntimeError(f"{func}: expected both operands to have the same dtype, got "
+                           f"{' and '.join(str(d).replace('torch.', '') for d in dict.fromkeys(dtypes))}")
+
+
 class ScalarsAnswered(TorchDispatchMode):
     """Inside: .item() on a fake tensor answers 1 instead of failing (for optimizer steps only)."""
 
@@ -243,6 +259,7 @@ class Ledger(TorchDispatchMode):
             if value is not None:
                 return value
         self.last_stack = list(self.stack)
+        check_dtypes(func, args)
         if func in BF16_ONLY_META:
             out = _shape_in_bf16(func, args, kwargs)
         else:

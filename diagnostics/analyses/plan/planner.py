@@ -20,6 +20,15 @@ from diagnostics.errors import TorchScopeError
 MAX_STANDINS = 8
 
 
+#: Words of the errors torch raises when an op gets a dtype it does not take.
+DTYPE_WORDS = ("dtype", "scalar type", "type BFloat16", "type Half", "Float8", "float8", "expected both",
+               "mat1 and mat2", "same dtype")
+
+
+def is_dtype_error(e: BaseException) -> bool:
+    return isinstance(e, (RuntimeError, TypeError)) and any(w in str(e) for w in DTYPE_WORDS)
+
+
 def fake_mode():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -76,6 +85,9 @@ class Planner:
 
     def _stand_in_for(self, e: TraceFailure) -> None:
         from diagnostics.analyses.plan.analytic import model_output
+
+        if is_dtype_error(e.cause):  # the model cannot run in this dtype: no estimate stands in for that
+            raise TorchScopeError(str(e)) from e.cause
 
         whole = e.module == ROOT and model_output(self.loaded, self.loaded.model) is not None
         if (e.module in (ROOT, LOSS, "(autograd)", "(optimizer)") and not whole) or e.module in self.standins \

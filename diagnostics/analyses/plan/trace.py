@@ -70,6 +70,10 @@ class StepTrace:
     notes: list = field(default_factory=list)
     per_rank: dict = field(default_factory=dict)  # rank -> peak bytes (sharded configurations)
 
+    def saved_in(self, module: str) -> int:
+        """Bytes saved for backward while ``module`` or one of its submodules was running (each storage once)."""
+        return sum(v for k, v in self.saved_by_module.items() if k == module or k.startswith(module + "."))
+
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
