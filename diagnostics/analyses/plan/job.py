@@ -63,12 +63,31 @@ def _dtype_error(dtype: str, e: BaseException) -> TorchScopeError | None:
     return None
 
 
+def _calibrated(target, asked: str):
+    """The local GPU without a stored calibration: measure its context and workspaces now (calibrate.py)."""
+    import torch
+
+    if target.kind != "cuda" or "not calibrated" not in target.calibration or not torch.cuda.is_available():
+        return target
+    if str(asked).strip().lower() not in ("auto", "local"):
+        return target
+    from dataclasses import replace
+
+    from diagnostics.analyses.plan.calibrate import calibrate_cuda
+
+    cal = calibrate_cuda(0)
+    return replace(target, context_bytes=cal["context_bytes"], workspace_bytes=cal["workspace_bytes"],
+                   calibration=f"measured in this job on {cal['gpu']} (torch {cal['torch']}): context "
+                               f"{cal['context_bytes'] / 2**20:.0f} MiB, cuBLAS workspaces "
+                               f"{cal['workspace_bytes'] / 2**20:.0f} MiB")
+
+
 def analyze(ctx, options: dict) -> dict:
     o = ANALYSIS.validate(options)
     loaded = ctx.loaded
     settings = settings_of(o)
     batches, seqs = _sizes(loaded, o)
-    target = resolve(o["device"], count=1, gpus=gpu_facts(), cpu=cpu_facts())
+    target = _calibrated(resolve(o["device"], count=1, gpus=gpu_facts(), cpu=cpu_facts()), o["device"])
     planner = Planner(loaded, target, o["checkpoint_modules"], progress=lambda m: ctx.progress(0.4, m))
     notes: list[str] = []
     if loaded.meta:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -37,6 +38,7 @@ from diagnostics.measure.training import make_optimizer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LR = 1e-3
+TRACE_DEVICE_ENV = "TORCHSCOPE_PLAN_TRACE_DEVICE"
 
 
 class TraceFailure(TorchScopeError):
@@ -282,7 +284,10 @@ def _storage_list(t):
 def trace_device(target: Target) -> str:
     """The device the fake tensors claim. Fake CUDA tensors need a torch built with CUDA and a GPU (on a
     CPU-only build an op on one aborts the process), so elsewhere a CUDA target is traced on fake CPU
-    tensors with CUDA's rounding and optimizer defaults."""
+    tensors with CUDA's rounding and optimizer defaults. $TORCHSCOPE_PLAN_TRACE_DEVICE=cpu forces the
+    latter on a GPU machine too (bench/gpu/plan_cuda.py compares the two)."""
+    if os.environ.get(TRACE_DEVICE_ENV, "").strip().lower() == "cpu":
+        return "cpu"
     if target.kind == "cuda" and torch.cuda.is_available():
         return "cuda"
     return "cpu"

@@ -16,7 +16,6 @@ from diagnostics.analyses.plan.targets import CUDA_ROUNDING, DECLARED, MIB, reso
 from diagnostics.declare import OptionError
 from diagnostics.errors import TorchScopeError
 from diagnostics.intake import LoadedModel, default_loss, load_model
-from diagnostics.measure.memory import measure_peak
 from diagnostics.spec import InputSpec, ModelSpec
 
 CPU = resolve("cpu", cpu={"ram_available_bytes": 1 << 36})
