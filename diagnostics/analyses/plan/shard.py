@@ -23,9 +23,8 @@ from contextlib import contextmanager
 import torch
 
 from diagnostics.analyses.plan.configs import Config
-from diagnostics.analyses.plan.trace import (StepTrace, _autocast, _bytes, _run, _state_tensors, eager_transformers,
-                                             inputs_for, names_of, prepare)
-from diagnostics.analyses.plan.ledger import LOSS, Ledger, ScalarsAnswered
+from diagnostics.analyses.plan.ledger import Ledger
+from diagnostics.analyses.plan.trace import StepTrace, _bytes, eager_transformers, inputs_for, names_of, prepare
 from diagnostics.errors import TorchScopeError
 
 
@@ -89,7 +88,7 @@ def _optimizer(model, config: Config, target, kind):
 
 
 def _one_rank(planner, config: Config, rank: int, timeline: bool) -> StepTrace:
-    from diagnostics.analyses.plan.trace import blocks_of, checkpointing
+    from diagnostics.analyses.plan.trace import blocks_of, train_step
 
     t0 = time.perf_counter()
     target, fake, loaded = planner.target, planner.fake, planner.loaded
@@ -102,53 +101,19 @@ def _one_rank(planner, config: Config, rank: int, timeline: bool) -> StepTrace:
     inputs = inputs_for(loaded, config, fake, device)
     with fake_world(config.setting.ranks, rank, device) as mesh, eager_transformers():
         with fake:
-            wrapped, kind = _wrap(model, config, None if config.setting.shard == "zero1" else mesh, blocks)
-            opt = _optimizer(wrapped, config, target, kind)
-            for p in wrapped.parameters():
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
-            with ScalarsAnswered():
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-        ledger = Ledger(target.rounding, names_of(model), timeline=timeline, scratch=planner.scratch)
-        params = list(wrapped.parameters()) + list(wrapped.buffers())
-        state = _state_tensors(opt.optim if kind == "zero1" else opt)
-        for t in params:
-            ledger.add(t, "parameters")
-        for t in inputs:
-            ledger.add(t, "inputs")
-        if not config.setting.offload:
-            for t in state:
-                ledger.add(t, "optimizer state")
+            model, kind = _wrap(model, config, None if config.setting.shard == "zero1" else mesh, blocks)
+            opt = _optimizer(model, config, target, kind)
+        persistent = []
         if kind == "zero1":
             # DDP keeps a flat bucket per ~25 MiB of gradients from its construction on (gradients are
             # copied in, all-reduced, copied back): as many bytes as the trainable parameters.
             with fake:
-                buckets = torch.empty(_bytes([p for p in wrapped.parameters() if p.requires_grad]),
+                buckets = torch.empty(_bytes([p for p in model.parameters() if p.requires_grad]),
                                       dtype=torch.uint8, device=device)
-            ledger.add(buckets, "gradients")
-        with fake, ledger.watching(model), checkpointing(model, ck, ledger):
-            def forward():
-                with _autocast(config, device):
-                    return loaded.loss_fn(inputs.call(wrapped))
-
-            loss = _run(ledger, "forward", forward)
-            ledger.tag_graph(loss, LOSS)
-            saved = ledger.now["activations"]
-            _run(ledger, "backward", loss.backward)
-            del loss
-            grads = [p.grad for p in wrapped.parameters() if p.grad is not None]
-            for g in grads:
-                ledger.mark(g, "gradients")
-            if not config.setting.offload:
-                _run(ledger, "optimizer", opt.step)
-    return StepTrace(
-        peak_bytes=int(ledger.peak_bytes), parts=dict(ledger.peak_parts), phase=ledger.peak_phase,
-        module=ledger.peak_module, phase_peaks=ledger.phase_peaks, saved_bytes=int(saved),
-        saved_by_module=dict(ledger.saved_by_module), param_bytes=_bytes(params), grad_bytes=_bytes(grads),
-        state_bytes=_bytes(state), input_bytes=_bytes(list(inputs)), ops=ledger.ops,
-        seconds=time.perf_counter() - t0, timeline=ledger.timeline(),
-        host_bytes=_bytes(state) + _bytes(grads) if config.setting.offload else 0)
+            persistent.append((buckets, "gradients"))
+        ledger = Ledger(target.rounding, names_of(model), timeline=timeline, scratch=planner.scratch)
+        return train_step(loaded, model, inputs, config, target, ledger, fake, device, ck, t0, opt=opt,
+                          persistent=persistent)
 
 
 def trace_sharded(planner, config: Config, timeline: bool = False, ranks=None) -> StepTrace:

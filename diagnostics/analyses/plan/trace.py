@@ -262,7 +262,7 @@ def _init_state(model: nn.Module, opt, fake) -> None:
 
 
 def _state_tensors(opt):
-    return [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return [v for s in getattr(opt, "optim", opt).state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
 def _bytes(ts) -> int:
@@ -363,7 +363,7 @@ def _trace(loaded, config, target, fake, *, timeline, checkpoint_patterns, stand
     ledger = Ledger(target.rounding, names_of(model), timeline=timeline, scratch=scratch)
     if config.setting.mode == "inference":
         return _trace_inference(loaded, model, inputs, config, ledger, fake, device, t0)
-    return _trace_train(loaded, model, inputs, config, target, ledger, fake, device, ck, t0)
+    return train_step(loaded, model, inputs, config, target, ledger, fake, device, ck, t0)
 
 
 def _run(ledger: Ledger, phase: str, fn):
@@ -377,18 +377,22 @@ def _run(ledger: Ledger, phase: str, fn):
         raise TraceFailure(where, phase, e) from e
 
 
-def _trace_train(loaded, model, inputs, config, target, ledger, fake, device, ck, t0) -> StepTrace:
+def train_step(loaded, model, inputs, config, target, ledger, fake, device, ck, t0, *, opt=None,
+               persistent=()) -> StepTrace:
+    """The training step of a prepared fake model under ``ledger``. ``opt``: the optimizer (default: the
+    configuration's); ``persistent``: (tensor, category) pairs alive from before the step (DDP's buckets)."""
     if not any(p.requires_grad for p in model.parameters()):
         raise TorchScopeError("the model has no trainable parameters: a training step has nothing to train")
     model.train()
-    opt = _optimizer(model, config, target)
+    opt = _optimizer(model, config, target) if opt is None else opt
     _init_state(model, opt, fake)
     params = list(model.parameters()) + list(model.buffers())
-    state = _state_tensors(opt)
-    if target.kind == "cuda" and device == "cpu" and config.setting.optimizer != "adamw_fused":
-        # torch keeps each parameter's ``step`` counter on the host unless the optimizer is fused or
-        # capturable: traced on fake CPU tensors for a CUDA target, leave those scalars out.
-        state = [v for s in opt.state.values() for k, v in s.items() if isinstance(v, torch.Tensor) and k != "step"]
+    inner = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its rank's state in .optim
+    on_host = target.kind == "cuda" and device == "cpu" and config.setting.optimizer != "adamw_fused"
+    # torch keeps each parameter's ``step`` counter on the host unless the optimizer is fused or capturable:
+    # traced on fake CPU tensors for a CUDA target, those scalars are left out.
+    state = [v for s in inner.state.values() for k, v in s.items()
+             if isinstance(v, torch.Tensor) and not (on_host and k == "step")]
     offload = config.setting.offload
     for t in params:
         ledger.add(t, "parameters")
@@ -397,6 +401,8 @@ def _trace_train(loaded, model, inputs, config, target, ledger, fake, device, ck
     if not offload:
         for t in state:
             ledger.add(t, "optimizer state")
+    for t, category in persistent:
+        ledger.add(t, category)
     notes = []
     with fake, ledger.watching(model), checkpointing(model, ck, ledger):
         def forward():
