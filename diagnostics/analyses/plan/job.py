@@ -97,6 +97,7 @@ def analyze(ctx, options: dict) -> dict:
     configs = [Config(b, s, st) for st in settings for s in seqs for b in batches]
     traced_rows = len(configs) <= MAX_TRACED_ROWS
     rows: list[Row] = []
+    row_traces = []
     ctx.progress(0.02, f"{len(configs)} configuration(s) on fake tensors")
     if traced_rows:
         for i, c in enumerate(configs):
@@ -110,6 +111,7 @@ def analyze(ctx, options: dict) -> dict:
                 raise _dtype_error(c.setting.dtype, e) or TorchScopeError(
                     f"tracing {c.setting.label} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
             rows.append(planner.row(c, st, recompute_flops=recompute_flops(planner, c)))
+            row_traces.append(st)
 
     # -- sweeps: the largest batch per sequence length, the grid, the suggestions
     limit = int(o["max_batch"])
@@ -174,11 +176,8 @@ def analyze(ctx, options: dict) -> dict:
         notes.append(f"CUDA context and workspaces: {target.calibration}")
         notes.append("fits = peak + CUDA context within the device's memory; the caching allocator's "
                      "fragmentation (reserved beyond allocated) is not in the peak")
-    for r in rows:
-        for n in planner.cache.get(next((c for c in configs if c.batch == r.batch and c.seq == r.seq
-                                          and c.setting.label == r.setting), configs[0]), first).notes:
-            if n not in notes:
-                notes.append(n)
+    for st in row_traces:  # what the rows' own traces noted (per-rank peaks, offload, the KV cache)
+        notes.extend(n for n in st.notes if n not in notes)
     peaks = [r.peak_bytes for r in rows]
     metrics = {"configs": len(rows), "fitting_configs": sum(r.fits for r in rows), "min_peak_bytes": min(peaks),
                "max_peak_bytes": max(peaks), "capacity_bytes": target.capacity_bytes, "traces": planner.traces,
