@@ -36,8 +36,8 @@ ANALYSIS = Analysis(
         Option("kv_dtype", "choice", "model", "inference: the KV cache's element type (model: as the model computes)",
                choices=KV_DTYPES, label="KV cache dtype"),
         Option("device", "str", "auto", "the device to fit: a name from the table (H100-80GB, H200-141GB, "
-               "A100-80GB, A100-40GB, L4-24GB, RTX4090-24GB, ...), local (this machine's GPU, by NVML), cpu, or "
-               "a capacity such as 48GB; auto: the local GPU, else this machine's memory", flag="--device",
+               "A100-80GB, A100-40GB, L4-24GB, RTX4090-24GB, ...), local (this machine's GPU, by NVML), cpu (this "
+               "machine's memory), cpu:64GiB, or a GPU's capacity such as 48GB; auto: the local GPU, else cpu", flag="--device",
                check=check_name, label="Device"),
         Option("sweep", "bool", True, "the largest batch that fits per sequence length, the batch x sequence "
                "grid and the make-it-fit suggestions (a few more traces)"),

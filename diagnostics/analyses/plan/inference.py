@@ -52,9 +52,11 @@ def run_inference(loaded, model, inputs, config, ledger: Ledger) -> list[str]:
                 "built from a transformers config)"]
     ids = inputs.args[0] if inputs.args else next(iter(inputs.kwargs.values()))
     cache = _cache(hf, ledger)
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(hf.forward).parameters else {}
-    hf(input_ids=ids, past_key_values=cache, use_cache=True, **keep)
-    hf(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True, **keep)
+    params = inspect.signature(hf.forward).parameters
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+    cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers renamed it in 5.x
+    hf(input_ids=ids, use_cache=True, **{cache_kw: cache}, **keep)
+    hf(input_ids=ids[:, -1:], use_cache=True, **{cache_kw: cache}, **keep)
     notes = [f"inference: a prompt of {ids.shape[1]} tokens into a KV cache (transformers' DynamicCache), then one "
              f"generated token; logits of the last position only" + ("" if keep else " (this model computes every "
                                                                        "position's logits)")]
