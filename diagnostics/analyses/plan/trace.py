@@ -90,7 +90,9 @@ def skeleton(model: nn.Module) -> nn.Module:
     """A deep copy of ``model`` with every parameter and buffer on the meta device (no memory): the user's
     model is left as it is, tied weights stay tied (one object in the copy too)."""
     if isinstance(model, torch.jit.ScriptModule):
-        raise TorchScopeError("a TorchScript model cannot be copied onto fake tensors")
+        raise TorchScopeError("the memory plan runs a model's Python modules on fake tensors, which a TorchScript "
+                              "archive does not have: upload the model as a torch.export archive (.pt2) or a Python "
+                              "file with build_model() to plan it")
     memo = {}
     for m in model.modules():
         for held in (m._parameters, m._buffers):

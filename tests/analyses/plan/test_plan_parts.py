@@ -219,3 +219,22 @@ def test_a_dtype_the_model_cannot_run_is_refused_by_name(tmp_path):
     ctx = AnalysisContext(Job("plan", spec, options), tmp_path)
     with pytest.raises(TorchScopeError, match=r"the model cannot run in bf16 \(bf16 weights and compute\)"):
         analyze(ctx, options)
+
+
+@pytest.mark.slow
+def test_uploads_plan_as_exported_programs_and_torchscript_is_refused_by_name(tmp_path):
+    """A torch.export archive (a user's upload) plans like any model; TorchScript has no Python modules to run."""
+    from diagnostics.analyses.plan.measured import measured_peak
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    example = (torch.randn(8, 16),)
+    torch.export.save(torch.export.export(model, example), tmp_path / "m.pt2")
+    torch.jit.save(torch.jit.trace(model, example), tmp_path / "m.ts")
+    spec = ModelSpec(source="export", name="m.pt2", path=str(tmp_path / "m.pt2"))
+    st = Planner(load_model(spec), CPU).run(Config(8, None, Setting()))
+    measured = measured_peak(load_model(spec), Config(8, None, Setting()))["peak_bytes"]
+    assert abs(st.peak_bytes - measured) <= 0.05 * measured
+    ts = ModelSpec(source="torchscript", name="m.ts", path=str(tmp_path / "m.ts"), inputs=(InputSpec((8, 16)),))
+    with pytest.raises(TorchScopeError, match="a TorchScript archive does not have: upload the model as a "
+                                              "torch.export archive"):
+        Planner(load_model(ts), CPU).run(Config(8, None, Setting()))
