@@ -296,13 +296,11 @@ def trace_device(target: Target) -> str:
 
 
 def prepare(loaded, config: Config, target: Target, fake, *, checkpoint_patterns: str = "",
-            standins: dict | None = None, build=None):
+            standins: dict | None = None):
     """The fake copy of the model for ``config``: (model, device, names to checkpoint)."""
     device = trace_device(target)
     d = DTYPES[config.setting.dtype]
     model = skeleton(loaded.model)
-    if build is not None:
-        model = build(model)
     pdt = TORCH_DTYPES[d.param]
     fakeify(model, fake, device, None if pdt == torch.float32 else pdt, buffers_too=d.autocast is None)
     if d.name == "fp8":
