@@ -2,10 +2,11 @@
 (fake CUDA tensors; and fake CPU tensors with CUDA's rounding, as a machine without a GPU plans) against
 ``torch.cuda.max_memory_allocated`` of the same real steps. Under two minutes on an H100 / H200.
 
-    python bench/gpu/plan_cuda.py [--write-calibration] [--json OUT]
+    python bench/gpu/plan_cuda.py [--write-calibration [PATH]] [--json OUT]
 
 Prints one table. ``--write-calibration`` stores the measured context and workspaces for this GPU model in
-diagnostics/analyses/plan/calibrations.json (commit it: plans for that GPU then use it). Needs torch with
+diagnostics/analyses/plan/calibrations.json, or PATH in that file's format (commit it there: plans for that
+GPU then use it). Needs torch with
 CUDA; transformers is optional (its cases are skipped without it); streamlit, plotly, pandas, pyarrow, orjson
 and msgspec are not needed (the trace reader is not loaded).
 Without a GPU it plans the same cases for an H100 on fake CPU tensors and measures nothing (a dry run).
@@ -70,7 +71,8 @@ def spec_of(model, batch, seq, device):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--write-calibration", action="store_true")
+    ap.add_argument("--write-calibration", nargs="?", const="", metavar="PATH",
+                    help="store this GPU's calibration in PATH (default: diagnostics/analyses/plan/calibrations.json)")
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args()
     _trace_package_without_its_views()
@@ -99,11 +101,12 @@ def main() -> int:
               f" MiB, total {cal['total_bytes'] / MIB:,.0f} MiB")
         target = Target(cal["gpu"], "cuda", cal["total_bytes"], 1, "torch.cuda.mem_get_info", cal["context_bytes"],
                         cal["workspace_bytes"], "measured by this script")
-        if args.write_calibration:
+        if args.write_calibration is not None:
+            path = Path(args.write_calibration) if args.write_calibration else CALIBRATION_FILE
             stored = json.loads(CALIBRATION_FILE.read_text()) if CALIBRATION_FILE.exists() else {}
             stored[cal["gpu"]] = {k: cal[k] for k in ("context_bytes", "workspace_bytes", "measured_on", "torch")}
-            CALIBRATION_FILE.write_text(json.dumps(stored, indent=2, sort_keys=True) + "\n")
-            print(f"calibration written to {CALIBRATION_FILE.relative_to(ROOT)}")
+            path.write_text(json.dumps(stored, indent=2, sort_keys=True) + "\n")
+            print(f"calibration written to {path}")
     else:
         target = resolve("H100-80GB")
     device = "cuda" if gpu else "cpu"
