@@ -38,8 +38,7 @@ def _load() -> str:
 def corpus_rows() -> list[dict]:
     import torch
 
-    from corpus import CASES
-    from diagnostics.analyses.plan.measured import measured_peak
+    from corpus import CASES, measure
     from diagnostics.analyses.plan.planner import Planner
     from diagnostics.analyses.plan.targets import resolve
     from diagnostics.intake import load_model
@@ -52,7 +51,7 @@ def corpus_rows() -> list[dict]:
         t0 = time.perf_counter()
         st = planner.run(case.config())
         seconds = time.perf_counter() - t0
-        measured = measured_peak(load_model(case.spec()), case.config())["peak_bytes"]
+        measured = measure(case, load_model(case.spec()))
         err = 100 * (st.peak_bytes - measured) / measured
         rows.append({"case": case.id, "predicted": st.peak_bytes, "measured": measured, "error_pct": err,
                      "phase": st.phase, "module": st.module, "trace_s": seconds,

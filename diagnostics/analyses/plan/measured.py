@@ -148,3 +148,43 @@ def measured_sharded(spec, config: Config, port: int = 29533) -> list[dict]:
         out = f"{tmp}/peak"
         mp.spawn(_rank_main, args=(ranks, port, spec.to_dict(), config.to_dict(), out), nprocs=ranks, join=True)
         return [json.load(open(f"{out}.{r}")) for r in range(ranks)]
+
+
+def measured_inference_peak(loaded, config: Config) -> dict:
+    """Run ``config``'s inference on ``loaded``'s model (cast in place: load a fresh one per call) as the plan
+    runs it (analyses/plan/inference.py: a transformers decoder's prompt into a KV cache, then one token;
+    other models one forward) under no_grad, once to warm up, then measured."""
+    from diagnostics.analyses.plan.inference import hf_decoder
+
+    model, device = loaded.model, loaded.device
+    d = DTYPES[config.setting.dtype]
+    pdt = TORCH_DTYPES[d.param]
+    if pdt != torch.float32:
+        model.to(pdt)
+    model.eval()
+    specs = specs_at(loaded.input_specs, config.batch, config.seq)
+    inputs = make_inputs(specs, str(device), loaded.spec.seed)
+    hf = hf_decoder(model)
+
+    def run():
+        with torch.no_grad():
+            if hf is None:
+                inputs.call(model)
+                return
+            import inspect
+
+            from transformers import DynamicCache
+
+            params = inspect.signature(hf.forward).parameters
+            kw = "cache" if "cache" in params else "past_key_values"
+            keep = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+            cache = DynamicCache(config=hf.config)
+            ids = inputs.args[0]
+            hf(input_ids=ids, use_cache=True, **{kw: cache}, **keep)
+            hf(input_ids=ids[:, -1:], use_cache=True, **{kw: cache}, **keep)
+
+    with eager_transformers():
+        run()
+        baseline = param_bytes(model) + buffer_bytes(model) + tensor_bytes(inputs)
+        peak = measure_peak(run, device, baseline)
+    return {"peak_bytes": int(peak.peak_bytes), "baseline_bytes": int(peak.baseline_bytes), "source": peak.source}

@@ -29,6 +29,9 @@ CPU_SCRATCH_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     aten._grouped_mm.default,
 }
+#: matmuls whose CPU kernels pack their operands in bf16 / fp16 (oneDNN), in a buffer of their own; in fp32
+#: they allocate nothing beyond their output (the corpus' fp32 cases agree to the byte)
+CPU_LOW_PRECISION_MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 #: ops whose CUDA kernels take a workspace from the caching allocator (cuDNN convolutions)
 CUDA_SCRATCH_OPS = {aten.convolution.default, aten.convolution_backward.default}
 #: the most tensor bytes one probe may allocate
@@ -79,10 +82,16 @@ class Scratch:
         self.skipped: set[str] = set()
         self.probes = 0
 
+    def _probed(self, func, args) -> bool:
+        if func in self.ops:
+            return True
+        return self.device == "cpu" and func in CPU_LOW_PRECISION_MATMULS and any(
+            isinstance(a, torch.Tensor) and a.dtype in (torch.bfloat16, torch.float16) for a in args)
+
     def measure(self, func, args, kwargs, out) -> tuple[int, list | None]:
         """(scratch bytes, the real storage size of each output tensor in tree_leaves order, or None): a fake
         kernel may size an output its real kernel sizes otherwise (oneDNN's RNN workspace)."""
-        if func not in self.ops:
+        if not self._probed(func, args):
             return 0, None
         key = _key(func, args, kwargs)
         if key not in self.cache:

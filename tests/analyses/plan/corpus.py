@@ -42,7 +42,7 @@ class Case:
     def id(self) -> str:
         s = self.setting
         parts = [self.model, f"b{self.batch}"] + ([f"s{self.seq}"] if self.seq else [])
-        parts += [s.get("dtype", "fp32"), s.get("optimizer", "adamw")]
+        parts += [s.get("dtype", "fp32"), "inference" if s.get("mode") == "inference" else s.get("optimizer", "adamw")]
         if s.get("checkpointing", "none") != "none":
             parts.append("ckpt")
         return "-".join(parts)
@@ -81,4 +81,16 @@ CASES = [
     _c("mixtral", 4, 64), _c("mixtral", 4, 64, dtype="bf16", quick=True),
     _c("qwen2", 4, 64), _c("qwen2", 4, 128, checkpointing="blocks"),
     _c("vit", 8), _c("vit", 16, optimizer="sgd"),
+    # inference: a prompt into a KV cache, then one token
+    _c("llama", 4, 128, quick=True, dtype="bf16", optimizer="none", mode="inference"),
+    _c("gpt2", 4, 64, optimizer="none", mode="inference"), _c("qwen2", 8, 256, dtype="bf16", optimizer="none",
+                                                              mode="inference"),
 ]
+
+
+def measure(case: Case, loaded) -> int:
+    """The case measured for real on this CPU (analyses/plan/measured.py), training or inference."""
+    from diagnostics.analyses.plan.measured import measured_inference_peak, measured_peak
+
+    fn = measured_inference_peak if case.setting.get("mode") == "inference" else measured_peak
+    return fn(loaded, case.config())["peak_bytes"]

@@ -11,9 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from corpus import CASES  # noqa: E402
+from corpus import CASES, measure  # noqa: E402
 
-from diagnostics.analyses.plan.measured import measured_peak  # noqa: E402
 from diagnostics.analyses.plan.planner import Planner  # noqa: E402
 from diagnostics.analyses.plan.targets import resolve  # noqa: E402
 from diagnostics.intake import load_model  # noqa: E402
@@ -25,7 +24,7 @@ CPU = resolve("cpu", cpu={"ram_available_bytes": 1 << 36})
 def predicted_and_measured(case):
     planner = Planner(load_model(case.spec()), CPU)
     st = planner.run(case.config())
-    measured = measured_peak(load_model(case.spec()), case.config())["peak_bytes"]  # a fresh model: this one trains
+    measured = measure(case, load_model(case.spec()))  # a fresh model: the measured run changes it
     return st, measured, planner
 
 

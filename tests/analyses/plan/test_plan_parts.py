@@ -175,6 +175,10 @@ def test_inference_counts_the_kv_cache_and_rescales_it_to_the_kv_dtype():
     kv = 2 * 2 * b * 2 * (s + 1) * 16  # layers x (K, V) x batch x kv heads x (prompt + 1 token) x head dim
     st = plan.run(Config(b, s, Setting(dtype="bf16", optimizer="none", mode="inference")))
     assert st.parts["kv cache"] in (kv * 2, 2 * 2 * b * 2 * s * 16 * 2)  # bf16 elements; at the peak
+    from diagnostics.analyses.plan.measured import measured_inference_peak
+
+    measured = measured_inference_peak(load_model(loaded.spec), Config(b, s, Setting(dtype="bf16", mode="inference")))
+    assert abs(st.peak_bytes - measured["peak_bytes"]) <= 0.05 * measured["peak_bytes"]
     fp8 = plan.run(Config(b, s, Setting(dtype="bf16", optimizer="none", mode="inference", kv_dtype="fp8")))
     assert fp8.parts["kv cache"] == st.parts["kv cache"] // 2
     assert fp8.peak_bytes == st.peak_bytes - st.parts["kv cache"] // 2
