@@ -8,7 +8,8 @@ builds widgets without loading torch; the worker imports an analysis' ``job`` mo
 from __future__ import annotations
 
 from diagnostics.analyses import (
-    attach, batch_scan, checklist, compile, distributed, gradients, memory, optimize, profile, summary, trace, validate,
+    attach, batch_scan, checklist, compile, distributed, gradients, memory, optimize, plan, profile, summary, trace,
+    validate,
 )
 from diagnostics.declare import Analysis
 from diagnostics.errors import TorchScopeError
@@ -21,6 +22,7 @@ ANALYSES: dict[str, Analysis] = {
         profile.ANALYSIS,
         memory.ANALYSIS,
         batch_scan.ANALYSIS,
+        plan.ANALYSIS,
         gradients.ANALYSIS,
         checklist.ANALYSIS,
         optimize.ANALYSIS,

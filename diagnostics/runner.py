@@ -129,7 +129,7 @@ class JobOutcome:
 
 
 #: Analyses that run on a model built on the meta device (counts on fake tensors, no measurement).
-META_ANALYSES = ("summary", "memory", "validate")
+META_ANALYSES = ("summary", "memory", "validate", "plan")
 
 
 class AnalysisContext:

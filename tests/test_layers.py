@@ -84,9 +84,11 @@ def test_the_measure_layer_stands_on_the_trace_layer_and_the_base_only():
 
 @pytest.mark.parametrize("analysis", sorted({unit(m) for m in MODULES if m.startswith("diagnostics.analyses.")}))
 def test_an_analysis_never_imports_another_or_anything_above_it(analysis):
+    # diagnostics.devices: layer 1 (device facts by NVML), which the plan reads for the local GPU's memory
     below = BASE | {"diagnostics.trace", "diagnostics.measure", "diagnostics.declare", "diagnostics.spec",
                     "diagnostics.findings",
-                    "diagnostics.intake", "diagnostics.inputs", "diagnostics.settings", "diagnostics.uploads"}
+                    "diagnostics.intake", "diagnostics.inputs", "diagnostics.settings", "diagnostics.uploads",
+                    "diagnostics.devices"}
     assert _violations(analysis, below) == []
 
 

@@ -155,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         analysis = ANALYSES[name]
         p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
                                                                   "on a model and write a report folder.")
-        add_model_args(p)
+        # An analysis with an option of its own on --device (the plan's device to fit) runs its model where
+        # the spec says (the CPU by default) rather than taking the model's --device.
+        add_model_args(p, device=not any(o.cli_flag == "--device" for o in analysis.options))
         _add_analysis_args(p, name)
         _add_run_args(p, name)
     tp = sub.add_parser("trace", help="analyse or compare Chrome/Kineto trace files",
@@ -319,6 +321,17 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     return EXIT_OK, result
 
 
+def _text_of(name: str):
+    """The analysis' own CLI text (its chart module's ``TEXT``), or None: the headline metrics."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"diagnostics.render.charts.{ANALYSES[name].view}")
+    except ImportError:
+        return None
+    return getattr(module, "TEXT", {}).get(name)
+
+
 def run_analysis_command(args) -> int:
     name = args.command
     try:
@@ -331,7 +344,7 @@ def run_analysis_command(args) -> int:
         return EXIT_USAGE
 
     title = f"TorchScope {ANALYSES[name].title}" + (f": {spec.label}" if spec else "")
-    code, result = run_job_command(args, name, spec, options, title=title)
+    code, result = run_job_command(args, name, spec, options, title=title, text=_text_of(name))
     if code != EXIT_OK:
         return code
 

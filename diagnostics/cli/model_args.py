@@ -162,6 +162,12 @@ def hf_spec(hf: str, *, hf_set: list[str] | None = None, hf_task: str | None = N
         raise UsageError(f"bad --hf: {e}") from None
 
 
+def _model_device(args) -> str:
+    """--device, or the CPU for a command whose --device is an option of its analysis (the plan's)."""
+    device = getattr(args, "device", None)
+    return device if isinstance(device, str) and not hasattr(args, "opt_device") else "cpu"
+
+
 def spec_from_args(args) -> ModelSpec:
     """The ModelSpec of a command's model arguments: --model (sample or file) or --hf."""
     hf = getattr(args, "hf", None)
@@ -173,7 +179,7 @@ def spec_from_args(args) -> ModelSpec:
         if given:
             raise UsageError(f"{', '.join(given)} need --hf (a Hugging Face config)")
         return build_spec(args.model, kind=args.kind, weights=args.weights, trust=args.trust, inputs=args.inputs,
-                          batch_size=args.batch_size, device=args.device, seed=args.seed)
+                          batch_size=args.batch_size, device=_model_device(args), seed=args.seed)
     if args.model:
         raise UsageError("--model and --hf are two model sources: give one")
     others = [flag for flag, v in (("--kind", args.kind), ("--weights", args.weights), ("--input", args.inputs),
@@ -183,7 +189,7 @@ def spec_from_args(args) -> ModelSpec:
                          "(--seq-len, --batch-size) and its weights are random")
     return hf_spec(hf, hf_set=args.hf_set, hf_task=args.hf_task, seq_len=args.seq_len, hf_meta=args.hf_meta,
                    decoder_len=args.decoder_len,
-                   batch_size=args.batch_size, device=args.device, seed=args.seed)
+                   batch_size=args.batch_size, device=_model_device(args), seed=args.seed)
 
 
 def build_spec(model: str, *, kind: str | None = None, weights: str | None = None, trust: bool = False,

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import torch
 
 from diagnostics.errors import ModelRunError, TorchScopeError
-from diagnostics.measure.optimizers import OPTIMIZERS, SGD_MOMENTUM
+from diagnostics.measure.optimizers import ALL_OPTIMIZERS, OPTIMIZERS, SGD_MOMENTUM
 from diagnostics.trace.classify import STEP_PHASES
 
 ZERO_GRAD, FORWARD, BACKWARD, OPTIMIZER = STEP_PHASES
@@ -22,18 +22,30 @@ NO_TRAINABLE = ("training mode needs trainable parameters, but the model has no 
                 "(all frozen, or a TorchScript/exported model without parameters)")
 
 
-def make_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(params, name: str, lr: float, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """The optimizer ``name`` over the trainable ``params``. ``OPTIMIZERS`` are what analyses offer; the
+    memory planner also builds the rest of ``ALL_OPTIMIZERS``, with ``foreach`` as the device it plans for
+    would use (None: torch's own default for these tensors)."""
     name = str(name).lower()
-    if name not in OPTIMIZERS:
+    if name not in ALL_OPTIMIZERS:
         raise TorchScopeError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
     if not (float(lr) > 0):
         raise TorchScopeError(f"learning rate must be positive, got {lr}")
     params = [p for p in params if p.requires_grad]
     if not params:
         raise TorchScopeError(NO_TRAINABLE)
+    lr = float(lr)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=float(lr), momentum=SGD_MOMENTUM)
-    return torch.optim.AdamW(params, lr=float(lr))
+        return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM, foreach=foreach)
+    if name == "sgd_nomomentum":
+        return torch.optim.SGD(params, lr=lr, foreach=foreach)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, foreach=foreach)
+    if name == "adamw_fused":
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr, foreach=foreach)
+    return torch.optim.AdamW(params, lr=lr, foreach=foreach)
 
 
 def _no_range(_name):

@@ -150,7 +150,7 @@ def test_a_report_folder_that_fails_while_written_is_reported(tmp_path, store_di
 
 # ----------------------------------------------------------------------------- 4. only user-facing commands
 DOCUMENTED = {"list", "summary", "profile", "memory", "batch_scan", "gradients", "checklist", "optimize", "compile",
-              "trace", "distributed", "history", "run"}
+              "trace", "distributed", "history", "run", "plan"}
 
 
 def _documented_commands() -> set[str]:
@@ -301,3 +301,21 @@ def test_out_of_memory_inside_forward_is_a_failed_job_not_bad_input(tmp_path, st
     p = cli("summary", "--model", model, "-q", "--no-report", data_dir=store_dir, cwd=tmp_path)
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert "out of memory" in p.stderr.lower()
+
+
+# ----------------------------------------------------------------------------- the memory plan
+def test_plan_takes_its_own_device_and_refuses_bad_ones_by_name(tmp_path, store_dir):
+    p = cli("plan", "--help", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 0 and "--batch" in p.stdout and "--seq" in p.stdout and "H100-80GB" in p.stdout
+    p = cli("plan", "--model", "mlp", "--device", "H900", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 2 and "unknown device 'H900'; known: H100-80GB" in p.stderr
+    p = cli("plan", "--model", "mlp", "--shard", "zero3", "--no-report", data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 2 and "sharding zero3 needs the number of ranks: give --ranks N" in p.stderr
+
+
+@pytest.mark.slow
+def test_plan_answers_with_a_fit_table(tmp_path, store_dir):
+    p = cli("plan", "--model", "mlp", "--batch", "8,32", "--device", "cpu:64MB", "--no-sweep", "--no-report",
+            data_dir=store_dir, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "device: cpu:64MB" in p.stdout and "fp32, adamw · b8" in p.stdout and "fp32, adamw · b32" in p.stdout

@@ -1,0 +1,194 @@
+"""Plan: will it fit? Predict the peak memory of each configuration asked for on fake tensors (nothing
+of the model's size is allocated), check it against a device, find the largest batch that fits, draw
+the batch x sequence grid, and suggest what makes a configuration fit.
+
+The configurations are the product of the options (batch, seq, dtype, optimizer, checkpointing,
+shard); each result row is traced (trace.py); the sweeps fit curves through a few traces and check
+the boundary with more (sweep.py); suggestions are traced too (suggest.py).
+"""
+
+from __future__ import annotations
+
+from diagnostics.analyses.plan import ANALYSIS
+from diagnostics.analyses.plan.configs import DTYPES, Config, parse_sizes, settings_of
+from diagnostics.analyses.plan.ledger import CATEGORIES
+from diagnostics.analyses.plan.planner import Planner, is_dtype_error, recompute_flops
+from diagnostics.analyses.plan.result import PlanResult, Row
+from diagnostics.analyses.plan.sweep import Curve, curve_point, grid, grid_batches, grid_seqs, max_batch
+from diagnostics.analyses.plan.targets import resolve
+from diagnostics.analyses.plan.trace import takes_tokens, trace_device
+from diagnostics.declare import OptionError
+from diagnostics.devices import cpu_facts, gpu_facts
+from diagnostics.errors import TorchScopeError
+
+#: Rows traced one by one up to this many configurations; beyond, rows come from the sweep's curves.
+MAX_TRACED_ROWS = 24
+#: Settings the sweeps (largest batch, grid, suggestions) run for.
+MAX_SWEPT_SETTINGS = 4
+
+METHOD = ("each configuration runs on fake tensors (FakeTensorMode: shapes and dtypes, no data) under a "
+          "memory ledger: every storage an op creates is counted, sized as the device's allocator sizes it "
+          "(512-byte blocks on CUDA), and released when its last reference goes, exactly as on the device; "
+          "the optimizer's state exists from the start (the steady-state step); gradients start as None")
+
+
+def _seq_limit(loaded) -> int | None:
+    cfg = getattr(getattr(loaded.model, "model", None), "config", None)
+    limit = getattr(cfg, "max_position_embeddings", None) if cfg is not None else None
+    return int(limit) if limit else None
+
+
+def _sizes(loaded, o) -> tuple[list[int], list]:
+    batches = parse_sizes(o["batch"], "batch") or [int(loaded.batch_size)]
+    token = takes_tokens(loaded.input_specs)
+    seqs = parse_sizes(o["seq"], "seq")
+    if seqs and not token:
+        raise OptionError("option seq: this model takes no token inputs (its inputs: "
+                          + ", ".join(f"{list(s.shape)} {s.dtype}" for s in loaded.input_specs)
+                          + "); sequence lengths apply to token ids")
+    if not seqs:
+        seqs = [next(s.shape[1] for s in loaded.input_specs if len(s.shape) >= 2)] if token else [None]
+    limit = _seq_limit(loaded)
+    over = [s for s in seqs if s is not None and limit is not None and s > limit]
+    if over:
+        raise OptionError(f"option seq: {', '.join(map(str, over))} is longer than the config's "
+                          f"max_position_embeddings ({limit}); raise it with --hf-set max_position_embeddings={max(over)}")
+    return batches, seqs
+
+
+def _dtype_error(dtype: str, e: BaseException) -> TorchScopeError | None:
+    if dtype != "fp32" and is_dtype_error(e):
+        return TorchScopeError(f"the model cannot run in {dtype} ({DTYPES[dtype].label}): "
+                               f"{str(e).splitlines()[0][:300]}")
+    return None
+
+
+def _calibrated(target, asked: str):
+    """The local GPU without a stored calibration: measure its context and workspaces now (calibrate.py)."""
+    import torch
+
+    if target.kind != "cuda" or "not calibrated" not in target.calibration or not torch.cuda.is_available():
+        return target
+    if str(asked).strip().lower() not in ("auto", "local"):
+        return target
+    from dataclasses import replace
+
+    from diagnostics.analyses.plan.calibrate import calibrate_cuda
+
+    cal = calibrate_cuda(0)
+    return replace(target, context_bytes=cal["context_bytes"], workspace_bytes=cal["workspace_bytes"],
+                   calibration=f"measured in this job on {cal['gpu']} (torch {cal['torch']}): context "
+                               f"{cal['context_bytes'] / 2**20:.0f} MiB, cuBLAS workspaces "
+                               f"{cal['workspace_bytes'] / 2**20:.0f} MiB")
+
+
+def analyze(ctx, options: dict) -> dict:
+    o = ANALYSIS.validate(options)
+    loaded = ctx.loaded
+    settings = settings_of(o)
+    batches, seqs = _sizes(loaded, o)
+    target = _calibrated(resolve(o["device"], count=1, gpus=gpu_facts(), cpu=cpu_facts()), o["device"])
+    planner = Planner(loaded, target, o["checkpoint_modules"], progress=lambda m: ctx.progress(0.4, m))
+    notes: list[str] = []
+    if loaded.meta:
+        notes.append(f"the model is on the meta device ({loaded.meta}); the plan needs no weights")
+
+    # -- one row per configuration asked for
+    configs = [Config(b, s, st) for st in settings for s in seqs for b in batches]
+    traced_rows = len(configs) <= MAX_TRACED_ROWS
+    rows: list[Row] = []
+    row_traces = []
+    ctx.progress(0.02, f"{len(configs)} configuration(s) on fake tensors")
+    if traced_rows:
+        for i, c in enumerate(configs):
+            ctx.progress(0.02 + 0.4 * i / len(configs), f"tracing {c.setting.label}, batch {c.batch}"
+                         + (f", seq {c.seq}" if c.seq is not None else ""))
+            try:
+                st = planner.run(c, timeline=i == 0)
+            except TorchScopeError as e:
+                raise _dtype_error(c.setting.dtype, e.__cause__ or e) or e
+            except Exception as e:
+                raise _dtype_error(c.setting.dtype, e) or TorchScopeError(
+                    f"tracing {c.setting.label} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+            rows.append(planner.row(c, st, recompute_flops=recompute_flops(planner, c)))
+            row_traces.append(st)
+
+    # -- sweeps: the largest batch per sequence length, the grid, the suggestions
+    limit = int(o["max_batch"])
+    maxes, grids, suggestions = [], [], []
+    curves_by_setting: dict = {}
+    if o["sweep"] or not traced_rows:
+        swept = settings[:MAX_SWEPT_SETTINGS]
+        if len(settings) > len(swept):
+            notes.append(f"sweeps ran for the first {len(swept)} of {len(settings)} settings")
+        extra_seqs = grid_seqs([s for s in seqs if s is not None], _seq_limit(loaded)) if seqs[0] is not None else [None]
+
+        for k, st_ in enumerate(swept):
+            curves = {}
+            for s in seqs:
+                ctx.progress(0.45 + 0.35 * k / len(swept), f"largest batch: {st_.label}" + (f", seq {s}" if s else ""))
+                curves[s] = Curve(st_, s)
+                maxes.append(max_batch(planner, curves[s], limit))
+            largest = max((m.max_batch for m in maxes if m.setting == st_.label), default=1)
+            gb = grid_batches(max(largest, max(batches)), limit)
+            for s in extra_seqs:
+                if s not in curves:
+                    curves[s] = Curve(st_, s)
+                    for b in (1, min(limit, 8)):
+                        curve_point(planner, curves[s], b)
+            grids.append(grid(planner, st_, curves, gb))
+            curves_by_setting[st_] = curves
+    if not traced_rows:
+        for c in configs:
+            curve = curves_by_setting.get(c.setting, {}).get(c.seq)
+            if curve is None:
+                rows.append(planner.row(c, planner.run(c)))
+                continue
+            peak, parts, phase = curve.peak(c.batch)
+            rows.append(Row(**{**planner.row(c, peak=peak, parts=parts, how="fitted").to_dict(), "phase": phase,
+                               "analytic": tuple(sorted(planner.standins))}))
+    if o["sweep"] and o["mode"] == "train":
+        over = [r for r in rows if not r.fits and r.shard == "none"]
+        if over:
+            worst = max(over, key=lambda r: r.peak_bytes)
+            c = next(c for c in configs if c.batch == worst.batch and c.seq == worst.seq and c.setting.label == worst.setting)
+            largest = next((m.max_batch for m in maxes if m.setting == c.setting.label and m.seq == c.seq), None)
+            ctx.progress(0.85, "make it fit: tracing the candidates")
+            from diagnostics.analyses.plan.suggest import suggestions as suggest
+
+            suggestions = suggest(planner, c, largest, notes)
+
+    # -- the timeline of the first configuration
+    ctx.progress(0.95, "memory over the first configuration's step")
+    first = planner.run(configs[0], timeline=True)
+    timeline = first.timeline
+    if timeline is not None:
+        timeline["configuration"] = rows[0].setting if rows else configs[0].setting.label
+    if planner.standins:
+        notes.append("estimated analytically (fake tracing failed in them): " + "; ".join(
+            f"{m} ({why})" for m, why in planner.standins.items()) + ". Their activations are an estimate: "
+            "every token through each of their layers once")
+    if target.kind == "cuda" and trace_device(target) == "cpu":
+        notes.append("traced on fake CPU tensors for a CUDA device (this torch has no GPU): CUDA's 512-byte "
+                     "rounding and its foreach optimizers are applied; kernels that allocate their own scratch "
+                     "(cuDNN convolution workspaces) are not in the prediction")
+    if target.kind == "cuda":
+        notes.append(f"CUDA context and workspaces: {target.calibration}")
+        notes.append("fits = peak + CUDA context within the device's memory; the caching allocator's "
+                     "fragmentation (reserved beyond allocated) is not in the peak")
+    for st in row_traces:  # what the rows' own traces noted (per-rank peaks, offload, the KV cache)
+        notes.extend(n for n in st.notes if n not in notes)
+    peaks = [r.peak_bytes for r in rows]
+    metrics = {"configs": len(rows), "fitting_configs": sum(r.fits for r in rows), "min_peak_bytes": min(peaks),
+               "max_peak_bytes": max(peaks), "capacity_bytes": target.capacity_bytes, "traces": planner.traces,
+               "analytic_modules": len(planner.standins), "trace_seconds": round(planner.seconds, 3)}
+    traced_on = (f"fake {trace_device(target)} tensors" + (" (CUDA's rounding and optimizer defaults applied)"
+                                                              if target.kind == "cuda" and trace_device(target) == "cpu" else ""))
+    ctx.progress(1.0, "done")
+    result = PlanResult(model=loaded.spec.label, device=target.to_dict(), options=dict(o), rows=tuple(rows),
+                        max_batch=tuple(maxes), grids=tuple(grids), suggestions=tuple(suggestions),
+                        timeline=timeline, analytic_modules=dict(planner.standins), notes=tuple(notes),
+                        metrics=metrics, method=METHOD, traced_on=traced_on)
+    out = result.to_dict()
+    out["categories"] = list(CATEGORIES) + ["workspaces"]
+    return out

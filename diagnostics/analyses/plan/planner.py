@@ -1,0 +1,162 @@
+"""The planner: traces configurations (cached), stands in for modules fake tracing fails in, and turns
+a trace into a Row for the result's device.
+
+One ``FakeTensorMode`` serves every trace of a job (a loss that caches its targets keeps fake ones
+from that mode). A configuration that fails in a module is traced again with that module estimated
+(analytic.stand_in), up to MAX_STANDINS modules; the modules so estimated are named in the rows.
+"""
+
+from __future__ import annotations
+
+import time
+
+from diagnostics.analyses.plan.configs import Config
+from diagnostics.analyses.plan.ledger import LOSS, ROOT
+from diagnostics.analyses.plan.result import Row
+from diagnostics.analyses.plan.targets import Target
+from diagnostics.analyses.plan.trace import StepTrace, TraceFailure, trace
+from diagnostics.errors import TorchScopeError
+
+MAX_STANDINS = 8
+
+
+#: Words of the errors torch raises when an op gets a dtype it does not take.
+DTYPE_WORDS = ("dtype", "scalar type", "type BFloat16", "type Half", "Float8", "float8", "expected both",
+               "mat1 and mat2", "same dtype")
+
+
+def is_dtype_error(e: BaseException) -> bool:
+    return isinstance(e, (RuntimeError, TypeError)) and any(w in str(e) for w in DTYPE_WORDS)
+
+
+def fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # Tensors a model keeps as plain attributes (not parameters or buffers) are real: let them in.
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+class Planner:
+    """Traces for one model and device. ``checkpoint_patterns``: the 'selected' checkpointing's modules."""
+
+    def __init__(self, loaded, target: Target, checkpoint_patterns: str = "", progress=None):
+        self.loaded, self.target = loaded, target
+        self.checkpoint_patterns = checkpoint_patterns
+        self.fake = fake_mode()
+        self.cache: dict[Config, StepTrace] = {}
+        self.standins: dict[str, str] = {}  # module -> why (shared by every configuration)
+        self.traces = 0
+        self.seconds = 0.0
+        self.flop_cache: dict = {}
+        from diagnostics.analyses.plan.scratch import Scratch
+        from diagnostics.analyses.plan.trace import trace_device
+
+        device = trace_device(target)
+        # Kernels' own scratch is probed on this machine's device, so only when it is the one planned for.
+        self.scratch = Scratch(device) if device == ("cuda" if target.kind == "cuda" else "cpu") else None
+        self.progress = progress or (lambda message: None)
+
+    def run(self, config: Config, timeline: bool = False, first_rank_only: bool = False) -> StepTrace:
+        """The configuration's trace (cached; a cached one without a timeline is traced again for one).
+        ``first_rank_only``: a sharded configuration's rank 0 alone (the suggestions' quick look)."""
+        key = (config, "rank0") if first_rank_only and config.setting.shard != "none" else config
+        hit = self.cache.get(key) or (self.cache.get(config) if key != config else None)
+        if hit is not None and (hit.timeline is not None or not timeline):
+            return hit
+        while True:
+            t0 = time.perf_counter()
+            try:
+                if config.setting.shard != "none":
+                    from diagnostics.analyses.plan.shard import trace_sharded
+
+                    st = trace_sharded(self, config, timeline=timeline, ranks=(0,) if first_rank_only else None)
+                else:
+                    st = trace(self.loaded, config, self.target, self.fake, timeline=timeline,
+                               checkpoint_patterns=self.checkpoint_patterns, standins=self.standins,
+                               scratch=self.scratch)
+            except TraceFailure as e:
+                self._stand_in_for(e)
+                continue
+            finally:
+                self.traces += 1
+                self.seconds += time.perf_counter() - t0
+            self.cache[key] = st
+            return st
+
+    def _stand_in_for(self, e: TraceFailure) -> None:
+        from diagnostics.analyses.plan.analytic import model_output
+
+        if is_dtype_error(e.cause):  # the model cannot run in this dtype: no estimate stands in for that
+            raise TorchScopeError(str(e)) from e.cause
+
+        whole = e.module == ROOT and model_output(self.loaded, self.loaded.model) is not None
+        if (e.module in (ROOT, LOSS, "(autograd)", "(optimizer)") and not whole) or e.module in self.standins \
+                or len(self.standins) >= MAX_STANDINS:
+            raise TorchScopeError(f"the memory plan cannot trace this model on fake tensors: {e}") from e.cause
+        self.standins[e.module] = f"{e.phase}: {type(e.cause).__name__}: {str(e.cause).splitlines()[0][:160]}"
+        self.cache.clear()  # every configuration now uses the stand-in
+        self.progress(f"{e.module}: fake tracing failed, estimated analytically")
+
+    # ------------------------------------------------------------------ rows
+    def device_peak(self, st: StepTrace) -> tuple[int, dict]:
+        """The peak as the device sees it: the traced one plus the calibrated cuBLAS workspaces (CUDA)."""
+        parts = {k: int(v) for k, v in st.parts.items()}
+        if self.target.kind == "cuda":
+            parts["workspaces"] = parts.get("workspaces", 0) + int(self.target.workspace_bytes)
+        return int(st.peak_bytes) + (int(self.target.workspace_bytes) if self.target.kind == "cuda" else 0), parts
+
+    def phase_peaks(self, st: StepTrace) -> dict[str, int]:
+        extra = int(self.target.workspace_bytes) if self.target.kind == "cuda" else 0
+        return {ph: int(v["bytes"]) + extra for ph, v in st.phase_peaks.items() if ph != "setup"}
+
+    def budget(self) -> int:
+        """Bytes a step may peak at on the device: its memory less the CUDA context."""
+        return int(self.target.capacity_bytes) - int(self.target.context_bytes)
+
+    def fits(self, peak: int) -> bool:
+        return peak <= self.budget()
+
+    def row(self, config: Config, st: StepTrace | None = None, *, peak: int | None = None, parts: dict | None = None,
+            how: str = "traced", recompute_flops: int | None = None) -> Row:
+        if st is not None:
+            peak, parts = self.device_peak(st)
+        s = config.setting
+        return Row(batch=config.batch, seq=config.seq, dtype=s.dtype, optimizer=s.optimizer,
+                   checkpointing=s.checkpointing, shard=s.shard, ranks=s.ranks, offload=s.offload, mode=s.mode,
+                   peak_bytes=int(peak), parts=parts or {}, phase=st.phase if st else "",
+                   module=st.module if st else "", fits=self.fits(int(peak)),
+                   headroom_bytes=self.budget() - int(peak), how=how, setting=s.label,
+                   host_bytes=int(st.host_bytes) if st else 0, recompute_flops=recompute_flops,
+                   analytic=tuple(sorted(self.standins)), kv_dtype=s.kv_dtype)
+
+
+def recompute_flops(planner: Planner, config: Config) -> int | None:
+    """FLOPs activation checkpointing recomputes per step: the checkpointed modules' forward FLOPs at this
+    configuration, counted on fake tensors by the one FLOP counter (measure.flops). None: nothing
+    checkpointed, or the count failed (then the cost is not shown, never 0)."""
+    if config.setting.checkpointing == "none":
+        return None
+    key = ("flops", config)
+    if key in planner.flop_cache:
+        return planner.flop_cache[key]
+    import torch
+
+    from diagnostics.analyses.plan.trace import _autocast, eager_transformers, inputs_for, prepare
+    from diagnostics.measure.flops import FlopCounter
+
+    value = None
+    try:
+        with eager_transformers():
+            model, device, names = prepare(planner.loaded, config, planner.target, planner.fake,
+                                           checkpoint_patterns=planner.checkpoint_patterns,
+                                           standins=planner.standins)
+            inputs = inputs_for(planner.loaded, config, planner.fake, device)
+            counter = FlopCounter()
+            with planner.fake, counter, torch.no_grad(), _autocast(config, device):
+                inputs.call(model)
+            by_module = counter.result(type(model).__name__).by_module
+            value = int(sum(by_module.get(n, 0) for n in names))
+    except Exception:  # the cost is optional; the plan is not
+        value = None
+    planner.flop_cache[key] = value
+    return value
