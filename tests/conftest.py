@@ -100,3 +100,21 @@ def new_app():
         return at
 
     return make
+
+
+# --cuda-only: just the tests that need a GPU (skipif reason "needs CUDA ..."), for a lent GPU machine.
+def pytest_addoption(parser):
+    parser.addoption("--cuda-only", action="store_true", help="run only the tests that need CUDA")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--cuda-only"):
+        return
+    import re
+
+    def needs_cuda(item):
+        return any(re.match(r"needs CUDA", str(m.kwargs.get("reason", ""))) for m in item.iter_markers("skipif"))
+
+    keep = [i for i in items if needs_cuda(i)]
+    config.hook.pytest_deselected(items=[i for i in items if not needs_cuda(i)])
+    items[:] = keep
