@@ -50,7 +50,7 @@ class LoadedModel:
     task: str = "unknown"
     num_classes: int | None = None
     notes: list[str] = field(default_factory=list)
-    #: True when no loss was declared and the mean square of the output stands in for one: analyses
+    #: True when no loss was declared and ``default_loss`` stands in for one: analyses
     #: driven by the loss (gradient flow) say so and mark their verdicts low-confidence.
     loss_stand_in: bool = False
     #: Why the model was built on the meta device (a Hugging Face config too big for this machine):
@@ -99,13 +99,28 @@ def input_spec_of(t: torch.Tensor, name: str | None = None) -> InputSpec:
     return spec_of(t, name)
 
 
+#: The seed of the stand-in loss's direction (the same direction on every run and device).
+STAND_IN_SEED = 0
+STAND_IN_LOSS_NAME = (f"stand-in: the output projected on a fixed random direction (seed {STAND_IN_SEED}), "
+                      "averaged over the batch (no loss declared)")
+
+
 def default_loss(output) -> torch.Tensor:
-    """Used when a model declares no loss: the mean square of its (first) output."""
+    """Used when a model declares no loss: the (first) output projected on a fixed random direction,
+    averaged over the batch: mean(output * u), u ~ N(0, 1) drawn from ``STAND_IN_SEED`` with the shape of
+    one sample (the same u for every sample and batch size).
+
+    Its gradient with respect to the output is u / numel, never degenerate: the mean square used before
+    is nearly constant behind a final normalisation (every normalised row has the same mean square), so
+    all gradient went to the norm's own scale and the layers before it looked vanishing."""
     if isinstance(output, (tuple, list)):
         output = output[0]
     if isinstance(output, dict):
         output = next(iter(output.values()))
-    return output.float().pow(2).mean()
+    out = output.float()
+    gen = torch.Generator(device=out.device).manual_seed(STAND_IN_SEED)
+    u = torch.randn(out.shape[1:], generator=gen, device=out.device)
+    return (out * u).mean()
 
 
 # A mean over the batch: micro-batches of equal size average to the whole batch's value.
@@ -415,7 +430,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     declared: tuple[InputSpec, ...] | None = None
     notes: list[str] = []
     meta = None
-    loss_fn, loss_name, task, num_classes = None, "mean square of the output (no loss declared)", "unknown", None
+    loss_fn, loss_name, task, num_classes = None, STAND_IN_LOSS_NAME, "unknown", None
     path = Path(spec.path) if spec.path else None
     # Errors name the file as the user knows it (spec.name: an upload is stored under a name of ours,
     # e.g. model.ts.pt, that means nothing to them).
