@@ -47,7 +47,7 @@ def suggestion(reason: str) -> str | None:
     return None
 
 
-def _is_torch_frame(filename: str) -> bool:
+def is_torch_frame(filename: str) -> bool:
     f = filename.replace(os.sep, "/")
     return "/torch/" in f or "/site-packages/torch" in f or f.startswith("<")
 
@@ -56,7 +56,7 @@ def _user_frame(stack) -> tuple[str | None, str | None]:
     """(file.py:LINE, the code line) of the innermost frame outside torch, else of the innermost."""
     frames = list(stack or [])
     for fs in reversed(frames):
-        if not _is_torch_frame(fs.filename):
+        if not is_torch_frame(fs.filename):
             return f"{os.path.basename(fs.filename)}:{fs.lineno}", (fs.line or "").strip() or None
     if frames:
         fs = frames[-1]

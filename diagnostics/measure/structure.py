@@ -59,6 +59,17 @@ PASS_THROUGH = DROPOUT + BATCHNORM + (
 
 
 # ----------------------------------------------------------------------------- static facts
+def script_types(model: nn.Module) -> dict[str, int]:
+    """Class name -> count of the TorchScript modules in ``model``, by the class each was scripted or
+    traced from (``original_name``: 'Linear'), the model itself included."""
+    out: dict[str, int] = {}
+    for _, m in model.named_modules():
+        if isinstance(m, torch.jit.ScriptModule):
+            name = getattr(m, "original_name", None) or type(m).__name__
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
 def static_facts(model: nn.Module) -> dict:
     """Facts from the module tree alone."""
     types: dict[str, int] = {}
@@ -127,6 +138,8 @@ def static_facts(model: nn.Module) -> dict:
         "channels_last": channels_last,
         "compiled": hasattr(model, "_orig_mod") or type(model).__name__ == "OptimizedModule",
         "torchscript": isinstance(model, torch.jit.ScriptModule),
+        # a TorchScript program's modules are compiled (RecursiveScriptModule): the classes they were made from
+        "script_types": script_types(model),
         "data_parallel": dp,
         "data_parallel_devices": len(model.device_ids or []) if dp else 0,
         "ddp": ddp,
