@@ -9,6 +9,7 @@ Every failure raises a ModelLoadError whose message names the problem.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import os
 import pickle
@@ -56,6 +57,9 @@ class LoadedModel:
     #: Why the model was built on the meta device (a Hugging Face config too big for this machine):
     #: nothing is allocated; only counting analyses (summary, memory, validate) run, on fake tensors.
     meta: str | None = None
+    #: The inputs the model itself declares (its example_inputs(), a sample's or a config's), before the
+    #: user's edits: an error from a call with fewer names the ones left out.
+    declared_inputs: tuple[InputSpec, ...] | None = None
 
     def __post_init__(self):
         self.inputs = with_names(self.inputs, self.input_specs)
@@ -87,12 +91,45 @@ class LoadedModel:
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # the user's model: any exception is possible
+            missing = self.missing_inputs(inputs)
+            if missing:
+                raise ModelRunError(f"{missing}; its error: {type(e).__name__}: {e}") from e
             shapes = describe_inputs(inputs)
             hint = ""
             if self.spec.source == "export" and "Guard failed" in str(e):
                 hint = (" (this .pt2 was exported for fixed input shapes: keep the declared ones, or export "
                         "again with dynamic_shapes)")
             raise ModelRunError(f"the model rejected its inputs ({shapes}): {type(e).__name__}: {e}{hint}") from e
+
+
+    def missing_inputs(self, inputs) -> str | None:
+        """Which of the inputs the model declares a call with ``inputs`` leaves out (its forward's
+        parameters past those given), as a sentence; None when it leaves none out."""
+        declared = self.declared_inputs or ()
+        if len(declared) <= len(inputs):
+            return None
+        try:
+            params = [p for p in inspect.signature(self.model.forward).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        except (TypeError, ValueError):  # a compiled forward without a Python signature
+            return None
+        given = len(inputs.args)
+        left = [(i, p.name) for i, p in enumerate(params)
+                if i >= given and p.name not in inputs.kwargs and (i < len(declared) or
+                                                                     p.name in {d.name for d in declared})]
+        if not left:
+            return None
+        by_name = {d.name: d for d in declared if d.name}
+        where = "example_inputs() gives" if self.spec.source == "python" else "declared inputs give"
+        parts = []
+        for i, name in left:
+            d = by_name.get(name) or (declared[i] if i < len(declared) else None)
+            shape = f"; the model's {where} {list(d.shape)} {d.dtype}" if d is not None else ""
+            parts.append(f"{name} (forward's parameter {i + 1}{shape})")
+        n = len(inputs)
+        return (f"the model was called without its input{'s' if len(parts) > 1 else ''} {', '.join(parts)}: "
+                f"{n} input{'s' if n != 1 else ''} entered, the model takes {len(declared)}; enter every input "
+                "(the sidebar's Inputs, or --input once per input)")
 
 
 def input_spec_of(t: torch.Tensor, name: str | None = None) -> InputSpec:
@@ -474,6 +511,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         apply_weights(model, load_state_dict_file(weights, "the weights file" if ours else weights.name),
                       "the weights" if ours else weights.name)
 
+    own = declared if declared is not None else (specs_of(example) if example is not None else None)
     if spec.inputs is not None:
         specs = spec.inputs
     elif declared is not None:
@@ -491,7 +529,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     if meta:  # nothing to move: the parameters and inputs stay on the meta device
         return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=make_inputs(specs, "meta", spec.seed),
                            loss_fn=loss_fn, loss_name=loss_name, task=task, num_classes=num_classes,
-                           notes=notes, meta=meta)
+                           notes=notes, meta=meta, declared_inputs=own)
     try:
         model = model.to(device)
     except Exception as e:
@@ -503,4 +541,4 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=inputs,
                        loss_fn=loss_fn or default_loss, loss_name=loss_name, task=task, num_classes=num_classes,
                        loss_stand_in=loss_fn is None,
-                       notes=notes)
+                       notes=notes, declared_inputs=own)
