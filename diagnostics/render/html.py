@@ -50,6 +50,7 @@ section{background:#fff;border:1px solid #e3e6ec;border-radius:8px;padding:12px 
 h2{font-size:18px;margin:6px 0 10px} h3{font-size:14px;margin:14px 0 6px;color:#4a5163}
 table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
 th,td{border-bottom:1px solid #eceef2;padding:4px 10px;text-align:left;vertical-align:top}
+th{min-width:3.5em;max-width:11em} td{max-width:32em}
 th{background:#f3f5f8;position:sticky;top:0} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .tablewrap{max-height:560px;overflow:auto}
 .metrics{display:flex;flex-wrap:wrap;gap:10px}
@@ -100,6 +101,8 @@ def _cell_text(v) -> str:
     if isinstance(v, (int, float)):
         return _number_text(v)
     if isinstance(v, (list, tuple)):
+        if not v:
+            return ""
         if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
             return "[" + ", ".join(_number_text(x) for x in v) + "]"  # a shape
         if all(isinstance(x, str) for x in v):
@@ -123,25 +126,33 @@ def display_columns(df: pd.DataFrame, columns: dict | None = None) -> list[tuple
         nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
                 and not (isinstance(v, float) and math.isnan(v))]
         numeric = bool(nums) and len(nums) == sum(1 for v in values if v is not None and v == v)
-        if col is None:
-            out.append((str(key), [_cell_text(v) for v in values], numeric))
+        if col is None:  # not declared: its key, words apart
+            out.append((str(key).replace("_", " "), [_cell_text(v) for v in values], numeric))
             continue
         label = col.label or str(key)
+        values = [None if isinstance(v, float) and math.isnan(v) else v for v in values]
         if numeric and (col.unit in _SCALES or col.unit in _FIXED):
             sc = column_scale(nums, col.unit)
-            cells = [compact_parts(v, col.unit, sc, missing="n/a")[0] if v is None or not (isinstance(v, float)
-                     and math.isnan(v)) else "n/a" for v in values]
-            out.append((sc.header(label), cells, True))
+            out.append((sc.header(label), [compact_parts(v, col.unit, sc)[0] for v in values], True))
+        elif numeric:
+            cells = [_cell_text(v) if col.unit == "number" and v is not None else compact_parts(v, col.unit)[0]
+                     for v in values]
+            out.append((column_label(label, col.unit), cells, True))
         else:
-            cells = [_cell_text(v) if col.unit in ("text", "number") or not isinstance(v, (int, float))
-                     else compact_parts(v, col.unit)[0] for v in values]
-            out.append((column_label(label, col.unit), cells, numeric))
+            out.append((column_label(label, col.unit), [_cell_text(v) for v in values], False))
     return out
+
+
+#: A text column whose cells average more characters than this goes after the others in a report
+#: table, so that the numbers are on screen at 1280 px and the long texts scroll.
+LONG_TEXT_CHARS = 24
 
 
 def _table_html(df: pd.DataFrame, caption: str = "", columns: dict | None = None) -> str:
     n = len(df)
     shown = display_columns(df.head(MAX_HTML_ROWS), columns)
+    long = [not num and sum(map(len, cells)) > LONG_TEXT_CHARS * max(1, len(cells)) for _, cells, num in shown]
+    shown = [c for c, lg in zip(shown, long) if not lg] + [c for c, lg in zip(shown, long) if lg]
     head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in shown)
     rows = []
     for i in range(min(n, MAX_HTML_ROWS)):
