@@ -385,25 +385,13 @@ def test_ops_the_flop_count_cannot_see_are_listed_with_their_share_of_measured_t
 
 
 # ----------------------------------------------------------------------------- optional parts
-class WeightNormPosConv(nn.Module):
-    """wav2vec2 / HuBERT's positional convolution: a weight-norm parametrized grouped Conv1d."""
-
-    def __init__(self, d=16):
-        super().__init__()
-        from torch.nn.utils.parametrizations import weight_norm
-
-        self.conv = weight_norm(nn.Conv1d(d, d, 5, padding=2, groups=4), name="weight", dim=2)
-        self.head = nn.Linear(d, 4)
-
-    def forward(self, x):
-        return self.head(x + self.conv(x.transpose(1, 2)).transpose(1, 2))
-
-
 def test_a_weight_norm_parametrization_gets_its_roofline(tmp_path):
     """The roofline's FLOP pass runs under inference_mode, where torch's module tracker broke on the
     parametrization ("'ParametrizedConv1d' object has no attribute 'weight'", the job failed blaming the inputs)."""
     torch.manual_seed(0)
-    r, _ = run_profile(WeightNormPosConv(), (torch.randn(2, 12, 16),), SMALL, tmp_path)
+    from tests.measure.test_flops import WeightNormConv  # wav2vec2 / HuBERT's positional convolution
+
+    r, _ = run_profile(WeightNormConv(), (torch.randn(2, 12, 16),), SMALL, tmp_path)
     conv, head = 2 * (2 * 16 * 12) * (4 * 5), 2 * (2 * 12) * 16 * 4
     assert r["metrics"]["model_flops_per_step"] == conv + head
     assert "roofline_unavailable" not in r
