@@ -74,8 +74,6 @@ def _upload_form() -> None:
     if safe_mode():
         st.caption("Server-safe mode: Python files and pickled modules are disabled.")
     model_file = st.file_uploader("Model file", key="sb_upload_model")
-    weights_file = st.file_uploader("Weights (optional): .safetensors or a state_dict .pt", key="sb_upload_weights",
-                                    type=["safetensors", "pt", "pth", "bin"])
     kind, kind_error = chosen, None
     if chosen == AUTO and model_file is not None:
         try:
@@ -86,6 +84,8 @@ def _upload_form() -> None:
                 st.caption(f"Detected: {KIND_LABELS[kind]}")
         except TorchScopeError as e:
             kind_error = str(e)
+    weights_file = st.file_uploader("Weights (optional): .safetensors or a state_dict .pt", key="sb_upload_weights",
+                                    type=["safetensors", "pt", "pth", "bin"])
     trust = False
     if kind == "pickle":
         trust = st.checkbox("I trust this file (unpickling can run any code on this server)", value=False,
