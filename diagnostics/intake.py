@@ -9,6 +9,7 @@ Every failure raises a ModelLoadError whose message names the problem.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import os
 import pickle
@@ -50,12 +51,15 @@ class LoadedModel:
     task: str = "unknown"
     num_classes: int | None = None
     notes: list[str] = field(default_factory=list)
-    #: True when no loss was declared and the mean square of the output stands in for one: analyses
+    #: True when no loss was declared and ``default_loss`` stands in for one: analyses
     #: driven by the loss (gradient flow) say so and mark their verdicts low-confidence.
     loss_stand_in: bool = False
     #: Why the model was built on the meta device (a Hugging Face config too big for this machine):
     #: nothing is allocated; only counting analyses (summary, memory, validate) run, on fake tensors.
     meta: str | None = None
+    #: The inputs the model itself declares (its example_inputs(), a sample's or a config's), before the
+    #: user's edits: an error from a call with fewer names the ones left out.
+    declared_inputs: tuple[InputSpec, ...] | None = None
 
     def __post_init__(self):
         self.inputs = with_names(self.inputs, self.input_specs)
@@ -87,6 +91,9 @@ class LoadedModel:
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # the user's model: any exception is possible
+            missing = self.missing_inputs(inputs)
+            if missing:
+                raise ModelRunError(f"{missing}; its error: {type(e).__name__}: {e}") from e
             shapes = describe_inputs(inputs)
             hint = ""
             if self.spec.source == "export" and "Guard failed" in str(e):
@@ -95,17 +102,62 @@ class LoadedModel:
             raise ModelRunError(f"the model rejected its inputs ({shapes}): {type(e).__name__}: {e}{hint}") from e
 
 
+    def missing_inputs(self, inputs) -> str | None:
+        """Which of the inputs the model declares a call with ``inputs`` leaves out (its forward's
+        parameters past those given), as a sentence; None when it leaves none out."""
+        declared = self.declared_inputs or ()
+        if len(declared) <= len(inputs):
+            return None
+        try:
+            params = [p for p in inspect.signature(self.model.forward).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        except (TypeError, ValueError):  # a compiled forward without a Python signature
+            return None
+        given = len(inputs.args)
+        left = [(i, p.name) for i, p in enumerate(params)
+                if i >= given and p.name not in inputs.kwargs and (i < len(declared) or
+                                                                     p.name in {d.name for d in declared})]
+        if not left:
+            return None
+        by_name = {d.name: d for d in declared if d.name}
+        where = "example_inputs() gives" if self.spec.source == "python" else "declared inputs give"
+        parts = []
+        for i, name in left:
+            d = by_name.get(name) or (declared[i] if i < len(declared) else None)
+            shape = f"; the model's {where} {list(d.shape)} {d.dtype}" if d is not None else ""
+            parts.append(f"{name} (forward's parameter {i + 1}{shape})")
+        n = len(inputs)
+        return (f"the model was called without its input{'s' if len(parts) > 1 else ''} {', '.join(parts)}: "
+                f"{n} input{'s' if n != 1 else ''} entered, the model takes {len(declared)}; enter every input "
+                "(the sidebar's Inputs, or --input once per input)")
+
+
 def input_spec_of(t: torch.Tensor, name: str | None = None) -> InputSpec:
     return spec_of(t, name)
 
 
+#: The seed of the stand-in loss's direction (the same direction on every run and device).
+STAND_IN_SEED = 0
+STAND_IN_LOSS_NAME = (f"stand-in: the output projected on a fixed random direction (seed {STAND_IN_SEED}), "
+                      "averaged over the batch (no loss declared)")
+
+
 def default_loss(output) -> torch.Tensor:
-    """Used when a model declares no loss: the mean square of its (first) output."""
+    """Used when a model declares no loss: the (first) output projected on a fixed random direction,
+    averaged over the batch: mean(output * u), u ~ N(0, 1) drawn from ``STAND_IN_SEED`` with the shape of
+    one sample (the same u for every sample and batch size).
+
+    Its gradient with respect to the output is u / numel, never degenerate: the mean square used before
+    is nearly constant behind a final normalisation (every normalised row has the same mean square), so
+    all gradient went to the norm's own scale and the layers before it looked vanishing."""
     if isinstance(output, (tuple, list)):
         output = output[0]
     if isinstance(output, dict):
         output = next(iter(output.values()))
-    return output.float().pow(2).mean()
+    out = output.float()
+    gen = torch.Generator(device=out.device).manual_seed(STAND_IN_SEED)
+    u = torch.randn(out.shape[1:], generator=gen, device=out.device)
+    return (out * u).mean()
 
 
 # A mean over the batch: micro-batches of equal size average to the whole batch's value.
@@ -415,7 +467,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     declared: tuple[InputSpec, ...] | None = None
     notes: list[str] = []
     meta = None
-    loss_fn, loss_name, task, num_classes = None, "mean square of the output (no loss declared)", "unknown", None
+    loss_fn, loss_name, task, num_classes = None, STAND_IN_LOSS_NAME, "unknown", None
     path = Path(spec.path) if spec.path else None
     # Errors name the file as the user knows it (spec.name: an upload is stored under a name of ours,
     # e.g. model.ts.pt, that means nothing to them).
@@ -459,6 +511,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
         apply_weights(model, load_state_dict_file(weights, "the weights file" if ours else weights.name),
                       "the weights" if ours else weights.name)
 
+    own = declared if declared is not None else (specs_of(example) if example is not None else None)
     if spec.inputs is not None:
         specs = spec.inputs
     elif declared is not None:
@@ -476,7 +529,7 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     if meta:  # nothing to move: the parameters and inputs stay on the meta device
         return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=make_inputs(specs, "meta", spec.seed),
                            loss_fn=loss_fn, loss_name=loss_name, task=task, num_classes=num_classes,
-                           notes=notes, meta=meta)
+                           notes=notes, meta=meta, declared_inputs=own)
     try:
         model = model.to(device)
     except Exception as e:
@@ -488,4 +541,4 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=inputs,
                        loss_fn=loss_fn or default_loss, loss_name=loss_name, task=task, num_classes=num_classes,
                        loss_stand_in=loss_fn is None,
-                       notes=notes)
+                       notes=notes, declared_inputs=own)

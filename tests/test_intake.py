@@ -249,6 +249,43 @@ def test_inputs_the_model_rejects_show_its_error():
         loaded.forward()
 
 
+TWO_INPUTS = """
+    import torch
+    from torch import nn
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 4), nn.Linear(6, 4)
+
+        def forward(self, x, mask=None):
+            return self.a(x) * mask.shape[-1] + self.b(mask)
+
+    def build_model():
+        return Two()
+
+    def example_inputs():
+        return (torch.randn(4, 8), torch.randn(4, 6))
+"""
+
+
+@pytest.mark.parametrize("analysis", ["summary", "profile"])
+def test_a_multi_input_model_given_some_of_its_inputs_names_the_missing_one(tmp_path, analysis):
+    """Only the first of two inputs entered: the model fails on the None it gets for the second
+    ("'NoneType' object has no attribute 'shape'"); the error names the input that was not given."""
+    from diagnostics.runner import Job, execute
+
+    path = tmp_path / "two.py"
+    path.write_text(textwrap.dedent(TWO_INPUTS))
+    spec = ModelSpec(source="python", name="two.py", path=str(path), inputs=(InputSpec((4, 8)),))
+    with pytest.raises(ModelRunError) as e:
+        execute(Job(analysis, spec, {}), tmp_path / "out")
+    msg = str(e.value)
+    assert msg.startswith("the model was called without its input mask (forward's parameter 2; the model's "
+                          "example_inputs() gives [4, 6] float32): 1 input entered, the model takes 2")
+    assert "'NoneType' object has no attribute 'shape'" in msg  # its own error still follows
+
+
 def test_a_tampered_torchscript_archive_is_refused_with_a_message(tmp_path):
     """TorchScript compile errors start with a blank line: the message must not end at 'RuntimeError: '."""
     import zipfile

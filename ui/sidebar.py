@@ -19,7 +19,7 @@ from diagnostics.settings import safe_mode
 from diagnostics.spec import DEFAULT_INT_HIGH, DTYPES, InputSpec, ModelSpec, parse_shape
 from diagnostics.spec import parse_inputs as spec_parse_inputs
 from diagnostics.units import human_bytes
-from diagnostics.uploads import MODEL_KINDS, save_upload
+from diagnostics.uploads import AUTO, AUTO_LABEL, KIND_LABELS, MODEL_KINDS, detect_kind, save_upload
 from sample_models import DEFAULT_SAMPLE, SAMPLES
 from ui import state
 from ui.jobs import cached_outcome, get_store, run_analysis
@@ -27,12 +27,6 @@ from ui.notices import show_notices
 
 INT_DTYPES = ("int64", "int32")
 
-KIND_LABELS = {
-    "torchscript": "TorchScript archive (torch.jit.save)",
-    "export": "torch.export archive (.pt2)",
-    "python": "Python file with build_model() and example_inputs()",
-    "pickle": "Pickled nn.Module (torch.save(model)) — runs code",
-}
 
 
 @st.cache_data(ttl=5, show_spinner=False)
@@ -74,10 +68,22 @@ def _upload_form() -> None:
     if not kinds:
         st.caption("Server-safe mode without a job sandbox: model uploads are disabled (see the notice above).")
         return
-    kind = st.selectbox("File kind", kinds, format_func=KIND_LABELS.get, key="sb_upload_kind")
+    chosen = st.selectbox("File kind", [AUTO] + kinds, key="sb_upload_kind",
+                          format_func=lambda k: AUTO_LABEL if k == AUTO else KIND_LABELS[k],
+                          help="what the model file is; detected from its contents by default")
     if safe_mode():
         st.caption("Server-safe mode: Python files and pickled modules are disabled.")
     model_file = st.file_uploader("Model file", key="sb_upload_model")
+    kind, kind_error = chosen, None
+    if chosen == AUTO and model_file is not None:
+        try:
+            kind = detect_kind(model_file.getvalue(), model_file.name)
+            if kind not in kinds:
+                kind_error = f"{model_file.name} is a {KIND_LABELS[kind]}, which this server does not load"
+            else:
+                st.caption(f"Detected: {KIND_LABELS[kind]}")
+        except TorchScopeError as e:
+            kind_error = str(e)
     weights_file = st.file_uploader("Weights (optional): .safetensors or a state_dict .pt", key="sb_upload_weights",
                                     type=["safetensors", "pt", "pth", "bin"])
     trust = False
@@ -97,6 +103,8 @@ def _upload_form() -> None:
                                                       "[0, this): the vocabulary or number of classes")
     if st.button("Load model", type="primary", disabled=model_file is None, key="sb_load"):
         try:
+            if kind_error:
+                raise TorchScopeError(kind_error)
             store = get_store()
             path, digest = save_upload(model_file.getvalue(), kind, store.data_dir, model_file.name)
             weights_path = None
@@ -285,13 +293,18 @@ def render_sidebar() -> ModelSpec:
             base, declared = ModelSpec(source="sample", name=name), SAMPLES[name].inputs
         else:
             _upload_form() if source == "Upload a file" else _hf_form()
-            if st.session_state.get(state.LOAD_ERROR):
-                st.error(st.session_state[state.LOAD_ERROR])
+            failed = st.session_state.get(state.LOAD_ERROR)
+            if failed:
+                st.error(failed)
             info = st.session_state.get(state.MODEL_INFO)
             if info:
                 base = ModelSpec.from_dict(info["spec"])
                 declared = tuple(InputSpec.from_dict(i) for i in info["result"]["inputs"])  # keyword ones named
-                st.success(f"Loaded {base.name} ({info['result']['model_type']})")
+                loaded = f"{base.name} ({info['result']['model_type']})"
+                if failed:  # never a green "Loaded" beside a failed load: the pages still use the earlier one
+                    st.info(f"Not loaded; the pages keep using {loaded}, loaded before.")
+                else:
+                    st.success(f"Loaded {loaded}")
                 for note in info["result"].get("notes") or []:
                     st.warning(note)
             else:

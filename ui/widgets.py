@@ -26,11 +26,25 @@ def show_failure(outcome: JobOutcome) -> None:
             st.code(outcome.log_tail[-2000:], language=None)
 
 
-#: A tile's label and figure fit a tile at 1400 px (at most TILES_PER_ROW in a row): longer text goes
-#: into the help, never into the label (Streamlit cuts both with '…', taking the unit with it).
+#: A tile's label and figure fit a tile at 1280 px: longer text goes into the help, never into the label
+#: (Streamlit cuts both with '…', taking the unit with it), and a row holds as many tiles as its widest
+#: figure leaves room for (``tiles_per_row``), at most TILES_PER_ROW.
 MAX_LABEL_CHARS = 18
 MAX_VALUE_CHARS = COMPACT_WIDTH
 TILES_PER_ROW = 5
+#: The page's main column at a 1280 px window beside the sidebar (measured on a screenshot: 820 px), the
+#: width of one character of a tile's figure (st.metric's 2.25rem font: "481.4 MFLOP" is 192 px) and the
+#: gap between two tiles.
+MAIN_WIDTH_PX = 820
+VALUE_CHAR_PX = 18
+TILE_GAP_PX = 16
+
+
+def tiles_per_row(texts: list[str], per_row: int = TILES_PER_ROW, width_px: int = MAIN_WIDTH_PX) -> int:
+    """How many tiles a row of ``width_px`` holds without cutting the longest of ``texts`` (at most
+    ``per_row``; at least 1). Five tiles of 'x1.30' share a row; 481.4 MFLOP needs three."""
+    longest = max((len(t) for t in texts), default=1)
+    return max(1, min(per_row, width_px // (VALUE_CHAR_PX * longest + TILE_GAP_PX)))
 
 
 @dataclass(frozen=True)
@@ -68,10 +82,12 @@ def tile_texts(tiles: list[Tile]) -> list[str]:
     return [t.text(shared.get(t.unit)) if _number(t.value) and t.value != 0 else t.text() for t in tiles]
 
 
-def metric_row(tiles: list[Tile], per_row: int = TILES_PER_ROW) -> None:
-    """Tiles in rows of at most ``per_row`` (a sixth tile starts a second row of even width; a
-    narrow column passes fewer)."""
+def metric_row(tiles: list[Tile], per_row: int = TILES_PER_ROW, width_px: int = MAIN_WIDTH_PX) -> None:
+    """Tiles in rows of at most ``per_row``, fewer when their figures need the room (``tiles_per_row``;
+    rows of even width: a sixth tile of five starts a second row of three). A narrower column passes
+    its ``width_px``."""
     texts = tile_texts(tiles)
+    per_row = tiles_per_row(texts, per_row, width_px)
     rows = -(-len(tiles) // per_row)
     per_row = -(-len(tiles) // rows) if rows else 0
     for start in range(0, len(tiles), per_row or 1):
@@ -162,6 +178,25 @@ def unit_columns(df, columns: dict[str, tuple], config: dict | None = None, widt
         df[col] = pd.to_numeric(df[col], errors="coerce") / sc.factor
         config[col] = st.column_config.NumberColumn(sc.header(label), format=sc.number_format(), help=help_,
                                                     width=width)
+    return df, config
+
+
+def missing_as(df, config: dict, texts: dict[str, str]):
+    """(df, config) with each column of ``texts`` written out: its numbers in the column's own number
+    format (from ``config``), ``texts[column]`` where it has no value (Streamlit shows a missing number
+    as 'None'); the column stays right-aligned like a number's."""
+    import pandas as pd
+
+    df, config = df.copy(), dict(config)
+    for col, text in texts.items():
+        if col not in df.columns:
+            continue
+        old = config.get(col) or {}
+        fmt = (old.get("type_config") or {}).get("format") or ""
+        df[col] = [text if v is None or pd.isna(v) else (fmt % v if fmt.startswith("%") else f"{v:,.6g}")
+                   for v in df[col]]
+        config[col] = st.column_config.TextColumn(old.get("label") or col, help=old.get("help"),
+                                                  width=old.get("width"), alignment="right")
     return df, config
 
 

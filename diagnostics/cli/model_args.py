@@ -1,7 +1,7 @@
 """Turn the CLI's model arguments into a ModelSpec, the same description the dashboard builds.
 
-``--model`` is a built-in sample name or a file; a file's kind comes from ``--kind`` or is inferred
-from its extension (a ``.pt`` is sniffed: diagnostics.uploads.sniff_kind). Inputs are written in the
+``--model`` is a built-in sample name or a file; a file's kind comes from ``--kind`` (checked against
+its contents) or from its contents (diagnostics.uploads.detect_kind). Inputs are written in the
 engine's one grammar (diagnostics.spec.INPUT_GRAMMAR), such as ``8,3,32,32`` or ``8,64:int64``.
 Every problem raises UsageError naming the argument, so the CLI can exit 2 with that message.
 """
@@ -11,24 +11,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from diagnostics.errors import SpecError, TorchScopeError
-from diagnostics.uploads import sniff_kind
+from diagnostics.errors import ModelLoadError, SpecError, TorchScopeError
+from diagnostics.uploads import check_kind, detect_kind
 from dataclasses import replace
 
 from diagnostics.spec import DEFAULT_INT_HIGH, InputSpec, ModelSpec, check_input_order
 from diagnostics.spec import parse_input as spec_parse_input
 
-#: Extension -> model kind (".pt"/".pth" are sniffed, see infer_kind).
-KIND_BY_EXT = {
-    ".pt2": "export",
-    ".py": "python",
-    ".pkl": "pickle",
-    ".pickle": "pickle",
-    ".ts": "torchscript",
-    ".jit": "torchscript",
-    ".zip": "torchscript",
-}
-SNIFFED_EXTS = (".pt", ".pth")
 KINDS = ("torchscript", "export", "python", "pickle")
 
 
@@ -98,15 +87,12 @@ def parse_input(text: str) -> InputSpec:
 
 
 def infer_kind(path: Path) -> str:
-    """The model kind of ``path`` from its extension; .pt/.pth archives are sniffed for TorchScript."""
-    ext = path.suffix.lower()
-    if ext in KIND_BY_EXT:
-        return KIND_BY_EXT[ext]
-    if ext in SNIFFED_EXTS:
-        kind = sniff_kind(path)  # a legacy (non-zip) or zip torch.save file: a pickle
-        return kind if kind in ("torchscript", "export") else "pickle"
-    raise UsageError(f"cannot tell what kind of model {path} is from its extension {ext or '(none)'!r}: "
-                     f"pass --kind {'|'.join(KINDS)}")
+    """The model kind of ``path`` from its contents (diagnostics.uploads.detect_kind, as the sidebar's
+    'Detect from the file')."""
+    try:
+        return detect_kind(path, str(path))
+    except ModelLoadError as e:
+        raise UsageError(f"{e}: pass --kind {'|'.join(KINDS)}") from None
 
 
 def file_digest(*paths: Path) -> str:
@@ -216,9 +202,15 @@ def build_spec(model: str, *, kind: str | None = None, weights: str | None = Non
         if path.is_file() or kind is not None:
             if not path.is_file():
                 raise UsageError(f"model file not found: {model}")
-            kind = kind or infer_kind(path)
-            if kind not in KINDS:
+            if kind is None:
+                kind = infer_kind(path)
+            elif kind not in KINDS:
                 raise UsageError(f"unknown --kind {kind!r}: one of {', '.join(KINDS)}")
+            else:
+                try:
+                    check_kind(path, path.name, kind, lambda found: f"pass --kind {found}, or leave --kind out")
+                except ModelLoadError as e:
+                    raise UsageError(str(e)) from None
             digest = file_digest(path) + (file_digest(weights_path)[:16] if weights_path else "")
             specs = tuple(i if i.high is not None or i.dtype not in ("int64", "int32")
                           else replace(i, high=DEFAULT_INT_HIGH) for i in parsed) or None

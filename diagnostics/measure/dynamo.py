@@ -47,7 +47,7 @@ def suggestion(reason: str) -> str | None:
     return None
 
 
-def _is_torch_frame(filename: str) -> bool:
+def is_torch_frame(filename: str) -> bool:
     f = filename.replace(os.sep, "/")
     return "/torch/" in f or "/site-packages/torch" in f or f.startswith("<")
 
@@ -56,7 +56,7 @@ def _user_frame(stack) -> tuple[str | None, str | None]:
     """(file.py:LINE, the code line) of the innermost frame outside torch, else of the innermost."""
     frames = list(stack or [])
     for fs in reversed(frames):
-        if not _is_torch_frame(fs.filename):
+        if not is_torch_frame(fs.filename):
             return f"{os.path.basename(fs.filename)}:{fs.lineno}", (fs.line or "").strip() or None
     if frames:
         fs = frames[-1]
@@ -85,13 +85,21 @@ def _op_count(gm) -> int:
 
 
 def explain(model, inputs: tuple) -> dict:
-    """Dynamo's view of one forward: graphs, graph breaks (grouped by reason and place), op counts."""
+    """Dynamo's view of one forward: graphs, graph breaks (grouped by reason and place), op counts.
+
+    The model runs once eagerly first: a freshly built model's first call may set state up in Python
+    (a lazily computed scale or cache, a parametrization's first evaluation) that Dynamo would trace
+    once as a graph break no later call has. Only reasons Dynamo marks as graph breaks are listed (a
+    frame's normal end is not one)."""
     import torch._dynamo
 
+    call_model(model, inputs)
     torch._dynamo.reset()
     out = call_model(torch._dynamo.explain(model), inputs)
     breaks: dict[tuple, dict] = {}
     for br in out.break_reasons:
+        if not getattr(br, "graph_break", True):
+            continue
         reason = str(br.reason).strip()
         location, code = _user_frame(getattr(br, "user_stack", None))
         key = (reason.splitlines()[0] if reason else "", location)

@@ -3,11 +3,18 @@ a record of every op it still cannot count.
 
 ``FlopCounter`` is a FlopCounterMode that also counts grouped matmuls (``aten._grouped_mm``, which
 transformers' mixture-of-experts layers run), the CPU and "overrideable" fused attention kernels, the
-fused MultiheadAttention / TransformerEncoderLayer fast paths and the int8 / int4 weight-only matmuls.
+fused MultiheadAttention / TransformerEncoderLayer fast paths and the int8 / int4 weight-only matmuls,
+and counts a grouped convolution's weight gradient for its groups (torch's formula counts it dense).
 An op that has no formula but does arithmetic (a matmul, convolution, attention or linear-algebra name,
 or any op outside aten, such as a user's ``torch.library`` op) is recorded as *not counted*, with its
 calls and the modules it ran in: FLOP totals then leave it out, and a caller says so instead of
 showing 0. Elementwise ops count 0 FLOPs, as in FlopCounterMode.
+
+Backward ops are charged to the modules whose forward created the autograd node running them (see
+``_Tracker``), not, as torch's ModuleTracker does, to every module between its outputs' first and its
+inputs' last gradient: a layer sharing its input (query, key and value) or returning it (Dropout in
+eval) was charged other layers' backward FLOPs, and torch's gradient hooks broke on parameters fed to
+a module under no_grad / inference_mode (weight-norm parametrizations, DeBERTa's position projections).
 
 ``FlopCounter.result(root)`` gives a ``FlopCount``: the total, FLOPs per module (qualified names, ""
 for the model) and per op (``aten::mm``, as torch.profiler names ops), and the ops not counted.
@@ -21,7 +28,10 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.module_tracker import ModuleTracker
 
 #: aten ops whose name has one of these "_"-separated words do arithmetic worth counting: an op of
 #: this kind without a formula is reported as not counted.
@@ -159,6 +169,19 @@ def _sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, o
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
+def _conv_backward(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                   _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """A convolution's input and weight gradients. Each has the forward's multiply-adds: the weight's
+    shape carries the groups (in channels / groups), which torch's formula drops for the weight
+    gradient (a grouped convolution counted x groups, a depthwise one x channels)."""
+    total = 0
+    if output_mask[0]:
+        total += conv_flop_count(list(grad_out_shape), list(w_shape), list(x_shape), not transposed)
+    if output_mask[1]:
+        total += conv_flop_count(list(x_shape), list(w_shape), list(grad_out_shape), transposed)
+    return total
+
+
 def _rnn_layer(input, w_ih, w_hh, *args, out_val=None, **kwargs) -> int:
     """One recurrent layer (mkldnn_rnn_layer: LSTM / GRU / RNN, one direction): at every time step and
     batch row, the input and the hidden state times their gate weights, 2 x (w_ih + w_hh) FLOPs; the
@@ -194,6 +217,7 @@ def formulas() -> dict:
         "_scaled_dot_product_fused_attention_overrideable": _sdpa,
         "_scaled_dot_product_fused_attention_overrideable_backward": _sdpa_backward,
         "_scaled_dot_product_attention_math_for_mps": _sdpa,
+        "convolution_backward": _conv_backward,
         "mkldnn_rnn_layer": _rnn_layer,  # nn.LSTM / GRU / RNN on CPU: one call per layer and direction
         "mkldnn_rnn_layer_backward": _rnn_layer_backward,
     }
@@ -237,11 +261,76 @@ def _module_name(key: str, root: str) -> str | None:
     return key[len(root) + 1:] if key.startswith(root + ".") else None
 
 
+#: AccumulateGrad nodes (a leaf's gradient) have no sequence number of their own: this.
+_NO_SEQUENCE = 2 ** 64 - 1
+
+
+class _Tracker(ModuleTracker):
+    """Which modules an op runs in: in forward, the modules whose forward is running (torch's
+    ModuleTracker); in backward, the modules whose forward *created the autograd node* now running.
+
+    torch's tracker marks a module's backward from the first gradient of its outputs to the gradient of
+    its inputs: an input shared with other modules (the hidden state fed to query, key and value) gets
+    its gradient only after all of them ran, so each was charged the others' backward; an output that
+    is an input (Dropout in eval, Identity) never closed, charging it every later backward FLOP; and
+    its gradient hooks broke on parameters fed to a module under no_grad / inference_mode. Here each
+    module's forward post-hook walks the autograd nodes its call created (sequence numbers from its
+    pre-hook on) and records itself as their owner; backward ops are charged to the owners of
+    ``torch._C._current_autograd_node()``."""
+
+    def __init__(self):
+        super().__init__()
+        self._starts: list[int] = []
+        self._owners: dict[int, set[str]] = defaultdict(set)
+        self._probe = torch.zeros((), requires_grad=True)
+
+    def _next_sequence(self) -> int | None:
+        """The sequence number the next autograd node of this thread gets (a probe node, unseen by modes)."""
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return None
+        with _disable_current_modes():
+            return self._probe.view_as(self._probe).grad_fn._sequence_nr() + 1
+
+    def _fw_pre_hook(self, mod, input) -> None:
+        self._get_append_fn(self._get_mod_name(mod), False)()
+        self._starts.append(self._next_sequence())
+
+    def _fw_post_hook(self, mod, input, output) -> None:
+        name = self._get_mod_name(mod)
+        self._get_pop_fn(name, False)()
+        start = self._starts.pop() if self._starts else None
+        if start is None:
+            return
+        stack = [t.grad_fn for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        seen: set[int] = set()
+        while stack:
+            node = stack.pop()
+            seq = node._sequence_nr()
+            if seq < start or seq == _NO_SEQUENCE or seq in seen:
+                continue  # made before this call (an input's history), or a leaf's gradient
+            seen.add(seq)
+            self._owners[seq].add(name)
+            stack.extend(n for n, _ in node.next_functions if n is not None)
+
+    def current(self) -> set[str]:
+        """The module names an op running now belongs to ("Global" always)."""
+        if torch._C._current_graph_task_id() == -1:
+            return set(self.parents)
+        node = torch._C._current_autograd_node()
+        return {"Global"} | (self._owners.get(node._sequence_nr(), set()) if node is not None else set())
+
+    def __exit__(self, *args):
+        super().__exit__(*args)
+        self._owners.clear()
+        self._starts.clear()
+
+
 class FlopCounter(FlopCounterMode):
     """FlopCounterMode with ``formulas()`` that records the ops it cannot count (see the module doc)."""
 
     def __init__(self):
         super().__init__(display=False, custom_mapping=formulas())
+        self.mod_tracker = _Tracker()
         self._not_counted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
 
     def __enter__(self):
@@ -258,10 +347,10 @@ class FlopCounter(FlopCounterMode):
                 n = None
         if n is None:
             if formula is not None or does_arithmetic(func_packet):
-                for par in set(self.mod_tracker.parents):
+                for par in self.mod_tracker.current():
                     self._not_counted[par][op_name(func_packet)] += 1
             return out
-        for par in set(self.mod_tracker.parents):
+        for par in self.mod_tracker.current():
             self.flop_counts[par][func_packet] += n
         return out
 

@@ -22,6 +22,7 @@ from diagnostics.measure.gradient_health import (ACTIVATION_FLAG_FRACTION, LAYER
                                                  THRESHOLD_HELP, THRESHOLDS, finite as _finite, is_layer_scale_param,
                                                  summarize_layers)
 from diagnostics.measure.state import restored_state
+from diagnostics.measure.tensors import tensor_key
 from diagnostics.measure.training import make_optimizer
 from diagnostics.errors import TorchScopeError
 
@@ -32,15 +33,45 @@ _TANHS = (nn.Tanh, nn.Hardtanh)
 
 
 def param_owners(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    """Module name -> its own trainable parameters; a tied parameter goes to its first owner."""
+    """Module name -> its own trainable parameters; a tied parameter goes to its first owner (tied by
+    object, or through one storage: see ``tied_aliases``)."""
     seen, owners = set(), {}
     for mname, mod in model.named_modules():
         for pname, p in mod.named_parameters(recurse=False):
-            if id(p) in seen or not p.requires_grad:
+            if tensor_key(p) in seen or not p.requires_grad:
                 continue
-            seen.add(id(p))
+            seen.add(tensor_key(p))
             owners.setdefault(mname or ROOT, []).append((pname, p))
     return owners
+
+
+def tied_aliases(model: nn.Module) -> dict[int, list[nn.Parameter]]:
+    """id of a parameter ``param_owners`` keeps -> the other Parameter objects over its storage.
+
+    torch.export save / load gives tied weights back as two Parameter objects over one storage, and
+    its graph may read the weight through either (GPT-2's embedding is looked up through the head's
+    object): the gradient of the weight is the sum of theirs."""
+    first: dict[object, nn.Parameter] = {}
+    others: dict[int, list[nn.Parameter]] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        if not p.requires_grad:
+            continue
+        kept = first.setdefault(tensor_key(p), p)
+        if kept is not p and all(q is not p for q in others.get(id(kept), [])):
+            others.setdefault(id(kept), []).append(p)
+    return others
+
+
+def fold_aliases(params: dict[int, tuple[str, nn.Parameter]], aliases: dict[int, list[nn.Parameter]]) -> None:
+    """Move the gradients of a tied weight's other Parameter objects onto the one kept (summed), so
+    that hooks, statistics and the optimizer see the weight's whole gradient once."""
+    for pid, extra in aliases.items():
+        kept = params[pid][1]
+        grads = [q.grad for q in [kept, *extra] if q.grad is not None]
+        for q in extra:
+            q.grad = None
+        if grads and (len(grads) > 1 or kept.grad is None):
+            kept.grad = torch.stack(grads).sum(0) if len(grads) > 1 else grads[0]
 
 
 @contextmanager
@@ -144,18 +175,25 @@ def grad_stats(g: torch.Tensor) -> dict:
     }
 
 
+def add_grad_stats(sink: dict, layer: str, grad: torch.Tensor) -> None:
+    s, acc = grad_stats(grad), sink.setdefault(layer, {})
+    for k, v in s.items():
+        acc[k] = max(acc.get(k, 0.0), v) if k == "max" else acc.get(k, 0) + v
+
+
 @contextmanager
-def grad_hooks(params: dict[int, str], sink: dict):
-    """One post-accumulate-grad hook per parameter; ``sink[layer]`` collects that step's sums."""
+def grad_hooks(params: dict[int, str], sink: dict, skip: frozenset = frozenset()):
+    """One post-accumulate-grad hook per parameter (but those in ``skip``, a tied weight's, read after
+    its aliases are folded); ``sink[layer]`` collects that step's sums."""
     handles = []
     try:
         for p_id, (layer, p) in params.items():
+            if p_id in skip:
+                continue
+
             def hook(param, layer=layer):
-                if param.grad is None:
-                    return
-                s, acc = grad_stats(param.grad), sink.setdefault(layer, {})
-                for k, v in s.items():
-                    acc[k] = max(acc.get(k, 0.0), v) if k == "max" else acc.get(k, 0) + v
+                if param.grad is not None:
+                    add_grad_stats(sink, layer, param.grad)
 
             handles.append(p.register_post_accumulate_grad_hook(hook))
         yield
@@ -218,6 +256,7 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
     if not owners:
         raise TorchScopeError("the model has no trainable parameters: there is no gradient flow to look at")
     params = {id(p): (layer, p) for layer, ps in owners.items() for _, p in ps}
+    aliases = tied_aliases(model)
 
     order: list[str] = []
     acts: dict[str, dict] = {}
@@ -231,9 +270,14 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
             for step in range(o["steps"]):
                 sink: dict[str, dict] = {}
                 opt.zero_grad(set_to_none=True)
-                with grad_hooks(params, sink):
+                with grad_hooks(params, sink, frozenset(aliases)):
                     loss = loaded.loss_fn(loaded.forward())
                     loss.backward()
+                fold_aliases(params, aliases)
+                for pid in aliases:
+                    layer, p = params[pid]
+                    if p.grad is not None:
+                        add_grad_stats(sink, layer, p.grad)
                 before = {pid: p.detach().clone() for pid, (_, p) in params.items()}
                 opt.step()
                 with torch.no_grad():
@@ -307,9 +351,10 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
     notes = []
     if stand_in:
         notes.append(f"the loss is a stand-in ({loaded.loss_name}): with no loss declared, the gradients are those "
-                     "of the output's mean square, which a final normalisation layer makes nearly constant; "
-                     "declare loss_fn(output) in the model file for verdicts about your training. Verdicts from "
-                     "a stand-in loss are low-confidence.")
+                     "of a fixed random direction of the output, not of your training objective; declare "
+                     "loss_fn(output) in the model file for verdicts about your training (an exported or "
+                     "TorchScript program always gets the stand-in). Verdicts from a stand-in loss are "
+                     "low-confidence.")
     return {
         "loss": getattr(loaded, "loss_name", None), "loss_stand_in": stand_in,
         "confidence": "low" if stand_in else "normal",

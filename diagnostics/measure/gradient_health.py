@@ -53,14 +53,28 @@ KIND_VANISHING_RATIO = {KIND_QK: 1e-5, KIND_REL_POS: 1e-5, KIND_LAYER_SCALE: 1e-
 #: while also below VANISHING_RATIO × the largest layer (so no kind is judged more strictly than a plain layer).
 PEER_VANISHING_RATIO = 1e-3
 PEER_MIN_LAYERS = 2
+#: Each layer is compared with the largest layer of its *neighbourhood*: the nearest module above it
+#: whose subtree holds another layer (its attention, MLP or block), and the neighbourhood with the whole
+#: model: vanishing if below its rule's ratio × the neighbourhood's largest norm, or if that largest is
+#: itself below VANISHING_RATIO × the model's largest. Against the model's largest layer alone, one
+#: outlier misjudges the rest: a hierarchical ViT's patch embedding (a small-init convolution behind a
+#: LayerNorm, whose gradient the norm scales up by 1 / the convolution's output scale) sits ~40x above
+#: its blocks, and the query / key projections and relative-position biases of its first stage fell
+#: under 1e-5 × it (Swin, fresh init: 9 of 31 layers flagged), each 3e-4 .. 3e-3 × its own attention.
+#: A deep stack of vanishing blocks is still caught: each block's largest layer is far below the model's.
+
 #: A residual branch y = x + γ·f(x) scales every gradient inside f by γ, and layer scale starts γ
 #: small on purpose (ConvNeXt: 1e-6, CaiT / DeiT-III: 1e-5 .. 0.1). A block owning a layer-scale
 #: parameter whose mean |γ| is below this is "gated": its layers are judged on gradient norm / mean |γ|.
 LAYER_SCALE_GATE_MAX = 0.1
 
 _QK_NAMES = frozenset({"q", "k", "query", "key", "q_proj", "k_proj", "wq", "wk", "to_q", "to_k", "q_lin", "k_lin",
-                       "query_proj", "key_proj", "q_linear", "k_linear"})
-_REL_POS_MARKS = ("relative_attention_bias", "relative_position_bias", "rel_pos", "relative_bias", "pos_bias")
+                       "query_proj", "key_proj", "q_linear", "k_linear",
+                       # DeBERTa's projections of the relative positions into the attention logits: their
+                       # input is the (small at init) relative-position embedding itself
+                       "pos_proj", "pos_q_proj", "pos_key_proj", "pos_query_proj"})
+_REL_POS_MARKS = ("relative_attention_bias", "relative_position_bias", "rel_pos", "relative_bias", "pos_bias",
+                  "rel_embeddings")
 _SSM_DT_NAMES = frozenset({"dt_proj", "dt_bias", "time_step_proj"})
 _LAYER_SCALE_PARAMS = ("gamma", "layer_scale", "layerscale", "ls_gamma", "lambda_", "scale_param")
 
@@ -89,12 +103,31 @@ def layer_kind(name: str, module_type: str, param_names=()) -> str:
     return KIND_OTHER
 
 
+def neighbourhoods(layers: list[str]) -> dict[str, str]:
+    """Layer -> its neighbourhood: the nearest module above it whose subtree holds another layer
+    ("" for the whole model; ROOT, the model's own parameters, is in the model's)."""
+    out = {}
+    for name in layers:
+        scope = name
+        while scope:
+            scope = scope.rsplit(".", 1)[0] if "." in scope and name != ROOT else ""
+            if not scope or any(o != name and (o == scope or o.startswith(scope + ".")) for o in layers):
+                break
+        out[name] = scope
+    return out
+
+
+def in_scope(layer: str, scope: str) -> bool:
+    return not scope or layer == scope or layer.startswith(scope + ".")
+
+
 def vanishing_rule(kind: str) -> str:
-    """The vanishing rule that applies to a kind, as shown in the layers table's ``rule`` column."""
+    """The vanishing rule that applies to a kind, as shown in the layers table's ``rule`` column (the
+    neighbourhood is the row's ``neighbourhood``; it must itself be above VANISHING_RATIO × the largest)."""
     if kind in KIND_VANISHING_RATIO:
-        return (f"{kind}: < {KIND_VANISHING_RATIO[kind]:g} × the largest layer's norm, or < {PEER_VANISHING_RATIO:g} × "
-                f"the largest {kind}'s and < {VANISHING_RATIO:g} × the largest layer's")
-    return f"< {VANISHING_RATIO:g} × the largest layer's norm"
+        return (f"{kind}: < {KIND_VANISHING_RATIO[kind]:g} × its neighbourhood's largest norm, or < "
+                f"{PEER_VANISHING_RATIO:g} × the largest {kind}'s and < {VANISHING_RATIO:g} × the neighbourhood's")
+    return f"< {VANISHING_RATIO:g} × its neighbourhood's largest norm"
 
 THRESHOLDS = {
     "VANISHING_RATIO": VANISHING_RATIO,
@@ -133,7 +166,9 @@ def classify(layer: dict, largest_norm: float, peer_largest: float | None = None
 
     ``layer["kind"]`` (default: a plain layer) picks the vanishing rule; ``peer_largest`` is the
     largest norm among the layers of its kind (None: too few peers); ``layer["gate_scale"]`` (mean
-    |γ| of a small layer scale gating its block) divides the norm before the vanishing checks.
+    |γ| of a small layer scale gating its block) divides the norm before the vanishing checks;
+    ``layer["neighbourhood"]`` and ``layer["neighbourhood_norm"]`` (its largest norm) are what the
+    ratios compare with (without them: the model's largest layer).
     Exploding is checked first: an exploding layer's weights usually turn NaN a step later, and
     the explosion, not the NaN, is the cause to report.
     """
@@ -157,15 +192,23 @@ def classify(layer: dict, largest_norm: float, peer_largest: float | None = None
         norm, what = norm / gate, f"gradient norm / layer scale |γ| {gate:.2g}"
     if norm < VANISHING_NORM:
         return "vanishing", f"{what} {norm:.3g} < {VANISHING_NORM:g}"
+    scope, ref = layer.get("neighbourhood"), layer.get("neighbourhood_norm")
+    if ref is None or not scope or scope == ROOT:
+        ref, where = largest_norm, "the largest layer's"
+    else:
+        where = f"the largest in {scope}"
+        if largest_norm > 0 and ref < VANISHING_RATIO * largest_norm:
+            return "vanishing", (f"its neighbourhood {scope} vanishes: its largest gradient norm {ref:.3g} is "
+                                 f"{ref / largest_norm:.2g} × the largest layer's ({largest_norm:.3g}); < "
+                                 f"{VANISHING_RATIO:g}")
     kind = layer.get("kind", KIND_OTHER)
     ratio = KIND_VANISHING_RATIO.get(kind, VANISHING_RATIO)
     label = "" if kind == KIND_OTHER else f" (rule for a {kind})"
-    if largest_norm > 0 and norm < ratio * largest_norm:
-        return "vanishing", (f"{what} {norm:.3g} is {norm / largest_norm:.2g} × the largest layer's "
-                             f"({largest_norm:.3g}); < {ratio:g}{label}")
+    if ref > 0 and norm < ratio * ref:
+        return "vanishing", f"{what} {norm:.3g} is {norm / ref:.2g} × {where} ({ref:.3g}); < {ratio:g}{label}"
     # the peer rule only applies below the plain rule's line: a kind's own rule is never stricter
     if (kind in KIND_VANISHING_RATIO and peer_largest and norm < PEER_VANISHING_RATIO * peer_largest
-            and norm < VANISHING_RATIO * largest_norm):
+            and norm < VANISHING_RATIO * ref):
         return "vanishing", (f"{what} {norm:.3g} is {norm / peer_largest:.2g} × the largest {kind}'s "
                              f"({peer_largest:.3g}); < {PEER_VANISHING_RATIO:g}")
     return "healthy", ""
@@ -242,6 +285,11 @@ def summarize_layers(names: list[str], per_step: list[dict], numels: dict[str, i
         l["rule"] = vanishing_rule(l["kind"]) + (
             f"; judged on gradient norm / layer scale mean |γ| {l['gate_scale']:.2g}" if l["gate_scale"] else "")
     largest = max((l["grad_norm_mean"] for l in layers), default=0.0)
+    scopes = neighbourhoods([l["layer"] for l in layers])
+    for l in layers:  # the neighbourhood's largest norm, layer-scale gates divided out as in classify
+        l["neighbourhood"] = scopes[l["layer"]] or ROOT
+        l["neighbourhood_norm"] = max((finite(o["grad_norm_mean"] / (o["gate_scale"] or 1.0)) or 0.0)
+                                      for o in layers if in_scope(o["layer"], scopes[l["layer"]]))
     peers: dict[str, list[float]] = {}
     for l in layers:
         if l["kind"] in KIND_VANISHING_RATIO:

@@ -16,9 +16,12 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
 from diagnostics.inputs import call as call_model
 from diagnostics.measure.gradflow import relu_units_alive
+from diagnostics.measure.tensors import tensor_key
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -59,6 +62,17 @@ PASS_THROUGH = DROPOUT + BATCHNORM + (
 
 
 # ----------------------------------------------------------------------------- static facts
+def script_types(model: nn.Module) -> dict[str, int]:
+    """Class name -> count of the TorchScript modules in ``model``, by the class each was scripted or
+    traced from (``original_name``: 'Linear'), the model itself included."""
+    out: dict[str, int] = {}
+    for _, m in model.named_modules():
+        if isinstance(m, torch.jit.ScriptModule):
+            name = getattr(m, "original_name", None) or type(m).__name__
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
 def static_facts(model: nn.Module) -> dict:
     """Facts from the module tree alone."""
     types: dict[str, int] = {}
@@ -127,6 +141,8 @@ def static_facts(model: nn.Module) -> dict:
         "channels_last": channels_last,
         "compiled": hasattr(model, "_orig_mod") or type(model).__name__ == "OptimizedModule",
         "torchscript": isinstance(model, torch.jit.ScriptModule),
+        # a TorchScript program's modules are compiled (RecursiveScriptModule): the classes they were made from
+        "script_types": script_types(model),
         "data_parallel": dp,
         "data_parallel_devices": len(model.device_ids or []) if dp else 0,
         "ddp": ddp,
@@ -153,6 +169,36 @@ class _TensorMap:
         return entry[1] if entry is not None and entry[0]() is t else None
 
 
+class _Uses(TorchFunctionMode):
+    """How many torch calls that return tensors read each tensor, during one forward (an output that
+    also feeds a residual add is read twice). ``size()`` / ``shape`` reads return no tensor: not counted."""
+
+    def __init__(self):
+        super().__init__()
+        self._d: dict[int, list] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
+            for t in {id(a): a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}.values():
+                entry = self._d.get(id(t))
+                if entry is None or entry[0]() is not t:
+                    self._d[id(t)] = [weakref.ref(t), 1]
+                else:
+                    entry[1] += 1
+        return out
+
+    def count(self, t) -> int:
+        entry = self._d.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else 0
+
+
+def _shares_weights(first: nn.Module, second: nn.Module) -> bool:
+    """The same module applied twice, or two modules holding one weight (tied, or over one storage)."""
+    return first is second or bool({tensor_key(p) for p in first.parameters()}
+                                   & {tensor_key(p) for p in second.parameters()})
+
+
 def _first_tensor(args):
     return args[0] if args and isinstance(args[0], torch.Tensor) else None
 
@@ -170,15 +216,22 @@ def _redundant_pair(first: nn.Module, second: nn.Module) -> str | None:
       followed by a final LayerNorm is common and not a no-op).
     """
     if isinstance(first, nn.Linear) and isinstance(second, nn.Linear):
+        if _shares_weights(first, second):
+            return None  # one weight applied twice (ALBERT-style sharing): merging would undo the sharing
         a, mid, b = first.in_features, first.out_features, second.out_features
         if a * b <= mid * (a + b):
             return f"Linear {a}->{mid} then Linear {mid}->{b} with no nonlinearity between: one Linear {a}->{b}"
         return None
     if isinstance(second, ACTIVATIONS) and type(first) is type(second):
         return f"{type(first).__name__} applied twice in a row"
-    if isinstance(second, BATCHNORM) and type(first) is type(second):
+    if isinstance(second, BATCHNORM) and type(first) is type(second) and not _shares_weights(first, second):
         return f"{type(first).__name__} straight after {type(first).__name__}"
     return None
+
+
+#: Pairs that add nothing only if the first one's output goes nowhere else: merging two Linears (or
+#: dropping the first BatchNorm) needs the middle tensor for nothing but the second layer.
+_NEEDS_SOLE_USE = (nn.Linear,) + BATCHNORM
 
 
 @contextmanager
@@ -234,7 +287,9 @@ def _trace_hooks(model: nn.Module, order: list, pairs: list, relu_stats: dict, h
                     pairs.append([src[0], name])
                 why = None if src is None else _redundant_pair(src[1], mod)
                 if why and not any(r["layers"] == [src[0], name] for r in redundant):
-                    redundant.append({"layers": [src[0], name], "why": why})
+                    # the tensor is kept until the forward ends: whether it fans out is known only then
+                    redundant.append({"layers": [src[0], name], "why": why,
+                                      "_tensor": x if isinstance(src[1], _NEEDS_SOLE_USE) else None})
                 if isinstance(mod, CONSUMERS):
                     sat = saturating.get(x)
                     if sat is not None:
@@ -255,10 +310,14 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
     hidden saturating activations (Sigmoid/Tanh feeding a weighted layer), layer widths in
     execution order, dead ReLU units. Each module's train/eval mode is restored."""
     order, pairs, relu_stats, hidden, redundant = [], [], {}, set(), []
+    uses = _Uses()
     with _trace_hooks(model, order, pairs, relu_stats, hidden, redundant):
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), uses:
             call_model(model, inputs)
+    # a middle tensor read by anything besides the second layer (a residual, another branch) fans out
+    redundant = [{k: v for k, v in r.items() if k != "_tensor"} for r in redundant
+                 if r["_tensor"] is None or uses.count(r["_tensor"]) <= 1]
     names = {n: m for n, m in model.named_modules()}
     executed = [o for o in order]
     last = executed[-1]["name"] if executed else None

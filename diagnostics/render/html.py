@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from diagnostics.render.sections import MAX_HTML_ROWS, Section, generic_sections
-from diagnostics.render.tables import _flat_cell, find_tables, is_trace_file, records_frame, safe_filename
+from diagnostics.render.tables import find_tables, is_trace_file, records_frame, safe_filename
 from diagnostics.render.text import disturbance_line, format_metric, metric_label
 
 
@@ -50,6 +50,7 @@ section{background:#fff;border:1px solid #e3e6ec;border-radius:8px;padding:12px 
 h2{font-size:18px;margin:6px 0 10px} h3{font-size:14px;margin:14px 0 6px;color:#4a5163}
 table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
 th,td{border-bottom:1px solid #eceef2;padding:4px 10px;text-align:left;vertical-align:top}
+th{min-width:3.5em;max-width:11em} td{max-width:32em}
 th{background:#f3f5f8;position:sticky;top:0} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .tablewrap{max-height:560px;overflow:auto}
 .metrics{display:flex;flex-wrap:wrap;gap:10px}
@@ -60,23 +61,103 @@ footer{color:#8a91a3;font-size:12px;padding:0 32px 24px}
 """
 
 
-def _table_html(df: pd.DataFrame, caption: str = "") -> str:
+def declared_columns(analysis: str) -> dict:
+    """Column key -> its declared Column (label and unit), over the analysis' declared tables."""
+    from diagnostics.registry import ANALYSES
+
+    out = {}
+    for table in getattr(ANALYSES.get(analysis), "tables", ()) or ():
+        for col in table.columns:
+            out.setdefault(col.key, col)
+    return out
+
+
+def _as_value(v):
+    """A cell flattened to JSON by records_frame (a list of notes, a shape, a dict) back to its value."""
+    if isinstance(v, str) and v[:1] in "[{" and v[-1:] in "]}":
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
+
+
+def _number_text(v) -> str:
+    """A number without a declared unit: whole numbers with separators, others to 4 significant digits
+    (never '2.69517e+06': large ones are written out)."""
+    if isinstance(v, int) or float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"
+    if abs(v) >= 1e4:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
+
+
+def _cell_text(v) -> str:
+    v = _as_value(v)
+    if v is None or isinstance(v, float) and math.isnan(v):
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (int, float)):
+        return _number_text(v)
+    if isinstance(v, (list, tuple)):
+        if not v:
+            return ""
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            return "[" + ", ".join(_number_text(x) for x in v) + "]"  # a shape
+        if all(isinstance(x, str) for x in v):
+            return "; ".join(v)  # notes, names
+        return "; ".join(_cell_text(x) for x in v)
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_cell_text(x)}" for k, x in v.items())
+    return str(v)
+
+
+def display_columns(df: pd.DataFrame, columns: dict | None = None) -> list[tuple[str, list[str], bool]]:
+    """Each column of ``df`` as a report shows it: (header, cell texts, numeric). A declared column
+    (``columns``: key -> Column) gets its label with its unit in the header and every number in one
+    scale (as the page's tables); others their key, numbers written out, lists and dicts as text."""
+    from diagnostics.units import _FIXED, _SCALES, column_label, column_scale, compact_parts
+
+    out = []
+    for key in df.columns:
+        values = [_as_value(v) for v in df[key].tolist()]
+        col = (columns or {}).get(key)
+        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+                and not (isinstance(v, float) and math.isnan(v))]
+        numeric = bool(nums) and len(nums) == sum(1 for v in values if v is not None and v == v)
+        if col is None:  # not declared: its key, words apart
+            out.append((str(key).replace("_", " "), [_cell_text(v) for v in values], numeric))
+            continue
+        label = col.label or str(key)
+        values = [None if isinstance(v, float) and math.isnan(v) else v for v in values]
+        if numeric and (col.unit in _SCALES or col.unit in _FIXED):
+            sc = column_scale(nums, col.unit)
+            out.append((sc.header(label), [compact_parts(v, col.unit, sc)[0] for v in values], True))
+        elif numeric:
+            cells = [_cell_text(v) if col.unit == "number" and v is not None else compact_parts(v, col.unit)[0]
+                     for v in values]
+            out.append((column_label(label, col.unit), cells, True))
+        else:
+            out.append((column_label(label, col.unit), [_cell_text(v) for v in values], False))
+    return out
+
+
+#: A text column whose cells average more characters than this goes after the others in a report
+#: table, so that the numbers are on screen at 1280 px and the long texts scroll.
+LONG_TEXT_CHARS = 24
+
+
+def _table_html(df: pd.DataFrame, caption: str = "", columns: dict | None = None) -> str:
     n = len(df)
-    shown = df.head(MAX_HTML_ROWS)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns)
+    shown = display_columns(df.head(MAX_HTML_ROWS), columns)
+    long = [not num and sum(map(len, cells)) > LONG_TEXT_CHARS * max(1, len(cells)) for _, cells, num in shown]
+    shown = [c for c, lg in zip(shown, long) if not lg] + [c for c, lg in zip(shown, long) if lg]
+    head = "".join(f"<th>{html.escape(h)}</th>" for h, _, _ in shown)
     rows = []
-    for row in shown.itertuples(index=False):
-        cells = []
-        for v in row:
-            num = isinstance(v, (int, float)) and not isinstance(v, bool)
-            if isinstance(v, float):
-                text = "" if math.isnan(v) else f"{v:.6g}"
-            elif num:
-                text = f"{v:,}"
-            else:
-                text = "" if v is None else str(_flat_cell(v))
-            cells.append(f'<td class="num">{text}</td>' if num else f"<td>{html.escape(text)}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
+    for i in range(min(n, MAX_HTML_ROWS)):
+        rows.append("<tr>" + "".join(f'<td class="num">{html.escape(cells[i])}</td>' if num else
+                                     f"<td>{html.escape(cells[i])}</td>" for _, cells, num in shown) + "</tr>")
     cap = f"<h3>{html.escape(caption)}</h3>" if caption else ""
     more = (f'<p class="note">Showing the first {MAX_HTML_ROWS:,} of {n:,} rows; the CSV file has all of them.</p>'
             if n > MAX_HTML_ROWS else "")
@@ -132,6 +213,7 @@ def build_report(analysis: str, result: dict, title: str | None = None, *, meta:
     """A self-contained HTML page for ``result`` (plotly.js inlined once; opens offline)."""
     title = title or f"TorchScope · {analysis}"
     sections, problem = sections_for(analysis, result)
+    columns = declared_columns(analysis)
     facts = {"analysis": analysis, "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
     if isinstance(result, dict) and result.get("model"):
         facts["model"] = result["model"]
@@ -154,7 +236,7 @@ def build_report(analysis: str, result: dict, title: str | None = None, *, meta:
         for fig in s.figures:
             body.append(f'<div class="figure">{_figure_html(fig, not js_done)}</div>')
             js_done = True
-        body += [_table_html(df, cap) for cap, df in s.tables]
+        body += [_table_html(df, cap, columns) for cap, df in s.tables]
         parts.append("<section>" + "".join(body) + "</section>")
     parts.append("</main><footer>Made by TorchScope. result.json in the report folder holds every number "
                  "shown here.</footer>")

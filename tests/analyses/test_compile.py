@@ -112,3 +112,28 @@ def test_the_cli_compiles_with_inductor_and_lists_the_breaks(tmp_path):
         f"mlps.py:{_line_of('h.mean().item() > 0.5')}", f"mlps.py:{_line_of('.numpy()).mean())')}"]
     assert r["metrics"]["graph_count"] == 3 and r["metrics"]["generated_kernels"] >= 1
     assert re.match(r"(faster|slower|within noise)$", r["metrics"]["verdict"])
+
+
+class LazyScale(nn.Module):
+    """Reads a Python float from its input on its first call only (a lazily set scale): Dynamo on a
+    freshly built model saw a graph break there that no later call has."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.scale = nn.Linear(4, 4), None
+
+    def forward(self, x):
+        if self.scale is None:
+            self.scale = float(x.abs().max())
+        return self.fc(x) * 2
+
+
+def test_dynamo_sees_the_model_after_one_warm_up_call():
+    from diagnostics.inputs import Inputs
+    from diagnostics.measure.dynamo import explain
+
+    fresh = LazyScale().eval()
+    with torch.no_grad():
+        ex = explain(fresh, Inputs((torch.randn(2, 4),)))
+    assert fresh.scale is not None  # the warm-up ran it eagerly
+    assert ex["graph_count"] == 1 and ex["graph_break_count"] == 0 and ex["graph_breaks"] == []

@@ -382,3 +382,28 @@ def test_ops_the_flop_count_cannot_see_are_listed_with_their_share_of_measured_t
     roof = {x["op"]: x for x in r["roofline"]}
     assert roof["torchscope_test::profile_mystery"]["flops_not_counted"] is True
     assert roof["aten::addmm"]["flops_not_counted"] is False
+
+
+# ----------------------------------------------------------------------------- optional parts
+def test_a_weight_norm_parametrization_gets_its_roofline(tmp_path):
+    """The roofline's FLOP pass runs under inference_mode, where torch's module tracker broke on the
+    parametrization ("'ParametrizedConv1d' object has no attribute 'weight'", the job failed blaming the inputs)."""
+    torch.manual_seed(0)
+    from tests.measure.test_flops import WeightNormConv  # wav2vec2 / HuBERT's positional convolution
+
+    r, _ = run_profile(WeightNormConv(), (torch.randn(2, 12, 16),), SMALL, tmp_path)
+    conv, head = 2 * (2 * 16 * 12) * (4 * 5), 2 * (2 * 12) * 16 * 4
+    assert r["metrics"]["model_flops_per_step"] == conv + head
+    assert "roofline_unavailable" not in r
+
+
+def test_an_optional_part_that_fails_leaves_the_job_standing(tmp_path, monkeypatch):
+    def broken(*_a, **_k):
+        raise RuntimeError("the counter met something new\nwith a second line")
+
+    monkeypatch.setattr(profiler, "count_ops", broken)
+    r, _ = run_profile(small_model(), (torch.randn(2, 3, 8, 8),), SMALL, tmp_path)
+    assert r["metrics"]["latency_median_ms"] > 0 and r["operators"]  # the rest of the job is there
+    assert r["roofs"] is None and r["metrics"]["mfu"] is None and r["metrics"]["model_flops_per_step"] is None
+    assert r["roofline_unavailable"] == "RuntimeError: the counter met something new with a second line"
+    assert "roofline not available: RuntimeError: the counter met something new with a second line" in r["notes"]

@@ -153,6 +153,28 @@ def test_a_flop_counter_failure_leaves_the_summary_with_flops_not_counted(tmp_pa
     assert all(l["flops_forward"] is None for l in r["layers"]) and r["output_shape"] == [32, 10]
 
 
+def test_a_counter_failing_under_no_grad_counts_with_gradients_enabled(tmp_path, monkeypatch):
+    """torch's counter tripped under no_grad on DeBERTa's position projections and worked with gradients
+    recorded: count there, and say so, rather than 'not counted'."""
+    from diagnostics.analyses.summary import job as summary_job
+    from diagnostics.measure.flops import FlopCounter
+    from diagnostics.runner import Job, execute
+    from diagnostics.spec import ModelSpec
+
+    class TripsUnderNoGrad(FlopCounter):
+        def __enter__(self):
+            if not torch.is_grad_enabled():
+                raise AssertionError("Expected gradient function to be set")
+            return super().__enter__()
+
+    monkeypatch.setattr(summary_job, "FlopCounter", TripsUnderNoGrad)
+    r = execute(Job("summary", ModelSpec(name="mlp")), tmp_path)
+    m = r["metrics"]
+    assert m["flops_forward"] == 2 * 32 * (64 * 128 + 128 * 128 + 128 * 10)  # the mlp sample's three Linears
+    assert r["notes"][0] == ("forward FLOPs counted with gradients enabled: under no_grad torch's FlopCounterMode "
+                             "failed on this model (AssertionError: Expected gradient function to be set)")
+
+
 # ----------------------------------------------------------------------------- real architectures, uncounted ops
 class Logits(nn.Module):
     """A transformers model as users wrap it: token ids in, logits out."""

@@ -686,6 +686,45 @@ def test_redundant_layers_leaves_bottlenecks_and_nonlinear_stacks_alone():
     expect("redundant_layers", static_of(Heavy(), torch.randn(4, 256)), "pass", "no Linear -> Linear")
 
 
+class FanOut(nn.Module):
+    """fc1's output also feeds a residual, and bn1's feeds a second branch: neither pair can be merged."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.bn1, self.bn2 = nn.BatchNorm1d(16), nn.BatchNorm1d(16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        h = h + self.fc2(h)  # residual: fc1's output is used twice
+        b = self.bn1(torch.relu(h))
+        return self.head(torch.relu(self.bn2(b) + b))
+
+
+class Shared(nn.Module):
+    """One Linear applied twice (ALBERT-style weight sharing), and two Linears tied to one weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Linear(16, 16)
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.b.weight = self.a.weight
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.block(self.block(x)))
+        return self.head(torch.relu(self.b(self.a(x))))
+
+
+def test_redundant_layers_leave_fan_out_and_shared_weights_alone():
+    """Merging two Linears needs the middle tensor to go nowhere else and the two weights to be
+    separate: an output that also feeds a residual, a layer applied twice and tied weights are not
+    layers that add nothing."""
+    expect("redundant_layers", static_of(FanOut(), torch.randn(8, 16)), "pass", "no Linear -> Linear")
+    expect("redundant_layers", static_of(Shared(), torch.randn(8, 16)), "pass", "no Linear -> Linear")
+
+
 def test_tensor_copies(healthy):
     expect("tensor_copies", healthy, "pass", "0 layout copies per step")
     f = expect("tensor_copies", facts_of(Transposes(), torch.randn(8, 96, 96)), "warn", "3 layout copies per step")

@@ -183,3 +183,23 @@ def test_a_stored_trace_run_reports_every_section(tmp_path):
     page = build_report("trace", stored, "trace")
     for heading in ("Per step", "Top operators", "GPU idle time", "Kernel launches", "Timeline"):
         assert f">{heading}<" in page, heading
+
+
+def test_report_tables_show_declared_titles_and_units_not_raw_dumps():
+    """The optimize report's trials table was a raw dump: 'median_ms' headers, '2.69517e+06' bytes, notes
+    as JSON lists. It shows the declaration's titles with units, one scale per column, notes as text."""
+    import re
+
+    from diagnostics.render.html import build_report
+
+    result = json.loads((Path(__file__).parents[1] / "data" / "tiles" / "optimize-cnn.json").read_text())
+    result["rows"][1]["notes"] = ["first note", "second note"]
+    page = build_report("optimize", result)
+    table = page[page.index("<table>", page.index("trials (baseline first)")):]
+    table = table[:table.index("</table>")]
+    headers = re.findall(r"<th>(.*?)</th>", table)
+    assert "median (ms)" in headers and "peak (MiB)" in headers and "size (KiB)" in headers
+    assert not any(h.endswith("_ms") or h.endswith("_bytes") for h in headers), headers
+    assert "e+0" not in table and "2695168" not in table.replace(",", "")
+    assert "<td class=\"num\">2.57</td>" in table  # the baseline's 2,695,168 bytes in the column's MiB
+    assert "first note; second note" in table and '["' not in table

@@ -461,3 +461,52 @@ def test_int8_on_an_all_linear_exported_program_says_why_and_static_int8_quantiz
     assert row["status"] == "ok", row["why"]
     assert "quantized: 3 of 3 conv/linear ops (3 linear)" in " ".join(row["notes"])
     assert row["cosine"] > 0.999
+
+
+class _HalveGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+
+
+class WithAutogradFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.b(_HalveGrad.apply(torch.relu(self.a(x))))
+
+
+def test_torchscript_on_a_custom_autograd_function_is_not_applicable_in_one_line():
+    """torch.jit.trace cannot record a Python autograd Function: the trial said 'failed' with the tracer's
+    stack dump down to multiprocessing internals; it is not applicable, and says why in one line."""
+    from diagnostics.analyses.optimize.fixes import FixNotApplicable
+
+    with pytest.raises(FixNotApplicable) as e:
+        run_fix("torchscript", WithAutogradFunction().eval(), X_VEC)
+    msg = str(e.value)
+    assert msg.startswith("the model calls the Python autograd Function _HalveGrad (in test_fixes.py:")
+    assert "torch.jit.trace cannot record" in msg and "\n" not in msg and "multiprocessing" not in msg
+    assert "spawn.py" not in msg and "function.py" not in msg
+
+
+def test_int8_and_structural_fixes_on_torchscript_name_what_it_holds():
+    """A TorchScript program's Linear layers are compiled modules (RecursiveScriptModule, original_name
+    'Linear'): the int8 row said 'no Linear layers' on a model with nine."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(16, 16) for _ in range(9)]
+    ts = torch.jit.script(nn.Sequential(*[x for l in layers for x in (l, nn.ReLU())]).eval())
+    s = static_facts(ts)
+    assert s["torchscript"] and s["script_types"]["Linear"] == 9
+    facts = {"static": s, "env": {"device_type": "cpu"}, "source": "torchscript"}
+    for fix in ("int8_dynamic", "prune_l1", "conv_bn_fusion", "channels_last"):
+        ok, why = get_fix(fix).applies(facts)
+        assert not ok and why.startswith("the model is TorchScript"), (fix, why)
+        assert "no Linear" not in why
+    ok, why = get_fix("int8_dynamic").applies(facts)
+    assert "its 9 Linear layers" in why

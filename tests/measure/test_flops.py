@@ -195,3 +195,112 @@ def test_an_lstm_on_cpu_is_counted_by_hand_not_left_at_zero():
     assert fwd.total == forward and not fwd.not_counted
     both = counted(lambda: m(x)[0].sum().backward())
     assert both.total == 3 * forward
+
+
+# ----------------------------------------------------------------------------- module attribution
+class WeightNormConv(nn.Module):
+    """A weight-norm parametrized Conv1d (wav2vec2 / HuBERT's positional convolution) and a head."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        from torch.nn.utils.parametrizations import weight_norm
+
+        self.conv = weight_norm(nn.Conv1d(d, d, 5, padding=2, groups=4), name="weight", dim=2)
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x):
+        return self.head(x + self.conv(x.transpose(1, 2)).transpose(1, 2))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_parametrized_weight_is_counted_under_no_grad_and_inference_mode(mode):
+    """torch's module tracker hooks the gradient of every module input that requires grad: a
+    parametrization's input is the parameter itself, which has no autograd node under inference_mode
+    ("'ParametrizedConv1d' object has no attribute 'weight'"). Nothing backward runs there: count anyway."""
+    torch.manual_seed(0)
+    model, x = WeightNormConv().eval(), torch.randn(2, 12, 16)
+    with torch.no_grad():
+        reference = torch_counted(lambda: model(x))
+    with getattr(torch, mode)():
+        c = counted(lambda: model(x), "WeightNormConv")
+    # grouped conv: 2 x out elements x (in channels per group x kernel); the head: 2 x rows x in x out
+    assert reference == c.total == 2 * (2 * 16 * 12) * (4 * 5) + 2 * (2 * 12) * 16 * 4
+    assert c.by_module["conv"] == 2 * (2 * 16 * 12) * (4 * 5)
+
+
+class ParamThroughModule(nn.Module):
+    """A view of a parameter fed to a module (DeBERTa's position projection of its relative-position
+    embeddings): made under no_grad it requires grad yet has no autograd node ("Expected gradient
+    function to be set" from torch's module tracker)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rel = nn.Embedding(8, 16)
+        self.norm = nn.LayerNorm(16)
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x @ self.proj(self.norm(self.rel.weight[:8].unsqueeze(0)))[0].T
+
+
+def test_a_parameter_as_a_module_input_is_counted_under_no_grad():
+    model, x = ParamThroughModule(), torch.randn(3, 16)
+    with torch.no_grad():
+        c = counted(lambda: model(x), "ParamThroughModule")
+    assert c.total == 2 * 8 * 16 * 16 + 2 * 3 * 16 * 8 and c.by_module["proj"] == 2 * 8 * 16 * 16
+
+
+class PassThrough(nn.Module):
+    """Dropout in eval mode and an Identity hand back their input tensor itself; the encoder also
+    returns its input beside its output (transformers' hidden_states tuple)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.drop, self.idle, self.fc2 = nn.Linear(8, 32), nn.Dropout(0.1), nn.Identity(), nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.idle(self.drop(self.fc1(x)))
+        return self.fc2(h), h
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.head = PassThrough(), nn.Linear(8, 8)
+
+    def forward(self, x):
+        y, h = self.inner(x)
+        return self.head(y).sum() + h.sum()
+
+
+def test_backward_flops_go_only_to_modules_that_compute():
+    """A module returning its input unchanged never enters backward (it computes nothing there); before,
+    torch's tracker kept it 'in backward' to the end and charged it every later backward FLOP."""
+    model, x = Outer().eval(), torch.randn(4, 8, requires_grad=True)
+    c = counted(lambda: model(x).backward(), "Outer")
+    fc1, fc2, head = 2 * 4 * 8 * 32, 2 * 4 * 32 * 8, 2 * 4 * 8 * 8
+    # forward once, backward twice (input and weight gradients) for every Linear
+    assert c.total == 3 * (fc1 + fc2 + head)
+    assert "inner.drop" not in c.by_module and "inner.idle" not in c.by_module
+    assert c.by_module["inner.fc1"] == 3 * fc1 and c.by_module["inner.fc2"] == 3 * fc2
+    assert c.by_module["inner"] == 3 * (fc1 + fc2)  # its backward ends when its input's gradient is made
+
+
+@pytest.mark.parametrize("groups", [1, 4, 16])
+def test_a_grouped_convolution_backward_counts_its_groups(groups):
+    """torch's conv_backward_flop counts the weight gradient of a grouped convolution as if it were dense
+    (x groups: a depthwise convolution's x channels). Independent: the same work as one convolution per group."""
+    torch.manual_seed(0)
+    conv = nn.Conv1d(16, 16, 5, padding=2, groups=groups)
+    x = torch.randn(2, 16, 30, requires_grad=True)
+    whole = counted(lambda: conv(x).sum().backward()).total
+
+    def per_group():
+        step = 16 // groups
+        for g in range(groups):
+            xg = x[:, g * step:(g + 1) * step].detach().requires_grad_()
+            wg = conv.weight[g * step:(g + 1) * step].detach().requires_grad_()
+            nn.functional.conv1d(xg, wg, padding=2).sum().backward()
+
+    forward = 2 * 2 * 16 * 30 * (16 // groups) * 5
+    assert whole == torch_counted(per_group) == 3 * forward  # forward, input and weight gradients

@@ -131,3 +131,52 @@ def test_a_failed_upload_names_the_users_file_and_leaves_no_progress_panel(new_a
     assert "model.ts.pt" not in errors[0]
     assert not at.sidebar.status and not [b for b in at.sidebar.button if b.label == "Cancel"]
     assert at.session_state[state.SPEC].source == "sample"  # the previous model stays
+
+
+NET_PY = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    def build_model():
+        return nn.Linear(4, 2)
+
+    def example_inputs():
+        return (torch.randn(3, 4),)
+""").encode()
+
+
+def _load(at, name: str, data: bytes, kind: str | None = None):
+    at.sidebar.radio(key="sb_source").set_value("Upload a file").run()
+    if kind is None:
+        assert at.sidebar.selectbox(key="sb_upload_kind").value == "auto"  # the default: detect from the file
+    else:
+        at.sidebar.selectbox(key="sb_upload_kind").set_value(kind)
+    at.sidebar.file_uploader(key="sb_upload_model").upload(name, data).run()
+    at.sidebar.button(key="sb_load").click().run()
+    assert ui_manager().wait(at.session_state[state.SESSION_ID], 120)
+    return at.run()
+
+
+def test_a_python_upload_loads_by_default_and_a_failed_one_never_reads_as_loaded(new_app):
+    """The file kind defaulted to TorchScript and refused a .py upload; it is detected from the file now.
+    A later upload that fails shows its error and no green 'Loaded': the pages keep the earlier model."""
+    at = new_app(follow_jobs=False).run()
+    at = _load(at, "net.py", NET_PY)
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.sidebar.error, [e.value for e in at.sidebar.error]
+    assert [s.value for s in at.sidebar.success] == ["Loaded net.py (Linear)"]
+    assert at.session_state[state.SPEC].source == "python"
+
+    at = _load(at, "broken.py", b"import torch\ndef build_model(:\n")
+    errors = [e.value for e in at.sidebar.error]
+    assert len(errors) == 1 and errors[0].startswith("broken.py has a syntax error at line 2"), errors
+    assert not at.sidebar.success  # no "Loaded ..." beside the failure
+    assert any(i.value == "Not loaded; the pages keep using net.py (Linear), loaded before." for i in at.sidebar.info)
+    assert at.session_state[state.SPEC].name == "net.py"
+
+
+def test_a_wrong_explicit_file_kind_is_named(new_app):
+    at = _load(new_app(follow_jobs=False).run(), "net.py", NET_PY, kind="torchscript")
+    assert [e.value for e in at.sidebar.error] == [
+        "net.py is a Python file, not a TorchScript archive (torch.jit.save): choose the file kind 'Python file with "
+        "build_model() and example_inputs()' (or 'Detect from the file')"]

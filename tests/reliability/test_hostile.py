@@ -162,9 +162,10 @@ def _upload_kinds(new_app, monkeypatch, safe: bool) -> tuple[list, list]:
 
 def test_safe_mode_hides_python_and_pickle_uploads_in_the_sidebar(new_app, monkeypatch):
     kinds, captions = _upload_kinds(new_app, monkeypatch, safe=False)
-    assert len(kinds) == 4 and any("Python file" in k for k in kinds) and any("Pickled" in k for k in kinds)
+    # 'Detect from the file' and the four kinds
+    assert len(kinds) == 5 and any("Python file" in k for k in kinds) and any("Pickled" in k for k in kinds)
     kinds, captions = _upload_kinds(new_app, monkeypatch, safe=True)
-    assert len(kinds) == 2
+    assert len(kinds) == 3 and kinds[0] == "Detect from the file"
     assert not any("Python" in k or "ickle" in k for k in kinds), kinds
     assert any("Server-safe mode" in c for c in captions)
 
@@ -257,7 +258,7 @@ def test_uploaded_file_names_never_become_paths(tmp_path, name):
 def test_upload_kind_and_extension_are_checked(tmp_path):
     with pytest.raises(ModelLoadError, match="unknown upload kind '../x'"):
         save_upload(b"x", "../x", tmp_path, "m.py")
-    with pytest.raises(ModelLoadError, match=r"a python model file should end in \.py, not '\.sh'"):
+    with pytest.raises(ModelLoadError, match=r"run\.sh does not look like a Python file \(no import, def or class"):
         save_upload(b"x", "python", tmp_path, "run.sh")
     with pytest.raises(ModelLoadError, match="weights must be .safetensors or a state_dict"):
         save_upload(b"x", "weights", tmp_path, "w.pkl")

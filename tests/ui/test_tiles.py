@@ -117,3 +117,27 @@ def test_model_page_tiles_carry_units(new_app):
     assert tiles["Parameter memory"] == f"{param_bytes / 1024:.1f} KiB"
     assert tiles["Forward FLOPs"].endswith(" MFLOP")
     assert all(len(v) <= MAX_VALUE_CHARS for v in tiles.values()), tiles
+
+
+def test_a_missing_number_reads_as_said_not_none():
+    """'None' showed where a checklist saving was not estimated: the column says 'not estimated', its
+    numbers keep the column's format and unit, right-aligned."""
+    import pandas as pd
+
+    from ui.widgets import missing_as, unit_columns
+
+    df, config = unit_columns(pd.DataFrame({"saving": [114.3, 0.031, None]}), {"saving": ("Saving/step", "ms")})
+    out, config = missing_as(df, config, {"saving": "not estimated"})
+    assert out["saving"].tolist() == ["114.3", "0.0", "not estimated"]
+    assert config["saving"]["label"] == "Saving/step (ms)" and config["saving"]["alignment"] == "right"
+
+
+def test_a_row_holds_only_the_tiles_its_figures_leave_room_for():
+    """'481.4 MFLOP' was cut ('481.4 M...') in a row of four at 1280 px: 192 px of figure in a 205 px tile
+    less its padding. Rows hold as many tiles as the longest figure leaves room for."""
+    from ui.widgets import MAIN_WIDTH_PX, tiles_per_row
+
+    assert tiles_per_row(["94.8 k", "x1.30", "0", "12", "7"]) == 5
+    assert tiles_per_row(["94.8 k", "481.4 MFLOP", "370.2 KiB", "0"]) == 3
+    assert tiles_per_row(["93/100", "17", "3"], 3, MAIN_WIDTH_PX * 3 // 5) == 3  # the checklist, beside its gauge
+    assert tiles_per_row(["a" * 40]) == 1

@@ -12,7 +12,7 @@ from diagnostics.render.charts.checklist import build_score_gauge_figure, build_
 from diagnostics.analyses.checklist.report import build_markdown
 from diagnostics.analyses.checklist import SCORE_FORMULA
 from diagnostics.analyses.checklist.rules import CATEGORIES, STATUS_LABEL, STATUSES
-from ui.widgets import Tile, metric_row, unit_columns
+from ui.widgets import MAIN_WIDTH_PX, Tile, metric_row, missing_as, unit_columns
 
 ICON = {"pass": ":material/check_circle:", "warn": ":material/warning:", "fail": ":material/cancel:",
         "error": ":material/bug_report:", "not_applicable": ":material/remove_circle_outline:"}
@@ -55,6 +55,7 @@ def fix_first_table(entries: list[dict]) -> None:
         "how it was estimated": st.column_config.TextColumn("how it was estimated", width="medium"),
         "fix / trial": st.column_config.TextColumn("fix / trial", width="small"),
         "detail": st.column_config.TextColumn("detail", width="medium")})
+    df, config = missing_as(df, config, {"est. saving (ms/step)": "not estimated"})
     st.dataframe(df, hide_index=True, width="stretch", column_config=config)
 
 
@@ -83,7 +84,7 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None, ranked: l
     g1, g2 = st.columns([2, 3])
     g1.plotly_chart(build_score_gauge_figure(result), width="stretch")
     with g2:
-        metric_row(tiles(result), per_row=3)  # beside the gauge: 3 a row keep '88/100' whole
+        metric_row(tiles(result), per_row=3, width_px=MAIN_WIDTH_PX * 3 // 5)  # beside the gauge (3 of 5 parts)
         st.plotly_chart(build_status_by_category_figure(result), width="stretch")
     for note in result.get("notes", []):
         st.info(f"A probe could not run: {note}")

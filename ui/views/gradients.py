@@ -52,16 +52,21 @@ def show(result: dict) -> None:
         ["Layers", "Norm across depth", "Layer × step", "Global norm", "Activations", "Thresholds"])
     with tab_layers:
         df = pd.DataFrame(result["layers"])
-        cols = ["index", "layer", "type", "kind", "status", "reason", "rule", "grad_norm_mean", "grad_norm_relative",
-                "grad_abs_mean", "grad_abs_max", "update_ratio_mean", "zero_fraction", "nan_count", "inf_count"]
+        # the numbers first: the long texts (reason, rule) after them, so no number is pushed off-screen
+        cols = ["index", "layer", "status", "grad_norm_mean", "grad_norm_relative", "grad_abs_mean", "grad_abs_max",
+                "update_ratio_mean", "zero_fraction", "nan_count", "inf_count", "type", "kind", "reason",
+                "neighbourhood", "rule"]
         cols = [c for c in cols if c in df.columns]  # results stored before layer kinds have no kind / rule
         st.dataframe(df[cols].style.apply(_status_style, subset=["status"]), hide_index=True, width="stretch",
                      column_config={
                          "index": st.column_config.NumberColumn("#", width="small"),
                          "layer": st.column_config.TextColumn("Layer (forward order)"),
-                         "rule": st.column_config.TextColumn("Vanishing rule applied"),
+                         "rule": st.column_config.TextColumn("Vanishing rule applied", width="medium"),
+                         "neighbourhood": st.column_config.TextColumn("Compared with", width="medium",
+                                                                      help="the layer's neighbourhood: the nearest "
+                                                                           "module above it holding another layer"),
                          "status": st.column_config.TextColumn("Status", width="small"),
-                         "reason": st.column_config.TextColumn("Reason", width="small"),
+                         "reason": st.column_config.TextColumn("Reason", width="medium"),
                          "grad_norm_mean": st.column_config.NumberColumn("Grad L2 norm", format="%.3e"),
                          "grad_norm_relative": st.column_config.NumberColumn("Norm / largest", format="%.2e"),
                          "grad_abs_mean": st.column_config.NumberColumn("Mean |g|", format="%.3e"),

@@ -90,7 +90,10 @@ def roofline_tiles(result: dict) -> list[Tile]:
 def _roofline(result: dict) -> None:
     roofs, rows, m = result.get("roofs"), result.get("roofline") or [], result["metrics"]
     if not roofs:
-        st.info("The roofline was off for this run (option roofline).")
+        if result.get("roofline_unavailable"):
+            st.warning(f"Roofline not available: {result['roofline_unavailable']}")
+        else:
+            st.info("The roofline was off for this run (option roofline).")
         return
     metric_row(roofline_tiles(result))
     st.caption(roofs["method"])

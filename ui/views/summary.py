@@ -60,9 +60,11 @@ def show(result: dict) -> None:
                 "type": st.column_config.TextColumn("Type"),
                 "output_shape": st.column_config.TextColumn("Output shape"),
                 "params": st.column_config.NumberColumn("Params", format="localized"),
+                # small: the table fits a 1280 px window, the FLOP columns included
                 "pct_of_total": st.column_config.ProgressColumn("% of params", format="%.1f%%", min_value=0,
-                                                                max_value=100),
-                "trainable": st.column_config.CheckboxColumn("Trainable"),
+                                                                max_value=100, width="small"),
+                "trainable": st.column_config.CheckboxColumn("Trains", width="small",
+                                                             help="the layer has trainable parameters"),
                 "flops_forward": st.column_config.NumberColumn("Forward (FLOP)", format="compact",
                                                                help="FLOPs of one forward pass at this batch"),
                 "flops_backward": st.column_config.NumberColumn("Backward (FLOP)", format="compact",

@@ -62,8 +62,8 @@ THRESHOLDS = [
     ("INIT_GAIN_MIN", INIT_GAIN_MIN, "min weight std x sqrt(fan_in)"),
     ("INIT_GAIN_MAX", INIT_GAIN_MAX, "max weight std x sqrt(fan_in)"),
     ("INIT_GAIN_MIN_NORMED", INIT_GAIN_MIN_NORMED, "min weight std x sqrt(fan_in) in a model with normalisation layers"),
-    ("VANISHING_RATIO", VANISHING_RATIO, "a layer's gradient norm / the largest layer's, under which it vanishes "
-     "(diagnostics.measure.gradient_health)"),
+    ("VANISHING_RATIO", VANISHING_RATIO, "a layer's gradient norm / the largest in its neighbourhood (the nearest "
+     "module above it holding another layer), under which it vanishes (diagnostics.measure.gradient_health)"),
     ("KIND_VANISHING_RATIO", min(KIND_VANISHING_RATIO.values()), "the same for layers small at initialisation by "
      "design (" + ", ".join(KIND_VANISHING_RATIO) + "; diagnostics.measure.gradient_health)"),
     ("PEER_VANISHING_RATIO", PEER_VANISHING_RATIO, "... or their norm / the largest of their own kind, under which "
@@ -344,7 +344,7 @@ def _gradient_flow(g):
                 "lower the learning rate, clip gradients (torch.nn.utils.clip_grad_norm_).", nums)
     if g["vanishing"]:
         return ("fail", f"vanishing gradients in {g['vanishing']} of {g['layers']} layers (norm < "
-                f"{VANISHING_RATIO:g} x the largest layer's; query/key projections, norms, relative-position "
+                f"{VANISHING_RATIO:g} x the largest in its neighbourhood; query/key projections, norms, relative-position "
                 f"biases, layer scales and state-space time steps by their own kind's rule): "
                 f"{_grad_examples(g, 'vanishing')}",
                 "Use ReLU-family activations, residual connections, normalisation layers and Kaiming init.", nums)

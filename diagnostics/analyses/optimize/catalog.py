@@ -43,6 +43,19 @@ EXPORT_LAYOUT = ("an exported program's graph was fixed at export time and keeps
                  "memory format matters cannot be told from it; convert the nn.Module and its example inputs to "
                  "channels_last, then export it again")
 
+def torchscript_why(facts, what: str, kinds: tuple[str, ...]) -> str | None:
+    """Why a fix that swaps, fuses or rewrites modules cannot apply to a TorchScript program (its modules
+    are compiled code), naming the ones of ``kinds`` it holds; None for a Python model."""
+    s = _static(facts)
+    if not s.get("torchscript"):
+        return None
+    held = s.get("script_types") or {}
+    found = [f"{held[k]} {k}" for k in kinds if held.get(k)]
+    has = f" (its {' and '.join(found)} layers are compiled code)" if found else ""
+    return (f"the model is TorchScript{has}: {what} needs the Python nn.Module; apply it to the Python model, "
+            "then script or trace it again")
+
+
 #: Why dynamic int8 cannot quantize an exported program, and what does.
 EXPORT_QUANTIZE = ("dynamic int8 swaps nn.Linear / LSTM / GRU modules for quantized ones, and an exported program has "
                    "none to swap: its graph was fixed at export time and calls aten.linear directly (the module count "
@@ -62,12 +75,18 @@ def applies_half(facts):
 def applies_channels_last(facts):
     if _exported(facts):
         return False, EXPORT_LAYOUT
+    ts = torchscript_why(facts, "converting weights to channels_last", ("Conv2d",))
+    if ts:
+        return False, ts
     return (True, "") if _static(facts).get("n_conv2d") else (False, "no Conv2d layers: memory format does not matter")
 
 
 def applies_conv_bn_fusion(facts):
     if _exported(facts):
         return False, EXPORT_STRUCTURE
+    ts = torchscript_why(facts, "fusing BatchNorm into the convolution before it", ("Conv2d", "BatchNorm2d"))
+    if ts:
+        return False, ts
     if not _static(facts).get("n_batchnorm"):
         return False, "no BatchNorm layers"
     pairs = (facts.get("forward") or {}).get("conv_bn_pairs")
@@ -79,6 +98,10 @@ def applies_conv_bn_fusion(facts):
 def applies_int8_dynamic(facts):
     if _exported(facts):
         return False, EXPORT_QUANTIZE
+    ts = torchscript_why(facts, "dynamic int8 swaps nn.Linear / LSTM / GRU modules for quantized ones and",
+                         ("Linear", "LSTM", "GRU"))
+    if ts:
+        return False, ts
     s = _static(facts)
     if not (s.get("n_linear") or s.get("n_rnn")):
         return False, "no Linear / LSTM / GRU layers to quantize (dynamic quantization leaves convolutions alone)"
@@ -88,6 +111,9 @@ def applies_int8_dynamic(facts):
 def applies_prune(facts):
     if _exported(facts):
         return False, EXPORT_STRUCTURE
+    ts = torchscript_why(facts, "pruning rewrites module weights and", ("Linear", "Conv1d", "Conv2d", "Conv3d"))
+    if ts:
+        return False, ts
     s = _static(facts)
     return (True, "") if (s.get("n_linear") or s.get("n_conv")) else (False, "no Linear / Conv layers")
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import copy
 import io
+import os
+import re
 import warnings
 from pathlib import Path
 
@@ -381,12 +383,37 @@ def apply_torchscript(model, inputs, opts):
                                  f"becomes a tuple of its {n} tensor{'s' if n != 1 else ''}, in order"
                                  + (f"; left out (not tensors): {', '.join(dropped[:4])}" if dropped else ""))
     frozen = torch.jit.freeze(scripted.eval())
+    python_calls = python_ops(frozen)
+    if python_calls:
+        name, site = python_calls[0]
+        raise FixNotApplicable(
+            f"the model calls the Python autograd Function {name}{f' (in {site})' if site else ''}: "
+            "torch.jit.trace cannot record it, so the TorchScript program would call back into Python and "
+            "could not be saved; script the function (@torch.jit.script), or try torch.compile or torch.export")
     notes.insert(0, f"{how} + torch.jit.freeze (weights folded as constants)")
     names = as_inputs(inputs).names
     if names and not isinstance(model, torch.jit.ScriptModule):
         frozen = ScriptedWithKeywords(frozen, len(as_inputs(inputs).args), names)
         notes.append(KEYWORDS_TRACED.format(names=", ".join(names)))
     return frozen, notes
+
+
+def python_ops(scripted) -> list[tuple[str, str | None]]:
+    """(name, file.py:LINE) of every Python call a traced program kept (prim::PythonOp: a custom
+    torch.autograd.Function), the site being the innermost frame of the trace outside torch."""
+    from diagnostics.measure.dynamo import is_torch_frame
+
+    found = []
+    graph = getattr(scripted, "graph", None)
+    for node in graph.findAllNodes("prim::PythonOp", True) if graph is not None else ():
+        site = None
+        for line in str(node.sourceRange()).splitlines():
+            m = re.match(r"(.+?)\((\d+)\): \S+$", line.strip())
+            if m and not is_torch_frame(m.group(1)):
+                site = f"{os.path.basename(m.group(1))}:{m.group(2)}"
+                break
+        found.append((node.pyname(), site))
+    return found
 
 
 def apply_inference_mode(model, inputs, opts):

@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from diagnostics.trace import load_trace, profiler_views as pt
 from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, is_python_frame_name
 from diagnostics.trace.model import Trace
-from diagnostics.errors import TorchScopeError
+from diagnostics.errors import TorchScopeError, explain
 from diagnostics.measure.roofline import (count_ops, measure_roofs, mfu, module_mfu, not_counted_rows,
                                            roofline_rows)
 from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls
@@ -357,11 +357,18 @@ def analyze(ctx, options: dict) -> dict:
     timeline = pt.timeline(traces[-1], opts["timeline_max_events"],
                            cycle_files_bytes[-1] if opts["record_shapes"] else None)
 
-    roof = None
+    roof = roof_unavailable = None
     if opts["roofline"]:
         ctx.progress(0.9, "roofline: this machine's roofs, FLOPs and bytes per operator")
-        roof = _roofline(model, step, opts, device, operators, max(1, len(steps)), latency["median_ms"],
-                         cuda_ran="cuda" in opts["activities"])
+        try:  # an optional part: its failure is reported, the profile stands
+            roof = _roofline(model, step, opts, device, operators, max(1, len(steps)), latency["median_ms"],
+                             cuda_ran="cuda" in opts["activities"])
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:
+            roof_unavailable = explain(e.__cause__ or e)  # the model ran: the cause is the counting
+            notes.append(f"roofline not available: {roof_unavailable}")
+    if roof:
         notes.append("roofline: " + roof["roofs"]["method"] + "; FLOPs from torch's FlopCounterMode (matmuls, "
                      "convolutions, attention; elementwise ops count 0 FLOPs and are placed by their bytes), bytes "
                      "from every op's tensor inputs and outputs; time is each op's self time per profiled step")
@@ -418,5 +425,6 @@ def analyze(ctx, options: dict) -> dict:
         "kernels": kernels_ev, "timeline": timeline,
         "roofline": roof["rows"] if roof else [], "roofs": roof["roofs"] if roof else None, "artifacts": artifacts, "notes": notes,
         "flops_not_counted": roof["not_counted"] if roof else [],
+        **({"roofline_unavailable": roof_unavailable} if roof_unavailable else {}),
         "torch_version": torch.__version__,
     }

@@ -124,8 +124,15 @@ def _forward_counts(ctx, loaded, options, trainable, shapes):
         except Exception as e:  # the counter failed where the model runs: the summary still comes
             cause = e.__cause__ or e
             first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
-            flops_note = (f"FLOPs not counted: torch's FlopCounterMode failed on this model "
-                          f"({type(cause).__name__}: {first[:300]}) though the model itself runs")
+            try:  # with gradients recorded the counter's module tracking takes another path: count there
+                fwd = _flops_by_module(model, lambda: loaded.forward())
+                flops_note = (f"forward FLOPs counted with gradients enabled: under no_grad torch's FlopCounterMode "
+                              f"failed on this model ({type(cause).__name__}: {first[:300]})")
+            except torch.OutOfMemoryError:
+                raise
+            except Exception:
+                flops_note = (f"FLOPs not counted: torch's FlopCounterMode failed on this model "
+                              f"({type(cause).__name__}: {first[:300]}) though the model itself runs")
         if fwd is not None and trainable and not options["skip_backward"]:
             ctx.progress(0.6, "forward + backward FLOPs")
 
