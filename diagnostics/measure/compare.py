@@ -158,6 +158,18 @@ def geometric_mean(values) -> float | None:
     return float(np.exp(np.log(a).mean())) if a.size else None
 
 
+def control_problem(rows: dict[str, dict]) -> str | None:
+    """Why the A/A control of a comparison's rows says the measurement is biased, or None when it reads
+    "within noise" (or there is no control)."""
+    c = rows.get(CONTROL)
+    if not c or c.get("verdict") in (None, "within noise"):
+        return None
+    ci = c.get("speedup_ci") or [None, None]
+    return (f"the A/A control (the baseline timed against itself) read x{c['speedup']:.2f} [{ci[0]:.2f}, "
+            f"{ci[1]:.2f}], '{c['verdict']}': in this run the measurement itself is biased (what ran before a "
+            "call, or load that came and went), so every verdict beside it is low-confidence")
+
+
 # ----------------------------------------------------------------------------- the rounds
 def round_order(keys: list[str], rng: np.random.Generator) -> list[str]:
     """One round's order: a fresh random permutation of ``keys``, then the same reversed."""

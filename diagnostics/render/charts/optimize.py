@@ -39,7 +39,7 @@ VERDICT_COLOR = {"faster": "#2e7d32", "slower": "#c62828", "within noise": "#9e9
 
 
 def build_speedup_figure(result: dict) -> go.Figure:
-    """Each fix's speed-up over the baseline (median of the interleaved rounds' ratios) with its 95%
+    """Each fix's speed-up over the baseline (the geometric mean of the interleaved rounds' ratios) with its 95%
     interval as an error bar, coloured by verdict; the A/A control's interval is the shaded noise floor."""
     rows = [r for r in _ok_rows(result) if r["fix"] != "baseline"]
     sp = [r["speedup"] for r in rows]
