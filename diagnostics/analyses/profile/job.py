@@ -29,8 +29,9 @@ from diagnostics.trace import load_trace, profiler_views as pt
 from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, is_python_frame_name
 from diagnostics.trace.model import Trace
 from diagnostics.errors import TorchScopeError
-from diagnostics.measure.roofline import (best_roofs, count_ops, counted_times, measure_roofs, merge_nesting, mfu,
-                                           module_mfu, not_counted_rows, op_nesting, roofline_rows)
+from diagnostics.measure.roofline import (ABOVE_ROOF_TOLERANCE, best_roofs, count_ops, counted_times, measure_roofs,
+                                           merge_nesting, mfu, module_mfu, not_counted_rows, op_nesting,
+                                           roofline_rows)
 from diagnostics.measure.compare import METHOD, Rounds, too_few_rounds
 from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls, time_once
 from diagnostics.measure.training import Step
@@ -226,28 +227,41 @@ def write_artifacts(traces: list[bytes], artifact_dir: Path) -> dict:
 
 # ----------------------------------------------------------------------------- roofline
 def _roofline(model, step, opts: dict, device, nesting: dict, steps: int, latency_ms: float,
-              cuda_ran: bool) -> dict:
+              cuda_ran: bool, module_rows: list[dict]) -> dict:
     """Roofs measured here, each op's FLOPs and bytes counted over one step, and its time per profiled
-    step inclusive of the ops it runs (the counters see the op the model calls, its children do the work)."""
+    step inclusive of the ops it runs (the counters see the op the model calls, its children do the work);
+    MFU of the step and of each module row (set on ``module_rows``)."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     roofs = measure_roofs(device, dtype)
     with _mode(model, opts):
         ops, count = count_ops(step, type(model).__name__)
     times = counted_times(nesting, frozenset(ops) | frozenset(count.not_counted), steps, device=cuda_ran)
     missing = not_counted_rows(count, times)
-    rows = roofline_rows(ops, times, roofs)
-    model_mfu = mfu(count.total, latency_ms, roofs["peak_flops"])
-    if any(r["above_roof"] for r in rows) or (model_mfu or 0) > 1:
-        # An op faster than the machine's ceiling means the ceiling was measured in a busy moment: once more.
-        roofs = best_roofs(roofs, measure_roofs(device, dtype))
+
+    def place(roofs: dict) -> tuple[list[dict], list[str]]:
         rows = roofline_rows(ops, times, roofs)
+        if module_rows:  # MFU per module: its FLOPs over its forward + backward time per step
+            module_mfu(module_rows, count.by_module, steps, roofs["peak_flops"], ROOT_MODULE,
+                       count.not_counted_by_module)
+        above = [f"{r['op']} ({r['pct_of_roof']:.0f} % of its roof)" for r in rows if r["above_roof"]]
+        above += [f"module {r['name']} (MFU {r['mfu']:.2f})" for r in module_rows
+                  if (r.get("mfu") or 0) > ABOVE_ROOF_TOLERANCE]
+        model_mfu = mfu(count.total, latency_ms, roofs["peak_flops"])
+        if (model_mfu or 0) > 1:
+            above.append(f"the model (MFU {model_mfu:.2f})")
+        return rows, above
+
+    rows, above = place(roofs)
+    if above:  # faster than the machine's ceiling: the ceiling was measured in a busy moment; once more
+        roofs = best_roofs(roofs, measure_roofs(device, dtype))
+        rows, above = place(roofs)
     for r in rows:  # an op whose FLOPs were not counted is placed by its bytes only: say so on its row
         r["flops_not_counted"] = r["op"] in count.not_counted
     # A model whose every op with arithmetic went uncounted has no FLOP figure, not 0.
     model_flops = None if not count.total and missing else count.total
     return {"roofs": roofs, "rows": rows, "model_flops": model_flops, "module_flops": count.by_module,
             "not_counted": missing, "module_not_counted": count.not_counted_by_module,
-            "mfu": mfu(model_flops, latency_ms, roofs["peak_flops"])}
+            "mfu": mfu(model_flops, latency_ms, roofs["peak_flops"]), "above": above}
 
 
 def _not_counted_note(rows: list[dict]) -> str | None:
@@ -406,15 +420,18 @@ def analyze(ctx, options: dict) -> dict:
     if opts["roofline"]:
         ctx.progress(0.9, "roofline: this machine's roofs, FLOPs and bytes per operator")
         roof = _roofline(model, step, opts, device, merge_nesting(cycle_nesting), max(1, len(steps)),
-                         latency["median_ms"], cuda_ran="cuda" in opts["activities"])
+                         latency["median_ms"], cuda_ran="cuda" in opts["activities"], module_rows=module_rows)
         notes.append("roofline: " + roof["roofs"]["method"] + "; FLOPs from torch's FlopCounterMode (matmuls, "
                      "convolutions, attention; elementwise ops count 0 FLOPs and are placed by their bytes), bytes "
                      "from every op's tensor inputs and outputs; time is each counted op's time per profiled step "
                      "including the ops it runs (aten::convolution's work is in aten::mkldnn_convolution), over its "
                      "outermost calls")
-    if roof and module_rows:  # MFU per module: its FLOPs over its forward + backward time per step
-        module_mfu(module_rows, roof["module_flops"], max(1, len(steps)), roof["roofs"]["peak_flops"], ROOT_MODULE,
-                   roof["module_not_counted"])
+    if roof and roof["above"]:
+        notes.append("measured faster than this machine's roofs, even after measuring the roofs again: "
+                     + "; ".join(roof["above"][:5]) + ("; ..." if len(roof["above"]) > 5 else "")
+                     + ". The roofs are the fastest calls seen while measuring them; on a busy machine every one "
+                     "of them can be slowed (see the disturbance report), and the percentages of the roof and the "
+                     "MFU are then too high")
     if roof and roof["not_counted"]:
         notes.append(_not_counted_note(roof["not_counted"]))
     step_ms = [s["step_ms"] for s in steps]
