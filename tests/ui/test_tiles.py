@@ -117,3 +117,25 @@ def test_model_page_tiles_carry_units(new_app):
     assert tiles["Parameter memory"] == f"{param_bytes / 1024:.1f} KiB"
     assert tiles["Forward FLOPs"].endswith(" MFLOP")
     assert all(len(v) <= MAX_VALUE_CHARS for v in tiles.values()), tiles
+
+
+#: Tiles that show a measured comparison: never a bare figure (issue #31: "Best speed-up x19.22" with no
+#: interval; the compile tile's interval only in a chart title).
+COMPARISON_TILES = ("Best speed-up", "Speed-up", "Noise floor (A/A)", "Profiler overhead")
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.stem)
+def test_a_measured_comparison_tile_carries_its_interval(path):
+    for t in _tiles(path):
+        if t.label in COMPARISON_TILES and t.value is not None:
+            assert t.detail and ("[" in t.detail or "no interval" in t.detail), f"{t.label}: {t.detail!r}"
+
+
+def test_the_best_speed_up_tile_shows_its_interval_and_verdict():
+    from ui.views.optimize import tiles
+
+    result = json.loads((Path(__file__).parents[1] / "data" / "tiles" / "optimize-cnn.json").read_text())
+    result["metrics"].update(best_fix="channels_last", best_speedup=19.22, best_speedup_ci_low=17.5,
+                             best_speedup_ci_high=21.0)
+    best = next(t for t in tiles(result) if t.label == "Best speed-up")
+    assert tile_texts([best]) == ["x19.22"] and best.detail == "[17.50, 21.00] faster"
