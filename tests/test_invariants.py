@@ -13,6 +13,8 @@ figures from self times, and a profiler overhead of -59.9 %.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from diagnostics.measure.compare import CONTROL
@@ -20,9 +22,11 @@ from diagnostics.measure.roofline import ABOVE_ROOF_TOLERANCE, best_roofs, measu
 from diagnostics.runner import Job, execute
 from diagnostics.spec import ModelSpec
 
-#: A short profile: what the invariants need (roofline, modules, the overhead's rounds), little else.
+#: A short profile: what the invariants need (roofline, modules), little else; the profiler's overhead
+#: (its interleaved rounds cost a profiler session each) where OVERHEAD is added.
 PROFILE = {"wait": 0, "warmup": 1, "active": 2, "latency_warmup": 1, "latency_iters": 5, "record_shapes": False,
-           "timeline_max_events": 100, "overhead_rounds": 6}
+           "timeline_max_events": 100, "overhead_rounds": 0}
+OVERHEAD = {"overhead_rounds": 6}
 
 #: Real architectures from transformers configs, as small as they build (the Hugging Face intake).
 HF = {
@@ -47,27 +51,51 @@ def hf_spec(name: str) -> ModelSpec:
                      hf=HFSettings(config, task, seq_len=16).to_json())
 
 
-#: On a run the profile itself reports as disturbed (other processes used the cores), the roofs and
-#: the ops were timed under load at different moments, and a busy moment can slow every roof
-#: measurement (seen here at a load average of 10 on 2 cores: a 512 x 512 GEMM at 7 GFLOP/s, then a
-#: convolution call at 184): there an op may read up to this factor above the best ceiling measured. It
-#: still catches what issue #31 saw (x263 and x26); on a quiet run the tolerance is the product's own.
-BUSY_SLACK = 4.0
+#: On a run the profile itself reports as disturbed (other processes used the cores) the roofs and the
+#: ops were timed under load at different moments, and every roof measurement can land in a busy
+#: moment (seen here at a load average of 11 on 2 cores: a 512 x 512 GEMM at 7 GFLOP/s, a convolution
+#: call at 184). There an op is held to what the hardware cannot exceed (``physical_ceiling``), which
+#: still catches what issue #31 saw (a CPU convolution at 10.93 TFLOP/s on 2 cores); on a quiet run,
+#: to the measured roofs within the product's own tolerance.
+GHZ_BOUND = 5.6  # no x86 core clocks faster (all-core or single-core boost)
+FLOP_PER_CYCLE = {"avx512f": 64, "avx2": 32}  # fp32, two FMA units per core at most
+BYTES_PER_CYCLE = 192  # an L1 cache's best: two 64-byte loads and one 64-byte store per cycle
+
+
+def physical_ceiling() -> dict:
+    """What this machine's CPU cannot exceed, from its cores and instruction set (not measured)."""
+    import os
+
+    flags = open("/proc/cpuinfo").read()
+    per_cycle = next((v for k, v in FLOP_PER_CYCLE.items() if f" {k}" in flags), 16)
+    cores = len(os.sched_getaffinity(0))
+    peak = cores * GHZ_BOUND * 1e9 * per_cycle
+    bw = cores * GHZ_BOUND * 1e9 * BYTES_PER_CYCLE
+    return {"peak_flops": peak, "bandwidth_bytes_per_s": bw, "bandwidth_curve": [[1 << 62, bw]],
+            "method": f"physical bound: {cores} cores x {GHZ_BOUND} GHz x {per_cycle} FLOP and {BYTES_PER_CYCLE} B per cycle"}
 
 
 @pytest.fixture(scope="module")
 def ceiling():
-    """This machine's roofs measured by the test too: on a shared machine one measurement can land
-    entirely in busy moments, so an op is held to the best ceiling either measurement saw."""
+    """This machine's roofs, measured once for the module (the fastest of more calls than a job makes)."""
     return measure_roofs("cpu", reps=10)
+
+
+@pytest.fixture(autouse=True)
+def roofs_once(monkeypatch, ceiling):
+    """Every profile here places its ops against the module's roofs (measuring them takes seconds a job:
+    the invariants are about the ops' times and counts, and the roofs' measurement has its own tests)."""
+    from diagnostics.analyses.profile import job
+
+    monkeypatch.setattr(job, "measure_roofs", lambda device, dtype=None: copy.deepcopy(ceiling))
 
 
 def check_profile(r: dict, ceiling: dict) -> None:
     """The roofline, MFU and profiler-overhead invariants on one profile result."""
     m, steps = r["metrics"], max(1, len(r["steps"]))
     assert r["roofline"], "the roofline placed no operator"
-    roofs = best_roofs(r["roofs"], ceiling)
-    tol = BUSY_SLACK if r["disturbance"]["disturbed"] else ABOVE_ROOF_TOLERANCE
+    roofs = physical_ceiling() if r["disturbance"]["disturbed"] else best_roofs(r["roofs"], ceiling)
+    tol = ABOVE_ROOF_TOLERANCE
     for row in r["roofline"]:  # the result's own arithmetic, then physics against the best ceiling
         assert row["pct_of_roof"] == pytest.approx(100 * row["roof_ms"] / row["time_ms"])
         bw, _ = memory_roof(row["bytes"] / max(1, row["calls"]), roofs)
@@ -78,12 +106,14 @@ def check_profile(r: dict, ceiling: dict) -> None:
     assert not flagged or any("faster than this machine's roofs" in n for n in r["notes"])  # said, not hidden
     if m["model_flops_per_step"]:
         model_mfu = m["model_flops_per_step"] / (m["latency_median_ms"] / 1e3) / roofs["peak_flops"]
-        assert 0 < model_mfu <= tol / ABOVE_ROOF_TOLERANCE, f"MFU {model_mfu:.3f}"
+        assert 0 < model_mfu <= 1, f"MFU {model_mfu:.3f}"
     for mod in r["modules"]:
         if mod.get("flops"):
             t_s = ((mod.get("forward_ms") or 0) + (mod.get("backward_ms") or 0)) / steps / 1e3
             assert mod["flops"] / t_s / roofs["peak_flops"] <= tol, \
                 f"module {mod['name']}: MFU {mod['flops'] / t_s / roofs['peak_flops']:.3f}"
+    if r["config"]["overhead_rounds"] == 0:
+        return
     low, high = m["profiler_overhead_ci_low"], m["profiler_overhead_ci_high"]
     assert low is not None and low <= m["profiler_overhead_pct"] <= high
     assert high >= 0, f"the profiler made the step faster beyond the noise: {m['profiler_overhead_pct']:.1f} % " \
@@ -112,20 +142,24 @@ def check_comparison(rows: dict[str, dict], baseline: str) -> None:
 # ----------------------------------------------------------------------------- samples
 def test_cnn_inference_profile_keeps_every_op_under_its_roof(tmp_path, ceiling):
     """The issue's case: the sample CNN, where convolution and relu_ read far above their roofs."""
-    check_profile(execute(Job("profile", ModelSpec(name="cnn"), PROFILE), tmp_path), ceiling)
+    check_profile(execute(Job("profile", ModelSpec(name="cnn"), {**PROFILE, **OVERHEAD}), tmp_path), ceiling)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sample,mode", [("cnn", "train"), ("mlp", "train"), ("resnet", "inference"),
-                                         ("transformer", "train"), ("lstm", "inference")])
+                                         ("transformer", "train"), ("lstm", "inference"),
+                                         ("deep_sigmoid_mlp", "train"), ("bad_init_mlp", "inference"),
+                                         ("graph_break_mlp", "inference")])
 def test_sample_profiles_keep_the_invariants(sample, mode, tmp_path, ceiling):
-    check_profile(execute(Job("profile", ModelSpec(name=sample), {**PROFILE, "mode": mode}), tmp_path), ceiling)
+    extra = OVERHEAD if sample == "transformer" else {}
+    check_profile(execute(Job("profile", ModelSpec(name=sample), {**PROFILE, "mode": mode, **extra}), tmp_path),
+                  ceiling)
 
 
 # ----------------------------------------------------------------------------- real architectures
 @pytest.mark.parametrize("name", ["gpt2"])
 def test_a_real_architecture_keeps_the_invariants(name, tmp_path, ceiling):
-    check_profile(execute(Job("profile", hf_spec(name), {**PROFILE, "mode": "train"}), tmp_path), ceiling)
+    check_profile(execute(Job("profile", hf_spec(name), {**PROFILE, "mode": "train", **OVERHEAD}), tmp_path), ceiling)
 
 
 #: Module FLOPs that torch's counter attributes to layers that compute nothing (a Dropout's, an
