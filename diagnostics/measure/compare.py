@@ -36,6 +36,7 @@ from typing import Callable
 import numpy as np
 
 from diagnostics.measure.timer import latency_stats, sync, time_calls, time_once
+from diagnostics.units import speedup_text
 
 CONTROL = "control"
 VERDICTS = ("faster", "slower", "within noise")
@@ -164,10 +165,10 @@ def control_problem(rows: dict[str, dict]) -> str | None:
     c = rows.get(CONTROL)
     if not c or c.get("verdict") in (None, "within noise"):
         return None
-    ci = c.get("speedup_ci") or [None, None]
-    return (f"the A/A control (the baseline timed against itself) read x{c['speedup']:.2f} [{ci[0]:.2f}, "
-            f"{ci[1]:.2f}], '{c['verdict']}': in this run the measurement itself is biased (what ran before a "
-            "call, or load that came and went), so every verdict beside it is low-confidence")
+    return (f"the A/A control (the baseline timed against itself) read "
+            f"{speedup_text(c['speedup'], c.get('speedup_ci'), c['verdict'])}: in this run the measurement itself "
+            "is biased (what ran before a call, or load that came and went), so every verdict beside it is "
+            "low-confidence")
 
 
 # ----------------------------------------------------------------------------- the rounds
