@@ -94,7 +94,10 @@ def check_profile(r: dict, ceiling: dict) -> None:
     """The roofline, MFU and profiler-overhead invariants on one profile result."""
     m, steps = r["metrics"], max(1, len(r["steps"]))
     assert r["roofline"], "the roofline placed no operator"
-    roofs = physical_ceiling() if r["disturbance"]["disturbed"] else best_roofs(r["roofs"], ceiling)
+    if r["disturbance"]["disturbed"] and not r["cuda_ran"]:
+        roofs = physical_ceiling()
+    else:
+        roofs = best_roofs(r["roofs"], ceiling)
     tol = ABOVE_ROOF_TOLERANCE
     for row in r["roofline"]:  # the result's own arithmetic, then physics against the best ceiling
         assert row["pct_of_roof"] == pytest.approx(100 * row["roof_ms"] / row["time_ms"])
@@ -197,3 +200,22 @@ def test_compile_and_training_comparisons_agree_with_their_times(tmp_path):
                                                         "warmup": 1, "train_steps": 1, "save_artifacts": False}),
                 tmp_path / "train")
     check_comparison({row["fix"]: row for row in t["rows"] if row["status"] == "ok"}, "baseline")
+
+
+# ----------------------------------------------------------------------------- CUDA
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sample,mode", [("cnn", "train"), ("transformer", "train")])
+def test_cuda_profiles_keep_every_op_under_its_roof(sample, mode, tmp_path, monkeypatch):
+    """On CUDA an op's time is the device time of the kernels it and its children launched: a
+    convolution's kernels are its child's (cudnn_convolution). Roofs measured on the GPU by the job."""
+    from diagnostics.analyses.profile import job
+
+    monkeypatch.setattr(job, "measure_roofs", measure_roofs)  # the job's own GPU roofs, not the CPU's
+    r = execute(Job("profile", ModelSpec(name=sample, device="cuda:0"), {**PROFILE, **OVERHEAD, "mode": mode}),
+                tmp_path)
+    assert r["cuda_ran"] and r["roofs"]["device"].startswith("cuda")
+    conv = next((row for row in r["roofline"] if row["op"] == "aten::convolution"), None)
+    if conv is not None:  # its time is its kernels', not the ~0 self device time of the dispatching op
+        ops = {o["name"]: o for o in r["operators"]}
+        assert conv["time_ms"] >= 0.9 * ops["aten::convolution"]["device_total_ms"] / len(r["steps"])
+    check_profile(r, r["roofs"])
