@@ -99,22 +99,35 @@ def check_profile(r: dict, ceiling: dict) -> None:
     else:
         roofs = best_roofs(r["roofs"], ceiling)
     tol = ABOVE_ROOF_TOLERANCE
-    for row in r["roofline"]:  # the result's own arithmetic, then physics against the best ceiling
+    for row in r["roofline"]:  # the result's own arithmetic
         assert row["pct_of_roof"] == pytest.approx(100 * row["roof_ms"] / row["time_ms"])
-        bw, _ = memory_roof(row["bytes"] / max(1, row["calls"]), roofs)
-        roof_ms = max(row["flops"] / roofs["peak_flops"], row["bytes"] / bw) * 1e3
-        assert row["time_ms"] * tol >= roof_ms, \
-            f"{row['op']} at {100 * roof_ms / row['time_ms']:.0f} % of its roof ({roofs['method']})"
+
+    def above(roofs: dict) -> list[str]:
+        """Rows, modules and the model faster than ``roofs`` allow (physics against the best ceiling)."""
+        out = []
+        for row in r["roofline"]:
+            bw, _ = memory_roof(row["bytes"] / max(1, row["calls"]), roofs)
+            roof_ms = max(row["flops"] / roofs["peak_flops"], row["bytes"] / bw) * 1e3
+            if row["time_ms"] * tol < roof_ms:
+                out.append(f"{row['op']} at {100 * roof_ms / row['time_ms']:.0f} % of its roof")
+        if m["model_flops_per_step"]:
+            model_mfu = m["model_flops_per_step"] / (m["latency_median_ms"] / 1e3) / roofs["peak_flops"]
+            if model_mfu > 1:
+                out.append(f"MFU {model_mfu:.3f}")
+        for mod in r["modules"]:
+            if mod.get("flops"):
+                t_s = ((mod.get("forward_ms") or 0) + (mod.get("backward_ms") or 0)) / steps / 1e3
+                if mod["flops"] / t_s / roofs["peak_flops"] > tol:
+                    out.append(f"module {mod['name']}: MFU {mod['flops'] / t_s / roofs['peak_flops']:.3f}")
+        return out
+
+    if above(roofs) and "physical" not in roofs["method"]:
+        # as the job does: a ceiling measured in a busy moment (the run itself may have been quiet) is
+        # measured once more, the higher of each kept
+        roofs = best_roofs(roofs, measure_roofs("cuda:0" if r["cuda_ran"] else "cpu", reps=10))
+    assert not above(roofs), f"{above(roofs)} ({roofs['method']})"
     flagged = [row["op"] for row in r["roofline"] if row["above_roof"]]
     assert not flagged or any("faster than this machine's roofs" in n for n in r["notes"])  # said, not hidden
-    if m["model_flops_per_step"]:
-        model_mfu = m["model_flops_per_step"] / (m["latency_median_ms"] / 1e3) / roofs["peak_flops"]
-        assert 0 < model_mfu <= 1, f"MFU {model_mfu:.3f}"
-    for mod in r["modules"]:
-        if mod.get("flops"):
-            t_s = ((mod.get("forward_ms") or 0) + (mod.get("backward_ms") or 0)) / steps / 1e3
-            assert mod["flops"] / t_s / roofs["peak_flops"] <= tol, \
-                f"module {mod['name']}: MFU {mod['flops'] / t_s / roofs['peak_flops']:.3f}"
     if r["config"]["overhead_rounds"] == 0:
         return
     low, high = m["profiler_overhead_ci_low"], m["profiler_overhead_ci_high"]
