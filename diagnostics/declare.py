@@ -199,6 +199,11 @@ class Metric:
     help: str = ""
     #: which way is an improvement when two runs are compared: "lower", "higher" or "" (neither: a setting)
     better: str = ""
+    #: the keys of the metrics holding this figure's interval (low, high): a measured comparison is never
+    #: shown without it (the text, the report and the tiles write "x1.11 [0.24, 38.80], within noise")
+    interval: tuple[str, str] | None = None
+    #: the key of the metric holding its verdict (faster / slower / within noise), shown beside it
+    verdict: str | None = None
 
     def __post_init__(self):
         if self.unit not in UNITS:
@@ -275,6 +280,10 @@ class Analysis:
         mkeys = [m.key for m in self.metrics]
         if len(set(mkeys)) != len(mkeys):
             raise ValueError(f"analysis {self.name}: a metric is declared twice")
+        for m in self.metrics:
+            for ref in (*(m.interval or ()), *((m.verdict,) if m.verdict else ())):
+                if ref not in mkeys:
+                    raise ValueError(f"analysis {self.name}: metric {m.key} refers to {ref!r}, which is not declared")
 
     def load(self) -> Callable:
         module, _, fn = self.target.partition(":")
@@ -312,6 +321,10 @@ class Analysis:
 
     def metric(self, key: str) -> Metric | None:
         return next((m for m in self.metrics if m.key == key), None)
+
+    def companions(self) -> frozenset[str]:
+        """The metrics shown folded into another's figure (its interval's ends, its verdict)."""
+        return frozenset(k for m in self.metrics for k in (*(m.interval or ()), *((m.verdict,) if m.verdict else ())))
 
     def table(self, path: str) -> Table | None:
         return next((t for t in self.tables if t.path == path), None)

@@ -10,6 +10,7 @@ timings were disturbed says so. For a fair timing verdict, Optimize measures can
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Iterable
 
@@ -161,13 +162,34 @@ def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> dict:
     }
 
 
-def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | None = None) -> dict:
-    """One metric over a model's finished runs of one analysis, oldest first.
+def _settings(r: RunRecord) -> dict:
+    """What a run measured, besides when: its model, device, model spec (batch, inputs, ...) and options."""
+    spec = {k: v for k, v in (r.spec or {}).items() if k != "name"}
+    return {"model": r.model_label, "device": r.device, **{f"model.{k}": v for k, v in spec.items()},
+            **(r.options or {})}
 
-    ``model`` is the run's model label (None: every model). Rows: started (epoch s), run id, model,
-    device, value, disturbed (from the run's disturbance report when its result was loaded: records
-    listed without results count as not disturbed). Runs without the metric are counted in
-    ``missing``, not drawn as 0."""
+
+def _key(settings: dict) -> str:
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def _series_label(settings: dict, varying: list[str]) -> str:
+    """'mode=train, batch_size=16': the settings that tell this series from the others."""
+    def show(v):
+        return v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v, default=str)
+    return ", ".join(f"{k}={show(settings.get(k))}" for k in varying) or "every run"
+
+
+def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | None = None) -> dict:
+    """One metric over a model's finished runs of one analysis, oldest first, in series.
+
+    ``model`` is the run's model label (None: every model). A series holds the runs of one model,
+    device, model spec and options (mode, steps, batch...): a trend line joins only runs that measured
+    the same thing (an inference profile and a training one are two lines, never one). Rows: started
+    (epoch s), run id, model, device, value, series (its index in ``series``), disturbed (from the run's
+    disturbance report when its result was loaded: records listed without results count as not
+    disturbed). ``series``: per series its label (the settings that tell it from the others), settings
+    and run count. Runs without the metric are counted in ``missing``, not drawn as 0."""
     a = get_analysis(analysis)
     m = a.metric(metric)
     if m is None:
@@ -175,16 +197,25 @@ def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | No
         raise CompareError(f"{analysis!r} has no metric {metric!r}; its metrics: {known}")
     chosen = [r for r in runs if r.analysis == analysis and r.status == "ok"
               and (model is None or r.model_label == model)]
-    rows, missing = [], 0
+    rows, missing, keys, settings = [], 0, {}, []
     for r in sorted(chosen, key=lambda r: r.started):
         v = _number((r.metrics or {}).get(metric))
         if v is None:
             missing += 1
             continue
+        st = _settings(r)
+        k = _key(st)
+        if k not in keys:
+            keys[k] = len(settings)
+            settings.append(st)
         rows.append({"started": r.started, "id": r.id, "model": r.model_label, "device": r.device, "value": v,
-                     "disturbed": bool(((r.result or {}).get("disturbance") or {}).get("disturbed"))})
+                     "series": keys[k], "disturbed": bool(((r.result or {}).get("disturbance") or {}).get("disturbed"))})
+    all_keys = sorted({k for st in settings for k in st})
+    varying = [k for k in all_keys if len({_key({"v": st.get(k)}) for st in settings}) > 1]
+    series = [{"label": _series_label(st, varying), "settings": {k: st.get(k) for k in varying},
+               "runs": sum(r["series"] == i for r in rows)} for i, st in enumerate(settings)]
     return {"analysis": analysis, "metric": metric, "label": m.label, "unit": m.unit, "better": m.better or None,
-            "model": model, "rows": rows, "missing": missing}
+            "model": model, "rows": rows, "series": series, "missing": missing}
 
 
 def comparable_metrics(analysis: str) -> list[Metric]:

@@ -135,6 +135,27 @@ def format_value(value, unit: str) -> str:
     return _plain(value)
 
 
+def interval_text(ci, unit: str = "ratio") -> str:
+    """'[1.10, 1.52]' (a ratio's ends without the x), '[-2.1 %, 5.3 %]' for other units; '' without one."""
+    if not ci or ci[0] is None or ci[1] is None:
+        return ""
+    if unit == "ratio":
+        return f"[{ci[0]:.2f}, {ci[1]:.2f}]"
+    return f"[{format_value(ci[0], unit)}, {format_value(ci[1], unit)}]"
+
+
+def speedup_text(value, ci=None, verdict: str | None = None, *, unit: str = "ratio",
+                 no_interval: str = "no interval") -> str:
+    """A measured comparison as it is shown everywhere: 'x1.30 [1.10, 1.52], faster'; without an
+    interval 'x1.30 (no interval)', so a figure never stands alone as if it were certain."""
+    if value is None:
+        return "n/a"
+    text = format_value(value, unit)
+    iv = interval_text(ci, unit)
+    text += f" {iv}" if iv else f" ({no_interval})"
+    return text + (f", {verdict}" if verdict else "")
+
+
 def column_label(label: str, unit: str) -> str:
     """A table header with its unit: 'median (ms)', 'peak (bytes)'; no suffix for plain numbers."""
     suffix = UNITS[unit][1]

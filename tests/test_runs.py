@@ -137,3 +137,46 @@ def test_figures_have_units_and_colours_by_verdict():
     tf = build_trend_figure(trend(mem, "memory", "peak_train_bytes"))
     assert list(tf.data[0].y) == [3.0, 5.0] and tf.layout.yaxis.title.text == "Training-step peak (MiB)"
     assert tf.layout.xaxis.tickformat == "%H:%M:%S"  # runs minutes apart: clock times, not milliseconds
+
+
+def test_trend_lines_join_only_runs_of_the_same_mode_and_settings():
+    """Issue #31: an inference profile (62 ms) and a training one (347 ms) on one line read as a
+    regression. Each mode (and each other setting) is a series of its own, drawn as its own line."""
+    from diagnostics.render.charts.history import build_trend_figure
+
+    runs = [rec("i1", metrics={"latency_median_ms": 62.0}, started=10, options={"mode": "inference"}),
+            rec("t1", metrics={"latency_median_ms": 347.0}, started=20, options={"mode": "train"}),
+            rec("i2", metrics={"latency_median_ms": 60.0}, started=30, options={"mode": "inference"}),
+            rec("t2", metrics={"latency_median_ms": 340.0}, started=40, options={"mode": "train"}),
+            rec("b1", metrics={"latency_median_ms": 99.0}, started=50, options={"mode": "inference"},
+                spec={"source": "sample", "name": "cnn", "batch_size": 16})]
+    t = trend(runs, "profile", "latency_median_ms", "cnn (sample)")
+    assert [s["label"] for s in t["series"]] == ["mode=inference, model.batch_size=8", "mode=train, model.batch_size=8",
+                                                  "mode=inference, model.batch_size=16"]
+    assert [(r["id"], r["series"]) for r in t["rows"]] == [("i1", 0), ("t1", 1), ("i2", 0), ("t2", 1), ("b1", 2)]
+    fig = build_trend_figure(t)
+    lines = {tr.name: [float(y) for y in tr.y] for tr in fig.data}
+    assert lines == {"mode=inference, model.batch_size=8": [62.0, 60.0], "mode=train, model.batch_size=8": [347.0, 340.0],
+                     "mode=inference, model.batch_size=16": [99.0]}
+    assert fig.data[2].mode == "markers" and fig.layout.showlegend  # a lone run is a point, not a line
+    same = trend(runs[:1] + runs[2:3], "profile", "latency_median_ms")
+    assert len(same["series"]) == 1 and same["series"][0]["label"] == "every run"
+
+
+def test_the_compare_chart_keeps_small_changes_readable_beside_a_huge_one():
+    """Issue #31: one "+200,000 %" bar squashed every other bar. The axis fits the changes it can show side
+    by side; the huge one reaches the edge, hatched, its value written."""
+    from diagnostics.render.charts.history import build_compare_figure
+
+    a = rec("a", metrics={"latency_median_ms": 10.0, "mfu": 0.2, "kernel_time_ms": 0.001})
+    b = rec("b", metrics={"latency_median_ms": 9.0, "mfu": 0.21, "kernel_time_ms": 2.001})
+    fig = build_compare_figure(compare_runs(a, b))
+    bars = fig.data[0]
+    lo, hi = fig.layout.xaxis.range
+    assert hi == -lo and hi <= 2 * 10.0 * 1.15  # the largest readable change (-10 %) sets the scale
+    x = dict(zip(bars.y, bars.x))
+    assert x["Latency (median)"] == pytest.approx(-10.0) and x["MFU"] == pytest.approx(5.0)
+    assert 0 < x["GPU kernel time"] <= hi  # drawn to the edge, not 200,000 % wide
+    text = dict(zip(bars.y, bars.text))
+    assert text["GPU kernel time"] == "+200,000.0 % (off scale)" and text["MFU"] == "+5.0 %"
+    assert dict(zip(bars.y, bars.marker.pattern.shape))["GPU kernel time"] == "/"

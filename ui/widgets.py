@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from diagnostics.runner import JobOutcome
-from diagnostics.units import _SCALES, COMPACT_WIDTH, Scale, compact, scale_of
+from diagnostics.units import _SCALES, COMPACT_WIDTH, Scale, compact, interval_text, scale_of
 
 
 def show_failure(outcome: JobOutcome) -> None:
@@ -51,7 +51,8 @@ def tiles_per_row(texts: list[str], per_row: int = TILES_PER_ROW, width_px: int 
 class Tile:
     """One metric tile: a short label, the raw value in its declared unit (diagnostics.units.UNITS),
     and the long text for the help. The figure is formatted here (units.compact), never by a view.
-    ``missing``: what None reads ('n/a', 'not counted', 'none'); ``signed``: '+' on gains."""
+    ``missing``: what None reads ('n/a', 'not counted', 'none'); ``signed``: '+' on gains; ``detail``:
+    a line under the figure, for what must be read with it (a speed-up's interval and verdict)."""
 
     label: str
     value: object
@@ -59,9 +60,16 @@ class Tile:
     help: str | None = None
     missing: str = "n/a"
     signed: bool = False
+    detail: str | None = None
 
     def text(self, scale: Scale | None = None) -> str:
         return compact(self.value, self.unit, scale, signed=self.signed, missing=self.missing)
+
+
+def comparison_detail(ci, verdict: str | None, unit: str = "ratio", why: str = "no interval") -> str:
+    """A tile's detail line for a measured comparison: '[1.10, 1.52] faster', or why it has no interval."""
+    iv = interval_text(ci, unit)
+    return " ".join(p for p in (iv or why, verdict or "") if p)
 
 
 def _number(v) -> bool:
@@ -94,7 +102,7 @@ def metric_row(tiles: list[Tile], per_row: int = TILES_PER_ROW, width_px: int = 
         chunk = list(zip(tiles, texts))[start:start + per_row]
         cols = st.columns(per_row)
         for col, (t, text) in zip(cols, chunk):
-            col.metric(t.label, text, help=t.help)
+            col.metric(t.label, text, help=t.help, delta=t.detail, delta_color="off", delta_arrow="off")
 
 
 def option_input(analysis: str, key: str, container=None, *, widget_key: str | None = None,

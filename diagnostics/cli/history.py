@@ -97,9 +97,13 @@ def run(args, out=None) -> int:
             return 0
         out.write(f"{t['label']} ({t['analysis']}{', ' + t['model'] if t['model'] else ''}): {len(t['rows'])} runs"
                   + (f", {t['missing']} without it" if t["missing"] else "") + "\n")
-        for r in t["rows"]:
-            out.write(f"  {_when(r['started'])}  {format_value(r['value'], t['unit']):>12}  {r['id']}"
-                      f"{'  (machine busy)' if r['disturbed'] else ''}\n")
+        many = len(t["series"]) > 1  # runs of different settings: each series on its own, never one line
+        for i, series in enumerate(t["series"]):
+            if many:
+                out.write(f" series {i + 1}: {series['label']} ({series['runs']} runs)\n")
+            for r in (r for r in t["rows"] if r["series"] == i):
+                out.write(f"  {_when(r['started'])}  {format_value(r['value'], t['unit']):>12}  {r['id']}"
+                          f"{'  (machine busy)' if r['disturbed'] else ''}\n")
         return 0
     except TorchScopeError as e:
         sys.stderr.write(f"error: {e}\n")

@@ -1,108 +1,254 @@
 """Interleaved timing comparisons: is the candidate faster than the baseline, beyond the noise?
 
-A comparison runs in rounds. Each round times every call twice in a palindrome (baseline, the
-candidates, the candidates again in reverse, the baseline: ABBA for one candidate), alternating
-which end starts from round to round, so load that rises or falls during a round lands on baseline
-and candidates alike. Per round, a candidate's speed-up is the baseline's mean time over its own;
-the reported speed-up is the median of the rounds' ratios, with a bootstrap confidence interval over
-rounds. The verdict reads the interval: "faster" only when its low end is above 1, "slower" only
-when its high end is below 1, "within noise" otherwise.
+A comparison runs in rounds (``Rounds``; ``interleaved`` runs them all). Each round takes a fresh
+random order of the calls and times them in it and then in reverse (a palindrome: load that rises or
+falls during the round lands on every call alike). The order changes from round to round so that no
+call always runs after the same neighbour: a call that leaves state behind (busy threads, a warm or
+polluted cache, an allocator's pools) then slows a random neighbour each round, never always the same
+one, and the A/A control cannot inherit a neighbour's carry-over as a bias.
 
-An A/A control (``control=True``) times the baseline once more as if it were a candidate: its
-interval is the noise floor of that run, shown beside the real candidates.
+Per round, a candidate's time is the mean of its two calls and its ratio the baseline's time over
+its own. The reported speed-up is the geometric mean of the rounds' ratios, which is exactly the
+ratio of the two calls' ``time_ms`` (the geometric mean of their round times), so times and speed-up
+shown side by side always agree. Its interval is exact without assuming a distribution
+(``log_interval``: Hartigan's subset means, the inversion of a sign-flip test): under the null (the
+candidate does nothing) baseline and candidate are exchangeable in a random order, so each round's
+log ratio is as likely above 0 as below, whatever the noise looks like. That needs MIN_ROUNDS (6)
+rounds for 95%: with fewer, no pattern of rounds is rare enough, and the row says so instead of
+giving a verdict. A percentile bootstrap over 3 rounds, by contrast, is the range of 3 values: a
+false verdict one time in four.
+
+An A/A control (``control=True``) times the baseline once more as if it were a candidate: its interval
+is the noise floor of the run. The verdict reads the intervals: "faster" only when the candidate's low
+end is above 1 and above the control's high end, "slower" only when its high end is below 1 and below
+the control's low end, "within noise" otherwise. A control that is not "within noise" itself says the
+measurement is biased: callers mark every verdict of that run low-confidence.
+
+``Rounds`` runs one round at a time and summarises whenever asked, so a caller may stop early.
 """
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
 
 from diagnostics.measure.timer import latency_stats, sync, time_calls, time_once
+from diagnostics.units import speedup_text
 
 CONTROL = "control"
 VERDICTS = ("faster", "slower", "within noise")
 CONFIDENCE = 0.95
-BOOTSTRAP_RESAMPLES = 2000
-#: Fewer rounds than this give no interval: the verdict is "within noise".
-MIN_ROUNDS = 2
+#: The rounds' order is drawn from this seed: a run can be repeated exactly.
+SEED = 0
+METHOD = ("interleaved rounds, each timing every candidate twice in a fresh random order and its reverse; a "
+          "speed-up is the geometric mean of the rounds' ratios with an exact 95% interval (subset means: no "
+          "distribution assumed; at least 6 rounds); 'faster' / 'slower' only when the whole interval is above / "
+          "below 1 and beyond the A/A control's interval")
 
 
-def verdict(low: float | None, high: float | None) -> str:
-    """"faster" when the whole interval is above 1, "slower" when it is below 1, else "within noise"."""
+# ----------------------------------------------------------------------------- statistics
+def min_rounds(confidence: float = CONFIDENCE) -> int:
+    """The fewest rounds whose sign-flip test can reach ``confidence``: the smallest p-value over n
+    rounds is 2 / 2^n (every round's ratio on the same side of 1, one way or the other)."""
+    n = 1
+    while 2.0 / 2 ** n > 1 - confidence:
+        n += 1
+    return n
+
+
+#: Fewer rounds than this give no interval: the verdict is "within noise" and the row says why.
+MIN_ROUNDS = min_rounds()
+#: Up to this many rounds every subset of rounds is used; past it, a group of 2^SUBSET_GROUP_BITS.
+SUBSET_GROUP_BITS = 12
+
+
+@lru_cache(maxsize=64)
+def _subsets(n: int) -> np.ndarray:
+    """Rows of 0/1 over n rounds, closed under symmetric difference (a group): every subset for
+    n <= SUBSET_GROUP_BITS, else every combination of SUBSET_GROUP_BITS random generators (fixed seed)."""
+    bits = min(n, SUBSET_GROUP_BITS)
+    combos = (np.arange(2 ** bits)[:, None] >> np.arange(bits)) & 1  # every combination of the generators
+    if n == bits:
+        out = combos.astype(float)
+        out.flags.writeable = False
+        return out
+    rng = np.random.default_rng(SEED)
+    while True:  # generators independent over GF(2): 2^bits distinct subsets
+        gens = rng.integers(0, 2, size=(bits, n))
+        rows = (combos @ gens) % 2
+        if len({r.tobytes() for r in rows}) == 2 ** bits:
+            out = rows.astype(float)
+            out.flags.writeable = False
+            return out
+
+
+def log_interval(logs, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """An exact interval for the centre of ``logs``: Hartigan's typical values. Under the null each value
+    is as likely above its centre as below (a symmetric distribution: skewed, spiky or clustered timings
+    give symmetric log ratios when the two sides are exchangeable); then the means of the 2^m - 1
+    non-empty subsets of a group of subsets cut the line into 2^m pieces, each holding the centre with
+    probability 1 / 2^m, so [k-th smallest, k-th largest subset mean] holds it with probability
+    1 - 2k / 2^m (k the largest with that at least ``confidence``): the inversion of the sign-flip test.
+    None below ``min_rounds(confidence)`` values, where no k >= 1 reaches the confidence."""
+    x = np.asarray(logs, dtype=float)
+    if x.size < min_rounds(confidence):
+        return None
+    rows = _subsets(x.size)[1:]  # the empty subset has no mean
+    means = np.sort(rows @ x / rows.sum(axis=1))
+    k = int(math.floor((1 - confidence) / 2 * (len(means) + 1) + 1e-9))
+    return float(means[k - 1]), float(means[-k])
+
+
+def ratio_interval(ratios, confidence: float = CONFIDENCE) -> tuple[float | None, float | None, float | None]:
+    """(geometric mean, low, high) of positive ratios, the interval from ``log_interval`` mapped back;
+    (value, None, None) with fewer than MIN_ROUNDS ratios, (None, None, None) with none."""
+    a = np.asarray(ratios, dtype=float)
+    a = a[np.isfinite(a) & (a > 0)]
+    if not a.size:
+        return None, None, None
+    logs = np.log(a)
+    iv = log_interval(logs, confidence)
+    point = math.exp(float(logs.mean()))
+    return (point, None, None) if iv is None else (point, math.exp(iv[0]), math.exp(iv[1]))
+
+
+def verdict(low: float | None, high: float | None, noise: list | tuple | None = None) -> str:
+    """"faster" when the whole interval is above 1 (and above ``noise``, the A/A control's interval,
+    when given), "slower" when below 1 (and below the control's), else "within noise"."""
     if low is None or high is None:
         return "within noise"
-    if low > 1:
+    noise_low, noise_high = (noise or (None, None))
+    if low > 1 and (noise_high is None or low > noise_high):
         return "faster"
-    if high < 1:
+    if high < 1 and (noise_low is None or high < noise_low):
         return "slower"
     return "within noise"
 
 
-def median_interval(values, confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES,
-                    seed: int = 0) -> tuple[float | None, float | None]:
-    """Percentile-bootstrap interval of the median of ``values`` (None, None with too few values)."""
-    a = np.asarray(values, dtype=float)
-    a = a[np.isfinite(a)]
-    if a.size < MIN_ROUNDS:
-        return None, None
-    rng = np.random.default_rng(seed)
-    medians = np.median(a[rng.integers(0, a.size, size=(resamples, a.size))], axis=1)
-    tail = (1 - confidence) / 2 * 100
-    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+def too_few_rounds(rounds: int) -> str | None:
+    """Why a comparison of ``rounds`` rounds has no interval, or None when it has one."""
+    if rounds >= MIN_ROUNDS:
+        return None
+    return (f"{rounds} round{'s' * (rounds != 1)}: no 95% interval, so no verdict beyond 'within noise' (without "
+            f"assuming how timings are distributed an interval needs at least {MIN_ROUNDS} rounds)")
 
 
-def ratio_summary(baseline_ms, candidate_ms) -> dict:
-    """Speed-up of a candidate from per-round times (same length): median ratio, interval, verdict."""
+def ratio_summary(baseline_ms, candidate_ms, noise: list | tuple | None = None) -> dict:
+    """Speed-up of a candidate from per-round times (same length): the geometric mean of the rounds'
+    ratios, its interval and verdict (against ``noise``, the A/A control's interval, when given)."""
     base = np.asarray(baseline_ms, dtype=float)
     cand = np.asarray(candidate_ms, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = base / cand
-    finite = ratios[np.isfinite(ratios)]
-    low, high = median_interval(finite)
-    return {"speedup": float(np.median(finite)) if finite.size else None,
-            "speedup_ci": None if low is None else [low, high], "verdict": verdict(low, high),
-            "rounds": int(finite.size)}
+    ratios = ratios[np.isfinite(ratios) & (ratios > 0)]
+    point, low, high = ratio_interval(ratios)
+    out = {"speedup": point, "speedup_ci": None if low is None else [low, high],
+           "verdict": verdict(low, high, noise), "rounds": int(ratios.size)}
+    note = too_few_rounds(int(ratios.size))
+    if note:
+        out["ci_note"] = note
+    return out
+
+
+def geometric_mean(values) -> float | None:
+    a = np.asarray(values, dtype=float)
+    a = a[np.isfinite(a) & (a > 0)]
+    return float(np.exp(np.log(a).mean())) if a.size else None
+
+
+def control_problem(rows: dict[str, dict]) -> str | None:
+    """Why the A/A control of a comparison's rows says the measurement is biased, or None when it reads
+    "within noise" (or there is no control)."""
+    c = rows.get(CONTROL)
+    if not c or c.get("verdict") in (None, "within noise"):
+        return None
+    return (f"the A/A control (the baseline timed against itself) read "
+            f"{speedup_text(c['speedup'], c.get('speedup_ci'), c['verdict'])}: in this run the measurement itself "
+            "is biased (what ran before a call, or load that came and went), so every verdict beside it is "
+            "low-confidence")
+
+
+# ----------------------------------------------------------------------------- the rounds
+def round_order(keys: list[str], rng: np.random.Generator) -> list[str]:
+    """One round's order: a fresh random permutation of ``keys``, then the same reversed."""
+    perm = [keys[i] for i in rng.permutation(len(keys))]
+    return perm + perm[::-1]
+
+
+class Rounds:
+    """Interleaved rounds over ``timers`` (key -> a function that runs the thing once and returns its
+    milliseconds), the baseline first unless named; ``control`` adds the A/A key "control" (the
+    baseline's timer again). ``run()`` times one round; ``summary()`` gives every key's figures so far."""
+
+    def __init__(self, timers: dict[str, Callable[[], float]], *, baseline: str | None = None,
+                 control: bool = False, seed: int = SEED):
+        if not timers:
+            raise ValueError("nothing to compare")
+        self.timers = dict(timers)
+        self.baseline = baseline or next(iter(self.timers))
+        if control:
+            self.timers[CONTROL] = self.timers[self.baseline]
+        self.keys = list(self.timers)
+        self.rng = np.random.default_rng(seed)
+        self.samples: dict[str, list[float]] = {k: [] for k in self.keys}
+        self.round_ms: dict[str, list[float]] = {k: [] for k in self.keys}
+        self.orders: list[list[str]] = []
+
+    @property
+    def done(self) -> int:
+        return len(self.orders)
+
+    def run(self) -> None:
+        order = round_order(self.keys, self.rng)
+        times: dict[str, list[float]] = {k: [] for k in self.keys}
+        for k in order:
+            times[k].append(float(self.timers[k]()))
+        for k in self.keys:
+            self.samples[k] += times[k]
+            self.round_ms[k].append(sum(times[k]) / len(times[k]))
+        self.orders.append(order)
+
+    def summary(self, batch_size: int = 1) -> dict[str, dict]:
+        """Per key: median_ms, p90_ms, cv, throughput_per_s (all calls), round_ms, time_ms (the geometric
+        mean of the round times: the figure the speed-up is the ratio of) and, but for the baseline, the
+        speed-up over the baseline with its interval and verdict (beside the A/A control's, if any)."""
+        base = self.round_ms[self.baseline]
+        noise = None
+        if CONTROL in self.round_ms and self.baseline != CONTROL:
+            noise = ratio_summary(base, self.round_ms[CONTROL])["speedup_ci"]
+        out = {}
+        for k in self.keys:
+            st = latency_stats(self.samples[k], batch_size) if self.samples[k] else {}
+            row = {"median_ms": st.get("median_ms"), "p90_ms": st.get("p90_ms"), "cv": st.get("cv"),
+                   "throughput_per_s": st.get("samples_per_s"), "round_ms": list(self.round_ms[k]),
+                   "time_ms": geometric_mean(self.round_ms[k])}
+            if k == self.baseline:
+                row.update(speedup=1.0, speedup_ci=None, verdict=None, rounds=self.done)
+            else:
+                row.update(ratio_summary(base, self.round_ms[k], None if k == CONTROL else noise))
+            out[k] = row
+        return out
 
 
 def interleaved(calls: dict[str, Callable[[], object]], device, rounds: int, warmup: int = 1, *,
                 baseline: str | None = None, control: bool = False, batch_size: int = 1,
-                progress: Callable[[float, str], None] | None = None) -> dict[str, dict]:
-    """Time every call in ``calls`` in interleaved rounds; per key the latency figures and, for all
-    but the baseline (the first key unless named), the speed-up over the baseline with its interval
-    and verdict. ``control`` adds a key "control" that calls the baseline again (the A/A row)."""
-    keys = list(calls)
-    if not keys:
+                progress: Callable[[float, str], None] | None = None, seed: int = SEED) -> dict[str, dict]:
+    """Time every call in ``calls`` in ``rounds`` interleaved rounds (see ``Rounds``), after ``warmup``
+    untimed calls of each; per key the latency figures and, but for the baseline (the first key unless
+    named), the speed-up over it with its interval and verdict. ``control`` adds the A/A row "control"."""
+    if not calls:
         return {}
-    baseline = baseline or keys[0]
-    calls = dict(calls)
-    if control:
-        calls[CONTROL] = calls[baseline]
-        keys.append(CONTROL)
-    rounds = max(1, int(rounds))
-    for k in keys:
-        time_calls(calls[k], device, 0, warmup)
+    for fn in calls.values():
+        time_calls(fn, device, 0, warmup)
     sync(device)
-    per_round: dict[str, list[float]] = {k: [] for k in keys}
-    samples: dict[str, list[float]] = {k: [] for k in keys}
-    for r in range(rounds):
-        order = keys if r % 2 == 0 else keys[::-1]
-        times: dict[str, list[float]] = {k: [] for k in keys}
-        for k in list(order) + list(order[::-1]):
-            times[k].append(time_once(calls[k], device))
-        for k in keys:
-            samples[k] += times[k]
-            per_round[k].append(sum(times[k]) / len(times[k]))
+    timers = {k: (lambda fn=fn: time_once(fn, device)) for k, fn in calls.items()}
+    r = Rounds(timers, baseline=baseline, control=control, seed=seed)
+    total = max(1, int(rounds))
+    for i in range(total):
+        r.run()
         if progress:
-            progress((r + 1) / rounds, f"interleaved round {r + 1}/{rounds}")
-    out = {}
-    for k in keys:
-        st = latency_stats(samples[k], batch_size)
-        row = {"median_ms": st["median_ms"], "p90_ms": st["p90_ms"], "cv": st["cv"],
-               "throughput_per_s": st["samples_per_s"], "round_ms": per_round[k]}
-        if k == baseline:
-            row.update(speedup=1.0, speedup_ci=None, verdict=None, rounds=rounds)
-        else:
-            row.update(ratio_summary(per_round[baseline], per_round[k]))
-        out[k] = row
-    return out
+            progress((i + 1) / total, f"interleaved round {i + 1}/{total}")
+    return r.summary(batch_size)

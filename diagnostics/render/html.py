@@ -24,7 +24,7 @@ import pandas as pd
 
 from diagnostics.render.sections import MAX_HTML_ROWS, Section, generic_sections
 from diagnostics.render.tables import find_tables, is_trace_file, records_frame, safe_filename
-from diagnostics.render.text import disturbance_line, format_metric, metric_label
+from diagnostics.render.text import disturbance_line, format_metric, metric_label, shown_metrics
 
 
 
@@ -34,7 +34,7 @@ def metrics_frame(analysis: str, result: dict) -> pd.DataFrame | None:
     metrics = result.get("metrics") if isinstance(result, dict) else None
     if not isinstance(metrics, dict) or not metrics:
         return None
-    return pd.DataFrame([{"metric": metric_label(analysis, k), "value": format_metric(analysis, k, v),
+    return pd.DataFrame([{"metric": metric_label(analysis, k), "value": format_metric(analysis, k, v, metrics),
                           "raw": v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v)}
                          for k, v in metrics.items()])
 
@@ -171,8 +171,8 @@ def _metrics_html(analysis: str, result: dict) -> str:
         return ""
     cards = "".join(f'<div class="metric"><div class="k" title="{html.escape(k)}">'
                     f'{html.escape(metric_label(analysis, k))}</div>'
-                    f'<div class="v">{html.escape(format_metric(analysis, k, v))}</div></div>'
-                    for k, v in metrics.items())
+                    f'<div class="v">{html.escape(format_metric(analysis, k, v, metrics))}</div></div>'
+                    for k, v in shown_metrics(analysis, metrics))
     return f'<section><h2>Headline numbers</h2><div class="metrics">{cards}</div></section>'
 
 

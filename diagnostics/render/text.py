@@ -7,7 +7,7 @@ import json
 
 from diagnostics.render.charts.trace_hta import hta_text
 from diagnostics.render.charts.traces import communication_lines
-from diagnostics.units import format_value
+from diagnostics.units import format_value, speedup_text
 
 
 def _declared(analysis: str, key: str):
@@ -17,13 +17,18 @@ def _declared(analysis: str, key: str):
     return None if a is None else a.metric(key)
 
 
-def format_metric(analysis: str, key: str, value) -> str:
-    """``value`` of ``analysis``' metric ``key`` in its declared unit (12.3 ms, 4.00 MiB, 87.5 %).
+def format_metric(analysis: str, key: str, value, metrics: dict | None = None) -> str:
+    """``value`` of ``analysis``' metric ``key`` in its declared unit (12.3 ms, 4.00 MiB, 87.5 %); with
+    the result's ``metrics``, a metric that declares an interval carries it and its verdict
+    ("x1.11 [0.24, 38.80], within noise").
 
     A metric the analysis did not declare is shown as a plain number, never with a guessed unit
     (and tests/test_declarations.py fails on it)."""
     m = _declared(analysis, key)
     if m is not None:
+        if m.interval and metrics is not None and value is not None:
+            ci = [metrics.get(m.interval[0]), metrics.get(m.interval[1])]
+            return speedup_text(value, ci, metrics.get(m.verdict) if m.verdict else None, unit=m.unit)
         return format_value(value, m.unit)
     if isinstance(value, (dict, list)):
         return json.dumps(value, default=str)[:200]
@@ -35,9 +40,20 @@ def metric_label(analysis: str, key: str) -> str:
     return m.label if m is not None else key.replace("_", " ")
 
 
+def shown_metrics(analysis: str, metrics: dict) -> list[tuple[str, object]]:
+    """The metrics to show, in the result's order, less those shown folded into another's figure
+    (an interval's ends, a verdict: see ``format_metric``)."""
+    from diagnostics.registry import ANALYSES
+
+    a = ANALYSES.get(analysis)
+    folded = a.companions() if a is not None else frozenset()
+    return [(k, v) for k, v in metrics.items() if k not in folded]
+
+
 def metric_lines(analysis: str, metrics: dict) -> list[str]:
-    """'Latency (median)   12.3 ms' lines, labels aligned, in the result's order."""
-    rows = [(metric_label(analysis, k), format_metric(analysis, k, v)) for k, v in metrics.items()]
+    """'Latency (median)   12.3 ms' lines, labels aligned, in the result's order; a measured comparison
+    with its interval and verdict on its line."""
+    rows = [(metric_label(analysis, k), format_metric(analysis, k, v, metrics)) for k, v in shown_metrics(analysis, metrics)]
     width = max((len(label) for label, _ in rows), default=0)
     return [f"{label.ljust(width)}  {value}" for label, value in rows]
 

@@ -28,7 +28,7 @@ def _line_of(fragment: str) -> int:
 @pytest.fixture(scope="module")
 def breaky(tmp_path_factory):
     return execute(Job("compile", ModelSpec(name="graph_break_mlp"),
-                       {"backend": "eager", "rounds": 3, "warmup": 1}), tmp_path_factory.mktemp("c"))
+                       {"backend": "eager", "rounds": 6, "warmup": 1}), tmp_path_factory.mktemp("c"))
 
 
 def test_breaks_graphs_and_ops_are_dynamos_own(breaky):
@@ -65,6 +65,9 @@ def test_compile_time_recompiles_fullgraph_and_the_interleaved_comparison(breaky
     assert m["first_call_ms"] > m["compiled_ms"] > 0 and m["eager_ms"] > 0
     low, high = m["speedup_ci_low"], m["speedup_ci_high"]
     assert low <= m["speedup"] <= high and m["verdict"] in VERDICTS
+    # the speed-up is the ratio of the two times shown, and an A/A control ran beside them
+    assert m["speedup"] == pytest.approx(m["eager_ms"] / m["compiled_ms"])
+    assert breaky["timing"]["control"]["rounds"] == 6 and breaky["timing"]["control"]["verdict"] in VERDICTS
     # the batch x2 probe recompiles every frame on the new shape
     assert m["recompiles"] == len(breaky["recompiles"]) >= 1
     assert any("size mismatch" in g for r in breaky["recompiles"] for g in r["guard_failures"])
@@ -79,6 +82,9 @@ def test_a_clean_model_is_one_graph(tmp_path):
                 tmp_path)
     m = r["metrics"]
     assert (m["graph_count"], m["graph_break_count"], m["fullgraph_ok"], m["recompiles"]) == (1, 0, True, 0)
+    # two rounds give no interval: no verdict beyond the noise, and the result says why
+    assert m["speedup_ci_low"] is None and m["verdict"] == "within noise"
+    assert any("2 rounds: no 95% interval" in n for n in r["notes"])
     assert r["graph_breaks"] == [] and r["graphs"][0]["modules"] == ["fc1", "act1", "fc2", "act2", "head"]
 
 

@@ -287,6 +287,14 @@ def test_analysis_on_the_cnn_offers_fixes(tmp_path):
     assert fusion["status"] == "warn" and fusion["fix"] == "conv_bn_fusion" and fusion["numbers"]["pairs"] == 3
     assert _status(r, "channels_last")["fix"] == "channels_last"
     assert _status(r, "dropout_bn_mode")["status"] == "fail"  # a freshly built sample is in train mode
+    # the probes' times are the ones their ratios are made of, with an interval and the A/A control beside
+    inf, bp = r["facts"]["measured"]["inference"], r["facts"]["measured"]["batch_probe"]
+    assert inf["train_grad_forward_s"] / inf["eval_inference_forward_s"] == pytest.approx(inf["speedup"])
+    assert bp["points"][1]["samples_per_s"] / bp["points"][0]["samples_per_s"] == pytest.approx(bp["throughput_gain_2x"])
+    assert inf["rounds"] >= 6 and inf["speedup_ci"][0] <= inf["speedup"] <= inf["speedup_ci"][1]
+    assert inf["control_ci"] is not None and bp["control_ci"] is not None
+    word = "speed-up" if inf["speedup"] > 1 else "slow-down"
+    assert word in _status(r, "inference_mode")["evidence"]
 
 
 def test_bad_options_name_the_problem(tmp_path):

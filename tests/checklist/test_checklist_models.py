@@ -374,7 +374,7 @@ def test_batch_multiple_of_8_matters_on_cuda_only():
 
 
 def test_inference_mode(heavy):
-    f = expect("inference_mode", heavy, "pass", "interleaved)")
+    f = expect("inference_mode", heavy, "pass", "interleaved rounds)")
     low, high = f.numbers["speedup_ci"]
     assert low <= f.numbers["speedup"] <= high and low <= 1.1  # nothing to gain beyond the noise
     # Dropout in training mode on a wide activation costs a random mask per call; eval() skips it.

@@ -45,10 +45,11 @@ BREAKERS = {
     "cudnn_benchmark": ([("env.cudnn_benchmark", False)], "warn"),
     "tf32": ([("env.matmul_allow_tf32", False)], "warn"),
     "mixed_precision": ([("static.param_dtypes", {"float32": 2000})], "warn"),
-    "batch_size": ([("measured.batch_probe.throughput_gain_2x", 1.8)], "warn"),
+    "batch_size": ([("measured.batch_probe.throughput_gain_2x", 1.8),
+                    ("measured.batch_probe.throughput_gain_ci", [1.7, 1.9])], "warn"),
     "conv_bn_fusion": ([("forward.conv_bn_pairs", [["conv1", "bn1"], ["conv2", "bn2"]])], "warn"),
-    "inference_mode": ([("measured.inference.speedup", 1.6), ("measured.inference.eval_inference_forward_s", 0.00625)],
-                       "warn"),
+    "inference_mode": ([("measured.inference.speedup", 1.6), ("measured.inference.eval_inference_forward_s", 0.00625),
+                        ("measured.inference.speedup_ci", [1.5, 1.7])], "warn"),
     "num_workers": ([("dataloader.described.num_workers", 0)], "warn"),
     "pin_memory": ([("dataloader.described.pin_memory", False)], "warn"),
     "prefetch": ([("dataloader.described.persistent_workers", False)], "warn"),
@@ -217,3 +218,35 @@ def test_a_gradient_failure_from_a_stand_in_loss_is_a_low_confidence_warning():
     assert status == "warn" and evidence.endswith("(measured with a stand-in loss, mean square of the output "
                                                   "(no loss declared): low confidence)")
     assert suggestion.startswith("Declare loss_fn(output) in the model file")
+
+
+def test_measured_probes_never_call_a_slower_time_a_speed_up():
+    """The times shown are the ones the ratio is made of: a slower eval forward reads 'slow-down'; the
+    batch line's gain is the ratio of its two throughputs, with the interval beside it."""
+    f = healthy()
+    f = set_path(f, "measured.inference", {"train_grad_forward_s": 0.02638, "eval_inference_forward_s": 0.02841,
+                                       "speedup": 0.02638 / 0.02841, "speedup_ci": [0.85, 1.01],
+                                       "verdict": "within noise", "control_ci": [0.97, 1.03], "rounds": 6})
+    ev = run("inference_mode", f).evidence
+    assert "26.38 ms" in ev and "28.41 ms" in ev and "slow-down x0.93 [0.85, 1.01], within noise" in ev
+    assert "speed-up" not in ev
+    f = set_path(f, "measured.batch_probe", {"points": [{"batch_size": 8, "median_s": 8 / 82, "samples_per_s": 82},
+                                                    {"batch_size": 16, "median_s": 16 / 184, "samples_per_s": 184}],
+                                         "throughput_gain_2x": 184 / 82, "throughput_gain_ci": [1.1, 3.0],
+                                         "control_ci": [0.9, 1.1], "rounds": 6})
+    ev = run("batch_size", f).evidence
+    assert "82 samples/s" in ev and "184 samples/s" in ev and "throughput x2.24 [1.10, 3.00]" in ev
+
+
+def test_a_gain_inside_the_control_spread_is_not_beyond_the_noise():
+    """The low end must clear the threshold scaled by the A/A control's high end: x1.25 [1.15, 1.40] beside a
+    control of [0.90, 1.05] is not surely above x1.1 (1.15 < 1.1 x 1.05 = 1.155)."""
+    f = healthy()
+    f = set_path(f, "measured.inference", {"train_grad_forward_s": 0.0125, "eval_inference_forward_s": 0.01,
+                                       "speedup": 1.25, "speedup_ci": [1.15, 1.40], "verdict": "faster",
+                                       "control_ci": [0.90, 1.05], "rounds": 6})
+    assert run("inference_mode", f).status == "pass"
+    f = set_path(f, "measured.inference.control_ci", [0.95, 1.02])  # a tighter noise floor: 1.15 > 1.1 x 1.02
+    assert run("inference_mode", f).status == "warn"
+    f = set_path(f, "measured.inference.speedup_ci", None)  # no interval: never "beyond the noise"
+    assert run("inference_mode", f).status == "pass"

@@ -9,7 +9,8 @@ from tests.checklist.sample_facts import healthy, set_path
 
 def _checklist():
     f = healthy()
-    for path, value in (("measured.inference.speedup", 1.6), ("measured.inference.train_grad_forward_s", 0.016),
+    for path, value in (("measured.inference.speedup", 1.6), ("measured.inference.speedup_ci", [1.5, 1.7]),
+                        ("measured.inference.train_grad_forward_s", 0.016),
                         ("measured.inference.eval_inference_forward_s", 0.010), ("static.channels_last", False)):
         f = set_path(f, path, value)
     return build_result(f, "m", "cpu")
@@ -39,6 +40,7 @@ def test_the_list_is_ranked_by_milliseconds_and_says_how_each_was_estimated():
     assert inf["how"].startswith("measured") and inf["fix"] == "inference_mode"
     assert trial["title"] == "apply channels_last" and trial["est_saving_ms"] == pytest.approx(4.5)
     assert trial["how"].startswith("measured: Optimize trial") and trial["fix"] == "channels_last"
+    assert trial["detail"] == "x1.82 [1.70, 1.90], faster"  # the speed-up with its interval and verdict
     roof = next(e for e in ranked if e["source"] == "roofline")
     assert roof["est_saving_ms"] == 3.0 and roof["how"].startswith("model") and "25% of its compute roof" in roof["title"]
     assert not any(e["fix"] in ("control", "half") for e in ranked)  # the noise floor and a no-verdict fix
@@ -74,7 +76,7 @@ TRAIN_TRIALS = {"mode": "train", "rows": [
      "verdict": None},
     {"fix": "control", "title": "A/A", "status": "ok", "median_ms": 60.2, "verdict": "within noise", "speedup": 1.0},
     {"fix": "activation_checkpointing", "title": "Activation checkpointing", "status": "ok", "median_ms": 75.0,
-     "speedup": 0.8, "verdict": "slower", "peak_bytes": 18 * 2**20, "grad_cosine": 1.0},
+     "speedup": 0.8, "speedup_ci": [0.76, 0.84], "verdict": "slower", "peak_bytes": 18 * 2**20, "grad_cosine": 1.0},
     {"fix": "fused_optimizer", "title": "Fused / foreach optimizer", "status": "ok", "median_ms": 55.0,
      "speedup": 1.09, "speedup_ci": [1.05, 1.12], "verdict": "faster", "peak_bytes": 30 * 2**20,
      "grad_cosine": 1.0},
@@ -89,8 +91,8 @@ def test_training_trials_feed_the_findings_that_recommend_them():
     finding = {"id": "saved_activations", "fix": "train:activation_checkpointing", "status": "warn"}
     note = trial_evidence(finding, [OPTIMIZE, TRAIN_TRIALS])
     # the training trial measured it (the inference run has no such row): 30 -> 18 MiB is -40%
-    assert note == ("measured by an Optimize trial (train): step x0.80 (slower), peak memory 30.0 -> 18.0 MiB "
-                    "(-40%), gradient cosine 1.000000")
+    assert note == ("measured by an Optimize trial (train): step x0.80 [0.76, 0.84], slower, peak memory 30.0 -> "
+                    "18.0 MiB (-40%), gradient cosine 1.000000")
     # an inference fix is not answered by a training trial of the same id
     assert trial_evidence({"fix": "amp"}, [TRAIN_TRIALS]) is None
     ranked = fix_first(_checklist(), None, [OPTIMIZE, TRAIN_TRIALS])

@@ -58,6 +58,21 @@ def test_metric_units_come_from_the_declaration(analysis, name, value, text):
     assert format_metric(analysis, name, value) == text
 
 
+def test_a_measured_comparison_is_never_shown_without_its_interval_and_verdict():
+    from diagnostics.render.text import metric_lines
+
+    metrics = {"speedup": 1.11, "speedup_ci_low": 0.24, "speedup_ci_high": 38.8, "verdict": "within noise",
+               "eager_ms": 2.0}
+    assert format_metric("compile", "speedup", 1.11, metrics) == "x1.11 [0.24, 38.80], within noise"
+    lines = metric_lines("compile", metrics)
+    assert any("Compiled speed-up" in line and line.endswith("x1.11 [0.24, 38.80], within noise") for line in lines)
+    assert len(lines) == 2  # the interval's ends and the verdict are folded into the speed-up's line
+    best = {"best_speedup": 19.22, "best_speedup_ci_low": None, "best_speedup_ci_high": None}
+    assert format_metric("optimize", "best_speedup", 19.22, best) == "x19.22 (no interval)"
+    html = build_report("compile", {"metrics": metrics, "notes": []}, "c")
+    assert "x1.11 [0.24, 38.80], within noise" in html
+
+
 def test_summary_report_inlines_plotly_once(summary_result):
     html = build_report("summary", summary_result, "mlp summary")
     assert html.count(PLOTLY_BUNDLE_MARK) == 1

@@ -16,17 +16,17 @@ def row(fix, **kw):
 
 def test_flags_and_reasons_carry_the_numbers():
     rows = ranked(assess([BASE, CONTROL,
-                   row("int8", verdict="slower", speedup=0.024, size_ratio=0.31, cosine=0.9999),
+                   row("int8", verdict="slower", speedup=0.024, speedup_ci=[0.02, 0.03], size_ratio=0.31, cosine=0.9999),
                    row("prune", top1_agreement=0.0, cosine=0.84),
-                   row("compile", verdict="faster", speedup=1.3),
+                   row("compile", verdict="faster", speedup=1.3, speedup_ci=[1.2, 1.4]),
                    row("fusion"),
                    row("half", verdict="slower", speedup=0.5),
                    {"fix": "boom", "status": "failed"}]))
     by = {r["fix"]: r for r in rows}
-    assert by["int8"]["flag"] == "trade_off" and by["int8"]["assessment"] == ["slower x0.02", "size x0.31"]
+    assert by["int8"]["flag"] == "trade_off" and by["int8"]["assessment"] == ["slower x0.02 [0.02, 0.03]", "size x0.31"]
     assert by["prune"]["flag"] == "fidelity_loss"
     assert by["prune"]["assessment"] == ["outputs moved: cosine 0.8400 < 0.999", "top-1 agreement 0.0% < 99%"]
-    assert by["compile"]["flag"] == "gain" and by["compile"]["assessment"] == ["faster x1.30"]
+    assert by["compile"]["flag"] == "gain" and by["compile"]["assessment"] == ["faster x1.30 [1.20, 1.40]"]
     assert by["fusion"]["flag"] == "neutral" and by["half"]["flag"] == "regression"
     assert by["boom"]["flag"] is None and by["baseline"]["flag"] is None
     # ranked by what they buy: gains (fastest first), trade-offs, regressions / fidelity losses, failures
@@ -41,9 +41,10 @@ def test_thresholds_are_the_users():
 
 
 def test_training_rows_judge_gradients_and_memory():
-    ck = row("activation_checkpointing", verdict="slower", speedup=0.78, peak_bytes=60, grad_cosine=0.999999)
+    ck = row("activation_checkpointing", verdict="slower", speedup=0.78, speedup_ci=[0.7, 0.85], peak_bytes=60,
+             grad_cosine=0.999999)
     bad = row("qat", grad_cosine=0.95)
     rows = {r["fix"]: r for r in assess([BASE, ck, bad], mode="train")}
     assert rows["activation_checkpointing"]["flag"] == "trade_off"
-    assert rows["activation_checkpointing"]["assessment"] == ["slower x0.78", "peak memory x0.60"]
+    assert rows["activation_checkpointing"]["assessment"] == ["slower x0.78 [0.70, 0.85]", "peak memory x0.60"]
     assert rows["qat"]["assessment"] == ["gradients moved: cosine 0.9500 < 0.999"]

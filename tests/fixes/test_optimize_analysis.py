@@ -16,7 +16,7 @@ from diagnostics.spec import ModelSpec
 def test_optimize_on_the_sample_cnn(tmp_path):
     r = execute(Job("optimize", ModelSpec(name="cnn", batch_size=2),
                     {"fixes": ["conv_bn_fusion", "int8_dynamic", "prune_l1"], "params": {"prune_l1": {"amount": 0.25}},
-                     "iters": 3, "warmup": 1}), tmp_path)
+                     "iters": 6, "warmup": 1}), tmp_path)
     json.dumps(r)
     rows = {row["fix"]: row for row in r["rows"]}
     assert list(rows) == ["baseline", "control", "conv_bn_fusion", "int8_dynamic", "prune_l1"]
@@ -33,7 +33,12 @@ def test_optimize_on_the_sample_cnn(tmp_path):
               if rows[f]["verdict"] == "faster" and rows[f]["flag"] != "fidelity_loss"]
     assert m["fixes_faster"] == len(faster)
     assert m["best_speedup"] == max((f["speedup"] for f in faster), default=None)  # only a fix surely faster
+    best = next((f for f in faster if f["speedup"] == m["best_speedup"]), None)
+    assert [m["best_speedup_ci_low"], m["best_speedup_ci_high"]] == (best["speedup_ci"] if best else [None, None])
     assert (m["control_ci_low"], m["control_ci_high"]) == tuple(rows["control"]["speedup_ci"])
+    assert m["control_verdict"] == rows["control"]["verdict"]
+    for f in faster:  # "faster" clears the A/A control's interval, not only 1
+        assert f["speedup_ci"][0] > max(1.0, m["control_ci_high"])
     assert m["threads"] == r["threads"] >= 1
     d = r["disturbance"]  # a timed job says what the machine did meanwhile
     assert d["disturbed"] == bool(d["reasons"]) and d["wall_s"] > 0 and d["cores"] >= 1

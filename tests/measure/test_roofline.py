@@ -5,7 +5,10 @@ import pytest
 import torch
 from torch import nn
 
-from diagnostics.measure.roofline import count_ops, datasheet, measure_roofs, mfu, roofline_rows
+from torch.profiler import ProfilerActivity, profile
+
+from diagnostics.measure.roofline import (count_ops, counted_times, datasheet, measure_roofs, memory_roof, mfu,
+                                           op_nesting, roofline_rows)
 from diagnostics.runner import Job, execute
 from diagnostics.spec import ModelSpec
 
@@ -35,6 +38,52 @@ def test_small_ops_are_held_to_the_cache_roof():
     assert rows["aten::add"]["memory_roof"] == "DRAM" and rows["aten::add"]["roof_ms"] == pytest.approx(0.8)
 
 
+def test_each_op_is_held_to_the_best_copy_that_moves_at_least_as_much():
+    curve = [[1 << 20, 200e9], [8 << 20, 150e9], [256 << 20, 15e9]]
+    roofs = {**ROOFS, "bandwidth_curve": curve}
+    assert memory_roof(512 << 10, roofs) == (200e9, "cache")  # fits every level: the fastest
+    assert memory_roof(4 << 20, roofs) == (150e9, "cache")    # too big for the first
+    assert memory_roof(100 << 20, roofs) == (15e9, "DRAM")    # only the DRAM copy moves as much
+    assert memory_roof(1 << 30, roofs) == (15e9, "DRAM")      # past the largest copy: DRAM
+    ops = {"aten::relu_": {"flops": 0, "bytes": 2 * (2 << 20), "calls": 2}}  # 2 MiB per call, in cache
+    (row,) = roofline_rows(ops, {"aten::relu_": 0.05}, roofs)
+    assert row["memory_roof"] == "cache" and row["roof_ms"] == pytest.approx((4 << 20) / 150e9 * 1e3)
+
+
+def _conv_relu_profile():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(inplace=True)).eval()
+    x = torch.randn(4, 3, 32, 32)
+    with torch.inference_mode():
+        ops, count = count_ops(lambda: model(x), "Sequential")
+        model(x)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(x)
+    return ops, count, prof.events()
+
+
+def test_a_counted_op_is_timed_with_the_children_that_do_its_work():
+    """FlopCounterMode counts a convolution at aten::convolution, whose work runs in its child
+    aten::mkldnn_convolution; ReLU's in aten::clamp_min_ under aten::relu_. Their self times put the
+    CPU convolution at 26,324 % of its roof (issue #31); each counted op's inclusive time does not."""
+    ops, count, events = _conv_relu_profile()
+    assert count.by_op["aten::convolution"] > 0 and "aten::mkldnn_convolution" not in ops  # counted at the top
+    times = counted_times(op_nesting(events), frozenset(ops), steps=1)
+    by_name = {}
+    for e in events:
+        by_name.setdefault(e.name, []).append(e)
+    (conv,) = by_name["aten::convolution"]
+    (inner,) = by_name["aten::mkldnn_convolution"]
+    assert times["aten::convolution"] == pytest.approx(conv.cpu_time_total / 1e3)
+    assert times["aten::convolution"] >= inner.cpu_time_total / 1e3 > conv.self_cpu_time_total / 1e3
+    (relu,) = by_name["aten::relu_"]
+    assert times["aten::relu_"] == pytest.approx(relu.cpu_time_total / 1e3)
+    assert times["aten::relu_"] > relu.self_cpu_time_total / 1e3
+    # an aten::empty inside the convolution is the convolution's work, not a counted call of its own
+    assert "aten::empty" not in ops or times.get("aten::empty", 0.0) < sum(
+        e.cpu_time_total for e in by_name.get("aten::empty", [])) / 1e3 + 1e-9
+
+
 def test_counted_flops_and_bytes_of_a_linear_layer():
     lin, x = nn.Linear(64, 32), torch.randn(16, 64)
     ops, count = count_ops(lambda: lin(x), "Linear")
@@ -49,8 +98,11 @@ def test_counted_flops_and_bytes_of_a_linear_layer():
 def test_measured_roofs_are_plausible_and_named():
     r = measure_roofs("cpu", reps=3)
     assert 1e8 < r["peak_flops"] < 1e14 and 1e8 < r["bandwidth_bytes_per_s"] < 1e13
+    assert r["peak_flops"] == max(r["gemm_rates"].values())  # the roof is the best size, not one size
     assert r["ridge_intensity"] == pytest.approx(r["peak_flops"] / r["bandwidth_bytes_per_s"])
-    assert r["cache_bandwidth_bytes_per_s"] >= r["bandwidth_bytes_per_s"]
+    bws = [bw for _, bw in r["bandwidth_curve"]]
+    assert bws == sorted(bws, reverse=True) and r["bandwidth_bytes_per_s"] == bws[-1]
+    assert r["cache_bandwidth_bytes_per_s"] == bws[0] >= r["bandwidth_bytes_per_s"]
     assert r["datasheet"] is None and "torch.mm" in r["method"]
     assert datasheet("NVIDIA H100 80GB HBM3", "bfloat16")["peak_flops"] == 989e12
 

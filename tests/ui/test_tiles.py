@@ -141,3 +141,25 @@ def test_a_row_holds_only_the_tiles_its_figures_leave_room_for():
     assert tiles_per_row(["94.8 k", "481.4 MFLOP", "370.2 KiB", "0"]) == 3
     assert tiles_per_row(["93/100", "17", "3"], 3, MAIN_WIDTH_PX * 3 // 5) == 3  # the checklist, beside its gauge
     assert tiles_per_row(["a" * 40]) == 1
+
+
+#: Tiles that show a measured comparison: never a bare figure (issue #31: "Best speed-up x19.22" with no
+#: interval; the compile tile's interval only in a chart title).
+COMPARISON_TILES = ("Best speed-up", "Speed-up", "Noise floor (A/A)", "Profiler overhead")
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=lambda p: p.stem)
+def test_a_measured_comparison_tile_carries_its_interval(path):
+    for t in _tiles(path):
+        if t.label in COMPARISON_TILES and t.value is not None:
+            assert t.detail and ("[" in t.detail or "no interval" in t.detail), f"{t.label}: {t.detail!r}"
+
+
+def test_the_best_speed_up_tile_shows_its_interval_and_verdict():
+    from ui.views.optimize import tiles
+
+    result = json.loads((Path(__file__).parents[1] / "data" / "tiles" / "optimize-cnn.json").read_text())
+    result["metrics"].update(best_fix="channels_last", best_speedup=19.22, best_speedup_ci_low=17.5,
+                             best_speedup_ci_high=21.0)
+    best = next(t for t in tiles(result) if t.label == "Best speed-up")
+    assert tile_texts([best]) == ["x19.22"] and best.detail == "[17.50, 21.00] faster"

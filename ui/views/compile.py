@@ -8,7 +8,7 @@ import streamlit as st
 
 from diagnostics.render.charts.compile import build_compile_time_figure, build_graphs_figure, build_timing_figure
 from diagnostics.units import compact
-from ui.widgets import Tile, metric_row
+from ui.widgets import Tile, comparison_detail, metric_row
 
 
 def _s(v) -> str:
@@ -17,7 +17,6 @@ def _s(v) -> str:
 
 def tiles(result: dict) -> list[Tile]:
     m, o = result["metrics"], result["options"]
-    ci = "" if m["speedup_ci_low"] is None else f"interval [{m['speedup_ci_low']:.2f}, {m['speedup_ci_high']:.2f}]"
     return [
         Tile("Graphs", m["graph_count"], "count", "as torch._dynamo.explain counts them"),
         Tile("Graph breaks", m["graph_break_count"], "count", f"{m['break_sites']} distinct places"),
@@ -25,8 +24,10 @@ def tiles(result: dict) -> list[Tile]:
              if o["recompile_probe"] else "guard failures while running"),
         Tile("Compile time", m["compile_time_s"], "s", "Dynamo + backend, all frames of the first call; first call "
              + compact(m["first_call_ms"], "ms")),
-        Tile("Speed-up", m["speedup"], "ratio", "compiled vs eager: " + (f"{m['verdict']}; {ci}" if ci else
-                                                                         str(m["verdict"]))),
+        Tile("Speed-up", m["speedup"], "ratio", "compiled vs eager: eager time / compiled time, with its 95% "
+             f"interval and verdict over {result.get('timing', {}).get('compiled', {}).get('rounds', '?')} "
+             "interleaved rounds",
+             detail=comparison_detail([m["speedup_ci_low"], m["speedup_ci_high"]], m["verdict"])),
     ]
 
 

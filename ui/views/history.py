@@ -62,6 +62,9 @@ def show_trend(trend: dict) -> None:
         st.info(f"No finished {trend['analysis']} run of this model has '{trend['label']}'.")
         return
     st.plotly_chart(build_trend_figure(trend), width="stretch")
+    if len(trend.get("series") or []) > 1:
+        st.caption(f"{len(trend['series'])} series: runs of different settings (mode, batch, options) are drawn as "
+                   "separate lines, never joined, since they measured different things.")
     if trend["missing"]:
         st.caption(f"{trend['missing']} run(s) without this metric are left out (not drawn as 0).")
     if any(r["disturbed"] for r in rows):

@@ -13,7 +13,7 @@ from diagnostics.render.charts.optimize import (build_fidelity_figure, build_lat
                                                 build_train_fidelity_figure)
 from diagnostics.analyses.optimize.assess import assess, ranked
 from diagnostics.units import human_bytes
-from ui.widgets import Tile, metric_row, unit_columns
+from ui.widgets import Tile, comparison_detail, metric_row, unit_columns
 
 
 def trials_table(result: dict) -> pd.DataFrame:
@@ -22,6 +22,7 @@ def trials_table(result: dict) -> pd.DataFrame:
     for r in result["rows"]:
         row = {  # what decides first (what it buys and costs, speed-up, fidelity), then the raw measurements
             "fix": r["title"], "status": r["status"], "assessment": _assessment(r), "speed-up (x)": r["speedup"],
+            "time": r.get("time_ms"),
             "95% interval": _interval(r.get("speedup_ci")), "verdict": _verdict(r)}
         if train:
             row.update({"peak memory": r["peak_bytes"], "loss diff (rel, max)": r.get("loss_rel_diff"),
@@ -75,6 +76,14 @@ def with_thresholds(result: dict, min_cosine: float, min_top1: float) -> dict:
     return dict(result, rows=rows)
 
 
+def _best_interval(result: dict) -> list | None:
+    """The best fix's interval: from the metrics, or (a run stored before they held it) from its row."""
+    m = result["metrics"]
+    if m.get("best_speedup_ci_low") is not None:
+        return [m["best_speedup_ci_low"], m["best_speedup_ci_high"]]
+    return next((r.get("speedup_ci") for r in result["rows"] if r["fix"] == m.get("best_fix")), None)
+
+
 def tiles(result: dict) -> list[Tile]:
     m = result["metrics"]
     train = result.get("mode") == "train"
@@ -84,9 +93,14 @@ def tiles(result: dict) -> list[Tile]:
         Tile("Baseline step" if train else "Baseline median", m["baseline_median_ms"], "ms",
              f"training step, {result.get('optimizer')}" if train else "median latency, eval mode, torch.no_grad()"),
         Tile("Best speed-up", None if best is None else m["best_speedup"], "ratio",
-             "no fix was faster beyond the noise" if best is None else f"fix: {best}", missing="none"),
+             "no fix was faster beyond the noise (the A/A control's interval)" if best is None else
+             f"fix: {best}; its 95% interval is above 1 and above the A/A control's", missing="none",
+             detail=None if best is None else comparison_detail(_best_interval(result), "faster")),
         Tile("Noise floor (A/A)", m.get("control_speedup"), "ratio",
-             "the control's speed-up against itself" + ("" if low is None else f"; interval [{low:.2f}, {high:.2f}]")),
+             "the baseline timed against itself: its interval is this run's noise floor; anything but 'within "
+             "noise' means the measurement, not the model, moved",
+             detail=comparison_detail([low, high], m.get("control_verdict"),
+                                      why=f"no interval: {result.get('iters')} rounds")),
         Tile("Faster / slower", f"{m.get('fixes_faster', 0)} / {m.get('fixes_slower', 0)}", "text",
              f"fixes faster / slower than the baseline, of {m['trials_ok']} run; {m['trials_failed']} failed, "
              f"{m['trials_not_applicable']} n/a; "
@@ -106,28 +120,33 @@ def show(result: dict) -> None:
     for note in result.get("notes", []):
         st.caption(note)
     table, config = unit_columns(trials_table(result), {
-        "median": ("Median", "ms"), "p90": ("p90", "ms"), "first call": ("First call", "ms"),
+        "time": ("Time", "ms"), "median": ("Median", "ms"), "p90": ("p90", "ms"), "first call": ("First call", "ms"),
         "peak memory": ("Peak memory", "bytes"), "size": ("Size", "bytes")},
         {c: st.column_config.NumberColumn(c, format="%.4g", width={"cosine": 65, "top-1 agreement": 90}.get(c))
          for c in
          ("throughput (samples/s)", "size ratio", "max abs err", "cosine", "top-1 agreement",
           "loss diff (rel, max)", "gradient cosine")})
     config.update({"speed-up (x)": st.column_config.NumberColumn("speed-up", format="x%.2f", width=70,
-                                                                 help="baseline median / this fix's median"),
+                                                                 help="the baseline's time / this fix's time: the "
+                                                                      "geometric mean of the rounds' ratios"),
                    "verdict": st.column_config.TextColumn("verdict", width=160),
                    "top-1 agreement": st.column_config.NumberColumn("top-1", format="%.4g", width=70,
                                                                     help="top-1 agreement with the baseline: the "
                                                                          "share of samples whose top class agrees"),
                    "median": {**config["median"], "width": 85},
+                   "time": {**config["time"], "width": 85,
+                            "help": "geometric mean of the interleaved rounds' times: the speed-up is the "
+                                    "baseline's time over this one"},
                    "fix": st.column_config.TextColumn("fix", width=160),  # the first table fits 1400 px: widths in px
                    "assessment": st.column_config.TextColumn("assessment", width=180),
                    "status": st.column_config.TextColumn("status", width="small"),
                    "95% interval": st.column_config.TextColumn("95% CI", width=95,
-                                                               help="95% bootstrap interval of the speed-up"),
+                                                               help="95% interval of the speed-up (exact, "
+                                                                    "from the rounds; none below 6 rounds)"),
                    "why / notes": st.column_config.TextColumn("why / notes", width="medium")})
     # what decides first, in one table that fits the page; the raw measurements in a second one
     fidelity = ["loss diff (rel, max)", "gradient cosine"] if train else ["cosine", "top-1 agreement"]
-    first = ["fix", "assessment", "speed-up (x)", "95% interval", "verdict", "median"] \
+    first = ["fix", "assessment", "speed-up (x)", "95% interval", "verdict", "time"] \
         + (["peak memory"] if train else []) + fidelity
     flags = [r.get("flag") for r in result["rows"]]
     st.dataframe(table[first].style.apply(lambda df: _highlight(df, flags), axis=None), hide_index=True,

@@ -12,7 +12,7 @@ from diagnostics.render.charts.profiler import (build_device_split_figure, build
                                          build_roofline_figure, build_step_breakdown_figure, build_timeline_figure,
                                          build_top_operators_figure, modules_missing)
 from diagnostics.units import compact, human_bytes
-from ui.widgets import Tile, metric_row, unit_columns
+from ui.widgets import Tile, comparison_detail, metric_row, unit_columns
 from ui.views.timeline import occurrences, show_timeline
 
 ARTIFACTS = (  # result key, button label, mime
@@ -64,8 +64,11 @@ def tiles(result: dict) -> list[Tile]:
         Tile("Profiled step", m["step_time_mean_ms"], "ms", f"mean of {m['profiled_steps']} active steps under the "
                                                             "profiler (includes its overhead)"),
         Tile("Profiler overhead", m.get("profiler_overhead_pct"), "percent",
-             "median profiled step vs the median unprofiled latency: how much the profiler's recording "
-             "(ranges, module hooks, events) distorts the step", signed=True),
+             "a profiled step against an unprofiled one, timed in the same interleaved rounds (each profiled step "
+             "in its own session, start-up and trace processing untimed): how much the profiler's recording "
+             "(ranges, module hooks, events) distorts the step, with its 95% interval", signed=True,
+             detail=None if m.get("profiler_overhead_pct") is None else comparison_detail(
+                 [m.get("profiler_overhead_ci_low"), m.get("profiler_overhead_ci_high")], None, "percent")),
     ]
 
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from diagnostics.inputs import call as call_model
-from diagnostics.measure.compare import interleaved
+from diagnostics.measure.compare import CONTROL, MIN_ROUNDS, interleaved
 from diagnostics.measure.dynamo import explain
 from diagnostics.measure.environment import environment_facts
 from diagnostics.measure.gradflow import gradient_flow
@@ -52,8 +52,9 @@ ELEMENT_OPS = ("aten::select", "aten::slice", "aten::narrow", "aten::index", "at
 #: Warm-up calls before the inference and batch-size probes time anything: the first calls at a new
 #: shape or mode pay one-off costs (oneDNN primitive creation, allocator growth).
 WARMUP = 3
-#: At least this many interleaved rounds for a two-way timing comparison (inference mode, batch size).
-COMPARE_ROUNDS = 5
+#: At least this many interleaved rounds for a two-way timing comparison (inference mode, batch size):
+#: fewer give no 95% interval (measure.compare.MIN_ROUNDS).
+COMPARE_ROUNDS = MIN_ROUNDS
 
 
 # ----------------------------------------------------------------------------- measured facts
@@ -295,11 +296,14 @@ def measured_facts(loaded, model: nn.Module, *,
             with torch.inference_mode():
                 call_model(model, inputs)
 
-        c = interleaved({"train": train_forward, "inference": inference_forward}, device, rounds, WARMUP)
+        c = interleaved({"train": train_forward, "inference": inference_forward}, device, rounds, WARMUP,
+                        control=True)
         inf = c["inference"]
-        return {"train_grad_forward_s": c["train"]["median_ms"] / 1e3,
-                "eval_inference_forward_s": inf["median_ms"] / 1e3,
+        # times: the geometric means of the rounds, whose ratio is the speed-up (they always agree)
+        return {"train_grad_forward_s": c["train"]["time_ms"] / 1e3,
+                "eval_inference_forward_s": inf["time_ms"] / 1e3,
                 "speedup": inf["speedup"], "speedup_ci": inf["speedup_ci"], "verdict": inf["verdict"],
+                "control_ci": c[CONTROL]["speedup_ci"], "control_verdict": c[CONTROL]["verdict"],
                 "rounds": inf["rounds"]}
 
     out["inference"] = guarded("inference", infer_check)
@@ -319,13 +323,17 @@ def measured_facts(loaded, model: nn.Module, *,
                         call_model(model, x)
                 return call
 
-            c = interleaved({"single": forward(xs[0]), "double": forward(xs[1])}, device, rounds, WARMUP)
-            points = [{"batch_size": b, "median_s": c[k]["median_ms"] / 1e3, "samples_per_s": b / (c[k]["median_ms"] / 1e3)}
+            c = interleaved({"single": forward(xs[0]), "double": forward(xs[1])}, device, rounds, WARMUP,
+                            control=True)
+            # per batch: the geometric mean of the rounds' times, so the gain below is exactly the ratio of
+            # the two throughputs shown
+            points = [{"batch_size": b, "median_s": c[k]["time_ms"] / 1e3, "samples_per_s": b / (c[k]["time_ms"] / 1e3)}
                       for b, k in zip(sizes, ("single", "double"))]
             # throughput gain per round = (2b / t2) / (b / t1) = 2 x (t1 / t2): twice the speed-up ratio
             d = c["double"]
             ci = None if d["speedup_ci"] is None else [2 * d["speedup_ci"][0], 2 * d["speedup_ci"][1]]
             return {"points": points, "throughput_gain_2x": 2 * d["speedup"], "throughput_gain_ci": ci,
+                    "control_ci": c[CONTROL]["speedup_ci"], "control_verdict": c[CONTROL]["verdict"],
                     "rounds": d["rounds"]}
 
         out["batch_probe"] = guarded("batch_probe", batch_probe)

@@ -13,6 +13,7 @@ No torch: the page and the report rank results they already have.
 from __future__ import annotations
 
 from diagnostics.findings import fix_first_entry, rank_fix_first
+from diagnostics.units import speedup_text
 
 #: Operators listed from the roofline at most (the rest are summed in the profile's headroom).
 TOP_OPS = 5
@@ -45,7 +46,8 @@ def trial_evidence(finding: dict, trials: list[dict]) -> str | None:
         if r.get("status", "ok") != "ok":
             return f"Optimize trial ({mode}): {r['status'].replace('_', ' ')}: {r.get('why') or ''}".rstrip(": ")
         step = "step" if mode == "train" else "call"
-        parts = [f"{step} x{r['speedup']:.2f} ({r.get('verdict') or 'no verdict'})" if r.get("speedup") else None]
+        parts = [f"{step} {speedup_text(r['speedup'], r.get('speedup_ci'), r.get('verdict') or 'no verdict')}"
+                 if r.get("speedup") else None]
         if r.get("peak_bytes") and base.get("peak_bytes"):
             change = r["peak_bytes"] / base["peak_bytes"] - 1
             parts.append(f"peak memory {base['peak_bytes'] / 2**20:.1f} -> {r['peak_bytes'] / 2**20:.1f} MiB "
@@ -122,12 +124,13 @@ def from_trials(optimize: dict | None) -> list[dict]:
     for r in rows:
         if base is None or r["fix"] in ("baseline", "control") or r.get("verdict") != "faster":
             continue
-        ci = r.get("speedup_ci") or [None, None]
+        # the saving from the times the speed-up is the ratio of (geometric means of the rounds)
+        base_ms, fix_ms = base.get("time_ms") or base["median_ms"], r.get("time_ms") or r["median_ms"]
         out.append(_entry(f"apply {r['title']}" + (" to the training step" if train else ""),
-                          base["median_ms"] - r["median_ms"],
+                          base_ms - fix_ms,
                           "measured: Optimize " + ("training-step " if train else "") + "trial, interleaved with "
                           "the baseline", "optimize", (TRAIN if train else "") + r["fix"],
-                          f"x{r['speedup']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] else "")))
+                          speedup_text(r["speedup"], r.get("speedup_ci"), r.get("verdict"))))
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Callable
 from diagnostics.findings import (  # noqa: F401
     CATEGORIES, SCORED, STATUS_COLOR, STATUS_LABEL, STATUSES, Finding, not_applicable, run_check,
 )
-from diagnostics.units import human_bytes
+from diagnostics.units import human_bytes, speedup_text
 
 # ---------------------------------------------------------------------------- thresholds
 DATALOADER_FRACTION_MAX = 0.05  # DataLoader share of step time (TensorBoard plugin rule)
@@ -569,13 +569,12 @@ def check_channels_last(f):
             "convolutions prefer NHWC.", nums)
 
 
-def _interval(ci) -> str:
-    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-
-
-def _surely_above(value, ci, threshold: float) -> bool:
-    """Above ``threshold`` beyond the noise: the interval's low end is (no interval: the value)."""
-    return (ci[0] if ci else value) > threshold
+def _surely_above(ci, threshold: float, noise=None) -> bool:
+    """Above ``threshold`` beyond the noise: the interval's low end is above it, and above it scaled by
+    the A/A control's high end (``noise``: the control's spread folded in). No interval: never."""
+    if not ci or ci[0] is None:
+        return False
+    return ci[0] > threshold * max(1.0, (noise or [None, None])[1] or 1.0)
 
 
 def check_graph_breaks(f):
@@ -600,10 +599,12 @@ def check_batch_size(f):
         return na("the batch-size probe did not run")
     gain, ci = bp["throughput_gain_2x"], bp.get("throughput_gain_ci")
     nums = {"batch_size": b, "throughput_gain_2x": gain, "throughput_gain_ci": ci, "points": bp["points"]}
-    ev = (f"at batch {bp['points'][0]['batch_size']}: {bp['points'][0]['samples_per_s']:.0f} samples/s; at "
-          f"{bp['points'][1]['batch_size']}: {bp['points'][1]['samples_per_s']:.0f} samples/s "
-          f"(x{gain:.2f}{_interval(ci)}, interleaved)")
-    if _surely_above(gain, ci, BATCH_GAIN_MIN):
+    p1, p2 = bp["points"]
+    change = "more" if p2["samples_per_s"] > p1["samples_per_s"] else "fewer"
+    ev = (f"at batch {p1['batch_size']}: {p1['samples_per_s']:.0f} samples/s; at {p2['batch_size']}: "
+          f"{p2['samples_per_s']:.0f} samples/s ({change} samples/s: throughput {speedup_text(gain, ci)}, "
+          f"{bp.get('rounds', '?')} interleaved rounds)")
+    if _surely_above(ci, BATCH_GAIN_MIN, bp.get("control_ci")):
         return ("warn", ev + f", more than x{BATCH_GAIN_MIN}", "A larger batch (if memory and the optimisation "
                 "allow) raises throughput: the device is not saturated at this batch size.", nums)
     if gain > BATCH_GAIN_MIN:
@@ -650,9 +651,12 @@ def check_inference_mode(f):
         return na("not measured")
     sp, ci = inf.get("speedup") or 0, inf.get("speedup_ci")
     nums = dict(inf)
+    # "speed-up" only where the time went down: the two times are the ones the ratio is made of
+    word = "speed-up" if sp > 1 else "slow-down" if sp < 1 else "no change"
     ev = (f"forward in train mode with grad: {inf['train_grad_forward_s'] * 1e3:.2f} ms; eval() + inference_mode: "
-          f"{inf['eval_inference_forward_s'] * 1e3:.2f} ms (x{sp:.2f}{_interval(ci)}, interleaved)")
-    if _surely_above(sp, ci, INFERENCE_SPEEDUP_MIN):
+          f"{inf['eval_inference_forward_s'] * 1e3:.2f} ms ({word} {speedup_text(sp, ci, inf.get('verdict'))}, "
+          f"{inf.get('rounds', '?')} interleaved rounds)")
+    if _surely_above(ci, INFERENCE_SPEEDUP_MIN, inf.get("control_ci")):
         return ("warn", ev, "For inference call model.eval() and run under torch.inference_mode(): no autograd "
                 "graph, no saved tensors, no version counters.", nums)
     if sp >= INFERENCE_SPEEDUP_MIN:

@@ -20,7 +20,8 @@ ANALYSIS = Analysis(
         Option("recompile_probe", "bool", True, "call the compiled model once more at twice the batch, to show "
                "the recompiles a new input shape causes"),
         Option("train", "bool", False, "also compare a training step (forward + backward), eager vs compiled"),
-        Option("rounds", "int", 10, "interleaved timing rounds, eager vs compiled (each times both twice, ABBA)",
+        Option("rounds", "int", 10, "interleaved timing rounds, eager vs compiled and an A/A control (each times every "
+               "call twice, in a fresh random order and its reverse); a 95% interval and a verdict need at least 6",
                lo=1, hi=1000),
         Option("warmup", "int", 2, "untimed calls of each before timing (after the first, compiling, call)",
                lo=0, hi=100),
@@ -34,13 +35,18 @@ ANALYSIS = Analysis(
         Metric("fullgraph_ok", "bool", "Compiles with fullgraph=True"),
         Metric("compile_time_s", "s", "Compile time", "Dynamo + backend, all frames of the first call"),
         Metric("first_call_ms", "ms", "First compiled call"),
-        Metric("eager_ms", "ms", "Eager (median)"),
-        Metric("compiled_ms", "ms", "Compiled (median)"),
-        Metric("speedup", "ratio", "Compiled speed-up", "median of interleaved rounds' ratios"),
+        Metric("eager_ms", "ms", "Eager (time per call)", "geometric mean of the interleaved rounds' times"),
+        Metric("compiled_ms", "ms", "Compiled (time per call)", "geometric mean of the interleaved rounds' times"),
+        Metric("speedup", "ratio", "Compiled speed-up", "eager time / compiled time: the geometric mean of the "
+               "interleaved rounds' ratios", interval=("speedup_ci_low", "speedup_ci_high"), verdict="verdict"),
         Metric("speedup_ci_low", "ratio", "Speed-up interval, low"),
         Metric("speedup_ci_high", "ratio", "Speed-up interval, high"),
         Metric("verdict", "text", "Verdict"),
-        Metric("train_speedup", "ratio", "Training-step speed-up"),
+        Metric("train_speedup", "ratio", "Training-step speed-up",
+               interval=("train_speedup_ci_low", "train_speedup_ci_high"), verdict="train_verdict"),
+        Metric("train_speedup_ci_low", "ratio", "Training-step speed-up interval, low"),
+        Metric("train_speedup_ci_high", "ratio", "Training-step speed-up interval, high"),
+        Metric("train_verdict", "text", "Training-step verdict"),
         Metric("generated_kernels", "count", "Generated kernels", "inductor only"),
     ),
     tables=(

@@ -3,7 +3,8 @@ its first (compiling) call, recompiles, and eager vs compiled time interleaved.
 
 The model is compiled in the worker; the user's model is left as it was (weights, modes). Numbers
 come from Dynamo itself (torch._dynamo.explain, its compile-time metrics and recompile log) and
-from the one timer (measure.compare: ABBA rounds, a bootstrap interval and a verdict).
+from the one timer (measure.compare: interleaved rounds in a fresh random order each, an exact interval,
+a verdict beyond the A/A control's interval).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch._dynamo
 from diagnostics.analyses.compile import ANALYSIS
 from diagnostics.errors import ModelRunError, TorchScopeError
 from diagnostics.inputs import call as call_model
-from diagnostics.measure.compare import interleaved
+from diagnostics.measure.compare import CONTROL, METHOD, control_problem, interleaved, too_few_rounds
 from diagnostics.measure.dynamo import compile_seconds, explain, watch_recompiles
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.timer import sync
@@ -91,7 +92,8 @@ def analyze(ctx, options: dict) -> dict:
             kernels = _kernel_count()
             ctx.progress(0.55, f"eager vs compiled: {o['rounds']} interleaved rounds")
             cmp = interleaved({"eager": eager_call, "compiled": compiled_call}, device, o["rounds"], o["warmup"],
-                              batch_size=loaded.batch_size, progress=lambda f, m: ctx.progress(0.55 + 0.25 * f, m))
+                              batch_size=loaded.batch_size, control=True,
+                              progress=lambda f, m: ctx.progress(0.55 + 0.25 * f, m))
             if o["recompile_probe"] and loaded.make_inputs is not None and loaded.batch_size:
                 ctx.progress(0.82, f"calling at batch {2 * loaded.batch_size} (a new input shape)")
                 bigger = loaded.make_inputs(2 * loaded.batch_size)
@@ -117,14 +119,20 @@ def analyze(ctx, options: dict) -> dict:
     if ex["graph_break_count"]:
         notes.append(f"{ex['graph_break_count']} graph break(s): each splits the model into separately compiled "
                      "graphs with Python in between; fix the listed lines to give the compiler the whole model")
+    notes += [f"eager vs compiled: {o['rounds']} {METHOD}"]
+    notes += [n for n in (too_few_rounds(o["rounds"]), control_problem(cmp),
+                          train and control_problem({CONTROL: train["control"]})) if n]
+    tci = (train or {}).get("speedup_ci") or [None, None]
     metrics = {
         "graph_count": ex["graph_count"], "graph_break_count": ex["graph_break_count"],
         "break_sites": len(ex["graph_breaks"]), "op_count": ex["op_count"],
         "recompiles": len(recompiles), "fullgraph_ok": fullgraph_ok,
         "compile_time_s": sum(frames) if frames else None, "first_call_ms": first_ms,
-        "eager_ms": cmp["eager"]["median_ms"], "compiled_ms": c["median_ms"],
+        "eager_ms": cmp["eager"]["time_ms"], "compiled_ms": c["time_ms"],
         "speedup": c["speedup"], "speedup_ci_low": ci[0], "speedup_ci_high": ci[1], "verdict": c["verdict"],
         "train_speedup": None if train is None else train["speedup"],
+        "train_speedup_ci_low": tci[0], "train_speedup_ci_high": tci[1],
+        "train_verdict": None if train is None else train["verdict"],
         "generated_kernels": generated,
     }
     ctx.progress(1.0, "done")
@@ -133,8 +141,8 @@ def analyze(ctx, options: dict) -> dict:
         "graph_breaks": ex["graph_breaks"], "graphs": ex["graphs"], "recompiles": recompiles,
         "compile_frames": [{"frame": i, "seconds": s} for i, s in enumerate(frames)],
         "fullgraph_error": fullgraph_error,
-        "timing": {k: {kk: v[kk] for kk in ("median_ms", "p90_ms", "speedup", "speedup_ci", "verdict", "rounds",
-                                              "round_ms")} for k, v in cmp.items()},
+        "timing": {k: {kk: v[kk] for kk in ("median_ms", "p90_ms", "time_ms", "speedup", "speedup_ci", "verdict",
+                                              "rounds", "round_ms")} for k, v in cmp.items()},
         "train_timing": train, "timing_cv": cmp["eager"]["cv"],
         "torch_version": torch.__version__, "notes": notes,
     }
@@ -161,7 +169,9 @@ def _train_comparison(model, loaded, o: dict, device) -> dict:
         return run
 
     step(compiled)()  # compiles forward and backward
-    cmp = interleaved({"eager": step(model), "compiled": step(compiled)}, device, o["rounds"], o["warmup"])
+    cmp = interleaved({"eager": step(model), "compiled": step(compiled)}, device, o["rounds"], o["warmup"],
+                      control=True)
     c = cmp["compiled"]
-    return {"eager_ms": cmp["eager"]["median_ms"], "compiled_ms": c["median_ms"], "speedup": c["speedup"],
-            "speedup_ci": c["speedup_ci"], "verdict": c["verdict"]}
+    return {"eager_ms": cmp["eager"]["time_ms"], "compiled_ms": c["time_ms"], "speedup": c["speedup"],
+            "speedup_ci": c["speedup_ci"], "verdict": c["verdict"],
+            "control": {k: cmp[CONTROL][k] for k in ("speedup", "speedup_ci", "verdict")}}

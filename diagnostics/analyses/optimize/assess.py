@@ -11,6 +11,8 @@ fidelity losses, then rows that did not run.
 
 from __future__ import annotations
 
+from diagnostics.units import speedup_text
+
 FLAGS = ("fidelity_loss", "regression", "trade_off", "gain", "neutral")
 #: Size or peak memory this much below the baseline's counts as a gain.
 SAVING = 0.10
@@ -31,10 +33,8 @@ def _fidelity_problems(r: dict, mode: str, min_cosine: float, min_top1: float) -
 def assess_row(r: dict, base: dict, mode: str, min_cosine: float, min_top1: float) -> dict:
     lost = _fidelity_problems(r, mode, min_cosine, min_top1)
     gains, costs = [], []
-    if r.get("verdict") == "faster":
-        gains.append(f"faster x{r['speedup']:.2f}")
-    elif r.get("verdict") == "slower":
-        costs.append(f"slower x{r['speedup']:.2f}")
+    if r.get("verdict") in ("faster", "slower"):
+        (gains if r["verdict"] == "faster" else costs).append(f"{r['verdict']} {speedup_text(r['speedup'], r.get('speedup_ci'))}")
     if r.get("size_ratio") is not None and r["size_ratio"] < 1 - SAVING:
         gains.append(f"size x{r['size_ratio']:.2f}")
     if r.get("peak_bytes") and base.get("peak_bytes"):

@@ -17,7 +17,7 @@ from diagnostics.analyses.optimize.assess import assess
 from diagnostics.analyses.optimize.catalog import fix_ids, get_fix
 from diagnostics.analyses.optimize.train_trials import run_train_trials
 from diagnostics.analyses.optimize.trials import run_trials
-from diagnostics.measure.compare import CONTROL
+from diagnostics.measure.compare import CONTROL, METHOD, control_problem, too_few_rounds
 
 
 
@@ -55,6 +55,9 @@ def analyze(ctx, options: dict) -> dict:
     faster = [r for r in ok if r["verdict"] == "faster" and r["flag"] != "fidelity_loss"]
     best = max(faster, key=lambda r: r["speedup"] or 0, default=None)
     control = next(r for r in rows if r["fix"] == CONTROL)
+    best_ci = (best or {}).get("speedup_ci") or [None, None]
+    control_ci = control["speedup_ci"] or [None, None]
+    measurement = [n for n in (too_few_rounds(opts["iters"]), control_problem({CONTROL: control})) if n]
     import torch
 
     return {
@@ -77,9 +80,12 @@ def analyze(ctx, options: dict) -> dict:
             "baseline_peak_bytes": rows[0]["peak_bytes"],
             "best_fix": best["fix"] if best else None,
             "best_speedup": best["speedup"] if best else None,
+            "best_speedup_ci_low": best_ci[0],
+            "best_speedup_ci_high": best_ci[1],
             "control_speedup": control["speedup"],
-            "control_ci_low": (control["speedup_ci"] or [None, None])[0],
-            "control_ci_high": (control["speedup_ci"] or [None, None])[1],
+            "control_ci_low": control_ci[0],
+            "control_ci_high": control_ci[1],
+            "control_verdict": control["verdict"],
             "fixes_faster": len(faster),
             "fixes_slower": sum(r["verdict"] == "slower" for r in ok),
             "fixes_fidelity_loss": sum(r["flag"] == "fidelity_loss" for r in ok),
@@ -91,11 +97,10 @@ def analyze(ctx, options: dict) -> dict:
         "notes": ([_train_note(loaded, opts, torch.get_num_threads())] if train else [
                   f"Every candidate runs in eval mode under torch.no_grad() with the same inputs and "
                   f"{torch.get_num_threads()} torch threads, on {loaded.device}. Timing: {opts['warmup']} warm-up "
-                  f"calls each, then {opts['iters']} interleaved rounds, each timing every candidate twice in "
-                  "mirrored order (ABBA); a speed-up is the median of the rounds' ratios with a 95% bootstrap "
-                  "interval, 'faster' / 'slower' only when the whole interval is above / below 1. The A/A control "
-                  "row times the baseline against itself: its interval is this run's noise floor. Peak memory is "
-                  "what one call allocates above the weights and inputs."])
+                  f"calls each, then {opts['iters']} {METHOD}. The A/A control row times the baseline against "
+                  "itself: its interval is this run's noise floor. Peak memory is what one call allocates above the "
+                  "weights and inputs."])
+                 + measurement
                  + ([f"The machine was busy while the trials were timed: {'; '.join(disturbance['reasons'])}. "
                      "The verdicts are low-confidence."] if disturbance["disturbed"] else []),
     }
@@ -109,5 +114,4 @@ def _train_note(loaded, opts: dict, threads: int) -> str:
             "first step, and the trained model's outputs (eval mode) against the trained baseline's. Peak memory: "
             "one more step, with parameters, buffers, inputs and optimizer state resident before it (as the "
             f"memory analysis measures a training peak). Timing: {opts['warmup']} warm-up steps each, then "
-            f"{opts['iters']} interleaved rounds (ABBA); speed-up is the median of the rounds' ratios with a 95% "
-            "bootstrap interval; the A/A control row is this run's noise floor.")
+            f"{opts['iters']} {METHOD}; the A/A control row is this run's noise floor.")

@@ -25,9 +25,9 @@ from torch import nn
 from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
 from diagnostics.analyses.optimize.train_fixes import TrainContext, TrainSetup, baseline
-from diagnostics.analyses.optimize.trials import _row, fidelity, serialized_bytes
+from diagnostics.analyses.optimize.trials import _row, fidelity, serialized_bytes, with_times
 from diagnostics.inputs import call as call_model
-from diagnostics.measure.compare import CONTROL, interleaved
+from diagnostics.measure.compare import interleaved
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import SavedTensorTracker, measure_peak
 from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
@@ -185,17 +185,7 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
     except Exception as e:
         raise RuntimeError(f"timing the training steps failed: {short_error(e)}") from e
     disturbance = assess(w.figures, times["baseline"]["cv"])
-    control = dict(rows[0], fix=CONTROL, title="A/A control (the baseline step, timed as if it were a fix)",
-                   notes=["the unchanged baseline: its interval is this run's noise floor"], artifact=None)
-    rows.insert(1, control)
-    confidence = "low" if disturbance["disturbed"] else "normal"
-    for row in rows:
-        if row["fix"] in times:
-            t = times[row["fix"]]
-            row.update({k: t[k] for k in ("median_ms", "p90_ms", "cv", "throughput_per_s", "speedup", "speedup_ci",
-                                          "verdict")})
-            row["confidence"] = confidence
-    return rows, disturbance
+    return with_times(rows, times, disturbance, "the baseline step"), disturbance
 
 
 def _opt_title(opt: torch.optim.Optimizer) -> str:

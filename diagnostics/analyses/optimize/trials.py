@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diagnostics.measure.compare import CONTROL, interleaved
+from diagnostics.measure.compare import CONTROL, control_problem, interleaved
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import added_peak_bytes
 from diagnostics.measure.timer import sync
@@ -110,7 +110,7 @@ def _row(fix: str, title: str, status: str, **kw) -> dict:
            "median_ms": None, "p90_ms": None, "throughput_per_s": None, "first_call_ms": None, "peak_bytes": None,
            "size_bytes": None, "size_kind": None, "speedup": None, "size_ratio": None, "max_abs_err": None,
            "rel_err": None, "cosine": None, "top1_agreement": None, "artifact": None,
-           "speedup_ci": None, "verdict": None, "confidence": None,
+           "speedup_ci": None, "verdict": None, "confidence": None, "time_ms": None, "rounds": None,
            "losses": None, "loss_rel_diff": None, "grad_cosine": None}  # the last three: training mode
     row.update(kw)
     return row
@@ -205,17 +205,26 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
         raise
     except Exception as e:  # a candidate that ran once but fails when repeated
         raise RuntimeError(f"timing the trials failed: {type(e).__name__}: {e}") from e
-    control = dict(rows[0], fix=CONTROL, title="A/A control (the baseline, timed as if it were a fix)",
+    return with_times(rows, times, disturbance, "the baseline"), disturbance
+
+
+#: What a timed row takes from the comparison (measure.compare.Rounds.summary).
+TIMED = ("median_ms", "p90_ms", "cv", "throughput_per_s", "time_ms", "speedup", "speedup_ci", "verdict", "rounds")
+
+
+def with_times(rows: list[dict], times: dict[str, dict], disturbance: dict, what: str) -> list[dict]:
+    """``rows`` (the baseline first) with the A/A control's row after the baseline and every timed row's
+    figures. Each verdict's confidence is "low" when the machine was busy or the control itself read
+    anything but "within noise" (the measurement, not the model, is then what the verdicts show)."""
+    control = dict(rows[0], fix=CONTROL, title=f"A/A control ({what}, timed as if it were a fix)",
                    notes=["the unchanged baseline: its interval is this run's noise floor"], artifact=None)
     rows.insert(1, control)
-    confidence = "low" if disturbance["disturbed"] else "normal"
+    confidence = "low" if disturbance["disturbed"] or control_problem(times) else "normal"
     for row in rows:
         if row["fix"] in times:
-            t = times[row["fix"]]
-            row.update({k: t[k] for k in ("median_ms", "p90_ms", "cv", "throughput_per_s", "speedup", "speedup_ci",
-                                          "verdict")})
+            row.update({k: times[row["fix"]].get(k) for k in TIMED})
             row["confidence"] = confidence
-    return rows, disturbance
+    return rows
 
 
 def zero_fraction(model: nn.Module) -> float:

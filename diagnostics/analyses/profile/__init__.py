@@ -45,6 +45,9 @@ ANALYSIS = Analysis(
         Option("latency_warmup", "int", 5, "untimed iterations before the latency is measured", lo=0,
                hi=MAX_LATENCY_ITERS),
         Option("latency_iters", "int", 30, "timed iterations outside the profiler", lo=1, hi=MAX_LATENCY_ITERS),
+        Option("overhead_rounds", "int", 6, "rounds that measure the profiler's own cost: an unprofiled step and a "
+               "profiled one (same settings) in a fresh random order each round; a 95% interval needs at least 6 "
+               "(0: not measured)", lo=0, hi=1000),
         Option("roofline", "bool", True, "measure this machine's roofs (GEMM FLOP/s, copy bandwidth) and place each "
                "operator on the roofline; MFU of the step"),
         Option("timeline_max_events", "int", TIMELINE_MAX_EVENTS, "events drawn on the timeline at most",
@@ -59,7 +62,11 @@ ANALYSIS = Analysis(
         Metric("profiled_steps", "count", "Profiled steps"),
         Metric("step_time_mean_ms", "ms", "Profiled step time (mean)", "inside the profiler: includes its overhead", better="lower"),
         Metric("profiler_overhead_pct", "percent", "Profiler overhead",
-               "median profiled step over the unprofiled median latency, minus 1", better="lower"),
+               "a profiled step over an unprofiled one, minus 1: both timed in the same interleaved rounds (the "
+               "geometric mean of the rounds' ratios)", better="lower",
+               interval=("profiler_overhead_ci_low", "profiler_overhead_ci_high")),
+        Metric("profiler_overhead_ci_low", "percent", "Profiler overhead interval, low"),
+        Metric("profiler_overhead_ci_high", "percent", "Profiler overhead interval, high"),
         Metric("mfu", "fraction", "MFU", "model FLOPs per step / median latency / the measured GEMM peak", better="higher"),
         Metric("model_flops_per_step", "flop", "Model FLOPs per step", "FlopCounterMode, one step"),
         Metric("peak_flops", "flop_per_s", "Measured GEMM peak"),

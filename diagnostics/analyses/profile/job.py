@@ -29,9 +29,11 @@ from diagnostics.trace import load_trace, profiler_views as pt
 from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, is_python_frame_name
 from diagnostics.trace.model import Trace
 from diagnostics.errors import TorchScopeError, explain
-from diagnostics.measure.roofline import (count_ops, measure_roofs, mfu, module_mfu, not_counted_rows,
+from diagnostics.measure.roofline import (ABOVE_ROOF_TOLERANCE, best_roofs, count_ops, counted_times, measure_roofs,
+                                           merge_nesting, mfu, module_mfu, not_counted_rows, op_nesting,
                                            roofline_rows)
-from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls
+from diagnostics.measure.compare import METHOD, Rounds, too_few_rounds
+from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls, time_once
 from diagnostics.measure.training import Step
 
 
@@ -224,24 +226,42 @@ def write_artifacts(traces: list[bytes], artifact_dir: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- roofline
-def _roofline(model, step, opts: dict, device, operators: list[dict], steps: int, latency_ms: float,
-              cuda_ran: bool) -> dict:
-    """Roofs measured here, each op's FLOPs and bytes counted over one step, its time per profiled step."""
+def _roofline(model, step, opts: dict, device, nesting: dict, steps: int, latency_ms: float,
+              cuda_ran: bool, module_rows: list[dict]) -> dict:
+    """Roofs measured here, each op's FLOPs and bytes counted over one step, and its time per profiled
+    step inclusive of the ops it runs (the counters see the op the model calls, its children do the work);
+    MFU of the step and of each module row (set on ``module_rows``)."""
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     roofs = measure_roofs(device, dtype)
     with _mode(model, opts):
         ops, count = count_ops(step, type(model).__name__)
-    times = {r["name"]: (r["self_device_ms"] if cuda_ran and r["self_device_ms"] > 0 else r["self_cpu_ms"]) / steps
-             for r in operators}
+    times = counted_times(nesting, frozenset(ops) | frozenset(count.not_counted), steps, device=cuda_ran)
     missing = not_counted_rows(count, times)
-    rows = roofline_rows(ops, times, roofs)
+
+    def place(roofs: dict) -> tuple[list[dict], list[str]]:
+        rows = roofline_rows(ops, times, roofs)
+        if module_rows:  # MFU per module: its FLOPs over its forward + backward time per step
+            module_mfu(module_rows, count.by_module, steps, roofs["peak_flops"], ROOT_MODULE,
+                       count.not_counted_by_module)
+        above = [f"{r['op']} ({r['pct_of_roof']:.0f} % of its roof)" for r in rows if r["above_roof"]]
+        above += [f"module {r['name']} (MFU {r['mfu']:.2f})" for r in module_rows
+                  if (r.get("mfu") or 0) > ABOVE_ROOF_TOLERANCE]
+        model_mfu = mfu(count.total, latency_ms, roofs["peak_flops"])
+        if (model_mfu or 0) > 1:
+            above.append(f"the model (MFU {model_mfu:.2f})")
+        return rows, above
+
+    rows, above = place(roofs)
+    if above:  # faster than the machine's ceiling: the ceiling was measured in a busy moment; once more
+        roofs = best_roofs(roofs, measure_roofs(device, dtype))
+        rows, above = place(roofs)
     for r in rows:  # an op whose FLOPs were not counted is placed by its bytes only: say so on its row
         r["flops_not_counted"] = r["op"] in count.not_counted
     # A model whose every op with arithmetic went uncounted has no FLOP figure, not 0.
     model_flops = None if not count.total and missing else count.total
     return {"roofs": roofs, "rows": rows, "model_flops": model_flops, "module_flops": count.by_module,
             "not_counted": missing, "module_not_counted": count.not_counted_by_module,
-            "mfu": mfu(model_flops, latency_ms, roofs["peak_flops"])}
+            "mfu": mfu(model_flops, latency_ms, roofs["peak_flops"]), "above": above}
 
 
 def _not_counted_note(rows: list[dict]) -> str | None:
@@ -255,6 +275,42 @@ def _not_counted_note(rows: list[dict]) -> str | None:
         parts.append(f"{r['op']} ({r['calls']} calls per step, {share}; in {where})")
     return ("FLOPs not counted for " + "; ".join(parts) + ": torch's FlopCounterMode has no formula for them, so "
             "model FLOPs and MFU leave them out (lower bounds)")
+
+
+# ----------------------------------------------------------------------------- the profiler's own cost
+def profiler_overhead(model, step, opts: dict, device, activities: list, rounds: int) -> dict | None:
+    """What the profiler costs a step: an unprofiled step and a profiled one (the same activities,
+    shapes, memory, stacks and module ranges), timed in the same interleaved rounds (measure.compare:
+    a fresh random order per round, so neither always runs first), each profiled step in a profiler
+    session of its own whose start-up (one untimed step) and trace processing are outside the timing.
+    Returns the overhead in percent (the geometric mean of the rounds' ratios, minus 1) with its 95%
+    interval, or None with no rounds."""
+    if rounds < 1:
+        return None
+
+    def unprofiled() -> float:
+        return time_once(step, device)
+
+    def profiled() -> float:
+        hooks = module_ranges(model) if opts["with_modules"] else nullcontext()
+        with hooks, profile(activities=activities, record_shapes=opts["record_shapes"],
+                            profile_memory=opts["profile_memory"], with_stack=opts["with_stack"],
+                            with_modules=opts["with_modules"]):
+            step(label=True)  # the session's first step carries its start-up: untimed
+            sync(device)
+            return time_once(lambda: step(label=True), device)
+
+    with _mode(model, opts):
+        r = Rounds({"unprofiled": unprofiled, "profiled": profiled})
+        for _ in range(rounds):
+            r.run()
+    summary = r.summary()
+    s = summary["profiled"]
+    ci = s["speedup_ci"]  # unprofiled / profiled per round: the overhead is its inverse, minus 1
+    pct = lambda ratio: 100.0 * (1.0 / ratio - 1.0)  # noqa: E731
+    return {"pct": pct(s["speedup"]), "ci": None if ci is None else [pct(ci[1]), pct(ci[0])], "rounds": s["rounds"],
+            "note": too_few_rounds(s["rounds"]), "profiled_round_ms": s["round_ms"],
+            "unprofiled_round_ms": summary["unprofiled"]["round_ms"]}
 
 
 # ----------------------------------------------------------------------------- the job
@@ -287,12 +343,15 @@ def analyze(ctx, options: dict) -> dict:
     cycle_files: list[Path] = []
     cycle_ops: list[list[dict]] = []
     cycle_ops_shape: list[list[dict]] = []
+    cycle_nesting: list[dict] = []
     tmp = Path(tempfile.mkdtemp(prefix="profile-", dir=ctx.artifact_dir))
 
     def on_ready(prof) -> None:
         path = tmp / f"cycle{len(cycle_files)}.json"
         prof.export_chrome_trace(str(path))  # read after the profile, outside the profiled steps
         cycle_files.append(path)
+        if opts["roofline"]:  # which op ran inside which: the roofline times each counted op inclusively
+            cycle_nesting.append(op_nesting(prof.events()))
         # with_stack records Python frames as events too; they are call stacks, not operators.
         frames = frozenset(e.name for e in prof.events() if _is_python_frame(e)) if opts["with_stack"] else frozenset()
         if opts["record_shapes"]:
@@ -352,7 +411,7 @@ def analyze(ctx, options: dict) -> dict:
     operators = merge_operator_rows(cycle_ops)
     by_shape = merge_operator_rows(cycle_ops_shape) if opts["record_shapes"] else None
 
-    ctx.progress(0.92, "writing trace files")
+    ctx.progress(0.88, "writing trace files")
     artifacts = write_artifacts(cycle_traces, ctx.artifact_dir)
     timeline = pt.timeline(traces[-1], opts["timeline_max_events"],
                            cycle_files_bytes[-1] if opts["record_shapes"] else None)
@@ -361,8 +420,8 @@ def analyze(ctx, options: dict) -> dict:
     if opts["roofline"]:
         ctx.progress(0.9, "roofline: this machine's roofs, FLOPs and bytes per operator")
         try:  # an optional part: its failure is reported, the profile stands
-            roof = _roofline(model, step, opts, device, operators, max(1, len(steps)), latency["median_ms"],
-                             cuda_ran="cuda" in opts["activities"])
+            roof = _roofline(model, step, opts, device, merge_nesting(cycle_nesting), max(1, len(steps)),
+                             latency["median_ms"], cuda_ran="cuda" in opts["activities"], module_rows=module_rows)
         except torch.OutOfMemoryError:
             raise
         except Exception as e:
@@ -371,14 +430,29 @@ def analyze(ctx, options: dict) -> dict:
     if roof:
         notes.append("roofline: " + roof["roofs"]["method"] + "; FLOPs from torch's FlopCounterMode (matmuls, "
                      "convolutions, attention; elementwise ops count 0 FLOPs and are placed by their bytes), bytes "
-                     "from every op's tensor inputs and outputs; time is each op's self time per profiled step")
-    if roof and module_rows:  # MFU per module: its FLOPs over its forward + backward time per step
-        module_mfu(module_rows, roof["module_flops"], max(1, len(steps)), roof["roofs"]["peak_flops"], ROOT_MODULE,
-                   roof["module_not_counted"])
+                     "from every op's tensor inputs and outputs; time is each counted op's time per profiled step "
+                     "including the ops it runs (aten::convolution's work is in aten::mkldnn_convolution), over its "
+                     "outermost calls")
+    if roof and roof["above"]:
+        notes.append("measured faster than this machine's roofs, even after measuring the roofs again: "
+                     + "; ".join(roof["above"][:5]) + ("; ..." if len(roof["above"]) > 5 else "")
+                     + ". The roofs are the fastest calls seen while measuring them; on a busy machine every one "
+                     "of them can be slowed (see the disturbance report), and the percentages of the roof and the "
+                     "MFU are then too high")
     if roof and roof["not_counted"]:
         notes.append(_not_counted_note(roof["not_counted"]))
     step_ms = [s["step_ms"] for s in steps]
     cuda_ran = "cuda" in opts["activities"]
+    ctx.progress(0.95, f"the profiler's own cost: {opts['overhead_rounds']} interleaved rounds")
+    overhead = profiler_overhead(model, step, opts, device, activities, opts["overhead_rounds"])
+    if overhead is None:
+        notes.append("the profiler's overhead was not measured (overhead_rounds 0)")
+    else:
+        notes.append(f"profiler overhead: a profiled step against an unprofiled one, {overhead['rounds']} {METHOD}; "
+                     "each profiled step in its own session, the session's start-up step and its trace processing "
+                     "untimed")
+        if overhead["note"]:
+            notes.append("profiler overhead: " + overhead["note"])
     if opts["repeat"] > 1:
         notes.append(f"{opts['repeat']} profiler cycles: tables sum all cycles; trace.json holds the last one, "
                      "tb_trace.zip every cycle")
@@ -396,10 +470,10 @@ def analyze(ctx, options: dict) -> dict:
         "throughput_samples_per_s": latency["samples_per_s"],
         "profiled_steps": len(steps),
         "step_time_mean_ms": float(np.mean(step_ms)) if step_ms else None,
-        # the profiler's own cost: a profiled step (ranges, hooks, event recording) against the same
-        # step timed without it above
-        "profiler_overhead_pct": (100.0 * (float(np.median(step_ms)) / latency["median_ms"] - 1.0)
-                                  if step_ms and latency["median_ms"] else None),
+        # the profiler's own cost, measured interleaved (profiler_overhead) with its interval
+        "profiler_overhead_pct": overhead["pct"] if overhead else None,
+        "profiler_overhead_ci_low": (overhead["ci"] or [None, None])[0] if overhead else None,
+        "profiler_overhead_ci_high": (overhead["ci"] or [None, None])[1] if overhead else None,
         "self_cpu_total_ms": sum(r["self_cpu_ms"] for r in operators),
         "self_device_total_ms": sum(r["self_device_ms"] for r in operators),
         "kernel_time_ms": sum(k["total_us"] for k in kernels_ev) / 1e3,
@@ -421,6 +495,7 @@ def analyze(ctx, options: dict) -> dict:
                    for s in loaded.input_specs],
         "loss": loaded.loss_name if opts["mode"] == "train" else None,
         "metrics": metrics, "latency": latency, "timing_cv": latency["cv"], "steps": steps, "device_split": split,
+        "profiler_overhead": overhead,
         "operators": operators, "operators_by_shape": by_shape, "modules": module_rows, "modules_note": modules_note,
         "kernels": kernels_ev, "timeline": timeline,
         "roofline": roof["rows"] if roof else [], "roofs": roof["roofs"] if roof else None, "artifacts": artifacts, "notes": notes,

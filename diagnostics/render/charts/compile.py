@@ -6,6 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.render.sections import Section, notes, records, section
+from diagnostics.units import speedup_text
 
 
 def build_graphs_figure(result: dict) -> go.Figure:
@@ -26,7 +27,8 @@ def build_graphs_figure(result: dict) -> go.Figure:
 
 
 def build_timing_figure(result: dict) -> go.Figure:
-    """Median time per call, eager and compiled (inference; a training step when measured)."""
+    """Time per call, eager and compiled (inference; a training step when measured): the geometric mean of
+    the interleaved rounds' times, whose ratio is the speed-up in the title (with its interval)."""
     m = result["metrics"]
     names, ms, colors = ["eager", "compiled"], [m["eager_ms"], m["compiled_ms"]], ["#9e9e9e", "#2e7d32"]
     t = result.get("train_timing")
@@ -36,9 +38,8 @@ def build_timing_figure(result: dict) -> go.Figure:
         colors += ["#9e9e9e", "#2e7d32"]
     fig = go.Figure(go.Bar(x=ms, y=names, orientation="h", marker_color=colors,
                            hovertemplate="%{y}: %{x:.3f} ms<extra></extra>"))
-    ci = "" if m.get("speedup_ci_low") is None else f" [{m['speedup_ci_low']:.2f}, {m['speedup_ci_high']:.2f}]"
-    sp = "n/a" if m.get("speedup") is None else f"x{m['speedup']:.2f}{ci}, {m['verdict']}"
-    fig.update_layout(title=f"Eager vs compiled, median per call (speed-up {sp})", xaxis_title="time per call (ms)",
+    sp = speedup_text(m.get("speedup"), [m.get("speedup_ci_low"), m.get("speedup_ci_high")], m.get("verdict"))
+    fig.update_layout(title=f"Eager vs compiled, time per call (speed-up {sp})", xaxis_title="time per call (ms)",
                       yaxis=dict(autorange="reversed"), height=260 + 30 * len(names),
                       margin=dict(l=10, r=10, t=50, b=40), showlegend=False)
     return fig

@@ -5,6 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from diagnostics.render.sections import Section, notes, records, section
+from diagnostics.units import speedup_text
 
 
 def _ok_rows(result: dict) -> list[dict]:
@@ -39,7 +40,7 @@ VERDICT_COLOR = {"faster": "#2e7d32", "slower": "#c62828", "within noise": "#9e9
 
 
 def build_speedup_figure(result: dict) -> go.Figure:
-    """Each fix's speed-up over the baseline (median of the interleaved rounds' ratios) with its 95%
+    """Each fix's speed-up over the baseline (the geometric mean of the interleaved rounds' ratios) with its 95%
     interval as an error bar, coloured by verdict; the A/A control's interval is the shaded noise floor."""
     rows = [r for r in _ok_rows(result) if r["fix"] != "baseline"]
     sp = [r["speedup"] for r in rows]
@@ -49,10 +50,8 @@ def build_speedup_figure(result: dict) -> go.Figure:
         y=[r["title"] for r in rows], x=sp, orientation="h", marker_color=colors,
         error_x=dict(type="data", symmetric=False, array=[(c[1] - s) if s is not None else 0 for c, s in zip(ci, sp)],
                      arrayminus=[(s - c[0]) if s is not None else 0 for c, s in zip(ci, sp)], color="#263238"),
-        customdata=[[r.get("verdict") or "", (r.get("speedup_ci") or [None, None])[0],
-                     (r.get("speedup_ci") or [None, None])[1]] for r in rows],
-        hovertemplate="%{y}<br>x%{x:.2f} vs baseline (95% interval %{customdata[1]:.2f}-%{customdata[2]:.2f})"
-                      "<br>%{customdata[0]}<extra></extra>"))
+        customdata=[[speedup_text(r["speedup"], r.get("speedup_ci"), r.get("verdict"))] for r in rows],
+        hovertemplate="%{y}<br>%{customdata[0]} vs baseline (95% interval)<extra></extra>"))
     control = next((r for r in rows if r["fix"] == "control" and r.get("speedup_ci")), None)
     if control:
         lo, hi = control["speedup_ci"]
