@@ -220,6 +220,10 @@ class Collected:
     left: list[str] = field(default_factory=list)
     over_limit: str | None = None
     used: Usage = field(default_factory=Usage)
+    #: folders whose files a kept hard link may share (collect's ``links_from``), and their
+    #: (st_dev, st_ino) once looked up
+    links_from: tuple = ()
+    linkable: set | None = None
 
     def note(self) -> str:
         """A line for worker.log and the log tail, or '' when everything was kept."""
@@ -229,12 +233,13 @@ class Collected:
         return f"runner: not kept from the job's folder: {shown}"
 
 
-def collect(job_dir, run_dir, limits: Limits, reserved=RESERVED_NAMES) -> Collected:
+def collect(job_dir, run_dir, limits: Limits, reserved=RESERVED_NAMES, links_from=()) -> Collected:
     """Move the regular files the job left in ``job_dir`` into ``run_dir`` (folders kept), once the
     job is gone. Each entry is opened relative to its folder's handle with O_NOFOLLOW | O_NONBLOCK
-    and checked with fstat: links, FIFOs, sockets, devices, files with another hard link and files
-    past ``limits`` are left behind (and named in ``left``)."""
-    out = Collected()
+    and checked with fstat: links, FIFOs, sockets, devices, files past ``limits`` and files with
+    another hard link (unless it is in one of the ``links_from`` folders: the trace cache's columns,
+    linked beside a run) are left behind (and named in ``left``)."""
+    out = Collected(links_from=tuple(links_from))
     try:
         src = os.open(job_dir, _DIR)
     except OSError:
@@ -308,8 +313,11 @@ def _collect(src: int, dst: int, prefix: str, dst_path: Path, limits: Limits, re
             out.left.append(str(e))
             continue
         try:
-            if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino) or fst.st_nlink != 1:
-                out.left.append(f"{rel} (a hard link to another file)" if fst.st_nlink != 1 else f"{rel} (replaced)")
+            if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
+                out.left.append(f"{rel} (replaced)")
+                continue
+            if fst.st_nlink != 1 and (fst.st_dev, fst.st_ino) not in _linkable(out):
+                out.left.append(f"{rel} (a hard link to another file)")
                 continue
             out.used.bytes += fst.st_blocks * 512
             if out.used.bytes > limits.disk_bytes:
@@ -322,6 +330,22 @@ def _collect(src: int, dst: int, prefix: str, dst_path: Path, limits: Limits, re
             out.left.append(f"{rel} ({e.strerror})")
         finally:
             os.close(fd)
+
+
+def _linkable(out: Collected) -> set:
+    """(st_dev, st_ino) of the regular files two levels down the ``links_from`` folders (looked up
+    once, the first time a file with another link is met)."""
+    if out.linkable is None:
+        out.linkable = set()
+        for folder in out.links_from:
+            for path in Path(folder).glob("*/*"):
+                try:
+                    st = os.stat(path, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out.linkable.add((st.st_dev, st.st_ino))
+    return out.linkable
 
 
 def _place(name: str, fd: int, src: int, dst: int) -> None:

@@ -290,6 +290,8 @@ def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, pa
         setup_error = e
     import torch  # noqa: F401  (loaded before the baseline: the cap counts what the job adds)
 
+    sandbox.torch_loaded()
+
     # The parent's watchdog counts resident memory from here, as the address-space cap below
     # counts from here: otherwise the watchdog fired first, at cap minus torch's own footprint.
     # The parent adds what the processes above this one hold (the guardian, and in namespaces the
@@ -939,7 +941,7 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
     def gather() -> jobfiles.Collected:
         """The job is gone: move what it left into the run's folder, once."""
         if not collected:
-            collected.append(jobfiles.collect(job_dir, artifact_dir, limits))
+            collected.append(jobfiles.collect(job_dir, artifact_dir, limits, links_from=_links_from(job)))
             jobfiles.remove_tree(job_dir)
             jobfiles.remove_tree(tmp_dir)
         return collected[0]
@@ -1028,6 +1030,16 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
         if drain.is_alive():
             drain.finish(0.5)
         gather()
+
+
+def _links_from(job: Job) -> tuple:
+    """Where a kept file may have its other hard link: a trace job links its parsed columns from the
+    parsed-trace cache (runner-owned; the sandbox lets a job link only files it may write)."""
+    if job.analysis not in sandbox.TRACE_CACHE_ANALYSES:
+        return ()
+    from diagnostics.settings import trace_cache_dir
+
+    return (trace_cache_dir(),)
 
 
 def _append_log(path: Path, text: str) -> None:

@@ -284,6 +284,11 @@ def startup_notice() -> str | None:
 
 # ------------------------------------------------------------------------------------ state
 _CONFINED: list[str] = []  # what enter() applied in this process, if anything
+_NO_UNIX_SOCKETS: list[bool] = []  # applied without Unix sockets (no namespaces)
+#: What a DataLoader with workers is told where it cannot work (they pass tensors over Unix sockets).
+DATALOADER_WORKERS_REFUSED = ("DataLoader workers (num_workers > 0) pass tensors over Unix sockets, which the job "
+                              "sandbox refuses on this system (jobs run without namespaces of their own); use "
+                              "num_workers=0 here, or run where user namespaces are allowed")
 
 
 def confined() -> bool:
@@ -626,9 +631,24 @@ def apply(policy: Policy, support: Support | None = None, unix_sockets: bool = T
         layers.append("seccomp" + ("" if unix_sockets else " (no Unix sockets but socketpair)"))
     drop_capabilities()
     layers.append("no capabilities")
+    if support.seccomp and not policy.network and not unix_sockets:
+        _NO_UNIX_SOCKETS.append(True)
     what = " + ".join(layers) + ("; TCP allowed (distributed ranks)" if policy.network else "; no network")
     _CONFINED.append(what)
     return what
+
+
+def torch_loaded() -> None:
+    """Once the job has imported torch: where Unix sockets are refused, a DataLoader with workers
+    fails at once naming why, instead of waiting forever for batches its workers cannot send."""
+    if not _NO_UNIX_SOCKETS:
+        return
+    from torch.utils.data import dataloader
+
+    def refuse(self, loader, *args, **kwargs):
+        raise RuntimeError(DATALOADER_WORKERS_REFUSED)
+
+    dataloader._MultiProcessingDataLoaderIter.__init__ = refuse
 
 
 def prepare_temp(tmp_dir: Path) -> None:
@@ -660,7 +680,11 @@ def enter(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = (), *, 
         if mode == "on":
             raise SandboxError(f"the job sandbox is required ({SANDBOX_ENV}=1) but {support.reason}")
         return f"sandbox: none ({support.reason})"
-    if namespaces_setting():
+    if job.analysis in TRACE_CACHE_ANALYSES:
+        # No user code runs: the host's view, so that the parsed columns are hard-linked from the
+        # trace cache beside the run (a link cannot cross the view's separate bind mounts).
+        inside, what = False, "not needed (a trace job runs no user code)"
+    elif namespaces_setting():
         inside, what = namespaces.isolate(policy.view(shm_bytes or (1 << 30), Path(tmp_dir)), close, exit_as)
     else:
         inside, what = False, f"turned off ({NAMESPACES_ENV}=0)"

@@ -87,6 +87,21 @@ def test_collect_keeps_regular_files_only_and_says_what_it_left(tmp_path, secret
     assert got.note().startswith("runner: not kept from the job's folder: ")
 
 
+def test_a_hard_link_is_kept_only_when_its_other_link_is_in_the_trace_cache(tmp_path):
+    cache = tmp_path / "trace_cache"
+    (cache / "entry1").mkdir(parents=True)
+    (cache / "entry1" / "events.feather").write_bytes(b"columns")
+    job = tmp_path / "run" / jobfiles.JOB_FOLDER
+    job.mkdir(parents=True)
+    os.link(cache / "entry1" / "events.feather", job / "events.feather")
+    got = jobfiles.collect(job, tmp_path / "run", Limits(), links_from=[cache])
+    assert set(got.kept) == {"events.feather"} and not got.left
+    assert (tmp_path / "run" / "events.feather").stat().st_ino == (cache / "entry1" / "events.feather").stat().st_ino
+    os.link(tmp_path / "run" / "events.feather", job / "again.feather")
+    got = jobfiles.collect(job, tmp_path / "run", Limits())  # no cache named: refused
+    assert got.left == ["again.feather (a hard link to another file)"]
+
+
 def test_collect_stops_at_the_limits_and_names_them(tmp_path):
     job = tmp_path / "run" / jobfiles.JOB_FOLDER
     job.mkdir(parents=True)

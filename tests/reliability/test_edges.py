@@ -231,9 +231,9 @@ def test_other_processes_environment_is_out_of_reach(world, monkeypatch, mode):
 
 def test_control_unconfined_another_processes_environment_is_readable(world, monkeypatch):
     monkeypatch.setenv("TORCHSCOPE_SANDBOX", "0")
-    monkeypatch.setenv("MY_API_TOKEN", MARKER)
     r = environ_report(world)
-    assert r["bystander"] == r["runner"] == "allowed:SECRET"  # same user, unconfined: the attack is real
+    assert r["bystander"] == "allowed:SECRET"  # same user, unconfined: the attack is real
+    assert r["runner"].startswith("allowed")  # (its file shows the environment it started with)
 
 
 # ------------------------------------------------------------------------------ limits that count everything
