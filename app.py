@@ -10,6 +10,12 @@ from ui.sidebar import render_sidebar  # noqa: E402
 
 st.set_page_config(page_title="TorchScope", page_icon="🔬", layout="wide")
 
+from ui.jobs import store_problem  # noqa: E402
+
+if problem := store_problem():  # a read-only or full data folder: its one message, not a traceback per page
+    st.error(problem, icon=":material/error:")
+    st.stop()
+
 PAGES = [
     st.Page("pages/model.py", title="Model", icon=":material/view_in_ar:", default=True),
     st.Page("pages/profiler.py", title="Profiler", icon=":material/timer:"),

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from diagnostics.errors import ModelLoadError, ModelRunError, SpecError, TrustError, clean_message, explain
-from diagnostics.graph_ops import check_exported, check_torchscript
+from diagnostics.graph_ops import (check_exported, check_torchscript, inspect_export_archive,
+                                   inspect_torchscript_archive)
 from diagnostics.inputs import Inputs, from_example, make_inputs, spec_of, specs_of, with_batch
 from diagnostics.inputs import describe as describe_inputs
 from diagnostics.inputs import with_names
@@ -210,6 +211,8 @@ def _first_line(e: Exception) -> str:
 def _load_torchscript(path: Path, name: str) -> nn.Module:
     _check_zip(path, "TorchScript archive (torch.jit.save)", "torchscript", name)
     graph_code_refusal("TorchScript models")
+    if safe_mode():  # before torch.jit.load, which runs every __setstate__ in the archive
+        inspect_torchscript_archive(path, name)
     try:
         module = torch.jit.load(str(path), map_location="cpu")
     except Exception as e:
@@ -296,6 +299,8 @@ def _export_load_failure(e: Exception, records: list, caught: list) -> str:
 def _load_export(path: Path, name: str):
     _check_zip(path, "torch.export archive (.pt2)", "export", name)
     graph_code_refusal("torch.export (.pt2) models")
+    if safe_mode():  # before torch.export.load: every target and operator argument of its programs
+        inspect_export_archive(path, name)
     records, caught = [], []
     try:
         with _no_code_in_pickles(), _load_problems() as (records, caught):
@@ -411,12 +416,80 @@ def _load_pickle(path: Path, trusted: bool, name: str) -> nn.Module:
     return obj
 
 
+#: safetensors dtypes and their bytes per element (the format's own list).
+_SAFETENSORS_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+                      "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+#: A safetensors header larger than this is not one (the format's own limit is 100 MB).
+_SAFETENSORS_MAX_HEADER = 100_000_000
+
+
+def _invalid_weights(name: str, why: str, path: Path) -> ModelLoadError:
+    kind = ".safetensors file" if path.suffix == ".safetensors" else "weights file"
+    return ModelLoadError(f"{name} is not a valid {kind}: {why}")
+
+
+def check_weights_file(path: Path, name: str) -> None:
+    """Refuse at once, before anything is read into memory, a weights file that cannot be one: empty,
+    sparse (mostly never written: it reads as zeros, and a 2 GiB one only ran out of memory), a
+    .safetensors whose header does not describe its bytes, anything else that is neither a zip
+    archive nor a pickle stream (torch.save's two formats)."""
+    import json
+
+    st = path.stat()
+    if st.st_size == 0:
+        raise _invalid_weights(name, "it is empty (0 bytes)", path)
+    if st.st_size > (1 << 20) and st.st_blocks * 512 < st.st_size // 2:
+        raise _invalid_weights(name, f"it is sparse: {st.st_size / 2**20:,.1f} MiB long, but only "
+                                     f"{st.st_blocks * 512 / 2**20:,.1f} MiB of it was ever written (the rest are "
+                                     "holes that read as zeros)", path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if path.suffix != ".safetensors":
+            if not zipfile.is_zipfile(f) and head[:1] != b"\x80":
+                raise _invalid_weights(name, f"it is neither a torch.save archive nor a safetensors file (it starts "
+                                             f"with the bytes {head.hex(' ')})", path)
+            return
+        n = int.from_bytes(head, "little") if len(head) == 8 else 0
+        if not 0 < n <= min(st.st_size - 8, _SAFETENSORS_MAX_HEADER):
+            raise _invalid_weights(name, f"its safetensors header length ({n:,} bytes) does not fit in a file of "
+                                         f"{st.st_size:,} bytes", path)
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _invalid_weights(name, f"its safetensors header is not JSON ({e})", path) from None
+    if not isinstance(header, dict):
+        raise _invalid_weights(name, "its safetensors header is not a JSON object", path)
+    data, end = st.st_size - 8 - n, 0
+    for key, t in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = t.get("data_offsets") if isinstance(t, dict) else None
+        shape = t.get("shape") if isinstance(t, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= data and isinstance(shape, list)
+                and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise _invalid_weights(name, f"tensor {key!r} has no valid shape and data offsets within the file's "
+                                         f"{data:,} data bytes", path)
+        size = _SAFETENSORS_BYTES.get(t.get("dtype"))
+        count = 1
+        for d in shape:
+            count *= d
+        if size is not None and offsets[1] - offsets[0] != count * size:
+            raise _invalid_weights(name, f"tensor {key!r} ({t.get('dtype')} {shape}) should take {count * size:,} "
+                                         f"bytes, its offsets give {offsets[1] - offsets[0]:,}", path)
+        end = max(end, offsets[1])
+    if end != data:
+        raise _invalid_weights(name, f"its tensors take {end:,} bytes but {data:,} follow the header", path)
+
+
 def load_state_dict_file(path: Path, name: str | None = None) -> dict[str, torch.Tensor]:
     """Read weights safely: .safetensors, or a state_dict .pt with weights_only=True. Errors call the
-    file ``name`` (default: its file name)."""
+    file ``name`` (default: its file name); a file that cannot hold weights is named invalid before
+    anything is loaded (``check_weights_file``)."""
     name = name or path.name
     if not path.exists():
         raise ModelLoadError(f"weights file not found: {name}")
+    check_weights_file(path, name)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
         try:

@@ -125,7 +125,7 @@ def _reap(job_pid: int | None = None):
             status = st
 
 
-def _exit_as(status: int) -> None:
+def exit_as(status: int) -> None:
     """Exit the way the job process did: the same exit code, or death by the same signal."""
     code = os.waitstatus_to_exitcode(status)
     if code >= 0:
@@ -192,4 +192,4 @@ def _guard(job_pid: int, parent_pid: int, watched: set) -> None:
     # The job process ended: whatever it started goes with it.
     kill_tree(os.getpid(), include_root=False, reap=True)
     _reap()
-    _exit_as(status)
+    exit_as(status)

@@ -6,7 +6,10 @@ CPU jobs, an RSS watchdog on all; both count from the worker's footprint once to
 cancellation, and a per-device queue for jobs that time the device, so two sessions do not distort
 each other's figures. The worker's stdout/stderr are drained
 by a thread into a log file in the run's artifact folder (its first LOG_HEAD_BYTES and last
-LOG_TAIL_BYTES), so a model that prints megabytes neither blocks nor fills the disk. The worker
+LOG_TAIL_BYTES), so a model that prints megabytes neither blocks nor fills the disk; the log's
+last lines shown with a failure come from that pipe, never from a file. The job writes a staging
+folder of its own (``jobfiles.JOB_FOLDER``) under a disk quota and a file-count limit; once it is
+gone, its regular files are moved into the run's folder (``jobfiles.collect``). The worker
 dies with the thread that started it (PR_SET_PDEATHSIG on Linux). A job is stopped by setting its
 ``cancel`` event (the CLI's Ctrl-C, the dashboard's Cancel: ui.background), or by an exception in
 the calling thread; either way its worker is killed and the run is stored as 'cancelled'.
@@ -14,12 +17,12 @@ the calling thread; either way its worker is killed and the run is stored as 'ca
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import gc
 import multiprocessing as mp
 import os
 import select
-import shutil
 import signal
 import sys
 import tempfile
@@ -33,12 +36,14 @@ from typing import Callable
 
 import psutil
 
+import diagnostics.jobfiles as jobfiles
 import diagnostics.procs as procs
 import diagnostics.sandbox as sandbox
 from diagnostics.errors import JobError, SpecError, TorchScopeError
 from diagnostics.registry import get_analysis
 from diagnostics.settings import env_number
 from diagnostics.spec import ModelSpec, cache_key
+from diagnostics.store import StoreError
 
 MEMORY_LIMIT_ENV = "TORCHSCOPE_WORKER_MEMORY_MB"
 #: Overrides every analysis' default timeout (a caller's explicit timeout_s still wins).
@@ -206,6 +211,16 @@ def _is_oom(exc: BaseException) -> bool:
     return False
 
 
+def _is_file_too_big(exc: BaseException) -> bool:
+    """A write past RLIMIT_FSIZE (EFBIG) anywhere in the cause chain: the job's disk quota."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def _is_gpu_oom(exc: BaseException) -> bool:
     """torch's OutOfMemoryError (the CUDA caching allocator's) anywhere in the cause chain."""
     seen = 0
@@ -233,45 +248,64 @@ def _cap_address_space(base: int, extra: int) -> None:
 
 
 def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: int | None,
-                 parent_pid: int, tmp_dir: str | None = None, hidden: tuple = ()) -> None:
+                 parent_pid: int, tmp_dir: str | None = None, hidden: tuple = (), caps: dict | None = None) -> None:
     """A cold worker: started for this one job."""
+    sandbox.scrub_environment()  # first: nothing of the dashboard's environment reaches the job
     os.dup2(log_conn.fileno(), 1)
     os.dup2(log_conn.fileno(), 2)
     log_conn.close()
-    _job_main(job_dict, conn, artifact_dir, mem_limit, parent_pid, tmp_dir, hidden)
+    _job_main(job_dict, conn, artifact_dir, mem_limit, parent_pid, tmp_dir, hidden, caps=caps)
+
+
+def _cap_file_size(limit: int) -> None:
+    """No file the job writes may grow past ``limit`` (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the
+    write fails with EFBIG): the disk quota holds even for one file written faster than it is watched."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
 def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, parent_pid: int,
-              tmp_dir: str | None = None, hidden: tuple = (), close: tuple = ()) -> None:
+              tmp_dir: str | None = None, hidden: tuple = (), close: tuple = (), caps: dict | None = None) -> None:
     """Run one job in this process and exit: guardian, sandbox, memory cap, the job, its answer.
 
     A cold worker calls it before torch is imported; a spare (``_spare_main``) after, with torch's
     threads running: the guardian's fork leaves the job process with a single thread either way, so
-    the sandbox is applied to it exactly as in a cold worker."""
+    the sandbox is applied to it exactly as in a cold worker. ``caps``: the job's disk quota
+    (``disk_bytes``) and the size of its private /dev/shm (``shm_bytes``)."""
+    caps = caps or {}
     # This process stays behind as the job's guardian (it ends whatever the job leaves running,
     # also when the parent is killed); the job runs in the forked process that returns here.
-    guarded = procs.guard(parent_pid, close=(conn, *close))
+    procs.guard(parent_pid, close=(conn, *close))
     import faulthandler
 
     faulthandler.enable()  # a segfault in native code leaves a Python traceback in worker.log
     setup_error = None
     try:  # the sandbox, once the job is known: before any user code, and before torch starts a thread
-        sandbox.enter(Job.from_dict(job_dict), Path(artifact_dir), Path(tmp_dir or artifact_dir), hidden)
+        line = sandbox.enter(Job.from_dict(job_dict), Path(artifact_dir), Path(tmp_dir or artifact_dir), hidden,
+                             shm_bytes=caps.get("shm_bytes"), close=(conn, *close), exit_as=procs.exit_as)
+        print(line, flush=True)
     except BaseException as e:
         setup_error = e
     import torch  # noqa: F401  (loaded before the baseline: the cap counts what the job adds)
 
+    sandbox.torch_loaded()
+
     # The parent's watchdog counts resident memory from here, as the address-space cap below
     # counts from here: otherwise the watchdog fired first, at cap minus torch's own footprint.
+    # The parent adds what the processes above this one hold (the guardian, and in namespaces the
+    # processes that wait for this one), which a job in a PID namespace cannot see.
     mem = psutil.Process().memory_info()
-    guardian_rss = psutil.Process(os.getppid()).memory_info().rss if guarded else 0
-    conn.send(("baseline", mem.rss + guardian_rss))
+    conn.send(("baseline", mem.rss))
     # Everything loaded so far (torch's ~300k objects) lives as long as this one-job process: moved
     # out of the collector's reach, a full collection scans only the job's objects (0.2 s -> 0.04 s
     # here), so no long GC pause lands inside a timed step or a profile (docs/BENCHMARKS.md).
     gc.freeze()
     if mem_limit:
         _cap_address_space(mem.vms, mem_limit)
+    if caps.get("disk_bytes"):
+        _cap_file_size(int(caps["disk_bytes"]))
     try:
         if setup_error is not None:
             raise setup_error
@@ -284,7 +318,11 @@ def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, pa
         # Our own errors say what happened: one is an OOM only when it wraps one (a model's forward
         # running out), not when its text mentions memory (a distributed rank's report, say).
         mine = isinstance(e, TorchScopeError)
-        if _is_oom(e.__cause__ or e.__context__ if mine else e):
+        if _is_file_too_big(e) and caps.get("disk_bytes"):
+            text = (f"the job wrote a file past its disk quota of {caps['disk_bytes'] / 2**20:,.0f} MiB "
+                    f"(set {jobfiles.DISK_ENV}): {type(e).__name__}: {e}")
+            message = ("error", "JobError", text, traceback.format_exc(limit=8))
+        elif _is_oom(e.__cause__ or e.__context__ if mine else e):
             if _is_gpu_oom(e):  # the device's memory, not this worker's cap
                 text = f"the GPU ran out of memory: {e}"
             else:
@@ -347,6 +385,7 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
 
     No sandbox, no memory cap and no guardian yet: all three come with the job (``_job_main``). It
     dies with the pool's thread (the dashboard's process), and exits when the pool closes its pipe."""
+    sandbox.scrub_environment()  # first: nothing of the dashboard's environment reaches the job
     os.dup2(log_conn.fileno(), 1)
     os.dup2(log_conn.fileno(), 2)
     log_conn.close()
@@ -375,8 +414,8 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
     print(f"{WARM_LOG_LINE}: torch and the engine were imported {time.monotonic() - ready:.1f} s before "
           f"this job (imports took {ready - t0:.2f} s)" + (f"; not preloaded: {', '.join(failed)}" if failed else ""),
           flush=True)
-    job_dict, artifact_dir, mem_limit, tmp_dir, hidden = args
-    _job_main(job_dict, conn, artifact_dir, mem_limit, parent_pid, tmp_dir, hidden)
+    job_dict, artifact_dir, mem_limit, tmp_dir, hidden, caps = args
+    _job_main(job_dict, conn, artifact_dir, mem_limit, parent_pid, tmp_dir, hidden, caps=caps)
 
 
 def _environment() -> tuple:
@@ -598,18 +637,50 @@ def spares() -> SparePool:
     return _POOL
 
 
+def _open_log(path: Path) -> int:
+    """worker.log, created for writing where only the runner writes (the run's folder, beside the
+    job's): never through a link (O_NOFOLLOW), never waiting on a FIFO (O_NONBLOCK); whatever else
+    has the name is replaced by a fresh file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+        if stat_is_regular(fd):
+            return fd
+        os.close(fd)
+    except OSError:
+        pass
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return os.open(path, flags | os.O_EXCL, 0o644)
+
+
+def stat_is_regular(fd: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
 class _LogDrain(threading.Thread):
-    """Copy the worker's output into ``path``: the first ``head`` bytes, then only the last ``tail``."""
+    """Copy the worker's output into ``path``: the first ``head`` bytes, then only the last ``tail``.
+    The last LOG_TAIL_CHARS-odd bytes are also kept in memory (``recent``): a failure's log tail."""
 
     def __init__(self, fd: int, path: Path, head: int = LOG_HEAD_BYTES, tail: int = LOG_TAIL_BYTES):
         super().__init__(daemon=True, name="torchscope-log-drain")
         self.fd, self.path, self.head, self.tail = fd, path, head, tail
+        self.out = _open_log(path)  # opened now, before the job can run
         self.dropped = 0
+        self._recent = bytearray()
         self._stop_at = threading.Event()
+
+    def recent(self, n: int = LOG_TAIL_CHARS) -> str:
+        """The last ``n`` characters of the output (from the pipe, not from any file)."""
+        return bytes(self._recent).decode("utf-8", "replace")[-n:]
 
     def run(self) -> None:
         written, ring = 0, bytearray()
-        with open(self.path, "wb") as out:
+        with open(self.out, "wb", closefd=True) as out:
             while True:
                 if self._stop_at.is_set():
                     # Stop was asked: take what is already in the pipe, without waiting for EOF
@@ -627,6 +698,9 @@ class _LogDrain(threading.Thread):
                     break
                 if not chunk:
                     break
+                self._recent += chunk
+                if len(self._recent) > 8 * LOG_TAIL_CHARS:
+                    del self._recent[: len(self._recent) - 4 * LOG_TAIL_CHARS]
                 if written < self.head:
                     part = chunk[: self.head - written]
                     out.write(part)
@@ -660,17 +734,6 @@ def _memory_cap_bytes() -> int:
     if mb is not None:
         return int(mb * 2**20)
     return int(psutil.virtual_memory().total * DEFAULT_MEMORY_SHARE)
-
-
-def _tail(path: Path, n: int = LOG_TAIL_CHARS) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 #: What a fatal signal means to a user, by name.
@@ -745,15 +808,19 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
         job = job.validated()
         timeout_s = float(timeout_s if timeout_s is not None else env_number(TIMEOUT_ENV, analysis.timeout_s))
         memory_limit_mb = memory_limit_mb or _memory_cap_bytes() / 2**20
+        limits = jobfiles.Limits.from_env()
     except TorchScopeError as e:
         return JobOutcome("error", error=str(e), error_type=type(e).__name__)
     device = job.spec.device if job.spec is not None else "cpu"
     run_id = None
     if store is not None:
-        run_id = store.create_run(job.analysis, spec=None if job.spec is None else job.spec.to_dict(),
-                                  options=job.options, cache_key=job.key(),
-                                  model_label=job.label(),
-                                  device=device, source=source)
+        try:
+            run_id = store.create_run(job.analysis, spec=None if job.spec is None else job.spec.to_dict(),
+                                      options=job.options, cache_key=job.key(),
+                                      model_label=job.label(),
+                                      device=device, source=source)
+        except StoreError as e:  # read-only or full: said once, nothing run
+            return JobOutcome("error", error=str(e), error_type="StoreError")
         artifact_dir = store.artifact_dir(run_id)
     elif artifact_dir is None:
         artifact_dir = Path(tempfile.mkdtemp(prefix="torchscope-job-"))
@@ -764,8 +831,12 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
     def finish(outcome: JobOutcome) -> JobOutcome:
         outcome.run_id, outcome.artifact_dir = run_id, str(artifact_dir)
         if store is not None:
-            store.finish_run(run_id, outcome.status, result=outcome.result, error=outcome.error,
-                             artifacts=_list_artifacts(artifact_dir))
+            try:
+                store.finish_run(run_id, outcome.status, result=outcome.result, error=outcome.error,
+                                 artifacts=jobfiles.listing(artifact_dir))
+            except StoreError as e:  # the job ran; its run could not be stored (its row stays 'running')
+                outcome.error = f"{e} (the job itself ended '{outcome.status}'; its run is not stored)"
+                outcome.status, outcome.error_type = "error", "StoreError"
         return outcome
 
     lock_dir = (store.data_dir if store is not None else Path(artifact_dir).parent) / "locks"
@@ -778,7 +849,7 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
             queue = _null()
         with queue, _POOL.busy():
             outcome = _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
-                                  store, run_id, on_tick)
+                                  store, run_id, on_tick, limits)
     except JobError as e:
         outcome = JobOutcome("cancelled", error=str(e), error_type="JobError")
     except BaseException:
@@ -787,7 +858,7 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
         if store is not None:
             try:
                 store.finish_run(run_id, "cancelled", error=INTERRUPTED_MESSAGE,
-                                 artifacts=_list_artifacts(artifact_dir))
+                                 artifacts=jobfiles.listing(artifact_dir))
             except Exception:  # never hide the original interruption
                 pass
         raise
@@ -818,23 +889,34 @@ def _main_script_hidden():
             main.__dict__["__file__"] = path
 
 
+#: How often the runner counts what a running job has put on disk (seconds).
+DISK_CHECK_S = 1.0
+
+
 def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb, store, run_id,
-                on_tick) -> JobOutcome:
+                on_tick, limits: jobfiles.Limits) -> JobOutcome:
     log_path = artifact_dir / "worker.log"
     cap = int(memory_limit_mb * 2**20)
     as_limit = cap if (job.spec is None or job.spec.device == "cpu") else None  # CUDA needs a huge VA space
-    # The job's private temp folder (TMPDIR, compiler caches): the only place beside its artifact
-    # folder that the sandbox lets it write; removed with everything in it when the job ends.
+    # The job writes only its staging folder (worker.log, the runner's, sits beside it, out of reach)
+    # and a private temp folder (TMPDIR, compiler caches); both are counted against the disk quota
+    # while it runs, and once it is gone its regular files are moved into the run's folder and both
+    # folders are removed.
+    job_dir = artifact_dir / jobfiles.JOB_FOLDER
+    jobfiles.remove_tree(job_dir)
+    job_dir.mkdir(parents=True)
     tmp_dir = tempfile.mkdtemp(prefix="torchscope-job-tmp-")
     hidden = (str(store.data_dir),) if store is not None else ()  # the run store: out of the job's reach
+    caps = {"disk_bytes": limits.disk_bytes, "shm_bytes": cap}
     t0 = time.monotonic()
-    proc, parent, drain = _warm_worker((job.to_dict(), str(artifact_dir), as_limit, tmp_dir, hidden), log_path)
+    shm = _ShmCounter()
+    proc, parent, drain = _warm_worker((job.to_dict(), str(job_dir), as_limit, tmp_dir, hidden, caps), log_path)
     if proc is None:  # no spare: a cold worker, started for this job
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=False)
         log_read, log_write = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_worker_main, args=(job.to_dict(), child, log_write, str(artifact_dir), as_limit,
-                                                      os.getpid(), tmp_dir, hidden), daemon=False)
+        proc = ctx.Process(target=_worker_main, args=(job.to_dict(), child, log_write, str(job_dir), as_limit,
+                                                      os.getpid(), tmp_dir, hidden, caps), daemon=False)
         # Not a daemon, so a job may start processes of its own (DataLoader workers, torchrun); the
         # worker still dies with this process (PR_SET_PDEATHSIG) and is killed with its children below.
         drain = _LogDrain(os.dup(log_read.fileno()), log_path)
@@ -847,16 +929,37 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
             log_write.close()  # the worker holds the only write end: EOF when it ends
             drain.start()
     if store is not None:
-        store.set_pid(run_id, proc.pid)
+        try:
+            store.set_pid(run_id, proc.pid)
+        except StoreError:  # the worker's pid is a note; a store that cannot take it fails at the end
+            pass
     progress(0.0, "starting worker")
-    last_mem_check = last_tick = 0.0
-    baseline_rss = 0  # the worker's footprint once torch is loaded; it reports it first
+    last_mem_check = last_tick = last_disk_check = 0.0
+    baseline_rss = None  # the worker's footprint once torch is loaded; it reports it before any user code
+    collected: list[jobfiles.Collected] = []
+
+    def gather() -> jobfiles.Collected:
+        """The job is gone: move what it left into the run's folder, once."""
+        if not collected:
+            collected.append(jobfiles.collect(job_dir, artifact_dir, limits, links_from=_links_from(job)))
+            jobfiles.remove_tree(job_dir)
+            jobfiles.remove_tree(tmp_dir)
+        return collected[0]
 
     def done(outcome: JobOutcome, extra_log: str = "") -> JobOutcome:
         _kill(proc)
         drain.finish()
+        kept = gather()
+        if outcome.result is not None:  # the paths it names: where the files are now
+            outcome.result = jobfiles.relocate(outcome.result, str(job_dir), str(artifact_dir))
+        if kept.over_limit and outcome.status == "ok":
+            outcome.status, outcome.result, outcome.error_type = "error", None, "JobError"
+            outcome.error = kept.over_limit + "; the files past the limit were not kept"
+        note = kept.note()
+        if note:
+            _append_log(log_path, note)
         outcome.duration_s = time.monotonic() - t0
-        outcome.log_tail = (extra_log + "\n" + _tail(log_path)).strip()
+        outcome.log_tail = (extra_log + "\n" + drain.recent() + ("\n" + note if note else "")).strip()
         return outcome
 
     def stop(status: str, error: str) -> JobOutcome:
@@ -877,7 +980,7 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                     progress(msg[1], msg[2])
                     continue
                 if msg is not None and msg[0] == "baseline":
-                    baseline_rss = msg[1]
+                    baseline_rss = _baseline(proc.pid, msg[1])
                     continue
                 if msg is not None and msg[0] == "ready":  # a spare's imports were done
                     if msg[2] is not None:
@@ -905,19 +1008,86 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                 return stop("timeout", f"timed out after {timeout_s:g} s: the worker was stopped")
             if cancel is not None and cancel.is_set():
                 return stop("cancelled", _cancel_reason(cancel))
-            if elapsed - last_mem_check > 0.5:
+            if baseline_rss is not None and elapsed - last_mem_check > 0.5:  # counted from the baseline
                 last_mem_check = elapsed
-                used = _tree_rss(proc.pid) - baseline_rss
+                pids = _tree_pids(proc.pid)
+                in_shm = shm.used(pids)
+                used = _rss(pids) - baseline_rss + in_shm
                 if used > cap:
-                    return stop("oom", f"ran out of memory: the job used {used / 2**30:.1f} GiB beyond the worker's "
-                                       f"start-up, over its cap of {cap / 2**30:.1f} GiB (set {MEMORY_LIMIT_ENV})")
+                    where = f" ({in_shm / 2**30:.1f} GiB of it in /dev/shm)" if in_shm > 2**20 else ""
+                    return stop("oom", f"ran out of memory: the job used {used / 2**30:.1f} GiB{where} beyond the "
+                                       f"worker's start-up, over its cap of {cap / 2**30:.1f} GiB "
+                                       f"(set {MEMORY_LIMIT_ENV})")
+            if elapsed - last_disk_check > DISK_CHECK_S:
+                last_disk_check = elapsed
+                over = limits.exceeded(jobfiles.usage([job_dir, tmp_dir], stop_after=limits.files))
+                if over:
+                    return stop("error", over + ": the worker was stopped")
     finally:
         parent.close()
         if proc.is_alive():
             _kill(proc)
         if drain.is_alive():
             drain.finish(0.5)
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        gather()
+
+
+def _links_from(job: Job) -> tuple:
+    """Where a kept file may have its other hard link: a trace job links its parsed columns from the
+    parsed-trace cache (runner-owned; the sandbox lets a job link only files it may write)."""
+    if job.analysis not in sandbox.TRACE_CACHE_ANALYSES:
+        return ()
+    from diagnostics.settings import trace_cache_dir
+
+    return (trace_cache_dir(),)
+
+
+def _append_log(path: Path, text: str) -> None:
+    """A line of the runner's at the end of worker.log (its own file: never through a link)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        if stat_is_regular(fd):
+            os.write(fd, ("\n" + text + "\n").encode(errors="replace"))
+    finally:
+        os.close(fd)
+
+
+class _ShmCounter:
+    """What a job holds in shared memory files: its private /dev/shm where it has one (seen through
+    /proc/<pid>/root of its processes), else what the host's /dev/shm gained since the job started."""
+
+    def __init__(self):
+        self.host = self._stat("/dev/shm")
+        self.host_used0 = self._used("/dev/shm")
+
+    @staticmethod
+    def _stat(path: str):
+        try:
+            return os.stat(path).st_dev
+        except OSError:
+            return None
+
+    @staticmethod
+    def _used(path: str) -> int:
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return 0
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def used(self, pids: list[int]) -> int:
+        private: dict[int, int] = {}
+        for pid in pids:
+            path = f"/proc/{pid}/root/dev/shm"
+            dev = self._stat(path)
+            if dev is not None and dev != self.host and dev not in private:
+                private[dev] = self._used(path)
+        if private:
+            return sum(private.values())
+        return max(0, self._used("/dev/shm") - self.host_used0) if self.host is not None else 0
 
 
 def _warm_worker(args: tuple, log_path: Path):
@@ -938,20 +1108,48 @@ def _warm_worker(args: tuple, log_path: Path):
     return spare.proc, spare.answers, drain
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident memory of the worker and its children (e.g. DataLoader workers)."""
+def _tree_pids(pid: int) -> list[int]:
+    """The worker and every process below it (the job's, DataLoader workers...)."""
     try:
         root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
+        return [root.pid] + [p.pid for p in root.children(recursive=True)]
     except psutil.Error:
-        return 0
+        return []
+
+
+def _rss(pids: list[int]) -> int:
     total = 0
-    for p in procs:
+    for pid in pids:
         try:
-            total += p.memory_info().rss
+            total += psutil.Process(pid).memory_info().rss
         except psutil.Error:
             pass
     return total
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident memory of the worker and its children (e.g. DataLoader workers)."""
+    return _rss(_tree_pids(pid))
+
+
+def _baseline(pid: int, job_rss: int) -> int:
+    """The footprint the memory cap counts from: the job process' own resident memory when it said
+    so (``job_rss``), plus every other process of the tree now (the guardian and, in namespaces, the
+    processes waiting above the job; they allocate nothing later). The job process is the deepest
+    one at that moment: it has started nothing yet."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return job_rss
+    depth: dict[int, int] = {root.pid: 0}
+    for p in tree[1:]:
+        try:
+            depth[p.pid] = depth.get(p.ppid(), 0) + 1
+        except psutil.Error:
+            pass
+    job = max(depth, key=lambda q: depth[q]) if len(depth) > 1 else None
+    return job_rss + _rss([q for q in depth if q != job])
 
 
 def _kill(proc) -> None:
@@ -961,6 +1159,3 @@ def _kill(proc) -> None:
         procs.kill_tree(proc.pid)
     proc.join(5)
 
-
-def _list_artifacts(artifact_dir: Path) -> dict:
-    return {p.name: str(p) for p in sorted(Path(artifact_dir).iterdir()) if p.is_file()} if Path(artifact_dir).exists() else {}

@@ -1,20 +1,28 @@
-"""Confine a job's worker: Landlock for files and TCP, seccomp for every other socket.
+"""Confine a job's worker: namespaces where the kernel allows them, Landlock for files and TCP,
+seccomp for every other socket, no capabilities, an allow-listed environment.
 
+``scrub_environment()`` runs first in every worker (cold or spare): only the variables that Python,
+torch, CUDA and the model need stay (``ENV_KEEP``...), in ``os.environ``, in the C library's
+environment and in the process' initial environment block (what /proc/<pid>/environ shows).
 ``enter(job, artifact_dir, tmp_dir)`` is called once inside the worker, as soon as it knows its
-job and before any user code runs (and before torch starts threads: both layers bind the calling
-thread and what it starts later). From then on the worker and everything it starts may write only
-the run's artifact folder, a private temp folder and /dev/shm; read only what running the job needs
-(Python and its packages, TorchScope's own code, the system's libraries and compilers, the job's
-input files); open no socket but a Unix one (a distributed job keeps TCP for its ranks); and
-neither signal nor ptrace a process outside the sandbox (the dashboard, the CLI, the job's
-guardian). The rules, and why each is there, are listed in docs/reliability.md.
+job and before any user code runs (and before torch starts threads: every layer binds the calling
+thread and what it starts later). Where user namespaces are allowed (``diagnostics.namespaces``) the
+job first moves into namespaces of its own: a mount view holding only the paths below, a private
+/tmp, /dev/shm and /proc, no network. Then, in every mode, the worker and everything it starts may
+write only the job's artifact folder, a private temp folder and /dev/shm; read only what running
+the job needs (Python and its packages, TorchScope's own code, the system's libraries and
+compilers, the job's input files); open no TCP/UDP socket (a distributed job keeps TCP for its
+ranks), and without namespaces no Unix socket either but a socketpair(); neither signal nor ptrace
+a process outside the sandbox; and it holds no capability (as root, no CAP_SYS_PTRACE: no other
+process' environment). The rules, and why each is there, are listed in docs/reliability.md.
 
 Landlock (Linux 5.13+, unprivileged, stackable) was chosen over bubblewrap (a setuid or
 user-namespace helper, not always installed or allowed in containers) and seccomp alone (it sees
 syscall numbers, not paths). ``TORCHSCOPE_SANDBOX``: ``auto`` (default: confine where the kernel
 allows it), ``1`` (a job fails rather than run unconfined), ``0`` (off). Without a sandbox, server-
 safe mode refuses TorchScript and .pt2 uploads (their graphs can call file ops) instead of running
-them unconfined: see ``graph_code_refusal``.
+them unconfined: see ``graph_code_refusal``. ``TORCHSCOPE_SANDBOX_NAMESPACES=0`` keeps jobs out of
+namespaces (the Landlock-only mode a kernel without user namespaces gets).
 """
 
 from __future__ import annotations
@@ -29,10 +37,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import diagnostics.namespaces as namespaces
 from diagnostics.errors import TorchScopeError, TrustError
 from diagnostics.settings import safe_mode, trace_cache_dir
 
 SANDBOX_ENV = "TORCHSCOPE_SANDBOX"
+#: ``0`` keeps jobs out of namespaces even where the kernel allows them (Landlock and seccomp only).
+NAMESPACES_ENV = "TORCHSCOPE_SANDBOX_NAMESPACES"
 #: Landlock ABI needed to confine at all: 3 (Linux 6.2) is the first that can refuse truncate(2),
 #: without which a job could still empty any file it may not write, the run store included.
 MIN_LANDLOCK_ABI = 3
@@ -68,12 +79,15 @@ READ_EXEC = READ | FS_EXECUTE
 DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV
 EVERYTHING = (1 << 16) - 1
 
-# --- seccomp: refuse socket(2) / socketpair(2) for every family but AF_UNIX, and io_uring (whose
-# socket ops seccomp cannot see). Other architectures' syscalls (x32, i386's socketcall) are refused.
+# --- seccomp: refuse socket(2) / socketpair(2) for every family but AF_UNIX (without namespaces:
+# socket(2) for every family, socketpair(2) but AF_UNIX), and io_uring (whose socket ops seccomp
+# cannot see). Other architectures' syscalls (x32, i386's socketcall) are refused.
 _ARCH = {"x86_64": (0xC000003E, {"socket": 41, "socketpair": 53, "io_uring_setup": 425}, True),
          "aarch64": (0xC00000B7, {"socket": 198, "socketpair": 199, "io_uring_setup": 425}, False)}
 _AF_UNIX = 1
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_PR_CAPBSET_DROP, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_CAP_VERSION_3 = 0x20080522
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 
 #: /etc files a job may read: the dynamic loader's, and name lookup for a distributed job's ranks.
@@ -82,8 +96,9 @@ ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "ld.so.preload", "loca
              "hosts", "host.conf", "nsswitch.conf", "resolv.conf", "gai.conf")
 #: System folders with libraries, compilers (torch.compile runs g++) and headers: read and execute.
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/opt")
-#: Read only: process and hardware facts (torch, psutil, cpuinfo read them). Landlock itself keeps
-#: a sandboxed process from reading the environment or memory of a process outside the sandbox.
+#: Read only: process and hardware facts (torch, psutil, cpuinfo read them). In namespaces /proc is
+#: the job's own (its processes only); without, Landlock keeps a non-root job from reading the
+#: environment or memory of a process outside the sandbox, and the dropped capabilities a root one.
 INFO_DIRS = ("/proc", "/sys")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 #: Device files of GPUs (CUDA, ROCm): read, write and ioctl, when present.
@@ -101,6 +116,60 @@ PYTHON_OPTIONS = ("dataset_path",)
 TEMP_ENV = {"TMPDIR": "", "TEMP": "", "TMP": "", "TORCHINDUCTOR_CACHE_DIR": "inductor",
             "TRITON_CACHE_DIR": "triton", "TRITON_HOME": "triton-home", "XDG_CACHE_HOME": "cache",
             "CUDA_CACHE_PATH": "cuda", "MPLCONFIGDIR": "matplotlib", "PYTHONPYCACHEPREFIX": "pycache"}
+
+
+#: Environment variables a job keeps: these names, and names starting with ENV_KEEP_PREFIXES (what
+#: Python, torch, CUDA / ROCm, the BLAS and OpenMP runtimes, compilers and TorchScope's own settings
+#: read), unless the name holds one of ENV_SECRET_WORDS. Everything else (SSH_AUTH_SOCK, DBUS_*,
+#: DISPLAY, tokens, cloud credentials...) never reaches the job.
+ENV_KEEP = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TERM", "SHELL", "PWD", "VIRTUAL_ENV",
+            "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD", "LIBRARY_PATH", "CPATH", "CC",
+            "CXX", "CFLAGS", "CXXFLAGS", "LDFLAGS", "NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES",
+            "SOURCE_DATE_EPOCH", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE", "GROUP_RANK", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
+            "TOKENIZERS_PARALLELISM")
+ENV_KEEP_PREFIXES = ("LC_", "PYTHON", "TORCHSCOPE_", "TORCH", "PYTORCH_", "CUDA", "CUDNN_", "CUBLAS", "NVIDIA_",
+                     "NCCL_", "NVTE_", "HIP_", "ROCM_", "ROCR_", "HSA_", "MIOPEN_", "TRITON_", "OMP_", "KMP_",
+                     "MKL_", "OPENBLAS_", "GOMP_", "BLIS_", "NUMEXPR_", "DNNL_", "ONEDNN_", "KINETO_", "GLOO_",
+                     "XDG_CACHE_HOME", "MPLCONFIGDIR", "TMP", "TEMP")
+ENV_SECRET_WORDS = ("TOKEN", "SECRET", "PASSW", "CREDENTIAL", "AUTH", "KEY", "COOKIE", "PRIVATE", "SESSION",
+                    "SIGNATURE", "CERT")
+
+
+def env_allowed(name: str) -> bool:
+    """A variable the job keeps (see ENV_KEEP)."""
+    upper = name.upper()
+    if any(word in upper for word in ENV_SECRET_WORDS) and not upper.startswith("TORCHSCOPE_"):
+        return False
+    return name in ENV_KEEP or name.startswith(ENV_KEEP_PREFIXES)
+
+
+def _wipe_initial_environment() -> bool:
+    """Zero the environment block the process started with (what /proc/<pid>/environ shows, for this
+    process and every process it forks). Call after clearenv(): nothing may point into it then."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end: fields 50 and 51 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return False
+    if 0 < start < end:
+        ctypes.memset(start, 0, end - start)
+        return True
+    return False
+
+
+def scrub_environment() -> list[str]:
+    """Keep only the allowed variables (``env_allowed``) in this process: in os.environ, in the C
+    library's environment (what children inherit) and in the initial environment block (zeroed).
+    Returns the names dropped. The worker calls it first, before anything of a job is known."""
+    keep = {k: v for k, v in os.environ.items() if env_allowed(k)}
+    dropped = sorted(k for k in os.environ if k not in keep)
+    if sys.platform == "linux":
+        _libc().clearenv()
+        _wipe_initial_environment()
+    os.environ.clear()
+    os.environ.update(keep)
+    return dropped
 
 
 class SandboxError(TorchScopeError):
@@ -138,6 +207,18 @@ class Support:
             + (["signals"] if self.landlock_abi >= 6 else [])
         return (f"Landlock ABI {self.landlock_abi} ({', '.join(extras)})"
                 + (" + seccomp (sockets)" if self.seccomp else ""))
+
+
+def namespaces_setting() -> bool:
+    """TORCHSCOPE_SANDBOX_NAMESPACES: False for 0/false/no/off (jobs stay out of namespaces)."""
+    return os.environ.get(NAMESPACES_ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def namespace_support() -> tuple[bool, str]:
+    """(True, '') when jobs will get namespaces of their own, else (False, why)."""
+    if not namespaces_setting():
+        return False, f"turned off ({NAMESPACES_ENV}=0)"
+    return namespaces.probe()
 
 
 def _libc():
@@ -183,7 +264,13 @@ def startup_notice() -> str | None:
         return str(e)
     support = probe()
     if mode != "off" and support.ok:
-        return None
+        ok, why = namespace_support()
+        if ok:
+            return None
+        return (f"jobs run in the Landlock sandbox without namespaces of their own ({why}): Unix sockets are "
+                "refused except socketpair() (DataLoader workers that pass tensors need them), /proc shows other "
+                "processes' command lines (not their environment), and /dev/shm is shared (what a job adds there "
+                "counts in its memory cap, and what it leaves stays)")
     if mode == "off":
         why = f"the job sandbox is turned off ({SANDBOX_ENV}=0)"
     else:
@@ -197,6 +284,11 @@ def startup_notice() -> str | None:
 
 # ------------------------------------------------------------------------------------ state
 _CONFINED: list[str] = []  # what enter() applied in this process, if anything
+_NO_UNIX_SOCKETS: list[bool] = []  # applied without Unix sockets (no namespaces)
+#: What a DataLoader with workers is told where it cannot work (they pass tensors over Unix sockets).
+DATALOADER_WORKERS_REFUSED = ("DataLoader workers (num_workers > 0) pass tensors over Unix sockets, which the job "
+                              "sandbox refuses on this system (jobs run without namespaces of their own); use "
+                              "num_workers=0 here, or run where user namespaces are allowed")
 
 
 def confined() -> bool:
@@ -261,6 +353,34 @@ class Policy:
             for p in paths:
                 grant(Path(p), rights, explicit)
         return sorted(out.items())
+
+    def view(self, shm_bytes: int, build_at: Path) -> namespaces.View:
+        """What the job's mount namespace shows: every path of ``rules()`` at its own place (the
+        links on the way to them recreated), a fresh /proc and a private /dev/shm of ``shm_bytes``;
+        the view is built over ``build_at`` (an empty folder of the runner's)."""
+        fresh = [Path(p) for p in namespaces.FRESH]
+        binds = [p for p, _ in self.rules() if not any(p == f or f in p.parents for f in fresh) and not _ipc_file(p)]
+        links: dict[str, str] = {}
+        for p in [*self.read_exec, *self.read, *self.inputs, *self.write, *self.devices, *binds]:
+            for link, target in namespaces.link_hops(str(p)):
+                links.setdefault(link, target)
+        try:
+            cwd = os.getcwd()
+        except OSError:
+            cwd = "/"
+        return namespaces.View(binds=binds, links=sorted(links.items()), shm_bytes=int(shm_bytes),
+                               network=self.network, cwd=cwd, build_at=str(build_at))
+
+
+def _ipc_file(path: Path) -> bool:
+    """A socket or a FIFO (a carved folder's entry, say): never shown in the job's view."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode)
 
 
 def _repo_root() -> Path:
@@ -428,8 +548,10 @@ def _bpf(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("HBBI", code, jt, jf, k)
 
 
-def seccomp_program(machine: str | None = None) -> bytes:
-    """The BPF filter: sockets other than AF_UNIX and io_uring get EACCES / EPERM; all else is allowed."""
+def seccomp_program(machine: str | None = None, unix_sockets: bool = True) -> bytes:
+    """The BPF filter: sockets other than AF_UNIX and io_uring get EACCES / EPERM; all else is allowed.
+    ``unix_sockets=False`` (no namespaces: a Unix socket could reach any host service by its path):
+    socket(2) is refused for every family, socketpair(2) still allowed for AF_UNIX."""
     arch, nr, has_x32 = _ARCH[machine or platform.machine()]
     ld_w_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
     deny_sock = _RET_ERRNO | errno.EACCES
@@ -442,7 +564,7 @@ def seccomp_program(machine: str | None = None) -> bytes:
         _bpf(ret, 0, 0, _RET_ERRNO | errno.EPERM),     # 5
         _bpf(jeq, 0, 1, nr["io_uring_setup"]),         # 6
         _bpf(ret, 0, 0, _RET_ERRNO | errno.EPERM),     # 7
-        _bpf(jeq, 1, 0, nr["socket"]),                 # 8: socket -> 10
+        _bpf(jeq, 1 if unix_sockets else 3, 0, nr["socket"]),  # 8: socket -> 10 (without Unix sockets: -> 12)
         _bpf(jeq, 0, 3, nr["socketpair"]),             # 9: neither -> 13
         _bpf(ld_w_abs, 0, 0, 16),                      # 10: A = domain (args[0], low word)
         _bpf(jeq, 1, 0, _AF_UNIX),                     # 11: AF_UNIX -> 13
@@ -452,9 +574,9 @@ def seccomp_program(machine: str | None = None) -> bytes:
     return b"".join(prog)
 
 
-def _seccomp() -> None:
+def _seccomp(unix_sockets: bool) -> None:
     libc = _libc()
-    prog = seccomp_program()
+    prog = seccomp_program(unix_sockets=unix_sockets)
     buf = ctypes.create_string_buffer(prog, len(prog))
 
     class _Fprog(ctypes.Structure):
@@ -464,6 +586,24 @@ def _seccomp() -> None:
     _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp filter")
 
 
+def drop_capabilities() -> None:
+    """Give up every capability (bounding, ambient, effective, permitted, inheritable). As root this
+    takes CAP_SYS_PTRACE (reading another process' environment or memory), CAP_DAC_OVERRIDE and the
+    rest; in a user namespace, what it gave. Landlock and seccomp still apply either way."""
+    libc = _libc()
+    for cap in range(64):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability: ignored
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+    class _Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class _Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    _check(libc.capset(ctypes.byref(_Header(_CAP_VERSION_3, 0)), ctypes.byref((_Data * 2)())), "dropping capabilities")
+
+
 def _threads() -> int:
     try:
         return len(os.listdir("/proc/self/task"))
@@ -471,10 +611,12 @@ def _threads() -> int:
         return 1
 
 
-def apply(policy: Policy, support: Support | None = None) -> str:
+def apply(policy: Policy, support: Support | None = None, unix_sockets: bool = True) -> str:
     """Confine this process (and all it starts) to ``policy``; returns what was applied.
+    ``unix_sockets``: whether socket(AF_UNIX) stays allowed (only in namespaces, where no host
+    socket is in view).
 
-    Both layers bind the calling thread and its future children only, so this must run while the
+    Every layer binds the calling thread and its future children only, so this must run while the
     process has one thread (before ``import torch``, which starts one)."""
     support = support or probe()
     if not support.ok:
@@ -485,11 +627,28 @@ def apply(policy: Policy, support: Support | None = None) -> str:
     _landlock(policy, support.landlock_abi)
     layers = [f"Landlock ABI {support.landlock_abi}"]
     if support.seccomp and not policy.network:
-        _seccomp()
-        layers.append("seccomp")
+        _seccomp(unix_sockets)
+        layers.append("seccomp" + ("" if unix_sockets else " (no Unix sockets but socketpair)"))
+    drop_capabilities()
+    layers.append("no capabilities")
+    if support.seccomp and not policy.network and not unix_sockets:
+        _NO_UNIX_SOCKETS.append(True)
     what = " + ".join(layers) + ("; TCP allowed (distributed ranks)" if policy.network else "; no network")
     _CONFINED.append(what)
     return what
+
+
+def torch_loaded() -> None:
+    """Once the job has imported torch: where Unix sockets are refused, a DataLoader with workers
+    fails at once naming why, instead of waiting forever for batches its workers cannot send."""
+    if not _NO_UNIX_SOCKETS:
+        return
+    from torch.utils.data import dataloader
+
+    def refuse(self, loader, *args, **kwargs):
+        raise RuntimeError(DATALOADER_WORKERS_REFUSED)
+
+    dataloader._MultiProcessingDataLoaderIter.__init__ = refuse
 
 
 def prepare_temp(tmp_dir: Path) -> None:
@@ -503,10 +662,13 @@ def prepare_temp(tmp_dir: Path) -> None:
     tempfile.tempdir = None  # re-read TMPDIR
 
 
-def enter(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = ()) -> str:
-    """Called by the worker once it knows its job: private temp folders, then the sandbox the setting
-    asks for. Returns a line for worker.log; raises SandboxError when the sandbox is required and
-    cannot be applied, TrustError when the job is refused outright."""
+def enter(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = (), *, shm_bytes: int | None = None,
+          close: tuple = (), exit_as=None) -> str:
+    """Called by the worker once it knows its job: private temp folders, namespaces where they can
+    be had, then the sandbox the setting asks for. Returns a line for worker.log; raises SandboxError
+    when the sandbox is required and cannot be applied, TrustError when the job is refused outright.
+    ``shm_bytes``: the size of a private /dev/shm (the memory cap); ``close`` and ``exit_as``: see
+    namespaces.isolate (this process may stay behind, waiting for the job's, and exit as it did)."""
     prepare_temp(tmp_dir)
     _remember_user_name()
     mode = setting()
@@ -518,7 +680,16 @@ def enter(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = ()) -> 
         if mode == "on":
             raise SandboxError(f"the job sandbox is required ({SANDBOX_ENV}=1) but {support.reason}")
         return f"sandbox: none ({support.reason})"
-    return "sandbox: " + apply(policy, support)
+    if job.analysis in TRACE_CACHE_ANALYSES:
+        # No user code runs: the host's view, so that the parsed columns are hard-linked from the
+        # trace cache beside the run (a link cannot cross the view's separate bind mounts).
+        inside, what = False, "not needed (a trace job runs no user code)"
+    elif namespaces_setting():
+        inside, what = namespaces.isolate(policy.view(shm_bytes or (1 << 30), Path(tmp_dir)), close, exit_as)
+    else:
+        inside, what = False, f"turned off ({NAMESPACES_ENV}=0)"
+    applied = apply(policy, support, unix_sockets=inside)
+    return f"sandbox: {applied}; " + (what if inside else f"no namespaces ({what})")
 
 
 def _remember_user_name() -> None:

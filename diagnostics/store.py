@@ -8,14 +8,17 @@ dashboard, the CLI and several sessions write at once. A row remembers the proce
 finish the row, and ``mark_interrupted()`` (called when a dashboard starts) marks it 'interrupted'.
 
 The store belongs to the dashboard and CLI processes alone: a job's worker never opens it and its
-sandbox cannot reach the data folder. A file that is not (or no longer) a database, or cannot be
-opened, is moved aside to ``runs.sqlite.corrupt-<time>`` (its -wal and -shm with it) and a fresh
-store is started; ``notices`` says so, for the dashboard and the CLI to show once. Artifacts are
-never touched.
+sandbox cannot reach the data folder. A file that is not (or no longer) a database, cannot be
+opened, or holds a ``runs`` table without the columns this version needs, is moved aside to
+``runs.sqlite.corrupt-<time>`` (its -wal and -shm with it) and a fresh store is started; ``notices``
+says so, for the dashboard and the CLI to show once. Artifacts are never touched. A store that
+cannot be written (a read-only folder, file or file system) or a full disk is a ``StoreError``
+whose one message says where, why and what to do; nothing stored is changed by it.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -29,7 +32,13 @@ from pathlib import Path
 
 import psutil
 
+from diagnostics.errors import TorchScopeError
+from diagnostics.units import human_bytes
+
 DATA_DIR_ENV = "TORCHSCOPE_DATA_DIR"
+#: History's listing loads a run's artifact list only up to this size (lists are bounded when
+#: written: diagnostics.jobfiles.MAX_LISTED names).
+LIST_ARTIFACTS_BYTES = 64 << 10
 
 FINAL_STATUSES = ("ok", "error", "timeout", "crashed", "oom", "cancelled", "interrupted")
 
@@ -59,11 +68,34 @@ CREATE INDEX IF NOT EXISTS runs_started ON runs(started);
 """
 
 
-#: SQLite errors that mean the file is not a usable database (as opposed to busy, locked or full).
-_UNUSABLE = ("file is not a database", "database disk image is malformed", "unable to open database file")
+#: SQLite errors that mean the file is not a usable database (as opposed to busy, locked or full);
+#: "no such column" and "has no column named": a ``runs`` table of another program or version.
+_UNUSABLE = ("file is not a database", "database disk image is malformed", "unable to open database file",
+             "no such column", "has no column named", "lacks the columns")
+#: SQLite errors of a store that cannot be written, and of a full disk.
+_READ_ONLY = ("attempt to write a readonly database", "readonly database", "read-only file system")
+_FULL = ("database or disk is full", "no space left on device")
+#: Space a write is said to need beyond its data: SQLite's journal pages and indexes.
+WRITE_MARGIN = 1 << 20
+#: Columns the store reads and writes (owner_pid is added to older stores).
+COLUMNS = ("id", "analysis", "status", "cache_key", "model_label", "spec_json", "options_json", "device", "source",
+           "pid", "started", "finished", "duration_s", "metrics_json", "result_json", "error", "artifacts_json")
+
+
+class StoreError(TorchScopeError):
+    """The run store cannot be written (read-only) or its disk is full: the message says where and what to do."""
+
+
+def _check_columns(db) -> None:
+    """A ``runs`` table of another program or version (columns missing) is not this store."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    missing = [c for c in COLUMNS if c not in columns]
+    if columns and missing:
+        raise sqlite3.DatabaseError(f"its runs table lacks the columns {', '.join(missing)}")
 
 
 def _create_schema(db) -> None:
+    _check_columns(db)
     db.executescript(_SCHEMA)
     columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
     if "owner_pid" not in columns:  # stores written before owner_pid existed
@@ -121,8 +153,11 @@ class Store:
     def __init__(self, data_dir: Path | str | None = None):
         self.data_dir = Path(data_dir) if data_dir else default_data_dir()
         self.artifacts_root = self.data_dir / "artifacts"
-        self.artifacts_root.mkdir(parents=True, exist_ok=True)
         self.db_path = self.data_dir / "runs.sqlite"
+        try:
+            self.artifacts_root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise self._os_error(e, self.artifacts_root) from None
         #: What happened to the store that users should hear about (a file moved aside), oldest first.
         self.notices: list[str] = []
         self._ready = False
@@ -130,7 +165,68 @@ class Store:
             _create_schema(db)
         self._ready = True  # from now on a missing table means the file was emptied under us
 
+    # -- what cannot be written ----------------------------------------------------------
+    def _read_only(self) -> str | None:
+        """Why the store cannot be written (the folder, the file, the file system), or None."""
+        folder = self.data_dir  # or the nearest folder above it that exists (it is made there)
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        try:
+            if os.statvfs(folder).f_flag & os.ST_RDONLY:
+                return f"the data folder {self.data_dir} is on a read-only file system"
+        except OSError:
+            pass
+        for path, what in ((folder, "folder"), (self.db_path, "file")):
+            if os.path.exists(path) and not os.access(path, os.W_OK | (os.X_OK if what == "folder" else 0)):
+                st = os.stat(path)
+                return (f"the {what} {path} is not writable by this user (uid {os.geteuid()}): mode "
+                        f"{st.st_mode & 0o777:03o}, owner uid {st.st_uid}")
+        return None
+
+    def _read_only_error(self, why: str) -> StoreError:
+        return StoreError(f"the run store {self.db_path} cannot be written: {why}. Make it writable, or set "
+                          f"{DATA_DIR_ENV} to a writable folder; nothing stored was changed")
+
+    def _full_error(self, need: int) -> StoreError:
+        try:
+            free = shutil.disk_usage(self.data_dir).free
+        except OSError:
+            free = 0
+        return StoreError(f"the disk holding the run store {self.data_dir} is full ({human_bytes(free)} free): "
+                          f"storing this run needs about {human_bytes(need + WRITE_MARGIN)} more. Free some space "
+                          f"there, or set {DATA_DIR_ENV} to a folder on another disk; nothing stored was lost")
+
+    def _os_error(self, e: OSError, path: Path) -> TorchScopeError:
+        if e.errno == errno.ENOSPC:
+            return self._full_error(0)
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return self._read_only_error(self._read_only() or f"{path}: {e.strerror}")
+        return StoreError(f"the run store's folder {path} could not be made: {e.strerror}; set {DATA_DIR_ENV} "
+                          "to a writable folder")
+
+    def _store_error(self, e: Exception, need: int = 0) -> StoreError | None:
+        """The StoreError an SQLite error means (read-only store, full disk), or None."""
+        text = str(e).lower()
+        if any(m in text for m in _FULL):
+            return self._full_error(need)
+        if any(m in text for m in _READ_ONLY):
+            return self._read_only_error(self._read_only() or "SQLite says it is read-only")
+        if "unable to open database file" in text or "disk i/o error" in text:
+            why = self._read_only()
+            if why:
+                return self._read_only_error(why)
+            try:
+                if shutil.disk_usage(self.data_dir).free < WRITE_MARGIN:
+                    return self._full_error(need)
+            except OSError:
+                pass
+        return None
+
     def _open(self):
+        if not self.db_path.exists():
+            why = self._read_only()
+            if why:  # SQLite would say only "unable to open database file"
+                raise self._read_only_error(why)
         db = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -141,10 +237,19 @@ class Store:
         return db
 
     @contextmanager
-    def _connect(self):
+    def _connect(self, need: int = 0):
+        """A connection; ``need``: bytes the caller's write adds (said when the disk is full)."""
+        db = None
         try:
             db = self._open()
+            if not self._ready:
+                _check_columns(db)
         except sqlite3.DatabaseError as e:
+            if db is not None:
+                db.close()
+            known = self._store_error(e, need)
+            if known is not None:
+                raise known from None
             if not self._unusable(e):
                 raise
             self._set_aside(e)  # then carry on with a fresh store
@@ -167,6 +272,9 @@ class Store:
         try:
             yield db
         except sqlite3.DatabaseError as e:
+            known = self._store_error(e, need)
+            if known is not None:
+                raise known from None
             if self._unusable(e):  # damaged past its header: this call fails, the next starts afresh
                 self._set_aside(e)
             raise
@@ -186,6 +294,7 @@ class Store:
                 db = self._open()
                 try:
                     db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+                    _check_columns(db)
                 finally:
                     db.close()
                 return  # usable again (set aside and restarted by another process)
@@ -197,11 +306,14 @@ class Store:
             while os.path.lexists(target):
                 n += 1
                 target = self.data_dir / f"runs.sqlite.corrupt-{stamp}-{n}"
-            os.replace(self.db_path, target)
-            for suffix in ("-wal", "-shm"):  # a stale log must not be replayed into the fresh store
-                side = Path(f"{self.db_path}{suffix}")
-                if os.path.lexists(side):
-                    os.replace(side, Path(f"{target}{suffix}"))
+            try:
+                os.replace(self.db_path, target)
+                for suffix in ("-wal", "-shm"):  # a stale log must not be replayed into the fresh store
+                    side = Path(f"{self.db_path}{suffix}")
+                    if os.path.lexists(side):
+                        os.replace(side, Path(f"{target}{suffix}"))
+            except OSError as e:
+                raise self._os_error(e, self.db_path) from None
         self.notices.append(f"the run store {self.db_path} could not be read ({error}); it was moved aside to "
                             f"{target.name} and a fresh store was started. Runs stored before are not listed; "
                             "their artifacts are kept.")
@@ -232,13 +344,13 @@ class Store:
             raise ValueError(f"unknown final status {status!r}")
         metrics = (result or {}).get("metrics") or {}
         now = time.time()
-        with self._connect() as db:
+        values = (json.dumps(metrics, default=str), None if result is None else json.dumps(result, default=str),
+                  error, json.dumps(artifacts or {}))
+        with self._connect(need=sum(len(v) for v in values if v)) as db:
             db.execute(
                 "UPDATE runs SET status=?, finished=?, duration_s=?-started, metrics_json=?, result_json=?,"
                 " error=?, artifacts_json=? WHERE id=?",
-                (status, now, now, json.dumps(metrics, default=str),
-                 None if result is None else json.dumps(result, default=str), error,
-                 json.dumps(artifacts or {}), run_id),
+                (status, now, now, *values, run_id),
             )
 
     def artifact_dir(self, run_id: str) -> Path:
@@ -288,8 +400,12 @@ class Store:
         return None if row is None else self._record(row)
 
     def list(self, limit: int = 200, analysis: str | None = None) -> list[RunRecord]:
-        """Newest first, without the (possibly large) result bodies."""
-        sql = f"SELECT {self._COLUMNS.format(result='NULL')} FROM runs"
+        """Newest first, without the (possibly large) result bodies, nor an artifact list past
+        LIST_ARTIFACTS_BYTES (stores written before lists were bounded: ``get`` has it)."""
+        columns = self._COLUMNS.format(result="NULL").replace(
+            "artifacts_json", f"CASE WHEN length(artifacts_json) > {LIST_ARTIFACTS_BYTES} THEN NULL "
+                              "ELSE artifacts_json END")
+        sql = f"SELECT {columns} FROM runs"
         args: tuple = ()
         if analysis:
             sql += " WHERE analysis=?"

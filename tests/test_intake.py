@@ -406,3 +406,75 @@ def test_a_pt2_returning_a_transformers_model_output_says_what_to_do(tmp_path):
     assert ("NotImplementedError: Deserializing transformers.modeling_outputs.CausalLMOutput in pytree is not "
             "registered. -- what to do: ") in message
     assert "`return model(ids, use_cache=False).logits`" in message and "warnings above" not in message
+
+
+# ----------------------------------------------------------------------------- weights named invalid at once (#30)
+def sparse_safetensors(path, gib: float = 0.25):
+    """A .safetensors whose header is valid and declares one F32 tensor of ``gib`` GiB, its data never
+    written: a sparse file (it reads as zeros). Loading it materialised the whole tensor."""
+    import json
+
+    n = int(gib * 2**30) // 4
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
+        f.truncate(8 + len(header) + 4 * n)
+    return path
+
+
+def _py(folder):
+    path = folder / "model.py"
+    path.write_text(PY_MODEL)
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_a_sparse_weights_file_is_named_invalid_at_once(tmp_path):
+    import time
+
+    path = sparse_safetensors(tmp_path / "big.safetensors")
+    spec = ModelSpec(source="python", name="net.py", path=str(_py(tmp_path)), weights_path=str(path))
+    t0 = time.monotonic()
+    with pytest.raises(ModelLoadError) as e:
+        load_model(spec)
+    assert time.monotonic() - t0 < 5  # nothing of the 256 MiB was read
+    assert str(e.value) == ("big.safetensors is not a valid .safetensors file: it is sparse: 256.0 MiB long, but only "
+                            "0.0 MiB of it was ever written (the rest are holes that read as zeros)")
+    for name in ("zeros.pt", "zeros.safetensors"):  # `truncate -s 2G`: holes only
+        with open(tmp_path / name, "wb") as f:
+            f.truncate(2 << 30)
+        with pytest.raises(ModelLoadError, match=rf"^{name} is not a valid .* it is sparse: 2,048.0 MiB long"):
+            load_model(ModelSpec(source="python", name="net.py", path=spec.path, weights_path=str(tmp_path / name)))
+
+
+def test_a_safetensors_header_that_does_not_describe_its_bytes_is_named(tmp_path):
+    import json
+
+    from diagnostics.intake import check_weights_file
+
+    def write(name, header, data: bytes):
+        raw = json.dumps(header).encode()
+        (tmp_path / name).write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+        return tmp_path / name
+
+    good = write("good.safetensors", {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8)
+    check_weights_file(good, "good.safetensors")  # control
+    cases = {
+        "short.safetensors": ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8,
+                              "tensor 'w' has no valid shape and data offsets within the file's 8 data bytes"),
+        "shape.safetensors": ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8,
+                              "tensor 'w' (F32 [3]) should take 12 bytes, its offsets give 8"),
+        "tail.safetensors": ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 16,
+                             "its tensors take 8 bytes but 16 follow the header"),
+    }
+    for name, (header, data, why) in cases.items():
+        with pytest.raises(ModelLoadError) as e:
+            check_weights_file(write(name, header, data), name)
+        assert str(e.value) == f"{name} is not a valid .safetensors file: {why}"
+    (tmp_path / "junk.pt").write_bytes(b"\0" * 64)
+    with pytest.raises(ModelLoadError, match=r"^junk.pt is not a valid weights file: it is neither a torch.save "
+                                             r"archive nor a safetensors file \(it starts with the bytes 00 00"):
+        check_weights_file(tmp_path / "junk.pt", "junk.pt")
+    torch.save({"w": torch.ones(2)}, tmp_path / "ok.pt")
+    check_weights_file(tmp_path / "ok.pt", "ok.pt")  # control: torch.save's zip archive

@@ -29,7 +29,7 @@ import streamlit as st
 from diagnostics.registry import get_analysis
 from diagnostics.runner import Job, JobOutcome
 from diagnostics.spec import ModelSpec
-from diagnostics.store import Store
+from diagnostics.store import Store, StoreError
 from ui import state
 from ui.background import BackgroundJob, manager
 
@@ -48,6 +48,16 @@ def get_store() -> Store:
     store = Store()
     store.mark_interrupted()  # rows left 'running' by a dashboard that stopped
     return store
+
+
+def store_problem() -> str | None:
+    """Why the run store cannot serve (a read-only data folder, a full disk: diagnostics.store's one
+    message), or None. The app stops on it rather than fail in every page."""
+    try:
+        get_store()
+    except StoreError as e:
+        return str(e)
+    return None
 
 
 def _outcome_from_record(rec) -> JobOutcome:

@@ -10,6 +10,24 @@ from diagnostics.runner import JobOutcome
 from diagnostics.units import _SCALES, COMPACT_WIDTH, Scale, compact, interval_text, scale_of
 
 
+def artifact_size(path) -> int | None:
+    """The size of a run's file a page offers for download, or None: only a regular file (never a
+    link, which a job could have left) inside the run store's artifact folder (a path in a result
+    could name any file). diagnostics.jobfiles does the checks."""
+    from diagnostics.jobfiles import size_of
+    from ui.jobs import get_store
+
+    return size_of(path, within=get_store().artifacts_root) if path else None
+
+
+def artifact_bytes(path) -> bytes:
+    """The content of a run's file for a download button (checked as artifact_size says)."""
+    from diagnostics.jobfiles import read_bytes
+    from ui.jobs import get_store
+
+    return read_bytes(path, within=get_store().artifacts_root)
+
+
 def show_failure(outcome: JobOutcome) -> None:
     """A readable error for a failed job, with the worker's last output folded away. A job still
     running (ui.jobs) draws nothing: its progress panel is on the page already."""

@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+import diagnostics.jobfiles as jobfiles
 from diagnostics.cli import report_folder as cli_report
 from diagnostics.cli.model_args import UsageError, add_model_args, spec_from_args
 from diagnostics.cli.report_folder import add_report_args
@@ -302,8 +303,7 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     result = show(outcome.result) if show is not None else outcome.result
     written = None
     if out_dir is not None:
-        artifacts = {p.name: str(p) for p in Path(outcome.artifact_dir).iterdir() if p.is_file()} \
-            if copy_artifacts and outcome.artifact_dir and Path(outcome.artifact_dir).is_dir() else {}
+        artifacts = jobfiles.listing(outcome.artifact_dir) if copy_artifacts and outcome.artifact_dir else {}
         written = cli_report.write_report(name, result, out_dir, artifacts, title=title, run_id=outcome.run_id)
         if written is None:
             return EXIT_FAILED, None

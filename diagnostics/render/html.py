@@ -16,12 +16,12 @@ from __future__ import annotations
 import html
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
 import pandas as pd
 
+from diagnostics.jobfiles import ArtifactError, copy_regular
 from diagnostics.render.sections import MAX_HTML_ROWS, Section, generic_sections
 from diagnostics.render.tables import find_tables, is_trace_file, records_frame, safe_filename
 from diagnostics.render.text import disturbance_line, format_metric, metric_label, shown_metrics
@@ -250,7 +250,8 @@ def write_report_folder(analysis: str, result: dict, out_dir: Path | str, artifa
     """Write report.html, result.json, one CSV per table and any Chrome trace into ``out_dir``.
 
     ``artifacts`` maps names to files of the run (JobOutcome.artifact_dir's files or the store's
-    record); the trace files among them are copied. Returns name -> path of what was written.
+    record); the trace files among them are copied, if they are regular files (never through a link,
+    never waiting on a FIFO: diagnostics.jobfiles). Returns name -> path of what was written.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -269,10 +270,14 @@ def write_report_folder(analysis: str, result: dict, out_dir: Path | str, artifa
         written[path.name] = path
     for name, src in (artifacts or {}).items():
         src = Path(src)
-        if src.is_file() and is_trace_file(src):
-            dst = out / src.name
-            shutil.copyfile(src, dst)
-            written[dst.name] = dst
+        if not is_trace_file(src):
+            continue
+        dst = out / src.name
+        try:  # a run's file: a regular one only (a link or a FIFO a job left there is not followed)
+            copy_regular(src, dst)
+        except ArtifactError:
+            continue
+        written[dst.name] = dst
     path = out / "report.html"
     path.write_text(build_report(analysis, result, title, meta=meta), encoding="utf-8")
     written["report.html"] = path

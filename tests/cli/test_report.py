@@ -218,3 +218,25 @@ def test_report_tables_show_declared_titles_and_units_not_raw_dumps():
     assert "e+0" not in table and "2695168" not in table.replace(",", "")
     assert "<td class=\"num\">2.57</td>" in table  # the baseline's 2,695,168 bytes in the column's MiB
     assert "first note; second note" in table and '["' not in table
+
+
+@pytest.mark.timeout(30)
+def test_report_folder_never_copies_a_symlinked_or_fifo_trace(tmp_path, summary_result):
+    """A job's folder could hold a trace.json that is a link to a secret, or a FIFO that blocks
+    whoever opens it: neither may reach a report folder (issue #30)."""
+    import os
+
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "trace.json").symlink_to(secret)
+    os.mkfifo(art / "rank1.pt.trace.json")
+    (art / "rank0.pt.trace.json").write_text('{"traceEvents": []}')  # control: a regular trace is copied
+    written = write_report_folder("summary", summary_result, tmp_path / "out",
+                                  {p.name: str(p) for p in art.iterdir()})
+    out = tmp_path / "out"
+    assert "rank0.pt.trace.json" in written and (out / "rank0.pt.trace.json").read_text() == '{"traceEvents": []}'
+    assert "trace.json" not in written and not os.path.lexists(out / "trace.json")
+    assert "rank1.pt.trace.json" not in written and not os.path.lexists(out / "rank1.pt.trace.json")
+    assert not any("OPENSSH" in p.read_text(errors="replace") for p in out.iterdir())

@@ -17,3 +17,19 @@ def test_the_dashboard_starts_on_a_corrupt_run_store_and_says_so_once(new_app, t
         assert not [w for w in at.sidebar.warning if "moved aside" in w.value]
     finally:
         get_store.clear()
+
+
+def test_the_dashboard_names_a_run_store_it_cannot_write_and_stops(new_app, tmp_path, monkeypatch):
+    from ui.jobs import get_store
+
+    (tmp_path / "data").write_text("a file where the data folder should be")
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "data"))
+    get_store.clear()
+    try:
+        at = new_app()
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert [e.value for e in at.error] == [f"the run store's folder {tmp_path / 'data' / 'artifacts'} could not be "
+                                               "made: Not a directory; set TORCHSCOPE_DATA_DIR to a writable folder"]
+    finally:
+        get_store.clear()

@@ -53,3 +53,34 @@ def assert_intact(store, before: dict) -> None:
     for rid, rec in before.items():
         assert rid in after, f"run {rid} disappeared from the store"
         assert after[rid] == rec, f"run {rid} changed: {rec} -> {after[rid]}"
+
+
+#: The two ways the sandbox confines a job: namespaces of its own (where user namespaces are
+#: allowed) and Landlock + seccomp alone (a kernel or container without them; TORCHSCOPE_SANDBOX_NAMESPACES=0).
+MODES = ("namespaces", "landlock-only")
+
+
+def use_mode(monkeypatch, mode: str) -> None:
+    """Run this test's jobs sandboxed in ``mode`` (skips where this machine cannot give it)."""
+    import pytest
+
+    from diagnostics import sandbox
+
+    if not sandbox.probe().ok:
+        pytest.skip(f"no job sandbox here: {sandbox.probe().reason}")
+    monkeypatch.setenv("TORCHSCOPE_SANDBOX", "1")
+    if mode == "landlock-only":
+        monkeypatch.setenv(sandbox.NAMESPACES_ENV, "0")
+        return
+    monkeypatch.delenv(sandbox.NAMESPACES_ENV, raising=False)
+    ok, why = sandbox.namespace_support()
+    if not ok:
+        pytest.skip(f"no user namespaces here: {why}")
+
+
+#: A model's forward can find its job's artifact folder (an attacker's first step): the runner's
+#: AnalysisContext is an object in the same process.
+FIND_FOLDER = """
+import gc
+folder = next(o for o in gc.get_objects() if type(o).__name__ == "AnalysisContext").artifact_dir
+"""

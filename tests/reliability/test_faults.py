@@ -177,11 +177,13 @@ def test_megabytes_on_stdout_are_kept_bounded(world):
     size = os.path.getsize(log)
     assert size <= LOG_HEAD_BYTES + LOG_TAIL_BYTES + 300, size
     text = open(log, "rb").read().decode()
+    mode, text = text.split("\n", 1)  # the worker's first line: the sandbox it runs in
+    assert mode.startswith("sandbox: "), mode
     assert text.startswith("FIRST LINE\n")
     assert text.rstrip().endswith("LAST LINE")
     assert "bytes of output dropped" in text
     dropped = int(text.split("[... ")[1].split(" bytes")[0].replace(",", ""))
-    total = len("FIRST LINE\n") + 120_000 * 100 + len("LAST LINE\n")
+    total = len(mode) + 1 + len("FIRST LINE\n") + 120_000 * 100 + len("LAST LINE\n")
     assert dropped == total - LOG_HEAD_BYTES - LOG_TAIL_BYTES
     assert "LAST LINE" in out.log_tail
 

@@ -3,11 +3,12 @@ is cancelled, and after the CLI running it is killed with SIGKILL.
 
 The model starts three ``sleep`` processes from its forward: a plain child, one in a new session
 (``start_new_session``: out of the worker's process group), and an orphan (started by a shell that
-exits at once, so it is re-parented). It prints their pids to its log, which the tests read.
+exits at once, so it is re-parented). Their command lines carry a token of the test's, by which the
+tests find them among the machine's processes (in a PID namespace of its own, the pids a job sees
+are not the machine's); it also says on its log that they started.
 """
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,9 +27,9 @@ pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
 
 SPAWN = """
-plain = subprocess.Popen(["sleep", "300"])
-session = subprocess.Popen(["sleep", "301"], start_new_session=True)
-shell = subprocess.Popen(["sh", "-c", "sleep 302 >/dev/null 2>&1 & echo $!"], stdout=subprocess.PIPE)
+plain = subprocess.Popen(["sleep", "300.TOKEN"])
+session = subprocess.Popen(["sleep", "301.TOKEN"], start_new_session=True)
+shell = subprocess.Popen(["sh", "-c", "sleep 302.TOKEN >/dev/null 2>&1 & echo $!"], stdout=subprocess.PIPE)
 orphan = int(shell.stdout.readline())
 shell.wait()
 print(f"CHILDREN {plain.pid} {session.pid} {orphan}", flush=True)
@@ -40,15 +41,31 @@ THEN = {
 }
 
 
+TOKEN = str(os.getpid()).zfill(6)[-6:]  # in the children's command lines: sleep 300.<token>
+
+
 def leaky_model(folder: Path, then: str) -> Path:
-    return model_file(folder, f"leaky_{then}.py", SPAWN + THEN[then], "import os, signal, subprocess, time")
+    return model_file(folder, f"leaky_{then}.py", SPAWN.replace("TOKEN", TOKEN) + THEN[then],
+                      "import os, signal, subprocess, time")
 
 
 def child_pids(text: str) -> list[int]:
-    """Every pid the model reported (an analysis may run its forward more than once)."""
-    found = re.findall(r"CHILDREN (\d+) (\d+) (\d+)", text)
-    assert found, f"the model did not report its children: {text[-2000:]}"
-    return [int(p) for group in found for p in group]
+    """The machine's pids of the model's children, once it said they started (an analysis may run
+    its forward more than once: every child carries the token)."""
+    assert "CHILDREN " in text, f"the model did not report its children: {text[-2000:]}"
+    return marked()
+
+
+def marked() -> list[int]:
+    """Live processes whose command line carries this run's token."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(a.endswith("." + TOKEN) for a in (p.info["cmdline"] or [])) and alive(p.pid):
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    return found
 
 
 def alive(pid: int) -> bool:
@@ -60,9 +77,9 @@ def alive(pid: int) -> bool:
 
 def assert_gone(pids: list[int], within_s: float = 0.0) -> None:
     deadline = time.monotonic() + within_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids + marked()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    survivors = [(p, psutil.Process(p).cmdline()) for p in pids if alive(p)]
+    survivors = [(p, psutil.Process(p).cmdline()) for p in set(pids + marked()) if alive(p)]
     for p, _ in survivors:  # do not leak them into the rest of the test run
         os.kill(p, signal.SIGKILL)
     assert not survivors, f"processes outlived their job: {survivors}"

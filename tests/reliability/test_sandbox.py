@@ -6,9 +6,11 @@ the sandbox from their forward and report what each attempt gave. Each refusal h
 with the sandbox off (TORCHSCOPE_SANDBOX=0), where the same attempt succeeds.
 """
 
+import re
 import socket
 import threading
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ from diagnostics.errors import TrustError
 from diagnostics.graph_ops import check_exported, check_torchscript, exported_ops, torchscript_ops
 from diagnostics.runner import Job, run_job
 from diagnostics.store import Store
-from reliability_helpers import assert_intact, good_spec, model_file, python_spec, snapshot
+from reliability_helpers import MODES, assert_intact, good_spec, model_file, python_spec, snapshot, use_mode
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(not sandbox.probe().ok, reason=f"no job sandbox here: {sandbox.probe().reason}")]
@@ -225,7 +227,7 @@ def tcp():
     s.close()
 
 guardian = os.getppid()
-runner = psutil.Process(guardian).ppid()
+runner = RUNNER  # the test's process (in a PID namespace, not a pid the job can see)
 report = {
     "read_passwd": attempt(lambda: open("/etc/passwd").read()),
     "write_outside": attempt(lambda: write(TARGET)),
@@ -242,15 +244,22 @@ report = {
     "temp_file": attempt(lambda: tempfile.NamedTemporaryFile(dir=None).close()),
     "read_torch": attempt(lambda: open(torch.__file__).read()),
     "unix_socketpair": attempt(lambda: [s.close() for s in socket.socketpair()]),
+    "unix_socket": attempt(lambda: socket.socket(socket.AF_UNIX).close()),
+    "write_code": attempt(lambda: write(os.path.join(os.path.dirname(torch.__file__), "pwned.txt"))),
+    "list_root": attempt(lambda: os.listdir("/")),
 }
 raise RuntimeError("PROBE " + repr(report))
 """
 
 
-def probe(world, monkeypatch, confined: bool) -> dict:
+def probe(world, monkeypatch, confined: bool, mode: str = "namespaces") -> dict:
     import ast
+    import os
 
-    monkeypatch.setenv("TORCHSCOPE_SANDBOX", "1" if confined else "0")
+    if confined:
+        use_mode(monkeypatch, mode)
+    else:
+        monkeypatch.setenv("TORCHSCOPE_SANDBOX", "0")
     store = world["store"]
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -269,7 +278,8 @@ def probe(world, monkeypatch, confined: bool) -> dict:
     t.start()
     target = world["folder"] / "outside.txt"
     forward = PROBES.replace("PORT", str(listener.getsockname()[1])).replace("TARGET", repr(str(target))) \
-        .replace("STORE", repr(str(store.db_path))).replace("DATA", repr(str(store.data_dir)))
+        .replace("STORE", repr(str(store.db_path))).replace("DATA", repr(str(store.data_dir))) \
+        .replace("RUNNER", str(os.getpid()))
     before = snapshot(store)
     out = validate(world, python_spec(model_file(world["folder"], "probe.py", forward)))
     listener.close()
@@ -283,16 +293,27 @@ def probe(world, monkeypatch, confined: bool) -> dict:
     return report
 
 
-def test_what_a_sandboxed_model_may_and_may_not_do(world, monkeypatch):
-    r = probe(world, monkeypatch, confined=True)
-    assert r["read_passwd"] == "refused:EACCES"
-    assert r["write_outside"] == "refused:EACCES" and not r["target_written"]
-    assert r["read_store"] == r["write_store"] == r["truncate_store"] == r["list_data_dir"] == "refused:EACCES"
+@pytest.mark.parametrize("mode", MODES)
+def test_what_a_sandboxed_model_may_and_may_not_do(world, monkeypatch, mode):
+    r = probe(world, monkeypatch, confined=True, mode=mode)
+    hidden = "refused:ENOENT" if mode == "namespaces" else "refused:EACCES"  # not in the job's view / refused
+    assert r["read_passwd"] == hidden
+    # namespaces: the model's folder holds the hidden data folder, so it is a read-only folder of the view
+    assert r["write_outside"] == ("refused:EROFS" if mode == "namespaces" else "refused:EACCES")
+    assert not r["target_written"]
+    store = ("read_store", "write_store", "truncate_store")
+    assert {k: r[k] for k in store} == dict.fromkeys(store, hidden)
+    assert r["list_data_dir"] == "refused:EACCES"  # in view, it leads to the job's own folder: not listable
     assert r["tcp_connect"] == "refused:EACCES" and not r["tcp_accepted"]
     assert r["udp_socket"] == "refused:EACCES"  # seccomp: Landlock alone governs TCP only
-    assert r["signal_runner"] == r["signal_guardian"] == "refused:EPERM"
+    assert r["signal_runner"] == ("refused:ESRCH" if mode == "namespaces" else "refused:EPERM")
+    assert r["signal_guardian"] == "refused:EPERM"
     assert r["child_reads_passwd"] == "refused"  # what it starts is confined too
     assert r["temp_file"] == r["read_torch"] == r["unix_socketpair"] == "allowed"
+    # what is in view is still Landlock's: read-only code, no listing of the root
+    assert r["write_code"] == r["list_root"] == "refused:EACCES"
+    # a Unix socket could reach any host service by its path: only where no host socket is in view
+    assert r["unix_socket"] == ("allowed" if mode == "namespaces" else "refused:EACCES")
 
 
 def test_control_the_same_probes_succeed_without_the_sandbox(world, monkeypatch):
@@ -302,8 +323,9 @@ def test_control_the_same_probes_succeed_without_the_sandbox(world, monkeypatch)
     assert r["target_written"] and r["tcp_accepted"]
 
 
-def test_a_sandboxed_model_can_use_dataloader_workers_and_temp_files(world, monkeypatch):
-    monkeypatch.setenv("TORCHSCOPE_SANDBOX", "1")
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sandboxed_model_can_use_dataloader_workers_and_temp_files(world, monkeypatch, mode):
+    use_mode(monkeypatch, mode)
     forward = """
         ds = torch.utils.data.TensorDataset(torch.arange(64, dtype=torch.float32).reshape(16, 4))
         total = sum(float(b[0].sum()) for b in torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2))
@@ -314,7 +336,11 @@ def test_a_sandboxed_model_can_use_dataloader_workers_and_temp_files(world, monk
         return self.lin(x)
     """
     out = validate(world, python_spec(model_file(world["folder"], "loader.py", forward, "import os, tempfile")))
-    assert out.ok, (out.error, out.log_tail)
+    if mode == "namespaces":
+        assert out.ok, (out.error, out.log_tail)
+    else:  # no Unix sockets to pass tensors: said at once (it waited for the job's timeout before)
+        assert out.status == "error" and sandbox.DATALOADER_WORKERS_REFUSED in out.error, out.error
+        assert out.duration_s < 60
 
 
 # ------------------------------------------------------------------------------ no sandbox
@@ -338,7 +364,7 @@ def test_the_cli_says_at_start_up_when_the_kernel_offers_no_sandbox(monkeypatch,
     from diagnostics.cli.main import main
 
     assert main(["list"]) == 0
-    assert "warning" not in capsys.readouterr().err  # control: this kernel has one
+    assert "no job sandbox" not in capsys.readouterr().err  # control: this kernel has one
     monkeypatch.setattr(sandbox, "probe", lambda: NO_LANDLOCK)
     monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
     assert main(["list"]) == 0
@@ -432,3 +458,173 @@ def test_distributed_jobs_on_uploads_are_refused_in_safe_mode(tmp_path, monkeypa
     assert policy.network  # the built-in samples keep TCP for their ranks
     assert not sandbox.policy_for(Job("validate", ModelSpec(name="mlp")), tmp_path, tmp_path).network
 
+
+
+# ------------------------------------------------------------------------------ safe mode: before anything runs (#30)
+class SetState(nn.Module):
+    """Its __setstate__ (which torch.jit.load runs) saves a tensor to ``path``: code that runs on load."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def forward(self, x):
+        return x * 2
+
+    @torch.jit.export
+    def __getstate__(self):
+        return (self.path, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: Tuple[str, bool]):
+        self.path = state[0]
+        torch.save(torch.ones(1), state[0])
+        self.training = state[1]
+
+
+@pytest.fixture
+def in_a_worker(monkeypatch):
+    """load_model in safe mode as a sandboxed worker runs it (graph code is loaded only there)."""
+    monkeypatch.setattr(sandbox, "confined", lambda: True)
+    monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
+
+
+def test_safe_mode_refuses_a_torchscript_setstate_before_it_runs(tmp_path, in_a_worker):
+    from diagnostics.intake import load_model
+
+    target = tmp_path / "written_on_load.pt"
+    spec = ts_spec(tmp_path, SetState(str(target)))
+    target.unlink(missing_ok=True)
+    torch.jit.load(spec.path)  # control: loading alone runs the code
+    assert target.exists()
+    target.unlink()
+    with pytest.raises(TrustError) as e:
+        load_model(spec)
+    assert str(e.value).startswith("model.ts.pt calls aten::save (writes a file) in SetState.__setstate__; server-safe "
+                                   "mode refuses"), e.value
+    assert re.search(r"\(code/__torch__/\w+\.py, line \d+: checked before anything in the archive ran\)", str(e.value))
+    assert not target.exists()
+
+
+def test_safe_mode_torchscript_setstate_through_the_runner(world, monkeypatch):
+    monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
+    target = world["folder"] / "setstate.pt"
+    spec = ts_spec(world["folder"], SetState(str(target)))
+    target.unlink(missing_ok=True)
+    out = validate(world, spec)
+    assert out.status == "error" and out.error.startswith("model.ts.pt calls aten::save (writes a file) in "
+                                                          "SetState.__setstate__"), out.error
+    assert not target.exists()
+
+
+def test_every_samples_archive_passes_the_check_before_loading(tmp_path):
+    """The allow-list refuses none of the built-in models, scripted, traced or exported."""
+    from diagnostics.graph_ops import inspect_export_archive, inspect_torchscript_archive
+    from sample_models import SAMPLES
+
+    checked = 0
+    for name in ("mlp", "cnn", "transformer", "lstm"):
+        sample = SAMPLES[name]
+        model = sample.build().eval()
+        args = tuple(torch.randn(*s.shape) if s.dtype.startswith("float") else torch.randint(0, 8, s.shape)
+                     for s in sample.inputs)
+        for made in (lambda: torch.jit.script(model), lambda: torch.jit.trace(model, args, check_trace=False)):
+            path = tmp_path / f"{name}.ts.pt"
+            torch.jit.save(made(), str(path))
+            inspect_torchscript_archive(path, path.name)
+            checked += 1
+        ep = torch.export.export(model, args)
+        torch.export.save(ep, str(tmp_path / f"{name}.pt2"))
+        inspect_export_archive(tmp_path / f"{name}.pt2", f"{name}.pt2")
+        check_exported(torch.export.load(str(tmp_path / f"{name}.pt2")), f"{name}.pt2")
+        checked += 2
+    assert checked == 16
+
+
+VICTIM = '''
+class Writer:
+    """What a crafted program names by import path: anything with an .apply runs."""
+
+    @staticmethod
+    def apply(op, x, path):
+        with open(path, "w") as f:
+            f.write("ran")
+        return x
+'''
+
+
+def crafted_callable_pt2(folder, target: str):
+    """A .pt2 whose node calls torch.export.custom_ops._call_custom_autograd_function_in_pre_dispatch
+    (it imports a module by name and calls .apply) with an operator passed as an argument."""
+    from torch.export.custom_ops import _call_custom_autograd_function_in_pre_dispatch as call
+
+    class M(nn.Module):
+        def forward(self, x):
+            return x.relu() + 1
+
+    ep = torch.export.export(M(), (torch.ones(2, 4),))
+    for node in ep.graph.nodes:
+        if node.target is torch.ops.aten.relu.default:
+            node.target, node.args = call, ("torchscope_victim.Writer", torch.ops.aten.save.default, node.args[0],
+                                            target)
+    ep.graph_module.recompile()
+    torch.export.save(ep, str(folder / "crafted.pt2"))
+    return ModelSpec(source="export", name="crafted.pt2", path=str(folder / "crafted.pt2"))
+
+
+def test_safe_mode_refuses_an_exported_program_calling_a_callable_by_import_path(tmp_path, monkeypatch, in_a_worker):
+    from diagnostics.intake import load_model
+
+    (tmp_path / "torchscope_victim.py").write_text(VICTIM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    target = tmp_path / "ran.txt"
+    spec = crafted_callable_pt2(tmp_path, str(target))
+    torch.export.load(spec.path).module()(torch.ones(2, 4))  # control: the program really runs it
+    assert target.read_text() == "ran"
+    target.unlink()
+    with pytest.raises(TrustError) as e:
+        load_model(spec)
+    assert str(e.value).startswith("crafted.pt2 calls torch.export.custom_ops._call_custom_autograd_function_in_pre_"
+                                   "dispatch (a Python callable, not an operator) in graph main;"), e.value
+    assert "(models/model.json, node relu: checked before anything in the archive ran)" in str(e.value)
+    assert not target.exists()
+
+
+def test_safe_mode_refuses_an_operator_passed_as_an_argument_of_an_allowed_target(tmp_path, in_a_worker):
+    from diagnostics.intake import load_model
+
+    class M(nn.Module):
+        def forward(self, x):
+            return x.relu() + 1
+
+    ep = torch.export.export(M(), (torch.ones(2, 4),))
+    for node in ep.graph.nodes:
+        if node.target is torch.ops.aten.relu.default:  # an allowed higher-order op, a file op as its argument
+            node.target = torch.ops.higher_order.wrap_with_set_grad_enabled
+            node.args = (True, torch.ops.aten.from_file.default, node.args[0])
+    ep.graph_module.recompile()
+    torch.export.save(ep, str(tmp_path / "arg.pt2"))
+    loaded = torch.export.load(str(tmp_path / "arg.pt2"))
+    assert "aten::from_file" not in exported_ops(loaded)  # control: a check of node targets alone misses it
+    with pytest.raises(TrustError, match=r"arg.pt2 calls aten::from_file \(reads a file\) in graph main, an argument "
+                                         r"of node relu"):
+        check_exported(loaded, "arg.pt2")  # after loading, as defence in depth
+    with pytest.raises(TrustError) as e:
+        load_model(ModelSpec(source="export", name="arg.pt2", path=str(tmp_path / "arg.pt2")))
+    assert str(e.value).startswith("arg.pt2 calls aten::from_file (reads a file) in graph main, an argument of node "
+                                   "relu;"), e.value
+
+
+def test_the_cli_says_at_start_up_when_jobs_run_without_namespaces(monkeypatch, capsys):
+    from diagnostics.cli.main import main
+
+    monkeypatch.setattr(sandbox, "namespace_support", lambda: (True, ""))
+    assert main(["list"]) == 0
+    assert "namespaces" not in capsys.readouterr().err  # control: the full sandbox says nothing
+    monkeypatch.setattr(sandbox, "namespace_support",
+                        lambda: (False, "unshare (a user namespace) failed (Operation not permitted)"))
+    assert main(["list"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: jobs run in the Landlock sandbox without namespaces of their own (unshare (a user "
+                          "namespace) failed (Operation not permitted)): Unix sockets are refused except socketpair()")
+    assert "/dev/shm is shared" in err

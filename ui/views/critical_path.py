@@ -12,7 +12,7 @@ from diagnostics.render.charts.critical_path import (
     CRITICAL_PATH_HELP, build_critical_path_breakdown_figure, build_critical_path_timeline_figure,
     build_what_if_figure, headline,
 )
-from ui.widgets import Tile, metric_row, chart_key
+from ui.widgets import Tile, artifact_bytes, artifact_size, metric_row, chart_key
 
 #: Columns of the path table, in µs in the result, shown in ms.
 _PATH_COLS = {"name": "event", "kind": "kind", "where": "where", "start_us": "start (ms from step start)",
@@ -105,8 +105,8 @@ def show_critical_path(result: dict) -> None:
     _ms_table(cp["path"], _PATH_COLS, height=360)
     st.caption(CRITICAL_PATH_HELP)
     f = cp.get("trace_file")
-    if f and Path(f).is_file():
-        st.download_button("Download the step's trace with the critical path (JSON)", Path(f).read_bytes(),
+    if f and artifact_size(f) is not None:
+        st.download_button("Download the step's trace with the critical path (JSON)", lambda: artifact_bytes(f),
                            file_name=f"critical_path_step{cp['step']}.pt.trace.json", mime="application/json",
                            key=f"cp-trace-{f}", on_click="ignore", icon=":material/download:",
                            help="Opens in Perfetto (ui.perfetto.dev) or chrome://tracing: path events carry "

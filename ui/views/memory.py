@@ -3,15 +3,13 @@ batch-scan result (table, chart, largest batch under the budget)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import streamlit as st
 
 from diagnostics.render.charts.memory import (build_batch_scan_figure, build_estimate_figure, build_layer_activation_figure,
                                        build_memory_breakdown_figure, build_memory_timeline_figure)
 from diagnostics.units import human_bytes
-from ui.widgets import Tile, metric_row, unit_columns
+from ui.widgets import Tile, artifact_bytes, artifact_size, metric_row, unit_columns
 
 
 def _source_caption(label: str, source: str) -> None:
@@ -86,8 +84,8 @@ def show(result: dict) -> None:
     for note in result.get("notes", []):
         st.info(note)
     snap = result.get("snapshot")
-    if snap and Path(snap["path"]).exists():
-        st.download_button("Download CUDA memory snapshot (.pickle)", Path(snap["path"]).read_bytes(),
+    if snap and artifact_size(snap["path"]) is not None:
+        st.download_button("Download CUDA memory snapshot (.pickle)", lambda: artifact_bytes(snap["path"]),
                            file_name=snap["file"], mime="application/octet-stream",
                            help="Open it at https://pytorch.org/memory_viz (drag the file onto the page)", on_click="ignore")
         st.caption(f"Snapshot: {human_bytes(snap['bytes'])} — {snap['note']}")

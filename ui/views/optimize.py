@@ -13,7 +13,7 @@ from diagnostics.render.charts.optimize import (build_fidelity_figure, build_lat
                                                 build_train_fidelity_figure)
 from diagnostics.analyses.optimize.assess import assess, ranked
 from diagnostics.units import human_bytes
-from ui.widgets import Tile, comparison_detail, metric_row, unit_columns
+from ui.widgets import Tile, artifact_bytes, artifact_size, comparison_detail, metric_row, unit_columns
 
 
 def trials_table(result: dict) -> pd.DataFrame:
@@ -179,14 +179,15 @@ def _artifact_row(r: dict) -> None:
     model_path, recipe_path = Path(a["path"]), Path(a["recipe"])
     c1, c2, c3 = st.columns([2, 2, 1.4], vertical_alignment="center")
     c1.markdown(r["title"])
-    if model_path.exists():
+    size = artifact_size(model_path)
+    if size is not None:
         kind = {"torchscript": "TorchScript", "onnx": "ONNX", "state_dict": "state_dict"}.get(
             a["kind"], "torch.export (.pt2)" if model_path.suffix == ".pt2" else a["kind"])
-        c2.download_button(f"{kind} · {human_bytes(model_path.stat().st_size)}", model_path.read_bytes,
+        c2.download_button(f"{kind} · {human_bytes(size)}", lambda: artifact_bytes(model_path),
                            file_name=model_path.name, key=f"opt_dl_{r['fix']}", icon=":material/download:",
                            on_click="ignore", width="stretch")
-    if recipe_path.exists():
-        c3.download_button("recipe (JSON)", recipe_path.read_bytes, file_name=recipe_path.name,
+    if artifact_size(recipe_path) is not None:
+        c3.download_button("recipe (JSON)", lambda: artifact_bytes(recipe_path), file_name=recipe_path.name,
                            key=f"opt_recipe_{r['fix']}", mime="application/json", on_click="ignore",
                            width="stretch")
 

@@ -12,7 +12,7 @@ from diagnostics.render.charts.profiler import (build_device_split_figure, build
                                          build_roofline_figure, build_step_breakdown_figure, build_timeline_figure,
                                          build_top_operators_figure, modules_missing)
 from diagnostics.units import compact, human_bytes
-from ui.widgets import Tile, comparison_detail, metric_row, unit_columns
+from ui.widgets import Tile, artifact_bytes, artifact_size, comparison_detail, metric_row, unit_columns
 from ui.views.timeline import occurrences, show_timeline
 
 ARTIFACTS = (  # result key, button label, mime
@@ -259,11 +259,12 @@ def _downloads(result: dict) -> None:
     cols = st.columns(len(ARTIFACTS))
     for col, (key, label, mime) in zip(cols, ARTIFACTS):
         path = arts.get(key)
-        if not path or not Path(path).is_file():
+        size = artifact_size(path)
+        if size is None:
             col.caption(f"{label}: file no longer on disk")
             continue
-        col.download_button(f"{label} · {human_bytes(Path(path).stat().st_size)}",
-                            data=lambda p=path: Path(p).read_bytes(), file_name=Path(path).name, mime=mime,
+        col.download_button(f"{label} · {human_bytes(size)}",
+                            data=lambda p=path: artifact_bytes(p), file_name=Path(path).name, mime=mime,
                             key=f"prof_dl_{key}", icon=":material/download:", on_click="ignore")
 
 
