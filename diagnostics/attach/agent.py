@@ -58,6 +58,11 @@ KEEP_FIRST, KEEP_BEFORE, KEEP_AFTER = 60, 10, 200
 #: Step times kept in memory for the warm-up decision.
 KEEP_TIMES = 64
 
+#: The name torch.profiler gives a step's range; the trace layer's step pattern (trace/classify.py) reads
+#: it. Spelled here because this module runs inside the user's process, where the trace layer is not
+#: importable; tests/trace/test_classify.py checks the two agree.
+STEP_RANGE = "ProfilerStep#"
+
 
 def _noop_compiling() -> bool:
     return False
@@ -391,7 +396,7 @@ class Agent:
                 self.torch.cuda.reset_peak_memory_stats()
             except Exception:
                 pass
-        self.step_rf = self.torch.autograd.profiler.record_function(f"ProfilerStep#{n}")
+        self.step_rf = self.torch.autograd.profiler.record_function(f"{STEP_RANGE}{n}")
         self.step_rf.__enter__()
         if restart:  # the step starts with its range (a retro boundary's step started before)
             now = perf()

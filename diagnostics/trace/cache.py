@@ -32,7 +32,7 @@ import pyarrow.feather as feather
 
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ingest import load_trace
-from diagnostics.trace.model import COLUMNS, Trace
+from diagnostics.trace.model import CACHE_ENTRY, COLUMNS, Trace
 
 #: Bumped whenever the columns, their types or the Trace fields change: older entries are misses.
 CACHE_VERSION = 2   # 2: device and stream int64 (real files hold a uint32 -1 stream), fwd_tid int64
@@ -43,7 +43,7 @@ MAX_BYTES_ENV = "TORCHSCOPE_TRACE_CACHE_MB"
 STALE_TMP_S = 3600
 EVENTS_FILE = "events.feather"
 META_FILE = "trace_meta.json"
-ENTRY = "trace_cache_entry"  # Trace._cache key: the entry folder a trace was read from or kept in
+ENTRY = CACHE_ENTRY  # Trace._cache key: the entry folder a trace was read from or kept in
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 

@@ -236,8 +236,10 @@ def use_comm_kernels(trace, pattern: str | None) -> None:
     """Count GPU kernels whose name matches ``pattern`` (re.search) as communication, family
     USER_FAMILY, in every view of ``trace``; the views computed so far are dropped."""
     comm_kernels_pattern(pattern)
+    if trace.comm_kernels == (pattern or ""):
+        return  # the views computed so far already read communication this way
     trace.comm_kernels = pattern or ""
-    trace._cache.clear()
+    trace.drop_views()
 
 
 # ---- host operator families ------------------------------------------------------------------

@@ -25,6 +25,11 @@ COLUMNS = (
     "seq", "fwd_tid", "grid", "block", "registers", "occupancy",
 )
 
+#: Trace._cache key of the trace cache entry a trace was read from or kept in (diagnostics.trace.cache):
+#: not a computed view, so dropping the views keeps it.
+CACHE_ENTRY = "trace_cache_entry"
+
+
 @dataclass
 class Trace:
     """A loaded trace. `events` has one row per event (COLUMNS); `meta` the other top-level keys."""
@@ -41,6 +46,12 @@ class Trace:
     # The user's pattern for in-house communication kernels (classify.use_comm_kernels), "" for none.
     comm_kernels: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def drop_views(self) -> None:
+        """Forget the views computed so far (they are recomputed on demand), keeping the trace cache
+        entry the columns came from (CACHE_ENTRY: runs that keep the columns link its file)."""
+        for key in [k for k in self._cache if k != CACHE_ENTRY]:
+            del self._cache[key]
 
     @property
     def rank(self) -> int | None:

@@ -328,7 +328,7 @@ def _trace_figures(path: Path, segments: list, prof: list, meta: dict, notes: li
     out: dict = {"trace_steps": [int(s) for s in st["step"]], "per_step": {}}
     want = [r["n"] for r in prof]
     if want and sorted(out["trace_steps"]) != sorted(want):
-        notes.append(f"the trace's ProfilerStep numbers {out['trace_steps']} differ from the profiled steps {want}")
+        notes.append(f"the trace's step numbers {out['trace_steps']} differ from the profiled steps {want}")
     # our clock -> the trace's: the step ranges start where our step marks are
     marks = {s[2]: s[0] for s in segments if len(s) == 3}
     offsets = [float(start) - marks[int(n)] * 1e6 for n, start in zip(st["step"], st["start_us"]) if int(n) in marks]
