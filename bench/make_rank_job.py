@@ -71,22 +71,27 @@ if __name__ == "__main__":
 '''
 
 
-def capture(folder: Path) -> list[Path]:
+def capture(folder: Path, steps: int = CAPTURE_STEPS) -> list[Path]:
     """The two ranks' real traces (made once)."""
+    for suffix in (".pt.trace.json", ".pt.trace.json.gz"):
+        files = [folder / f"rank{r}{suffix}" for r in (0, 1)]
+        if all(f.exists() for f in files):
+            return files
     files = [folder / f"rank{r}.pt.trace.json" for r in (0, 1)]
-    if all(f.exists() for f in files):
-        return files
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "capture.py"
     script.write_text(CAPTURE)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run([sys.executable, str(script), str(folder), str(CAPTURE_STEPS), str(29500 + os.getpid() % 400)],
+    subprocess.run([sys.executable, str(script), str(folder), str(steps), str(29500 + os.getpid() % 400)],
                    check=True, env=env, cwd=folder)
     return files
 
 
 def _load(path: Path) -> dict:
-    return orjson.loads(path.read_bytes())
+    import gzip
+
+    data = path.read_bytes()
+    return orjson.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data)
 
 
 def _own(events: list) -> list:
@@ -223,9 +228,12 @@ def main(argv=None) -> int:
     ap.add_argument("--late-ms", type=float, default=LATE_MS)
     ap.add_argument("--workers", type=int, default=2, help="processes writing ranks at once")
     ap.add_argument("--name", default=None, help="the job folder's name (default <ranks>x<mb>)")
+    ap.add_argument("--capture", default=None, help="the 2-rank capture's folder (default <out>/capture; made "
+                                                    "when missing)")
+    ap.add_argument("--capture-steps", type=int, default=CAPTURE_STEPS, help="profiled steps of a new capture")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    files = capture(out / "capture")
+    files = capture(Path(args.capture) if args.capture else out / "capture", args.capture_steps)
     tpl = template([_load(f) for f in files])
     per_copy = sum(len(orjson.dumps(e)) + 2 for e in tpl["ranks"][0]["events"])
     copies = max(1, round(args.mb * 1e6 / per_copy))

@@ -58,7 +58,6 @@ def _summaries(files: list[str], store: SummaryStore, ex_factory, progress) -> t
     mode = None
     if todo:
         ex = ex_factory()
-        mode = ex.mode
         done = 0
         for i, res, err in ex.map(rank_summary, [(files[j],) for j in todo]):
             j = todo[i]
@@ -69,6 +68,7 @@ def _summaries(files: list[str], store: SummaryStore, ex_factory, progress) -> t
                 out[j] = res
                 store.put(files[j], "summary", res)
             progress(done / len(todo), f"rank trace {done}/{len(todo)} summarised")
+        mode = ex.mode  # after the map: a pool that could not start says so
     return out, failed, mode
 
 
@@ -226,7 +226,7 @@ def _details(out: dict, store, executor, max_events, asked, want_cp, cache_root)
                 store.put(rows[rank]["file"], "detail", res, tasks[rank])
     drawn = [dict(rows[r], timeline=results[r]["timeline"]) for r in picks if "timeline" in results.get(r, {})]
     out["timeline"] = merge_timelines(drawn, max_events)
-    out["timeline_ranks"] = [r["rank"] for r in drawn]
+    out["timeline_ranks"] = sorted(r["rank"] for r in drawn)
     out["timeline_errors"] = [{"rank": r, "error": results[r]["error"]} for r in picks if "error" in results.get(r, {})]
     if cp_rank is not None:
         got = results.get(cp_rank, {})
