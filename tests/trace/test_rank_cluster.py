@@ -70,7 +70,9 @@ def test_collectives_stragglers_and_waits_against_hand_values(four):
     assert all(v == pytest.approx(10.0) for line in out["heatmap"]["step_ms"] for v in line)
     assert out["critical_path"]["rank"] == 2 and out["critical_path"]["available"]
     assert out["timeline_ranks"] == [0, 2]  # the straggler and the rank least late
-    assert out["clock"]["aligned"].startswith("one clock")
+    # the traces name no host: each rank's clock aligned on the collectives' ends (here they end together)
+    assert out["clock"]["aligned"].startswith("by the collectives' ends, one offset per host (a rank whose")
+    assert out["clock"]["offsets_us"] == {f"rank {r}": 0.0 for r in range(4)}
 
 
 def test_host_clocks_are_aligned_on_the_collectives_ends(tmp_path):

@@ -25,7 +25,7 @@ from diagnostics.trace.ranks.checks import (
     CHECKS, START_SKEW_MAX_S, assign_ranks, check_one_run, rank_paths,
 )
 from diagnostics.trace.ranks.executors import MAX_RANK_WORKERS, MEMORY_PER_JSON_BYTE, executor_for
-from diagnostics.trace.ranks.reduce import align_hosts, collective_frame, collectives_view, heatmap, lateness, workers
+from diagnostics.trace.ranks.reduce import align_hosts, clock_group, collective_frame, collectives_view, heatmap, lateness, workers
 from diagnostics.trace.ranks.store import SummaryStore
 from diagnostics.trace.ranks.summary import rank_detail, rank_summary
 from diagnostics.trace.timeline import MAX_EVENTS, natural_key
@@ -145,7 +145,7 @@ def _reduce(files, summaries, failed, names, start_skew_max_s) -> dict:
     if len(uniq) < len(rows):
         notes.append(f"{len(rows) - len(uniq)} file(s) repeating a rank number left out of the cross-rank views")
     for r in uniq:
-        r["host"] = r.get("host_name") or "(no host named)"
+        r["host"] = clock_group(r)
     df = collective_frame(uniq)
     clock = align_hosts(df, uniq)
     sizes = {r["world_size"] for r in uniq if r["world_size"]}
@@ -182,13 +182,13 @@ def pick_timeline_ranks(out: dict, asked) -> list[int]:
     have = [r["rank"] for r in out["_rows"]]
     if asked == "all":
         return have[:TIMELINE_RANKS_MAX]
-    if asked:
+    if asked:  # ranks not read (another job's picks, a typo) are left out: the notes say which
         wanted = [int(r) for r in asked]
         missing = [r for r in wanted if r not in have]
         if missing:
-            raise TraceError(f"timeline ranks {', '.join(map(str, missing))} are not among the ranks read "
-                             f"({', '.join(map(str, have[:20]))}{' …' if len(have) > 20 else ''})")
-        return wanted[:TIMELINE_RANKS_MAX]
+            out["notes"].append(f"timeline rank(s) {', '.join(map(str, missing))} asked for but not among the ranks "
+                                "read: not drawn")
+        return [r for r in wanted if r in have][:TIMELINE_RANKS_MAX]
     first = out["critical_path_rank"]
     lat = sorted((r["late_us_median"], r["rank"]) for r in out["ranks"] if r.get("late_us_median") is not None)
     # beside it: the rank least late (the one that waits most), else the fastest, else any other
@@ -199,7 +199,9 @@ def pick_timeline_ranks(out: dict, asked) -> list[int]:
 
 def _details(out: dict, store, executor, max_events, asked, want_cp, cache_root) -> None:
     rows = {r["rank"]: r for r in out.pop("_rows")}
-    picks = pick_timeline_ranks(out | {"_rows": list(rows.values())}, asked)
+    out["_rows"] = list(rows.values())
+    picks = pick_timeline_ranks(out, asked)
+    del out["_rows"]
     per = max(10, -(-max_events // max(1, len(picks))))
     cp_rank = out["critical_path_rank"] if want_cp else None
     tasks = {}

@@ -5,9 +5,10 @@ their collectives and steps cost, never their events.
 
 * **Clock**: every rank's times are put on one clock, the earliest rank's first event (each summary
   carries the wall clock of its own first event). Ranks of one host share a clock; ranks of several
-  hosts (their traces' ``host_name`` differ) may not, so each host's offset is estimated from the
-  collectives' ends (a blocking collective ends at about the same moment on every rank: the last
-  one to arrive lets them all go) and taken off: ``clock``.
+  hosts (their traces' ``host_name`` differ) may not, and a trace that names no host is taken to
+  have a clock of its own. So each clock's offset is estimated from the collectives' ends (a
+  blocking collective ends at about the same moment on every rank: the last one to arrive lets them
+  all go) and taken off: ``clock``.
 * **Collectives**: the same collective on every rank (summary's key: sequence number or order).
   Per collective its arrival skew (last arrival - first), the last rank to arrive, the transfer time
   (the shortest duration across ranks: the last to arrive waits for nobody, so its time is the
@@ -78,13 +79,19 @@ def collective_frame(rows: list[dict]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
+def clock_group(row: dict) -> str:
+    """The clock a rank's times are on: its host's, or its own when its trace names no host."""
+    return row.get("host_name") or f"rank {row['rank']}"
+
+
 def align_hosts(df: pd.DataFrame, rows: list[dict]) -> dict:
-    """Each host's clock offset (µs), estimated from the collectives' ends and taken off ``df``'s times
-    in place; {"aligned": how, "offsets_us": {host: offset}}."""
+    """Each clock's offset (µs; a host's, or a rank's that names no host), estimated from the collectives'
+    ends and taken off ``df``'s times in place; {"aligned": how, "offsets_us": {clock: offset}}."""
     hosts = sorted({r["host"] for r in rows})
-    if len(hosts) < 2 or df.empty:
-        return {"aligned": "one clock (the ranks' traces name one host)" if len(hosts) < 2 else
-                "not aligned (no collective to align on)", "offsets_us": {}}
+    if len(hosts) < 2:
+        return {"aligned": f"one clock (every rank's trace names host {hosts[0]})", "offsets_us": {}}
+    if df.empty:
+        return {"aligned": "not aligned (no collective to align on)", "offsets_us": {}}
     n = df.groupby("key")["rank"].transform("size")
     full = df[n == n.max()]
     dev = full["end"] - full.groupby("key")["end"].transform("median")
@@ -94,7 +101,10 @@ def align_hosts(df: pd.DataFrame, rows: list[dict]) -> dict:
     shift = df["host"].map(offsets).to_numpy(dtype=float)
     df["start"] -= shift
     df["end"] -= shift
-    return {"aligned": "by the collectives' ends, one offset per host", "offsets_us": offsets}
+    named = all(r.get("host_name") for r in rows)
+    return {"aligned": "by the collectives' ends, one offset per " + ("host" if named else "host (a rank whose trace "
+                                                                                        "names none: its own)"),
+            "offsets_us": offsets}
 
 
 def collectives_view(df: pd.DataFrame, world: int | None, n_ranks: int) -> tuple[dict, pd.DataFrame]:
