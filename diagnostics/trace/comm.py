@@ -129,10 +129,11 @@ def _busy_intervals(trace: Trace, ts: np.ndarray, end: np.ndarray) -> tuple[bool
     return False, iv.union(ts[c], end[c]), compute
 
 
-def rank_breakdown(trace: Trace, comm_bytes: dict | None = None) -> dict:
+def rank_breakdown(trace: Trace, comm_bytes: dict | None = None, with_calls: bool = True) -> dict:
     """Steps, the compute/comm/overlap/other split per step, and the collective calls of one trace.
 
-    ``comm_bytes``: what ``collective_bytes`` read from the same file (message sizes of the calls).
+    ``comm_bytes``: what ``collective_bytes`` read from the same file (message sizes of the calls);
+    ``with_calls`` False: no "calls" list (the per-step split only).
     Returns {"on_gpu", "steps": [{step, step_ms, compute_ms, comm_ms, overlap_ms, compute_only_ms,
     exposed_comm_ms, other_ms, busy_ms}], "calls": [{name, where, dur_ms, bytes}]}.
     """
@@ -149,14 +150,16 @@ def rank_breakdown(trace: Trace, comm_bytes: dict | None = None) -> dict:
         timed = host_mask(trace) | gpu_work_mask(trace)
         windows = [(0, float(ts[timed].min()), float(end[timed].max()))]
 
+    # Every window at once: the lengths of communication, computation and their intersection inside it.
+    lo = np.array([w[1] for w in windows], dtype=float)
+    hi = np.array([w[2] for w in windows], dtype=float)
+    comm_all = iv.lengths_within(comm_iv, lo, hi) / 1000.0
+    comp_all = iv.lengths_within(compute_iv, lo, hi) / 1000.0
+    both_all = iv.lengths_within(iv.intersect(comm_iv, compute_iv), lo, hi) / 1000.0
     steps = []
-    for number, lo, hi in windows:
-        comm_w = iv.clip(comm_iv, lo, hi)
-        comp_w = iv.clip(compute_iv, lo, hi)
-        step_ms = (hi - lo) / 1000.0
-        comm_ms = iv.length(comm_w) / 1000.0
-        comp_ms = iv.length(comp_w) / 1000.0
-        overlap_ms = iv.length(iv.intersect(comm_w, comp_w)) / 1000.0
+    for (number, a, b), comm_ms, comp_ms, overlap_ms in zip(windows, comm_all.tolist(), comp_all.tolist(),
+                                                              both_all.tolist()):
+        step_ms = (b - a) / 1000.0
         busy_union = comm_ms + comp_ms - overlap_ms
         steps.append({
             "step": number, "step_ms": step_ms,
@@ -165,7 +168,8 @@ def rank_breakdown(trace: Trace, comm_bytes: dict | None = None) -> dict:
             "other_ms": max(0.0, step_ms - busy_union),
             "busy_ms": step_ms - (comm_ms - overlap_ms),
         })
-    return {"on_gpu": on_gpu, "steps": steps, "calls": _calls(trace, windows, ts, end, comm_bytes or {})}
+    calls = _calls(trace, windows, ts, end, comm_bytes or {}) if with_calls else []
+    return {"on_gpu": on_gpu, "steps": steps, "calls": calls}
 
 
 def _calls(trace: Trace, windows: list, ts: np.ndarray, end: np.ndarray, comm_bytes: dict) -> list:

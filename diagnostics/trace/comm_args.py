@@ -6,7 +6,7 @@ The columnar ingest keeps no collective args (message sizes, sequence numbers, p
 "Collective name", "In msg nelems", "Seq", "Process Group Name" of record_param_comms and NCCL
 kernels, "Input Dims" of gloo annotations), and decoding every event's args would cost every trace
 their memory. This pass reads the file again in blocks (gunzipped as the ingest does), finds the
-events whose "name" is one of ``names`` with one regular expression, and decodes only those: memory
+events whose "name" is one of ``names`` by a substring search per name, and decodes only those: memory
 is one block, time a fraction of the parse. The caller passes the collective names the trace's
 columns hold (classify.is_comm over the name table), so the rule is classify's.
 """
@@ -29,12 +29,28 @@ _DECODER = json.JSONDecoder()
 WINDOW_BYTES = 4096
 
 
-def _name_re(names) -> re.Pattern | None:
-    """One pattern for `"name": "<one of names>"` (as JSON writes the names: escapes included)."""
-    alts = sorted({json.dumps(str(n)).encode()[1:-1] for n in names if n}, key=len, reverse=True)
-    if not alts:
-        return None
-    return re.compile(rb'"name"\s*:\s*"(' + b"|".join(map(re.escape, alts)) + rb')"')
+#: What stands before a name's string when it is the event's "name" (not an arg's value).
+_NAME_KEY = re.compile(rb'"name"\s*:\s*$')
+
+
+def _needles(names) -> list[tuple[bytes, str]]:
+    """Each name as JSON writes it, quotes included (escapes too), with the name itself."""
+    return [(json.dumps(str(n)).encode(), str(n)) for n in sorted({str(n) for n in names if n})]
+
+
+def _find(buf: bytes, needles: list, end: int) -> list[tuple[int, str]]:
+    """(position of the "name" key, name) of every event named one of ``needles``, in file order:
+    a plain substring search per name (memchr speed), each hit checked to follow a "name" key."""
+    hits = []
+    for needle, name in needles:
+        at = buf.find(needle, 0, end)
+        while at >= 0:
+            key = _NAME_KEY.search(buf, max(0, at - 32), at)
+            if key is not None:
+                hits.append((key.start(), name))
+            at = buf.find(needle, at + len(needle), end)
+    hits.sort()
+    return hits
 
 
 def _event_at(buf: bytes, pos: int, name: str) -> dict | None:
@@ -66,8 +82,8 @@ def comm_events(path, names) -> tuple[list[dict], int]:
     in file order, as dicts (args included), and how many name matches could not be decoded.
 
     Raises TraceError for a file that cannot be read (as load_trace would)."""
-    pattern = _name_re(names)
-    if pattern is None:
+    pattern = _needles(names)
+    if not pattern:
         return [], 0
     blocks, _ = _open_blocks(Path(path))
     out: list[dict] = []
@@ -80,10 +96,10 @@ def comm_events(path, names) -> tuple[list[dict], int]:
             if cut < 0:
                 carry = buf
                 continue
-            bad += _scan(buf[:cut + 1], pattern, out)
+            bad += _scan(buf, cut + 1, pattern, out)
             carry = buf[cut + 1:]
         if carry:
-            bad += _scan(carry, pattern, out)
+            bad += _scan(carry, len(carry), pattern, out)
     except TraceError:
         raise
     except OSError as e:
@@ -93,11 +109,11 @@ def comm_events(path, names) -> tuple[list[dict], int]:
     return out, bad
 
 
-def _scan(buf: bytes, pattern: re.Pattern, out: list) -> int:
+def _scan(buf: bytes, end: int, needles: list, out: list) -> int:
+    """The events named one of ``needles`` whose name lies in buf[:end] (whole events: end is a boundary)."""
     bad = 0
-    for m in pattern.finditer(buf):
-        name = json.loads(b'"' + m.group(1) + b'"')
-        ev = _event_at(buf, m.start(), name)
+    for pos, name in _find(buf, needles, end):
+        ev = _event_at(buf, pos, name)
         if ev is None:
             bad += 1
             continue

@@ -33,7 +33,7 @@ from diagnostics.trace.comm import event_bytes, rank_breakdown
 from diagnostics.trace.comm_args import comm_events
 from diagnostics.trace.ingest import load_trace
 from diagnostics.trace.timeline import MAX_EVENTS, timeline_data
-from diagnostics.trace.views import _gpu_frame, idle_time, steps as step_table, temporal_breakdown
+from diagnostics.trace.views import _gpu_frame, gpu_step_breakdown, idle_time, steps as step_table
 
 #: Bumped when a summary's content changes: cached summaries of another version are misses.
 SUMMARY_VERSION = 1
@@ -115,7 +115,7 @@ def worker_stats(t0: float) -> dict:
 
 def _steps(trace, gpu_rows: list, comm: dict) -> dict:
     """Per profiler step (start order): number, start (µs from the trace's first event), time, GPU busy /
-    idle over its GPU window (views.temporal_breakdown), the computation / communication split
+    idle over its GPU window (views.gpu_step_breakdown: temporal_breakdown's GPU part), the computation / communication split
     (comm.rank_breakdown); None where not counted (a CPU-only trace has no GPU figure)."""
     st = step_table(trace)
     number = [int(s) for s in st["step"]]
@@ -160,22 +160,29 @@ def _table_row(steps: dict, gpu_rows: list, comm: dict) -> dict:
 
 # ---- collectives -----------------------------------------------------------------------------
 
-def _own_events(events: list[dict]) -> tuple[list[dict], str]:
-    """The events that stand for each collective on this rank, and which they are.
+def _own_rows(trace) -> tuple[np.ndarray, str]:
+    """The rows standing for each collective on this rank (by classify's rules and Kineto's categories),
+    and which they are: the transfer itself where the trace has it, the communication kernels of a GPU
+    trace, or the collective annotations of a CPU one (gloo:all_reduce runs on gloo's own thread);
+    else the host collective calls (c10d ops, record_param_comms)."""
+    comm = classify.comm_mask(trace)
+    kern = comm & classify.kernel_mask(trace)
+    if kern.any():
+        return kern, "communication kernels"
+    host = comm & classify.host_mask(trace)
+    notes = host & trace.cat_mask(classify.USER_ANNOTATION_CATS)
+    if notes.any():
+        return notes, "collective annotations"
+    return host & trace.cat_mask(classify.HOST_OP_CATS), "host collective calls"
 
-    The transfer itself where the trace has it: NCCL (comm) kernels on a GPU trace; gloo's
-    annotations (gloo:all_reduce, run on gloo's own thread) on a CPU one. Else the host calls that
-    carry the collective's args (record_param_comms), else every host collective call."""
-    kernels = [e for e in events if str(e.get("cat", "")).lower() in classify.KERNEL_CATS]
-    if kernels:
-        return kernels, "comm kernels"
-    gloo = [e for e in events if e["name"].startswith("gloo:")]
-    if gloo:
-        return gloo, "gloo annotations"
-    params = [e for e in events if e["name"] == "record_param_comms"]
-    if params:
-        return params, "record_param_comms"
-    return events, "host collective calls"
+
+def _own_events(events: list[dict], what: str) -> list[dict]:
+    """Host collective calls: those carrying a sequence number when some do (record_param_comms
+    inside the c10d op), so that one collective is one event."""
+    if what == "host collective calls":
+        numbered = [e for e in events if isinstance((e.get("args") or {}).get("Seq"), int)]
+        return numbered or events
+    return events
 
 
 def _collectives(trace, path: str, steps: dict) -> dict:
@@ -183,9 +190,10 @@ def _collectives(trace, path: str, steps: dict) -> dict:
     rank: "<process group>#<Seq>" where the trace records sequence numbers, else "<family>#<k>", the
     k-th of its family on this rank), name, family, step, start (µs from the trace's first event),
     duration, message bytes (-1: not recorded), group size (-1: not recorded)."""
-    names = [n for n in trace.labels("name").tolist() if n and classify.is_comm(n)]
+    rows, what = _own_rows(trace)
+    names = trace.labels("name")[np.unique(trace.codes("name")[rows])].tolist()
     events, unreadable = comm_events(path, names)
-    own, what = _own_events(events)
+    own = _own_events(events, what)
     own.sort(key=lambda e: float(e["ts"]))
     origin = float(trace.origin_us)
     kth: dict = {}
@@ -247,8 +255,8 @@ def rank_summary(path: str) -> dict:
     meta = trace.meta
     info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
     clock = _clock(trace)
-    gpu_rows = temporal_breakdown(trace)["gpu"]
-    comm = rank_breakdown(trace)
+    gpu_rows = gpu_step_breakdown(trace)["gpu"]
+    comm = rank_breakdown(trace, with_calls=False)
     steps = _steps(trace, gpu_rows, comm)
     has_steps = bool(steps["step"])
     source = clock["source"]
