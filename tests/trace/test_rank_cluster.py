@@ -146,6 +146,7 @@ def _make_job(folder: Path, ranks: int = 8) -> dict:
     return json.loads((folder / "job.planted.json").read_text())
 
 
+@pytest.mark.slow  # a LocalCluster and a process pool start (5-16 s on the shared 2-core machine)
 def test_eight_ranks_on_a_dask_local_cluster_give_the_local_pools_figures(tmp_path):
     pytest.importorskip("distributed")
     plan = _make_job(tmp_path)
@@ -199,3 +200,33 @@ def test_the_trace_job_returns_its_stored_analysis_on_a_reopen(four, tmp_path, m
     os.utime(four / "rank2.pt.trace.json", ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
     touched = analyze(Ctx("d"), {"path": path, "ranks": [str(four)]})
     assert "result" not in touched["trace_cache"]
+
+
+def test_a_dask_trace_job_may_open_tcp_and_is_refused_in_server_safe_mode(monkeypatch, tmp_path):
+    from diagnostics import sandbox
+    from diagnostics.errors import TrustError
+    from diagnostics.runner import Job
+    from diagnostics.settings import SAFE_MODE_ENV
+
+    dask_job = Job("trace", None, {"path": str(tmp_path), "ranks": [str(tmp_path)], "dask": "local:2"})
+    assert sandbox.needs_network(dask_job)
+    assert not sandbox.needs_network(Job("trace", None, {"path": str(tmp_path), "ranks": [str(tmp_path)]}))
+    assert sandbox.policy_for(dask_job, tmp_path, tmp_path).network
+    monkeypatch.setenv(SAFE_MODE_ENV, "1")
+    with pytest.raises(TrustError, match="a Dask cluster .* is used only outside server-safe mode"):
+        sandbox.policy_for(dask_job, tmp_path, tmp_path)
+
+
+def test_the_cli_flags_reach_the_job(tmp_path):
+    from diagnostics.cli.main import build_parser
+    from diagnostics.cli.trace import trace_job
+
+    write_rank(tmp_path, "rank0.json", 0, 2, [1000])
+    write_rank(tmp_path, "rank1.json", 1, 2, [1000])
+    args = build_parser().parse_args(["trace", "analyze", str(tmp_path), "--dask", "local:3", "--dask-memory-limit",
+                                      "3GB", "--timeline-ranks", "1,0"])
+    name, options = trace_job(args)
+    assert name == "trace"
+    assert (options["dask"], options["dask_memory_limit"], options["timeline_ranks"]) == ("local:3", "3GB", "1,0")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["trace", "analyze", str(tmp_path), "--timeline-ranks", "one"])
