@@ -74,14 +74,25 @@ def _open_json(path: Path):
     return orjson.loads(data)
 
 
-def collective_bytes(path) -> tuple[dict[tuple[str, int], int], str | None]:
+def collective_bytes(path, trace: Trace | None = None) -> tuple[dict[tuple[str, int], int], str | None]:
     """(name, k-th complete event of that name) -> bytes, for the collective events of one file,
     and a note when the file was not read.
 
     Events are counted as the Trace holds them (complete events with a collective's name, any
-    category, in file order), so the k-th here is the k-th in ``rank_breakdown``.
+    category, in file order), so the k-th here is the k-th in ``rank_breakdown``. With the file's
+    ``trace`` (its collective names), only those events are decoded, streaming (comm_args: any size);
+    without it the whole file is parsed, up to ARGS_PASS_MAX_FILE_BYTES.
     """
     path = Path(path)
+    if trace is not None:
+        from diagnostics.trace.comm_args import comm_events
+        from diagnostics.trace.errors import TraceError
+
+        try:
+            found, _ = comm_events(path, [n for n in trace.labels("name").tolist() if n and is_comm(n)])
+        except TraceError as e:
+            return {}, f"{path.name}: collective bytes not read ({e})"
+        return _kth_bytes(found), None
     if path.stat().st_size > ARGS_PASS_MAX_FILE_BYTES:
         return {}, f"{path.name}: over {ARGS_PASS_MAX_FILE_BYTES >> 20} MiB, collective bytes not read"
     try:
@@ -89,21 +100,23 @@ def collective_bytes(path) -> tuple[dict[tuple[str, int], int], str | None]:
     except (OSError, ValueError, EOFError) as e:
         return {}, f"{path.name}: collective bytes not read ({e})"
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    return _kth_bytes(e for e in events if isinstance(e, dict) and e.get("ph") == "X"
+                      and isinstance(e.get("name"), str) and isinstance(e.get("dur"), (int, float))
+                      and e["dur"] >= 0 and isinstance(e.get("ts"), (int, float)) and is_comm(e["name"])), None
+
+
+def _kth_bytes(events) -> dict[tuple[str, int], int]:
+    """(name, k) -> bytes over collective events in file order (the k-th event of its name)."""
     seen: dict[str, int] = {}
     out = {}
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        name, dur, ts = e.get("name"), e.get("dur"), e.get("ts")
-        if not isinstance(name, str) or not isinstance(dur, (int, float)) or dur < 0 \
-                or not isinstance(ts, (int, float)) or not is_comm(name):
-            continue
+        name = e["name"]
         k = seen.get(name, 0)
         seen[name] = k + 1
         b = event_bytes(e.get("args") or {})
         if b is not None:
             out[(name, k)] = b
-    return out, None
+    return out
 
 
 # ---- one rank --------------------------------------------------------------------------------
