@@ -31,8 +31,6 @@ MAX_RANK_WORKERS = 4
 #: Memory one rank's summary needs, per byte of decoded trace JSON (the columns and the per-step views);
 #: local processes at once are bounded so that together they need at most half the available memory.
 MEMORY_PER_JSON_BYTE = 1.5
-#: Tasks a local worker process runs before it is replaced (memory a long-lived process keeps, freed).
-TASKS_PER_CHILD = 8
 #: A LocalCluster's memory limit per worker, by default: this share of the available memory / workers.
 LOCAL_CLUSTER_MEMORY_SHARE = 0.8
 DASK_INSTALL = "pip install 'dask[distributed]>=2024.1'"
@@ -105,9 +103,9 @@ class LocalPool:
 
     def _parallel(self, fn, items, progress):
         done: set = set()
-        kwargs = {"max_tasks_per_child": TASKS_PER_CHILD}
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                 **kwargs) as pool:
+        # No max_tasks_per_child: Python 3.11's pool can hang replacing a worker that left after its quota
+        # (seen at 64 ranks); a worker's memory goes back to what one rank needs after each task.
+        with ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = {pool.submit(fn, *item): i for i, item in enumerate(items)}
             for fut in as_completed(futures):
                 i = futures[fut]
