@@ -111,6 +111,8 @@ def main(argv=None) -> int:
             row = {"ranks": n, "bytes": size, "executor": ex, "first": first, "reopen": again,
                    "named": named(first, plan if n == len(files) else None)}
             rows.append(row)
+            # kept as it goes: a long run stopped half way still leaves its rows
+            (job.parent / f"{job.name}.bench.json").write_text(json.dumps(rows, indent=1, default=str))
             w = first.get("workers") or []
             print(json.dumps({"ranks": n, "executor": ex, "seconds": first.get("seconds"),
                               "reopen_s": again.get("seconds"), "mode": first.get("mode"),
