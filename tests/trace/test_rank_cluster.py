@@ -230,3 +230,23 @@ def test_the_cli_flags_reach_the_job(tmp_path):
     assert (options["dask"], options["dask_memory_limit"], options["timeline_ranks"]) == ("local:3", "3GB", "1,0")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["trace", "analyze", str(tmp_path), "--timeline-ranks", "one"])
+
+
+def test_a_public_pair_of_nccl_ranks(tmp_path):
+    """Two ranks of a 128-rank GPU job from Holistic Trace Analysis' test data (tests/data/distributed/
+    hta_sampled): their NCCL kernels are the collectives, matched by order (no sequence numbers); the
+    missing 126 ranks are a named problem; every figure is there or said to be missing."""
+    out = analyse_ranks([ROOT / "tests" / "data" / "distributed" / "hta_sampled"], parallel=False)
+    assert [(r["rank"], r["rank_source"], r["steps"]) for r in out["ranks"]] == [(0, "distributedInfo", 2),
+                                                                                 (1, "distributedInfo", 2)]
+    assert [p["check"] for p in out["problems"]] == ["missing_rank"]
+    assert out["problems"][0]["message"].startswith("world_size is 128 but ranks 2, 3, 4,")
+    coll = out["collectives"]
+    assert coll["events"] == ["communication kernels"] and coll["matched_by"] == ["order"]
+    assert coll["matched"] == 10 and coll["partial"] == 0
+    (row,) = coll["by_name"]
+    assert row["name"].startswith("ncclKernel_SendRecv") and row["family"] == "send_recv"
+    assert row["bytes_median"] is None and row["busbw_median"] is None  # the kernels record no sizes here
+    # the traces name no host: rank 1's clock offset estimated from the kernels' ends, rank 0 the reference
+    assert out["clock"]["offsets_us"]["rank 0"] == 0.0 and "rank 1" in out["clock"]["offsets_us"]
+    assert out["critical_path"]["available"] and out["critical_path"]["rank"] == out["slowest_rank"]
