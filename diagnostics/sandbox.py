@@ -450,8 +450,9 @@ def _trace_cache_folder() -> Path:
 
 
 def needs_network(job) -> bool:
-    """A distributed job's ranks talk over TCP (torchrun's rendezvous, gloo/NCCL)."""
-    return job.analysis == "distributed"
+    """A distributed job's ranks talk over TCP (torchrun's rendezvous, gloo/NCCL); so does a trace job
+    that analyses its ranks on a Dask cluster (its scheduler and workers, a LocalCluster's included)."""
+    return job.analysis == "distributed" or (job.analysis == "trace" and bool((job.options or {}).get("dask")))
 
 
 def policy_for(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = ()) -> Policy:
@@ -460,6 +461,9 @@ def policy_for(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = ()
     granted one by one, the store's files never."""
     from diagnostics.store import default_data_dir
 
+    if job.analysis == "trace" and needs_network(job) and safe_mode():
+        raise TrustError("a Dask cluster (the option dask) is used only outside server-safe mode: the job would "
+                         "open TCP connections the sandbox cannot limit")
     if needs_network(job) and safe_mode() and (job.spec is None or job.spec.source != "sample"):
         raise TrustError("the distributed analysis runs an uploaded model only outside server-safe mode: its ranks "
                          "need TCP sockets, which the sandbox cannot limit to this machine (the built-in samples "

@@ -98,12 +98,15 @@ with tab_diff:
                 else:
                     show_failure(outcome)
 with tab_ranks:  # several ranks' traces of one job: ui.views.trace_ranks
-    from ui.views.trace_ranks import pick_ranks, show_ranks
+    from ui.views.trace_ranks import execution_options, pick_ranks, show_ranks
 
-    st.caption("Several ranks of one distributed job: each rank is analysed in its own process; the result "
-               "compares them, checks that they come from one run, and draws them on one timeline. The first "
-               "file is also analysed in full: its report (below) and History show every view of it.")
+    st.caption("Several ranks of one distributed job: each rank is summarised on its own (local processes, or a "
+               "Dask cluster), one at a time per worker; the summaries are compared (collectives' arrival skew, "
+               "stragglers, who waits for whom, step times) and checked for coming from one run, and the ranks you "
+               "pick are drawn on one timeline. The first file is also analysed in full: its report (below) and "
+               "History show every view of it.")
     rank_paths, rank_names = pick_ranks(safe_mode())
+    run_on = execution_options(safe_mode())
     if rank_paths:
         from diagnostics.trace.ranks import rank_paths as expand_ranks
 
@@ -113,7 +116,8 @@ with tab_ranks:  # several ranks' traces of one job: ui.views.trace_ranks
         except TorchScopeError as e:
             st.error(str(e))
         else:
-            options = {"path": stamps[0]["path"], "stamp": stamps[0], "ranks": rank_paths, "ranks_stamps": stamps}
+            options = {"path": stamps[0]["path"], "stamp": stamps[0], "ranks": rank_paths, "ranks_stamps": stamps,
+                       **run_on}
             if rank_names:
                 options["ranks_names"] = rank_names
                 options["display_name"] = rank_names.get(rank_paths[0])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diagnostics.analyses.trace import ANALYZE_FLAGS, HTA_OPTIONS, TOP_N
+from diagnostics.analyses.trace import ANALYZE_FLAGS, HTA_OPTIONS, RANKS_OPTIONS, TOP_N
 from diagnostics.cli.options import add_option, dest
 
 #: Rows shown in the text output when --top is not given.
@@ -30,6 +30,9 @@ def add_trace_options(parser) -> None:
         add_option(group, o)
     for o in ANALYZE_FLAGS[len(HTA_OPTIONS):]:
         add_option(parser, o)
+    group = parser.add_argument_group("several ranks (one trace per rank: files or a folder)")
+    for o in RANKS_OPTIONS:
+        add_option(group, o)
 
 
 def trace_job(args) -> tuple[str, dict]:
@@ -53,7 +56,8 @@ def trace_job(args) -> tuple[str, dict]:
             options["ranks_stamps"] = [file_stamp(str(f)) for f in files]
         if args.top is not None and args.top > TOP_N:  # the analysis keeps TOP_N rows per table unless told
             options["top"] = args.top
-        options.update({o.key: getattr(args, dest(o)) for o in ANALYZE_FLAGS if getattr(args, dest(o), None) is not None})
+        options.update({o.key: getattr(args, dest(o)) for o in ANALYZE_FLAGS + RANKS_OPTIONS
+                        if getattr(args, dest(o), None) is not None})
         return "trace", options
     stamps = [file_stamp(args.a), file_stamp(args.b)]
     return "trace_diff", {"before": stamps[0]["path"], "after": stamps[1]["path"], "stamps": stamps}

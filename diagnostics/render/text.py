@@ -98,6 +98,9 @@ def format_analysis(result: dict, top: int) -> str:
            f"duration {_ms(s['duration_us'])}, {s['n_steps']} steps, "
            f"rank {s['rank'] if s['rank'] is not None else '-'}, "
            f"{'GPU' if s['has_gpu'] else 'CPU only'}"]
+    if (result.get("trace_cache") or {}).get("result"):
+        out.append("the stored analysis of this trace (the files, the options and the trace code are unchanged "
+                   "since it ran)")
     for w in s["warnings"]:
         out.append(f"warning: {w}")
     for n in s.get("notes") or []:
@@ -139,6 +142,10 @@ def _msv(ms) -> str:
     return "-" if ms is None else f"{ms:.3f} ms"
 
 
+def _bw(bps) -> str:
+    return "-" if bps is None else f"{bps / 1e9:.2f} GB/s"
+
+
 def format_ranks(r: dict) -> str:
     """The multi-rank part of ``trace analyze A B C``: diagnostics.trace.ranks.analyse_ranks' result."""
     out = [f"Ranks: {len(r['ranks'])} traces ({r['mode']}); medians per profiler step"]
@@ -146,17 +153,53 @@ def format_ranks(r: dict) -> str:
         ("rank", "rank", str), ("file", "name", lambda f: _clip(str(f), 40)),
         ("steps", "steps", str), ("step", "step_ms_median", _msv), ("GPU busy", "gpu_busy_ms_median", _msv),
         ("GPU idle", "gpu_idle_ms_median", _msv), ("compute", "compute_ms_median", _msv),
-        ("comm", "comm_ms_median", _msv), ("overlap", "overlap_ms_median", _msv)]))
+        ("comm", "comm_ms_median", _msv), ("overlap", "overlap_ms_median", _msv),
+        ("late (median)", "late_us_median", _ms), ("last at", "arrived_last", lambda v: "-" if v is None else str(v)),
+        ("waited", "waited_ms", _msv)]))
     if r.get("slowest_rank") is not None:
         spread = "-" if r.get("spread") is None else f"{r['spread']:.2f}x"
         out.append(f"slowest rank: {r['slowest_rank']} (step-time spread max/min {spread})")
+    for f in r.get("failed") or []:
+        out.append(f"left out: {f['name']}: {f['error']}")
     for p in r.get("problems") or []:
-        out.append(f"problem ({p['check']}): {p['message']}")
+        if p["check"] != "unreadable":
+            out.append(f"problem ({p['check']}): {p['message']}")
     if not r.get("problems"):
         out.append("no sign that these ranks come from different runs")
+    coll = r.get("collectives") or {}
+    if coll.get("by_name"):
+        out.append(f"Collectives: {coll['matched']:,} matched on every rank, {coll['partial']:,} on some "
+                   f"(by {', '.join(coll.get('matched_by') or [])}; {', '.join(coll.get('events') or [])}); "
+                   f"clock: {(r.get('clock') or {}).get('aligned')}")
+        out.append(_table(coll["by_name"], [
+            ("collective", "name", lambda v: _clip(str(v), 40)), ("count", "collectives", str),
+            ("skew (median)", "skew_us_median", _ms), ("skew (max)", "skew_us_max", _ms),
+            ("transfer (median)", "transfer_us_median", _ms), ("bus bandwidth", "busbw_median", _bw)]))
+    th = r.get("thresholds") or {}
+    for s in r.get("stragglers") or []:
+        out.append(f"straggler: rank {s['rank']} arrives {_ms(s['late_us_median'])} after the median rank at its "
+                   f"collectives (median; limit {_ms(th.get('straggler_limit_us'))})")
+    if coll.get("by_name") and not r.get("stragglers"):
+        out.append(f"no straggler (no rank's median lateness over {_ms(th.get('straggler_limit_us'))})")
+    for c in (r.get("late_collectives") or [])[:10]:
+        out.append(f"late collective: {c['key']} ({c['name']}, step {c['step']}): rank {c['rank']} arrived "
+                   f"{_ms(c['late_us'])} after the median rank ({_ms(c['excess_us'])} later than it usually is)")
+    if r.get("waits"):
+        out.append("who waits for whom (summed wait in the collectives where the second rank arrived last): "
+                   + "; ".join(f"rank {w['rank']} for rank {w['waited_for']} {w['ms']:.1f} ms"
+                               for w in r["waits"][:5]))
+    cp = r.get("critical_path") or {}
+    if cp.get("available"):
+        out.append(f"critical path of rank {cp['rank']}, step {cp['step']}: {_ms(cp['length_us'])}; by kind: "
+                   + ", ".join(f"{k['kind']} {_ms(k['us'])}" for k in cp["by_kind"] if k["us"] > 0))
+    elif cp:
+        out.append(f"critical path of rank {cp.get('rank')}: not computed: {cp.get('reason')}")
+    for w in r.get("workers") or []:
+        out.append(f"worker {w['worker']}: {w['ranks']} rank(s), {w['seconds']:.1f} s, peak RSS "
+                   f"{w['peak_rss_bytes'] / 2**20:,.0f} MiB")
     for n in r.get("notes") or []:
         out.append(f"note: {n}")
-    out.append(f"merged timeline: {r['alignment']}")
+    out.append(f"merged timeline (ranks {', '.join(map(str, r.get('timeline_ranks') or []))}): {r['alignment']}")
     return "\n".join(out)
 
 

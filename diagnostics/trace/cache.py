@@ -13,6 +13,13 @@ reader never sees half an entry and two writers of the same key do not mix their
 second rename fails or replaces a whole entry with a whole entry). An entry that cannot be read
 (corrupt, partial, another version) is removed and rebuilt. The cache holds at most max_bytes
 (MAX_BYTES, or $TORCHSCOPE_TRACE_CACHE_MB); the least recently used entries go first.
+
+Beside the columns an entry keeps the **analyses' results** (keep_result / kept_result): one JSON per
+result key (the job's options, the stamps of every other file it read, and CODE_VERSION, a hash of
+the trace layer's and the trace analysis' source), and the files the result names (renamed into the
+entry as ``result-<key>.<name>``). A second open of an unchanged trace with the same options reads
+that JSON instead of running the analyses again; any change of a file, an option or the code is a
+miss. Results go with their entry when it is evicted.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import uuid
 from dataclasses import fields
 from pathlib import Path
 
+import orjson
 import pandas as pd
 import pyarrow as pa
 import pyarrow.feather as feather
@@ -44,6 +52,7 @@ STALE_TMP_S = 3600
 EVENTS_FILE = "events.feather"
 META_FILE = "trace_meta.json"
 ENTRY = CACHE_ENTRY  # Trace._cache key: the entry folder a trace was read from or kept in
+RESULT_PREFIX = "result-"
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
 
@@ -101,6 +110,84 @@ def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: b
     return trace, False
 
 
+def entry_folder(path: str | Path, root: str | Path, *, allow_truncated: bool = False) -> Path:
+    """The entry folder cached_load uses for ``path`` (it may not exist)."""
+    return Path(root) / cache_key(stamp(path), {"allow_truncated": bool(allow_truncated)})
+
+
+_CODE_VERSION: list = []
+
+
+def code_version() -> str:
+    """A hash of the source the stored results come from (diagnostics/trace and
+    diagnostics/analyses/trace): a change of either makes every stored result a miss."""
+    if not _CODE_VERSION:
+        here = Path(__file__).resolve().parent
+        h = hashlib.sha256(str(CACHE_VERSION).encode())
+        for folder in (here, here.parent / "analyses" / "trace"):
+            for f in sorted(folder.rglob("*.py")):
+                h.update(f.relative_to(folder).as_posix().encode())
+                h.update(f.read_bytes())
+        _CODE_VERSION.append(h.hexdigest()[:16])
+    return _CODE_VERSION[0]
+
+
+def result_key(options: dict) -> str:
+    """A stored result's key: the job's options (with the stamps of the other files it read) and the code."""
+    blob = json.dumps({"code": code_version(), "options": options}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def kept_result(folder: Path, key: str) -> tuple[dict, dict] | None:
+    """(result, {name: path of a file it keeps}) stored under ``key`` in the entry ``folder``, or None.
+    A result that cannot be read is removed (a miss)."""
+    f = Path(folder) / f"{RESULT_PREFIX}{key}.json"
+    try:
+        doc = orjson.loads(f.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, orjson.JSONDecodeError):
+        _unlink(f)
+        return None
+    files = {n: Path(folder) / f"{RESULT_PREFIX}{key}.{n}" for n in doc.get("files", [])}
+    if not isinstance(doc.get("result"), dict) or not all(p.is_file() for p in files.values()):
+        _unlink(f)
+        return None
+    _touch(Path(folder))
+    return doc["result"], files
+
+
+def keep_result(trace: Trace, key: str, result: dict, files: dict | None = None, limit: int | None = None) -> bool:
+    """Store ``result`` (and the files it names: {name: path}, linked or copied) in the entry ``trace``
+    was read from or kept in; False when there is none or it cannot be written (a cache that cannot
+    be written costs speed, never the result)."""
+    folder = trace._cache.get(ENTRY)
+    if folder is None or not Path(folder).is_dir():
+        return False
+    folder = Path(folder)
+    names = []
+    try:
+        for name, src in (files or {}).items():
+            dest = folder / f"{RESULT_PREFIX}{key}.{name}"
+            tmp = dest.with_name(f"{_TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}")
+            try:
+                os.link(src, tmp)
+            except OSError:
+                shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+            names.append(name)
+        body = orjson.dumps({"result": result, "files": names},
+                            option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+        dest = folder / f"{RESULT_PREFIX}{key}.json"
+        tmp = dest.with_name(f"{_TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}")
+        tmp.write_bytes(body)
+        os.replace(tmp, dest)
+    except (OSError, TypeError):
+        return False
+    evict(folder.parent, max_bytes() if limit is None else limit, keep=folder)
+    return True
+
+
 def link_events(trace: Trace, dest: Path) -> bool:
     """Hard-link the events file of the entry ``trace`` came from (or was kept in) to ``dest``:
     the same columns kept beside a run without writing them again. False when it cannot be done
@@ -108,12 +195,15 @@ def link_events(trace: Trace, dest: Path) -> bool:
     file is never written again (a new entry is a new folder), so the link stays valid after an
     eviction."""
     folder = trace._cache.get(ENTRY)
-    if folder is None:
-        return False
+    return folder is not None and link_file(Path(folder) / EVENTS_FILE, dest)
+
+
+def link_file(src: Path, dest: Path) -> bool:
+    """Hard-link ``src`` (a file of an entry: never written again) to ``dest``; False when it cannot."""
     dest = Path(dest)
     tmp = dest.with_name(f"{_TMP_PREFIX}{dest.name}-{uuid.uuid4().hex[:8]}")
     try:
-        os.link(Path(folder) / EVENTS_FILE, tmp)
+        os.link(src, tmp)
         os.replace(tmp, dest)  # a file already there is replaced, never written through the link
     except OSError:
         try:
@@ -241,6 +331,13 @@ def _complete(folder: Path, file_stamp: dict) -> bool:
                 and (folder / EVENTS_FILE).stat().st_size > 0)
     except (OSError, ValueError):
         return False
+
+
+def _unlink(p: Path) -> None:
+    try:
+        p.unlink()
+    except OSError:
+        pass
 
 
 def _size(folder: Path) -> int:

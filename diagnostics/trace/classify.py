@@ -209,6 +209,23 @@ def is_comm(name: str) -> bool:
     return bool(COMM_RE.search(name or ""))
 
 
+#: A collective's operation from its name (NCCL kernels, gloo annotations, c10d ops, record_param_comms'
+#: "Collective name"), first match wins: bus bandwidth and matching ranks' collectives by order read it.
+COLLECTIVE_OPS = (("all_reduce", re.compile(r"all_?reduce", re.I)), ("all_gather", re.compile(r"all_?gather", re.I)),
+                  ("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
+                  ("all_to_all", re.compile(r"all_?to_?all", re.I)), ("broadcast", re.compile(r"broadcast", re.I)),
+                  ("barrier", re.compile(r"barrier", re.I)), ("reduce", re.compile(r"reduce", re.I)),
+                  ("send_recv", re.compile(r"send|recv", re.I)))
+
+
+def collective_op(name: str) -> str:
+    """"all_reduce", "all_gather", ... for a collective's name (the name itself when none fits)."""
+    for label, pattern in COLLECTIVE_OPS:
+        if pattern.search(name or ""):
+            return label
+    return name
+
+
 def comm_family(name: str, rocm: bool = False) -> str | None:
     """The COMM_FAMILIES family of a collective's name ("NCCL", "expert-parallel all-to-all", ...;
     NCCL-named kernels are "RCCL" on a ROCm trace), or None when the name is not a collective's."""

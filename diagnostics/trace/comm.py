@@ -74,14 +74,25 @@ def _open_json(path: Path):
     return orjson.loads(data)
 
 
-def collective_bytes(path) -> tuple[dict[tuple[str, int], int], str | None]:
+def collective_bytes(path, trace: Trace | None = None) -> tuple[dict[tuple[str, int], int], str | None]:
     """(name, k-th complete event of that name) -> bytes, for the collective events of one file,
     and a note when the file was not read.
 
     Events are counted as the Trace holds them (complete events with a collective's name, any
-    category, in file order), so the k-th here is the k-th in ``rank_breakdown``.
+    category, in file order), so the k-th here is the k-th in ``rank_breakdown``. With the file's
+    ``trace`` (its collective names), only those events are decoded, streaming (comm_args: any size);
+    without it the whole file is parsed, up to ARGS_PASS_MAX_FILE_BYTES.
     """
     path = Path(path)
+    if trace is not None:
+        from diagnostics.trace.comm_args import comm_events
+        from diagnostics.trace.errors import TraceError
+
+        try:
+            found, _ = comm_events(path, [n for n in trace.labels("name").tolist() if n and is_comm(n)])
+        except TraceError as e:
+            return {}, f"{path.name}: collective bytes not read ({e})"
+        return _kth_bytes(found), None
     if path.stat().st_size > ARGS_PASS_MAX_FILE_BYTES:
         return {}, f"{path.name}: over {ARGS_PASS_MAX_FILE_BYTES >> 20} MiB, collective bytes not read"
     try:
@@ -89,21 +100,23 @@ def collective_bytes(path) -> tuple[dict[tuple[str, int], int], str | None]:
     except (OSError, ValueError, EOFError) as e:
         return {}, f"{path.name}: collective bytes not read ({e})"
     events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    return _kth_bytes(e for e in events if isinstance(e, dict) and e.get("ph") == "X"
+                      and isinstance(e.get("name"), str) and isinstance(e.get("dur"), (int, float))
+                      and e["dur"] >= 0 and isinstance(e.get("ts"), (int, float)) and is_comm(e["name"])), None
+
+
+def _kth_bytes(events) -> dict[tuple[str, int], int]:
+    """(name, k) -> bytes over collective events in file order (the k-th event of its name)."""
     seen: dict[str, int] = {}
     out = {}
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        name, dur, ts = e.get("name"), e.get("dur"), e.get("ts")
-        if not isinstance(name, str) or not isinstance(dur, (int, float)) or dur < 0 \
-                or not isinstance(ts, (int, float)) or not is_comm(name):
-            continue
+        name = e["name"]
         k = seen.get(name, 0)
         seen[name] = k + 1
         b = event_bytes(e.get("args") or {})
         if b is not None:
             out[(name, k)] = b
-    return out, None
+    return out
 
 
 # ---- one rank --------------------------------------------------------------------------------
@@ -129,10 +142,11 @@ def _busy_intervals(trace: Trace, ts: np.ndarray, end: np.ndarray) -> tuple[bool
     return False, iv.union(ts[c], end[c]), compute
 
 
-def rank_breakdown(trace: Trace, comm_bytes: dict | None = None) -> dict:
+def rank_breakdown(trace: Trace, comm_bytes: dict | None = None, with_calls: bool = True) -> dict:
     """Steps, the compute/comm/overlap/other split per step, and the collective calls of one trace.
 
-    ``comm_bytes``: what ``collective_bytes`` read from the same file (message sizes of the calls).
+    ``comm_bytes``: what ``collective_bytes`` read from the same file (message sizes of the calls);
+    ``with_calls`` False: no "calls" list (the per-step split only).
     Returns {"on_gpu", "steps": [{step, step_ms, compute_ms, comm_ms, overlap_ms, compute_only_ms,
     exposed_comm_ms, other_ms, busy_ms}], "calls": [{name, family (classify.comm_family), where, dur_ms,
     bytes}]}.
@@ -150,14 +164,16 @@ def rank_breakdown(trace: Trace, comm_bytes: dict | None = None) -> dict:
         timed = host_mask(trace) | gpu_work_mask(trace)
         windows = [(0, float(ts[timed].min()), float(end[timed].max()))]
 
+    # Every window at once: the lengths of communication, computation and their intersection inside it.
+    lo = np.array([w[1] for w in windows], dtype=float)
+    hi = np.array([w[2] for w in windows], dtype=float)
+    comm_all = iv.lengths_within(comm_iv, lo, hi) / 1000.0
+    comp_all = iv.lengths_within(compute_iv, lo, hi) / 1000.0
+    both_all = iv.lengths_within(iv.intersect(comm_iv, compute_iv), lo, hi) / 1000.0
     steps = []
-    for number, lo, hi in windows:
-        comm_w = iv.clip(comm_iv, lo, hi)
-        comp_w = iv.clip(compute_iv, lo, hi)
-        step_ms = (hi - lo) / 1000.0
-        comm_ms = iv.length(comm_w) / 1000.0
-        comp_ms = iv.length(comp_w) / 1000.0
-        overlap_ms = iv.length(iv.intersect(comm_w, comp_w)) / 1000.0
+    for (number, a, b), comm_ms, comp_ms, overlap_ms in zip(windows, comm_all.tolist(), comp_all.tolist(),
+                                                              both_all.tolist()):
+        step_ms = (b - a) / 1000.0
         busy_union = comm_ms + comp_ms - overlap_ms
         steps.append({
             "step": number, "step_ms": step_ms,
@@ -167,7 +183,8 @@ def rank_breakdown(trace: Trace, comm_bytes: dict | None = None) -> dict:
             "other_ms": max(0.0, step_ms - busy_union),
             "busy_ms": max(0.0, step_ms - max(0.0, comm_ms - overlap_ms)),
         })
-    return {"on_gpu": on_gpu, "steps": steps, "calls": _calls(trace, windows, ts, end, comm_bytes or {})}
+    calls = _calls(trace, windows, ts, end, comm_bytes or {}) if with_calls else []
+    return {"on_gpu": on_gpu, "steps": steps, "calls": calls}
 
 
 def _calls(trace: Trace, windows: list, ts: np.ndarray, end: np.ndarray, comm_bytes: dict) -> list:

@@ -41,40 +41,41 @@ def clip(iv: Intervals, lo: float, hi: float) -> Intervals:
 
 
 def intersect(a: Intervals, b: Intervals) -> Intervals:
-    """Intersection of two disjoint sorted sets (two-pointer merge)."""
+    """Intersection of two disjoint sorted sets: a sweep over both sets' bounds (ends before starts
+    at equal times, so touching intervals give no empty piece); where both are open, it is in."""
     (as_, ae), (bs, be) = a, b
-    out_s, out_e = [], []
-    i = j = 0
-    while i < as_.size and j < bs.size:
-        lo, hi = max(as_[i], bs[j]), min(ae[i], be[j])
-        if hi > lo:
-            out_s.append(lo)
-            out_e.append(hi)
-        if ae[i] < be[j]:
-            i += 1
-        else:
-            j += 1
-    return np.array(out_s, dtype=float), np.array(out_e, dtype=float)
+    if as_.size == 0 or bs.size == 0:
+        return EMPTY
+    pts = np.concatenate([as_, ae, bs, be]).astype(float)
+    delta = np.concatenate([np.ones(as_.size), -np.ones(ae.size), np.ones(bs.size), -np.ones(be.size)])
+    order = np.lexsort((delta, pts))
+    pts, depth = pts[order], np.cumsum(delta[order])
+    k = np.flatnonzero(depth[:-1] == 2)
+    s, e = pts[k], pts[k + 1]
+    keep = e > s
+    return s[keep], e[keep]
 
 
 def subtract(a: Intervals, b: Intervals) -> Intervals:
-    """a minus b, for disjoint sorted sets."""
+    """a minus b, for disjoint sorted sets: a intersected with the gaps of b."""
     if a[0].size == 0 or b[0].size == 0:
         return a
-    cut = intersect(a, b)
-    # Walk each a-interval and remove the cut pieces inside it (cuts are sorted, inside a).
-    out_s, out_e = [], []
-    j = 0
-    cs, ce = cut
-    for s, e in zip(a[0], a[1]):
-        cur = s
-        while j < cs.size and cs[j] < e:
-            if cs[j] > cur:
-                out_s.append(cur)
-                out_e.append(cs[j])
-            cur = max(cur, ce[j])
-            j += 1
-        if e > cur:
-            out_s.append(cur)
-            out_e.append(e)
-    return np.array(out_s, dtype=float), np.array(out_e, dtype=float)
+    gaps = (np.r_[-np.inf, b[1]], np.r_[b[0], np.inf])
+    return intersect(a, gaps)
+
+
+def lengths_within(iv: Intervals, lo, hi) -> np.ndarray:
+    """Per window [lo[k], hi[k]): the length of ``iv`` (sorted, disjoint) inside it, all windows at once."""
+    s, e = iv
+    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    if s.size == 0:
+        return np.zeros(lo.size)
+    cum = np.r_[0.0, np.cumsum(e - s)]
+
+    def covered(t):  # length of iv before t
+        i = np.searchsorted(s, t, side="right")  # intervals starting at or before t
+        last = np.maximum(i - 1, 0)
+        part = np.where(i > 0, np.minimum(e[last], t) - s[last], 0.0)
+        return cum[np.maximum(i - 1, 0)] * (i > 0) + np.maximum(part, 0.0)
+
+    return np.maximum(covered(hi) - covered(lo), 0.0)

@@ -192,18 +192,30 @@ def summary(trace: Trace) -> dict:
     ts, dur = ev["ts"].to_numpy(), ev["dur"].to_numpy()
     start = float(ts[timed].min()) if timed.any() else 0.0
     end = float((ts + dur)[timed].max()) if timed.any() else 0.0
-    cat = trace.strings("cat")
-    cat = np.where(cat == "", "(none)", cat)
-    by_cat = pd.DataFrame({"cat": cat, "dur": np.where(complete, dur, 0.0)}).groupby(
-        "cat", observed=True).agg(events=("dur", "size"), total_us=("dur", "sum"))
+    # Group-bys on the category / thread codes (bincount), then a frame of one row per group: the same
+    # rows and order as a group-by of the strings, without a string per event.
+    cat_codes = trace.codes("cat").astype(np.int64)
+    n_cat = len(trace.labels("cat"))
+    slot = np.where(cat_codes >= 0, cat_codes, n_cat - 1)  # code -1 (no category) -> the "" label's slot
+    count = np.bincount(slot, minlength=n_cat)
+    total = np.bincount(slot, weights=np.where(complete, dur, 0.0), minlength=n_cat)
+    labels = np.where(trace.labels("cat") == "", "(none)", trace.labels("cat"))
+    seen = np.flatnonzero(count)
+    by_cat = pd.DataFrame({"cat": labels[seen], "events": count[seen], "total_us": total[seen]})
+    by_cat = by_cat.groupby("cat", observed=True).agg(events=("events", "sum"), total_us=("total_us", "sum"))
     by_cat = by_cat.sort_values("events", ascending=False).reset_index()
     nest = trace.nesting()
     cpu = host_mask(trace)
     roots = cpu & (nest["parent"] < 0)
-    th = pd.DataFrame({"pid": trace.strings("pid", cpu),
-                       "tid": trace.strings("tid", cpu),
-                       "busy": np.where(roots, dur, 0.0)[cpu]})
-    threads = th.groupby(["pid", "tid"]).agg(events=("busy", "size"), busy_us=("busy", "sum"))
+    lane = trace.lane_keys()[cpu]
+    uniq, inv = np.unique(lane, return_inverse=True)
+    pid_l, tid_l = trace.labels("pid"), trace.labels("tid")
+    threads = pd.DataFrame({"pid": pid_l[(uniq >> 32).astype(np.int64)],
+                            "tid": tid_l[(uniq & 0xFFFFFFFF).astype(np.int64)],
+                            "events": np.bincount(inv.ravel(), minlength=uniq.size),
+                            "busy_us": np.bincount(inv.ravel(), weights=np.where(roots, dur, 0.0)[cpu],
+                                                   minlength=uniq.size)})
+    threads = threads.groupby(["pid", "tid"]).agg(events=("events", "sum"), busy_us=("busy_us", "sum"))
     threads = threads.reset_index()
     threads["name"] = [trace.thread_names.get(f"{p}/{t}", "") for p, t in
                        zip(threads["pid"], threads["tid"])]
@@ -326,15 +338,6 @@ def _gpu_windows(g: pd.DataFrame, step_i: np.ndarray, n_steps: int) -> tuple[np.
     return filled, np.where(np.isfinite(hi), hi, filled)
 
 
-def _length_within(u: iv.Intervals, a: float, b: float) -> float:
-    """Length of the sorted disjoint intervals ``u`` inside [a, b)."""
-    s, e = u
-    i, j = np.searchsorted(e, a, side="right"), np.searchsorted(s, b, side="left")
-    if j <= i:
-        return 0.0
-    return float(np.sum(np.minimum(e[i:j], b) - np.maximum(s[i:j], a)))
-
-
 def temporal_breakdown(trace: Trace) -> dict:
     """Per step: GPU time by kind plus idle, and host self time by operator family/category.
 
@@ -350,6 +353,16 @@ def temporal_breakdown(trace: Trace) -> dict:
     out, counted in ``attribution`` and named in ``notes``.
     """
     win = _step_windows(trace)
+    gpu = gpu_step_breakdown(trace)
+    return {"steps": _records(win[["step", "start_us", "dur_us"]]), "gpu": gpu["gpu"],
+            "cpu": _cpu_self_by_step(trace, win), "kind_priority": list(KIND_PRIORITY),
+            "attribution": gpu["attribution"], "notes": gpu["notes"]}
+
+
+def gpu_step_breakdown(trace: Trace) -> dict:
+    """temporal_breakdown's GPU part alone ({"gpu", "attribution", "notes"}): what a view that needs no
+    host self time (the multi-rank summary) computes, without the host call nesting."""
+    win = _step_windows(trace)
     g = gpu_step_attribution(trace)
     gpu_rows, notes = [], []
     counts = {a: int((g["attributed"] == a).sum()) for a in ATTRIBUTION}
@@ -363,10 +376,12 @@ def temporal_breakdown(trace: Trace) -> dict:
         for k in KIND_PRIORITY:
             sub = mine[mine["kind"].isin(KIND_PRIORITY[:KIND_PRIORITY.index(k) + 1])]
             acc.append(iv.union(sub["start_us"].to_numpy(), sub["end_us"].to_numpy()))
-        for i in np.flatnonzero(n_events):
+        have = np.flatnonzero(n_events)
+        within = np.array([iv.lengths_within(u, lo[have], hi[have]) for u in acc]).T  # window x kinds so far
+        numbers = win["step"].to_numpy()
+        for i, covered in zip(have.tolist(), within.tolist()):
             a, b = float(lo[i]), float(hi[i])
-            covered = [_length_within(u, a, b) for u in acc]
-            row = {"step": int(win["step"].iloc[i]), "window_start_us": a, "window_us": b - a,
+            row = {"step": int(numbers[i]), "window_start_us": a, "window_us": b - a,
                    "events": int(n_events[i])}
             row.update({f"{k}_us": c - (covered[j - 1] if j else 0.0)
                         for j, (k, c) in enumerate(zip(KIND_PRIORITY, covered))})
@@ -385,32 +400,44 @@ def temporal_breakdown(trace: Trace) -> dict:
     if counts["outside_steps"] and len(steps(trace)):
         notes.append(f"{counts['outside_steps']:,} GPU events ({attribution['outside_steps_us'] / 1e3:,.3f} ms) "
                      "launched outside every profiler step: left out of step figures")
+    return {"gpu": gpu_rows, "attribution": attribution, "notes": notes}
+
+
+def _cpu_self_by_step(trace: Trace, win: pd.DataFrame) -> list:
+    """Host self time per step and group ("op: <family>" for operators, the category otherwise,
+    STEP_SELF for the steps' own time), host events put in the step where they start: records sorted
+    by step, then group. Summed on integer group codes (one label per distinct name or category)."""
     ev = trace.events
     nest = trace.nesting()
     cpu = np.flatnonzero(host_mask(trace))
     step_i = _assign_step(ev["ts"].to_numpy()[cpu], win)
     keep = step_i >= 0
     cpu, step_i = cpu[keep], step_i[keep]
-    groups = _cpu_groups(trace)[cpu]
-    df = pd.DataFrame({"step": win["step"].to_numpy()[step_i], "group": groups,
-                       "self_us": nest["self_us"][cpu]})
+    code, labels = _cpu_group_codes(trace)
+    key = step_i.astype(np.int64) * len(labels) + code[cpu]
+    uniq, inv = np.unique(key, return_inverse=True)
+    self_us = nest["self_us"][cpu]
+    sums = np.bincount(inv.ravel(), weights=np.nan_to_num(self_us), minlength=uniq.size)
+    df = pd.DataFrame({"step": win["step"].to_numpy()[uniq // len(labels)],
+                       "group": np.asarray(labels, dtype=object)[uniq % len(labels)], "self_us": sums})
     cpu_rows = df.groupby(["step", "group"], sort=True)["self_us"].sum().reset_index()
-    return {"steps": _records(win[["step", "start_us", "dur_us"]]),
-            "gpu": gpu_rows, "cpu": _records(cpu_rows),
-            "kind_priority": list(KIND_PRIORITY), "attribution": attribution, "notes": notes}
+    return _records(cpu_rows)
 
 
-def _cpu_groups(trace: Trace) -> np.ndarray:
-    """Per event: "op: <family>" for operators, the category otherwise, STEP_SELF for steps."""
-    ev = trace.events
-    name_cats = ev["name"].cat.categories
-    fam = np.array(["op: " + op_family(str(n)) for n in name_cats] + [""], dtype=object)
-    is_step = trace.name_mask(STEP_RE)
-    out = fam[ev["name"].cat.codes.to_numpy()]
+def _cpu_group_codes(trace: Trace) -> tuple[np.ndarray, list]:
+    """Per event a code into ``labels``: "op: <family>" for operators (by name), the category
+    otherwise, STEP_SELF for steps), one label per code (names first, then categories)."""
+    names = [str(n) for n in trace.events["name"].cat.categories]
+    cats = trace.labels("cat").tolist()
+    labels = ["op: " + op_family(n) for n in names] + [""] + cats + [STEP_SELF]
+    n_names = len(names) + 1
+    name_code = trace.codes("name").astype(np.int64)
+    code = np.where(name_code >= 0, name_code, n_names - 1).astype(np.int64)
     not_op = ~trace.cat_mask(HOST_OP_CATS)
-    out[not_op] = trace.strings("cat")[not_op]
-    out[is_step] = STEP_SELF
-    return out
+    cat_code = trace.codes("cat").astype(np.int64)
+    code[not_op] = n_names + np.where(cat_code >= 0, cat_code, len(cats) - 1)[not_op]
+    code[trace.name_mask(STEP_RE)] = len(labels) - 1
+    return code, labels
 
 
 def top_operators(trace: Trace, n: int) -> dict:
@@ -421,10 +448,21 @@ def top_operators(trace: Trace, n: int) -> dict:
     dup = repeated_calls(trace)
     # key_averages semantics: a call recorded twice (an only child named like its parent) is one
     # call; its self time stays with the name, so self_us sums every row.
-    ops = pd.DataFrame({"name": trace.strings("name", m), "dur": ev["dur"].to_numpy()[m],
-                        "call_dur": np.where(dup, np.nan, ev["dur"].to_numpy())[m], "self": nest["self_us"][m]})
-    agg = ops.groupby("name").agg(calls=("call_dur", "count"), total_us=("call_dur", "sum"),
-                                  self_us=("self", "sum"), max_us=("call_dur", "max"))
+    call_dur = np.where(dup, np.nan, ev["dur"].to_numpy())[m]
+    codes = trace.codes("name")[m]
+    uniq, inv = np.unique(codes, return_inverse=True)
+    inv = inv.ravel()
+    counted = ~np.isnan(call_dur)
+    longest = np.full(uniq.size, -np.inf)
+    np.maximum.at(longest, inv[counted], call_dur[counted])
+    per = pd.DataFrame({"name": trace.labels("name")[uniq],
+                        "calls": np.bincount(inv, weights=counted, minlength=uniq.size).astype(np.int64),
+                        "total_us": np.bincount(inv, weights=np.where(counted, call_dur, 0.0), minlength=uniq.size),
+                        "self_us": np.bincount(inv, weights=np.nan_to_num(nest["self_us"][m]), minlength=uniq.size),
+                        "max_us": np.where(np.isfinite(longest), longest, np.nan)})
+    # names of several codes with one string (rare) merge here, as a group-by of the strings would
+    agg = per.groupby("name").agg(calls=("calls", "sum"), total_us=("total_us", "sum"),
+                                  self_us=("self_us", "sum"), max_us=("max_us", "max"))
     agg["mean_us"] = agg["total_us"] / agg["calls"]
     all_self = float(agg["self_us"].sum()) or 1.0
     agg["self_pct"] = 100.0 * agg["self_us"] / all_self

@@ -70,6 +70,17 @@ def test_ranks_tab_from_a_folder_shows_table_chart_problems_and_merged_timeline(
     assert list(table["rank"]) == [0, 1, 2] and list(table["step (ms)"]) == [1.1, 2.0, 1.5]
     assert any("first profiler step" in c.value for c in at.caption)  # the merged timeline says its alignment
     assert at.text_input(key="trace_ranks_tl_search") is not None  # the merged timeline's search box
+    # the cross-rank views: collectives matched by order (rank 2's clock, an hour off, aligned on their ends)
+    coll = next(df.value for df in at.dataframe if "arrival skew (µs, median)" in df.value.columns)
+    assert list(coll["count"]) == [3]
+    assert any("one offset per host" in c.value for c in at.caption)
+    assert at.text_input(key="trace_ranks_dask") is not None  # local processes unless a scheduler is given
+    picker = at.multiselect(key="trace_ranks_timeline")
+    assert picker.value == [0, 1]  # the slowest rank (1) and the one that waits most
+    assert any("bars drawn for 36 events" in c.value for c in at.caption)  # 2 ranks x 3 steps x 6 events
+    picker.set_value([2]).run(timeout=300)  # picking another rank re-runs the job: rank 2 alone on the timeline
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("bars drawn for 18 events" in c.value for c in at.caption), [c.value for c in at.caption]
 
 
 def test_ranks_tab_missing_path_is_a_clear_error(new_app):

@@ -327,7 +327,7 @@ COMM_WORDS = re.compile(r"nccl|rccl|msccl|nvshmem|deep_?ep|gloo|c10d|all_?reduce
 #: Names only classify.py may define.
 CLASSIFIERS = {"is_comm", "uses_tensor_cores", "op_family", "step_number", "step_label", "is_python_frame_name",
                "comm_mask", "step_mask", "kernel_mask", "host_mask", "gpu_work_mask", "host_op_mask",
-               "comm_family", "comm_families", "communication", "user_comm_mask", "is_rocm"}
+               "comm_family", "comm_families", "communication", "user_comm_mask", "is_rocm", "collective_op"}
 RULE_NAME = re.compile(r"^_?\w*(STEP|COMM|TENSOR_CORE|TC)\w*_(RE|PATTERNS?)$")
 KINETO_CATS = {c for g in (C.GPU_CATS, C.RUNTIME_CATS, C.HOST_OP_CATS, C.USER_ANNOTATION_CATS, C.PYTHON_CATS)
                for c in g}

@@ -21,10 +21,12 @@ def test_event_bytes():
 
 
 def test_collective_bytes_are_keyed_by_the_kth_event_of_a_name():
-    got, note = collective_bytes(PAIR / "rank1.pt.trace.json")
-    assert note is None
-    assert got == {("gloo:all_reduce", 0): 4000, ("gloo:all_reduce", 1): 4000,
-                   ("record_param_comms", 0): 4000, ("record_param_comms", 1): 4000}
+    path = PAIR / "rank1.pt.trace.json"
+    want = {("gloo:all_reduce", 0): 4000, ("gloo:all_reduce", 1): 4000,
+            ("record_param_comms", 0): 4000, ("record_param_comms", 1): 4000}
+    assert collective_bytes(path) == (want, None)
+    # streaming (comm_args, only the collective events decoded): the same keys and bytes
+    assert collective_bytes(path, load_trace(path)) == (want, None)
 
 
 def test_rank_breakdown_lists_the_calls_inside_steps_with_their_bytes():

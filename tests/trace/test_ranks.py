@@ -1,4 +1,5 @@
-"""diagnostics.trace.ranks: several ranks' traces, analysed in parallel, checked for being one run, merged."""
+"""diagnostics.trace.ranks: several ranks' traces as map -> reduce (per-rank summaries in parallel, cross-rank
+views), checked for being one run, the picked ranks on one timeline."""
 
 import statistics
 
@@ -59,20 +60,22 @@ def test_parallel_path_gives_the_sequential_table(three):
 def test_eleven_ranks_lanes_in_numeric_order(tmp_path):
     for r in (10, 3, 0, 7, 1, 9, 2, 5, 8, 4, 6):
         write_rank(tmp_path, f"trace_{r:02d}_x.json", r, 11, [1000, 1000])
-    out = analyse_ranks([tmp_path], parallel=False, max_events=200)
+    picked = [10, 3, 0, 7, 1, 9, 2, 5]  # TIMELINE_RANKS_MAX of them, asked in no order
+    out = analyse_ranks([tmp_path], parallel=False, max_events=200, timeline_ranks=picked)
     seen = []
     for lane in out["timeline"]["lanes"]:
         rank = int(lane["lane"].split(" · ")[0].removeprefix("rank "))
         assert lane["label"].startswith(f"rank {rank} · ")
         if not seen or seen[-1] != rank:
             seen.append(rank)
-    assert seen == list(range(11))
+    assert seen == sorted(picked) == out["timeline_ranks"]
     assert out["timeline"]["shown"] <= 200
     assert not _checks(out)
+    assert len(out["ranks"]) == 11  # every rank in the table; only the picked ones drawn
 
 
 def test_times_aligned_on_each_ranks_first_step(three):
-    out = analyse_ranks([three], parallel=False)
+    out = analyse_ranks([three], parallel=False, timeline_ranks="all")
     tl = out["timeline"]
     assert "first profiler step" in tl["alignment"]
     for r in STEPS:
@@ -84,7 +87,7 @@ def test_times_aligned_on_each_ranks_first_step(three):
 
 
 def test_merged_timeline_keeps_the_overall_budget(three):
-    out = analyse_ranks([three], parallel=False, max_events=20)
+    out = analyse_ranks([three], parallel=False, max_events=20, timeline_ranks="all")
     assert out["timeline"]["shown"] == len(out["timeline"]["events"]) <= 20
     assert out["timeline"]["in_range"] == 3 * 3 * 6  # every event of every rank is in range
 
@@ -105,8 +108,11 @@ def test_duplicate_and_missing_ranks(tmp_path):
     msgs = {p["check"]: p["message"] for p in out["problems"]}
     assert msgs["duplicate_rank"] == "rank 0 appears 2 times: a.json, b.json"
     assert msgs["missing_rank"] == "world_size is 3 but ranks 1, 2 are missing"
+    # the second file of rank 0 is in the table, not in the cross-rank views or on the timeline
+    assert [r["name"] for r in out["ranks"]] == ["a.json", "b.json"]
+    assert any("repeating a rank number" in n for n in out["notes"])
     lanes = {l["lane"].split(" · ")[0] for l in out["timeline"]["lanes"]}
-    assert lanes == {"rank 0 (a.json)", "rank 0 (b.json)"}
+    assert lanes == {"rank 0"}
 
 
 def test_start_times_an_hour_apart(tmp_path):
@@ -153,7 +159,7 @@ def test_unreadable_file_is_a_problem_and_missing_path_an_error(tmp_path):
 def test_step_time_chart_in_ms_and_the_merged_timeline_figure(three):
     from diagnostics.render.charts.ranks import build_rank_steps_figure, build_ranks_timeline_figure, rank_table
 
-    out = analyse_ranks([three], parallel=False)
+    out = analyse_ranks([three], parallel=False, timeline_ranks="all")
     fig = build_rank_steps_figure(out)
     bar = fig.data[0]
     assert list(bar.x) == ["rank 0", "rank 1", "rank 2"]
@@ -194,7 +200,7 @@ def test_a_bad_ranks_option_is_refused_by_name():
 
 
 def test_no_worker_processes_means_sequential_and_says_why(three, monkeypatch):
-    import diagnostics.trace.ranks as ranks
+    import diagnostics.trace.ranks.executors as ranks
 
     class Daemon:
         daemon = True
@@ -220,7 +226,7 @@ def test_the_gloo_pair_cpu_traces_hand_values_and_gpu_not_counted():
     from pathlib import Path
 
     pair = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
-    out = analyse_ranks([pair], parallel=False)
+    out = analyse_ranks([pair], parallel=False, timeline_ranks="all")
     r0, r1 = out["ranks"]
     assert (r0["rank"], r1["rank"]) == (0, 1)
     assert r0["compute_ms_median"] == pytest.approx((0.400 + 0.150) / 2)
@@ -253,7 +259,7 @@ def test_upload_names_replace_stored_names_in_table_problems_and_rank_numbers(tm
 
 
 def test_workers_are_bounded_by_free_memory(three, monkeypatch):
-    import diagnostics.trace.ranks as ranks
+    import diagnostics.trace.ranks.executors as ranks
 
     files = [str(p) for p in rank_paths([three])]
     biggest = max(__import__("os").path.getsize(f) for f in files)  # plain JSON: decoded size = file size
@@ -263,7 +269,7 @@ def test_workers_are_bounded_by_free_memory(three, monkeypatch):
         available = int(2 * need * 2.5)  # half of it holds 2.5 ranks: 2 at once
 
     monkeypatch.setattr("psutil.virtual_memory", lambda: VM())
-    assert ranks._memory_workers(files) == 2
+    assert ranks.memory_workers(files) == 2
     VM.available = int(need)  # not even one in half: one at a time, and said so
-    assert ranks._memory_workers(files) == 1
+    assert ranks.memory_workers(files) == 1
     assert analyse_ranks([three])["mode"] == "sequential (not enough free memory for two ranks at once)"

@@ -9,8 +9,36 @@ import streamlit as st
 
 from ui.widgets import chart_key
 
-from diagnostics.render.charts.ranks import build_rank_steps_figure, build_ranks_timeline_figure, rank_table
+from diagnostics.render.tables import records_frame
+
+from diagnostics.render.charts.ranks import (
+    build_heatmap_figure, build_lateness_figure, build_rank_steps_figure, build_ranks_timeline_figure,
+    build_skew_figure, collectives_table, late_table, rank_table, waits_table, widest_table, workers_table,
+)
 from ui.views.timeline import show_timeline
+
+#: The session key of the "Ranks on the timeline" picker (the page reads it into the job's timeline_ranks).
+TIMELINE_PICK_KEY = "trace_ranks_timeline"
+#: The picks themselves, kept while the job runs (a widget's own key is dropped in a run that does not draw it).
+PICKS_KEY = "trace_ranks_timeline_picks"
+DASK_KEY = "trace_ranks_dask"
+
+
+def execution_options(safe: bool) -> dict:
+    """Where the ranks are analysed: local processes, or a Dask cluster (outside server-safe mode), and the
+    ranks the user picked for the timeline: the job's dask / timeline_ranks options."""
+    out = {}
+    if not safe:
+        dask = st.text_input("Dask scheduler (optional)", key=DASK_KEY, placeholder="tcp://scheduler:8786 or local:4",
+                             help="Analyse the ranks on a Dask cluster: its scheduler address, or local:N for N "
+                                  "worker processes on this machine (needs the packages dask and distributed). "
+                                  "Empty: local processes.").strip()
+        if dask:
+            out["dask"] = dask
+    picked = st.session_state.get(PICKS_KEY)
+    if picked:
+        out["timeline_ranks"] = ",".join(str(r) for r in sorted(picked))
+    return out
 
 
 def pick_ranks(safe: bool) -> tuple[list[str], dict]:
@@ -42,28 +70,88 @@ def pick_ranks(safe: bool) -> tuple[list[str], dict]:
 
 
 def show_ranks(ranks: dict) -> None:
-    """The "Ranks" tab: problems as warnings, the per-rank table and chart, the merged timeline."""
+    """The "Ranks" tab: problems as warnings, the per-rank table and charts, the cross-rank views (collectives,
+    stragglers, late collectives, who waits for whom, the heat map, the slowest rank's critical path), and the
+    picked ranks on one timeline."""
     n = len(ranks.get("ranks") or [])
     st.caption(f"{n} ranks analysed, {ranks.get('mode')}. Figures are medians per profiler step.")
+    for f in ranks.get("failed") or []:
+        st.error(f"{f['name']}: left out ({f['error']})")
     for p in ranks.get("problems") or []:
-        prefix = "" if p["check"] == "unreadable" else f"Not one run? ({p['check'].replace('_', ' ')}) "
-        st.warning(prefix + p["message"])
+        if p["check"] == "unreadable":
+            continue
+        st.warning(f"Not one run? ({p['check'].replace('_', ' ')}) " + p["message"])
     if not ranks.get("problems"):
         st.success("No sign that these ranks come from different runs (world size, process groups, rank numbers, "
                    "versions, start times and step numbers agree).")
     for note in ranks.get("notes") or []:
         st.info(note)
+    th = ranks.get("thresholds") or {}
+    for s in ranks.get("stragglers") or []:
+        st.warning(f"Straggler: rank {s['rank']} arrives {s['late_us_median']:,.0f} µs after the median rank at its "
+                   f"collectives (median; the limit is {th.get('straggler_limit_us', 0):,.0f} µs).")
+    for c in (ranks.get("late_collectives") or [])[:3]:
+        st.warning(f"Late collective {c['key']} ({c['name']}, step {c['step']}): rank {c['rank']} arrived "
+                   f"{c['late_us']:,.0f} µs after the median rank, {c['excess_us']:,.0f} µs later than it usually is.")
     if ranks.get("slowest_rank") is not None:
         spread = ranks.get("spread")
-        cols = st.columns(2)
+        cols = st.columns(3)
         cols[0].metric("Slowest rank", str(ranks["slowest_rank"]), help="highest median step time")
         cols[1].metric("Step-time spread", f"{spread:.2f}x" if spread else "n/a",
                        help="slowest rank's median step time / fastest rank's")
+        strag = ranks.get("stragglers") or []
+        cols[2].metric("Stragglers", ", ".join(str(s["rank"]) for s in strag) or "none",
+                       help="ranks whose median lateness at the collectives is over the limit")
         st.plotly_chart(build_rank_steps_figure(ranks), width="stretch", key=chart_key("ranks", ranks, 1))
     st.dataframe(rank_table(ranks), hide_index=True, width="stretch")
+    if (ranks.get("heatmap") or {}).get("steps"):
+        st.plotly_chart(build_heatmap_figure(ranks), width="stretch", key=chart_key("ranks", ranks, 2))
+    coll = ranks.get("collectives") or {}
+    if coll.get("by_name"):
+        st.markdown("**Collectives across ranks**")
+        st.caption(f"{coll['matched']:,} collectives matched on every rank, {coll['partial']:,} on some (by "
+                   f"{', '.join(coll.get('matched_by') or [])}; {', '.join(coll.get('events') or [])}). Clock: "
+                   f"{(ranks.get('clock') or {}).get('aligned')}. Transfer time: the shortest duration across ranks "
+                   "(the last to arrive waits for nobody).")
+        st.dataframe(collectives_table(ranks), hide_index=True, width="stretch")
+        c1, c2 = st.columns(2)
+        with c1:
+            st.plotly_chart(build_lateness_figure(ranks), width="stretch", key=chart_key("ranks", ranks, 3))
+        with c2:
+            st.plotly_chart(build_skew_figure(ranks), width="stretch", key=chart_key("ranks", ranks, 4))
+        for title, table in (("Late collectives", late_table(ranks)), ("Widest arrival skew", widest_table(ranks)),
+                             ("Who waits for whom", waits_table(ranks))):
+            if not table.empty:
+                st.markdown(f"**{title}**")
+                st.dataframe(table, hide_index=True, width="stretch")
+    cp = ranks.get("critical_path") or {}
+    if cp:
+        st.markdown(f"**Critical path of rank {cp.get('rank')}** (the first straggler, else the slowest rank)")
+        if cp.get("available"):
+            st.caption(f"Step {cp['step']} ({cp['chosen_as']}): {cp['length_us'] / 1e3:,.3f} ms; by kind: "
+                       + ", ".join(f"{k['kind']} {k['us'] / 1e3:,.3f} ms" for k in cp["by_kind"] if k["us"] > 0))
+            st.dataframe(records_frame(cp.get("longest") or []), hide_index=True, width="stretch")
+        else:
+            st.info(f"Not computed: {cp.get('reason')}")
+    if ranks.get("workers"):
+        with st.expander("Workers (where the ranks were analysed)"):
+            st.dataframe(workers_table(ranks), hide_index=True, width="stretch")
     timeline = ranks.get("timeline") or {}
+    all_ranks = [r["rank"] for r in ranks.get("ranks") or []]
+    st.markdown("**Picked ranks on one timeline**")
+    choices = sorted(set(all_ranks))
+    if TIMELINE_PICK_KEY not in st.session_state or not set(st.session_state[TIMELINE_PICK_KEY]) <= set(choices):
+        st.session_state[TIMELINE_PICK_KEY] = list(ranks.get("timeline_ranks") or [])  # what this result drew
+
+    def picked():
+        st.session_state[PICKS_KEY] = list(st.session_state[TIMELINE_PICK_KEY])
+
+    st.multiselect("Ranks on the timeline", choices, max_selections=8, key=TIMELINE_PICK_KEY, on_change=picked,
+                   help="Only the ranks picked are read again and drawn (default: the slowest rank and the rank "
+                        "that waits most)")
+    for e in ranks.get("timeline_errors") or []:
+        st.error(f"rank {e['rank']}: not drawn ({e['error']})")
     if timeline.get("events"):
-        st.markdown("**All ranks on one timeline**")
         st.caption(f"Alignment: {ranks.get('alignment')}. {timeline['shown']:,} bars drawn for "
                    f"{timeline['in_range']:,} events.")
         show_timeline(timeline, lambda search: build_ranks_timeline_figure(ranks, search=search), key="trace_ranks")

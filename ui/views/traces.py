@@ -82,6 +82,9 @@ def cache_caption(cache: dict | None) -> str:
     """Where the trace was read from: the parsed-trace cache or the file (diagnostics.trace.cache)."""
     if not cache:
         return "Parsed from the file (this run did not record the trace cache)"
+    if cache.get("result"):
+        return (f"Reopened in {cache['open_s']:.2f} s: the stored analysis of this trace (the files, the options and "
+                "TorchScope's trace code are unchanged since it ran)")
     if cache["hit"]:
         return f"Reopened from the trace cache in {cache['open_s']:.2f} s (the file is unchanged since it was parsed)"
     return (f"Parsed from the file in {cache['open_s']:.2f} s; its columns are kept in the trace cache, so the "

@@ -129,7 +129,7 @@ def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_
         if rank in per_rank:
             raise DistributedInputError(f"two traces claim rank {rank}: {per_rank[rank]['file']} and {path.name}; "
                                    "load one run's traces at a time")
-        comm_bytes, note = collective_bytes(path)
+        comm_bytes, note = collective_bytes(path, trace)
         if note:
             notes.append(note)
         use_comm_kernels(trace, comm_kernels)

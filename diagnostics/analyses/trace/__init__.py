@@ -72,6 +72,26 @@ HTA_TABLES = (
                                                        Column("count", "count", "launches"))),
 )
 
+def _timeline_ranks(value: str) -> str:
+    """The "timeline_ranks" option: "all" or rank numbers separated by commas."""
+    text = value.strip()
+    if text != "all" and not all(p.strip().isdigit() for p in text.split(",")):
+        raise OptionError(f"option timeline_ranks: rank numbers separated by commas (0,5) or 'all', got {value!r}")
+    return text
+
+
+#: Where several ranks are analysed and which are drawn (issue #35, diagnostics.trace.ranks).
+RANKS_OPTIONS = (
+    Option("dask", "str", None, "analyse the ranks on a Dask cluster: its scheduler address (tcp://host:8786), or "
+           "local:N for a LocalCluster of N worker processes on this machine (needs the optional packages dask and "
+           "distributed); default: local processes", optional=True),
+    Option("dask_memory_limit", "str", None, "memory limit of each worker of --dask local:N (e.g. 4GB; default "
+           "80% of the available memory / N)", optional=True),
+    Option("timeline_ranks", "str", None, "ranks drawn on the merged timeline: numbers separated by commas, or "
+           "all (up to 8); default: the slowest rank and the rank that waits most", optional=True,
+           check=_timeline_ranks),
+)
+
 #: The options `trace analyze` has flags for: the HTA-parity definitions and the user's communication kernels.
 ANALYZE_FLAGS = HTA_OPTIONS + (COMM_KERNELS,)
 
@@ -102,7 +122,7 @@ TRACE = Analysis(
                "stored under another)", optional=True, flag=""),
         Option("ranks_stamps", "list", None, "path, size and mtime of the rank files, so a changed file is a "
                "new job", optional=True, flag=""),
-    ) + _TIMELINE + HTA_OPTIONS + (COMM_KERNELS,) + _CRITICAL_PATH,
+    ) + RANKS_OPTIONS + _TIMELINE + HTA_OPTIONS + (COMM_KERNELS,) + _CRITICAL_PATH,
     metrics=(
         Metric("events", "count", "Events"),
         Metric("duration_ms", "ms", "Duration"),

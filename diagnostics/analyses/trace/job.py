@@ -20,6 +20,7 @@ from diagnostics.analyses.trace import TRACE, TRACE_DIFF, TRACE_TIMELINE
 from diagnostics.analyses.trace.critical import critical_path_result
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import check_server_path, trace_cache_dir
+from diagnostics.trace import cache as trace_cache
 from diagnostics.trace.cache import cached_load, link_events
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks import analyse_ranks
@@ -75,10 +76,80 @@ def _open(path: str, allow_truncated: bool = False) -> tuple[Trace, dict]:
     return trace, {"hit": hit, "open_s": time.perf_counter() - t}
 
 
+#: Options that choose where the work runs, not what it finds: left out of the stored result's key.
+EXECUTION_OPTIONS = ("dask", "dask_memory_limit")
+#: The files a trace result names, kept beside it in the trace cache: result key -> file in the run folder.
+RESULT_FILES = {"critical_path": "critical_path.pt.trace.json", "meta": META_FILE}
+
+
+def _result_key(options: dict) -> str:
+    """The stored result's key: every option but where the work runs, and the stamps (path, size, mtime
+    in ns) of the rank files the job reads, looked at now."""
+    from diagnostics.trace.cache import result_key, stamp
+    from diagnostics.trace.ranks import rank_paths
+
+    keyed = {k: v for k, v in options.items() if k not in EXECUTION_OPTIONS}
+    if options["ranks"]:
+        keyed["ranks_stamps"] = [stamp(p) for p in rank_paths([str(check_server_path(r, "trace"))
+                                                               for r in options["ranks"]])]
+    return result_key(keyed)
+
+
+def _reopen(ctx, path: str, options: dict) -> dict | None:
+    """The stored result of this job (same files, options and code), its files put in this run's
+    folder; None when there is none (or the trace cache is off)."""
+    t = time.perf_counter()
+    root = trace_cache_dir()
+    if trace_cache.max_bytes() <= 0:
+        return None
+    try:
+        folder = trace_cache.entry_folder(path, root, allow_truncated=options["allow_truncated"])
+        key = _result_key(options)
+    except (OSError, TraceError):
+        return None
+    kept = trace_cache.kept_result(folder, key)
+    if kept is None:
+        return None
+    out, files = kept
+    art = Path(ctx.artifact_dir) if ctx.artifact_dir is not None else None
+    if out.get("columns_dir"):
+        if art is None or not (trace_cache.link_file(folder / trace_cache.EVENTS_FILE, art / EVENTS_FILE)
+                               and trace_cache.link_file(files["meta"], art / META_FILE)):
+            return None
+        out["columns_dir"] = str(art)
+    cp = out.get("critical_path") or {}
+    if cp.get("trace_file"):
+        if art is None or not trace_cache.link_file(files["critical_path"], art / RESULT_FILES["critical_path"]):
+            return None
+        cp["trace_file"] = str(art / RESULT_FILES["critical_path"])
+    out["trace_cache"] = {"hit": True, "result": True, "open_s": time.perf_counter() - t}
+    ctx.progress(0.95, "the stored analysis of this trace (unchanged file, same options)")
+    return out
+
+
+def _keep(trace, options: dict, out: dict, artifact_dir) -> None:
+    """Store the result beside the trace's cache entry, for a reopen (see _reopen)."""
+    files = {}
+    cp = out.get("critical_path") or {}
+    if cp.get("trace_file"):
+        files["critical_path"] = cp["trace_file"]
+    if out.get("columns_dir"):
+        files["meta"] = Path(artifact_dir) / META_FILE
+    try:
+        key = _result_key(options)
+    except (OSError, TraceError):
+        return
+    trace_cache.keep_result(trace, key, {k: v for k, v in out.items() if k != "trace_cache"}, files)
+
+
 def analyze(ctx, options: dict) -> dict:
-    """Open one trace: summary, temporal breakdown, top operators/kernels, idle time, launches, timeline."""
+    """Open one trace: summary, temporal breakdown, top operators/kernels, idle time, launches, timeline.
+    A second open of an unchanged trace with the same options returns the stored result (_reopen)."""
     options = TRACE.validate(options)  # idempotent: the runner validated them too
     path = _require_path(options)
+    kept = _reopen(ctx, path, options)
+    if kept is not None:
+        return kept
     rows = options["top"]  # rows kept in the top-operator and launch tables
     # An upload is stored under a name we chose; "display_name" is the one the user knows it by.
     stored, name = Path(path).name, options["display_name"] or Path(path).name
@@ -110,6 +181,7 @@ def analyze(ctx, options: dict) -> dict:
     s = out["summary"]
     out["metrics"] = {"events": s["events"], "duration_ms": s["duration_us"] / 1e3, "steps": s["n_steps"],
                       "skipped_events": s["skipped_events"], "has_gpu": s["has_gpu"]}
+    _keep(trace, options, out, ctx.artifact_dir)
     out["trace_cache"] = cache  # whether the parsed trace came from the trace cache, and how long the open took
     return out
 
@@ -141,7 +213,14 @@ def _ranks(ctx, options: dict) -> dict:
     paths = [str(check_server_path(p, "trace")) for p in options["ranks"]]
     ctx.progress(0.92, f"{len(paths)} rank path(s): analysing each rank")
     return analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
-                         progress=lambda f, m: ctx.progress(0.92 + 0.06 * f, m))
+                         progress=lambda f, m: ctx.progress(0.92 + 0.06 * f, m), dask=options["dask"],
+                         dask_memory_limit=options["dask_memory_limit"], cache_root=trace_cache_dir(),
+                         timeline_ranks=_timeline_picks(options["timeline_ranks"]),
+                         comm_kernels=options["comm_kernels"] or "")
+
+
+def _timeline_picks(value: str | None):
+    return None if not value else "all" if value == "all" else [int(p) for p in value.split(",")]
 
 
 def analyze_timeline(ctx, options: dict) -> dict:

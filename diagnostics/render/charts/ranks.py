@@ -17,7 +17,21 @@ COLUMNS = {"rank": "rank", "file": "file", "steps": "steps", "step_ms_median": "
            "gpu_idle_ms_median": "GPU idle (ms)", "gpu_idle_pct": "GPU idle (%)",
            "compute_ms_median": "compute (ms)", "comm_ms_median": "communication (ms)",
            "overlap_ms_median": "overlap (ms)", "exposed_comm_ms_median": "exposed comm (ms)",
-           "rank_source": "rank from"}
+           "late_us_median": "late at collectives (µs, median)", "arrived_last": "arrived last (collectives)",
+           "waited_ms": "waited (ms)", "caused_wait_ms": "others waited for it (ms)", "rank_source": "rank from"}
+#: The collectives' table per name, and the widest-skew and late ones, as a user reads them.
+COLLECTIVE_COLUMNS = {"name": "collective", "family": "family", "collectives": "count",
+                      "skew_us_median": "arrival skew (µs, median)", "skew_us_max": "arrival skew (µs, max)",
+                      "transfer_us_median": "transfer (µs, median)", "bytes_median": "bytes (median)",
+                      "busbw_median": "bus bandwidth (B/s, median)"}
+WIDEST_COLUMNS = {"key": "collective", "name": "name", "step": "step", "skew_us": "arrival skew (µs)",
+                  "first_rank": "first rank", "last_rank": "last rank", "transfer_us": "transfer (µs)",
+                  "bytes": "bytes", "busbw": "bus bandwidth (B/s)"}
+LATE_COLUMNS = {"key": "collective", "name": "name", "step": "step", "rank": "late rank",
+                "late_us": "after the median rank (µs)", "excess_us": "later than it usually is (µs)"}
+WAIT_COLUMNS = {"rank": "rank", "waited_for": "waited for rank", "ms": "waited (ms)", "collectives": "collectives"}
+WORKER_COLUMNS = {"worker": "worker (host:pid)", "ranks": "ranks", "seconds": "seconds",
+                  "peak_rss_bytes": "peak RSS (bytes)"}
 
 
 def rank_table(ranks: dict):
@@ -26,6 +40,74 @@ def rank_table(ranks: dict):
     if df.empty:
         return df
     return df[[c for c in COLUMNS if c in df.columns]].rename(columns=COLUMNS)
+
+
+def _frame(rows: list, columns: dict):
+    df = records_frame(rows or [])
+    if df.empty:
+        return df
+    return df[[c for c in columns if c in df.columns]].rename(columns=columns)
+
+
+def collectives_table(ranks: dict):
+    return _frame((ranks.get("collectives") or {}).get("by_name"), COLLECTIVE_COLUMNS)
+
+
+def widest_table(ranks: dict):
+    return _frame((ranks.get("collectives") or {}).get("widest"), WIDEST_COLUMNS)
+
+
+def late_table(ranks: dict):
+    return _frame(ranks.get("late_collectives"), LATE_COLUMNS)
+
+
+def waits_table(ranks: dict):
+    return _frame(ranks.get("waits"), WAIT_COLUMNS)
+
+
+def workers_table(ranks: dict):
+    return _frame(ranks.get("workers"), WORKER_COLUMNS)
+
+
+def build_heatmap_figure(ranks: dict) -> go.Figure:
+    """Step time per rank (rows) and profiler step (columns), ms: a straggling step or rank stands out."""
+    hm = ranks.get("heatmap") or {}
+    binned = hm.get("binned", 1)
+    fig = go.Figure(go.Heatmap(
+        z=hm.get("step_ms") or [], x=[str(s) for s in hm.get("steps") or []],
+        y=[f"rank {r}" for r in hm.get("ranks") or []], colorscale="Viridis", colorbar={"title": "ms"},
+        hovertemplate="%{y}, step %{x}: %{z:.3f} ms<extra></extra>"))
+    title = "Step time per rank and step" + (f" (mean of {binned} steps per column)" if binned > 1 else "")
+    fig.update_layout(title=title, xaxis_title="profiler step", yaxis_title="rank",
+                      xaxis={"type": "category"}, yaxis={"type": "category", "autorange": "reversed"})
+    return fig
+
+
+def build_skew_figure(ranks: dict) -> go.Figure:
+    """Per profiler step, the widest and the median arrival skew of its collectives (µs)."""
+    rows = (ranks.get("collectives") or {}).get("by_step") or []
+    x = [r["step"] for r in rows]
+    fig = go.Figure([go.Scatter(x=x, y=[r["skew_us_max"] for r in rows], mode="lines+markers", name="widest skew"),
+                     go.Scatter(x=x, y=[r["skew_us_median"] for r in rows], mode="lines", name="median skew")])
+    fig.update_layout(title="Arrival skew of the collectives per step (last rank's arrival - first's)",
+                      xaxis_title="profiler step", yaxis_title="arrival skew (µs)")
+    return fig
+
+
+def build_lateness_figure(ranks: dict) -> go.Figure:
+    """Each rank's median lateness at the collectives (µs after the median rank), stragglers in red."""
+    rows = [r for r in ranks.get("ranks") or [] if r.get("late_us_median") is not None]
+    late = {s["rank"] for s in ranks.get("stragglers") or []}
+    fig = go.Figure(go.Bar(x=[f"rank {r['rank']}" for r in rows], y=[r["late_us_median"] for r in rows],
+                           marker_color=[SLOWEST_COLOR if r["rank"] in late else OTHER_COLOR for r in rows],
+                           hovertemplate="%{x}: %{y:.1f} µs after the median rank (median)<extra></extra>"))
+    limit = (ranks.get("thresholds") or {}).get("straggler_limit_us")
+    if limit is not None:
+        center = (ranks.get("thresholds") or {}).get("ranks_late_us_median") or 0.0
+        fig.add_hline(y=center + limit, line_dash="dash", annotation_text="straggler limit")
+    fig.update_layout(title="Lateness at the collectives per rank (median)", xaxis_title="rank",
+                      yaxis_title="µs after the median rank", xaxis={"type": "category"})
+    return fig
 
 
 def build_rank_steps_figure(ranks: dict) -> go.Figure:
@@ -54,7 +136,7 @@ def build_ranks_timeline_figure(ranks: dict, search: str | None = None) -> go.Fi
 
 
 def ranks_text(ranks: dict) -> list[str]:
-    """The lines under the ranks' section: mode, slowest rank, problems, notes, alignment."""
+    """The lines under the ranks' section: mode, slowest rank, stragglers, late collectives, problems, notes."""
     out = [f"{len(ranks.get('ranks') or [])} ranks analysed, {ranks.get('mode')}; figures are medians per profiler step"]
     if ranks.get("slowest_rank") is not None:
         spread = ranks.get("spread")
@@ -65,14 +147,31 @@ def ranks_text(ranks: dict) -> list[str]:
             for p in problems]
     if not problems:
         out.append("no sign that these ranks come from different runs")
+    th = ranks.get("thresholds") or {}
+    out += [f"straggler: rank {s['rank']}, {s['late_us_median']:,.0f} µs after the median rank at its collectives "
+            f"(median; limit {th.get('straggler_limit_us', 0):,.0f} µs)" for s in ranks.get("stragglers") or []]
+    out += [f"late collective {c['key']} ({c['name']}, step {c['step']}): rank {c['rank']} {c['late_us']:,.0f} µs "
+            "after the median rank" for c in (ranks.get("late_collectives") or [])[:5]]
+    cp = ranks.get("critical_path") or {}
+    if cp.get("available"):
+        out.append(f"critical path of rank {cp['rank']} (step {cp['step']}, {cp['chosen_as']}): "
+                   f"{cp['length_us'] / 1e3:,.3f} ms")
     out += [f"note: {n}" for n in ranks.get("notes") or []]
-    out.append(f"timeline alignment: {ranks.get('alignment')}")
+    out.append(f"timeline of ranks {', '.join(map(str, ranks.get('timeline_ranks') or []))}; alignment: "
+               f"{ranks.get('alignment')}")
     return out
 
 
 def ranks_sections(ranks: dict) -> list[Section]:
     """The report's "Ranks" section: text, the per-rank bar chart and table, the merged timeline."""
     builders = [lambda: build_rank_steps_figure(ranks)]
+    if (ranks.get("heatmap") or {}).get("steps"):
+        builders.append(lambda: build_heatmap_figure(ranks))
+    if (ranks.get("collectives") or {}).get("by_step"):
+        builders += [lambda: build_lateness_figure(ranks), lambda: build_skew_figure(ranks)]
     if (ranks.get("timeline") or {}).get("events"):
         builders.append(lambda: build_ranks_timeline_figure(ranks))
-    return [section("Ranks", builders, tables=[("per rank", rank_table(ranks))], text=ranks_text(ranks))]
+    tables = [("per rank", rank_table(ranks)), ("collectives", collectives_table(ranks)),
+              ("widest arrival skew", widest_table(ranks)), ("late collectives", late_table(ranks)),
+              ("who waits for whom", waits_table(ranks)), ("workers", workers_table(ranks))]
+    return [section("Ranks", builders, tables=[(n, t) for n, t in tables if not t.empty], text=ranks_text(ranks))]
