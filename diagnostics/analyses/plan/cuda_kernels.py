@@ -21,7 +21,7 @@ and the log-sum-exp). :class:`CudaAttention` makes the CPU trace call the kernel
 (sdp_utils.cpp's order and constraints) on the fake tensors, whose meta kernels give its outputs.
 
 The sizes were checked against allocator snapshots of real steps on an H200 (torch 2.11,
-bench/gpu/plan_snapshots.py; docs/BENCHMARKS.md, "Memory plan").
+bench/gpu/plan_cuda.py --snapshots; docs/BENCHMARKS.md, "Memory plan on a GPU").
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Writes h200_run2.json.gz from the allocator snapshots of run 2 (bench/gpu/plan_snapshots.py on an NVIDIA
-H200, torch 2.11.0+cu130, run by the lead; /work/notes/gpu/run2/snap-<case>.pickle and snap.log).
+"""Writes h200_run2.json.gz from the allocator snapshots of run 2 (pickles of torch.cuda.memory._snapshot()
+by bench/gpu/plan_snapshots.py, since folded into bench/gpu/plan_cuda.py --snapshots; on an NVIDIA H200,
+torch 2.11.0+cu130, run by the lead; /work/notes/gpu/run2/snap-<case>.pickle and snap.log).
 
     python tests/data/plan/make_h200_run2.py SNAPSHOT_DIR
 
