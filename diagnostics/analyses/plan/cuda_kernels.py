@@ -33,11 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from diagnostics.analyses.plan.allocator import round_size
 from diagnostics.analyses.plan.targets import cublas_workspace_default, cublaslt_workspace_default
 
 aten = torch.ops.aten
-MIB = 2**20
 WARP = 32
 
 
@@ -371,10 +369,6 @@ class CudaKernels:
         return HOST_OUTPUTS.get(func, ())
 
 
-def rounded(sizes) -> int:
-    return sum(round_size(n) for n in sizes)
-
-
 # ----------------------------------------------------------------------------- attention on a CPU trace
 HALF = (torch.float16, torch.bfloat16)
 
@@ -410,7 +404,8 @@ def cuda_choices(kernels: "CudaKernels"):
       the backend CUDA picks (attention_backend), counted in ``kernels.attention``; SDPA's composite
       kernel picks its backend in C++ (a DispatchStub no dispatch mode sees), hence the swap;
     * ``dropout``: CUDA's fused kernel (aten.native_dropout) keeps a one-byte mask for backward where the
-      CPU's keeps a noise tensor of the input's dtype (at::dropout's is_fused_kernel_acceptable).
+      CPU's keeps a noise tensor of the input's dtype (at::dropout's is_fused_kernel_acceptable). Dropout
+      inside SDPA's math path (called from C++) keeps the CPU's.
 
     Both are put back on the way out."""
     import torch.nn.functional as F
