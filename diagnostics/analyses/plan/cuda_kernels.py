@@ -395,6 +395,49 @@ def attention_backend(q, k, v, attn_mask, dropout_p: float, enable_gqa: bool, ar
     return "math"
 
 
+# ----------------------------------------------------------------------------- autocast's op lists
+def _fns(*names):
+    """The torch, torch.Tensor and torch.nn.functional callables of these names that exist."""
+    import torch.nn.functional as F
+
+    out = set()
+    for name in names:
+        for owner in (torch, torch.Tensor, F):
+            fn = getattr(owner, name, None)
+            if callable(fn):
+                out.add(fn)
+    return out
+
+
+#: ops CUDA's autocast runs in fp32, casting fp16 / bf16 inputs up (autocast_mode.cpp's fp32 list; the AMP
+#: docs' "CUDA ops that can autocast to float32") and the CPU's autocast runs in the input's dtype
+CUDA_FP32_CAST = _fns("pow", "__pow__", "__rpow__", "__rdiv__", "__rtruediv__", "exp", "expm1", "log", "log10",
+                      "log2", "log1p", "reciprocal", "rsqrt", "acos", "asin", "cosh", "sinh", "tan", "erfinv",
+                      "softplus", "layer_norm", "group_norm", "cosine_similarity", "dist", "pdist", "renorm",
+                      "logsumexp", "normalize")
+#: ops CUDA's autocast runs with an fp32 output when no dtype is given (fp32_set_opt_dtype)
+CUDA_FP32_OUTPUT = _fns("softmax", "log_softmax", "softmin", "sum", "prod", "cumsum", "cumprod")
+
+
+class CudaAutocast(torch.overrides.TorchFunctionMode):
+    """While the CPU's autocast is on in a CPU trace for a CUDA target: the ops CUDA's autocast runs in fp32
+    get fp32 (their fp16 / bf16 inputs cast up, or an fp32 output asked for), as on the GPU. Ops called
+    from inside another Python function torch dispatches (nn.MultiheadAttention's internals) are not
+    seen: those keep the CPU's policy."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if torch.is_autocast_enabled("cpu"):
+            if func in CUDA_FP32_CAST:
+                up = lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in HALF else t  # noqa: E731
+                args = tuple(up(a) for a in args)
+                kwargs = {k: up(v) for k, v in kwargs.items()}
+            elif func in CUDA_FP32_OUTPUT and kwargs.get("dtype") is None and args and \
+                    isinstance(args[0], torch.Tensor) and args[0].dtype in HALF:
+                kwargs["dtype"] = torch.float32
+        return func(*args, **kwargs)
+
+
 @contextmanager
 def cuda_choices(kernels: "CudaKernels"):
     """Inside, two functions run the kernels CUDA runs for these inputs on the fake CPU tensors, where the
@@ -407,7 +450,7 @@ def cuda_choices(kernels: "CudaKernels"):
       CPU's keeps a noise tensor of the input's dtype (at::dropout's is_fused_kernel_acceptable). Dropout
       inside SDPA's math path (called from C++) keeps the CPU's.
 
-    Both are put back on the way out."""
+    and autocast's ops follow CUDA's lists (CudaAutocast). Both functions are put back on the way out."""
     import torch.nn.functional as F
 
     originals = F.scaled_dot_product_attention, F.dropout
@@ -432,7 +475,8 @@ def cuda_choices(kernels: "CudaKernels"):
 
     F.scaled_dot_product_attention, F.dropout = sdpa, dropout
     try:
-        yield
+        with CudaAutocast():
+            yield
     finally:
         F.scaled_dot_product_attention, F.dropout = originals
 

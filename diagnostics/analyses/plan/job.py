@@ -171,7 +171,7 @@ def analyze(ctx, options: dict) -> dict:
     if target.kind == "cuda" and trace_device(target) == "cpu":
         notes.append("traced on fake CPU tensors for a CUDA device (this torch has no GPU): attention and dropout "
                      "run the kernels CUDA picks (cuDNN / flash / memory-efficient attention, one-byte dropout "
-                     "masks), with its foreach optimizers; cuDNN's convolution workspaces, which cuDNN sizes at "
+                     "masks), autocast follows CUDA's op lists, optimizers run foreach; cuDNN's convolution workspaces, which cuDNN sizes at "
                      "run time, are not in the prediction")
     if target.kind == "cuda":
         notes.append(f"CUDA context and workspaces: {target.calibration}")

@@ -12,7 +12,7 @@ import torch
 
 from diagnostics.analyses.plan.allocator import CachingAllocator, replay, round_size
 from diagnostics.analyses.plan.configs import Config, Setting
-from diagnostics.analyses.plan.cuda_kernels import (Arch, attention_backend, attention_backward_scratch,
+from diagnostics.analyses.plan.cuda_kernels import (Arch, CudaAutocast, attention_backend, attention_backward_scratch,
                                                     embedding_backward_scratch, reduce_staging, uses_lt)
 from diagnostics.analyses.plan.planner import Planner
 from diagnostics.analyses.plan.targets import MIB, resolve
@@ -122,6 +122,22 @@ def test_the_attention_kernel_is_the_one_cuda_picks():
     assert attention_backend(*qkv(bf16), mask, 0.0, False, A100) == "efficient"
     assert attention_backend(*qkv(fp32, hk=2), None, 0.0, True, A100) == "math"
     assert attention_backend(*qkv(bf16), None, 0.0, False, Arch(75, 40, 1024, 0, 0)) == "math"  # no bf16 on a T4
+
+
+def test_autocast_runs_in_fp32_what_cuda_runs_in_fp32():
+    """CUDA's autocast runs pow, layer_norm ... in fp32 and gives softmax / sum an fp32 output (the AMP docs'
+    "CUDA ops that can autocast to float32"); the CPU's keeps them in fp16 / bf16. GPT-2's GELU (pow) is
+    one: its intermediates are fp32 on a GPU."""
+    x = torch.randn(4, 8).half()
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert torch.pow(x, 3.0).dtype == torch.float16 and x.softmax(-1).dtype == torch.float16
+        with CudaAutocast():
+            assert torch.pow(x, 3.0).dtype == torch.float32 and (x ** 2).dtype == torch.float32
+            assert torch.nn.functional.layer_norm(x, (8,)).dtype == torch.float32
+            assert x.softmax(-1).dtype == torch.float32 and x.sum().dtype == torch.float32
+            assert torch.tanh(x).dtype == torch.float16  # not on the list
+    with CudaAutocast():
+        assert torch.pow(x, 3.0).dtype == torch.float16  # no autocast: nothing changes
 
 
 def test_addmm_with_a_bias_vector_runs_on_cublaslt():
