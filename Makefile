@@ -14,9 +14,9 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 
 install: $(STAMP)
 
+# `streamlit run app.py`, warm: the spare worker and the pages' imports start with the server (ui/launch.py).
 run: install
-	$(VENV)/bin/streamlit run app.py --server.port $(PORT) --server.headless true \
-	  --browser.gatherUsageStats false
+	$(PY) -m ui.launch --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 # Debian's chromium for the browser test (never `playwright install`: no downloads here).
 chromium:
