@@ -381,7 +381,7 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
     _job_main(job_dict, conn, artifact_dir, mem_limit, parent_pid, tmp_dir, hidden)
 
 
-def _environment() -> tuple:
+def spawn_environment() -> tuple:
     """What a spawned worker inherits at its start: a spare serves a job only if it is unchanged.
     sys.path as the folders searched, in order: Streamlit inserts the app's folder again where
     ``python -m ui.launch``, which starts the first spare before Streamlit, had it already."""
@@ -397,7 +397,7 @@ class _Spare:
         job_read, self.jobs = ctx.Pipe(duplex=False)
         self.answers, answer_write = ctx.Pipe(duplex=False)
         self.log, log_write = ctx.Pipe(duplex=False)
-        self.environment = _environment()
+        self.environment = spawn_environment()
         self.started = time.monotonic()
         self.ready_s: float | None = None  # its imports' duration, once it said it is ready
         self.proc = ctx.Process(target=_spare_main, args=(job_read, answer_write, log_write, os.getpid(), preload),
@@ -459,7 +459,7 @@ class SparePool:
         stale = []
         try:
             with self._cond:
-                env = _environment()
+                env = spawn_environment()
                 while self._spares:
                     spare = self._spares.pop(0)
                     if spare.environment == env and spare.proc.is_alive():

@@ -6,8 +6,9 @@ app code before a session connects):
 * at once, before Streamlit is even imported: the spare worker starts importing torch and the Model
   page's job (``ui.background.start_spares``; app.py asks again on every run, so a plain
   ``streamlit run app.py`` still gets spares, one session later). A spare serves a job only in the
-  environment it started in, so the two changes Streamlit makes to this process at start-up are made
-  first (``MAPBOX_API_KEY``, the app's folder on sys.path);
+  environment it started in, so the changes Streamlit makes to this process as it starts are made
+  first (STREAMLIT_ENV, the app's folder on sys.path); once the server listens, any other change
+  (a secrets.toml's values, a newer Streamlit) replaces the spare, and the server log says so;
 * once the server listens: this process imports what the pages draw with (the sidebar, every result
   view, pandas, plotly), then moves everything loaded so far out of the garbage collector's reach
   (``gc.freeze``). Streamlit collects garbage after every script run (``runner.postScriptGC``): a full
@@ -40,20 +41,56 @@ WARM_MODULES = ("ui.sidebar", "ui.jobs", "ui.widgets", "ui.notices", "ui.frame",
 WARM_LOG_LINE = "torchscope: warm:"
 
 
-def start_spares_early() -> None:
-    """The spare worker, started in the environment the server will have once Streamlit started."""
-    os.environ.setdefault("MAPBOX_API_KEY", "")  # streamlit.web.bootstrap.prepare_streamlit_environment
+#: What Streamlit sets in the environment as it starts: set before the spare starts, so the spare
+#: serves the server's jobs (a spare serves only the environment it was started in).
+STREAMLIT_ENV = {"MPLBACKEND": "Agg",  # streamlit/__init__.py, at import
+                 "MAPBOX_API_KEY": ""}  # web.bootstrap.prepare_streamlit_environment (a default only)
+
+
+def start_spares_early() -> tuple:
+    """The spare worker, started in the environment the server will have once Streamlit started;
+    returns that environment (``runner.spawn_environment``)."""
+    from diagnostics.runner import spawn_environment
+
+    os.environ["MPLBACKEND"] = STREAMLIT_ENV["MPLBACKEND"]
+    os.environ.setdefault("MAPBOX_API_KEY", STREAMLIT_ENV["MAPBOX_API_KEY"])
     if str(ROOT) not in sys.path:  # bootstrap._fix_sys_path (python -m put it there already)
         sys.path.insert(0, str(ROOT))
+    expected = spawn_environment()
     from ui.background import start_spares
 
     start_spares()
+    return expected
 
 
-def warm_up() -> None:
-    """This process' imports for the pages, then the GC freeze."""
+def check_spare_environment(expected: tuple) -> list[str]:
+    """Once Streamlit has started: what it changed beyond STREAMLIT_ENV (a secrets.toml's values, a
+    new Streamlit) would leave the early spare unused; it is replaced now and the log says why.
+    Returns the names that changed."""
+    from diagnostics.runner import keep_spares, spares, spawn_environment
+
+    now = spawn_environment()
+    if now == expected or not spares().size:
+        return []
+    before, after = dict(expected[0]), dict(now[0])
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    changed += [what for what, i in (("the working folder", 1), ("sys.path", 2), ("the interpreter", 3))
+                if expected[i] != now[i]]
+    print(f"torchscope: Streamlit's start-up changed {', '.join(changed)} after the spare worker started: it is "
+          f"replaced (the first page waits for the new one's imports)", file=sys.stderr, flush=True)
+    size = spares().size
+    spares().close()
+    keep_spares(size)
+    return changed
+
+
+def warm_up(expected: tuple | None = None) -> None:
+    """The spare's environment checked (``expected``: as start_spares_early returned it), this
+    process' imports for the pages, then the GC freeze."""
     import time
 
+    if expected is not None:
+        check_spare_environment(expected)
     t = time.monotonic()
     failed = []
     import ui.views
@@ -71,7 +108,7 @@ def warm_up() -> None:
           + (f"; not imported: {', '.join(failed)}" if failed else ""), file=sys.stderr, flush=True)
 
 
-def _hook_server_start() -> bool:
+def _hook_server_start(expected: tuple) -> bool:
     from streamlit.web import bootstrap
 
     original = getattr(bootstrap, "_on_server_start", None)
@@ -80,17 +117,17 @@ def _hook_server_start() -> bool:
 
     def on_server_start(server) -> None:
         original(server)
-        threading.Thread(target=warm_up, daemon=True, name="torchscope-warm-up").start()
+        threading.Thread(target=warm_up, args=(expected,), daemon=True, name="torchscope-warm-up").start()
 
     bootstrap._on_server_start = on_server_start
     return True
 
 
 def main(argv: list[str] | None = None) -> None:
-    start_spares_early()
+    expected = start_spares_early()
     from streamlit.web import cli
 
-    if not _hook_server_start():
+    if not _hook_server_start(expected):
         print("torchscope: this Streamlit has no bootstrap._on_server_start: the pages' imports are not warmed "
               "up (the first session pays them)", file=sys.stderr, flush=True)
     args = list(sys.argv[1:] if argv is None else argv)

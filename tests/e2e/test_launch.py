@@ -50,6 +50,7 @@ def test_the_launcher_starts_the_spare_and_the_pages_imports_before_any_session(
         line = _wait(lambda: next((l for l in log_path.read_text().splitlines() if l.startswith(WARM_LOG_LINE)), None),
                      120, "the warm-up's log line")
         assert "not imported" not in line, line
+        assert "after the spare worker started" not in log_path.read_text()  # the early spare serves the jobs
         frozen = int(line.split("; ")[1].split()[0])
         assert frozen > 50_000, line  # streamlit, pandas and plotly's objects, at least
         # The pages' modules are imported, torch is not: the server never imports torch for a page.
