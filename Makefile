@@ -33,3 +33,4 @@ bench: install
 	$(PY) bench/bench_traces.py --write-doc
 	$(PY) bench/bench_profiler.py --write
 	$(PY) bench/bench_fixes.py --compile --write
+	$(PY) bench/bench_cold_page.py --write
