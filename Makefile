@@ -14,9 +14,9 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 
 install: $(STAMP)
 
+# `streamlit run app.py`, warm: the spare worker and the pages' imports start with the server (ui/launch.py).
 run: install
-	$(VENV)/bin/streamlit run app.py --server.port $(PORT) --server.headless true \
-	  --browser.gatherUsageStats false
+	$(PY) -m ui.launch --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 # Debian's chromium for the browser test (never `playwright install`: no downloads here).
 chromium:
@@ -33,3 +33,4 @@ bench: install
 	$(PY) bench/bench_traces.py --write-doc
 	$(PY) bench/bench_profiler.py --write
 	$(PY) bench/bench_fixes.py --compile --write
+	$(PY) bench/bench_cold_page.py --write

@@ -357,11 +357,15 @@ MAX_SPARE_WORKERS = 4
 #: ``TORCHSCOPE_SPARE_WORKERS``: how many spares the dashboard keeps (0 turns them off).
 SPARES_ENV = "TORCHSCOPE_SPARE_WORKERS"
 #: What a spare imports while it waits: torch, the loader, the samples, and the jobs of the Model
-#: page and of the upload check (their torch modules included: the summary's FLOP counter pulls in
-#: dynamo, 1 s of imports). Nothing that reads a cache folder from the environment at import.
+#: page and of the upload check, with torch._dynamo: torch's FlopCounterMode imports it on its first
+#: count (not at import), 1-2 s that every Model page's job paid after the spare was ready (+68 MiB
+#: unique memory per spare). Nothing that keeps a cache folder read from the environment at import
+#: (dynamo's import reads tempfile.gettempdir(), which sandbox.prepare_temp resets for the job).
 SPARE_PRELOAD = ("torch", "diagnostics.intake", "sample_models.convnets", "sample_models.mlps", "sample_models.sequence",
                  "diagnostics.analyses.summary.job",
-                 "diagnostics.analyses.validate.job")
+                 "diagnostics.analyses.validate.job", "torch._dynamo",
+                 # imported lazily by torch when a dispatch mode (the FLOP counter) is entered
+                 "torch._subclasses.schema_check_mode")
 #: The next spare starts this long after the last job of the process ended (and none runs): the
 #: page that shows the job's result is drawn meanwhile, without a spare's imports beside it.
 REFILL_DELAY_S = 3.0
@@ -418,9 +422,12 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
     _job_main(job_dict, conn, artifact_dir, mem_limit, parent_pid, tmp_dir, hidden, caps=caps)
 
 
-def _environment() -> tuple:
-    """What a spawned worker inherits at its start: a spare serves a job only if it is unchanged."""
-    return tuple(sorted(os.environ.items())), os.getcwd(), tuple(sys.path), sys.executable
+def spawn_environment() -> tuple:
+    """What a spawned worker inherits at its start: a spare serves a job only if it is unchanged.
+    sys.path as the folders searched, in order: Streamlit inserts the app's folder again where
+    ``python -m ui.launch``, which starts the first spare before Streamlit, had it already."""
+    path = tuple(dict.fromkeys(os.path.abspath(p) for p in sys.path))
+    return tuple(sorted(os.environ.items())), os.getcwd(), path, sys.executable
 
 
 class _Spare:
@@ -431,7 +438,7 @@ class _Spare:
         job_read, self.jobs = ctx.Pipe(duplex=False)
         self.answers, answer_write = ctx.Pipe(duplex=False)
         self.log, log_write = ctx.Pipe(duplex=False)
-        self.environment = _environment()
+        self.environment = spawn_environment()
         self.started = time.monotonic()
         self.ready_s: float | None = None  # its imports' duration, once it said it is ready
         self.proc = ctx.Process(target=_spare_main, args=(job_read, answer_write, log_write, os.getpid(), preload),
@@ -493,7 +500,7 @@ class SparePool:
         stale = []
         try:
             with self._cond:
-                env = _environment()
+                env = spawn_environment()
                 while self._spares:
                     spare = self._spares.pop(0)
                     if spare.environment == env and spare.proc.is_alive():

@@ -162,17 +162,87 @@ def test_a_counter_failing_under_no_grad_counts_with_gradients_enabled(tmp_path,
     from diagnostics.spec import ModelSpec
 
     class TripsUnderNoGrad(FlopCounter):
+        """While counting, a module's forward under no_grad fails, as torch's module tracking did."""
+
         def __enter__(self):
-            if not torch.is_grad_enabled():
-                raise AssertionError("Expected gradient function to be set")
+            def trip(*_):
+                if not torch.is_grad_enabled():
+                    raise AssertionError("Expected gradient function to be set")
+
+            self._trip = torch.nn.modules.module.register_module_forward_hook(trip)
             return super().__enter__()
 
+        def __exit__(self, *exc):
+            self._trip.remove()
+            return super().__exit__(*exc)
+
     monkeypatch.setattr(summary_job, "FlopCounter", TripsUnderNoGrad)
-    r = execute(Job("summary", ModelSpec(name="mlp")), tmp_path)
+    # skip_backward: the one counted pass is then a forward under no_grad (a training step's one pass
+    # records gradients and never trips), so the counter trips there and in the forward pass that follows
+    r = execute(Job("summary", ModelSpec(name="mlp"), {"skip_backward": True}), tmp_path)
     m = r["metrics"]
     assert m["flops_forward"] == 2 * 32 * (64 * 128 + 128 * 128 + 128 * 10)  # the mlp sample's three Linears
     assert r["notes"][0] == ("forward FLOPs counted with gradients enabled: under no_grad torch's FlopCounterMode "
                              "failed on this model (AssertionError: Expected gradient function to be set)")
+
+
+# ----------------------------------------------------------------------------- one pass, same figures
+def _count_both_ways(model, *inputs, skip_backward=False):
+    """(forward calls, counts) of the summary's one pass and of its pass-by-pass way, on one model."""
+    from diagnostics.intake import LoadedModel, default_loss
+
+    loaded = LoadedModel(ModelSpec(name="handmade"), model, tuple(InputSpec(tuple(t.shape)) for t in inputs), inputs,
+                         default_loss, "mse")
+    ctx = AnalysisContext(Job("summary", ModelSpec()), Path("/tmp"))
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    out = []
+    try:
+        for way in (summary._forward_counts, summary._counts_pass_by_pass):
+            calls.clear()
+            shapes = {}
+            fwd, both, note, bnote = way(ctx, loaded, {"skip_backward": skip_backward}, 1, shapes)
+            out.append((len(calls), fwd, both, note, bnote, shapes))
+    finally:
+        handle.remove()
+    return out
+
+
+@pytest.mark.parametrize("skip_backward", [False, True])
+def test_the_summary_counts_in_one_pass_what_it_counted_in_three(skip_backward, no_hooks_left):
+    """The forward's counts are read before the loss, the training step's at the end: one forward pass
+    instead of three (shapes; forward FLOPs; forward + backward), the same shapes and FLOPs."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+    (n1, fwd1, both1, *notes1, shapes1), (n3, fwd3, both3, *notes3, shapes3) = _count_both_ways(
+        model, torch.randn(2, 3, 8, 8), skip_backward=skip_backward)
+    assert (n1, n3) == ((1, 2) if skip_backward else (1, 3))
+    assert fwd1 == fwd3 and both1 == both3 and notes1 == notes3 == [None, None] and shapes1 == shapes3
+    conv, linear = 2 * 2 * 8 * 6 * 6 * 3 * 3 * 3, 2 * 2 * 8 * 6 * 6 * 4  # 2 x batch x out x positions x in-kernel
+    assert fwd1.total == conv + linear and fwd1.by_module["0"] == conv
+    assert (both1 is None) if skip_backward else (both1.total - fwd1.total == conv + 2 * linear)  # no grad for the input
+    assert shapes1["3"] == [2, 4]
+    no_hooks_left(model)
+
+
+def test_a_model_that_cannot_train_is_counted_pass_by_pass_with_its_note():
+    """The training step fails (an integer output has no gradient): the forward's counts and the
+    backward's note come as before, from the passes one by one."""
+
+    class Argmax(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.lin(x).argmax(-1)
+
+    (n1, fwd1, both1, note1, bnote1, shapes1), (_, fwd3, both3, note3, bnote3, shapes3) = _count_both_ways(
+        Argmax(), torch.randn(2, 4))
+    assert n1 == 1 + 3  # the failed one pass, then the three
+    assert fwd1 == fwd3 and fwd1.total == 2 * 2 * 4 * 3 and both1 is both3 is None
+    assert bnote1 == bnote3 and bnote1.startswith("backward not counted: RuntimeError")
+    assert shapes1 == shapes3 == {"lin": [2, 3], "(model)": [2]}
 
 
 # ----------------------------------------------------------------------------- real architectures, uncounted ops

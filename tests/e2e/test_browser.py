@@ -1,4 +1,5 @@
-"""End to end in a real browser: `streamlit run app.py` driven by headless Chromium (Playwright).
+"""End to end in a real browser: the dashboard as `make run` starts it (`python -m ui.launch`, which is
+`streamlit run app.py` started warm) driven by headless Chromium (Playwright).
 
 Path: pick a sample model -> the Model page shows its parameters -> run a profile -> the charts
 are drawn -> download the Chrome trace and parse it -> History lists the runs. A second test
@@ -63,7 +64,7 @@ def server(tmp_path_factory):
     env.pop("TORCHSCOPE_SAFE_MODE", None)
     env.pop("TORCHSCOPE_SPARE_WORKERS", None)  # the dashboard's default: a spare worker waits for each job
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+        [sys.executable, "-m", "ui.launch", "--server.port", str(port), "--server.headless", "true",  # make run's way
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
          "--server.fileWatcherType", "none"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

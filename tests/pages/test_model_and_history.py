@@ -51,3 +51,16 @@ def test_history_names_its_runs_and_offers_each_download_once(new_app):
                                       f" · {newest.analysis} · {newest.model_label} · {newest.status}")
     labels = [b.proto.label for b in at.get("download_button")]
     assert labels.count("Download result (JSON)") == 1 and labels.count("Download report (HTML)") == 1, labels
+
+
+def test_the_leaf_toggle_redraws_the_layer_table_in_its_fragment(new_app):
+    """The toggle lives in a fragment with the table: switched off, the table lists the containers too
+    (the model's row and Sequential blocks); the rest of the page is as it was."""
+    at = new_app().run()
+    leaves = set(at.dataframe[0].value["name"])
+    assert "(model)" not in leaves and "features.0.0" in leaves
+    at.toggle(key="summary_leaves").set_value(False).run()
+    assert not at.exception, [e.value for e in at.exception]
+    every = set(at.dataframe[0].value["name"])
+    assert every > leaves and {"(model)", "features"} <= every
+    assert at.metric[0].value == "94.8 k" and len(at.get("plotly_chart")) == 3

@@ -114,6 +114,47 @@ def test_a_spare_started_under_other_settings_is_not_used(pool, tmp_path, monkey
     assert wait_gone(old) == []  # and the stale spare was killed
 
 
+def test_a_spare_serves_the_same_search_path_written_twice_but_not_a_new_folder(pool, tmp_path, monkeypatch):
+    """Streamlit inserts the app's folder into sys.path once more at start-up, after `make run`'s launcher
+    started the first spare with that folder already first (python -m): the same folders, in the same
+    order, so the spare serves the job. A folder added for real makes it stale."""
+    spare = pool().pids()
+    monkeypatch.setattr(sys, "path", [sys.path[0]] + sys.path)
+    out = run_job(Job("validate", good_spec(tmp_path)), timeout_s=120)
+    assert out.ok and worker_log(out).startswith(WARM_LOG_LINE), worker_log(out)[:500]
+    assert wait_gone(spare) == []
+    assert runner.spares().wait_ready(READY_S)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)] + sys.path)
+    out = run_job(Job("validate", good_spec(tmp_path)), timeout_s=120)
+    assert out.ok and WARM_LOG_LINE not in worker_log(out)  # a cold worker ran it
+
+
+PRELOADED = """
+import importlib, sys, tempfile
+sys.path.insert(0, {root!r})
+from diagnostics import ModelSpec
+from diagnostics.runner import SPARE_PRELOAD, Job, execute
+for name in SPARE_PRELOAD:
+    importlib.import_module(name)
+before = set(sys.modules)
+for analysis in ("summary", "validate"):
+    execute(Job(analysis, ModelSpec(source="sample", name="cnn")), tempfile.mkdtemp())
+print("NEW", *sorted(set(sys.modules) - before))
+"""
+
+
+@pytest.mark.slow
+def test_the_model_pages_jobs_import_nothing_after_the_spares_preload(tmp_path):
+    """What a spare imports while it waits is all the Model page's job and the upload check need: torch's
+    FLOP counter imports torch._dynamo at its first count (1-2 s), so a job that found it missing paid it
+    after the spare was ready."""
+    script = tmp_path / "preloaded.py"
+    script.write_text(PRELOADED.format(root=str(ROOT)))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=280)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split("NEW", 1)[1].split() == []
+
+
 SANDBOX_PROBES = """
 import errno, os, socket
 def attempt(fn):

@@ -50,34 +50,41 @@ def show(result: dict) -> None:
         st.info(note)
     tab_table, tab_tree, tab_top = st.tabs(["Layers", "Parameter treemap", "Top layers"])
     with tab_table:
-        leaves = st.toggle("Leaf layers only", value=True, key="summary_leaves")
-        table = layer_table(result, leaves)
-        st.dataframe(
-            table, hide_index=True, width="stretch",
-            height=min(36 * (len(table) + 1) + 3, 720),  # small models show every row without scrolling
-            column_config={
-                "name": st.column_config.TextColumn("Layer (qualified name)"),
-                "type": st.column_config.TextColumn("Type"),
-                "output_shape": st.column_config.TextColumn("Output shape"),
-                "params": st.column_config.NumberColumn("Params", format="localized"),
-                # small: the table fits a 1280 px window, the FLOP columns included
-                "pct_of_total": st.column_config.ProgressColumn("% of params", format="%.1f%%", min_value=0,
-                                                                max_value=100, width="small"),
-                "trainable": st.column_config.CheckboxColumn("Trains", width="small",
-                                                             help="the layer has trainable parameters"),
-                "flops_forward": st.column_config.NumberColumn("Forward (FLOP)", format="compact",
-                                                               help="FLOPs of one forward pass at this batch"),
-                "flops_backward": st.column_config.NumberColumn("Backward (FLOP)", format="compact",
-                                                                help="FLOPs of the backward pass"),
-                "flops_not_counted": st.column_config.TextColumn("FLOPs not counted for"),
-            },
-        )
+        layers_table(result)
     with tab_tree:
         st.plotly_chart(build_param_treemap_figure(result), width="stretch")
     with tab_top:
         c1, c2 = st.columns(2)
         c1.plotly_chart(build_top_layers_figure(result, "params"), width="stretch")
         c2.plotly_chart(build_top_layers_figure(result, "flops"), width="stretch")
+
+
+@st.fragment
+def layers_table(result: dict) -> None:
+    """The per-layer table and its toggle: a fragment, so the toggle reruns the table alone, not the
+    page (sidebar, tiles and charts)."""
+    leaves = st.toggle("Leaf layers only", value=True, key="summary_leaves")
+    table = layer_table(result, leaves)
+    st.dataframe(
+        table, hide_index=True, width="stretch",
+        height=min(36 * (len(table) + 1) + 3, 720),  # small models show every row without scrolling
+        column_config={
+            "name": st.column_config.TextColumn("Layer (qualified name)"),
+            "type": st.column_config.TextColumn("Type"),
+            "output_shape": st.column_config.TextColumn("Output shape"),
+            "params": st.column_config.NumberColumn("Params", format="localized"),
+            # small: the table fits a 1280 px window, the FLOP columns included
+            "pct_of_total": st.column_config.ProgressColumn("% of params", format="%.1f%%", min_value=0,
+                                                            max_value=100, width="small"),
+            "trainable": st.column_config.CheckboxColumn("Trains", width="small",
+                                                         help="the layer has trainable parameters"),
+            "flops_forward": st.column_config.NumberColumn("Forward (FLOP)", format="compact",
+                                                           help="FLOPs of one forward pass at this batch"),
+            "flops_backward": st.column_config.NumberColumn("Backward (FLOP)", format="compact",
+                                                            help="FLOPs of the backward pass"),
+            "flops_not_counted": st.column_config.TextColumn("FLOPs not counted for"),
+        },
+    )
 
 
 #: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).

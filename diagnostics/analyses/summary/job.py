@@ -91,63 +91,116 @@ def _per_layer(count: FlopCount) -> dict[str, int]:
     return {(k or ROOT): v for k, v in count.by_module.items()}
 
 
+#: Modules with a fused inference fast path (eval, no grad), whose outputs may differ in shape from the
+#: regular path (nested tensors for padded batches): their shapes come from a forward without grad.
+FAST_PATH_MODULES = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
+
+
 def _forward_counts(ctx, loaded, options, trainable, shapes):
     """Output shapes (into ``shapes``) and FLOPs: (forward count, forward+backward count, FLOPs
-    note, backward note); a count is None where it failed (its note says why)."""
+    note, backward note); a count is None where it failed (its note says why).
+
+    One pass does it all when it can: the training step (or, without backward, the forward pass) under
+    the shape hooks and the counter, whose counts are read after the model's forward pass, before the
+    loss, and again at the end. Anything failing there (or a model with a fused fast path) goes the
+    separate way, pass by pass, which names whose failure it was: the same figures, from fewer passes
+    (a GPT-2 config spent 5 forward passes' worth of arithmetic on them: forward, forward again,
+    forward + backward; now 3)."""
     model = loaded.model
     was_training = model.training
     model.eval()
+    try:
+        if not any(isinstance(m, FAST_PATH_MODULES) for m in model.modules()):
+            train = bool(trainable) and not options["skip_backward"]
+            if train:
+                ctx.progress(0.6, "forward + backward FLOPs")
+            counted = _one_pass_counts(loaded, model, train)
+            if counted is not None:
+                fwd, both, found = counted
+                shapes.update(found)
+                return fwd, both, None, None
+        return _counts_pass_by_pass(ctx, loaded, options, trainable, shapes)
+    finally:
+        model.train(was_training)
+
+
+def _one_pass_counts(loaded, model, train: bool):
+    """(forward count, forward+backward count or None, shapes) from one counted pass (``train``: a
+    training step, else a forward pass without grad), or None if any of it failed."""
+    shapes: dict[str, object] = {}
+    counter = FlopCounter()
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # as _flops_by_module
+    try:
+        model.zero_grad(set_to_none=True)
+        with counter, torch.set_grad_enabled(train):
+            with output_shape_hooks(model, shapes):
+                out = loaded.forward()
+            shapes.setdefault(ROOT, shape_of(out))  # a TorchScript root takes no hook: its output still has a shape
+            fwd = counter.result(type(model).__name__)  # the forward's counts, before the loss
+            if not train:
+                return fwd, None, shapes
+            loaded.loss_fn(out).backward()
+            del out
+        return fwd, counter.result(type(model).__name__), shapes
+    except Exception:
+        return None
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        model.zero_grad(set_to_none=True)
+
+
+def _counts_pass_by_pass(ctx, loaded, options, trainable, shapes):
+    """The shapes, the forward count and the training step's count, each in its own pass."""
+    model = loaded.model
     flops_note = None
     fwd = both = None
     backward_note = None
+    # The model itself first, with shape hooks: a failure here is the model's (or its inputs').
     try:
-        # The model itself first, with shape hooks: a failure here is the model's (or its inputs').
-        try:
-            with output_shape_hooks(model, shapes), torch.no_grad():
-                out = loaded.forward()
-            shapes.setdefault(ROOT, shape_of(out))  # a TorchScript root takes no hook: its output still has a shape
-            del out
-        except Exception as e:
-            if not loaded.meta:
-                raise
-            # On fake tensors some ops' meta kernels are stricter than the CPU's (the grouped matmul of
-            # mixture-of-experts layers asks for bf16): the parameters are still counted exactly.
-            cause = e.__cause__ or e
-            first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
-            return None, None, (f"FLOPs not counted: the model could not run on fake tensors (meta device): "
-                                f"{type(cause).__name__}: {first[:300]}"), None
-        try:
-            with torch.no_grad():
-                fwd = _flops_by_module(model, lambda: loaded.forward())
+        with output_shape_hooks(model, shapes), torch.no_grad():
+            out = loaded.forward()
+        shapes.setdefault(ROOT, shape_of(out))  # a TorchScript root takes no hook: its output still has a shape
+        del out
+    except Exception as e:
+        if not loaded.meta:
+            raise
+        # On fake tensors some ops' meta kernels are stricter than the CPU's (the grouped matmul of
+        # mixture-of-experts layers asks for bf16): the parameters are still counted exactly.
+        cause = e.__cause__ or e
+        first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
+        return None, None, (f"FLOPs not counted: the model could not run on fake tensors (meta device): "
+                            f"{type(cause).__name__}: {first[:300]}"), None
+    try:
+        with torch.no_grad():
+            fwd = _flops_by_module(model, lambda: loaded.forward())
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # the counter failed where the model runs: the summary still comes
+        cause = e.__cause__ or e
+        first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
+        try:  # with gradients recorded the counter's module tracking takes another path: count there
+            fwd = _flops_by_module(model, lambda: loaded.forward())
+            flops_note = (f"forward FLOPs counted with gradients enabled: under no_grad torch's FlopCounterMode "
+                          f"failed on this model ({type(cause).__name__}: {first[:300]})")
         except torch.OutOfMemoryError:
             raise
-        except Exception as e:  # the counter failed where the model runs: the summary still comes
-            cause = e.__cause__ or e
-            first = next((l.strip() for l in str(cause).splitlines() if l.strip()), "")
-            try:  # with gradients recorded the counter's module tracking takes another path: count there
-                fwd = _flops_by_module(model, lambda: loaded.forward())
-                flops_note = (f"forward FLOPs counted with gradients enabled: under no_grad torch's FlopCounterMode "
-                              f"failed on this model ({type(cause).__name__}: {first[:300]})")
-            except torch.OutOfMemoryError:
-                raise
-            except Exception:
-                flops_note = (f"FLOPs not counted: torch's FlopCounterMode failed on this model "
-                              f"({type(cause).__name__}: {first[:300]}) though the model itself runs")
-        if fwd is not None and trainable and not options["skip_backward"]:
-            ctx.progress(0.6, "forward + backward FLOPs")
+        except Exception:
+            flops_note = (f"FLOPs not counted: torch's FlopCounterMode failed on this model "
+                          f"({type(cause).__name__}: {first[:300]}) though the model itself runs")
+    if fwd is not None and trainable and not options["skip_backward"]:
+        ctx.progress(0.6, "forward + backward FLOPs")
 
-            def train_step():
-                model.zero_grad(set_to_none=True)
-                loaded.loss_fn(loaded.forward()).backward()
+        def train_step():
+            model.zero_grad(set_to_none=True)
+            loaded.loss_fn(loaded.forward()).backward()
 
-            try:
-                both = _flops_by_module(model, train_step)
-            except Exception as e:  # a model that cannot train (e.g. integer outputs) still gets a summary
-                backward_note = f"backward not counted: {type(e).__name__}: {e}"
-            finally:
-                model.zero_grad(set_to_none=True)
-    finally:
-        model.train(was_training)
+        try:
+            both = _flops_by_module(model, train_step)
+        except Exception as e:  # a model that cannot train (e.g. integer outputs) still gets a summary
+            backward_note = f"backward not counted: {type(e).__name__}: {e}"
+        finally:
+            model.zero_grad(set_to_none=True)
     return fwd, both, flops_note, backward_note
 
 
