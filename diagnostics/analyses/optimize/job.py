@@ -40,16 +40,23 @@ def analyze(ctx, options: dict) -> dict:
     for f in fixes:
         get_fix(f, opts["mode"])  # a fix of the other mode: a clear error before any work
     progress = lambda f, m: ctx.progress(0.1 + 0.85 * f, m)  # noqa: E731
+
+    def report(rows: list[dict], stage: str) -> None:  # the rows known so far: the page and the CLI show them
+        ctx.partial({"model": loaded.spec.label, "mode": opts["mode"], "iters": opts["iters"], "stage": stage,
+                     "fixes": list(fixes),
+                     "rows": assess(copy.deepcopy(rows), opts["mode"], opts["min_cosine"], opts["min_top1"])})
+
+    timing = {"iters": opts["iters"], "warmup": opts["warmup"], "early_stop": opts["early_stop"],
+              "budget_s": opts["time_budget_s"] or None, "classifier": classifier, "progress": progress,
+              "report": report}
     if train:
-        rows, disturbance = run_train_trials(loaded.model, loaded.inputs, loaded.device, loaded.loss_fn, fixes,
-                                             facts, opts["params"], optimizer=opts["optimizer"], lr=opts["lr"],
-                                             steps=opts["train_steps"], iters=opts["iters"], warmup=opts["warmup"],
-                                             classifier=classifier, progress=progress)
+        rows, disturbance, stop = run_train_trials(loaded.model, loaded.inputs, loaded.device, loaded.loss_fn, fixes,
+                                                   facts, opts["params"], optimizer=opts["optimizer"], lr=opts["lr"],
+                                                   steps=opts["train_steps"], **timing)
     else:
-        rows, disturbance = run_trials(loaded.model, loaded.inputs, loaded.device, fixes, facts, opts["params"],
-                                       iters=opts["iters"], warmup=opts["warmup"], classifier=classifier,
-                                       artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
-                                       progress=progress)
+        rows, disturbance, stop = run_trials(loaded.model, loaded.inputs, loaded.device, fixes, facts, opts["params"],
+                                             artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
+                                             **timing)
     rows = assess(rows, opts["mode"], opts["min_cosine"], opts["min_top1"])
     ok = [r for r in rows if r["status"] == "ok" and r["fix"] not in ("baseline", CONTROL)]
     faster = [r for r in ok if r["verdict"] == "faster" and r["flag"] != "fidelity_loss"]
@@ -57,7 +64,7 @@ def analyze(ctx, options: dict) -> dict:
     control = next(r for r in rows if r["fix"] == CONTROL)
     best_ci = (best or {}).get("speedup_ci") or [None, None]
     control_ci = control["speedup_ci"] or [None, None]
-    measurement = [n for n in (too_few_rounds(opts["iters"]), control_problem({CONTROL: control})) if n]
+    measurement = [n for n in (too_few_rounds(stop.run), stop.note(), control_problem({CONTROL: control})) if n]
     import torch
 
     return {
@@ -66,6 +73,7 @@ def analyze(ctx, options: dict) -> dict:
         "batch_size": loaded.batch_size,
         "task": getattr(loaded, "task", "unknown"),
         "iters": opts["iters"],
+        "timing_stop": stop.to_dict(),
         "mode": opts["mode"],
         "loss": loaded.loss_name if train else None,
         "optimizer": opts["optimizer"] if train else None,
