@@ -10,6 +10,9 @@ trials_not_applicable). The user's model is never changed: every trial runs on a
 
 from __future__ import annotations
 
+import copy
+from contextlib import nullcontext
+
 from diagnostics.analyses.optimize import ANALYSIS
 from diagnostics.measure.environment import environment_facts
 from diagnostics.measure.structure import forward_facts, static_facts
@@ -18,6 +21,7 @@ from diagnostics.analyses.optimize.catalog import fix_ids, get_fix
 from diagnostics.analyses.optimize.train_trials import run_train_trials
 from diagnostics.analyses.optimize.trials import run_trials
 from diagnostics.measure.compare import CONTROL, METHOD, control_problem, too_few_rounds
+from diagnostics.measure.dynamo import empty_cache_codegen
 
 
 
@@ -26,8 +30,6 @@ def analyze(ctx, options: dict) -> dict:
     opts = options
     loaded = ctx.loaded
     ctx.progress(0.05, "reading the model")
-    import copy
-
     facts = {"static": static_facts(loaded.model), "env": environment_facts(loaded.device),
              "source": loaded.spec.source}
     try:
@@ -49,14 +51,17 @@ def analyze(ctx, options: dict) -> dict:
     timing = {"iters": opts["iters"], "warmup": opts["warmup"], "early_stop": opts["early_stop"],
               "budget_s": opts["time_budget_s"] or None, "classifier": classifier, "progress": progress,
               "report": report}
-    if train:
-        rows, disturbance, stop = run_train_trials(loaded.model, loaded.inputs, loaded.device, loaded.loss_fn, fixes,
-                                                   facts, opts["params"], optimizer=opts["optimizer"], lr=opts["lr"],
-                                                   steps=opts["train_steps"], **timing)
-    else:
-        rows, disturbance, stop = run_trials(loaded.model, loaded.inputs, loaded.device, fixes, facts, opts["params"],
-                                             artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
-                                             **timing)
+    # torch.compile on the worker's empty compiler cache, without inductor's one-off probes (measure.dynamo)
+    with empty_cache_codegen() if "torch_compile" in fixes else nullcontext():
+        if train:
+            rows, disturbance, stop = run_train_trials(loaded.model, loaded.inputs, loaded.device, loaded.loss_fn,
+                                                       fixes, facts, opts["params"], optimizer=opts["optimizer"],
+                                                       lr=opts["lr"], steps=opts["train_steps"], **timing)
+        else:
+            rows, disturbance, stop = run_trials(loaded.model, loaded.inputs, loaded.device, fixes, facts,
+                                                 opts["params"],
+                                                 artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
+                                                 **timing)
     rows = assess(rows, opts["mode"], opts["min_cosine"], opts["min_top1"])
     ok = [r for r in rows if r["status"] == "ok" and r["fix"] not in ("baseline", CONTROL)]
     faster = [r for r in ok if r["verdict"] == "faster" and r["flag"] != "fidelity_loss"]

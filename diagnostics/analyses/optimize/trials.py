@@ -199,12 +199,34 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
     """Rows: the baseline first, the A/A control, then one per fix in the order given; what the
     machine did while they were timed (``measure.disturbance.assess``); how the timed rounds ended.
 
-    Every candidate is built and checked first (first call, peak memory, size, fidelity, artifact);
-    then all are timed together, one call each per round (see ``time_interleaved``). ``report`` gets
-    the rows as they come (the job's partial results).
+    Every candidate is built and checked first (``build_trials``); then all are timed together, one
+    call each per round (see ``time_interleaved``). ``report`` gets the rows as they come (the job's
+    partial results).
     """
-    report_rows = report or (lambda rows, message: None)
     device = torch.device(device)
+    progress = progress or (lambda f, m: None)
+    rows, candidates = build_trials(model, inputs, device, fixes, facts, params, classifier=classifier,
+                                    artifact_dir=artifact_dir, progress=progress, report=report)
+    progress(0.6, f"timing {len(candidates)} candidates and the A/A control in interleaved rounds")
+    try:
+        times, disturbance, stop = time_interleaved(candidates, inputs, device, iters, warmup, control=True,
+                                                    early_stop=early_stop, budget_s=budget_s,
+                                                    on_round=timing_reporter(rows, report, "the baseline"))
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # a candidate that ran once but fails when repeated
+        raise RuntimeError(f"timing the trials failed: {type(e).__name__}: {e}") from e
+    return with_times(rows, times, disturbance, "the baseline"), disturbance, stop
+
+
+def build_trials(model: nn.Module, inputs: tuple, device: torch.device, fixes: list[str], facts: dict,
+                 params: dict | None = None, *, classifier: bool = True, artifact_dir: Path | None = None,
+                 progress: Callable[[float, str], None] | None = None,
+                 report: Report | None = None) -> tuple[list[dict], dict[str, nn.Module]]:
+    """The rows (the baseline first, then one per fix) and the candidates to time (key -> model): each
+    candidate built on a copy and checked (first call, peak memory, size, fidelity, artifact); a fix that
+    does not apply or fails gets a row that says why and no candidate. ``report`` gets each row as it comes."""
+    report_rows = report or (lambda rows, message: None)
     progress = progress or (lambda f, m: None)
     params = params or {}
     base_model = copy.deepcopy(model).eval()
@@ -245,16 +267,7 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
         except Exception as e:  # a failing fix says why; the others still run
             rows.append(_row(fix_id, fix.title, "failed", why=explain(e), params=opts))
     report_rows(rows, f"built {len(fixes)} of {len(fixes)} fixes; timing")
-    progress(0.6, f"timing {len(candidates)} candidates and the A/A control in interleaved rounds")
-    try:
-        times, disturbance, stop = time_interleaved(candidates, inputs, device, iters, warmup, control=True,
-                                                    early_stop=early_stop, budget_s=budget_s,
-                                                    on_round=timing_reporter(rows, report, "the baseline"))
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as e:  # a candidate that ran once but fails when repeated
-        raise RuntimeError(f"timing the trials failed: {type(e).__name__}: {e}") from e
-    return with_times(rows, times, disturbance, "the baseline"), disturbance, stop
+    return rows, candidates
 
 
 #: What a timed row takes from the comparison (measure.compare.Rounds.summary); ``decided_at``: the
