@@ -3,9 +3,10 @@
 A page's script run never runs a job itself: it submits it here and reads its record. A thread per
 session with jobs waiting takes them one at a time, in the order they were submitted, and runs each
 with ``diagnostics.runner.run_job`` (which owns the worker process and stores the run); progress
-and the job's partial results (what it has measured so far) go into the job's record under a lock. Leaving the page ends the script run, not the job, so a
-user may start a profile, open other pages and come back to find it running or done. A job that
-times its device also waits for the runner's device queue (across sessions and the CLI).
+and the job's partial results (what it has measured so far) go into the job's record under a lock.
+Leaving the page ends the script run, not the job, so a user may start a profile, open other pages
+and come back to find it running or done. A job that times its device also waits for the runner's
+device queue (across sessions and the CLI).
 
 Cancel is explicit: ``cancel`` takes a waiting job out of its session's line, or sets a running
 job's cancel event, which run_job honours by killing the worker and storing the run 'cancelled'.
