@@ -9,8 +9,12 @@
    and without it (inductor's defaults: the vector-ISA probe and the precompiled header), and, without
    it, what the old recompile probe cost (a second inductor compile at twice the batch) against the
    light backend's probe that replaced it.
+3. With ``--reference DIR`` (a checkout of the code before, e.g. ``git archive <base> | tar -x -C DIR``):
+   ``--cli`` pairs of ``python -m diagnostics compile --model mlp`` from this checkout and from DIR,
+   alternating, each a fresh process and worker: the wall time, and when the graph breaks were first
+   printed (this checkout prints them as they come; before, they came with the result).
 
-    .venv/bin/python bench/bench_compile_time.py [--jobs 1] [--pairs 2]
+    .venv/bin/python bench/bench_compile_time.py [--jobs 1] [--pairs 2] [--reference DIR --cli 2]
 """
 
 from __future__ import annotations
@@ -90,10 +94,27 @@ def child(kind: str) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def cli_run(root: Path) -> dict:
+    """``compile --model mlp`` from ``root``: wall seconds, and seconds to the first Dynamo line."""
+    data = tempfile.mkdtemp(prefix="bench-compile-cli-")
+    env = dict(os.environ, TORCHSCOPE_DATA_DIR=data, PYTHONPATH=str(root))
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "diagnostics", "compile", "--model", "mlp", "--no-report",
+                          "--quiet"], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    first = None
+    for line in p.stdout:
+        if first is None and ("Dynamo:" in line or line.strip().startswith("Graphs")):
+            first = time.perf_counter() - t0
+    p.wait(timeout=900)
+    return {"wall_s": time.perf_counter() - t0, "breaks_printed_s": first}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--reference", type=Path, help="a checkout of the code before (for --cli)")
+    ap.add_argument("--cli", type=int, default=2, help="pairs of CLI runs, this checkout vs --reference")
     a = ap.parse_args()
     print(f"start: {uptime()}", flush=True)
     for i in range(a.jobs):
@@ -111,6 +132,18 @@ def main() -> None:
     if pairs:
         ratio = statistics.median(p["codegen"]["first_call_s"] / p["default"]["first_call_s"] for p in pairs)
         print(f"\nsummary: empty_cache_codegen / default first call, median of {len(pairs)} pairs: x{ratio:.2f}")
+    if a.reference:
+        cli = []
+        for i in range(a.cli):
+            order = ("now", "before") if i % 2 == 0 else ("before", "now")
+            runs = {k: cli_run(ROOT if k == "now" else a.reference.resolve()) for k in order}
+            cli.append(runs)
+            n, b = runs["now"], runs["before"]
+            print(f"cli pair {i + 1}: now {n['wall_s']:.1f} s (breaks printed at {n['breaks_printed_s']:.1f} s) vs "
+                  f"before {b['wall_s']:.1f} s (breaks printed at {b['breaks_printed_s']:.1f} s); {uptime()}", flush=True)
+        print(f"summary: CLI wall time now / before, median x"
+              f"{statistics.median(r['now']['wall_s'] / r['before']['wall_s'] for r in cli):.2f}; breaks printed "
+              f"now / before x{statistics.median(r['now']['breaks_printed_s'] / r['before']['breaks_printed_s'] for r in cli):.2f}")
     print(f"end: {uptime()}")
 
 

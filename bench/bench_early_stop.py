@@ -2,9 +2,9 @@
 
 Two parts, both in one process and one run (ratios are taken within the run; the load is recorded):
 
-1. ``--jobs`` pairs of whole Optimize jobs (``runner.execute``, as the worker runs them), early stop on
-   and off in alternating order (ABBA): the job's wall time, its timing phase (from the job's own
-   progress: "timing ..." to the end) and the rounds run.
+1. ``--jobs`` pairs of whole Optimize jobs (``runner.run_job``: a fresh worker each, as the page and the
+   CLI run them), early stop on and off in alternating order (ABBA): the job's wall time, its timing
+   phase (from the job's own progress: "timing ..." to its end) and the rounds run.
 2. The default set built once (``trials.build_trials``), then ``--pairs`` pairs of its timing phase
    (``trials.time_interleaved``, 20 rounds, the A/A control) with early stop on and off, alternating:
    the time each took, the calls made and each fix's verdict. Agreement is the share of fixes whose
@@ -36,7 +36,7 @@ def uptime() -> str:
 
 
 def whole_job(early: bool, iters: int) -> dict:
-    from diagnostics.runner import Job, execute
+    from diagnostics.runner import Job, run_job
     from diagnostics.spec import ModelSpec
 
     marks = {}
@@ -46,10 +46,12 @@ def whole_job(early: bool, iters: int) -> dict:
         if m.startswith("timing") and "timing" not in marks:
             marks["timing"] = time.perf_counter()
 
-    r = execute(Job("optimize", ModelSpec(name="cnn"), {"early_stop": early, "iters": iters,
-                                                         "save_artifacts": False}),
-                Path(tempfile.mkdtemp(prefix="bench-early-")), progress)
+    out = run_job(Job("optimize", ModelSpec(name="cnn"), {"early_stop": early, "iters": iters,
+                                                          "save_artifacts": False}),
+                  on_progress=progress, artifact_dir=Path(tempfile.mkdtemp(prefix="bench-early-")))
     end = time.perf_counter()
+    assert out.ok, out.error
+    r = out.result
     return {"wall_s": end - t0, "timing_s": end - marks.get("timing", end), "rounds": r["timing_stop"]["run"],
             "verdicts": {row["fix"]: row["verdict"] for row in r["rows"] if row["fix"] != "baseline"},
             "decided": sum(row.get("decided_at") is not None for row in r["rows"])}
@@ -113,21 +115,26 @@ def main() -> None:
         print(f"job pair {i + 1}: early {e['wall_s']:.1f} s (timing {e['timing_s']:.1f} s, {e['rounds']} rounds, "
               f"{e['decided']} decided) vs full {f['wall_s']:.1f} s (timing {f['timing_s']:.1f} s); verdicts agree "
               f"{agreement(e['verdicts'], f['verdicts']):.0%}; {uptime()}", flush=True)
-    pairs = timing_pairs(a.pairs, a.iters)
+    pairs = timing_pairs(a.pairs, a.iters) if a.pairs else []
+    print("\nsummary")
+    for i, runs in enumerate(jobs):
+        print(f"  whole job {i + 1}: early / full wall time x{runs[True]['wall_s'] / runs[False]['wall_s']:.2f}, "
+              f"timing phase x{runs[True]['timing_s'] / runs[False]['timing_s']:.2f}")
+    if pairs:
+        pair_summary(pairs)
+    print(f"end: {uptime()}")
+
+
+def pair_summary(pairs: list[tuple[dict, dict]]) -> None:
     ratio = statistics.median(e["s"] / f["s"] for e, f in pairs)
     calls = sum(e["calls"] for e, _ in pairs) / sum(f["calls"] for _, f in pairs)
     agree = statistics.mean(agreement(e["verdicts"], f["verdicts"]) for e, f in pairs)
     full_full = [agreement(pairs[i][1]["verdicts"], pairs[i + 1][1]["verdicts"]) for i in range(len(pairs) - 1)]
     decided = sum(e["decided"] for e, _ in pairs)
-    print("\nsummary")
-    for i, runs in enumerate(jobs):
-        print(f"  whole job {i + 1}: early / full wall time x{runs[True]['wall_s'] / runs[False]['wall_s']:.2f}, "
-              f"timing phase x{runs[True]['timing_s'] / runs[False]['timing_s']:.2f}")
     print(f"  timing phase, {len(pairs)} pairs: early / full time, median x{ratio:.2f}; calls x{calls:.2f}; "
           f"{decided} fix verdicts decided early of {sum(len(e['verdicts']) - 1 for e, _ in pairs)}")
     print(f"  verdict agreement early vs full (same pair): {agree:.1%}; full vs the next full: "
           f"{statistics.mean(full_full) if full_full else float('nan'):.1%}")
-    print(f"end: {uptime()}")
 
 
 if __name__ == "__main__":
