@@ -62,6 +62,8 @@ INTERRUPTED_MESSAGE = "cancelled: the process running the job was interrupted be
 CANCELLED_MESSAGE = "cancelled: stopped by the user before it finished"
 
 ProgressFn = Callable[[float, str], None]
+#: Gets a running job's partial result (plain data, the analysis' own shape): rows known so far.
+PartialFn = Callable[[dict], None]
 
 
 @dataclass(frozen=True)
@@ -138,14 +140,17 @@ META_ANALYSES = ("summary", "memory", "validate", "plan")
 
 
 class AnalysisContext:
-    """What an analysis sees: the loaded model (lazily), options, progress and an artifact folder."""
+    """What an analysis sees: the loaded model (lazily), options, progress, partial results and an
+    artifact folder."""
 
-    def __init__(self, job: Job, artifact_dir: Path, progress: ProgressFn | None = None):
+    def __init__(self, job: Job, artifact_dir: Path, progress: ProgressFn | None = None,
+                 partial: PartialFn | None = None):
         self.job = job
         self.spec = job.spec
         self.options = job.options
         self.artifact_dir = Path(artifact_dir)
         self._progress = progress
+        self._partial = partial
         self._loaded = None
 
     @property
@@ -166,13 +171,19 @@ class AnalysisContext:
         if self._progress is not None:
             self._progress(max(0.0, min(1.0, float(fraction))), message)
 
+    def partial(self, result: dict) -> None:
+        """Report what is known so far (plain data; the page and the CLI draw it while the job runs)."""
+        if self._partial is not None:
+            self._partial(result)
 
-def execute(job: Job, artifact_dir: Path, progress: ProgressFn | None = None) -> dict:
+
+def execute(job: Job, artifact_dir: Path, progress: ProgressFn | None = None,
+            partial: PartialFn | None = None) -> dict:
     """Run the analysis in this process (the worker calls this; tests and notebooks may too)."""
     analysis = get_analysis(job.analysis)
     job = job.validated()
     Path(artifact_dir).mkdir(parents=True, exist_ok=True)
-    ctx = AnalysisContext(job, artifact_dir, progress)
+    ctx = AnalysisContext(job, artifact_dir, progress, partial)
     if not analysis.exclusive:
         return analysis.load()(ctx, dict(job.options))
     # A timed analysis: was the machine busy meanwhile? (measure.disturbance; the figures and the
@@ -310,7 +321,8 @@ def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, pa
         if setup_error is not None:
             raise setup_error
         job = Job.from_dict(job_dict)
-        result = execute(job, Path(artifact_dir), lambda f, m: conn.send(("progress", f, m)))
+        result = execute(job, Path(artifact_dir), lambda f, m: conn.send(("progress", f, m)),
+                         lambda p: conn.send(("partial", p)))
         message = ("ok", result)
     except BaseException as e:  # the user's code: anything can come out
         # Build the message here but send it after the except block: the traceback keeps the
@@ -800,11 +812,11 @@ def device_queue(lock_dir: Path, device: str, on_wait: Callable[[], None] | None
 def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn | None = None,
             store=None, source: str = "app", cancel: threading.Event | None = None,
             memory_limit_mb: float | None = None, artifact_dir: Path | None = None,
-            on_tick: Callable[[float], None] | None = None) -> JobOutcome:
+            on_tick: Callable[[float], None] | None = None, on_partial: PartialFn | None = None) -> JobOutcome:
     """Run ``job`` in a spawned worker; record it in ``store`` (if given) from start to finish.
 
     ``on_progress(fraction, message)`` gets the analysis' progress (and "queued: ..." while an
-    exclusive job waits for its device); ``on_tick(elapsed_s)`` is called a few times a second while
+    exclusive job waits for its device); ``on_partial(result)`` its partial results (ctx.partial); ``on_tick(elapsed_s)`` is called a few times a second while
     waiting, so a UI can show elapsed time. Setting ``cancel`` stops the job: the worker is killed
     and the run is stored as 'cancelled' (error: the event's ``reason`` attribute, if it has one, or
     CANCELLED_MESSAGE). Any exception raised by a callback or by the caller's thread (Ctrl-C) does
@@ -856,7 +868,7 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
             queue = _null()
         with queue, _POOL.busy():
             outcome = _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
-                                  store, run_id, on_tick, limits)
+                                  store, run_id, on_tick, limits, on_partial)
     except JobError as e:
         outcome = JobOutcome("cancelled", error=str(e), error_type="JobError")
     except BaseException:
@@ -901,7 +913,7 @@ DISK_CHECK_S = 1.0
 
 
 def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb, store, run_id,
-                on_tick, limits: jobfiles.Limits) -> JobOutcome:
+                on_tick, limits: jobfiles.Limits, on_partial=None) -> JobOutcome:
     log_path = artifact_dir / "worker.log"
     cap = int(memory_limit_mb * 2**20)
     as_limit = cap if (job.spec is None or job.spec.device == "cpu") else None  # CUDA needs a huge VA space
@@ -985,6 +997,10 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                     msg = ("error", type(e).__name__, f"the worker's result could not be read: {e}", "")
                 if msg is not None and msg[0] == "progress":
                     progress(msg[1], msg[2])
+                    continue
+                if msg is not None and msg[0] == "partial":
+                    if on_partial is not None:
+                        on_partial(msg[1])
                     continue
                 if msg is not None and msg[0] == "baseline":
                     baseline_rss = _baseline(proc.pid, msg[1])

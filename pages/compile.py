@@ -4,6 +4,7 @@ compiling bought (eager vs compiled, interleaved)."""
 import streamlit as st
 
 from ui import state, views
+from ui.views import compile as compile_view
 from ui.frame import require_app
 from ui.jobs import cached_outcome, run_analysis
 from ui.widgets import option_input, show_failure
@@ -28,7 +29,9 @@ with st.form("compile_form"):
                                 help="Compiling takes seconds to minutes; progress is shown below")
 if spec.source == "torchscript":
     st.info("A TorchScript model is already a graph: torch.compile takes the Python model or an exported program.")
-outcome = run_analysis("compile", spec, options, force=True) if run else cached_outcome("compile", spec, options)
+# Dynamo's graphs, breaks and recompiles are drawn as soon as the job has them (compile_view.show_partial)
+outcome = (run_analysis("compile", spec, options, force=True, partial=compile_view.show_partial) if run
+           else cached_outcome("compile", spec, options, partial=compile_view.show_partial))
 if outcome is None:
     st.info(f"Not compiled yet: press **Compile and measure** to compile {spec.label} in a worker and see its "
             "graph breaks, recompiles and what compiling buys. The sample graph_break_mlp shows breaks.")

@@ -62,10 +62,14 @@ with st.container(border=True):
         optimizer = option_input("optimize", "optimizer", t1, widget_key="opt_optimizer", label="Optimizer")
         lr = option_input("optimize", "lr", t2, widget_key="opt_lr", label="Learning rate")
         steps = option_input("optimize", "train_steps", t3, widget_key="opt_steps", label="Fidelity steps")
-    c1, c2 = st.columns(2)
+    c1, c2, c3, c4 = st.columns(4)
     iters = option_input("optimize", "iters", c1, widget_key="opt_iters", label="Timed rounds")
     warmup = option_input("optimize", "warmup", c2, widget_key="opt_warmup",
                           label="Warm-up steps" if mode == "train" else "Warm-up calls")
+    early_stop = option_input("optimize", "early_stop", c3, widget_key="opt_early_stop",
+                              label="Stop when decided")
+    budget = option_input("optimize", "time_budget_s", c4, widget_key="opt_budget", label="Time budget (s, 0: none)",
+                          step=5.0)
     with st.expander("Fidelity thresholds (flag fixes that move the results too far)"):
         f1, f2 = st.columns(2)
         min_cosine = option_input("optimize", "min_cosine", f1, widget_key="opt_min_cosine", label="Minimum cosine")
@@ -73,10 +77,13 @@ with st.container(border=True):
                                 label="Minimum top-1 agreement")
     run = st.button("Run trials", type="primary", icon=":material/play_arrow:", key="opt_run", disabled=not chosen)
 
-options = {"fixes": list(chosen), "params": params, "iters": iters, "warmup": warmup}
+options = {"fixes": list(chosen), "params": params, "iters": iters, "warmup": warmup, "early_stop": early_stop,
+           "time_budget_s": budget}
 if mode == "train":
     options.update(mode="train", optimizer=optimizer, lr=lr, train_steps=steps)
-outcome = run_analysis("optimize", spec, options, force=True) if run else cached_outcome("optimize", spec, options)
+# the rows measured so far are drawn while the trials run (optimize_view.show_partial)
+outcome = (run_analysis("optimize", spec, options, force=True, partial=optimize_view.show_partial) if run
+           else cached_outcome("optimize", spec, options, partial=optimize_view.show_partial))
 if outcome is None:
     st.info(f"No trials yet for {spec.label} with these fixes: press **Run trials**.")
 elif outcome.ok:

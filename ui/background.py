@@ -3,9 +3,10 @@
 A page's script run never runs a job itself: it submits it here and reads its record. A thread per
 session with jobs waiting takes them one at a time, in the order they were submitted, and runs each
 with ``diagnostics.runner.run_job`` (which owns the worker process and stores the run); progress
-goes into the job's record under a lock. Leaving the page ends the script run, not the job, so a
-user may start a profile, open other pages and come back to find it running or done. A job that
-times its device also waits for the runner's device queue (across sessions and the CLI).
+and the job's partial results (what it has measured so far) go into the job's record under a lock.
+Leaving the page ends the script run, not the job, so a user may start a profile, open other pages
+and come back to find it running or done. A job that times its device also waits for the runner's
+device queue (across sessions and the CLI).
 
 Cancel is explicit: ``cancel`` takes a waiting job out of its session's line, or sets a running
 job's cancel event, which run_job honours by killing the worker and storing the run 'cancelled'.
@@ -57,6 +58,7 @@ class Snapshot:
     elapsed_s: float  # since it started running (0 while queued)
     cancelling: bool
     outcome: JobOutcome | None
+    partial: dict | None = None  # the job's latest partial result (ctx.partial), while it runs
 
     @property
     def done(self) -> bool:
@@ -73,6 +75,7 @@ class BackgroundJob:
         self.cancel_event = CancelEvent()
         self._lock = threading.Lock()
         self._state, self._fraction, self._message = QUEUED, 0.0, ""
+        self._partial: dict | None = None
         self._started = self._finished = None
         self._outcome: JobOutcome | None = None
 
@@ -84,6 +87,10 @@ class BackgroundJob:
     def _progress(self, fraction: float, message: str) -> None:
         with self._lock:
             self._fraction, self._message = float(fraction), str(message)
+
+    def _partial_result(self, result: dict) -> None:
+        with self._lock:
+            self._partial = result
 
     def _finish(self, outcome: JobOutcome) -> None:
         with self._lock:
@@ -108,7 +115,8 @@ class BackgroundJob:
         with self._lock:
             elapsed = 0.0 if self._started is None else (self._finished or time.monotonic()) - self._started
             return Snapshot(self.key, self.title, self._state, self._fraction, self._message, elapsed,
-                            self.cancel_event.is_set() and self._state != DONE, self._outcome)
+                            self.cancel_event.is_set() and self._state != DONE, self._outcome,
+                            self._partial if self._state == RUNNING else None)
 
 
 class JobManager:
@@ -228,7 +236,7 @@ class JobManager:
                 bj._begin()
             try:
                 outcome = self._run(bj.job, store=bj.store, timeout_s=bj.timeout_s, on_progress=bj._progress,
-                                    cancel=bj.cancel_event)
+                                    cancel=bj.cancel_event, on_partial=bj._partial_result)
             except Exception as e:  # never leave a record 'running' forever
                 outcome = JobOutcome("error", error=f"the dashboard could not run the job: {type(e).__name__}: {e}",
                                      error_type=type(e).__name__)

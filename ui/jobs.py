@@ -15,6 +15,10 @@ While the job runs, ``run_analysis`` and ``cached_outcome`` return an outcome wi
 is on the page already). A session's jobs run one at a time in the order started; the panel of a
 waiting one says what it waits for.
 
+A page may pass ``partial``, a function that draws a running job's partial result (what the job
+reported through ctx.partial: Optimize's rows as they are measured, Compile's graph breaks before the
+timing): the panel draws it under the progress bar at every refresh.
+
 Cancel is explicit: the button kills the job's worker (the run is stored 'cancelled'), the panel
 turns into "cancelled" with a "Run again" button, and the job is not started again by itself.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Callable
 
 import streamlit as st
 
@@ -87,21 +92,29 @@ def _stored(key: str) -> JobOutcome | None:
     return hit
 
 
-def cached_outcome(analysis: str, spec: ModelSpec | None, options: dict | None = None) -> JobOutcome | None:
+#: Draws a running job's partial result (a view's ``show_partial``).
+PartialView = Callable[[dict], None]
+
+
+def cached_outcome(analysis: str, spec: ModelSpec | None, options: dict | None = None, *,
+                   partial: PartialView | None = None) -> JobOutcome | None:
     """The outcome of a job already run (this session's, or a stored success), the panel of one still
-    running (its outcome has status "running"), or None: nothing is started here."""
+    running (its outcome has status "running"; ``partial`` draws what it reported so far), or None:
+    nothing is started here."""
     key = Job(analysis, spec, options or {}).key()
     _collect()
     bj = manager().find(state.session_id(), key)
     if bj is not None:
-        return _follow(bj)
+        return _follow(bj, partial)
     return _stored(key)
 
 
 def run_analysis(analysis: str, spec: ModelSpec | None, options: dict | None = None, *, force: bool = False,
-                 timeout_s: float | None = None, label: str | None = None) -> JobOutcome:
+                 timeout_s: float | None = None, label: str | None = None,
+                 partial: PartialView | None = None) -> JobOutcome:
     """Return the outcome of ``analysis`` on ``spec``: cached, or started in the background (then the
-    panel is drawn and the outcome's status is "running" until a later run of the page)."""
+    panel is drawn, with ``partial`` drawing what the job reported so far, and the outcome's status is
+    "running" until a later run of the page)."""
     job = Job(analysis, spec, options or {})
     key = job.key()
     _collect()
@@ -117,7 +130,7 @@ def run_analysis(analysis: str, spec: ModelSpec | None, options: dict | None = N
         state.cancelled().discard(key)
         bj = manager().submit(state.session_id(), job, title=title, store=get_store(), timeout_s=timeout_s,
                               replaceable=not force)
-    return _follow(bj)
+    return _follow(bj, partial)
 
 
 def _panel_label(bj: BackgroundJob, snap, ahead: list[BackgroundJob]) -> str:
@@ -141,9 +154,10 @@ def refresh_every(snap, ahead: list) -> float:
     return FAST_REFRESH_S if snap.state == "queued" and not ahead else REFRESH_S
 
 
-def _follow(bj: BackgroundJob) -> JobOutcome:
+def _follow(bj: BackgroundJob, partial: PartialView | None = None) -> JobOutcome:
     """Draw the job's panel, refreshed every REFRESH_S (FAST_REFRESH_S in its first FAST_FOR_S) until
-    the job ends; then rerun the page, whose next run collects the outcome and shows it."""
+    the job ends, with ``partial`` drawing its latest partial result; then rerun the page, whose next
+    run collects the outcome and shows it."""
     session = state.session_id()
     since = time.monotonic()
     every = refresh_every(bj.snapshot(), manager().ahead_of(bj))
@@ -170,6 +184,8 @@ def _follow(bj: BackgroundJob) -> JobOutcome:
             box.progress(snap.fraction, text=snap.message if snap.state == "running" else "starting worker")
         when = f"{snap.elapsed_s:.1f} s elapsed · " if snap.state == "running" else ""
         box.caption(when + "This runs on the server: you may open other pages and come back to it.")
+        if partial is not None and snap.partial is not None:
+            partial(snap.partial)
 
     panel()
     return JobOutcome(RUNNING, error=f"{bj.title} is still running", error_type="JobError")

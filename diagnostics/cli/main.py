@@ -124,6 +124,36 @@ class ProgressBar:
             self.stream.write("\n")
             self.stream.flush()
 
+    def above(self, text: str, out=None) -> None:
+        """Write ``text`` (a line of results) to ``out`` (stdout) above the bar: on a terminal the bar's
+        line is cleared first and drawn again after."""
+        out = out or sys.stdout
+        if self.enabled and self.tty:
+            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.flush()
+        out.write(text + "\n")
+        out.flush()
+        if self.enabled and self.tty:
+            self._draw(force=True)
+
+
+def partial_printer(name: str, bar: ProgressBar, out=None):
+    """``on_partial`` for run_job: prints each line of the analysis' PARTIAL_TEXT once, as it becomes
+    known (Optimize: each trial once built, its verdict once final); None when the analysis has none.
+    Returns (callback, finish): ``finish(result)`` prints the lines the final result adds."""
+    lines_of = _chart_text(name, "PARTIAL_TEXT")
+    if lines_of is None:
+        return None, lambda result: None
+    printed: set = set()
+
+    def show(result: dict) -> None:
+        for key, line in lines_of(result):
+            if key not in printed:
+                printed.add(key)
+                bar.above(line, out)
+
+    return show, show
+
 
 # ----------------------------------------------------------------------------- parser
 def _add_run_args(p: argparse.ArgumentParser, name: str = "<analysis>") -> None:
@@ -279,11 +309,13 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
 
     label = label or name
     bar = ProgressBar(label, enabled=not args.quiet)
+    # the rows as they come (not with --json: stdout is then the result alone)
+    on_partial, finish_partial = (None, None) if args.json else partial_printer(name, bar)
     cancel = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop the worker, record it
     try:
         outcome = run_job(Job(name, spec, options), timeout_s=args.timeout, on_progress=bar.update,
-                          on_tick=bar.tick, store=store, source="cli", cancel=cancel)
+                          on_tick=bar.tick, store=store, source="cli", cancel=cancel, on_partial=on_partial)
     finally:
         signal.signal(signal.SIGINT, previous)
         bar.close()
@@ -300,6 +332,8 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
             sys.stderr.write("worker output (last lines):\n" + outcome.log_tail[-1500:] + "\n")
         return (EXIT_USAGE if bad_input else EXIT_FAILED), None
 
+    if on_partial is not None:
+        finish_partial(outcome.result)  # the rows whose verdicts came with the end
     result = show(outcome.result) if show is not None else outcome.result
     written = None
     if out_dir is not None:
@@ -323,13 +357,18 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
 
 def _text_of(name: str):
     """The analysis' own CLI text (its chart module's ``TEXT``), or None: the headline metrics."""
+    return _chart_text(name, "TEXT")
+
+
+def _chart_text(name: str, table: str):
+    """The analysis' entry in its chart module's ``table`` (TEXT, PARTIAL_TEXT), or None."""
     import importlib
 
     try:
         module = importlib.import_module(f"diagnostics.render.charts.{ANALYSES[name].view}")
     except ImportError:
         return None
-    return getattr(module, "TEXT", {}).get(name)
+    return getattr(module, table, {}).get(name)
 
 
 def run_analysis_command(args) -> int:

@@ -173,3 +173,53 @@ def compile_seconds() -> list[float]:
     from torch._dynamo.utils import compilation_time_metrics
 
     return [float(t) for t in compilation_time_metrics.get("_compile.compile_inner", [])]
+
+
+# ----------------------------------------------------------------------------- inductor on an empty cache
+#: Seconds the compiler may take to accept the vector ISA's flags (a tiny translation unit).
+ISA_CHECK_TIMEOUT_S = 30
+
+
+def _compiler_accepts(flags: str) -> bool:
+    """Does the C++ compiler inductor uses compile a file with ``flags`` (the vector ISA's -m flags)?"""
+    import subprocess
+
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        done = subprocess.run([get_cpp_compiler(), *flags.split(), "-fsyntax-only", "-x", "c++", "-"],
+                              input=b"#include <immintrin.h>\nint main() { return 0; }\n", capture_output=True,
+                              timeout=ISA_CHECK_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+@contextmanager
+def empty_cache_codegen():
+    """TorchInductor's CPU code generation without the one-off work an empty compiler cache costs.
+
+    A job's compiler cache is private and starts empty (diagnostics.sandbox), so inductor's first CPU
+    compile of every job paid for two things a persistent cache pays once per machine: the vector-ISA
+    probe (ATen's vector headers compiled and loaded once per ISA: 6-15 s of a small MLP's compile)
+    and a precompiled header (5-13 s), which only pays off over many kernels. Here the ISA comes from
+    the CPU's flags (what the probe also requires), kept only when the compiler accepts its flags (else
+    the probe runs as before), and kernels are compiled without the precompiled header: the same
+    generated code, the same kernels. Restored on exit."""
+    import torch._inductor.config as config
+    from torch._inductor import cpu_vec_isa
+
+    before = (config.cpp.vec_isa_ok, config.cpp_cache_precompile_headers)
+    config.cpp_cache_precompile_headers = False
+    if config.cpp.vec_isa_ok is None:
+        config.cpp.vec_isa_ok = True
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
+        isa = cpu_vec_isa.pick_vec_isa()
+        if isa and not _compiler_accepts(isa.build_arch_flags()):
+            config.cpp.vec_isa_ok = None  # let inductor probe as it does by default
+            cpu_vec_isa.valid_vec_isa_list.cache_clear()
+    try:
+        yield
+    finally:
+        config.cpp.vec_isa_ok, config.cpp_cache_precompile_headers = before
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()

@@ -143,3 +143,27 @@ def test_dynamo_sees_the_model_after_one_warm_up_call():
         ex = explain(fresh, Inputs((torch.randn(2, 4),)))
     assert fresh.scale is not None  # the warm-up ran it eagerly
     assert ex["graph_count"] == 1 and ex["graph_break_count"] == 0 and ex["graph_breaks"] == []
+
+
+def test_breaks_and_recompiles_are_reported_before_the_compile_and_the_timing(tmp_path):
+    """The job's partial results (ctx.partial): Dynamo's graphs and breaks first, then fullgraph and the
+    recompiles of the light pass, then the compile time; each what the final result holds."""
+    partials, progress = [], []
+    r = execute(Job("compile", ModelSpec(name="graph_break_mlp"), {"backend": "eager", "rounds": 2, "warmup": 0}),
+                tmp_path, progress=lambda f, m: progress.append(m), partial=lambda p: partials.append((len(progress), p)))
+    stages = [p["stage"] for _, p in partials]
+    assert stages == ["explain", "dynamo", "compiled"]
+    first = partials[0][1]
+    assert first["graph_breaks"] == r["graph_breaks"] and first["graphs"] == r["graphs"]
+    assert first["metrics"] == {k: r["metrics"][k] for k in ("graph_count", "graph_break_count", "break_sites",
+                                                             "op_count")}
+    assert first["recompiles"] is None  # not known yet: the page says "checking"
+    dyn = partials[1][1]
+    assert dyn["recompiles"] == r["recompiles"] and dyn["metrics"]["recompiles"] == r["metrics"]["recompiles"] == 3
+    assert dyn["metrics"]["fullgraph_ok"] is False and dyn["fullgraph_error"] == r["fullgraph_error"]
+    compiled = partials[2][1]
+    assert compiled["compile_time_s"] == r["metrics"]["compile_time_s"]
+    # all before the timed rounds: the page shows them while eager and compiled are timed
+    timing_started = next(i for i, m in enumerate(progress) if m.startswith("eager vs compiled"))
+    assert all(at <= timing_started for at, _ in partials)
+    json.dumps([p for _, p in partials])  # plain data: it crosses the worker's pipe

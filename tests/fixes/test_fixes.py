@@ -229,7 +229,7 @@ def test_trials_a_failing_fix_says_why_and_the_others_run(monkeypatch, tmp_path)
 
     monkeypatch.setattr(catalog, "FIXES", catalog.FIXES + [catalog.Fix("boom", "Boom", "", boom)])
     m = mlp()
-    rows, disturbance = run_trials(m, X_VEC, "cpu", ["boom", "channels_last", "inference_mode"],
+    rows, disturbance, _ = run_trials(m, X_VEC, "cpu", ["boom", "channels_last", "inference_mode"],
                                    facts_of(m, X_VEC), iters=6, warmup=1, artifact_dir=tmp_path)
     json.dumps([rows, disturbance])
     by = {r["fix"]: r for r in rows}
@@ -269,7 +269,7 @@ def test_candidates_are_timed_in_interleaved_rounds():
             log.append(self.name)
             return x
 
-    times, _ = time_interleaved({"a": Tag("a"), "b": Tag("b"), "c": Tag("c")}, (torch.zeros(4, 2),),
+    times, _, _ = time_interleaved({"a": Tag("a"), "b": Tag("b"), "c": Tag("c")}, (torch.zeros(4, 2),),
                              torch.device("cpu"), iters=3, warmup=2)
     # 2 warm-up calls each, then 3 rounds, each a permutation and its reverse
     text = "".join(log)
@@ -285,7 +285,7 @@ def test_candidates_are_timed_in_interleaved_rounds():
 def test_trials_on_cuda_measure_memory_and_time(tmp_path):
     m = mlp().cuda()
     x = (X_VEC[0].cuda(),)
-    rows, _ = run_trials(m, x, "cuda:0", ["half", "int8_dynamic"], facts_of(m, x) | {"env": environment_facts("cuda:0")},
+    rows, _, _ = run_trials(m, x, "cuda:0", ["half", "int8_dynamic"], facts_of(m, x) | {"env": environment_facts("cuda:0")},
                       iters=5, warmup=2)
     by = {r["fix"]: r for r in rows}
     assert by["baseline"]["peak_bytes"] > 0 and by["baseline"]["median_ms"] > 0
@@ -347,7 +347,7 @@ def _cosine(a, b):
 
 def test_a_torchscript_trial_on_dict_outputs_traces_non_strict_and_says_so():
     m = DictOut().eval()
-    rows, _ = run_trials(m, X_VEC, "cpu", ["torchscript"], facts_of(m, X_VEC), iters=2, warmup=1)
+    rows, _, _ = run_trials(m, X_VEC, "cpu", ["torchscript"], facts_of(m, X_VEC), iters=2, warmup=1)
     row = rows[-1]
     assert row["status"] == "ok", row["why"]
     assert row["notes"][0].startswith("torch.jit.trace(strict=False) + torch.jit.freeze")
@@ -374,7 +374,7 @@ def test_the_torchscript_fix_runs_on_transformers_model_outputs(name):
     takes it): traced through the output-flattening wrapper. BERT's MaskedLMOutput holds tensors only."""
     model = _hf_lms()[name]
     ids = (torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(4)),)
-    rows, _ = run_trials(model, ids, "cpu", ["torchscript"], {"static": {}, "env": {}}, iters=2, warmup=1)
+    rows, _, _ = run_trials(model, ids, "cpu", ["torchscript"], {"static": {}, "env": {}}, iters=2, warmup=1)
     row = rows[-1]
     assert row["status"] == "ok", row["why"]
     base = ref(model, ids).logits
@@ -404,7 +404,7 @@ def test_a_torchscript_trial_names_the_output_parts_the_wrapper_leaves_out():
             return self.fc(x), "label"
 
     m = StrOut().eval()
-    rows, _ = run_trials(m, X_VEC, "cpu", ["torchscript"], {"static": {}, "env": {}}, iters=2, warmup=1)
+    rows, _, _ = run_trials(m, X_VEC, "cpu", ["torchscript"], {"static": {}, "env": {}}, iters=2, warmup=1)
     # torch.jit.trace refuses a str in the output; the wrapper drops it and names it
     assert rows[-1]["status"] == "ok" and "left out (not tensors): output[1] (str)" in rows[-1]["notes"][1]
 

@@ -47,7 +47,7 @@ def facts(model):
 def trials(model, fixes, inputs=X, loss=loss_fn, params=None, **kw):
     kw.setdefault("iters", 2)
     kw.setdefault("warmup", 1)
-    rows, _ = run_train_trials(model, inputs, "cpu", loss, fixes, facts(model), params or {}, **kw)
+    rows, _, _ = run_train_trials(model, inputs, "cpu", loss, fixes, facts(model), params or {}, **kw)
     return {r["fix"]: r for r in rows}
 
 

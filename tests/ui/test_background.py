@@ -110,10 +110,11 @@ class FakeRun:
         with self.lock:
             return self.release.setdefault(name, threading.Event())
 
-    def __call__(self, job, *, store, timeout_s, on_progress, cancel):
+    def __call__(self, job, *, store, timeout_s, on_progress, cancel, on_partial):
         name = job.options["name"]
         self.events.append(f"start {name}")
         on_progress(0.5, f"halfway through {name}")
+        on_partial({"rows": [f"first row of {name}"]})
         while not self.gate(name).wait(0.02):
             if cancel.is_set():
                 self.events.append(f"cancel {name}")
@@ -135,7 +136,10 @@ def test_a_sessions_jobs_queue_and_run_one_at_a_time_in_order():
     other = mgr.submit("s2", _job("x"), title="X")  # another session: its own line, not behind A
     _until(lambda: a.snapshot().state == "running" and other.snapshot().state == "running", 5, "A and X to start")
     assert a.snapshot().message == "halfway through a"
-    assert b.snapshot().state == c.snapshot().state == "queued"
+    # what a running job measured so far is in its record (ctx.partial through run_job's on_partial)
+    _until(lambda: a.snapshot().partial is not None, 5, "A's partial result")
+    assert a.snapshot().partial == {"rows": ["first row of a"]}
+    assert b.snapshot().state == c.snapshot().state == "queued" and b.snapshot().partial is None
     assert mgr.ahead_of(b) == [a] and mgr.ahead_of(c) == [a, b]
     assert mgr.pending("s1") == [a, b, c]
 
@@ -147,6 +151,7 @@ def test_a_sessions_jobs_queue_and_run_one_at_a_time_in_order():
     mine = [e for e in run.events if not e.endswith("x")]
     assert mine == ["start a", "end a", "start c", "end c"]
     assert c.outcome.result == {"name": "c"}
+    assert a.snapshot().partial is None  # done: the outcome, not the partial, is what is shown
     assert {j.key for j in mgr.collect("s1")} == {a.key, b.key, c.key}
 
 

@@ -1,5 +1,5 @@
 """ui.launch without a server: the spare's environment is the one Streamlit leaves, and a change it
-did not foresee replaces the early spare (the server itself: tests/e2e/test_launch.py)."""
+did not foresee replaces the early spare (the server itself: tests/e2e/test_launcher.py)."""
 
 import os
 import subprocess

@@ -1,5 +1,6 @@
 """Show a torch.compile exploration: graph breaks with their source lines and fixes, graphs,
-recompiles, compile time and eager vs compiled."""
+recompiles, compile time and eager vs compiled; while the job runs, Dynamo's graphs, breaks and
+recompiles as soon as they are known (``show_partial``), before the compile and the timing end."""
 
 from __future__ import annotations
 
@@ -45,33 +46,72 @@ def show(result: dict) -> None:
     breaks = result["graph_breaks"]
     tabs = st.tabs(["Graph breaks", "Graphs", "Recompiles", "Time"])
     with tabs[0]:
-        if not breaks:
-            st.info("No graph breaks: Dynamo captured the forward whole.")
-        for b in breaks:
-            with st.expander(f"{b['location']} · {b['reason'].splitlines()[0]} · hit {b['count']}x",
-                             expanded=len(breaks) <= 3):
-                if b["code"]:
-                    st.code(b["code"], language="python")
-                if b["suggestion"]:
-                    st.markdown(f"**What to change:** {b['suggestion']}")
-                st.text(b["reason"])
+        _breaks(breaks)
     with tabs[1]:
-        st.plotly_chart(build_graphs_figure(result), width="stretch")
-        st.dataframe(pd.DataFrame([{"graph": g["index"], "ops": g["ops"], "modules": ", ".join(g["modules"])}
-                                   for g in result["graphs"]]), hide_index=True, width="stretch")
+        _graphs(result)
     with tabs[2]:
-        if not result["recompiles"]:
-            st.info("No recompiles.")
-        for r in result["recompiles"]:
-            st.markdown(f"**{r['function']}** ({r['where']})")
-            for g in r["guard_failures"]:
-                st.text(f"guard failed: {g}")
-            if r["advice"]:
-                st.caption(r["advice"])
+        _recompiles(result["recompiles"])
     with tabs[3]:
         st.plotly_chart(build_timing_figure(result), width="stretch")
         if result["compile_frames"]:
             st.plotly_chart(build_compile_time_figure(result), width="stretch")
+
+
+def _breaks(breaks: list[dict]) -> None:
+    if not breaks:
+        st.info("No graph breaks: Dynamo captured the forward whole.")
+    for b in breaks:
+        with st.expander(f"{b['location']} · {b['reason'].splitlines()[0]} · hit {b['count']}x",
+                         expanded=len(breaks) <= 3):
+            if b["code"]:
+                st.code(b["code"], language="python")
+            if b["suggestion"]:
+                st.markdown(f"**What to change:** {b['suggestion']}")
+            st.text(b["reason"])
+
+
+def _graphs(result: dict) -> None:
+    st.plotly_chart(build_graphs_figure(result), width="stretch")
+    st.dataframe(pd.DataFrame([{"graph": g["index"], "ops": g["ops"], "modules": ", ".join(g["modules"])}
+                               for g in result["graphs"]]), hide_index=True, width="stretch")
+
+
+def _recompiles(recompiles: list[dict]) -> None:
+    if not recompiles:
+        st.info("No recompiles.")
+    for r in recompiles:
+        st.markdown(f"**{r['function']}** ({r['where']})")
+        for g in r["guard_failures"]:
+            st.text(f"guard failed: {g}")
+        if r["advice"]:
+            st.caption(r["advice"])
+
+
+def partial_tiles(partial: dict) -> list[Tile]:
+    m = partial["metrics"]
+    compiled = partial["stage"] == "compiled"
+    return [
+        Tile("Graphs", m["graph_count"], "count", "as torch._dynamo.explain counts them"),
+        Tile("Graph breaks", m["graph_break_count"], "count", f"{m['break_sites']} distinct places"),
+        Tile("Recompiles", m.get("recompiles"), "count", "Dynamo's guard failures at the batch and at twice it",
+             missing="checking…"),
+        Tile("Compile time", partial.get("compile_time_s") if compiled else None, "s",
+             f"backend {partial['options']['backend']}: compiling now" if not compiled else
+             "Dynamo + backend, all frames of the first call", missing="compiling…"),
+    ]
+
+
+def show_partial(partial: dict) -> None:
+    """While the job runs: Dynamo's graphs and breaks (seconds in), then fullgraph and the recompiles, then
+    the compile time; the speed-up comes with the result."""
+    metric_row(partial_tiles(partial))
+    if partial["metrics"].get("fullgraph_ok") is False:
+        st.error(f"fullgraph=True fails: {partial['fullgraph_error']}", icon=":material/call_split:")
+    st.markdown("**Graph breaks**")
+    _breaks(partial["graph_breaks"])
+    if partial.get("recompiles") is not None:
+        st.markdown("**Recompiles**")
+        _recompiles(partial["recompiles"])
 
 
 VIEWS = {"compile": show}

@@ -1,4 +1,5 @@
-"""Show fix trials: the measured table, latency / speed-up / size / fidelity charts, downloads."""
+"""Show fix trials: the measured table, latency / speed-up / size / fidelity charts, downloads; and,
+while the job runs, the rows measured so far (``show_partial``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from diagnostics.render.charts.optimize import (build_fidelity_figure, build_lat
                                                 build_size_figure, build_speedup_figure,
                                                 build_train_fidelity_figure)
 from diagnostics.analyses.optimize.assess import assess, ranked
+from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.units import human_bytes
 from ui.widgets import Tile, artifact_bytes, artifact_size, comparison_detail, metric_row, unit_columns
 
@@ -65,9 +67,12 @@ def _interval(ci) -> str:
 
 
 def _verdict(r: dict) -> str:
+    if r.get("measuring"):
+        return f"measuring… ({r['measuring']})"
     if r["fix"] == "baseline" or r.get("verdict") is None:
         return ""
-    return r["verdict"] + (" (low confidence)" if r.get("confidence") == "low" else "")
+    return (r["verdict"] + (" (low confidence)" if r.get("confidence") == "low" else "")
+            + (f" · decided at round {r['decided_at']}" if r.get("decided_at") else ""))
 
 
 def with_thresholds(result: dict, min_cosine: float, min_top1: float) -> dict:
@@ -108,17 +113,8 @@ def tiles(result: dict) -> list[Tile]:
     ]
 
 
-def show(result: dict) -> None:
-    result = dict(result, rows=ranked(result["rows"]))  # what each buys first
-    m = result["metrics"]
-    train = result.get("mode") == "train"
-    st.caption(f"{result['model']} · device {result['device']} · batch {result['batch_size']} · "
-               + (f"training step: {result.get('optimizer')}, loss {result.get('loss')}, {result.get('train_steps')} "
-                  "fidelity steps · " if train else "")
-               + f"{result['iters']} interleaved rounds · {m.get('threads', '?')} torch threads")
-    metric_row(tiles(result))
-    for note in result.get("notes", []):
-        st.caption(note)
+def _columns(result: dict) -> tuple[pd.DataFrame, dict]:
+    """The trials table with its units scaled and its column config (the result's, or a partial one's)."""
     table, config = unit_columns(trials_table(result), {
         "time": ("Time", "ms"), "median": ("Median", "ms"), "p90": ("p90", "ms"), "first call": ("First call", "ms"),
         "peak memory": ("Peak memory", "bytes"), "size": ("Size", "bytes")},
@@ -144,10 +140,29 @@ def show(result: dict) -> None:
                                                                help="95% interval of the speed-up (exact, "
                                                                     "from the rounds; none below 6 rounds)"),
                    "why / notes": st.column_config.TextColumn("why / notes", width="medium")})
-    # what decides first, in one table that fits the page; the raw measurements in a second one
+    return table, config
+
+
+def _first_columns(train: bool) -> list[str]:
     fidelity = ["loss diff (rel, max)", "gradient cosine"] if train else ["cosine", "top-1 agreement"]
-    first = ["fix", "assessment", "speed-up (x)", "95% interval", "verdict", "time"] \
+    return ["fix", "assessment", "speed-up (x)", "95% interval", "verdict", "time"] \
         + (["peak memory"] if train else []) + fidelity
+
+
+def show(result: dict) -> None:
+    result = dict(result, rows=ranked(result["rows"]))  # what each buys first
+    m = result["metrics"]
+    train = result.get("mode") == "train"
+    st.caption(f"{result['model']} · device {result['device']} · batch {result['batch_size']} · "
+               + (f"training step: {result.get('optimizer')}, loss {result.get('loss')}, {result.get('train_steps')} "
+                  "fidelity steps · " if train else "")
+               + f"{_rounds_text(result)} · {m.get('threads', '?')} torch threads")
+    metric_row(tiles(result))
+    for note in result.get("notes", []):
+        st.caption(note)
+    table, config = _columns(result)
+    # what decides first, in one table that fits the page; the raw measurements in a second one
+    first = _first_columns(train)
     flags = [r.get("flag") for r in result["rows"]]
     st.dataframe(table[first].style.apply(lambda df: _highlight(df, flags), axis=None), hide_index=True,
                  width="stretch", column_config={c: v for c, v in config.items() if c in first})
@@ -172,6 +187,46 @@ def show(result: dict) -> None:
         st.markdown("**Optimized models** (the fixed copy, and the recipe that reproduces it)")
         for r in arts:
             _artifact_row(r)
+
+
+def _rounds_text(result: dict) -> str:
+    stop = result.get("timing_stop") or {}
+    if stop.get("run") is not None and stop["run"] < stop["planned"]:
+        why = "every verdict decided" if stop["reason"] == "decided" else "time budget spent"
+        return f"{stop['run']} of {stop['planned']} interleaved rounds ({why})"
+    return f"{result['iters']} interleaved rounds"
+
+
+def show_partial(partial: dict) -> None:
+    """While the trials run: every chosen fix's row as soon as it is built and checked (fidelity, size,
+    first call), then its speed-up while the interleaved rounds run; a fix decided at an interim look
+    shows its final verdict, the others read "measuring" until the rounds end."""
+    train = partial.get("mode") == "train"
+    rows = []
+    for r in partial["rows"]:
+        r = dict(r, flag=r.get("flag"), assessment=r.get("assessment") or [])
+        if r["flag"] == "neutral" and (r.get("measuring") or r.get("verdict") is None):
+            r.update(flag=None, assessment=[])  # not "no change": its time is not known yet
+        rows.append(r)
+    done = {r["fix"] for r in rows}
+    for fix_id in partial.get("fixes", []):
+        if fix_id not in done:  # chosen, not built yet: its row is there from the start
+            rows.append(_waiting_row(fix_id, partial.get("mode") or "inference"))
+    table, config = _columns({"mode": partial.get("mode"), "rows": rows})
+    first = _first_columns(train)
+    st.caption(f"Measured so far ({partial.get('stage', '')}): each row appears once its fix is built and checked; "
+               "speed-ups once the interleaved rounds run.")
+    st.dataframe(table[first], hide_index=True, width="stretch",
+                 column_config={c: v for c, v in config.items() if c in first})
+
+
+def _waiting_row(fix_id: str, mode: str) -> dict:
+    row = {k: None for k in ("speedup", "speedup_ci", "verdict", "time_ms", "peak_bytes", "loss_rel_diff",
+                             "grad_cosine", "median_ms", "p90_ms", "size_ratio", "max_abs_err", "cosine",
+                             "top1_agreement", "throughput_per_s", "first_call_ms", "size_bytes", "why", "flag")}
+    row.update(fix=fix_id, title=get_fix(fix_id, mode).title, status="waiting", why="not built yet", notes=[],
+               assessment=[])
+    return row
 
 
 def _artifact_row(r: dict) -> None:

@@ -18,6 +18,12 @@ ANALYSIS = Analysis(
         Option("iters", "int", 20, "interleaved timing rounds (each times every trial twice, in a fresh random "
                "order and its reverse); a 95% interval and a verdict need at least 6", lo=1, hi=1000),
         Option("warmup", "int", 3, "untimed calls per trial first", lo=0, hi=100),
+        Option("early_stop", "bool", True, "stop timing a fix once its verdict is decided at an interim look "
+               "(its 99.9% interval and the A/A control's both clear of 1 and of each other; at most 5 looks, the "
+               "first after 11 rounds), and the whole comparison once every fix is decided; off: every fix runs "
+               "every round"),
+        Option("time_budget_s", "float", 0.0, "stop the timed rounds once they took this long (never before 6 "
+               "rounds; the rows say how many they had); 0: no budget", lo=0.0, unit="s"),
         Option("optimizer", "choice", "adamw", "training mode: the optimizer of the step",
                choices=tuple(OPTIMIZERS)),
         Option("lr", "float", 1e-3, "training mode: learning rate", gt=0),

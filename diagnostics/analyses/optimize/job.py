@@ -10,6 +10,9 @@ trials_not_applicable). The user's model is never changed: every trial runs on a
 
 from __future__ import annotations
 
+import copy
+from contextlib import nullcontext
+
 from diagnostics.analyses.optimize import ANALYSIS
 from diagnostics.measure.environment import environment_facts
 from diagnostics.measure.structure import forward_facts, static_facts
@@ -18,6 +21,7 @@ from diagnostics.analyses.optimize.catalog import fix_ids, get_fix
 from diagnostics.analyses.optimize.train_trials import run_train_trials
 from diagnostics.analyses.optimize.trials import run_trials
 from diagnostics.measure.compare import CONTROL, METHOD, control_problem, too_few_rounds
+from diagnostics.measure.dynamo import empty_cache_codegen
 
 
 
@@ -26,8 +30,6 @@ def analyze(ctx, options: dict) -> dict:
     opts = options
     loaded = ctx.loaded
     ctx.progress(0.05, "reading the model")
-    import copy
-
     facts = {"static": static_facts(loaded.model), "env": environment_facts(loaded.device),
              "source": loaded.spec.source}
     try:
@@ -40,16 +42,26 @@ def analyze(ctx, options: dict) -> dict:
     for f in fixes:
         get_fix(f, opts["mode"])  # a fix of the other mode: a clear error before any work
     progress = lambda f, m: ctx.progress(0.1 + 0.85 * f, m)  # noqa: E731
-    if train:
-        rows, disturbance = run_train_trials(loaded.model, loaded.inputs, loaded.device, loaded.loss_fn, fixes,
-                                             facts, opts["params"], optimizer=opts["optimizer"], lr=opts["lr"],
-                                             steps=opts["train_steps"], iters=opts["iters"], warmup=opts["warmup"],
-                                             classifier=classifier, progress=progress)
-    else:
-        rows, disturbance = run_trials(loaded.model, loaded.inputs, loaded.device, fixes, facts, opts["params"],
-                                       iters=opts["iters"], warmup=opts["warmup"], classifier=classifier,
-                                       artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
-                                       progress=progress)
+
+    def report(rows: list[dict], stage: str) -> None:  # the rows known so far: the page and the CLI show them
+        ctx.partial({"model": loaded.spec.label, "mode": opts["mode"], "iters": opts["iters"], "stage": stage,
+                     "fixes": list(fixes),
+                     "rows": assess(copy.deepcopy(rows), opts["mode"], opts["min_cosine"], opts["min_top1"])})
+
+    timing = {"iters": opts["iters"], "warmup": opts["warmup"], "early_stop": opts["early_stop"],
+              "budget_s": opts["time_budget_s"] or None, "classifier": classifier, "progress": progress,
+              "report": report}
+    # torch.compile on the worker's empty compiler cache, without inductor's one-off probes (measure.dynamo)
+    with empty_cache_codegen() if "torch_compile" in fixes else nullcontext():
+        if train:
+            rows, disturbance, stop = run_train_trials(loaded.model, loaded.inputs, loaded.device, loaded.loss_fn,
+                                                       fixes, facts, opts["params"], optimizer=opts["optimizer"],
+                                                       lr=opts["lr"], steps=opts["train_steps"], **timing)
+        else:
+            rows, disturbance, stop = run_trials(loaded.model, loaded.inputs, loaded.device, fixes, facts,
+                                                 opts["params"],
+                                                 artifact_dir=ctx.artifact_dir if opts["save_artifacts"] else None,
+                                                 **timing)
     rows = assess(rows, opts["mode"], opts["min_cosine"], opts["min_top1"])
     ok = [r for r in rows if r["status"] == "ok" and r["fix"] not in ("baseline", CONTROL)]
     faster = [r for r in ok if r["verdict"] == "faster" and r["flag"] != "fidelity_loss"]
@@ -57,7 +69,7 @@ def analyze(ctx, options: dict) -> dict:
     control = next(r for r in rows if r["fix"] == CONTROL)
     best_ci = (best or {}).get("speedup_ci") or [None, None]
     control_ci = control["speedup_ci"] or [None, None]
-    measurement = [n for n in (too_few_rounds(opts["iters"]), control_problem({CONTROL: control})) if n]
+    measurement = [n for n in (too_few_rounds(stop.run), stop.note(), control_problem({CONTROL: control})) if n]
     import torch
 
     return {
@@ -66,6 +78,7 @@ def analyze(ctx, options: dict) -> dict:
         "batch_size": loaded.batch_size,
         "task": getattr(loaded, "task", "unknown"),
         "iters": opts["iters"],
+        "timing_stop": stop.to_dict(),
         "mode": opts["mode"],
         "loss": loaded.loss_name if train else None,
         "optimizer": opts["optimizer"] if train else None,

@@ -11,6 +11,8 @@ optimizer of the same kind and learning rate, the same random seed) and trains o
   (gradients and activations);
 - time: every candidate's step in the same interleaved rounds (ABBA, ``measure.compare``), with the
   A/A control as the noise floor, and what the machine did meanwhile.
+
+Rows are reported as they come (``report``), as inference trials report theirs (trials.py).
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from torch import nn
 from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
 from diagnostics.analyses.optimize.train_fixes import TrainContext, TrainSetup, baseline
-from diagnostics.analyses.optimize.trials import _row, fidelity, serialized_bytes, with_times
+from diagnostics.analyses.optimize.trials import Report, _row, fidelity, serialized_bytes, timing_reporter, with_times
 from diagnostics.inputs import call as call_model
-from diagnostics.measure.compare import interleaved
+from diagnostics.measure.compare import Stop, timed_rounds
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import SavedTensorTracker, measure_peak
 from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
@@ -100,10 +102,15 @@ def eval_outputs(model: nn.Module, inputs: tuple):
 def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str, loss_fn, fixes: list[str],
                      facts: dict, params: dict | None = None, *, optimizer: str = "adamw", lr: float = 1e-3,
                      steps: int = 3, iters: int = 10, warmup: int = 2, classifier: bool = True,
-                     progress: Callable[[float, str], None] | None = None) -> tuple[list[dict], dict]:
-    """Rows (the baseline first, the A/A control, then one per fix) and the machine's disturbance."""
+                     early_stop: bool = False, budget_s: float | None = None,
+                     progress: Callable[[float, str], None] | None = None,
+                     report: Report | None = None) -> tuple[list[dict], dict, Stop]:
+    """Rows (the baseline first, the A/A control, then one per fix), the machine's disturbance and how
+    the timed rounds ended (early stopping and the time budget: ``measure.compare.run_rounds``);
+    ``report`` gets the rows as they come."""
     device = torch.device(device)
     progress = progress or (lambda f, m: None)
+    report_rows = report or (lambda rows, message: None)
     params = params or {}
     batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
     saved = None
@@ -130,6 +137,7 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
                  **fidelity(base_out, base_out, classifier))]
     setups["baseline"] = base
     for i, fix_id in enumerate(fixes):
+        report_rows(rows, f"trained {i} of {len(fixes)} fixes")
         fix = get_fix(fix_id, "train")
         progress(0.05 + 0.45 * i / max(1, len(fixes)), f"training with: {fix.title}")
         opts = fix.options(params.get(fix_id))
@@ -174,18 +182,21 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
         if row["size_bytes"] is not None and base_size:
             row["size_ratio"] = row["size_bytes"] / base_size
 
+    report_rows(rows, f"trained {len(fixes)} of {len(fixes)} fixes, peak memory measured; timing")
     progress(0.6, f"timing {len(setups)} training steps and the A/A control in interleaved rounds")
     calls = {k: (lambda s=s: s.step(inputs)) for k, s in setups.items()}
     try:
         with watch() as w:
-            times = interleaved(calls, device, iters, warmup, batch_size=batch, control=True,
-                                progress=lambda f, m: progress(0.6 + 0.38 * f, m))
+            r, stop = timed_rounds(calls, device, iters, warmup, batch_size=batch, control=True,
+                                   progress=lambda f, m: progress(0.6 + 0.38 * f, m), early_stop=early_stop,
+                                   budget_s=budget_s, on_round=timing_reporter(rows, report, "the baseline step"))
+            times = r.summary()
     except torch.OutOfMemoryError:
         raise
     except Exception as e:
         raise RuntimeError(f"timing the training steps failed: {short_error(e)}") from e
     disturbance = assess(w.figures, times["baseline"]["cv"])
-    return with_times(rows, times, disturbance, "the baseline step"), disturbance
+    return with_times(rows, times, disturbance, "the baseline step"), disturbance, stop
 
 
 def _opt_title(opt: torch.optim.Optimizer) -> str:

@@ -5,6 +5,10 @@ same inputs, and all are timed together in interleaved rounds (so machine drift 
 median and p90 latency, throughput, peak memory above the inputs and weights, size
 on disk (TorchScript archive for script modules, else the state_dict) and fidelity against the
 baseline's outputs. A fix that does not apply or raises gets a row that says why.
+
+Rows are reported as they come (``report(rows, message)``: the job's partial results): each
+candidate's row once it is built and checked, then the timed rows while the rounds run (a fix decided
+at an interim look with its final figures, the others as "measuring").
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diagnostics.measure.compare import CONTROL, control_problem, interleaved
+from diagnostics.measure.compare import CONTROL, Rounds, Stop, control_problem, timed_rounds
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import added_peak_bytes
 from diagnostics.measure.timer import sync
@@ -136,30 +140,93 @@ def prepare(model: nn.Module, inputs: tuple, device: torch.device) -> tuple[dict
     return {"first_call_ms": first * 1e3, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
 
 
+#: While the rounds run, the rows are reported at most this often (and whenever a fix is decided).
+REPORT_EVERY_S = 1.0
+#: What a job's partial results are given: the rows known so far and what is being done.
+Report = Callable[[list[dict], str], None]
+
+
+def timing_reporter(rows: list[dict], report: Report | None, what: str) -> Callable[[Rounds, list[str]], None] | None:
+    """``on_round`` for ``measure.compare.run_rounds``: ``report`` the rows with the figures so far
+    after a round in which a fix was decided, and otherwise at most every REPORT_EVERY_S seconds."""
+    if report is None:
+        return None
+    last = [time.monotonic()]
+
+    def on_round(r: Rounds, decided_now: list[str]) -> None:
+        if not decided_now and time.monotonic() - last[0] < REPORT_EVERY_S:
+            return
+        last[0] = time.monotonic()
+        report(measuring_rows(rows, r, what), f"timing: round {r.done}, {len(r.decided)} decided")
+
+    return on_round
+
+
+def measuring_rows(rows: list[dict], r: Rounds, what: str) -> list[dict]:
+    """The rows with the rounds' figures so far: a decided fix's are final; the others (and the control)
+    are still being measured, so they show the speed-up so far with no interval or verdict yet."""
+    out = with_times(copy.deepcopy(rows), r.summary(), {"disturbed": False}, what)
+    for row in out:
+        if row["fix"] in r.timers and row["fix"] != r.baseline and row["fix"] not in r.decided:
+            row.update(speedup_ci=None, verdict=None, measuring=f"round {r.done}")
+        row["confidence"] = None
+    return out
+
+
 def time_interleaved(models: dict[str, nn.Module], inputs: tuple, device: torch.device, iters: int,
-                     warmup: int, control: bool = False) -> tuple[dict[str, dict], dict]:
+                     warmup: int, control: bool = False, *, early_stop: bool = False, budget_s: float | None = None,
+                     on_round=None) -> tuple[dict[str, dict], dict, Stop]:
     """Latency of every candidate, and its speed-up over the first (the baseline) with an interval
-    and a verdict: ``measure.compare.interleaved`` over ``iters`` rounds (ABBA order); ``control``
-    adds the A/A row. Also what the machine did meanwhile (``measure.disturbance``)."""
+    and a verdict: ``measure.compare.timed_rounds`` over ``iters`` rounds (each a fresh random order and
+    its reverse), stopped early when every verdict is decided (``early_stop``) or the time budget is
+    spent; ``control`` adds the A/A row. Also what the machine did meanwhile (``measure.disturbance``)
+    and how the rounds ended."""
     batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
     calls = {k: _call(m, inputs) for k, m in models.items()}
     with watch() as w:
-        times = interleaved(calls, device, iters, warmup, batch_size=batch, control=control)
+        r, stop = timed_rounds(calls, device, iters, warmup, batch_size=batch, control=control,
+                               early_stop=early_stop, budget_s=budget_s, on_round=on_round)
+        times = r.summary()
     base = times[next(iter(models))]
-    return times, assess(w.figures, base["cv"])
+    return times, assess(w.figures, base["cv"]), stop
 
 
 def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixes: list[str], facts: dict,
                params: dict | None = None, *, iters: int = 10, warmup: int = 2, classifier: bool = True,
-               artifact_dir: Path | None = None,
-               progress: Callable[[float, str], None] | None = None) -> tuple[list[dict], dict]:
-    """Rows: the baseline first, the A/A control, then one per fix in the order given; and what the
-    machine did while they were timed (``measure.disturbance.assess``).
+               artifact_dir: Path | None = None, early_stop: bool = False, budget_s: float | None = None,
+               progress: Callable[[float, str], None] | None = None,
+               report: Report | None = None) -> tuple[list[dict], dict, Stop]:
+    """Rows: the baseline first, the A/A control, then one per fix in the order given; what the
+    machine did while they were timed (``measure.disturbance.assess``); how the timed rounds ended.
 
-    Every candidate is built and checked first (first call, peak memory, size, fidelity, artifact);
-    then all are timed together, one call each per round (see ``time_interleaved``).
+    Every candidate is built and checked first (``build_trials``); then all are timed together, one
+    call each per round (see ``time_interleaved``). ``report`` gets the rows as they come (the job's
+    partial results).
     """
     device = torch.device(device)
+    progress = progress or (lambda f, m: None)
+    rows, candidates = build_trials(model, inputs, device, fixes, facts, params, classifier=classifier,
+                                    artifact_dir=artifact_dir, progress=progress, report=report)
+    progress(0.6, f"timing {len(candidates)} candidates and the A/A control in interleaved rounds")
+    try:
+        times, disturbance, stop = time_interleaved(candidates, inputs, device, iters, warmup, control=True,
+                                                    early_stop=early_stop, budget_s=budget_s,
+                                                    on_round=timing_reporter(rows, report, "the baseline"))
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # a candidate that ran once but fails when repeated
+        raise RuntimeError(f"timing the trials failed: {type(e).__name__}: {e}") from e
+    return with_times(rows, times, disturbance, "the baseline"), disturbance, stop
+
+
+def build_trials(model: nn.Module, inputs: tuple, device: torch.device, fixes: list[str], facts: dict,
+                 params: dict | None = None, *, classifier: bool = True, artifact_dir: Path | None = None,
+                 progress: Callable[[float, str], None] | None = None,
+                 report: Report | None = None) -> tuple[list[dict], dict[str, nn.Module]]:
+    """The rows (the baseline first, then one per fix) and the candidates to time (key -> model): each
+    candidate built on a copy and checked (first call, peak memory, size, fidelity, artifact); a fix that
+    does not apply or fails gets a row that says why and no candidate. ``report`` gets each row as it comes."""
+    report_rows = report or (lambda rows, message: None)
     progress = progress or (lambda f, m: None)
     params = params or {}
     base_model = copy.deepcopy(model).eval()
@@ -169,6 +236,7 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
                  **fidelity(base_out, base_out, classifier), **base)]
     candidates = {"baseline": base_model}
     for i, fix_id in enumerate(fixes):
+        report_rows(rows, f"built {i} of {len(fixes)} fixes")
         fix = get_fix(fix_id)
         progress(0.05 + 0.5 * i / max(1, len(fixes)), f"applying: {fix.title}")
         opts = fix.options(params.get(fix_id))
@@ -198,18 +266,14 @@ def run_trials(model: nn.Module, inputs: tuple, device: torch.device | str, fixe
             raise
         except Exception as e:  # a failing fix says why; the others still run
             rows.append(_row(fix_id, fix.title, "failed", why=explain(e), params=opts))
-    progress(0.6, f"timing {len(candidates)} candidates and the A/A control in interleaved rounds")
-    try:
-        times, disturbance = time_interleaved(candidates, inputs, device, iters, warmup, control=True)
-    except torch.OutOfMemoryError:
-        raise
-    except Exception as e:  # a candidate that ran once but fails when repeated
-        raise RuntimeError(f"timing the trials failed: {type(e).__name__}: {e}") from e
-    return with_times(rows, times, disturbance, "the baseline"), disturbance
+    report_rows(rows, f"built {len(fixes)} of {len(fixes)} fixes; timing")
+    return rows, candidates
 
 
-#: What a timed row takes from the comparison (measure.compare.Rounds.summary).
-TIMED = ("median_ms", "p90_ms", "cv", "throughput_per_s", "time_ms", "speedup", "speedup_ci", "verdict", "rounds")
+#: What a timed row takes from the comparison (measure.compare.Rounds.summary); ``decided_at``: the
+#: round of the interim look that decided it (None: it ran every round).
+TIMED = ("median_ms", "p90_ms", "cv", "throughput_per_s", "time_ms", "speedup", "speedup_ci", "verdict", "rounds",
+         "decided_at")
 
 
 def with_times(rows: list[dict], times: dict[str, dict], disturbance: dict, what: str) -> list[dict]:

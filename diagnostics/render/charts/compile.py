@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.render.sections import Section, notes, records, section
-from diagnostics.units import speedup_text
+from diagnostics.units import format_value, speedup_text
 
 
 def build_graphs_figure(result: dict) -> go.Figure:
@@ -65,3 +65,31 @@ def compile_sections(result: dict) -> list[Section]:
 
 
 SECTIONS = {"compile": compile_sections}
+
+
+# ----------------------------------------------------------------------------- lines as they come
+def dynamo_lines(result: dict) -> list[tuple[tuple, str]]:
+    """What the CLI prints while the compile job runs (then from the final result): Dynamo's graphs and
+    breaks, fullgraph and the recompiles as soon as the light pass has them, then the compile time; (key,
+    text) pairs, each key printed once."""
+    m = result["metrics"]
+    out = [(("graphs",), f"  Dynamo: {m['graph_count']} graph(s), {m['graph_break_count']} graph break(s) at "
+                         f"{m['break_sites']} place(s), {m['op_count']} ops")]
+    for b in result["graph_breaks"]:
+        out.append((("break", b["location"], b["reason"]),
+                    f"  break at {b['location']}: {b['reason'].splitlines()[0]}"
+                    + (f" (hit {b['count']}x)" if b["count"] > 1 else "")))
+    if m.get("fullgraph_ok") is not None:
+        out.append((("fullgraph",), "  fullgraph=True: " + ("compiles as one graph" if m["fullgraph_ok"] else
+                                                            f"fails: {result.get('fullgraph_error')}")))
+    if result.get("recompiles") is not None and result.get("stage") != "explain":
+        out.append((("recompiles",), f"  recompiles: {len(result['recompiles'])}"
+                    + "".join(f"; {r['function']}: {'; '.join(r['guard_failures'][:1])}" for r in result["recompiles"][:3])))
+    seconds = result.get("compile_time_s", m.get("compile_time_s"))
+    if result.get("stage") in ("compiled", None) and seconds is not None:
+        out.append((("compiled",), f"  compiled ({result['options']['backend']}) in {format_value(seconds, 's')}"))
+    return out
+
+
+#: What the CLI prints while the job runs (diagnostics.cli.main), per analysis.
+PARTIAL_TEXT = {"compile": dynamo_lines}

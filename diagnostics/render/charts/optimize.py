@@ -5,7 +5,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from diagnostics.render.sections import Section, notes, records, section
-from diagnostics.units import speedup_text
+from diagnostics.units import format_value, speedup_text
 
 
 def _ok_rows(result: dict) -> list[dict]:
@@ -149,3 +149,41 @@ def optimize_sections(result: dict) -> list[Section]:
 #: This module's report layout per analysis (diagnostics.render.html finds it through the
 #: analysis' declared ``view``).
 SECTIONS = {"optimize": optimize_sections}
+
+
+# ----------------------------------------------------------------------------- lines as they come
+def trial_lines(result: dict) -> list[tuple[tuple, str]]:
+    """One line per trial as soon as it is known, for the CLI (a job's partial result, then the final one):
+    (key, text) pairs, each key printed once. A fix's "built" line once it is built and checked (fidelity,
+    first call, size; or why it did not run), its "timed" line once its verdict is final (decided at an
+    interim look, or at the end); rows still being measured have none yet."""
+    train = result.get("mode") == "train"
+    out = []
+    for r in result["rows"]:
+        fix, title = r["fix"], r["title"]
+        if fix != "control":
+            if r["status"] != "ok":
+                out.append((("built", fix), f"  {title}: {r['status'].replace('_', ' ')}: {r.get('why') or ''}"))
+            else:
+                parts = ([f"loss diff {_num(r.get('loss_rel_diff'), '.3g')}",
+                          f"gradient cosine {_num(r.get('grad_cosine'))}"]
+                         if train else [f"cosine {_num(r.get('cosine'))}"]
+                         + ([f"top-1 {format_value(r['top1_agreement'], 'fraction')}"]
+                            if r.get("top1_agreement") is not None else []))
+                parts += [f"first call {format_value(r.get('first_call_ms'), 'ms')}"]
+                if r.get("size_ratio") is not None and fix != "baseline":
+                    parts.append(f"size {format_value(r['size_ratio'], 'ratio')}")
+                out.append((("built", fix), f"  {title}: built · " + " · ".join(parts)))
+        if fix != "baseline" and r["status"] == "ok" and r.get("verdict") and not r.get("measuring"):
+            when = f" (decided at round {r['decided_at']})" if r.get("decided_at") else ""
+            out.append((("timed", fix), f"  {title}: {format_value(r.get('time_ms'), 'ms')}, "
+                                        f"{speedup_text(r['speedup'], r.get('speedup_ci'), r['verdict'])}{when}"))
+    return out
+
+
+def _num(v, fmt: str = ".4f") -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+#: What the CLI prints while the job runs (diagnostics.cli.main), per analysis.
+PARTIAL_TEXT = {"optimize": trial_lines}

@@ -135,7 +135,7 @@ class DataclassOut(nn.Module):
 ], ids=["data_dependent_branch", "dataclass_output"])
 def test_onnxruntime_export_failure_is_a_row_naming_cause_and_remedy(model, cause, remedy):
     x = (torch.randn(2, 4),)
-    rows, _ = run_trials(model, x, "cpu", ["onnxruntime"], facts(model), iters=1, warmup=0)
+    rows, _, _ = run_trials(model, x, "cpu", ["onnxruntime"], facts(model), iters=1, warmup=0)
     row = rows[-1]
     assert row["fix"] == "onnxruntime" and row["status"] == "not_applicable"
     assert row["why"].startswith("torch.export could not capture the model (")
@@ -197,7 +197,7 @@ def test_static_int8_quantizes_the_cnn_and_stays_close(tmp_path):
 def test_static_int8_not_applicable_without_conv_or_linear():
     m = nn.Sequential(nn.LayerNorm(8), nn.GELU())
     x = (torch.randn(4, 8),)
-    rows, _ = run_trials(m, x, "cpu", ["static_int8"], facts(m), iters=1, warmup=0)
+    rows, _, _ = run_trials(m, x, "cpu", ["static_int8"], facts(m), iters=1, warmup=0)
     assert rows[-1]["status"] == "not_applicable"
     assert rows[-1]["why"] == "no Conv / Linear layers: static int8 quantizes convolutions and linear layers"
 
