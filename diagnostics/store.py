@@ -29,6 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from diagnostics.results import to_plain
+
 DATA_DIR_ENV = "TORCHSCOPE_DATA_DIR"
 
 FINAL_STATUSES = ("ok", "error", "timeout", "crashed", "oom", "cancelled", "interrupted")
@@ -230,6 +232,9 @@ class Store:
                    artifacts: dict | None = None) -> None:
         if status not in FINAL_STATUSES:
             raise ValueError(f"unknown final status {status!r}")
+        # A typed result (diagnostics.results) is stored as its plain form, the JSON results.to_json writes;
+        # RunRecord.result reads that plain dict back, and results.decode makes it typed again.
+        result = to_plain(result)
         metrics = (result or {}).get("metrics") or {}
         now = time.time()
         with self._connect() as db:

@@ -265,7 +265,3 @@ def _downloads(result: dict) -> None:
         col.download_button(f"{label} · {human_bytes(Path(path).stat().st_size)}",
                             data=lambda p=path: Path(p).read_bytes(), file_name=Path(path).name, mime=mime,
                             key=f"prof_dl_{key}", icon=":material/download:", on_click="ignore")
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"profile": show}
