@@ -195,6 +195,44 @@ def test_list_shows_the_commands(capsys):
     assert "mlp" in out.split("sample models:", 1)[1]
 
 
+def test_an_analysis_whose_command_differs_from_its_name_gets_that_command(monkeypatch, tmp_path, capsys):
+    """A command is not an analysis' name: 'list', every parser and a run find the analysis by its command
+    (once, any command crashed with KeyError while building the parser)."""
+    import dataclasses
+
+    from diagnostics.cli import main as cli_main
+    from diagnostics.registry import ANALYSES
+
+    monkeypatch.setitem(ANALYSES, "model_summary", dataclasses.replace(ANALYSES["summary"], name="model_summary",
+                                                                       command="overview", title="Overview"))
+    assert cli_main.main(["list"]) == 0
+    assert re.search(r"^  overview +Overview$", capsys.readouterr().out, re.M)
+    with pytest.raises(SystemExit) as e:
+        cli_main.main(["overview", "--help"])
+    assert e.value.code == 0 and "--skip-backward" in capsys.readouterr().out
+    ran = []
+    monkeypatch.setattr(cli_main, "run_job_command", lambda args, name, spec, options, **kw: ran.append(
+        (name, spec.label, options)) or (0, {}))
+    assert cli_main.main(["overview", "--model", "mlp", "--skip-backward", "--no-report"]) == 0
+    assert ran == [("model_summary", "mlp (sample)", {"skip_backward": True})]
+
+
+def test_a_command_taken_twice_or_kept_by_the_cli_is_refused(monkeypatch):
+    import dataclasses
+
+    from diagnostics.cli.main import build_parser
+    from diagnostics.registry import ANALYSES, register
+
+    summary = ANALYSES["summary"]
+    with pytest.raises(ValueError, match=r"analyses 'summary' and 'summary2' both declare the command 'summary'"):
+        register([summary, dataclasses.replace(summary, name="summary2")])
+    with pytest.raises(ValueError, match=r"analysis 'summary' is registered twice"):
+        register([summary, dataclasses.replace(summary, command="other")])
+    monkeypatch.setitem(ANALYSES, "h", dataclasses.replace(summary, name="h", command="history"))
+    with pytest.raises(RuntimeError, match=r"analysis command names \['history'\] are kept by the CLI itself"):
+        build_parser()
+
+
 # ----------------------------------------------------------------------------- 5. unknown --option keys
 @pytest.mark.parametrize("command, key, valid", [
     ("profile", "record_shape", ["record_shapes", "latency_iters", "mode"]),
