@@ -94,19 +94,19 @@ def test_parameters_once_per_storage_and_flops_only_where_layers_compute(arch, t
     spec = spec_of(arch, tmp_path)
     r = execute(Job("summary", spec, {}), tmp_path / "out")
     loaded = load_model(spec)
-    m = r["metrics"]
-    assert m["params_total"] == storage_numel(loaded.model)
-    assert not any("not counted" in n for n in r["notes"]), r["notes"]
-    assert m["flops_forward"] == torch_forward_flops(loaded) > 0
-    assert m["flops_backward"] > 0
-    for row in r["layers"]:
-        fwd, bwd = row["flops_forward"], row["flops_backward"]
-        assert fwd is not None and bwd is not None, row["name"]
+    m = r.metrics
+    assert m.params_total == storage_numel(loaded.model)
+    assert not any("not counted" in n for n in r.notes), r.notes
+    assert m.flops_forward == torch_forward_flops(loaded) > 0
+    assert m.flops_backward > 0
+    for row in r.layers:
+        fwd, bwd = row.flops_forward, row.flops_backward
+        assert fwd is not None and bwd is not None, row.name
         # a layer computes backward only where it computed forward: each matmul's and convolution's input
         # and weight gradient (2x), a fused attention also recomputes its scores (2.5x)
-        assert bwd <= 2.5 * fwd, (row["name"], row["type"], fwd, bwd)
-        if row["type"] in ("Dropout", "StableDropout", "Identity") or row["type"].endswith("LayerNorm"):
-            assert fwd == bwd == 0, (row["name"], fwd, bwd)
+        assert bwd <= 2.5 * fwd, (row.name, row.type, fwd, bwd)
+        if row.type in ("Dropout", "StableDropout", "Identity") or row.type.endswith("LayerNorm"):
+            assert fwd == bwd == 0, (row.name, fwd, bwd)
 
 
 @pytest.mark.parametrize("arch", ["swin", "deberta", "deberta-v2"])

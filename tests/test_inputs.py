@@ -16,6 +16,7 @@ import torch
 from diagnostics.errors import ModelLoadError, SpecError
 from diagnostics.inputs import Inputs, as_inputs, call, from_example, make_inputs, rows, specs_of
 from diagnostics.intake import load_model
+from diagnostics.results import to_plain
 from diagnostics.runner import Job, execute
 from diagnostics.spec import InputSpec, ModelSpec, cache_key, parse_input, parse_inputs
 
@@ -198,10 +199,10 @@ def test_batch_override_scales_every_keyword_input(kw_file):
 
 def test_a_keyword_only_model_summary_counts_exactly(kw_file, tmp_path):
     result = execute(Job("summary", _spec(kw_file), {}), tmp_path)
-    m = result["metrics"]
-    assert m["params_total"] == 50 * 8 + (8 * 4 + 4) + (3 * 4 + 4) == 452
-    assert m["flops_forward"] == 2 * 4 * 8 * 4 + 2 * 4 * 3 * 4  # the two Linear layers at batch 4
-    assert result["inputs"] == [{"shape": [4, 6], "dtype": "int64", "name": "tokens"},
+    m = result.metrics
+    assert m.params_total == 50 * 8 + (8 * 4 + 4) + (3 * 4 + 4) == 452
+    assert m.flops_forward == 2 * 4 * 8 * 4 + 2 * 4 * 3 * 4  # the two Linear layers at batch 4
+    assert to_plain(result)["inputs"] == [{"shape": [4, 6], "dtype": "int64", "name": "tokens"},
                                 {"shape": [4, 3], "dtype": "float32", "name": "features"}]
 
 
@@ -251,9 +252,9 @@ def test_t5_with_keyword_inputs_summary_counts_its_parameters(t5_file, tmp_path)
     result = execute(Job("summary", _spec(t5_file), {}), tmp_path)
     reference = _t5_reference()
     # parameters() yields each Parameter once: T5's lm_head is tied to the shared embedding
-    assert result["metrics"]["params_total"] == sum(p.numel() for p in reference.parameters())
-    assert [i.get("name") for i in result["inputs"]] == ["input_ids", "decoder_input_ids"]
-    assert result["metrics"]["flops_forward"] > 0 and result["metrics"]["batch_size"] == 2
+    assert result.metrics.params_total == sum(p.numel() for p in reference.parameters())
+    assert [i.name for i in result.inputs] == ["input_ids", "decoder_input_ids"]
+    assert result.metrics.flops_forward > 0 and result.metrics.batch_size == 2
 
 
 @pytest.mark.parametrize("analysis, options", [

@@ -157,3 +157,14 @@ def test_the_store_keeps_the_plain_form_and_it_decodes_back(tmp_path):
     rec = store.get(run)
     assert rec.result == to_plain(r) and rec.metrics == {"params_total": 10, "latency_ms": 1.5}
     assert decode(DEMO, rec.result) == r
+
+
+def test_a_job_building_its_result_from_a_dict_may_not_write_undeclared_keys():
+    from diagnostics.results import build
+
+    plain = to_plain(demo())
+    assert build(DemoResult, plain) == demo()
+    with pytest.raises(ResultError, match=r"the result has fields DemoResult does not declare: \$.layers\[0\].flop$"):
+        build(DemoResult, dict(plain, layers=[dict(plain["layers"][0], flop=3)]))
+    with pytest.raises(ResultError, match=r"the result does not fit DemoResult: Expected `str`, got `int` - at `\$.model`"):
+        build(DemoResult, dict(plain, model=3))

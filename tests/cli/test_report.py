@@ -13,6 +13,7 @@ from diagnostics.render.html import build_report, write_report_folder
 from diagnostics.render.sections import MAX_HTML_ROWS, Section
 from diagnostics.render.tables import find_tables, records_frame
 from diagnostics.render.text import format_metric
+from diagnostics.results import to_plain
 
 PLOTLY_BUNDLE_MARK = "window.PlotlyConfig"
 
@@ -80,7 +81,7 @@ def test_summary_report_inlines_plotly_once(summary_result):
     assert "<title>mlp summary</title>" in html
     assert "26,122" in html  # params_total, formatted
     # every leaf Linear layer is in the table
-    leaves_with_params = [l["name"] for l in summary_result["layers"] if l["is_leaf"] and l["params"]]
+    leaves_with_params = [l.name for l in summary_result.layers if l.is_leaf and l.params]
     assert leaves_with_params == ["fc1", "fc2", "head"]
     for name in leaves_with_params:
         assert f"<td>{name}</td>" in html
@@ -101,16 +102,16 @@ def test_generic_layout_has_every_table_and_no_plotly(monkeypatch):
     assert ">1,024<" in html and "KiB" not in html and "Tables" in html
 
 
-def test_failing_layout_falls_back_and_says_why(monkeypatch):
+def test_failing_layout_falls_back_and_says_why(monkeypatch, summary_result):
     def broken(result):
         raise KeyError("layers")
 
     from diagnostics.render import layouts
 
     monkeypatch.setitem(layouts._REPORTS, "summary", broken)
-    html = build_report("summary", {"metrics": {"params_total": 5}, "rows": [{"a": 1}]})
+    html = build_report("summary", summary_result)
     assert "the summary report layout failed (KeyError" in html
-    assert "<td class=\"num\">1</td>" in html
+    assert "<td>fc1</td>" in html and ">26,122<" in html  # the generic layout: every table, the metrics
 
 
 def test_long_tables_are_cut_in_html_but_not_in_csv(tmp_path):
@@ -134,7 +135,7 @@ def test_report_folder_copies_traces_only(tmp_path, summary_result):
     assert names == {"report.html", "result.json", "layers.csv", "inputs.csv", "trace.json",
                      "rank0.pt.trace.json.gz"}
     assert set(written) == names
-    assert json.loads((tmp_path / "out" / "result.json").read_text()) == summary_result
+    assert json.loads((tmp_path / "out" / "result.json").read_text()) == to_plain(summary_result)
 
 
 def test_every_analysis_declares_its_report_layout():
@@ -145,9 +146,15 @@ def test_every_analysis_declares_its_report_layout():
 
     generic = {name for name, decl in ANALYSES.items() if decl.report == GENERIC_REPORT}
     assert generic == {"validate", "trace_timeline"}
+    from diagnostics.analyses.summary import SummaryMetrics, SummaryResult
     from diagnostics.render.charts.summary import summary_sections
 
-    assert isinstance(summary_sections({"layers": [], "inputs": []})[0], Section)
+    empty = SummaryResult(model="m", model_type="M", device="cpu", inputs=(), output_shape=None, loss="mse", notes=(),
+                          layers=(), metrics=SummaryMetrics(params_total=0, params_trainable=0, params_frozen=0,
+                                                            param_bytes=0, buffer_bytes=0, flops_forward=None,
+                                                            flops_backward=None, flops_train_step=None,
+                                                            tied_parameters=0, batch_size=1))
+    assert isinstance(summary_sections(empty)[0], Section)
 
 
 @pytest.mark.browser
