@@ -336,10 +336,10 @@ def test_the_sidebar_shows_keyword_inputs_by_name(new_app, kw_file, tmp_path):
     spec = _spec(kw_file, file_sha256="kw")
     validated = run_job(Job("validate", spec), artifact_dir=tmp_path / "v")
     assert validated.ok, validated.error
-    assert [i.get("name") for i in validated.result["inputs"]] == ["tokens", "features"]
+    assert [i.name for i in validated.result.inputs] == ["tokens", "features"]
     at = new_app()
     at.session_state["sb_source"] = "Upload a file"
-    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": validated.result}
+    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "check": validated.result}
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     labels = [t.label for t in at.sidebar.text_input]

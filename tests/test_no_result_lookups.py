@@ -40,7 +40,7 @@ NOT_CONVERTED = {
     "ui/views/attach.py", "ui/views/checklist.py", "ui/views/compile.py", "ui/views/critical_path.py",
     "ui/views/distributed.py", "ui/views/gradients.py", "ui/views/memory.py", "ui/views/optimize.py",
     "ui/views/plan.py", "ui/views/profiler.py", "ui/views/trace_hta.py",
-    "ui/views/traces.py", "ui/views/validate.py", "ui/sidebar.py",
+    "ui/views/traces.py",
 }
 
 

@@ -2,7 +2,10 @@
 
 import streamlit as st
 
+from diagnostics.analyses.validate import ValidateResult
+from diagnostics.render.tables import frame
 
-def show(result: dict) -> None:
-    st.write(f"**{result['model']}** ({result['model_type']}) loaded; output shape {result['output_shape']}")
-    st.table(result["inputs"])
+
+def show(result: ValidateResult) -> None:
+    st.write(f"**{result.model}** ({result.model_type}) loaded; output shape {result.output_shape}")
+    st.table(frame(result.inputs))
