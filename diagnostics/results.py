@@ -112,12 +112,21 @@ def _lists(x):
     return x
 
 
+def _builtin(value):
+    """A subclass of str, int or float (torch's TorchVersion, numpy's float64) as its plain value; anything
+    else has no place in a result."""
+    for kind in (bool, str, int, float):
+        if isinstance(value, kind):
+            return kind(value)
+    raise TypeError(f"a result cannot hold a {type(value).__name__} ({value!r:.80})")
+
+
 def to_plain(result) -> Any:
     """A result as JSON-able builtins (dicts, lists, numbers, strings, None): fields in declaration order,
     UNSET fields left out. A plain dict (an analysis not converted yet) is returned as it is."""
     if result is None or isinstance(result, dict):
         return result
-    return _lists(msgspec.to_builtins(result))
+    return _lists(msgspec.to_builtins(result, enc_hook=_builtin))
 
 
 def to_json(result, indent: int | None = None) -> str:

@@ -16,7 +16,7 @@ import torch
 from diagnostics.errors import ModelLoadError, SpecError
 from diagnostics.inputs import Inputs, as_inputs, call, from_example, make_inputs, rows, specs_of
 from diagnostics.intake import load_model
-from diagnostics.results import to_plain
+from diagnostics.results import metrics_of, to_plain
 from diagnostics.runner import Job, execute
 from diagnostics.spec import InputSpec, ModelSpec, cache_key, parse_input, parse_inputs
 
@@ -266,7 +266,7 @@ def test_t5_with_keyword_inputs_summary_counts_its_parameters(t5_file, tmp_path)
 ])
 def test_t5_with_keyword_inputs_runs_every_analysis(t5_file, tmp_path, analysis, options):
     result = execute(Job(analysis, _spec(t5_file), options), tmp_path)
-    m = result["metrics"]
+    m = metrics_of(result)  # typed or (not converted yet) plain: its headline metrics as a dict
     if analysis == "memory":
         assert m["input_bytes"] == (2 * 16 + 2 * 8) * 8  # both int64 keyword inputs
         assert m["peak_train_bytes"] > m["param_bytes"] > 0

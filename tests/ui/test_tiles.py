@@ -28,12 +28,13 @@ def _filled(tp, plain: dict) -> dict:
     required = {f.name for f in msgspec.structs.fields(tp) if f.required}
     out = dict(plain)
     for name, ftype, _ in record_fields(tp):
-        inner = next((a for a in typing.get_args(ftype) if a is not type(None)), ftype) \
-            if typing.get_origin(ftype) in (typing.Union, types.UnionType) else ftype
+        union = typing.get_args(ftype) if typing.get_origin(ftype) in (typing.Union, types.UnionType) else ()
+        inner = next((a for a in union if a is not type(None)), ftype)
         if is_record(inner) and isinstance(out.get(name), dict):
             out[name] = _filled(inner, out[name])
         elif name in required and name not in out:
-            out[name] = _filled(inner, {}) if is_record(inner) else empty.get(typing.get_origin(inner) or inner)
+            out[name] = (None if type(None) in union else _filled(inner, {}) if is_record(inner)
+                         else empty.get(typing.get_origin(inner) or inner))
     return out
 
 
