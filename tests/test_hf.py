@@ -60,13 +60,13 @@ def test_llama_7b_is_counted_exactly_on_the_meta_device(llama_7b_results):
     p = 6_738_415_616
     assert summary.metrics.params_total == p and summary.metrics.tied_parameters == 0
     assert summary.meta is True and "meta device" in summary.notes[0]
-    assert memory["metrics"]["param_bytes"] == p * 4
-    assert memory["metrics"]["grad_bytes"] == p * 4
-    assert memory["metrics"]["optimizer_state_bytes"] == p * 8
+    assert memory.metrics.param_bytes == p * 4
+    assert memory.metrics.grad_bytes == p * 4
+    assert memory.metrics.optimizer_state_bytes == p * 8
     # what was not measured says so: None, never 0
     for key in ("peak_train_bytes", "peak_inference_bytes", "saved_activation_bytes", "estimate_bytes"):
-        assert memory["metrics"][key] is None, key
-    assert "not measured" in memory["notes"][0]
+        assert getattr(memory.metrics, key) is None, key
+    assert "not measured" in memory.notes[0]
 
 
 def test_llama_7b_flops_per_token_match_the_closed_form(llama_7b_results):

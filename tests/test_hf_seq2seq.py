@@ -171,9 +171,9 @@ def test_t5_large_is_counted_exactly_on_the_meta_device(tmp_path):
     assert result.metrics.flops_forward == encoder + decoder + td * 2 * d * vocab
     memory = execute(Job("memory", spec(T5_LARGE, seq_len=16, decoder_len=8, meta="on"), {"optimizer": "adamw"}),
                      tmp_path)
-    assert memory["metrics"]["param_bytes"] == 737_668_096 * 4
-    assert memory["metrics"]["optimizer_state_bytes"] == 737_668_096 * 8
-    assert memory["metrics"]["peak_train_bytes"] is None  # not measured, never 0
+    assert memory.metrics.param_bytes == 737_668_096 * 4
+    assert memory.metrics.optimizer_state_bytes == 737_668_096 * 8
+    assert memory.metrics.peak_train_bytes is None  # not measured, never 0
 
 
 def test_meta_summary_counts_what_the_real_build_counts(tmp_path):

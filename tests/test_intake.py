@@ -85,7 +85,7 @@ def test_every_model_analysis_runs_on_an_export_archive(tmp_path, analysis, opti
         assert result.output_shape == [6, 3]
         assert any("keeps the train/eval mode it was exported in" in n for n in result.notes)
     if analysis == "memory":  # exported for batch 6 only: the estimate measures at that batch
-        assert "measured at batch 6 itself (the model accepts no smaller batch)" in result["estimate"]["method"]
+        assert "measured at batch 6 itself (the model accepts no smaller batch)" in result.estimate.method
 
 
 def test_an_export_archive_with_fixed_shapes_says_so(tmp_path):

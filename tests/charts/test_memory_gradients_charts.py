@@ -1,11 +1,13 @@
 """Memory, batch-scan and gradient figures: built from real small results; data and units checked."""
 
+import msgspec
 import pytest
 import torch
 from torch import nn
 
 from diagnostics.analyses.gradients import job as gradients
 
+from diagnostics.analyses.memory import MemoryTimeline
 from diagnostics.analyses.memory import job as memory
 
 from diagnostics.analyses.batch_scan import job as memory_scan
@@ -52,10 +54,10 @@ def test_breakdown_stacks_categories_in_mib(mem):
     fig = mcharts.build_memory_breakdown_figure(mem)
     assert fig.layout.barmode == "stack" and fig.layout.yaxis.title.text == "memory (MiB)"
     by_name = {t.name: t for t in fig.data}
-    assert by_name["parameters"].y[-1] == pytest.approx(mem["accounting"]["parts"]["parameters"] / MIB)
+    assert by_name["parameters"].y[-1] == pytest.approx(mem.accounting.parts["parameters"] / MIB)
     # the accounting bar adds up to at least the measured peak, drawn as a line
-    assert sum(t.y[-1] for t in fig.data) >= mem["metrics"]["peak_train_bytes"] / MIB - 1e-9
-    assert fig.layout.shapes[0].y0 == pytest.approx(mem["metrics"]["peak_train_bytes"] / MIB)
+    assert sum(t.y[-1] for t in fig.data) >= mem.metrics.peak_train_bytes / MIB - 1e-9
+    assert fig.layout.shapes[0].y0 == pytest.approx(mem.metrics.peak_train_bytes / MIB)
 
 
 def test_layer_activation_bars(mem):
@@ -71,15 +73,15 @@ def test_layer_activation_bars(mem):
 def test_timeline_is_stacked_over_time(mem):
     fig = mcharts.build_memory_timeline_figure(mem)
     assert all(t.stackgroup == "mem" for t in fig.data)
-    assert list(fig.data[0].x) == mem["timeline"]["times_ms"]
+    assert list(fig.data[0].x) == list(mem.timeline.times_ms)
     assert fig.layout.xaxis.title.text == "time since the step started (ms)"
     assert fig.layout.yaxis.title.text == "memory (MiB)"
     assert {a.text for a in fig.layout.annotations} >= {"forward", "backward", "optimizer"}
 
 
 def test_timeline_falls_back_to_phases(mem):
-    r = dict(mem, phases_ms={}, timeline={"phases_only": True, "labels": ["start", "end"],
-                                          "series": {"parameters": [MIB, MIB]}, "source": "x"})
+    r = msgspec.structs.replace(mem, phases_ms={}, timeline=MemoryTimeline(
+        phases_only=True, labels=("start", "end"), series={"parameters": [MIB, MIB]}, source="x"))
     fig = mcharts.build_memory_timeline_figure(r)
     assert list(fig.data[0].x) == ["start", "end"] and list(fig.data[0].y) == [1.0, 1.0]
     assert fig.layout.xaxis.title.text == "phase"
@@ -88,8 +90,8 @@ def test_timeline_falls_back_to_phases(mem):
 def test_estimate_bars_show_the_error(mem):
     fig = mcharts.build_estimate_figure(mem)
     bar = fig.data[0]
-    assert bar.y[-1] == pytest.approx(mem["metrics"]["peak_train_bytes"] / MIB)
-    assert bar.text[1] == f"{mem['estimate']['estimates'][1]['error_pct']:+.1f} %"
+    assert bar.y[-1] == pytest.approx(mem.metrics.peak_train_bytes / MIB)
+    assert bar.text[1] == f"{mem.estimate.estimates[1].error_pct:+.1f} %"
     assert fig.layout.yaxis.title.text == "memory (MiB)"
 
 
