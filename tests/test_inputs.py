@@ -359,9 +359,9 @@ def test_keyword_inputs_through_compile_and_the_batch_scan(kw_file, tmp_path):
     assert m["graph_count"] == 1 and m["graph_break_count"] == 0 and m["fullgraph_ok"] is True
     assert m["train_speedup"] is not None  # the training step ran compiled, keyword inputs by name
     scan = execute(Job("batch_scan", _spec(kw_file), {"mode": "train", "max_batch": 16, "repeats": 1}), tmp_path / "b")
-    assert [r["batch"] for r in scan["rows"]] == [1, 2, 4, 8, 16] and all(r["fits"] for r in scan["rows"])
-    assert scan["metrics"]["largest_batch_under_budget"] == 16
-    peaks = [r["peak_bytes"] for r in scan["rows"]]
+    assert [r.batch for r in scan.rows] == [1, 2, 4, 8, 16] and all(r.fits for r in scan.rows)
+    assert scan.metrics.largest_batch_under_budget == 16
+    peaks = [r.peak_bytes for r in scan.rows]
     assert peaks == sorted(peaks) and peaks[-1] > peaks[0]  # every keyword tensor grew with the batch
 
 

@@ -16,6 +16,7 @@ from torch import nn
 from diagnostics.analyses.memory import ANALYSIS as MEMORY
 from diagnostics.analyses.memory import job as memory
 
+from diagnostics.analyses.batch_scan import ANALYSIS as BATCH_SCAN
 from diagnostics.analyses.batch_scan import job as memory_scan
 from diagnostics.measure.memory import SavedTensorTracker
 from diagnostics.errors import TorchScopeError
@@ -178,20 +179,20 @@ def test_batch_plan():
 def test_scan_budget_stops_and_search_finds_largest(tmp_path, no_hooks_left):
     model, x = chain(2, 128), torch.randn(4, 128)
     free = scan(model, x, tmp_path, max_batch=8, mode="inference", repeats=1)
-    assert free["stopped"] is None and free["metrics"]["largest_batch_under_budget"] == 8
-    peaks = {r["batch"]: r["peak_bytes"] for r in free["rows"]}
+    assert free.stopped is None and free.metrics.largest_batch_under_budget == 8
+    peaks = {r.batch: r.peak_bytes for r in free.rows}
     assert peaks[1] < peaks[2] < peaks[4] < peaks[8]
-    assert all(r["latency_ms"] > 0 and r["throughput"] > 0 for r in free["rows"])
+    assert all(r.latency_ms > 0 and r.throughput > 0 for r in free.rows)
     # Inference peak grows linearly with the batch (params + input + two activations):
     # a budget 30 % of the way from batch 4 to batch 8 fits batch 5, not 6.
     budget = peaks[4] + 0.3 * (peaks[8] - peaks[4])
     r = scan(model, x, tmp_path, max_batch=64, mode="inference", repeats=1, memory_budget_mb=budget / 2**20)
-    assert r["stopped"]["batch"] == 8
-    assert r["stopped"]["message"].startswith("stopped at batch 8: peak")
-    assert "exceeds the budget" in r["stopped"]["message"]
-    assert [s["batch"] for s in r["search"]] == [6, 5]
-    assert r["metrics"]["largest_batch_under_budget"] == 5
-    assert "largest batch under the budget: 5" in r["summary"]
+    assert r.stopped.batch == 8
+    assert r.stopped.message.startswith("stopped at batch 8: peak")
+    assert "exceeds the budget" in r.stopped.message
+    assert [s.batch for s in r.search] == [6, 5]
+    assert r.metrics.largest_batch_under_budget == 5
+    assert "largest batch under the budget: 5" in r.summary
     no_hooks_left(model)
 
 
@@ -216,11 +217,11 @@ class OOMAbove(nn.Module):
 def test_scan_out_of_memory_ends_the_probe_not_the_job(tmp_path, error):
     model = OOMAbove(6, error)
     r = scan(model, torch.randn(2, 8), tmp_path, max_batch=32, mode="train", repeats=1)
-    assert r["stopped"]["batch"] == 8
-    assert "out of memory" in r["stopped"]["message"]
-    assert [s["batch"] for s in r["search"]] == [6, 7]
-    assert r["metrics"]["largest_batch_under_budget"] == 6
-    json.dumps(r)
+    assert r.stopped.batch == 8
+    assert "out of memory" in r.stopped.message
+    assert [s.batch for s in r.search] == [6, 7]
+    assert r.metrics.largest_batch_under_budget == 6
+    assert decode(BATCH_SCAN, json.loads(to_json(r))) == r
 
 
 def test_scan_options_are_checked(tmp_path):

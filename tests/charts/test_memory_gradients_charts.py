@@ -10,10 +10,12 @@ from diagnostics.analyses.gradients import job as gradients
 from diagnostics.analyses.memory import MemoryTimeline
 from diagnostics.analyses.memory import job as memory
 
+from diagnostics.analyses.batch_scan import ANALYSIS as BATCH_SCAN
 from diagnostics.analyses.batch_scan import job as memory_scan
 from diagnostics.render.charts import gradients as gcharts
 from diagnostics.render.charts import memory as mcharts
 from diagnostics.intake import LoadedModel, default_loss
+from diagnostics.results import decode
 from diagnostics.runner import AnalysisContext, Job
 from diagnostics.spec import InputSpec, ModelSpec
 
@@ -98,21 +100,26 @@ def test_estimate_bars_show_the_error(mem):
 def test_batch_scan_panels(scan):
     fig = mcharts.build_batch_scan_figure(scan)
     assert list(fig.data[0].x) == [1, 2, 4, 8]
-    assert list(fig.data[0].y) == [r["latency_ms"] for r in scan["rows"]]
+    assert list(fig.data[0].y) == [r.latency_ms for r in scan.rows]
     assert fig.layout.yaxis.title.text == "latency (ms)"
     assert fig.layout.yaxis2.title.text == "samples/s"
     # The default budget (half the free RAM) dwarfs this model's peaks: the memory panel goes log.
-    assert scan["budget"]["bytes"] > 4 * max(r["peak_bytes"] for r in scan["rows"])
+    assert scan.budget.bytes > 4 * max(r.peak_bytes for r in scan.rows)
     assert fig.layout.yaxis3.type == "log" and fig.layout.yaxis3.title.text == "peak (MiB, log scale)"
     assert fig.layout.xaxis3.title.text == "batch size (samples, log scale)"
-    assert fig.layout.shapes[-1].y0 == pytest.approx(scan["budget"]["bytes"] / MIB)  # the budget line
+    assert fig.layout.shapes[-1].y0 == pytest.approx(scan.budget.bytes / MIB)  # the budget line
 
 
 def test_batch_scan_marks_failures():
-    r = {"mode": "train", "rows": [{"batch": 1, "fits": True, "latency_ms": 1.0, "throughput": 1000.0,
-                                    "peak_bytes": MIB},
-                                   {"batch": 2, "fits": False, "reason": "out of memory", "peak_bytes": None}],
-         "search": [], "budget": {"bytes": 2 * MIB}}
+    r = decode(BATCH_SCAN, {
+        "model": "m", "device": "cpu", "options": {}, "mode": "train", "search": [], "stopped": None, "summary": "",
+        "memory_source": "", "timing_source": "", "budget": {"bytes": 2 * MIB, "source": "set by the user"},
+        "metrics": {"largest_batch_under_budget": 1, "budget_bytes": 2 * MIB, "stopped_at_batch": 2,
+                    "max_throughput": 1000.0, "best_throughput_batch": 1, "probes": 2},
+        "rows": [{"batch": 1, "fits": True, "latency_ms": 1.0, "throughput": 1000.0, "peak_bytes": MIB,
+                  "reserved_bytes": None},
+                 {"batch": 2, "fits": False, "reason": "out of memory", "peak_bytes": None, "reserved_bytes": None,
+                  "latency_ms": None, "throughput": None}]})
     fig = mcharts.build_batch_scan_figure(r)
     failed = [t for t in fig.data if t.name == "over budget / out of memory"][0]
     assert list(failed.x) == [2] and list(failed.customdata) == ["out of memory"]

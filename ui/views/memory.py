@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from diagnostics.analyses.batch_scan import BatchScanResult
 from diagnostics.analyses.memory import MemoryResult
 from diagnostics.render.charts.memory import (build_batch_scan_figure, build_estimate_figure, build_layer_activation_figure,
                                        build_memory_breakdown_figure, build_memory_timeline_figure)
@@ -56,16 +57,16 @@ def tiles(result: MemoryResult) -> list[Tile]:
     ]
 
 
-def scan_tiles(result: dict) -> list[Tile]:
-    m = result["metrics"]
+def scan_tiles(result: BatchScanResult) -> list[Tile]:
+    m = result.metrics
     return [
-        Tile("Largest batch", m["largest_batch_under_budget"], "count",
+        Tile("Largest batch", m.largest_batch_under_budget, "count",
              "the largest batch under the memory budget, found by doubling, then binary search", missing="none"),
-        Tile("Memory budget", m["budget_bytes"], "bytes", result["budget"]["source"]),
-        Tile("Best throughput", m["max_throughput"], "per_s",
-             "samples per second" + ("" if m["best_throughput_batch"] is None
-                                     else f", at batch {m['best_throughput_batch']}")),
-        Tile("Probes", m["probes"], "count", "batch sizes tried"),
+        Tile("Memory budget", m.budget_bytes, "bytes", result.budget.source),
+        Tile("Best throughput", m.max_throughput, "per_s",
+             "samples per second" + ("" if m.best_throughput_batch is None
+                                     else f", at batch {m.best_throughput_batch}")),
+        Tile("Probes", m.probes, "count", "batch sizes tried"),
     ]
 
 
@@ -123,15 +124,16 @@ def show(result: MemoryResult) -> None:
                    "estimate does.")
 
 
-def show_scan(result: dict) -> None:
+def show_scan(result: BatchScanResult) -> None:
     metric_row(scan_tiles(result))
-    if result["stopped"]:
-        st.warning(result["summary"])
+    if result.stopped:
+        st.warning(result.summary)
     else:
-        st.success(result["summary"])
+        st.success(result.summary)
     st.plotly_chart(build_batch_scan_figure(result), width="stretch")
-    st.caption(f"Memory: {result['memory_source']}. Timing: {result['timing_source']}.")
-    df = pd.DataFrame(result["rows"] + [{**s, "searched": True} for s in result["search"]])
+    st.caption(f"Memory: {result.memory_source}. Timing: {result.timing_source}.")
+    searched = [frame(result.search).assign(searched=True)] if result.search else []
+    df = pd.concat([frame(result.rows), *searched], ignore_index=True)
     cols = [c for c in ["batch", "fits", "latency_ms", "throughput", "peak_bytes", "reason"] if c in df]
     df, config = unit_columns(df[cols], {"latency_ms": ("Latency", "ms"), "peak_bytes": ("Peak", "bytes")}, {
         "throughput": st.column_config.NumberColumn("Throughput (samples/s)", format="%.0f")})

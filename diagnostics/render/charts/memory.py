@@ -5,10 +5,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from diagnostics.analyses.batch_scan import ANALYSIS as BATCH_SCAN
+from diagnostics.analyses.batch_scan import BatchScanResult
 from diagnostics.analyses.memory import ANALYSIS as MEMORY
 from diagnostics.analyses.memory import MemoryResult
 from diagnostics.render.sections import MAX_HTML_ROWS, Section, notes, section
-from diagnostics.render.tables import declared_tables, find_tables, records_frame
+from diagnostics.render.tables import declared_tables
 
 MIB = 2**20
 COLORS = {
@@ -110,29 +112,27 @@ def build_estimate_figure(result: MemoryResult) -> go.Figure:
     return fig
 
 
-def build_batch_scan_figure(result: dict) -> go.Figure:
+def build_batch_scan_figure(result: BatchScanResult) -> go.Figure:
     """Latency, throughput and peak memory against the batch size, with the memory budget."""
-    rows = [r for r in result["rows"] if r.get("fits")]
-    batches = [r["batch"] for r in rows]
+    rows = [r for r in result.rows if r.fits]
+    batches = [r.batch for r in rows]
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07,
                         subplot_titles=("Latency per step", "Throughput", "Peak memory"))
-    fig.add_scatter(x=batches, y=[r["latency_ms"] for r in rows], mode="lines+markers", name="latency",
+    fig.add_scatter(x=batches, y=[r.latency_ms for r in rows], mode="lines+markers", name="latency",
                     hovertemplate="batch %{x}: %{y:.2f} ms<extra></extra>", row=1, col=1)
-    fig.add_scatter(x=batches, y=[r["throughput"] for r in rows], mode="lines+markers", name="throughput",
+    fig.add_scatter(x=batches, y=[r.throughput for r in rows], mode="lines+markers", name="throughput",
                     hovertemplate="batch %{x}: %{y:.0f} samples/s<extra></extra>", row=2, col=1)
-    probes = rows + [s for s in result.get("search", []) if s["fits"]]
-    probes = sorted(probes, key=lambda r: r["batch"])
-    fig.add_scatter(x=[r["batch"] for r in probes], y=[_mib(r["peak_bytes"]) for r in probes],
+    probes = sorted([*rows, *(s for s in result.search if s.fits)], key=lambda r: r.batch)
+    fig.add_scatter(x=[r.batch for r in probes], y=[_mib(r.peak_bytes) for r in probes],
                     mode="lines+markers", name="peak memory",
                     hovertemplate="batch %{x}: %{y:.2f} MiB<extra></extra>", row=3, col=1)
-    failed = [r for r in result["rows"] if not r.get("fits")] + [s for s in result.get("search", []) if not s["fits"]]
+    failed = [r for r in result.rows if not r.fits] + [s for s in result.search if not s.fits]
+    budget = _mib(result.budget.bytes)
     if failed:
-        budget = _mib(result["budget"]["bytes"])
-        fig.add_scatter(x=[r["batch"] for r in failed], y=[budget] * len(failed), mode="markers",
+        fig.add_scatter(x=[r.batch for r in failed], y=[budget] * len(failed), mode="markers",
                         marker=dict(symbol="x", size=11, color="#C62828"), name="over budget / out of memory",
-                        customdata=[r.get("reason") or "" for r in failed],
+                        customdata=[r.reason or "" for r in failed],
                         hovertemplate="batch %{x}: %{customdata}<extra></extra>", row=3, col=1)
-    budget = _mib(result["budget"]["bytes"])
     fig.add_hline(y=budget, line_dash="dash", line_color="#C62828", row=3, col=1,
                   annotation_text=f"budget {budget:,.1f} MiB", annotation_position="bottom right")
     fig.update_xaxes(type="log", dtick=0.30102999566, title_text="batch size (samples, log scale)", row=3, col=1)
@@ -140,12 +140,12 @@ def build_batch_scan_figure(result: dict) -> go.Figure:
     fig.update_xaxes(type="log", dtick=0.30102999566, row=2, col=1)
     fig.update_yaxes(title_text="latency (ms)", row=1, col=1)
     fig.update_yaxes(title_text="samples/s", row=2, col=1)
-    peaks = [_mib(r["peak_bytes"]) for r in probes if r["peak_bytes"]]
+    peaks = [_mib(r.peak_bytes) for r in probes if r.peak_bytes]
     if peaks and budget > 4 * max(peaks):  # far-off budget: a log axis keeps the peaks from lying flat at 0
         fig.update_yaxes(type="log", title_text="peak (MiB, log scale)", row=3, col=1)
     else:
         fig.update_yaxes(title_text="peak (MiB)", row=3, col=1)
-    fig.update_layout(title=f"Batch-size scan ({result['mode']})", height=720, showlegend=True,
+    fig.update_layout(title=f"Batch-size scan ({result.mode})", height=720, showlegend=True,
                       margin=dict(t=70, l=10, r=10, b=10), legend=dict(orientation="h", y=-0.08))
     return fig
 
@@ -167,7 +167,6 @@ def memory_sections(result: MemoryResult) -> list[Section]:
     return sections
 
 
-def batch_scan_sections(result: dict) -> list[Section]:
-
-    return [section("Batch-size scan", [lambda: build_batch_scan_figure(result)], text=notes(result),
-                     tables=[(n, records_frame(r)) for n, r in find_tables(result).items() if n != "inputs"])]
+def batch_scan_sections(result: BatchScanResult) -> list[Section]:
+    return [section("Batch-size scan", [lambda: build_batch_scan_figure(result)], text=[result.summary],
+                    tables=declared_tables(BATCH_SCAN, result))]
