@@ -116,15 +116,15 @@ def test_fresh_init_gradient_flow_is_healthy(arch, tmp_path):
     position projections and relative-position embeddings under 1e-3 x its word embeddings. Each is
     judged against its own neighbourhood (its attention; the encoder for the shared embeddings)."""
     r = execute(Job("gradients", spec_of(arch, tmp_path), {"steps": 1}), tmp_path / "out")
-    flagged = [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
-    assert flagged == [] and r["verdict"] == "healthy"
-    layers = {l["layer"]: l for l in r["layers"]}
+    flagged = [(l.layer, l.reason) for l in r.layers if l.status != "healthy"]
+    assert flagged == [] and r.verdict == "healthy"
+    layers = {l.layer: l for l in r.layers}
     if arch == "deberta-v2":
         pos = layers["model.deberta.encoder.layer.0.attention.self.pos_key_proj"]
-        assert pos["kind"] == "query/key projection"
-        assert pos["neighbourhood"] == "model.deberta.encoder.layer.0.attention.self"
-        assert layers["model.deberta.encoder.rel_embeddings"]["kind"] == "relative-position bias"
-        assert layers["model.deberta.encoder.rel_embeddings"]["neighbourhood"] == "model.deberta.encoder"
+        assert pos.kind == "query/key projection"
+        assert pos.neighbourhood == "model.deberta.encoder.layer.0.attention.self"
+        assert layers["model.deberta.encoder.rel_embeddings"].kind == "relative-position bias"
+        assert layers["model.deberta.encoder.rel_embeddings"].neighbourhood == "model.deberta.encoder"
 
 
 @pytest.mark.slow
@@ -140,10 +140,10 @@ def test_exported_programs_get_a_stand_in_loss_that_gives_real_gradients(arch, t
     torch.export.save(torch.export.export(model, tuple(loaded.inputs.args)), str(path))
     r = execute(Job("gradients", ModelSpec(source="export", name=path.name, path=str(path)), {"steps": 1}),
                 tmp_path / "out")
-    assert r["loss_stand_in"] and r["loss"].startswith("stand-in: the output projected on a fixed random direction")
-    flagged = [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
-    assert flagged == [] and r["verdict"] == "healthy"
+    assert r.loss_stand_in and r.loss.startswith("stand-in: the output projected on a fixed random direction")
+    flagged = [(l.layer, l.reason) for l in r.layers if l.status != "healthy"]
+    assert flagged == [] and r.verdict == "healthy"
     if arch == "gpt2":
-        layers = {l["layer"]: l for l in r["layers"]}
+        layers = {l.layer: l for l in r.layers}
         assert "model.lm_head" not in layers  # its weight is the embedding's: one layer
-        assert layers["model.transformer.wte"]["zero_fraction"] < 0.5
+        assert layers["model.transformer.wte"].zero_fraction < 0.5

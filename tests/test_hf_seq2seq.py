@@ -201,7 +201,7 @@ def test_every_analysis_runs_on_a_small_encoder_decoder(config, analysis, option
         assert m["peak_train_bytes"] > m["param_bytes"] > 0
     if analysis == "gradients":
         assert m["layers"] > 0 and m["loss_first"] > 0
-        assert "seq2seq-LM" in result["loss"]
+        assert "seq2seq-LM" in result.loss
     if analysis == "profile":
         assert m["latency_median_ms"] > 0 and m["batch_size"] == 2
     if analysis == "checklist":

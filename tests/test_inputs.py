@@ -272,7 +272,7 @@ def test_t5_with_keyword_inputs_runs_every_analysis(t5_file, tmp_path, analysis,
         assert m["peak_train_bytes"] > m["param_bytes"] > 0
     if analysis == "gradients":
         assert m["layers"] > 0 and m["loss_first"] > 0
-        assert result["loss"] == "loss_fn() from the uploaded file"
+        assert result.loss == "loss_fn() from the uploaded file"
     if analysis == "profile":
         assert m["latency_median_ms"] > 0 and m["batch_size"] == 2
     if analysis == "checklist":

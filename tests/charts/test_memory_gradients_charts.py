@@ -131,25 +131,25 @@ def test_grad_norm_depth_is_log_scale_and_coloured(grads):
     assert fig.layout.yaxis.type == "log"
     assert fig.layout.yaxis.title.text == "gradient L2 norm (log scale)"
     healthy = [t for t in fig.data if t.name == "healthy"][0]
-    assert list(healthy.y) == [l["grad_norm_mean"] for l in grads["layers"]]
+    assert list(healthy.y) == [l.grad_norm_mean for l in grads.layers]
 
 
 def test_heatmap_is_log10_of_the_norm(grads):
     fig = gcharts.build_grad_heatmap_figure(grads)
     hm = fig.data[0]
-    assert list(hm.y) == [l["layer"] for l in grads["layers"]] and list(hm.x) == [1, 2, 3]
-    first = next(s for s in grads["steps"] if s["step"] == 1 and s["layer"] == "0")
+    assert list(hm.y) == [l.layer for l in grads.layers] and list(hm.x) == [1, 2, 3]
+    first = next(s for s in grads.steps if s.step == 1 and s.layer == "0")
     import math
-    assert hm.z[0][0] == pytest.approx(math.log10(first["grad_norm"]))
+    assert hm.z[0][0] == pytest.approx(math.log10(first.grad_norm))
     assert fig.layout.xaxis.title.text == "training step"
 
 
 def test_global_norm_and_activation_health(grads):
     fig = gcharts.build_global_norm_figure(grads)
-    assert list(fig.data[0].y) == [g["global_norm"] for g in grads["global_norms"]]
+    assert list(fig.data[0].y) == [g.global_norm for g in grads.global_norms]
     assert fig.layout.yaxis.type == "log" and "loss" in fig.layout.yaxis2.title.text
     fig = gcharts.build_activation_health_figure(grads)
     assert list(fig.data[0].x) == ["1 (ReLU)", "3 (Sigmoid)"]
-    assert fig.data[0].y[0] == pytest.approx(100 * grads["activations"][0]["dead_fraction"])
-    assert fig.data[1].y[1] == pytest.approx(100 * grads["activations"][1]["saturated_fraction"])
+    assert fig.data[0].y[0] == pytest.approx(100 * grads.activations[0].dead_fraction)
+    assert fig.data[1].y[1] == pytest.approx(100 * grads.activations[1].saturated_fraction)
     assert fig.layout.yaxis.title.text == "share of units (%)"
