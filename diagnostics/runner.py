@@ -32,7 +32,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 
@@ -41,6 +41,8 @@ import diagnostics.procs as procs
 import diagnostics.sandbox as sandbox
 from diagnostics.errors import JobError, SpecError, TorchScopeError
 from diagnostics.registry import get_analysis
+from diagnostics.results import (ResultError, checked, checked_partial, decode, decode_partial, timing_cv_of, to_plain,
+                                 with_disturbance)
 from diagnostics.settings import env_number
 from diagnostics.spec import ModelSpec, cache_key
 from diagnostics.store import StoreError
@@ -62,8 +64,9 @@ INTERRUPTED_MESSAGE = "cancelled: the process running the job was interrupted be
 CANCELLED_MESSAGE = "cancelled: stopped by the user before it finished"
 
 ProgressFn = Callable[[float, str], None]
-#: Gets a running job's partial result (plain data, the analysis' own shape): rows known so far.
-PartialFn = Callable[[dict], None]
+#: Gets a running job's partial result (the analysis' declared ``partial`` type; a plain dict where it
+#: declares none): rows known so far.
+PartialFn = Callable[[object], None]
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ class Job:
 @dataclass
 class JobOutcome:
     status: str  # ok | error | timeout | crashed | oom | cancelled; "running": ui.jobs' job not finished yet
-    result: dict | None = None
+    result: Any = None  # the analysis' typed result (diagnostics.results), a plain dict if it declares no type
     error: str | None = None
     error_type: str | None = None
     run_id: str | None = None
@@ -129,7 +132,7 @@ class JobOutcome:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def unwrap(self) -> dict:
+    def unwrap(self):
         if not self.ok:
             raise JobError(self.error or self.status)
         return self.result
@@ -171,30 +174,32 @@ class AnalysisContext:
         if self._progress is not None:
             self._progress(max(0.0, min(1.0, float(fraction))), message)
 
-    def partial(self, result: dict) -> None:
-        """Report what is known so far (plain data; the page and the CLI draw it while the job runs)."""
+    def partial(self, result) -> None:
+        """Report what is known so far (the analysis' declared partial type; the page and the CLI draw it
+        while the job runs)."""
         if self._partial is not None:
             self._partial(result)
 
 
 def execute(job: Job, artifact_dir: Path, progress: ProgressFn | None = None,
-            partial: PartialFn | None = None) -> dict:
-    """Run the analysis in this process (the worker calls this; tests and notebooks may too)."""
+            partial: PartialFn | None = None):
+    """Run the analysis in this process (the worker calls this; tests and notebooks may too): its typed
+    result, encoded and decoded once as it will cross the process boundary (diagnostics.results); so
+    is each partial result ``partial`` gets."""
     analysis = get_analysis(job.analysis)
     job = job.validated()
     Path(artifact_dir).mkdir(parents=True, exist_ok=True)
-    ctx = AnalysisContext(job, artifact_dir, progress, partial)
+    ctx = AnalysisContext(job, artifact_dir, progress,
+                          None if partial is None else lambda p: partial(checked_partial(analysis, p)))
     if not analysis.exclusive:
-        return analysis.load()(ctx, dict(job.options))
+        return checked(analysis, analysis.load()(ctx, dict(job.options)))
     # A timed analysis: was the machine busy meanwhile? (measure.disturbance; the figures and the
     # verdict go into the result, and a page, the report and the CLI say so.)
     from diagnostics.measure.disturbance import assess, watch
 
     with watch() as w:
         result = analysis.load()(ctx, dict(job.options))
-    if isinstance(result, dict):
-        result["disturbance"] = assess(w.figures, result.get("timing_cv"))
-    return result
+    return checked(analysis, with_disturbance(result, assess(w.figures, timing_cv_of(result))))
 
 
 # ----------------------------------------------------------------------------- the worker
@@ -322,8 +327,8 @@ def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, pa
             raise setup_error
         job = Job.from_dict(job_dict)
         result = execute(job, Path(artifact_dir), lambda f, m: conn.send(("progress", f, m)),
-                         lambda p: conn.send(("partial", p)))
-        message = ("ok", result)
+                         lambda p: conn.send(("partial", to_plain(p))))
+        message = ("ok", to_plain(result))  # plain builtins cross the boundary; the parent decodes them
     except BaseException as e:  # the user's code: anything can come out
         # Build the message here but send it after the except block: the traceback keeps the
         # failing frames (and whatever they allocated) alive until then.
@@ -969,8 +974,12 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
         _kill(proc)
         drain.finish()
         kept = gather()
-        if outcome.result is not None:  # the paths it names: where the files are now
+        if outcome.result is not None:  # the plain result from the pipe: the paths it names where the files are now
             outcome.result = jobfiles.relocate(outcome.result, str(job_dir), str(artifact_dir))
+            try:
+                outcome.result = decode(get_analysis(job.analysis), outcome.result)
+            except ResultError as e:
+                outcome.status, outcome.result, outcome.error, outcome.error_type = "error", None, str(e), type(e).__name__
         if kept.over_limit and outcome.status == "ok":
             outcome.status, outcome.result, outcome.error_type = "error", None, "JobError"
             outcome.error = kept.over_limit + "; the files past the limit were not kept"
@@ -999,8 +1008,8 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                     progress(msg[1], msg[2])
                     continue
                 if msg is not None and msg[0] == "partial":
-                    if on_partial is not None:
-                        on_partial(msg[1])
+                    if on_partial is not None:  # checked in the worker already (execute)
+                        on_partial(decode_partial(get_analysis(job.analysis), msg[1]))
                     continue
                 if msg is not None and msg[0] == "baseline":
                     baseline_rss = _baseline(proc.pid, msg[1])
@@ -1012,7 +1021,7 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                 if msg is not None:
                     proc.join(5)
                     if msg[0] == "ok":
-                        return done(JobOutcome("ok", result=msg[1]))
+                        return done(JobOutcome("ok", result=msg[1]))  # decoded there, once relocated
                     return done(JobOutcome(msg[0], error=msg[2], error_type=msg[1]), extra_log=msg[3])
             elapsed = time.monotonic() - t0
             if on_tick is not None and elapsed - last_tick > 0.25:

@@ -17,8 +17,10 @@ import copy
 
 import pytest
 
+from diagnostics.analyses.profile import ProfileResult
 from diagnostics.measure.compare import CONTROL
 from diagnostics.measure.roofline import ABOVE_ROOF_TOLERANCE, best_roofs, measure_roofs, memory_roof
+from diagnostics.results import to_plain
 from diagnostics.runner import Job, execute
 from diagnostics.spec import ModelSpec
 
@@ -90,8 +92,10 @@ def roofs_once(monkeypatch, ceiling):
     monkeypatch.setattr(job, "measure_roofs", lambda device, dtype=None: copy.deepcopy(ceiling))
 
 
-def check_profile(r: dict, ceiling: dict) -> None:
-    """The roofline, MFU and profiler-overhead invariants on one profile result."""
+def check_profile(result: ProfileResult, ceiling: dict) -> None:
+    """The roofline, MFU and profiler-overhead invariants on one profile result, read in its plain form (the
+    roofs as measure.roofline's functions take them)."""
+    r = to_plain(result)
     m, steps = r["metrics"], max(1, len(r["steps"]))
     assert r["roofline"], "the roofline placed no operator"
     if r["disturbance"]["disturbed"] and not r["cuda_ran"]:
@@ -218,9 +222,9 @@ def test_cuda_profiles_keep_every_op_under_its_roof(sample, mode, tmp_path, monk
     monkeypatch.setattr(job, "measure_roofs", measure_roofs)  # the job's own GPU roofs, not the CPU's
     r = execute(Job("profile", ModelSpec(name=sample, device="cuda:0"), {**PROFILE, **OVERHEAD, "mode": mode}),
                 tmp_path)
-    assert r["cuda_ran"] and r["roofs"]["device"].startswith("cuda")
-    conv = next((row for row in r["roofline"] if row["op"] == "aten::convolution"), None)
+    assert r.cuda_ran and r.roofs.device.startswith("cuda")
+    conv = next((row for row in r.roofline if row.op == "aten::convolution"), None)
     if conv is not None:  # its time is its kernels', not the ~0 self device time of the dispatching op
-        ops = {o["name"]: o for o in r["operators"]}
-        assert conv["time_ms"] >= 0.9 * ops["aten::convolution"]["device_total_ms"] / len(r["steps"])
-    check_profile(r, r["roofs"])
+        ops = {o.name: o for o in r.operators}
+        assert conv.time_ms >= 0.9 * ops["aten::convolution"].device_total_ms / len(r.steps)
+    check_profile(r, to_plain(r.roofs))

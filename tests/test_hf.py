@@ -58,15 +58,15 @@ def llama_7b_results(tmp_path_factory):
 def test_llama_7b_is_counted_exactly_on_the_meta_device(llama_7b_results):
     summary, memory = llama_7b_results
     p = 6_738_415_616
-    assert summary["metrics"]["params_total"] == p and summary["metrics"]["tied_parameters"] == 0
-    assert summary["meta"] is True and "meta device" in summary["notes"][0]
-    assert memory["metrics"]["param_bytes"] == p * 4
-    assert memory["metrics"]["grad_bytes"] == p * 4
-    assert memory["metrics"]["optimizer_state_bytes"] == p * 8
+    assert summary.metrics.params_total == p and summary.metrics.tied_parameters == 0
+    assert summary.meta is True and "meta device" in summary.notes[0]
+    assert memory.metrics.param_bytes == p * 4
+    assert memory.metrics.grad_bytes == p * 4
+    assert memory.metrics.optimizer_state_bytes == p * 8
     # what was not measured says so: None, never 0
     for key in ("peak_train_bytes", "peak_inference_bytes", "saved_activation_bytes", "estimate_bytes"):
-        assert memory["metrics"][key] is None, key
-    assert "not measured" in memory["notes"][0]
+        assert getattr(memory.metrics, key) is None, key
+    assert "not measured" in memory.notes[0]
 
 
 def test_llama_7b_flops_per_token_match_the_closed_form(llama_7b_results):
@@ -77,22 +77,22 @@ def test_llama_7b_flops_per_token_match_the_closed_form(llama_7b_results):
     h, i, layers, vocab, seq = 4096, 11008, 32, 32000, 128
     matmul_weights = layers * (4 * h * h + 3 * h * i) + h * vocab
     per_token = 2 * matmul_weights + layers * 4 * seq * h
-    m = summary["metrics"]
-    assert m["flops_forward_per_token"] == per_token
-    assert m["flops_forward"] == per_token * 2 * seq  # batch 2
+    m = summary.metrics
+    assert m.flops_forward_per_token == per_token
+    assert m.flops_forward == per_token * 2 * seq  # batch 2
 
 
 def test_meta_build_counts_what_the_real_build_counts(tmp_path):
     real = execute(Job("summary", hf_spec(SMALL_GPT2, meta="off"), {}), tmp_path)
     meta = execute(Job("summary", hf_spec(SMALL_GPT2, meta="on"), {}), tmp_path)
-    assert meta["meta"] and not real["meta"]
+    assert meta.meta and not real.meta
     for key in ("params_total", "tied_parameters", "param_bytes", "flops_forward", "flops_forward_per_token"):
-        assert meta["metrics"][key] == real["metrics"][key], key
+        assert getattr(meta.metrics, key) == getattr(real.metrics, key), key
     # Backward: on fake tensors attention's backward is the math one (4 matmuls of 2*b*h*s*s*d); the CPU's
     # fused kernel that really ran also recomputes the scores QK^T (a 5th), once per layer.
     b, h, s, d, layers = 2, 4, 32, 16, 2
-    assert real["metrics"]["flops_backward"] - meta["metrics"]["flops_backward"] == layers * 2 * b * h * s * s * d
-    assert any("math attention backward" in n for n in meta["notes"])
+    assert real.metrics.flops_backward - meta.metrics.flops_backward == layers * 2 * b * h * s * s * d
+    assert any("math attention backward" in n for n in meta.notes)
 
 
 def test_meta_model_refuses_measuring_analyses(tmp_path):
@@ -119,8 +119,8 @@ def test_gpt2_small_parameters_equal_transformers_own_model(tmp_path):
     n = storage_numel(ref)
     assert n == 124_439_808  # GPT-2 small, lm_head tied to wte
     result = execute(Job("summary", hf_spec({"model_type": "gpt2"}, seq_len=16), {"skip_backward": True}), tmp_path)
-    assert result["metrics"]["params_total"] == n == storage_numel(loaded.model)
-    assert result["metrics"]["tied_parameters"] == 1
+    assert result.metrics.params_total == n == storage_numel(loaded.model)
+    assert result.metrics.tied_parameters == 1
 
 
 def test_forward_flops_equal_flop_counter_with_math_attention(tmp_path):
@@ -130,8 +130,8 @@ def test_forward_flops_equal_flop_counter_with_math_attention(tmp_path):
                                                                   if k != "model_type"}))
     expected = reference_flops(ref.eval(), ids)
     result = execute(Job("summary", hf_spec(SMALL_GPT2, seq_len=32), {}), tmp_path)
-    assert result["metrics"]["flops_forward"] == expected > 0
-    assert result["metrics"]["flops_forward_per_token"] == expected / ids.numel()
+    assert result.metrics.flops_forward == expected > 0
+    assert result.metrics.flops_forward_per_token == expected / ids.numel()
     assert ids.shape == (2, 32) and ids.dtype == torch.int64 and 0 <= ids.min() and ids.max() < 1000
 
 
@@ -274,11 +274,11 @@ def test_mixtral_on_the_meta_device_keeps_exact_parameters_when_flops_cannot_be_
     meta = execute(Job("summary", hf_spec(cfg, seq_len=16, meta="on"), {"skip_backward": True}), tmp_path)
     ref = transformers.MixtralForCausalLM(transformers.MixtralConfig(**{k: v for k, v in cfg.items()
                                                                         if k != "model_type"}))
-    assert meta["metrics"]["params_total"] == real["metrics"]["params_total"] == storage_numel(ref)
-    assert real["metrics"]["flops_forward"] > 0
-    m = meta["metrics"]
-    if m["flops_forward"] is None:  # this torch's meta kernel refuses fp32 grouped matmuls
-        assert m["flops_forward_per_token"] is None
-        assert any(n.startswith("FLOPs not counted: the model could not run on fake tensors") for n in meta["notes"])
+    assert meta.metrics.params_total == real.metrics.params_total == storage_numel(ref)
+    assert real.metrics.flops_forward > 0
+    m = meta.metrics
+    if m.flops_forward is None:  # this torch's meta kernel refuses fp32 grouped matmuls
+        assert m.flops_forward_per_token is None
+        assert any(n.startswith("FLOPs not counted: the model could not run on fake tensors") for n in meta.notes)
     else:
-        assert m["flops_forward"] == real["metrics"]["flops_forward"]
+        assert m.flops_forward == real.metrics.flops_forward

@@ -94,19 +94,19 @@ def test_parameters_once_per_storage_and_flops_only_where_layers_compute(arch, t
     spec = spec_of(arch, tmp_path)
     r = execute(Job("summary", spec, {}), tmp_path / "out")
     loaded = load_model(spec)
-    m = r["metrics"]
-    assert m["params_total"] == storage_numel(loaded.model)
-    assert not any("not counted" in n for n in r["notes"]), r["notes"]
-    assert m["flops_forward"] == torch_forward_flops(loaded) > 0
-    assert m["flops_backward"] > 0
-    for row in r["layers"]:
-        fwd, bwd = row["flops_forward"], row["flops_backward"]
-        assert fwd is not None and bwd is not None, row["name"]
+    m = r.metrics
+    assert m.params_total == storage_numel(loaded.model)
+    assert not any("not counted" in n for n in r.notes), r.notes
+    assert m.flops_forward == torch_forward_flops(loaded) > 0
+    assert m.flops_backward > 0
+    for row in r.layers:
+        fwd, bwd = row.flops_forward, row.flops_backward
+        assert fwd is not None and bwd is not None, row.name
         # a layer computes backward only where it computed forward: each matmul's and convolution's input
         # and weight gradient (2x), a fused attention also recomputes its scores (2.5x)
-        assert bwd <= 2.5 * fwd, (row["name"], row["type"], fwd, bwd)
-        if row["type"] in ("Dropout", "StableDropout", "Identity") or row["type"].endswith("LayerNorm"):
-            assert fwd == bwd == 0, (row["name"], fwd, bwd)
+        assert bwd <= 2.5 * fwd, (row.name, row.type, fwd, bwd)
+        if row.type in ("Dropout", "StableDropout", "Identity") or row.type.endswith("LayerNorm"):
+            assert fwd == bwd == 0, (row.name, fwd, bwd)
 
 
 @pytest.mark.parametrize("arch", ["swin", "deberta", "deberta-v2"])
@@ -116,15 +116,15 @@ def test_fresh_init_gradient_flow_is_healthy(arch, tmp_path):
     position projections and relative-position embeddings under 1e-3 x its word embeddings. Each is
     judged against its own neighbourhood (its attention; the encoder for the shared embeddings)."""
     r = execute(Job("gradients", spec_of(arch, tmp_path), {"steps": 1}), tmp_path / "out")
-    flagged = [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
-    assert flagged == [] and r["verdict"] == "healthy"
-    layers = {l["layer"]: l for l in r["layers"]}
+    flagged = [(l.layer, l.reason) for l in r.layers if l.status != "healthy"]
+    assert flagged == [] and r.verdict == "healthy"
+    layers = {l.layer: l for l in r.layers}
     if arch == "deberta-v2":
         pos = layers["model.deberta.encoder.layer.0.attention.self.pos_key_proj"]
-        assert pos["kind"] == "query/key projection"
-        assert pos["neighbourhood"] == "model.deberta.encoder.layer.0.attention.self"
-        assert layers["model.deberta.encoder.rel_embeddings"]["kind"] == "relative-position bias"
-        assert layers["model.deberta.encoder.rel_embeddings"]["neighbourhood"] == "model.deberta.encoder"
+        assert pos.kind == "query/key projection"
+        assert pos.neighbourhood == "model.deberta.encoder.layer.0.attention.self"
+        assert layers["model.deberta.encoder.rel_embeddings"].kind == "relative-position bias"
+        assert layers["model.deberta.encoder.rel_embeddings"].neighbourhood == "model.deberta.encoder"
 
 
 @pytest.mark.slow
@@ -140,10 +140,10 @@ def test_exported_programs_get_a_stand_in_loss_that_gives_real_gradients(arch, t
     torch.export.save(torch.export.export(model, tuple(loaded.inputs.args)), str(path))
     r = execute(Job("gradients", ModelSpec(source="export", name=path.name, path=str(path)), {"steps": 1}),
                 tmp_path / "out")
-    assert r["loss_stand_in"] and r["loss"].startswith("stand-in: the output projected on a fixed random direction")
-    flagged = [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
-    assert flagged == [] and r["verdict"] == "healthy"
+    assert r.loss_stand_in and r.loss.startswith("stand-in: the output projected on a fixed random direction")
+    flagged = [(l.layer, l.reason) for l in r.layers if l.status != "healthy"]
+    assert flagged == [] and r.verdict == "healthy"
     if arch == "gpt2":
-        layers = {l["layer"]: l for l in r["layers"]}
+        layers = {l.layer: l for l in r.layers}
         assert "model.lm_head" not in layers  # its weight is the embedding's: one layer
-        assert layers["model.transformer.wte"]["zero_fraction"] < 0.5
+        assert layers["model.transformer.wte"].zero_fraction < 0.5

@@ -14,6 +14,7 @@ from diagnostics.errors import ModelLoadError, SpecError  # noqa: E402
 from diagnostics.hf import HFSettings  # noqa: E402
 from diagnostics.inputs import call  # noqa: E402
 from diagnostics.intake import load_model  # noqa: E402
+from diagnostics.results import metrics_of  # noqa: E402
 from diagnostics.runner import Job, execute  # noqa: E402
 from diagnostics.spec import ModelSpec  # noqa: E402
 
@@ -145,12 +146,12 @@ def test_summary_params_and_forward_flops_equal_references(config, tmp_path):
     ref = reference(config).eval()
     expected_flops = reference_flops(ref, **loaded.inputs.kwargs)
     result = execute(Job("summary", spec(config), {}), tmp_path)
-    m = result["metrics"]
-    assert m["params_total"] == storage_numel(ref) == storage_numel(loaded.model)
-    assert m["tied_parameters"] >= 1  # the shared embedding (and the tied LM head) counted once
-    assert m["flops_forward"] == expected_flops > 0
-    assert m["flops_forward_per_token"] == expected_flops / (2 * 16)  # per encoder token
-    assert [i.get("name") for i in result["inputs"]] == ["input_ids", "decoder_input_ids"]
+    m = result.metrics
+    assert m.params_total == storage_numel(ref) == storage_numel(loaded.model)
+    assert m.tied_parameters >= 1  # the shared embedding (and the tied LM head) counted once
+    assert m.flops_forward == expected_flops > 0
+    assert m.flops_forward_per_token == expected_flops / (2 * 16)  # per encoder token
+    assert [i.name for i in result.inputs] == ["input_ids", "decoder_input_ids"]
 
 
 def test_t5_large_is_counted_exactly_on_the_meta_device(tmp_path):
@@ -158,7 +159,7 @@ def test_t5_large_is_counted_exactly_on_the_meta_device(tmp_path):
     assert meta_numel(ref) == 737_668_096
     result = execute(Job("summary", spec(T5_LARGE, seq_len=16, decoder_len=8, meta="on"), {"skip_backward": True}),
                      tmp_path)
-    assert result["meta"] is True and result["metrics"]["params_total"] == meta_numel(ref)
+    assert result.meta is True and result.metrics.params_total == meta_numel(ref)
     # FLOPs in closed form: 2 per weight per token of every matmul, plus the attention matmuls (QK^T, AV:
     # 4 * b * s_q * s_k * inner per layer). Encoder: q, k, v, o and the two FF matmuls per encoder token.
     # Decoder: self q, k, v, o, cross q, o and FF per decoder token; cross k, v per encoder token; LM head.
@@ -167,20 +168,20 @@ def test_t5_large_is_counted_exactly_on_the_meta_device(tmp_path):
     encoder = layers * (te * 2 * (4 * d * inner + 2 * d * ff) + 4 * b * se * se * inner)
     decoder = layers * (td * 2 * (6 * d * inner + 2 * d * ff) + te * 2 * 2 * d * inner
                         + 4 * b * sd * sd * inner + 4 * b * sd * se * inner)
-    assert result["metrics"]["flops_forward"] == encoder + decoder + td * 2 * d * vocab
+    assert result.metrics.flops_forward == encoder + decoder + td * 2 * d * vocab
     memory = execute(Job("memory", spec(T5_LARGE, seq_len=16, decoder_len=8, meta="on"), {"optimizer": "adamw"}),
                      tmp_path)
-    assert memory["metrics"]["param_bytes"] == 737_668_096 * 4
-    assert memory["metrics"]["optimizer_state_bytes"] == 737_668_096 * 8
-    assert memory["metrics"]["peak_train_bytes"] is None  # not measured, never 0
+    assert memory.metrics.param_bytes == 737_668_096 * 4
+    assert memory.metrics.optimizer_state_bytes == 737_668_096 * 8
+    assert memory.metrics.peak_train_bytes is None  # not measured, never 0
 
 
 def test_meta_summary_counts_what_the_real_build_counts(tmp_path):
     real = execute(Job("summary", spec(T5, meta="off"), {"skip_backward": True}), tmp_path)
     meta = execute(Job("summary", spec(T5, meta="on"), {"skip_backward": True}), tmp_path)
-    assert meta["meta"] and not real["meta"]
+    assert meta.meta and not real.meta
     for key in ("params_total", "tied_parameters", "param_bytes", "flops_forward"):
-        assert meta["metrics"][key] == real["metrics"][key], key
+        assert getattr(meta.metrics, key) == getattr(real.metrics, key), key
 
 
 # ----------------------------------------------------------------------------- every analysis
@@ -194,13 +195,13 @@ def test_meta_summary_counts_what_the_real_build_counts(tmp_path):
 ])
 def test_every_analysis_runs_on_a_small_encoder_decoder(config, analysis, options, tmp_path):
     result = execute(Job(analysis, spec(config), options), tmp_path)
-    m = result["metrics"]
+    m = metrics_of(result)  # typed or (not converted yet) plain: its headline metrics as a dict
     if analysis == "memory":
         assert m["input_bytes"] == (2 * 16 + 2 * 8) * 8  # both int64 keyword inputs
         assert m["peak_train_bytes"] > m["param_bytes"] > 0
     if analysis == "gradients":
         assert m["layers"] > 0 and m["loss_first"] > 0
-        assert "seq2seq-LM" in result["loss"]
+        assert "seq2seq-LM" in result.loss
     if analysis == "profile":
         assert m["latency_median_ms"] > 0 and m["batch_size"] == 2
     if analysis == "checklist":

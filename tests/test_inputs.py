@@ -16,6 +16,7 @@ import torch
 from diagnostics.errors import ModelLoadError, SpecError
 from diagnostics.inputs import Inputs, as_inputs, call, from_example, make_inputs, rows, specs_of
 from diagnostics.intake import load_model
+from diagnostics.results import metrics_of, to_plain
 from diagnostics.runner import Job, execute
 from diagnostics.spec import InputSpec, ModelSpec, cache_key, parse_input, parse_inputs
 
@@ -198,10 +199,10 @@ def test_batch_override_scales_every_keyword_input(kw_file):
 
 def test_a_keyword_only_model_summary_counts_exactly(kw_file, tmp_path):
     result = execute(Job("summary", _spec(kw_file), {}), tmp_path)
-    m = result["metrics"]
-    assert m["params_total"] == 50 * 8 + (8 * 4 + 4) + (3 * 4 + 4) == 452
-    assert m["flops_forward"] == 2 * 4 * 8 * 4 + 2 * 4 * 3 * 4  # the two Linear layers at batch 4
-    assert result["inputs"] == [{"shape": [4, 6], "dtype": "int64", "name": "tokens"},
+    m = result.metrics
+    assert m.params_total == 50 * 8 + (8 * 4 + 4) + (3 * 4 + 4) == 452
+    assert m.flops_forward == 2 * 4 * 8 * 4 + 2 * 4 * 3 * 4  # the two Linear layers at batch 4
+    assert to_plain(result)["inputs"] == [{"shape": [4, 6], "dtype": "int64", "name": "tokens"},
                                 {"shape": [4, 3], "dtype": "float32", "name": "features"}]
 
 
@@ -251,9 +252,9 @@ def test_t5_with_keyword_inputs_summary_counts_its_parameters(t5_file, tmp_path)
     result = execute(Job("summary", _spec(t5_file), {}), tmp_path)
     reference = _t5_reference()
     # parameters() yields each Parameter once: T5's lm_head is tied to the shared embedding
-    assert result["metrics"]["params_total"] == sum(p.numel() for p in reference.parameters())
-    assert [i.get("name") for i in result["inputs"]] == ["input_ids", "decoder_input_ids"]
-    assert result["metrics"]["flops_forward"] > 0 and result["metrics"]["batch_size"] == 2
+    assert result.metrics.params_total == sum(p.numel() for p in reference.parameters())
+    assert [i.name for i in result.inputs] == ["input_ids", "decoder_input_ids"]
+    assert result.metrics.flops_forward > 0 and result.metrics.batch_size == 2
 
 
 @pytest.mark.parametrize("analysis, options", [
@@ -265,13 +266,13 @@ def test_t5_with_keyword_inputs_summary_counts_its_parameters(t5_file, tmp_path)
 ])
 def test_t5_with_keyword_inputs_runs_every_analysis(t5_file, tmp_path, analysis, options):
     result = execute(Job(analysis, _spec(t5_file), options), tmp_path)
-    m = result["metrics"]
+    m = metrics_of(result)  # typed or (not converted yet) plain: its headline metrics as a dict
     if analysis == "memory":
         assert m["input_bytes"] == (2 * 16 + 2 * 8) * 8  # both int64 keyword inputs
         assert m["peak_train_bytes"] > m["param_bytes"] > 0
     if analysis == "gradients":
         assert m["layers"] > 0 and m["loss_first"] > 0
-        assert result["loss"] == "loss_fn() from the uploaded file"
+        assert result.loss == "loss_fn() from the uploaded file"
     if analysis == "profile":
         assert m["latency_median_ms"] > 0 and m["batch_size"] == 2
     if analysis == "checklist":
@@ -335,10 +336,10 @@ def test_the_sidebar_shows_keyword_inputs_by_name(new_app, kw_file, tmp_path):
     spec = _spec(kw_file, file_sha256="kw")
     validated = run_job(Job("validate", spec), artifact_dir=tmp_path / "v")
     assert validated.ok, validated.error
-    assert [i.get("name") for i in validated.result["inputs"]] == ["tokens", "features"]
+    assert [i.name for i in validated.result.inputs] == ["tokens", "features"]
     at = new_app()
     at.session_state["sb_source"] = "Upload a file"
-    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": validated.result}
+    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "check": validated.result}
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     labels = [t.label for t in at.sidebar.text_input]
@@ -358,9 +359,9 @@ def test_keyword_inputs_through_compile_and_the_batch_scan(kw_file, tmp_path):
     assert m["graph_count"] == 1 and m["graph_break_count"] == 0 and m["fullgraph_ok"] is True
     assert m["train_speedup"] is not None  # the training step ran compiled, keyword inputs by name
     scan = execute(Job("batch_scan", _spec(kw_file), {"mode": "train", "max_batch": 16, "repeats": 1}), tmp_path / "b")
-    assert [r["batch"] for r in scan["rows"]] == [1, 2, 4, 8, 16] and all(r["fits"] for r in scan["rows"])
-    assert scan["metrics"]["largest_batch_under_budget"] == 16
-    peaks = [r["peak_bytes"] for r in scan["rows"]]
+    assert [r.batch for r in scan.rows] == [1, 2, 4, 8, 16] and all(r.fits for r in scan.rows)
+    assert scan.metrics.largest_batch_under_budget == 16
+    peaks = [r.peak_bytes for r in scan.rows]
     assert peaks == sorted(peaks) and peaks[-1] > peaks[0]  # every keyword tensor grew with the batch
 
 

@@ -73,18 +73,19 @@ def test_export_archive_uses_its_example_inputs(tmp_path):
 ])
 def test_every_model_analysis_runs_on_an_export_archive(tmp_path, analysis, options):
     """ExportedProgram.module() refuses train()/eval(); the analyses call both."""
+    from diagnostics.registry import ANALYSES
     from diagnostics.runner import Job, execute
 
     path = tmp_path / "m.pt2"
     torch.export.save(torch.export.export(Tiny(), (torch.randn(6, 4),)), str(path))
     result = execute(Job(analysis, ModelSpec(source="export", name="m.pt2", path=str(path)), options),
                      tmp_path / "art")
-    assert isinstance(result, dict) and result
+    assert isinstance(result, ANALYSES[analysis].result or dict) and result
     if analysis == "validate":
-        assert result["output_shape"] == [6, 3]
-        assert any("keeps the train/eval mode it was exported in" in n for n in result["notes"])
+        assert result.output_shape == [6, 3]
+        assert any("keeps the train/eval mode it was exported in" in n for n in result.notes)
     if analysis == "memory":  # exported for batch 6 only: the estimate measures at that batch
-        assert "measured at batch 6 itself (the model accepts no smaller batch)" in result["estimate"]["method"]
+        assert "measured at batch 6 itself (the model accepts no smaller batch)" in result.estimate.method
 
 
 def test_an_export_archive_with_fixed_shapes_says_so(tmp_path):

@@ -3,6 +3,8 @@
 import textwrap
 
 from diagnostics import ModelSpec
+from diagnostics.registry import get_analysis
+from diagnostics.results import decode, to_plain
 from diagnostics.runner import Job, run_job
 from diagnostics.store import Store
 
@@ -12,10 +14,12 @@ def test_summary_runs_in_a_worker_and_is_stored(tmp_path):
     seen = []
     out = run_job(Job("summary", ModelSpec(name="mlp")), store=store, on_progress=lambda f, m: seen.append(m))
     assert out.ok, out.error
-    assert out.result["metrics"]["params_total"] == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+    assert out.result.metrics.params_total == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
     assert "loading model" in seen
     rec = store.get(out.run_id)
-    assert rec.status == "ok" and rec.result == out.result
+    # the store keeps the plain form of the typed result, which decodes back to it
+    assert rec.status == "ok" and rec.result == to_plain(out.result)
+    assert decode(get_analysis("summary"), rec.result) == out.result
     assert "worker.log" in rec.artifacts
 
 
@@ -101,5 +105,5 @@ def test_the_worker_freezes_what_it_loaded_before_the_job(tmp_path):
     """))
     out = run_job(Job("summary", ModelSpec(source="python", name="frozen.py", path=str(py))), artifact_dir=tmp_path / "a")
     assert out.ok, out.error
-    frozen = out.result["metrics"]["params_total"] - 1  # weight FROZEN x 1, bias 1
+    frozen = out.result.metrics.params_total - 1  # weight FROZEN x 1, bias 1
     assert frozen > 100_000, frozen  # importing torch alone makes ~170k tracked objects

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import streamlit as st
 
+from diagnostics.analyses.validate import ValidateResult
 from diagnostics.devices import device_report
 from diagnostics.errors import SpecError, TorchScopeError
 from diagnostics.runner import spares
@@ -230,7 +231,7 @@ def _follow_load() -> None:
     if outcome is None:  # cancelled
         st.session_state[state.LOAD_ERROR] = f"{name}: loading was cancelled; press Load model to try again"
     elif outcome.ok:
-        st.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": outcome.result}
+        st.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "check": outcome.result}
         st.session_state[state.LOAD_ERROR] = None
     else:  # the loader's errors name the file already; others (the model rejected its inputs) do not
         error = outcome.error or outcome.status
@@ -299,13 +300,14 @@ def render_sidebar() -> ModelSpec:
             info = st.session_state.get(state.MODEL_INFO)
             if info:
                 base = ModelSpec.from_dict(info["spec"])
-                declared = tuple(InputSpec.from_dict(i) for i in info["result"]["inputs"])  # keyword ones named
-                loaded = f"{base.name} ({info['result']['model_type']})"
+                check: ValidateResult = info["check"]  # the load check's typed result
+                declared = tuple(i.to_spec() for i in check.inputs)  # keyword ones named
+                loaded = f"{base.name} ({check.model_type})"
                 if failed:  # never a green "Loaded" beside a failed load: the pages still use the earlier one
                     st.info(f"Not loaded; the pages keep using {loaded}, loaded before.")
                 else:
                     st.success(f"Loaded {loaded}")
-                for note in info["result"].get("notes") or []:
+                for note in check.notes:
                     st.warning(note)
             else:
                 st.info("No uploaded model yet: the pages keep showing the previous model.")

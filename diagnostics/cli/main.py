@@ -17,7 +17,6 @@ stdout holds only the result as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
@@ -32,13 +31,14 @@ from diagnostics.cli.trace import add_trace_options
 from diagnostics.cli.options import add_options, collect_options, positive_int, score
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import ANALYSES
+from diagnostics.results import disturbance_of, metrics_of, notes_of, to_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 #: Job errors that mean "what you gave cannot be used" (exit 2) rather than "the job failed" (exit 1).
 INPUT_ERRORS = ("SpecError", "ModelLoadError", "TrustError", "ModelRunError", "UsageError", "TraceError",
                 "OptionError")
 #: Command names the CLI keeps for itself (an analysis declaring one of them as its command is refused).
-RESERVED = ("trace", "list", "distributed", "run")
+RESERVED = ("trace", "list", "distributed", "run", "history")
 #: Dashboard wording in job errors -> what to do on the command line instead.
 CLI_WORDING = {
     "enter the input shapes in the sidebar": "give the input shapes with --input SHAPE[:DTYPE], e.g. --input 8,3,32,32 "
@@ -47,10 +47,19 @@ CLI_WORDING = {
 
 
 def model_commands() -> list[str]:
-    """The analyses that are CLI subcommands of their own: every registered analysis that declares a
-    command. (The load check declares none; "trace" / "trace_diff" run under ``trace analyze`` /
-    ``trace diff``, "distributed" / "distributed_traces" under ``distributed``.)"""
-    commands = [a.command for a in ANALYSES.values() if a.command]
+    """The analyses' CLI subcommands: the ``command`` every registered analysis that has one declares
+    (not its name: "batch_scan" could be "scan"). (The load check declares none; "trace" / "trace_diff"
+    run under ``trace analyze`` / ``trace diff``, "distributed" / "distributed_traces" under ``distributed``.)"""
+    return list(_by_command())
+
+
+def analysis_of(command: str):
+    """The declaration of the analysis whose CLI subcommand is ``command``."""
+    return _by_command()[command]
+
+
+def _by_command() -> dict:
+    commands = {a.command: a for a in ANALYSES.values() if a.command}
     clash = [c for c in commands if c in RESERVED]
     if clash:
         raise RuntimeError(f"analysis command names {clash} are kept by the CLI itself")
@@ -138,15 +147,17 @@ class ProgressBar:
 
 
 def partial_printer(name: str, bar: ProgressBar, out=None):
-    """``on_partial`` for run_job: prints each line of the analysis' PARTIAL_TEXT once, as it becomes
-    known (Optimize: each trial once built, its verdict once final); None when the analysis has none.
+    """``on_partial`` for run_job: prints each line of the analysis' declared ``partial_text`` once, as it
+    becomes known (Optimize: each trial once built, its verdict once final); None when it declares none.
     Returns (callback, finish): ``finish(result)`` prints the lines the final result adds."""
-    lines_of = _chart_text(name, "PARTIAL_TEXT")
+    from diagnostics.render.layouts import partial_text_of
+
+    lines_of = partial_text_of(name)
     if lines_of is None:
         return None, lambda result: None
     printed: set = set()
 
-    def show(result: dict) -> None:
+    def show(result) -> None:
         for key, line in lines_of(result):
             if key not in printed:
                 printed.add(key)
@@ -167,9 +178,9 @@ def _add_run_args(p: argparse.ArgumentParser, name: str = "<analysis>") -> None:
                                                      "~/.torchscope), shared with the dashboard's History")
 
 
-def _add_analysis_args(p: argparse.ArgumentParser, name: str) -> None:
-    add_options(p, ANALYSES[name])
-    if name == "checklist":  # the CLI's own gate, not an option of the analysis
+def _add_analysis_args(p: argparse.ArgumentParser, analysis) -> None:
+    add_options(p, analysis)
+    if analysis.name == "checklist":  # the CLI's own gate, not an option of the analysis
         p.add_argument("--fail-under", dest="fail_under", type=score, metavar="SCORE",
                        help="exit 3 when the checklist score (0-100) is below this: a CI gate")
 
@@ -181,16 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="Exit codes: 0 ok, 1 the job failed, 2 bad usage or input, 3 checklist score under "
                               "--fail-under, 130 interrupted.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=ArgParser)
-    delegated = _distributed_main() is not None
-    for name in model_commands():
-        analysis = ANALYSES[name]
-        p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
-                                                                  "on a model and write a report folder.")
+    for command, analysis in _by_command().items():
+        p = sub.add_parser(command, help=analysis.title, description=f"{analysis.title}: run the "
+                                                                     f"'{analysis.name}' analysis on a model and "
+                                                                     "write a report folder.")
         # An analysis with an option of its own on --device (the plan's device to fit) runs its model where
         # the spec says (the CPU by default) rather than taking the model's --device.
         add_model_args(p, device=not any(o.cli_flag == "--device" for o in analysis.options))
-        _add_analysis_args(p, name)
-        _add_run_args(p, name)
+        _add_analysis_args(p, analysis)
+        _add_run_args(p, analysis.name)
     tp = sub.add_parser("trace", help="analyse or compare Chrome/Kineto trace files",
                         description="Trace files: 'trace analyze PATH' or 'trace diff A B'.")
     tsub = tp.add_subparsers(dest="trace_command", metavar="{analyze,diff}", required=True, parser_class=ArgParser)
@@ -212,9 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                     (td, "changed operators (default 15)")):
         t.add_argument("--top", type=positive_int, metavar="N", help=f"rows shown in the text output: {rows}")
         _add_run_args(t, "trace" if t is ta else "trace_diff")
-    if delegated:
-        sub.add_parser("distributed", add_help=False,
-                       help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
+    sub.add_parser("distributed", add_help=False,
+                   help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
     sub.add_parser("run", add_help=False, help="run your own training script, unmodified, and profile it: "
                                                 "run [options] -- python train.py ...; see its own --help")
     sub.add_parser("list", help="list the commands and the built-in sample models")
@@ -226,23 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- helpers
 def _distributed_main():
-    """diagnostics.analyses.distributed's CLI entry point main(argv) -> int, when that package provides one."""
-    import importlib
-    import importlib.util
+    """The ``distributed`` command's entry point, main(argv) -> int (diagnostics.cli.distributed)."""
+    from diagnostics.cli.distributed import main as distributed_main
 
-    for mod in ("diagnostics.cli.distributed", "diagnostics.analyses.distributed"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                continue
-        except ImportError:
-            continue
-        try:
-            fn = getattr(importlib.import_module(mod), "main", None)
-        except Exception:  # a half-written package must not break the other commands
-            continue
-        if callable(fn):
-            return fn
-    return None
+    return distributed_main
 
 
 def _err(message: str) -> None:
@@ -250,12 +246,10 @@ def _err(message: str) -> None:
     sys.stderr.flush()
 
 
-def checklist_score(result: dict) -> float | None:
-    """The checklist's 0-100 score, wherever the result keeps it."""
-    for holder in (result, result.get("metrics") or {}):
-        if isinstance(holder, dict) and isinstance(holder.get("score"), (int, float)):
-            return float(holder["score"])
-    return None
+def checklist_score(result) -> float | None:
+    """The checklist's 0-100 score (its ``score`` metric)."""
+    score = metrics_of(result).get("score")
+    return float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
 
 
 def _print_human(name: str, spec, outcome, written: dict | None) -> None:
@@ -264,11 +258,11 @@ def _print_human(name: str, spec, outcome, written: dict | None) -> None:
     out = sys.stdout
     what = f" · {spec.label} · {spec.device}" if spec is not None else ""
     out.write(f"{name}{what} · ok in {outcome.duration_s:.1f} s (run {outcome.run_id})\n")
-    for line in metric_lines(name, (outcome.result or {}).get("metrics") or {}):
+    for line in metric_lines(name, metrics_of(outcome.result)):
         out.write(f"  {line}\n")
-    for note in (outcome.result or {}).get("notes", []) or []:
+    for note in notes_of(outcome.result):
         out.write(f"  note: {note}\n")
-    line = disturbance_line((outcome.result or {}).get("disturbance"))
+    line = disturbance_line(disturbance_of(outcome.result))
     if line:
         out.write(f"  machine: {line}\n")
     if written and "report.html" in written:
@@ -342,7 +336,7 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
         if written is None:
             return EXIT_FAILED, None
     if args.json:
-        sys.stdout.write(json.dumps(result, default=str) + "\n")
+        sys.stdout.write(to_json(result) + "\n")
         if written:
             sys.stderr.write(f"report: {written['report.html']}\n")
     elif text is not None:
@@ -356,33 +350,25 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
 
 
 def _text_of(name: str):
-    """The analysis' own CLI text (its chart module's ``TEXT``), or None: the headline metrics."""
-    return _chart_text(name, "TEXT")
+    """The analysis' own CLI text (its declared ``text``), or None: the headline metrics."""
+    from diagnostics.render.layouts import text_of
 
-
-def _chart_text(name: str, table: str):
-    """The analysis' entry in its chart module's ``table`` (TEXT, PARTIAL_TEXT), or None."""
-    import importlib
-
-    try:
-        module = importlib.import_module(f"diagnostics.render.charts.{ANALYSES[name].view}")
-    except ImportError:
-        return None
-    return getattr(module, table, {}).get(name)
+    return text_of(name)
 
 
 def run_analysis_command(args) -> int:
-    name = args.command
+    analysis = analysis_of(args.command)
+    name = analysis.name
     try:
-        options = collect_options(ANALYSES[name], args)
+        options = collect_options(analysis, args)
         spec = None
-        if ANALYSES[name].needs_model:
+        if analysis.needs_model:
             spec = spec_from_args(args)
     except TorchScopeError as e:
         _err(str(e))
         return EXIT_USAGE
 
-    title = f"TorchScope {ANALYSES[name].title}" + (f": {spec.label}" if spec else "")
+    title = f"TorchScope {analysis.title}" + (f": {spec.label}" if spec else "")
     code, result = run_job_command(args, name, spec, options, title=title, text=_text_of(name))
     if code != EXIT_OK:
         return code
@@ -419,13 +405,12 @@ def list_command() -> int:
 
     out = sys.stdout
     out.write("commands:\n")
-    rows = [(name, ANALYSES[name].title) for name in model_commands()]
+    rows = [(command, analysis.title) for command, analysis in _by_command().items()]
     rows += [("trace analyze", "Trace explorer: analyse one trace file"),
              ("trace diff", "Trace diff: compare two trace files"),
              ("history", "Stored runs: list, compare two, a metric's trend"),
              ("run", "Your own script, unmodified, profiled while it runs (run -- python train.py)")]
-    if _distributed_main() is not None:
-        rows.append(("distributed", "Distributed runs (torchrun + DDP): run / analyze / command"))
+    rows.append(("distributed", "Distributed runs (torchrun + DDP): run / analyze / command"))
     for name, title in rows:
         out.write(f"  {name:<14} {title}\n")
     out.write("sample models:\n")
@@ -446,9 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if notice:
         sys.stderr.write(f"warning: {notice}\n")
     if argv and argv[0] == "distributed":
-        fn = _distributed_main()
-        if fn is not None:
-            return int(fn(argv[1:]) or 0)
+        return int(_distributed_main()(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     if args.command == "trace":
         return run_trace_command(args)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from diagnostics.results import to_plain
+
 #: Nesting depth searched for tables (lists of records) in a result.
 MAX_TABLE_DEPTH = 3
 #: Artifact files copied into a report folder: Chrome traces, by name.
@@ -38,8 +40,15 @@ def _flat_cell(v):
     return v
 
 
-def records_frame(records: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(records)
+def frame(rows) -> pd.DataFrame:
+    """Typed rows (diagnostics.results.Record) or row dicts as a DataFrame, one column per field, values as
+    they are (a shape stays a list). A view's table of typed rows starts here."""
+    return pd.DataFrame([r if isinstance(r, dict) else to_plain(r) for r in rows])
+
+
+def records_frame(records) -> pd.DataFrame:
+    """Rows (typed or dicts) as a DataFrame for a CSV or a report table: nested values as compact JSON text."""
+    df = frame(records)
     for col in df.columns:
         if df[col].map(lambda v: isinstance(v, (list, dict, tuple))).any():
             df[col] = df[col].map(_flat_cell)
@@ -55,3 +64,16 @@ def is_trace_file(path: Path) -> bool:
     """A Chrome trace among a run's artifacts (trace.json, rank0.pt.trace.json.gz...)."""
     name = path.name.lower()
     return "trace" in name and name.endswith(TRACE_SUFFIXES)
+
+
+def declared_tables(analysis, result) -> list[tuple[str, pd.DataFrame]]:
+    """(title, rows as a report table) of each table ``analysis`` declares on its typed result, in order; a
+    table the result does not hold (unset, None) is left out."""
+    out = []
+    for t in analysis.tables:
+        rows = result
+        for part in t.path.split("."):
+            rows = getattr(rows, part, None)
+        if rows:  # UNSET and None are falsy
+            out.append((t.title, records_frame(rows)))
+    return out

@@ -12,6 +12,8 @@ from diagnostics.analyses.gradients import job as gradients
 from diagnostics.measure import gradflow, gradient_health
 from diagnostics.errors import TorchScopeError
 from diagnostics.intake import LoadedModel, default_loss, load_model
+from diagnostics.analyses.gradients import ANALYSIS as GRADIENTS
+from diagnostics.results import decode, to_json, to_plain
 from diagnostics.runner import AnalysisContext, Job
 from diagnostics.spec import InputSpec, ModelSpec
 from sample_models import SAMPLES
@@ -42,9 +44,9 @@ def test_statistics_match_a_manual_backward(tmp_path, no_hooks_left):
     default_loss(ref(x)).backward()
     lr = 0.05
     r = run(model, (x,), tmp_path, steps=1, optimizer="sgd", lr=lr)
-    json.dumps(r)
-    layers = {l["layer"]: l for l in r["layers"]}
-    assert [l["layer"] for l in r["layers"]] == ["fc1", "fc2"]  # forward order
+    assert decode(GRADIENTS, json.loads(to_json(r))) == r  # typed, and back through its JSON
+    layers = {l.layer: l for l in r.layers}
+    assert [l.layer for l in r.layers] == ["fc1", "fc2"]  # forward order
     for name in ("fc1", "fc2"):
         mod = getattr(ref, name)
         grads = [mod.weight.grad, mod.bias.grad]
@@ -52,24 +54,24 @@ def test_statistics_match_a_manual_backward(tmp_path, no_hooks_left):
         flat = torch.cat([g.flatten() for g in grads])
         w = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in (mod.weight, mod.bias)))
         l = layers[name]
-        assert l["grad_norm_mean"] == pytest.approx(norm, rel=1e-6)
-        assert l["grad_abs_mean"] == pytest.approx(float(flat.abs().mean()), rel=1e-6)
-        assert l["grad_abs_max"] == pytest.approx(float(flat.abs().max()), rel=1e-6)
-        assert l["zero_fraction"] == pytest.approx(float((flat == 0).float().mean()))
+        assert l.grad_norm_mean == pytest.approx(norm, rel=1e-6)
+        assert l.grad_abs_mean == pytest.approx(float(flat.abs().mean()), rel=1e-6)
+        assert l.grad_abs_max == pytest.approx(float(flat.abs().max()), rel=1e-6)
+        assert l.zero_fraction == pytest.approx(float((flat == 0).float().mean()))
         # first SGD step with momentum: the buffer is the gradient, so the update is lr * g
-        assert l["update_ratio_max"] == pytest.approx(lr * norm / w, rel=1e-5)
-        assert l["nan_count"] == l["inf_count"] == 0
-        assert l["status"] == "healthy"
+        assert l.update_ratio_max == pytest.approx(lr * norm / w, rel=1e-5)
+        assert l.nan_count == l.inf_count == 0
+        assert l.status == "healthy"
     total = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in ref.parameters()))
-    assert r["metrics"]["global_norm_first"] == pytest.approx(total, rel=1e-6)
-    assert r["metrics"]["layers"] == 2 and r["metrics"]["layers_healthy"] == 2
+    assert r.metrics.global_norm_first == pytest.approx(total, rel=1e-6)
+    assert r.metrics.layers == 2 and r.metrics.layers_healthy == 2
     # per-step rows: one per layer per step
-    assert [(s["step"], s["layer"]) for s in r["steps"]] == [(1, "fc1"), (1, "fc2")]
+    assert [(s.step, s.layer) for s in r.steps] == [(1, "fc1"), (1, "fc2")]
     # ReLU dead units: units never positive over the batch
     h = ref.act(ref.fc1(x))
     dead = float(1 - (h > 0).any(dim=0).float().mean())
-    assert r["activations"][0]["module"] == "act"
-    assert r["activations"][0]["dead_fraction"] == pytest.approx(dead)
+    assert r.activations[0].module == "act"
+    assert r.activations[0].dead_fraction == pytest.approx(dead)
     # scoped: no hooks left, weights and mode restored
     no_hooks_left(model)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), ref.state_dict().values()))
@@ -79,14 +81,14 @@ def test_statistics_match_a_manual_backward(tmp_path, no_hooks_left):
 def test_several_steps_and_adamw(tmp_path):
     model, x = Net(), torch.randn(10, 6)
     r = run(model, (x,), tmp_path, steps=3, optimizer="adamw", lr=1e-3)
-    assert [g["step"] for g in r["global_norms"]] == [1, 2, 3]
-    assert len(r["steps"]) == 6
+    assert [g.step for g in r.global_norms] == [1, 2, 3]
+    assert len(r.steps) == 6
     # AdamW's first step moves every weight by lr (m / sqrt(v) = sign(g)), plus a weight decay of
     # lr * 0.01 * w: the update ratio of fc2 (68 weights) is about lr * sqrt(68) / ||w||
     w = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in Net().fc2.parameters()))
-    first = next(s for s in r["steps"] if s["step"] == 1 and s["layer"] == "fc2")
-    assert first["update_ratio"] == pytest.approx(1e-3 * math.sqrt(68) / w, rel=0.02)
-    assert r["metrics"]["loss_first"] is not None and r["metrics"]["steps"] == 3
+    first = next(s for s in r.steps if s.step == 1 and s.layer == "fc2")
+    assert first.update_ratio == pytest.approx(1e-3 * math.sqrt(68) / w, rel=0.02)
+    assert r.metrics.loss_first is not None and r.metrics.steps == 3
 
 
 def test_dead_layer_and_dead_relu(tmp_path):
@@ -94,10 +96,10 @@ def test_dead_layer_and_dead_relu(tmp_path):
     with torch.no_grad():
         model.fc1.bias.fill_(-100.0)  # every ReLU input negative: no gradient reaches fc1
     r = run(model, (torch.randn(8, 6),), tmp_path, steps=1)
-    layers = {l["layer"]: l for l in r["layers"]}
-    assert layers["fc1"]["status"] == "dead" and layers["fc1"]["zero_fraction"] == 1.0
-    assert r["activations"][0]["dead_fraction"] == 1.0 and r["activations"][0]["flagged"]
-    assert r["metrics"]["layers_dead"] == 1 and r["metrics"]["dead_relu_fraction_max"] == 1.0
+    layers = {l.layer: l for l in r.layers}
+    assert layers["fc1"].status == "dead" and layers["fc1"].zero_fraction == 1.0
+    assert r.activations[0].dead_fraction == 1.0 and r.activations[0].flagged
+    assert r.metrics.layers_dead == 1 and r.metrics.dead_relu_fraction_max == 1.0
 
 
 class BigVocab(nn.Module):
@@ -114,27 +116,27 @@ class BigVocab(nn.Module):
 def test_a_large_vocabulary_embedding_is_not_dead_but_an_unreached_one_is(tmp_path):
     ids = torch.randint(0, 50_000, (8, 32))
     r = run(BigVocab(), (ids,), tmp_path / "a", steps=1)
-    emb = next(l for l in r["layers"] if l["layer"] == "emb")
-    assert emb["zero_fraction"] > 0.99  # 256 of 50,000 rows looked up
-    assert emb["status"] == "healthy", emb["reason"]
+    emb = next(l for l in r.layers if l.layer == "emb")
+    assert emb.zero_fraction > 0.99  # 256 of 50,000 rows looked up
+    assert emb.status == "healthy", emb.reason
     model = BigVocab()
     model.fc.weight.requires_grad_(False)
     with torch.no_grad():
         model.fc.weight.zero_()  # nothing flows back into the embedding
     r = run(model, (ids,), tmp_path / "b", steps=1)
-    emb = next(l for l in r["layers"] if l["layer"] == "emb")
-    assert (emb["status"], emb["reason"]) == ("dead", "no row of this embedding got a gradient")
+    emb = next(l for l in r.layers if l.layer == "emb")
+    assert (emb.status, emb.reason) == ("dead", "no row of this embedding got a gradient")
 
 
 def test_relu_units_need_enough_values_to_be_called_dead(tmp_path):
     """At batch 1 about half of an MLP's units are zero by chance; a conv map's channel has many
     positions per sample, so it is judged even at batch 1."""
     r = run(Net(), (torch.randn(1, 6),), tmp_path / "a", steps=1)
-    act = r["activations"][0]
-    assert act["dead_fraction"] is None and not act["flagged"]
+    act = r.activations[0]
+    assert act.dead_fraction is None and not act.flagged
     conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 2))
     r = run(conv, (torch.randn(1, 3, 8, 8),), tmp_path / "b", steps=1)
-    assert r["activations"][0]["dead_fraction"] is not None
+    assert r.activations[0].dead_fraction is not None
     assert gradflow.relu_units_alive(torch.tensor([[float("nan")] * 4] * 16)) is None  # NaN: not judged
 
 
@@ -155,12 +157,12 @@ def test_saturation(tmp_path):
     x = torch.randn(64, 4)
     model = Saturated()
     r = run(model, (x,), tmp_path, steps=1)
-    acts = {a["module"]: a for a in r["activations"]}
+    acts = {a.module: a for a in r.activations}
     z = 100 * model.fc(x)
     y = torch.sigmoid(z)
     expected = float(((y < gradient_health.SATURATION_EPS) | (y > 1 - gradient_health.SATURATION_EPS)).float().mean())
-    assert acts["sig"]["saturated_fraction"] == pytest.approx(expected) and expected > 0.5
-    assert acts["tanh"]["saturated_fraction"] == 0.0
+    assert acts["sig"].saturated_fraction == pytest.approx(expected) and expected > 0.5
+    assert acts["tanh"].saturated_fraction == 0.0
 
 
 class NaNAfter(nn.Module):
@@ -174,11 +176,11 @@ class NaNAfter(nn.Module):
 
 def test_non_finite_gradients_are_counted_and_json_safe(tmp_path):
     r = run(NaNAfter(), (torch.randn(3, 4),), tmp_path, steps=1)
-    l = r["layers"][0]
-    assert l["status"] == "non-finite" and l["nan_count"] == 20
-    assert r["metrics"]["layers_nonfinite"] == 1
-    assert r["metrics"]["loss_first"] is None  # NaN becomes None: the result stays valid JSON
-    json.dumps(r, allow_nan=False)
+    l = r.layers[0]
+    assert l.status == "non-finite" and l.nan_count == 20
+    assert r.metrics.layers_nonfinite == 1
+    assert r.metrics.loss_first is None  # NaN becomes None: the result stays valid JSON
+    json.dumps(to_plain(r), allow_nan=False)
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))
@@ -187,20 +189,20 @@ def test_samples_sick_caught_healthy_not_flagged(name, tmp_path, no_hooks_left):
     ctx = AnalysisContext(Job("gradients", ModelSpec(name=name), {}), tmp_path)
     ctx._loaded = loaded
     r = gradients.analyze(ctx, {"steps": 2})
-    m = r["metrics"]
+    m = r.metrics
     sick = SAMPLES[name].sick
     if sick == "vanishing gradients":
-        assert m["layers_vanishing"] >= 10 and m["layers_exploding"] == 0
-        assert r["layers"][0]["status"] == "vanishing"  # the first layers starve
+        assert m.layers_vanishing >= 10 and m.layers_exploding == 0
+        assert r.layers[0].status == "vanishing"  # the first layers starve
     elif sick == "exploding gradients":
-        assert m["layers_exploding"] == m["layers"]
-        assert m["global_norm_first"] > gradient_health.EXPLODING_NORM
+        assert m.layers_exploding == m.layers
+        assert m.global_norm_first > gradient_health.EXPLODING_NORM
     else:
-        assert m["layers_flagged"] == 0, [(l["layer"], l["status"], l["reason"]) for l in r["layers"]
-                                          if l["status"] != "healthy"]
-        assert r["verdict"] == "healthy"
+        assert m.layers_flagged == 0, [(l.layer, l.status, l.reason) for l in r.layers
+                                          if l.status != "healthy"]
+        assert r.verdict == "healthy"
     no_hooks_left(loaded.model)
-    json.dumps(r, allow_nan=False)
+    json.dumps(to_plain(r), allow_nan=False)
 
 
 def test_options_are_checked(tmp_path):
@@ -238,12 +240,12 @@ def test_a_stand_in_loss_is_named_and_makes_the_verdict_low_confidence(tmp_path)
     """))
     r = execute(Job("gradients", ModelSpec(source="python", name="noloss.py", path=str(path)), {"steps": 2}),
                 tmp_path / "out")
-    assert r["loss_stand_in"] is True and r["confidence"] == "low"
-    assert r["loss"] == ("stand-in: the output projected on a fixed random direction (seed 0), averaged over the "
+    assert r.loss_stand_in is True and r.confidence == "low"
+    assert r.loss == ("stand-in: the output projected on a fixed random direction (seed 0), averaged over the "
                          "batch (no loss declared)")
-    assert r["notes"][0].startswith(f"the loss is a stand-in ({r['loss']})")
+    assert r.notes[0].startswith(f"the loss is a stand-in ({r.loss})")
     declared = execute(Job("gradients", ModelSpec(name="mlp"), {"steps": 2}), tmp_path / "out2")
-    assert declared["loss_stand_in"] is False and declared["confidence"] == "normal" and declared["notes"] == []
+    assert declared.loss_stand_in is False and declared.confidence == "normal" and declared.notes == ()
 
 
 def test_the_stand_in_loss_is_a_fixed_random_projection_of_the_output():
@@ -285,8 +287,8 @@ def test_a_healthy_nn_transformer_without_a_loss_is_healthy(tmp_path):
             return (torch.randn(4, 10, 32, generator=g), torch.randn(4, 8, 32, generator=g))
     """))
     r = execute(Job("gradients", ModelSpec(source="python", name="tf.py", path=str(path)), {"steps": 2}), tmp_path / "o")
-    assert r["metrics"]["layers"] == 32 and r["loss_stand_in"]
-    assert [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"] == []
+    assert r.metrics.layers == 32 and r.loss_stand_in
+    assert [(l.layer, l.reason) for l in r.layers if l.status != "healthy"] == []
 
 
 def test_layers_are_judged_in_their_neighbourhood():
@@ -335,20 +337,20 @@ def test_bert_with_hf_init_is_not_flagged_vanishing(head, tmp_path):
     labels = ids.clone() if head == "mlm" else torch.randint(0, 2, (8,), generator=torch.Generator().manual_seed(2))
     r = _hf_run(model, (ids,), lambda o: nn.functional.cross_entropy(
         o.logits.reshape(-1, o.logits.shape[-1]), labels.reshape(-1)), tmp_path)
-    flagged = [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
-    assert flagged == [] and r["verdict"] == "healthy"
-    layers = {l["layer"]: l for l in r["layers"]}
+    flagged = [(l.layer, l.reason) for l in r.layers if l.status != "healthy"]
+    assert flagged == [] and r.verdict == "healthy"
+    layers = {l.layer: l for l in r.layers}
     q = layers["bert.encoder.layer.0.attention.self.query"]
     # the old rule (< 1e-3 x the largest layer) would have flagged it: the kind rule is what saves it
-    assert q["grad_norm_relative"] < gradient_health.VANISHING_RATIO
-    assert q["kind"] == gradient_health.KIND_QK == "query/key projection"
-    assert q["rule"] == "query/key projection: < 1e-05 × its neighbourhood's largest norm, or < 0.001 × the " \
+    assert q.grad_norm_relative < gradient_health.VANISHING_RATIO
+    assert q.kind == gradient_health.KIND_QK == "query/key projection"
+    assert q.rule == "query/key projection: < 1e-05 × its neighbourhood's largest norm, or < 0.001 × the " \
                         "largest query/key projection's and < 0.001 × the neighbourhood's"
-    assert q["neighbourhood"] == "bert.encoder.layer.0.attention.self"  # query, key and value
-    assert q["neighbourhood_norm"] == layers["bert.encoder.layer.0.attention.self.value"]["grad_norm_mean"]
-    assert layers["bert.encoder.layer.0.attention.self.value"]["kind"] == "layer"
-    assert layers["bert.encoder.layer.0.attention.self.value"]["rule"] == "< 0.001 × its neighbourhood's largest norm"
-    assert layers["bert.embeddings.LayerNorm"]["kind"] == "normalisation"
+    assert q.neighbourhood == "bert.encoder.layer.0.attention.self"  # query, key and value
+    assert q.neighbourhood_norm == layers["bert.encoder.layer.0.attention.self.value"].grad_norm_mean
+    assert layers["bert.encoder.layer.0.attention.self.value"].kind == "layer"
+    assert layers["bert.encoder.layer.0.attention.self.value"].rule == "< 0.001 × its neighbourhood's largest norm"
+    assert layers["bert.embeddings.LayerNorm"].kind == "normalisation"
 
 
 def test_one_starving_query_among_its_peers_is_still_flagged(tmp_path):
@@ -362,13 +364,13 @@ def test_one_starving_query_among_its_peers_is_still_flagged(tmp_path):
     ids = torch.randint(0, 1000, (8, 32), generator=torch.Generator().manual_seed(1))
     r = _hf_run(model, (ids,), lambda o: nn.functional.cross_entropy(o.logits.reshape(-1, 1000), ids.reshape(-1)),
                 tmp_path, steps=1)
-    layers = {l["layer"]: l for l in r["layers"]}
+    layers = {l.layer: l for l in r.layers}
     q0 = layers["bert.encoder.layer.0.attention.self.query"]
-    value = layers["bert.encoder.layer.0.attention.self.value"]["grad_norm_mean"]
-    assert q0["status"] == "vanishing" and q0["grad_norm_mean"] < 1e-5 * value
-    assert q0["reason"].endswith(f"× the largest in bert.encoder.layer.0.attention.self ({value:.3g}); < 1e-05 "
+    value = layers["bert.encoder.layer.0.attention.self.value"].grad_norm_mean
+    assert q0.status == "vanishing" and q0.grad_norm_mean < 1e-5 * value
+    assert q0.reason.endswith(f"× the largest in bert.encoder.layer.0.attention.self ({value:.3g}); < 1e-05 "
                                  "(rule for a query/key projection)")
-    assert layers["bert.encoder.layer.1.attention.self.query"]["status"] == "healthy"
+    assert layers["bert.encoder.layer.1.attention.self.query"].status == "healthy"
 
 
 def test_layer_scale_gated_blocks_and_ssm_time_steps_are_judged_by_their_own_rules(tmp_path):
@@ -378,13 +380,13 @@ def test_layer_scale_gated_blocks_and_ssm_time_steps_are_judged_by_their_own_rul
         hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 2, 1], num_labels=10))  # layer scale γ = 1e-6
     x, y = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
     r = _hf_run(convnext, (x,), lambda o: nn.functional.cross_entropy(o.logits, y), tmp_path / "c")
-    layers = {l["layer"]: l for l in r["layers"]}
+    layers = {l.layer: l for l in r.layers}
     dw = layers["convnext.encoder.stages.0.layers.0.dwconv"]
-    assert dw["grad_norm_mean"] < gradient_health.VANISHING_NORM  # every gradient behind γ = 1e-6 is tiny
-    assert dw["gate_scale"] == pytest.approx(1e-6) and dw["status"] == "healthy"
-    assert dw["rule"].endswith("judged on gradient norm / layer scale mean |γ| 1e-06")
-    assert layers["convnext.encoder.stages.0.layers.0"]["kind"] == "layer scale"
-    assert r["verdict"] == "healthy", [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
+    assert dw.grad_norm_mean < gradient_health.VANISHING_NORM  # every gradient behind γ = 1e-6 is tiny
+    assert dw.gate_scale == pytest.approx(1e-6) and dw.status == "healthy"
+    assert dw.rule.endswith("judged on gradient norm / layer scale mean |γ| 1e-06")
+    assert layers["convnext.encoder.stages.0.layers.0"].kind == "layer scale"
+    assert r.verdict == "healthy", [(l.layer, l.reason) for l in r.layers if l.status != "healthy"]
 
     torch.manual_seed(0)
     mamba = transformers.MambaForCausalLM(transformers.MambaConfig(vocab_size=500, hidden_size=64,
@@ -392,9 +394,9 @@ def test_layer_scale_gated_blocks_and_ssm_time_steps_are_judged_by_their_own_rul
     ids = torch.randint(0, 500, (2, 16))
     r = _hf_run(mamba, (ids,), lambda o: nn.functional.cross_entropy(o.logits.reshape(-1, 500), ids.reshape(-1)),
                 tmp_path / "m")
-    dt = next(l for l in r["layers"] if l["layer"] == "backbone.layers.0.mixer.dt_proj")
-    assert dt["kind"] == "state-space time step" and dt["status"] == "healthy"
-    assert r["verdict"] == "healthy", [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"]
+    dt = next(l for l in r.layers if l.layer == "backbone.layers.0.mixer.dt_proj")
+    assert dt.kind == "state-space time step" and dt.status == "healthy"
+    assert r.verdict == "healthy", [(l.layer, l.reason) for l in r.layers if l.status != "healthy"]
 
 
 def test_the_peer_rule_flags_a_small_by_design_layer_far_below_its_own_kind():
@@ -418,10 +420,10 @@ def test_deep_sigmoid_mlp_is_still_flagged_under_the_plain_rule(tmp_path):
     ctx = AnalysisContext(Job("gradients", ModelSpec(name="deep_sigmoid_mlp"), {}), tmp_path)
     ctx._loaded = loaded
     r = gradients.analyze(ctx, {"steps": 2})
-    first = r["layers"][0]
-    assert first["kind"] == "layer" and first["status"] == "vanishing"
-    assert first["grad_norm_relative"] < gradient_health.VANISHING_RATIO
-    assert first["rule"] == "< 0.001 × its neighbourhood's largest norm" and first["neighbourhood"] == "body"
+    first = r.layers[0]
+    assert first.kind == "layer" and first.status == "vanishing"
+    assert first.grad_norm_relative < gradient_health.VANISHING_RATIO
+    assert first.rule == "< 0.001 × its neighbourhood's largest norm" and first.neighbourhood == "body"
 
 
 @pytest.mark.parametrize("name,type_,params,kind", [

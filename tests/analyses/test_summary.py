@@ -19,21 +19,21 @@ def run_summary(model, *inputs, tmp_path=Path("/tmp")):
 
 
 def layer(result, name):
-    return next(l for l in result["layers"] if l["name"] == name)
+    return next(l for l in result.layers if l.name == name)
 
 
 def test_linear_counts(tmp_path, no_hooks_left):
     B, I, O = 4, 10, 5
     model = nn.Sequential(nn.Linear(I, O))
     r = run_summary(model, torch.randn(B, I), tmp_path=tmp_path)
-    m = r["metrics"]
-    assert m["params_total"] == I * O + O == 55
-    assert m["param_bytes"] == 55 * 4
-    assert m["flops_forward"] == 2 * B * I * O
+    m = r.metrics
+    assert m.params_total == I * O + O == 55
+    assert m.param_bytes == 55 * 4
+    assert m.flops_forward == 2 * B * I * O
     # Backward of the only layer: grad of the weight (input needs no grad) = one more matmul.
-    assert m["flops_backward"] == 2 * B * I * O
-    assert layer(r, "0")["output_shape"] == [B, O]
-    assert layer(r, "0")["pct_of_total"] == 100.0
+    assert m.flops_backward == 2 * B * I * O
+    assert layer(r, "0").output_shape == [B, O]
+    assert layer(r, "0").pct_of_total == 100.0
     no_hooks_left(model)
     assert model.training  # mode restored
 
@@ -42,9 +42,9 @@ def test_conv2d_flops(tmp_path):
     B, C, K, H, W = 2, 3, 8, 16, 16
     model = nn.Sequential(nn.Conv2d(C, K, 3, padding=1, bias=False))
     r = run_summary(model, torch.randn(B, C, H, W), tmp_path=tmp_path)
-    assert r["metrics"]["params_total"] == K * C * 9
-    assert r["metrics"]["flops_forward"] == 2 * B * K * H * W * C * 9
-    assert layer(r, "0")["output_shape"] == [B, K, H, W]
+    assert r.metrics.params_total == K * C * 9
+    assert r.metrics.flops_forward == 2 * B * K * H * W * C * 9
+    assert layer(r, "0").output_shape == [B, K, H, W]
 
 
 class Attn(nn.Module):
@@ -64,8 +64,8 @@ def test_attention_is_counted(tmp_path):
     scores = 2 * B * L * L * E  # h heads of (L x E/h) @ (E/h x L)
     weighted = 2 * B * L * L * E
     out_proj = 2 * B * L * E * E
-    assert r["metrics"]["flops_forward"] == in_proj + scores + weighted + out_proj
-    assert r["metrics"]["params_total"] == 3 * E * E + 3 * E + E * E + E
+    assert r.metrics.flops_forward == in_proj + scores + weighted + out_proj
+    assert r.metrics.params_total == 3 * E * E + 3 * E + E * E + E
 
 
 class Tied(nn.Module):
@@ -81,9 +81,9 @@ class Tied(nn.Module):
 
 def test_tied_weights_count_once(tmp_path):
     r = run_summary(Tied(), torch.randn(2, 6), tmp_path=tmp_path)
-    assert r["metrics"]["params_total"] == 36
-    assert r["metrics"]["tied_parameters"] == 1
-    assert layer(r, "enc")["params"] == 36 and layer(r, "dec")["params"] == 0
+    assert r.metrics.params_total == 36
+    assert r.metrics.tied_parameters == 1
+    assert layer(r, "enc").params == 36 and layer(r, "dec").params == 0
 
 
 def test_frozen_parameters(tmp_path):
@@ -91,17 +91,19 @@ def test_frozen_parameters(tmp_path):
     for p in model[0].parameters():
         p.requires_grad_(False)
     r = run_summary(model, torch.randn(3, 4), tmp_path=tmp_path)
-    assert r["metrics"]["params_frozen"] == 20 and r["metrics"]["params_trainable"] == 10
+    assert r.metrics.params_frozen == 20 and r.metrics.params_trainable == 10
 
 
-def test_result_is_plain_json(tmp_path):
+def test_result_is_typed_and_round_trips_through_json(tmp_path):
     import json
 
+    from diagnostics.analyses.summary import ANALYSIS, SummaryResult
+    from diagnostics.results import decode, to_json
     from sample_models import SAMPLES
     s = SAMPLES["resnet"]
     r = run_summary(s.build(), torch.randn(2, 3, 32, 32), tmp_path=tmp_path)
-    json.dumps(r)
-    assert r["metrics"]["params_total"] == sum(p.numel() for p in s.build().parameters())
+    assert isinstance(r, SummaryResult) and decode(ANALYSIS, json.loads(to_json(r))) == r
+    assert r.metrics.params_total == sum(p.numel() for p in s.build().parameters())
 
 
 def test_tied_weights_of_an_exported_model_are_counted_once(tmp_path):
@@ -125,8 +127,8 @@ def test_tied_weights_of_an_exported_model_are_counted_once(tmp_path):
     path = tmp_path / "lm.pt2"
     torch.export.save(torch.export.export(LM(), (torch.randint(0, 100, (2, 5)),)), str(path))
     spec = ModelSpec(source="export", name="lm.pt2", path=str(path), inputs=(InputSpec((2, 5), "int64", high=100),))
-    m = execute(Job("summary", spec), tmp_path / "out")["metrics"]
-    assert m["params_total"] == 100 * 16 and m["tied_parameters"] == 1 and m["param_bytes"] == 100 * 16 * 4
+    m = execute(Job("summary", spec), tmp_path / "out").metrics
+    assert m.params_total == 100 * 16 and m.tied_parameters == 1 and m.param_bytes == 100 * 16 * 4
 
 
 def test_a_flop_counter_failure_leaves_the_summary_with_flops_not_counted(tmp_path, monkeypatch):
@@ -146,11 +148,11 @@ def test_a_flop_counter_failure_leaves_the_summary_with_flops_not_counted(tmp_pa
 
     monkeypatch.setattr(summary_job, "FlopCounter", Broken)
     r = execute(Job("summary", ModelSpec(name="mlp")), tmp_path)
-    m = r["metrics"]
-    assert m["params_total"] > 0 and m["flops_forward"] is None and m["flops_train_step"] is None
-    assert r["notes"][0].startswith("FLOPs not counted: torch's FlopCounterMode failed on this model "
+    m = r.metrics
+    assert m.params_total > 0 and m.flops_forward is None and m.flops_train_step is None
+    assert r.notes[0].startswith("FLOPs not counted: torch's FlopCounterMode failed on this model "
                                     "(AssertionError: the counter tripped on this model)")
-    assert all(l["flops_forward"] is None for l in r["layers"]) and r["output_shape"] == [32, 10]
+    assert all(l.flops_forward is None for l in r.layers) and r.output_shape == [32, 10]
 
 
 def test_a_counter_failing_under_no_grad_counts_with_gradients_enabled(tmp_path, monkeypatch):
@@ -180,9 +182,9 @@ def test_a_counter_failing_under_no_grad_counts_with_gradients_enabled(tmp_path,
     # skip_backward: the one counted pass is then a forward under no_grad (a training step's one pass
     # records gradients and never trips), so the counter trips there and in the forward pass that follows
     r = execute(Job("summary", ModelSpec(name="mlp"), {"skip_backward": True}), tmp_path)
-    m = r["metrics"]
-    assert m["flops_forward"] == 2 * 32 * (64 * 128 + 128 * 128 + 128 * 10)  # the mlp sample's three Linears
-    assert r["notes"][0] == ("forward FLOPs counted with gradients enabled: under no_grad torch's FlopCounterMode "
+    m = r.metrics
+    assert m.flops_forward == 2 * 32 * (64 * 128 + 128 * 128 + 128 * 10)  # the mlp sample's three Linears
+    assert r.notes[0] == ("forward FLOPs counted with gradients enabled: under no_grad torch's FlopCounterMode "
                              "failed on this model (AssertionError: Expected gradient function to be set)")
 
 
@@ -274,17 +276,17 @@ def test_mixtral_expert_flops_are_counted_not_zero(tmp_path):
     per_layer = B * S * cfg.num_experts_per_tok * (2 * H * 2 * I + 2 * I * H)
     for i in range(cfg.num_hidden_layers):
         experts = layer(r, f"lm.model.layers.{i}.mlp.experts")
-        assert experts["params"] == cfg.num_local_experts * (H * 2 * I + I * H)
-        assert experts["flops_forward"] == per_layer
-        assert experts["flops_not_counted"] is None
-    assert not any("not counted" in n for n in r["notes"])
+        assert experts.params == cfg.num_local_experts * (H * 2 * I + I * H)
+        assert experts.flops_forward == per_layer
+        assert experts.flops_not_counted is None
+    assert not any("not counted" in n for n in r.notes)
     # The same model with transformers' eager experts (a loop of F.linear per expert: plain matmuls that
     # torch's own formulas count), layer by layer, forward and backward.
     model.lm.set_experts_implementation("eager")
     eager = run_summary(model, ids, tmp_path=tmp_path)
-    assert [(l["name"], l["flops_forward"], l["flops_backward"]) for l in r["layers"]] == \
-        [(l["name"], l["flops_forward"], l["flops_backward"]) for l in eager["layers"]]
-    assert r["metrics"]["flops_train_step"] == eager["metrics"]["flops_train_step"] > 3 * cfg.num_hidden_layers * per_layer
+    assert [(l.name, l.flops_forward, l.flops_backward) for l in r.layers] == \
+        [(l.name, l.flops_forward, l.flops_backward) for l in eager.layers]
+    assert r.metrics.flops_train_step == eager.metrics.flops_train_step > 3 * cfg.num_hidden_layers * per_layer
 
 
 @torch.library.custom_op("torchscope_test::summary_mystery", mutates_args=())
@@ -310,22 +312,22 @@ def test_a_layer_running_an_op_the_counter_does_not_know_shows_not_counted_not_z
     model = nn.Sequential(nn.Linear(8, 8), Mystery())
     r = run_summary(model, torch.randn(4, 8), tmp_path=tmp_path)
     odd = layer(r, "1")
-    assert odd["params"] == 64
-    assert odd["flops_forward"] is None and odd["flops_not_counted"] == "torchscope_test::summary_mystery"
-    assert odd["flops_backward"] == 2 * (2 * 4 * 8 * 8)  # its backward is two plain matmuls: counted
-    assert layer(r, "0")["flops_forward"] == 2 * 4 * 8 * 8 and layer(r, "0")["flops_not_counted"] is None
-    assert layer(r, "(model)")["flops_not_counted"] == "torchscope_test::summary_mystery"
-    assert r["metrics"]["flops_forward"] == 2 * 4 * 8 * 8  # the Linear: a lower bound, and the note says so
-    note = next(n for n in r["notes"] if n.startswith("FLOPs not counted for "))
+    assert odd.params == 64
+    assert odd.flops_forward is None and odd.flops_not_counted == "torchscope_test::summary_mystery"
+    assert odd.flops_backward == 2 * (2 * 4 * 8 * 8)  # its backward is two plain matmuls: counted
+    assert layer(r, "0").flops_forward == 2 * 4 * 8 * 8 and layer(r, "0").flops_not_counted is None
+    assert layer(r, "(model)").flops_not_counted == "torchscope_test::summary_mystery"
+    assert r.metrics.flops_forward == 2 * 4 * 8 * 8  # the Linear: a lower bound, and the note says so
+    note = next(n for n in r.notes if n.startswith("FLOPs not counted for "))
     assert "torchscope_test::summary_mystery (1 call; in 1)" in note and "lower bounds" in note
 
 
 def test_a_model_whose_only_arithmetic_went_uncounted_has_no_flop_total(tmp_path):
     r = run_summary(Mystery(), torch.randn(4, 8), tmp_path=tmp_path)
-    m = r["metrics"]
-    assert m["flops_forward"] is None  # not 0
-    assert m["flops_backward"] == m["flops_train_step"] == 2 * (2 * 4 * 8 * 8)  # lower bounds, as the note says
-    assert any(n.startswith("FLOPs not counted for torchscope_test::summary_mystery") for n in r["notes"])
+    m = r.metrics
+    assert m.flops_forward is None  # not 0
+    assert m.flops_backward == m.flops_train_step == 2 * (2 * 4 * 8 * 8)  # lower bounds, as the note says
+    assert any(n.startswith("FLOPs not counted for torchscope_test::summary_mystery") for n in r.notes)
 
 
 # --- TorchScript: no hooks, so no per-layer breakdown; the result says why (issue #17 item 7) -----------
@@ -351,18 +353,18 @@ def test_a_torchscript_file_says_why_its_layers_have_no_shapes_or_flops(how, tmp
     torch.jit.save(ts, str(path))
     spec = ModelSpec(source="torchscript", name="net.pt", path=str(path), inputs=(InputSpec((B, 8)),))
     r = execute(Job("summary", spec, {}), tmp_path / "out")
-    note = r["notes"][0]
+    note = r.notes[0]
     assert note.startswith("per-layer shapes and FLOPs not counted: this is a TorchScript model. TorchScript "
                            "modules take no Python forward hooks")
     assert "counted for the whole graph, on the model's row" in note
     # the whole graph's FLOPs, all on the root: 2·B·(8·16 + 16·4)
-    assert r["metrics"]["flops_forward"] == layer(r, "(model)")["flops_forward"] == 2 * B * (8 * 16 + 16 * 4)
-    assert r["output_shape"] == layer(r, "(model)")["output_shape"] == [B, 4]
+    assert r.metrics.flops_forward == layer(r, "(model)").flops_forward == 2 * B * (8 * 16 + 16 * 4)
+    assert r.output_shape == layer(r, "(model)").output_shape == [B, 4]
     for name, type_, params in [("fc1", "Linear", 8 * 16 + 16), ("head.0", "Linear", 16 * 4 + 4), ("act", "ReLU", 0)]:
         row = layer(r, name)
-        assert (row["type"], row["params"]) == (type_, params)
-        assert row["output_shape"] is None and row["flops_forward"] is None and row["flops_backward"] is None  # not 0
-    # the report's overview carries the note (the CLI prints result["notes"], the Model page shows them)
+        assert (row.type, row.params) == (type_, params)
+        assert row.output_shape is None and row.flops_forward is None and row.flops_backward is None  # not 0
+    # the report's overview carries the note (the CLI prints result.notes, the Model page shows them)
     assert any(note in str(sec.text) for sec in summary_sections(r))
 
 
@@ -378,7 +380,7 @@ def test_a_torchscript_submodule_gets_a_note_and_its_flops_land_on_its_python_pa
 
     B = 5
     r = run_summary(Outer(), torch.randn(B, 8), tmp_path=tmp_path)
-    assert r["notes"][0].startswith("per-layer shapes and FLOPs not counted inside the TorchScript submodule inner.")
-    assert layer(r, "out")["flops_forward"] == 2 * B * 4 * 3 and layer(r, "out")["output_shape"] == [B, 3]
-    assert layer(r, "inner")["flops_forward"] is None and layer(r, "inner.fc1")["flops_forward"] is None
-    assert layer(r, "(model)")["flops_forward"] == r["metrics"]["flops_forward"] == 2 * B * (8 * 16 + 16 * 4 + 4 * 3)
+    assert r.notes[0].startswith("per-layer shapes and FLOPs not counted inside the TorchScript submodule inner.")
+    assert layer(r, "out").flops_forward == 2 * B * 4 * 3 and layer(r, "out").output_shape == [B, 3]
+    assert layer(r, "inner").flops_forward is None and layer(r, "inner.fc1").flops_forward is None
+    assert layer(r, "(model)").flops_forward == r.metrics.flops_forward == 2 * B * (8 * 16 + 16 * 4 + 4 * 3)

@@ -4,6 +4,9 @@ import pytest
 import torch
 from torch import nn
 
+from msgspec.structs import replace
+
+from diagnostics.analyses.profile import KernelRow
 from diagnostics.analyses.profile import job as profiler
 from diagnostics.render.charts import profiler as charts
 from diagnostics.intake import LoadedModel
@@ -25,11 +28,11 @@ def result(tmp_path_factory):
 
 def test_latency_histogram(result):
     fig = charts.build_latency_histogram_figure(result)
-    assert list(fig.data[0].x) == result["latency"]["samples_ms"]
+    assert list(fig.data[0].x) == list(result.latency.samples_ms)
     assert fig.layout.xaxis.title.text == "latency per iteration (ms)"
     assert "(count)" in fig.layout.yaxis.title.text
     marks = [s.x0 for s in fig.layout.shapes]
-    assert marks == [result["latency"]["median_ms"], result["latency"]["p90_ms"], result["latency"]["p99_ms"]]
+    assert marks == [result.latency.median_ms, result.latency.p90_ms, result.latency.p99_ms]
 
 
 def test_step_breakdown_bars_are_the_step_phases(result):
@@ -38,9 +41,9 @@ def test_step_breakdown_bars_are_the_step_phases(result):
     assert names[:3] == ["forward", "backward", "optimizer"]
     assert fig.layout.barmode == "stack" and fig.layout.yaxis.title.text == "time (ms)"
     for trace in fig.data:
-        assert list(trace.y) == [s[f"{trace.name}_ms"] for s in result["steps"]]
-    total = [sum(t.y[i] for t in fig.data) for i in range(len(result["steps"]))]
-    assert total == pytest.approx([s["step_ms"] for s in result["steps"]])
+        assert list(trace.y) == [getattr(s, f"{trace.name}_ms") for s in result.steps]
+    total = [sum(t.y[i] for t in fig.data) for i in range(len(result.steps))]
+    assert total == pytest.approx([s.step_ms for s in result.steps])
     split = charts.build_device_split_figure(result)
     assert [t.name for t in split.data] == ["kernel", "memcpy", "memset", "CUDA runtime", "CPU exec", "other"]
     assert split.layout.yaxis.title.text == "time (ms)"
@@ -48,9 +51,9 @@ def test_step_breakdown_bars_are_the_step_phases(result):
 
 def test_top_operators(result):
     fig = charts.build_top_operators_figure(result, n=5)
-    top = sorted(result["operators"], key=lambda r: -r["self_cpu_ms"])[:5]
-    assert list(fig.data[0].y) == [r["name"] for r in top]
-    assert list(fig.data[0].x) == [r["self_cpu_ms"] for r in top]
+    top = sorted(result.operators, key=lambda r: -r.self_cpu_ms)[:5]
+    assert list(fig.data[0].y) == [r.name for r in top]
+    assert list(fig.data[0].x) == [r.self_cpu_ms for r in top]
     assert fig.layout.xaxis.title.text == "self CPU time (ms)"
     empty = charts.build_top_operators_figure(result, by="self_device_ms")
     assert "no operator has self device time" in empty.layout.annotations[0].text
@@ -59,33 +62,34 @@ def test_top_operators(result):
 def test_module_icicle_sizes_are_self_times(result):
     fig = charts.build_module_tree_figure(result, "forward")
     ice = fig.data[0]
-    mods = {m["name"]: m for m in result["modules"] if m["name"] != "(backward, no module)"}
-    assert set(ice.ids) == set(mods) and "2.0" in mods and mods["2.0"]["parent"] == "2"
+    mods = {m.name: m for m in result.modules if m.name != "(backward, no module)"}
+    assert set(ice.ids) == set(mods) and "2.0" in mods and mods["2.0"].parent == "2"
     for i, name in enumerate(ice.ids):
-        assert ice.values[i] == mods[name]["forward_self_ms"]
-        assert ice.parents[i] == (mods[name]["parent"] or "")
+        assert ice.values[i] == mods[name].forward_self_ms
+        assert ice.parents[i] == (mods[name].parent or "")
     assert "ms" in fig.layout.title.text
     assert charts.build_module_tree_figure(result, "backward").data[0].type == "icicle"
 
 
 def test_no_module_times_are_explained_by_the_result_or_its_setting(result):
     note = "no per-module times: a TorchScript model is a compiled graph"
-    text = charts.build_module_tree_figure({**result, "modules": [], "modules_note": note}).layout.annotations[0].text
+    text = charts.build_module_tree_figure(replace(result, modules=(), modules_note=note)).layout.annotations[0].text
     assert text == note
-    stored_before = {k: v for k, v in result.items() if k != "modules_note"}  # a profile stored before the note
-    off = {**stored_before, "modules": [], "config": {**result["config"], "with_modules": False}}
-    on = {**stored_before, "modules": [], "config": {**result["config"], "with_modules": True}}
+    stored_before = replace(result, modules_note=None)  # a profile stored before the note
+    off = replace(stored_before, modules=(), config={**result.config, "with_modules": False})
+    on = replace(stored_before, modules=(), config={**result.config, "with_modules": True})
     assert charts.modules_missing(off) == "per-module times need with_modules (module ranges); it was off"
     assert charts.modules_missing(on) == "no per-module times were recorded (with_modules was on)"
 
 
 def test_kernel_chart_without_and_with_kernels(result):
     assert "CUDA did not run" in charts.build_kernel_figure(result).layout.annotations[0].text
-    fake = {"kernels": [
-        {"name": "sm80_xmma_gemm", "calls": 2, "total_us": 40.0, "mean_us": 20.0, "max_us": 30.0, "grid": "4×1×1",
-         "block": "128×1×1", "tensor_cores": True},
-        {"name": "elementwise", "calls": 1, "total_us": 5.0, "mean_us": 5.0, "max_us": 5.0, "grid": None,
-         "block": None, "tensor_cores": False}]}
+    common = dict(min_us=5.0, registers_per_thread=None, occupancy_pct=None)
+    fake = replace(result, kernels=(
+        KernelRow(name="sm80_xmma_gemm", calls=2, total_us=40.0, mean_us=20.0, max_us=30.0, grid="4×1×1",
+                  block="128×1×1", tensor_cores=True, pct_of_kernel_time=88.9, **common),
+        KernelRow(name="elementwise", calls=1, total_us=5.0, mean_us=5.0, max_us=5.0, grid=None, block=None,
+                  tensor_cores=False, pct_of_kernel_time=11.1, **common)))
     fig = charts.build_kernel_figure(fake)
     assert [t.name for t in fig.data] == ["Tensor Cores", "no Tensor Cores"]
     assert list(fig.data[0].x) == [0.04] and fig.layout.xaxis.title.text == "total kernel time (ms)"
@@ -93,7 +97,7 @@ def test_kernel_chart_without_and_with_kernels(result):
 
 def test_timeline_lanes_and_events(result):
     fig = charts.build_timeline_figure(result)
-    tl = result["timeline"]
+    tl = result.timeline  # the trace layer's timeline, a plain dict
     assert sum(len(t.x) for t in fig.data) == tl["shown_events"] > 0
     assert set().union(*(set(t.y) for t in fig.data)) == set(tl["lanes"])
     assert fig.layout.xaxis.title.text == "time since the first event (ms)"
@@ -119,7 +123,7 @@ def test_report_figures_keep_full_operator_names_and_make_room_for_them(result):
         assert f["layout"]["template"]["layout"]["plot_bgcolor"] == "white"
     top = next(f for f in figs if f["layout"]["title"]["text"].startswith("Top") and "operators" in
                f["layout"]["title"]["text"])
-    expected = [r["name"] for r in sorted(result["operators"], key=lambda r: -r["self_cpu_ms"]) if r["self_cpu_ms"] > 0]
+    expected = [r.name for r in sorted(result.operators, key=lambda r: -r.self_cpu_ms) if r.self_cpu_ms > 0]
     ticks = top["data"][0]["y"]
     assert ticks == expected[:len(ticks)] and any(len(t) > 10 for t in ticks)  # 'aten::addmm', not 'at'
     hist = next(f for f in figs if f["layout"]["title"]["text"].startswith("Latency"))

@@ -56,7 +56,7 @@ def test_treemap_and_icicle_label_boxes_with_module_names(tmp_path):
     result = execute(Job("summary", ModelSpec(name="cnn")), tmp_path / "summary")
     tree = build_param_treemap_figure(result).data[0]
     label = dict(zip(tree.ids, tree.labels))
-    types = {l["name"]: l["type"] for l in result["layers"]}
+    types = {l.name: l.type for l in result.layers}
     assert label["features.0.0"] == f"features.0.0 · {types['features.0.0']}" == "features.0.0 · Conv2d"
     assert label["features"] == "features · Sequential" and label["classifier"].startswith("classifier · ")
     assert not any(l.split(" · ")[0].isdigit() for l in tree.labels)

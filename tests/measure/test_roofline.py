@@ -114,28 +114,28 @@ def profiled(tmp_path_factory):
 
 
 def test_profile_mfu_is_recomputed_from_flops_latency_and_the_roof(profiled):
-    m = profiled["metrics"]
+    m = profiled.metrics
     d_in, h, c, b = 64, 128, 10, 32
-    assert m["model_flops_per_step"] == 2 * b * (d_in * h + h * h + h * c)  # three Linear layers, inference
-    assert m["mfu"] == pytest.approx(m["model_flops_per_step"] / (m["latency_median_ms"] / 1e3) / m["peak_flops"])
-    assert 0 < m["mfu"] <= 1
-    assert m["peak_flops"] == profiled["roofs"]["peak_flops"]
+    assert m.model_flops_per_step == 2 * b * (d_in * h + h * h + h * c)  # three Linear layers, inference
+    assert m.mfu == pytest.approx(m.model_flops_per_step / (m.latency_median_ms / 1e3) / m.peak_flops)
+    assert 0 < m.mfu <= 1
+    assert m.peak_flops == profiled.roofs.peak_flops
 
 
 def test_module_mfu_is_its_flops_over_its_time_and_the_peak(profiled):
-    rows = {r["name"]: r for r in profiled["modules"]}
-    steps = len(profiled["steps"])
+    rows = {r.name: r for r in profiled.modules}
+    steps = len(profiled.steps)
     fc1 = rows["fc1"]
-    assert fc1["flops"] == 2 * 32 * 64 * 128
-    t_ms = (fc1["forward_ms"] + (fc1["backward_ms"] or 0)) / steps
-    assert fc1["mfu"] == pytest.approx(fc1["flops"] / (t_ms / 1e3) / profiled["metrics"]["peak_flops"])
-    assert rows["(model)"]["flops"] == profiled["metrics"]["model_flops_per_step"]
-    assert rows["act1"]["flops"] is None and rows["act1"]["mfu"] is None  # ReLU: no FLOPs counted, no MFU
+    assert fc1.flops == 2 * 32 * 64 * 128
+    t_ms = (fc1.forward_ms + (fc1.backward_ms or 0)) / steps
+    assert fc1.mfu == pytest.approx(fc1.flops / (t_ms / 1e3) / profiled.metrics.peak_flops)
+    assert rows["(model)"].flops == profiled.metrics.model_flops_per_step
+    assert rows["act1"].flops is None and rows["act1"].mfu is None  # ReLU: no FLOPs counted, no MFU
 
 
 def test_profile_roofline_rows_and_no_matmul_above_its_roof(profiled):
-    rows = {r["op"]: r for r in profiled["roofline"]}
-    assert "aten::addmm" in rows and rows["aten::addmm"]["calls"] == 3
-    assert rows["aten::addmm"]["bound"] in ("compute", "memory") and rows["aten::addmm"]["time_ms"] > 0
-    assert not any(r["above_roof"] for r in profiled["roofline"])
-    assert profiled["metrics"]["roofline_headroom_ms"] == pytest.approx(sum(r["headroom_ms"] for r in rows.values()))
+    rows = {r.op: r for r in profiled.roofline}
+    assert "aten::addmm" in rows and rows["aten::addmm"].calls == 3
+    assert rows["aten::addmm"].bound in ("compute", "memory") and rows["aten::addmm"].time_ms > 0
+    assert not any(r.above_roof for r in profiled.roofline)
+    assert profiled.metrics.roofline_headroom_ms == pytest.approx(sum(r.headroom_ms for r in rows.values()))

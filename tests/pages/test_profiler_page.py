@@ -81,13 +81,17 @@ def test_view_shows_gpu_kernels_and_device_split_when_cuda_ran(tmp_path):
 
     result = execute(Job("profile", ModelSpec(name="mlp", batch_size=4),
                          {"wait": 0, "warmup": 1, "active": 1, "latency_warmup": 0, "latency_iters": 3}), tmp_path)
-    result["cuda_ran"] = True
-    result["kernels"] = [
-        {"name": "sm80_xmma_gemm_f16f16", "calls": 3, "total_us": 30.0, "mean_us": 10.0, "max_us": 12.0,
-         "min_us": 8.0, "grid": "4×1×1", "block": "128×1×1", "tensor_cores": True, "pct_of_kernel_time": 75.0},
-        {"name": "elementwise_kernel", "calls": 2, "total_us": 10.0, "mean_us": 5.0, "max_us": 6.0, "min_us": 4.0,
-         "grid": None, "block": None, "tensor_cores": False, "pct_of_kernel_time": 25.0}]
-    result["metrics"].update(kernel_time_ms=0.04, tensor_core_kernel_pct=75.0)
+    from msgspec.structs import replace
+
+    from diagnostics.analyses.profile import KernelRow
+
+    common = dict(registers_per_thread=None, occupancy_pct=None)
+    result = replace(result, cuda_ran=True, kernels=(
+        KernelRow(name="sm80_xmma_gemm_f16f16", calls=3, total_us=30.0, mean_us=10.0, max_us=12.0, min_us=8.0,
+                  grid="4×1×1", block="128×1×1", tensor_cores=True, pct_of_kernel_time=75.0, **common),
+        KernelRow(name="elementwise_kernel", calls=2, total_us=10.0, mean_us=5.0, max_us=6.0, min_us=4.0, grid=None,
+                  block=None, tensor_cores=False, pct_of_kernel_time=25.0, **common)),
+        metrics=replace(result.metrics, kernel_time_ms=0.04, tensor_core_kernel_pct=75.0))
     at = AppTest.from_function(_show_result, args=(result,), default_timeout=60).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("75.0% of kernel time on Tensor Cores" in c.value for c in at.caption)

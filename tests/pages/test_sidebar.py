@@ -6,7 +6,9 @@ import textwrap
 import pytest
 
 from diagnostics import ModelSpec
+from diagnostics.analyses.validate import ValidateMetrics, ValidateResult
 from diagnostics.errors import TorchScopeError
+from diagnostics.results import ModelInput
 from diagnostics.runner import Job, run_job
 from diagnostics.spec import InputSpec
 from diagnostics.store import Store
@@ -48,10 +50,11 @@ def test_upload_shapes_take_a_dtype_each_and_an_integer_range():
     assert parse_inputs("8x16:int32:7", "float32", 100) == (InputSpec((8, 16), "int32", 7),)
 
 
-def _uploaded(at, spec: ModelSpec, result: dict):
-    """What a successful 'Load model' leaves in the session (AppTest cannot drive a file uploader)."""
+def _uploaded(at, spec: ModelSpec, check):
+    """What a successful 'Load model' leaves in the session (AppTest cannot drive a file uploader): the spec
+    and the load check's typed result."""
     at.session_state["sb_source"] = "Upload a file"
-    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": result}
+    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "check": check}
     return at
 
 
@@ -74,8 +77,10 @@ def test_an_upload_left_as_declared_runs_on_its_own_example_values(new_app, tmp_
 
 def test_a_scalar_first_input_has_no_batch_size(new_app, tmp_path):
     spec = ModelSpec(source="python", name="scalar.py", path=str(tmp_path / "scalar.py"), file_sha256="s")
-    at = _uploaded(new_app(), spec, {"inputs": [{"shape": [], "dtype": "float32", "high": None}],
-                                      "model_type": "Scalar", "notes": []}).run(timeout=30)
+    check = ValidateResult(model="scalar.py", model_type="Scalar", output_shape=[], loss="mse", notes=(),
+                           inputs=(ModelInput(shape=(), dtype="float32", high=None),),
+                           metrics=ValidateMetrics(output_nan=0, output_inf=0, output_elements=1))
+    at = _uploaded(new_app(), spec, check).run(timeout=30)
     assert not at.exception, [e.value for e in at.exception]
     assert any("scalar, so there is no batch size" in c.value for c in at.sidebar.caption)
     assert not [n for n in at.sidebar.number_input if n.label == "Batch size"]

@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from diagnostics.analyses.validate import ValidateMetrics, ValidateResult
+from diagnostics.results import ModelInput
 from ui import state
 
 transformers = pytest.importorskip("transformers")
@@ -62,9 +64,11 @@ def test_memory_page_of_a_meta_model_shows_counts_not_peaks(new_app):
     spec = ModelSpec(source="hf", name="gpt2", hf=HFSettings(config, seq_len=16, meta="on").to_json())
     at = new_app()
     at.session_state["sb_source"] = "Hugging Face config"
-    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "result": {
-        "inputs": [{"shape": [2, 16], "dtype": "int64", "high": 1000}], "model_type": "HFTaskModel[GPT2LMHeadModel]",
-        "notes": []}}
+    at.session_state[state.MODEL_INFO] = {"spec": spec.to_dict(), "check": ValidateResult(
+        model="gpt2", model_type="HFTaskModel[GPT2LMHeadModel]", inputs=(ModelInput(shape=(2, 16), dtype="int64",
+                                                                                     high=1000),),
+        output_shape=[2, 16, 1000], loss="cross-entropy", notes=(),
+        metrics=ValidateMetrics(output_nan=None, output_inf=None, output_elements=None))}
     at.switch_page("pages/memory.py").run()
     assert not at.exception, [e.value for e in at.exception]
     metrics = {m.label: m.value for m in at.metric}

@@ -49,7 +49,7 @@ def run_fault(world, forward: str, imports: str = "", name: str = "fault.py", ch
         return outcome, rec
     nxt = run_job(Job("validate", world["good"]), store=store, timeout_s=60)
     assert nxt.ok, f"the next job failed after a fault: {nxt.error}"
-    assert nxt.result["output_shape"] == [2, 3]
+    assert nxt.result.output_shape == [2, 3]
     return outcome, rec
 
 
@@ -77,11 +77,11 @@ def test_forward_that_raises(world):
 def test_forward_that_returns_nan_completes_with_a_note(world):
     out, rec = run_fault(world, "y = self.lin(x) * float('nan')\ny[0, 0] = float('inf')\nreturn y")
     assert out.ok, out.error
-    assert out.result["metrics"]["output_nan"] == 5 and out.result["metrics"]["output_inf"] == 1
-    assert out.result["metrics"]["output_elements"] == 6
-    assert len(out.result["notes"]) == 1
-    assert out.result["notes"][0].startswith("the output is not finite: 5 NaN and 1 infinite values out of 6")
-    assert rec.result["notes"] == out.result["notes"]
+    assert out.result.metrics.output_nan == 5 and out.result.metrics.output_inf == 1
+    assert out.result.metrics.output_elements == 6
+    assert len(out.result.notes) == 1
+    assert out.result.notes[0].startswith("the output is not finite: 5 NaN and 1 infinite values out of 6")
+    assert tuple(rec.result["notes"]) == out.result.notes  # the store's plain form
 
 
 def test_hanging_forward_times_out_and_the_worker_is_killed(world, monkeypatch):

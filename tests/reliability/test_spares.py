@@ -102,8 +102,8 @@ def test_the_result_is_the_one_a_cold_worker_gives(pool, tmp_path, monkeypatch):
     pool()
     warm = run_job(job, timeout_s=180)
     assert warm.ok and worker_log(warm).startswith(WARM_LOG_LINE)
-    assert warm.result["metrics"] == cold.result["metrics"]
-    assert warm.result["layers"] == cold.result["layers"]
+    assert warm.result.metrics == cold.result.metrics
+    assert warm.result.layers == cold.result.layers
 
 
 def test_a_spare_started_under_other_settings_is_not_used(pool, tmp_path, monkeypatch):

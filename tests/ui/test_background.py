@@ -59,7 +59,7 @@ def test_a_job_outlives_the_thread_that_started_it_and_is_stored(tmp_path):
     assert mgr.wait("s1", 120)
     out = bj.outcome
     assert out.ok, out.error
-    assert out.result["metrics"]["params_total"] == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+    assert out.result.metrics.params_total == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
     assert store.get(out.run_id).status == "ok"
     assert [j.key for j in mgr.collect("s1")] == [bj.key]
     assert mgr.find("s1", bj.key) is None and mgr.collect("s1") == []  # collected once

@@ -11,6 +11,8 @@ import streamlit as st
 from diagnostics.analyses.attach.protocol import PHASES
 from diagnostics.render.charts.attach import (build_breakdown_figure, build_gpu_idle_figure, build_steps_figure,
                                               summary_lines)
+from diagnostics.registry import get_analysis
+from diagnostics.results import decode
 from ui.views import checklist as checklist_view
 from ui.views import gradients as gradients_view
 from ui.widgets import Tile, chart_key, metric_row, unit_columns
@@ -53,10 +55,10 @@ def _gradients(result: dict) -> None:
         return
     opt = (result.get("optimizers") or [{}])[0]
     lr = ((opt.get("groups") or [{}])[0]).get("lr")
-    gradients_view.show({**g, "options": {"steps": g["metrics"]["steps"], "optimizer": opt.get("type", "?"),
-                                          "lr": float(lr) if isinstance(lr, (int, float)) else float("nan")},
-                         "model": "the script's model", "device": ", ".join((result.get("model") or {})
-                                                                          .get("devices", {})) or "?"})
+    gradients_view.show(decode(get_analysis("gradients"), {  # the gradient-flow view, on the attached run's
+        **g, "options": {"steps": g["metrics"]["steps"], "optimizer": opt.get("type", "?"),
+                         "lr": float(lr) if isinstance(lr, (int, float)) else float("nan")},
+        "model": "the script's model", "device": ", ".join((result.get("model") or {}).get("devices", {})) or "?"}))
 
 
 def _data(result: dict) -> None:
@@ -141,7 +143,3 @@ def show(result: dict) -> None:
         _data(result)
     with tabs["Trace"]:
         _open_trace(result)
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"attach": show}

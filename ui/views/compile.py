@@ -113,5 +113,3 @@ def show_partial(partial: dict) -> None:
         st.markdown("**Recompiles**")
         _recompiles(partial["recompiles"])
 
-
-VIEWS = {"compile": show}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from diagnostics.analyses.gradients import GradientsResult
 from diagnostics.render.charts.gradients import (STATUS_COLORS, build_activation_health_figure, build_global_norm_figure,
                                           build_grad_heatmap_figure, build_grad_norm_depth_figure)
+from diagnostics.render.tables import frame
 from ui.widgets import Tile, metric_row
 
 
@@ -18,40 +20,40 @@ def _status_style(col: pd.Series) -> list[str]:
     return [f"color: white; background-color: {STATUS_COLORS.get(v, '#9E9E9E')}" for v in col]
 
 
-def tiles(result: dict) -> list[Tile]:
-    m = result["metrics"]
+def tiles(result: GradientsResult) -> list[Tile]:
+    m = result.metrics
     return [
-        Tile("Layers flagged", f"{m['layers_flagged']} / {m['layers']}", "text", "layers not classified healthy"),
-        Tile("Vanishing", m["layers_vanishing"], "count", "layers whose gradients vanish"),
-        Tile("Exploding", m["layers_exploding"], "count", "layers whose gradients explode"),
-        Tile("Dead", m["layers_dead"], "count", "layers whose gradients are (almost) all zero"),
-        Tile("Non-finite", m["layers_nonfinite"], "count", "layers with NaN or Inf gradients"),
-        Tile("Global norm", _fmt(m["global_norm_last"]), "text",
-             f"L2 norm of all gradients together at the last step (first step: {_fmt(m['global_norm_first'])}); "
+        Tile("Layers flagged", f"{m.layers_flagged} / {m.layers}", "text", "layers not classified healthy"),
+        Tile("Vanishing", m.layers_vanishing, "count", "layers whose gradients vanish"),
+        Tile("Exploding", m.layers_exploding, "count", "layers whose gradients explode"),
+        Tile("Dead", m.layers_dead, "count", "layers whose gradients are (almost) all zero"),
+        Tile("Non-finite", m.layers_nonfinite, "count", "layers with NaN or Inf gradients"),
+        Tile("Global norm", _fmt(m.global_norm_last), "text",
+             f"L2 norm of all gradients together at the last step (first step: {_fmt(m.global_norm_first)}); "
              "the Global norm tab shows every step"),
     ]
 
 
-def show(result: dict) -> None:
-    m = result["metrics"]
-    o = result["options"]
-    st.caption(f"{result['model']} · device {result['device']} · {o['steps']} step{'s' if o['steps'] != 1 else ''} "
+def show(result: GradientsResult) -> None:
+    m = result.metrics
+    o = result.options  # the options as run
+    st.caption(f"{result.model} · device {result.device} · {o['steps']} step{'s' if o['steps'] != 1 else ''} "
                f"of {o['optimizer']} at lr "
                f"{o['lr']:g}")
     metric_row(tiles(result))
-    if m["layers_flagged"] and result.get("confidence") == "low":
-        st.warning(f"Gradient flow: {result['verdict']} (low confidence: a stand-in loss, see below)")
-    elif m["layers_flagged"]:
-        st.error(f"Gradient flow: {result['verdict']}")
+    if m.layers_flagged and result.confidence == "low":
+        st.warning(f"Gradient flow: {result.verdict} (low confidence: a stand-in loss, see below)")
+    elif m.layers_flagged:
+        st.error(f"Gradient flow: {result.verdict}")
     else:
         st.success("Gradient flow: every layer within the thresholds")
-    for note in result.get("notes", []):
+    for note in result.notes:
         st.info(note)
 
     tab_layers, tab_depth, tab_heat, tab_global, tab_act, tab_thr = st.tabs(
         ["Layers", "Norm across depth", "Layer × step", "Global norm", "Activations", "Thresholds"])
     with tab_layers:
-        df = pd.DataFrame(result["layers"])
+        df = frame(result.layers)
         # the numbers first: the long texts (reason, rule) after them, so no number is pushed off-screen
         cols = ["index", "layer", "status", "grad_norm_mean", "grad_norm_relative", "grad_abs_mean", "grad_abs_max",
                 "update_ratio_mean", "zero_fraction", "nan_count", "inf_count", "type", "kind", "reason",
@@ -83,16 +85,12 @@ def show(result: dict) -> None:
     with tab_global:
         st.plotly_chart(build_global_norm_figure(result), width="stretch")
     with tab_act:
-        if result["activations"]:
+        if result.activations:
             st.plotly_chart(build_activation_health_figure(result), width="stretch")
         else:
             st.info("No ReLU, sigmoid or tanh modules: activations called as functions are not hooked.")
     with tab_thr:
-        st.dataframe(pd.DataFrame(result["thresholds"]), hide_index=True, width="stretch",
+        st.dataframe(frame(result.thresholds), hide_index=True, width="stretch",
                      column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
                                     "meaning": "Meaning"})
         st.caption("Named constants in diagnostics/measure/gradient_health.py; see docs/gradients.md.")
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"gradients": show}

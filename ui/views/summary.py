@@ -5,15 +5,15 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from diagnostics.render.charts.summary import build_param_treemap_figure, build_top_layers_figure
+from diagnostics.analyses.summary import SummaryResult
+from diagnostics.render.charts.summary import build_param_treemap_figure, build_top_layers_figure, overview
+from diagnostics.render.tables import frame
 from diagnostics.units import human_bytes
 from ui.widgets import Tile, metric_row
 
 
-def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
-    df = pd.DataFrame(result["layers"])
-    if "flops_not_counted" not in df:  # a result stored before the field existed
-        df["flops_not_counted"] = None
+def layer_table(result: SummaryResult, leaves_only: bool) -> pd.DataFrame:
+    df = frame(result.layers)
     if leaves_only:
         df = df[df["is_leaf"] | (df["params"] > 0)]
         df = df[df["name"] != "(model)"]
@@ -25,28 +25,26 @@ def layer_table(result: dict, leaves_only: bool) -> pd.DataFrame:
     return df[cols]
 
 
-def tiles(result: dict) -> list[Tile]:
-    m = result["metrics"]
+def tiles(result: SummaryResult) -> list[Tile]:
+    m = result.metrics
     return [
-        Tile("Parameters", m["params_total"], "count", f"{m['params_total']:,} in total; tied weights counted once"
-                                                        f" ({m['tied_parameters']} tied)"),
-        Tile("Trainable", m["params_trainable"], "count", f"{m['params_trainable']:,} trainable parameters"),
-        Tile("Frozen", m["params_frozen"], "count", f"{m['params_frozen']:,} frozen parameters"),
-        Tile("Parameter memory", m["param_bytes"], "bytes", f"{m['param_bytes']:,} bytes of parameters; buffers: "
-                                                            f"{human_bytes(m['buffer_bytes'])}"),
-        Tile("Forward FLOPs", m["flops_forward"], "flop", "see the note below" if m["flops_forward"] is None else
-             f"{m['flops_forward']:,} FLOPs for one forward pass at batch {m['batch_size']}", missing="not counted"),
-        Tile("Fwd + bwd FLOPs", m["flops_train_step"], "flop", None if m["flops_train_step"] is None else
-             f"{m['flops_train_step']:,} FLOPs for one training step (without the optimizer)", missing="not counted"),
+        Tile("Parameters", m.params_total, "count", f"{m.params_total:,} in total; tied weights counted once"
+                                                     f" ({m.tied_parameters} tied)"),
+        Tile("Trainable", m.params_trainable, "count", f"{m.params_trainable:,} trainable parameters"),
+        Tile("Frozen", m.params_frozen, "count", f"{m.params_frozen:,} frozen parameters"),
+        Tile("Parameter memory", m.param_bytes, "bytes", f"{m.param_bytes:,} bytes of parameters; buffers: "
+                                                         f"{human_bytes(m.buffer_bytes)}"),
+        Tile("Forward FLOPs", m.flops_forward, "flop", "see the note below" if m.flops_forward is None else
+             f"{m.flops_forward:,} FLOPs for one forward pass at batch {m.batch_size}", missing="not counted"),
+        Tile("Fwd + bwd FLOPs", m.flops_train_step, "flop", None if m.flops_train_step is None else
+             f"{m.flops_train_step:,} FLOPs for one training step (without the optimizer)", missing="not counted"),
     ]
 
 
-def show(result: dict) -> None:
-    st.caption(f"{result['model']} · {result['model_type']} · inputs "
-               + ", ".join(f"{i['name'] + '=' if i.get('name') else ''}{i['shape']} {i['dtype']}" for i in result["inputs"])
-               + f" · output {result['output_shape']} · device {result['device']} · loss: {result['loss']}")
+def show(result: SummaryResult) -> None:
+    st.caption(overview(result))
     metric_row(tiles(result))
-    for note in result.get("notes", []):
+    for note in result.notes:
         st.info(note)
     tab_table, tab_tree, tab_top = st.tabs(["Layers", "Parameter treemap", "Top layers"])
     with tab_table:
@@ -60,7 +58,7 @@ def show(result: dict) -> None:
 
 
 @st.fragment
-def layers_table(result: dict) -> None:
+def layers_table(result: SummaryResult) -> None:
     """The per-layer table and its toggle: a fragment, so the toggle reruns the table alone, not the
     page (sidebar, tiles and charts)."""
     leaves = st.toggle("Leaf layers only", value=True, key="summary_leaves")
@@ -86,6 +84,3 @@ def layers_table(result: dict) -> None:
         },
     )
 
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"summary": show}

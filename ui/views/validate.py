@@ -2,11 +2,10 @@
 
 import streamlit as st
 
-
-def show(result: dict) -> None:
-    st.write(f"**{result['model']}** ({result['model_type']}) loaded; output shape {result['output_shape']}")
-    st.table(result["inputs"])
+from diagnostics.analyses.validate import ValidateResult
+from diagnostics.render.tables import frame
 
 
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"validate": show}
+def show(result: ValidateResult) -> None:
+    st.write(f"**{result.model}** ({result.model_type}) loaded; output shape {result.output_shape}")
+    st.table(frame(result.inputs))

@@ -17,12 +17,13 @@ import statistics
 import psutil
 import torch
 
-from diagnostics.analyses.batch_scan import ANALYSIS
+from diagnostics.analyses.batch_scan import ANALYSIS, BatchScanResult
 from diagnostics.measure.memory import is_cuda, measure_peak
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
 from diagnostics.measure.timer import time_once
 from diagnostics.measure.training import make_optimizer
+from diagnostics.results import build
 
 #: With no budget given on the CPU, the budget is this share of the RAM available when the scan starts.
 CPU_DEFAULT_BUDGET_SHARE = 0.5
@@ -68,7 +69,7 @@ def _recover(model, device) -> None:
         torch.cuda.empty_cache()
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> BatchScanResult:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     o = options
     loaded = ctx.loaded
@@ -181,7 +182,7 @@ def analyze(ctx, options: dict) -> dict:
     else:
         summary = f"largest batch under the budget: {largest} ({stopped['message']})"
     ctx.progress(1.0, "done")
-    return {
+    return build(BatchScanResult, {
         "model": loaded.spec.label,
         "device": str(device),
         "options": o,
@@ -197,4 +198,4 @@ def analyze(ctx, options: dict) -> dict:
                           "tensors alive before it"),
         "timing_source": ("CUDA events + synchronize, median of the repeats" if is_cuda(device) else
                           "time.perf_counter, median of the repeats"),
-    }
+    })

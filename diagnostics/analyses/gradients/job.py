@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from diagnostics.analyses.gradients import ANALYSIS
+from diagnostics.analyses.gradients import ANALYSIS, GradientsResult
 from diagnostics.measure.gradflow import gradient_flow
+from diagnostics.results import build
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> GradientsResult:
     o = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     result = gradient_flow(ctx.loaded, o["steps"], o["optimizer"], o["lr"], ctx.progress)
-    return {**result, "options": o}
+    return build(GradientsResult, {**result, "options": o})

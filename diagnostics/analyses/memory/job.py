@@ -17,7 +17,7 @@ import pickle
 import psutil
 import torch
 
-from diagnostics.analyses.memory import ANALYSIS
+from diagnostics.analyses.memory import ANALYSIS, MemoryResult
 from diagnostics.measure.memory import (CATEGORIES, ROOT, category_timeline, is_cuda, measure_peak,
                                                  measure_saved, phase_ranges)
 from diagnostics.measure.optimizers import STATE_PER_PARAM
@@ -26,6 +26,7 @@ from diagnostics.measure.tensors import (buffer_bytes, grad_bytes, optimizer_sta
                                          trainable_bytes)
 from diagnostics.measure.training import make_optimizer
 from diagnostics.errors import ModelRunError, TorchScopeError
+from diagnostics.results import build
 
 #: Batches the estimate measures saved activations at (then a straight line through them).
 ESTIMATE_BATCHES = (2, 4)
@@ -120,7 +121,7 @@ def _snapshot(loaded, opt, inputs, artifact_dir) -> dict:
             "note": "open it at https://pytorch.org/memory_viz (drag the file onto the page)"}
 
 
-def _counted_only(loaded, o: dict) -> dict:
+def _counted_only(loaded, o: dict) -> MemoryResult:
     """A model on the meta device (too big to build here): the memory a training step needs for
     weights, gradients and optimizer state, counted from the parameters; the peaks, activations and
     inputs were not measured and are None, not 0."""
@@ -134,7 +135,7 @@ def _counted_only(loaded, o: dict) -> dict:
     metrics.update({k: None for k in ("peak_train_bytes", "peak_inference_bytes", "reserved_train_bytes",
                                       "saved_activation_bytes", "input_bytes", "estimate_bytes", "estimate_error_pct",
                                       "workspace_bytes", "rss_bytes")})  # not measured
-    return {
+    return build(MemoryResult, {
         "model": loaded.spec.label,
         "device": str(loaded.device),
         "options": o,
@@ -148,10 +149,10 @@ def _counted_only(loaded, o: dict) -> dict:
         "notes": [f"this model was {loaded.meta}: weights, gradients and {o['optimizer']} state are counted "
                   f"({static:,} bytes in all); activations, inputs, temporaries and peaks were not measured "
                   "(shown as n/a), so the real training peak is higher"],
-    }
+    })
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> MemoryResult:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     o = options
     loaded = ctx.loaded
@@ -294,7 +295,7 @@ def analyze(ctx, options: dict) -> dict:
         "batch_size": batch,
     }
     ctx.progress(1.0, "done")
-    return {
+    return build(MemoryResult, {
         "model": loaded.spec.label,
         "device": str(device),
         "options": o,
@@ -317,4 +318,4 @@ def analyze(ctx, options: dict) -> dict:
         "estimate": {**est, "estimates": estimates, "measured_peak_bytes": int(peak)},
         "snapshot": snapshot,
         "notes": notes,
-    }
+    })

@@ -43,8 +43,9 @@ def _is_python_frame(event) -> bool:
     return bool(flag) if flag is not None else is_python_frame_name(event.name)
 
 
-from diagnostics.analyses.profile import ANALYSIS, MAX_LATENCY_ITERS, MAX_PROFILED_STEPS
+from diagnostics.analyses.profile import ANALYSIS, MAX_LATENCY_ITERS, MAX_PROFILED_STEPS, ProfileResult
 from diagnostics.declare import OptionError
+from diagnostics.results import build
 
 TB_WORKER = "torchscope_rank0"
 
@@ -314,7 +315,7 @@ def profiler_overhead(model, step, opts: dict, device, activities: list, rounds:
 
 
 # ----------------------------------------------------------------------------- the job
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> ProfileResult:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     loaded = ctx.loaded
     spec = loaded.spec
@@ -488,7 +489,7 @@ def analyze(ctx, options: dict) -> dict:
         "batch_size": batch,
     }
     ctx.progress(1.0, "done")
-    return {
+    return build(ProfileResult, {
         "model": spec.label, "device": spec.device, "batch_size": batch, "mode": opts["mode"],
         "config": opts, "cuda_ran": cuda_ran,
         "inputs": [{"shape": list(s.shape), "dtype": s.dtype, **({"name": s.name} if s.name else {})}
@@ -501,5 +502,5 @@ def analyze(ctx, options: dict) -> dict:
         "roofline": roof["rows"] if roof else [], "roofs": roof["roofs"] if roof else None, "artifacts": artifacts, "notes": notes,
         "flops_not_counted": roof["not_counted"] if roof else [],
         **({"roofline_unavailable": roof_unavailable} if roof_unavailable else {}),
-        "torch_version": torch.__version__,
-    }
+        "torch_version": str(torch.__version__),
+    })

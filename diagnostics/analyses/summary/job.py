@@ -14,9 +14,10 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import nn
 
-from diagnostics.analyses.summary import ANALYSIS
+from diagnostics.analyses.summary import ANALYSIS, SummaryLayer, SummaryMetrics, SummaryResult
 from diagnostics.measure.flops import FlopCount, FlopCounter
 from diagnostics.measure.tensors import shape_of, tensor_key, unique_params
+from diagnostics.results import UNSET, ModelInput
 
 ROOT = "(model)"
 
@@ -204,7 +205,7 @@ def _counts_pass_by_pass(ctx, loaded, options, trainable, shapes):
     return fwd, both, flops_note, backward_note
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> SummaryResult:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     loaded = ctx.loaded
     model = loaded.model
@@ -263,62 +264,64 @@ def analyze(ctx, options: dict) -> dict:
         name = mname or ROOT
         subtree = {tensor_key(p): p for p in (p for _, p in mod.named_parameters(remove_duplicate=False))}
         children = list(mod.named_children())
-        layers.append({
-            "name": name,
-            "parent": None if not mname else (mname.rsplit(".", 1)[0] if "." in mname else ROOT),
+        layers.append(SummaryLayer(
+            name=name,
+            parent=None if not mname else (mname.rsplit(".", 1)[0] if "." in mname else ROOT),
             # a TorchScript module's class is RecursiveScriptModule; original_name is the class it was made from
-            "type": getattr(mod, "original_name", None) or type(mod).__name__
-                    if isinstance(mod, torch.jit.ScriptModule) else type(mod).__name__,
-            "depth": 0 if not mname else mname.count(".") + 1,
-            "is_leaf": not children,
-            "output_shape": shapes.get(name),
-            "params": own_params.get(name, 0),
-            "params_total": sum(p.numel() for p in subtree.values()),
-            "pct_of_total": 100.0 * own_params.get(name, 0) / total if total else 0.0,
-            "trainable": own_trainable.get(name, 0),
+            type=getattr(mod, "original_name", None) or type(mod).__name__
+                 if isinstance(mod, torch.jit.ScriptModule) else type(mod).__name__,
+            depth=0 if not mname else mname.count(".") + 1,
+            is_leaf=not children,
+            output_shape=shapes.get(name),
+            params=own_params.get(name, 0),
+            params_total=sum(p.numel() for p in subtree.values()),
+            pct_of_total=100.0 * own_params.get(name, 0) / total if total else 0.0,
+            trainable=own_trainable.get(name, 0),
             # inside TorchScript (not the root) nothing is attributed: not counted, never 0
-            "flops_forward": None if fwd_total is None or (name != ROOT and _in_script(name, tops)) else
-                             flops_or_none(fwd_per.get(name, 0), fwd_missing.get(name)),
-            "flops_backward": None if bwd_total is None or (name != ROOT and _in_script(name, tops)) else
-                              flops_or_none(bwd_per.get(name, 0), bwd_missing.get(name)),
+            flops_forward=None if fwd_total is None or (name != ROOT and _in_script(name, tops)) else
+                          flops_or_none(fwd_per.get(name, 0), fwd_missing.get(name)),
+            flops_backward=None if bwd_total is None or (name != ROOT and _in_script(name, tops)) else
+                           flops_or_none(bwd_per.get(name, 0), bwd_missing.get(name)),
             # ops run under this module whose FLOPs the counts above leave out
-            "flops_not_counted": ", ".join(sorted(set(fwd_missing.get(name, {})) | set(bwd_missing.get(name, {}))))
-                                 or None,
-        })
+            flops_not_counted=", ".join(sorted(set(fwd_missing.get(name, {})) | set(bwd_missing.get(name, {}))))
+                              or None,
+        ))
 
-    metrics = {
-        "params_total": total,
-        "params_trainable": trainable,
-        "params_frozen": total - trainable,
-        "param_bytes": param_bytes,
-        "buffer_bytes": buffer_bytes,
-        "flops_forward": flops_or_none(fwd_total, fwd_missing.get(ROOT)),
-        "flops_backward": flops_or_none(bwd_total, bwd_missing.get(ROOT)),
-        "flops_train_step": None if fwd_total is None or bwd_total is None else
-                            flops_or_none(fwd_total + bwd_total, fwd_missing.get(ROOT) or bwd_missing.get(ROOT)),
-        "tied_parameters": tied,
-        "batch_size": loaded.batch_size,
-    }
+    per_token = UNSET
     first = loaded.input_specs[0] if loaded.input_specs else None
     if first is not None and first.dtype in ("int64", "int32") and len(first.shape) == 2:
         # token ids (batch, sequence): FLOPs per token, the figure language models are compared by
         counted = flops_or_none(fwd_total, fwd_missing.get(ROOT))
-        metrics["flops_forward_per_token"] = None if counted is None else counted / (first.shape[0] * first.shape[1])
+        per_token = None if counted is None else counted / (first.shape[0] * first.shape[1])
+    metrics = SummaryMetrics(
+        params_total=total,
+        params_trainable=trainable,
+        params_frozen=total - trainable,
+        param_bytes=param_bytes,
+        buffer_bytes=buffer_bytes,
+        flops_forward=flops_or_none(fwd_total, fwd_missing.get(ROOT)),
+        flops_backward=flops_or_none(bwd_total, bwd_missing.get(ROOT)),
+        flops_train_step=None if fwd_total is None or bwd_total is None else
+                         flops_or_none(fwd_total + bwd_total, fwd_missing.get(ROOT) or bwd_missing.get(ROOT)),
+        tied_parameters=tied,
+        batch_size=loaded.batch_size,
+        flops_forward_per_token=per_token,
+    )
     meta_note = None
     if loaded.meta:
         meta_note = (f"this model was {loaded.meta}: parameters and FLOPs are counted exactly (FLOPs on fake "
                      "tensors; backward with the math attention backward, where a fused kernel may also recompute "
                      "the attention scores); no activation memory or time was measured")
-    return {
-        "model": loaded.spec.label,
-        "model_type": type(model).__name__,
-        "device": str(loaded.device),
-        "inputs": [{"shape": list(s.shape), "dtype": s.dtype, **({"name": s.name} if s.name else {})}
-                   for s in loaded.input_specs],
-        "output_shape": shapes.get(ROOT),
-        "loss": loaded.loss_name,
-        "metrics": metrics,
-        "layers": layers,
-        "meta": loaded.meta is not None,
-        "notes": [n for n in [meta_note, script_note(tops), flops_note, missing_note, backward_note] if n],
-    }
+    return SummaryResult(
+        model=loaded.spec.label,
+        model_type=type(model).__name__,
+        device=str(loaded.device),
+        inputs=tuple(ModelInput(shape=tuple(s.shape), dtype=s.dtype, **({"name": s.name} if s.name else {}))
+                     for s in loaded.input_specs),
+        output_shape=shapes.get(ROOT),
+        loss=loaded.loss_name,
+        metrics=metrics,
+        layers=tuple(layers),
+        meta=loaded.meta is not None,
+        notes=tuple(n for n in [meta_note, script_note(tops), flops_note, missing_note, backward_note] if n),
+    )

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from diagnostics.analyses.validate import ANALYSIS
+from diagnostics.analyses.validate import ANALYSIS, ValidateMetrics, ValidateResult
 from diagnostics.measure.tensors import iter_tensors, shape_of
+from diagnostics.results import ModelInput
 
 
 def nonfinite_counts(out) -> tuple[int, int, int]:
@@ -24,7 +25,7 @@ def nonfinite_counts(out) -> tuple[int, int, int]:
     return nan, inf, total
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> ValidateResult:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     loaded = ctx.loaded
     ctx.progress(0.5, "one forward pass")
@@ -43,12 +44,14 @@ def analyze(ctx, options: dict) -> dict:
     if nan or inf:
         notes.append(f"the output is not finite: {nan:,} NaN and {inf:,} infinite values out of {total:,}; "
                      "check the weights, the inputs' range and dtype, or a division/log in forward()")
-    return {
-        "model": loaded.spec.label,
-        "model_type": type(loaded.model).__name__,
-        "inputs": [s.to_dict() for s in loaded.input_specs],  # keyword inputs carry their name
-        "output_shape": shape_of(out),
-        "loss": loaded.loss_name,
-        "metrics": {"output_nan": nan, "output_inf": inf, "output_elements": total},
-        "notes": notes,
-    }
+    return ValidateResult(
+        model=loaded.spec.label,
+        model_type=type(loaded.model).__name__,
+        inputs=tuple(ModelInput(shape=tuple(s.shape), dtype=s.dtype, high=s.high,
+                                **({"name": s.name} if s.name is not None else {}))
+                     for s in loaded.input_specs),  # keyword inputs carry their name
+        output_shape=shape_of(out),
+        loss=loaded.loss_name,
+        metrics=ValidateMetrics(output_nan=nan, output_inf=inf, output_elements=total),
+        notes=tuple(notes),
+    )

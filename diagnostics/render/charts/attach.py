@@ -109,7 +109,9 @@ def summary_lines(result: dict) -> list[str]:
 
 def attach_sections(result: dict) -> list[Section]:
     from diagnostics.render.charts.checklist import fix_first_section
+    from diagnostics.registry import get_analysis
     from diagnostics.render.charts.gradients import gradients_sections
+    from diagnostics.results import decode
 
     sections = [section("Run", [lambda: build_breakdown_figure(result), lambda: build_steps_figure(result)],
                         text=summary_lines(result) + notes(result))]
@@ -136,15 +138,11 @@ def attach_sections(result: dict) -> list[Section]:
              "bottleneck": (r.get("bottleneck") or {}).get("category"), "waited for": r.get("waited_for"),
              "trace": r.get("trace"), **{f"{k}_ms": (r.get("breakdown_ms") or {}).get(k) for k in PHASES}}
             for r in result["ranks"]]))]))
-    if result.get("gradients"):
-        for s in gradients_sections(result["gradients"]):
+    if result.get("gradients"):  # the gradient-flow report, on the attached run's gradients
+        grads = decode(get_analysis("gradients"), {**result["gradients"], "options": {}})
+        for s in gradients_sections(grads):
             s.title = f"Gradient flow: {s.title}"
             sections.append(s)
     if result.get("step_table"):
         sections.append(Section("Steps", tables=[("", records_frame(result["step_table"]))]))
     return sections
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).
-SECTIONS = {"attach": attach_sections}

@@ -64,9 +64,6 @@ def compile_sections(result: dict) -> list[Section]:
     ]
 
 
-SECTIONS = {"compile": compile_sections}
-
-
 # ----------------------------------------------------------------------------- lines as they come
 def dynamo_lines(result: dict) -> list[tuple[tuple, str]]:
     """What the CLI prints while the compile job runs (then from the final result): Dynamo's graphs and
@@ -90,6 +87,3 @@ def dynamo_lines(result: dict) -> list[tuple[tuple, str]]:
         out.append((("compiled",), f"  compiled ({result['options']['backend']}) in {format_value(seconds, 's')}"))
     return out
 
-
-#: What the CLI prints while the job runs (diagnostics.cli.main), per analysis.
-PARTIAL_TEXT = {"compile": dynamo_lines}

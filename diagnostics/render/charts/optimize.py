@@ -146,11 +146,6 @@ def optimize_sections(result: dict) -> list[Section]:
     return [trials, section("Size and fidelity", [lambda: build_size_figure(result), lambda: build_fidelity_figure(result)])]
 
 
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).
-SECTIONS = {"optimize": optimize_sections}
-
-
 # ----------------------------------------------------------------------------- lines as they come
 def trial_lines(result: dict) -> list[tuple[tuple, str]]:
     """One line per trial as soon as it is known, for the CLI (a job's partial result, then the final one):
@@ -184,6 +179,3 @@ def trial_lines(result: dict) -> list[tuple[tuple, str]]:
 def _num(v, fmt: str = ".4f") -> str:
     return "n/a" if v is None else format(v, fmt)
 
-
-#: What the CLI prints while the job runs (diagnostics.cli.main), per analysis.
-PARTIAL_TEXT = {"optimize": trial_lines}

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import pandas as pd
-
 import plotly.graph_objects as go
 
-from diagnostics.units import human_count, human_flops
+from diagnostics.analyses.summary import SummaryResult
 from diagnostics.render.sections import Section
+from diagnostics.render.tables import frame
+from diagnostics.results import given
+from diagnostics.units import human_count, human_flops
 from diagnostics.render.charts.style import HIERARCHY_COLORSCALE, readable_axes, short_names
 
 ROOT = "(model)"
@@ -24,25 +25,25 @@ def _module_label(name: str, type_: str) -> str:
     return f"{short} · {type_}"
 
 
-def build_param_treemap_figure(result: dict) -> go.Figure:
+def build_param_treemap_figure(result: SummaryResult) -> go.Figure:
     """Parameters by module hierarchy; a box's area is the parameters under it (tied weights once)."""
-    layers = [l for l in result["layers"] if l["params_total"] > 0]
+    layers = [l for l in result.layers if l.params_total > 0]
     # Use totals consistent with the once-only ownership: a node's value is own + children values.
-    own = {l["name"]: l["params"] for l in layers}
+    own = {l.name: l.params for l in layers}
     children: dict[str, list[str]] = {}
     for l in layers:
-        if l["parent"] is not None:
-            children.setdefault(l["parent"], []).append(l["name"])
+        if l.parent is not None:
+            children.setdefault(l.parent, []).append(l.name)
 
     def total(name: str) -> int:
         return own.get(name, 0) + sum(total(c) for c in children.get(name, []))
 
-    ids = [l["name"] for l in layers]
+    ids = [l.name for l in layers]
     values = [total(n) for n in ids]
-    types = [l["type"] for l in layers]
-    labels = [_module_label(n, t) if n != ROOT else result.get("model_type", ROOT) for n, t in zip(ids, types)]
+    types = [l.type for l in layers]
+    labels = [_module_label(n, t) if n != ROOT else result.model_type for n, t in zip(ids, types)]
     fig = go.Figure(go.Treemap(
-        ids=ids, labels=labels, parents=[l["parent"] or "" for l in layers], values=values,
+        ids=ids, labels=labels, parents=[l.parent or "" for l in layers], values=values,
         branchvalues="total", customdata=list(zip(ids, types, [human_count(v) for v in values])),
         hovertemplate="<b>%{customdata[0]}</b> (%{customdata[1]})<br>%{customdata[2]} parameters"
                       "<br>%{percentRoot:.1%} of the model<extra></extra>",
@@ -54,19 +55,19 @@ def build_param_treemap_figure(result: dict) -> go.Figure:
     return fig
 
 
-def build_top_layers_figure(result: dict, by: str = "params", n: int = 15) -> go.Figure:
+def build_top_layers_figure(result: SummaryResult, by: str = "params", n: int = 15) -> go.Figure:
     """Horizontal bars of the leaf layers with the most parameters or FLOPs."""
-    leaves = [l for l in result["layers"] if l["is_leaf"] or (l["params"] and l["name"] != ROOT)]
+    leaves = [l for l in result.layers if l.is_leaf or (l.params and l.name != ROOT)]
     if by == "params":
-        key, title, axis, fmt = "params", f"Top {n} layers by parameters", "parameters (count)", human_count
-        rows = sorted(leaves, key=lambda l: l["params"], reverse=True)[:n]
-        series = [("parameters", [l["params"] for l in rows], "#4C78A8")]
+        title, axis, fmt = f"Top {n} layers by parameters", "parameters (count)", human_count
+        rows = sorted(leaves, key=lambda l: l.params, reverse=True)[:n]
+        series = [("parameters", [l.params for l in rows], "#4C78A8")]
     else:
-        key, title, axis, fmt = "flops", f"Top {n} layers by FLOPs (one batch)", "FLOPs per batch", human_flops
-        rows = sorted(leaves, key=lambda l: (l["flops_forward"] or 0) + (l["flops_backward"] or 0), reverse=True)[:n]
-        series = [("forward", [l["flops_forward"] for l in rows], "#4C78A8"),
-                  ("backward", [l["flops_backward"] for l in rows], "#F58518")]
-    full = [f"{l['name']} ({l['type']})" for l in rows]
+        title, axis, fmt = f"Top {n} layers by FLOPs (one batch)", "FLOPs per batch", human_flops
+        rows = sorted(leaves, key=lambda l: (l.flops_forward or 0) + (l.flops_backward or 0), reverse=True)[:n]
+        series = [("forward", [l.flops_forward for l in rows], "#4C78A8"),
+                  ("backward", [l.flops_backward for l in rows], "#F58518")]
+    full = [f"{l.name} ({l.type})" for l in rows]
     rows_names = short_names(full)
     fig = go.Figure()
     for label, values, color in series:
@@ -80,18 +81,17 @@ def build_top_layers_figure(result: dict, by: str = "params", n: int = 15) -> go
 
 
 # ----------------------------------------------------------------------------- report sections
-def summary_sections(result: dict) -> list[Section]:
+def overview(result: SummaryResult) -> str:
+    """Model, type, inputs, output, device and loss in one line (the page's caption, the report's first line)."""
+    inputs = ", ".join(f"{i.name + '=' if given(i.name) else ''}{list(i.shape)} {i.dtype}" for i in result.inputs)
+    return (f"{result.model} · {result.model_type} · inputs {inputs} · output {result.output_shape} · "
+            f"device {result.device} · loss: {result.loss}")
 
-    inputs = ", ".join(f"{i['name'] + '=' if i.get('name') else ''}{i['shape']} {i['dtype']}"
-                       for i in result.get("inputs", []))
-    overview = [f"{result.get('model', '?')} · {result.get('model_type', '?')} · inputs {inputs} · "
-                f"output {result.get('output_shape')} · device {result.get('device')} · loss: {result.get('loss')}"]
-    overview += [str(n) for n in result.get("notes", [])]
-    layers = pd.DataFrame(result["layers"])
+
+def summary_sections(result: SummaryResult) -> list[Section]:
+    layers = frame(result.layers)
     if not layers.empty:
-        if "flops_not_counted" not in layers:  # a result stored before the field existed
-            layers["flops_not_counted"] = None
-        leaves = layers[(layers["is_leaf"] | (layers["params"] > 0)) & (layers["name"] != "(model)")]
+        leaves = layers[(layers["is_leaf"] | (layers["params"] > 0)) & (layers["name"] != ROOT)]
         leaves = leaves[["name", "type", "output_shape", "params", "pct_of_total", "trainable",
                          "flops_forward", "flops_backward", "flops_not_counted"]].copy()
         leaves["output_shape"] = leaves["output_shape"].map(lambda s: "" if s is None else str(s))
@@ -99,15 +99,10 @@ def summary_sections(result: dict) -> list[Section]:
     else:
         leaves = layers
     return [
-        Section("Overview", text=overview),
+        Section("Overview", text=[overview(result), *result.notes]),
         Section("Where the parameters are", figures=[build_param_treemap_figure(result),
                                                      build_top_layers_figure(result, "params")]),
         Section("Where the FLOPs are", figures=[build_top_layers_figure(result, "flops")]),
         Section("Layers", text=["Leaf layers and layers that own parameters; layers.csv has every module."],
                 tables=[("layers", leaves)]),
     ]
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).
-SECTIONS = {"summary": summary_sections}
