@@ -1,10 +1,15 @@
 """Declarations: an analysis says once what options it takes and what its result holds.
 
 An :class:`Analysis` names its options (:class:`Option`: key, kind, default, bounds, choices, help,
-CLI flag), its headline metrics (:class:`Metric`: key, unit, label) and its tables
-(:class:`Table`: where in the result, columns with units). The CLI flags, the dashboard's
-widgets, option validation, the report and the text output all read these declarations; nothing
-else restates a default or guesses a unit from a key's name.
+CLI flag), its result type (``result``: a frozen msgspec Struct or dataclass, diagnostics.results),
+whose metrics fields carry their unit (``Annotated[float, metric("ms", "Latency")]``: a
+:class:`Metric`) and whose tables are typed rows (``Annotated[tuple[Row, ...], table("Layers")]``,
+row fields ``Annotated[int, column("count")]``: a :class:`Table` of :class:`Column`), and what
+draws the result, by reference: its page ``view``, its ``report`` sections and its CLI ``text``
+("module:function", resolved and checked by ui.views and diagnostics.render.layouts when they
+are imported; :func:`resolve`). The CLI flags, the dashboard's widgets, option validation, the
+report and the text output all read these declarations; nothing else restates a default or
+guesses a unit from a key's name.
 
 Plain frozen dataclasses and no torch: the dashboard lists analyses without importing torch.
 """
@@ -12,11 +17,15 @@ Plain frozen dataclasses and no torch: the dashboard lists analyses without impo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
+import inspect
 import math
 import re
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 from diagnostics.errors import TorchScopeError
 from diagnostics.units import UNITS
@@ -207,9 +216,9 @@ class Metric:
 
     def __post_init__(self):
         if self.unit not in UNITS:
-            raise ValueError(f"metric {self.key}: unknown unit {self.unit!r}")
+            raise ValueError(f"metric {self.key or repr(self.label)}: unknown unit {self.unit!r}")
         if self.better not in ("", "lower", "higher"):
-            raise ValueError(f"metric {self.key}: better must be 'lower', 'higher' or '', not {self.better!r}")
+            raise ValueError(f"metric {self.key or repr(self.label)}: better must be 'lower', 'higher' or '', not {self.better!r}")
 
 
 @dataclass(frozen=True)
@@ -220,7 +229,7 @@ class Column:
 
     def __post_init__(self):
         if self.unit not in UNITS:
-            raise ValueError(f"column {self.key}: unknown unit {self.unit!r}")
+            raise ValueError(f"column {self.key or repr(self.label)}: unknown unit {self.unit!r}")
 
 
 @dataclass(frozen=True)
@@ -245,17 +254,160 @@ class Table:
         return next((c.unit for c in self.columns if c.key == column), None)
 
 
+# ---- what a result's fields declare: a metric's unit, a table's title, a column's unit ----------------
+# Annotated metadata: a Metric / Column / Table without its key (or path), which is the field's name.
+
+def metric(unit: str, label: str, help: str = "", *, better: str = "", interval: tuple[str, str] | None = None,
+           verdict: str | None = None) -> Metric:
+    """A metrics field's declaration: ``latency_ms: Annotated[float | None, metric("ms", "Latency", better="lower")]``.
+    ``better``, ``interval`` and ``verdict`` as for :class:`Metric`."""
+    return Metric("", unit, label, help, better, interval, verdict)
+
+
+def column(unit: str, label: str = "") -> Column:
+    """A row field's unit: ``peak_bytes: Annotated[int, column("bytes", "peak")]``."""
+    return Column("", unit, label)
+
+
+def table(title: str) -> Table:
+    """A table of the result: ``layers: Annotated[tuple[Layer, ...], table("Layers")]``."""
+    return Table("", title)
+
+
+def is_record(tp) -> bool:
+    """A typed record: a msgspec Struct or a dataclass (a class, not an instance)."""
+    return isinstance(tp, type) and (hasattr(tp, "__struct_fields__") or dataclasses.is_dataclass(tp))
+
+
+def record_fields(cls) -> list[tuple[str, Any, tuple]]:
+    """(name, type without Annotated, its Annotated metadata) of each field of a record type, in order."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    names = (cls.__struct_fields__ if hasattr(cls, "__struct_fields__")
+             else tuple(f.name for f in dataclasses.fields(cls)))
+    out = []
+    for name in names:
+        hint = hints[name]
+        meta: tuple = ()
+        if typing.get_origin(hint) is Annotated:
+            hint, meta = hint.__origin__, tuple(hint.__metadata__)
+        out.append((name, hint, meta))
+    return out
+
+
+def _present(tp):
+    """``tp`` without None and msgspec's UnsetType in a union (``int | None`` -> int)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(tp) if a is not type(None) and getattr(a, "__name__", "") != "UnsetType"]
+        return rest[0] if len(rest) == 1 else tp
+    return tp
+
+
+def _row_type(tp):
+    """The row type of ``tuple[Row, ...]`` / ``list[Row]`` (or None)."""
+    tp = _present(tp)
+    if typing.get_origin(tp) in (tuple, list):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        if len(args) == 1 and is_record(_present(args[0])):
+            return _present(args[0])
+    return None
+
+
+def result_metrics(result_type) -> tuple[Metric, ...]:
+    """The metrics a result type declares: each field of its ``metrics`` record, with its ``metric(...)``."""
+    fields = {name: tp for name, tp, _ in record_fields(result_type)}
+    if "metrics" not in fields:
+        return ()
+    mtype = _present(fields["metrics"])
+    if not is_record(mtype):
+        raise ValueError(f"{result_type.__name__}.metrics must be a record type (a Struct), not {mtype!r}")
+    out = []
+    for name, _tp, meta in record_fields(mtype):
+        mark = next((m for m in meta if isinstance(m, Metric)), None)
+        if mark is None:
+            raise ValueError(f"{mtype.__name__}.{name}: a metric without a unit; declare it as "
+                             f"Annotated[<type>, metric(unit, label)]")
+        out.append(dataclasses.replace(mark, key=name))
+    return tuple(out)
+
+
+def result_tables(result_type, prefix: str = "", depth: int = 0) -> tuple[Table, ...]:
+    """The tables a result type declares (fields marked ``table(title)``, in nested records too), with
+    the units of their rows' ``column(...)`` fields."""
+    out: list[Table] = []
+    for name, tp, meta in record_fields(result_type):
+        path = prefix + name
+        mark = next((m for m in meta if isinstance(m, Table)), None)
+        if mark is not None:
+            row = _row_type(tp)
+            if row is None:
+                raise ValueError(f"{result_type.__name__}.{name}: a table must hold typed rows "
+                                 f"(tuple[RowType, ...]), not {tp!r}")
+            cols = tuple(dataclasses.replace(c, key=n) for n, _t, m in record_fields(row)
+                         for c in m if isinstance(c, Column))
+            out.append(Table(path, mark.title, cols))
+        elif name != "metrics" and depth < 3 and is_record(_present(tp)):
+            out += result_tables(_present(tp), path + ".", depth + 1)
+    return tuple(out)
+
+
+class RegistrationError(ImportError):
+    """A declared reference (a view, a report layout, a CLI text) that cannot be resolved or does not take
+    the analysis' result: raised when the registry of views or layouts is imported, never hidden."""
+
+
+#: "module.path:function"
+_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+#: The report layout of an analysis that declares none of its own: its notes, details and every table.
+GENERIC_REPORT = "diagnostics.render.sections:generic_sections"
+
+
+def resolve(ref: str, *, what: str, takes: type | None = None) -> Callable:
+    """The function ``ref`` ("module:function") names, for ``what`` (e.g. "the view of summary").
+
+    Raises RegistrationError naming ``what`` and ``ref`` when the module does not import (the import
+    error with it), has no such function, or (``takes``: the analysis' result type) its first parameter
+    is annotated with a type that does not accept ``takes``."""
+    module, _, name = ref.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:
+        raise RegistrationError(f"{what}: {ref} cannot be imported ({type(e).__name__}: {e})") from e
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        raise RegistrationError(f"{what}: {module} has no function {name!r}" if fn is None else
+                                f"{what}: {ref} is not a function")
+    if takes is not None:
+        params = list(inspect.signature(fn).parameters.values())
+        if not params:
+            raise RegistrationError(f"{what}: {ref} takes no argument; it must take a {takes.__name__}")
+        try:
+            hint = typing.get_type_hints(fn).get(params[0].name, Any)
+        except Exception as e:
+            raise RegistrationError(f"{what}: the annotations of {ref} cannot be read ({type(e).__name__}: {e})") from e
+        accepted = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        if not any(a is Any or (isinstance(a, type) and issubclass(takes, a)) for a in accepted):
+            raise RegistrationError(f"{what}: {ref} takes {getattr(hint, '__name__', hint)}, not the analysis' "
+                                    f"result type {takes.__name__}")
+    return fn
+
+
 @dataclass(frozen=True)
 class Analysis:
     """One analysis, declared once: what it is called, how it runs, what it takes and returns.
 
-    ``target`` is "module:function", called in the worker as ``fn(ctx, options) -> dict`` with
-    options already validated here. ``command``: its CLI subcommand (None: no command of its own).
+    ``target`` is "module:function", called in the worker as ``fn(ctx, options) -> result`` with
+    options already validated here. ``result``: the result's type (a frozen record, torch-free:
+    diagnostics.results.Result); its metrics and tables are read from its fields' annotations, so
+    ``metrics`` / ``tables`` are not given with it (an analysis not converted yet returns a plain dict
+    and declares them here). ``command``: its CLI subcommand (None: no command of its own).
     ``exclusive``: it times the device, so such jobs queue one at a time per device, and its
     result carries ``disturbance`` (was the machine busy meanwhile: measure.disturbance; the CV of
-    the samples the analysis puts in ``result["timing_cv"]``). ``view``: the
-    module that draws it, ``diagnostics.render.charts.<view>`` (figures and report ``SECTIONS``) and
-    ``ui.views.<view>`` (its ``VIEWS``); several analyses may share one (default: its name).
+    the samples the analysis puts in its ``timing_cv``).
+    What draws it, each "module:function" taking the result, resolved when its registry is imported
+    (a missing or broken one is a RegistrationError there, never a fallback): ``view``, the page's
+    Streamlit view (ui.views.<module>; required); ``report``, its report's sections (a list of
+    render.sections.Section; default: the generic layout); ``text``, its CLI text (default: the
+    headline metrics and notes).
     """
 
     name: str
@@ -269,11 +421,28 @@ class Analysis:
     timeout_s: float = 300.0
     command: str | None = None
     description: str = ""
+    result: type | None = None
     view: str = ""
+    report: str = GENERIC_REPORT
+    text: str = ""
 
     def __post_init__(self):
-        if not self.view:  # the chart module (diagnostics.render.charts.<view>) and page view (ui.views.<view>)
-            object.__setattr__(self, "view", self.name)
+        for what in ("view", "report", "text"):
+            ref = getattr(self, what)
+            if ref and not _REF.match(ref):
+                raise ValueError(f"analysis {self.name}: its {what} must be 'module:function', not {ref!r}")
+        if not self.view:
+            raise ValueError(f"analysis {self.name}: declare its view, the page's view of its result "
+                             "(view='ui.views.<module>:<function>')")
+        if self.result is not None:
+            if not is_record(self.result):
+                raise ValueError(f"analysis {self.name}: its result type must be a Struct or a dataclass, "
+                                 f"not {self.result!r}")
+            if self.metrics or self.tables:
+                raise ValueError(f"analysis {self.name}: its metrics and tables are declared on its result type "
+                                 f"{self.result.__name__} (metric(...), table(...), column(...)), not here")
+            object.__setattr__(self, "metrics", result_metrics(self.result))
+            object.__setattr__(self, "tables", result_tables(self.result))
         keys = [o.key for o in self.options]
         if len(set(keys)) != len(keys):
             raise ValueError(f"analysis {self.name}: an option is declared twice")

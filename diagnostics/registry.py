@@ -1,8 +1,11 @@
-"""The one visible list of analyses. Adding an analysis is its own package (declaration in its
-``__init__``, work in ``job.py``), its chart / view, and one line here.
+"""The one visible list of analyses. Adding an analysis is its own package (declaration and result
+type in its ``__init__``, work in ``job.py``), its page view (ui/views/), and one line here: the CLI
+command, its flags, validation, the typed result's round trip, History and the report follow from the
+declaration (docs/ARCHITECTURE.md, "Adding an analysis").
 
 Only declarations are imported (no torch): the dashboard lists analyses, validates options and
 builds widgets without loading torch; the worker imports an analysis' ``job`` module to run it.
+Registration fails loudly: two analyses with one name or one command are refused here.
 """
 
 from __future__ import annotations
@@ -14,24 +17,38 @@ from diagnostics.analyses import (
 from diagnostics.declare import Analysis
 from diagnostics.errors import TorchScopeError
 
-ANALYSES: dict[str, Analysis] = {
-    a.name: a
-    for a in [
-        validate.ANALYSIS,
-        summary.ANALYSIS,
-        profile.ANALYSIS,
-        memory.ANALYSIS,
-        batch_scan.ANALYSIS,
-        plan.ANALYSIS,
-        gradients.ANALYSIS,
-        checklist.ANALYSIS,
-        optimize.ANALYSIS,
-        compile.ANALYSIS,
-        *trace.ANALYSES,
-        *distributed.ANALYSES,
-        attach.ANALYSIS,
-    ]
-}
+
+def register(analyses: list[Analysis]) -> dict[str, Analysis]:
+    """name -> declaration, refusing a name or a CLI command declared twice."""
+    out: dict[str, Analysis] = {}
+    commands: dict[str, str] = {}
+    for a in analyses:
+        if a.name in out:
+            raise ValueError(f"analysis {a.name!r} is registered twice")
+        if a.command:
+            if a.command in commands:
+                raise ValueError(f"analyses {commands[a.command]!r} and {a.name!r} both declare the command "
+                                 f"{a.command!r}")
+            commands[a.command] = a.name
+        out[a.name] = a
+    return out
+
+
+ANALYSES: dict[str, Analysis] = register([
+    validate.ANALYSIS,
+    summary.ANALYSIS,
+    profile.ANALYSIS,
+    memory.ANALYSIS,
+    batch_scan.ANALYSIS,
+    plan.ANALYSIS,
+    gradients.ANALYSIS,
+    checklist.ANALYSIS,
+    optimize.ANALYSIS,
+    compile.ANALYSIS,
+    *trace.ANALYSES,
+    *distributed.ANALYSES,
+    attach.ANALYSIS,
+])
 
 
 def get_analysis(name: str) -> Analysis:

@@ -32,7 +32,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 
@@ -41,6 +41,7 @@ import diagnostics.procs as procs
 import diagnostics.sandbox as sandbox
 from diagnostics.errors import JobError, SpecError, TorchScopeError
 from diagnostics.registry import get_analysis
+from diagnostics.results import ResultError, checked, decode, timing_cv_of, to_plain, with_disturbance
 from diagnostics.settings import env_number
 from diagnostics.spec import ModelSpec, cache_key
 from diagnostics.store import StoreError
@@ -114,7 +115,7 @@ class Job:
 @dataclass
 class JobOutcome:
     status: str  # ok | error | timeout | crashed | oom | cancelled; "running": ui.jobs' job not finished yet
-    result: dict | None = None
+    result: Any = None  # the analysis' typed result (diagnostics.results), a plain dict if it declares no type
     error: str | None = None
     error_type: str | None = None
     run_id: str | None = None
@@ -127,7 +128,7 @@ class JobOutcome:
     def ok(self) -> bool:
         return self.status == "ok"
 
-    def unwrap(self) -> dict:
+    def unwrap(self):
         if not self.ok:
             raise JobError(self.error or self.status)
         return self.result
@@ -167,23 +168,22 @@ class AnalysisContext:
             self._progress(max(0.0, min(1.0, float(fraction))), message)
 
 
-def execute(job: Job, artifact_dir: Path, progress: ProgressFn | None = None) -> dict:
-    """Run the analysis in this process (the worker calls this; tests and notebooks may too)."""
+def execute(job: Job, artifact_dir: Path, progress: ProgressFn | None = None):
+    """Run the analysis in this process (the worker calls this; tests and notebooks may too): its typed
+    result, encoded and decoded once as it will cross the process boundary (diagnostics.results)."""
     analysis = get_analysis(job.analysis)
     job = job.validated()
     Path(artifact_dir).mkdir(parents=True, exist_ok=True)
     ctx = AnalysisContext(job, artifact_dir, progress)
     if not analysis.exclusive:
-        return analysis.load()(ctx, dict(job.options))
+        return checked(analysis, analysis.load()(ctx, dict(job.options)))
     # A timed analysis: was the machine busy meanwhile? (measure.disturbance; the figures and the
     # verdict go into the result, and a page, the report and the CLI say so.)
     from diagnostics.measure.disturbance import assess, watch
 
     with watch() as w:
         result = analysis.load()(ctx, dict(job.options))
-    if isinstance(result, dict):
-        result["disturbance"] = assess(w.figures, result.get("timing_cv"))
-    return result
+    return checked(analysis, with_disturbance(result, assess(w.figures, timing_cv_of(result))))
 
 
 # ----------------------------------------------------------------------------- the worker
@@ -311,7 +311,7 @@ def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, pa
             raise setup_error
         job = Job.from_dict(job_dict)
         result = execute(job, Path(artifact_dir), lambda f, m: conn.send(("progress", f, m)))
-        message = ("ok", result)
+        message = ("ok", to_plain(result))  # plain builtins cross the boundary; the parent decodes them
     except BaseException as e:  # the user's code: anything can come out
         # Build the message here but send it after the except block: the traceback keeps the
         # failing frames (and whatever they allocated) alive until then.
@@ -989,7 +989,10 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
                 if msg is not None:
                     proc.join(5)
                     if msg[0] == "ok":
-                        return done(JobOutcome("ok", result=msg[1]))
+                        try:
+                            return done(JobOutcome("ok", result=decode(get_analysis(job.analysis), msg[1])))
+                        except ResultError as e:
+                            return done(JobOutcome("error", error=str(e), error_type=type(e).__name__))
                     return done(JobOutcome(msg[0], error=msg[2], error_type=msg[1]), extra_log=msg[3])
             elapsed = time.monotonic() - t0
             if on_tick is not None and elapsed - last_tick > 0.25:

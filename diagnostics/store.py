@@ -34,6 +34,7 @@ import psutil
 
 from diagnostics.errors import TorchScopeError
 from diagnostics.units import human_bytes
+from diagnostics.results import to_plain
 
 DATA_DIR_ENV = "TORCHSCOPE_DATA_DIR"
 #: History's listing loads a run's artifact list only up to this size (lists are bounded when
@@ -342,6 +343,9 @@ class Store:
                    artifacts: dict | None = None) -> None:
         if status not in FINAL_STATUSES:
             raise ValueError(f"unknown final status {status!r}")
+        # A typed result (diagnostics.results) is stored as its plain form, the JSON results.to_json writes;
+        # RunRecord.result reads that plain dict back, and results.decode makes it typed again.
+        result = to_plain(result)
         metrics = (result or {}).get("metrics") or {}
         now = time.time()
         values = (json.dumps(metrics, default=str), None if result is None else json.dumps(result, default=str),

@@ -4,6 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.errors import TorchScopeError
+from diagnostics.registry import ANALYSES
 from diagnostics.runs import comparable_metrics, compare_runs, trend
 from diagnostics.units import human_seconds
 from ui import views
@@ -55,9 +56,9 @@ def runs_tab() -> None:
     elif rec.status != "ok":
         st.error(rec.error or rec.status)
         if rec.result:  # what was measured before it failed or was stopped (an attached script's run)
-            views.show(rec.analysis, rec.result, file_stem=rec.id)
+            views.show_stored(rec.analysis, rec.result, file_stem=rec.id)
     else:
-        views.show(rec.analysis, rec.result, file_stem=rec.id)  # its downloads: the report and the JSON
+        views.show_stored(rec.analysis, rec.result, file_stem=rec.id)  # its downloads: the report and the JSON
 
 
 def compare_tab() -> None:
@@ -118,7 +119,8 @@ def trend_tab() -> None:
         st.info("No finished runs yet.")
         return
     c1, c2, c3 = st.columns(3)
-    analyses = sorted({r.analysis for r in ok if comparable_metrics(r.analysis)})
+    # (a run of an analysis since retired stays listed, and opens with the reason, but has no trend)
+    analyses = sorted({r.analysis for r in ok if r.analysis in ANALYSES and comparable_metrics(r.analysis)})
     if not analyses:
         st.info("No finished run has metrics to follow.")
         return

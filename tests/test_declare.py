@@ -32,9 +32,9 @@ def test_options_convert_check_and_name_themselves():
 
 
 def test_an_analysis_fills_in_defaults_and_refuses_unknown_keys():
-    a = Analysis("demo", "Demo", "x:y", options=(Option("n", "int", 3, lo=1), Option("mode", "choice", "a",
-                                                                                     choices=("a", "b")),
-                                                  Option("path", "path", None, required=True)))
+    a = Analysis("demo", "Demo", "x:y", view="m:f",
+                 options=(Option("n", "int", 3, lo=1), Option("mode", "choice", "a", choices=("a", "b")),
+                          Option("path", "path", None, required=True)))
     assert a.validate({"path": "p", "n": "5"}) == {"n": 5, "mode": "a", "path": "p"}
     with pytest.raises(OptionError, match=r"^unknown options 'nn', 'moed' for demo; valid: n, mode, path$"):
         a.validate({"path": "p", "nn": 1, "moed": "a"})

@@ -26,7 +26,9 @@ from dataclasses import replace
 
 import streamlit as st
 
+from diagnostics.errors import TorchScopeError
 from diagnostics.registry import get_analysis
+from diagnostics.results import decode
 from diagnostics.runner import Job, JobOutcome
 from diagnostics.spec import ModelSpec
 from diagnostics.store import Store, StoreError
@@ -60,8 +62,15 @@ def store_problem() -> str | None:
     return None
 
 
-def _outcome_from_record(rec) -> JobOutcome:
-    return JobOutcome(rec.status, result=rec.result, error=rec.error, run_id=rec.id,
+def _outcome_from_record(rec) -> JobOutcome | None:
+    """A stored run as an outcome, its result decoded into the analysis' type; None when the stored result
+    no longer fits that type (stored by an older TorchScope): then it is computed again, and History
+    still shows the stored JSON with the reason."""
+    try:
+        result = decode(get_analysis(rec.analysis), rec.result)
+    except TorchScopeError:
+        return None
+    return JobOutcome(rec.status, result=result, error=rec.error, run_id=rec.id,
                       duration_s=rec.duration_s or 0.0, from_cache=True)
 
 
@@ -82,8 +91,9 @@ def _stored(key: str) -> JobOutcome | None:
     hit = state.results().get(key)
     if hit is None:
         rec = get_store().find_cached(key)
-        if rec is not None:
-            hit = state.results()[key] = _outcome_from_record(rec)
+        hit = _outcome_from_record(rec) if rec is not None else None
+        if hit is not None:
+            state.results()[key] = hit
     return hit
 
 

@@ -12,7 +12,6 @@ a folder without traces, options that do not fit), 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import signal
 import sys
@@ -23,6 +22,7 @@ from diagnostics.cli.model_args import add_model_args, build_spec
 from diagnostics.cli.report_folder import add_report_args, report_dir, write_report
 from diagnostics.analyses.distributed import DISTRIBUTED, DISTRIBUTED_TRACES
 from diagnostics.cli.options import add_option, dest
+from diagnostics.results import to_json
 from diagnostics.units import human_bytes
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -154,7 +154,7 @@ def straggler_line(res: dict) -> str:
 
 
 def _emit(res: dict, as_json: bool) -> None:
-    sys.stdout.write((json.dumps(res, indent=1, default=str) if as_json else format_result(res)) + "\n")
+    sys.stdout.write((to_json(res, indent=1) if as_json else format_result(res)) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,6 @@ stdout holds only the result as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
@@ -32,6 +31,7 @@ from diagnostics.cli.trace import add_trace_options
 from diagnostics.cli.options import add_options, collect_options, positive_int, score
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import ANALYSES
+from diagnostics.results import disturbance_of, metrics_of, notes_of, to_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 #: Job errors that mean "what you gave cannot be used" (exit 2) rather than "the job failed" (exit 1).
@@ -151,7 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="Exit codes: 0 ok, 1 the job failed, 2 bad usage or input, 3 checklist score under "
                               "--fail-under, 130 interrupted.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=ArgParser)
-    delegated = _distributed_main() is not None
     for name in model_commands():
         analysis = ANALYSES[name]
         p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
@@ -182,9 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                     (td, "changed operators (default 15)")):
         t.add_argument("--top", type=positive_int, metavar="N", help=f"rows shown in the text output: {rows}")
         _add_run_args(t, "trace" if t is ta else "trace_diff")
-    if delegated:
-        sub.add_parser("distributed", add_help=False,
-                       help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
+    sub.add_parser("distributed", add_help=False,
+                   help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
     sub.add_parser("run", add_help=False, help="run your own training script, unmodified, and profile it: "
                                                 "run [options] -- python train.py ...; see its own --help")
     sub.add_parser("list", help="list the commands and the built-in sample models")
@@ -196,23 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- helpers
 def _distributed_main():
-    """diagnostics.analyses.distributed's CLI entry point main(argv) -> int, when that package provides one."""
-    import importlib
-    import importlib.util
+    """The ``distributed`` command's entry point, main(argv) -> int (diagnostics.cli.distributed)."""
+    from diagnostics.cli.distributed import main as distributed_main
 
-    for mod in ("diagnostics.cli.distributed", "diagnostics.analyses.distributed"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                continue
-        except ImportError:
-            continue
-        try:
-            fn = getattr(importlib.import_module(mod), "main", None)
-        except Exception:  # a half-written package must not break the other commands
-            continue
-        if callable(fn):
-            return fn
-    return None
+    return distributed_main
 
 
 def _err(message: str) -> None:
@@ -220,12 +205,10 @@ def _err(message: str) -> None:
     sys.stderr.flush()
 
 
-def checklist_score(result: dict) -> float | None:
-    """The checklist's 0-100 score, wherever the result keeps it."""
-    for holder in (result, result.get("metrics") or {}):
-        if isinstance(holder, dict) and isinstance(holder.get("score"), (int, float)):
-            return float(holder["score"])
-    return None
+def checklist_score(result) -> float | None:
+    """The checklist's 0-100 score (its ``score`` metric)."""
+    score = metrics_of(result).get("score")
+    return float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
 
 
 def _print_human(name: str, spec, outcome, written: dict | None) -> None:
@@ -234,11 +217,11 @@ def _print_human(name: str, spec, outcome, written: dict | None) -> None:
     out = sys.stdout
     what = f" · {spec.label} · {spec.device}" if spec is not None else ""
     out.write(f"{name}{what} · ok in {outcome.duration_s:.1f} s (run {outcome.run_id})\n")
-    for line in metric_lines(name, (outcome.result or {}).get("metrics") or {}):
+    for line in metric_lines(name, metrics_of(outcome.result)):
         out.write(f"  {line}\n")
-    for note in (outcome.result or {}).get("notes", []) or []:
+    for note in notes_of(outcome.result):
         out.write(f"  note: {note}\n")
-    line = disturbance_line((outcome.result or {}).get("disturbance"))
+    line = disturbance_line(disturbance_of(outcome.result))
     if line:
         out.write(f"  machine: {line}\n")
     if written and "report.html" in written:
@@ -308,7 +291,7 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
         if written is None:
             return EXIT_FAILED, None
     if args.json:
-        sys.stdout.write(json.dumps(result, default=str) + "\n")
+        sys.stdout.write(to_json(result) + "\n")
         if written:
             sys.stderr.write(f"report: {written['report.html']}\n")
     elif text is not None:
@@ -322,14 +305,10 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
 
 
 def _text_of(name: str):
-    """The analysis' own CLI text (its chart module's ``TEXT``), or None: the headline metrics."""
-    import importlib
+    """The analysis' own CLI text (its declared ``text``), or None: the headline metrics."""
+    from diagnostics.render.layouts import text_of
 
-    try:
-        module = importlib.import_module(f"diagnostics.render.charts.{ANALYSES[name].view}")
-    except ImportError:
-        return None
-    return getattr(module, "TEXT", {}).get(name)
+    return text_of(name)
 
 
 def run_analysis_command(args) -> int:
@@ -385,8 +364,7 @@ def list_command() -> int:
              ("trace diff", "Trace diff: compare two trace files"),
              ("history", "Stored runs: list, compare two, a metric's trend"),
              ("run", "Your own script, unmodified, profiled while it runs (run -- python train.py)")]
-    if _distributed_main() is not None:
-        rows.append(("distributed", "Distributed runs (torchrun + DDP): run / analyze / command"))
+    rows.append(("distributed", "Distributed runs (torchrun + DDP): run / analyze / command"))
     for name, title in rows:
         out.write(f"  {name:<14} {title}\n")
     out.write("sample models:\n")
@@ -407,9 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if notice:
         sys.stderr.write(f"warning: {notice}\n")
     if argv and argv[0] == "distributed":
-        fn = _distributed_main()
-        if fn is not None:
-            return int(fn(argv[1:]) or 0)
+        return int(_distributed_main()(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
     if args.command == "trace":
         return run_trace_command(args)

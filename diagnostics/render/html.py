@@ -5,10 +5,10 @@ offline: plotly.js is inlined once, before the first figure, and nothing is fetc
 network (no CDN, no web fonts). ``write_report_folder`` writes that page next to ``result.json``,
 one CSV per table in the result and the Chrome trace from the run's artifacts, when there is one.
 
-What a report shows per analysis is the ``SECTIONS`` entry of the chart module its declaration
-names as its ``view`` (diagnostics.render.charts.<view>); an analysis without one gets the generic
-layout: every list of records in the result as a table. Sections use the same chart builders as
-the dashboard, so the report and the page agree.
+What a report shows per analysis is the layout its declaration names as its ``report``
+(diagnostics.render.layouts; default: the generic layout, every table of the result). Sections use
+the same chart builders as the dashboard, so the report and the page agree. ``result`` is the
+analysis' typed result (diagnostics.results; a plain dict for an analysis not converted yet).
 """
 
 from __future__ import annotations
@@ -22,17 +22,19 @@ from pathlib import Path
 import pandas as pd
 
 from diagnostics.jobfiles import ArtifactError, copy_regular
+from diagnostics.render.layouts import report_of
 from diagnostics.render.sections import MAX_HTML_ROWS, Section, generic_sections
 from diagnostics.render.tables import find_tables, is_trace_file, records_frame, safe_filename
 from diagnostics.render.text import disturbance_line, format_metric, metric_label, shown_metrics
+from diagnostics.results import device_of, disturbance_of, metrics_of, model_of, to_json, to_plain
 
 
 
 # ----------------------------------------------------------------------------- metrics
-def metrics_frame(analysis: str, result: dict) -> pd.DataFrame | None:
+def metrics_frame(analysis: str, result) -> pd.DataFrame | None:
     """The headline metrics as a table: label, value in its declared unit, and the raw value."""
-    metrics = result.get("metrics") if isinstance(result, dict) else None
-    if not isinstance(metrics, dict) or not metrics:
+    metrics = metrics_of(result)
+    if not metrics:
         return None
     return pd.DataFrame([{"metric": metric_label(analysis, k), "value": format_metric(analysis, k, v, metrics),
                           "raw": v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v)}
@@ -165,9 +167,9 @@ def _table_html(df: pd.DataFrame, caption: str = "", columns: dict | None = None
             f"</tbody></table></div>{more}")
 
 
-def _metrics_html(analysis: str, result: dict) -> str:
-    metrics = result.get("metrics") if isinstance(result, dict) else None
-    if not isinstance(metrics, dict) or not metrics:
+def _metrics_html(analysis: str, result) -> str:
+    metrics = metrics_of(result)
+    if not metrics:
         return ""
     cards = "".join(f'<div class="metric"><div class="k" title="{html.escape(k)}">'
                     f'{html.escape(metric_label(analysis, k))}</div>'
@@ -186,22 +188,12 @@ def _figure_html(fig, include_js: bool) -> str:
                        config={"displaylogo": False, "responsive": True})
 
 
-def sections_for(analysis: str, result: dict) -> tuple[list[Section], str | None]:
-    """The analysis' sections (the ``SECTIONS`` of the chart module its declaration names as its
-    ``view``), or the generic ones plus the reason when its builder failed."""
-    import importlib
-
-    from diagnostics.registry import ANALYSES
-
-    decl = ANALYSES.get(analysis)
-    fn = None
-    if decl is not None:
-        try:
-            fn = getattr(importlib.import_module(f"diagnostics.render.charts.{decl.view}"), "SECTIONS", {}).get(analysis)
-        except ModuleNotFoundError:  # an analysis without charts of its own: the generic layout
-            fn = None
-    if fn is None:
-        return generic_sections(result), None
+def sections_for(analysis: str, result) -> tuple[list[Section], str | None]:
+    """The analysis' sections (the ``report`` layout its declaration names), or, when that layout fails
+    on this result, the generic ones plus the reason, which the report shows at its top. (A layout
+    that is missing or does not import is a RegistrationError when diagnostics.render.layouts is
+    imported: there is no fallback for that.)"""
+    fn = report_of(analysis)
     try:
         return fn(result), None
     except Exception as e:  # a report must still come out for an odd result: fall back, say why
@@ -209,24 +201,25 @@ def sections_for(analysis: str, result: dict) -> tuple[list[Section], str | None
                                           "showing the generic layout"
 
 
-def build_report(analysis: str, result: dict, title: str | None = None, *, meta: dict | None = None) -> str:
+def build_report(analysis: str, result, title: str | None = None, *, meta: dict | None = None) -> str:
     """A self-contained HTML page for ``result`` (plotly.js inlined once; opens offline)."""
     title = title or f"TorchScope · {analysis}"
     sections, problem = sections_for(analysis, result)
     columns = declared_columns(analysis)
     facts = {"analysis": analysis, "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
-    if isinstance(result, dict) and result.get("model"):
-        facts["model"] = result["model"]
-    if isinstance(result, dict) and result.get("device"):
-        facts["device"] = result["device"]
+    if model_of(result):
+        facts["model"] = model_of(result)
+    if device_of(result):
+        facts["device"] = device_of(result)
     facts.update(meta or {})
     sub = " · ".join(f"{k}: {v}" for k, v in facts.items())
     parts = [f"<header><h1>{html.escape(title)}</h1><p>{html.escape(sub)}</p></header><main>"]
     if problem:
         parts.append(f'<section><p class="error">{html.escape(problem)}</p></section>')
-    machine = disturbance_line(result.get("disturbance")) if isinstance(result, dict) else None
+    report = disturbance_of(result)
+    machine = disturbance_line(report)
     if machine:
-        cls = "error" if result["disturbance"].get("disturbed") else "note"
+        cls = "error" if report.disturbed else "note"
         parts.append(f'<section><p class="{cls}">Machine: {html.escape(machine)}</p></section>')
     parts.append(_metrics_html(analysis, result))
     js_done = False
@@ -245,7 +238,7 @@ def build_report(analysis: str, result: dict, title: str | None = None, *, meta:
             f"</title><style>{_CSS}</style></head><body>{''.join(parts)}</body></html>")
 
 
-def write_report_folder(analysis: str, result: dict, out_dir: Path | str, artifacts: dict | None = None,
+def write_report_folder(analysis: str, result, out_dir: Path | str, artifacts: dict | None = None,
                         title: str | None = None, meta: dict | None = None) -> dict[str, Path]:
     """Write report.html, result.json, one CSV per table and any Chrome trace into ``out_dir``.
 
@@ -257,10 +250,10 @@ def write_report_folder(analysis: str, result: dict, out_dir: Path | str, artifa
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     path = out / "result.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
+    path.write_text(to_json(result, indent=1))
     written["result.json"] = path
     used = {"result", "report"}
-    for name, rows in find_tables(result).items():
+    for name, rows in find_tables(to_plain(result)).items():
         stem = safe_filename(name)
         while stem in used:
             stem += "_"

@@ -1,8 +1,9 @@
-"""A report is a list of Sections; each analysis' chart module says which (its ``SECTIONS``).
+"""A report is a list of Sections; each analysis' declaration names the function that builds them
+(its ``report``, resolved by diagnostics.render.layouts).
 
 ``Section`` holds paragraphs, figures and tables; ``section()`` builds one from figure builders,
 turning a chart that cannot be drawn into a note instead of a failed report; ``generic_sections``
-is the layout of an analysis without sections of its own (every table in its result).
+is the layout of an analysis that declares none of its own (every table in its result).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from diagnostics.render.tables import find_tables, records_frame
+from diagnostics.results import Result, notes_of, to_plain
 
 #: Rows of a table shown in the HTML; the CSV next to it always has all of them.
 MAX_HTML_ROWS = 200
@@ -27,16 +29,18 @@ class Section:
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
 
 
-def generic_sections(result: dict) -> list[Section]:
-    """Fallback for analyses without a SECTIONS entry: notes, then every list of records as a table."""
+def generic_sections(result: Result | dict) -> list[Section]:
+    """The layout of an analysis without one of its own: its scalar fields, its notes, then every list of
+    records in its result (typed rows included) as a table."""
     sections = []
-    notes = [str(n) for n in result.get("notes", []) if n] if isinstance(result, dict) else []
+    notes = list(notes_of(result))
     if notes:
         sections.append(Section("Notes", text=notes))
-    tables = find_tables(result)
+    plain = to_plain(result) if result is not None else {}
+    tables = find_tables(plain)
     if tables:
         sections.append(Section("Tables", tables=[(name, records_frame(rows)) for name, rows in tables.items()]))
-    scalars = {k: v for k, v in result.items() if k != "metrics" and isinstance(v, (str, int, float, bool))}
+    scalars = {k: v for k, v in plain.items() if k != "metrics" and isinstance(v, (str, int, float, bool))}
     if scalars:
         sections.insert(0, Section("Details", tables=[("", pd.DataFrame(
             [{"field": k, "value": v} for k, v in scalars.items()]))]))
@@ -66,5 +70,6 @@ def section(title: str, builders=(), tables=(), text=()) -> Section:
     return Section(title, text=list(text) + problems, figures=figs, tables=list(tables))
 
 
-def notes(result: dict) -> list[str]:
-    return [str(n) for n in result.get("notes", []) or []]
+def notes(result) -> list[str]:
+    """The result's notes (typed or, not converted yet, a plain dict)."""
+    return list(notes_of(result))

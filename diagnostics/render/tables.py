@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from diagnostics.results import to_plain
+
 #: Nesting depth searched for tables (lists of records) in a result.
 MAX_TABLE_DEPTH = 3
 #: Artifact files copied into a report folder: Chrome traces, by name.
@@ -38,8 +40,9 @@ def _flat_cell(v):
     return v
 
 
-def records_frame(records: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(records)
+def records_frame(records) -> pd.DataFrame:
+    """Rows as a DataFrame: typed rows (diagnostics.results.Record) or row dicts; nested values as JSON text."""
+    df = pd.DataFrame([r if isinstance(r, dict) else to_plain(r) for r in records])
     for col in df.columns:
         if df[col].map(lambda v: isinstance(v, (list, dict, tuple))).any():
             df[col] = df[col].map(_flat_cell)

@@ -7,6 +7,7 @@ import json
 
 from diagnostics.render.charts.trace_hta import hta_text
 from diagnostics.render.charts.traces import communication_lines
+from diagnostics.results import Disturbance
 from diagnostics.units import format_value, speedup_text
 
 
@@ -58,15 +59,15 @@ def metric_lines(analysis: str, metrics: dict) -> list[str]:
     return [f"{label.ljust(width)}  {value}" for label, value in rows]
 
 
-def disturbance_line(report: dict | None) -> str | None:
-    """One line on what the machine did while a timed job ran (result["disturbance"]); None without."""
-    if not report:
+def disturbance_line(report: Disturbance | None) -> str | None:
+    """One line on what the machine did while a timed job ran (results.disturbance_of); None without."""
+    if report is None:
         return None
-    threads = report.get("torch_threads") or "?"
-    if not report.get("disturbed"):
-        return (f"quiet run: other processes used {report['other_processes_cores']:.2f} CPU cores on average; "
-                f"{threads} torch threads on {report['cores']} cores")
-    return ("disturbed run: " + "; ".join(report["reasons"])
+    threads = report.torch_threads or "?"
+    if not report.disturbed:
+        return (f"quiet run: other processes used {report.other_processes_cores:.2f} CPU cores on average; "
+                f"{threads} torch threads on {report.cores} cores")
+    return ("disturbed run: " + "; ".join(report.reasons)
             + ". Timings and the verdicts drawn from them are low-confidence.")
 
 

@@ -87,9 +87,14 @@ def test_summary_report_inlines_plotly_once(summary_result):
     assert "<script src=" not in html and "<link " not in html
 
 
-def test_generic_fallback_has_every_table_and_no_plotly():
+def test_generic_layout_has_every_table_and_no_plotly(monkeypatch):
+    from diagnostics.declare import Analysis
+    from diagnostics.registry import ANALYSES
+
+    # an analysis that declares no report of its own gets the generic layout (its declared default)
+    monkeypatch.setitem(ANALYSES, "plain", Analysis("plain", "Plain", "x:y", view="ui.views.validate:show"))
     result = {"metrics": {"peak_bytes": 1024}, "rows": [{"layer": "a<b>", "value": 1.5}], "label": "x"}
-    html = build_report("not_registered", result)
+    html = build_report("plain", result)
     assert PLOTLY_BUNDLE_MARK not in html  # no figures -> no 4 MB of JS
     assert "<td>a&lt;b&gt;</td>" in html  # escaped
     # nothing declares this metric's unit: the plain number, not a unit guessed from its name
@@ -100,9 +105,9 @@ def test_failing_layout_falls_back_and_says_why(monkeypatch):
     def broken(result):
         raise KeyError("layers")
 
-    from diagnostics.render.charts import summary as charts
+    from diagnostics.render import layouts
 
-    monkeypatch.setitem(charts.SECTIONS, "summary", broken)
+    monkeypatch.setitem(layouts._REPORTS, "summary", broken)
     html = build_report("summary", {"metrics": {"params_total": 5}, "rows": [{"a": 1}]})
     assert "the summary report layout failed (KeyError" in html
     assert "<td class=\"num\">1</td>" in html
@@ -110,7 +115,7 @@ def test_failing_layout_falls_back_and_says_why(monkeypatch):
 
 def test_long_tables_are_cut_in_html_but_not_in_csv(tmp_path):
     rows = [{"i": i} for i in range(MAX_HTML_ROWS + 50)]
-    written = write_report_folder("x", {"rows": rows}, tmp_path / "r")
+    written = write_report_folder("validate", {"rows": rows}, tmp_path / "r")  # the generic layout
     html = written["report.html"].read_text()
     assert f"Showing the first {MAX_HTML_ROWS:,} of {len(rows):,} rows" in html
     with open(written["rows.csv"]) as f:
@@ -132,20 +137,14 @@ def test_report_folder_copies_traces_only(tmp_path, summary_result):
     assert json.loads((tmp_path / "out" / "result.json").read_text()) == summary_result
 
 
-def test_every_analysis_finds_its_report_layout_and_page_view_through_its_declared_view():
-    """An analysis' chart module (its declared view) has its report SECTIONS; the dashboard's view module
-    (ui.views.<view>) has its VIEWS. Only the load check and the timeline re-draw have no report layout."""
-    import importlib
-
+def test_every_analysis_declares_its_report_layout():
+    """Each analysis names its report layout in its declaration (tests/ui/test_views_registry.py resolves them
+    all); only the load check and the timeline re-draw keep the generic one."""
+    from diagnostics.declare import GENERIC_REPORT
     from diagnostics.registry import ANALYSES
 
-    without = {"validate", "trace_timeline"}
-    for name, decl in ANALYSES.items():
-        sections = getattr(importlib.import_module(f"diagnostics.render.charts.{decl.view}"), "SECTIONS", {}) \
-            if name not in without else {}
-        assert (name in sections) == (name not in without), name
-        if name in sections:
-            assert callable(sections[name]), name
+    generic = {name for name, decl in ANALYSES.items() if decl.report == GENERIC_REPORT}
+    assert generic == {"validate", "trace_timeline"}
     from diagnostics.render.charts.summary import summary_sections
 
     assert isinstance(summary_sections({"layers": [], "inputs": []})[0], Section)

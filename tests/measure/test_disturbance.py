@@ -5,7 +5,13 @@ import sys
 import time
 
 from diagnostics.measure.disturbance import CV_MAX, OTHERS_CORES_MAX, assess, watch
-from diagnostics.render.text import disturbance_line
+from diagnostics.render.text import disturbance_line as _line
+from diagnostics.results import disturbance_of
+
+
+def disturbance_line(report):
+    """The line a page, the report and the CLI write for this report, once it is in a result (typed)."""
+    return _line(disturbance_of({"disturbance": report}))
 
 QUIET = {"wall_s": 2.0, "cpu_s": 1.9, "cpu_cores_used": 0.95, "other_processes_cores": 0.05, "cores": 2,
          "torch_threads": 1, "load_avg_1m_start": 0.9, "load_avg_1m_end": 1.0}

@@ -19,7 +19,7 @@ TILE_FUNCTIONS = {"batch_scan": ("scan_tiles",), "trace_diff": ("diff_tiles",), 
 
 def _tiles(path: Path, result: dict | None = None) -> list[Tile]:
     analysis = path.stem.split("-")[0]
-    module = importlib.import_module(f"ui.views.{ANALYSES[analysis].view}")
+    module = importlib.import_module(ANALYSES[analysis].view.partition(":")[0])
     result = result if result is not None else json.loads(path.read_text())
     out = []
     for name in TILE_FUNCTIONS.get(analysis, ("tiles",)):
@@ -43,7 +43,7 @@ def _scaled(x, factor):
 
 
 def test_every_view_has_sample_results():
-    views = {ANALYSES[p.stem.split("-")[0]].view for p in SAMPLES}
+    views = {ANALYSES[p.stem.split("-")[0]].view.partition(":")[0].rsplit(".", 1)[-1] for p in SAMPLES}
     assert views >= {"summary", "profiler", "memory", "gradients", "checklist", "optimize", "compile", "traces",
                      "distributed"}
 

@@ -141,7 +141,3 @@ def show(result: dict) -> None:
         _data(result)
     with tabs["Trace"]:
         _open_trace(result)
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"attach": show}

@@ -108,7 +108,3 @@ def show(result: dict, apply_fix: Callable[[str], None] | None = None, ranked: l
                                     "meaning": "Meaning"})
     st.download_button("Report (Markdown)", build_markdown(result).encode(), file_name="checklist.md",
                        mime="text/markdown", icon=":material/description:", on_click="ignore")
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"checklist": show}

@@ -72,6 +72,3 @@ def show(result: dict) -> None:
         st.plotly_chart(build_timing_figure(result), width="stretch")
         if result["compile_frames"]:
             st.plotly_chart(build_compile_time_figure(result), width="stretch")
-
-
-VIEWS = {"compile": show}

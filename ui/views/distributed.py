@@ -114,7 +114,3 @@ def show(result: dict) -> None:
     if launch.get("command"):
         with st.expander("torchrun command"):
             st.code(launch["command"], language="bash")
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"distributed": show, "distributed_traces": show}

@@ -92,7 +92,3 @@ def show(result: dict) -> None:
                      column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
                                     "meaning": "Meaning"})
         st.caption("Named constants in diagnostics/measure/gradient_health.py; see docs/gradients.md.")
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"gradients": show}

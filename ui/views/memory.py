@@ -132,7 +132,3 @@ def show_scan(result: dict) -> None:
     df, config = unit_columns(df[cols], {"latency_ms": ("Latency", "ms"), "peak_bytes": ("Peak", "bytes")}, {
         "throughput": st.column_config.NumberColumn("Throughput (samples/s)", format="%.0f")})
     st.dataframe(df, hide_index=True, width="stretch", column_config=config)
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"memory": show, "batch_scan": show_scan}

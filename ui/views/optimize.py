@@ -190,7 +190,3 @@ def _artifact_row(r: dict) -> None:
         c3.download_button("recipe (JSON)", lambda: artifact_bytes(recipe_path), file_name=recipe_path.name,
                            key=f"opt_recipe_{r['fix']}", mime="application/json", on_click="ignore",
                            width="stretch")
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"optimize": show}

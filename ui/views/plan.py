@@ -81,6 +81,3 @@ def show(result: dict) -> None:
         if result.get("timeline"):
             st.plotly_chart(build_plan_timeline_figure(result), width="stretch")
         st.caption(result.get("method", ""))
-
-
-VIEWS = {"plan": show}

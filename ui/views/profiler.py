@@ -266,7 +266,3 @@ def _downloads(result: dict) -> None:
         col.download_button(f"{label} · {human_bytes(size)}",
                             data=lambda p=path: artifact_bytes(p), file_name=Path(path).name, mime=mime,
                             key=f"prof_dl_{key}", icon=":material/download:", on_click="ignore")
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"profile": show}

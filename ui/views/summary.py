@@ -78,7 +78,3 @@ def show(result: dict) -> None:
         c1, c2 = st.columns(2)
         c1.plotly_chart(build_top_layers_figure(result, "params"), width="stretch")
         c2.plotly_chart(build_top_layers_figure(result, "flops"), width="stretch")
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"summary": show}

@@ -250,5 +250,7 @@ def show_diff(result: dict) -> None:
                                                               "delta_us": "Δ", "ratio": "After / before (x)"})
 
 
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"trace": show, "trace_diff": show_diff}
+def show_range(result: dict) -> None:
+    """A trace_timeline run (the timeline of a trace opened before, for another time range) on its own."""
+    timeline = result["timeline"]
+    show_timeline(timeline, lambda search: build_timeline_figure(timeline, search=search), key="trace-range")

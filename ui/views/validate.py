@@ -6,7 +6,3 @@ import streamlit as st
 def show(result: dict) -> None:
     st.write(f"**{result['model']}** ({result['model_type']}) loaded; output shape {result['output_shape']}")
     st.table(result["inputs"])
-
-
-#: How this module shows each analysis' result (ui.views.show finds it through the analysis' ``view``).
-VIEWS = {"validate": show}

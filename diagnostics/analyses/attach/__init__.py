@@ -10,7 +10,8 @@ DEFAULT_STEPS = 5
 
 ANALYSIS = Analysis(
     name="attach", title="Run a script", target="diagnostics.analyses.attach.job:analyze", needs_model=False,
-    view="attach", timeout_s=300,
+    view="ui.views.attach:show",
+    report="diagnostics.render.charts.attach:attach_sections", timeout_s=300,
     description="your own training script, unmodified, profiled while it runs (python -m diagnostics run -- ...)",
     options=(
         Option("run_dir", "path", None, "the run folder the bootstrap wrote", required=True, flag=""),

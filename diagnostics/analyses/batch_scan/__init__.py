@@ -8,7 +8,8 @@ MAX_BATCH_LIMIT = 1 << 20
 
 ANALYSIS = Analysis(
     name="batch_scan", title="Batch-size scan", target="diagnostics.analyses.batch_scan.job:analyze",
-    command="batch_scan", exclusive=True, timeout_s=600, view="memory",
+    command="batch_scan", exclusive=True, timeout_s=600, view="ui.views.memory:show_scan",
+    report="diagnostics.render.charts.memory:batch_scan_sections",
     description="latency, throughput and peak memory per batch size; the largest batch that fits",
     options=(
         Option("mode", "choice", "train", "scan training steps or inference", choices=("train", "inference")),

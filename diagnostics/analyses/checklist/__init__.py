@@ -26,7 +26,8 @@ def check_dataloader(dl: dict) -> dict:
 
 ANALYSIS = Analysis(
     name="checklist", title="Optimization checklist", target="diagnostics.analyses.checklist.job:analyze",
-    command="checklist", exclusive=True, timeout_s=600,
+    command="checklist", exclusive=True, timeout_s=600, view="ui.views.checklist:show",
+    report="diagnostics.render.charts.checklist:checklist_sections",
     description="rules that measure the model and say what to change, with a score",
     options=(
         Option("purpose", "choice", "training", "what the model is for: decides which mode Dropout and BatchNorm "

@@ -8,7 +8,8 @@ BACKENDS = ("inductor", "aot_eager", "eager")
 
 ANALYSIS = Analysis(
     name="compile", title="torch.compile explorer", target="diagnostics.analyses.compile.job:analyze",
-    command="compile", exclusive=True, timeout_s=900,
+    command="compile", exclusive=True, timeout_s=900, view="ui.views.compile:show",
+    report="diagnostics.render.charts.compile:compile_sections",
     description="graph breaks (reason, file:line, fix), graphs, recompiles, compile time, eager vs compiled",
     options=(
         Option("backend", "choice", "inductor", "torch.compile backend (aot_eager / eager: diagnose without "

@@ -50,7 +50,8 @@ _TABLES = (
 
 DISTRIBUTED = Analysis(
     name="distributed", title="Distributed run (torchrun)", target="diagnostics.analyses.distributed.job:analyze",
-    exclusive=True, timeout_s=600,
+    exclusive=True, timeout_s=600, view="ui.views.distributed:show",
+    report="diagnostics.render.charts.distributed:distributed_sections",
     description="DDP training through torchrun, profiled on every rank",
     options=(
         Option("nproc", "int", DEFAULT_NPROC, "processes (ranks) to launch with torchrun", lo=1, hi=MAX_NPROC),
@@ -77,7 +78,8 @@ DISTRIBUTED = Analysis(
 
 DISTRIBUTED_TRACES = Analysis(
     name="distributed_traces", title="Distributed traces (folder)",
-    target="diagnostics.analyses.distributed.job:analyze_folder", needs_model=False, view="distributed",
+    target="diagnostics.analyses.distributed.job:analyze_folder", needs_model=False,
+    view="ui.views.distributed:show", report="diagnostics.render.charts.distributed:distributed_sections",
     description="a folder of per-rank torch.profiler traces (e.g. copied from several nodes)",
     options=(Option("trace_dir", "path", None, "a folder holding one trace per rank", required=True,
                     flag="--trace-dir"),) + _THRESHOLDS,

@@ -8,7 +8,8 @@ MAX_STEPS = 1000
 
 ANALYSIS = Analysis(
     name="gradients", title="Gradient flow", target="diagnostics.analyses.gradients.job:analyze",
-    command="gradients",
+    command="gradients", view="ui.views.gradients:show",
+    report="diagnostics.render.charts.gradients:gradients_sections",
     description="per-layer gradient statistics over training steps; vanishing, exploding and dead layers",
     options=(
         Option("steps", "int", 5, "training steps to watch", lo=1, hi=MAX_STEPS),

@@ -6,7 +6,8 @@ from diagnostics.measure.optimizers import OPTIMIZERS
 
 ANALYSIS = Analysis(
     name="memory", title="Memory", target="diagnostics.analyses.memory.job:analyze", command="memory",
-    exclusive=True, timeout_s=600,
+    exclusive=True, timeout_s=600, view="ui.views.memory:show",
+    report="diagnostics.render.charts.memory:memory_sections",
     description="peak memory of inference and a training step, what holds it, per layer and over time",
     options=(
         Option("optimizer", "choice", "adamw", "optimizer of the training step: its state counts towards the peak "

@@ -7,7 +7,8 @@ from diagnostics.declare import Analysis, Column, Metric, Option, Table
 
 ANALYSIS = Analysis(
     name="optimize", title="One-click fixes (trials)", target="diagnostics.analyses.optimize.job:analyze",
-    command="optimize", exclusive=True, timeout_s=600,
+    command="optimize", exclusive=True, timeout_s=600, view="ui.views.optimize:show",
+    report="diagnostics.render.charts.optimize:optimize_sections",
     description="each fix on a copy of the model, side by side with the baseline: speed, memory, size, fidelity",
     options=(
         Option("mode", "choice", "inference", "inference: the model called under no_grad; train: a whole "

@@ -9,7 +9,8 @@ from diagnostics.declare import Analysis, Column, Metric, Option, Table
 
 ANALYSIS = Analysis(
     name="plan", title="Memory plan", target="diagnostics.analyses.plan.job:analyze", command="plan",
-    timeout_s=900,
+    timeout_s=900, view="ui.views.plan:show", report="diagnostics.render.charts.plan:plan_sections",
+    text="diagnostics.render.charts.plan:plan_text",
     description="will it fit: the peak memory of a training step per batch, sequence, dtype, optimizer, "
                 "checkpointing and sharding, predicted on fake tensors without allocating the model",
     options=(

@@ -23,7 +23,8 @@ _OP_COLUMNS = (
 
 ANALYSIS = Analysis(
     name="profile", title="Profiler", target="diagnostics.analyses.profile.job:analyze", command="profile",
-    exclusive=True, timeout_s=600, view="profiler",
+    exclusive=True, timeout_s=600, view="ui.views.profiler:show",
+    report="diagnostics.render.charts.profiler:profile_sections",
     description="torch.profiler run: latency, operators, steps, modules, kernels, timeline and the Chrome trace",
     options=(
         Option("mode", "choice", "inference", "profile inference (eval + inference_mode) or training steps "

@@ -4,6 +4,7 @@ from diagnostics.declare import Analysis, Column, Metric, Option, Table
 
 ANALYSIS = Analysis(
     name="summary", title="Model summary", target="diagnostics.analyses.summary.job:analyze", command="summary",
+    view="ui.views.summary:show", report="diagnostics.render.charts.summary:summary_sections",
     description="parameters, bytes, output shapes and FLOPs (forward and backward), in total and per layer",
     options=(
         Option("skip_backward", "bool", False, "count forward FLOPs only (no backward pass)"),

@@ -103,7 +103,8 @@ _CRITICAL_PATH = (
 
 TRACE = Analysis(
     name="trace", title="Trace explorer", target="diagnostics.analyses.trace.job:analyze", needs_model=False,
-    timeout_s=600, view="traces", description="one torch.profiler / Kineto trace: steps, operators, kernels, idle time, launches",
+    timeout_s=600, view="ui.views.traces:show", report="diagnostics.render.charts.traces:trace_sections",
+    description="one torch.profiler / Kineto trace: steps, operators, kernels, idle time, launches",
     options=(
         Option("path", "path", None, "a .json or .json.gz trace file", required=True, flag=""),
         Option("display_name", "str", None, "the name the user knows the file by (uploads are stored under "
@@ -154,14 +155,17 @@ TRACE = Analysis(
 
 TRACE_TIMELINE = Analysis(
     name="trace_timeline", title="Trace timeline", target="diagnostics.analyses.trace.job:analyze_timeline",
-    needs_model=False, view="traces", description="the timeline of a trace opened before, for another time range",
+    needs_model=False, view="ui.views.traces:show_range",
+    description="the timeline of a trace opened before, for another time range",
     options=(Option("columns_dir", "path", None, "where a trace run kept its parsed columns", required=True,
                     flag=""),) + _TIMELINE,
 )
 
 TRACE_DIFF = Analysis(
     name="trace_diff", title="Trace diff", target="diagnostics.analyses.trace.job:analyze_diff", needs_model=False,
-    timeout_s=600, view="traces", description="two traces compared by operator and kernel: added, removed, faster, slower",
+    timeout_s=600, view="ui.views.traces:show_diff",
+    report="diagnostics.render.charts.traces:trace_diff_sections",
+    description="two traces compared by operator and kernel: added, removed, faster, slower",
     options=(
         Option("before", "path", None, "the baseline trace", required=True, flag=""),
         Option("after", "path", None, "the trace to compare with it", required=True, flag=""),

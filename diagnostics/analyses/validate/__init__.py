@@ -4,7 +4,7 @@ upload before the new model replaces the current one."""
 from diagnostics.declare import Analysis, Metric
 
 ANALYSIS = Analysis(
-    name="validate", title="Load check", target="diagnostics.analyses.validate.job:analyze", timeout_s=120,
+    name="validate", title="Load check", target="diagnostics.analyses.validate.job:analyze", timeout_s=120, view="ui.views.validate:show",
     description="load the model and run one forward pass",
     metrics=(
         Metric("output_nan", "count", "NaN values in the output"),

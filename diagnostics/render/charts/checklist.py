@@ -90,4 +90,3 @@ def checklist_sections(result: dict) -> list[Section]:
 
 #: This module's report layout per analysis (diagnostics.render.html finds it through the
 #: analysis' declared ``view``).
-SECTIONS = {"checklist": checklist_sections}

@@ -62,6 +62,3 @@ def compile_sections(result: dict) -> list[Section]:
         section("Time", [lambda: build_timing_figure(result), lambda: build_compile_time_figure(result)],
                 tables=[("recompiles", records(result, "recompiles"))]),
     ]
-
-
-SECTIONS = {"compile": compile_sections}

@@ -100,4 +100,3 @@ def distributed_sections(result: dict) -> list[Section]:
 
 #: This module's report layout per analysis (diagnostics.render.html finds it through the
 #: analysis' declared ``view``).
-SECTIONS = {"distributed": distributed_sections, "distributed_traces": distributed_sections}

@@ -129,4 +129,3 @@ def gradients_sections(result: dict) -> list[Section]:
 
 #: This module's report layout per analysis (diagnostics.render.html finds it through the
 #: analysis' declared ``view``).
-SECTIONS = {"gradients": gradients_sections}

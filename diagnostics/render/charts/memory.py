@@ -173,4 +173,3 @@ def batch_scan_sections(result: dict) -> list[Section]:
 
 #: This module's report layout per analysis (diagnostics.render.html finds it through the
 #: analysis' declared ``view``).
-SECTIONS = {"memory": memory_sections, "batch_scan": batch_scan_sections}

@@ -148,4 +148,3 @@ def optimize_sections(result: dict) -> list[Section]:
 
 #: This module's report layout per analysis (diagnostics.render.html finds it through the
 #: analysis' declared ``view``).
-SECTIONS = {"optimize": optimize_sections}

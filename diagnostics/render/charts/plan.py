@@ -160,7 +160,3 @@ def plan_text(result: dict) -> str:
     for n in result.get("notes", []):
         lines.append(f"note: {n}")
     return "\n".join(lines)
-
-
-SECTIONS = {"plan": plan_sections}
-TEXT = {"plan": plan_text}

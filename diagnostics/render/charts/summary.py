@@ -110,4 +110,3 @@ def summary_sections(result: dict) -> list[Section]:
 
 #: This module's report layout per analysis (diagnostics.render.html finds it through the
 #: analysis' declared ``view``).
-SECTIONS = {"summary": summary_sections}

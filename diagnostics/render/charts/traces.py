@@ -220,4 +220,3 @@ def trace_diff_sections(result: dict) -> list[Section]:
 
 #: This module's report layout per analysis (diagnostics.render.html finds it through the
 #: analysis' declared ``view``).
-SECTIONS = {"trace": trace_sections, "trace_diff": trace_diff_sections}
