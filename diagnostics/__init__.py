@@ -13,7 +13,8 @@ __all__ = ["InputSpec", "ModelSpec", "TorchScopeError", "run"]
 
 
 def run(analysis: str, spec: ModelSpec, options: dict | None = None, **kwargs):
-    """Run ``analysis`` on ``spec`` in a worker process and return its result dict (raises on failure)."""
+    """Run ``analysis`` on ``spec`` in a worker process and return its typed result (diagnostics.results;
+    a plain dict for an analysis not converted yet); raises on failure."""
     from diagnostics.runner import Job, run_job
 
     outcome = run_job(Job(analysis, spec, options or {}), **kwargs)

@@ -38,7 +38,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 INPUT_ERRORS = ("SpecError", "ModelLoadError", "TrustError", "ModelRunError", "UsageError", "TraceError",
                 "OptionError")
 #: Command names the CLI keeps for itself (an analysis declaring one of them as its command is refused).
-RESERVED = ("trace", "list", "distributed", "run")
+RESERVED = ("trace", "list", "distributed", "run", "history")
 #: Dashboard wording in job errors -> what to do on the command line instead.
 CLI_WORDING = {
     "enter the input shapes in the sidebar": "give the input shapes with --input SHAPE[:DTYPE], e.g. --input 8,3,32,32 "
@@ -47,10 +47,19 @@ CLI_WORDING = {
 
 
 def model_commands() -> list[str]:
-    """The analyses that are CLI subcommands of their own: every registered analysis that declares a
-    command. (The load check declares none; "trace" / "trace_diff" run under ``trace analyze`` /
-    ``trace diff``, "distributed" / "distributed_traces" under ``distributed``.)"""
-    commands = [a.command for a in ANALYSES.values() if a.command]
+    """The analyses' CLI subcommands: the ``command`` every registered analysis that has one declares
+    (not its name: "batch_scan" could be "scan"). (The load check declares none; "trace" / "trace_diff"
+    run under ``trace analyze`` / ``trace diff``, "distributed" / "distributed_traces" under ``distributed``.)"""
+    return list(_by_command())
+
+
+def analysis_of(command: str):
+    """The declaration of the analysis whose CLI subcommand is ``command``."""
+    return _by_command()[command]
+
+
+def _by_command() -> dict:
+    commands = {a.command: a for a in ANALYSES.values() if a.command}
     clash = [c for c in commands if c in RESERVED]
     if clash:
         raise RuntimeError(f"analysis command names {clash} are kept by the CLI itself")
@@ -137,9 +146,9 @@ def _add_run_args(p: argparse.ArgumentParser, name: str = "<analysis>") -> None:
                                                      "~/.torchscope), shared with the dashboard's History")
 
 
-def _add_analysis_args(p: argparse.ArgumentParser, name: str) -> None:
-    add_options(p, ANALYSES[name])
-    if name == "checklist":  # the CLI's own gate, not an option of the analysis
+def _add_analysis_args(p: argparse.ArgumentParser, analysis) -> None:
+    add_options(p, analysis)
+    if analysis.name == "checklist":  # the CLI's own gate, not an option of the analysis
         p.add_argument("--fail-under", dest="fail_under", type=score, metavar="SCORE",
                        help="exit 3 when the checklist score (0-100) is below this: a CI gate")
 
@@ -151,15 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="Exit codes: 0 ok, 1 the job failed, 2 bad usage or input, 3 checklist score under "
                               "--fail-under, 130 interrupted.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=ArgParser)
-    for name in model_commands():
-        analysis = ANALYSES[name]
-        p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the '{name}' analysis "
-                                                                  "on a model and write a report folder.")
+    for command, analysis in _by_command().items():
+        p = sub.add_parser(command, help=analysis.title, description=f"{analysis.title}: run the "
+                                                                     f"'{analysis.name}' analysis on a model and "
+                                                                     "write a report folder.")
         # An analysis with an option of its own on --device (the plan's device to fit) runs its model where
         # the spec says (the CPU by default) rather than taking the model's --device.
         add_model_args(p, device=not any(o.cli_flag == "--device" for o in analysis.options))
-        _add_analysis_args(p, name)
-        _add_run_args(p, name)
+        _add_analysis_args(p, analysis)
+        _add_run_args(p, analysis.name)
     tp = sub.add_parser("trace", help="analyse or compare Chrome/Kineto trace files",
                         description="Trace files: 'trace analyze PATH' or 'trace diff A B'.")
     tsub = tp.add_subparsers(dest="trace_command", metavar="{analyze,diff}", required=True, parser_class=ArgParser)
@@ -312,17 +321,18 @@ def _text_of(name: str):
 
 
 def run_analysis_command(args) -> int:
-    name = args.command
+    analysis = analysis_of(args.command)
+    name = analysis.name
     try:
-        options = collect_options(ANALYSES[name], args)
+        options = collect_options(analysis, args)
         spec = None
-        if ANALYSES[name].needs_model:
+        if analysis.needs_model:
             spec = spec_from_args(args)
     except TorchScopeError as e:
         _err(str(e))
         return EXIT_USAGE
 
-    title = f"TorchScope {ANALYSES[name].title}" + (f": {spec.label}" if spec else "")
+    title = f"TorchScope {analysis.title}" + (f": {spec.label}" if spec else "")
     code, result = run_job_command(args, name, spec, options, title=title, text=_text_of(name))
     if code != EXIT_OK:
         return code
@@ -359,7 +369,7 @@ def list_command() -> int:
 
     out = sys.stdout
     out.write("commands:\n")
-    rows = [(name, ANALYSES[name].title) for name in model_commands()]
+    rows = [(command, analysis.title) for command, analysis in _by_command().items()]
     rows += [("trace analyze", "Trace explorer: analyse one trace file"),
              ("trace diff", "Trace diff: compare two trace files"),
              ("history", "Stored runs: list, compare two, a metric's trend"),

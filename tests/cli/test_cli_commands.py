@@ -149,8 +149,11 @@ def test_a_report_folder_that_fails_while_written_is_reported(tmp_path, store_di
 
 
 # ----------------------------------------------------------------------------- 4. only user-facing commands
-DOCUMENTED = {"list", "summary", "profile", "memory", "batch_scan", "gradients", "checklist", "optimize", "compile",
-              "trace", "distributed", "history", "run", "plan"}
+def _commands() -> set[str]:
+    """What the CLI should offer, derived: each registered analysis' declared command, and the CLI's own."""
+    from diagnostics.cli.main import RESERVED, model_commands
+
+    return set(model_commands()) | set(RESERVED)
 
 
 def _documented_commands() -> set[str]:
@@ -160,12 +163,14 @@ def _documented_commands() -> set[str]:
     return set(re.findall(r"python -m diagnostics (\w+)", block))
 
 
-def test_only_documented_commands_are_exposed(capsys):
+def test_only_declared_commands_are_exposed_and_the_docs_name_no_other(capsys):
     from diagnostics.cli.main import build_parser
 
-    assert _documented_commands() == DOCUMENTED
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) == DOCUMENTED
+    assert set(sub.choices) == _commands()
+    assert {"summary", "profile", "trace", "list", "history", "run"} <= set(sub.choices)  # the derivation works
+    stale = _documented_commands() - _commands()
+    assert not stale, f"docs/cli.md shows commands that do not exist: {stale}"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     top_help = capsys.readouterr().out
@@ -191,8 +196,46 @@ def test_list_shows_the_commands(capsys):
     out = capsys.readouterr().out
     commands = out.split("commands:\n", 1)[1].split("sample models:", 1)[0]
     names = {line.strip().split("  ")[0] for line in commands.strip().splitlines()}
-    assert names == DOCUMENTED - {"list", "trace"} | {"trace analyze", "trace diff"}
+    assert names == _commands() - {"list", "trace"} | {"trace analyze", "trace diff"}
     assert "mlp" in out.split("sample models:", 1)[1]
+
+
+def test_an_analysis_whose_command_differs_from_its_name_gets_that_command(monkeypatch, tmp_path, capsys):
+    """A command is not an analysis' name: 'list', every parser and a run find the analysis by its command
+    (once, any command crashed with KeyError while building the parser)."""
+    import dataclasses
+
+    from diagnostics.cli import main as cli_main
+    from diagnostics.registry import ANALYSES
+
+    monkeypatch.setitem(ANALYSES, "model_summary", dataclasses.replace(ANALYSES["summary"], name="model_summary",
+                                                                       command="overview", title="Overview"))
+    assert cli_main.main(["list"]) == 0
+    assert re.search(r"^  overview +Overview$", capsys.readouterr().out, re.M)
+    with pytest.raises(SystemExit) as e:
+        cli_main.main(["overview", "--help"])
+    assert e.value.code == 0 and "--skip-backward" in capsys.readouterr().out
+    ran = []
+    monkeypatch.setattr(cli_main, "run_job_command", lambda args, name, spec, options, **kw: ran.append(
+        (name, spec.label, options)) or (0, {}))
+    assert cli_main.main(["overview", "--model", "mlp", "--skip-backward", "--no-report"]) == 0
+    assert ran == [("model_summary", "mlp (sample)", {"skip_backward": True})]
+
+
+def test_a_command_taken_twice_or_kept_by_the_cli_is_refused(monkeypatch):
+    import dataclasses
+
+    from diagnostics.cli.main import build_parser
+    from diagnostics.registry import ANALYSES, register
+
+    summary = ANALYSES["summary"]
+    with pytest.raises(ValueError, match=r"analyses 'summary' and 'summary2' both declare the command 'summary'"):
+        register([summary, dataclasses.replace(summary, name="summary2")])
+    with pytest.raises(ValueError, match=r"analysis 'summary' is registered twice"):
+        register([summary, dataclasses.replace(summary, command="other")])
+    monkeypatch.setitem(ANALYSES, "h", dataclasses.replace(summary, name="h", command="history"))
+    with pytest.raises(RuntimeError, match=r"analysis command names \['history'\] are kept by the CLI itself"):
+        build_parser()
 
 
 # ----------------------------------------------------------------------------- 5. unknown --option keys

@@ -143,7 +143,3 @@ def attach_sections(result: dict) -> list[Section]:
     if result.get("step_table"):
         sections.append(Section("Steps", tables=[("", records_frame(result["step_table"]))]))
     return sections
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).

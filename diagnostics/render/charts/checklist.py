@@ -86,7 +86,3 @@ def checklist_sections(result: dict) -> list[Section]:
     if result.get("thresholds"):
         sections.append(Section("Thresholds", tables=[("", records(result, "thresholds"))]))
     return sections
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).

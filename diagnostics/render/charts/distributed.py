@@ -96,7 +96,3 @@ def distributed_sections(result: dict) -> list[Section]:
                                    lambda: build_overlap_figure(result)]),
         Section("Tables", tables=[(n, records_frame(r)) for n, r in find_tables(result).items()]),
     ]
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).

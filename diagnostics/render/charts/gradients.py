@@ -125,7 +125,3 @@ def gradients_sections(result: dict) -> list[Section]:
         section("Activations", [lambda: build_activation_health_figure(result)]),
         Section("Tables", tables=[(n, records_frame(r)) for n, r in find_tables(result).items() if n != "inputs"]),
     ]
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).

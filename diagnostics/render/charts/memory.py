@@ -169,7 +169,3 @@ def batch_scan_sections(result: dict) -> list[Section]:
 
     return [section("Batch-size scan", [lambda: build_batch_scan_figure(result)], text=notes(result),
                      tables=[(n, records_frame(r)) for n, r in find_tables(result).items() if n != "inputs"])]
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).

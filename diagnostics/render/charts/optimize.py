@@ -144,7 +144,3 @@ def optimize_sections(result: dict) -> list[Section]:
         return [trials, section("Memory and fidelity", [lambda: build_peak_figure(result),
                                                          lambda: build_train_fidelity_figure(result)])]
     return [trials, section("Size and fidelity", [lambda: build_size_figure(result), lambda: build_fidelity_figure(result)])]
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).

@@ -262,7 +262,3 @@ def profile_sections(result: dict) -> list[Section]:
             "The Chrome trace in this folder (" + ", ".join(f for f in files if is_trace_file(Path(f))) + ") opens in "
             "https://ui.perfetto.dev or chrome://tracing, and in `python -m diagnostics trace analyze`."]))
     return sections
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).

@@ -106,7 +106,3 @@ def summary_sections(result: dict) -> list[Section]:
         Section("Layers", text=["Leaf layers and layers that own parameters; layers.csv has every module."],
                 tables=[("layers", leaves)]),
     ]
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).

@@ -216,7 +216,3 @@ def trace_diff_sections(result: dict) -> list[Section]:
             + ", ".join(f"{v} {k}" for k, v in c.items())]
     return [section("Trace diff", [lambda: build_diff_figure(d)], text=text,
                      tables=[("changes", records_frame(d.get("rows") or []))])]
-
-
-#: This module's report layout per analysis (diagnostics.render.html finds it through the
-#: analysis' declared ``view``).
