@@ -169,13 +169,17 @@ def analyze(ctx, options: dict) -> dict:
             f"{m} ({why})" for m, why in planner.standins.items()) + ". Their activations are an estimate: "
             "every token through each of their layers once")
     if target.kind == "cuda" and trace_device(target) == "cpu":
-        notes.append("traced on fake CPU tensors for a CUDA device (this torch has no GPU): CUDA's 512-byte "
-                     "rounding and its foreach optimizers are applied; kernels that allocate their own scratch "
-                     "(cuDNN convolution workspaces) are not in the prediction")
+        notes.append("traced on fake CPU tensors for a CUDA device (this torch has no GPU): attention and dropout "
+                     "run the kernels CUDA picks (cuDNN / flash / memory-efficient attention, one-byte dropout "
+                     "masks), autocast follows CUDA's op lists, optimizers run foreach; cuDNN's convolution workspaces, which cuDNN sizes at "
+                     "run time, are not in the prediction")
     if target.kind == "cuda":
         notes.append(f"CUDA context and workspaces: {target.calibration}")
-        notes.append("fits = peak + CUDA context within the device's memory; the caching allocator's "
-                     "fragmentation (reserved beyond allocated) is not in the peak")
+        notes.append("the peak is the CUDA caching allocator's (max_memory_allocated): its blocks (512-byte "
+                     "rounding, blocks it does not split) replayed over a warm-up and the measured step, the "
+                     "cuBLAS / cuBLASLt workspaces each thread keeps, and kernels' own scratch (reductions' "
+                     "staging, fused attention's backward); fits = peak + CUDA context within the device's "
+                     "memory; memory cached but free (reserved beyond allocated) is not in the peak")
     for st in row_traces:  # what the rows' own traces noted (per-rank peaks, offload, the KV cache)
         notes.extend(n for n in st.notes if n not in notes)
     peaks = [r.peak_bytes for r in rows]

@@ -133,15 +133,20 @@ class Ledger(TorchDispatchMode):
     ``names``: module -> qualified name, for attributing the peak and saved activations.
     """
 
-    def __init__(self, rounding: int = 1, names: dict | None = None, timeline: bool = False, scratch=None):
+    def __init__(self, rounding: int = 1, names: dict | None = None, timeline: bool = False, scratch=None,
+                 cuda=None):
         super().__init__()
         self.scratch = scratch  # scratch.Scratch: kernels' own buffers, probed (None: not counted)
+        # cuda_kernels.CudaKernels (a CUDA target): kernels' scratch and library workspaces by rule, and the
+        # log of every allocation and free that allocator.replay turns into the caching allocator's peak
+        self.cuda = cuda
+        self.log: list | None = [] if cuda is not None else None
         self.rounding = max(1, int(rounding))
         self.names = names or {}
         self.blocks = WeakIdKeyDictionary()
         self.now = dict.fromkeys(CATEGORIES, 0)
         self.total = 0
-        self.phase = "setup"
+        self._phase = "setup"
         self.stack: list[str] = []  # forward module stack (also during recomputation in backward)
         self.peak_bytes = 0
         self.peak_parts: dict = {**self.now, "workspaces": 0}
@@ -156,6 +161,16 @@ class Ledger(TorchDispatchMode):
         self.recompute_depth = 0
         self._dtensor = _dtensor_type()
         self._hooks: list = []
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+        if self.log is not None:
+            self.log.append(("p", value))
 
     # ------------------------------------------------------------------ registering storages
     def _size(self, n: int) -> tuple[int, int]:
@@ -174,6 +189,8 @@ class Ledger(TorchDispatchMode):
             block = _Block(raw, extra, category)
             self.blocks[st] = block
             weakref.finalize(st, self._free, block)
+            if self.log is not None and raw:
+                self.log.append(("a", id(block), raw, category))
             self.now[category] += raw
             self.now["rounding"] += extra
             self.total += raw + extra
@@ -210,6 +227,8 @@ class Ledger(TorchDispatchMode):
         if not block.alive:
             return
         block.alive = False
+        if self.log is not None and block.raw:
+            self.log.append(("f", id(block)))
         self.now[block.category] -= block.raw
         self.now["rounding"] -= block.extra
         self.total -= block.raw + block.extra
@@ -268,9 +287,21 @@ class Ledger(TorchDispatchMode):
         leaves = tree_leaves(out)
         if sizes is not None and len(sizes) != len(leaves):
             sizes = None
+        inner = [scratch] if scratch else []
+        if self.cuda is not None:
+            host = self.cuda.host_outputs(func)
+            if host:
+                sizes = [0 if i in host else (sizes[i] if sizes is not None else None) for i in range(len(leaves))]
+            for name, nbytes in self.cuda.workspaces(func, args, self.phase):
+                self.log.append(("w", name, nbytes))
         for i, t in enumerate(leaves):
             if isinstance(t, torch.Tensor):
                 self.add(t, self._new_category(), sizes[i] if sizes is not None else None)
+        if self.cuda is not None:
+            inner += self.cuda.scratch(func, args, kwargs, out)
+            if inner:
+                self.log.append(("s", tuple(inner)))
+            scratch = sum(-(-n // self.rounding) * self.rounding for n in inner)
         self._after(scratch)
         return out
 

@@ -19,7 +19,7 @@ import torch
 from diagnostics.analyses.plan.configs import DTYPES, Config
 from diagnostics.analyses.plan.trace import (LR, TORCH_DTYPES, checkpointed_names, checkpointing, eager_transformers,
                                              specs_at)
-from diagnostics.inputs import make_inputs
+from diagnostics.inputs import Inputs, make_inputs
 from diagnostics.measure.memory import is_cuda, measure_peak
 from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
 from diagnostics.measure.training import make_optimizer
@@ -27,10 +27,17 @@ from diagnostics.measure.training import make_optimizer
 
 def measured_peak(loaded, config: Config, checkpoint_patterns: str = "", foreach: bool | None = None) -> dict:
     """Run ``config`` on ``loaded``'s model (changed in place: load a fresh one per call) and measure its
-    training step's peak. Returns {"peak_bytes", "baseline_bytes", "source"}."""
+    training step's peak. Returns {"peak_bytes", "baseline_bytes", "tensor_bytes", "source"}: on CUDA
+    ``baseline_bytes`` is what the allocator held when the measured step started and ``tensor_bytes`` the
+    step's own tensors then (parameters, buffers, inputs, optimizer state); the difference is the library
+    workspaces plus anything else the process keeps alive, which ``max_memory_allocated`` counts too. So
+    ``loaded``'s example inputs are dropped first (the step makes its own at the configuration's size), and
+    a peak is only the step's in a process that allocated nothing else on the device before
+    (bench/gpu/plan_cuda.py measures each case in a fresh process)."""
     if config.setting.mode != "train" or config.setting.shard != "none" or config.setting.offload:
         raise ValueError("measured_peak runs an unsharded training step on one device")
     model, device = loaded.model, loaded.device
+    loaded.inputs = Inputs((), {})  # the example inputs at the spec's size: not the step's, yet on the device
     d = DTYPES[config.setting.dtype]
     pdt = TORCH_DTYPES[d.param]
     if pdt != torch.float32:
@@ -59,7 +66,8 @@ def measured_peak(loaded, config: Config, checkpoint_patterns: str = "", foreach
         baseline = param_bytes(model) + buffer_bytes(model) + tensor_bytes(inputs) + optimizer_state_bytes(opt)
         peak = measure_peak(step, device, baseline)
     opt.zero_grad(set_to_none=True)
-    return {"peak_bytes": int(peak.peak_bytes), "baseline_bytes": int(peak.baseline_bytes), "source": peak.source}
+    return {"peak_bytes": int(peak.peak_bytes), "baseline_bytes": int(peak.baseline_bytes),
+            "tensor_bytes": int(baseline), "source": peak.source}
 
 
 # ----------------------------------------------------------------------------- sharded, with gloo ranks
@@ -157,6 +165,7 @@ def measured_inference_peak(loaded, config: Config) -> dict:
     from diagnostics.analyses.plan.inference import hf_decoder
 
     model, device = loaded.model, loaded.device
+    loaded.inputs = Inputs((), {})  # as in measured_peak: the example inputs are not the pass's
     d = DTYPES[config.setting.dtype]
     pdt = TORCH_DTYPES[d.param]
     if pdt != torch.float32:
@@ -187,4 +196,5 @@ def measured_inference_peak(loaded, config: Config) -> dict:
         run()
         baseline = param_bytes(model) + buffer_bytes(model) + tensor_bytes(inputs)
         peak = measure_peak(run, device, baseline)
-    return {"peak_bytes": int(peak.peak_bytes), "baseline_bytes": int(peak.baseline_bytes), "source": peak.source}
+    return {"peak_bytes": int(peak.peak_bytes), "baseline_bytes": int(peak.baseline_bytes),
+            "tensor_bytes": int(baseline), "source": peak.source}

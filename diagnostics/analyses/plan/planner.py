@@ -99,14 +99,18 @@ class Planner:
 
     # ------------------------------------------------------------------ rows
     def device_peak(self, st: StepTrace) -> tuple[int, dict]:
-        """The peak as the device sees it: the traced one plus the calibrated cuBLAS workspaces (CUDA)."""
+        """The peak as the device sees it: for CUDA, the caching allocator's replayed peak (trace.on_device),
+        or, where a trace was not replayed (sharded ranks), the traced one plus the calibrated cuBLAS
+        workspaces."""
         parts = {k: int(v) for k, v in st.parts.items()}
+        if st.on_device:  # the caching allocator's peak, workspaces included (trace.on_device)
+            return int(st.peak_bytes), parts
         if self.target.kind == "cuda":
             parts["workspaces"] = parts.get("workspaces", 0) + int(self.target.workspace_bytes)
         return int(st.peak_bytes) + (int(self.target.workspace_bytes) if self.target.kind == "cuda" else 0), parts
 
     def phase_peaks(self, st: StepTrace) -> dict[str, int]:
-        extra = int(self.target.workspace_bytes) if self.target.kind == "cuda" else 0
+        extra = int(self.target.workspace_bytes) if self.target.kind == "cuda" and not st.on_device else 0
         return {ph: int(v["bytes"]) + extra for ph, v in st.phase_peaks.items() if ph != "setup"}
 
     def budget(self) -> int:

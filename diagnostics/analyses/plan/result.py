@@ -4,8 +4,9 @@
 Categories of memory at a peak (``Row.parts``): parameters (and buffers), gradients, optimizer
 state, activations (saved for backward, kept or recomputed by checkpointing), kv cache (inference),
 temporaries, inputs,
-rounding (the CUDA allocator's 512-byte blocks), workspaces (cuBLAS, from the device's calibration;
-CUDA only). Their sum is ``peak_bytes``.
+rounding (CUDA's caching allocator: 512-byte blocks, and blocks it serves a request with without
+splitting them), workspaces (CUDA: the cuBLAS / cuBLASLt workspaces a step's threads keep, and kernels'
+own scratch at the peak). Their sum is ``peak_bytes``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from a calibration measured once per GPU model (bench/gpu/plan_cuda.py writes
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +41,17 @@ DECLARED = {
     "T4-16GB": (15360, "NVIDIA T4 16GB"),
     "V100-32GB": (32768, "NVIDIA V100 32GB"),
 }
+#: name -> (compute capability x 10, streaming multiprocessors, threads per multiprocessor): what CUDA's
+#: kernels size their scratch and pick their algorithms by (reductions' staging buffers, the attention
+#: backend, cuBLAS's workspace size). From NVIDIA's data sheets and the CUDA programming guide's tables.
+ARCH = {
+    "H100-80GB": (90, 132, 2048), "H100-94GB": (90, 132, 2048), "H200-141GB": (90, 132, 2048),
+    "A100-80GB": (80, 108, 2048), "A100-40GB": (80, 108, 2048), "L40S-48GB": (89, 142, 1536),
+    "L4-24GB": (89, 58, 1536), "RTX4090-24GB": (89, 128, 1536), "A10G-24GB": (86, 80, 1536),
+    "T4-16GB": (75, 40, 1024), "V100-32GB": (70, 80, 2048),
+}
+#: A GPU named only by its capacity (48GB): assumed to be a Hopper like the H100 (said in the result).
+DEFAULT_ARCH = ARCH["H100-80GB"]
 ALIASES = {"H100": "H100-80GB", "H200": "H200-141GB", "A100": "A100-80GB", "L4": "L4-24GB", "RTX4090": "RTX4090-24GB",
            "4090": "RTX4090-24GB", "L40S": "L40S-48GB", "A10G": "A10G-24GB", "T4": "T4-16GB", "V100": "V100-32GB"}
 #: What a GPU without a calibration is assumed to need outside the tensors: the CUDA context (outside
@@ -47,8 +59,30 @@ ALIASES = {"H100": "H100-80GB", "H200": "H200-141GB", "A100": "A100-80GB", "L4":
 #: thread that runs matmuls: the forward's and autograd's backward thread; 32 MiB each on Hopper,
 #: CUBLAS_WORKSPACE_CONFIG's default otherwise). An assumption, named as one in every result.
 DEFAULT_CONTEXT_BYTES = 512 * MIB
-DEFAULT_WORKSPACE_BYTES = 2 * 32 * MIB
 CALIBRATION_FILE = Path(__file__).with_name("calibrations.json")
+
+
+def cublas_workspace_default(sm: int, env=None) -> int:
+    """Bytes of one cuBLAS handle's workspace as torch sizes it (aten/src/ATen/cuda/CublasHandlePool.cpp,
+    parseChosenWorkspaceSize): CUBLAS_WORKSPACE_CONFIG's ':SIZE_KIB:COUNT' pairs, else ':4096:8' (32 MiB)
+    on compute capability 9 and later, ':4096:2:16:8' (8 MiB + 128 KiB) before."""
+    env = os.environ if env is None else env
+    config = env.get("CUBLAS_WORKSPACE_CONFIG")
+    if config:
+        pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+        if pairs:
+            return sum(int(a) * 1024 * int(b) for a, b in pairs)
+    return 4096 * 8 * 1024 if sm >= 90 else 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def cublaslt_workspace_default(env=None) -> int:
+    """Bytes of one cuBLASLt workspace: CUBLASLT_WORKSPACE_SIZE (KiB), else 1 MiB
+    (parseCUDABlasLtWorkspaceSize)."""
+    env = os.environ if env is None else env
+    try:
+        return int(env.get("CUBLASLT_WORKSPACE_SIZE", "1024")) * 1024
+    except ValueError:
+        return 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -121,17 +155,20 @@ def stored_calibrations(path: Path = CALIBRATION_FILE) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _calibration(gpu_name: str, stored: dict) -> tuple[int, int, str]:
-    """(context bytes, workspace bytes, where they come from) for a GPU model."""
+def _calibration(gpu_name: str, stored: dict, sm: int = DEFAULT_ARCH[0]) -> tuple[int, int, str]:
+    """(context bytes, workspace bytes, where they come from) for a GPU model; ``sm`` (compute capability
+    x 10) sizes the cuBLAS workspaces of an uncalibrated one."""
     for key, cal in stored.items():
         if key.lower() in gpu_name.lower() or gpu_name.lower() in key.lower():
             return (int(cal["context_bytes"]), int(cal["workspace_bytes"]),
                     f"calibrated on {key} ({cal.get('measured_on', 'date unknown')}, torch {cal.get('torch', '?')}): "
                     f"context {cal['context_bytes'] / MIB:.0f} MiB, cuBLAS workspaces {cal['workspace_bytes'] / MIB:.0f} MiB")
-    return (DEFAULT_CONTEXT_BYTES, DEFAULT_WORKSPACE_BYTES,
+    ws = 2 * cublas_workspace_default(sm)
+    return (DEFAULT_CONTEXT_BYTES, ws,
             f"not calibrated for {gpu_name}: assumed {DEFAULT_CONTEXT_BYTES // MIB} MiB of CUDA context and "
-            f"{DEFAULT_WORKSPACE_BYTES // MIB} MiB of cuBLAS workspaces (run bench/gpu/plan_cuda.py on that GPU to "
-            "measure them)")
+            f"{ws / MIB:g} MiB of cuBLAS workspaces (torch's default for compute capability {sm // 10}.{sm % 10}, one "
+            "per thread that runs matmuls: forward and backward; run bench/gpu/plan_cuda.py on that GPU to measure "
+            "them)")
 
 
 def resolve(name: str, count: int = 1, gpus: list[dict] | None = None, cpu: dict | None = None,
@@ -162,7 +199,7 @@ def resolve(name: str, count: int = 1, gpus: list[dict] | None = None, cpu: dict
     known = _canonical(value)
     if known:
         mib, what = DECLARED[known]
-        ctx, ws, how = _calibration(what, stored)
+        ctx, ws, how = _calibration(what, stored, ARCH[known][0])
         return Target(known, "cuda", mib * MIB, count, f"declared table: {what}, {mib:,} MiB total as NVML reports it",
                       ctx, ws, how)
     custom = _custom_bytes(value)

@@ -71,6 +71,9 @@ class StepTrace:
     host_bytes: int = 0
     notes: list = field(default_factory=list)
     per_rank: dict = field(default_factory=dict)  # rank -> peak bytes (sharded configurations)
+    #: the peak is the CUDA caching allocator's (replayed: blocks, workspaces, kernels' scratch), not the
+    #: sum of the tensors; planner.device_peak then adds nothing
+    on_device: bool = False
 
     def saved_in(self, module: str) -> int:
         """Bytes saved for backward while ``module`` or one of its submodules was running (each storage once)."""
@@ -360,10 +363,62 @@ def _trace(loaded, config, target, fake, *, timeline, checkpoint_patterns, stand
     model, device, ck = prepare(loaded, config, target, fake, checkpoint_patterns=checkpoint_patterns,
                                 standins=standins)
     inputs = inputs_for(loaded, config, fake, device)
-    ledger = Ledger(target.rounding, names_of(model), timeline=timeline, scratch=scratch)
-    if config.setting.mode == "inference":
-        return _trace_inference(loaded, model, inputs, config, ledger, fake, device, t0)
-    return train_step(loaded, model, inputs, config, target, ledger, fake, device, ck, t0)
+    kernels = cuda_kernels(target, device)
+    ledger = Ledger(target.rounding, names_of(model), timeline=timeline, scratch=scratch, cuda=kernels)
+    with _as_on_cuda(kernels):
+        if config.setting.mode == "inference":
+            st = _trace_inference(loaded, model, inputs, config, ledger, fake, device, t0)
+        else:
+            st = train_step(loaded, model, inputs, config, target, ledger, fake, device, ck, t0)
+    if kernels is not None:
+        on_device(st, ledger, lazy_state=config.setting.mode == "train")
+        if kernels.attention:
+            st.notes.append("attention traced with the kernels CUDA picks on this GPU: " + ", ".join(
+                f"{n} ({k} call{'s' if k > 1 else ''})" for n, k in sorted(kernels.attention.items())))
+    return st
+
+
+def _as_on_cuda(kernels):
+    """A CPU trace for a CUDA target runs attention and dropout with CUDA's kernels (cuda_kernels.cuda_choices)."""
+    if kernels is None or not kernels.cpu_trace:
+        return nullcontext()
+    from diagnostics.analyses.plan.cuda_kernels import cuda_choices
+
+    return cuda_choices(kernels)
+
+
+def cuda_kernels(target: Target, device: str):
+    """For a CUDA target, the ledger's CUDA rules (cuda_kernels.CudaKernels); None otherwise."""
+    if target.kind != "cuda":
+        return None
+    from diagnostics.analyses.plan.cuda_kernels import CudaKernels, arch_of
+
+    return CudaKernels(arch_of(target), cpu_trace=device == "cpu")
+
+
+def on_device(st: StepTrace, ledger: Ledger, lazy_state: bool = True) -> None:
+    """Turn ``st``'s peak (the tensors, 512-byte rounded) into the CUDA caching allocator's: the ledger's
+    log replayed (allocator.replay) over a warm-up and the measured step. The difference goes to
+    "workspaces" (cuBLAS / cuBLASLt, kept from their first use) and "rounding" (blocks larger than asked:
+    the rounding and blocks the allocator did not split), so the parts still sum to the peak."""
+    from diagnostics.analyses.plan.allocator import replay
+
+    r = replay(ledger.log, lazy_state=lazy_state)
+    ws = sum(r["workspaces"].values())
+
+    def lift(total: int, parts: dict, device_peak: int) -> int:
+        extra = max(0, int(device_peak) - int(total) - ws)
+        parts["workspaces"] = parts.get("workspaces", 0) + ws
+        parts["rounding"] = parts.get("rounding", 0) + extra
+        return int(total) + ws + extra
+
+    st.peak_bytes = lift(st.peak_bytes, st.parts, r["peak"])
+    for ph, v in st.phase_peaks.items():
+        v["bytes"] = lift(v["bytes"], v["parts"], r["phases"].get(ph, 0))
+    st.on_device = True
+    if ws:
+        st.notes.append("library workspaces held through the step: " + ", ".join(
+            f"{n} {b / 2**20:g} MiB" for n, b in r["workspaces"].items()))
 
 
 def _run(ledger: Ledger, phase: str, fn):
