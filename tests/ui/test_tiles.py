@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from diagnostics.registry import ANALYSES
+from diagnostics.results import decode
 from diagnostics.units import UNITS
 from ui.widgets import MAX_LABEL_CHARS, MAX_VALUE_CHARS, Tile, tile_texts
 
 #: Results of the CLI's analyses on the samples (cnn, transformer, mlp, graph_break_mlp) and the
-#: recorded traces, trimmed to what the tiles read.
+#: recorded traces, trimmed to what the tiles read (typed ones whole: checklist-cnn and plan-transformer are
+#: tests/data/stored/runs-fc36ebc.json's), decoded as the page decodes them.
 SAMPLES = sorted((Path(__file__).parents[1] / "data" / "tiles").glob("*.json"))
 TILE_FUNCTIONS = {"batch_scan": ("scan_tiles",), "trace_diff": ("diff_tiles",), "profile": ("tiles", "roofline_tiles")}
 
@@ -20,7 +22,7 @@ TILE_FUNCTIONS = {"batch_scan": ("scan_tiles",), "trace_diff": ("diff_tiles",), 
 def _tiles(path: Path, result: dict | None = None) -> list[Tile]:
     analysis = path.stem.split("-")[0]
     module = importlib.import_module(ANALYSES[analysis].view.partition(":")[0])
-    result = result if result is not None else json.loads(path.read_text())
+    result = decode(ANALYSES[analysis], result if result is not None else json.loads(path.read_text()))
     out = []
     for name in TILE_FUNCTIONS.get(analysis, ("tiles",)):
         out += getattr(module, name)(result)

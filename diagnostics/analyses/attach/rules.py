@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from diagnostics.findings import Finding, fix_first_entry, not_applicable, run_check
+from diagnostics.findings import Finding, FixFirst, not_applicable, run_check
 
 # ---------------------------------------------------------------------------- thresholds
 #: Share of the step the main thread may wait for DataLoader batches (the TensorBoard plugin's rule,
@@ -300,8 +300,8 @@ def evaluate(facts: Facts) -> list[Finding]:
     return [rule(facts) for rule in RULES]
 
 
-def fix_first_row(f: Finding) -> dict:
+def fix_first_row(f: Finding) -> FixFirst:
     saving = f.numbers.get("saving_ms")
-    return fix_first_entry(f.title, saving if saving else None,
-                           "measured: the part of the step it takes, from the run (at most what fixing it saves)"
-                           if saving else "not estimated", f"run: {f.id}", f.fix, f.evidence)
+    return FixFirst(title=f.title, est_saving_ms=saving if saving else None,
+                    how="measured: the part of the step it takes, from the run (at most what fixing it saves)"
+                    if saving else "not estimated", source=f"run: {f.id}", fix=f.fix, detail=f.evidence)
