@@ -32,13 +32,13 @@ NOT_CONVERTED = {
     "diagnostics/render/charts/compile.py", "diagnostics/render/charts/critical_path.py",
     "diagnostics/render/charts/distributed.py", "diagnostics/render/charts/gradients.py",
     "diagnostics/render/charts/memory.py", "diagnostics/render/charts/optimize.py",
-    "diagnostics/render/charts/plan.py", "diagnostics/render/charts/profiler.py",
+    "diagnostics/render/charts/profiler.py",
     "diagnostics/render/charts/summary.py", "diagnostics/render/charts/trace_hta.py",
     "diagnostics/render/charts/traces.py", "diagnostics/render/text.py",
     "pages/traces.py",
     "ui/views/compile.py", "ui/views/critical_path.py",
     "ui/views/distributed.py", "ui/views/gradients.py", "ui/views/memory.py", "ui/views/optimize.py",
-    "ui/views/plan.py", "ui/views/profiler.py", "ui/views/summary.py", "ui/views/trace_hta.py",
+    "ui/views/profiler.py", "ui/views/summary.py", "ui/views/trace_hta.py",
     "ui/views/traces.py", "ui/views/validate.py", "ui/sidebar.py",
 }
 
