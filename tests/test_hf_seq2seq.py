@@ -14,6 +14,7 @@ from diagnostics.errors import ModelLoadError, SpecError  # noqa: E402
 from diagnostics.hf import HFSettings  # noqa: E402
 from diagnostics.inputs import call  # noqa: E402
 from diagnostics.intake import load_model  # noqa: E402
+from diagnostics.results import metrics_of  # noqa: E402
 from diagnostics.runner import Job, execute  # noqa: E402
 from diagnostics.spec import ModelSpec  # noqa: E402
 
@@ -194,7 +195,7 @@ def test_meta_summary_counts_what_the_real_build_counts(tmp_path):
 ])
 def test_every_analysis_runs_on_a_small_encoder_decoder(config, analysis, options, tmp_path):
     result = execute(Job(analysis, spec(config), options), tmp_path)
-    m = result["metrics"]
+    m = metrics_of(result)  # typed or (not converted yet) a dict
     if analysis == "memory":
         assert m["input_bytes"] == (2 * 16 + 2 * 8) * 8  # both int64 keyword inputs
         assert m["peak_train_bytes"] > m["param_bytes"] > 0
@@ -205,7 +206,7 @@ def test_every_analysis_runs_on_a_small_encoder_decoder(config, analysis, option
         assert m["latency_median_ms"] > 0 and m["batch_size"] == 2
     if analysis == "checklist":
         assert m["applicable"] > 0 and m["error"] == 0
-        assert result["facts"]["errors"] == {}
+        assert result.facts["errors"] == {}
 
 
 @pytest.mark.parametrize("config", [T5, BART], ids=["t5", "bart"])

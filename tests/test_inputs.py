@@ -16,6 +16,7 @@ import torch
 from diagnostics.errors import ModelLoadError, SpecError
 from diagnostics.inputs import Inputs, as_inputs, call, from_example, make_inputs, rows, specs_of
 from diagnostics.intake import load_model
+from diagnostics.results import metrics_of
 from diagnostics.runner import Job, execute
 from diagnostics.spec import InputSpec, ModelSpec, cache_key, parse_input, parse_inputs
 
@@ -265,7 +266,7 @@ def test_t5_with_keyword_inputs_summary_counts_its_parameters(t5_file, tmp_path)
 ])
 def test_t5_with_keyword_inputs_runs_every_analysis(t5_file, tmp_path, analysis, options):
     result = execute(Job(analysis, _spec(t5_file), options), tmp_path)
-    m = result["metrics"]
+    m = metrics_of(result)  # typed or (not converted yet) a dict
     if analysis == "memory":
         assert m["input_bytes"] == (2 * 16 + 2 * 8) * 8  # both int64 keyword inputs
         assert m["peak_train_bytes"] > m["param_bytes"] > 0
@@ -276,7 +277,7 @@ def test_t5_with_keyword_inputs_runs_every_analysis(t5_file, tmp_path, analysis,
         assert m["latency_median_ms"] > 0 and m["batch_size"] == 2
     if analysis == "checklist":
         assert m["applicable"] > 0 and m["error"] == 0
-        assert result["facts"]["errors"] == {}  # every probe (forward, train step, profile, compile) ran
+        assert result.facts["errors"] == {}  # every probe (forward, train step, profile, compile) ran
 
 
 def test_t5_with_keyword_inputs_through_fixes(t5_file, tmp_path):
