@@ -268,24 +268,24 @@ class BootstrapError(Record, frozen=True, kw_only=True):
     step: int | None = None
 
 
+def _part_ms(phase: str, more: str = ""):
+    """The type of a metric field holding one part of the step (PHASES): its median ms per step."""
+    words = phase.replace("_", " ")
+    return Annotated[float | None | UnsetType, metric("ms", words.capitalize(), f"median {words} per step{more}",
+                                                      better="lower")]
+
+
 class AttachMetrics(Record, frozen=True, kw_only=True):
     # the headline process' figures; a run without a step has none of them but its exit code, ranks and steps
     step_ms: Annotated[float | None | UnsetType, metric(
         "ms", "Step time", "median step outside the profiled window, after warm-up", better="lower")] = UNSET
-    data_wait_ms: Annotated[float | None | UnsetType, metric(
-        "ms", "Data wait", "median data wait per step", better="lower")] = UNSET
-    forward_ms: Annotated[float | None | UnsetType, metric(
-        "ms", "Forward", "median forward per step", better="lower")] = UNSET
-    backward_ms: Annotated[float | None | UnsetType, metric(
-        "ms", "Backward", "median backward per step", better="lower")] = UNSET
-    optimizer_ms: Annotated[float | None | UnsetType, metric(
-        "ms", "Optimizer", "median optimizer per step", better="lower")] = UNSET
-    comm_ms: Annotated[float | None | UnsetType, metric(
-        "ms", "Comm", "median comm per step", better="lower")] = UNSET
-    sync_ms: Annotated[float | None | UnsetType, metric(
-        "ms", "Sync", "median sync per step", better="lower")] = UNSET
-    host_ms: Annotated[float | None | UnsetType, metric(
-        "ms", "Host", "median host per step (the rest of the step)", better="lower")] = UNSET
+    data_wait_ms: _part_ms("data_wait") = UNSET
+    forward_ms: _part_ms("forward") = UNSET
+    backward_ms: _part_ms("backward") = UNSET
+    optimizer_ms: _part_ms("optimizer") = UNSET
+    comm_ms: _part_ms("comm") = UNSET
+    sync_ms: _part_ms("sync") = UNSET
+    host_ms: _part_ms("host", " (the rest of the step)") = UNSET
     bottleneck_share: Annotated[float | None | UnsetType, metric(
         "fraction", "Bottleneck share", "the largest part's share of the step")] = UNSET
     step_ms_profiled: Annotated[float | None | UnsetType, metric(
