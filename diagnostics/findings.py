@@ -9,7 +9,8 @@ one serialisation). No torch.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable
 
 from diagnostics.declare import column
 from diagnostics.results import Record
@@ -67,6 +68,30 @@ def run_check(check, facts, bug_note: str = "") -> tuple:
     except Exception as e:
         return ("error", f"the rule crashed: {type(e).__name__}: {e}",
                 f"This is a bug in TorchScope's rule{bug_note}: please report it with the facts (result.json).", {})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of a visible list (``RULES``): ``check(facts) -> (status, evidence, suggestion, numbers)``; calling
+    the rule gives its Finding, which offers ``fix`` when it warns or fails. A check that crashes is a rule error
+    (run_check), the other rules still run."""
+
+    id: str
+    title: str
+    category: str
+    check: Callable[[Any], tuple]
+    fix: str | None = None
+    #: what the "rule error" suggestion adds after "a bug in TorchScope's rule"
+    bug_note: str = ""
+
+    def fix_for(self, facts) -> str | None:
+        """The fix a flagged finding offers on these facts."""
+        return self.fix
+
+    def __call__(self, facts) -> Finding:
+        status, evidence, suggestion, numbers = run_check(self.check, facts, self.bug_note)
+        fix = self.fix_for(facts) if status in ("warn", "fail") else None
+        return Finding(self.id, self.title, self.category, status, evidence, suggestion, numbers, fix)
 
 
 class FixFirst(Record, frozen=True, kw_only=True):

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
-from diagnostics.findings import Finding, FixFirst, not_applicable, run_check
+from diagnostics.findings import Finding, FixFirst, Rule, not_applicable
 
 # ---------------------------------------------------------------------------- thresholds
 #: Share of the step the main thread may wait for DataLoader batches (the TensorBoard plugin's rule,
@@ -57,17 +56,6 @@ class Facts:
     ranked: list
     waited_for: int | None
     cpu_count: int
-
-
-@dataclass(frozen=True)
-class Rule:
-    id: str
-    title: str
-    category: str
-    check: Callable[[Facts], tuple]  # -> (status, evidence, suggestion, numbers)
-
-    def __call__(self, facts: Facts) -> Finding:
-        return Finding(self.id, self.title, self.category, *run_check(self.check, facts))
 
 
 na = not_applicable
