@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The finding's form and the rule's are shared with every part that judges a run (diagnostics.findings).
-from diagnostics import findings
 from diagnostics.findings import (  # noqa: F401
     CATEGORIES, SCORED, STATUS_COLOR, STATUS_LABEL, STATUSES, Finding, not_applicable, run_check,
 )
+from diagnostics.findings import Rule as FindingRule
 from diagnostics.units import human_bytes, speedup_text
 
 # ---------------------------------------------------------------------------- thresholds
@@ -91,7 +91,7 @@ FOR_PURPOSE = "purpose:"
 
 
 @dataclass(frozen=True)
-class Rule(findings.Rule):
+class Rule(FindingRule):
     """A checklist rule (facts: the plain dict of facts.py); a fix written "purpose:<id>" follows the purpose."""
 
     bug_note: str = ", not in your model"
