@@ -49,7 +49,7 @@ def _same(a, b) -> bool:
 
 def test_the_stored_runs_cover_the_analyses():
     assert {r["analysis"] for r in ROWS} >= {"validate", "summary", "profile", "memory", "batch_scan", "gradients",
-                                                 "checklist", "plan", "attach"}
+                                             "checklist", "plan", "attach"}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['analysis']}-{r['id'][-8:]}")
