@@ -280,17 +280,20 @@ def is_record(tp) -> bool:
 
 
 def record_fields(cls) -> list[tuple[str, Any, tuple]]:
-    """(name, type without Annotated, its Annotated metadata) of each field of a record type, in order."""
+    """(name, type without Annotated, its Annotated metadata) of each field of a record type, in order.
+    The name is the key in the plain form: a Struct field renamed there (``pass_: int = msgspec.field(name="pass")``,
+    a Python keyword) is named as it is written."""
     hints = typing.get_type_hints(cls, include_extras=True)
     names = (cls.__struct_fields__ if hasattr(cls, "__struct_fields__")
              else tuple(f.name for f in dataclasses.fields(cls)))
+    encoded = dict(zip(names, getattr(cls, "__struct_encode_fields__", names)))
     out = []
     for name in names:
         hint = hints[name]
         meta: tuple = ()
         if typing.get_origin(hint) is Annotated:
             hint, meta = hint.__origin__, tuple(hint.__metadata__)
-        out.append((name, hint, meta))
+        out.append((encoded[name], hint, meta))
     return out
 
 

@@ -2,12 +2,18 @@
 rules, an attached run's rules), so one list ranks them ("fix this first") and one view shows them.
 
 A Finding carries the rule id, category, status (pass / warn / fail / rule error / not applicable),
-the evidence in words with its numbers, a suggestion and an optional fix id. No torch.
+the evidence in words with its numbers, a suggestion and an optional fix id. A :class:`FixFirst` is one
+row of "fix this first". Both are typed records of the results that hold them (diagnostics.results:
+one serialisation). No torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable
+
+from diagnostics.declare import column
+from diagnostics.results import Record
 
 CATEGORIES = ("model design", "memory", "compute", "data pipeline", "deployment")
 #: A rule's verdict. "error": the rule itself crashed on these facts; it says so with the message and
@@ -18,17 +24,18 @@ STATUS_COLOR = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "error"
                 "not_applicable": "#757575"}
 #: Statuses that count in the score's denominator; pass counts 1, warn 0.5, the rest 0.
 SCORED = ("pass", "warn", "fail", "error")
+#: What needs attention first (views and reports list findings in this order).
+ATTENTION = ("error", "fail", "warn", "pass", "not_applicable")
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(Record, frozen=True, kw_only=False):
     id: str
     title: str
     category: str
     status: str  # one of STATUSES
     evidence: str  # what was measured, in words with numbers (or why the rule does not apply)
     suggestion: str = ""
-    numbers: dict = field(default_factory=dict)
+    numbers: dict[str, Any] = {}
     fix: str | None = None  # the Optimize fix that addresses it: an inference fix id, or "train:<id>"
 
     def __post_init__(self):
@@ -37,12 +44,15 @@ class Finding:
         if self.category not in CATEGORIES:
             raise ValueError(f"unknown category {self.category!r}")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    @property
+    def flagged(self) -> bool:
+        """It warns or fails: it belongs in "fix this first"."""
+        return self.status in ("warn", "fail")
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "Finding":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+def by_attention(findings) -> list[Finding]:
+    """Findings in the order they need attention (rule errors, failures, warnings, passes, the rest)."""
+    return sorted(findings, key=lambda f: ATTENTION.index(f.status))
 
 
 def not_applicable(why: str) -> tuple:
@@ -60,14 +70,51 @@ def run_check(check, facts, bug_note: str = "") -> tuple:
                 f"This is a bug in TorchScope's rule{bug_note}: please report it with the facts (result.json).", {})
 
 
-def fix_first_entry(title: str, saving_ms: float | None, how: str, source: str, fix: str | None = None,
-                    detail: str = "") -> dict:
+@dataclass(frozen=True)
+class Rule:
+    """One rule of a visible list (``RULES``): ``check(facts) -> (status, evidence, suggestion, numbers)``; calling
+    the rule gives its Finding, which offers ``fix`` when it warns or fails. A check that crashes is a rule error
+    (run_check), the other rules still run."""
+
+    id: str
+    title: str
+    category: str
+    check: Callable[[Any], tuple]
+    fix: str | None = None
+    #: what the "rule error" suggestion adds after "a bug in TorchScope's rule"
+    bug_note: str = ""
+
+    def fix_for(self, facts) -> str | None:
+        """The fix a flagged finding offers on these facts."""
+        return self.fix
+
+    def __call__(self, facts) -> Finding:
+        status, evidence, suggestion, numbers = run_check(self.check, facts, self.bug_note)
+        fix = self.fix_for(facts) if status in ("warn", "fail") else None
+        return Finding(self.id, self.title, self.category, status, evidence, suggestion, numbers, fix)
+
+
+class FixFirst(Record, frozen=True, kw_only=True):
     """One row of "fix this first": what, the milliseconds per step it would save (None: not estimated,
     never a silent 0), how that was estimated, where it comes from, the fix id and the evidence."""
-    return {"title": title, "est_saving_ms": saving_ms, "how": how, "source": source, "fix": fix, "detail": detail}
+
+    title: str
+    est_saving_ms: Annotated[float | None, column("ms", "saving per step")]
+    how: str
+    source: str
+    fix: str | None = None
+    detail: str = ""
 
 
-def rank_fix_first(entries: list[dict]) -> list[dict]:
+def rank_fix_first(entries) -> list[FixFirst]:
     """Entries with an estimated saving first (largest first), then the rest in their order."""
-    with_ms = sorted((e for e in entries if e["est_saving_ms"] is not None), key=lambda e: -e["est_saving_ms"])
-    return with_ms + [e for e in entries if e["est_saving_ms"] is None]
+    with_ms = sorted((e for e in entries if e.est_saving_ms is not None), key=lambda e: -e.est_saving_ms)
+    return with_ms + [e for e in entries if e.est_saving_ms is None]
+
+
+class Threshold(Record, frozen=True, kw_only=True):
+    """A rule's named constant as the result lists it (its value, what it means)."""
+
+    name: str
+    value: int | float
+    meaning: str

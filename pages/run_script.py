@@ -91,6 +91,6 @@ elif run is not None:
         if rec.status != "ok":
             st.warning(rec.error or rec.status)
         if rec.result:
-            views.show("attach", rec.result, file_stem=rec.id)
+            views.show_stored("attach", rec.result, file_stem=rec.id)  # the store keeps the plain form
 else:
     st.info("Give the command and press Run. The result also lands in History.")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.runner import Job, execute
 from diagnostics.spec import ModelSpec
 
@@ -36,7 +37,6 @@ ZERO_FRACTION_ABS = 1e-4
 
 def run(analysis: str, tmp_path, sample: str | None = None, batch: int | None = None, **options) -> dict:
     from diagnostics.registry import ANALYSES
-    from diagnostics.results import to_plain
 
     spec = None if sample is None else ModelSpec(name=sample, batch_size=batch)
     typed = execute(Job(analysis, spec, options), tmp_path / analysis)

@@ -5,6 +5,8 @@ tests/data/stored/runs-7a4be04.json holds real rows of a run store (runs.sqlite)
 commit 7a4be04, the last before typed results: the CLI's runner ran validate, summary (an MLP and a
 transformer), profile, memory, batch_scan and gradients on the samples, and the rows were exported as
 they were stored (result_json as the text the old store wrote; artifacts and pids blanked).
+tests/data/stored/runs-fc36ebc.json holds rows made the same way by the code at commit fc36ebc, the last before
+checklist, plan and attach had typed results (attach's through the CLI's `run`, an error run among them).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def _same(a, b) -> bool:
 
 
 def test_the_stored_runs_cover_the_analyses():
-    assert {r["analysis"] for r in ROWS} >= {"validate", "summary", "profile", "memory", "batch_scan", "gradients"}
+    assert {r["analysis"] for r in ROWS} >= {"validate", "summary", "profile", "memory", "batch_scan", "gradients",
+                                             "checklist", "plan", "attach"}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['analysis']}-{r['id'][-8:]}")

@@ -213,10 +213,11 @@ def engine_analysis(run_dir: str) -> dict:
     sys.path.insert(0, str(ROOT))
     try:
         from diagnostics.analyses.attach.job import analyse_run
+        from diagnostics.results import to_plain
     except Exception as e:  # orjson / msgspec / psutil missing on this machine: the stdlib checks stand
         return {"skipped": f"{type(e).__name__}: {e}"}
     try:
-        r = analyse_run(run_dir, exit_code=0).to_dict()
+        r = to_plain(analyse_run(run_dir, exit_code=0))  # its plain form, as result.json holds it
     except ImportError as e:  # the trace layer's orjson / msgspec missing here
         return {"skipped": f"{type(e).__name__}: {e}"}
     return {"step_ms": r["step_ms"], "breakdown_ms": r["breakdown_ms"], "bottleneck": r["bottleneck"],

@@ -27,6 +27,7 @@ import psutil
 
 from diagnostics import procs
 from diagnostics.analyses.attach.protocol import LIVE_PHASES, PROC_PREFIX, STATUS, AttachConfig, read_json
+from diagnostics.analyses.attach.result import AttachResult
 from diagnostics.attach.command import Command, child_environment
 
 #: Seconds a stopped script gets to end on its own (KeyboardInterrupt: its finally blocks, our export)
@@ -59,7 +60,7 @@ class Outcome:
     exit_code: int | None  # the script's, as a shell reports it (128 + N after signal N); None: never started
     interrupted: bool
     duration_s: float
-    result: dict | None = None
+    result: AttachResult | None = None
     error: str | None = None  # our failure to analyse (the script's own failure is in exit_code)
     stop_reason: str = ""
     leftovers_killed: int = 0
@@ -259,14 +260,13 @@ class Session:
             result = analyse_run(out.run_dir, exit_code=out.exit_code, command=list(self.command.argv),
                                  cwd=self.command.cwd, duration_s=out.duration_s, interrupted=out.interrupted,
                                  run_id=self.run_id)
-            data = result.to_dict()
+            notes = list(result.notes)
             if out.stop_reason:
-                data["notes"].insert(0, f"the run was {out.stop_reason}: what was measured until then is kept")
+                notes.insert(0, f"the run was {out.stop_reason}: what was measured until then is kept")
             if out.leftovers_killed:
-                data["notes"].append(f"{out.leftovers_killed} process(es) the script left running were stopped")
-            for n in self.command.notes:
-                data["notes"].append(n)
-            out.result = data
+                notes.append(f"{out.leftovers_killed} process(es) the script left running were stopped")
+            notes += self.command.notes
+            out.result = result.with_notes(notes)
         except Exception as e:  # ours: say so, keep the script's exit code
             import traceback
 

@@ -21,7 +21,9 @@ import sys
 import threading
 
 from diagnostics.analyses.attach import DEFAULT_STEPS
+from diagnostics.analyses.attach.result import AttachResult
 from diagnostics.cli.report_folder import add_report_args, report_dir, write_report
+from diagnostics.results import to_plain
 
 EXIT_USAGE = 2
 PROG = "python -m diagnostics run"
@@ -168,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                                run_id=outcome.run_id or "")
     if result is not None and not args.quiet:
         _summary(result, outcome, written)
-    if args.json:
-        shown = dict(result or {}, run_id=outcome.run_id, run_dir=outcome.run_dir,
+    if args.json:  # the result's one plain form, with where the run and its report are
+        shown = dict(to_plain(result) or {}, run_id=outcome.run_id, run_dir=outcome.run_dir,
                      report=str(written["report.html"]) if written else None)
         if result is None:
             shown.update(exit_code=outcome.exit_code, error=outcome.error)
@@ -191,19 +193,18 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
     stop.set()
 
 
-def _summary(result: dict, outcome, written) -> None:
-    from diagnostics.render.charts.attach import summary_lines
+def _summary(result: AttachResult, outcome, written) -> None:
+    from diagnostics.render.charts.attach import summary_lines, trace_names
 
     err = sys.stderr
     err.write("[torchscope] " + "\n[torchscope] ".join(summary_lines(result)) + "\n")
-    for f in result.get("fix_first") or []:
-        if f.get("est_saving_ms"):
-            err.write(f"[torchscope] fix first: {f['title']}: {f['est_saving_ms']:.2f} ms per step: {f['detail']}\n")
-    for n in result.get("notes") or []:
+    for f in result.fix_first:
+        if f.est_saving_ms:
+            err.write(f"[torchscope] fix first: {f.title}: {f.est_saving_ms:.2f} ms per step: {f.detail}\n")
+    for n in result.notes:
         err.write(f"[torchscope] note: {n}\n")
-    trace = result.get("trace")
-    if trace:
-        names = trace if isinstance(trace, list) else [trace]
+    names = trace_names(result)
+    if names:
         err.write(f"[torchscope] trace: {', '.join(names)} in {outcome.run_dir}\n")
     if written:
         err.write(f"[torchscope] report: {written['report.html']}\n")

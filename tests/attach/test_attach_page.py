@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnostics.results import to_json
 from tests.attach.harness import SCRIPTS
 
 
@@ -72,16 +73,16 @@ def test_the_view_shows_a_stored_result_with_its_findings_and_gradients(tmp_path
     steps = [_step(n, {"data_wait": 30.0, "forward": 2.0, "host": 1.0}, profiled=n in (4, 5)) for n in range(1, 9)]
     _write_run(tmp_path, steps, {"window": [4, 5], "loaders": [{"id": 1, "num_workers": 0, "batch_size": 8,
                                                                   "iters": 1, "len": 10}]})
-    result = analyse_run(tmp_path, exit_code=1, command=["python", "t.py"]).to_dict()
+    result = analyse_run(tmp_path, exit_code=1, command=["python", "t.py"])
     path = tmp_path / "result.json"
-    path.write_text(json.dumps(result))
+    path.write_text(to_json(result))
 
     def page(path):
         import json as _json
 
         from ui import views
 
-        views.show("attach", _json.loads(open(path).read()))
+        views.show_stored("attach", _json.loads(open(path).read()))  # decoded, as History does
 
     at = AppTest.from_function(page, default_timeout=60, kwargs={"path": str(path)}).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -89,3 +90,41 @@ def test_the_view_shows_a_stored_result_with_its_findings_and_gradients(tmp_path
     assert [m.label for m in at.metric][:3] == ["Step", "Bottleneck", "Data wait"]
     assert at.metric[1].value == "data_wait"
     assert any("The step waits for data" in m.value for m in at.markdown)
+
+
+def test_a_run_without_a_step_stored_before_typed_results_still_opens(tmp_path):
+    """tests/data/stored/attach-no-steps-fc36ebc.json: a script that never imported torch, run attached by the code
+    before the typed result; the parts only a step fills in were stored as {}. They read back empty (nothing
+    invented: no step, no window, no workers), every other stored value as it was, and the view shows it."""
+    from streamlit.testing.v1 import AppTest
+
+    from diagnostics.analyses.attach.result import AttachResult
+    from diagnostics.registry import ANALYSES
+    from diagnostics.results import decode, to_plain
+
+    (row,) = json.loads((Path(__file__).parents[1] / "data" / "stored" / "attach-no-steps-fc36ebc.json").read_text())
+    stored = json.loads(row["result_json"])
+    r = decode(ANALYSES["attach"], stored)
+    assert isinstance(r, AttachResult) and r.status == "no steps" and r.steps == 0
+    assert r.window.first is None and r.window.steps_profiled == 0 and r.workers.per_worker == ()
+    assert r.workers.loader is None and r.model.modules == () and r.memory.peak_bytes is None
+    plain = to_plain(r)
+    empty = {k for k, v in stored.items() if v == {}}
+    assert empty == {"breakdown_ms", "window", "overhead", "workers", "model", "memory"}
+    assert {k: v for k, v in plain.items() if k in stored and k not in empty} == \
+        {k: v for k, v in stored.items() if k not in empty}
+    path = tmp_path / "result.json"
+    path.write_text(row["result_json"])
+
+    def page(path):
+        import json as _json
+
+        from ui import views
+
+        views.show_stored("attach", _json.loads(open(path).read()))
+
+    at = AppTest.from_function(page, default_timeout=60, kwargs={"path": str(path)}).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not [e.value for e in at.error if "cannot be shown" in e.value]
+    assert any("never imported torch" in i.value for i in at.info)
+    assert at.metric[1].value == "n/a"  # no bottleneck without a step

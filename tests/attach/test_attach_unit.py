@@ -15,6 +15,8 @@ from diagnostics.analyses.attach.job import analyse_run
 from diagnostics.analyses.attach.protocol import PHASES, AttachConfig
 from diagnostics.analyses.attach.result import AttachResult
 from diagnostics.attach.command import UsageError, check_command, child_environment
+from diagnostics.registry import ANALYSES
+from diagnostics.results import decode, metrics_of, to_json
 from tests.attach.harness import ROOT
 
 BOOT = ROOT / "diagnostics" / "attach" / "bootstrap"
@@ -116,9 +118,9 @@ def test_the_step_time_is_the_median_outside_the_window_and_its_parts_sum_to_it(
     assert r.step_ms_profiled == pytest.approx(18.5)  # the profiler's own 0.4 ms per step is ours, left out
     assert r.overhead_pct == pytest.approx(100 * (18.5 - 21.0) / 21.0)
     assert r.bottleneck.category == "data_wait" and r.bottleneck.share == pytest.approx(15 / 21)
-    assert r.steps == 8 and r.profiled_steps == [4, 5] and r.status == "ok"
-    assert [row["step_ms"] for row in r.step_table][1:3] == pytest.approx([18.0, 19.0])
-    assert AttachResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    assert r.steps == 8 and r.profiled_steps == (4, 5) and r.status == "ok"
+    assert [row.step_ms for row in r.step_table][1:3] == pytest.approx([18.0, 19.0])
+    assert isinstance(r, AttachResult) and decode(ANALYSES["attach"], json.loads(to_json(r))) == r
 
 
 def test_a_run_without_a_window_says_why_and_a_run_without_steps_says_what_was_seen(tmp_path):
@@ -146,10 +148,10 @@ def test_too_few_and_too_slow_workers_are_told_apart(tmp_path):
     (tmp_path / "workers" / "77.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     r = analyse_run(tmp_path, exit_code=0)
     w = r.workers
-    assert w["fetch_collate_ms"] == pytest.approx(40.0) and w["collate_ms"] == pytest.approx(1.0)
-    assert w["workers_needed"] == 8 and w["supply_interval_ms"] == pytest.approx(20.0)
-    f = next(f for f in r.findings if f["id"] == "data_wait")
-    assert f["status"] == "fail" and f["numbers"]["workers_needed"] == 8
+    assert w.fetch_collate_ms == pytest.approx(40.0) and w.collate_ms == pytest.approx(1.0)
+    assert w.workers_needed == 8 and w.supply_interval_ms == pytest.approx(20.0)
+    f = next(f for f in r.findings if f.id == "data_wait")
+    assert f.status == "fail" and f.numbers["workers_needed"] == 8
     from diagnostics.analyses.attach import rules
     from diagnostics.analyses.attach.job import _figures, _load_proc, _workers
 
@@ -162,14 +164,13 @@ def test_too_few_and_too_slow_workers_are_told_apart(tmp_path):
 
 
 def test_the_declared_metrics_cover_the_result_and_the_report_has_its_sections(tmp_path):
-    from diagnostics.registry import ANALYSES
     from diagnostics.render.html import write_report_folder
 
     steps = [_step(n, {"data_wait": 3.0, "forward": 2.0, "host": 1.0}, profiled=n in (4, 5)) for n in range(1, 9)]
     _write_run(tmp_path / "run", steps, {"window": [4, 5]})
-    r = analyse_run(tmp_path / "run", exit_code=0, command=["python", "t.py"]).to_dict()
+    r = analyse_run(tmp_path / "run", exit_code=0, command=["python", "t.py"])
     decl = ANALYSES["attach"]
-    assert [k for k in r["metrics"] if decl.metric(k) is None] == []
+    assert [k for k in metrics_of(r) if decl.metric(k) is None] == []
     written = write_report_folder("attach", r, tmp_path / "report")
     html = written["report.html"].read_text()
     assert "Where each step&#x27;s time goes" in html or "Where each step's time goes" in html

@@ -2,6 +2,7 @@
 
 import pytest
 
+from diagnostics.analyses.plan.result import PART_KEYS
 from diagnostics.render.charts import plan as charts
 
 
@@ -27,16 +28,16 @@ def result(tmp_path_factory):
 def test_the_breakdown_stacks_each_rows_parts_up_to_its_peak(result):
     fig = charts.build_plan_breakdown_figure(result)
     assert fig.layout.barmode == "stack"
-    for i, row in enumerate(result["rows"]):
+    for i, row in enumerate(result.rows):
         total = sum(tr.y[i] for tr in fig.data)
-        assert total == pytest.approx(row["peak_bytes"] / charts.GIB)
-    assert {tr.name for tr in fig.data} <= set(charts.ORDER)
+        assert total == pytest.approx(row.peak_bytes / charts.GIB)
+    assert {tr.name for tr in fig.data} <= set(PART_KEYS)
 
 
 def test_the_grid_marks_each_cell_by_fit(result):
     fig = charts.build_plan_grid_figure(result)
-    g = result["grids"][0]
-    assert list(fig.data[0].z[0]) == [1 if ok else 0 for ok in g["fits"][0]]
+    g = result.grids[0]
+    assert list(fig.data[0].z[0]) == [1 if ok else 0 for ok in g.fits[0]]
     assert fig.data[0].x[0] == "b1" and 0 in fig.data[0].z[0] and 1 in fig.data[0].z[0]
 
 
@@ -44,7 +45,7 @@ def test_timeline_and_suggestions_figures(result):
     tl = charts.build_plan_timeline_figure(result)
     assert tl.data and all(tr.stackgroup == "mem" for tr in tl.data)
     sug = charts.build_plan_suggestions_figure(result)
-    assert len(sug.data[0].y) == len(result["suggestions"])
+    assert len(sug.data[0].y) == len(result.suggestions)
 
 
 def test_report_sections_and_cli_text(result):

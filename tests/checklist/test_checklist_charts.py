@@ -10,11 +10,11 @@ from tests.checklist.sample_facts import healthy, set_path
 def test_checklist_figures():
     r = build_result(set_path(healthy(), "env.cudnn_benchmark", False), "toy", "cuda:0")
     g = build_score_gauge_figure(r)
-    assert g.data[0].value == r["score"] and "points" in g.data[0].title.text
+    assert g.data[0].value == r.score and "points" in g.data[0].title.text
     f = build_status_by_category_figure(r)
     by_name = {t.name: t for t in f.data}
-    assert sum(by_name["warn"].x) == r["counts"]["warn"] == 1
-    assert sum(sum(t.x) for t in f.data) == len(r["findings"])
+    assert sum(by_name["warn"].x) == r.counts.warn == 1
+    assert sum(sum(t.x) for t in f.data) == len(r.findings)
     assert "count" in f.layout.xaxis.title.text
 
 

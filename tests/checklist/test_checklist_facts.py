@@ -8,10 +8,12 @@ import pytest
 import torch
 from torch import nn
 
+from diagnostics.analyses.checklist import ChecklistResult
 from diagnostics.analyses.checklist.facts import collect_facts
 from diagnostics.measure.structure import forward_facts, static_facts
 from diagnostics.errors import TrustError
 from diagnostics.intake import LoadedModel
+from diagnostics.results import to_json
 from diagnostics.runner import Job, execute
 from diagnostics.spec import InputSpec, ModelSpec
 
@@ -213,10 +215,10 @@ def test_dataloader_workers_load_a_dataset_module_inside_a_job(tmp_path):
                                       "prefetch_factor": 2}, "dataset_path": str(path)}
     out = run_job(Job("checklist", ModelSpec(name="mlp"), options), artifact_dir=tmp_path / "job")
     assert out.ok, out.error
-    dl = out.result["facts"]["dataloader"]
-    assert dl is not None and dl["note"] is None, out.result["notes"]
+    dl = out.result.facts["dataloader"]
+    assert dl is not None and dl["note"] is None, out.result.notes
     assert dl["described"]["num_workers"] == 2 and dl["loader_s_per_batch"] > 0
-    statuses = {f["id"]: f["status"] for f in out.result["findings"]}
+    statuses = {f.id: f.status for f in out.result.findings}
     assert statuses["dataloader_time"] != "not_applicable" and statuses["num_workers"] != "not_applicable"
 
 
@@ -263,38 +265,39 @@ def _run(name, tmp_path, **opts):
 
 
 def _status(result, rule_id):
-    return next(f for f in result["findings"] if f["id"] == rule_id)
+    return result.finding(rule_id)
 
 
 def test_analysis_on_the_sick_sigmoid_mlp(tmp_path):
     r = _run("deep_sigmoid_mlp", tmp_path)
-    json.dumps(r)
-    assert _status(r, "gradient_flow")["status"] == "fail" and "vanishing" in _status(r, "gradient_flow")["evidence"]
-    assert _status(r, "hidden_activations")["status"] == "warn"
-    assert _status(r, "tensor_cores")["status"] == "not_applicable" and "no CUDA" in _status(r, "tensor_cores")["evidence"]
-    assert _status(r, "dataloader_time")["evidence"] == "no DataLoader given"
-    m = r["metrics"]
-    assert m["applicable"] == m["pass"] + m["warn"] + m["fail"]
-    assert r["score"] == pytest.approx(100 * (m["pass"] + 0.5 * m["warn"]) / m["applicable"])
-    assert set(r["by_category"]) == {"model design", "memory", "compute", "data pipeline", "deployment"}
+    assert isinstance(r, ChecklistResult)
+    json.loads(to_json(r))
+    assert _status(r, "gradient_flow").status == "fail" and "vanishing" in _status(r, "gradient_flow").evidence
+    assert _status(r, "hidden_activations").status == "warn"
+    assert _status(r, "tensor_cores").status == "not_applicable" and "no CUDA" in _status(r, "tensor_cores").evidence
+    assert _status(r, "dataloader_time").evidence == "no DataLoader given"
+    m = r.metrics
+    assert m.applicable == m.pass_ + m.warn + m.fail
+    assert r.score == pytest.approx(100 * (m.pass_ + 0.5 * m.warn) / m.applicable)
+    assert set(r.by_category) == {"model design", "memory", "compute", "data pipeline", "deployment"}
     md = (tmp_path / "checklist_report.md").read_text()
-    assert all(f["id"] in md for f in r["findings"])
+    assert all(f.id in md for f in r.findings)
 
 
 def test_analysis_on_the_cnn_offers_fixes(tmp_path):
     r = _run("cnn", tmp_path, purpose="inference")
     fusion = _status(r, "conv_bn_fusion")
-    assert fusion["status"] == "warn" and fusion["fix"] == "conv_bn_fusion" and fusion["numbers"]["pairs"] == 3
-    assert _status(r, "channels_last")["fix"] == "channels_last"
-    assert _status(r, "dropout_bn_mode")["status"] == "fail"  # a freshly built sample is in train mode
+    assert fusion.status == "warn" and fusion.fix == "conv_bn_fusion" and fusion.numbers["pairs"] == 3
+    assert _status(r, "channels_last").fix == "channels_last"
+    assert _status(r, "dropout_bn_mode").status == "fail"  # a freshly built sample is in train mode
     # the probes' times are the ones their ratios are made of, with an interval and the A/A control beside
-    inf, bp = r["facts"]["measured"]["inference"], r["facts"]["measured"]["batch_probe"]
+    inf, bp = r.facts["measured"]["inference"], r.facts["measured"]["batch_probe"]
     assert inf["train_grad_forward_s"] / inf["eval_inference_forward_s"] == pytest.approx(inf["speedup"])
     assert bp["points"][1]["samples_per_s"] / bp["points"][0]["samples_per_s"] == pytest.approx(bp["throughput_gain_2x"])
     assert inf["rounds"] >= 6 and inf["speedup_ci"][0] <= inf["speedup"] <= inf["speedup_ci"][1]
     assert inf["control_ci"] is not None and bp["control_ci"] is not None
     word = "speed-up" if inf["speedup"] > 1 else "slow-down"
-    assert word in _status(r, "inference_mode")["evidence"]
+    assert word in _status(r, "inference_mode").evidence
 
 
 def test_bad_options_name_the_problem(tmp_path):
@@ -317,14 +320,14 @@ def test_static_facts_see_through_compile_and_data_parallel():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_facts_and_tensor_core_rule(tmp_path):
     r = execute(Job("checklist", ModelSpec(name="mlp", device="cuda:0"), FAST), tmp_path)
-    env, p = r["facts"]["env"], r["facts"]["measured"]["profile"]
+    env, p = r.facts["env"], r.facts["measured"]["profile"]
     assert env["compute_capability"] >= 3 and env["device_memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
     assert p["kernels_per_step"] > 0 and 0 < p["gpu_busy_fraction"] <= 1
-    assert r["facts"]["measured"]["peak_bytes"] > 0
+    assert r.facts["measured"]["peak_bytes"] > 0
     assert "aten::addmm" in p["eligible_ops"] or "aten::mm" in p["eligible_ops"]
     tc = _status(r, "tensor_cores")
     if env["compute_capability"] >= 7:
         # fp32 matmuls without TF32 use no Tensor Cores: the rule fails and offers AMP
-        assert tc["status"] in ("pass", "fail") and (tc["status"] == "pass") == bool(p["tensor_core_kernels"])
+        assert tc.status in ("pass", "fail") and (tc.status == "pass") == bool(p["tensor_core_kernels"])
     for rule in ("gpu_utilization", "peak_memory", "memory_growth", "cudnn_benchmark"):
-        assert "no CUDA" not in _status(r, rule)["evidence"]
+        assert "no CUDA" not in _status(r, rule).evidence

@@ -17,11 +17,11 @@ def result():
 def test_markdown_lists_every_finding_by_category_with_score():
     r = result()
     md = build_markdown(r)
-    for f in r["findings"]:
-        assert f"`{f['id']}`" in md
+    for f in r.findings:
+        assert f"`{f.id}`" in md
     for cat in ("Model design", "Memory", "Compute", "Data pipeline", "Deployment"):
         assert f"## {cat}" in md
-    assert f"{r['score']:.0f} / 100" in md
+    assert f"{r.score:.0f} / 100" in md
     assert "❌ fail" in md and "no Tensor Core kernel" in md
     assert "`DATALOADER_FRACTION_MAX` | 0.05" in md
 
@@ -36,5 +36,5 @@ def test_html_is_the_shared_report_by_category_self_contained_and_escaped():
     heads = re.findall(r"<h2[^>]*>([^<]+)</h2>", page)
     cats = [c for c in ("Model design", "Memory", "Compute", "Data pipeline", "Deployment") if c in heads]
     assert cats and [h for h in heads if h in cats] == cats
-    failing = [f for f in r["findings"] if f["status"] == "fail"]
-    assert failing and all(f["evidence"].split("<")[0][:30] in page for f in failing)
+    failing = [f for f in r.findings if f.status == "fail"]
+    assert failing and all(f.evidence.split("<")[0][:30] in page for f in failing)

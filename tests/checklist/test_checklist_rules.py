@@ -1,11 +1,14 @@
 """Each rule on hand-written facts: one set that passes it, one that fails (or warns) it,
 and, where it has one, the reason it does not apply."""
 
+import json
+
+import msgspec
 import pytest
 
 from diagnostics.analyses.checklist import rules as R
 from diagnostics.analyses.checklist.rules import RULES, Finding, score
-
+from diagnostics.results import to_plain
 from tests.checklist.sample_facts import GiB, healthy, set_path
 
 
@@ -183,7 +186,7 @@ def test_a_rule_that_crashes_is_an_error_that_counts_as_failed():
 
 def test_finding_round_trip_and_validation():
     f = run("tensor_cores", set_path(healthy(), "measured.profile.tensor_core_kernels", []))
-    assert Finding.from_dict(f.to_dict()) == f
+    assert msgspec.convert(json.loads(json.dumps(to_plain(f))), Finding) == f  # the one serialisation
     assert f.fix == "train:amp"  # a training checklist hands AMP to a training-step trial ...
     f = run("tensor_cores", set_path(set_path(healthy(), "measured.profile.tensor_core_kernels", []), "purpose",
                                      "inference"))

@@ -4,6 +4,7 @@ import pytest
 
 from diagnostics.analyses.checklist.job import build_result
 from diagnostics.analyses.checklist.rank import fix_first
+from diagnostics.findings import Finding
 from tests.checklist.sample_facts import healthy, set_path
 
 
@@ -33,29 +34,29 @@ OPTIMIZE = {"rows": [
 def test_the_list_is_ranked_by_milliseconds_and_says_how_each_was_estimated():
     r = _checklist()
     ranked = fix_first(r, PROFILE, OPTIMIZE)
-    ms = [e["est_saving_ms"] for e in ranked if e["est_saving_ms"] is not None]
+    ms = [e.est_saving_ms for e in ranked if e.est_saving_ms is not None]
     assert ms == sorted(ms, reverse=True)
     inf, trial = ranked[0], ranked[1]
-    assert inf["source"] == "checklist: inference_mode" and inf["est_saving_ms"] == pytest.approx(6.0)
-    assert inf["how"].startswith("measured") and inf["fix"] == "inference_mode"
-    assert trial["title"] == "apply channels_last" and trial["est_saving_ms"] == pytest.approx(4.5)
-    assert trial["how"].startswith("measured: Optimize trial") and trial["fix"] == "channels_last"
-    assert trial["detail"] == "x1.82 [1.70, 1.90], faster"  # the speed-up with its interval and verdict
-    roof = next(e for e in ranked if e["source"] == "roofline")
-    assert roof["est_saving_ms"] == 3.0 and roof["how"].startswith("model") and "25% of its compute roof" in roof["title"]
-    assert not any(e["fix"] in ("control", "half") for e in ranked)  # the noise floor and a no-verdict fix
-    assert not any("aten::copy_" in e["title"] for e in ranked)  # at its roof: nothing to gain
+    assert inf.source == "checklist: inference_mode" and inf.est_saving_ms == pytest.approx(6.0)
+    assert inf.how.startswith("measured") and inf.fix == "inference_mode"
+    assert trial.title == "apply channels_last" and trial.est_saving_ms == pytest.approx(4.5)
+    assert trial.how.startswith("measured: Optimize trial") and trial.fix == "channels_last"
+    assert trial.detail == "x1.82 [1.70, 1.90], faster"  # the speed-up with its interval and verdict
+    roof = next(e for e in ranked if e.source == "roofline")
+    assert roof.est_saving_ms == 3.0 and roof.how.startswith("model") and "25% of its compute roof" in roof.title
+    assert not any(e.fix in ("control", "half") for e in ranked)  # the noise floor and a no-verdict fix
+    assert not any("aten::copy_" in e.title for e in ranked)  # at its roof: nothing to gain
     # warnings without a time of their own come last, "not estimated", not 0
-    tail = [e for e in ranked if e["est_saving_ms"] is None]
-    assert tail and ranked[-len(tail):] == tail and all(e["how"] == "not estimated" for e in tail)
-    assert any(e["source"] == "checklist: channels_last" for e in tail)
+    tail = [e for e in ranked if e.est_saving_ms is None]
+    assert tail and ranked[-len(tail):] == tail and all(e.how == "not estimated" for e in tail)
+    assert any(e.source == "checklist: channels_last" for e in tail)
 
 
 def test_the_checklist_result_carries_its_own_list_and_the_markdown_shows_it():
     from diagnostics.analyses.checklist.report import build_markdown
 
     r = _checklist()
-    assert r["fix_first"] == fix_first(r)
+    assert list(r.fix_first) == fix_first(r)
     md = build_markdown(r)
     assert "## Fix this first" in md and "| 1 | eval() + inference_mode for inference | 6.000 |" in md
 
@@ -67,7 +68,7 @@ def test_gpu_idle_time_of_a_cuda_profile_is_an_entry():
              {"window_ms": 12.0, "kernel_ms": 6.0, "memcpy_ms": 1.0, "memset_ms": 0.5},
              {"window_ms": 9.0, "kernel_ms": 6.0, "memcpy_ms": 1.0, "memset_ms": 0.0}]
     (e,) = from_idle({"cuda_ran": True, "device_split": split})
-    assert e["est_saving_ms"] == pytest.approx(3.0) and e["title"] == "the GPU is idle 3.000 ms per step"
+    assert e.est_saving_ms == pytest.approx(3.0) and e.title == "the GPU is idle 3.000 ms per step"
     assert from_idle({"cuda_ran": False, "device_split": split}) == [] and from_idle(None) == []
 
 
@@ -88,18 +89,19 @@ def test_training_trials_feed_the_findings_that_recommend_them():
 
     assert split_fix("train:activation_checkpointing") == ("train", "activation_checkpointing")
     assert split_fix("amp") == ("inference", "amp")
-    finding = {"id": "saved_activations", "fix": "train:activation_checkpointing", "status": "warn"}
+    finding = Finding("saved_activations", "Saved activations fit", "memory", "warn", "",
+                      fix="train:activation_checkpointing")
     note = trial_evidence(finding, [OPTIMIZE, TRAIN_TRIALS])
     # the training trial measured it (the inference run has no such row): 30 -> 18 MiB is -40%
     assert note == ("measured by an Optimize trial (train): step x0.80 [0.76, 0.84], slower, peak memory 30.0 -> "
                     "18.0 MiB (-40%), gradient cosine 1.000000")
     # an inference fix is not answered by a training trial of the same id
-    assert trial_evidence({"fix": "amp"}, [TRAIN_TRIALS]) is None
+    assert trial_evidence(Finding("tensor_cores", "AMP", "compute", "warn", "", fix="amp"), [TRAIN_TRIALS]) is None
     ranked = fix_first(_checklist(), None, [OPTIMIZE, TRAIN_TRIALS])
-    fused = next(e for e in ranked if e["fix"] == "train:fused_optimizer")
-    assert fused["title"] == "apply Fused / foreach optimizer to the training step"
-    assert fused["est_saving_ms"] == pytest.approx(5.0) and fused["how"].startswith("measured: Optimize training-step")
-    assert any(e["fix"] == "channels_last" for e in ranked)  # both modes' trials are read
+    fused = next(e for e in ranked if e.fix == "train:fused_optimizer")
+    assert fused.title == "apply Fused / foreach optimizer to the training step"
+    assert fused.est_saving_ms == pytest.approx(5.0) and fused.how.startswith("measured: Optimize training-step")
+    assert any(e.fix == "channels_last" for e in ranked)  # both modes' trials are read
 
 
 def test_memory_findings_offer_the_checkpointing_trial():

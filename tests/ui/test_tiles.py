@@ -12,11 +12,13 @@ import pytest
 
 from diagnostics.declare import is_record, record_fields
 from diagnostics.registry import ANALYSES
+from diagnostics.results import decode
 from diagnostics.units import UNITS
 from ui.widgets import MAX_LABEL_CHARS, MAX_VALUE_CHARS, Tile, tile_texts
 
 #: Results of the CLI's analyses on the samples (cnn, transformer, mlp, graph_break_mlp) and the
-#: recorded traces, trimmed to what the tiles read.
+#: recorded traces, trimmed to what the tiles read (typed ones whole: checklist-cnn and plan-transformer are
+#: tests/data/stored/runs-fc36ebc.json's), decoded as the page decodes them.
 SAMPLES = sorted((Path(__file__).parents[1] / "data" / "tiles").glob("*.json"))
 TILE_FUNCTIONS = {"batch_scan": ("scan_tiles",), "trace_diff": ("diff_tiles",), "profile": ("tiles", "roofline_tiles")}
 
@@ -39,8 +41,6 @@ def _filled(tp, plain: dict) -> dict:
 
 
 def _tiles(path: Path, result: dict | None = None) -> list[Tile]:
-    from diagnostics.results import decode
-
     analysis = path.stem.split("-")[0]
     decl = ANALYSES[analysis]
     module = importlib.import_module(decl.view.partition(":")[0])

@@ -1,37 +1,39 @@
 """Show a memory plan: tiles, the fit table, the batch x sequence grid, the make-it-fit list, what holds each
-peak and memory over the first configuration's step."""
+peak and memory over the first configuration's step. (The Memory page's Plan tab shows it through
+``views.show("plan", ...)``; nothing of the plan lives in ui/views/memory.py.)"""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
+from diagnostics.analyses.plan.result import PlanResult
 from diagnostics.render.charts.plan import (build_plan_breakdown_figure, build_plan_grid_figure,
-                                            build_plan_suggestions_figure, build_plan_timeline_figure, device_line,
-                                            row_label)
+                                            build_plan_suggestions_figure, build_plan_timeline_figure, device_line)
+from diagnostics.render.tables import records_frame
 from ui.widgets import Tile, metric_row, unit_columns
 
 
-def tiles(result: dict) -> list[Tile]:
-    m = result["metrics"]
-    first = result["max_batch"][0] if result.get("max_batch") else None
+def tiles(result: PlanResult) -> list[Tile]:
+    m = result.metrics
+    first = result.max_batch[0] if result.max_batch else None
     return [
-        Tile("Fit", f"{m['fitting_configs']} of {m['configs']}", "text", "configurations whose predicted peak and the "
+        Tile("Fit", f"{m.fitting_configs} of {m.configs}", "text", "configurations whose predicted peak and the "
              "CUDA context fit the device"),
-        Tile("Device memory", m["capacity_bytes"], "bytes", device_line(result)),
-        Tile("Largest peak", m["max_peak_bytes"], "bytes", "the largest predicted peak among the configurations"),
-        Tile("Largest batch", first["max_batch"] if first else None, "count",
-             (f"{first['setting']}" + (f" at seq {first['seq']}" if first["seq"] is not None else "") + ": "
-              + first["checked"]) if first else "no sweep ran", missing="n/a"),
-        Tile("Traces", m["traces"], "count", f"steps run on fake tensors, {m['trace_seconds']:.1f} s in all; "
-             f"{m['analytic_modules']} module(s) estimated analytically"),
+        Tile("Device memory", m.capacity_bytes, "bytes", device_line(result)),
+        Tile("Largest peak", m.max_peak_bytes, "bytes", "the largest predicted peak among the configurations"),
+        Tile("Largest batch", first.max_batch if first else None, "count",
+             (f"{first.setting}" + (f" at seq {first.seq}" if first.seq is not None else "") + ": "
+              + first.checked) if first else "no sweep ran", missing="n/a"),
+        Tile("Traces", m.traces, "count", f"steps run on fake tensors, {m.trace_seconds:.1f} s in all; "
+             f"{m.analytic_modules} module(s) estimated analytically"),
     ]
 
 
-def _rows_table(result: dict) -> None:
-    df = pd.DataFrame([{"configuration": row_label(r), "fits": r["fits"], "peak_bytes": r["peak_bytes"],
-                        "headroom_bytes": r["headroom_bytes"], "phase": r["phase"], "module": r["module"],
-                        "how": r["how"]} for r in result["rows"]])
+def _rows_table(result: PlanResult) -> None:
+    df = pd.DataFrame([{"configuration": r.label, "fits": r.fits, "peak_bytes": r.peak_bytes,
+                        "headroom_bytes": r.headroom_bytes, "phase": r.phase, "module": r.module,
+                        "how": r.how} for r in result.rows])
     df, config = unit_columns(df, {"peak_bytes": ("Predicted peak", "bytes"), "headroom_bytes": ("Headroom", "bytes")},
                               {"configuration": st.column_config.TextColumn("Configuration"),
                                "fits": st.column_config.CheckboxColumn("Fits"),
@@ -42,19 +44,19 @@ def _rows_table(result: dict) -> None:
     st.dataframe(df, hide_index=True, width="stretch", column_config=config)
 
 
-def show(result: dict) -> None:
-    st.caption(f"{result['model']} · {device_line(result)} · traced on {result.get('traced_on', '')}")
+def show(result: PlanResult) -> None:
+    st.caption(f"{result.model} · {device_line(result)} · traced on {result.traced_on}")
     metric_row(tiles(result))
-    for note in result.get("notes", []):
+    for note in result.notes:
         st.info(note)
     _rows_table(result)
     tab_grid, tab_fit, tab_parts, tab_time = st.tabs(["Grid", "Make it fit", "What holds the peak", "Over the step"])
     with tab_grid:
-        if result.get("grids"):
-            for i in range(len(result["grids"])):
+        if result.grids:
+            for i in range(len(result.grids)):
                 st.plotly_chart(build_plan_grid_figure(result, i), width="stretch")
-            mb = pd.DataFrame(result["max_batch"])
-            mb, config = unit_columns(mb[["setting", "seq", "max_batch", "peak_bytes", "checked"]],
+            mb, config = unit_columns(records_frame(result.max_batch)[["setting", "seq", "max_batch", "peak_bytes",
+                                                                        "checked"]],
                                       {"peak_bytes": ("Peak at that batch", "bytes")},
                                       {"max_batch": st.column_config.NumberColumn("Largest batch"),
                                        "checked": st.column_config.TextColumn("Checked by")})
@@ -62,22 +64,21 @@ def show(result: dict) -> None:
         else:
             st.info("No sweep ran (turn on 'sweep').")
     with tab_fit:
-        if result.get("suggestions"):
+        if result.suggestions:
             st.plotly_chart(build_plan_suggestions_figure(result), width="stretch")
-            df = pd.DataFrame(result["suggestions"])
-            df, config = unit_columns(df[["change", "fits", "peak_bytes", "cost"]],
+            df, config = unit_columns(records_frame(result.suggestions)[["change", "fits", "peak_bytes", "cost"]],
                                       {"peak_bytes": ("Predicted peak", "bytes")},
                                       {"change": st.column_config.TextColumn("Change"),
                                        "fits": st.column_config.CheckboxColumn("Fits"),
                                        "cost": st.column_config.TextColumn("Cost")})
             st.dataframe(df, hide_index=True, width="stretch", column_config=config)
-        elif all(r["fits"] for r in result["rows"]):
+        elif all(r.fits for r in result.rows):
             st.success("Every configuration fits: nothing to change.")
         else:
             st.info("No suggestions were made (the sweep is off, or the configuration is sharded or for inference).")
     with tab_parts:
         st.plotly_chart(build_plan_breakdown_figure(result), width="stretch")
     with tab_time:
-        if result.get("timeline"):
+        if result.timeline is not None:
             st.plotly_chart(build_plan_timeline_figure(result), width="stretch")
-        st.caption(result.get("method", ""))
+        st.caption(result.method)

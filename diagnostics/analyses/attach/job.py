@@ -26,11 +26,13 @@ import os
 import statistics
 from pathlib import Path
 
+import msgspec
+
 from diagnostics.analyses.attach import rules
 from diagnostics.analyses.attach.protocol import (
     ERRORS, GRADS, META, PHASES, PROC_PREFIX, SEGMENTS, STEPS, WORKERS, AttachConfig, read_json, read_jsonl,
 )
-from diagnostics.analyses.attach.result import AttachResult, Bottleneck, RankResult
+from diagnostics.analyses.attach.result import AttachResult, Bottleneck
 from diagnostics.findings import rank_fix_first
 from diagnostics.measure.gradient_health import (
     STATUSES as GRAD_STATUSES, THRESHOLD_HELP, THRESHOLDS, finite, summarize_layers,
@@ -46,12 +48,11 @@ TRACE_COMM_MIN_MS = 0.5
 BETWEEN = "between steps"
 
 
-def analyze(ctx, options) -> dict:
+def analyze(ctx, options) -> AttachResult:
     """The registered analysis: (re-)analyse a run folder written by ``python -m diagnostics run``."""
     ctx.progress(0.1, "reading the run folder")
-    result = analyse_run(options["run_dir"], exit_code=options["exit_code"], command=options["command"] or [],
-                         cwd=options["cwd"] or "", progress=ctx.progress)
-    return result.to_dict()
+    return analyse_run(options["run_dir"], exit_code=options["exit_code"], command=options["command"] or [],
+                       cwd=options["cwd"] or "", progress=ctx.progress)
 
 
 def _median(xs):
@@ -90,9 +91,11 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
                      "process ran on unprofiled from there")
     head = ranked[0] if ranked else None
     waited = _waited_for(ranked)
-    rank_rows = [RankResult(f["rank"], f["pid"], f["steps"], f["step_ms"], f["breakdown_ms"], f["bottleneck"],
-                            f["window"], f["step_ms_profiled"], f["overhead_pct"], f["trace"], f["busy_ms"],
-                            f["rank"] == waited and waited is not None) for f in ranked]
+    rank_rows = [dict(rank=f["rank"], pid=f["pid"], steps=f["steps"], step_ms=f["step_ms"],  # RankResult
+                      breakdown_ms=f["breakdown_ms"], bottleneck=f["bottleneck"], profiled_steps=f["window"],
+                      step_ms_profiled=f["step_ms_profiled"], overhead_pct=f["overhead_pct"], trace=f["trace"],
+                      busy_ms=f["busy_ms"], waited_for=f["rank"] == waited and waited is not None)
+                 for f in ranked]
     if len(ranked) > 1:
         notes.append(f"{len(ranked)} processes stepped: the headline figures are rank {head['rank']}'s, every "
                      "rank's are in ranks")
@@ -104,7 +107,7 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
     trace = ([f["trace"] for f in ranked if f["trace"]] if len(ranked) > 1 else (head or {}).get("trace"))
     facts = rules.Facts(head=head, ranked=ranked, waited_for=waited, cpu_count=os.cpu_count() or 1)
     found = rules.evaluate(facts)
-    fix_first = rank_fix_first([rules.fix_first_row(f) for f in found if f.status in ("warn", "fail")])
+    fix_first = rank_fix_first([rules.fix_first_row(f) for f in found if f.flagged])
     if head:
         notes += head["notes"]
         if head["partial_step"] and (interrupted or exit_code not in (0, None)):
@@ -113,21 +116,21 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
     metrics = _metrics(head, ranked, exit_code, found)
     artifacts = sorted(p.name for p in run_dir.iterdir() if p.is_file())
     progress(1.0, "done")
-    return AttachResult(
+    parts = ({"window": head["window_info"], "overhead": head["overhead"], "step_table": head["table"],
+              "workers": head["workers"], "loaders": head["loaders"], "optimizers": head["optimizers"],
+              "model": head["model"], "syncs": head["syncs"], "memory": head["memory"], "gpu": head["gpu"],
+              "gradients": head["gradients"]} if head else {})
+    # the parts the run folder gave as plain data, checked against their types here (a wrong one names its field)
+    return msgspec.convert(dict(
         exit_code=exit_code, status=status, command=list(command), cwd=cwd, duration_s=duration_s,
         steps=head["steps"] if head else 0, step_boundary=head["boundary"] if head else None,
         step_boundary_detail=head["boundary_detail"] if head else "",
         profiled_steps=head["window"] if head else None, step_ms=head["step_ms"] if head else None,
         step_ms_profiled=head["step_ms_profiled"] if head else None, breakdown_ms=breakdown,
         bottleneck=head["bottleneck"] if head else None, overhead_pct=head["overhead_pct"] if head else None,
-        trace=trace, ranks=rank_rows, waited_for_rank=waited, window=head["window_info"] if head else {},
-        overhead=head["overhead"] if head else {}, step_table=head["table"] if head else [],
-        workers=head["workers"] if head else {}, loaders=head["loaders"] if head else [],
-        optimizers=head["optimizers"] if head else [], model=head["model"] if head else {},
-        syncs=head["syncs"] if head else [], memory=head["memory"] if head else {},
-        gpu=head["gpu"] if head else None, gradients=head["gradients"] if head else None,
-        ranks_view=ranks_view, findings=[f.to_dict() for f in found], fix_first=fix_first, notes=notes,
-        errors=errors, metrics=metrics, artifacts=artifacts, run_id=run_id, run_dir=str(run_dir))
+        trace=trace, ranks=rank_rows, waited_for_rank=waited, ranks_view=ranks_view, findings=found,
+        fix_first=fix_first, notes=notes, errors=errors, metrics=metrics, artifacts=artifacts, run_id=run_id,
+        run_dir=str(run_dir), **parts), AttachResult)
 
 
 # ---------------------------------------------------------------------- one process

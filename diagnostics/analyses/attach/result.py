@@ -1,19 +1,29 @@
-"""An attached run's result, typed: frozen dataclasses with to_dict / from_dict (plain JSON both ways).
+"""An attached run's result, typed (diagnostics.results: one serialisation for the worker, the store, --json
+and result.json).
 
 The keys a user reads first (``--json``, result.json, History) are the issue's: exit_code, steps,
 step_boundary, profiled_steps, step_ms, breakdown_ms, bottleneck, overhead_pct, trace, ranks,
 findings; the rest is what the views draw (per-step rows, workers, syncs, gradients, memory, GPU).
+What the bootstrap wrote about the script (its loaders, optimizers, modules) is typed as it writes it
+(diagnostics.attach.agent). Two parts are another part's results, kept in their plain form (an analysis
+never imports another's types): ``gradients``, a Gradient flow result, and ``ranks_view``, the trace
+layer's Ranks view. Runs stored before this type (a dict per part) read back the same; a run with no step
+stored ``{}`` for the parts only a step fills in, which read back as those parts with nothing in them.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from typing import Annotated, Any
+
+import msgspec
 
 from diagnostics.analyses.attach.protocol import PHASES
+from diagnostics.declare import column, metric, table
+from diagnostics.findings import Finding, FixFirst
+from diagnostics.results import UNSET, Record, Result, UnsetType
 
 
-@dataclass(frozen=True)
-class Bottleneck:
+class Bottleneck(Record, frozen=True, kw_only=True):
     """The part of the step that takes the most time: its name, its share of the step, its ms."""
 
     category: str
@@ -26,85 +36,332 @@ class Bottleneck:
             return None
         cat = max(PHASES, key=lambda k: breakdown.get(k) or 0.0)
         ms = breakdown.get(cat) or 0.0
-        return cls(cat, ms / step_ms if step_ms > 0 else 0.0, ms)
+        return cls(category=cat, share=ms / step_ms if step_ms > 0 else 0.0, ms=ms)
 
 
-@dataclass(frozen=True)
-class RankResult:
+class RankResult(Record, frozen=True, kw_only=True):
     """One process that stepped: its rank (None for a single process), pid, step time (median of the
-    steps outside the window), the parts of its step, its bottleneck and where its trace is."""
+    steps outside the window), the parts of its step (``breakdown_ms``: phase -> ms, PHASES), its
+    bottleneck and where its trace is."""
 
     rank: int | None
     pid: int
     steps: int
-    step_ms: float | None
-    breakdown_ms: dict
+    step_ms: Annotated[float | None, column("ms", "step")]
+    breakdown_ms: dict[str, float]
     bottleneck: Bottleneck | None
-    profiled_steps: list | None
+    profiled_steps: tuple[int, ...] | None
     step_ms_profiled: float | None
     overhead_pct: float | None
     trace: str | None
-    busy_ms: float | None = None
+    busy_ms: Annotated[float | None, column("ms", "busy")] = None
     waited_for: bool = False
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "RankResult":
-        return cls(**_typed(cls, d))
+    @property
+    def label(self) -> str:
+        return "this process" if self.rank is None else f"rank {self.rank}" + (" (waited for)" if self.waited_for
+                                                                                 else "")
 
 
-@dataclass(frozen=True)
-class AttachResult:
+class StepRow(Record, frozen=True, kw_only=True):
+    """One step: its time and each part's (they sum to it), ours, batches, memory; on a profiled step what
+    the trace adds (GPU idle and kernel time, communication the light timing cannot see)."""
+
+    step: int
+    profiled: bool
+    warmup: bool
+    step_ms: Annotated[float, column("ms", "step")]
+    data_wait_ms: Annotated[float, column("ms", "data_wait")]
+    forward_ms: Annotated[float, column("ms", "forward")]
+    backward_ms: Annotated[float, column("ms", "backward")]
+    optimizer_ms: Annotated[float, column("ms", "optimizer")]
+    comm_ms: Annotated[float, column("ms", "comm")]
+    sync_ms: Annotated[float, column("ms", "sync")]
+    host_ms: Annotated[float, column("ms", "host")]
+    tool_ms: Annotated[float, column("ms", "ours")]
+    batches: int | None = None
+    peak_bytes: Annotated[int | None, column("bytes", "peak")] = None
+    rss_bytes: Annotated[int | None, column("bytes", "resident")] = None
+    trace_exposed_comm_ms: Annotated[float | UnsetType, column("ms", "exposed comm (trace)")] = UNSET
+    gpu_idle_ms: Annotated[float | UnsetType, column("ms", "GPU idle")] = UNSET
+    kernel_ms: Annotated[float | UnsetType, column("ms", "kernels")] = UNSET
+
+    def part_ms(self, phase: str) -> float:
+        """The step's time in ``phase`` (one of PHASES)."""
+        return getattr(self, f"{phase}_ms")
+
+
+if tuple(f[: -len("_ms")] for f in StepRow.__struct_fields__ if f.endswith("_ms"))[1:1 + len(PHASES)] != PHASES:
+    raise ImportError("StepRow must have a <phase>_ms field per protocol.PHASES, in that order")
+
+
+class Window(Record, frozen=True, kw_only=True):
+    """The profiled window: its first and last step, why there, how many steps were asked for and profiled."""
+
+    first: int | None = None
+    last: int | None = None
+    reason: str = ""
+    note: str = ""
+    requested_steps: int | None = None
+    at: int | None = None
+    steps_profiled: int = 0
+
+
+class Overhead(Record, frozen=True, kw_only=True):
+    """What profiling cost: the profiled steps against the others, and our own time between steps."""
+
+    profiled_vs_outside_pct: float | None = None
+    tool_outside_s: float = 0.0
+    tool_outside_ms_per_step: float | None = None
+    tool_outside_pct: float | None = None
+    export_s: float | None = None
+    tool_in_steps_ms: float | None = None
+    steps_outside: int = 0
+    steps_profiled: int = 0
+
+
+class Loader(Record, frozen=True, kw_only=True):
+    """A DataLoader the script iterated, as the bootstrap saw it (what it did not record is None / empty)."""
+
+    id: int
+    batch_size: int | None = None
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    drop_last: bool | None = None
+    dataset: str = ""
+    iter_starts_ms: tuple[float, ...] = ()
+    iters: int = 0
+    multiprocessing_context: str = ""
+    len: int | None = None
+
+
+class WorkerRow(Record, frozen=True, kw_only=True):
+    worker: int
+    batches: int
+    fetch_collate_ms: Annotated[float | None, column("ms", "fetch + collate")]
+    collate_ms: Annotated[float | None, column("ms", "collate")]
+    samples_per_batch: int | float | None  # a median of counts
+
+
+class Workers(Record, frozen=True, kw_only=True):
+    """The DataLoader workers in the steady part of the run: each one's fetch + collate per batch, and whether
+    they keep up (``workers_needed``: how many would supply a batch as fast as a step takes one)."""
+
+    loader: Loader | None = None
+    per_worker: Annotated[tuple[WorkerRow, ...], table("DataLoader workers")] = ()
+    batches: int = 0
+    fetch_collate_ms: float | None | UnsetType = UNSET
+    collate_ms: float | None | UnsetType = UNSET
+    batches_per_step: int | float | UnsetType = UNSET  # a median of counts
+    step_compute_ms: float | UnsetType = UNSET
+    num_workers: int | None | UnsetType = UNSET
+    supply_interval_ms: float | UnsetType = UNSET
+    demand_interval_ms: float | None | UnsetType = UNSET
+    workers_needed: int | None | UnsetType = UNSET
+    #: no workers: batches load in the main process, inside the step
+    main_process: bool | UnsetType = UNSET
+
+
+class Optimizer(Record, frozen=True, kw_only=True):
+    """An optimizer the script stepped: its type, its parameter groups' hyperparameters (as torch names them),
+    its parameters by dtype and device."""
+
+    type: str
+    module: str = ""
+    params: int
+    groups: tuple[dict[str, Any], ...] = ()
+    param_dtypes: dict[str, int] = {}
+    devices: dict[str, int] = {}
+    order: int = 0
+
+    @property
+    def lr(self) -> float | None:
+        lr = self.groups[0].get("lr") if self.groups else None
+        return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
+
+
+class RootModule(Record, frozen=True, kw_only=True):
+    type: str
+    params: int
+
+
+class ScriptModel(Record, frozen=True, kw_only=True):
+    """The script's model as the bootstrap found it: its top-level modules, parameters by dtype and device,
+    the batch size, autocast (device -> dtype), the machine and the command line."""
+
+    modules: tuple[RootModule, ...] = ()
+    param_dtypes: dict[str, int] = {}
+    devices: dict[str, int] = {}
+    batch_size: int | None = None
+    loader_batch_size: int | None = None
+    autocast: dict[str, str] = {}
+    cuda: bool | None = None
+    device_name: str | None = None
+    torch: str | None = None
+    argv: tuple[str, ...] | None = None
+    rank: int | None = None
+    world_size: int | None = None
+
+
+class SyncRow(Record, frozen=True, kw_only=True):
+    """A line of the script that waited for the device, per step."""
+
+    location: str
+    calls_per_step: float
+    ms_per_step: Annotated[float, column("ms", "ms per step")]
+    calls: int
+
+
+class OutOfMemory(Record, frozen=True, kw_only=True):
+    why: str
+    step: int
+    snapshot: str | None = None
+    error: str | UnsetType = UNSET
+
+
+class Memory(Record, frozen=True, kw_only=True):
+    """Memory over the profiled steps: the CUDA allocator's peak per step, else the process' resident memory."""
+
+    cuda: bool = False
+    peak_bytes_per_step: tuple[int, ...] = ()
+    peak_bytes: int | None = None
+    rss_bytes_per_step: tuple[int, ...] = ()
+    snapshot: str | None = None
+    oom: OutOfMemory | None = None
+    #: why there is no allocator peak
+    note: str | UnsetType = UNSET
+
+
+class GpuStep(Record, frozen=True, kw_only=True):
+    step: int
+    step_ms: float
+    gpu_busy_ms: float
+    kernel_ms: float
+    gpu_idle_ms: float
+    kernels: int
+    #: what the host's main thread was doing while the GPU idled: phase (or "between steps") -> ms
+    idle_causes_ms: dict[str, float]
+
+
+class Gpu(Record, frozen=True, kw_only=True):
+    """The GPU in the profiled steps (from the trace): busy and idle per step, and why it idled."""
+
+    steps: tuple[GpuStep, ...]
+    idle_ms_per_step: float | None
+    kernel_ms_per_step: float | None
+    kernels_per_step: int | float | None  # a median of counts
+    kernel_us_median: float | None
+    idle_causes_ms_per_step: dict[str, float]
+    #: the host's phases could be put on the trace's clock (else the causes are all "between steps")
+    clock_placed: bool
+
+
+class BootstrapError(Record, frozen=True, kw_only=True):
+    """The bootstrap failed inside the script's process (the job ran on, unprofiled from there)."""
+
+    pid: int
+    where: str
+    error: str
+    traceback: str = ""
+    step: int | None = None
+
+
+def _part_ms(phase: str, more: str = ""):
+    """The type of a metric field holding one part of the step (PHASES): its median ms per step."""
+    words = phase.replace("_", " ")
+    return Annotated[float | None | UnsetType, metric("ms", words.capitalize(), f"median {words} per step{more}",
+                                                      better="lower")]
+
+
+class AttachMetrics(Record, frozen=True, kw_only=True):
+    # the headline process' figures; a run without a step has none of them but its exit code, ranks and steps
+    step_ms: Annotated[float | None | UnsetType, metric(
+        "ms", "Step time", "median step outside the profiled window, after warm-up", better="lower")] = UNSET
+    data_wait_ms: _part_ms("data_wait") = UNSET
+    forward_ms: _part_ms("forward") = UNSET
+    backward_ms: _part_ms("backward") = UNSET
+    optimizer_ms: _part_ms("optimizer") = UNSET
+    comm_ms: _part_ms("comm") = UNSET
+    sync_ms: _part_ms("sync") = UNSET
+    host_ms: _part_ms("host", " (the rest of the step)") = UNSET
+    bottleneck_share: Annotated[float | None | UnsetType, metric(
+        "fraction", "Bottleneck share", "the largest part's share of the step")] = UNSET
+    step_ms_profiled: Annotated[float | None | UnsetType, metric(
+        "ms", "Profiled step", "median step in the profiled window")] = UNSET
+    overhead_pct: Annotated[float | None | UnsetType, metric(
+        "percent", "Profiler overhead", "profiled steps against the steps outside the window", better="lower")] = UNSET
+    steps: Annotated[int, metric("count", "Steps seen")]
+    profiled_steps: Annotated[int | UnsetType, metric("count", "Profiled steps")] = UNSET
+    ranks: Annotated[int, metric("count", "Processes that stepped")]
+    exit_code: Annotated[int | None, metric("number", "Exit code")]
+    gpu_idle_ms: Annotated[float | None | UnsetType, metric("ms", "GPU idle per step", better="lower")] = UNSET
+    kernel_ms: Annotated[float | None | UnsetType, metric("ms", "Kernel time per step")] = UNSET
+    peak_memory_bytes: Annotated[int | UnsetType, metric(
+        "bytes", "Peak memory", "largest per-step CUDA peak in the window", better="lower")] = UNSET
+    findings_failed: Annotated[int | UnsetType, metric("count", "Findings failed", better="lower")] = UNSET
+    findings_warned: Annotated[int | UnsetType, metric("count", "Findings warned", better="lower")] = UNSET
+
+
+class AttachResult(Result, frozen=True, kw_only=True):
     exit_code: int | None
     status: str  # ok | failed (the script exited non-zero) | interrupted | no steps
-    command: list
+    command: tuple[str, ...]
     cwd: str
     duration_s: float | None
     steps: int
     step_boundary: str | None
     step_boundary_detail: str
-    profiled_steps: list | None
+    profiled_steps: tuple[int, ...] | None
     step_ms: float | None
     step_ms_profiled: float | None
-    breakdown_ms: dict
+    #: phase (PHASES) -> median ms per step; they sum to step_ms (empty: no step was measured)
+    breakdown_ms: dict[str, float]
     bottleneck: Bottleneck | None
     overhead_pct: float | None
-    trace: str | list | None
-    ranks: list = field(default_factory=list)  # RankResult
+    #: the trace file's name (one process), one per rank, or None (the script ended before the window)
+    trace: str | tuple[str, ...] | None
+    ranks: Annotated[tuple[RankResult, ...], table("Ranks")] = ()
     waited_for_rank: int | None = None
-    window: dict = field(default_factory=dict)
-    overhead: dict = field(default_factory=dict)
-    step_table: list = field(default_factory=list)
-    workers: dict = field(default_factory=dict)
-    loaders: list = field(default_factory=list)
-    optimizers: list = field(default_factory=list)
-    model: dict = field(default_factory=dict)
-    syncs: list = field(default_factory=list)
-    memory: dict = field(default_factory=dict)
-    gpu: dict | None = None
-    gradients: dict | None = None
-    ranks_view: dict | None = None
-    findings: list = field(default_factory=list)
-    fix_first: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    errors: list = field(default_factory=list)
-    metrics: dict = field(default_factory=dict)
-    artifacts: list = field(default_factory=list)
+    window: Window = Window()
+    overhead: Overhead = Overhead()
+    step_table: Annotated[tuple[StepRow, ...], table("Steps")] = ()
+    workers: Workers = Workers()
+    loaders: tuple[Loader, ...] = ()
+    optimizers: tuple[Optimizer, ...] = ()
+    #: the script's model (not the label of a model TorchScope loaded: an attached run has none)
+    model: ScriptModel = ScriptModel()
+    syncs: Annotated[tuple[SyncRow, ...], table("Device syncs")] = ()
+    memory: Memory = Memory()
+    gpu: Gpu | None = None
+    #: a Gradient flow result (its plain form) of the profiled steps' gradients: gradients(result) gives it whole
+    gradients: dict[str, Any] | None = None
+    #: the trace layer's Ranks view over the ranks' traces (plain; diagnostics.trace.ranks), or {"error": ...}
+    ranks_view: dict[str, Any] | None = None
+    findings: Annotated[tuple[Finding, ...], table("Findings")] = ()
+    fix_first: Annotated[tuple[FixFirst, ...], table("Fix this first")] = ()
+    notes: tuple[str, ...] = ()
+    errors: tuple[BootstrapError, ...] = ()
+    metrics: AttachMetrics
+    artifacts: tuple[str, ...] = ()
     run_id: str | None = None
     run_dir: str = ""
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "AttachResult":
-        d = dict(d, ranks=[RankResult.from_dict(r) for r in d.get("ranks") or []])
-        return cls(**_typed(cls, d))
+    def with_notes(self, notes) -> "AttachResult":
+        """The result with ``notes`` in place of its own (the session adds how the run ended)."""
+        return msgspec.structs.replace(self, notes=tuple(notes))
 
 
-def _typed(cls, d: dict) -> dict:
-    """``d``'s keys that are fields of ``cls``, its bottleneck as a Bottleneck (unknown keys dropped)."""
-    out = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-    if "bottleneck" in out:
-        b = out["bottleneck"]
-        out["bottleneck"] = Bottleneck(**b) if isinstance(b, dict) else b
-    return out
+def gradient_flow(result: AttachResult) -> dict | None:
+    """The run's gradients as a whole Gradient flow result (plain, for that analysis' view and report: decode it
+    with its declaration): the stored gradients, with the optimizer, the steps and the devices they were read
+    under (runs stored before this carried them in the other fields)."""
+    g = result.gradients
+    if not g:
+        return None
+    opt = result.optimizers[0] if result.optimizers else None
+    lr = opt.lr if opt is not None else None
+    return {**g, "options": {"steps": g["metrics"]["steps"], "optimizer": opt.type if opt else "?",
+                             "lr": lr if lr is not None else float("nan")},
+            "model": "the script's model", "device": ", ".join(result.model.devices) or "?"}

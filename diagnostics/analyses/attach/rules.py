@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
-from diagnostics.findings import Finding, fix_first_entry, not_applicable, run_check
+from diagnostics.findings import Finding, FixFirst, Rule, not_applicable
 
 # ---------------------------------------------------------------------------- thresholds
 #: Share of the step the main thread may wait for DataLoader batches (the TensorBoard plugin's rule,
@@ -57,17 +56,6 @@ class Facts:
     ranked: list
     waited_for: int | None
     cpu_count: int
-
-
-@dataclass(frozen=True)
-class Rule:
-    id: str
-    title: str
-    category: str
-    check: Callable[[Facts], tuple]  # -> (status, evidence, suggestion, numbers)
-
-    def __call__(self, facts: Facts) -> Finding:
-        return Finding(self.id, self.title, self.category, *run_check(self.check, facts))
 
 
 na = not_applicable
@@ -300,8 +288,8 @@ def evaluate(facts: Facts) -> list[Finding]:
     return [rule(facts) for rule in RULES]
 
 
-def fix_first_row(f: Finding) -> dict:
+def fix_first_row(f: Finding) -> FixFirst:
     saving = f.numbers.get("saving_ms")
-    return fix_first_entry(f.title, saving if saving else None,
-                           "measured: the part of the step it takes, from the run (at most what fixing it saves)"
-                           if saving else "not estimated", f"run: {f.id}", f.fix, f.evidence)
+    return FixFirst(title=f.title, est_saving_ms=saving if saving else None,
+                    how="measured: the part of the step it takes, from the run (at most what fixing it saves)"
+                    if saving else "not estimated", source=f"run: {f.id}", fix=f.fix, detail=f.evidence)

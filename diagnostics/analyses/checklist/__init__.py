@@ -1,7 +1,15 @@
 """The optimization checklist: facts about the model (facts.py), rules over them (rules.py), a
-score, and reports (job.py)."""
+score, and reports (job.py). Its result type, :class:`ChecklistResult`, is declared here (no torch)."""
 
-from diagnostics.declare import Analysis, Metric, Option, OptionError, Table
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from diagnostics.declare import Analysis, Option, OptionError, metric, table
+from diagnostics.findings import Finding, FixFirst, Threshold
+from diagnostics.results import Record, Result
 
 PURPOSES = ("training", "inference")
 LOADER_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
@@ -24,9 +32,60 @@ def check_dataloader(dl: dict) -> dict:
     return dl
 
 
+class StatusCounts(Record, frozen=True, kw_only=True):
+    """How many rules ended in each status (``pass`` is written ``pass_``: a Python keyword)."""
+
+    pass_: int = msgspec.field(name="pass")
+    warn: int
+    fail: int
+    error: int = 0
+    not_applicable: int
+
+    def of(self, status: str) -> int:
+        return self.pass_ if status == "pass" else getattr(self, status)
+
+
+class ChecklistMetrics(Record, frozen=True, kw_only=True):
+    score: Annotated[float | None, metric("score", "Score", SCORE_FORMULA, better="higher")]
+    pass_: Annotated[int, metric("count", "Passed", better="higher")] = msgspec.field(name="pass")
+    warn: Annotated[int, metric("count", "Warnings", better="lower")]
+    fail: Annotated[int, metric("count", "Failed", better="lower")]
+    error: Annotated[int, metric("count", "Rule errors", "rules that crashed (counted as failed)", better="lower")]
+    not_applicable: Annotated[int, metric("count", "Not applicable")]
+    applicable: Annotated[int, metric("count", "Applicable rules")]
+
+
+class ChecklistResult(Result, frozen=True, kw_only=True):
+    """The rules' findings on one model (in RULES order) with their score; ``by_category``: the findings' ids
+    per category (CATEGORIES order); ``facts``: what the rules read, as collected (facts.py: plain data, the
+    rules' input, tested on hand-written facts); ``fix_first``: the findings that warn or fail, ranked by the
+    milliseconds per step each would save (the page adds the model's latest profile and Optimize trials)."""
+
+    model: str
+    device: str
+    purpose: str | None
+    #: None: no rule applies (the formula has no denominator), never 0
+    score: float | None
+    counts: StatusCounts
+    findings: Annotated[tuple[Finding, ...], table("Findings")]
+    by_category: dict[str, tuple[str, ...]]
+    thresholds: Annotated[tuple[Threshold, ...], table("Thresholds")]
+    facts: dict[str, Any]
+    metrics: ChecklistMetrics
+    notes: tuple[str, ...] = ()
+    fix_first: Annotated[tuple[FixFirst, ...], table("Fix this first")] = ()
+
+    def finding(self, rule_id: str) -> Finding:
+        return next(f for f in self.findings if f.id == rule_id)
+
+    def in_category(self, category: str) -> list[Finding]:
+        """The category's findings, in RULES order."""
+        return [self.finding(i) for i in self.by_category.get(category, ())]
+
+
 ANALYSIS = Analysis(
     name="checklist", title="Optimization checklist", target="diagnostics.analyses.checklist.job:analyze",
-    command="checklist", exclusive=True, timeout_s=600, view="ui.views.checklist:show",
+    command="checklist", exclusive=True, timeout_s=600, result=ChecklistResult, view="ui.views.checklist:show",
     report="diagnostics.render.charts.checklist:checklist_sections",
     description="rules that measure the model and say what to change, with a score",
     options=(
@@ -41,14 +100,4 @@ ANALYSIS = Analysis(
                "(refused in server-safe mode)", flag=""),
         Option("skip_measured", "bool", False, "static facts only: nothing is timed or profiled", flag=""),
     ),
-    metrics=(
-        Metric("score", "score", "Score", SCORE_FORMULA, better="higher"),
-        Metric("pass", "count", "Passed", better="higher"),
-        Metric("warn", "count", "Warnings", better="lower"),
-        Metric("fail", "count", "Failed", better="lower"),
-        Metric("error", "count", "Rule errors", "rules that crashed (counted as failed)", better="lower"),
-        Metric("not_applicable", "count", "Not applicable"),
-        Metric("applicable", "count", "Applicable rules"),
-    ),
-    tables=(Table("findings", "Findings"), Table("thresholds", "Thresholds")),
 )

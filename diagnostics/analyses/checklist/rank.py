@@ -7,12 +7,14 @@ split), and Optimize trials that were faster beyond the noise.
 Each entry says how its saving was estimated: ``measured`` (a trial or an interleaved probe timed
 both ways), or ``model`` (a roofline bound: what the op would take at the machine's roof). Findings
 that warn or fail without a time of their own follow, "not estimated", never a silent 0.
-No torch: the page and the report rank results they already have.
+No torch: the page and the report rank results they already have. The checklist's result is its typed
+ChecklistResult; a profile's and Optimize's come as the run store keeps them, in their plain form (an
+analysis never imports another's result type).
 """
 
 from __future__ import annotations
 
-from diagnostics.findings import fix_first_entry, rank_fix_first
+from diagnostics.findings import Finding, FixFirst, rank_fix_first
 from diagnostics.units import speedup_text
 
 #: Operators listed from the roofline at most (the rest are summed in the profile's headroom).
@@ -30,16 +32,16 @@ def _trial_mode(optimize: dict) -> str:
     return optimize.get("mode") or "inference"
 
 
-def trial_evidence(finding: dict, trials: list[dict]) -> str | None:
+def trial_evidence(finding: Finding, trials: list[dict]) -> str | None:
     """What an Optimize trial of the finding's fix measured (time, peak memory, fidelity), from the
-    newest run of the matching mode among ``trials``; None when no such trial ran."""
-    if not finding.get("fix"):
+    newest run of the matching mode among ``trials`` (Optimize results, plain); None when no such trial ran."""
+    if not finding.fix:
         return None
-    mode, fix_id = split_fix(finding["fix"])
-    for result in trials:
-        if not result or _trial_mode(result) != mode:
+    mode, fix_id = split_fix(finding.fix)
+    for optimize in trials:
+        if not optimize or _trial_mode(optimize) != mode:
             continue
-        rows = {r["fix"]: r for r in result.get("rows") or []}
+        rows = {r["fix"]: r for r in optimize.get("rows") or []}
         r, base = rows.get(fix_id), rows.get("baseline")
         if r is None or base is None:
             continue
@@ -60,36 +62,39 @@ def trial_evidence(finding: dict, trials: list[dict]) -> str | None:
     return None
 
 
-_entry = fix_first_entry  # the one row form of "fix this first" (diagnostics.findings)
+def _entry(title: str, saving_ms: float | None, how: str, source: str, fix: str | None, detail: str) -> FixFirst:
+    return FixFirst(title=title, est_saving_ms=saving_ms, how=how, source=source, fix=fix, detail=detail)
 
 
-def from_findings(checklist: dict, trials: list[dict] = ()) -> list[dict]:
+def from_findings(checklist, trials: list[dict] = ()) -> list[FixFirst]:
+    """The checklist's findings that warn or fail (``checklist``: a ChecklistResult), with the time the
+    probes measured where they did."""
     out = []
-    facts = checklist.get("facts") or {}
+    facts = checklist.facts
     measured = facts.get("measured") or {}
-    for f in checklist.get("findings", []):
-        if f["status"] not in ("warn", "fail"):
+    for f in checklist.findings:
+        if not f.flagged:
             continue
         saving, how = None, "not estimated"
-        if f["id"] == "inference_mode" and measured.get("inference"):
+        if f.id == "inference_mode" and measured.get("inference"):
             inf = measured["inference"]
             saving = (inf["train_grad_forward_s"] - inf["eval_inference_forward_s"]) * 1e3
             how = "measured: train-mode forward vs eval + inference_mode, interleaved (per forward)"
-        elif f["id"] == "batch_size" and measured.get("batch_probe") and "more than" in f["evidence"]:
+        elif f.id == "batch_size" and measured.get("batch_probe") and "more than" in f.evidence:
             p1, p2 = measured["batch_probe"]["points"]
             saving = (p1["median_s"] - p2["median_s"] * p1["batch_size"] / p2["batch_size"]) * 1e3
             how = (f"measured: time for {p1['batch_size']} samples at batch {p1['batch_size']} vs at batch "
                    f"{p2['batch_size']} (interleaved)")
-        elif f["id"] == "dataloader_time" and (facts.get("dataloader") or {}).get("loader_s_per_batch"):
+        elif f.id == "dataloader_time" and (facts.get("dataloader") or {}).get("loader_s_per_batch"):
             saving = facts["dataloader"]["loader_s_per_batch"] * 1e3
             how = "measured: loading one batch, if it stops overlapping the step (workers, prefetch)"
         measured_by_trial = trial_evidence(f, list(trials))
-        out.append(_entry(f["title"], None if saving is None else max(0.0, saving), how, f"checklist: {f['id']}",
-                          f.get("fix"), f["evidence"] + (f"; {measured_by_trial}" if measured_by_trial else "")))
+        out.append(_entry(f.title, None if saving is None else max(0.0, saving), how, f"checklist: {f.id}",
+                          f.fix, f.evidence + (f"; {measured_by_trial}" if measured_by_trial else "")))
     return out
 
 
-def from_roofline(profile: dict | None) -> list[dict]:
+def from_roofline(profile: dict | None) -> list[FixFirst]:
     rows = (profile or {}).get("roofline") or []
     out = []
     for r in sorted(rows, key=lambda r: -r["headroom_ms"])[:TOP_OPS]:
@@ -101,7 +106,7 @@ def from_roofline(profile: dict | None) -> list[dict]:
     return out
 
 
-def from_idle(profile: dict | None) -> list[dict]:
+def from_idle(profile: dict | None) -> list[FixFirst]:
     """On CUDA, the time per step the GPU ran nothing (the step window minus kernels, copies, sets)."""
     if not profile or not profile.get("cuda_ran") or not profile.get("device_split"):
         return []
@@ -116,7 +121,7 @@ def from_idle(profile: dict | None) -> list[dict]:
                    "see the Profiler's step split")]
 
 
-def from_trials(optimize: dict | None) -> list[dict]:
+def from_trials(optimize: dict | None) -> list[FixFirst]:
     rows = (optimize or {}).get("rows") or []
     train = _trial_mode(optimize or {}) == "train"
     base = next((r for r in rows if r["fix"] == "baseline"), None)
@@ -134,9 +139,10 @@ def from_trials(optimize: dict | None) -> list[dict]:
     return out
 
 
-def fix_first(checklist: dict, profile: dict | None = None, optimize: dict | list | None = None) -> list[dict]:
-    """Every entry, those with an estimated saving first (largest first), then the rest. ``optimize``:
-    an Optimize result, or several (the newest inference and training runs)."""
+def fix_first(checklist, profile: dict | None = None, optimize: dict | list | None = None) -> list[FixFirst]:
+    """Every entry, those with an estimated saving first (largest first), then the rest. ``checklist``: a
+    ChecklistResult; ``profile``: a profile's result, ``optimize``: an Optimize result, or several (the newest
+    inference and training runs), as stored (plain)."""
     trials = [o for o in (optimize if isinstance(optimize, list) else [optimize]) if o]
     entries = [e for o in trials for e in from_trials(o)] + from_findings(checklist, trials)
     entries += from_roofline(profile) + from_idle(profile)

@@ -8,12 +8,12 @@ tested on hand-written facts. Every threshold is a named constant listed in ``TH
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
-# The finding's form is shared with every part that judges a run (diagnostics.findings).
+# The finding's form and the rule's are shared with every part that judges a run (diagnostics.findings).
 from diagnostics.findings import (  # noqa: F401
     CATEGORIES, SCORED, STATUS_COLOR, STATUS_LABEL, STATUSES, Finding, not_applicable, run_check,
 )
+from diagnostics.findings import Rule as FindingRule
 from diagnostics.units import human_bytes, speedup_text
 
 # ---------------------------------------------------------------------------- thresholds
@@ -91,19 +91,16 @@ FOR_PURPOSE = "purpose:"
 
 
 @dataclass(frozen=True)
-class Rule:
-    id: str
-    title: str
-    category: str
-    check: Callable[[dict], tuple]  # facts -> (status, evidence, suggestion, numbers)
-    fix: str | None = None
+class Rule(FindingRule):
+    """A checklist rule (facts: the plain dict of facts.py); a fix written "purpose:<id>" follows the purpose."""
 
-    def __call__(self, facts: dict) -> Finding:
-        status, evidence, suggestion, numbers = run_check(self.check, facts, ", not in your model")
-        fix = self.fix if status in ("warn", "fail") else None
+    bug_note: str = ", not in your model"
+
+    def fix_for(self, facts: dict) -> str | None:
+        fix = self.fix
         if fix and fix.startswith(FOR_PURPOSE):  # the trial of the checklist's purpose: a training step or inference
             fix = ("train:" if facts.get("purpose", "training") == "training" else "") + fix[len(FOR_PURPOSE):]
-        return Finding(self.id, self.title, self.category, status, evidence, suggestion, numbers, fix)
+        return fix
 
 
 na = not_applicable

@@ -1,15 +1,16 @@
 """The plan analysis: will it fit? The peak memory of a training step (or an inference pass with a KV
 cache) predicted on fake tensors, for each configuration asked for, without allocating the model
-(job.py; the declaration here has no torch)."""
+(job.py; the declaration here and its result type, result.py, have no torch)."""
 
 from diagnostics.analyses.plan.configs import CHECKPOINTING, DTYPES, KV_DTYPES, MODES, OPTIMIZER_NAMES, SHARDING, \
     sizes_option
+from diagnostics.analyses.plan.result import PlanResult
 from diagnostics.analyses.plan.targets import check_name
-from diagnostics.declare import Analysis, Column, Metric, Option, Table
+from diagnostics.declare import Analysis, Option
 
 ANALYSIS = Analysis(
     name="plan", title="Memory plan", target="diagnostics.analyses.plan.job:analyze", command="plan",
-    timeout_s=900, view="ui.views.plan:show", report="diagnostics.render.charts.plan:plan_sections",
+    timeout_s=900, result=PlanResult, view="ui.views.plan:show", report="diagnostics.render.charts.plan:plan_sections",
     text="diagnostics.render.charts.plan:plan_text",
     description="will it fit: the peak memory of a training step per batch, sequence, dtype, optimizer, "
                 "checkpointing and sharding, predicted on fake tensors without allocating the model",
@@ -43,28 +44,5 @@ ANALYSIS = Analysis(
         Option("sweep", "bool", True, "the largest batch that fits per sequence length, the batch x sequence "
                "grid and the make-it-fit suggestions (a few more traces)"),
         Option("max_batch", "int", 4096, "the largest batch the sweep considers", lo=1, hi=1 << 20),
-    ),
-    metrics=(
-        Metric("configs", "count", "Configurations"),
-        Metric("fitting_configs", "count", "Configurations that fit"),
-        Metric("min_peak_bytes", "bytes", "Smallest predicted peak", better="lower"),
-        Metric("max_peak_bytes", "bytes", "Largest predicted peak", better="lower"),
-        Metric("capacity_bytes", "bytes", "Device memory"),
-        Metric("traces", "count", "Steps traced on fake tensors"),
-        Metric("analytic_modules", "count", "Modules estimated analytically",
-               "modules fake tracing failed in, estimated by a formula instead (named in the result)"),
-        Metric("trace_seconds", "s", "Time tracing"),
-    ),
-    tables=(
-        Table("rows", "Predicted peak per configuration",
-              (Column("peak_bytes", "bytes", "predicted peak"), Column("headroom_bytes", "bytes", "headroom"),
-               Column("host_bytes", "bytes", "host memory"), Column("recompute_flops", "flop", "recomputed FLOPs"))),
-        Table("breakdown", "What holds each peak",
-              tuple(Column(k, "bytes", k.replace("_", " ")) for k in
-                    ("parameters", "gradients", "optimizer_state", "activations", "kv_cache", "temporaries",
-                     "inputs", "rounding", "workspaces"))),
-        Table("max_batch", "Largest batch that fits", (Column("peak_bytes", "bytes", "peak at that batch"),)),
-        Table("suggestions", "Make it fit", (Column("peak_bytes", "bytes", "predicted peak"),
-                                             Column("recompute_flops", "flop", "recomputed FLOPs per step"))),
     ),
 )

@@ -9,11 +9,13 @@ the boundary with more (sweep.py); suggestions are traced too (suggest.py).
 
 from __future__ import annotations
 
+import msgspec
+
 from diagnostics.analyses.plan import ANALYSIS
 from diagnostics.analyses.plan.configs import DTYPES, Config, parse_sizes, settings_of
 from diagnostics.analyses.plan.ledger import CATEGORIES
 from diagnostics.analyses.plan.planner import Planner, is_dtype_error, recompute_flops
-from diagnostics.analyses.plan.result import PlanResult, Row
+from diagnostics.analyses.plan.result import Breakdown, PlanMetrics, PlanResult, Timeline
 from diagnostics.analyses.plan.sweep import Curve, curve_point, grid, grid_batches, grid_seqs, max_batch
 from diagnostics.analyses.plan.targets import resolve
 from diagnostics.analyses.plan.trace import takes_tokens, trace_device
@@ -71,18 +73,18 @@ def _calibrated(target, asked: str):
         return target
     if str(asked).strip().lower() not in ("auto", "local"):
         return target
-    from dataclasses import replace
+    import msgspec
 
     from diagnostics.analyses.plan.calibrate import calibrate_cuda
 
     cal = calibrate_cuda(0)
-    return replace(target, context_bytes=cal["context_bytes"], workspace_bytes=cal["workspace_bytes"],
+    return msgspec.structs.replace(target, context_bytes=cal["context_bytes"], workspace_bytes=cal["workspace_bytes"],
                    calibration=f"measured in this job on {cal['gpu']} (torch {cal['torch']}): context "
                                f"{cal['context_bytes'] / 2**20:.0f} MiB, cuBLAS workspaces "
                                f"{cal['workspace_bytes'] / 2**20:.0f} MiB")
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> PlanResult:
     o = ANALYSIS.validate(options)
     loaded = ctx.loaded
     settings = settings_of(o)
@@ -96,7 +98,7 @@ def analyze(ctx, options: dict) -> dict:
     # -- one row per configuration asked for
     configs = [Config(b, s, st) for st in settings for s in seqs for b in batches]
     traced_rows = len(configs) <= MAX_TRACED_ROWS
-    rows: list[Row] = []
+    rows = []
     row_traces = []
     ctx.progress(0.02, f"{len(configs)} configuration(s) on fake tensors")
     if traced_rows:
@@ -145,8 +147,8 @@ def analyze(ctx, options: dict) -> dict:
                 rows.append(planner.row(c, planner.run(c)))
                 continue
             peak, parts, phase = curve.peak(c.batch)
-            rows.append(Row(**{**planner.row(c, peak=peak, parts=parts, how="fitted").to_dict(), "phase": phase,
-                               "analytic": tuple(sorted(planner.standins))}))
+            rows.append(msgspec.structs.replace(planner.row(c, peak=peak, parts=parts, how="fitted"), phase=phase,
+                                                analytic=tuple(sorted(planner.standins))))
     if o["sweep"] and o["mode"] == "train":
         over = [r for r in rows if not r.fits and r.shard == "none"]
         if over:
@@ -161,9 +163,8 @@ def analyze(ctx, options: dict) -> dict:
     # -- the timeline of the first configuration
     ctx.progress(0.95, "memory over the first configuration's step")
     first = planner.run(configs[0], timeline=True)
-    timeline = first.timeline
-    if timeline is not None:
-        timeline["configuration"] = rows[0].setting if rows else configs[0].setting.label
+    timeline = None if first.timeline is None else msgspec.convert(
+        {**first.timeline, "configuration": rows[0].setting if rows else configs[0].setting.label}, Timeline)
     if planner.standins:
         notes.append("estimated analytically (fake tracing failed in them): " + "; ".join(
             f"{m} ({why})" for m, why in planner.standins.items()) + ". Their activations are an estimate: "
@@ -183,16 +184,14 @@ def analyze(ctx, options: dict) -> dict:
     for st in row_traces:  # what the rows' own traces noted (per-rank peaks, offload, the KV cache)
         notes.extend(n for n in st.notes if n not in notes)
     peaks = [r.peak_bytes for r in rows]
-    metrics = {"configs": len(rows), "fitting_configs": sum(r.fits for r in rows), "min_peak_bytes": min(peaks),
-               "max_peak_bytes": max(peaks), "capacity_bytes": target.capacity_bytes, "traces": planner.traces,
-               "analytic_modules": len(planner.standins), "trace_seconds": round(planner.seconds, 3)}
+    metrics = PlanMetrics(configs=len(rows), fitting_configs=sum(r.fits for r in rows), min_peak_bytes=min(peaks),
+                          max_peak_bytes=max(peaks), capacity_bytes=target.capacity_bytes, traces=planner.traces,
+                          analytic_modules=len(planner.standins), trace_seconds=round(planner.seconds, 3))
     traced_on = (f"fake {trace_device(target)} tensors" + (" (CUDA's rounding and optimizer defaults applied)"
                                                               if target.kind == "cuda" and trace_device(target) == "cpu" else ""))
     ctx.progress(1.0, "done")
-    result = PlanResult(model=loaded.spec.label, device=target.to_dict(), options=dict(o), rows=tuple(rows),
-                        max_batch=tuple(maxes), grids=tuple(grids), suggestions=tuple(suggestions),
-                        timeline=timeline, analytic_modules=dict(planner.standins), notes=tuple(notes),
-                        metrics=metrics, method=METHOD, traced_on=traced_on)
-    out = result.to_dict()
-    out["categories"] = list(CATEGORIES) + ["workspaces"]
-    return out
+    return PlanResult(model=loaded.spec.label, device=target, options=dict(o), rows=tuple(rows),
+                      breakdown=tuple(Breakdown.of(r) for r in rows), max_batch=tuple(maxes), grids=tuple(grids),
+                      suggestions=tuple(suggestions), timeline=timeline, analytic_modules=dict(planner.standins),
+                      notes=tuple(notes), metrics=metrics, method=METHOD, traced_on=traced_on,
+                      categories=(*CATEGORIES, "workspaces"))

@@ -115,7 +115,7 @@ class Planner:
 
     def budget(self) -> int:
         """Bytes a step may peak at on the device: its memory less the CUDA context."""
-        return int(self.target.capacity_bytes) - int(self.target.context_bytes)
+        return self.target.budget_bytes
 
     def fits(self, peak: int) -> bool:
         return peak <= self.budget()

@@ -1,5 +1,5 @@
-"""The plan's result as typed, frozen records (no torch), each with to_dict / from_dict: what
-``analyze`` returns is ``PlanResult.to_dict()``, plain JSON for the store, the report and the CLI.
+"""The plan's result, typed (diagnostics.results: one serialisation for the worker, the store, --json and
+result.json; no torch): what ``analyze`` returns is a :class:`PlanResult`.
 
 Categories of memory at a peak (``Row.parts``): parameters (and buffers), gradients, optimizer
 state, activations (saved for backward, kept or recomputed by checkpointing), kv cache (inference),
@@ -11,22 +11,22 @@ own scratch at the peak). Their sum is ``peak_bytes``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from typing import Annotated, Any
+
+from diagnostics.analyses.plan.targets import Target
+from diagnostics.declare import column, metric, table
+from diagnostics.results import Record, Result
 
 #: Row.parts keys, in the order charts and tables show them.
 PART_KEYS = ("parameters", "gradients", "optimizer state", "activations", "kv cache", "temporaries", "inputs",
              "rounding", "workspaces")
 
 
-def _build(cls, d: dict):
-    return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
-
-
-@dataclass(frozen=True)
-class Row:
+class Row(Record, frozen=True, kw_only=True):
     """One configuration's prediction. ``how``: "traced" (this configuration ran on fake tensors) or
     "fitted" (interpolated from traced neighbours, see sweep.py). ``fits`` / ``headroom_bytes`` are for
-    the result's device: headroom = capacity - context - peak (negative: over by that much)."""
+    the result's device: headroom = capacity - context - peak (negative: over by that much). ``parts``:
+    category (PART_KEYS) -> bytes at the peak."""
 
     batch: int
     seq: int | None
@@ -37,132 +37,123 @@ class Row:
     ranks: int
     offload: bool
     mode: str
-    peak_bytes: int
-    parts: dict
+    peak_bytes: Annotated[int, column("bytes", "predicted peak")]
+    parts: dict[str, int]
     phase: str
     module: str
     fits: bool
-    headroom_bytes: int
+    headroom_bytes: Annotated[int, column("bytes", "headroom")]
     how: str = "traced"
     setting: str = ""
-    host_bytes: int = 0
-    recompute_flops: int | None = None
-    analytic: tuple = ()
+    host_bytes: Annotated[int, column("bytes", "host memory")] = 0
+    recompute_flops: Annotated[int | None, column("flop", "recomputed FLOPs")] = None
+    analytic: tuple[str, ...] = ()
     kv_dtype: str = "model"
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["analytic"] = list(self.analytic)
-        return d
+    @property
+    def label(self) -> str:
+        """Its setting, batch and sequence, short (charts, the CLI's table)."""
+        return f"{self.setting} · b{self.batch}" + (f" · s{self.seq}" if self.seq is not None else "")
+
+
+class Breakdown(Record, frozen=True, kw_only=True):
+    """What holds one configuration's peak, a column per category (a category a peak lacks holds 0 bytes)."""
+
+    configuration: str
+    parameters: Annotated[int, column("bytes", "parameters")] = 0
+    gradients: Annotated[int, column("bytes", "gradients")] = 0
+    optimizer_state: Annotated[int, column("bytes", "optimizer state")] = 0
+    activations: Annotated[int, column("bytes", "activations")] = 0
+    kv_cache: Annotated[int, column("bytes", "kv cache")] = 0
+    temporaries: Annotated[int, column("bytes", "temporaries")] = 0
+    inputs: Annotated[int, column("bytes", "inputs")] = 0
+    rounding: Annotated[int, column("bytes", "rounding")] = 0
+    workspaces: Annotated[int, column("bytes", "workspaces")] = 0
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Row":
-        d = dict(d)
-        d["analytic"] = tuple(d.get("analytic") or ())
-        return _build(cls, d)
+    def of(cls, row: Row) -> "Breakdown":
+        return cls(configuration=f"{row.setting} · batch {row.batch}" + (f" · seq {row.seq}" if row.seq is not None
+                                                                             else ""),
+                   **{k.replace(" ", "_"): row.parts.get(k, 0) for k in PART_KEYS})
 
 
-@dataclass(frozen=True)
-class MaxBatch:
+class MaxBatch(Record, frozen=True, kw_only=False):
     """The largest batch that fits at one sequence length for one setting; ``checked``: the traces at the
     boundary that confirmed it (that batch fits, the next one does not)."""
 
     setting: str
     seq: int | None
     max_batch: int
-    peak_bytes: int | None
+    peak_bytes: Annotated[int | None, column("bytes", "peak at that batch")]
     checked: str
     limit: int
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "MaxBatch":
-        return _build(cls, d)
-
-
-@dataclass(frozen=True)
-class Grid:
+class Grid(Record, frozen=True, kw_only=False):
     """Predicted peaks over batch x sequence for one setting (fitted from traced points, see sweep.py)."""
 
     setting: str
-    batches: list
-    seqs: list
-    peak_bytes: list  # [seq index][batch index]
-    fits: list
-    traced_points: list  # [[batch, seq], ...] the fit used
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Grid":
-        return _build(cls, d)
+    batches: tuple[int, ...]
+    seqs: tuple[int | None, ...]
+    peak_bytes: tuple[tuple[int, ...], ...]  # [seq index][batch index]
+    fits: tuple[tuple[bool, ...], ...]
+    traced_points: tuple[tuple[int | None, ...], ...]  # ((batch, seq), ...) the fit used
 
 
-@dataclass(frozen=True)
-class Suggestion:
+class Suggestion(Record, frozen=True, kw_only=False):
     """A change that brings a configuration under the device's memory, with its predicted peak and cost."""
 
     change: str
-    peak_bytes: int
+    peak_bytes: Annotated[int, column("bytes", "predicted peak")]
     fits: bool
     headroom_bytes: int
     cost: str
-    recompute_flops: int | None = None
+    recompute_flops: Annotated[int | None, column("flop", "recomputed FLOPs per step")] = None
     batch: int | None = None
     seq: int | None = None
     setting: str = ""
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "Suggestion":
-        return _build(cls, d)
+class Timeline(Record, frozen=True, kw_only=True):
+    """Memory by category over the first configuration's traced step: at most TIMELINE_POINTS samples (the
+    highest op of each bucket), each op's index in the step, its phase, and bytes per category."""
+
+    op_index: tuple[int, ...]
+    phase: tuple[str, ...]
+    series: dict[str, tuple[int, ...]]
+    ops: int
+    configuration: str = ""
 
 
-@dataclass(frozen=True)
-class PlanResult:
+class PlanMetrics(Record, frozen=True, kw_only=True):
+    configs: Annotated[int, metric("count", "Configurations")]
+    fitting_configs: Annotated[int, metric("count", "Configurations that fit")]
+    min_peak_bytes: Annotated[int, metric("bytes", "Smallest predicted peak", better="lower")]
+    max_peak_bytes: Annotated[int, metric("bytes", "Largest predicted peak", better="lower")]
+    capacity_bytes: Annotated[int, metric("bytes", "Device memory")]
+    traces: Annotated[int, metric("count", "Steps traced on fake tensors")]
+    analytic_modules: Annotated[int, metric(
+        "count", "Modules estimated analytically",
+        "modules fake tracing failed in, estimated by a formula instead (named in the result)")]
+    trace_seconds: Annotated[float, metric("s", "Time tracing")]
+
+
+class PlanResult(Result, frozen=True, kw_only=True):
     model: str
-    device: dict  # targets.Target.to_dict()
-    options: dict
-    rows: tuple
-    max_batch: tuple = ()
-    grids: tuple = ()
-    suggestions: tuple = ()
-    timeline: dict | None = None
-    analytic_modules: dict = field(default_factory=dict)
-    notes: tuple = ()
-    metrics: dict = field(default_factory=dict)
+    device: Target
+    #: the options it ran with, validated (the declaration's keys)
+    options: dict[str, Any]
+    rows: Annotated[tuple[Row, ...], table("Predicted peak per configuration")]
+    breakdown: Annotated[tuple[Breakdown, ...], table("What holds each peak")] = ()
+    max_batch: Annotated[tuple[MaxBatch, ...], table("Largest batch that fits")] = ()
+    grids: tuple[Grid, ...] = ()
+    suggestions: Annotated[tuple[Suggestion, ...], table("Make it fit")] = ()
+    timeline: Timeline | None = None
+    #: module -> why fake tracing failed in it (estimated by a formula instead)
+    analytic_modules: dict[str, str] = {}
+    notes: tuple[str, ...] = ()
+    metrics: PlanMetrics
     method: str = ""
     traced_on: str = ""
-
-    def to_dict(self) -> dict:
-        keys = PART_KEYS
-        rows = [r.to_dict() for r in self.rows]
-        return {
-            "model": self.model, "device": dict(self.device), "options": dict(self.options),
-            "rows": rows,
-            "breakdown": [{"configuration": f"{r['setting']} · batch {r['batch']}"
-                           + (f" · seq {r['seq']}" if r["seq"] is not None else ""),
-                           **{k.replace(" ", "_"): r["parts"].get(k, 0) for k in keys}} for r in rows],
-            "max_batch": [m.to_dict() for m in self.max_batch],
-            "grids": [g.to_dict() for g in self.grids],
-            "suggestions": [s.to_dict() for s in self.suggestions],
-            "timeline": self.timeline, "analytic_modules": dict(self.analytic_modules),
-            "notes": list(self.notes), "metrics": dict(self.metrics), "method": self.method,
-            "traced_on": self.traced_on,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "PlanResult":
-        return cls(model=d["model"], device=d["device"], options=d["options"],
-                   rows=tuple(Row.from_dict(r) for r in d["rows"]),
-                   max_batch=tuple(MaxBatch.from_dict(m) for m in d.get("max_batch") or ()),
-                   grids=tuple(Grid.from_dict(g) for g in d.get("grids") or ()),
-                   suggestions=tuple(Suggestion.from_dict(s) for s in d.get("suggestions") or ()),
-                   timeline=d.get("timeline"), analytic_modules=d.get("analytic_modules") or {},
-                   notes=tuple(d.get("notes") or ()), metrics=d.get("metrics") or {}, method=d.get("method", ""),
-                   traced_on=d.get("traced_on", ""))
+    #: the categories of memory, in the order the ledger counts them
+    categories: tuple[str, ...] = ()

@@ -161,11 +161,11 @@ def grid(planner, setting: Setting, curves: dict, batches: list[int]) -> Grid:
     peaks, fits, traced = [], [], []
     for s in seqs:
         c = curves[s]
-        row = [c.peak(b)[0] for b in batches]
+        row = tuple(c.peak(b)[0] for b in batches)
         peaks.append(row)
-        fits.append([planner.fits(p) for p in row])
-        traced += [[b, s] for b in sorted(c.points)]
-    return Grid(setting.label, batches, seqs, peaks, fits, traced)
+        fits.append(tuple(planner.fits(p) for p in row))
+        traced += [(b, s) for b in sorted(c.points)]
+    return Grid(setting.label, tuple(batches), tuple(seqs), tuple(peaks), tuple(fits), tuple(traced))
 
 
 def grid_seqs(requested: list[int], limit: int | None) -> list[int]:

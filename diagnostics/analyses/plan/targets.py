@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from diagnostics.declare import OptionError
+from diagnostics.results import Record
 
 MIB = 2**20
 GIB = 2**30
@@ -85,9 +85,9 @@ def cublaslt_workspace_default(env=None) -> int:
         return 1024 * 1024
 
 
-@dataclass(frozen=True)
-class Target:
-    """The memory a plan must fit in. ``kind``: "cuda" (512-byte rounding, context, workspaces) or "cpu"."""
+class Target(Record, frozen=True, kw_only=False):
+    """The memory a plan must fit in. ``kind``: "cuda" (512-byte rounding, context, workspaces) or "cpu".
+    The plan's result names its device with it (``PlanResult.device``)."""
 
     name: str
     kind: str
@@ -102,12 +102,10 @@ class Target:
     def rounding(self) -> int:
         return CUDA_ROUNDING if self.kind == "cuda" else 1
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Target":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+    @property
+    def budget_bytes(self) -> int:
+        """What a step may peak at: the device's memory less the CUDA context."""
+        return int(self.capacity_bytes) - int(self.context_bytes or 0)
 
 
 def _canonical(name: str) -> str:

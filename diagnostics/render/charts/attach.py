@@ -7,8 +7,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.analyses.attach.protocol import PHASES
+from diagnostics.analyses.attach.result import AttachResult, gradient_flow
+from diagnostics.findings import by_attention
 from diagnostics.render.charts.style import empty_figure
-from diagnostics.render.sections import Section, figures, notes, section
+from diagnostics.render.sections import Section, notes, section
 from diagnostics.render.tables import records_frame
 
 COLORS = {"data_wait": "#F58518", "forward": "#4C78A8", "backward": "#72B7B2", "optimizer": "#54A24B",
@@ -17,15 +19,15 @@ LABELS = {"data_wait": "data wait (DataLoader)", "forward": "forward", "backward
           "optimizer": "optimizer", "comm": "communication", "sync": "device syncs", "host": "host (Python, the rest)"}
 
 
-def build_steps_figure(result: dict) -> go.Figure:
+def build_steps_figure(result: AttachResult) -> go.Figure:
     """Stacked bars: each step's parts (ms), warm-up and profiled steps marked in the hover and the axis."""
-    rows = [r for r in result.get("step_table") or [] if not r.get("warmup") or r["step"] > 1]
+    rows = [r for r in result.step_table if not r.warmup or r.step > 1]
     if not rows:
         return empty_figure("Where each step's time goes", "no step was measured")
-    x = [f"{r['step']}{'*' if r.get('profiled') else ''}" for r in rows]
+    x = [f"{r.step}{'*' if r.profiled else ''}" for r in rows]
     fig = go.Figure()
     for k in PHASES:
-        ys = [r.get(f"{k}_ms") or 0.0 for r in rows]
+        ys = [r.part_ms(k) or 0.0 for r in rows]
         if not any(ys):
             continue
         fig.add_bar(x=x, y=ys, name=LABELS[k], marker_color=COLORS[k],
@@ -37,16 +39,15 @@ def build_steps_figure(result: dict) -> go.Figure:
     return fig
 
 
-def build_breakdown_figure(result: dict) -> go.Figure:
+def build_breakdown_figure(result: AttachResult) -> go.Figure:
     """One horizontal stacked bar per rank (one for a single process): the median step's parts (ms)."""
-    ranks = result.get("ranks") or []
+    ranks = result.ranks
     if not ranks:
         return empty_figure("The step's parts", "no step was measured")
-    labels = ["this process" if r["rank"] is None else f"rank {r['rank']}" + (" (waited for)" if r.get("waited_for")
-                                                                                else "") for r in ranks]
+    labels = [r.label for r in ranks]
     fig = go.Figure()
     for k in PHASES:
-        xs = [(r.get("breakdown_ms") or {}).get(k, 0.0) for r in ranks]
+        xs = [r.breakdown_ms.get(k, 0.0) for r in ranks]
         if not any(xs):
             continue
         fig.add_bar(y=labels, x=xs, orientation="h", name=LABELS[k], marker_color=COLORS[k],
@@ -58,20 +59,19 @@ def build_breakdown_figure(result: dict) -> go.Figure:
     return fig
 
 
-def build_gpu_idle_figure(result: dict) -> go.Figure:
+def build_gpu_idle_figure(result: AttachResult) -> go.Figure:
     """Per profiled step: GPU busy time and idle time split by what the host's main thread was doing."""
-    gpu = result.get("gpu")
-    if not gpu or not gpu.get("steps"):
+    if result.gpu is None or not result.gpu.steps:
         return empty_figure("GPU idle per step", "no GPU work in the trace")
-    rows = gpu["steps"]
-    x = [str(r["step"]) for r in rows]
+    rows = result.gpu.steps
+    x = [str(r.step) for r in rows]
     fig = go.Figure()
-    fig.add_bar(x=x, y=[r["gpu_busy_ms"] for r in rows], name="GPU busy", marker_color="#4C78A8",
+    fig.add_bar(x=x, y=[r.gpu_busy_ms for r in rows], name="GPU busy", marker_color="#4C78A8",
                 hovertemplate="step %{x}<br>GPU busy %{y:.2f} ms<extra></extra>")
-    causes = sorted({c for r in rows for c in r["idle_causes_ms"]}, key=lambda c: list(COLORS).index(c)
+    causes = sorted({c for r in rows for c in r.idle_causes_ms}, key=lambda c: list(COLORS).index(c)
                     if c in COLORS else 99)
     for c in causes:
-        fig.add_bar(x=x, y=[r["idle_causes_ms"].get(c, 0.0) for r in rows], name=f"idle: host in {LABELS.get(c, c)}",
+        fig.add_bar(x=x, y=[r.idle_causes_ms.get(c, 0.0) for r in rows], name=f"idle: host in {LABELS.get(c, c)}",
                     marker_color=COLORS.get(c, "#888888"), opacity=0.6,
                     hovertemplate="step %{x}<br>GPU idle while the host was in " + LABELS.get(c, c)
                                   + ": %{y:.2f} ms<extra></extra>")
@@ -82,67 +82,67 @@ def build_gpu_idle_figure(result: dict) -> go.Figure:
     return fig
 
 
-def summary_lines(result: dict) -> list[str]:
+def trace_names(result: AttachResult) -> list[str]:
+    """The run's trace files: one, one per rank, or none (the script ended before the profiled window)."""
+    t = result.trace
+    return [] if not t else [t] if isinstance(t, str) else list(t)
+
+
+def summary_lines(result: AttachResult) -> list[str]:
     """The run in a few sentences (the CLI prints them, the report and the page show them)."""
     out = []
-    code = result.get("exit_code")
-    cmd = " ".join(result.get("command") or [])
+    code = result.exit_code
+    cmd = " ".join(result.command)
     out.append(f"{cmd or 'the script'}: " + ("exit code " + str(code) if code is not None else "did not start")
-               + (f" after {result['duration_s']:.1f} s" if result.get("duration_s") is not None else ""))
-    if result.get("steps"):
-        w = result.get("profiled_steps")
-        out.append(f"{result['steps']} steps, ended by {result.get('step_boundary_detail') or result.get('step_boundary')}"
+               + (f" after {result.duration_s:.1f} s" if result.duration_s is not None else ""))
+    if result.steps:
+        w = result.profiled_steps
+        out.append(f"{result.steps} steps, ended by {result.step_boundary_detail or result.step_boundary}"
                    + (f"; profiled steps {w[0]}-{w[1]}" if w else "; no step was profiled")
-                   + (f" ({result['window']['reason']})" if (result.get("window") or {}).get("reason") else ""))
-    if result.get("step_ms") is not None:
-        b = result.get("breakdown_ms") or {}
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in b.items() if v and v >= 0.005)
-        out.append(f"step {result['step_ms']:.2f} ms (median outside the window): {parts} ms")
-        bn = result.get("bottleneck")
+                   + (f" ({result.window.reason})" if result.window.reason else ""))
+    if result.step_ms is not None:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in result.breakdown_ms.items() if v and v >= 0.005)
+        out.append(f"step {result.step_ms:.2f} ms (median outside the window): {parts} ms")
+        bn = result.bottleneck
         if bn:
-            out.append(f"bottleneck: {bn['category']} ({100 * bn['share']:.0f}% of the step, {bn['ms']:.2f} ms)")
-        if result.get("overhead_pct") is not None:
-            out.append(f"profiled steps {result['step_ms_profiled']:.2f} ms: {result['overhead_pct']:+.1f}% against the "
+            out.append(f"bottleneck: {bn.category} ({100 * bn.share:.0f}% of the step, {bn.ms:.2f} ms)")
+        if result.overhead_pct is not None:
+            out.append(f"profiled steps {result.step_ms_profiled:.2f} ms: {result.overhead_pct:+.1f}% against the "
                        "steps outside the window (the profiler's cost)")
     return out
 
 
-def attach_sections(result: dict) -> list[Section]:
-    from diagnostics.render.charts.checklist import fix_first_section
+def attach_sections(result: AttachResult) -> list[Section]:
     from diagnostics.registry import get_analysis
+    from diagnostics.render.charts.checklist import findings_frame, fix_first_section
     from diagnostics.render.charts.gradients import gradients_sections
     from diagnostics.results import decode
 
     sections = [section("Run", [lambda: build_breakdown_figure(result), lambda: build_steps_figure(result)],
                         text=summary_lines(result) + notes(result))]
-    ranked = result.get("fix_first") or []
-    if ranked:
-        sections.append(fix_first_section(ranked, "Ranked by the milliseconds per step each part takes (at most "
-                                                  "what fixing it saves)."))
-    order = ("error", "fail", "warn", "pass", "not_applicable")
-    findings = sorted(result.get("findings") or [], key=lambda f: order.index(f.get("status", "not_applicable")))
-    if findings:
-        df = records_frame(findings)
-        sections.append(Section("Findings", tables=[("", df[[c for c in ("status", "title", "id", "evidence",
-                                                                          "suggestion") if c in df.columns]])]))
-    if result.get("gpu"):
+    if result.fix_first:
+        sections.append(fix_first_section(result.fix_first, "Ranked by the milliseconds per step each part takes "
+                                                            "(at most what fixing it saves)."))
+    if result.findings:
+        sections.append(Section("Findings", tables=[("", findings_frame(
+            by_attention(result.findings), ["status", "title", "id", "evidence", "suggestion"]))]))
+    if result.gpu is not None:
         sections.append(section("GPU", [lambda: build_gpu_idle_figure(result)]))
-    if result.get("syncs"):
-        sections.append(Section("Device syncs", tables=[("", records_frame(result["syncs"]))]))
-    w = result.get("workers") or {}
-    if w.get("per_worker"):
-        sections.append(Section("DataLoader workers", tables=[("", records_frame(w["per_worker"]))]))
-    if len(result.get("ranks") or []) > 1:
+    if result.syncs:
+        sections.append(Section("Device syncs", tables=[("", records_frame(result.syncs))]))
+    if result.workers.per_worker:
+        sections.append(Section("DataLoader workers", tables=[("", records_frame(result.workers.per_worker))]))
+    if len(result.ranks) > 1:
         sections.append(Section("Ranks", tables=[("", records_frame([
-            {"rank": r["rank"], "pid": r["pid"], "step_ms": r["step_ms"], "busy_ms": r.get("busy_ms"),
-             "bottleneck": (r.get("bottleneck") or {}).get("category"), "waited for": r.get("waited_for"),
-             "trace": r.get("trace"), **{f"{k}_ms": (r.get("breakdown_ms") or {}).get(k) for k in PHASES}}
-            for r in result["ranks"]]))]))
-    if result.get("gradients"):  # the gradient-flow report, on the attached run's gradients
-        grads = decode(get_analysis("gradients"), {**result["gradients"], "options": {}})
-        for s in gradients_sections(grads):
+            {"rank": r.rank, "pid": r.pid, "step_ms": r.step_ms, "busy_ms": r.busy_ms,
+             "bottleneck": r.bottleneck.category if r.bottleneck else None, "waited for": r.waited_for,
+             "trace": r.trace, **{f"{k}_ms": r.breakdown_ms.get(k) for k in PHASES}}
+            for r in result.ranks]))]))
+    flow = gradient_flow(result)
+    if flow is not None:  # the Gradient flow analysis' own report sections, on its own result type
+        for s in gradients_sections(decode(get_analysis("gradients"), flow)):
             s.title = f"Gradient flow: {s.title}"
             sections.append(s)
-    if result.get("step_table"):
-        sections.append(Section("Steps", tables=[("", records_frame(result["step_table"]))]))
+    if result.step_table:
+        sections.append(Section("Steps", tables=[("", records_frame(result.step_table))]))
     return sections

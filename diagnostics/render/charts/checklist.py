@@ -1,17 +1,20 @@
-"""Figures for the checklist: the score as a gauge, and rule status counts by category."""
+"""Figures for the checklist: the score as a gauge, and rule status counts by category; its report sections
+and the "fix this first" section an attached run's report shares."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from diagnostics.analyses.checklist import SCORE_FORMULA, ChecklistResult
 from diagnostics.analyses.checklist.rules import CATEGORIES, STATUS_COLOR, STATUS_LABEL, STATUSES
-from diagnostics.render.sections import Section, figures, records
+from diagnostics.findings import Finding, FixFirst, by_attention
+from diagnostics.render.sections import Section, figures
 from diagnostics.render.tables import records_frame
 
 
-def build_score_gauge_figure(result: dict) -> go.Figure:
+def build_score_gauge_figure(result: ChecklistResult) -> go.Figure:
     """The checklist score (0-100 points) as a gauge; red under 50, amber under 80."""
-    score = result.get("score")
+    score = result.score
     fig = go.Figure(go.Indicator(
         mode="gauge+number", value=score if score is not None else 0,
         number={"suffix": " / 100", "valueformat": ".0f"},
@@ -24,13 +27,12 @@ def build_score_gauge_figure(result: dict) -> go.Figure:
     return fig
 
 
-def build_status_by_category_figure(result: dict) -> go.Figure:
+def build_status_by_category_figure(result: ChecklistResult) -> go.Figure:
     """Stacked horizontal bars: how many rules pass / warn / fail / do not apply in each category."""
-    by_id = {f["id"]: f for f in result["findings"]}
-    cats = [c for c in CATEGORIES if result["by_category"].get(c)]
+    cats = [c for c in CATEGORIES if result.by_category.get(c)]
     fig = go.Figure()
     for status in STATUSES:
-        counts = [sum(by_id[i]["status"] == status for i in result["by_category"][c]) for c in cats]
+        counts = [sum(f.status == status for f in result.in_category(c)) for c in cats]
         if status == "error" and not any(counts):
             continue  # only when a rule crashed
         fig.add_bar(y=cats, x=counts, orientation="h", name=STATUS_LABEL[status], marker_color=STATUS_COLOR[status],
@@ -43,46 +45,48 @@ def build_status_by_category_figure(result: dict) -> go.Figure:
 
 
 # ----------------------------------------------------------------------------- report sections
-def fix_first_section(ranked: list[dict], text: str) -> Section:
-    """The "fix this first" list (diagnostics.findings.fix_first_entry rows) as a report section."""
+def fix_first_section(ranked: tuple[FixFirst, ...] | list[FixFirst], text: str) -> Section:
+    """The "fix this first" list (diagnostics.findings.FixFirst rows) as a report section."""
     import pandas as pd
 
     return Section("Fix this first", text=[text], tables=[("fix this first", pd.DataFrame([{
-        "what": e["title"], "est. saving (ms/step)": e["est_saving_ms"], "how": e["how"], "fix": e["fix"] or "",
-        "detail": e["detail"]} for e in ranked]))])
+        "what": e.title, "est. saving (ms/step)": e.est_saving_ms, "how": e.how, "fix": e.fix or "",
+        "detail": e.detail} for e in ranked]))])
 
 
-def checklist_sections(result: dict) -> list[Section]:
+FINDING_COLUMNS = ["status", "title", "id", "evidence", "suggestion", "fix"]
+
+
+def findings_frame(findings: list[Finding], columns: list[str] = FINDING_COLUMNS):
+    """Findings as a report table: the given columns, in that order."""
+    return records_frame(findings)[columns]
+
+
+def checklist_sections(result: ChecklistResult) -> list[Section]:
     """Score and charts, then one table per category (failures and warnings first: status, evidence,
     suggestion, fix), the rules that do not apply here, and the thresholds."""
-    from diagnostics.analyses.checklist import SCORE_FORMULA
-    from diagnostics.analyses.checklist.rules import CATEGORIES
-
-    counts = result.get("counts") or {}
-    text = [f"Score {result.get('score', 0):.1f} / 100 for {result.get('purpose', '?')} on {result.get('device')}: "
-            + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()) + ".",
+    c = result.counts
+    score = "n/a (no rule applies)" if result.score is None else f"{result.score:.1f} / 100"
+    text = [f"Score {score} for {result.purpose} on {result.device}: "
+            + ", ".join(f"{c.of(s)} {s.replace('_', ' ')}" for s in STATUSES) + ".",
             SCORE_FORMULA]
-    text += [str(n) for n in result.get("notes", [])]
-    order = ("error", "fail", "warn", "pass", "not_applicable")  # what needs attention first
-    findings = sorted(result.get("findings") or [], key=lambda f: order.index(f.get("status", "not_applicable")))
-    cols = ["status", "title", "id", "evidence", "suggestion", "fix"]
+    text += list(result.notes)
+    findings = by_attention(result.findings)
 
     figs, notes = figures(lambda: build_score_gauge_figure(result),
                            lambda: build_status_by_category_figure(result))
     sections = [Section("Checklist", text=text + notes, figures=figs)]
-    ranked = result.get("fix_first") or []
-    if ranked:
-        sections.append(fix_first_section(ranked, "Ranked by the estimated milliseconds saved per step; 'how' says "
-                                                  "whether a saving was measured or modelled."))
+    if result.fix_first:
+        sections.append(fix_first_section(result.fix_first, "Ranked by the estimated milliseconds saved per step; "
+                                                             "'how' says whether a saving was measured or modelled."))
     for cat in CATEGORIES:
-        rows = [f for f in findings if f.get("category") == cat and f.get("status") != "not_applicable"]
+        rows = [f for f in findings if f.category == cat and f.status != "not_applicable"]
         if rows:
-            df = records_frame(rows)
-            sections.append(Section(str(cat).capitalize(), tables=[("", df[[c for c in cols if c in df.columns]])]))
-    rest = [f for f in findings if f.get("status") == "not_applicable"]
+            sections.append(Section(str(cat).capitalize(), tables=[("", findings_frame(rows))]))
+    rest = [f for f in findings if f.status == "not_applicable"]
     if rest:
         sections.append(Section("Not applicable here", tables=[
-            ("", records_frame(rest)[["category", "id", "title", "evidence"]])]))
-    if result.get("thresholds"):
-        sections.append(Section("Thresholds", tables=[("", records(result, "thresholds"))]))
+            ("", findings_frame(rest, ["category", "id", "title", "evidence"]))]))
+    if result.thresholds:
+        sections.append(Section("Thresholds", tables=[("", records_frame(result.thresholds))]))
     return sections

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from diagnostics.analyses.plan.result import PART_KEYS, PlanResult
 from diagnostics.render.charts.memory import COLORS as MEMORY_COLORS
-from diagnostics.render.sections import Section, notes, records, section
+from diagnostics.render.sections import Section, notes, section
+from diagnostics.render.tables import records_frame
 from diagnostics.units import human_bytes
 
 GIB = 2**30
 COLORS = {**MEMORY_COLORS, "kv cache": "#00838F", "rounding": "#BDBDBD", "workspaces": "#6D4C41"}
-ORDER = ("parameters", "gradients", "optimizer state", "activations", "kv cache", "temporaries", "inputs", "rounding",
-         "workspaces")
 FIT, NO_FIT = "#2E7D32", "#C62828"
 
 
@@ -21,29 +21,20 @@ def _gib(v) -> float | None:
     return None if v is None else v / GIB
 
 
-def row_label(r: dict) -> str:
-    return f"{r['setting']} · b{r['batch']}" + (f" · s{r['seq']}" if r.get("seq") is not None else "")
-
-
-def budget_bytes(result: dict) -> int:
-    d = result["device"]
-    return int(d["capacity_bytes"]) - int(d.get("context_bytes") or 0)
-
-
-def build_plan_breakdown_figure(result: dict) -> go.Figure:
+def build_plan_breakdown_figure(result: PlanResult) -> go.Figure:
     """Stacked bars (GiB): what holds each configuration's predicted peak, with the device's budget."""
-    rows = result["rows"]
-    labels = [row_label(r) for r in rows]
+    rows = result.rows
+    labels = [r.label for r in rows]
     fig = go.Figure()
-    for cat in ORDER:
-        ys = [_gib(r["parts"].get(cat, 0)) for r in rows]
+    for cat in PART_KEYS:
+        ys = [_gib(r.parts.get(cat, 0)) for r in rows]
         if not any(ys):
             continue
         fig.add_bar(x=labels, y=ys, name=cat, marker_color=COLORS.get(cat, "#9E9E9E"),
                     hovertemplate="%{x}<br>" + cat + ": %{y:.2f} GiB<extra></extra>")
-    budget = _gib(budget_bytes(result))
+    budget = _gib(result.device.budget_bytes)
     fig.add_hline(y=budget, line_dash="dash", line_color=NO_FIT,
-                  annotation_text=f"{result['device']['name']}: {budget:,.1f} GiB for the step",
+                  annotation_text=f"{result.device.name}: {budget:,.1f} GiB for the step",
                   annotation_position="top left")
     fig.update_layout(title="Predicted peak per configuration, by what holds it", barmode="stack",
                       yaxis_title="memory (GiB)", height=440, margin=dict(t=50, l=10, r=10, b=10),
@@ -51,36 +42,36 @@ def build_plan_breakdown_figure(result: dict) -> go.Figure:
     return fig
 
 
-def build_plan_grid_figure(result: dict, index: int = 0) -> go.Figure:
+def build_plan_grid_figure(result: PlanResult, index: int = 0) -> go.Figure:
     """Batch x sequence grid of one setting: predicted peak (GiB) in each cell, green where it fits."""
-    g = result["grids"][index]
-    seqs = ["(no sequence)" if s is None else f"seq {s}" for s in g["seqs"]]
-    batches = [f"b{b}" for b in g["batches"]]
-    z = [[1 if ok else 0 for ok in row] for row in g["fits"]]
-    text = [[f"{v / GIB:,.1f}" for v in row] for row in g["peak_bytes"]]
+    g = result.grids[index]
+    seqs = ["(no sequence)" if s is None else f"seq {s}" for s in g.seqs]
+    batches = [f"b{b}" for b in g.batches]
+    z = [[1 if ok else 0 for ok in row] for row in g.fits]
+    text = [[f"{v / GIB:,.1f}" for v in row] for row in g.peak_bytes]
     fig = go.Figure(go.Heatmap(z=z, x=batches, y=seqs, text=text, texttemplate="%{text}", zmin=0, zmax=1,
                                colorscale=[[0, "#FFCDD2"], [0.5, "#FFCDD2"], [0.5, "#C8E6C9"], [1, "#C8E6C9"]],
-                               showscale=False, customdata=[[human_bytes(v) for v in row] for row in g["peak_bytes"]],
+                               showscale=False, customdata=[[human_bytes(v) for v in row] for row in g.peak_bytes],
                                hovertemplate="%{x}, %{y}: %{customdata}<extra></extra>"))
-    fig.update_layout(title=f"{g['setting']}: predicted peak (GiB), green fits {result['device']['name']}",
+    fig.update_layout(title=f"{g.setting}: predicted peak (GiB), green fits {result.device.name}",
                       xaxis_title="batch size", yaxis_title="sequence length", height=140 + 44 * len(seqs),
                       margin=dict(t=50, l=10, r=10, b=40))
     return fig
 
 
-def build_plan_timeline_figure(result: dict) -> go.Figure:
+def build_plan_timeline_figure(result: PlanResult) -> go.Figure:
     """Memory by category over the first configuration's traced step (stacked areas, GiB), phases marked."""
-    tl = result.get("timeline") or {}
-    x = tl.get("op_index", [])
+    tl = result.timeline
+    x = list(tl.op_index) if tl else []
     fig = go.Figure()
-    for cat in ORDER:
-        ys = tl.get("series", {}).get(cat)
+    for cat in PART_KEYS:
+        ys = tl.series.get(cat) if tl else None
         if not ys or not any(ys):
             continue
         fig.add_scatter(x=x, y=[_gib(v) for v in ys], name=cat, stackgroup="mem", mode="lines",
                         line=dict(width=0.5, color=COLORS.get(cat, "#9E9E9E"), shape="hv"),
                         hovertemplate=cat + ": %{y:.2f} GiB<extra></extra>")
-    phases = tl.get("phase", [])
+    phases = list(tl.phase) if tl else []
     start = 0
     shades = {"forward": "#E3F2FD", "backward": "#FCE4EC", "optimizer": "#FFF8E1"}
     for i in range(1, len(phases) + 1):
@@ -89,20 +80,20 @@ def build_plan_timeline_figure(result: dict) -> go.Figure:
                 fig.add_vrect(x0=x[start], x1=x[i - 1], fillcolor=shades[phases[start]], opacity=0.5, layer="below",
                               line_width=0, annotation_text=phases[start], annotation_position="top left")
             start = i
-    fig.update_layout(title=f"Predicted memory over one step ({tl.get('configuration', '')})", height=400,
+    fig.update_layout(title=f"Predicted memory over one step ({tl.configuration if tl else ''})", height=400,
                       xaxis_title="op (in the order the step runs them)", yaxis_title="memory (GiB)",
                       margin=dict(t=50, l=10, r=10, b=10), hovermode="x unified", legend=dict(orientation="h", y=-0.2))
     return fig
 
 
-def build_plan_suggestions_figure(result: dict) -> go.Figure:
+def build_plan_suggestions_figure(result: PlanResult) -> go.Figure:
     """The make-it-fit candidates' predicted peaks against the budget."""
-    s = result["suggestions"]
-    fig = go.Figure(go.Bar(x=[_gib(x["peak_bytes"]) for x in s], y=[x["change"] for x in s], orientation="h",
-                           marker_color=[FIT if x["fits"] else NO_FIT for x in s],
-                           customdata=[x["cost"] for x in s],
+    s = result.suggestions
+    fig = go.Figure(go.Bar(x=[_gib(x.peak_bytes) for x in s], y=[x.change for x in s], orientation="h",
+                           marker_color=[FIT if x.fits else NO_FIT for x in s],
+                           customdata=[x.cost for x in s],
                            hovertemplate="%{y}: %{x:.2f} GiB<br>cost: %{customdata}<extra></extra>"))
-    fig.add_vline(x=_gib(budget_bytes(result)), line_dash="dash", line_color="black",
+    fig.add_vline(x=_gib(result.device.budget_bytes), line_dash="dash", line_color="black",
                   annotation_text="budget", annotation_position="top")
     fig.update_layout(title="Make it fit: each change's predicted peak", xaxis_title="predicted peak (GiB)",
                       yaxis=dict(autorange="reversed", automargin=True), height=160 + 36 * len(s),
@@ -110,53 +101,53 @@ def build_plan_suggestions_figure(result: dict) -> go.Figure:
     return fig
 
 
-def device_line(result: dict) -> str:
-    d = result["device"]
-    return (f"{d['name']}: {human_bytes(d['capacity_bytes'])} ({d['source']})"
-            + (f"; less {human_bytes(d['context_bytes'])} of CUDA context" if d.get("context_bytes") else ""))
+def device_line(result: PlanResult) -> str:
+    d = result.device
+    return (f"{d.name}: {human_bytes(d.capacity_bytes)} ({d.source})"
+            + (f"; less {human_bytes(d.context_bytes)} of CUDA context" if d.context_bytes else ""))
 
 
 # ----------------------------------------------------------------------------- report and CLI text
-def plan_sections(result: dict) -> list[Section]:
+ROW_COLUMNS = ["setting", "batch", "seq", "peak_bytes", "fits", "headroom_bytes", "phase", "module", "how"]
+
+
+def plan_sections(result: PlanResult) -> list[Section]:
     sections = [section("Will it fit?", [lambda: build_plan_breakdown_figure(result)],
-                        text=[device_line(result), result.get("method", ""), f"traced on {result.get('traced_on', '')}"]
-                        + notes(result),
-                        tables=[("configurations", records(result, "rows", ["setting", "batch", "seq", "peak_bytes",
-                                                                            "fits", "headroom_bytes", "phase",
-                                                                            "module", "how"])),
-                                ("what holds each peak (bytes)", records(result, "breakdown"))])]
-    if result.get("grids"):
+                        text=[device_line(result), result.method, f"traced on {result.traced_on}"] + notes(result),
+                        tables=[("configurations", records_frame(result.rows)[ROW_COLUMNS]),
+                                ("what holds each peak (bytes)", records_frame(result.breakdown))])]
+    if result.grids:
         sections.append(section("Batch x sequence", [lambda i=i: build_plan_grid_figure(result, i)
-                                                     for i in range(len(result["grids"]))],
-                                tables=[("largest batch that fits", records(result, "max_batch"))]))
-    if result.get("suggestions"):
+                                                     for i in range(len(result.grids))],
+                                tables=[("largest batch that fits", records_frame(result.max_batch))]))
+    if result.suggestions:
         sections.append(section("Make it fit", [lambda: build_plan_suggestions_figure(result)],
-                                tables=[("changes, cheapest first", records(result, "suggestions"))]))
-    if result.get("timeline"):
+                                tables=[("changes, cheapest first", records_frame(result.suggestions))]))
+    if result.timeline is not None:
         sections.append(section("Over the step", [lambda: build_plan_timeline_figure(result)]))
     return sections
 
 
-def plan_text(result: dict) -> str:
+def plan_text(result: PlanResult) -> str:
     """The CLI's answer: a fit table, the largest batch per sequence length, the make-it-fit list."""
     lines = [f"device: {device_line(result)}", ""]
     head = f"{'configuration':<44} {'peak':>11} {'headroom':>11}  fits  at"
     lines += [head, "-" * len(head)]
-    for r in result["rows"]:
-        room = r["headroom_bytes"]
-        lines.append(f"{row_label(r)[:44]:<44} {human_bytes(r['peak_bytes']):>11} "
-                     f"{('-' if room < 0 else '') + human_bytes(abs(room)):>11}  {'yes ' if r['fits'] else 'NO  '}  "
-                     f"{r['phase']} / {r['module']}")
-    if result.get("max_batch"):
+    for r in result.rows:
+        room = r.headroom_bytes
+        lines.append(f"{r.label[:44]:<44} {human_bytes(r.peak_bytes):>11} "
+                     f"{('-' if room < 0 else '') + human_bytes(abs(room)):>11}  {'yes ' if r.fits else 'NO  '}  "
+                     f"{r.phase} / {r.module}")
+    if result.max_batch:
         lines += ["", "largest batch that fits:"]
-        for m in result["max_batch"]:
-            seq = "" if m["seq"] is None else f" at seq {m['seq']}"
-            lines.append(f"  {m['setting']}{seq}: {m['max_batch']}  ({m['checked']})")
-    if result.get("suggestions"):
+        for m in result.max_batch:
+            seq = "" if m.seq is None else f" at seq {m.seq}"
+            lines.append(f"  {m.setting}{seq}: {m.max_batch}  ({m.checked})")
+    if result.suggestions:
         lines += ["", "make it fit (cheapest first):"]
-        for s in result["suggestions"]:
-            lines.append(f"  {'fits' if s['fits'] else 'no  '} {human_bytes(s['peak_bytes']):>11}  {s['change']} "
-                         f"- {s['cost']}")
-    for n in result.get("notes", []):
+        for s in result.suggestions:
+            lines.append(f"  {'fits' if s.fits else 'no  '} {human_bytes(s.peak_bytes):>11}  {s.change} "
+                         f"- {s.cost}")
+    for n in result.notes:
         lines.append(f"note: {n}")
     return "\n".join(lines)

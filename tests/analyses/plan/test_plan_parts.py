@@ -10,12 +10,13 @@ from torch import nn
 from diagnostics.analyses.plan import ANALYSIS
 from diagnostics.analyses.plan.configs import Config, Setting, parse_sizes, settings_of
 from diagnostics.analyses.plan.planner import Planner
-from diagnostics.analyses.plan.result import Grid, MaxBatch, PlanResult, Row, Suggestion
+from diagnostics.analyses.plan.result import Breakdown, Grid, MaxBatch, PlanMetrics, PlanResult, Row, Suggestion
 from diagnostics.analyses.plan.sweep import Curve, curve_point, max_batch
 from diagnostics.analyses.plan.targets import CUDA_ROUNDING, DECLARED, MIB, resolve
 from diagnostics.declare import OptionError
 from diagnostics.errors import TorchScopeError
 from diagnostics.intake import LoadedModel, default_loss, load_model
+from diagnostics.results import ResultError, decode, metrics_of, to_json, to_plain
 from diagnostics.spec import InputSpec, ModelSpec
 
 CPU = resolve("cpu", cpu={"ram_available_bytes": 1 << 36})
@@ -82,14 +83,20 @@ def test_the_result_round_trips_through_plain_data():
     row = Row(batch=2, seq=16, dtype="bf16", optimizer="adamw", checkpointing="none", shard="none", ranks=1,
               offload=False, mode="train", peak_bytes=10, parts={"parameters": 10}, phase="backward", module="m",
               fits=True, headroom_bytes=5, analytic=("x",))
-    res = PlanResult(model="m", device=CPU.to_dict(), options={}, rows=(row,),
+    res = PlanResult(model="m", device=CPU, options={}, rows=(row,), breakdown=(Breakdown.of(row),),
                      max_batch=(MaxBatch("s", 16, 4, 9, "traced", 64),),
-                     grids=(Grid("s", [1, 2], [16], [[1, 2]], [[True, True]], [[1, 16]]),),
-                     suggestions=(Suggestion("bf16", 5, True, 5, "none"),), notes=("n",))
-    d = json.loads(json.dumps(res.to_dict()))
-    back = PlanResult.from_dict(d)
+                     grids=(Grid("s", (1, 2), (16,), ((1, 2),), ((True, True),), ((1, 16),)),),
+                     suggestions=(Suggestion("bf16", 5, True, 5, "none"),), notes=("n",),
+                     metrics=PlanMetrics(configs=1, fitting_configs=1, min_peak_bytes=10, max_peak_bytes=10,
+                                         capacity_bytes=CPU.capacity_bytes, traces=1, analytic_modules=0,
+                                         trace_seconds=0.1))
+    d = json.loads(to_json(res))  # the one serialisation (the worker, the store, --json)
+    back = decode(ANALYSIS, d)
     assert back == res
-    assert d["breakdown"][0]["parameters"] == 10 and d["rows"][0]["analytic"] == ["x"]
+    assert d["breakdown"][0]["parameters"] == 10 and d["breakdown"][0]["optimizer_state"] == 0
+    assert d["rows"][0]["analytic"] == ["x"] and d["device"]["capacity_bytes"] == CPU.capacity_bytes
+    with pytest.raises(ResultError, match=r"does not fit PlanResult: Expected `int`, got `str` - at `\$.rows\[0\].batch`"):
+        decode(ANALYSIS, {**d, "rows": [{**d["rows"][0], "batch": "two"}]})
 
 
 # ----------------------------------------------------------------------------- the ledger
@@ -198,17 +205,18 @@ def test_the_analysis_answers_rows_max_batch_grid_and_suggestions(tmp_path):
     ctx = AnalysisContext(Job("plan", ModelSpec(name="chain"), options), tmp_path)
     ctx._loaded = chain()
     result = analyze(ctx, options)
-    json.dumps(result)
-    assert [(r["batch"], r["seq"]) for r in result["rows"]] == [(8, None), (2048, None)]
-    small, big = result["rows"]
-    assert small["fits"] and not big["fits"] and big["headroom_bytes"] < 0
-    assert set(ANALYSIS.metric(k).unit for k in result["metrics"])  # every metric declared
-    assert all(ANALYSIS.metric(k) is not None for k in result["metrics"])
-    m = result["max_batch"][0]
-    assert 8 <= m["max_batch"] < 2048 and "fits" in m["checked"]
-    assert result["grids"][0]["fits"][0][0] is True
-    assert result["suggestions"] and result["suggestions"][0]["fits"]
-    assert result["timeline"]["series"]
+    assert isinstance(result, PlanResult) and decode(ANALYSIS, json.loads(to_json(result))) == result
+    assert [(r.batch, r.seq) for r in result.rows] == [(8, None), (2048, None)]
+    small, big = result.rows
+    assert small.fits and not big.fits and big.headroom_bytes < 0
+    assert all(ANALYSIS.metric(k) is not None for k in metrics_of(result))  # every metric declared
+    assert [b.configuration for b in result.breakdown] == ["fp32, sgd · batch 8", "fp32, sgd · batch 2048"]
+    assert sum(v for k, v in to_plain(result.breakdown[1]).items() if k != "configuration") == big.peak_bytes
+    m = result.max_batch[0]
+    assert 8 <= m.max_batch < 2048 and "fits" in m.checked
+    assert result.grids[0].fits[0][0] is True
+    assert result.suggestions and result.suggestions[0].fits
+    assert result.timeline.series
 
 
 def test_a_dtype_the_model_cannot_run_is_refused_by_name(tmp_path):
