@@ -6,7 +6,10 @@ commit 7a4be04, the last before typed results: the CLI's runner ran validate, su
 transformer), profile, memory, batch_scan and gradients on the samples, and the rows were exported as
 they were stored (result_json as the text the old store wrote; artifacts and pids blanked).
 tests/data/stored/runs-fc36ebc.json holds rows made the same way by the code at commit fc36ebc, the last before
-checklist, plan and attach had typed results (attach's through the CLI's `run`, an error run among them).
+checklist, plan and attach had typed results (attach's through the CLI's `run`, an error run among them);
+tests/data/stored/runs-dbb9a2c.json the same by the code at commit dbb9a2c, the last before optimize and compile had
+typed results (every shape their rows take: artifacts, fixes failed and not applicable, rounds without an interval,
+early stop, a time budget, training mode; compile with and without breaks, a training step, inductor).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def _same(a, b) -> bool:
 
 def test_the_stored_runs_cover_the_analyses():
     assert {r["analysis"] for r in ROWS} >= {"validate", "summary", "profile", "memory", "batch_scan", "gradients",
-                                             "checklist", "plan", "attach"}
+                                             "checklist", "plan", "attach", "optimize", "compile"}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['analysis']}-{r['id'][-8:]}")
