@@ -193,11 +193,11 @@ def test_real_architectures_keep_the_invariants(name, mode, tmp_path, ceiling):
 def test_optimize_rows_agree_with_their_times_and_the_control(tmp_path):
     r = execute(Job("optimize", ModelSpec(name="mlp"), {"fixes": ["inference_mode", "half"], "iters": 6,
                                                          "warmup": 1, "save_artifacts": False}), tmp_path)
-    rows = {row["fix"]: row for row in r["rows"] if row["status"] == "ok"}
+    rows = {row.fix: to_plain(row) for row in r.rows if row.status == "ok"}
     check_comparison(rows, "baseline")
-    m = r["metrics"]
-    if m["best_fix"]:
-        assert m["best_speedup_ci_low"] > max(1.0, m["control_ci_high"])
+    m = r.metrics
+    if m.best_fix:
+        assert m.best_speedup_ci_low > max(1.0, m.control_ci_high)
 
 
 @pytest.mark.slow
@@ -208,7 +208,7 @@ def test_compile_and_training_comparisons_agree_with_their_times(tmp_path):
     t = execute(Job("optimize", ModelSpec(name="mlp"), {"mode": "train", "fixes": ["fused_optimizer"], "iters": 6,
                                                         "warmup": 1, "train_steps": 1, "save_artifacts": False}),
                 tmp_path / "train")
-    check_comparison({row["fix"]: row for row in t["rows"] if row["status"] == "ok"}, "baseline")
+    check_comparison({row.fix: to_plain(row) for row in t.rows if row.status == "ok"}, "baseline")
 
 
 # ----------------------------------------------------------------------------- CUDA

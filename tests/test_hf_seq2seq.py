@@ -214,11 +214,11 @@ def test_optimize_fixes_on_an_encoder_decoder(config, tmp_path):
     fixes = ["amp", "int8_dynamic", "inference_mode", "channels_last", "torchscript"]
     result = execute(Job("optimize", spec(config), {"fixes": fixes, "iters": 2, "warmup": 0,
                                                     "save_artifacts": False}), tmp_path)
-    rows = {r["fix"]: r for r in result["rows"]}
+    rows = {r.fix: r for r in result.rows}
     for fix in fixes:
-        assert rows[fix]["status"] in ("ok", "not_applicable"), (fix, rows[fix]["why"])
-        assert rows[fix]["status"] == "ok" or rows[fix]["why"], fix
-    assert rows["inference_mode"]["status"] == "ok" and rows["inference_mode"]["max_abs_err"] == 0
-    assert rows["int8_dynamic"]["status"] == "ok" and rows["int8_dynamic"]["cosine"] > 0.999  # nn.Linear throughout
-    assert rows["torchscript"]["status"] == "ok" and rows["torchscript"]["max_abs_err"] == 0  # traced by keyword
-    assert rows["channels_last"]["status"] == "not_applicable" and "no Conv2d layers" in rows["channels_last"]["why"]
+        assert rows[fix].status in ("ok", "not_applicable"), (fix, rows[fix].why)
+        assert rows[fix].status == "ok" or rows[fix].why, fix
+    assert rows["inference_mode"].status == "ok" and rows["inference_mode"].max_abs_err == 0
+    assert rows["int8_dynamic"].status == "ok" and rows["int8_dynamic"].cosine > 0.999  # nn.Linear throughout
+    assert rows["torchscript"].status == "ok" and rows["torchscript"].max_abs_err == 0  # traced by keyword
+    assert rows["channels_last"].status == "not_applicable" and "no Conv2d layers" in rows["channels_last"].why

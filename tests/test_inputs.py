@@ -216,35 +216,35 @@ def test_a_bad_example_inputs_in_a_file_names_the_file(tmp_path):
 def test_keyword_inputs_through_every_inference_fix(kw_file, tmp_path):
     fixes = ["amp", "int8_dynamic", "torchscript", "inference_mode", "half", "channels_last"]
     result = execute(Job("optimize", _spec(kw_file), {"fixes": fixes, "iters": 2, "warmup": 0}), tmp_path)
-    rows_ = {r["fix"]: r for r in result["rows"]}
+    rows_ = {r.fix: r for r in result.rows}
     for fix in fixes:
-        assert rows_[fix]["status"] in ("ok", "not_applicable"), (fix, rows_[fix]["why"])
-        assert rows_[fix]["status"] == "ok" or rows_[fix]["why"], fix
-    assert rows_["torchscript"]["status"] == "ok" and rows_["torchscript"]["cosine"] > 0.9999
-    assert any("keyword inputs (tokens, features) traced by position" in n for n in rows_["torchscript"]["notes"])
-    assert rows_["torchscript"]["artifact"]["kind"] == "torchscript"
-    assert rows_["channels_last"]["why"] == "no Conv2d layers: memory format does not matter"
+        assert rows_[fix].status in ("ok", "not_applicable"), (fix, rows_[fix].why)
+        assert rows_[fix].status == "ok" or rows_[fix].why, fix
+    assert rows_["torchscript"].status == "ok" and rows_["torchscript"].cosine > 0.9999
+    assert any("keyword inputs (tokens, features) traced by position" in n for n in rows_["torchscript"].notes)
+    assert rows_["torchscript"].artifact.kind == "torchscript"
+    assert rows_["channels_last"].why == "no Conv2d layers: memory format does not matter"
 
 
 def test_keyword_inputs_through_training_fixes(kw_file, tmp_path):
     fixes = ["grad_accumulation", "amp", "fused_optimizer"]
     result = execute(Job("optimize", _spec(kw_file), {"fixes": fixes, "mode": "train", "iters": 2, "warmup": 0}),
                      tmp_path)
-    rows_ = {r["fix"]: r for r in result["rows"]}
+    rows_ = {r.fix: r for r in result.rows}
     for fix in fixes:
-        assert rows_[fix]["status"] == "ok", (fix, rows_[fix]["why"])
+        assert rows_[fix].status == "ok", (fix, rows_[fix].why)
     # two micro-batches of the keyword inputs (rows split by name): the same gradients as the whole batch
-    assert rows_["grad_accumulation"]["grad_cosine"] > 0.9999
+    assert rows_["grad_accumulation"].grad_cosine > 0.9999
 
 
 def test_keyword_inputs_export_to_onnx_and_pt2e(kw_file, tmp_path):
     pytest.importorskip("onnxruntime")
     result = execute(Job("optimize", _spec(kw_file), {"fixes": ["onnxruntime", "static_int8"], "iters": 2,
                                                        "warmup": 0}), tmp_path)
-    rows_ = {r["fix"]: r for r in result["rows"]}
-    assert rows_["onnxruntime"]["status"] == "ok", rows_["onnxruntime"]["why"]
-    assert rows_["onnxruntime"]["max_abs_err"] < 1e-5
-    assert rows_["static_int8"]["status"] == "ok", rows_["static_int8"]["why"]
+    rows_ = {r.fix: r for r in result.rows}
+    assert rows_["onnxruntime"].status == "ok", rows_["onnxruntime"].why
+    assert rows_["onnxruntime"].max_abs_err < 1e-5
+    assert rows_["static_int8"].status == "ok", rows_["static_int8"].why
 
 
 # ----------------------------------------------------------------------------- a real T5
@@ -284,11 +284,11 @@ def test_t5_with_keyword_inputs_through_fixes(t5_file, tmp_path):
     fixes = ["amp", "int8_dynamic", "inference_mode", "channels_last"]
     result = execute(Job("optimize", _spec(t5_file), {"fixes": fixes, "iters": 2, "warmup": 0,
                                                        "save_artifacts": False}), tmp_path)
-    rows_ = {r["fix"]: r for r in result["rows"]}
+    rows_ = {r.fix: r for r in result.rows}
     for fix in fixes:
-        assert rows_[fix]["status"] in ("ok", "not_applicable"), (fix, rows_[fix]["why"])
-        assert rows_[fix]["status"] == "ok" or rows_[fix]["why"], fix
-    assert rows_["inference_mode"]["status"] == "ok" and rows_["inference_mode"]["max_abs_err"] == 0
+        assert rows_[fix].status in ("ok", "not_applicable"), (fix, rows_[fix].why)
+        assert rows_[fix].status == "ok" or rows_[fix].why, fix
+    assert rows_["inference_mode"].status == "ok" and rows_["inference_mode"].max_abs_err == 0
 
 
 # ----------------------------------------------------------------------------- the CLI

@@ -31,12 +31,11 @@ PLAIN_CALLS = {"to_plain", "to_builtins", "asdict", "vars"}
 NOT_CONVERTED = {
     "diagnostics/render/charts/compile.py", "diagnostics/render/charts/critical_path.py",
     "diagnostics/render/charts/distributed.py",
-    "diagnostics/render/charts/optimize.py",
     "diagnostics/render/charts/trace_hta.py",
     "diagnostics/render/charts/traces.py", "diagnostics/render/text.py",
     "pages/traces.py",
     "ui/views/compile.py", "ui/views/critical_path.py",
-    "ui/views/distributed.py", "ui/views/optimize.py",
+    "ui/views/distributed.py",
     "ui/views/trace_hta.py",
     "ui/views/traces.py",
 }

@@ -3,8 +3,9 @@ the measured numbers, with units in their titles; the report's sections follow t
 
 from diagnostics.render.charts.optimize import (build_latency_figure, build_peak_figure, build_train_fidelity_figure,
                                                 optimize_sections)
+from tests.typed_samples import typed
 
-RESULT = {"mode": "train", "batch_size": 8, "loss": "cross-entropy", "rows": [
+RESULT = typed("optimize", {"mode": "train", "batch_size": 8, "loss": "cross-entropy", "rows": [
     {"fix": "baseline", "title": "Baseline", "status": "ok", "median_ms": 60.0, "p90_ms": 65.0,
      "peak_bytes": 30 * 2**20, "losses": [2.0, 1.5, 1.2], "grad_cosine": 1.0},
     {"fix": "control", "title": "A/A", "status": "ok", "median_ms": 61.0, "p90_ms": 66.0, "peak_bytes": 30 * 2**20,
@@ -13,7 +14,7 @@ RESULT = {"mode": "train", "batch_size": 8, "loss": "cross-entropy", "rows": [
      "peak_bytes": 18 * 2**20, "losses": [2.0, 1.5, 1.2], "grad_cosine": 0.999999},
     {"fix": "amp", "title": "AMP", "status": "failed", "median_ms": None, "p90_ms": None, "peak_bytes": None,
      "losses": None, "grad_cosine": None},
-]}
+]})
 
 
 def test_training_charts_show_the_measured_numbers_with_units():

@@ -213,9 +213,13 @@ def test_report_tables_show_declared_titles_and_units_not_raw_dumps():
 
     from diagnostics.render.html import build_report
 
+    from diagnostics.registry import ANALYSES
+    from diagnostics.results import decode
+
     result = json.loads((Path(__file__).parents[1] / "data" / "tiles" / "optimize-cnn.json").read_text())
     result["rows"][1]["notes"] = ["first note", "second note"]
-    page = build_report("optimize", result)
+    page = build_report("optimize", decode(ANALYSES["optimize"], result))
+    assert "report layout failed" not in page
     table = page[page.index("<table>", page.index("trials (baseline first)")):]
     table = table[:table.index("</table>")]
     headers = re.findall(r"<th>(.*?)</th>", table)

@@ -434,14 +434,14 @@ def test_fixes_that_change_dtype_layout_or_modules_do_not_apply_to_an_exported_p
     r = execute(Job("optimize", spec, {"fixes": ["half", "channels_last", "conv_bn_fusion", "int8_dynamic",
                                                   "prune_l1", "inference_mode"], "iters": 2, "warmup": 1,
                                         "save_artifacts": False}), tmp_path / "out")
-    rows = {row["fix"]: row for row in r["rows"]}
-    assert rows["half"]["status"] == "not_applicable" and rows["half"]["why"] == EXPORT_DTYPE
+    rows = {row.fix: row for row in r.rows}
+    assert rows["half"].status == "not_applicable" and rows["half"].why == EXPORT_DTYPE
     assert "fixed at export time" in EXPORT_DTYPE and "export a 16-bit copy instead" in EXPORT_DTYPE
-    assert rows["channels_last"]["why"] == EXPORT_LAYOUT
+    assert rows["channels_last"].why == EXPORT_LAYOUT
     for fix in ("conv_bn_fusion", "prune_l1"):
-        assert rows[fix]["status"] == "not_applicable" and rows[fix]["why"] == EXPORT_STRUCTURE
-    assert rows["int8_dynamic"]["status"] == "not_applicable" and rows["int8_dynamic"]["why"] == EXPORT_QUANTIZE
-    assert rows["inference_mode"]["status"] == "ok"  # a fix that leaves the graph alone still runs
+        assert rows[fix].status == "not_applicable" and rows[fix].why == EXPORT_STRUCTURE
+    assert rows["int8_dynamic"].status == "not_applicable" and rows["int8_dynamic"].why == EXPORT_QUANTIZE
+    assert rows["inference_mode"].status == "ok"  # a fix that leaves the graph alone still runs
 
 
 def test_int8_on_an_all_linear_exported_program_says_why_and_static_int8_quantizes_the_graph(tmp_path):
@@ -459,14 +459,14 @@ def test_int8_on_an_all_linear_exported_program_says_why_and_static_int8_quantiz
     assert static_facts(load_model(spec).model)["n_linear"] == 0  # what misled the old check
     r = execute(Job("optimize", spec, {"fixes": ["int8_dynamic", "static_int8"], "iters": 2, "warmup": 1,
                                        "save_artifacts": False}), tmp_path / "out")
-    rows = {row["fix"]: row for row in r["rows"]}
-    why = rows["int8_dynamic"]["why"]
-    assert rows["int8_dynamic"]["status"] == "not_applicable" and why == EXPORT_QUANTIZE
+    rows = {row.fix: row for row in r.rows}
+    why = rows["int8_dynamic"].why
+    assert rows["int8_dynamic"].status == "not_applicable" and why == EXPORT_QUANTIZE
     assert "no Linear / LSTM / GRU layers" not in why and "static int8 fix" in why and "export it again" in why
     row = rows["static_int8"]
-    assert row["status"] == "ok", row["why"]
-    assert "quantized: 3 of 3 conv/linear ops (3 linear)" in " ".join(row["notes"])
-    assert row["cosine"] > 0.999
+    assert row.status == "ok", row.why
+    assert "quantized: 3 of 3 conv/linear ops (3 linear)" in " ".join(row.notes)
+    assert row.cosine > 0.999
 
 
 class _HalveGrad(torch.autograd.Function):

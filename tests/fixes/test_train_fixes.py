@@ -175,10 +175,10 @@ def test_train_mode_analysis_peak_matches_the_memory_analysis(tmp_path):
     opt = execute(Job("optimize", spec, {"mode": "train", "fixes": ["fused_optimizer"], "iters": 2, "warmup": 1,
                                          "optimizer": "adamw"}), tmp_path / "o")
     mem = execute(Job("memory", spec, {"optimizer": "adamw"}), tmp_path / "m")
-    assert opt["mode"] == "train" and opt["loss"].startswith("cross-entropy")
-    base = opt["rows"][0]
-    assert base["peak_bytes"] == pytest.approx(mem.metrics.peak_train_bytes, rel=0.05)
-    assert opt["metrics"]["baseline_peak_bytes"] == base["peak_bytes"]
+    assert opt.mode == "train" and opt.loss.startswith("cross-entropy")
+    base = opt.rows[0]
+    assert base.peak_bytes == pytest.approx(mem.metrics.peak_train_bytes, rel=0.05)
+    assert opt.metrics.baseline_peak_bytes == base.peak_bytes
     with pytest.raises(Exception, match="is an inference fix; run it with --mode inference"):
         execute(Job("optimize", spec, {"mode": "train", "fixes": ["torchscript"]}), tmp_path / "bad")
 

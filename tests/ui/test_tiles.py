@@ -3,17 +3,13 @@
 import copy
 import importlib
 import json
-import types
-import typing
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from diagnostics.declare import is_record, record_fields
 from diagnostics.registry import ANALYSES
-from diagnostics.results import decode
 from diagnostics.units import UNITS
+from tests.typed_samples import typed
 from ui.widgets import MAX_LABEL_CHARS, MAX_VALUE_CHARS, Tile, tile_texts
 
 #: Results of the CLI's analyses on the samples (cnn, transformer, mlp, graph_break_mlp) and the
@@ -23,30 +19,12 @@ SAMPLES = sorted((Path(__file__).parents[1] / "data" / "tiles").glob("*.json"))
 TILE_FUNCTIONS = {"batch_scan": ("scan_tiles",), "trace_diff": ("diff_tiles",), "profile": ("tiles", "roofline_tiles")}
 
 
-def _filled(tp, plain: dict) -> dict:
-    """A trimmed sample completed for its typed result: a required field the trim left out gets an empty
-    value of its type (the tiles read the metrics and a few fields, which the samples keep)."""
-    empty = {tuple: [], list: [], dict: {}, str: "", int: 0, float: 0.0, bool: False}
-    required = {f.name for f in msgspec.structs.fields(tp) if f.required}
-    out = dict(plain)
-    for name, ftype, _ in record_fields(tp):
-        union = typing.get_args(ftype) if typing.get_origin(ftype) in (typing.Union, types.UnionType) else ()
-        inner = next((a for a in union if a is not type(None)), ftype)
-        if is_record(inner) and isinstance(out.get(name), dict):
-            out[name] = _filled(inner, out[name])
-        elif name in required and name not in out:
-            out[name] = (None if type(None) in union else _filled(inner, {}) if is_record(inner)
-                         else empty.get(typing.get_origin(inner) or inner))
-    return out
-
-
 def _tiles(path: Path, result: dict | None = None) -> list[Tile]:
     analysis = path.stem.split("-")[0]
     decl = ANALYSES[analysis]
     module = importlib.import_module(decl.view.partition(":")[0])
-    result = result if result is not None else json.loads(path.read_text())
-    if decl.result is not None:  # a typed analysis: its tiles take the typed result
-        result = decode(decl, _filled(decl.result, result))
+    # a typed analysis' tiles take the typed result: the trimmed sample completed and decoded
+    result = typed(analysis, result if result is not None else json.loads(path.read_text()))
     out = []
     for name in TILE_FUNCTIONS.get(analysis, ("tiles",)):
         out += getattr(module, name)(result)
@@ -187,5 +165,5 @@ def test_the_best_speed_up_tile_shows_its_interval_and_verdict():
     result = json.loads((Path(__file__).parents[1] / "data" / "tiles" / "optimize-cnn.json").read_text())
     result["metrics"].update(best_fix="channels_last", best_speedup=19.22, best_speedup_ci_low=17.5,
                              best_speedup_ci_high=21.0)
-    best = next(t for t in tiles(result) if t.label == "Best speed-up")
+    best = next(t for t in tiles(typed("optimize", result)) if t.label == "Best speed-up")
     assert tile_texts([best]) == ["x19.22"] and best.detail == "[17.50, 21.00] faster"

@@ -1,11 +1,9 @@
 """Analysis "optimize": the baseline and each chosen fix as trials, measured in the same job.
 
 Options are declared in this package's ``__init__`` (fixes, params, iters, warmup, save_artifacts)
-and arrive validated. Result: ``rows`` (baseline first; per row median_ms, p90_ms,
-throughput_per_s, first_call_ms, peak_bytes, size_bytes, speedup, size_ratio, max_abs_err,
-rel_err, cosine, top1_agreement, status ok | not_applicable | failed with ``why``, ``artifact``)
-and ``metrics`` (baseline_median_ms, best_fix, best_speedup, trials_ok, trials_failed,
-trials_not_applicable). The user's model is never changed: every trial runs on a deep copy.
+and arrive validated. Result: result.OptimizeResult, built from the trials' rows (baseline first, the
+A/A control, one per fix); while it runs, OptimizePartial (the rows so far). The user's model is never
+changed: every trial runs on a deep copy.
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ import copy
 from contextlib import nullcontext
 
 from diagnostics.analyses.optimize import ANALYSIS
+from diagnostics.analyses.optimize.result import OptimizePartial, OptimizeResult
 from diagnostics.measure.environment import environment_facts
 from diagnostics.measure.structure import forward_facts, static_facts
 from diagnostics.analyses.optimize.assess import assess
@@ -22,10 +21,11 @@ from diagnostics.analyses.optimize.train_trials import run_train_trials
 from diagnostics.analyses.optimize.trials import run_trials
 from diagnostics.measure.compare import CONTROL, METHOD, control_problem, too_few_rounds
 from diagnostics.measure.dynamo import empty_cache_codegen
+from diagnostics.results import build
 
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> OptimizeResult:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     opts = options
     loaded = ctx.loaded
@@ -44,9 +44,9 @@ def analyze(ctx, options: dict) -> dict:
     progress = lambda f, m: ctx.progress(0.1 + 0.85 * f, m)  # noqa: E731
 
     def report(rows: list[dict], stage: str) -> None:  # the rows known so far: the page and the CLI show them
-        ctx.partial({"model": loaded.spec.label, "mode": opts["mode"], "iters": opts["iters"], "stage": stage,
-                     "fixes": list(fixes),
-                     "rows": assess(copy.deepcopy(rows), opts["mode"], opts["min_cosine"], opts["min_top1"])})
+        ctx.partial(build(OptimizePartial, {
+            "model": loaded.spec.label, "mode": opts["mode"], "iters": opts["iters"], "stage": stage,
+            "fixes": list(fixes), "rows": assess(copy.deepcopy(rows), opts["mode"], opts["min_cosine"], opts["min_top1"])}))
 
     timing = {"iters": opts["iters"], "warmup": opts["warmup"], "early_stop": opts["early_stop"],
               "budget_s": opts["time_budget_s"] or None, "classifier": classifier, "progress": progress,
@@ -72,7 +72,7 @@ def analyze(ctx, options: dict) -> dict:
     measurement = [n for n in (too_few_rounds(stop.run), stop.note(), control_problem({CONTROL: control})) if n]
     import torch
 
-    return {
+    return build(OptimizeResult, {
         "model": loaded.spec.label,
         "device": str(loaded.device),
         "batch_size": loaded.batch_size,
@@ -116,7 +116,7 @@ def analyze(ctx, options: dict) -> dict:
                  + measurement
                  + ([f"The machine was busy while the trials were timed: {'; '.join(disturbance['reasons'])}. "
                      "The verdicts are low-confidence."] if disturbance["disturbed"] else []),
-    }
+    })
 
 
 def _train_note(loaded, opts: dict, threads: int) -> str:

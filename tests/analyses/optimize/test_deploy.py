@@ -224,16 +224,16 @@ def test_static_int8_capture_failure_names_the_line():
 def test_optimize_runs_both_deployment_trials_on_the_cnn(tmp_path):
     r = execute(Job("optimize", ModelSpec(name="cnn"), {"fixes": ["onnxruntime", "static_int8"], "iters": 3,
                                                         "warmup": 1}), tmp_path)
-    rows = {row["fix"]: row for row in r["rows"]}
+    rows = {row.fix: row for row in r.rows}
     assert list(rows) == ["baseline", "control", "onnxruntime", "static_int8"]
-    assert all(row["status"] == "ok" for row in rows.values()), [row["why"] for row in rows.values()]
+    assert all(row.status == "ok" for row in rows.values()), [row.why for row in rows.values()]
     onnx_row, q_row = rows["onnxruntime"], rows["static_int8"]
-    assert onnx_row["cosine"] >= 0.9999 and onnx_row["max_abs_err"] < 1e-4 and onnx_row["top1_agreement"] == 1.0
-    assert q_row["cosine"] > 0.99 and q_row["size_ratio"] < 0.35
+    assert onnx_row.cosine >= 0.9999 and onnx_row.max_abs_err < 1e-4 and onnx_row.top1_agreement == 1.0
+    assert q_row.cosine > 0.99 and q_row.size_ratio < 0.35
     onnx_file = tmp_path / "optimized_onnxruntime.onnx"
-    assert onnx_row["artifact"]["path"] == str(onnx_file)
-    assert onnx_row["size_bytes"] == os.path.getsize(onnx_file) and onnx_row["size_kind"] == "ONNX file"
-    assert q_row["artifact"]["kind"] == "pt2" and (tmp_path / "optimized_static_int8.pt2").exists()
-    assert all(row["median_ms"] > 0 for row in rows.values())
+    assert onnx_row.artifact.path == str(onnx_file)
+    assert onnx_row.size_bytes == os.path.getsize(onnx_file) and onnx_row.size_kind == "ONNX file"
+    assert q_row.artifact.kind == "pt2" and (tmp_path / "optimized_static_int8.pt2").exists()
+    assert all(row.median_ms > 0 for row in rows.values())
     # ONNX Runtime allocates outside torch: its peak is "not counted" (None), never a silent 0
-    assert onnx_row["peak_bytes"] is None and q_row["peak_bytes"] is not None
+    assert onnx_row.peak_bytes is None and q_row.peak_bytes is not None
