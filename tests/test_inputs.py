@@ -355,9 +355,9 @@ def test_the_sidebar_shows_keyword_inputs_by_name(new_app, kw_file, tmp_path):
 def test_keyword_inputs_through_compile_and_the_batch_scan(kw_file, tmp_path):
     compiled = execute(Job("compile", _spec(kw_file), {"backend": "eager", "rounds": 2, "warmup": 0, "train": True}),
                        tmp_path / "c")
-    m = compiled["metrics"]
-    assert m["graph_count"] == 1 and m["graph_break_count"] == 0 and m["fullgraph_ok"] is True
-    assert m["train_speedup"] is not None  # the training step ran compiled, keyword inputs by name
+    m = compiled.metrics
+    assert m.graph_count == 1 and m.graph_break_count == 0 and m.fullgraph_ok is True
+    assert m.train_speedup is not None  # the training step ran compiled, keyword inputs by name
     scan = execute(Job("batch_scan", _spec(kw_file), {"mode": "train", "max_batch": 16, "repeats": 1}), tmp_path / "b")
     assert [r.batch for r in scan.rows] == [1, 2, 4, 8, 16] and all(r.fits for r in scan.rows)
     assert scan.metrics.largest_batch_under_budget == 16

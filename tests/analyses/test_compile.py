@@ -10,9 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from diagnostics.analyses.compile.result import CompilePartial
 from diagnostics.errors import TorchScopeError
 from diagnostics.measure.compare import VERDICTS
 from diagnostics.measure.dynamo import parse_recompile, suggestion
+from diagnostics.results import to_json, to_plain
 from diagnostics.runner import Job, execute
 from diagnostics.spec import InputSpec, ModelSpec
 from sample_models import mlps
@@ -38,54 +40,55 @@ def test_breaks_graphs_and_ops_are_dynamos_own(breaky):
     with torch.no_grad():
         ref = torch._dynamo.explain(model)(torch.randn(32, 64))
     torch._dynamo.reset()
-    m = breaky["metrics"]
-    assert m["graph_count"] == ref.graph_count == 3
-    assert m["graph_break_count"] == ref.graph_break_count == 2
-    assert m["op_count"] == ref.op_count
-    assert [g["ops"] for g in breaky["graphs"]] == [
+    m = breaky.metrics
+    assert m.graph_count == ref.graph_count == 3
+    assert m.graph_break_count == ref.graph_break_count == 2
+    assert m.op_count == ref.op_count
+    assert [g.ops for g in breaky.graphs] == [
         sum(1 for n in g.graph.nodes if n.op in ("call_function", "call_method", "call_module")) for g in ref.graphs]
-    assert [b["reason"] for b in breaky["graph_breaks"]] == [str(r.reason).strip() for r in ref.break_reasons]
+    assert [b.reason for b in breaky.graph_breaks] == [str(r.reason).strip() for r in ref.break_reasons]
 
 
 def test_every_break_names_its_source_line_and_a_rewrite(breaky):
-    by_loc = {b["location"]: b for b in breaky["graph_breaks"]}
+    by_loc = {b.location: b for b in breaky.graph_breaks}
     item, numpy = f"mlps.py:{_line_of('h.mean().item() > 0.5')}", f"mlps.py:{_line_of('.numpy()).mean())')}"
     assert set(by_loc) == {item, numpy}
-    assert by_loc[item]["code"].startswith("if h.mean().item() > 0.5:")
-    assert by_loc[item]["reason"].startswith("Unsupported Tensor.item() call")
-    assert "torch.where" in by_loc[item]["suggestion"] and by_loc[item]["count"] == 1
-    assert by_loc[numpy]["code"].startswith("scale = float(np.abs(")
-    assert by_loc[numpy]["suggestion"]
+    assert by_loc[item].code.startswith("if h.mean().item() > 0.5:")
+    assert by_loc[item].reason.startswith("Unsupported Tensor.item() call")
+    assert "torch.where" in by_loc[item].suggestion and by_loc[item].count == 1
+    assert by_loc[numpy].code.startswith("scale = float(np.abs(")
+    assert by_loc[numpy].suggestion
 
 
 def test_compile_time_recompiles_fullgraph_and_the_interleaved_comparison(breaky):
-    m = breaky["metrics"]
-    assert m["compile_time_s"] == pytest.approx(sum(f["seconds"] for f in breaky["compile_frames"]))
-    assert m["compile_time_s"] > 0 and len(breaky["compile_frames"]) == 3  # one frame per graph
-    assert m["first_call_ms"] > m["compiled_ms"] > 0 and m["eager_ms"] > 0
-    low, high = m["speedup_ci_low"], m["speedup_ci_high"]
-    assert low <= m["speedup"] <= high and m["verdict"] in VERDICTS
+    m = breaky.metrics
+    assert m.compile_time_s == pytest.approx(sum(f.seconds for f in breaky.compile_frames))
+    assert m.compile_time_s > 0 and len(breaky.compile_frames) == 3  # one frame per graph
+    assert m.first_call_ms > m.compiled_ms > 0 and m.eager_ms > 0
+    low, high = m.speedup_ci_low, m.speedup_ci_high
+    assert low <= m.speedup <= high and m.verdict in VERDICTS
     # the speed-up is the ratio of the two times shown, and an A/A control ran beside them
-    assert m["speedup"] == pytest.approx(m["eager_ms"] / m["compiled_ms"])
-    assert breaky["timing"]["control"]["rounds"] == 6 and breaky["timing"]["control"]["verdict"] in VERDICTS
+    assert m.speedup == pytest.approx(m.eager_ms / m.compiled_ms)
+    assert breaky.timing["control"].rounds == 6 and breaky.timing["control"].verdict in VERDICTS
     # the batch x2 probe recompiles every frame on the new shape
-    assert m["recompiles"] == len(breaky["recompiles"]) >= 1
-    assert any("size mismatch" in g for r in breaky["recompiles"] for g in r["guard_failures"])
-    assert all("mark_dynamic" in r["advice"] for r in breaky["recompiles"])
-    assert m["fullgraph_ok"] is False and breaky["fullgraph_error"]
-    assert m["generated_kernels"] is None and any("inductor backend only" in n for n in breaky["notes"])
-    json.dumps(breaky)
+    assert m.recompiles == len(breaky.recompiles) >= 1
+    assert any("size mismatch" in g for r in breaky.recompiles for g in r.guard_failures)
+    assert all("mark_dynamic" in r.advice for r in breaky.recompiles)
+    assert m.fullgraph_ok is False and breaky.fullgraph_error
+    assert m.generated_kernels is None and any("inductor backend only" in n for n in breaky.notes)
+    assert isinstance(breaky.torch_version, str) and type(breaky.torch_version) is str  # not torch's TorchVersion
+    json.loads(to_json(breaky))
 
 
 def test_a_clean_model_is_one_graph(tmp_path):
     r = execute(Job("compile", ModelSpec(name="mlp"), {"backend": "eager", "rounds": 2, "recompile_probe": False}),
                 tmp_path)
-    m = r["metrics"]
-    assert (m["graph_count"], m["graph_break_count"], m["fullgraph_ok"], m["recompiles"]) == (1, 0, True, 0)
+    m = r.metrics
+    assert (m.graph_count, m.graph_break_count, m.fullgraph_ok, m.recompiles) == (1, 0, True, 0)
     # two rounds give no interval: no verdict beyond the noise, and the result says why
-    assert m["speedup_ci_low"] is None and m["verdict"] == "within noise"
-    assert any("2 rounds: no 95% interval" in n for n in r["notes"])
-    assert r["graph_breaks"] == [] and r["graphs"][0]["modules"] == ["fc1", "act1", "fc2", "act2", "head"]
+    assert m.speedup_ci_low is None and m.verdict == "within noise"
+    assert any("2 rounds: no 95% interval" in n for n in r.notes)
+    assert r.graph_breaks == () and r.graphs[0].modules == ("fc1", "act1", "fc2", "act2", "head")
 
 
 def test_torchscript_is_refused_by_name(tmp_path):
@@ -151,19 +154,19 @@ def test_breaks_and_recompiles_are_reported_before_the_compile_and_the_timing(tm
     partials, progress = [], []
     r = execute(Job("compile", ModelSpec(name="graph_break_mlp"), {"backend": "eager", "rounds": 2, "warmup": 0}),
                 tmp_path, progress=lambda f, m: progress.append(m), partial=lambda p: partials.append((len(progress), p)))
-    stages = [p["stage"] for _, p in partials]
+    assert all(isinstance(p, CompilePartial) for _, p in partials)  # typed, as they crossed the worker's pipe
+    stages = [p.stage for _, p in partials]
     assert stages == ["explain", "dynamo", "compiled"]
     first = partials[0][1]
-    assert first["graph_breaks"] == r["graph_breaks"] and first["graphs"] == r["graphs"]
-    assert first["metrics"] == {k: r["metrics"][k] for k in ("graph_count", "graph_break_count", "break_sites",
-                                                             "op_count")}
-    assert first["recompiles"] is None  # not known yet: the page says "checking"
+    assert first.graph_breaks == r.graph_breaks and first.graphs == r.graphs
+    assert to_plain(first.metrics) == {k: getattr(r.metrics, k) for k in ("graph_count", "graph_break_count",
+                                                                         "break_sites", "op_count")}
+    assert first.recompiles is None  # not known yet: the page says "checking"
     dyn = partials[1][1]
-    assert dyn["recompiles"] == r["recompiles"] and dyn["metrics"]["recompiles"] == r["metrics"]["recompiles"] == 3
-    assert dyn["metrics"]["fullgraph_ok"] is False and dyn["fullgraph_error"] == r["fullgraph_error"]
+    assert dyn.recompiles == r.recompiles and dyn.metrics.recompiles == r.metrics.recompiles == 3
+    assert dyn.metrics.fullgraph_ok is False and dyn.fullgraph_error == r.fullgraph_error
     compiled = partials[2][1]
-    assert compiled["compile_time_s"] == r["metrics"]["compile_time_s"]
+    assert compiled.compile_time_s == r.metrics.compile_time_s
     # all before the timed rounds: the page shows them while eager and compiled are timed
     timing_started = next(i for i, m in enumerate(progress) if m.startswith("eager vs compiled"))
     assert all(at <= timing_started for at, _ in partials)
-    json.dumps([p for _, p in partials])  # plain data: it crosses the worker's pipe

@@ -1,14 +1,17 @@
 """The torch.compile explorer: graph breaks with their source lines, graphs, recompiles, compile time,
-and eager vs compiled time measured interleaved (job.py)."""
+and eager vs compiled time measured interleaved (job.py); its result and its partial result (Dynamo's
+findings first) are typed in result.py."""
 
-from diagnostics.declare import Analysis, Column, Metric, Option, Table
+from diagnostics.analyses.compile.result import CompilePartial, CompileResult
+from diagnostics.declare import Analysis, Option
 
 MODES = ("default", "reduce-overhead", "max-autotune")
 BACKENDS = ("inductor", "aot_eager", "eager")
 
 ANALYSIS = Analysis(
     name="compile", title="torch.compile explorer", target="diagnostics.analyses.compile.job:analyze",
-    command="compile", exclusive=True, timeout_s=900, view="ui.views.compile:show",
+    command="compile", exclusive=True, timeout_s=900, result=CompileResult, partial=CompilePartial,
+    view="ui.views.compile:show",
     report="diagnostics.render.charts.compile:compile_sections",
     partial_text="diagnostics.render.charts.compile:dynamo_lines",
     description="graph breaks (reason, file:line, fix), graphs, recompiles, compile time, eager vs compiled",
@@ -27,35 +30,5 @@ ANALYSIS = Analysis(
                lo=1, hi=1000),
         Option("warmup", "int", 2, "untimed calls of each before timing (after the first, compiling, call)",
                lo=0, hi=100),
-    ),
-    metrics=(
-        Metric("graph_count", "count", "Graphs", "as Dynamo counts them (torch._dynamo.explain)"),
-        Metric("graph_break_count", "count", "Graph breaks"),
-        Metric("break_sites", "count", "Break sites", "distinct reason and source line"),
-        Metric("op_count", "count", "Ops captured"),
-        Metric("recompiles", "count", "Recompiles"),
-        Metric("fullgraph_ok", "bool", "Compiles with fullgraph=True"),
-        Metric("compile_time_s", "s", "Compile time", "Dynamo + backend, all frames of the first call"),
-        Metric("first_call_ms", "ms", "First compiled call"),
-        Metric("eager_ms", "ms", "Eager (time per call)", "geometric mean of the interleaved rounds' times"),
-        Metric("compiled_ms", "ms", "Compiled (time per call)", "geometric mean of the interleaved rounds' times"),
-        Metric("speedup", "ratio", "Compiled speed-up", "eager time / compiled time: the geometric mean of the "
-               "interleaved rounds' ratios", interval=("speedup_ci_low", "speedup_ci_high"), verdict="verdict"),
-        Metric("speedup_ci_low", "ratio", "Speed-up interval, low"),
-        Metric("speedup_ci_high", "ratio", "Speed-up interval, high"),
-        Metric("verdict", "text", "Verdict"),
-        Metric("train_speedup", "ratio", "Training-step speed-up",
-               interval=("train_speedup_ci_low", "train_speedup_ci_high"), verdict="train_verdict"),
-        Metric("train_speedup_ci_low", "ratio", "Training-step speed-up interval, low"),
-        Metric("train_speedup_ci_high", "ratio", "Training-step speed-up interval, high"),
-        Metric("train_verdict", "text", "Training-step verdict"),
-        Metric("generated_kernels", "count", "Generated kernels", "inductor only"),
-    ),
-    tables=(
-        Table("graph_breaks", "Graph breaks", (Column("location", "text", "file:line"),
-                                               Column("count", "count", "times hit"))),
-        Table("graphs", "Graphs", (Column("ops", "count", "ops"),)),
-        Table("recompiles", "Recompiles", ()),
-        Table("compile_frames", "Compile time per frame", (Column("seconds", "s", "compile time"),)),
     ),
 )

@@ -23,12 +23,14 @@ import torch
 import torch._dynamo
 
 from diagnostics.analyses.compile import ANALYSIS
+from diagnostics.analyses.compile.result import CompilePartial, CompileResult
 from diagnostics.errors import ModelRunError, TorchScopeError
 from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import CONTROL, METHOD, control_problem, interleaved, too_few_rounds
 from diagnostics.measure.dynamo import compile_seconds, empty_cache_codegen, explain, watch_recompiles
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.timer import sync
+from diagnostics.results import build
 
 #: The backend of the first pass: Dynamo's graphs run as they are, nothing generated.
 LIGHT_BACKEND = "eager"
@@ -77,19 +79,21 @@ def _dynamo_pass(model, loaded, o: dict, notes: list[str]) -> dict:
     return out
 
 
-def _dynamo_partial(result: dict, ex: dict, dyn: dict | None, o: dict) -> dict:
-    """What the page shows before the compile and the timing: Dynamo's graphs, breaks and recompiles."""
+def _dynamo_partial(result: dict, ex: dict, dyn: dict | None, o: dict, **compiled) -> CompilePartial:
+    """What the page shows before the compile and the timing: Dynamo's graphs, breaks and recompiles (and,
+    ``compiled``, the compile time and the first call)."""
     metrics = {"graph_count": ex["graph_count"], "graph_break_count": ex["graph_break_count"],
                "break_sites": len(ex["graph_breaks"]), "op_count": ex["op_count"]}
     if dyn is not None:
         metrics.update(recompiles=len(dyn["recompiles"]), fullgraph_ok=dyn["fullgraph_ok"])
-    return {**result, "options": o, "stage": "dynamo" if dyn is not None else "explain", "metrics": metrics,
-            "graph_breaks": ex["graph_breaks"], "graphs": ex["graphs"],
-            "recompiles": None if dyn is None else dyn["recompiles"],
-            "fullgraph_error": None if dyn is None else dyn["fullgraph_error"]}
+    stage = "compiled" if compiled else "dynamo" if dyn is not None else "explain"
+    return build(CompilePartial, {
+        **result, "options": o, "stage": stage, "metrics": metrics, "graph_breaks": ex["graph_breaks"],
+        "graphs": ex["graphs"], "recompiles": None if dyn is None else dyn["recompiles"],
+        "fullgraph_error": None if dyn is None else dyn["fullgraph_error"], **compiled})
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> CompileResult:
     o = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     loaded = ctx.loaded
     model, inputs, device = loaded.model, loaded.inputs, loaded.device
@@ -138,8 +142,8 @@ def analyze(ctx, options: dict) -> dict:
             first_ms = (time.perf_counter() - t0) * 1e3
             frames = compile_seconds()[frames_before:]
             kernels = _kernel_count()
-            ctx.partial(dict(_dynamo_partial(result, ex, dyn, o), stage="compiled",
-                             compile_time_s=sum(frames) if frames else None, first_call_ms=first_ms))
+            ctx.partial(_dynamo_partial(result, ex, dyn, o, compile_time_s=sum(frames) if frames else None,
+                                        first_call_ms=first_ms))
             ctx.progress(0.55, f"eager vs compiled: {o['rounds']} interleaved rounds")
             cmp = interleaved({"eager": eager_call, "compiled": compiled_call}, device, o["rounds"], o["warmup"],
                               batch_size=loaded.batch_size, control=True,
@@ -183,7 +187,7 @@ def analyze(ctx, options: dict) -> dict:
         "generated_kernels": generated,
     }
     ctx.progress(1.0, "done")
-    return {
+    return build(CompileResult, {
         **result, "options": o, "metrics": metrics,
         "graph_breaks": ex["graph_breaks"], "graphs": ex["graphs"], "recompiles": recompiles,
         "compile_frames": [{"frame": i, "seconds": s} for i, s in enumerate(frames)],
@@ -191,8 +195,8 @@ def analyze(ctx, options: dict) -> dict:
         "timing": {k: {kk: v[kk] for kk in ("median_ms", "p90_ms", "time_ms", "speedup", "speedup_ci", "verdict",
                                               "rounds", "round_ms")} for k, v in cmp.items()},
         "train_timing": train, "timing_cv": cmp["eager"]["cv"],
-        "torch_version": torch.__version__, "notes": notes,
-    }
+        "torch_version": str(torch.__version__), "notes": notes,  # a str, not torch's TorchVersion
+    })
 
 
 def _kernel_count() -> int | None:
