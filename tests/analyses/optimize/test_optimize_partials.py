@@ -85,3 +85,29 @@ def test_every_fix_decided_stops_the_comparison_and_off_runs_every_round(tmp_pat
     off, _ = _run(tmp_path / "off", monkeypatch, fixes=["torchscript"], iters=20, early_stop=False)
     assert off.timing_stop.run == 20 and off.rows[0].rounds == 20
     assert {r.fix: r.verdict for r in off.rows} == {r.fix: r.verdict for r in result.rows}
+
+
+def test_partials_cross_the_workers_pipe_typed_and_the_cli_prints_each_line_once(tmp_path):
+    """Through a real worker: run_job's on_partial gets OptimizePartial (encoded in the worker, decoded in the
+    runner: one serialisation), and the CLI's printer (the declared partial_text) prints each line once."""
+    import io
+
+    from diagnostics.cli.main import ProgressBar, partial_printer
+    from diagnostics.runner import run_job
+
+    out = io.StringIO()
+    show, finish = partial_printer("optimize", ProgressBar("optimize", enabled=False), out)
+    seen = []
+    outcome = run_job(Job("optimize", ModelSpec(name="mlp", batch_size=4),
+                          {"fixes": ["inference_mode", "conv_bn_fusion"], "iters": 2, "warmup": 0,
+                           "save_artifacts": False}),
+                      artifact_dir=tmp_path, on_partial=lambda p: (seen.append(p), show(p)))
+    assert outcome.status == "ok", outcome.error
+    assert seen and all(isinstance(p, OptimizePartial) for p in seen)
+    finish(outcome.result)
+    lines = out.getvalue().splitlines()
+    assert lines[:3] == [
+        f"  Baseline (eval, no_grad): built · cosine 1.0000 · top-1 100.0 % · first call {lines[0].rsplit(' call ', 1)[1]}",
+        lines[1], "  Conv-BN fusion: not applicable: no BatchNorm layers"]
+    assert lines[1].startswith("  inference_mode: built · cosine 1.0000") and len(lines) == len(set(lines)) == 5
+    assert lines[4].startswith("  inference_mode: ") and lines[4].endswith("(no interval), within noise")
