@@ -226,11 +226,23 @@ def missing_as(df, config: dict, texts: dict[str, str]):
     return df, config
 
 
-def chart_key(view: str, result: dict, n: int) -> str:
+#: What tells two results of a view apart for chart_key: the file or folder they were read from.
+CHART_IDENTITY = ("path", "name", "files", "alignment")
+
+
+def chart_key(view: str, result, n: int) -> str:
     """A chart's widget key, unique per (view, result, chart): two results shown on one page (a trace and a
-    ranks folder) and two empty figures in one view (a CPU-only trace) would otherwise share an id."""
+    ranks folder) and two empty figures in one view (a CPU-only trace) would otherwise share an id.
+    ``result``: a typed result or a part of one (its CHART_IDENTITY fields; one it lacks or leaves unset counts
+    as None), or a plain dict (a part the trace layer keeps as one)."""
     import hashlib
     import json
 
-    ident = json.dumps([result.get(k) for k in ("path", "name", "files", "alignment")], default=str)
+    from diagnostics.results import UNSET
+
+    def field(key: str):
+        value = result.get(key) if isinstance(result, dict) else getattr(result, key, None)
+        return None if value is UNSET else value
+
+    ident = json.dumps([field(k) for k in CHART_IDENTITY], default=str)
     return f"{view}-{hashlib.sha1(ident.encode()).hexdigest()[:10]}-{n}"
