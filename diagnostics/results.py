@@ -135,20 +135,25 @@ def to_json(result, indent: int | None = None) -> str:
     return json.dumps(to_plain(result), indent=indent, default=str)
 
 
+def _decoded(analysis: Analysis, rtype: type | None, plain, what: str):
+    """``plain`` as ``rtype`` (None: as it is), checked; a ResultError names the analysis, ``what`` it is
+    (its result, its partial result), the type and the field that does not fit."""
+    if rtype is None or plain is None or isinstance(plain, rtype):
+        return plain
+    if not isinstance(plain, dict):
+        raise ResultError(f"a {analysis.name} {what} must be a JSON object, not {type(plain).__name__}")
+    try:
+        return msgspec.convert(plain, rtype)
+    except msgspec.ValidationError as e:
+        raise ResultError(f"this {analysis.name} {what} does not fit {rtype.__name__}: {e}") from None
+
+
 def decode(analysis: Analysis, plain):
     """``plain`` (from the worker, the store or a result.json) as ``analysis``' typed result.
 
     An analysis without a result type gets its plain dict back; a typed result is returned as it is.
     Raises ResultError naming the analysis, the type and the field that does not fit."""
-    rtype = analysis.result
-    if rtype is None or plain is None or isinstance(plain, rtype):
-        return plain
-    if not isinstance(plain, dict):
-        raise ResultError(f"a {analysis.name} result must be a JSON object, not {type(plain).__name__}")
-    try:
-        return msgspec.convert(plain, rtype)
-    except msgspec.ValidationError as e:
-        raise ResultError(f"this {analysis.name} result does not fit {rtype.__name__}: {e}") from None
+    return _decoded(analysis, analysis.result, plain, "result")
 
 
 def _unknown(given, kept, path: str) -> list[str]:
@@ -188,15 +193,7 @@ def checked(analysis: Analysis, result):
 def decode_partial(analysis: Analysis, plain):
     """A running job's partial result (ctx.partial; from the worker's pipe) as ``analysis``' declared
     ``partial`` type; a plain dict where it declares none. Raises ResultError naming the field."""
-    ptype = analysis.partial
-    if ptype is None or plain is None or isinstance(plain, ptype):
-        return plain
-    if not isinstance(plain, dict):
-        raise ResultError(f"a {analysis.name} partial result must be a JSON object, not {type(plain).__name__}")
-    try:
-        return msgspec.convert(plain, ptype)
-    except msgspec.ValidationError as e:
-        raise ResultError(f"this {analysis.name} partial result does not fit {ptype.__name__}: {e}") from None
+    return _decoded(analysis, analysis.partial, plain, "partial result")
 
 
 def checked_partial(analysis: Analysis, partial):

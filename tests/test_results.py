@@ -168,3 +168,28 @@ def test_a_job_building_its_result_from_a_dict_may_not_write_undeclared_keys():
         build(DemoResult, dict(plain, layers=[dict(plain["layers"][0], flop=3)]))
     with pytest.raises(ResultError, match=r"the result does not fit DemoResult: Expected `str`, got `int` - at `\$.model`"):
         build(DemoResult, dict(plain, model=3))
+
+
+class DemoPartial(Record, frozen=True, kw_only=True):
+    stage: str
+    layers: tuple[Layer, ...]
+    total_bytes: int | UnsetType = UNSET
+
+
+def test_a_partial_result_has_its_own_declared_type_and_the_same_serialisation():
+    from diagnostics.results import checked_partial, decode_partial
+
+    with_partial = Analysis("demo", "Demo", "x:y", result=DemoResult, partial=DemoPartial, view="ui.views.validate:show")
+    sent = DemoPartial(stage="built", layers=(Layer(name="fc", params=10, flops=None),))
+    got = checked_partial(with_partial, sent)  # what the worker's pipe and the runner make of it
+    assert got == sent and to_plain(got) == {"stage": "built", "layers": [{"name": "fc", "params": 10, "flops": None,
+                                                                           "shape": None}]}
+    assert decode_partial(with_partial, to_plain(got)) == sent
+    with pytest.raises(ResultError, match=r"this demo partial result does not fit DemoPartial: Expected `int`, "
+                                          r"got `str` - at `\$.total_bytes`"):
+        decode_partial(with_partial, {"stage": "built", "layers": [], "total_bytes": "40"})
+    with pytest.raises(ResultError, match="demo reported a DemoResult, not its partial type DemoPartial"):
+        checked_partial(with_partial, demo())
+    assert decode_partial(DEMO, {"stage": "x"}) == {"stage": "x"}  # no partial type declared: a plain dict
+    with pytest.raises(ValueError, match="its partial result type must be a Struct or a dataclass"):
+        Analysis("demo", "Demo", "x:y", partial=dict, view="ui.views.validate:show")

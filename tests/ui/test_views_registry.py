@@ -89,6 +89,13 @@ def test_a_broken_report_layout_or_text_fails_by_name(planted):
     planted("txt", "planted_views:show", text="planted_views:wrong")
     with pytest.raises(RegistrationError, match=r"the CLI text of txt: planted_views:wrong takes dict"):
         layouts.text_of("txt")
+    # the lines while a job runs are given its partial result, then the final one: it must take both
+    from tests.test_results import DemoPartial
+
+    planted("part", "planted_views:show", partial=DemoPartial, partial_text="planted_views:show")
+    with pytest.raises(RegistrationError, match=r"the partial CLI text of part: planted_views:show takes DemoResult, "
+                                                r"not the analysis' result type DemoPartial"):
+        layouts.partial_text_of("part")
 
 
 @pytest.mark.parametrize("registry", ["ui.views", "diagnostics.render.layouts"])
