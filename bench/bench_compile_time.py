@@ -46,7 +46,7 @@ def job_phases() -> dict:
     partials: list[tuple[float, str]] = []
     t0 = time.perf_counter()
     out = run_job(Job("compile", ModelSpec(name="mlp"), {}), on_progress=lambda f, m: marks.append(
-        (time.perf_counter() - t0, m)), on_partial=lambda p: partials.append((time.perf_counter() - t0, p["stage"])))
+        (time.perf_counter() - t0, m)), on_partial=lambda p: partials.append((time.perf_counter() - t0, p.stage)))
     total = time.perf_counter() - t0
     assert out.ok, out.error
 
@@ -58,7 +58,7 @@ def job_phases() -> dict:
     return {"total_s": total, "start_and_load_s": explain, "explain_s": light - explain,
             "light_pass_s": compiling - light, "compile_s": timing - compiling, "timing_s": total - timing,
             "breaks_shown_at_s": partials[0][0], "recompiles_shown_at_s": partials[1][0],
-            "compile_time_s": out.result["metrics"]["compile_time_s"]}
+            "compile_time_s": out.result.metrics.compile_time_s}
 
 
 CHILD = r"""

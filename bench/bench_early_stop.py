@@ -37,6 +37,7 @@ def uptime() -> str:
 
 def whole_job(early: bool, iters: int) -> dict:
     from diagnostics.runner import Job, run_job
+    from diagnostics.results import given
     from diagnostics.spec import ModelSpec
 
     marks = {}
@@ -52,9 +53,9 @@ def whole_job(early: bool, iters: int) -> dict:
     end = time.perf_counter()
     assert out.ok, out.error
     r = out.result
-    return {"wall_s": end - t0, "timing_s": end - marks.get("timing", end), "rounds": r["timing_stop"]["run"],
-            "verdicts": {row["fix"]: row["verdict"] for row in r["rows"] if row["fix"] != "baseline"},
-            "decided": sum(row.get("decided_at") is not None for row in r["rows"])}
+    return {"wall_s": end - t0, "timing_s": end - marks.get("timing", end), "rounds": r.timing_stop.run,
+            "verdicts": {row.fix: row.verdict for row in r.rows if row.fix != "baseline"},
+            "decided": sum(given(row.decided_at) for row in r.rows)}
 
 
 def timing_pairs(pairs: int, iters: int) -> list[tuple[dict, dict]]:

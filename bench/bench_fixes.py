@@ -41,6 +41,7 @@ def run(device: str, iters: int, warmup: int, with_compile: bool) -> tuple[str, 
     import torch
 
     from diagnostics.analyses.optimize.catalog import FIX_IDS
+    from diagnostics.results import to_plain
     from diagnostics.runner import Job, execute
     from diagnostics.spec import ModelSpec
 
@@ -50,9 +51,9 @@ def run(device: str, iters: int, warmup: int, with_compile: bool) -> tuple[str, 
              "notes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     t0 = time.perf_counter()
     for name in SAMPLES:
-        r = execute(Job("optimize", ModelSpec(name=name, device=device),
-                        {"fixes": fixes, "iters": iters, "warmup": warmup, "save_artifacts": False}),
-                    Path(tempfile.mkdtemp(prefix="bench-fixes-")))
+        r = to_plain(execute(Job("optimize", ModelSpec(name=name, device=device),  # the plain form, as --json prints it
+                                 {"fixes": fixes, "iters": iters, "warmup": warmup, "save_artifacts": False}),
+                             Path(tempfile.mkdtemp(prefix="bench-fixes-"))))
         for row in r["rows"]:
             note = row["why"] or "; ".join(n for n in row["notes"] if "zero weights" in n or "torch" in n)[:90]
             lines.append(
@@ -135,6 +136,7 @@ def run_train(device: str, iters: int, warmup: int, with_compile: bool) -> tuple
     import torch
 
     from diagnostics.analyses.optimize.catalog import TRAIN_FIX_IDS
+    from diagnostics.results import to_plain
     from diagnostics.runner import Job, execute
     from diagnostics.spec import ModelSpec
 
@@ -144,9 +146,10 @@ def run_train(device: str, iters: int, warmup: int, with_compile: bool) -> tuple
              "loss rel. diff | grad cosine | notes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     t0 = time.perf_counter()
     for name in TRAIN_SAMPLES:
-        r = execute(Job("optimize", ModelSpec(name=name, device=device),
-                        {"mode": "train", "fixes": fixes, "iters": iters, "warmup": warmup, "optimizer": "adamw"}),
-                    Path(tempfile.mkdtemp(prefix="bench-train-")))
+        r = to_plain(execute(Job("optimize", ModelSpec(name=name, device=device),  # the plain form, as --json prints it
+                                 {"mode": "train", "fixes": fixes, "iters": iters, "warmup": warmup,
+                                  "optimizer": "adamw"}),
+                             Path(tempfile.mkdtemp(prefix="bench-train-"))))
         bare = bare_loop_ms(name, device, max(5, iters))
         base = r["rows"][0]
         lines.append(f"| {name} (b={r['batch_size']}) | *peer: bare PyTorch loop* | ok | {bare:.3f} | – | – | – | – | "

@@ -5,6 +5,7 @@ from diagnostics.render.charts.checklist import build_score_gauge_figure, build_
 from diagnostics.render.charts.optimize import (build_fidelity_figure, build_latency_figure, build_size_figure,
                                          build_speedup_figure)
 from tests.checklist.sample_facts import healthy, set_path
+from tests.typed_samples import typed
 
 
 def test_checklist_figures():
@@ -25,9 +26,9 @@ def _row(fix, status="ok", median=10.0, p90=12.0, size=2**20, err=1e-3):
 
 
 def test_optimize_figures():
-    r = {"batch_size": 8, "rows": [_row("baseline", err=0.0), _row("torchscript", median=5.0, p90=6.0),
-                                   _row("int8_dynamic", median=20.0, p90=30.0, size=2**18),
-                                   _row("channels_last", status="not_applicable")]}
+    r = typed("optimize", {"batch_size": 8, "rows": [_row("baseline", err=0.0), _row("torchscript", median=5.0, p90=6.0),
+                                                     _row("int8_dynamic", median=20.0, p90=30.0, size=2**18),
+                                                     _row("channels_last", status="not_applicable")]})
     lat = build_latency_figure(r)
     assert list(lat.data[0].x) == [10.0, 5.0, 20.0]
     assert list(lat.data[0].error_x.array) == [2.0, 1.0, 10.0]
