@@ -369,13 +369,12 @@ MAX_SPARE_WORKERS = 4
 #: ``TORCHSCOPE_SPARE_WORKERS``: how many spares the dashboard keeps (0 turns them off).
 SPARES_ENV = "TORCHSCOPE_SPARE_WORKERS"
 #: What a spare imports while it waits: torch, the loader, the samples, and the jobs of the Model
-#: page and of the upload check, with torch._dynamo: torch's FlopCounterMode imports it on its first
-#: count (not at import), 1-2 s that every Model page's job paid after the spare was ready (+68 MiB
-#: unique memory per spare). Nothing that keeps a cache folder read from the environment at import
-#: (dynamo's import reads tempfile.gettempdir(), which sandbox.prepare_temp resets for the job).
+#: page and of the upload check. Not torch._dynamo (1-2 s, +68 MiB per spare): torch's FlopCounterMode
+#: imported it at its first count, our counter's mode (measure.flops) does not, so the first session of
+#: a just-started server no longer waits for it. Nothing that keeps a cache folder read from the
+#: environment at import (dynamo's import reads tempfile.gettempdir(), which sandbox.prepare_temp resets).
 SPARE_PRELOAD = ("torch", "diagnostics.intake", "sample_models.convnets", "sample_models.mlps", "sample_models.sequence",
-                 "diagnostics.analyses.summary.job",
-                 "diagnostics.analyses.validate.job", "torch._dynamo",
+                 "diagnostics.analyses.summary.job", "diagnostics.analyses.validate.job",
                  # imported lazily by torch when a dispatch mode (the FLOP counter) is entered
                  "torch._subclasses.schema_check_mode")
 #: The next spare starts this long after the last job of the process ended (and none runs): the
