@@ -66,7 +66,7 @@ def train_for(setup: TrainSetup, inputs: tuple, steps: int, device) -> tuple[lis
     losses, grads, first = [], None, 0.0
     for i in range(steps):
         t0 = time.perf_counter()
-        losses.append(float(setup.step(inputs)))
+        losses.append(float(setup.step(inputs=inputs)))
         sync(device)
         if i == 0:
             first = time.perf_counter() - t0
@@ -172,8 +172,8 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
         setup = setups.get(row["fix"])
         if setup is None:
             continue
-        setup.optimizer.zero_grad(set_to_none=True)
-        peak = measure_peak(lambda: setup.step(inputs), device, resident_bytes(setup, inputs))
+        setup.step.zero_grad()  # the step starts with no gradients, as a training loop's does
+        peak = measure_peak(lambda: setup.step(inputs=inputs), device, resident_bytes(setup, inputs))
         row["peak_bytes"] = int(peak.peak_bytes)
         if row["size_bytes"] is None:
             row["size_bytes"], row["size_kind"] = serialized_bytes(setup.model)
@@ -184,7 +184,7 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
 
     report_rows(rows, f"trained {len(fixes)} of {len(fixes)} fixes, peak memory measured; timing")
     progress(0.6, f"timing {len(setups)} training steps and the A/A control in interleaved rounds")
-    calls = {k: (lambda s=s: s.step(inputs)) for k, s in setups.items()}
+    calls = {k: (lambda s=s: s.step(inputs=inputs)) for k, s in setups.items()}
     try:
         with watch() as w:
             r, stop = timed_rounds(calls, device, iters, warmup, batch_size=batch, control=True,
