@@ -18,7 +18,6 @@ Rows are reported as they come (``report``), as inference trials report theirs (
 from __future__ import annotations
 
 import copy
-import time
 from typing import Callable
 
 import torch
@@ -33,7 +32,7 @@ from diagnostics.measure.compare import Stop, timed_rounds
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import SavedTensorTracker, measure_peak
 from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
-from diagnostics.measure.timer import sync
+from diagnostics.measure.timer import timed
 
 SEED = 0
 
@@ -63,15 +62,15 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
 
 def train_for(setup: TrainSetup, inputs: tuple, steps: int, device) -> tuple[list[float], torch.Tensor, float]:
     """``steps`` steps; the losses, the gradients after the first step and the first step's seconds."""
-    losses, grads, first = [], None, 0.0
+    losses, grads, first_ms = [], None, 0.0
     for i in range(steps):
-        t0 = time.perf_counter()
-        losses.append(float(setup.step(inputs=inputs)))
-        sync(device)
         if i == 0:
-            first = time.perf_counter() - t0
+            first_ms, loss = timed(lambda: setup.step(inputs=inputs), device)
             grads = grad_vector(setup.params)
-    return losses, grads, first
+        else:
+            loss = setup.step(inputs=inputs)
+        losses.append(float(loss))
+    return losses, grads, first_ms / 1e3
 
 
 def resident_bytes(setup: TrainSetup, inputs: tuple) -> int:

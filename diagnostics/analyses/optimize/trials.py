@@ -26,7 +26,7 @@ from torch import nn
 from diagnostics.measure.compare import CONTROL, Rounds, Stop, control_problem, timed_rounds
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import added_peak_bytes
-from diagnostics.measure.timer import sync
+from diagnostics.measure.timer import timed
 from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.analyses.optimize.fixes import FixNotApplicable, trace
 from diagnostics.errors import explain
@@ -130,14 +130,11 @@ def _call(model: nn.Module, inputs: tuple) -> Callable[[], object]:
 def prepare(model: nn.Module, inputs: tuple, device: torch.device) -> tuple[dict, object]:
     """First call (compiles, if the fix compiles), peak memory and size on disk; not the latency."""
     call = _call(model, inputs)
-    t0 = time.perf_counter()
-    out = call()
-    sync(device)
-    first = time.perf_counter() - t0
+    first_ms, out = timed(call, device)
     # a candidate whose memory torch cannot see (an ONNX Runtime session) says so: "not counted", never 0
     peak = added_peak_bytes(call, device) if getattr(model, "peak_counted", True) else None
     size, kind = serialized_bytes(model)
-    return {"first_call_ms": first * 1e3, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
+    return {"first_call_ms": first_ms, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
 
 
 #: While the rounds run, the rows are reported at most this often (and whenever a fix is decided).
