@@ -16,7 +16,6 @@ Dynamo's, whatever the backend.
 
 from __future__ import annotations
 
-import time
 from contextlib import ExitStack
 
 import torch
@@ -28,7 +27,7 @@ from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import CONTROL, METHOD, control_problem, interleaved, too_few_rounds
 from diagnostics.measure.dynamo import compile_seconds, empty_cache_codegen, explain, watch_recompiles
 from diagnostics.measure.state import restored_state
-from diagnostics.measure.timer import sync
+from diagnostics.measure.timer import time_once
 
 #: The backend of the first pass: Dynamo's graphs run as they are, nothing generated.
 LIGHT_BACKEND = "eager"
@@ -128,14 +127,11 @@ def analyze(ctx, options: dict) -> dict:
                 return call_model(compiled, inputs)
 
         with watch_recompiles() as recompiles:  # any the user's backend adds while it runs
-            t0 = time.perf_counter()
             try:
-                compiled_call()
-                sync(device)
+                first_ms = time_once(compiled_call, device)
             except Exception as e:
                 raise ModelRunError(f"the compiled model failed on its first call ({o['backend']}): "
                                     f"{_first_line(e)}") from e
-            first_ms = (time.perf_counter() - t0) * 1e3
             frames = compile_seconds()[frames_before:]
             kernels = _kernel_count()
             ctx.partial(dict(_dynamo_partial(result, ex, dyn, o), stage="compiled",
