@@ -128,7 +128,7 @@ def main() -> None:
     # one untimed round each, so imports and first-call costs are not in the figures
     bare(tmp)
     job_in_process(tmp)
-    # As the runner's worker does once torch is loaded (diagnostics/runner.py): what is loaded now
+    # As the runner's worker does once torch is loaded (diagnostics/runner/worker.py): what is loaded now
     # is out of the collector's reach, for both sides alike. Without it a full collection (0.2 s,
     # scanning torch's ~300k objects) lands in whichever side tips the threshold, mostly the job.
     gc.freeze()

@@ -89,7 +89,7 @@ def compare_tab() -> None:
         return
     show_comparison(comparison)
     if comparison["traces"]:
-        from diagnostics.analyses.trace.job import file_stamp
+        from diagnostics.trace.cache import stamp as file_stamp
 
         st.markdown("**Trace diff** of the two runs' profiler traces (operators and kernels added, removed, "
                     "faster, slower)")

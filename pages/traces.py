@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from diagnostics.analyses.trace.job import file_stamp
+from diagnostics.trace.cache import stamp as file_stamp
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import safe_mode
 from diagnostics.uploads import save_upload

@@ -41,7 +41,7 @@ CANCELLED_BEFORE_START = "cancelled: stopped by the user before it started"
 
 
 class CancelEvent(threading.Event):
-    """run_job's cancel event, with the reason stored for the run (diagnostics.runner._cancel_reason)."""
+    """run_job's cancel event, with the reason stored for the run (diagnostics.runner.job._cancel_reason)."""
 
     reason: str | None = None
 
@@ -58,7 +58,7 @@ class Snapshot:
     elapsed_s: float  # since it started running (0 while queued)
     cancelling: bool
     outcome: JobOutcome | None
-    partial: dict | None = None  # the job's latest partial result (ctx.partial), while it runs
+    partial: object = None  # the job's latest partial result (ctx.partial: its declared type), while it runs
 
     @property
     def done(self) -> bool:
@@ -75,7 +75,7 @@ class BackgroundJob:
         self.cancel_event = CancelEvent()
         self._lock = threading.Lock()
         self._state, self._fraction, self._message = QUEUED, 0.0, ""
-        self._partial: dict | None = None
+        self._partial: object = None
         self._started = self._finished = None
         self._outcome: JobOutcome | None = None
 
@@ -88,7 +88,7 @@ class BackgroundJob:
         with self._lock:
             self._fraction, self._message = float(fraction), str(message)
 
-    def _partial_result(self, result: dict) -> None:
+    def _partial_result(self, result) -> None:
         with self._lock:
             self._partial = result
 

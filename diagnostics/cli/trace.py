@@ -38,7 +38,7 @@ def add_trace_options(parser) -> None:
 def trace_job(args) -> tuple[str, dict]:
     """(analysis, options) for ``trace analyze`` / ``trace diff``; options as the Trace explorer page sends
     them, so the run is the same job. Raises TorchScopeError naming a file that is not there (exit 2)."""
-    from diagnostics.analyses.trace.job import file_stamp
+    from diagnostics.trace.cache import stamp as file_stamp
 
     if args.trace_command == "analyze":
         paths = _paths(args)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 import math
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -325,6 +326,30 @@ class _Tracker(ModuleTracker):
         self._starts.clear()
 
 
+def _mode_without_dynamo():
+    """torch's inner counting mode, its ``__torch_dispatch__`` not wrapped in ``torch._disable_dynamo``:
+    that wrapper imports torch._dynamo at the first op counted (about a second, and the most of a Model
+    page's first job beyond torch itself) only to keep torch.compile from tracing the counter. Used while
+    dynamo is not imported (nothing compiled can be running then); None where torch lays it out otherwise."""
+    try:
+        from torch.utils.flop_counter import _FlopCounterMode
+        raw = _FlopCounterMode.__dict__["__torch_dispatch__"].__wrapped__
+    except (ImportError, KeyError, AttributeError):
+        return None
+
+    class _Mode(_FlopCounterMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False  # keeps __init_subclass__ from wrapping it again
+
+        __torch_dispatch__ = raw
+
+    return _Mode
+
+
+_NO_DYNAMO_MODE = _mode_without_dynamo()
+
+
 class FlopCounter(FlopCounterMode):
     """FlopCounterMode with ``formulas()`` that records the ops it cannot count (see the module doc)."""
 
@@ -335,7 +360,13 @@ class FlopCounter(FlopCounterMode):
 
     def __enter__(self):
         self._not_counted.clear()
-        return super().__enter__()
+        if _NO_DYNAMO_MODE is None or "torch._dynamo" in sys.modules:
+            return super().__enter__()
+        self.flop_counts.clear()  # FlopCounterMode.__enter__, with the mode that leaves dynamo unimported
+        self.mod_tracker.__enter__()
+        self.mode = _NO_DYNAMO_MODE(self)
+        self.mode.__enter__()
+        return self
 
     def _count_flops(self, func_packet, out, args, kwargs):
         formula = self.flop_registry.get(func_packet)

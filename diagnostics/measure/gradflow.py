@@ -23,7 +23,7 @@ from diagnostics.measure.gradient_health import (ACTIVATION_FLAG_FRACTION, LAYER
                                                  summarize_layers)
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.tensors import tensor_key
-from diagnostics.measure.training import make_optimizer
+from diagnostics.measure.training import Step
 from diagnostics.errors import TorchScopeError
 
 _RELUS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU)
@@ -265,21 +265,24 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
     progress(0.05, "training steps with gradient hooks")
     with restored_state(model):
         model.train()
-        opt = make_optimizer([p for _, p in params.values()], o["optimizer"], o["lr"])
+        train_step = Step(loaded, True, o["optimizer"], o["lr"], params=[p for _, p in params.values()])
+
+        def read_grads(sink: dict, before: dict) -> None:
+            """After backward (the hooks read the gradients as they came): fold a tied weight's gradients,
+            read those, and keep the weights the optimizer step is about to change."""
+            fold_aliases(params, aliases)
+            for pid in aliases:
+                layer, p = params[pid]
+                if p.grad is not None:
+                    add_grad_stats(sink, layer, p.grad)
+            before.update({pid: p.detach().clone() for pid, (_, p) in params.items()})
+
         with forward_order_hooks(model, order), activation_hooks(model, acts):
             for step in range(o["steps"]):
                 sink: dict[str, dict] = {}
-                opt.zero_grad(set_to_none=True)
+                before: dict[int, torch.Tensor] = {}
                 with grad_hooks(params, sink, frozenset(aliases)):
-                    loss = loaded.loss_fn(loaded.forward())
-                    loss.backward()
-                fold_aliases(params, aliases)
-                for pid in aliases:
-                    layer, p = params[pid]
-                    if p.grad is not None:
-                        add_grad_stats(sink, layer, p.grad)
-                before = {pid: p.detach().clone() for pid, (_, p) in params.items()}
-                opt.step()
+                    loss = train_step(after_backward=lambda: read_grads(sink, before))
                 with torch.no_grad():
                     upd: dict[str, list[float]] = {}
                     for pid, (layer, p) in params.items():
@@ -290,7 +293,7 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
                         u[1] += w
                 del before
                 per_step.append({"sink": sink, "upd": upd})
-                losses.append(_finite(loss.detach()))
+                losses.append(_finite(loss))
                 progress(0.05 + 0.85 * (step + 1) / o["steps"], f"step {step + 1} / {o['steps']}")
 
     progress(0.92, "classifying layers")

@@ -21,6 +21,7 @@ bytes moved per step, measured time), and how far from its roof each one ran.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Callable
 
@@ -51,6 +52,13 @@ CACHE_COPY_BYTES = 256 << 10
 #: a small machine (36 GFLOP/s here while 512 x 512 ran at 204), and a convolution whose working set
 #: stays in cache then ran above the "roof" (issue #31): the roof is the best rate of any size.
 GEMM_SIZES = {"cpu": (256, 512, 1024), "cuda": (4096, 8192)}
+#: Channels of the 1x1 convolutions (over a CONV_HW x CONV_HW image, batch 1) that also measure the compute
+#: roof on the CPU: torch.mm runs MKL's sgemm, which on AMD CPUs keeps to its AVX2 code, while
+#: convolutions, LSTMs and linear layers through oneDNN run AVX-512 kernels (on the 2-core EPYC here: mm at
+#: 200 GFLOP/s at best, a 1x1 convolution at 350; the CI saw a convolution, an LSTM layer and whole
+#: modules "above their roof", MFU 1.2). The roof is the best rate of either library.
+CONV_CHANNELS = {"cpu": (256, 512), "cuda": ()}
+CONV_HW = 32
 #: Bytes moved per call (read + write) of the copies that measure memory bandwidth per working-set
 #: size: an op is held to the best bandwidth of a copy moving at least as many bytes per call as it
 #: does (its data fits no faster level than that copy's), the largest copy being DRAM's.
@@ -79,7 +87,8 @@ def measure_roofs(device: torch.device | str, dtype: torch.dtype = torch.float32
     device = torch.device(device)
     cuda = device.type == "cuda"
     kind = "cuda" if cuda else "cpu"
-    rates = {n: _gemm_rate(n, device, dtype, reps) for n in GEMM_SIZES[kind]}
+    rates = {str(n): _gemm_rate(n, device, dtype, reps) for n in GEMM_SIZES[kind]}
+    rates.update({f"conv1x1 c{c}": _conv_rate(c, device, dtype, reps) for c in CONV_CHANNELS[kind]})
     best_n = max(rates, key=rates.get)
     curve = [[moved, _copy_rate(moved // 8, device, reps, repeat=max(1, COPY_MIN_BYTES // moved))]
              for moved in COPY_BYTES[kind]]
@@ -92,10 +101,13 @@ def measure_roofs(device: torch.device | str, dtype: torch.dtype = torch.float32
     return {"device": str(device), "device_name": name, "dtype": dt,
             "threads": torch.get_num_threads(), "peak_flops": peak, "bandwidth_bytes_per_s": bandwidth,
             "cache_bandwidth_bytes_per_s": curve[0][1], "cache_op_bytes": CACHE_OP_BYTES,
-            "bandwidth_curve": curve, "gemm_rates": {str(n): r for n, r in rates.items()},
+            "bandwidth_curve": curve, "gemm_rates": rates,
             "ridge_intensity": peak / bandwidth,
             "method": f"fastest of {reps} to {ROOF_MAX_REPS} calls: torch.mm of two n x n {dt} matrices (2n^3 FLOP), the best of n = "
-                      f"{', '.join(map(str, GEMM_SIZES[kind]))} (here n = {best_n}); copies moving "
+                      f"{', '.join(map(str, GEMM_SIZES[kind]))}"
+                      + (f" and 1x1 convolutions (oneDNN) of {', '.join(map(str, CONV_CHANNELS[kind]))} channels over "
+                         f"{CONV_HW} x {CONV_HW}" if CONV_CHANNELS[kind] else "")
+                      + f" (best: {best_n if not best_n.isdigit() else 'n = ' + best_n}); copies moving "
                       f"{', '.join(_mib(b) for b in COPY_BYTES[kind])} per call (read + write), each op held to "
                       "the best bandwidth of a copy moving at least as much as it does per call (the largest: DRAM)",
             "datasheet": datasheet(name if cuda else None, dt)}
@@ -118,6 +130,15 @@ def _gemm_rate(n: int, device, dtype, reps: int) -> float:
     return 2.0 * n ** 3 / (_best_ms(lambda: torch.mm(a, b), device, reps) / 1e3)
 
 
+def _conv_rate(channels: int, device, dtype, reps: int) -> float:
+    """A 1x1 convolution, channels -> channels over a CONV_HW x CONV_HW image: a GEMM through oneDNN."""
+    x = torch.randn(1, channels, CONV_HW, CONV_HW, device=device, dtype=dtype)
+    w = torch.randn(channels, channels, 1, 1, device=device, dtype=dtype)
+    with torch.no_grad():
+        ms = _best_ms(lambda: torch.nn.functional.conv2d(x, w), device, reps)
+    return 2.0 * channels * channels * CONV_HW * CONV_HW / (ms / 1e3)
+
+
 def _copy_rate(elems: int, device, reps: int, repeat: int = 1) -> float:
     x = torch.empty(elems, device=device, dtype=torch.float32).fill_(1.0)
     y = torch.empty_like(x)
@@ -126,7 +147,19 @@ def _copy_rate(elems: int, device, reps: int, repeat: int = 1) -> float:
         for _ in range(repeat):
             y.copy_(x)
 
-    return 2.0 * x.nbytes * repeat / (_best_ms(copies, device, reps) / 1e3)  # every byte read once and written once
+    ms = _best_ms(copies, device, reps)
+    if torch.device(device).type == "cpu":
+        # the loop's own cost per call (Python, argument parsing: a one-element copy) is not the copy's: the
+        # profiler's op times that are held to this roof exclude it (a 512 KiB copy read 136 GB/s with it,
+        # 165 without, and a 512 KiB add under the profiler ran above the former); at most half is taken off
+        one, other = torch.ones(1), torch.empty(1)
+
+        def loop():
+            for _ in range(repeat):
+                other.copy_(one)
+
+        ms = max(ms - _best_ms(loop, device, reps), ms / 2)
+    return 2.0 * x.nbytes * repeat / (ms / 1e3)  # every byte read once and written once
 
 
 def best_roofs(a: dict, b: dict) -> dict:
@@ -203,7 +236,19 @@ def moved_bytes(func, args, kwargs, out) -> int:
     writes = any(a.alias_info is not None and a.alias_info.is_write for a in getattr(schema, "arguments", ()))
     if outs and not writes and {_storage(t) for t in outs} <= {_storage(t) for t in ins}:
         return 0
-    return sum(t.numel() * t.element_size() for t in ins + outs)
+    return sum(footprint(t) for t in ins + outs)
+
+
+def footprint(t: torch.Tensor) -> int:
+    """The bytes a tensor occupies: a broadcast (expanded, stride 0) dimension is the same memory read
+    again from cache, so it counts once (a bias expanded over the batch is its own size, not the batch's)."""
+    try:
+        strides = t.stride()
+    except (RuntimeError, NotImplementedError):  # sparse / nested: no strides
+        return t.numel() * t.element_size()
+    if 0 not in strides or t.numel() == 0:
+        return t.numel() * t.element_size()
+    return math.prod(n for n, st in zip(t.shape, strides) if st != 0) * t.element_size()
 
 
 def count_ops(fn: Callable[[], object], root: str | None = None) -> tuple[dict[str, dict], FlopCount]:

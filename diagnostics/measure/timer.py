@@ -3,8 +3,9 @@
 On a CUDA device a call is timed between two CUDA events recorded on the current stream, the end
 event synchronized (the call's GPU work is inside the figure, the host's wait is not counted
 twice); on the CPU with ``time.perf_counter``. Every analysis that times something (the profiler's
-latency, the batch scan, the checklist's probes, the fix trials, the distributed ranks' steps)
-times through here, so "a step took 3.2 ms" means the same thing on every page.
+latency, the batch scan, the checklist's probes, the fix trials and their first calls, the compiled
+model's first call, the distributed ranks' steps) times through here, so "a step took 3.2 ms" means
+the same thing on every page.
 
 Samples are milliseconds. ``latency_stats`` summarizes them (median, percentiles, spread, samples/s).
 """
@@ -32,17 +33,24 @@ def sync(device: torch.device | str) -> None:
 
 def time_once(fn: Callable[[], object], device: torch.device | str) -> float:
     """Milliseconds one call of ``fn`` takes (CUDA events on CUDA, perf_counter on the CPU)."""
+    return timed(fn, device)[0]
+
+
+def timed(fn: Callable[[], object], device: torch.device | str) -> tuple[float, object]:
+    """``time_once`` and what the call returned: a first call (compiling, lazy initialisation) timed with
+    its output kept. On CUDA the end event is recorded once ``fn`` has returned, so the host's work in the
+    call (a compile) is inside the figure as the GPU's is."""
     device = torch.device(device)
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        out = fn()
         end.record()
         end.synchronize()
-        return float(start.elapsed_time(end))
+        return float(start.elapsed_time(end)), out
     t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
+    out = fn()
+    return (time.perf_counter() - t0) * 1e3, out
 
 
 def time_calls(fn: Callable[[], object], device: torch.device | str, iters: int, warmup: int = 0,

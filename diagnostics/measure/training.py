@@ -3,17 +3,29 @@
 ``make_optimizer`` builds the optimizer a user picked by name (``measure.optimizers``: "sgd" is SGD
 with momentum everywhere); ``Step`` is one inference forward or one training step (zero_grad,
 forward, loss, backward, optimizer step), optionally with a profiler range around each phase, as
-the profiler, the checklist, memory, the batch scan and the gradient flow all run it. A user's loss
-or backward that raises is reported as a ModelRunError naming the phase.
+the profiler, memory, the batch scan, the gradient flow, the distributed ranks and Optimize's
+training trials all run it. A user's loss or backward that raises is reported as a ModelRunError
+naming the phase.
+
+What a caller needs beyond the plain step is an option of this one, not a step of its own:
+``zero_grad=False`` (gradients cleared by the caller outside a measured window), ``after_backward``
+(read the gradients before the optimizer changes the weights), ``autocast`` and ``scaler`` (mixed
+precision), ``split`` (gradient accumulation over micro-batches), ``update`` (a compiled optimizer
+step), an optimizer already built. A step trains a loaded model, or a ``Trainee``: a module with its
+loss (a copy a fix changed, a DDP wrapper).
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
+from torch import nn
 
 from diagnostics.errors import ModelRunError, TorchScopeError
+from diagnostics.inputs import call as call_model
 from diagnostics.measure.optimizers import ALL_OPTIMIZERS, OPTIMIZERS, SGD_MOMENTUM
 from diagnostics.trace.classify import STEP_PHASES
 
@@ -52,44 +64,116 @@ def _no_range(_name):
     return nullcontext()
 
 
-class Step:
-    """One inference forward (``train=False``) or one training step on a loaded model.
+@dataclass
+class Trainee:
+    """A module with its loss and inputs: what a ``Step`` trains when it is not the loaded model itself
+    (a copy an Optimize fix changed, a DDP wrapper). The module is called as given (``inputs.call``); its
+    exceptions pass through. ``prepare`` converts the inputs inside the forward (to channels_last, say)."""
 
-    ``step()`` runs it; ``step(label=True)`` opens a record_function range around each phase
-    (zero_grad, forward, backward, optimizer), the names the profiler's step views read back.
-    ``inputs`` defaults to the loaded model's own. The optimizer is built once, here.
+    model: nn.Module
+    loss_fn: Callable[[object], torch.Tensor]
+    inputs: object = None
+    loss_name: str = "loss function"
+    prepare: Callable[[object], object] | None = None
+
+    def forward(self, inputs=None):
+        inputs = self.inputs if inputs is None else inputs
+        return call_model(self.model, inputs if self.prepare is None else self.prepare(inputs))
+
+
+class Step:
+    """One inference forward (``train=False``) or one training step on a loaded model (or a ``Trainee``).
+
+    ``step()`` runs it and returns the loss, detached (None in inference); ``step(label=True)`` opens a
+    record_function range around each phase (zero_grad, forward, backward, optimizer), the names the
+    profiler's step views read back; ``step(inputs=...)`` runs on other inputs than the step's own
+    (``inputs``, by default the loaded model's). The optimizer is built once, here: ``optimizer`` names it
+    (over ``params``, by default the model's trainable parameters) or is one already built.
+
+    Options, each for a caller that truly needs it:
+
+    * ``zero_grad=False``: the step does not clear the gradients; the caller does (``zero_grad()``)
+      before a measured window, since the CPU profiler cannot size frees of blocks allocated before it
+      started (freeing the old gradients inside would lower the measured peak);
+    * ``autocast``: a context (``lambda: torch.autocast(...)``) around forward and loss; ``scaler``: a
+      GradScaler (scaled backward, ``scaler.step(optimizer)``, ``scaler.update()``);
+    * ``split``: gradient accumulation, ``split(inputs) -> [(micro-batch, loss_fn), ...]``: each
+      micro-batch's loss, divided by their number, goes backward; the step returns their sum;
+    * ``update``: what the optimizer phase calls instead of ``optimizer.step`` (a compiled one);
+    * ``after_backward`` (a call's): run after backward, before the optimizer step (to read gradients).
     """
 
-    def __init__(self, loaded, train: bool, optimizer: str = "sgd", lr: float = 0.01, inputs=None):
+    def __init__(self, loaded, train: bool, optimizer: str | torch.optim.Optimizer = "sgd", lr: float = 0.01,
+                 inputs=None, *, params=None, zero_grad: bool = True,
+                 autocast: Callable[[], object] | None = None, scaler=None,
+                 split: Callable[[object], list] | None = None, update: Callable[[], object] | None = None):
         self.loaded = loaded
         self.inputs = loaded.inputs if inputs is None else inputs
         self.train = bool(train)
-        self.optimizer = make_optimizer(loaded.model.parameters(), optimizer, lr) if self.train else None
-        self.last_loss: torch.Tensor | None = None
+        if not self.train:
+            self.optimizer = None
+        elif isinstance(optimizer, torch.optim.Optimizer):
+            self.optimizer = optimizer
+        else:
+            self.optimizer = make_optimizer(loaded.model.parameters() if params is None else params, optimizer, lr)
+        self.clears_grads = bool(zero_grad)
+        self.autocast = autocast
+        self.scaler = scaler
+        self.split = split
+        self.update = update
 
-    def __call__(self, label: bool = False) -> None:
+    def zero_grad(self) -> None:
+        """The gradients set to None (what the step does first, unless built with ``zero_grad=False``)."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def __call__(self, label: bool = False, *, inputs=None,
+                 after_backward: Callable[[], None] | None = None) -> torch.Tensor | None:
         rf = record_range if label else _no_range
+        inputs = self.inputs if inputs is None else inputs
         if not self.train:
             with rf(FORWARD):
-                self.loaded.forward(self.inputs)
-            return
-        with rf(ZERO_GRAD):
-            self.optimizer.zero_grad(set_to_none=True)
-        with rf(FORWARD):
-            out = self.loaded.forward(self.inputs)
+                self.loaded.forward(inputs)
+            return None
+        if self.clears_grads:
+            with rf(ZERO_GRAD):
+                self.zero_grad()
+        parts = [(inputs, self.loaded.loss_fn)] if self.split is None else self.split(inputs)
+        total = None
+        for part, loss_fn in parts:
+            with rf(FORWARD):
+                loss = self._loss(part, loss_fn)
+                if len(parts) > 1:
+                    loss = loss / len(parts)
+            with rf(BACKWARD):
+                try:
+                    (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+                except torch.OutOfMemoryError:
+                    raise  # the caller's to handle (a smaller batch, the runner's report), as the forward's
+                except Exception as e:
+                    raise ModelRunError(f"backward failed: {type(e).__name__}: {e}") from e
+            total = loss.detach() if total is None else total + loss.detach()
+        if after_backward is not None:
+            after_backward()
+        with rf(OPTIMIZER):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)  # unscales the gradients in place first; skips a step with inf/NaN
+                self.scaler.update()
+            elif self.update is not None:
+                self.update()
+            else:
+                self.optimizer.step()
+        return total
+
+    def _loss(self, inputs, loss_fn) -> torch.Tensor:
+        with self.autocast() if self.autocast is not None else nullcontext():
+            out = self.loaded.forward(inputs)
             try:
-                loss = self.loaded.loss_fn(out)
+                return loss_fn(out)
+            except torch.OutOfMemoryError:
+                raise
             except Exception as e:  # the user's loss: any exception is possible
                 raise ModelRunError(f"the loss ({self.loaded.loss_name}) failed on the model's output: "
                                     f"{type(e).__name__}: {e}") from e
-        with rf(BACKWARD):
-            try:
-                loss.backward()
-            except Exception as e:
-                raise ModelRunError(f"backward failed: {type(e).__name__}: {e}") from e
-        with rf(OPTIMIZER):
-            self.optimizer.step()
-        self.last_loss = loss.detach()
 
 
 def record_range(name: str):

@@ -72,8 +72,13 @@ def max_bytes() -> int:
 
 
 def stamp(path: str | Path) -> dict:
-    """What identifies a file's content cheaply: resolved path, size, mtime in nanoseconds."""
-    p = Path(path).resolve()
+    """What identifies a file's content cheaply, the one stamp of a trace file (cache keys, a run's
+    options): resolved path, size, mtime in nanoseconds (a rewrite within the same second counts).
+    A path that is not a file is a TraceError naming it."""
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"trace file not found: {path}")
+    p = p.resolve()
     st = p.stat()
     return {"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 

@@ -13,26 +13,25 @@ Per profiler step (``classify.STEP_RE``; the whole trace as step 0 without steps
   other: the rest of the step. busy = step - exposed communication.
 
 Message sizes come from event args the columnar ingest does not keep ("In msg nelems", "Input
-Dims"): ``collective_bytes`` reads them in a second pass over the file.
+Dims"): ``collective_bytes`` reads them in the ingest's second pass over the file (comm_args).
 """
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.classify import (
     COMM_RE, comm_families, comm_mask, gpu_work_mask, host_mask, host_op_mask, is_comm,
 )
+from diagnostics.trace.comm_args import named_events
+from diagnostics.trace.errors import TraceError
+from diagnostics.trace.ingest import load_trace
 from diagnostics.trace.model import Trace
 from diagnostics.trace.views import steps as step_table
 
-#: The args pass reads the whole file as JSON; files over this size are left out (bytes unknown).
-ARGS_PASS_MAX_FILE_BYTES = 256 << 20
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "c10::float": 4, "int": 4, "int32": 4, "unsigned int": 4,
     "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "long long": 8,
@@ -67,42 +66,22 @@ def event_bytes(args: dict) -> int | None:
     return None
 
 
-def _open_json(path: Path):
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    return orjson.loads(data)
-
-
 def collective_bytes(path, trace: Trace | None = None) -> tuple[dict[tuple[str, int], int], str | None]:
     """(name, k-th complete event of that name) -> bytes, for the collective events of one file,
     and a note when the file was not read.
 
     Events are counted as the Trace holds them (complete events with a collective's name, any
-    category, in file order), so the k-th here is the k-th in ``rank_breakdown``. With the file's
-    ``trace`` (its collective names), only those events are decoded, streaming (comm_args: any size);
-    without it the whole file is parsed, up to ARGS_PASS_MAX_FILE_BYTES.
+    category, in file order), so the k-th here is the k-th in ``rank_breakdown``. Only the events of
+    the collective names ``trace`` holds are decoded, streaming (comm_args: any size); without the
+    file's ``trace`` it is loaded first (the ingest).
     """
     path = Path(path)
-    if trace is not None:
-        from diagnostics.trace.comm_args import comm_events
-        from diagnostics.trace.errors import TraceError
-
-        try:
-            found, _ = comm_events(path, [n for n in trace.labels("name").tolist() if n and is_comm(n)])
-        except TraceError as e:
-            return {}, f"{path.name}: collective bytes not read ({e})"
-        return _kth_bytes(found), None
-    if path.stat().st_size > ARGS_PASS_MAX_FILE_BYTES:
-        return {}, f"{path.name}: over {ARGS_PASS_MAX_FILE_BYTES >> 20} MiB, collective bytes not read"
     try:
-        doc = _open_json(path)
-    except (OSError, ValueError, EOFError) as e:
+        trace = load_trace(path) if trace is None else trace
+        found, _ = named_events(path, [n for n in trace.labels("name").tolist() if n and is_comm(n)])
+    except TraceError as e:
         return {}, f"{path.name}: collective bytes not read ({e})"
-    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
-    return _kth_bytes(e for e in events if isinstance(e, dict) and e.get("ph") == "X"
-                      and isinstance(e.get("name"), str) and isinstance(e.get("dur"), (int, float))
-                      and e["dur"] >= 0 and isinstance(e.get("ts"), (int, float)) and is_comm(e["name"])), None
+    return _kth_bytes(found), None
 
 
 def _kth_bytes(events) -> dict[tuple[str, int], int]:

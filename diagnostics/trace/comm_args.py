@@ -1,14 +1,15 @@
-"""Collective events read with their args, streaming: comm_events(path, names) -> the complete events
-of the given collective names, in file order, each as the profiler wrote it (ph, cat, name, pid, tid,
-ts, dur, args).
+"""Events read with their args, streaming: named_events(path, names) -> the complete events of the
+given names, in file order, each as the profiler wrote it (ph, cat, name, pid, tid, ts, dur, args).
 
-The columnar ingest keeps no collective args (message sizes, sequence numbers, process groups: the
+The columnar ingest keeps no args beyond the few the views read (for speed and memory), and decoding
+every event's args would cost every trace their memory. What reads args reads them here, the trace
+file's one second pass: the collectives' (message sizes, sequence numbers, process groups: the
 "Collective name", "In msg nelems", "Seq", "Process Group Name" of record_param_comms and NCCL
-kernels, "Input Dims" of gloo annotations), and decoding every event's args would cost every trace
-their memory. This pass reads the file again in blocks (gunzipped as the ingest does), finds the
-events whose "name" is one of ``names`` by a substring search per name, and decodes only those: memory
-is one block, time a fraction of the parse. The caller passes the collective names the trace's
-columns hold (classify.is_comm over the name table), so the rule is classify's.
+kernels, "Input Dims" of gloo annotations) and the operators' input shapes the profiler's timeline
+shows. This pass reads the file again in blocks (the ingest's reader: gunzipped as it does), finds the
+events whose "name" is one of ``names`` by a substring search per name, and decodes only those (each
+from its own bytes): memory is one block, time a fraction of the parse. The caller passes names the trace's columns hold (for
+collectives: classify.is_comm over the name table, so the rule is classify's).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
+import orjson
 
 from diagnostics.trace._chunks import last_boundary
 from diagnostics.trace.errors import TraceError
@@ -27,6 +30,9 @@ MAX_BRACES_BACK = 8
 _DECODER = json.JSONDecoder()
 #: Bytes after the name decoded at first (an event with larger args: four times more, and so on).
 WINDOW_BYTES = 4096
+#: Closing braces after the name at which an event is first tried as a whole object (orjson, exact
+#: bytes: an event closes its args, then itself); past them the window decode above takes over.
+FAST_CLOSES = 8
 
 
 #: What stands before a name's string when it is the event's "name" (not an arg's value).
@@ -55,12 +61,16 @@ def _find(buf: bytes, needles: list, end: int) -> list[tuple[int, str]]:
 
 def _event_at(buf: bytes, pos: int, name: str) -> dict | None:
     """The JSON object holding the "name" key found at ``pos`` (its own name ``name``), or None.
-    Only the bytes around it are decoded: a window after it that grows until the object fits."""
+    Only the bytes around it are decoded: up to one of the next closing braces (``_closed_at``), else
+    a window after it that grows until the object fits."""
     start = pos
     for _ in range(MAX_BRACES_BACK):
         start = buf.rfind(b"{", 0, start)
         if start < 0:
             return None
+        obj = _closed_at(buf, start, pos)
+        if isinstance(obj, dict) and obj.get("name") == name:
+            return obj
         window = WINDOW_BYTES
         while True:
             text = buf[start:pos + window].decode("utf-8", "replace")
@@ -77,7 +87,22 @@ def _event_at(buf: bytes, pos: int, name: str) -> dict | None:
     return None
 
 
-def comm_events(path, names) -> tuple[list[dict], int]:
+def _closed_at(buf: bytes, start: int, pos: int):
+    """The object that opens at ``start`` if it closes at one of the FAST_CLOSES braces after ``pos``
+    (decoded by orjson from exactly its bytes), else None."""
+    end = pos
+    for _ in range(FAST_CLOSES):
+        end = buf.find(b"}", end + 1)
+        if end < 0:
+            return None
+        try:
+            return orjson.loads(buf[start:end + 1])
+        except orjson.JSONDecodeError:
+            continue
+    return None
+
+
+def named_events(path, names) -> tuple[list[dict], int]:
     """(events, unreadable): the complete ("ph": "X") events of ``path`` whose name is in ``names``,
     in file order, as dicts (args included), and how many name matches could not be decoded.
 

@@ -10,6 +10,7 @@ in the page's shape. Plain records; times in ms (the kernel table in µs).
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,8 @@ from diagnostics.trace.classify import (
     PYTHON_CATS, ROOT_MODULE, RUNTIME_CATS, STEP_PHASES, USER_ANNOTATION_CATS, kernel_mask,
     uses_tensor_cores,
 )
+from diagnostics.trace.comm_args import named_events
+from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace, nesting_of
 from diagnostics.trace.timeline import timeline_data
 from diagnostics.trace.views import step_spans
@@ -289,15 +292,16 @@ def tensor_core_pct(kernels: list[dict]) -> float | None:
 
 # ---- timeline --------------------------------------------------------------------------------
 
-def timeline(trace: Trace, max_events: int, trace_json: bytes | None = None) -> dict:
+def timeline(trace: Trace, max_events: int, trace_file: str | Path | None = None) -> dict:
     """trace.timeline_data in the profiler page's shape: {"events": [{lane, name, cat, start_ms,
     dur_ms, depth, count, shapes}], "lanes", "total_events", "shown_events", "deeper", "span_ms",
     "builder"}; lanes carry the labels timeline_data gives (the thread's name where the trace has one,
-    "GPU 0 · stream 7"). With ``trace_json`` (the same trace's file content, recorded with shapes) each
-    drawn operator gets its "Input Dims" (the trace layer skips args at ingest, for speed)."""
+    "GPU 0 · stream 7"). With ``trace_file`` (the same trace's file, recorded with shapes) each drawn
+    operator gets its "Input Dims" (the ingest skips args, for speed: they are read in its second
+    pass, comm_args, for the drawn events' names only)."""
     data = timeline_data(trace, max_events=max_events)
     label = {l["lane"]: l["label"] for l in data["lanes"]}
-    shapes = _input_dims(trace_json, trace.origin_us) if trace_json else {}
+    shapes = _input_dims(trace_file, {e["name"] for e in data["events"]}, trace.origin_us) if trace_file else {}
     events = [{"lane": label.get(e["lane"], e["lane"]), "name": e["name"], "cat": e["cat"] or "",
                "start_ms": e["start_us"] / 1e3, "dur_ms": e["dur_us"] / 1e3, "depth": int(e["depth"]),
                "count": int(e.get("count", 1)),
@@ -307,18 +311,16 @@ def timeline(trace: Trace, max_events: int, trace_json: bytes | None = None) -> 
             "span_ms": float(data["t1"]) / 1e3, "builder": "diagnostics.trace.timeline_data"}
 
 
-def _input_dims(trace_json: bytes, origin_us: float) -> dict:
-    """(name, start µs from the trace's origin) -> "[[8, 64], [64]]" for the operators that recorded
-    input shapes; {} when the content is not a trace."""
-    import orjson
-
+def _input_dims(trace_file, names, origin_us: float) -> dict:
+    """(name, start µs from the trace's origin) -> "[[8, 64], [64]]" for the operators named ``names``
+    that recorded input shapes; {} when the file cannot be read as a trace."""
     try:
-        events = orjson.loads(trace_json).get("traceEvents") or []
-    except (orjson.JSONDecodeError, AttributeError):
+        events, _ = named_events(trace_file, names)
+    except TraceError:
         return {}
     out = {}
     for e in events:
-        dims = (e.get("args") or {}).get("Input Dims") if isinstance(e, dict) else None
-        if dims and any(dims) and isinstance(e.get("ts"), (int, float)):
-            out[(e.get("name"), round(float(e["ts"]) - origin_us, 3))] = str(dims).replace(" ", "")
+        dims = (e.get("args") or {}).get("Input Dims")
+        if dims and any(dims):
+            out[(e["name"], round(float(e["ts"]) - origin_us, 3))] = str(dims).replace(" ", "")
     return out

@@ -9,6 +9,7 @@ from msgspec.structs import replace
 from diagnostics.analyses.profile import KernelRow
 from diagnostics.analyses.profile import job as profiler
 from diagnostics.render.charts import profiler as charts
+from diagnostics.render.charts.style import MAX_NAME_CHARS, short_names
 from diagnostics.intake import LoadedModel
 from diagnostics.runner import AnalysisContext, Job
 from diagnostics.spec import InputSpec, ModelSpec
@@ -125,7 +126,11 @@ def test_report_figures_keep_full_operator_names_and_make_room_for_them(result):
                f["layout"]["title"]["text"])
     expected = [r.name for r in sorted(result.operators, key=lambda r: -r.self_cpu_ms) if r.self_cpu_ms > 0]
     ticks = top["data"][0]["y"]
-    assert ticks == expected[:len(ticks)] and any(len(t) > 10 for t in ticks)  # 'aten::addmm', not 'at'
+    # whole names up to the axis's width ('aten::addmm', not 'at'); a longer one ('autograd::engine::
+    # evaluate_function: torch::autograd::AccumulateGrad') cut with '…' there and whole in the hover
+    assert ticks == short_names(expected)[:len(ticks)] and any(len(t) > 10 for t in ticks)
+    assert [c[2] for c in top["data"][0]["customdata"]] == expected[:len(ticks)]
+    assert all(len(t) <= MAX_NAME_CHARS for t in ticks)
     hist = next(f for f in figs if f["layout"]["title"]["text"].startswith("Latency"))
     assert hist["layout"]["yaxis"]["title"]["standoff"] > 0
     icicle = next(d for f in figs for d in f["data"] if d["type"] == "icicle")

@@ -29,7 +29,7 @@ def blocks():
     return nn.Sequential(nn.Linear(16, 64), nn.Sequential(*layers), nn.Linear(64, 4))
 
 
-X = (torch.randn(8, 32),)
+X = (torch.randn(8, 32, generator=torch.Generator().manual_seed(0)),)  # the same batch in every process
 TARGET = torch.randint(0, 10, (8,), generator=torch.Generator().manual_seed(1))
 
 

@@ -7,8 +7,8 @@ from torch import nn
 
 from torch.profiler import ProfilerActivity, profile
 
-from diagnostics.measure.roofline import (count_ops, counted_times, datasheet, measure_roofs, memory_roof, mfu,
-                                           op_nesting, roofline_rows)
+from diagnostics.measure.roofline import (count_ops, counted_times, datasheet, footprint, measure_roofs, memory_roof,
+                                           mfu, op_nesting, roofline_rows)
 from diagnostics.runner import Job, execute
 from diagnostics.spec import ModelSpec
 
@@ -95,6 +95,16 @@ def test_counted_flops_and_bytes_of_a_linear_layer():
     assert ops["aten::t"]["bytes"] == 0  # a view moves nothing
 
 
+def test_a_broadcast_input_counts_its_own_memory_once():
+    """x + bias with the bias expanded over the rows: the bias is 32 floats in memory, read again from cache,
+    not 16 x 32 (the counted bytes against an independent sum of what lies in memory)."""
+    x, bias = torch.randn(16, 32), torch.randn(32)
+    ops, _ = count_ops(lambda: torch.add(x, bias.expand(16, 32)))
+    assert ops["aten::add"]["bytes"] == 4 * (16 * 32 + 32 + 16 * 32)  # x, the bias once, the output
+    assert footprint(bias.expand(16, 32)) == 4 * 32 and footprint(x) == 4 * 16 * 32
+    assert footprint(x[:, :8]) == 4 * 16 * 8  # a slice is its elements (no stride 0)
+
+
 def test_measured_roofs_are_plausible_and_named():
     r = measure_roofs("cpu", reps=3)
     assert 1e8 < r["peak_flops"] < 1e14 and 1e8 < r["bandwidth_bytes_per_s"] < 1e13
@@ -103,7 +113,9 @@ def test_measured_roofs_are_plausible_and_named():
     bws = [bw for _, bw in r["bandwidth_curve"]]
     assert bws == sorted(bws, reverse=True) and r["bandwidth_bytes_per_s"] == bws[-1]
     assert r["cache_bandwidth_bytes_per_s"] == bws[0] >= r["bandwidth_bytes_per_s"]
-    assert r["datasheet"] is None and "torch.mm" in r["method"]
+    assert r["datasheet"] is None and "torch.mm" in r["method"] and "1x1 convolutions (oneDNN)" in r["method"]
+    # on the CPU the compute roof is the best of MKL's mm and oneDNN's convolution (AVX2 vs AVX-512 on AMD)
+    assert {"256", "512", "1024", "conv1x1 c256", "conv1x1 c512"} == set(r["gemm_rates"])
     assert datasheet("NVIDIA H100 80GB HBM3", "bfloat16")["peak_flops"] == 989e12
 
 

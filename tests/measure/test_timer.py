@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from diagnostics.measure.timer import latency_stats, method, time_calls, time_once
+from diagnostics.measure.timer import latency_stats, method, time_calls, time_once, timed
 
 
 def test_perf_counter_times_a_known_sleep():
@@ -12,6 +12,11 @@ def test_perf_counter_times_a_known_sleep():
     assert len(samples) == 5
     assert all(4.0 <= s < 40.0 for s in samples)  # at least the sleep; generous on a busy machine
     assert 4.0 <= time_once(lambda: time.sleep(0.004), "cpu") < 40.0
+
+
+def test_timed_keeps_what_a_first_call_returned():
+    ms, out = timed(lambda: (time.sleep(0.004), "output")[1], "cpu")
+    assert out == "output" and ms >= 4.0  # at least the sleep (no upper bound: the machine may be busy)
 
 
 def test_time_calls_runs_warmup_untimed_then_the_timed_calls():
@@ -39,3 +44,11 @@ def test_cuda_events_time_device_work():
     x = torch.randn(2048, 2048, device="cuda")
     ms = time_once(lambda: x @ x, "cuda")
     assert ms > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_events_count_the_hosts_work_in_a_first_call():
+    # a first call that compiles spends its time on the host: the figure holds it (CUDA events)
+    x = torch.randn(256, 256, device="cuda")
+    ms, out = timed(lambda: (time.sleep(0.05), x @ x)[1], "cuda")
+    assert ms >= 50.0 and out.shape == (256, 256)

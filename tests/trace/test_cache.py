@@ -81,6 +81,22 @@ def test_a_touched_or_resized_file_is_a_miss(tmp_path):
     assert cached_load(path, root)[1] is False
 
 
+def test_a_runs_stamp_is_the_caches_a_touch_within_the_second_is_a_new_job(tmp_path):
+    from argparse import Namespace
+
+    from diagnostics.cli.trace import trace_job
+
+    path = _trace_with(tmp_path, "t.json", "kernel_a")
+    args = Namespace(trace_command="analyze", path=str(path), top=None)
+    _, before = trace_job(args)
+    assert before["stamp"] == cache.stamp(path)  # one stamp: the run's options and the cache's key
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000))  # 1 µs later: seconds would not see it
+    assert trace_job(args)[1]["stamp"] != before["stamp"]
+    with pytest.raises(TraceError, match=f"trace file not found: {tmp_path / 'nope.json'}"):
+        cache.stamp(tmp_path / "nope.json")
+
+
 def test_link_events_shares_the_entry_file_or_says_it_cannot(tmp_path):
     path = _trace_with(tmp_path, "t.json", "k")
     root = tmp_path / "cache"

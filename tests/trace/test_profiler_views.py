@@ -167,7 +167,7 @@ def test_timeline_carries_the_input_shapes_the_trace_recorded(tmp_path):
     p = tmp_path / "t.json"
     p.write_bytes(raw)
     t = load_trace(p)
-    tl = pv.timeline(t, 100, raw)
+    tl = pv.timeline(t, 100, p)
     shapes = {e["name"]: e["shapes"] for e in tl["events"]}
     assert shapes == {"ProfilerStep#1": "", "aten::mm": "[[8,64],[64,32]]", "aten::relu": "[[8,32]]",
                       "aten::empty": ""}

@@ -43,7 +43,7 @@ def _ms_table(rows: list, columns: dict, height: int | None = None) -> None:
 def _other_step(result: dict, cp: dict) -> dict | None:
     """The critical path of another step, when the user picks one: the trace job again with
     ``critical_path_step`` (its other figures are the same)."""
-    from diagnostics.analyses.trace.job import file_stamp
+    from diagnostics.trace.cache import stamp as file_stamp
     from ui.jobs import run_analysis
 
     steps = [int(s["step"]) for s in (result.get("summary") or {}).get("steps") or []]

@@ -22,7 +22,7 @@ from diagnostics.measure.memory import is_cuda, measure_peak
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
 from diagnostics.measure.timer import time_once
-from diagnostics.measure.training import make_optimizer
+from diagnostics.measure.training import Step
 from diagnostics.results import build
 
 #: With no budget given on the CPU, the budget is this share of the RAM available when the scan starts.
@@ -86,27 +86,21 @@ def analyze(ctx, options: dict) -> BatchScanResult:
 
     with restored_state(model):
         model.train(train)
-        opt = make_optimizer(model.parameters(), o["optimizer"], o["lr"]) if train else None
-
-        def work(inputs):
-            # Gradients are set to None before (not inside) the measured pass: the CPU profiler
-            # cannot size frees of blocks allocated before it started.
-            if train:
-                loaded.loss_fn(loaded.forward(inputs)).backward()
-                opt.step()
-            else:
-                loaded.forward(inputs)
+        # Gradients are set to None before (not inside) the measured pass (zero_grad=False): the CPU
+        # profiler cannot size frees of blocks allocated before it started.
+        step = Step(loaded, train, o["optimizer"], o["lr"], zero_grad=False)
 
         def probe(batch: int, timed: bool) -> dict:
             """Peak (and latency) at ``batch``; raises OverBudget or the OOM error itself."""
             inputs = loaded.make_inputs(batch)
             ctx_grad = torch.enable_grad() if train else torch.no_grad()
             with ctx_grad:
-                work(inputs)  # warm-up; in training it also creates the optimizer state
+                step(inputs=inputs)  # warm-up; in training it also creates the optimizer state
                 if train:
-                    opt.zero_grad(set_to_none=True)
-                baseline = param_bytes(model) + buffer_bytes(model) + tensor_bytes(inputs) + optimizer_state_bytes(opt)
-                peak = measure_peak(lambda: work(inputs), device, baseline)
+                    step.zero_grad()
+                baseline = (param_bytes(model) + buffer_bytes(model) + tensor_bytes(inputs)
+                            + optimizer_state_bytes(step.optimizer))
+                peak = measure_peak(lambda: step(inputs=inputs), device, baseline)
                 if peak.peak_bytes > budget:
                     raise OverBudget(f"peak {peak.peak_bytes / 2**20:.1f} MiB exceeds the budget "
                                      f"{budget / 2**20:.1f} MiB")
@@ -116,8 +110,8 @@ def analyze(ctx, options: dict) -> BatchScanResult:
                     times = []
                     for _ in range(o["repeats"]):
                         if train:
-                            opt.zero_grad(set_to_none=True)
-                        times.append(time_once(lambda: work(inputs), device) / 1e3)
+                            step.zero_grad()
+                        times.append(time_once(lambda: step(inputs=inputs), device) / 1e3)
                     lat = statistics.median(times)
                     row.update(latency_ms=lat * 1e3, throughput=batch / lat if lat > 0 else None)
             return row
@@ -163,7 +157,7 @@ def analyze(ctx, options: dict) -> BatchScanResult:
             largest = lo
         else:
             largest = last_fit
-        del opt
+        del step
 
     timed = [r for r in rows if r.get("throughput")]
     best = max(timed, key=lambda r: r["throughput"]) if timed else None

@@ -16,7 +16,6 @@ Dynamo's, whatever the backend.
 
 from __future__ import annotations
 
-import time
 from contextlib import ExitStack
 
 import torch
@@ -29,7 +28,7 @@ from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import CONTROL, METHOD, control_problem, interleaved, too_few_rounds
 from diagnostics.measure.dynamo import compile_seconds, empty_cache_codegen, explain, watch_recompiles
 from diagnostics.measure.state import restored_state
-from diagnostics.measure.timer import sync
+from diagnostics.measure.timer import time_once
 from diagnostics.results import build
 
 #: The backend of the first pass: Dynamo's graphs run as they are, nothing generated.
@@ -132,14 +131,11 @@ def analyze(ctx, options: dict) -> CompileResult:
                 return call_model(compiled, inputs)
 
         with watch_recompiles() as recompiles:  # any the user's backend adds while it runs
-            t0 = time.perf_counter()
             try:
-                compiled_call()
-                sync(device)
+                first_ms = time_once(compiled_call, device)
             except Exception as e:
                 raise ModelRunError(f"the compiled model failed on its first call ({o['backend']}): "
                                     f"{_first_line(e)}") from e
-            first_ms = (time.perf_counter() - t0) * 1e3
             frames = compile_seconds()[frames_before:]
             kernels = _kernel_count()
             ctx.partial(_dynamo_partial(result, ex, dyn, o, compile_time_s=sum(frames) if frames else None,

@@ -26,9 +26,8 @@ import time
 import traceback
 
 from diagnostics.measure.timer import method as timer_method, time_once
-from diagnostics.measure.training import make_optimizer
+from diagnostics.measure.training import Step, Trainee
 from diagnostics.analyses.distributed.dist_job import DistJob, choose_backend, status_path, steps_path, trace_path
-from diagnostics.inputs import call as call_model
 
 #: Exit code of a rank killed on purpose by the die_rank injection.
 INJECTED_EXIT_CODE = 3
@@ -93,8 +92,9 @@ def run(job: DistJob) -> None:
         model = loaded.model
         model.train()
         ddp = DDP(model, device_ids=[local_rank] if on_gpu else None)
-        opt = make_optimizer(ddp.parameters(), "sgd", job.lr)  # SGD with momentum, as everywhere
         inputs = loaded.make_inputs(seed=spec.seed + rank)  # each rank its own shard of data
+        # DDP all-reduces gradient buckets during the step's backward; SGD with momentum, as everywhere.
+        train_step = Step(Trainee(ddp, loaded.loss_fn, inputs, loaded.loss_name), True, "sgd", job.lr)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         sleep_s = job.straggler_sleep_ms / 1000.0 if job.straggler_rank == rank else 0.0
         total = job.warmup + job.steps
@@ -107,16 +107,10 @@ def run(job: DistJob) -> None:
                 _status(job, rank, "dying", step=i)
                 sys.stdout.flush()
                 os._exit(INJECTED_EXIT_CODE)  # a crash: no cleanup, no exception to catch
-            with record_function("forward"):
-                if sleep_s:
-                    with record_function("injected_straggler_sleep"):
-                        time.sleep(sleep_s)
-                loss = loaded.loss_fn(call_model(ddp, inputs))
-            with record_function("backward"):
-                loss.backward()  # DDP all-reduces gradient buckets during backward
-            with record_function("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            if sleep_s:
+                with record_function("injected_straggler_sleep"):
+                    time.sleep(sleep_s)
+            train_step(label=True)  # zero_grad, forward, backward, optimizer: each in its range
 
         trace_file = trace_path(job.out_dir, rank)
         sched = schedule(wait=0, warmup=min(job.warmup, 1), active=job.steps, repeat=1,

@@ -24,7 +24,7 @@ from diagnostics.measure.optimizers import STATE_PER_PARAM
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.tensors import (buffer_bytes, grad_bytes, optimizer_state_bytes, param_bytes, tensor_bytes,
                                          trainable_bytes)
-from diagnostics.measure.training import make_optimizer
+from diagnostics.measure.training import BACKWARD, FORWARD, OPTIMIZER, Step
 from diagnostics.errors import ModelRunError, TorchScopeError
 from diagnostics.results import build
 
@@ -32,26 +32,13 @@ from diagnostics.results import build
 ESTIMATE_BATCHES = (2, 4)
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 SNAPSHOT_MAX_ENTRIES = 100_000
-PHASES = ("## forward ##", "## backward ##", "## optimizer ##")
+#: The step's phase ranges the memory timeline is split by (measure.training.Step's names).
+PHASES = (FORWARD, BACKWARD, OPTIMIZER)
 
 
 
 def _rss() -> int:
     return psutil.Process().memory_info().rss
-
-
-def _phased_step(loaded, opt, inputs):
-    """Forward, backward, optimizer step, each in a named profiler range. Gradients must be None
-    before it (zero_grad(set_to_none=True) outside): the CPU profiler cannot size frees of blocks
-    allocated before it started, so freeing old gradients inside would inflate the CPU peak."""
-    from torch.profiler import record_function
-
-    with record_function(PHASES[0]):
-        loss = loaded.loss_fn(loaded.forward(inputs))
-    with record_function(PHASES[1]):
-        loss.backward()
-    with record_function(PHASES[2]):
-        opt.step()
 
 
 def estimate(loaded, opt_name: str, batch: int) -> dict:
@@ -104,13 +91,13 @@ def _breakdown_at_peak(timeline: dict, measured_peak: int) -> dict:
                       "'unattributed' also holds what the measured peak has beyond the timeline's"}
 
 
-def _snapshot(loaded, opt, inputs, artifact_dir) -> dict:
+def _snapshot(loaded, step: Step, artifact_dir) -> dict:
     """Record the CUDA allocator's history over one training step; dump it for memory_viz."""
     path = artifact_dir / SNAPSHOT_FILE
     torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES)
     try:
-        opt.zero_grad(set_to_none=True)
-        _phased_step(loaded, opt, inputs)
+        step.zero_grad()
+        step(label=True)
         torch.cuda.synchronize(loaded.device)
         snap = torch.cuda.memory._snapshot()
     finally:
@@ -186,14 +173,17 @@ def analyze(ctx, options: dict) -> MemoryResult:
 
         # -- one warm-up step (optimizer state exists afterwards), then the measured step
         ctx.progress(0.5, "training step")
-        opt = make_optimizer(model.parameters(), o["optimizer"], o["lr"])
-        opt.zero_grad(set_to_none=True)
-        _phased_step(loaded, opt, inputs)
-        g_bytes, s_bytes = grad_bytes(model), optimizer_state_bytes(opt)
-        opt.zero_grad(set_to_none=True)  # the measured step starts as a training loop's does: no grads
+        # Forward, backward, optimizer step in the step's named ranges; the gradients are set to None
+        # outside the measured step (zero_grad=False): the CPU profiler cannot size frees of blocks
+        # allocated before it started.
+        step = Step(loaded, True, o["optimizer"], o["lr"], inputs, zero_grad=False)
+        step.zero_grad()
+        step(label=True)
+        g_bytes, s_bytes = grad_bytes(model), optimizer_state_bytes(step.optimizer)
+        step.zero_grad()  # the measured step starts as a training loop's does: no grads
         baseline = p_bytes + b_bytes + in_bytes + s_bytes
         timeline, timeline_error = None, None
-        train = measure_peak(lambda: _phased_step(loaded, opt, inputs), device, baseline,
+        train = measure_peak(lambda: step(label=True), device, baseline,
                              profile=o["timeline"], timeline=o["timeline"])
         rss_end = _rss()
         ctx.progress(0.75, "memory timeline")
@@ -206,7 +196,7 @@ def analyze(ctx, options: dict) -> MemoryResult:
                 timeline["source"] = ("torch.profiler memory timeline (profile_memory, record_shapes, with_stack): "
                                       "every tensor's lifetime, categorised by the profiler")
                 for name, (a, b) in phase_ranges(train.prof, PHASES).items():
-                    phases[name.strip("# ")] = [(a / 1e3 - t0) / 1e3, (b / 1e3 - t0) / 1e3]
+                    phases[name] = [(a / 1e3 - t0) / 1e3, (b / 1e3 - t0) / 1e3]
             except Exception as e:  # a private profiler API: keep the rest of the page
                 timeline_error = f"the profiler's memory timeline failed ({type(e).__name__}: {e}); phase samples shown"
         train.prof = None
@@ -214,13 +204,13 @@ def analyze(ctx, options: dict) -> MemoryResult:
         if is_cuda(device):
             ctx.progress(0.85, "CUDA memory snapshot")
             try:
-                snapshot = _snapshot(loaded, opt, inputs, ctx.artifact_dir)
+                snapshot = _snapshot(loaded, step, ctx.artifact_dir)
             except Exception as e:
                 notes.append(f"CUDA memory snapshot failed: {type(e).__name__}: {e}")
         else:
             notes.append("CUDA memory snapshot: skipped (CPU device); run on a CUDA device to get a file for "
                          "pytorch.org/memory_viz")
-        del opt
+        del step
 
     peak = train.peak_bytes
     accounting = {"parameters": p_bytes + b_bytes, "gradients": g_bytes, "optimizer state": s_bytes,

@@ -2,8 +2,10 @@
 
 What the fixes are (ids, titles, parameters, when they apply) is declared in catalog.py
 (``TRAIN_FIXES``). A training fix changes the whole step, not only the model, so its recipe
-returns a ``TrainSetup``: the module being trained, its optimizer, and ``step(inputs) -> loss``
-(zero_grad, forward, loss, backward, optimizer step). ``params`` lists the model's parameters in
+returns a ``TrainSetup``: the module being trained, its optimizer, and its step: the one training
+step (``measure.training.Step``: zero_grad, forward, loss, backward, optimizer step) with the fix's
+options (autocast and a GradScaler, micro-batches, a compiled model and optimizer step, converted
+inputs). ``step(inputs=...)`` returns the loss, detached. ``params`` lists the model's parameters in
 the baseline's order, the same Parameter objects the step updates, so the gradients of a fix are
 read against the baseline's one by one. ``model`` is a deep copy the recipe may change.
 """
@@ -20,8 +22,7 @@ from torch import nn
 
 from diagnostics.analyses.optimize.fixes import FixNotApplicable
 from diagnostics.inputs import as_inputs
-from diagnostics.inputs import call as call_model
-from diagnostics.measure.training import make_optimizer
+from diagnostics.measure.training import Step, Trainee, make_optimizer
 
 
 @dataclass
@@ -41,42 +42,24 @@ class TrainContext:
 class TrainSetup:
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    step: Callable[[tuple], torch.Tensor]  # one training step on a batch; returns the loss, detached
+    step: Step  # one training step: step(inputs=batch) returns the loss, detached
     params: list  # the trained Parameters, in the baseline's order
     notes: list = field(default_factory=list)
     #: after training, the model to serve (QAT's converted int8 model); None: ``model`` itself
     finish: Callable[[], nn.Module] | None = None
 
 
-def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn, *, autocast=None, scaler=None,
-               prepare_inputs=None) -> Callable[[tuple], torch.Tensor]:
-    """The baseline's step, optionally under autocast, with a GradScaler, or with inputs converted."""
-
-    def step(inputs):
-        optimizer.zero_grad(set_to_none=True)
-        if prepare_inputs is not None:
-            inputs = prepare_inputs(inputs)
-        if autocast is not None:
-            with autocast():
-                loss = loss_fn(call_model(model, inputs))
-        else:
-            loss = loss_fn(call_model(model, inputs))
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)  # unscales the gradients in place first; skips a step with inf/NaN
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        return loss.detach().float()
-
-    return step
+def train_step(model: nn.Module, ctx: TrainContext, optimizer: torch.optim.Optimizer, *, prepare=None,
+               **options) -> Step:
+    """The baseline's step on ``model`` (ctx's loss and inputs) with ``optimizer``; ``prepare`` converts the
+    inputs inside the forward; ``options`` are the step's own (autocast, scaler, split, update)."""
+    return Step(Trainee(model, ctx.loss_fn, ctx.inputs, prepare=prepare), True, optimizer, **options)
 
 
 def baseline(model: nn.Module, ctx: TrainContext) -> TrainSetup:
     params = list(model.parameters())
     opt = make_optimizer(params, ctx.optimizer, ctx.lr)
-    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn), params)
+    return TrainSetup(model, opt, train_step(model, ctx, opt), params)
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -89,7 +72,7 @@ def train_amp(model, ctx: TrainContext, p: dict) -> TrainSetup:
     params = list(model.parameters())
     opt = make_optimizer(params, ctx.optimizer, ctx.lr)
     scaler = torch.amp.GradScaler(dev) if dtype == torch.float16 else None
-    step = plain_step(model, opt, ctx.loss_fn, autocast=lambda: torch.autocast(dev, dtype=dtype), scaler=scaler)
+    step = train_step(model, ctx, opt, autocast=lambda: torch.autocast(dev, dtype=dtype), scaler=scaler)
     name = str(dtype).removeprefix("torch.")
     notes = [f"autocast {name} on {dev} around forward and loss"
              + ("; GradScaler scales the loss, unscales the gradients and skips steps with inf/NaN gradients"
@@ -184,7 +167,7 @@ def train_checkpointing(model, ctx: TrainContext, p: dict) -> TrainSetup:
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for b in blocks for m in model.get_submodule(b).modules()):
         notes.append("BatchNorm layers inside checkpointed blocks update their running statistics twice per step "
                      "(the recompute too): eval-mode outputs drift from the baseline's; the gradients do not")
-    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn), params, notes)
+    return TrainSetup(model, opt, train_step(model, ctx, opt), params, notes)
 
 
 def split_batch(inputs, k: int) -> list:
@@ -209,18 +192,14 @@ def train_accumulation(model, ctx: TrainContext, p: dict) -> TrainSetup:
     opt = make_optimizer(params, ctx.optimizer, ctx.lr)
     rows_loss = getattr(ctx.loss_fn, "for_rows", None)  # a loss whose targets follow the batch's rows
 
-    def step(inputs):
-        opt.zero_grad(set_to_none=True)
+    def micro_batches(inputs) -> list:
+        """The k micro-batches, each with its loss (the rows of the targets it holds, where the loss
+        says how): the step divides each loss by k and its gradients add up over them."""
         parts = split_batch(inputs, k)
+        if not rows_loss:
+            return [(part, ctx.loss_fn) for part in parts]
         m = next(x.shape[0] for x in parts[0] if isinstance(x, torch.Tensor) and x.dim())
-        total = None
-        for i, part in enumerate(parts):
-            out = call_model(model, part)
-            loss = (rows_loss(out, i * m, (i + 1) * m, m * k) if rows_loss else ctx.loss_fn(out)) / k
-            loss.backward()  # gradients add up over the micro-batches
-            total = loss.detach() if total is None else total + loss.detach()
-        opt.step()
-        return total.float()
+        return [(part, lambda out, i=i: rows_loss(out, i * m, (i + 1) * m, m * k)) for i, part in enumerate(parts)]
 
     notes = [f"{k} micro-batches of {next(x.shape[0] for x in ctx.inputs if isinstance(x, torch.Tensor)) // k}, "
              "each loss divided by k: for a mean-reduced loss the summed gradients are the full batch's"]
@@ -230,7 +209,7 @@ def train_accumulation(model, ctx: TrainContext, p: dict) -> TrainSetup:
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         notes.append("BatchNorm normalises each micro-batch with its own statistics: gradients and losses "
                      "differ slightly from the full batch's")
-    return TrainSetup(model, opt, step, params, notes)
+    return TrainSetup(model, opt, train_step(model, ctx, opt, split=micro_batches), params, notes)
 
 
 def train_fused_optimizer(model, ctx: TrainContext, p: dict) -> TrainSetup:
@@ -250,7 +229,7 @@ def train_fused_optimizer(model, ctx: TrainContext, p: dict) -> TrainSetup:
         impl = "foreach"
         fast = cls(params, **defaults, foreach=True)
     base_impl = "foreach" if ctx.device.type == "cuda" else "for-loop (single tensor)"
-    return TrainSetup(model, fast, plain_step(model, fast, ctx.loss_fn), params,
+    return TrainSetup(model, fast, train_step(model, ctx, fast), params,
                       [f"{cls.__name__}({impl}=True) against the default implementation on {ctx.device.type} "
                        f"({base_impl})"])
 
@@ -258,16 +237,7 @@ def train_fused_optimizer(model, ctx: TrainContext, p: dict) -> TrainSetup:
 def train_compile(model, ctx: TrainContext, p: dict) -> TrainSetup:
     params = list(model.parameters())
     opt = make_optimizer(params, ctx.optimizer, ctx.lr)
-    compiled = torch.compile(model)
-    opt_step = torch.compile(opt.step)
-
-    def step(inputs):
-        opt.zero_grad(set_to_none=True)
-        loss = ctx.loss_fn(call_model(compiled, inputs))
-        loss.backward()
-        opt_step()
-        return loss.detach().float()
-
+    step = train_step(torch.compile(model), ctx, opt, update=torch.compile(opt.step))
     return TrainSetup(model, opt, step, params,
                       ["torch.compile(model): TorchInductor kernels for forward and backward (AOTAutograd); "
                        "torch.compile(optimizer.step); the loss stays eager. The first step compiles (see first "
@@ -283,7 +253,7 @@ def train_channels_last(model, ctx: TrainContext, p: dict) -> TrainSetup:
         return as_inputs(inputs).map(lambda x: x.contiguous(memory_format=torch.channels_last)
                                      if isinstance(x, torch.Tensor) and x.dim() == 4 else x)
 
-    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn, prepare_inputs=to_nhwc), params,
+    return TrainSetup(model, opt, train_step(model, ctx, opt, prepare=to_nhwc), params,
                       ["weights and 4-D inputs in NHWC; gradients follow the weights' format"])
 
 
@@ -313,7 +283,7 @@ def train_qat(model, ctx: TrainContext, p: dict) -> TrainSetup:
         quantize_(served, Int8DynamicActivationInt8WeightConfig())
         return served
 
-    return TrainSetup(model, opt, plain_step(model, opt, ctx.loss_fn), trained,
+    return TrainSetup(model, opt, train_step(model, ctx, opt), trained,
                       [f"{len(names)} Linear layer(s) train with fake int8 (activations per token, asymmetric; "
                        "weights per channel, symmetric), then convert to int8 weights with dynamic int8 "
                        "activations (torchao)", "fake quantization costs time in training; the gain is the "

@@ -18,22 +18,21 @@ Rows are reported as they come (``report``), as inference trials report theirs (
 from __future__ import annotations
 
 import copy
-import time
 from typing import Callable
 
 import torch
 from torch import nn
 
 from diagnostics.analyses.optimize.catalog import get_fix
-from diagnostics.analyses.optimize.fixes import FixNotApplicable
 from diagnostics.analyses.optimize.train_fixes import TrainContext, TrainSetup, baseline
-from diagnostics.analyses.optimize.trials import Report, _row, fidelity, serialized_bytes, timing_reporter, with_times
+from diagnostics.analyses.optimize.trials import (Report, _row, fidelity, fix_rows, serialized_bytes, timing_reporter,
+                                                  with_times)
 from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import Stop, timed_rounds
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import SavedTensorTracker, measure_peak
 from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
-from diagnostics.measure.timer import sync
+from diagnostics.measure.timer import timed
 
 SEED = 0
 
@@ -63,15 +62,15 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float | None:
 
 def train_for(setup: TrainSetup, inputs: tuple, steps: int, device) -> tuple[list[float], torch.Tensor, float]:
     """``steps`` steps; the losses, the gradients after the first step and the first step's seconds."""
-    losses, grads, first = [], None, 0.0
+    losses, grads, first_ms = [], None, 0.0
     for i in range(steps):
-        t0 = time.perf_counter()
-        losses.append(float(setup.step(inputs)))
-        sync(device)
         if i == 0:
-            first = time.perf_counter() - t0
+            first_ms, loss = timed(lambda: setup.step(inputs=inputs), device)
             grads = grad_vector(setup.params)
-    return losses, grads, first
+        else:
+            loss = setup.step(inputs=inputs)
+        losses.append(float(loss))
+    return losses, grads, first_ms / 1e3
 
 
 def resident_bytes(setup: TrainSetup, inputs: tuple) -> int:
@@ -136,44 +135,32 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
                  first_call_ms=base_first * 1e3, losses=base_losses, loss_rel_diff=0.0, grad_cosine=1.0,
                  **fidelity(base_out, base_out, classifier))]
     setups["baseline"] = base
-    for i, fix_id in enumerate(fixes):
-        report_rows(rows, f"trained {i} of {len(fixes)} fixes")
-        fix = get_fix(fix_id, "train")
-        progress(0.05 + 0.45 * i / max(1, len(fixes)), f"training with: {fix.title}")
-        opts = fix.options(params.get(fix_id))
-        ok, why = fix.applies(facts)
-        if not ok:
-            rows.append(_row(fix_id, fix.title, "not_applicable", why=why, params=opts))
-            continue
-        try:
-            setup = build(fix_id, opts)
-            torch.manual_seed(SEED)
-            losses, grads, first = train_for(setup, inputs, steps, device)
-            served = setup.finish() if setup.finish else setup.model
-            out = eval_outputs(served, inputs)
-            rel = [abs(a - b) / abs(b) if b else abs(a - b) for a, b in zip(losses, base_losses)]
-            row = _row(fix_id, fix.title, "ok", notes=list(setup.notes), params=opts, first_call_ms=first * 1e3,
-                       losses=losses, loss_rel_diff=max(rel) if rel else None,
-                       grad_cosine=cosine(grads, base_grads), **fidelity(base_out, out, classifier))
-            if setup.finish:
-                row["notes"].append("size and output fidelity: the converted model, after the training steps")
-                row["size_bytes"], row["size_kind"] = serialized_bytes(served)
-            rows.append(row)
-            setups[fix_id] = setup
-        except FixNotApplicable as e:
-            rows.append(_row(fix_id, fix.title, "not_applicable", why=str(e), params=opts))
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:  # a failing fix says why; the others still run
-            rows.append(_row(fix_id, fix.title, "failed", why=short_error(e), params=opts))
+
+    def attempt(fix_id: str, fix, opts: dict) -> tuple[dict, TrainSetup]:
+        setup = build(fix_id, opts)
+        torch.manual_seed(SEED)
+        losses, grads, first = train_for(setup, inputs, steps, device)
+        served = setup.finish() if setup.finish else setup.model
+        out = eval_outputs(served, inputs)
+        rel = [abs(a - b) / abs(b) if b else abs(a - b) for a, b in zip(losses, base_losses)]
+        row = _row(fix_id, fix.title, "ok", notes=list(setup.notes), params=opts, first_call_ms=first * 1e3,
+                   losses=losses, loss_rel_diff=max(rel) if rel else None,
+                   grad_cosine=cosine(grads, base_grads), **fidelity(base_out, out, classifier))
+        if setup.finish:
+            row["notes"].append("size and output fidelity: the converted model, after the training steps")
+            row["size_bytes"], row["size_kind"] = serialized_bytes(served)
+        return row, setup
+
+    setups.update(fix_rows(fixes, "train", facts, params, rows, attempt, why_failed=short_error, report=report,
+                           progress=progress, share=(0.05, 0.45), words=("trained", "training with")))
 
     progress(0.55, "peak memory of one training step per candidate")
     for row in rows:
         setup = setups.get(row["fix"])
         if setup is None:
             continue
-        setup.optimizer.zero_grad(set_to_none=True)
-        peak = measure_peak(lambda: setup.step(inputs), device, resident_bytes(setup, inputs))
+        setup.step.zero_grad()  # the step starts with no gradients, as a training loop's does
+        peak = measure_peak(lambda: setup.step(inputs=inputs), device, resident_bytes(setup, inputs))
         row["peak_bytes"] = int(peak.peak_bytes)
         if row["size_bytes"] is None:
             row["size_bytes"], row["size_kind"] = serialized_bytes(setup.model)
@@ -184,7 +171,7 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
 
     report_rows(rows, f"trained {len(fixes)} of {len(fixes)} fixes, peak memory measured; timing")
     progress(0.6, f"timing {len(setups)} training steps and the A/A control in interleaved rounds")
-    calls = {k: (lambda s=s: s.step(inputs)) for k, s in setups.items()}
+    calls = {k: (lambda s=s: s.step(inputs=inputs)) for k, s in setups.items()}
     try:
         with watch() as w:
             r, stop = timed_rounds(calls, device, iters, warmup, batch_size=batch, control=True,

@@ -26,7 +26,7 @@ from torch import nn
 from diagnostics.measure.compare import CONTROL, Rounds, Stop, control_problem, timed_rounds
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import added_peak_bytes
-from diagnostics.measure.timer import sync
+from diagnostics.measure.timer import timed
 from diagnostics.analyses.optimize.catalog import get_fix
 from diagnostics.analyses.optimize.fixes import FixNotApplicable, trace
 from diagnostics.errors import explain
@@ -120,6 +120,41 @@ def _row(fix: str, title: str, status: str, **kw) -> dict:
     return row
 
 
+def fix_rows(fixes: list[str], mode: str, facts: dict, params: dict, rows: list[dict],
+             attempt: Callable[[str, object, dict], tuple[dict, object]], *, why_failed: Callable = explain,
+             report: Report | None = None, progress: Callable[[float, str], None] | None = None,
+             share: tuple[float, float] = (0.05, 0.5), words: tuple[str, str] = ("built", "applying")) -> dict:
+    """One row per fix appended to ``rows``, for the inference trials and the training trials alike:
+    "not_applicable" with why (the fix's ``applies(facts)``, or the recipe's FixNotApplicable), "failed"
+    with ``why_failed(error)`` (torch.OutOfMemoryError is the runner's: raised), else the row
+    ``attempt(fix_id, fix, options)`` returns with what it built. Returns {fix id: what was built}.
+    ``report`` gets the rows before each fix ("built 2 of 5 fixes"); ``progress`` moves over ``share``."""
+    report = report or (lambda rows, message: None)
+    progress = progress or (lambda f, m: None)
+    built = {}
+    for i, fix_id in enumerate(fixes):
+        report(rows, f"{words[0]} {i} of {len(fixes)} fixes")
+        fix = get_fix(fix_id, mode)
+        progress(share[0] + share[1] * i / max(1, len(fixes)), f"{words[1]}: {fix.title}")
+        opts = fix.options(params.get(fix_id))
+        ok, why = fix.applies(facts)
+        if not ok:
+            rows.append(_row(fix_id, fix.title, "not_applicable", why=why, params=opts))
+            continue
+        try:
+            row, made = attempt(fix_id, fix, opts)
+        except FixNotApplicable as e:
+            rows.append(_row(fix_id, fix.title, "not_applicable", why=str(e), params=opts))
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # a failing fix says why; the others still run
+            rows.append(_row(fix_id, fix.title, "failed", why=why_failed(e), params=opts))
+        else:
+            rows.append(row)
+            built[fix_id] = made
+    return built
+
+
 def _call(model: nn.Module, inputs: tuple) -> Callable[[], object]:
     def call():
         with torch.no_grad():
@@ -130,14 +165,11 @@ def _call(model: nn.Module, inputs: tuple) -> Callable[[], object]:
 def prepare(model: nn.Module, inputs: tuple, device: torch.device) -> tuple[dict, object]:
     """First call (compiles, if the fix compiles), peak memory and size on disk; not the latency."""
     call = _call(model, inputs)
-    t0 = time.perf_counter()
-    out = call()
-    sync(device)
-    first = time.perf_counter() - t0
+    first_ms, out = timed(call, device)
     # a candidate whose memory torch cannot see (an ONNX Runtime session) says so: "not counted", never 0
     peak = added_peak_bytes(call, device) if getattr(model, "peak_counted", True) else None
     size, kind = serialized_bytes(model)
-    return {"first_call_ms": first * 1e3, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
+    return {"first_call_ms": first_ms, "peak_bytes": peak, "size_bytes": size, "size_kind": kind}, out
 
 
 #: While the rounds run, the rows are reported at most this often (and whenever a fix is decided).
@@ -235,37 +267,24 @@ def build_trials(model: nn.Module, inputs: tuple, device: torch.device, fixes: l
     rows = [_row("baseline", "Baseline (eval, no_grad)", "ok", size_ratio=1.0,
                  **fidelity(base_out, base_out, classifier), **base)]
     candidates = {"baseline": base_model}
-    for i, fix_id in enumerate(fixes):
-        report_rows(rows, f"built {i} of {len(fixes)} fixes")
-        fix = get_fix(fix_id)
-        progress(0.05 + 0.5 * i / max(1, len(fixes)), f"applying: {fix.title}")
-        opts = fix.options(params.get(fix_id))
-        ok, why = fix.applies(facts)
-        if not ok:
-            rows.append(_row(fix_id, fix.title, "not_applicable", why=why, params=opts))
-            continue
-        try:
-            candidate, notes = fix.apply(copy.deepcopy(model), inputs, opts)
-            m, out = prepare(candidate, inputs, device)
-            row = _row(fix_id, fix.title, "ok", notes=notes, params=opts, **m, **fidelity(base_out, out, classifier))
-            row["size_ratio"] = m["size_bytes"] / base["size_bytes"] if base["size_bytes"] else None
-            if fix_id == "prune_l1":
-                row["notes"].append(f"zero weights: {zero_fraction(candidate):.1%} of Linear/Conv weights")
-            if artifact_dir is not None:
-                try:
-                    row["artifact"] = save_artifact(candidate, inputs, Path(artifact_dir), f"optimized_{fix_id}",
-                                                    {"fix": fix_id, "params": opts, "notes": notes,
-                                                     "torch": torch.__version__})
-                except Exception as e:
-                    row["notes"].append(f"could not save the optimized model: {type(e).__name__}: {e}")
-            rows.append(row)
-            candidates[fix_id] = candidate
-        except FixNotApplicable as e:
-            rows.append(_row(fix_id, fix.title, "not_applicable", why=str(e), params=opts))
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as e:  # a failing fix says why; the others still run
-            rows.append(_row(fix_id, fix.title, "failed", why=explain(e), params=opts))
+
+    def attempt(fix_id: str, fix, opts: dict) -> tuple[dict, nn.Module]:
+        candidate, notes = fix.apply(copy.deepcopy(model), inputs, opts)
+        m, out = prepare(candidate, inputs, device)
+        row = _row(fix_id, fix.title, "ok", notes=notes, params=opts, **m, **fidelity(base_out, out, classifier))
+        row["size_ratio"] = m["size_bytes"] / base["size_bytes"] if base["size_bytes"] else None
+        if fix_id == "prune_l1":
+            row["notes"].append(f"zero weights: {zero_fraction(candidate):.1%} of Linear/Conv weights")
+        if artifact_dir is not None:
+            try:
+                row["artifact"] = save_artifact(candidate, inputs, Path(artifact_dir), f"optimized_{fix_id}",
+                                                {"fix": fix_id, "params": opts, "notes": notes,
+                                                 "torch": torch.__version__})
+            except Exception as e:
+                row["notes"].append(f"could not save the optimized model: {type(e).__name__}: {e}")
+        return row, candidate
+
+    candidates.update(fix_rows(fixes, "inference", facts, params, rows, attempt, report=report, progress=progress))
     report_rows(rows, f"built {len(fixes)} of {len(fixes)} fixes; timing")
     return rows, candidates
 

@@ -392,13 +392,10 @@ def analyze(ctx, options: dict) -> ProfileResult:
     ctx.progress(0.82, "building views")
     traces: list[Trace] = []
     cycle_traces: list[bytes] = []
-    cycle_files_bytes: list[bytes] = []
     try:
         for path in cycle_files:
             traces.append(load_trace(path))
-            raw = path.read_bytes()
-            cycle_files_bytes.append(raw)
-            cycle_traces.append(_with_rank(raw, traces[-1]))
+            cycle_traces.append(_with_rank(path.read_bytes(), traces[-1]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     module_types = {(n or ROOT_MODULE): type(m).__name__ for n, m in model.named_modules()}
@@ -415,7 +412,7 @@ def analyze(ctx, options: dict) -> ProfileResult:
     ctx.progress(0.88, "writing trace files")
     artifacts = write_artifacts(cycle_traces, ctx.artifact_dir)
     timeline = pt.timeline(traces[-1], opts["timeline_max_events"],
-                           cycle_files_bytes[-1] if opts["record_shapes"] else None)
+                           artifacts["trace_json"] if opts["record_shapes"] else None)
 
     roof = roof_unavailable = None
     if opts["roofline"]:

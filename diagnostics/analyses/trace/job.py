@@ -36,15 +36,6 @@ EVENTS_FILE = "events.feather"
 META_FILE = "trace_meta.json"
 
 
-def file_stamp(path: str) -> dict:
-    """What identifies a file's content cheaply (for cache keys): path, size, mtime."""
-    p = Path(path)
-    if not p.is_file():
-        raise TorchScopeError(f"trace file not found: {path}")
-    st = p.stat()
-    return {"path": str(p.resolve()), "size": st.st_size, "mtime": int(st.st_mtime)}
-
-
 def _require_path(options: dict, key: str = "path") -> str:
     path = options[key]
     if not check_server_path(path, "trace").is_file():

@@ -20,6 +20,7 @@ from pathlib import Path
 import orjson
 
 from diagnostics.trace.cache import cache_key, stamp
+from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks.summary import SUMMARY_VERSION
 
 #: The summaries' folder holds at most this many bytes (least recently used removed first).
@@ -37,7 +38,7 @@ class SummaryStore:
             return None
         try:
             st = stamp(path)
-        except OSError:
+        except (OSError, TraceError):  # gone, or not a file: no kept summary
             return None
         key = cache_key(st, {"task": task, "options": options or {}, "summary_version": SUMMARY_VERSION})
         return self.root / f"{key}.json", st

@@ -29,7 +29,7 @@ import numpy as np
 
 from diagnostics.trace import classify
 from diagnostics.trace.comm import event_bytes, rank_breakdown
-from diagnostics.trace.comm_args import comm_events
+from diagnostics.trace.comm_args import named_events
 from diagnostics.trace.ingest import load_trace
 from diagnostics.trace.timeline import MAX_EVENTS, timeline_data
 from diagnostics.trace.views import _gpu_frame, gpu_step_breakdown, idle_time, steps as step_table
@@ -175,7 +175,7 @@ def _collectives(trace, path: str, steps: dict) -> dict:
     duration, message bytes (-1: not recorded), group size (-1: not recorded)."""
     rows, what = _own_rows(trace)
     names = trace.labels("name")[np.unique(trace.codes("name")[rows])].tolist()
-    events, unreadable = comm_events(path, names)
+    events, unreadable = named_events(path, names)
     own = _own_events(events, what)
     own.sort(key=lambda e: float(e["ts"]))
     origin = float(trace.origin_us)

@@ -1,0 +1,299 @@
+"""run_job: validate the job, store its run, wait for its device, and supervise its worker (a spare
+or a cold one) to the end: progress and partial results, the timeout, cancellation, the memory cap
+and the disk quota, then what it left moved into the run's folder and the run stored."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+import diagnostics.jobfiles as jobfiles
+import diagnostics.sandbox as sandbox
+from diagnostics.errors import JobError, TorchScopeError
+from diagnostics.registry import get_analysis
+from diagnostics.results import ResultError, decode, decode_partial
+from diagnostics.runner.device_lock import device_queue
+from diagnostics.runner.job import Job, JobOutcome, PartialFn, ProgressFn, _cancel_reason
+from diagnostics.runner.limits import (MEMORY_LIMIT_ENV, _baseline, _kill, _memory_cap_bytes, _rss, _ShmCounter,
+                                       _tree_pids)
+from diagnostics.runner.logs import _append_log, _LogDrain
+from diagnostics.runner.spare_pool import _POOL, _warm_worker
+from diagnostics.runner.worker import _main_script_hidden, _worker_main
+from diagnostics.settings import env_number
+from diagnostics.store import StoreError
+
+#: Overrides every analysis' default timeout (a caller's explicit timeout_s still wins).
+TIMEOUT_ENV = "TORCHSCOPE_JOB_TIMEOUT_S"
+
+#: Stored as the error of a run whose calling thread was interrupted mid-job (an exception from a
+#: callback, KeyboardInterrupt in a notebook).
+INTERRUPTED_MESSAGE = "cancelled: the process running the job was interrupted before it finished"
+
+#: What a fatal signal means to a user, by name.
+_SIGNAL_MEANING = {
+    "SIGSEGV": "a segmentation fault in native code",
+    "SIGBUS": "a bus error in native code",
+    "SIGABRT": "the process aborted (os.abort() or a failed native assertion)",
+    "SIGFPE": "a floating-point exception in native code",
+    "SIGILL": "an illegal instruction in native code",
+    "SIGKILL": "killed from outside, probably by the system's out-of-memory killer",
+}
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+    meaning = _SIGNAL_MEANING.get(name)
+    return f"{name}: {meaning}" if meaning else name
+
+
+def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn | None = None,
+            store=None, source: str = "app", cancel: threading.Event | None = None,
+            memory_limit_mb: float | None = None, artifact_dir: Path | None = None,
+            on_tick: Callable[[float], None] | None = None, on_partial: PartialFn | None = None) -> JobOutcome:
+    """Run ``job`` in a spawned worker; record it in ``store`` (if given) from start to finish.
+
+    ``on_progress(fraction, message)`` gets the analysis' progress (and "queued: ..." while an
+    exclusive job waits for its device); ``on_partial(result)`` its partial results (ctx.partial); ``on_tick(elapsed_s)`` is called a few times a second while
+    waiting, so a UI can show elapsed time. Setting ``cancel`` stops the job: the worker is killed
+    and the run is stored as 'cancelled' (error: the event's ``reason`` attribute, if it has one, or
+    CANCELLED_MESSAGE). Any exception raised by a callback or by the caller's thread (Ctrl-C) does
+    the same and is re-raised. Every other failure comes back as a JobOutcome with a readable ``error``.
+    """
+    try:  # options and settings, checked before anything is stored (a bad value names itself)
+        analysis = get_analysis(job.analysis)
+        job = job.validated()
+        timeout_s = float(timeout_s if timeout_s is not None else env_number(TIMEOUT_ENV, analysis.timeout_s))
+        memory_limit_mb = memory_limit_mb or _memory_cap_bytes() / 2**20
+        limits = jobfiles.Limits.from_env()
+    except TorchScopeError as e:
+        return JobOutcome("error", error=str(e), error_type=type(e).__name__)
+    device = job.spec.device if job.spec is not None else "cpu"
+    run_id = None
+    if store is not None:
+        try:
+            run_id = store.create_run(job.analysis, spec=None if job.spec is None else job.spec.to_dict(),
+                                      options=job.options, cache_key=job.key(),
+                                      model_label=job.label(),
+                                      device=device, source=source)
+        except StoreError as e:  # read-only or full: said once, nothing run
+            return JobOutcome("error", error=str(e), error_type="StoreError")
+        artifact_dir = store.artifact_dir(run_id)
+    elif artifact_dir is None:
+        artifact_dir = Path(tempfile.mkdtemp(prefix="torchscope-job-"))
+    artifact_dir = Path(artifact_dir)
+    artifact_dir.mkdir(parents=True, exist_ok=True)
+    progress = on_progress or (lambda f, m: None)
+
+    def finish(outcome: JobOutcome) -> JobOutcome:
+        outcome.run_id, outcome.artifact_dir = run_id, str(artifact_dir)
+        if store is not None:
+            try:
+                store.finish_run(run_id, outcome.status, result=outcome.result, error=outcome.error,
+                                 artifacts=jobfiles.listing(artifact_dir))
+            except StoreError as e:  # the job ran; its run could not be stored (its row stays 'running')
+                outcome.error = f"{e} (the job itself ended '{outcome.status}'; its run is not stored)"
+                outcome.status, outcome.error_type = "error", "StoreError"
+        return outcome
+
+    lock_dir = (store.data_dir if store is not None else Path(artifact_dir).parent) / "locks"
+    try:
+        if analysis.exclusive:
+            queue = device_queue(lock_dir, device, lambda: progress(0.0, f"queued: another job is timing {device}; "
+                                                                           "waiting for it to finish"),
+                                 cancel, on_tick)
+        else:
+            queue = _null()
+        with queue, _POOL.busy():
+            outcome = _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
+                                  store, run_id, on_tick, limits, on_partial)
+    except JobError as e:
+        outcome = JobOutcome("cancelled", error=str(e), error_type="JobError")
+    except BaseException:
+        # Interrupted in this thread (StopException/RerunException from a callback, KeyboardInterrupt,
+        # GeneratorExit): _run_worker's finally has killed the worker. Record why, then let it go on.
+        if store is not None:
+            try:
+                store.finish_run(run_id, "cancelled", error=INTERRUPTED_MESSAGE,
+                                 artifacts=jobfiles.listing(artifact_dir))
+            except Exception:  # never hide the original interruption
+                pass
+        raise
+    return finish(outcome)
+
+
+@contextmanager
+def _null():
+    yield False
+
+
+#: How often the runner counts what a running job has put on disk (seconds).
+DISK_CHECK_S = 1.0
+
+
+def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb, store, run_id,
+                on_tick, limits: jobfiles.Limits, on_partial=None) -> JobOutcome:
+    log_path = artifact_dir / "worker.log"
+    cap = int(memory_limit_mb * 2**20)
+    as_limit = cap if (job.spec is None or job.spec.device == "cpu") else None  # CUDA needs a huge VA space
+    # The job writes only its staging folder (worker.log, the runner's, sits beside it, out of reach)
+    # and a private temp folder (TMPDIR, compiler caches); both are counted against the disk quota
+    # while it runs, and once it is gone its regular files are moved into the run's folder and both
+    # folders are removed.
+    job_dir = artifact_dir / jobfiles.JOB_FOLDER
+    jobfiles.remove_tree(job_dir)
+    job_dir.mkdir(parents=True)
+    tmp_dir = tempfile.mkdtemp(prefix="torchscope-job-tmp-")
+    hidden = (str(store.data_dir),) if store is not None else ()  # the run store: out of the job's reach
+    caps = {"disk_bytes": limits.disk_bytes, "shm_bytes": cap}
+    t0 = time.monotonic()
+    shm = _ShmCounter()
+    proc, parent, drain = _warm_worker((job.to_dict(), str(job_dir), as_limit, tmp_dir, hidden, caps), log_path)
+    if proc is None:  # no spare: a cold worker, started for this job
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=False)
+        log_read, log_write = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_worker_main, args=(job.to_dict(), child, log_write, str(job_dir), as_limit,
+                                                      os.getpid(), tmp_dir, hidden, caps), daemon=False)
+        # Not a daemon, so a job may start processes of its own (DataLoader workers, torchrun); the
+        # worker still dies with this process (PR_SET_PDEATHSIG) and is killed with its children below.
+        drain = _LogDrain(os.dup(log_read.fileno()), log_path)
+        log_read.close()
+        try:
+            with _main_script_hidden():
+                proc.start()
+        finally:
+            child.close()
+            log_write.close()  # the worker holds the only write end: EOF when it ends
+            drain.start()
+    if store is not None:
+        try:
+            store.set_pid(run_id, proc.pid)
+        except StoreError:  # the worker's pid is a note; a store that cannot take it fails at the end
+            pass
+    progress(0.0, "starting worker")
+    last_mem_check = last_tick = last_disk_check = 0.0
+    baseline_rss = None  # the worker's footprint once torch is loaded; it reports it before any user code
+    collected: list[jobfiles.Collected] = []
+
+    def gather() -> jobfiles.Collected:
+        """The job is gone: move what it left into the run's folder, once."""
+        if not collected:
+            collected.append(jobfiles.collect(job_dir, artifact_dir, limits, links_from=_links_from(job)))
+            jobfiles.remove_tree(job_dir)
+            jobfiles.remove_tree(tmp_dir)
+        return collected[0]
+
+    def done(outcome: JobOutcome, extra_log: str = "") -> JobOutcome:
+        _kill(proc)
+        drain.finish()
+        kept = gather()
+        if outcome.result is not None:  # the plain result from the pipe: the paths it names where the files are now
+            outcome.result = jobfiles.relocate(outcome.result, str(job_dir), str(artifact_dir))
+            try:
+                outcome.result = decode(get_analysis(job.analysis), outcome.result)
+            except ResultError as e:
+                outcome.status, outcome.result, outcome.error, outcome.error_type = "error", None, str(e), type(e).__name__
+        if kept.over_limit and outcome.status == "ok":
+            outcome.status, outcome.result, outcome.error_type = "error", None, "JobError"
+            outcome.error = kept.over_limit + "; the files past the limit were not kept"
+        note = kept.note()
+        if note:
+            _append_log(log_path, note)
+        outcome.duration_s = time.monotonic() - t0
+        outcome.log_tail = (extra_log + "\n" + drain.recent() + ("\n" + note if note else "")).strip()
+        return outcome
+
+    def stop(status: str, error: str) -> JobOutcome:
+        return done(JobOutcome(status, error=error, error_type="JobError"))
+
+    eof = False  # the worker's end of the pipe is closed: it died (or is dying) without an answer
+    try:
+        while True:
+            # poll() is also true at EOF; recv() then raises EOFError
+            if not eof and parent.poll(0.1):
+                try:
+                    msg = parent.recv()
+                except EOFError:
+                    eof, msg = True, None
+                except Exception as e:  # a result the parent cannot unpickle
+                    msg = ("error", type(e).__name__, f"the worker's result could not be read: {e}", "")
+                if msg is not None and msg[0] == "progress":
+                    progress(msg[1], msg[2])
+                    continue
+                if msg is not None and msg[0] == "partial":
+                    if on_partial is not None:  # checked in the worker already (execute)
+                        on_partial(decode_partial(get_analysis(job.analysis), msg[1]))
+                    continue
+                if msg is not None and msg[0] == "baseline":
+                    baseline_rss = _baseline(proc.pid, msg[1])
+                    continue
+                if msg is not None and msg[0] == "ready":  # a spare's imports were done
+                    if msg[2] is not None:
+                        _POOL._torch_threads = msg[2]
+                    continue
+                if msg is not None:
+                    proc.join(5)
+                    if msg[0] == "ok":
+                        return done(JobOutcome("ok", result=msg[1]))  # decoded there, once relocated
+                    return done(JobOutcome(msg[0], error=msg[2], error_type=msg[1]), extra_log=msg[3])
+            elapsed = time.monotonic() - t0
+            if on_tick is not None and elapsed - last_tick > 0.25:
+                last_tick = elapsed
+                on_tick(elapsed)
+            if not eof and not proc.is_alive() and parent.poll(0):
+                continue  # it exited: read what it left in the pipe (an answer, or EOF) first
+            if eof or not proc.is_alive():
+                proc.join(5)
+                if proc.is_alive():  # it closed its pipe but lives on: nothing more will come from it
+                    _kill(proc)
+                return done(JobOutcome("crashed", error=f"the worker process died ({_signal_name(proc.exitcode)}) "
+                                                         f"while running {job.analysis}; the dashboard is unaffected",
+                                       error_type="JobError"))
+            if elapsed > timeout_s:
+                return stop("timeout", f"timed out after {timeout_s:g} s: the worker was stopped")
+            if cancel is not None and cancel.is_set():
+                return stop("cancelled", _cancel_reason(cancel))
+            if baseline_rss is not None and elapsed - last_mem_check > 0.5:  # counted from the baseline
+                last_mem_check = elapsed
+                pids = _tree_pids(proc.pid)
+                in_shm = shm.used(pids)
+                used = _rss(pids) - baseline_rss + in_shm
+                if used > cap:
+                    where = f" ({in_shm / 2**30:.1f} GiB of it in /dev/shm)" if in_shm > 2**20 else ""
+                    return stop("oom", f"ran out of memory: the job used {used / 2**30:.1f} GiB{where} beyond the "
+                                       f"worker's start-up, over its cap of {cap / 2**30:.1f} GiB "
+                                       f"(set {MEMORY_LIMIT_ENV})")
+            if elapsed - last_disk_check > DISK_CHECK_S:
+                last_disk_check = elapsed
+                over = limits.exceeded(jobfiles.usage([job_dir, tmp_dir], stop_after=limits.files))
+                if over:
+                    return stop("error", over + ": the worker was stopped")
+    finally:
+        parent.close()
+        if proc.is_alive():
+            _kill(proc)
+        if drain.is_alive():
+            drain.finish(0.5)
+        gather()
+
+
+def _links_from(job: Job) -> tuple:
+    """Where a kept file may have its other hard link: a trace job links its parsed columns from the
+    parsed-trace cache (runner-owned; the sandbox lets a job link only files it may write)."""
+    if job.analysis not in sandbox.TRACE_CACHE_ANALYSES:
+        return ()
+    from diagnostics.settings import trace_cache_dir
+
+    return (trace_cache_dir(),)
