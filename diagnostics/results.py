@@ -33,9 +33,10 @@ from msgspec import UNSET, UnsetType
 
 from diagnostics.declare import Analysis
 from diagnostics.errors import TorchScopeError
+from diagnostics.spec import InputSpec
 
-__all__ = ["UNSET", "UnsetType", "Record", "Result", "Disturbance", "ResultError", "to_plain", "to_json", "decode",
-           "metrics_of", "notes_of", "model_of", "disturbance_of", "given"]
+__all__ = ["UNSET", "UnsetType", "Record", "Result", "Disturbance", "ModelInput", "Shape", "ResultError", "to_plain",
+           "to_json", "decode", "build", "metrics_of", "notes_of", "model_of", "disturbance_of", "given"]
 
 
 class ResultError(TorchScopeError):
@@ -63,16 +64,36 @@ class Disturbance(Record, frozen=True, kw_only=True):
     thresholds: dict[str, float] = {}
 
 
+#: A tensor's shape as a result writes it: a list of ints, nested like a model's (tuple, list, dict) output;
+#: None for what is not a tensor (measure.tensors.shape_of).
+Shape = list[Any] | dict[str, Any] | None
+
+
+class ModelInput(Record, frozen=True, kw_only=True):
+    """One of the model's inputs as a result lists it (spec.InputSpec): its shape (batch first) and dtype;
+    ``high`` (the bound of random integers) and ``name`` (a keyword input) where the result gives them."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    high: int | None | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+
+    def to_spec(self) -> InputSpec:
+        return InputSpec(self.shape, self.dtype, self.high if given(self.high) else None,
+                         self.name if given(self.name) else None)
+
+
 class Result(Record, frozen=True, kw_only=True):
     """The base of every analysis' result type.
 
     ``model``: the model's label (left unset by runs on files); ``notes``: what the reader must know
-    (what was not counted and why); ``disturbance``: set by the runner on an exclusive analysis'
-    result; ``timing_cv``: the coefficient of variation of the timed samples, which that verdict reads.
-    A subclass may redeclare a field (e.g. ``model: str``, required)."""
+    (what was not counted and why; left unset by results that have none); ``disturbance``: set by the
+    runner on an exclusive analysis' result; ``timing_cv``: the coefficient of variation of the timed
+    samples, which that verdict reads. A subclass redeclares a field it always writes as required
+    (``model: str``, ``notes: tuple[str, ...]``). Read them generically with model_of / notes_of."""
 
     model: str | UnsetType = UNSET
-    notes: tuple[str, ...] = ()
+    notes: tuple[str, ...] | UnsetType = UNSET
     disturbance: Disturbance | UnsetType = UNSET
     timing_cv: float | None | UnsetType = UNSET
 
@@ -121,6 +142,30 @@ def decode(analysis: Analysis, plain):
         raise ResultError(f"this {analysis.name} result does not fit {rtype.__name__}: {e}") from None
 
 
+def _unknown(given, kept, path: str) -> list[str]:
+    """Keys of ``given`` (a job's plain dict) that its typed form ``kept`` lost, as paths."""
+    if isinstance(given, dict) and isinstance(kept, dict):
+        out = [f"{path}.{k}" for k in given if k not in kept]
+        return out + [p for k in given if k in kept for p in _unknown(given[k], kept[k], f"{path}.{k}")]
+    if isinstance(given, (list, tuple)) and isinstance(kept, (list, tuple)):
+        return [p for i, (a, b) in enumerate(zip(given, kept)) for p in _unknown(a, b, f"{path}[{i}]")]
+    return []
+
+
+def build(rtype: type, plain: dict):
+    """A job's result built from the plain dict it assembled: checked against ``rtype`` like ``decode``, and
+    strictly: a key the type does not declare is an error naming it (decode ignores such keys in old
+    stored runs; a job writing one is a bug)."""
+    try:
+        typed = msgspec.convert(plain, rtype)
+    except msgspec.ValidationError as e:
+        raise ResultError(f"the result does not fit {rtype.__name__}: {e}") from None
+    lost = _unknown(plain, to_plain(typed), "$")
+    if lost:
+        raise ResultError(f"the result has fields {rtype.__name__} does not declare: {', '.join(lost[:5])}")
+    return typed
+
+
 def checked(analysis: Analysis, result):
     """What ``analysis``' job returned, as it will cross the process boundary: encoded and decoded once
     (so the worker, tests and notebooks see the typed result the dashboard will). A typed analysis must
@@ -143,9 +188,9 @@ def metrics_of(result) -> dict:
 
 
 def notes_of(result) -> tuple[str, ...]:
-    if isinstance(result, dict):
-        return tuple(str(n) for n in result.get("notes") or () if n)
-    return tuple(str(n) for n in getattr(result, "notes", ()) or () if n)
+    """The result's notes (none: ())."""
+    notes = result.get("notes") if isinstance(result, dict) else getattr(result, "notes", ())
+    return tuple(str(n) for n in notes or () if n)  # UNSET is falsy
 
 
 def model_of(result) -> str | None:

@@ -30,17 +30,14 @@ PLAIN_CALLS = {"to_plain", "to_builtins", "asdict", "vars"}
 #: Modules that still read plain-dict results (their analyses are not converted yet). Remove yours when done.
 NOT_CONVERTED = {
     "diagnostics/render/charts/attach.py", "diagnostics/render/charts/checklist.py",
-    "diagnostics/render/charts/compile.py", "diagnostics/render/charts/critical_path.py",
-    "diagnostics/render/charts/distributed.py", "diagnostics/render/charts/gradients.py",
+    "diagnostics/render/charts/compile.py", "diagnostics/render/charts/gradients.py",
     "diagnostics/render/charts/memory.py", "diagnostics/render/charts/optimize.py",
     "diagnostics/render/charts/plan.py", "diagnostics/render/charts/profiler.py",
-    "diagnostics/render/charts/summary.py", "diagnostics/render/charts/trace_hta.py",
-    "diagnostics/render/charts/traces.py", "diagnostics/render/text.py",
-    "pages/traces.py",
-    "ui/views/attach.py", "ui/views/checklist.py", "ui/views/compile.py", "ui/views/critical_path.py",
-    "ui/views/distributed.py", "ui/views/gradients.py", "ui/views/memory.py", "ui/views/optimize.py",
-    "ui/views/plan.py", "ui/views/profiler.py", "ui/views/summary.py", "ui/views/trace_hta.py",
-    "ui/views/traces.py", "ui/views/validate.py", "ui/sidebar.py",
+    "diagnostics/render/charts/summary.py",
+    "ui/views/attach.py", "ui/views/checklist.py", "ui/views/compile.py",
+    "ui/views/gradients.py", "ui/views/memory.py", "ui/views/optimize.py",
+    "ui/views/plan.py", "ui/views/profiler.py", "ui/views/summary.py",
+    "ui/views/validate.py", "ui/sidebar.py",
 }
 
 

@@ -226,11 +226,13 @@ def missing_as(df, config: dict, texts: dict[str, str]):
     return df, config
 
 
-def chart_key(view: str, result: dict, n: int) -> str:
+def chart_key(view: str, result: dict | str, n: int) -> str:
     """A chart's widget key, unique per (view, result, chart): two results shown on one page (a trace and a
-    ranks folder) and two empty figures in one view (a CPU-only trace) would otherwise share an id."""
+    ranks folder) and two empty figures in one view (a CPU-only trace) would otherwise share an id. ``result``:
+    a plain result, or what identifies a typed one (its path)."""
     import hashlib
     import json
 
-    ident = json.dumps([result.get(k) for k in ("path", "name", "files", "alignment")], default=str)
+    ident = result if isinstance(result, str) else json.dumps([result.get(k) for k in ("path", "name", "files",
+                                                                                        "alignment")], default=str)
     return f"{view}-{hashlib.sha1(ident.encode()).hexdigest()[:10]}-{n}"

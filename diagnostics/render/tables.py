@@ -40,9 +40,15 @@ def _flat_cell(v):
     return v
 
 
+def frame(rows) -> pd.DataFrame:
+    """Typed rows (diagnostics.results.Record) or row dicts as a DataFrame, one column per field, values as
+    they are (a shape stays a list). A view's table of typed rows starts here."""
+    return pd.DataFrame([r if isinstance(r, dict) else to_plain(r) for r in rows])
+
+
 def records_frame(records) -> pd.DataFrame:
-    """Rows as a DataFrame: typed rows (diagnostics.results.Record) or row dicts; nested values as JSON text."""
-    df = pd.DataFrame([r if isinstance(r, dict) else to_plain(r) for r in records])
+    """Rows (typed or dicts) as a DataFrame for a CSV or a report table: nested values as compact JSON text."""
+    df = frame(records)
     for col in df.columns:
         if df[col].map(lambda v: isinstance(v, (list, dict, tuple))).any():
             df[col] = df[col].map(_flat_cell)
@@ -58,3 +64,16 @@ def is_trace_file(path: Path) -> bool:
     """A Chrome trace among a run's artifacts (trace.json, rank0.pt.trace.json.gz...)."""
     name = path.name.lower()
     return "trace" in name and name.endswith(TRACE_SUFFIXES)
+
+
+def declared_tables(analysis, result) -> list[tuple[str, pd.DataFrame]]:
+    """(title, rows as a report table) of each table ``analysis`` declares on its typed result, in order; a
+    table the result does not hold (unset, None) is left out."""
+    out = []
+    for t in analysis.tables:
+        rows = result
+        for part in t.path.split("."):
+            rows = getattr(rows, part, None)
+        if rows:  # UNSET and None are falsy
+            out.append((t.title, records_frame(rows)))
+    return out
