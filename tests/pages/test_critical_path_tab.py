@@ -42,13 +42,25 @@ def test_critical_path_tab_shows_the_path_breakdown_and_what_ifs(new_app, cp_tra
     assert "Download the step's trace with the critical path (JSON)" in labels
 
 
+def _runs(analysis: str) -> int:
+    from ui.jobs import get_store
+
+    return len(get_store().list(limit=10_000, analysis=analysis))
+
+
 def test_picking_another_step_shows_its_path(new_app, cp_trace):
+    """Another step is the critical-path part alone, recomputed from the opened trace's kept columns: a
+    trace_critical_path run, not the whole trace job (~14 parts) again."""
     at = _open(new_app, cp_trace)
+    traces, parts = _runs("trace"), _runs("trace_critical_path")
     at.selectbox(key=f"cp-step-{cp_trace}").set_value(0).run()
     assert not at.exception, [e.value for e in at.exception]
     assert _metric(at, "Step") == "0" and _metric(at, "To last GPU work") == "300.0 µs"
     path = next(df.value for df in at.dataframe if "waited on" in df.value.columns)
     assert "aten::linear" in set(path["event"]) and "k_linear" not in set(path["event"])
+    assert (_runs("trace"), _runs("trace_critical_path")) == (traces, parts + 1)
+    # the other tabs still show the opened trace: its timeline is drawn with step 1's path over it
+    assert any(m.label == "Steps" and m.value == "2" for m in at.metric)
 
 
 def test_every_engine_microsecond_column_is_shown_in_ms():

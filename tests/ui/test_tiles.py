@@ -3,10 +3,14 @@
 import copy
 import importlib
 import json
+import types
+import typing
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from diagnostics.declare import is_record, record_fields
 from diagnostics.registry import ANALYSES
 from diagnostics.units import UNITS
 from ui.widgets import MAX_LABEL_CHARS, MAX_VALUE_CHARS, Tile, tile_texts
@@ -17,10 +21,31 @@ SAMPLES = sorted((Path(__file__).parents[1] / "data" / "tiles").glob("*.json"))
 TILE_FUNCTIONS = {"batch_scan": ("scan_tiles",), "trace_diff": ("diff_tiles",), "profile": ("tiles", "roofline_tiles")}
 
 
+def _filled(tp, plain: dict) -> dict:
+    """A trimmed sample completed for its typed result: a required field the trim left out gets an empty
+    value of its type (the tiles read the metrics and a few fields, which the samples keep)."""
+    empty = {tuple: [], list: [], dict: {}, str: "", int: 0, float: 0.0, bool: False}
+    required = {f.name for f in msgspec.structs.fields(tp) if f.required}
+    out = dict(plain)
+    for name, ftype, _ in record_fields(tp):
+        inner = next((a for a in typing.get_args(ftype) if a is not type(None)), ftype) \
+            if typing.get_origin(ftype) in (typing.Union, types.UnionType) else ftype
+        if is_record(inner) and isinstance(out.get(name), dict):
+            out[name] = _filled(inner, out[name])
+        elif name in required and name not in out:
+            out[name] = _filled(inner, {}) if is_record(inner) else empty.get(typing.get_origin(inner) or inner)
+    return out
+
+
 def _tiles(path: Path, result: dict | None = None) -> list[Tile]:
+    from diagnostics.results import decode
+
     analysis = path.stem.split("-")[0]
-    module = importlib.import_module(ANALYSES[analysis].view.partition(":")[0])
+    decl = ANALYSES[analysis]
+    module = importlib.import_module(decl.view.partition(":")[0])
     result = result if result is not None else json.loads(path.read_text())
+    if decl.result is not None:  # a typed analysis: its tiles take the typed result
+        result = decode(decl, _filled(decl.result, result))
     out = []
     for name in TILE_FUNCTIONS.get(analysis, ("tiles",)):
         out += getattr(module, name)(result)
