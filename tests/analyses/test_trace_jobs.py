@@ -131,3 +131,72 @@ def test_a_second_open_of_an_unchanged_trace_reads_the_trace_cache(tmp_path, mon
     diff = run_job(Job("trace_diff", None, {"before": str(path), "after": str(DATA / "diff_after.json")}))
     assert diff.ok, diff.error
     assert diff.result.trace_cache.before.hit is True
+
+
+#: The trace job's parts as job.py calls them: the file's read, and each part's function (module, name).
+_JOB = "diagnostics.analyses.trace.job"
+_HTA = "diagnostics.trace.hta_parity"
+PARTS = [(_JOB, "_open"), (_JOB, "communication"), (_JOB, "summary"), (_JOB, "temporal_breakdown"),
+         (_JOB, "top_operators"), (_JOB, "idle_time"), (_JOB, "launch_stats"), (_HTA, "kernel_sequences"),
+         (_HTA, "queue_length"), (_HTA, "memcpy_bandwidth"), (_HTA, "annotations"), (_HTA, "launch_delay"),
+         (_HTA, "comm_overlap"), (_JOB, "critical_path_result"), (_JOB, "timeline_data"), (_JOB, "load_columns")]
+
+
+def _count_parts(monkeypatch) -> dict:
+    """Wrap each of PARTS to count its calls (in this process: runner.execute runs the job here)."""
+    import importlib
+    from collections import Counter
+
+    calls: Counter = Counter()
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for module, name in PARTS:
+        mod = importlib.import_module(module)
+        monkeypatch.setattr(mod, name, counting(name, getattr(mod, name)))
+    return calls
+
+
+def test_a_recomputed_part_runs_that_part_alone_and_equals_a_full_run_with_its_option(tmp_path, monkeypatch):
+    """Issue #32: the page recomputes one part of the trace analysis (another step's critical path, another
+    timeline window) from the columns the trace run kept. Counted: the part job calls that part's function
+    once and none of the other parts, nor reads the file; what it returns is what the whole trace job gives
+    with that option. On HTA's public rank-0 trace (tests/data/traces/public/README.md)."""
+    import msgspec
+
+    from diagnostics.results import UNSET
+    from diagnostics.runner import execute
+
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "data"))   # no stored result of an earlier test
+    path = str(DATA / "public" / "hta" / "multi_rank" / "rank-0.json.gz")
+    calls = _count_parts(monkeypatch)
+    first = execute(Job("trace", None, {"path": path}), tmp_path / "first")
+    # the counters see every part of a whole run (each once; nothing read back from kept columns)
+    assert dict(calls) == {name: 1 for _, name in PARTS if name != "load_columns"}
+    assert [s.step for s in first.summary.steps] == [551, 552] and first.critical_path.step == 552
+
+    calls.clear()
+    part = execute(Job("trace_critical_path", None, {"columns_dir": first.columns_dir, "critical_path_step": 551}),
+                   tmp_path / "part")
+    assert dict(calls) == {"load_columns": 1, "critical_path_result": 1}
+    calls.clear()
+    whole = execute(Job("trace", None, {"path": path, "critical_path_step": 551}), tmp_path / "whole")
+    assert calls["critical_path_result"] == 1 and calls["summary"] == 1   # computed again, not a stored result
+    cp, expected = part.critical_path, whole.critical_path
+    assert cp.step == 551 and cp.available and cp.length_us > 0 and cp.path
+    assert msgspec.structs.replace(cp, trace_file=UNSET) == msgspec.structs.replace(expected, trace_file=UNSET)
+    assert Path(cp.trace_file).parent == tmp_path / "part"   # its own exported step, the same as the whole job's
+    assert json.loads(Path(cp.trace_file).read_text()) == json.loads(Path(expected.trace_file).read_text())
+
+    t0, t1 = first.timeline.t0, (first.timeline.t0 + first.timeline.t1) / 2
+    calls.clear()
+    window = execute(Job("trace_timeline", None, {"columns_dir": first.columns_dir, "t0": t0, "t1": t1}),
+                     tmp_path / "window")
+    assert dict(calls) == {"load_columns": 1, "timeline_data": 1}
+    whole = execute(Job("trace", None, {"path": path, "t0": t0, "t1": t1}), tmp_path / "whole-window")
+    assert window.timeline == whole.timeline
+    assert 0 < window.timeline.in_range < first.timeline.in_range and window.timeline.t1 == pytest.approx(t1)

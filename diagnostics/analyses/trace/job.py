@@ -186,7 +186,7 @@ def analyze(ctx, options: dict) -> TraceResult:
     ctx.progress(0.88, "critical path")
     out["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical.py
     ctx.progress(0.9, "timeline")
-    out["timeline"] = timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
+    out["timeline"] = timeline_part(trace, options)
     if options["ranks"]:
         out["ranks"] = _ranks(ctx, options)
     if options["keep_columns"]:
@@ -238,12 +238,18 @@ def _timeline_picks(value: str | None):
     return None if not value else "all" if value == "all" else [int(p) for p in value.split(",")]
 
 
+def timeline_part(trace: Trace, options) -> dict:
+    """The timeline part: the bars of [t0, t1] µs (None: the whole trace), at most ``max_events``; in the
+    trace job and the trace_timeline part alike."""
+    return timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
+
+
 def analyze_timeline(ctx, options: dict) -> TraceTimelineResult:
-    """Re-draw the timeline for [t0, t1] µs from columns kept by a previous ``trace`` run."""
+    """Re-draw the timeline for [t0, t1] µs from columns kept by a previous ``trace`` run: the trace job's
+    timeline part alone, without reading the file or computing the other parts."""
     options = TRACE_TIMELINE.validate(options)  # idempotent: the runner validated them too
     trace = load_columns(options["columns_dir"])
-    return build(TraceTimelineResult, {"timeline": timeline_data(trace, options["t0"], options["t1"],
-                                                                 max_events=options["max_events"]), "metrics": {}})
+    return build(TraceTimelineResult, {"timeline": timeline_part(trace, options), "metrics": {}})
 
 
 def analyze_critical_path(ctx, options: dict) -> TraceCriticalPathResult:
