@@ -25,6 +25,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import env_number
 from diagnostics.units import human_bytes
@@ -385,8 +387,12 @@ def listing(run_dir, limit: int = MAX_LISTED) -> dict[str, str]:
 
 
 def relocate(value, old: str, new: str):
-    """``value`` (a job's result: plain data) with every string naming ``old`` or a path below it
-    pointing at the same place under ``new`` (the job's staging folder -> the run's folder)."""
+    """``value`` (a job's result: plain data or a typed record, diagnostics.results) with every string naming
+    ``old`` or a path below it pointing at the same place under ``new`` (the job's staging folder -> the
+    run's folder)."""
+    if isinstance(value, msgspec.Struct):
+        return msgspec.structs.replace(value, **{f: relocate(getattr(value, f), old, new)
+                                                 for f in value.__struct_fields__})
     if isinstance(value, str):
         if value == old:
             return new

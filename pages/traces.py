@@ -3,6 +3,7 @@
 import streamlit as st
 
 from diagnostics.trace.cache import stamp as file_stamp
+from diagnostics.analyses.trace.result import TraceResult
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import safe_mode
 from diagnostics.uploads import save_upload
@@ -123,8 +124,9 @@ with tab_ranks:  # several ranks' traces of one job: ui.views.trace_ranks
                 options["display_name"] = rank_names.get(rank_paths[0])
             outcome = run_analysis("trace", None, options, label="Analysing the ranks")
             if outcome.ok:  # the ranks' view only: "Open a trace" may show another trace's full view on this page
-                views.machine_banner(outcome.result)
-                show_ranks(outcome.result["ranks"])
-                views.downloads("trace", outcome.result, file_stem="trace-ranks")
+                result: TraceResult = outcome.result
+                views.machine_banner(result)
+                show_ranks(result.ranks)
+                views.downloads("trace", result, file_stem="trace-ranks")
             else:
                 show_failure(outcome)

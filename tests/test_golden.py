@@ -37,6 +37,14 @@ ZERO_FRACTION_ABS = 1e-4
 
 def run(analysis: str, tmp_path, sample: str | None = None, batch: int | None = None, **options) -> dict:
     from diagnostics.registry import ANALYSES
+    from diagnostics.results import to_plain
+
+    spec = None if sample is None else ModelSpec(name=sample, batch_size=batch)
+    typed = execute(Job(analysis, spec, options), tmp_path / analysis)
+    if ANALYSES[analysis].result is not None:
+        assert isinstance(typed, ANALYSES[analysis].result)
+    result = to_plain(typed)  # the figures as the store keeps them: the one serialisation, unchanged
+    # the result is what the analysis declared: every headline metric has a declared unit
 
     spec = None if sample is None else ModelSpec(name=sample, batch_size=batch)
     typed = execute(Job(analysis, spec, options), tmp_path / analysis)

@@ -157,6 +157,17 @@ def test_relocate_points_the_results_paths_at_the_run_folder():
         "rows": [{"path": "/d/run/x/y.pt", "other": "/d/run/.jobs/z"}], "n": 3}
 
 
+def test_relocate_reaches_the_paths_inside_a_typed_result():
+    """The runner decodes the worker's answer into its typed result before the paths are relocated."""
+    from diagnostics.analyses.trace.result import CriticalPath, TraceCriticalPathResult
+
+    typed = TraceCriticalPathResult(critical_path=CriticalPath(available=True, step=3,
+                                                               trace_file="/d/run/.job/critical_path.json"))
+    moved = jobfiles.relocate(typed, "/d/run/.job", "/d/run")
+    assert moved.critical_path.trace_file == "/d/run/critical_path.json" and moved.critical_path.step == 3
+    assert typed.critical_path.trace_file == "/d/run/.job/critical_path.json"  # a new record, the old one as it was
+
+
 def test_remove_tree_removes_what_a_job_locked_and_never_follows_a_link(tmp_path, secret):
     tree = tmp_path / "tmp"
     (tree / "locked" / "deep").mkdir(parents=True)

@@ -55,6 +55,18 @@ def test_the_stored_runs_cover_the_analyses():
                                              "checklist", "plan", "attach", "optimize", "compile"}
 
 
+def test_the_stored_trace_and_distributed_runs_cover_their_parts():
+    """runs-fc36ebc-trace.json: every part of the trace result (the ranks' and the HTA-parity ones too), the
+    recomputed timeline, a diff, and both distributed sources (a launch with its torchrun command)."""
+    rows = [json.loads(r["result_json"]) | {"_analysis": r["analysis"]} for r in ROWS]
+    assert {r["_analysis"] for r in rows} >= {"trace", "trace_timeline", "trace_diff", "distributed",
+                                              "distributed_traces"}
+    traces = [r for r in rows if r["_analysis"] == "trace"]
+    assert any(r.get("ranks") for r in traces) and any(r.get("kernel_sequences") for r in traces)
+    assert any((r.get("critical_path") or {}).get("available") for r in traces)
+    assert {r.get("source") for r in rows if r["_analysis"].startswith("distributed")} == {"launch", "folder"}
+
+
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['analysis']}-{r['id'][-8:]}")
 def test_a_stored_result_decodes_into_its_type_and_keeps_every_key(row, tmp_path):
     store = plant(tmp_path / "data")

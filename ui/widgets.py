@@ -234,7 +234,7 @@ def chart_key(view: str, result, n: int) -> str:
     """A chart's widget key, unique per (view, result, chart): two results shown on one page (a trace and a
     ranks folder) and two empty figures in one view (a CPU-only trace) would otherwise share an id.
     ``result``: a typed result or a part of one (its CHART_IDENTITY fields; one it lacks or leaves unset counts
-    as None), or a plain dict (a part the trace layer keeps as one)."""
+    as None), a plain dict (a part the trace layer keeps as one), or a string that identifies it (its path)."""
     import hashlib
     import json
 
@@ -244,5 +244,5 @@ def chart_key(view: str, result, n: int) -> str:
         value = result.get(key) if isinstance(result, dict) else getattr(result, key, None)
         return None if value is UNSET else value
 
-    ident = json.dumps([field(k) for k in CHART_IDENTITY], default=str)
+    ident = result if isinstance(result, str) else json.dumps([field(k) for k in CHART_IDENTITY], default=str)
     return f"{view}-{hashlib.sha1(ident.encode()).hexdigest()[:10]}-{n}"

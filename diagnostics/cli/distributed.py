@@ -21,6 +21,7 @@ from pathlib import Path
 from diagnostics.cli.model_args import add_model_args, build_spec
 from diagnostics.cli.report_folder import add_report_args, report_dir, write_report
 from diagnostics.analyses.distributed import DISTRIBUTED, DISTRIBUTED_TRACES
+from diagnostics.analyses.distributed.result import DistributedResult
 from diagnostics.cli.options import add_option, dest
 from diagnostics.results import to_json
 from diagnostics.units import human_bytes
@@ -106,54 +107,54 @@ def _spec(args):
                       seed=args.seed)
 
 
-def format_result(res: dict) -> str:
-    m = res["metrics"]
-    lines = [f"{m['ranks_loaded']} of {m['world_size']} ranks, backend {res['backend']}, {res['device_kind']}, "
-             f"{m['steps_per_rank']} profiled steps per rank",
-             f"median step {m['median_step_ms']:.2f} ms; communication {100 * m['comm_fraction']:.1f} % of step "
-             f"time, exposed {100 * m['exposed_comm_fraction']:.1f} %; overlap ratio "
-             + ("n/a" if m["overlap_ratio"] is None else f"{100 * m['overlap_ratio']:.1f} %"),
+def format_result(res: DistributedResult) -> str:
+    m = res.metrics
+    lines = [f"{m.ranks_loaded} of {m.world_size} ranks, backend {res.backend}, {res.device_kind}, "
+             f"{m.steps_per_rank} profiled steps per rank",
+             f"median step {m.median_step_ms:.2f} ms; communication {100 * m.comm_fraction:.1f} % of step "
+             f"time, exposed {100 * m.exposed_comm_fraction:.1f} %; overlap ratio "
+             + ("n/a" if m.overlap_ratio is None else f"{100 * m.overlap_ratio:.1f} %"),
              "",
              f"{'rank':>4} {'step ms':>9} {'busy ms':>9} {'compute':>9} {'comm':>9} {'overlap':>9} "
              f"{'exposed':>9} {'other':>9} {'limit ms':>9}  straggler"]
-    for r in res["ranks"]:
-        limit = r.get("threshold_ms")
-        lines.append(f"{r['rank']:>4} {r['step_ms']:>9.2f} {r['busy_ms']:>9.2f} {r['compute_ms']:>9.2f} "
-                     f"{r['comm_ms']:>9.2f} {r['overlap_ms']:>9.2f} {r['exposed_comm_ms']:>9.2f} "
-                     f"{r['other_ms']:>9.2f} {'-' if limit is None else f'{limit:.2f}':>9}  "
-                     f"{'YES' if r['straggler'] else ''}")
+    for r in res.ranks:
+        limit = r.threshold_ms
+        lines.append(f"{r.rank:>4} {r.step_ms:>9.2f} {r.busy_ms:>9.2f} {r.compute_ms:>9.2f} "
+                     f"{r.comm_ms:>9.2f} {r.overlap_ms:>9.2f} {r.exposed_comm_ms:>9.2f} "
+                     f"{r.other_ms:>9.2f} {'-' if limit is None else f'{limit:.2f}':>9}  "
+                     f"{'YES' if r.straggler else ''}")
     lines += ["", straggler_line(res), "", "collectives:"]
-    for c in res["collectives"][:15]:
-        size = human_bytes(c["mean_bytes"]) if c["mean_bytes"] is not None else "size not recorded"
-        lines.append(f"  {c['name']:<32} {c['where']:<4} {c['calls']:>6} calls  total {c['total_ms']:>9.3f} ms  "
-                     f"mean {c['mean_ms']:>8.3f} ms  {size}")
-    lines += [f"note: {n}" for n in res.get("notes", [])]
-    files = [r["file"] for r in res["ranks"] if r.get("file")]
-    if res.get("folder") and files:
+    for c in res.collectives[:15]:
+        size = human_bytes(c.mean_bytes) if c.mean_bytes is not None else "size not recorded"
+        lines.append(f"  {c.name:<32} {c.where:<4} {c.calls:>6} calls  total {c.total_ms:>9.3f} ms  "
+                     f"mean {c.mean_ms:>8.3f} ms  {size}")
+    lines += [f"note: {n}" for n in res.notes]
+    files = [r.file for r in res.ranks if r.file]
+    if res.folder and files:
         shown = ", ".join(files[:4]) + (f", ... ({len(files)} files)" if len(files) > 4 else "")
-        lines += ["", f"per-rank traces: {res['folder']} ({shown}); open one in https://ui.perfetto.dev, or "
-                      f"analyse them again: python -m diagnostics distributed analyze {shlex.quote(res['folder'])}"]
+        lines += ["", f"per-rank traces: {res.folder} ({shown}); open one in https://ui.perfetto.dev, or "
+                      f"analyse them again: python -m diagnostics distributed analyze {shlex.quote(res.folder)}"]
     return "\n".join(lines)
 
 
-def straggler_line(res: dict) -> str:
+def straggler_line(res: DistributedResult) -> str:
     """'stragglers: rank 1 (...)' with the leave-one-out rule and the busiest rank's figures."""
-    t, ranks = res["thresholds"], res["ranks"]
-    names = ", ".join(f"rank {r}" for r in res["stragglers"]) or "none"
+    t, ranks = res.thresholds, res.ranks
+    names = ", ".join(f"rank {r}" for r in res.stragglers) or "none"
     if len(ranks) < 2:
         return f"stragglers: {names} (one rank: nothing to compare with)"
-    rule = (f"a rank straggles when its busy time is over the median of the other ranks + max({t['margin']:.0%}, "
-            f"{t['min_excess_ms']:g} ms)")
-    cr = t.get("compared_rank")
-    busy = next((r["busy_ms"] for r in ranks if r["rank"] == cr), None)
+    rule = (f"a rank straggles when its busy time is over the median of the other ranks + max({t.margin:.0%}, "
+            f"{t.min_excess_ms:g} ms)")
+    cr = t.compared_rank
+    busy = next((r.busy_ms for r in ranks if r.rank == cr), None)
     if busy is None:
-        return f"stragglers: {names} (busy time over {t['threshold_ms']:.2f} ms; {rule})"
-    verdict = "over" if busy > t["threshold_ms"] else "within"
-    return (f"stragglers: {names} (busiest rank {cr}: {busy:.2f} ms, {verdict} {t['threshold_ms']:.2f} ms = the "
-            f"other ranks' median {t['median_ms']:.2f} ms + {t['threshold_ms'] - t['median_ms']:.2f} ms; {rule})")
+        return f"stragglers: {names} (busy time over {t.threshold_ms:.2f} ms; {rule})"
+    verdict = "over" if busy > t.threshold_ms else "within"
+    return (f"stragglers: {names} (busiest rank {cr}: {busy:.2f} ms, {verdict} {t.threshold_ms:.2f} ms = the "
+            f"other ranks' median {t.median_ms:.2f} ms + {t.threshold_ms - t.median_ms:.2f} ms; {rule})")
 
 
-def _emit(res: dict, as_json: bool) -> None:
+def _emit(res: DistributedResult, as_json: bool) -> None:
     sys.stdout.write((to_json(res, indent=1) if as_json else format_result(res)) + "\n")
 
 

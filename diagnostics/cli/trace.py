@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+
 from diagnostics.analyses.trace import ANALYZE_FLAGS, HTA_OPTIONS, RANKS_OPTIONS, TOP_N
+from diagnostics.analyses.trace.result import TraceDiffResult, TraceResult
 from diagnostics.cli.options import add_option, dest
+from diagnostics.results import UNSET
 
 #: Rows shown in the text output when --top is not given.
 DEFAULT_TOP = {"analyze": 10, "diff": 15}
-#: Where the worker keeps the parsed columns for the dashboard's timeline re-draw: of no use in a report.
-NOT_SHOWN = ("columns_dir",)
 
 
 def add_trace_options(parser) -> None:
@@ -79,9 +81,12 @@ def _rank_files(paths: list[str]) -> list:
         raise TorchScopeError(str(e)) from None
 
 
-def cli_result(analysis: str, result: dict) -> dict:
-    """The analysis' result as the CLI shows and writes it (see the module docstring)."""
-    return {k: v for k, v in (result or {}).items() if k not in NOT_SHOWN}
+def cli_result(analysis: str, result: TraceResult | TraceDiffResult) -> TraceResult | TraceDiffResult:
+    """The analysis' result as the CLI shows and writes it: less ``columns_dir``, where the worker keeps the
+    parsed columns for the dashboard's recomputed parts (of no use in a report)."""
+    if isinstance(result, TraceResult) and result.columns_dir:
+        return msgspec.structs.replace(result, columns_dir=UNSET)
+    return result
 
 
 def report_title(args) -> str:
@@ -93,11 +98,11 @@ def report_title(args) -> str:
     return f"TorchScope trace diff: {Path(args.a).name} -> {Path(args.b).name}"
 
 
-def text(args, result: dict) -> str:
+def text(args, result: TraceResult | TraceDiffResult) -> str:
     """What ``trace analyze`` / ``trace diff`` print without --json (the first --top rows of each table)."""
     from diagnostics.render.text import format_analysis, format_diff
 
     top = args.top if args.top is not None else DEFAULT_TOP[args.trace_command]
     if args.trace_command == "analyze":
         return format_analysis(result, top)
-    return format_diff(result["diff"], args.a, args.b, top)
+    return format_diff(result.diff, args.a, args.b, top)

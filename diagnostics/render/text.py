@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
+from diagnostics.analyses.trace.result import CriticalPath, Ranks, TraceDiff, TraceResult
 from diagnostics.render.charts.trace_hta import hta_text
 from diagnostics.render.charts.traces import communication_lines
-from diagnostics.results import Disturbance
+from diagnostics.results import Disturbance, given
 from diagnostics.units import format_value, speedup_text
 
 
@@ -79,9 +80,14 @@ def _ms(us) -> str:
     return f"{us / 1000:.3f} ms" if abs(us) < 1e12 else f"{us / 1000:.3g} ms"
 
 
-def _table(rows: list, cols: list) -> str:
+def _cell(row, key: str):
+    """A column of a text table's row: a typed row's field (or a row dict's key, for the rows it builds)."""
+    return row.get(key) if isinstance(row, dict) else getattr(row, key)
+
+
+def _table(rows, cols: list) -> str:
     """A plain text table: cols is [(header, key, formatter)]."""
-    cells = [[h for h, _, _ in cols]] + [[f(r.get(k)) for _, k, f in cols] for r in rows]
+    cells = [[h for h, _, _ in cols]] + [[f(_cell(r, k)) for _, k, f in cols] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
                        enumerate(zip(row, widths))) for row in cells]
@@ -92,50 +98,51 @@ def _clip(name: str, n: int = 60) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def format_analysis(result: dict, top: int) -> str:
-    """The text of ``trace analyze``: a result with "summary" and "top_operators" (at most ``top`` rows each)."""
-    s, ops = result["summary"], result["top_operators"]
-    out = [f"{s['source']}: {s['events']:,} events, {s['bytes'] / 1e6:.1f} MB, "
-           f"duration {_ms(s['duration_us'])}, {s['n_steps']} steps, "
-           f"rank {s['rank'] if s['rank'] is not None else '-'}, "
-           f"{'GPU' if s['has_gpu'] else 'CPU only'}"]
-    if (result.get("trace_cache") or {}).get("result"):
+def format_analysis(result: TraceResult, top: int) -> str:
+    """The text of ``trace analyze``: its summary and top operators (at most ``top`` rows each), the other
+    parts after them."""
+    s, ops = result.summary, result.top_operators
+    out = [f"{s.source}: {s.events:,} events, {s.bytes / 1e6:.1f} MB, "
+           f"duration {_ms(s.duration_us)}, {s.n_steps} steps, "
+           f"rank {s.rank if s.rank is not None else '-'}, "
+           f"{'GPU' if s.has_gpu else 'CPU only'}"]
+    if result.trace_cache and result.trace_cache.result:
         out.append("the stored analysis of this trace (the files, the options and the trace code are unchanged "
                    "since it ran)")
-    for w in s["warnings"]:
+    for w in s.warnings:
         out.append(f"warning: {w}")
-    for n in s.get("notes") or []:
+    for n in s.notes:
         out.append(f"note: {n}")
-    for n in (result.get("temporal_breakdown") or {}).get("notes") or []:
+    for n in result.temporal_breakdown.notes:
         out.append(f"note (per step): {n}")
-    out += communication_lines(result.get("communication"))
-    graphs = (result.get("launch_stats") or {}).get("graphs") or {}
-    if graphs.get("launches"):
-        out.append(f"note: {graphs['launches']:,} CUDA graph launches started {graphs['kernels']:,} kernels; "
+    out += communication_lines(result.communication)
+    graphs = result.launch_stats.graphs
+    if graphs and graphs.launches:
+        out.append(f"note: {graphs.launches:,} CUDA graph launches started {graphs.kernels:,} kernels; "
                    "they are counted apart from the per-kernel launch figures")
     out += ["", "Events by category:",
-            _table(s["categories"], [("category", "cat", str), ("events", "events", "{:,}".format),
-                                     ("total", "total_us", _ms)])]
-    if s["streams"]:
-        out += ["", "GPU streams:", _table(s["streams"], [
+            _table(s.categories, [("category", "cat", str), ("events", "events", "{:,}".format),
+                                  ("total", "total_us", _ms)])]
+    if s.streams:
+        out += ["", "GPU streams:", _table(s.streams, [
             ("device", "device", str), ("stream", "stream", str), ("kernels", "kernels", str),
             ("memcpy", "memcpy", str), ("memset", "memset", str), ("busy", "busy_us", _ms)])]
-    rows = [dict(r, name=_clip(r["name"])) for r in ops["operators"][:top]]
-    out += ["", f"Top {len(rows)} of {ops['n_operators']} operators by self time:",
-            _table(rows, [("operator", "name", str), ("calls", "calls", str),
+    rows = ops.operators[:top]
+    out += ["", f"Top {len(rows)} of {ops.n_operators} operators by self time:",
+            _table(rows, [("operator", "name", _clip), ("calls", "calls", str),
                           ("self", "self_us", _ms), ("total", "total_us", _ms),
                           ("self %", "self_pct", "{:.1f}".format)])]
-    if ops["kernels"]:
-        rows = [dict(r, name=_clip(r["name"])) for r in ops["kernels"][:top]]
-        out += ["", f"Top {len(rows)} of {ops['n_kernels']} GPU kernels:",
-                _table(rows, [("kernel", "name", str), ("kind", "kind", str),
+    if ops.kernels:
+        rows = ops.kernels[:top]
+        out += ["", f"Top {len(rows)} of {ops.n_kernels} GPU kernels:",
+                _table(rows, [("kernel", "name", _clip), ("kind", "kind", str),
                               ("calls", "calls", str), ("total", "total_us", _ms),
                               ("%", "pct", "{:.1f}".format)])]
     out += hta_text(result, top, _table, _clip, _ms)   # the HTA-parity analyses (render.charts.trace_hta)
-    if result.get("critical_path"):
-        out += ["", format_critical_path(result["critical_path"], top)]
-    if result.get("ranks"):
-        out += ["", format_ranks(result["ranks"])]
+    if result.critical_path:
+        out += ["", format_critical_path(result.critical_path, top)]
+    if result.ranks:
+        out += ["", format_ranks(result.ranks)]
     return "\n".join(out)
 
 
@@ -147,107 +154,100 @@ def _bw(bps) -> str:
     return "-" if bps is None else f"{bps / 1e9:.2f} GB/s"
 
 
-def format_ranks(r: dict) -> str:
+def format_ranks(r: Ranks) -> str:
     """The multi-rank part of ``trace analyze A B C``: diagnostics.trace.ranks.analyse_ranks' result."""
-    out = [f"Ranks: {len(r['ranks'])} traces ({r['mode']}); medians per profiler step"]
-    out.append(_table(r["ranks"], [
+    out = [f"Ranks: {len(r.ranks)} traces ({r.mode}); medians per profiler step"]
+    out.append(_table(r.ranks, [
         ("rank", "rank", str), ("file", "name", lambda f: _clip(str(f), 40)),
         ("steps", "steps", str), ("step", "step_ms_median", _msv), ("GPU busy", "gpu_busy_ms_median", _msv),
         ("GPU idle", "gpu_idle_ms_median", _msv), ("compute", "compute_ms_median", _msv),
         ("comm", "comm_ms_median", _msv), ("overlap", "overlap_ms_median", _msv),
         ("late (median)", "late_us_median", _ms), ("last at", "arrived_last", lambda v: "-" if v is None else str(v)),
         ("waited", "waited_ms", _msv)]))
-    if r.get("slowest_rank") is not None:
-        spread = "-" if r.get("spread") is None else f"{r['spread']:.2f}x"
-        out.append(f"slowest rank: {r['slowest_rank']} (step-time spread max/min {spread})")
-    for f in r.get("failed") or []:
-        out.append(f"left out: {f['name']}: {f['error']}")
-    for p in r.get("problems") or []:
-        if p["check"] != "unreadable":
-            out.append(f"problem ({p['check']}): {p['message']}")
-    if not r.get("problems"):
+    if r.slowest_rank is not None:
+        spread = "-" if r.spread is None else f"{r.spread:.2f}x"
+        out.append(f"slowest rank: {r.slowest_rank} (step-time spread max/min {spread})")
+    for f in r.failed:
+        out.append(f"left out: {f.name}: {f.error}")
+    for p in r.problems:
+        if p.check != "unreadable":
+            out.append(f"problem ({p.check}): {p.message}")
+    if not r.problems:
         out.append("no sign that these ranks come from different runs")
-    coll = r.get("collectives") or {}
-    if coll.get("by_name"):
-        out.append(f"Collectives: {coll['matched']:,} matched on every rank, {coll['partial']:,} on some "
-                   f"(by {', '.join(coll.get('matched_by') or [])}; {', '.join(coll.get('events') or [])}); "
-                   f"clock: {(r.get('clock') or {}).get('aligned')}")
-        out.append(_table(coll["by_name"], [
+    coll, limit = r.collectives, r.thresholds.straggler_limit_us
+    limit = limit if given(limit) else None
+    if coll.by_name:
+        out.append(f"Collectives: {coll.matched:,} matched on every rank, {coll.partial:,} on some "
+                   f"(by {', '.join(coll.matched_by)}; {', '.join(coll.events)}); clock: {r.clock.aligned}")
+        out.append(_table(coll.by_name, [
             ("collective", "name", lambda v: _clip(str(v), 40)), ("count", "collectives", str),
             ("skew (median)", "skew_us_median", _ms), ("skew (max)", "skew_us_max", _ms),
             ("transfer (median)", "transfer_us_median", _ms), ("bus bandwidth", "busbw_median", _bw)]))
-    th = r.get("thresholds") or {}
-    for s in r.get("stragglers") or []:
-        out.append(f"straggler: rank {s['rank']} arrives {_ms(s['late_us_median'])} after the median rank at its "
-                   f"collectives (median; limit {_ms(th.get('straggler_limit_us'))})")
-    if coll.get("by_name") and not r.get("stragglers"):
-        out.append(f"no straggler (no rank's median lateness over {_ms(th.get('straggler_limit_us'))})")
-    for c in (r.get("late_collectives") or [])[:10]:
-        out.append(f"late collective: {c['key']} ({c['name']}, step {c['step']}): rank {c['rank']} arrived "
-                   f"{_ms(c['late_us'])} after the median rank ({_ms(c['excess_us'])} later than it usually is)")
-    if r.get("waits"):
+    for s in r.stragglers:
+        out.append(f"straggler: rank {s.rank} arrives {_ms(s.late_us_median)} after the median rank at its "
+                   f"collectives (median; limit {_ms(limit)})")
+    if coll.by_name and not r.stragglers:
+        out.append(f"no straggler (no rank's median lateness over {_ms(limit)})")
+    for c in r.late_collectives[:10]:
+        out.append(f"late collective: {c.key} ({c.name}, step {c.step}): rank {c.rank} arrived "
+                   f"{_ms(c.late_us)} after the median rank ({_ms(c.excess_us)} later than it usually is)")
+    if r.waits:
         out.append("who waits for whom (summed wait in the collectives where the second rank arrived last): "
-                   + "; ".join(f"rank {w['rank']} for rank {w['waited_for']} {w['ms']:.1f} ms"
-                               for w in r["waits"][:5]))
-    cp = r.get("critical_path") or {}
-    if cp.get("available"):
-        out.append(f"critical path of rank {cp['rank']}, step {cp['step']}: {_ms(cp['length_us'])}; by kind: "
-                   + ", ".join(f"{k['kind']} {_ms(k['us'])}" for k in cp["by_kind"] if k["us"] > 0))
+                   + "; ".join(f"rank {w.rank} for rank {w.waited_for} {w.ms:.1f} ms" for w in r.waits[:5]))
+    cp = r.critical_path
+    if cp and cp.available:
+        out.append(f"critical path of rank {cp.rank}, step {cp.step}: {_ms(cp.length_us)}; by kind: "
+                   + ", ".join(f"{k.kind} {_ms(k.us)}" for k in cp.by_kind if k.us > 0))
     elif cp:
-        out.append(f"critical path of rank {cp.get('rank')}: not computed: {cp.get('reason')}")
-    for w in r.get("workers") or []:
-        out.append(f"worker {w['worker']}: {w['ranks']} rank(s), {w['seconds']:.1f} s, peak RSS "
-                   f"{w['peak_rss_bytes'] / 2**20:,.0f} MiB")
-    for n in r.get("notes") or []:
+        out.append(f"critical path of rank {cp.rank}: not computed: {cp.reason}")
+    for w in r.workers:
+        out.append(f"worker {w.worker}: {w.ranks} rank(s), {w.seconds:.1f} s, peak RSS "
+                   f"{w.peak_rss_bytes / 2**20:,.0f} MiB")
+    for n in r.notes:
         out.append(f"note: {n}")
-    out.append(f"merged timeline (ranks {', '.join(map(str, r.get('timeline_ranks') or []))}): {r['alignment']}")
+    out.append(f"merged timeline (ranks {', '.join(map(str, r.timeline_ranks))}): {r.alignment}")
     return "\n".join(out)
 
 
-def format_critical_path(cp: dict, top: int) -> str:
+def format_critical_path(cp: CriticalPath, top: int) -> str:
     """The critical path of one step (diagnostics.trace.critical_path): its time by kind, its longest
     events and the what-ifs."""
-    if not cp.get("available", True):
-        return f"Critical path: not computed: {cp.get('reason')}"
-    how = f" ({cp['chosen_as']})" if cp.get("chosen_as") else ""
-    window = cp.get("gpu_window_us")
-    out = [f"Critical path of step {cp['step']}{how}: {_ms(cp['length_us'])} from the step's start to the end of "
-           f"its last work (CPU step {_ms(cp['host_span_us'])}"
-           + (f", GPU window {_ms(window)}" if window is not None else "") + "), "
-           f"{cp['path_events']:,} events on it of {cp['events']:,}"]
-    out.append("  by kind: " + ", ".join(f"{r['kind']} {_ms(r['us'])}" for r in cp["by_kind"] if r["us"] > 0))
-    out += [f"  note: {n}" for n in cp.get("notes") or []]
-    if cp.get("incomplete_steps"):
+    if not cp.available:
+        return f"Critical path: not computed: {cp.reason}"
+    how = f" ({cp.chosen_as})" if cp.chosen_as else ""
+    window = cp.gpu_window_us
+    out = [f"Critical path of step {cp.step}{how}: {_ms(cp.length_us)} from the step's start to the end of "
+           f"its last work (CPU step {_ms(cp.host_span_us)}"
+           + (f", GPU window {_ms(window)}" if given(window) else "") + "), "
+           f"{cp.path_events:,} events on it of {cp.events:,}"]
+    out.append("  by kind: " + ", ".join(f"{r.kind} {_ms(r.us)}" for r in cp.by_kind if r.us > 0))
+    out += [f"  note: {n}" for n in cp.notes or ()]
+    if cp.incomplete_steps:
         out.append("  steps cut short by the end of profiling (a kernel launch with no kernel in the trace): "
-                   + ", ".join(map(str, cp["incomplete_steps"])))
-    rows = sorted(cp["path"], key=lambda r: -r["on_path_us"])[:top]
-    rows = [dict(r, name=_clip(r["name"])) for r in rows]
+                   + ", ".join(map(str, cp.incomplete_steps)))
+    rows = sorted(cp.path, key=lambda r: -r.on_path_us)[:top]
     out += [f"Longest {len(rows)} events on the path:",
-            _table(rows, [("event", "name", str), ("kind", "kind", str), ("start", "start_us", _ms),
+            _table(rows, [("event", "name", _clip), ("kind", "kind", str), ("start", "start_us", _ms),
                           ("on path", "on_path_us", _ms), ("waited on", "waited_on", lambda v: _clip(v or "", 50))])]
-    if cp["what_if"]:
-        rows = [dict(r, name=_clip(r["name"])) for r in cp["what_if"][:top]]
-        out += [f"What if it were {cp['factor']:g}x faster (every call of the name in the step; the longest path "
+    if cp.what_if:
+        out += [f"What if it were {cp.factor:g}x faster (every call of the name in the step; the longest path "
                 "computed again):",
-                _table(rows, [("event", "name", str), ("kind", "kind", str), ("calls", "calls", str),
-                              ("on path", "on_path_us", _ms), ("saves", "saving_us", _ms),
-                              ("step after", "step_us_after", _ms)])]
-    if cp.get("trace_file"):
-        out.append(f"The step's trace with the critical path marked (Perfetto, chrome://tracing): {cp['trace_file']}")
+                _table(cp.what_if[:top], [("event", "name", _clip), ("kind", "kind", str), ("calls", "calls", str),
+                                          ("on path", "on_path_us", _ms), ("saves", "saving_us", _ms),
+                                          ("step after", "step_us_after", _ms)])]
+    if cp.trace_file:
+        out.append(f"The step's trace with the critical path marked (Perfetto, chrome://tracing): {cp.trace_file}")
     return "\n".join(out)
 
 
-
-
-def format_diff(r: dict, a: str, b: str, top: int) -> str:
+def format_diff(r: TraceDiff, a: str, b: str, top: int) -> str:
     """The text of ``trace diff``: ``r`` is diff_traces' result, its first ``top`` rows shown."""
-    c = r["counts"]
-    rows = [dict(x, name=_clip(x["name"]), ratio=x["ratio"]) for x in r["rows"][:top]]
+    c = r.counts
     return "\n".join([
-        f"{a} -> {b} ({r['unit']}): {_ms(r['time_us_before'])} -> {_ms(r['time_us_after'])}; "
-        f"{c['added']} added, {c['removed']} removed, {c['faster']} faster, "
-        f"{c['slower']} slower, {c['unchanged']} unchanged", "",
-        _table(rows, [("name", "name", str), ("kind", "kind", str), ("status", "status", str),
-                      ("before", "time_us_before", _ms), ("after", "time_us_after", _ms),
-                      ("delta", "delta_us", _ms),
-                      ("ratio", "ratio", lambda v: "-" if v is None else f"{v:.2f}x")])])
+        f"{a} -> {b} ({r.unit}): {_ms(r.time_us_before)} -> {_ms(r.time_us_after)}; "
+        f"{c.added} added, {c.removed} removed, {c.faster} faster, "
+        f"{c.slower} slower, {c.unchanged} unchanged", "",
+        _table(r.rows[:top], [("name", "name", _clip), ("kind", "kind", str), ("status", "status", str),
+                              ("before", "time_us_before", _ms), ("after", "time_us_after", _ms),
+                              ("delta", "delta_us", _ms),
+                              ("ratio", "ratio", lambda v: "-" if v is None else f"{v:.2f}x")])])

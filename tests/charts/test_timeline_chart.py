@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
+from diagnostics.analyses.trace.result import Timeline
 from diagnostics.render.charts.timeline import DIMMED, build_timeline_figure, find_events, matches, normalize
 
-TRACE_TL = {  # the trace layer's timeline_data shape (µs)
+TRACE_PLAIN = {  # the trace layer's timeline_data (µs), typed as the trace analyses' results hold it: TRACE_TL
     "t0": 0.0, "t1": 100.0, "in_range": 4, "shown": 4, "bucket_us": 0.0, "deeper": 0,
     "lanes": [{"lane": "1/1", "kind": "cpu", "name": "main", "label": "main"},
               {"lane": "GPU 0 stream 7", "kind": "gpu", "name": "", "label": "GPU 0 · stream 7"}],
@@ -20,6 +22,7 @@ TRACE_TL = {  # the trace layer's timeline_data shape (µs)
          "count": 1},
     ],
 }
+TRACE_TL = msgspec.convert(TRACE_PLAIN, Timeline)
 PROFILE_TL = {  # the profile result's shape (ms, lanes as labels)
     "lanes": ["main thread"], "total_events": 2, "shown_events": 2, "deeper": 0, "span_ms": 1.0,
     "events": [{"lane": "main thread", "name": "aten::linear", "cat": "cpu_op", "start_ms": 0.1, "dur_ms": 0.5,
@@ -72,5 +75,5 @@ def test_search_dims_the_rest_and_finds_the_events():
 
 
 def test_an_empty_range_says_so():
-    fig = build_timeline_figure(dict(TRACE_TL, events=[], in_range=0, shown=0))
+    fig = build_timeline_figure(msgspec.structs.replace(TRACE_TL, events=(), in_range=0, shown=0))
     assert fig.layout.annotations[0].text == "No events in this range"

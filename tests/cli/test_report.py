@@ -199,8 +199,13 @@ def test_a_stored_trace_run_reports_every_section(tmp_path):
     from diagnostics.runner import Job, execute
 
     gpu = Path(__file__).resolve().parents[1] / "data" / "traces" / "gpu_small.json"
-    stored = execute(Job("trace", None, {"path": str(gpu)}), tmp_path)
-    assert {"top_operators", "temporal_breakdown", "idle_time", "launch_stats"} <= set(stored)
+    from diagnostics.analyses.trace.result import TraceResult
+    from diagnostics.registry import ANALYSES
+    from diagnostics.results import decode, to_plain
+
+    result = execute(Job("trace", None, {"path": str(gpu)}), tmp_path)
+    stored = decode(ANALYSES["trace"], json.loads(json.dumps(to_plain(result))))   # as History reads it back
+    assert isinstance(stored, TraceResult) and stored.top_operators.operators and stored.launch_stats.sample
     page = build_report("trace", stored, "trace")
     for heading in ("Per step", "Top operators", "GPU idle time", "Kernel launches", "Timeline"):
         assert f">{heading}<" in page, heading

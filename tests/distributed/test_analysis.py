@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.analyses.distributed import STRAGGLER_MIN_EXCESS_MS
+from diagnostics.analyses.distributed import DISTRIBUTED_TRACES, STRAGGLER_MIN_EXCESS_MS
+from diagnostics.analyses.distributed.result import DistributedResult
 from diagnostics.analyses.distributed.job import analyze_folder_path, find_stragglers
 from diagnostics.analyses.distributed.dist_job import DistributedError
+from diagnostics.results import decode, to_json
 from diagnostics.runner import Job, execute
 
 PAIR = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
@@ -133,8 +135,9 @@ def test_find_stragglers_rules():
 def test_registered_folder_analysis_runs_without_model(tmp_path):
     out = execute(Job("distributed_traces", None, {"trace_dir": str(PAIR), "straggler_margin": 0.1,
                                                    "straggler_min_ms": 0.1}), tmp_path)
-    assert out["source"] == "folder" and out["stragglers"] == [1]
-    json.dumps(out)  # plain data
+    assert isinstance(out, DistributedResult)
+    assert out.source == "folder" and out.stragglers == (1,)
+    assert decode(DISTRIBUTED_TRACES, json.loads(to_json(out))) == out  # the one serialisation, both ways
 
 
 def test_bad_folders(tmp_path):

@@ -12,6 +12,8 @@ from diagnostics.analyses.distributed.job import analyze_folder_path
 from diagnostics.cli.distributed import launch_timeout_s, main
 from diagnostics.analyses.distributed.dist_job import DistJob, DistributedError
 from diagnostics.analyses.distributed.launch import torchrun_command
+from diagnostics.analyses.distributed.result import DistributedResult
+from diagnostics.results import build
 from diagnostics.store import Store
 
 PAIR = Path(__file__).resolve().parents[1] / "data" / "distributed" / "pair"
@@ -25,7 +27,7 @@ def _in_tmp(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tight():
-    return analyze_folder_path(PAIR, margin=0.1, min_excess_ms=0.1)
+    return build(DistributedResult, {**analyze_folder_path(PAIR, margin=0.1, min_excess_ms=0.1), "source": "folder"})
 
 
 def test_cli_analyze_json(capsys):

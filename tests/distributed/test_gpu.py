@@ -54,13 +54,13 @@ def test_live_nccl_run(tmp_path):
     nproc = min(2, torch.cuda.device_count())
     ctx = AnalysisContext(Job("distributed", ModelSpec(name="mlp", device="cuda:0"), {}), tmp_path)
     res = analyze(ctx, {"nproc": nproc, "steps": 3, "warmup": 1, "backend": "nccl"})
-    assert res["backend"] == "nccl" and res["device_kind"] == "GPU"
-    assert res["metrics"]["ranks_loaded"] == nproc
-    assert all(r["compute_ms"] > 0 for r in res["ranks"])
+    assert res.backend == "nccl" and res.device_kind == "GPU"
+    assert res.metrics.ranks_loaded == nproc
+    assert all(r.compute_ms > 0 for r in res.ranks)
     if nproc > 1:
-        assert any(c["where"] == "GPU" and c["name"].lower().startswith("nccl") for c in res["collectives"])
-    for r in res["ranks"]:  # CUDA-event step time vs the trace's step
-        assert r["wall_step_ms"] == pytest.approx(r["step_ms"], rel=0.25)
+        assert any(c.where == "GPU" and c.name.lower().startswith("nccl") for c in res.collectives)
+    for r in res.ranks:  # CUDA-event step time vs the trace's step
+        assert r.wall_step_ms == pytest.approx(r.step_ms, rel=0.25)
 
 
 def test_distributed_info_is_added_when_the_profiler_left_it_out(tmp_path):

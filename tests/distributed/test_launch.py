@@ -41,30 +41,30 @@ def test_injected_straggler_is_found_through_the_runner(tmp_path):
                                                "straggler_sleep_ms": SLEEP_MS}), artifact_dir=tmp_path)
     assert outcome.ok, (outcome.error, outcome.log_tail)
     res = outcome.result
-    assert res["stragglers"] == [1]
-    r0, r1 = res["ranks"]
-    assert r1["straggler"] and not r0["straggler"]
+    assert res.stragglers == (1,)
+    r0, r1 = res.ranks
+    assert r1.straggler and not r0.straggler
     # Rank 1's own work holds the sleep; rank 0 spends that time waiting inside the all-reduce.
-    assert r1["busy_ms"] >= SLEEP_MS
-    assert r0["exposed_comm_ms"] >= 0.5 * SLEEP_MS
-    assert r0["busy_ms"] < res["thresholds"]["threshold_ms"] < r1["busy_ms"]
+    assert r1.busy_ms >= SLEEP_MS
+    assert r0.exposed_comm_ms >= 0.5 * SLEEP_MS
+    assert r0.busy_ms < res.thresholds.threshold_ms < r1.busy_ms
     # Both ranks' steps are as long as the slow one (DDP synchronises them).
-    assert min(r0["step_ms"], r1["step_ms"]) >= SLEEP_MS
+    assert min(r0.step_ms, r1.step_ms) >= SLEEP_MS
     # The trace's step time agrees with perf_counter around each step, measured independently.
     for r in (r0, r1):
-        assert r["wall_step_ms"] == pytest.approx(r["step_ms"], rel=0.1)
+        assert r.wall_step_ms == pytest.approx(r.step_ms, rel=0.1)
     out = Path(outcome.artifact_dir) / "distributed"
     for rank in (0, 1):
         doc = json.loads(trace_path(out, rank).read_text())
         info = doc["distributedInfo"]
         assert (info["rank"], info["world_size"], info["backend"]) == (rank, 2, "gloo")
         assert len(json.loads(steps_path(out, rank).read_text())["step_ms"]) == 4
-    allreduce = next(c for c in res["collectives"] if c["name"] == "gloo:all_reduce")
+    allreduce = next(c for c in res.collectives if c.name == "gloo:all_reduce")
     n_params = sum(p.numel() for p in __import__("sample_models").SAMPLES["mlp"].build().parameters())
-    assert allreduce["mean_bytes"] == n_params * 4  # one float32 bucket holding every gradient
-    assert allreduce["calls"] == 2 * 4 and allreduce["ranks"] == 2
-    assert res["metrics"]["steps_per_rank"] == 4
-    assert "--nproc_per_node 2" in res["launch"]["command"]
+    assert allreduce.mean_bytes == n_params * 4  # one float32 bucket holding every gradient
+    assert allreduce.calls == 2 * 4 and allreduce.ranks == 2
+    assert res.metrics.steps_per_rank == 4
+    assert "--nproc_per_node 2" in res.launch.command
 
 
 @pytest.mark.slow

@@ -25,3 +25,32 @@ def test_timeline_search_lists_the_matching_events(new_app):
     figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     timeline = next(f for f in figs if f["layout"]["title"]["text"].startswith("Timeline"))
     assert "3 match '\"aten::mm\"'" in timeline["layout"]["title"]["text"]
+
+
+def test_a_time_range_is_redrawn_from_the_kept_columns_not_by_the_whole_trace_job(new_app):
+    """The timeline's range slider: a trace_timeline run on the columns the trace run kept (the bars of that
+    range only), the trace job (every part) is not run again."""
+    from ui.jobs import get_store
+
+    def runs(analysis):
+        return len(get_store().list(limit=10_000, analysis=analysis))
+
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    at.radio(key="trace_src_a").set_value("Local path").run()
+    path = (DATA / "gpu_small.json").resolve()
+    at.text_input(key="trace_path_a").set_value(str(path)).run()
+    assert not at.exception, [e.value for e in at.exception]
+    traces, ranges = runs("trace"), runs("trace_timeline")
+    slider = at.slider(key=f"trace-range-{path}")
+    lo, hi = slider.value
+    at.slider(key=f"trace-range-{path}").set_value((lo, (lo + hi) / 2)).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert (runs("trace"), runs("trace_timeline")) == (traces, ranges + 1)
+    from diagnostics.trace import load_trace, timeline_data
+
+    half = timeline_data(load_trace(path), lo * 1e3, (lo + hi) / 2 * 1e3)   # the slider is in ms
+    whole = timeline_data(load_trace(path))
+    assert half["in_range"] < whole["in_range"]
+    caption = next(c.value for c in at.caption if "bars drawn for" in c.value)
+    assert caption.startswith(f"{half['shown']:,} bars drawn for {half['in_range']:,} events in range"), caption

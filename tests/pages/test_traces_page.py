@@ -128,3 +128,36 @@ def test_in_house_communication_gets_a_note_and_the_page_field_counts_it(new_app
     fams = next(df.value for df in at.dataframe if "Family" in df.value.columns or "family" in df.value.columns)
     assert "your pattern" in set(fams.iloc[:, 0])
     assert any("Your pattern for communication kernels" in c.value for c in at.caption)
+
+
+def _show_stored(plain):  # an AppTest script: History's way of showing a stored run
+    from ui import views
+
+    views.show_stored("trace", plain)
+
+
+def test_a_trace_result_stored_before_its_later_parts_still_opens():
+    """A trace run stored by older code, before communication families, the HTA-parity parts, the critical path
+    and the trace cache: it decodes (those parts UNSET) and the view says what it predates, not an error."""
+    import json
+
+    from streamlit.testing.v1 import AppTest
+
+    from diagnostics.registry import ANALYSES
+    from diagnostics.results import UNSET, decode
+
+    stored = Path(__file__).resolve().parents[1] / "data" / "stored" / "runs-fc36ebc-trace.json"
+    plain = json.loads(next(r for r in json.loads(stored.read_text()) if r["analysis"] == "trace")["result_json"])
+    later = ("communication", "kernel_sequences", "queue_length", "memcpy_bandwidth", "annotations", "launch_delay",
+             "comm_overlap", "critical_path", "trace_cache", "columns_dir")
+    old = {k: v for k, v in plain.items() if k not in later}
+    typed = decode(ANALYSES["trace"], old)
+    assert all(getattr(typed, k) is UNSET for k in later)
+    at = AppTest.from_function(_show_stored, args=(old,), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    infos = [i.value for i in at.info]
+    assert "This result predates these analyses: open the trace again to compute them." in infos
+    assert "This result predates communication families: open the trace again." in infos
+    assert any(i.startswith("This result has no critical path") for i in infos)
+    assert "Parsed from the file (this run did not record the trace cache)" in [c.value for c in at.caption]

@@ -6,8 +6,10 @@ number below is worked out by hand from the event times written here.
 
 import json
 
+import msgspec
 import pytest
 
+from diagnostics.analyses.trace.result import CriticalPath, Timeline
 from diagnostics.trace import load_trace
 from diagnostics.trace.critical_path import KINDS, critical_path, step_graph, what_if
 from diagnostics.trace.errors import TraceError
@@ -261,7 +263,8 @@ def test_breakdown_figure_is_labelled_in_ms(tmp_path):
         build_critical_path_breakdown_figure, build_critical_path_timeline_figure, build_what_if_figure,
     )
 
-    cp = critical_path(load_trace(write(tmp_path, CPU_STEP + GPU_STEP)), step=1)
+    cp = msgspec.convert({"available": True, **critical_path(load_trace(write(tmp_path, CPU_STEP + GPU_STEP)), step=1)},
+                         CriticalPath)
     (bar,) = build_critical_path_breakdown_figure(cp).data
     assert dict(zip(bar.x, bar.y))["kernel"] == pytest.approx(0.4)
     assert "0.400 ms" in list(bar.text)
@@ -290,7 +293,8 @@ def test_the_path_is_marked_on_the_trace_timeline(tmp_path):
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
     cp = critical_path(trace, step=1)
     tl = timeline_data(trace)
-    fig = mark_critical_path(build_timeline_figure(tl), cp, tl)
+    fig = mark_critical_path(build_timeline_figure(msgspec.convert(tl, Timeline)),
+                             msgspec.convert({"available": True, **cp}, CriticalPath), msgspec.convert(tl, Timeline))
     line = fig.data[-1]
     assert line.name == "critical path (step 1)"
     drawn = dict(zip([c[0] for c in line.customdata], zip(line.x, line.y)))

@@ -327,7 +327,7 @@ def test_the_text_and_the_report_say_what_was_left_out_and_what_graphs_did(tmp_p
     result = execute(Job("trace", None, {"path": str(queued_graph_trace(tmp_path)), "keep_columns": False}),
                      tmp_path / "run")
     left_out = "1 GPU events (0.008 ms) launched before profiling began: left out of step figures"
-    assert result["temporal_breakdown"]["notes"] == [left_out]
+    assert result.temporal_breakdown.notes == (left_out,)
     text = format_analysis(result, 5)
     assert f"note (per step): {left_out}" in text
     assert "note: 3 CUDA graph launches started 15 kernels" in text

@@ -405,18 +405,16 @@ def test_covered_time_matches_pairwise_overlaps_of_disjoint_sets():
 def test_figures_and_report_sections_draw_every_result(which, tmp_path):
     import plotly.graph_objects as go
 
-    from diagnostics.analyses.trace import TRACE
-    from diagnostics.analyses.trace.job import hta_steps
     from diagnostics.render.charts import trace_hta as charts
+    from diagnostics.runner import Job, execute
 
     evs = events() if which == "gpu" else events(work=[], annotations=[])
-    t = load_trace(write(tmp_path, evs))
-    result = {k: fn(t) for k, fn in hta_steps(TRACE.validate({"path": "x"}), 20).items()}
-    figs = [charts.build_kernel_sequences_figure(result["kernel_sequences"]),
-            charts.build_queue_length_figure(result["queue_length"]),
-            charts.build_bandwidth_figure(result["memcpy_bandwidth"]),
-            charts.build_annotations_figure(result["annotations"]),
-            charts.build_launch_delay_figure(result["launch_delay"])]
+    result = execute(Job("trace", None, {"path": str(write(tmp_path, evs)), "keep_columns": False}), tmp_path / "run")
+    figs = [charts.build_kernel_sequences_figure(result.kernel_sequences),
+            charts.build_queue_length_figure(result.queue_length),
+            charts.build_bandwidth_figure(result.memcpy_bandwidth),
+            charts.build_annotations_figure(result.annotations),
+            charts.build_launch_delay_figure(result.launch_delay)]
     for fig in figs:
         assert isinstance(fig, go.Figure)
         fig.to_json()

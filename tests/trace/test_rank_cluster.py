@@ -172,6 +172,7 @@ def test_the_trace_job_returns_its_stored_analysis_on_a_reopen(four, tmp_path, m
     """A second open of an unchanged trace with the same options: the stored result, its files in the new run's
     folder; another option, or a touched file, runs the analyses again."""
     from diagnostics.analyses.trace.job import analyze, load_columns
+    from diagnostics.results import UNSET, to_json
 
     monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "data"))
 
@@ -185,21 +186,21 @@ def test_the_trace_job_returns_its_stored_analysis_on_a_reopen(four, tmp_path, m
 
     path = str(four / "rank0.pt.trace.json")
     first = analyze(Ctx("a"), {"path": path, "ranks": [str(four)]})
-    assert first["trace_cache"]["hit"] is False and "result" not in first["trace_cache"]
+    assert first.trace_cache.hit is False and first.trace_cache.result is UNSET
     second = analyze(Ctx("b"), {"path": path, "ranks": [str(four)]})
-    assert second["trace_cache"]["result"] is True
-    assert second["columns_dir"] == str(tmp_path / "b")
-    assert second["critical_path"]["trace_file"] == str(tmp_path / "b" / "critical_path.pt.trace.json")
-    assert json.loads(Path(second["critical_path"]["trace_file"]).read_text())["traceEvents"]
-    assert len(load_columns(second["columns_dir"]).events) == first["metrics"]["events"]
-    for k in ("summary", "temporal_breakdown", "top_operators", "timeline", "ranks", "metrics"):
-        assert json.dumps(second[k], sort_keys=True, default=str) == json.dumps(first[k], sort_keys=True, default=str)
+    assert second.trace_cache.result is True
+    assert second.columns_dir == str(tmp_path / "b")
+    assert second.critical_path.trace_file == str(tmp_path / "b" / "critical_path.pt.trace.json")
+    assert json.loads(Path(second.critical_path.trace_file).read_text())["traceEvents"]
+    assert len(load_columns(second.columns_dir).events) == first.metrics.events
+    for part in ("summary", "temporal_breakdown", "top_operators", "timeline", "ranks", "metrics"):
+        assert to_json(getattr(second, part)) == to_json(getattr(first, part)), part
     other = analyze(Ctx("c"), {"path": path, "ranks": [str(four)], "top": 5})
-    assert "result" not in other["trace_cache"] and other["trace_cache"]["hit"] is True  # columns reused
+    assert other.trace_cache.result is UNSET and other.trace_cache.hit is True  # columns reused
     st = os.stat(four / "rank2.pt.trace.json")
     os.utime(four / "rank2.pt.trace.json", ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
     touched = analyze(Ctx("d"), {"path": path, "ranks": [str(four)]})
-    assert "result" not in touched["trace_cache"]
+    assert touched.trace_cache.result is UNSET
 
 
 def test_a_dask_trace_job_may_open_tcp_and_is_refused_in_server_safe_mode(monkeypatch, tmp_path):

@@ -157,9 +157,12 @@ def test_unreadable_file_is_a_problem_and_missing_path_an_error(tmp_path):
 
 
 def test_step_time_chart_in_ms_and_the_merged_timeline_figure(three):
+    import msgspec
+
+    from diagnostics.analyses.trace.result import Ranks
     from diagnostics.render.charts.ranks import build_rank_steps_figure, build_ranks_timeline_figure, rank_table
 
-    out = analyse_ranks([three], parallel=False, timeline_ranks="all")
+    out = msgspec.convert(analyse_ranks([three], parallel=False, timeline_ranks="all"), Ranks)
     fig = build_rank_steps_figure(out)
     bar = fig.data[0]
     assert list(bar.x) == ["rank 0", "rank 1", "rank 2"]
@@ -185,10 +188,10 @@ def test_the_trace_job_reads_a_ranks_folder_inside_the_sandboxed_worker(three, t
     assert rules.get(three.resolve(), 0) & sandbox.FS_READ_FILE
     out = run_job(job, store=Store(tmp_path / "data"))
     assert out.ok, out.error
-    ranks = out.result["ranks"]
-    assert ranks["problems"] == [], ranks["problems"]  # every rank file was readable in the worker
-    assert [r["step_ms_median"] for r in ranks["ranks"]] == [1.1, 2.0, 1.5]
-    assert ranks["mode"].startswith("parallel"), ranks["mode"]
+    ranks = out.result.ranks
+    assert ranks.problems == (), ranks.problems  # every rank file was readable in the worker
+    assert [r.step_ms_median for r in ranks.ranks] == [1.1, 2.0, 1.5]
+    assert ranks.mode.startswith("parallel"), ranks.mode
 
 
 def test_a_bad_ranks_option_is_refused_by_name():

@@ -9,6 +9,7 @@ import streamlit as st
 
 from ui.widgets import chart_key
 
+from diagnostics.analyses.trace.result import Ranks
 from diagnostics.render.tables import records_frame
 
 from diagnostics.render.charts.ranks import (
@@ -69,79 +70,82 @@ def pick_ranks(safe: bool) -> tuple[list[str], dict]:
     return [line.strip() for line in text.splitlines() if line.strip()], {}
 
 
-def show_ranks(ranks: dict) -> None:
+def _ident(ranks: Ranks) -> str:
+    """What tells this ranks result's charts apart on a page: its alignment and files."""
+    return ranks.alignment + "|" + "|".join(r.file for r in ranks.ranks)
+
+
+def show_ranks(ranks: Ranks) -> None:
     """The "Ranks" tab: problems as warnings, the per-rank table and charts, the cross-rank views (collectives,
     stragglers, late collectives, who waits for whom, the heat map, the slowest rank's critical path), and the
     picked ranks on one timeline."""
-    n = len(ranks.get("ranks") or [])
-    st.caption(f"{n} ranks analysed, {ranks.get('mode')}. Figures are medians per profiler step.")
-    for f in ranks.get("failed") or []:
-        st.error(f"{f['name']}: left out ({f['error']})")
-    for p in ranks.get("problems") or []:
-        if p["check"] == "unreadable":
+    ident = _ident(ranks)
+    st.caption(f"{len(ranks.ranks)} ranks analysed, {ranks.mode}. Figures are medians per profiler step.")
+    for f in ranks.failed:
+        st.error(f"{f.name}: left out ({f.error})")
+    for p in ranks.problems:
+        if p.check == "unreadable":
             continue
-        st.warning(f"Not one run? ({p['check'].replace('_', ' ')}) " + p["message"])
-    if not ranks.get("problems"):
+        st.warning(f"Not one run? ({p.check.replace('_', ' ')}) " + p.message)
+    if not ranks.problems:
         st.success("No sign that these ranks come from different runs (world size, process groups, rank numbers, "
                    "versions, start times and step numbers agree).")
-    for note in ranks.get("notes") or []:
+    for note in ranks.notes:
         st.info(note)
-    th = ranks.get("thresholds") or {}
-    for s in ranks.get("stragglers") or []:
-        st.warning(f"Straggler: rank {s['rank']} arrives {s['late_us_median']:,.0f} µs after the median rank at its "
-                   f"collectives (median; the limit is {th.get('straggler_limit_us', 0):,.0f} µs).")
-    for c in (ranks.get("late_collectives") or [])[:3]:
-        st.warning(f"Late collective {c['key']} ({c['name']}, step {c['step']}): rank {c['rank']} arrived "
-                   f"{c['late_us']:,.0f} µs after the median rank, {c['excess_us']:,.0f} µs later than it usually is.")
-    if ranks.get("slowest_rank") is not None:
-        spread = ranks.get("spread")
+    limit = ranks.thresholds.straggler_limit_us or 0
+    for s in ranks.stragglers:
+        st.warning(f"Straggler: rank {s.rank} arrives {s.late_us_median:,.0f} µs after the median rank at its "
+                   f"collectives (median; the limit is {limit:,.0f} µs).")
+    for c in ranks.late_collectives[:3]:
+        st.warning(f"Late collective {c.key} ({c.name}, step {c.step}): rank {c.rank} arrived "
+                   f"{c.late_us:,.0f} µs after the median rank, {c.excess_us:,.0f} µs later than it usually is.")
+    if ranks.slowest_rank is not None:
+        spread = ranks.spread
         cols = st.columns(3)
-        cols[0].metric("Slowest rank", str(ranks["slowest_rank"]), help="highest median step time")
+        cols[0].metric("Slowest rank", str(ranks.slowest_rank), help="highest median step time")
         cols[1].metric("Step-time spread", f"{spread:.2f}x" if spread else "n/a",
                        help="slowest rank's median step time / fastest rank's")
-        strag = ranks.get("stragglers") or []
-        cols[2].metric("Stragglers", ", ".join(str(s["rank"]) for s in strag) or "none",
+        cols[2].metric("Stragglers", ", ".join(str(s.rank) for s in ranks.stragglers) or "none",
                        help="ranks whose median lateness at the collectives is over the limit")
-        st.plotly_chart(build_rank_steps_figure(ranks), width="stretch", key=chart_key("ranks", ranks, 1))
+        st.plotly_chart(build_rank_steps_figure(ranks), width="stretch", key=chart_key("ranks", ident, 1))
     st.dataframe(rank_table(ranks), hide_index=True, width="stretch")
-    if (ranks.get("heatmap") or {}).get("steps"):
-        st.plotly_chart(build_heatmap_figure(ranks), width="stretch", key=chart_key("ranks", ranks, 2))
-    coll = ranks.get("collectives") or {}
-    if coll.get("by_name"):
+    if ranks.heatmap.steps:
+        st.plotly_chart(build_heatmap_figure(ranks), width="stretch", key=chart_key("ranks", ident, 2))
+    coll = ranks.collectives
+    if coll.by_name:
         st.markdown("**Collectives across ranks**")
-        st.caption(f"{coll['matched']:,} collectives matched on every rank, {coll['partial']:,} on some (by "
-                   f"{', '.join(coll.get('matched_by') or [])}; {', '.join(coll.get('events') or [])}). Clock: "
-                   f"{(ranks.get('clock') or {}).get('aligned')}. Transfer time: the shortest duration across ranks "
+        st.caption(f"{coll.matched:,} collectives matched on every rank, {coll.partial:,} on some (by "
+                   f"{', '.join(coll.matched_by)}; {', '.join(coll.events)}). Clock: "
+                   f"{ranks.clock.aligned}. Transfer time: the shortest duration across ranks "
                    "(the last to arrive waits for nobody).")
         st.dataframe(collectives_table(ranks), hide_index=True, width="stretch")
         c1, c2 = st.columns(2)
         with c1:
-            st.plotly_chart(build_lateness_figure(ranks), width="stretch", key=chart_key("ranks", ranks, 3))
+            st.plotly_chart(build_lateness_figure(ranks), width="stretch", key=chart_key("ranks", ident, 3))
         with c2:
-            st.plotly_chart(build_skew_figure(ranks), width="stretch", key=chart_key("ranks", ranks, 4))
+            st.plotly_chart(build_skew_figure(ranks), width="stretch", key=chart_key("ranks", ident, 4))
         for title, table in (("Late collectives", late_table(ranks)), ("Widest arrival skew", widest_table(ranks)),
                              ("Who waits for whom", waits_table(ranks))):
             if not table.empty:
                 st.markdown(f"**{title}**")
                 st.dataframe(table, hide_index=True, width="stretch")
-    cp = ranks.get("critical_path") or {}
+    cp = ranks.critical_path
     if cp:
-        st.markdown(f"**Critical path of rank {cp.get('rank')}** (the first straggler, else the slowest rank)")
-        if cp.get("available"):
-            st.caption(f"Step {cp['step']} ({cp['chosen_as']}): {cp['length_us'] / 1e3:,.3f} ms; by kind: "
-                       + ", ".join(f"{k['kind']} {k['us'] / 1e3:,.3f} ms" for k in cp["by_kind"] if k["us"] > 0))
-            st.dataframe(records_frame(cp.get("longest") or []), hide_index=True, width="stretch")
+        st.markdown(f"**Critical path of rank {cp.rank}** (the first straggler, else the slowest rank)")
+        if cp.available:
+            st.caption(f"Step {cp.step} ({cp.chosen_as}): {cp.length_us / 1e3:,.3f} ms; by kind: "
+                       + ", ".join(f"{k.kind} {k.us / 1e3:,.3f} ms" for k in cp.by_kind if k.us > 0))
+            st.dataframe(records_frame(cp.longest or ()), hide_index=True, width="stretch")
         else:
-            st.info(f"Not computed: {cp.get('reason')}")
-    if ranks.get("workers"):
+            st.info(f"Not computed: {cp.reason}")
+    if ranks.workers:
         with st.expander("Workers (where the ranks were analysed)"):
             st.dataframe(workers_table(ranks), hide_index=True, width="stretch")
-    timeline = ranks.get("timeline") or {}
-    all_ranks = [r["rank"] for r in ranks.get("ranks") or []]
+    timeline = ranks.timeline
     st.markdown("**Picked ranks on one timeline**")
-    choices = sorted(set(all_ranks))
+    choices = sorted({r.rank for r in ranks.ranks})
     if TIMELINE_PICK_KEY not in st.session_state or not set(st.session_state[TIMELINE_PICK_KEY]) <= set(choices):
-        st.session_state[TIMELINE_PICK_KEY] = list(ranks.get("timeline_ranks") or [])  # what this result drew
+        st.session_state[TIMELINE_PICK_KEY] = list(ranks.timeline_ranks)  # what this result drew
 
     def picked():
         st.session_state[PICKS_KEY] = list(st.session_state[TIMELINE_PICK_KEY])
@@ -149,9 +153,9 @@ def show_ranks(ranks: dict) -> None:
     st.multiselect("Ranks on the timeline", choices, max_selections=8, key=TIMELINE_PICK_KEY, on_change=picked,
                    help="Only the ranks picked are read again and drawn (default: the slowest rank and the rank "
                         "that waits most)")
-    for e in ranks.get("timeline_errors") or []:
-        st.error(f"rank {e['rank']}: not drawn ({e['error']})")
-    if timeline.get("events"):
-        st.caption(f"Alignment: {ranks.get('alignment')}. {timeline['shown']:,} bars drawn for "
-                   f"{timeline['in_range']:,} events.")
+    for e in ranks.timeline_errors:
+        st.error(f"rank {e.rank}: not drawn ({e.error})")
+    if timeline.events:
+        st.caption(f"Alignment: {ranks.alignment}. {timeline.shown:,} bars drawn for "
+                   f"{timeline.in_range:,} events.")
         show_timeline(timeline, lambda search: build_ranks_timeline_figure(ranks, search=search), key="trace_ranks")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from diagnostics.analyses.trace.result import Communication, TraceCache, TraceDiffResult, TraceResult, TraceTimelineResult
 from diagnostics.render.charts.traces import (
     GPU_WINDOW_HELP, build_category_figure, build_cpu_breakdown_figure, build_diff_figure, build_gpu_breakdown_figure,
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
 )
+from diagnostics.render.tables import frame
 from diagnostics.units import compact, human_bytes
 from ui.views import trace_hta
 from diagnostics.render.charts.critical_path import mark_critical_path
@@ -22,13 +24,14 @@ def _label(col: str) -> str:
     return col.replace("_", " ").strip().capitalize()
 
 
-def _table(records: list, rename: dict | None = None, height: int | None = None) -> None:
-    """A trace table: times (engine µs) in one scale per table with the unit in the header, bytes the
-    same, ratios to three significant digits; ``rename``: headers for columns without a unit suffix."""
-    if not records:
+def _table(rows, rename: dict | None = None, height: int | None = None) -> None:
+    """A trace table of typed rows (or a DataFrame): times (engine µs) in one scale per table with the unit
+    in the header, bytes the same, ratios to three significant digits; ``rename``: headers for columns
+    without a unit suffix."""
+    df = rows if isinstance(rows, pd.DataFrame) else frame(rows)
+    if df.empty:
         st.caption("(none)")
         return
-    df = pd.DataFrame(records)
     units = {}
     for col in df.columns:
         if not pd.api.types.is_numeric_dtype(df[col]) or pd.api.types.is_bool_dtype(df[col]):
@@ -51,14 +54,14 @@ def _table(records: list, rename: dict | None = None, height: int | None = None)
     st.dataframe(df, hide_index=True, width="stretch", height=height or "auto", column_config=config)
 
 
-def _timeline(result: dict) -> None:
-    from ui.jobs import run_analysis  # a range re-query is another (cached) job
+def _timeline(result: TraceResult) -> None:
+    from ui.jobs import run_analysis  # a range re-query is another (cached) job: trace_timeline on the kept columns
 
-    timeline = result["timeline"]
-    lo, hi = float(timeline["t0"]) / 1e3, float(timeline["t1"]) / 1e3
-    columns_dir = result.get("columns_dir")
+    timeline = result.timeline
+    lo, hi = timeline.t0 / 1e3, timeline.t1 / 1e3
+    columns_dir = result.columns_dir
     if columns_dir and hi > lo:
-        key = f"trace-range-{result['path']}"
+        key = f"trace-range-{result.path}"
         t0, t1 = st.slider("Time range (ms from trace start)", min_value=lo, max_value=hi, value=(lo, hi),
                            step=max((hi - lo) / 1000, 1e-3), key=key,
                            help="Pick a range to redraw it with more detail; zoom in the chart for a quick look")
@@ -66,55 +69,56 @@ def _timeline(result: dict) -> None:
             out = run_analysis("trace_timeline", None, {"columns_dir": columns_dir, "t0": t0 * 1e3, "t1": t1 * 1e3},
                                label="Timeline for the range")
             if out.ok:
-                timeline = out.result["timeline"]
+                part: TraceTimelineResult = out.result
+                timeline = part.timeline
             else:
                 st.error(out.error)
     show_timeline(timeline, lambda search: mark_critical_path(build_timeline_figure(timeline, search=search),
-                                                          result.get("critical_path"), timeline),
+                                                          result.critical_path, timeline),
                   key="trace")
-    bucket = timeline.get("bucket_us") or 0.0
-    st.caption(f"{timeline['shown']:,} bars drawn for {timeline['in_range']:,} events in range"
+    bucket = timeline.bucket_us
+    st.caption(f"{timeline.shown:,} bars drawn for {timeline.in_range:,} events in range"
                + (f"; a bar with count > 1 stands for several short events of its row merged (bucket "
                   f"{bucket:.1f} µs)." if bucket > 0 else ": every event has its own bar."))
 
 
-def cache_caption(cache: dict | None) -> str:
+def cache_caption(cache: TraceCache | None) -> str:
     """Where the trace was read from: the parsed-trace cache or the file (diagnostics.trace.cache)."""
     if not cache:
         return "Parsed from the file (this run did not record the trace cache)"
-    if cache.get("result"):
-        return (f"Reopened in {cache['open_s']:.2f} s: the stored analysis of this trace (the files, the options and "
+    if cache.result:
+        return (f"Reopened in {cache.open_s:.2f} s: the stored analysis of this trace (the files, the options and "
                 "TorchScope's trace code are unchanged since it ran)")
-    if cache["hit"]:
-        return f"Reopened from the trace cache in {cache['open_s']:.2f} s (the file is unchanged since it was parsed)"
-    return (f"Parsed from the file in {cache['open_s']:.2f} s; its columns are kept in the trace cache, so the "
+    if cache.hit:
+        return f"Reopened from the trace cache in {cache.open_s:.2f} s (the file is unchanged since it was parsed)"
+    return (f"Parsed from the file in {cache.open_s:.2f} s; its columns are kept in the trace cache, so the "
             "next open of the unchanged file is faster")
 
 
-def tiles(result: dict) -> list[Tile]:
-    s = result["summary"]
+def tiles(result: TraceResult) -> list[Tile]:
+    s = result.summary
     return [
-        Tile("Duration", s["duration_us"], "us", "first event start to last event end"),
-        Tile("Events", s["events"], "count", f"{s['events']:,} events parsed"),
-        Tile("Steps", s["n_steps"], "count", "ProfilerStep#N ranges"),
-        Tile("Threads", len(s["threads"]), "count", "CPU threads with events"),
-        Tile("GPU streams", len(s["streams"]), "count", "GPU streams with kernels or copies" if s["has_gpu"]
+        Tile("Duration", s.duration_us, "us", "first event start to last event end"),
+        Tile("Events", s.events, "count", f"{s.events:,} events parsed"),
+        Tile("Steps", s.n_steps, "count", "ProfilerStep#N ranges"),
+        Tile("Threads", len(s.threads), "count", "CPU threads with events"),
+        Tile("GPU streams", len(s.streams), "count", "GPU streams with kernels or copies" if s.has_gpu
              else "CPU-only trace"),
-        Tile("Skipped events", s["skipped_events"], "count", "malformed events left out"),
+        Tile("Skipped events", s.skipped_events, "count", "malformed events left out"),
     ]
 
 
-def diff_tiles(result: dict) -> list[Tile]:
-    d = result["diff"]
-    counts = d["counts"]
+def diff_tiles(result: TraceDiffResult) -> list[Tile]:
+    d = result.diff
+    counts = d.counts
     return [
-        Tile("Time before", d["time_us_before"], "us", f"summed operator/kernel time, {d['unit']}"),
-        Tile("Time after", d["time_us_after"], "us", f"summed operator/kernel time, {d['unit']}"),
-        Tile("Faster", counts.get("faster", 0), "count",
-             f"operators changed by ≥ {d['change_ratio']:.0%} and ≥ {compact(d['noise_floor_us'], 'us')}"),
-        Tile("Slower", counts.get("slower", 0), "count", "operators slower by the same margin"),
-        Tile("Added", counts.get("added", 0), "count", "operators only in the second trace"),
-        Tile("Removed", counts.get("removed", 0), "count", "operators only in the first trace"),
+        Tile("Time before", d.time_us_before, "us", f"summed operator/kernel time, {d.unit}"),
+        Tile("Time after", d.time_us_after, "us", f"summed operator/kernel time, {d.unit}"),
+        Tile("Faster", counts.faster, "count",
+             f"operators changed by ≥ {d.change_ratio:.0%} and ≥ {compact(d.noise_floor_us, 'us')}"),
+        Tile("Slower", counts.slower, "count", "operators slower by the same margin"),
+        Tile("Added", counts.added, "count", "operators only in the second trace"),
+        Tile("Removed", counts.removed, "count", "operators only in the first trace"),
     ]
 
 
@@ -125,21 +129,21 @@ TABS = ("Summary", "Per step", "Operators & kernels", "GPU", "Timeline", "Critic
 GPU_TABS = ("Idle time", "Launches", "Launch queue", "Copies", "Annotations", "Communication")
 
 
-def show(result: dict) -> None:
-    s = result["summary"]
-    st.caption(f"{result['name']} · {human_bytes(s['bytes'])} · rank {s['rank'] if s['rank'] is not None else 'n/a'}"
-               f" · schema {s.get('schema_version')}")
-    st.caption(cache_caption(result.get("trace_cache")))
+def show(result: TraceResult) -> None:
+    s = result.summary
+    st.caption(f"{result.name} · {human_bytes(s.bytes)} · rank {s.rank if s.rank is not None else 'n/a'}"
+               f" · schema {s.schema_version}")
+    st.caption(cache_caption(result.trace_cache))
     metric_row(tiles(result))
-    for w in s.get("warnings") or []:
+    for w in s.warnings:
         st.warning(w)
-    for n in s.get("notes") or []:
+    for n in s.notes:
         st.info(n)
-    has_ranks = bool(result.get("ranks"))  # several ranks' traces (ui.views.trace_ranks): their tab first
+    has_ranks = bool(result.ranks)  # several ranks' traces (ui.views.trace_ranks): their tab first
     tabs = st.tabs((["Ranks"] if has_ranks else []) + list(TABS))
     if has_ranks:
         with tabs[0]:
-            show_ranks(result["ranks"])
+            show_ranks(result.ranks)
         tabs = tabs[1:]
     hta = trace_hta.has_parts(result)
     with tabs[0]:
@@ -147,38 +151,38 @@ def show(result: dict) -> None:
         c1, c2 = st.columns(2)
         with c1:
             st.markdown("**Threads**")
-            _table(s["threads"])
+            _table(s.threads)
         with c2:
             st.markdown("**Steps**")
-            _table(s["steps"])
-        if s["streams"]:
+            _table(s.steps)
+        if s.streams:
             st.markdown("**GPU streams**")
-            _table(s["streams"])
-        if s.get("memory"):
+            _table(s.streams)
+        if s.memory:
             st.markdown("**Memory (from [memory] events)**")
-            _table(s["memory"], {"peak_allocated_bytes": "Peak allocated"})
+            _table(s.memory, {"peak_allocated_bytes": "Peak allocated"})
     with tabs[1]:
-        b = result["temporal_breakdown"]
-        if b["gpu"]:
+        b = result.temporal_breakdown
+        if b.gpu:
             st.plotly_chart(build_gpu_breakdown_figure(b), width="stretch")
             st.caption(GPU_WINDOW_HELP)
-            for n in b.get("notes") or []:
+            for n in b.notes:
                 st.info(n)
         st.plotly_chart(build_cpu_breakdown_figure(b), width="stretch")
     with tabs[2]:
-        top = result["top_operators"]
+        top = result.top_operators
         st.plotly_chart(build_top_operators_figure(top, "operators"), width="stretch")
-        _table(top["operators"], height=300)
-        if top["kernels"]:
+        _table(top.operators, height=300)
+        if top.kernels:
             st.plotly_chart(build_top_operators_figure(top, "kernels"), width="stretch")
-            _table(top["kernels"], height=300)
+            _table(top.kernels, height=300)
         if hta:
             st.markdown("**Kernel sequences (fusion candidates)**")
             trace_hta.show_kernel_sequences(result)
     with tabs[3]:
-        if not s["has_gpu"]:
+        if not s.has_gpu:
             st.info("CPU-only trace: no GPU streams, so no idle time, kernel launches or copies to analyse.")
-            _communication(result)
+            _communication(result.communication)
         else:
             _gpu(result, hta)
     with tabs[4]:
@@ -187,22 +191,22 @@ def show(result: dict) -> None:
         show_critical_path(result)
 
 
-def _gpu(result: dict, hta: bool) -> None:
+def _gpu(result: TraceResult, hta: bool) -> None:
     """The "GPU" tab: idle time, launches (with their delays), the launch queue, copies, annotations and
     communication, each in a tab of its own."""
     gt = st.tabs(list(GPU_TABS))
     with gt[0]:
-        st.plotly_chart(build_idle_time_figure(result["idle_time"]), width="stretch")
-        _table(result["idle_time"]["streams"])
+        st.plotly_chart(build_idle_time_figure(result.idle_time), width="stretch")
+        _table(result.idle_time.streams)
     with gt[1]:
-        launch = result["launch_stats"]
+        launch = result.launch_stats
         st.plotly_chart(build_launch_figure(launch), width="stretch")
-        _table(launch["by_name"], height=300)
-        graphs = launch.get("graphs") or {}
-        if graphs.get("launches"):
+        _table(launch.by_name, height=300)
+        graphs = launch.graphs
+        if graphs and graphs.launches:
             st.markdown("**CUDA graph launches**")
             st.caption(graph_launch_text(graphs))
-            _table(graphs["by_launch"], height=300)
+            _table(graphs.by_launch, height=300)
         if hta:
             trace_hta.show_launch_delay(result)
     parts = ((gt[2], trace_hta.show_queue_length), (gt[3], trace_hta.show_memcpy_bandwidth),
@@ -214,43 +218,40 @@ def _gpu(result: dict, hta: bool) -> None:
             else:
                 st.info("This result predates these analyses: open the trace again to compute them.")
     with gt[5]:
-        _communication(result)
+        _communication(result.communication)
         if hta:
             trace_hta.show_comm_overlap(result)
 
 
-def _communication(result: dict) -> None:
+def _communication(comm: Communication | None) -> None:
     """Communication by family (classify.communication) and what may be missing from it."""
-    comm = result.get("communication")
-    if comm is None:
+    if not comm:
         st.info("This result predates communication families: open the trace again.")
         return
-    if comm["families"]:
-        df = pd.DataFrame(comm["families"]).rename(columns={"where": "runs on", "names": "distinct names",
-                                                            "example": "largest"})
-        _table(df.to_dict("records"), {"time_us": "Time"})
+    if comm.families:
+        df = frame(comm.families).rename(columns={"where": "runs on", "names": "distinct names", "example": "largest"})
+        _table(df, {"time_us": "Time"})
     else:
         st.caption("No kernel or host call of this trace matches a communication family (NCCL, RCCL, MSCCL++, "
                    "NVSHMEM, expert-parallel dispatch / combine, custom all-reduce, gloo, c10d).")
-    if comm.get("comm_kernels"):
-        st.caption(f"Your pattern for communication kernels: `{comm['comm_kernels']}`")
-    for n in comm.get("notes") or []:
+    if comm.comm_kernels:
+        st.caption(f"Your pattern for communication kernels: `{comm.comm_kernels}`")
+    for n in comm.notes:
         st.warning(n)
 
 
-def show_diff(result: dict) -> None:
-    d = result["diff"]
-    st.caption(f"before: {result['before']} · after: {result['after']} · times {d['unit']}")
-    counts = d["counts"]
+def show_diff(result: TraceDiffResult) -> None:
+    d = result.diff
+    st.caption(f"before: {result.before} · after: {result.after} · times {d.unit}")
     metric_row(diff_tiles(result))
     st.plotly_chart(build_diff_figure(d), width="stretch")
     status = st.multiselect("Status", ["faster", "slower", "added", "removed", "unchanged"],
                             default=["faster", "slower", "added", "removed"], key="trace_diff_status")
-    _table([r for r in d["rows"] if r["status"] in status], {"time_us_before": "Before", "time_us_after": "After",
-                                                              "delta_us": "Δ", "ratio": "After / before (x)"})
+    _table([r for r in d.rows if r.status in status], {"time_us_before": "Before", "time_us_after": "After",
+                                                        "delta_us": "Δ", "ratio": "After / before (x)"})
 
 
-def show_range(result: dict) -> None:
+def show_range(result: TraceTimelineResult) -> None:
     """A trace_timeline run (the timeline of a trace opened before, for another time range) on its own."""
-    timeline = result["timeline"]
+    timeline = result.timeline
     show_timeline(timeline, lambda search: build_timeline_figure(timeline, search=search), key="trace-range")

@@ -1,8 +1,10 @@
 """Distributed runs: launch DDP training of the model with torchrun and profile every rank
 (distributed), or analyse a folder of per-rank traces (distributed_traces). The work is in
-job.py (per-rank breakdown, collectives, stragglers), launch.py and rank_main.py."""
+job.py (per-rank breakdown, collectives, stragglers), launch.py and rank_main.py; result.py declares
+their typed result."""
 
-from diagnostics.declare import COMM_KERNELS, Analysis, Column, Metric, Option, Table
+from diagnostics.analyses.distributed.result import DistributedResult
+from diagnostics.declare import COMM_KERNELS, Analysis, Option
 
 BACKENDS = ("auto", "gloo", "nccl")
 DIE_HOWS = ("exit", "kill")
@@ -24,33 +26,9 @@ _THRESHOLDS = (
            flag="--min-excess-ms", unit="ms"),
     COMM_KERNELS,
 )
-_METRICS = (
-    Metric("world_size", "count", "World size"),
-    Metric("ranks_loaded", "count", "Ranks loaded"),
-    Metric("steps_per_rank", "count", "Profiled steps per rank"),
-    Metric("median_step_ms", "ms", "Step time (median)"),
-    Metric("max_step_ms", "ms", "Step time (max)"),
-    Metric("median_busy_ms", "ms", "Busy time (median)", "step time less exposed communication"),
-    Metric("comm_fraction", "fraction", "Communication", "share of step time in collectives"),
-    Metric("exposed_comm_fraction", "fraction", "Exposed communication", "communication while nothing computes"),
-    Metric("overlap_ratio", "fraction", "Overlap", "share of communication hidden behind computation"),
-    Metric("stragglers", "count", "Stragglers"),
-    Metric("files_skipped", "count", "Files skipped (not traces)"),
-)
-_TABLES = (
-    Table("ranks", "Ranks", tuple(Column(k, "ms", k.removesuffix("_ms").replace("_", " ")) for k in (
-        "step_ms", "compute_ms", "comm_ms", "overlap_ms", "compute_only_ms", "exposed_comm_ms", "other_ms",
-        "busy_ms", "wall_step_ms", "others_median_ms", "threshold_ms")) + (
-        Column("overlap_ratio", "fraction", "overlap"), Column("busy_excess_pct", "percent", "busy excess"))),
-    Table("steps", "Steps per rank", ()),
-    Table("collectives", "Collectives", (Column("total_ms", "ms", "total"), Column("max_ms", "ms", "max"),
-                                         Column("mean_ms", "ms", "mean"), Column("bytes", "bytes", "bytes"),
-                                         Column("mean_bytes", "bytes", "mean bytes"))),
-)
-
 DISTRIBUTED = Analysis(
     name="distributed", title="Distributed run (torchrun)", target="diagnostics.analyses.distributed.job:analyze",
-    exclusive=True, timeout_s=600, view="ui.views.distributed:show",
+    exclusive=True, timeout_s=600, result=DistributedResult, view="ui.views.distributed:show",
     report="diagnostics.render.charts.distributed:distributed_sections",
     description="DDP training through torchrun, profiled on every rank",
     options=(
@@ -73,17 +51,16 @@ DISTRIBUTED = Analysis(
         Option("trace_dir", "path", None, "analyse this folder of per-rank traces instead of launching",
                optional=True, flag=""),
     ) + _THRESHOLDS,
-    metrics=_METRICS, tables=_TABLES,
 )
 
 DISTRIBUTED_TRACES = Analysis(
     name="distributed_traces", title="Distributed traces (folder)",
     target="diagnostics.analyses.distributed.job:analyze_folder", needs_model=False,
-    view="ui.views.distributed:show", report="diagnostics.render.charts.distributed:distributed_sections",
+    result=DistributedResult, view="ui.views.distributed:show",
+    report="diagnostics.render.charts.distributed:distributed_sections",
     description="a folder of per-rank torch.profiler traces (e.g. copied from several nodes)",
     options=(Option("trace_dir", "path", None, "a folder holding one trace per rank", required=True,
                     flag="--trace-dir"),) + _THRESHOLDS,
-    metrics=_METRICS, tables=_TABLES,
 )
 
 ANALYSES = (DISTRIBUTED, DISTRIBUTED_TRACES)

@@ -25,6 +25,8 @@ from pathlib import Path
 from diagnostics.analyses.distributed import (DISTRIBUTED, DISTRIBUTED_TRACES, STRAGGLER_MARGIN,
                                               STRAGGLER_MIN_EXCESS_MS)
 from diagnostics.analyses.distributed.dist_job import DistJob, DistributedInputError
+from diagnostics.analyses.distributed.result import DistributedResult
+from diagnostics.results import build
 from diagnostics.settings import check_server_path
 from diagnostics.trace.comm import collective_bytes, rank_breakdown
 from diagnostics.trace.classify import gpu_work_mask, host_mask
@@ -248,17 +250,16 @@ def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_exces
 
 
 # ---------------------------------------------------------------------------- registered analyses
-def analyze_folder(ctx, options: dict) -> dict:
+def analyze_folder(ctx, options: dict) -> DistributedResult:
     """Registered "distributed_traces": per-rank traces already on disk (e.g. from several nodes)."""
     options = DISTRIBUTED_TRACES.validate(options)  # idempotent: the runner validated them too
     result = analyze_folder_path(check_server_path(options["trace_dir"], "trace folder"),
                                  margin=options["straggler_margin"], min_excess_ms=options["straggler_min_ms"],
                                  progress=ctx.progress, comm_kernels=options["comm_kernels"])
-    result["source"] = "folder"
-    return result
+    return build(DistributedResult, {**result, "source": "folder"})
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> DistributedResult:
     """Registered "distributed": launch DDP training of the model with torchrun, then analyse."""
     options = DISTRIBUTED.validate(options)  # idempotent: the runner validated them too
     if options["trace_dir"]:
@@ -308,7 +309,7 @@ def analyze(ctx, options: dict) -> dict:
         "straggler_rank": job.straggler_rank, "straggler_sleep_ms": job.straggler_sleep_ms,
     }
     ctx.progress(1.0, "done")
-    return result
+    return build(DistributedResult, result)
 
 
 def cpu_cores() -> int:

@@ -1,8 +1,12 @@
-"""The trace explorer's analyses: open a Chrome/Kineto trace (trace), re-draw its timeline for a
-time range (trace_timeline) and compare two traces (trace_diff). The work is in job.py; the
-trace layer (diagnostics.trace) does the reading and the views."""
+"""The trace explorer's analyses: open a Chrome/Kineto trace (trace), recompute one of its parts from the
+columns a trace run kept (trace_timeline: the timeline for another time range; trace_critical_path:
+another step's critical path) and compare two traces (trace_diff). The work is in job.py; the trace
+layer (diagnostics.trace) does the reading and the views; result.py declares the typed results."""
 
-from diagnostics.declare import COMM_KERNELS, Analysis, Column, Metric, Option, OptionError, Table
+from diagnostics.analyses.trace.result import (
+    TraceCriticalPathResult, TraceDiffResult, TraceResult, TraceTimelineResult,
+)
+from diagnostics.declare import COMM_KERNELS, Analysis, Option, OptionError
 
 TOP_N = 20
 
@@ -48,30 +52,6 @@ HTA_OPTIONS = (
     Option("sequence_length", "int", 3, "longest run of consecutive kernels looked for as a fusion candidate "
            "(runs of 2 up to this)", lo=2, hi=16),
 )
-_US = lambda key, label: Column(key, "us", label)  # noqa: E731
-HTA_TABLES = (
-    Table("kernel_sequences.by_time", "Frequent kernel sequences (fusion candidates)", (
-        Column("length", "count", "kernels"), Column("count", "count", "occurrences"), _US("total_us", "GPU time"),
-        _US("mean_us", "GPU time each"), _US("span_us", "span"), _US("gap_us", "gaps inside"))),
-    Table("queue_length.streams", "Launch queue length per stream", (
-        Column("launches", "count", "launches"), Column("max", "count", "max queued"),
-        Column("mean", "number", "mean queued"), _US("full_us", "time at a full queue"),
-        _US("span_us", "span"))),
-    Table("memcpy_bandwidth.directions", "Memcpy / memset bandwidth", (
-        Column("events", "count", "events"), Column("counted_events", "count", "with bytes"),
-        _US("time_us", "time"), Column("bytes", "bytes", "bytes"), Column("bytes_per_s", "bytes_per_s", "bandwidth"),
-        Column("median_bytes_per_s", "bytes_per_s", "median per copy"),
-        Column("max_bytes_per_s", "bytes_per_s", "max per copy"))),
-    Table("annotations.annotations", "GPU user annotations", (
-        Column("count", "count", "count"), _US("total_us", "total"), _US("mean_us", "mean"), _US("max_us", "max"),
-        _US("gpu_busy_us", "GPU busy inside"))),
-    Table("launch_delay.by_name", "Launch delay per kernel", (
-        Column("launches", "count", "launches"), _US("mean_us", "mean"), _US("min_us", "min"),
-        _US("p50_us", "median"), _US("p90_us", "p90"), _US("max_us", "max"))),
-    Table("launch_delay.histogram", "Launch delays", (_US("lo_us", "from"), _US("hi_us", "to"),
-                                                       Column("count", "count", "launches"))),
-)
-
 def _timeline_ranks(value: str) -> str:
     """The "timeline_ranks" option: "all" or rank numbers separated by commas."""
     text = value.strip()
@@ -103,7 +83,8 @@ _CRITICAL_PATH = (
 
 TRACE = Analysis(
     name="trace", title="Trace explorer", target="diagnostics.analyses.trace.job:analyze", needs_model=False,
-    timeout_s=600, view="ui.views.traces:show", report="diagnostics.render.charts.traces:trace_sections",
+    timeout_s=600, result=TraceResult, view="ui.views.traces:show",
+    report="diagnostics.render.charts.traces:trace_sections",
     description="one torch.profiler / Kineto trace: steps, operators, kernels, idle time, launches",
     options=(
         Option("path", "path", None, "a .json or .json.gz trace file", required=True, flag=""),
@@ -124,46 +105,30 @@ TRACE = Analysis(
         Option("ranks_stamps", "list", None, "path, size and mtime of the rank files, so a changed file is a "
                "new job", optional=True, flag=""),
     ) + RANKS_OPTIONS + _TIMELINE + HTA_OPTIONS + (COMM_KERNELS,) + _CRITICAL_PATH,
-    metrics=(
-        Metric("events", "count", "Events"),
-        Metric("duration_ms", "ms", "Duration"),
-        Metric("steps", "count", "Profiler steps"),
-        Metric("skipped_events", "count", "Events skipped (malformed)"),
-        Metric("has_gpu", "bool", "GPU activity"),
-    ),
-    tables=(
-        Table("top_operators.operators", "Host operators", (Column("calls", "count", "calls"), Column("total_us", "us", "total"),
-                                                  Column("self_us", "us", "self"), Column("max_us", "us", "max"),
-                                                  Column("mean_us", "us", "mean"),
-                                                  Column("self_pct", "percent", "self share"))),
-        Table("top_operators.kernels", "GPU kernels", (Column("calls", "count", "calls"), Column("total_us", "us", "total"),
-                                             Column("max_us", "us", "max"), Column("mean_us", "us", "mean"),
-                                             Column("pct", "percent", "share"))),
-        Table("temporal_breakdown.gpu", "GPU time per step", ()),
-        Table("idle_time.streams", "Idle time per stream", ()),
-        Table("launch_stats.by_name", "Kernel launches", ()),
-        Table("critical_path.path", "Critical path", (Column("start_us", "us", "start"), Column("dur_us", "us", "duration"),
-                                                      Column("on_path_us", "us", "on the path"),
-                                                      Column("wait_before_us", "us", "wait before"))),
-        Table("critical_path.by_kind", "Critical path by kind", (Column("us", "us", "time on the path"),
-                                                                 Column("pct", "percent", "share of the step"))),
-        Table("critical_path.what_if", "Critical path what-ifs", (Column("on_path_us", "us", "on the path"),
-                                                                  Column("saving_us", "us", "step time saved"),
-                                                                  Column("step_us_after", "us", "step time after"))),
-    ) + HTA_TABLES,
 )
+
+#: The parts recomputed from a trace run's kept columns (its keep_columns option) read them from here.
+_COLUMNS_DIR = Option("columns_dir", "path", None, "where a trace run kept its parsed columns", required=True, flag="")
 
 TRACE_TIMELINE = Analysis(
     name="trace_timeline", title="Trace timeline", target="diagnostics.analyses.trace.job:analyze_timeline",
-    needs_model=False, view="ui.views.traces:show_range",
+    needs_model=False, result=TraceTimelineResult, view="ui.views.traces:show_range",
     description="the timeline of a trace opened before, for another time range",
-    options=(Option("columns_dir", "path", None, "where a trace run kept its parsed columns", required=True,
-                    flag=""),) + _TIMELINE,
+    options=(_COLUMNS_DIR,) + _TIMELINE,
+)
+
+TRACE_CRITICAL_PATH = Analysis(
+    name="trace_critical_path", title="Trace critical path",
+    target="diagnostics.analyses.trace.job:analyze_critical_path", needs_model=False,
+    result=TraceCriticalPathResult, view="ui.views.critical_path:show_part",
+    report="diagnostics.render.charts.critical_path:critical_path_part_sections",
+    description="another step's critical path of a trace opened before (from its kept columns)",
+    options=(_COLUMNS_DIR,) + _CRITICAL_PATH,
 )
 
 TRACE_DIFF = Analysis(
     name="trace_diff", title="Trace diff", target="diagnostics.analyses.trace.job:analyze_diff", needs_model=False,
-    timeout_s=600, view="ui.views.traces:show_diff",
+    timeout_s=600, result=TraceDiffResult, view="ui.views.traces:show_diff",
     report="diagnostics.render.charts.traces:trace_diff_sections",
     description="two traces compared by operator and kernel: added, removed, faster, slower",
     options=(
@@ -171,11 +136,6 @@ TRACE_DIFF = Analysis(
         Option("after", "path", None, "the trace to compare with it", required=True, flag=""),
         Option("stamps", "list", None, "path, size and mtime of both files", optional=True, flag=""),
     ),
-    metrics=(
-        Metric("added", "count", "Added"), Metric("removed", "count", "Removed"), Metric("faster", "count", "Faster"),
-        Metric("slower", "count", "Slower"), Metric("unchanged", "count", "Unchanged"),
-    ),
-    tables=(Table("diff.rows", "Changes", ()),),
 )
 
-ANALYSES = (TRACE, TRACE_TIMELINE, TRACE_DIFF)
+ANALYSES = (TRACE, TRACE_TIMELINE, TRACE_CRITICAL_PATH, TRACE_DIFF)

@@ -1,9 +1,10 @@
 """The trace analysis' critical-path part (issue #18): one step's critical path and what-ifs as the
 result's "critical_path" key, and the step written out as a Chrome trace with the path marked.
 
-Kept apart from job.py so that job.py only calls ``critical_path_result``. A trace the path cannot be
-computed for (no profiler step ranges, a step too large) gets ``{"available": False, "reason": ...}``:
-the rest of the trace analysis still stands.
+Kept apart from job.py so that job.py only calls ``critical_path_result``, in the whole trace job and in
+the trace_critical_path part (another step, from the kept columns). A trace the path cannot be computed
+for (no profiler step ranges, a step too large) gets ``{"available": False, "reason": ...}``: the rest of
+the trace analysis still stands. The plain dict becomes result.CriticalPath in the job's typed result.
 """
 
 from __future__ import annotations

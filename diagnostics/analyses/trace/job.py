@@ -1,8 +1,11 @@
 """Trace explorer jobs: open a Chrome/Kineto trace in a worker, run the trace analyses, diff two.
 
 The ingest runs in the runner's worker, so a pathological file costs a worker, never the
-dashboard. After the first open the parsed columns are kept next to the run (Arrow/Feather),
-so re-drawing the timeline for another time range reads them back instead of re-parsing.
+dashboard. After the first open the parsed columns are kept next to the run (Arrow/Feather), so a
+part the page asks for again with other options is recomputed from them alone, not by the whole
+job (~14 parts): the timeline for another time range (analyze_timeline) and another step's critical
+path (analyze_critical_path). Each job returns its typed result (result.py), built from the trace
+layer's plain parts with results.build.
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from diagnostics.analyses.trace import TRACE, TRACE_DIFF, TRACE_TIMELINE
+from diagnostics.analyses.trace import TRACE, TRACE_CRITICAL_PATH, TRACE_DIFF, TRACE_TIMELINE
 from diagnostics.analyses.trace.critical import critical_path_result
+from diagnostics.analyses.trace.result import (
+    TraceCriticalPathResult, TraceDiffResult, TraceResult, TraceTimelineResult,
+)
 from diagnostics.errors import TorchScopeError
+from diagnostics.results import build, to_plain
 from diagnostics.settings import check_server_path, trace_cache_dir
 from diagnostics.trace import cache as trace_cache
 from diagnostics.trace.cache import cached_load, link_events
@@ -48,6 +55,11 @@ def _save_columns(trace: Trace, folder: Path) -> None:
         trace.events.reset_index(drop=True).to_feather(folder / EVENTS_FILE)
     meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
     (folder / META_FILE).write_text(json.dumps(meta, default=str))
+
+
+def columns_kept(folder: str | Path) -> bool:
+    """Whether ``folder`` still holds the parsed columns a trace run kept (a part can be recomputed from them)."""
+    return (Path(folder) / EVENTS_FILE).is_file() and (Path(folder) / META_FILE).is_file()
 
 
 def load_columns(folder: str | Path) -> Trace:
@@ -86,7 +98,7 @@ def _result_key(options: dict) -> str:
     return result_key(keyed)
 
 
-def _reopen(ctx, path: str, options: dict) -> dict | None:
+def _reopen(ctx, path: str, options: dict) -> TraceResult | None:
     """The stored result of this job (same files, options and code), its files put in this run's
     folder; None when there is none (or the trace cache is off)."""
     t = time.perf_counter()
@@ -115,25 +127,27 @@ def _reopen(ctx, path: str, options: dict) -> dict | None:
         cp["trace_file"] = str(art / RESULT_FILES["critical_path"])
     out["trace_cache"] = {"hit": True, "result": True, "open_s": time.perf_counter() - t}
     ctx.progress(0.95, "the stored analysis of this trace (unchanged file, same options)")
-    return out
+    return build(TraceResult, out)
 
 
-def _keep(trace, options: dict, out: dict, artifact_dir) -> None:
-    """Store the result beside the trace's cache entry, for a reopen (see _reopen)."""
+def _keep(trace, options: dict, result: TraceResult, artifact_dir) -> None:
+    """Store the result (its plain form, less trace_cache) beside the trace's cache entry, for a reopen
+    (see _reopen)."""
     files = {}
-    cp = out.get("critical_path") or {}
-    if cp.get("trace_file"):
-        files["critical_path"] = cp["trace_file"]
-    if out.get("columns_dir"):
+    cp = result.critical_path
+    if cp and cp.trace_file:   # UNSET is falsy
+        files["critical_path"] = cp.trace_file
+    if result.columns_dir:
         files["meta"] = Path(artifact_dir) / META_FILE
     try:
         key = _result_key(options)
     except (OSError, TraceError):
         return
-    trace_cache.keep_result(trace, key, {k: v for k, v in out.items() if k != "trace_cache"}, files)
+    plain = {k: v for k, v in to_plain(result).items() if k != "trace_cache"}
+    trace_cache.keep_result(trace, key, plain, files)
 
 
-def analyze(ctx, options: dict) -> dict:
+def analyze(ctx, options: dict) -> TraceResult:
     """Open one trace: summary, temporal breakdown, top operators/kernels, idle time, launches, timeline.
     A second open of an unchanged trace with the same options returns the stored result (_reopen)."""
     options = TRACE.validate(options)  # idempotent: the runner validated them too
@@ -163,7 +177,7 @@ def analyze(ctx, options: dict) -> dict:
     ctx.progress(0.88, "critical path")
     out["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical.py
     ctx.progress(0.9, "timeline")
-    out["timeline"] = timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
+    out["timeline"] = timeline_part(trace, options)
     if options["ranks"]:
         out["ranks"] = _ranks(ctx, options)
     if options["keep_columns"]:
@@ -172,9 +186,10 @@ def analyze(ctx, options: dict) -> dict:
     s = out["summary"]
     out["metrics"] = {"events": s["events"], "duration_ms": s["duration_us"] / 1e3, "steps": s["n_steps"],
                       "skipped_events": s["skipped_events"], "has_gpu": s["has_gpu"]}
-    _keep(trace, options, out, ctx.artifact_dir)
-    out["trace_cache"] = cache  # whether the parsed trace came from the trace cache, and how long the open took
-    return out
+    # whether the parsed trace came from the trace cache, and how long the open took
+    result = build(TraceResult, {**out, "trace_cache": cache})
+    _keep(trace, options, result, ctx.artifact_dir)
+    return result
 
 
 def hta_steps(options, rows: int) -> dict:
@@ -214,15 +229,31 @@ def _timeline_picks(value: str | None):
     return None if not value else "all" if value == "all" else [int(p) for p in value.split(",")]
 
 
-def analyze_timeline(ctx, options: dict) -> dict:
-    """Re-draw the timeline for [t0, t1] µs from columns kept by a previous ``trace`` run."""
+def timeline_part(trace: Trace, options) -> dict:
+    """The timeline part: the bars of [t0, t1] µs (None: the whole trace), at most ``max_events``; in the
+    trace job and the trace_timeline part alike."""
+    return timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
+
+
+def analyze_timeline(ctx, options: dict) -> TraceTimelineResult:
+    """Re-draw the timeline for [t0, t1] µs from columns kept by a previous ``trace`` run: the trace job's
+    timeline part alone, without reading the file or computing the other parts."""
     options = TRACE_TIMELINE.validate(options)  # idempotent: the runner validated them too
     trace = load_columns(options["columns_dir"])
-    return {"timeline": timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"]),
-            "metrics": {}}
+    return build(TraceTimelineResult, {"timeline": timeline_part(trace, options), "metrics": {}})
 
 
-def analyze_diff(ctx, options: dict) -> dict:
+def analyze_critical_path(ctx, options: dict) -> TraceCriticalPathResult:
+    """Another step's critical path (``critical_path_step``) from columns kept by a previous ``trace`` run:
+    the trace analysis' own part (critical.py), without reading the file or computing its other parts."""
+    options = TRACE_CRITICAL_PATH.validate(options)  # idempotent: the runner validated them too
+    trace = load_columns(options["columns_dir"])
+    ctx.progress(0.3, f"{len(trace.events):,} events read back; critical path")
+    return build(TraceCriticalPathResult, {"critical_path": critical_path_result(trace, options, ctx.artifact_dir),
+                                           "metrics": {}})
+
+
+def analyze_diff(ctx, options: dict) -> TraceDiffResult:
     """Diff two traces (before / after a fix) by operator and kernel."""
     options = TRACE_DIFF.validate(options)  # idempotent: the runner validated them too
     before_path, after_path = _require_path(options, "before"), _require_path(options, "after")
@@ -232,6 +263,6 @@ def analyze_diff(ctx, options: dict) -> dict:
     after, cache_after = _open(after_path)
     ctx.progress(0.9, "comparing")
     diff = diff_traces(before, after)
-    return {"before": before_path, "after": after_path, "diff": diff,
-            "trace_cache": {"before": cache_before, "after": cache_after},
-            "metrics": {k: v for k, v in (diff.get("counts") or {}).items()}}
+    return build(TraceDiffResult, {"before": before_path, "after": after_path, "diff": diff,
+                                   "trace_cache": {"before": cache_before, "after": cache_after},
+                                   "metrics": dict(diff["counts"])})

@@ -1,11 +1,14 @@
-"""Figures and report sections for a step's critical path (the trace result's "critical_path" key,
-diagnostics.trace.critical_path): time on the path by kind, the path on a timeline, the what-ifs."""
+"""Figures and report sections for a step's critical path (the trace result's ``critical_path``, or a
+trace_critical_path run's: diagnostics.trace.critical_path): time on the path by kind, the path on a
+timeline, the what-ifs."""
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from diagnostics.analyses.trace.result import CriticalPath, Timeline, TraceCriticalPathResult, TraceResult
 from diagnostics.render.charts.style import empty_figure
+from diagnostics.results import given
 
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
@@ -30,124 +33,132 @@ def _clip(name: str, n: int = 50) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def headline(cp: dict) -> str:
+def headline(cp: CriticalPath) -> str:
     """One sentence: the step, its time, and the largest kind on the path."""
-    if not cp.get("available", True):
-        return f"Critical path not computed: {cp.get('reason')}"
-    top = max(cp["by_kind"], key=lambda r: r["us"])
-    cut = cp.get("incomplete_steps") or []
-    spans = f"CPU step {cp['host_span_us'] / 1e3:,.3f} ms"
-    if cp.get("gpu_window_us") is not None:
-        spans += f", GPU window {cp['gpu_window_us'] / 1e3:,.3f} ms"
-    return (f"Step {cp['step']}" + (f" ({cp['chosen_as']})" if cp.get("chosen_as") else "")
-            + f": {cp['length_us'] / 1e3:,.3f} ms on the critical path from the step's start to the end of its "
-            f"last work ({spans}; {cp['path_events']:,} of {cp['events']:,} events on the path); the largest part "
-            f"is {top['kind']}, "
-            f"{top['us'] / 1e3:,.3f} ms ({top['pct'] or 0:.1f} %)."
+    if not cp.available:
+        return f"Critical path not computed: {cp.reason}"
+    top = max(cp.by_kind, key=lambda r: r.us)
+    cut = cp.incomplete_steps or ()
+    spans = f"CPU step {cp.host_span_us / 1e3:,.3f} ms"
+    if given(cp.gpu_window_us):
+        spans += f", GPU window {cp.gpu_window_us / 1e3:,.3f} ms"
+    return (f"Step {cp.step}" + (f" ({cp.chosen_as})" if cp.chosen_as else "")
+            + f": {cp.length_us / 1e3:,.3f} ms on the critical path from the step's start to the end of its "
+            f"last work ({spans}; {cp.path_events:,} of {cp.events:,} events on the path); the largest part "
+            f"is {top.kind}, "
+            f"{top.us / 1e3:,.3f} ms ({top.pct or 0:.1f} %)."
             + (f" Steps cut short by the end of profiling (a kernel launch with no kernel in the trace): "
                f"{', '.join(map(str, cut))}." if cut else ""))
 
 
-def build_critical_path_breakdown_figure(cp: dict) -> go.Figure:
+def build_critical_path_breakdown_figure(cp: CriticalPath) -> go.Figure:
     """Time on the critical path by kind (ms), each bar labelled."""
-    rows = cp.get("by_kind") or []
+    rows = cp.by_kind or ()
     if not rows:
         return empty_figure("Critical path by kind", "No critical path")
     fig = go.Figure(go.Bar(
-        x=[r["kind"] for r in rows], y=[r["us"] / 1e3 for r in rows],
-        marker_color=[KIND_COLORS.get(r["kind"], "#888") for r in rows],
-        text=[f"{r['us'] / 1e3:,.3f} ms" for r in rows], textposition="outside",
+        x=[r.kind for r in rows], y=[r.us / 1e3 for r in rows],
+        marker_color=[KIND_COLORS.get(r.kind, "#888") for r in rows],
+        text=[f"{r.us / 1e3:,.3f} ms" for r in rows], textposition="outside",
         hovertemplate="%{x}: %{y:.3f} ms<extra></extra>"))
-    fig.update_layout(title=f"Step {cp['step']}: time on the critical path by kind "
-                            f"(total {cp['length_us'] / 1e3:,.3f} ms)",
+    fig.update_layout(title=f"Step {cp.step}: time on the critical path by kind "
+                            f"(total {cp.length_us / 1e3:,.3f} ms)",
                       xaxis_title="kind", yaxis_title="time on the path (ms)")
     return fig
 
 
-def build_critical_path_timeline_figure(cp: dict) -> go.Figure:
+def build_critical_path_timeline_figure(cp: CriticalPath) -> go.Figure:
     """The path's events on a timeline (ms from the step's start), one row per thread / stream."""
-    path = cp.get("path") or []
+    path = cp.path or ()
     if not path:
         return empty_figure("Critical path on the timeline", "No critical path")
-    drawn = sorted(path, key=lambda r: -r["dur_us"])[:MAX_DRAWN]
-    lanes = sorted({r["where"] for r in drawn}, key=lambda w: (w.startswith("GPU"), w))
+    drawn = sorted(path, key=lambda r: -r.dur_us)[:MAX_DRAWN]
+    lanes = sorted({r.where for r in drawn}, key=lambda w: (w.startswith("GPU"), w))
     fig = go.Figure()
     for kind in KIND_COLORS:
-        rows = [r for r in drawn if r["kind"] == kind]
+        rows = [r for r in drawn if r.kind == kind]
         if not rows:
             continue
         fig.add_trace(go.Bar(
-            name=kind, orientation="h", base=[r["start_us"] / 1e3 for r in rows],
-            x=[max(r["dur_us"], 0.0) / 1e3 for r in rows], y=[r["where"] for r in rows],
+            name=kind, orientation="h", base=[r.start_us / 1e3 for r in rows],
+            x=[max(r.dur_us, 0.0) / 1e3 for r in rows], y=[r.where for r in rows],
             marker_color=KIND_COLORS[kind],
-            customdata=[[r["name"], r["dur_us"], r["on_path_us"], r["waited_on"] or "-"] for r in rows],
+            customdata=[[r.name, r.dur_us, r.on_path_us, r.waited_on or "-"] for r in rows],
             hovertemplate="%{customdata[0]}<br>%{customdata[1]:.1f} µs, %{customdata[2]:.1f} µs on the path"
                           "<br>waited on: %{customdata[3]}<extra></extra>"))
     # The path's order, as a line through the events' starts.
-    fig.add_trace(go.Scatter(x=[r["start_us"] / 1e3 for r in path[:MAX_DRAWN]],
-                             y=[r["where"] for r in path[:MAX_DRAWN]], mode="lines", name="path order",
+    fig.add_trace(go.Scatter(x=[r.start_us / 1e3 for r in path[:MAX_DRAWN]],
+                             y=[r.where for r in path[:MAX_DRAWN]], mode="lines", name="path order",
                              line={"color": "black", "width": 1}, hoverinfo="skip"))
-    fig.update_layout(barmode="overlay", title=f"Critical path of step {cp['step']} on the timeline",
+    fig.update_layout(barmode="overlay", title=f"Critical path of step {cp.step} on the timeline",
                       xaxis_title="time from the step's start (ms)",
                       yaxis={"categoryorder": "array", "categoryarray": lanes[::-1]},
                       height=max(260, 40 * len(lanes) + 160))
     return fig
 
 
-def build_what_if_figure(cp: dict) -> go.Figure:
+def build_what_if_figure(cp: CriticalPath) -> go.Figure:
     """Step time saved if each name's calls were ``factor`` times faster (ms)."""
-    rows = (cp.get("what_if") or [])[::-1]
-    title = f"What if it were {cp.get('factor', 2):g}x faster: step time saved"
+    rows = (cp.what_if or ())[::-1]
+    title = f"What if it were {cp.factor if given(cp.factor) else 2:g}x faster: step time saved"
     if not rows:
         return empty_figure(title, "Nothing on the path to speed up")
     fig = go.Figure(go.Bar(
-        x=[r["saving_us"] / 1e3 for r in rows], y=[_clip(r["name"]) for r in rows], orientation="h",
-        marker_color=[KIND_COLORS.get(r["kind"], "#888") for r in rows],
-        text=[f"{r['saving_us'] / 1e3:,.3f} ms" for r in rows], textposition="outside",
-        customdata=[[r["name"], r["on_path_us"] / 1e3, r["calls"]] for r in rows],
+        x=[r.saving_us / 1e3 for r in rows], y=[_clip(r.name) for r in rows], orientation="h",
+        marker_color=[KIND_COLORS.get(r.kind, "#888") for r in rows],
+        text=[f"{r.saving_us / 1e3:,.3f} ms" for r in rows], textposition="outside",
+        customdata=[[r.name, r.on_path_us / 1e3, r.calls] for r in rows],
         hovertemplate="%{customdata[0]} (%{customdata[2]} calls)<br>%{customdata[1]:.3f} ms on the path, "
                       "saves %{x:.3f} ms<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="step time saved (ms)", height=max(280, 28 * len(rows) + 140))
     return fig
 
 
-def critical_path_sections(result: dict) -> list[Section]:
-    """The report's critical-path section (none when the result has no "critical_path")."""
-    cp = result.get("critical_path")
+def _sections(cp: CriticalPath | None) -> list[Section]:
     if not cp:
         return []
-    if not cp.get("available", True):
+    if not cp.available:
         return [Section("Critical path", text=[headline(cp)])]
     return [section("Critical path", [lambda: build_critical_path_breakdown_figure(cp),
                                       lambda: build_critical_path_timeline_figure(cp),
                                       lambda: build_what_if_figure(cp)],
-                    text=[headline(cp), *(cp.get("notes") or []), CRITICAL_PATH_HELP],
-                    tables=[("path", records_frame(cp["path"])), ("what-ifs", records_frame(cp["what_if"]))])]
+                    text=[headline(cp), *(cp.notes or ()), CRITICAL_PATH_HELP],
+                    tables=[("path", records_frame(cp.path)), ("what-ifs", records_frame(cp.what_if))])]
 
 
-def mark_critical_path(fig: go.Figure, cp: dict | None, timeline: dict | None = None) -> go.Figure:
+def critical_path_sections(result: TraceResult) -> list[Section]:
+    """The report's critical-path section (none when the result predates the critical path)."""
+    return _sections(result.critical_path)
+
+
+def critical_path_part_sections(result: TraceCriticalPathResult) -> list[Section]:
+    """The report of a trace_critical_path run: another step's critical path of a trace opened before."""
+    return _sections(result.critical_path)
+
+
+def mark_critical_path(fig: go.Figure, cp: CriticalPath | None, timeline: Timeline | None = None) -> go.Figure:
     """The trace timeline figure with the critical path drawn over it: a line through the path's events
     in order, a marker at each one's start (hover: its time on the path). ``timeline`` (the
-    timeline_data the figure was drawn from) names its rows: a lane's "label" where it has one, else
+    timeline the figure was drawn from) names its rows: a lane's label where it has one, else
     the path row's own "pid/tid · depth" label. Events whose row the figure does not draw (a range that
     leaves them out) are skipped."""
-    if not cp or not cp.get("available", True) or not cp.get("path"):
+    if not cp or not cp.available or not cp.path:
         return fig
     rows = set(fig.layout.yaxis.categoryarray or ())
-    labels = {lane["lane"]: lane["label"] for lane in (timeline or {}).get("lanes") or [] if lane.get("label")}
-    t0 = float(cp.get("step_start_us") or 0.0)
+    labels = {lane.lane: lane.label for lane in (timeline.lanes if timeline else ()) if lane.label}
+    t0 = float(cp.step_start_us or 0.0)
     pts = []
-    for r in cp["path"]:
-        y = labels.get(r.get("lane_key")) or r.get("lane")
+    for r in cp.path:
+        y = labels.get(r.lane_key) or r.lane
         if y in rows:
             pts.append((r, y))
     if not pts:
         return fig
     fig.add_trace(go.Scatter(
-        x=[(t0 + r["start_us"]) / 1e3 for r, _ in pts], y=[y for _, y in pts], mode="lines+markers",
-        name=f"critical path (step {cp['step']})", line={"color": "#d62728", "width": 2},
+        x=[(t0 + r.start_us) / 1e3 for r, _ in pts], y=[y for _, y in pts], mode="lines+markers",
+        name=f"critical path (step {cp.step})", line={"color": "#d62728", "width": 2},
         marker={"symbol": "diamond", "size": 8, "color": "#d62728"},
-        customdata=[[r["name"], r["on_path_us"], r["kind"]] for r, _ in pts],
+        customdata=[[r.name, r.on_path_us, r.kind] for r, _ in pts],
         hovertemplate="critical path: %{customdata[0]} (%{customdata[2]})<br>%{customdata[1]:.1f} µs on the path"
                       "<extra></extra>"))
     return fig

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from diagnostics.analyses.distributed import DISTRIBUTED_TRACES
+from diagnostics.analyses.distributed.result import DistributedResult
 from diagnostics.units import human_bytes
-from diagnostics.render.sections import Section, notes, section
-from diagnostics.render.tables import find_tables, records_frame
+from diagnostics.render.sections import Section, section
+from diagnostics.render.tables import declared_tables
 
 COLORS = {"compute_only_ms": "#4C78A8", "overlap_ms": "#72B7B2", "exposed_comm_ms": "#F58518",
           "other_ms": "#BAB0AC", "busy": "#54A24B", "straggler": "#E45756", "step": "#9D9D9D"}
@@ -15,24 +17,24 @@ PARTS = [("compute_only_ms", "computation only"), ("overlap_ms", "computation + 
          ("exposed_comm_ms", "communication only (exposed)"), ("other_ms", "other (idle, Python, sleeps)")]
 
 
-def _rank_labels(result: dict) -> list[str]:
-    return [f"rank {r['rank']}" for r in result["ranks"]]
+def _rank_labels(result: DistributedResult) -> list[str]:
+    return [f"rank {r.rank}" for r in result.ranks]
 
 
-def build_rank_step_figure(result: dict) -> go.Figure:
+def build_rank_step_figure(result: DistributedResult) -> go.Figure:
     """Median step time and busy time per rank (ms), with the straggler threshold as a line."""
-    ranks = result["ranks"]
+    ranks = result.ranks
     labels = _rank_labels(result)
-    t = result["thresholds"]
+    t = result.thresholds
     fig = go.Figure()
-    fig.add_bar(x=labels, y=[r["step_ms"] for r in ranks], name="step time (median)",
+    fig.add_bar(x=labels, y=[r.step_ms for r in ranks], name="step time (median)",
                 marker_color=COLORS["step"], hovertemplate="%{x}<br>step %{y:.2f} ms<extra></extra>")
-    fig.add_bar(x=labels, y=[r["busy_ms"] for r in ranks], name="busy time = step - exposed communication",
-                marker_color=[COLORS["straggler"] if r["straggler"] else COLORS["busy"] for r in ranks],
+    fig.add_bar(x=labels, y=[r.busy_ms for r in ranks], name="busy time = step - exposed communication",
+                marker_color=[COLORS["straggler"] if r.straggler else COLORS["busy"] for r in ranks],
                 hovertemplate="%{x}<br>busy %{y:.2f} ms<extra></extra>")
-    fig.add_hline(y=t["threshold_ms"], line_dash="dash", line_color=COLORS["straggler"],
+    fig.add_hline(y=t.threshold_ms, line_dash="dash", line_color=COLORS["straggler"],
                   # Short, so it fits a third of the page; the caption above the chart gives the rule.
-                  annotation_text=f"straggler threshold {t['threshold_ms']:.2f} ms",
+                  annotation_text=f"straggler threshold {t.threshold_ms:.2f} ms",
                   annotation_position="top left")
     fig.update_layout(title="Step and busy time per rank<br><sup>median over steps; red = straggler</sup>",
                       barmode="group", xaxis_title="rank", yaxis_title="time per step (ms)", height=380,
@@ -41,13 +43,13 @@ def build_rank_step_figure(result: dict) -> go.Figure:
     return fig
 
 
-def build_breakdown_figure(result: dict) -> go.Figure:
+def build_breakdown_figure(result: DistributedResult) -> go.Figure:
     """Stacked bars per rank: computation only, overlap, exposed communication, other (ms)."""
-    ranks = result["ranks"]
+    ranks = result.ranks
     labels = _rank_labels(result)
     fig = go.Figure()
     for key, name in PARTS:
-        fig.add_bar(x=labels, y=[r[key] for r in ranks], name=name, marker_color=COLORS[key],
+        fig.add_bar(x=labels, y=[getattr(r, key) for r in ranks], name=name, marker_color=COLORS[key],
                     hovertemplate="%{x}<br>" + name + ": %{y:.2f} ms<extra></extra>")
     fig.update_layout(title="Where each rank's step goes<br><sup>median over steps</sup>", barmode="stack",
                       xaxis_title="rank", yaxis_title="time per step (ms)", height=380,
@@ -56,13 +58,13 @@ def build_breakdown_figure(result: dict) -> go.Figure:
     return fig
 
 
-def build_collectives_figure(result: dict, n: int = 15) -> go.Figure:
+def build_collectives_figure(result: DistributedResult, n: int = 15) -> go.Figure:
     """Total time per collective (ms), largest first; hover shows calls, mean and bytes."""
-    rows = result["collectives"][:n]
-    names = [f"{c['name']} ({c['where']})" for c in rows]
+    rows = result.collectives[:n]
+    names = [f"{c.name} ({c.where})" for c in rows]
     fig = go.Figure(go.Bar(
-        y=names, x=[c["total_ms"] for c in rows], orientation="h", marker_color=COLORS["exposed_comm_ms"],
-        customdata=[[c["calls"], c["mean_ms"], human_bytes(c["mean_bytes"]) if c["mean_bytes"] is not None
+        y=names, x=[c.total_ms for c in rows], orientation="h", marker_color=COLORS["exposed_comm_ms"],
+        customdata=[[c.calls, c.mean_ms, human_bytes(c.mean_bytes) if c.mean_bytes is not None
                      else "not recorded"] for c in rows],
         hovertemplate="%{y}<br>total %{x:.2f} ms over %{customdata[0]} calls<br>mean %{customdata[1]:.3f} ms"
                       "<br>mean message %{customdata[2]}<extra></extra>"))
@@ -72,9 +74,9 @@ def build_collectives_figure(result: dict, n: int = 15) -> go.Figure:
     return fig
 
 
-def build_overlap_figure(result: dict) -> go.Figure:
+def build_overlap_figure(result: DistributedResult) -> go.Figure:
     """Gauge: share of communication time hidden behind computation (overlap / communication, %)."""
-    ratio = result["metrics"].get("overlap_ratio")
+    ratio = result.metrics.overlap_ratio
     value = 0.0 if ratio is None else 100.0 * ratio
     fig = go.Figure(go.Indicator(
         mode="gauge+number", value=value, number={"suffix": " %", "valueformat": ".1f"},
@@ -87,12 +89,12 @@ def build_overlap_figure(result: dict) -> go.Figure:
 
 
 # ----------------------------------------------------------------------------- report sections
-def distributed_sections(result: dict) -> list[Section]:
-
+def distributed_sections(result: DistributedResult) -> list[Section]:
     return [
         section("Ranks", [lambda: build_rank_step_figure(result), lambda: build_breakdown_figure(result)],
-                 text=notes(result)),
+                text=list(result.notes)),
         section("Communication", [lambda: build_collectives_figure(result),
-                                   lambda: build_overlap_figure(result)]),
-        Section("Tables", tables=[(n, records_frame(r)) for n, r in find_tables(result).items()]),
+                                  lambda: build_overlap_figure(result)]),
+        # the tables the result type declares (distributed and distributed_traces share it)
+        Section("Tables", tables=declared_tables(DISTRIBUTED_TRACES, result)),
     ]

@@ -1,4 +1,5 @@
-"""Figures and report sections for several ranks' traces (diagnostics.trace.ranks.analyse_ranks' result)."""
+"""Figures and report sections for several ranks' traces (the trace result's ``ranks``: Ranks, from
+diagnostics.trace.ranks.analyse_ranks)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from diagnostics.analyses.trace.result import Ranks
 from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
+from diagnostics.results import given
 
 SLOWEST_COLOR, OTHER_COLOR = "#e45756", "#4c78a8"
 #: The per-rank table's columns as a user reads them (ms medians per profiler step).
@@ -34,48 +37,53 @@ WORKER_COLUMNS = {"worker": "worker (host:pid)", "ranks": "ranks", "seconds": "s
                   "peak_rss_bytes": "peak RSS (bytes)"}
 
 
-def rank_table(ranks: dict):
+def _file_name(row) -> str:
+    return row.name or Path(str(row.file)).name
+
+
+def rank_table(ranks: Ranks):
     """The per-rank table as a DataFrame with readable headers (file names only)."""
-    df = records_frame([dict(r, file=r.get("name") or Path(str(r["file"])).name) for r in ranks.get("ranks") or []])
+    df = records_frame(ranks.ranks)
     if df.empty:
         return df
+    df["file"] = [_file_name(r) for r in ranks.ranks]
     return df[[c for c in COLUMNS if c in df.columns]].rename(columns=COLUMNS)
 
 
-def _frame(rows: list, columns: dict):
-    df = records_frame(rows or [])
+def _frame(rows, columns: dict):
+    df = records_frame(rows)
     if df.empty:
         return df
     return df[[c for c in columns if c in df.columns]].rename(columns=columns)
 
 
-def collectives_table(ranks: dict):
-    return _frame((ranks.get("collectives") or {}).get("by_name"), COLLECTIVE_COLUMNS)
+def collectives_table(ranks: Ranks):
+    return _frame(ranks.collectives.by_name, COLLECTIVE_COLUMNS)
 
 
-def widest_table(ranks: dict):
-    return _frame((ranks.get("collectives") or {}).get("widest"), WIDEST_COLUMNS)
+def widest_table(ranks: Ranks):
+    return _frame(ranks.collectives.widest, WIDEST_COLUMNS)
 
 
-def late_table(ranks: dict):
-    return _frame(ranks.get("late_collectives"), LATE_COLUMNS)
+def late_table(ranks: Ranks):
+    return _frame(ranks.late_collectives, LATE_COLUMNS)
 
 
-def waits_table(ranks: dict):
-    return _frame(ranks.get("waits"), WAIT_COLUMNS)
+def waits_table(ranks: Ranks):
+    return _frame(ranks.waits, WAIT_COLUMNS)
 
 
-def workers_table(ranks: dict):
-    return _frame(ranks.get("workers"), WORKER_COLUMNS)
+def workers_table(ranks: Ranks):
+    return _frame(ranks.workers, WORKER_COLUMNS)
 
 
-def build_heatmap_figure(ranks: dict) -> go.Figure:
+def build_heatmap_figure(ranks: Ranks) -> go.Figure:
     """Step time per rank (rows) and profiler step (columns), ms: a straggling step or rank stands out."""
-    hm = ranks.get("heatmap") or {}
-    binned = hm.get("binned", 1)
+    hm = ranks.heatmap
+    binned = hm.binned
     fig = go.Figure(go.Heatmap(
-        z=hm.get("step_ms") or [], x=[str(s) for s in hm.get("steps") or []],
-        y=[f"rank {r}" for r in hm.get("ranks") or []], colorscale="Viridis", colorbar={"title": "ms"},
+        z=[list(line) for line in hm.step_ms], x=[str(s) for s in hm.steps],
+        y=[f"rank {r}" for r in hm.ranks], colorscale="Viridis", colorbar={"title": "ms"},
         hovertemplate="%{y}, step %{x}: %{z:.3f} ms<extra></extra>"))
     title = "Step time per rank and step" + (f" (mean of {binned} steps per column)" if binned > 1 else "")
     fig.update_layout(title=title, xaxis_title="profiler step", yaxis_title="rank",
@@ -83,93 +91,88 @@ def build_heatmap_figure(ranks: dict) -> go.Figure:
     return fig
 
 
-def build_skew_figure(ranks: dict) -> go.Figure:
+def build_skew_figure(ranks: Ranks) -> go.Figure:
     """Per profiler step, the widest and the median arrival skew of its collectives (µs)."""
-    rows = (ranks.get("collectives") or {}).get("by_step") or []
-    x = [r["step"] for r in rows]
-    fig = go.Figure([go.Scatter(x=x, y=[r["skew_us_max"] for r in rows], mode="lines+markers", name="widest skew"),
-                     go.Scatter(x=x, y=[r["skew_us_median"] for r in rows], mode="lines", name="median skew")])
+    rows = ranks.collectives.by_step
+    x = [r.step for r in rows]
+    fig = go.Figure([go.Scatter(x=x, y=[r.skew_us_max for r in rows], mode="lines+markers", name="widest skew"),
+                     go.Scatter(x=x, y=[r.skew_us_median for r in rows], mode="lines", name="median skew")])
     fig.update_layout(title="Arrival skew of the collectives per step (last rank's arrival - first's)",
                       xaxis_title="profiler step", yaxis_title="arrival skew (µs)")
     return fig
 
 
-def build_lateness_figure(ranks: dict) -> go.Figure:
+def build_lateness_figure(ranks: Ranks) -> go.Figure:
     """Each rank's median lateness at the collectives (µs after the median rank), stragglers in red."""
-    rows = [r for r in ranks.get("ranks") or [] if r.get("late_us_median") is not None]
-    late = {s["rank"] for s in ranks.get("stragglers") or []}
-    fig = go.Figure(go.Bar(x=[f"rank {r['rank']}" for r in rows], y=[r["late_us_median"] for r in rows],
-                           marker_color=[SLOWEST_COLOR if r["rank"] in late else OTHER_COLOR for r in rows],
+    rows = [r for r in ranks.ranks if r.late_us_median is not None]
+    late = {s.rank for s in ranks.stragglers}
+    fig = go.Figure(go.Bar(x=[f"rank {r.rank}" for r in rows], y=[r.late_us_median for r in rows],
+                           marker_color=[SLOWEST_COLOR if r.rank in late else OTHER_COLOR for r in rows],
                            hovertemplate="%{x}: %{y:.1f} µs after the median rank (median)<extra></extra>"))
-    limit = (ranks.get("thresholds") or {}).get("straggler_limit_us")
-    if limit is not None:
-        center = (ranks.get("thresholds") or {}).get("ranks_late_us_median") or 0.0
-        fig.add_hline(y=center + limit, line_dash="dash", annotation_text="straggler limit")
+    th = ranks.thresholds
+    if given(th.straggler_limit_us):
+        center = th.ranks_late_us_median or 0.0
+        fig.add_hline(y=center + th.straggler_limit_us, line_dash="dash", annotation_text="straggler limit")
     fig.update_layout(title="Lateness at the collectives per rank (median)", xaxis_title="rank",
                       yaxis_title="µs after the median rank", xaxis={"type": "category"})
     return fig
 
 
-def build_rank_steps_figure(ranks: dict) -> go.Figure:
+def build_rank_steps_figure(ranks: Ranks) -> go.Figure:
     """Median step time per rank (ms), the slowest rank in red."""
-    rows = [r for r in ranks.get("ranks") or [] if r.get("step_ms_median") is not None]
-    names = [f"rank {r['rank']}" for r in rows]
+    rows = [r for r in ranks.ranks if r.step_ms_median is not None]
+    names = [f"rank {r.rank}" for r in rows]
     fig = go.Figure(go.Bar(
-        x=names, y=[r["step_ms_median"] for r in rows],
-        marker_color=[SLOWEST_COLOR if r["rank"] == ranks.get("slowest_rank") else OTHER_COLOR for r in rows],
-        customdata=[[r.get("name") or Path(str(r["file"])).name, r["steps"], r.get("step_ms_max")] for r in rows],
+        x=names, y=[r.step_ms_median for r in rows],
+        marker_color=[SLOWEST_COLOR if r.rank == ranks.slowest_rank else OTHER_COLOR for r in rows],
+        customdata=[[_file_name(r), r.steps, r.step_ms_max] for r in rows],
         hovertemplate="%{x} (%{customdata[0]}): median step %{y:.3f} ms over %{customdata[1]} steps, "
                       "slowest %{customdata[2]:.3f} ms<extra></extra>"))
-    spread = ranks.get("spread")
+    spread = ranks.spread
     title = "Median step time per rank" + (f" (spread max/min {spread:.2f}x)" if spread else "")
     fig.update_layout(title=title, xaxis_title="rank", yaxis_title="median step time (ms)",
                       xaxis={"type": "category"})
     return fig
 
 
-def build_ranks_timeline_figure(ranks: dict, search: str | None = None) -> go.Figure:
-    """All ranks on one timeline (lanes "rank N · …"), aligned as ranks["alignment"] says."""
-    fig = draw_timeline(ranks["timeline"], search=search, title="All ranks")
+def build_ranks_timeline_figure(ranks: Ranks, search: str | None = None) -> go.Figure:
+    """All ranks on one timeline (lanes "rank N · …"), aligned as ``ranks.alignment`` says."""
+    fig = draw_timeline(ranks.timeline, search=search, title="All ranks")
     fig.update_xaxes(title="time since each rank's first profiler step (ms)")
     fig.update_yaxes(title="rank · thread / stream")
     return fig
 
 
-def ranks_text(ranks: dict) -> list[str]:
+def ranks_text(ranks: Ranks) -> list[str]:
     """The lines under the ranks' section: mode, slowest rank, stragglers, late collectives, problems, notes."""
-    out = [f"{len(ranks.get('ranks') or [])} ranks analysed, {ranks.get('mode')}; figures are medians per profiler step"]
-    if ranks.get("slowest_rank") is not None:
-        spread = ranks.get("spread")
-        out.append(f"slowest rank: {ranks['slowest_rank']}"
-                   + (f"; step-time spread (max/min) {spread:.2f}x" if spread else ""))
-    problems = ranks.get("problems") or []
-    out += [p["message"] if p["check"] == "unreadable" else f"not one run? ({p['check']}) {p['message']}"
-            for p in problems]
-    if not problems:
+    out = [f"{len(ranks.ranks)} ranks analysed, {ranks.mode}; figures are medians per profiler step"]
+    if ranks.slowest_rank is not None:
+        out.append(f"slowest rank: {ranks.slowest_rank}"
+                   + (f"; step-time spread (max/min) {ranks.spread:.2f}x" if ranks.spread else ""))
+    out += [p.message if p.check == "unreadable" else f"not one run? ({p.check}) {p.message}" for p in ranks.problems]
+    if not ranks.problems:
         out.append("no sign that these ranks come from different runs")
-    th = ranks.get("thresholds") or {}
-    out += [f"straggler: rank {s['rank']}, {s['late_us_median']:,.0f} µs after the median rank at its collectives "
-            f"(median; limit {th.get('straggler_limit_us', 0):,.0f} µs)" for s in ranks.get("stragglers") or []]
-    out += [f"late collective {c['key']} ({c['name']}, step {c['step']}): rank {c['rank']} {c['late_us']:,.0f} µs "
-            "after the median rank" for c in (ranks.get("late_collectives") or [])[:5]]
-    cp = ranks.get("critical_path") or {}
-    if cp.get("available"):
-        out.append(f"critical path of rank {cp['rank']} (step {cp['step']}, {cp['chosen_as']}): "
-                   f"{cp['length_us'] / 1e3:,.3f} ms")
-    out += [f"note: {n}" for n in ranks.get("notes") or []]
-    out.append(f"timeline of ranks {', '.join(map(str, ranks.get('timeline_ranks') or []))}; alignment: "
-               f"{ranks.get('alignment')}")
+    limit = ranks.thresholds.straggler_limit_us or 0
+    out += [f"straggler: rank {s.rank}, {s.late_us_median:,.0f} µs after the median rank at its collectives "
+            f"(median; limit {limit:,.0f} µs)" for s in ranks.stragglers]
+    out += [f"late collective {c.key} ({c.name}, step {c.step}): rank {c.rank} {c.late_us:,.0f} µs "
+            "after the median rank" for c in ranks.late_collectives[:5]]
+    cp = ranks.critical_path
+    if cp and cp.available:
+        out.append(f"critical path of rank {cp.rank} (step {cp.step}, {cp.chosen_as}): {cp.length_us / 1e3:,.3f} ms")
+    out += [f"note: {n}" for n in ranks.notes]
+    out.append(f"timeline of ranks {', '.join(map(str, ranks.timeline_ranks))}; alignment: {ranks.alignment}")
     return out
 
 
-def ranks_sections(ranks: dict) -> list[Section]:
+def ranks_sections(ranks: Ranks) -> list[Section]:
     """The report's "Ranks" section: text, the per-rank bar chart and table, the merged timeline."""
     builders = [lambda: build_rank_steps_figure(ranks)]
-    if (ranks.get("heatmap") or {}).get("steps"):
+    if ranks.heatmap.steps:
         builders.append(lambda: build_heatmap_figure(ranks))
-    if (ranks.get("collectives") or {}).get("by_step"):
+    if ranks.collectives.by_step:
         builders += [lambda: build_lateness_figure(ranks), lambda: build_skew_figure(ranks)]
-    if (ranks.get("timeline") or {}).get("events"):
+    if ranks.timeline.events:
         builders.append(lambda: build_ranks_timeline_figure(ranks))
     tables = [("per rank", rank_table(ranks)), ("collectives", collectives_table(ranks)),
               ("widest arrival skew", widest_table(ranks)), ("late collectives", late_table(ranks)),

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from diagnostics.analyses.trace.result import (
+    Annotations, CommOverlap, KernelSequences, LaunchDelay, MemcpyBandwidth, QueueLength, TraceResult,
+)
 from diagnostics.render.charts.style import empty_figure
 
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 
 MAX_BARS = 20
-#: The result keys these figures read, in the order the report and the page show them.
-KEYS = ("kernel_sequences", "queue_length", "memcpy_bandwidth", "annotations", "launch_delay", "comm_overlap")
 
 
 def _clip(name: str, n: int = 70) -> str:
@@ -24,15 +25,20 @@ def _gbps(x: float | None) -> str:
     return "not counted" if x is None else f"{x / 1e9:,.2f} GB/s"
 
 
-def build_kernel_sequences_figure(seqs: dict) -> go.Figure:
+def has_parts(result: TraceResult) -> bool:
+    """False for a result made before these analyses existed (then the page says so once)."""
+    return bool(result.kernel_sequences)   # UNSET is falsy
+
+
+def build_kernel_sequences_figure(seqs: KernelSequences) -> go.Figure:
     """Frequent kernel sequences by total GPU time (bars), occurrences in the hover."""
-    rows = (seqs.get("by_time") or [])[:MAX_BARS][::-1]
+    rows = seqs.by_time[:MAX_BARS][::-1]
     title = "Frequent kernel sequences (fusion candidates)"
     if not rows:
-        return empty_figure(title, "; ".join(seqs.get("notes") or []) or "No run of kernels occurs twice on a stream")
+        return empty_figure(title, "; ".join(seqs.notes) or "No run of kernels occurs twice on a stream")
     fig = go.Figure(go.Bar(
-        x=[r["total_us"] for r in rows], y=[_clip(r["sequence"]) for r in rows], orientation="h",
-        customdata=[[r["count"], r["gap_us"], r["sequence"]] for r in rows],
+        x=[r.total_us for r in rows], y=[_clip(r.sequence) for r in rows], orientation="h",
+        customdata=[[r.count, r.gap_us, r.sequence] for r in rows],
         hovertemplate="%{customdata[2]}<br>%{x:,.1f} µs of GPU time in %{customdata[0]} occurrences, "
                       "%{customdata[1]:,.1f} µs of gaps<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="GPU time, all occurrences (µs)", yaxis_title="kernel sequence",
@@ -40,166 +46,164 @@ def build_kernel_sequences_figure(seqs: dict) -> go.Figure:
     return fig
 
 
-def build_queue_length_figure(queue: dict) -> go.Figure:
+def build_queue_length_figure(queue: QueueLength) -> go.Figure:
     """Launched GPU work queued per stream over time (a step line each), with the full-queue level."""
-    series = queue.get("series") or []
+    series = queue.series
     title = "Launch queue length per stream"
     if not series:
-        return empty_figure(title, "; ".join(queue.get("notes") or []) or "No launched GPU work")
-    fig = go.Figure([go.Scatter(x=[t / 1e3 for t in s["t_us"]], y=s["queued"], mode="lines", line_shape="hv",
-                                name=f"GPU {s['device']} stream {s['stream']}" + (" (sampled)" if s["sampled"] else ""))
+        return empty_figure(title, "; ".join(queue.notes) or "No launched GPU work")
+    fig = go.Figure([go.Scatter(x=[t / 1e3 for t in s.t_us], y=list(s.queued), mode="lines", line_shape="hv",
+                                name=f"GPU {s.device} stream {s.stream}" + (" (sampled)" if s.sampled else ""))
                      for s in series])
-    top = max(max(s["queued"]) for s in series)
-    if top >= 0.5 * queue["full"]:
-        fig.add_hline(y=queue["full"], line_dash="dash", line_color="gray", annotation_text="full queue")
-    until = "ends" if queue.get("until") == "kernel_end" else "starts"
+    top = max(max(s.queued) for s in series)
+    if top >= 0.5 * queue.full:
+        fig.add_hline(y=queue.full, line_dash="dash", line_color="gray", annotation_text="full queue")
+    until = "ends" if queue.until == "kernel_end" else "starts"
     fig.update_layout(title=f"{title} (a launch counts until its GPU work {until})",
                       xaxis_title="time (ms from trace start)", yaxis_title="launches queued (count)")
     return fig
 
 
-def build_bandwidth_figure(bw: dict) -> go.Figure:
+def build_bandwidth_figure(bw: MemcpyBandwidth) -> go.Figure:
     """Bandwidth per copy direction; a direction whose bytes were not recorded is named, not drawn."""
-    rows = bw.get("directions") or []
+    rows = bw.directions
     title = "Memcpy / memset bandwidth"
-    counted = [r for r in rows if r["bytes_per_s"] is not None]
+    counted = [r for r in rows if r.bytes_per_s is not None]
     if not counted:
-        return empty_figure(title, "; ".join(bw.get("notes") or []) or "No copies")
+        return empty_figure(title, "; ".join(bw.notes) or "No copies")
     fig = go.Figure([
-        go.Bar(name="overall (bytes / time)", x=[r["direction"] for r in counted],
-               y=[r["bytes_per_s"] / 1e9 for r in counted]),
-        go.Bar(name="median per copy", x=[r["direction"] for r in counted],
-               y=[(r["median_bytes_per_s"] or 0) / 1e9 for r in counted])])
-    missing = [r["direction"] for r in rows if r["bytes_per_s"] is None]
+        go.Bar(name="overall (bytes / time)", x=[r.direction for r in counted],
+               y=[r.bytes_per_s / 1e9 for r in counted]),
+        go.Bar(name="median per copy", x=[r.direction for r in counted],
+               y=[(r.median_bytes_per_s or 0) / 1e9 for r in counted])])
+    missing = [r.direction for r in rows if r.bytes_per_s is None]
     fig.update_layout(title=title + (f" (not counted: {', '.join(missing)})" if missing else ""),
                       xaxis_title="direction", yaxis_title="bandwidth (GB/s)", barmode="group")
     return fig
 
 
-def build_annotations_figure(ann: dict) -> go.Figure:
+def build_annotations_figure(ann: Annotations) -> go.Figure:
     """Time per GPU user annotation, and GPU busy time inside it."""
-    rows = (ann.get("annotations") or [])[:MAX_BARS][::-1]
+    rows = ann.annotations[:MAX_BARS][::-1]
     title = "GPU user annotations"
     if not rows:
-        return empty_figure(title, "; ".join(ann.get("notes") or []) or "No GPU user annotations")
-    names = [_clip(r["name"]) for r in rows]
+        return empty_figure(title, "; ".join(ann.notes) or "No GPU user annotations")
+    names = [_clip(r.name) for r in rows]
     fig = go.Figure([
-        go.Bar(name="annotation time", x=[r["total_us"] / 1e3 for r in rows], y=names, orientation="h",
-               customdata=[r["count"] for r in rows],
+        go.Bar(name="annotation time", x=[r.total_us / 1e3 for r in rows], y=names, orientation="h",
+               customdata=[r.count for r in rows],
                hovertemplate="%{y}: %{x:,.3f} ms over %{customdata} ranges<extra></extra>"),
-        go.Bar(name="GPU busy inside", x=[r["gpu_busy_us"] / 1e3 for r in rows], y=names, orientation="h")])
+        go.Bar(name="GPU busy inside", x=[r.gpu_busy_us / 1e3 for r in rows], y=names, orientation="h")])
     fig.update_layout(title=title, xaxis_title="time (ms)", yaxis_title="annotation", barmode="group",
                       height=max(300, 36 * len(rows) + 140))
     return fig
 
 
-def _bin_label(b: dict) -> str:
-    return f"≥ {b['lo_us']:g}" if b["hi_us"] is None else f"{b['lo_us']:g}–{b['hi_us']:g}"
+def _bin_label(b) -> str:
+    return f"≥ {b.lo_us:g}" if b.hi_us is None else f"{b.lo_us:g}–{b.hi_us:g}"
 
 
-def build_launch_delay_figure(ld: dict) -> go.Figure:
+def build_launch_delay_figure(ld: LaunchDelay) -> go.Figure:
     """How long after its launch call GPU work started: a histogram over all launches."""
-    bins = ld.get("histogram") or []
-    title = f"Launch delay (call {'end' if ld.get('since') == 'call_end' else 'start'} to GPU start)"
+    bins = ld.histogram
+    title = f"Launch delay (call {'end' if ld.since == 'call_end' else 'start'} to GPU start)"
     if not bins:
-        return empty_figure(title, "; ".join(ld.get("notes") or []) or "No launches")
-    fig = go.Figure(go.Bar(x=[_bin_label(b) for b in bins], y=[b["count"] for b in bins],
+        return empty_figure(title, "; ".join(ld.notes) or "No launches")
+    fig = go.Figure(go.Bar(x=[_bin_label(b) for b in bins], y=[b.count for b in bins],
                            hovertemplate="%{x} µs: %{y:,} launches<extra></extra>"))
-    fig.update_layout(title=f"{title}: median {ld['p50_us']:,.1f} µs, p90 {ld['p90_us']:,.1f} µs",
+    fig.update_layout(title=f"{title}: median {ld.p50_us:,.1f} µs, p90 {ld.p90_us:,.1f} µs",
                       xaxis_title="launch delay (µs)", yaxis_title="launches (count)", xaxis_type="category")
     return fig
 
 
 # ---- words ----------------------------------------------------------------------------------------
 
-def queue_text(q: dict) -> str:
-    if q.get("blocked_us") is None:
-        return "; ".join(q.get("notes") or [])
-    return (f"Time with {q['full']:,} or more launches queued on a stream (launch calls blocked): "
-            f"{q['blocked_us']:,.1f} µs; largest queue {max((s['max'] for s in q['streams']), default=0):,}.")
+def queue_text(q: QueueLength) -> str:
+    if q.blocked_us is None:
+        return "; ".join(q.notes)
+    return (f"Time with {q.full:,} or more launches queued on a stream (launch calls blocked): "
+            f"{q.blocked_us:,.1f} µs; largest queue {max((s.max for s in q.streams), default=0):,}.")
 
 
-def overlap_text(o: dict) -> str:
-    if o.get("overlap_pct") is None:
-        return "Communication / computation overlap: " + "; ".join(o.get("notes") or ["not counted"])
-    what = "compute kernels only (HTA)" if o["compute"] == "kernels" else "all non-communication GPU work"
-    families = ", ".join(o.get("families") or [])
-    return (f"Communication / computation overlap: {o['overlap_pct']:.1f} % of {o['comm_us'] / 1e3:,.3f} ms of "
+def overlap_text(o: CommOverlap | None, shown: tuple[str, ...] = ()) -> str:
+    """The communication / computation overlap in a sentence (None or UNSET: a result that predates it);
+    its notes already ``shown`` above it are not repeated."""
+    notes = [n for n in (o.notes if o else ()) if n not in shown]
+    if not o or o.overlap_pct is None:
+        return "Communication / computation overlap: " + "; ".join(notes or ["not counted"])
+    what = "compute kernels only (HTA)" if o.compute == "kernels" else "all non-communication GPU work"
+    families = ", ".join(o.families)
+    return (f"Communication / computation overlap: {o.overlap_pct:.1f} % of {o.comm_us / 1e3:,.3f} ms of "
             f"communication{f' ({families})' if families else ''} ran beside computation ({what}).")
 
 
-def definitions_text(result: dict) -> str:
-    idle, q, o = result.get("idle_time") or {}, result.get("queue_length") or {}, result.get("comm_overlap") or {}
-    return (f"Definitions: idle kernel wait up to {idle.get('kernel_wait_max_us', 0):g} µs ({idle.get('rules', '')} "
-            f"rules); a launch is queued until its GPU work {'ends' if q.get('until') == 'kernel_end' else 'starts'}; "
-            f"overlap over {'compute kernels' if o.get('compute') == 'kernels' else 'all GPU work'}; launch delay "
-            f"from the launch call's {'end' if (result.get('launch_delay') or {}).get('since') == 'call_end' else 'start'}.")
+def definitions_text(result: TraceResult) -> str:
+    idle, q, o, ld = result.idle_time, result.queue_length, result.comm_overlap, result.launch_delay
+    return (f"Definitions: idle kernel wait up to {idle.kernel_wait_max_us:g} µs ({idle.rules} "
+            f"rules); a launch is queued until its GPU work {'ends' if q and q.until == 'kernel_end' else 'starts'}; "
+            f"overlap over {'compute kernels' if o and o.compute == 'kernels' else 'all GPU work'}; launch delay "
+            f"from the launch call's {'end' if ld and ld.since == 'call_end' else 'start'}.")
 
 
-def notes_of(part: dict) -> list[str]:
-    return [str(n) for n in (part or {}).get("notes") or []]
-
-
-def hta_sections(result: dict) -> list[Section]:
-    """The report's sections for the HTA-parity results (none when the result has none of them)."""
-    if not any(k in result for k in KEYS):
+def hta_sections(result: TraceResult) -> list[Section]:
+    """The report's sections for the HTA-parity results (none when the result predates them)."""
+    if not has_parts(result):
         return []
-    seqs, q, bw = result.get("kernel_sequences") or {}, result.get("queue_length") or {}, result.get("memcpy_bandwidth") or {}
-    ann, ld = result.get("annotations") or {}, result.get("launch_delay") or {}
+    seqs, q, bw = result.kernel_sequences, result.queue_length, result.memcpy_bandwidth
+    ann, ld = result.annotations, result.launch_delay
     return [
-        section("Kernel sequences", [lambda: build_kernel_sequences_figure(seqs)], text=notes_of(seqs),
-                tables=[("kernel sequences", records_frame([{k: v for k, v in r.items() if k != "kernels"}
-                                                            for r in seqs.get("by_time") or []]))]),
-        section("Launch queue", [lambda: build_queue_length_figure(q)], text=[queue_text(q)] + notes_of(q),
-                tables=[("queue per stream", records_frame(q.get("streams") or []))]),
-        section("Memcpy bandwidth", [lambda: build_bandwidth_figure(bw)], text=notes_of(bw),
-                tables=[("bandwidth per direction", records_frame(bw.get("directions") or []))]),
-        section("GPU annotations", [lambda: build_annotations_figure(ann)], text=notes_of(ann),
-                tables=[("annotations", records_frame(ann.get("annotations") or []))]),
-        section("Launch delay", [lambda: build_launch_delay_figure(ld)], text=notes_of(ld),
-                tables=[("launch delay per kernel", records_frame(ld.get("by_name") or []))]),
-        section("Definitions", [], text=[overlap_text(result.get("comm_overlap") or {}), definitions_text(result)]),
+        section("Kernel sequences", [lambda: build_kernel_sequences_figure(seqs)], text=list(seqs.notes),
+                tables=[("kernel sequences", records_frame(seqs.by_time).drop(columns=["kernels"], errors="ignore"))]),
+        section("Launch queue", [lambda: build_queue_length_figure(q)], text=[queue_text(q), *q.notes],
+                tables=[("queue per stream", records_frame(q.streams))]),
+        section("Memcpy bandwidth", [lambda: build_bandwidth_figure(bw)], text=list(bw.notes),
+                tables=[("bandwidth per direction", records_frame(bw.directions))]),
+        section("GPU annotations", [lambda: build_annotations_figure(ann)], text=list(ann.notes),
+                tables=[("annotations", records_frame(ann.annotations))]),
+        section("Launch delay", [lambda: build_launch_delay_figure(ld)], text=list(ld.notes),
+                tables=[("launch delay per kernel", records_frame(ld.by_name))]),
+        section("Definitions", [], text=[overlap_text(result.comm_overlap), definitions_text(result)]),
     ]
 
 
-def hta_text(result: dict, top: int, table, clip, ms) -> list[str]:
+def hta_text(result: TraceResult, top: int, table, clip, ms) -> list[str]:
     """Lines of ``trace analyze``'s text for the HTA-parity results (``table``, ``clip``, ``ms``: the
     text module's own formatters)."""
-    if not any(k in result for k in KEYS):
+    if not has_parts(result):
         return []
     out = []
-    seqs = result.get("kernel_sequences") or {}
-    rows = [dict(r, sequence=clip(r["sequence"])) for r in (seqs.get("by_time") or [])[:top]]
-    out += ["", f"Frequent kernel sequences (2..{seqs.get('max_len')} kernels, by GPU time; fusion candidates):",
-            table(rows, [("sequence", "sequence", str), ("count", "count", "{:,}".format),
+    seqs = result.kernel_sequences
+    rows = seqs.by_time[:top]
+    out += ["", f"Frequent kernel sequences (2..{seqs.max_len} kernels, by GPU time; fusion candidates):",
+            table(rows, [("sequence", "sequence", clip), ("count", "count", "{:,}".format),
                          ("GPU time", "total_us", ms), ("gaps", "gap_us", ms)]) if rows
-            else "; ".join(notes_of(seqs)) or "(no run of kernels occurs twice on a stream)"]
-    q = result.get("queue_length") or {}
-    out += ["", "Launch queue: " + queue_text(q)] + [f"note: {n}" for n in notes_of(q) if q.get("streams")]
-    if q.get("streams"):
-        out.append(table(q["streams"], [("device", "device", str), ("stream", "stream", str),
-                                        ("launches", "launches", "{:,}".format), ("max", "max", "{:,}".format),
-                                        ("mean", "mean", lambda v: "-" if v is None else f"{v:.2f}"),
-                                        ("at full", "full_us", ms)]))
-    bw = result.get("memcpy_bandwidth") or {}
-    out += ["", "Memcpy / memset bandwidth:"] + [f"note: {n}" for n in notes_of(bw)]
-    if bw.get("directions"):
-        out.append(table(bw["directions"], [
+            else "; ".join(seqs.notes) or "(no run of kernels occurs twice on a stream)"]
+    q = result.queue_length
+    out += ["", "Launch queue: " + queue_text(q)] + [f"note: {n}" for n in q.notes if q.streams]
+    if q.streams:
+        out.append(table(q.streams, [("device", "device", str), ("stream", "stream", str),
+                                     ("launches", "launches", "{:,}".format), ("max", "max", "{:,}".format),
+                                     ("mean", "mean", lambda v: "-" if v is None else f"{v:.2f}"),
+                                     ("at full", "full_us", ms)]))
+    bw = result.memcpy_bandwidth
+    out += ["", "Memcpy / memset bandwidth:"] + [f"note: {n}" for n in bw.notes]
+    if bw.directions:
+        out.append(table(bw.directions, [
             ("direction", "direction", str), ("events", "events", "{:,}".format),
             ("bytes", "bytes", lambda v: "not counted" if v is None else f"{v:,}"), ("time", "time_us", ms),
             ("bandwidth", "bytes_per_s", _gbps), ("median", "median_bytes_per_s", _gbps)]))
-    ann = result.get("annotations") or {}
-    out += ["", "GPU user annotations:"] + [f"note: {n}" for n in notes_of(ann)]
-    if ann.get("annotations"):
-        out.append(table([dict(r, name=clip(r["name"])) for r in ann["annotations"][:top]], [
-            ("annotation", "name", str), ("count", "count", "{:,}".format), ("total", "total_us", ms),
+    ann = result.annotations
+    out += ["", "GPU user annotations:"] + [f"note: {n}" for n in ann.notes]
+    if ann.annotations:
+        out.append(table(ann.annotations[:top], [
+            ("annotation", "name", clip), ("count", "count", "{:,}".format), ("total", "total_us", ms),
             ("GPU busy inside", "gpu_busy_us", ms)]))
-    ld = result.get("launch_delay") or {}
-    out += ["", "Launch delay (launch call start to GPU start):"] + [f"note: {n}" for n in notes_of(ld)]
-    if ld.get("by_name"):
-        out.append(table([dict(r, name=clip(r["name"])) for r in ld["by_name"][:top]], [
-            ("kernel", "name", str), ("op", "op", lambda v: v or "-"), ("launches", "launches", "{:,}".format),
+    ld = result.launch_delay
+    out += ["", "Launch delay (launch call start to GPU start):"] + [f"note: {n}" for n in ld.notes]
+    if ld.by_name:
+        out.append(table(ld.by_name[:top], [
+            ("kernel", "name", clip), ("op", "op", lambda v: v or "-"), ("launches", "launches", "{:,}".format),
             ("median µs", "p50_us", "{:,.1f}".format), ("p90 µs", "p90_us", "{:,.1f}".format),
             ("max µs", "max_us", "{:,.1f}".format)]))
-    out += ["", overlap_text(result.get("comm_overlap") or {}), definitions_text(result)]
+    out += ["", overlap_text(result.comm_overlap), definitions_text(result)]
     return out
