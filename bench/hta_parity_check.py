@@ -80,8 +80,8 @@ def main() -> int:
               "and put DIR on PYTHONPATH")
         return 2
     from diagnostics.trace import idle_time, load_trace
-    from diagnostics.trace import hta_parity as hp
-    from diagnostics.trace.views import HTA_KERNEL_WAIT_US
+    from diagnostics.trace import gpu_activity as hp
+    from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US
 
     bad = []
 

@@ -5,7 +5,7 @@ import streamlit as st
 
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import ANALYSES
-from diagnostics.runs import comparable_metrics, compare_runs, trend
+from diagnostics.history import comparable_metrics, compare_runs, trend
 from diagnostics.units import human_seconds
 from ui import views
 from ui.frame import require_app

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app.py"
 #: What the server imports ahead of the first session, besides every module of ui.views.
 WARM_MODULES = ("ui.sidebar", "ui.jobs", "ui.widgets", "ui.notices", "ui.frame", "ui.state",
-                "diagnostics.render.html", "diagnostics.runs")
+                "diagnostics.render.html", "diagnostics.history")
 #: Written to the server log once the warm-up is done (tests and benchmarks wait for it).
 WARM_LOG_LINE = "torchscope: warm:"
 

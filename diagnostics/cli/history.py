@@ -1,6 +1,6 @@
 """``history list`` / ``history compare A B`` / ``history trend``: the run store from the command line.
 
-The same comparison and trend as the dashboard's History page (diagnostics.runs), as text or JSON.
+The same comparison and trend as the dashboard's History page (diagnostics.history), as text or JSON.
 Run ids may be given by a unique prefix, as git takes commits.
 """
 
@@ -12,7 +12,7 @@ import sys
 import pandas as pd
 
 from diagnostics.errors import TorchScopeError
-from diagnostics.runs import compare_runs, trend
+from diagnostics.history import compare_runs, trend
 from diagnostics.store import Store
 from diagnostics.units import format_value, human_seconds
 

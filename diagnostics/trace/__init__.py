@@ -3,11 +3,11 @@
     trace = load_trace("run.pt.trace.json.gz")      # ingest.py: Trace (model.py), events as columns
     classify.py   what an event is: steps, categories, collectives, op families, Tensor Cores
     intervals.py  union / intersect / subtract / clip / length of time intervals
-    views.py      summary, temporal_breakdown, top_operators, idle_time, launch_stats, steps
+    breakdowns.py summary, temporal_breakdown, top_operators, idle_time, launch_stats, steps
     timeline.py   timeline_data(trace, t0, t1): the one timeline
-    profiler_views.py  the profiler page's steps, device split, modules, kernels
+    profiler_tables.py  the profiler page's steps, device split, modules, kernels
     comm.py       one rank's computation / communication split and collectives
-    hta_parity.py kernel sequences, launch queue, copy bandwidth, GPU annotations, launch delay, overlap
+    gpu_activity.py kernel sequences, launch queue, copy bandwidth, GPU annotations, launch delay, overlap
     diff.py       diff_traces(before, after)
     cache.py      cached_load(path, root): parsed traces kept on disk, so an unchanged file reopens fast
     critical_path.py  one step's critical path (host ops, launches, kernels, syncs), what-ifs, the marked trace
@@ -16,7 +16,7 @@ through this layer. Views return plain JSON-able data (records); TraceError says
 unusable.
 """
 
-from diagnostics.trace.views import (
+from diagnostics.trace.breakdowns import (
     ANALYSES, idle_time, launch_stats, steps, summary, temporal_breakdown, top_operators,
 )
 from diagnostics.trace.diff import diff_traces

@@ -30,7 +30,7 @@ from diagnostics.trace.comm_args import named_events
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ingest import load_trace
 from diagnostics.trace.model import Trace
-from diagnostics.trace.views import steps as step_table
+from diagnostics.trace.breakdowns import steps as step_table
 
 DTYPE_BYTES = {
     "float": 4, "float32": 4, "c10::float": 4, "int": 4, "int32": 4, "unsigned int": 4,

@@ -8,7 +8,7 @@ and an end node; edges carry time.
   end (the gaps are the call's self time), and one root call's end -> the next one's start (host time
   no call covers);
 * launch -> GPU work: the runtime call's start -> the kernel's / copy's start (correlation id or
-  "ac2g" flow, as diagnostics.trace.views links them);
+  "ac2g" flow, as diagnostics.trace.breakdowns links them);
 * stream order: a GPU event's end -> the next event's start on the same stream; work launched
   before the step that still holds the stream is a fixed wait from the step's start;
 * syncs (classify.SYNC_CALL_RE: cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize,
@@ -42,7 +42,7 @@ from diagnostics.trace.classify import (
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace, nesting_of
 from diagnostics.trace.timeline import thread_label
-from diagnostics.trace.views import gpu_step_attribution, step_spans, temporal_breakdown
+from diagnostics.trace.breakdowns import gpu_step_attribution, step_spans, temporal_breakdown
 
 #: The kinds of time on a path, in the order the breakdown lists them. cpu: host calls and the host
 #: time between them; launch: runtime calls that started GPU work and the launch latency to the GPU

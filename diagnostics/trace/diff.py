@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from diagnostics.trace.classify import host_op_mask
-from diagnostics.trace.views import _gpu_frame, _records, steps
+from diagnostics.trace.breakdowns import _gpu_frame, _records, steps
 from diagnostics.trace.model import Trace
 
 # A change smaller than this fraction of the before time counts as unchanged...

@@ -13,7 +13,7 @@ from torch import nn
 
 from diagnostics.analyses.profile import ANALYSIS
 from diagnostics.analyses.profile import job as profiler
-from diagnostics.trace import profiler_views as pt
+from diagnostics.trace import profiler_tables as pt
 from diagnostics.intake import LoadedModel
 from diagnostics.results import UNSET, decode, to_json
 from diagnostics.runner import AnalysisContext, Job

@@ -135,7 +135,7 @@ def test_a_second_open_of_an_unchanged_trace_reads_the_trace_cache(tmp_path, mon
 
 #: The trace job's parts as job.py calls them: the file's read, and each part's function (module, name).
 _JOB = "diagnostics.analyses.trace.job"
-_HTA = "diagnostics.trace.hta_parity"
+_HTA = "diagnostics.trace.gpu_activity"
 PARTS = [(_JOB, "_open"), (_JOB, "communication"), (_JOB, "summary"), (_JOB, "temporal_breakdown"),
          (_JOB, "top_operators"), (_JOB, "idle_time"), (_JOB, "launch_stats"), (_HTA, "kernel_sequences"),
          (_HTA, "queue_length"), (_HTA, "memcpy_bandwidth"), (_HTA, "annotations"), (_HTA, "launch_delay"),

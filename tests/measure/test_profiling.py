@@ -5,7 +5,7 @@ from torch import nn
 
 from diagnostics.measure.profiling import profile_steps
 from diagnostics.trace.classify import host_op_mask
-from diagnostics.trace.views import steps
+from diagnostics.trace.breakdowns import steps
 
 
 def test_marked_steps_come_back_as_a_trace():

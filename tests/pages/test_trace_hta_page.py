@@ -3,7 +3,7 @@ trace, say what was not counted, and the definitions widget re-runs the trace wi
 
 import json
 
-from tests.trace.test_hta_parity import A, B, events, write
+from tests.trace.test_gpu_activity import A, B, events, write
 
 
 def _open(new_app, path):

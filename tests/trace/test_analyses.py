@@ -17,7 +17,7 @@ import pytest
 from diagnostics.trace import (
     idle_time, launch_stats, load_trace, summary, temporal_breakdown, top_operators,
 )
-from diagnostics.trace.views import KERNEL_WAIT_MAX_US
+from diagnostics.trace.breakdowns import KERNEL_WAIT_MAX_US
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 

@@ -195,7 +195,7 @@ def test_expert_parallel_all_to_all_is_communication_in_every_view(tmp_path):
     counted" while one stream was mostly dispatch / combine."""
     from diagnostics.trace import temporal_breakdown
     from diagnostics.trace.comm import rank_breakdown
-    from diagnostics.trace.hta_parity import comm_overlap
+    from diagnostics.trace.gpu_activity import comm_overlap
 
     t = _two_stream_trace(tmp_path, "void dpsk::ep::internode::combine<false, 8, __nv_bfloat16>(int4*)")
     # GPU time is counted once, compute first: the 200 µs of each combine that runs alone is communication.
@@ -210,7 +210,7 @@ def test_expert_parallel_all_to_all_is_communication_in_every_view(tmp_path):
 
 def test_in_house_kernels_get_a_note_and_the_users_pattern_counts_them(tmp_path):
     from diagnostics.trace import temporal_breakdown
-    from diagnostics.trace.hta_parity import comm_overlap
+    from diagnostics.trace.gpu_activity import comm_overlap
 
     t = _two_stream_trace(tmp_path, "acme_ring_send_recv_kernel<bf16>", {
         "distributedInfo": {"rank": 3, "world_size": 8, "backend": "nccl"}})

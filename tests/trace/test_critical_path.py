@@ -312,7 +312,7 @@ def test_the_path_is_marked_on_the_trace_timeline(tmp_path):
 
 def test_a_fault_in_the_critical_path_leaves_the_trace_analysis_standing(tmp_path, monkeypatch):
     from diagnostics.analyses.trace import TRACE
-    from diagnostics.analyses.trace import critical as job_part
+    from diagnostics.analyses.trace import critical_part as job_part
 
     def broken(*a, **k):
         raise ValueError("boom")

@@ -124,7 +124,7 @@ def test_a_kernel_is_put_in_the_step_that_launched_it_by_its_flow_arrow(tmp_path
           runtime("cudaLaunchKernel", 10, 5, 1), kernel(GEMM, 150, 40, corr=None)] + flow(1, 10, 150, cat=cat)
     ev += [runtime("cudaLaunchKernel", 110, 5, 2), kernel(GEMM, 190, 20, corr=2)]
     t = write(tmp_path, ev)
-    from diagnostics.trace.views import gpu_step_attribution
+    from diagnostics.trace.breakdowns import gpu_step_attribution
 
     g = gpu_step_attribution(t).sort_values("start_us")
     assert g["launch_by"].tolist() == ["flow", "correlation"]
@@ -221,7 +221,7 @@ def test_gpu_work_queued_before_profiling_is_left_out_of_step_figures(tmp_path):
     a = r["attribution"]
     assert a["before_profiling_events"] == 3 and a["before_profiling_us"] == 86.0
     assert "3 GPU events (0.086 ms) launched before profiling began: left out of step figures" in r["notes"]
-    from diagnostics.trace.views import gpu_step_attribution
+    from diagnostics.trace.breakdowns import gpu_step_attribution
 
     g = gpu_step_attribution(t)
     assert set(g.loc[g["attributed"] == "before_profiling", "name"]) == {"queued_a", "queued_b", "old_copy"}

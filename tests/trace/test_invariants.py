@@ -12,7 +12,7 @@ from diagnostics.trace import load_trace, temporal_breakdown
 from diagnostics.trace.comm import rank_breakdown
 from diagnostics.trace.critical_path import EXPLAIN_SHARE, critical_path
 from diagnostics.trace.errors import TraceError
-from diagnostics.trace.views import steps
+from diagnostics.trace.breakdowns import steps
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TRACES = sorted(str(p.relative_to(DATA)) for p in (DATA / "traces").rglob("*")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from diagnostics.trace import idle_time, load_trace, temporal_breakdown
-from diagnostics.trace import hta_parity as hp
+from diagnostics.trace import gpu_activity as hp
 
 PUBLIC = Path(__file__).resolve().parents[1] / "data" / "traces" / "public"
 REFERENCE = json.loads((PUBLIC / "hta_reference.json").read_text())

@@ -1,4 +1,4 @@
-"""History's run comparison and trend: the views of diagnostics.runs' results."""
+"""History's run comparison and trend: the views of diagnostics.history' results."""
 
 from __future__ import annotations
 

@@ -320,7 +320,7 @@ def _trace_figures(path: Path, segments: list, prof: list, meta: dict, notes: li
     from diagnostics.trace.comm import rank_breakdown
     from diagnostics.trace.errors import TraceError
     from diagnostics.trace.ingest import load_trace
-    from diagnostics.trace.views import steps as step_table
+    from diagnostics.trace.breakdowns import steps as step_table
 
     try:
         trace = load_trace(str(path))

@@ -105,7 +105,7 @@ def step_profile_facts(trace, device: torch.device) -> dict:
 
     from diagnostics.trace import intervals as iv
     from diagnostics.trace.classify import comm_mask, communication, host_mask, kernel_mask
-    from diagnostics.trace.views import repeated_calls, step_spans
+    from diagnostics.trace.breakdowns import repeated_calls, step_spans
 
     st = step_spans(trace)
     steps = len(st)

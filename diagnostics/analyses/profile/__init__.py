@@ -243,7 +243,7 @@ class ProfileResult(Result, frozen=True, kw_only=True):
     modules: Annotated[tuple[ModuleRow, ...], table("Modules")]
     modules_note: str | None
     kernels: Annotated[tuple[KernelRow, ...], table("GPU kernels")]
-    #: the trace layer's timeline (diagnostics.trace.profiler_views.timeline), drawn by render.charts.timeline,
+    #: the trace layer's timeline (diagnostics.trace.profiler_tables.timeline), drawn by render.charts.timeline,
     #: which the Trace explorer's results share: a plain dict until those are typed too
     timeline: dict[str, Any]
     roofline: Annotated[tuple[RooflineRow, ...], table("Roofline per operator")]

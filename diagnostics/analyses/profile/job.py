@@ -25,7 +25,7 @@ import orjson
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from diagnostics.trace import load_trace, profiler_views as pt
+from diagnostics.trace import load_trace, profiler_tables as pt
 from diagnostics.trace.classify import MODULE_PREFIX, ROOT_MODULE, is_python_frame_name
 from diagnostics.trace.model import Trace
 from diagnostics.errors import TorchScopeError, explain

@@ -26,7 +26,7 @@ _TIMELINE = (
     Option("max_events", "int", TIMELINE_MAX_EVENTS, "timeline bars drawn at most", lo=10, hi=200_000, flag=""),
 )
 
-# ---- Holistic Trace Analysis parity (diagnostics.trace.hta_parity): options and tables -------------
+# ---- Holistic Trace Analysis parity (diagnostics.trace.gpu_activity): options and tables -------------
 # "definitions" picks every rule at once; the other options, when given, override one rule.
 HTA_OPTIONS = (
     Option("definitions", "choice", "torchscope", "whose definitions the figures follow: torchscope, or hta to "

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from diagnostics.analyses.trace import TRACE, TRACE_CRITICAL_PATH, TRACE_DIFF, TRACE_TIMELINE
-from diagnostics.analyses.trace.critical import critical_path_result
+from diagnostics.analyses.trace.critical_part import critical_path_result
 from diagnostics.analyses.trace.result import (
     TraceCriticalPathResult, TraceDiffResult, TraceResult, TraceTimelineResult,
 )
@@ -31,9 +31,9 @@ from diagnostics.trace import cache as trace_cache
 from diagnostics.trace.cache import cached_load, link_events
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks import analyse_ranks
-from diagnostics.trace import hta_parity as hp
+from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.classify import communication, use_comm_kernels
-from diagnostics.trace.views import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
+from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -193,7 +193,7 @@ def analyze(ctx, options: dict) -> TraceResult:
 
 
 def hta_steps(options, rows: int) -> dict:
-    """The Holistic Trace Analysis parity analyses (diagnostics.trace.hta_parity) and idle_time, each a
+    """The Holistic Trace Analysis parity analyses (diagnostics.trace.gpu_activity) and idle_time, each a
     function of the trace with the rules ``options`` pick: result key -> fn(trace). The keys are
     the top-level result keys."""
     hta = options["definitions"] == "hta"

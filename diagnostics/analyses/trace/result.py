@@ -314,7 +314,7 @@ class Communication(Record, frozen=True, kw_only=True):
     notes: tuple[str, ...]
 
 
-# ---- Holistic Trace Analysis parity (diagnostics.trace.hta_parity) -------------------------------------------
+# ---- Holistic Trace Analysis parity (diagnostics.trace.gpu_activity) -------------------------------------------
 
 class KernelSequence(Record, frozen=True, kw_only=True):
     sequence: str
@@ -444,7 +444,7 @@ class CommOverlap(Record, frozen=True, kw_only=True):
     notes: tuple[str, ...]
 
 
-# ---- one step's critical path (diagnostics.trace.critical_path; analyses/trace/critical.py) -----------------
+# ---- one step's critical path (diagnostics.trace.critical_path; analyses/trace/critical_part.py) -----------------
 
 class PathEvent(Record, frozen=True, kw_only=True):
     """An event on the path; ``start_us`` from the step's start, ``on_path_us`` its time on the path."""

@@ -1,5 +1,5 @@
 """Figures, report sections and text of the trace explorer's Holistic Trace Analysis parity results
-(diagnostics.trace.hta_parity: kernel_sequences, queue_length, memcpy_bandwidth, annotations,
+(diagnostics.trace.gpu_activity: kernel_sequences, queue_length, memcpy_bandwidth, annotations,
 launch_delay, comm_overlap). They draw, never compute; what was not counted is said, not drawn as 0."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from diagnostics.trace.comm_args import named_events
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace, nesting_of
 from diagnostics.trace.timeline import timeline_data
-from diagnostics.trace.views import step_spans
+from diagnostics.trace.breakdowns import step_spans
 
 #: The TensorBoard plugin's step split, in priority order: a moment covered by a kernel counts as
 #: kernel even when the CPU is also busy; "other" is what no event covers.

@@ -1,5 +1,5 @@
 """The analyses Holistic Trace Analysis (HTA) offers beyond the trace explorer's core views, on the one
-Trace model and the one set of classifiers (classify.py, through views._gpu_frame's ``kind``):
+Trace model and the one set of classifiers (classify.py, through breakdowns._gpu_frame's ``kind``):
 
 * kernel_sequences: runs of consecutive kernels on a stream seen more than once (fusion candidates).
 * queue_length: launched GPU work not yet done per stream over time, and the time spent with a
@@ -26,7 +26,7 @@ from diagnostics.trace.classify import (
     GPU_ANNOTATION_CATS, RUNTIME_CATS, communication, host_op_mask, is_graph_launch, memcpy_direction,
 )
 from diagnostics.trace.model import Trace
-from diagnostics.trace.views import _gpu_frame, _records
+from diagnostics.trace.breakdowns import _gpu_frame, _records
 
 #: Longest kernel sequence looked for by default, and the shortest there is.
 SEQ_MAX_LEN = 3

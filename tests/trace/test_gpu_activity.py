@@ -12,8 +12,8 @@ import json
 import pytest
 
 from diagnostics.trace import idle_time, load_trace
-from diagnostics.trace import hta_parity as hp
-from diagnostics.trace.views import HTA_KERNEL_WAIT_US
+from diagnostics.trace import gpu_activity as hp
+from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US
 
 T0 = 1_000_000.0
 CPU_PID, CPU_TID, DEVICE = 4242, 4242, 0

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from diagnostics.trace import load_trace
-from diagnostics.trace import profiler_views as pv
+from diagnostics.trace import profiler_tables as pv
 
 
 def X(name, ts, dur, cat="cpu_op", tid=1, pid=1, **args):

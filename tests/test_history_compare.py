@@ -1,4 +1,4 @@
-"""diagnostics.runs: two stored runs compared metric by metric, and a metric's trend over runs."""
+"""diagnostics.history: two stored runs compared metric by metric, and a metric's trend over runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from diagnostics.runs import CompareError, MEDIAN_SE_FACTOR, NOISE_Z, compare_runs, timing_noise, trend
+from diagnostics.history import CompareError, MEDIAN_SE_FACTOR, NOISE_Z, compare_runs, timing_noise, trend
 from diagnostics.store import RunRecord
 
 
