@@ -1,5 +1,7 @@
 """AppTest: the Checklist page runs the checklist and hands a fix to the Optimize page, which runs trials."""
 
+import pytest
+
 
 def _mlp_app(new_app):
     at = new_app().run()
@@ -55,7 +57,12 @@ def test_optimize_runs_trials_and_shows_the_table(new_app):
 
     assert df["assessment"].iloc[2].split(":")[0] in FLAG_TEXT.values() and df["assessment"].iloc[0] == ""
     assert "fidelity" not in df["assessment"].iloc[2]
-    assert [m.label for m in at.metric] == ["Baseline median", "Best speed-up", "Noise floor (A/A)", "Faster / slower"]
+    assert [m.label for m in at.metric] == ["Baseline time", "Best speed-up", "Noise floor (A/A)", "Faster / slower"]
+    # one baseline figure on the page: the tile's is the table's time (the one the speed-ups divide)
+    scale = {"ns": 1e-6, "µs": 1e-3, "ms": 1.0, "s": 1e3}
+    value, unit = at.metric[0].value.split()
+    tile_ms, table = float(value.replace(",", "")) * scale[unit], df["time"].iloc[0]  # the table's in its column's unit
+    assert any(tile_ms == pytest.approx(table * f, rel=0.01) for f in scale.values()), (tile_ms, table)
     assert at.metric[2].delta.startswith("[")  # the noise floor with its interval under the figure
     # the timed job says what the machine did meanwhile
     assert any(c.value.startswith("Machine: quiet run") for c in at.caption) or any(

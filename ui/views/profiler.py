@@ -71,13 +71,24 @@ def tiles(result: ProfileResult) -> list[Tile]:
              + f" = batch {result.batch_size} / median latency"),
         Tile("Profiled step", m.step_time_mean_ms, "ms", f"mean of {m.profiled_steps} active steps under the "
                                                          "profiler (includes its overhead)"),
-        Tile("Profiler overhead", m.profiler_overhead_pct, "percent",
-             "a profiled step against an unprofiled one, timed in the same interleaved rounds (each profiled step "
-             "in its own session, start-up and trace processing untimed): how much the profiler's recording "
-             "(ranges, module hooks, events) distorts the step, with its 95% interval", signed=True,
-             detail=None if m.profiler_overhead_pct is None else comparison_detail(
-                 [m.profiler_overhead_ci_low, m.profiler_overhead_ci_high], None, "percent")),
+        _overhead_tile(m),
     ]
+
+
+def _overhead_tile(m) -> Tile:
+    """The profiler's overhead: a recorder cannot make the step faster, so an estimate below 0 whose interval
+    reaches 0 reads 'within noise' (the estimate and its interval under it), never a negative overhead."""
+    pct, low, high = m.profiler_overhead_pct, m.profiler_overhead_ci_low, m.profiler_overhead_ci_high
+    why = ("a profiled step against an unprofiled one, timed in the same interleaved rounds (each profiled step "
+           "in its own session, start-up and trace processing untimed): how much the profiler's recording "
+           "(ranges, module hooks, events) distorts the step, with its 95% interval")
+    if pct is None:
+        return Tile("Profiler overhead", None, "percent", why)
+    detail = comparison_detail([low, high], None, "percent")
+    if pct < 0 and low is not None and high is not None and low <= 0 <= high:
+        return Tile("Profiler overhead", "within noise", "text", why + "; the estimate is below 0, within its "
+                    "interval: the rounds' noise, not a faster step", detail=f"{detail}, estimate {pct:+.1f} %")
+    return Tile("Profiler overhead", pct, "percent", why, signed=True, detail=detail)
 
 
 def roofline_tiles(result: ProfileResult) -> list[Tile]:
