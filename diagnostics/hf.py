@@ -381,7 +381,7 @@ class HFBuilt:
 
 
 def count_unique_params(model) -> int:
-    from diagnostics.measure.tensors import unique_params
+    from diagnostics.tensors import unique_params
 
     return sum(p.numel() for p in unique_params(model))
 

@@ -65,7 +65,7 @@ class Disturbance(Record, frozen=True, kw_only=True):
 
 
 #: A tensor's shape as a result writes it: a list of ints, nested like a model's (tuple, list, dict) output;
-#: None for what is not a tensor (measure.tensors.shape_of).
+#: None for what is not a tensor (tensors.shape_of).
 Shape = list[Any] | dict[str, Any] | None
 
 

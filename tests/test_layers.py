@@ -66,7 +66,9 @@ def _violations(prefix: str, allowed: set[str]) -> list[str]:
 
 BASE = {"diagnostics.errors", "diagnostics.units"}
 #: diagnostics.inputs: how a model is called with its inputs (positional and keyword), beside intake
-MEASURE_MAY_USE = BASE | {"diagnostics.trace", "diagnostics.inputs"}
+MEASURE_MAY_USE = BASE | {"diagnostics.trace", "diagnostics.inputs", "diagnostics.tensors"}
+#: The model layer (a model, its inputs, what its tensors hold) stands below measuring and tracing.
+MODEL_LAYER = ("diagnostics.inputs", "diagnostics.intake", "diagnostics.hf", "diagnostics.tensors")
 
 
 def test_the_module_list_is_read():
@@ -78,6 +80,14 @@ def test_the_trace_layer_stands_on_the_base_only():
     assert _violations("diagnostics.trace", BASE) == []
 
 
+def test_the_model_layer_never_reaches_up_to_measuring_tracing_or_the_analyses():
+    above = ("diagnostics.measure", "diagnostics.trace", "diagnostics.analyses", "diagnostics.runner",
+             "diagnostics.render", "diagnostics.cli")
+    bad = [f"{m} imports {i}" for layer in MODEL_LAYER for m in MODULES if m == layer
+           for i in _engine_imports(m) if i.startswith(above)]
+    assert bad == []
+
+
 def test_the_measure_layer_stands_on_the_trace_layer_and_the_base_only():
     assert _violations("diagnostics.measure", MEASURE_MAY_USE) == []
 
@@ -87,7 +97,8 @@ def test_an_analysis_never_imports_another_or_anything_above_it(analysis):
     # diagnostics.devices: layer 1 (device facts by NVML), which the plan reads for the local GPU's memory
     below = BASE | {"diagnostics.trace", "diagnostics.measure", "diagnostics.declare", "diagnostics.spec",
                     "diagnostics.findings",
-                    "diagnostics.intake", "diagnostics.inputs", "diagnostics.settings", "diagnostics.uploads",
+                    "diagnostics.intake", "diagnostics.inputs", "diagnostics.tensors", "diagnostics.settings",
+                    "diagnostics.uploads",
                     "diagnostics.devices", "diagnostics.results"}
     assert _violations(analysis, below) == []
 

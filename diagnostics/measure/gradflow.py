@@ -22,7 +22,7 @@ from diagnostics.measure.gradient_health import (ACTIVATION_FLAG_FRACTION, LAYER
                                                  THRESHOLD_HELP, THRESHOLDS, finite as _finite, is_layer_scale_param,
                                                  summarize_layers)
 from diagnostics.measure.state import restored_state
-from diagnostics.measure.tensors import tensor_key
+from diagnostics.tensors import tensor_key
 from diagnostics.measure.training import Step
 from diagnostics.errors import TorchScopeError
 

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from diagnostics.measure.tensors import iter_tensors
+from diagnostics.tensors import iter_tensors
 
 ROOT = "(model)"
 

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from diagnostics.inputs import call as call_model
 from diagnostics.measure.gradflow import relu_units_alive
-from diagnostics.measure.tensors import tensor_key
+from diagnostics.tensors import tensor_key
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)

@@ -20,7 +20,7 @@ import torch
 from diagnostics.analyses.batch_scan import ANALYSIS, BatchScanResult
 from diagnostics.measure.memory import is_cuda, measure_peak
 from diagnostics.measure.state import restored_state
-from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
+from diagnostics.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
 from diagnostics.measure.timer import time_once
 from diagnostics.measure.training import Step
 from diagnostics.results import build

@@ -22,7 +22,7 @@ from diagnostics.measure.memory import (CATEGORIES, ROOT, category_timeline, is_
                                                  measure_saved, phase_ranges)
 from diagnostics.measure.optimizers import STATE_PER_PARAM
 from diagnostics.measure.state import restored_state
-from diagnostics.measure.tensors import (buffer_bytes, grad_bytes, optimizer_state_bytes, param_bytes, tensor_bytes,
+from diagnostics.tensors import (buffer_bytes, grad_bytes, optimizer_state_bytes, param_bytes, tensor_bytes,
                                          trainable_bytes)
 from diagnostics.measure.training import BACKWARD, FORWARD, OPTIMIZER, Step
 from diagnostics.errors import ModelRunError, TorchScopeError

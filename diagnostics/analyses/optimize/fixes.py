@@ -325,7 +325,7 @@ class FlatOutputs(nn.Module):
         self.inner = inner
 
     def forward(self, *args, **kwargs):
-        from diagnostics.measure.tensors import iter_tensors
+        from diagnostics.tensors import iter_tensors
 
         return tuple(iter_tensors(self.inner(*args, **kwargs)))
 
@@ -371,7 +371,7 @@ def apply_torchscript(model, inputs, opts):
                 if scripted is None:
                     out = call(model, inputs)
                     dropped = _left_out(out)
-                    from diagnostics.measure.tensors import iter_tensors
+                    from diagnostics.tensors import iter_tensors
 
                     n = sum(1 for _ in iter_tensors(out))
                     try:

@@ -31,7 +31,7 @@ from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import Stop, timed_rounds
 from diagnostics.measure.disturbance import assess, watch
 from diagnostics.measure.memory import SavedTensorTracker, measure_peak
-from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
+from diagnostics.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
 from diagnostics.measure.timer import timed
 
 SEED = 0

@@ -21,7 +21,7 @@ from diagnostics.analyses.plan.trace import (LR, TORCH_DTYPES, checkpointed_name
                                              specs_at)
 from diagnostics.inputs import Inputs, make_inputs
 from diagnostics.measure.memory import is_cuda, measure_peak
-from diagnostics.measure.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
+from diagnostics.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
 from diagnostics.measure.training import make_optimizer
 
 

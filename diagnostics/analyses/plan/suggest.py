@@ -74,7 +74,7 @@ def _suggest(planner: Planner, config: Config, change: str, cost: str, rank: int
 def _state_bytes(planner: Planner, optimizer: str, base) -> int:
     """The closed-form optimizer state of ``optimizer`` on this model, in the traced state's element size."""
     from diagnostics.analyses.plan.analytic import static_bytes
-    from diagnostics.measure.tensors import unique_params
+    from diagnostics.tensors import unique_params
 
     params = unique_params(planner.loaded.model)
     elt = (base.param_bytes * 2 // max(1, sum(p.numel() for p in params))) / 2 or 4

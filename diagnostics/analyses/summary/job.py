@@ -16,7 +16,7 @@ from torch import nn
 
 from diagnostics.analyses.summary import ANALYSIS, SummaryLayer, SummaryMetrics, SummaryResult
 from diagnostics.measure.flops import FlopCount, FlopCounter
-from diagnostics.measure.tensors import shape_of, tensor_key, unique_params
+from diagnostics.tensors import shape_of, tensor_key, unique_params
 from diagnostics.results import UNSET, ModelInput
 
 ROOT = "(model)"
@@ -236,7 +236,7 @@ def analyze(ctx, options: dict) -> SummaryResult:
     # shapes and FLOPs without allocating; parameters are counted from the meta tensors as usual.
     counting = nullcontext()
     if loaded.meta:
-        from diagnostics.measure.tensors import fake_mode
+        from diagnostics.tensors import fake_mode
 
         counting = fake_mode()
     with counting:

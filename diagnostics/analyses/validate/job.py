@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from diagnostics.analyses.validate import ANALYSIS, ValidateMetrics, ValidateResult
-from diagnostics.measure.tensors import iter_tensors, shape_of
+from diagnostics.tensors import iter_tensors, shape_of
 from diagnostics.results import ModelInput
 
 
@@ -31,7 +31,7 @@ def analyze(ctx, options: dict) -> ValidateResult:
     ctx.progress(0.5, "one forward pass")
     loaded.model.eval()
     if loaded.meta:  # a model on the meta device runs on fake tensors: shapes, no values to check
-        from diagnostics.measure.tensors import fake_mode
+        from diagnostics.tensors import fake_mode
 
         with fake_mode(), torch.no_grad():
             out = loaded.forward()
