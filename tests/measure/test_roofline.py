@@ -38,16 +38,18 @@ def test_small_ops_are_held_to_the_cache_roof():
     assert rows["aten::add"]["memory_roof"] == "DRAM" and rows["aten::add"]["roof_ms"] == pytest.approx(0.8)
 
 
-def test_each_op_is_held_to_the_best_copy_that_moves_at_least_as_much():
+def test_each_op_is_held_to_the_largest_copy_that_moves_no_more_than_it_does():
+    """A working set no larger than the op's is at least as fast as any level its data can live in: the roof
+    never falls below what the op can reach (the next larger copy's did: a 1.3 MB add at 131 %)."""
     curve = [[1 << 20, 200e9], [8 << 20, 150e9], [256 << 20, 15e9]]
     roofs = {**ROOFS, "bandwidth_curve": curve}
-    assert memory_roof(512 << 10, roofs) == (200e9, "cache")  # fits every level: the fastest
-    assert memory_roof(4 << 20, roofs) == (150e9, "cache")    # too big for the first
-    assert memory_roof(100 << 20, roofs) == (15e9, "DRAM")    # only the DRAM copy moves as much
+    assert memory_roof(512 << 10, roofs) == (200e9, "cache")  # smaller than every copy: the smallest's
+    assert memory_roof(4 << 20, roofs) == (200e9, "cache")    # between 1 and 8 MiB: the 1 MiB copy's
+    assert memory_roof(100 << 20, roofs) == (150e9, "cache")  # the 8 MiB copy's, not DRAM's
     assert memory_roof(1 << 30, roofs) == (15e9, "DRAM")      # past the largest copy: DRAM
     ops = {"aten::relu_": {"flops": 0, "bytes": 2 * (2 << 20), "calls": 2}}  # 2 MiB per call, in cache
     (row,) = roofline_rows(ops, {"aten::relu_": 0.05}, roofs)
-    assert row["memory_roof"] == "cache" and row["roof_ms"] == pytest.approx((4 << 20) / 150e9 * 1e3)
+    assert row["memory_roof"] == "cache" and row["roof_ms"] == pytest.approx((4 << 20) / 200e9 * 1e3)
 
 
 def _conv_relu_profile():
