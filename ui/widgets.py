@@ -226,23 +226,10 @@ def missing_as(df, config: dict, texts: dict[str, str]):
     return df, config
 
 
-#: What tells two results of a view apart for chart_key: the file or folder they were read from.
-CHART_IDENTITY = ("path", "name", "files", "alignment")
-
-
-def chart_key(view: str, result, n: int) -> str:
+def chart_key(view: str, ident: str, n: int) -> str:
     """A chart's widget key, unique per (view, result, chart): two results shown on one page (a trace and a
     ranks folder) and two empty figures in one view (a CPU-only trace) would otherwise share an id.
-    ``result``: a typed result or a part of one (its CHART_IDENTITY fields; one it lacks or leaves unset counts
-    as None), a plain dict (a part the trace layer keeps as one), or a string that identifies it (its path)."""
+    ``ident``: what identifies the result (its path; a ranks result's alignment and files)."""
     import hashlib
-    import json
 
-    from diagnostics.results import UNSET
-
-    def field(key: str):
-        value = result.get(key) if isinstance(result, dict) else getattr(result, key, None)
-        return None if value is UNSET else value
-
-    ident = result if isinstance(result, str) else json.dumps([field(k) for k in CHART_IDENTITY], default=str)
     return f"{view}-{hashlib.sha1(ident.encode()).hexdigest()[:10]}-{n}"

@@ -47,13 +47,6 @@ def generic_sections(result: Result | dict) -> list[Section]:
     return sections
 
 
-def records(result: dict, key: str, columns: list[str] | None = None, n: int | None = None) -> pd.DataFrame:
-    df = records_frame(result.get(key) or [])
-    if columns and not df.empty:
-        df = df[[c for c in columns if c in df.columns]]
-    return df.head(n) if n else df
-
-
 def figures(*builders) -> tuple[list, list[str]]:
     """Call each zero-argument builder; a figure that cannot be drawn becomes a note, not a failure."""
     figs, notes = [], []
