@@ -90,7 +90,13 @@ def refusal(op: str) -> str | None:
     return REFUSED_NAMESPACES.get(namespace)
 
 
+# A constant whose type cannot be read: nothing about it can be checked, so it is refused, never skipped.
+UNREADABLE_CLASS = "<a script object whose type cannot be read>"
+
+
 def _class_refusal(type_name: str) -> str | None:
+    if UNREADABLE_CLASS in type_name:  # called with "class <name>"
+        return "its type could not be read, so the allow-list cannot be checked"
     marker = "__torch__.torch.classes."
     i = type_name.find(marker)
     while i >= 0:
@@ -220,8 +226,8 @@ def exported_ops(ep) -> dict[str, str]:
         if isinstance(const, torch.ScriptObject):
             try:
                 found.setdefault(f"class {const._type().qualified_name()}", f"constant {name}")
-            except Exception:
-                pass
+            except Exception as e:  # refused by _class_refusal: what cannot be read cannot be allowed
+                found.setdefault(f"class {UNREADABLE_CLASS}", f"constant {name} ({type(e).__name__}: {e})")
     return found
 
 
