@@ -79,6 +79,14 @@ def _digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
+def _server_running() -> bool:
+    """Whether a Streamlit server runs in this process (AppTest runs the script with none: nothing listens)."""
+    from streamlit import runtime
+    from streamlit.runtime import Runtime
+
+    return runtime.exists() and isinstance(runtime.get_instance(), Runtime)
+
+
 def gate() -> None:
     """app.py, on every run before the sidebar: the address rule (a plain ``streamlit run``), then, when a
     token is set, the session must have given it (the URL's ?token= or the field shown here); until then
@@ -90,7 +98,7 @@ def gate() -> None:
     except AccessError as e:
         st.error(str(e), icon=":material/lock:")
         st.stop()
-    said = exposure(st.get_option("server.address"))
+    said = exposure(st.get_option("server.address")) if _server_running() else None
     if said:  # once: the environment says server-safe mode from now on (the sidebar says so on every page)
         print(said, file=sys.stderr, flush=True)
     if expected is None or st.session_state.get(_SESSION_KEY) == _digest(expected):

@@ -138,3 +138,24 @@ def test_without_a_token_set_the_pages_are_drawn_as_before(new_app):
     at = new_app()
     at.run()
     assert not at.exception and _page_drawn(at)
+
+
+def test_a_plain_streamlit_run_on_every_interface_turns_server_safe_mode_on(new_app, monkeypatch, capsys):
+    """app.py applies the rule itself (``streamlit run app.py --server.address 0.0.0.0``, no launcher): the
+    first session's run turns server-safe mode on, before the sidebar offers Python-file uploads."""
+    from streamlit import config
+
+    monkeypatch.setattr(access, "_server_running", lambda: True)  # AppTest runs the script with no server
+    old = config.get_option("server.address")
+    config.set_option("server.address", "0.0.0.0")
+    try:
+        at = new_app()
+        at.run()
+        at.sidebar.radio(key="sb_source").set_value("Upload a file").run()
+    finally:
+        config.set_option("server.address", old)
+    assert not at.exception
+    assert safe_mode()
+    assert "serving 0.0.0.0 without an access token: started in server-safe mode" in capsys.readouterr().err
+    kinds = list(at.sidebar.selectbox(key="sb_upload_kind").options)
+    assert not any("Python" in k or "ickle" in k for k in kinds), kinds
