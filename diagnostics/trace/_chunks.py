@@ -319,9 +319,9 @@ class Columns:
             except DECODE_ERRORS as exc:
                 first_error = exc
             ev = _lenient_event(raw)
-            # Whether the bytes are UTF-8 is asked of Python's own decoder: msgspec raised
-            # UnicodeDecodeError for them up to 0.19 and DecodeError("Invalid UTF-8 ...") since, and
-            # orjson's message changed too; the event is kept with its bad bytes replaced either way.
+            # Whether the bytes are UTF-8 is asked of Python's own decoder, not read from the decoder's
+            # exception: older msgspec raised UnicodeDecodeError, 0.23 raises DecodeError("Invalid UTF-8
+            # encoded string"); the event is kept with its bad bytes replaced either way.
             if ev is None and not _is_utf8(raw):
                 ev = _lenient_event(raw.decode("utf-8", "replace").encode())
                 if ev is not None:
