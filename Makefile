@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PORT ?= 8501
+# Where the dashboard listens: this machine only. Another address (0.0.0.0) needs TORCHSCOPE_TOKEN, or it
+# starts in server-safe mode (README: "Serving others").
+ADDRESS ?= 127.0.0.1
 
 .PHONY: run test install chromium bench clean-data
 
@@ -16,7 +19,7 @@ install: $(STAMP)
 
 # `streamlit run app.py`, warm: the spare worker and the pages' imports start with the server (ui/launch.py).
 run: install
-	$(PY) -m ui.launch --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
+	$(PY) -m ui.launch --server.address $(ADDRESS) --server.port $(PORT) --server.headless true --browser.gatherUsageStats false
 
 # Debian's chromium for the browser test (never `playwright install`: no downloads here).
 chromium:

@@ -2,13 +2,16 @@
 
 import streamlit as st
 
-from ui.background import start_spares
+from ui.access import gate
+
+st.set_page_config(page_title="TorchScope", page_icon="🔬", layout="wide")
+gate()  # first: served beyond this machine, the access token (or server-safe mode) before anything else
+
+from ui.background import start_spares  # noqa: E402
 
 start_spares()  # before the sidebar's imports (torch): the first job's worker starts meanwhile
 
 from ui.sidebar import render_sidebar  # noqa: E402
-
-st.set_page_config(page_title="TorchScope", page_icon="🔬", layout="wide")
 
 from ui.jobs import store_problem  # noqa: E402
 

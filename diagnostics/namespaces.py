@@ -13,7 +13,9 @@ Where the kernel lets an unprivileged process create a user namespace (and mount
   command line), and every process of the job ends with its init;
 * an IPC namespace (System V shared memory and message queues of its own);
 * a network namespace with no interface up: no TCP, UDP or abstract Unix socket reaches the host
-  (a distributed job keeps the host's network for its ranks).
+  (a distributed job keeps the host's network for its ranks). A trace job, which runs no user code and
+  keeps the host's view, gets a user and a network namespace alone when it runs a Dask LocalCluster
+  (``private_network``: loopback up, its scheduler's 127.0.0.1 the job's own, out of other users' reach).
 
 Below the guardian the job's processes are then P (the process that called ``isolate``: it waits,
 then exits as the job did) -> C (made the namespaces) -> D (PID 1 of the new namespace: builds the
@@ -123,6 +125,40 @@ def link_hops(path: str, depth: int = 0) -> list[tuple[str, str]]:
             return hops + link_hops(rest, depth + 1)
         cur = nxt
     return hops
+
+
+#: ioctl requests on an interface's flags, and the flag that brings it up (linux/sockios.h, linux/if.h).
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def loopback_up() -> None:
+    """Bring ``lo`` up in this (new) network namespace: 127.0.0.1 works, and is this namespace's alone."""
+    import fcntl
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s, _SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
+
+
+def private_network() -> tuple[bool, str]:
+    """This (single-threaded) process into a user and a network namespace of its own, loopback up, and
+    nothing else changed (its files, mounts and PIDs stay the host's: a trace job's cache links work).
+    (True, what) or (False, why); on False this process may be half-moved: the caller refuses the job."""
+    if sys.platform != "linux":
+        return False, f"no network namespaces on {sys.platform}"
+    libc = _libc()
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET), "unshare (a user and a network namespace)")
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        loopback_up()
+    except OSError as e:
+        return False, str(e.strerror if e.strerror and " failed" in e.strerror else e)
+    return True, "a network of its own: loopback only (its Dask LocalCluster out of other users' reach)"
 
 
 # ------------------------------------------------------------------------------------ building the view

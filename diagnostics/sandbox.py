@@ -31,6 +31,7 @@ import ctypes
 import errno
 import os
 import platform
+import re
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ from pathlib import Path
 import diagnostics.namespaces as namespaces
 from diagnostics.errors import TorchScopeError, TrustError
 from diagnostics.settings import safe_mode, trace_cache_dir
+
+#: A Dask LocalCluster spec (``local`` or ``local:N``), as trace/ranks/executors.py reads it.
+_LOCAL_CLUSTER = re.compile(r"^local(?::(\d+))?$")
 
 SANDBOX_ENV = "TORCHSCOPE_SANDBOX"
 #: ``0`` keeps jobs out of namespaces even where the kernel allows them (Landlock and seccomp only).
@@ -455,6 +459,14 @@ def needs_network(job) -> bool:
     return job.analysis == "distributed" or (job.analysis == "trace" and bool((job.options or {}).get("dask")))
 
 
+def local_cluster_only(job) -> bool:
+    """A trace job on a Dask LocalCluster (``local[:N]``): its TCP stays on a loopback of its own
+    (``_private_network``: no other local user can reach its scheduler). The grammar is the trace layer's
+    (trace/ranks/executors.py ``_LOCAL_RE``, above this layer: tests/trace/test_dask_trust.py checks both agree)."""
+    dask = (job.options or {}).get("dask") if job.analysis == "trace" else None
+    return isinstance(dask, str) and _LOCAL_CLUSTER.match(dask.strip()) is not None
+
+
 def policy_for(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = ()) -> Policy:
     """What ``job`` may touch. ``hidden`` (the data folder: run store, other runs, uploads, locks) is
     out of reach of every broad rule; the job's own upload, inputs and artifact folder inside it are
@@ -679,11 +691,12 @@ def enter(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = (), *, 
     policy = policy_for(job, artifact_dir, tmp_dir, hidden)  # its refusals apply with the sandbox off too
     if mode == "off":
         return f"sandbox: off ({SANDBOX_ENV}=0)"
+    net = _private_network(job)  # before seccomp, which refuses unshare
     support = probe()
     if not support.ok:
         if mode == "on":
             raise SandboxError(f"the job sandbox is required ({SANDBOX_ENV}=1) but {support.reason}")
-        return f"sandbox: none ({support.reason})"
+        return f"sandbox: none ({support.reason})" + net
     if job.analysis in TRACE_CACHE_ANALYSES:
         # No user code runs: the host's view, so that the parsed columns are hard-linked from the
         # trace cache beside the run (a link cannot cross the view's separate bind mounts).
@@ -693,7 +706,22 @@ def enter(job, artifact_dir: Path, tmp_dir: Path, hidden: list | tuple = (), *, 
     else:
         inside, what = False, f"turned off ({NAMESPACES_ENV}=0)"
     applied = apply(policy, support, unix_sockets=inside)
-    return f"sandbox: {applied}; " + (what if inside else f"no namespaces ({what})")
+    return f"sandbox: {applied}; " + (what if inside else f"no namespaces ({what})") + net
+
+
+def _private_network(job) -> str:
+    """A trace job on a Dask LocalCluster: a network namespace of its own with its loopback up, so that
+    its scheduler and workers (which run whatever task reaches them, as this user) listen where no other
+    user of the machine can connect. Refused (TrustError) where none can be had; '' for other jobs."""
+    if not local_cluster_only(job):
+        return ""
+    ok, why = namespaces.private_network() if namespaces_setting() else (False, f"turned off ({NAMESPACES_ENV}=0)")
+    if not ok:
+        raise TrustError(f"--dask {job.options['dask'].strip()}: a LocalCluster needs a network of the job's own, "
+                         f"so that no other user of this machine can reach its scheduler (whoever can runs code as "
+                         f"you), and none could be had here ({why}); leave --dask out to analyse the ranks in local "
+                         "processes")
+    return f"; {why}"
 
 
 def _remember_user_name() -> None:

@@ -1,4 +1,4 @@
-"""diagnostics/runner/: its parts import one way (job, logs, limits <- worker <- spare_pool <- run), and
+"""diagnostics/runner/: its parts import one way (job, logs, limits, channel <- worker <- spare_pool <- run), and
 the package's re-exports are the objects its parts own."""
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_runners_parts_import_one_way():
     graph = _graph()
-    assert set(graph) == {"job", "logs", "limits", "worker", "spare_pool", "device_lock", "run"}
+    assert set(graph) == {"job", "logs", "limits", "channel", "worker", "spare_pool", "device_lock", "run"}
     assert _cycle(graph) == []
-    assert graph["job"] == graph["logs"] == graph["limits"] == set()  # the bottom: nothing of the runner's
+    assert graph["job"] == graph["logs"] == graph["limits"] == graph["channel"] == set()  # the bottom: nothing of the runner's
 
 
 def test_the_cycle_check_sees_a_planted_cycle():

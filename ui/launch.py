@@ -16,6 +16,9 @@ app code before a session connects):
   load) on every page switch and on every refresh of a running job's panel; frozen, it scans only
   what the sessions made since.
 
+It listens on 127.0.0.1 unless ``--server.address`` says otherwise; served on another address without
+an access token it starts in server-safe mode and says so (``ui.access``).
+
 Streamlit has no start-up hook for an app run with ``streamlit run``; the launcher wraps the private
 ``streamlit.web.bootstrap._on_server_start`` (streamlit is pinned in requirements.txt). Should that
 name go away, the spares still start early and the server log says the imports were not warmed;
@@ -31,6 +34,8 @@ import pkgutil
 import sys
 import threading
 from pathlib import Path
+
+from ui import access
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app.py"
@@ -123,14 +128,35 @@ def _hook_server_start(expected: tuple) -> bool:
     return True
 
 
+def server_address(args: list[str]) -> tuple[list[str], str]:
+    """(the arguments for ``streamlit run``, the address the server will listen on): the one given
+    (``--server.address X`` / ``--server.address=X``, or STREAMLIT_SERVER_ADDRESS), else 127.0.0.1, added
+    to the arguments (Streamlit's own default is every interface)."""
+    args = list(args)
+    for i, a in enumerate(args):
+        if a == "--server.address" and i + 1 < len(args):
+            return args, args[i + 1]
+        if a.startswith("--server.address="):
+            return args, a.split("=", 1)[1]
+    if "STREAMLIT_SERVER_ADDRESS" in os.environ:
+        return args, os.environ["STREAMLIT_SERVER_ADDRESS"]
+    return args + ["--server.address", access.LOCAL_ADDRESS], access.LOCAL_ADDRESS
+
+
 def main(argv: list[str] | None = None) -> None:
+    args, address = server_address(sys.argv[1:] if argv is None else argv)
+    try:  # before the spare starts: it inherits server-safe mode if the address calls for it
+        said = access.exposure(address)
+    except access.AccessError as e:
+        raise SystemExit(f"torchscope: {e}") from None
+    if said:
+        print(said, file=sys.stderr, flush=True)
     expected = start_spares_early()
     from streamlit.web import cli
 
     if not _hook_server_start(expected):
         print("torchscope: this Streamlit has no bootstrap._on_server_start: the pages' imports are not warmed "
               "up (the first session pays them)", file=sys.stderr, flush=True)
-    args = list(sys.argv[1:] if argv is None else argv)
     cli.main(args=["run", str(APP), *args], prog_name="streamlit")
 
 

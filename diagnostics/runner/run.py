@@ -19,12 +19,13 @@ import diagnostics.sandbox as sandbox
 from diagnostics.errors import JobError, TorchScopeError
 from diagnostics.registry import get_analysis
 from diagnostics.results import ResultError, decode, decode_partial
+from diagnostics.runner.channel import Baseline, ChannelError, Failed, Ok, Partial, Progress, Ready, receive
 from diagnostics.runner.device_lock import device_queue
 from diagnostics.runner.job import Job, JobOutcome, PartialFn, ProgressFn, _cancel_reason
 from diagnostics.runner.limits import (MEMORY_LIMIT_ENV, _baseline, _kill, _memory_cap_bytes, _rss, _ShmCounter,
                                        _tree_pids)
 from diagnostics.runner.logs import _append_log, _LogDrain
-from diagnostics.runner.spare_pool import _POOL, _warm_worker
+from diagnostics.runner.spare_pool import _POOL, _warm_worker, ready_threads
 from diagnostics.runner.worker import _main_script_hidden, _worker_main
 from diagnostics.settings import env_number
 from diagnostics.store import StoreError
@@ -223,31 +224,42 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
         while True:
             # poll() is also true at EOF; recv() then raises EOFError
             if not eof and parent.poll(0.1):
+                # Bytes decoded against the channel's schema, never unpickled: the job's process runs
+                # the model's code, and whatever it sends is data (runner.channel).
                 try:
-                    msg = parent.recv()
+                    msg = receive(parent)
                 except EOFError:
                     eof, msg = True, None
-                except Exception as e:  # a result the parent cannot unpickle
-                    msg = ("error", type(e).__name__, f"the worker's result could not be read: {e}", "")
-                if msg is not None and msg[0] == "progress":
-                    progress(msg[1], msg[2])
+                except ChannelError as e:
+                    return stop("error", f"{e}: the worker was stopped")
+                if isinstance(msg, Progress):
+                    progress(min(1.0, max(0.0, msg.fraction)), msg.message)
                     continue
-                if msg is not None and msg[0] == "partial":
+                if isinstance(msg, Partial):
                     if on_partial is not None:  # checked in the worker already (execute)
-                        on_partial(decode_partial(get_analysis(job.analysis), msg[1]))
+                        try:
+                            partial = decode_partial(get_analysis(job.analysis), msg.result)
+                        except ResultError as e:
+                            return stop("error", f"{e}: the worker was stopped")
+                        on_partial(partial)
                     continue
-                if msg is not None and msg[0] == "baseline":
-                    baseline_rss = _baseline(proc.pid, msg[1])
+                if isinstance(msg, Baseline):
+                    # Sent before any user code: only the first counts (a later one, the model's own,
+                    # would move the memory cap's zero).
+                    if baseline_rss is None:
+                        baseline_rss = _baseline(proc.pid, msg.rss)
                     continue
-                if msg is not None and msg[0] == "ready":  # a spare's imports were done
-                    if msg[2] is not None:
-                        _POOL._torch_threads = msg[2]
+                if isinstance(msg, Ready):  # a spare's imports were done (before its job)
+                    if baseline_rss is None and ready_threads(msg) is not None:
+                        _POOL._torch_threads = ready_threads(msg)
                     continue
                 if msg is not None:
                     proc.join(5)
-                    if msg[0] == "ok":
-                        return done(JobOutcome("ok", result=msg[1]))  # decoded there, once relocated
-                    return done(JobOutcome(msg[0], error=msg[2], error_type=msg[1]), extra_log=msg[3])
+                    if isinstance(msg, Ok):
+                        return done(JobOutcome("ok", result=msg.result))  # decoded there, once relocated
+                    assert isinstance(msg, Failed)
+                    return done(JobOutcome(msg.status, error=msg.error, error_type=msg.error_type),
+                                extra_log=msg.log)
             elapsed = time.monotonic() - t0
             if on_tick is not None and elapsed - last_tick > 0.25:
                 last_tick = elapsed

@@ -16,6 +16,7 @@ from pathlib import Path
 import diagnostics.procs as procs
 import diagnostics.sandbox as sandbox
 from diagnostics.errors import TorchScopeError
+from diagnostics.runner.channel import ChannelError, JobArgs, Ready, Sender, receive, receive_job, send_job
 from diagnostics.runner.limits import _kill
 from diagnostics.runner.logs import _LogDrain
 from diagnostics.runner.worker import _job_main, _main_script_hidden
@@ -65,6 +66,7 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
     os.dup2(log_conn.fileno(), 1)
     os.dup2(log_conn.fileno(), 2)
     log_conn.close()
+    conn = Sender(conn)  # the answers go as bytes (runner.channel); no Connection is left to pickle through
     procs.die_with_parent(parent_pid)
     _set_name(SPARE_NAME)
     t0 = time.monotonic()
@@ -81,8 +83,8 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
     gc.freeze()  # what the job process shares with this one stays shared (no refcount writes by the GC)
     try:
         threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
-        conn.send(("ready", ready - t0, threads))
-        args = job_conn.recv()
+        conn.send(Ready(ready - t0, threads))
+        args = receive_job(job_conn)
     except (EOFError, OSError):  # the pool closed: no job will come
         os._exit(0)
     job_conn.close()
@@ -90,8 +92,14 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
     print(f"{WARM_LOG_LINE}: torch and the engine were imported {time.monotonic() - ready:.1f} s before "
           f"this job (imports took {ready - t0:.2f} s)" + (f"; not preloaded: {', '.join(failed)}" if failed else ""),
           flush=True)
-    job_dict, artifact_dir, mem_limit, tmp_dir, hidden, caps = args
-    _job_main(job_dict, conn, artifact_dir, mem_limit, parent_pid, tmp_dir, hidden, caps=caps)
+    _job_main(args.job, conn, args.artifact_dir, args.mem_limit, parent_pid, args.tmp_dir, args.hidden,
+              caps=args.caps)
+
+
+def ready_threads(msg: Ready) -> int | None:
+    """The thread count a spare's Ready says, if it is one a process can have (a job can forge one)."""
+    n = msg.torch_threads
+    return n if n is not None and 1 <= n <= 4096 else None
 
 
 def spawn_environment() -> tuple:
@@ -219,12 +227,13 @@ class SparePool:
     def _poll_ready(self, spare: _Spare) -> bool:
         try:
             if spare.answers.poll(0):
-                msg = spare.answers.recv()
-                spare.ready_s = msg[1]
-                if msg[2] is not None:
-                    self._torch_threads = msg[2]
+                msg = receive(spare.answers)  # bytes against the schema: never unpickled
+                if not isinstance(msg, Ready):  # it has no job yet: nothing else may come
+                    raise ChannelError(f"a spare sent {type(msg).__name__} before its job")
+                spare.ready_s = msg.import_s
+                self._torch_threads = ready_threads(msg) or self._torch_threads
                 return True
-        except (EOFError, OSError):
+        except (EOFError, OSError, ChannelError):
             pass
         return False
 
@@ -322,8 +331,9 @@ def _warm_worker(args: tuple, log_path: Path):
     spare = _POOL.take() if _POOL.size else None
     if spare is None:
         return None, None, None
+    job, artifact_dir, mem_limit, tmp_dir, hidden, caps = args
     try:
-        spare.jobs.send(args)
+        send_job(spare.jobs, JobArgs(job, artifact_dir, mem_limit, tmp_dir, tuple(hidden), dict(caps)))
     except (OSError, ValueError):  # it died meanwhile: start a cold one
         spare.close()
         return None, None, None

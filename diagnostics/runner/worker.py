@@ -21,6 +21,7 @@ import diagnostics.procs as procs
 import diagnostics.sandbox as sandbox
 from diagnostics.errors import TorchScopeError
 from diagnostics.results import to_plain
+from diagnostics.runner.channel import Baseline, ChannelError, Failed, Ok, Partial, Progress, Sender
 from diagnostics.runner.job import Job, execute
 from diagnostics.runner.limits import MEMORY_LIMIT_ENV
 
@@ -92,7 +93,7 @@ def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: i
     os.dup2(log_conn.fileno(), 1)
     os.dup2(log_conn.fileno(), 2)
     log_conn.close()
-    _job_main(job_dict, conn, artifact_dir, mem_limit, parent_pid, tmp_dir, hidden, caps=caps)
+    _job_main(job_dict, Sender(conn), artifact_dir, mem_limit, parent_pid, tmp_dir, hidden, caps=caps)
 
 
 def _cap_file_size(limit: int) -> None:
@@ -104,9 +105,13 @@ def _cap_file_size(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
-def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, parent_pid: int,
+def _job_main(job_dict: dict, conn: Sender, artifact_dir: str, mem_limit: int | None, parent_pid: int,
               tmp_dir: str | None = None, hidden: tuple = (), close: tuple = (), caps: dict | None = None) -> None:
     """Run one job in this process and exit: guardian, sandbox, memory cap, the job, its answer.
+
+    ``conn``: the job's end of its channel to the runner, a bare descriptor that sends typed messages
+    as bytes (runner.channel): the model's code runs in this process and can reach it (a frame walk, the
+    descriptor's number), but all it can send is data the runner decodes against the schema.
 
     A cold worker calls it before torch is imported; a spare (``_spare_main``) after, with torch's
     threads running: the guardian's fork leaves the job process with a single thread either way, so
@@ -135,7 +140,7 @@ def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, pa
     # The parent adds what the processes above this one hold (the guardian, and in namespaces the
     # processes that wait for this one), which a job in a PID namespace cannot see.
     mem = psutil.Process().memory_info()
-    conn.send(("baseline", mem.rss))
+    conn.send(Baseline(int(mem.rss)))
     # Everything loaded so far (torch's ~300k objects) lives as long as this one-job process: moved
     # out of the collector's reach, a full collection scans only the job's objects (0.2 s -> 0.04 s
     # here), so no long GC pause lands inside a timed step or a profile (docs/BENCHMARKS.md).
@@ -148,9 +153,9 @@ def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, pa
         if setup_error is not None:
             raise setup_error
         job = Job.from_dict(job_dict)
-        result = execute(job, Path(artifact_dir), lambda f, m: conn.send(("progress", f, m)),
-                         lambda p: conn.send(("partial", to_plain(p))))
-        message = ("ok", to_plain(result))  # plain builtins cross the boundary; the parent decodes them
+        result = execute(job, Path(artifact_dir), lambda f, m: conn.send(Progress(float(f), str(m))),
+                         lambda p: conn.send(Partial(to_plain(p))))
+        message = Ok(to_plain(result))  # plain builtins cross the boundary; the parent decodes them
     except BaseException as e:  # the user's code: anything can come out
         # Build the message here but send it after the except block: the traceback keeps the
         # failing frames (and whatever they allocated) alive until then.
@@ -160,22 +165,22 @@ def _job_main(job_dict: dict, conn, artifact_dir: str, mem_limit: int | None, pa
         if _is_file_too_big(e) and caps.get("disk_bytes"):
             text = (f"the job wrote a file past its disk quota of {caps['disk_bytes'] / 2**20:,.0f} MiB "
                     f"(set {jobfiles.DISK_ENV}): {type(e).__name__}: {e}")
-            message = ("error", "JobError", text, traceback.format_exc(limit=8))
+            message = Failed("error", "JobError", text, traceback.format_exc(limit=8))
         elif _is_oom(e.__cause__ or e.__context__ if mine else e):
             if _is_gpu_oom(e):  # the device's memory, not this worker's cap
                 text = f"the GPU ran out of memory: {e}"
             else:
                 cap = f" (the worker's cap is {mem_limit / 2**30:.1f} GiB; set {MEMORY_LIMIT_ENV})" if mem_limit else ""
                 text = f"ran out of memory{cap}: {e}"
-            message = ("oom", type(e).__name__, text, traceback.format_exc(limit=8))
+            message = Failed("oom", type(e).__name__, text, traceback.format_exc(limit=8))
         elif mine:
-            message = ("error", type(e).__name__, str(e), "")
+            message = Failed("error", type(e).__name__, str(e), "")
         else:
-            message = ("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
+            message = Failed("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
     try:
         conn.send(message)
-    except Exception as e:  # e.g. a result that cannot be pickled
-        conn.send(("error", type(e).__name__, f"the result could not be sent back: {type(e).__name__}: {e}", ""))
+    except ChannelError as e:  # a result holding an object, or too long
+        conn.send(Failed("error", "JobError", f"the result could not be sent back: {e}", ""))
     finally:
         conn.close()
         sys.stdout.flush()

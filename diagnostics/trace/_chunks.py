@@ -319,7 +319,10 @@ class Columns:
             except DECODE_ERRORS as exc:
                 first_error = exc
             ev = _lenient_event(raw)
-            if ev is None and isinstance(first_error, UnicodeDecodeError):
+            # Whether the bytes are UTF-8 is asked of Python's own decoder, not read from the decoder's
+            # exception: older msgspec raised UnicodeDecodeError, 0.23 raises DecodeError("Invalid UTF-8
+            # encoded string"); the event is kept with its bad bytes replaced either way.
+            if ev is None and not _is_utf8(raw):
                 ev = _lenient_event(raw.decode("utf-8", "replace").encode())
                 if ev is not None:
                     self.warn("an event holds text that is not UTF-8; its bad bytes were "
@@ -332,6 +335,14 @@ class Columns:
             else:
                 good.append(ev)
         self.add(good)
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _lenient_event(raw: bytes) -> _Event | None:

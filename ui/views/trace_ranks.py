@@ -11,6 +11,7 @@ from ui.widgets import chart_key
 
 from diagnostics.analyses.trace.result import Ranks
 from diagnostics.render.tables import records_frame
+from diagnostics.trace.ranks.executors import REMOTE_TRUST, is_remote
 
 from diagnostics.render.charts.ranks import (
     build_heatmap_figure, build_lateness_figure, build_rank_steps_figure, build_ranks_timeline_figure,
@@ -23,6 +24,7 @@ TIMELINE_PICK_KEY = "trace_ranks_timeline"
 #: The picks themselves, kept while the job runs (a widget's own key is dropped in a run that does not draw it).
 PICKS_KEY = "trace_ranks_timeline_picks"
 DASK_KEY = "trace_ranks_dask"
+DASK_TRUST_KEY = "trace_ranks_dask_trust"
 
 
 def execution_options(safe: bool) -> dict:
@@ -34,7 +36,16 @@ def execution_options(safe: bool) -> dict:
                              help="Analyse the ranks on a Dask cluster: its scheduler address, or local:N for N "
                                   "worker processes on this machine (needs the packages dask and distributed). "
                                   "Empty: local processes.").strip()
-        if dask:
+        if dask and is_remote(dask):  # off unless ticked: a scheduler runs code as the dashboard's user
+            trusted = st.checkbox("I trust this scheduler: it runs code as me", key=DASK_TRUST_KEY, value=False,
+                                  help=REMOTE_TRUST[0].upper() + REMOTE_TRUST[1:] + ".")
+            if trusted:
+                out["dask"], out["trust_dask_scheduler"] = dask, True
+            else:
+                st.warning(f"The scheduler at {dask} is not used until you tick that you trust it: "
+                           f"{REMOTE_TRUST.split(': ', 1)[1].split('. Use', 1)[0]}. The ranks run in local "
+                           "processes meanwhile.", icon=":material/warning:")
+        elif dask:
             out["dask"] = dask
     picked = st.session_state.get(PICKS_KEY)
     if picked:

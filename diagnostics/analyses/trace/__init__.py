@@ -65,6 +65,9 @@ RANKS_OPTIONS = (
     Option("dask", "str", None, "analyse the ranks on a Dask cluster: its scheduler address (tcp://host:8786), or "
            "local:N for a LocalCluster of N worker processes on this machine (needs the optional packages dask and "
            "distributed); default: local processes", optional=True),
+    Option("trust_dask_scheduler", "bool", False, "use the Dask scheduler address given with --dask: it runs code as "
+           "you (distributed exchanges pickles, so whoever controls that cluster runs code in the trace job and on "
+           "its workers); without it a scheduler address is refused (local:N needs no trust)"),
     Option("dask_memory_limit", "str", None, "memory limit of each worker of --dask local:N (e.g. 4GB; default "
            "80% of the available memory / N)", optional=True),
     Option("timeline_ranks", "str", None, "ranks drawn on the merged timeline: numbers separated by commas, or "

@@ -80,7 +80,7 @@ def _open(path: str, allow_truncated: bool = False) -> tuple[Trace, dict]:
 
 
 #: Options that choose where the work runs, not what it finds: left out of the stored result's key.
-EXECUTION_OPTIONS = ("dask", "dask_memory_limit")
+EXECUTION_OPTIONS = ("dask", "dask_memory_limit", "trust_dask_scheduler")
 #: The files a trace result names, kept beside it in the trace cache: result key -> file in the run folder.
 RESULT_FILES = {"critical_path": "critical_path.pt.trace.json", "meta": META_FILE}
 
@@ -222,7 +222,7 @@ def _ranks(ctx, options: dict) -> dict:
                          progress=lambda f, m: ctx.progress(0.92 + 0.06 * f, m), dask=options["dask"],
                          dask_memory_limit=options["dask_memory_limit"], cache_root=trace_cache_dir(),
                          timeline_ranks=_timeline_picks(options["timeline_ranks"]),
-                         comm_kernels=options["comm_kernels"] or "")
+                         comm_kernels=options["comm_kernels"] or "", dask_trusted=options["trust_dask_scheduler"])
 
 
 def _timeline_picks(value: str | None):

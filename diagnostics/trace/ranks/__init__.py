@@ -24,7 +24,7 @@ from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks.checks import (
     CHECKS, START_SKEW_MAX_S, assign_ranks, check_one_run, rank_paths,
 )
-from diagnostics.trace.ranks.executors import MAX_RANK_WORKERS, MEMORY_PER_JSON_BYTE, executor_for
+from diagnostics.trace.ranks.executors import MAX_RANK_WORKERS, MEMORY_PER_JSON_BYTE, check_trusted, executor_for
 from diagnostics.trace.ranks.reduce import align_hosts, clock_group, collective_frame, collectives_view, heatmap, lateness, workers
 from diagnostics.trace.ranks.store import SummaryStore
 from diagnostics.trace.ranks.summary import rank_detail, rank_summary
@@ -77,7 +77,7 @@ def analyse_ranks(paths, max_events: int = MAX_EVENTS, parallel: bool | None = N
                   start_skew_max_s: float = START_SKEW_MAX_S, progress=None, names: dict | None = None,
                   dask: str | None = None, dask_memory_limit: str | int | None = None,
                   cache_root: str | Path | None = None, timeline_ranks: list | str | None = None,
-                  critical_path: bool = True, comm_kernels: str = "") -> dict:
+                  critical_path: bool = True, comm_kernels: str = "", dask_trusted: bool = False) -> dict:
     """Per-rank table, cross-rank views, problems and a timeline of picked ranks (files or folders).
 
     Returns {"ranks": [per-rank rows in rank order: TABLE_KEYS (medians per profiler step, ms; GPU
@@ -86,11 +86,13 @@ def analyse_ranks(paths, max_events: int = MAX_EVENTS, parallel: bool | None = N
     "thresholds", "clock", "heatmap", "critical_path" (of ``critical_path_rank``), "timeline" (merged,
     of ``timeline_ranks``: default the slowest rank and the least late one), "alignment", "mode",
     "workers", "cache", "n_files", "notes"}.
-    ``dask``: None (local processes), "local[:N]" or a scheduler address; ``cache_root``: the trace
+    ``dask``: None (local processes), "local[:N]" or a scheduler address (refused unless ``dask_trusted``:
+    it runs code as you, executors.REMOTE_TRUST); ``cache_root``: the trace
     cache folder (summaries kept in its SUMMARIES_DIR; None: none kept). ``names``: file path -> the
     name a user knows it by (uploads). Raises TraceError when no file could be read.
     """
     progress = progress or (lambda f, m: None)
+    check_trusted(dask, dask_trusted)  # before anything: also when every summary is cached
     t_start = time.perf_counter()
     files = [str(p) for p in rank_paths(paths)]
     store = SummaryStore(Path(cache_root) / SUMMARIES_DIR if cache_root is not None else None)
@@ -98,7 +100,7 @@ def analyse_ranks(paths, max_events: int = MAX_EVENTS, parallel: bool | None = N
 
     def executor():
         if not ex_holder:
-            ex_holder.append(executor_for(dask, files, parallel, dask_memory_limit))
+            ex_holder.append(executor_for(dask, files, parallel, dask_memory_limit, trusted=dask_trusted))
         return ex_holder[0]
 
     try:

@@ -13,6 +13,14 @@ they finish. A worker process that dies (out of memory, killed) fails its task, 
 Dask (``dask`` and ``distributed``) is optional: without it ``--dask`` is refused with the command
 that installs it. On a remote cluster the workers must have TorchScope importable (the same code) and
 see the trace files at the paths given (a shared file system, or the same paths on every node).
+
+A scheduler the user names runs code as them: distributed's protocol is pickle, so whoever controls
+that scheduler or its workers runs code in the process that holds the Client (the trace job) and in
+the workers. It is used only when the caller says it is trusted (``trusted=True``: the trace option
+``trust_dask_scheduler``, the CLI's ``--trust-dask-scheduler``); the trace job's results still reach
+the tool through the runner's schema'd channel (runner/channel.py), never as a pickle. A LocalCluster
+(``local:N``) listens on 127.0.0.1, which a trace job run with namespaces has to itself (its own
+network namespace, loopback only: diagnostics/namespaces.py).
 """
 
 from __future__ import annotations
@@ -33,8 +41,26 @@ MAX_RANK_WORKERS = 4
 MEMORY_PER_JSON_BYTE = 1.5
 #: A LocalCluster's memory limit per worker, by default: this share of the available memory / workers.
 LOCAL_CLUSTER_MEMORY_SHARE = 0.8
+#: Where a LocalCluster's scheduler and workers listen: loopback (in a trace job with namespaces, its own).
+LOCAL_CLUSTER_HOST = "127.0.0.1"
 DASK_INSTALL = "pip install 'dask[distributed]>=2024.1'"
 _LOCAL_RE = re.compile(r"^local(?::(\d+))?$")
+#: Why a scheduler address needs the trust flag (the error says it).
+REMOTE_TRUST = ("a Dask scheduler runs code as you: distributed exchanges pickles, so whoever controls that "
+                "scheduler or its workers runs code in this job and on the workers. Use a scheduler address only "
+                "for a cluster you control, and say so with --trust-dask-scheduler (option "
+                "trust_dask_scheduler=true); local:N (a cluster of this machine's processes) needs no trust flag")
+
+
+def is_remote(dask: str | None) -> bool:
+    """Whether ``dask`` names a scheduler (an address), not a LocalCluster (``local[:N]``) or nothing."""
+    return bool(dask and dask.strip()) and not _LOCAL_RE.match(dask.strip())
+
+
+def check_trusted(dask: str | None, trusted: bool) -> None:
+    """A scheduler address is refused unless the user said it is trusted (REMOTE_TRUST)."""
+    if is_remote(dask) and not trusted:
+        raise TraceError(f"--dask {dask.strip()}: refused: {REMOTE_TRUST}")
 
 
 def decoded_size(path) -> int:
@@ -145,8 +171,9 @@ class DaskExecutor:
                 memory_limit = int(available * LOCAL_CLUSTER_MEMORY_SHARE / n) if available else "auto"
             import logging
 
+            # Loopback only, said here rather than left to distributed's default; no dashboard (an HTTP port).
             self.cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=memory_limit,
-                                        dashboard_address=None, silence_logs=logging.ERROR)
+                                        host=LOCAL_CLUSTER_HOST, dashboard_address=None, silence_logs=logging.ERROR)
             self.client = Client(self.cluster)
             self.where = f"a Dask LocalCluster of {n} worker processes"
         else:
@@ -193,8 +220,10 @@ class DaskExecutor:
 
 
 def executor_for(dask: str | None, paths: list[str], parallel: bool | None = None,
-                 memory_limit: str | int | None = None):
-    """A LocalPool, or a DaskExecutor when ``dask`` names a scheduler address or ``local[:N]``."""
+                 memory_limit: str | int | None = None, trusted: bool = False):
+    """A LocalPool, or a DaskExecutor when ``dask`` names a scheduler address (``trusted`` only) or
+    ``local[:N]``."""
+    check_trusted(dask, trusted)
     if dask:
         return DaskExecutor(dask, paths, memory_limit)
     return LocalPool(paths, parallel)
