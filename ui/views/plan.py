@@ -31,16 +31,17 @@ def tiles(result: PlanResult) -> list[Tile]:
 
 
 def _rows_table(result: PlanResult) -> None:
-    df = pd.DataFrame([{"configuration": r.label, "fits": r.fits, "peak_bytes": r.peak_bytes,
-                        "headroom_bytes": r.headroom_bytes, "phase": r.phase, "module": r.module,
-                        "how": r.how} for r in result.rows])
+    df = pd.DataFrame([{"configuration": r.label, "fits": r.fits, "peak_bytes": None if r.error else r.peak_bytes,
+                        "headroom_bytes": None if r.error else r.headroom_bytes, "phase": r.phase,
+                        "module": r.error or r.module, "how": r.how} for r in result.rows])
     df, config = unit_columns(df, {"peak_bytes": ("Predicted peak", "bytes"), "headroom_bytes": ("Headroom", "bytes")},
                               {"configuration": st.column_config.TextColumn("Configuration"),
                                "fits": st.column_config.CheckboxColumn("Fits"),
                                "phase": st.column_config.TextColumn("Peak in"),
                                "module": st.column_config.TextColumn("Module at the peak"),
                                "how": st.column_config.TextColumn("How", help="traced: run on fake tensors; fitted: "
-                                                                              "from the traced neighbours")})
+                                                                              "from the traced neighbours; failed: "
+                                                                              "not planned (the module column says why)")})
     st.dataframe(df, hide_index=True, width="stretch", column_config=config)
 
 

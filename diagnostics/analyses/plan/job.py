@@ -16,7 +16,8 @@ from diagnostics.analyses.plan.configs import DTYPES, Config, parse_sizes, setti
 from diagnostics.analyses.plan.ledger import CATEGORIES
 from diagnostics.analyses.plan.planner import Planner, is_dtype_error, recompute_flops
 from diagnostics.analyses.plan.result import Breakdown, PlanMetrics, PlanResult, Timeline
-from diagnostics.analyses.plan.sweep import Curve, curve_point, grid, grid_batches, grid_seqs, max_batch
+from diagnostics.analyses.plan.sweep import Curve, SweepFailure, curve_point, grid, grid_batches, grid_seqs, \
+    max_batch
 from diagnostics.analyses.plan.targets import resolve
 from diagnostics.analyses.plan.trace import takes_tokens, trace_device
 from diagnostics.declare import OptionError
@@ -65,6 +66,17 @@ def _dtype_error(dtype: str, e: BaseException) -> TorchScopeError | None:
     return None
 
 
+def _traced(planner: Planner, c: Config, timeline: bool = False):
+    """``c``'s trace; a failure a TorchScopeError naming the dtype the model cannot run, or the error."""
+    try:
+        return planner.run(c, timeline=timeline)
+    except TorchScopeError as e:
+        raise _dtype_error(c.setting.dtype, e.__cause__ or e) or e
+    except Exception as e:
+        raise _dtype_error(c.setting.dtype, e) or TorchScopeError(
+            f"tracing {c.setting.label} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+
+
 def _calibrated(target, asked: str):
     """The local GPU without a stored calibration: measure its context and workspaces now (calibrate.py)."""
     import torch
@@ -101,19 +113,21 @@ def analyze(ctx, options: dict) -> PlanResult:
     rows = []
     row_traces = []
     ctx.progress(0.02, f"{len(configs)} configuration(s) on fake tensors")
+    failures: list[tuple[Config, TorchScopeError]] = []
     if traced_rows:
         for i, c in enumerate(configs):
             ctx.progress(0.02 + 0.4 * i / len(configs), f"tracing {c.setting.label}, batch {c.batch}"
                          + (f", seq {c.seq}" if c.seq is not None else ""))
             try:
-                st = planner.run(c, timeline=i == 0)
-            except TorchScopeError as e:
-                raise _dtype_error(c.setting.dtype, e.__cause__ or e) or e
-            except Exception as e:
-                raise _dtype_error(c.setting.dtype, e) or TorchScopeError(
-                    f"tracing {c.setting.label} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+                st = _traced(planner, c, timeline=not row_traces)
+            except TorchScopeError as e:  # this configuration says why; the others are still answered
+                failures.append((c, e))
+                rows.append(planner.failed_row(c, str(e)))
+                continue
             rows.append(planner.row(c, st, recompute_flops=recompute_flops(planner, c)))
             row_traces.append(st)
+        if not row_traces:  # nothing answered: the first configuration's failure is the job's
+            raise failures[0][1]
 
     # -- sweeps: the largest batch per sequence length, the grid, the suggestions
     limit = int(o["max_batch"])
@@ -130,27 +144,41 @@ def analyze(ctx, options: dict) -> PlanResult:
             for s in seqs:
                 ctx.progress(0.45 + 0.35 * k / len(swept), f"largest batch: {st_.label}" + (f", seq {s}" if s else ""))
                 curves[s] = Curve(st_, s)
-                maxes.append(max_batch(planner, curves[s], limit))
+                try:
+                    maxes.append(max_batch(planner, curves[s], limit))
+                except SweepFailure as e:  # the sweep stops at the batch that failed, and says so
+                    notes.append(f"largest batch for {st_.label}" + (f", seq {s}" if s else "") + f": {e}")
+                    maxes.append(e.answer)
             largest = max((m.max_batch for m in maxes if m.setting == st_.label), default=1)
             gb = grid_batches(max(largest, max(batches)), limit)
             for s in extra_seqs:
                 if s not in curves:
                     curves[s] = Curve(st_, s)
                     for b in (1, min(limit, 8)):
-                        curve_point(planner, curves[s], b)
-            grids.append(grid(planner, st_, curves, gb))
+                        try:
+                            curve_point(planner, curves[s], b)
+                        except SweepFailure as e:
+                            notes.append(f"grid column seq {s}: {e}")
+                            break
+            curves = {s: c for s, c in curves.items() if c.points}
+            if curves:
+                grids.append(grid(planner, st_, curves, gb))
             curves_by_setting[st_] = curves
     if not traced_rows:
         for c in configs:
             curve = curves_by_setting.get(c.setting, {}).get(c.seq)
             if curve is None:
-                rows.append(planner.row(c, planner.run(c)))
+                try:
+                    rows.append(planner.row(c, _traced(planner, c)))
+                except TorchScopeError as e:
+                    failures.append((c, e))
+                    rows.append(planner.failed_row(c, str(e)))
                 continue
             peak, parts, phase = curve.peak(c.batch)
             rows.append(msgspec.structs.replace(planner.row(c, peak=peak, parts=parts, how="fitted"), phase=phase,
                                                 analytic=tuple(sorted(planner.standins))))
     if o["sweep"] and o["mode"] == "train":
-        over = [r for r in rows if not r.fits and r.shard == "none"]
+        over = [r for r in rows if not r.fits and r.shard == "none" and not r.error]
         if over:
             worst = max(over, key=lambda r: r.peak_bytes)
             c = next(c for c in configs if c.batch == worst.batch and c.seq == worst.seq and c.setting.label == worst.setting)
@@ -162,9 +190,18 @@ def analyze(ctx, options: dict) -> PlanResult:
 
     # -- the timeline of the first configuration
     ctx.progress(0.95, "memory over the first configuration's step")
-    first = planner.run(configs[0], timeline=True)
-    timeline = None if first.timeline is None else msgspec.convert(
-        {**first.timeline, "configuration": rows[0].setting if rows else configs[0].setting.label}, Timeline)
+    answered = next((c for c, r in zip(configs, rows) if not r.error), configs[0]) if traced_rows else configs[0]
+    try:
+        first = _traced(planner, answered, timeline=True)
+    except TorchScopeError:
+        first = None
+    timeline = None if first is None or first.timeline is None else msgspec.convert(
+        {**first.timeline, "configuration": answered.setting.label}, Timeline)
+    for c, e in failures:
+        notes.append(f"batch {c.batch}" + (f", seq {c.seq}" if c.seq is not None else "")
+                     + f" ({c.setting.label}) could not be planned: {e}")
+    if planner.scratch is not None and planner.scratch.skipped:
+        notes.append("kernel scratch not counted for: " + "; ".join(sorted(planner.scratch.skipped)))
     if planner.standins:
         notes.append("estimated analytically (fake tracing failed in them): " + "; ".join(
             f"{m} ({why})" for m, why in planner.standins.items()) + ". Their activations are an estimate: "
@@ -183,7 +220,7 @@ def analyze(ctx, options: dict) -> PlanResult:
                      "memory; memory cached but free (reserved beyond allocated) is not in the peak")
     for st in row_traces:  # what the rows' own traces noted (per-rank peaks, offload, the KV cache)
         notes.extend(n for n in st.notes if n not in notes)
-    peaks = [r.peak_bytes for r in rows]
+    peaks = [r.peak_bytes for r in rows if not r.error] or [0]
     metrics = PlanMetrics(configs=len(rows), fitting_configs=sum(r.fits for r in rows), min_peak_bytes=min(peaks),
                           max_peak_bytes=max(peaks), capacity_bytes=target.capacity_bytes, traces=planner.traces,
                           analytic_modules=len(planner.standins), trace_seconds=round(planner.seconds, 3))

@@ -133,6 +133,14 @@ class Planner:
                    host_bytes=int(st.host_bytes) if st else 0, recompute_flops=recompute_flops,
                    analytic=tuple(sorted(self.standins)), kv_dtype=s.kv_dtype)
 
+    def failed_row(self, config: Config, error: str) -> Row:
+        """A configuration that could not be planned: no peak, and why."""
+        s = config.setting
+        return Row(batch=config.batch, seq=config.seq, dtype=s.dtype, optimizer=s.optimizer,
+                   checkpointing=s.checkpointing, shard=s.shard, ranks=s.ranks, offload=s.offload, mode=s.mode,
+                   peak_bytes=0, parts={}, phase="", module="", fits=False, headroom_bytes=0, how="failed",
+                   setting=s.label, kv_dtype=s.kv_dtype, error=error)
+
 
 def recompute_flops(planner: Planner, config: Config) -> int | None:
     """FLOPs activation checkpointing recomputes per step: the checkpointed modules' forward FLOPs at this

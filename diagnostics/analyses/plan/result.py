@@ -23,8 +23,8 @@ PART_KEYS = ("parameters", "gradients", "optimizer state", "activations", "kv ca
 
 
 class Row(Record, frozen=True, kw_only=True):
-    """One configuration's prediction. ``how``: "traced" (this configuration ran on fake tensors) or
-    "fitted" (interpolated from traced neighbours, see sweep.py). ``fits`` / ``headroom_bytes`` are for
+    """One configuration's prediction. ``how``: "traced" (this configuration ran on fake tensors),
+    "fitted" (interpolated from traced neighbours, see sweep.py) or "failed" (``error`` says why). ``fits`` / ``headroom_bytes`` are for
     the result's device: headroom = capacity - context - peak (negative: over by that much). ``parts``:
     category (PART_KEYS) -> bytes at the peak."""
 
@@ -49,6 +49,8 @@ class Row(Record, frozen=True, kw_only=True):
     recompute_flops: Annotated[int | None, column("flop", "recomputed FLOPs")] = None
     analytic: tuple[str, ...] = ()
     kv_dtype: str = "model"
+    #: why this configuration could not be planned (then peak_bytes is 0 and fits False; the other rows stand)
+    error: str = ""
 
     @property
     def label(self) -> str:

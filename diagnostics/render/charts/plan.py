@@ -134,6 +134,9 @@ def plan_text(result: PlanResult) -> str:
     head = f"{'configuration':<44} {'peak':>11} {'headroom':>11}  fits  at"
     lines += [head, "-" * len(head)]
     for r in result.rows:
+        if r.error:
+            lines.append(f"{r.label[:44]:<44} {'-':>11} {'-':>11}  n/a   failed: {r.error[:160]}")
+            continue
         room = r.headroom_bytes
         lines.append(f"{r.label[:44]:<44} {human_bytes(r.peak_bytes):>11} "
                      f"{('-' if room < 0 else '') + human_bytes(abs(room)):>11}  {'yes ' if r.fits else 'NO  '}  "
