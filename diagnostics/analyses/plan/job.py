@@ -12,14 +12,14 @@ from __future__ import annotations
 import msgspec
 
 from diagnostics.analyses.plan import ANALYSIS
-from diagnostics.analyses.plan.configs import DTYPES, Config, parse_sizes, settings_of
+from diagnostics.analyses.plan.configs import DTYPES, Config, parse_seq, parse_sizes, settings_of
 from diagnostics.analyses.plan.ledger import CATEGORIES
 from diagnostics.analyses.plan.planner import Planner, is_dtype_error, recompute_flops
 from diagnostics.analyses.plan.result import Breakdown, PlanMetrics, PlanResult, Timeline
 from diagnostics.analyses.plan.sweep import Curve, SweepFailure, curve_point, grid, grid_batches, grid_seqs, \
     max_batch
 from diagnostics.analyses.plan.targets import resolve
-from diagnostics.analyses.plan.trace import takes_tokens, trace_device
+from diagnostics.analyses.plan.trace import is_token_input, takes_tokens, trace_device
 from diagnostics.declare import OptionError
 from diagnostics.devices import cpu_facts, gpu_facts
 from diagnostics.errors import TorchScopeError
@@ -41,19 +41,36 @@ def _seq_limit(loaded) -> int | None:
     return int(limit) if limit else None
 
 
-def _sizes(loaded, o) -> tuple[list[int], list]:
+def _described(specs) -> str:
+    return ", ".join(f"{s.name + ' ' if s.name else ''}{list(s.shape)} {s.dtype}" for s in specs)
+
+
+def _sizes(loaded, o, notes: list[str]) -> tuple[list[int], list]:
+    """The batches and sequence lengths to plan. A length applies to the input ``--seq NAME=`` names, or to
+    every token input; with none asked for, each input keeps its own (the token inputs' one length when
+    they share it, so the grid can vary it; none when they differ: an encoder's and a decoder's)."""
     batches = parse_sizes(o["batch"], "batch") or [int(loaded.batch_size)]
-    token = takes_tokens(loaded.input_specs)
-    seqs = parse_sizes(o["seq"], "seq")
-    if seqs and not token:
-        raise OptionError("option seq: this model takes no token inputs (its inputs: "
-                          + ", ".join(f"{list(s.shape)} {s.dtype}" for s in loaded.input_specs)
-                          + "); sequence lengths apply to token ids")
+    specs = loaded.input_specs
+    token = takes_tokens(specs)
+    name, seqs = parse_seq(o["seq"])
+    if name:
+        named = next((s for s in specs if s.name == name), None)
+        if named is None or len(named.shape) < 2:
+            raise OptionError(f"option seq: {name} is not an input with a length (a second dimension); the "
+                              f"model's inputs: {_described(specs)}")
+    elif seqs and not token:
+        raise OptionError("option seq: this model takes no token inputs (its inputs: " + _described(specs)
+                          + "); sequence lengths apply to token ids, or name an input: --seq NAME=LENGTHS")
     if not seqs:
-        seqs = [next(s.shape[1] for s in loaded.input_specs if len(s.shape) >= 2)] if token else [None]
+        lengths = sorted({s.shape[1] for s in specs if is_token_input(s)})
+        seqs = lengths if len(lengths) == 1 else [None]
+        if len(lengths) > 1:
+            notes.append("each input keeps its own length (" + ", ".join(
+                f"{s.name or 'input'} {s.shape[1]}" for s in specs if len(s.shape) >= 2)
+                + "); --seq NAME=LENGTHS varies one of them")
     limit = _seq_limit(loaded)
     over = [s for s in seqs if s is not None and limit is not None and s > limit]
-    if over:
+    if over and (not name or is_token_input(named)):
         raise OptionError(f"option seq: {', '.join(map(str, over))} is longer than the config's "
                           f"max_position_embeddings ({limit}); raise it with --hf-set max_position_embeddings={max(over)}")
     return batches, seqs
@@ -100,10 +117,10 @@ def analyze(ctx, options: dict) -> PlanResult:
     o = ANALYSIS.validate(options)
     loaded = ctx.loaded
     settings = settings_of(o)
-    batches, seqs = _sizes(loaded, o)
     target = _calibrated(resolve(o["device"], count=1, gpus=gpu_facts(), cpu=cpu_facts()), o["device"])
     planner = Planner(loaded, target, o["checkpoint_modules"], progress=lambda m: ctx.progress(0.4, m))
     notes: list[str] = []
+    batches, seqs = _sizes(loaded, o, notes)
     if loaded.meta:
         notes.append(f"the model is on the meta device ({loaded.meta}); the plan needs no weights")
 

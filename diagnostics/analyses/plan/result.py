@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from diagnostics.analyses.plan.targets import Target
 from diagnostics.declare import column, metric, table
-from diagnostics.results import Record, Result
+from diagnostics.results import UNSET, Record, Result, UnsetType
 
 #: Row.parts keys, in the order charts and tables show them.
 PART_KEYS = ("parameters", "gradients", "optimizer state", "activations", "kv cache", "temporaries", "inputs",
@@ -49,8 +49,9 @@ class Row(Record, frozen=True, kw_only=True):
     recompute_flops: Annotated[int | None, column("flop", "recomputed FLOPs")] = None
     analytic: tuple[str, ...] = ()
     kv_dtype: str = "model"
-    #: why this configuration could not be planned (then peak_bytes is 0 and fits False; the other rows stand)
-    error: str = ""
+    #: why this configuration could not be planned (then peak_bytes is 0 and fits False; the other rows stand);
+    #: UNSET on a row that was planned
+    error: str | UnsetType = UNSET
 
     @property
     def label(self) -> str:

@@ -204,14 +204,20 @@ def takes_tokens(specs) -> bool:
     return any(is_token_input(s) for s in specs)
 
 
-def specs_at(specs, batch: int, seq: int | None):
-    """The input specs at ``batch``, token inputs (batch, seq) at ``seq`` (None: as declared)."""
+def specs_at(specs, batch: int, seq: int | None, seq_input: str = ""):
+    """The input specs at ``batch``, with ``seq`` (None: every input as declared) as the length (dimension 1)
+    of the input named ``seq_input``, or of every token input when none is named: each other input keeps
+    its own length (a speech model's audio samples are not its decoder's tokens)."""
     from dataclasses import replace
 
     out = with_batch(specs, batch)
     if seq is None:
         return out
-    return tuple(replace(s, shape=(s.shape[0], int(seq)) + s.shape[2:]) if is_token_input(s) else s for s in out)
+
+    def varied(s) -> bool:
+        return s.name == seq_input and len(s.shape) >= 2 if seq_input else is_token_input(s)
+
+    return tuple(replace(s, shape=(s.shape[0], int(seq)) + s.shape[2:]) if varied(s) else s for s in out)
 
 
 def fake_inputs(specs, fake, device: str, float_dtype: torch.dtype | None) -> Inputs:
@@ -231,7 +237,8 @@ def inputs_for(loaded, config: Config, fake, device: str) -> Inputs:
     d = DTYPES[config.setting.dtype]
     pdt = TORCH_DTYPES[d.param]
     float_in = pdt if d.autocast is None and pdt != torch.float32 else None
-    return fake_inputs(specs_at(loaded.input_specs, config.batch, config.seq), fake, device, float_in)
+    return fake_inputs(specs_at(loaded.input_specs, config.batch, config.seq, config.setting.seq_input), fake,
+                       device, float_in)
 
 
 # ----------------------------------------------------------------------------- running it

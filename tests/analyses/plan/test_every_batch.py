@@ -79,7 +79,7 @@ def test_a_failing_batch_says_which_and_why_while_the_others_are_answered(tmp_pa
     result = _analyze(tmp_path, _fails_from(64), {"batch": "8,64,100", "device": "cpu:64GiB", "max_batch": 256,
                                                   "optimizer": ["sgd"]})
     ok, bad, bad2 = result.rows
-    assert ok.error == "" and ok.peak_bytes > 0 and ok.fits
+    assert not ok.error and ok.peak_bytes > 0 and ok.fits
     for r in (bad, bad2):
         assert r.how == "failed" and not r.fits and r.peak_bytes == 0
         assert "during forward: RuntimeError: this loss takes fewer than 64 rows" in r.error
