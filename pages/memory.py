@@ -79,6 +79,8 @@ with tab_plan:
         plan_options["kv_dtype"] = option_input("plan", "kv_dtype", c3, widget_key="plan_kv_dtype")
         plan_options["offload"] = option_input("plan", "offload", c4, widget_key="plan_offload",
                                                label="Optimizer state on the CPU")
+        plan_options["budget"] = option_input("plan", "budget", c1, widget_key="plan_budget",
+                                              placeholder="e.g. 6GiB: what to checkpoint to fit")
         run_plan = st.form_submit_button("Plan", type="primary")
     plan = (run_analysis("plan", spec, plan_options, force=True) if run_plan
             else cached_outcome("plan", spec, plan_options))

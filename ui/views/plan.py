@@ -9,8 +9,10 @@ import streamlit as st
 
 from diagnostics.analyses.plan.result import PlanResult
 from diagnostics.render.charts.plan import (build_plan_breakdown_figure, build_plan_grid_figure,
-                                            build_plan_suggestions_figure, build_plan_timeline_figure, device_line)
+                                            build_plan_suggestions_figure, build_plan_timeline_figure, device_line,
+                                            fit_lines)
 from diagnostics.render.tables import records_frame
+from diagnostics.units import human_bytes
 from ui.widgets import Tile, metric_row, unit_columns
 
 
@@ -77,9 +79,26 @@ def show(result: PlanResult) -> None:
             st.success("Every configuration fits: nothing to change.")
         else:
             st.info("No suggestions were made (the sweep is off, or the configuration is sharded or for inference).")
+    if result.fit:
+        _fit_section(result.fit)
     with tab_parts:
         st.plotly_chart(build_plan_breakdown_figure(result), width="stretch")
     with tab_time:
         if result.timeline is not None:
             st.plotly_chart(build_plan_timeline_figure(result), width="stretch")
         st.caption(result.method)
+
+
+def _fit_section(fit) -> None:
+    """The budget answer: what to checkpoint, its predicted peak and recompute time, the candidates."""
+    st.subheader(f"Fit in {human_bytes(fit.budget_bytes)}")
+    lines = fit_lines(fit)
+    (st.success if fit.fits else st.warning)(lines[1])
+    for line in lines[2:]:
+        st.caption(line)
+    df, config = unit_columns(records_frame(fit.candidates), {"saved_bytes": ("Saved for backward", "bytes"),
+                                                              "recompute_ms": ("Recompute", "ms"),
+                                                              "forward_flops": ("Forward FLOPs", "flop")},
+                              {"module": st.column_config.TextColumn("Module"),
+                               "chosen": st.column_config.CheckboxColumn("Checkpointed")})
+    st.dataframe(df, hide_index=True, width="stretch", column_config=config)

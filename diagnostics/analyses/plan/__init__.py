@@ -3,7 +3,7 @@ cache) predicted on fake tensors, for each configuration asked for, without allo
 (job.py; the declaration here and its result type, result.py, have no torch)."""
 
 from diagnostics.analyses.plan.configs import CHECKPOINTING, DTYPES, KV_DTYPES, MODES, OPTIMIZER_NAMES, SHARDING, \
-    seq_option, sizes_option
+    budget_option, seq_option, sizes_option
 from diagnostics.analyses.plan.result import PlanResult
 from diagnostics.analyses.plan.targets import check_name
 from diagnostics.declare import Analysis, Option
@@ -45,5 +45,8 @@ ANALYSIS = Analysis(
         Option("sweep", "bool", True, "the largest batch that fits per sequence length, the batch x sequence "
                "grid and the make-it-fit suggestions (a few more traces)"),
         Option("max_batch", "int", 4096, "the largest batch the sweep considers", lo=1, hi=1 << 20),
+        Option("budget", "str", "", "fit in this much memory (e.g. 6GiB, 500MB, or bytes): which modules to "
+               "checkpoint so the predicted peak fits, at the least recompute time (the result's 'fit')",
+               flag="--budget", check=budget_option, label="Fit in"),
     ),
 )

@@ -163,6 +163,35 @@ def seq_option(value):
     return (f"{name}=" if name else "") + ",".join(map(str, sizes))
 
 
+#: units the budget option takes (bytes per unit); a number alone is bytes
+BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "kib": 2**10, "mb": 10**6, "mib": 2**20, "gb": 10**9, "gib": 2**30,
+              "tb": 10**12, "tib": 2**40}
+
+
+def parse_bytes(text, what: str = "budget") -> int | None:
+    """'6GiB' -> 6 * 2**30, '500 MB' -> 500e6, '123456' -> 123456; '' -> None; OptionError naming ``what``."""
+    import re
+
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return None
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in BYTE_UNITS:
+        raise OptionError(f"option {what}: {text!r} is not an amount of memory (give e.g. 6GiB, 500MB or bytes)")
+    n = int(float(m.group(1)) * BYTE_UNITS[unit])
+    if n <= 0:
+        raise OptionError(f"option {what}: {text!r} must be more than 0 bytes")
+    return n
+
+
+def budget_option(value):
+    """The budget option's ``check``: refuses what parse_bytes refuses, keeps the text as given."""
+    parse_bytes(value)
+    return str(value or "").strip()
+
+
 def describe_optimizer(name: str) -> str:
     return DESCRIPTION.get(name, name)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from diagnostics.analyses.plan import ANALYSIS
-from diagnostics.analyses.plan.configs import DTYPES, Config, parse_seq, parse_sizes, settings_of
+from diagnostics.analyses.plan.configs import DTYPES, Config, parse_bytes, parse_seq, parse_sizes, settings_of
 from diagnostics.analyses.plan.ledger import CATEGORIES
 from diagnostics.analyses.plan.planner import Planner, is_dtype_error, recompute_flops
 from diagnostics.analyses.plan.result import Breakdown, PlanMetrics, PlanResult, Timeline
@@ -92,6 +92,30 @@ def _traced(planner: Planner, c: Config, timeline: bool = False):
     except Exception as e:
         raise _dtype_error(c.setting.dtype, e) or TorchScopeError(
             f"tracing {c.setting.label} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+
+
+def _fit(planner: Planner, configs: list, rows: list, budget: int, notes: list, progress):
+    """The budget answer (fit.py) for the configuration with the largest planned peak, as a training step
+    without checkpointing; UNSET with a note where it does not apply."""
+    import dataclasses
+
+    from diagnostics.analyses.plan.fit import fit_budget
+
+    planned = [(r.peak_bytes, c) for c, r in zip(configs, rows) if not r.error]
+    if not planned:
+        notes.append("budget: no configuration was planned, so none was fitted")
+        return msgspec.UNSET
+    c = max(planned, key=lambda x: x[0])[1]
+    if c.setting.mode != "train" or c.setting.shard != "none" or c.setting.offload:
+        notes.append("budget: the answer chooses activation checkpointing for an unsharded training step; "
+                     f"{c.setting.label} is not one")
+        return msgspec.UNSET
+    c = dataclasses.replace(c, setting=dataclasses.replace(c.setting, checkpointing="none"))
+    try:
+        return fit_budget(planner, c, budget, notes, progress)
+    except TorchScopeError as e:
+        notes.append(f"budget: no answer ({e})")
+        return msgspec.UNSET
 
 
 def _calibrated(target, asked: str):
@@ -205,6 +229,13 @@ def analyze(ctx, options: dict) -> PlanResult:
 
             suggestions = suggest(planner, c, largest, notes)
 
+    # -- the budget: what to checkpoint so the largest configuration fits
+    fit = msgspec.UNSET
+    budget = parse_bytes(o["budget"])
+    if budget is not None:
+        ctx.progress(0.9, "fit in the budget: choosing what to checkpoint")
+        fit = _fit(planner, configs, rows, budget, notes, lambda m: ctx.progress(0.9, m))
+
     # -- the timeline of the first configuration
     ctx.progress(0.95, "memory over the first configuration's step")
     answered = next((c for c, r in zip(configs, rows) if not r.error), configs[0]) if traced_rows else configs[0]
@@ -248,4 +279,4 @@ def analyze(ctx, options: dict) -> PlanResult:
                       breakdown=tuple(Breakdown.of(r) for r in rows), max_batch=tuple(maxes), grids=tuple(grids),
                       suggestions=tuple(suggestions), timeline=timeline, analytic_modules=dict(planner.standins),
                       notes=tuple(notes), metrics=metrics, method=METHOD, traced_on=traced_on,
-                      categories=(*CATEGORIES, "workspaces"))
+                      categories=(*CATEGORIES, "workspaces"), fit=fit)

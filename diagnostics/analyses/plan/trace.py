@@ -18,7 +18,6 @@ touched. Where fake tracing fails inside a module (data-dependent ops, ops witho
 from __future__ import annotations
 
 import copy
-import fnmatch
 import os
 import sys
 import time
@@ -34,6 +33,8 @@ from diagnostics.analyses.plan.targets import Target
 from diagnostics.errors import TorchScopeError
 from diagnostics.inputs import DTYPES as INPUT_DTYPES
 from diagnostics.inputs import Inputs, with_batch, with_names
+from diagnostics.measure.checkpoint import blocks_of, select_blocks  # noqa: F401 (the plan's names for them)
+from diagnostics.measure.checkpoint import checkpointing as _checkpointing
 from diagnostics.measure.training import make_optimizer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -126,37 +127,6 @@ def fakeify(model: nn.Module, fake, device: str, param_dtype: torch.dtype | None
                 held[k] = done[id(t)]
 
 
-def blocks_of(model: nn.Module) -> list[str]:
-    """The model's repeated blocks: children of a ModuleList / Sequential that share their class with a
-    sibling and hold parameters (transformer layers, ResNet blocks), outermost first, none inside another."""
-    names = {m: n for n, m in model.named_modules()}
-    found: list[str] = []
-    for name, m in model.named_modules():
-        if not isinstance(m, (nn.ModuleList, nn.Sequential)):
-            continue
-        kids = [c for c in m.children() if any(True for _ in c.parameters())]
-        classes = [type(c) for c in kids]
-        for c in kids:
-            if classes.count(type(c)) >= 2:
-                found.append(names[c])
-    outer = [n for n in found if not any(n != o and n.startswith(o + ".") for o in found)]
-    return outer
-
-
-def select_blocks(model: nn.Module, patterns: str) -> list[str]:
-    """Module names matching comma-separated names or fnmatch patterns; TorchScopeError if one matches nothing."""
-    names = [n for n, _ in model.named_modules() if n]
-    chosen: list[str] = []
-    for pat in [p.strip() for p in (patterns or "").split(",") if p.strip()]:
-        hits = [n for n in names if n == pat or fnmatch.fnmatchcase(n, pat)]
-        if not hits:
-            blocks = blocks_of(model)
-            raise TorchScopeError(f"checkpoint_modules: no module matches {pat!r}; the model's blocks are "
-                                  f"{', '.join(blocks[:6]) + (' ...' if len(blocks) > 6 else '') or '(none found)'}")
-        chosen += [h for h in hits if h not in chosen]
-    return [n for n in chosen if not any(n != o and n.startswith(o + ".") for o in chosen)]
-
-
 def checkpointed_names(model: nn.Module, setting, patterns: str = "") -> list[str]:
     if setting.checkpointing == "none":
         return []
@@ -171,28 +141,9 @@ def checkpointed_names(model: nn.Module, setting, patterns: str = "") -> list[st
 
 @contextmanager
 def checkpointing(model: nn.Module, names: list[str], ledger: Ledger | None = None):
-    """Each named module's forward runs under torch.utils.checkpoint (non-reentrant, as recommended):
-    its activations are dropped after forward and recomputed in backward. Undone afterwards."""
-    from torch.utils.checkpoint import checkpoint
-
-    mods = dict(model.named_modules())
-    patched = []
-    for name in names:
-        m = mods[name]
-        inner = m.forward
-
-        def run(*args, _inner=inner, **kwargs):
-            if ledger is not None:
-                ledger.keep_for_recompute((args, kwargs))
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
-
-        m.forward = run
-        patched.append(m)
-    try:
+    """measure.checkpoint.checkpointing, the ledger told what each checkpointed call keeps (its inputs)."""
+    with _checkpointing(model, names, ledger.keep_for_recompute if ledger is not None else None):
         yield
-    finally:
-        for m in patched:
-            m.__dict__.pop("forward", None)
 
 
 # ----------------------------------------------------------------------------- inputs
