@@ -8,7 +8,8 @@ of checkpointing it: its forward runs once more per step, in backward. That time
 (``recompute_times``): the model's own weights, inputs of the configuration's shapes, one real forward
 with hooks keeping each candidate's inputs, then each candidate's forward timed with autograd
 recording, as the recompute runs: REPEATS rounds over the candidates after a warm-up, the median of
-each; modules alike (class, weights' and inputs' shapes: a transformer's layers) pool their samples). Where the plan cannot run the model
+each (fewer when they take over TIMING_BUDGET_S, at least MIN_REPEATS); modules alike (class, weights' and
+inputs' shapes: a transformer's layers) pool their samples). Where the plan cannot run the model
 here (a model on the meta device, a GPU target, bf16 / fp16 weights), the times are not measured: the
 candidates are ranked by their forward FLOPs, and the result says so.
 
@@ -29,6 +30,7 @@ bf16 autocast, optimizer state on the CPU, sharding, bf16 weights, a leaner opti
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -38,7 +40,10 @@ from diagnostics.analyses.plan.result import Fit, FitCandidate
 from diagnostics.errors import TorchScopeError
 
 #: timed calls of each candidate's forward (after one warm-up): their median is its recompute time
-REPEATS = 5
+REPEATS = 10
+#: ... but no more rounds than fit in this many seconds, once MIN_REPEATS are done (a large model on the CPU)
+TIMING_BUDGET_S = 20.0
+MIN_REPEATS = 3
 #: chosen modules (costliest first) tried for dropping, one trace each
 MAX_PRUNED = 6
 
@@ -111,9 +116,12 @@ def recompute_times(loaded, config: Config, names: list[str]) -> dict[str, float
         samples: dict[str, list[float]] = {n: [] for n in calls}
         for n, call in calls.items():
             call()  # warm-up
-        for _ in range(REPEATS):  # round-robin: a busy moment of the machine falls on every candidate alike
+        t0 = time.perf_counter()
+        for r in range(REPEATS):  # round-robin: a busy moment of the machine falls on every candidate alike
             for n, call in calls.items():
                 samples[n] += time_calls(call, "cpu", 1)
+            if r + 1 >= MIN_REPEATS and time.perf_counter() - t0 > TIMING_BUDGET_S:
+                break
         for members in groups.values():  # modules alike (class, weights' and inputs' shapes) pool their samples
             pooled = sorted(x for n in members for x in samples[n])
             for n in members:
