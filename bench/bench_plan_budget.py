@@ -11,6 +11,7 @@ unconstrained training peak, the modules ``plan --budget`` picks are measured fo
   from the drift.
 
     /work/main/.venv/bin/python bench/bench_plan_budget.py [--rounds 30] [--threads 1] [--model transformer]
+    /work/main/.venv/bin/python bench/bench_plan_budget.py --cases     # memory only, corpus models at 75 %
 
 One intra-op thread by default: on a shared machine two threads wait on each other (a layer that takes
 30 ms on one thread took 60-850 ms on two under a load of 7 on 2 cores), and the recompute times and the
@@ -31,8 +32,48 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+#: the memory-only budget cases (``--cases``): corpus models (tests/analyses/plan/corpus.py) at 75 % of their peak
+BUDGET_CASES = [("transformer", 8, 64), ("resnet", 8, None), ("gpt2", 4, 64), ("llama", 4, 64), ("bert", 4, 64),
+                ("t5", 4, 64), ("qwen2", 4, 128), ("vit", 8, None)]
+
+
+def cases(fraction: float) -> None:
+    """Each budget case planned (fit.fit_budget at ``fraction`` of its unconstrained peak) and its choice
+    measured for real (analyses/plan/measured.py): one JSON line per case."""
+    sys.path.insert(0, str(ROOT / "tests" / "analyses" / "plan"))
+    from corpus import Case
+
+    from diagnostics.analyses.plan.configs import Setting
+    from diagnostics.analyses.plan.fit import fit_budget
+    from diagnostics.analyses.plan.measured import measured_peak
+    from diagnostics.analyses.plan.planner import Planner
+    from diagnostics.analyses.plan.targets import resolve
+    from diagnostics.intake import load_model
+
+    cpu = resolve("cpu", cpu={"ram_available_bytes": 1 << 36})
+    for model, batch, seq in BUDGET_CASES:
+        case = Case(model, batch, seq)
+        planner = Planner(load_model(case.spec()), cpu)
+        base = planner.device_peak(planner.run(case.config()))[0]
+        budget = int(fraction * base)
+        fit = fit_budget(planner, case.config(), budget, [])
+        row = {"case": case.id, "unconstrained_peak_bytes": base, "budget_bytes": budget, "fits": fit.fits,
+               "checkpoint_modules": list(fit.checkpoint_modules), "predicted_peak_bytes": fit.predicted_peak_bytes,
+               "recompute_ms": fit.recompute_ms, "traces": fit.traces}
+        if fit.checkpoint_modules:
+            selected = case.config().with_size(batch, seq)
+            selected = type(selected)(batch, seq, Setting(checkpointing="selected"))
+            m = measured_peak(load_model(case.spec()), selected, checkpoint_patterns=fit.checkpoint_option)["peak_bytes"]
+            row.update(measured_peak_bytes=m, under_budget=m <= budget,
+                       error_pct=round(100 * (fit.predicted_peak_bytes - m) / m, 3))
+        if not fit.fits:
+            row["needed"] = [(x.change, x.peak_bytes, x.fits) for x in fit.needed]
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", action="store_true", help="the memory-only budget cases (no timing)")
     ap.add_argument("--model", default="transformer")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
@@ -41,6 +82,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(a.threads)
+    if a.cases:
+        cases(a.fraction)
+        return
     from diagnostics.analyses.plan.configs import Config, Setting
     from diagnostics.analyses.plan.fit import fit_budget
     from diagnostics.analyses.plan.measured import measured_peak
