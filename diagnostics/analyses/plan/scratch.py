@@ -39,6 +39,9 @@ CPU_LOW_PRECISION_MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.defau
 CUDA_SCRATCH_OPS = {aten.convolution.default, aten.convolution_backward.default}
 #: the most tensor bytes one probe may allocate
 PROBE_LIMIT_BYTES = 256 * 2**20
+#: the tensor bytes of each of the two smaller probes an op over the limit is cut to (the line through them is
+#: as good from small probes as from large ones, and much cheaper: a sweep probes batch 4096)
+LINE_PROBE_BYTES = 32 * 2**20
 #: per op, the arguments whose first dimension is the batch (rows): an op over the limit is probed with
 #: them cut to fewer rows, and its scratch extended on a line (see the module doc)
 BATCHED_ARGS = {
@@ -142,11 +145,12 @@ class Scratch:
         others = [t for i, a in enumerate(args) if i not in cut for t in tree_leaves(a) if isinstance(t, torch.Tensor)]
         fixed = sum(_nbytes(t) for t in others)
         per_row = sum(_nbytes(args[i]) for i in cut) / n
-        hi = int((PROBE_LIMIT_BYTES - fixed) // per_row) if per_row else 0
+        cap = min(PROBE_LIMIT_BYTES, LINE_PROBE_BYTES)
+        hi = int((cap - fixed) // per_row) if per_row else 0
         hi = min(hi, n - 1)
         lo = hi // 2
         if lo < 1:
-            self.skipped.add(f"{func} (over {PROBE_LIMIT_BYTES >> 20} MiB even at 2 rows)")
+            self.skipped.add(f"{func} (over {cap >> 20} MiB even at 2 rows)")
             return 0, None
         s_lo, s_hi = (self._run_probe(func, args, kwargs, rows=(cut, r))[0] for r in (lo, hi))
         return max(0, int(round(s_hi + (s_hi - s_lo) * (n - hi) / (hi - lo)))), None
