@@ -24,6 +24,8 @@ with tab_measured:
                                      label="Memory timeline", help="Slower: profiles with shapes and stacks to "
                                                                    "draw memory over time"),
         }
+        options["checkpoint_modules"] = option_input("memory", "checkpoint_modules", c1, widget_key="mem_ck_modules",
+                                                     placeholder="e.g. the Plan tab's 'Fit in' answer")
         rerun = st.form_submit_button("Run again", help="Results are cached per model, inputs, device and options")
     outcome = run_analysis("memory", spec, options, force=rerun)
     if outcome.ok:
