@@ -65,7 +65,7 @@ with tab_plan:
         c1, c2, c3, c4 = st.columns(4)
         plan_options = {
             "batch": option_input("plan", "batch", c1, widget_key="plan_batch", placeholder="e.g. 1,2,4,8"),
-            "seq": option_input("plan", "seq", c2, widget_key="plan_seq", placeholder="token models, e.g. 2048,4096"),
+            "seq": option_input("plan", "seq", c2, widget_key="plan_seq", placeholder="e.g. 2048,4096 or decoder_input_ids=16,32"),
             "device": c3.selectbox("Device", ["auto", "local", "cpu", *DECLARED], key="plan_device",
                                    help=ANALYSES["plan"].option("device").help),
             "mode": option_input("plan", "mode", c4, widget_key="plan_mode"),
