@@ -19,9 +19,9 @@ no closed-form knapsack is trusted with the answer (torch's private sac_ilp solv
 estimates; here each candidate set is traced instead). Candidates are ranked by recompute time per byte
 saved (the greedy order of the knapsack: optimal for its fractional relaxation, and exact when the
 blocks are alike, as a transformer's are); the shortest prefix of that ranking whose *traced* peak fits
-is found by bisection over prefixes (a longer prefix never holds more: log2(n) + 2 traces), then each
-chosen module is dropped in turn, costliest first (at most MAX_PRUNED), if the rest still fits (traced). The answer is a traced
-point: ``predicted_peak_bytes`` is that trace's peak, never an interpolation.
+is found by bisection over prefixes (a longer prefix holds no more, as a rule; the answer is checked by its own trace), then each
+chosen module is dropped in turn, costliest first (at most MAX_PRUNED), if the rest still fits (traced).
+The answer is a traced point: ``predicted_peak_bytes`` is that trace's peak, never an interpolation.
 
 When even every candidate checkpointed does not fit, ``smallest_peak_bytes`` is that peak, and ``needed``
 lists what else would make it fit, each traced at the budget (plan/suggest.py: a smaller micro-batch,
@@ -190,7 +190,8 @@ def fit_budget(planner: Planner, config: Config, budget: int, notes: list[str], 
         try:
             times = recompute_times(planner.loaded, config, names)
             timing = (f"measured on this CPU: each module's forward with autograd recording, the median of {REPEATS} "
-                      f"rounds (modules alike pooled) at batch {config.batch}" + (f", seq {config.seq}" if config.seq is not None else ""))
+                      f"rounds (modules alike pooled) at batch {config.batch}"
+                      + (f", seq {config.seq}" if config.seq is not None else ""))
         except Exception as e:  # the ranking falls back to FLOPs; the answer is still traced
             why_not = f"timing failed ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
     if why_not:
@@ -242,7 +243,8 @@ def fit_budget(planner: Planner, config: Config, budget: int, notes: list[str], 
     rc_ms = round(sum(times[n] for n in chosen), 3) if chosen and all(n in times for n in chosen) else (
         0.0 if not chosen else None)
     rc_flops = int(sum(flops.get(n, 0) for n in chosen)) if flops else None
-    cands = tuple(FitCandidate(module=n, saved_bytes=saved[n], recompute_ms=(round(times[n], 3) if n in times else None),
+    cands = tuple(FitCandidate(module=n, saved_bytes=saved[n],
+                               recompute_ms=(round(times[n], 3) if n in times else None),
                                forward_flops=flops.get(n), chosen=n in chosen) for n in ranked)
     return Fit(budget_bytes=budget, configuration=config.setting.label, batch=config.batch, seq=config.seq,
                unconstrained_peak_bytes=base_peak, checkpoint_modules=tuple(n for n in ranked if n in chosen),
