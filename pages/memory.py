@@ -24,6 +24,8 @@ with tab_measured:
                                      label="Memory timeline", help="Slower: profiles with shapes and stacks to "
                                                                    "draw memory over time"),
         }
+        options["checkpoint_modules"] = option_input("memory", "checkpoint_modules", c1, widget_key="mem_ck_modules",
+                                                     placeholder="e.g. the Plan tab's 'Fit in' answer")
         rerun = st.form_submit_button("Run again", help="Results are cached per model, inputs, device and options")
     outcome = run_analysis("memory", spec, options, force=rerun)
     if outcome.ok:
@@ -63,7 +65,7 @@ with tab_plan:
         c1, c2, c3, c4 = st.columns(4)
         plan_options = {
             "batch": option_input("plan", "batch", c1, widget_key="plan_batch", placeholder="e.g. 1,2,4,8"),
-            "seq": option_input("plan", "seq", c2, widget_key="plan_seq", placeholder="token models, e.g. 2048,4096"),
+            "seq": option_input("plan", "seq", c2, widget_key="plan_seq", placeholder="e.g. 2048,4096 or decoder_input_ids=16,32"),
             "device": c3.selectbox("Device", ["auto", "local", "cpu", *DECLARED], key="plan_device",
                                    help=ANALYSES["plan"].option("device").help),
             "mode": option_input("plan", "mode", c4, widget_key="plan_mode"),
@@ -79,6 +81,8 @@ with tab_plan:
         plan_options["kv_dtype"] = option_input("plan", "kv_dtype", c3, widget_key="plan_kv_dtype")
         plan_options["offload"] = option_input("plan", "offload", c4, widget_key="plan_offload",
                                                label="Optimizer state on the CPU")
+        plan_options["budget"] = option_input("plan", "budget", c1, widget_key="plan_budget",
+                                              placeholder="e.g. 6GiB: what to checkpoint to fit")
         run_plan = st.form_submit_button("Plan", type="primary")
     plan = (run_analysis("plan", spec, plan_options, force=True) if run_plan
             else cached_outcome("plan", spec, plan_options))

@@ -232,3 +232,33 @@ def test_scan_options_are_checked(tmp_path):
         scan(model, x, tmp_path, mode="eval")
     with pytest.raises(TorchScopeError, match=r"option memory_budget_mb: must be a number > 0, got -1"):
         scan(model, x, tmp_path, memory_budget_mb=-1)
+
+
+def test_checkpointed_modules_are_measured_as_the_plan_measures_them(tmp_path, no_hooks_left):
+    """--checkpoint-modules: the training step with layers 1 and 2 checkpointed peaks lower (their saved
+    activations are recomputed in backward), at the peak the plan's own measuring protocol (a separate
+    step loop, analyses/plan/measured.py) finds; the model is left unpatched; a name that matches nothing
+    is refused with the model's blocks named."""
+    from diagnostics.analyses.plan.configs import Config, Setting
+    from diagnostics.analyses.plan.measured import measured_peak
+
+    B, D = 1024, 64
+
+    def blocks():
+        torch.manual_seed(0)
+        return nn.Sequential(*[nn.Sequential(nn.Linear(D, 4 * D), nn.ReLU(), nn.Linear(4 * D, D)) for _ in range(4)])
+
+    model, x = blocks(), torch.randn(B, D)
+    plain = run(model, (x,), tmp_path, optimizer="sgd", timeline=False)
+    ck = run(model, (x,), tmp_path, optimizer="sgd", timeline=False, checkpoint_modules="1,2")
+    assert ck.checkpointed == ("1", "2") and any("checkpointing of 1, 2" in n for n in ck.notes)
+    assert ck.metrics.peak_train_bytes < plain.metrics.peak_train_bytes
+    loaded = context(blocks(), (x,), tmp_path).loaded
+    theirs = measured_peak(loaded, Config(B, None, Setting(optimizer="sgd", checkpointing="selected")),
+                           checkpoint_patterns="1,2")["peak_bytes"]
+    assert abs(ck.metrics.peak_train_bytes - theirs) <= 4096
+    no_hooks_left(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    with pytest.raises(TorchScopeError, match=r"checkpoint_modules: no module matches 'blocks\.\*'; the model's "
+                                              r"blocks are 0, 1, 2, 3"):
+        run(model, (x,), tmp_path, checkpoint_modules="blocks.*")

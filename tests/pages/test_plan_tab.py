@@ -1,6 +1,8 @@
 """AppTest: the Memory page's Plan tab plans the current model on its button and shows the fit table, the
 grid and the make-it-fit list; nothing runs before the button."""
 
+import pytest
+
 from tests.pages.test_memory_gradients_pages import click
 
 
@@ -22,3 +24,18 @@ def test_the_plan_tab_plans_on_its_button(new_app):
     table = next(d.value for d in at.dataframe if "configuration" in d.value.columns)
     assert table["fits"].tolist() == [True, False]
     assert any(t.label == "Make it fit" for t in at.tabs)
+
+
+@pytest.mark.slow
+def test_the_plan_tab_answers_a_budget_with_what_to_checkpoint(new_app):
+    """'Fit in' a budget under the transformer's peak: the answer names the modules to checkpoint."""
+    at = new_app()
+    at.session_state["sb_sample"] = "transformer"
+    at.switch_page("pages/memory.py").run()
+    at.text_input(key="plan_budget").set_value("20MiB")
+    at.selectbox(key="plan_device").set_value("cpu")
+    click(at, "Plan")
+    assert not at.exception, [e.value for e in at.exception]
+    assert any(s.value.startswith("fits: checkpoint encoder.layers.") for s in at.success)
+    table = next(d.value for d in at.dataframe if "chosen" in d.value.columns)
+    assert set(table["module"]) == {"encoder.layers.0", "encoder.layers.1"} and table["chosen"].any()

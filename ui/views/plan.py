@@ -9,8 +9,10 @@ import streamlit as st
 
 from diagnostics.analyses.plan.result import PlanResult
 from diagnostics.render.charts.plan import (build_plan_breakdown_figure, build_plan_grid_figure,
-                                            build_plan_suggestions_figure, build_plan_timeline_figure, device_line)
+                                            build_plan_suggestions_figure, build_plan_timeline_figure, device_line,
+                                            fit_lines)
 from diagnostics.render.tables import records_frame
+from diagnostics.units import human_bytes
 from ui.widgets import Tile, metric_row, unit_columns
 
 
@@ -31,16 +33,17 @@ def tiles(result: PlanResult) -> list[Tile]:
 
 
 def _rows_table(result: PlanResult) -> None:
-    df = pd.DataFrame([{"configuration": r.label, "fits": r.fits, "peak_bytes": r.peak_bytes,
-                        "headroom_bytes": r.headroom_bytes, "phase": r.phase, "module": r.module,
-                        "how": r.how} for r in result.rows])
+    df = pd.DataFrame([{"configuration": r.label, "fits": r.fits, "peak_bytes": None if r.error else r.peak_bytes,
+                        "headroom_bytes": None if r.error else r.headroom_bytes, "phase": r.phase,
+                        "module": r.error or r.module, "how": r.how} for r in result.rows])
     df, config = unit_columns(df, {"peak_bytes": ("Predicted peak", "bytes"), "headroom_bytes": ("Headroom", "bytes")},
                               {"configuration": st.column_config.TextColumn("Configuration"),
                                "fits": st.column_config.CheckboxColumn("Fits"),
                                "phase": st.column_config.TextColumn("Peak in"),
                                "module": st.column_config.TextColumn("Module at the peak"),
                                "how": st.column_config.TextColumn("How", help="traced: run on fake tensors; fitted: "
-                                                                              "from the traced neighbours")})
+                                                                              "from the traced neighbours; failed: "
+                                                                              "not planned (the module column says why)")})
     st.dataframe(df, hide_index=True, width="stretch", column_config=config)
 
 
@@ -76,9 +79,26 @@ def show(result: PlanResult) -> None:
             st.success("Every configuration fits: nothing to change.")
         else:
             st.info("No suggestions were made (the sweep is off, or the configuration is sharded or for inference).")
+    if result.fit:
+        _fit_section(result.fit)
     with tab_parts:
         st.plotly_chart(build_plan_breakdown_figure(result), width="stretch")
     with tab_time:
         if result.timeline is not None:
             st.plotly_chart(build_plan_timeline_figure(result), width="stretch")
         st.caption(result.method)
+
+
+def _fit_section(fit) -> None:
+    """The budget answer: what to checkpoint, its predicted peak and recompute time, the candidates."""
+    st.subheader(f"Fit in {human_bytes(fit.budget_bytes)}")
+    lines = fit_lines(fit)
+    (st.success if fit.fits else st.warning)(lines[1])
+    for line in lines[2:]:
+        st.caption(line)
+    df, config = unit_columns(records_frame(fit.candidates), {"saved_bytes": ("Saved for backward", "bytes"),
+                                                              "recompute_ms": ("Recompute", "ms"),
+                                                              "forward_flops": ("Forward FLOPs", "flop")},
+                              {"module": st.column_config.TextColumn("Module"),
+                               "chosen": st.column_config.CheckboxColumn("Checkpointed")})
+    st.dataframe(df, hide_index=True, width="stretch", column_config=config)

@@ -136,6 +136,8 @@ class MemoryResult(Result, frozen=True, kw_only=True):
     estimate: Estimate | UnsetType = UNSET
     snapshot: Snapshot | None | UnsetType = UNSET
     notes: tuple[str, ...]
+    #: the modules the training step ran checkpointed (option checkpoint_modules); unset: none
+    checkpointed: tuple[str, ...] | UnsetType = UNSET
 
 
 ANALYSIS = Analysis(
@@ -148,5 +150,8 @@ ANALYSIS = Analysis(
                "(SGD with momentum: 1 x the trainable parameters; AdamW: 2 x)", choices=OPTIMIZERS),
         Option("lr", "float", 1e-3, "learning rate", gt=0, label="Learning rate"),
         Option("timeline", "bool", True, "the memory timeline (slower: profiles with shapes and stacks)"),
+        Option("checkpoint_modules", "str", "", "measure the training step with these modules checkpointed (names "
+               "or fnmatch patterns, comma-separated, e.g. encoder.layers.0,encoder.layers.1): what the plan's "
+               "budget answer picks", label="Checkpointed modules"),
     ),
 )

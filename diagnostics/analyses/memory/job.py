@@ -18,6 +18,7 @@ import psutil
 import torch
 
 from diagnostics.analyses.memory import ANALYSIS, MemoryResult
+from diagnostics.measure.checkpoint import checkpointing, select_blocks
 from diagnostics.measure.memory import (CATEGORIES, ROOT, category_timeline, is_cuda, measure_peak,
                                                  measure_saved, phase_ranges)
 from diagnostics.measure.optimizers import STATE_PER_PARAM
@@ -151,6 +152,10 @@ def analyze(ctx, options: dict) -> MemoryResult:
         raise TorchScopeError("the model has no trainable parameters: a training step has nothing to train")
     if loaded.meta:
         return _counted_only(loaded, o)
+    checkpointed = select_blocks(model, o["checkpoint_modules"]) if o["checkpoint_modules"].strip() else []
+    if checkpointed:
+        notes.append("training step measured with activation checkpointing of " + ", ".join(checkpointed)
+                     + " (their forward recomputed in backward); inference and the per-layer activations without")
     rss_start = _rss()
     p_bytes, b_bytes, in_bytes = param_bytes(model), buffer_bytes(model), tensor_bytes(inputs)
 
@@ -177,14 +182,15 @@ def analyze(ctx, options: dict) -> MemoryResult:
         # outside the measured step (zero_grad=False): the CPU profiler cannot size frees of blocks
         # allocated before it started.
         step = Step(loaded, True, o["optimizer"], o["lr"], inputs, zero_grad=False)
-        step.zero_grad()
-        step(label=True)
-        g_bytes, s_bytes = grad_bytes(model), optimizer_state_bytes(step.optimizer)
-        step.zero_grad()  # the measured step starts as a training loop's does: no grads
-        baseline = p_bytes + b_bytes + in_bytes + s_bytes
-        timeline, timeline_error = None, None
-        train = measure_peak(lambda: step(label=True), device, baseline,
-                             profile=o["timeline"], timeline=o["timeline"])
+        with checkpointing(model, checkpointed):  # the modules asked for recompute their forward in backward
+            step.zero_grad()
+            step(label=True)
+            g_bytes, s_bytes = grad_bytes(model), optimizer_state_bytes(step.optimizer)
+            step.zero_grad()  # the measured step starts as a training loop's does: no grads
+            baseline = p_bytes + b_bytes + in_bytes + s_bytes
+            timeline, timeline_error = None, None
+            train = measure_peak(lambda: step(label=True), device, baseline,
+                                 profile=o["timeline"], timeline=o["timeline"])
         rss_end = _rss()
         ctx.progress(0.75, "memory timeline")
         phases = {}
@@ -308,4 +314,5 @@ def analyze(ctx, options: dict) -> MemoryResult:
         "estimate": {**est, "estimates": estimates, "measured_peak_bytes": int(peak)},
         "snapshot": snapshot,
         "notes": notes,
+        **({"checkpointed": checkpointed} if checkpointed else {}),
     })

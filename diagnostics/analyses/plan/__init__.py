@@ -3,7 +3,7 @@ cache) predicted on fake tensors, for each configuration asked for, without allo
 (job.py; the declaration here and its result type, result.py, have no torch)."""
 
 from diagnostics.analyses.plan.configs import CHECKPOINTING, DTYPES, KV_DTYPES, MODES, OPTIMIZER_NAMES, SHARDING, \
-    sizes_option
+    budget_option, seq_option, sizes_option
 from diagnostics.analyses.plan.result import PlanResult
 from diagnostics.analyses.plan.targets import check_name
 from diagnostics.declare import Analysis, Option
@@ -17,8 +17,9 @@ ANALYSIS = Analysis(
     options=(
         Option("batch", "str", "", "batch sizes to plan, comma-separated (e.g. 1,2,4,8); empty: the model's own",
                flag="--batch", check=sizes_option("batch"), label="Batch sizes"),
-        Option("seq", "str", "", "sequence lengths to plan for token inputs, comma-separated (e.g. 2048,4096); "
-               "empty: the model's own", flag="--seq", check=sizes_option("seq"), label="Sequence lengths"),
+        Option("seq", "str", "", "sequence lengths to plan, comma-separated (e.g. 2048,4096): for every token "
+               "input, or NAME=LENGTHS for one input alone (e.g. decoder_input_ids=16,32); empty: each input "
+               "keeps its own length", flag="--seq", check=seq_option, label="Sequence lengths"),
         Option("dtype", "multi", ["fp32"], "precision: " + "; ".join(f"{d.name} = {d.label}" for d in DTYPES.values()),
                choices=tuple(DTYPES), label="Precision"),
         Option("optimizer", "multi", ["adamw"], "optimizers (sgd = SGD with momentum 0.9, as everywhere in "
@@ -44,5 +45,8 @@ ANALYSIS = Analysis(
         Option("sweep", "bool", True, "the largest batch that fits per sequence length, the batch x sequence "
                "grid and the make-it-fit suggestions (a few more traces)"),
         Option("max_batch", "int", 4096, "the largest batch the sweep considers", lo=1, hi=1 << 20),
+        Option("budget", "str", "", "fit in this much memory (e.g. 6GiB, 500MB, or bytes): which modules to "
+               "checkpoint so the predicted peak fits, at the least recompute time (the result's 'fit')",
+               flag="--budget", check=budget_option, label="Fit in"),
     ),
 )

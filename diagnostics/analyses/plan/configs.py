@@ -66,6 +66,8 @@ class Setting:
     offload: bool = False
     mode: str = "train"
     kv_dtype: str = "model"
+    #: the input a sequence length applies to ("": every token input; see parse_seq)
+    seq_input: str = ""
 
     @property
     def label(self) -> str:
@@ -138,6 +140,58 @@ def sizes_option(what: str):
     return check
 
 
+def parse_seq(text) -> tuple[str, list[int]]:
+    """The seq option: '2048,4096' -> ('', [2048, 4096]): lengths for every token input;
+    'decoder_input_ids=16,32' -> ('decoder_input_ids', [16, 32]): for that input alone (any input with a
+    second dimension: tokens, audio samples, frames), every other input keeping its own."""
+    if isinstance(text, str) and "=" in text:
+        name, _, sizes = text.partition("=")
+        name = name.strip()
+        if not name.isidentifier():
+            raise OptionError(f"option seq: {name!r} is not an input's name (give NAME=LENGTHS, e.g. "
+                              "decoder_input_ids=16,32, or lengths alone for every token input)")
+        out = parse_sizes(sizes, "seq")
+        if not out:
+            raise OptionError(f"option seq: no lengths after {name}= (e.g. {name}=16,32)")
+        return name, out
+    return "", parse_sizes(text, "seq")
+
+
+def seq_option(value):
+    """The seq option's ``check``: refuses what parse_seq refuses, keeps the text tidy ('x= 2,1' -> 'x=1,2')."""
+    name, sizes = parse_seq(value)
+    return (f"{name}=" if name else "") + ",".join(map(str, sizes))
+
+
+#: units the budget option takes (bytes per unit); a number alone is bytes
+BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "kib": 2**10, "mb": 10**6, "mib": 2**20, "gb": 10**9, "gib": 2**30,
+              "tb": 10**12, "tib": 2**40}
+
+
+def parse_bytes(text, what: str = "budget") -> int | None:
+    """'6GiB' -> 6 * 2**30, '500 MB' -> 500e6, '123456' -> 123456; '' -> None; OptionError naming ``what``."""
+    import re
+
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return None
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        text = str(text)
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in BYTE_UNITS:
+        raise OptionError(f"option {what}: {text!r} is not an amount of memory (give e.g. 6GiB, 500MB or bytes)")
+    n = int(float(m.group(1)) * BYTE_UNITS[unit])
+    if n <= 0:
+        raise OptionError(f"option {what}: {text!r} must be more than 0 bytes")
+    return n
+
+
+def budget_option(value):
+    """The budget option's ``check``: refuses what parse_bytes refuses, keeps the text as given."""
+    parse_bytes(value)
+    return str(value or "").strip()
+
+
 def describe_optimizer(name: str) -> str:
     return DESCRIPTION.get(name, name)
 
@@ -156,11 +210,12 @@ def settings_of(options) -> list[Setting]:
     if "selected" in options["checkpointing"] and not (options["checkpoint_modules"] or "").strip():
         raise OptionError("checkpointing 'selected' needs checkpoint_modules: module names or patterns, e.g. "
                           "--checkpoint-modules 'model.model.layers.0,model.model.layers.1' or 'layers.*'")
+    seq_input = parse_seq(options.get("seq", ""))[0]
     if options["mode"] == "inference":
         return [Setting(dtype=d, optimizer="none", checkpointing="none", shard="none", ranks=1, offload=False,
-                        mode="inference", kv_dtype=options["kv_dtype"]) for d in options["dtype"]]
+                        mode="inference", kv_dtype=options["kv_dtype"], seq_input=seq_input) for d in options["dtype"]]
     out = []
     for d, o, c, s in itertools.product(options["dtype"], options["optimizer"], options["checkpointing"], shards):
         out.append(Setting(dtype=d, optimizer=o, checkpointing=c, shard=s, ranks=1 if s == "none" else int(ranks),
-                           offload=bool(options["offload"]), mode="train"))
+                           offload=bool(options["offload"]), mode="train", seq_input=seq_input))
     return out

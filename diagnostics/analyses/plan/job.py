@@ -12,13 +12,14 @@ from __future__ import annotations
 import msgspec
 
 from diagnostics.analyses.plan import ANALYSIS
-from diagnostics.analyses.plan.configs import DTYPES, Config, parse_sizes, settings_of
+from diagnostics.analyses.plan.configs import DTYPES, Config, parse_bytes, parse_seq, parse_sizes, settings_of
 from diagnostics.analyses.plan.ledger import CATEGORIES
 from diagnostics.analyses.plan.planner import Planner, is_dtype_error, recompute_flops
 from diagnostics.analyses.plan.result import Breakdown, PlanMetrics, PlanResult, Timeline
-from diagnostics.analyses.plan.sweep import Curve, curve_point, grid, grid_batches, grid_seqs, max_batch
+from diagnostics.analyses.plan.sweep import Curve, SweepFailure, curve_point, grid, grid_batches, grid_seqs, \
+    max_batch
 from diagnostics.analyses.plan.targets import resolve
-from diagnostics.analyses.plan.trace import takes_tokens, trace_device
+from diagnostics.analyses.plan.trace import is_token_input, takes_tokens, trace_device
 from diagnostics.declare import OptionError
 from diagnostics.devices import cpu_facts, gpu_facts
 from diagnostics.errors import TorchScopeError
@@ -40,19 +41,36 @@ def _seq_limit(loaded) -> int | None:
     return int(limit) if limit else None
 
 
-def _sizes(loaded, o) -> tuple[list[int], list]:
+def _described(specs) -> str:
+    return ", ".join(f"{s.name + ' ' if s.name else ''}{list(s.shape)} {s.dtype}" for s in specs)
+
+
+def _sizes(loaded, o, notes: list[str]) -> tuple[list[int], list]:
+    """The batches and sequence lengths to plan. A length applies to the input ``--seq NAME=`` names, or to
+    every token input; with none asked for, each input keeps its own (the token inputs' one length when
+    they share it, so the grid can vary it; none when they differ: an encoder's and a decoder's)."""
     batches = parse_sizes(o["batch"], "batch") or [int(loaded.batch_size)]
-    token = takes_tokens(loaded.input_specs)
-    seqs = parse_sizes(o["seq"], "seq")
-    if seqs and not token:
-        raise OptionError("option seq: this model takes no token inputs (its inputs: "
-                          + ", ".join(f"{list(s.shape)} {s.dtype}" for s in loaded.input_specs)
-                          + "); sequence lengths apply to token ids")
+    specs = loaded.input_specs
+    token = takes_tokens(specs)
+    name, seqs = parse_seq(o["seq"])
+    if name:
+        named = next((s for s in specs if s.name == name), None)
+        if named is None or len(named.shape) < 2:
+            raise OptionError(f"option seq: {name} is not an input with a length (a second dimension); the "
+                              f"model's inputs: {_described(specs)}")
+    elif seqs and not token:
+        raise OptionError("option seq: this model takes no token inputs (its inputs: " + _described(specs)
+                          + "); sequence lengths apply to token ids, or name an input: --seq NAME=LENGTHS")
     if not seqs:
-        seqs = [next(s.shape[1] for s in loaded.input_specs if len(s.shape) >= 2)] if token else [None]
+        lengths = sorted({s.shape[1] for s in specs if is_token_input(s)})
+        seqs = lengths if len(lengths) == 1 else [None]
+        if len(lengths) > 1:
+            notes.append("each input keeps its own length (" + ", ".join(
+                f"{s.name or 'input'} {s.shape[1]}" for s in specs if len(s.shape) >= 2)
+                + "); --seq NAME=LENGTHS varies one of them")
     limit = _seq_limit(loaded)
     over = [s for s in seqs if s is not None and limit is not None and s > limit]
-    if over:
+    if over and (not name or is_token_input(named)):
         raise OptionError(f"option seq: {', '.join(map(str, over))} is longer than the config's "
                           f"max_position_embeddings ({limit}); raise it with --hf-set max_position_embeddings={max(over)}")
     return batches, seqs
@@ -63,6 +81,41 @@ def _dtype_error(dtype: str, e: BaseException) -> TorchScopeError | None:
         return TorchScopeError(f"the model cannot run in {dtype} ({DTYPES[dtype].label}): "
                                f"{str(e).splitlines()[0][:300]}")
     return None
+
+
+def _traced(planner: Planner, c: Config, timeline: bool = False):
+    """``c``'s trace; a failure a TorchScopeError naming the dtype the model cannot run, or the error."""
+    try:
+        return planner.run(c, timeline=timeline)
+    except TorchScopeError as e:
+        raise _dtype_error(c.setting.dtype, e.__cause__ or e) or e
+    except Exception as e:
+        raise _dtype_error(c.setting.dtype, e) or TorchScopeError(
+            f"tracing {c.setting.label} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+
+
+def _fit(planner: Planner, configs: list, rows: list, budget: int, notes: list, progress):
+    """The budget answer (fit.py) for the configuration with the largest planned peak, as a training step
+    without checkpointing; UNSET with a note where it does not apply."""
+    import dataclasses
+
+    from diagnostics.analyses.plan.fit import fit_budget
+
+    planned = [(r.peak_bytes, c) for c, r in zip(configs, rows) if not r.error]
+    if not planned:
+        notes.append("budget: no configuration was planned, so none was fitted")
+        return msgspec.UNSET
+    c = max(planned, key=lambda x: x[0])[1]
+    if c.setting.mode != "train" or c.setting.shard != "none" or c.setting.offload:
+        notes.append("budget: the answer chooses activation checkpointing for an unsharded training step; "
+                     f"{c.setting.label} is not one")
+        return msgspec.UNSET
+    c = dataclasses.replace(c, setting=dataclasses.replace(c.setting, checkpointing="none"))
+    try:
+        return fit_budget(planner, c, budget, notes, progress)
+    except TorchScopeError as e:
+        notes.append(f"budget: no answer ({e})")
+        return msgspec.UNSET
 
 
 def _calibrated(target, asked: str):
@@ -88,10 +141,10 @@ def analyze(ctx, options: dict) -> PlanResult:
     o = ANALYSIS.validate(options)
     loaded = ctx.loaded
     settings = settings_of(o)
-    batches, seqs = _sizes(loaded, o)
     target = _calibrated(resolve(o["device"], count=1, gpus=gpu_facts(), cpu=cpu_facts()), o["device"])
     planner = Planner(loaded, target, o["checkpoint_modules"], progress=lambda m: ctx.progress(0.4, m))
     notes: list[str] = []
+    batches, seqs = _sizes(loaded, o, notes)
     if loaded.meta:
         notes.append(f"the model is on the meta device ({loaded.meta}); the plan needs no weights")
 
@@ -101,19 +154,21 @@ def analyze(ctx, options: dict) -> PlanResult:
     rows = []
     row_traces = []
     ctx.progress(0.02, f"{len(configs)} configuration(s) on fake tensors")
+    failures: list[tuple[Config, TorchScopeError]] = []
     if traced_rows:
         for i, c in enumerate(configs):
             ctx.progress(0.02 + 0.4 * i / len(configs), f"tracing {c.setting.label}, batch {c.batch}"
                          + (f", seq {c.seq}" if c.seq is not None else ""))
             try:
-                st = planner.run(c, timeline=i == 0)
-            except TorchScopeError as e:
-                raise _dtype_error(c.setting.dtype, e.__cause__ or e) or e
-            except Exception as e:
-                raise _dtype_error(c.setting.dtype, e) or TorchScopeError(
-                    f"tracing {c.setting.label} failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}") from e
+                st = _traced(planner, c, timeline=not row_traces)
+            except TorchScopeError as e:  # this configuration says why; the others are still answered
+                failures.append((c, e))
+                rows.append(planner.failed_row(c, str(e)))
+                continue
             rows.append(planner.row(c, st, recompute_flops=recompute_flops(planner, c)))
             row_traces.append(st)
+        if not row_traces:  # nothing answered: the first configuration's failure is the job's
+            raise failures[0][1]
 
     # -- sweeps: the largest batch per sequence length, the grid, the suggestions
     limit = int(o["max_batch"])
@@ -130,27 +185,41 @@ def analyze(ctx, options: dict) -> PlanResult:
             for s in seqs:
                 ctx.progress(0.45 + 0.35 * k / len(swept), f"largest batch: {st_.label}" + (f", seq {s}" if s else ""))
                 curves[s] = Curve(st_, s)
-                maxes.append(max_batch(planner, curves[s], limit))
+                try:
+                    maxes.append(max_batch(planner, curves[s], limit))
+                except SweepFailure as e:  # the sweep stops at the batch that failed, and says so
+                    notes.append(f"largest batch for {st_.label}" + (f", seq {s}" if s else "") + f": {e}")
+                    maxes.append(e.answer)
             largest = max((m.max_batch for m in maxes if m.setting == st_.label), default=1)
             gb = grid_batches(max(largest, max(batches)), limit)
             for s in extra_seqs:
                 if s not in curves:
                     curves[s] = Curve(st_, s)
                     for b in (1, min(limit, 8)):
-                        curve_point(planner, curves[s], b)
-            grids.append(grid(planner, st_, curves, gb))
+                        try:
+                            curve_point(planner, curves[s], b)
+                        except SweepFailure as e:
+                            notes.append(f"grid column seq {s}: {e}")
+                            break
+            curves = {s: c for s, c in curves.items() if c.points}
+            if curves:
+                grids.append(grid(planner, st_, curves, gb))
             curves_by_setting[st_] = curves
     if not traced_rows:
         for c in configs:
             curve = curves_by_setting.get(c.setting, {}).get(c.seq)
             if curve is None:
-                rows.append(planner.row(c, planner.run(c)))
+                try:
+                    rows.append(planner.row(c, _traced(planner, c)))
+                except TorchScopeError as e:
+                    failures.append((c, e))
+                    rows.append(planner.failed_row(c, str(e)))
                 continue
             peak, parts, phase = curve.peak(c.batch)
             rows.append(msgspec.structs.replace(planner.row(c, peak=peak, parts=parts, how="fitted"), phase=phase,
                                                 analytic=tuple(sorted(planner.standins))))
     if o["sweep"] and o["mode"] == "train":
-        over = [r for r in rows if not r.fits and r.shard == "none"]
+        over = [r for r in rows if not r.fits and r.shard == "none" and not r.error]
         if over:
             worst = max(over, key=lambda r: r.peak_bytes)
             c = next(c for c in configs if c.batch == worst.batch and c.seq == worst.seq and c.setting.label == worst.setting)
@@ -160,11 +229,27 @@ def analyze(ctx, options: dict) -> PlanResult:
 
             suggestions = suggest(planner, c, largest, notes)
 
+    # -- the budget: what to checkpoint so the largest configuration fits
+    fit = msgspec.UNSET
+    budget = parse_bytes(o["budget"])
+    if budget is not None:
+        ctx.progress(0.9, "fit in the budget: choosing what to checkpoint")
+        fit = _fit(planner, configs, rows, budget, notes, lambda m: ctx.progress(0.9, m))
+
     # -- the timeline of the first configuration
     ctx.progress(0.95, "memory over the first configuration's step")
-    first = planner.run(configs[0], timeline=True)
-    timeline = None if first.timeline is None else msgspec.convert(
-        {**first.timeline, "configuration": rows[0].setting if rows else configs[0].setting.label}, Timeline)
+    answered = next((c for c, r in zip(configs, rows) if not r.error), configs[0]) if traced_rows else configs[0]
+    try:
+        first = _traced(planner, answered, timeline=True)
+    except TorchScopeError:
+        first = None
+    timeline = None if first is None or first.timeline is None else msgspec.convert(
+        {**first.timeline, "configuration": answered.setting.label}, Timeline)
+    for c, e in failures:
+        notes.append(f"batch {c.batch}" + (f", seq {c.seq}" if c.seq is not None else "")
+                     + f" ({c.setting.label}) could not be planned: {e}")
+    if planner.scratch is not None and planner.scratch.skipped:
+        notes.append("kernel scratch not counted for: " + "; ".join(sorted(planner.scratch.skipped)))
     if planner.standins:
         notes.append("estimated analytically (fake tracing failed in them): " + "; ".join(
             f"{m} ({why})" for m, why in planner.standins.items()) + ". Their activations are an estimate: "
@@ -183,7 +268,7 @@ def analyze(ctx, options: dict) -> PlanResult:
                      "memory; memory cached but free (reserved beyond allocated) is not in the peak")
     for st in row_traces:  # what the rows' own traces noted (per-rank peaks, offload, the KV cache)
         notes.extend(n for n in st.notes if n not in notes)
-    peaks = [r.peak_bytes for r in rows]
+    peaks = [r.peak_bytes for r in rows if not r.error] or [0]
     metrics = PlanMetrics(configs=len(rows), fitting_configs=sum(r.fits for r in rows), min_peak_bytes=min(peaks),
                           max_peak_bytes=max(peaks), capacity_bytes=target.capacity_bytes, traces=planner.traces,
                           analytic_modules=len(planner.standins), trace_seconds=round(planner.seconds, 3))
@@ -194,4 +279,4 @@ def analyze(ctx, options: dict) -> PlanResult:
                       breakdown=tuple(Breakdown.of(r) for r in rows), max_batch=tuple(maxes), grids=tuple(grids),
                       suggestions=tuple(suggestions), timeline=timeline, analytic_modules=dict(planner.standins),
                       notes=tuple(notes), metrics=metrics, method=METHOD, traced_on=traced_on,
-                      categories=(*CATEGORIES, "workspaces"))
+                      categories=(*CATEGORIES, "workspaces"), fit=fit)

@@ -42,7 +42,7 @@ def measured_peak(loaded, config: Config, checkpoint_patterns: str = "", foreach
     pdt = TORCH_DTYPES[d.param]
     if pdt != torch.float32:
         model.to(pdt)
-    specs = specs_at(loaded.input_specs, config.batch, config.seq)
+    specs = specs_at(loaded.input_specs, config.batch, config.seq, config.setting.seq_input)
     inputs = make_inputs(specs, str(device), loaded.spec.seed)
     if d.autocast is None and pdt != torch.float32:
         inputs = inputs.map(lambda t: t.to(pdt) if t.is_floating_point() else t)
@@ -95,7 +95,7 @@ def _rank_main(rank: int, ranks: int, port: int, spec_dict: dict, config_dict: d
         mesh = init_device_mesh("cpu", (ranks,))
         blocks = blocks_of(model)
         wrapped, kind = _wrap(model, config, mesh, blocks)
-        specs = specs_at(loaded.input_specs, config.batch, config.seq)
+        specs = specs_at(loaded.input_specs, config.batch, config.seq, config.setting.seq_input)
         inputs = make_inputs(specs, "cpu", loaded.spec.seed + rank)
         trainable = [p for p in wrapped.parameters() if p.requires_grad]
         if kind == "zero1":
@@ -171,7 +171,7 @@ def measured_inference_peak(loaded, config: Config) -> dict:
     if pdt != torch.float32:
         model.to(pdt)
     model.eval()
-    specs = specs_at(loaded.input_specs, config.batch, config.seq)
+    specs = specs_at(loaded.input_specs, config.batch, config.seq, config.setting.seq_input)
     inputs = make_inputs(specs, str(device), loaded.spec.seed)
     hf = hf_decoder(model)
 

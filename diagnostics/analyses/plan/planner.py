@@ -56,11 +56,21 @@ class Planner:
         self.scratch = Scratch(device) if device == ("cuda" if target.kind == "cuda" else "cpu") else None
         self.progress = progress or (lambda message: None)
 
-    def run(self, config: Config, timeline: bool = False, first_rank_only: bool = False) -> StepTrace:
+    def run(self, config: Config, timeline: bool = False, first_rank_only: bool = False,
+            checkpoint_patterns: str | None = None) -> StepTrace:
         """The configuration's trace (cached; a cached one without a timeline is traced again for one).
-        ``first_rank_only``: a sharded configuration's rank 0 alone (the suggestions' quick look)."""
-        key = (config, "rank0") if first_rank_only and config.setting.shard != "none" else config
-        hit = self.cache.get(key) or (self.cache.get(config) if key != config else None)
+        ``first_rank_only``: a sharded configuration's rank 0 alone (the suggestions' quick look).
+        ``checkpoint_patterns``: the modules 'selected' checkpointing checkpoints, if not the planner's."""
+        if checkpoint_patterns is not None and checkpoint_patterns != self.checkpoint_patterns:
+            own = self.checkpoint_patterns
+            self.checkpoint_patterns = checkpoint_patterns
+            try:
+                return self.run(config, timeline, first_rank_only)
+            finally:
+                self.checkpoint_patterns = own
+        whole = (config, self.checkpoint_patterns) if config.setting.checkpointing == "selected" else config
+        key = (whole, "rank0") if first_rank_only and config.setting.shard != "none" else whole
+        hit = self.cache.get(key) or (self.cache.get(whole) if key != whole else None)
         if hit is not None and (hit.timeline is not None or not timeline):
             return hit
         while True:
@@ -133,6 +143,14 @@ class Planner:
                    host_bytes=int(st.host_bytes) if st else 0, recompute_flops=recompute_flops,
                    analytic=tuple(sorted(self.standins)), kv_dtype=s.kv_dtype)
 
+    def failed_row(self, config: Config, error: str) -> Row:
+        """A configuration that could not be planned: no peak, and why."""
+        s = config.setting
+        return Row(batch=config.batch, seq=config.seq, dtype=s.dtype, optimizer=s.optimizer,
+                   checkpointing=s.checkpointing, shard=s.shard, ranks=s.ranks, offload=s.offload, mode=s.mode,
+                   peak_bytes=0, parts={}, phase="", module="", fits=False, headroom_bytes=0, how="failed",
+                   setting=s.label, kv_dtype=s.kv_dtype, error=error)
+
 
 def recompute_flops(planner: Planner, config: Config) -> int | None:
     """FLOPs activation checkpointing recomputes per step: the checkpointed modules' forward FLOPs at this
@@ -140,7 +158,30 @@ def recompute_flops(planner: Planner, config: Config) -> int | None:
     checkpointed, or the count failed (then the cost is not shown, never 0)."""
     if config.setting.checkpointing == "none":
         return None
-    key = ("flops", config)
+    key = ("flops", config, planner.checkpoint_patterns)
+    if key in planner.flop_cache:
+        return planner.flop_cache[key]
+    from diagnostics.analyses.plan.trace import checkpointed_names, skeleton
+
+    value = None
+    by_module = forward_flops(planner, config)
+    if by_module is not None:
+        try:
+            names = checkpointed_names(skeleton(planner.loaded.model), config.setting, planner.checkpoint_patterns)
+            value = int(sum(by_module.get(n, 0) for n in names))
+        except Exception:  # the cost is optional; the plan is not
+            value = None
+    planner.flop_cache[key] = value
+    return value
+
+
+def forward_flops(planner: Planner, config: Config) -> dict[str, int] | None:
+    """Forward FLOPs per module (qualified name) of ``config`` without checkpointing, counted on fake
+    tensors by the one FLOP counter; None when the count fails."""
+    import dataclasses
+
+    plain = dataclasses.replace(config, setting=dataclasses.replace(config.setting, checkpointing="none"))
+    key = ("flops by module", plain)
     if key in planner.flop_cache:
         return planner.flop_cache[key]
     import torch
@@ -151,15 +192,12 @@ def recompute_flops(planner: Planner, config: Config) -> int | None:
     value = None
     try:
         with eager_transformers():
-            model, device, names = prepare(planner.loaded, config, planner.target, planner.fake,
-                                           checkpoint_patterns=planner.checkpoint_patterns,
-                                           standins=planner.standins)
-            inputs = inputs_for(planner.loaded, config, planner.fake, device)
+            model, device, _ = prepare(planner.loaded, plain, planner.target, planner.fake, standins=planner.standins)
+            inputs = inputs_for(planner.loaded, plain, planner.fake, device)
             counter = FlopCounter()
-            with planner.fake, counter, torch.no_grad(), _autocast(config, device):
+            with planner.fake, counter, torch.no_grad(), _autocast(plain, device):
                 inputs.call(model)
-            by_module = counter.result(type(model).__name__).by_module
-            value = int(sum(by_module.get(n, 0) for n in names))
+            value = dict(counter.result(type(model).__name__).by_module)
     except Exception:  # the cost is optional; the plan is not
         value = None
     planner.flop_cache[key] = value

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 from diagnostics.analyses.plan.targets import Target
 from diagnostics.declare import column, metric, table
-from diagnostics.results import Record, Result
+from diagnostics.results import UNSET, Record, Result, UnsetType
 
 #: Row.parts keys, in the order charts and tables show them.
 PART_KEYS = ("parameters", "gradients", "optimizer state", "activations", "kv cache", "temporaries", "inputs",
@@ -23,8 +23,8 @@ PART_KEYS = ("parameters", "gradients", "optimizer state", "activations", "kv ca
 
 
 class Row(Record, frozen=True, kw_only=True):
-    """One configuration's prediction. ``how``: "traced" (this configuration ran on fake tensors) or
-    "fitted" (interpolated from traced neighbours, see sweep.py). ``fits`` / ``headroom_bytes`` are for
+    """One configuration's prediction. ``how``: "traced" (this configuration ran on fake tensors),
+    "fitted" (interpolated from traced neighbours, see sweep.py) or "failed" (``error`` says why). ``fits`` / ``headroom_bytes`` are for
     the result's device: headroom = capacity - context - peak (negative: over by that much). ``parts``:
     category (PART_KEYS) -> bytes at the peak."""
 
@@ -49,6 +49,9 @@ class Row(Record, frozen=True, kw_only=True):
     recompute_flops: Annotated[int | None, column("flop", "recomputed FLOPs")] = None
     analytic: tuple[str, ...] = ()
     kv_dtype: str = "model"
+    #: why this configuration could not be planned (then peak_bytes is 0 and fits False; the other rows stand);
+    #: UNSET on a row that was planned
+    error: str | UnsetType = UNSET
 
     @property
     def label(self) -> str:
@@ -114,6 +117,46 @@ class Suggestion(Record, frozen=True, kw_only=False):
     setting: str = ""
 
 
+class FitCandidate(Record, frozen=True, kw_only=True):
+    """A module the budget answer may checkpoint: what it saves for backward in the unconstrained step, what
+    recomputing its forward costs (measured here, or None where it was not: then ranked by FLOPs)."""
+
+    module: str
+    saved_bytes: Annotated[int, column("bytes", "saved for backward")]
+    recompute_ms: Annotated[float | None, column("ms", "recompute time")]
+    forward_flops: Annotated[int | None, column("flop", "forward FLOPs")] = None
+    chosen: bool = False
+
+
+class Fit(Record, frozen=True, kw_only=True):
+    """The budget answer (fit.py): the modules to checkpoint so the configuration's predicted peak fits in
+    ``budget_bytes`` at the least recompute time. ``checkpoint_modules`` are names ``--checkpoint-modules``
+    takes (``memory --checkpoint-modules`` measures the choice). When nothing fits: ``smallest_peak_bytes``
+    (every candidate checkpointed) and ``needed``: what else, traced at the budget."""
+
+    budget_bytes: Annotated[int, column("bytes", "budget")]
+    configuration: str
+    batch: int
+    seq: int | None
+    unconstrained_peak_bytes: Annotated[int, column("bytes", "peak without checkpointing")]
+    checkpoint_modules: tuple[str, ...]
+    predicted_peak_bytes: Annotated[int, column("bytes", "predicted peak")]
+    recompute_ms: Annotated[float | None, column("ms", "recompute time per step")]
+    recompute_flops: Annotated[int | None, column("flop", "recomputed FLOPs per step")]
+    fits: bool
+    smallest_peak_bytes: Annotated[int | None, column("bytes", "smallest peak reachable")] = None
+    needed: tuple[Suggestion, ...] = ()
+    candidates: tuple[FitCandidate, ...] = ()
+    timing: str = ""
+    method: str = ""
+    traces: int = 0
+
+    @property
+    def checkpoint_option(self) -> str:
+        """The choice as ``--checkpoint-modules`` takes it."""
+        return ",".join(self.checkpoint_modules)
+
+
 class Timeline(Record, frozen=True, kw_only=True):
     """Memory by category over the first configuration's traced step: at most TIMELINE_POINTS samples (the
     highest op of each bucket), each op's index in the step, its phase, and bytes per category."""
@@ -157,3 +200,5 @@ class PlanResult(Result, frozen=True, kw_only=True):
     traced_on: str = ""
     #: the categories of memory, in the order the ledger counts them
     categories: tuple[str, ...] = ()
+    #: the budget answer (option budget); unset without one
+    fit: Fit | UnsetType = UNSET

@@ -8,8 +8,11 @@ op runs once on real tensors of the traced shapes (random values: these kernels'
 depend on them), its peak above what was allocated before is taken by ``measure.memory``
 (the profiler's allocation events on the CPU, ``max_memory_allocated`` on CUDA), and the scratch is
 that peak less the op's outputs. One probe per op signature (op, shapes, dtypes, strides, other
-arguments), cached for the job; an op whose tensors exceed ``PROBE_LIMIT_BYTES`` is not probed (the
-result says so). The ops were found by a survey of the accuracy corpus (every op run with such a probe).
+arguments), cached for the job. An op whose tensors exceed ``PROBE_LIMIT_BYTES`` (a large batch) is
+probed at two smaller batches that fit the limit (its batched arguments cut along their first
+dimension, ``BATCHED_ARGS``) and its scratch taken on the line through them: these kernels' buffers are
+reorders and per-row staging, a fixed part (the weights') plus a part per row. One that cannot be cut
+so is not probed, and ``skipped`` names it. The ops were found by a survey of the accuracy corpus (every op run with such a probe).
 """
 
 from __future__ import annotations
@@ -36,17 +39,36 @@ CPU_LOW_PRECISION_MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.defau
 CUDA_SCRATCH_OPS = {aten.convolution.default, aten.convolution_backward.default}
 #: the most tensor bytes one probe may allocate
 PROBE_LIMIT_BYTES = 256 * 2**20
+#: the tensor bytes of each of the two smaller probes an op over the limit is cut to (the line through them is
+#: as good from small probes as from large ones, and much cheaper: a sweep probes batch 4096)
+LINE_PROBE_BYTES = 32 * 2**20
+#: per op, the arguments whose first dimension is the batch (rows): an op over the limit is probed with
+#: them cut to fewer rows, and its scratch extended on a line (see the module doc)
+BATCHED_ARGS = {
+    aten.convolution.default: (0,), aten.convolution_backward.default: (0, 1),
+    aten.native_batch_norm.default: (0,), aten.native_batch_norm_backward.default: (0, 1),
+    aten.embedding_dense_backward.default: (0, 1), aten.native_layer_norm_backward.default: (0, 1, 3, 4),
+    aten._scaled_dot_product_flash_attention_for_cpu.default: (0, 1, 2),
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (0, 1, 2, 3, 4, 5),
+    aten.mm.default: (0,), aten.addmm.default: (1,),
+}
 
 
-def _real(t: torch.Tensor, device: str) -> torch.Tensor:
-    """A real tensor with ``t``'s shape, strides (broadcast ones too) and dtype, random floats or zeros."""
-    size = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+def _real(t: torch.Tensor, device: str, rows: int | None = None) -> torch.Tensor:
+    """A real tensor with ``t``'s shape, strides (broadcast ones too) and dtype, random floats or zeros;
+    ``rows``: its first dimension cut to that many."""
+    shape = tuple(t.shape) if rows is None else (int(rows),) + tuple(t.shape[1:])
+    size = 1 + sum((n - 1) * abs(st) for n, st in zip(shape, t.stride())) if all(shape) else 0
     base = torch.empty(size, dtype=t.dtype, device=device)
     if base.is_floating_point():
         base.normal_()
     else:
         base.zero_()
-    return base.as_strided(tuple(t.shape), tuple(t.stride()))
+    return base.as_strided(shape, tuple(t.stride()))
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _key(func, args, kwargs):
@@ -105,18 +127,48 @@ class Scratch:
     def bytes(self, func, args, kwargs, out) -> int:
         return self.measure(func, args, kwargs, out)[0]
 
-    def _probe(self, func, args, kwargs, out) -> int:
+    def _probe(self, func, args, kwargs, out) -> tuple[int, list | None]:
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if sum(_nbytes(t) for t in tensors) > PROBE_LIMIT_BYTES:
+            return self._probe_on_a_line(func, args, kwargs)
+        return self._run_probe(func, args, kwargs)
+
+    def _probe_on_a_line(self, func, args, kwargs) -> tuple[int, None]:
+        """An op too large to probe: probed at two batches under the limit, its scratch on their line."""
+        batched = BATCHED_ARGS.get(func, ())
+        cut = [i for i in batched if i < len(args) and isinstance(args[i], torch.Tensor) and args[i].dim() >= 1]
+        rows = {args[i].shape[0] for i in cut}
+        if not cut or len(rows) != 1 or any(isinstance(t, torch.Tensor) for t in tree_leaves(kwargs or {})):
+            self.skipped.add(f"{func} (over {PROBE_LIMIT_BYTES >> 20} MiB, not cut into rows)")
+            return 0, None
+        n = rows.pop()
+        others = [t for i, a in enumerate(args) if i not in cut for t in tree_leaves(a) if isinstance(t, torch.Tensor)]
+        fixed = sum(_nbytes(t) for t in others)
+        per_row = sum(_nbytes(args[i]) for i in cut) / n
+        cap = min(PROBE_LIMIT_BYTES, LINE_PROBE_BYTES)
+        hi = int((cap - fixed) // per_row) if per_row else 0
+        hi = min(hi, n - 1)
+        lo = hi // 2
+        if lo < 1:
+            self.skipped.add(f"{func} (over {cap >> 20} MiB even at 2 rows)")
+            return 0, None
+        s_lo, s_hi = (self._run_probe(func, args, kwargs, rows=(cut, r))[0] for r in (lo, hi))
+        return max(0, int(round(s_hi + (s_hi - s_lo) * (n - hi) / (hi - lo)))), None
+
+    def _run_probe(self, func, args, kwargs, rows=None) -> tuple[int, list | None]:
+        """The op run once for real: (scratch bytes, its outputs' storage sizes). ``rows``: (argument
+        indices, rows) - those arguments cut to that many rows."""
         from torch.utils._python_dispatch import _disable_current_modes
 
         from diagnostics.measure.memory import added_peak_bytes
 
-        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if sum(t.numel() * t.element_size() for t in tensors) > PROBE_LIMIT_BYTES:
-            self.skipped.add(str(func))
-            return 0
         with _disable_current_modes():
-            real_args, real_kwargs = tree_map(lambda x: _real(x, self.device) if isinstance(x, torch.Tensor) else x,
-                                              (list(args), dict(kwargs or {})))
+            real_args = [_real(x, self.device, rows[1] if rows and i in rows[0] else None)
+                         if isinstance(x, torch.Tensor) else tree_map(
+                             lambda y: _real(y, self.device) if isinstance(y, torch.Tensor) else y, x)
+                         for i, x in enumerate(args)]
+            real_kwargs = tree_map(lambda x: _real(x, self.device) if isinstance(x, torch.Tensor) else x,
+                                   dict(kwargs or {}))
             inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((real_args, real_kwargs))
                       if isinstance(t, torch.Tensor)}
             if func is aten.mkldnn_rnn_layer_backward.default:

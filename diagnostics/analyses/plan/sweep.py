@@ -90,9 +90,20 @@ class Curve:
         return lo
 
 
+class SweepFailure(Exception):
+    """A sweep's trace failed at ``batch``; ``answer``: the MaxBatch the traces before it support."""
+
+    def __init__(self, batch: int, cause: BaseException, answer: MaxBatch | None = None):
+        self.batch, self.cause, self.answer = batch, cause, answer
+        super().__init__(f"batch {batch} could not be planned: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}")
+
+
 def curve_point(planner, curve: Curve, batch: int) -> tuple[int, bool]:
-    """Trace ``batch`` into ``curve``; (device peak, fits)."""
-    st = planner.run(Config(batch, curve.seq, curve.setting))
+    """Trace ``batch`` into ``curve``; (device peak, fits). SweepFailure names the batch a trace failed at."""
+    try:
+        st = planner.run(Config(batch, curve.seq, curve.setting))
+    except Exception as e:
+        raise SweepFailure(batch, e) from e
     peak, parts = planner.device_peak(st)
     extra = peak - int(st.peak_bytes)
     phases = {ph: (int(v["bytes"]) + extra, {**v["parts"], "workspaces": v["parts"].get("workspaces", 0) + extra})
@@ -108,7 +119,13 @@ def max_batch(planner, curve: Curve, limit: int) -> MaxBatch:
     no: dict[int, int] = {}
 
     def probe(b: int) -> None:
-        peak, ok = curve_point(planner, curve, b)
+        try:
+            peak, ok = curve_point(planner, curve, b)
+        except SweepFailure as e:  # answer with what the traces so far support, and say where it stopped
+            lo = max(fit, default=0)
+            e.answer = MaxBatch(curve.setting.label, curve.seq, lo, fit.get(lo),
+                                f"{'at least batch %d fits (traced); ' % lo if lo else ''}{e}", limit)
+            raise
         (fit if ok else no)[b] = peak
 
     probe(1)

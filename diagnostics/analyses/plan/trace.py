@@ -18,7 +18,6 @@ touched. Where fake tracing fails inside a module (data-dependent ops, ops witho
 from __future__ import annotations
 
 import copy
-import fnmatch
 import os
 import sys
 import time
@@ -34,6 +33,8 @@ from diagnostics.analyses.plan.targets import Target
 from diagnostics.errors import TorchScopeError
 from diagnostics.inputs import DTYPES as INPUT_DTYPES
 from diagnostics.inputs import Inputs, with_batch, with_names
+from diagnostics.measure.checkpoint import blocks_of, select_blocks  # noqa: F401 (the plan's names for them)
+from diagnostics.measure.checkpoint import checkpointing as _checkpointing
 from diagnostics.measure.training import make_optimizer
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -126,37 +127,6 @@ def fakeify(model: nn.Module, fake, device: str, param_dtype: torch.dtype | None
                 held[k] = done[id(t)]
 
 
-def blocks_of(model: nn.Module) -> list[str]:
-    """The model's repeated blocks: children of a ModuleList / Sequential that share their class with a
-    sibling and hold parameters (transformer layers, ResNet blocks), outermost first, none inside another."""
-    names = {m: n for n, m in model.named_modules()}
-    found: list[str] = []
-    for name, m in model.named_modules():
-        if not isinstance(m, (nn.ModuleList, nn.Sequential)):
-            continue
-        kids = [c for c in m.children() if any(True for _ in c.parameters())]
-        classes = [type(c) for c in kids]
-        for c in kids:
-            if classes.count(type(c)) >= 2:
-                found.append(names[c])
-    outer = [n for n in found if not any(n != o and n.startswith(o + ".") for o in found)]
-    return outer
-
-
-def select_blocks(model: nn.Module, patterns: str) -> list[str]:
-    """Module names matching comma-separated names or fnmatch patterns; TorchScopeError if one matches nothing."""
-    names = [n for n, _ in model.named_modules() if n]
-    chosen: list[str] = []
-    for pat in [p.strip() for p in (patterns or "").split(",") if p.strip()]:
-        hits = [n for n in names if n == pat or fnmatch.fnmatchcase(n, pat)]
-        if not hits:
-            blocks = blocks_of(model)
-            raise TorchScopeError(f"checkpoint_modules: no module matches {pat!r}; the model's blocks are "
-                                  f"{', '.join(blocks[:6]) + (' ...' if len(blocks) > 6 else '') or '(none found)'}")
-        chosen += [h for h in hits if h not in chosen]
-    return [n for n in chosen if not any(n != o and n.startswith(o + ".") for o in chosen)]
-
-
 def checkpointed_names(model: nn.Module, setting, patterns: str = "") -> list[str]:
     if setting.checkpointing == "none":
         return []
@@ -171,28 +141,9 @@ def checkpointed_names(model: nn.Module, setting, patterns: str = "") -> list[st
 
 @contextmanager
 def checkpointing(model: nn.Module, names: list[str], ledger: Ledger | None = None):
-    """Each named module's forward runs under torch.utils.checkpoint (non-reentrant, as recommended):
-    its activations are dropped after forward and recomputed in backward. Undone afterwards."""
-    from torch.utils.checkpoint import checkpoint
-
-    mods = dict(model.named_modules())
-    patched = []
-    for name in names:
-        m = mods[name]
-        inner = m.forward
-
-        def run(*args, _inner=inner, **kwargs):
-            if ledger is not None:
-                ledger.keep_for_recompute((args, kwargs))
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
-
-        m.forward = run
-        patched.append(m)
-    try:
+    """measure.checkpoint.checkpointing, the ledger told what each checkpointed call keeps (its inputs)."""
+    with _checkpointing(model, names, ledger.keep_for_recompute if ledger is not None else None):
         yield
-    finally:
-        for m in patched:
-            m.__dict__.pop("forward", None)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -204,14 +155,20 @@ def takes_tokens(specs) -> bool:
     return any(is_token_input(s) for s in specs)
 
 
-def specs_at(specs, batch: int, seq: int | None):
-    """The input specs at ``batch``, token inputs (batch, seq) at ``seq`` (None: as declared)."""
+def specs_at(specs, batch: int, seq: int | None, seq_input: str = ""):
+    """The input specs at ``batch``, with ``seq`` (None: every input as declared) as the length (dimension 1)
+    of the input named ``seq_input``, or of every token input when none is named: each other input keeps
+    its own length (a speech model's audio samples are not its decoder's tokens)."""
     from dataclasses import replace
 
     out = with_batch(specs, batch)
     if seq is None:
         return out
-    return tuple(replace(s, shape=(s.shape[0], int(seq)) + s.shape[2:]) if is_token_input(s) else s for s in out)
+
+    def varied(s) -> bool:
+        return s.name == seq_input and len(s.shape) >= 2 if seq_input else is_token_input(s)
+
+    return tuple(replace(s, shape=(s.shape[0], int(seq)) + s.shape[2:]) if varied(s) else s for s in out)
 
 
 def fake_inputs(specs, fake, device: str, float_dtype: torch.dtype | None) -> Inputs:
@@ -231,7 +188,8 @@ def inputs_for(loaded, config: Config, fake, device: str) -> Inputs:
     d = DTYPES[config.setting.dtype]
     pdt = TORCH_DTYPES[d.param]
     float_in = pdt if d.autocast is None and pdt != torch.float32 else None
-    return fake_inputs(specs_at(loaded.input_specs, config.batch, config.seq), fake, device, float_in)
+    return fake_inputs(specs_at(loaded.input_specs, config.batch, config.seq, config.setting.seq_input), fake,
+                       device, float_in)
 
 
 # ----------------------------------------------------------------------------- running it

@@ -123,9 +123,40 @@ def plan_sections(result: PlanResult) -> list[Section]:
     if result.suggestions:
         sections.append(section("Make it fit", [lambda: build_plan_suggestions_figure(result)],
                                 tables=[("changes, cheapest first", records_frame(result.suggestions))]))
+    if result.fit:
+        sections.append(section(f"Fit in {human_bytes(result.fit.budget_bytes)}", [], text=fit_lines(result.fit),
+                                tables=[("checkpointing candidates", records_frame(result.fit.candidates))]
+                                + ([("what else would be needed", records_frame(result.fit.needed))]
+                                   if result.fit.needed else [])))
     if result.timeline is not None:
         sections.append(section("Over the step", [lambda: build_plan_timeline_figure(result)]))
     return sections
+
+
+def fit_lines(fit) -> list[str]:
+    """The budget answer in sentences (the CLI, the report, the page)."""
+    where = f"{fit.configuration} · batch {fit.batch}" + (f" · seq {fit.seq}" if fit.seq is not None else "")
+    lines = [f"{where}: {human_bytes(fit.unconstrained_peak_bytes)} without checkpointing, budget "
+             f"{human_bytes(fit.budget_bytes)}"]
+    cost = (f"{fit.recompute_ms:,.1f} ms recomputed per step" if fit.recompute_ms is not None
+            else "recompute time not measured")
+    if fit.recompute_flops:
+        cost += f", {fit.recompute_flops:,} FLOPs"
+    if fit.fits and not fit.checkpoint_modules:
+        lines.append("fits without checkpointing")
+    elif fit.fits:
+        lines.append(f"fits: checkpoint {fit.checkpoint_option} -> predicted peak "
+                     f"{human_bytes(fit.predicted_peak_bytes)} ({cost})")
+        lines.append(f"measure it: --checkpoint-modules {fit.checkpoint_option}")
+    else:
+        lines.append(f"does not fit: checkpointing every candidate ({fit.checkpoint_option}) reaches "
+                     f"{human_bytes(fit.smallest_peak_bytes or fit.predicted_peak_bytes)} at best ({cost})")
+        for s in fit.needed:
+            lines.append(f"  {'fits' if s.fits else 'no  '} {human_bytes(s.peak_bytes):>11}  {s.change} - {s.cost}")
+        if not any(s.fits for s in fit.needed):
+            lines.append("  nothing traced fits: a smaller batch or sequence, or more devices")
+    lines.append(f"recompute times: {fit.timing}")
+    return lines
 
 
 def plan_text(result: PlanResult) -> str:
@@ -134,6 +165,9 @@ def plan_text(result: PlanResult) -> str:
     head = f"{'configuration':<44} {'peak':>11} {'headroom':>11}  fits  at"
     lines += [head, "-" * len(head)]
     for r in result.rows:
+        if r.error:
+            lines.append(f"{r.label[:44]:<44} {'-':>11} {'-':>11}  n/a   failed: {r.error[:160]}")
+            continue
         room = r.headroom_bytes
         lines.append(f"{r.label[:44]:<44} {human_bytes(r.peak_bytes):>11} "
                      f"{('-' if room < 0 else '') + human_bytes(abs(room)):>11}  {'yes ' if r.fits else 'NO  '}  "
@@ -143,6 +177,8 @@ def plan_text(result: PlanResult) -> str:
         for m in result.max_batch:
             seq = "" if m.seq is None else f" at seq {m.seq}"
             lines.append(f"  {m.setting}{seq}: {m.max_batch}  ({m.checked})")
+    if result.fit:
+        lines += ["", f"fit in {human_bytes(result.fit.budget_bytes)}:"] + ["  " + x for x in fit_lines(result.fit)]
     if result.suggestions:
         lines += ["", "make it fit (cheapest first):"]
         for s in result.suggestions:
