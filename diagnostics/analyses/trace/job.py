@@ -125,9 +125,21 @@ def _reopen(ctx, path: str, options: dict) -> TraceResult | None:
         if art is None or not trace_cache.link_file(files["critical_path"], art / RESULT_FILES["critical_path"]):
             return None
         cp["trace_file"] = str(art / RESULT_FILES["critical_path"])
+    ranks = out.get("ranks")
+    if isinstance(ranks, dict):
+        # This open's own figures, not the first run's: no rank was read, no worker ran.
+        read = int(ranks.get("n_files") or 0) - len(ranks.get("failed") or ())
+        ranks.update(mode=REOPEN_MODE, workers=[], cache={"hits": max(read, 0), "misses": 0, "kept": True})
+        ranks.pop("memory_limit_bytes", None)
     out["trace_cache"] = {"hit": True, "result": True, "open_s": time.perf_counter() - t}
+    if isinstance(ranks, dict):
+        ranks["seconds"] = out["trace_cache"]["open_s"]
     ctx.progress(0.95, "the stored analysis of this trace (unchanged file, same options)")
     return build(TraceResult, out)
+
+
+#: The ranks' mode on a reopen: their summaries and cross-rank views come with the stored analysis.
+REOPEN_MODE = "the stored analysis of these ranks (unchanged files, same options): none read again"
 
 
 def _keep(trace, options: dict, result: TraceResult, artifact_dir) -> None:
