@@ -108,12 +108,20 @@ def tiles(result: TraceResult) -> list[Tile]:
     ]
 
 
+def _left_out(lo) -> str:
+    """A diff's GPU time left out of one trace, said in a tile's caption ("" for none)."""
+    if not lo or not (lo.before_profiling_us or lo.outside_steps_us):
+        return ""
+    return f"; {compact(lo.before_profiling_us + lo.outside_steps_us, 'us')} of GPU work queued before profiling " \
+           "or launched outside the steps left out"
+
+
 def diff_tiles(result: TraceDiffResult) -> list[Tile]:
     d = result.diff
     counts = d.counts
     return [
-        Tile("Time before", d.time_us_before, "us", f"summed operator/kernel time, {d.unit}"),
-        Tile("Time after", d.time_us_after, "us", f"summed operator/kernel time, {d.unit}"),
+        Tile("Time before", d.time_us_before, "us", f"summed operator/kernel time, {d.unit}{_left_out(d.left_out_before)}"),
+        Tile("Time after", d.time_us_after, "us", f"summed operator/kernel time, {d.unit}{_left_out(d.left_out_after)}"),
         Tile("Faster", counts.faster, "count",
              f"operators changed by ≥ {d.change_ratio:.0%} and ≥ {compact(d.noise_floor_us, 'us')}"),
         Tile("Slower", counts.slower, "count", "operators slower by the same margin"),

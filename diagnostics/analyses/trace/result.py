@@ -782,6 +782,13 @@ class DiffCounts(Record, frozen=True, kw_only=True):
     unchanged: int
 
 
+class DiffLeftOut(Record, frozen=True, kw_only=True):
+    """GPU time a diff leaves out of one trace, as the trace analysis' step figures do (µs)."""
+
+    before_profiling_us: float
+    outside_steps_us: float
+
+
 class TraceDiff(Record, frozen=True, kw_only=True):
     """Per operator / kernel, time before and after (``unit``: per step, or the whole trace)."""
 
@@ -794,6 +801,8 @@ class TraceDiff(Record, frozen=True, kw_only=True):
     rows: Annotated[tuple[DiffRow, ...], table("Changes")]
     change_ratio: float
     noise_floor_us: float
+    left_out_before: DiffLeftOut | UnsetType = UNSET   # UNSET: a stored diff that predates it (#42)
+    left_out_after: DiffLeftOut | UnsetType = UNSET
 
 
 class DiffMetrics(Record, frozen=True, kw_only=True):
