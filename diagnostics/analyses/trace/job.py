@@ -29,6 +29,7 @@ from diagnostics.results import build, to_plain
 from diagnostics.settings import check_server_path, trace_cache_dir
 from diagnostics.trace import cache as trace_cache
 from diagnostics.trace.cache import cached_load, link_events
+from diagnostics.trace.serving import serving
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks import analyse_ranks
 from diagnostics.trace import gpu_activity as hp
@@ -186,6 +187,9 @@ def analyze(ctx, options: dict) -> TraceResult:
     for i, (key, fn) in enumerate(steps):
         ctx.progress(0.5 + 0.4 * i / len(steps), key)
         out[key] = fn(trace)
+    served = serving(trace)
+    if served["available"]:   # a training trace's result is unchanged: no serving key
+        out["serving"] = served
     ctx.progress(0.88, "critical path")
     out["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical.py
     ctx.progress(0.9, "timeline")
