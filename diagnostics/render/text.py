@@ -7,6 +7,7 @@ import json
 
 from diagnostics.analyses.trace.result import CriticalPath, Ranks, TraceDiff, TraceResult
 from diagnostics.render.charts.trace_hta import hta_text
+from diagnostics.render.charts.serving import serving_lines
 from diagnostics.render.charts.traces import communication_lines
 from diagnostics.results import Disturbance, given
 from diagnostics.units import format_value, speedup_text
@@ -116,6 +117,8 @@ def format_analysis(result: TraceResult, top: int) -> str:
     for n in result.temporal_breakdown.notes:
         out.append(f"note (per step): {n}")
     out += communication_lines(result.communication)
+    if result.serving:   # an inference server's trace (issue #42)
+        out += [""] + serving_lines(result.serving)
     graphs = result.launch_stats.graphs
     if graphs and graphs.launches:
         out.append(f"note: {graphs.launches:,} CUDA graph launches started {graphs.kernels:,} kernels; "

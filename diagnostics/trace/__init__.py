@@ -11,6 +11,7 @@
     diff.py       diff_traces(before, after)
     cache.py      cached_load(path, root): parsed traces kept on disk, so an unchanged file reopens fast
     critical_path.py  one step's critical path (host ops, launches, kernels, syncs), what-ifs, the marked trace
+    serving.py    an inference server's iterations (vLLM, SGLang): phases, batch, tokens, split, graph replays
 The profiler page, the trace explorer, the distributed analysis and the checklist all read traces
 through this layer. Views return plain JSON-able data (records); TraceError says why a file is
 unusable.

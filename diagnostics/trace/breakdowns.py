@@ -213,7 +213,8 @@ def summary(trace: Trace) -> dict:
     threads = pd.DataFrame({"pid": pid_l[(uniq >> 32).astype(np.int64)],
                             "tid": tid_l[(uniq & 0xFFFFFFFF).astype(np.int64)],
                             "events": np.bincount(inv.ravel(), minlength=uniq.size),
-                            "busy_us": np.bincount(inv.ravel(), weights=np.where(roots, dur, 0.0)[cpu],
+                            # the roots' spans as the nesting ends them: never more than the thread's wall time
+                            "busy_us": np.bincount(inv.ravel(), weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu],
                                                    minlength=uniq.size)})
     threads = threads.groupby(["pid", "tid"]).agg(events=("events", "sum"), busy_us=("busy_us", "sum"))
     threads = threads.reset_index()

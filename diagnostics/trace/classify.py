@@ -170,8 +170,10 @@ _COMM_VERBS = r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
 #: * c10d host calls: "c10d::allreduce_", "c10d::barrier", record_param_comms, ProcessGroup* ranges;
 #: * any other name with a collective verb (all_reduce / allreduce, all_gather, reduce_scatter,
 #:   all_to_all) anywhere, or "broadcast" / "barrier" as a word ("_c10d_functional::all_reduce").
-#:   Broadcast and barrier must start a word: inside one they are GEMM epilogues and block barriers
-#:   ("EpilogueWithBroadcast").
+#:   Broadcast and barrier must start a word, and a word does not start after "_": inside one they are
+#:   GEMM epilogues, block barriers and ATen's elementwise launchers ("EpilogueWithBroadcast",
+#:   "type_specialized_broadcast_kernel_launcher"). This last family names no library, so on the GPU
+#:   the name alone is not enough (see GENERIC_FAMILY and comm_mask).
 #:
 #: aten:: operators never count: they are local tensor operations, and the aten names with these
 #: words are shape ops (aten::broadcast_tensors, aten::broadcast_to) that an older host-op rule
@@ -192,9 +194,17 @@ COMM_FAMILIES = (
     ("NCCL", r"^(?:void )?nccl"),
     ("gloo", r"^gloo:"),
     ("c10d", r"^(?:c10d::|record_param_comms|ProcessGroup)"),
-    ("collective", rf"{_COMM_VERBS}|(?<![a-z])(?:broadcast|barrier)"),
+    ("collective", rf"{_COMM_VERBS}|(?<![a-z_])(?:broadcast|barrier)"),
 )
+#: The family that names no library, only an operation: a GPU kernel matched by it alone counts as
+#: communication only where the trace can be distributed (world size not 1) and its stream is a
+#: communication stream (comm_mask); a host call matched by it counts as it is.
+GENERIC_FAMILY = "collective"
 _FAMILY_RES = tuple((family, re.compile(p, re.IGNORECASE)) for family, p in COMM_FAMILIES)
+#: The families that name a communication library or a collective kernel of one (all but GENERIC_FAMILY).
+LIBRARY_COMM_RE = re.compile(r"^(?!aten::)(?:" + "|".join(f".*?(?:{p})" if not p.startswith("^") else f"(?:{p[1:]})"
+                                                        for f, p in COMM_FAMILIES if f != GENERIC_FAMILY) + ")",
+                             re.IGNORECASE)
 #: Every communication family at once: a collective's name, on the GPU or the host (not aten::).
 COMM_RE = re.compile(r"^(?!aten::)(?:" + "|".join(f".*?(?:{p})" if not p.startswith("^") else f"(?:{p[1:]})"
                                                 for _, p in COMM_FAMILIES) + ")", re.IGNORECASE)
@@ -257,6 +267,67 @@ def use_comm_kernels(trace, pattern: str | None) -> None:
         return  # the views computed so far already read communication this way
     trace.comm_kernels = pattern or ""
     trace.drop_views()
+
+
+# ---- inference serving -----------------------------------------------------------------------
+
+#: An inference server's iteration, as its own annotation names it (record_function ranges on the host):
+#: vLLM's (as TraceLens' captures record it) "execute_<tokens>_context_<prefill requests>(...)_generation_
+#: <decode requests>(...)", SGLang's "step[DECODE bs=32]" / "step[EXTEND bs=15 toks=15360]".
+VLLM_ITERATION_RE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)\(.*?\)$")
+SGLANG_ITERATION_RE = re.compile(r"^step\[(DECODE|EXTEND|PREFILL|MIXED|IDLE|TARGET_VERIFY|DRAFT_EXTEND)"
+                                 r"(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?[^\]]*\]$", re.IGNORECASE)
+#: Either of them.
+ITERATION_RE = re.compile(f"{VLLM_ITERATION_RE.pattern}|{SGLANG_ITERATION_RE.pattern}", re.IGNORECASE)
+#: Serving engines by the names of their frames and kernels (with_stack frames "vllm/v1/worker/...",
+#: "sglang/srt/...", kernels "vllm::...", "sgl_hip::...").
+SERVING_ENGINES = (("vLLM", re.compile(r"(?:^|[/:\s])vllm(?:/|::)", re.IGNORECASE)),
+                   ("SGLang", re.compile(r"(?:^|[/:\s_])(?:sglang|sgl_\w*)(?:/|::)", re.IGNORECASE)))
+#: A serving iteration's GPU time by what its kernels do, first match wins (communication is comm_mask's).
+#: Attention: flash / paged / unified attention, FMHA, MLA; GEMM: cuBLAS / hipBLASLt (Cijk_), CUTLASS,
+#: nvjet, CK and Triton matmuls, fused MoE GEMMs; sampling: the samplers' own kernels (top-k / top-p
+#: sampling, argmax, multinomial, penalties, logprobs). MoE routing's top-k ("_topk_forward") is not sampling.
+SERVING_KERNEL_CLASSES = (
+    ("attention", re.compile(r"attention|attn|fmha|flash_?(?:fwd|bwd|decod|attn)|mha_|_mla_|mla_decode|paged_?attn"
+                             r"|FmhaBatchPrefill|unified_attention|sdpa", re.IGNORECASE)),
+    ("GEMM", re.compile(r"gemm|Cijk_|nvjet|matmul|_mm_|\bmm_|cutlass|wgmma|xmma|fused_moe|moe_?gemm|_bmm"
+                        r"|splitk|ck_tile\S*Gemm", re.IGNORECASE)),
+    ("sampling", re.compile(r"sampl|argmax|multinomial|top_?k_?top_?p|top_?p|penalt|logprob|gumbel", re.IGNORECASE)),
+)
+#: The attention kernels' phase by their names, where no annotation says it.
+PREFILL_KERNEL_RE = re.compile(r"prefill|varlen|extend|flash_fwd|fmha_fwd|context_attention", re.IGNORECASE)
+DECODE_KERNEL_RE = re.compile(r"decode|paged_attention|flash_decoding|splitkv|mla_decode", re.IGNORECASE)
+
+
+def iteration_fields(name: str) -> dict | None:
+    """What a serving iteration's annotation says: {"engine", "phase" (prefill / decode / mixed / idle),
+    "batch_size", "tokens", "prefill_requests", "decode_requests"} (None where it does not say), or None
+    when ``name`` is not an iteration's annotation."""
+    m = VLLM_ITERATION_RE.match(name or "")
+    if m:
+        tokens, ctx, gen = (int(x) for x in m.groups())
+        phase = "mixed" if ctx and gen else "prefill" if ctx else "decode" if gen else "idle"
+        return {"engine": "vLLM", "phase": phase, "batch_size": ctx + gen, "tokens": tokens,
+                "prefill_requests": ctx, "decode_requests": gen}
+    m = SGLANG_ITERATION_RE.match(name or "")
+    if m:
+        mode, bs, toks = m.group(1).upper(), m.group(2), m.group(3)
+        phase = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "DRAFT_EXTEND": "prefill",
+                 "MIXED": "mixed", "IDLE": "idle", "TARGET_VERIFY": "decode"}[mode]
+        bs = int(bs) if bs is not None else None
+        return {"engine": "SGLang", "phase": phase, "batch_size": bs,
+                "tokens": int(toks) if toks is not None else (bs if phase == "decode" else None),
+                "prefill_requests": bs if phase == "prefill" else None,
+                "decode_requests": bs if phase == "decode" else None}
+    return None
+
+
+def serving_kernel_class(name: str) -> str:
+    """"attention", "GEMM", "sampling" (SERVING_KERNEL_CLASSES) or "other" for a compute kernel's name."""
+    for label, pattern in SERVING_KERNEL_CLASSES:
+        if pattern.search(name or ""):
+            return label
+    return "other"
 
 
 # ---- host operator families ------------------------------------------------------------------
@@ -371,14 +442,74 @@ def user_comm_mask(trace) -> np.ndarray:
     return kernel_mask(trace) & trace.name_mask(pattern)
 
 
+#: A GPU stream is a communication stream when at least this share of its kernel time is in kernels
+#: whose names match a communication family (COMM_RE): NCCL's own streams read ~100 %, a compute stream
+#: with a few "broadcast" kernels a few %.
+COMM_STREAM_SHARE = 0.5
+
+
+def world_size(trace) -> int | None:
+    """The job's world size as the trace records it (Kineto's distributedInfo), None when it does not."""
+    info = trace.meta.get("distributedInfo")
+    ws = info.get("world_size") if isinstance(info, dict) else None
+    return ws if isinstance(ws, int) and not isinstance(ws, bool) and ws > 0 else None
+
+
 def comm_mask(trace) -> np.ndarray:
-    """Collectives: communication kernels on the device (COMM_RE, and the user's pattern), collective
-    calls on the host (not with_stack's Python frames: "vllm/distributed/...(516): all_gather" is the
-    frame around a call, not one more call)."""
+    """Collectives: communication kernels on the device, collective calls on the host (not with_stack's
+    Python frames: "vllm/distributed/...(516): all_gather" is the frame around a call, not one more call),
+    and the kernels the user's pattern names.
+
+    A kernel whose name names a library or a library's collective kernel (LIBRARY_COMM_RE: NCCL, RCCL,
+    custom all-reduce, ...) counts by its name. One matched only by an operation's name (GENERIC_FAMILY:
+    "all_gather", "broadcast") counts only where communication can happen and runs where it runs: the
+    trace's world size is not 1 (unknown counts as possible) and its stream is a communication stream
+    (COMM_STREAM_SHARE of the stream's kernel time in communication-named kernels). An elementwise kernel
+    launched among the model's compute kernels is not a collective, whatever its name."""
     if "comm" not in trace._cache:
-        host = host_mask(trace) & ~trace.cat_mask(PYTHON_CATS)
-        trace._cache["comm"] = (((kernel_mask(trace) | host) & trace.name_mask(COMM_RE)) | user_comm_mask(trace))
+        trace._cache["comm"] = _comm_mask(trace)
     return trace._cache["comm"]
+
+
+def _comm_mask(trace) -> np.ndarray:
+    kern = kernel_mask(trace)
+    host = host_mask(trace) & ~trace.cat_mask(PYTHON_CATS)
+    named = trace.name_mask(COMM_RE)
+    library = trace.name_mask(LIBRARY_COMM_RE)
+    generic = kern & named & ~library
+    out = (kern & library) | (host & named) | user_comm_mask(trace)
+    if generic.any() and world_size(trace) != 1:
+        out |= generic & _on_comm_streams(trace, kern, kern & named)
+    return out
+
+
+def generic_kernels_left_out(trace) -> np.ndarray:
+    """Kernels named like a collective (GENERIC_FAMILY) that comm_mask does not count (world size 1, or a
+    compute stream): what communication()'s note names."""
+    kern = kernel_mask(trace)
+    return kern & trace.name_mask(COMM_RE) & ~trace.name_mask(LIBRARY_COMM_RE) & ~comm_mask(trace)
+
+
+def _on_comm_streams(trace, kern: np.ndarray, named: np.ndarray) -> np.ndarray:
+    """Per event: it runs on a GPU stream where at least COMM_STREAM_SHARE of the kernel time (of the
+    kernel count, where no kernel has a duration) is in ``named`` kernels."""
+    ev = trace.events
+    rows = np.flatnonzero(kern)
+    out = np.zeros(len(ev), dtype=bool)
+    if not rows.size:
+        return out
+    key = np.stack([ev["device"].to_numpy()[rows], ev["stream"].to_numpy()[rows],
+                    trace.codes("pid")[rows].astype(np.int64), trace.codes("tid")[rows].astype(np.int64)], axis=1)
+    _, inv = np.unique(key, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    dur = np.nan_to_num(ev["dur"].to_numpy()[rows].astype(float))
+    hit = named[rows]
+    total = np.bincount(inv, weights=dur)
+    mine = np.bincount(inv, weights=np.where(hit, dur, 0.0))
+    count, mine_count = np.bincount(inv), np.bincount(inv, weights=hit)
+    share = np.where(total > 0, mine / np.where(total > 0, total, 1.0), mine_count / count)
+    out[rows] = share[inv] >= COMM_STREAM_SHARE
+    return out
 
 
 def comm_families(trace, rows: np.ndarray) -> np.ndarray:
@@ -467,9 +598,26 @@ def _communication(trace) -> dict:
                      "(NCCL, RCCL, MSCCL++, NVSHMEM, expert-parallel dispatch / combine, custom all-reduce): "
                      "communication reads 0 because nothing matched, which need not mean none ran. In-house "
                      "collective kernels: --comm-kernels REGEX.")
+    left = np.flatnonzero(generic_kernels_left_out(trace))
+    if left.size:
+        ws = world_size(trace)
+        why = ("the trace's world size is 1: nothing to communicate with" if ws == 1 else
+               "they run on compute streams, among the model's kernels, not on a communication stream")
+        top = top_name(trace.strings("name", left), np.nan_to_num(ev["dur"].to_numpy()[left]))
+        notes.append(f"{left.size:,} kernels ({float(np.nan_to_num(ev['dur'].to_numpy()[left]).sum()) / 1e3:,.3f} ms) "
+                     f"are named like a collective but not counted as communication: {why} "
+                     f"(e.g. {top[:80]!r}). If they are collectives, name them with --comm-kernels REGEX.")
     if trace.comm_kernels and not user_comm_mask(trace).any():
         notes.append(f"The communication-kernel pattern {trace.comm_kernels!r} matches no GPU kernel of this trace.")
     return out
+
+
+def top_name(names: np.ndarray, dur: np.ndarray) -> str:
+    """The name with the most time among ``names`` (their durations ``dur``)."""
+    by: dict = {}
+    for n, t in zip(names.tolist(), dur.tolist()):
+        by[n] = by.get(n, 0.0) + t
+    return max(by, key=by.get)
 
 
 def _suspect_streams(trace, kern: np.ndarray, comm: np.ndarray) -> list:

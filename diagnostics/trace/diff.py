@@ -1,7 +1,10 @@
 """diff_traces(before, after): operators and kernels added, removed, faster, slower.
 
 Host operators (cpu_op) are compared on self time, GPU kernels/memcpys/memsets on their time.
-When both traces have ProfilerSteps, times are per step (so a longer capture is not "slower").
+When both traces have ProfilerSteps, times are per step (so a longer capture is not "slower"), over what
+the trace analysis' step figures count: host operators that start in a step, GPU work attributed to one
+(breakdowns.gpu_step_attribution). GPU work queued before profiling began is never counted (a previous,
+unprofiled step's), nor, per step, work launched outside every step; both are reported as left out.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from diagnostics.trace.classify import host_op_mask
-from diagnostics.trace.breakdowns import _gpu_frame, _records, steps
+from diagnostics.trace.breakdowns import _assign_step, _records, gpu_step_attribution, steps
 from diagnostics.trace.model import Trace
 
 # A change smaller than this fraction of the before time counts as unchanged...
@@ -20,11 +23,33 @@ NOISE_FLOOR_US = 1.0
 STATUSES = ("added", "removed", "faster", "slower", "unchanged")
 
 
-def _table(trace: Trace, scale: float) -> pd.DataFrame:
+def _counted(trace: Trace, per_step: bool) -> tuple[np.ndarray, pd.DataFrame]:
+    """The host operator mask and the GPU events compared (see the module docstring)."""
     m = host_op_mask(trace)
+    g = gpu_step_attribution(trace)
+    keep = g["attributed"] != "before_profiling"
+    if per_step:
+        keep &= g["step_i"] >= 0
+        rows = np.flatnonzero(m)
+        m = np.zeros_like(m)
+        m[rows[_assign_step(trace.events["ts"].to_numpy()[rows], steps(trace)) >= 0]] = True
+    return m, g[keep]
+
+
+def left_out(trace: Trace, per_step: bool) -> dict:
+    """GPU time the diff leaves out of ``trace``: queued before profiling, and (per step) launched outside
+    every step, µs."""
+    g = gpu_step_attribution(trace)
+    dur = g["dur_us"].to_numpy()
+    out = {"before_profiling_us": float(dur[(g["attributed"] == "before_profiling").to_numpy()].sum())}
+    out["outside_steps_us"] = float(dur[(g["attributed"] == "outside_steps").to_numpy()].sum()) if per_step else 0.0
+    return out
+
+
+def _table(trace: Trace, scale: float, per_step: bool) -> pd.DataFrame:
+    m, g = _counted(trace, per_step)
     ops = pd.DataFrame({"name": trace.strings("name", m),
                         "time": trace.nesting()["self_us"][m], "kind": "cpu_op"})
-    g = _gpu_frame(trace)
     kern = pd.DataFrame({"name": g["name"], "time": g["dur_us"], "kind": "gpu"})
     both = pd.concat([ops, kern], ignore_index=True)
     agg = both.groupby(["kind", "name"]).agg(calls=("time", "size"), time_us=("time", "sum"))
@@ -37,8 +62,8 @@ def diff_traces(before: Trace, after: Trace) -> dict:
     """Per operator/kernel: calls and time before/after, delta, ratio and status (STATUSES)."""
     n_a, n_b = len(steps(before)), len(steps(after))
     per_step = n_a > 0 and n_b > 0
-    a = _table(before, n_a if per_step else 1.0)
-    b = _table(after, n_b if per_step else 1.0)
+    a = _table(before, n_a if per_step else 1.0, per_step)
+    b = _table(after, n_b if per_step else 1.0, per_step)
     df = a.add_suffix("_before").join(b.add_suffix("_after"), how="outer").reset_index()
     df[["calls_before", "calls_after", "time_us_before", "time_us_after"]] = df[
         ["calls_before", "calls_after", "time_us_before", "time_us_after"]].fillna(0.0)
@@ -67,4 +92,5 @@ def diff_traces(before: Trace, after: Trace) -> dict:
         "counts": counts,
         "rows": _records(df[cols]),
         "change_ratio": CHANGE_RATIO, "noise_floor_us": NOISE_FLOOR_US,
+        "left_out_before": left_out(before, per_step), "left_out_after": left_out(after, per_step),
     }

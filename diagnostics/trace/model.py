@@ -112,27 +112,45 @@ class Trace:
     def nesting(self) -> dict:
         """Per host-thread call nesting of duration events: depth, parent row, self time.
 
-        Returns arrays over all rows: depth (-1 outside the nesting), parent (-1 for roots) and
-        self_us (duration minus the durations of direct children, clipped at 0; NaN outside).
-        Intervals are assumed properly nested per (pid, tid), as the profiler writes them; a child
-        that overhangs its parent is still attributed to the innermost event that started before it.
+        Returns arrays over all rows: depth (-1 outside the nesting), parent (-1 for roots), end_us
+        (the event's end as the nesting reads it) and self_us (the time the event is the innermost open
+        one on its thread; NaN outside). One rule, innermost event wins, whatever the profiler nested
+        under what (nesting_of): a thread's self times add up to the union of its events' spans.
         """
         if "nesting" not in self._cache:
             self._cache["nesting"] = nesting_of(self)
         return self._cache["nesting"]
 
 
+#: A child that ends at most this far past its parent is held inside it (its end clipped to the parent's):
+#: timestamps and durations are rounded apart (to the µs in older traces). One that ends later overhangs
+#: its parent (with_stack's `_record_function_enter_new` frame opens "ProfilerStep#6" and returns at once):
+#: the later-started event is the innermost from its start on, so the parent ends there.
+OVERHANG_TOLERANCE_US = 1.0
+#: Rounds of that repair at most (each resolves one level of overhangs; traces need 1-3); past it the
+#: lanes left are accounted by a sweep of the same rule (innermost_self).
+MAX_NEST_ROUNDS = 32
+
+
 def nesting_of(trace: Trace, mask: np.ndarray | None = None) -> dict:
     """Trace.nesting() over the host events in ``mask`` only (default: all of them), not cached:
-    e.g. operators among operators, with Python frames or other ranges left out."""
+    e.g. operators among operators, with Python frames or other ranges left out.
+
+    One rule whatever the nesting of Python frames, annotations and operators: at each instant a
+    thread's time belongs to its innermost open event, the one that started last (OVERHANG_TOLERANCE_US
+    apart). Properly nested events are parent and children; an event that outlives its parent by more
+    than the tolerance ends the parent where it starts (``end_us``: each event's end under this rule).
+    So the self times of a thread's events add up to the union of its events' spans, never more than the
+    thread's wall time."""
     ev = trace.events
     n = len(ev)
     depth = np.full(n, -1, dtype=np.int32)
     parent = np.full(n, -1, dtype=np.int64)
     self_us = np.full(n, np.nan)
+    end_us = np.full(n, np.nan)
     rows = np.flatnonzero(classify.host_mask(trace) if mask is None else mask)
     if rows.size == 0:
-        return {"depth": depth, "parent": parent, "self_us": self_us}
+        return {"depth": depth, "parent": parent, "self_us": self_us, "end_us": end_us}
     ts = ev["ts"].to_numpy()[rows]
     dur = ev["dur"].to_numpy()[rows]
     lane = trace.lane_keys()[rows]
@@ -140,7 +158,67 @@ def nesting_of(trace: Trace, mask: np.ndarray | None = None) -> dict:
     order = _lane_order(lane, ts, dur)
     rows, ts, dur, lane = rows[order], ts[order], dur[order], lane[order]
     end = ts + dur
-    m = rows.size
+    d, par = _levels(ts, end, lane)
+    sub = np.arange(rows.size)
+    swept = np.zeros(0, dtype=np.int64)
+    for _ in range(MAX_NEST_ROUNDS):
+        changed = _repair_overhangs(ts, end, sub, par)
+        if not changed.size:
+            break
+        # Only the lanes that changed are nested again (rows of a lane are contiguous).
+        sub = np.flatnonzero(np.isin(lane, np.unique(lane[changed])))
+        d[sub], p = _levels(ts[sub], end[sub], lane[sub])
+        par[sub] = np.where(p >= 0, sub[np.maximum(p, 0)], -1)
+    else:
+        if _repair_overhangs(ts, end, sub, par).size:   # still overhanging: these lanes by a sweep
+            swept = sub
+    eff = end - ts
+    child_sum = np.bincount(par[par >= 0], weights=eff[par >= 0], minlength=rows.size)
+    own = np.maximum(eff - child_sum, 0.0)
+    for ln in np.unique(lane[swept]):
+        on = np.flatnonzero(lane == ln)
+        own[on] = innermost_self(ts[on], ts[on] + dur[on])
+    depth[rows] = d
+    parent[rows] = np.where(par >= 0, rows[np.maximum(par, 0)], -1)
+    self_us[rows] = own
+    end_us[rows] = end
+    return {"depth": depth, "parent": parent, "self_us": self_us, "end_us": end_us}
+
+
+def _repair_overhangs(ts: np.ndarray, end: np.ndarray, sub: np.ndarray, par: np.ndarray) -> np.ndarray:
+    """One round of the innermost rule over the rows ``sub`` (their parents ``par``, positions): a child
+    ending within OVERHANG_TOLERANCE_US past its parent is clipped to it; one ending later ends its parent
+    where it starts. ``end`` is changed in place; returns the positions whose lane changed."""
+    kids = sub[par[sub] >= 0]
+    ups = par[kids]
+    # Only where the parent is open at the child's start: the first event a round mis-nests always is
+    # (events before it nest), and those after it are nested again once it is repaired.
+    open_ = ts[kids] < end[ups]
+    kids, ups = kids[open_], ups[open_]
+    if not kids.size:
+        return kids
+    over = end[kids] - end[ups]
+    small, big = (over > 0) & (over <= OVERHANG_TOLERANCE_US), over > OVERHANG_TOLERANCE_US
+    end[kids[small]] = end[ups[small]]
+    # An event that outlives its parent outlives it as the innermost one; so for every ancestor it also
+    # outlives (a Python frame's whole stack around a record_function's entry): they end where it starts.
+    cur, at, until = ups[big], ts[kids[big]], end[kids[big]]
+    touched = [kids[small]]
+    while cur.size:
+        np.minimum.at(end, cur, at)
+        touched.append(cur)
+        nxt = par[cur]
+        go = nxt >= 0
+        go[go] = (end[nxt[go]] < until[go] - OVERHANG_TOLERANCE_US) & (at[go] < end[nxt[go]])
+        cur, at, until = nxt[go], at[go], until[go]
+    return np.concatenate(touched)
+
+
+def _levels(ts: np.ndarray, end: np.ndarray, lane: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Depth and parent (a position, -1 for roots) of events sorted by lane, start, longest first,
+    assuming they nest (nesting_of repairs those that do not)."""
+    m = ts.size
+    dur = end - ts
     # Depth = events opened before i in its lane minus those closed by ts[i] (end <= ts[i]).
     # Zero-length events starting exactly at ts[i] and sorted at or after i are not yet opened,
     # so they are taken back out of the closed count.
@@ -172,11 +250,32 @@ def nesting_of(trace: Trace, mask: np.ndarray | None = None) -> dict:
         cand = ups[np.where(ok, pos, 0)]
         ok &= lane[cand] == lane[kids]
         par[kids[ok]] = cand[ok]
-    child_sum = np.bincount(par[par >= 0], weights=dur[par >= 0], minlength=m)
-    depth[rows] = d
-    parent[rows] = np.where(par >= 0, rows[np.where(par >= 0, par, 0)], -1)
-    self_us[rows] = np.maximum(dur - child_sum, 0.0)
-    return {"depth": depth, "parent": parent, "self_us": self_us}
+    return d, par
+
+
+def innermost_self(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Self time of each of one thread's events by a sweep: each instant belongs to the open event that
+    started last (ties: the shorter one, the later one in the input). Exact for any overlap, one
+    Python step per event: nesting_of's fallback and its tests' independent computation."""
+    import heapq
+
+    n = ts.size
+    order = sorted(range(n), key=lambda i: (ts[i], -(end[i] - ts[i]), i))
+    rank = {i: k for k, i in enumerate(order)}
+    out = np.zeros(n)
+    bounds = sorted(set(ts.tolist()) | set(end.tolist()))
+    heap: list = []   # (-rank, i): the top is the open event that started last
+    k = 0
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        while k < n and ts[order[k]] <= a:
+            i = order[k]
+            heapq.heappush(heap, (-rank[i], i))
+            k += 1
+        while heap and end[heap[0][1]] <= a:
+            heapq.heappop(heap)
+        if heap:
+            out[heap[0][1]] += b - a
+    return out
 
 
 def _lane_order(lane: np.ndarray, ts: np.ndarray, dur: np.ndarray) -> np.ndarray:

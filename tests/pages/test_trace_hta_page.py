@@ -58,6 +58,7 @@ def test_the_trace_explorer_s_tabs_fit_a_1280_px_page():
         return sum(8 * len(x) + 32 for x in labels)
 
     assert width(("Ranks",) + TABS) <= 820 and width(GPU_TABS) <= 820
+    assert width(("Ranks", "Serving") + TABS) <= 820   # a server's trace of several ranks (#42)
     old = ("Ranks", "Summary", "Breakdown", "Top operators & kernels", "GPU idle & launches", "Timeline",
            "Critical path", "Kernel sequences", "Launch queue", "Memcpy bandwidth", "GPU annotations", "Launch delay")
     assert width(old) > 820

@@ -161,3 +161,20 @@ def test_a_trace_result_stored_before_its_later_parts_still_opens():
     assert "This result predates communication families: open the trace again." in infos
     assert any(i.startswith("This result has no critical path") for i in infos)
     assert "Parsed from the file (this run did not record the trace cache)" in [c.value for c in at.caption]
+
+
+def test_a_serving_trace_opens_on_its_serving_tab(new_app):
+    """Issue #42: a vLLM trace (TraceLens' prefill + decode with piecewise HIP graphs) shows its iterations:
+    phase, batch, tokens, the split and the graph replays; a training trace has no such tab."""
+    at = new_app().run()
+    at.switch_page("pages/traces.py").run()
+    at.radio(key="trace_src_a").set_value("Local path").run()
+    at.text_input(key="trace_path_a").set_value(str(DATA / "with_stack" / "vllm_prefilldecode_piecewise.json.gz")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    labels = [t.label for t in at.tabs]
+    assert labels[labels.index("Serving") + 1] == "Summary"
+    md = [m.value for m in at.markdown]
+    assert any("Inference server trace (vLLM): 1 iteration(s)" in m for m in md)
+    assert any("25 launch(es) replayed 361 kernels" in m for m in md)
+    at.text_input(key="trace_path_a").set_value(str(DATA / "gpu_small.json")).run()
+    assert not at.exception and "Serving" not in [t.label for t in at.tabs]

@@ -93,6 +93,9 @@ def test_collectives(name):
     "aten::addmm", "aten::copy_", "cudaMemcpyAsync", "Memcpy DtoD (Device -> Device)",
     "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_EpilogueWithBroadcast_64x64>",
     "void cub::DeviceReduceKernel<BlockBarrier>", "ampere_sgemm_128x64_nn", "ProfilerStep#1", "",
+    # ATen's elementwise launcher, 49 / 98 kernels of the xDiT FLUX / SD3.5 traces (issue #42)
+    "void at::native::type_specialized_broadcast_kernel_launcher<at::native::BinaryFunctor<float>>",
+    "type_specialized_broadcast_kernel_launcher", "block_barrier_sync",
 ])
 def test_not_collectives(name):
     assert not C.is_comm(name)
@@ -188,6 +191,57 @@ def _two_stream_trace(tmp_path, comm_name: str, meta: dict | None = None):
     p = tmp_path / "two_streams.json"
     p.write_text(json.dumps({"traceEvents": evs, **(meta or {})}))
     return load_trace(p)
+
+
+def _one_stream_trace(tmp_path, names: list, meta: dict | None = None):
+    """One step, one stream: ``names`` one after another, 100 µs each, 50 µs apart."""
+    evs = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0,
+            "dur": 150 * len(names) + 100}]
+    for i, name in enumerate(names):
+        evs += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 10 + 150 * i,
+                 "dur": 5, "args": {"correlation": i + 1}},
+                {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": 50 + 150 * i, "dur": 100,
+                 "args": {"device": 0, "stream": 7, "correlation": i + 1}}]
+    p = tmp_path / "one_stream.json"
+    p.write_text(json.dumps({"traceEvents": evs, **(meta or {})}))
+    return load_trace(p)
+
+
+WORLD_1 = {"distributedInfo": {"rank": 0, "world_size": 1, "backend": "nccl"}}
+WORLD_8 = {"distributedInfo": {"rank": 0, "world_size": 8, "backend": "nccl"}}
+
+
+def test_a_kernel_named_like_a_collective_needs_a_world_and_a_communication_stream(tmp_path):
+    """Issue #42: a kernel named only by an operation ("broadcast", "all_gather") is communication where the
+    trace can communicate (world size not 1) and it runs on a communication stream; a library's kernel (NCCL)
+    counts by its name."""
+    from diagnostics.trace import temporal_breakdown
+    from diagnostics.trace.gpu_activity import comm_overlap
+
+    generic = "void at::native::broadcast_kernel<float>(float*)"   # a word start: COMM_RE matches the name
+    assert C.is_comm(generic) and C.comm_family(generic) == C.GENERIC_FAMILY
+    # world size 1, on their own stream: nothing to communicate with
+    t = _two_stream_trace(tmp_path, generic, WORLD_1)
+    assert not C.comm_mask(t).any() and C.communication(t)["families"] == []
+    (note,) = [n for n in C.communication(t)["notes"] if "named like a collective" in n]
+    assert note.startswith("3 kernels (1.200 ms) are named like a collective") and "world size is 1" in note
+    assert comm_overlap(t)["overlap_pct"] is None          # "not counted", not 0.0 %
+    assert sum(r["communication_us"] for r in temporal_breakdown(t)["gpu"]) == 0.0
+    # the same kernels where the world size is unknown or 8: their stream is all theirs -> communication
+    for meta in (None, WORLD_8):
+        t = _two_stream_trace(tmp_path, generic, meta)
+        assert C.comm_mask(t).sum() == 3 and comm_overlap(t)["overlap_pct"] == pytest.approx(50.0)
+    # world size 8, but launched among the GEMMs on the compute stream: compute
+    t = _one_stream_trace(tmp_path, ["sm90_xmma_gemm_0", generic, "sm90_xmma_gemm_1", "sm90_xmma_gemm_2"], WORLD_8)
+    assert not C.comm_mask(t).any()
+    assert any("they run on compute streams" in n for n in C.communication(t)["notes"])
+    # a library's kernel counts by its name, world size 1 or not, on any stream
+    t = _one_stream_trace(tmp_path, ["sm90_xmma_gemm_0", NCCL_KERNEL, "sm90_xmma_gemm_1"], WORLD_1)
+    assert t.strings("name", C.comm_mask(t)).tolist() == [NCCL_KERNEL]
+    # the user's pattern still wins
+    t = _two_stream_trace(tmp_path, generic, WORLD_1)
+    C.use_comm_kernels(t, r"broadcast_kernel")
+    assert C.comm_mask(t).sum() == 3
 
 
 def test_expert_parallel_all_to_all_is_communication_in_every_view(tmp_path):

@@ -406,3 +406,29 @@ def test_the_default_step_is_the_longest_complete_one(tmp_path):
     assert cp["incomplete_steps"] == [2]
     asked = critical_path(trace, step=2)
     assert asked["step"] == 2 and asked["length_us"] == pytest.approx(600) and asked["chosen_as"] == "step 2, as asked"
+
+
+@pytest.mark.slow
+def test_the_export_of_a_long_path_is_not_quadratic(tmp_path):
+    """Issue #42: xDiT SD3.5's critical-path step (66k events) took 2-3 minutes: writing the path's flow
+    arrows looked each event up in a list of those already written (9 s for 17,571 path events, here).
+    A step of 30,000 back-to-back host calls, every one on the path: the export takes about as long per
+    event as a step of 3,000's (quadratic: ten times as long)."""
+    import time
+
+    from diagnostics.trace.critical_path import chrome_trace
+
+    def export_seconds(n):
+        events = [step(0, 0, 10.0 * n + 10)] + [span(f"aten::op{i % 7}", 5 + 10.0 * i, 8.0) for i in range(n)]
+        trace = load_trace(write(tmp_path, events, f"long{n}.json"))
+        model = step_graph(trace, None)
+        cp = critical_path(trace, model=model)
+        assert cp["path_events"] == n + 1      # the step's own range and each call
+        t = time.perf_counter()
+        out = chrome_trace(trace, model)
+        seconds = time.perf_counter() - t
+        assert sum(1 for e in out["traceEvents"] if e.get("cat") == "critical_path") == 2 * n
+        return seconds
+
+    small, large = min(export_seconds(3000) for _ in range(2)), export_seconds(30000)
+    assert large / 30000 < 4 * small / 3000, (small, large)

@@ -45,3 +45,24 @@ def test_gpu_trace_against_itself_is_unchanged():
     assert r["counts"]["unchanged"] == len(r["rows"]) == 9   # 4 operators + 5 GPU kinds
     kinds = {row["kind"] for row in r["rows"]}
     assert kinds == {"cpu_op", "gpu"}
+
+
+def test_per_step_gpu_time_leaves_out_work_queued_before_profiling_as_analyze_does():
+    """Issue #42: `trace diff`'s per-step GPU time counted 13.7 ms queued before profiling that `analyze`
+    leaves out. TraceLens' MI300 trace has such work (HTA keeps it): the diff's GPU time per step is the
+    GPU time of the events the step figures attribute to a step, the rest reported as left out."""
+    from diagnostics.trace import temporal_breakdown
+
+    t = load_trace(DATA / "public" / "tracelens" / "mi300_resnet_rccl_no_pyfn.json.gz")
+    r = diff_traces(t, t)
+    att = temporal_breakdown(t)["attribution"]
+    assert att["before_profiling_us"] > 0 and r["unit"] == "per step"
+    assert r["left_out_before"] == {"before_profiling_us": pytest.approx(att["before_profiling_us"]),
+                                    "outside_steps_us": pytest.approx(att["outside_steps_us"])}
+    ev = t.events
+    gpu = t.cat_mask(frozenset({"kernel", "gpu_memcpy", "gpu_memset"})) & t.complete_mask()
+    all_gpu_us = float(ev["dur"].to_numpy()[gpu].sum())
+    gpu_rows = [row for row in r["rows"] if row["kind"] == "gpu"]
+    n = r["steps_before"]
+    assert sum(row["time_us_before"] for row in gpu_rows) == pytest.approx(
+        (all_gpu_us - att["before_profiling_us"] - att["outside_steps_us"]) / n)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 import pytest
 
 from diagnostics.trace import load_trace, temporal_breakdown
@@ -108,3 +110,82 @@ def test_the_distributed_analysis_of_two_public_ranks_has_no_negative_figure(tmp
                 assert v >= 0.0, (row.get("rank"), key, v)
     assert 0.0 <= result["metrics"]["overlap_ratio"] <= 1.0
     assert {c["family"] for c in result["collectives"] if c["where"] == "GPU"} == {"NCCL"}
+
+
+# ---- host time per thread (issue #42) --------------------------------------------------------
+
+@pytest.mark.parametrize("rel", TRACES)
+def test_host_time_per_thread_is_its_busy_time_never_more_than_its_wall(rel):
+    """One rule, innermost event wins, whatever nests under what: the self times of a thread's host
+    events add up to the union of their spans (never past the thread's wall time), equal to a sweep that
+    gives each instant to the open event that started last (model.innermost_self, an independent
+    computation), and the Summary's busy time per thread is that same figure."""
+    from diagnostics.trace import intervals as iv
+    from diagnostics.trace import summary
+    from diagnostics.trace.classify import host_mask
+    from diagnostics.trace.model import innermost_self
+
+    trace = load_trace(DATA / rel)
+    nest = trace.nesting()
+    rows = np.flatnonzero(host_mask(trace))
+    lane = trace.lane_keys()[rows]
+    ts = trace.events["ts"].to_numpy()[rows]
+    end = ts + trace.events["dur"].to_numpy()[rows]
+    busy = {}
+    for ln in np.unique(lane):
+        on = lane == ln
+        own = float(np.nansum(nest["self_us"][rows[on]]))
+        union = iv.length(iv.union(ts[on], end[on]))
+        wall = float(end[on].max() - ts[on].min())
+        assert own <= union + 1e-6 * on.sum() and union <= wall + 1e-6, (ln, own, union, wall)
+        # clipping a child to its parent within OVERHANG_TOLERANCE_US is the one place they may differ
+        assert own == pytest.approx(innermost_self(ts[on], end[on]).sum(), abs=1.0), ln
+        busy[ln] = own
+    threads = summary(trace)["threads"]
+    assert sum(t["busy_us"] for t in threads) == pytest.approx(sum(busy.values()), rel=1e-9, abs=1e-6)
+
+
+WITH_STACK = DATA / "traces" / "with_stack"
+
+
+def test_a_step_opened_inside_a_python_frame_still_gets_its_children():
+    """TraceLens' H100 BERT-small trace: ProfilerStep#6 starts inside with_stack's
+    `_record_function_enter_new` frame and outlives it. Its operators are its children, its own time is
+    what nothing inside it covers, and the host groups of its thread add up to no more than the step."""
+    trace = load_trace(WITH_STACK / "h100_bert_small_step_under_python.json.gz")
+    st = steps(trace)
+    assert st["step"].tolist() == [6]
+    step_row = int(trace._cache["steps"]["row"][0])
+    nest = trace.nesting()
+    names = trace.strings("name")
+    entry = int(nest["parent"][step_row])
+    assert entry == -1 or "_record_function_enter" not in names[entry]   # no longer its parent
+    kids = np.flatnonzero(nest["parent"] == step_row)
+    assert len(kids) >= 2
+    dur = float(st["dur_us"][0])
+    groups = {r["group"]: r["self_us"] for r in temporal_breakdown(trace)["cpu"] if r["step"] == 6}
+    assert groups["untracked (step self time)"] < 0.02 * dur                   # was the whole step
+    assert groups["python_function"] > 0.3 * dur and groups["op: matmul"] > 0
+    lane = trace.lane_keys()
+    ts = trace.events["ts"].to_numpy()
+    s0 = float(ts[step_row])
+    mine = (lane == lane[step_row]) & (ts >= s0) & (ts < s0 + dur) & np.isfinite(nest["self_us"])
+    # the events put in the step (by their start) on its thread: no more time than from the step's start
+    # to the last of their ends (prof.step()'s frame opens inside the step and ends 69 µs after it)
+    wall = float(nest["end_us"][mine].max()) - s0
+    assert float(nest["self_us"][mine].sum()) <= wall + 1e-6 and wall < dur + 100.0
+    assert sum(groups.values()) <= wall + 1e-6   # the step's groups are its thread's: one thread here
+
+
+def test_a_serving_trace_without_steps_reads_each_thread_within_its_wall():
+    """SGLang decode (no profiler steps): python_function 465.9 + user_annotation 465.3 + cuda_runtime
+    464.7 ms read in a 473.8 ms trace before; per thread the groups now add up to its busy time."""
+    trace = load_trace(WITH_STACK / "sglang_qwen3_8b_decode.json.gz")
+    tb = temporal_breakdown(trace)
+    (window,) = tb["steps"]
+    total = sum(r["self_us"] for r in tb["cpu"])
+    threads = {(t["pid"], t["tid"]): t["busy_us"] for t in __import__("diagnostics.trace", fromlist=["summary"])
+               .summary(trace)["threads"]}
+    assert total == pytest.approx(sum(threads.values()), rel=1e-9)
+    assert max(threads.values()) <= window["dur_us"] + 1e-6
+    assert total < 1.2 * window["dur_us"]      # 3x the trace before

@@ -193,8 +193,18 @@ def test_the_trace_job_returns_its_stored_analysis_on_a_reopen(four, tmp_path, m
     assert second.critical_path.trace_file == str(tmp_path / "b" / "critical_path.pt.trace.json")
     assert json.loads(Path(second.critical_path.trace_file).read_text())["traceEvents"]
     assert len(load_columns(second.columns_dir).events) == first.metrics.events
-    for part in ("summary", "temporal_breakdown", "top_operators", "timeline", "ranks", "metrics"):
+    for part in ("summary", "temporal_breakdown", "top_operators", "timeline", "metrics"):
         assert to_json(getattr(second, part)) == to_json(getattr(first, part)), part
+    # the ranks' figures are the stored ones; how this open went is its own (issue #42: the first run's
+    # seconds and summary-cache counts came back)
+    own = ("seconds", "cache", "mode", "workers", "memory_limit_bytes")
+    a, b = json.loads(to_json(first.ranks)), json.loads(to_json(second.ranks))
+    assert {k: v for k, v in a.items() if k not in own} == {k: v for k, v in b.items() if k not in own}
+    n = first.ranks.n_files - len(first.ranks.failed)
+    assert first.ranks.cache.misses >= first.ranks.n_files and len(first.ranks.workers) >= 1
+    assert (second.ranks.cache.hits, second.ranks.cache.misses) == (n, 0) and second.ranks.workers == ()
+    assert second.ranks.mode.startswith("the stored analysis") and "none read again" in second.ranks.mode
+    assert second.ranks.seconds == second.trace_cache.open_s != first.ranks.seconds
     other = analyze(Ctx("c"), {"path": path, "ranks": [str(four)], "top": 5})
     assert other.trace_cache.result is UNSET and other.trace_cache.hit is True  # columns reused
     st = os.stat(four / "rank2.pt.trace.json")

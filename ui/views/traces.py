@@ -11,6 +11,7 @@ from diagnostics.render.charts.traces import (
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
 )
 from diagnostics.render.tables import frame
+from diagnostics.render.charts.serving import build_serving_figure, serving_lines
 from diagnostics.units import compact, human_bytes
 from ui.views import trace_hta
 from diagnostics.render.charts.critical_path import mark_critical_path
@@ -108,12 +109,20 @@ def tiles(result: TraceResult) -> list[Tile]:
     ]
 
 
+def _left_out(lo) -> str:
+    """A diff's GPU time left out of one trace, said in a tile's caption ("" for none)."""
+    if not lo or not (lo.before_profiling_us or lo.outside_steps_us):
+        return ""
+    return f"; {compact(lo.before_profiling_us + lo.outside_steps_us, 'us')} of GPU work queued before profiling " \
+           "or launched outside the steps left out"
+
+
 def diff_tiles(result: TraceDiffResult) -> list[Tile]:
     d = result.diff
     counts = d.counts
     return [
-        Tile("Time before", d.time_us_before, "us", f"summed operator/kernel time, {d.unit}"),
-        Tile("Time after", d.time_us_after, "us", f"summed operator/kernel time, {d.unit}"),
+        Tile("Time before", d.time_us_before, "us", f"summed operator/kernel time, {d.unit}{_left_out(d.left_out_before)}"),
+        Tile("Time after", d.time_us_after, "us", f"summed operator/kernel time, {d.unit}{_left_out(d.left_out_after)}"),
         Tile("Faster", counts.faster, "count",
              f"operators changed by ≥ {d.change_ratio:.0%} and ≥ {compact(d.noise_floor_us, 'us')}"),
         Tile("Slower", counts.slower, "count", "operators slower by the same margin"),
@@ -140,10 +149,15 @@ def show(result: TraceResult) -> None:
     for n in s.notes:
         st.info(n)
     has_ranks = bool(result.ranks)  # several ranks' traces (ui.views.trace_ranks): their tab first
-    tabs = st.tabs((["Ranks"] if has_ranks else []) + list(TABS))
+    serving = result.serving if result.serving and result.serving.available else None   # a server's trace (#42)
+    tabs = st.tabs((["Ranks"] if has_ranks else []) + (["Serving"] if serving else []) + list(TABS))
     if has_ranks:
         with tabs[0]:
             show_ranks(result.ranks)
+        tabs = tabs[1:]
+    if serving:
+        with tabs[0]:
+            show_serving(serving)
         tabs = tabs[1:]
     hta = trace_hta.has_parts(result)
     with tabs[0]:
@@ -189,6 +203,28 @@ def show(result: TraceResult) -> None:
         _timeline(result)
     with tabs[5]:  # #18: ui/views/critical_path.py
         show_critical_path(result)
+
+
+def show_serving(serving) -> None:
+    """An inference server's iterations: their time split, phases, batch and tokens, the graph replays."""
+    lines = serving_lines(serving)
+    st.markdown(f"**{lines[0]}**")
+    st.plotly_chart(build_serving_figure(serving), width="stretch")
+    st.caption("Each iteration: the server's own annotation around one forward (vLLM's execute_..., SGLang's "
+               "step[...]); its GPU work is what its host span launched (a graph's kernels through their launch). "
+               "GPU time is counted once, first class first; host (GPU idle) is the rest of the iteration.")
+    if serving.phases:
+        st.markdown("**Phases**")
+        _table(serving.phases)
+    st.markdown("**Iterations**")
+    _table(serving.iterations)
+    g = serving.graphs
+    if g and g.by_launch:
+        st.markdown(f"**Graph replays**: {g.launches:,} launch(es) replayed {g.kernels:,} kernels, each attributed to "
+                    "its launch")
+        _table(g.by_launch)
+    for n in serving.notes:
+        st.info(n)
 
 
 def _gpu(result: TraceResult, hta: bool) -> None:

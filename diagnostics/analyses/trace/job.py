@@ -29,6 +29,7 @@ from diagnostics.results import build, to_plain
 from diagnostics.settings import check_server_path, trace_cache_dir
 from diagnostics.trace import cache as trace_cache
 from diagnostics.trace.cache import cached_load, link_events
+from diagnostics.trace.serving import serving
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks import analyse_ranks
 from diagnostics.trace import gpu_activity as hp
@@ -125,9 +126,21 @@ def _reopen(ctx, path: str, options: dict) -> TraceResult | None:
         if art is None or not trace_cache.link_file(files["critical_path"], art / RESULT_FILES["critical_path"]):
             return None
         cp["trace_file"] = str(art / RESULT_FILES["critical_path"])
+    ranks = out.get("ranks")
+    if isinstance(ranks, dict):
+        # This open's own figures, not the first run's: no rank was read, no worker ran.
+        read = int(ranks.get("n_files") or 0) - len(ranks.get("failed") or ())
+        ranks.update(mode=REOPEN_MODE, workers=[], cache={"hits": max(read, 0), "misses": 0, "kept": True})
+        ranks.pop("memory_limit_bytes", None)
     out["trace_cache"] = {"hit": True, "result": True, "open_s": time.perf_counter() - t}
+    if isinstance(ranks, dict):
+        ranks["seconds"] = out["trace_cache"]["open_s"]
     ctx.progress(0.95, "the stored analysis of this trace (unchanged file, same options)")
     return build(TraceResult, out)
+
+
+#: The ranks' mode on a reopen: their summaries and cross-rank views come with the stored analysis.
+REOPEN_MODE = "the stored analysis of these ranks (unchanged files, same options): none read again"
 
 
 def _keep(trace, options: dict, result: TraceResult, artifact_dir) -> None:
@@ -174,6 +187,9 @@ def analyze(ctx, options: dict) -> TraceResult:
     for i, (key, fn) in enumerate(steps):
         ctx.progress(0.5 + 0.4 * i / len(steps), key)
         out[key] = fn(trace)
+    served = serving(trace)
+    if served["available"]:   # a training trace's result is unchanged: no serving key
+        out["serving"] = served
     ctx.progress(0.88, "critical path")
     out["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical.py
     ctx.progress(0.9, "timeline")

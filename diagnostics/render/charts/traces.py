@@ -19,6 +19,7 @@ from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 
 from diagnostics.render.charts.trace_hta import hta_sections  # the HTA-parity sections (#18)
+from diagnostics.render.charts.serving import serving_sections  # an inference server's iterations (#42)
 
 GPU_KINDS = (("compute_us", "compute", "#4c78a8"), ("communication_us", "communication", "#f58518"),
              ("memcpy_us", "memcpy", "#54a24b"), ("memset_us", "memset", "#b279a2"),
@@ -186,6 +187,7 @@ def trace_sections(result: TraceResult) -> list[Section]:
     top, idle, launch, tb = result.top_operators, result.idle_time, result.launch_stats, result.temporal_breakdown
     sections = [section("Trace", [lambda: build_category_figure(s)], text=text + communication_lines(
         result.communication))]
+    sections += serving_sections(result.serving or None)   # only on an inference server's trace
     sections.append(section("Per step", [lambda: build_gpu_breakdown_figure(tb), lambda: build_cpu_breakdown_figure(tb)],
                             text=([GPU_WINDOW_HELP] if tb.gpu else []) + list(tb.notes)))
     builders = [lambda: build_top_operators_figure(top, "operators")]

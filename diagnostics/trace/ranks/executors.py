@@ -36,9 +36,22 @@ from diagnostics.trace.errors import TraceError
 
 #: Processes analysing ranks at once, at most (and never more than the CPU count or the ranks).
 MAX_RANK_WORKERS = 4
-#: Memory one rank's summary needs, per byte of decoded trace JSON (the columns and the per-step views);
-#: local processes at once are bounded so that together they need at most half the available memory.
+#: Memory one rank's summary needs above its worker's start-up: TASK_FIXED_BYTES, MEMORY_PER_EVENT per event
+#: (the columns, the nesting, the per-step views) and MEMORY_PER_JSON_BYTE per byte of decoded JSON (what the
+#: reader holds). Fitted on public traces of 6.8-46 MB (bench/bench_worker_memory.py; docs/BENCHMARKS.md, "Rank
+#: workers' memory"): 0.9-2.8 KB more per event, 25-97 MB at the least, the most on with_stack traces (many
+#: short Python-frame events); the old 1.5 bytes per byte alone let a worker reach 9.8x its JSON.
+MEMORY_PER_EVENT = 3584
 MEMORY_PER_JSON_BYTE = 1.5
+TASK_FIXED_BYTES = 100 << 20
+#: A worker process's own memory before its first rank (the interpreter, numpy, pandas, pyarrow: 108 MiB measured).
+WORKER_BASE_BYTES = 128 << 20
+#: Local processes at once are bounded so that together they need at most this share of the available memory.
+LOCAL_MEMORY_SHARE = 0.5
+#: Decoded JSON read from a rank's start to count its events per byte (rank_events).
+EVENT_SAMPLE_BYTES = 4 << 20
+#: Bytes per event where a sample finds none (the densest traces read ~220).
+MIN_BYTES_PER_EVENT = 200
 #: A LocalCluster's memory limit per worker, by default: this share of the available memory / workers.
 LOCAL_CLUSTER_MEMORY_SHARE = 0.8
 #: Where a LocalCluster's scheduler and workers listen: loopback (in a trace job with namespaces, its own).
@@ -63,14 +76,53 @@ def check_trusted(dask: str | None, trusted: bool) -> None:
         raise TraceError(f"--dask {dask.strip()}: refused: {REMOTE_TRUST}")
 
 
+#: Decoded / compressed size of a gzip trace JSON, at least (read 8-17 on the public traces).
+GZ_MIN_RATIO = 2
+
+
 def decoded_size(path) -> int:
-    """A trace's decoded JSON size (a .gz file's guessed from its compressed size)."""
+    """A trace's decoded JSON size: a .gz file's from its gzip trailer (ISIZE: the size modulo 2**32, so past
+    4 GiB the multiple of 2**32 that gives at least GZ_MIN_RATIO), its compressed size x GZ_RATIO_GUESS when
+    the trailer cannot be read."""
     from diagnostics.trace.ingest import GZ_RATIO_GUESS
 
     size = Path(path).stat().st_size
     with open(path, "rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return size
+        if size < 20:
+            return int(size * GZ_RATIO_GUESS)
+        f.seek(-4, 2)
+        isize = int.from_bytes(f.read(4), "little")
+    while isize < size * GZ_MIN_RATIO and size * GZ_MIN_RATIO < 1 << 40:
+        isize += 1 << 32
+    return isize
+
+
+def rank_events(path) -> int:
+    """A rank's events, estimated: its decoded size over the bytes per event of its first
+    EVENT_SAMPLE_BYTES of JSON (each event has one "ph"), exact for a file no larger than the sample."""
+    import gzip
+
+    size = decoded_size(path)
+    with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
-    return int(size * (GZ_RATIO_GUESS if gz else 1))
+    try:
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+            head = f.read(EVENT_SAMPLE_BYTES)
+    except (OSError, EOFError):
+        return size // MIN_BYTES_PER_EVENT
+    n = head.count(b'"ph"')
+    if len(head) < EVENT_SAMPLE_BYTES:
+        return n
+    return int(size * n / len(head)) if n else size // MIN_BYTES_PER_EVENT
+
+
+def rank_memory(path) -> int:
+    """Memory one worker needs to summarise the rank at ``path``: its start-up, TASK_FIXED_BYTES,
+    MEMORY_PER_EVENT per (estimated) event and MEMORY_PER_JSON_BYTE per byte of decoded JSON."""
+    return (WORKER_BASE_BYTES + TASK_FIXED_BYTES + rank_events(path) * MEMORY_PER_EVENT
+            + int(decoded_size(path) * MEMORY_PER_JSON_BYTE))
 
 
 def _available_memory() -> int | None:
@@ -83,12 +135,12 @@ def _available_memory() -> int | None:
 
 
 def memory_workers(paths: list[str]) -> int:
-    """How many ranks fit in half the available memory at once (by the largest trace's decoded size)."""
+    """How many ranks fit in LOCAL_MEMORY_SHARE of the available memory at once (rank_memory of the largest)."""
     available = _available_memory()
     if available is None or not paths:
         return MAX_RANK_WORKERS
-    need = max(1, max(int(decoded_size(p) * MEMORY_PER_JSON_BYTE) for p in paths))
-    return max(1, int(available * 0.5 // need))
+    need = max(rank_memory(p) for p in paths)
+    return max(1, int(available * LOCAL_MEMORY_SHARE // need))
 
 
 class LocalPool:
@@ -186,11 +238,16 @@ class DaskExecutor:
         limits = [w.get("memory_limit") for w in info.get("workers", {}).values()]
         self.workers = len(limits)
         self.memory_limit = max((x for x in limits if x), default=None)
+        self.need = max((rank_memory(p) for p in paths if os.path.exists(p)), default=None)
 
     @property
     def mode(self) -> str:
         limit = f", {self.memory_limit / 2**30:.1f} GiB memory limit per worker" if self.memory_limit else ""
-        return f"dask ({self.where}: {self.workers} workers{limit})"
+        short = ""
+        if self.memory_limit and self.need and self.need > self.memory_limit:
+            short = (f"; the largest rank needs about {self.need / 2**30:.1f} GiB (rank_memory), above that limit: "
+                     "fewer workers (local:N) or a larger --memory-limit keep them from being killed")
+        return f"dask ({self.where}: {self.workers} workers{limit}{short})"
 
     def map(self, fn, items: list, progress=None):
         from dask.distributed import as_completed as dask_completed

@@ -1,0 +1,132 @@
+"""diagnostics.trace.serving on public inference-server traces (TraceLens' vLLM and SGLang captures,
+tests/data/traces/with_stack and public/tracelens): iterations, phases, batch and tokens from the servers'
+own annotations, the time split checked against sums of the kernels, graph launches joined to the kernels
+they replayed; a training trace is not a server's (issue #42)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from diagnostics.trace import classify as C
+from diagnostics.trace import load_trace
+from diagnostics.trace.serving import SPLIT, serving
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+SGLANG = DATA / "with_stack" / "sglang_qwen3_8b_decode.json.gz"
+VLLM_MIXED = DATA / "with_stack" / "vllm_prefilldecode_piecewise.json.gz"
+VLLM_DECODE = DATA / "public" / "tracelens" / "vllm_decode_hip_graph.json.gz"
+
+
+@pytest.mark.parametrize("name, fields", [
+    ("execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk32785sqsq32sqsk32785)",
+     {"phase": "decode", "batch_size": 32, "tokens": 32, "prefill_requests": 0, "decode_requests": 32}),
+    ("execute_8192_context_9(sq8155sk8430sqsq7475785sqsk7671310)_generation_37(sq37sk34489sqsq37sqsk34489)",
+     {"phase": "mixed", "batch_size": 46, "tokens": 8192, "prefill_requests": 9, "decode_requests": 37}),
+    ("execute_15360_context_15(sq15360sk15360sqsq15728640sqsk15728640)_generation_0(sq0sk0sqsq0sqsk0)",
+     {"phase": "prefill", "batch_size": 15, "tokens": 15360, "prefill_requests": 15, "decode_requests": 0}),
+    ("step[DECODE bs=32]", {"phase": "decode", "batch_size": 32, "tokens": 32}),
+    ("step[EXTEND bs=15 toks=15360]", {"phase": "prefill", "batch_size": 15, "tokens": 15360}),
+])
+def test_the_servers_annotations_say_phase_batch_and_tokens(name, fields):
+    got = C.iteration_fields(name)
+    assert {k: got[k] for k in fields} == fields
+
+
+@pytest.mark.parametrize("name", ["ProfilerStep#3", "execute_model", "step", "vllm/v1/worker/gpu_model_runner.py"
+                                  "(3380): execute_model", ""])
+def test_other_names_are_not_iterations(name):
+    assert C.iteration_fields(name) is None
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("void paged_attention_ll4mi_QKV_mfma16_kernel<0, __hip_bfloat16>", "attention"),
+    ("kernel_unified_attention_2d", "attention"),
+    ("_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCacheKernel", "attention"),
+    ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT64x32x256_MI16x16x1", "GEMM"),
+    ("nvjet_sm90_tst_128x64_64x8_1x2_h_bz_NNT", "GEMM"),
+    ("void flashinfer::sampling::TopKTopPSamplingFromProbKernel<1024>", "sampling"),
+    ("_topk_forward", "other"),        # MoE routing's top-k, not the sampler
+    ("void vllm::rotary_embedding_kernel<c10::BFloat16, true>", "other"),
+])
+def test_kernel_classes(name, cls):
+    assert C.serving_kernel_class(name) == cls
+
+
+def _kernels(path):
+    ev = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    return [e for e in ev if e.get("cat") == "kernel"], ev
+
+
+def test_sglang_decode_one_iteration_its_graph_and_its_split():
+    s = serving(load_trace(SGLANG))
+    assert s["available"] and s["engine"] == "SGLang" and s["phase_source"] == "annotations"
+    (it,) = s["iterations"]   # TraceLens' execute_... around SGLang's step[DECODE bs=32]: one iteration
+    assert (it["phase"], it["batch_size"], it["tokens"], it["decode_requests"]) == ("decode", 32, 32, 32)
+    kernels, ev = _kernels(SGLANG)
+    (launch,) = [e for e in ev if e.get("name") == "hipGraphLaunch"]
+    replayed = [k for k in kernels if k["args"]["correlation"] == launch["args"]["correlation"]]
+    assert (it["graph_launches"], it["graph_kernels"]) == (1, len(replayed)) == (1, 544)
+    g = s["graphs"]
+    assert g["launches"] == 1 and g["kernels"] == 544
+    assert g["gpu_us"] == pytest.approx(sum(k["dur"] for k in replayed))
+    # the split adds up to the iteration; attention is the attention kernels' union (one stream: their sum)
+    assert sum(it[f"{k}_us"] for k in SPLIT) == pytest.approx(it["time_us"])
+    attn = sum(k["dur"] for k in kernels if C.serving_kernel_class(k["name"]) == "attention")
+    assert it["attention_us"] == pytest.approx(attn, rel=1e-6)
+    assert it["communication_us"] == 0.0   # world size 1
+
+
+def test_vllm_prefill_and_decode_in_one_iteration_with_piecewise_graphs():
+    s = serving(load_trace(VLLM_MIXED))
+    assert s["engine"] == "vLLM"
+    (it,) = s["iterations"]
+    assert (it["phase"], it["prefill_requests"], it["decode_requests"], it["tokens"]) == ("mixed", 9, 37, 8192)
+    kernels, ev = _kernels(VLLM_MIXED)
+    graph_corr = {e["args"]["correlation"] for e in ev if e.get("name") == "hipGraphLaunch"}
+    assert it["graph_launches"] == len(graph_corr) == 25
+    assert it["graph_kernels"] == sum(k["args"]["correlation"] in graph_corr for k in kernels) == 361
+    assert [p["phase"] for p in s["phases"]] == ["mixed"]
+    assert sum(r["kernels"] for r in s["graphs"]["by_launch"]) <= 361
+
+
+def test_vllm_decode_with_one_hip_graph():
+    s = serving(load_trace(VLLM_DECODE))
+    (it,) = s["iterations"]
+    assert it["phase"] == "decode" and it["graph_launches"] == 1 and it["graph_kernels"] == 421
+    assert 0.9 < s["graphs"]["share_of_gpu"] <= 1.0
+
+
+@pytest.mark.parametrize("rel", ["gpu_small.json", "with_stack/h100_bert_small_step_under_python.json.gz",
+                                 "public/hta/nccl_allreduce_rank0.json.gz"])
+def test_a_training_or_plain_inference_trace_is_not_a_servers(rel):
+    s = serving(load_trace(DATA / rel))
+    assert s["available"] is False and "iteration annotations" in s["reason"]
+
+
+def test_the_trace_job_the_text_and_the_report_carry_it_and_a_training_trace_is_unchanged(tmp_path, monkeypatch):
+    from diagnostics.analyses.trace.job import analyze
+    from diagnostics.render.charts.traces import trace_sections
+    from diagnostics.render.text import format_analysis
+    from diagnostics.results import UNSET, to_plain
+
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "data"))
+
+    class Ctx:
+        artifact_dir = None
+
+        def progress(self, fraction, message=""):
+            pass
+
+    r = analyze(Ctx(), {"path": str(VLLM_MIXED), "keep_columns": False})
+    assert r.serving.available and r.serving.iterations[0].phase == "mixed"
+    text = format_analysis(r, 5)
+    assert "Inference server trace (vLLM): 1 iteration(s)" in text and "25 launch(es) replayed 361 kernels" in text
+    titles = [s.title for s in trace_sections(r)]
+    assert titles[:2] == ["Trace", "Serving"]
+    plain = analyze(Ctx(), {"path": str(DATA / "gpu_small.json"), "keep_columns": False})
+    assert plain.serving is UNSET and "serving" not in to_plain(plain)
+    assert "Serving" not in [s.title for s in trace_sections(plain)]
