@@ -283,7 +283,8 @@ class Session:
                 status, error = "error", out.error
             else:
                 status, error = "ok", None
-            artifacts = {p.name: str(p) for p in sorted(Path(out.run_dir).iterdir()) if p.is_file()}
+            artifacts = {p.name: str(p) for p in sorted(Path(out.run_dir).iterdir())
+                         if p.is_file() and not p.is_symlink()}  # a link the script left is no artifact
             self.store.finish_run(self.run_id, status, result=out.result, error=error, artifacts=artifacts)
         return out
 
