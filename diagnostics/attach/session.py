@@ -9,7 +9,8 @@ this process share the terminal's process group); SIGTERM, ``stop``, a timeout, 
 did not come from the terminal send the script SIGINT. If it has not ended STOP_GRACE_S later (or
 at a second Ctrl-C) its whole tree is stopped and killed (diagnostics.procs). This process is the
 subreaper of what the script starts, so nothing it leaves behind (DataLoader workers, torchrun's
-ranks, double-forked helpers) outlives the run.
+ranks, double-forked helpers) outlives the run; the script runs below a guardian
+(``procs.guarded``) that ends its whole tree when this process dies, even by SIGKILL.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ class Session:
         proc = None
         try:
             try:
-                proc = subprocess.Popen(list(self.command.argv), cwd=self.command.cwd, env=env)
+                # below a guardian: kill -9 of this process still ends the script's whole tree
+                proc = subprocess.Popen(procs.guarded(list(self.command.argv)), cwd=self.command.cwd, env=env)
             except OSError as e:
                 return self._finish(Outcome(self.run_id, str(run_dir), None, False, 0.0,
                                             error=f"the command could not start: {e.strerror or e}"))

@@ -4,20 +4,23 @@ a link, and the run ends with a note and a final status in History."""
 
 from __future__ import annotations
 
-import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from diagnostics.analyses.attach import protocol
 from diagnostics.analyses.attach.protocol import AttachConfig
 from diagnostics.attach.command import check_command
 from diagnostics.attach.session import Session, read_live
+from diagnostics.cli.main import main
 from diagnostics.store import Store
-from tests.attach.harness import SCRIPTS, run_attached
+from tests.attach.harness import SCRIPTS, env_for, run_attached
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="FIFOs and /dev/zero: Linux")
 
@@ -74,3 +77,49 @@ def test_the_run_cli_ends_promptly_with_a_note_and_a_final_row(tmp_path):
     assert any("proc-4242/status.json (a FIFO)" in n for n in ran.result["notes"])
     rows = Store(tmp_path / "store").list()
     assert [(r.analysis, r.status) for r in rows] == [("attach", "ok")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_kill_9_of_the_run_cli_ends_the_script_its_helper_and_its_daemon_and_history_marks_the_row(tmp_path):
+    """issue 45, item 4: the tool killed by SIGKILL (no handler runs) leaves nothing running."""
+    proc = subprocess.Popen([sys.executable, "-m", "diagnostics", "run", "--json", "--no-report", "--",
+                             sys.executable, str(SCRIPTS / "helpers.py")], cwd=tmp_path, env=env_for(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        line, deadline = "", time.monotonic() + 60
+        while not line.startswith("pids") and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+        pids = [int(x) for x in line.split()[1:]]
+        assert len(pids) == 3 and all(_alive(p) for p in pids), (line, proc.stderr.read() if proc.poll() else "")
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in pids if _alive(p)] == []
+    finally:
+        for p in ([proc.pid] + locals().get("pids", [])):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+    rec = Store(tmp_path / "store").list()[0]
+    assert rec.status == "running"  # nobody finished it: the tool was killed
+    assert main(["history", "list", "--data-dir", str(tmp_path / "store")]) == 0
+    rec = Store(tmp_path / "store").get(rec.id)
+    assert rec.status == "interrupted" and f"pid {proc.pid}) stopped before it finished" in rec.error
+
+
+def test_a_stop_reaches_the_script_through_its_guardian_and_the_exit_code_is_the_scripts(tmp_path):
+    store = Store(tmp_path / "store")
+    cmd = check_command([sys.executable, "-c", "import time\ntry:\n time.sleep(60)\nexcept KeyboardInterrupt:\n"
+                         " raise SystemExit(7)"], cwd=str(tmp_path))
+    out = Session(cmd, AttachConfig(), store=store, timeout_s=1.0).run()
+    assert out.exit_code == 7 and out.stop_reason == "stopped after the --timeout of 1 s"
+    assert store.get(out.run_id).status == "cancelled"
