@@ -417,12 +417,31 @@ class Store:
         now = time.time()
         values = (json.dumps(metrics, default=str), None if result is None else json.dumps(result, default=str),
                   error, json.dumps(artifacts or {}))
-        with self._connect(need=sum(len(v) for v in values if v)) as db:
-            db.execute(
-                "UPDATE runs SET status=?, finished=?, duration_s=?-started, metrics_json=?, result_json=?,"
-                " error=?, artifacts_json=? WHERE id=?",
-                (status, now, now, *values, run_id),
-            )
+        try:
+            with self._connect(need=sum(len(v) for v in values if v)) as db:
+                db.execute(
+                    "UPDATE runs SET status=?, finished=?, duration_s=?-started, metrics_json=?, result_json=?,"
+                    " error=?, artifacts_json=? WHERE id=?",
+                    (status, now, now, *values, run_id),
+                )
+        except StoreError as e:
+            if result is not None or artifacts:
+                self._end_without_result(run_id, status, e)
+            raise
+
+    def _end_without_result(self, run_id: str, status: str, e: StoreError) -> bool:
+        """A run whose result could not be written (a full disk) still ends: 'error', with why and the
+        status it ended with, in a row of a few hundred bytes (the space SQLite's freed pages often
+        still have). True when that was written; the StoreError is raised either way."""
+        why = (f"the run ended '{status}' but its result could not be stored: {e}")[:2000]
+        try:
+            with self._connect() as db:
+                db.execute("UPDATE runs SET status='error', finished=?, duration_s=?-started, metrics_json=NULL,"
+                           " result_json=NULL, error=?, artifacts_json='{}' WHERE id=? AND status='running'",
+                           (time.time(), time.time(), why, run_id))
+            return True
+        except (StoreError, sqlite3.Error):
+            return False
 
     def artifact_dir(self, run_id: str) -> Path:
         if not run_id or "/" in run_id or "\\" in run_id or run_id.startswith("."):

@@ -30,6 +30,7 @@ from diagnostics import procs
 from diagnostics.analyses.attach.protocol import LIVE_PHASES, PROC_PREFIX, STATUS, AttachConfig, read_json
 from diagnostics.analyses.attach.result import AttachResult
 from diagnostics.attach.command import Command, child_environment
+from diagnostics.errors import TorchScopeError
 
 #: Seconds a stopped script gets to end on its own (KeyboardInterrupt: its finally blocks, our export)
 #: before its tree is killed.
@@ -287,7 +288,10 @@ class Session:
                 status, error = "ok", None
             artifacts = {p.name: str(p) for p in sorted(Path(out.run_dir).iterdir())
                          if p.is_file() and not p.is_symlink()}  # a link the script left is no artifact
-            self.store.finish_run(self.run_id, status, result=out.result, error=error, artifacts=artifacts)
+            try:  # a full disk: the row still ends ('error', with why), the script's exit code is kept
+                self.store.finish_run(self.run_id, status, result=out.result, error=error, artifacts=artifacts)
+            except TorchScopeError as e:
+                out.error = str(e)
         return out
 
 
