@@ -306,3 +306,20 @@ def test_hta_capture_with_a_uint32_stream_opens():
     t = load_trace(DATA / "public" / "hta" / "critical_path_simple_add.json.gz")
     sync = t.events[t.events["cat"] == "cuda_sync"]
     assert (sync["stream"] == 4294967295).any()
+
+
+def test_times_past_a_physical_bound_are_skipped_and_counted(tmp_path):
+    """issue 45, item 6: a dur of INT64_MAX (the trace would last 1.84e16 ms, one event 100 % of the
+    self time) or a start a century from the others is an odd event: skipped, counted, said."""
+    start = 1_700_000_000_000_000  # epoch microseconds, as torch.profiler writes
+    events = [_x("a", start, 10), _x("forever", start + 5, 2**63 - 1), _x("b", start + 20, 30),
+              _x("far", start + 10**17, 1), _x("before", -10**18, 1), _x("c", start + 60, 5)]
+    t = load_trace(_write(tmp_path, "bound.json", {"traceEvents": events}))
+    assert t.strings("name").tolist() == ["a", "b", "c"]
+    assert t.events["ts"].tolist() == [0.0, 20.0, 60.0] and t.events["dur"].tolist() == [10.0, 30.0, 5.0]
+    assert t.skipped_events == 3
+    assert t.warnings[0] == "skipped 3 malformed events"
+    assert "skipped 3 events past a physical bound: a duration over 7 days" in " ".join(t.warnings)
+    only = [_x("forever", start, 2**63 - 1)]
+    with pytest.raises(TraceError, match="every timed event is past a physical bound"):
+        load_trace(_write(tmp_path, "only.json", {"traceEvents": only}))
