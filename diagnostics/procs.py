@@ -22,7 +22,7 @@ Fallback where prctl is missing (not Linux): no guardian, the worker runs the jo
 runner's ``kill_tree`` sweeps what it finds below the worker while it lives.
 
 An attached script (``python -m diagnostics run``) gets the same guardian as a program of its own
-(``guarded(argv)``: this file run by path, ``python -I``, so the bootstrap the script's environment
+(``guarded(argv)``: this file run by path, ``python -E -P``, so the bootstrap the script's environment
 carries never runs in it): a child subreaper that stays in the terminal's process group (the
 terminal's Ctrl-C reaches the script as it would bare, and the guardian lets it pass), forks and execs
 the command, passes on the SIGINT the tool sends it (Stop, --timeout), and exits as the command
@@ -207,9 +207,11 @@ def _guard(job_pid: int, parent_pid: int, watched: set) -> None:
 def guarded(argv: list[str]) -> list[str]:
     """``argv`` run below a guardian that dies with this process and takes the command's whole tree with
     it (``command_guard``); ``argv`` itself where there is no guardian to be had (not Linux)."""
-    if sys.platform != "linux":
+    if sys.platform != "linux" or sys.version_info < (3, 11):  # -P is 3.11's
         return list(argv)
-    return [sys.executable, "-I", os.path.abspath(__file__), str(os.getpid()), "--", *argv]
+    # -E: not the script's PYTHONPATH (its bootstrap) nor PYTHON* settings; -P: not this file's folder
+    # on sys.path (diagnostics/*.py must not shadow a module psutil imports); the user's site stays
+    return [sys.executable, "-E", "-P", os.path.abspath(__file__), str(os.getpid()), "--", *argv]
 
 
 def command_guard(parent_pid: int, argv: list[str]) -> None:
@@ -245,5 +247,5 @@ def command_guard(parent_pid: int, argv: list[str]) -> None:
     exit_as(status)
 
 
-if __name__ == "__main__":  # python -I procs.py PARENT_PID -- ARGV...: see ``guarded``
+if __name__ == "__main__":  # python -E -P procs.py PARENT_PID -- ARGV...: see ``guarded``
     command_guard(int(sys.argv[1]), sys.argv[3:])

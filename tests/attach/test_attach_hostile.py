@@ -75,6 +75,8 @@ def test_the_run_cli_ends_promptly_with_a_note_and_a_final_row(tmp_path):
     ran = run_attached(tmp_path, "fifo_status.py", "1", timeout=90)
     assert ran.code == 0, ran.stderr[-3000:]
     assert any("proc-4242/status.json (a FIFO)" in n for n in ran.result["notes"])
+    assert "\x1b" not in ran.stderr and "\x07" not in ran.stderr  # the planted name is printed escaped
+    assert "proc-4242/x\\x1b[2J\\x1b]0;owned\\x07 (a FIFO)" in ran.stderr
     rows = Store(tmp_path / "store").list()
     assert [(r.analysis, r.status) for r in rows] == [("attach", "ok")]
 

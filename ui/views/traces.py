@@ -135,8 +135,8 @@ def show(result: TraceResult) -> None:
                f" · schema {s.schema_version}")
     st.caption(cache_caption(result.trace_cache))
     metric_row(tiles(result))
-    for w in s.warnings:
-        st.warning(w)
+    for w in s.warnings:  # they may quote the file's names: shown as written
+        st.warning(md_text(w))
     for n in s.notes:
         st.info(n)
     has_ranks = bool(result.ranks)  # several ranks' traces (ui.views.trace_ranks): their tab first

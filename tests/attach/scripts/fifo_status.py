@@ -12,5 +12,6 @@ os.mkfifo(os.path.join(proc, "steps.jsonl"))
 os.symlink("/dev/zero", os.path.join(proc, "meta.json"))
 os.symlink("/dev/zero", os.path.join(run_dir, "window.json"))
 os.mkfifo(os.path.join(run_dir, "trace.json.gz"))
+os.mkfifo(os.path.join(proc, "x\x1b[2J\x1b]0;owned\x07"))  # a name that would drive the terminal
 print("planted", flush=True)
 time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 1.0)  # the tool polls the status file meanwhile
