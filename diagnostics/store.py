@@ -522,12 +522,14 @@ class Store:
         return [self._record(r) for r in rows]
 
     def find_cached(self, cache_key: str) -> RunRecord | None:
-        """The newest successful run with this cache key, result included."""
+        """The newest successful run with this cache key, result included; a damaged row is no hit (the
+        job runs again)."""
         with self._connect() as db:
             row = db.execute(
                 f"SELECT {self._COLUMNS.format(result='result_json')} FROM runs WHERE cache_key=? AND status='ok'"
                 " ORDER BY started DESC LIMIT 1", (cache_key,)).fetchone()
-        return None if row is None else self._record(row)
+        rec = None if row is None else self._record(row)
+        return None if rec is None or rec.damaged else rec
 
     def count(self) -> int:
         with self._connect() as db:

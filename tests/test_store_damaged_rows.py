@@ -117,3 +117,12 @@ def test_a_running_row_of_a_dead_tool_gets_a_final_status_on_the_next_history_re
     rec = store.get(rid)
     assert rec.status == "interrupted"
     assert f"pid {2**22 + 4321}) stopped before it finished and stored no status" in rec.error
+
+
+def test_a_damaged_row_is_no_cache_hit(tmp_path):
+    store = Store(tmp_path)
+    rid = store.create_run("memory", spec=None, options={}, cache_key="k", model_label="m", device="cpu")
+    store.finish_run(rid, "ok", result={"metrics": {"peak_train_bytes": 1}})
+    assert store.find_cached("k").id == rid
+    _damage(store, rid, "result_json", "'{\"metrics\": '")
+    assert store.find_cached("k") is None
