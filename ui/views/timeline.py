@@ -63,5 +63,5 @@ def occurrences(timeline: dict, name: str | None, *, key: str, where: str = "the
         st.dataframe(_hits_table(hits).drop(columns=["name"]), hide_index=True, width="stretch",
                      height=min(320, 38 + 35 * len(hits)))
     else:
-        st.caption(f"**{name}** is not among the events drawn on the timeline (it may be merged into longer "
+        st.caption(f"**{md_text(name)}** is not among the events drawn on the timeline (it may be merged into longer "
                    "bars or be outside the drawn range).")

@@ -60,7 +60,7 @@ def pick_ranks(safe: bool) -> tuple[list[str], dict]:
             try:
                 path, _ = save_upload(up.getvalue(), "trace", get_store().data_dir, up.name)
             except TorchScopeError as e:
-                st.error(f"{up.name}: {e}")
+                st.error(f"{md_text(up.name)}: {md_text(e)}")
                 return [], {}
             paths.append(str(path))
             names[str(path)] = up.name
@@ -82,7 +82,7 @@ def show_ranks(ranks: Ranks) -> None:
     ident = _ident(ranks)
     st.caption(f"{len(ranks.ranks)} ranks analysed, {ranks.mode}. Figures are medians per profiler step.")
     for f in ranks.failed:
-        st.error(f"{f.name}: left out ({f.error})")
+        st.error(f"{md_text(f.name)}: left out ({md_text(f.error)})")
     for p in ranks.problems:
         if p.check == "unreadable":
             continue
