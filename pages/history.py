@@ -6,6 +6,7 @@ import streamlit as st
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import ANALYSES
 from diagnostics.history import comparable_metrics, compare_runs, trend
+from diagnostics.store import FINAL_STATUSES
 from diagnostics.units import human_seconds
 from ui import views
 from ui.frame import require_app
@@ -52,7 +53,9 @@ def runs_tab() -> None:
     if rec is None:
         st.warning("That run is no longer in the store.")
         return
-    st.subheader(f"{md_text(rec.analysis)} · {md_text(rec.model_label)} · {md_text(rec.status)}", anchor=False)
+    known = rec.analysis in ANALYSES and rec.status in (*FINAL_STATUSES, "running")  # else a row written by another
+    st.subheader(f"{rec.analysis if known else md_text(rec.analysis)} · {md_text(rec.model_label)} · "
+                 f"{rec.status if known else md_text(rec.status)}", anchor=False)
     if rec.damaged:  # what could be read is shown; the damaged columns read as empty
         st.warning(f"This run is damaged in the run store: {md_text(rec.damaged)}")
     if rec.status == "running":
