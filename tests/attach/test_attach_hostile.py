@@ -41,7 +41,8 @@ def test_the_protocols_reader_refuses_fifos_devices_links_and_big_files_by_name(
     assert protocol.read_jsonl(str(tmp_path / "big.jsonl"), refused, max_bytes=1000) == []
     assert protocol.read_json(str(tmp_path / "missing.json"), "default", refused) == "default"
     assert time.monotonic() - t0 < 1.0  # nothing waited on
-    assert refused == [f"{tmp_path}/fifo.json is a FIFO: not read", f"{tmp_path}/zero.json is a symbolic link: not read",
+    assert refused == [f"{tmp_path}/fifo.json is a FIFO: not read",
+                       f"{tmp_path}/zero.json is a symbolic link: not read",
                        "/dev/zero is a character device: not read",
                        f"{tmp_path}/linked is not a folder of the run (Not a directory): ok.json not read",
                        f"{tmp_path}/big.jsonl is 1,800 bytes, over the 1,000 read back: not read"]

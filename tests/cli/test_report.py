@@ -274,5 +274,6 @@ def test_the_engine_writes_csv_in_one_place():
     """Every CSV goes through render.tables.write_csv (where cells are neutralised)."""
     root = Path(__file__).resolve().parents[2] / "diagnostics"
     writers = [str(p.relative_to(root)) for p in root.rglob("*.py")
-               if p.name != "tables.py" and any(m in p.read_text() for m in (".to_csv(", "csv.writer", "csv.DictWriter"))]
+               if p.name != "tables.py"
+               and any(m in p.read_text() for m in (".to_csv(", "csv.writer", "csv.DictWriter"))]
     assert writers == []

@@ -10,7 +10,8 @@ from ui.widgets import md_text
 
 HOSTILE = ["![x](http://evil.example/a.png)", "[click](javascript:alert(1))", "# heading", ":red[colour]",
            ":material/home:", "$x^2$", "**bold** _it_ `code`", "<img src=x onerror=alert(1)>", "a | b\n---|---",
-           "http://evil.example/autolink", "<http://evil.example/angle>", "line\nbreak", "- item", "1. item", "> quote", "~~strike~~"]
+           "http://evil.example/autolink", "<http://evil.example/angle>", "line\nbreak", "- item", "1. item",
+           "> quote", "~~strike~~"]
 
 
 @pytest.mark.parametrize("name", HOSTILE)

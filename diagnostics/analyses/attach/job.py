@@ -446,7 +446,8 @@ def _not_read(run_dir: Path) -> list[str]:
 
 
 def _too_big(name: str, size: int) -> bool:
-    return size > (MAX_JSONL_BYTES if name.endswith(".jsonl") else MAX_JSON_BYTES) and name.endswith((".json", ".jsonl"))
+    bound = MAX_JSONL_BYTES if name.endswith(".jsonl") else MAX_JSON_BYTES
+    return name.endswith((".json", ".jsonl")) and size > bound
 
 
 def _kind_of(st: os.stat_result) -> str:
