@@ -113,6 +113,9 @@ def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> dict:
     no value) and a and b formatted in the metric's unit. Also the settings that differ, each run's
     disturbance verdict, and both runs' trace files when both kept one (for a trace diff)."""
     for rec, name in ((rec_a, "A"), (rec_b, "B")):
+        if rec.damaged:
+            raise CompareError(f"run {name} ({rec.id}) is damaged in the run store ({rec.damaged}): it cannot be "
+                               "compared")
         if rec.status != "ok":
             raise CompareError(f"run {name} ({rec.id}) is {rec.status!r}, not ok: only finished runs can be compared"
                                + (f" ({rec.error})" if rec.error else ""))
@@ -189,7 +192,8 @@ def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | No
     (epoch s), run id, model, device, value, series (its index in ``series``), disturbed (from the run's
     disturbance report when its result was loaded: records listed without results count as not
     disturbed). ``series``: per series its label (the settings that tell it from the others), settings
-    and run count. Runs without the metric are counted in ``missing``, not drawn as 0."""
+    and run count. Runs without the metric are counted in ``missing``, not drawn as 0; rows damaged in
+    the store (RunRecord.damaged) in ``damaged``, not drawn."""
     a = get_analysis(analysis)
     m = a.metric(metric)
     if m is None:
@@ -197,6 +201,8 @@ def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | No
         raise CompareError(f"{analysis!r} has no metric {metric!r}; its metrics: {known}")
     chosen = [r for r in runs if r.analysis == analysis and r.status == "ok"
               and (model is None or r.model_label == model)]
+    damaged = sum(1 for r in chosen if r.damaged)
+    chosen = [r for r in chosen if not r.damaged]
     rows, missing, keys, settings = [], 0, {}, []
     for r in sorted(chosen, key=lambda r: r.started):
         v = _number((r.metrics or {}).get(metric))
@@ -215,7 +221,7 @@ def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | No
     series = [{"label": _series_label(st, varying), "settings": {k: st.get(k) for k in varying},
                "runs": sum(r["series"] == i for r in rows)} for i, st in enumerate(settings)]
     return {"analysis": analysis, "metric": metric, "label": m.label, "unit": m.unit, "better": m.better or None,
-            "model": model, "rows": rows, "series": series, "missing": missing}
+            "model": model, "rows": rows, "series": series, "missing": missing, "damaged": damaged}
 
 
 def comparable_metrics(analysis: str) -> list[Metric]:

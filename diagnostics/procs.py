@@ -20,6 +20,14 @@ signal or ptrace the guardian or the runner (the sandbox scopes signals, Landloc
 
 Fallback where prctl is missing (not Linux): no guardian, the worker runs the job itself, and the
 runner's ``kill_tree`` sweeps what it finds below the worker while it lives.
+
+An attached script (``python -m diagnostics run``) gets the same guardian as a program of its own
+(``guarded(argv)``: this file run by path, ``python -E -P``, so the bootstrap the script's environment
+carries never runs in it): a child subreaper that stays in the terminal's process group (the
+terminal's Ctrl-C reaches the script as it would bare, and the guardian lets it pass), forks and execs
+the command, passes on the SIGINT the tool sends it (Stop, --timeout), and exits as the command
+did. When the tool dies, even by SIGKILL, the kernel sends the guardian SIGTERM (PR_SET_PDEATHSIG) and
+it kills the script and everything below it, helpers and double-forked children included.
 """
 
 from __future__ import annotations
@@ -193,3 +201,51 @@ def _guard(job_pid: int, parent_pid: int, watched: set) -> None:
     kill_tree(os.getpid(), include_root=False, reap=True)
     _reap()
     exit_as(status)
+
+
+# ---------------------------------------------------------------------- a command's guardian
+def guarded(argv: list[str]) -> list[str]:
+    """``argv`` run below a guardian that dies with this process and takes the command's whole tree with
+    it (``command_guard``); ``argv`` itself where there is no guardian to be had (not Linux)."""
+    if sys.platform != "linux" or sys.version_info < (3, 11):  # -P is 3.11's
+        return list(argv)
+    # -E: not the script's PYTHONPATH (its bootstrap) nor PYTHON* settings; -P: not this file's folder
+    # on sys.path (diagnostics/*.py must not shadow a module psutil imports); the user's site stays
+    return [sys.executable, "-E", "-P", os.path.abspath(__file__), str(os.getpid()), "--", *argv]
+
+
+def command_guard(parent_pid: int, argv: list[str]) -> None:
+    """The guardian of ``argv`` (see the module's docstring); never returns."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    watched = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    die_with_parent(parent_pid, signal.SIGTERM)
+    me = os.getpid()
+    job_pid = os.fork()
+    if job_pid == 0:  # the command: the mask it would have had, dispositions untouched (SIG_IGN stays)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        die_with_parent(me)  # a guardian killed from outside takes the command with it
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as e:
+            os.write(2, f"torchscope: {argv[0]} could not start: {e.strerror}\n".encode())
+        os._exit(127)
+    status = None
+    while status is None:
+        info = signal.sigtimedwait(watched, GUARD_POLL_S)
+        if os.getppid() != parent_pid or (info is not None and info.si_signo == signal.SIGTERM):
+            # the tool is gone (or asks us to stop): nothing it started may outlive it
+            kill_tree(me, include_root=False, reap=True)
+            os._exit(1)
+        if info is not None and info.si_signo == signal.SIGINT and info.si_pid == parent_pid:
+            try:  # the tool's Stop or --timeout; the terminal's own Ctrl-C reached the command already
+                os.kill(job_pid, signal.SIGINT)
+            except OSError:
+                pass
+        status = _reap(job_pid)
+    _reap()  # what the command left running is the tool's to sweep (and to count): it re-parents to it
+    exit_as(status)
+
+
+if __name__ == "__main__":  # python -E -P procs.py PARENT_PID -- ARGV...: see ``guarded``
+    command_guard(int(sys.argv[1]), sys.argv[3:])

@@ -5,7 +5,9 @@ so a run is never lost and a worker that dies mid-job leaves a 'crashed' row wit
 write is one statement, so a row is never half-written. WAL mode and a busy timeout let the
 dashboard, the CLI and several sessions write at once. A row remembers the process that owns it
 (``owner_pid``, the dashboard or CLI) and its worker (``pid``): when the owner is gone, nobody will
-finish the row, and ``mark_interrupted()`` (called when a dashboard starts) marks it 'interrupted'.
+finish the row, and ``mark_interrupted()`` (called when a dashboard starts and by ``history``) marks
+it 'interrupted' with the reason. A row is read defensively (``RunRecord.damaged``): a column that
+cannot be read is shown empty with what is wrong, and the rest of History works.
 
 The store belongs to the dashboard and CLI processes alone: a job's worker never opens it and its
 sandbox cannot reach the data folder. A file that is not (or no longer) a database, cannot be
@@ -20,7 +22,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import dataclasses
 import json
+import math
 import os
 import shutil
 import sqlite3
@@ -131,6 +135,9 @@ class RunRecord:
     result: dict | None
     error: str | None
     artifacts: dict
+    #: What is wrong with the stored row (a column that could not be read), None when nothing is:
+    #: that column reads as empty and the rest of the row, and of History, as usual.
+    damaged: str | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -146,8 +153,68 @@ def _alive_since(pid: int | None, started: float) -> bool:
         return False
 
 
-def _loads(text, default):
-    return default if text is None else json.loads(text)
+#: Timestamps a stored run may have (epoch seconds): 1970 to the year 3000; anything else is damage.
+LATEST_TIME = 32503680000.0
+#: What each JSON column must hold (the type its readers take).
+_KINDS = {"spec_json": (dict, type(None)), "options_json": (dict,), "metrics_json": (dict,),
+          "result_json": (dict, type(None)), "artifacts_json": (dict,)}
+
+
+def _loads(text, default, column: str, damage: list):
+    """A JSON column of a row: its value, or ``default`` with what is wrong added to ``damage``."""
+    if text is None:
+        return default
+    if not isinstance(text, (str, bytes)):
+        damage.append(f"{column} holds a {type(text).__name__}, not JSON text")
+        return default
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        damage.append(f"{column} is nested too deep to read")
+        return default
+    except ValueError as e:
+        damage.append(f"{column} is not valid JSON ({str(e)[:80]})")
+        return default
+    kinds = _KINDS.get(column, (object,))
+    if not isinstance(value, kinds):
+        want = " or ".join("null" if k is type(None) else "an object" if k is dict else k.__name__ for k in kinds)
+        damage.append(f"{column} holds {_what(value)}, not {want}")
+        return default
+    return value
+
+
+def _what(value) -> str:
+    return {list: "a list", str: "a string", dict: "an object", type(None): "null", bool: "a boolean"}.get(
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def _time(value, column: str, damage: list, default):
+    """A stored timestamp or duration: a finite number of seconds in range, else ``default`` (damage noted)."""
+    if value is None:
+        return default
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not (column == "duration_s" or 0 <= value <= LATEST_TIME) or value < 0):
+        shown = repr(value)[:40]
+        damage.append(f"{column} {shown} is not a " + ("duration" if column == "duration_s" else "time"))
+        return default
+    return float(value)
+
+
+def _metrics(metrics: dict, damage: list) -> dict:
+    """The metrics a reader can take: numbers, booleans, text, None; a nested value is dropped as damage."""
+    bad = [k for k, v in metrics.items() if not (v is None or isinstance(v, (int, float, str, bool)))]
+    if bad:
+        damage.append(f"metrics_json: {', '.join(map(repr, bad[:5]))} not a number")
+    return {str(k): v for k, v in metrics.items() if k not in bad}
+
+
+def _text(value, column: str, damage: list) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    damage.append(f"{column} holds a {type(value).__name__}, not text")
+    return str(value)
 
 
 class Store:
@@ -350,12 +417,31 @@ class Store:
         now = time.time()
         values = (json.dumps(metrics, default=str), None if result is None else json.dumps(result, default=str),
                   error, json.dumps(artifacts or {}))
-        with self._connect(need=sum(len(v) for v in values if v)) as db:
-            db.execute(
-                "UPDATE runs SET status=?, finished=?, duration_s=?-started, metrics_json=?, result_json=?,"
-                " error=?, artifacts_json=? WHERE id=?",
-                (status, now, now, *values, run_id),
-            )
+        try:
+            with self._connect(need=sum(len(v) for v in values if v)) as db:
+                db.execute(
+                    "UPDATE runs SET status=?, finished=?, duration_s=?-started, metrics_json=?, result_json=?,"
+                    " error=?, artifacts_json=? WHERE id=?",
+                    (status, now, now, *values, run_id),
+                )
+        except StoreError as e:
+            if result is not None or artifacts:
+                self._end_without_result(run_id, status, e)
+            raise
+
+    def _end_without_result(self, run_id: str, status: str, e: StoreError) -> bool:
+        """A run whose result could not be written (a full disk) still ends: 'error', with why and the
+        status it ended with, in a row of a few hundred bytes (the space SQLite's freed pages often
+        still have). True when that was written; the StoreError is raised either way."""
+        why = (f"the run ended '{status}' but its result could not be stored: {e}")[:2000]
+        try:
+            with self._connect() as db:
+                db.execute("UPDATE runs SET status='error', finished=?, duration_s=?-started, metrics_json=NULL,"
+                           " result_json=NULL, error=?, artifacts_json='{}' WHERE id=? AND status='running'",
+                           (time.time(), time.time(), why, run_id))
+            return True
+        except (StoreError, sqlite3.Error):
+            return False
 
     def artifact_dir(self, run_id: str) -> Path:
         if not run_id or "/" in run_id or "\\" in run_id or run_id.startswith("."):
@@ -376,14 +462,16 @@ class Store:
         with self._connect() as db:
             rows = db.execute("SELECT id, COALESCE(owner_pid, pid), started FROM runs WHERE status='running'"
                               ).fetchall()
-        stale = [rid for rid, pid, started in rows if not _alive_since(pid, started)]
-        for rid in stale:
+        stale = [(rid, pid) for rid, pid, started in rows
+                 if not _alive_since(pid if isinstance(pid, int) else None, _time(started, "started", [], 0.0))]
+        for rid, pid in stale:
             with self._connect() as db:  # only if still running: its owner may have just finished it
                 db.execute(
                     "UPDATE runs SET status='interrupted', finished=?, duration_s=?-started, error=? "
                     "WHERE id=? AND status='running'",
                     (time.time(), time.time(), "interrupted: the process running this job (the dashboard or "
-                     "the CLI) stopped before it finished", rid))
+                     f"the CLI{f', pid {pid}' if isinstance(pid, int) else ''}) stopped before it finished "
+                     "and stored no status (it was killed, or the machine stopped)", rid))
         return len(stale)
 
     # -- reading -------------------------------------------------------------------------
@@ -391,11 +479,25 @@ class Store:
                 " finished, duration_s, metrics_json, {result}, error, artifacts_json")
 
     def _record(self, row) -> RunRecord:
+        """A row read defensively: a column that cannot be read (JSON that is not, or not an object,
+        or nested too deep to decode; a time that is not one) reads as empty, and ``damaged`` says
+        what is wrong. The row is still listed; nothing stored is rewritten."""
         (rid, analysis, status, key, label, spec, options, device, source, started, finished, dur, metrics,
          result, error, artifacts) = row
-        return RunRecord(rid, analysis, status, key, label, _loads(spec, None), _loads(options, {}), device,
-                         source, started, finished, dur, _loads(metrics, {}), _loads(result, None), error,
-                         _loads(artifacts, {}))
+        damage: list[str] = []
+        record = RunRecord(
+            str(rid), _text(analysis, "analysis", damage) or "?", _text(status, "status", damage) or "?",
+            _text(key, "cache_key", damage), _text(label, "model_label", damage),
+            _loads(spec, None, "spec_json", damage), _loads(options, {}, "options_json", damage),
+            _text(device, "device", damage), _text(source, "source", damage),
+            _time(started, "started", damage, 0.0), _time(finished, "finished", damage, None),
+            _time(dur, "duration_s", damage, None),
+            _metrics(_loads(metrics, {}, "metrics_json", damage), damage),
+            _loads(result, None, "result_json", damage), _text(error, "error", damage),
+            _loads(artifacts, {}, "artifacts_json", damage))
+        if not damage:
+            return record
+        return dataclasses.replace(record, damaged="; ".join(damage))
 
     def get(self, run_id: str) -> RunRecord | None:
         with self._connect() as db:
@@ -420,12 +522,14 @@ class Store:
         return [self._record(r) for r in rows]
 
     def find_cached(self, cache_key: str) -> RunRecord | None:
-        """The newest successful run with this cache key, result included."""
+        """The newest successful run with this cache key, result included; a damaged row is no hit (the
+        job runs again)."""
         with self._connect() as db:
             row = db.execute(
                 f"SELECT {self._COLUMNS.format(result='result_json')} FROM runs WHERE cache_key=? AND status='ok'"
                 " ORDER BY started DESC LIMIT 1", (cache_key,)).fetchone()
-        return None if row is None else self._record(row)
+        rec = None if row is None else self._record(row)
+        return None if rec is None or rec.damaged else rec
 
     def count(self) -> int:
         with self._connect() as db:

@@ -316,3 +316,13 @@ def column_scale(values, unit: str) -> Scale:
     else:
         dec = 3 if x < 1 else 2
     return Scale(sc.suffix, sc.factor, dec)
+
+
+def printable(value) -> str:
+    """Text from a run (a model label, a name from a trace, an error) as one line safe to print to a
+    terminal: control characters (ESC, CR, newlines, C1 codes, bidi overrides...) written as Python escapes
+    (\\x1b, \\n), so a stored string can neither drive the terminal nor forge a line of output."""
+    text = "" if value is None else str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

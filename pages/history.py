@@ -6,17 +6,19 @@ import streamlit as st
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import ANALYSES
 from diagnostics.history import comparable_metrics, compare_runs, trend
+from diagnostics.store import FINAL_STATUSES
 from diagnostics.units import human_seconds
 from ui import views
 from ui.frame import require_app
 from ui.jobs import get_store, run_analysis
 from ui.views.history import show_comparison, show_trend
-from ui.widgets import show_failure
+from ui.widgets import md_text, show_failure
 
 require_app()
 
 st.title("History")
 store = get_store()
+store.mark_interrupted()  # a row a killed CLI left 'running' gets its final status here too
 runs = store.list(limit=500)
 if not runs:
     st.info("No runs yet. Open a page (Model, Profiler, ...) to run a diagnostic; it lands here.")
@@ -32,7 +34,8 @@ def runs_tab() -> None:
     table = pd.DataFrame([{
         "started": pd.Timestamp(r.started, unit="s").strftime("%Y-%m-%d %H:%M:%S"),
         "analysis": r.analysis, "model": r.model_label, "device": r.device, "status": r.status,
-        "duration": human_seconds(r.duration_s), "source": r.source, "error": r.error or "", "id": r.id,
+        "duration": human_seconds(r.duration_s), "source": r.source, "error": r.error or "",
+        "damaged": r.damaged or "", "id": r.id,
     } for r in runs])
     c1, c2 = st.columns(2)
     analyses = c1.multiselect("Analysis", sorted(table["analysis"].unique()))
@@ -50,13 +53,19 @@ def runs_tab() -> None:
     if rec is None:
         st.warning("That run is no longer in the store.")
         return
-    st.subheader(f"{rec.analysis} · {rec.model_label} · {rec.status}")
+    known = rec.analysis in ANALYSES and rec.status in (*FINAL_STATUSES, "running")  # else a row written by another
+    st.subheader(f"{rec.analysis if known else md_text(rec.analysis)} · {md_text(rec.model_label)} · "
+                 f"{rec.status if known else md_text(rec.status)}", anchor=False)
+    if rec.damaged:  # what could be read is shown; the damaged columns read as empty
+        st.warning(f"This run is damaged in the run store: {md_text(rec.damaged)}")
     if rec.status == "running":
         st.info("Still running: its result appears here once the job ends (reopen the run then).")
     elif rec.status != "ok":
         st.error(rec.error or rec.status)
         if rec.result:  # what was measured before it failed or was stopped (an attached script's run)
             views.show_stored(rec.analysis, rec.result, file_stem=rec.id)
+    elif rec.result is None:  # damaged: its result could not be read (the warning above says why)
+        st.info("Its result could not be read back from the run store.")
     else:
         views.show_stored(rec.analysis, rec.result, file_stem=rec.id)  # its downloads: the report and the JSON
 

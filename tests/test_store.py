@@ -265,3 +265,37 @@ def test_history_does_not_load_a_huge_artifact_list(tmp_path):
     store.finish_run(rid, "ok", result={"metrics": {}}, artifacts=huge)
     assert store.list()[0].artifacts == {}
     assert len(store.get(rid).artifacts) == 20_002  # the run itself still has it
+
+
+def test_a_result_a_full_disk_refuses_still_ends_the_row_with_why(tmp_path):
+    """ENOSPC while the result is written (simulated: writes of more than 4 KiB are refused): the row is
+    not left 'running'; it ends 'error' saying the status the run ended with and why its result is missing."""
+    import pytest
+
+    from diagnostics.store import StoreError
+
+    class Full(Store):
+        def _open(self):
+            db = super()._open()
+            if not self._ready:
+                return db
+
+            class Refusing:
+                def execute(self, sql, *args):
+                    if sql.lstrip().upper().startswith("UPDATE") and sum(len(str(a)) for a in args[0]) > 4096:
+                        raise sqlite3.OperationalError("database or disk is full")
+                    return db.execute(sql, *args)
+
+                def close(self):
+                    db.close()
+
+            return Refusing()
+
+    store = Full(tmp_path)
+    rid = store.create_run("summary", spec=None, options={}, cache_key=None, model_label=None, device="cpu")
+    with pytest.raises(StoreError, match="is full"):
+        store.finish_run(rid, "ok", result={"metrics": {"params_total": 5}, "rows": ["x" * 100] * 100})
+    rec = Store(tmp_path).get(rid)
+    assert rec.status == "error" and rec.result is None
+    assert rec.error.startswith("the run ended 'ok' but its result could not be stored: the disk holding the run "
+                                f"store {tmp_path} is full (")

@@ -10,6 +10,20 @@ from diagnostics.runner import JobOutcome
 from diagnostics.units import _SCALES, COMPACT_WIDTH, Scale, compact, interval_text, scale_of
 
 
+#: Characters Streamlit's markdown gives a meaning (CommonMark, GFM tables and autolinks, its :color[]
+#: and :material/: directives, LaTeX): escaped with a backslash in text that came from a file.
+_MARKDOWN = set("\\`*_{}[]()#+-.!|<>~$:=")
+
+
+def md_text(value) -> str:
+    """Text from a file or a run (a trace's file name, an event's name) for st.caption / st.markdown:
+    every markdown character escaped and control characters (newlines included) shown as escapes, so it
+    is shown as written: never an image from another host, a link, a heading or a colour."""
+    from diagnostics.units import printable
+
+    return "".join("\\" + c if c in _MARKDOWN else c for c in printable(value))
+
+
 def artifact_size(path) -> int | None:
     """The size of a run's file a page offers for download, or None: only a regular file (never a
     link, which a job could have left) inside the run store's artifact folder (a path in a result

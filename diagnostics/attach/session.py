@@ -9,7 +9,8 @@ this process share the terminal's process group); SIGTERM, ``stop``, a timeout, 
 did not come from the terminal send the script SIGINT. If it has not ended STOP_GRACE_S later (or
 at a second Ctrl-C) its whole tree is stopped and killed (diagnostics.procs). This process is the
 subreaper of what the script starts, so nothing it leaves behind (DataLoader workers, torchrun's
-ranks, double-forked helpers) outlives the run.
+ranks, double-forked helpers) outlives the run; the script runs below a guardian
+(``procs.guarded``) that ends its whole tree when this process dies, even by SIGKILL.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from diagnostics import procs
 from diagnostics.analyses.attach.protocol import LIVE_PHASES, PROC_PREFIX, STATUS, AttachConfig, read_json
 from diagnostics.analyses.attach.result import AttachResult
 from diagnostics.attach.command import Command, child_environment
+from diagnostics.errors import TorchScopeError
 
 #: Seconds a stopped script gets to end on its own (KeyboardInterrupt: its finally blocks, our export)
 #: before its tree is killed.
@@ -139,7 +141,8 @@ class Session:
         proc = None
         try:
             try:
-                proc = subprocess.Popen(list(self.command.argv), cwd=self.command.cwd, env=env)
+                # below a guardian: kill -9 of this process still ends the script's whole tree
+                proc = subprocess.Popen(procs.guarded(list(self.command.argv)), cwd=self.command.cwd, env=env)
             except OSError as e:
                 return self._finish(Outcome(self.run_id, str(run_dir), None, False, 0.0,
                                             error=f"the command could not start: {e.strerror or e}"))
@@ -283,8 +286,12 @@ class Session:
                 status, error = "error", out.error
             else:
                 status, error = "ok", None
-            artifacts = {p.name: str(p) for p in sorted(Path(out.run_dir).iterdir()) if p.is_file()}
-            self.store.finish_run(self.run_id, status, result=out.result, error=error, artifacts=artifacts)
+            artifacts = {p.name: str(p) for p in sorted(Path(out.run_dir).iterdir())
+                         if p.is_file() and not p.is_symlink()}  # a link the script left is no artifact
+            try:  # a full disk: the row still ends ('error', with why), the script's exit code is kept
+                self.store.finish_run(self.run_id, status, result=out.result, error=error, artifacts=artifacts)
+            except TorchScopeError as e:
+                out.error = str(e)
         return out
 
 

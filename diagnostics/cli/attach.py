@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "exit_code": outcome.exit_code, "error": outcome.error,
                                  "stop_reason": outcome.stop_reason})
     if outcome.error:
-        sys.stderr.write(f"error: {outcome.error}\n")
+        from diagnostics.units import printable
+
+        sys.stderr.write(f"error: {printable(outcome.error)}\n")
     written = None
     if result is not None and out_dir is not None:
         from pathlib import Path
@@ -196,16 +198,18 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
 def _summary(result: AttachResult, outcome, written) -> None:
     from diagnostics.render.charts.attach import summary_lines, trace_names
 
+    from diagnostics.units import printable as p  # notes quote names the script chose: never terminal codes
+
     err = sys.stderr
-    err.write("[torchscope] " + "\n[torchscope] ".join(summary_lines(result)) + "\n")
+    err.write("[torchscope] " + "\n[torchscope] ".join(p(line) for line in summary_lines(result)) + "\n")
     for f in result.fix_first:
         if f.est_saving_ms:
-            err.write(f"[torchscope] fix first: {f.title}: {f.est_saving_ms:.2f} ms per step: {f.detail}\n")
+            err.write(f"[torchscope] fix first: {p(f.title)}: {f.est_saving_ms:.2f} ms per step: {p(f.detail)}\n")
     for n in result.notes:
-        err.write(f"[torchscope] note: {n}\n")
+        err.write(f"[torchscope] note: {p(n)}\n")
     names = trace_names(result)
     if names:
-        err.write(f"[torchscope] trace: {', '.join(names)} in {outcome.run_dir}\n")
+        err.write(f"[torchscope] trace: {p(', '.join(names))} in {p(outcome.run_dir)}\n")
     if written:
         err.write(f"[torchscope] report: {written['report.html']}\n")
     err.write(f"[torchscope] run {outcome.run_id} (History)\n")

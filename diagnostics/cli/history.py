@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
-
-import pandas as pd
+import time
 
 from diagnostics.errors import TorchScopeError
 from diagnostics.history import compare_runs, trend
-from diagnostics.store import Store
-from diagnostics.units import format_value, human_seconds
+from diagnostics.store import LATEST_TIME, Store, StoreError
+from diagnostics.units import format_value, human_seconds, printable
 
 
 def add_parser(sub, parser_class) -> None:
@@ -55,56 +54,67 @@ def _find(store: Store, ref: str):
     return store.get(matches[0].id)  # the full record (list() leaves the results out)
 
 
-def _when(t: float) -> str:
-    return f"{pd.Timestamp(t, unit='s'):%Y-%m-%d %H:%M:%S}"
+def _when(t) -> str:
+    """A stored time as UTC text ('?' for one that is not a time: a damaged row reads 0)."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= LATEST_TIME:
+        return "????-??-?? ??:??:??"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
 
 
 def run(args, out=None) -> int:
     """0 ok, 2 a bad id / analysis / metric (the message says which)."""
     out = out or sys.stdout
     store = Store(args.data_dir)
+    p = printable  # text a run stored (a label, an id, an error) never drives the terminal
     try:
+        try:  # rows left 'running' by a tool that died (kill -9) get their final status
+            store.mark_interrupted()
+        except StoreError:
+            pass  # a read-only store is still listed
         if args.history_command == "list":
             recs = store.list(limit=args.limit, analysis=args.analysis)
             if args.json:
                 out.write(json.dumps([{k: v for k, v in r.to_dict().items() if k != "result"} for r in recs],
                                      indent=1, default=str) + "\n")
             for r in recs if not args.json else ():
-                out.write(f"{r.id}  {_when(r.started)}  {r.analysis:<10} {r.status:<10} "
-                          f"{human_seconds(r.duration_s):>8}  {r.model_label or '—'}\n")
+                out.write(f"{p(r.id)}  {_when(r.started)}  {p(r.analysis):<10} {p(r.status):<10} "
+                          f"{human_seconds(r.duration_s):>8}  {p(r.model_label or '—')}"
+                          + (f"  [damaged: {p(r.damaged)}]" if r.damaged else "") + "\n")
             return 0
         if args.history_command == "compare":
             c = compare_runs(_find(store, args.a), _find(store, args.b))
             if args.json:
                 out.write(json.dumps(c, indent=1, default=str) + "\n")
                 return 0
-            out.write(f"{c['analysis']}: A {c['a']['id']} ({_when(c['a']['started'])}, {c['a']['model']}) -> "
-                      f"B {c['b']['id']} ({_when(c['b']['started'])}, {c['b']['model']})\n")
+            out.write(f"{p(c['analysis'])}: A {p(c['a']['id'])} ({_when(c['a']['started'])}, {p(c['a']['model'])})"
+                      f" -> B {p(c['b']['id'])} ({_when(c['b']['started'])}, {p(c['b']['model'])})\n")
             width = max((len(r["label"]) for r in c["rows"]), default=10)
             for r in c["rows"]:
                 pct = "" if r["change_pct"] is None else f"{r['change_pct']:+.1f} %"
-                out.write(f"  {r['label']:<{width}}  {r['a_text']:>12} -> {r['b_text']:<12} {pct:>9}  {r['verdict']}\n")
+                out.write(f"  {r['label']:<{width}}  {p(r['a_text']):>12} -> {p(r['b_text']):<12} {pct:>9}  "
+                          f"{r['verdict']}\n")
             for s in c["settings"]:
-                out.write(f"  changed setting {s['setting']}: {s['a']} -> {s['b']}\n")
+                out.write(f"  changed setting {p(s['setting'])}: {p(s['a'])} -> {p(s['b'])}\n")
             for note in c["notes"]:
                 out.write(f"note: {note}\n")
             if c["traces"]:
-                out.write(f"traces: python -m diagnostics trace diff {c['traces']['a']} {c['traces']['b']}\n")
+                out.write(f"traces: python -m diagnostics trace diff {p(c['traces']['a'])} {p(c['traces']['b'])}\n")
             return 0
         t = trend(store.list(limit=100_000), args.analysis, args.metric, args.model)
         if args.json:
             out.write(json.dumps(t, indent=1, default=str) + "\n")
             return 0
-        out.write(f"{t['label']} ({t['analysis']}{', ' + t['model'] if t['model'] else ''}): {len(t['rows'])} runs"
-                  + (f", {t['missing']} without it" if t["missing"] else "") + "\n")
+        out.write(f"{t['label']} ({t['analysis']}{', ' + p(t['model']) if t['model'] else ''}): {len(t['rows'])} runs"
+                  + (f", {t['missing']} without it" if t["missing"] else "")
+                  + (f", {t['damaged']} damaged in the store" if t["damaged"] else "") + "\n")
         many = len(t["series"]) > 1  # runs of different settings: each series on its own, never one line
         for i, series in enumerate(t["series"]):
             if many:
-                out.write(f" series {i + 1}: {series['label']} ({series['runs']} runs)\n")
+                out.write(f" series {i + 1}: {p(series['label'])} ({series['runs']} runs)\n")
             for r in (r for r in t["rows"] if r["series"] == i):
-                out.write(f"  {_when(r['started'])}  {format_value(r['value'], t['unit']):>12}  {r['id']}"
+                out.write(f"  {_when(r['started'])}  {format_value(r['value'], t['unit']):>12}  {p(r['id'])}"
                           f"{'  (machine busy)' if r['disturbed'] else ''}\n")
         return 0
     except TorchScopeError as e:
-        sys.stderr.write(f"error: {e}\n")
+        sys.stderr.write(f"error: {printable(e)}\n")
         return 2

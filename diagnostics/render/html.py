@@ -24,7 +24,7 @@ import pandas as pd
 from diagnostics.jobfiles import ArtifactError, copy_regular
 from diagnostics.render.layouts import report_of
 from diagnostics.render.sections import MAX_HTML_ROWS, Section, generic_sections
-from diagnostics.render.tables import find_tables, is_trace_file, records_frame, safe_filename
+from diagnostics.render.tables import find_tables, is_trace_file, safe_filename, write_csv
 from diagnostics.render.text import disturbance_line, format_metric, metric_label, shown_metrics
 from diagnostics.results import device_of, disturbance_of, metrics_of, model_of, to_json, to_plain
 
@@ -259,7 +259,7 @@ def write_report_folder(analysis: str, result, out_dir: Path | str, artifacts: d
             stem += "_"
         used.add(stem)
         path = out / f"{stem}.csv"
-        records_frame(rows).to_csv(path, index=False)
+        write_csv(rows, path)
         written[path.name] = path
     for name, src in (artifacts or {}).items():
         src = Path(src)

@@ -1,4 +1,5 @@
-"""Tables in a result: every list of row dicts found in it, as DataFrames and CSV-safe cells."""
+"""Tables in a result: every list of row dicts found in it, as DataFrames, and the CSV files written
+of them (cells no spreadsheet runs as a formula)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,30 @@ def records_frame(records) -> pd.DataFrame:
         if df[col].map(lambda v: isinstance(v, (list, dict, tuple))).any():
             df[col] = df[col].map(_flat_cell)
     return df
+
+
+#: A cell a spreadsheet opens as a formula starts with one of these (=, +, -, @; a tab or a carriage
+#: return before one): such a text cell is written with a leading apostrophe, which spreadsheets show as
+#: text. Numbers are never touched (-3 stays a number).
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """``value`` as a CSV cell no spreadsheet runs: text that starts like a formula gets a leading "'"."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+def write_csv(rows, path) -> None:
+    """Rows (typed or dicts) as a CSV file (the engine's one CSV writer): nested values as compact
+    JSON, text cells that start like a formula neutralised (``csv_cell``), column names too."""
+    df = records_frame(rows)
+    for col in df.columns:
+        if not pd.api.types.is_numeric_dtype(df[col]):  # text (object or pandas' str dtype), mixed
+            df[col] = df[col].map(csv_cell)
+    df.columns = [csv_cell(str(c)) for c in df.columns]
+    df.to_csv(path, index=False, lineterminator="\r\n")  # RFC 4180: a CR inside a cell is quoted, never a new row
 
 
 def safe_filename(name: str) -> str:

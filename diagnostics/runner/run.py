@@ -103,7 +103,7 @@ def run_job(job: Job, *, timeout_s: float | None = None, on_progress: ProgressFn
             try:
                 store.finish_run(run_id, outcome.status, result=outcome.result, error=outcome.error,
                                  artifacts=jobfiles.listing(artifact_dir))
-            except StoreError as e:  # the job ran; its run could not be stored (its row stays 'running')
+            except StoreError as e:  # the job ran; its result could not be stored (its row ends 'error' if it can)
                 outcome.error = f"{e} (the job itself ended '{outcome.status}'; its run is not stored)"
                 outcome.status, outcome.error_type = "error", "StoreError"
         return outcome

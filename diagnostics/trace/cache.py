@@ -43,7 +43,8 @@ from diagnostics.trace.ingest import load_trace
 from diagnostics.trace.model import CACHE_ENTRY, COLUMNS, Trace
 
 #: Bumped whenever the columns, their types or the Trace fields change: older entries are misses.
-CACHE_VERSION = 2   # 2: device and stream int64 (real files hold a uint32 -1 stream), fwd_tid int64
+CACHE_VERSION = 3   # 2: device and stream int64 (real files hold a uint32 -1 stream), fwd_tid int64;
+#                     3: events past a physical bound (a negative or endless duration, a far timestamp) skipped
 #: Total bytes the cache may hold (all entries); least recently used entries are evicted past it.
 MAX_BYTES = 4 << 30
 MAX_BYTES_ENV = "TORCHSCOPE_TRACE_CACHE_MB"

@@ -48,6 +48,11 @@ GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trac
 # (whitespace or one repeated byte), not a trace: real traces expand 5-30 fold.
 GZ_BOMB_RATIO = 200
 GZ_BOMB_MIN_BYTES = 256 << 20
+#: Physical bounds on time in a trace (µs): no profiled event lasts less than 0 or longer than MAX_DUR_US,
+#: and no timestamp (epoch or boot time: about 1.7e15 today) lies past MAX_TS_US (3,170 years). A dur of
+#: INT64_MAX, a negative dur, a ts of 1e18 or -1e18 is an odd event: skipped and counted.
+MAX_DUR_US = 7 * 86400 * 1e6
+MAX_TS_US = 1e17
 UNREAD_CATS_NAMED = 8            # categories no view reads named one by one in the warning; the rest counted
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _ARRAY_END = re.compile(rb"\}\s*\]")
@@ -407,12 +412,23 @@ def _build(merged: _Merger, meta: dict, source: str, total: int, name: str) -> T
     timed = ch["ph"] != ph_table.get("M", -1)
     if not timed.any():
         raise TraceError(f"{name}: the trace is empty: it holds only metadata events")
+    # Past a physical bound: a timestamp past MAX_TS_US, a duration that is negative or over MAX_DUR_US.
+    # (Not "longer than the other events' span": the public HTA sample's ProfilerStep#1 lasts 13 s past
+    # a 0.36 s span of starts, and is real.)
+    with np.errstate(invalid="ignore"):
+        odd = (np.abs(ts) > MAX_TS_US) | (ch["dur"] < 0) | (ch["dur"] > MAX_DUR_US)
+    if odd.any():
+        bad = int(odd.sum())
+        merged.skipped += bad
+        merged.warn(f"skipped {bad} events past a physical bound: a negative duration or one over "
+                    f"{MAX_DUR_US / 86400e6:g} days, or a timestamp past {MAX_TS_US:g} µs")
+        ch = {k: v[~odd] for k, v in ch.items()}
+        ts, timed = ch["ts"], timed[~odd]
+        if not timed.any():
+            raise TraceError(f"{name}: none of its {merged.skipped} events could be read: every timed event is past "
+                             "a physical bound")
     origin = float(ts[timed].min())
     ch["ts"] = ts - origin
-    neg = ch["dur"] < 0
-    if neg.any():
-        merged.warn(f"{int(neg.sum())} events have a negative duration; they are left out of "
-                    "duration statistics")
     data = {}
     for col in COLUMNS:
         if col in STRING_FIELDS:

@@ -255,3 +255,25 @@ def test_report_folder_never_copies_a_symlinked_or_fifo_trace(tmp_path, summary_
     assert "trace.json" not in written and not os.path.lexists(out / "trace.json")
     assert "rank1.pt.trace.json" not in written and not os.path.lexists(out / "rank1.pt.trace.json")
     assert not any("OPENSSH" in p.read_text(errors="replace") for p in out.iterdir())
+
+
+def test_csv_cells_that_start_like_a_formula_are_written_as_text_and_numbers_stay_numbers(tmp_path):
+    """issue 45, item 6: an event named =HYPERLINK(...) must not become a formula in a spreadsheet."""
+    rows = [{"name": '=HYPERLINK("http://evil.example","x")', "plus": "+1+1", "at": "@SUM(A1)", "tab": "\t=1",
+             "cr": "\r=1", "minus": "-2+3", "fine": "a=b", "n": -3, "x": -0.5, "shape": [-1, 2]}]
+    written = write_report_folder("validate", {"rows": rows}, tmp_path / "r")
+    with open(written["rows.csv"], newline="") as f:
+        got = next(csv.DictReader(f))
+    assert got["name"] == '\'=HYPERLINK("http://evil.example","x")'
+    assert (got["plus"], got["at"], got["tab"], got["cr"], got["minus"]) == ("'+1+1", "'@SUM(A1)", "'\t=1", "'\r=1",
+                                                                           "'-2+3")
+    assert (got["fine"], got["n"], got["x"], got["shape"]) == ("a=b", "-3", "-0.5", "[-1,2]")
+
+
+def test_the_engine_writes_csv_in_one_place():
+    """Every CSV goes through render.tables.write_csv (where cells are neutralised)."""
+    root = Path(__file__).resolve().parents[2] / "diagnostics"
+    writers = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if p.name != "tables.py"
+               and any(m in p.read_text() for m in (".to_csv(", "csv.writer", "csv.DictWriter"))]
+    assert writers == []

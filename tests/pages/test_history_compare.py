@@ -78,3 +78,35 @@ def test_history_trend_draws_the_models_runs(new_app, two_profiles):
     fig = json.loads(tab.get("plotly_chart")[0].proto.spec)
     assert fig["data"][0]["y"] == [10.0, 5.0]
     assert fig["layout"]["yaxis"]["title"]["text"] == "Latency (median) (ms)"
+
+
+@pytest.fixture
+def damaged_row():
+    """A profile run whose row another program wrote wrong: its time and its result JSON."""
+    from ui.jobs import get_store
+
+    store = get_store()
+    run_id = store.create_run("profile", spec=None, options={}, cache_key=None,
+                              model_label="zz-damaged ![x](http://evil.example/a.png)", device="cpu")
+    store.finish_run(run_id, "ok", result={"metrics": METRICS_A})
+    with store._connect() as db:
+        db.execute("UPDATE runs SET started='yesterday', result_json='{\"metrics\": [' WHERE id=?", (run_id,))
+    yield run_id
+    store.delete(run_id)
+
+
+def test_history_lists_and_opens_a_damaged_row_with_what_is_wrong(new_app, two_profiles, damaged_row):
+    at = new_app().run()
+    at.switch_page("pages/history.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    row = table[table["id"] == damaged_row].iloc[0]
+    assert "started 'yesterday' is not a time" in row["damaged"]
+    assert set(two_profiles) <= set(table["id"])  # the other runs are listed as before
+    at.selectbox(key="history_pick").set_value(damaged_row).run()
+    assert not at.exception, [e.value for e in at.exception]
+    warning = next(w.value for w in at.warning if "damaged in the run store" in w.value)
+    assert "result\\_json is not valid JSON" in warning and "started 'yesterday' is not a time" in warning
+    assert "\\!\\[x\\]\\(http\\://evil\\.example" in at.subheader[0].value  # the label shown as written
+    _compare_tab(at).selectbox(key="history_cmp_b").set_value(two_profiles[1]).run()
+    assert not at.exception, [e.value for e in at.exception]

@@ -306,3 +306,24 @@ def test_hta_capture_with_a_uint32_stream_opens():
     t = load_trace(DATA / "public" / "hta" / "critical_path_simple_add.json.gz")
     sync = t.events[t.events["cat"] == "cuda_sync"]
     assert (sync["stream"] == 4294967295).any()
+
+
+def test_times_past_a_physical_bound_are_skipped_and_counted(tmp_path):
+    """issue 45, item 6: a dur of INT64_MAX (the trace would last 1.84e16 ms, one event 100 % of the
+    self time) or a start a century from the others is an odd event: skipped, counted, said."""
+    start = 1_700_000_000_000_000  # epoch microseconds, as torch.profiler writes
+    events = [_x("a", start, 10), _x("forever", start + 5, 2**63 - 1), _x("b", start + 20, 30),
+              _x("far", start + 10**17, 1), _x("before", -10**18, 1), _x("c", start + 60, 5),
+              _x("negative", start + 30, -4), _x("a week", start + 40, 7 * 86400e6 + 1),
+              _x("step", start, 7 * 86400e6)]  # the longest an event may last (the public HTA sample's
+    t = load_trace(_write(tmp_path, "bound.json", {"traceEvents": events}))  # step outlasts its trace 37x)
+    assert t.strings("name").tolist() == ["a", "b", "c", "step"]
+    assert t.events["ts"].tolist() == [0.0, 20.0, 60.0, 0.0]
+    assert t.events["dur"].tolist() == [10.0, 30.0, 5.0, 7 * 86400e6]
+    assert t.skipped_events == 5
+    assert t.warnings[0] == "skipped 5 malformed events"
+    assert ("skipped 5 events past a physical bound: a negative duration or one over 7 days, or a timestamp past "
+            "1e+17 µs") in t.warnings
+    only = [_x("forever", start, 2**63 - 1)]
+    with pytest.raises(TraceError, match="every timed event is past a physical bound"):
+        load_trace(_write(tmp_path, "only.json", {"traceEvents": only}))

@@ -18,7 +18,7 @@ from diagnostics.render.tables import records_frame
 from diagnostics.results import decode
 from ui.views import checklist as checklist_view
 from ui.views import gradients as gradients_view
-from ui.widgets import Tile, metric_row, unit_columns
+from ui.widgets import Tile, md_text, metric_row, unit_columns
 
 #: Session-state keys the Trace explorer's "Open from" widgets read (pages/traces.py).
 TRACE_SOURCE_KEY, TRACE_RUN_KEY = "trace_src_a", "trace_run_a"
@@ -118,8 +118,8 @@ def show(result: AttachResult) -> None:
     for line in summary_lines(result):
         st.caption(line)
     metric_row(tiles(result))
-    for note in result.notes:
-        st.info(note)
+    for note in result.notes:  # they quote the command and the run folder's names: shown as written
+        st.info(md_text(note))
     names = ["Step", "Fix this first", "Gradient flow", "Data, syncs, memory", "Trace"]
     if result.gpu is not None:
         names.insert(1, "GPU")

@@ -11,7 +11,7 @@ from diagnostics.render.charts.distributed import (build_breakdown_figure, build
                                             build_overlap_figure, build_rank_step_figure)
 from diagnostics.render.tables import frame
 from diagnostics.units import human_bytes
-from ui.widgets import Tile, metric_row, unit_columns
+from ui.widgets import Tile, md_text, metric_row, unit_columns
 
 
 def _ranks(ranks: list) -> str:
@@ -44,7 +44,7 @@ def show(result: DistributedResult) -> None:
     m, t = result.metrics, result.thresholds
     launch = result.launch
     source = (f"torchrun, {launch.nproc} processes, backend {launch.backend}, {launch.duration_s:.1f} s" if launch
-              else f"traces loaded from `{result.folder}`")
+              else f"traces loaded from {md_text(result.folder)}")
     st.caption(f"{source} · {m.ranks_loaded} of {m.world_size} ranks · {m.steps_per_rank} profiled steps "
                f"per rank · {result.device_kind} · backend {result.backend}")
     stragglers = result.stragglers

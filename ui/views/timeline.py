@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.render.charts.timeline import find_events
+from ui.widgets import md_text
 
 SEARCH_HELP = ("Case-insensitive part of an event's name (e.g. 'conv', 'gemm'); in double quotes, the whole name "
                "(\"aten::mm\"). Matching bars stay bright, the rest dim; the matches are listed below the chart. "
@@ -57,10 +58,10 @@ def occurrences(timeline: dict, name: str | None, *, key: str, where: str = "the
         st.session_state[search_key(key)] = f'"{name}"'
     hits = find_events(timeline, f'"{name}"')
     if hits:
-        st.caption(f"**{name}**: {len(hits):,} occurrence(s) drawn on the timeline, longest first; "
+        st.caption(f"**{md_text(name)}**: {len(hits):,} occurrence(s) drawn on the timeline, longest first; "
                    f"{where} highlights them.")
         st.dataframe(_hits_table(hits).drop(columns=["name"]), hide_index=True, width="stretch",
                      height=min(320, 38 + 35 * len(hits)))
     else:
-        st.caption(f"**{name}** is not among the events drawn on the timeline (it may be merged into longer "
+        st.caption(f"**{md_text(name)}** is not among the events drawn on the timeline (it may be merged into longer "
                    "bars or be outside the drawn range).")

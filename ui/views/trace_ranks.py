@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui.widgets import chart_key
+from ui.widgets import chart_key, md_text
 
 from diagnostics.analyses.trace.result import Ranks
 from diagnostics.render.tables import records_frame
@@ -71,7 +71,7 @@ def pick_ranks(safe: bool) -> tuple[list[str], dict]:
             try:
                 path, _ = save_upload(up.getvalue(), "trace", get_store().data_dir, up.name)
             except TorchScopeError as e:
-                st.error(f"{up.name}: {e}")
+                st.error(f"{md_text(up.name)}: {md_text(e)}")
                 return [], {}
             paths.append(str(path))
             names[str(path)] = up.name
@@ -93,7 +93,7 @@ def show_ranks(ranks: Ranks) -> None:
     ident = _ident(ranks)
     st.caption(f"{len(ranks.ranks)} ranks analysed, {ranks.mode}. Figures are medians per profiler step.")
     for f in ranks.failed:
-        st.error(f"{f.name}: left out ({f.error})")
+        st.error(f"{md_text(f.name)}: left out ({md_text(f.error)})")
     for p in ranks.problems:
         if p.check == "unreadable":
             continue
@@ -108,7 +108,7 @@ def show_ranks(ranks: Ranks) -> None:
         st.warning(f"Straggler: rank {s.rank} arrives {s.late_us_median:,.0f} µs after the median rank at its "
                    f"collectives (median; the limit is {limit:,.0f} µs).")
     for c in ranks.late_collectives[:3]:
-        st.warning(f"Late collective {c.key} ({c.name}, step {c.step}): rank {c.rank} arrived "
+        st.warning(f"Late collective {md_text(c.key)} ({md_text(c.name)}, step {c.step}): rank {c.rank} arrived "
                    f"{c.late_us:,.0f} µs after the median rank, {c.excess_us:,.0f} µs later than it usually is.")
     if ranks.slowest_rank is not None:
         spread = ranks.spread

@@ -16,7 +16,7 @@ from diagnostics.units import compact, human_bytes
 from ui.views import trace_hta
 from diagnostics.render.charts.critical_path import mark_critical_path
 from ui.views.critical_path import show_critical_path
-from ui.widgets import Tile, metric_row, unit_columns
+from ui.widgets import Tile, md_text, metric_row, unit_columns
 from ui.views.timeline import show_timeline
 from ui.views.trace_ranks import show_ranks
 
@@ -140,12 +140,12 @@ GPU_TABS = ("Idle time", "Launches", "Launch queue", "Copies", "Annotations", "C
 
 def show(result: TraceResult) -> None:
     s = result.summary
-    st.caption(f"{result.name} · {human_bytes(s.bytes)} · rank {s.rank if s.rank is not None else 'n/a'}"
+    st.caption(f"{md_text(result.name)} · {human_bytes(s.bytes)} · rank {s.rank if s.rank is not None else 'n/a'}"
                f" · schema {s.schema_version}")
     st.caption(cache_caption(result.trace_cache))
     metric_row(tiles(result))
-    for w in s.warnings:
-        st.warning(w)
+    for w in s.warnings:  # they may quote the file's names: shown as written
+        st.warning(md_text(w))
     for n in s.notes:
         st.info(n)
     has_ranks = bool(result.ranks)  # several ranks' traces (ui.views.trace_ranks): their tab first

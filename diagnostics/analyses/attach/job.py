@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import statistics
 from pathlib import Path
 
@@ -30,7 +31,8 @@ import msgspec
 
 from diagnostics.analyses.attach import rules
 from diagnostics.analyses.attach.protocol import (
-    ERRORS, GRADS, META, PHASES, PROC_PREFIX, SEGMENTS, STEPS, WORKERS, AttachConfig, read_json, read_jsonl,
+    ERRORS, GRADS, MAX_JSON_BYTES, MAX_JSONL_BYTES, META, PHASES, PROC_PREFIX, SEGMENTS, STEPS, WORKERS, AttachConfig,
+    read_json, read_jsonl,
 )
 from diagnostics.analyses.attach.result import AttachResult, Bottleneck
 from diagnostics.findings import rank_fix_first
@@ -86,6 +88,10 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
               "no steps" if not ranked else "ok")
     if not ranked:
         notes.append(_no_steps_note(run_dir, errors))
+    odd = _not_read(run_dir)
+    if odd:
+        notes.append("not read from the run folder (only regular files of bounded size are read back): "
+                     + "; ".join(odd[:10]) + (f"; and {len(odd) - 10} more" if len(odd) > 10 else ""))
     for e in errors:
         notes.append(f"the bootstrap failed in process {e['pid']} ({e.get('where')}): {e.get('error')}; that "
                      "process ran on unprofiled from there")
@@ -114,7 +120,7 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
             notes.append(f"the script ended during step {head['partial_step']}, after {head['steps']} whole steps")
     breakdown = head["breakdown_ms"] if head else {}
     metrics = _metrics(head, ranked, exit_code, found)
-    artifacts = sorted(p.name for p in run_dir.iterdir() if p.is_file())
+    artifacts = sorted(p.name for p in run_dir.iterdir() if p.is_file() and not p.is_symlink())
     progress(1.0, "done")
     parts = ({"window": head["window_info"], "overhead": head["overhead"], "step_table": head["table"],
               "workers": head["workers"], "loaders": head["loaders"], "optimizers": head["optimizers"],
@@ -180,7 +186,8 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
     step_prof = _median([_total(r) for r in prof])
     overhead_pct = 100.0 * (step_prof - step_ms) / step_ms if prof and outside and step_ms else None
     trace_name = (meta.get("exports") or {}).get("trace")
-    trace_path = run_dir / trace_name if trace_name else None
+    # a name in the run folder, never a path the script chose (/dev/zero, a FIFO, another user's file)
+    trace_path = run_dir / trace_name if isinstance(trace_name, str) and _plain_file(run_dir, trace_name) else None
     segments = (read_json(str(p["dir"] / SEGMENTS), {}) or {}).get("segments") or []
     trace_fig = _trace_figures(trace_path, segments, prof, meta, own_notes) if trace_path and trace_path.exists() \
         else {}
@@ -402,6 +409,52 @@ def _phase_intervals(segments: list, offset_us: float) -> dict:
             a.append(t * 1e6 + offset_us)
             b.append(t_next * 1e6 + offset_us)
     return {ph: iv.union(a, b) for ph, (a, b) in spans.items()}
+
+
+# ---------------------------------------------------------------------- what is not read
+def _plain_file(folder: Path, name: str) -> bool:
+    """``name`` is a file name (no folder part) of a regular file in ``folder`` (a link is not followed)."""
+    if not name or os.path.basename(name) != name or name in (".", ".."):
+        return False
+    try:
+        return stat.S_ISREG(os.lstat(folder / name).st_mode)
+    except OSError:
+        return False
+
+
+def _not_read(run_dir: Path) -> list[str]:
+    """The run folder's entries the readers refuse (protocol.read_bytes): a FIFO, a socket, a device, a
+    link, a file past its bound; looked for where the protocol's files are (the folder, proc-*/, workers/)."""
+    out: list[str] = []
+    folders = [run_dir] + [d for d in sorted(run_dir.glob(f"{PROC_PREFIX}*")) + [run_dir / WORKERS]
+                           if not d.is_symlink() and d.is_dir()]
+    for folder in folders:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            rel = e.name if folder == run_dir else f"{folder.name}/{e.name}"
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) or (stat.S_ISREG(st.st_mode) and not _too_big(e.name, st.st_size)):
+                continue
+            out.append(f"{rel} ({_kind_of(st)})")
+    return out
+
+
+def _too_big(name: str, size: int) -> bool:
+    bound = MAX_JSONL_BYTES if name.endswith(".jsonl") else MAX_JSON_BYTES
+    return name.endswith((".json", ".jsonl")) and size > bound
+
+
+def _kind_of(st: os.stat_result) -> str:
+    if stat.S_ISREG(st.st_mode):
+        return f"{st.st_size:,} bytes, over the bound read back"
+    return {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symbolic link"}.get(stat.S_IFMT(st.st_mode), "not a file")
 
 
 # ---------------------------------------------------------------------- DataLoader workers

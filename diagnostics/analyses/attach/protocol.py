@@ -19,12 +19,20 @@ Layout (RUN_DIR, given to every process of the job in ``RUN_DIR_ENV``)::
 
 Times are ``time.perf_counter()`` seconds: CLOCK_MONOTONIC on Linux, one clock for every process of
 the machine, so a worker's batch and the main process' step can be put side by side.
+
+The folder is the user's script's to write, so what is read back from it is read as
+diagnostics.jobfiles reads a job's files (the same checks, here with the standard library only, as this
+file is also loaded inside the user's processes): a regular file opened without following a link
+(O_NOFOLLOW, its folder too) and without waiting on a FIFO (O_NONBLOCK), checked with fstat, of bounded
+size. Anything else (a FIFO, a device, a socket, a link, a file past its bound) is not read: the reader
+gets its default and, when it asks (``refused``), a line saying what was not read and why.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, fields
 
 #: The environment variable that turns the bootstrap on in a process: the run folder.
@@ -104,10 +112,10 @@ class AttachConfig:
 
     @classmethod
     def read(cls, run_dir: str) -> "AttachConfig":
+        got = read_json(os.path.join(run_dir, CONFIG), None)
         try:
-            with open(os.path.join(run_dir, CONFIG)) as f:
-                return cls.from_dict(json.load(f))
-        except (OSError, ValueError):
+            return cls.from_dict(got if isinstance(got, dict) else {})
+        except TypeError:
             return cls()
 
 
@@ -119,24 +127,102 @@ def write_json(path: str, data) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: str, default=None):
+#: The most read back from one JSON file of the run folder (status, meta, window, grads, segments).
+MAX_JSON_BYTES = 64 << 20
+#: The most read back from one JSON-lines file (steps, errors, a worker's batches): long runs keep
+#: their step lines bounded (the agent counts the rest), so a larger file is not the agent's.
+MAX_JSONL_BYTES = 256 << 20
+
+_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotRead(OSError):
+    """A file of the run folder that is not read back: its message says which and why."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_bytes(path: str, max_bytes: int) -> bytes:
+    """The content of the regular file at ``path``; NotRead for anything else (a FIFO is never waited
+    on, a link never followed, in the file's name or its folder's), or for a file over ``max_bytes``.
+    FileNotFoundError (an OSError) when there is none."""
+    folder, name = os.path.split(path)
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        dfd = os.open(folder or ".", _FOLDER)
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # a link (ELOOP), a file (ENOTDIR)...
+        raise NotRead(f"{folder} is not a folder of the run ({e.strerror}): {name} not read") from None
+    try:
+        try:
+            fd = os.open(name, _READ, dir_fd=dfd)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            try:
+                mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+                why = _kind(mode)
+            except OSError:
+                why = e.strerror
+            raise NotRead(f"{path} is {why}: not read") from None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRead(f"{path} is {_kind(st.st_mode)}: not read")
+        if st.st_size > max_bytes:
+            raise NotRead(f"{path} is {st.st_size:,} bytes, over the {max_bytes:,} read back: not read")
+        chunks, left = [], max_bytes + 1
+        while left > 0:  # a file still growing is cut at the bound, not read forever
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise NotRead(f"{path} grew past the {max_bytes:,} bytes read back: not read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _note(refused, e: OSError) -> None:
+    if refused is not None and isinstance(e, NotRead):
+        refused.append(str(e))
+
+
+def read_json(path: str, default=None, refused: list | None = None, max_bytes: int = MAX_JSON_BYTES):
+    """The JSON in the run folder's file ``path`` (read_bytes), or ``default`` when there is none, it is
+    not whole JSON, or it is not read (then ``refused`` gets the reason)."""
+    try:
+        return json.loads(read_bytes(path, max_bytes))
+    except OSError as e:
+        _note(refused, e)
+        return default
+    except (ValueError, RecursionError):
         return default
 
 
-def read_jsonl(path: str) -> list:
-    """Every whole line of a JSON-lines file (a line cut off by a crash is skipped)."""
-    out = []
+def read_jsonl(path: str, refused: list | None = None, max_bytes: int = MAX_JSONL_BYTES) -> list:
+    """Every whole line of a JSON-lines file (a line cut off by a crash is skipped); [] when the file
+    is not there or not read (``refused`` gets the reason)."""
     try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    except OSError:
-        pass
+        data = read_bytes(path, max_bytes)
+    except OSError as e:
+        _note(refused, e)
+        return []
+    out = []
+    for line in data.splitlines():
+        try:
+            out.append(json.loads(line))
+        except (ValueError, RecursionError):
+            continue
     return out
