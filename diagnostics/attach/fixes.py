@@ -351,14 +351,15 @@ class Guest:
                 continue
             kinds: dict[type, list] = {}
             for sub in child.children():
-                if next(sub.parameters(), None) is not None:
+                # a block: a module of modules (a transformer layer, a ResNet stage), not a lone Linear
+                if next(sub.parameters(), None) is not None and next(sub.children(), None) is not None:
                     kinds.setdefault(type(sub), []).append(sub)
             for kind, subs in kinds.items():
                 if len(subs) >= 2 and (best is None or len(subs) > len(best[2])):
                     best = (cname, kind, subs)
         if best is None:
             f.na(f"no repeated blocks in {self.top_name}: no ModuleList or Sequential holds two or more modules of "
-                 "one class with parameters")
+                 "one class made of modules with parameters")
             return
         cname, kind, subs = best
         for sub in subs:
@@ -579,4 +580,5 @@ def install(torch, run_dir: str, protocol) -> Guest:
         g.uninstall()
 
     atexit.register(at_exit)
+    g.at_exit = at_exit  # tests that install the guest in their own process take it off again
     return g

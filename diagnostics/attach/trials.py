@@ -45,6 +45,10 @@ class Stopped(Exception):
     """Stop, Ctrl-C or SIGTERM during the trials."""
 
 
+class BaselineFailed(Exception):
+    """The script fails as it is: nothing can be compared with it."""
+
+
 class _TrialSession(Session):
     """One run of the script: its output into the run folder's output.log (its traceback is a failed row's
     reason), nothing analysed or stored per run."""
@@ -161,6 +165,8 @@ class Trials:
             tail = _tail(d / OUTPUT)
             run["error"] = why + (f": {tail}" if tail else "")
             self.dead.add(key)
+            if key == BASELINE:
+                raise BaselineFailed()
             return math.nan
         if not_applicable:
             self.dead.add(key)
@@ -235,7 +241,10 @@ class Trials:
                 r = Rounds(timers, baseline=BASELINE, seed=self.seed, reverse=False)
                 self._main_rounds = r
                 self._current = (r, None, None)
-                self._loop(r)
+                try:
+                    self._loop(r)
+                except BaselineFailed:
+                    pass
                 if BASELINE in self.dead:
                     self.status = "failed"
                     error = "the script fails as it is (the baseline run): " + next(
@@ -292,9 +301,14 @@ class Trials:
         self._combo["rounds"] = r
         self._current = (r, None, None)
         for _ in range(self.rounds):
-            r.run()
+            try:
+                r.run()
+            except BaselineFailed:
+                self.notes.append("the baseline failed during the combination's rounds: they were cut short")
+                self.dead.discard(BASELINE)
+                break
             self._write()
-            if key in self.dead or BASELINE in self.dead:
+            if key in self.dead:
                 break
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from diagnostics.analyses.trials.result import FixTrial, TrialsMetrics, TrialsResult
 from diagnostics.errors import TorchScopeError
-from diagnostics.measure.compare import CONTROL, METHOD, control_problem, geometric_mean, ratio_summary
+from diagnostics.measure.compare import CONTROL, METHOD, VERDICTS, control_problem, geometric_mean, ratio_summary
 
 RECORD = "trials.json"
 BASELINE = "baseline"
@@ -160,7 +160,7 @@ def build_result(record: dict, folder: str = "") -> TrialsResult:
                      cms.get(BASELINE, []), noise, ref, base_warm, stopped)
     notes = list(record.get("notes", []))
     problem = control_problem({r.fix: {"verdict": r.verdict, "speedup": r.speedup, "speedup_ci": r.speedup_ci}
-                               for r in rows})
+                               for r in rows if r.verdict in VERDICTS})
     if problem:
         notes.insert(0, problem)
     faster = [r for r in rows[2:] if r.verdict == "faster"]
