@@ -146,7 +146,7 @@ class Trials:
         self.live["runs"] = len(self.runs)
         timed_out = out.stop_reason.startswith("stopped after the --timeout")
         if out.interrupted and not timed_out:
-            run["error"] = f"stopped ({out.stop_reason})"
+            run.update(error=f"stopped ({out.stop_reason})", stopped=True)
             self.stop.set()
             raise Stopped()
         done = bool(o and o.get("done"))

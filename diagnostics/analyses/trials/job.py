@@ -69,7 +69,7 @@ def _median(xs):
 
 def _failure(runs: list[dict]) -> str | None:
     for r in runs:
-        if r.get("error"):
+        if r.get("error") and not r.get("stopped"):  # a run cut short by Stop is no failure of the fix
             return r["error"]
     return None
 
@@ -143,7 +143,7 @@ def build_result(record: dict, folder: str = "") -> TrialsResult:
     for r in runs:
         by_key.setdefault(r["key"], []).append(r)
     base_runs = by_key.get(BASELINE, [])
-    ref = next((r["outcome"] for r in base_runs if r.get("outcome") and not r.get("error")), None)
+    ref = next((r["outcome"] for r in base_runs if r.get("outcome") and r["outcome"].get("done")), None)
     base_ms = round_ms.get(BASELINE, [])
     noise = None
     if CONTROL in round_ms and _finite(round_ms[CONTROL]):
