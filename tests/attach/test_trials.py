@@ -31,6 +31,7 @@ def _cmd(script, *args):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 25 runs of the script: about a minute on a quiet machine, minutes on a busy one
 def test_the_data_bound_script_reads_as_the_issue_says(tmp_path):
     store = Store(str(tmp_path / "store"))
     t = Trials(_cmd("data_bound.py"), "loader_workers=2,channels_last,amp_bf16", steps=8, warmup=3, rounds=6,
@@ -123,5 +124,5 @@ def test_the_cli_prints_the_rows_and_the_json_result(tmp_path):
     rows = {r["fix"]: r for r in res["trials"]}
     assert all(rows[k]["applicable"] for k in ("channels_last", "checkpointing", "fused_optimizer", "set_to_none"))
     assert "3 Block blocks of Net.blocks" in rows["checkpointing"]["change"]
-    assert rows["set_to_none"]["change"].startswith("zero_grad(set_to_none=True) at conv_blocks.py:")
+    assert re.fullmatch(r"zero_grad\(set_to_none=True\) at \S*conv_blocks\.py:40", rows["set_to_none"]["change"])
     assert "[torchscope] fused_optimizer: " in p.stderr and res["run_id"]
