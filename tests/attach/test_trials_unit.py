@@ -43,7 +43,9 @@ def _outcome(losses, fixes=None, peak=100, warm=(50.0, 10.0, 10.0), done=True):
             "steps_seen": 13}
 
 
-def test_a_record_gives_speedups_intervals_and_costs_computed_independently():
+def sample_record() -> dict:
+    """A trials record of six rounds: a fix twice as fast, one not applicable, AMP with a small loss difference
+    and a 2 s compile-like warm-up, one whose run crashed."""
     rng = np.random.default_rng(1)
     base = list(30 + rng.normal(0, 0.5, 6))
     control = list(30 + rng.normal(0, 0.5, 6))
@@ -62,6 +64,12 @@ def test_a_record_gives_speedups_intervals_and_costs_computed_independently():
               "rounds": 6, "runs": runs, "round_ms": {"baseline": base, "control": control,
                                                       "loader_workers=2": workers, "channels_last": [None],
                                                       "amp_bf16": amp, "fused_optimizer": [None]}}
+    return record
+
+
+def test_a_record_gives_speedups_intervals_and_costs_computed_independently():
+    record = sample_record()
+    base, workers = record["round_ms"]["baseline"], record["round_ms"]["loader_workers=2"]
     res = build_result(record, "/f")
     rows = {r.fix: r for r in res.trials}
     assert list(rows) == ["baseline", "control", "loader_workers=2", "channels_last", "amp_bf16", "fused_optimizer"]

@@ -130,3 +130,20 @@ def write_json(path: str, data) -> None:
     with open(tmp, "w") as f:
         json.dump(data, f, default=str)
     os.replace(tmp, path)
+
+
+def suggested_fixes(findings) -> list[str]:
+    """The fixes an attached run's flagged findings point to (FINDING_FIXES), each once, in the findings' order:
+    ``loader_workers=K`` with the data_wait finding's ``workers_needed`` (at least 2, default 4). ``findings``:
+    records with ``id``, ``status`` and ``numbers`` (diagnostics.findings.Finding)."""
+    out: list[str] = []
+    for f in findings:
+        if getattr(f, "status", None) not in ("warn", "fail"):
+            continue
+        for name in FINDING_FIXES.get(getattr(f, "id", ""), ()):
+            if name == "loader_workers":
+                n = (getattr(f, "numbers", None) or {}).get("workers_needed") or 4
+                name = f"loader_workers={max(2, int(n))}"
+            if name.split("=")[0] not in {x.split("=")[0] for x in out}:
+                out.append(name)
+    return out
