@@ -50,8 +50,8 @@ def test_the_view_shows_a_stored_trials_result(tmp_path):
 
     at = AppTest.from_function(page, default_timeout=60, kwargs={"path": str(path)}).run()
     assert not at.exception, [e.value for e in at.exception]
-    assert [m.label for m in at.metric][:4] == ["Baseline step", "Best fix", "Best speed-up", "A/A control"]
-    assert at.metric[1].value == "loader_workers=2"
+    assert [m.label for m in at.metric][:4] == ["Baseline step", "Best speed-up", "Fixes faster", "A/A control"]
+    assert at.metric[1].value.startswith("x2.0") and at.metric[2].value == "1"
     assert any("DataLoader(..., num_workers=2) at t.py:9" in m.value for m in at.markdown)
     df = at.dataframe[0].value
     assert list(df["fix"])[:3] == ["baseline", "control", "loader_workers=2"]

@@ -18,9 +18,11 @@ def tiles(result: TrialsResult) -> list[Tile]:
     control_ci = (m.control_ci_low, m.control_ci_high) if m.control_ci_low is not None else None
     return [Tile("Baseline step", m.baseline_step_ms, "ms", "the script as it is: mean timed step, geometric mean "
                                                             "of its runs"),
-            Tile("Best fix", m.best_fix or "none", "text", "the fastest fix faster beyond the noise"),
-            Tile("Best speed-up", m.best_speedup, "ratio", "the best fix's speed-up over the baseline",
-                 detail=comparison_detail(best_ci, None) if m.best_speedup else None),
+            Tile("Best speed-up", m.best_speedup, "ratio", "the fastest fix faster beyond the noise, over the "
+                                                           "baseline", missing="none",
+                 detail=f"{m.best_fix} {comparison_detail(best_ci, None)}" if m.best_speedup else None),
+            Tile("Fixes faster", m.fixes_faster, "count", f"{m.fixes_slower} slower, {m.fixes_not_applicable} not "
+                                                          f"applicable, {m.fixes_failed} failed or diverged"),
             Tile("A/A control", m.control_speedup, "ratio", "the baseline against itself: the noise floor",
                  detail=comparison_detail(control_ci, m.control_verdict)),
             Tile("Runs", m.runs, "count", f"{result.rounds} rounds of {result.warmup} warm-up + {result.steps} timed "
