@@ -423,6 +423,12 @@ class Guest:
             self.optimizer = opt
             self._first_optimizer(opt)
         if opt is not self.optimizer:
+            if self.scaler is not None:  # GradScaler's one update per iteration over several optimizers: by hand
+                f = self.fixes["amp_fp16"]
+                f.applicable, f.change = False, None
+                f.reason = (f"a second optimizer ({type(opt).__name__}) steps: scaler.step for each optimizer and one "
+                            "scaler.update() per iteration must be written by hand")
+                self._end()
             return None
         if self.scaler is not None and self._scaled:
             try:

@@ -215,3 +215,14 @@ def test_loader_fixes_change_the_dataloaders_arguments_and_name_its_line(tmp_pat
         f["prefetch=4"]["reason"]
     assert "test_trials_unit.py:" in f["prefetch=4"]["reason"]
     assert f["pin_memory"]["applicable"] is False and "no CUDA device" in f["pin_memory"]["reason"]
+
+
+def test_amp_fp16_scales_the_loss_and_unscales_the_gradients_before_the_step(tmp_path):
+    torch.manual_seed(0)
+    model = ConvNet()
+    out, opt = _train(tmp_path, ("amp_fp16",), model)
+    assert out["fixes"]["amp_fp16"]["applicable"] and "GradScaler" in out["fixes"]["amp_fp16"]["change"]
+    assert model.seen_dtype == torch.float16 and out["done"]
+    # the gradient norms read before the step are the unscaled ones: of the order of the loss' gradients, not x65536
+    assert all(0 < g < 100 for g in out["grad_norms"]), out["grad_norms"]
+    assert all(math.isfinite(x) for x in out["losses"])
