@@ -226,3 +226,23 @@ def test_amp_fp16_scales_the_loss_and_unscales_the_gradients_before_the_step(tmp
     # the gradient norms read before the step are the unscaled ones: of the order of the loss' gradients, not x65536
     assert all(0 < g < 100 for g in out["grad_norms"]), out["grad_norms"]
     assert all(math.isfinite(x) for x in out["losses"])
+
+
+def test_the_report_and_the_cli_lines_show_the_rows_with_their_intervals(tmp_path):
+    from diagnostics.render.charts.trials import build_trials_speedup_figure, summary_lines
+    from diagnostics.render.html import write_report_folder
+
+    res = build_result(sample_record(), "/f")
+    lines = summary_lines(res)
+    assert any(ln.startswith("loader_workers=2: x2.0") and "faster" in ln for ln in lines), lines
+    assert "channels_last: not applicable: no 4-D tensor" in lines
+    assert any(ln.startswith("fused_optimizer: failed: the script exited with code 1: Boom") for ln in lines)
+    assert "change: loader_workers=2: DataLoader(..., num_workers=2) at t.py:9" in lines
+    fig = build_trials_speedup_figure(res)
+    bars = fig.data[0]
+    assert list(bars.y) == ["control (baseline again: A/A)", "loader_workers=2", "amp_bf16"]  # baseline aside
+    w = res.trials[2]
+    assert bars.error_x.array[1] == pytest.approx(w.speedup_ci[1] - w.speedup)
+    written = write_report_folder("trials", res, tmp_path / "rep", {}, title="t", meta={"run": "r", "source": "cli"})
+    html = Path(written["report.html"]).read_text()
+    assert "Fixes tried on the script" in html and "DataLoader(..., num_workers=2) at t.py:9" in html
