@@ -1,5 +1,7 @@
 """A small CNN of repeated blocks on 4-D inputs, synthetic data, Adam: the fixes that need a 4-D tensor, repeated
-blocks or a fused optimizer can act on it."""
+blocks or a fused optimizer can act on it. ``--cuda``: on the GPU."""
+import sys
+
 import torch
 from torch import nn
 
@@ -31,11 +33,12 @@ class Net(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
-model = Net()
+device = "cuda" if "--cuda" in sys.argv else "cpu"
+model = Net().to(device)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 for step in range(200):
-    x = torch.randn(8, 3, 16, 16)
-    y = torch.randint(0, 4, (8,))
+    x = torch.randn(8, 3, 16, 16, device=device)
+    y = torch.randint(0, 4, (8,), device=device)
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad(set_to_none=False)
     loss.backward()
