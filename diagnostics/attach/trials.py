@@ -185,8 +185,8 @@ class Trials:
         return run
 
     def _round_no(self) -> int:
-        r = self._current[0]
-        return r.done + 1
+        """The round being run (1-based) of the rounds running now (the main ones, then the combination's)."""
+        return self._current.done + 1
 
     # ------------------------------------------------------------------ the record
     def _record(self) -> dict:
@@ -202,9 +202,7 @@ class Trials:
                                   "round_ms": _round_ms(combo["rounds"]) if combo.get("rounds") else {}}
         return rec
 
-    def _write(self, r=None, combo=None) -> None:
-        if combo is not None and r is not None:
-            combo["rounds"] = r
+    def _write(self) -> None:
         tmp = self.folder / f"{RECORD}.tmp"
         tmp.write_text(json.dumps(self._record(), default=str))
         tmp.replace(self.folder / RECORD)
@@ -240,7 +238,7 @@ class Trials:
                 self._main_rounds = None
                 r = Rounds(timers, baseline=BASELINE, seed=self.seed, reverse=False)
                 self._main_rounds = r
-                self._current = (r, None, None)
+                self._current = r
                 try:
                     self._loop(r)
                 except BaselineFailed:
@@ -299,7 +297,7 @@ class Trials:
         timers = {BASELINE: self._timer(BASELINE, ()), key: self._timer(key, tuple(faster))}
         r = Rounds(timers, baseline=BASELINE, seed=self.seed + 1, reverse=False)
         self._combo["rounds"] = r
-        self._current = (r, None, None)
+        self._current = r
         for _ in range(self.rounds):
             try:
                 r.run()

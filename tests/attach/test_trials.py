@@ -20,7 +20,7 @@ from diagnostics.attach.trials import Trials
 from diagnostics.results import decode, to_plain
 from diagnostics.registry import get_analysis
 from diagnostics.store import Store
-from tests.attach.harness import ROOT, SCRIPTS, env_for
+from tests.attach.harness import SCRIPTS, env_for
 
 #: The data-bound script's batch: 16 samples, each sleeping 2 ms while it is read.
 BATCH_SLEEP_MS = 16 * 2.0
