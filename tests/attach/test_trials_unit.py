@@ -246,3 +246,42 @@ def test_the_report_and_the_cli_lines_show_the_rows_with_their_intervals(tmp_pat
     written = write_report_folder("trials", res, tmp_path / "rep", {}, title="t", meta={"run": "r", "source": "cli"})
     html = Path(written["report.html"]).read_text()
     assert "Fixes tried on the script" in html and "DataLoader(..., num_workers=2) at t.py:9" in html
+
+
+def test_the_rounds_drop_a_fix_that_cannot_act_and_try_the_faster_ones_together(tmp_path, monkeypatch):
+    """The orchestrator's logic with the runs replaced by figures (no process): a not-applicable fix leaves after its
+    first run, two faster fixes are tried together in rounds of their own, the record reads back into the result."""
+    from diagnostics.attach.command import check_command
+    from diagnostics.attach.trials import Trials
+
+    rng = np.random.default_rng(0)
+    ms = {"baseline": 30.0, "control": 30.0, "loader_workers=2": 15.0, "fused_optimizer": 24.0,
+          "loader_workers=2+fused_optimizer": 12.0}
+    calls = []
+
+    def fake(self, key, fixes, round_no):
+        calls.append(key)
+        na = key == "channels_last"
+        states = {f: {"applicable": not na, "reason": "no 4-D tensor" if na else "", "change": None if na else f"do {f}"}
+                  for f in fixes}
+        self.runs.append({"key": key, "fixes": list(fixes), "round": round_no, "error": None,
+                          "outcome": _outcome([0.7, 0.6, 0.5], states, done=not na)})
+        if na:
+            self.dead.add(key)
+            return math.nan
+        return ms[key] * float(np.exp(rng.normal(0, 0.02)))
+
+    monkeypatch.setattr(Trials, "_run_once", fake)
+    cmd = check_command([sys.executable, "-c", "pass"], str(tmp_path))
+    t = Trials(cmd, "loader_workers=2,channels_last,fused_optimizer", rounds=6, folder=str(tmp_path / "t"))
+    res = t.run().result
+    assert calls.count("channels_last") == 1 and calls.count("loader_workers=2") == 6
+    assert calls.count("loader_workers=2+fused_optimizer") == 6 and calls.count("baseline") == 12
+    rows = {r.fix: r for r in res.trials}
+    assert rows["loader_workers=2"].speedup == pytest.approx(2.0, rel=0.05) and rows["fused_optimizer"].verdict == "faster"
+    assert rows["channels_last"].verdict == "not applicable"
+    c = res.combination
+    assert c.fix == "loader_workers=2+fused_optimizer" and c.verdict == "faster"
+    assert c.speedup == pytest.approx(2.5, rel=0.05) and c.change == "do loader_workers=2; do fused_optimizer"
+    assert res.metrics.best_fix == c.fix
+    assert json.loads((tmp_path / "t" / "trials.json").read_text())["combination"]["key"] == c.fix
