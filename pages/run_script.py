@@ -86,7 +86,7 @@ with st.expander("Try fixes", expanded=bool(st.session_state.get(TRY_KEY))):
                "speed-up with its interval, the loss difference and peak memory per fix, and the change to make. "
                "The fixes the last run's findings point to are ticked. From a terminal: "
                "`python -m diagnostics run --try amp_bf16,loader_workers=4 -- python train.py`.")
-    t1, t2, t3 = st.columns([3, 1, 1])
+    t1, t2, t3, t4 = st.columns([3, 1, 1, 1])
     chosen = t1.multiselect("Fixes", options=list(FIXES), key=TRY_KEY, disabled=busy,
                             format_func=lambda n: f"{n}=N" if FIXES[n][0] == "int" else n,
                             help="; ".join(f"{n}: {FIXES[n][1]}" for n in FIXES))
@@ -95,6 +95,9 @@ with st.expander("Try fixes", expanded=bool(st.session_state.get(TRY_KEY))):
     rounds = t3.number_input("Rounds", min_value=1, max_value=100, value=6, key="trials_rounds",
                              persist_state="session", disabled=busy,
                              help="each runs the script once per candidate; 6 is the fewest that give a 95% interval")
+    try_steps = t4.number_input("Timed steps", min_value=1, max_value=10000, value=10, key="trials_steps",
+                                persist_state="session", disabled=busy,
+                                help="steps timed per run, after 3 warm-up steps (whose losses are compared)")
     try_go = st.button("Try fixes", disabled=busy or not line.strip() or not chosen, key="attach_try",
                        icon=":material/science:")
 
@@ -105,7 +108,8 @@ if go or try_go:
     fixes = ",".join(f"{n}={int(n_value)}" if FIXES[n][0] == "int" else n for n in chosen) if try_go else None
     try:
         st.session_state[RUN_KEY] = run = BackgroundRun(
-            line, cwd or os.getcwd(), steps=int(steps), at=int(at) if at >= 2 and not try_go else None,
+            line, cwd or os.getcwd(), steps=int(try_steps if try_go else steps),
+            at=int(at) if at >= 2 and not try_go else None,
             timeout_s=float(timeout) or None, data_dir=str(get_store().data_dir), try_fixes=fixes,
             rounds=int(rounds) if try_go else None)
     except TorchScopeError as e:
