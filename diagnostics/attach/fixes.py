@@ -531,10 +531,16 @@ class Guest:
             if f and f.applicable is None:
                 torch = self.torch
                 if key == "cudnn_benchmark":
-                    f.ok("torch.backends.cudnn.benchmark = True at the start of the script")
+                    if not torch.backends.cudnn.benchmark:  # the script turned it off again after our start
+                        f.na("the script sets torch.backends.cudnn.benchmark = False itself: set it to True there")
+                    else:
+                        f.ok("torch.backends.cudnn.benchmark = True at the start of the script")
                 else:
                     cap = torch.cuda.get_device_capability() if self.cuda else (0, 0)
-                    if cap < (8, 0):
+                    if not torch.backends.cuda.matmul.allow_tf32:
+                        f.na("the script sets torch.backends.cuda.matmul.allow_tf32 = False itself: set it to True "
+                             "there")
+                    elif cap < (8, 0):
                         f.na(f"this GPU (compute capability {cap[0]}.{cap[1]}) has no TF32 tensor cores (8.0 and up)")
                     else:
                         f.ok("torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True at "
