@@ -99,8 +99,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
-    with_value = {"--steps", "--at", "--try", "--rounds", "--warmup", "--max-warmup", "--fallback-after", "--cwd", "--timeout", "--out", "-o",
-                  "--data-dir", "--status-file"}
+    with_value = {"--steps", "--at", "--try", "--rounds", "--warmup", "--max-warmup", "--fallback-after", "--cwd",
+                  "--timeout", "--out", "-o", "--data-dir", "--status-file"}
     i = 0
     while i < len(argv):
         a = argv[i]
