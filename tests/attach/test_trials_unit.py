@@ -285,3 +285,14 @@ def test_the_rounds_drop_a_fix_that_cannot_act_and_try_the_faster_ones_together(
     assert c.speedup == pytest.approx(2.5, rel=0.05) and c.change == "do loader_workers=2; do fused_optimizer"
     assert res.metrics.best_fix == c.fix
     assert json.loads((tmp_path / "t" / "trials.json").read_text())["combination"]["key"] == c.fix
+
+
+def test_the_cli_reads_try_and_refuses_its_options_without_it(capsys):
+    from diagnostics.cli.attach import main, split_argv
+
+    assert split_argv(["--try", "amp_bf16", "--rounds", "3", "python", "t.py", "--lr", "1"]) == \
+        (["--try", "amp_bf16", "--rounds", "3"], ["python", "t.py", "--lr", "1"])
+    assert main(["--rounds", "3", "--", "python", "t.py"]) == 2
+    assert "--rounds and --warmup go with --try" in capsys.readouterr().err
+    assert main(["--try", "amp_bf16", "--at", "4", "--", "python", "t.py"]) == 2
+    assert "--at profiles a step; it does not go with --try" in capsys.readouterr().err
