@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from diagnostics.analyses import (
     attach, batch_scan, checklist, compile, distributed, gradients, memory, optimize, plan, profile, summary, trace,
-    validate,
+    trials, validate,
 )
 from diagnostics.declare import Analysis
 from diagnostics.errors import TorchScopeError
@@ -48,6 +48,7 @@ ANALYSES: dict[str, Analysis] = register([
     *trace.ANALYSES,
     *distributed.ANALYSES,
     attach.ANALYSIS,
+    trials.ANALYSIS,
 ])
 
 

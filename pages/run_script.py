@@ -5,6 +5,7 @@ import os
 
 import streamlit as st
 
+from diagnostics.analyses.trials.protocol import FIXES, suggested_fixes
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import safe_mode
 from ui import views
@@ -17,6 +18,33 @@ require_app()
 RUN_KEY = "attach_run"
 PHASE_ICON = {"starting": ":material/hourglass_top:", "warming up": ":material/local_fire_department:",
               "profiling": ":material/timer:", "running": ":material/directions_run:", "done": ":material/check:"}
+
+#: The "Try fixes" multiselect's key; TRY_FOR_KEY: the run whose findings last ticked it.
+TRY_KEY, TRY_FOR_KEY = "trials_fixes", "trials_suggested_for"
+
+
+def _suggest_from_last_run(run) -> None:
+    """Tick the fixes the findings of the session's last attached run point to (once per run)."""
+    if run is None or not run.done or getattr(run, "trials", False):
+        return
+    run_id = run.status().get("run_id")
+    if not run_id or st.session_state.get(TRY_FOR_KEY) == run_id:
+        return
+    rec = get_store().get(run_id)
+    if rec is None or not rec.result:
+        return
+    from diagnostics.registry import get_analysis
+    from diagnostics.results import decode
+
+    try:
+        findings = decode(get_analysis("attach"), rec.result).findings
+    except TorchScopeError:
+        return
+    st.session_state[TRY_FOR_KEY] = run_id
+    names = [f.split("=")[0] for f in suggested_fixes(findings)]
+    if names:
+        st.session_state[TRY_KEY] = names
+
 
 st.title("Run a script")
 st.caption("Your own training script, unmodified: it runs as it would from a terminal (same arguments, working "
@@ -50,13 +78,40 @@ at = c2.number_input("Profile from step (0: after warm-up)", min_value=0, value=
 timeout = c3.number_input("Stop after (s, 0: never)", min_value=0, value=0, key="attach_timeout",
                           persist_state="session", disabled=busy)
 
-if st.button("Run", type="primary", disabled=busy or not line.strip(), key="attach_go"):
+# -- Try fixes (issue 40): the script run as it is and with each fix, in interleaved rounds with an A/A control.
+_suggest_from_last_run(run)
+with st.expander("Try fixes", expanded=bool(st.session_state.get(TRY_KEY))):
+    st.caption("Each fix applied without editing the script (the bootstrap does it), each candidate a fresh run of "
+               "the script, in rounds in a random order with the script as it is twice (the A/A control): the "
+               "speed-up with its interval, the loss difference and peak memory per fix, and the change to make. "
+               "The fixes the last run's findings point to are ticked. From a terminal: "
+               "`python -m diagnostics run --try amp_bf16,loader_workers=4 -- python train.py`.")
+    t1, t2, t3, t4 = st.columns([3, 1, 1, 1])
+    chosen = t1.multiselect("Fixes", options=list(FIXES), key=TRY_KEY, disabled=busy,
+                            format_func=lambda n: f"{n}=N" if FIXES[n][0] == "int" else n,
+                            help="; ".join(f"{n}: {FIXES[n][1]}" for n in FIXES))
+    n_value = t2.number_input("N (workers, prefetch)", min_value=1, max_value=64, key="trials_n", value=4,
+                              persist_state="session", disabled=busy)
+    rounds = t3.number_input("Rounds", min_value=1, max_value=100, value=6, key="trials_rounds",
+                             persist_state="session", disabled=busy,
+                             help="each runs the script once per candidate; 6 is the fewest that give a 95% interval")
+    try_steps = t4.number_input("Timed steps", min_value=1, max_value=10000, value=10, key="trials_steps",
+                                persist_state="session", disabled=busy,
+                                help="steps timed per run, after 3 warm-up steps (whose losses are compared)")
+    try_go = st.button("Try fixes", disabled=busy or not line.strip() or not chosen, key="attach_try",
+                       icon=":material/science:")
+
+go = st.button("Run", type="primary", disabled=busy or not line.strip(), key="attach_go")
+if go or try_go:
     from diagnostics.attach.background import BackgroundRun
 
+    fixes = ",".join(f"{n}={int(n_value)}" if FIXES[n][0] == "int" else n for n in chosen) if try_go else None
     try:
         st.session_state[RUN_KEY] = run = BackgroundRun(
-            line, cwd or os.getcwd(), steps=int(steps), at=int(at) if at >= 2 else None,
-            timeout_s=float(timeout) or None, data_dir=str(get_store().data_dir))
+            line, cwd or os.getcwd(), steps=int(try_steps if try_go else steps),
+            at=int(at) if at >= 2 and not try_go else None,
+            timeout_s=float(timeout) or None, data_dir=str(get_store().data_dir), try_fixes=fixes,
+            rounds=int(rounds) if try_go else None)
     except TorchScopeError as e:
         st.error(str(e))
         run = None
@@ -67,6 +122,17 @@ def _panel(run) -> None:
     s = run.status()
     if s.get("done") or run.done:
         st.rerun()
+    if getattr(run, "trials", False):
+        box = st.status(f"Trying fixes · {s['elapsed_s']:.0f} s", state="running", expanded=True)
+        box.progress(min(1.0, float(s.get("fraction") or 0.0)),
+                     text=s.get("message") or "starting the first run of the script")
+        box.caption(f"{s.get('runs', 0)} run(s) of the script done")
+        box.button("Stop", key="attach_stop", on_click=run.stop, disabled=s.get("stopping"), icon=":material/stop:",
+                   help="Stop the trials and every process of the current run; the rounds measured are kept")
+        if s.get("stopping"):
+            box.caption("Stopping: the current run got Ctrl-C; its process tree is killed if it does not end in 10 s.")
+        box.code(run.log_tail()[-4000:] or "(no output yet)", language=None)
+        return
     phase = s.get("phase", "starting")
     window = s.get("window")
     what = f"step {s.get('step', 0)}" + (f" · profiling steps {window[0]}-{window[1]}" if window else "")
@@ -90,7 +156,7 @@ elif run is not None:
     else:
         if rec.status != "ok":
             st.warning(rec.error or rec.status)
-        if rec.result:
-            views.show_stored("attach", rec.result, file_stem=rec.id)  # the store keeps the plain form
+        if rec.result:  # the store keeps the plain form
+            views.show_stored(rec.analysis, rec.result, file_stem=rec.id)
 else:
     st.info("Give the command and press Run. The result also lands in History.")

@@ -27,7 +27,8 @@ class BackgroundRun:
     """``python -m diagnostics run`` for ``command_line`` (a shell-like string) in ``cwd``."""
 
     def __init__(self, command_line: str, cwd: str, *, steps: int = 5, at: int | None = None,
-                 timeout_s: float | None = None, data_dir: str | None = None):
+                 timeout_s: float | None = None, data_dir: str | None = None, try_fixes: str | None = None,
+                 rounds: int | None = None):
         try:
             argv = shlex.split(command_line)
         except ValueError as e:
@@ -35,6 +36,14 @@ class BackgroundRun:
 
             raise UsageError(f"the command line cannot be read: {e}") from None
         self.command = check_command(argv, cwd)  # bad input: UsageError before anything starts
+        if try_fixes:
+            from diagnostics.analyses.trials.protocol import parse_fixes
+            from diagnostics.attach.command import UsageError
+
+            try:
+                try_fixes = ",".join(parse_fixes(try_fixes))
+            except ValueError as e:
+                raise UsageError(str(e)) from None
         self.folder = Path(tempfile.mkdtemp(prefix="torchscope-run-"))
         self.status_file = self.folder / "status.json"
         self.log_file = self.folder / "output.log"
@@ -42,6 +51,9 @@ class BackgroundRun:
                 "--die-with-parent", "--steps", str(int(steps)), "--cwd", self.command.cwd]
         if at is not None:
             args += ["--at", str(int(at))]
+        self.trials = bool(try_fixes)  # fix trials (issue 40): --try instead of a profiled run
+        if try_fixes:
+            args += ["--try", str(try_fixes)] + (["--rounds", str(int(rounds))] if rounds else [])
         if timeout_s:
             args += ["--timeout", str(float(timeout_s))]
         if data_dir:

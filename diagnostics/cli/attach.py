@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                 epilog="Exit code: the script's own (2 when the command cannot run). The run lands in the "
                        "dashboard's History.")
     g = p.add_argument_group("what to profile")
-    g.add_argument("--steps", type=positive(int), default=DEFAULT_STEPS,
+    g.add_argument("--steps", type=positive(int), default=None,
                    help=f"steps to profile with torch.profiler (default {DEFAULT_STEPS})")
     g.add_argument("--at", type=positive(int), metavar="K",
                    help="profile from step K (at least 2) instead of after the automatic warm-up")
@@ -68,6 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fallback-after", type=positive(float), default=3.0, metavar="S",
                    help="seconds without an optimizer step before steps end at the model's forward or at "
                         "DataLoader batches instead (default 3)")
+    t = p.add_argument_group("try fixes (instead of profiling: docs/attach.md, 'Trying fixes')")
+    t.add_argument("--try", dest="try_fixes", metavar="FIX[,FIX...]",
+                   help="run the script as it is and with each fix (no edit of the script), in interleaved rounds "
+                        "with an A/A control, and report each fix's speed-up with its interval and its cost in loss "
+                        "and memory; fixes: amp_bf16, amp_fp16, compile, channels_last, loader_workers=N, pin_memory, "
+                        "persistent_workers, prefetch=N, fused_optimizer, foreach_optimizer, set_to_none, "
+                        "checkpointing, cudnn_benchmark, tf32. --steps is then the timed steps per run (default 10)")
+    t.add_argument("--rounds", type=positive(int), default=None, metavar="R",
+                   help="with --try: rounds, each running the script once per candidate (default 6, the fewest "
+                        "that give a 95%% interval)")
+    t.add_argument("--warmup", type=positive(int), default=None, metavar="N",
+                   help="with --try: untimed steps per run, whose losses and gradient norms are compared (default 3)")
     r = p.add_argument_group("run and report")
     r.add_argument("--cwd", metavar="DIR", help="the script's working folder (default: this one)")
     r.add_argument("--timeout", type=positive(float), metavar="SECONDS",
@@ -87,8 +99,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
-    with_value = {"--steps", "--at", "--max-warmup", "--fallback-after", "--cwd", "--timeout", "--out", "-o",
-                  "--data-dir", "--status-file"}
+    with_value = {"--steps", "--at", "--try", "--rounds", "--warmup", "--max-warmup", "--fallback-after", "--cwd",
+                  "--timeout", "--out", "-o", "--data-dir", "--status-file"}
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -115,6 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     from diagnostics.errors import TorchScopeError
     from diagnostics.store import Store
 
+    if args.try_fixes is not None:  # issue 40: fix trials instead of a profiled run
+        from diagnostics.cli.trials import run_trials
+
+        return run_trials(args, command, stop)
+    if args.rounds is not None or args.warmup is not None:
+        sys.stderr.write("error: --rounds and --warmup go with --try\n")
+        return EXIT_USAGE
+    args.steps = DEFAULT_STEPS if args.steps is None else args.steps
     try:
         if args.at is not None and args.at < 2:
             raise TorchScopeError(f"--at {args.at}: the first step starts with the script; profile from step 2 on")

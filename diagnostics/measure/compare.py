@@ -190,10 +190,10 @@ def control_problem(rows: dict[str, dict]) -> str | None:
 
 
 # ----------------------------------------------------------------------------- the rounds
-def round_order(keys: list[str], rng: np.random.Generator) -> list[str]:
-    """One round's order: a fresh random permutation of ``keys``, then the same reversed."""
+def round_order(keys: list[str], rng: np.random.Generator, reverse: bool = True) -> list[str]:
+    """One round's order: a fresh random permutation of ``keys``, then (``reverse``) the same reversed."""
     perm = [keys[i] for i in rng.permutation(len(keys))]
-    return perm + perm[::-1]
+    return perm + perm[::-1] if reverse else perm
 
 
 class Rounds:
@@ -201,10 +201,12 @@ class Rounds:
     milliseconds), the baseline first unless named; ``control`` adds the A/A key "control" (the
     baseline's timer again). ``run()`` times one round of the keys still running; ``summary()`` gives
     every key's figures so far; ``decide()`` freezes the candidates whose verdict an interim look
-    settles (they leave the later rounds)."""
+    settles (they leave the later rounds). ``reverse=False``: each key once per round (a random order
+    only), where one call is a whole process run (fix trials on a script: nothing carries over between
+    processes, and the palindrome would double the runs)."""
 
     def __init__(self, timers: dict[str, Callable[[], float]], *, baseline: str | None = None,
-                 control: bool = False, seed: int = SEED, batch_size: int = 1):
+                 control: bool = False, seed: int = SEED, batch_size: int = 1, reverse: bool = True):
         if not timers:
             raise ValueError("nothing to compare")
         self.timers = dict(timers)
@@ -213,6 +215,7 @@ class Rounds:
             self.timers[CONTROL] = self.timers[self.baseline]
         self.keys = list(self.timers)
         self.batch_size = batch_size
+        self.reverse = reverse
         self.rng = np.random.default_rng(seed)
         self.samples: dict[str, list[float]] = {k: [] for k in self.keys}
         self.round_ms: dict[str, list[float]] = {k: [] for k in self.keys}
@@ -236,7 +239,7 @@ class Rounds:
 
     def run(self) -> None:
         keys = self.running
-        order = round_order(keys, self.rng)
+        order = round_order(keys, self.rng, self.reverse)
         times: dict[str, list[float]] = {k: [] for k in keys}
         for k in order:
             times[k].append(float(self.timers[k]()))

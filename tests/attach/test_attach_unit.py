@@ -220,8 +220,9 @@ def test_the_code_that_runs_inside_the_users_job_imports_only_the_standard_libra
 
 def test_the_attach_package_stands_below_the_cli_and_the_dashboard():
     allowed = {"diagnostics", "psutil"}
+    # fix trials (attach/trials.py): its analysis' record and result, and the one interleaved comparison
     engine_ok = ("diagnostics.errors", "diagnostics.procs", "diagnostics.attach", "diagnostics.analyses.attach",
-                 "diagnostics.store")
+                 "diagnostics.store", "diagnostics.analyses.trials", "diagnostics.measure.compare")
     import ast
 
     for path in (ROOT / "diagnostics" / "attach").rglob("*.py"):

@@ -173,3 +173,13 @@ def test_linear_drift_hits_every_key_alike(monkeypatch):
     assert all(len(v["round_ms"]) == 8 for v in r.values())
     for k in ("cand", CONTROL):  # the speed-up is the ratio of the times shown
         assert r[k]["speedup"] == pytest.approx(r["base"]["time_ms"] / r[k]["time_ms"])
+
+
+def test_rounds_without_the_reverse_run_each_key_once_per_round_in_a_fresh_order():
+    calls = []
+    r = Rounds({k: (lambda k=k: calls.append(k) or 1.0) for k in ("a", "b", "c")}, reverse=False, seed=3)
+    for _ in range(8):
+        r.run()
+    assert all(sorted(o) == ["a", "b", "c"] for o in r.orders) and len(calls) == 24
+    assert len({tuple(o) for o in r.orders}) > 1  # the order changes from round to round
+    assert r.round_ms["b"] == [1.0] * 8

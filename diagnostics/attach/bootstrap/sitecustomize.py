@@ -47,6 +47,15 @@ def _torchscope_attach():
     def start(torch):
         try:
             protocol = load("_torchscope_attach_protocol", protocol_path)
+            # -- hook point (issue 40, fix trials): a run folder with a trial.json gets the trial guest
+            # (diagnostics/attach/fixes.py) instead of the agent: one candidate's fixes, timed steps, no profiler.
+            if os.path.exists(os.path.join(run_dir, "trial.json")):
+                trial = load("_torchscope_trial_protocol", os.path.join(
+                    os.path.dirname(os.path.dirname(here)), "analyses", "trials", "protocol.py"))
+                load("_torchscope_trial_guest", os.path.join(os.path.dirname(here), "fixes.py")).install(
+                    torch, run_dir, trial)
+                return
+            # -- end of hook point
             agent = load("_torchscope_attach_agent", agent_path)
             agent.install(torch, run_dir, protocol)
         except Exception as e:  # ours: the job runs on, unprofiled

@@ -46,7 +46,12 @@ VERDICT_COLOR = {"faster": "#2e7d32", "slower": "#c62828", "within noise": "#9e9
 def build_speedup_figure(result: OptimizeResult) -> go.Figure:
     """Each fix's speed-up over the baseline (the geometric mean of the interleaved rounds' ratios) with its 95%
     interval as an error bar, coloured by verdict; the A/A control's interval is the shaded noise floor."""
-    rows = [r for r in _ok_rows(result) if r.fix != "baseline"]
+    return speedup_bars([r for r in _ok_rows(result) if r.fix != "baseline"])
+
+
+def speedup_bars(rows) -> go.Figure:
+    """The speed-up chart of any timed rows (each with ``fix``, ``title``, ``speedup``, ``speedup_ci`` and
+    ``verdict``; the A/A control's row named "control"): Optimize's trials and the fix trials on a script."""
     sp = [r.speedup for r in rows]
     ci = [r.speedup_ci or [s, s] for r, s in zip(rows, sp)]
     colors = ["#5b6375" if r.fix == "control" else VERDICT_COLOR.get(r.verdict, "#9e9e9e") for r in rows]
