@@ -61,6 +61,7 @@ def _planted(arch, tmp_path, module: str, scale: float) -> dict:
 LLAMA_MLP = "model.model.layers.0.mlp."
 
 
+@pytest.mark.slow  # each model built and watched twice
 @pytest.mark.parametrize("arch,module,dead", [
     # Llama's MLP is down(silu(gate(x)) * up(x)): with up's output zeroed, gate's gradient is exactly zero
     # (multiplied by it), down's input is zero (no bias: no gradient at all), and the norm before them feeds
@@ -90,3 +91,23 @@ def test_the_checklist_repeats_the_verdict_over_several_steps(tmp_path):
     status, evidence, _, nums = check_gradient_flow({"measured": {"gradients": g}})
     assert (status, nums["vanishing"], nums["dead"]) == ("pass", 0, 0), evidence
     assert evidence.startswith(f"all {g['layers']} layers healthy")
+
+
+@pytest.mark.slow  # 15 training steps, then 3 watched
+def test_after_training_the_phase_is_named_and_nothing_is_flagged(tmp_path):
+    """15 AdamW steps take Llama's loss from chance level (ln 500 = 6.2) to below 5: judged after training, when
+    query / key projections lose the allowance of a fresh initialisation (1e-8 -> 1e-6 of the reference)."""
+    loaded = load_model(spec_of("llama", tmp_path))
+    model = loaded.model.train()
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(15):
+        opt.zero_grad()
+        loaded.loss_fn(loaded.forward()).backward()
+        opt.step()
+    r = gradient_flow(loaded, 3)
+    assert r["phase"] == "after training" and r["metrics"]["loss_first"] < 5, r["phase_reason"]
+    assert r["phase_reason"].endswith("is below chance level (ln 500 = 6.21): the model has learned")
+    assert [(l["layer"], l["reason"]) for l in r["layers"] if l["status"] != "healthy"] == []
+    q = next(l for l in r["layers"] if l["layer"] == "model.model.layers.0.self_attn.q_proj")
+    assert q["rule"].startswith("‖g‖/‖w‖ < 1e-06 × the model's reference")
