@@ -504,3 +504,16 @@ def test_deep_sigmoid_mlp_is_still_flagged_under_the_plain_rule(tmp_path):
 ])
 def test_layer_kinds(name, type_, params, kind):
     assert gradient_health.layer_kind(name, type_, params) == kind
+
+
+def test_without_weight_norms_the_gradient_norms_are_judged_the_same_way():
+    """An attached run sees the script's gradients, not its weights: the rule reads gradient norms."""
+    rows = [_row(f"blocks.{i}.fc", 0.1, None) for i in range(10)] + [_row("blocks.10.fc", 2e-6, None),
+                                                                      _row("blocks.11.fc", 5e-8, None)]
+    ref = gradient_health.judge_layers(rows)
+    assert ref == pytest.approx(0.1) and all(r["relative_grad"] is None for r in rows)
+    assert [r["status"] for r in rows[-2:]] == ["vanishing", "vanishing"]
+    assert rows[-2]["reason"] == ("gradient norm 2e-06 is 2e-05 × the model's reference 0.1 (its layers' 90% "
+                                  "percentile); < 0.0001")
+    assert rows[-1]["reason"] == "gradient norm 5e-08 < 1e-07"
+    assert rows[0]["rule"].startswith("gradient norm < 0.0001 × the model's reference")
