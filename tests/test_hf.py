@@ -88,10 +88,10 @@ def test_meta_build_counts_what_the_real_build_counts(tmp_path):
     assert meta.meta and not real.meta
     for key in ("params_total", "tied_parameters", "param_bytes", "flops_forward", "flops_forward_per_token"):
         assert getattr(meta.metrics, key) == getattr(real.metrics, key), key
-    # Backward: on fake tensors attention's backward is the math one (4 matmuls of 2*b*h*s*s*d); the CPU's
-    # fused kernel that really ran also recomputes the scores QK^T (a 5th), once per layer.
-    b, h, s, d, layers = 2, 4, 32, 16, 2
-    assert real.metrics.flops_backward - meta.metrics.flops_backward == layers * 2 * b * h * s * s * d
+    # Backward: on fake tensors attention's backward is the math one (4 matmuls of 2*b*h*s*s*d). The training
+    # step is counted in training mode, where GPT-2's attention dropout (0.1) runs the math path on the CPU too
+    # (in eval mode the CPU's fused kernel ran, and recomputed the scores QK^T: a 5th matmul per layer).
+    assert real.metrics.flops_backward == meta.metrics.flops_backward
     assert any("math attention backward" in n for n in meta.notes)
 
 

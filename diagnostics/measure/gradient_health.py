@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 ROOT = "(model)"
 
@@ -111,7 +112,8 @@ def layer_kind(name: str, module_type: str, param_names=()) -> str:
     """The kind of layer, from its module name, class name and own parameter names (no torch)."""
     last = name.rsplit(".", 1)[-1].lower()
     low = name.lower()
-    if "norm" in module_type.lower():
+    # by its class, or by its name where the class is lost (an exported program's InterpreterModule)
+    if "norm" in module_type.lower() or "norm" in last or re.fullmatch(r"ln(_\w+|\d+)?", last):
         return KIND_NORM
     if (any(m in low for m in _REL_POS_MARKS) or last in _REL_POS_NAMES
             or any(m in p.lower() for p in param_names for m in _REL_POS_MARKS)):

@@ -498,6 +498,10 @@ def test_deep_sigmoid_mlp_is_still_flagged_under_the_plain_rule(tmp_path):
     ("blocks.0.ls1", "LayerScale", ["gamma"], "layer scale"),
     ("blocks.0.norm1", "LayerNorm", ["weight", "bias"], "normalisation"),
     ("old.ln", "TFLayerNorm", ["gamma", "beta"], "normalisation"),
+    # an exported program's modules lose their class: the name says it
+    ("swin.encoder.layers.0.blocks.1.layernorm_after", "InterpreterModule", ["weight", "bias"], "normalisation"),
+    ("transformer.h.0.ln_1", "InterpreterModule", ["weight", "bias"], "normalisation"),
+    ("transformer.ln_f", "InterpreterModule", ["weight", "bias"], "normalisation"),
     ("model.layers.0.input_layernorm", "LlamaRMSNorm", ["weight"], "normalisation"),
     ("backbone.layers.0.mixer.dt_proj", "Linear", ["weight", "bias"], "state-space time step"),
     ("fc1", "Linear", ["weight", "bias"], "layer"),
