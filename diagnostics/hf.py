@@ -153,6 +153,15 @@ def read_config_json(data: bytes | str, name: str = "config.json") -> dict:
     return d
 
 
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False where the system refuses to look it up (an ARCH:KEY=VALUE spec
+    longer than a file name may be, 255 bytes: ``OSError: [Errno 36] File name too long``)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def parse_hf_arg(text: str, sets: list[str] | tuple = ()) -> tuple[dict, bool]:
     """``--hf`` (ARCH[:KEY=VALUE,...] or a config.json path) plus ``--hf-set KEY=VALUE`` -> (config
     dict, strict): keys typed by hand are checked strictly; a file's unknown keys are only noted."""
@@ -160,8 +169,8 @@ def parse_hf_arg(text: str, sets: list[str] | tuple = ()) -> tuple[dict, bool]:
     if not text:
         raise SpecError("--hf needs an architecture (e.g. gpt2 or llama:hidden_size=4096) or a config.json path")
     path = Path(text).expanduser()
-    if text.endswith(".json") or path.is_file():
-        if not path.is_file():
+    if text.endswith(".json") or _is_file(path):
+        if not _is_file(path):
             raise SpecError(f"config file not found: {text}")
         config, strict = read_config_json(path.read_bytes(), path.name), False
     else:

@@ -20,11 +20,14 @@ from torch import nn
 from diagnostics.measure.gradient_health import (ACTIVATION_FLAG_FRACTION, LAYER_SCALE_GATE_MAX,
                                                  MIN_UNIT_OBSERVATIONS, ROOT, SATURATION_EPS, STATUSES,
                                                  THRESHOLD_HELP, THRESHOLDS, finite as _finite, is_layer_scale_param,
-                                                 summarize_layers)
+                                                 phase_of, summarize_layers)
 from diagnostics.measure.state import restored_state
 from diagnostics.tensors import tensor_key
 from diagnostics.measure.training import Step
 from diagnostics.errors import TorchScopeError
+
+#: Model sources built with random weights for the run (a built-in sample, a transformers config).
+RANDOM_INIT_SOURCES = ("sample", "hf")
 
 _RELUS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU)
 _SIGMOIDS = (nn.Sigmoid, nn.Hardsigmoid)
@@ -169,6 +172,8 @@ def grad_stats(g: torch.Tensor) -> dict:
         "abs": float(finite.double().abs().sum()),
         "max": float(finite.abs().max()) if g.numel() else 0.0,
         "zeros": int((g == 0).sum()),
+        # a parameter whose gradient is mostly non-zero: the gradient reaches the layer's output
+        "dense": int(g.numel() > 0 and int((g != 0).sum()) * 2 > g.numel()),
         "nan": nan,
         "inf": inf,
         "numel": g.numel(),
@@ -299,9 +304,12 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
     progress(0.92, "classifying layers")
     names = layer_order(order, list(owners))
     types = dict((mname or ROOT, type(m).__name__) for mname, m in model.named_modules())
+    # a config or a sample is built with random weights here; a loss at chance level says the same
+    phase, phase_reason = phase_of(losses[0], getattr(loaded, "num_classes", None),
+                                   random_init=loaded.spec.source in RANDOM_INIT_SOURCES and not loaded.spec.weights_path)
     steps_table, layers, global_norms = summarize_layers(
         names, per_step, {n: sum(p.numel() for _, p in owners[n]) for n in names}, types,
-        {n: [pn for pn, _ in owners[n]] for n in names}, layer_scale_gates(model), losses)
+        {n: [pn for pn, _ in owners[n]] for n in names}, layer_scale_gates(model), losses, phase)
 
     activations = []
     for name, a in acts.items():
@@ -345,7 +353,7 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
             r[k] = _finite(r[k])
     for l in layers:
         for k in ("grad_norm_mean", "grad_norm_max", "grad_norm_first", "grad_norm_last", "grad_abs_mean", "grad_abs_max",
-                  "grad_norm_relative"):
+                  "grad_norm_relative", "relative_grad", "peer_median"):
             l[k] = None if l[k] is None else _finite(l[k])
     for g in global_norms:
         g["global_norm"] = _finite(g["global_norm"])
@@ -361,6 +369,7 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
     return {
         "loss": getattr(loaded, "loss_name", None), "loss_stand_in": stand_in,
         "confidence": "low" if stand_in else "normal",
+        "phase": phase, "phase_reason": phase_reason,
         "model": loaded.spec.label,
         "device": str(loaded.device),
         "verdict": verdict,

@@ -73,6 +73,25 @@ def script_types(model: nn.Module) -> dict[str, int]:
     return out
 
 
+#: Roles of a weight whose init scale is a convention of the architecture, not a mistake.
+ROLE_ZERO = "zero-initialised"
+ROLE_VOCAB_HEAD = "vocabulary head"
+
+
+def init_role(weight, shape, vocabularies: set) -> str | None:
+    """ROLE_ZERO for an all-zero weight (a residual branch's last projection started at zero, as ReZero,
+    adaLN-Zero or zero-init-residual ResNets do, leaving the block the identity), ROLE_VOCAB_HEAD for a
+    projection from the token embedding's width onto its vocabulary (``shape``: (out, in) = (vocabulary,
+    width)), tied to the embedding or not, else None."""
+    if weight.is_meta:
+        return None
+    if not bool(weight.detach().any()):
+        return ROLE_ZERO
+    if shape in vocabularies:
+        return ROLE_VOCAB_HEAD
+    return None
+
+
 def static_facts(model: nn.Module) -> dict:
     """Facts from the module tree alone."""
     types: dict[str, int] = {}
@@ -108,16 +127,25 @@ def static_facts(model: nn.Module) -> dict:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         dist_backend = str(torch.distributed.get_backend())
     init = []
+    # the token embedding (the one with the most rows; position and relative-position tables have fewer): a
+    # Linear from its width onto its vocabulary is a vocabulary (LM) head, tied to it or not, whose init scale
+    # is the architecture's convention (T5: N(0, 1))
+    embeddings = [m for _, m in mods if isinstance(m, nn.Embedding) and m.num_embeddings > 1]
+    rows = max((e.num_embeddings for e in embeddings), default=0)
+    vocabularies = {(e.num_embeddings, e.embedding_dim) for e in embeddings if e.num_embeddings == rows}
     for n, m in mods:
         if is_hf_conv1d(m) and m.weight.numel() > 1:
             fan_in = m.weight.shape[0]  # stored (in, out)
             std = float(m.weight.detach().float().std())
-            init.append({"name": n, "type": "Conv1D", "fan_in": fan_in, "std": std, "gain": std * math.sqrt(fan_in)})
+            init.append({"name": n, "type": "Conv1D", "fan_in": fan_in, "std": std, "gain": std * math.sqrt(fan_in),
+                         "role": init_role(m.weight, (m.weight.shape[1], fan_in), vocabularies)})
         elif isinstance(m, WEIGHTED) and m.weight is not None and m.weight.numel() > 1:
             fan_in = m.weight[0].numel()
             std = float(m.weight.detach().float().std())
+            out = tuple(m.weight.shape) if isinstance(m, nn.Linear) else None  # (out, in)
             init.append({"name": n, "type": type(m).__name__, "fan_in": fan_in, "std": std,
-                         "gain": std * math.sqrt(fan_in)})
+                         "gain": std * math.sqrt(fan_in),
+                         "role": init_role(m.weight, out, vocabularies)})
     return {
         "model_type": type(model).__name__,
         "module_types": types,

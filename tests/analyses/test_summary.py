@@ -384,3 +384,100 @@ def test_a_torchscript_submodule_gets_a_note_and_its_flops_land_on_its_python_pa
     assert layer(r, "out").flops_forward == 2 * B * 4 * 3 and layer(r, "out").output_shape == [B, 3]
     assert layer(r, "inner").flops_forward is None and layer(r, "inner.fc1").flops_forward is None
     assert layer(r, "(model)").flops_forward == r.metrics.flops_forward == 2 * B * (8 * 16 + 16 * 4 + 4 * 3)
+
+
+class _GradOnlyInTraining(nn.Module):
+    """As SpeechT5's feature encoder: its input asks for a gradient only in training mode, so the first
+    convolution's input gradient is computed (and its FLOPs spent) only in a training step."""
+
+    def __init__(self, attention: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv1d(1, 8, kernel_size=10, stride=5)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True) if attention else None
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = x[:, None]
+        if self.training:
+            x = x.detach().requires_grad_(True)
+        h = self.conv(x).transpose(1, 2)  # B, L, 8
+        if self.attn is not None:
+            h = self.attn(h, h, h, need_weights=False)[0]
+        return self.head(h).mean(1)
+
+
+def _torch_step_flops(model, x, training: bool) -> int:
+    """torch's own FlopCounterMode over forward + backward of the loss, in the mode asked."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    was = model.training
+    model.train(training)
+    try:
+        with FlopCounterMode(display=False) as fc:
+            default_loss(model(x)).backward()
+    finally:
+        model.train(was)
+        model.zero_grad(set_to_none=True)
+    return fc.get_total_flops()
+
+
+@pytest.mark.parametrize("attention", [False, True])  # one counted pass; pass by pass (a fused fast path)
+@pytest.mark.parametrize("mode", ["eval", "train"])  # the mode the model comes in
+def test_a_training_step_is_counted_in_training_mode(attention, mode, tmp_path, no_hooks_left):
+    B, T, C, K, S = 2, 400, 8, 10, 5
+    x = torch.randn(B, T)
+    model = _GradOnlyInTraining(attention).train(mode == "train")
+    m = run_summary(model, x, tmp_path=tmp_path).metrics
+    assert model.training == (mode == "train")  # the mode it came in, restored
+    L = (T - K) // S + 1
+    conv_input_grad = 2 * B * L * C * 1 * K  # d(input) of the conv: one multiply-add per weight and output
+    train_flops, eval_flops = _torch_step_flops(model, x, True), _torch_step_flops(model, x, False)
+    assert train_flops - eval_flops == conv_input_grad  # what only a training step computes
+    if not attention:  # torch's counter and ours agree on convolutions and linears
+        assert m.flops_train_step == train_flops  # eval mode gave eval_flops
+    assert m.flops_forward + m.flops_backward == m.flops_train_step
+    assert m.flops_train_step == profile_train_step_flops(model, x)
+
+
+def profile_train_step_flops(model, x) -> int:
+    """What ``profile --mode train`` counts: its training step (diagnostics.measure.training.Step) under
+    the counter, the model in training mode."""
+    from diagnostics.measure.roofline import count_ops
+    from diagnostics.measure.training import Step
+
+    loaded = LoadedModel(ModelSpec(name="handmade"), model, (InputSpec(tuple(x.shape)),), (x,), default_loss, "mse")
+    was = model.training
+    model.train()
+    try:
+        with torch.enable_grad():
+            return count_ops(Step(loaded, True, "sgd", 0.01), type(model).__name__)[1].total
+    finally:
+        model.train(was)
+
+
+def test_speecht5_forward_and_backward_equal_the_training_steps_count(tmp_path):
+    """SpeechT5's feature encoder computes its first convolution's input gradient only in training: the
+    summary (eval mode) gave 94,382,080 where profile --mode train gave 95,404,800 on the reported config."""
+    pytest.importorskip("transformers")
+    from diagnostics.intake import load_model
+    from diagnostics.runner import execute
+    from tests.real_architectures import python_spec
+
+    spec = python_spec("speecht5", tmp_path)
+    m = execute(Job("summary", spec, {}), tmp_path / "out").metrics
+    loaded = load_model(spec)
+    conv = loaded.model.speecht5.encoder.prenet.feature_encoder.conv_layers[0].conv
+    B, T = loaded.inputs.kwargs["input_values"].shape
+    L = (T - conv.kernel_size[0]) // conv.stride[0] + 1
+    conv_input_grad = 2 * B * L * conv.out_channels * conv.kernel_size[0]  # one input channel
+    from diagnostics.measure.roofline import count_ops
+    from diagnostics.measure.training import Step
+
+    counts = {}
+    for training in (False, True):
+        loaded.model.train(training)
+        with torch.enable_grad():
+            counts[training] = count_ops(Step(loaded, True, "sgd", 0.01), type(loaded.model).__name__)[1].total
+    assert counts[True] - counts[False] == conv_input_grad == 204_160
+    assert m.flops_forward + m.flops_backward == m.flops_train_step == counts[True]

@@ -129,3 +129,65 @@ def test_real_transformers_models_have_no_false_alarms():
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4))
     s = static_facts(gpt2)
     assert s["n_hf_conv1d"] == 8 and s["n_linear"] == 9  # 4 Conv1D per block, and lm_head
+
+
+class ZeroInitBlock(nn.Module):
+    """A residual block whose last projection starts at zero (ReZero / adaLN-Zero / zero-init-residual):
+    the block is the identity at initialisation, on purpose."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        nn.init.zeros_(self.down.weight)
+        nn.init.zeros_(self.down.bias)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+def test_init_conventions_are_named_not_flagged():
+    """T5 draws its vocabulary head (and its embedding, when tied) from N(0, 1): std x sqrt(fan_in) =
+    sqrt(d_model), far above 3, on purpose. A residual branch's last projection started at zero is too."""
+    d, vocab = 64, 100
+
+    class TinyLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.pos = nn.Embedding(d, d)  # a position table as wide as it is long: not the vocabulary
+            self.block = ZeroInitBlock(d)
+            self.head = nn.Linear(d, vocab, bias=False)
+            for m in (self.embed, self.pos, self.block.up):
+                m.weight.data.normal_(0, 0.02)
+            self.head.weight.data.normal_(0, 1.0)  # T5's untied lm_head
+
+        def forward(self, ids):
+            return self.head(self.block(self.embed(ids) + self.pos.weight[: ids.shape[1]]))
+
+    f = static_of(TinyLM(), IDS)
+    roles = {r["name"]: r.get("role") for r in f["static"]["init"]}
+    assert roles == {"block.up": None, "block.down": "zero-initialised", "head": "vocabulary head"}
+    expect("weight_init", f, "pass", "by convention, not judged: head (")
+    expect("weight_init", f, "pass", "by convention, not judged: block.down (0.00): zero-initialised")
+    # a plain layer at N(0, 1) is still too large, and a model whose every layer is zero still warns
+    model = TinyLM()
+    model.block.up.weight.data.normal_(0, 1.0)
+    expect("weight_init", static_of(model, IDS), "warn", "block.up (8.")
+    flat = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    for lin in (flat[0], flat[2]):
+        nn.init.zeros_(lin.weight)
+    expect("weight_init", static_of(flat, torch.randn(4, 8)), "warn", "2 of 2 layers")
+
+
+def test_t5_from_a_config_has_no_init_warning(tmp_path):
+    pytest.importorskip("transformers")
+    from diagnostics.intake import load_model
+    from diagnostics.measure.structure import static_facts
+    from tests.real_architectures import spec_of
+
+    model = load_model(spec_of("t5", tmp_path)).model
+    f = {"static": static_facts(model)}
+    head = next(r for r in f["static"]["init"] if r["name"] == "model.lm_head")
+    assert head["role"] == "vocabulary head" and head["gain"] == pytest.approx(math.sqrt(32), rel=0.05)
+    expect("weight_init", f, "pass", "model.lm_head (5.")

@@ -48,3 +48,20 @@ def test_training_rows_judge_gradients_and_memory():
     assert rows["activation_checkpointing"]["flag"] == "trade_off"
     assert rows["activation_checkpointing"]["assessment"] == ["slower x0.78 [0.70, 0.85]", "peak memory x0.60"]
     assert rows["qat"]["assessment"] == ["gradients moved: cosine 0.9500 < 0.999"]
+
+
+def test_a_label_never_claims_a_gain_its_timing_contradicts():
+    """With --iters 3 there is no interval and no verdict; DETR's int8_dynamic measured x0.21 and was
+    labelled "gain" for its size alone."""
+    int8 = row("int8_dynamic", speedup=0.21, speedup_ci=None, rounds=3, size_ratio=0.3)
+    r = assess([BASE, dict(int8)])[1]
+    assert r["flag"] == "trade_off"
+    assert r["assessment"] == ["slower x0.21 by its point estimate alone (3 rounds, too few for an interval: no verdict)",
+                               "size x0.30"]
+    # without the size gain it is a cost alone; at x0.95 the point estimate is within the noise it could be
+    assert assess([BASE, dict(int8, size_ratio=1.0)])[1]["flag"] == "regression"
+    assert assess([BASE, dict(int8, speedup=0.95)])[1]["flag"] == "gain"
+    # with an interval the verdict decides, as before: within noise is no cost
+    assert assess([BASE, dict(int8, speedup_ci=[0.05, 1.2])])[1]["flag"] == "gain"
+    # a fast point estimate without a verdict is no gain either
+    assert assess([BASE, dict(int8, speedup=3.0, size_ratio=1.0)])[1]["flag"] == "neutral"

@@ -47,6 +47,8 @@ def show(result: GradientsResult) -> None:
         st.error(f"Gradient flow: {result.verdict}")
     else:
         st.success("Gradient flow: every layer within the thresholds")
+    if isinstance(result.phase, str):  # runs stored before phases have none
+        st.caption(f"Judged {result.phase}: {result.phase_reason}")
     for note in result.notes:
         st.info(note)
 
@@ -55,18 +57,26 @@ def show(result: GradientsResult) -> None:
     with tab_layers:
         df = frame(result.layers)
         # the numbers first: the long texts (reason, rule) after them, so no number is pushed off-screen
-        cols = ["index", "layer", "status", "grad_norm_mean", "grad_norm_relative", "grad_abs_mean", "grad_abs_max",
-                "update_ratio_mean", "zero_fraction", "nan_count", "inf_count", "type", "kind", "reason",
-                "neighbourhood", "rule"]
+        cols = ["index", "layer", "status", "relative_grad", "peer_median", "grad_norm_mean", "weight_norm",
+                "grad_norm_relative", "grad_abs_mean", "grad_abs_max", "update_ratio_mean", "zero_fraction",
+                "nan_count", "inf_count", "type", "kind", "reason", "peer_role", "neighbourhood", "rule"]
         cols = [c for c in cols if c in df.columns]  # results stored before layer kinds have no kind / rule
         st.dataframe(df[cols].style.apply(_status_style, subset=["status"]), hide_index=True, width="stretch",
                      column_config={
                          "index": st.column_config.NumberColumn("#", width="small"),
                          "layer": st.column_config.TextColumn("Layer (forward order)"),
                          "rule": st.column_config.TextColumn("Vanishing rule applied", width="medium"),
-                         "neighbourhood": st.column_config.TextColumn("Compared with", width="medium",
-                                                                      help="the layer's neighbourhood: the nearest "
-                                                                           "module above it holding another layer"),
+                         "neighbourhood": st.column_config.TextColumn("Neighbourhood", width="medium",
+                                                                      help="the nearest module above the layer "
+                                                                           "holding another layer, to read it beside"),
+                         "relative_grad": st.column_config.NumberColumn(
+                             "‖g‖ / ‖w‖", format="%.2e", help="what the layer is judged on: its mean gradient norm "
+                                                              "over its weight norm"),
+                         "peer_median": st.column_config.NumberColumn(
+                             "Peers' ‖g‖ / ‖w‖", format="%.2e", help="the median of the same layer at the other "
+                                                                     "depths (at least 3 of them)"),
+                         "peer_role": st.column_config.TextColumn("Peers", width="medium"),
+                         "weight_norm": st.column_config.NumberColumn("‖w‖", format="%.3e"),
                          "status": st.column_config.TextColumn("Status", width="small"),
                          "reason": st.column_config.TextColumn("Reason", width="medium"),
                          "grad_norm_mean": st.column_config.NumberColumn("Grad L2 norm", format="%.3e"),

@@ -213,11 +213,17 @@ def layout_copy_facts(trace, in_step, calls, device: torch.device, kernel_us: fl
             "layout_copy_time_kind": "GPU kernel" if device.type == "cuda" else "CPU operator"}
 
 
-def gradient_facts(loaded, steps: int = 1) -> dict:
+#: Training steps the checklist watches the gradients over: several steps of the real loss, as the
+#: Gradient-flow page's rule is meant to judge (one step was a single draw).
+GRADIENT_STEPS = 3
+
+
+def gradient_facts(loaded, steps: int = GRADIENT_STEPS) -> dict:
     """Gradient health as the Gradient-flow page measures it (``measure.gradflow``; weights restored)."""
     r = gradient_flow(loaded, steps, "sgd", 0.01)
     m = r["metrics"]
-    return {"verdict": r["verdict"], "layers": m["layers"], "vanishing": m["layers_vanishing"],
+    return {"verdict": r["verdict"], "phase": r["phase"], "steps": steps,
+            "layers": m["layers"], "vanishing": m["layers_vanishing"],
             "exploding": m["layers_exploding"], "dead": m["layers_dead"], "nonfinite": m["layers_nonfinite"],
             "global_norm_first": m["global_norm_first"], "global_norm_max": m["global_norm_max"],
             "min_ratio": m["grad_norm_min_ratio"], "loss_stand_in": r["loss_stand_in"], "loss": r["loss"],

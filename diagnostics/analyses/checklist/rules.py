@@ -36,7 +36,7 @@ INIT_GAIN_MIN_NORMED = 0.05  # the lower bound in a model with normalisation lay
 # (transformers' normal(0, 0.02) init gives 0.2-0.6 at real widths; T5's query projections 1/sqrt(d_kv))
 # Gradient thresholds are the Gradient-flow analysis' own (one definition, per layer):
 from diagnostics.measure.gradient_health import (EXPLODING_NORM, KIND_VANISHING_RATIO, MIN_UNIT_OBSERVATIONS,  # noqa: E402
-                                                 PEER_VANISHING_RATIO, VANISHING_RATIO)
+                                                 PEER_VANISHING_RATIO, REFERENCE_QUANTILE, VANISHING_RATIO)
 DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole batch
 INFERENCE_SPEEDUP_MIN = 1.10  # eval()+inference_mode faster than train-mode forward by this factor
 BATCH_GAIN_MIN = 1.20  # throughput gain at twice the batch that says "use a bigger batch"
@@ -62,12 +62,13 @@ THRESHOLDS = [
     ("INIT_GAIN_MIN", INIT_GAIN_MIN, "min weight std x sqrt(fan_in)"),
     ("INIT_GAIN_MAX", INIT_GAIN_MAX, "max weight std x sqrt(fan_in)"),
     ("INIT_GAIN_MIN_NORMED", INIT_GAIN_MIN_NORMED, "min weight std x sqrt(fan_in) in a model with normalisation layers"),
-    ("VANISHING_RATIO", VANISHING_RATIO, "a layer's gradient norm / the largest in its neighbourhood (the nearest "
-     "module above it holding another layer), under which it vanishes (diagnostics.measure.gradient_health)"),
-    ("KIND_VANISHING_RATIO", min(KIND_VANISHING_RATIO.values()), "the same for layers small at initialisation by "
-     "design (" + ", ".join(KIND_VANISHING_RATIO) + "; diagnostics.measure.gradient_health)"),
-    ("PEER_VANISHING_RATIO", PEER_VANISHING_RATIO, "... or their norm / the largest of their own kind, under which "
-     "they vanish when also under VANISHING_RATIO"),
+    ("VANISHING_RATIO", VANISHING_RATIO, "a layer's relative gradient ‖g‖/‖w‖ / the model's reference (the "
+     f"{1 - REFERENCE_QUANTILE:.0%} percentile of its layers'), under which it vanishes "
+     "(diagnostics.measure.gradient_health)"),
+    ("KIND_VANISHING_RATIO", min(KIND_VANISHING_RATIO.values()), "the same for layers small by design ("
+     + ", ".join(KIND_VANISHING_RATIO) + "; diagnostics.measure.gradient_health)"),
+    ("PEER_VANISHING_RATIO", PEER_VANISHING_RATIO, "... or its relative gradient / the median of its peers (the same "
+     "layer at other depths), under which it vanishes"),
     ("EXPLODING_NORM", EXPLODING_NORM, "a layer's gradient norm over which it explodes (diagnostics.measure.gradient_health)"),
     ("DEAD_UNIT_FRACTION_MAX", DEAD_UNIT_FRACTION_MAX, "max share of ReLU units dead for the whole batch"),
     ("INFERENCE_SPEEDUP_MIN", INFERENCE_SPEEDUP_MIN, "speed-up of eval+inference_mode that is worth taking "
@@ -264,24 +265,49 @@ def check_layer_widths(f):
     return "pass", f"all {n} inner widths are multiples of {WIDTH_MULTIPLE}", "", nums
 
 
+#: Init scales that are an architecture's convention, not a mistake (``structure.init_role``), and why.
+INIT_CONVENTIONS = {
+    "zero-initialised": "zero-initialised, as a residual branch's last projection is on purpose (ReZero, "
+                        "adaLN-Zero, zero-init-residual ResNets: the block starts as the identity; the gradient-flow "
+                        "check tells whether gradient reaches it)",
+    "vocabulary head": "a vocabulary (LM) head, whose scale is the architecture's choice: T5 draws it (and its "
+                       "embedding, when tied) from N(0, 1) on purpose, rescaling the decoder's output by "
+                       "d_model^-0.5 when tied",
+}
+
+
 def check_init(f):
     init = f["static"].get("init") or []
     if not init:
         return na("no Linear / Conv weights")
     normed = bool(f["static"].get("n_norm"))
     low = INIT_GAIN_MIN_NORMED if normed else INIT_GAIN_MIN
-    bad = [r for r in init if not (low <= r["gain"] <= INIT_GAIN_MAX)]
-    gains = [r["gain"] for r in init]
-    nums = {"layers": len(init), "outside": len(bad), "min_gain": min(gains), "max_gain": max(gains), "low": low}
+    # a convention is judged as one, unless every layer is zero: then nothing breaks the symmetry
+    conventional = [r for r in init if r.get("role") in INIT_CONVENTIONS]
+    if conventional and all(r.get("role") == "zero-initialised" for r in init):
+        conventional = []
+    judged = [r for r in init if r not in conventional]
+    bad = [r for r in judged if not (low <= r["gain"] <= INIT_GAIN_MAX)]
+    gains = [r["gain"] for r in judged] or [r["gain"] for r in init]
+    nums = {"layers": len(init), "outside": len(bad), "min_gain": min(gains), "max_gain": max(gains), "low": low,
+            "conventions": len(conventional)}
     why_low = (f" (lower bound {low}: the model has {f['static']['n_norm']} normalisation layers, which restore the "
                "scale; small inits such as transformers' normal(0, 0.02) are by design)") if normed else ""
+    by_role: dict[str, list] = {}
+    for r in conventional:
+        by_role.setdefault(r["role"], []).append(r)
+    also = ""
+    for role, rows in by_role.items():
+        shown = ", ".join(f"{r['name']} ({r['gain']:.2f})" for r in rows[:3])
+        more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
+        also += f"; by convention, not judged: {shown}{more}: {INIT_CONVENTIONS[role]}"
     if bad:
         ex = ", ".join(f"{r['name']} ({r['gain']:.2f})" for r in bad[:4])
-        return ("warn", f"{len(bad)} of {len(init)} layers have weight std x sqrt(fan_in) outside "
-                f"[{low}, {INIT_GAIN_MAX}]: {ex}{why_low}", "Initialise with Kaiming (ReLU) or Xavier "
+        return ("warn", f"{len(bad)} of {len(judged)} layers have weight std x sqrt(fan_in) outside "
+                f"[{low}, {INIT_GAIN_MAX}]: {ex}{why_low}{also}", "Initialise with Kaiming (ReLU) or Xavier "
                 "(tanh/sigmoid) so activations keep their scale through depth.", nums)
-    return ("pass", f"weight scale std x sqrt(fan_in) in [{min(gains):.2f}, {max(gains):.2f}] for {len(init)} layers"
-            + why_low, "", nums)
+    return ("pass", f"weight scale std x sqrt(fan_in) in [{min(gains):.2f}, {max(gains):.2f}] for {len(judged)} layers"
+            + why_low + also, "", nums)
 
 
 def check_dropout_bn_mode(f):
@@ -340,9 +366,11 @@ def _gradient_flow(g):
                 f"{EXPLODING_NORM:g}): {_grad_examples(g, 'exploding')}", "Fix the init scale, add normalisation, "
                 "lower the learning rate, clip gradients (torch.nn.utils.clip_grad_norm_).", nums)
     if g["vanishing"]:
-        return ("fail", f"vanishing gradients in {g['vanishing']} of {g['layers']} layers (norm < "
-                f"{VANISHING_RATIO:g} x the largest in its neighbourhood; query/key projections, norms, relative-position "
-                f"biases, layer scales and state-space time steps by their own kind's rule): "
+        over = f" over {g['steps']} steps" if g.get("steps") else ""
+        phase = f", {g['phase']}" if g.get("phase") else ""
+        return ("fail", f"vanishing gradients in {g['vanishing']} of {g['layers']} layers{over}{phase} (relative "
+                f"gradient ‖g‖/‖w‖ < {VANISHING_RATIO:g} x the model's reference, or < {PEER_VANISHING_RATIO:g} x its "
+                f"peers' at other depths; layers small by design by their kind's allowance): "
                 f"{_grad_examples(g, 'vanishing')}",
                 "Use ReLU-family activations, residual connections, normalisation layers and Kaiming init.", nums)
     if g["dead"]:

@@ -73,6 +73,14 @@ class GradientLayer(Record, frozen=True, kw_only=True):
     rule: str | UnsetType = UNSET
     neighbourhood: str | UnsetType = UNSET
     neighbourhood_norm: float | UnsetType = UNSET
+    #: what the layer is judged on (unset in runs stored before): its weight norm before the first step, its
+    #: relative gradient ‖g‖/‖w‖ (None: zero weights, or no weight norm as in an attached run), its role at
+    #: every depth (the name with block indices as *) and its peers' median relative gradient (None: fewer
+    #: than PEER_MIN_LAYERS peers)
+    weight_norm: float | None | UnsetType = UNSET
+    relative_grad: float | None | UnsetType = UNSET
+    peer_role: str | UnsetType = UNSET
+    peer_median: float | None | UnsetType = UNSET
     status: str
     reason: str | None
     grad_norm_relative: float | None
@@ -114,6 +122,9 @@ class GradientsResult(Result, frozen=True, kw_only=True):
     loss: str | None
     loss_stand_in: bool
     confidence: str
+    #: at initialisation / after training / unknown, and why (unset in runs stored before phases)
+    phase: str | UnsetType = UNSET
+    phase_reason: str | UnsetType = UNSET
     model: str
     device: str | None
     verdict: str

@@ -4,7 +4,8 @@ read it too).
 
 ``assess(rows, mode, min_cosine, min_top1)`` sets on every measured row ``flag`` (one of FLAGS: a
 fidelity loss outranks everything; gains with costs are a trade-off, e.g. slower but smaller) and
-``assessment`` (the reasons, with their numbers): on the job's row dicts; ``reassessed`` gives typed rows
+``assessment`` (the reasons, with their numbers): on the job's row dicts (a speed-up below
+UNCONFIRMED_SLOWER without an interval is a cost: a label never claims a gain its timing contradicts); ``reassessed`` gives typed rows
 (result.TrialRow) assessed again at other thresholds (the page's). ``ranked(rows)`` orders rows of either
 kind by what they buy: the baseline and the control first, then gains (fastest first), trade-offs,
 regressions and fidelity losses, then rows that did not run.
@@ -22,6 +23,10 @@ from diagnostics.units import speedup_text
 FLAGS = ("fidelity_loss", "regression", "trade_off", "gain", "neutral")
 #: Size or peak memory this much below the baseline's counts as a gain.
 SAVING = 0.10
+#: A speed-up below this without a verdict (too few rounds for an interval, e.g. ``--iters 3``) is a cost
+#: the label shows: its timing contradicts a gain, so the row is no "gain" (int8_dynamic on DETR measured
+#: x0.21 in 3 rounds and was labelled a gain for its size alone).
+UNCONFIRMED_SLOWER = 1 - SAVING
 
 
 def _field(r: dict | TrialRow, key: str) -> Any:
@@ -47,9 +52,14 @@ def assess_row(r: dict | TrialRow, base: dict | TrialRow, mode: str, min_cosine:
     lost = _fidelity_problems(r, mode, min_cosine, min_top1)
     gains, costs = [], []
     verdict, size_ratio = _field(r, "verdict"), _field(r, "size_ratio")
+    speedup, ci = _field(r, "speedup"), _field(r, "speedup_ci")
     if verdict in ("faster", "slower"):
-        (gains if verdict == "faster" else costs).append(
-            f"{verdict} {speedup_text(_field(r, 'speedup'), _field(r, 'speedup_ci'))}")
+        (gains if verdict == "faster" else costs).append(f"{verdict} {speedup_text(speedup, ci)}")
+    elif ci is None and speedup is not None and speedup < UNCONFIRMED_SLOWER:
+        # no interval, so no verdict: the point estimate alone still contradicts a gain
+        rounds = _field(r, "rounds")
+        costs.append(f"slower x{speedup:.2f} by its point estimate alone ("
+                     f"{'too few rounds' if rounds is None else f'{rounds} rounds, too few'} for an interval: no verdict)")
     if size_ratio is not None and size_ratio < 1 - SAVING:
         gains.append(f"size x{size_ratio:.2f}")
     peak, base_peak = _field(r, "peak_bytes"), _field(base, "peak_bytes")

@@ -3,7 +3,10 @@
 FLOPs come from ``diagnostics.measure.flops.FlopCounter`` (torch's FlopCounterMode, plus grouped
 matmuls and fused attention): matmuls, convolutions and attention count; an op it cannot count is
 named in the notes and in the layer's ``flops_not_counted``, and a layer whose only arithmetic went
-uncounted shows None, not 0. Backward FLOPs are those of forward+backward minus forward. Parameters shared
+uncounted shows None, not 0. Backward FLOPs are those of forward+backward minus forward; the training step
+is counted in training mode (``model.train()``), as ``profile --mode train`` counts it: a model may compute
+more for training (SpeechT5's feature encoder asks for its first convolution's input gradient only then),
+with the random state forked and seeded so the count is the same on every run. Parameters shared
 between modules (tied weights) are counted once, for the first module that holds them.
 """
 
@@ -125,6 +128,22 @@ def _forward_counts(ctx, loaded, options, trainable, shapes):
         model.train(was_training)
 
 
+#: The seed of a counted training step's random state (layer drop and the like decide which layers run).
+TRAIN_COUNT_SEED = 0
+
+
+@contextmanager
+def training_rng(train: bool):
+    """A training step's random draws (HF's layer drop skips whole layers in training mode) from a forked,
+    seeded random state: the same count on every run, and the caller's random state untouched."""
+    if not train:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TRAIN_COUNT_SEED)
+        yield
+
+
 def _one_pass_counts(loaded, model, train: bool):
     """(forward count, forward+backward count or None, shapes) from one counted pass (``train``: a
     training step, else a forward pass without grad), or None if any of it failed."""
@@ -134,7 +153,8 @@ def _one_pass_counts(loaded, model, train: bool):
     torch.backends.mha.set_fastpath_enabled(False)  # as _flops_by_module
     try:
         model.zero_grad(set_to_none=True)
-        with counter, torch.set_grad_enabled(train):
+        model.train(train)  # a training step in training mode (the caller restores the mode)
+        with counter, torch.set_grad_enabled(train), training_rng(train):
             with output_shape_hooks(model, shapes):
                 out = loaded.forward()
             shapes.setdefault(ROOT, shape_of(out))  # a TorchScript root takes no hook: its output still has a shape
@@ -194,13 +214,16 @@ def _counts_pass_by_pass(ctx, loaded, options, trainable, shapes):
 
         def train_step():
             model.zero_grad(set_to_none=True)
-            loaded.loss_fn(loaded.forward()).backward()
+            with training_rng(True):
+                loaded.loss_fn(loaded.forward()).backward()
 
         try:
+            model.train()  # counted as profile --mode train counts it (the caller restores the mode)
             both = _flops_by_module(model, train_step)
         except Exception as e:  # a model that cannot train (e.g. integer outputs) still gets a summary
             backward_note = f"backward not counted: {type(e).__name__}: {e}"
         finally:
+            model.eval()
             model.zero_grad(set_to_none=True)
     return fwd, both, flops_note, backward_note
 

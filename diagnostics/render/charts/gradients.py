@@ -46,11 +46,8 @@ def build_grad_norm_depth_figure(result: GradientsResult) -> go.Figure:
     if exploding:
         fig.add_hline(y=exploding, line_dash="dot", line_color=STATUS_COLORS["exploding"],
                       annotation_text=f"exploding > {exploding:g}", annotation_position="top left")
-    largest = max((l.grad_norm_mean or 0 for l in layers), default=0)
-    ratio = _threshold(result, "VANISHING_RATIO")
-    if ratio and largest > 0:
-        fig.add_hline(y=ratio * largest, line_dash="dot", line_color=STATUS_COLORS["vanishing"],
-                      annotation_text=f"vanishing < {ratio:g} × largest", annotation_position="bottom left")
+    # no "vanishing" line on this axis: a layer is judged on its relative gradient ‖g‖/‖w‖ against the model's
+    # reference and its peers (each point's hover gives its reason), not on its norm against the largest
     fig.update_layout(title="Gradient norm per layer across depth (mean over steps)", height=440,
                       xaxis_title="layer (forward order)", yaxis_title="gradient L2 norm (log scale)",
                       yaxis_type="log", margin=dict(t=50, l=10, r=10, b=10),
