@@ -18,7 +18,7 @@ import pytest
 from tests.attach.harness import ROOT, SCRIPTS, env_for, run_attached, run_bare
 
 pytestmark = pytest.mark.slow
-PHASES = ("data_wait", "forward", "backward", "optimizer", "comm", "sync", "host")
+PHASES = ("data_wait", "forward", "backward", "optimizer", "comm", "sync", "evaluation", "host")
 
 
 def _sums(result: dict) -> None:

@@ -85,7 +85,7 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
     status = ("interrupted" if interrupted else "failed" if exit_code not in (0, None) else
               "no steps" if not ranked else "ok")
     if not ranked:
-        notes.append(_no_steps_note(run_dir, errors))
+        notes.append(_no_steps_note(run_dir, errors, exit_code))
     for e in errors:
         notes.append(f"the bootstrap failed in process {e['pid']} ({e.get('where')}): {e.get('error')}; that "
                      "process ran on unprofiled from there")
@@ -119,6 +119,7 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
     parts = ({"window": head["window_info"], "overhead": head["overhead"], "step_table": head["table"],
               "workers": head["workers"], "loaders": head["loaders"], "optimizers": head["optimizers"],
               "model": head["model"], "syncs": head["syncs"], "memory": head["memory"], "gpu": head["gpu"],
+              "evaluation": head["meta"].get("evaluation") or {},
               "gradients": head["gradients"]} if head else {})
     # the parts the run folder gave as plain data, checked against their types here (a wrong one names its field)
     return msgspec.convert(dict(
@@ -557,15 +558,22 @@ def _ranks_view(run_dir: Path, ranked: list[dict]) -> dict | None:
     return {k: v for k, v in view.items() if k != "timeline"}
 
 
-def _no_steps_note(run_dir: Path, errors: list) -> str:
-    metas = [read_json(str(d / META), {}) for d in run_dir.glob(f"{PROC_PREFIX}*")]
+def _no_steps_note(run_dir: Path, errors: list, exit_code: int | None = None) -> str:
+    """Why no step was seen, from what the processes wrote (never a guess when one of them imported torch)."""
+    metas = [m for m in (read_json(str(d / META), {}) for d in run_dir.glob(f"{PROC_PREFIX}*")) if m]
+    ended = ("" if exit_code is None else " (it exited with code 0)" if exit_code == 0
+             else f" (it exited with code {exit_code})")
     if errors and not metas:
         return "the bootstrap failed before any step: see errors"
-    if not any(run_dir.glob(f"{PROC_PREFIX}*")) and not (run_dir / WORKERS).exists():
-        return ("no step was seen: the script never imported torch in a process the bootstrap reached (python -E, "
-                "-I or -S, or an environment that drops PYTHONPATH, keeps it out), or it ended before its first step")
+    if not metas and not any(run_dir.glob(f"{PROC_PREFIX}*")) and not (run_dir / WORKERS).exists():
+        return ("no step was seen: no process of the job imported torch where the bootstrap runs (python -E, -I "
+                "or -S, or an environment that drops PYTHONPATH, keeps it out), or the script ended before "
+                "importing torch" + ended)
+    if metas and not any(m.get("events") for m in metas):
+        return (f"no step was seen: torch was imported ({len(metas)} process(es)), but the script ended before "
+                "it called a module, a backward, an optimizer or a DataLoader" + ended)
     return ("no step was seen: no optimizer stepped, and no module forward or DataLoader batch ended a step "
-            "before the script ended")
+            "before the script ended" + ended)
 
 
 def _metrics(head: dict | None, ranked: list, exit_code, found) -> dict:

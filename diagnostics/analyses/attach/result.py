@@ -77,6 +77,7 @@ class StepRow(Record, frozen=True, kw_only=True):
     optimizer_ms: Annotated[float, column("ms", "optimizer")]
     comm_ms: Annotated[float, column("ms", "comm")]
     sync_ms: Annotated[float, column("ms", "sync")]
+    evaluation_ms: Annotated[float, column("ms", "evaluation")] = 0.0
     host_ms: Annotated[float, column("ms", "host")]
     tool_ms: Annotated[float, column("ms", "ours")]
     batches: int | None = None
@@ -258,6 +259,16 @@ class Gpu(Record, frozen=True, kw_only=True):
     clock_placed: bool
 
 
+class Evaluation(Record, frozen=True, kw_only=True):
+    """Evaluation in a training run: top-level module calls under no_grad / inference_mode or in eval mode.
+    An evaluation loop between two training steps is a period of its own, outside every step."""
+
+    forwards: int = 0
+    forward_ms: float = 0.0
+    periods: int = 0
+    period_ms: float = 0.0
+
+
 class BootstrapError(Record, frozen=True, kw_only=True):
     """The bootstrap failed inside the script's process (the job ran on, unprofiled from there)."""
 
@@ -285,6 +296,7 @@ class AttachMetrics(Record, frozen=True, kw_only=True):
     optimizer_ms: _part_ms("optimizer") = UNSET
     comm_ms: _part_ms("comm") = UNSET
     sync_ms: _part_ms("sync") = UNSET
+    evaluation_ms: _part_ms("evaluation", " (evaluation forwards inside training steps)") = UNSET
     host_ms: _part_ms("host", " (the rest of the step)") = UNSET
     bottleneck_share: Annotated[float | None | UnsetType, metric(
         "fraction", "Bottleneck share", "the largest part's share of the step")] = UNSET
@@ -335,6 +347,7 @@ class AttachResult(Result, frozen=True, kw_only=True):
     syncs: Annotated[tuple[SyncRow, ...], table("Device syncs")] = ()
     memory: Memory = Memory()
     gpu: Gpu | None = None
+    evaluation: Evaluation = Evaluation()
     #: a Gradient flow result (its plain form) of the profiled steps' gradients: gradients(result) gives it whole
     gradients: dict[str, Any] | None = None
     #: the trace layer's Ranks view over the ranks' traces (plain; diagnostics.trace.ranks), or {"error": ...}
