@@ -194,7 +194,7 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
 
 
 def _summary(result: AttachResult, outcome, written) -> None:
-    from diagnostics.render.charts.attach import summary_lines, trace_names
+    from diagnostics.render.charts.attach import summary_lines, trace_paths
 
     err = sys.stderr
     err.write("[torchscope] " + "\n[torchscope] ".join(summary_lines(result)) + "\n")
@@ -203,9 +203,9 @@ def _summary(result: AttachResult, outcome, written) -> None:
             err.write(f"[torchscope] fix first: {f.title}: {f.est_saving_ms:.2f} ms per step: {f.detail}\n")
     for n in result.notes:
         err.write(f"[torchscope] note: {n}\n")
-    names = trace_names(result)
-    if names:
-        err.write(f"[torchscope] trace: {', '.join(names)} in {outcome.run_dir}\n")
+    paths = trace_paths(result)
+    if paths:
+        err.write(f"[torchscope] trace: {', '.join(paths)}\n")
     if written:
         err.write(f"[torchscope] report: {written['report.html']}\n")
     err.write(f"[torchscope] run {outcome.run_id} (History)\n")

@@ -220,7 +220,7 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
         "step_ms": step_ms, "step_ms_profiled": step_prof, "breakdown_ms": breakdown,
         "bottleneck": Bottleneck.of(breakdown, step_ms), "overhead_pct": overhead_pct,
         "busy_ms": (step_ms - breakdown.get("comm", 0.0)) if step_ms is not None else None,
-        "trace": trace_name, "table": table, "notes": own_notes, "trace_fig": trace_fig,
+        "trace": str(trace_path.resolve()) if trace_path else None, "table": table, "notes": own_notes, "trace_fig": trace_fig,
         "overhead": {"profiled_vs_outside_pct": overhead_pct, "tool_outside_s": tool_outside_s,
                      "tool_outside_ms_per_step": 1e3 * tool_outside_s / max(1, outside_all + len(prof)),
                      "tool_outside_pct": 100.0 * tool_outside_s / elapsed if elapsed > 0 else None,

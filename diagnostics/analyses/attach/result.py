@@ -332,7 +332,8 @@ class AttachResult(Result, frozen=True, kw_only=True):
     breakdown_ms: dict[str, float]
     bottleneck: Bottleneck | None
     overhead_pct: float | None
-    #: the trace file's name (one process), one per rank, or None (the script ended before the window)
+    #: the trace file's absolute path (one process), one per rank, or None (the script ended before the window);
+    #: runs stored before paths were absolute hold the file's name in run_dir
     trace: str | tuple[str, ...] | None
     ranks: Annotated[tuple[RankResult, ...], table("Ranks")] = ()
     waited_for_rank: int | None = None

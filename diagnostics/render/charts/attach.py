@@ -4,6 +4,8 @@ Gradient flow figures and the checklist's "fix this first" table."""
 
 from __future__ import annotations
 
+import os
+
 import plotly.graph_objects as go
 
 from diagnostics.analyses.attach.protocol import PHASES
@@ -82,10 +84,17 @@ def build_gpu_idle_figure(result: AttachResult) -> go.Figure:
     return fig
 
 
-def trace_names(result: AttachResult) -> list[str]:
-    """The run's trace files: one, one per rank, or none (the script ended before the profiled window)."""
+def trace_paths(result: AttachResult) -> list[str]:
+    """The run's trace files, absolute: one, one per rank, or none (the script ended before the profiled
+    window). A run stored when the result held file names has them joined to its run folder."""
     t = result.trace
-    return [] if not t else [t] if isinstance(t, str) else list(t)
+    names = [] if not t else [t] if isinstance(t, str) else list(t)
+    return [n if os.path.isabs(n) or not result.run_dir else os.path.join(result.run_dir, n) for n in names]
+
+
+def trace_names(result: AttachResult) -> list[str]:
+    """The trace files' names in the run folder (the Trace explorer opens ``<run id>/<name>``)."""
+    return [os.path.basename(p) for p in trace_paths(result)]
 
 
 def summary_lines(result: AttachResult) -> list[str]:
