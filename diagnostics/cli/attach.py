@@ -133,10 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_live(live):
         if status_file:
-            from diagnostics.analyses.attach.protocol import write_json
-
-            write_json(status_file, {**live.to_dict(), "run_id": session.run_id, "run_dir": str(session.run_dir),
-                                     "done": False})
+            _write_status(status_file, {**live.to_dict(), "run_id": session.run_id, "run_dir": str(session.run_dir),
+                                        "done": False})
         if args.quiet or live.phase == said["phase"]:
             return
         said["phase"] = live.phase
@@ -149,25 +147,28 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"[torchscope] {line}\n")
         sys.stderr.flush()
 
+    # The dashboard's SIGTERM is its Stop button: a deliberate stop, said as such.
     session = Session(cmd, config, store=store, source="dashboard" if args.die_with_parent else "cli",
-                      on_live=on_live, timeout_s=args.timeout, stop=stop)
+                      on_live=on_live, timeout_s=args.timeout, stop=stop,
+                      sigterm_reason="stopped by the user (Stop)" if args.die_with_parent else None)
     outcome = session.run()
     result = outcome.result
     if status_file:
-        from diagnostics.analyses.attach.protocol import write_json
-
-        write_json(status_file, {"phase": "done", "done": True, "run_id": outcome.run_id, "run_dir": outcome.run_dir,
-                                 "exit_code": outcome.exit_code, "error": outcome.error,
-                                 "stop_reason": outcome.stop_reason})
-    if outcome.error:
-        sys.stderr.write(f"error: {outcome.error}\n")
+        _write_status(status_file, {"phase": "done", "done": True, "run_id": outcome.run_id,
+                                    "run_dir": outcome.run_dir, "exit_code": outcome.exit_code,
+                                    "error": outcome.error, "stop_reason": outcome.stop_reason})
+    if outcome.error:  # ours: a note; the script's exit code is still the command's
+        sys.stderr.write(f"[torchscope] note: {outcome.error}\n")
     written = None
     if result is not None and out_dir is not None:
         from pathlib import Path
 
-        artifacts = {p.name: str(p) for p in Path(outcome.run_dir).iterdir() if p.is_file()}
-        written = write_report("attach", result, out_dir, artifacts, title=f"TorchScope run: {cmd.label}",
-                               run_id=outcome.run_id or "")
+        try:
+            artifacts = {p.name: str(p) for p in Path(outcome.run_dir).iterdir() if p.is_file()}
+            written = write_report("attach", result, out_dir, artifacts, title=f"TorchScope run: {cmd.label}",
+                                   run_id=outcome.run_id or "")
+        except OSError as e:
+            sys.stderr.write(f"[torchscope] note: the report could not be written: {e}\n")
     if result is not None and not args.quiet:
         _summary(result, outcome, written)
     if args.json:  # the result's one plain form, with where the run and its report are
@@ -181,6 +182,23 @@ def main(argv: list[str] | None = None) -> int:
     if outcome.exit_code is None:
         return 1
     return outcome.exit_code
+
+
+def _write_status(path: str, data: dict) -> None:
+    """The dashboard's live status file: its folder made again if it was deleted; a failure is ours, never
+    the run's (the script runs on, the run is still stored)."""
+    from diagnostics.analyses.attach.protocol import write_json
+
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_json(path, data)
+    except OSError as e:
+        if not _STATUS_FAILED:
+            _STATUS_FAILED.append(e)
+            sys.stderr.write(f"[torchscope] note: the status file could not be written ({e}); the run goes on\n")
+
+
+_STATUS_FAILED: list = []
 
 
 def _watch_parent(parent: int, stop: threading.Event) -> None:

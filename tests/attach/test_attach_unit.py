@@ -133,7 +133,13 @@ def test_a_run_without_a_window_says_why_and_a_run_without_steps_says_what_was_s
     AttachConfig().write(str(tmp_path / "b"))
     empty = analyse_run(tmp_path / "b", exit_code=3)
     assert empty.status == "failed" and empty.steps == 0 and empty.exit_code == 3  # the exit code first
-    assert "never imported torch" in empty.notes[0]
+    assert "no process of the job imported torch" in empty.notes[0] and "exited with code 3" in empty.notes[0]
+    (tmp_path / "b" / "proc-7").mkdir()  # what the bootstrap leaves when torch was imported and nothing ran
+    (tmp_path / "b" / "proc-7" / "meta.json").write_text(json.dumps({"pid": 7, "events": 0, "steps_seen": 0}))
+    crashed = analyse_run(tmp_path / "b", exit_code=1)
+    assert "torch was imported" in crashed.notes[0] and "python -E" not in crashed.notes[0]
+    gone = analyse_run(tmp_path / "c", exit_code=0)  # the run folder deleted while the script ran
+    assert gone.status == "no steps" and gone.exit_code == 0 and "was deleted" in gone.notes[0]
 
 
 def test_too_few_and_too_slow_workers_are_told_apart(tmp_path):

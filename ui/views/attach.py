@@ -112,9 +112,11 @@ def _open_trace(result: AttachResult) -> None:
 
 def show(result: AttachResult) -> None:
     code = result.exit_code
-    if code not in (0, None) or result.status == "interrupted":
-        st.error(("The run was stopped" if result.status == "interrupted" else
-                  f"The script exited with code {code}") + ": what was measured until then is below.")
+    if result.status == "interrupted":  # a deliberate stop (Stop, Ctrl-C, --timeout) is not an error
+        st.info(f"The run was stopped{f' (exit code {code})' if code is not None else ''}: what was measured "
+                "until then is below.", icon=":material/stop_circle:")
+    elif code not in (0, None):
+        st.error(f"The script exited with code {code}: what was measured until then is below.")
     for line in summary_lines(result):
         st.caption(line)
     metric_row(tiles(result))

@@ -114,7 +114,13 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
             notes.append(f"the script ended during step {head['partial_step']}, after {head['steps']} whole steps")
     breakdown = head["breakdown_ms"] if head else {}
     metrics = _metrics(head, ranked, exit_code, found)
-    artifacts = sorted(p.name for p in run_dir.iterdir() if p.is_file())
+    try:
+        artifacts = sorted(p.name for p in run_dir.iterdir() if p.is_file())
+    except OSError as e:  # the run folder deleted or unreadable while the script ran: the exit code stands
+        artifacts = []
+        if run_dir.exists():
+            notes.append(f"the run folder {run_dir} could not be read ({type(e).__name__}: {e.strerror or e}): "
+                         "what was measured there is lost, the script's exit code stands")
     progress(1.0, "done")
     parts = ({"window": head["window_info"], "overhead": head["overhead"], "step_table": head["table"],
               "workers": head["workers"], "loaders": head["loaders"], "optimizers": head["optimizers"],
@@ -560,6 +566,9 @@ def _ranks_view(run_dir: Path, ranked: list[dict]) -> dict | None:
 
 def _no_steps_note(run_dir: Path, errors: list, exit_code: int | None = None) -> str:
     """Why no step was seen, from what the processes wrote (never a guess when one of them imported torch)."""
+    if not run_dir.is_dir():
+        return (f"the run folder {run_dir} was deleted while the script ran: nothing it measured could be read, "
+                "the script's exit code stands")
     metas = [m for m in (read_json(str(d / META), {}) for d in run_dir.glob(f"{PROC_PREFIX}*")) if m]
     ended = ("" if exit_code is None else " (it exited with code 0)" if exit_code == 0
              else f" (it exited with code {exit_code})")
