@@ -495,18 +495,25 @@ class Agent:
             by_dtype: dict = {}
             for i, g in enumerate(grads):
                 by_dtype.setdefault((g.device, g.dtype), []).append(i)
-            rows = [None] * len(grads)
-            for idx in by_dtype.values():
+            cols = [None] * len(grads)
+            for (device, _), idx in by_dtype.items():
+                # a few fused kernels per dtype (the norms), one count per tensor; NaN / inf counted only where
+                # a norm is not finite (on CPU; on a device that check would wait for it, so always there)
                 gs = [grads[i] for i in idx]
-                n2 = torch._foreach_norm(gs, 2)
-                n1 = torch._foreach_norm(gs, 1)
-                ninf = torch._foreach_norm(gs, float("inf"))
+                norms = torch.stack([torch.stack([x.float() for x in torch._foreach_norm(gs, o)])
+                                     for o in (2, 1, float("inf"))])
+                nonzero = torch.stack([torch.count_nonzero(g) for g in gs]).float()
+                numel = torch.tensor([float(g.numel()) for g in gs], device=device)
+                bad = torch.zeros(2, len(gs), device=device)
+                if device.type != "cpu" or not bool(torch.isfinite(norms[1]).all()):
+                    bad = torch.stack([torch.stack([g.isnan().sum().float() for g in gs]),
+                                       torch.stack([g.isinf().sum().float() for g in gs])])
+                block = torch.cat([norms, (numel - nonzero)[None], bad])  # [6, tensors of this dtype]
                 for j, i in enumerate(idx):
-                    g = gs[j]
-                    rows[i] = torch.stack([n2[j].float(), n1[j].float(), ninf[j].float(), (g == 0).sum().float(),
-                                           g.isnan().sum().float(), g.isinf().sum().float()])
-            self.grad_steps.append((self.completed + 1, [id(p) for p in params], [p.numel() for p in params],
-                                    torch.stack([r.to(rows[0].device) for r in rows])))
+                    cols[i] = (block, j)
+            dev0 = cols[0][0].device
+            table = torch.stack([blk[:, j].to(dev0) for blk, j in cols])
+            self.grad_steps.append((self.completed + 1, [id(p) for p in params], [p.numel() for p in params], table))
 
     def _write_grads(self) -> None:
         if not self.grad_steps:

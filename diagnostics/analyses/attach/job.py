@@ -186,6 +186,7 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
     breakdown = _breakdown(basis, step_ms) if basis and step_ms is not None else {}
     step_prof = _median([_total(r) for r in prof])
     overhead_pct = 100.0 * (step_prof - step_ms) / step_ms if prof and outside and step_ms else None
+    noise = _overhead_noise(outside, prof, step_ms) if overhead_pct is not None else None
     trace_name = (meta.get("exports") or {}).get("trace")
     trace_path = run_dir / trace_name if trace_name else None
     segments = (read_json(str(p["dir"] / SEGMENTS), {}) or {}).get("segments") or []
@@ -232,16 +233,38 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
                      "tool_outside_pct": 100.0 * tool_outside_s / elapsed if elapsed > 0 else None,
                      "export_s": (meta.get("exports") or {}).get("export_s"),
                      "tool_in_steps_ms": _median([r.get("tool_ms") or 0.0 for r in outside]),
+                     "tool_in_profiled_steps_ms": _median([r.get("tool_ms") or 0.0 for r in prof]),
+                     "noise_pct": noise, "verdict": _overhead_verdict(overhead_pct, noise),
                      "steps_outside": len(outside), "steps_profiled": len(prof)},
         "syncs": _syncs(basis + prof if outside else prof),
         "loaders": meta.get("loaders") or [], "optimizers": meta.get("optimizers") or [],
         "model": _model(meta),
-        "memory": _memory(rows, prof, meta, run_dir),
+        "memory": _memory(rows, prof, meta, run_dir, trace_fig.get("alloc_peaks") or {}),
         "gpu": trace_fig.get("gpu"),
         "gradients": _gradients(p["dir"]),
         "recompiles": recompiles, "compiles": compiles[-1] if compiles else None,
         "outside_rows": outside, "prof_rows": prof,
     }
+
+
+def _overhead_noise(outside: list, prof: list, step_ms: float) -> list[float] | None:
+    """The interval the profiler's cost (percent) could fall in from the steps' own spread alone: the
+    profiled median against the outside steps' interquartile range (a difference inside it is noise)."""
+    xs = sorted(_total(r) for r in outside)
+    if len(xs) < 4 or not prof or not step_ms:
+        return None
+    q1, q3 = xs[len(xs) // 4], xs[(3 * len(xs)) // 4]
+    return [100.0 * (q1 - step_ms) / step_ms, 100.0 * (q3 - step_ms) / step_ms]
+
+
+def _overhead_verdict(pct: float | None, noise: list | None) -> str:
+    """'cost' when the profiled steps are slower than the others beyond their spread, else 'within noise'
+    (a negative difference is never a cost)."""
+    if pct is None:
+        return ""
+    if pct <= 0 or (noise is not None and pct <= noise[1]):
+        return "within noise"
+    return "cost"
 
 
 def _boundary_detail(meta: dict) -> str:
@@ -304,15 +327,20 @@ def _model(meta: dict) -> dict:
             "world_size": meta.get("world_size")}
 
 
-def _memory(rows, prof, meta, run_dir: Path) -> dict:
+def _memory(rows, prof, meta, run_dir: Path, alloc_peaks: dict) -> dict:
     peaks = [r.get("mem") for r in prof if r.get("mem") is not None]
     rss = [r.get("rss") for r in prof if r.get("rss") is not None]
+    alloc = [alloc_peaks[r["n"]] for r in prof if r["n"] in alloc_peaks]
     exports = meta.get("exports") or {}
     out = {"cuda": bool(meta.get("cuda")), "peak_bytes_per_step": peaks, "peak_bytes": max(peaks) if peaks else None,
-           "rss_bytes_per_step": rss, "snapshot": exports.get("snapshot"), "oom": meta.get("oom")}
+           "alloc_peak_bytes_per_step": alloc, "rss_bytes_per_step": rss, "snapshot": exports.get("snapshot"),
+           "oom": meta.get("oom")}
     if not peaks:
-        out["note"] = ("CPU: no allocator peak per step; the process' resident memory at the end of each profiled "
-                       "step instead") if rss else "not measured"
+        out["note"] = ("CPU: the allocator's peak per profiled step above the step's start, from the profiler's "
+                       "allocation events (alloc_peak_bytes_per_step); rss_bytes_per_step is the process' resident "
+                       "memory (RSS: its whole footprint, the profiler's own buffers included), not the step's"
+                       if alloc else "CPU: no allocation events in the trace; rss_bytes_per_step is the process' "
+                       "resident memory (RSS), not the step's" if rss else "not measured")
     return out
 
 
@@ -356,10 +384,13 @@ def _trace_figures(path: Path, segments: list, prof: list, meta: dict, notes: li
                 out["per_step"].setdefault(s["step"], {})["trace_exposed_comm_ms"] = s["exposed_comm_ms"]
         except Exception as e:  # the split is a refinement: the light timing stands without it
             notes.append(f"communication in the trace was not read: {type(e).__name__}: {e}")
-    if not gpu_work_mask(trace).any():
-        return out
     ev = trace.events
     ts = ev["ts"].to_numpy(dtype=float)
+    out["alloc_peaks"] = _cpu_alloc_peaks(ts, ev["total_allocated"].to_numpy(), ev["device_type"].to_numpy(), st)
+    for n, peak in out["alloc_peaks"].items():
+        out["per_step"].setdefault(n, {})["alloc_peak_bytes"] = peak
+    if not gpu_work_mask(trace).any():
+        return out
     end = ts + ev["dur"].to_numpy(dtype=float)
     g = gpu_work_mask(trace)
     busy = iv.union(ts[g], end[g])
@@ -393,6 +424,25 @@ def _trace_figures(path: Path, segments: list, prof: list, meta: dict, notes: li
                   "kernel_us_median": float(statistics.median(kd)) if len(kd) else None,
                   "idle_causes_ms_per_step": dict(sorted(total_causes.items(), key=lambda kv: -kv[1])),
                   "clock_placed": offset is not None}
+    return out
+
+
+def _cpu_alloc_peaks(ts, total, device_type, st) -> dict[int, int]:
+    """Per profiled step, the CPU allocator's peak above the step's start, from the profiler's allocation
+    events (their running "Total Allocated", counted from the window's start): the bytes the step itself
+    held at its highest, not the process' resident memory (which the profiler's own buffers grow)."""
+    import numpy as np
+
+    mem = (total >= 0) & (device_type == 0)
+    if not mem.any():
+        return {}
+    order = np.argsort(ts[mem], kind="stable")
+    mts, alloc = ts[mem][order], total[mem][order].astype(np.int64)
+    out = {}
+    for n, s0, d in zip(st["step"], st["start_us"], st["dur_us"]):
+        lo, hi = np.searchsorted(mts, float(s0), "left"), np.searchsorted(mts, float(s0 + d), "right")
+        base = int(alloc[lo - 1]) if lo > 0 else 0
+        out[int(n)] = max(0, int(alloc[lo:hi].max()) - base) if hi > lo else 0
     return out
 
 

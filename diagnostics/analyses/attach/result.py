@@ -82,7 +82,8 @@ class StepRow(Record, frozen=True, kw_only=True):
     tool_ms: Annotated[float, column("ms", "ours")]
     batches: int | None = None
     peak_bytes: Annotated[int | None, column("bytes", "peak")] = None
-    rss_bytes: Annotated[int | None, column("bytes", "resident")] = None
+    rss_bytes: Annotated[int | None, column("bytes", "resident (RSS)")] = None
+    alloc_peak_bytes: Annotated[int | None, column("bytes", "allocator peak")] = None
     trace_exposed_comm_ms: Annotated[float | UnsetType, column("ms", "exposed comm (trace)")] = UNSET
     gpu_idle_ms: Annotated[float | UnsetType, column("ms", "GPU idle")] = UNSET
     kernel_ms: Annotated[float | UnsetType, column("ms", "kernels")] = UNSET
@@ -117,6 +118,12 @@ class Overhead(Record, frozen=True, kw_only=True):
     tool_outside_pct: float | None = None
     export_s: float | None = None
     tool_in_steps_ms: float | None = None
+    #: our own work inside the profiled steps (the gradient statistics), kept out of their step time
+    tool_in_profiled_steps_ms: float | None = None
+    #: [low, high] percent: where the profiled steps' difference falls from the steps' own spread alone
+    noise_pct: tuple[float, float] | None = None
+    #: "cost" (slower beyond the spread) or "within noise" (a negative difference is never a cost)
+    verdict: str = ""
     steps_outside: int = 0
     steps_profiled: int = 0
 
@@ -228,6 +235,9 @@ class Memory(Record, frozen=True, kw_only=True):
     cuda: bool = False
     peak_bytes_per_step: tuple[int, ...] = ()
     peak_bytes: int | None = None
+    #: CPU: the allocator's peak per profiled step above the step's start (the profiler's allocation events)
+    alloc_peak_bytes_per_step: tuple[int, ...] = ()
+    #: the process' resident memory at the end of each profiled step (RSS: not the step's own memory)
     rss_bytes_per_step: tuple[int, ...] = ()
     snapshot: str | None = None
     oom: OutOfMemory | None = None

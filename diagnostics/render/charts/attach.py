@@ -116,8 +116,18 @@ def summary_lines(result: AttachResult) -> list[str]:
         if bn:
             out.append(f"bottleneck: {bn.category} ({100 * bn.share:.0f}% of the step, {bn.ms:.2f} ms)")
         if result.overhead_pct is not None:
-            out.append(f"profiled steps {result.step_ms_profiled:.2f} ms: {result.overhead_pct:+.1f}% against the "
-                       "steps outside the window (the profiler's cost)")
+            o = result.overhead
+            spread = (f" (the steps' own spread: {o.noise_pct[0]:+.1f}% to {o.noise_pct[1]:+.1f}%)"
+                      if o.noise_pct else "")
+            if o.verdict == "within noise" or result.overhead_pct <= 0:
+                out.append(f"profiled steps {result.step_ms_profiled:.2f} ms: {result.overhead_pct:+.1f}% against "
+                           f"the steps outside the window, within noise{spread}: no cost of the profiler seen")
+            else:
+                out.append(f"profiled steps {result.step_ms_profiled:.2f} ms: {result.overhead_pct:+.1f}% against "
+                           f"the steps outside the window (the profiler's cost){spread}")
+            if o.tool_in_profiled_steps_ms:
+                out.append(f"our own work inside each profiled step (gradient statistics): "
+                           f"{o.tool_in_profiled_steps_ms:.2f} ms, kept out of its step time")
     return out
 
 
