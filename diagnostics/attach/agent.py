@@ -650,8 +650,9 @@ class Agent:
             if self.mode not in (None, "forward", "batch", "time window"):
                 return
             if self.mode in ("forward", "batch"):
-                self.notes.append(f"a backward ran after {self.completed} {self.mode} steps: from then on, a step "
-                                  "is a backward and the parameter update after it")
+                if self.completed > self.cfg.min_warmup:
+                    self.notes.append(f"a backward ran after {self.completed} {self.mode} steps: from then on, a "
+                                      "step is a backward and the parameter update after it")
                 self._restart_window()
             self.mode = "manual update"
             self.mode_detail = "a backward and the parameter update after it (no torch.optim optimizer)"
@@ -743,8 +744,9 @@ class Agent:
     def _first_optimizer(self, opt) -> None:
         if self.mode in (None, "time window", "forward", "batch", "manual update"):
             if self.mode in ("forward", "batch", "manual update"):
-                self.notes.append(f"an optimizer first stepped after {self.completed} {self.mode} steps: from "
-                                  "then on, steps end at the optimizer's step")
+                if self.completed > self.cfg.min_warmup:  # not the first micro-batches of an accumulation
+                    self.notes.append(f"an optimizer first stepped after {self.completed} {self.mode} steps: from "
+                                      "then on, steps end at the optimizer's step")
                 self._restart_window()
             self.mode = "optimizer"
             self.completed = 0
