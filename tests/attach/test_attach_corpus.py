@@ -6,6 +6,7 @@ for tensor, and be counted one step per training batch. Each runs two real Pytho
 from __future__ import annotations
 
 import math
+import os
 import random
 import re
 import subprocess
@@ -23,18 +24,18 @@ EXAMPLES = ROOT / "tests" / "data" / "pytorch_examples"
 TIMINGS = re.compile(r"(ms/batch|time:)\s*[0-9.]+s?")
 
 
-def _run(tmp: Path, argv: list, attached: bool, options=()) -> Ran:
+def _run(tmp: Path, argv: list, attached: bool, options=(), env=None) -> Ran:
     cmd = [sys.executable, *argv]
     if attached:
         cmd = [sys.executable, "-m", "diagnostics", "run", "--json", "--no-report", *options, "--", *cmd]
-    p = subprocess.run(cmd, cwd=tmp, env=env_for(tmp), capture_output=True, text=True, timeout=600, input="")
+    p = subprocess.run(cmd, cwd=tmp, env=env_for(tmp, env), capture_output=True, text=True, timeout=600, input="")
     return Ran(p, tmp / "no-timing.json")
 
 
-def _both(tmp_path: Path, argv: list, options=()):
+def _both(tmp_path: Path, argv: list, options=(), env=None):
     (tmp_path / "bare").mkdir()
     (tmp_path / "attached").mkdir()
-    return _run(tmp_path / "bare", argv, False), _run(tmp_path / "attached", argv, True, options)
+    return _run(tmp_path / "bare", argv, False, env=env), _run(tmp_path / "attached", argv, True, options, env=env)
 
 
 def _same_output(bare: Ran, ran: Ran) -> None:
@@ -137,3 +138,24 @@ def test_time_sequence_prediction_fails_as_it_does_bare(tmp_path):
         assert ran.result["step_boundary"] == "optimizer" and ran.result["steps"] == 2
     else:
         assert ran.result["status"] == "failed" and ran.result["exit_code"] == bare.code
+
+
+def test_dcgan_two_optimizers_and_dataloader_workers_learn_and_save_as_bare(tmp_path):
+    """dcgan on fake data (a torchvision stand-in: tests/data/pytorch_examples/shims), two DataLoader workers,
+    the discriminator's and the generator's Adam each stepped once an iteration: one step per iteration."""
+    size, batch, epochs = 48, 8, 2
+    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{EXAMPLES / 'shims'}", "FAKEDATA_SIZE": str(size)}
+    argv = [str(EXAMPLES / "dcgan" / "main.py"), "--dataset", "fake", "--workers", "2", "--batchSize", str(batch),
+            "--ngf", "8", "--ndf", "8", "--nz", "16", "--niter", str(epochs), "--manualSeed", "1", "--outf", "."]
+    bare, ran = _both(tmp_path, argv, options=("--at", "4", "--steps", "3"), env=env)
+    _same_output(bare, ran)
+    assert ran.code == 0, ran.stderr[-3000:]
+    assert "Loss_D" in bare.stdout
+    for epoch in range(epochs):
+        for net in ("netG", "netD"):
+            name = f"{net}_epoch_{epoch}.pth"
+            _same_checkpoint(tmp_path / "bare" / name, tmp_path / "attached" / name)
+    r = ran.result
+    assert r["step_boundary"] == "optimizer" and r["steps"] == epochs * math.ceil(size / batch)
+    assert [o["type"] for o in r["optimizers"]] == ["Adam", "Adam"] and r["profiled_steps"] == [4, 6]
+    assert r["workers"]["num_workers"] == 2
