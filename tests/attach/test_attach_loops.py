@@ -23,7 +23,7 @@ def test_nothing_of_ours_is_left_on_the_model_optimizer_or_iterator_during_and_a
     checks = ran.self_timing["checks"]
     assert [c["step"] for c in checks] == list(range(1, 13))  # before (1-3), in (4-6), after (7-12) the window
     clean = {"hooks": [], "pickles": True, "saved": True, "deepcopy": True, "scripted": True, "extra_attrs": [],
-             "opt_attrs": [], "opt_hooks": 0, "iter_attrs": [], "opt_pickles": True}
+             "opt_attrs": [], "opt_hooks": 0, "iter_attrs": [], "opt_pickles": True, "compiled": True}
     for c in checks:
         assert {k: c[k] for k in clean} == clean, c
     assert bare.self_timing["checks"] == checks

@@ -1,6 +1,6 @@
 """Do no harm: a torch.optim training loop that, after every step, checks that nothing is left on its
 model, optimizer or DataLoader iterator: the model pickles (torch.save), deep-copies and scripts
-(torch.jit.script), its hook dicts are empty, and the objects' attributes are the bare ones. Writes
+(torch.jit.script), compiles (torch.compile's dynamo), its hook dicts are empty, and the objects' attributes are the bare ones. Writes
 per step what it found, and its losses to stdout."""
 import copy
 import io
@@ -14,6 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from common import save
 
 STEPS = int(os.environ.get("STEPS", "12"))
+#: What torch itself sets on a module, bare too: torch.jit.script's cache, torch.compile's mark.
+TORCHS_OWN = ("__overloads__", "_is_torch_compile")
 
 
 def hooks_on(model: nn.Module) -> list:
@@ -50,10 +52,13 @@ def main():
             "deepcopy": isinstance(copy.deepcopy(model), nn.Sequential),
             "scripted": torch.jit.script(model)(x).shape == (4, 2),
             "extra_attrs": sorted(f"{n}.{a}" for n, m in model.named_modules() for a in set(vars(m)) - attrs[n]
-                                  if a != "__overloads__"),  # torch.jit.script's own cache, bare too
+                                  if a not in TORCHS_OWN),
             "opt_attrs": sorted(set(vars(opt)) - opt_attrs), "opt_hooks": len(opt._optimizer_step_pre_hooks)
             + len(opt._optimizer_step_post_hooks), "iter_attrs": sorted(set(vars(it)) - it_attrs),
-            "opt_pickles": len(pickle.dumps(opt.state_dict())) > 0})
+            "opt_pickles": len(pickle.dumps(opt.state_dict())) > 0,
+            # torch.compile's front end (dynamo, no C++ compiler needed): before, in and after the window
+            "compiled": torch.equal(torch.compile(model, backend="eager")(x), model(x)) if step in (2, 5, 10)
+            else True})
     save({"checks": checks, "steps": STEPS})
 
 
