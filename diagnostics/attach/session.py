@@ -145,6 +145,8 @@ class Session:
             except OSError as e:
                 return self._finish(Outcome(self.run_id, str(run_dir), None, False, 0.0,
                                             error=f"the command could not start: {e.strerror or e}"))
+            # the analysis' modules load while the script runs, not after it (a fixed cost of every run)
+            threading.Thread(target=_preload_analysis, daemon=True, name="torchscope-preload").start()
             code = self._wait(proc, t0)
         finally:
             killed = self._sweep(proc)
@@ -315,6 +317,13 @@ class Session:
             out.notes.append(f"the result could not be stored ({type(e).__name__}: {e})")
             self.store.finish_run(self.run_id, status, result=None, artifacts=artifacts,
                                   error=f"{error + '; ' if error else ''}the result could not be stored: {e}")
+
+
+def _preload_analysis() -> None:
+    try:
+        import diagnostics.analyses.attach.job  # noqa: F401
+    except Exception:  # imported again (and failing visibly) when the run is analysed
+        pass
 
 
 def _terminal_owns_us() -> bool:
