@@ -292,7 +292,8 @@ class Agent:
         try:
             if _OOM_PENDING and self.torch.cuda.is_initialized():
                 attach_oom_observer(self)
-            self._window_control()
+            if not self.finished:  # a step closed at exit starts no window
+                self._window_control()
             if t - self.last_flush > FLUSH_S or len(self.lines) >= FLUSH_STEPS:
                 self.flush()
             if t - self.last_status > self.P.STATUS_EVERY_S:

@@ -250,6 +250,7 @@ def _agent(tmp_path):
         spec = importlib.util.spec_from_file_location(f"_t_attach_{name}", ROOT / rel)
         mods[name] = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mods[name])
+    tmp_path.mkdir(parents=True, exist_ok=True)
     AttachConfig().write(str(tmp_path))
     return mods["agent"].Agent(torch, str(tmp_path), mods["protocol"])
 
@@ -299,3 +300,42 @@ def test_the_cpu_allocator_peak_per_step_is_read_from_the_allocation_events():
     dev = np.array([0, 0, 0, 0, 0, 0, 0, 1])
     st = {"step": [1, 2], "start_us": [10.0, 20.0], "dur_us": [10.0, 10.0]}
     assert _cpu_alloc_peaks(ts, total, dev, st) == {1: 300, 2: 800}  # the peak above each step's start
+
+
+def test_the_boundary_follows_the_loop_manual_updates_evaluation_and_inference(tmp_path):
+    """The agent's boundary logic driven call by call (as its hooks call it), no process started."""
+    import torch
+
+    def call(agent, mod, *, grad=True):
+        with torch.set_grad_enabled(grad):
+            agent.on_top_forward(mod)
+            agent.on_top_forward_end(mod)
+
+    def backward(agent):
+        agent.on_backward()
+        agent.enter("backward")
+        agent.leave()
+
+    model, loss = torch.nn.Linear(2, 2), torch.nn.MSELoss()
+    agent = _agent(tmp_path / "manual")
+    for epoch in range(2):
+        for _ in range(5):  # forward, loss, backward, a manual update (nothing of ours sees it)
+            call(agent, model)
+            call(agent, loss)
+            backward(agent)
+        model.eval()
+        for _ in range(3):  # the epoch's evaluation loop
+            call(agent, model, grad=False)
+            call(agent, loss, grad=False)
+        model.train()
+    assert agent.mode == "manual update"
+    assert agent.completed == 10  # each epoch's last step ends where its evaluation begins
+    ev = agent.evaluation
+    assert ev["forwards"] == 6 and ev["periods"] == 2 and agent.evaluating is not None
+
+    infer = _agent(tmp_path / "infer")
+    model.eval()
+    for _ in range(4):
+        call(infer, model, grad=False)
+    assert infer.mode == "forward" and infer.completed == 4  # chosen at the 2nd forward, counted from the 1st
+    assert "Linear.forward" in infer.mode_detail
