@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-warmup", type=positive(int), default=50, metavar="N",
                    help="profile after N steps even if step times have not settled (default 50)")
     g.add_argument("--fallback-after", type=positive(float), default=3.0, metavar="S",
-                   help="seconds without an optimizer step before steps end at the model's forward or at "
-                        "DataLoader batches instead (default 3)")
+                   help="seconds of forwards without an optimizer step or a backward before steps end at the "
+                        "model's forward (an inference loop), or of batches with no model at DataLoader batches "
+                        "(default 3)")
     r = p.add_argument_group("run and report")
     r.add_argument("--cwd", metavar="DIR", help="the script's working folder (default: this one)")
     r.add_argument("--timeout", type=positive(float), metavar="SECONDS",

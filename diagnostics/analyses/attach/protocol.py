@@ -80,8 +80,9 @@ class AttachConfig:
     """What the bootstrap profiles. ``at``: the first profiled step (None: after an automatic warm-up);
     ``steps``: how many; ``stacks``: Python stacks in the trace; ``max_warmup``: the warm-up ends here
     even if step times never settle; ``stable_tol``: the last ``stable_steps`` step times within this
-    fraction of their median is "stable"; ``fallback_after_s``: seconds without an optimizer step
-    before another boundary is used; ``grads``: gradient statistics in the profiled steps."""
+    fraction of their median is "stable"; ``fallback_after_s``: seconds of forwards without an
+    optimizer step or a backward before they are taken as an inference loop's steps; ``grads``:
+    gradient statistics in the profiled steps."""
 
     steps: int = 5
     at: int | None = None
