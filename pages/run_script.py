@@ -154,7 +154,9 @@ elif run is not None:
     if rec is None:
         st.error(f"The run did not finish normally (the tool exited with {s.get('tool_exit_code')}): see its output.")
     else:
-        if rec.status != "ok":
+        if rec.status == "cancelled":  # the Stop button: said as a stop, the partial result below
+            st.info(rec.error or "Stopped.", icon=":material/stop_circle:")
+        elif rec.status != "ok":
             st.warning(rec.error or rec.status)
         if rec.result:  # the store keeps the plain form
             views.show_stored(rec.analysis, rec.result, file_stem=rec.id)

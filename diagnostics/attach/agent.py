@@ -12,14 +12,22 @@ What is timed, on the main thread, in every step (a few perf_counter reads per s
 
 * the boundary: the global optimizer step post-hook (pytorch#88446); an iteration that steps
   several optimizers counts once (its cycle is learned from the first iteration: the steps until
-  an optimizer steps again); with no optimizer, the end of a top-level module's forward, else a
-  DataLoader batch, else the whole run as one time window;
-* its parts: ``DataLoader.__iter__`` / ``__next__`` (data_wait), the forward of the top-level
-  modules found in the caller's frames (forward), ``torch.autograd.backward`` / ``grad``
+  an optimizer steps again); with no optimizer, a backward and the parameter update after it (the
+  step ends where the next forward or batch begins: "manual update"); with no backward either, the
+  end of the top-level module's forward (the first module with parameters called at the top level:
+  an inference loop), else a DataLoader batch, else the whole run as one time window;
+* its parts: ``DataLoader.__iter__`` / ``__next__`` (data_wait), the top-level module calls (forward;
+  ``evaluation`` when under no_grad / inference_mode or in eval mode, in a training run: an evaluation
+  loop between training steps is kept out of the steps, timed apart), ``torch.autograd.backward`` / ``grad``
   (backward), the optimizer's step (optimizer), torch.distributed's collectives (comm), and
   ``.item()`` / ``.tolist()`` / ``bool()`` / ``.cpu()`` of a tensor on a device (not the CPU:
   nothing waits there) and ``cuda.synchronize`` (sync, by file:line). The main thread's time goes to the innermost part it is in, ``host`` when
   in none, so the parts sum to the step's time; our own work between and inside steps is kept out.
+
+Nothing of ours is left on the user's objects: the module and optimizer hooks are torch's global ones
+(filtered here to the top-level calls of the main thread), the modules found are held by weak reference,
+and no attribute is set on a module, optimizer, tensor, loader or iterator; the model pickles, deep-copies,
+scripts and saves as bare, during and after the window.
 
 In the profiled steps only: torch.profiler (ProfilerStep#N ranges with our step numbers), the
 phase segments (to place GPU idle time), gradient sums per parameter (the optimizer's pre-hook),
@@ -36,6 +44,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 
 perf = time.perf_counter
 AGENT_FILE = os.path.abspath(__file__)
@@ -57,6 +66,8 @@ SCAN_DEPTH = 40
 KEEP_FIRST, KEEP_BEFORE, KEEP_AFTER = 60, 10, 200
 #: Step times kept in memory for the warm-up decision.
 KEEP_TIMES = 64
+#: Top-level forwards remembered before the boundary is known (an inference loop's are counted as steps).
+PENDING_MAX = 100_000
 
 #: The name torch.profiler gives a step's range; the trace layer's step pattern (trace/classify.py) reads
 #: it. Spelled here because this module runs inside the user's process, where the trace layer is not
@@ -98,11 +109,23 @@ class Agent:
         self.cycle: int | None = None
         self.snap = None
         self.optimizers: dict[int, dict] = {}
-        self.roots: list = []
+        self.roots: list = []  # weak references to the model and loss modules found in the frames
         self.root_info: list[dict] = []
         self.param_names: dict[int, tuple] = {}
-        self.main_root = None
-        self.fwd_depth: dict[int, int] = {}
+        # top-level module calls (global module hooks, main thread): depth, the call in progress
+        self.depth = 0
+        self.top_phase = "forward"
+        self.top_t = 0.0
+        self.has_params = weakref.WeakKeyDictionary()  # module -> it holds parameters
+        self.main_root = None  # weakref: the first module with parameters called at the top level
+        self.main_info = None  # its id, type and parameter count (it may be gone when the boundary is chosen)
+        self.pending: list = []  # boundary not known yet: each top-level forward's end, to count them later
+        self.backward_seen = False
+        self.step_backward = False  # a backward ran in the step in progress
+        self.step_train = False  # a training forward or a backward ran in the step in progress
+        self.evaluating = None  # perf() at the start of an evaluation period (outside every step)
+        self.evaluation = {"forwards": 0, "forward_ms": 0.0, "periods": 0, "period_ms": 0.0}
+        self.iter_loader = weakref.WeakKeyDictionary()  # a DataLoader iterator -> id of its loader
         # the window
         self.state = "warming up"
         self.window = None  # (first, last)
@@ -133,6 +156,7 @@ class Agent:
         self.compiles_at_window = None
         self.finished = False
         self.cuda = False
+        self.handles: list = []  # the global module hooks (removed if we fail)
         self.busy = False  # our own work runs: our wrappers let the calls through untimed
         try:
             self.is_compiling = torch.compiler.is_compiling
@@ -141,8 +165,15 @@ class Agent:
 
     # ------------------------------------------------------------------ failures of ours
     def fail(self, where: str, exc: BaseException | None = None) -> None:
-        """Our own failure: written down, instrumentation off, the job goes on."""
+        """Our own failure: written down, instrumentation off (the global module hooks removed), the job
+        goes on."""
         self.active = False
+        for h in self.handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self.handles = []
         try:
             os.makedirs(self.proc_dir, exist_ok=True)
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)) if exc else ""
@@ -237,6 +268,7 @@ class Agent:
         self.acc, self.syncs = now_acc, rest_syncs
         self.step_tool -= tool
         self.batches -= batches
+        self.step_train = True
         self.t0 = t
         if self.cycle is None:
             self.cycle = max(1, len(self.seq))
@@ -251,6 +283,7 @@ class Agent:
         self.batches = 0
         self.seq = []
         self.snap = None
+        self.step_backward = self.step_train = False
 
     def _between(self, ended: float | None) -> None:
         """Between two steps: the warm-up decision, the window, the live status, the files."""
@@ -259,7 +292,8 @@ class Agent:
         try:
             if _OOM_PENDING and self.torch.cuda.is_initialized():
                 attach_oom_observer(self)
-            self._window_control()
+            if not self.finished:  # a step closed at exit starts no window
+                self._window_control()
             if t - self.last_flush > FLUSH_S or len(self.lines) >= FLUSH_STEPS:
                 self.flush()
             if t - self.last_status > self.P.STATUS_EVERY_S:
@@ -462,18 +496,25 @@ class Agent:
             by_dtype: dict = {}
             for i, g in enumerate(grads):
                 by_dtype.setdefault((g.device, g.dtype), []).append(i)
-            rows = [None] * len(grads)
-            for idx in by_dtype.values():
+            cols = [None] * len(grads)
+            for (device, _), idx in by_dtype.items():
+                # a few fused kernels per dtype (the norms), one count per tensor; NaN / inf counted only where
+                # a norm is not finite (on CPU; on a device that check would wait for it, so always there)
                 gs = [grads[i] for i in idx]
-                n2 = torch._foreach_norm(gs, 2)
-                n1 = torch._foreach_norm(gs, 1)
-                ninf = torch._foreach_norm(gs, float("inf"))
+                norms = torch.stack([torch.stack([x.float() for x in torch._foreach_norm(gs, o)])
+                                     for o in (2, 1, float("inf"))])
+                nonzero = torch.stack([torch.count_nonzero(g) for g in gs]).float()
+                numel = torch.tensor([float(g.numel()) for g in gs], device=device)
+                bad = torch.zeros(2, len(gs), device=device)
+                if device.type != "cpu" or not bool(torch.isfinite(norms[1]).all()):
+                    bad = torch.stack([torch.stack([g.isnan().sum().float() for g in gs]),
+                                       torch.stack([g.isinf().sum().float() for g in gs])])
+                block = torch.cat([norms, (numel - nonzero)[None], bad])  # [6, tensors of this dtype]
                 for j, i in enumerate(idx):
-                    g = gs[j]
-                    rows[i] = torch.stack([n2[j].float(), n1[j].float(), ninf[j].float(), (g == 0).sum().float(),
-                                           g.isnan().sum().float(), g.isinf().sum().float()])
-            self.grad_steps.append((self.completed + 1, [id(p) for p in params], [p.numel() for p in params],
-                                    torch.stack([r.to(rows[0].device) for r in rows])))
+                    cols[i] = (block, j)
+            dev0 = cols[0][0].device
+            table = torch.stack([blk[:, j].to(dev0) for blk, j in cols])
+            self.grad_steps.append((self.completed + 1, [id(p) for p in params], [p.numel() for p in params], table))
 
     def _write_grads(self) -> None:
         if not self.grad_steps:
@@ -522,10 +563,9 @@ class Agent:
             inner.update(id(s) for s in m.modules() if s is not m)
         roots = [m for k, m in found.items() if k not in inner]
         for m in roots:
-            if any(m is r for r in self.roots):
+            if any(m is r() for r in self.roots):
                 continue
-            self.roots.append(m)
-            self._hook_forward(m)
+            self.roots.append(weakref.ref(m))
             n_params = sum(p.numel() for p in m.parameters())
             self.root_info.append({"type": type(m).__name__, "params": n_params})
             prefix = "" if len(roots) == 1 else f"{type(m).__name__}."
@@ -537,37 +577,133 @@ class Agent:
                     mtype = ""
                 self.param_names.setdefault(id(p), (prefix + pname, mtype))
 
-    def _hook_forward(self, module) -> None:
-        agent = self
+    # ------------------------------------------------------------------ top-level module calls
+    def _params(self, mod) -> bool:
+        got = self.has_params.get(mod)
+        if got is None:
+            got = self.has_params[mod] = next(iter(mod.parameters()), None) is not None
+        return got
 
-        depth = agent.fwd_depth
+    def on_top_forward(self, mod) -> None:
+        """A module called at the top level (no module forward of the main thread under way) begins:
+        the boundaries that a forward decides, then its part (forward, or evaluation)."""
+        params = self._params(mod)
+        training = mod.training and self.torch.is_grad_enabled()
+        if params and self.step_backward and not self.optimizers:
+            self.manual_boundary()  # a backward and its update ran: the next forward starts a step
+        mode = self.mode
+        if params and not training and mode in ("optimizer", "manual update") and not self.step_train \
+                and self.evaluating is None:
+            self.evaluating = self.t0  # an evaluation loop between steps: out of the steps
+            self.evaluation["periods"] += 1
+        elif params and training and self.evaluating is not None:
+            self.end_evaluation()
+        if params and training:
+            self.step_train = True
+        if self.main_root is None and params:
+            self.main_root = weakref.ref(mod)
+            self.main_info = {"id": id(mod), "type": type(mod).__name__,
+                              "params": sum(p.numel() for p in mod.parameters())}
+        phase = "evaluation" if not training and mode in ("optimizer", "manual update") else "forward"
+        self.enter(phase)
+        self.top_phase, self.top_t = phase, self.t_last
+        if self.state == "profiling" and self.autocast is None:
+            self.autocast = _autocast(self.torch)
 
-        def pre(mod, args):
-            if agent.is_compiling() or not agent.ok():
+    def on_top_forward_end(self, mod) -> None:
+        now = self.leave()
+        if self.top_phase == "evaluation":  # the loss module's call counts in the time, not as a forward
+            self.evaluation["forwards"] += self._params(mod)
+            self.evaluation["forward_ms"] += (now - self.top_t) * 1e3
+        mode = self.mode
+        if mode == "forward":
+            if self.stack or id(mod) != self.main_info["id"]:
                 return
-            try:
-                agent.enter("forward")
-                depth[id(mod)] = depth.get(id(mod), 0) + 1
-                if agent.state == "profiling" and agent.autocast is None:
-                    agent.autocast = _autocast(agent.torch)
-            except Exception as e:
-                agent.fail("forward pre-hook", e)
+            self.close(now)
+        elif mode is None and not self.backward_seen and not self.optimizers and self._params(mod):
+            if len(self.pending) < PENDING_MAX:
+                self.pending.append((id(mod), now, dict(self.acc), self.step_tool, self.batches))
+            if self.top_phase == "forward" and not (mod.training and self.torch.is_grad_enabled()) \
+                    and sum(1 for e in self.pending if e[0] == id(mod)) >= 2:
+                self.forward_boundary("no optimizer stepped and no backward ran: the model ran forward twice "
+                                      "under no_grad / in eval mode")
+            elif now - self.t_start >= self.cfg.fallback_after_s:
+                self.forward_boundary(f"no optimizer stepped and no backward ran in the first "
+                                      f"{self.cfg.fallback_after_s:g} s")
 
-        def post(mod, args, out):
-            if agent.is_compiling() or not depth.get(id(mod)):
+    def on_backward(self) -> None:
+        if self.evaluating is not None:
+            self.end_evaluation()
+        self.backward_seen = self.step_backward = self.step_train = True
+
+    def end_evaluation(self) -> None:
+        """The evaluation period ends (a training forward or a backward begins): the next step starts now."""
+        now = perf()
+        self.evaluation["period_ms"] += (now - self.evaluating) * 1e3
+        self.evaluating = None
+        self._reset_step()
+        self.t0 = self.t_last = now
+
+    def manual_boundary(self) -> None:
+        """No torch.optim optimizer: a step is a backward and the parameter update after it, ended where
+        the next forward or batch begins."""
+        if self.mode != "manual update":
+            if self.mode not in (None, "forward", "batch", "time window"):
                 return
-            try:
-                depth[id(mod)] -= 1
-                if not agent.active:
-                    return
-                now = agent.leave()
-                if agent.mode == "forward" and mod is agent.main_root and not agent.stack:
-                    agent.close(now)
-            except Exception as e:
-                agent.fail("forward hook", e)
+            if self.mode in ("forward", "batch"):
+                if self.completed > self.cfg.min_warmup:
+                    self.notes.append(f"a backward ran after {self.completed} {self.mode} steps: from then on, a "
+                                      "step is a backward and the parameter update after it")
+                self._restart_window()
+            self.mode = "manual update"
+            self.mode_detail = "a backward and the parameter update after it (no torch.optim optimizer)"
+            self.completed = 0
+            self.step_times = []
+            self.pending = []
+        if self.stack:  # inside a timed call (a module called from a data pipeline): not here
+            return
+        now = perf()
+        self.acc["host"] += now - self.t_last
+        self.t_last = now
+        self.close(now)
 
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post, always_call=True)
+    def _restart_window(self) -> None:
+        """The boundary changed (a backward or an optimizer came after forward or batch steps): a window
+        of the old steps is ended (its trace is replaced by the new one's) and the warm-up starts again."""
+        if self.window is None:
+            return
+        if self.prof is not None:
+            self._stop_window()
+        self.notes.append(f"the window of {self.mode} steps {self.window[0]}-{self.window[1]} was dropped: the "
+                          "steps changed, a new window follows the warm-up")
+        self.window, self.state, self.decided, self.window_note = None, "warming up", None, ""
+
+    def forward_boundary(self, why: str) -> None:
+        """No optimizer and no backward: a step is one forward of the main module (the first module with
+        parameters called at the top level), counted from the start of the run."""
+        info = self.main_info
+        if info is None:
+            return
+        name = info["type"]
+        self.mode = "forward"
+        self.mode_detail = f"the end of {name}.forward"
+        self.notes.append(f"{why}: a step is one {name}.forward (the first module with parameters the script "
+                          "called at the top level: an inference loop)")
+        self.root_info.append({"type": name, "params": info["params"]})
+        key, zero = info["id"], dict.fromkeys(self.P.PHASES, 0.0)
+        prev, t_prev, tool_prev, b_prev = zero, self.t0, 0.0, 0
+        for mid, t, acc, tool, b in self.pending:  # the forwards before the boundary was known: steps too
+            if mid != key:
+                continue
+            self._record(t_prev, t, {k: acc[k] - prev[k] for k in acc}, {}, tool - tool_prev, b - b_prev)
+            prev, t_prev, tool_prev, b_prev = acc, t, tool, b
+        self.pending = []
+        self.acc = {k: self.acc[k] - prev[k] for k in self.acc}
+        self.step_tool -= tool_prev
+        self.batches -= b_prev
+        self.t0 = t_prev
+        if not self.finished:  # at exit: no window to start
+            self._between(None)
 
     # ------------------------------------------------------------------ optimizer hooks
     def on_opt_pre(self, opt) -> None:
@@ -575,6 +711,9 @@ class Agent:
             if threading.get_ident() != self.main:
                 self.main = threading.get_ident()
             self._first_optimizer(opt)
+        if self.evaluating is not None:
+            self.end_evaluation()
+        self.step_train = True
         key = id(opt)
         if key not in self.optimizers:
             self._describe_optimizer(opt)
@@ -604,10 +743,12 @@ class Agent:
             self.close(now)
 
     def _first_optimizer(self, opt) -> None:
-        if self.mode in (None, "time window") or (self.mode in ("forward", "batch") and self.window is None):
-            if self.mode in ("forward", "batch"):
-                self.notes.append(f"an optimizer first stepped after {self.completed} {self.mode} steps: from "
-                                  "then on, steps end at the optimizer's step")
+        if self.mode in (None, "time window", "forward", "batch", "manual update"):
+            if self.mode in ("forward", "batch", "manual update"):
+                if self.completed > self.cfg.min_warmup:  # not the first micro-batches of an accumulation
+                    self.notes.append(f"an optimizer first stepped after {self.completed} {self.mode} steps: from "
+                                      "then on, steps end at the optimizer's step")
+                self._restart_window()
             self.mode = "optimizer"
             self.completed = 0
             self.step_times = []
@@ -640,40 +781,17 @@ class Agent:
             pass
 
     # ------------------------------------------------------------------ fallback boundaries
-    def fallback_watch(self) -> None:
-        """A thread: with no optimizer step after fallback_after_s, end steps at the main module's
-        forward (found in the main thread's frames), else at DataLoader batches."""
-        deadline = self.t_start + self.cfg.fallback_after_s
-        while True:
-            time.sleep(max(0.05, deadline - perf()))
-            if self.mode is not None or not self.active or self.child or self.finished:
-                return
-            if self.events == 0 and not self.batches:
-                deadline = perf() + self.cfg.fallback_after_s  # nothing of ours ran yet: wait on
-                if perf() - self.t_start > 30 * self.cfg.fallback_after_s + 60:
-                    return
-                continue
-            try:
-                frame = sys._current_frames().get(self.main)
-                self.discover(frame)
-                if self.roots:
-                    self.main_root = max(self.roots, key=lambda m: sum(p.numel() for p in m.parameters()))
-                    self.mode = "forward"
-                    self.mode_detail = f"the end of {type(self.main_root).__name__}.forward"
-                    self.notes.append(f"no optimizer stepped in the first {self.cfg.fallback_after_s:g} s: steps end "
-                                      f"at the end of {type(self.main_root).__name__}.forward (the top-level module)")
-                elif self.loaders:
-                    self.mode = "batch"
-                    self.mode_detail = "each DataLoader batch"
-                    self.notes.append(f"no optimizer stepped and no module was found in the first "
-                                      f"{self.cfg.fallback_after_s:g} s: a step is one DataLoader batch")
-                else:
-                    return
-                self.completed = 0
-                self.step_times = []
-            except Exception as e:
-                self.fail("fallback boundary", e)
+    def batch_fallback(self) -> None:
+        """At a DataLoader batch, with no optimizer, no backward and no module with parameters called after
+        fallback_after_s: a step is one DataLoader batch."""
+        if perf() - self.t_start < self.cfg.fallback_after_s or self.main_info is not None or self.backward_seen:
             return
+        self.mode = "batch"
+        self.mode_detail = "each DataLoader batch"
+        self.notes.append(f"no optimizer stepped and no module was called in the first {self.cfg.fallback_after_s:g} s:"
+                          " a step is one DataLoader batch")
+        self.completed = 0
+        self.step_times = []
 
     # ------------------------------------------------------------------ files
     def flush(self) -> None:
@@ -695,10 +813,15 @@ class Agent:
             "phase": self.state, "step": self.completed, "window": self.window, "pid": self.pid,
             "rank": os.environ.get("RANK"), "boundary": self.mode, "time": time.time()})
 
-    def write_meta(self) -> None:
-        if self.events == 0 and self.mode is None:
+    def write_meta(self, stub: bool = False) -> None:
+        if self.events == 0 and self.mode is None and not stub:
             return
         os.makedirs(self.proc_dir, exist_ok=True)
+        if stub:  # torch imported, no call of ours: what the analysis needs to say so
+            self.P.write_json(os.path.join(self.proc_dir, self.P.META), {
+                "pid": self.pid, "ppid": os.getppid(), "argv": list(sys.argv), "torch": self.torch.__version__,
+                "events": 0, "steps_seen": 0, "finished": self.finished, "elapsed_s": perf() - self.t_start})
+            return
         rank, world = getattr(self, "rank", None), getattr(self, "world", None)
         if rank is None:
             rank, world = self._rank()
@@ -717,6 +840,7 @@ class Agent:
             "tool_outside_s": self.tool_outside, "exports": self.exports, "oom": self.oom,
             "notes": self.notes, "compiles_at_window": self.compiles_at_window, "compiles": self._compiles(),
             "finished": self.finished, "events": self.events, "elapsed_s": perf() - self.t_start,
+            "evaluation": self.evaluation,
             "clock": {"perf": perf(), "time": time.time()},
         }
         self.P.write_json(os.path.join(self.proc_dir, self.P.META), meta)
@@ -729,11 +853,23 @@ class Agent:
         self.busy = True
         try:
             if self.events == 0 and self.mode is None:
+                self.write_meta(stub=True)  # torch was imported, nothing ran: the analysis says so
                 return
-            if self.mode is None:
+            now = perf()
+            if self.mode is None and self.backward_seen and not self.optimizers:
+                self.manual_boundary()  # one backward and its update: a whole step
+            elif self.mode is None and self.pending:
+                self.forward_boundary("no optimizer stepped and no backward ran before the script ended")
+            if self.evaluating is not None:  # an evaluation period, not a step
+                self.evaluation["period_ms"] += (now - self.evaluating) * 1e3
+                self.evaluating = None
+            elif self.mode is None:
                 self.mode = "time window"
                 self.mode_detail = "the whole run (no optimizer step, module or DataLoader batch ended a step)"
-                self._record(self.t0, perf(), self.acc, self.syncs, self.step_tool, self.batches)
+                self._record(self.t0, now, self.acc, self.syncs, self.step_tool, self.batches)
+            elif self.mode == "manual update" and self.step_backward:  # its update ran: a whole step
+                self.acc["host"] += now - self.t_last
+                self._record(self.t0, now, self.acc, self.syncs, self.step_tool, self.batches)
             else:
                 # the step in progress, unfinished: kept apart (not a whole step)
                 partial = {"n": self.completed + 1, "t0": self.t0, "t1": perf(),
@@ -856,13 +992,13 @@ def install(torch, run_dir: str, protocol) -> Agent:
     """Install every hook in this process (torch has just been imported)."""
     agent = Agent(torch, run_dir, protocol)
     _install_optimizer(agent)
+    _install_modules(agent)
     _install_autograd(agent)
     _install_dataloader(agent)
     _install_syncs(agent)
     _install_collectives(agent)
     _install_exit(agent)
     os.register_at_fork(after_in_child=agent.after_fork)
-    threading.Thread(target=_guarded(agent, agent.fallback_watch), daemon=True, name="torchscope-attach").start()
     return agent
 
 
@@ -900,12 +1036,14 @@ def _install_optimizer(agent: Agent) -> None:
     register_optimizer_step_post_hook(post)
 
 
-def _phase_wrapper(agent: Agent, orig, phase: str):
+def _phase_wrapper(agent: Agent, orig, phase: str, before=None):
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         if agent.is_compiling() or not agent.ok():
             return orig(*args, **kwargs)
         try:
+            if before is not None:
+                before()
             agent.enter(phase)
         except Exception as e:
             agent.fail(phase, e)
@@ -918,10 +1056,41 @@ def _phase_wrapper(agent: Agent, orig, phase: str):
     return wrapper
 
 
+def _install_modules(agent: Agent) -> None:
+    """torch's global module hooks, filtered to the main thread's top-level calls: nothing is put on the
+    user's modules (they pickle, deep-copy, script and save as bare)."""
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    def pre(mod, args):
+        if agent.is_compiling() or not agent.ok():
+            return
+        d = agent.depth
+        agent.depth = d + 1
+        if d:
+            return
+        try:
+            agent.on_top_forward(mod)
+        except Exception as e:
+            agent.fail("module forward pre-hook", e)
+
+    def post(mod, args, out):
+        if agent.is_compiling() or not agent.ok() or agent.depth <= 0:
+            return
+        agent.depth -= 1
+        if agent.depth:
+            return
+        try:
+            agent.on_top_forward_end(mod)
+        except Exception as e:
+            agent.fail("module forward hook", e)
+
+    agent.handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post, always_call=True)]
+
+
 def _install_autograd(agent: Agent) -> None:
     autograd = agent.torch.autograd
-    autograd.backward = _phase_wrapper(agent, autograd.backward, "backward")
-    autograd.grad = _phase_wrapper(agent, autograd.grad, "backward")
+    autograd.backward = _phase_wrapper(agent, autograd.backward, "backward", agent.on_backward)
+    autograd.grad = _phase_wrapper(agent, autograd.grad, "backward", agent.on_backward)
 
 
 def _install_dataloader(agent: Agent) -> None:
@@ -938,6 +1107,10 @@ def _install_dataloader(agent: Agent) -> None:
         try:
             if agent.mode == "batch":
                 agent.close(perf())
+            elif agent.step_backward and not agent.optimizers and not agent.stack:
+                agent.manual_boundary()  # the step's backward and update ran: the next batch starts a step
+            elif agent.mode is None and not agent.optimizers:
+                agent.batch_fallback()
             agent.enter("data_wait")
         except Exception as e:
             agent.fail("DataLoader.__next__", e)
@@ -949,7 +1122,7 @@ def _install_dataloader(agent: Agent) -> None:
                 agent.leave()
         try:
             agent.batches += 1
-            key = id(getattr(self, "_torchscope_loader", self))
+            key = agent.iter_loader.get(self, id(self))
             if key not in agent.batch_sizes or agent.state == "profiling":
                 t = _first_tensor(batch, torch)
                 if t is not None and t.dim() > 0:
@@ -995,8 +1168,8 @@ def _install_dataloader(agent: Agent) -> None:
             if len(info["iter_starts_ms"]) < 50:
                 info["iter_starts_ms"].append((perf() - t) * 1e3)
             try:
-                it._torchscope_loader = self
-            except Exception:
+                agent.iter_loader[it] = id(self)  # weakly: nothing set on the user's iterator
+            except TypeError:
                 pass
         except Exception as e:
             agent.fail("DataLoader iterator", e)

@@ -65,10 +65,15 @@ class BackgroundRun:
             self.proc = subprocess.Popen(args, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         self.stop_requested = False
+        self._last: dict | None = None
 
     def status(self) -> dict:
         """The live state (phase, step, window, run_id...), with done / exit_code once it ended."""
-        st = read_json(str(self.status_file), None) or {"phase": "starting", "step": 0}
+        st = read_json(str(self.status_file), None)
+        if st is None:  # not written yet, or its folder deleted: the last one read (its run id stays known)
+            st = dict(self._last) if self._last else {"phase": "starting", "step": 0}
+        else:
+            self._last = dict(st)
         code = self.proc.poll()
         st["elapsed_s"] = time.time() - self.started
         st["stopping"] = self.stop_requested and code is None

@@ -94,8 +94,10 @@ class Session:
 
     def __init__(self, command: Command, config: AttachConfig, *, store=None, source: str = "cli",
                  on_live: Callable[[Live], None] | None = None, stop: threading.Event | None = None,
-                 timeout_s: float | None = None, run_dir: str | None = None):
+                 timeout_s: float | None = None, run_dir: str | None = None, sigterm_reason: str | None = None):
         self.command, self.config, self.store, self.source = command, config, store, source
+        if sigterm_reason:
+            self.sigterm_reason = sigterm_reason
         self.on_live = on_live or (lambda live: None)
         self.stop_event = stop or threading.Event()
         self.timeout_s = timeout_s
@@ -147,6 +149,8 @@ class Session:
             except OSError as e:
                 return self._finish(Outcome(self.run_id, str(run_dir), None, False, 0.0,
                                             error=f"the command could not start: {e.strerror or e}"))
+            # the analysis' modules load while the script runs, not after it (a fixed cost of every run)
+            threading.Thread(target=_preload_analysis, daemon=True, name="torchscope-preload").start()
             code = self._wait(proc, t0)
         finally:
             killed = self._sweep(proc)
@@ -172,14 +176,19 @@ class Session:
             except Exception:  # subprocess.TimeoutExpired: still running
                 rc = None
             now = time.monotonic()
-            self._track(proc.pid)
-            live = read_live(self.run_dir)
-            live.elapsed_s = now - t0
-            live.stopping = self._stop_reason
-            key = (live.phase, live.step, live.stopping)
-            if key != last:
-                last = key
-                self.on_live(live)
+            try:  # ours: whatever happens to our files or the live view, the script runs on and is waited for
+                self._track(proc.pid)
+                live = read_live(self.run_dir)
+                live.elapsed_s = now - t0
+                live.stopping = self._stop_reason
+                key = (live.phase, live.step, live.stopping)
+                if key != last:
+                    last = key
+                    self.on_live(live)
+            except Exception as e:
+                if not self._live_error:
+                    self._live_error = f"the live view failed ({type(e).__name__}: {e}); the script ran on"
+
             if self.stop_event.is_set() and not self._stop_reason:
                 self._request_stop(proc, "stopped by the user")
             if self.timeout_s is not None and now - t0 > self.timeout_s and not self._stop_reason:
@@ -195,6 +204,9 @@ class Session:
 
     # ------------------------------------------------------------------ stopping
     _pending_signal = ""
+    _live_error = ""
+    #: The reason given when SIGTERM reaches us: the dashboard's Stop sends it (Session(sigterm_reason=...)).
+    sigterm_reason = "stopped (SIGTERM)"
 
     _forward = True
 
@@ -205,7 +217,7 @@ class Session:
             return
         # The terminal's Ctrl-C reached the script itself (one process group): it is not sent twice.
         self._forward = not (signum == signal.SIGINT and _terminal_owns_us())
-        self._pending_signal = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "stopped (SIGTERM)"
+        self._pending_signal = "interrupted (Ctrl-C)" if signum == signal.SIGINT else self.sigterm_reason
 
     def _request_stop(self, proc, reason: str) -> None:
         self._pending_signal = ""
@@ -280,24 +292,50 @@ class Session:
 
             out.error = f"the run folder could not be analysed: {type(e).__name__}: {e}"
             out.notes.append(traceback.format_exc(limit=6))
+        if self._live_error:
+            out.notes.append(self._live_error)
+            if out.result is not None:
+                out.result = out.result.with_notes([*out.result.notes, self._live_error])
         if self.store is not None:
-            if out.exit_code is None and out.error:
-                status, error = "error", out.error
-            elif out.interrupted:
-                status, error = "cancelled", f"the script was {out.stop_reason}"
-            elif out.exit_code not in (0, None):
-                status, error = "error", f"the script exited with code {out.exit_code}"
-            elif out.error:
-                status, error = "error", out.error
-            else:
-                status, error = "ok", None
+            self._finish_row(out)
+        return out
+
+    def _finish_row(self, out: Outcome) -> None:
+        """The History row ends with a status and a reason, whatever happened to the run folder: the
+        script's exit code first, our own failure as the reason."""
+        try:
             artifacts = {p.name: str(p) for p in sorted(Path(out.run_dir).iterdir())
                          if p.is_file() and not p.is_symlink()}  # a link the script left is no artifact
-            try:  # a full disk: the row still ends ('error', with why), the script's exit code is kept
-                self.store.finish_run(self.run_id, status, result=out.result, error=error, artifacts=artifacts)
-            except TorchScopeError as e:
-                out.error = str(e)
-        return out
+        except OSError as e:
+            artifacts = {}
+            out.notes.append(f"the run folder could not be read ({type(e).__name__}: {e})")
+        if out.exit_code is None and out.error:
+            status, error = "error", out.error
+        elif out.interrupted:
+            status, error = "cancelled", f"the script was {out.stop_reason}" + (
+                f" (exit code {out.exit_code})" if out.exit_code is not None else "")
+        elif out.exit_code not in (0, None):
+            status, error = "error", f"the script exited with code {out.exit_code}"
+        elif out.error:
+            status, error = "error", f"the script exited with code 0, but {out.error}"
+        else:
+            status, error = "ok", None
+        try:
+            self.store.finish_run(self.run_id, status, result=out.result, error=error, artifacts=artifacts)
+        except Exception as e:  # the result could not be stored (a full disk...): the row still ends, with why
+            out.notes.append(f"the result could not be stored ({type(e).__name__}: {e})")
+            try:
+                self.store.finish_run(self.run_id, status, result=None, artifacts=artifacts,
+                                      error=f"{error + '; ' if error else ''}the result could not be stored: {e}")
+            except TorchScopeError as again:  # the store itself ended the row 'error', saying why
+                out.error = str(again)
+
+
+def _preload_analysis() -> None:
+    try:
+        import diagnostics.analyses.attach.job  # noqa: F401
+    except Exception:  # imported again (and failing visibly) when the run is analysed
+        pass
 
 
 def _terminal_owns_us() -> bool:

@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-warmup", type=positive(int), default=50, metavar="N",
                    help="profile after N steps even if step times have not settled (default 50)")
     g.add_argument("--fallback-after", type=positive(float), default=3.0, metavar="S",
-                   help="seconds without an optimizer step before steps end at the model's forward or at "
-                        "DataLoader batches instead (default 3)")
+                   help="seconds of forwards without an optimizer step or a backward before steps end at the "
+                        "model's forward (an inference loop), or of batches with no model at DataLoader batches "
+                        "(default 3)")
     t = p.add_argument_group("try fixes (instead of profiling: docs/attach.md, 'Trying fixes')")
     t.add_argument("--try", dest="try_fixes", metavar="FIX[,FIX...]",
                    help="run the script as it is and with each fix (no edit of the script), in interleaved rounds "
@@ -153,10 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_live(live):
         if status_file:
-            from diagnostics.analyses.attach.protocol import write_json
-
-            write_json(status_file, {**live.to_dict(), "run_id": session.run_id, "run_dir": str(session.run_dir),
-                                     "done": False})
+            _write_status(status_file, {**live.to_dict(), "run_id": session.run_id, "run_dir": str(session.run_dir),
+                                        "done": False})
         if args.quiet or live.phase == said["phase"]:
             return
         said["phase"] = live.phase
@@ -169,27 +168,30 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"[torchscope] {line}\n")
         sys.stderr.flush()
 
+    # The dashboard's SIGTERM is its Stop button: a deliberate stop, said as such.
     session = Session(cmd, config, store=store, source="dashboard" if args.die_with_parent else "cli",
-                      on_live=on_live, timeout_s=args.timeout, stop=stop)
+                      on_live=on_live, timeout_s=args.timeout, stop=stop,
+                      sigterm_reason="stopped by the user (Stop)" if args.die_with_parent else None)
     outcome = session.run()
     result = outcome.result
     if status_file:
-        from diagnostics.analyses.attach.protocol import write_json
-
-        write_json(status_file, {"phase": "done", "done": True, "run_id": outcome.run_id, "run_dir": outcome.run_dir,
-                                 "exit_code": outcome.exit_code, "error": outcome.error,
-                                 "stop_reason": outcome.stop_reason})
-    if outcome.error:
+        _write_status(status_file, {"phase": "done", "done": True, "run_id": outcome.run_id,
+                                    "run_dir": outcome.run_dir, "exit_code": outcome.exit_code,
+                                    "error": outcome.error, "stop_reason": outcome.stop_reason})
+    if outcome.error:  # ours: a note; the script's exit code is still the command's
         from diagnostics.units import printable
 
-        sys.stderr.write(f"error: {printable(outcome.error)}\n")
+        sys.stderr.write(f"[torchscope] note: {printable(outcome.error)}\n")
     written = None
     if result is not None and out_dir is not None:
         from pathlib import Path
 
-        artifacts = {p.name: str(p) for p in Path(outcome.run_dir).iterdir() if p.is_file()}
-        written = write_report("attach", result, out_dir, artifacts, title=f"TorchScope run: {cmd.label}",
-                               run_id=outcome.run_id or "")
+        try:
+            artifacts = {p.name: str(p) for p in Path(outcome.run_dir).iterdir() if p.is_file()}
+            written = write_report("attach", result, out_dir, artifacts, title=f"TorchScope run: {cmd.label}",
+                                   run_id=outcome.run_id or "")
+        except OSError as e:
+            sys.stderr.write(f"[torchscope] note: the report could not be written: {e}\n")
     if result is not None and not args.quiet:
         _summary(result, outcome, written)
     if args.json:  # the result's one plain form, with where the run and its report are
@@ -205,6 +207,23 @@ def main(argv: list[str] | None = None) -> int:
     return outcome.exit_code
 
 
+def _write_status(path: str, data: dict) -> None:
+    """The dashboard's live status file: its folder made again if it was deleted; a failure is ours, never
+    the run's (the script runs on, the run is still stored)."""
+    from diagnostics.analyses.attach.protocol import write_json
+
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_json(path, data)
+    except OSError as e:
+        if not _STATUS_FAILED:
+            _STATUS_FAILED.append(e)
+            sys.stderr.write(f"[torchscope] note: the status file could not be written ({e}); the run goes on\n")
+
+
+_STATUS_FAILED: list = []
+
+
 def _watch_parent(parent: int, stop: threading.Event) -> None:
     """Set ``stop`` when the process that started us is gone (PR_SET_PDEATHSIG would fire when its
     starting *thread* ends: a dashboard's script run ends after every rerun)."""
@@ -216,7 +235,7 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
 
 
 def _summary(result: AttachResult, outcome, written) -> None:
-    from diagnostics.render.charts.attach import summary_lines, trace_names
+    from diagnostics.render.charts.attach import summary_lines, trace_paths
 
     from diagnostics.units import printable as p  # notes quote names the script chose: never terminal codes
 
@@ -227,9 +246,9 @@ def _summary(result: AttachResult, outcome, written) -> None:
             err.write(f"[torchscope] fix first: {p(f.title)}: {f.est_saving_ms:.2f} ms per step: {p(f.detail)}\n")
     for n in result.notes:
         err.write(f"[torchscope] note: {p(n)}\n")
-    names = trace_names(result)
-    if names:
-        err.write(f"[torchscope] trace: {p(', '.join(names))} in {p(outcome.run_dir)}\n")
+    paths = trace_paths(result)
+    if paths:
+        err.write(f"[torchscope] trace: {p(', '.join(paths))}\n")
     if written:
         err.write(f"[torchscope] report: {written['report.html']}\n")
     err.write(f"[torchscope] run {outcome.run_id} (History)\n")

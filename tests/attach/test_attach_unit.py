@@ -133,7 +133,13 @@ def test_a_run_without_a_window_says_why_and_a_run_without_steps_says_what_was_s
     AttachConfig().write(str(tmp_path / "b"))
     empty = analyse_run(tmp_path / "b", exit_code=3)
     assert empty.status == "failed" and empty.steps == 0 and empty.exit_code == 3  # the exit code first
-    assert "never imported torch" in empty.notes[0]
+    assert "no process of the job imported torch" in empty.notes[0] and "exited with code 3" in empty.notes[0]
+    (tmp_path / "b" / "proc-7").mkdir()  # what the bootstrap leaves when torch was imported and nothing ran
+    (tmp_path / "b" / "proc-7" / "meta.json").write_text(json.dumps({"pid": 7, "events": 0, "steps_seen": 0}))
+    crashed = analyse_run(tmp_path / "b", exit_code=1)
+    assert "torch was imported" in crashed.notes[0] and "python -E" not in crashed.notes[0]
+    gone = analyse_run(tmp_path / "c", exit_code=0)  # the run folder deleted while the script ran
+    assert gone.status == "no steps" and gone.exit_code == 0 and "was deleted" in gone.notes[0]
 
 
 def test_too_few_and_too_slow_workers_are_told_apart(tmp_path):
@@ -232,3 +238,105 @@ def test_the_attach_package_stands_below_the_cli_and_the_dashboard():
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("diagnostics"):
                 names = [node.module] if node.module != "diagnostics" else [f"diagnostics.{a.name}" for a in node.names]
                 assert all(n.startswith(engine_ok) for n in names), (path.name, names)
+
+
+def _agent(tmp_path):
+    """The agent as the bootstrap loads it (by path, with the run folder's protocol), not installed."""
+    import importlib.util
+
+    import torch
+
+    mods = {}
+    for name, rel in (("protocol", "diagnostics/analyses/attach/protocol.py"), ("agent", "diagnostics/attach/agent.py")):
+        spec = importlib.util.spec_from_file_location(f"_t_attach_{name}", ROOT / rel)
+        mods[name] = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mods[name])
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    AttachConfig().write(str(tmp_path))
+    return mods["agent"].Agent(torch, str(tmp_path), mods["protocol"])
+
+
+def test_gradient_statistics_match_an_independent_computation(tmp_path):
+    import torch
+
+    agent = _agent(tmp_path)
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 4))
+    b = torch.nn.Parameter(torch.randn(4).double())  # a second dtype: its own group
+    w.grad = torch.randn(5, 4)
+    w.grad[0] = 0.0
+    b.grad = torch.tensor([1.0, float("nan"), float("inf"), 0.0], dtype=torch.float64)
+    opt = torch.optim.SGD([w, b], lr=0.1)
+    agent.grad_stats(opt)
+    (n, ids, numels, table), = agent.grad_steps
+    assert ids == [id(w), id(b)] and numels == [20, 4]
+    g = w.grad
+    assert table[0].tolist() == pytest.approx([g.norm().item(), g.abs().sum().item(), g.abs().max().item(),
+                                               float((g == 0).sum()), 0.0, 0.0])
+    assert table[1, 3:].tolist() == [1.0, 1.0, 1.0]  # one zero, one NaN, one inf
+
+
+def test_a_negative_profiler_difference_is_within_noise_with_the_steps_spread(tmp_path):
+    outside = [5.0, 4.0, 6.0, 5.0, 4.5, 5.5, 5.0, 4.0]
+    steps = [_step(n, {"host": outside[n - 1] if n <= 8 else 4.8}, profiled=n in (9, 10)) for n in range(1, 11)]
+    _write_run(tmp_path, steps, {"window": [9, 10]}, AttachConfig(steps=2, at=9, stable_steps=8))
+    r = analyse_run(tmp_path, exit_code=0)
+    assert r.overhead_pct < 0 and r.overhead.verdict == "within noise"
+    lo, hi = r.overhead.noise_pct  # steps 2-8 (step 1 is start-up): quartiles 4.0 and 5.5 around their median 5.0
+    assert r.step_ms == pytest.approx(5.0) and (lo, hi) == pytest.approx((-20.0, 10.0))
+    from diagnostics.render.charts.attach import summary_lines
+
+    line = next(x for x in summary_lines(r) if "against the steps outside" in x)
+    assert "within noise" in line and "profiler's cost" not in line
+
+
+def test_the_cpu_allocator_peak_per_step_is_read_from_the_allocation_events():
+    import numpy as np
+
+    from diagnostics.analyses.attach.job import _cpu_alloc_peaks
+
+    # running totals (bytes since the window began) at these times; device 0 is the CPU, 1 a GPU
+    ts = np.array([5.0, 12.0, 15.0, 18.0, 22.0, 25.0, 28.0, 13.0])
+    total = np.array([100, 400, 250, 100, 900, 300, 100, 10_000])
+    dev = np.array([0, 0, 0, 0, 0, 0, 0, 1])
+    st = {"step": [1, 2], "start_us": [10.0, 20.0], "dur_us": [10.0, 10.0]}
+    assert _cpu_alloc_peaks(ts, total, dev, st) == {1: 300, 2: 800}  # the peak above each step's start
+
+
+def test_the_boundary_follows_the_loop_manual_updates_evaluation_and_inference(tmp_path):
+    """The agent's boundary logic driven call by call (as its hooks call it), no process started."""
+    import torch
+
+    def call(agent, mod, *, grad=True):
+        with torch.set_grad_enabled(grad):
+            agent.on_top_forward(mod)
+            agent.on_top_forward_end(mod)
+
+    def backward(agent):
+        agent.on_backward()
+        agent.enter("backward")
+        agent.leave()
+
+    model, loss = torch.nn.Linear(2, 2), torch.nn.MSELoss()
+    agent = _agent(tmp_path / "manual")
+    for epoch in range(2):
+        for _ in range(5):  # forward, loss, backward, a manual update (nothing of ours sees it)
+            call(agent, model)
+            call(agent, loss)
+            backward(agent)
+        model.eval()
+        for _ in range(3):  # the epoch's evaluation loop
+            call(agent, model, grad=False)
+            call(agent, loss, grad=False)
+        model.train()
+    assert agent.mode == "manual update"
+    assert agent.completed == 10  # each epoch's last step ends where its evaluation begins
+    ev = agent.evaluation
+    assert ev["forwards"] == 6 and ev["periods"] == 2 and agent.evaluating is not None
+
+    infer = _agent(tmp_path / "infer")
+    model.eval()
+    for _ in range(4):
+        call(infer, model, grad=False)
+    assert infer.mode == "forward" and infer.completed == 4  # chosen at the 2nd forward, counted from the 1st
+    assert "Linear.forward" in infer.mode_detail

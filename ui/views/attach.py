@@ -37,12 +37,22 @@ def tiles(result: AttachResult) -> list[Tile]:
                 f"{100 * bn.share:.0f}% of the step ({bn.ms:.2f} ms)" if bn else "no step was measured"),
            Tile("Data wait", b.get("data_wait"), "ms", "the main thread waiting for DataLoader batches, per step"),
            Tile("Host", b.get("host"), "ms", "Python outside the timed torch calls, per step (the rest of the step)"),
-           Tile("Profiler cost", result.overhead_pct, "percent",
-                "profiled steps against the steps outside the window"),
+           _cost_tile(result),
            Tile("Steps seen", result.steps, "count", result.step_boundary_detail)]
     if result.gpu is not None:
         out.insert(4, Tile("GPU idle", result.gpu.idle_ms_per_step, "ms", "per profiled step"))
     return out
+
+
+def _cost_tile(result: AttachResult) -> Tile:
+    """The profiler's cost: a negative or in-spread difference reads "within noise", never as a cost."""
+    o = result.overhead
+    spread = f" (steps' own spread {o.noise_pct[0]:+.1f}% to {o.noise_pct[1]:+.1f}%)" if o.noise_pct else ""
+    if result.overhead_pct is not None and (o.verdict == "within noise" or result.overhead_pct <= 0):
+        return Tile("Profiler cost", "within noise", "text",
+                    f"profiled steps {result.overhead_pct:+.1f}% against the others{spread}")
+    return Tile("Profiler cost", result.overhead_pct, "percent",
+                "profiled steps against the steps outside the window" + spread)
 
 
 def _findings(result: AttachResult) -> None:
@@ -89,7 +99,10 @@ def _data(result: AttachResult) -> None:
     if mem.peak_bytes is not None:
         st.caption(f"CUDA peak per profiled step: {', '.join(f'{b / 2**20:.1f} MiB' for b in mem.peak_bytes_per_step)}"
                    + (f"; snapshot {mem.snapshot} (open it at pytorch.org/memory_viz)" if mem.snapshot else ""))
-    elif mem.note:
+    elif mem.alloc_peak_bytes_per_step:
+        st.caption("CPU allocator peak per profiled step (above the step's start, from the profiler's allocation "
+                   f"events): {', '.join(f'{b / 2**20:.1f} MiB' for b in mem.alloc_peak_bytes_per_step)}")
+    if mem.peak_bytes is None and mem.note:
         st.caption(mem.note)
     if mem.oom:
         st.error(f"Out of memory at step {mem.oom.step}: {mem.oom.why}; snapshot: "
@@ -112,9 +125,11 @@ def _open_trace(result: AttachResult) -> None:
 
 def show(result: AttachResult) -> None:
     code = result.exit_code
-    if code not in (0, None) or result.status == "interrupted":
-        st.error(("The run was stopped" if result.status == "interrupted" else
-                  f"The script exited with code {code}") + ": what was measured until then is below.")
+    if result.status == "interrupted":  # a deliberate stop (Stop, Ctrl-C, --timeout) is not an error
+        st.info(f"The run was stopped{f' (exit code {code})' if code is not None else ''}: what was measured "
+                "until then is below.", icon=":material/stop_circle:")
+    elif code not in (0, None):
+        st.error(f"The script exited with code {code}: what was measured until then is below.")
     for line in summary_lines(result):
         st.caption(line)
     metric_row(tiles(result))

@@ -87,7 +87,7 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
     status = ("interrupted" if interrupted else "failed" if exit_code not in (0, None) else
               "no steps" if not ranked else "ok")
     if not ranked:
-        notes.append(_no_steps_note(run_dir, errors))
+        notes.append(_no_steps_note(run_dir, errors, exit_code))
     odd = _not_read(run_dir)
     if odd:
         notes.append("not read from the run folder (only regular files of bounded size are read back): "
@@ -120,11 +120,18 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
             notes.append(f"the script ended during step {head['partial_step']}, after {head['steps']} whole steps")
     breakdown = head["breakdown_ms"] if head else {}
     metrics = _metrics(head, ranked, exit_code, found)
-    artifacts = sorted(p.name for p in run_dir.iterdir() if p.is_file() and not p.is_symlink())
+    try:
+        artifacts = sorted(p.name for p in run_dir.iterdir() if p.is_file() and not p.is_symlink())
+    except OSError as e:  # the run folder deleted or unreadable while the script ran: the exit code stands
+        artifacts = []
+        if run_dir.exists():
+            notes.append(f"the run folder {run_dir} could not be read ({type(e).__name__}: {e.strerror or e}): "
+                         "what was measured there is lost, the script's exit code stands")
     progress(1.0, "done")
     parts = ({"window": head["window_info"], "overhead": head["overhead"], "step_table": head["table"],
               "workers": head["workers"], "loaders": head["loaders"], "optimizers": head["optimizers"],
               "model": head["model"], "syncs": head["syncs"], "memory": head["memory"], "gpu": head["gpu"],
+              "evaluation": head["meta"].get("evaluation") or {},
               "gradients": head["gradients"]} if head else {})
     # the parts the run folder gave as plain data, checked against their types here (a wrong one names its field)
     return msgspec.convert(dict(
@@ -185,6 +192,7 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
     breakdown = _breakdown(basis, step_ms) if basis and step_ms is not None else {}
     step_prof = _median([_total(r) for r in prof])
     overhead_pct = 100.0 * (step_prof - step_ms) / step_ms if prof and outside and step_ms else None
+    noise = _overhead_noise(outside, prof, step_ms) if overhead_pct is not None else None
     trace_name = (meta.get("exports") or {}).get("trace")
     # a name in the run folder, never a path the script chose (/dev/zero, a FIFO, another user's file)
     trace_path = run_dir / trace_name if isinstance(trace_name, str) and _plain_file(run_dir, trace_name) else None
@@ -226,22 +234,44 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
         "step_ms": step_ms, "step_ms_profiled": step_prof, "breakdown_ms": breakdown,
         "bottleneck": Bottleneck.of(breakdown, step_ms), "overhead_pct": overhead_pct,
         "busy_ms": (step_ms - breakdown.get("comm", 0.0)) if step_ms is not None else None,
-        "trace": trace_name, "table": table, "notes": own_notes, "trace_fig": trace_fig,
+        "trace": str(trace_path.resolve()) if trace_path else None, "table": table, "notes": own_notes, "trace_fig": trace_fig,
         "overhead": {"profiled_vs_outside_pct": overhead_pct, "tool_outside_s": tool_outside_s,
                      "tool_outside_ms_per_step": 1e3 * tool_outside_s / max(1, outside_all + len(prof)),
                      "tool_outside_pct": 100.0 * tool_outside_s / elapsed if elapsed > 0 else None,
                      "export_s": (meta.get("exports") or {}).get("export_s"),
                      "tool_in_steps_ms": _median([r.get("tool_ms") or 0.0 for r in outside]),
+                     "tool_in_profiled_steps_ms": _median([r.get("tool_ms") or 0.0 for r in prof]),
+                     "noise_pct": noise, "verdict": _overhead_verdict(overhead_pct, noise),
                      "steps_outside": len(outside), "steps_profiled": len(prof)},
         "syncs": _syncs(basis + prof if outside else prof),
         "loaders": meta.get("loaders") or [], "optimizers": meta.get("optimizers") or [],
         "model": _model(meta),
-        "memory": _memory(rows, prof, meta, run_dir),
+        "memory": _memory(rows, prof, meta, run_dir, trace_fig.get("alloc_peaks") or {}),
         "gpu": trace_fig.get("gpu"),
         "gradients": _gradients(p["dir"]),
         "recompiles": recompiles, "compiles": compiles[-1] if compiles else None,
         "outside_rows": outside, "prof_rows": prof,
     }
+
+
+def _overhead_noise(outside: list, prof: list, step_ms: float) -> list[float] | None:
+    """The interval the profiler's cost (percent) could fall in from the steps' own spread alone: the
+    profiled median against the outside steps' interquartile range (a difference inside it is noise)."""
+    xs = sorted(_total(r) for r in outside)
+    if len(xs) < 4 or not prof or not step_ms:
+        return None
+    q1, q3 = xs[len(xs) // 4], xs[(3 * len(xs)) // 4]
+    return [100.0 * (q1 - step_ms) / step_ms, 100.0 * (q3 - step_ms) / step_ms]
+
+
+def _overhead_verdict(pct: float | None, noise: list | None) -> str:
+    """'cost' when the profiled steps are slower than the others beyond their spread, else 'within noise'
+    (a negative difference is never a cost)."""
+    if pct is None:
+        return ""
+    if pct <= 0 or (noise is not None and pct <= noise[1]):
+        return "within noise"
+    return "cost"
 
 
 def _boundary_detail(meta: dict) -> str:
@@ -304,15 +334,20 @@ def _model(meta: dict) -> dict:
             "world_size": meta.get("world_size")}
 
 
-def _memory(rows, prof, meta, run_dir: Path) -> dict:
+def _memory(rows, prof, meta, run_dir: Path, alloc_peaks: dict) -> dict:
     peaks = [r.get("mem") for r in prof if r.get("mem") is not None]
     rss = [r.get("rss") for r in prof if r.get("rss") is not None]
+    alloc = [alloc_peaks[r["n"]] for r in prof if r["n"] in alloc_peaks]
     exports = meta.get("exports") or {}
     out = {"cuda": bool(meta.get("cuda")), "peak_bytes_per_step": peaks, "peak_bytes": max(peaks) if peaks else None,
-           "rss_bytes_per_step": rss, "snapshot": exports.get("snapshot"), "oom": meta.get("oom")}
+           "alloc_peak_bytes_per_step": alloc, "rss_bytes_per_step": rss, "snapshot": exports.get("snapshot"),
+           "oom": meta.get("oom")}
     if not peaks:
-        out["note"] = ("CPU: no allocator peak per step; the process' resident memory at the end of each profiled "
-                       "step instead") if rss else "not measured"
+        out["note"] = ("CPU: the allocator's peak per profiled step above the step's start, from the profiler's "
+                       "allocation events (alloc_peak_bytes_per_step); rss_bytes_per_step is the process' resident "
+                       "memory (RSS: its whole footprint, the profiler's own buffers included), not the step's"
+                       if alloc else "CPU: no allocation events in the trace; rss_bytes_per_step is the process' "
+                       "resident memory (RSS), not the step's" if rss else "not measured")
     return out
 
 
@@ -356,10 +391,13 @@ def _trace_figures(path: Path, segments: list, prof: list, meta: dict, notes: li
                 out["per_step"].setdefault(s["step"], {})["trace_exposed_comm_ms"] = s["exposed_comm_ms"]
         except Exception as e:  # the split is a refinement: the light timing stands without it
             notes.append(f"communication in the trace was not read: {type(e).__name__}: {e}")
-    if not gpu_work_mask(trace).any():
-        return out
     ev = trace.events
     ts = ev["ts"].to_numpy(dtype=float)
+    out["alloc_peaks"] = _cpu_alloc_peaks(ts, ev["total_allocated"].to_numpy(), ev["device_type"].to_numpy(), st)
+    for n, peak in out["alloc_peaks"].items():
+        out["per_step"].setdefault(n, {})["alloc_peak_bytes"] = peak
+    if not gpu_work_mask(trace).any():
+        return out
     end = ts + ev["dur"].to_numpy(dtype=float)
     g = gpu_work_mask(trace)
     busy = iv.union(ts[g], end[g])
@@ -393,6 +431,25 @@ def _trace_figures(path: Path, segments: list, prof: list, meta: dict, notes: li
                   "kernel_us_median": float(statistics.median(kd)) if len(kd) else None,
                   "idle_causes_ms_per_step": dict(sorted(total_causes.items(), key=lambda kv: -kv[1])),
                   "clock_placed": offset is not None}
+    return out
+
+
+def _cpu_alloc_peaks(ts, total, device_type, st) -> dict[int, int]:
+    """Per profiled step, the CPU allocator's peak above the step's start, from the profiler's allocation
+    events (their running "Total Allocated", counted from the window's start): the bytes the step itself
+    held at its highest, not the process' resident memory (which the profiler's own buffers grow)."""
+    import numpy as np
+
+    mem = (total >= 0) & (device_type == 0)
+    if not mem.any():
+        return {}
+    order = np.argsort(ts[mem], kind="stable")
+    mts, alloc = ts[mem][order], total[mem][order].astype(np.int64)
+    out = {}
+    for n, s0, d in zip(st["step"], st["start_us"], st["dur_us"]):
+        lo, hi = np.searchsorted(mts, float(s0), "left"), np.searchsorted(mts, float(s0 + d), "right")
+        base = int(alloc[lo - 1]) if lo > 0 else 0
+        out[int(n)] = max(0, int(alloc[lo:hi].max()) - base) if hi > lo else 0
     return out
 
 
@@ -610,15 +667,25 @@ def _ranks_view(run_dir: Path, ranked: list[dict]) -> dict | None:
     return {k: v for k, v in view.items() if k != "timeline"}
 
 
-def _no_steps_note(run_dir: Path, errors: list) -> str:
-    metas = [read_json(str(d / META), {}) for d in run_dir.glob(f"{PROC_PREFIX}*")]
+def _no_steps_note(run_dir: Path, errors: list, exit_code: int | None = None) -> str:
+    """Why no step was seen, from what the processes wrote (never a guess when one of them imported torch)."""
+    if not run_dir.is_dir():
+        return (f"the run folder {run_dir} was deleted while the script ran: nothing it measured could be read, "
+                "the script's exit code stands")
+    metas = [m for m in (read_json(str(d / META), {}) for d in run_dir.glob(f"{PROC_PREFIX}*")) if m]
+    ended = ("" if exit_code is None else " (it exited with code 0)" if exit_code == 0
+             else f" (it exited with code {exit_code})")
     if errors and not metas:
         return "the bootstrap failed before any step: see errors"
-    if not any(run_dir.glob(f"{PROC_PREFIX}*")) and not (run_dir / WORKERS).exists():
-        return ("no step was seen: the script never imported torch in a process the bootstrap reached (python -E, "
-                "-I or -S, or an environment that drops PYTHONPATH, keeps it out), or it ended before its first step")
+    if not metas and not any(run_dir.glob(f"{PROC_PREFIX}*")) and not (run_dir / WORKERS).exists():
+        return ("no step was seen: no process of the job imported torch where the bootstrap runs (python -E, -I "
+                "or -S, or an environment that drops PYTHONPATH, keeps it out), or the script ended before "
+                "importing torch" + ended)
+    if metas and not any(m.get("events") for m in metas):
+        return (f"no step was seen: torch was imported ({len(metas)} process(es)), but the script ended before "
+                "it called a module, a backward, an optimizer or a DataLoader" + ended)
     return ("no step was seen: no optimizer stepped, and no module forward or DataLoader batch ended a step "
-            "before the script ended")
+            "before the script ended" + ended)
 
 
 def _metrics(head: dict | None, ranked: list, exit_code, found) -> dict:

@@ -56,10 +56,14 @@ OOM_SNAPSHOT = "oom_snapshot.pickle"
 
 #: The parts of a step, in the order they are shown. Each step's parts sum to its time: the main
 #: thread's time goes to the innermost part it is in, and to ``host`` when in none.
-PHASES = ("data_wait", "forward", "backward", "optimizer", "comm", "sync", "host")
-#: What ends a step, best first: the optimizer's step (every optimizer of one iteration counts once),
-#: the end of a top-level module's forward, a DataLoader batch, else the whole run as one time window.
-BOUNDARIES = ("optimizer", "forward", "batch", "time window")
+#: ``evaluation``: top-level module calls under no_grad / inference_mode or in eval mode, in a training run
+#: (an evaluation loop between two training steps is kept out of both: timed apart, never a step).
+PHASES = ("data_wait", "forward", "backward", "optimizer", "comm", "sync", "evaluation", "host")
+#: What ends a step, best first: the optimizer's step (every optimizer of one iteration counts once); with
+#: no torch.optim optimizer, a backward and the parameter update after it ("manual update"); with no
+#: backward, the end of the top-level module's forward (an inference loop); a DataLoader batch; else the
+#: whole run as one time window.
+BOUNDARIES = ("optimizer", "manual update", "forward", "batch", "time window")
 #: The live phases of a run.
 LIVE_PHASES = ("starting", "warming up", "profiling", "running", "done")
 
@@ -84,8 +88,9 @@ class AttachConfig:
     """What the bootstrap profiles. ``at``: the first profiled step (None: after an automatic warm-up);
     ``steps``: how many; ``stacks``: Python stacks in the trace; ``max_warmup``: the warm-up ends here
     even if step times never settle; ``stable_tol``: the last ``stable_steps`` step times within this
-    fraction of their median is "stable"; ``fallback_after_s``: seconds without an optimizer step
-    before another boundary is used; ``grads``: gradient statistics in the profiled steps."""
+    fraction of their median is "stable"; ``fallback_after_s``: seconds of forwards without an
+    optimizer step or a backward before they are taken as an inference loop's steps; ``grads``:
+    gradient statistics in the profiled steps."""
 
     steps: int = 5
     at: int | None = None

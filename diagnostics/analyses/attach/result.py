@@ -77,18 +77,22 @@ class StepRow(Record, frozen=True, kw_only=True):
     optimizer_ms: Annotated[float, column("ms", "optimizer")]
     comm_ms: Annotated[float, column("ms", "comm")]
     sync_ms: Annotated[float, column("ms", "sync")]
+    #: runs stored before the evaluation part leave it unset (read as 0.0 by part_ms)
+    evaluation_ms: Annotated[float | UnsetType, column("ms", "evaluation")] = UNSET
     host_ms: Annotated[float, column("ms", "host")]
     tool_ms: Annotated[float, column("ms", "ours")]
     batches: int | None = None
     peak_bytes: Annotated[int | None, column("bytes", "peak")] = None
-    rss_bytes: Annotated[int | None, column("bytes", "resident")] = None
+    rss_bytes: Annotated[int | None, column("bytes", "resident (RSS)")] = None
+    alloc_peak_bytes: Annotated[int | None | UnsetType, column("bytes", "allocator peak")] = UNSET
     trace_exposed_comm_ms: Annotated[float | UnsetType, column("ms", "exposed comm (trace)")] = UNSET
     gpu_idle_ms: Annotated[float | UnsetType, column("ms", "GPU idle")] = UNSET
     kernel_ms: Annotated[float | UnsetType, column("ms", "kernels")] = UNSET
 
     def part_ms(self, phase: str) -> float:
         """The step's time in ``phase`` (one of PHASES)."""
-        return getattr(self, f"{phase}_ms")
+        v = getattr(self, f"{phase}_ms")
+        return 0.0 if v is UNSET else v
 
 
 if tuple(f[: -len("_ms")] for f in StepRow.__struct_fields__ if f.endswith("_ms"))[1:1 + len(PHASES)] != PHASES:
@@ -116,6 +120,13 @@ class Overhead(Record, frozen=True, kw_only=True):
     tool_outside_pct: float | None = None
     export_s: float | None = None
     tool_in_steps_ms: float | None = None
+    #: our own work inside the profiled steps (the gradient statistics), kept out of their step time
+    tool_in_profiled_steps_ms: float | None | UnsetType = UNSET
+    #: [low, high] percent: where the profiled steps' difference falls from the steps' own spread alone
+    noise_pct: tuple[float, float] | None | UnsetType = UNSET
+    #: "cost" (slower beyond the spread) or "within noise" (a negative difference is never a cost);
+    #: runs stored before these three leave them unset
+    verdict: str | UnsetType = UNSET
     steps_outside: int = 0
     steps_profiled: int = 0
 
@@ -227,6 +238,9 @@ class Memory(Record, frozen=True, kw_only=True):
     cuda: bool = False
     peak_bytes_per_step: tuple[int, ...] = ()
     peak_bytes: int | None = None
+    #: CPU: the allocator's peak per profiled step above the step's start (the profiler's allocation events)
+    alloc_peak_bytes_per_step: tuple[int, ...] | UnsetType = UNSET
+    #: the process' resident memory at the end of each profiled step (RSS: not the step's own memory)
     rss_bytes_per_step: tuple[int, ...] = ()
     snapshot: str | None = None
     oom: OutOfMemory | None = None
@@ -258,6 +272,16 @@ class Gpu(Record, frozen=True, kw_only=True):
     clock_placed: bool
 
 
+class Evaluation(Record, frozen=True, kw_only=True):
+    """Evaluation in a training run: top-level module calls under no_grad / inference_mode or in eval mode.
+    An evaluation loop between two training steps is a period of its own, outside every step."""
+
+    forwards: int = 0
+    forward_ms: float = 0.0
+    periods: int = 0
+    period_ms: float = 0.0
+
+
 class BootstrapError(Record, frozen=True, kw_only=True):
     """The bootstrap failed inside the script's process (the job ran on, unprofiled from there)."""
 
@@ -285,6 +309,7 @@ class AttachMetrics(Record, frozen=True, kw_only=True):
     optimizer_ms: _part_ms("optimizer") = UNSET
     comm_ms: _part_ms("comm") = UNSET
     sync_ms: _part_ms("sync") = UNSET
+    evaluation_ms: _part_ms("evaluation", " (evaluation forwards inside training steps)") = UNSET
     host_ms: _part_ms("host", " (the rest of the step)") = UNSET
     bottleneck_share: Annotated[float | None | UnsetType, metric(
         "fraction", "Bottleneck share", "the largest part's share of the step")] = UNSET
@@ -320,7 +345,8 @@ class AttachResult(Result, frozen=True, kw_only=True):
     breakdown_ms: dict[str, float]
     bottleneck: Bottleneck | None
     overhead_pct: float | None
-    #: the trace file's name (one process), one per rank, or None (the script ended before the window)
+    #: the trace file's absolute path (one process), one per rank, or None (the script ended before the window);
+    #: runs stored before paths were absolute hold the file's name in run_dir
     trace: str | tuple[str, ...] | None
     ranks: Annotated[tuple[RankResult, ...], table("Ranks")] = ()
     waited_for_rank: int | None = None
@@ -335,6 +361,8 @@ class AttachResult(Result, frozen=True, kw_only=True):
     syncs: Annotated[tuple[SyncRow, ...], table("Device syncs")] = ()
     memory: Memory = Memory()
     gpu: Gpu | None = None
+    #: runs stored before evaluation was told apart leave it unset
+    evaluation: Evaluation | UnsetType = UNSET
     #: a Gradient flow result (its plain form) of the profiled steps' gradients: gradients(result) gives it whole
     gradients: dict[str, Any] | None = None
     #: the trace layer's Ranks view over the ranks' traces (plain; diagnostics.trace.ranks), or {"error": ...}

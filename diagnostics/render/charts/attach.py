@@ -4,6 +4,8 @@ Gradient flow figures and the checklist's "fix this first" table."""
 
 from __future__ import annotations
 
+import os
+
 import plotly.graph_objects as go
 
 from diagnostics.analyses.attach.protocol import PHASES
@@ -82,10 +84,17 @@ def build_gpu_idle_figure(result: AttachResult) -> go.Figure:
     return fig
 
 
-def trace_names(result: AttachResult) -> list[str]:
-    """The run's trace files: one, one per rank, or none (the script ended before the profiled window)."""
+def trace_paths(result: AttachResult) -> list[str]:
+    """The run's trace files, absolute: one, one per rank, or none (the script ended before the profiled
+    window). A run stored when the result held file names has them joined to its run folder."""
     t = result.trace
-    return [] if not t else [t] if isinstance(t, str) else list(t)
+    names = [] if not t else [t] if isinstance(t, str) else list(t)
+    return [n if os.path.isabs(n) or not result.run_dir else os.path.join(result.run_dir, n) for n in names]
+
+
+def trace_names(result: AttachResult) -> list[str]:
+    """The trace files' names in the run folder (the Trace explorer opens ``<run id>/<name>``)."""
+    return [os.path.basename(p) for p in trace_paths(result)]
 
 
 def summary_lines(result: AttachResult) -> list[str]:
@@ -107,8 +116,18 @@ def summary_lines(result: AttachResult) -> list[str]:
         if bn:
             out.append(f"bottleneck: {bn.category} ({100 * bn.share:.0f}% of the step, {bn.ms:.2f} ms)")
         if result.overhead_pct is not None:
-            out.append(f"profiled steps {result.step_ms_profiled:.2f} ms: {result.overhead_pct:+.1f}% against the "
-                       "steps outside the window (the profiler's cost)")
+            o = result.overhead
+            spread = (f" (the steps' own spread: {o.noise_pct[0]:+.1f}% to {o.noise_pct[1]:+.1f}%)"
+                      if o.noise_pct else "")
+            if o.verdict == "within noise" or result.overhead_pct <= 0:
+                out.append(f"profiled steps {result.step_ms_profiled:.2f} ms: {result.overhead_pct:+.1f}% against "
+                           f"the steps outside the window, within noise{spread}: no cost of the profiler seen")
+            else:
+                out.append(f"profiled steps {result.step_ms_profiled:.2f} ms: {result.overhead_pct:+.1f}% against "
+                           f"the steps outside the window (the profiler's cost){spread}")
+            if o.tool_in_profiled_steps_ms:
+                out.append(f"our own work inside each profiled step (gradient statistics): "
+                           f"{o.tool_in_profiled_steps_ms:.2f} ms, kept out of its step time")
     return out
 
 
