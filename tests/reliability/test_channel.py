@@ -92,7 +92,7 @@ def test_the_planted_payload_runs_code_when_unpickled(tmp_path):
 def _check(out, marker: Path, warm: bool) -> None:
     log = worker_log(out)
     assert (WARM_LOG_LINE in log) == warm, log[:300]
-    assert "ATTACK found ['_job_main'" in log, log[-2000:]  # the model did reach the channel
+    assert "ATTACK found ['job_main'" in log, log[-2000:]  # the model did reach the channel
     assert "ATTACK wrote a pickle to fd" in log, log[-2000:]
     assert not marker.exists(), "the runner ran the job's pickle"
     assert out.status == "error", (out.status, out.error)
