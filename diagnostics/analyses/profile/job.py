@@ -21,7 +21,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
-import orjson
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
@@ -33,6 +32,7 @@ from diagnostics.measure.roofline import (ABOVE_ROOF_TOLERANCE, best_roofs, coun
                                            merge_nesting, mfu, module_mfu, not_counted_rows, op_nesting,
                                            roofline_rows)
 from diagnostics.measure.compare import METHOD, Rounds, too_few_rounds
+from diagnostics.measure.profiling import with_rank_info
 from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls, time_once
 from diagnostics.measure.training import Step
 
@@ -192,25 +192,6 @@ def merge_operator_rows(tables: list[list[dict]]) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- artifacts
-#: What the exported trace says about ranks when the profiler wrote nothing (HTA needs a rank).
-RANK_INFO = {"rank": 0, "world_size": 1, "backend": "none"}
-
-
-def _with_rank(data: bytes, trace: Trace) -> bytes:
-    """The exported trace ``data`` (loaded as ``trace``) with distributedInfo rank 0 when it has no
-    rank: spliced in after the opening brace, so the file is not parsed a second time."""
-    info = trace.meta.get("distributedInfo")
-    if isinstance(info, dict) and "rank" in info:
-        return data
-    trace.meta["distributedInfo"] = dict(RANK_INFO)
-    head = data.lstrip()
-    if info is None and head[:1] == b"{":  # the object holds traceEvents at least: a comma follows
-        return b'{"distributedInfo": ' + orjson.dumps(RANK_INFO) + b"," + head[1:]
-    doc = orjson.loads(data)
-    doc["distributedInfo"] = dict(RANK_INFO)
-    return orjson.dumps(doc)
-
-
 def write_artifacts(traces: list[bytes], artifact_dir: Path) -> dict:
     """trace.json (last cycle), trace.json.gz, and tb_trace.zip with every cycle as the TB plugin names them."""
     artifact_dir = Path(artifact_dir)
@@ -395,7 +376,9 @@ def analyze(ctx, options: dict) -> ProfileResult:
     try:
         for path in cycle_files:
             traces.append(load_trace(path))
-            cycle_traces.append(_with_rank(path.read_bytes(), traces[-1]))
+            data, traces[-1].meta["distributedInfo"] = with_rank_info(path.read_bytes(),
+                                                                      traces[-1].meta.get("distributedInfo"))
+            cycle_traces.append(data)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     module_types = {(n or ROOT_MODULE): type(m).__name__ for n, m in model.named_modules()}
