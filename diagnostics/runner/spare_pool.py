@@ -15,11 +15,11 @@ from pathlib import Path
 
 import diagnostics.procs as procs
 import diagnostics.sandbox as sandbox
-from diagnostics.errors import TorchScopeError
 from diagnostics.runner.channel import ChannelError, JobArgs, Ready, Sender, receive, receive_job, send_job
 from diagnostics.runner.limits import kill_worker
 from diagnostics.runner.logs import LogDrain
 from diagnostics.runner.worker import job_main, main_script_hidden
+from diagnostics.settings import env_number
 
 #: How many spare workers the dashboard keeps waiting: started, torch and the engine imported, no
 #: job and no sandbox yet. A job takes one (and a new one is started behind it), so a click does not
@@ -296,17 +296,9 @@ _POOL_ATEXIT = False
 
 def spare_setting() -> int:
     """TORCHSCOPE_SPARE_WORKERS as a count (default SPARE_WORKERS, at most MAX_SPARE_WORKERS; 0 turns spares off)."""
-    raw = os.environ.get(SPARES_ENV, "").strip()
-    if not raw:
-        return SPARE_WORKERS
-    try:
-        n = int(raw)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise TorchScopeError(f"the environment variable {SPARES_ENV}={raw!r} must be a whole number of spare "
-                              f"workers from 0 (off) to {MAX_SPARE_WORKERS}")
-    return min(n, MAX_SPARE_WORKERS)
+    n = env_number(SPARES_ENV, SPARE_WORKERS, zero_ok=True,
+                   whole=f"of spare workers from 0 (off) to {MAX_SPARE_WORKERS}")
+    return min(int(n), MAX_SPARE_WORKERS)
 
 
 def keep_spares(n: int | None = None) -> int:
