@@ -156,7 +156,7 @@ def _run_worker(job, artifact_dir, timeout_s, progress, cancel, memory_limit_mb,
         worker.close()
 
 
-#: What ``_Supervised.receive`` returns for a message that needs nothing more: the next one is read at once.
+#: What ``_Supervised.receive`` returns for a message that needs nothing more (progress, a partial result...).
 _NEXT = object()
 
 
@@ -193,11 +193,11 @@ class _Supervised:
         """Read the worker's messages and watch its limits until it answers, dies or is stopped."""
         while True:
             # poll() is also true at EOF; receive() then raises EOFError
+            # After every message too, the checks below: a job whose messages never stop (the pipe never
+            # empty) must not hold off its timeout, a cancel or its limits.
             if not self.eof and self.parent.poll(0.1):
                 got = self.receive(progress, on_partial)
-                if got is _NEXT:
-                    continue
-                if got is not None:
+                if got is not None and got is not _NEXT:
                     return got
             elapsed = time.monotonic() - self.t0
             if on_tick is not None and elapsed - self.last_tick > 0.25:
@@ -212,8 +212,8 @@ class _Supervised:
                 return ended
 
     def receive(self, progress: ProgressFn, on_partial):
-        """One message from the worker, acted on: the outcome when it ends the job, ``_NEXT`` when the
-        next may be read at once, None at EOF.
+        """One message from the worker, acted on: the outcome when it ends the job, ``_NEXT`` when it
+        needs nothing more, None at EOF.
 
         Bytes decoded against the channel's schema, never unpickled: the job's process runs the
         model's code, and whatever it sends is data (runner.channel)."""
