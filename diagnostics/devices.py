@@ -58,32 +58,54 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def cpu_facts(import_torch: bool = True) -> dict:
-    """The CPU, memory and torch's intra-op thread count. ``import_torch=False``: the thread count only
-    if torch is already imported here (None otherwise: the dashboard's server imports torch for
-    nothing else, and not on a first page's critical path)."""
+def logical_cores() -> int:
+    """The machine's logical cores (hyper-threads counted), at least 1."""
+    return os.cpu_count() or 1
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else the machine's logical cores: what
+    ranks x threads and DataLoader workers are compared with."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity masks here (macOS, Windows)
+        return logical_cores()
+
+
+def torch_threads(import_torch: bool = True) -> int | None:
+    """torch's intra-op thread count; with ``import_torch=False`` only if torch is already imported
+    (None otherwise), so reading it costs no import."""
+    if not import_torch and "torch" not in sys.modules:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    return int(torch.get_num_threads())
+
+
+def cpu_model() -> str:
+    """The CPU's name (/proc/cpuinfo's model name, else what the platform says)."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    vm = psutil.virtual_memory()
-    threads = None
-    if import_torch or "torch" in sys.modules:
-        try:
-            import torch
+    return model
 
-            threads = torch.get_num_threads()
-        except ImportError:
-            pass
-    return {"model": model, "logical_cores": psutil.cpu_count(logical=True),
-            "physical_cores": psutil.cpu_count(logical=False), "affinity_cores": len(os.sched_getaffinity(0)),
+
+def cpu_facts(import_torch: bool = True) -> dict:
+    """The CPU, memory and torch's intra-op thread count. ``import_torch=False``: the thread count only
+    if torch is already imported here (None otherwise: the dashboard's server imports torch for
+    nothing else, and not on a first page's critical path)."""
+    vm = psutil.virtual_memory()
+    return {"model": cpu_model(), "logical_cores": psutil.cpu_count(logical=True),
+            "physical_cores": psutil.cpu_count(logical=False), "affinity_cores": usable_cores(),
             "ram_total_bytes": int(vm.total), "ram_available_bytes": int(vm.available),
-            "torch_threads": threads, "platform": platform.platform()}
+            "torch_threads": torch_threads(import_torch), "platform": platform.platform()}
 
 
 def device_report(import_torch: bool = True) -> dict:

@@ -28,6 +28,23 @@ SCORED = ("pass", "warn", "fail", "error")
 ATTENTION = ("error", "fail", "warn", "pass", "not_applicable")
 
 
+#: Thresholds that both the checklist's rules and an attached run's rules judge a training step by,
+#: declared once here, below both analyses (which may not import each other); each lists them in its
+#: own THRESHOLDS (the attach rules under their names for a real run's shares).
+#: Share of the step spent waiting for data (the TensorBoard plugin's rule).
+DATALOADER_FRACTION_MAX = 0.05
+#: Share of the step's kernel time in communication (the TensorBoard plugin's rule).
+COMMUNICATION_FRACTION_MAX = 0.10
+#: Share of the step with a GPU kernel running (the TensorBoard plugin's rule).
+GPU_UTILIZATION_MIN = 0.50
+#: Launch-bound: at least this many ops (CPU) or kernels (CUDA) per step, of median duration under
+#: LAUNCH_BOUND_MEDIAN_US.
+LAUNCH_BOUND_MIN_OPS = 100
+LAUNCH_BOUND_MEDIAN_US = 20.0
+#: DataLoader prefetch_factor below which a worker's batch has little time to be ready.
+PREFETCH_FACTOR_MIN = 2
+
+
 class Finding(Record, frozen=True, kw_only=False):
     id: str
     title: str

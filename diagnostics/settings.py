@@ -18,17 +18,24 @@ def safe_mode() -> bool:
     return os.environ.get(SAFE_MODE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def env_number(name: str, default: float | None) -> float | None:
-    """float($name), or ``default`` when it is unset or empty."""
+def env_number(name: str, default: float | None, *, zero_ok: bool = False, whole: str | None = None) -> float | None:
+    """float($name), or ``default`` when it is unset or empty: the one reading of a number from the
+    environment. It must be above 0 (0 or more with ``zero_ok``); ``whole``: it must be a whole number,
+    and an error says so followed by ``whole`` ("of spare workers from 0 (off) to 4"). A value that is
+    none of these is an error naming the variable and what it holds."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
+        value = None
+    if whole is not None and (value is None or not value.is_integer() or value < 0):
+        raise TorchScopeError(f"the environment variable {name}={raw!r} must be a whole number {whole}")
+    if value is None:
         raise TorchScopeError(f"the environment variable {name}={raw!r} is not a number") from None
-    if not value > 0:
-        raise TorchScopeError(f"the environment variable {name}={raw!r} must be above 0")
+    if not (value >= 0 if zero_ok else value > 0):
+        raise TorchScopeError(f"the environment variable {name}={raw!r} must be {'0 or more' if zero_ok else 'above 0'}")
     return value
 
 

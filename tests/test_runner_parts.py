@@ -1,5 +1,6 @@
-"""diagnostics/runner/: its parts import one way (job, logs, limits, channel <- worker <- spare_pool <- run), and
-the package's re-exports are the objects its parts own."""
+"""diagnostics/runner/: its parts import one way (job, logs, limits, channel <- worker <- spare_pool <- run), talk
+through public names only (no part imports another's ``_private`` name), and the package's re-exports are the
+objects its parts own. Also the worker's one walk of a failure's cause chain."""
 
 from __future__ import annotations
 
@@ -23,6 +24,32 @@ def _graph() -> dict[str, set[str]]:
             deps |= {n.split(".")[2] for n in names if n.startswith("diagnostics.runner.")}
         graph[path.stem] = deps - {path.stem}
     return graph
+
+
+def _private_imports(source: str) -> list[str]:
+    """``module.name`` of every private name (leading underscore) that ``source`` imports from a runner part,
+    by ``from diagnostics.runner.x import _y`` or read as an attribute of an imported part (``x._y``)."""
+    found, parts = [], {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("diagnostics.runner"):
+            for a in node.names:
+                if node.module == "diagnostics.runner":  # ``from diagnostics.runner import run``: a part, by name
+                    parts[a.asname or a.name] = a.name
+                elif a.name.startswith("_"):
+                    found.append(f"{node.module.split('.')[-1]}.{a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("diagnostics.runner.") and a.asname:
+                    parts[a.asname] = a.name.split(".")[2]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in parts \
+                and node.attr.startswith("_") and not node.attr.startswith("__"):
+            found.append(f"{parts[node.value.id]}.{node.attr}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) \
+                and node.value.func.id == "spares":  # the pool's own state, reached through its accessor
+            found.append(f"spare_pool.SparePool.{node.attr}")
+    return found
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -54,6 +81,51 @@ def test_the_runners_parts_import_one_way():
     assert set(graph) == {"job", "logs", "limits", "channel", "worker", "spare_pool", "device_lock", "run"}
     assert _cycle(graph) == []
     assert graph["job"] == graph["logs"] == graph["limits"] == graph["channel"] == set()  # the bottom: nothing of the runner's
+
+
+def test_no_part_imports_another_parts_private_names():
+    found = {path.stem: _private_imports(path.read_text()) for path in PACKAGE.glob("*.py")}
+    assert {part: names for part, names in found.items() if names} == {}
+
+
+def test_the_private_name_check_sees_planted_imports():
+    planted = ("from diagnostics.runner.limits import MemoryWatch, _kill\n"
+               "from diagnostics.runner import spare_pool\n"
+               "import diagnostics.runner.logs as logs\n"
+               "spare_pool._POOL.take(); logs._open_log; spares()._torch_threads = 1; x.__class__\n")
+    assert sorted(_private_imports(planted)) == ["limits._kill", "logs._open_log", "spare_pool.SparePool._torch_threads",
+                                                 "spare_pool._POOL"]
+
+
+def test_the_cause_chain_is_walked_once_for_every_kind_of_failure():
+    import errno
+
+    from diagnostics.runner import worker
+
+    def chained(*excs):
+        """excs[0] raised while handling excs[1], ... (each the next one's context); the first returned."""
+        for inner, outer in zip(excs[1:], excs[:-1]):
+            outer.__context__ = inner
+        return excs[0]
+
+    deep = chained(*[RuntimeError(f"wrapper {i}") for i in range(worker.CAUSE_CHAIN_DEPTH - 1)], MemoryError())
+    assert worker._is_oom(deep)  # the last exception the walk reaches
+    too_deep = chained(*[RuntimeError(f"wrapper {i}") for i in range(worker.CAUSE_CHAIN_DEPTH)], MemoryError())
+    assert not worker._is_oom(too_deep)  # one past it
+    assert len(list(worker._cause_chain(deep))) == worker.CAUSE_CHAIN_DEPTH
+    looped = RuntimeError("a")
+    looped.__context__ = RuntimeError("b", )
+    looped.__context__.__context__ = looped  # a chain that loops ends at the depth
+    assert [str(e) for e in worker._cause_chain(looped)] == ["a", "b"] * (worker.CAUSE_CHAIN_DEPTH // 2)
+    # __cause__ wins over __context__: "raise X from Y" names what caused it
+    caused = RuntimeError("wrapped")
+    caused.__cause__, caused.__context__ = OSError(errno.EFBIG, "File too large"), MemoryError()
+    assert worker._is_file_too_big(caused) and not worker._is_oom(caused)
+    assert worker._is_gpu_oom(chained(ValueError("x"), RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")))
+    assert worker._is_oom(chained(ValueError("x"), RuntimeError("CUDA out of memory.")))
+    assert not worker._is_gpu_oom(chained(ValueError("x"), MemoryError("cannot allocate memory")))
+    assert worker._is_oom(chained(ValueError("x"), OSError("Cannot allocate memory")))
+    assert not worker._is_file_too_big(OSError(errno.ENOSPC, "No space left on device"))
 
 
 def test_the_cycle_check_sees_a_planted_cycle():

@@ -41,7 +41,7 @@ CANCELLED_BEFORE_START = "cancelled: stopped by the user before it started"
 
 
 class CancelEvent(threading.Event):
-    """run_job's cancel event, with the reason stored for the run (diagnostics.runner.job._cancel_reason)."""
+    """run_job's cancel event, with the reason stored for the run (diagnostics.runner.job.cancel_reason)."""
 
     reason: str | None = None
 

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 
 import psutil
 
+from diagnostics.devices import logical_cores, torch_threads
+
 #: Other processes using more than this many cores on average during the run disturbed it.
 OTHERS_CORES_MAX = 0.5
 #: Timings whose coefficient of variation (std / mean) exceeds this are too scattered to trust.
@@ -48,8 +50,8 @@ class Watch:
         wall = max(1e-9, time.perf_counter() - self._t0)
         own = max(0.0, _own_cpu_s(self._proc) - self._own0)
         busy = max(0.0, _busy_cpu_s() - self._busy0)
-        cores = psutil.cpu_count() or 1
-        threads = _torch_threads()
+        cores = logical_cores()
+        threads = torch_threads(import_torch=False)  # this module never imports torch
         others = max(0.0, busy - own)
         self.figures = {
             "wall_s": wall, "cpu_s": own, "cpu_cores_used": own / wall,
@@ -58,13 +60,6 @@ class Watch:
             "load_avg_1m_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         }
         return self.figures
-
-
-def _torch_threads() -> int | None:
-    import sys
-
-    torch = sys.modules.get("torch")  # only when the job loaded it: this module never imports torch
-    return int(torch.get_num_threads()) if torch is not None else None
 
 
 @contextmanager

@@ -3,10 +3,11 @@ threads, compilers, NCCL and the device's memory. Plain data out."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import torch
+
+from diagnostics.devices import logical_cores, torch_threads
 
 # ----------------------------------------------------------------------------- environment
 def environment_facts(device: torch.device | str) -> dict:
@@ -19,7 +20,7 @@ def environment_facts(device: torch.device | str) -> dict:
         "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
         "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "torch_version": str(torch.__version__), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "torch_version": str(torch.__version__), "cpu_count": logical_cores(), "torch_threads": torch_threads(),
         "cxx_compiler": bool(shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")),
         "nccl_available": bool(torch.distributed.is_available() and torch.distributed.is_nccl_available()),
         "world_size": (torch.distributed.get_world_size() if torch.distributed.is_available()

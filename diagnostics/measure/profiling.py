@@ -1,4 +1,5 @@
-"""Profile a step function: ``profile_steps(step, n, device) -> Trace``.
+"""Profile a step function: ``profile_steps(step, n, device) -> Trace``; and the one way an exported
+profiler trace is given its rank (``with_rank_info``: the Profiler's single process and each torchrun rank).
 
 The steps run under torch.profiler (CPU, and CUDA on a CUDA device), each inside a range named
 as torch.profiler names its own steps (``classify.step_label``: ProfilerStep#0, #1, ...), and the
@@ -14,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+import orjson
 import torch
 
 from diagnostics.trace import load_trace
@@ -40,3 +42,35 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device |
         path = Path(folder) / "steps.pt.trace.json"
         prof.export_chrome_trace(str(path))
         return load_trace(path)
+
+
+#: What a single process' exported trace says about ranks when the profiler wrote nothing (HTA needs a rank).
+SINGLE_PROCESS = {"rank": 0, "world_size": 1, "backend": "none"}
+
+
+def written_rank_info(data: bytes):
+    """The ``distributedInfo`` an exported trace's bytes hold (whatever its type), or None; the document is
+    parsed only when the key is in it."""
+    if b'"distributedInfo"' not in data:
+        return None
+    doc = orjson.loads(data)
+    return doc.get("distributedInfo") if isinstance(doc, dict) else None
+
+
+def with_rank_info(data: bytes, info, rank: int = 0, world_size: int = 1, backend: str = "none") -> tuple[bytes, dict]:
+    """(the exported trace ``data`` with a ``distributedInfo`` naming its rank, that distributedInfo).
+
+    ``info``: the distributedInfo ``data`` holds (a loaded trace's ``meta``, or ``written_rank_info``).
+    torch.profiler writes it itself (rank, world_size, backend...) when a process group exists: one
+    that names a rank is kept as written, ``data`` unchanged. Otherwise ``rank``, ``world_size`` and
+    ``backend`` are set in it (whatever else it holds kept): spliced in after the opening brace where
+    it had none, so the file is not parsed a second time."""
+    if isinstance(info, dict) and "rank" in info:
+        return data, info
+    new = {**(info if isinstance(info, dict) else {}), "rank": rank, "world_size": world_size, "backend": backend}
+    head = data.lstrip()
+    if info is None and head[:1] == b"{" and head[1:].lstrip()[:1] not in (b"}", b""):  # a comma follows
+        return b'{"distributedInfo": ' + orjson.dumps(new) + b"," + head[1:], new
+    doc = orjson.loads(data)
+    doc["distributedInfo"] = new
+    return orjson.dumps(doc), new

@@ -88,7 +88,9 @@ class Step:
     record_function range around each phase (zero_grad, forward, backward, optimizer), the names the
     profiler's step views read back; ``step(inputs=...)`` runs on other inputs than the step's own
     (``inputs``, by default the loaded model's). The optimizer is built once, here: ``optimizer`` names it
-    (over ``params``, by default the model's trainable parameters) or is one already built.
+    (over ``params``, by default the model's trainable parameters) or is one already built; None trains
+    without one: zero_grad (through the model), forward, loss and backward, the weights left as they were
+    (a comparison of forward and backward alone: Compile's training comparison).
 
     Options, each for a caller that truly needs it:
 
@@ -103,14 +105,14 @@ class Step:
     * ``after_backward`` (a call's): run after backward, before the optimizer step (to read gradients).
     """
 
-    def __init__(self, loaded, train: bool, optimizer: str | torch.optim.Optimizer = "sgd", lr: float = 0.01,
+    def __init__(self, loaded, train: bool, optimizer: str | torch.optim.Optimizer | None = "sgd", lr: float = 0.01,
                  inputs=None, *, params=None, zero_grad: bool = True,
                  autocast: Callable[[], object] | None = None, scaler=None,
                  split: Callable[[object], list] | None = None, update: Callable[[], object] | None = None):
         self.loaded = loaded
         self.inputs = loaded.inputs if inputs is None else inputs
         self.train = bool(train)
-        if not self.train:
+        if not self.train or optimizer is None:
             self.optimizer = None
         elif isinstance(optimizer, torch.optim.Optimizer):
             self.optimizer = optimizer
@@ -124,7 +126,10 @@ class Step:
 
     def zero_grad(self) -> None:
         """The gradients set to None (what the step does first, unless built with ``zero_grad=False``)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.optimizer is None:  # no optimizer: every parameter of the model
+            self.loaded.model.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
 
     def __call__(self, label: bool = False, *, inputs=None,
                  after_backward: Callable[[], None] | None = None) -> torch.Tensor | None:
@@ -154,6 +159,8 @@ class Step:
             total = loss.detach() if total is None else total + loss.detach()
         if after_backward is not None:
             after_backward()
+        if self.optimizer is None and self.update is None:  # forward and backward only: the weights stay
+            return total
         with rf(OPTIMIZER):
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)  # unscales the gradients in place first; skips a step with inf/NaN

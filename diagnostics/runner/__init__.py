@@ -14,12 +14,13 @@ dies with the thread that started it (PR_SET_PDEATHSIG on Linux). A job is stopp
 ``cancel`` event (the CLI's Ctrl-C, the dashboard's Cancel: ui.background), or by an exception in
 the calling thread; either way its worker is killed and the run is stored as 'cancelled'.
 
-The parts, each importing only those listed before it:
+The parts, each importing only those listed before it, and only their public names:
 
 * ``job``: Job, JobOutcome, AnalysisContext, ``execute`` (a job run in this process).
 * ``logs``: worker.log, drained from the worker's pipe (head and tail kept), and its tail.
-* ``limits``: the memory cap, the job's resident memory and /dev/shm, killing the worker's tree.
-* ``worker``: the worker process' entry, the caps applied inside it, how a failure is classified.
+* ``limits``: the memory cap, the job's resident memory and /dev/shm (``MemoryWatch``), killing the worker's tree.
+* ``worker``: starting a cold worker, the worker process' entry (``job_main``), the caps applied inside it, how a
+  failure is classified.
 * ``spare_pool``: the spare workers kept ahead of their jobs (``keep_spares``, ``spares``).
 * ``device_lock``: ``device_queue``, one timed job per device at a time.
 * ``run``: ``run_job``, which stores the run and supervises its worker.

@@ -148,7 +148,7 @@ def send_job(conn, args: "JobArgs") -> None:
 
 
 class JobArgs(msgspec.Struct, array_like=True, frozen=True):
-    """What a spare needs for its job (``_job_main``'s arguments)."""
+    """What a spare needs for its job (``job_main``'s arguments)."""
     job: dict[str, Any]
     artifact_dir: str
     mem_limit: int | None

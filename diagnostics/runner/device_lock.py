@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from diagnostics.errors import JobError
-from diagnostics.runner.job import _cancel_reason
+from diagnostics.runner.job import cancel_reason
 
 
 @contextmanager
@@ -28,7 +28,7 @@ def device_queue(lock_dir: Path, device: str, on_wait: Callable[[], None] | None
                 break
             except BlockingIOError:
                 if cancel is not None and cancel.is_set():
-                    raise JobError(_cancel_reason(cancel) + " (it was waiting for the device)") from None
+                    raise JobError(cancel_reason(cancel) + " (it was waiting for the device)") from None
                 if not waited and on_wait is not None:
                     on_wait()
                 waited = True

@@ -1,6 +1,6 @@
 """The job model: a job (analysis + spec + options), its outcome, what an analysis sees while it runs
 (AnalysisContext), and ``execute``, which runs a job in the calling process (the worker calls it;
-tests and notebooks may too). Also why a cancelled job stopped (``_cancel_reason``)."""
+tests and notebooks may too). Also why a cancelled job stopped (``cancel_reason``)."""
 
 from __future__ import annotations
 
@@ -157,6 +157,6 @@ def execute(job: Job, artifact_dir: Path, progress: ProgressFn | None = None,
     return checked(analysis, with_disturbance(result, assess(w.figures, timing_cv_of(result))))
 
 
-def _cancel_reason(cancel: threading.Event) -> str:
+def cancel_reason(cancel: threading.Event) -> str:
     """What to store for a run stopped through ``cancel``: its own ``reason`` if it has one."""
     return getattr(cancel, "reason", None) or CANCELLED_MESSAGE

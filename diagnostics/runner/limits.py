@@ -1,6 +1,6 @@
-"""The worker's memory cap, counted by the parent: the cap from the setting, the job's resident
-memory over its process tree (from the footprint it had once torch was loaded), what it holds in
-/dev/shm, and the kill of the whole tree."""
+"""The worker's memory cap, counted by the parent: the cap from the setting (``memory_cap_bytes``),
+the job's resident memory over its process tree from the footprint it had once torch was loaded plus
+what it holds in /dev/shm (``MemoryWatch``), and the kill of the whole tree (``kill_worker``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ MEMORY_LIMIT_ENV = "TORCHSCOPE_WORKER_MEMORY_MB"
 DEFAULT_MEMORY_SHARE = 0.6
 
 
-def _memory_cap_bytes() -> int:
+def memory_cap_bytes() -> int:
+    """The worker's memory cap: MEMORY_LIMIT_ENV in MiB, else DEFAULT_MEMORY_SHARE of physical memory."""
     mb = env_number(MEMORY_LIMIT_ENV, None)
     if mb is not None:
         return int(mb * 2**20)
@@ -78,11 +79,6 @@ def _rss(pids: list[int]) -> int:
     return total
 
 
-def _tree_rss(pid: int) -> int:
-    """Resident memory of the worker and its children (e.g. DataLoader workers)."""
-    return _rss(_tree_pids(pid))
-
-
 def _baseline(pid: int, job_rss: int) -> int:
     """The footprint the memory cap counts from: the job process' own resident memory when it said
     so (``job_rss``), plus every other process of the tree now (the guardian and, in namespaces, the
@@ -103,7 +99,29 @@ def _baseline(pid: int, job_rss: int) -> int:
     return job_rss + _rss([q for q in depth if q != job])
 
 
-def _kill(proc) -> None:
+class MemoryWatch:
+    """What a job uses against its memory cap: its process tree's resident memory beyond the footprint
+    it had once torch was loaded, plus what it holds in /dev/shm. Made before the worker starts (the
+    host's /dev/shm is counted from then); counting begins once the job says its footprint (``start``)."""
+
+    def __init__(self):
+        self._shm = _ShmCounter()
+        self.baseline: int | None = None
+
+    def start(self, pid: int, job_rss: int) -> None:
+        """The job's footprint (its Baseline message, sent before any user code): only the first counts,
+        a later one (the model's own) would move the cap's zero."""
+        if self.baseline is None:
+            self.baseline = _baseline(pid, job_rss)
+
+    def used(self, pid: int) -> tuple[int, int]:
+        """(bytes used beyond the footprint, of which in /dev/shm) by the worker ``pid`` and its tree."""
+        pids = _tree_pids(pid)
+        in_shm = self._shm.used(pids)
+        return _rss(pids) - (self.baseline or 0) + in_shm, in_shm
+
+
+def kill_worker(proc) -> None:
     """Kill the worker (the job's guardian), the job process and anything they started (DataLoader
     workers, subprocesses, their orphans): frozen first, so nothing forks away meanwhile."""
     if proc.is_alive():

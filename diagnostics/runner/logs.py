@@ -41,7 +41,7 @@ def stat_is_regular(fd: int) -> bool:
     return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
-class _LogDrain(threading.Thread):
+class LogDrain(threading.Thread):
     """Copy the worker's output into ``path``: the first ``head`` bytes, then only the last ``tail``.
     The last LOG_TAIL_CHARS-odd bytes are also kept in memory (``recent``): a failure's log tail."""
 
@@ -108,7 +108,7 @@ class _LogDrain(threading.Thread):
             self.join(5)
 
 
-def _append_log(path: Path, text: str) -> None:
+def append_log(path: Path, text: str) -> None:
     """A line of the runner's at the end of worker.log (its own file: never through a link)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -1,6 +1,6 @@
 """Spare workers: started ahead of their jobs (torch and the engine imported, no job, no sandbox),
-each taking one job and running it as a cold worker does (``_spare_main`` -> ``_job_main``). The
-dashboard keeps them (``keep_spares``); ``_warm_worker`` hands one a job."""
+each taking one job and running it as a cold worker does (``_spare_main`` -> ``worker.job_main``). The
+dashboard keeps them (``keep_spares``); ``warm_worker`` hands one a job."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import diagnostics.procs as procs
 import diagnostics.sandbox as sandbox
-from diagnostics.errors import TorchScopeError
 from diagnostics.runner.channel import ChannelError, JobArgs, Ready, Sender, receive, receive_job, send_job
-from diagnostics.runner.limits import _kill
-from diagnostics.runner.logs import _LogDrain
-from diagnostics.runner.worker import _job_main, _main_script_hidden
+from diagnostics.runner.limits import kill_worker
+from diagnostics.runner.logs import LogDrain
+from diagnostics.runner.worker import job_main, main_script_hidden
+from diagnostics.settings import env_number
 
 #: How many spare workers the dashboard keeps waiting: started, torch and the engine imported, no
 #: job and no sandbox yet. A job takes one (and a new one is started behind it), so a click does not
@@ -60,7 +60,7 @@ def _set_name(name: str) -> None:
 def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> None:
     """A spare: import ``preload`` (torch...), then wait for one job and run it as a cold worker does.
 
-    No sandbox, no memory cap and no guardian yet: all three come with the job (``_job_main``). It
+    No sandbox, no memory cap and no guardian yet: all three come with the job (``job_main``). It
     dies with the pool's thread (the dashboard's process), and exits when the pool closes its pipe."""
     sandbox.scrub_environment()  # first: nothing of the dashboard's environment reaches the job
     os.dup2(log_conn.fileno(), 1)
@@ -92,7 +92,7 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
     print(f"{WARM_LOG_LINE}: torch and the engine were imported {time.monotonic() - ready:.1f} s before "
           f"this job (imports took {ready - t0:.2f} s)" + (f"; not preloaded: {', '.join(failed)}" if failed else ""),
           flush=True)
-    _job_main(args.job, conn, args.artifact_dir, args.mem_limit, parent_pid, args.tmp_dir, args.hidden,
+    job_main(args.job, conn, args.artifact_dir, args.mem_limit, parent_pid, args.tmp_dir, args.hidden,
               caps=args.caps)
 
 
@@ -124,7 +124,7 @@ class _Spare:
         self.proc = ctx.Process(target=_spare_main, args=(job_read, answer_write, log_write, os.getpid(), preload),
                                 daemon=False, name="torchscope-spare")
         try:
-            with _main_script_hidden():
+            with main_script_hidden():
                 self.proc.start()
         finally:
             job_read.close()
@@ -138,7 +138,7 @@ class _Spare:
                 c.close()
             except OSError:
                 pass
-        _kill(self.proc)
+        kill_worker(self.proc)
 
 
 class SparePool:
@@ -237,6 +237,11 @@ class SparePool:
             pass
         return False
 
+    def heard_ready(self, msg: Ready) -> None:
+        """A taken spare's Ready, read by the runner with its job's answers: the thread count it says."""
+        with self._cond:
+            self._torch_threads = ready_threads(msg) or self._torch_threads
+
     def torch_threads(self) -> int | None:
         """torch's intra-op thread count in a worker, as the last spare that finished its imports said
         (None before any did): the dashboard's device panel shows it without importing torch."""
@@ -291,17 +296,9 @@ _POOL_ATEXIT = False
 
 def spare_setting() -> int:
     """TORCHSCOPE_SPARE_WORKERS as a count (default SPARE_WORKERS, at most MAX_SPARE_WORKERS; 0 turns spares off)."""
-    raw = os.environ.get(SPARES_ENV, "").strip()
-    if not raw:
-        return SPARE_WORKERS
-    try:
-        n = int(raw)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise TorchScopeError(f"the environment variable {SPARES_ENV}={raw!r} must be a whole number of spare "
-                              f"workers from 0 (off) to {MAX_SPARE_WORKERS}")
-    return min(n, MAX_SPARE_WORKERS)
+    n = env_number(SPARES_ENV, SPARE_WORKERS, zero_ok=True,
+                   whole=f"of spare workers from 0 (off) to {MAX_SPARE_WORKERS}")
+    return min(int(n), MAX_SPARE_WORKERS)
 
 
 def keep_spares(n: int | None = None) -> int:
@@ -325,8 +322,8 @@ def spares() -> SparePool:
     return _POOL
 
 
-def _warm_worker(args: tuple, log_path: Path):
-    """(process, answer pipe, log drain) of a spare given this job (``args`` of ``_job_main``), or
+def warm_worker(args: tuple, log_path: Path):
+    """(process, answer pipe, log drain) of a spare given this job (``args`` of ``worker.job_main``), or
     (None, None, None) when no spare is waiting (or the one taken could not be given the job)."""
     spare = _POOL.take() if _POOL.size else None
     if spare is None:
@@ -338,7 +335,7 @@ def _warm_worker(args: tuple, log_path: Path):
         spare.close()
         return None, None, None
     spare.jobs.close()
-    drain = _LogDrain(os.dup(spare.log.fileno()), log_path)  # what it printed while waiting comes first
+    drain = LogDrain(os.dup(spare.log.fileno()), log_path)  # what it printed while waiting comes first
     spare.log.close()
     drain.start()
     return spare.proc, spare.answers, drain

@@ -1,14 +1,14 @@
-"""The worker process: its entry (``_worker_main`` for a cold worker, ``_job_main`` for one job in
-either kind), the caps applied inside it (address space, file size), how a failure is classified
-(out of memory, the GPU's memory, the disk quota), and starting a spawned process without re-running
-the caller's main script."""
+"""The worker process: starting a cold one (``start_cold_worker``), its entry (``job_main``, one job
+in either kind of worker: a cold one or a spare), the caps applied inside it (address space, file
+size), how a failure is classified (out of memory, the GPU's memory, the disk quota), and starting
+a spawned process without re-running the caller's main script (``main_script_hidden``)."""
 
 from __future__ import annotations
 
 import errno
 import gc
+import multiprocessing as mp
 import os
-import signal
 import sys
 import traceback
 from contextlib import contextmanager
@@ -24,50 +24,39 @@ from diagnostics.results import to_plain
 from diagnostics.runner.channel import Baseline, ChannelError, Failed, Ok, Partial, Progress, Sender
 from diagnostics.runner.job import Job, execute
 from diagnostics.runner.limits import MEMORY_LIMIT_ENV
+from diagnostics.runner.logs import LogDrain
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: get SIGKILL when the thread that started us ends, so a killed dashboard leaves no worker."""
-    try:
-        import ctypes
+#: How far a failure's cause chain is followed (``__cause__``, else ``__context__``).
+CAUSE_CHAIN_DEPTH = 10
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's finally still kills us
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
+
+def _cause_chain(exc: BaseException | None):
+    """``exc`` and what caused it, nearest first: ``__cause__`` where one was given, else ``__context__``;
+    at most CAUSE_CHAIN_DEPTH of them (a chain may loop back on itself)."""
+    for _ in range(CAUSE_CHAIN_DEPTH):
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 def _is_oom(exc: BaseException) -> bool:
     """MemoryError, torch's OutOfMemoryError, or an allocator message, anywhere in the cause chain."""
-    seen = 0
-    while exc is not None and seen < 10:
-        text = str(exc).lower()
-        if (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
-                or "out of memory" in text or "can't allocate memory" in text or "cannot allocate memory" in text):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return any(isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError"
+               or any(m in str(e).lower() for m in ("out of memory", "can't allocate memory", "cannot allocate memory"))
+               for e in _cause_chain(exc))
 
 
 def _is_file_too_big(exc: BaseException) -> bool:
     """A write past RLIMIT_FSIZE (EFBIG) anywhere in the cause chain: the job's disk quota."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return any(isinstance(e, OSError) and e.errno == errno.EFBIG for e in _cause_chain(exc))
 
 
 def _is_gpu_oom(exc: BaseException) -> bool:
     """torch's OutOfMemoryError (the CUDA caching allocator's) anywhere in the cause chain."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if type(exc).__name__ == "OutOfMemoryError" or "cuda out of memory" in str(exc).lower():
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
+    return any(type(e).__name__ == "OutOfMemoryError" or "cuda out of memory" in str(e).lower()
+               for e in _cause_chain(exc))
 
 
 def _cap_address_space(base: int, extra: int) -> None:
@@ -93,7 +82,7 @@ def _worker_main(job_dict: dict, conn, log_conn, artifact_dir: str, mem_limit: i
     os.dup2(log_conn.fileno(), 1)
     os.dup2(log_conn.fileno(), 2)
     log_conn.close()
-    _job_main(job_dict, Sender(conn), artifact_dir, mem_limit, parent_pid, tmp_dir, hidden, caps=caps)
+    job_main(job_dict, Sender(conn), artifact_dir, mem_limit, parent_pid, tmp_dir, hidden, caps=caps)
 
 
 def _cap_file_size(limit: int) -> None:
@@ -105,7 +94,31 @@ def _cap_file_size(limit: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
-def _job_main(job_dict: dict, conn: Sender, artifact_dir: str, mem_limit: int | None, parent_pid: int,
+def _failure(e: BaseException, mem_limit: int | None, disk_bytes: int | None) -> Failed:
+    """What the runner is told of a job that raised ``e``: out of its disk quota, out of memory (the
+    GPU's, or the worker's cap), one of our own errors (its message alone), or anything else (with
+    its traceback). Called inside the ``except`` block, while the traceback is current.
+
+    Our own errors say what happened: one is an OOM only when it wraps one (a model's forward
+    running out), not when its text mentions memory (a distributed rank's report, say)."""
+    mine = isinstance(e, TorchScopeError)
+    if _is_file_too_big(e) and disk_bytes:
+        text = (f"the job wrote a file past its disk quota of {disk_bytes / 2**20:,.0f} MiB "
+                f"(set {jobfiles.DISK_ENV}): {type(e).__name__}: {e}")
+        return Failed("error", "JobError", text, traceback.format_exc(limit=8))
+    if _is_oom(e.__cause__ or e.__context__ if mine else e):
+        if _is_gpu_oom(e):  # the device's memory, not this worker's cap
+            text = f"the GPU ran out of memory: {e}"
+        else:
+            cap = f" (the worker's cap is {mem_limit / 2**30:.1f} GiB; set {MEMORY_LIMIT_ENV})" if mem_limit else ""
+            text = f"ran out of memory{cap}: {e}"
+        return Failed("oom", type(e).__name__, text, traceback.format_exc(limit=8))
+    if mine:
+        return Failed("error", type(e).__name__, str(e), "")
+    return Failed("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
+
+
+def job_main(job_dict: dict, conn: Sender, artifact_dir: str, mem_limit: int | None, parent_pid: int,
               tmp_dir: str | None = None, hidden: tuple = (), close: tuple = (), caps: dict | None = None) -> None:
     """Run one job in this process and exit: guardian, sandbox, memory cap, the job, its answer.
 
@@ -113,7 +126,7 @@ def _job_main(job_dict: dict, conn: Sender, artifact_dir: str, mem_limit: int | 
     as bytes (runner.channel): the model's code runs in this process and can reach it (a frame walk, the
     descriptor's number), but all it can send is data the runner decodes against the schema.
 
-    A cold worker calls it before torch is imported; a spare (``_spare_main``) after, with torch's
+    A cold worker calls it before torch is imported; a spare (``spare_pool._spare_main``) after, with torch's
     threads running: the guardian's fork leaves the job process with a single thread either way, so
     the sandbox is applied to it exactly as in a cold worker. ``caps``: the job's disk quota
     (``disk_bytes``) and the size of its private /dev/shm (``shm_bytes``)."""
@@ -159,24 +172,7 @@ def _job_main(job_dict: dict, conn: Sender, artifact_dir: str, mem_limit: int | 
     except BaseException as e:  # the user's code: anything can come out
         # Build the message here but send it after the except block: the traceback keeps the
         # failing frames (and whatever they allocated) alive until then.
-        # Our own errors say what happened: one is an OOM only when it wraps one (a model's forward
-        # running out), not when its text mentions memory (a distributed rank's report, say).
-        mine = isinstance(e, TorchScopeError)
-        if _is_file_too_big(e) and caps.get("disk_bytes"):
-            text = (f"the job wrote a file past its disk quota of {caps['disk_bytes'] / 2**20:,.0f} MiB "
-                    f"(set {jobfiles.DISK_ENV}): {type(e).__name__}: {e}")
-            message = Failed("error", "JobError", text, traceback.format_exc(limit=8))
-        elif _is_oom(e.__cause__ or e.__context__ if mine else e):
-            if _is_gpu_oom(e):  # the device's memory, not this worker's cap
-                text = f"the GPU ran out of memory: {e}"
-            else:
-                cap = f" (the worker's cap is {mem_limit / 2**30:.1f} GiB; set {MEMORY_LIMIT_ENV})" if mem_limit else ""
-                text = f"ran out of memory{cap}: {e}"
-            message = Failed("oom", type(e).__name__, text, traceback.format_exc(limit=8))
-        elif mine:
-            message = Failed("error", type(e).__name__, str(e), "")
-        else:
-            message = Failed("error", type(e).__name__, f"{type(e).__name__}: {e}", traceback.format_exc(limit=8))
+        message = _failure(e, mem_limit, caps.get("disk_bytes"))
     try:
         conn.send(message)
     except ChannelError as e:  # a result holding an object, or too long
@@ -191,7 +187,7 @@ def _job_main(job_dict: dict, conn: Sender, artifact_dir: str, mem_limit: int | 
 
 
 @contextmanager
-def _main_script_hidden():
+def main_script_hidden():
     """Start a spawned worker without re-running the caller's main script in it.
 
     spawn runs ``__main__.__file__`` in every child (so objects defined there unpickle). Under
@@ -207,3 +203,26 @@ def _main_script_hidden():
     finally:
         if path is not None:
             main.__dict__["__file__"] = path
+
+
+def start_cold_worker(job_dict: dict, job_dir: str, mem_limit: int | None, tmp_dir: str, hidden: tuple, caps: dict,
+                      log_path: Path):
+    """(process, answer pipe, log drain) of a worker spawned for this one job (``job_main``'s arguments).
+
+    Not a daemon, so a job may start processes of its own (DataLoader workers, torchrun); the worker
+    still dies with the calling thread (PR_SET_PDEATHSIG) and the runner kills it with its children."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    log_read, log_write = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_worker_main, args=(job_dict, child, log_write, job_dir, mem_limit, os.getpid(),
+                                                  tmp_dir, hidden, caps), daemon=False)
+    drain = LogDrain(os.dup(log_read.fileno()), log_path)
+    log_read.close()
+    try:
+        with main_script_hidden():
+            proc.start()
+    finally:
+        child.close()
+        log_write.close()  # the worker holds the only write end: EOF when it ends
+        drain.start()
+    return proc, parent, drain

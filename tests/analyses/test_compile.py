@@ -170,3 +170,28 @@ def test_breaks_and_recompiles_are_reported_before_the_compile_and_the_timing(tm
     # all before the timed rounds: the page shows them while eager and compiled are timed
     timing_started = next(i for i, m in enumerate(progress) if m.startswith("eager vs compiled"))
     assert all(at <= timing_started for at, _ in partials)
+
+
+def test_the_training_comparison_runs_forward_and_backward_on_both_and_leaves_the_weights():
+    """Compile's training comparison runs the one training step without an optimizer (measure.training.Step):
+    the eager and compiled arms each a zero_grad, forward, loss and backward, the weights unchanged."""
+    from types import SimpleNamespace
+
+    from diagnostics.analyses.compile.job import _train_comparison
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(6, 4)
+    calls = []
+    loaded = SimpleNamespace(inputs=(x,), loss_name="sum of squares",
+                             loss_fn=lambda out: (calls.append(1), out.pow(2).sum())[1])
+    before = [p.detach().clone() for p in model.parameters()]
+    torch._dynamo.reset()
+    r = _train_comparison(model, loaded, {"backend": "eager", "mode": "default", "dynamic": "auto", "rounds": 2,
+                                          "warmup": 1}, torch.device("cpu"))
+    torch._dynamo.reset()
+    assert r["eager_ms"] > 0 and r["compiled_ms"] > 0 and r["verdict"] in ("faster", "slower", "within noise")
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))  # no optimizer step
+    want = torch.autograd.grad(model(x).pow(2).sum(), list(model.parameters()))
+    assert all(torch.allclose(p.grad, g) for p, g in zip(model.parameters(), want))  # cleared before each backward
+    assert len(calls) >= 1 + 2 * (2 + 1)  # the compiling call, then each arm's warm-up and rounds at least

@@ -132,22 +132,6 @@ def test_trace_artifacts_parse_and_carry_rank(trained):
     assert decode(ANALYSIS, json.loads(to_json(result))) == result  # typed, and back through its JSON
 
 
-@pytest.mark.parametrize("info", [None, {"world_size": 1}, {"rank": 3, "world_size": 4, "backend": "gloo"}])
-def test_exported_trace_gets_a_rank_when_it_has_none(tmp_path, info):
-    from diagnostics.trace import load_trace
-
-    doc = {"schemaVersion": 1, "traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}
-    if info is not None:
-        doc["distributedInfo"] = info
-    path = tmp_path / "t.json"
-    path.write_text(json.dumps(doc, indent=2))
-    trace = load_trace(path)
-    out = json.loads(profiler._with_rank(path.read_bytes(), trace))
-    want = info if info and "rank" in info else profiler.RANK_INFO
-    assert out["distributedInfo"] == want == trace.meta["distributedInfo"]
-    assert out["traceEvents"] == doc["traceEvents"] and out["schemaVersion"] == 1
-
-
 def test_step_breakdown_adds_up_to_the_step_time(trained):
     _, result, _, _ = trained
     trace = json.loads(Path(result.artifacts.trace_json).read_text())

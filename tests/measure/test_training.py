@@ -60,6 +60,27 @@ def test_without_zero_grad_the_caller_clears_the_gradients():
     assert all(p.grad is None for p in m.parameters())
 
 
+def test_without_an_optimizer_the_step_is_forward_and_backward_and_the_weights_stay():
+    a, b = model(), model()
+    a.register_parameter("extra", nn.Parameter(torch.zeros(2), requires_grad=False))  # frozen: in no optimizer
+    a.extra.grad = torch.ones(2)
+    step = Step(Trainee(a, loss_fn, (X,)), True, optimizer=None)
+    before = weights(a)
+    loss = step()
+    loss_b = loss_fn(b(X))  # by hand: forward, loss, backward, no update
+    loss_b.backward()
+    assert loss.item() == loss_b.item()
+    assert all(torch.equal(p, q) for p, q in zip(weights(a), before))  # the weights stay
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(a[0].parameters(), b[0].parameters()))
+    assert a.extra.grad is None  # zero_grad: every parameter of the model, as model.zero_grad clears them
+    step()  # cleared first: the same gradients again, not twice them
+    assert torch.equal(a[0].weight.grad, b[0].weight.grad)
+    with torch.profiler.profile() as prof:
+        step(label=True)
+    assert {"zero_grad", "forward", "backward"} <= {e.name for e in prof.events()}
+    assert "optimizer" not in {e.name for e in prof.events()}  # no optimizer phase without one
+
+
 def test_after_backward_reads_the_gradients_before_the_update():
     m = model()
     seen = []

@@ -92,7 +92,7 @@ def test_the_planted_payload_runs_code_when_unpickled(tmp_path):
 def _check(out, marker: Path, warm: bool) -> None:
     log = worker_log(out)
     assert (WARM_LOG_LINE in log) == warm, log[:300]
-    assert "ATTACK found ['_job_main'" in log, log[-2000:]  # the model did reach the channel
+    assert "ATTACK found ['job_main'" in log, log[-2000:]  # the model did reach the channel
     assert "ATTACK wrote a pickle to fd" in log, log[-2000:]
     assert not marker.exists(), "the runner ran the job's pickle"
     assert out.status == "error", (out.status, out.error)
@@ -200,3 +200,41 @@ def test_a_spares_job_goes_as_bytes_too():
                            {"disk_bytes": 10, "shm_bytes": None})
     channel.send_job(write, args)
     assert channel.receive_job(read) == args
+
+
+# ---- a flood of messages -------------------------------------------------------------------------
+
+FLOOD = textwrap.dedent('''
+    import sys
+
+    from torch import nn
+
+
+    def build_model():
+        Progress = sys.modules["diagnostics.runner.channel"].Progress
+        frame = sys._getframe()
+        while frame is not None and "conn" not in frame.f_locals:  # up to the worker's entry and its channel
+            frame = frame.f_back
+        conn = frame.f_locals["conn"]
+        print("FLOOD sending", flush=True)
+        while True:  # well-formed messages, never an answer: the pipe is never empty
+            conn.send(Progress(0.5, "flood"))
+        return nn.Linear(4, 3)
+
+
+    def example_inputs():
+        import torch
+        return (torch.ones(2, 4),)
+''')
+
+
+def test_a_job_that_floods_its_channel_still_times_out(tmp_path):
+    """Each message the runner reads is followed by its checks: a job whose messages never stop (its own
+    progress, sent as fast as it can) cannot hold off its timeout or a cancel by keeping the pipe full."""
+    path = tmp_path / "flood.py"
+    path.write_text(FLOOD)
+    out = run_job(Job("validate", python_spec(path)), timeout_s=25)
+    assert "FLOOD sending" in worker_log(out)  # the flood ran
+    assert out.status == "timeout", (out.status, out.error)
+    assert out.error == "timed out after 25 s: the worker was stopped"
+    assert out.duration_s < 25 + 30  # stopped at its timeout, not whenever the flood ended

@@ -8,12 +8,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from diagnostics.findings import Finding, FixFirst, Rule, not_applicable
+from diagnostics.findings import (COMMUNICATION_FRACTION_MAX, DATALOADER_FRACTION_MAX, GPU_UTILIZATION_MIN,
+                                  LAUNCH_BOUND_MEDIAN_US, LAUNCH_BOUND_MIN_OPS, PREFETCH_FACTOR_MIN, Finding, FixFirst,
+                                  Rule, not_applicable)
 
 # ---------------------------------------------------------------------------- thresholds
-#: Share of the step the main thread may wait for DataLoader batches (the TensorBoard plugin's rule,
-#: as the checklist's DATALOADER_FRACTION_MAX).
-DATA_WAIT_SHARE_MAX = 0.05
+# Those the checklist judges a step by too are its own constants, declared once (diagnostics.findings),
+# named here for what a real run measures.
+#: Share of the step the main thread may wait for DataLoader batches (the checklist's DATALOADER_FRACTION_MAX).
+DATA_WAIT_SHARE_MAX = DATALOADER_FRACTION_MAX
 #: Share of the step in Python outside torch's calls ("host") that warns, and that fails.
 HOST_SHARE_WARN = 0.30
 HOST_SHARE_FAIL = 0.50
@@ -21,16 +24,14 @@ HOST_SHARE_FAIL = 0.50
 SYNC_MS_WARN = 0.1
 SYNC_SHARE_FAIL = 0.10
 #: Share of the step in communication over which it is reported (the checklist's COMMUNICATION_FRACTION_MAX).
-COMM_SHARE_MAX = 0.10
-#: Share of the step the GPU may sit idle (the checklist's GPU_UTILIZATION_MIN of 50 % busy).
-GPU_IDLE_SHARE_MAX = 0.50
+COMM_SHARE_MAX = COMMUNICATION_FRACTION_MAX
+#: Share of the step the GPU may sit idle (the checklist's GPU_UTILIZATION_MIN busy).
+GPU_IDLE_SHARE_MAX = 1.0 - GPU_UTILIZATION_MIN
 #: Launch-bound: at least this many kernels per step, of median duration under LAUNCH_BOUND_MEDIAN_US
-#: (as the checklist's launch-bound rule), while the GPU idles over GPU_IDLE_SHARE_LAUNCH of the step.
-LAUNCH_BOUND_MIN_KERNELS = 100
-LAUNCH_BOUND_MEDIAN_US = 20.0
+#: (the checklist's launch-bound rule), while the GPU idles over GPU_IDLE_SHARE_LAUNCH of the step.
+LAUNCH_BOUND_MIN_KERNELS = LAUNCH_BOUND_MIN_OPS
 GPU_IDLE_SHARE_LAUNCH = 0.20
-#: prefetch_factor below this leaves a worker's batch little time to be ready (the checklist's PREFETCH_FACTOR_MIN).
-PREFETCH_FACTOR_MIN = 2
+# PREFETCH_FACTOR_MIN: the checklist's, under its own name.
 
 THRESHOLDS = [
     ("DATA_WAIT_SHARE_MAX", DATA_WAIT_SHARE_MAX, "max share of the step waiting for DataLoader batches"),

@@ -17,9 +17,10 @@ from diagnostics.findings import Rule as FindingRule
 from diagnostics.units import human_bytes, speedup_text
 
 # ---------------------------------------------------------------------------- thresholds
-DATALOADER_FRACTION_MAX = 0.05  # DataLoader share of step time (TensorBoard plugin rule)
-COMMUNICATION_FRACTION_MAX = 0.10  # communication share of kernel time (TensorBoard plugin rule)
-GPU_UTILIZATION_MIN = 0.50  # GPU busy share of step time (TensorBoard plugin rule)
+# Those an attached run's rules judge by too are declared once, in diagnostics.findings: DATALOADER_FRACTION_MAX,
+# COMMUNICATION_FRACTION_MAX, GPU_UTILIZATION_MIN, LAUNCH_BOUND_MIN_OPS, LAUNCH_BOUND_MEDIAN_US, PREFETCH_FACTOR_MIN.
+from diagnostics.findings import (COMMUNICATION_FRACTION_MAX, DATALOADER_FRACTION_MAX, GPU_UTILIZATION_MIN,  # noqa: E402
+                                  LAUNCH_BOUND_MEDIAN_US, LAUNCH_BOUND_MIN_OPS, PREFETCH_FACTOR_MIN)
 TENSOR_CORE_MIN_CC = 7.0  # compute capability with Tensor Cores (Volta)
 TF32_MIN_CC = 8.0  # compute capability with TF32 (Ampere)
 PEAK_MEMORY_FRACTION_MAX = 0.90  # peak memory share of device memory (TensorBoard plugin rule)
@@ -28,8 +29,6 @@ MEMORY_GROWTH_MAX_BYTES = 1 * 2**20  # allocated-memory growth per training step
 WIDTH_MULTIPLE = 8  # layer widths should be multiples of this for Tensor Cores / vector units
 SYNC_POINTS_WARN = 1  # CPU-GPU sync points per step that earn a warning
 SYNC_POINTS_FAIL = 10  # ... and a failure
-LAUNCH_BOUND_MIN_OPS = 100  # ops (CPU) or kernels (CUDA) per step
-LAUNCH_BOUND_MEDIAN_US = 20.0  # median op / kernel duration (µs) below which a step is launch-bound
 INIT_GAIN_MIN = 0.2  # weight std * sqrt(fan_in) below this: too small an init
 INIT_GAIN_MAX = 3.0  # ... above this: too large (He init gives 1.41, PyTorch default 0.58)
 INIT_GAIN_MIN_NORMED = 0.05  # the lower bound in a model with normalisation layers, which restore the scale
@@ -40,7 +39,6 @@ from diagnostics.measure.gradient_health import (EXPLODING_NORM, KIND_VANISHING_
 DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole batch
 INFERENCE_SPEEDUP_MIN = 1.10  # eval()+inference_mode faster than train-mode forward by this factor
 BATCH_GAIN_MIN = 1.20  # throughput gain at twice the batch that says "use a bigger batch"
-PREFETCH_FACTOR_MIN = 2  # DataLoader prefetch_factor
 TENSOR_COPY_FRACTION_MAX = 0.10  # share of the step's operator time in layout copies the forward asks for
 PYTHON_LOOP_MIN_OPS = 32  # indexing / scalar-read ops per step called from Python ...
 PYTHON_LOOP_MIN_SHARE = 0.25  # ... that also make this share of the step's top-level ops

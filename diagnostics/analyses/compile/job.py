@@ -29,6 +29,7 @@ from diagnostics.measure.compare import CONTROL, METHOD, control_problem, interl
 from diagnostics.measure.dynamo import compile_seconds, empty_cache_codegen, explain, watch_recompiles
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.timer import time_once
+from diagnostics.measure.training import Step, Trainee
 from diagnostics.results import build
 
 #: The backend of the first pass: Dynamo's graphs run as they are, nothing generated.
@@ -209,15 +210,12 @@ def _train_comparison(model, loaded, o: dict, device) -> dict:
     model.train()
     compiled = _compile(model, o)
 
-    def step(m):
-        def run():
-            model.zero_grad(set_to_none=True)
-            loaded.loss_fn(call_model(m, loaded.inputs)).backward()
-        return run
+    def step(m) -> Step:  # the one training step without an optimizer: zero_grad, forward, loss, backward
+        return Step(Trainee(m, loaded.loss_fn, loaded.inputs, loaded.loss_name), True, optimizer=None)
 
-    step(compiled)()  # compiles forward and backward
-    cmp = interleaved({"eager": step(model), "compiled": step(compiled)}, device, o["rounds"], o["warmup"],
-                      control=True)
+    eager, fast = step(model), step(compiled)
+    fast()  # compiles forward and backward
+    cmp = interleaved({"eager": eager, "compiled": fast}, device, o["rounds"], o["warmup"], control=True)
     c = cmp["compiled"]
     return {"eager_ms": cmp["eager"]["time_ms"], "compiled_ms": c["time_ms"], "speedup": c["speedup"],
             "speedup_ci": c["speedup_ci"], "verdict": c["verdict"],

@@ -16,7 +16,6 @@ launches the run, finds the traces, tells stragglers and assembles the ranks:
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import statistics
@@ -26,6 +25,7 @@ from diagnostics.analyses.distributed import (DISTRIBUTED, DISTRIBUTED_TRACES, S
                                               STRAGGLER_MIN_EXCESS_MS)
 from diagnostics.analyses.distributed.dist_job import DistJob, DistributedInputError
 from diagnostics.analyses.distributed.result import DistributedResult
+from diagnostics.devices import usable_cores
 from diagnostics.results import build
 from diagnostics.settings import check_server_path
 from diagnostics.trace.comm import collective_bytes, rank_breakdown
@@ -312,18 +312,10 @@ def analyze(ctx, options: dict) -> DistributedResult:
     return build(DistributedResult, result)
 
 
-def cpu_cores() -> int:
-    """The cores this process may run on (its affinity mask), else os.cpu_count()."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def oversubscribed(result: dict, nproc: int, threads: int, on_gpu: bool, cores: int | None = None) -> None:
     """On the CPU, ranks x threads beyond the cores make ranks wait for a core: their busy-time
     differences are scheduling, not stragglers. Say so, and call no rank a straggler for it."""
-    cores = cores or cpu_cores()
+    cores = cores or usable_cores()
     demand = nproc * max(1, int(threads))
     result["cpu"] = {"ranks": nproc, "threads_per_rank": int(threads), "cores": cores,
                      "oversubscribed": (not on_gpu) and demand > cores}

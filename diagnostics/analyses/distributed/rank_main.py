@@ -7,7 +7,7 @@ steps and writes, in the job's out_dir:
 
 * rank{R}.pt.trace.json   the Chrome trace; torch.profiler adds ``distributedInfo`` (rank,
                           world_size, backend) itself when a process group is initialised, and
-                          this module makes sure it is there;
+                          this module makes sure it is there (measure.profiling.with_rank_info);
 * rank{R}.steps.json      the wall time of every profiled step (CUDA events on GPU, perf_counter
                           on CPU);
 * rank{R}.status.json     "running", then "done" or "error" with the message, so the launcher
@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 
+from diagnostics.measure.profiling import with_rank_info, written_rank_info
 from diagnostics.measure.timer import method as timer_method, time_once
 from diagnostics.measure.training import Step, Trainee
 from diagnostics.analyses.distributed.dist_job import DistJob, choose_backend, status_path, steps_path, trace_path
@@ -47,16 +48,13 @@ def _status(job: DistJob, rank: int, state: str, **extra) -> None:
 def _ensure_distributed_info(path, rank: int, world_size: int, backend: str) -> None:
     """torch.profiler writes distributedInfo when a process group exists; fill it in if it did not."""
     with open(path, "rb") as f:
-        if b'"distributedInfo"' in f.read(1 << 20):  # Kineto writes it before traceEvents
-            return
-        f.seek(0)
-        doc = json.load(f)
-    info = doc.get("distributedInfo")
-    if isinstance(info, dict) and info.get("rank") == rank and info.get("world_size") == world_size:
-        return
-    doc["distributedInfo"] = {**(info if isinstance(info, dict) else {}), "rank": rank,
-                              "world_size": world_size, "backend": backend}
-    _write_json(path, doc)
+        data = f.read()
+    new, _ = with_rank_info(data, written_rank_info(data), rank, world_size, backend)
+    if new is not data:
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(new)
+        os.replace(tmp, path)
 
 
 def run(job: DistJob) -> None:

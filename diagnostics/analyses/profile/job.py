@@ -18,10 +18,10 @@ import tempfile
 import time
 import zipfile
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import orjson
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
@@ -33,6 +33,7 @@ from diagnostics.measure.roofline import (ABOVE_ROOF_TOLERANCE, best_roofs, coun
                                            merge_nesting, mfu, module_mfu, not_counted_rows, op_nesting,
                                            roofline_rows)
 from diagnostics.measure.compare import METHOD, Rounds, too_few_rounds
+from diagnostics.measure.profiling import with_rank_info
 from diagnostics.measure.timer import latency_stats, method as timer_method, sync, time_calls, time_once
 from diagnostics.measure.training import Step
 
@@ -192,25 +193,6 @@ def merge_operator_rows(tables: list[list[dict]]) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- artifacts
-#: What the exported trace says about ranks when the profiler wrote nothing (HTA needs a rank).
-RANK_INFO = {"rank": 0, "world_size": 1, "backend": "none"}
-
-
-def _with_rank(data: bytes, trace: Trace) -> bytes:
-    """The exported trace ``data`` (loaded as ``trace``) with distributedInfo rank 0 when it has no
-    rank: spliced in after the opening brace, so the file is not parsed a second time."""
-    info = trace.meta.get("distributedInfo")
-    if isinstance(info, dict) and "rank" in info:
-        return data
-    trace.meta["distributedInfo"] = dict(RANK_INFO)
-    head = data.lstrip()
-    if info is None and head[:1] == b"{":  # the object holds traceEvents at least: a comma follows
-        return b'{"distributedInfo": ' + orjson.dumps(RANK_INFO) + b"," + head[1:]
-    doc = orjson.loads(data)
-    doc["distributedInfo"] = dict(RANK_INFO)
-    return orjson.dumps(doc)
-
-
 def write_artifacts(traces: list[bytes], artifact_dir: Path) -> dict:
     """trace.json (last cycle), trace.json.gz, and tb_trace.zip with every cycle as the TB plugin names them."""
     artifact_dir = Path(artifact_dir)
@@ -318,15 +300,59 @@ def profiler_overhead(model, step, opts: dict, device, activities: list, rounds:
 def analyze(ctx, options: dict) -> ProfileResult:
     options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
     loaded = ctx.loaded
-    spec = loaded.spec
-    device = loaded.device
+    spec, device, model, batch = loaded.spec, loaded.device, loaded.model, loaded.batch_size
     opts = resolve_options(options, spec.device)
-    model = loaded.model
     step = Step(loaded, opts["mode"] == "train", opts["optimizer"], opts["lr"])
-    batch = loaded.batch_size
     notes: list[str] = []
 
-    # 1) latency, outside the profiler and without any labels or hooks
+    latency = _latency(ctx, model, step, device, opts, batch)  # 1) outside the profiler, no labels or hooks
+    run = _profile_cycles(ctx, model, step, device, opts)  # 2) the profiled steps
+    # 3) views from the traces, each cycle's loaded once through the trace layer
+    ctx.progress(0.82, "building views")
+    traces, cycle_traces = _load_cycles(run)
+    module_types = {(n or ROOT_MODULE): type(m).__name__ for n, m in model.named_modules()}
+    steps, split, module_rows = [], [], []
+    for c, trace in enumerate(traces):
+        steps += [{"cycle": c, **r} for r in pt.step_breakdown(trace)]
+        split += [{"cycle": c, **r} for r in pt.device_split(trace)]
+    if opts["with_modules"]:
+        module_rows = pt.module_times(traces, module_types)
+    kernels_ev = pt.kernel_table(traces)
+    operators = merge_operator_rows(run.ops)
+    by_shape = merge_operator_rows(run.ops_by_shape) if opts["record_shapes"] else None
+
+    ctx.progress(0.88, "writing trace files")
+    artifacts = write_artifacts(cycle_traces, ctx.artifact_dir)
+    timeline = pt.timeline(traces[-1], opts["timeline_max_events"],
+                           artifacts["trace_json"] if opts["record_shapes"] else None)
+
+    roof, roof_unavailable = _optional_roofline(ctx, model, step, opts, device, run, len(steps), latency,
+                                                module_rows, notes)
+    ctx.progress(0.95, f"the profiler's own cost: {opts['overhead_rounds']} interleaved rounds")
+    overhead = profiler_overhead(model, step, opts, device, run.activities, opts["overhead_rounds"])
+    modules_note = modules_missing(model, opts["with_modules"], module_rows)
+    notes += _notes(opts, overhead, modules_note)
+    metrics = _metrics(latency, steps, overhead, operators, kernels_ev, run, roof, batch)
+    ctx.progress(1.0, "done")
+    return build(ProfileResult, {
+        "model": spec.label, "device": spec.device, "batch_size": batch, "mode": opts["mode"],
+        "config": opts, "cuda_ran": "cuda" in opts["activities"],
+        "inputs": [{"shape": list(s.shape), "dtype": s.dtype, **({"name": s.name} if s.name else {})}
+                   for s in loaded.input_specs],
+        "loss": loaded.loss_name if opts["mode"] == "train" else None,
+        "metrics": metrics, "latency": latency, "timing_cv": latency["cv"], "steps": steps, "device_split": split,
+        "profiler_overhead": overhead,
+        "operators": operators, "operators_by_shape": by_shape, "modules": module_rows, "modules_note": modules_note,
+        "kernels": kernels_ev, "timeline": timeline,
+        "roofline": roof["rows"] if roof else [], "roofs": roof["roofs"] if roof else None, "artifacts": artifacts, "notes": notes,
+        "flops_not_counted": roof["not_counted"] if roof else [],
+        **({"roofline_unavailable": roof_unavailable} if roof_unavailable else {}),
+        "torch_version": str(torch.__version__),
+    })
+
+
+def _latency(ctx, model, step, device, opts: dict, batch: int) -> dict:
+    """The step timed outside the profiler, without any labels or hooks: its statistics and samples."""
     ctx.progress(0.02, "latency: warmup")
     with _mode(model, opts):
         samples = time_calls(step, device, opts["latency_iters"], opts["latency_warmup"],
@@ -335,43 +361,58 @@ def analyze(ctx, options: dict) -> ProfileResult:
     latency["samples_ms"] = samples
     latency["method"] = timer_method(device)
     latency["warmup"] = opts["latency_warmup"]
+    return latency
 
-    # 2) the profiled steps
-    activities = [ProfilerActivity.CPU] if "cpu" in opts["activities"] else []
-    if "cuda" in opts["activities"]:
-        activities.append(ProfilerActivity.CUDA)
-    n_steps = (opts["wait"] + opts["warmup"] + opts["active"]) * opts["repeat"]
-    cycle_files: list[Path] = []
-    cycle_ops: list[list[dict]] = []
-    cycle_ops_shape: list[list[dict]] = []
-    cycle_nesting: list[dict] = []
-    tmp = Path(tempfile.mkdtemp(prefix="profile-", dir=ctx.artifact_dir))
 
-    def on_ready(prof) -> None:
-        path = tmp / f"cycle{len(cycle_files)}.json"
-        prof.export_chrome_trace(str(path))  # read after the profile, outside the profiled steps
-        cycle_files.append(path)
+@dataclass
+class _Cycles:
+    """What the profiled steps left: each cycle's exported trace file (in ``folder``, until loaded), its
+    operator rows (by name, and by input shape with record_shapes), its op nesting (for the roofline)."""
+
+    folder: Path
+    activities: list
+    files: list[Path] = field(default_factory=list)
+    ops: list[list[dict]] = field(default_factory=list)
+    ops_by_shape: list[list[dict]] = field(default_factory=list)
+    nesting: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+    peak_bytes: int | None = None
+
+    def on_ready(self, prof, opts: dict) -> None:
+        """A cycle ended: its trace exported and its operator tables read (outside the profiled steps)."""
+        path = self.folder / f"cycle{len(self.files)}.json"
+        prof.export_chrome_trace(str(path))
+        self.files.append(path)
         if opts["roofline"]:  # which op ran inside which: the roofline times each counted op inclusively
-            cycle_nesting.append(op_nesting(prof.events()))
+            self.nesting.append(op_nesting(prof.events()))
         # with_stack records Python frames as events too; they are call stacks, not operators.
         frames = frozenset(e.name for e in prof.events() if _is_python_frame(e)) if opts["with_stack"] else frozenset()
         if opts["record_shapes"]:
             # One grouping pass: the per-name table is the per-shape one summed by name
             # (merge_operator_rows), the same numbers key_averages() gives, without a second pass.
             shaped = operator_rows(prof.key_averages(group_by_input_shape=True), by_shape=True, skip=frames)
-            cycle_ops_shape.append(shaped)
-            cycle_ops.append([{k: v for k, v in r.items() if k != "input_shapes"} for r in shaped])
+            self.ops_by_shape.append(shaped)
+            self.ops.append([{k: v for k, v in r.items() if k != "input_shapes"} for r in shaped])
         else:
-            cycle_ops.append(operator_rows(prof.key_averages(), skip=frames))
+            self.ops.append(operator_rows(prof.key_averages(), skip=frames))
 
+
+def _profile_cycles(ctx, model, step, device, opts: dict) -> _Cycles:
+    """The step under torch.profiler on its wait/warmup/active schedule, labelled (and each module's
+    forward a range with with_modules); the device's peak memory over them."""
+    activities = [ProfilerActivity.CPU] if "cpu" in opts["activities"] else []
+    if "cuda" in opts["activities"]:
+        activities.append(ProfilerActivity.CUDA)
+    run = _Cycles(Path(tempfile.mkdtemp(prefix="profile-", dir=ctx.artifact_dir)), activities)
+    cycle_len = opts["wait"] + opts["warmup"] + opts["active"]
+    n_steps = cycle_len * opts["repeat"]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     sched = schedule(wait=opts["wait"], warmup=opts["warmup"], active=opts["active"], repeat=opts["repeat"])
-    cycle_len = opts["wait"] + opts["warmup"] + opts["active"]
     modules_ctx = module_ranges(model) if opts["with_modules"] else nullcontext()
     t_prof = time.perf_counter()
     with _mode(model, opts), modules_ctx:
-        with profile(activities=activities, schedule=sched, on_trace_ready=on_ready,
+        with profile(activities=activities, schedule=sched, on_trace_ready=lambda p: run.on_ready(p, opts),
                      record_shapes=opts["record_shapes"], profile_memory=opts["profile_memory"],
                      with_stack=opts["with_stack"], with_modules=opts["with_modules"]) as prof:
             for i in range(n_steps):
@@ -382,43 +423,39 @@ def analyze(ctx, options: dict) -> ProfileResult:
                 step(label=True)
                 prof.step()
         sync(device)
-    profile_wall_s = time.perf_counter() - t_prof
-    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
-    if not cycle_files:
-        shutil.rmtree(tmp, ignore_errors=True)
+    run.wall_s = time.perf_counter() - t_prof
+    run.peak_bytes = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+    if not run.files:
+        shutil.rmtree(run.folder, ignore_errors=True)
         raise TorchScopeError("the profiler produced no trace (no active step completed)")
+    return run
 
-    # 3) views from the traces, each cycle's loaded once through the trace layer
-    ctx.progress(0.82, "building views")
+
+def _load_cycles(run: _Cycles) -> tuple[list[Trace], list[bytes]]:
+    """Each cycle's trace loaded through the trace layer, and its bytes with a rank (for the files
+    written); the exported files removed."""
     traces: list[Trace] = []
     cycle_traces: list[bytes] = []
     try:
-        for path in cycle_files:
+        for path in run.files:
             traces.append(load_trace(path))
-            cycle_traces.append(_with_rank(path.read_bytes(), traces[-1]))
+            data, traces[-1].meta["distributedInfo"] = with_rank_info(path.read_bytes(),
+                                                                      traces[-1].meta.get("distributedInfo"))
+            cycle_traces.append(data)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    module_types = {(n or ROOT_MODULE): type(m).__name__ for n, m in model.named_modules()}
-    steps, split, module_rows = [], [], []
-    for c, trace in enumerate(traces):
-        steps += [{"cycle": c, **r} for r in pt.step_breakdown(trace)]
-        split += [{"cycle": c, **r} for r in pt.device_split(trace)]
-    if opts["with_modules"]:
-        module_rows = pt.module_times(traces, module_types)
-    kernels_ev = pt.kernel_table(traces)
-    operators = merge_operator_rows(cycle_ops)
-    by_shape = merge_operator_rows(cycle_ops_shape) if opts["record_shapes"] else None
+        shutil.rmtree(run.folder, ignore_errors=True)
+    return traces, cycle_traces
 
-    ctx.progress(0.88, "writing trace files")
-    artifacts = write_artifacts(cycle_traces, ctx.artifact_dir)
-    timeline = pt.timeline(traces[-1], opts["timeline_max_events"],
-                           artifacts["trace_json"] if opts["record_shapes"] else None)
 
+def _optional_roofline(ctx, model, step, opts: dict, device, run: _Cycles, n_steps: int, latency: dict,
+                       module_rows: list, notes: list[str]):
+    """(the roofline or None, why it is not available or None), its notes added to ``notes``: an optional
+    part, whose failure is reported while the profile stands."""
     roof = roof_unavailable = None
     if opts["roofline"]:
         ctx.progress(0.9, "roofline: this machine's roofs, FLOPs and bytes per operator")
-        try:  # an optional part: its failure is reported, the profile stands
-            roof = _roofline(model, step, opts, device, merge_nesting(cycle_nesting), max(1, len(steps)),
+        try:
+            roof = _roofline(model, step, opts, device, merge_nesting(run.nesting), max(1, n_steps),
                              latency["median_ms"], cuda_ran="cuda" in opts["activities"], module_rows=module_rows)
         except torch.OutOfMemoryError:
             raise
@@ -439,10 +476,13 @@ def analyze(ctx, options: dict) -> ProfileResult:
                      "MFU are then too high")
     if roof and roof["not_counted"]:
         notes.append(_not_counted_note(roof["not_counted"]))
-    step_ms = [s["step_ms"] for s in steps]
-    cuda_ran = "cuda" in opts["activities"]
-    ctx.progress(0.95, f"the profiler's own cost: {opts['overhead_rounds']} interleaved rounds")
-    overhead = profiler_overhead(model, step, opts, device, activities, opts["overhead_rounds"])
+    return roof, roof_unavailable
+
+
+def _notes(opts: dict, overhead: dict | None, modules_note: str | None) -> list[str]:
+    """What the reader should know about how the profile was taken: the profiler's overhead, its cycles
+    and warm-up, modules without a range, the training steps."""
+    notes = []
     if overhead is None:
         notes.append("the profiler's overhead was not measured (overhead_rounds 0)")
     else:
@@ -456,13 +496,19 @@ def analyze(ctx, options: dict) -> ProfileResult:
                      "tb_trace.zip every cycle")
     if opts["warmup"] == 0:
         notes.append("no profiler warmup: the first recorded step includes the profiler's start-up cost")
-    modules_note = modules_missing(model, opts["with_modules"], module_rows)
     if modules_note:
         notes.append(modules_note)
     if opts["mode"] == "train":
         notes.append(f"training steps ran {opts['optimizer'].upper()} (lr {opts['lr']:g}) on the loaded copy "
                      "of the model; the weights changed in the worker only")
-    metrics = {
+    return notes
+
+
+def _metrics(latency: dict, steps: list[dict], overhead: dict | None, operators: list[dict], kernels: list[dict],
+             run: _Cycles, roof: dict | None, batch: int) -> dict:
+    """The profile's headline figures."""
+    step_ms = [s["step_ms"] for s in steps]
+    return {
         "latency_median_ms": latency["median_ms"], "latency_p90_ms": latency["p90_ms"],
         "latency_p99_ms": latency["p99_ms"], "latency_std_ms": latency["std_ms"],
         "throughput_samples_per_s": latency["samples_per_s"],
@@ -474,30 +520,14 @@ def analyze(ctx, options: dict) -> ProfileResult:
         "profiler_overhead_ci_high": (overhead["ci"] or [None, None])[1] if overhead else None,
         "self_cpu_total_ms": sum(r["self_cpu_ms"] for r in operators),
         "self_device_total_ms": sum(r["self_device_ms"] for r in operators),
-        "kernel_time_ms": sum(k["total_us"] for k in kernels_ev) / 1e3,
-        "tensor_core_kernel_pct": pt.tensor_core_pct(kernels_ev),
-        "peak_device_memory_bytes": peak,
+        "kernel_time_ms": sum(k["total_us"] for k in kernels) / 1e3,
+        "tensor_core_kernel_pct": pt.tensor_core_pct(kernels),
+        "peak_device_memory_bytes": run.peak_bytes,
         "mfu": roof["mfu"] if roof else None,
         "model_flops_per_step": roof["model_flops"] if roof else None,
         "peak_flops": roof["roofs"]["peak_flops"] if roof else None,
         "bandwidth_bytes_per_s": roof["roofs"]["bandwidth_bytes_per_s"] if roof else None,
         "roofline_headroom_ms": sum(r["headroom_ms"] for r in roof["rows"]) if roof else None,
-        "profile_wall_s": profile_wall_s,
+        "profile_wall_s": run.wall_s,
         "batch_size": batch,
     }
-    ctx.progress(1.0, "done")
-    return build(ProfileResult, {
-        "model": spec.label, "device": spec.device, "batch_size": batch, "mode": opts["mode"],
-        "config": opts, "cuda_ran": cuda_ran,
-        "inputs": [{"shape": list(s.shape), "dtype": s.dtype, **({"name": s.name} if s.name else {})}
-                   for s in loaded.input_specs],
-        "loss": loaded.loss_name if opts["mode"] == "train" else None,
-        "metrics": metrics, "latency": latency, "timing_cv": latency["cv"], "steps": steps, "device_split": split,
-        "profiler_overhead": overhead,
-        "operators": operators, "operators_by_shape": by_shape, "modules": module_rows, "modules_note": modules_note,
-        "kernels": kernels_ev, "timeline": timeline,
-        "roofline": roof["rows"] if roof else [], "roofs": roof["roofs"] if roof else None, "artifacts": artifacts, "notes": notes,
-        "flops_not_counted": roof["not_counted"] if roof else [],
-        **({"roofline_unavailable": roof_unavailable} if roof_unavailable else {}),
-        "torch_version": str(torch.__version__),
-    })
