@@ -23,6 +23,16 @@ PHASE_ICON = {"starting": ":material/hourglass_top:", "warming up": ":material/l
 TRY_KEY, TRY_FOR_KEY = "trials_fixes", "trials_suggested_for"
 
 
+def _user_name() -> str:
+    """The account's name ('root', not uid 0): USER is unset under many service managers and containers."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (KeyError, OSError):
+        return os.environ.get("USER") or f"uid {os.getuid()}"
+
+
 def _suggest_from_last_run(run) -> None:
     """Tick the fixes the findings of the session's last attached run point to (once per run)."""
     if run is None or not run.done or getattr(run, "trials", False):
@@ -59,7 +69,7 @@ if safe_mode():
                icon=":material/block:")
     st.stop()
 
-st.caption(f"Scripts run as **{os.environ.get('USER') or os.getuid()}**, the user who started the dashboard.")
+st.caption(f"Scripts run as **{_user_name()}**, the user who started the dashboard.")
 run = st.session_state.get(RUN_KEY)
 busy = run is not None and not run.done
 c1, c2 = st.columns([3, 2])

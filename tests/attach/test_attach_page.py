@@ -30,6 +30,16 @@ def test_the_page_is_off_in_server_safe_mode_and_says_why(new_app, monkeypatch):
     assert not [b for b in at.button if b.key == "attach_go"]
 
 
+def test_the_page_names_the_account_scripts_run_as_even_without_user(new_app, monkeypatch):
+    import os
+    import pwd
+
+    monkeypatch.delenv("USER", raising=False)
+    at = _open(new_app)
+    name = pwd.getpwuid(os.getuid()).pw_name
+    assert any(f"Scripts run as **{name}**" in c.value for c in at.caption), [c.value for c in at.caption]
+
+
 def test_a_command_that_cannot_run_is_named_and_nothing_starts(new_app):
     at = _open(new_app)
     at.text_input(key="attach_cmd").set_value("no-such-program-xyz --lr 1").run()
