@@ -130,3 +130,17 @@ def test_the_trace_job_the_text_and_the_report_carry_it_and_a_training_trace_is_
     plain = analyze(Ctx(), {"path": str(DATA / "gpu_small.json"), "keep_columns": False})
     assert plain.serving is UNSET and "serving" not in to_plain(plain)
     assert "Serving" not in [s.title for s in trace_sections(plain)]
+
+
+def test_the_serving_chart_shows_every_part_of_the_split_in_a_legend_below_the_axis():
+    """One iteration left no room for the seven legend entries stacked at the side (three were cut at 1280 px)."""
+    from diagnostics.analyses.trace.result import Serving
+    from diagnostics.render.charts.serving import SPLIT_COLORS, build_serving_figure
+    from diagnostics.results import build
+
+    fig = build_serving_figure(build(Serving, serving(load_trace(VLLM_MIXED))))
+    assert [t.name for t in fig.data] == [name for _, name, _ in SPLIT_COLORS]
+    assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0
+    assert fig.layout.xaxis.title.text == "time (ms)"
+    (bar,) = {round(sum(t.x[0] for t in fig.data), 1)}  # the parts add up to the iteration: 307.7 ms
+    assert bar == 307.7

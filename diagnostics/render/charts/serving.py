@@ -38,7 +38,9 @@ def build_serving_figure(serving: Serving) -> go.Figure:
         fig.add_bar(name=name, y=labels, x=[getattr(it, key) / sc.factor for it in its], orientation="h",
                     marker_color=color)
     fig.update_layout(barmode="stack", title="Serving iterations: where each iteration's time went",
-                      xaxis_title=f"time ({sc.suffix})", height=max(260, 40 * len(its) + 160))
+                      xaxis_title=f"time ({sc.suffix})", height=max(320, 40 * len(its) + 220),
+                      # below the axis, across: a few iterations leave no room for 7 entries stacked at the side
+                      legend=dict(orientation="h", yanchor="top", y=-0.3, x=0), margin=dict(b=110))
     return readable_axes(fig)
 
 
