@@ -65,6 +65,56 @@ def trace_job(args) -> tuple[str, dict]:
     return "trace_diff", {"before": stamps[0]["path"], "after": stamps[1]["path"], "stamps": stamps}
 
 
+def stored_outcome(name: str, options: dict, store, progress=lambda f, m: None):
+    """A reopen answered in this process: the JobOutcome of ``trace analyze`` when the trace job's stored
+    result for these files and options is there (analyses/trace/stored.py, the job's own rule), else
+    None (then the job runs in a worker as usual). No worker is started and nothing of the trace layer's
+    analyses is imported; the run is recorded in ``store`` like any other (source "cli"), with the
+    stored result's files linked into its folder. Options that fail validation are left to the runner,
+    whose error names them."""
+    import time
+
+    from diagnostics.analyses.trace import TRACE, stored
+    from diagnostics.errors import TorchScopeError
+    from diagnostics.runner import Job, JobOutcome
+    from diagnostics.settings import check_server_path
+    from diagnostics.store import StoreError
+
+    if name != "trace":
+        return None
+    t = time.perf_counter()
+    try:
+        job = Job(name, None, TRACE.validate(options))
+        if not check_server_path(job.options["path"], "trace").is_file():
+            return None
+        kept = stored.find(str(job.options["path"]), job.options)
+    except (TorchScopeError, OSError):
+        return None
+    if kept is None:
+        return None
+    try:
+        run_id = store.create_run(name, spec=None, options=job.options, cache_key=job.key(),
+                                  model_label=job.label(), device="cpu", source="cli")
+    except StoreError as e:   # read-only or full: said once, as the runner says it
+        return JobOutcome("error", error=str(e), error_type="StoreError")
+    art = store.artifact_dir(run_id)
+    art.mkdir(parents=True, exist_ok=True)
+    result = stored.restore(kept, art, t, progress)
+    if result is None:   # a file it names could not be linked: run the job after all
+        store.delete(run_id)
+        return None
+    from diagnostics import jobfiles
+
+    outcome = JobOutcome("ok", result=result, run_id=run_id, artifact_dir=str(art))
+    try:
+        store.finish_run(run_id, "ok", result=result, artifacts=jobfiles.listing(art))
+    except StoreError as e:   # as run_job: the answer is there, its run could not be stored
+        outcome = JobOutcome("error", error=f"{e} (the job itself ended 'ok'; its run is not stored)",
+                             error_type="StoreError", run_id=run_id, artifact_dir=str(art))
+    outcome.duration_s = time.perf_counter() - t
+    return outcome
+
+
 def _paths(args) -> list[str]:
     return list(args.path) if isinstance(args.path, (list, tuple)) else [args.path]
 
