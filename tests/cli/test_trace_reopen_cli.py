@@ -1,11 +1,13 @@
-"""``trace analyze`` a second time (issue #42, item 5): the stored result answered in the CLI's own process,
-no worker started, the same result as the first open, the run recorded like any other."""
+"""``trace analyze`` of one file without a worker (issue #42, item 5): a first open runs the trace job in the
+CLI's own process (no spawn, no torch), a reopen answers from the stored result; both are recorded in the
+run store like any run, and give the result the worker gives."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from diagnostics.store import Store
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "traces" / "gpu_small.json"
-#: What a reopen reports of itself, not of the trace: how the open went and where its files are.
+#: What an open reports of itself, not of the trace: how the open went.
 OWN = ("trace_cache",)
 
 
@@ -25,17 +27,6 @@ def _analyze(capsys, trace: Path, store: Path, *extra: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.fixture
-def opened(tmp_path, monkeypatch, capsys):
-    """A trace opened once through the worker: (trace, store folder, first result)."""
-    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "store"))
-    trace = tmp_path / "gpu_small.json"
-    shutil.copyfile(TRACE, trace)
-    first = _analyze(capsys, trace, tmp_path / "store")
-    assert first["trace_cache"]["hit"] is False and "result" not in first["trace_cache"]
-    return trace, tmp_path / "store", first
-
-
 def _no_worker(monkeypatch) -> list:
     import diagnostics.runner
 
@@ -44,41 +35,93 @@ def _no_worker(monkeypatch) -> list:
     return started
 
 
-def test_a_reopen_starts_no_worker_and_returns_the_first_result(opened, monkeypatch, capsys):
-    trace, store, first = opened
+@pytest.fixture
+def trace(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "store"))
+    path = tmp_path / "gpu_small.json"
+    shutil.copyfile(TRACE, path)
+    return path
+
+
+def _options(trace: Path, **more) -> dict:
+    path = str(trace.resolve())
+    return {"path": path, "stamp": {"path": path, "size": trace.stat().st_size,
+                                    "mtime_ns": trace.stat().st_mtime_ns}, **more}
+
+
+def test_a_first_open_and_its_reopen_start_no_worker_and_give_the_workers_result(trace, tmp_path, monkeypatch,
+                                                                                   capsys):
+    from diagnostics.cli.trace import cli_result
+    from diagnostics.results import to_plain
+    from diagnostics.runner import Job, run_job
+
+    # what a worker gives (the dashboard's way, and the CLI's before), on a trace cache of its own
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "worker"))
+    outcome = run_job(Job("trace", None, _options(trace)), artifact_dir=tmp_path / "w")
+    assert outcome.ok, outcome.error
+    worker = json.loads(json.dumps(to_plain(cli_result("trace", outcome.result))))   # as the CLI shows it
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "store"))
+    store = tmp_path / "store"
     started = _no_worker(monkeypatch)
+    first = _analyze(capsys, trace, store)
     second = _analyze(capsys, trace, store)
     assert started == []
+    assert first["trace_cache"]["hit"] is False and "result" not in first["trace_cache"]
     assert second["trace_cache"]["hit"] is True and second["trace_cache"]["result"] is True
     assert 0 <= second["trace_cache"]["open_s"] < 5
     # the critical path's trace is the first run's file, linked into the second run's own folder
     a, b = first["critical_path"].pop("trace_file"), second["critical_path"].pop("trace_file")
     assert Path(a).parent != Path(b).parent and Path(b).read_bytes() == Path(a).read_bytes()
     assert {k: v for k, v in second.items() if k not in OWN} == {k: v for k, v in first.items() if k not in OWN}
-    # recorded like the first: two runs of the CLI, the second's stored result the one shown
+    worker["critical_path"].pop("trace_file")
+    assert {k: v for k, v in worker.items() if k not in OWN} == {k: v for k, v in first.items() if k not in OWN}
+    # recorded like any CLI run, the stored result the one shown
     runs = Store(store).list(analysis="trace")
     assert [(r.source, r.status) for r in runs] == [("cli", "ok")] * 2
-    assert runs[0].model_label == runs[1].model_label == f"{trace.parent.name[:24]}/gpu_small.json"
+    assert runs[0].model_label == runs[1].model_label == f"{tmp_path.name[:24]}/gpu_small.json"
     kept = Store(store).get(runs[0].id)
     assert kept.result["summary"] == first["summary"] and kept.result["trace_cache"]["result"] is True
     assert Path(b).name in kept.artifacts
 
 
-def test_other_options_or_a_touched_file_run_the_job(opened, monkeypatch, capsys):
-    """No stored answer: nothing recorded by the in-process look-up, the job runs in a worker."""
-    from diagnostics.cli.trace import stored_outcome
+def test_what_goes_to_the_worker_and_what_a_miss_does(trace, tmp_path):
+    """Several ranks and --timeout go to the worker, before anything is recorded; other options or a touched
+    file run the job again (no stored answer)."""
+    from diagnostics.cli.trace import in_process
 
-    trace, store, first = opened
-    s = Store(store)
-    path = str(trace.resolve())
-    stamp = {"path": path, "size": trace.stat().st_size, "mtime_ns": trace.stat().st_mtime_ns}
-    assert stored_outcome("trace", {"path": path, "stamp": stamp}, s).ok
-    n = len(s.list())
-    assert stored_outcome("trace", {"path": path, "stamp": stamp, "top": 30}, s) is None
-    assert stored_outcome("trace_diff", {"before": path, "after": path}, s) is None
-    assert stored_outcome("trace", {"path": path, "stamp": stamp, "top": "many"}, s) is None  # the runner says why
+    s = Store(tmp_path / "store")
+    assert in_process("trace", _options(trace, ranks=[str(trace)]), s) is None
+    assert in_process("trace", _options(trace), s, timeout=30) is None
+    assert in_process("trace_diff", {"before": str(trace), "after": str(trace)}, s) is None
+    assert in_process("trace", _options(trace, top="many"), s) is None   # the runner's error names it
+    assert s.list() == []
+    first = in_process("trace", _options(trace), s)
+    assert first.ok and first.result.trace_cache.hit is False
+    assert in_process("trace", _options(trace), s, timeout=30).result.trace_cache.result is True  # a reopen
+    other = in_process("trace", _options(trace, top=30), s).result.trace_cache
+    assert (other.hit, bool(other.result)) == (True, False)   # the parsed columns reused, the views computed
     st = os.stat(trace)
     os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
-    assert stored_outcome("trace", {"path": path, "stamp": stamp}, s) is None
-    assert len(s.list()) == n
-    assert _analyze(capsys, trace, store)["trace_cache"].get("result") is None   # the worker ran it again
+    assert in_process("trace", _options(trace), s).result.trace_cache.hit is False
+    assert [r.status for r in s.list()] == ["ok"] * 4
+
+
+def test_a_failure_or_ctrl_c_in_process_is_recorded(trace, tmp_path, monkeypatch):
+    import diagnostics.runner
+    from diagnostics.cli.trace import in_process
+
+    s = Store(tmp_path / "store")
+    bad = tmp_path / "bad.json.gz"
+    bad.write_text("{}")
+    failed = in_process("trace", _options(bad), s)
+    assert (failed.status, failed.error_type) == ("error", "TraceError") and "not gzip" in failed.error
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(diagnostics.runner, "execute", interrupted)
+    cancel = threading.Event()
+    stopped = in_process("trace", _options(trace), s, cancel=cancel)
+    assert stopped.status == "cancelled" and cancel.is_set()
+    assert {r.id: r.status for r in s.list()} == {failed.run_id: "error", stopped.run_id: "cancelled"}
+    assert "not gzip" in s.get(failed.run_id).error
