@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from diagnostics.analyses.trace import TRACE
 from diagnostics.analyses.trace.result import TraceResult
-from diagnostics.results import build
+from diagnostics.results import ResultError, decode
 from diagnostics.settings import check_server_path, trace_cache_dir
 from diagnostics.trace import cache as trace_cache
 from diagnostics.trace.errors import TraceError
@@ -64,7 +65,9 @@ def restore(kept: tuple[dict, dict, Path], artifact_dir: str | Path | None, star
     """The stored result ``find`` returned as this run's TraceResult: the files it names linked into
     ``artifact_dir``, this open's own figures (``trace_cache``: a hit from the stored result, its seconds
     since ``started``, a perf_counter time; the ranks read again: none). None when a file cannot be put
-    in the run's folder (then the job runs in full)."""
+    in the run's folder or the stored form no longer fits TraceResult (then the job runs in full). It
+    was built strictly when it was stored (results.build); read back, it is decoded as the store's runs
+    are (results.decode), which skips build's second pass over a large result."""
     out, files, folder = kept
     art = Path(artifact_dir) if artifact_dir is not None else None
     if out.get("columns_dir"):
@@ -89,4 +92,7 @@ def restore(kept: tuple[dict, dict, Path], artifact_dir: str | Path | None, star
     if isinstance(ranks, dict):
         ranks["seconds"] = out["trace_cache"]["open_s"]
     progress(0.95, REOPEN_MESSAGE)
-    return build(TraceResult, out)
+    try:
+        return decode(TRACE, out)
+    except ResultError:
+        return None
