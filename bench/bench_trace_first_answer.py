@@ -9,7 +9,9 @@ Each round runs, every one in a fresh process and in an order that turns by one 
 * **--help**: ``python -m diagnostics --help``, the CLI's own start-up;
 * **first open**: ``python -m diagnostics trace analyze FILE --no-report --quiet`` on a fresh data folder
   (no trace cache, no stored result), the whole process until its answer is printed;
-* **reopen**: the same command again on the folder the round's first open left (its stored result).
+* **reopen**: the same command again on the folder the round's first open left (its stored result);
+* **worker open**: the first open as it ran before #42 item 5, in the runner's worker (the same command with
+  ``--timeout 3600``, which keeps the worker path), on a fresh data folder of its own.
 
 Goals: first open <= 2.5x orjson, reopen <= 1.5x --help. Ratios are per round (same round, same load),
 reported as the median with the range over rounds. FILE defaults to the public traces in tests/data
@@ -39,7 +41,7 @@ DEFAULT_FILES = [PUBLIC / "ns_resolution_rank0.json.gz", PUBLIC / "nccl_allreduc
 PY = sys.executable
 PARSE = ("import gzip, orjson, sys; p = sys.argv[1]; "
          "orjson.loads(gzip.open(p).read() if p.endswith('.gz') else open(p, 'rb').read())")
-TOOLS = ("orjson", "orjson again", "--help", "first open", "reopen")
+TOOLS = ("orjson", "orjson again", "--help", "first open", "reopen", "worker open")
 #: Goals (issue #42): the first answer against a bare parse, the reopen against the CLI's start-up.
 FIRST_GOAL, REOPEN_GOAL = 2.5, 1.5
 
@@ -55,18 +57,21 @@ def _run(argv: list[str], env: dict) -> float:
 
 def one_round(path: Path, order: list[str]) -> dict[str, float]:
     """Every tool once on ``path`` in ``order`` (the reopen always after this round's first open)."""
-    data = Path(tempfile.mkdtemp(prefix="bench-first-answer-"))
+    data, other = (Path(tempfile.mkdtemp(prefix="bench-first-answer-")) for _ in range(2))
     env = dict(os.environ, TORCHSCOPE_DATA_DIR=str(data), PYTHONPATH=str(ROOT))
-    cli = [PY, "-m", "diagnostics", "trace", "analyze", str(path), "--no-report", "--quiet", "--data-dir", str(data)]
+    cli = [PY, "-m", "diagnostics", "trace", "analyze", str(path), "--no-report", "--quiet", "--data-dir"]
     argv = {"orjson": [PY, "-c", PARSE, str(path)], "orjson again": [PY, "-c", PARSE, str(path)],
-            "--help": [PY, "-m", "diagnostics", "--help"], "first open": cli, "reopen": cli}
+            "--help": [PY, "-m", "diagnostics", "--help"], "first open": cli + [str(data)], "reopen": cli + [str(data)],
+            "worker open": cli + [str(other), "--timeout", "3600"]}
+    envs = {t: dict(env, TORCHSCOPE_DATA_DIR=str(other)) if t == "worker open" else env for t in argv}
     if order.index("reopen") < order.index("first open"):
         order = [t for t in order if t != "reopen"]
         order.insert(order.index("first open") + 1, "reopen")
     try:
-        return {tool: _run(argv[tool], env) for tool in order}
+        return {tool: _run(argv[tool], envs[tool]) for tool in order}
     finally:
         shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(other, ignore_errors=True)
 
 
 def _ratio(rounds: list[dict], a: str, b: str) -> str:
@@ -88,19 +93,20 @@ def measure(files: list[Path], n_rounds: int) -> tuple[list[str], list[float]]:
         rows.append(f"| {path.name} | {path.stat().st_size / 2**20:.1f} MB | "
                     + " | ".join(f"{med[t]:.2f} s" for t in TOOLS)
                     + f" | {_ratio(rounds, 'orjson again', 'orjson')} | {_ratio(rounds, 'first open', 'orjson')}"
-                    f" | {_ratio(rounds, 'reopen', '--help')} |")
+                    f" | {_ratio(rounds, 'reopen', '--help')} | {_ratio(rounds, 'worker open', 'orjson')} |")
     return rows, loads
 
 
-def table(files: list[Path], n_rounds: int) -> str:
+def table(files: list[Path], n_rounds: int, command: str) -> str:
     rows, loads = measure(files, n_rounds)
-    head = ("| trace | size | orjson | orjson again | --help | first open | reopen | A/A (again / orjson) "
-            f"| first open / orjson (goal <= {FIRST_GOAL}x) | reopen / --help (goal <= {REOPEN_GOAL}x) |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| trace | size | orjson | orjson again | --help | first open | reopen | worker open "
+            f"| A/A (again / orjson) | first open / orjson (goal <= {FIRST_GOAL}x) "
+            f"| reopen / --help (goal <= {REOPEN_GOAL}x) | worker open / orjson |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     return (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} cores; median of "
             f"{n_rounds} rounds (ratios: per round, median and range); load average (1 min) when the rounds "
             f"started: {min(loads):.1f} to {max(loads):.1f}.\n\n"
-            f"Command: `.venv/bin/python bench/bench_trace_first_answer.py --rounds {n_rounds}`\n\n" + head
+            f"Command: `{command}`\n\n" + head
             + "\n".join(rows) + "\n")
 
 
@@ -117,7 +123,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--write-doc", action="store_true")
     a = ap.parse_args()
-    text = table(a.files, a.rounds)
+    command = " ".join([".venv/bin/python bench/bench_trace_first_answer.py", *sys.argv[1:]])
+    text = table(a.files, a.rounds, command.replace(" --write-doc", ""))
     print(text)
     if a.write_doc:
         write_doc(text)

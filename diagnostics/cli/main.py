@@ -150,6 +150,10 @@ def partial_printer(name: str, bar: ProgressBar, out=None):
     """``on_partial`` for run_job: prints each line of the analysis' declared ``partial_text`` once, as it
     becomes known (Optimize: each trial once built, its verdict once final); None when it declares none.
     Returns (callback, finish): ``finish(result)`` prints the lines the final result adds."""
+    from diagnostics.registry import get_analysis
+
+    if not get_analysis(name).partial_text:   # none declared: no need for the layouts' import and checks
+        return None, lambda result: None
     from diagnostics.render.layouts import partial_text_of
 
     lines_of = partial_text_of(name)
