@@ -113,7 +113,8 @@ def table(files: list[Path], n_rounds: int, command: str) -> str:
 def write_doc(text: str) -> None:
     doc = DOC.read_text()
     block = f"{SECTION}\n\n{text}\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    # up to the next heading: the section's "### Reading" (written by hand) stays
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^###? |\Z)", re.S | re.M)
     DOC.write_text(pattern.sub(lambda m: block + "\n", doc) if pattern.search(doc) else doc.rstrip() + "\n\n\n" + block)
 
 
