@@ -125,3 +125,24 @@ def test_a_failure_or_ctrl_c_in_process_is_recorded(trace, tmp_path, monkeypatch
     assert stopped.status == "cancelled" and cancel.is_set()
     assert {r.id: r.status for r in s.list()} == {failed.run_id: "error", stopped.run_id: "cancelled"}
     assert "not gzip" in s.get(failed.run_id).error
+
+
+def test_a_ranks_reopen_is_answered_in_process_after_the_worker_ran_them(tmp_path, monkeypatch, capsys):
+    """Several ranks run in the worker the first time; their stored analysis is answered without one, with
+    this open's own figures (no rank read, no worker)."""
+    from tests.trace.rank_traces import write_rank
+
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "store"))
+    ranks = tmp_path / "job"
+    ranks.mkdir()
+    for r in range(2):
+        write_rank(ranks, f"rank{r}.json", r, 2, [1000, 1000 + 500 * r])
+    first = _analyze(capsys, ranks, tmp_path / "store")
+    started = _no_worker(monkeypatch)
+    second = _analyze(capsys, ranks, tmp_path / "store")
+    assert started == [] and second["trace_cache"]["result"] is True
+    assert second["ranks"]["mode"].startswith("the stored analysis of these ranks")
+    assert second["ranks"]["cache"] == {"hits": 2, "misses": 0, "kept": True} and second["ranks"]["workers"] == []
+    for part in ("summary", "top_operators", "metrics"):
+        assert second[part] == first[part], part
+    assert second["ranks"]["ranks"] == first["ranks"]["ranks"]
