@@ -70,8 +70,8 @@ def in_process(name: str, options: dict, store, progress=lambda f, m: None, canc
     worker as every job does). Two cases, each recorded in ``store`` like any run (source "cli"):
 
     - a reopen: the trace job's stored result for these files and options (analyses/trace/stored.py,
-      the job's own rule), its files linked into the run's folder; nothing of the trace layer's analyses
-      is imported;
+      the job's own rule), its files linked into the run's folder; neither the trace job (job.py) nor
+      its critical path is imported;
     - a first open of one trace file, without --timeout: the trace job itself, here (runner.execute: the
       result encoded and decoded once, as from a worker). A trace job runs no user code and needs no
       torch, and a worker costs a spawn and torch's import, several times a small trace's parse. Ctrl-C

@@ -146,3 +146,23 @@ def test_a_ranks_reopen_is_answered_in_process_after_the_worker_ran_them(tmp_pat
     for part in ("summary", "top_operators", "metrics"):
         assert second[part] == first[part], part
     assert second["ranks"]["ranks"] == first["ranks"]["ranks"]
+
+
+def test_trace_analyze_imports_no_torch_and_a_reopen_no_trace_analysis(tmp_path):
+    """The fixed costs kept off the trace path: a first open never loads torch; a reopen loads neither torch
+    nor the trace job and its critical path (a fresh interpreter each, as the CLI runs)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys; from diagnostics.cli.main import main; "
+            f"assert main(['trace', 'analyze', {str(TRACE)!r}, '--no-report', '-q', '--data-dir', {str(tmp_path)!r}]) == 0; "
+            "print(sorted(m for m in ('torch', 'diagnostics.analyses.trace.job', 'diagnostics.trace.critical_path') "
+            "if m in sys.modules))")
+    env = dict(os.environ, TORCHSCOPE_DATA_DIR=str(tmp_path), PYTHONPATH=str(repo))
+    loaded = [subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True,
+                             timeout=120) for _ in range(2)]
+    assert all(p.returncode == 0 for p in loaded), [p.stderr[-800:] for p in loaded]
+    first, second = (p.stdout.strip().splitlines()[-1] for p in loaded)
+    assert first == "['diagnostics.analyses.trace.job', 'diagnostics.trace.critical_path']"
+    assert second == "[]"

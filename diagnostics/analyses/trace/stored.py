@@ -5,7 +5,7 @@ second open finds it here (``find``) and returns it with the files it names link
 folder (``restore``). Both the job (in its worker) and the CLI (in its own process, with no worker:
 ``trace analyze`` a second time answers at about the CLI's start-up) use these two, so a reopen is one
 rule. Only the trace cache's index is read (JSON decoded into the typed TraceResult: never a pickle);
-nothing here imports the trace layer's analyses.
+nothing here imports the trace job (job.py) or its critical path.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def result_key(options: dict) -> str:
 
 
 def find(path: str, options: dict) -> tuple[dict, dict, Path] | None:
-    """(the stored result's plain form, {name: file it keeps}, the cache entry's folder) for the trace job on ``path`` with these
-    validated ``options``, or None: none stored, the trace cache off, a file changed or gone."""
+    """(the stored result's plain form, {name: file it keeps}, the cache entry's folder) for the trace job
+    on ``path`` with these validated ``options``, or None: none stored, the trace cache off, a file changed
+    or gone."""
     if trace_cache.max_bytes() <= 0:
         return None
     try:
