@@ -150,6 +150,10 @@ def partial_printer(name: str, bar: ProgressBar, out=None):
     """``on_partial`` for run_job: prints each line of the analysis' declared ``partial_text`` once, as it
     becomes known (Optimize: each trial once built, its verdict once final); None when it declares none.
     Returns (callback, finish): ``finish(result)`` prints the lines the final result adds."""
+    from diagnostics.registry import get_analysis
+
+    if not get_analysis(name).partial_text:   # none declared: no need for the layouts' import and checks
+        return None, lambda result: None
     from diagnostics.render.layouts import partial_text_of
 
     lines_of = partial_text_of(name)
@@ -276,7 +280,7 @@ def report_dir(args, name: str) -> Path | None:
 
 
 def run_job_command(args, name: str, spec, options: dict, *, title: str, label: str | None = None,
-                    show=None, text=None, copy_artifacts: bool = True) -> tuple[int, dict | None]:
+                    show=None, text=None, copy_artifacts: bool = True, in_process=None) -> tuple[int, dict | None]:
     """Run one analysis as every command does; returns (exit code, the result shown).
 
     The job runs in a worker through diagnostics.runner with the run store (source "cli", so it is
@@ -284,7 +288,8 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     cancelled; then the report folder (report_dir) and stdout (--json: only the result). ``show``
     turns the stored result into the one shown and written (default: as stored); ``text(result)``
     is the human output (default: the headline metrics); ``copy_artifacts`` copies the run's
-    Chrome trace into the report folder.
+    Chrome trace into the report folder. ``in_process(store, on_progress, cancel)``, when given, may answer
+    without a worker (a JobOutcome, its run recorded in the store) or return None (then the job runs in one).
     """
     from diagnostics.runner import Job, run_job
     from diagnostics.store import Store
@@ -308,8 +313,10 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     cancel = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop the worker, record it
     try:
-        outcome = run_job(Job(name, spec, options), timeout_s=args.timeout, on_progress=bar.update,
-                          on_tick=bar.tick, store=store, source="cli", cancel=cancel, on_partial=on_partial)
+        outcome = in_process(store, bar.update, cancel) if in_process is not None else None
+        outcome = outcome or run_job(Job(name, spec, options), timeout_s=args.timeout, on_progress=bar.update,
+                                     on_tick=bar.tick, store=store, source="cli", cancel=cancel,
+                                     on_partial=on_partial)
     finally:
         signal.signal(signal.SIGINT, previous)
         bar.close()
@@ -396,7 +403,9 @@ def run_trace_command(args) -> int:
         return EXIT_USAGE
     code, _ = run_job_command(args, name, None, options, label=f"trace {args.trace_command}",
                               title=cli_trace.report_title(args), show=lambda r: cli_trace.cli_result(name, r),
-                              text=lambda r: cli_trace.text(args, r), copy_artifacts=False)
+                              text=lambda r: cli_trace.text(args, r), copy_artifacts=False,
+                              in_process=lambda store, progress, cancel: cli_trace.in_process(
+                                  name, options, store, progress, cancel, args.timeout))
     return code
 
 

@@ -65,6 +65,94 @@ def trace_job(args) -> tuple[str, dict]:
     return "trace_diff", {"before": stamps[0]["path"], "after": stamps[1]["path"], "stamps": stamps}
 
 
+def in_process(name: str, options: dict, store, progress=lambda f, m: None, cancel=None, timeout=None):
+    """``trace analyze`` of one file answered in the CLI's own process, or None (then the job runs in a
+    worker as every job does). Two cases, each recorded in ``store`` like any run (source "cli"):
+
+    - a reopen: the trace job's stored result for these files and options (analyses/trace/stored.py,
+      the job's own rule), its files linked into the run's folder; neither the trace job (job.py) nor
+      its critical path is imported;
+    - a first open of one trace file, without --timeout: the trace job itself, here (runner.execute: the
+      result encoded and decoded once, as from a worker). A trace job runs no user code and needs no
+      torch, and a worker costs a spawn and torch's import, several times a small trace's parse. Ctrl-C
+      stops it (recorded as cancelled, ``cancel`` set); it has no memory cap but the machine's.
+
+    Several ranks (their own processes or Dask), ``trace diff`` and --timeout go through the worker.
+    Options that fail validation are left to the runner, whose error names them."""
+    import time
+
+    from diagnostics.analyses.trace import TRACE, stored
+    from diagnostics.errors import TorchScopeError
+    from diagnostics.runner import Job, JobOutcome
+    from diagnostics.settings import check_server_path
+    from diagnostics.store import StoreError
+
+    if name != "trace":
+        return None
+    t = time.perf_counter()
+    try:
+        job = Job(name, None, TRACE.validate(options))
+        if not check_server_path(job.options["path"], "trace").is_file():
+            return None
+        kept = stored.find(str(job.options["path"]), job.options)
+    except (TorchScopeError, OSError):
+        return None
+    if kept is None and (job.options["ranks"] or timeout is not None):
+        return None
+    try:
+        run_id = store.create_run(name, spec=None, options=job.options, cache_key=job.key(),
+                                  model_label=job.label(), device="cpu", source="cli")
+    except StoreError as e:   # read-only or full: said once, as the runner says it
+        return JobOutcome("error", error=str(e), error_type="StoreError")
+    art = store.artifact_dir(run_id)
+    art.mkdir(parents=True, exist_ok=True)
+    if kept is not None:
+        result = stored.restore(kept, art, t, progress)
+        if result is None:   # a file it names could not be linked: run the job after all
+            store.delete(run_id)
+            return None
+        outcome = JobOutcome("ok", result=result)
+    else:
+        outcome = _execute(job, art, progress, cancel)
+    outcome.run_id, outcome.artifact_dir = run_id, str(art)
+    from diagnostics import jobfiles
+
+    try:
+        store.finish_run(run_id, outcome.status, result=outcome.result, error=outcome.error,
+                         artifacts=jobfiles.listing(art))
+    except StoreError as e:   # as run_job: the answer is there, its run could not be stored
+        outcome.error = f"{e} (the job itself ended '{outcome.status}'; its run is not stored)"
+        outcome.status, outcome.error_type = "error", "StoreError"
+    outcome.duration_s = time.perf_counter() - t
+    return outcome
+
+
+def _execute(job, artifact_dir, progress, cancel):
+    """The trace job in this process: its JobOutcome, a failure's message as the worker words it."""
+    import signal
+    import traceback
+
+    from diagnostics.errors import TorchScopeError
+    from diagnostics.runner import CANCELLED_MESSAGE, JobOutcome, execute
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C stops this job
+    try:
+        return JobOutcome("ok", result=execute(job, artifact_dir, progress))
+    except KeyboardInterrupt:
+        if cancel is not None:
+            cancel.set()
+        return JobOutcome("cancelled", error=CANCELLED_MESSAGE, error_type="JobError")
+    except TorchScopeError as e:
+        return JobOutcome("error", error=str(e), error_type=type(e).__name__)
+    except MemoryError as e:
+        return JobOutcome("oom", error=f"ran out of memory: {e}", error_type=type(e).__name__)
+    except Exception as e:
+        return JobOutcome("error", error=f"{type(e).__name__}: {e}", error_type=type(e).__name__,
+                          log_tail=traceback.format_exc(limit=8))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _paths(args) -> list[str]:
     return list(args.path) if isinstance(args.path, (list, tuple)) else [args.path]
 

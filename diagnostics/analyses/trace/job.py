@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from diagnostics.analyses.trace import TRACE, TRACE_CRITICAL_PATH, TRACE_DIFF, TRACE_TIMELINE
+from diagnostics.analyses.trace import stored
 from diagnostics.analyses.trace.critical_part import critical_path_result
 from diagnostics.analyses.trace.result import (
     TraceCriticalPathResult, TraceDiffResult, TraceResult, TraceTimelineResult,
@@ -40,8 +41,7 @@ from diagnostics.trace import (
     top_operators,
 )
 
-EVENTS_FILE = "events.feather"
-META_FILE = "trace_meta.json"
+EVENTS_FILE, META_FILE, RESULT_FILES = stored.EVENTS_FILE, stored.META_FILE, stored.RESULT_FILES
 
 
 def _require_path(options: dict, key: str = "path") -> str:
@@ -80,67 +80,13 @@ def _open(path: str, allow_truncated: bool = False) -> tuple[Trace, dict]:
     return trace, {"hit": hit, "open_s": time.perf_counter() - t}
 
 
-#: Options that choose where the work runs, not what it finds: left out of the stored result's key.
-EXECUTION_OPTIONS = ("dask", "dask_memory_limit", "trust_dask_scheduler")
-#: The files a trace result names, kept beside it in the trace cache: result key -> file in the run folder.
-RESULT_FILES = {"critical_path": "critical_path.pt.trace.json", "meta": META_FILE}
-
-
-def _result_key(options: dict) -> str:
-    """The stored result's key: every option but where the work runs, and the stamps (path, size, mtime
-    in ns) of the rank files the job reads, looked at now."""
-    from diagnostics.trace.cache import result_key, stamp
-    from diagnostics.trace.ranks import rank_paths
-
-    keyed = {k: v for k, v in options.items() if k not in EXECUTION_OPTIONS}
-    if options["ranks"]:
-        keyed["ranks_stamps"] = [stamp(p) for p in rank_paths([str(check_server_path(r, "trace"))
-                                                               for r in options["ranks"]])]
-    return result_key(keyed)
-
-
 def _reopen(ctx, path: str, options: dict) -> TraceResult | None:
     """The stored result of this job (same files, options and code), its files put in this run's
-    folder; None when there is none (or the trace cache is off)."""
+    folder; None when there is none (or the trace cache is off). The rule is stored.py's, which the
+    CLI also answers a reopen with, in its own process."""
     t = time.perf_counter()
-    root = trace_cache_dir()
-    if trace_cache.max_bytes() <= 0:
-        return None
-    try:
-        folder = trace_cache.entry_folder(path, root, allow_truncated=options["allow_truncated"])
-        key = _result_key(options)
-    except (OSError, TraceError):
-        return None
-    kept = trace_cache.kept_result(folder, key)
-    if kept is None:
-        return None
-    out, files = kept
-    art = Path(ctx.artifact_dir) if ctx.artifact_dir is not None else None
-    if out.get("columns_dir"):
-        if art is None or not (trace_cache.link_file(folder / trace_cache.EVENTS_FILE, art / EVENTS_FILE)
-                               and trace_cache.link_file(files["meta"], art / META_FILE)):
-            return None
-        out["columns_dir"] = str(art)
-    cp = out.get("critical_path") or {}
-    if cp.get("trace_file"):
-        if art is None or not trace_cache.link_file(files["critical_path"], art / RESULT_FILES["critical_path"]):
-            return None
-        cp["trace_file"] = str(art / RESULT_FILES["critical_path"])
-    ranks = out.get("ranks")
-    if isinstance(ranks, dict):
-        # This open's own figures, not the first run's: no rank was read, no worker ran.
-        read = int(ranks.get("n_files") or 0) - len(ranks.get("failed") or ())
-        ranks.update(mode=REOPEN_MODE, workers=[], cache={"hits": max(read, 0), "misses": 0, "kept": True})
-        ranks.pop("memory_limit_bytes", None)
-    out["trace_cache"] = {"hit": True, "result": True, "open_s": time.perf_counter() - t}
-    if isinstance(ranks, dict):
-        ranks["seconds"] = out["trace_cache"]["open_s"]
-    ctx.progress(0.95, "the stored analysis of this trace (unchanged file, same options)")
-    return build(TraceResult, out)
-
-
-#: The ranks' mode on a reopen: their summaries and cross-rank views come with the stored analysis.
-REOPEN_MODE = "the stored analysis of these ranks (unchanged files, same options): none read again"
+    kept = stored.find(path, options)
+    return None if kept is None else stored.restore(kept, ctx.artifact_dir, t, ctx.progress)
 
 
 def _keep(trace, options: dict, result: TraceResult, artifact_dir) -> None:
@@ -153,7 +99,7 @@ def _keep(trace, options: dict, result: TraceResult, artifact_dir) -> None:
     if result.columns_dir:
         files["meta"] = Path(artifact_dir) / META_FILE
     try:
-        key = _result_key(options)
+        key = stored.result_key(options)
     except (OSError, TraceError):
         return
     plain = {k: v for k, v in to_plain(result).items() if k != "trace_cache"}
