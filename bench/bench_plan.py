@@ -2,7 +2,7 @@
 fake tensors and measured for real on this CPU, sharded cases against 2 gloo ranks, and the 7B Llama
 grid's wall time through the CLI.
 
-    /work/main/.venv/bin/python bench/bench_plan.py [--write] [--skip-7b] [--skip-sharded]
+    .venv/bin/python bench/bench_plan.py [--write] [--skip-7b] [--skip-sharded]
 
 Error per case = (predicted - measured) / measured. ``--write`` replaces the "Memory plan" section of
 docs/BENCHMARKS.md with the tables. The measured peaks are the Memory analysis' own protocol
@@ -142,7 +142,7 @@ def main() -> None:
     errs = [abs(r["error_pct"]) for r in rows]
     within = sum(e <= 5 for e in errs)
     text = [SECTION, "",
-            "Command: `/work/main/.venv/bin/python bench/bench_plan.py --write` (`bench/bench_plan.py`; the cases are "
+            "Command: `.venv/bin/python bench/bench_plan.py --write` (`bench/bench_plan.py`; the cases are "
             "`tests/analyses/plan/corpus.py`).", "",
             f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; 1/5/15-minute load "
             f"{load_before} before, {_load()} after (shared with other sessions).", "",

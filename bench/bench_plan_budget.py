@@ -10,8 +10,8 @@ unconstrained training peak, the modules ``plan --budget`` picks are measured fo
   autograd recording) timed in the same rounds (``recompute_ms_alongside``): the method's error apart
   from the drift.
 
-    /work/main/.venv/bin/python bench/bench_plan_budget.py [--rounds 30] [--threads 1] [--model transformer]
-    /work/main/.venv/bin/python bench/bench_plan_budget.py --cases     # memory only, corpus models at 75 %
+    .venv/bin/python bench/bench_plan_budget.py [--rounds 30] [--threads 1] [--model transformer]
+    .venv/bin/python bench/bench_plan_budget.py --cases     # memory only, corpus models at 75 %
 
 One intra-op thread by default: on a shared machine two threads wait on each other (a layer that takes
 30 ms on one thread took 60-850 ms on two under a load of 7 on 2 cores), and the recompute times and the

@@ -17,7 +17,7 @@ nn.Transformer, wrapped to take tensors and return a tensor (the logits), as a u
   weak references, the peak sampled after each op) plus the bytes alive before the step (parameters,
   buffers, inputs, optimizer state).
 
-    /work/main/.venv/bin/python bench/real_models.py [--write]
+    .venv/bin/python bench/real_models.py [--write]
 
 ``--write`` puts the table into docs/real_models.md.
 """
