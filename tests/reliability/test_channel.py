@@ -58,8 +58,9 @@ ATTACK = textwrap.dedent('''
                 print("ATTACK send refused:", type(e).__name__, e, flush=True)
             try:  # the same pickle, framed as multiprocessing frames a message, written to the descriptor
                 data = pickle.dumps(("progress", 0.5, Evil()))
+                # said before the write: the runner may stop this process as soon as the bytes arrive
+                print("ATTACK writing a pickle to fd", conn.fileno(), flush=True)
                 os.write(conn.fileno(), struct.pack("!i", len(data)) + data)
-                print("ATTACK wrote a pickle to fd", conn.fileno(), flush=True)
             except Exception as e:
                 print("ATTACK write refused:", type(e).__name__, e, flush=True)
         return nn.Linear(4, 3)
@@ -93,7 +94,7 @@ def _check(out, marker: Path, warm: bool) -> None:
     log = worker_log(out)
     assert (WARM_LOG_LINE in log) == warm, log[:300]
     assert "ATTACK found ['job_main'" in log, log[-2000:]  # the model did reach the channel
-    assert "ATTACK wrote a pickle to fd" in log, log[-2000:]
+    assert "ATTACK writing a pickle to fd" in log, log[-2000:]
     assert not marker.exists(), "the runner ran the job's pickle"
     assert out.status == "error", (out.status, out.error)
     assert "not a message of the runner's" in out.error and "never objects" in out.error, out.error
