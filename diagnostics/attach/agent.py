@@ -37,6 +37,7 @@ CUDA peak memory per step and the allocator's history (a memory snapshot at the 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -158,6 +159,9 @@ class Agent:
         self.cuda = False
         self.handles: list = []  # the global module hooks (removed if we fail)
         self.busy = False  # our own work runs: our wrappers let the calls through untimed
+        # run --plan: the main module's last training forward (weakref, [(shape, dtype)], autocast dtype)
+        self.plan_call = None
+        self.plan_done = self.cfg.plan is None
         try:
             self.is_compiling = torch.compiler.is_compiling
         except AttributeError:
@@ -741,6 +745,61 @@ class Agent:
         self.snap = (now, dict(self.acc), {k: list(v) for k, v in self.syncs.items()}, self.step_tool, self.batches)
         if self.cycle is not None and len(self.seq) >= self.cycle and not self.stack:
             self.close(now)
+        if not self.plan_done:
+            self.plan(opt)
+
+    # ------------------------------------------------------------------ run --plan
+    def plan_capture(self, mod, args) -> None:
+        """A top-level training forward of a module with parameters: its positional tensors' shapes and
+        dtypes and autocast's dtype, for the plan (no reference to the tensors is kept)."""
+        torch = self.torch
+        if not (self._params(mod) and mod.training and torch.is_grad_enabled()):
+            return
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors:
+            return
+        dev = tensors[0].device.type
+        cast = None
+        try:
+            if torch.is_autocast_enabled(dev):
+                cast = str(torch.get_autocast_dtype(dev))
+        except (TypeError, RuntimeError, AttributeError):  # an older torch: no per-device query
+            cast = None
+        self.plan_call = (weakref.ref(mod), [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in tensors],
+                          cast, len(args) - len(tensors))
+
+    def plan(self, opt) -> None:
+        """``run --plan``, once, at the first optimizer step's end (its state exists): the engine's planner
+        (analyses/plan/attached.py, imported only now) plans the main module with this optimizer on a
+        fake copy; its rows, or why there are none, go to the run folder as JSON."""
+        self.plan_done = True
+        t = perf()
+        self.busy = True
+        try:
+            got = self.plan_call
+            mod = got[0]() if got else None
+            if mod is None:
+                out = {"error": "no training forward of a module with parameters (positional tensor inputs) was "
+                                "seen before the first optimizer step: nothing to plan"}
+            elif not {id(p) for p in mod.parameters()} & {id(p) for g in opt.param_groups for p in g["params"]}:
+                out = {"error": f"the optimizer that stepped first ({type(opt).__name__}) holds none of the "
+                                f"parameters of the model called ({type(mod).__name__}): nothing to plan"}
+            else:
+                with _engine_imported() as attached:
+                    out = attached.plan_in_process(mod, opt, got[1], self.cfg.plan or "", got[2])
+                if got[3]:
+                    out.setdefault("notes", []).append(
+                        f"{got[3]} positional argument(s) of the model's forward that are not tensors were left out")
+        except Exception as e:  # the plan is ours: the script goes on
+            out = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:400]}"}
+        finally:
+            self.busy = False
+        try:
+            os.makedirs(self.proc_dir, exist_ok=True)
+            self.P.write_json(os.path.join(self.proc_dir, self.P.PLAN), out)
+        except Exception as e:
+            self.notes.append(f"the plan could not be written: {type(e).__name__}: {e}")
+        self.tool(t)
 
     def _first_optimizer(self, opt) -> None:
         if self.mode in (None, "time window", "forward", "batch", "manual update"):
@@ -908,6 +967,27 @@ class Agent:
 
 
 # ---------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def _engine_imported():
+    """diagnostics.analyses.plan.attached, imported from this checkout for the time of the plan: sys.path
+    is restored after it and the ``diagnostics`` modules it imported are dropped from sys.modules (the
+    third-party modules they import, numpy and msgspec among them, stay imported)."""
+    import importlib
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    theirs = sys.modules.get("diagnostics")
+    if theirs is not None and not os.path.abspath(getattr(theirs, "__file__", "") or "").startswith(root + os.sep):
+        raise RuntimeError("the script has a module of its own named diagnostics: the plan cannot import ours")
+    path, before = list(sys.path), set(sys.modules)
+    sys.path.insert(0, root)
+    try:
+        yield importlib.import_module("diagnostics.analyses.plan.attached")
+    finally:
+        sys.path[:] = path
+        for name in [n for n in sys.modules if n not in before and (n == "diagnostics" or n.startswith("diagnostics."))]:
+            del sys.modules[name]
+
+
 def _rss() -> int | None:
     try:
         with open("/proc/self/statm") as f:
@@ -1015,7 +1095,7 @@ def _install_optimizer(agent: Agent) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def pre(opt, args, kwargs):
-        if agent.is_compiling() or not agent.active or agent.child:
+        if agent.is_compiling() or not agent.active or agent.child or agent.busy:
             return
         if agent.optimizers and threading.get_ident() != agent.main:
             return
@@ -1070,6 +1150,8 @@ def _install_modules(agent: Agent) -> None:
             return
         try:
             agent.on_top_forward(mod)
+            if not agent.plan_done:
+                agent.plan_capture(mod, args)
         except Exception as e:
             agent.fail("module forward pre-hook", e)
 
