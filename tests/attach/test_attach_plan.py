@@ -47,6 +47,16 @@ def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_pa
     assert plan["measured_peak_bytes"] == sum(held.values()) + alloc[len(alloc) // 2]
     assert abs(own["peak_bytes"] - plan["measured_peak_bytes"]) <= 0.05 * plan["measured_peak_bytes"], plan
     assert plan["gap_pct"] == pytest.approx(100 * (own["peak_bytes"] / plan["measured_peak_bytes"] - 1))
+    said = [line for line in ran.stderr.splitlines() if "memory plan" in line]
+    assert len(said) == 2 and f"batch {batch} (1x), fp32, Adam" in said[0] and "this run measured" in said[0]
+    assert f"batch {2 * batch} (2x)" in said[1]
+
+
+def test_run_plan_without_an_optimizer_says_why(tmp_path):
+    ran = run_attached(tmp_path, "manual_sgd.py", options=("--plan",))
+    assert ran.code == 0, ran.stderr
+    assert "had none (no optimizer, a manual update" in ran.result["plan"]["error"]
+    assert "memory plan: not made" in ran.stderr
 
 
 def test_parse_spec():
@@ -73,7 +83,9 @@ def test_run_plan_bad_spec_is_a_usage_error_before_the_script_runs(tmp_path):
 
 def test_job_reads_plan_json_checked(tmp_path):
     memory = {"peak_bytes": None, "alloc_peak_bytes_per_step": [100, 300, 200]}
-    assert _plan(tmp_path, memory) is None  # no plan asked for
+    assert _plan(tmp_path, memory, asked=False) is None  # no plan asked for
+    assert "the plan is made at the first torch.optim optimizer step's end, and this process had none" in \
+        _plan(tmp_path, memory, asked=True)["error"]
     rows = [{"scale": "1x", "batch": 4, "dtype": "fp32", "as_run": True, "peak_bytes": 1210}]
     (tmp_path / "plan.json").write_text(json.dumps({"held_bytes": {"parameters": 800, "inputs": 100}, "rows": rows}))
     got = _plan(tmp_path, memory)

@@ -249,7 +249,7 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
         "memory": (memory := _memory(rows, prof, meta, run_dir, trace_fig.get("alloc_peaks") or {})),
         "gpu": trace_fig.get("gpu"),
         "gradients": _gradients(p["dir"]),
-        "plan": _plan(p["dir"], memory),
+        "plan": _plan(p["dir"], memory, asked=cfg.plan is not None),
         "recompiles": recompiles, "compiles": compiles[-1] if compiles else None,
         "outside_rows": outside, "prof_rows": prof,
     }
@@ -572,13 +572,16 @@ def _workers(lines: list, p: dict, fig: dict) -> dict:
 
 
 # ---------------------------------------------------------------------- gradients
-def _plan(d: Path, memory: dict) -> dict | None:
+def _plan(d: Path, memory: dict, asked: bool = True) -> dict | None:
     """``run --plan``'s rows from the process' plan.json (read bounded, as JSON: nothing unpickled), checked
     against RunPlan, with the peak the run measured set beside the as-run row (RunPlan's doc says how)."""
     refused: list[str] = []
     data = read_json(str(d / PLAN), None, refused)
     if data is None:
-        return {"error": refused[0]} if refused else None
+        if refused:
+            return {"error": refused[0]}
+        return {"error": "the plan is made at the first torch.optim optimizer step's end, and this process had none "
+                         "(no optimizer, a manual update, or the script ended before its first step)"} if asked else None
     try:
         plan = msgspec.convert(data, RunPlan)
     except msgspec.ValidationError as e:
