@@ -2,7 +2,9 @@
 once the process has imported torch): find the steps, time their parts, profile the chosen steps.
 
 torch and the standard library only, and the run folder's protocol (loaded by its path): nothing of
-the engine is imported inside the user's job. Every failure of ours is written to the process'
+the engine is imported inside the user's job, except with ``run --plan``: at the first optimizer step's
+end the planner (analyses/plan/attached.py) is imported for the time of the plan (``_engine_imported``:
+sys.path restored, its ``diagnostics`` modules dropped after it). Every failure of ours is written to the process'
 errors.jsonl and switches the instrumentation off; the job runs on as it would bare. The user's
 own calls are never inside our try blocks, so their exceptions pass through unchanged, and the
 frames our wrappers add are taken out of a traceback before it is printed (the excepthook
