@@ -20,9 +20,11 @@ def _params_bytes(width: int) -> int:
     return 4 * sum(i * o + o for i, o in sizes)
 
 
-@pytest.mark.parametrize("args,width,batch", [((), 1024, 512), (("--activations",), 192, 2048)],
-                         ids=["optimizer peak", "backward peak"])
-def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_path, args, width, batch):
+@pytest.mark.slow
+@pytest.mark.parametrize("args,width,batch,dtype", [
+    ((), 1024, 512, "fp32"), (("--activations",), 192, 2048, "fp32"), (("--activations", "--amp"), 192, 2048, "amp_bf16"),
+], ids=["optimizer peak", "backward peak", "bf16 autocast"])
+def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_path, args, width, batch, dtype):
     bare = run_bare(tmp_path, "plan_mlp.py", *args)
     assert bare.code == 0, bare.stderr
     ran = run_attached(tmp_path, "plan_mlp.py", *args, options=("--plan", "batch=2x"))
@@ -32,7 +34,7 @@ def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_pa
     assert ran.self_timing == {"engine_modules": []}
     plan = ran.result["plan"]
     assert plan["error"] is None, plan
-    assert plan["optimizer"] == "Adam" and plan["dtype"] == "fp32" and plan["batch"] == batch
+    assert plan["optimizer"] == "Adam" and plan["dtype"] == dtype and plan["batch"] == batch
     assert plan["inputs"] == [f"[{batch}, 256] float32"]
     # what the script held, read from its tensors, against its layer sizes: weights, gradients, Adam's 2 buffers
     held = plan["held_bytes"]
@@ -40,7 +42,7 @@ def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_pa
     assert abs(held["optimizer state"] - 2 * _params_bytes(width)) <= 4 * 8  # + one step scalar per parameter
     assert held["inputs"] == batch * 256 * 4
     own, double = plan["rows"]
-    assert own["as_run"] and own["scale"] == "1x" and own["batch"] == batch
+    assert own["as_run"] and own["scale"] == "1x" and own["batch"] == batch and own["dtype"] == dtype
     assert double["scale"] == "2x" and double["batch"] == 2 * batch and double["peak_bytes"] > own["peak_bytes"]
     # the measured peak: held + the allocator's median per-step peak above the step's start
     alloc = sorted(ran.result["memory"]["alloc_peak_bytes_per_step"])
@@ -48,15 +50,24 @@ def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_pa
     assert abs(own["peak_bytes"] - plan["measured_peak_bytes"]) <= 0.05 * plan["measured_peak_bytes"], plan
     assert plan["gap_pct"] == pytest.approx(100 * (own["peak_bytes"] / plan["measured_peak_bytes"] - 1))
     said = [line for line in ran.stderr.splitlines() if "memory plan" in line]
-    assert len(said) == 2 and f"batch {batch} (1x), fp32, Adam" in said[0] and "this run measured" in said[0]
+    assert len(said) == 2 and f"batch {batch} (1x), {dtype}, Adam" in said[0] and "this run measured" in said[0]
     assert f"batch {2 * batch} (2x)" in said[1]
 
 
+@pytest.mark.slow
 def test_run_plan_without_an_optimizer_says_why(tmp_path):
     ran = run_attached(tmp_path, "manual_sgd.py", options=("--plan",))
     assert ran.code == 0, ran.stderr
     assert "had none (no optimizer, a manual update" in ran.result["plan"]["error"]
     assert "memory plan: not made" in ran.stderr
+
+
+def test_split_argv_takes_plans_spec_only_when_it_is_key_value():
+    from diagnostics.cli.attach import split_argv
+
+    assert split_argv(["--plan", "batch=2x", "python", "t.py"]) == (["--plan", "batch=2x"], ["python", "t.py"])
+    assert split_argv(["--plan", "python", "t.py", "--lr=1"]) == (["--plan"], ["python", "t.py", "--lr=1"])
+    assert split_argv(["--plan", "--", "python", "t.py"]) == (["--plan"], ["python", "t.py"])
 
 
 def test_parse_spec():

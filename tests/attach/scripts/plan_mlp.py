@@ -1,7 +1,7 @@
 """An MLP trained with Adam on synthetic data (run --plan's test, tests/attach/test_attach_plan.py): the script's
 own seed, cross-entropy, a loss printed every 10 steps. By default its weights and Adam state are a few MB each
 (the step peaks in the optimizer); ``--activations``: narrow layers and a large batch (the step peaks in
-backward). At its end it writes the ``diagnostics`` modules its process holds to $SELF_TIMING (JSON)."""
+backward); ``--amp``: the forward under CPU bf16 autocast. At its end it writes the ``diagnostics`` modules its process holds to $SELF_TIMING (JSON)."""
 import json
 import os
 import sys
@@ -20,7 +20,8 @@ for step in range(40):
     x = torch.randn(batch, 256)
     y = torch.randint(0, 10, (batch,))
     opt.zero_grad()
-    loss = nn.functional.cross_entropy(model(x), y)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled="--amp" in sys.argv):
+        loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     opt.step()
     if step % 10 == 0:
