@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from diagnostics.analyses.attach.job import _plan
 from diagnostics.analyses.plan.attached import parse_spec
@@ -52,6 +53,18 @@ def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_pa
     said = [line for line in ran.stderr.splitlines() if "memory plan" in line]
     assert len(said) == 2 and f"batch {batch} (1x), {dtype}, Adam" in said[0] and "this run measured" in said[0]
     assert f"batch {2 * batch} (2x)" in said[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA: max_memory_allocated of the profiled steps")
+def test_run_plan_on_cuda_within_5pct_of_max_memory_allocated(tmp_path):
+    ran = run_attached(tmp_path, "plan_mlp.py", "--cuda", options=("--plan",))
+    assert ran.code == 0, ran.stderr
+    plan, memory = ran.result["plan"], ran.result["memory"]
+    assert plan["error"] is None and plan["device_kind"] == "cuda", plan
+    assert memory["cuda"] and plan["measured_peak_bytes"] == memory["peak_bytes"] == max(memory["peak_bytes_per_step"])
+    own = plan["rows"][0]
+    assert abs(own["peak_bytes"] - plan["measured_peak_bytes"]) <= 0.05 * plan["measured_peak_bytes"], plan
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """An MLP trained with Adam on synthetic data (run --plan's test, tests/attach/test_attach_plan.py): the script's
 own seed, cross-entropy, a loss printed every 10 steps. By default its weights and Adam state are a few MB each
 (the step peaks in the optimizer); ``--activations``: narrow layers and a large batch (the step peaks in
-backward); ``--amp``: the forward under CPU bf16 autocast. At its end it writes the ``diagnostics`` modules its process holds to $SELF_TIMING (JSON)."""
+backward); ``--amp``: the forward under CPU bf16 autocast; ``--cuda``: on the GPU. At its end it writes the ``diagnostics`` modules its process holds to $SELF_TIMING (JSON)."""
 import json
 import os
 import sys
@@ -15,12 +15,14 @@ wide = "--activations" not in sys.argv
 width, batch = (1024, 512) if wide else (192, 2048)
 model = nn.Sequential(nn.Linear(256, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width),
                       nn.ReLU(), nn.Linear(width, 10))
+device = "cuda" if "--cuda" in sys.argv else "cpu"
+model = model.to(device)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 for step in range(40):
-    x = torch.randn(batch, 256)
-    y = torch.randint(0, 10, (batch,))
+    x = torch.randn(batch, 256, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
     opt.zero_grad()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled="--amp" in sys.argv):
+    with torch.autocast(device, dtype=torch.bfloat16, enabled="--amp" in sys.argv):
         loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     opt.step()
