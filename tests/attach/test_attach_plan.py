@@ -32,7 +32,10 @@ def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_pa
     assert ran.code == 0, ran.stderr
     # the script's own output: the same losses to the last digit; no module of ours left in its process
     assert ran.script_stdout == bare.script_stdout and "loss" in bare.script_stdout
-    assert ran.self_timing == {"engine_modules": []}
+    # the script's objects as bare: parameters and Adam's state to the bit, no hook, no attribute, it pickles;
+    # and no module of ours left in its process
+    assert ran.self_timing == bare.self_timing and ran.self_timing["engine_modules"] == []
+    assert ran.self_timing["hooks"] == 0 and ran.self_timing["pickles"]
     plan = ran.result["plan"]
     assert plan["error"] is None, plan
     assert plan["optimizer"] == "Adam" and plan["dtype"] == dtype and plan["batch"] == batch

@@ -1,9 +1,12 @@
 """An MLP trained with Adam on synthetic data (run --plan's test, tests/attach/test_attach_plan.py): the script's
 own seed, cross-entropy, a loss printed every 10 steps. By default its weights and Adam state are a few MB each
 (the step peaks in the optimizer); ``--activations``: narrow layers and a large batch (the step peaks in
-backward); ``--amp``: the forward under CPU bf16 autocast; ``--cuda``: on the GPU. At its end it writes the ``diagnostics`` modules its process holds to $SELF_TIMING (JSON)."""
+backward); ``--amp``: the forward under CPU bf16 autocast; ``--cuda``: on the GPU. At its end it writes to $SELF_TIMING (JSON) the ``diagnostics`` modules its process holds, its
+parameters' and Adam state's sums (to the bit: float.hex), the hooks and attributes on its modules and optimizer,
+and whether the model pickles: what an attached run must leave as bare."""
 import json
 import os
+import pickle
 import sys
 
 import torch
@@ -30,4 +33,10 @@ for step in range(40):
         print(f"step {step} loss {loss.item():.6f}", flush=True)
 if os.environ.get("SELF_TIMING"):
     with open(os.environ["SELF_TIMING"], "w") as f:
-        json.dump({"engine_modules": sorted(m for m in sys.modules if m.split(".")[0] == "diagnostics")}, f)
+        json.dump({"engine_modules": sorted(m for m in sys.modules if m.split(".")[0] == "diagnostics"),
+                   "params": float(sum(p.double().sum() for p in model.parameters())).hex(),
+                   "state": float(sum(v.double().sum() for s in opt.state.values() for v in s.values())).hex(),
+                   "hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+                                for m in model.modules()),
+                   "attributes": sorted({k for m in model.modules() for k in vars(m)} | set(vars(opt))),
+                   "pickles": len(pickle.dumps(model)) > 0}, f)
