@@ -95,7 +95,8 @@ plan_on = c1.checkbox("Plan its memory", key="attach_plan", persist_state="sessi
 plan_spec = c2.text_input("Plan also", key="attach_plan_spec", persist_state="session", disabled=busy or not plan_on,
                           placeholder="batch=2x,4x;dtype=bf16;device=H100-80GB",
                           help="rows beside the script's own configuration: batch multiples or sizes, dtypes, a "
-                               "device (default: the one the model is on)")
+                               "device (default: the one the model is on); probe=yes counts kernel scratch "
+                               "(convolutions, batch norm) by running those ops once on real tensors")
 
 # -- Try fixes (issue 40): the script run as it is and with each fix, in interleaved rounds with an A/A control.
 _suggest_from_last_run(run)

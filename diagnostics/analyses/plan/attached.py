@@ -18,15 +18,17 @@ from diagnostics.analyses.plan.configs import DTYPES
 from diagnostics.declare import OptionError
 
 #: Keys ``--plan`` takes, and those the issue names that are not planned for an attached run yet.
-SPEC_KEYS = ("batch", "dtype", "device")
+SPEC_KEYS = ("batch", "dtype", "device", "probe")
 NOT_YET = ("seq", "shard", "ranks")
 
 
 def parse_spec(text: str | None) -> dict:
     """'batch=2x,4x;dtype=bf16;device=H100-80GB' -> {'batch': [('x', 2), ('x', 4)], 'dtype': ['bf16'],
-    'device': 'H100-80GB'}. A batch is a multiple of the script's own (``2x``) or a number (``64``).
-    '' or None: the script's own configuration alone. OptionError naming the part that is wrong."""
-    out: dict = {"batch": [], "dtype": [], "device": ""}
+    'device': 'H100-80GB', 'probe': False}. A batch is a multiple of the script's own (``2x``) or a number
+    (``64``). ``probe=yes``: kernel scratch measured by running those ops once on real tensors (scratch.py;
+    the one thing the plan then allocates, bounded by its probe limit). '' or None: the script's own
+    configuration alone. OptionError naming the part that is wrong."""
+    out: dict = {"batch": [], "dtype": [], "device": "", "probe": False}
     for part in (text or "").replace(" ", "").split(";"):
         if not part:
             continue
@@ -50,6 +52,10 @@ def parse_spec(text: str | None) -> dict:
                     raise OptionError(f"--plan: batch {b!r} is neither a multiple of the script's batch (2x, 0.5x) "
                                       "nor a whole number of samples")
                 out["batch"].append(("x", n) if mult else ("n", n))
+        elif key == "probe":
+            if value not in ("yes", "no"):
+                raise OptionError(f"--plan: probe={value!r}: yes (measure kernel scratch on real tensors) or no")
+            out["probe"] = value == "yes"
         elif key == "dtype":
             for d in value.split(","):
                 if d not in DTYPES:
@@ -187,6 +193,15 @@ def plan_in_process(model, opt, inputs: list, spec_text: str, autocast=None) -> 
     dtypes = [own] + [d for d in spec["dtype"] if d != own]
     fake = fake_mode()
     make_opt = _optimizer_factory(opt)
+    scratch = None
+    if spec["probe"]:
+        from diagnostics.analyses.plan.scratch import Scratch
+        from diagnostics.analyses.plan.trace import trace_device
+
+        device = trace_device(target)
+        # as the planner does: kernels' scratch is probed on this machine's device only when it is the one planned
+        if device == ("cuda" if target.kind == "cuda" else "cpu"):
+            scratch = Scratch(device)
     rows = []
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -196,7 +211,7 @@ def plan_in_process(model, opt, inputs: list, spec_text: str, autocast=None) -> 
                 config = Config(batch=b, seq=None, setting=Setting(dtype=dtype))
                 row = {"scale": label, "batch": b, "dtype": dtype, "as_run": label == "1x" and dtype == own}
                 try:
-                    st = trace_with_optimizer(loaded, config, target, fake, make_opt)
+                    st = trace_with_optimizer(loaded, config, target, fake, make_opt, scratch=scratch)
                     extra = int(target.workspace_bytes) if target.kind == "cuda" and not st.on_device else 0
                     peak = int(st.peak_bytes) + extra
                     row.update(peak_bytes=peak, parts={k: int(v) for k, v in st.parts.items()}, phase=st.phase,
@@ -212,4 +227,8 @@ def plan_in_process(model, opt, inputs: list, spec_text: str, autocast=None) -> 
             "budget_bytes": int(target.budget_bytes), "optimizer": type(opt).__name__, "dtype": own,
             "inputs": [f"{list(s.shape)} {s.dtype}" for s in specs], "batch": batch,
             "held_bytes": held_bytes(model, opt, input_bytes), "rows": rows,
+            "notes": ["kernel scratch (oneDNN reorders, batch norm's and cuDNN's buffers) measured by running those "
+                      "ops once on real tensors of the traced shapes (probe=yes)"] if scratch is not None else
+                     ["kernel scratch is not counted (nothing is allocated): convolutions, batch norm and LSTMs "
+                      "allocate buffers of their own; probe=yes measures them"],
             "seconds": time.perf_counter() - t0}
