@@ -162,7 +162,9 @@ class Agent:
         self.handles: list = []  # the global module hooks (removed if we fail)
         self.busy = False  # our own work runs: our wrappers let the calls through untimed
         # run --plan: the main module's last training forward (weakref, [(shape, dtype)], autocast dtype)
-        self.plan_call = None
+        # run --plan: each module with parameters trained at the top level so far, by id: (weakref, its last
+        # call's [(shape, dtype)] of positional tensors, autocast dtype, non-tensor positional arguments)
+        self.plan_calls: dict[int, tuple] = {}
         self.plan_done = self.cfg.plan is None
         try:
             self.is_compiling = torch.compiler.is_compiling
@@ -767,8 +769,8 @@ class Agent:
                 cast = str(torch.get_autocast_dtype(dev))
         except (TypeError, RuntimeError, AttributeError):  # an older torch: no per-device query
             cast = None
-        self.plan_call = (weakref.ref(mod), [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in tensors],
-                          cast, len(args) - len(tensors))
+        self.plan_calls[id(mod)] = (weakref.ref(mod), [(tuple(t.shape), str(t.dtype).replace("torch.", ""))
+                                                      for t in tensors], cast, len(args) - len(tensors))
 
     def plan(self, opt) -> None:
         """``run --plan``, once, at the first optimizer step's end (its state exists): the engine's planner
@@ -778,17 +780,27 @@ class Agent:
         t = perf()
         self.busy = True
         try:
-            got = self.plan_call
-            mod = got[0]() if got else None
-            if mod is None:
+            held = {id(p) for g in opt.param_groups for p in g["params"]}
+            live = [(c, c[0]()) for c in self.plan_calls.values()]
+            live = [(c, m) for c, m in live if m is not None]
+            # the module the optimizer that stepped first trains: the first trained one holding its parameters
+            got, mod = next(((c, m) for c, m in live if {id(p) for p in m.parameters()} & held), (None, None))
+            if not live:
                 out = {"error": "no training forward of a module with parameters (positional tensor inputs) was "
                                 "seen before the first optimizer step: nothing to plan"}
-            elif not {id(p) for p in mod.parameters()} & {id(p) for g in opt.param_groups for p in g["params"]}:
+            elif mod is None:
                 out = {"error": f"the optimizer that stepped first ({type(opt).__name__}) holds none of the "
-                                f"parameters of the model called ({type(mod).__name__}): nothing to plan"}
+                                f"parameters of the modules called ({', '.join(type(m).__name__ for _, m in live)}): "
+                                "nothing to plan"}
             else:
                 with _engine_imported() as attached:
                     out = attached.plan_in_process(mod, opt, got[1], self.cfg.plan or "", got[2])
+                if len(live) > 1:
+                    out.setdefault("notes", []).append(
+                        f"the script trained {len(live)} modules with parameters before its first optimizer step "
+                        f"({', '.join(type(m).__name__ for _, m in live)}): the plan is of {type(mod).__name__}, the "
+                        f"one its first optimizer ({type(opt).__name__}) trains, while the measured peak is the whole "
+                        "process' (the others' memory is in it)")
                 if got[3]:
                     out.setdefault("notes", []).append(
                         f"{got[3]} positional argument(s) of the model's forward that are not tensors were left out")

@@ -84,6 +84,17 @@ def test_run_plan_probe_counts_a_cnns_kernel_scratch(tmp_path):
 
 
 @pytest.mark.slow
+def test_run_plan_of_a_gan_plans_the_module_its_first_optimizer_trains_and_says_so(tmp_path):
+    """gan_accumulate.py: a generator and a discriminator (each a Linear), the discriminator's SGD steps first."""
+    ran = run_attached(tmp_path, "gan_accumulate.py", options=("--plan",))
+    assert ran.code == 0, ran.stderr
+    plan = ran.result["plan"]
+    assert plan["error"] is None and plan["optimizer"] == "SGD" and plan["rows"][0]["peak_bytes"] > 0
+    assert any("the script trained 2 modules with parameters before its first optimizer step (Linear, Linear): the "
+               "plan is of Linear, the one its first optimizer (SGD) trains" in n for n in plan["notes"]), plan["notes"]
+
+
+@pytest.mark.slow
 def test_run_plan_without_an_optimizer_says_why(tmp_path):
     ran = run_attached(tmp_path, "manual_sgd.py", options=("--plan",))
     assert ran.code == 0, ran.stderr
