@@ -87,6 +87,16 @@ at = c2.number_input("Profile from step (0: after warm-up)", min_value=0, value=
                      help="0 waits until the step time is stable; K profiles steps K .. K + steps - 1")
 timeout = c3.number_input("Stop after (s, 0: never)", min_value=0, value=0, key="attach_timeout",
                           persist_state="session", disabled=busy)
+c1, c2 = st.columns([1, 2])
+plan_on = c1.checkbox("Plan its memory", key="attach_plan", persist_state="session", disabled=busy,
+                      help="the memory plan of the job the script really runs (its model, optimizer, batch, dtype), "
+                           "made in its process at its first optimizer step's end on fake copies, beside the peak "
+                           "this run measures (docs/attach.md, 'Planning the job's memory')")
+plan_spec = c2.text_input("Plan also", key="attach_plan_spec", persist_state="session", disabled=busy or not plan_on,
+                          placeholder="batch=2x,4x;dtype=bf16;device=H100-80GB",
+                          help="rows beside the script's own configuration: batch multiples or sizes, dtypes, a "
+                               "device (default: the one the model is on); probe=yes counts kernel scratch "
+                               "(convolutions, batch norm) by running those ops once on real tensors")
 
 # -- Try fixes (issue 40): the script run as it is and with each fix, in interleaved rounds with an A/A control.
 _suggest_from_last_run(run)
@@ -121,7 +131,7 @@ if go or try_go:
             line, cwd or os.getcwd(), steps=int(try_steps if try_go else steps),
             at=int(at) if at >= 2 and not try_go else None,
             timeout_s=float(timeout) or None, data_dir=str(get_store().data_dir), try_fixes=fixes,
-            rounds=int(rounds) if try_go else None)
+            rounds=int(rounds) if try_go else None, plan=plan_spec.strip() if plan_on else None)
     except TorchScopeError as e:
         st.error(str(e))
         run = None

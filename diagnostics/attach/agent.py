@@ -2,7 +2,9 @@
 once the process has imported torch): find the steps, time their parts, profile the chosen steps.
 
 torch and the standard library only, and the run folder's protocol (loaded by its path): nothing of
-the engine is imported inside the user's job. Every failure of ours is written to the process'
+the engine is imported inside the user's job, except with ``run --plan``: at the first optimizer step's
+end the planner (analyses/plan/attached.py) is imported for the time of the plan (``_engine_imported``:
+sys.path restored, its ``diagnostics`` modules dropped after it). Every failure of ours is written to the process'
 errors.jsonl and switches the instrumentation off; the job runs on as it would bare. The user's
 own calls are never inside our try blocks, so their exceptions pass through unchanged, and the
 frames our wrappers add are taken out of a traceback before it is printed (the excepthook
@@ -37,6 +39,7 @@ CUDA peak memory per step and the allocator's history (a memory snapshot at the 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import os
@@ -158,6 +161,11 @@ class Agent:
         self.cuda = False
         self.handles: list = []  # the global module hooks (removed if we fail)
         self.busy = False  # our own work runs: our wrappers let the calls through untimed
+        # run --plan: the main module's last training forward (weakref, [(shape, dtype)], autocast dtype)
+        # run --plan: each module with parameters trained at the top level so far, by id: (weakref, its last
+        # call's [(shape, dtype)] of positional tensors, autocast dtype, non-tensor positional arguments)
+        self.plan_calls: dict[int, tuple] = {}
+        self.plan_done = self.cfg.plan is None
         try:
             self.is_compiling = torch.compiler.is_compiling
         except AttributeError:
@@ -741,6 +749,71 @@ class Agent:
         self.snap = (now, dict(self.acc), {k: list(v) for k, v in self.syncs.items()}, self.step_tool, self.batches)
         if self.cycle is not None and len(self.seq) >= self.cycle and not self.stack:
             self.close(now)
+        if not self.plan_done:
+            self.plan(opt)
+
+    # ------------------------------------------------------------------ run --plan
+    def plan_capture(self, mod, args) -> None:
+        """A top-level training forward of a module with parameters: its positional tensors' shapes and
+        dtypes and autocast's dtype, for the plan (no reference to the tensors is kept)."""
+        torch = self.torch
+        if not (self._params(mod) and mod.training and torch.is_grad_enabled()):
+            return
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors:
+            return
+        dev = tensors[0].device.type
+        cast = None
+        try:
+            if torch.is_autocast_enabled(dev):
+                cast = str(torch.get_autocast_dtype(dev))
+        except (TypeError, RuntimeError, AttributeError):  # an older torch: no per-device query
+            cast = None
+        self.plan_calls[id(mod)] = (weakref.ref(mod), [(tuple(t.shape), str(t.dtype).replace("torch.", ""))
+                                                      for t in tensors], cast, len(args) - len(tensors))
+
+    def plan(self, opt) -> None:
+        """``run --plan``, once, at the first optimizer step's end (its state exists): the engine's planner
+        (analyses/plan/attached.py, imported only now) plans the main module with this optimizer on a
+        fake copy; its rows, or why there are none, go to the run folder as JSON."""
+        self.plan_done = True
+        t = perf()
+        self.busy = True
+        try:
+            held = {id(p) for g in opt.param_groups for p in g["params"]}
+            live = [(c, c[0]()) for c in self.plan_calls.values()]
+            live = [(c, m) for c, m in live if m is not None]
+            # the module the optimizer that stepped first trains: the first trained one holding its parameters
+            got, mod = next(((c, m) for c, m in live if {id(p) for p in m.parameters()} & held), (None, None))
+            if not live:
+                out = {"error": "no training forward of a module with parameters (positional tensor inputs) was "
+                                "seen before the first optimizer step: nothing to plan"}
+            elif mod is None:
+                out = {"error": f"the optimizer that stepped first ({type(opt).__name__}) holds none of the "
+                                f"parameters of the modules called ({', '.join(type(m).__name__ for _, m in live)}): "
+                                "nothing to plan"}
+            else:
+                with _engine_imported() as attached:
+                    out = attached.plan_in_process(mod, opt, got[1], self.cfg.plan or "", got[2])
+                if len(live) > 1:
+                    out.setdefault("notes", []).append(
+                        f"the script trained {len(live)} modules with parameters before its first optimizer step "
+                        f"({', '.join(type(m).__name__ for _, m in live)}): the plan is of {type(mod).__name__}, the "
+                        f"one its first optimizer ({type(opt).__name__}) trains, while the measured peak is the whole "
+                        "process' (the others' memory is in it)")
+                if got[3]:
+                    out.setdefault("notes", []).append(
+                        f"{got[3]} positional argument(s) of the model's forward that are not tensors were left out")
+        except Exception as e:  # the plan is ours: the script goes on
+            out = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:400]}"}
+        finally:
+            self.busy = False
+        try:
+            os.makedirs(self.proc_dir, exist_ok=True)
+            self.P.write_json(os.path.join(self.proc_dir, self.P.PLAN), out)
+        except Exception as e:
+            self.notes.append(f"the plan could not be written: {type(e).__name__}: {e}")
+        self.tool(t)
 
     def _first_optimizer(self, opt) -> None:
         if self.mode in (None, "time window", "forward", "batch", "manual update"):
@@ -908,6 +981,27 @@ class Agent:
 
 
 # ---------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def _engine_imported():
+    """diagnostics.analyses.plan.attached, imported from this checkout for the time of the plan: sys.path
+    is restored after it and the ``diagnostics`` modules it imported are dropped from sys.modules (the
+    third-party modules they import, numpy and msgspec among them, stay imported)."""
+    import importlib
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    theirs = sys.modules.get("diagnostics")
+    if theirs is not None and not os.path.abspath(getattr(theirs, "__file__", "") or "").startswith(root + os.sep):
+        raise RuntimeError("the script has a module of its own named diagnostics: the plan cannot import ours")
+    path, before = list(sys.path), set(sys.modules)
+    sys.path.insert(0, root)
+    try:
+        yield importlib.import_module("diagnostics.analyses.plan.attached")
+    finally:
+        sys.path[:] = path
+        for name in [n for n in sys.modules if n not in before and (n == "diagnostics" or n.startswith("diagnostics."))]:
+            del sys.modules[name]
+
+
 def _rss() -> int | None:
     try:
         with open("/proc/self/statm") as f:
@@ -1015,7 +1109,7 @@ def _install_optimizer(agent: Agent) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     def pre(opt, args, kwargs):
-        if agent.is_compiling() or not agent.active or agent.child:
+        if agent.is_compiling() or not agent.active or agent.child or agent.busy:
             return
         if agent.optimizers and threading.get_ident() != agent.main:
             return
@@ -1070,6 +1164,8 @@ def _install_modules(agent: Agent) -> None:
             return
         try:
             agent.on_top_forward(mod)
+            if not agent.plan_done:
+                agent.plan_capture(mod, args)
         except Exception as e:
             agent.fail("module forward pre-hook", e)
 

@@ -28,7 +28,7 @@ class BackgroundRun:
 
     def __init__(self, command_line: str, cwd: str, *, steps: int = 5, at: int | None = None,
                  timeout_s: float | None = None, data_dir: str | None = None, try_fixes: str | None = None,
-                 rounds: int | None = None):
+                 rounds: int | None = None, plan: str | None = None):
         try:
             argv = shlex.split(command_line)
         except ValueError as e:
@@ -44,6 +44,15 @@ class BackgroundRun:
                 try_fixes = ",".join(parse_fixes(try_fixes))
             except ValueError as e:
                 raise UsageError(str(e)) from None
+        if plan is not None:  # run --plan: its rows checked here, before anything starts
+            from diagnostics.analyses.plan.attached import parse_spec
+            from diagnostics.attach.command import UsageError
+            from diagnostics.declare import OptionError
+
+            try:
+                parse_spec(plan)
+            except OptionError as e:
+                raise UsageError(str(e)) from None
         self.folder = Path(tempfile.mkdtemp(prefix="torchscope-run-"))
         self.status_file = self.folder / "status.json"
         self.log_file = self.folder / "output.log"
@@ -54,6 +63,8 @@ class BackgroundRun:
         self.trials = bool(try_fixes)  # fix trials (issue 40): --try instead of a profiled run
         if try_fixes:
             args += ["--try", str(try_fixes)] + (["--rounds", str(int(rounds))] if rounds else [])
+        if plan is not None and not try_fixes:
+            args += [f"--plan={plan}"] if plan else ["--plan"]
         if timeout_s:
             args += ["--timeout", str(float(timeout_s))]
         if data_dir:

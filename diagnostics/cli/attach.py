@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of forwards without an optimizer step or a backward before steps end at the "
                         "model's forward (an inference loop), or of batches with no model at DataLoader batches "
                         "(default 3)")
+    g.add_argument("--plan", nargs="?", const="", default=None, metavar="SPEC",
+                   help="plan the script's own job's memory: at its first optimizer step's end, the model, optimizer, "
+                        "batch and dtype it really uses are planned on fake copies (nothing allocated), the 1x row "
+                        "set beside the peak the run measured; SPEC adds rows: batch=2x,4x (or sizes) ; dtype=bf16 ; "
+                        "device=H100-80GB ; probe=yes (kernel scratch measured on real tensors), e.g. --plan "
+                        "'batch=2x,4x;dtype=bf16' (docs/attach.md, 'Planning the job's memory')")
     t = p.add_argument_group("try fixes (instead of profiling: docs/attach.md, 'Trying fixes')")
     t.add_argument("--try", dest="try_fixes", metavar="FIX[,FIX...]",
                    help="run the script as it is and with each fix (no edit of the script), in interleaved rounds "
@@ -107,7 +113,9 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
         a = argv[i]
         if not a.startswith("-"):
             break
-        i += 2 if a in with_value else 1
+        # --plan's SPEC is optional: the next word is it when it is KEY=VALUE (a command is never that)
+        spec = a == "--plan" and i + 1 < len(argv) and "=" in argv[i + 1] and not argv[i + 1].startswith("-")
+        i += 2 if a in with_value or spec else 1
     return argv[:i], argv[i:]
 
 
@@ -128,6 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     from diagnostics.errors import TorchScopeError
     from diagnostics.store import Store
 
+    if args.plan is not None:
+        from diagnostics.analyses.plan.attached import parse_spec
+        from diagnostics.declare import OptionError
+
+        try:
+            parse_spec(args.plan)
+        except OptionError as e:
+            sys.stderr.write(f"error: {e}\n")
+            return EXIT_USAGE
+        if args.try_fixes is not None:
+            sys.stderr.write("error: --plan goes with a profiled run, not with --try\n")
+            return EXIT_USAGE
     if args.try_fixes is not None:  # issue 40: fix trials instead of a profiled run
         from diagnostics.cli.trials import run_trials
 
@@ -148,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in store.notices:
         sys.stderr.write(f"warning: {note}\n")
     config = AttachConfig(steps=args.steps, at=args.at, stacks=args.stacks, grads=not args.no_grads,
-                          max_warmup=args.max_warmup, fallback_after_s=args.fallback_after)
+                          max_warmup=args.max_warmup, fallback_after_s=args.fallback_after, plan=args.plan)
     status_file = args.status_file
     said = {"phase": None}
 

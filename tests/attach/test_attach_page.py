@@ -138,3 +138,47 @@ def test_a_run_without_a_step_stored_before_typed_results_still_opens(tmp_path):
     assert not [e.value for e in at.error if "cannot be shown" in e.value]
     assert any("never imported torch" in i.value for i in at.info)
     assert at.metric[1].value == "n/a"  # no bottleneck without a step
+
+
+def test_a_bad_plan_spec_is_named_and_nothing_starts(new_app):
+    at = _open(new_app)
+    at.text_input(key="attach_cmd").set_value(f"{sys.executable} {SCRIPTS / 'host_bound.py'}")
+    at.checkbox(key="attach_plan").check().run()
+    at.text_input(key="attach_plan_spec").set_value("shard=zero3").run()
+    at.button(key="attach_go").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("--plan: shard= is not planned for an attached run yet" in e.value for e in at.error)
+    assert "attach_run" not in at.session_state
+
+
+def test_the_view_shows_a_stored_runs_plan_beside_its_measured_peak(tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    from diagnostics.analyses.attach.job import analyse_run
+    from diagnostics.analyses.attach.protocol import AttachConfig
+    from tests.attach.test_attach_unit import _step, _write_run
+
+    steps = [_step(n, {"forward": 2.0, "backward": 3.0, "host": 1.0}, profiled=n in (4, 5)) for n in range(1, 9)]
+    _write_run(tmp_path, steps, {"window": [4, 5]}, AttachConfig(steps=2, at=4, plan="batch=2x"))
+    rows = [{"scale": "1x", "batch": 8, "dtype": "fp32", "as_run": True, "peak_bytes": 3 << 20, "phase": "backward",
+             "fits": True},
+            {"scale": "2x", "batch": 16, "dtype": "fp32", "error": "TraceFailure: in (model) during forward: boom"}]
+    (tmp_path / "proc-1234" / "plan.json").write_text(json.dumps(
+        {"spec": "batch=2x", "device": "cpu", "optimizer": "SGD", "rows": rows, "held_bytes": {"parameters": 10}}))
+    result = analyse_run(tmp_path, exit_code=0, command=["python", "t.py"])
+    assert result.plan.rows[0].peak_bytes == 3 << 20 and result.plan.rows[1].error.startswith("TraceFailure")
+    path = tmp_path / "result.json"
+    path.write_text(to_json(result))
+
+    def page(path):
+        import json as _json
+
+        from ui import views
+
+        views.show_stored("attach", _json.loads(open(path).read()))
+
+    at = AppTest.from_function(page, default_timeout=60, kwargs={"path": str(path)}).run()
+    assert not at.exception, [e.value for e in at.exception]
+    text = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
+    assert "memory plan, batch 8 (1x), fp32, SGD: 3.00 MiB predicted (peak in backward), fits cpu" in text, text
+    assert "memory plan, batch 16 (2x), fp32, SGD: not planned: TraceFailure" in text

@@ -226,9 +226,12 @@ def test_the_code_that_runs_inside_the_users_job_imports_only_the_standard_libra
 
 def test_the_attach_package_stands_below_the_cli_and_the_dashboard():
     allowed = {"diagnostics", "psutil"}
-    # fix trials (attach/trials.py): its analysis' record and result, and the one interleaved comparison
+    # fix trials (attach/trials.py): its analysis' record and result, and the one interleaved comparison;
+    # run --plan (background.py checks its spec; no torch): analyses/plan/attached.py, the planner's entry
+    # the agent imports in the script's process only with --plan
     engine_ok = ("diagnostics.errors", "diagnostics.procs", "diagnostics.attach", "diagnostics.analyses.attach",
-                 "diagnostics.store", "diagnostics.analyses.trials", "diagnostics.measure.compare")
+                 "diagnostics.store", "diagnostics.analyses.trials", "diagnostics.measure.compare",
+                 "diagnostics.analyses.plan.attached", "diagnostics.declare")
     import ast
 
     for path in (ROOT / "diagnostics" / "attach").rglob("*.py"):

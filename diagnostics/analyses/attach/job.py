@@ -31,10 +31,10 @@ import msgspec
 
 from diagnostics.analyses.attach import rules
 from diagnostics.analyses.attach.protocol import (
-    ERRORS, GRADS, MAX_JSON_BYTES, MAX_JSONL_BYTES, META, PHASES, PROC_PREFIX, SEGMENTS, STEPS, WORKERS, AttachConfig,
+    ERRORS, GRADS, MAX_JSON_BYTES, MAX_JSONL_BYTES, META, PHASES, PLAN, PROC_PREFIX, SEGMENTS, STEPS, WORKERS, AttachConfig,
     read_json, read_jsonl,
 )
-from diagnostics.analyses.attach.result import AttachResult, Bottleneck
+from diagnostics.analyses.attach.result import AttachResult, Bottleneck, RunPlan
 from diagnostics.findings import rank_fix_first
 from diagnostics.measure.gradient_health import (
     STATUSES as GRAD_STATUSES, THRESHOLD_HELP, THRESHOLDS, finite, summarize_layers,
@@ -131,7 +131,7 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
     parts = ({"window": head["window_info"], "overhead": head["overhead"], "step_table": head["table"],
               "workers": head["workers"], "loaders": head["loaders"], "optimizers": head["optimizers"],
               "model": head["model"], "syncs": head["syncs"], "memory": head["memory"], "gpu": head["gpu"],
-              "evaluation": head["meta"].get("evaluation") or {},
+              "evaluation": head["meta"].get("evaluation") or {}, "plan": head["plan"],
               "gradients": head["gradients"]} if head else {})
     # the parts the run folder gave as plain data, checked against their types here (a wrong one names its field)
     return msgspec.convert(dict(
@@ -246,9 +246,10 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
         "syncs": _syncs(basis + prof if outside else prof),
         "loaders": meta.get("loaders") or [], "optimizers": meta.get("optimizers") or [],
         "model": _model(meta),
-        "memory": _memory(rows, prof, meta, run_dir, trace_fig.get("alloc_peaks") or {}),
+        "memory": (memory := _memory(rows, prof, meta, run_dir, trace_fig.get("alloc_peaks") or {})),
         "gpu": trace_fig.get("gpu"),
         "gradients": _gradients(p["dir"]),
+        "plan": _plan(p["dir"], memory, asked=cfg.plan is not None),
         "recompiles": recompiles, "compiles": compiles[-1] if compiles else None,
         "outside_rows": outside, "prof_rows": prof,
     }
@@ -571,6 +572,36 @@ def _workers(lines: list, p: dict, fig: dict) -> dict:
 
 
 # ---------------------------------------------------------------------- gradients
+def _plan(d: Path, memory: dict, asked: bool = True) -> dict | None:
+    """``run --plan``'s rows from the process' plan.json (read bounded, as JSON: nothing unpickled), checked
+    against RunPlan, with the peak the run measured set beside the as-run row (RunPlan's doc says how)."""
+    refused: list[str] = []
+    data = read_json(str(d / PLAN), None, refused)
+    if data is None:
+        if refused:
+            return {"error": refused[0]}
+        return {"error": "the plan is made at the first torch.optim optimizer step's end, and this process had none "
+                         "(no optimizer, a manual update, or the script ended before its first step)"} if asked else None
+    try:
+        plan = msgspec.convert(data, RunPlan)
+    except msgspec.ValidationError as e:
+        return {"error": f"{PLAN} is not a plan this version writes: {e}"}
+    measured, how = None, ""
+    if memory.get("peak_bytes") is not None:
+        measured = int(memory["peak_bytes"])
+        how = "CUDA: the largest per-step max_memory_allocated() over the profiled steps"
+    elif memory.get("alloc_peak_bytes_per_step") and plan.held_bytes:
+        above = sorted(memory["alloc_peak_bytes_per_step"])[len(memory["alloc_peak_bytes_per_step"]) // 2]
+        measured = int(sum(plan.held_bytes.values())) + int(above)
+        how = (f"CPU allocator: what the script's tensors held at the first optimizer step's end "
+               f"({', '.join(f'{k} {v}' for k, v in plan.held_bytes.items())} bytes) + the median per-step peak "
+               f"above the step's start ({above} bytes)")
+    own = next((r for r in plan.rows if r.as_run and r.peak_bytes), None)
+    gap = 100.0 * (own.peak_bytes - measured) / measured if own is not None and measured else None
+    return msgspec.to_builtins(msgspec.structs.replace(plan, measured_peak_bytes=measured, measured_how=how,
+                                                       gap_pct=gap))
+
+
 def _gradients(d: Path) -> dict | None:
     """The Gradient flow page's result from the profiled steps' gradient sums (per parameter, summed
     per layer = the module owning it), judged with gradient_health's thresholds."""

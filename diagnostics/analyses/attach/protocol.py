@@ -53,6 +53,8 @@ WORKERS = "workers"
 TRACE = "trace.json.gz"
 SNAPSHOT = "memory_snapshot.pickle"
 OOM_SNAPSHOT = "oom_snapshot.pickle"
+#: ``run --plan``: the memory plan made inside the process at its first optimizer step's end (JSON)
+PLAN = "plan.json"
 
 #: The parts of a step, in the order they are shown. Each step's parts sum to its time: the main
 #: thread's time goes to the innermost part it is in, and to ``host`` when in none.
@@ -90,7 +92,8 @@ class AttachConfig:
     even if step times never settle; ``stable_tol``: the last ``stable_steps`` step times within this
     fraction of their median is "stable"; ``fallback_after_s``: seconds of forwards without an
     optimizer step or a backward before they are taken as an inference loop's steps; ``grads``:
-    gradient statistics in the profiled steps."""
+    gradient statistics in the profiled steps; ``plan``: ``run --plan``'s text (None: no plan; "": the
+    script's own configuration alone), planned in the process (analyses/plan/attached.py)."""
 
     steps: int = 5
     at: int | None = None
@@ -102,6 +105,7 @@ class AttachConfig:
     fallback_after_s: float = 3.0
     grads: bool = True
     memory: bool = True
+    plan: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -248,6 +248,48 @@ class Memory(Record, frozen=True, kw_only=True):
     note: str | UnsetType = UNSET
 
 
+class PlanRow(Record, frozen=True, kw_only=True):
+    """One configuration of ``run --plan``: a batch (``scale``: "1x", "2x" or a size) in a dtype, its
+    predicted peak and parts, or why it could not be planned (``error``)."""
+
+    scale: str
+    batch: int
+    dtype: str
+    #: the script's own batch and dtype: the row set beside the measured peak
+    as_run: bool = False
+    peak_bytes: int | None = None
+    parts: dict[str, int] = {}
+    phase: str = ""
+    module: str = ""
+    fits: bool | None = None
+    error: str | None = None
+
+
+class RunPlan(Record, frozen=True, kw_only=True):
+    """``run --plan``: the memory plan of the script's own job, made in its process at the first optimizer
+    step's end on fake copies of its model and optimizer (analyses/plan/attached.py), and the peak the run
+    measured beside the as-run row: on CUDA the largest per-step ``max_memory_allocated``; on the CPU what
+    the script's tensors held at that boundary (``held_bytes``) plus the allocator's median per-step peak
+    above the step's start. ``gap_pct``: (predicted - measured) / measured."""
+
+    spec: str = ""
+    device: str = ""
+    device_kind: str = ""
+    budget_bytes: int | None = None
+    optimizer: str = ""
+    dtype: str = ""
+    inputs: tuple[str, ...] = ()
+    batch: int | None = None
+    held_bytes: dict[str, int] = {}
+    rows: tuple[PlanRow, ...] = ()
+    seconds: float | None = None
+    measured_peak_bytes: int | None = None
+    measured_how: str = ""
+    gap_pct: float | None = None
+    notes: tuple[str, ...] = ()
+    error: str | None = None
+
+
 class GpuStep(Record, frozen=True, kw_only=True):
     step: int
     step_ms: float
@@ -360,6 +402,8 @@ class AttachResult(Result, frozen=True, kw_only=True):
     model: ScriptModel = ScriptModel()
     syncs: Annotated[tuple[SyncRow, ...], table("Device syncs")] = ()
     memory: Memory = Memory()
+    #: ``run --plan``'s rows (None: no plan asked for)
+    plan: RunPlan | None = None
     gpu: Gpu | None = None
     #: runs stored before evaluation was told apart leave it unset
     evaluation: Evaluation | UnsetType = UNSET

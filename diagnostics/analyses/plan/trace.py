@@ -336,6 +336,24 @@ def _trace(loaded, config, target, fake, *, timeline, checkpoint_patterns, stand
     return st
 
 
+def trace_with_optimizer(loaded, config: Config, target: Target, fake, make_optimizer_for, scratch=None) -> StepTrace:
+    """A training step as ``trace`` runs it, with the optimizer ``make_optimizer_for(fake_model)`` builds
+    (an attached script's own class and settings: analyses/plan/attached.py) in place of the
+    configuration's named one; ``scratch`` as for ``trace``. Raises TraceFailure naming the module on failure."""
+    with eager_transformers():
+        t0 = time.perf_counter()
+        model, device, ck = prepare(loaded, config, target, fake)
+        inputs = inputs_for(loaded, config, fake, device)
+        kernels = cuda_kernels(target, device)
+        ledger = Ledger(target.rounding, names_of(model), scratch=scratch, cuda=kernels)
+        with _as_on_cuda(kernels):
+            st = train_step(loaded, model, inputs, config, target, ledger, fake, device, ck, t0,
+                            opt=make_optimizer_for(model))
+        if kernels is not None:
+            on_device(st, ledger)
+        return st
+
+
 def _as_on_cuda(kernels):
     """A CPU trace for a CUDA target runs attention and dropout with CUDA's kernels (cuda_kernels.cuda_choices)."""
     if kernels is None or not kernels.cpu_trace:

@@ -128,6 +128,29 @@ def summary_lines(result: AttachResult) -> list[str]:
             if o.tool_in_profiled_steps_ms:
                 out.append(f"our own work inside each profiled step (gradient statistics): "
                            f"{o.tool_in_profiled_steps_ms:.2f} ms, kept out of its step time")
+    if result.plan is not None:
+        out.extend(plan_lines(result.plan))
+    return out
+
+
+def plan_lines(plan) -> list[str]:
+    """``run --plan`` in sentences: the as-run row beside the measured peak, then each other row."""
+    from diagnostics.units import human_bytes
+
+    if plan.error:
+        return [f"memory plan: not made: {plan.error}"]
+    out = []
+    for r in plan.rows:
+        what = f"batch {r.batch} ({r.scale}), {r.dtype}, {plan.optimizer}"
+        if r.error:
+            out.append(f"memory plan, {what}: not planned: {r.error}")
+            continue
+        line = (f"memory plan, {what}: {human_bytes(r.peak_bytes)} predicted (peak in {r.phase or '?'}), "
+                + ("fits" if r.fits else "does not fit") + f" {plan.device}")
+        if r.as_run and plan.measured_peak_bytes:
+            line += (f"; this run measured {human_bytes(plan.measured_peak_bytes)} "
+                     f"({plan.gap_pct:+.1f}% predicted against measured)")
+        out.append(line)
     return out
 
 
@@ -162,6 +185,15 @@ def attach_sections(result: AttachResult) -> list[Section]:
         for s in gradients_sections(decode(get_analysis("gradients"), flow)):
             s.title = f"Gradient flow: {s.title}"
             sections.append(s)
+    if result.plan is not None and result.plan.rows:
+        p = result.plan
+        sections.append(Section("Memory plan", text=[
+            f"planned in the script's process at its first optimizer step's end, on fake copies of its model "
+            f"({', '.join(p.inputs)}) and {p.optimizer}, for {p.device}"] + ([p.measured_how] if p.measured_how else []),
+            tables=[("", records_frame([{"batch": r.batch, "scale": r.scale, "dtype": r.dtype, "as run": r.as_run,
+                                         "peak_bytes": r.peak_bytes, "phase": r.phase, "module": r.module,
+                                         "fits": r.fits, **{f"{k}_bytes": v for k, v in r.parts.items()},
+                                         "error": r.error} for r in p.rows]))]))
     if result.step_table:
         sections.append(Section("Steps", tables=[("", records_frame(result.step_table))]))
     return sections

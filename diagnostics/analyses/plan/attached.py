@@ -1,0 +1,234 @@
+"""The memory plan of an attached script's own job (``run --plan``), made inside the script's process.
+
+The script's model cannot be rebuilt outside its process (its classes are the script's), so the attach
+agent loads this module (by import, only when ``--plan`` was given) at the first optimizer step's end and
+calls :func:`plan_in_process` with the script's main module, its optimizer and what the agent recorded of
+the main module's training forward (each positional tensor's shape and dtype, autocast). The plan runs on
+a fake copy (trace.skeleton + FakeTensorMode): nothing of the model's size is allocated, nothing of the
+script's objects is changed, torch's random state is restored after it. It returns plain data (rows of
+predicted peaks, and the bytes the script's tensors held at that boundary), which the agent writes to the
+run folder as JSON; the attach job reads it back (bounded, never unpickled) into ``AttachResult.plan``.
+
+:func:`parse_spec` (no torch) checks ``--plan``'s text in the CLI before the script starts.
+"""
+
+from __future__ import annotations
+
+from diagnostics.analyses.plan.configs import DTYPES
+from diagnostics.declare import OptionError
+
+#: Keys ``--plan`` takes, and those the issue names that are not planned for an attached run yet.
+SPEC_KEYS = ("batch", "dtype", "device", "probe")
+NOT_YET = ("seq", "shard", "ranks")
+
+
+def parse_spec(text: str | None) -> dict:
+    """'batch=2x,4x;dtype=bf16;device=H100-80GB' -> {'batch': [('x', 2), ('x', 4)], 'dtype': ['bf16'],
+    'device': 'H100-80GB', 'probe': False}. A batch is a multiple of the script's own (``2x``) or a number
+    (``64``). ``probe=yes``: kernel scratch measured by running those ops once on real tensors (scratch.py;
+    the one thing the plan then allocates, bounded by its probe limit). '' or None: the script's own
+    configuration alone. OptionError naming the part that is wrong."""
+    out: dict = {"batch": [], "dtype": [], "device": "", "probe": False}
+    for part in (text or "").replace(" ", "").split(";"):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        if not eq or not value:
+            raise OptionError(f"--plan: {part!r} is not KEY=VALUE (e.g. batch=2x,4x;dtype=bf16;device=H100-80GB)")
+        if key in NOT_YET:
+            raise OptionError(f"--plan: {key}= is not planned for an attached run yet (only {', '.join(SPEC_KEYS)}); "
+                              "plan the model with `plan --model FILE` for sequence lengths and sharding")
+        if key not in SPEC_KEYS:
+            raise OptionError(f"--plan: unknown key {key!r}; the keys: {', '.join(SPEC_KEYS)}")
+        if key == "batch":
+            for b in value.split(","):
+                mult = b.lower().endswith("x")
+                num = b[:-1] if mult else b
+                try:
+                    n = float(num) if mult else int(num)
+                except ValueError:
+                    n = 0
+                if not n or n <= 0:
+                    raise OptionError(f"--plan: batch {b!r} is neither a multiple of the script's batch (2x, 0.5x) "
+                                      "nor a whole number of samples")
+                out["batch"].append(("x", n) if mult else ("n", n))
+        elif key == "probe":
+            if value not in ("yes", "no"):
+                raise OptionError(f"--plan: probe={value!r}: yes (measure kernel scratch on real tensors) or no")
+            out["probe"] = value == "yes"
+        elif key == "dtype":
+            for d in value.split(","):
+                if d not in DTYPES:
+                    raise OptionError(f"--plan: dtype {d!r} is not one of {', '.join(DTYPES)}")
+                out["dtype"].append(d)
+        else:
+            from diagnostics.analyses.plan.targets import check_name
+
+            check_name(value)
+            out["device"] = value
+    return out
+
+
+# ----------------------------------------------------------------------------- inside the script's process
+def _loss(out):
+    """A scalar from the model's output: the mean of its first floating tensor. The script's own loss
+    (a cross-entropy's log-softmax, say) is not replayed: it is computed outside the model."""
+    import torch
+
+    seen = [out]
+    while seen:
+        x = seen.pop(0)
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return x.float().mean()
+        if isinstance(x, dict):
+            seen.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            seen.extend(x)
+    raise OptionError("the model's output holds no floating-point tensor to make a loss from")
+
+
+def _storage_bytes(tensors) -> int:
+    seen, n = set(), 0
+    for t in tensors:
+        try:
+            st = t.untyped_storage()
+            key = (st.data_ptr(), t.device)
+            if key in seen:
+                continue
+            seen.add(key)
+            n += int(st.nbytes())
+        except Exception:  # a tensor without storage (a sparse one): not counted
+            continue
+    return n
+
+
+def held_bytes(model, opt, input_bytes: int) -> dict:
+    """What the script's tensors hold at this boundary, read from the real objects (their storages, each
+    once): parameters and buffers, gradients, the optimizer's state, and the last batch (its shapes)."""
+    import torch
+
+    params = list(model.parameters()) + list(model.buffers())
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {"parameters": _storage_bytes(params), "gradients": _storage_bytes(grads),
+            "optimizer state": _storage_bytes(state), "inputs": int(input_bytes)}
+
+
+def _script_dtype(model, autocast) -> str:
+    import torch
+
+    floats = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    pdt = floats[0] if floats else torch.float32
+    if autocast and pdt == torch.float32:
+        return {"torch.bfloat16": "amp_bf16", "torch.float16": "amp_fp16"}.get(str(autocast), "fp32")
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(pdt, "fp32")
+
+
+def _target(spec: dict, model):
+    import torch
+
+    from diagnostics.analyses.plan.targets import resolve
+
+    if spec.get("device"):
+        return resolve(spec["device"])
+    dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        return resolve("local", gpus=[{"name": props.name, "memory_total_bytes": int(props.total_memory)}])
+    try:
+        import os
+
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        avail = 0
+    return resolve("cpu", cpu={"ram_available_bytes": int(avail)})
+
+
+def _optimizer_factory(opt):
+    """The script's optimizer class with its own defaults, over the fake copy's parameters."""
+    cls, defaults = type(opt), dict(opt.defaults)
+
+    def make(model):
+        return cls([p for p in model.parameters() if p.requires_grad], **defaults)
+    return make
+
+
+def plan_in_process(model, opt, inputs: list, spec_text: str, autocast=None) -> dict:
+    """The plan's rows for the script's own job. ``inputs``: [(shape, dtype name)] of the main module's
+    positional tensors in its last training forward; ``autocast``: the autocast dtype it ran under (None:
+    none). Returns plain data (see the module doc); a row that cannot be planned says why in ``error``."""
+    import time
+
+    import torch
+
+    from diagnostics.analyses.plan.configs import Config, Setting
+    from diagnostics.analyses.plan.planner import fake_mode
+    from diagnostics.analyses.plan.trace import TraceFailure, trace_with_optimizer
+    from diagnostics.inputs import DTYPES as INPUT_DTYPES
+    from diagnostics.spec import InputSpec
+
+    t0 = time.perf_counter()
+    spec = parse_spec(spec_text)
+    specs = []
+    for shape, dtype in inputs:
+        if dtype not in INPUT_DTYPES:
+            raise OptionError(f"the model's input of dtype {dtype} cannot be planned (inputs of "
+                              f"{', '.join(INPUT_DTYPES)} can)")
+        specs.append(InputSpec(tuple(shape), dtype))
+    if not specs or not specs[0].shape:
+        raise OptionError("the model's training forward took no batched tensor as a positional argument: "
+                          "its batch is not known")
+    batch = specs[0].shape[0]
+    input_bytes = sum(int(torch.Size(s.shape).numel()) * INPUT_DTYPES[s.dtype].itemsize for s in specs)
+
+    class Loaded:  # what trace() reads of an uploaded model
+        pass
+
+    loaded = Loaded()
+    loaded.model, loaded.input_specs, loaded.loss_fn, loaded.batch_size = model, tuple(specs), _loss, batch
+    target = _target(spec, model)
+    own = _script_dtype(model, autocast)
+    sizes = [("1x", batch)] + [(f"{n:g}x" if kind == "x" else str(n), max(1, round(batch * n)) if kind == "x" else n)
+                               for kind, n in spec["batch"]]
+    dtypes = [own] + [d for d in spec["dtype"] if d != own]
+    fake = fake_mode()
+    make_opt = _optimizer_factory(opt)
+    scratch = None
+    if spec["probe"]:
+        from diagnostics.analyses.plan.scratch import Scratch
+        from diagnostics.analyses.plan.trace import trace_device
+
+        device = trace_device(target)
+        # as the planner does: kernels' scratch is probed on this machine's device only when it is the one planned
+        if device == ("cuda" if target.kind == "cuda" else "cpu"):
+            scratch = Scratch(device)
+    rows = []
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        for dtype in dtypes:
+            for label, b in sizes:
+                config = Config(batch=b, seq=None, setting=Setting(dtype=dtype))
+                row = {"scale": label, "batch": b, "dtype": dtype, "as_run": label == "1x" and dtype == own}
+                try:
+                    st = trace_with_optimizer(loaded, config, target, fake, make_opt, scratch=scratch)
+                    extra = int(target.workspace_bytes) if target.kind == "cuda" and not st.on_device else 0
+                    peak = int(st.peak_bytes) + extra
+                    row.update(peak_bytes=peak, parts={k: int(v) for k, v in st.parts.items()}, phase=st.phase,
+                               module=st.module, fits=peak <= target.budget_bytes)
+                except (TraceFailure, OptionError, RuntimeError, TypeError, ValueError) as e:
+                    row.update(error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}")
+                rows.append(row)
+    finally:
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    return {"spec": spec_text or "", "device": target.name, "device_kind": target.kind,
+            "budget_bytes": int(target.budget_bytes), "optimizer": type(opt).__name__, "dtype": own,
+            "inputs": [f"{list(s.shape)} {s.dtype}" for s in specs], "batch": batch,
+            "held_bytes": held_bytes(model, opt, input_bytes), "rows": rows,
+            "notes": ["kernel scratch (oneDNN reorders, batch norm's and cuDNN's buffers) measured by running those "
+                      "ops once on real tensors of the traced shapes (probe=yes)"] if scratch is not None else
+                     ["kernel scratch is not counted (nothing is allocated): convolutions, batch norm and LSTMs "
+                      "allocate buffers of their own; probe=yes measures them"],
+            "seconds": time.perf_counter() - t0}
