@@ -87,6 +87,10 @@ def read_live(run_dir: Path) -> Live:
     return live
 
 
+#: Looks for orphans re-parented to us after a run's tree was killed, ORPHAN_WAIT_S apart.
+ORPHAN_TRIES, ORPHAN_WAIT_S = 10, 0.1
+
+
 class Session:
     """Run ``command`` attached. ``store``: a diagnostics.store.Store (None: a temporary run folder,
     nothing recorded); ``on_live(Live)`` is called when the phase or step changes; ``stop`` ends the
@@ -256,20 +260,26 @@ class Session:
                     left.append(p)
             except psutil.Error:
                 pass
-        for p in procs.descendants(me):  # orphans re-parented to us (we are their subreaper)
-            try:
-                mine = p.pid in self._seen or p.create_time() >= self._t_wall - 0.05
-            except psutil.Error:
-                continue
-            if p.pid != proc.pid and p.pid not in {q.pid for q in left} and mine:
-                left.append(p)
         killed = 0
-        for p in left:
-            killed += procs.kill_tree(p.pid)
-            try:
-                os.waitpid(p.pid, os.WNOHANG)  # an orphan re-parented to us: collect it
-            except (ChildProcessError, OSError):
-                pass
+        for attempt in range(ORPHAN_TRIES):
+            for p in procs.descendants(me):  # orphans re-parented to us (we are their subreaper)
+                try:
+                    mine = p.pid in self._seen or p.create_time() >= self._t_wall - 0.05
+                except psutil.Error:
+                    continue
+                if p.pid != proc.pid and p.pid not in {q.pid for q in left} and mine:
+                    left.append(p)
+            if not left:
+                break
+            for p in left:
+                killed += procs.kill_tree(p.pid)
+                try:
+                    os.waitpid(p.pid, os.WNOHANG)  # an orphan re-parented to us: collect it
+                except (ChildProcessError, OSError):
+                    pass
+            # a grandchild (a DataLoader worker) reaches us only once the guardian above it has died: look again
+            left = []
+            time.sleep(ORPHAN_WAIT_S)
         return killed
 
     # ------------------------------------------------------------------ the result
