@@ -31,6 +31,7 @@ from diagnostics.trace._chunks import (
 )
 from diagnostics.trace.classify import KNOWN_CATS
 from diagnostics.trace.errors import TraceError
+from diagnostics.trace.mainless import plain_main
 from diagnostics.trace.model import COLUMNS, Trace
 
 try:  # ISA-L inflates about 2x faster than zlib; optional.
@@ -209,7 +210,8 @@ def _pool(expected_bytes: int, workers: int | None):
     if method not in multiprocessing.get_all_start_methods():
         method = "spawn"
     try:
-        return multiprocessing.get_context(method).Pool(workers)
+        with plain_main():  # the pool starts its workers here
+            return multiprocessing.get_context(method).Pool(workers)
     except OSError:
         return None
 

@@ -100,7 +100,10 @@ def test_a_local_cluster_needs_no_trust_and_listens_on_loopback(monkeypatch):
             seen.update(kw)
             raise RuntimeError("stand-in: not started")
 
+    import dask.distributed  # imported first: its `from distributed import *` would copy the stand-in for good
+
     monkeypatch.setattr(distributed, "LocalCluster", Cluster)
+    monkeypatch.setattr(dask.distributed, "LocalCluster", Cluster)  # where executors takes it from
     with pytest.raises(RuntimeError, match="stand-in"):
         executors.executor_for("local:2", [], memory_limit="1GB")
     assert seen["host"] == "127.0.0.1" and seen["dashboard_address"] is None

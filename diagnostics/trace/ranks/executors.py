@@ -33,6 +33,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from diagnostics.trace.errors import TraceError
+from diagnostics.trace.mainless import plain_main
 
 #: Processes analysing ranks at once, at most (and never more than the CPU count or the ranks).
 MAX_RANK_WORKERS = 4
@@ -184,7 +185,8 @@ class LocalPool:
         # No max_tasks_per_child: Python 3.11's pool can hang replacing a worker that left after its quota
         # (seen at 64 ranks); a worker's memory goes back to what one rank needs after each task.
         with ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(fn, *item): i for i, item in enumerate(items)}
+            with plain_main():  # workers start at submit
+                futures = {pool.submit(fn, *item): i for i, item in enumerate(items)}
             for fut in as_completed(futures):
                 i = futures[fut]
                 err = fut.exception()

@@ -1,0 +1,45 @@
+"""Trace worker pools start under a main script that cannot run outside its host (an AppTest's page
+function, Streamlit's page script): multiprocessing re-ran it in every worker, which died at start, and
+the pool replaced it forever (the suite's ingest tests hung 300 s after an AppTest test)."""
+
+import sys
+import threading
+import types
+
+import pytest
+
+from diagnostics.trace import ingest, load_trace
+from diagnostics.trace.mainless import plain_main
+
+from tests.trace.test_ingest import CPU  # noqa: F401  (the small CPU trace the ingest tests use)
+
+
+@pytest.fixture
+def hostile_main(tmp_path, monkeypatch):
+    script = tmp_path / "page.py"
+    script.write_text("_options_script(*__args, **__kwargs)\n")  # as AppTest.from_function writes it
+    fake = types.ModuleType("__main__")
+    fake.__file__ = str(script)
+    fake.__spec__ = None
+    monkeypatch.setitem(sys.modules, "__main__", fake)
+    return fake
+
+
+def test_plain_main_hides_a_script_main_and_puts_it_back(hostile_main):
+    with plain_main():
+        assert sys.modules["__main__"] is not hostile_main and not hasattr(sys.modules["__main__"], "__file__")
+    assert sys.modules["__main__"] is hostile_main
+
+
+@pytest.mark.timeout(120)
+def test_a_forkserver_pool_under_a_page_script_parses_as_one_process(hostile_main, tmp_path, monkeypatch):
+    stop = threading.Event()
+    alive = threading.Thread(target=stop.wait, daemon=True)  # another thread: the pool takes forkserver
+    alive.start()
+    try:
+        whole = load_trace(str(CPU), workers=0)
+        monkeypatch.setattr(ingest, "BLOCK_BYTES", 4000)
+        split = load_trace(str(CPU), workers=2)
+    finally:
+        stop.set()
+    assert len(split.events) == len(whole.events) > 0
