@@ -402,8 +402,8 @@ class AttachResult(Result, frozen=True, kw_only=True):
     model: ScriptModel = ScriptModel()
     syncs: Annotated[tuple[SyncRow, ...], table("Device syncs")] = ()
     memory: Memory = Memory()
-    #: ``run --plan``'s rows (None: no plan asked for)
-    plan: RunPlan | None = None
+    #: ``run --plan``'s rows (unset: no plan asked for, and runs stored before it keep exactly their keys)
+    plan: RunPlan | None | UnsetType = UNSET
     gpu: Gpu | None = None
     #: runs stored before evaluation was told apart leave it unset
     evaluation: Evaluation | UnsetType = UNSET

@@ -128,7 +128,7 @@ def summary_lines(result: AttachResult) -> list[str]:
             if o.tool_in_profiled_steps_ms:
                 out.append(f"our own work inside each profiled step (gradient statistics): "
                            f"{o.tool_in_profiled_steps_ms:.2f} ms, kept out of its step time")
-    if result.plan is not None:
+    if result.plan:  # None (not asked for) or unset (stored before run --plan)
         out.extend(plan_lines(result.plan))
     return out
 
@@ -185,7 +185,7 @@ def attach_sections(result: AttachResult) -> list[Section]:
         for s in gradients_sections(decode(get_analysis("gradients"), flow)):
             s.title = f"Gradient flow: {s.title}"
             sections.append(s)
-    if result.plan is not None and result.plan.rows:
+    if result.plan and result.plan.rows:
         p = result.plan
         sections.append(Section("Memory plan", text=[
             f"planned in the script's process at its first optimizer step's end, on fake copies of its model "
