@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from doc_section import replace_section  # noqa: E402  (bench/, beside this script)
 WORKLOAD = ROOT / "bench" / "attach_workload.py"
 SECTION = "## Attach mode overhead"
 
@@ -106,8 +107,6 @@ def _per_step_verdict(r: dict) -> str:
 
 
 def write_section(r: dict) -> None:
-    path = ROOT / "docs" / "BENCHMARKS.md"
-    text = path.read_text()
     wc = r["whole_command"]
     bare, run, ctl = wc["bare"], wc["run"], wc["control"]
 
@@ -149,13 +148,7 @@ the export, the analysis and the store), so its ratio shrinks as the script runs
 steps' extra ({r['window_overhead_pct']:+.1f} %) is torch.profiler's (record_shapes, profile_memory) and the
 gradient statistics', only in the window.
 """
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip() + "\n\n" + body
-    path.write_text(text)
+    replace_section(SECTION, body)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from doc_section import replace_section  # noqa: E402  (bench/, beside this script)
 SECTION = "## Attach mode start-up"
 SCRIPT = "import torch\ntorch.nn.Linear(4, 4)(torch.randn(2, 4))\n"
 GOAL_S = 1.5
@@ -58,8 +59,6 @@ def main() -> int:
 
 
 def write_section(r: dict) -> None:
-    path = ROOT / "docs" / "BENCHMARKS.md"
-    text = path.read_text()
     met = "met" if r["added_s"] <= r["goal_s"] else "not met"
     body = f"""{SECTION}
 
@@ -77,13 +76,7 @@ torch and calls one module (no step, so no window), bare against `python -m diag
 The fixed start-up cost of `run` is {r['added_s']:.2f} s here: goal ({r['goal_s']:g} s above bare) {met} on this
 machine{' (a busy one: rerun on a quiet machine before reading it as the tool' + "'" + 's cost)' if r['load_1min'] > 1.5 else ''}.
 """
-    if SECTION in text:
-        start = text.index(SECTION)
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip() + "\n\n" + body
-    path.write_text(text)
+    replace_section(SECTION, body)
 
 
 if __name__ == "__main__":
