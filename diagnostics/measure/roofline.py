@@ -241,7 +241,28 @@ def moved_bytes(func, args, kwargs, out) -> int:
     writes = any(a.alias_info is not None and a.alias_info.is_write for a in getattr(schema, "arguments", ()))
     if outs and not writes and {_storage(t) for t in outs} <= {_storage(t) for t in ins}:
         return 0
-    return sum(footprint(t) for t in ins + outs)
+    gathered = _GATHERS.get(base)
+    if gathered is None or len(args) <= max(gathered) or not isinstance(args[gathered[0]], torch.Tensor) \
+            or not isinstance(args[gathered[1]], torch.Tensor):
+        return sum(footprint(t) for t in ins + outs)
+    # A gather reads the source's elements its index names, not the whole source: nll_loss reads one log-prob
+    # per target (counting the N x C input put aten::nll_loss_forward "at 125 % of its roof" in CI), an
+    # embedding the rows its indices name. At most the source, and what the index addresses otherwise.
+    src, index = args[gathered[0]], args[gathered[1]]
+    dim = args[1] if base == "index_select" else 0
+    rows = src.numel() // max(1, src.shape[dim]) if base in ("embedding", "index_select") and src.dim() else 1
+    read = min(footprint(src), index.numel() * rows * src.element_size())
+    rest = [t for t in ins if t is not src] + outs
+    if base.startswith("nll_loss") and len(args) > 2 and isinstance(args[2], torch.Tensor):  # class weights
+        rest = [t for t in rest if t is not args[2]]
+        read += min(footprint(args[2]), index.numel() * args[2].element_size())
+    return read + sum(footprint(t) for t in rest)
+
+
+#: Ops that read only the elements of a source their index addresses: op -> (source arg, index arg); an
+#: embedding and index_select read whole rows (slices along their dim), the others one element per index.
+_GATHERS = {"nll_loss_forward": (0, 1), "nll_loss2d_forward": (0, 1), "embedding": (0, 1), "take": (0, 1),
+            "gather": (0, 2), "index_select": (0, 2)}
 
 
 def footprint(t: torch.Tensor) -> int:

@@ -107,6 +107,23 @@ def test_a_broadcast_input_counts_its_own_memory_once():
     assert footprint(x[:, :8]) == 4 * 16 * 8  # a slice is its elements (no stride 0)
 
 
+def test_a_gather_counts_the_elements_its_index_reads_not_the_whole_source():
+    """nll_loss reads one log-prob per target, an embedding the rows its indices name: counting the whole
+    N x C input put aten::nll_loss_forward above its roof in CI. Checked against hand counts."""
+    logp, target = torch.randn(64, 1000).log_softmax(1), torch.randint(0, 1000, (64,))
+    ops, _ = count_ops(lambda: nn.functional.nll_loss(logp, target))
+    assert ops["aten::nll_loss_forward"]["bytes"] == 4 * 64 + 8 * 64 + 4 + 4  # 64 log-probs, targets, loss, weight sum
+    table, idx = torch.randn(5000, 32), torch.randint(0, 5000, (8, 10))
+    ops, _ = count_ops(lambda: nn.functional.embedding(idx, table))
+    assert ops["aten::embedding"]["bytes"] == 4 * 80 * 32 + 8 * 80 + 4 * 80 * 32  # 80 rows read, indices, out
+    cols = torch.tensor([0, 1])
+    ops, _ = count_ops(lambda: torch.index_select(table, 1, cols))
+    assert ops["aten::index_select"]["bytes"] == 4 * 5000 * 2 + 8 * 2 + 4 * 5000 * 2  # two columns, along dim 1
+    small = torch.randn(4, 3)  # an index reading more than the source: the source once
+    ops, _ = count_ops(lambda: torch.index_select(small, 0, torch.zeros(10, dtype=torch.long)))
+    assert ops["aten::index_select"]["bytes"] == 4 * 12 + 8 * 10 + 4 * 30
+
+
 def test_measured_roofs_are_plausible_and_named():
     r = measure_roofs("cpu", reps=3)
     assert 1e8 < r["peak_flops"] < 1e14 and 1e8 < r["bandwidth_bytes_per_s"] < 1e13
