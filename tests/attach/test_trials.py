@@ -1,6 +1,7 @@
 """Fix trials on real scripts (tests/attach/scripts), each run a process of its own: the issue's data-bound
-script (loader_workers faster beyond 1.3x, channels_last not applicable, AMP measured with its loss difference,
-the A/A control within noise), a fix that breaks the script (its row failed with the script's message, the
+script in one round (channels_last not applicable, AMP measured with its loss difference, the control's losses;
+the speed-ups, loader_workers beyond 1.3x and the A/A control within noise, are
+bench/bench_trials_data_bound.py's), a fix that breaks the script (its row failed with the script's message, the
 others measured), Stop (every process tree ended, the rounds measured kept), bad input (exit 2, nothing started),
 the run stored in History."""
 
@@ -31,25 +32,23 @@ def _cmd(script, *args):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # 25 runs of the script: about a minute on a quiet machine, minutes on a busy one
 def test_the_data_bound_script_reads_as_the_issue_says(tmp_path):
+    """One round (the speed-ups and their intervals, 6 rounds, are bench/bench_trials_data_bound.py's): the
+    worker fix's change at the script's line, channels_last not applicable after one run, AMP's loss difference,
+    the losses the script printed itself, the control's identical losses, the run in History."""
     store = Store(str(tmp_path / "store"))
-    t = Trials(_cmd("data_bound.py"), "loader_workers=2,channels_last,amp_bf16", steps=8, warmup=3, rounds=6,
+    t = Trials(_cmd("data_bound.py"), "loader_workers=2,channels_last,amp_bf16", steps=3, warmup=3, rounds=1,
                store=store)
     out = t.run()
     res = out.result
     rows = {r.fix: r for r in res.trials}
     assert res.status == "ok", res.notes
-    assert rows["control"].verdict == "within noise", rows["control"]
-    w = rows["loader_workers=2"]
-    assert w.verdict == "faster" and w.speedup_ci[0] > 1.3, w
-    assert w.change == "DataLoader(..., num_workers=2) at data_bound.py:30"
+    assert rows["loader_workers=2"].change == "DataLoader(..., num_workers=2) at data_bound.py:30"
     cl = rows["channels_last"]
     assert cl.applicable is False and cl.verdict == "not applicable" and "no 4-D tensor" in cl.reason
     assert cl.rounds == 0  # it left after its first run
     amp = rows["amp_bf16"]
-    assert amp.verdict in ("faster", "slower", "within noise") and amp.rounds == 6
-    assert 0 < amp.loss_max_rel_diff < 0.05 and amp.speedup_ci is not None
+    assert amp.rounds == 1 and 0 < amp.loss_max_rel_diff < 0.05 and amp.speedup is not None
     # independent figures: the baseline's step is at least its batch's sleeps; its first loss is the one the
     # script printed itself (step 0) in its own output
     assert rows["baseline"].step_ms >= BATCH_SLEEP_MS

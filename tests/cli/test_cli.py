@@ -392,7 +392,7 @@ def test_progress_bar_redraws_on_a_terminal_and_logs_lines_otherwise():
 def test_optimize_training_mode_on_resnet(data_dir, tmp_path):
     # issue #20's command: every training fix runs, checkpointing lowers the measured training peak
     p = cli("optimize", "--model", "resnet", "--mode", "train", "--fix", "activation_checkpointing", "--fix",
-            "fused_optimizer", "--fix", "grad_accumulation", "--fix", "amp", "--iters", "2", "--warmup", "1",
+            "fused_optimizer", "--fix", "grad_accumulation", "--fix", "amp", "--iters", "2", "--warmup", "1", "-b", "4",
             "--json", "--out", tmp_path, data_dir=data_dir)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = {r["fix"]: r for r in json.loads(p.stdout)["rows"]}
