@@ -152,6 +152,11 @@ class Agent:
         self.tool_outside = 0.0
         self.exports: dict = {}
         self.oom = None
+        # out of memory: (id of the exception, the parts' stack, step, module) where an exception first passed
+        # through one of our wrappers (the innermost), and the CUDA allocator's last out-of-memory observation
+        self.raised = None
+        self.oom_observed = None
+        self.opt_refs: dict[int, weakref.ref] = {}  # the optimizers seen, weakly (held memory at an OOM)
         self.worker_lines: list[str] = []
         self.worker_flush = perf()
         self.collate_s = 0.0
@@ -161,9 +166,9 @@ class Agent:
         self.cuda = False
         self.handles: list = []  # the global module hooks (removed if we fail)
         self.busy = False  # our own work runs: our wrappers let the calls through untimed
-        # run --plan: the main module's last training forward (weakref, [(shape, dtype)], autocast dtype)
-        # run --plan: each module with parameters trained at the top level so far, by id: (weakref, its last
-        # call's [(shape, dtype)] of positional tensors, autocast dtype, non-tensor positional arguments)
+        # run --plan and an OOM's budget answer: each module with parameters trained at the top level so far, by
+        # id: (weakref, its last call's [(shape, dtype)] of positional tensors, autocast dtype, non-tensor
+        # positional arguments)
         self.plan_calls: dict[int, tuple] = {}
         self.plan_done = self.cfg.plan is None
         try:
@@ -199,6 +204,14 @@ class Agent:
         """Instrument this call: our instrumentation is on, on the main thread, and the call is the script's
         (not ours: reading the gradient statistics back calls .cpu() on a device tensor)."""
         return self.active and not self.child and not self.busy and threading.get_ident() == self.main
+
+    def note_raise(self, exc: BaseException, mod=None) -> None:
+        """An exception passes through one of our wrappers (before its part is left): where it first did,
+        the innermost part, is where an out-of-memory error is placed (only its id is kept, not it)."""
+        if self.raised is not None and self.raised[0] == id(exc):
+            return
+        self.raised = (id(exc), list(self.stack) or ["host"], self.completed + 1,
+                       type(mod).__name__ if mod is not None else None)
 
     # ------------------------------------------------------------------ phases
     def enter(self, phase: str) -> None:
@@ -725,6 +738,10 @@ class Agent:
         key = id(opt)
         if key not in self.optimizers:
             self._describe_optimizer(opt)
+            try:
+                self.opt_refs[key] = weakref.ref(opt)
+            except TypeError:
+                pass
         if key in self.seq and self.mode == "optimizer":
             self.close_retro()
         if self.state == "profiling" and self.cfg.grads and self.prof is not None:
@@ -1144,10 +1161,21 @@ def _phase_wrapper(agent: Agent, orig, phase: str, before=None):
             return orig(*args, **kwargs)
         try:
             return orig(*args, **kwargs)
+        except BaseException as e:  # noted (where an out-of-memory error happened), raised on unchanged
+            _noted(agent, e)
+            raise
         finally:
             if agent.active:
                 agent.leave()
     return wrapper
+
+
+def _noted(agent: Agent, e: BaseException, mod=None) -> None:
+    try:
+        if agent.active:
+            agent.note_raise(e, mod)
+    except Exception:
+        pass
 
 
 def _install_modules(agent: Agent) -> None:
@@ -1164,8 +1192,7 @@ def _install_modules(agent: Agent) -> None:
             return
         try:
             agent.on_top_forward(mod)
-            if not agent.plan_done:
-                agent.plan_capture(mod, args)
+            agent.plan_capture(mod, args)  # run --plan, and the budget answer at an out-of-memory error
         except Exception as e:
             agent.fail("module forward pre-hook", e)
 
@@ -1175,6 +1202,9 @@ def _install_modules(agent: Agent) -> None:
         agent.depth -= 1
         if agent.depth:
             return
+        exc = sys.exc_info()[1]  # always_call: the forward raised (torch calls this hook in its except clause)
+        if exc is not None:
+            _noted(agent, exc, mod)
         try:
             agent.on_top_forward_end(mod)
         except Exception as e:
@@ -1213,6 +1243,9 @@ def _install_dataloader(agent: Agent) -> None:
             return base_next(self)
         try:
             batch = base_next(self)
+        except BaseException as e:
+            _noted(agent, e)
+            raise
         finally:
             if agent.active:
                 agent.leave()
@@ -1437,6 +1470,11 @@ def _install_exit(agent: Agent) -> None:
                 _dump_oom(agent, f"{etype.__name__}: {value}")
         except Exception:
             pass
+        try:
+            if value is not None and not agent.child:
+                _record_oom(agent, value)
+        except Exception:
+            pass
         return previous(etype, value, tb)
 
     # No SIGTERM handler: a Python handler would delay a rank blocked in native code, which torchrun
@@ -1461,6 +1499,8 @@ def attach_oom_observer(agent: Agent) -> None:
     _OOM_PENDING.remove(agent)
 
     def on_oom(device, alloc, device_alloc, device_free):
+        agent.oom_observed = {"device": int(device), "requested": int(alloc), "allocated": int(device_alloc),
+                              "free": int(device_free)}
         _dump_oom(agent, f"CUDA out of memory on device {device}: asked for {alloc} bytes, "
                          f"{device_alloc} allocated, {device_free} free")
 
@@ -1483,3 +1523,172 @@ def _dump_oom(agent: Agent, why: str) -> None:
         agent.write_meta()
     except Exception:
         pass
+
+
+# ---------------------------------------------------------------------- out of memory
+#: Exceptions looked through for an out-of-memory error (its cause / context chain).
+OOM_CHAIN = 8
+#: The most of an out-of-memory message kept.
+OOM_MESSAGE_CHARS = 2000
+
+
+def _oom_in_chain(P, exc):
+    """(the out-of-memory exception in ``exc``'s cause / context chain, "cuda" or "cpu"), or (None, None)."""
+    seen = 0
+    while exc is not None and seen < OOM_CHAIN:
+        kind = P.oom_kind(type(exc).__name__, str(exc))
+        if kind:
+            return exc, kind
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None, None
+
+
+def _record_oom(agent: Agent, value: BaseException) -> None:
+    """The script dies of out-of-memory (called from the excepthook, before the previous hook prints the
+    traceback): the failing allocation, the step and part it happened in, what held memory (by category and
+    by module: the script's tensors counted), and the planner's budget answer for the device's capacity, to
+    proc-<pid>/oom.json. Only read: nothing of the script's is changed, the exception passes on as it came."""
+    import warnings
+
+    P = agent.P
+    exc, kind = _oom_in_chain(P, value)
+    if exc is None:
+        return
+    t = perf()
+    agent.busy = True
+    try:
+        message = f"{type(exc).__name__}: {exc}"[:OOM_MESSAGE_CHARS]
+        size, exact = P.requested_bytes(str(exc))
+        observed = agent.oom_observed if kind == "cuda" else None
+        if observed is not None:  # the allocator's own figure: exact
+            size, exact = observed["requested"], True
+        raised = agent.raised
+        ids = set()
+        e, k = value, 0
+        while e is not None and k < OOM_CHAIN:
+            ids.add(id(e))
+            e, k = e.__cause__ or e.__context__, k + 1
+        if raised is not None and raised[0] in ids:
+            stack, step, module = raised[1], raised[2], raised[3]
+        else:  # no wrapper of ours saw it: the part still open (an optimizer's step that raised), else host
+            stack, step, module = list(agent.stack) or ["host"], agent.completed + 1, None
+        rec = {"kind": kind, "why": message, "step": step, "phase": P.OOM_PHASES.get(stack[0], stack[0]),
+               "inside": P.OOM_PHASES.get(stack[-1], stack[-1]) if len(stack) > 1 else None, "module": module,
+               "requested_bytes": size, "requested_exact": exact}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the script's stderr stays as bare
+            model, opt = _oom_model(agent)
+            try:
+                rec.update(_held_memory(agent, kind, model, opt, observed))
+            except Exception as e:
+                rec["held_error"] = f"{type(e).__name__}: {e}"
+            rec.update(_oom_plan(agent, kind, model, opt))
+        os.makedirs(agent.proc_dir, exist_ok=True)
+        P.write_json(os.path.join(agent.proc_dir, P.OOM), rec)
+    finally:
+        agent.busy = False
+        agent.tool_outside += perf() - t
+
+
+def _oom_model(agent: Agent):
+    """(the model, its optimizer) at an out-of-memory error: the first optimizer that stepped and the module
+    trained at the top level that holds its parameters (as ``run --plan`` picks them); without an optimizer,
+    the first module with parameters called at the top level."""
+    opts = sorted(((agent.optimizers.get(k, {}).get("order", 0), r()) for k, r in agent.opt_refs.items()),
+                  key=lambda x: x[0])
+    opts = [o for _, o in opts if o is not None]
+    opt = opts[0] if opts else None
+    model = None
+    if opt is not None:
+        held = {id(p) for g in opt.param_groups for p in g["params"]}
+        for ref, *_ in agent.plan_calls.values():
+            m = ref()
+            if m is not None and {id(p) for p in m.parameters()} & held:
+                model = m
+                break
+    if model is None and agent.main_root is not None:
+        model = agent.main_root()
+    return model, opt
+
+
+def _held_memory(agent: Agent, kind: str, model, opt, observed) -> dict:
+    """What held the device's memory: the script's tensors on that device counted from their storages (each
+    once): parameters, buffers, gradients and optimizer state, in total and per top-level child module of the
+    model (``(model)``: the model's own; ``(outside the model)``: an optimizer's parameters the model does
+    not hold); the rest (activations and temporaries) is the allocated total less them."""
+    torch = agent.torch
+    seen: set = set()
+
+    def nbytes(ts) -> int:
+        n = 0
+        for x in ts:
+            if not isinstance(x, torch.Tensor) or x.device.type != kind:
+                continue
+            try:
+                st = x.untyped_storage()
+                key = (st.data_ptr(), str(x.device))
+                if key in seen:
+                    continue
+                seen.add(key)
+                n += int(st.nbytes())
+            except Exception:  # a tensor without storage (sparse, a subclass): not counted
+                continue
+        return n
+
+    opts = [r() for r in agent.opt_refs.values()]
+    opts = [o for o in opts if o is not None]
+    owners: list = []
+    taken: set = set()
+    if model is not None:
+        for name, child in model.named_children():
+            owners.append((name, [p for p in child.parameters() if id(p) not in taken],
+                           [b for b in child.buffers()]))
+            taken.update(id(p) for p in owners[-1][1])
+        own = [p for p in model.parameters(recurse=False) if id(p) not in taken]
+        owners.append(("(model)", own, list(model.buffers(recurse=False))))
+        taken.update(id(p) for p in own)
+    rest = [p for o in opts for g in o.param_groups for p in g["params"] if id(p) not in taken]
+    if rest:
+        owners.append(("(outside the model)", list({id(p): p for p in rest}.values()), []))
+    rows = []
+    for name, params, buffers in owners:
+        state = [v for o in opts for p in params for v in (o.state.get(p) or {}).values()]
+        row = {"module": name, "parameters": nbytes(params), "buffers": nbytes(buffers),
+               "gradients": nbytes([p.grad for p in params]), "optimizer_state": nbytes(state)}
+        if any(row[k] for k in ("parameters", "buffers", "gradients", "optimizer_state")):
+            rows.append(row)
+    cats = {k: sum(r[k] for r in rows) for k in ("parameters", "buffers", "gradients", "optimizer_state")}
+    if kind == "cuda":
+        if observed is not None:
+            total = observed["allocated"]
+            how = "torch.cuda.memory_allocated() when the allocator ran out (its out-of-memory observer)"
+        else:
+            total = int(torch.cuda.memory_allocated())
+            how = "torch.cuda.memory_allocated() as the exception ended the script (its frames still held)"
+    else:
+        total = _rss()
+        how = ("the process' resident memory (RSS) as the exception ended the script (its frames still held): the "
+               "CPU allocator keeps no count, so the rest also holds the interpreter's and torch's own memory")
+    counted = sum(cats.values())
+    return {"held_bytes": {**cats, "activations and temporaries": max(0, total - counted) if total else None},
+            "total_bytes": total, "total_how": how, "by_module": rows}
+
+
+def _oom_plan(agent: Agent, kind: str, model, opt) -> dict:
+    """The planner's budget answer for the script's step on the device's capacity, or why there is none."""
+    if opt is None:
+        return {"plan_error": "no optimizer step was seen before the out-of-memory error: the planner plans a "
+                              "training step with the script's optimizer (its settings, its state), so it is not made"}
+    if model is None:
+        return {"plan_error": f"no module trained at the top level holds the parameters of the script's optimizer "
+                              f"({type(opt).__name__}): nothing to plan"}
+    call = agent.plan_calls.get(id(model))
+    if call is None:
+        return {"plan_error": "no training forward of the model with positional tensor inputs was seen: its batch "
+                              "is not known"}
+    try:
+        with _engine_imported() as attached:
+            return {"plan": attached.fit_in_process(model, opt, call[1], call[2], kind)}
+    except Exception as e:
+        return {"plan_error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:400]}"}
