@@ -1098,6 +1098,76 @@ def _prune_chain(exc, seen=None) -> None:
         exc = exc.__context__
 
 
+def _fast_path(torch):
+    """(code of Module._call_impl, the offset and line of its fast path's call: ``return forward_call(*args,
+    **kwargs)``, what a module without hooks runs), or None where torch's code is not shaped so."""
+    import dis
+
+    code = getattr(getattr(torch.nn.Module, "_call_impl", None), "__code__", None)
+    if code is None:
+        return None
+    first = next((i for i in dis.get_instructions(code) if i.opname == "CALL_FUNCTION_EX"), None)
+    if first is None or first.positions is None or first.positions.lineno is None:
+        return None
+    inner = {c for c in code.co_consts if getattr(c, "co_name", None) == "inner"}
+    return (code, first.offset, first.positions.lineno, inner) if inner else None
+
+
+def _only_our_global_hooks(agent) -> bool:
+    from torch.nn.modules import module as mm
+
+    ours = {getattr(h, "id", None) for h in agent.handles}
+    return (not mm._global_backward_pre_hooks and not mm._global_backward_hooks
+            and set(mm._global_forward_hooks) <= ours and set(mm._global_forward_pre_hooks) <= ours)
+
+
+def _as_bare(agent, tb, fast):
+    """The traceback as bare shows it: our global module hooks make torch's module call take its hooked path
+    (``_call_impl`` -> ``inner``) where, bare, a module without hooks of its own takes the fast path (the
+    first return of ``_call_impl``); each such pair is shown as that one entry (its frame, at the fast path's
+    call). Modules with hooks of their own, or global hooks other than ours, take the hooked path bare too:
+    left as they are."""
+    import types
+
+    code, lasti, line, inner = fast
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    out, i = [], 0
+    while i < len(entries):
+        cur = entries[i]
+        nxt = entries[i + 1] if i + 1 < len(entries) else None
+        if cur.tb_frame.f_code is code and nxt is not None and nxt.tb_frame.f_code in inner:
+            mod = cur.tb_frame.f_locals.get("self")
+            if mod is not None and not (mod._backward_hooks or mod._backward_pre_hooks or mod._forward_hooks
+                                        or mod._forward_pre_hooks):
+                out.append(types.TracebackType(None, cur.tb_frame, lasti, line))
+                i += 2
+                continue
+        out.append(cur)
+        i += 1
+    for a, b in zip(out, out[1:] + [None]):
+        a.tb_next = b
+    return out[0] if out else None
+
+
+def _bare_chain(agent, exc) -> None:
+    fast = _fast_path(agent.torch)
+    if fast is None or not _only_our_global_hooks(agent):
+        return
+    seen: set = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            e.__traceback__ = _as_bare(agent, e.__traceback__, fast)
+        todo += [e.__cause__, e.__context__]
+
+
 # ---------------------------------------------------------------------- installation
 def install(torch, run_dir: str, protocol) -> Agent:
     """Install every hook in this process (torch has just been imported)."""
@@ -1465,6 +1535,7 @@ def _install_exit(agent: Agent) -> None:
         try:
             if value is not None:
                 _prune_chain(value)
+                _bare_chain(agent, value)
                 tb = value.__traceback__
             if agent.torch.cuda.is_available() and "OutOfMemoryError" in etype.__name__:
                 _dump_oom(agent, f"{etype.__name__}: {value}")

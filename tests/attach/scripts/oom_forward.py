@@ -1,5 +1,5 @@
 """Trains a small model with Adam for a few steps, then dies of out-of-memory in forward at step OOM_AT (default
-7): its forward asks for 1 << 48 float32s (4 PiB), which the CPU allocator cannot give ("DefaultCPUAllocator:
+7): its forward asks for 1 << 48 float32s (1 PiB), which the CPU allocator cannot give ("DefaultCPUAllocator:
 can't allocate memory"). An attached run must end exactly as this bare one and report the OOM
 (tests/attach/test_attach_oom.py). Gradients are zeroed, not freed (zero_grad(set_to_none=False)), so they are
 held at the failure. The sentinel allocation is asked for at that step only: the flag is put back as the
@@ -24,7 +24,7 @@ class Net(nn.Module):
     def forward(self, x):
         h = self.body(x)
         if BLOW_UP:
-            torch.empty(1 << 48)  # 4 PiB of float32: more than any machine
+            torch.empty(1 << 48)  # 1 PiB of float32: more than any machine has
         return self.head(h)
 
 

@@ -1,0 +1,118 @@
+"""An attached script that dies of out-of-memory: it ends exactly as bare (exit code, traceback), and the result
+says where (step, part), what it asked for, what held memory by category and by module (against the model's
+layer sizes), and the planner's budget answer; a crash that is not an OOM is not reported as one."""
+
+import msgspec
+from diagnostics.analyses.attach.protocol import oom_kind, requested_bytes
+from diagnostics.analyses.attach.result import OutOfMemory
+from diagnostics.render.charts.attach import oom_lines
+from tests.attach.harness import run_attached, run_bare
+
+#: keeps the boundary the optimizer's on a loaded machine (a slow first step is not an inference loop)
+OPTIONS = ("--fallback-after", "120")
+CPU_MESSAGE = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+               "to allocate 1125899906842624 bytes. Error code 12 (Cannot allocate memory)")
+
+
+def _linear(i: int, o: int) -> int:
+    return 4 * (i * o + o)
+
+
+#: oom_forward.py's tensors in fp32, from its layer sizes: body = Linear(32, 64), BatchNorm1d(64), Linear(64, 64)
+BODY_PARAMS = _linear(32, 64) + 4 * 2 * 64 + _linear(64, 64)
+BODY_BUFFERS = 4 * 2 * 64 + 8  # running mean and var, num_batches_tracked (int64)
+HEAD_PARAMS = _linear(64, 4)
+#: Adam: exp_avg and exp_avg_sq per parameter, and a float32 step scalar per parameter tensor
+BODY_STATE, HEAD_STATE = 2 * BODY_PARAMS + 4 * 6, 2 * HEAD_PARAMS + 4 * 2
+
+
+def test_the_allocators_messages_are_told_apart_and_their_sizes_read():
+    assert oom_kind("RuntimeError", CPU_MESSAGE) == "cpu"
+    assert requested_bytes(CPU_MESSAGE) == (1 << 50, True)
+    cuda = ("CUDA out of memory. Tried to allocate 3.20 GiB. GPU 0 has a total capacity of 79.10 GiB of which "
+            "1.05 GiB is free.")
+    assert oom_kind("OutOfMemoryError", cuda) == "cuda"
+    assert requested_bytes(cuda) == (round(3.2 * 2**30), False)
+    assert requested_bytes("CUDA out of memory. Tried to allocate 512 B.") == (512, True)
+    for not_oom in ("the loss went bad at step 12", "memory format not supported", "expected out of range"):
+        assert oom_kind("RuntimeError", not_oom) is None
+    assert requested_bytes("the loss went bad") == (None, False)
+
+
+def test_an_oom_in_forward_ends_as_bare_and_says_what_held_memory_and_what_would_fit(tmp_path):
+    bare = run_bare(tmp_path, "oom_forward.py")
+    ran = run_attached(tmp_path, "oom_forward.py", options=OPTIONS)
+    assert bare.code == ran.code == 1
+    assert "DefaultCPUAllocator: can't allocate memory" in bare.stderr
+    assert ran.script_stderr == bare.stderr.strip()  # the same traceback, line for line
+    assert ran.script_stdout == bare.stdout.strip()
+    r = ran.result
+    assert r["status"] == "failed" and r["step_boundary"] == "optimizer" and r["steps"] == 6
+    oom = r["memory"]["oom"]
+    assert oom["kind"] == "cpu" and oom["step"] == 7 and oom["phase"] == "forward" and oom["module"] == "Net"
+    assert oom["requested_bytes"] == (1 << 48) * 4 and oom["requested_exact"]
+    held = oom["held_bytes"]
+    assert held["parameters"] == BODY_PARAMS + HEAD_PARAMS
+    assert held["buffers"] == BODY_BUFFERS
+    assert held["gradients"] == BODY_PARAMS + HEAD_PARAMS  # zeroed, not freed
+    assert held["optimizer_state"] == BODY_STATE + HEAD_STATE
+    counted = sum(v for k, v in held.items() if k != "activations and temporaries")
+    assert held["activations and temporaries"] == oom["total_bytes"] - counted > 0
+    assert "resident memory (RSS)" in oom["total_how"]
+    assert oom["by_module"] == [
+        {"module": "body", "parameters": BODY_PARAMS, "buffers": BODY_BUFFERS, "gradients": BODY_PARAMS,
+         "optimizer_state": BODY_STATE},
+        {"module": "head", "parameters": HEAD_PARAMS, "buffers": 0, "gradients": HEAD_PARAMS,
+         "optimizer_state": HEAD_STATE}]
+    # the planner's answer for this machine's memory: the step fits (the sentinel is not the model's own)
+    fit = oom["plan"]
+    assert oom.get("plan_error") is None, oom
+    with open("/proc/meminfo") as f:
+        mem_total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    assert 0 < fit["budget_bytes"] <= mem_total and fit["budget_source"]
+    assert fit["device_kind"] == "cpu" and fit["optimizer"] == "adam" and fit["batch"] == 16
+    assert fit["fits"] and fit["checkpoint_modules"] == [] and fit["predicted_peak_bytes"] > counted - BODY_BUFFERS
+    # the CLI's block
+    said = [line for line in ran.stderr.splitlines() if line.startswith("[torchscope]")]
+    assert "[torchscope] Out of memory at step 7 (forward, in Net): 1024 TiB requested (CPU allocator)" in said
+    assert any(line.startswith("[torchscope] held: parameters 26.0 KiB, buffers 520 B") for line in said)
+    assert any(line.startswith("[torchscope] held by body: ") for line in said)
+    assert any(line.startswith("[torchscope] planner: the step (fp32, adam, batch 16) fits in ") for line in said)
+
+
+def test_an_oom_before_the_first_optimizer_step_says_why_there_is_no_plan(tmp_path):
+    ran = run_attached(tmp_path, "oom_forward.py", options=OPTIONS, env={"OOM_AT": "1"})
+    assert ran.code == 1
+    oom = ran.result["memory"]["oom"]
+    assert oom["step"] == 1 and oom["phase"] == "forward" and oom.get("plan") is None
+    assert "no optimizer step was seen" in oom["plan_error"]
+    assert oom["held_bytes"]["optimizer_state"] == 0 and oom["held_bytes"]["gradients"] == 0
+    assert oom["held_bytes"]["parameters"] == BODY_PARAMS + HEAD_PARAMS
+
+
+def test_a_crash_that_is_not_an_oom_is_not_reported_as_one(tmp_path):
+    ran = run_attached(tmp_path, "crash.py", options=OPTIONS, env={"CRASH_AT": "3"})
+    assert ran.code == 1 and "RuntimeError: the loss went bad at step 3" in ran.stderr
+    assert ran.result["memory"]["oom"] is None
+    assert not list((tmp_path / "store").rglob("oom.json"))
+    assert "Out of memory" not in ran.stderr
+
+
+def test_the_block_for_a_step_that_does_not_fit_names_the_checkpointing_or_what_else_is_needed():
+    base = {"why": "OutOfMemoryError: CUDA out of memory.", "step": 4, "kind": "cuda", "phase": "backward",
+            "inside": None, "module": None, "requested_bytes": 3 << 30, "requested_exact": False,
+            "held_bytes": {"parameters": 1 << 30, "gradients": 1 << 30, "optimizer_state": 2 << 30,
+                           "activations and temporaries": 5 << 30},
+            "total_bytes": 9 << 30, "total_how": "torch.cuda.memory_allocated()", "by_module": []}
+    fit = {"device": "H100", "device_kind": "cuda", "budget_bytes": 10 << 30, "budget_source": "total_memory",
+           "configuration": "fp32, adamw", "batch": 8, "unconstrained_peak_bytes": 12 << 30}
+
+    def lines(**kw):
+        return oom_lines(msgspec.convert({**base, "plan": {**fit, **kw}}, OutOfMemory))
+
+    got = lines(fits=True, checkpoint_modules=["layers.0", "layers.1"], predicted_peak_bytes=9 << 30)
+    assert got[0] == "Out of memory at step 4 (backward): about 3.00 GiB requested (CUDA allocator)"
+    assert "planner: checkpoint layers.0, layers.1 (--checkpoint-modules layers.0,layers.1) to fit" in got[-1]
+    got = lines(fits=False, smallest_peak_bytes=11 << 30,
+                needed=[{"change": "micro-batch 4 x 2 (gradient accumulation)", "peak_bytes": 8 << 30}])
+    assert "the smallest peak reachable is 11.0 GiB" in got[-1] and "micro-batch 4 x 2" in got[-1]
