@@ -2,6 +2,8 @@
 says where (step, part), what it asked for, what held memory by category and by module (against the model's
 layer sizes), and the planner's budget answer; a crash that is not an OOM is not reported as one."""
 
+import json
+
 import msgspec
 from diagnostics.analyses.attach.protocol import oom_kind, requested_bytes
 from diagnostics.analyses.attach.result import OutOfMemory
@@ -116,3 +118,63 @@ def test_the_block_for_a_step_that_does_not_fit_names_the_checkpointing_or_what_
     got = lines(fits=False, smallest_peak_bytes=11 << 30,
                 needed=[{"change": "micro-batch 4 x 2 (gradient accumulation)", "peak_bytes": 8 << 30}])
     assert "the smallest peak reachable is 11.0 GiB" in got[-1] and "micro-batch 4 x 2" in got[-1]
+
+
+def _stored_oom_run(tmp_path, oom: dict):
+    from diagnostics.analyses.attach.job import analyse_run
+    from tests.attach.test_attach_unit import _step, _write_run
+
+    _write_run(tmp_path, [_step(n, {"forward": 2.0, "backward": 3.0, "host": 1.0}) for n in range(1, 7)], {})
+    (tmp_path / "proc-1234" / "oom.json").write_text(json.dumps(oom))
+    return analyse_run(tmp_path, exit_code=1, command=["python", "t.py"])
+
+
+OOM_DOC = {"kind": "cpu", "why": "RuntimeError: " + CPU_MESSAGE, "step": 7, "phase": "backward", "inside": None,
+           "module": None, "requested_bytes": 1 << 50, "requested_exact": True,
+           "held_bytes": {"parameters": 4096, "buffers": 0, "gradients": 4096, "optimizer_state": 8192,
+                          "activations and temporaries": 1 << 20},
+           "total_bytes": 16384 + (1 << 20), "total_how": "RSS", "by_module": [
+               {"module": "encoder", "parameters": 4096, "buffers": 0, "gradients": 4096, "optimizer_state": 8192}],
+           "plan": {"device": "cpu", "device_kind": "cpu", "budget_source": "MemTotal (/proc/meminfo)",
+                    "optimizer": "adam", "notes": ["kernel scratch is not counted"],
+                    "fit": {"budget_bytes": 1 << 30, "configuration": "fp32, adam", "batch": 8,
+                            "unconstrained_peak_bytes": 2 << 30, "checkpoint_modules": ["encoder"],
+                            "predicted_peak_bytes": 900 << 20, "recompute_ms": None, "recompute_flops": 10, "fits": True,
+                            "smallest_peak_bytes": None, "needed": [], "candidates": [], "timing": "not measured",
+                            "method": "m", "traces": 3}}}
+
+
+def test_a_stored_runs_oom_report_is_read_back_typed_and_a_bad_one_is_named(tmp_path):
+    result = _stored_oom_run(tmp_path / "good", OOM_DOC)
+    oom = result.memory.oom
+    assert oom.phase == "backward" and oom.requested_bytes == 1 << 50 and oom.by_module[0].module == "encoder"
+    assert oom.plan.checkpoint_modules == ("encoder",) and oom.plan.budget_bytes == 1 << 30
+    assert oom.plan.budget_source == "MemTotal (/proc/meminfo)" and oom.plan.notes == ("kernel scratch is not counted",)
+    bad = _stored_oom_run(tmp_path / "bad", {**OOM_DOC, "step": "seven"})
+    assert bad.memory.oom is None and any("oom.json is not an out-of-memory report" in n for n in bad.notes)
+
+
+def test_the_view_shows_the_oom_block_and_the_modules_table(tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    from diagnostics.results import to_json
+
+    path = tmp_path / "result.json"
+    path.write_text(to_json(_stored_oom_run(tmp_path / "run", OOM_DOC)))
+
+    def page(path):
+        import json as _json
+
+        from ui import views
+
+        views.show_stored("attach", _json.loads(open(path).read()))
+
+    at = AppTest.from_function(page, default_timeout=60, kwargs={"path": str(path)}).run()
+    assert not at.exception, [e.value for e in at.exception]
+    block = " ".join(e.value for e in at.error).replace("\\", "")  # shown as written: markdown escaped
+    assert "Out of memory at step 7 (backward): 1024 TiB requested (CPU allocator)" in block, block
+    assert "held: parameters 4.00 KiB, buffers 0 B, gradients 4.00 KiB, optimizer state 8.00 KiB" in block
+    assert "held by encoder: 16.0 KiB" in block
+    assert "planner: checkpoint encoder (--checkpoint-modules encoder) to fit the step (fp32, adam, batch 8)" in block
+    assert any("Held at the out-of-memory error, by module" in m.value for m in at.markdown)
+    assert len(at.dataframe) >= 1
