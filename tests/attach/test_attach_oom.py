@@ -5,6 +5,7 @@ layer sizes), and the planner's budget answer; a crash that is not an OOM is not
 import json
 
 import msgspec
+import pytest
 from diagnostics.analyses.attach.protocol import oom_kind, requested_bytes
 from diagnostics.analyses.attach.result import OutOfMemory
 from diagnostics.render.charts.attach import oom_lines
@@ -80,6 +81,15 @@ def test_an_oom_in_forward_ends_as_bare_and_says_what_held_memory_and_what_would
     assert any(line.startswith("[torchscope] held: parameters 26.0 KiB, buffers 520 B") for line in said)
     assert any(line.startswith("[torchscope] held by body: ") for line in said)
     assert any(line.startswith("[torchscope] planner: the step (fp32, adam, batch 16) fits in ") for line in said)
+
+
+@pytest.mark.parametrize("where", ["backward", "optimizer"])
+def test_an_oom_in_backward_or_in_the_optimizers_step_is_placed_there(tmp_path, where):
+    ran = run_attached(tmp_path, "oom_forward.py", options=OPTIONS, env={"OOM_IN": where, "OOM_AT": "5"})
+    assert ran.code == 1 and "DefaultCPUAllocator: can't allocate memory" in ran.stderr
+    oom = ran.result["memory"]["oom"]
+    assert oom["step"] == 5 and oom["phase"] == where and oom["requested_bytes"] == 1 << 50
+    assert oom["held_bytes"]["parameters"] == BODY_PARAMS + HEAD_PARAMS
 
 
 def test_an_oom_before_the_first_optimizer_step_says_why_there_is_no_plan(tmp_path):

@@ -3,7 +3,10 @@
 can't allocate memory"). An attached run must end exactly as this bare one and report the OOM
 (tests/attach/test_attach_oom.py). Gradients are zeroed, not freed (zero_grad(set_to_none=False)), so they are
 held at the failure. The sentinel allocation is asked for at that step only: the flag is put back as the
-exception leaves the step (the planner's fake replay of the step, made afterwards, does not meet it)."""
+exception leaves the step (the planner's fake replay of the step, made afterwards, does not meet it).
+OOM_IN=backward: the allocation is asked for in backward instead (a hook on the body's output's gradient);
+OOM_IN=optimizer: in the optimizer's step (a step pre-hook of the script's own). ``--cuda``: on the GPU, where
+the allocation raises torch.OutOfMemoryError ("CUDA out of memory")."""
 import os
 import sys
 
@@ -11,8 +14,15 @@ import torch
 from torch import nn
 
 OOM_AT = int(os.environ.get("OOM_AT", "7"))
+OOM_IN = os.environ.get("OOM_IN", "forward")
+DEVICE = "cuda" if "--cuda" in sys.argv else "cpu"
 BATCH = 16
 BLOW_UP = False
+
+
+def blow_up(where: str) -> None:
+    if BLOW_UP and OOM_IN == where:
+        torch.empty(1 << 48, device=DEVICE)  # 1 PiB of float32: more than any machine has
 
 
 class Net(nn.Module):
@@ -23,26 +33,28 @@ class Net(nn.Module):
 
     def forward(self, x):
         h = self.body(x)
-        if BLOW_UP:
-            torch.empty(1 << 48)  # 1 PiB of float32: more than any machine has
+        blow_up("forward")
+        if BLOW_UP and OOM_IN == "backward":
+            h.register_hook(lambda g: blow_up("backward"))
         return self.head(h)
 
 
 def main():
     global BLOW_UP
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(DEVICE)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt.register_step_pre_hook(lambda *_: blow_up("optimizer"))
     print("training", flush=True)
     for step in range(1, 100):
-        x = torch.randn(BATCH, 32)
+        x = torch.randn(BATCH, 32, device=DEVICE)
         BLOW_UP = step == OOM_AT
         try:
             loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
         finally:
             BLOW_UP = False
-        loss.backward()
-        opt.step()
         opt.zero_grad(set_to_none=False)
         if step % 3 == 0:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
