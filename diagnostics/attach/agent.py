@@ -459,7 +459,7 @@ class Agent:
             self.t0 = self.t_last = now
         self.segs.append((self.t0, self.stack[-1] if self.stack else "host", n))
 
-    def _stop_window(self, aborted: bool = False) -> None:
+    def _stop_window(self, aborted: bool = False, why: str = "") -> None:
         if self.prof is None:
             return
         prof, self.prof = self.prof, None
@@ -500,8 +500,8 @@ class Agent:
         self._write_grads()
         self.state = "running" if not aborted else "aborted"
         if aborted:
-            self.notes.append("the profiled window was cut short: " + ("the script ended first"
-                              if self.finished else "an error of ours stopped it"))
+            self.notes.append("the profiled window was cut short: " + (why or ("the script ended first"
+                              if self.finished else "an error of ours stopped it")))
         self.write_meta()
         self._status(force=True)
 
@@ -1649,6 +1649,8 @@ def _record_oom(agent: Agent, value: BaseException) -> None:
                "requested_bytes": size, "requested_exact": exact}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the script's stderr stays as bare
+            if agent.prof is not None:  # the trace ends at the failure: our counting and planning stay out of it
+                agent._stop_window(aborted=True, why=f"the script died of out-of-memory in step {step}")
             model, opt = _oom_model(agent)
             try:
                 rec.update(_held_memory(agent, kind, model, opt, observed))

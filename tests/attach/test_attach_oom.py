@@ -84,12 +84,21 @@ def test_an_oom_in_forward_ends_as_bare_and_says_what_held_memory_and_what_would
 
 
 @pytest.mark.parametrize("where", ["backward", "optimizer"])
-def test_an_oom_in_backward_or_in_the_optimizers_step_is_placed_there(tmp_path, where):
-    ran = run_attached(tmp_path, "oom_forward.py", options=OPTIONS, env={"OOM_IN": where, "OOM_AT": "5"})
+def test_an_oom_in_a_profiled_backward_or_optimizer_step_is_placed_there_with_the_allocators_view(tmp_path, where):
+    ran = run_attached(tmp_path, "oom_forward.py", options=(*OPTIONS, "--at", "4", "--steps", "3"),
+                       env={"OOM_IN": where, "OOM_AT": "5"})
     assert ran.code == 1 and "DefaultCPUAllocator: can't allocate memory" in ran.stderr
-    oom = ran.result["memory"]["oom"]
+    r = ran.result
+    oom = r["memory"]["oom"]
     assert oom["step"] == 5 and oom["phase"] == where and oom["requested_bytes"] == 1 << 50
-    assert oom["held_bytes"]["parameters"] == BODY_PARAMS + HEAD_PARAMS
+    held = oom["held_bytes"]
+    assert held["parameters"] == BODY_PARAMS + HEAD_PARAMS and held["optimizer_state"] == BODY_STATE + HEAD_STATE
+    # the failing step was profiled: the rest is the allocator's view of the step (its activations: tens of KiB),
+    # not the process' resident memory (hundreds of MiB with torch loaded)
+    assert "allocator's view" in oom["total_how"]
+    rest = held["activations and temporaries"]
+    assert 0 < rest < 1 << 20 and oom["total_bytes"] == sum(held.values())
+    assert "the profiled window was cut short: the script died of out-of-memory in step 5" in r["notes"]
 
 
 def test_an_oom_before_the_first_optimizer_step_says_why_there_is_no_plan(tmp_path):

@@ -247,7 +247,7 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
         "loaders": meta.get("loaders") or [], "optimizers": meta.get("optimizers") or [],
         "model": _model(meta),
         "memory": (memory := _memory(rows, prof, meta, run_dir, trace_fig.get("alloc_peaks") or {},
-                                     _oom(p["dir"], meta, own_notes))),
+                                     _oom(p["dir"], meta, own_notes, trace_fig.get("alloc_peaks") or {}))),
         "gpu": trace_fig.get("gpu"),
         "gradients": _gradients(p["dir"]),
         "plan": _plan(p["dir"], memory, asked=cfg.plan is not None),
@@ -573,10 +573,13 @@ def _workers(lines: list, p: dict, fig: dict) -> dict:
 
 
 # ---------------------------------------------------------------------- gradients
-def _oom(d: Path, meta: dict, notes: list) -> dict | None:
+def _oom(d: Path, meta: dict, notes: list, alloc_peaks: dict | None = None) -> dict | None:
     """The out-of-memory error the process died of: the agent's report (oom.json, read bounded as JSON and
     checked against OutOfMemory; its plan's Fit fields taken into OomFit), with the CUDA snapshot's file from
-    meta.json; meta.json's record alone where there is no report (runs stored before it)."""
+    meta.json; meta.json's record alone where there is no report (runs stored before it). On the CPU, when
+    the failing step was profiled, the rest (activations and temporaries) is the allocator's view of it
+    (``alloc_peaks``: the step's allocations above its start, up to the failure, from the profiler's
+    allocation events) instead of the process' resident memory less the tensors counted."""
     base = meta.get("oom") if isinstance(meta.get("oom"), dict) else None
     refused: list[str] = []
     data = read_json(str(d / OOM), None, refused)
@@ -591,12 +594,25 @@ def _oom(d: Path, meta: dict, notes: list) -> dict | None:
                            if k in plan}}
     if base:
         data.update({k: base[k] for k in ("snapshot", "error") if k in base})
+    held, step = data.get("held_bytes"), data.get("step")
+    if data.get("kind") == "cpu" and isinstance(held, dict) and alloc_peaks and step in alloc_peaks:
+        counted = sum(v for k, v in held.items() if k != REST and isinstance(v, int))
+        rss = data.get("total_bytes")
+        data["held_bytes"] = {**held, REST: int(alloc_peaks[step])}
+        data["total_bytes"] = counted + int(alloc_peaks[step])
+        data["total_how"] = ("the CPU allocator's view (the failing step was profiled): the tensors counted plus the "
+                             "step's allocations above its start up to the failure, from the profiler's allocation "
+                             "events" + (f" (the process' resident memory then: {rss} bytes)" if rss else ""))
     try:
         oom = msgspec.convert({k: v for k, v in data.items() if k in OutOfMemory.__struct_fields__}, OutOfMemory)
     except msgspec.ValidationError as e:
         notes.append(f"{OOM} is not an out-of-memory report this version writes: {e}")
         return base
     return msgspec.to_builtins(oom)
+
+
+#: The held category that is the allocated total less the tensors counted.
+REST = "activations and temporaries"
 
 
 def _plan(d: Path, memory: dict, asked: bool = True) -> dict | None:
