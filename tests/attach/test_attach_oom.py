@@ -197,3 +197,70 @@ def test_the_view_shows_the_oom_block_and_the_modules_table(tmp_path):
     assert "planner: checkpoint encoder (--checkpoint-modules encoder) to fit the step (fp32, adam, batch 8)" in block
     assert any("Held at the out-of-memory error, by module" in m.value for m in at.markdown)
     assert len(at.dataframe) >= 1
+
+
+def _blocks():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)) for _ in range(4)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(512, 64)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_the_budget_answer_in_process_checkpoints_to_fit_a_tight_budget_and_leaves_the_model_as_it_was(monkeypatch):
+    import torch
+
+    from diagnostics.analyses.plan import attached
+
+    model, opt = _blocks()
+    before = [t.clone() for t in [*model.parameters(), *(p.grad for p in model.parameters()),
+                                  *(v for s in opt.state.values() for v in s.values())]]
+    inputs = [((512, 64), "float32")]
+    peak = attached.fit_in_process(model, opt, inputs, None, "cpu")["fit"]["unconstrained_peak_bytes"]
+    budget = int(0.75 * peak)
+    monkeypatch.setattr(attached, "process_memory_limit", lambda: (budget, "a test's budget"))
+    out = attached.fit_in_process(model, opt, inputs, None, "cpu")
+    fit = out["fit"]
+    assert out["budget_source"] == "a test's budget" and out["optimizer"] == "sgd" and fit["budget_bytes"] == budget
+    assert fit["fits"] and fit["checkpoint_modules"] and fit["predicted_peak_bytes"] <= budget < peak
+    assert set(fit["checkpoint_modules"]) <= {"0", "1", "2", "3"} and "not measured" in fit["timing"]
+    monkeypatch.setattr(attached, "process_memory_limit", lambda: (4096, "a tiny budget"))
+    fit = attached.fit_in_process(model, opt, inputs, None, "cpu")["fit"]
+    assert not fit["fits"] and fit["smallest_peak_bytes"] > 4096
+    after = [*model.parameters(), *(p.grad for p in model.parameters()),
+             *(v for s in opt.state.values() for v in s.values())]
+    assert len(after) == len(before) and all(torch.equal(a, b) for a, b in zip(after, before))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_the_script_optimizer_is_named_as_the_planner_models_it_or_refused_by_name():
+    import torch
+    from torch import nn
+
+    from diagnostics.analyses.plan.attached import optimizer_name
+    from diagnostics.declare import OptionError
+
+    ps = list(nn.Linear(2, 2).parameters())
+    assert optimizer_name(torch.optim.SGD(ps, lr=0.1)) == "sgd_nomomentum"
+    assert optimizer_name(torch.optim.SGD(ps, lr=0.1, momentum=0.5)) == "sgd"
+    assert optimizer_name(torch.optim.Adam(ps)) == "adam" and optimizer_name(torch.optim.AdamW(ps)) == "adamw"
+    with pytest.raises(OptionError, match="the script's Adam with amsgrad is not one of them"):
+        optimizer_name(torch.optim.Adam(ps, amsgrad=True))
+    with pytest.raises(OptionError, match="the script's RMSprop is not one of them"):
+        optimizer_name(torch.optim.RMSprop(ps))
+
+
+def test_the_memory_the_process_may_use_is_the_least_limit_and_says_which(monkeypatch):
+    import resource
+
+    from diagnostics.analyses.plan.attached import process_memory_limit
+
+    free, which = process_memory_limit()
+    assert free > 0 and which
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (1 << 20, resource.RLIM_INFINITY))
+    assert process_memory_limit() == (1 << 20, "RLIMIT_AS: the process' address-space limit (torch's libraries "
+                                               "count in it)")
