@@ -264,3 +264,26 @@ def test_the_memory_the_process_may_use_is_the_least_limit_and_says_which(monkey
     monkeypatch.setattr(resource, "getrlimit", lambda what: (1 << 20, resource.RLIM_INFINITY))
     assert process_memory_limit() == (1 << 20, "RLIMIT_AS: the process' address-space limit (torch's libraries "
                                                "count in it)")
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_oom_ends_as_bare_and_reads_the_allocators_own_figures(tmp_path):
+    import torch
+
+    bare = run_bare(tmp_path, "oom_forward.py", "--cuda")
+    ran = run_attached(tmp_path, "oom_forward.py", "--cuda", options=OPTIONS)
+    assert bare.code == ran.code == 1 and "OutOfMemoryError" in bare.stderr
+    assert ran.script_stderr == bare.stderr.strip()
+    oom = ran.result["memory"]["oom"]
+    assert oom["kind"] == "cuda" and oom["step"] == 7 and oom["phase"] == "forward"
+    assert oom["requested_bytes"] == 1 << 50 and oom["requested_exact"]  # the out-of-memory observer's figure
+    held = oom["held_bytes"]
+    assert held["parameters"] == held["gradients"] == BODY_PARAMS + HEAD_PARAMS
+    # Adam keeps its step counters on the host (neither fused nor capturable): only its two buffers are on the GPU
+    assert held["optimizer_state"] == 2 * (BODY_PARAMS + HEAD_PARAMS)
+    assert "memory_allocated" in oom["total_how"] and oom["total_bytes"] >= sum(
+        v for k, v in held.items() if k != "activations and temporaries")
+    fit = oom["plan"]
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert fit["device_kind"] == "cuda" and fit["budget_bytes"] <= total and "total_memory" in fit["budget_source"]
+    assert fit["fits"]
