@@ -251,6 +251,31 @@ def _loaded(model, inputs: list):
     return loaded, specs, specs[0].shape[0]
 
 
+def _cuda_capacity(model):
+    """(Target, what it is) of the GPU the model is on: its total_memory less the CUDA context, or, where the
+    process capped its allocator (torch.cuda.set_per_process_memory_fraction), that share of it (the context
+    sits outside the cap)."""
+    import msgspec
+    import torch
+
+    from diagnostics.analyses.plan.targets import resolve
+
+    dev = next((p.device for p in model.parameters() if p.device.type == "cuda"),
+               torch.device("cuda", torch.cuda.current_device()))
+    props = torch.cuda.get_device_properties(dev)
+    target = resolve("local", gpus=[{"name": props.name, "memory_total_bytes": int(props.total_memory)}])
+    source = f"{props.name}: total_memory {int(props.total_memory)} bytes (torch.cuda.get_device_properties)"
+    try:
+        fraction = float(torch.cuda.get_per_process_memory_fraction(dev))
+    except (AttributeError, RuntimeError, TypeError):
+        fraction = 1.0
+    if fraction < 1.0:
+        target = msgspec.structs.replace(target, capacity_bytes=int(props.total_memory * fraction), context_bytes=0)
+        return target, source + f" x the process' memory fraction {fraction:g} (set_per_process_memory_fraction)"
+    return target, source + (f" less the CUDA context ({int(target.context_bytes)} bytes)" if target.context_bytes
+                              else "")
+
+
 def fit_in_process(model, opt, inputs: list, autocast, device_type: str) -> dict:
     """The budget answer for the script's step (``model`` trained by ``opt`` on ``inputs``: [(shape, dtype
     name)], under ``autocast``) against the capacity of the device it ran out of (``device_type``: "cuda" or
@@ -270,9 +295,7 @@ def fit_in_process(model, opt, inputs: list, autocast, device_type: str) -> dict
     name = optimizer_name(opt)
     loaded, specs, batch = _loaded(model, inputs)
     if device_type == "cuda":
-        target = _target({}, model)
-        source = f"{target.name}: total_memory {int(target.capacity_bytes)} bytes (torch.cuda.get_device_properties)" \
-            + (f" less the CUDA context ({int(target.context_bytes)} bytes)" if target.context_bytes else "")
+        target, source = _cuda_capacity(model)
     else:
         cap, source = process_memory_limit()
         target = Target("cpu", "cpu", cap, 1, source)
