@@ -1657,6 +1657,7 @@ def _record_oom(agent: Agent, value: BaseException) -> None:
             except Exception as e:
                 rec["held_error"] = f"{type(e).__name__}: {e}"
             rec.update(_oom_plan(agent, kind, model, opt))
+        rec["seconds"] = perf() - t  # what the report delayed the script's end by
         os.makedirs(agent.proc_dir, exist_ok=True)
         P.write_json(os.path.join(agent.proc_dir, P.OOM), rec)
     finally:

@@ -286,6 +286,8 @@ class OutOfMemory(Record, frozen=True, kw_only=True):
     plan: OomFit | None | UnsetType = UNSET
     plan_error: str | None | UnsetType = UNSET
     held_error: str | None | UnsetType = UNSET
+    #: what counting and planning delayed the script's end by (its excepthook, before the traceback is printed)
+    seconds: float | None | UnsetType = UNSET
 
 
 class Memory(Record, frozen=True, kw_only=True):
