@@ -1107,10 +1107,11 @@ def _fast_path(torch):
     if code is None:
         return None
     first = next((i for i in dis.get_instructions(code) if i.opname == "CALL_FUNCTION_EX"), None)
-    if first is None or first.positions is None or first.positions.lineno is None:
+    pos = getattr(first, "positions", None)  # Python 3.11+
+    if pos is None or pos.lineno is None:
         return None
     inner = {c for c in code.co_consts if getattr(c, "co_name", None) == "inner"}
-    return (code, first.offset, first.positions.lineno, inner) if inner else None
+    return (code, first.offset, pos.lineno, inner) if inner else None
 
 
 def _only_our_global_hooks(agent) -> bool:
@@ -1535,7 +1536,10 @@ def _install_exit(agent: Agent) -> None:
         try:
             if value is not None:
                 _prune_chain(value)
-                _bare_chain(agent, value)
+                try:
+                    _bare_chain(agent, value)
+                except Exception:  # shown with torch's hooked path then: still the script's own frames
+                    pass
                 tb = value.__traceback__
             if agent.torch.cuda.is_available() and "OutOfMemoryError" in etype.__name__:
                 _dump_oom(agent, f"{etype.__name__}: {value}")
@@ -1650,7 +1654,11 @@ def _record_oom(agent: Agent, value: BaseException) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the script's stderr stays as bare
             if agent.prof is not None:  # the trace ends at the failure: our counting and planning stay out of it
-                agent._stop_window(aborted=True, why=f"the script died of out-of-memory in step {step}")
+                try:
+                    agent._stop_window(aborted=True, why=f"the script died of out-of-memory in step {step}")
+                except Exception as e:
+                    agent.notes.append(f"the profiled window could not be stopped at the out-of-memory error: "
+                                       f"{type(e).__name__}: {e}")
             model, opt = _oom_model(agent)
             try:
                 rec.update(_held_memory(agent, kind, model, opt, observed))
