@@ -89,8 +89,9 @@ def test_an_oom_in_forward_ends_as_bare_and_says_what_held_memory_and_what_would
     assert any(line.startswith("[torchscope] planner: the step (fp32, adam, batch 16) fits in ") for line in said)
 
 
-@pytest.mark.parametrize("where", ["backward", "optimizer"])
-def test_an_oom_in_a_profiled_backward_or_optimizer_step_is_placed_there_with_the_allocators_view(tmp_path, where):
+@pytest.mark.parametrize("where", ["data", "backward", "optimizer"])
+def test_an_oom_in_a_profiled_steps_data_backward_or_optimizer_is_placed_there_with_the_allocators_view(tmp_path,
+                                                                                                      where):
     ran = run_attached(tmp_path, "oom_forward.py", options=(*OPTIONS, "--at", "4", "--steps", "3"),
                        env={"OOM_IN": where, "OOM_AT": "5"})
     assert ran.code == 1 and "DefaultCPUAllocator: can't allocate memory" in ran.stderr
@@ -103,7 +104,8 @@ def test_an_oom_in_a_profiled_backward_or_optimizer_step_is_placed_there_with_th
     # not the process' resident memory (hundreds of MiB with torch loaded)
     assert "allocator's view" in oom["total_how"]
     rest = held["activations and temporaries"]
-    assert 0 < rest < 1 << 20 and oom["total_bytes"] == sum(held.values())
+    assert rest < 1 << 20 and oom["total_bytes"] == sum(held.values())
+    assert rest > 0 or where == "data"  # the batch is fetched first: nothing of the step is held yet
     assert "the profiled window was cut short: the script died of out-of-memory in step 5" in r["notes"]
     assert not any("differ from the profiled steps" in n for n in r["notes"])  # step 5 is in the trace, unfinished
 

@@ -5,13 +5,15 @@ can't allocate memory"). An attached run must end exactly as this bare one and r
 held at the failure. The sentinel allocation is asked for at that step only: the flag is put back as the
 exception leaves the step (the planner's fake replay of the step, made afterwards, does not meet it).
 OOM_IN=backward: the allocation is asked for in backward instead (a hook on the body's output's gradient);
-OOM_IN=optimizer: in the optimizer's step (a step pre-hook of the script's own). ``--cuda``: on the GPU, where
+OOM_IN=optimizer: in the optimizer's step (a step pre-hook of the script's own); OOM_IN=data: in the
+DataLoader's fetch of the step's batch (num_workers=0: in the main process). ``--cuda``: on the GPU, where
 the allocation raises torch.OutOfMemoryError ("CUDA out of memory")."""
 import os
 import sys
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset
 
 OOM_AT = int(os.environ.get("OOM_AT", "7"))
 OOM_IN = os.environ.get("OOM_IN", "forward")
@@ -23,6 +25,15 @@ BLOW_UP = False
 def blow_up(where: str) -> None:
     if BLOW_UP and OOM_IN == where:
         torch.empty(1 << 48, device=DEVICE)  # 1 PiB of float32: more than any machine has
+
+
+class Samples(Dataset):
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        blow_up("data")
+        return torch.randn(32)
 
 
 class Net(nn.Module):
@@ -46,10 +57,11 @@ def main():
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     opt.register_step_pre_hook(lambda *_: blow_up("optimizer"))
     print("training", flush=True)
+    batches = iter(DataLoader(Samples(), batch_size=BATCH))
     for step in range(1, 100):
-        x = torch.randn(BATCH, 32, device=DEVICE)
         BLOW_UP = step == OOM_AT
         try:
+            x = next(batches).to(DEVICE)
             loss = model(x).pow(2).mean()
             loss.backward()
             opt.step()
