@@ -146,6 +146,10 @@ def test_the_block_for_a_step_that_does_not_fit_names_the_checkpointing_or_what_
     got = lines(fits=False, smallest_peak_bytes=11 << 30,
                 needed=[{"change": "micro-batch 4 x 2 (gradient accumulation)", "peak_bytes": 8 << 30}])
     assert "the smallest peak reachable is 11.0 GiB" in got[-1] and "micro-batch 4 x 2" in got[-1]
+    # a run stored before the report: the CUDA snapshot's record alone, one line
+    legacy = msgspec.convert({"why": "CUDA out of memory on device 0", "step": 3, "snapshot": "oom_snapshot.pickle"},
+                             OutOfMemory)
+    assert oom_lines(legacy) == ["Out of memory at step 3: CUDA out of memory on device 0; snapshot oom_snapshot.pickle"]
 
 
 def _stored_oom_run(tmp_path, oom: dict):
