@@ -4,11 +4,12 @@ once the process has imported torch): find the steps, time their parts, profile 
 torch and the standard library only, and the run folder's protocol (loaded by its path): nothing of
 the engine is imported inside the user's job, except with ``run --plan``: at the first optimizer step's
 end the planner (analyses/plan/attached.py) is imported for the time of the plan (``_engine_imported``:
-sys.path restored, its ``diagnostics`` modules dropped after it). Every failure of ours is written to the process'
-errors.jsonl and switches the instrumentation off; the job runs on as it would bare. The user's
-own calls are never inside our try blocks, so their exceptions pass through unchanged, and the
-frames our wrappers add are taken out of a traceback before it is printed (the excepthook
-installed by ``_install_exit``).
+sys.path restored, its ``diagnostics`` modules dropped after it), and when the script dies of out-of-memory
+(its excepthook: ``_record_oom``, the budget answer for the device's capacity). Every failure of ours is written
+to the process' errors.jsonl and switches the instrumentation off; the job runs on as it would bare. The user's
+own calls are inside our try blocks only to note where an exception passed (``except: note; raise``), so their
+exceptions pass through unchanged, and the frames our wrappers add are taken out of a traceback before it is
+printed, torch's hooked module call shown as bare shows it (the excepthook installed by ``_install_exit``).
 
 What is timed, on the main thread, in every step (a few perf_counter reads per step):
 
