@@ -332,27 +332,11 @@ def plan_in_process(model, opt, inputs: list, spec_text: str, autocast=None) -> 
     from diagnostics.analyses.plan.planner import fake_mode
     from diagnostics.analyses.plan.trace import TraceFailure, trace_with_optimizer
     from diagnostics.inputs import DTYPES as INPUT_DTYPES
-    from diagnostics.spec import InputSpec
 
     t0 = time.perf_counter()
     spec = parse_spec(spec_text)
-    specs = []
-    for shape, dtype in inputs:
-        if dtype not in INPUT_DTYPES:
-            raise OptionError(f"the model's input of dtype {dtype} cannot be planned (inputs of "
-                              f"{', '.join(INPUT_DTYPES)} can)")
-        specs.append(InputSpec(tuple(shape), dtype))
-    if not specs or not specs[0].shape:
-        raise OptionError("the model's training forward took no batched tensor as a positional argument: "
-                          "its batch is not known")
-    batch = specs[0].shape[0]
+    loaded, specs, batch = _loaded(model, inputs)
     input_bytes = sum(int(torch.Size(s.shape).numel()) * INPUT_DTYPES[s.dtype].itemsize for s in specs)
-
-    class Loaded:  # what trace() reads of an uploaded model
-        pass
-
-    loaded = Loaded()
-    loaded.model, loaded.input_specs, loaded.loss_fn, loaded.batch_size = model, tuple(specs), _loss, batch
     target = _target(spec, model)
     own = _script_dtype(model, autocast)
     sizes = [("1x", batch)] + [(f"{n:g}x" if kind == "x" else str(n), max(1, round(batch * n)) if kind == "x" else n)
