@@ -241,9 +241,7 @@ def test_the_budget_answer_in_process_checkpoints_to_fit_a_tight_budget_and_leav
     assert out["budget_source"] == "a test's budget" and out["optimizer"] == "sgd" and fit["budget_bytes"] == budget
     assert fit["fits"] and fit["checkpoint_modules"] and fit["predicted_peak_bytes"] <= budget < peak
     assert set(fit["checkpoint_modules"]) <= {"0", "1", "2", "3"} and "not measured" in fit["timing"]
-    monkeypatch.setattr(attached, "process_memory_limit", lambda: (4096, "a tiny budget"))
-    fit = attached.fit_in_process(model, opt, inputs, None, "cpu")["fit"]
-    assert not fit["fits"] and fit["smallest_peak_bytes"] > 4096
+    # (nothing fits: fit_budget's smallest peak and what else, tests/analyses/plan/test_fit_budget.py)
     after = [*model.parameters(), *(p.grad for p in model.parameters()),
              *(v for s in opt.state.values() for v in s.values())]
     assert len(after) == len(before) and all(torch.equal(a, b) for a, b in zip(after, before))
