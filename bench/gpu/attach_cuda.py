@@ -202,6 +202,19 @@ def check_oom(work: Path) -> dict:
           and "agent.py" not in p.stderr,
           "OOM snapshot written": snap.exists() and snap.stat().st_size > 0,
           "OOM recorded with its step": bool(oom) and isinstance(oom.get("step"), int)}
+    # the OOM report (proc-<pid>/oom.json): the failing 256 MiB, asked for outside every part of the step (host),
+    # the Linear's weights counted, the budget answer against the process' memory fraction of total_memory
+    report = json.loads((proc / "oom.json").read_text()) if proc and (proc / "oom.json").exists() else {}
+    held = report.get("held_bytes") or {}
+    plan = (report.get("plan") or {}).get("fit") or {}
+    ok.update({"OOM report: kind cuda, phase host": report.get("kind") == "cuda" and report.get("phase") == "host",
+               "OOM report: 256 MiB requested, exact": report.get("requested_bytes") == 256 << 20
+               and report.get("requested_exact") is True,
+               "OOM report: parameters counted": held.get("parameters") == 4 * (4096 * 4096 + 4096),
+               "OOM report: the kept tensors in the rest": (held.get("activations and temporaries") or 0) >= 256 << 20,
+               "OOM report: a budget answer against the memory fraction": bool(plan) and "memory fraction" in
+               (report.get("plan") or {}).get("budget_source", "")})
+    oom = {**oom, "report": report}
     if snap.exists():
         data = pickle.loads(snap.read_bytes())
         ok["OOM snapshot has segments"] = bool(data.get("segments"))

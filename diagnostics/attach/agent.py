@@ -4,11 +4,12 @@ once the process has imported torch): find the steps, time their parts, profile 
 torch and the standard library only, and the run folder's protocol (loaded by its path): nothing of
 the engine is imported inside the user's job, except with ``run --plan``: at the first optimizer step's
 end the planner (analyses/plan/attached.py) is imported for the time of the plan (``_engine_imported``:
-sys.path restored, its ``diagnostics`` modules dropped after it). Every failure of ours is written to the process'
-errors.jsonl and switches the instrumentation off; the job runs on as it would bare. The user's
-own calls are never inside our try blocks, so their exceptions pass through unchanged, and the
-frames our wrappers add are taken out of a traceback before it is printed (the excepthook
-installed by ``_install_exit``).
+sys.path restored, its ``diagnostics`` modules dropped after it), and when the script dies of out-of-memory
+(its excepthook: ``_record_oom``, the budget answer for the device's capacity). Every failure of ours is written
+to the process' errors.jsonl and switches the instrumentation off; the job runs on as it would bare. The user's
+own calls are inside our try blocks only to note where an exception passed (``except: note; raise``), so their
+exceptions pass through unchanged, and the frames our wrappers add are taken out of a traceback before it is
+printed, torch's hooked module call shown as bare shows it (the excepthook installed by ``_install_exit``).
 
 What is timed, on the main thread, in every step (a few perf_counter reads per step):
 
@@ -152,6 +153,11 @@ class Agent:
         self.tool_outside = 0.0
         self.exports: dict = {}
         self.oom = None
+        # out of memory: (id of the exception, the parts' stack, step, module) where an exception first passed
+        # through one of our wrappers (the innermost), and the CUDA allocator's last out-of-memory observation
+        self.raised = None
+        self.oom_observed = None
+        self.opt_refs: dict[int, weakref.ref] = {}  # the optimizers seen, weakly (held memory at an OOM)
         self.worker_lines: list[str] = []
         self.worker_flush = perf()
         self.collate_s = 0.0
@@ -161,9 +167,9 @@ class Agent:
         self.cuda = False
         self.handles: list = []  # the global module hooks (removed if we fail)
         self.busy = False  # our own work runs: our wrappers let the calls through untimed
-        # run --plan: the main module's last training forward (weakref, [(shape, dtype)], autocast dtype)
-        # run --plan: each module with parameters trained at the top level so far, by id: (weakref, its last
-        # call's [(shape, dtype)] of positional tensors, autocast dtype, non-tensor positional arguments)
+        # run --plan and an OOM's budget answer: each module with parameters trained at the top level so far, by
+        # id: (weakref, its last call's [(shape, dtype)] of positional tensors, autocast dtype, non-tensor
+        # positional arguments)
         self.plan_calls: dict[int, tuple] = {}
         self.plan_done = self.cfg.plan is None
         try:
@@ -199,6 +205,14 @@ class Agent:
         """Instrument this call: our instrumentation is on, on the main thread, and the call is the script's
         (not ours: reading the gradient statistics back calls .cpu() on a device tensor)."""
         return self.active and not self.child and not self.busy and threading.get_ident() == self.main
+
+    def note_raise(self, exc: BaseException, mod=None) -> None:
+        """An exception passes through one of our wrappers (before its part is left): where it first did,
+        the innermost part, is where an out-of-memory error is placed (only its id is kept, not it)."""
+        if self.raised is not None and self.raised[0] == id(exc):
+            return
+        self.raised = (id(exc), list(self.stack) or ["host"], self.completed + 1,
+                       type(mod).__name__ if mod is not None else None)
 
     # ------------------------------------------------------------------ phases
     def enter(self, phase: str) -> None:
@@ -446,7 +460,7 @@ class Agent:
             self.t0 = self.t_last = now
         self.segs.append((self.t0, self.stack[-1] if self.stack else "host", n))
 
-    def _stop_window(self, aborted: bool = False) -> None:
+    def _stop_window(self, aborted: bool = False, why: str = "") -> None:
         if self.prof is None:
             return
         prof, self.prof = self.prof, None
@@ -487,8 +501,8 @@ class Agent:
         self._write_grads()
         self.state = "running" if not aborted else "aborted"
         if aborted:
-            self.notes.append("the profiled window was cut short: " + ("the script ended first"
-                              if self.finished else "an error of ours stopped it"))
+            self.notes.append("the profiled window was cut short: " + (why or ("the script ended first"
+                              if self.finished else "an error of ours stopped it")))
         self.write_meta()
         self._status(force=True)
 
@@ -725,6 +739,10 @@ class Agent:
         key = id(opt)
         if key not in self.optimizers:
             self._describe_optimizer(opt)
+            try:
+                self.opt_refs[key] = weakref.ref(opt)
+            except TypeError:
+                pass
         if key in self.seq and self.mode == "optimizer":
             self.close_retro()
         if self.state == "profiling" and self.cfg.grads and self.prof is not None:
@@ -1081,6 +1099,77 @@ def _prune_chain(exc, seen=None) -> None:
         exc = exc.__context__
 
 
+def _fast_path(torch):
+    """(code of Module._call_impl, the offset and line of its fast path's call: ``return forward_call(*args,
+    **kwargs)``, what a module without hooks runs), or None where torch's code is not shaped so."""
+    import dis
+
+    code = getattr(getattr(torch.nn.Module, "_call_impl", None), "__code__", None)
+    if code is None:
+        return None
+    first = next((i for i in dis.get_instructions(code) if i.opname == "CALL_FUNCTION_EX"), None)
+    pos = getattr(first, "positions", None)  # Python 3.11+
+    if pos is None or pos.lineno is None:
+        return None
+    inner = {c for c in code.co_consts if getattr(c, "co_name", None) == "inner"}
+    return (code, first.offset, pos.lineno, inner) if inner else None
+
+
+def _only_our_global_hooks(agent) -> bool:
+    from torch.nn.modules import module as mm
+
+    ours = {getattr(h, "id", None) for h in agent.handles}
+    return (not mm._global_backward_pre_hooks and not mm._global_backward_hooks
+            and set(mm._global_forward_hooks) <= ours and set(mm._global_forward_pre_hooks) <= ours)
+
+
+def _as_bare(agent, tb, fast):
+    """The traceback as bare shows it: our global module hooks make torch's module call take its hooked path
+    (``_call_impl`` -> ``inner``) where, bare, a module without hooks of its own takes the fast path (the
+    first return of ``_call_impl``); each such pair is shown as that one entry (its frame, at the fast path's
+    call). Modules with hooks of their own, or global hooks other than ours, take the hooked path bare too:
+    left as they are."""
+    import types
+
+    code, lasti, line, inner = fast
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    out, i = [], 0
+    while i < len(entries):
+        cur = entries[i]
+        nxt = entries[i + 1] if i + 1 < len(entries) else None
+        if cur.tb_frame.f_code is code and nxt is not None and nxt.tb_frame.f_code in inner:
+            mod = cur.tb_frame.f_locals.get("self")
+            if mod is not None and not (mod._backward_hooks or mod._backward_pre_hooks or mod._forward_hooks
+                                        or mod._forward_pre_hooks):
+                out.append(types.TracebackType(None, cur.tb_frame, lasti, line))
+                i += 2
+                continue
+        out.append(cur)
+        i += 1
+    for a, b in zip(out, out[1:] + [None]):
+        a.tb_next = b
+    return out[0] if out else None
+
+
+def _bare_chain(agent, exc) -> None:
+    fast = _fast_path(agent.torch)
+    if fast is None or not _only_our_global_hooks(agent):
+        return
+    seen: set = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            e.__traceback__ = _as_bare(agent, e.__traceback__, fast)
+        todo += [e.__cause__, e.__context__]
+
+
 # ---------------------------------------------------------------------- installation
 def install(torch, run_dir: str, protocol) -> Agent:
     """Install every hook in this process (torch has just been imported)."""
@@ -1144,10 +1233,21 @@ def _phase_wrapper(agent: Agent, orig, phase: str, before=None):
             return orig(*args, **kwargs)
         try:
             return orig(*args, **kwargs)
+        except BaseException as e:  # noted (where an out-of-memory error happened), raised on unchanged
+            _noted(agent, e)
+            raise
         finally:
             if agent.active:
                 agent.leave()
     return wrapper
+
+
+def _noted(agent: Agent, e: BaseException, mod=None) -> None:
+    try:
+        if agent.active:
+            agent.note_raise(e, mod)
+    except Exception:
+        pass
 
 
 def _install_modules(agent: Agent) -> None:
@@ -1164,8 +1264,7 @@ def _install_modules(agent: Agent) -> None:
             return
         try:
             agent.on_top_forward(mod)
-            if not agent.plan_done:
-                agent.plan_capture(mod, args)
+            agent.plan_capture(mod, args)  # run --plan, and the budget answer at an out-of-memory error
         except Exception as e:
             agent.fail("module forward pre-hook", e)
 
@@ -1175,6 +1274,9 @@ def _install_modules(agent: Agent) -> None:
         agent.depth -= 1
         if agent.depth:
             return
+        exc = sys.exc_info()[1]  # always_call: the forward raised (torch calls this hook in its except clause)
+        if exc is not None:
+            _noted(agent, exc, mod)
         try:
             agent.on_top_forward_end(mod)
         except Exception as e:
@@ -1213,6 +1315,9 @@ def _install_dataloader(agent: Agent) -> None:
             return base_next(self)
         try:
             batch = base_next(self)
+        except BaseException as e:
+            _noted(agent, e)
+            raise
         finally:
             if agent.active:
                 agent.leave()
@@ -1432,9 +1537,18 @@ def _install_exit(agent: Agent) -> None:
         try:
             if value is not None:
                 _prune_chain(value)
+                try:
+                    _bare_chain(agent, value)
+                except Exception:  # shown with torch's hooked path then: still the script's own frames
+                    pass
                 tb = value.__traceback__
             if agent.torch.cuda.is_available() and "OutOfMemoryError" in etype.__name__:
                 _dump_oom(agent, f"{etype.__name__}: {value}")
+        except Exception:
+            pass
+        try:
+            if value is not None and not agent.child:
+                _record_oom(agent, value)
         except Exception:
             pass
         return previous(etype, value, tb)
@@ -1461,6 +1575,8 @@ def attach_oom_observer(agent: Agent) -> None:
     _OOM_PENDING.remove(agent)
 
     def on_oom(device, alloc, device_alloc, device_free):
+        agent.oom_observed = {"device": int(device), "requested": int(alloc), "allocated": int(device_alloc),
+                              "free": int(device_free)}
         _dump_oom(agent, f"CUDA out of memory on device {device}: asked for {alloc} bytes, "
                          f"{device_alloc} allocated, {device_free} free")
 
@@ -1483,3 +1599,179 @@ def _dump_oom(agent: Agent, why: str) -> None:
         agent.write_meta()
     except Exception:
         pass
+
+
+# ---------------------------------------------------------------------- out of memory
+#: Exceptions looked through for an out-of-memory error (its cause / context chain).
+OOM_CHAIN = 8
+#: The most of an out-of-memory message kept.
+OOM_MESSAGE_CHARS = 2000
+
+
+def _oom_in_chain(P, exc):
+    """(the out-of-memory exception in ``exc``'s cause / context chain, "cuda" or "cpu"), or (None, None)."""
+    seen = 0
+    while exc is not None and seen < OOM_CHAIN:
+        kind = P.oom_kind(type(exc).__name__, str(exc))
+        if kind:
+            return exc, kind
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None, None
+
+
+def _record_oom(agent: Agent, value: BaseException) -> None:
+    """The script dies of out-of-memory (called from the excepthook, before the previous hook prints the
+    traceback): the failing allocation, the step and part it happened in, what held memory (by category and
+    by module: the script's tensors counted), and the planner's budget answer for the device's capacity, to
+    proc-<pid>/oom.json. Only read: nothing of the script's is changed, the exception passes on as it came."""
+    import warnings
+
+    P = agent.P
+    exc, kind = _oom_in_chain(P, value)
+    if exc is None:
+        return
+    t = perf()
+    agent.busy = True
+    try:
+        message = f"{type(exc).__name__}: {exc}"[:OOM_MESSAGE_CHARS]
+        size, exact = P.requested_bytes(str(exc))
+        observed = agent.oom_observed if kind == "cuda" else None
+        if observed is not None:  # the allocator's own figure: exact
+            size, exact = observed["requested"], True
+        raised = agent.raised
+        ids = set()
+        e, k = value, 0
+        while e is not None and k < OOM_CHAIN:
+            ids.add(id(e))
+            e, k = e.__cause__ or e.__context__, k + 1
+        if raised is not None and raised[0] in ids:
+            stack, step, module = raised[1], raised[2], raised[3]
+        else:  # no wrapper of ours saw it: the part still open (an optimizer's step that raised), else host
+            stack, step, module = list(agent.stack) or ["host"], agent.completed + 1, None
+        rec = {"kind": kind, "why": message, "step": step, "phase": P.OOM_PHASES.get(stack[0], stack[0]),
+               "inside": P.OOM_PHASES.get(stack[-1], stack[-1]) if len(stack) > 1 else None, "module": module,
+               "requested_bytes": size, "requested_exact": exact}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the script's stderr stays as bare
+            if agent.prof is not None:  # the trace ends at the failure: our counting and planning stay out of it
+                try:
+                    agent._stop_window(aborted=True, why=f"the script died of out-of-memory in step {step}")
+                except Exception as e:
+                    agent.notes.append(f"the profiled window could not be stopped at the out-of-memory error: "
+                                       f"{type(e).__name__}: {e}")
+            model, opt = _oom_model(agent)
+            try:
+                rec.update(_held_memory(agent, kind, model, opt, observed))
+            except Exception as e:
+                rec["held_error"] = f"{type(e).__name__}: {e}"
+            rec.update(_oom_plan(agent, kind, model, opt))
+        rec["seconds"] = perf() - t  # what the report delayed the script's end by
+        os.makedirs(agent.proc_dir, exist_ok=True)
+        P.write_json(os.path.join(agent.proc_dir, P.OOM), rec)
+    finally:
+        agent.busy = False
+        agent.tool_outside += perf() - t
+
+
+def _oom_model(agent: Agent):
+    """(the model, its optimizer) at an out-of-memory error: the first optimizer that stepped and the module
+    trained at the top level that holds its parameters (as ``run --plan`` picks them); without an optimizer,
+    the first module with parameters called at the top level."""
+    opts = sorted(((agent.optimizers.get(k, {}).get("order", 0), r()) for k, r in agent.opt_refs.items()),
+                  key=lambda x: x[0])
+    opts = [o for _, o in opts if o is not None]
+    opt = opts[0] if opts else None
+    model = None
+    if opt is not None:
+        held = {id(p) for g in opt.param_groups for p in g["params"]}
+        for ref, *_ in agent.plan_calls.values():
+            m = ref()
+            if m is not None and {id(p) for p in m.parameters()} & held:
+                model = m
+                break
+    if model is None and agent.main_root is not None:
+        model = agent.main_root()
+    return model, opt
+
+
+def _held_memory(agent: Agent, kind: str, model, opt, observed) -> dict:
+    """What held the device's memory: the script's tensors on that device counted from their storages (each
+    once): parameters, buffers, gradients and optimizer state, in total and per top-level child module of the
+    model (``(model)``: the model's own; ``(outside the model)``: an optimizer's parameters the model does
+    not hold); the rest (activations and temporaries) is the allocated total less them."""
+    torch = agent.torch
+    seen: set = set()
+
+    def nbytes(ts) -> int:
+        n = 0
+        for x in ts:
+            if not isinstance(x, torch.Tensor) or x.device.type != kind:
+                continue
+            try:
+                st = x.untyped_storage()
+                key = (st.data_ptr(), str(x.device))
+                if key in seen:
+                    continue
+                seen.add(key)
+                n += int(st.nbytes())
+            except Exception:  # a tensor without storage (sparse, a subclass): not counted
+                continue
+        return n
+
+    opts = [r() for r in agent.opt_refs.values()]
+    opts = [o for o in opts if o is not None]
+    owners: list = []
+    taken: set = set()
+    if model is not None:
+        for name, child in model.named_children():
+            owners.append((name, [p for p in child.parameters() if id(p) not in taken],
+                           [b for b in child.buffers()]))
+            taken.update(id(p) for p in owners[-1][1])
+        own = [p for p in model.parameters(recurse=False) if id(p) not in taken]
+        owners.append(("(model)", own, list(model.buffers(recurse=False))))
+        taken.update(id(p) for p in own)
+    rest = [p for o in opts for g in o.param_groups for p in g["params"] if id(p) not in taken]
+    if rest:
+        owners.append(("(outside the model)", list({id(p): p for p in rest}.values()), []))
+    rows = []
+    for name, params, buffers in owners:
+        state = [v for o in opts for p in params for v in (o.state.get(p) or {}).values()]
+        row = {"module": name, "parameters": nbytes(params), "buffers": nbytes(buffers),
+               "gradients": nbytes([p.grad for p in params]), "optimizer_state": nbytes(state)}
+        if any(row[k] for k in ("parameters", "buffers", "gradients", "optimizer_state")):
+            rows.append(row)
+    cats = {k: sum(r[k] for r in rows) for k in ("parameters", "buffers", "gradients", "optimizer_state")}
+    if kind == "cuda":
+        if observed is not None:
+            total = observed["allocated"]
+            how = "torch.cuda.memory_allocated() when the allocator ran out (its out-of-memory observer)"
+        else:
+            total = int(torch.cuda.memory_allocated())
+            how = "torch.cuda.memory_allocated() as the exception ended the script (its frames still held)"
+    else:
+        total = _rss()
+        how = ("the process' resident memory (RSS) as the exception ended the script (its frames still held): the "
+               "CPU allocator keeps no count, so the rest also holds the interpreter's and torch's own memory")
+    counted = sum(cats.values())
+    return {"held_bytes": {**cats, "activations and temporaries": max(0, total - counted) if total else None},
+            "total_bytes": total, "total_how": how, "by_module": rows}
+
+
+def _oom_plan(agent: Agent, kind: str, model, opt) -> dict:
+    """The planner's budget answer for the script's step on the device's capacity, or why there is none."""
+    if opt is None:
+        return {"plan_error": "no optimizer step was seen before the out-of-memory error: the planner plans a "
+                              "training step with the script's optimizer (its settings, its state), so it is not made"}
+    if model is None:
+        return {"plan_error": f"no module trained at the top level holds the parameters of the script's optimizer "
+                              f"({type(opt).__name__}): nothing to plan"}
+    call = agent.plan_calls.get(id(model))
+    if call is None:
+        return {"plan_error": "no training forward of the model with positional tensor inputs was seen: its batch "
+                              "is not known"}
+    try:
+        with _engine_imported() as attached:
+            return {"plan": attached.fit_in_process(model, opt, call[1], call[2], kind)}
+    except Exception as e:
+        return {"plan_error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:400]}"}

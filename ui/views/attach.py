@@ -13,7 +13,7 @@ from diagnostics.analyses.attach.result import AttachResult, gradient_flow
 from diagnostics.findings import by_attention
 from diagnostics.registry import get_analysis
 from diagnostics.render.charts.attach import (build_breakdown_figure, build_gpu_idle_figure, build_steps_figure,
-                                              summary_lines, trace_names)
+                                              oom_lines, summary_lines, trace_names)
 from diagnostics.render.tables import records_frame
 from diagnostics.results import decode
 from ui.views import checklist as checklist_view
@@ -105,8 +105,13 @@ def _data(result: AttachResult) -> None:
     if mem.peak_bytes is None and mem.note:
         st.caption(mem.note)
     if mem.oom:
-        st.error(f"Out of memory at step {mem.oom.step}: {mem.oom.why}; snapshot: "
-                 f"{mem.oom.snapshot or mem.oom.error or 'none'}")
+        st.caption(f"Out of memory at step {mem.oom.step}: {md_text(mem.oom.why)}"
+                   + (f"; snapshot {mem.oom.snapshot} (open it at pytorch.org/memory_viz)" if mem.oom.snapshot else ""))
+        if mem.oom.by_module:
+            st.markdown("**Held at the out-of-memory error, by module**")
+            df, config = unit_columns(records_frame(mem.oom.by_module), {
+                k: (k.replace("_", " "), "bytes") for k in ("parameters", "buffers", "gradients", "optimizer_state")})
+            st.dataframe(df, hide_index=True, width="stretch", column_config=config)
 
 
 def _open_trace(result: AttachResult) -> None:
@@ -130,8 +135,12 @@ def show(result: AttachResult) -> None:
                 "until then is below.", icon=":material/stop_circle:")
     elif code not in (0, None):
         st.error(f"The script exited with code {code}: what was measured until then is below.")
+    oom = oom_lines(result.memory.oom) if result.memory.oom is not None else []
+    if oom:  # the out-of-memory block: where, what it asked for, what held memory, what would fit
+        st.error("\n\n".join(md_text(line) for line in oom), icon=":material/memory:")
     for line in summary_lines(result):
-        st.caption(line)
+        if line not in oom:
+            st.caption(line)
     metric_row(tiles(result))
     for note in result.notes:  # they quote the command and the run folder's names: shown as written
         st.info(md_text(note))

@@ -31,10 +31,10 @@ import msgspec
 
 from diagnostics.analyses.attach import rules
 from diagnostics.analyses.attach.protocol import (
-    ERRORS, GRADS, MAX_JSON_BYTES, MAX_JSONL_BYTES, META, PHASES, PLAN, PROC_PREFIX, SEGMENTS, STEPS, WORKERS, AttachConfig,
+    ERRORS, GRADS, MAX_JSON_BYTES, MAX_JSONL_BYTES, META, OOM, PHASES, PLAN, PROC_PREFIX, SEGMENTS, STEPS, WORKERS, AttachConfig,
     read_json, read_jsonl,
 )
-from diagnostics.analyses.attach.result import AttachResult, Bottleneck, RunPlan
+from diagnostics.analyses.attach.result import AttachResult, Bottleneck, OomFit, OutOfMemory, RunPlan
 from diagnostics.findings import rank_fix_first
 from diagnostics.measure.gradient_health import (
     STATUSES as GRAD_STATUSES, THRESHOLD_HELP, THRESHOLDS, finite, summarize_layers,
@@ -246,7 +246,8 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
         "syncs": _syncs(basis + prof if outside else prof),
         "loaders": meta.get("loaders") or [], "optimizers": meta.get("optimizers") or [],
         "model": _model(meta),
-        "memory": (memory := _memory(rows, prof, meta, run_dir, trace_fig.get("alloc_peaks") or {})),
+        "memory": (memory := _memory(rows, prof, meta, run_dir, trace_fig.get("alloc_peaks") or {},
+                                     _oom(p["dir"], meta, own_notes, trace_fig.get("alloc_peaks") or {}))),
         "gpu": trace_fig.get("gpu"),
         "gradients": _gradients(p["dir"]),
         "plan": _plan(p["dir"], memory, asked=cfg.plan is not None),
@@ -335,14 +336,14 @@ def _model(meta: dict) -> dict:
             "world_size": meta.get("world_size")}
 
 
-def _memory(rows, prof, meta, run_dir: Path, alloc_peaks: dict) -> dict:
+def _memory(rows, prof, meta, run_dir: Path, alloc_peaks: dict, oom: dict | None = None) -> dict:
     peaks = [r.get("mem") for r in prof if r.get("mem") is not None]
     rss = [r.get("rss") for r in prof if r.get("rss") is not None]
     alloc = [alloc_peaks[r["n"]] for r in prof if r["n"] in alloc_peaks]
     exports = meta.get("exports") or {}
     out = {"cuda": bool(meta.get("cuda")), "peak_bytes_per_step": peaks, "peak_bytes": max(peaks) if peaks else None,
            "alloc_peak_bytes_per_step": alloc, "rss_bytes_per_step": rss, "snapshot": exports.get("snapshot"),
-           "oom": meta.get("oom")}
+           "oom": oom if oom is not None else meta.get("oom")}
     if not peaks:
         out["note"] = ("CPU: the allocator's peak per profiled step above the step's start, from the profiler's "
                        "allocation events (alloc_peak_bytes_per_step); rss_bytes_per_step is the process' resident "
@@ -373,7 +374,9 @@ def _trace_figures(path: Path, segments: list, prof: list, meta: dict, notes: li
     st = step_table(trace)
     out: dict = {"trace_steps": [int(s) for s in st["step"]], "per_step": {}}
     want = [r["n"] for r in prof]
-    if want and sorted(out["trace_steps"]) != sorted(want):
+    # the step the script died in (an exception inside the window) is in the trace, unfinished: not a difference
+    died_in = [max(want) + 1] if want and meta.get("state") == "aborted" else []
+    if want and sorted(out["trace_steps"]) not in (sorted(want), sorted(want) + died_in):
         notes.append(f"the trace's step numbers {out['trace_steps']} differ from the profiled steps {want}")
     # our clock -> the trace's: the step ranges start where our step marks are
     marks = {s[2]: s[0] for s in segments if len(s) == 3}
@@ -572,6 +575,48 @@ def _workers(lines: list, p: dict, fig: dict) -> dict:
 
 
 # ---------------------------------------------------------------------- gradients
+def _oom(d: Path, meta: dict, notes: list, alloc_peaks: dict | None = None) -> dict | None:
+    """The out-of-memory error the process died of: the agent's report (oom.json, read bounded as JSON and
+    checked against OutOfMemory; its plan's Fit fields taken into OomFit), with the CUDA snapshot's file from
+    meta.json; meta.json's record alone where there is no report (runs stored before it). On the CPU, when
+    the failing step was profiled, the rest (activations and temporaries) is the allocator's view of it
+    (``alloc_peaks``: the step's allocations above its start, up to the failure, from the profiler's
+    allocation events) instead of the process' resident memory less the tensors counted."""
+    base = meta.get("oom") if isinstance(meta.get("oom"), dict) else None
+    refused: list[str] = []
+    data = read_json(str(d / OOM), None, refused)
+    notes.extend(refused)
+    if not isinstance(data, dict):
+        return base
+    plan = data.get("plan")
+    if isinstance(plan, dict):
+        fit = plan.get("fit") if isinstance(plan.get("fit"), dict) else {}
+        data["plan"] = {**{k: fit[k] for k in OomFit.__struct_fields__ if k in fit},
+                        **{k: plan[k] for k in ("device", "device_kind", "budget_source", "optimizer", "notes")
+                           if k in plan}}
+    if base:
+        data.update({k: base[k] for k in ("snapshot", "error") if k in base})
+    held, step = data.get("held_bytes"), data.get("step")
+    if data.get("kind") == "cpu" and isinstance(held, dict) and alloc_peaks and step in alloc_peaks:
+        counted = sum(v for k, v in held.items() if k != REST and isinstance(v, int))
+        rss = data.get("total_bytes")
+        data["held_bytes"] = {**held, REST: int(alloc_peaks[step])}
+        data["total_bytes"] = counted + int(alloc_peaks[step])
+        data["total_how"] = ("the CPU allocator's view (the failing step was profiled): the tensors counted plus the "
+                             "step's allocations above its start up to the failure, from the profiler's allocation "
+                             "events" + (f" (the process' resident memory then: {rss} bytes)" if rss else ""))
+    try:
+        oom = msgspec.convert({k: v for k, v in data.items() if k in OutOfMemory.__struct_fields__}, OutOfMemory)
+    except msgspec.ValidationError as e:
+        notes.append(f"{OOM} is not an out-of-memory report this version writes: {e}")
+        return base
+    return msgspec.to_builtins(oom)
+
+
+#: The held category that is the allocated total less the tensors counted.
+REST = "activations and temporaries"
+
+
 def _plan(d: Path, memory: dict, asked: bool = True) -> dict | None:
     """``run --plan``'s rows from the process' plan.json (read bounded, as JSON: nothing unpickled), checked
     against RunPlan, with the peak the run measured set beside the as-run row (RunPlan's doc says how)."""

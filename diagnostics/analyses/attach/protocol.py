@@ -16,6 +16,8 @@ Layout (RUN_DIR, given to every process of the job in ``RUN_DIR_ENV``)::
     trace.json.gz                the torch.profiler trace (one process), or rank<R>.pt.trace.json.gz per rank
     memory_snapshot.pickle       CUDA memory snapshot of the window (rank<R>.memory_snapshot.pickle per rank)
     oom_snapshot.pickle          CUDA memory snapshot taken when the allocator ran out (rank<R>.... per rank)
+    proc-<pid>/oom.json          the script died of out-of-memory: the failing allocation, what held memory, the
+                                 budget answer (oom_kind / requested_bytes below say what counts as one)
 
 Times are ``time.perf_counter()`` seconds: CLOCK_MONOTONIC on Linux, one clock for every process of
 the machine, so a worker's batch and the main process' step can be put side by side.
@@ -55,6 +57,11 @@ SNAPSHOT = "memory_snapshot.pickle"
 OOM_SNAPSHOT = "oom_snapshot.pickle"
 #: ``run --plan``: the memory plan made inside the process at its first optimizer step's end (JSON)
 PLAN = "plan.json"
+#: the script died of out-of-memory (JSON, written by the agent's excepthook)
+OOM = "oom.json"
+#: The phases an out-of-memory error is placed in (the agent's parts, ``data_wait`` named ``data``).
+OOM_PHASES = {"data_wait": "data", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
+              "evaluation": "evaluation", "comm": "comm", "sync": "sync", "host": "host"}
 
 #: The parts of a step, in the order they are shown. Each step's parts sum to its time: the main
 #: thread's time goes to the innermost part it is in, and to ``host`` when in none.
@@ -73,6 +80,37 @@ LIVE_PHASES = ("starting", "warming up", "profiling", "running", "done")
 STATUS_EVERY_S = 0.25
 #: Worker timing lines are flushed at least this often (seconds), and when a worker ends.
 WORKER_FLUSH_S = 0.5
+
+
+def oom_kind(type_name: str, message: str) -> str | None:
+    """"cuda" or "cpu" when an exception is an allocator's out-of-memory error, else None: torch's
+    OutOfMemoryError (torch.cuda.OutOfMemoryError is the same class) or "CUDA out of memory" in the message
+    (CUDA); the CPU allocator's RuntimeError "DefaultCPUAllocator: can't allocate memory" (CPU). Python's own
+    MemoryError is "cpu" too. Any other error, however it mentions memory, is not one."""
+    if type_name == "OutOfMemoryError" or "CUDA out of memory" in message:
+        return "cuda"
+    if "can't allocate memory" in message and "CPUAllocator" in message or type_name == "MemoryError":
+        return "cpu"
+    return None
+
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "PiB": 1 << 50}
+
+
+def requested_bytes(message: str) -> tuple[int | None, bool]:
+    """(bytes, exact) the failing allocation asked for, from the allocator's message: the CPU allocator's
+    "you tried to allocate N bytes" (exact); CUDA's "Tried to allocate 3.20 GiB" (rounded by the message to
+    two decimals: exact False). (None, False) when the message says neither."""
+    import re
+
+    m = re.search(r"tried to allocate (\d+) bytes", message)
+    if m:
+        return int(m.group(1)), True
+    m = re.search(r"Tried to allocate (\d+(?:\.\d+)?) ?(B|KiB|MiB|GiB|TiB|PiB)\b", message)
+    if m:
+        n, unit = m.group(1), m.group(2)
+        return int(round(float(n) * _UNITS[unit])), unit == "B" and "." not in n
+    return None, False
 
 
 def rank_trace_name(rank: int | None) -> str:

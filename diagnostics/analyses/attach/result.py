@@ -225,11 +225,69 @@ class SyncRow(Record, frozen=True, kw_only=True):
     calls: int
 
 
+class HeldByModule(Record, frozen=True, kw_only=True):
+    """What one top-level child module of the model held at an out-of-memory error (bytes of its tensors on
+    the device that ran out, each storage once): ``(model)`` the model's own, ``(outside the model)`` an
+    optimizer's parameters the model does not hold."""
+
+    module: str
+    parameters: Annotated[int, column("bytes", "parameters")] = 0
+    buffers: Annotated[int, column("bytes", "buffers")] = 0
+    gradients: Annotated[int, column("bytes", "gradients")] = 0
+    optimizer_state: Annotated[int, column("bytes", "optimizer state")] = 0
+
+
+class OomFit(Record, frozen=True, kw_only=True):
+    """The planner's budget answer (analyses/plan/fit.py, its Fit's plain fields) for the script's step against
+    the capacity of the device that ran out: what to checkpoint, the predicted peak; when nothing does, the
+    smallest peak reachable and what else would be needed (``needed``: each change and its predicted peak)."""
+
+    device: str = ""
+    device_kind: str = ""
+    budget_bytes: int
+    budget_source: str = ""
+    optimizer: str = ""
+    configuration: str = ""
+    batch: int | None = None
+    unconstrained_peak_bytes: int | None = None
+    checkpoint_modules: tuple[str, ...] = ()
+    predicted_peak_bytes: int | None = None
+    fits: bool = False
+    smallest_peak_bytes: int | None = None
+    needed: tuple[dict[str, Any], ...] = ()
+    recompute_flops: int | None = None
+    timing: str = ""
+    notes: tuple[str, ...] = ()
+
+
 class OutOfMemory(Record, frozen=True, kw_only=True):
+    """The script died of out-of-memory. ``why``: the error; ``step`` and ``phase`` (forward, backward,
+    optimizer, data, host; ``inside``: a part nested in it) where it happened; the failing allocation's size
+    (``requested_bytes``: from the allocator's message, or CUDA's out-of-memory observer; ``requested_exact``
+    False where the message rounds it); what held memory by category (``held_bytes``: parameters, buffers,
+    gradients, optimizer state, activations and temporaries = ``total_bytes`` less the others, measured as
+    ``total_how`` says) and by module; the planner's budget answer (``plan``) or why none (``plan_error``).
+    Runs stored before the OOM report hold only why, step and the CUDA snapshot."""
+
     why: str
     step: int
     snapshot: str | None = None
     error: str | UnsetType = UNSET
+    kind: str | UnsetType = UNSET
+    phase: str | UnsetType = UNSET
+    inside: str | None | UnsetType = UNSET
+    module: str | None | UnsetType = UNSET
+    requested_bytes: int | None | UnsetType = UNSET
+    requested_exact: bool | UnsetType = UNSET
+    held_bytes: dict[str, int | None] | UnsetType = UNSET
+    total_bytes: int | None | UnsetType = UNSET
+    total_how: str | UnsetType = UNSET
+    by_module: tuple[HeldByModule, ...] | UnsetType = UNSET
+    plan: OomFit | None | UnsetType = UNSET
+    plan_error: str | None | UnsetType = UNSET
+    held_error: str | None | UnsetType = UNSET
+    #: what counting and planning delayed the script's end by (its excepthook, before the traceback is printed)
+    seconds: float | None | UnsetType = UNSET
 
 
 class Memory(Record, frozen=True, kw_only=True):

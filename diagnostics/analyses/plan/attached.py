@@ -9,6 +9,11 @@ script's objects is changed, torch's random state is restored after it. It retur
 predicted peaks, and the bytes the script's tensors held at that boundary), which the agent writes to the
 run folder as JSON; the attach job reads it back (bounded, never unpickled) into ``AttachResult.plan``.
 
+When the script dies of out-of-memory, the agent calls :func:`fit_in_process` from its excepthook (the same
+way, by import for the time of it): the budget answer (fit.fit_budget) for the script's step against the
+device's capacity (CUDA: total_memory; CPU: :func:`process_memory_limit`), on fake tensors, recompute times
+not measured (the model is not run again in a process that just ran out of memory: ranked by FLOPs).
+
 :func:`parse_spec` (no torch) checks ``--plan``'s text in the CLI before the script starts.
 """
 
@@ -153,6 +158,168 @@ def _optimizer_factory(opt):
     return make
 
 
+#: The script's optimizer, by class, as the planner names it (measure/optimizers.ALL_OPTIMIZERS).
+def optimizer_name(opt) -> str:
+    """The planner's name for the script's optimizer (its state per parameter is what the plan counts);
+    OptionError naming it when the planner does not model it."""
+    name, d = type(opt).__name__, dict(getattr(opt, "defaults", {}) or {})
+    if name == "SGD":
+        return "sgd" if d.get("momentum") else "sgd_nomomentum"
+    if name in ("Adam", "AdamW") and not d.get("amsgrad"):
+        return "adamw_fused" if name == "AdamW" and d.get("fused") else name.lower()
+    if name == "Adafactor":
+        return "adafactor"
+    raise OptionError(f"the planner models SGD, Adam, AdamW (without amsgrad) and Adafactor; the script's {name}"
+                      + (" with amsgrad" if d.get("amsgrad") else "") + " is not one of them")
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def process_memory_limit() -> tuple[int, str]:
+    """(bytes, which) the memory this process may use: the least of the machine's MemTotal, its cgroup's
+    memory limit (v2 memory.max, v1 memory.limit_in_bytes) and its RLIMIT_AS (an address-space limit:
+    torch's libraries count in it too). OptionError when none can be read."""
+    import resource
+
+    found: list[tuple[int, str]] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    found.append((int(line.split()[1]) * 1024, "MemTotal (/proc/meminfo): the machine's memory"))
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hid == "0" and controllers == "":
+            for where in (f"/sys/fs/cgroup{path.rstrip('/')}/memory.max", "/sys/fs/cgroup/memory.max"):
+                n = _read_int(where)
+                if n is not None:
+                    found.append((n, f"the cgroup's memory limit ({where})"))
+                    break
+        elif "memory" in controllers.split(","):
+            where = f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.limit_in_bytes"
+            n = _read_int(where)
+            if n is not None and n < 1 << 60:  # v1 writes a huge number for "no limit"
+                found.append((n, f"the cgroup's memory limit ({where})"))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft > 0:
+        found.append((int(soft), "RLIMIT_AS: the process' address-space limit (torch's libraries count in it)"))
+    if not found:
+        raise OptionError("the memory this process may use could not be read (no /proc/meminfo, cgroup limit or "
+                          "RLIMIT_AS)")
+    return min(found)
+
+
+def _loaded(model, inputs: list):
+    """What the planner reads of a model (an uploaded one's LoadedModel), for the script's module and the
+    shapes of its last training forward: (loaded, specs, batch)."""
+    import torch
+
+    from diagnostics.inputs import DTYPES as INPUT_DTYPES
+    from diagnostics.spec import InputSpec
+
+    specs = []
+    for shape, dtype in inputs:
+        if dtype not in INPUT_DTYPES:
+            raise OptionError(f"the model's input of dtype {dtype} cannot be planned (inputs of "
+                              f"{', '.join(INPUT_DTYPES)} can)")
+        specs.append(InputSpec(tuple(shape), dtype))
+    if not specs or not specs[0].shape:
+        raise OptionError("the model's training forward took no batched tensor as a positional argument: "
+                          "its batch is not known")
+
+    class Loaded:  # what trace() reads of an uploaded model
+        pass
+
+    loaded = Loaded()
+    loaded.model, loaded.input_specs, loaded.loss_fn, loaded.batch_size = model, tuple(specs), _loss, specs[0].shape[0]
+    loaded.meta, loaded.num_classes, loaded.task, loaded.spec = "", None, None, None
+    return loaded, specs, specs[0].shape[0]
+
+
+def _cuda_capacity(model):
+    """(Target, what it is) of the GPU the model is on: its total_memory less the CUDA context, or, where the
+    process capped its allocator (torch.cuda.set_per_process_memory_fraction), that share of it (the context
+    sits outside the cap)."""
+    import msgspec
+    import torch
+
+    from diagnostics.analyses.plan.targets import resolve
+
+    dev = next((p.device for p in model.parameters() if p.device.type == "cuda"),
+               torch.device("cuda", torch.cuda.current_device()))
+    props = torch.cuda.get_device_properties(dev)
+    target = resolve("local", gpus=[{"name": props.name, "memory_total_bytes": int(props.total_memory)}])
+    source = f"{props.name}: total_memory {int(props.total_memory)} bytes (torch.cuda.get_device_properties)"
+    try:
+        fraction = float(torch.cuda.get_per_process_memory_fraction(dev))
+    except (AttributeError, RuntimeError, TypeError):
+        fraction = 1.0
+    if fraction < 1.0:
+        target = msgspec.structs.replace(target, capacity_bytes=int(props.total_memory * fraction), context_bytes=0)
+        return target, source + f" x the process' memory fraction {fraction:g} (set_per_process_memory_fraction)"
+    return target, source + (f" less the CUDA context ({int(target.context_bytes)} bytes)" if target.context_bytes
+                              else "")
+
+
+def fit_in_process(model, opt, inputs: list, autocast, device_type: str) -> dict:
+    """The budget answer for the script's step (``model`` trained by ``opt`` on ``inputs``: [(shape, dtype
+    name)], under ``autocast``) against the capacity of the device it ran out of (``device_type``: "cuda" or
+    "cpu"): plain data, the Fit's fields and where the budget comes from. OptionError / TorchScopeError say
+    why it cannot be made."""
+    import time
+
+    import msgspec
+    import torch
+
+    from diagnostics.analyses.plan.configs import Config, Setting
+    from diagnostics.analyses.plan.fit import fit_budget
+    from diagnostics.analyses.plan.planner import Planner
+    from diagnostics.analyses.plan.targets import Target
+
+    t0 = time.perf_counter()
+    name = optimizer_name(opt)
+    loaded, specs, batch = _loaded(model, inputs)
+    if device_type == "cuda":
+        target, source = _cuda_capacity(model)
+    else:
+        cap, source = process_memory_limit()
+        target = Target("cpu", "cpu", cap, 1, source)
+    planner = Planner(loaded, target)
+    planner.scratch = None  # nothing real is allocated in a process that just ran out of memory
+    own = _script_dtype(model, autocast)
+    config = Config(batch=batch, seq=None, setting=Setting(dtype=own, optimizer=name))
+    notes: list[str] = []
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    try:
+        fit = fit_budget(planner, config, int(target.budget_bytes), notes,
+                         not_timed="the process had just run out of memory: its model is not run again")
+    finally:
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    return {"device": target.name, "device_kind": target.kind, "budget_source": source,
+            "optimizer": name, "inputs": [f"{list(s.shape)} {s.dtype}" for s in specs],
+            "fit": msgspec.to_builtins(fit), "notes": notes + ["kernel scratch (oneDNN reorders, batch norm's and "
+                                                              "cuDNN's buffers) is not counted"],
+            "seconds": time.perf_counter() - t0}
+
+
 def plan_in_process(model, opt, inputs: list, spec_text: str, autocast=None) -> dict:
     """The plan's rows for the script's own job. ``inputs``: [(shape, dtype name)] of the main module's
     positional tensors in its last training forward; ``autocast``: the autocast dtype it ran under (None:
@@ -165,27 +332,11 @@ def plan_in_process(model, opt, inputs: list, spec_text: str, autocast=None) -> 
     from diagnostics.analyses.plan.planner import fake_mode
     from diagnostics.analyses.plan.trace import TraceFailure, trace_with_optimizer
     from diagnostics.inputs import DTYPES as INPUT_DTYPES
-    from diagnostics.spec import InputSpec
 
     t0 = time.perf_counter()
     spec = parse_spec(spec_text)
-    specs = []
-    for shape, dtype in inputs:
-        if dtype not in INPUT_DTYPES:
-            raise OptionError(f"the model's input of dtype {dtype} cannot be planned (inputs of "
-                              f"{', '.join(INPUT_DTYPES)} can)")
-        specs.append(InputSpec(tuple(shape), dtype))
-    if not specs or not specs[0].shape:
-        raise OptionError("the model's training forward took no batched tensor as a positional argument: "
-                          "its batch is not known")
-    batch = specs[0].shape[0]
+    loaded, specs, batch = _loaded(model, inputs)
     input_bytes = sum(int(torch.Size(s.shape).numel()) * INPUT_DTYPES[s.dtype].itemsize for s in specs)
-
-    class Loaded:  # what trace() reads of an uploaded model
-        pass
-
-    loaded = Loaded()
-    loaded.model, loaded.input_specs, loaded.loss_fn, loaded.batch_size = model, tuple(specs), _loss, batch
     target = _target(spec, model)
     own = _script_dtype(model, autocast)
     sizes = [("1x", batch)] + [(f"{n:g}x" if kind == "x" else str(n), max(1, round(batch * n)) if kind == "x" else n)

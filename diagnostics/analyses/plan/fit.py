@@ -165,8 +165,10 @@ def _budget(planner: Planner, budget: int):
         planner.target = own
 
 
-def fit_budget(planner: Planner, config: Config, budget: int, notes: list[str], progress=None) -> Fit:
-    """The budget answer for ``config`` (a training step, unsharded, without checkpointing)."""
+def fit_budget(planner: Planner, config: Config, budget: int, notes: list[str], progress=None,
+               not_timed: str = "") -> Fit:
+    """The budget answer for ``config`` (a training step, unsharded, without checkpointing). ``not_timed``:
+    why the recompute times must not be measured by running the model here (then ranked by FLOPs, said so)."""
     progress = progress or (lambda m: None)
     traces0 = planner.traces
     base = planner.run(config)
@@ -183,7 +185,7 @@ def fit_budget(planner: Planner, config: Config, budget: int, notes: list[str], 
         raise TorchScopeError("budget: the model has no blocks or children to checkpoint")
     saved = {n: int(base.saved_in(n)) for n in names}
     flops = forward_flops(planner, config) or {}
-    why_not = _timing(planner, config)
+    why_not = not_timed or _timing(planner, config)
     times: dict[str, float] = {}
     if not why_not:
         progress("timing each candidate's forward on this CPU")

@@ -130,6 +130,73 @@ def summary_lines(result: AttachResult) -> list[str]:
                            f"{o.tool_in_profiled_steps_ms:.2f} ms, kept out of its step time")
     if result.plan:  # None (not asked for) or unset (stored before run --plan)
         out.extend(plan_lines(result.plan))
+    if result.memory.oom is not None:
+        out.extend(oom_lines(result.memory.oom))
+    return out
+
+
+#: The held categories in the order they are said (the rest last).
+HELD_ORDER = ("parameters", "buffers", "gradients", "optimizer_state", "activations and temporaries")
+
+
+def oom_lines(oom) -> list[str]:
+    """The out-of-memory error in a short block: where it happened and what it asked for, what held memory by
+    category and by module, and what the planner says would fit (or why it says nothing). A run stored before
+    the report (a CUDA snapshot's record only) gets its one line."""
+    from diagnostics.results import UNSET
+    from diagnostics.units import human_bytes
+
+    def got(v):
+        return None if v is UNSET else v
+
+    phase = got(oom.phase)
+    if phase is None:
+        return [f"Out of memory at step {oom.step}: {oom.why}"
+                + (f"; snapshot {oom.snapshot}" if oom.snapshot else "")]
+    where = phase + (f", inside {oom.inside}" if got(oom.inside) else "") + (f", in {oom.module}" if got(oom.module)
+                                                                             else "")
+    size = got(oom.requested_bytes)
+    asked = (f"{'' if got(oom.requested_exact) else 'about '}{human_bytes(size)} requested" if size is not None
+             else "the size requested is not in the error's message")
+    out = [f"Out of memory at step {oom.step} ({where}): {asked} ({'CUDA' if oom.kind == 'cuda' else 'CPU'} "
+           f"allocator){'; snapshot ' + oom.snapshot if oom.snapshot else ''}"]
+    held = got(oom.held_bytes) or {}
+    if held:
+        parts = ", ".join(f"{k.replace('_', ' ')} {human_bytes(held[k])}" for k in HELD_ORDER if held.get(k) is not None)
+        total = got(oom.total_bytes)
+        out.append(f"held: {parts}" + (f" of {human_bytes(total)} ({oom.total_how})" if total else ""))
+    for m in got(oom.by_module) or ():
+        parts = ", ".join(f"{k.replace('_', ' ')} {human_bytes(getattr(m, k))}"
+                          for k in ("parameters", "buffers", "gradients", "optimizer_state") if getattr(m, k))
+        total = m.parameters + m.buffers + m.gradients + m.optimizer_state
+        out.append(f"held by {m.module}: {human_bytes(total)} ({parts})")
+    if got(oom.held_error):
+        out.append(f"held: not counted: {oom.held_error}")
+    fit = got(oom.plan)
+    if fit is None:
+        if got(oom.plan_error):
+            out.append(f"planner: no answer: {oom.plan_error}")
+        return out
+    budget = f"{human_bytes(fit.budget_bytes)} ({fit.budget_source})"
+    step = f"the step ({fit.configuration}, batch {fit.batch})"
+    if fit.fits and not fit.checkpoint_modules:
+        line = (f"planner: {step} fits in {budget} without checkpointing: predicted peak "
+                f"{human_bytes(fit.predicted_peak_bytes)}")
+        if size is not None and size > fit.budget_bytes - (fit.predicted_peak_bytes or 0):
+            line += (f"; the failing allocation ({human_bytes(size)}) is not one of the planned step's own (a tensor of "
+                     "the script's own, or inputs larger than the planned batch)")
+        out.append(line)
+    elif fit.fits:
+        out.append(f"planner: checkpoint {', '.join(fit.checkpoint_modules)} (--checkpoint-modules "
+                   f"{','.join(fit.checkpoint_modules)}) to fit {step} in {budget}: predicted peak "
+                   f"{human_bytes(fit.predicted_peak_bytes)} (without checkpointing "
+                   f"{human_bytes(fit.unconstrained_peak_bytes)})")
+    else:
+        needed = "; ".join(f"{n.get('change')} (peak {human_bytes(n.get('peak_bytes'))})" for n in fit.needed[:4])
+        out.append(f"planner: {step} does not fit in {budget} even with every candidate checkpointed: the smallest "
+                   f"peak reachable is {human_bytes(fit.smallest_peak_bytes)} (without checkpointing "
+                   f"{human_bytes(fit.unconstrained_peak_bytes)})"
+                   + (f"; also needed, any of: {needed}" if needed else "; nothing else the planner tries fits"))
     return out
 
 
