@@ -28,8 +28,13 @@ chromium:
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; fi; } \
 	  || echo "warning: could not install chromium; the browser test will fail in CI"
 
+# Two pytest-xdist workers (a file per worker at a time), then the tests that need the machine to themselves
+# (marked serial in tests/conftest.py) in one process; both parts always run, either failing fails the target.
+TEST_WORKERS ?= 2
 test: install chromium
-	$(PY) -m pytest -q
+	@$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"; a=$$?; \
+	$(PY) -m pytest -q -m serial; b=$$?; \
+	test $$a -eq 0 && test $$b -eq 0
 
 # Every benchmark, each beside its peer in the same run; each rewrites its docs/BENCHMARKS.md section.
 bench: install

@@ -107,7 +107,27 @@ def pytest_addoption(parser):
     parser.addoption("--cuda-only", action="store_true", help="run only the tests that need CUDA")
 
 
+#: Test files run alone (`make test` runs the rest in 2 pytest-xdist workers, then these in one process): each
+#: measures the machine or needs it to itself, and a test in the other worker is the "other process" it finds.
+SERIAL = {
+    "tests/e2e/": "a dashboard server and Chromium each; the UI's waits are timed",
+    "tests/measure/test_disturbance.py": "counts other processes' CPU: the other worker is one",
+    "tests/test_figure_invariants.py": "roofs measured while the other worker computes put ops above them",
+    "tests/attach/test_trials.py": "interleaved A/A verdicts of whole script runs",
+    "tests/analyses/plan/test_sharded.py": "gloo ranks in processes of their own, on fixed ports",
+    "tests/trace/test_rank_cluster.py": "a Dask LocalCluster (its nannies failed to start beside another worker)",
+    "tests/trace/test_dask_trust.py": "a Dask LocalCluster",
+    "tests/reliability/test_sandbox.py": "namespaced workers with DataLoader worker pools",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects: `-m serial` / `-m "not serial"` see the marks added here
 def pytest_collection_modifyitems(config, items):
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    for item in items:
+        rel = item.path.resolve().relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if any(rel.startswith(prefix) for prefix in SERIAL):
+            item.add_marker(pytest.mark.serial)
     if not config.getoption("--cuda-only"):
         return
     import re

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from test_browser import JOB_TIMEOUT_MS, _wait, open_page, page, runs, server, shot, wait_idle  # noqa: F401
@@ -44,7 +45,10 @@ def test_try_fixes_shows_progress_per_candidate_and_stop_ends_every_run(server, 
     for _ in range(3):  # a rerun still in flight on a busy machine can swallow an input (CI): given again
         if not chip.count():
             page.get_by_role("combobox", name=re.compile("Fixes")).click()
-            page.get_by_role("option", name="loader_workers=N", exact=True).click()
+            try:
+                page.get_by_role("option", name="loader_workers=N", exact=True).click(timeout=20_000)
+            except PlaywrightTimeout:  # the list did not open (a rerun redrew it): tried again
+                shot(page, "trials-list-retry")
             page.keyboard.press("Escape")
         wait_idle(page)
         try:
