@@ -74,7 +74,7 @@ def test_dead_relu_units_counted_per_feature():
     # Two samples are too few to call a unit dead (MIN_UNIT_OBSERVATIONS): nothing is judged.
     ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(2, 4),))
     assert ff["relu_units"] == 0 and ff["dead_relu_units"] == 0 and ff["relu_modules"] == 1
-    from diagnostics.analyses.checklist.rules import check_dead_units
+    from diagnostics.analyses.checklist.design_rules import check_dead_units
 
     status, why = check_dead_units({"forward": ff})[:2]
     assert status == "not_applicable" and why.startswith("the batch is too small to judge ReLU units")

@@ -13,7 +13,8 @@ from diagnostics.analyses.checklist import ANALYSIS, ChecklistMetrics, Checklist
 from diagnostics.analyses.checklist.facts import collect_facts
 from diagnostics.analyses.checklist.rank import fix_first
 from diagnostics.analyses.checklist.report import build_markdown
-from diagnostics.analyses.checklist.rules import CATEGORIES, SCORED, STATUSES, THRESHOLDS, evaluate, score
+from diagnostics.analyses.checklist.rules import CATEGORIES, SCORED, STATUSES, evaluate, score
+from diagnostics.analyses.checklist.thresholds import THRESHOLDS
 from diagnostics.findings import Threshold
 
 
