@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
-from diagnostics.analyses.memory import ANALYSIS, MemoryResult
+from diagnostics.analyses.memory import (ANALYSIS, BreakdownAtPeak, Estimate, EstimateRow, MemoryLayer, MemoryMetrics,
+                                        MemoryResult, MemoryTimeline, Parts, Peak, Rss, Snapshot)
 from diagnostics.measure.checkpoint import checkpointing, select_blocks
 from diagnostics.measure.memory import (CATEGORIES, ROOT, category_timeline, is_cuda, measure_peak,
                                                  measure_saved, phase_ranges)
@@ -28,7 +29,6 @@ from diagnostics.tensors import (buffer_bytes, grad_bytes, optimizer_state_bytes
                                          trainable_bytes)
 from diagnostics.measure.training import BACKWARD, FORWARD, OPTIMIZER, Step
 from diagnostics.errors import ModelRunError, TorchScopeError
-from diagnostics.results import build
 
 #: Batches the estimate measures saved activations at (then a straight line through them).
 ESTIMATE_BATCHES = (2, 4)
@@ -72,8 +72,8 @@ def estimate(loaded, opt_name: str, batch: int) -> dict:
              "activations": saved, "inputs": inputs_b}
     return {"parts": parts, "total_bytes": sum(parts.values()),
             "static_bytes": p + t + STATE_PER_PARAM[opt_name] * t,
-            "saved_per_sample_bytes": slope, "batches_measured": sorted({b1, b2}),
-            "saved_at_measured_batches": [s1, s2] if b1 != b2 else [s1],
+            "saved_per_sample_bytes": slope, "batches_measured": tuple(sorted({b1, b2})),
+            "saved_at_measured_batches": (s1, s2) if b1 != b2 else (s1,),
             "method": (f"parameters and buffers + gradients (trainable parameters) + {opt_name} state "
                        f"({STATE_PER_PARAM[opt_name]} × trainable) + inputs + activations saved for backward "
                        f"{how}")}
@@ -119,26 +119,22 @@ def _counted_only(loaded, o: dict) -> MemoryResult:
     s_bytes = STATE_PER_PARAM[o["optimizer"]] * t_bytes
     static = p_bytes + b_bytes + t_bytes + s_bytes
     parts = {"parameters": p_bytes + b_bytes, "gradients": t_bytes, "optimizer state": s_bytes}
-    metrics = {"param_bytes": p_bytes, "buffer_bytes": b_bytes, "grad_bytes": t_bytes, "optimizer_state_bytes": s_bytes,
-               "static_train_bytes": static, "batch_size": loaded.batch_size}
-    metrics.update({k: None for k in ("peak_train_bytes", "peak_inference_bytes", "reserved_train_bytes",
-                                      "saved_activation_bytes", "input_bytes", "estimate_bytes", "estimate_error_pct",
-                                      "workspace_bytes", "rss_bytes")})  # not measured
-    return build(MemoryResult, {
-        "model": loaded.spec.label,
-        "device": str(loaded.device),
-        "options": o,
-        "batch_size": loaded.batch_size,
-        "meta": True,
-        "metrics": metrics,
-        "accounting": {"parts": parts,
-                       "source": f"counted from the parameters of a model on the meta device: weights and buffers as "
-                                 f"stored, gradients = trainable parameters, {o['optimizer']} state = "
-                                 f"{STATE_PER_PARAM[o['optimizer']]} x trainable"},
-        "notes": [f"this model was {loaded.meta}: weights, gradients and {o['optimizer']} state are counted "
-                  f"({static:,} bytes in all); activations, inputs, temporaries and peaks were not measured "
-                  "(shown as n/a), so the real training peak is higher"],
-    })
+    not_measured = dict.fromkeys(("peak_train_bytes", "peak_inference_bytes", "reserved_train_bytes",
+                                  "saved_activation_bytes", "input_bytes", "estimate_bytes", "estimate_error_pct",
+                                  "workspace_bytes", "rss_bytes"))
+    metrics = MemoryMetrics(param_bytes=p_bytes, buffer_bytes=b_bytes, grad_bytes=t_bytes, optimizer_state_bytes=s_bytes,
+                            static_train_bytes=static, batch_size=loaded.batch_size, **not_measured)
+    return MemoryResult(
+        model=loaded.spec.label, device=str(loaded.device), options=dict(o), batch_size=loaded.batch_size, meta=True,
+        metrics=metrics,
+        accounting=Parts(parts=parts,
+                         source=f"counted from the parameters of a model on the meta device: weights and buffers as "
+                                f"stored, gradients = trainable parameters, {o['optimizer']} state = "
+                                f"{STATE_PER_PARAM[o['optimizer']]} x trainable"),
+        notes=(f"this model was {loaded.meta}: weights, gradients and {o['optimizer']} state are counted "
+               f"({static:,} bytes in all); activations, inputs, temporaries and peaks were not measured "
+               "(shown as n/a), so the real training peak is higher",),
+    )
 
 
 def _checkpointed(model, o: dict, notes: list[str]) -> list[str]:
@@ -184,7 +180,7 @@ def _profiled_timeline(train, device) -> tuple[dict | None, dict, str | None]:
     try:
         timeline = category_timeline(train.prof, str(device))
         t0 = timeline["times_us"][0] if timeline["times_us"] else 0
-        timeline["times_ms"] = [(t - t0) / 1e3 for t in timeline.pop("times_us")]
+        timeline["times_ms"] = tuple((t - t0) / 1e3 for t in timeline.pop("times_us"))
         timeline["source"] = ("torch.profiler memory timeline (profile_memory, record_shapes, with_stack): "
                               "every tensor's lifetime, categorised by the profiler")
         for name, (a, b) in phase_ranges(train.prof, PHASES).items():
@@ -212,7 +208,7 @@ def _phase_samples(static: int, g_bytes: int, s_bytes: int, saved: int, in_bytes
     """Phase samples from accounting (no profiler timeline): what is alive at each boundary."""
     return {
         "phases_only": True,
-        "labels": ["start", "after forward", "after backward", "after optimizer step"],
+        "labels": ("start", "after forward", "after backward", "after optimizer step"),
         "series": {
             "parameters": [static] * 4,
             "gradients": [g_bytes, 0, g_bytes, g_bytes],
@@ -224,23 +220,23 @@ def _phase_samples(static: int, g_bytes: int, s_bytes: int, saved: int, in_bytes
     }
 
 
-def _layer_rows(model, tracker) -> list[dict]:
+def _layer_rows(model, tracker) -> list[MemoryLayer]:
     """Per layer, in call order: output bytes (leaves) and bytes saved for backward."""
     layers = []
     order = {n: i for i, n in enumerate(tracker.calls)}
     types = {(n or ROOT): type(m).__name__ for n, m in model.named_modules()}
     leaves = {(n or ROOT) for n, m in model.named_modules() if not list(m.children())}
     for name in sorted(set(tracker.saved) | (set(tracker.outputs) & leaves), key=lambda n: order.get(n, 1e9)):
-        layers.append({"layer": name, "type": types.get(name, "?"), "is_leaf": name in leaves,
-                       "output_bytes": tracker.outputs.get(name, 0) if name in leaves else 0,
-                       "saved_bytes": tracker.saved.get(name, 0)})
+        layers.append(MemoryLayer(layer=name, type=types.get(name, "?"), is_leaf=name in leaves,
+                                  output_bytes=tracker.outputs.get(name, 0) if name in leaves else 0,
+                                  saved_bytes=tracker.saved.get(name, 0)))
     return layers
 
 
-def _estimate_rows(est: dict, peak: int, workspace: int) -> tuple[list[dict], int]:
+def _estimate_rows(est: dict, peak: int, workspace: int) -> tuple[list[EstimateRow], int]:
     """The estimate's steps against the measured peak, and its total (with the measured CUDA workspaces)."""
-    def estimate_row(name: str, nbytes: int) -> dict:
-        return {"name": name, "bytes": nbytes, "error_pct": 100.0 * (nbytes - peak) / peak if peak else None}
+    def estimate_row(name: str, nbytes: int) -> EstimateRow:
+        return EstimateRow(name=name, bytes=nbytes, error_pct=100.0 * (nbytes - peak) / peak if peak else None)
 
     est_total = est["total_bytes"]
     estimates = [estimate_row("params + grads + optimizer (no activations)", est["static_bytes"]),
@@ -324,14 +320,14 @@ def _accounting(m: _Measured, device, notes: list[str]) -> tuple[dict, int]:
     return accounting, workspace
 
 
-def _timeline_and_peak(m: _Measured, notes: list[str]) -> tuple[dict, dict | None]:
+def _timeline_and_peak(m: _Measured, notes: list[str]) -> tuple[dict, BreakdownAtPeak | None]:
     """The timeline to show (the profiler's, else phase samples) and the breakdown at its peak (None without)."""
     timeline = m.timeline
     if timeline is not None and timeline["times_ms"]:
         at_peak = _breakdown_at_peak({"times_us": [t * 1e3 for t in timeline["times_ms"]],
                                       "series": timeline["series"]}, m.train.peak_bytes)
         at_peak["at_ms"] = at_peak.pop("at_us") / 1e3
-        return timeline, at_peak
+        return timeline, BreakdownAtPeak(**at_peak)
     if m.timeline_error:
         notes.append(m.timeline_error)
     return _phase_samples(m.p_bytes + m.b_bytes, m.g_bytes, m.s_bytes, m.tracker.saved_total, m.in_bytes), None
@@ -352,45 +348,40 @@ def analyze(ctx, options: dict) -> MemoryResult:
     accounting, workspace = _accounting(m, device, notes)
     timeline, at_peak = _timeline_and_peak(m, notes)
     estimates, est_total = _estimate_rows(m.est, peak, workspace)
-    metrics = {
-        "peak_train_bytes": int(peak),
-        "peak_inference_bytes": int(m.inference.peak_bytes),
-        "reserved_train_bytes": m.train.reserved_bytes,
-        "param_bytes": m.p_bytes,
-        "buffer_bytes": m.b_bytes,
-        "grad_bytes": m.g_bytes,
-        "optimizer_state_bytes": m.s_bytes,
-        "saved_activation_bytes": m.tracker.saved_total,
-        "input_bytes": m.in_bytes,
-        "estimate_bytes": est_total,
-        "estimate_error_pct": estimates[-1]["error_pct"],
-        "workspace_bytes": workspace,
-        "rss_bytes": m.rss_end,
-        "batch_size": batch,
-    }
+    metrics = MemoryMetrics(
+        peak_train_bytes=int(peak),
+        peak_inference_bytes=int(m.inference.peak_bytes),
+        reserved_train_bytes=m.train.reserved_bytes,
+        param_bytes=m.p_bytes,
+        buffer_bytes=m.b_bytes,
+        grad_bytes=m.g_bytes,
+        optimizer_state_bytes=m.s_bytes,
+        saved_activation_bytes=m.tracker.saved_total,
+        input_bytes=m.in_bytes,
+        estimate_bytes=est_total,
+        estimate_error_pct=estimates[-1].error_pct,
+        workspace_bytes=workspace,
+        rss_bytes=m.rss_end,
+        batch_size=batch,
+    )
     ctx.progress(1.0, "done")
-    return build(MemoryResult, {
-        "model": loaded.spec.label,
-        "device": str(device),
-        "options": o,
-        "batch_size": batch,
-        "metrics": metrics,
-        "inference": m.inference.to_dict(),
-        "train": m.train.to_dict(),
-        "rss": {"start_bytes": m.rss_start, "end_bytes": m.rss_end,
-                "source": "psutil: this worker process's resident set size (context: includes the Python "
-                          "runtime, libraries and allocator caches, not only tensors)"},
-        "breakdown_at_peak": at_peak,
-        "accounting": {"parts": accounting,
-                       "source": "sizes of the live tensors (each storage once); activations = bytes saved for "
-                                 "backward (saved_tensors_hooks); workspaces (CUDA) = allocated before the step beyond "
-                                 "parameters, buffers, inputs and optimizer state (cuBLAS / cuDNN workspaces); "
-                                 "temporaries = measured peak minus the rest"},
-        "layers": _layer_rows(model, m.tracker),
-        "timeline": timeline,
-        "phases_ms": m.phases,
-        "estimate": {**m.est, "estimates": estimates, "measured_peak_bytes": int(peak)},
-        "snapshot": m.snapshot,
-        "notes": notes,
-        **({"checkpointed": checkpointed} if checkpointed else {}),
-    })
+    return MemoryResult(
+        model=loaded.spec.label, device=str(device), options=dict(o), batch_size=batch, metrics=metrics,
+        inference=Peak(**m.inference.to_dict()), train=Peak(**m.train.to_dict()),
+        rss=Rss(start_bytes=m.rss_start, end_bytes=m.rss_end,
+                source="psutil: this worker process's resident set size (context: includes the Python "
+                       "runtime, libraries and allocator caches, not only tensors)"),
+        breakdown_at_peak=at_peak,
+        accounting=Parts(parts=accounting,
+                         source="sizes of the live tensors (each storage once); activations = bytes saved for "
+                                "backward (saved_tensors_hooks); workspaces (CUDA) = allocated before the step beyond "
+                                "parameters, buffers, inputs and optimizer state (cuBLAS / cuDNN workspaces); "
+                                "temporaries = measured peak minus the rest"),
+        layers=tuple(_layer_rows(model, m.tracker)),
+        timeline=MemoryTimeline(**timeline),
+        phases_ms={k: tuple(v) for k, v in m.phases.items()},
+        estimate=Estimate(**m.est, estimates=tuple(estimates), measured_peak_bytes=int(peak)),
+        snapshot=None if m.snapshot is None else Snapshot(**m.snapshot),
+        notes=tuple(notes),
+        **({"checkpointed": tuple(checkpointed)} if checkpointed else {}),
+    )
