@@ -3,7 +3,7 @@ largest batch under a memory budget found by binary search.
 
 Each probe runs one warm-up pass, ``repeats`` timed passes (CUDA events + synchronize on CUDA,
 ``time.perf_counter`` on the CPU; the median is kept) and one pass measured for peak memory
-(``memory_measure.measure_peak``). A probe whose peak exceeds the budget, or that runs out of
+(``diagnostics.measure.memory.measure_peak``). A probe whose peak exceeds the budget, or that runs out of
 memory (``torch.OutOfMemoryError`` on CUDA, ``MemoryError`` / "can't allocate memory" on the CPU),
 ends the doubling; the search then looks between the last fitting batch and that one. The failure
 is reported in the result ("stopped at batch N: ..."), never raised.

@@ -1,7 +1,7 @@
 """Memory: peak of one inference pass and of one training step, what holds it, per layer, over time.
 
 Peaks come from ``torch.cuda.max_memory_allocated`` on CUDA and from the profiler's memory events
-on the CPU (see ``memory_measure``); each figure carries a ``source``. The breakdown at the peak
+on the CPU (see ``diagnostics.measure.memory``); each figure carries a ``source``. The breakdown at the peak
 comes from the profiler's memory timeline (categories at the instant of the peak), next to an
 accounting of resident sizes (parameters, gradients, optimizer state, saved activations, inputs;
 temporaries = peak minus the rest). The estimate before running adds parameters, gradients,
