@@ -88,7 +88,11 @@ def test_the_checklist_repeats_the_verdict_over_several_steps(tmp_path):
 
     g = gradient_facts(load_model(spec_of("detr", tmp_path)))
     assert GRADIENT_STEPS >= 3 and g["steps"] == GRADIENT_STEPS
-    status, evidence, _, nums = check_gradient_flow({"measured": {"gradients": g}})
+    from msgspec.structs import replace
+
+    from tests.checklist.sample_facts import healthy
+
+    status, evidence, _, nums = check_gradient_flow(replace(healthy(), measured={"gradients": g}))
     assert (status, nums["vanishing"], nums["dead"]) == ("pass", 0, 0), evidence
     assert evidence.startswith(f"all {g['layers']} layers healthy")
 

@@ -12,11 +12,11 @@ from diagnostics.analyses.checklist.thresholds import (DEAD_UNIT_FRACTION_MAX, E
 from diagnostics.measure.gradient_health import MIN_UNIT_OBSERVATIONS
 
 def check_hidden_activations(f):
-    fw = f.get("forward") or {}
+    fw = f.forward or {}
     hidden = fw.get("hidden_saturating")
     if hidden is None:
         return na("the forward pass could not be traced")
-    acts = f["static"].get("activations", {})
+    acts = f.static.get("activations", {})
     if not acts:
         return na("no activation modules (functional activations are not inspected)")
     nums = {"hidden_saturating": len(hidden), "activation_modules": sum(acts.values())}
@@ -31,7 +31,7 @@ def check_hidden_activations(f):
 
 
 def check_layer_widths(f):
-    fw = f.get("forward") or {}
+    fw = f.forward or {}
     if not fw.get("inner_dims"):
         return na("no inner Linear / Conv / Embedding widths")
     off = fw.get("widths_not_multiple_of_8", [])
@@ -58,10 +58,10 @@ INIT_CONVENTIONS = {
 
 
 def check_init(f):
-    init = f["static"].get("init") or []
+    init = f.static.get("init") or []
     if not init:
         return na("no Linear / Conv weights")
-    normed = bool(f["static"].get("n_norm"))
+    normed = bool(f.static.get("n_norm"))
     low = INIT_GAIN_MIN_NORMED if normed else INIT_GAIN_MIN
     # a convention is judged as one, unless every layer is zero: then nothing breaks the symmetry
     conventional = [r for r in init if r.get("role") in INIT_CONVENTIONS]
@@ -72,7 +72,7 @@ def check_init(f):
     gains = [r["gain"] for r in judged] or [r["gain"] for r in init]
     nums = {"layers": len(init), "outside": len(bad), "min_gain": min(gains), "max_gain": max(gains), "low": low,
             "conventions": len(conventional)}
-    why_low = (f" (lower bound {low}: the model has {f['static']['n_norm']} normalisation layers, which restore the "
+    why_low = (f" (lower bound {low}: the model has {f.static['n_norm']} normalisation layers, which restore the "
                "scale; small inits such as transformers' normal(0, 0.02) are by design)") if normed else ""
     by_role: dict[str, list] = {}
     for r in conventional:
@@ -92,10 +92,10 @@ def check_init(f):
 
 
 def check_dropout_bn_mode(f):
-    s = f["static"]
+    s = f.static
     if not (s.get("n_dropout") or s.get("n_batchnorm")):
         return na("no Dropout or BatchNorm layers")
-    purpose, tr, ev_ = f.get("purpose", "training"), s.get("dropout_bn_train", []), s.get("dropout_bn_eval", [])
+    purpose, tr, ev_ = f.purpose, s.get("dropout_bn_train", []), s.get("dropout_bn_eval", [])
     nums = {"in_train_mode": len(tr), "in_eval_mode": len(ev_)}
     if purpose == "inference" and tr:
         return ("fail", f"for inference, {len(tr)} Dropout/BatchNorm layers are in training mode ({', '.join(tr[:4])})",
@@ -163,7 +163,7 @@ def _gradient_flow(g):
 
 
 def check_dead_units(f):
-    fw = f.get("forward") or {}
+    fw = f.forward or {}
     units = fw.get("relu_units") or 0
     if not units:
         if fw.get("relu_modules"):
@@ -180,10 +180,10 @@ def check_dead_units(f):
 
 
 def check_redundant_layers(f):
-    fw = f.get("forward")
+    fw = f.forward
     if fw is None or fw.get("redundant_layers") is None:
         return na("the forward pass could not be traced")
-    p0 = f["static"].get("dropout_p0") or []
+    p0 = f.static.get("dropout_p0") or []
     pairs = fw["redundant_layers"]
     items = [f"{' -> '.join(r['layers'])} ({r['why']})" for r in pairs]
     nums = {"dropout_p0": len(p0), "redundant_pairs": len(pairs)}

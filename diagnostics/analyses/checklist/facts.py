@@ -1,6 +1,6 @@
-"""Collect the plain ``facts`` dict that the checklist rules read, in one job.
+"""Collect the checklist's ``Facts`` (the typed record the rules read), in one job.
 
-Three kinds of facts, each a section of the dict:
+Three kinds of facts, each a section of the record (plain data):
 
 * ``static``: read from the module tree and one traced forward (module types, Conv -> BN pairs
   found by tensor identity, activations and where they sit, layer widths, modes, dtypes, memory
@@ -13,7 +13,7 @@ Three kinds of facts, each a section of the dict:
 Measurements run on the model itself inside ``restored_state``, which puts back its weights,
 buffers, gradients and each module's mode afterwards (a deep copy on the same GPU would double the
 weights in the peak-memory figure). Every collector that fails records why under
-``facts["errors"]`` instead of failing the job. Facts are plain data (no tensors, no modules).
+``Facts.errors`` instead of failing the job. Facts are plain data (no tensors, no modules).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from diagnostics.analyses.checklist import ANALYSIS, Facts
 from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import CONTROL, MIN_ROUNDS, interleaved
 from diagnostics.measure.dynamo import explain
@@ -385,19 +386,16 @@ def dataloader_facts(desc: dict | None, dataset_path: str | None = None, step_ti
 
 
 # ----------------------------------------------------------------------------- all together
-def collect_facts(loaded, options: dict | None = None, progress: Callable[[float, str], None] | None = None) -> dict:
+def collect_facts(loaded, options: dict | None = None, progress: Callable[[float, str], None] | None = None) -> Facts:
     """All facts for ``loaded`` (a LoadedModel). Options: purpose ("training" | "inference"),
     iters, profile_steps, dataloader (dict of LOADER_KEYS), dataset_path, skip_measured."""
-    from diagnostics.analyses.checklist import ANALYSIS
 
     options = ANALYSIS.validate(options)
     progress = progress or (lambda f, m: None)
     errors: dict[str, str] = {}
     model = loaded.model
     progress(0.05, "reading the module tree")
-    facts = {"purpose": options["purpose"], "errors": errors,
-             "static": static_facts(model), "env": environment_facts(loaded.device),
-             "batch_size": loaded.batch_size, "task": getattr(loaded, "task", "unknown")}
+    static, env = static_facts(model), environment_facts(loaded.device)
     # The probes run on the model itself, not on a deep copy: on a GPU a copy sat next to the
     # original on the same device, so the peak memory measured on it counted the weights twice (a
     # model at 50% of the GPU read as 100%, or ran out of memory), and a model holding something
@@ -405,30 +403,28 @@ def collect_facts(loaded, options: dict | None = None, progress: Callable[[float
     # back what the probes change, from a copy in host memory that no device measurement sees.
     with restored_state(model):
         try:
-            facts["forward"] = forward_facts(model, loaded.inputs)
+            forward = forward_facts(model, loaded.inputs)
         except Exception as e:
             errors["forward"] = f"{type(e).__name__}: {str(e)[:300]}"
-            facts["forward"] = None
-        if facts["forward"] is not None and facts["static"]["n_conv2d"]:
+            forward = None
+        if forward is not None and static["n_conv2d"]:
             x = next((t for t in loaded.inputs if t.dim() == 4), None)
-            facts["forward"]["conv_input_channels_last"] = (
+            forward["conv_input_channels_last"] = (
                 None if x is None else bool(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()))
-        if options["skip_measured"]:
-            facts["measured"] = None
-        else:
-            facts["measured"] = measured_facts(
-                loaded, model, iters=options["iters"],
-                profile_steps=options["profile_steps"], make_inputs=loaded.make_inputs,
-                batch_size=loaded.batch_size, progress=progress, errors=errors)
-    step_s = ((facts["measured"] or {}).get("train_step") or {}).get("median_s")
+        measured = None if options["skip_measured"] else measured_facts(
+            loaded, model, iters=options["iters"],
+            profile_steps=options["profile_steps"], make_inputs=loaded.make_inputs,
+            batch_size=loaded.batch_size, progress=progress, errors=errors)
+    step_s = ((measured or {}).get("train_step") or {}).get("median_s")
     progress(0.9, "data loader")
     try:
-        facts["dataloader"] = dataloader_facts(options["dataloader"], options["dataset_path"], step_s)
+        dataloader = dataloader_facts(options["dataloader"], options["dataset_path"], step_s)
     except Exception as e:
         from diagnostics.errors import TorchScopeError
 
         if isinstance(e, TorchScopeError):
             raise
         errors["dataloader"] = f"{type(e).__name__}: {str(e)[:300]}"
-        facts["dataloader"] = None
-    return facts
+        dataloader = None
+    return Facts(purpose=options["purpose"], errors=errors, static=static, env=env, batch_size=loaded.batch_size,
+                 task=getattr(loaded, "task", "unknown"), forward=forward, measured=measured, dataloader=dataloader)

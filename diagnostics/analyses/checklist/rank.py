@@ -69,7 +69,7 @@ def from_findings(checklist, trials: list = ()) -> list[FixFirst]:
     probes measured where they did."""
     out = []
     facts = checklist.facts
-    measured = facts.get("measured") or {}
+    measured = facts.measured or {}
     for f in checklist.findings:
         if not f.flagged:
             continue
@@ -83,8 +83,8 @@ def from_findings(checklist, trials: list = ()) -> list[FixFirst]:
             saving = (p1["median_s"] - p2["median_s"] * p1["batch_size"] / p2["batch_size"]) * 1e3
             how = (f"measured: time for {p1['batch_size']} samples at batch {p1['batch_size']} vs at batch "
                    f"{p2['batch_size']} (interleaved)")
-        elif f.id == "dataloader_time" and (facts.get("dataloader") or {}).get("loader_s_per_batch"):
-            saving = facts["dataloader"]["loader_s_per_batch"] * 1e3
+        elif f.id == "dataloader_time" and (facts.dataloader or {}).get("loader_s_per_batch"):
+            saving = facts.dataloader["loader_s_per_batch"] * 1e3
             how = "measured: loading one batch, if it stops overlapping the step (workers, prefetch)"
         measured_by_trial = trial_evidence(f, list(trials))
         out.append(_entry(f.title, None if saving is None else max(0.0, saving), how, f"checklist: {f.id}",

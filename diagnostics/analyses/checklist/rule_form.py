@@ -1,5 +1,5 @@
 """What every checklist rule shares: the Rule form (a fix written "purpose:<id>" follows the checklist's purpose)
-and the readers of the plain facts dict (``measured``, ``on_cuda``, ``pct``).
+and the readers of the typed ``Facts`` (``measured``, ``on_cuda``, ``pct``).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ FOR_PURPOSE = "purpose:"
 
 @dataclass(frozen=True)
 class Rule(FindingRule):
-    """A checklist rule (facts: the plain dict of facts.py); a fix written "purpose:<id>" follows the purpose."""
+    """A checklist rule (facts: the checklist's ``Facts``); a fix written "purpose:<id>" follows the purpose."""
 
     bug_note: str = ", not in your model"
 
-    def fix_for(self, facts: dict) -> str | None:
+    def fix_for(self, facts) -> str | None:
         fix = self.fix
         if fix and fix.startswith(FOR_PURPOSE):  # the trial of the checklist's purpose: a training step or inference
-            fix = ("train:" if facts.get("purpose", "training") == "training" else "") + fix[len(FOR_PURPOSE):]
+            fix = ("train:" if facts.purpose == "training" else "") + fix[len(FOR_PURPOSE):]
         return fix
 
 
@@ -32,8 +32,8 @@ na = not_applicable
 
 
 def measured(facts, *keys):
-    """facts['measured'][k1][k2]... or None when any level is missing."""
-    cur = facts.get("measured")
+    """facts.measured[k1][k2]... or None when any level is missing (or nothing was measured)."""
+    cur = facts.measured
     for k in keys:
         if not isinstance(cur, dict):
             return None
@@ -42,7 +42,7 @@ def measured(facts, *keys):
 
 
 def on_cuda(facts) -> bool:
-    return facts["env"].get("device_type") == "cuda"
+    return facts.env.get("device_type") == "cuda"
 
 
 def pct(x: float) -> str:

@@ -1,7 +1,7 @@
 """The checklist rules: one visible list, ``RULES``, each ``rule(facts) -> Finding``.
 
-A rule reads only the plain ``facts`` dict (see ``diagnostics.analyses.checklist.facts``), so it can be
-tested on hand-written facts. Every threshold is a named constant listed in ``thresholds.THRESHOLDS``
+A rule reads only the checklist's typed ``Facts`` (its sections as ``diagnostics.analyses.checklist.facts``
+collects them), so it can be tested on hand-written facts. Every threshold is a named constant listed in ``thresholds.THRESHOLDS``
 (shown in the UI and in docs/checklist.md); the model-design rules live in ``design_rules``. The score:
 see ``SCORE_FORMULA`` (the package's declaration).
 """
@@ -27,7 +27,7 @@ from diagnostics.units import human_bytes, speedup_text
 
 # ---------------------------------------------------------------------------- TensorBoard plugin's seven
 def check_dataloader_time(f):
-    dl = f.get("dataloader")
+    dl = f.dataloader
     if not dl:
         return na("no DataLoader given")
     frac = dl.get("loader_fraction")
@@ -48,7 +48,7 @@ def check_communication(f):
     frac = measured(f, "profile", "communication_fraction")
     if not on_cuda(f):
         return na("no CUDA: communication kernels are not traced")
-    if f["env"].get("world_size", 1) <= 1 and not frac:
+    if f.env.get("world_size", 1) <= 1 and not frac:
         return na("not distributed (world size 1)")
     frac = frac or 0.0
     families = ", ".join(measured(f, "profile", "communication_families") or []) or "none matched a known family"
@@ -76,7 +76,7 @@ def check_gpu_utilization(f):
 def check_tensor_cores(f):
     if not on_cuda(f):
         return na("no CUDA")
-    cc = f["env"].get("compute_capability") or 0
+    cc = f.env.get("compute_capability") or 0
     if cc < TENSOR_CORE_MIN_CC:
         return na(f"compute capability {cc} has no Tensor Cores (needs >= {TENSOR_CORE_MIN_CC})")
     eligible = measured(f, "profile", "eligible_ops") or []
@@ -94,7 +94,7 @@ def check_tensor_cores(f):
 def check_peak_memory(f):
     if not on_cuda(f):
         return na("no CUDA: device memory limits apply to GPUs")
-    peak, total = measured(f, "peak_bytes"), f["env"].get("device_memory_bytes")
+    peak, total = measured(f, "peak_bytes"), f.env.get("device_memory_bytes")
     if peak is None or not total:
         return na("peak memory was not measured")
     frac = peak / total
@@ -107,7 +107,7 @@ def check_peak_memory(f):
 
 
 def check_data_parallel(f):
-    s = f["static"]
+    s = f.static
     if not s.get("data_parallel"):
         return "pass", "the model is not wrapped in nn.DataParallel", "", {"devices": 0}
     n = s.get("data_parallel_devices", 0)
@@ -119,7 +119,7 @@ def check_data_parallel(f):
 
 
 def check_ddp_backend(f):
-    s = f["static"]
+    s = f.static
     if not s.get("ddp"):
         return na("the model is not wrapped in DistributedDataParallel")
     backend = s.get("dist_backend")
@@ -131,14 +131,14 @@ def check_ddp_backend(f):
 
 # ---------------------------------------------------------------------------- memory
 def check_saved_activations(f):
-    saved, total = measured(f, "saved_activation_bytes"), f["env"].get("device_memory_bytes")
+    saved, total = measured(f, "saved_activation_bytes"), f.env.get("device_memory_bytes")
     if saved is None or not total:
         return na("saved activations were not measured")
     frac = saved / total
     nums = {"saved_bytes": saved, "device_memory_bytes": total, "fraction": frac,
-            "param_bytes": f["static"].get("param_bytes")}
-    ev = (f"autograd saves {human_bytes(saved)} for backward at batch {f.get('batch_size')} ({pct(frac)} of "
-          f"{human_bytes(total)}; parameters: {human_bytes(f['static'].get('param_bytes'))})")
+            "param_bytes": f.static.get("param_bytes")}
+    ev = (f"autograd saves {human_bytes(saved)} for backward at batch {f.batch_size} ({pct(frac)} of "
+          f"{human_bytes(total)}; parameters: {human_bytes(f.static.get('param_bytes'))})")
     if frac > SAVED_ACTIVATION_FRACTION_MAX:
         return ("warn", ev, "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks, or mixed "
                 "precision, to trade compute for memory.", nums)
@@ -159,7 +159,7 @@ def check_memory_growth(f):
 
 
 def check_inplace(f):
-    s = f["static"]
+    s = f.static
     n_not, n_in = len(s.get("not_inplace_activations", [])), s.get("inplace_activations", 0)
     if not (n_not or n_in):
         return na("no activation modules that can run in place")
@@ -174,9 +174,9 @@ def check_inplace(f):
 def check_cudnn_benchmark(f):
     if not on_cuda(f):
         return na("no CUDA")
-    if not f["static"].get("n_conv"):
+    if not f.static.get("n_conv"):
         return na("no convolutions")
-    if not f["env"].get("cudnn_benchmark"):
+    if not f.env.get("cudnn_benchmark"):
         return ("warn", "torch.backends.cudnn.benchmark is off", "With fixed input shapes, set "
                 "torch.backends.cudnn.benchmark = True to pick the fastest convolution algorithms.", {})
     return "pass", "cudnn.benchmark is on", "", {}
@@ -185,10 +185,10 @@ def check_cudnn_benchmark(f):
 def check_tf32(f):
     if not on_cuda(f):
         return na("no CUDA")
-    cc = f["env"].get("compute_capability") or 0
+    cc = f.env.get("compute_capability") or 0
     if cc < TF32_MIN_CC:
         return na(f"compute capability {cc} has no TF32 (needs >= {TF32_MIN_CC})")
-    mm, cd = f["env"].get("matmul_allow_tf32"), f["env"].get("cudnn_allow_tf32")
+    mm, cd = f.env.get("matmul_allow_tf32"), f.env.get("cudnn_allow_tf32")
     if not mm:
         return ("warn", f"TF32 matmuls are off (matmul.allow_tf32={mm}, cudnn.allow_tf32={cd})",
                 "torch.set_float32_matmul_precision('high') makes fp32 matmuls use TF32 Tensor Cores.", {})
@@ -266,7 +266,7 @@ def check_python_loops(f):
         return na("no ops were traced")
     n = sum(ops.values())
     share = n / top
-    b = f.get("batch_size")
+    b = f.batch_size
     nums = {"element_ops_per_step": n, "top_level_ops_per_step": top, "share": share, "batch_size": b}
     detail = ", ".join(f"{k} {v:g}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]) if v)
     ev = (f"{n:g} indexing / scalar-read ops per step called from Python" + (f" ({detail})" if detail else "")
@@ -282,22 +282,22 @@ def check_python_loops(f):
 
 
 def check_compile(f):
-    s = f["static"]
+    s = f.static
     if s.get("compiled"):
         return "pass", "the model is torch.compile'd", "", {}
     if s.get("torchscript"):
         return "pass", "the model is TorchScript (already graph-compiled)", "", {}
-    if not on_cuda(f) and not f["env"].get("cxx_compiler"):
+    if not on_cuda(f) and not f.env.get("cxx_compiler"):
         return na("torch.compile on CPU needs a C++ compiler, none found")
     return ("warn", "the model is not compiled", "Try torch.compile(model) (the Optimize page measures it): it fuses "
             "elementwise ops and cuts Python overhead; the first call pays compile time.", {})
 
 
 def check_channels_last(f):
-    s = f["static"]
+    s = f.static
     if not s.get("n_conv2d"):
         return na("no 2-D convolutions")
-    x_cl = (f.get("forward") or {}).get("conv_input_channels_last")
+    x_cl = (f.forward or {}).get("conv_input_channels_last")
     nums = {"conv2d": s["n_conv2d"], "weights_channels_last": s.get("channels_last"), "input_channels_last": x_cl}
     if s.get("channels_last") and x_cl:
         return "pass", "weights and input are channels_last", "", nums
@@ -331,7 +331,7 @@ def check_graph_breaks(f):
 
 def check_batch_size(f):
     bp = measured(f, "batch_probe")
-    b = f.get("batch_size")
+    b = f.batch_size
     if bp is None:
         return na("the batch-size probe did not run")
     gain, ci = bp["throughput_gain_2x"], bp.get("throughput_gain_ci")
@@ -353,7 +353,7 @@ def check_batch_size(f):
 
 
 def check_mixed_precision(f):
-    dt = f["static"].get("param_dtypes", {})
+    dt = f.static.get("param_dtypes", {})
     if not dt:
         return na("no parameters")
     low = sum(v for k, v in dt.items() if k in ("float16", "bfloat16"))
@@ -369,10 +369,10 @@ def check_mixed_precision(f):
 
 # ---------------------------------------------------------------------------- deployment
 def check_conv_bn_fusion(f):
-    pairs = (f.get("forward") or {}).get("conv_bn_pairs")
+    pairs = (f.forward or {}).get("conv_bn_pairs")
     if pairs is None:
         return na("the forward pass could not be traced")
-    if not f["static"].get("n_batchnorm"):
+    if not f.static.get("n_batchnorm"):
         return na("no BatchNorm layers")
     if pairs:
         return ("warn", f"{len(pairs)} Conv -> BatchNorm pairs can be fused for inference "
@@ -403,7 +403,7 @@ def check_inference_mode(f):
 
 # ---------------------------------------------------------------------------- data pipeline
 def _dl(f):
-    dl = f.get("dataloader")
+    dl = f.dataloader
     return None if not dl else dl.get("described") or {}
 
 
@@ -414,7 +414,7 @@ def check_num_workers(f):
     w = d.get("num_workers")
     if w is None:
         return na("num_workers not given")
-    cpus = f["env"].get("cpu_count") or 1
+    cpus = f.env.get("cpu_count") or 1
     if int(w) == 0:
         return ("warn", "num_workers=0: batches are loaded in the training process, between steps",
                 f"Use num_workers > 0 (up to the {cpus} CPU cores) so loading overlaps compute.", {"num_workers": 0})
@@ -502,7 +502,8 @@ RULES: list[Rule] = [
 ]
 
 
-def evaluate(facts: dict) -> list[Finding]:
+def evaluate(facts) -> list[Finding]:
+    """Every rule's finding on ``facts`` (a Facts), in RULES order."""
     return [rule(facts) for rule in RULES]
 
 
