@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Iterable
+from typing import Any, Iterable
+
+import msgspec
 
 from diagnostics.declare import Metric
 from diagnostics.errors import TorchScopeError
 from diagnostics.registry import get_analysis
+from diagnostics.results import Record
 from diagnostics.store import RunRecord
 from diagnostics.units import format_value
 
@@ -38,6 +41,123 @@ VERDICTS = ("better", "worse", "same", "within noise", "changed", "n/a")
 
 class CompareError(TorchScopeError):
     """Two runs that cannot be compared (different analyses, a failed run); the message says why."""
+
+
+#: a stored setting or metric as a comparison shows it (settings that are not scalars are written as text)
+Scalar = str | int | float | bool | None
+
+
+class RunRef(Record, frozen=True, kw_only=True):
+    """Which run a comparison side is: its id, start (epoch s), model label and device."""
+
+    id: str
+    started: float
+    model: str | None
+    device: str | None
+
+
+class MetricChange(Record, frozen=True, kw_only=True):
+    """One declared metric in run A and run B: the values, their text in the metric's unit, the change
+    (``delta`` b - a, ``ratio`` b / a, ``change_pct``; None when either is not a number or a is 0) and the
+    verdict (one of VERDICTS)."""
+
+    key: str
+    label: str
+    unit: str
+    better: str | None
+    a: Any
+    b: Any
+    a_text: str
+    b_text: str
+    delta: float | None
+    ratio: float | None
+    change_pct: float | None
+    verdict: str
+
+
+class Counts(Record, frozen=True, kw_only=True):
+    """How many metrics got each verdict (the plain form keys them by the verdict's text)."""
+
+    better: int
+    worse: int
+    same: int
+    within_noise: int = msgspec.field(name="within noise")
+    changed: int
+    na: int = msgspec.field(name="n/a")
+
+
+class SettingChange(Record, frozen=True, kw_only=True):
+    """A setting (model, device, ``model.<spec key>``, an option) that differs between the runs."""
+
+    setting: str
+    a: Scalar
+    b: Scalar
+
+
+class PerRun(Record, frozen=True, kw_only=True):
+    """One flag for run A and one for run B (whether each was disturbed)."""
+
+    a: bool
+    b: bool
+
+
+class TracePair(Record, frozen=True, kw_only=True):
+    """Both runs' kept trace files (a trace diff's before and after)."""
+
+    a: str
+    b: str
+
+
+class Comparison(Record, frozen=True, kw_only=True):
+    """Run A (before) beside run B (after): ``compare_runs``' result."""
+
+    analysis: str
+    a: RunRef
+    b: RunRef
+    rows: tuple[MetricChange, ...]
+    counts: Counts
+    settings: tuple[SettingChange, ...]
+    noise_ms: float | None
+    disturbed: PerRun
+    notes: tuple[str, ...]
+    traces: TracePair | None
+
+
+class TrendPoint(Record, frozen=True, kw_only=True):
+    """One run on a trend: when it started (epoch s), its id, model, device, the metric's value, its
+    series (an index into ``Trend.series``) and whether its timings were disturbed."""
+
+    started: float
+    id: str
+    model: str | None
+    device: str | None
+    value: float
+    series: int
+    disturbed: bool
+
+
+class TrendSeries(Record, frozen=True, kw_only=True):
+    """Runs of one model, device, spec and options: its label (the settings that tell it from the other
+    series), those settings and how many runs it has."""
+
+    label: str
+    settings: dict[str, Any]
+    runs: int
+
+
+class Trend(Record, frozen=True, kw_only=True):
+    """One metric over a model's runs: ``trend``'s result."""
+
+    analysis: str
+    metric: str
+    label: str
+    unit: str
+    better: str | None
+    model: str | None
+    rows: tuple[TrendPoint, ...]
+    series: tuple[TrendSeries, ...]
+    missing: int
+    damaged: int
 
 
 def trace_file(rec: RunRecord) -> str | None:
@@ -86,25 +206,37 @@ def _verdict(m: Metric, a, b, noise_ms: float | None) -> str:
     return "better" if (delta < 0) == (m.better == "lower") else "worse"
 
 
-def _setting_rows(rec_a: RunRecord, rec_b: RunRecord) -> list[dict]:
+def _scalar(v) -> Scalar:
+    return v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+
+
+def _setting_rows(rec_a: RunRecord, rec_b: RunRecord) -> tuple[SettingChange, ...]:
     """What differs between the two runs' model, device and options (what the user changed)."""
     rows = []
     for what, a, b in (("model", rec_a.model_label, rec_b.model_label), ("device", rec_a.device, rec_b.device)):
         if a != b:
-            rows.append({"setting": what, "a": a, "b": b})
+            rows.append((what, a, b))
     spec_a, spec_b = rec_a.spec or {}, rec_b.spec or {}
     for key in sorted(set(spec_a) | set(spec_b)):
         if key != "name" and spec_a.get(key) != spec_b.get(key):
-            rows.append({"setting": f"model.{key}", "a": spec_a.get(key), "b": spec_b.get(key)})
+            rows.append((f"model.{key}", spec_a.get(key), spec_b.get(key)))
     opt_a, opt_b = rec_a.options or {}, rec_b.options or {}
     for key in sorted(set(opt_a) | set(opt_b)):
         if opt_a.get(key) != opt_b.get(key):
-            rows.append({"setting": key, "a": opt_a.get(key), "b": opt_b.get(key)})
-    return [{k: (v if isinstance(v, (str, int, float, bool)) or v is None else str(v)) for k, v in r.items()}
-            for r in rows]
+            rows.append((key, opt_a.get(key), opt_b.get(key)))
+    return tuple(SettingChange(setting=s, a=_scalar(a), b=_scalar(b)) for s, a, b in rows)
 
 
-def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> dict:
+def _disturbed(rec: RunRecord) -> bool:
+    """Whether the run's disturbance report (in its stored result, when loaded) says the machine was busy."""
+    return bool(((rec.result or {}).get("disturbance") or {}).get("disturbed"))
+
+
+def _ref(rec: RunRecord) -> RunRef:
+    return RunRef(id=rec.id, started=rec.started, model=rec.model_label, device=rec.device)
+
+
+def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> Comparison:
     """Run A (before) beside run B (after): one row per declared metric either run has, with the change.
 
     Each row: key, label, unit, a, b, delta (b - a), ratio (b / a, None when a is 0 or either is not a
@@ -134,14 +266,13 @@ def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> dict:
         x, y = _number(a), _number(b)
         delta = None if x is None or y is None else y - x
         ratio = None if delta is None or x == 0 else y / x
-        rows.append({
-            "key": m.key, "label": m.label, "unit": m.unit, "better": m.better or None, "a": a, "b": b,
-            "a_text": format_value(a, m.unit), "b_text": format_value(b, m.unit), "delta": delta,
-            "ratio": ratio, "change_pct": None if ratio is None else 100.0 * (ratio - 1.0),
-            "verdict": _verdict(m, a, b, timing_noise(rec_a, rec_b, m.key) if profile else None),
-        })
-    disturbed = {name: bool(((rec.result or {}).get("disturbance") or {}).get("disturbed"))
-                 for rec, name in ((rec_a, "a"), (rec_b, "b"))}
+        rows.append(MetricChange(
+            key=m.key, label=m.label, unit=m.unit, better=m.better or None, a=a, b=b,
+            a_text=format_value(a, m.unit), b_text=format_value(b, m.unit), delta=delta,
+            ratio=ratio, change_pct=None if ratio is None else 100.0 * (ratio - 1.0),
+            verdict=_verdict(m, a, b, timing_noise(rec_a, rec_b, m.key) if profile else None),
+        ))
+    disturbed = PerRun(a=_disturbed(rec_a), b=_disturbed(rec_b))
     notes = ["The two runs were measured at different times, not interleaved: timings compare the machine's "
              "state too. For a timing verdict with an interval, try the change in Optimize (interleaved, "
              "with an A/A control)."]
@@ -149,20 +280,19 @@ def compare_runs(rec_a: RunRecord, rec_b: RunRecord) -> dict:
         notes.append(f"Latency differences within ±{noise:.3g} ms for the median ({NOISE_Z:g} standard errors of "
                      "the difference of the two medians, from each run's std and timed iterations; wider for p90, "
                      "p99 and the std, whose estimates scatter more) are within noise.")
-    for name, busy in disturbed.items():
+    for name, busy in (("a", disturbed.a), ("b", disturbed.b)):
         if busy:
             notes.append(f"Run {name.upper()} was timed on a busy machine (its disturbance report says so): "
                          "its timings are not reliable.")
     traces = (trace_file(rec_a), trace_file(rec_b))
-    counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
-    return {
-        "analysis": rec_a.analysis,
-        "a": {"id": rec_a.id, "started": rec_a.started, "model": rec_a.model_label, "device": rec_a.device},
-        "b": {"id": rec_b.id, "started": rec_b.started, "model": rec_b.model_label, "device": rec_b.device},
-        "rows": rows, "counts": counts, "settings": _setting_rows(rec_a, rec_b), "noise_ms": noise,
-        "disturbed": disturbed, "notes": notes,
-        "traces": {"a": traces[0], "b": traces[1]} if all(traces) else None,
-    }
+    n = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
+    counts = Counts(better=n["better"], worse=n["worse"], same=n["same"], within_noise=n["within noise"],
+                    changed=n["changed"], na=n["n/a"])
+    return Comparison(
+        analysis=rec_a.analysis, a=_ref(rec_a), b=_ref(rec_b), rows=tuple(rows), counts=counts,
+        settings=_setting_rows(rec_a, rec_b), noise_ms=noise, disturbed=disturbed,
+        notes=tuple(notes), traces=TracePair(a=traces[0], b=traces[1]) if all(traces) else None,
+    )
 
 
 def _settings(r: RunRecord) -> dict:
@@ -183,7 +313,7 @@ def _series_label(settings: dict, varying: list[str]) -> str:
     return ", ".join(f"{k}={show(settings.get(k))}" for k in varying) or "every run"
 
 
-def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | None = None) -> dict:
+def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | None = None) -> Trend:
     """One metric over a model's finished runs of one analysis, oldest first, in series.
 
     ``model`` is the run's model label (None: every model). A series holds the runs of one model,
@@ -214,14 +344,14 @@ def trend(runs: Iterable[RunRecord], analysis: str, metric: str, model: str | No
         if k not in keys:
             keys[k] = len(settings)
             settings.append(st)
-        rows.append({"started": r.started, "id": r.id, "model": r.model_label, "device": r.device, "value": v,
-                     "series": keys[k], "disturbed": bool(((r.result or {}).get("disturbance") or {}).get("disturbed"))})
+        rows.append(TrendPoint(started=r.started, id=r.id, model=r.model_label, device=r.device, value=v,
+                               series=keys[k], disturbed=_disturbed(r)))
     all_keys = sorted({k for st in settings for k in st})
     varying = [k for k in all_keys if len({_key({"v": st.get(k)}) for st in settings}) > 1]
-    series = [{"label": _series_label(st, varying), "settings": {k: st.get(k) for k in varying},
-               "runs": sum(r["series"] == i for r in rows)} for i, st in enumerate(settings)]
-    return {"analysis": analysis, "metric": metric, "label": m.label, "unit": m.unit, "better": m.better or None,
-            "model": model, "rows": rows, "series": series, "missing": missing, "damaged": damaged}
+    series = tuple(TrendSeries(label=_series_label(st, varying), settings={k: st.get(k) for k in varying},
+                               runs=sum(r.series == i for r in rows)) for i, st in enumerate(settings))
+    return Trend(analysis=analysis, metric=metric, label=m.label, unit=m.unit, better=m.better or None, model=model,
+                 rows=tuple(rows), series=series, missing=missing, damaged=damaged)
 
 
 def comparable_metrics(analysis: str) -> list[Metric]:

@@ -1,7 +1,7 @@
 """Turn a ModelSpec into a live model and its inputs: samples, uploads, weights.
 
 ``load_model(spec)`` is the only place that executes or unpickles what a user gave. Weights are
-read with ``weights_only=True``; a full pickled module needs ``spec.trust_pickle`` and is refused
+read with ``weights_only=True`` (``diagnostics.weights``); a full pickled module needs ``spec.trust_pickle`` and is refused
 outright, like Python files, in server-safe mode (``TORCHSCOPE_SAFE_MODE=1``).
 Every failure raises a ModelLoadError whose message names the problem.
 """
@@ -13,7 +13,6 @@ import inspect
 import logging
 import os
 import pickle
-import re
 import sys
 import tempfile
 import uuid
@@ -37,6 +36,7 @@ from diagnostics.sandbox import graph_code_refusal
 from diagnostics.settings import SAFE_MODE_ENV, safe_mode  # noqa: F401 (re-exported)
 from diagnostics.spec import InputSpec, ModelSpec
 from diagnostics.uploads import WEIGHTS_NAMES, archive_kind
+from diagnostics.weights import apply_weights, load_state_dict_file, refused_global
 
 
 @dataclass
@@ -175,16 +175,6 @@ _ZIP_KINDS = {
 }
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _refused_global(e: Exception) -> str:
-    """The line of a weights-only unpickling error that names what it refused, without colour codes."""
-    text = _ANSI.sub("", str(e))
-    line = next((ln.strip() for ln in text.splitlines() if "Unsupported global" in ln), "")
-    return line.split(" was not an allowed global")[0]
-
-
 def _check_zip(path: Path, what: str, expected: str, name: str) -> None:
     if not path.exists():
         raise ModelLoadError(f"file not found: {name}")
@@ -306,7 +296,7 @@ def _load_export(path: Path, name: str):
         with _no_code_in_pickles(), _load_problems() as (records, caught):
             ep = torch.export.load(str(path))
     except (_PickleRefused, pickle.UnpicklingError) as e:
-        found = _refused_global(e)
+        found = refused_global(e)
         raise TrustError(f"{name} carries pickled objects (sample inputs, weights or constants) that a "
                          f"weights-only load refuses{' (' + found + ')' if found else ''}: loading them could run "
                          "code. TorchScope opens .pt2 archives that hold only tensors and plain values; export "
@@ -416,193 +406,107 @@ def _load_pickle(path: Path, trusted: bool, name: str) -> nn.Module:
     return obj
 
 
-#: safetensors dtypes and their bytes per element (the format's own list).
-_SAFETENSORS_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
-                      "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
-#: A safetensors header larger than this is not one (the format's own limit is 100 MB).
-_SAFETENSORS_MAX_HEADER = 100_000_000
+@dataclass
+class _Built:
+    """What a model's source gives before inputs and device: the model, its example or declared inputs,
+    its loss and task when it knows them, notes, and why it stays on the meta device (hf only)."""
+
+    model: nn.Module
+    example: Inputs | None = None
+    declared: tuple[InputSpec, ...] | None = None
+    notes: list[str] = field(default_factory=list)
+    meta: str | None = None
+    loss_fn: Callable | None = None
+    loss_name: str = STAND_IN_LOSS_NAME
+    task: str = "unknown"
+    num_classes: int | None = None
 
 
-def _invalid_weights(name: str, why: str, path: Path) -> ModelLoadError:
-    kind = ".safetensors file" if path.suffix == ".safetensors" else "weights file"
-    return ModelLoadError(f"{name} is not a valid {kind}: {why}")
+def _build_sample(spec: ModelSpec) -> _Built:
+    from sample_models import SAMPLES, task_loss
+    if spec.name not in SAMPLES:
+        raise ModelLoadError(f"unknown sample model {spec.name!r}; choose one of {', '.join(SAMPLES)}")
+    sample = SAMPLES[spec.name]
+    return _Built(sample.build(), declared=sample.inputs, loss_fn=task_loss(sample.task, sample.num_classes, spec.seed),
+                  loss_name="cross-entropy" + (" over the vocabulary" if sample.task == "lm" else ""),
+                  task=sample.task, num_classes=sample.num_classes)
 
 
-def check_weights_file(path: Path, name: str) -> None:
-    """Refuse at once, before anything is read into memory, a weights file that cannot be one: empty,
-    sparse (mostly never written: it reads as zeros, and a 2 GiB one only ran out of memory), a
-    .safetensors whose header does not describe its bytes, anything else that is neither a zip
-    archive nor a pickle stream (torch.save's two formats)."""
-    import json
+def _build_hf(spec: ModelSpec) -> _Built:
+    from diagnostics.hf import HFSettings, build
 
-    st = path.stat()
-    if st.st_size == 0:
-        raise _invalid_weights(name, "it is empty (0 bytes)", path)
-    if st.st_size > (1 << 20) and st.st_blocks * 512 < st.st_size // 2:
-        raise _invalid_weights(name, f"it is sparse: {st.st_size / 2**20:,.1f} MiB long, but only "
-                                     f"{st.st_blocks * 512 / 2**20:,.1f} MiB of it was ever written (the rest are "
-                                     "holes that read as zeros)", path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if path.suffix != ".safetensors":
-            if not zipfile.is_zipfile(f) and head[:1] != b"\x80":
-                raise _invalid_weights(name, f"it is neither a torch.save archive nor a safetensors file (it starts "
-                                             f"with the bytes {head.hex(' ')})", path)
-            return
-        n = int.from_bytes(head, "little") if len(head) == 8 else 0
-        if not 0 < n <= min(st.st_size - 8, _SAFETENSORS_MAX_HEADER):
-            raise _invalid_weights(name, f"its safetensors header length ({n:,} bytes) does not fit in a file of "
-                                         f"{st.st_size:,} bytes", path)
-        try:
-            header = json.loads(f.read(n))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise _invalid_weights(name, f"its safetensors header is not JSON ({e})", path) from None
-    if not isinstance(header, dict):
-        raise _invalid_weights(name, "its safetensors header is not a JSON object", path)
-    data, end = st.st_size - 8 - n, 0
-    for key, t in header.items():
-        if key == "__metadata__":
-            continue
-        offsets = t.get("data_offsets") if isinstance(t, dict) else None
-        shape = t.get("shape") if isinstance(t, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-                and 0 <= offsets[0] <= offsets[1] <= data and isinstance(shape, list)
-                and all(isinstance(d, int) and d >= 0 for d in shape)):
-            raise _invalid_weights(name, f"tensor {key!r} has no valid shape and data offsets within the file's "
-                                         f"{data:,} data bytes", path)
-        size = _SAFETENSORS_BYTES.get(t.get("dtype"))
-        count = 1
-        for d in shape:
-            count *= d
-        if size is not None and offsets[1] - offsets[0] != count * size:
-            raise _invalid_weights(name, f"tensor {key!r} ({t.get('dtype')} {shape}) should take {count * size:,} "
-                                         f"bytes, its offsets give {offsets[1] - offsets[0]:,}", path)
-        end = max(end, offsets[1])
-    if end != data:
-        raise _invalid_weights(name, f"its tensors take {end:,} bytes but {data:,} follow the header", path)
+    built = build(HFSettings.from_json(spec.hf), spec.device, spec.seed)
+    task = "lm" if built.task in ("causal-lm", "masked-lm", "seq2seq-lm") else "classification"
+    return _Built(built.model, declared=tuple(built.input_specs), meta=built.meta_reason, loss_fn=built.loss_fn,
+                  loss_name=built.loss_name, notes=list(built.notes), task=task, num_classes=built.num_classes)
 
 
-def load_state_dict_file(path: Path, name: str | None = None) -> dict[str, torch.Tensor]:
-    """Read weights safely: .safetensors, or a state_dict .pt with weights_only=True. Errors call the
-    file ``name`` (default: its file name); a file that cannot hold weights is named invalid before
-    anything is loaded (``check_weights_file``)."""
-    name = name or path.name
-    if not path.exists():
-        raise ModelLoadError(f"weights file not found: {name}")
-    check_weights_file(path, name)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        try:
-            return load_file(str(path))
-        except Exception as e:
-            raise ModelLoadError(f"{name} is not a valid .safetensors file: {e}") from e
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as e:
-        msg = _ANSI.sub("", str(e)).splitlines()[0] if str(e) else type(e).__name__
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
-            raise TrustError(f"{name} is not a plain state_dict: loading it would run pickled code "
-                             f"({_refused_global(e) or msg}). Save weights with torch.save(model.state_dict()) "
-                             "or safetensors") from e
-        raise ModelLoadError(f"{name} could not be read as a state_dict (corrupt or truncated?): {msg}") from e
-    for key in ("state_dict", "model_state_dict", "model"):
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ModelLoadError(f"{name} does not hold a state_dict (a dict of name -> tensor)")
-    return obj
+def _build_from_source(spec: ModelSpec, path: Path | None, shown: str) -> _Built:
+    """The model as ``spec.source`` makes it: a sample, a transformers config, or an uploaded file."""
+    if spec.source == "sample":
+        return _build_sample(spec)
+    if spec.source == "hf":
+        return _build_hf(spec)
+    if spec.source == "torchscript":
+        return _Built(_load_torchscript(path, shown))
+    if spec.source == "export":
+        model, example = _load_export(path, shown)
+        return _Built(model, example=example,
+                      notes=["a torch.export program keeps the train/eval mode it was exported in: Dropout and "
+                             "BatchNorm behave that way in every analysis, whatever mode it asks for"])
+    if spec.source == "python":
+        model, example, user_loss = _load_python(path, shown)
+        if user_loss is not None:
+            return _Built(model, example=example, loss_fn=user_loss, loss_name="loss_fn() from the uploaded file")
+        return _Built(model, example=example)
+    return _Built(_load_pickle(path, spec.trust_pickle, shown))
 
 
-def apply_weights(model: nn.Module, state: dict[str, torch.Tensor], name: str = "weights") -> None:
-    """load_state_dict(strict) with an error that names the first mismatches."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [f"{k}: file {list(state[k].shape)} vs model {list(own[k].shape)}"
-              for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    problems = []
-    if missing:
-        problems.append(f"missing keys ({len(missing)}): {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
-    if unexpected:
-        problems.append(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:3])}"
-                        f"{' ...' if len(unexpected) > 3 else ''}")
-    if shapes:
-        problems.append(f"shape mismatches ({len(shapes)}): {'; '.join(shapes[:3])}{' ...' if len(shapes) > 3 else ''}")
-    if problems:
-        raise ModelLoadError(f"{name} do not match the model: " + " | ".join(problems))
-    model.load_state_dict(state, strict=True)
+def _apply_spec_weights(model: nn.Module, spec: ModelSpec) -> None:
+    weights = Path(spec.weights_path)
+    # An uploaded weights file is stored under a name of ours: then it is named by its role.
+    ours = weights.name in WEIGHTS_NAMES
+    apply_weights(model, load_state_dict_file(weights, "the weights file" if ours else weights.name),
+                  "the weights" if ours else weights.name)
+
+
+def _input_specs(spec: ModelSpec, built: _Built) -> tuple[InputSpec, ...]:
+    """The inputs to make: the spec's own, else what the model declares or its example's shapes; at the
+    spec's batch size when it sets one."""
+    if spec.inputs is not None:
+        specs = spec.inputs
+    elif built.declared is not None:
+        specs = built.declared
+    elif built.example is not None:
+        specs = specs_of(built.example)
+    else:
+        raise SpecError(f"{spec.name} declares no example inputs: enter the input shapes in the sidebar")
+    if spec.batch_size is not None:
+        specs = with_batch(specs, spec.batch_size)
+    return specs
 
 
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Build the model and inputs that ``spec`` describes, on ``spec.device``."""
     torch.manual_seed(spec.seed)
-    example: Inputs | None = None
-    declared: tuple[InputSpec, ...] | None = None
-    notes: list[str] = []
-    meta = None
-    loss_fn, loss_name, task, num_classes = None, STAND_IN_LOSS_NAME, "unknown", None
     path = Path(spec.path) if spec.path else None
     # Errors name the file as the user knows it (spec.name: an upload is stored under a name of ours,
     # e.g. model.ts.pt, that means nothing to them).
     shown = spec.name or (path.name if path else "")
-
-    if spec.source == "sample":
-        from sample_models import SAMPLES, task_loss
-        if spec.name not in SAMPLES:
-            raise ModelLoadError(f"unknown sample model {spec.name!r}; choose one of {', '.join(SAMPLES)}")
-        sample = SAMPLES[spec.name]
-        model = sample.build()
-        declared = sample.inputs
-        loss_fn = task_loss(sample.task, sample.num_classes, spec.seed)
-        loss_name = "cross-entropy" + (" over the vocabulary" if sample.task == "lm" else "")
-        task, num_classes = sample.task, sample.num_classes
-    elif spec.source == "hf":
-        from diagnostics.hf import HFSettings, build
-
-        built = build(HFSettings.from_json(spec.hf), spec.device, spec.seed)
-        model, declared, meta = built.model, tuple(built.input_specs), built.meta_reason
-        loss_fn, loss_name, notes = built.loss_fn, built.loss_name, list(built.notes)
-        task = "lm" if built.task in ("causal-lm", "masked-lm", "seq2seq-lm") else "classification"
-        num_classes = built.num_classes
-    elif spec.source == "torchscript":
-        model = _load_torchscript(path, shown)
-    elif spec.source == "export":
-        model, example = _load_export(path, shown)
-        notes.append("a torch.export program keeps the train/eval mode it was exported in: Dropout and "
-                     "BatchNorm behave that way in every analysis, whatever mode it asks for")
-    elif spec.source == "python":
-        model, example, user_loss = _load_python(path, shown)
-        if user_loss is not None:
-            loss_fn, loss_name = user_loss, "loss_fn() from the uploaded file"
-    else:
-        model = _load_pickle(path, spec.trust_pickle, shown)
-
+    built = _build_from_source(spec, path, shown)
+    model, example, loss_fn = built.model, built.example, built.loss_fn
     if spec.weights_path:
-        weights = Path(spec.weights_path)
-        # An uploaded weights file is stored under a name of ours: then it is named by its role.
-        ours = weights.name in WEIGHTS_NAMES
-        apply_weights(model, load_state_dict_file(weights, "the weights file" if ours else weights.name),
-                      "the weights" if ours else weights.name)
+        _apply_spec_weights(model, spec)
 
-    own = declared if declared is not None else (specs_of(example) if example is not None else None)
-    if spec.inputs is not None:
-        specs = spec.inputs
-    elif declared is not None:
-        specs = declared
-    elif example is not None:
-        specs = specs_of(example)
-    else:
-        raise SpecError(f"{spec.name} declares no example inputs: enter the input shapes in the sidebar")
-    if spec.batch_size is not None:
-        specs = with_batch(specs, spec.batch_size)
-
+    own = built.declared if built.declared is not None else (specs_of(example) if example is not None else None)
+    specs = _input_specs(spec, built)
     device = torch.device(spec.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SpecError(f"device {spec.device} was asked for but CUDA is not available here")
-    if meta:  # nothing to move: the parameters and inputs stay on the meta device
+    if built.meta:  # nothing to move: the parameters and inputs stay on the meta device
         return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=make_inputs(specs, "meta", spec.seed),
-                           loss_fn=loss_fn, loss_name=loss_name, task=task, num_classes=num_classes,
-                           notes=notes, meta=meta, declared_inputs=own)
+                           loss_fn=loss_fn, loss_name=built.loss_name, task=built.task,
+                           num_classes=built.num_classes, notes=built.notes, meta=built.meta, declared_inputs=own)
     try:
         model = model.to(device)
     except Exception as e:
@@ -612,6 +516,6 @@ def load_model(spec: ModelSpec) -> LoadedModel:
     else:
         inputs = make_inputs(specs, spec.device, spec.seed)
     return LoadedModel(spec=spec, model=model, input_specs=specs, inputs=inputs,
-                       loss_fn=loss_fn or default_loss, loss_name=loss_name, task=task, num_classes=num_classes,
-                       loss_stand_in=loss_fn is None,
-                       notes=notes, declared_inputs=own)
+                       loss_fn=loss_fn or default_loss, loss_name=built.loss_name, task=built.task,
+                       num_classes=built.num_classes, loss_stand_in=loss_fn is None,
+                       notes=built.notes, declared_inputs=own)

@@ -2,6 +2,8 @@
 
 import streamlit as st
 
+from diagnostics.registry import get_analysis
+from diagnostics.results import ResultError, decode
 from diagnostics.settings import safe_mode
 from diagnostics.uploads import save_upload
 from ui import state, views
@@ -65,18 +67,25 @@ def apply_fix(fix_ref: str) -> None:
     st.switch_page("pages/optimize.py")
 
 
-def latest(analysis: str, accept=lambda result: True) -> dict | None:
-    """The newest successful run of ``analysis`` on this model and device, if any (History has it)."""
+def latest(analysis: str, accept=lambda result: True):
+    """The newest successful run of ``analysis`` on this model and device, if any (History has it), as its
+    typed result; a stored run that no longer fits the type is passed over (History shows it, with the reason)."""
     for rec in get_store().list(limit=50, analysis=analysis):
         if rec.status == "ok" and rec.model_label == spec.label and rec.device == spec.device:
             full = get_store().get(rec.id)
-            if full is not None and accept(full.result):
-                return full.result
+            if full is None or full.damaged:
+                continue
+            try:
+                typed = decode(get_analysis(analysis), full.result)
+            except ResultError:
+                continue
+            if typed is not None and accept(typed):
+                return typed
     return None
 
 
 profile_result = latest("profile")
-trials = [latest("optimize", lambda r, m=m: (r.get("mode") or "inference") == m) for m in ("inference", "train")]
+trials = [latest("optimize", lambda r, m=m: (r.mode or "inference") == m) for m in ("inference", "train")]
 sources = ", ".join(n for n, r in (("the latest profile's roofline", profile_result),
                                    ("the latest Optimize trials", trials[0]),
                                    ("the latest training-step trials", trials[1])) if r)

@@ -97,7 +97,7 @@ def compare_tab() -> None:
         st.error(str(e))
         return
     show_comparison(comparison)
-    if comparison["traces"]:
+    if comparison.traces:
         from diagnostics.trace.cache import stamp as file_stamp
 
         st.markdown("**Trace diff** of the two runs' profiler traces (operators and kernels added, removed, "
@@ -106,10 +106,9 @@ def compare_tab() -> None:
         if st.button("Diff their traces", key="history_trace_diff", icon=":material/compare_arrows:"):
             st.session_state["history_diff_pair"] = key
         if st.session_state.get("history_diff_pair") == key:
-            paths = comparison["traces"]
+            paths = comparison.traces
             try:
-                options = {"before": paths["a"], "after": paths["b"],
-                           "stamps": [file_stamp(paths["a"]), file_stamp(paths["b"])]}
+                options = {"before": paths.a, "after": paths.b, "stamps": [file_stamp(paths.a), file_stamp(paths.b)]}
             except TorchScopeError as e:
                 st.error(str(e))
                 return
@@ -118,7 +117,7 @@ def compare_tab() -> None:
                 views.show("trace_diff", outcome.result, file_stem=f"diff-{a_id}-{b_id}")
             else:
                 show_failure(outcome)
-    elif comparison["analysis"] == "profile":
+    elif comparison.analysis == "profile":
         st.caption("No trace diff: one of the runs kept no trace file.")
 
 

@@ -84,11 +84,15 @@ def test_planted_dead_and_starving_layers_are_still_flagged(arch, module, dead, 
 def test_the_checklist_repeats_the_verdict_over_several_steps(tmp_path):
     """The checklist's gradient_flow finding read one step of the old rule (DETR: 37 layers "vanishing")."""
     from diagnostics.analyses.checklist.facts import GRADIENT_STEPS, gradient_facts
-    from diagnostics.analyses.checklist.rules import check_gradient_flow
+    from diagnostics.analyses.checklist.design_rules import check_gradient_flow
 
     g = gradient_facts(load_model(spec_of("detr", tmp_path)))
     assert GRADIENT_STEPS >= 3 and g["steps"] == GRADIENT_STEPS
-    status, evidence, _, nums = check_gradient_flow({"measured": {"gradients": g}})
+    from msgspec.structs import replace
+
+    from tests.checklist.sample_facts import healthy
+
+    status, evidence, _, nums = check_gradient_flow(replace(healthy(), measured={"gradients": g}))
     assert (status, nums["vanishing"], nums["dead"]) == ("pass", 0, 0), evidence
     assert evidence.startswith(f"all {g['layers']} layers healthy")
 

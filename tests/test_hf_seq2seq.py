@@ -206,7 +206,7 @@ def test_every_analysis_runs_on_a_small_encoder_decoder(config, analysis, option
         assert m["latency_median_ms"] > 0 and m["batch_size"] == 2
     if analysis == "checklist":
         assert m["applicable"] > 0 and m["error"] == 0
-        assert result.facts["errors"] == {}
+        assert result.facts.errors == {}
 
 
 @pytest.mark.parametrize("config", [T5, BART], ids=["t5", "bart"])

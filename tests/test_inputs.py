@@ -277,7 +277,7 @@ def test_t5_with_keyword_inputs_runs_every_analysis(t5_file, tmp_path, analysis,
         assert m["latency_median_ms"] > 0 and m["batch_size"] == 2
     if analysis == "checklist":
         assert m["applicable"] > 0 and m["error"] == 0
-        assert result.facts["errors"] == {}  # every probe (forward, train step, profile, compile) ran
+        assert result.facts.errors == {}  # every probe (forward, train step, profile, compile) ran
 
 
 def test_t5_with_keyword_inputs_through_fixes(t5_file, tmp_path):

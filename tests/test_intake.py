@@ -113,7 +113,7 @@ def test_an_archive_of_another_kind_is_named_with_the_kind_to_choose(tmp_path):
 
 
 def test_a_pickled_module_in_the_weights_slot_names_the_refused_class(tmp_path):
-    from diagnostics.intake import load_state_dict_file
+    from diagnostics.weights import load_state_dict_file
 
     path = tmp_path / "full.pt"
     torch.save(Tiny(), path)
@@ -452,7 +452,7 @@ def test_a_sparse_weights_file_is_named_invalid_at_once(tmp_path):
 def test_a_safetensors_header_that_does_not_describe_its_bytes_is_named(tmp_path):
     import json
 
-    from diagnostics.intake import check_weights_file
+    from diagnostics.weights import check_weights_file
 
     def write(name, header, data: bytes):
         raw = json.dumps(header).encode()

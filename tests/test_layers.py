@@ -69,7 +69,7 @@ BASE = {"diagnostics.errors", "diagnostics.units"}
 #: diagnostics.devices: the machine's facts (cores, torch's threads), read once for every view
 MEASURE_MAY_USE = BASE | {"diagnostics.trace", "diagnostics.inputs", "diagnostics.tensors", "diagnostics.devices"}
 #: The model layer (a model, its inputs, what its tensors hold) stands below measuring and tracing.
-MODEL_LAYER = ("diagnostics.inputs", "diagnostics.intake", "diagnostics.hf", "diagnostics.tensors")
+MODEL_LAYER = ("diagnostics.inputs", "diagnostics.intake", "diagnostics.weights", "diagnostics.hf", "diagnostics.tensors")
 
 
 def test_the_module_list_is_read():

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = [*sorted((ROOT / "ui").rglob("*.py")), *sorted((ROOT / "pages").glob("*.py")), ROOT / "app.py",
            *sorted((ROOT / "diagnostics" / "render").rglob("*.py"))]
-RESULT_NAMES = {"result", "res", "results"}
+RESULT_NAMES = {"result", "res", "results", "comparison", "trend", "facts"}
 #: Generic code over any analysis' result, working from its declaration and its plain form.
 PLAIN_FORM_READERS = {"diagnostics/render/html.py", "diagnostics/render/sections.py", "diagnostics/render/tables.py",
                       "ui/views/__init__.py"}

@@ -106,7 +106,7 @@ def read_only(path):
     assert libc.mount(None, path.encode(), None, 32 | 4096 | 1, None) == 0, os.strerror(ctypes.get_errno())
 
 def drop_capabilities():
-    from diagnostics.sandbox import drop_capabilities as drop
+    from diagnostics.confine import drop_capabilities as drop
     drop()
 
 def seeded(folder):

@@ -12,6 +12,7 @@ import time
 
 from diagnostics.errors import TorchScopeError
 from diagnostics.history import compare_runs, trend
+from diagnostics.results import to_plain
 from diagnostics.store import LATEST_TIME, Store, StoreError
 from diagnostics.units import format_value, human_seconds, printable
 
@@ -84,36 +85,35 @@ def run(args, out=None) -> int:
         if args.history_command == "compare":
             c = compare_runs(_find(store, args.a), _find(store, args.b))
             if args.json:
-                out.write(json.dumps(c, indent=1, default=str) + "\n")
+                out.write(json.dumps(to_plain(c), indent=1, default=str) + "\n")
                 return 0
-            out.write(f"{p(c['analysis'])}: A {p(c['a']['id'])} ({_when(c['a']['started'])}, {p(c['a']['model'])})"
-                      f" -> B {p(c['b']['id'])} ({_when(c['b']['started'])}, {p(c['b']['model'])})\n")
-            width = max((len(r["label"]) for r in c["rows"]), default=10)
-            for r in c["rows"]:
-                pct = "" if r["change_pct"] is None else f"{r['change_pct']:+.1f} %"
-                out.write(f"  {r['label']:<{width}}  {p(r['a_text']):>12} -> {p(r['b_text']):<12} {pct:>9}  "
-                          f"{r['verdict']}\n")
-            for s in c["settings"]:
-                out.write(f"  changed setting {p(s['setting'])}: {p(s['a'])} -> {p(s['b'])}\n")
-            for note in c["notes"]:
+            out.write(f"{p(c.analysis)}: A {p(c.a.id)} ({_when(c.a.started)}, {p(c.a.model)})"
+                      f" -> B {p(c.b.id)} ({_when(c.b.started)}, {p(c.b.model)})\n")
+            width = max((len(r.label) for r in c.rows), default=10)
+            for r in c.rows:
+                pct = "" if r.change_pct is None else f"{r.change_pct:+.1f} %"
+                out.write(f"  {r.label:<{width}}  {p(r.a_text):>12} -> {p(r.b_text):<12} {pct:>9}  {r.verdict}\n")
+            for s in c.settings:
+                out.write(f"  changed setting {p(s.setting)}: {p(s.a)} -> {p(s.b)}\n")
+            for note in c.notes:
                 out.write(f"note: {note}\n")
-            if c["traces"]:
-                out.write(f"traces: python -m diagnostics trace diff {p(c['traces']['a'])} {p(c['traces']['b'])}\n")
+            if c.traces:
+                out.write(f"traces: python -m diagnostics trace diff {p(c.traces.a)} {p(c.traces.b)}\n")
             return 0
         t = trend(store.list(limit=100_000), args.analysis, args.metric, args.model)
         if args.json:
-            out.write(json.dumps(t, indent=1, default=str) + "\n")
+            out.write(json.dumps(to_plain(t), indent=1, default=str) + "\n")
             return 0
-        out.write(f"{t['label']} ({t['analysis']}{', ' + p(t['model']) if t['model'] else ''}): {len(t['rows'])} runs"
-                  + (f", {t['missing']} without it" if t["missing"] else "")
-                  + (f", {t['damaged']} damaged in the store" if t["damaged"] else "") + "\n")
-        many = len(t["series"]) > 1  # runs of different settings: each series on its own, never one line
-        for i, series in enumerate(t["series"]):
+        out.write(f"{t.label} ({t.analysis}{', ' + p(t.model) if t.model else ''}): {len(t.rows)} runs"
+                  + (f", {t.missing} without it" if t.missing else "")
+                  + (f", {t.damaged} damaged in the store" if t.damaged else "") + "\n")
+        many = len(t.series) > 1  # runs of different settings: each series on its own, never one line
+        for i, series in enumerate(t.series):
             if many:
-                out.write(f" series {i + 1}: {p(series['label'])} ({series['runs']} runs)\n")
-            for r in (r for r in t["rows"] if r["series"] == i):
-                out.write(f"  {_when(r['started'])}  {format_value(r['value'], t['unit']):>12}  {p(r['id'])}"
-                          f"{'  (machine busy)' if r['disturbed'] else ''}\n")
+                out.write(f" series {i + 1}: {p(series.label)} ({series.runs} runs)\n")
+            for r in (r for r in t.rows if r.series == i):
+                out.write(f"  {_when(r.started)}  {format_value(r.value, t.unit):>12}  {p(r.id)}"
+                          f"{'  (machine busy)' if r.disturbed else ''}\n")
         return 0
     except TorchScopeError as e:
         sys.stderr.write(f"error: {printable(e)}\n")

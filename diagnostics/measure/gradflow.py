@@ -249,25 +249,27 @@ def layer_order(called: list[str], layers: list[str]) -> list[str]:
     return [n for n in seq if n in layers]
 
 
-def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
-                  progress: Callable[[float, str], None] | None = None) -> dict:
-    """Train ``steps`` steps on the loaded model (restored afterwards) with hooks on every layer's
-    parameter gradients and on the activations: per-step and per-layer gradient statistics, update
-    ratios, dead / saturated activations, and each layer's status (``gradient_health.classify``)."""
-    progress = progress or (lambda f, m: None)
-    o = {"steps": int(steps), "optimizer": optimizer, "lr": float(lr)}
-    model = loaded.model
-    owners = param_owners(model)
-    if not owners:
-        raise TorchScopeError("the model has no trainable parameters: there is no gradient flow to look at")
-    params = {id(p): (layer, p) for layer, ps in owners.items() for _, p in ps}
-    aliases = tied_aliases(model)
+def _update_sums(params: dict, before: dict) -> dict[str, list[float]]:
+    """Per layer: [||w' - w||^2, ||w||^2] over its parameters, after the optimizer step."""
+    upd: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for pid, (layer, p) in params.items():
+            d = (p.detach() - before[pid]).double().pow(2).sum().item()
+            w = before[pid].double().pow(2).sum().item()
+            u = upd.setdefault(layer, [0.0, 0.0])
+            u[0] += d
+            u[1] += w
+    return upd
 
+
+def _hooked_steps(loaded, o: dict, params: dict, aliases: dict, progress):
+    """Train ``o["steps"]`` steps (the model restored afterwards) with the gradient, forward-order and activation
+    hooks on: (the layers' forward order, activation samples, per-step sinks and updates, the losses)."""
+    model = loaded.model
     order: list[str] = []
     acts: dict[str, dict] = {}
     per_step: list[dict] = []
     losses: list[float | None] = []
-    progress(0.05, "training steps with gradient hooks")
     with restored_state(model):
         model.train()
         train_step = Step(loaded, True, o["optimizer"], o["lr"], params=[p for _, p in params.values()])
@@ -288,29 +290,17 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
                 before: dict[int, torch.Tensor] = {}
                 with grad_hooks(params, sink, frozenset(aliases)):
                     loss = train_step(after_backward=lambda: read_grads(sink, before))
-                with torch.no_grad():
-                    upd: dict[str, list[float]] = {}
-                    for pid, (layer, p) in params.items():
-                        d = (p.detach() - before[pid]).double().pow(2).sum().item()
-                        w = before[pid].double().pow(2).sum().item()
-                        u = upd.setdefault(layer, [0.0, 0.0])
-                        u[0] += d
-                        u[1] += w
+                upd = _update_sums(params, before)
                 del before
                 per_step.append({"sink": sink, "upd": upd})
                 losses.append(_finite(loss))
                 progress(0.05 + 0.85 * (step + 1) / o["steps"], f"step {step + 1} / {o['steps']}")
+    return order, acts, per_step, losses
 
-    progress(0.92, "classifying layers")
-    names = layer_order(order, list(owners))
-    types = dict((mname or ROOT, type(m).__name__) for mname, m in model.named_modules())
-    # a config or a sample is built with random weights here; a loss at chance level says the same
-    phase, phase_reason = phase_of(losses[0], getattr(loaded, "num_classes", None),
-                                   random_init=loaded.spec.source in RANDOM_INIT_SOURCES and not loaded.spec.weights_path)
-    steps_table, layers, global_norms = summarize_layers(
-        names, per_step, {n: sum(p.numel() for _, p in owners[n]) for n in names}, types,
-        {n: [pn for pn, _ in owners[n]] for n in names}, layer_scale_gates(model), losses, phase)
 
+def _activation_rows(acts: dict, order: list[str]) -> list[dict]:
+    """Per hooked activation module, in forward order: its mean dead (ReLU) or saturated fraction, flagged
+    above ACTIVATION_FLAG_FRACTION."""
     activations = []
     for name, a in acts.items():
         samples = a["samples"]
@@ -324,7 +314,12 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
             "flagged": value is not None and value > ACTIVATION_FLAG_FRACTION,
         })
     activations.sort(key=lambda r: order.index(r["module"]) if r["module"] in order else len(order))
+    return activations
 
+
+def _flow_metrics(layers: list[dict], activations: list[dict], global_norms: list[dict], losses: list,
+                  steps: int) -> tuple[dict, dict]:
+    """The run's figures, and the layers counted by status."""
     counts = {s: sum(1 for l in layers if l["status"] == s) for s in STATUSES}
     dead_fracs = [a["dead_fraction"] for a in activations if a["dead_fraction"] is not None]
     sat_fracs = [a["saturated_fraction"] for a in activations if a["saturated_fraction"] is not None]
@@ -344,10 +339,13 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
         "dead_relu_fraction_max": max(dead_fracs) if dead_fracs else None,
         "saturated_fraction_max": max(sat_fracs) if sat_fracs else None,
         "activations_flagged": sum(1 for a in activations if a["flagged"]),
-        "steps": o["steps"],
+        "steps": steps,
     }
-    verdict = "healthy" if metrics["layers_flagged"] == 0 else ", ".join(
-        f"{counts[s]} {s}" for s in STATUSES[1:] if counts[s])
+    return metrics, counts
+
+
+def _finite_figures(steps_table: list[dict], layers: list[dict], global_norms: list[dict]) -> None:
+    """Non-finite norms and magnitudes made None in place (JSON has no NaN / Inf)."""
     for r in steps_table:
         for k in ("grad_norm", "grad_abs_mean", "grad_abs_max"):
             r[k] = _finite(r[k])
@@ -357,6 +355,38 @@ def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
             l[k] = None if l[k] is None else _finite(l[k])
     for g in global_norms:
         g["global_norm"] = _finite(g["global_norm"])
+
+
+def gradient_flow(loaded, steps: int, optimizer: str = "sgd", lr: float = 0.01,
+                  progress: Callable[[float, str], None] | None = None) -> dict:
+    """Train ``steps`` steps on the loaded model (restored afterwards) with hooks on every layer's
+    parameter gradients and on the activations: per-step and per-layer gradient statistics, update
+    ratios, dead / saturated activations, and each layer's status (``gradient_health.classify``)."""
+    progress = progress or (lambda f, m: None)
+    o = {"steps": int(steps), "optimizer": optimizer, "lr": float(lr)}
+    model = loaded.model
+    owners = param_owners(model)
+    if not owners:
+        raise TorchScopeError("the model has no trainable parameters: there is no gradient flow to look at")
+    params = {id(p): (layer, p) for layer, ps in owners.items() for _, p in ps}
+    aliases = tied_aliases(model)
+    progress(0.05, "training steps with gradient hooks")
+    order, acts, per_step, losses = _hooked_steps(loaded, o, params, aliases, progress)
+
+    progress(0.92, "classifying layers")
+    names = layer_order(order, list(owners))
+    types = dict((mname or ROOT, type(m).__name__) for mname, m in model.named_modules())
+    # a config or a sample is built with random weights here; a loss at chance level says the same
+    phase, phase_reason = phase_of(losses[0], getattr(loaded, "num_classes", None),
+                                   random_init=loaded.spec.source in RANDOM_INIT_SOURCES and not loaded.spec.weights_path)
+    steps_table, layers, global_norms = summarize_layers(
+        names, per_step, {n: sum(p.numel() for _, p in owners[n]) for n in names}, types,
+        {n: [pn for pn, _ in owners[n]] for n in names}, layer_scale_gates(model), losses, phase)
+    activations = _activation_rows(acts, order)
+    metrics, counts = _flow_metrics(layers, activations, global_norms, losses, o["steps"])
+    verdict = "healthy" if metrics["layers_flagged"] == 0 else ", ".join(
+        f"{counts[s]} {s}" for s in STATUSES[1:] if counts[s])
+    _finite_figures(steps_table, layers, global_norms)
     progress(1.0, "done")
     stand_in = bool(getattr(loaded, "loss_stand_in", False))
     notes = []

@@ -92,40 +92,17 @@ def init_role(weight, shape, vocabularies: set) -> str | None:
     return None
 
 
-def static_facts(model: nn.Module) -> dict:
-    """Facts from the module tree alone."""
-    types: dict[str, int] = {}
-    for _, m in model.named_modules():
-        types[type(m).__name__] = types.get(type(m).__name__, 0) + 1
-    inner = model
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside a DataParallel / DDP wrapper or torch.compile's OptimizedModule (else the model)."""
     if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-        inner = model.module
-    elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
-        inner = model._orig_mod
-    mods = list(inner.named_modules())
-    convs = [(n, m) for n, m in mods if isinstance(m, CONV)]
-    bns = [(n, m) for n, m in mods if isinstance(m, BATCHNORM)]
-    drops = [(n, m) for n, m in mods if isinstance(m, DROPOUT)]
-    acts = [(n, m) for n, m in mods if isinstance(m, ACTIVATIONS)]
-    act_counts: dict[str, int] = {}
-    for _, m in acts:
-        act_counts[type(m).__name__] = act_counts.get(type(m).__name__, 0) + 1
-    inplace = [n for n, m in acts if isinstance(m, INPLACE_CAPABLE) and getattr(m, "inplace", False)]
-    not_inplace = [n for n, m in acts if isinstance(m, INPLACE_CAPABLE) and not getattr(m, "inplace", False)]
-    params = list({id(p): p for p in model.parameters()}.values())
-    dtypes: dict[str, int] = {}
-    for p in params:
-        key = str(p.dtype).replace("torch.", "")
-        dtypes[key] = dtypes.get(key, 0) + p.numel()
-    conv2d = [m for _, m in convs if isinstance(m, nn.Conv2d)]
-    channels_last = bool(conv2d) and all(
-        m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous()
-        for m in conv2d if m.weight.dim() == 4 and m.weight.shape[2:] != (1, 1))
-    dp = isinstance(model, nn.DataParallel)
-    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-    dist_backend = None
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        dist_backend = str(torch.distributed.get_backend())
+        return model.module
+    if isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+        return model._orig_mod
+    return model
+
+
+def _init_scales(mods: list) -> list[dict]:
+    """Each weighted layer's init: its fan-in, the weights' std, the gain std * sqrt(fan_in), and its role."""
     init = []
     # the token embedding (the one with the most rows; position and relative-position tables have fewer): a
     # Linear from its width onto its vocabulary is a vocabulary (LM) head, tied to it or not, whose init scale
@@ -146,6 +123,42 @@ def static_facts(model: nn.Module) -> dict:
             init.append({"name": n, "type": type(m).__name__, "fan_in": fan_in, "std": std,
                          "gain": std * math.sqrt(fan_in),
                          "role": init_role(m.weight, out, vocabularies)})
+    return init
+
+
+def _channels_last(conv2d: list) -> bool:
+    """Every 2-D convolution with a spatial kernel keeps its weight channels-last (and there is one)."""
+    return bool(conv2d) and all(
+        m.weight.is_contiguous(memory_format=torch.channels_last) and not m.weight.is_contiguous()
+        for m in conv2d if m.weight.dim() == 4 and m.weight.shape[2:] != (1, 1))
+
+
+def static_facts(model: nn.Module) -> dict:
+    """Facts from the module tree alone."""
+    types: dict[str, int] = {}
+    for _, m in model.named_modules():
+        types[type(m).__name__] = types.get(type(m).__name__, 0) + 1
+    mods = list(_unwrapped(model).named_modules())
+    convs = [(n, m) for n, m in mods if isinstance(m, CONV)]
+    bns = [(n, m) for n, m in mods if isinstance(m, BATCHNORM)]
+    drops = [(n, m) for n, m in mods if isinstance(m, DROPOUT)]
+    acts = [(n, m) for n, m in mods if isinstance(m, ACTIVATIONS)]
+    act_counts: dict[str, int] = {}
+    for _, m in acts:
+        act_counts[type(m).__name__] = act_counts.get(type(m).__name__, 0) + 1
+    inplace = [n for n, m in acts if isinstance(m, INPLACE_CAPABLE) and getattr(m, "inplace", False)]
+    not_inplace = [n for n, m in acts if isinstance(m, INPLACE_CAPABLE) and not getattr(m, "inplace", False)]
+    params = list({id(p): p for p in model.parameters()}.values())
+    dtypes: dict[str, int] = {}
+    for p in params:
+        key = str(p.dtype).replace("torch.", "")
+        dtypes[key] = dtypes.get(key, 0) + p.numel()
+    conv2d = [m for _, m in convs if isinstance(m, nn.Conv2d)]
+    dp = isinstance(model, nn.DataParallel)
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    dist_backend = None
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        dist_backend = str(torch.distributed.get_backend())
     return {
         "model_type": type(model).__name__,
         "module_types": types,
@@ -166,7 +179,7 @@ def static_facts(model: nn.Module) -> dict:
         "params_total": sum(p.numel() for p in params),
         "param_bytes": sum(p.numel() * p.element_size() for p in params),
         "params_trainable": sum(p.numel() for p in params if p.requires_grad),
-        "channels_last": channels_last,
+        "channels_last": _channels_last(conv2d),
         "compiled": hasattr(model, "_orig_mod") or type(model).__name__ == "OptimizedModule",
         "torchscript": isinstance(model, torch.jit.ScriptModule),
         # a TorchScript program's modules are compiled (RecursiveScriptModule): the classes they were made from
@@ -175,7 +188,7 @@ def static_facts(model: nn.Module) -> dict:
         "data_parallel_devices": len(model.device_ids or []) if dp else 0,
         "ddp": ddp,
         "dist_backend": dist_backend,
-        "init": init,
+        "init": _init_scales(mods),
         "quantized": any("quantized" in type(m).__module__ for _, m in mods),
     }
 

@@ -206,13 +206,13 @@ def build_report(analysis: str, result, title: str | None = None, *, meta: dict 
     title = title or f"TorchScope · {analysis}"
     sections, problem = sections_for(analysis, result)
     columns = declared_columns(analysis)
-    facts = {"analysis": analysis, "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    header = {"analysis": analysis, "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
     if model_of(result):
-        facts["model"] = model_of(result)
+        header["model"] = model_of(result)
     if device_of(result):
-        facts["device"] = device_of(result)
-    facts.update(meta or {})
-    sub = " · ".join(f"{k}: {v}" for k, v in facts.items())
+        header["device"] = device_of(result)
+    header.update(meta or {})
+    sub = " · ".join(f"{k}: {v}" for k, v in header.items())
     parts = [f"<header><h1>{html.escape(title)}</h1><p>{html.escape(sub)}</p></header><main>"]
     if problem:
         parts.append(f'<section><p class="error">{html.escape(problem)}</p></section>')

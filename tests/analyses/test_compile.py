@@ -190,7 +190,7 @@ def test_the_training_comparison_runs_forward_and_backward_on_both_and_leaves_th
     r = _train_comparison(model, loaded, {"backend": "eager", "mode": "default", "dynamic": "auto", "rounds": 2,
                                           "warmup": 1}, torch.device("cpu"))
     torch._dynamo.reset()
-    assert r["eager_ms"] > 0 and r["compiled_ms"] > 0 and r["verdict"] in ("faster", "slower", "within noise")
+    assert r.eager_ms > 0 and r.compiled_ms > 0 and r.verdict in ("faster", "slower", "within noise")
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))  # no optimizer step
     want = torch.autograd.grad(model(x).pow(2).sum(), list(model.parameters()))
     assert all(torch.allclose(p.grad, g) for p, g in zip(model.parameters(), want))  # cleared before each backward

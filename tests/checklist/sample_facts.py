@@ -1,13 +1,16 @@
 """Hand-written checklist facts shared by the rule and report tests."""
 
-import copy
+import msgspec
+
+from diagnostics.analyses.checklist import Facts
+from diagnostics.results import to_plain
 
 GiB = 2**30
 
 
-def healthy() -> dict:
+def healthy() -> Facts:
     """Facts of a healthy CUDA training run with a well-configured DataLoader: every rule passes."""
-    return {
+    return facts_of({
         "purpose": "training", "batch_size": 64, "task": "classification", "errors": {},
         "static": {
             "model_type": "Net", "n_conv": 2, "n_conv2d": 2, "n_batchnorm": 2, "n_dropout": 1, "n_linear": 2,
@@ -50,16 +53,20 @@ def healthy() -> dict:
                                      "persistent_workers": True},
                        "loader_s_per_batch": 0.0002, "step_time_s": 0.010, "loader_fraction": 0.0002 / 0.0102,
                        "note": None},
-    }
+    })
 
 
-def set_path(facts: dict, path: str, value) -> dict:
-    f = copy.deepcopy(facts)
+def facts_of(plain: dict) -> Facts:
+    """Facts from their plain form (checked like a stored checklist's)."""
+    return msgspec.convert(plain, Facts)
+
+
+def set_path(facts: Facts, path: str, value) -> Facts:
+    """A copy of ``facts`` with the value at "section.key.key" set (made through the plain form)."""
+    f = to_plain(facts)
     cur = f
     keys = path.split(".")
     for k in keys[:-1]:
         cur = cur[k]
     cur[keys[-1]] = value
-    return f
-
-
+    return facts_of(f)

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 import torch
 from torch import nn
 
@@ -16,6 +17,7 @@ from diagnostics.intake import LoadedModel
 from diagnostics.results import to_json
 from diagnostics.runner import Job, execute
 from diagnostics.spec import InputSpec, ModelSpec
+from tests.checklist.sample_facts import healthy
 
 FAST = {"iters": 2, "profile_steps": 1}
 
@@ -74,9 +76,9 @@ def test_dead_relu_units_counted_per_feature():
     # Two samples are too few to call a unit dead (MIN_UNIT_OBSERVATIONS): nothing is judged.
     ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(2, 4),))
     assert ff["relu_units"] == 0 and ff["dead_relu_units"] == 0 and ff["relu_modules"] == 1
-    from diagnostics.analyses.checklist.rules import check_dead_units
+    from diagnostics.analyses.checklist.design_rules import check_dead_units
 
-    status, why = check_dead_units({"forward": ff})[:2]
+    status, why = check_dead_units(replace(healthy(), forward=ff))[:2]
     assert status == "not_applicable" and why.startswith("the batch is too small to judge ReLU units")
 
 
@@ -114,9 +116,9 @@ def test_sync_points_count_only_what_the_step_does(monkeypatch):
     from diagnostics.analyses.checklist import facts as facts_mod
 
     monkeypatch.setattr(facts_mod, "sync", lambda device: torch.ones(1).sum().item())
-    clean = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(16, 8)), FAST)["measured"]["profile"]
+    clean = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(16, 8)), FAST).measured["profile"]
     assert clean["sync_points_per_step"] == 0.0
-    dirty = collect_facts(loaded_of(OneItemPerForward(), torch.randn(16, 8)), FAST)["measured"]["profile"]
+    dirty = collect_facts(loaded_of(OneItemPerForward(), torch.randn(16, 8)), FAST).measured["profile"]
     assert dirty["sync_points_per_step"] == 1.0
 
 
@@ -137,17 +139,17 @@ def test_sync_points_and_saved_activations_and_gradients():
     model = OneItemPerForward()
     x = torch.randn(16, 8)
     facts = collect_facts(loaded_of(model, x), FAST)
-    p = facts["measured"]["profile"]
+    p = facts.measured["profile"]
     assert p["sync_per_step"]["aten::item"] == 1.0
     assert p["sync_points_per_step"] == 1.0
     # Saved for backward (parameters and inputs excluded): y (abs), |y| (max) and the 4-byte max;
     # the loss's pow saves y again (same storage, counted once).
-    assert facts["measured"]["saved_activation_bytes"] == 2 * 16 * 8 * 4 + 4
+    assert facts.measured["saved_activation_bytes"] == 2 * 16 * 8 * 4 + 4
     # gradients (from the Gradient-flow analysis) against a manual backward
     ref = OneItemPerForward()
     ref.load_state_dict(model.state_dict())
     mse(ref(x)).backward()
-    g = facts["measured"]["gradients"]
+    g = facts.measured["gradients"]
     manual = torch.cat([q.grad.flatten() for q in ref.parameters()]).norm().item()
     assert g["global_norm_first"] == pytest.approx(manual, rel=1e-5)
     assert g["nonfinite"] == 0 and g["layers"] == 1
@@ -157,7 +159,7 @@ def test_saved_activations_of_linear_relu():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
     facts = collect_facts(loaded_of(model, torch.randn(16, 8)), FAST)
     # the ReLU output (16x16 fp32), which the loss's pow reuses; the input x is not counted
-    assert facts["measured"]["saved_activation_bytes"] == 16 * 16 * 4
+    assert facts.measured["saved_activation_bytes"] == 16 * 16 * 4
 
 
 def test_collect_facts_leaves_the_model_alone(no_hooks_left):
@@ -166,12 +168,12 @@ def test_collect_facts_leaves_the_model_alone(no_hooks_left):
     m.eval()
     before = {k: v.clone() for k, v in m.state_dict().items()}
     facts = collect_facts(loaded_of(m, torch.randn(4, 3, 6, 6)), FAST)
-    json.dumps(facts)
+    to_json(facts)  # plain data all the way down (to_plain refuses anything else by name)
     assert not m.training
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())  # BN running stats untouched
     assert all(p.grad is None for p in m.parameters())
     no_hooks_left(m)
-    assert facts["static"]["training"] is False
+    assert facts.static["training"] is False
 
 
 DATASET = """
@@ -191,7 +193,7 @@ def test_dataset_module_measures_loader_time(tmp_path):
     path.write_text(DATASET)
     facts = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(4, 8)),
                           {**FAST, "dataloader": {"batch_size": 4, "num_workers": 0}, "dataset_path": str(path)})
-    dl = facts["dataloader"]
+    dl = facts.dataloader
     assert dl["loader_s_per_batch"] >= 0.04  # 4 items x 10 ms sleep
     assert dl["loader_fraction"] == pytest.approx(dl["loader_s_per_batch"] /
                                                   (dl["loader_s_per_batch"] + dl["step_time_s"]))
@@ -215,7 +217,7 @@ def test_dataloader_workers_load_a_dataset_module_inside_a_job(tmp_path):
                                       "prefetch_factor": 2}, "dataset_path": str(path)}
     out = run_job(Job("checklist", ModelSpec(name="mlp"), options), artifact_dir=tmp_path / "job")
     assert out.ok, out.error
-    dl = out.result.facts["dataloader"]
+    dl = out.result.facts.dataloader
     assert dl is not None and dl["note"] is None, out.result.notes
     assert dl["described"]["num_workers"] == 2 and dl["loader_s_per_batch"] > 0
     statuses = {f.id: f.status for f in out.result.findings}
@@ -291,7 +293,7 @@ def test_analysis_on_the_cnn_offers_fixes(tmp_path):
     assert _status(r, "channels_last").fix == "channels_last"
     assert _status(r, "dropout_bn_mode").status == "fail"  # a freshly built sample is in train mode
     # the probes' times are the ones their ratios are made of, with an interval and the A/A control beside
-    inf, bp = r.facts["measured"]["inference"], r.facts["measured"]["batch_probe"]
+    inf, bp = r.facts.measured["inference"], r.facts.measured["batch_probe"]
     assert inf["train_grad_forward_s"] / inf["eval_inference_forward_s"] == pytest.approx(inf["speedup"])
     assert bp["points"][1]["samples_per_s"] / bp["points"][0]["samples_per_s"] == pytest.approx(bp["throughput_gain_2x"])
     assert inf["rounds"] >= 6 and inf["speedup_ci"][0] <= inf["speedup"] <= inf["speedup_ci"][1]
@@ -320,10 +322,10 @@ def test_static_facts_see_through_compile_and_data_parallel():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_facts_and_tensor_core_rule(tmp_path):
     r = execute(Job("checklist", ModelSpec(name="mlp", device="cuda:0"), FAST), tmp_path)
-    env, p = r.facts["env"], r.facts["measured"]["profile"]
+    env, p = r.facts.env, r.facts.measured["profile"]
     assert env["compute_capability"] >= 3 and env["device_memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
     assert p["kernels_per_step"] > 0 and 0 < p["gpu_busy_fraction"] <= 1
-    assert r.facts["measured"]["peak_bytes"] > 0
+    assert r.facts.measured["peak_bytes"] > 0
     assert "aten::addmm" in p["eligible_ops"] or "aten::mm" in p["eligible_ops"]
     tc = _status(r, "tensor_cores")
     if env["compute_capability"] >= 7:

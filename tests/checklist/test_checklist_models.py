@@ -18,6 +18,7 @@ low end says, so their passing side holds on a busy machine without measuring ag
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 import torch
 from torch import nn
@@ -60,7 +61,7 @@ def rule(rule_id: str, facts: dict) -> Finding:
 
 def expect(rule_id: str, facts: dict, status: str, fragment: str) -> Finding:
     f = rule(rule_id, facts)
-    assert f.status == status, (rule_id, f.status, f.evidence, facts.get("errors"))
+    assert f.status == status, (rule_id, f.status, f.evidence, facts.errors)
     assert fragment in f.evidence, (rule_id, f.evidence)
     if status in ("warn", "fail"):
         assert f.suggestion
@@ -320,7 +321,7 @@ def test_saved_activations(healthy):
     # small model gets there, so the real measured bytes are judged against a pretend device twice
     # their size.
     assert f.numbers["saved_bytes"] > 0
-    small_device = {**healthy, "env": {**healthy["env"], "device_memory_bytes": 2 * f.numbers["saved_bytes"]}}
+    small_device = msgspec.structs.replace(healthy, env={**healthy.env, "device_memory_bytes": 2 * f.numbers["saved_bytes"]})
     expect("saved_activations", small_device, "warn", "autograd saves")
 
 
@@ -337,7 +338,7 @@ def test_launch_bound(heavy):
 
 
 def test_torch_compile(healthy):
-    if not healthy["env"]["cxx_compiler"]:
+    if not healthy.env["cxx_compiler"]:
         expect("torch_compile", healthy, "not_applicable", "C++ compiler")
     else:
         expect("torch_compile", healthy, "warn", "the model is not compiled")
@@ -423,7 +424,7 @@ class TwelveItemsPerForward(nn.Module):
 
 def test_sync_points_on_cpu_are_not_applicable_even_with_host_reads():
     facts = facts_of(TwelveItemsPerForward(), torch.randn(16, 8))
-    assert facts["measured"]["profile"]["sync_per_step"]["aten::item"] == 12  # counted, not blamed
+    assert facts.measured["profile"]["sync_per_step"]["aten::item"] == 12  # counted, not blamed
     expect("sync_points", facts, "not_applicable", "no GPU (CUDA): host reads such as .item() cost no")
 
 
@@ -432,7 +433,7 @@ def test_sync_points_on_cuda():
     expect("sync_points", facts_of(nn.Linear(8, 8).cuda(), torch.randn(16, 8, device="cuda")), "pass",
            "0 CPU-GPU sync points per step")
     dirty = facts_of(TwelveItemsPerForward().cuda(), torch.randn(16, 8, device="cuda"))
-    assert dirty["measured"]["profile"]["sync_per_step"]["aten::item"] == 12
+    assert dirty.measured["profile"]["sync_per_step"]["aten::item"] == 12
     expect("sync_points", dirty, "fail", "CPU-GPU sync points per step")
 
 
@@ -466,7 +467,7 @@ def test_gpu_utilization_on_cuda(cuda_heavy):
 
 @needs_cuda
 def test_tensor_cores_and_mixed_precision_on_cuda(cuda_heavy):
-    if cuda_heavy["env"]["compute_capability"] < 7:
+    if cuda_heavy.env["compute_capability"] < 7:
         pytest.skip("no Tensor Cores on this GPU")
     was = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -492,7 +493,7 @@ def test_tf32_on_cuda():
         off = static_of(m, x)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = was
-    if on["env"]["compute_capability"] < 8:
+    if on.env["compute_capability"] < 8:
         expect("tf32", on, "not_applicable", "no TF32")
         return
     expect("tf32", on, "pass", "TF32 on")
@@ -573,7 +574,7 @@ class GatedUnit(nn.Module):
 
 def test_sigmoid_and_tanh_gates_are_not_hidden_activations():
     se = static_of(SqueezeExcite(), torch.randn(2, 3, 8, 8))
-    assert se["forward"]["hidden_saturating"] == []
+    assert se.forward["hidden_saturating"] == []
     expect("hidden_activations", se, "pass", "Sigmoid x1")
     glu = static_of(GatedUnit(), torch.randn(4, 16))
     expect("hidden_activations", glu, "pass", "Tanh x1")
@@ -583,7 +584,7 @@ def test_a_sigmoid_feeding_a_layer_through_pooling_or_dropout_is_hidden():
     lenet = nn.Sequential(nn.Conv2d(1, 8, 3), nn.Tanh(), nn.AvgPool2d(2), nn.Conv2d(8, 16, 3), nn.Sigmoid(),
                           nn.Flatten(), nn.Dropout(0.1), nn.Linear(16, 8))
     f = static_of(lenet, torch.randn(2, 1, 8, 8))
-    assert f["forward"]["hidden_saturating"] == ["1", "4"]
+    assert f.forward["hidden_saturating"] == ["1", "4"]
     expect("hidden_activations", f, "warn", "2 Sigmoid/Tanh activations in hidden layers (1, 4)")
     # as an attention input
     attn = nn.MultiheadAttention(16, 2, batch_first=True)
@@ -624,7 +625,7 @@ class HoldsALock(nn.Module):
 def test_the_probes_run_on_the_model_itself_and_put_it_back():
     m = HoldsALock()
     facts = facts_of(m, torch.randn(16, 8))  # a deep copy raised TypeError: cannot pickle '_thread.lock'
-    assert facts["measured"]["train_step"]["median_s"] > 0 and not facts["errors"]
+    assert facts.measured["train_step"]["median_s"] > 0 and not facts.errors
     # what the probes change comes back: values, tensor objects, gradients, per-module modes
     net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 8))
     net.train()
@@ -649,7 +650,7 @@ def test_peak_memory_counts_the_weights_once_on_cuda():
     weights = sum(p.numel() * p.element_size() for p in m.parameters())
     facts = facts_of(m, torch.randn(8, 4096, device="cuda"))
     # weights + their gradients + a few small activations: about twice the weights, not three times
-    assert facts["measured"]["peak_bytes"] - base < 2.5 * weights
+    assert facts.measured["peak_bytes"] - base < 2.5 * weights
 
 
 # ----------------------------------------------------------------------------- rules added with the development checklist

@@ -136,7 +136,7 @@ def test_new_rule_thresholds_are_the_boundaries():
     assert run("tensor_copies", at).status == "pass"
     assert run("tensor_copies", set_path(at, "measured.profile.layout_copy_fraction", 0.1001)).status == "warn"
     # python_loops needs both many element ops and a large share of the step's ops
-    top = healthy()["measured"]["profile"]["ops_per_step"]  # 50
+    top = healthy().measured["profile"]["ops_per_step"]  # 50
     n = R.PYTHON_LOOP_MIN_OPS
     f = set_path(set_path(healthy(), "measured.profile.ops_per_step", n / R.PYTHON_LOOP_MIN_SHARE),
                  "measured.profile.element_ops_per_step", {"aten::select": n})
@@ -170,7 +170,7 @@ def test_a_rule_that_crashes_is_an_error_that_counts_as_failed():
     i = next(i for i, f in enumerate(good) if f.status == "pass")
 
     def crash(_facts):
-        return _facts["measured"]["no such probe"]["x"]  # a bug in a rule: it reads what is not there
+        return _facts.measured["no such probe"]["x"]  # a bug in a rule: it reads what is not there
 
     rules = list(RULES)
     rules[i] = dataclasses.replace(RULES[i], check=crash)
@@ -253,3 +253,26 @@ def test_a_gain_inside_the_control_spread_is_not_beyond_the_noise():
     assert run("inference_mode", f).status == "warn"
     f = set_path(f, "measured.inference.speedup_ci", None)  # no interval: never "beyond the noise"
     assert run("inference_mode", f).status == "pass"
+
+
+def test_stored_checklist_facts_decode_to_facts_and_judge_as_they_did():
+    """Checklist runs stored by older code (tests/data/stored): their facts decode into the typed Facts, the
+    same JSON comes back out, and today's rules judge them as the stored findings did."""
+    import json
+    from pathlib import Path
+
+    from diagnostics.analyses.checklist import Facts
+    from diagnostics.analyses.checklist.rules import evaluate
+    from diagnostics.registry import get_analysis
+    from diagnostics.results import decode, to_plain
+
+    rows = [r for r in json.loads((Path(__file__).parents[1] / "data" / "stored" / "runs-fc36ebc.json").read_text())
+            if r["analysis"] == "checklist"]
+    assert len(rows) == 2
+    for row in rows:
+        plain = json.loads(row["result_json"])
+        result = decode(get_analysis("checklist"), plain)
+        assert isinstance(result.facts, Facts) and to_plain(result.facts) == plain["facts"]
+        stored = {f["id"]: f["status"] for f in plain["findings"]}
+        now = {f.id: f.status for f in evaluate(result.facts)}
+        assert {k: now[k] for k in stored if k in now} == stored and len(set(stored) & set(now)) >= 20

@@ -10,6 +10,7 @@ import pytest
 
 import diagnostics.findings as findings
 from diagnostics.analyses.attach import rules as attach_rules
+from diagnostics.analyses.checklist import design_rules, thresholds
 from diagnostics.analyses.checklist import rules as checklist_rules
 
 SHARED = ("DATALOADER_FRACTION_MAX", "COMMUNICATION_FRACTION_MAX", "GPU_UTILIZATION_MIN", "LAUNCH_BOUND_MIN_OPS",
@@ -33,23 +34,24 @@ def _numbers_assigned(source: str, names) -> list[str]:
 
 def test_the_attach_rules_read_the_checklists_thresholds():
     for name in SHARED:
-        assert getattr(checklist_rules, name) == getattr(findings, name), name
+        assert getattr(thresholds, name) == getattr(findings, name), name
     for attach_name, checklist_name in ATTACH_NAMES.items():
-        assert getattr(attach_rules, attach_name) == getattr(checklist_rules, checklist_name), attach_name
-    assert attach_rules.GPU_IDLE_SHARE_MAX == pytest.approx(1 - checklist_rules.GPU_UTILIZATION_MIN)
+        assert getattr(attach_rules, attach_name) == getattr(thresholds, checklist_name), attach_name
+    assert attach_rules.GPU_IDLE_SHARE_MAX == pytest.approx(1 - thresholds.GPU_UTILIZATION_MIN)
     # the values the attach rules had before they read them: their behaviour is unchanged
     assert dict((n, v) for n, v, _ in attach_rules.THRESHOLDS) == {
         "DATA_WAIT_SHARE_MAX": 0.05, "HOST_SHARE_WARN": 0.30, "HOST_SHARE_FAIL": 0.50, "SYNC_MS_WARN": 0.1,
         "SYNC_SHARE_FAIL": 0.10, "COMM_SHARE_MAX": 0.10, "GPU_IDLE_SHARE_MAX": 0.50, "LAUNCH_BOUND_MIN_KERNELS": 100,
         "LAUNCH_BOUND_MEDIAN_US": 20.0, "GPU_IDLE_SHARE_LAUNCH": 0.20, "PREFETCH_FACTOR_MIN": 2}
-    shown = {n: v for n, v, _ in checklist_rules.THRESHOLDS}
+    shown = {n: v for n, v, _ in thresholds.THRESHOLDS}
     assert {n: shown[n] for n in SHARED} == {n: getattr(findings, n) for n in SHARED}  # still listed, for the UI
 
 
 def test_neither_rules_module_declares_a_shared_threshold_of_its_own():
     names = set(SHARED) | set(ATTACH_NAMES) | {"GPU_IDLE_SHARE_MAX"}
     assert _numbers_assigned(inspect.getsource(attach_rules), names) == []
-    assert _numbers_assigned(inspect.getsource(checklist_rules), names) == []
+    for module in (thresholds, checklist_rules, design_rules):  # where the checklist's thresholds and rules are
+        assert _numbers_assigned(inspect.getsource(module), names) == [], module.__name__
     assert sorted(_numbers_assigned(inspect.getsource(findings), names)) == sorted(SHARED)
 
 

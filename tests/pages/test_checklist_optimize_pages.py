@@ -1,6 +1,23 @@
 """AppTest: the Checklist page runs the checklist and hands a fix to the Optimize page, which runs trials."""
 
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
 import pytest
+
+STORED = Path(__file__).resolve().parents[1] / "data" / "stored"
+
+
+def _plant_latest(store, file: str, run_id: str, new_id: str) -> None:
+    """A real stored run (tests/data/stored) planted as the newest run of the mlp sample on the CPU."""
+    row = next(r for r in json.loads((STORED / file).read_text()) if r["id"] == run_id)
+    row = {**row, "id": new_id, "model_label": "mlp (sample)", "device": "cpu", "cache_key": None,
+           "started": time.time(), "finished": time.time()}
+    with sqlite3.connect(store.db_path) as db:
+        db.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
 
 
 def _mlp_app(new_app):
@@ -16,9 +33,22 @@ def test_checklist_runs_and_apply_fix_preselects_it_on_optimize(new_app):
     assert not at.exception, [e.value for e in at.exception]
     assert at.title[0].value == "Checklist"
     assert any("No checklist yet" in i.value for i in at.info)
-    at.number_input(key="cl_iters").set_value(2)
-    at.button(key="cl_run").click().run()
+    # the model's latest profile and training trials, as stored by older code: the page ranks their typed results
+    from diagnostics.store import Store
+
+    store = Store(os.environ["TORCHSCOPE_DATA_DIR"])
+    planted = ("planted-profile-44", "planted-optimize-44")
+    _plant_latest(store, "runs-7a4be04-more.json", "20261127-092130-2bef41f4", planted[0])
+    _plant_latest(store, "runs-dbb9a2c.json", "20261127-111140-24c15be4", planted[1])
+    try:
+        at.number_input(key="cl_iters").set_value(2)
+        at.button(key="cl_run").click().run()
+    finally:
+        for run_id in planted:
+            store.delete(run_id)
     assert not at.exception, [e.value for e in at.exception]
+    assert any("Also from: the latest profile's roofline, the latest training-step trials." in c.value
+               for c in at.caption), [c.value for c in at.caption]
     labels = [m.label for m in at.metric]
     assert labels[:2] == ["Score", "Pass"]
     assert at.metric[0].value.endswith("/100") and 0 <= float(at.metric[0].value[:-4]) <= 100

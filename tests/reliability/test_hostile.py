@@ -10,7 +10,8 @@ import torch
 
 from diagnostics import ModelSpec
 from diagnostics.errors import ModelLoadError, TorchScopeError, TrustError
-from diagnostics.intake import load_model, load_state_dict_file
+from diagnostics.intake import load_model
+from diagnostics.weights import load_state_dict_file
 from diagnostics.runner import Job, run_job
 from diagnostics.store import Store
 from diagnostics.uploads import DEFAULT_MAX_UPLOAD_MB, save_upload

@@ -182,12 +182,13 @@ def test_the_trace_job_reads_a_ranks_folder_inside_the_sandboxed_worker(three, t
     """The runner's worker is confined (diagnostics.sandbox): the "ranks" paths are granted as inputs,
     and the ranks are analysed in processes of its own."""
     from diagnostics import sandbox
+    from diagnostics.confine import FS_READ_FILE
     from diagnostics.runner import Job, run_job
     from diagnostics.store import Store
 
     job = Job("trace", None, {"path": str(three / "host0.pt.trace.json"), "ranks": [str(three)]})
     rules = dict(sandbox.policy_for(job, tmp_path / "art", tmp_path / "tmp").rules())
-    assert rules.get(three.resolve(), 0) & sandbox.FS_READ_FILE
+    assert rules.get(three.resolve(), 0) & FS_READ_FILE
     out = run_job(job, store=Store(tmp_path / "data"))
     assert out.ok, out.error
     ranks = out.result.ranks

@@ -102,7 +102,7 @@ def show(result: ChecklistResult, apply_fix: Callable[[str], None] | None = None
             for f in by_attention(fs):
                 if f.status != "not_applicable" or show_na:
                     show_finding(f, apply_fix, trial_note)
-    with st.expander("Thresholds (named constants in diagnostics/analyses/checklist/rules.py)"):
+    with st.expander("Thresholds (named constants in diagnostics/analyses/checklist/thresholds.py)"):
         st.dataframe(records_frame(result.thresholds), hide_index=True, width="stretch",
                      column_config={"name": "Constant", "value": st.column_config.NumberColumn("Value", format="%g"),
                                     "meaning": "Meaning"})

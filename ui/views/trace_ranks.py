@@ -86,12 +86,8 @@ def _ident(ranks: Ranks) -> str:
     return ranks.alignment + "|" + "|".join(r.file for r in ranks.ranks)
 
 
-def show_ranks(ranks: Ranks) -> None:
-    """The "Ranks" tab: problems as warnings, the per-rank table and charts, the cross-rank views (collectives,
-    stragglers, late collectives, who waits for whom, the heat map, the slowest rank's critical path), and the
-    picked ranks on one timeline."""
-    ident = _ident(ranks)
-    st.caption(f"{len(ranks.ranks)} ranks analysed, {ranks.mode}. Figures are medians per profiler step.")
+def _show_problems(ranks: Ranks) -> None:
+    """Ranks left out, signs of different runs, notes, stragglers and the first late collectives."""
     for f in ranks.failed:
         st.error(f"{md_text(f.name)}: left out ({md_text(f.error)})")
     for p in ranks.problems:
@@ -110,48 +106,53 @@ def show_ranks(ranks: Ranks) -> None:
     for c in ranks.late_collectives[:3]:
         st.warning(f"Late collective {md_text(c.key)} ({md_text(c.name)}, step {c.step}): rank {c.rank} arrived "
                    f"{c.late_us:,.0f} µs after the median rank, {c.excess_us:,.0f} µs later than it usually is.")
-    if ranks.slowest_rank is not None:
-        spread = ranks.spread
-        cols = st.columns(3)
-        cols[0].metric("Slowest rank", str(ranks.slowest_rank), help="highest median step time")
-        cols[1].metric("Step-time spread", f"{spread:.2f}x" if spread else "n/a",
-                       help="slowest rank's median step time / fastest rank's")
-        cols[2].metric("Stragglers", ", ".join(str(s.rank) for s in ranks.stragglers) or "none",
-                       help="ranks whose median lateness at the collectives is over the limit")
-        st.plotly_chart(build_rank_steps_figure(ranks), width="stretch", key=chart_key("ranks", ident, 1))
-    st.dataframe(rank_table(ranks), hide_index=True, width="stretch")
-    if ranks.heatmap.steps:
-        st.plotly_chart(build_heatmap_figure(ranks), width="stretch", key=chart_key("ranks", ident, 2))
+
+
+def _show_slowest(ranks: Ranks, ident) -> None:
+    """The slowest rank, the step-time spread, the stragglers, and each rank's step times."""
+    spread = ranks.spread
+    cols = st.columns(3)
+    cols[0].metric("Slowest rank", str(ranks.slowest_rank), help="highest median step time")
+    cols[1].metric("Step-time spread", f"{spread:.2f}x" if spread else "n/a",
+                   help="slowest rank's median step time / fastest rank's")
+    cols[2].metric("Stragglers", ", ".join(str(s.rank) for s in ranks.stragglers) or "none",
+                   help="ranks whose median lateness at the collectives is over the limit")
+    st.plotly_chart(build_rank_steps_figure(ranks), width="stretch", key=chart_key("ranks", ident, 1))
+
+
+def _show_collectives(ranks: Ranks, ident) -> None:
+    """Collectives matched across ranks: the table, lateness and skew, late ones, the widest, who waits."""
     coll = ranks.collectives
-    if coll.by_name:
-        st.markdown("**Collectives across ranks**")
-        st.caption(f"{coll.matched:,} collectives matched on every rank, {coll.partial:,} on some (by "
-                   f"{', '.join(coll.matched_by)}; {', '.join(coll.events)}). Clock: "
-                   f"{ranks.clock.aligned}. Transfer time: the shortest duration across ranks "
-                   "(the last to arrive waits for nobody).")
-        st.dataframe(collectives_table(ranks), hide_index=True, width="stretch")
-        c1, c2 = st.columns(2)
-        with c1:
-            st.plotly_chart(build_lateness_figure(ranks), width="stretch", key=chart_key("ranks", ident, 3))
-        with c2:
-            st.plotly_chart(build_skew_figure(ranks), width="stretch", key=chart_key("ranks", ident, 4))
-        for title, table in (("Late collectives", late_table(ranks)), ("Widest arrival skew", widest_table(ranks)),
-                             ("Who waits for whom", waits_table(ranks))):
-            if not table.empty:
-                st.markdown(f"**{title}**")
-                st.dataframe(table, hide_index=True, width="stretch")
-    cp = ranks.critical_path
-    if cp:
-        st.markdown(f"**Critical path of rank {cp.rank}** (the first straggler, else the slowest rank)")
-        if cp.available:
-            st.caption(f"Step {cp.step} ({cp.chosen_as}): {cp.length_us / 1e3:,.3f} ms; by kind: "
-                       + ", ".join(f"{k.kind} {k.us / 1e3:,.3f} ms" for k in cp.by_kind if k.us > 0))
-            st.dataframe(records_frame(cp.longest or ()), hide_index=True, width="stretch")
-        else:
-            st.info(f"Not computed: {cp.reason}")
-    if ranks.workers:
-        with st.expander("Workers (where the ranks were analysed)"):
-            st.dataframe(workers_table(ranks), hide_index=True, width="stretch")
+    st.markdown("**Collectives across ranks**")
+    st.caption(f"{coll.matched:,} collectives matched on every rank, {coll.partial:,} on some (by "
+               f"{', '.join(coll.matched_by)}; {', '.join(coll.events)}). Clock: "
+               f"{ranks.clock.aligned}. Transfer time: the shortest duration across ranks "
+               "(the last to arrive waits for nobody).")
+    st.dataframe(collectives_table(ranks), hide_index=True, width="stretch")
+    c1, c2 = st.columns(2)
+    with c1:
+        st.plotly_chart(build_lateness_figure(ranks), width="stretch", key=chart_key("ranks", ident, 3))
+    with c2:
+        st.plotly_chart(build_skew_figure(ranks), width="stretch", key=chart_key("ranks", ident, 4))
+    for title, table in (("Late collectives", late_table(ranks)), ("Widest arrival skew", widest_table(ranks)),
+                         ("Who waits for whom", waits_table(ranks))):
+        if not table.empty:
+            st.markdown(f"**{title}**")
+            st.dataframe(table, hide_index=True, width="stretch")
+
+
+def _show_critical_path(cp) -> None:
+    st.markdown(f"**Critical path of rank {cp.rank}** (the first straggler, else the slowest rank)")
+    if cp.available:
+        st.caption(f"Step {cp.step} ({cp.chosen_as}): {cp.length_us / 1e3:,.3f} ms; by kind: "
+                   + ", ".join(f"{k.kind} {k.us / 1e3:,.3f} ms" for k in cp.by_kind if k.us > 0))
+        st.dataframe(records_frame(cp.longest or ()), hide_index=True, width="stretch")
+    else:
+        st.info(f"Not computed: {cp.reason}")
+
+
+def _show_picked_timeline(ranks: Ranks) -> None:
+    """The ranks picked (at most 8) on one timeline; a new pick is kept for the next job (PICKS_KEY)."""
     timeline = ranks.timeline
     st.markdown("**Picked ranks on one timeline**")
     choices = sorted({r.rank for r in ranks.ranks})
@@ -170,3 +171,25 @@ def show_ranks(ranks: Ranks) -> None:
         st.caption(f"Alignment: {ranks.alignment}. {timeline.shown:,} bars drawn for "
                    f"{timeline.in_range:,} events.")
         show_timeline(timeline, lambda search: build_ranks_timeline_figure(ranks, search=search), key="trace_ranks")
+
+
+def show_ranks(ranks: Ranks) -> None:
+    """The "Ranks" tab: problems as warnings, the per-rank table and charts, the cross-rank views (collectives,
+    stragglers, late collectives, who waits for whom, the heat map, the slowest rank's critical path), and the
+    picked ranks on one timeline."""
+    ident = _ident(ranks)
+    st.caption(f"{len(ranks.ranks)} ranks analysed, {ranks.mode}. Figures are medians per profiler step.")
+    _show_problems(ranks)
+    if ranks.slowest_rank is not None:
+        _show_slowest(ranks, ident)
+    st.dataframe(rank_table(ranks), hide_index=True, width="stretch")
+    if ranks.heatmap.steps:
+        st.plotly_chart(build_heatmap_figure(ranks), width="stretch", key=chart_key("ranks", ident, 2))
+    if ranks.collectives.by_name:
+        _show_collectives(ranks, ident)
+    if ranks.critical_path:
+        _show_critical_path(ranks.critical_path)
+    if ranks.workers:
+        with st.expander("Workers (where the ranks were analysed)"):
+            st.dataframe(workers_table(ranks), hide_index=True, width="stretch")
+    _show_picked_timeline(ranks)

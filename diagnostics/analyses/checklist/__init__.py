@@ -45,6 +45,25 @@ class StatusCounts(Record, frozen=True, kw_only=True):
         return self.pass_ if status == "pass" else getattr(self, status)
 
 
+class Facts(Record, frozen=True, kw_only=True):
+    """What the rules read, as ``facts.collect_facts`` gathers it in one job: the purpose checked for, the
+    batch size and task the model was loaded with, each collector's failure (``errors``: collector -> why),
+    and the sections facts.py describes: ``static`` (the module tree), ``env`` (device and backend flags),
+    ``forward`` (one traced forward; None when it failed), ``measured`` (the timed probes; None with
+    skip_measured) and ``dataloader`` (None when none is described, or reading it failed). The sections are
+    plain data keyed as their collectors write them (measure.structure, measure.environment, facts.py)."""
+
+    purpose: str | None
+    errors: dict[str, str]
+    static: dict[str, Any]
+    env: dict[str, Any]
+    batch_size: int | None
+    task: str
+    forward: dict[str, Any] | None
+    measured: dict[str, Any] | None
+    dataloader: dict[str, Any] | None
+
+
 class ChecklistMetrics(Record, frozen=True, kw_only=True):
     score: Annotated[float | None, metric("score", "Score", SCORE_FORMULA, better="higher")]
     pass_: Annotated[int, metric("count", "Passed", better="higher")] = msgspec.field(name="pass")
@@ -70,7 +89,7 @@ class ChecklistResult(Result, frozen=True, kw_only=True):
     findings: Annotated[tuple[Finding, ...], table("Findings")]
     by_category: dict[str, tuple[str, ...]]
     thresholds: Annotated[tuple[Threshold, ...], table("Thresholds")]
-    facts: dict[str, Any]
+    facts: Facts
     metrics: ChecklistMetrics
     notes: tuple[str, ...] = ()
     fix_first: Annotated[tuple[FixFirst, ...], table("Fix this first")] = ()

@@ -1,6 +1,6 @@
-"""Collect the plain ``facts`` dict that the checklist rules read, in one job.
+"""Collect the checklist's ``Facts`` (the typed record the rules read), in one job.
 
-Three kinds of facts, each a section of the dict:
+Three kinds of facts, each a section of the record (plain data):
 
 * ``static``: read from the module tree and one traced forward (module types, Conv -> BN pairs
   found by tensor identity, activations and where they sit, layer widths, modes, dtypes, memory
@@ -13,7 +13,7 @@ Three kinds of facts, each a section of the dict:
 Measurements run on the model itself inside ``restored_state``, which puts back its weights,
 buffers, gradients and each module's mode afterwards (a deep copy on the same GPU would double the
 weights in the peak-memory figure). Every collector that fails records why under
-``facts["errors"]`` instead of failing the job. Facts are plain data (no tensors, no modules).
+``Facts.errors`` instead of failing the job. Facts are plain data (no tensors, no modules).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from diagnostics.analyses.checklist import ANALYSIS, Facts
 from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import CONTROL, MIN_ROUNDS, interleaved
 from diagnostics.measure.dynamo import explain
@@ -231,21 +232,8 @@ def gradient_facts(loaded, steps: int = GRADIENT_STEPS) -> dict:
                         for l in r["layers"] if l["status"] != "healthy"]}
 
 
-def measured_facts(loaded, model: nn.Module, *,
-                   iters: int = 5, profile_steps: int = 2, make_inputs: Callable[[int], tuple] | None = None,
-                   batch_size: int | None = None, progress: Callable[[float, str], None] | None = None,
-                   errors: dict | None = None) -> dict:
-    """Everything timed or traced. ``model`` is ``loaded.model``: this function trains it, switches
-    its mode and zeroes its gradients, so the caller restores it (``collect_facts`` does)."""
-    from dataclasses import replace
-
-    inputs, loss_fn, device = loaded.inputs, loaded.loss_fn, loaded.device
-    progress = progress or (lambda f, m: None)
-    errors = errors if errors is not None else {}
-    out: dict = {}
-    device = torch.device(device)
-    trainable = any(p.requires_grad for p in model.parameters())
-
+def _guard(errors: dict):
+    """``guarded(key, fn)``: fn() or, when it fails (out of memory excepted), None with why under ``errors[key]``."""
     def guarded(key: str, fn):
         try:
             return fn()
@@ -254,95 +242,122 @@ def measured_facts(loaded, model: nn.Module, *,
         except Exception as e:  # one failing probe must not sink the checklist
             errors[key] = f"{type(e).__name__}: {str(e)[:300]}"
             return None
+    return guarded
 
+
+def _memory_growth(step, device: torch.device) -> float:
+    """Allocated memory's growth per step over repeated steps (CUDA), after a first step."""
+    allocs = []
+    for _ in range(4):
+        step()
+        sync(device)
+        allocs.append(torch.cuda.memory_allocated(device))
+    return (allocs[-1] - allocs[1]) / 2
+
+
+def _training_facts(loaded, model: nn.Module, step, device: torch.device, iters: int, profile_steps: int,
+                    guarded, progress, out: dict) -> None:
+    """The training step timed and profiled, its peak memory, saved activations, gradients and (CUDA)
+    memory growth, into ``out``; the gradients cleared afterwards."""
+    from dataclasses import replace
+
+    progress(0.2, "timing the training step")
+    out["train_step"] = guarded("train_step", lambda: _timed(step, device, iters, 2))
+    progress(0.35, "profiling the training step")
+    out["profile"] = guarded("profile", lambda: profile_facts(step, device, profile_steps))
+    progress(0.5, "peak memory and saved activations")
+    out["peak_bytes"] = guarded("peak_bytes", lambda: peak_in_use_bytes(step, device))
+
+    def saved():
+        from diagnostics.measure.memory import measure_saved
+
+        model.zero_grad(set_to_none=True)
+        return measure_saved(replace(loaded, model=model), loaded.inputs).saved_total
+
+    out["saved_activation_bytes"] = guarded("saved_activations", saved)
+    progress(0.6, "gradients")
+    out["gradients"] = guarded("gradients", lambda: gradient_facts(replace(loaded, model=model)))
+    if device.type == "cuda":
+        out["memory_growth_bytes_per_step"] = guarded("memory_growth", lambda: _memory_growth(step, device))
+    model.zero_grad(set_to_none=True)
+
+
+def _inference_vs_training(model: nn.Module, inputs, device: torch.device, rounds: int) -> dict:
+    """eval() + inference_mode against a training-mode forward with autograd, interleaved (with the A/A control)."""
+    def train_forward():
+        model.train()
+        with torch.enable_grad():
+            call_model(model, inputs)
+
+    def inference_forward():
+        model.eval()
+        with torch.inference_mode():
+            call_model(model, inputs)
+
+    c = interleaved({"train": train_forward, "inference": inference_forward}, device, rounds, WARMUP,
+                    control=True)
+    inf = c["inference"]
+    # times: the geometric means of the rounds, whose ratio is the speed-up (they always agree)
+    return {"train_grad_forward_s": c["train"]["time_ms"] / 1e3,
+            "eval_inference_forward_s": inf["time_ms"] / 1e3,
+            "speedup": inf["speedup"], "speedup_ci": inf["speedup_ci"], "verdict": inf["verdict"],
+            "control_ci": c[CONTROL]["speedup_ci"], "control_verdict": c[CONTROL]["verdict"],
+            "rounds": inf["rounds"]}
+
+
+def _batch_probe(model: nn.Module, make_inputs, batch_size: int, device: torch.device, rounds: int) -> dict:
+    """Inference throughput at the batch and at twice it, interleaved (with the A/A control)."""
+    model.eval()
+    sizes = (batch_size, batch_size * 2)
+    xs = [make_inputs(b) for b in sizes]
+
+    def forward(x):
+        def call():
+            with torch.inference_mode():
+                call_model(model, x)
+        return call
+
+    c = interleaved({"single": forward(xs[0]), "double": forward(xs[1])}, device, rounds, WARMUP,
+                    control=True)
+    # per batch: the geometric mean of the rounds' times, so the gain below is exactly the ratio of
+    # the two throughputs shown
+    points = [{"batch_size": b, "median_s": c[k]["time_ms"] / 1e3, "samples_per_s": b / (c[k]["time_ms"] / 1e3)}
+              for b, k in zip(sizes, ("single", "double"))]
+    # throughput gain per round = (2b / t2) / (b / t1) = 2 x (t1 / t2): twice the speed-up ratio
+    d = c["double"]
+    ci = None if d["speedup_ci"] is None else [2 * d["speedup_ci"][0], 2 * d["speedup_ci"][1]]
+    return {"points": points, "throughput_gain_2x": 2 * d["speedup"], "throughput_gain_ci": ci,
+            "control_ci": c[CONTROL]["speedup_ci"], "control_verdict": c[CONTROL]["verdict"],
+            "rounds": d["rounds"]}
+
+
+def measured_facts(loaded, model: nn.Module, *,
+                   iters: int = 5, profile_steps: int = 2, make_inputs: Callable[[int], tuple] | None = None,
+                   batch_size: int | None = None, progress: Callable[[float, str], None] | None = None,
+                   errors: dict | None = None) -> dict:
+    """Everything timed or traced. ``model`` is ``loaded.model``: this function trains it, switches
+    its mode and zeroes its gradients, so the caller restores it (``collect_facts`` does)."""
+    inputs, loss_fn = loaded.inputs, loaded.loss_fn
+    progress = progress or (lambda f, m: None)
+    errors = errors if errors is not None else {}
+    out: dict = {}
+    device = torch.device(loaded.device)
+    guarded = _guard(errors)
     model.train()
     step = _train_step_fn(model, inputs, loss_fn)
-    if trainable:
-        progress(0.2, "timing the training step")
-        out["train_step"] = guarded("train_step", lambda: _timed(step, device, iters, 2))
-        progress(0.35, "profiling the training step")
-        out["profile"] = guarded("profile", lambda: profile_facts(step, device, profile_steps))
-        progress(0.5, "peak memory and saved activations")
-        out["peak_bytes"] = guarded("peak_bytes", lambda: peak_in_use_bytes(step, device))
-        def saved():
-            from dataclasses import replace
-
-            from diagnostics.measure.memory import measure_saved
-
-            model.zero_grad(set_to_none=True)
-            return measure_saved(replace(loaded, model=model), inputs).saved_total
-
-        out["saved_activation_bytes"] = guarded("saved_activations", saved)
-        progress(0.6, "gradients")
-        out["gradients"] = guarded("gradients", lambda: gradient_facts(replace(loaded, model=model)))
-        if device.type == "cuda":
-            def growth():
-                allocs = []
-                for _ in range(4):
-                    step()
-                    sync(device)
-                    allocs.append(torch.cuda.memory_allocated(device))
-                return (allocs[-1] - allocs[1]) / 2
-            out["memory_growth_bytes_per_step"] = guarded("memory_growth", growth)
-        model.zero_grad(set_to_none=True)
+    if any(p.requires_grad for p in model.parameters()):
+        _training_facts(loaded, model, step, device, iters, profile_steps, guarded, progress, out)
     else:
         errors["train_step"] = "the model has no trainable parameters: training-step facts were skipped"
     progress(0.7, "inference mode vs training mode forward")
-
     rounds = max(iters, COMPARE_ROUNDS)
-
-    def infer_check():
-        def train_forward():
-            model.train()
-            with torch.enable_grad():
-                call_model(model, inputs)
-
-        def inference_forward():
-            model.eval()
-            with torch.inference_mode():
-                call_model(model, inputs)
-
-        c = interleaved({"train": train_forward, "inference": inference_forward}, device, rounds, WARMUP,
-                        control=True)
-        inf = c["inference"]
-        # times: the geometric means of the rounds, whose ratio is the speed-up (they always agree)
-        return {"train_grad_forward_s": c["train"]["time_ms"] / 1e3,
-                "eval_inference_forward_s": inf["time_ms"] / 1e3,
-                "speedup": inf["speedup"], "speedup_ci": inf["speedup_ci"], "verdict": inf["verdict"],
-                "control_ci": c[CONTROL]["speedup_ci"], "control_verdict": c[CONTROL]["verdict"],
-                "rounds": inf["rounds"]}
-
-    out["inference"] = guarded("inference", infer_check)
+    out["inference"] = guarded("inference", lambda: _inference_vs_training(model, inputs, device, rounds))
     progress(0.75, "torch.compile graph breaks (Dynamo only)")
     out["compile"] = guarded("compile", lambda: compile_facts(model, inputs))
     if make_inputs is not None and batch_size:
         progress(0.8, "batch-size probe")
-
-        def batch_probe():
-            model.eval()
-            sizes = (batch_size, batch_size * 2)
-            xs = [make_inputs(b) for b in sizes]
-
-            def forward(x):
-                def call():
-                    with torch.inference_mode():
-                        call_model(model, x)
-                return call
-
-            c = interleaved({"single": forward(xs[0]), "double": forward(xs[1])}, device, rounds, WARMUP,
-                            control=True)
-            # per batch: the geometric mean of the rounds' times, so the gain below is exactly the ratio of
-            # the two throughputs shown
-            points = [{"batch_size": b, "median_s": c[k]["time_ms"] / 1e3, "samples_per_s": b / (c[k]["time_ms"] / 1e3)}
-                      for b, k in zip(sizes, ("single", "double"))]
-            # throughput gain per round = (2b / t2) / (b / t1) = 2 x (t1 / t2): twice the speed-up ratio
-            d = c["double"]
-            ci = None if d["speedup_ci"] is None else [2 * d["speedup_ci"][0], 2 * d["speedup_ci"][1]]
-            return {"points": points, "throughput_gain_2x": 2 * d["speedup"], "throughput_gain_ci": ci,
-                    "control_ci": c[CONTROL]["speedup_ci"], "control_verdict": c[CONTROL]["verdict"],
-                    "rounds": d["rounds"]}
-
-        out["batch_probe"] = guarded("batch_probe", batch_probe)
+        out["batch_probe"] = guarded("batch_probe",
+                                     lambda: _batch_probe(model, make_inputs, batch_size, device, rounds))
     return out
 
 
@@ -371,19 +386,16 @@ def dataloader_facts(desc: dict | None, dataset_path: str | None = None, step_ti
 
 
 # ----------------------------------------------------------------------------- all together
-def collect_facts(loaded, options: dict | None = None, progress: Callable[[float, str], None] | None = None) -> dict:
+def collect_facts(loaded, options: dict | None = None, progress: Callable[[float, str], None] | None = None) -> Facts:
     """All facts for ``loaded`` (a LoadedModel). Options: purpose ("training" | "inference"),
     iters, profile_steps, dataloader (dict of LOADER_KEYS), dataset_path, skip_measured."""
-    from diagnostics.analyses.checklist import ANALYSIS
 
     options = ANALYSIS.validate(options)
     progress = progress or (lambda f, m: None)
     errors: dict[str, str] = {}
     model = loaded.model
     progress(0.05, "reading the module tree")
-    facts = {"purpose": options["purpose"], "errors": errors,
-             "static": static_facts(model), "env": environment_facts(loaded.device),
-             "batch_size": loaded.batch_size, "task": getattr(loaded, "task", "unknown")}
+    static, env = static_facts(model), environment_facts(loaded.device)
     # The probes run on the model itself, not on a deep copy: on a GPU a copy sat next to the
     # original on the same device, so the peak memory measured on it counted the weights twice (a
     # model at 50% of the GPU read as 100%, or ran out of memory), and a model holding something
@@ -391,30 +403,28 @@ def collect_facts(loaded, options: dict | None = None, progress: Callable[[float
     # back what the probes change, from a copy in host memory that no device measurement sees.
     with restored_state(model):
         try:
-            facts["forward"] = forward_facts(model, loaded.inputs)
+            forward = forward_facts(model, loaded.inputs)
         except Exception as e:
             errors["forward"] = f"{type(e).__name__}: {str(e)[:300]}"
-            facts["forward"] = None
-        if facts["forward"] is not None and facts["static"]["n_conv2d"]:
+            forward = None
+        if forward is not None and static["n_conv2d"]:
             x = next((t for t in loaded.inputs if t.dim() == 4), None)
-            facts["forward"]["conv_input_channels_last"] = (
+            forward["conv_input_channels_last"] = (
                 None if x is None else bool(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()))
-        if options["skip_measured"]:
-            facts["measured"] = None
-        else:
-            facts["measured"] = measured_facts(
-                loaded, model, iters=options["iters"],
-                profile_steps=options["profile_steps"], make_inputs=loaded.make_inputs,
-                batch_size=loaded.batch_size, progress=progress, errors=errors)
-    step_s = ((facts["measured"] or {}).get("train_step") or {}).get("median_s")
+        measured = None if options["skip_measured"] else measured_facts(
+            loaded, model, iters=options["iters"],
+            profile_steps=options["profile_steps"], make_inputs=loaded.make_inputs,
+            batch_size=loaded.batch_size, progress=progress, errors=errors)
+    step_s = ((measured or {}).get("train_step") or {}).get("median_s")
     progress(0.9, "data loader")
     try:
-        facts["dataloader"] = dataloader_facts(options["dataloader"], options["dataset_path"], step_s)
+        dataloader = dataloader_facts(options["dataloader"], options["dataset_path"], step_s)
     except Exception as e:
         from diagnostics.errors import TorchScopeError
 
         if isinstance(e, TorchScopeError):
             raise
         errors["dataloader"] = f"{type(e).__name__}: {str(e)[:300]}"
-        facts["dataloader"] = None
-    return facts
+        dataloader = None
+    return Facts(purpose=options["purpose"], errors=errors, static=static, env=env, batch_size=loaded.batch_size,
+                 task=getattr(loaded, "task", "unknown"), forward=forward, measured=measured, dataloader=dataloader)

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import msgspec
 
-from diagnostics.analyses.checklist import ANALYSIS, ChecklistMetrics, ChecklistResult, StatusCounts
+from diagnostics.analyses.checklist import ANALYSIS, ChecklistMetrics, ChecklistResult, Facts, StatusCounts
 from diagnostics.analyses.checklist.facts import collect_facts
 from diagnostics.analyses.checklist.rank import fix_first
 from diagnostics.analyses.checklist.report import build_markdown
-from diagnostics.analyses.checklist.rules import CATEGORIES, SCORED, STATUSES, THRESHOLDS, evaluate, score
+from diagnostics.analyses.checklist.rules import CATEGORIES, SCORED, STATUSES, evaluate, score
+from diagnostics.analyses.checklist.thresholds import THRESHOLDS
 from diagnostics.findings import Threshold
 
 
-def build_result(facts: dict, model_label: str, device: str) -> ChecklistResult:
+def build_result(facts: Facts, model_label: str, device: str) -> ChecklistResult:
     findings = evaluate(facts)
     counts = {s: sum(f.status == s for f in findings) for s in STATUSES}
     sc = score(findings)
     result = ChecklistResult(
-        model=model_label, device=device, purpose=facts.get("purpose"), score=sc,
+        model=model_label, device=device, purpose=facts.purpose, score=sc,
         counts=StatusCounts(pass_=counts["pass"], warn=counts["warn"], fail=counts["fail"], error=counts["error"],
                             not_applicable=counts["not_applicable"]),
         findings=tuple(findings),
@@ -32,7 +33,7 @@ def build_result(facts: dict, model_label: str, device: str) -> ChecklistResult:
         metrics=ChecklistMetrics(score=sc, pass_=counts["pass"], warn=counts["warn"], fail=counts["fail"],
                                  error=counts["error"], not_applicable=counts["not_applicable"],
                                  applicable=sum(counts[s] for s in SCORED)),
-        notes=tuple(f"{k}: {v}" for k, v in facts.get("errors", {}).items()),
+        notes=tuple(f"{k}: {v}" for k, v in facts.errors.items()),
     )
     # the list ranked by ms saved, from the findings alone; the page adds the model's latest profile
     # (roofline headroom) and Optimize trials where they exist

@@ -1,131 +1,33 @@
 """The checklist rules: one visible list, ``RULES``, each ``rule(facts) -> Finding``.
 
-A rule reads only the plain ``facts`` dict (see ``diagnostics.analyses.checklist.facts``), so it can be
-tested on hand-written facts. Every threshold is a named constant listed in ``THRESHOLDS``
-(shown in the UI and in docs/checklist.md). The score: see ``SCORE_FORMULA``.
+A rule reads only the checklist's typed ``Facts`` (its sections as ``diagnostics.analyses.checklist.facts``
+collects them), so it can be tested on hand-written facts. Every threshold is a named constant listed in ``thresholds.THRESHOLDS``
+(shown in the UI and in docs/checklist.md); the model-design rules live in ``design_rules``. The score:
+see ``SCORE_FORMULA`` (the package's declaration).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-# The finding's form and the rule's are shared with every part that judges a run (diagnostics.findings).
-from diagnostics.findings import (  # noqa: F401
-    CATEGORIES, SCORED, STATUS_COLOR, STATUS_LABEL, STATUSES, Finding, not_applicable, run_check,
+from diagnostics.analyses.checklist.design_rules import (check_dead_units, check_dropout_bn_mode, check_gradient_flow,
+                                                         check_gradients_nonfinite, check_hidden_activations, check_init,
+                                                         check_layer_widths, check_redundant_layers)
+from diagnostics.analyses.checklist.rule_form import Rule, measured, na, on_cuda, pct
+from diagnostics.analyses.checklist.thresholds import (
+    BATCH_GAIN_MIN, COMMUNICATION_FRACTION_MAX, DATALOADER_FRACTION_MAX, GPU_UTILIZATION_MIN, INFERENCE_SPEEDUP_MIN,
+    LAUNCH_BOUND_MEDIAN_US, LAUNCH_BOUND_MIN_OPS, MEMORY_GROWTH_MAX_BYTES, PEAK_MEMORY_FRACTION_MAX, PREFETCH_FACTOR_MIN,
+    PYTHON_LOOP_MIN_OPS, PYTHON_LOOP_MIN_SHARE, SAVED_ACTIVATION_FRACTION_MAX, SYNC_POINTS_FAIL, SYNC_POINTS_WARN,
+    TENSOR_COPY_FRACTION_MAX, TENSOR_CORE_MIN_CC, TF32_MIN_CC, WIDTH_MULTIPLE,
 )
-from diagnostics.findings import Rule as FindingRule
+# The finding's form is shared with every part that judges a run (diagnostics.findings); the page and the
+# charts read its categories and statuses from here.
+from diagnostics.findings import CATEGORIES, SCORED, STATUS_COLOR, STATUS_LABEL, STATUSES, Finding  # noqa: F401
 from diagnostics.units import human_bytes, speedup_text
 
-# ---------------------------------------------------------------------------- thresholds
-# Those an attached run's rules judge by too are declared once, in diagnostics.findings: DATALOADER_FRACTION_MAX,
-# COMMUNICATION_FRACTION_MAX, GPU_UTILIZATION_MIN, LAUNCH_BOUND_MIN_OPS, LAUNCH_BOUND_MEDIAN_US, PREFETCH_FACTOR_MIN.
-from diagnostics.findings import (COMMUNICATION_FRACTION_MAX, DATALOADER_FRACTION_MAX, GPU_UTILIZATION_MIN,  # noqa: E402
-                                  LAUNCH_BOUND_MEDIAN_US, LAUNCH_BOUND_MIN_OPS, PREFETCH_FACTOR_MIN)
-TENSOR_CORE_MIN_CC = 7.0  # compute capability with Tensor Cores (Volta)
-TF32_MIN_CC = 8.0  # compute capability with TF32 (Ampere)
-PEAK_MEMORY_FRACTION_MAX = 0.90  # peak memory share of device memory (TensorBoard plugin rule)
-SAVED_ACTIVATION_FRACTION_MAX = 0.30  # bytes saved for backward, share of device memory
-MEMORY_GROWTH_MAX_BYTES = 1 * 2**20  # allocated-memory growth per training step
-WIDTH_MULTIPLE = 8  # layer widths should be multiples of this for Tensor Cores / vector units
-SYNC_POINTS_WARN = 1  # CPU-GPU sync points per step that earn a warning
-SYNC_POINTS_FAIL = 10  # ... and a failure
-INIT_GAIN_MIN = 0.2  # weight std * sqrt(fan_in) below this: too small an init
-INIT_GAIN_MAX = 3.0  # ... above this: too large (He init gives 1.41, PyTorch default 0.58)
-INIT_GAIN_MIN_NORMED = 0.05  # the lower bound in a model with normalisation layers, which restore the scale
-# (transformers' normal(0, 0.02) init gives 0.2-0.6 at real widths; T5's query projections 1/sqrt(d_kv))
-# Gradient thresholds are the Gradient-flow analysis' own (one definition, per layer):
-from diagnostics.measure.gradient_health import (EXPLODING_NORM, KIND_VANISHING_RATIO, MIN_UNIT_OBSERVATIONS,  # noqa: E402
-                                                 PEER_VANISHING_RATIO, REFERENCE_QUANTILE, VANISHING_RATIO)
-DEAD_UNIT_FRACTION_MAX = 0.5  # share of ReLU units that are zero for the whole batch
-INFERENCE_SPEEDUP_MIN = 1.10  # eval()+inference_mode faster than train-mode forward by this factor
-BATCH_GAIN_MIN = 1.20  # throughput gain at twice the batch that says "use a bigger batch"
-TENSOR_COPY_FRACTION_MAX = 0.10  # share of the step's operator time in layout copies the forward asks for
-PYTHON_LOOP_MIN_OPS = 32  # indexing / scalar-read ops per step called from Python ...
-PYTHON_LOOP_MIN_SHARE = 0.25  # ... that also make this share of the step's top-level ops
-
-THRESHOLDS = [
-    ("DATALOADER_FRACTION_MAX", DATALOADER_FRACTION_MAX, "max share of the step spent waiting for data"),
-    ("COMMUNICATION_FRACTION_MAX", COMMUNICATION_FRACTION_MAX, "max share of GPU kernel time in communication"),
-    ("GPU_UTILIZATION_MIN", GPU_UTILIZATION_MIN, "min share of step time with a GPU kernel running"),
-    ("TENSOR_CORE_MIN_CC", TENSOR_CORE_MIN_CC, "compute capability from which Tensor Cores exist"),
-    ("TF32_MIN_CC", TF32_MIN_CC, "compute capability from which TF32 exists"),
-    ("PEAK_MEMORY_FRACTION_MAX", PEAK_MEMORY_FRACTION_MAX, "max peak memory / device memory"),
-    ("SAVED_ACTIVATION_FRACTION_MAX", SAVED_ACTIVATION_FRACTION_MAX, "max saved activations / device memory"),
-    ("MEMORY_GROWTH_MAX_BYTES", MEMORY_GROWTH_MAX_BYTES, "max allocated-memory growth per step (bytes)"),
-    ("WIDTH_MULTIPLE", WIDTH_MULTIPLE, "layer widths should be multiples of this"),
-    ("SYNC_POINTS_WARN", SYNC_POINTS_WARN, "sync points per step that warn"),
-    ("SYNC_POINTS_FAIL", SYNC_POINTS_FAIL, "sync points per step that fail"),
-    ("LAUNCH_BOUND_MIN_OPS", LAUNCH_BOUND_MIN_OPS, "ops/kernels per step for the launch-bound rule"),
-    ("LAUNCH_BOUND_MEDIAN_US", LAUNCH_BOUND_MEDIAN_US, "median op/kernel time (µs) under which ops are tiny"),
-    ("INIT_GAIN_MIN", INIT_GAIN_MIN, "min weight std x sqrt(fan_in)"),
-    ("INIT_GAIN_MAX", INIT_GAIN_MAX, "max weight std x sqrt(fan_in)"),
-    ("INIT_GAIN_MIN_NORMED", INIT_GAIN_MIN_NORMED, "min weight std x sqrt(fan_in) in a model with normalisation layers"),
-    ("VANISHING_RATIO", VANISHING_RATIO, "a layer's relative gradient ‖g‖/‖w‖ / the model's reference (the "
-     f"{1 - REFERENCE_QUANTILE:.0%} percentile of its layers'), under which it vanishes "
-     "(diagnostics.measure.gradient_health)"),
-    ("KIND_VANISHING_RATIO", min(KIND_VANISHING_RATIO.values()), "the same for layers small by design ("
-     + ", ".join(KIND_VANISHING_RATIO) + "; diagnostics.measure.gradient_health)"),
-    ("PEER_VANISHING_RATIO", PEER_VANISHING_RATIO, "... or its relative gradient / the median of its peers (the same "
-     "layer at other depths), under which it vanishes"),
-    ("EXPLODING_NORM", EXPLODING_NORM, "a layer's gradient norm over which it explodes (diagnostics.measure.gradient_health)"),
-    ("DEAD_UNIT_FRACTION_MAX", DEAD_UNIT_FRACTION_MAX, "max share of ReLU units dead for the whole batch"),
-    ("INFERENCE_SPEEDUP_MIN", INFERENCE_SPEEDUP_MIN, "speed-up of eval+inference_mode that is worth taking "
-     "(the low end of its interleaved interval must pass it)"),
-    ("BATCH_GAIN_MIN", BATCH_GAIN_MIN, "throughput gain at 2x batch that suggests a bigger batch "
-     "(the low end of its interleaved interval must pass it)"),
-    ("PREFETCH_FACTOR_MIN", PREFETCH_FACTOR_MIN, "min DataLoader prefetch_factor"),
-    ("TENSOR_COPY_FRACTION_MAX", TENSOR_COPY_FRACTION_MAX, "max share of the step's operator time in layout "
-     "copies (.contiguous(), .clone(), reshape of a non-viewable tensor) made by the forward"),
-    ("PYTHON_LOOP_MIN_OPS", PYTHON_LOOP_MIN_OPS, "indexing / scalar-read ops per step (called from Python) from "
-     "which a Python loop over tensor elements is suspected"),
-    ("PYTHON_LOOP_MIN_SHARE", PYTHON_LOOP_MIN_SHARE, "... when they are also at least this share of the step's "
-     "top-level ops"),
-]
-
-
-#: A rule's fix written "purpose:<id>" is the training-step trial of <id> when the checklist's purpose
-#: is training, the inference trial otherwise (fixes that exist in both modes: amp, torch_compile,
-#: channels_last).
-FOR_PURPOSE = "purpose:"
-
-
-@dataclass(frozen=True)
-class Rule(FindingRule):
-    """A checklist rule (facts: the plain dict of facts.py); a fix written "purpose:<id>" follows the purpose."""
-
-    bug_note: str = ", not in your model"
-
-    def fix_for(self, facts: dict) -> str | None:
-        fix = self.fix
-        if fix and fix.startswith(FOR_PURPOSE):  # the trial of the checklist's purpose: a training step or inference
-            fix = ("train:" if facts.get("purpose", "training") == "training" else "") + fix[len(FOR_PURPOSE):]
-        return fix
-
-
-na = not_applicable
-
-
-def _m(facts, *keys):
-    """facts['measured'][k1][k2]... or None when any level is missing."""
-    cur = facts.get("measured")
-    for k in keys:
-        if not isinstance(cur, dict):
-            return None
-        cur = cur.get(k)
-    return cur
-
-
-def _cuda(facts) -> bool:
-    return facts["env"].get("device_type") == "cuda"
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
 
 
 # ---------------------------------------------------------------------------- TensorBoard plugin's seven
 def check_dataloader_time(f):
-    dl = f.get("dataloader")
+    dl = f.dataloader
     if not dl:
         return na("no DataLoader given")
     frac = dl.get("loader_fraction")
@@ -133,7 +35,7 @@ def check_dataloader_time(f):
         return na("no dataset module given: loader time was not measured")
     nums = {"loader_s_per_batch": dl["loader_s_per_batch"], "step_time_s": dl["step_time_s"], "fraction": frac}
     ev = (f"loading a batch took {dl['loader_s_per_batch'] * 1e3:.2f} ms against a {dl['step_time_s'] * 1e3:.2f} ms "
-          f"training step: {_pct(frac)} of the step (max {_pct(DATALOADER_FRACTION_MAX)})")
+          f"training step: {pct(frac)} of the step (max {pct(DATALOADER_FRACTION_MAX)})")
     if dl.get("note"):
         ev += f"; {dl['note']}"
     if frac > DATALOADER_FRACTION_MAX:
@@ -143,15 +45,15 @@ def check_dataloader_time(f):
 
 
 def check_communication(f):
-    frac = _m(f, "profile", "communication_fraction")
-    if not _cuda(f):
+    frac = measured(f, "profile", "communication_fraction")
+    if not on_cuda(f):
         return na("no CUDA: communication kernels are not traced")
-    if f["env"].get("world_size", 1) <= 1 and not frac:
+    if f.env.get("world_size", 1) <= 1 and not frac:
         return na("not distributed (world size 1)")
     frac = frac or 0.0
-    families = ", ".join(_m(f, "profile", "communication_families") or []) or "none matched a known family"
-    ev = (f"communication kernels ({families}) took {_pct(frac)} of kernel time "
-          f"(max {_pct(COMMUNICATION_FRACTION_MAX)})")
+    families = ", ".join(measured(f, "profile", "communication_families") or []) or "none matched a known family"
+    ev = (f"communication kernels ({families}) took {pct(frac)} of kernel time "
+          f"(max {pct(COMMUNICATION_FRACTION_MAX)})")
     if frac > COMMUNICATION_FRACTION_MAX:
         return ("warn", ev, "Overlap communication with compute (DDP bucket_cap_mb, gradient accumulation with "
                 "no_sync), or use a larger batch per device.", {"fraction": frac})
@@ -159,12 +61,12 @@ def check_communication(f):
 
 
 def check_gpu_utilization(f):
-    if not _cuda(f):
+    if not on_cuda(f):
         return na("no CUDA")
-    u = _m(f, "profile", "gpu_busy_fraction")
+    u = measured(f, "profile", "gpu_busy_fraction")
     if u is None:
         return na("no GPU kernels were traced")
-    ev = f"a GPU kernel was running {_pct(u)} of the training step (min {_pct(GPU_UTILIZATION_MIN)})"
+    ev = f"a GPU kernel was running {pct(u)} of the training step (min {pct(GPU_UTILIZATION_MIN)})"
     if u < GPU_UTILIZATION_MIN:
         return ("warn", ev, "The GPU idles: increase the batch size, or cut CPU work per step (data loading, "
                 "sync points, many tiny kernels: try CUDA graphs or torch.compile).", {"gpu_busy_fraction": u})
@@ -172,13 +74,13 @@ def check_gpu_utilization(f):
 
 
 def check_tensor_cores(f):
-    if not _cuda(f):
+    if not on_cuda(f):
         return na("no CUDA")
-    cc = f["env"].get("compute_capability") or 0
+    cc = f.env.get("compute_capability") or 0
     if cc < TENSOR_CORE_MIN_CC:
         return na(f"compute capability {cc} has no Tensor Cores (needs >= {TENSOR_CORE_MIN_CC})")
-    eligible = _m(f, "profile", "eligible_ops") or []
-    tc = _m(f, "profile", "tensor_core_kernels") or []
+    eligible = measured(f, "profile", "eligible_ops") or []
+    tc = measured(f, "profile", "tensor_core_kernels") or []
     if not eligible:
         return na("no matmul / convolution ops in the step")
     nums = {"eligible_ops": len(eligible), "tensor_core_kernels": len(tc), "compute_capability": cc}
@@ -190,14 +92,14 @@ def check_tensor_cores(f):
 
 
 def check_peak_memory(f):
-    if not _cuda(f):
+    if not on_cuda(f):
         return na("no CUDA: device memory limits apply to GPUs")
-    peak, total = _m(f, "peak_bytes"), f["env"].get("device_memory_bytes")
+    peak, total = measured(f, "peak_bytes"), f.env.get("device_memory_bytes")
     if peak is None or not total:
         return na("peak memory was not measured")
     frac = peak / total
     nums = {"peak_bytes": peak, "device_memory_bytes": total, "fraction": frac}
-    ev = f"peak {human_bytes(peak)} of {human_bytes(total)} device memory ({_pct(frac)}, max {_pct(PEAK_MEMORY_FRACTION_MAX)})"
+    ev = f"peak {human_bytes(peak)} of {human_bytes(total)} device memory ({pct(frac)}, max {pct(PEAK_MEMORY_FRACTION_MAX)})"
     if frac > PEAK_MEMORY_FRACTION_MAX:
         return ("fail", ev, "Close to out-of-memory: use activation checkpointing "
                 "(torch.utils.checkpoint) or mixed precision, or a smaller batch.", nums)
@@ -205,7 +107,7 @@ def check_peak_memory(f):
 
 
 def check_data_parallel(f):
-    s = f["static"]
+    s = f.static
     if not s.get("data_parallel"):
         return "pass", "the model is not wrapped in nn.DataParallel", "", {"devices": 0}
     n = s.get("data_parallel_devices", 0)
@@ -217,214 +119,26 @@ def check_data_parallel(f):
 
 
 def check_ddp_backend(f):
-    s = f["static"]
+    s = f.static
     if not s.get("ddp"):
         return na("the model is not wrapped in DistributedDataParallel")
     backend = s.get("dist_backend")
-    if _cuda(f) and backend != "nccl":
+    if on_cuda(f) and backend != "nccl":
         return ("fail", f"DDP on CUDA with backend {backend!r}", "Use the NCCL backend for GPU training: "
                 "torch.distributed.init_process_group('nccl').", {})
     return "pass", f"DDP with backend {backend!r}", "", {}
 
 
-# ---------------------------------------------------------------------------- model design
-def check_hidden_activations(f):
-    fw = f.get("forward") or {}
-    hidden = fw.get("hidden_saturating")
-    if hidden is None:
-        return na("the forward pass could not be traced")
-    acts = f["static"].get("activations", {})
-    if not acts:
-        return na("no activation modules (functional activations are not inspected)")
-    nums = {"hidden_saturating": len(hidden), "activation_modules": sum(acts.values())}
-    if hidden:
-        return ("warn", f"{len(hidden)} Sigmoid/Tanh activations in hidden layers ({', '.join(hidden[:4])})",
-                "Sigmoid and tanh saturate (gradients vanish in deep stacks) and cost more than ReLU / GELU / SiLU: "
-                "use those for hidden layers.", nums)
-    pooler = fw.get("pooler_saturating") or []
-    return ("pass", "hidden activations: " + ", ".join(f"{k} x{v}" for k, v in acts.items())
-            + (f"; the Tanh/Sigmoid of the pooler ({', '.join(pooler[:2])}) is the pretrained recipe's, left alone"
-               if pooler else ""), "", nums)
-
-
-def check_layer_widths(f):
-    fw = f.get("forward") or {}
-    if not fw.get("inner_dims"):
-        return na("no inner Linear / Conv / Embedding widths")
-    off = fw.get("widths_not_multiple_of_8", [])
-    n = fw["inner_dims"]
-    nums = {"inner_dims": n, "not_multiple": len(off), "multiple": WIDTH_MULTIPLE}
-    if off:
-        ex = ", ".join(f"{o['name']}.{o['side']}={o['dim']}" for o in off[:4])
-        status = "fail" if len(off) > n / 2 else "warn"
-        return (status, f"{len(off)} of {n} inner widths are not multiples of {WIDTH_MULTIPLE} ({ex})",
-                f"Pad hidden sizes / channels to multiples of {WIDTH_MULTIPLE} (64 for best GPU efficiency): Tensor "
-                "Cores and vector units work on such tiles.", nums)
-    return "pass", f"all {n} inner widths are multiples of {WIDTH_MULTIPLE}", "", nums
-
-
-#: Init scales that are an architecture's convention, not a mistake (``structure.init_role``), and why.
-INIT_CONVENTIONS = {
-    "zero-initialised": "zero-initialised, as a residual branch's last projection is on purpose (ReZero, "
-                        "adaLN-Zero, zero-init-residual ResNets: the block starts as the identity; the gradient-flow "
-                        "check tells whether gradient reaches it)",
-    "vocabulary head": "a vocabulary (LM) head, whose scale is the architecture's choice: T5 draws it (and its "
-                       "embedding, when tied) from N(0, 1) on purpose, rescaling the decoder's output by "
-                       "d_model^-0.5 when tied",
-}
-
-
-def check_init(f):
-    init = f["static"].get("init") or []
-    if not init:
-        return na("no Linear / Conv weights")
-    normed = bool(f["static"].get("n_norm"))
-    low = INIT_GAIN_MIN_NORMED if normed else INIT_GAIN_MIN
-    # a convention is judged as one, unless every layer is zero: then nothing breaks the symmetry
-    conventional = [r for r in init if r.get("role") in INIT_CONVENTIONS]
-    if conventional and all(r.get("role") == "zero-initialised" for r in init):
-        conventional = []
-    judged = [r for r in init if r not in conventional]
-    bad = [r for r in judged if not (low <= r["gain"] <= INIT_GAIN_MAX)]
-    gains = [r["gain"] for r in judged] or [r["gain"] for r in init]
-    nums = {"layers": len(init), "outside": len(bad), "min_gain": min(gains), "max_gain": max(gains), "low": low,
-            "conventions": len(conventional)}
-    why_low = (f" (lower bound {low}: the model has {f['static']['n_norm']} normalisation layers, which restore the "
-               "scale; small inits such as transformers' normal(0, 0.02) are by design)") if normed else ""
-    by_role: dict[str, list] = {}
-    for r in conventional:
-        by_role.setdefault(r["role"], []).append(r)
-    also = ""
-    for role, rows in by_role.items():
-        shown = ", ".join(f"{r['name']} ({r['gain']:.2f})" for r in rows[:3])
-        more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
-        also += f"; by convention, not judged: {shown}{more}: {INIT_CONVENTIONS[role]}"
-    if bad:
-        ex = ", ".join(f"{r['name']} ({r['gain']:.2f})" for r in bad[:4])
-        return ("warn", f"{len(bad)} of {len(judged)} layers have weight std x sqrt(fan_in) outside "
-                f"[{low}, {INIT_GAIN_MAX}]: {ex}{why_low}{also}", "Initialise with Kaiming (ReLU) or Xavier "
-                "(tanh/sigmoid) so activations keep their scale through depth.", nums)
-    return ("pass", f"weight scale std x sqrt(fan_in) in [{min(gains):.2f}, {max(gains):.2f}] for {len(judged)} layers"
-            + why_low + also, "", nums)
-
-
-def check_dropout_bn_mode(f):
-    s = f["static"]
-    if not (s.get("n_dropout") or s.get("n_batchnorm")):
-        return na("no Dropout or BatchNorm layers")
-    purpose, tr, ev_ = f.get("purpose", "training"), s.get("dropout_bn_train", []), s.get("dropout_bn_eval", [])
-    nums = {"in_train_mode": len(tr), "in_eval_mode": len(ev_)}
-    if purpose == "inference" and tr:
-        return ("fail", f"for inference, {len(tr)} Dropout/BatchNorm layers are in training mode ({', '.join(tr[:4])})",
-                "Call model.eval() before inference: Dropout drops activations and BatchNorm uses batch statistics "
-                "in training mode.", nums)
-    if purpose == "training" and s.get("training") and ev_:
-        return ("warn", f"the model is in training mode but {len(ev_)} Dropout/BatchNorm layers are in eval mode "
-                f"({', '.join(ev_[:4])})", "Check this is intended (frozen BatchNorm); otherwise call model.train().", nums)
-    if purpose == "training" and not s.get("training"):
-        return ("warn", "for training, the model is in eval mode: Dropout is off and BatchNorm statistics are frozen",
-                "Call model.train() before training steps.", nums)
-    return "pass", f"all Dropout/BatchNorm layers are in {'eval' if purpose == 'inference' else 'training'} mode", "", nums
-
-
-def _grad_examples(g: dict, status: str) -> str:
-    rows = [r for r in g.get("flagged", []) if r["status"] == status][:3]
-    return "; ".join(f"{r['layer']}: {r['reason']}" for r in rows)
-
-
-def check_gradients_nonfinite(f):
-    g = _m(f, "gradients")
-    if g is None:
-        return na("gradients were not measured (no trainable parameters or backward failed)")
-    n = g["nonfinite"]
-    if n:
-        return ("fail", f"{n} of {g['layers']} layers got NaN/Inf gradients ({_grad_examples(g, 'non-finite')})",
-                "Look for log(0), division by zero or overflow (fp16 without a GradScaler); lower the learning "
-                "rate; clip gradients.", {"nonfinite_layers": n, "layers": g["layers"]})
-    return "pass", f"gradients of all {g['layers']} layers are finite", "", {"nonfinite_layers": 0}
-
-
-def check_gradient_flow(f):
-    g = _m(f, "gradients")
-    if g is None or not g.get("layers"):
-        return na("gradients were not measured")
-    status, evidence, suggestion, nums = _gradient_flow(g)
-    if g.get("loss_stand_in") and status == "fail":
-        # no loss was declared: a stand-in loss drives these gradients, so the verdict is low-confidence
-        return ("warn", evidence + f" (measured with a stand-in loss, {g.get('loss')}: low confidence)",
-                "Declare loss_fn(output) in the model file and run again; " + suggestion, nums)
-    return status, evidence, suggestion, nums
-
-
-def _gradient_flow(g):
-    nums = {"vanishing": g["vanishing"], "exploding": g["exploding"], "dead": g["dead"],
-            "global_norm_max": g["global_norm_max"], "min_ratio": g["min_ratio"], "layers": g["layers"]}
-    if g["exploding"]:
-        return ("fail", f"exploding gradients in {g['exploding']} of {g['layers']} layers (norm > "
-                f"{EXPLODING_NORM:g}): {_grad_examples(g, 'exploding')}", "Fix the init scale, add normalisation, "
-                "lower the learning rate, clip gradients (torch.nn.utils.clip_grad_norm_).", nums)
-    if g["vanishing"]:
-        over = f" over {g['steps']} steps" if g.get("steps") else ""
-        phase = f", {g['phase']}" if g.get("phase") else ""
-        return ("fail", f"vanishing gradients in {g['vanishing']} of {g['layers']} layers{over}{phase} (relative "
-                f"gradient ‖g‖/‖w‖ < {VANISHING_RATIO:g} x the model's reference, or < {PEER_VANISHING_RATIO:g} x its "
-                f"peers' at other depths; layers small by design by their kind's allowance): "
-                f"{_grad_examples(g, 'vanishing')}",
-                "Use ReLU-family activations, residual connections, normalisation layers and Kaiming init.", nums)
-    if g["dead"]:
-        return ("warn", f"{g['dead']} layers get all-zero gradients: {_grad_examples(g, 'dead')}",
-                "Check for dead ReLUs or detached branches.", nums)
-    ratio = g["min_ratio"]
-    return ("pass", f"all {g['layers']} layers healthy; max gradient norm {g['global_norm_max']:.3g}, smallest "
-            f"layer norm {'n/a' if ratio is None else f'{ratio:.2g}'} x the largest", "", nums)
-
-
-def check_dead_units(f):
-    fw = f.get("forward") or {}
-    units = fw.get("relu_units") or 0
-    if not units:
-        if fw.get("relu_modules"):
-            return na(f"the batch is too small to judge ReLU units (a unit needs {MIN_UNIT_OBSERVATIONS} values "
-                      "per pass, samples × positions): raise the batch size")
-        return na("no ReLU modules")
-    dead = fw.get("dead_relu_units", 0)
-    frac = dead / units
-    nums = {"dead": dead, "units": units, "fraction": frac}
-    ev = f"{dead} of {units} ReLU units output zero for the whole batch ({_pct(frac)}, max {_pct(DEAD_UNIT_FRACTION_MAX)})"
-    if frac > DEAD_UNIT_FRACTION_MAX:
-        return "warn", ev, "Dead ReLUs learn nothing: lower the learning rate, fix the init, or use LeakyReLU / GELU.", nums
-    return "pass", ev, "", nums
-
-
-def check_redundant_layers(f):
-    fw = f.get("forward")
-    if fw is None or fw.get("redundant_layers") is None:
-        return na("the forward pass could not be traced")
-    p0 = f["static"].get("dropout_p0") or []
-    pairs = fw["redundant_layers"]
-    items = [f"{' -> '.join(r['layers'])} ({r['why']})" for r in pairs]
-    nums = {"dropout_p0": len(p0), "redundant_pairs": len(pairs)}
-    # Dropout(p=0) is an identity a config switched off (transformers' *_dropout_prob = 0): harmless, said only
-    p0_note = (f"; {len(p0)} Dropout(p=0) ({', '.join(p0[:3])}) are identities, harmless" if p0 else "")
-    if items:
-        return ("warn", f"{len(items)} layers add nothing: " + "; ".join(items[:4]) + ("; ..." if len(items) > 4 else "")
-                + p0_note, "Remove repeated activations and a BatchNorm that another BatchNorm follows; merge two "
-                "Linear layers with no nonlinearity between into one (W2 W1, W2 b1 + b2), or put the activation you "
-                "meant between them.", nums)
-    return ("pass", "no Linear -> Linear without a nonlinearity, repeated activation or BatchNorm straight after "
-            "BatchNorm" + p0_note, "", nums)
-
-
 # ---------------------------------------------------------------------------- memory
 def check_saved_activations(f):
-    saved, total = _m(f, "saved_activation_bytes"), f["env"].get("device_memory_bytes")
+    saved, total = measured(f, "saved_activation_bytes"), f.env.get("device_memory_bytes")
     if saved is None or not total:
         return na("saved activations were not measured")
     frac = saved / total
     nums = {"saved_bytes": saved, "device_memory_bytes": total, "fraction": frac,
-            "param_bytes": f["static"].get("param_bytes")}
-    ev = (f"autograd saves {human_bytes(saved)} for backward at batch {f.get('batch_size')} ({_pct(frac)} of "
-          f"{human_bytes(total)}; parameters: {human_bytes(f['static'].get('param_bytes'))})")
+            "param_bytes": f.static.get("param_bytes")}
+    ev = (f"autograd saves {human_bytes(saved)} for backward at batch {f.batch_size} ({pct(frac)} of "
+          f"{human_bytes(total)}; parameters: {human_bytes(f.static.get('param_bytes'))})")
     if frac > SAVED_ACTIVATION_FRACTION_MAX:
         return ("warn", ev, "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks, or mixed "
                 "precision, to trade compute for memory.", nums)
@@ -432,9 +146,9 @@ def check_saved_activations(f):
 
 
 def check_memory_growth(f):
-    if not _cuda(f):
+    if not on_cuda(f):
         return na("no CUDA: allocator growth is tracked on GPUs")
-    g = _m(f, "memory_growth_bytes_per_step")
+    g = measured(f, "memory_growth_bytes_per_step")
     if g is None:
         return na("not measured")
     ev = f"allocated memory grew {human_bytes(g)} per step over repeated steps (max {human_bytes(MEMORY_GROWTH_MAX_BYTES)})"
@@ -445,7 +159,7 @@ def check_memory_growth(f):
 
 
 def check_inplace(f):
-    s = f["static"]
+    s = f.static
     n_not, n_in = len(s.get("not_inplace_activations", [])), s.get("inplace_activations", 0)
     if not (n_not or n_in):
         return na("no activation modules that can run in place")
@@ -458,23 +172,23 @@ def check_inplace(f):
 
 # ---------------------------------------------------------------------------- compute
 def check_cudnn_benchmark(f):
-    if not _cuda(f):
+    if not on_cuda(f):
         return na("no CUDA")
-    if not f["static"].get("n_conv"):
+    if not f.static.get("n_conv"):
         return na("no convolutions")
-    if not f["env"].get("cudnn_benchmark"):
+    if not f.env.get("cudnn_benchmark"):
         return ("warn", "torch.backends.cudnn.benchmark is off", "With fixed input shapes, set "
                 "torch.backends.cudnn.benchmark = True to pick the fastest convolution algorithms.", {})
     return "pass", "cudnn.benchmark is on", "", {}
 
 
 def check_tf32(f):
-    if not _cuda(f):
+    if not on_cuda(f):
         return na("no CUDA")
-    cc = f["env"].get("compute_capability") or 0
+    cc = f.env.get("compute_capability") or 0
     if cc < TF32_MIN_CC:
         return na(f"compute capability {cc} has no TF32 (needs >= {TF32_MIN_CC})")
-    mm, cd = f["env"].get("matmul_allow_tf32"), f["env"].get("cudnn_allow_tf32")
+    mm, cd = f.env.get("matmul_allow_tf32"), f.env.get("cudnn_allow_tf32")
     if not mm:
         return ("warn", f"TF32 matmuls are off (matmul.allow_tf32={mm}, cudnn.allow_tf32={cd})",
                 "torch.set_float32_matmul_precision('high') makes fp32 matmuls use TF32 Tensor Cores.", {})
@@ -482,14 +196,14 @@ def check_tf32(f):
 
 
 def check_sync_points(f):
-    if not _cuda(f):
+    if not on_cuda(f):
         # .item() on a CPU tensor is a memory read: there is no device to wait for. Many of them in a
         # loop are a vectorisation problem, which python_loops reports.
         return na("no GPU (CUDA): host reads such as .item() cost no device synchronisation on CPU")
-    sync = _m(f, "profile", "sync_per_step")
+    sync = measured(f, "profile", "sync_per_step")
     if sync is None:
         return na("the step was not profiled")
-    n = _m(f, "profile", "sync_points_per_step") or 0
+    n = measured(f, "profile", "sync_points_per_step") or 0
     nums = dict(sync, total=n)
     detail = ", ".join(f"{k} {v:g}" for k, v in sync.items() if v)
     ev = f"{n:g} CPU-GPU sync points per step" + (f" ({detail})" if detail else "")
@@ -504,10 +218,10 @@ def check_sync_points(f):
 
 
 def check_launch_bound(f):
-    p = _m(f, "profile")
+    p = measured(f, "profile")
     if p is None:
         return na("the step was not profiled")
-    if _cuda(f) and p.get("kernels_per_step"):
+    if on_cuda(f) and p.get("kernels_per_step"):
         n, med, what = p["kernels_per_step"], p.get("median_kernel_us"), "kernels"
     else:
         n, med, what = p.get("ops_per_step"), p.get("median_op_us"), "operators"
@@ -523,7 +237,7 @@ def check_launch_bound(f):
 
 
 def check_tensor_copies(f):
-    p = _m(f, "profile")
+    p = measured(f, "profile")
     if p is None:
         return na("the step was not profiled")
     frac = p.get("layout_copy_fraction")
@@ -533,7 +247,7 @@ def check_tensor_copies(f):
         "layout_copy_time_kind", "operator")
     nums = {"copies_per_step": n, "copy_us_per_step": us, "fraction": frac}
     ev = (f"{n:g} layout copies per step in the forward (.contiguous() / .clone() / reshape of a view) took "
-          f"{us / 1e3:.2f} ms, {_pct(frac)} of the step's {kind} time (max {_pct(TENSOR_COPY_FRACTION_MAX)})")
+          f"{us / 1e3:.2f} ms, {pct(frac)} of the step's {kind} time (max {pct(TENSOR_COPY_FRACTION_MAX)})")
     if frac > TENSOR_COPY_FRACTION_MAX:
         return ("warn", ev, "Keep views instead of copies: view / reshape / transpose / permute / narrow / expand "
                 "cost nothing; drop .contiguous() where the next op accepts strided input (matmul, einsum, "
@@ -543,7 +257,7 @@ def check_tensor_copies(f):
 
 
 def check_python_loops(f):
-    p = _m(f, "profile")
+    p = measured(f, "profile")
     if p is None:
         return na("the step was not profiled")
     ops = p.get("element_ops_per_step")
@@ -552,15 +266,15 @@ def check_python_loops(f):
         return na("no ops were traced")
     n = sum(ops.values())
     share = n / top
-    b = f.get("batch_size")
+    b = f.batch_size
     nums = {"element_ops_per_step": n, "top_level_ops_per_step": top, "share": share, "batch_size": b}
     detail = ", ".join(f"{k} {v:g}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1]) if v)
     ev = (f"{n:g} indexing / scalar-read ops per step called from Python" + (f" ({detail})" if detail else "")
-          + f", {_pct(share)} of {top:g} top-level ops")
+          + f", {pct(share)} of {top:g} top-level ops")
     if b:
         ev += f"; {n / b:.2g} per sample at batch {b}"
     if n >= PYTHON_LOOP_MIN_OPS and share >= PYTHON_LOOP_MIN_SHARE:
-        return ("warn", ev + f" (>= {PYTHON_LOOP_MIN_OPS} and >= {_pct(PYTHON_LOOP_MIN_SHARE)}: a Python loop over "
+        return ("warn", ev + f" (>= {PYTHON_LOOP_MIN_OPS} and >= {pct(PYTHON_LOOP_MIN_SHARE)}: a Python loop over "
                 "tensor elements?)", "Vectorise: replace the loop by whole-tensor ops (broadcasting, torch.where, "
                 "gather / scatter / index_select with an index tensor, bmm / einsum, torch.vmap); read many values "
                 "with one .tolist() instead of .item() per element.", nums)
@@ -568,22 +282,22 @@ def check_python_loops(f):
 
 
 def check_compile(f):
-    s = f["static"]
+    s = f.static
     if s.get("compiled"):
         return "pass", "the model is torch.compile'd", "", {}
     if s.get("torchscript"):
         return "pass", "the model is TorchScript (already graph-compiled)", "", {}
-    if not _cuda(f) and not f["env"].get("cxx_compiler"):
+    if not on_cuda(f) and not f.env.get("cxx_compiler"):
         return na("torch.compile on CPU needs a C++ compiler, none found")
     return ("warn", "the model is not compiled", "Try torch.compile(model) (the Optimize page measures it): it fuses "
             "elementwise ops and cuts Python overhead; the first call pays compile time.", {})
 
 
 def check_channels_last(f):
-    s = f["static"]
+    s = f.static
     if not s.get("n_conv2d"):
         return na("no 2-D convolutions")
-    x_cl = (f.get("forward") or {}).get("conv_input_channels_last")
+    x_cl = (f.forward or {}).get("conv_input_channels_last")
     nums = {"conv2d": s["n_conv2d"], "weights_channels_last": s.get("channels_last"), "input_channels_last": x_cl}
     if s.get("channels_last") and x_cl:
         return "pass", "weights and input are channels_last", "", nums
@@ -601,7 +315,7 @@ def _surely_above(ci, threshold: float, noise=None) -> bool:
 
 
 def check_graph_breaks(f):
-    c = _m(f, "compile")
+    c = measured(f, "compile")
     if c is None:
         return na("graph breaks were not checked (torch._dynamo.explain did not run on this model)")
     n = c["graph_break_count"]
@@ -616,8 +330,8 @@ def check_graph_breaks(f):
 
 
 def check_batch_size(f):
-    bp = _m(f, "batch_probe")
-    b = f.get("batch_size")
+    bp = measured(f, "batch_probe")
+    b = f.batch_size
     if bp is None:
         return na("the batch-size probe did not run")
     gain, ci = bp["throughput_gain_2x"], bp.get("throughput_gain_ci")
@@ -632,19 +346,19 @@ def check_batch_size(f):
                 "allow) raises throughput: the device is not saturated at this batch size.", nums)
     if gain > BATCH_GAIN_MIN:
         ev += f"; not above x{BATCH_GAIN_MIN} beyond the noise"
-    if b and b % WIDTH_MULTIPLE and _cuda(f):  # tiles matter to Tensor Cores, not to a CPU
+    if b and b % WIDTH_MULTIPLE and on_cuda(f):  # tiles matter to Tensor Cores, not to a CPU
         return ("warn", ev + f"; batch size {b} is not a multiple of {WIDTH_MULTIPLE}",
                 f"Use a batch size that is a multiple of {WIDTH_MULTIPLE}.", nums)
     return "pass", ev, "", nums
 
 
 def check_mixed_precision(f):
-    dt = f["static"].get("param_dtypes", {})
+    dt = f.static.get("param_dtypes", {})
     if not dt:
         return na("no parameters")
     low = sum(v for k, v in dt.items() if k in ("float16", "bfloat16"))
     total = sum(dt.values())
-    if not _cuda(f):
+    if not on_cuda(f):
         return na("no CUDA: mixed precision pays off on GPUs (on CPU, bf16 needs AMX/AVX512-BF16; try the AMP fix)")
     nums = {"low_precision_params": low, "params": total}
     if low == 0:
@@ -655,10 +369,10 @@ def check_mixed_precision(f):
 
 # ---------------------------------------------------------------------------- deployment
 def check_conv_bn_fusion(f):
-    pairs = (f.get("forward") or {}).get("conv_bn_pairs")
+    pairs = (f.forward or {}).get("conv_bn_pairs")
     if pairs is None:
         return na("the forward pass could not be traced")
-    if not f["static"].get("n_batchnorm"):
+    if not f.static.get("n_batchnorm"):
         return na("no BatchNorm layers")
     if pairs:
         return ("warn", f"{len(pairs)} Conv -> BatchNorm pairs can be fused for inference "
@@ -669,7 +383,7 @@ def check_conv_bn_fusion(f):
 
 
 def check_inference_mode(f):
-    inf = _m(f, "inference")
+    inf = measured(f, "inference")
     if inf is None:
         return na("not measured")
     sp, ci = inf.get("speedup") or 0, inf.get("speedup_ci")
@@ -689,7 +403,7 @@ def check_inference_mode(f):
 
 # ---------------------------------------------------------------------------- data pipeline
 def _dl(f):
-    dl = f.get("dataloader")
+    dl = f.dataloader
     return None if not dl else dl.get("described") or {}
 
 
@@ -700,7 +414,7 @@ def check_num_workers(f):
     w = d.get("num_workers")
     if w is None:
         return na("num_workers not given")
-    cpus = f["env"].get("cpu_count") or 1
+    cpus = f.env.get("cpu_count") or 1
     if int(w) == 0:
         return ("warn", "num_workers=0: batches are loaded in the training process, between steps",
                 f"Use num_workers > 0 (up to the {cpus} CPU cores) so loading overlaps compute.", {"num_workers": 0})
@@ -714,7 +428,7 @@ def check_pin_memory(f):
     d = _dl(f)
     if d is None:
         return na("no DataLoader given")
-    if not _cuda(f):
+    if not on_cuda(f):
         return na("no CUDA: pinned memory speeds host-to-GPU copies")
     if not d.get("pin_memory"):
         return ("warn", "pin_memory=False", "pin_memory=True with .to(device, non_blocking=True) makes copies "
@@ -788,7 +502,8 @@ RULES: list[Rule] = [
 ]
 
 
-def evaluate(facts: dict) -> list[Finding]:
+def evaluate(facts) -> list[Finding]:
+    """Every rule's finding on ``facts`` (a Facts), in RULES order."""
     return [rule(facts) for rule in RULES]
 
 

@@ -163,41 +163,40 @@ def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_
     return result
 
 
-def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_excess_ms: float, folder: str) -> dict:
-    ranks = sorted(per_rank)
+def _world(ranks: list, infos: dict, notes: list) -> int:
+    """The world size the traces state (the number of ranks loaded when none does); notes on mixed or missing ranks."""
     world_sizes = {i.get("world_size") for i in infos.values() if i.get("world_size")}
-    backends = {i.get("backend") for i in infos.values() if i.get("backend")}
     world = max(world_sizes) if world_sizes else len(ranks)
     if len(world_sizes) > 1:
         notes.append(f"the traces disagree on the world size ({sorted(world_sizes)}): mixed runs?")
     if world_sizes and len(ranks) < world:
         missing = sorted(set(range(world)) - set(ranks))
         notes.append(f"loaded {len(ranks)} of {world} ranks; missing: {missing}")
+    return world
 
-    step_rows, rank_rows = [], []
-    for r in ranks:
-        for s in per_rank[r]["steps"]:
-            step_rows.append({"rank": r, **s})
-    busy = {r: _median(s["busy_ms"] for s in per_rank[r]["steps"]) for r in ranks}
-    stragglers, thresholds = find_stragglers(busy, margin, min_excess_ms)
-    for r in ranks:
-        st = per_rank[r]["steps"]
-        row = {"rank": r, "file": per_rank[r]["file"], "steps": len(st)}
-        for key in ("step_ms", "compute_ms", "comm_ms", "overlap_ms", "compute_only_ms", "exposed_comm_ms",
-                    "other_ms", "busy_ms"):
-            row[key] = _median(s[key] for s in st)
-        comm_total = sum(s["comm_ms"] for s in st)
-        row["overlap_ratio"] = sum(s["overlap_ms"] for s in st) / comm_total if comm_total else None
-        wall = per_rank[r].get("wall_step_ms")
-        row["wall_step_ms"] = _median(wall) if wall else None
-        row["straggler"] = r in stragglers
-        own = thresholds["per_rank"].get(str(r))  # leave-one-out: this rank against the others
-        row["others_median_ms"] = own["others_median_ms"] if own else None
-        row["threshold_ms"] = own["threshold_ms"] if own else None
-        row["busy_excess_pct"] = (100.0 * (busy[r] - own["others_median_ms"]) / own["others_median_ms"]
-                                  if own and own["others_median_ms"] else None)
-        rank_rows.append(row)
 
+def _rank_row(r, rank: dict, busy_ms: float, stragglers: list, thresholds: dict) -> dict:
+    """One rank's medians over its steps, its overlap, and how it stands against the others (leave-one-out)."""
+    st = rank["steps"]
+    row = {"rank": r, "file": rank["file"], "steps": len(st)}
+    for key in ("step_ms", "compute_ms", "comm_ms", "overlap_ms", "compute_only_ms", "exposed_comm_ms",
+                "other_ms", "busy_ms"):
+        row[key] = _median(s[key] for s in st)
+    comm_total = sum(s["comm_ms"] for s in st)
+    row["overlap_ratio"] = sum(s["overlap_ms"] for s in st) / comm_total if comm_total else None
+    wall = rank.get("wall_step_ms")
+    row["wall_step_ms"] = _median(wall) if wall else None
+    row["straggler"] = r in stragglers
+    own = thresholds["per_rank"].get(str(r))  # leave-one-out: this rank against the others
+    row["others_median_ms"] = own["others_median_ms"] if own else None
+    row["threshold_ms"] = own["threshold_ms"] if own else None
+    row["busy_excess_pct"] = (100.0 * (busy_ms - own["others_median_ms"]) / own["others_median_ms"]
+                              if own and own["others_median_ms"] else None)
+    return row
+
+
+def _collectives(per_rank: dict, ranks: list) -> list[dict]:
+    """The collectives by name and call site over every rank, the costliest first."""
     groups: dict[tuple[str, str], dict] = {}
     for r in ranks:
         for c in per_rank[r]["calls"]:
@@ -218,7 +217,17 @@ def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_exces
         collectives.append({**g, "ranks": len(g["ranks"]), "mean_ms": g["total_ms"] / g["calls"],
                             "bytes": g["bytes"] if known == g["calls"] else None,
                             "mean_bytes": g["bytes"] / known if known else None})
+    return collectives
 
+
+def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_excess_ms: float, folder: str) -> dict:
+    ranks = sorted(per_rank)
+    backends = {i.get("backend") for i in infos.values() if i.get("backend")}
+    world = _world(ranks, infos, notes)
+    step_rows = [{"rank": r, **s} for r in ranks for s in per_rank[r]["steps"]]
+    busy = {r: _median(s["busy_ms"] for s in per_rank[r]["steps"]) for r in ranks}
+    stragglers, thresholds = find_stragglers(busy, margin, min_excess_ms)
+    rank_rows = [_rank_row(r, per_rank[r], busy[r], stragglers, thresholds) for r in ranks]
     all_steps = [s["step_ms"] for s in step_rows]
     comm_sum = sum(s["comm_ms"] for s in step_rows)
     step_sum = sum(all_steps)
@@ -240,7 +249,7 @@ def _assemble(per_rank: dict, infos: dict, notes: list, margin: float, min_exces
         "metrics": metrics,
         "ranks": rank_rows,
         "steps": step_rows,
-        "collectives": collectives,
+        "collectives": _collectives(per_rank, ranks),
         "stragglers": stragglers,
         "thresholds": thresholds,
         "distributed_info": {str(r): {k: v for k, v in infos[r].items() if k in ("rank", "world_size", "backend")}

@@ -112,12 +112,7 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
     report_rows = report or (lambda rows, message: None)
     params = params or {}
     batch = next((x.shape[0] for x in inputs if isinstance(x, torch.Tensor) and x.dim()), 1)
-    saved = None
-    if "activation_checkpointing" in fixes:
-        progress(0.01, "measuring the activations each block saves for backward")
-        probe = copy.deepcopy(model).train()
-        saved = saved_activation_bytes(probe, inputs, loss_fn)
-        del probe
+    saved = _saved_by_block(model, inputs, loss_fn, progress) if "activation_checkpointing" in fixes else None
     ctx = TrainContext(inputs, loss_fn, optimizer, lr, device, saved)
 
     def build(fix_id: str | None, opts: dict) -> TrainSetup:
@@ -155,20 +150,7 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
                            progress=progress, share=(0.05, 0.45), words=("trained", "training with")))
 
     progress(0.55, "peak memory of one training step per candidate")
-    for row in rows:
-        setup = setups.get(row["fix"])
-        if setup is None:
-            continue
-        setup.step.zero_grad()  # the step starts with no gradients, as a training loop's does
-        peak = measure_peak(lambda: setup.step(inputs=inputs), device, resident_bytes(setup, inputs))
-        row["peak_bytes"] = int(peak.peak_bytes)
-        if row["size_bytes"] is None:
-            row["size_bytes"], row["size_kind"] = serialized_bytes(setup.model)
-    base_size = rows[0]["size_bytes"]
-    for row in rows:
-        if row["size_bytes"] is not None and base_size:
-            row["size_ratio"] = row["size_bytes"] / base_size
-
+    _peaks_and_sizes(rows, setups, inputs, device)
     report_rows(rows, f"trained {len(fixes)} of {len(fixes)} fixes, peak memory measured; timing")
     progress(0.6, f"timing {len(setups)} training steps and the A/A control in interleaved rounds")
     calls = {k: (lambda s=s: s.step(inputs=inputs)) for k, s in setups.items()}
@@ -184,6 +166,34 @@ def run_train_trials(model: nn.Module, inputs: tuple, device: torch.device | str
         raise RuntimeError(f"timing the training steps failed: {short_error(e)}") from e
     disturbance = assess(w.figures, times["baseline"]["cv"])
     return with_times(rows, times, disturbance, "the baseline step"), disturbance, stop
+
+
+def _saved_by_block(model: nn.Module, inputs: tuple, loss_fn, progress) -> dict:
+    """The activations each block saves for backward (what activation checkpointing chooses by), on a copy."""
+    progress(0.01, "measuring the activations each block saves for backward")
+    probe = copy.deepcopy(model).train()
+    try:
+        return saved_activation_bytes(probe, inputs, loss_fn)
+    finally:
+        del probe
+
+
+def _peaks_and_sizes(rows: list[dict], setups: dict, inputs: tuple, device) -> None:
+    """Each trained candidate's peak memory over one step, its size where not known yet, and its size against
+    the baseline's (set on the rows)."""
+    for row in rows:
+        setup = setups.get(row["fix"])
+        if setup is None:
+            continue
+        setup.step.zero_grad()  # the step starts with no gradients, as a training loop's does
+        peak = measure_peak(lambda: setup.step(inputs=inputs), device, resident_bytes(setup, inputs))
+        row["peak_bytes"] = int(peak.peak_bytes)
+        if row["size_bytes"] is None:
+            row["size_bytes"], row["size_kind"] = serialized_bytes(setup.model)
+    base_size = rows[0]["size_bytes"]
+    for row in rows:
+        if row["size_bytes"] is not None and base_size:
+            row["size_ratio"] = row["size_bytes"] / base_size
 
 
 def _opt_title(opt: torch.optim.Optimizer) -> str:

@@ -165,6 +165,60 @@ def _budget(planner: Planner, budget: int):
         planner.target = own
 
 
+def _candidate_times(planner: Planner, config: Config, names: list[str], progress,
+                     not_timed: str = "") -> tuple[dict[str, float], str]:
+    """Each candidate's recompute time measured on this CPU (empty when it cannot be), and how it was had.
+    ``not_timed``: why the model must not be run here to time them (then ranked by FLOPs, said so)."""
+    why_not = not_timed or _timing(planner, config)
+    times: dict[str, float] = {}
+    if not why_not:
+        progress("timing each candidate's forward on this CPU")
+        try:
+            times = recompute_times(planner.loaded, config, names)
+            return times, (f"measured on this CPU: each module's forward with autograd recording, the median of "
+                           f"{REPEATS} rounds (modules alike pooled) at batch {config.batch}"
+                           + (f", seq {config.seq}" if config.seq is not None else ""))
+        except Exception as e:  # the ranking falls back to FLOPs; the answer is still traced
+            why_not = f"timing failed ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+    return times, f"not measured ({why_not}): candidates ranked by forward FLOPs, recompute time not given"
+
+
+def _fewest_that_fit(ranked: list[str], budget: int, cost, peak_of) -> tuple[list[str], int, bool]:
+    """The shortest prefix of ``ranked`` whose step fits ``budget`` (bisection), then costly members the others
+    make unneeded dropped; (everything, its peak, False) when not even all of them fit."""
+    peaks: dict[int, int] = {len(ranked): peak_of(ranked)}
+    if peaks[len(ranked)] > budget:  # nothing checkpointing can do fits: the smallest peak, and what else
+        return list(ranked), peaks[len(ranked)], False
+    lo, hi = 0, len(ranked)  # prefix lo does not fit (0: the unconstrained step), hi fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        peaks[mid] = peak_of(ranked[:mid])
+        lo, hi = (lo, mid) if peaks[mid] <= budget else (mid, hi)
+    chosen, peak = list(ranked[:hi]), peaks[hi]
+    for n in sorted(chosen, key=cost, reverse=True)[:MAX_PRUNED]:  # a costly one the others make unneeded
+        if len(chosen) == 1:
+            break
+        rest = [c for c in chosen if c != n]
+        p = peak_of(rest)
+        if p <= budget:
+            chosen, peak = rest, p
+    return chosen, peak, True
+
+
+def _what_else(planner: Planner, selected: Config, chosen: list[str], budget: int, notes: list[str]) -> tuple:
+    """Nothing checkpointing does fits: the suggestions (traced) that would, with ``chosen`` checkpointed."""
+    from diagnostics.analyses.plan.suggest import suggestions
+
+    with _budget(planner, budget):
+        largest = _largest_batch(planner, selected, ",".join(chosen), budget)
+        own = planner.checkpoint_patterns
+        planner.checkpoint_patterns = ",".join(chosen)
+        try:
+            return tuple(suggestions(planner, selected, largest, notes))
+        finally:
+            planner.checkpoint_patterns = own
+
+
 def fit_budget(planner: Planner, config: Config, budget: int, notes: list[str], progress=None,
                not_timed: str = "") -> Fit:
     """The budget answer for ``config`` (a training step, unsharded, without checkpointing). ``not_timed``:
@@ -185,19 +239,7 @@ def fit_budget(planner: Planner, config: Config, budget: int, notes: list[str], 
         raise TorchScopeError("budget: the model has no blocks or children to checkpoint")
     saved = {n: int(base.saved_in(n)) for n in names}
     flops = forward_flops(planner, config) or {}
-    why_not = not_timed or _timing(planner, config)
-    times: dict[str, float] = {}
-    if not why_not:
-        progress("timing each candidate's forward on this CPU")
-        try:
-            times = recompute_times(planner.loaded, config, names)
-            timing = (f"measured on this CPU: each module's forward with autograd recording, the median of {REPEATS} "
-                      f"rounds (modules alike pooled) at batch {config.batch}"
-                      + (f", seq {config.seq}" if config.seq is not None else ""))
-        except Exception as e:  # the ranking falls back to FLOPs; the answer is still traced
-            why_not = f"timing failed ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
-    if why_not:
-        timing = f"not measured ({why_not}): candidates ranked by forward FLOPs, recompute time not given"
+    times, timing = _candidate_times(planner, config, names, progress, not_timed)
 
     def cost(n: str) -> float:
         return times[n] if n in times else float(flops.get(n, 0))
@@ -210,38 +252,12 @@ def fit_budget(planner: Planner, config: Config, budget: int, notes: list[str], 
         progress(f"tracing with {len(chosen)} module(s) checkpointed")
         return planner.device_peak(planner.run(selected, checkpoint_patterns=",".join(chosen)))[0]
 
-    peaks: dict[int, int] = {len(ranked): peak_of(ranked)}
-    if peaks[len(ranked)] > budget:  # nothing checkpointing can do fits: the smallest peak, and what else
-        chosen, peak, ok = list(ranked), peaks[len(ranked)], False
-    else:
-        lo, hi = 0, len(ranked)  # prefix lo does not fit (0: the unconstrained step), hi fits
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            peaks[mid] = peak_of(ranked[:mid])
-            lo, hi = (lo, mid) if peaks[mid] <= budget else (mid, hi)
-        chosen, peak, ok = list(ranked[:hi]), peaks[hi], True
-        for n in sorted(chosen, key=cost, reverse=True)[:MAX_PRUNED]:  # a costly one the others make unneeded
-            if len(chosen) == 1:
-                break
-            rest = [c for c in chosen if c != n]
-            p = peak_of(rest)
-            if p <= budget:
-                chosen, peak = rest, p
-    needed = ()
-    smallest = None
+    chosen, peak, ok = _fewest_that_fit(ranked, budget, cost, peak_of)
+    needed, smallest = (), None
     if not ok:
         smallest = peak
         progress("nothing checkpointing does fits: tracing what else would")
-        from diagnostics.analyses.plan.suggest import suggestions
-
-        with _budget(planner, budget):
-            largest = _largest_batch(planner, selected, ",".join(chosen), budget)
-            own = planner.checkpoint_patterns
-            planner.checkpoint_patterns = ",".join(chosen)
-            try:
-                needed = tuple(suggestions(planner, selected, largest, notes))
-            finally:
-                planner.checkpoint_patterns = own
+        needed = _what_else(planner, selected, chosen, budget, notes)
     rc_ms = round(sum(times[n] for n in chosen), 3) if chosen and all(n in times for n in chosen) else (
         0.0 if not chosen else None)
     rc_flops = int(sum(flops.get(n, 0) for n in chosen)) if flops else None

@@ -137,114 +137,112 @@ def _calibrated(target, asked: str):
                                f"{cal['workspace_bytes'] / 2**20:.0f} MiB")
 
 
-def analyze(ctx, options: dict) -> PlanResult:
-    o = ANALYSIS.validate(options)
-    loaded = ctx.loaded
-    settings = settings_of(o)
-    target = _calibrated(resolve(o["device"], count=1, gpus=gpu_facts(), cpu=cpu_facts()), o["device"])
-    planner = Planner(loaded, target, o["checkpoint_modules"], progress=lambda m: ctx.progress(0.4, m))
-    notes: list[str] = []
-    batches, seqs = _sizes(loaded, o, notes)
-    if loaded.meta:
-        notes.append(f"the model is on the meta device ({loaded.meta}); the plan needs no weights")
+def _traced_rows(ctx, planner, configs: list, failures: list) -> tuple[list, list]:
+    """One row per configuration, each traced (a failure is its row's error); the rows and their traces."""
+    rows, row_traces = [], []
+    for i, c in enumerate(configs):
+        ctx.progress(0.02 + 0.4 * i / len(configs), f"tracing {c.setting.label}, batch {c.batch}"
+                     + (f", seq {c.seq}" if c.seq is not None else ""))
+        try:
+            st = _traced(planner, c, timeline=not row_traces)
+        except TorchScopeError as e:  # this configuration says why; the others are still answered
+            failures.append((c, e))
+            rows.append(planner.failed_row(c, str(e)))
+            continue
+        rows.append(planner.row(c, st, recompute_flops=recompute_flops(planner, c)))
+        row_traces.append(st)
+    if not row_traces:  # nothing answered: the first configuration's failure is the job's
+        raise failures[0][1]
+    return rows, row_traces
 
-    # -- one row per configuration asked for
-    configs = [Config(b, s, st) for st in settings for s in seqs for b in batches]
-    traced_rows = len(configs) <= MAX_TRACED_ROWS
-    rows = []
-    row_traces = []
-    ctx.progress(0.02, f"{len(configs)} configuration(s) on fake tensors")
-    failures: list[tuple[Config, TorchScopeError]] = []
-    if traced_rows:
-        for i, c in enumerate(configs):
-            ctx.progress(0.02 + 0.4 * i / len(configs), f"tracing {c.setting.label}, batch {c.batch}"
-                         + (f", seq {c.seq}" if c.seq is not None else ""))
+
+def _grid_columns(planner, setting, curves: dict, extra_seqs: list, limit: int, notes: list[str]) -> None:
+    """The grid's other sequence lengths: a curve each through two small batches (added to ``curves``)."""
+    for s in extra_seqs:
+        if s not in curves:
+            curves[s] = Curve(setting, s)
+            for b in (1, min(limit, 8)):
+                try:
+                    curve_point(planner, curves[s], b)
+                except SweepFailure as e:
+                    notes.append(f"grid column seq {s}: {e}")
+                    break
+
+
+def _sweeps(ctx, planner, loaded, settings: list, seqs: list, batches: list[int], limit: int,
+            notes: list[str]) -> tuple[list, list, dict]:
+    """Per swept setting: the largest batch per sequence length and the batch x sequence grid; the
+    curves they fitted, by setting and sequence length."""
+    maxes, grids, curves_by_setting = [], [], {}
+    swept = settings[:MAX_SWEPT_SETTINGS]
+    if len(settings) > len(swept):
+        notes.append(f"sweeps ran for the first {len(swept)} of {len(settings)} settings")
+    extra_seqs = grid_seqs([s for s in seqs if s is not None], _seq_limit(loaded)) if seqs[0] is not None else [None]
+    for k, st_ in enumerate(swept):
+        curves = {}
+        for s in seqs:
+            ctx.progress(0.45 + 0.35 * k / len(swept), f"largest batch: {st_.label}" + (f", seq {s}" if s else ""))
+            curves[s] = Curve(st_, s)
             try:
-                st = _traced(planner, c, timeline=not row_traces)
-            except TorchScopeError as e:  # this configuration says why; the others are still answered
+                maxes.append(max_batch(planner, curves[s], limit))
+            except SweepFailure as e:  # the sweep stops at the batch that failed, and says so
+                notes.append(f"largest batch for {st_.label}" + (f", seq {s}" if s else "") + f": {e}")
+                maxes.append(e.answer)
+        largest = max((m.max_batch for m in maxes if m.setting == st_.label), default=1)
+        gb = grid_batches(max(largest, max(batches)), limit)
+        _grid_columns(planner, st_, curves, extra_seqs, limit, notes)
+        curves = {s: c for s, c in curves.items() if c.points}
+        if curves:
+            grids.append(grid(planner, st_, curves, gb))
+        curves_by_setting[st_] = curves
+    return maxes, grids, curves_by_setting
+
+
+def _fitted_rows(planner, configs: list, curves_by_setting: dict, failures: list) -> list:
+    """Too many configurations to trace each: rows read off the sweep's curves (traced where none fits)."""
+    rows = []
+    for c in configs:
+        curve = curves_by_setting.get(c.setting, {}).get(c.seq)
+        if curve is None:
+            try:
+                rows.append(planner.row(c, _traced(planner, c)))
+            except TorchScopeError as e:
                 failures.append((c, e))
                 rows.append(planner.failed_row(c, str(e)))
-                continue
-            rows.append(planner.row(c, st, recompute_flops=recompute_flops(planner, c)))
-            row_traces.append(st)
-        if not row_traces:  # nothing answered: the first configuration's failure is the job's
-            raise failures[0][1]
+            continue
+        peak, parts, phase = curve.peak(c.batch)
+        rows.append(msgspec.structs.replace(planner.row(c, peak=peak, parts=parts, how="fitted"), phase=phase,
+                                            analytic=tuple(sorted(planner.standins))))
+    return rows
 
-    # -- sweeps: the largest batch per sequence length, the grid, the suggestions
-    limit = int(o["max_batch"])
-    maxes, grids, suggestions = [], [], []
-    curves_by_setting: dict = {}
-    if o["sweep"] or not traced_rows:
-        swept = settings[:MAX_SWEPT_SETTINGS]
-        if len(settings) > len(swept):
-            notes.append(f"sweeps ran for the first {len(swept)} of {len(settings)} settings")
-        extra_seqs = grid_seqs([s for s in seqs if s is not None], _seq_limit(loaded)) if seqs[0] is not None else [None]
 
-        for k, st_ in enumerate(swept):
-            curves = {}
-            for s in seqs:
-                ctx.progress(0.45 + 0.35 * k / len(swept), f"largest batch: {st_.label}" + (f", seq {s}" if s else ""))
-                curves[s] = Curve(st_, s)
-                try:
-                    maxes.append(max_batch(planner, curves[s], limit))
-                except SweepFailure as e:  # the sweep stops at the batch that failed, and says so
-                    notes.append(f"largest batch for {st_.label}" + (f", seq {s}" if s else "") + f": {e}")
-                    maxes.append(e.answer)
-            largest = max((m.max_batch for m in maxes if m.setting == st_.label), default=1)
-            gb = grid_batches(max(largest, max(batches)), limit)
-            for s in extra_seqs:
-                if s not in curves:
-                    curves[s] = Curve(st_, s)
-                    for b in (1, min(limit, 8)):
-                        try:
-                            curve_point(planner, curves[s], b)
-                        except SweepFailure as e:
-                            notes.append(f"grid column seq {s}: {e}")
-                            break
-            curves = {s: c for s, c in curves.items() if c.points}
-            if curves:
-                grids.append(grid(planner, st_, curves, gb))
-            curves_by_setting[st_] = curves
-    if not traced_rows:
-        for c in configs:
-            curve = curves_by_setting.get(c.setting, {}).get(c.seq)
-            if curve is None:
-                try:
-                    rows.append(planner.row(c, _traced(planner, c)))
-                except TorchScopeError as e:
-                    failures.append((c, e))
-                    rows.append(planner.failed_row(c, str(e)))
-                continue
-            peak, parts, phase = curve.peak(c.batch)
-            rows.append(msgspec.structs.replace(planner.row(c, peak=peak, parts=parts, how="fitted"), phase=phase,
-                                                analytic=tuple(sorted(planner.standins))))
-    if o["sweep"] and o["mode"] == "train":
-        over = [r for r in rows if not r.fits and r.shard == "none" and not r.error]
-        if over:
-            worst = max(over, key=lambda r: r.peak_bytes)
-            c = next(c for c in configs if c.batch == worst.batch and c.seq == worst.seq and c.setting.label == worst.setting)
-            largest = next((m.max_batch for m in maxes if m.setting == c.setting.label and m.seq == c.seq), None)
-            ctx.progress(0.85, "make it fit: tracing the candidates")
-            from diagnostics.analyses.plan.suggest import suggestions as suggest
+def _make_it_fit(ctx, planner, configs: list, rows: list, maxes: list, notes: list[str]) -> list:
+    """Suggestions (traced) for the largest configuration that does not fit; [] when all fit."""
+    over = [r for r in rows if not r.fits and r.shard == "none" and not r.error]
+    if not over:
+        return []
+    worst = max(over, key=lambda r: r.peak_bytes)
+    c = next(c for c in configs if c.batch == worst.batch and c.seq == worst.seq and c.setting.label == worst.setting)
+    largest = next((m.max_batch for m in maxes if m.setting == c.setting.label and m.seq == c.seq), None)
+    ctx.progress(0.85, "make it fit: tracing the candidates")
+    from diagnostics.analyses.plan.suggest import suggestions as suggest
 
-            suggestions = suggest(planner, c, largest, notes)
+    return suggest(planner, c, largest, notes)
 
-    # -- the budget: what to checkpoint so the largest configuration fits
-    fit = msgspec.UNSET
-    budget = parse_bytes(o["budget"])
-    if budget is not None:
-        ctx.progress(0.9, "fit in the budget: choosing what to checkpoint")
-        fit = _fit(planner, configs, rows, budget, notes, lambda m: ctx.progress(0.9, m))
 
-    # -- the timeline of the first configuration
-    ctx.progress(0.95, "memory over the first configuration's step")
+def _first_timeline(planner, configs: list, rows: list, traced_rows: bool) -> Timeline | None:
+    """Memory over the step of the first configuration that was answered (None when it cannot be traced)."""
     answered = next((c for c, r in zip(configs, rows) if not r.error), configs[0]) if traced_rows else configs[0]
     try:
         first = _traced(planner, answered, timeline=True)
     except TorchScopeError:
         first = None
-    timeline = None if first is None or first.timeline is None else msgspec.convert(
+    return None if first is None or first.timeline is None else msgspec.convert(
         {**first.timeline, "configuration": answered.setting.label}, Timeline)
+
+
+def _closing_notes(planner, target, failures: list, row_traces: list, notes: list[str]) -> None:
+    """What could not be planned, what was estimated, and how the device's numbers were made."""
     for c, e in failures:
         notes.append(f"batch {c.batch}" + (f", seq {c.seq}" if c.seq is not None else "")
                      + f" ({c.setting.label}) could not be planned: {e}")
@@ -268,6 +266,46 @@ def analyze(ctx, options: dict) -> PlanResult:
                      "memory; memory cached but free (reserved beyond allocated) is not in the peak")
     for st in row_traces:  # what the rows' own traces noted (per-rank peaks, offload, the KV cache)
         notes.extend(n for n in st.notes if n not in notes)
+
+
+def analyze(ctx, options: dict) -> PlanResult:
+    o = ANALYSIS.validate(options)
+    loaded = ctx.loaded
+    settings = settings_of(o)
+    target = _calibrated(resolve(o["device"], count=1, gpus=gpu_facts(), cpu=cpu_facts()), o["device"])
+    planner = Planner(loaded, target, o["checkpoint_modules"], progress=lambda m: ctx.progress(0.4, m))
+    notes: list[str] = []
+    batches, seqs = _sizes(loaded, o, notes)
+    if loaded.meta:
+        notes.append(f"the model is on the meta device ({loaded.meta}); the plan needs no weights")
+
+    # -- one row per configuration asked for
+    configs = [Config(b, s, st) for st in settings for s in seqs for b in batches]
+    traced_rows = len(configs) <= MAX_TRACED_ROWS
+    ctx.progress(0.02, f"{len(configs)} configuration(s) on fake tensors")
+    failures: list[tuple[Config, TorchScopeError]] = []
+    rows, row_traces = _traced_rows(ctx, planner, configs, failures) if traced_rows else ([], [])
+
+    # -- sweeps: the largest batch per sequence length, the grid, the suggestions
+    limit = int(o["max_batch"])
+    maxes, grids, suggestions, curves_by_setting = [], [], [], {}
+    if o["sweep"] or not traced_rows:
+        maxes, grids, curves_by_setting = _sweeps(ctx, planner, loaded, settings, seqs, batches, limit, notes)
+    if not traced_rows:
+        rows = _fitted_rows(planner, configs, curves_by_setting, failures)
+    if o["sweep"] and o["mode"] == "train":
+        suggestions = _make_it_fit(ctx, planner, configs, rows, maxes, notes)
+
+    # -- the budget: what to checkpoint so the largest configuration fits
+    fit = msgspec.UNSET
+    budget = parse_bytes(o["budget"])
+    if budget is not None:
+        ctx.progress(0.9, "fit in the budget: choosing what to checkpoint")
+        fit = _fit(planner, configs, rows, budget, notes, lambda m: ctx.progress(0.9, m))
+
+    ctx.progress(0.95, "memory over the first configuration's step")
+    timeline = _first_timeline(planner, configs, rows, traced_rows)
+    _closing_notes(planner, target, failures, row_traces, notes)
     peaks = [r.peak_bytes for r in rows if not r.error] or [0]
     metrics = PlanMetrics(configs=len(rows), fitting_configs=sum(r.fits for r in rows), min_peak_bytes=min(peaks),
                           max_peak_bytes=max(peaks), capacity_bytes=target.capacity_bytes, traces=planner.traces,

@@ -13,6 +13,7 @@ between modules (tied weights) are counted once, for the first module that holds
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -228,13 +229,9 @@ def _counts_pass_by_pass(ctx, loaded, options, trainable, shapes):
     return fwd, both, flops_note, backward_note
 
 
-def analyze(ctx, options: dict) -> SummaryResult:
-    options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
-    loaded = ctx.loaded
-    model = loaded.model
-    ctx.progress(0.1, "counting parameters")
-
-    # Each unique parameter belongs to the first module that holds it (tied weights counted once).
+def _owned_params(model: nn.Module) -> tuple[dict[str, int], dict[str, int]]:
+    """Parameters (all, trainable) per module: each unique parameter belongs to the first module that
+    holds it (tied weights counted once)."""
     owner: dict[int, str] = {}
     own_params: dict[str, int] = {}
     own_trainable: dict[str, int] = {}
@@ -246,42 +243,47 @@ def analyze(ctx, options: dict) -> SummaryResult:
             own_params[mname or ROOT] = own_params.get(mname or ROOT, 0) + p.numel()
             if p.requires_grad:
                 own_trainable[mname or ROOT] = own_trainable.get(mname or ROOT, 0) + p.numel()
-    unique = unique_params(model)
-    total = sum(p.numel() for p in unique)
-    trainable = sum(p.numel() for p in unique if p.requires_grad)
-    param_bytes = sum(p.numel() * p.element_size() for p in unique)
-    buffer_bytes = sum(b.numel() * b.element_size() for b in {id(b): b for b in model.buffers()}.values())
-    tied = sum(1 for _ in model.named_parameters(remove_duplicate=False)) - len(unique)
+    return own_params, own_trainable
 
-    ctx.progress(0.3, "forward pass: shapes and FLOPs")
-    shapes: dict[str, object] = {}
-    # A model built on the meta device (a config too big for this machine) runs on fake tensors:
-    # shapes and FLOPs without allocating; parameters are counted from the meta tensors as usual.
-    counting = nullcontext()
-    if loaded.meta:
-        from diagnostics.tensors import fake_mode
 
-        counting = fake_mode()
-    with counting:
-        fwd, both, flops_note, backward_note = _forward_counts(ctx, loaded, options, trainable, shapes)
-    fwd_total = None if fwd is None else fwd.total
-    fwd_per = {} if fwd is None else _per_layer(fwd)
-    fwd_missing = {} if fwd is None else {(k or ROOT): v for k, v in fwd.not_counted_by_module.items()}
-    bwd_total, bwd_per, bwd_missing = (None, {}, {}) if fwd is None else (0, {}, {})
+@dataclass
+class _Flops:
+    """Forward and backward FLOPs, in total and per layer, and the ops left uncounted per layer; totals
+    None when not counted."""
+
+    fwd_total: int | None = None
+    fwd_per: dict = field(default_factory=dict)
+    fwd_missing: dict = field(default_factory=dict)
+    bwd_total: int | None = None
+    bwd_per: dict = field(default_factory=dict)
+    bwd_missing: dict = field(default_factory=dict)
+    note: str | None = None
+
+
+def _flops_by_pass(fwd: FlopCount | None, both: FlopCount | None) -> _Flops:
+    """Backward = forward+backward minus forward, per layer and per uncounted op."""
+    if fwd is None:
+        return _Flops()
+    f = _Flops(fwd_total=fwd.total, fwd_per=_per_layer(fwd), bwd_total=0,
+               fwd_missing={(k or ROOT): v for k, v in fwd.not_counted_by_module.items()})
     if both is not None:
-        bwd_total = both.total - fwd.total
-        bwd_per = {k: v - fwd_per.get(k, 0) for k, v in _per_layer(both).items()}
+        f.bwd_total = both.total - fwd.total
+        f.bwd_per = {k: v - f.fwd_per.get(k, 0) for k, v in _per_layer(both).items()}
         for k, ops in both.not_counted_by_module.items():
-            extra = {op: n - fwd_missing.get(k or ROOT, {}).get(op, 0) for op, n in ops.items()}
-            bwd_missing[k or ROOT] = {op: n for op, n in extra.items() if n > 0}
-    missing_note = (both or fwd).note("FLOP totals") if fwd is not None else None
+            extra = {op: n - f.fwd_missing.get(k or ROOT, {}).get(op, 0) for op, n in ops.items()}
+            f.bwd_missing[k or ROOT] = {op: n for op, n in extra.items() if n > 0}
+    f.note = (both or fwd).note("FLOP totals")
+    return f
 
-    def flops_or_none(counted: int | None, missing: dict) -> int | None:
-        """0 FLOPs where ops went uncounted is not a count: None (shown as not counted)."""
-        return None if counted is None or (counted == 0 and missing) else counted
 
-    ctx.progress(0.9, "building table")
-    tops = script_subtrees(model)
+def _flops_or_none(counted: int | None, missing: dict) -> int | None:
+    """0 FLOPs where ops went uncounted is not a count: None (shown as not counted)."""
+    return None if counted is None or (counted == 0 and missing) else counted
+
+
+def _layer_rows(model: nn.Module, shapes: dict, own_params: dict, own_trainable: dict, total: int,
+                f: _Flops, tops) -> list[SummaryLayer]:
+    """One row per module, in the model's order."""
     layers = []
     for mname, mod in model.named_modules():
         name = mname or ROOT
@@ -301,34 +303,69 @@ def analyze(ctx, options: dict) -> SummaryResult:
             pct_of_total=100.0 * own_params.get(name, 0) / total if total else 0.0,
             trainable=own_trainable.get(name, 0),
             # inside TorchScript (not the root) nothing is attributed: not counted, never 0
-            flops_forward=None if fwd_total is None or (name != ROOT and _in_script(name, tops)) else
-                          flops_or_none(fwd_per.get(name, 0), fwd_missing.get(name)),
-            flops_backward=None if bwd_total is None or (name != ROOT and _in_script(name, tops)) else
-                           flops_or_none(bwd_per.get(name, 0), bwd_missing.get(name)),
+            flops_forward=None if f.fwd_total is None or (name != ROOT and _in_script(name, tops)) else
+                          _flops_or_none(f.fwd_per.get(name, 0), f.fwd_missing.get(name)),
+            flops_backward=None if f.bwd_total is None or (name != ROOT and _in_script(name, tops)) else
+                           _flops_or_none(f.bwd_per.get(name, 0), f.bwd_missing.get(name)),
             # ops run under this module whose FLOPs the counts above leave out
-            flops_not_counted=", ".join(sorted(set(fwd_missing.get(name, {})) | set(bwd_missing.get(name, {}))))
+            flops_not_counted=", ".join(sorted(set(f.fwd_missing.get(name, {})) | set(f.bwd_missing.get(name, {}))))
                               or None,
         ))
+    return layers
 
-    per_token = UNSET
+
+def _per_token(loaded, f: _Flops):
+    """Forward FLOPs per token when the first input is token ids (batch, sequence); UNSET otherwise."""
     first = loaded.input_specs[0] if loaded.input_specs else None
-    if first is not None and first.dtype in ("int64", "int32") and len(first.shape) == 2:
-        # token ids (batch, sequence): FLOPs per token, the figure language models are compared by
-        counted = flops_or_none(fwd_total, fwd_missing.get(ROOT))
-        per_token = None if counted is None else counted / (first.shape[0] * first.shape[1])
+    if first is None or first.dtype not in ("int64", "int32") or len(first.shape) != 2:
+        return UNSET
+    # token ids (batch, sequence): FLOPs per token, the figure language models are compared by
+    counted = _flops_or_none(f.fwd_total, f.fwd_missing.get(ROOT))
+    return None if counted is None else counted / (first.shape[0] * first.shape[1])
+
+
+def analyze(ctx, options: dict) -> SummaryResult:
+    options = ANALYSIS.validate(options)  # idempotent: the runner validated them too
+    loaded = ctx.loaded
+    model = loaded.model
+    ctx.progress(0.1, "counting parameters")
+    own_params, own_trainable = _owned_params(model)
+    unique = unique_params(model)
+    total = sum(p.numel() for p in unique)
+    trainable = sum(p.numel() for p in unique if p.requires_grad)
+    param_bytes = sum(p.numel() * p.element_size() for p in unique)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in {id(b): b for b in model.buffers()}.values())
+    tied = sum(1 for _ in model.named_parameters(remove_duplicate=False)) - len(unique)
+
+    ctx.progress(0.3, "forward pass: shapes and FLOPs")
+    shapes: dict[str, object] = {}
+    # A model built on the meta device (a config too big for this machine) runs on fake tensors:
+    # shapes and FLOPs without allocating; parameters are counted from the meta tensors as usual.
+    counting = nullcontext()
+    if loaded.meta:
+        from diagnostics.tensors import fake_mode
+
+        counting = fake_mode()
+    with counting:
+        fwd, both, flops_note, backward_note = _forward_counts(ctx, loaded, options, trainable, shapes)
+    f = _flops_by_pass(fwd, both)
+
+    ctx.progress(0.9, "building table")
+    tops = script_subtrees(model)
+    layers = _layer_rows(model, shapes, own_params, own_trainable, total, f, tops)
     metrics = SummaryMetrics(
         params_total=total,
         params_trainable=trainable,
         params_frozen=total - trainable,
         param_bytes=param_bytes,
         buffer_bytes=buffer_bytes,
-        flops_forward=flops_or_none(fwd_total, fwd_missing.get(ROOT)),
-        flops_backward=flops_or_none(bwd_total, bwd_missing.get(ROOT)),
-        flops_train_step=None if fwd_total is None or bwd_total is None else
-                         flops_or_none(fwd_total + bwd_total, fwd_missing.get(ROOT) or bwd_missing.get(ROOT)),
+        flops_forward=_flops_or_none(f.fwd_total, f.fwd_missing.get(ROOT)),
+        flops_backward=_flops_or_none(f.bwd_total, f.bwd_missing.get(ROOT)),
+        flops_train_step=None if f.fwd_total is None or f.bwd_total is None else
+                         _flops_or_none(f.fwd_total + f.bwd_total, f.fwd_missing.get(ROOT) or f.bwd_missing.get(ROOT)),
         tied_parameters=tied,
         batch_size=loaded.batch_size,
-        flops_forward_per_token=per_token,
+        flops_forward_per_token=_per_token(loaded, f),
     )
     meta_note = None
     if loaded.meta:
@@ -346,5 +383,5 @@ def analyze(ctx, options: dict) -> SummaryResult:
         metrics=metrics,
         layers=tuple(layers),
         meta=loaded.meta is not None,
-        notes=tuple(n for n in [meta_note, script_note(tops), flops_note, missing_note, backward_note] if n),
+        notes=tuple(n for n in [meta_note, script_note(tops), flops_note, f.note, backward_note] if n),
     )
