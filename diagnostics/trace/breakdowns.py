@@ -5,8 +5,7 @@ temporal_breakdown: per ProfilerStep, GPU time by kind (exclusive, priority comp
 communication > memcpy > memset, the rest idle) over GPU windows that partition the GPU timeline,
 GPU work put in the step that launched it (gpu_step_attribution), and host self time by operator
 family. top_operators: host operators and GPU kernels by time. idle_time: gaps between GPU work on
-each stream, with their cause. launch_stats: launch delay, runtime call duration, short kernels,
-graph launches apart.
+each stream, with their cause. (launch_stats, on the same GPU frame: launches.py.)
 """
 
 from __future__ import annotations
@@ -17,16 +16,13 @@ import pandas as pd
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.classify import (
     FRAME_CATS, HOST_OP_CATS, LAUNCH_FLOW_CATS, MEMCPY_CATS, MEMSET_CATS, MTIA_CATS, MTIA_DMA_RE, RUNTIME_CATS, STEP_RE,
-    comm_mask, gpu_work_mask, host_mask, host_op_mask, is_graph_launch, op_family, step_mask,
+    comm_mask, gpu_work_mask, host_mask, host_op_mask, op_family, step_mask,
 )
 from diagnostics.trace.model import Trace
 
 # A gap shorter than this between two GPU events whose launch was already queued is put down
 # to launch overhead ("kernel wait"); a longer one to syncs/dependencies ("other wait").
 KERNEL_WAIT_MAX_US = 5.0
-# Launches whose kernel started this long after the runtime call began are flagged.
-LONG_LAUNCH_DELAY_US = 100.0
-LAUNCH_SAMPLE = 2000   # (cpu, gpu duration) points kept for a scatter plot
 
 STEP_SELF = "untracked (step self time)"
 
@@ -186,60 +182,11 @@ KIND_PRIORITY = ("compute", "communication", "memcpy", "memset")
 def summary(trace: Trace) -> dict:
     """Duration, steps, events by category, threads, streams, memory peaks, warnings."""
     ev = trace.events
-    complete = trace.complete_mask()
-    frame = trace.cat_mask(FRAME_CATS)
-    timed = complete & ~frame
+    timed = trace.complete_mask() & ~trace.cat_mask(FRAME_CATS)
     ts, dur = ev["ts"].to_numpy(), ev["dur"].to_numpy()
     start = float(ts[timed].min()) if timed.any() else 0.0
     end = float((ts + dur)[timed].max()) if timed.any() else 0.0
-    # Group-bys on the category / thread codes (bincount), then a frame of one row per group: the same
-    # rows and order as a group-by of the strings, without a string per event.
-    cat_codes = trace.codes("cat").astype(np.int64)
-    n_cat = len(trace.labels("cat"))
-    slot = np.where(cat_codes >= 0, cat_codes, n_cat - 1)  # code -1 (no category) -> the "" label's slot
-    count = np.bincount(slot, minlength=n_cat)
-    total = np.bincount(slot, weights=np.where(complete, dur, 0.0), minlength=n_cat)
-    labels = np.where(trace.labels("cat") == "", "(none)", trace.labels("cat"))
-    seen = np.flatnonzero(count)
-    by_cat = pd.DataFrame({"cat": labels[seen], "events": count[seen], "total_us": total[seen]})
-    by_cat = by_cat.groupby("cat", observed=True).agg(events=("events", "sum"), total_us=("total_us", "sum"))
-    by_cat = by_cat.sort_values("events", ascending=False).reset_index()
-    nest = trace.nesting()
-    cpu = host_mask(trace)
-    roots = cpu & (nest["parent"] < 0)
-    lane = trace.lane_keys()[cpu]
-    uniq, inv = np.unique(lane, return_inverse=True)
-    pid_l, tid_l = trace.labels("pid"), trace.labels("tid")
-    threads = pd.DataFrame({"pid": pid_l[(uniq >> 32).astype(np.int64)],
-                            "tid": tid_l[(uniq & 0xFFFFFFFF).astype(np.int64)],
-                            "events": np.bincount(inv.ravel(), minlength=uniq.size),
-                            # the roots' spans as the nesting ends them: never more than the thread's wall time
-                            "busy_us": np.bincount(inv.ravel(), weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu],
-                                                   minlength=uniq.size)})
-    threads = threads.groupby(["pid", "tid"]).agg(events=("events", "sum"), busy_us=("busy_us", "sum"))
-    threads = threads.reset_index()
-    threads["name"] = [trace.thread_names.get(f"{p}/{t}", "") for p, t in
-                       zip(threads["pid"], threads["tid"])]
     g = _gpu_frame(trace)
-    streams = []
-    for (device, stream), sub in g.groupby(["device", "stream"]):
-        counts = sub["kind"].value_counts()
-        streams.append({"device": device, "stream": stream,
-                        "kernels": int(counts.get("compute", 0) + counts.get("communication", 0)),
-                        "memcpy": int(counts.get("memcpy", 0)),
-                        "memset": int(counts.get("memset", 0)),
-                        "busy_us": iv.length(iv.union(sub["start_us"].to_numpy(),
-                                                              sub["end_us"].to_numpy()))})
-    mem = ev["total_allocated"].to_numpy() >= 0
-    memory = []
-    if mem.any():
-        mdf = pd.DataFrame({"device_type": ev["device_type"].to_numpy()[mem],
-                            "device": ev["device"].to_numpy()[mem],
-                            "alloc": ev["total_allocated"].to_numpy()[mem]})
-        for (dt, dv), sub in mdf.groupby(["device_type", "device"]):
-            memory.append({"device": ("cpu" if dt == 0 else "cuda" if dt == 1 else f"type {dt}")
-                           + ("" if dv < 0 else f":{dv}"),
-                           "peak_allocated_bytes": int(sub["alloc"].max())})
     st = steps(trace)
     notes = []
     if trace.cat_mask(MTIA_CATS).any():
@@ -256,14 +203,83 @@ def summary(trace: Trace) -> dict:
         "has_gpu": bool(len(g)),
         "n_steps": len(st),
         "steps": _records(st),
-        "categories": _records(by_cat),
-        "threads": _records(threads[["pid", "tid", "name", "events", "busy_us"]]),
-        "streams": streams,
-        "memory": memory,
+        "categories": _records(_categories(trace)),
+        "threads": _records(_threads(trace)[["pid", "tid", "name", "events", "busy_us"]]),
+        "streams": _streams(g),
+        "memory": _memory_peaks(trace),
         "skipped_events": trace.skipped_events,
         "warnings": list(trace.warnings),
         "notes": notes,
     }
+
+
+def _categories(trace: Trace) -> pd.DataFrame:
+    """Events and their summed duration per category, the most events first."""
+    complete, dur = trace.complete_mask(), trace.events["dur"].to_numpy()
+    # Group-bys on the category / thread codes (bincount), then a frame of one row per group: the same
+    # rows and order as a group-by of the strings, without a string per event.
+    cat_codes = trace.codes("cat").astype(np.int64)
+    n_cat = len(trace.labels("cat"))
+    slot = np.where(cat_codes >= 0, cat_codes, n_cat - 1)  # code -1 (no category) -> the "" label's slot
+    count = np.bincount(slot, minlength=n_cat)
+    total = np.bincount(slot, weights=np.where(complete, dur, 0.0), minlength=n_cat)
+    labels = np.where(trace.labels("cat") == "", "(none)", trace.labels("cat"))
+    seen = np.flatnonzero(count)
+    by_cat = pd.DataFrame({"cat": labels[seen], "events": count[seen], "total_us": total[seen]})
+    by_cat = by_cat.groupby("cat", observed=True).agg(events=("events", "sum"), total_us=("total_us", "sum"))
+    return by_cat.sort_values("events", ascending=False).reset_index()
+
+
+def _threads(trace: Trace) -> pd.DataFrame:
+    """Host threads: events and busy time (their root calls' spans), with the trace's thread names."""
+    ts = trace.events["ts"].to_numpy()
+    nest = trace.nesting()
+    cpu = host_mask(trace)
+    roots = cpu & (nest["parent"] < 0)
+    lane = trace.lane_keys()[cpu]
+    uniq, inv = np.unique(lane, return_inverse=True)
+    pid_l, tid_l = trace.labels("pid"), trace.labels("tid")
+    threads = pd.DataFrame({"pid": pid_l[(uniq >> 32).astype(np.int64)],
+                            "tid": tid_l[(uniq & 0xFFFFFFFF).astype(np.int64)],
+                            "events": np.bincount(inv.ravel(), minlength=uniq.size),
+                            # the roots' spans as the nesting ends them: never more than the thread's wall time
+                            "busy_us": np.bincount(inv.ravel(), weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu],
+                                                   minlength=uniq.size)})
+    threads = threads.groupby(["pid", "tid"]).agg(events=("events", "sum"), busy_us=("busy_us", "sum"))
+    threads = threads.reset_index()
+    threads["name"] = [trace.thread_names.get(f"{p}/{t}", "") for p, t in
+                       zip(threads["pid"], threads["tid"])]
+    return threads
+
+
+def _streams(g: pd.DataFrame) -> list:
+    """GPU streams: kernels, copies and sets, and busy time (the union of their events)."""
+    streams = []
+    for (device, stream), sub in g.groupby(["device", "stream"]):
+        counts = sub["kind"].value_counts()
+        streams.append({"device": device, "stream": stream,
+                        "kernels": int(counts.get("compute", 0) + counts.get("communication", 0)),
+                        "memcpy": int(counts.get("memcpy", 0)),
+                        "memset": int(counts.get("memset", 0)),
+                        "busy_us": iv.length(iv.union(sub["start_us"].to_numpy(),
+                                                              sub["end_us"].to_numpy()))})
+    return streams
+
+
+def _memory_peaks(trace: Trace) -> list:
+    """The peak of the allocator's total allocated bytes per device (memory events), if the trace has any."""
+    ev = trace.events
+    mem = ev["total_allocated"].to_numpy() >= 0
+    memory = []
+    if mem.any():
+        mdf = pd.DataFrame({"device_type": ev["device_type"].to_numpy()[mem],
+                            "device": ev["device"].to_numpy()[mem],
+                            "alloc": ev["total_allocated"].to_numpy()[mem]})
+        for (dt, dv), sub in mdf.groupby(["device_type", "device"]):
+            memory.append({"device": ("cpu" if dt == 0 else "cuda" if dt == 1 else f"type {dt}")
+                           + ("" if dv < 0 else f":{dv}"),
+                           "peak_allocated_bytes": int(sub["alloc"].max())})
+    return memory
 
 
 #: How a GPU event was put in a step, or why it is in none (gpu_step_attribution's "attributed").
@@ -537,83 +553,3 @@ def idle_time(trace: Trace, kernel_wait_max_us: float = KERNEL_WAIT_MAX_US, rule
             "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[kernel].sum()),
             "other_wait_us": float(gap[other].sum())})
     return {"streams": rows, "kernel_wait_max_us": float(kernel_wait_max_us), "rules": rules}
-
-
-def launch_stats(trace: Trace, n: int) -> dict:
-    """Launch calls and the GPU work they started: launch delay, call duration, launch-bound kernels.
-
-    A graph launch (cudaGraphLaunch, hipGraphLaunch: GRAPH_LAUNCH_RE) is one call that starts all
-    of its graph's kernels, so it counts as one launch and its kernels are kept out of the
-    per-kernel figures (comparing one 1 ms graph launch with each of its hundred kernels would call
-    them all launch-bound); ``graphs`` describes graph launches per launch. ``launches`` counts the
-    calls that started GPU work, a graph launch once. For the other GPU events (``kernel_launches``:
-    one per event) the launch delay is GPU start - call start; ``short_kernels`` are those shorter
-    than their launch call, ``long_delays`` those delayed more than LONG_LAUNCH_DELAY_US.
-    Returns totals, per-name aggregates and a sample for scatter plots.
-    """
-    g = _gpu_frame(trace)
-    g = g[g["launch_start_us"].notna()].copy()
-    graph = np.array([is_graph_launch(x) for x in g["launch_name"].fillna("")], dtype=bool)
-    graphs = _graph_launches(g[graph], n)
-    g = g[~graph]
-    out = {"launches": int(len(g)) + graphs["launches"], "kernel_launches": int(len(g)),
-           "short_kernels": 0, "long_delays": 0, "long_launch_delay_us": LONG_LAUNCH_DELAY_US,
-           "by_name": [], "sample": [], "graphs": graphs}
-    if not len(g):
-        return out
-    g["delay_us"] = g["start_us"] - g["launch_start_us"]
-    g["short"] = g["dur_us"] < g["launch_dur_us"]
-    g["long_delay"] = g["delay_us"] > LONG_LAUNCH_DELAY_US
-    by = g.groupby("name").agg(launches=("dur_us", "size"), gpu_us=("dur_us", "sum"),
-                               runtime_us=("launch_dur_us", "sum"),
-                               mean_delay_us=("delay_us", "mean"),
-                               max_delay_us=("delay_us", "max"),
-                               short_kernels=("short", "sum"),
-                               long_delays=("long_delay", "sum")).reset_index()
-    by = by.sort_values(["short_kernels", "launches"], ascending=False)
-    step = max(1, len(g) // LAUNCH_SAMPLE)
-    sample = g.iloc[::step][["name", "kind", "launch_dur_us", "dur_us", "delay_us"]]
-    out.update({
-        "mean_delay_us": float(g["delay_us"].mean()),
-        "max_delay_us": float(g["delay_us"].max()),
-        "mean_runtime_us": float(g["launch_dur_us"].mean()),
-        "short_kernels": int(g["short"].sum()),
-        "long_delays": int(g["long_delay"].sum()),
-        "by_name": _records(by.head(n)),
-        "sample": _records(sample),
-    })
-    return out
-
-
-def _graph_launches(g: pd.DataFrame, n: int) -> dict:
-    """Graph launches (one row of ``g`` per kernel they started, grouped by correlation id): per
-    launch its kernels, call duration, delay to its first kernel, GPU span and summed kernel time;
-    ``shorter_than_launch``: graphs whose GPU span is shorter than their launch call."""
-    if not len(g):
-        return {"launches": 0, "kernels": 0, "by_launch": []}
-    # A flow-linked kernel may lack a correlation id: its launch's start time names the launch.
-    key = g["corr"].astype(float).where(g["corr"] >= 0, -1.0 - g["launch_start_us"])
-    per = g.groupby(key).agg(launch_name=("launch_name", "first"), launch_start_us=("launch_start_us", "first"),
-                             runtime_us=("launch_dur_us", "first"), kernels=("dur_us", "size"),
-                             first_start_us=("start_us", "min"), last_end_us=("end_us", "max"),
-                             gpu_us=("dur_us", "sum")).reset_index(drop=True)
-    per["delay_us"] = per["first_start_us"] - per["launch_start_us"]
-    per["span_us"] = per["last_end_us"] - per["first_start_us"]
-    per = per.sort_values("launch_start_us")
-    return {"launches": int(len(per)), "kernels": int(per["kernels"].sum()),
-            "mean_kernels_per_launch": float(per["kernels"].mean()),
-            "mean_runtime_us": float(per["runtime_us"].mean()),
-            "mean_delay_us": float(per["delay_us"].mean()), "max_delay_us": float(per["delay_us"].max()),
-            "gpu_us": float(per["gpu_us"].sum()),
-            "shorter_than_launch": int((per["span_us"] < per["runtime_us"]).sum()),
-            "by_launch": _records(per[["launch_name", "launch_start_us", "runtime_us", "kernels", "delay_us",
-                                       "span_us", "gpu_us"]].head(n))}
-
-
-ANALYSES = {
-    "summary": summary,
-    "temporal_breakdown": temporal_breakdown,
-    "top_operators": top_operators,
-    "idle_time": idle_time,
-    "launch_stats": launch_stats,
-}

@@ -4,7 +4,8 @@ Name and category rules (plain ``re`` / frozensets, no pandas, so the worker-sid
 them) and, next to each, its vectorised mask over a loaded trace (a ``diagnostics.trace.model.Trace``;
 not imported here, since model.py imports this module).
 The profiler page, the trace explorer, the distributed analysis and the checklist all ask these;
-a second definition anywhere else is a bug (tests/trace/test_classify.py greps for one).
+a second definition anywhere else is a bug (tests/trace/test_classify.py greps for one). An inference
+server's names (its iterations' annotations, its kernels' classes) are serving.py's, their one reader.
 """
 
 from __future__ import annotations
@@ -267,67 +268,6 @@ def use_comm_kernels(trace, pattern: str | None) -> None:
         return  # the views computed so far already read communication this way
     trace.comm_kernels = pattern or ""
     trace.drop_views()
-
-
-# ---- inference serving -----------------------------------------------------------------------
-
-#: An inference server's iteration, as its own annotation names it (record_function ranges on the host):
-#: vLLM's (as TraceLens' captures record it) "execute_<tokens>_context_<prefill requests>(...)_generation_
-#: <decode requests>(...)", SGLang's "step[DECODE bs=32]" / "step[EXTEND bs=15 toks=15360]".
-VLLM_ITERATION_RE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)\(.*?\)$")
-SGLANG_ITERATION_RE = re.compile(r"^step\[(DECODE|EXTEND|PREFILL|MIXED|IDLE|TARGET_VERIFY|DRAFT_EXTEND)"
-                                 r"(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?[^\]]*\]$", re.IGNORECASE)
-#: Either of them.
-ITERATION_RE = re.compile(f"{VLLM_ITERATION_RE.pattern}|{SGLANG_ITERATION_RE.pattern}", re.IGNORECASE)
-#: Serving engines by the names of their frames and kernels (with_stack frames "vllm/v1/worker/...",
-#: "sglang/srt/...", kernels "vllm::...", "sgl_hip::...").
-SERVING_ENGINES = (("vLLM", re.compile(r"(?:^|[/:\s])vllm(?:/|::)", re.IGNORECASE)),
-                   ("SGLang", re.compile(r"(?:^|[/:\s_])(?:sglang|sgl_\w*)(?:/|::)", re.IGNORECASE)))
-#: A serving iteration's GPU time by what its kernels do, first match wins (communication is comm_mask's).
-#: Attention: flash / paged / unified attention, FMHA, MLA; GEMM: cuBLAS / hipBLASLt (Cijk_), CUTLASS,
-#: nvjet, CK and Triton matmuls, fused MoE GEMMs; sampling: the samplers' own kernels (top-k / top-p
-#: sampling, argmax, multinomial, penalties, logprobs). MoE routing's top-k ("_topk_forward") is not sampling.
-SERVING_KERNEL_CLASSES = (
-    ("attention", re.compile(r"attention|attn|fmha|flash_?(?:fwd|bwd|decod|attn)|mha_|_mla_|mla_decode|paged_?attn"
-                             r"|FmhaBatchPrefill|unified_attention|sdpa", re.IGNORECASE)),
-    ("GEMM", re.compile(r"gemm|Cijk_|nvjet|matmul|_mm_|\bmm_|cutlass|wgmma|xmma|fused_moe|moe_?gemm|_bmm"
-                        r"|splitk|ck_tile\S*Gemm", re.IGNORECASE)),
-    ("sampling", re.compile(r"sampl|argmax|multinomial|top_?k_?top_?p|top_?p|penalt|logprob|gumbel", re.IGNORECASE)),
-)
-#: The attention kernels' phase by their names, where no annotation says it.
-PREFILL_KERNEL_RE = re.compile(r"prefill|varlen|extend|flash_fwd|fmha_fwd|context_attention", re.IGNORECASE)
-DECODE_KERNEL_RE = re.compile(r"decode|paged_attention|flash_decoding|splitkv|mla_decode", re.IGNORECASE)
-
-
-def iteration_fields(name: str) -> dict | None:
-    """What a serving iteration's annotation says: {"engine", "phase" (prefill / decode / mixed / idle),
-    "batch_size", "tokens", "prefill_requests", "decode_requests"} (None where it does not say), or None
-    when ``name`` is not an iteration's annotation."""
-    m = VLLM_ITERATION_RE.match(name or "")
-    if m:
-        tokens, ctx, gen = (int(x) for x in m.groups())
-        phase = "mixed" if ctx and gen else "prefill" if ctx else "decode" if gen else "idle"
-        return {"engine": "vLLM", "phase": phase, "batch_size": ctx + gen, "tokens": tokens,
-                "prefill_requests": ctx, "decode_requests": gen}
-    m = SGLANG_ITERATION_RE.match(name or "")
-    if m:
-        mode, bs, toks = m.group(1).upper(), m.group(2), m.group(3)
-        phase = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "DRAFT_EXTEND": "prefill",
-                 "MIXED": "mixed", "IDLE": "idle", "TARGET_VERIFY": "decode"}[mode]
-        bs = int(bs) if bs is not None else None
-        return {"engine": "SGLang", "phase": phase, "batch_size": bs,
-                "tokens": int(toks) if toks is not None else (bs if phase == "decode" else None),
-                "prefill_requests": bs if phase == "prefill" else None,
-                "decode_requests": bs if phase == "decode" else None}
-    return None
-
-
-def serving_kernel_class(name: str) -> str:
-    """"attention", "GEMM", "sampling" (SERVING_KERNEL_CLASSES) or "other" for a compute kernel's name."""
-    for label, pattern in SERVING_KERNEL_CLASSES:
-        if pattern.search(name or ""):
-            return label
-    return "other"
 
 
 # ---- host operator families ------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Inference-server traces (vLLM, SGLang): their iterations rather than training steps.
 
 serving(trace) -> {"available": False, "reason"} for a trace that is not a server's, else per iteration
-(one annotation the server opens around each forward: classify.ITERATION_RE) its phase (prefill / decode /
+(one annotation the server opens around each forward: ITERATION_RE) its phase (prefill / decode /
 mixed, from the annotation, else from its attention kernels' names), batch size and tokens where the
 annotation records them, its time (host span; GPU span from its first kernel to its last) and the GPU time
 split by what the kernels do (attention, GEMM, communication, sampling, other compute, copies) plus the
@@ -16,16 +16,78 @@ SGLang's step[DECODE bs=32]) are one iteration, the outer span, their fields mer
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.breakdowns import _gpu_frame
-from diagnostics.trace.classify import (
-    DECODE_KERNEL_RE, ITERATION_RE, PREFILL_KERNEL_RE, PYTHON_CATS, SERVING_ENGINES, host_mask, is_graph_launch,
-    iteration_fields, serving_kernel_class,
-)
+from diagnostics.trace.classify import PYTHON_CATS, host_mask, is_graph_launch
 from diagnostics.trace.model import Trace
+
+# ---- an inference server's names -----------------------------------------------------------------------
+
+#: An inference server's iteration, as its own annotation names it (record_function ranges on the host):
+#: vLLM's (as TraceLens' captures record it) "execute_<tokens>_context_<prefill requests>(...)_generation_
+#: <decode requests>(...)", SGLang's "step[DECODE bs=32]" / "step[EXTEND bs=15 toks=15360]".
+VLLM_ITERATION_RE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)\(.*?\)$")
+SGLANG_ITERATION_RE = re.compile(r"^step\[(DECODE|EXTEND|PREFILL|MIXED|IDLE|TARGET_VERIFY|DRAFT_EXTEND)"
+                                 r"(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?[^\]]*\]$", re.IGNORECASE)
+#: Either of them.
+ITERATION_RE = re.compile(f"{VLLM_ITERATION_RE.pattern}|{SGLANG_ITERATION_RE.pattern}", re.IGNORECASE)
+#: Serving engines by the names of their frames and kernels (with_stack frames "vllm/v1/worker/...",
+#: "sglang/srt/...", kernels "vllm::...", "sgl_hip::...").
+SERVING_ENGINES = (("vLLM", re.compile(r"(?:^|[/:\s])vllm(?:/|::)", re.IGNORECASE)),
+                   ("SGLang", re.compile(r"(?:^|[/:\s_])(?:sglang|sgl_\w*)(?:/|::)", re.IGNORECASE)))
+#: A serving iteration's GPU time by what its kernels do, first match wins (communication is comm_mask's).
+#: Attention: flash / paged / unified attention, FMHA, MLA; GEMM: cuBLAS / hipBLASLt (Cijk_), CUTLASS,
+#: nvjet, CK and Triton matmuls, fused MoE GEMMs; sampling: the samplers' own kernels (top-k / top-p
+#: sampling, argmax, multinomial, penalties, logprobs). MoE routing's top-k ("_topk_forward") is not sampling.
+SERVING_KERNEL_CLASSES = (
+    ("attention", re.compile(r"attention|attn|fmha|flash_?(?:fwd|bwd|decod|attn)|mha_|_mla_|mla_decode|paged_?attn"
+                             r"|FmhaBatchPrefill|unified_attention|sdpa", re.IGNORECASE)),
+    ("GEMM", re.compile(r"gemm|Cijk_|nvjet|matmul|_mm_|\bmm_|cutlass|wgmma|xmma|fused_moe|moe_?gemm|_bmm"
+                        r"|splitk|ck_tile\S*Gemm", re.IGNORECASE)),
+    ("sampling", re.compile(r"sampl|argmax|multinomial|top_?k_?top_?p|top_?p|penalt|logprob|gumbel", re.IGNORECASE)),
+)
+#: The attention kernels' phase by their names, where no annotation says it.
+PREFILL_KERNEL_RE = re.compile(r"prefill|varlen|extend|flash_fwd|fmha_fwd|context_attention", re.IGNORECASE)
+DECODE_KERNEL_RE = re.compile(r"decode|paged_attention|flash_decoding|splitkv|mla_decode", re.IGNORECASE)
+
+
+def iteration_fields(name: str) -> dict | None:
+    """What a serving iteration's annotation says: {"engine", "phase" (prefill / decode / mixed / idle),
+    "batch_size", "tokens", "prefill_requests", "decode_requests"} (None where it does not say), or None
+    when ``name`` is not an iteration's annotation."""
+    m = VLLM_ITERATION_RE.match(name or "")
+    if m:
+        tokens, ctx, gen = (int(x) for x in m.groups())
+        phase = "mixed" if ctx and gen else "prefill" if ctx else "decode" if gen else "idle"
+        return {"engine": "vLLM", "phase": phase, "batch_size": ctx + gen, "tokens": tokens,
+                "prefill_requests": ctx, "decode_requests": gen}
+    m = SGLANG_ITERATION_RE.match(name or "")
+    if m:
+        mode, bs, toks = m.group(1).upper(), m.group(2), m.group(3)
+        phase = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "DRAFT_EXTEND": "prefill",
+                 "MIXED": "mixed", "IDLE": "idle", "TARGET_VERIFY": "decode"}[mode]
+        bs = int(bs) if bs is not None else None
+        return {"engine": "SGLang", "phase": phase, "batch_size": bs,
+                "tokens": int(toks) if toks is not None else (bs if phase == "decode" else None),
+                "prefill_requests": bs if phase == "prefill" else None,
+                "decode_requests": bs if phase == "decode" else None}
+    return None
+
+
+def serving_kernel_class(name: str) -> str:
+    """"attention", "GEMM", "sampling" (SERVING_KERNEL_CLASSES) or "other" for a compute kernel's name."""
+    for label, pattern in SERVING_KERNEL_CLASSES:
+        if pattern.search(name or ""):
+            return label
+    return "other"
+
+
+# ---- iterations ------------------------------------------------------------------------------------------
 
 #: The split of an iteration's time, in this order (GPU time counted once, the first class that runs wins;
 #: "host" is the rest of the iteration: the GPU idle, waiting for the host).

@@ -13,7 +13,7 @@ import pytest
 
 from diagnostics.trace import classify as C
 from diagnostics.trace import load_trace
-from diagnostics.trace.serving import SPLIT, serving
+from diagnostics.trace.serving import SPLIT, iteration_fields, serving, serving_kernel_class
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 SGLANG = DATA / "with_stack" / "sglang_qwen3_8b_decode.json.gz"
@@ -32,14 +32,14 @@ VLLM_DECODE = DATA / "public" / "tracelens" / "vllm_decode_hip_graph.json.gz"
     ("step[EXTEND bs=15 toks=15360]", {"phase": "prefill", "batch_size": 15, "tokens": 15360}),
 ])
 def test_the_servers_annotations_say_phase_batch_and_tokens(name, fields):
-    got = C.iteration_fields(name)
+    got = iteration_fields(name)
     assert {k: got[k] for k in fields} == fields
 
 
 @pytest.mark.parametrize("name", ["ProfilerStep#3", "execute_model", "step", "vllm/v1/worker/gpu_model_runner.py"
                                   "(3380): execute_model", ""])
 def test_other_names_are_not_iterations(name):
-    assert C.iteration_fields(name) is None
+    assert iteration_fields(name) is None
 
 
 @pytest.mark.parametrize("name, cls", [
@@ -53,7 +53,7 @@ def test_other_names_are_not_iterations(name):
     ("void vllm::rotary_embedding_kernel<c10::BFloat16, true>", "other"),
 ])
 def test_kernel_classes(name, cls):
-    assert C.serving_kernel_class(name) == cls
+    assert serving_kernel_class(name) == cls
 
 
 def _kernels(path):
@@ -75,7 +75,7 @@ def test_sglang_decode_one_iteration_its_graph_and_its_split():
     assert g["gpu_us"] == pytest.approx(sum(k["dur"] for k in replayed))
     # the split adds up to the iteration; attention is the attention kernels' union (one stream: their sum)
     assert sum(it[f"{k}_us"] for k in SPLIT) == pytest.approx(it["time_us"])
-    attn = sum(k["dur"] for k in kernels if C.serving_kernel_class(k["name"]) == "attention")
+    attn = sum(k["dur"] for k in kernels if serving_kernel_class(k["name"]) == "attention")
     assert it["attention_us"] == pytest.approx(attn, rel=1e-6)
     assert it["communication_us"] == 0.0   # world size 1
 
