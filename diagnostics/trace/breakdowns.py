@@ -1,4 +1,5 @@
-"""HTA-class analyses of a loaded Trace. Each function returns plain, JSON-able data (records).
+"""HTA-class analyses of a loaded Trace. Each view returns its typed record (records/breakdowns.py); the
+helpers other views build on (steps, step_spans, gpu_step_attribution, gpu_step_breakdown) frames and dicts.
 
 summary: duration, steps, events by category, threads, streams, memory peaks.
 temporal_breakdown: per ProfilerStep, GPU time by kind (exclusive, priority compute >
@@ -19,6 +20,10 @@ from diagnostics.trace.classify import (
     comm_mask, gpu_work_mask, host_mask, host_op_mask, op_family, step_mask,
 )
 from diagnostics.trace.model import Trace
+from diagnostics.trace.records.breakdowns import (
+    Attribution, Category, CpuGroup, GpuStep, IdleStream, IdleTime, Kernel, MemoryPeak, Operator, Step, StepWindow,
+    Stream, TemporalBreakdown, Thread, TopOperators, TraceSummary,
+)
 
 # A gap shorter than this between two GPU events whose launch was already queued is put down
 # to launch overhead ("kernel wait"); a longer one to syncs/dependencies ("other wait").
@@ -179,7 +184,7 @@ KIND_PRIORITY = ("compute", "communication", "memcpy", "memset")
 
 # ---- analyses --------------------------------------------------------------------------------
 
-def summary(trace: Trace) -> dict:
+def summary(trace: Trace) -> TraceSummary:
     """Duration, steps, events by category, threads, streams, memory peaks, warnings."""
     ev = trace.events
     timed = trace.complete_mask() & ~trace.cat_mask(FRAME_CATS)
@@ -192,25 +197,17 @@ def summary(trace: Trace) -> dict:
     if trace.cat_mask(MTIA_CATS).any():
         notes.append("MTIA trace: its device events (mtia_ccp_events) are read as kernels (DMA ones as "
                      "copies) and mtia_runtime events as runtime calls; \"GPU\" below means the MTIA device")
-    return {
-        "source": trace.source,
-        "bytes": trace.n_bytes,
-        "events": len(ev),
-        "duration_us": end - start,
-        "rank": trace.rank,
-        "schema_version": trace.meta.get("schemaVersion"),
-        "base_time_ns": trace.meta.get("baseTimeNanoseconds"),
-        "has_gpu": bool(len(g)),
-        "n_steps": len(st),
-        "steps": _records(st),
-        "categories": _records(_categories(trace)),
-        "threads": _records(_threads(trace)[["pid", "tid", "name", "events", "busy_us"]]),
-        "streams": _streams(g),
-        "memory": _memory_peaks(trace),
-        "skipped_events": trace.skipped_events,
-        "warnings": list(trace.warnings),
-        "notes": notes,
-    }
+    return TraceSummary(
+        source=trace.source, bytes=trace.n_bytes, events=len(ev), duration_us=end - start, rank=trace.rank,
+        schema_version=trace.meta.get("schemaVersion"), base_time_ns=trace.meta.get("baseTimeNanoseconds"),
+        has_gpu=bool(len(g)), n_steps=len(st),
+        steps=tuple(Step(**r) for r in _records(st)),
+        categories=tuple(Category(**r) for r in _records(_categories(trace))),
+        threads=tuple(Thread(**r) for r in _records(_threads(trace)[["pid", "tid", "name", "events", "busy_us"]])),
+        streams=tuple(Stream(**r) for r in _streams(g)),
+        memory=tuple(MemoryPeak(**r) for r in _memory_peaks(trace)),
+        skipped_events=trace.skipped_events, warnings=tuple(trace.warnings), notes=tuple(notes),
+    )
 
 
 def _categories(trace: Trace) -> pd.DataFrame:
@@ -355,7 +352,7 @@ def _gpu_windows(g: pd.DataFrame, step_i: np.ndarray, n_steps: int) -> tuple[np.
     return filled, np.where(np.isfinite(hi), hi, filled)
 
 
-def temporal_breakdown(trace: Trace) -> dict:
+def temporal_breakdown(trace: Trace) -> TemporalBreakdown:
     """Per step: GPU time by kind plus idle, and host self time by operator family/category.
 
     GPU events belong to steps as gpu_step_attribution says (the step whose CPU launched them).
@@ -371,9 +368,11 @@ def temporal_breakdown(trace: Trace) -> dict:
     """
     win = _step_windows(trace)
     gpu = gpu_step_breakdown(trace)
-    return {"steps": _records(win[["step", "start_us", "dur_us"]]), "gpu": gpu["gpu"],
-            "cpu": _cpu_self_by_step(trace, win), "kind_priority": list(KIND_PRIORITY),
-            "attribution": gpu["attribution"], "notes": gpu["notes"]}
+    return TemporalBreakdown(steps=tuple(StepWindow(**r) for r in _records(win[["step", "start_us", "dur_us"]])),
+                             gpu=tuple(GpuStep(**r) for r in gpu["gpu"]),
+                             cpu=tuple(CpuGroup(**r) for r in _cpu_self_by_step(trace, win)),
+                             kind_priority=KIND_PRIORITY, attribution=Attribution(**gpu["attribution"]),
+                             notes=tuple(gpu["notes"]))
 
 
 def gpu_step_breakdown(trace: Trace) -> dict:
@@ -457,7 +456,7 @@ def _cpu_group_codes(trace: Trace) -> tuple[np.ndarray, list]:
     return code, labels
 
 
-def top_operators(trace: Trace, n: int) -> dict:
+def top_operators(trace: Trace, n: int) -> TopOperators:
     """Host operators (cpu_op, by self time) and GPU kernels (by time): calls, totals, shares."""
     ev = trace.events
     nest = trace.nesting()
@@ -491,10 +490,10 @@ def top_operators(trace: Trace, n: int) -> dict:
     all_gpu = float(kern["total_us"].sum()) or 1.0
     kern["pct"] = 100.0 * kern["total_us"] / all_gpu
     kern = kern.sort_values("total_us", ascending=False)
-    return {"operators": _records(agg.head(n)), "kernels": _records(kern.head(n)),
-            "n_operators": int(len(agg)), "n_kernels": int(len(kern)),
-            "operator_self_us": float(agg["self_us"].sum()),
-            "kernel_us": float(kern["total_us"].sum())}
+    return TopOperators(operators=tuple(Operator(**r) for r in _records(agg.head(n))),
+                        kernels=tuple(Kernel(**r) for r in _records(kern.head(n))),
+                        n_operators=int(len(agg)), n_kernels=int(len(kern)),
+                        operator_self_us=float(agg["self_us"].sum()), kernel_us=float(kern["total_us"].sum()))
 
 
 def repeated_calls(trace: Trace) -> np.ndarray:
@@ -517,7 +516,7 @@ IDLE_RULES = ("torchscope", "hta")
 HTA_KERNEL_WAIT_US = 30.0
 
 
-def idle_time(trace: Trace, kernel_wait_max_us: float = KERNEL_WAIT_MAX_US, rules: str = "torchscope") -> dict:
+def idle_time(trace: Trace, kernel_wait_max_us: float = KERNEL_WAIT_MAX_US, rules: str = "torchscope") -> IdleTime:
     """Idle gaps between consecutive GPU events on each stream, by cause.
 
     For a gap before event k: "host wait" when k's launch call started after the previous event
@@ -546,10 +545,8 @@ def idle_time(trace: Trace, kernel_wait_max_us: float = KERNEL_WAIT_MAX_US, rule
             kernel = ~host & np.isfinite(launch) & (gap <= kernel_wait_max_us)
         other = ~host & ~kernel
         window = float(e.max() - s.min()) if s.size else 0.0
-        rows.append({
-            "device": device, "stream": stream, "events": int(s.size), "window_us": window,
-            "busy_us": iv.length(iv.union(s, e)),
-            "idle_us": float(gap.sum()), "gaps": int((gap > 0).sum()),
-            "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[kernel].sum()),
-            "other_wait_us": float(gap[other].sum())})
-    return {"streams": rows, "kernel_wait_max_us": float(kernel_wait_max_us), "rules": rules}
+        rows.append(IdleStream(
+            device=device, stream=stream, events=int(s.size), window_us=window, busy_us=iv.length(iv.union(s, e)),
+            idle_us=float(gap.sum()), gaps=int((gap > 0).sum()), host_wait_us=float(gap[host].sum()),
+            kernel_wait_us=float(gap[kernel].sum()), other_wait_us=float(gap[other].sum())))
+    return IdleTime(streams=tuple(rows), kernel_wait_max_us=float(kernel_wait_max_us), rules=rules)

@@ -152,8 +152,8 @@ def critical_path(trace: Trace, step: int | None = None, factor: float = WHAT_IF
         raise TraceError(f"critical path: the what-if factor must be above 1 (x times faster), got {factor}")
     model = model if model is not None else step_graph(trace, step)
     out = _report(model, factor, what_if_top)
-    window = next((r for r in temporal_breakdown(trace)["gpu"] if r["step"] == out["step"]), None)
-    out["gpu_window_us"] = window["window_us"] if window else None
+    window = next((r for r in temporal_breakdown(trace).gpu if r.step == out["step"]), None)
+    out["gpu_window_us"] = window.window_us if window else None
     out["notes"] = span_notes(out) + out["notes"]
     return out
 

@@ -11,6 +11,7 @@ import pytest
 
 from diagnostics.analyses.trace import result as tr
 from diagnostics.render.charts import traces as charts
+from diagnostics.results import to_json
 from diagnostics.trace import (
     diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -28,15 +29,15 @@ def typed(part_type, plain):
 @pytest.mark.parametrize("name", ["gpu_small.json", "cpu_small.pt.trace.json.gz"])
 def test_every_builder_returns_a_figure(name):
     t = load_trace(DATA / name)
-    top = typed(tr.TopOperators, top_operators(t, n=20))
-    tb = typed(tr.TemporalBreakdown, temporal_breakdown(t))
-    figs = [charts.build_category_figure(typed(tr.TraceSummary, summary(t))),
+    top = top_operators(t, n=20)
+    tb = temporal_breakdown(t)
+    figs = [charts.build_category_figure(summary(t)),
             charts.build_gpu_breakdown_figure(tb),
             charts.build_cpu_breakdown_figure(tb),
             charts.build_top_operators_figure(top, "operators"),
             charts.build_top_operators_figure(top, "kernels"),
-            charts.build_idle_time_figure(typed(tr.IdleTime, idle_time(t))),
-            charts.build_launch_figure(typed(tr.LaunchStats, launch_stats(t, n=20))),
+            charts.build_idle_time_figure(idle_time(t)),
+            charts.build_launch_figure(launch_stats(t, n=20)),
             charts.build_timeline_figure(typed(tr.Timeline, timeline_data(t))),
             charts.build_diff_figure(typed(tr.TraceDiff, diff_traces(t, t)))]
     for fig in figs:
@@ -45,7 +46,7 @@ def test_every_builder_returns_a_figure(name):
 
 
 def test_gpu_breakdown_values():
-    fig = charts.build_gpu_breakdown_figure(typed(tr.TemporalBreakdown, temporal_breakdown(load_trace(DATA / "gpu_small.json"))))
+    fig = charts.build_gpu_breakdown_figure(temporal_breakdown(load_trace(DATA / "gpu_small.json")))
     bars = {b.name: list(b.y) for b in fig.data}
     assert bars["compute"] == [0.032, 0.040] and bars["idle"] == [0.039, 0.013]   # step 1: until step 2's GPU work
 
@@ -121,9 +122,9 @@ def test_diagnostics_trace_json_is_the_trace_layer_s_figures(tmp_path, capsys):
     assert code == 0
     shown = json.loads(out)
     t = load_trace(path)
-    bare = json.loads(json.dumps({"summary": summary(t), "top_operators": top_operators(t, n=20),
-                                  "temporal_breakdown": temporal_breakdown(t), "idle_time": idle_time(t),
-                                  "launch_stats": launch_stats(t, n=20)}, default=str))
+    parts = {"summary": summary(t), "top_operators": top_operators(t, n=20), "temporal_breakdown": temporal_breakdown(t),
+             "idle_time": idle_time(t), "launch_stats": launch_stats(t, n=20)}
+    bare = {key: json.loads(to_json(part)) for key, part in parts.items()}
     for key in ("summary", "top_operators", "temporal_breakdown", "idle_time", "launch_stats"):
         assert shown[key] == bare[key], key
     assert shown["name"] == path.name and shown["path"] == str(path.resolve())

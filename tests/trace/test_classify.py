@@ -226,7 +226,7 @@ def test_a_kernel_named_like_a_collective_needs_a_world_and_a_communication_stre
     (note,) = [n for n in C.communication(t)["notes"] if "named like a collective" in n]
     assert note.startswith("3 kernels (1.200 ms) are named like a collective") and "world size is 1" in note
     assert comm_overlap(t)["overlap_pct"] is None          # "not counted", not 0.0 %
-    assert sum(r["communication_us"] for r in temporal_breakdown(t)["gpu"]) == 0.0
+    assert sum(r.communication_us for r in temporal_breakdown(t).gpu) == 0.0
     # the same kernels where the world size is unknown or 8: their stream is all theirs -> communication
     for meta in (None, WORLD_8):
         t = _two_stream_trace(tmp_path, generic, meta)
@@ -253,7 +253,7 @@ def test_expert_parallel_all_to_all_is_communication_in_every_view(tmp_path):
 
     t = _two_stream_trace(tmp_path, "void dpsk::ep::internode::combine<false, 8, __nv_bfloat16>(int4*)")
     # GPU time is counted once, compute first: the 200 µs of each combine that runs alone is communication.
-    assert sum(r["communication_us"] for r in temporal_breakdown(t)["gpu"]) == pytest.approx(600.0)
+    assert sum(r.communication_us for r in temporal_breakdown(t).gpu) == pytest.approx(600.0)
     o = comm_overlap(t)
     assert o["comm_us"] == pytest.approx(1200.0) and o["overlap_pct"] == pytest.approx(50.0)
     assert o["families"] == ["expert-parallel all-to-all"]
@@ -279,7 +279,7 @@ def test_in_house_kernels_get_a_note_and_the_users_pattern_counts_them(tmp_path)
     C.use_comm_kernels(t, r"^acme_ring_")
     c = C.communication(t)
     assert [(f["family"], f["events"]) for f in c["families"]] == [(C.USER_FAMILY, 3)] and c["notes"] == []
-    assert sum(r["communication_us"] for r in temporal_breakdown(t)["gpu"]) == pytest.approx(600.0)
+    assert sum(r.communication_us for r in temporal_breakdown(t).gpu) == pytest.approx(600.0)
     assert comm_overlap(t)["overlap_pct"] == pytest.approx(50.0)
     C.use_comm_kernels(t, "nothing_like_it")
     assert any("matches no GPU kernel" in n for n in C.communication(t)["notes"])

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import diff_traces, load_trace
 from diagnostics.trace.diff import CHANGE_RATIO, NOISE_FLOOR_US
 
@@ -55,7 +56,7 @@ def test_per_step_gpu_time_leaves_out_work_queued_before_profiling_as_analyze_do
 
     t = load_trace(DATA / "public" / "tracelens" / "mi300_resnet_rccl_no_pyfn.json.gz")
     r = diff_traces(t, t)
-    att = temporal_breakdown(t)["attribution"]
+    att = to_plain(temporal_breakdown(t))["attribution"]
     assert att["before_profiling_us"] > 0 and r["unit"] == "per step"
     assert r["left_out_before"] == {"before_profiling_us": pytest.approx(att["before_profiling_us"]),
                                     "outside_steps_us": pytest.approx(att["outside_steps_us"])}

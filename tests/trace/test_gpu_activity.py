@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import idle_time, load_trace
 from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US
@@ -311,16 +312,16 @@ def test_idle_kernel_wait_threshold_and_hta_comparisons(tmp_path):
         (s,) = r["streams"]
         return round(s["host_wait_us"], 6), round(s["kernel_wait_us"], 6), round(s["other_wait_us"], 6)
 
-    assert split(idle_time(t)) == (15.0, 1.02, 7.0)                      # ours: gaps <= 5 µs with a launch call
-    assert split(idle_time(t, kernel_wait_max_us=1.0)) == (15.0, 1.02, 7.0)   # 1 µs gap: <= 1 is kernel wait
-    assert split(idle_time(t, kernel_wait_max_us=1.0, rules="hta")) == (15.0, 0.02, 8.0)  # HTA: < 1 strictly
+    assert split(to_plain(idle_time(t))) == (15.0, 1.02, 7.0)                      # ours: gaps <= 5 µs with a launch call
+    assert split(to_plain(idle_time(t, kernel_wait_max_us=1.0))) == (15.0, 1.02, 7.0)   # 1 µs gap: <= 1 is kernel wait
+    assert split(to_plain(idle_time(t, kernel_wait_max_us=1.0, rules="hta"))) == (15.0, 0.02, 8.0)  # HTA: < 1 strictly
     # A 30 ns threshold: only the 0.02 µs gap is kernel wait; E (no launch call) is other wait either way.
-    r = idle_time(t, kernel_wait_max_us=0.03, rules="hta")
+    r = to_plain(idle_time(t, kernel_wait_max_us=0.03, rules="hta"))
     assert split(r) == (15.0, 0.02, 8.0) and r["kernel_wait_max_us"] == 0.03 and r["rules"] == "hta"
     # HTA's default (30, in the trace's µs): every gap but the host wait is kernel wait, E's 7 µs included
     # (HTA asks no launch call for a kernel wait); ours asks one, so E's gap stays other wait.
-    assert split(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US, rules="hta")) == (15.0, 8.02, 0.0)
-    assert split(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US)) == (15.0, 1.02, 7.0)
+    assert split(to_plain(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US, rules="hta"))) == (15.0, 8.02, 0.0)
+    assert split(to_plain(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US))) == (15.0, 1.02, 7.0)
     with pytest.raises(ValueError, match="rules must be one of torchscope, hta"):
         idle_time(t, rules="perfetto")
 

@@ -41,7 +41,7 @@ def test_one_step_time_across_views(rel):
         return
     table = steps(trace).set_index("step")["dur_us"]
     assert cp["host_span_us"] == pytest.approx(float(table[cp["step"]]), abs=1e-6)
-    windows = {r["step"]: r["window_us"] for r in temporal_breakdown(trace)["gpu"]}
+    windows = {r.step: r.window_us for r in temporal_breakdown(trace).gpu}
     assert cp["gpu_window_us"] == (pytest.approx(windows[cp["step"]]) if cp["step"] in windows else None)
     assert cp["length_us"] == pytest.approx(cp["step_us"], rel=1e-9, abs=1e-6)
     assert sum(r["us"] for r in cp["by_kind"]) == pytest.approx(cp["step_us"], rel=1e-9, abs=1e-6)
@@ -141,8 +141,8 @@ def test_host_time_per_thread_is_its_busy_time_never_more_than_its_wall(rel):
         # clipping a child to its parent within OVERHANG_TOLERANCE_US is the one place they may differ
         assert own == pytest.approx(innermost_self(ts[on], end[on]).sum(), abs=1.0), ln
         busy[ln] = own
-    threads = summary(trace)["threads"]
-    assert sum(t["busy_us"] for t in threads) == pytest.approx(sum(busy.values()), rel=1e-9, abs=1e-6)
+    threads = summary(trace).threads
+    assert sum(t.busy_us for t in threads) == pytest.approx(sum(busy.values()), rel=1e-9, abs=1e-6)
 
 
 WITH_STACK = DATA / "traces" / "with_stack"
@@ -163,7 +163,7 @@ def test_a_step_opened_inside_a_python_frame_still_gets_its_children():
     kids = np.flatnonzero(nest["parent"] == step_row)
     assert len(kids) >= 2
     dur = float(st["dur_us"][0])
-    groups = {r["group"]: r["self_us"] for r in temporal_breakdown(trace)["cpu"] if r["step"] == 6}
+    groups = {r.group: r.self_us for r in temporal_breakdown(trace).cpu if r.step == 6}
     assert groups["untracked (step self time)"] < 0.02 * dur                   # was the whole step
     assert groups["python_function"] > 0.3 * dur and groups["op: matmul"] > 0
     lane = trace.lane_keys()
@@ -182,10 +182,10 @@ def test_a_serving_trace_without_steps_reads_each_thread_within_its_wall():
     464.7 ms read in a 473.8 ms trace before; per thread the groups now add up to its busy time."""
     trace = load_trace(WITH_STACK / "sglang_qwen3_8b_decode.json.gz")
     tb = temporal_breakdown(trace)
-    (window,) = tb["steps"]
-    total = sum(r["self_us"] for r in tb["cpu"])
-    threads = {(t["pid"], t["tid"]): t["busy_us"] for t in __import__("diagnostics.trace", fromlist=["summary"])
-               .summary(trace)["threads"]}
+    (window,) = tb.steps
+    total = sum(r.self_us for r in tb.cpu)
+    threads = {(t.pid, t.tid): t.busy_us for t in __import__("diagnostics.trace", fromlist=["summary"])
+               .summary(trace).threads}
     assert total == pytest.approx(sum(threads.values()), rel=1e-9)
-    assert max(threads.values()) <= window["dur_us"] + 1e-6
-    assert total < 1.2 * window["dur_us"]      # 3x the trace before
+    assert max(threads.values()) <= window.dur_us + 1e-6
+    assert total < 1.2 * window.dur_us      # 3x the trace before

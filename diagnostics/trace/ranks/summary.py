@@ -221,10 +221,10 @@ def _kernels(trace) -> list[dict]:
 
 
 def _idle(trace) -> dict | None:
-    rows = idle_time(trace)["streams"]
+    rows = idle_time(trace).streams
     if not rows:
         return None
-    return {k: float(sum(r[k] for r in rows)) for k in ("window_us", "busy_us", "idle_us", "host_wait_us",
+    return {k: float(sum(getattr(r, k) for r in rows)) for k in ("window_us", "busy_us", "idle_us", "host_wait_us",
                                                          "kernel_wait_us", "other_wait_us")} | {"streams": len(rows)}
 
 
