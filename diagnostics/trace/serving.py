@@ -1,6 +1,7 @@
 """Inference-server traces (vLLM, SGLang): their iterations rather than training steps.
 
-serving(trace) -> {"available": False, "reason"} for a trace that is not a server's, else per iteration
+serving(trace) -> Serving (records/serving.py): ``available`` False with the reason for a trace that is not a
+server's, else per iteration
 (one annotation the server opens around each forward: ITERATION_RE) its phase (prefill / decode /
 mixed, from the annotation, else from its attention kernels' names), batch size and tokens where the
 annotation records them, its time (host span; GPU span from its first kernel to its last) and the GPU time
@@ -25,6 +26,7 @@ from diagnostics.trace import intervals as iv
 from diagnostics.trace.breakdowns import _gpu_frame
 from diagnostics.trace.classify import PYTHON_CATS, host_mask, is_graph_launch
 from diagnostics.trace.model import Trace
+from diagnostics.trace.records.serving import GraphReplay, GraphReplays, Serving, ServingIteration, ServingPhase
 
 # ---- an inference server's names -----------------------------------------------------------------------
 
@@ -127,22 +129,22 @@ def _iterations(trace: Trace) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def serving(trace: Trace) -> dict:
+def serving(trace: Trace) -> Serving:
     """The serving view of a trace (see the module docstring). Computed once per trace."""
     if "serving" not in trace._cache:
         trace._cache["serving"] = _serving(trace)
     return trace._cache["serving"]
 
 
-def _serving(trace: Trace) -> dict:
+def _serving(trace: Trace) -> Serving:
     eng = engine(trace)
     it = _iterations(trace)
     g = _gpu_frame(trace)
     graph = np.array([is_graph_launch(str(x)) for x in g["launch_name"]], dtype=bool) if len(g) else \
         np.zeros(0, dtype=bool)
     if not len(it) and not (eng and graph.any()):
-        return {"available": False, "reason": "no inference server's iteration annotations (vLLM's execute_..., "
-                                              "SGLang's step[...]) nor a server's graph replays in this trace"}
+        return Serving(available=False, reason="no inference server's iteration annotations (vLLM's execute_..., "
+                                               "SGLang's step[...]) nor a server's graph replays in this trace")
     notes: list[str] = []
     if not len(it):
         # A server's trace without iteration annotations: the whole trace as one iteration.
@@ -171,17 +173,16 @@ def _serving(trace: Trace) -> dict:
         sub = [r for r in rows_out if r["phase"] == ph]
         if not sub:
             continue
-        phases.append({"phase": ph or "unknown", "iterations": len(sub),
-                       "median_us": float(np.median([r["time_us"] for r in sub])),
-                       "median_gpu_busy_us": float(np.median([r["gpu_busy_us"] for r in sub])),
-                       "tokens": int(sum(r["tokens"] or 0 for r in sub)),
-                       "batch_size_median": (float(np.median([r["batch_size"] for r in sub if r["batch_size"]
-                                                              is not None]))
-                                             if any(r["batch_size"] is not None for r in sub) else None)})
-    return {"available": True, "engine": eng or (rows_out[0].get("engine") if rows_out else None),
-            "phase_source": ("annotations" if any(r["phase_from"] == "annotation" for r in rows_out) else "kernels"),
-            "iterations": rows_out, "phases": phases, "graphs": _graphs(g, graph, owner), "split": list(SPLIT),
-            "notes": notes}
+        sizes = [r["batch_size"] for r in sub if r["batch_size"] is not None]
+        phases.append(ServingPhase(phase=ph or "unknown", iterations=len(sub),
+                                   median_us=float(np.median([r["time_us"] for r in sub])),
+                                   median_gpu_busy_us=float(np.median([r["gpu_busy_us"] for r in sub])),
+                                   tokens=int(sum(r["tokens"] or 0 for r in sub)),
+                                   batch_size_median=float(np.median(sizes)) if sizes else None))
+    return Serving(available=True, engine=eng,
+                   phase_source="annotations" if any(r["phase_from"] == "annotation" for r in rows_out) else "kernels",
+                   iterations=tuple(ServingIteration(**r) for r in rows_out), phases=tuple(phases),
+                   graphs=_graphs(g, graph, owner), split=SPLIT, notes=tuple(notes))
 
 
 def _classes(trace: Trace, g: pd.DataFrame) -> np.ndarray:
@@ -233,10 +234,10 @@ def _int(v):
     return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else int(v)
 
 
-def _graphs(g: pd.DataFrame, graph: np.ndarray, owner: np.ndarray) -> dict:
+def _graphs(g: pd.DataFrame, graph: np.ndarray, owner: np.ndarray) -> GraphReplays:
     """The graph launches and the kernels each replayed (by the launch's correlation id)."""
     if not graph.any():
-        return {"launches": 0, "kernels": 0, "gpu_us": 0.0, "share_of_gpu": None, "by_launch": []}
+        return GraphReplays(launches=0, kernels=0, gpu_us=0.0, share_of_gpu=None, by_launch=())
     sub = g[graph].assign(iteration=owner[graph])
     key = sub["corr"].astype(float).where(sub["corr"] >= 0, -1.0 - sub["launch_start_us"])
     per = sub.groupby(key).agg(launch_name=("launch_name", "first"), launch_start_us=("launch_start_us", "first"),
@@ -246,8 +247,9 @@ def _graphs(g: pd.DataFrame, graph: np.ndarray, owner: np.ndarray) -> dict:
     per["span_us"] = per["last_end_us"] - per["first_start_us"]
     total = float(g["dur_us"].sum())
     top = per.sort_values("gpu_us", ascending=False).head(MAX_GRAPH_ROWS)
-    return {"launches": int(len(per)), "kernels": int(per["kernels"].sum()), "gpu_us": float(per["gpu_us"].sum()),
-            "share_of_gpu": float(per["gpu_us"].sum()) / total if total > 0 else None,
-            "by_launch": [{"launch_name": str(r.launch_name), "launch_start_us": float(r.launch_start_us),
-                           "iteration": int(r.iteration), "kernels": int(r.kernels), "span_us": float(r.span_us),
-                           "gpu_us": float(r.gpu_us)} for r in top.itertuples()]}
+    return GraphReplays(launches=int(len(per)), kernels=int(per["kernels"].sum()), gpu_us=float(per["gpu_us"].sum()),
+                        share_of_gpu=float(per["gpu_us"].sum()) / total if total > 0 else None,
+                        by_launch=tuple(GraphReplay(launch_name=str(r.launch_name), launch_start_us=float(r.launch_start_us),
+                                                    iteration=int(r.iteration), kernels=int(r.kernels),
+                                                    span_us=float(r.span_us), gpu_us=float(r.gpu_us))
+                                        for r in top.itertuples()))

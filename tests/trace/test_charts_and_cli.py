@@ -39,7 +39,7 @@ def test_every_builder_returns_a_figure(name):
             charts.build_idle_time_figure(idle_time(t)),
             charts.build_launch_figure(launch_stats(t, n=20)),
             charts.build_timeline_figure(typed(tr.Timeline, timeline_data(t))),
-            charts.build_diff_figure(typed(tr.TraceDiff, diff_traces(t, t)))]
+            charts.build_diff_figure(diff_traces(t, t))]
     for fig in figs:
         assert isinstance(fig, go.Figure)
         fig.to_json()
@@ -53,7 +53,7 @@ def test_gpu_breakdown_values():
 
 def test_diff_figure_colours_by_status():
     r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
-    (bar,) = charts.build_diff_figure(typed(tr.TraceDiff, r)).data
+    (bar,) = charts.build_diff_figure(r).data
     assert len(bar.y) == 4   # unchanged rows are left out
     assert dict(zip(bar.y, bar.marker.color))["aten::mm"] == charts.STATUS_COLORS["faster"]
 
@@ -111,7 +111,7 @@ def test_text_is_formatted_from_a_result_and_top_limits_its_rows(tmp_path):
     text = format_analysis(result, 1)
     assert "Top 1 of 4 operators by self time" in text and "Top 1 of 5 GPU kernels" in text
     r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
-    lines = format_diff(typed(tr.TraceDiff, r), "a.json", "b.json", 2).splitlines()
+    lines = format_diff(r, "a.json", "b.json", 2).splitlines()
     assert lines[0].startswith("a.json -> b.json (per step)") and len(lines) == 2 + 1 + 2  # head, blank, header, 2
 
 
@@ -148,8 +148,8 @@ def test_diff_figure_axis_in_the_scale_of_its_changes():
     """The recorded pair changes by 5-20 µs: the axis reads µs (as the page's tiles and table do), not
     0.02 ms; each bar is the row's delta in that unit."""
     r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
-    fig = charts.build_diff_figure(typed(tr.TraceDiff, r))
+    fig = charts.build_diff_figure(r)
     assert fig.layout.xaxis.title.text == "change in time (µs)"
-    deltas = {row["name"]: row["delta_us"] for row in r["rows"] if row["status"] != "unchanged"}
+    deltas = {row.name: row.delta_us for row in r.rows if row.status != "unchanged"}
     assert dict(zip(fig.data[0].y, fig.data[0].x)) == deltas
     assert fig.layout.yaxis.automargin is True

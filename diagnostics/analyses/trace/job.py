@@ -40,12 +40,10 @@ from diagnostics.trace.classify import communication, use_comm_kernels
 from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
 from diagnostics.trace.records.communication import Communication
 from diagnostics.trace.records.critical_path import CriticalPath
-from diagnostics.trace.records.diff import TraceDiff
 from diagnostics.trace.records.gpu_activity import (
     Annotations, CommOverlap, KernelSequences, LaunchDelay, MemcpyBandwidth, QueueLength,
 )
 from diagnostics.trace.records.ranks import Ranks
-from diagnostics.trace.records.serving import Serving
 from diagnostics.trace.records.timeline import Timeline
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
@@ -145,7 +143,7 @@ def analyze(ctx, options: dict) -> TraceResult:
         ctx.progress(0.5 + 0.4 * i / len(steps), key)
         part = fn(trace)
         parts[key] = _typed(_HTA_RECORDS[key], part) if isinstance(part, dict) else part
-    served = _typed(Serving, serving(trace))
+    served = serving(trace)
     if served.available:   # a training trace's result is unchanged: no serving key
         parts["serving"] = served
     ctx.progress(0.88, "critical path")
@@ -246,7 +244,7 @@ def analyze_diff(ctx, options: dict) -> TraceDiffResult:
     ctx.progress(0.5, f"reading {Path(after_path).name}")
     after, cache_after = _open(after_path)
     ctx.progress(0.9, "comparing")
-    diff = _typed(TraceDiff, diff_traces(before, after))
+    diff = diff_traces(before, after)
     c = diff.counts
     return TraceDiffResult(before=before_path, after=after_path, diff=diff,
                            trace_cache=DiffCache(before=cache_before, after=cache_after),
