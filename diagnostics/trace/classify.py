@@ -14,6 +14,8 @@ import re
 
 import numpy as np
 
+from diagnostics.trace.records.communication import CommFamily, Communication, SuspectStream
+
 # ---- steps -----------------------------------------------------------------------------------
 
 #: A training / inference step: the range torch.profiler's ``prof.step()`` opens ("ProfilerStep#7"),
@@ -484,22 +486,22 @@ COMM_HINT_RE = re.compile(r"send|recv|peer|p2p|ipc|nvlink|multimem|rdma|ibgda|\b
 HINT_EXAMPLES = 2
 
 
-def communication(trace) -> dict:
+def communication(trace) -> Communication:
     """The trace's communication by family, and notes where it may be missing.
 
-    Returns {"families": [{family, where ("GPU" or "host"), events, names, time_us, example}], largest
-    time first; "comm_kernels": the user's pattern or None; "rocm"; "suspect_streams": [{device, stream,
-    kernel_us, hinted_us, share, examples}]: GPU streams with no communication matched whose kernel time
-    is mostly (COMM_HINT_SHARE) in kernels whose names hint at it; "notes": what a reader must know
+    Returns its record: ``families`` (family, where: "GPU" or "host", events, names, time_us, example),
+    largest time first; ``comm_kernels``: the user's pattern or None; ``rocm``; ``suspect_streams`` (device,
+    stream, kernel_us, hinted_us, share, examples): GPU streams with no communication matched whose kernel
+    time is mostly (COMM_HINT_SHARE) in kernels whose names hint at it; ``notes``: what a reader must know
     (those streams, a distributed job with no communication kernel matched, a user pattern matching
-    nothing) rather than a silent 0}. Computed once per trace (and pattern).
+    nothing) rather than a silent 0. Computed once per trace (and pattern).
     """
     if "communication" not in trace._cache:
         trace._cache["communication"] = _communication(trace)
     return trace._cache["communication"]
 
 
-def _communication(trace) -> dict:
+def _communication(trace) -> Communication:
     ev = trace.events
     kern = kernel_mask(trace)
     comm = comm_mask(trace)
@@ -519,17 +521,16 @@ def _communication(trace) -> dict:
     families = []
     for g in sorted(groups.values(), key=lambda g: (g["where"] != "GPU", -g["time_us"])):
         top = g.pop("_top")
-        families.append({**g, "names": len(g["names"]), "example": max(top, key=top.get)})
-    out = {"families": families, "comm_kernels": trace.comm_kernels or None, "rocm": is_rocm(trace),
-           "suspect_streams": _suspect_streams(trace, kern, comm), "notes": []}
-    notes = out["notes"]
-    for s in out["suspect_streams"]:
-        notes.append(f"GPU {s['device']} stream {s['stream']}: {s['share']:.0%} of its kernel time "
-                     f"({s['kernel_us'] / 1e3:,.3f} ms) is in kernels whose names suggest communication but match no "
-                     f"known family (e.g. {', '.join(repr(x[:80]) for x in s['examples'])}): counted as compute. If "
+        families.append(CommFamily(**{**g, "names": len(g["names"]), "example": max(top, key=top.get)}))
+    suspects = _suspect_streams(trace, kern, comm)
+    notes = []
+    for s in suspects:
+        notes.append(f"GPU {s.device} stream {s.stream}: {s.share:.0%} of its kernel time "
+                     f"({s.kernel_us / 1e3:,.3f} ms) is in kernels whose names suggest communication but match no "
+                     f"known family (e.g. {', '.join(repr(x[:80]) for x in s.examples)}): counted as compute. If "
                      "they are collectives, name them with --comm-kernels REGEX (the page's 'Communication "
                      "kernels' field).")
-    gpu_comm = any(f["where"] == "GPU" for f in families)
+    gpu_comm = any(f.where == "GPU" for f in families)
     info = trace.meta.get("distributedInfo") if isinstance(trace.meta.get("distributedInfo"), dict) else {}
     world = info.get("world_size")
     if kern.any() and not gpu_comm and isinstance(world, int) and world > 1:
@@ -549,7 +550,8 @@ def _communication(trace) -> dict:
                      f"(e.g. {top[:80]!r}). If they are collectives, name them with --comm-kernels REGEX.")
     if trace.comm_kernels and not user_comm_mask(trace).any():
         notes.append(f"The communication-kernel pattern {trace.comm_kernels!r} matches no GPU kernel of this trace.")
-    return out
+    return Communication(families=tuple(families), comm_kernels=trace.comm_kernels or None, rocm=is_rocm(trace),
+                         suspect_streams=tuple(suspects), notes=tuple(notes))
 
 
 def top_name(names: np.ndarray, dur: np.ndarray) -> str:
@@ -560,7 +562,7 @@ def top_name(names: np.ndarray, dur: np.ndarray) -> str:
     return max(by, key=by.get)
 
 
-def _suspect_streams(trace, kern: np.ndarray, comm: np.ndarray) -> list:
+def _suspect_streams(trace, kern: np.ndarray, comm: np.ndarray) -> list[SuspectStream]:
     """GPU streams with no communication matched, mostly running kernels whose names hint at it."""
     ev = trace.events
     rows = np.flatnonzero(kern)
@@ -584,7 +586,7 @@ def _suspect_streams(trace, kern: np.ndarray, comm: np.ndarray) -> list:
             for n, t in zip(names[hint], dur[hint]):
                 by_name[n] = by_name.get(n, 0.0) + float(t)
             examples = sorted(by_name, key=by_name.get, reverse=True)[:HINT_EXAMPLES]
-            out.append({"device": int(d), "stream": int(s), "kernel_us": total, "hinted_us": float(dur[hint].sum()),
-                        "share": share, "examples": examples})
+            out.append(SuspectStream(device=int(d), stream=int(s), kernel_us=total, hinted_us=float(dur[hint].sum()),
+                                     share=share, examples=tuple(examples)))
     return out
 

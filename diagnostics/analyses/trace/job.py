@@ -38,11 +38,7 @@ from diagnostics.trace.ranks import analyse_ranks
 from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.classify import communication, use_comm_kernels
 from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
-from diagnostics.trace.records.communication import Communication
 from diagnostics.trace.records.critical_path import CriticalPath
-from diagnostics.trace.records.gpu_activity import (
-    Annotations, CommOverlap, KernelSequences, LaunchDelay, MemcpyBandwidth, QueueLength,
-)
 from diagnostics.trace.records.ranks import Ranks
 from diagnostics.trace.records.timeline import Timeline
 from diagnostics.trace import (
@@ -134,15 +130,14 @@ def analyze(ctx, options: dict) -> TraceResult:
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
     use_comm_kernels(trace, options["comm_kernels"])   # before any view: every one reads communication so
-    parts = {"communication": _typed(Communication, communication(trace))}
+    parts = {"communication": communication(trace)}
     hta = hta_steps(options, rows)
     steps = [("summary", summary), ("temporal_breakdown", temporal_breakdown),
              ("top_operators", partial(top_operators, n=rows)), ("idle_time", hta.pop("idle_time")),
              ("launch_stats", partial(launch_stats, n=rows))] + list(hta.items())
     for i, (key, fn) in enumerate(steps):
         ctx.progress(0.5 + 0.4 * i / len(steps), key)
-        part = fn(trace)
-        parts[key] = _typed(_HTA_RECORDS[key], part) if isinstance(part, dict) else part
+        parts[key] = fn(trace)
     served = serving(trace)
     if served.available:   # a training trace's result is unchanged: no serving key
         parts["serving"] = served
@@ -162,10 +157,6 @@ def analyze(ctx, options: dict) -> TraceResult:
     result = TraceResult(path=path, name=name, **parts, metrics=metrics, trace_cache=cache)
     _keep(trace, options, result, ctx.artifact_dir)
     return result
-
-
-_HTA_RECORDS = {"kernel_sequences": KernelSequences, "queue_length": QueueLength, "memcpy_bandwidth": MemcpyBandwidth,
-                "annotations": Annotations, "launch_delay": LaunchDelay, "comm_overlap": CommOverlap}
 
 
 def _typed(rtype: type, part):
