@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -45,6 +46,7 @@ from diagnostics.trace.critical_graph import (  # noqa: F401  (MAX_EVENTS: the l
 )
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace
+from diagnostics.trace.records.critical_path import CriticalPath, PathEvent, PathKind, TypicalLatency, WhatIf
 from diagnostics.trace.breakdowns import gpu_step_attribution, step_spans, temporal_breakdown
 
 #: The kinds of time on a path, in the order the breakdown lists them. cpu: host calls and the host
@@ -145,31 +147,30 @@ def step_graph(trace: Trace, step: int | None = None) -> dict:
 
 
 def critical_path(trace: Trace, step: int | None = None, factor: float = WHAT_IF_FACTOR,
-                  what_if_top: int = WHAT_IF_TOP, model: dict | None = None) -> dict:
-    """The critical path of one step as plain data: the path's events, time by kind and what-ifs
-    (see the module docstring). ``model``: a step_graph already built for this trace."""
+                  what_if_top: int = WHAT_IF_TOP, model: dict | None = None) -> CriticalPath:
+    """The critical path of one step: the path's events, time by kind and what-ifs (see the module
+    docstring). ``model``: a step_graph already built for this trace."""
     if not factor > 1.0:
         raise TraceError(f"critical path: the what-if factor must be above 1 (x times faster), got {factor}")
     model = model if model is not None else step_graph(trace, step)
-    out = _report(model, factor, what_if_top)
-    window = next((r for r in temporal_breakdown(trace).gpu if r.step == out["step"]), None)
-    out["gpu_window_us"] = window.window_us if window else None
-    out["notes"] = span_notes(out) + out["notes"]
-    return out
+    cp = _report(model, factor, what_if_top)
+    window = next((r for r in temporal_breakdown(trace).gpu if r.step == cp.step), None)
+    cp = msgspec.structs.replace(cp, gpu_window_us=window.window_us if window else None)
+    return msgspec.structs.replace(cp, notes=tuple(span_notes(cp)) + cp.notes)
 
 
-def span_notes(cp: dict) -> list[str]:
+def span_notes(cp: CriticalPath) -> list[str]:
     """What each step time spans, said when they differ: the CPU step (the ProfilerStep range, the Steps
     table's figure), the path's (from the step's start to the end of its last GPU work) and the GPU
     window of the step (the per-step GPU figures')."""
-    host, total, window = cp["host_span_us"], cp["step_us"], cp.get("gpu_window_us")
+    host, total, window = cp.host_span_us, cp.step_us, cp.gpu_window_us
     if total <= host * 1.01 + 1.0:
         return []
     text = (f"This step's time here, {total / 1e3:,.3f} ms, runs from its start on the CPU to the end of its last GPU "
             f"work; its CPU step (its range on the CPU, as the Steps table gives it) is {host / 1e3:,.3f} ms")
     if window is not None:
         text += f", and the GPU ran its work in a {window / 1e3:,.3f} ms window (GPU time per step)"
-    lag = cp.get("gpu_start_us")
+    lag = cp.gpu_start_us
     if lag is not None and lag > 0.25 * host:
         text += (f". Its first GPU work started {lag / 1e3:,.3f} ms after the CPU step began: the GPU runs "
                  f"{lag / host:.1f} steps behind the CPU, so a step's CPU and GPU time overlap the neighbours'"
@@ -233,7 +234,7 @@ def on_path(model: dict) -> dict:
     return dict(out)
 
 
-def _report(model: dict, factor: float, what_if_top: int) -> dict:
+def _report(model: dict, factor: float, what_if_top: int) -> CriticalPath:
     G = model["graph"]
     by_kind = {k: 0.0 for k in KINDS}
     rows, row_of, time_of = [], {}, defaultdict(float)
@@ -255,11 +256,10 @@ def _report(model: dict, factor: float, what_if_top: int) -> dict:
         if t == SYNC_TAIL:
             rows[row_of[i]]["waited_on"] = _describe_wait(model, e)
     names, kinds, start, end = model["names"], model["kind"], model["start"], model["end"]
-    path = [{"name": str(names[r["event"]]), "kind": str(kinds[r["event"]]), "where": str(model["where"][r["event"]]),
-             "lane": str(model["lane"][r["event"]]), "lane_key": str(model["lane_key"][r["event"]]),
-             "start_us": float(start[r["event"]]), "dur_us": float(end[r["event"]] - start[r["event"]]),
-             "on_path_us": float(time_of[r["event"]]), "wait_before_us": float(r["wait_before_us"]),
-             "waited_on": r["waited_on"]} for r in rows]
+    path = [PathEvent(name=str(names[i]), kind=str(kinds[i]), where=str(model["where"][i]), lane=str(model["lane"][i]),
+                      lane_key=str(model["lane_key"][i]), start_us=float(start[i]), dur_us=float(end[i] - start[i]),
+                      on_path_us=float(time_of[i]), wait_before_us=float(r["wait_before_us"]), waited_on=r["waited_on"])
+            for r in rows for i in (r["event"],)]
     # What-ifs: all of a name's calls in the step `factor` times faster, the largest on the path first.
     per_name = defaultdict(float)
     for i, us in time_of.items():
@@ -271,24 +271,22 @@ def _report(model: dict, factor: float, what_if_top: int) -> dict:
     for (kind, name), us in ranked:
         members = np.flatnonzero((names == name) & (kinds == kind))
         r = what_if(model, members, factor)
-        what_ifs.append({"name": name, "kind": kind, "calls": int(members.size), "on_path_us": float(us),
-                         "saving_us": max(r["saving_us"], 0.0), "step_us_after": r["step_us"]})
+        what_ifs.append(WhatIf(name=name, kind=kind, calls=int(members.size), on_path_us=float(us),
+                               saving_us=max(r["saving_us"], 0.0), step_us_after=r["step_us"]))
     total = model["step_us"]
     gpu_starts = start[model["n_host"]:]
-    return {
-        "notes": _explain(model, total),
-        "gpu_start_us": float(gpu_starts.min()) if gpu_starts.size else None,
-        "step": model["step"], "chosen_as": model.get("chosen_as", ""),
-        "incomplete_steps": list(model.get("incomplete_steps", [])), "step_start_us": model["t0"], "step_us": total,
-        "host_span_us": model["host_span_us"], "length_us": model["length_us"], "factor": factor,
-        "events": int(model["rows"].size), "edges": int(G.src.size),
-        "path_events": len(path), "path": path[:MAX_PATH_ROWS],
-        "by_kind": [{"kind": k, "us": by_kind[k], "pct": 100.0 * by_kind[k] / total if total else None}
-                    for k in KINDS],
-        "what_if": what_ifs,
-        "typical_us": {"launch": model["typical"][LAUNCH], "stream_gap": model["typical"][STREAM],
-                       "sync_return": model["typical"][SYNC_TAIL]},
-    }
+    return CriticalPath(
+        available=True, notes=tuple(_explain(model, total)),
+        gpu_start_us=float(gpu_starts.min()) if gpu_starts.size else None,
+        step=model["step"], chosen_as=model.get("chosen_as", ""),
+        incomplete_steps=tuple(model.get("incomplete_steps", [])), step_start_us=model["t0"], step_us=total,
+        host_span_us=model["host_span_us"], length_us=model["length_us"], factor=factor,
+        events=int(model["rows"].size), edges=int(G.src.size),
+        path_events=len(path), path=tuple(path[:MAX_PATH_ROWS]),
+        by_kind=tuple(PathKind(kind=k, us=by_kind[k], pct=100.0 * by_kind[k] / total if total else None) for k in KINDS),
+        what_if=tuple(what_ifs),
+        typical_us=TypicalLatency(launch=model["typical"][LAUNCH], stream_gap=model["typical"][STREAM],
+                                  sync_return=model["typical"][SYNC_TAIL]))
 
 
 def _explain(model: dict, total: float) -> list[str]:

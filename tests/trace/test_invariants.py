@@ -10,6 +10,7 @@ import numpy as np
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import load_trace, temporal_breakdown
 from diagnostics.trace.comm import rank_breakdown
 from diagnostics.trace.critical_path import EXPLAIN_SHARE, critical_path
@@ -24,7 +25,7 @@ TRACES = sorted(str(p.relative_to(DATA)) for p in (DATA / "traces").rglob("*")
 
 def _cp(trace):
     try:
-        return critical_path(trace)
+        return to_plain(critical_path(trace))
     except TraceError as e:
         assert "no profiler step ranges" in str(e)
         return None
@@ -73,7 +74,7 @@ def test_every_long_wait_on_a_critical_path_is_explained(rel):
 def test_the_reported_step_reads_its_cpu_step_and_why_the_path_is_longer():
     """HTA's ns_resolution capture, step 103: the Steps table's 95.7 ms, the path's 185.2 ms, of which
     89.6 ms is the GPU finishing step 102's work (labelled, not "idle-wait")."""
-    cp = critical_path(load_trace(DATA / "traces" / "public" / "hta" / "ns_resolution_rank0.json.gz"))
+    cp = to_plain(critical_path(load_trace(DATA / "traces" / "public" / "hta" / "ns_resolution_rank0.json.gz")))
     kinds = {r["kind"]: r["us"] for r in cp["by_kind"]}
     assert cp["step"] == 103
     assert cp["host_span_us"] == pytest.approx(95697.341) and cp["step_us"] == pytest.approx(185191.573)

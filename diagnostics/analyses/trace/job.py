@@ -38,7 +38,6 @@ from diagnostics.trace.ranks import analyse_ranks
 from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.classify import communication, use_comm_kernels
 from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
-from diagnostics.trace.records.critical_path import CriticalPath
 from diagnostics.trace.records.ranks import Ranks
 from diagnostics.trace.records.timeline import Timeline
 from diagnostics.trace import (
@@ -142,7 +141,7 @@ def analyze(ctx, options: dict) -> TraceResult:
     if served.available:   # a training trace's result is unchanged: no serving key
         parts["serving"] = served
     ctx.progress(0.88, "critical path")
-    parts["critical_path"] = _typed(CriticalPath, critical_path_result(trace, options, ctx.artifact_dir))   # #18
+    parts["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical_part.py
     ctx.progress(0.9, "timeline")
     parts["timeline"] = timeline_part(trace, options)
     if options["ranks"]:
@@ -222,7 +221,7 @@ def analyze_critical_path(ctx, options: dict) -> TraceCriticalPathResult:
     options = TRACE_CRITICAL_PATH.validate(options)  # idempotent: the runner validated them too
     trace = load_columns(options["columns_dir"])
     ctx.progress(0.3, f"{len(trace.events):,} events read back; critical path")
-    cp = _typed(CriticalPath, critical_path_result(trace, options, ctx.artifact_dir))
+    cp = critical_path_result(trace, options, ctx.artifact_dir)
     return TraceCriticalPathResult(critical_path=cp, metrics=NoMetrics())
 
 

@@ -303,11 +303,12 @@ PATH_ROWS = 20
 
 
 def _critical_path(trace, step: int | None) -> dict:
+    from diagnostics.results import to_plain
     from diagnostics.trace.critical_path import critical_path, step_graph
     from diagnostics.trace.errors import TraceError
 
     try:
-        cp = critical_path(trace, model=step_graph(trace, step))
+        cp = to_plain(critical_path(trace, model=step_graph(trace, step)))   # plain: it crosses to the parent
     except TraceError as e:
         return {"available": False, "reason": str(e)}
     except Exception as e:  # noqa: BLE001 - the rest of the multi-rank analysis stands without it
