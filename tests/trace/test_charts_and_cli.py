@@ -5,11 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
 import plotly.graph_objects as go
 import pytest
 
-from diagnostics.analyses.trace import result as tr
 from diagnostics.render.charts import traces as charts
 from diagnostics.results import to_json
 from diagnostics.trace import (
@@ -19,11 +17,6 @@ from diagnostics.trace import (
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "traces"
-
-
-def typed(part_type, plain):
-    """A part the trace layer computed (plain data), as the trace analysis' typed result holds it."""
-    return msgspec.convert(plain, part_type)
 
 
 @pytest.mark.parametrize("name", ["gpu_small.json", "cpu_small.pt.trace.json.gz"])
@@ -38,7 +31,7 @@ def test_every_builder_returns_a_figure(name):
             charts.build_top_operators_figure(top, "kernels"),
             charts.build_idle_time_figure(idle_time(t)),
             charts.build_launch_figure(launch_stats(t, n=20)),
-            charts.build_timeline_figure(typed(tr.Timeline, timeline_data(t))),
+            charts.build_timeline_figure(timeline_data(t)),
             charts.build_diff_figure(diff_traces(t, t))]
     for fig in figs:
         assert isinstance(fig, go.Figure)

@@ -6,11 +6,9 @@ number below is worked out by hand from the event times written here.
 
 import json
 
-import msgspec
 import pytest
 
 from diagnostics.results import to_plain
-from diagnostics.analyses.trace.result import Timeline
 from diagnostics.trace import load_trace
 from diagnostics.trace.critical_path import KINDS, critical_path, step_graph, what_if
 from diagnostics.trace.errors import TraceError
@@ -293,13 +291,13 @@ def test_the_path_is_marked_on_the_trace_timeline(tmp_path):
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
     cp = critical_path(trace, step=1)
     tl = timeline_data(trace)
-    fig = mark_critical_path(build_timeline_figure(msgspec.convert(tl, Timeline)), cp, msgspec.convert(tl, Timeline))
+    fig = mark_critical_path(build_timeline_figure(tl), cp, tl)
     line = fig.data[-1]
     assert line.name == "critical path (step 1)"
     drawn = dict(zip([c[0] for c in line.customdata], zip(line.x, line.y)))
     # at the events' own rows (the lane's label where the timeline gives lanes one, else "pid/tid · depth")
     # and times (ms from the trace's start: step 1 starts 300 µs in)
-    label = {lane["lane"]: lane.get("label") for lane in tl["lanes"]}
+    label = {lane.lane: lane.label for lane in tl.lanes}
     gpu_row = label.get("GPU 0 stream 7") or "GPU 0 stream 7"
     host_row = label.get("4242/4242") or "4242/4242 · 1"
     assert drawn["add_c"] == (pytest.approx((300 + 215) / 1e3), gpu_row)

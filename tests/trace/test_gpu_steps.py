@@ -301,10 +301,10 @@ def test_kinetos_own_categories_are_not_named(tmp_path):
     from diagnostics.trace import timeline_data
 
     tl = timeline_data(t)
-    kinds = {lane["lane"]: lane["kind"] for lane in tl["lanes"]}
-    (sync_bar,) = [e for e in tl["events"] if e["name"] == "Stream Sync"]
-    (gemm_bar,) = [e for e in tl["events"] if e["name"] == GEMM]
-    assert sync_bar["lane"] == gemm_bar["lane"] and kinds[sync_bar["lane"]] == "gpu"
+    kinds = {lane.lane: lane.kind for lane in tl.lanes}
+    (sync_bar,) = [e for e in tl.events if e.name == "Stream Sync"]
+    (gemm_bar,) = [e for e in tl.events if e.name == GEMM]
+    assert sync_bar.lane == gemm_bar.lane and kinds[sync_bar.lane] == "gpu"
 
 
 # ---- what the user reads ----------------------------------------------------------------------

@@ -39,7 +39,7 @@ from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.classify import communication, use_comm_kernels
 from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
 from diagnostics.trace.records.ranks import Ranks
-from diagnostics.trace.records.timeline import Timeline
+from diagnostics.trace.records.timeline import Timeline  # noqa: F401  (timeline_part's type)
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -204,7 +204,7 @@ def _timeline_picks(value: str | None):
 def timeline_part(trace: Trace, options) -> Timeline:
     """The timeline part: the bars of [t0, t1] µs (None: the whole trace), at most ``max_events``; in the
     trace job and the trace_timeline part alike."""
-    return _typed(Timeline, timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"]))
+    return timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
 
 
 def analyze_timeline(ctx, options: dict) -> TraceTimelineResult:

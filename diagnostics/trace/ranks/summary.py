@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diagnostics.results import to_plain
 from diagnostics.trace import classify
 from diagnostics.trace.comm import event_bytes, rank_breakdown
 from diagnostics.trace.comm_args import named_events
@@ -286,7 +287,7 @@ def rank_detail(path: str, timeline_events: int | None = None, critical_path_ste
     if timeline_events:
         st = step_table(trace)
         align = float(st["start_us"].min()) if len(st) else 0.0
-        tl = timeline_data(trace, max_events=timeline_events)
+        tl = to_plain(timeline_data(trace, max_events=timeline_events))   # plain: it crosses to the parent
         for e in tl["events"]:
             e["start_us"] -= align
         tl["t0"] -= align
@@ -303,7 +304,6 @@ PATH_ROWS = 20
 
 
 def _critical_path(trace, step: int | None) -> dict:
-    from diagnostics.results import to_plain
     from diagnostics.trace.critical_path import critical_path, step_graph
     from diagnostics.trace.errors import TraceError
 
