@@ -14,8 +14,8 @@
     critical_path.py  one step's critical path (host ops, launches, kernels, syncs), what-ifs, the marked trace
     serving.py    an inference server's iterations (vLLM, SGLang): phases, batch, tokens, split, graph replays
 The profiler page, the trace explorer, the distributed analysis and the checklist all read traces
-through this layer. Views return plain JSON-able data (records); TraceError says why a file is
-unusable.
+through this layer. Views return their typed records (records/: one module per producer); the
+several ranks' view (ranks/) plain data; TraceError says why a file is unusable.
 """
 
 from diagnostics.trace.breakdowns import idle_time, steps, summary, temporal_breakdown, top_operators

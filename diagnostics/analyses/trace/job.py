@@ -5,8 +5,8 @@ dashboard. After the first open the parsed columns are kept next to the run (Arr
 part the page asks for again with other options is recomputed from them alone, not by the whole
 job (~14 parts): the timeline for another time range (analyze_timeline) and another step's critical
 path (analyze_critical_path). Each job returns its typed result (result.py), put together from the records
-the trace layer's producers return (diagnostics.trace.records); the parts whose producer still returns a
-plain dict are typed here, each on its own (results.build, strict).
+the trace layer's producers return (diagnostics.trace.records); the ranks' view, which analyse_ranks still
+returns as a plain dict, is typed here (results.build, strict).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.classify import communication, use_comm_kernels
 from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
 from diagnostics.trace.records.ranks import Ranks
-from diagnostics.trace.records.timeline import Timeline  # noqa: F401  (timeline_part's type)
+from diagnostics.trace.records.timeline import Timeline
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -158,12 +158,6 @@ def analyze(ctx, options: dict) -> TraceResult:
     return result
 
 
-def _typed(rtype: type, part):
-    """A part whose producer still returns a plain dict, as its record (strict: a key the record does not
-    declare is an error naming it); a record as it is."""
-    return part if isinstance(part, rtype) else build(rtype, part)
-
-
 def hta_steps(options, rows: int) -> dict:
     """The Holistic Trace Analysis parity analyses (diagnostics.trace.gpu_activity) and idle_time, each a
     function of the trace with the rules ``options`` pick: result key -> fn(trace). The keys are
@@ -187,10 +181,11 @@ def hta_steps(options, rows: int) -> dict:
 
 
 def _ranks(ctx, options: dict) -> Ranks:
-    """Several ranks' traces (the "ranks" option): diagnostics.trace.ranks.analyse_ranks."""
+    """Several ranks' traces (the "ranks" option): diagnostics.trace.ranks.analyse_ranks, typed strictly (it
+    returns a plain dict: its map and reduce cross processes as plain data, and attach's job reads it so)."""
     paths = [str(check_server_path(p, "trace")) for p in options["ranks"]]
     ctx.progress(0.92, f"{len(paths)} rank path(s): analysing each rank")
-    return _typed(Ranks, analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
+    return build(Ranks, analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
                          progress=lambda f, m: ctx.progress(0.92 + 0.06 * f, m), dask=options["dask"],
                          dask_memory_limit=options["dask_memory_limit"], cache_root=trace_cache_dir(),
                          timeline_ranks=_timeline_picks(options["timeline_ranks"]),
