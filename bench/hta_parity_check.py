@@ -79,6 +79,7 @@ def main() -> int:
         print("HolisticTraceAnalysis is not importable: pip install --target DIR --no-deps HolisticTraceAnalysis "
               "and put DIR on PYTHONPATH")
         return 2
+    from diagnostics.results import to_plain
     from diagnostics.trace import idle_time, load_trace
     from diagnostics.trace import gpu_activity as hp
     from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US
@@ -100,7 +101,7 @@ def main() -> int:
             runs[key] = (load_trace(folder / "rank0.json"), TraceAnalysis(trace_dir=str(folder)))
         t, ta = runs["with"]
         full = 100
-        ours_q = {s["stream"]: s for s in hp.queue_length(t, until="kernel_start", full=full)["streams"]}
+        ours_q = {s.stream: to_plain(s) for s in hp.queue_length(t, until="kernel_start", full=full).streams}
         summary = ta.get_queue_length_summary(ranks=[0])
         series = ta.get_queue_length_time_series(ranks=[0])[0]
         for (_rank, stream), row in summary.iterrows():
@@ -111,24 +112,24 @@ def main() -> int:
             check(f"time at queue >= {full}, stream {st} (µs)", df.loc[df.queue_length >= full, "dur"].sum(),
                   ours_q[st]["full_us"])
         idle, _ = ta.get_idle_time_breakdown(ranks=[0], visualize=False)   # its default consecutive_kernel_delay
-        mine = {s["stream"]: s for s in idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US, rules="hta")["streams"]}
+        mine = {s.stream: to_plain(s) for s in idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US, rules="hta").streams}
         for st, m in sorted(mine.items()):
             theirs = idle[idle.stream == int(st)].set_index("idle_category")["idle_time"]
             for cat, key in (("host_wait", "host_wait_us"), ("kernel_wait", "kernel_wait_us"), ("other", "other_wait_us")):
                 check(f"idle {cat}, stream {st} (µs)", theirs.get(cat, 0.0), m[key])
         launch = ta.get_cuda_kernel_launch_stats(ranks=[0], visualize=False)[0]
-        ld = hp.launch_delay(t, since="call_end")
+        ld = to_plain(hp.launch_delay(t, since="call_end"))
         check("launches", len(launch), ld["launches"])
         check("mean launch delay (µs)", launch["launch_delay"].mean(), ld["mean_us"])
         check("max launch delay (µs)", launch["launch_delay"].max(), ld["max_us"])
         ua = ta.get_gpu_user_annotation_breakdown(visualize=False, num_kernels=100).set_index("name")
-        for a in hp.annotations(t)["annotations"]:
+        for a in to_plain(hp.annotations(t))["annotations"]:
             check(f"annotation {a['name']} total (µs)", ua.loc[a["name"], "sum (us)"], a["total_us"])
         t2, ta2 = runs["without"]
         check("comm/comp overlap % (no annotations)", ta2.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"][0],
-              round(hp.comm_overlap(t2, "kernels")["overlap_pct"], 2))
+              round(hp.comm_overlap(t2, "kernels").overlap_pct, 2))
         bw = ta.get_memory_bw_summary(ranks=[0])
-        for d in hp.memcpy_bandwidth(t)["directions"]:
+        for d in to_plain(hp.memcpy_bandwidth(t))["directions"]:
             name = "Memset" if d["direction"] == "Memset" else f"Memcpy {d['direction']}"
             check(f"max bandwidth per copy, {d['direction']} (GB/s)", bw.loc[(0, name), ("memory_bw_gbps", "max")],
                   d["max_bytes_per_s"] / 1e9)

@@ -1,12 +1,12 @@
-"""HTA-class analyses of a loaded Trace. Each function returns plain, JSON-able data (records).
+"""HTA-class analyses of a loaded Trace. Each view returns its typed record (records/breakdowns.py); the
+helpers other views build on (steps, step_spans, gpu_step_attribution, gpu_step_breakdown) frames and dicts.
 
 summary: duration, steps, events by category, threads, streams, memory peaks.
 temporal_breakdown: per ProfilerStep, GPU time by kind (exclusive, priority compute >
 communication > memcpy > memset, the rest idle) over GPU windows that partition the GPU timeline,
 GPU work put in the step that launched it (gpu_step_attribution), and host self time by operator
 family. top_operators: host operators and GPU kernels by time. idle_time: gaps between GPU work on
-each stream, with their cause. launch_stats: launch delay, runtime call duration, short kernels,
-graph launches apart.
+each stream, with their cause. (launch_stats, on the same GPU frame: launches.py.)
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ import pandas as pd
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.classify import (
     FRAME_CATS, HOST_OP_CATS, LAUNCH_FLOW_CATS, MEMCPY_CATS, MEMSET_CATS, MTIA_CATS, MTIA_DMA_RE, RUNTIME_CATS, STEP_RE,
-    comm_mask, gpu_work_mask, host_mask, host_op_mask, is_graph_launch, op_family, step_mask,
+    comm_mask, gpu_work_mask, host_mask, host_op_mask, op_family, step_mask,
 )
 from diagnostics.trace.model import Trace
+from diagnostics.trace.records.breakdowns import (
+    Attribution, Category, CpuGroup, GpuStep, IdleStream, IdleTime, Kernel, MemoryPeak, Operator, Step, StepWindow,
+    Stream, TemporalBreakdown, Thread, TopOperators, TraceSummary,
+)
 
 # A gap shorter than this between two GPU events whose launch was already queued is put down
 # to launch overhead ("kernel wait"); a longer one to syncs/dependencies ("other wait").
 KERNEL_WAIT_MAX_US = 5.0
-# Launches whose kernel started this long after the runtime call began are flagged.
-LONG_LAUNCH_DELAY_US = 100.0
-LAUNCH_SAMPLE = 2000   # (cpu, gpu duration) points kept for a scatter plot
 
 STEP_SELF = "untracked (step self time)"
 
@@ -183,15 +184,35 @@ KIND_PRIORITY = ("compute", "communication", "memcpy", "memset")
 
 # ---- analyses --------------------------------------------------------------------------------
 
-def summary(trace: Trace) -> dict:
+def summary(trace: Trace) -> TraceSummary:
     """Duration, steps, events by category, threads, streams, memory peaks, warnings."""
     ev = trace.events
-    complete = trace.complete_mask()
-    frame = trace.cat_mask(FRAME_CATS)
-    timed = complete & ~frame
+    timed = trace.complete_mask() & ~trace.cat_mask(FRAME_CATS)
     ts, dur = ev["ts"].to_numpy(), ev["dur"].to_numpy()
     start = float(ts[timed].min()) if timed.any() else 0.0
     end = float((ts + dur)[timed].max()) if timed.any() else 0.0
+    g = _gpu_frame(trace)
+    st = steps(trace)
+    notes = []
+    if trace.cat_mask(MTIA_CATS).any():
+        notes.append("MTIA trace: its device events (mtia_ccp_events) are read as kernels (DMA ones as "
+                     "copies) and mtia_runtime events as runtime calls; \"GPU\" below means the MTIA device")
+    return TraceSummary(
+        source=trace.source, bytes=trace.n_bytes, events=len(ev), duration_us=end - start, rank=trace.rank,
+        schema_version=trace.meta.get("schemaVersion"), base_time_ns=trace.meta.get("baseTimeNanoseconds"),
+        has_gpu=bool(len(g)), n_steps=len(st),
+        steps=tuple(Step(**r) for r in _records(st)),
+        categories=tuple(Category(**r) for r in _records(_categories(trace))),
+        threads=tuple(Thread(**r) for r in _records(_threads(trace)[["pid", "tid", "name", "events", "busy_us"]])),
+        streams=tuple(Stream(**r) for r in _streams(g)),
+        memory=tuple(MemoryPeak(**r) for r in _memory_peaks(trace)),
+        skipped_events=trace.skipped_events, warnings=tuple(trace.warnings), notes=tuple(notes),
+    )
+
+
+def _categories(trace: Trace) -> pd.DataFrame:
+    """Events and their summed duration per category, the most events first."""
+    complete, dur = trace.complete_mask(), trace.events["dur"].to_numpy()
     # Group-bys on the category / thread codes (bincount), then a frame of one row per group: the same
     # rows and order as a group-by of the strings, without a string per event.
     cat_codes = trace.codes("cat").astype(np.int64)
@@ -203,7 +224,12 @@ def summary(trace: Trace) -> dict:
     seen = np.flatnonzero(count)
     by_cat = pd.DataFrame({"cat": labels[seen], "events": count[seen], "total_us": total[seen]})
     by_cat = by_cat.groupby("cat", observed=True).agg(events=("events", "sum"), total_us=("total_us", "sum"))
-    by_cat = by_cat.sort_values("events", ascending=False).reset_index()
+    return by_cat.sort_values("events", ascending=False).reset_index()
+
+
+def _threads(trace: Trace) -> pd.DataFrame:
+    """Host threads: events and busy time (their root calls' spans), with the trace's thread names."""
+    ts = trace.events["ts"].to_numpy()
     nest = trace.nesting()
     cpu = host_mask(trace)
     roots = cpu & (nest["parent"] < 0)
@@ -220,7 +246,11 @@ def summary(trace: Trace) -> dict:
     threads = threads.reset_index()
     threads["name"] = [trace.thread_names.get(f"{p}/{t}", "") for p, t in
                        zip(threads["pid"], threads["tid"])]
-    g = _gpu_frame(trace)
+    return threads
+
+
+def _streams(g: pd.DataFrame) -> list:
+    """GPU streams: kernels, copies and sets, and busy time (the union of their events)."""
     streams = []
     for (device, stream), sub in g.groupby(["device", "stream"]):
         counts = sub["kind"].value_counts()
@@ -230,6 +260,12 @@ def summary(trace: Trace) -> dict:
                         "memset": int(counts.get("memset", 0)),
                         "busy_us": iv.length(iv.union(sub["start_us"].to_numpy(),
                                                               sub["end_us"].to_numpy()))})
+    return streams
+
+
+def _memory_peaks(trace: Trace) -> list:
+    """The peak of the allocator's total allocated bytes per device (memory events), if the trace has any."""
+    ev = trace.events
     mem = ev["total_allocated"].to_numpy() >= 0
     memory = []
     if mem.any():
@@ -240,30 +276,7 @@ def summary(trace: Trace) -> dict:
             memory.append({"device": ("cpu" if dt == 0 else "cuda" if dt == 1 else f"type {dt}")
                            + ("" if dv < 0 else f":{dv}"),
                            "peak_allocated_bytes": int(sub["alloc"].max())})
-    st = steps(trace)
-    notes = []
-    if trace.cat_mask(MTIA_CATS).any():
-        notes.append("MTIA trace: its device events (mtia_ccp_events) are read as kernels (DMA ones as "
-                     "copies) and mtia_runtime events as runtime calls; \"GPU\" below means the MTIA device")
-    return {
-        "source": trace.source,
-        "bytes": trace.n_bytes,
-        "events": len(ev),
-        "duration_us": end - start,
-        "rank": trace.rank,
-        "schema_version": trace.meta.get("schemaVersion"),
-        "base_time_ns": trace.meta.get("baseTimeNanoseconds"),
-        "has_gpu": bool(len(g)),
-        "n_steps": len(st),
-        "steps": _records(st),
-        "categories": _records(by_cat),
-        "threads": _records(threads[["pid", "tid", "name", "events", "busy_us"]]),
-        "streams": streams,
-        "memory": memory,
-        "skipped_events": trace.skipped_events,
-        "warnings": list(trace.warnings),
-        "notes": notes,
-    }
+    return memory
 
 
 #: How a GPU event was put in a step, or why it is in none (gpu_step_attribution's "attributed").
@@ -339,7 +352,7 @@ def _gpu_windows(g: pd.DataFrame, step_i: np.ndarray, n_steps: int) -> tuple[np.
     return filled, np.where(np.isfinite(hi), hi, filled)
 
 
-def temporal_breakdown(trace: Trace) -> dict:
+def temporal_breakdown(trace: Trace) -> TemporalBreakdown:
     """Per step: GPU time by kind plus idle, and host self time by operator family/category.
 
     GPU events belong to steps as gpu_step_attribution says (the step whose CPU launched them).
@@ -355,9 +368,11 @@ def temporal_breakdown(trace: Trace) -> dict:
     """
     win = _step_windows(trace)
     gpu = gpu_step_breakdown(trace)
-    return {"steps": _records(win[["step", "start_us", "dur_us"]]), "gpu": gpu["gpu"],
-            "cpu": _cpu_self_by_step(trace, win), "kind_priority": list(KIND_PRIORITY),
-            "attribution": gpu["attribution"], "notes": gpu["notes"]}
+    return TemporalBreakdown(steps=tuple(StepWindow(**r) for r in _records(win[["step", "start_us", "dur_us"]])),
+                             gpu=tuple(GpuStep(**r) for r in gpu["gpu"]),
+                             cpu=tuple(CpuGroup(**r) for r in _cpu_self_by_step(trace, win)),
+                             kind_priority=KIND_PRIORITY, attribution=Attribution(**gpu["attribution"]),
+                             notes=tuple(gpu["notes"]))
 
 
 def gpu_step_breakdown(trace: Trace) -> dict:
@@ -441,7 +456,7 @@ def _cpu_group_codes(trace: Trace) -> tuple[np.ndarray, list]:
     return code, labels
 
 
-def top_operators(trace: Trace, n: int) -> dict:
+def top_operators(trace: Trace, n: int) -> TopOperators:
     """Host operators (cpu_op, by self time) and GPU kernels (by time): calls, totals, shares."""
     ev = trace.events
     nest = trace.nesting()
@@ -475,10 +490,10 @@ def top_operators(trace: Trace, n: int) -> dict:
     all_gpu = float(kern["total_us"].sum()) or 1.0
     kern["pct"] = 100.0 * kern["total_us"] / all_gpu
     kern = kern.sort_values("total_us", ascending=False)
-    return {"operators": _records(agg.head(n)), "kernels": _records(kern.head(n)),
-            "n_operators": int(len(agg)), "n_kernels": int(len(kern)),
-            "operator_self_us": float(agg["self_us"].sum()),
-            "kernel_us": float(kern["total_us"].sum())}
+    return TopOperators(operators=tuple(Operator(**r) for r in _records(agg.head(n))),
+                        kernels=tuple(Kernel(**r) for r in _records(kern.head(n))),
+                        n_operators=int(len(agg)), n_kernels=int(len(kern)),
+                        operator_self_us=float(agg["self_us"].sum()), kernel_us=float(kern["total_us"].sum()))
 
 
 def repeated_calls(trace: Trace) -> np.ndarray:
@@ -501,7 +516,7 @@ IDLE_RULES = ("torchscope", "hta")
 HTA_KERNEL_WAIT_US = 30.0
 
 
-def idle_time(trace: Trace, kernel_wait_max_us: float = KERNEL_WAIT_MAX_US, rules: str = "torchscope") -> dict:
+def idle_time(trace: Trace, kernel_wait_max_us: float = KERNEL_WAIT_MAX_US, rules: str = "torchscope") -> IdleTime:
     """Idle gaps between consecutive GPU events on each stream, by cause.
 
     For a gap before event k: "host wait" when k's launch call started after the previous event
@@ -530,90 +545,8 @@ def idle_time(trace: Trace, kernel_wait_max_us: float = KERNEL_WAIT_MAX_US, rule
             kernel = ~host & np.isfinite(launch) & (gap <= kernel_wait_max_us)
         other = ~host & ~kernel
         window = float(e.max() - s.min()) if s.size else 0.0
-        rows.append({
-            "device": device, "stream": stream, "events": int(s.size), "window_us": window,
-            "busy_us": iv.length(iv.union(s, e)),
-            "idle_us": float(gap.sum()), "gaps": int((gap > 0).sum()),
-            "host_wait_us": float(gap[host].sum()), "kernel_wait_us": float(gap[kernel].sum()),
-            "other_wait_us": float(gap[other].sum())})
-    return {"streams": rows, "kernel_wait_max_us": float(kernel_wait_max_us), "rules": rules}
-
-
-def launch_stats(trace: Trace, n: int) -> dict:
-    """Launch calls and the GPU work they started: launch delay, call duration, launch-bound kernels.
-
-    A graph launch (cudaGraphLaunch, hipGraphLaunch: GRAPH_LAUNCH_RE) is one call that starts all
-    of its graph's kernels, so it counts as one launch and its kernels are kept out of the
-    per-kernel figures (comparing one 1 ms graph launch with each of its hundred kernels would call
-    them all launch-bound); ``graphs`` describes graph launches per launch. ``launches`` counts the
-    calls that started GPU work, a graph launch once. For the other GPU events (``kernel_launches``:
-    one per event) the launch delay is GPU start - call start; ``short_kernels`` are those shorter
-    than their launch call, ``long_delays`` those delayed more than LONG_LAUNCH_DELAY_US.
-    Returns totals, per-name aggregates and a sample for scatter plots.
-    """
-    g = _gpu_frame(trace)
-    g = g[g["launch_start_us"].notna()].copy()
-    graph = np.array([is_graph_launch(x) for x in g["launch_name"].fillna("")], dtype=bool)
-    graphs = _graph_launches(g[graph], n)
-    g = g[~graph]
-    out = {"launches": int(len(g)) + graphs["launches"], "kernel_launches": int(len(g)),
-           "short_kernels": 0, "long_delays": 0, "long_launch_delay_us": LONG_LAUNCH_DELAY_US,
-           "by_name": [], "sample": [], "graphs": graphs}
-    if not len(g):
-        return out
-    g["delay_us"] = g["start_us"] - g["launch_start_us"]
-    g["short"] = g["dur_us"] < g["launch_dur_us"]
-    g["long_delay"] = g["delay_us"] > LONG_LAUNCH_DELAY_US
-    by = g.groupby("name").agg(launches=("dur_us", "size"), gpu_us=("dur_us", "sum"),
-                               runtime_us=("launch_dur_us", "sum"),
-                               mean_delay_us=("delay_us", "mean"),
-                               max_delay_us=("delay_us", "max"),
-                               short_kernels=("short", "sum"),
-                               long_delays=("long_delay", "sum")).reset_index()
-    by = by.sort_values(["short_kernels", "launches"], ascending=False)
-    step = max(1, len(g) // LAUNCH_SAMPLE)
-    sample = g.iloc[::step][["name", "kind", "launch_dur_us", "dur_us", "delay_us"]]
-    out.update({
-        "mean_delay_us": float(g["delay_us"].mean()),
-        "max_delay_us": float(g["delay_us"].max()),
-        "mean_runtime_us": float(g["launch_dur_us"].mean()),
-        "short_kernels": int(g["short"].sum()),
-        "long_delays": int(g["long_delay"].sum()),
-        "by_name": _records(by.head(n)),
-        "sample": _records(sample),
-    })
-    return out
-
-
-def _graph_launches(g: pd.DataFrame, n: int) -> dict:
-    """Graph launches (one row of ``g`` per kernel they started, grouped by correlation id): per
-    launch its kernels, call duration, delay to its first kernel, GPU span and summed kernel time;
-    ``shorter_than_launch``: graphs whose GPU span is shorter than their launch call."""
-    if not len(g):
-        return {"launches": 0, "kernels": 0, "by_launch": []}
-    # A flow-linked kernel may lack a correlation id: its launch's start time names the launch.
-    key = g["corr"].astype(float).where(g["corr"] >= 0, -1.0 - g["launch_start_us"])
-    per = g.groupby(key).agg(launch_name=("launch_name", "first"), launch_start_us=("launch_start_us", "first"),
-                             runtime_us=("launch_dur_us", "first"), kernels=("dur_us", "size"),
-                             first_start_us=("start_us", "min"), last_end_us=("end_us", "max"),
-                             gpu_us=("dur_us", "sum")).reset_index(drop=True)
-    per["delay_us"] = per["first_start_us"] - per["launch_start_us"]
-    per["span_us"] = per["last_end_us"] - per["first_start_us"]
-    per = per.sort_values("launch_start_us")
-    return {"launches": int(len(per)), "kernels": int(per["kernels"].sum()),
-            "mean_kernels_per_launch": float(per["kernels"].mean()),
-            "mean_runtime_us": float(per["runtime_us"].mean()),
-            "mean_delay_us": float(per["delay_us"].mean()), "max_delay_us": float(per["delay_us"].max()),
-            "gpu_us": float(per["gpu_us"].sum()),
-            "shorter_than_launch": int((per["span_us"] < per["runtime_us"]).sum()),
-            "by_launch": _records(per[["launch_name", "launch_start_us", "runtime_us", "kernels", "delay_us",
-                                       "span_us", "gpu_us"]].head(n))}
-
-
-ANALYSES = {
-    "summary": summary,
-    "temporal_breakdown": temporal_breakdown,
-    "top_operators": top_operators,
-    "idle_time": idle_time,
-    "launch_stats": launch_stats,
-}
+        rows.append(IdleStream(
+            device=device, stream=stream, events=int(s.size), window_us=window, busy_us=iv.length(iv.union(s, e)),
+            idle_us=float(gap.sum()), gaps=int((gap > 0).sum()), host_wait_us=float(gap[host].sum()),
+            kernel_wait_us=float(gap[kernel].sum()), other_wait_us=float(gap[other].sum())))
+    return IdleTime(streams=tuple(rows), kernel_wait_max_us=float(kernel_wait_max_us), rules=rules)

@@ -4,7 +4,8 @@ Name and category rules (plain ``re`` / frozensets, no pandas, so the worker-sid
 them) and, next to each, its vectorised mask over a loaded trace (a ``diagnostics.trace.model.Trace``;
 not imported here, since model.py imports this module).
 The profiler page, the trace explorer, the distributed analysis and the checklist all ask these;
-a second definition anywhere else is a bug (tests/trace/test_classify.py greps for one).
+a second definition anywhere else is a bug (tests/trace/test_classify.py greps for one). An inference
+server's names (its iterations' annotations, its kernels' classes) are serving.py's, their one reader.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
+
+from diagnostics.trace.records.communication import CommFamily, Communication, SuspectStream
 
 # ---- steps -----------------------------------------------------------------------------------
 
@@ -269,67 +272,6 @@ def use_comm_kernels(trace, pattern: str | None) -> None:
     trace.drop_views()
 
 
-# ---- inference serving -----------------------------------------------------------------------
-
-#: An inference server's iteration, as its own annotation names it (record_function ranges on the host):
-#: vLLM's (as TraceLens' captures record it) "execute_<tokens>_context_<prefill requests>(...)_generation_
-#: <decode requests>(...)", SGLang's "step[DECODE bs=32]" / "step[EXTEND bs=15 toks=15360]".
-VLLM_ITERATION_RE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)\(.*?\)$")
-SGLANG_ITERATION_RE = re.compile(r"^step\[(DECODE|EXTEND|PREFILL|MIXED|IDLE|TARGET_VERIFY|DRAFT_EXTEND)"
-                                 r"(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?[^\]]*\]$", re.IGNORECASE)
-#: Either of them.
-ITERATION_RE = re.compile(f"{VLLM_ITERATION_RE.pattern}|{SGLANG_ITERATION_RE.pattern}", re.IGNORECASE)
-#: Serving engines by the names of their frames and kernels (with_stack frames "vllm/v1/worker/...",
-#: "sglang/srt/...", kernels "vllm::...", "sgl_hip::...").
-SERVING_ENGINES = (("vLLM", re.compile(r"(?:^|[/:\s])vllm(?:/|::)", re.IGNORECASE)),
-                   ("SGLang", re.compile(r"(?:^|[/:\s_])(?:sglang|sgl_\w*)(?:/|::)", re.IGNORECASE)))
-#: A serving iteration's GPU time by what its kernels do, first match wins (communication is comm_mask's).
-#: Attention: flash / paged / unified attention, FMHA, MLA; GEMM: cuBLAS / hipBLASLt (Cijk_), CUTLASS,
-#: nvjet, CK and Triton matmuls, fused MoE GEMMs; sampling: the samplers' own kernels (top-k / top-p
-#: sampling, argmax, multinomial, penalties, logprobs). MoE routing's top-k ("_topk_forward") is not sampling.
-SERVING_KERNEL_CLASSES = (
-    ("attention", re.compile(r"attention|attn|fmha|flash_?(?:fwd|bwd|decod|attn)|mha_|_mla_|mla_decode|paged_?attn"
-                             r"|FmhaBatchPrefill|unified_attention|sdpa", re.IGNORECASE)),
-    ("GEMM", re.compile(r"gemm|Cijk_|nvjet|matmul|_mm_|\bmm_|cutlass|wgmma|xmma|fused_moe|moe_?gemm|_bmm"
-                        r"|splitk|ck_tile\S*Gemm", re.IGNORECASE)),
-    ("sampling", re.compile(r"sampl|argmax|multinomial|top_?k_?top_?p|top_?p|penalt|logprob|gumbel", re.IGNORECASE)),
-)
-#: The attention kernels' phase by their names, where no annotation says it.
-PREFILL_KERNEL_RE = re.compile(r"prefill|varlen|extend|flash_fwd|fmha_fwd|context_attention", re.IGNORECASE)
-DECODE_KERNEL_RE = re.compile(r"decode|paged_attention|flash_decoding|splitkv|mla_decode", re.IGNORECASE)
-
-
-def iteration_fields(name: str) -> dict | None:
-    """What a serving iteration's annotation says: {"engine", "phase" (prefill / decode / mixed / idle),
-    "batch_size", "tokens", "prefill_requests", "decode_requests"} (None where it does not say), or None
-    when ``name`` is not an iteration's annotation."""
-    m = VLLM_ITERATION_RE.match(name or "")
-    if m:
-        tokens, ctx, gen = (int(x) for x in m.groups())
-        phase = "mixed" if ctx and gen else "prefill" if ctx else "decode" if gen else "idle"
-        return {"engine": "vLLM", "phase": phase, "batch_size": ctx + gen, "tokens": tokens,
-                "prefill_requests": ctx, "decode_requests": gen}
-    m = SGLANG_ITERATION_RE.match(name or "")
-    if m:
-        mode, bs, toks = m.group(1).upper(), m.group(2), m.group(3)
-        phase = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "DRAFT_EXTEND": "prefill",
-                 "MIXED": "mixed", "IDLE": "idle", "TARGET_VERIFY": "decode"}[mode]
-        bs = int(bs) if bs is not None else None
-        return {"engine": "SGLang", "phase": phase, "batch_size": bs,
-                "tokens": int(toks) if toks is not None else (bs if phase == "decode" else None),
-                "prefill_requests": bs if phase == "prefill" else None,
-                "decode_requests": bs if phase == "decode" else None}
-    return None
-
-
-def serving_kernel_class(name: str) -> str:
-    """"attention", "GEMM", "sampling" (SERVING_KERNEL_CLASSES) or "other" for a compute kernel's name."""
-    for label, pattern in SERVING_KERNEL_CLASSES:
-        if pattern.search(name or ""):
-            return label
-    return "other"
-
-
 # ---- host operator families ------------------------------------------------------------------
 
 #: Host operator families for the time breakdown, first match wins (aten / c10d / record_function
@@ -544,22 +486,22 @@ COMM_HINT_RE = re.compile(r"send|recv|peer|p2p|ipc|nvlink|multimem|rdma|ibgda|\b
 HINT_EXAMPLES = 2
 
 
-def communication(trace) -> dict:
+def communication(trace) -> Communication:
     """The trace's communication by family, and notes where it may be missing.
 
-    Returns {"families": [{family, where ("GPU" or "host"), events, names, time_us, example}], largest
-    time first; "comm_kernels": the user's pattern or None; "rocm"; "suspect_streams": [{device, stream,
-    kernel_us, hinted_us, share, examples}]: GPU streams with no communication matched whose kernel time
-    is mostly (COMM_HINT_SHARE) in kernels whose names hint at it; "notes": what a reader must know
+    Returns its record: ``families`` (family, where: "GPU" or "host", events, names, time_us, example),
+    largest time first; ``comm_kernels``: the user's pattern or None; ``rocm``; ``suspect_streams`` (device,
+    stream, kernel_us, hinted_us, share, examples): GPU streams with no communication matched whose kernel
+    time is mostly (COMM_HINT_SHARE) in kernels whose names hint at it; ``notes``: what a reader must know
     (those streams, a distributed job with no communication kernel matched, a user pattern matching
-    nothing) rather than a silent 0}. Computed once per trace (and pattern).
+    nothing) rather than a silent 0. Computed once per trace (and pattern).
     """
     if "communication" not in trace._cache:
         trace._cache["communication"] = _communication(trace)
     return trace._cache["communication"]
 
 
-def _communication(trace) -> dict:
+def _communication(trace) -> Communication:
     ev = trace.events
     kern = kernel_mask(trace)
     comm = comm_mask(trace)
@@ -579,17 +521,16 @@ def _communication(trace) -> dict:
     families = []
     for g in sorted(groups.values(), key=lambda g: (g["where"] != "GPU", -g["time_us"])):
         top = g.pop("_top")
-        families.append({**g, "names": len(g["names"]), "example": max(top, key=top.get)})
-    out = {"families": families, "comm_kernels": trace.comm_kernels or None, "rocm": is_rocm(trace),
-           "suspect_streams": _suspect_streams(trace, kern, comm), "notes": []}
-    notes = out["notes"]
-    for s in out["suspect_streams"]:
-        notes.append(f"GPU {s['device']} stream {s['stream']}: {s['share']:.0%} of its kernel time "
-                     f"({s['kernel_us'] / 1e3:,.3f} ms) is in kernels whose names suggest communication but match no "
-                     f"known family (e.g. {', '.join(repr(x[:80]) for x in s['examples'])}): counted as compute. If "
+        families.append(CommFamily(**{**g, "names": len(g["names"]), "example": max(top, key=top.get)}))
+    suspects = _suspect_streams(trace, kern, comm)
+    notes = []
+    for s in suspects:
+        notes.append(f"GPU {s.device} stream {s.stream}: {s.share:.0%} of its kernel time "
+                     f"({s.kernel_us / 1e3:,.3f} ms) is in kernels whose names suggest communication but match no "
+                     f"known family (e.g. {', '.join(repr(x[:80]) for x in s.examples)}): counted as compute. If "
                      "they are collectives, name them with --comm-kernels REGEX (the page's 'Communication "
                      "kernels' field).")
-    gpu_comm = any(f["where"] == "GPU" for f in families)
+    gpu_comm = any(f.where == "GPU" for f in families)
     info = trace.meta.get("distributedInfo") if isinstance(trace.meta.get("distributedInfo"), dict) else {}
     world = info.get("world_size")
     if kern.any() and not gpu_comm and isinstance(world, int) and world > 1:
@@ -609,7 +550,8 @@ def _communication(trace) -> dict:
                      f"(e.g. {top[:80]!r}). If they are collectives, name them with --comm-kernels REGEX.")
     if trace.comm_kernels and not user_comm_mask(trace).any():
         notes.append(f"The communication-kernel pattern {trace.comm_kernels!r} matches no GPU kernel of this trace.")
-    return out
+    return Communication(families=tuple(families), comm_kernels=trace.comm_kernels or None, rocm=is_rocm(trace),
+                         suspect_streams=tuple(suspects), notes=tuple(notes))
 
 
 def top_name(names: np.ndarray, dur: np.ndarray) -> str:
@@ -620,7 +562,7 @@ def top_name(names: np.ndarray, dur: np.ndarray) -> str:
     return max(by, key=by.get)
 
 
-def _suspect_streams(trace, kern: np.ndarray, comm: np.ndarray) -> list:
+def _suspect_streams(trace, kern: np.ndarray, comm: np.ndarray) -> list[SuspectStream]:
     """GPU streams with no communication matched, mostly running kernels whose names hint at it."""
     ev = trace.events
     rows = np.flatnonzero(kern)
@@ -644,7 +586,7 @@ def _suspect_streams(trace, kern: np.ndarray, comm: np.ndarray) -> list:
             for n, t in zip(names[hint], dur[hint]):
                 by_name[n] = by_name.get(n, 0.0) + float(t)
             examples = sorted(by_name, key=by_name.get, reverse=True)[:HINT_EXAMPLES]
-            out.append({"device": int(d), "stream": int(s), "kernel_us": total, "hinted_us": float(dur[hint].sum()),
-                        "share": share, "examples": examples})
+            out.append(SuspectStream(device=int(d), stream=int(s), kernel_us=total, hinted_us=float(dur[hint].sum()),
+                                     share=share, examples=tuple(examples)))
     return out
 

@@ -1,4 +1,4 @@
-"""diff_traces(before, after): operators and kernels added, removed, faster, slower.
+"""diff_traces(before, after) -> TraceDiff (records/diff.py): operators and kernels added, removed, faster, slower.
 
 Host operators (cpu_op) are compared on self time, GPU kernels/memcpys/memsets on their time.
 When both traces have ProfilerSteps, times are per step (so a longer capture is not "slower"), over what
@@ -15,6 +15,7 @@ import pandas as pd
 from diagnostics.trace.classify import host_op_mask
 from diagnostics.trace.breakdowns import _assign_step, _records, gpu_step_attribution, steps
 from diagnostics.trace.model import Trace
+from diagnostics.trace.records.diff import DiffCounts, DiffLeftOut, DiffRow, TraceDiff
 
 # A change smaller than this fraction of the before time counts as unchanged...
 CHANGE_RATIO = 0.10
@@ -36,14 +37,14 @@ def _counted(trace: Trace, per_step: bool) -> tuple[np.ndarray, pd.DataFrame]:
     return m, g[keep]
 
 
-def left_out(trace: Trace, per_step: bool) -> dict:
+def left_out(trace: Trace, per_step: bool) -> DiffLeftOut:
     """GPU time the diff leaves out of ``trace``: queued before profiling, and (per step) launched outside
     every step, µs."""
     g = gpu_step_attribution(trace)
     dur = g["dur_us"].to_numpy()
-    out = {"before_profiling_us": float(dur[(g["attributed"] == "before_profiling").to_numpy()].sum())}
-    out["outside_steps_us"] = float(dur[(g["attributed"] == "outside_steps").to_numpy()].sum()) if per_step else 0.0
-    return out
+    outside = float(dur[(g["attributed"] == "outside_steps").to_numpy()].sum()) if per_step else 0.0
+    return DiffLeftOut(before_profiling_us=float(dur[(g["attributed"] == "before_profiling").to_numpy()].sum()),
+                       outside_steps_us=outside)
 
 
 def _table(trace: Trace, scale: float, per_step: bool) -> pd.DataFrame:
@@ -58,7 +59,7 @@ def _table(trace: Trace, scale: float, per_step: bool) -> pd.DataFrame:
     return agg
 
 
-def diff_traces(before: Trace, after: Trace) -> dict:
+def diff_traces(before: Trace, after: Trace) -> TraceDiff:
     """Per operator/kernel: calls and time before/after, delta, ratio and status (STATUSES)."""
     n_a, n_b = len(steps(before)), len(steps(after))
     per_step = n_a > 0 and n_b > 0
@@ -81,16 +82,12 @@ def diff_traces(before: Trace, after: Trace) -> dict:
     df["status"] = status
     df = df.assign(_abs=df["delta_us"].abs()).sort_values(
         ["_abs", "name"], ascending=[False, True]).drop(columns="_abs")
-    counts = {s: int((df["status"] == s).sum()) for s in STATUSES}
+    counts = DiffCounts(**{s: int((df["status"] == s).sum()) for s in STATUSES})
     cols = ["kind", "name", "status", "calls_before", "calls_after", "time_us_before",
             "time_us_after", "delta_us", "ratio"]
-    return {
-        "unit": "per step" if per_step else "whole trace",
-        "steps_before": n_a, "steps_after": n_b,
-        "time_us_before": float(df["time_us_before"].sum()),
-        "time_us_after": float(df["time_us_after"].sum()),
-        "counts": counts,
-        "rows": _records(df[cols]),
-        "change_ratio": CHANGE_RATIO, "noise_floor_us": NOISE_FLOOR_US,
-        "left_out_before": left_out(before, per_step), "left_out_after": left_out(after, per_step),
-    }
+    return TraceDiff(
+        unit="per step" if per_step else "whole trace", steps_before=n_a, steps_after=n_b,
+        time_us_before=float(df["time_us_before"].sum()), time_us_after=float(df["time_us_after"].sum()),
+        counts=counts, rows=tuple(DiffRow(**r) for r in _records(df[cols])),
+        change_ratio=CHANGE_RATIO, noise_floor_us=NOISE_FLOOR_US,
+        left_out_before=left_out(before, per_step), left_out_after=left_out(after, per_step))

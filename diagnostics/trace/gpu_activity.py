@@ -13,7 +13,7 @@ Trace model and the one set of classifiers (classify.py, through breakdowns._gpu
 
 Definitions follow HTA's analyzers where it has one (read, not copied: trace_counters.py,
 breakdown_analysis.py, communication_analysis.py); where a figure cannot be counted from the trace
-it says so (None and a note), never 0. Every function returns plain JSON-able data.
+it says so (None and a note), never 0. Each returns its record (records/gpu_activity.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ from diagnostics.trace.classify import (
 )
 from diagnostics.trace.model import Trace
 from diagnostics.trace.breakdowns import _gpu_frame, _records
+from diagnostics.trace.records.gpu_activity import (
+    Annotation, Annotations, CommOverlap, CopyDirection, DelayBin, DelayName, KernelSequence, KernelSequences,
+    LaunchDelay, MemcpyBandwidth, QueueLength, QueueSeries, QueueStream,
+)
 
 #: Longest kernel sequence looked for by default, and the shortest there is.
 SEQ_MAX_LEN = 3
@@ -68,7 +72,7 @@ def _stream_order(g: pd.DataFrame) -> pd.DataFrame:
 
 # ---- 1. frequent kernel sequences --------------------------------------------------------------
 
-def kernel_sequences(trace: Trace, max_len: int = SEQ_MAX_LEN, n: int = 20) -> dict:
+def kernel_sequences(trace: Trace, max_len: int = SEQ_MAX_LEN, n: int = 20) -> KernelSequences:
     """Sequences of 2..``max_len`` consecutive compute kernels on one stream that occur at least twice.
 
     On each (device, stream), GPU work in start order; every window of ``length`` consecutive events
@@ -82,11 +86,11 @@ def kernel_sequences(trace: Trace, max_len: int = SEQ_MAX_LEN, n: int = 20) -> d
     if max_len < SEQ_MIN_LEN:
         raise ValueError(f"max_len must be at least {SEQ_MIN_LEN}, got {max_len}")
     g = _stream_order(_gpu_frame(trace))
-    out = {"max_len": int(max_len), "kernels": int((g["kind"] == "compute").sum()), "sequences": 0,
-           "by_time": [], "by_count": [], "notes": []}
-    if not out["kernels"]:
-        out["notes"].append(f"{NOT_COUNTED}: no GPU compute kernels in this trace")
-        return out
+    n_kernels = int((g["kind"] == "compute").sum())
+    none = KernelSequences(max_len=int(max_len), kernels=n_kernels, sequences=0, by_time=(), by_count=(), notes=())
+    if not n_kernels:
+        return KernelSequences(max_len=int(max_len), kernels=0, sequences=0, by_time=(), by_count=(),
+                               notes=(f"{NOT_COUNTED}: no GPU compute kernels in this trace",))
     code, names = pd.factorize(g["name"])
     code = code.astype(np.int64)
     grp = pd.factorize(g["device"].astype(str) + "/" + g["stream"].astype(str))[0]
@@ -117,29 +121,27 @@ def kernel_sequences(trace: Trace, max_len: int = SEQ_MAX_LEN, n: int = 20) -> d
             "total_us": np.bincount(inv, weights=cdur[i + length] - cdur[i], minlength=uniq.size)[keep],
             "span_us": np.bincount(inv, weights=end[i + length - 1] - start[i], minlength=uniq.size)[keep]}))
     if not parts:
-        return out
+        return none
     seqs = pd.concat(parts, ignore_index=True)
     seqs["gap_us"] = seqs["span_us"] - seqs["total_us"]
     seqs["mean_us"] = seqs["total_us"] / seqs["count"]
     cols = ["sequence", "length", "count", "total_us", "mean_us", "span_us", "gap_us", "kernels"]
-    out["sequences"] = int(len(seqs))
 
-    def top(order: list[str]) -> list:
+    def top(order: list[str]) -> tuple[KernelSequence, ...]:
         rows = seqs.sort_values(order, ascending=False, kind="stable").head(n).copy()
         # Names only for the rows kept: from the first occurrence's position.
-        rows["kernels"] = [[str(x) for x in names[code[p:p + ln]]] for p, ln in zip(rows["pos"], rows["length"])]
+        rows["kernels"] = [tuple(str(x) for x in names[code[p:p + ln]]) for p, ln in zip(rows["pos"], rows["length"])]
         rows["sequence"] = [" → ".join(k) for k in rows["kernels"]]
-        return _records(rows[cols])
+        return tuple(KernelSequence(**r) for r in _records(rows[cols]))
 
-    out["by_time"] = top(["total_us", "count"])
-    out["by_count"] = top(["count", "total_us"])
-    return out
+    return KernelSequences(max_len=int(max_len), kernels=n_kernels, sequences=int(len(seqs)),
+                           by_time=top(["total_us", "count"]), by_count=top(["count", "total_us"]), notes=())
 
 
 # ---- 2. launch queue length --------------------------------------------------------------------
 
 def queue_length(trace: Trace, until: str = "kernel_end", full: int = QUEUE_FULL,
-                 max_points: int = QUEUE_POINTS) -> dict:
+                 max_points: int = QUEUE_POINTS) -> QueueLength:
     """Per stream, launched GPU work not yet done over time, and the time at a full queue.
 
     Each GPU event whose launch call is in the trace (correlation id or flow arrow) adds 1 at the
@@ -154,18 +156,20 @@ def queue_length(trace: Trace, until: str = "kernel_end", full: int = QUEUE_FULL
         raise ValueError(f"until must be one of {', '.join(QUEUE_UNTIL)}, got {until!r}")
     g = _gpu_frame(trace)
     linked = g["launch_start_us"].notna().to_numpy()
-    out = {"until": until, "full": int(full), "unlinked": int((~linked).sum()), "streams": [], "series": [],
-           "blocked_us": None, "notes": []}
+    unlinked = int((~linked).sum())
+
+    def result(streams=(), series=(), blocked_us=None, note=None) -> QueueLength:
+        return QueueLength(until=until, full=int(full), unlinked=unlinked, streams=tuple(streams),
+                           series=tuple(series), blocked_us=blocked_us, notes=(note,) if note else ())
+
     if not len(g):
-        out["notes"].append(f"{NOT_COUNTED}: no GPU work in this trace")
-        return out
+        return result(note=f"{NOT_COUNTED}: no GPU work in this trace")
     g = g[linked]
     if not len(g):
-        out["notes"].append(f"{NOT_COUNTED}: no GPU event has a launch call in the trace (no correlation ids "
-                            "or flow arrows)")
-        return out
-    if out["unlinked"]:
-        out["notes"].append(f"{out['unlinked']:,} GPU events have no launch call in the trace: left out of the queue")
+        return result(note=f"{NOT_COUNTED}: no GPU event has a launch call in the trace (no correlation ids "
+                           "or flow arrows)")
+    note = f"{unlinked:,} GPU events have no launch call in the trace: left out of the queue" if unlinked else None
+    streams, series = [], []
     done_col = "end_us" if until == "kernel_end" else "start_us"
     full_s, full_e = [], []
     for (device, stream), sub in g.groupby(["device", "stream"], sort=True):
@@ -180,21 +184,20 @@ def queue_length(trace: Trace, until: str = "kernel_end", full: int = QUEUE_FULL
         at_full = q[:-1] >= full
         full_s.append(t[:-1][at_full])
         full_e.append(t[1:][at_full])
-        out["streams"].append({
-            "device": device, "stream": stream, "launches": int(len(sub)), "max": int(q.max()),
-            "mean": float(np.sum(q[:-1] * dt) / span) if span > 0 else None,
-            "full_us": float(dt[at_full].sum()), "span_us": span})
+        streams.append(QueueStream(
+            device=device, stream=stream, launches=int(len(sub)), max=int(q.max()),
+            mean=float(np.sum(q[:-1] * dt) / span) if span > 0 else None,
+            full_us=float(dt[at_full].sum()), span_us=span))
         step = max(1, -(-t.size // max_points))
         keep = np.unique(np.r_[np.arange(0, t.size, step), np.argmax(q), t.size - 1])
-        out["series"].append({"device": device, "stream": stream, "t_us": t[keep].tolist(),
-                              "queued": q[keep].astype(int).tolist(), "sampled": bool(step > 1)})
-    out["blocked_us"] = iv.length(iv.union(np.concatenate(full_s), np.concatenate(full_e)))
-    return out
+        series.append(QueueSeries(device=device, stream=stream, t_us=tuple(t[keep].tolist()),
+                                  queued=tuple(q[keep].astype(int).tolist()), sampled=bool(step > 1)))
+    return result(streams, series, iv.length(iv.union(np.concatenate(full_s), np.concatenate(full_e))), note)
 
 
 # ---- 3. memcpy / memset bandwidth ----------------------------------------------------------------
 
-def memcpy_bandwidth(trace: Trace) -> dict:
+def memcpy_bandwidth(trace: Trace) -> MemcpyBandwidth:
     """Copies and sets per direction (HtoD, DtoH, DtoD, PtoP, Memset; "other" when the name says none):
     events, bytes, time and bandwidth = bytes / duration (bytes per second).
 
@@ -205,10 +208,9 @@ def memcpy_bandwidth(trace: Trace) -> dict:
     """
     g = _gpu_frame(trace)
     g = g[(g["kind"] == "memcpy") | (g["kind"] == "memset")]  # _gpu_frame's kinds (classify's categories)
-    out = {"directions": [], "events": int(len(g)), "counted_events": 0, "notes": []}
     if not len(g):
-        out["notes"].append(f"{NOT_COUNTED}: no memcpy or memset in this trace")
-        return out
+        return MemcpyBandwidth(directions=(), events=0, counted_events=0,
+                               notes=(f"{NOT_COUNTED}: no memcpy or memset in this trace",))
     nbytes = trace.events["nbytes"].to_numpy()[g["row"].to_numpy()]
     direction = np.array([("Memset" if k == "memset" else memcpy_direction(nm) or "other")
                           for k, nm in zip(g["kind"], g["name"])], dtype=object)
@@ -228,30 +230,27 @@ def memcpy_bandwidth(trace: Trace) -> dict:
             if len(timed):
                 per = timed["bytes"] / (timed["dur"] * 1e-6)
                 row["median_bytes_per_s"], row["max_bytes_per_s"] = float(per.median()), float(per.max())
-        rows.append(row)
-    out["directions"] = rows
-    out["counted_events"] = int(df["counted"].sum())
-    missing = out["events"] - out["counted_events"]
-    if missing:
-        out["notes"].append(f"{missing:,} of {out['events']:,} copies/sets carry no \"bytes\" (older Kineto): "
-                            f"their bytes and bandwidth are {NOT_COUNTED}")
-    return out
+        rows.append(CopyDirection(**row))
+    events, counted = int(len(g)), int(df["counted"].sum())
+    missing = events - counted
+    notes = (f"{missing:,} of {events:,} copies/sets carry no \"bytes\" (older Kineto): their bytes and bandwidth "
+             f"are {NOT_COUNTED}",) if missing else ()
+    return MemcpyBandwidth(directions=tuple(rows), events=events, counted_events=counted, notes=notes)
 
 
 # ---- 4. GPU user annotations ---------------------------------------------------------------------
 
-def annotations(trace: Trace, n: int = 20) -> dict:
+def annotations(trace: Trace, n: int = 20) -> Annotations:
     """Time per GPU user annotation name (gpu_user_annotation events: record_function ranges as the
     GPU ran them): ``count``, ``total_us`` (summed durations, nested names each counting their own),
     ``mean_us``, ``max_us`` and ``gpu_busy_us``: the time GPU work ran on the annotation's device
     while it was open (the union of both, so concurrent streams count once)."""
     ev = trace.events
     m = trace.complete_mask() & trace.cat_mask(GPU_ANNOTATION_CATS)
-    out = {"annotations": [], "n_annotations": 0, "events": int(m.sum()), "notes": []}
     if not m.any():
-        out["notes"].append(f"{NOT_COUNTED}: no gpu_user_annotation events in this trace (record_function "
-                            "ranges appear on the GPU timeline only in traces of CUDA runs by recent Kineto)")
-        return out
+        return Annotations(annotations=(), n_annotations=0, events=0, notes=(
+            f"{NOT_COUNTED}: no gpu_user_annotation events in this trace (record_function ranges appear on the "
+            "GPU timeline only in traces of CUDA runs by recent Kineto)",))
     rows = np.flatnonzero(m)
     device = ev["device"].to_numpy()[rows]
     a = pd.DataFrame({"name": trace.strings("name", rows),
@@ -268,9 +267,8 @@ def annotations(trace: Trace, n: int = 20) -> dict:
                                 max_us=("dur", "max")).reset_index()
     agg["gpu_busy_us"] = agg["name"].map(busy)
     agg = agg.sort_values(["total_us", "name"], ascending=[False, True], kind="stable")
-    out["annotations"] = _records(agg.head(n))
-    out["n_annotations"] = int(len(agg))
-    return out
+    return Annotations(annotations=tuple(Annotation(**r) for r in _records(agg.head(n))), n_annotations=int(len(agg)),
+                       events=int(m.sum()), notes=())
 
 
 # ---- 5. launch delay -----------------------------------------------------------------------------
@@ -311,7 +309,7 @@ def _most_common_op(ops: pd.Series) -> str:
 DELAY_FROM = ("call_start", "call_end")
 
 
-def launch_delay(trace: Trace, n: int = 20, since: str = "call_start") -> dict:
+def launch_delay(trace: Trace, n: int = 20, since: str = "call_start") -> LaunchDelay:
     """From a launch call's start (``since="call_end"``: its end, as HTA measures, negative delays
     clipped to 0 and counted in ``negative``) to its GPU work's start (µs), per kernel name and overall.
 
@@ -326,33 +324,31 @@ def launch_delay(trace: Trace, n: int = 20, since: str = "call_start") -> dict:
     g = g[g["launch_start_us"].notna()]
     calls = g["launch_name"].fillna("").astype(str)
     graph = calls.isin([x for x in calls.unique() if is_graph_launch(x)]).to_numpy()   # once per distinct name
-    out = {"launches": 0, "graph_kernels": int(graph.sum()), "by_name": [], "histogram": [], "negative": 0,
-           "notes": []}
+    graph_kernels = int(graph.sum())
     if since not in DELAY_FROM:
         raise ValueError(f"since must be one of {', '.join(DELAY_FROM)}, got {since!r}")
-    out["since"] = since
     g = g[~graph].copy()
+    untimed = {}
     if since == "call_end":   # a call found through a flow arrow alone has no duration: left out, counted
         timed = g["launch_dur_us"].notna()
-        out["no_call_duration"] = int((~timed).sum())
+        untimed["no_call_duration"] = int((~timed).sum())
         g = g[timed]
     if not len(g):
-        out["notes"].append(f"{NOT_COUNTED}: no GPU work with its launch call in this trace")
-        return out
+        return LaunchDelay(launches=0, graph_kernels=graph_kernels, by_name=(), histogram=(), negative=0,
+                           notes=(f"{NOT_COUNTED}: no GPU work with its launch call in this trace",), since=since,
+                           **untimed)
     g["delay_us"] = g["start_us"] - g["launch_start_us"]
     if since == "call_end":
         g["delay_us"] -= g["launch_dur_us"]
-        out["negative"] = int((g["delay_us"] < 0).sum())
+        negative = int((g["delay_us"] < 0).sum())
         g["delay_us"] = g["delay_us"].clip(lower=0.0)
     g["op"] = _launching_ops(trace, g)
     d = g["delay_us"]
-    out.update({"launches": int(len(g)), "mean_us": float(d.mean()), "p50_us": float(d.quantile(0.5)),
-                "p90_us": float(d.quantile(0.9)), "max_us": float(d.max())})
     if since == "call_start":
-        out["negative"] = int((d < 0).sum())
+        negative = int((d < 0).sum())
     counts, _ = np.histogram(d[d >= 0], bins=np.array(DELAY_EDGES_US, dtype=float))
-    out["histogram"] = [{"lo_us": float(lo), "hi_us": float(hi) if np.isfinite(hi) else None, "count": int(c)}
-                        for lo, hi, c in zip(DELAY_EDGES_US[:-1], DELAY_EDGES_US[1:], counts)]
+    histogram = tuple(DelayBin(lo_us=float(lo), hi_us=float(hi) if np.isfinite(hi) else None, count=int(c))
+                      for lo, hi, c in zip(DELAY_EDGES_US[:-1], DELAY_EDGES_US[1:], counts))
     by = g.groupby("name")
     agg = by.agg(kind=("kind", "first"), launches=("delay_us", "size"), mean_us=("delay_us", "mean"),
                  min_us=("delay_us", "min"), max_us=("delay_us", "max"))
@@ -360,17 +356,18 @@ def launch_delay(trace: Trace, n: int = 20, since: str = "call_start") -> dict:
     agg["p90_us"] = by["delay_us"].quantile(0.9)
     agg["op"] = by["op"].agg(_most_common_op)
     agg = agg.reset_index().sort_values(["launches", "mean_us"], ascending=False, kind="stable")
-    out["by_name"] = _records(agg[["name", "kind", "op", "launches", "mean_us", "min_us", "p50_us", "p90_us",
-                                   "max_us"]].head(n))
-    if out["graph_kernels"]:
-        out["notes"].append(f"{out['graph_kernels']:,} kernels of CUDA graph launches left out (one call starts "
-                            "a whole graph)")
-    return out
+    by_name = tuple(DelayName(**r) for r in _records(agg[["name", "kind", "op", "launches", "mean_us", "min_us",
+                                                          "p50_us", "p90_us", "max_us"]].head(n)))
+    notes = (f"{graph_kernels:,} kernels of CUDA graph launches left out (one call starts a whole graph)",) \
+        if graph_kernels else ()
+    return LaunchDelay(launches=int(len(g)), graph_kernels=graph_kernels, by_name=by_name, histogram=histogram,
+                       negative=negative, notes=notes, since=since, **untimed, mean_us=float(d.mean()),
+                       p50_us=float(d.quantile(0.5)), p90_us=float(d.quantile(0.9)), max_us=float(d.max()))
 
 
 # ---- 6. communication / computation overlap -------------------------------------------------------
 
-def comm_overlap(trace: Trace, compute: str = "gpu_work") -> dict:
+def comm_overlap(trace: Trace, compute: str = "gpu_work") -> CommOverlap:
     """The share of communication time with computation running beside it (HTA's comm/comp overlap):
     overlap_pct = 100 x |comm ∩ comp| / |comm|, over unions of GPU events (so concurrent streams
     count once); communication is every family classify.communication names (``families``). ``compute="gpu_work"``: computation is all non-communication GPU work (kernels,
@@ -386,13 +383,12 @@ def comm_overlap(trace: Trace, compute: str = "gpu_work") -> dict:
     comm_us, comp_us = iv.length(comm_u), iv.length(comp_u)
     overlap = _covered_within(comp_u, *comm_u)
     found = communication(trace)
-    out = {"compute": compute, "comm_us": comm_us, "compute_us": comp_us, "overlap_us": overlap,
-           "overlap_pct": 100.0 * overlap / comm_us if comm_us > 0 else None,
-           "families": [f["family"] for f in found["families"] if f["where"] == "GPU"], "notes": []}
-    if not comm_us:
-        out["notes"].append(f"{NOT_COUNTED}: no communication kernels in this trace")
-    out["notes"] += found["notes"]   # kernels that look like communication but match no family, say so
-    return out
+    notes = (f"{NOT_COUNTED}: no communication kernels in this trace",) if not comm_us else ()
+    return CommOverlap(compute=compute, comm_us=comm_us, compute_us=comp_us, overlap_us=overlap,
+                       overlap_pct=100.0 * overlap / comm_us if comm_us > 0 else None,
+                       families=tuple(f.family for f in found.families if f.where == "GPU"),
+                       # kernels that look like communication but match no family, say so
+                       notes=notes + found.notes)
 
 
 ANALYSES = {

@@ -217,11 +217,21 @@ def _pool(expected_bytes: int, workers: int | None):
 
 
 def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> tuple:
+    """(the merged columns, the trace's metadata, the decoded bytes read) of the blocks of one file:
+    its header, its events (in ``pool``'s workers when there is one), the end of its array."""
     out = _Merger()
+    it = iter(blocks)
+    header, carry, bare, total = _header(it, name)
+    carry, read = _event_blocks(it, out, carry, pool)
+    meta = _array_end(out, carry, header, bare, name, allow_truncated, total + read)
+    return out, meta, total + read
+
+
+def _header(it: Iterator[bytes], name: str) -> tuple[bytes, bytes, bool, int]:
+    """Everything before the traceEvents array (or a bare top-level array): (the header, the bytes after
+    the array's ``[``, whether the file is a bare array, the bytes read)."""
     total = 0
     head = b""
-    it = iter(blocks)
-    # 1. Header: everything before the traceEvents array (or a bare top-level array).
     bare = False
     while True:
         first = head.lstrip()[:1]
@@ -243,11 +253,14 @@ def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> t
         if len(head) > HEADER_LIMIT_BYTES:
             raise TraceError(f"{name}: no traceEvents array in the first "
                              f"{HEADER_LIMIT_BYTES >> 20} MB: not a torch.profiler trace")
-    header = head[:start - 1]
-    carry = head[start:]
-    del head
-    # 2. Events: cut each buffer at its last event boundary and decode the part before it,
-    # in the workers (in flight, results taken in order) or here.
+    return head[:start - 1], head[start:], bare, total
+
+
+def _event_blocks(it: Iterator[bytes], out: _Merger, carry: bytes, pool) -> tuple[bytes, int]:
+    """The events: cut each buffer at its last event boundary and decode the part before it, in the
+    workers (in flight, results taken in order) or here. Returns what is left after the last boundary
+    and the bytes read."""
+    total = 0
     inflight: deque = deque()
     max_inflight = 2 * (pool._processes if pool else 0)
 
@@ -274,22 +287,27 @@ def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> t
             out.add_columns(cols)
             continue
         buf = carry + block if carry else block
-        if parallel:
-            cut = last_boundary(buf)
-            if cut < 0:
-                carry = buf if len(buf) <= MAX_EVENT_BYTES else _resync_into(out, buf)
-                continue
-            raw, carry = buf[:cut + 1], buf[cut + 1:]
-            inflight.append((raw, pool.apply_async(decode_slice, (raw.lstrip(_WS_COMMA),))))
-            parallel = settle(max_inflight)
+        cut = last_boundary(buf)
+        if cut < 0:
+            carry = buf if len(buf) <= MAX_EVENT_BYTES else _resync_into(out, buf)
+            continue
+        raw, carry = buf[:cut + 1], buf[cut + 1:]
+        inflight.append((raw, pool.apply_async(decode_slice, (raw.lstrip(_WS_COMMA),))))
+        parallel = settle(max_inflight)
     if parallel:
         settle(0)
-    # 3. End of the array: the rest holds the last events, `]` and the trailing keys.
+    return carry, total
+
+
+def _array_end(out: _Merger, carry: bytes, header: bytes, bare: bool, name: str, allow_truncated: bool,
+               total: int) -> dict:
+    """The end of the array: the rest holds the last events, `]` and the trailing keys. Returns the
+    trace's metadata (_meta); a file that ends before its `]` is refused unless ``allow_truncated``."""
     buf = carry.lstrip(_WS_COMMA)
     if buf.startswith(SKIPPING):  # the file ended inside (or right after) an oversized last event
         closes = list(_ARRAY_END.finditer(buf, len(SKIPPING)))
         if closes:
-            return out, _meta(header, buf[closes[-1].end():], bare, out), total
+            return _meta(header, buf[closes[-1].end():], bare, out)
         buf = b""  # no `]` after it: truncated, as below
     cut = last_boundary(buf)
     if cut >= 0:
@@ -306,10 +324,10 @@ def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> t
         out.warn(msg + "; the events before the cut were loaded")
         consume_spans(cols, buf, starts, ends)
         out.add_columns(cols)
-        return out, _meta(header, b"}", bare, out), total
+        return _meta(header, b"}", bare, out)
     consume_spans(cols, buf[:close], starts, ends, whole=True)
     out.add_columns(cols)
-    return out, _meta(header, buf[close + 1:], bare, out), total
+    return _meta(header, buf[close + 1:], bare, out)
 
 
 def _consume_all(out: _Merger, buf: bytes) -> bytes:

@@ -300,15 +300,14 @@ def timeline(trace: Trace, max_events: int, trace_file: str | Path | None = None
     operator gets its "Input Dims" (the ingest skips args, for speed: they are read in its second
     pass, comm_args, for the drawn events' names only)."""
     data = timeline_data(trace, max_events=max_events)
-    label = {l["lane"]: l["label"] for l in data["lanes"]}
-    shapes = _input_dims(trace_file, {e["name"] for e in data["events"]}, trace.origin_us) if trace_file else {}
-    events = [{"lane": label.get(e["lane"], e["lane"]), "name": e["name"], "cat": e["cat"] or "",
-               "start_ms": e["start_us"] / 1e3, "dur_ms": e["dur_us"] / 1e3, "depth": int(e["depth"]),
-               "count": int(e.get("count", 1)),
-               "shapes": shapes.get((e["name"], round(e["start_us"], 3)), "")} for e in data["events"]]
-    return {"events": events, "lanes": [label[l["lane"]] for l in data["lanes"]],
-            "total_events": int(data["in_range"]), "shown_events": len(events), "deeper": int(data["deeper"]),
-            "span_ms": float(data["t1"]) / 1e3, "builder": "diagnostics.trace.timeline_data"}
+    label = {lane.lane: lane.label for lane in data.lanes}
+    shapes = _input_dims(trace_file, {e.name for e in data.events}, trace.origin_us) if trace_file else {}
+    events = [{"lane": label.get(e.lane, e.lane), "name": e.name, "cat": e.cat or "",
+               "start_ms": e.start_us / 1e3, "dur_ms": e.dur_us / 1e3, "depth": int(e.depth), "count": int(e.count),
+               "shapes": shapes.get((e.name, round(e.start_us, 3)), "")} for e in data.events]
+    return {"events": events, "lanes": [label[lane.lane] for lane in data.lanes],
+            "total_events": int(data.in_range), "shown_events": len(events), "deeper": int(data.deeper),
+            "span_ms": float(data.t1) / 1e3, "builder": "diagnostics.trace.timeline_data"}
 
 
 def _input_dims(trace_file, names, origin_us: float) -> dict:

@@ -1,7 +1,8 @@
 """Inference-server traces (vLLM, SGLang): their iterations rather than training steps.
 
-serving(trace) -> {"available": False, "reason"} for a trace that is not a server's, else per iteration
-(one annotation the server opens around each forward: classify.ITERATION_RE) its phase (prefill / decode /
+serving(trace) -> Serving (records/serving.py): ``available`` False with the reason for a trace that is not a
+server's, else per iteration
+(one annotation the server opens around each forward: ITERATION_RE) its phase (prefill / decode /
 mixed, from the annotation, else from its attention kernels' names), batch size and tokens where the
 annotation records them, its time (host span; GPU span from its first kernel to its last) and the GPU time
 split by what the kernels do (attention, GEMM, communication, sampling, other compute, copies) plus the
@@ -16,16 +17,79 @@ SGLang's step[DECODE bs=32]) are one iteration, the outer span, their fields mer
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.breakdowns import _gpu_frame
-from diagnostics.trace.classify import (
-    DECODE_KERNEL_RE, ITERATION_RE, PREFILL_KERNEL_RE, PYTHON_CATS, SERVING_ENGINES, host_mask, is_graph_launch,
-    iteration_fields, serving_kernel_class,
-)
+from diagnostics.trace.classify import PYTHON_CATS, host_mask, is_graph_launch
 from diagnostics.trace.model import Trace
+from diagnostics.trace.records.serving import GraphReplay, GraphReplays, Serving, ServingIteration, ServingPhase
+
+# ---- an inference server's names -----------------------------------------------------------------------
+
+#: An inference server's iteration, as its own annotation names it (record_function ranges on the host):
+#: vLLM's (as TraceLens' captures record it) "execute_<tokens>_context_<prefill requests>(...)_generation_
+#: <decode requests>(...)", SGLang's "step[DECODE bs=32]" / "step[EXTEND bs=15 toks=15360]".
+VLLM_ITERATION_RE = re.compile(r"^execute_(\d+)_context_(\d+)\(.*?\)_generation_(\d+)\(.*?\)$")
+SGLANG_ITERATION_RE = re.compile(r"^step\[(DECODE|EXTEND|PREFILL|MIXED|IDLE|TARGET_VERIFY|DRAFT_EXTEND)"
+                                 r"(?:\s+bs=(\d+))?(?:\s+toks=(\d+))?[^\]]*\]$", re.IGNORECASE)
+#: Either of them.
+ITERATION_RE = re.compile(f"{VLLM_ITERATION_RE.pattern}|{SGLANG_ITERATION_RE.pattern}", re.IGNORECASE)
+#: Serving engines by the names of their frames and kernels (with_stack frames "vllm/v1/worker/...",
+#: "sglang/srt/...", kernels "vllm::...", "sgl_hip::...").
+SERVING_ENGINES = (("vLLM", re.compile(r"(?:^|[/:\s])vllm(?:/|::)", re.IGNORECASE)),
+                   ("SGLang", re.compile(r"(?:^|[/:\s_])(?:sglang|sgl_\w*)(?:/|::)", re.IGNORECASE)))
+#: A serving iteration's GPU time by what its kernels do, first match wins (communication is comm_mask's).
+#: Attention: flash / paged / unified attention, FMHA, MLA; GEMM: cuBLAS / hipBLASLt (Cijk_), CUTLASS,
+#: nvjet, CK and Triton matmuls, fused MoE GEMMs; sampling: the samplers' own kernels (top-k / top-p
+#: sampling, argmax, multinomial, penalties, logprobs). MoE routing's top-k ("_topk_forward") is not sampling.
+SERVING_KERNEL_CLASSES = (
+    ("attention", re.compile(r"attention|attn|fmha|flash_?(?:fwd|bwd|decod|attn)|mha_|_mla_|mla_decode|paged_?attn"
+                             r"|FmhaBatchPrefill|unified_attention|sdpa", re.IGNORECASE)),
+    ("GEMM", re.compile(r"gemm|Cijk_|nvjet|matmul|_mm_|\bmm_|cutlass|wgmma|xmma|fused_moe|moe_?gemm|_bmm"
+                        r"|splitk|ck_tile\S*Gemm", re.IGNORECASE)),
+    ("sampling", re.compile(r"sampl|argmax|multinomial|top_?k_?top_?p|top_?p|penalt|logprob|gumbel", re.IGNORECASE)),
+)
+#: The attention kernels' phase by their names, where no annotation says it.
+PREFILL_KERNEL_RE = re.compile(r"prefill|varlen|extend|flash_fwd|fmha_fwd|context_attention", re.IGNORECASE)
+DECODE_KERNEL_RE = re.compile(r"decode|paged_attention|flash_decoding|splitkv|mla_decode", re.IGNORECASE)
+
+
+def iteration_fields(name: str) -> dict | None:
+    """What a serving iteration's annotation says: {"engine", "phase" (prefill / decode / mixed / idle),
+    "batch_size", "tokens", "prefill_requests", "decode_requests"} (None where it does not say), or None
+    when ``name`` is not an iteration's annotation."""
+    m = VLLM_ITERATION_RE.match(name or "")
+    if m:
+        tokens, ctx, gen = (int(x) for x in m.groups())
+        phase = "mixed" if ctx and gen else "prefill" if ctx else "decode" if gen else "idle"
+        return {"engine": "vLLM", "phase": phase, "batch_size": ctx + gen, "tokens": tokens,
+                "prefill_requests": ctx, "decode_requests": gen}
+    m = SGLANG_ITERATION_RE.match(name or "")
+    if m:
+        mode, bs, toks = m.group(1).upper(), m.group(2), m.group(3)
+        phase = {"DECODE": "decode", "EXTEND": "prefill", "PREFILL": "prefill", "DRAFT_EXTEND": "prefill",
+                 "MIXED": "mixed", "IDLE": "idle", "TARGET_VERIFY": "decode"}[mode]
+        bs = int(bs) if bs is not None else None
+        return {"engine": "SGLang", "phase": phase, "batch_size": bs,
+                "tokens": int(toks) if toks is not None else (bs if phase == "decode" else None),
+                "prefill_requests": bs if phase == "prefill" else None,
+                "decode_requests": bs if phase == "decode" else None}
+    return None
+
+
+def serving_kernel_class(name: str) -> str:
+    """"attention", "GEMM", "sampling" (SERVING_KERNEL_CLASSES) or "other" for a compute kernel's name."""
+    for label, pattern in SERVING_KERNEL_CLASSES:
+        if pattern.search(name or ""):
+            return label
+    return "other"
+
+
+# ---- iterations ------------------------------------------------------------------------------------------
 
 #: The split of an iteration's time, in this order (GPU time counted once, the first class that runs wins;
 #: "host" is the rest of the iteration: the GPU idle, waiting for the host).
@@ -65,22 +129,22 @@ def _iterations(trace: Trace) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def serving(trace: Trace) -> dict:
+def serving(trace: Trace) -> Serving:
     """The serving view of a trace (see the module docstring). Computed once per trace."""
     if "serving" not in trace._cache:
         trace._cache["serving"] = _serving(trace)
     return trace._cache["serving"]
 
 
-def _serving(trace: Trace) -> dict:
+def _serving(trace: Trace) -> Serving:
     eng = engine(trace)
     it = _iterations(trace)
     g = _gpu_frame(trace)
     graph = np.array([is_graph_launch(str(x)) for x in g["launch_name"]], dtype=bool) if len(g) else \
         np.zeros(0, dtype=bool)
     if not len(it) and not (eng and graph.any()):
-        return {"available": False, "reason": "no inference server's iteration annotations (vLLM's execute_..., "
-                                              "SGLang's step[...]) nor a server's graph replays in this trace"}
+        return Serving(available=False, reason="no inference server's iteration annotations (vLLM's execute_..., "
+                                               "SGLang's step[...]) nor a server's graph replays in this trace")
     notes: list[str] = []
     if not len(it):
         # A server's trace without iteration annotations: the whole trace as one iteration.
@@ -109,17 +173,16 @@ def _serving(trace: Trace) -> dict:
         sub = [r for r in rows_out if r["phase"] == ph]
         if not sub:
             continue
-        phases.append({"phase": ph or "unknown", "iterations": len(sub),
-                       "median_us": float(np.median([r["time_us"] for r in sub])),
-                       "median_gpu_busy_us": float(np.median([r["gpu_busy_us"] for r in sub])),
-                       "tokens": int(sum(r["tokens"] or 0 for r in sub)),
-                       "batch_size_median": (float(np.median([r["batch_size"] for r in sub if r["batch_size"]
-                                                              is not None]))
-                                             if any(r["batch_size"] is not None for r in sub) else None)})
-    return {"available": True, "engine": eng or (rows_out[0].get("engine") if rows_out else None),
-            "phase_source": ("annotations" if any(r["phase_from"] == "annotation" for r in rows_out) else "kernels"),
-            "iterations": rows_out, "phases": phases, "graphs": _graphs(g, graph, owner), "split": list(SPLIT),
-            "notes": notes}
+        sizes = [r["batch_size"] for r in sub if r["batch_size"] is not None]
+        phases.append(ServingPhase(phase=ph or "unknown", iterations=len(sub),
+                                   median_us=float(np.median([r["time_us"] for r in sub])),
+                                   median_gpu_busy_us=float(np.median([r["gpu_busy_us"] for r in sub])),
+                                   tokens=int(sum(r["tokens"] or 0 for r in sub)),
+                                   batch_size_median=float(np.median(sizes)) if sizes else None))
+    return Serving(available=True, engine=eng,
+                   phase_source="annotations" if any(r["phase_from"] == "annotation" for r in rows_out) else "kernels",
+                   iterations=tuple(ServingIteration(**r) for r in rows_out), phases=tuple(phases),
+                   graphs=_graphs(g, graph, owner), split=SPLIT, notes=tuple(notes))
 
 
 def _classes(trace: Trace, g: pd.DataFrame) -> np.ndarray:
@@ -171,10 +234,10 @@ def _int(v):
     return None if v is None or (isinstance(v, float) and not np.isfinite(v)) else int(v)
 
 
-def _graphs(g: pd.DataFrame, graph: np.ndarray, owner: np.ndarray) -> dict:
+def _graphs(g: pd.DataFrame, graph: np.ndarray, owner: np.ndarray) -> GraphReplays:
     """The graph launches and the kernels each replayed (by the launch's correlation id)."""
     if not graph.any():
-        return {"launches": 0, "kernels": 0, "gpu_us": 0.0, "share_of_gpu": None, "by_launch": []}
+        return GraphReplays(launches=0, kernels=0, gpu_us=0.0, share_of_gpu=None, by_launch=())
     sub = g[graph].assign(iteration=owner[graph])
     key = sub["corr"].astype(float).where(sub["corr"] >= 0, -1.0 - sub["launch_start_us"])
     per = sub.groupby(key).agg(launch_name=("launch_name", "first"), launch_start_us=("launch_start_us", "first"),
@@ -184,8 +247,9 @@ def _graphs(g: pd.DataFrame, graph: np.ndarray, owner: np.ndarray) -> dict:
     per["span_us"] = per["last_end_us"] - per["first_start_us"]
     total = float(g["dur_us"].sum())
     top = per.sort_values("gpu_us", ascending=False).head(MAX_GRAPH_ROWS)
-    return {"launches": int(len(per)), "kernels": int(per["kernels"].sum()), "gpu_us": float(per["gpu_us"].sum()),
-            "share_of_gpu": float(per["gpu_us"].sum()) / total if total > 0 else None,
-            "by_launch": [{"launch_name": str(r.launch_name), "launch_start_us": float(r.launch_start_us),
-                           "iteration": int(r.iteration), "kernels": int(r.kernels), "span_us": float(r.span_us),
-                           "gpu_us": float(r.gpu_us)} for r in top.itertuples()]}
+    return GraphReplays(launches=int(len(per)), kernels=int(per["kernels"].sum()), gpu_us=float(per["gpu_us"].sum()),
+                        share_of_gpu=float(per["gpu_us"].sum()) / total if total > 0 else None,
+                        by_launch=tuple(GraphReplay(launch_name=str(r.launch_name), launch_start_us=float(r.launch_start_us),
+                                                    iteration=int(r.iteration), kernels=int(r.kernels),
+                                                    span_us=float(r.span_us), gpu_us=float(r.gpu_us))
+                                        for r in top.itertuples()))

@@ -1,4 +1,5 @@
-"""timeline_data(trace, t0, t1, max_events): a downsampled, drawable slice of a trace.
+"""timeline_data(trace, t0, t1, max_events) -> Timeline (records/timeline.py): a downsampled, drawable slice
+of a trace.
 
 Rows are lanes (a host thread at one call depth, or a GPU stream); Python frames (with_stack)
 get a lane of their own per thread, so they do not push the operators down. The time range is
@@ -19,6 +20,7 @@ from diagnostics.trace.classify import (
     FRAME_CATS, GPU_ANNOTATION_CATS, GPU_SYNC_CATS, PYTHON_CATS, gpu_work_mask, host_mask,
 )
 from diagnostics.trace.model import Trace, nesting_of
+from diagnostics.trace.records.timeline import Timeline, TimelineEvent, TimelineLane
 
 MAX_EVENTS = 5000        # bars returned at most
 MAX_DEPTH = 24           # host call depths drawn (deeper calls are counted, not drawn)
@@ -120,14 +122,14 @@ def _lane_labels(parts: list[tuple], thread_names: dict, top_calls: dict | None 
 
 
 def timeline_data(trace: Trace, t0: float | None = None, t1: float | None = None,
-                  max_events: int = MAX_EVENTS) -> dict:
+                  max_events: int = MAX_EVENTS) -> Timeline:
     """Bars for [t0, t1] µs (default: the whole trace), at most max_events of them.
 
-    Returns {"t0", "t1", "lanes": [{lane, kind, name, label}] (label: what a user reads, see
-    _lane_labels; lanes in natural order, host threads first), "events": [{lane, depth, name, cat,
-    start_us, dur_us, count}], "in_range": events overlapping the range, "shown", "bucket_us",
-    "deeper": events in range nested deeper than MAX_DEPTH (counted, not drawn)}.
-    `count` > 1 marks a bar that stands for that many events of its row and bucket.
+    Returns its record: t0, t1, ``lanes`` (lane, kind, name, label: what a user reads, see _lane_labels;
+    lanes in natural order, host threads first), ``events`` (lane, depth, name, cat, start_us, dur_us,
+    count), ``in_range``: events overlapping the range, ``shown``, ``bucket_us``, ``deeper``: events in
+    range nested deeper than MAX_DEPTH (counted, not drawn). ``count`` > 1 marks a bar that stands for
+    that many events of its row and bucket.
     """
     ev = trace.events
     lanes = _lanes(trace)
@@ -180,17 +182,18 @@ def timeline_data(trace: Trace, t0: float | None = None, t1: float | None = None
                         "cat": trace.strings("cat", src),
                         "start_us": s, "dur_us": dur, "count": count.astype(int)})
     out = out.sort_values(["lane", "depth", "start_us"]).reset_index(drop=True)
-    lane_rows = [{"lane": lanes["names"][c], "kind": lanes["kinds"][c],
-                  "name": trace.thread_names.get(lanes["names"][c], ""), "label": lanes["labels"][c]}
+    lane_rows = [TimelineLane(lane=lanes["names"][c], kind=lanes["kinds"][c],
+                              name=trace.thread_names.get(lanes["names"][c], ""), label=lanes["labels"][c])
                  for c in np.unique(lane_codes).tolist()]
-    lane_rows.sort(key=lambda r: (r["kind"] != "cpu", natural_key(r["lane"])))
-    records = out.to_dict("records")
-    for r in records:
-        r["depth"], r["count"] = int(r["depth"]), int(r["count"])
-        r["start_us"], r["dur_us"] = float(r["start_us"]), float(r["dur_us"])
-    return {"t0": t0, "t1": t1, "lanes": lane_rows, "events": records, "in_range": in_range,
-            "shown": len(records), "bucket_us": bucket_us if in_range - deeper > max_events else 0.0,
-            "deeper": deeper}
+    lane_rows.sort(key=lambda r: (r.kind != "cpu", natural_key(r.lane)))
+    events = tuple(TimelineEvent(lane=lane, depth=int(dp), name=name, cat=cat, start_us=float(st), dur_us=float(du),
+                                 count=int(c))
+                   for lane, dp, name, cat, st, du, c in zip(out["lane"].tolist(), out["depth"].tolist(),
+                                                              out["name"].tolist(), out["cat"].tolist(),
+                                                              out["start_us"].tolist(), out["dur_us"].tolist(),
+                                                              out["count"].tolist()))
+    return Timeline(t0=t0, t1=t1, lanes=tuple(lane_rows), events=events, in_range=in_range, shown=len(events),
+                    bucket_us=bucket_us if in_range - deeper > max_events else 0.0, deeper=deeper)
 
 
 def _lane_shares(lane: np.ndarray, dur: np.ndarray, max_events: int) -> np.ndarray:

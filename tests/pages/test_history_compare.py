@@ -61,7 +61,7 @@ def test_history_compares_the_newest_run_with_the_previous_one_of_its_model(new_
     from diagnostics.trace import diff_traces, load_trace
 
     expected = diff_traces(load_trace(str(TRACES / "diff_before.json")), load_trace(str(TRACES / "diff_after.json")))
-    assert counts["Slower"] == str(expected["counts"]["slower"]) and counts["Added"] == str(expected["counts"]["added"])
+    assert counts["Slower"] == str(expected.counts.slower) and counts["Added"] == str(expected.counts.added)
 
 
 def test_history_trend_draws_the_models_runs(new_app, two_profiles):

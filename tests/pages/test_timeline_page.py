@@ -16,11 +16,11 @@ def test_timeline_search_lists_the_matching_events(new_app):
     assert not at.exception, [e.value for e in at.exception]
     at.text_input(key="trace_tl_search").set_value('"aten::mm"').run()
     assert not at.exception, [e.value for e in at.exception]
-    expected = [e for e in timeline_data(load_trace(DATA / "gpu_small.json"))["events"] if e["name"] == "aten::mm"]
+    expected = [e for e in timeline_data(load_trace(DATA / "gpu_small.json")).events if e.name == "aten::mm"]
     hits = next(d.value for d in at.dataframe if "bar stands for" in d.value.columns)
     assert set(hits["name"]) == {"aten::mm"} and len(hits) == len(expected) == 3
     assert sorted(hits["duration (µs)"], reverse=True) == list(hits["duration (µs)"])  # longest first
-    assert sorted(hits["duration (µs)"]) == sorted(e["dur_us"] for e in expected)
+    assert sorted(hits["duration (µs)"]) == sorted(e.dur_us for e in expected)
     assert set(hits["lane"]) == {"thread 100 (python)"}  # the lane as the user reads it, not "100/100"
     figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     timeline = next(f for f in figs if f["layout"]["title"]["text"].startswith("Timeline"))
@@ -51,6 +51,6 @@ def test_a_time_range_is_redrawn_from_the_kept_columns_not_by_the_whole_trace_jo
 
     half = timeline_data(load_trace(path), lo * 1e3, (lo + hi) / 2 * 1e3)   # the slider is in ms
     whole = timeline_data(load_trace(path))
-    assert half["in_range"] < whole["in_range"]
+    assert half.in_range < whole.in_range
     caption = next(c.value for c in at.caption if "bars drawn for" in c.value)
-    assert caption.startswith(f"{half['shown']:,} bars drawn for {half['in_range']:,} events in range"), caption
+    assert caption.startswith(f"{half.shown:,} bars drawn for {half.in_range:,} events in range"), caption

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import (
     idle_time, launch_stats, load_trace, summary, temporal_breakdown, top_operators,
 )
@@ -37,7 +38,7 @@ def _by(rows, *keys):
 
 
 def test_summary(gpu):
-    s = summary(gpu)
+    s = to_plain(summary(gpu))
     json.dumps(s)
     assert s["duration_us"] == 200.0          # 1000 .. 1200, the frame span left out
     assert s["n_steps"] == 2 and [st["step"] for st in s["steps"]] == [1, 2]
@@ -56,7 +57,7 @@ def test_summary(gpu):
 
 
 def test_temporal_breakdown_gpu(gpu):
-    r = temporal_breakdown(gpu)
+    r = to_plain(temporal_breakdown(gpu))
     g = _by(r["gpu"], "step")
     # step 1 window [25, 117): from its first GPU event to step 2's first = 92: compute [25,57) 32,
     # nccl 14, memcpy 5, memset 2, idle 3+6+2 inside its work and 28 waiting for step 2's launches.
@@ -71,7 +72,7 @@ def test_temporal_breakdown_gpu(gpu):
 
 
 def test_temporal_breakdown_cpu_self_time(gpu):
-    cpu = _by(temporal_breakdown(gpu)["cpu"], "step", "group")
+    cpu = _by(to_plain(temporal_breakdown(gpu))["cpu"], "step", "group")
     assert cpu[(1, "op: matmul")]["self_us"] == 15.0          # 20 - launch 5
     assert cpu[(1, "op: elementwise")]["self_us"] == 6.0      # 10 - 4
     assert cpu[(1, "op: memory")]["self_us"] == 12.0          # 15 - 3
@@ -85,7 +86,7 @@ def test_temporal_breakdown_cpu_self_time(gpu):
 
 
 def test_top_operators(gpu):
-    r = top_operators(gpu, n=3)
+    r = to_plain(top_operators(gpu, n=3))
     ops = r["operators"]
     assert [o["name"] for o in ops] == ["aten::mm", "aten::copy_", "aten::add"]
     assert (ops[0]["calls"], ops[0]["total_us"], ops[0]["self_us"]) == (3, 50.0, 39.0)
@@ -97,7 +98,7 @@ def test_top_operators(gpu):
 
 
 def test_idle_time_causes(gpu):
-    s = _by(idle_time(gpu)["streams"], "stream")["7"]
+    s = _by(to_plain(idle_time(gpu))["streams"], "stream")["7"]
     # gaps on stream 7: 3 (memcpy queued at 1047 < 1052: kernel wait), 22 (memset launched at
     # 1070 after 1060: host wait), 28 (sgemm launched at 1106 after 1084: host wait),
     # 13 (sgemm queued at 1126 < 1132, longer than KERNEL_WAIT_MAX_US: other wait).
@@ -107,7 +108,7 @@ def test_idle_time_causes(gpu):
 
 
 def test_launch_stats(gpu):
-    r = launch_stats(gpu, n=20)
+    r = to_plain(launch_stats(gpu, n=20))
     assert r["launches"] == 7
     assert r["mean_delay_us"] == pytest.approx(76 / 7)   # 10+18+8+3+12+6+19
     assert r["max_delay_us"] == 19.0
@@ -119,16 +120,16 @@ def test_launch_stats(gpu):
 
 
 def test_cpu_only_trace(cpu):
-    s = summary(cpu)
+    s = to_plain(summary(cpu))
     assert s["has_gpu"] is False and s["streams"] == [] and s["n_steps"] == 3
-    r = temporal_breakdown(cpu)
+    r = to_plain(temporal_breakdown(cpu))
     assert r["gpu"] == []
     steps = {st["step"]: st["dur_us"] for st in r["steps"]}
     for step, dur in steps.items():   # nesting conserves time: self times sum to the step
         total = sum(c["self_us"] for c in r["cpu"] if c["step"] == step)
         assert total == pytest.approx(dur, rel=1e-6)
-    assert idle_time(cpu)["streams"] == [] and launch_stats(cpu, n=20)["launches"] == 0
-    top = top_operators(cpu, n=20)
+    assert to_plain(idle_time(cpu))["streams"] == [] and to_plain(launch_stats(cpu, n=20))["launches"] == 0
+    top = to_plain(top_operators(cpu, n=20))
     assert top["kernels"] == []
     assert any(o["name"] == "aten::addmm" for o in top["operators"])
     nest = cpu.nesting()
@@ -143,7 +144,7 @@ def test_no_steps_uses_whole_trace(tmp_path):
         {"ph": "X", "cat": "cpu_op", "name": "aten::view", "pid": 1, "tid": 1, "ts": 5, "dur": 0},
     ]}))
     t = load_trace(p)
-    r = temporal_breakdown(t)
+    r = to_plain(temporal_breakdown(t))
     assert r["steps"] == [{"step": -1, "start_us": 0.0, "dur_us": 10.0}]
     cpu = _by(r["cpu"], "group")
     assert cpu["op: matmul"]["self_us"] == 7.0 and cpu["op: elementwise"]["self_us"] == 3.0
@@ -177,7 +178,7 @@ def test_top_operators_match_key_averages_on_a_real_training_trace(tmp_path):
     runtime = {e["name"] for e in json.loads(path.read_text())["traceEvents"]
                if e.get("cat") in ("cuda_runtime", "cuda_driver")}
     torch_says = {e.key: e for e in prof.key_averages() if not e.is_user_annotation and e.key not in runtime}
-    ours = top_operators(load_trace(path), n=10_000)["operators"]
+    ours = to_plain(top_operators(load_trace(path), n=10_000))["operators"]
     assert {r["name"] for r in ours} == set(torch_says)
     for r in ours:
         e = torch_says[r["name"]]

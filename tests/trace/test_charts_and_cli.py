@@ -5,12 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgspec
 import plotly.graph_objects as go
 import pytest
 
-from diagnostics.analyses.trace import result as tr
 from diagnostics.render.charts import traces as charts
+from diagnostics.results import to_json
 from diagnostics.trace import (
     diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -20,39 +19,34 @@ ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "traces"
 
 
-def typed(part_type, plain):
-    """A part the trace layer computed (plain data), as the trace analysis' typed result holds it."""
-    return msgspec.convert(plain, part_type)
-
-
 @pytest.mark.parametrize("name", ["gpu_small.json", "cpu_small.pt.trace.json.gz"])
 def test_every_builder_returns_a_figure(name):
     t = load_trace(DATA / name)
-    top = typed(tr.TopOperators, top_operators(t, n=20))
-    tb = typed(tr.TemporalBreakdown, temporal_breakdown(t))
-    figs = [charts.build_category_figure(typed(tr.TraceSummary, summary(t))),
+    top = top_operators(t, n=20)
+    tb = temporal_breakdown(t)
+    figs = [charts.build_category_figure(summary(t)),
             charts.build_gpu_breakdown_figure(tb),
             charts.build_cpu_breakdown_figure(tb),
             charts.build_top_operators_figure(top, "operators"),
             charts.build_top_operators_figure(top, "kernels"),
-            charts.build_idle_time_figure(typed(tr.IdleTime, idle_time(t))),
-            charts.build_launch_figure(typed(tr.LaunchStats, launch_stats(t, n=20))),
-            charts.build_timeline_figure(typed(tr.Timeline, timeline_data(t))),
-            charts.build_diff_figure(typed(tr.TraceDiff, diff_traces(t, t)))]
+            charts.build_idle_time_figure(idle_time(t)),
+            charts.build_launch_figure(launch_stats(t, n=20)),
+            charts.build_timeline_figure(timeline_data(t)),
+            charts.build_diff_figure(diff_traces(t, t))]
     for fig in figs:
         assert isinstance(fig, go.Figure)
         fig.to_json()
 
 
 def test_gpu_breakdown_values():
-    fig = charts.build_gpu_breakdown_figure(typed(tr.TemporalBreakdown, temporal_breakdown(load_trace(DATA / "gpu_small.json"))))
+    fig = charts.build_gpu_breakdown_figure(temporal_breakdown(load_trace(DATA / "gpu_small.json")))
     bars = {b.name: list(b.y) for b in fig.data}
     assert bars["compute"] == [0.032, 0.040] and bars["idle"] == [0.039, 0.013]   # step 1: until step 2's GPU work
 
 
 def test_diff_figure_colours_by_status():
     r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
-    (bar,) = charts.build_diff_figure(typed(tr.TraceDiff, r)).data
+    (bar,) = charts.build_diff_figure(r).data
     assert len(bar.y) == 4   # unchanged rows are left out
     assert dict(zip(bar.y, bar.marker.color))["aten::mm"] == charts.STATUS_COLORS["faster"]
 
@@ -110,7 +104,7 @@ def test_text_is_formatted_from_a_result_and_top_limits_its_rows(tmp_path):
     text = format_analysis(result, 1)
     assert "Top 1 of 4 operators by self time" in text and "Top 1 of 5 GPU kernels" in text
     r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
-    lines = format_diff(typed(tr.TraceDiff, r), "a.json", "b.json", 2).splitlines()
+    lines = format_diff(r, "a.json", "b.json", 2).splitlines()
     assert lines[0].startswith("a.json -> b.json (per step)") and len(lines) == 2 + 1 + 2  # head, blank, header, 2
 
 
@@ -121,9 +115,9 @@ def test_diagnostics_trace_json_is_the_trace_layer_s_figures(tmp_path, capsys):
     assert code == 0
     shown = json.loads(out)
     t = load_trace(path)
-    bare = json.loads(json.dumps({"summary": summary(t), "top_operators": top_operators(t, n=20),
-                                  "temporal_breakdown": temporal_breakdown(t), "idle_time": idle_time(t),
-                                  "launch_stats": launch_stats(t, n=20)}, default=str))
+    parts = {"summary": summary(t), "top_operators": top_operators(t, n=20), "temporal_breakdown": temporal_breakdown(t),
+             "idle_time": idle_time(t), "launch_stats": launch_stats(t, n=20)}
+    bare = {key: json.loads(to_json(part)) for key, part in parts.items()}
     for key in ("summary", "top_operators", "temporal_breakdown", "idle_time", "launch_stats"):
         assert shown[key] == bare[key], key
     assert shown["name"] == path.name and shown["path"] == str(path.resolve())
@@ -147,8 +141,8 @@ def test_diff_figure_axis_in_the_scale_of_its_changes():
     """The recorded pair changes by 5-20 µs: the axis reads µs (as the page's tiles and table do), not
     0.02 ms; each bar is the row's delta in that unit."""
     r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
-    fig = charts.build_diff_figure(typed(tr.TraceDiff, r))
+    fig = charts.build_diff_figure(r)
     assert fig.layout.xaxis.title.text == "change in time (µs)"
-    deltas = {row["name"]: row["delta_us"] for row in r["rows"] if row["status"] != "unchanged"}
+    deltas = {row.name: row.delta_us for row in r.rows if row.status != "unchanged"}
     assert dict(zip(fig.data[0].y, fig.data[0].x)) == deltas
     assert fig.layout.yaxis.automargin is True

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import classify as C
 from diagnostics.trace import load_trace
 
@@ -170,10 +171,10 @@ def test_nccl_named_kernels_are_rccl_on_a_rocm_trace():
     rocm = load_trace(DATA / "traces" / "public" / "tracelens" / "mi300_resnet_rccl_no_pyfn.json.gz")
     cuda = load_trace(DATA / "traces" / "public" / "hta" / "nccl_allreduce_rank0.json.gz")
     assert C.is_rocm(rocm) and not C.is_rocm(cuda)
-    (gpu,) = [f for f in C.communication(rocm)["families"] if f["where"] == "GPU"]
-    assert gpu["family"] == "RCCL" and gpu["example"].startswith("ncclDevKernel_Generic") and gpu["events"] == 17
-    (gpu,) = [f for f in C.communication(cuda)["families"] if f["where"] == "GPU"]
-    assert gpu["family"] == "NCCL" and gpu["events"] == 21
+    (gpu,) = [f for f in C.communication(rocm).families if f.where == "GPU"]
+    assert gpu.family == "RCCL" and gpu.example.startswith("ncclDevKernel_Generic") and gpu.events == 17
+    (gpu,) = [f for f in C.communication(cuda).families if f.where == "GPU"]
+    assert gpu.family == "NCCL" and gpu.events == 21
 
 
 def _two_stream_trace(tmp_path, comm_name: str, meta: dict | None = None):
@@ -222,19 +223,19 @@ def test_a_kernel_named_like_a_collective_needs_a_world_and_a_communication_stre
     assert C.is_comm(generic) and C.comm_family(generic) == C.GENERIC_FAMILY
     # world size 1, on their own stream: nothing to communicate with
     t = _two_stream_trace(tmp_path, generic, WORLD_1)
-    assert not C.comm_mask(t).any() and C.communication(t)["families"] == []
-    (note,) = [n for n in C.communication(t)["notes"] if "named like a collective" in n]
+    assert not C.comm_mask(t).any() and C.communication(t).families == ()
+    (note,) = [n for n in C.communication(t).notes if "named like a collective" in n]
     assert note.startswith("3 kernels (1.200 ms) are named like a collective") and "world size is 1" in note
-    assert comm_overlap(t)["overlap_pct"] is None          # "not counted", not 0.0 %
-    assert sum(r["communication_us"] for r in temporal_breakdown(t)["gpu"]) == 0.0
+    assert to_plain(comm_overlap(t))["overlap_pct"] is None          # "not counted", not 0.0 %
+    assert sum(r.communication_us for r in temporal_breakdown(t).gpu) == 0.0
     # the same kernels where the world size is unknown or 8: their stream is all theirs -> communication
     for meta in (None, WORLD_8):
         t = _two_stream_trace(tmp_path, generic, meta)
-        assert C.comm_mask(t).sum() == 3 and comm_overlap(t)["overlap_pct"] == pytest.approx(50.0)
+        assert C.comm_mask(t).sum() == 3 and to_plain(comm_overlap(t))["overlap_pct"] == pytest.approx(50.0)
     # world size 8, but launched among the GEMMs on the compute stream: compute
     t = _one_stream_trace(tmp_path, ["sm90_xmma_gemm_0", generic, "sm90_xmma_gemm_1", "sm90_xmma_gemm_2"], WORLD_8)
     assert not C.comm_mask(t).any()
-    assert any("they run on compute streams" in n for n in C.communication(t)["notes"])
+    assert any("they run on compute streams" in n for n in C.communication(t).notes)
     # a library's kernel counts by its name, world size 1 or not, on any stream
     t = _one_stream_trace(tmp_path, ["sm90_xmma_gemm_0", NCCL_KERNEL, "sm90_xmma_gemm_1"], WORLD_1)
     assert t.strings("name", C.comm_mask(t)).tolist() == [NCCL_KERNEL]
@@ -253,8 +254,8 @@ def test_expert_parallel_all_to_all_is_communication_in_every_view(tmp_path):
 
     t = _two_stream_trace(tmp_path, "void dpsk::ep::internode::combine<false, 8, __nv_bfloat16>(int4*)")
     # GPU time is counted once, compute first: the 200 µs of each combine that runs alone is communication.
-    assert sum(r["communication_us"] for r in temporal_breakdown(t)["gpu"]) == pytest.approx(600.0)
-    o = comm_overlap(t)
+    assert sum(r.communication_us for r in temporal_breakdown(t).gpu) == pytest.approx(600.0)
+    o = to_plain(comm_overlap(t))
     assert o["comm_us"] == pytest.approx(1200.0) and o["overlap_pct"] == pytest.approx(50.0)
     assert o["families"] == ["expert-parallel all-to-all"]
     steps = rank_breakdown(t)
@@ -269,20 +270,20 @@ def test_in_house_kernels_get_a_note_and_the_users_pattern_counts_them(tmp_path)
     t = _two_stream_trace(tmp_path, "acme_ring_send_recv_kernel<bf16>", {
         "distributedInfo": {"rank": 3, "world_size": 8, "backend": "nccl"}})
     c = C.communication(t)
-    assert c["families"] == [] and [(s["stream"], s["share"]) for s in c["suspect_streams"]] == [(28, 1.0)]
+    assert c.families == () and [(s.stream, s.share) for s in c.suspect_streams] == [(28, 1.0)]
     assert any("GPU 0 stream 28: 100% of its kernel time (1.200 ms) is in kernels whose names suggest communication"
-               in n and "--comm-kernels" in n for n in c["notes"])
+               in n and "--comm-kernels" in n for n in c.notes)
     assert any("rank 3 of a distributed job (world size 8" in n and "communication reads 0 because nothing matched"
-               in n for n in c["notes"])
-    o = comm_overlap(t)
+               in n for n in c.notes)
+    o = to_plain(comm_overlap(t))
     assert o["overlap_pct"] is None and any("suggest communication" in n for n in o["notes"])   # said, not a silent 0
     C.use_comm_kernels(t, r"^acme_ring_")
     c = C.communication(t)
-    assert [(f["family"], f["events"]) for f in c["families"]] == [(C.USER_FAMILY, 3)] and c["notes"] == []
-    assert sum(r["communication_us"] for r in temporal_breakdown(t)["gpu"]) == pytest.approx(600.0)
-    assert comm_overlap(t)["overlap_pct"] == pytest.approx(50.0)
+    assert [(f.family, f.events) for f in c.families] == [(C.USER_FAMILY, 3)] and c.notes == ()
+    assert sum(r.communication_us for r in temporal_breakdown(t).gpu) == pytest.approx(600.0)
+    assert to_plain(comm_overlap(t))["overlap_pct"] == pytest.approx(50.0)
     C.use_comm_kernels(t, "nothing_like_it")
-    assert any("matches no GPU kernel" in n for n in C.communication(t)["notes"])
+    assert any("matches no GPU kernel" in n for n in C.communication(t).notes)
     with pytest.raises(ValueError, match=r"comm_kernels: '\(' is not a regular expression"):
         C.use_comm_kernels(t, "(")
 

@@ -6,10 +6,9 @@ number below is worked out by hand from the event times written here.
 
 import json
 
-import msgspec
 import pytest
 
-from diagnostics.analyses.trace.result import CriticalPath, Timeline
+from diagnostics.results import to_plain
 from diagnostics.trace import load_trace
 from diagnostics.trace.critical_path import KINDS, critical_path, step_graph, what_if
 from diagnostics.trace.errors import TraceError
@@ -72,7 +71,7 @@ def by_kind(cp):
 
 def test_gpu_bound_step_runs_through_the_kernels(tmp_path):
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
-    cp = critical_path(trace)              # default: the longest step, step 1 (430 µs against 300)
+    cp = to_plain(critical_path(trace))              # default: the longest step, step 1 (430 µs against 300)
     assert cp["step"] == 1
     assert cp["step_us"] == pytest.approx(730 - 300)
     assert cp["length_us"] == pytest.approx(430)
@@ -97,7 +96,7 @@ def test_gpu_bound_step_runs_through_the_kernels(tmp_path):
 
 def test_what_if_halving_the_longest_kernel_saves_what_the_hand_computation_says(tmp_path):
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
-    cp = critical_path(trace, step=1)
+    cp = to_plain(critical_path(trace, step=1))
     w = {r["name"]: r for r in cp["what_if"]}
     # add_c 200 -> 100 µs: it ends at 315 instead of 415, the sync returns at 320, aten::zero_ and the
     # step's end move up by the same 100 µs: 430 -> 330.
@@ -117,7 +116,7 @@ def test_what_if_halving_the_longest_kernel_saves_what_the_hand_computation_says
 
 def test_cpu_bound_step_runs_through_the_host_ops(tmp_path):
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
-    cp = critical_path(trace, step=0)
+    cp = to_plain(critical_path(trace, step=0))
     assert cp["step_us"] == pytest.approx(300) and cp["length_us"] == pytest.approx(300)
     names = [r["name"] for r in cp["path"]]
     assert {"aten::linear", "aten::relu", "aten::sum"} <= set(names)
@@ -151,7 +150,7 @@ def sync_trace(tmp_path, sync_name="cudaStreamSynchronize", sync_event="Stream S
 
 
 def test_a_sync_wait_puts_the_kernel_it_waited_on_on_the_path(tmp_path):
-    cp = critical_path(sync_trace(tmp_path))
+    cp = to_plain(critical_path(sync_trace(tmp_path)))
     names = [r["name"] for r in cp["path"]]
     assert "k_long" in names and "k_other" not in names
     assert names.index("k_long") < names.index("cudaStreamSynchronize") < names.index("aten::add")
@@ -168,7 +167,7 @@ def test_a_sync_wait_puts_the_kernel_it_waited_on_on_the_path(tmp_path):
 
 
 def test_a_device_sync_waits_on_the_last_kernel_of_any_stream(tmp_path):
-    cp = critical_path(sync_trace(tmp_path, "cudaDeviceSynchronize", None))
+    cp = to_plain(critical_path(sync_trace(tmp_path, "cudaDeviceSynchronize", None)))
     sync = next(r for r in cp["path"] if r["name"] == "cudaDeviceSynchronize")
     assert "k_other" in sync["waited_on"]
     assert cp["length_us"] == pytest.approx(500)
@@ -204,9 +203,9 @@ def test_exported_trace_marks_the_path_and_reads_back(tmp_path):
     back = load_trace(p)
     names = set(back.strings("name"))
     assert {"ProfilerStep#1", "gemm_a", "add_c"} <= names
-    again = critical_path(back, step=1)
+    again = to_plain(critical_path(back, step=1))
     assert again["length_us"] == pytest.approx(430)
-    assert [r["name"] for r in again["path"]] == [r["name"] for r in critical_path(trace, step=1)["path"]]
+    assert [r["name"] for r in again["path"]] == [r["name"] for r in to_plain(critical_path(trace, step=1))["path"]]
 
 
 # ---- through the trace analysis: the CLI's --json, its text, the report ------------------------
@@ -263,8 +262,7 @@ def test_breakdown_figure_is_labelled_in_ms(tmp_path):
         build_critical_path_breakdown_figure, build_critical_path_timeline_figure, build_what_if_figure,
     )
 
-    cp = msgspec.convert({"available": True, **critical_path(load_trace(write(tmp_path, CPU_STEP + GPU_STEP)), step=1)},
-                         CriticalPath)
+    cp = critical_path(load_trace(write(tmp_path, CPU_STEP + GPU_STEP)), step=1)
     (bar,) = build_critical_path_breakdown_figure(cp).data
     assert dict(zip(bar.x, bar.y))["kernel"] == pytest.approx(0.4)
     assert "0.400 ms" in list(bar.text)
@@ -282,7 +280,7 @@ def test_a_step_too_large_is_named_not_computed(tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "MAX_EVENTS_AUTO", 5)   # step 1: 9 host events (the span, 4 ops, 3 launches, the sync) + 3 kernels
     with pytest.raises(TraceError, match=r"step 1 has 12 events, more than 5 \(name a step to go up to"):
         critical_path(trace)
-    assert critical_path(trace, step=1)["length_us"] == pytest.approx(430)   # named: the larger limit
+    assert critical_path(trace, step=1).length_us == pytest.approx(430)   # named: the larger limit
 
 
 def test_the_path_is_marked_on_the_trace_timeline(tmp_path):
@@ -293,14 +291,13 @@ def test_the_path_is_marked_on_the_trace_timeline(tmp_path):
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
     cp = critical_path(trace, step=1)
     tl = timeline_data(trace)
-    fig = mark_critical_path(build_timeline_figure(msgspec.convert(tl, Timeline)),
-                             msgspec.convert({"available": True, **cp}, CriticalPath), msgspec.convert(tl, Timeline))
+    fig = mark_critical_path(build_timeline_figure(tl), cp, tl)
     line = fig.data[-1]
     assert line.name == "critical path (step 1)"
     drawn = dict(zip([c[0] for c in line.customdata], zip(line.x, line.y)))
     # at the events' own rows (the lane's label where the timeline gives lanes one, else "pid/tid · depth")
     # and times (ms from the trace's start: step 1 starts 300 µs in)
-    label = {lane["lane"]: lane.get("label") for lane in tl["lanes"]}
+    label = {lane.lane: lane.label for lane in tl.lanes}
     gpu_row = label.get("GPU 0 stream 7") or "GPU 0 stream 7"
     host_row = label.get("4242/4242") or "4242/4242 · 1"
     assert drawn["add_c"] == (pytest.approx((300 + 215) / 1e3), gpu_row)
@@ -320,7 +317,7 @@ def test_a_fault_in_the_critical_path_leaves_the_trace_analysis_standing(tmp_pat
     monkeypatch.setattr(job_part, "critical_path", broken)
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP))
     out = job_part.critical_path_result(trace, TRACE.validate({"path": "x.json"}), tmp_path)
-    assert out == {"available": False, "reason": "the critical path could not be computed (ValueError: boom)"}
+    assert to_plain(out) == {"available": False, "reason": "the critical path could not be computed (ValueError: boom)"}
 
 
 def _simulate(launch_at, kdur, sync_at, latency, ret):
@@ -384,7 +381,7 @@ def test_a_synchronous_memcpy_waits_for_its_own_copy(tmp_path):
         + [span("aten::to", 20, 110)] + launched("Memcpy DtoH (Device -> Pageable)", 22, 112, 10, 32,
                                                  call="cudaMemcpy", cat="gpu_memcpy")
     ev[-4]["dur"] = 103                      # the cudaMemcpy call: 22 -> 125
-    cp = critical_path(load_trace(write(tmp_path, ev)))
+    cp = to_plain(critical_path(load_trace(write(tmp_path, ev))))
     names = [r["name"] for r in cp["path"]]
     assert names.index("gemm") < names.index("Memcpy DtoH (Device -> Pageable)") < names.index("cudaMemcpy")
     k = by_kind(cp)
@@ -401,10 +398,10 @@ def test_the_default_step_is_the_longest_complete_one(tmp_path):
     cut = [step(2, 800, 600), span("aten::mm", 810, 10)] + launched("late_a", 812, 820, 50, 41) \
         + [runtime("cudaLaunchKernel", 830, 5, 42)]
     trace = load_trace(write(tmp_path, CPU_STEP + GPU_STEP + cut))
-    cp = critical_path(trace)
+    cp = to_plain(critical_path(trace))
     assert cp["step"] == 1 and cp["chosen_as"] == "the longest complete step"
     assert cp["incomplete_steps"] == [2]
-    asked = critical_path(trace, step=2)
+    asked = to_plain(critical_path(trace, step=2))
     assert asked["step"] == 2 and asked["length_us"] == pytest.approx(600) and asked["chosen_as"] == "step 2, as asked"
 
 
@@ -422,7 +419,7 @@ def test_the_export_of_a_long_path_is_not_quadratic(tmp_path):
         events = [step(0, 0, 10.0 * n + 10)] + [span(f"aten::op{i % 7}", 5 + 10.0 * i, 8.0) for i in range(n)]
         trace = load_trace(write(tmp_path, events, f"long{n}.json"))
         model = step_graph(trace, None)
-        cp = critical_path(trace, model=model)
+        cp = to_plain(critical_path(trace, model=model))
         assert cp["path_events"] == n + 1      # the step's own range and each call
         t = time.perf_counter()
         out = chrome_trace(trace, model)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import diff_traces, load_trace
 from diagnostics.trace.diff import CHANGE_RATIO, NOISE_FLOOR_US
 
@@ -13,7 +14,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 @pytest.fixture(scope="module")
 def result():
-    return diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
+    return to_plain(diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json")))
 
 
 def test_known_changes(result):
@@ -42,8 +43,8 @@ def test_thresholds_are_named():
 def test_gpu_trace_against_itself_is_unchanged():
     t = load_trace(DATA / "gpu_small.json")
     r = diff_traces(t, t)
-    assert r["counts"]["unchanged"] == len(r["rows"]) == 9   # 4 operators + 5 GPU kinds
-    kinds = {row["kind"] for row in r["rows"]}
+    assert r.counts.unchanged == len(r.rows) == 9   # 4 operators + 5 GPU kinds
+    kinds = {row.kind for row in r.rows}
     assert kinds == {"cpu_op", "gpu"}
 
 
@@ -54,8 +55,8 @@ def test_per_step_gpu_time_leaves_out_work_queued_before_profiling_as_analyze_do
     from diagnostics.trace import temporal_breakdown
 
     t = load_trace(DATA / "public" / "tracelens" / "mi300_resnet_rccl_no_pyfn.json.gz")
-    r = diff_traces(t, t)
-    att = temporal_breakdown(t)["attribution"]
+    r = to_plain(diff_traces(t, t))
+    att = to_plain(temporal_breakdown(t))["attribution"]
     assert att["before_profiling_us"] > 0 and r["unit"] == "per step"
     assert r["left_out_before"] == {"before_profiling_us": pytest.approx(att["before_profiling_us"]),
                                     "outside_steps_us": pytest.approx(att["outside_steps_us"])}

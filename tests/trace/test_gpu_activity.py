@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import idle_time, load_trace
 from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US
@@ -117,7 +118,7 @@ def series_value(series, t):
 # ---- 1. kernel sequences ---------------------------------------------------------------------------
 
 def test_kernel_sequences_count_runs_on_one_stream(trace):
-    r = hp.kernel_sequences(trace, max_len=3)
+    r = to_plain(hp.kernel_sequences(trace, max_len=3))
     # By hand: stream 7 is A B A B [copy] A B C; stream 8 is B A. "A → B" occurs 3 times (stream 8's B at 22 does
     # not join stream 7's run): GPU time 3 x (10 + 5) = 45 µs, spans 16 + 16 + 16 = 48 µs, so 3 µs of gaps.
     # "B → A" occurs twice, once per stream: 15 + 4 = 19 µs over spans 19 + 5 = 24. Every other run occurs once.
@@ -137,7 +138,7 @@ def test_kernel_sequences_longer_runs_rank_by_time_and_by_count(tmp_path):
     for i, (n, d) in enumerate(zip(names, durs)):
         work.append((n, "kernel", 7, i + 1, 0, t, d, None))
         t += d
-    r = hp.kernel_sequences(load_trace(write(tmp_path, events(work, [], []))), max_len=3, n=50)
+    r = to_plain(hp.kernel_sequences(load_trace(write(tmp_path, events(work, [], []))), max_len=3, n=50))
     expected = naive_sequences(work, 3)
     got = {tuple(x["kernels"]): (x["count"], x["total_us"], x["span_us"]) for x in r["by_time"]}
     assert got == expected
@@ -146,7 +147,7 @@ def test_kernel_sequences_longer_runs_rank_by_time_and_by_count(tmp_path):
     assert got[("X", "Y", "Z")] == (3, 99.0, 99.0) and got[("Z", "X")] == (2, 62.0, 62.0)
     assert [x["total_us"] for x in r["by_time"]] == sorted((v[1] for v in expected.values()), reverse=True)
     assert r["by_count"][0]["count"] == 3 and r["by_count"][-1]["count"] == 2
-    assert hp.kernel_sequences(load_trace(write(tmp_path, events(work, [], []), "u.json")), max_len=2)["sequences"] == 3
+    assert to_plain(hp.kernel_sequences(load_trace(write(tmp_path, events(work, [], []), "u.json")), max_len=2))["sequences"] == 3
     with pytest.raises(ValueError, match="max_len must be at least 2"):
         hp.kernel_sequences(load_trace(write(tmp_path, events(work, [], []), "v.json")), max_len=1)
 
@@ -155,7 +156,7 @@ def test_kernel_sequences_longer_runs_rank_by_time_and_by_count(tmp_path):
 
 @pytest.mark.parametrize("until", ["kernel_end", "kernel_start"])
 def test_queue_length_at_given_times(trace, until):
-    r = hp.queue_length(trace, until=until)
+    r = to_plain(hp.queue_length(trace, until=until))
     series = {s["stream"]: s for s in r["series"]}
     for stream in (7, 8, 9):
         for t in (0, 1, 9, 10, 12, 15, 16, 20, 21, 25, 45, 50, 70, 81, 95, 99, 130):
@@ -172,32 +173,32 @@ def test_queue_length_at_given_times(trace, until):
 
 def test_time_at_a_full_queue_per_stream_and_blocked_time_over_streams(trace):
     # full = 6, until the kernel ends: stream 7 has >= 6 queued from 11 (6th launch) to 40 (3rd end) = 29 µs.
-    r = hp.queue_length(trace, until="kernel_end", full=6)
+    r = to_plain(hp.queue_length(trace, until="kernel_end", full=6))
     stats = {s["stream"]: s for s in r["streams"]}
     assert stats["7"]["full_us"] == 29.0 and stats["8"]["full_us"] == 0.0 and r["blocked_us"] == 29.0
     # full = 2: stream 7 [3, 77) = 74, stream 8 [19, 24) = 5, stream 9 [21, 98) = 77; their union [3, 98) = 95.
-    r = hp.queue_length(trace, until="kernel_end", full=2)
+    r = to_plain(hp.queue_length(trace, until="kernel_end", full=2))
     stats = {s["stream"]: s for s in r["streams"]}
     assert (stats["7"]["full_us"], stats["8"]["full_us"], stats["9"]["full_us"]) == (74.0, 5.0, 77.0)
     assert r["blocked_us"] == 95.0
-    assert hp.queue_length(trace)["blocked_us"] == 0.0   # HTA's 1024: never reached here
+    assert to_plain(hp.queue_length(trace))["blocked_us"] == 0.0   # HTA's 1024: never reached here
 
 
 def test_queue_leaves_out_work_without_a_launch_call(tmp_path):
     work = [(A, "kernel", 7, 1, 0, 5, 5, None)]
     evs = events(work, [], []) + [_x("kernel", B, DEVICE, 7, 20, 5, {"device": DEVICE, "stream": 7})]
-    r = hp.queue_length(load_trace(write(tmp_path, evs)))
+    r = to_plain(hp.queue_length(load_trace(write(tmp_path, evs))))
     assert r["unlinked"] == 1 and r["streams"][0]["launches"] == 1
     assert any("no launch call" in n for n in r["notes"])
     only = [_x("kernel", B, DEVICE, 7, 20, 5, {"device": DEVICE, "stream": 7})]
-    r = hp.queue_length(load_trace(write(tmp_path, only, "b.json")))
+    r = to_plain(hp.queue_length(load_trace(write(tmp_path, only, "b.json"))))
     assert r["streams"] == [] and r["blocked_us"] is None and "not counted" in r["notes"][0]
 
 
 # ---- 3. memcpy / memset bandwidth ------------------------------------------------------------------
 
 def test_bandwidth_is_bytes_over_duration_per_direction(trace):
-    r = hp.memcpy_bandwidth(trace)
+    r = to_plain(hp.memcpy_bandwidth(trace))
     rows = {d["direction"]: d for d in r["directions"]}
     assert set(rows) == {"HtoD", "DtoH", "Memset"}
     h = rows["HtoD"]
@@ -218,22 +219,22 @@ def test_bandwidth_is_bytes_over_duration_per_direction(trace):
 
 def test_an_old_trace_without_bytes_or_annotations_says_not_counted(tmp_path):
     t = load_trace(write(tmp_path, events(annotations=[], with_bytes=False)))
-    r = hp.memcpy_bandwidth(t)
+    r = to_plain(hp.memcpy_bandwidth(t))
     assert all(d["bytes"] is None and d["bytes_per_s"] is None for d in r["directions"])
     assert r["counted_events"] == 0 and "not counted" in r["notes"][0]
-    a = hp.annotations(t)
+    a = to_plain(hp.annotations(t))
     assert a["annotations"] == [] and "not counted" in a["notes"][0]
-    assert hp.comm_overlap(t)["overlap_pct"] is None   # no communication kernels
+    assert to_plain(hp.comm_overlap(t))["overlap_pct"] is None   # no communication kernels
     cpu_only = load_trace(write(tmp_path, events(work=[], annotations=[]), "cpu.json"))
-    assert "not counted" in hp.memcpy_bandwidth(cpu_only)["notes"][0]
-    assert "not counted" in hp.launch_delay(cpu_only)["notes"][0]
-    assert hp.kernel_sequences(cpu_only)["notes"] == ["not counted: no GPU compute kernels in this trace"]
+    assert "not counted" in to_plain(hp.memcpy_bandwidth(cpu_only))["notes"][0]
+    assert "not counted" in to_plain(hp.launch_delay(cpu_only))["notes"][0]
+    assert to_plain(hp.kernel_sequences(cpu_only))["notes"] == ["not counted: no GPU compute kernels in this trace"]
 
 
 # ---- 4. GPU user annotations -----------------------------------------------------------------------
 
 def test_annotation_time_and_gpu_work_inside(trace):
-    rows = {a["name"]: a for a in hp.annotations(trace)["annotations"]}
+    rows = {a["name"]: a for a in to_plain(hp.annotations(trace))["annotations"]}
     f, o = rows["forward"], rows["optimizer"]
     assert (f["count"], f["total_us"], f["mean_us"], f["max_us"]) == (2, 52.0, 26.0, 36.0)
     # By hand, GPU work on device 0 inside forward [10, 46): [10, 20) + [21, 27) (stream 7's B and stream 8's B, A
@@ -245,7 +246,7 @@ def test_annotation_time_and_gpu_work_inside(trace):
 # ---- 5. launch delay -------------------------------------------------------------------------------
 
 def test_launch_delay_per_kernel_with_its_operator(trace):
-    r = hp.launch_delay(trace)
+    r = to_plain(hp.launch_delay(trace))
     rows = {x["name"]: x for x in r["by_name"]}
     # A: 10 - 1, 30 - 5, 61 - 11 on stream 7 and 25 - 19 on stream 8 -> [6, 9, 25, 50].
     a = rows[A]
@@ -263,16 +264,16 @@ def test_launch_delay_per_kernel_with_its_operator(trace):
 
 
 def test_launch_delay_from_the_call_s_end_as_hta_measures_it(trace, tmp_path):
-    r = hp.launch_delay(trace, since="call_end")
+    r = to_plain(hp.launch_delay(trace, since="call_end"))
     a = {x["name"]: x for x in r["by_name"]}[A]
     # Every call lasts 1 µs: A's delays from the call's end are [5, 8, 24, 49].
     assert (a["min_us"], a["max_us"], a["mean_us"], a["p50_us"]) == (5.0, 49.0, 21.5, 16.0)
     assert r["since"] == "call_end" and r["negative"] == 0 and r["no_call_duration"] == 0
     # A kernel that starts before its call returns: -0.5 µs from the end, clipped to 0 and counted.
     early = load_trace(write(tmp_path, events([(A, "kernel", 7, 1, 0, 0.5, 2, None)], [], []), "early.json"))
-    e = hp.launch_delay(early, since="call_end")
+    e = to_plain(hp.launch_delay(early, since="call_end"))
     assert (e["negative"], e["max_us"]) == (1, 0.0)
-    assert hp.launch_delay(early)["max_us"] == 0.5   # from the call's start
+    assert to_plain(hp.launch_delay(early))["max_us"] == 0.5   # from the call's start
     with pytest.raises(ValueError, match="since must be one of call_start, call_end"):
         hp.launch_delay(early, since="kernel")
 
@@ -282,7 +283,7 @@ def test_graph_launch_kernels_are_left_out_of_launch_delay(tmp_path):
     evs += [_x("kernel", f"k{i}", DEVICE, 7, 60 + 10 * i, 5, {"device": DEVICE, "stream": 7, "correlation": 9})
             for i in range(3)]
     evs += events([(A, "kernel", 7, 1, 100, 110, 5, None)], [], [])
-    r = hp.launch_delay(load_trace(write(tmp_path, evs)))
+    r = to_plain(hp.launch_delay(load_trace(write(tmp_path, evs))))
     assert r["graph_kernels"] == 3 and r["launches"] == 1 and r["mean_us"] == 10.0
     assert any("graph" in n for n in r["notes"])
 
@@ -293,7 +294,7 @@ def test_comm_overlap_over_all_gpu_work_or_compute_kernels_only(tmp_path):
     work = [(NCCL, "kernel", 20, 1, 0, 0, 100, None), (A, "kernel", 7, 2, 0, 20, 30, None),
             (HTOD, "gpu_memcpy", 9, 3, 0, 60, 20, 1000)]
     t = load_trace(write(tmp_path, events(work, [], [])))
-    ours, hta = hp.comm_overlap(t, "gpu_work"), hp.comm_overlap(t, "kernels")
+    ours, hta = to_plain(hp.comm_overlap(t, "gpu_work")), to_plain(hp.comm_overlap(t, "kernels"))
     # By hand: communication [0, 100); the kernel overlaps 30 µs, the copy 20 more.
     assert (ours["comm_us"], ours["overlap_us"], ours["overlap_pct"]) == (100.0, 50.0, 50.0)
     assert (hta["compute_us"], hta["overlap_us"], hta["overlap_pct"]) == (30.0, 30.0, 30.0)
@@ -311,16 +312,16 @@ def test_idle_kernel_wait_threshold_and_hta_comparisons(tmp_path):
         (s,) = r["streams"]
         return round(s["host_wait_us"], 6), round(s["kernel_wait_us"], 6), round(s["other_wait_us"], 6)
 
-    assert split(idle_time(t)) == (15.0, 1.02, 7.0)                      # ours: gaps <= 5 µs with a launch call
-    assert split(idle_time(t, kernel_wait_max_us=1.0)) == (15.0, 1.02, 7.0)   # 1 µs gap: <= 1 is kernel wait
-    assert split(idle_time(t, kernel_wait_max_us=1.0, rules="hta")) == (15.0, 0.02, 8.0)  # HTA: < 1 strictly
+    assert split(to_plain(idle_time(t))) == (15.0, 1.02, 7.0)                      # ours: gaps <= 5 µs with a launch call
+    assert split(to_plain(idle_time(t, kernel_wait_max_us=1.0))) == (15.0, 1.02, 7.0)   # 1 µs gap: <= 1 is kernel wait
+    assert split(to_plain(idle_time(t, kernel_wait_max_us=1.0, rules="hta"))) == (15.0, 0.02, 8.0)  # HTA: < 1 strictly
     # A 30 ns threshold: only the 0.02 µs gap is kernel wait; E (no launch call) is other wait either way.
-    r = idle_time(t, kernel_wait_max_us=0.03, rules="hta")
+    r = to_plain(idle_time(t, kernel_wait_max_us=0.03, rules="hta"))
     assert split(r) == (15.0, 0.02, 8.0) and r["kernel_wait_max_us"] == 0.03 and r["rules"] == "hta"
     # HTA's default (30, in the trace's µs): every gap but the host wait is kernel wait, E's 7 µs included
     # (HTA asks no launch call for a kernel wait); ours asks one, so E's gap stays other wait.
-    assert split(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US, rules="hta")) == (15.0, 8.02, 0.0)
-    assert split(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US)) == (15.0, 1.02, 7.0)
+    assert split(to_plain(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US, rules="hta"))) == (15.0, 8.02, 0.0)
+    assert split(to_plain(idle_time(t, kernel_wait_max_us=HTA_KERNEL_WAIT_US))) == (15.0, 1.02, 7.0)
     with pytest.raises(ValueError, match="rules must be one of torchscope, hta"):
         idle_time(t, rules="perfetto")
 
@@ -336,7 +337,7 @@ def test_copy_bytes_are_read_by_the_lenient_decoder_too(tmp_path):
     evs.append({"ph": "X", "cat": "cpu_op", "name": "bad ts", "ts": {"x": 1}, "dur": 1})
     t = load_trace(write(tmp_path, evs))
     assert t.skipped_events == 1
-    (row,) = hp.memcpy_bandwidth(t)["directions"]
+    (row,) = to_plain(hp.memcpy_bandwidth(t))["directions"]
     assert row["bytes"] == 2048 and row["bytes_per_s"] == pytest.approx(2048 / 10e-6)
 
 
@@ -359,7 +360,7 @@ def test_trace_analyze_json_has_a_top_level_key_per_analysis_and_takes_the_defin
     for key in ("kernel_sequences", "queue_length", "memcpy_bandwidth", "annotations", "launch_delay", "comm_overlap"):
         assert key in data, key
     trace = load_trace(path)
-    assert data["kernel_sequences"]["by_time"] == hp.kernel_sequences(trace, n=20)["by_time"]
+    assert data["kernel_sequences"]["by_time"] == to_plain(hp.kernel_sequences(trace, n=20))["by_time"]
     assert data["queue_length"]["until"] == "kernel_end" and data["launch_delay"]["since"] == "call_start"
     assert data["idle_time"]["kernel_wait_max_us"] == 5.0 and data["comm_overlap"]["compute"] == "gpu_work"
     code, out, _ = cli(capsys, tmp_path, "analyze", path, "--json", "--definitions", "hta", "--sequence-length", "2",

@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import launch_stats, load_trace, summary, temporal_breakdown
 from diagnostics.trace.classify import host_mask, kernel_mask
 
@@ -94,7 +95,7 @@ def lagging_trace(tmp_path):
 
 def test_per_step_gpu_windows_partition_the_gpu_span_when_the_gpu_lags(tmp_path):
     t = lagging_trace(tmp_path)
-    r = temporal_breakdown(t)
+    r = to_plain(temporal_breakdown(t))
     rows = {row["step"]: row for row in r["gpu"]}
     spans = [(s - 0.0, e - 0.0) for pair in LAGGING.values() for (s, e) in pair]
     gpu_span = max(e for _, e in spans) - min(s for s, _ in spans)           # 600 - 150
@@ -130,7 +131,7 @@ def test_a_kernel_is_put_in_the_step_that_launched_it_by_its_flow_arrow(tmp_path
     assert g["launch_by"].tolist() == ["flow", "correlation"]
     assert g["launch_start_us"].tolist() == [10.0, 110.0]
     assert g["launch_name"].tolist() == ["cudaLaunchKernel", "cudaLaunchKernel"]
-    rows = {row["step"]: row for row in temporal_breakdown(t)["gpu"]}
+    rows = {row["step"]: row for row in to_plain(temporal_breakdown(t))["gpu"]}
     # The kernel runs during step 1's host span but step 0 launched it (by its start: step 1).
     assert rows[0]["events"] == 1 and rows[1]["events"] == 1
     assert (rows[0]["window_us"], rows[1]["window_us"]) == (40.0, 20.0)
@@ -142,7 +143,7 @@ def test_a_kernel_without_any_launch_link_falls_back_to_time_and_is_counted(tmp_
           runtime("cudaLaunchKernel", 110, 5, 2), kernel(GEMM, 120, 30, corr=2),
           kernel("unlinked_kernel", 60, 10)]          # no correlation, no flow
     t = write(tmp_path, ev)
-    r = temporal_breakdown(t)
+    r = to_plain(temporal_breakdown(t))
     rows = {row["step"]: row for row in r["gpu"]}
     assert r["attribution"]["time_events"] == 1 and r["attribution"]["launch_events"] == 2
     assert (rows[0]["events"], rows[1]["events"]) == (2, 1)   # in step 0's window [20, 120)
@@ -170,7 +171,7 @@ def graph_trace(tmp_path):
 
 
 def test_graph_launches_count_once_and_keep_their_kernels_out_of_per_kernel_figures(tmp_path):
-    r = launch_stats(graph_trace(tmp_path), n=20)
+    r = to_plain(launch_stats(graph_trace(tmp_path), n=20))
     # Before: 19 "launches" and 19 kernels "shorter than their launch" (each of 15 graph kernels
     # compared with its 1200 µs graph launch).
     assert r["launches"] == 7 and r["kernel_launches"] == 4
@@ -187,7 +188,7 @@ def test_graph_launches_count_once_and_keep_their_kernels_out_of_per_kernel_figu
 
 
 def test_graph_kernels_still_belong_to_the_step_that_launched_the_graph(tmp_path):
-    r = temporal_breakdown(graph_trace(tmp_path))
+    r = to_plain(temporal_breakdown(graph_trace(tmp_path)))
     assert [row["events"] for row in r["gpu"]] == [19]
     assert r["gpu"][0]["compute_us"] == 4 * 2 + 15 * 10
 
@@ -213,7 +214,7 @@ def test_gpu_work_queued_before_profiling_is_left_out_of_step_figures(tmp_path):
           runtime("cudaLaunchKernel", 10, 5, 50), kernel(GEMM, 80, 20, corr=50),
           runtime("cudaLaunchKernel", 110, 5, 51), kernel(GEMM, 120, 20, corr=51)]
     t = write(tmp_path, ev)
-    r = temporal_breakdown(t)
+    r = to_plain(temporal_breakdown(t))
     rows = {row["step"]: row for row in r["gpu"]}
     # Before, they counted in step 0 by their start: window [0, 100) with 100 µs of "its" work.
     assert rows[0]["window_us"] == 40.0 and rows[0]["compute_us"] == 20.0
@@ -231,7 +232,7 @@ def test_a_late_kernel_with_an_unknown_early_correlation_is_also_before_profilin
     """Ids are handed out in order: one below every runtime call's was launched before the trace."""
     ev = [step(0, 0, 100), runtime("cudaLaunchKernel", 10, 5, 50), kernel(GEMM, 20, 20, corr=50),
           kernel("queued", 45, 10, corr=7)]
-    r = temporal_breakdown(write(tmp_path, ev))
+    r = to_plain(temporal_breakdown(write(tmp_path, ev)))
     assert r["gpu"][0]["window_us"] == 20.0           # before: [20, 55), the queued kernel's end
     assert r["attribution"]["before_profiling_events"] == 1 and r["gpu"][0]["events"] == 1
 
@@ -252,16 +253,16 @@ def mtia_trace(tmp_path):
 
 def test_an_mtia_trace_has_device_work(tmp_path):
     t = mtia_trace(tmp_path)
-    s = summary(t)
+    s = to_plain(summary(t))
     assert s["has_gpu"] is True                          # before: "CPU only"
     assert s["streams"] == [{"device": "0", "stream": "3", "kernels": 1, "memcpy": 1, "memset": 0,
                              "busy_us": 30.0}]
     assert any("MTIA" in n for n in s["notes"])
     assert kernel_mask(t).sum() == 2
     assert not (host_mask(t) & t.cat_mask(frozenset({"mtia_ccp_events"}))).any()   # not host events
-    r = launch_stats(t, n=10)
+    r = to_plain(launch_stats(t, n=10))
     assert r["launches"] == 2 and r["mean_delay_us"] == pytest.approx((20 + 40) / 2)
-    (row,) = temporal_breakdown(t)["gpu"]
+    (row,) = to_plain(temporal_breakdown(t))["gpu"]
     assert (row["events"], row["compute_us"], row["memcpy_us"], row["idle_us"]) == (2, 25.0, 5.0, 5.0)
     assert s["warnings"] == []
 
@@ -276,7 +277,7 @@ def test_categories_no_view_reads_are_named(tmp_path):
     assert w == ["skipped 40 events of category 'hpu_mystery_events', 3 events of category 'Other_Thing': "
                  "no device, launch or GPU step figure reads these categories (their timed events count "
                  "only as host events on their own thread)"]
-    assert summary(t)["warnings"] == t.warnings
+    assert to_plain(summary(t))["warnings"] == t.warnings
 
 
 def test_kinetos_own_categories_are_not_named(tmp_path):
@@ -295,15 +296,15 @@ def test_kinetos_own_categories_are_not_named(tmp_path):
     # the sync is on the device's timeline, not a host thread
     sync = t.strings("cat") == "cuda_sync"
     assert not (host_mask(t) & sync).any()
-    assert summary(t)["threads"] and all(th["pid"] != str(DEVICE) for th in summary(t)["threads"])
+    assert to_plain(summary(t))["threads"] and all(th["pid"] != str(DEVICE) for th in to_plain(summary(t))["threads"])
     # ... and drawn on its stream's row
     from diagnostics.trace import timeline_data
 
     tl = timeline_data(t)
-    kinds = {lane["lane"]: lane["kind"] for lane in tl["lanes"]}
-    (sync_bar,) = [e for e in tl["events"] if e["name"] == "Stream Sync"]
-    (gemm_bar,) = [e for e in tl["events"] if e["name"] == GEMM]
-    assert sync_bar["lane"] == gemm_bar["lane"] and kinds[sync_bar["lane"]] == "gpu"
+    kinds = {lane.lane: lane.kind for lane in tl.lanes}
+    (sync_bar,) = [e for e in tl.events if e.name == "Stream Sync"]
+    (gemm_bar,) = [e for e in tl.events if e.name == GEMM]
+    assert sync_bar.lane == gemm_bar.lane and kinds[sync_bar.lane] == "gpu"
 
 
 # ---- what the user reads ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ import numpy as np
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import load_trace, temporal_breakdown
 from diagnostics.trace.comm import rank_breakdown
 from diagnostics.trace.critical_path import EXPLAIN_SHARE, critical_path
@@ -24,7 +25,7 @@ TRACES = sorted(str(p.relative_to(DATA)) for p in (DATA / "traces").rglob("*")
 
 def _cp(trace):
     try:
-        return critical_path(trace)
+        return to_plain(critical_path(trace))
     except TraceError as e:
         assert "no profiler step ranges" in str(e)
         return None
@@ -41,7 +42,7 @@ def test_one_step_time_across_views(rel):
         return
     table = steps(trace).set_index("step")["dur_us"]
     assert cp["host_span_us"] == pytest.approx(float(table[cp["step"]]), abs=1e-6)
-    windows = {r["step"]: r["window_us"] for r in temporal_breakdown(trace)["gpu"]}
+    windows = {r.step: r.window_us for r in temporal_breakdown(trace).gpu}
     assert cp["gpu_window_us"] == (pytest.approx(windows[cp["step"]]) if cp["step"] in windows else None)
     assert cp["length_us"] == pytest.approx(cp["step_us"], rel=1e-9, abs=1e-6)
     assert sum(r["us"] for r in cp["by_kind"]) == pytest.approx(cp["step_us"], rel=1e-9, abs=1e-6)
@@ -73,7 +74,7 @@ def test_every_long_wait_on_a_critical_path_is_explained(rel):
 def test_the_reported_step_reads_its_cpu_step_and_why_the_path_is_longer():
     """HTA's ns_resolution capture, step 103: the Steps table's 95.7 ms, the path's 185.2 ms, of which
     89.6 ms is the GPU finishing step 102's work (labelled, not "idle-wait")."""
-    cp = critical_path(load_trace(DATA / "traces" / "public" / "hta" / "ns_resolution_rank0.json.gz"))
+    cp = to_plain(critical_path(load_trace(DATA / "traces" / "public" / "hta" / "ns_resolution_rank0.json.gz")))
     kinds = {r["kind"]: r["us"] for r in cp["by_kind"]}
     assert cp["step"] == 103
     assert cp["host_span_us"] == pytest.approx(95697.341) and cp["step_us"] == pytest.approx(185191.573)
@@ -141,8 +142,8 @@ def test_host_time_per_thread_is_its_busy_time_never_more_than_its_wall(rel):
         # clipping a child to its parent within OVERHANG_TOLERANCE_US is the one place they may differ
         assert own == pytest.approx(innermost_self(ts[on], end[on]).sum(), abs=1.0), ln
         busy[ln] = own
-    threads = summary(trace)["threads"]
-    assert sum(t["busy_us"] for t in threads) == pytest.approx(sum(busy.values()), rel=1e-9, abs=1e-6)
+    threads = summary(trace).threads
+    assert sum(t.busy_us for t in threads) == pytest.approx(sum(busy.values()), rel=1e-9, abs=1e-6)
 
 
 WITH_STACK = DATA / "traces" / "with_stack"
@@ -163,7 +164,7 @@ def test_a_step_opened_inside_a_python_frame_still_gets_its_children():
     kids = np.flatnonzero(nest["parent"] == step_row)
     assert len(kids) >= 2
     dur = float(st["dur_us"][0])
-    groups = {r["group"]: r["self_us"] for r in temporal_breakdown(trace)["cpu"] if r["step"] == 6}
+    groups = {r.group: r.self_us for r in temporal_breakdown(trace).cpu if r.step == 6}
     assert groups["untracked (step self time)"] < 0.02 * dur                   # was the whole step
     assert groups["python_function"] > 0.3 * dur and groups["op: matmul"] > 0
     lane = trace.lane_keys()
@@ -182,10 +183,10 @@ def test_a_serving_trace_without_steps_reads_each_thread_within_its_wall():
     464.7 ms read in a 473.8 ms trace before; per thread the groups now add up to its busy time."""
     trace = load_trace(WITH_STACK / "sglang_qwen3_8b_decode.json.gz")
     tb = temporal_breakdown(trace)
-    (window,) = tb["steps"]
-    total = sum(r["self_us"] for r in tb["cpu"])
-    threads = {(t["pid"], t["tid"]): t["busy_us"] for t in __import__("diagnostics.trace", fromlist=["summary"])
-               .summary(trace)["threads"]}
+    (window,) = tb.steps
+    total = sum(r.self_us for r in tb.cpu)
+    threads = {(t.pid, t.tid): t.busy_us for t in __import__("diagnostics.trace", fromlist=["summary"])
+               .summary(trace).threads}
     assert total == pytest.approx(sum(threads.values()), rel=1e-9)
-    assert max(threads.values()) <= window["dur_us"] + 1e-6
-    assert total < 1.2 * window["dur_us"]      # 3x the trace before
+    assert max(threads.values()) <= window.dur_us + 1e-6
+    assert total < 1.2 * window.dur_us      # 3x the trace before

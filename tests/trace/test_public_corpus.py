@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from diagnostics.results import to_plain
 from diagnostics.trace import idle_time, load_trace, temporal_breakdown
 from diagnostics.trace import gpu_activity as hp
 
@@ -71,7 +72,7 @@ def test_figures_agree_with_holistic_trace_analysis(rel):
 
     t = ref.get("temporal") or {}
     if "compute_time" in t and "temporal" not in differs:
-        gpu = temporal_breakdown(trace)["gpu"]
+        gpu = to_plain(temporal_breakdown(trace))["gpu"]
         compute = sum(r["compute_us"] for r in gpu)
         other = sum(r["communication_us"] + r["memcpy_us"] + r["memset_us"] for r in gpu)
         idle = sum(r["idle_us"] for r in gpu)
@@ -81,18 +82,18 @@ def test_figures_agree_with_holistic_trace_analysis(rel):
         close(compute + other + idle, t["kernel_time"], "span")
     if isinstance(ref.get("idle"), list) and "idle" not in differs:
         ours = {}
-        for s in idle_time(trace, kernel_wait_max_us=30.0, rules="hta")["streams"]:
+        for s in to_plain(idle_time(trace, kernel_wait_max_us=30.0, rules="hta"))["streams"]:
             for cat, key in (("host_wait", "host_wait_us"), ("kernel_wait", "kernel_wait_us"), ("other", "other_wait_us")):
                 ours[(s["stream"], cat)] = s[key]
         for row in ref["idle"]:
             close(ours.get((row["stream"], row["category"]), 0.0), row["idle_us"], (row["stream"], row["category"]))
     theirs = (ref.get("overlap") or {}).get("overlap_pct")
     if theirs is not None and "overlap" not in differs:
-        assert hp.comm_overlap(trace, compute="kernels")["overlap_pct"] == pytest.approx(theirs, abs=0.005)
+        assert to_plain(hp.comm_overlap(trace, compute="kernels"))["overlap_pct"] == pytest.approx(theirs, abs=0.005)
     if "temporal" in differs and "before profiling" not in differs and "compute_time" in t:
         # What HTA adds (sync events, a stream-tagged host op, work launched before profiling) only
         # lengthens its figures: never the other way round.
-        gpu = temporal_breakdown(trace)["gpu"]
+        gpu = to_plain(temporal_breakdown(trace))["gpu"]
         assert sum(r["compute_us"] for r in gpu) <= t["compute_time"] + 0.01
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from diagnostics.trace import classify as C
 from diagnostics.trace import load_trace
-from diagnostics.trace.serving import SPLIT, serving
+from diagnostics.trace.serving import SPLIT, iteration_fields, serving, serving_kernel_class
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 SGLANG = DATA / "with_stack" / "sglang_qwen3_8b_decode.json.gz"
@@ -32,14 +32,14 @@ VLLM_DECODE = DATA / "public" / "tracelens" / "vllm_decode_hip_graph.json.gz"
     ("step[EXTEND bs=15 toks=15360]", {"phase": "prefill", "batch_size": 15, "tokens": 15360}),
 ])
 def test_the_servers_annotations_say_phase_batch_and_tokens(name, fields):
-    got = C.iteration_fields(name)
+    got = iteration_fields(name)
     assert {k: got[k] for k in fields} == fields
 
 
 @pytest.mark.parametrize("name", ["ProfilerStep#3", "execute_model", "step", "vllm/v1/worker/gpu_model_runner.py"
                                   "(3380): execute_model", ""])
 def test_other_names_are_not_iterations(name):
-    assert C.iteration_fields(name) is None
+    assert iteration_fields(name) is None
 
 
 @pytest.mark.parametrize("name, cls", [
@@ -53,7 +53,7 @@ def test_other_names_are_not_iterations(name):
     ("void vllm::rotary_embedding_kernel<c10::BFloat16, true>", "other"),
 ])
 def test_kernel_classes(name, cls):
-    assert C.serving_kernel_class(name) == cls
+    assert serving_kernel_class(name) == cls
 
 
 def _kernels(path):
@@ -63,48 +63,48 @@ def _kernels(path):
 
 def test_sglang_decode_one_iteration_its_graph_and_its_split():
     s = serving(load_trace(SGLANG))
-    assert s["available"] and s["engine"] == "SGLang" and s["phase_source"] == "annotations"
-    (it,) = s["iterations"]   # TraceLens' execute_... around SGLang's step[DECODE bs=32]: one iteration
-    assert (it["phase"], it["batch_size"], it["tokens"], it["decode_requests"]) == ("decode", 32, 32, 32)
+    assert s.available and s.engine == "SGLang" and s.phase_source == "annotations"
+    (it,) = s.iterations   # TraceLens' execute_... around SGLang's step[DECODE bs=32]: one iteration
+    assert (it.phase, it.batch_size, it.tokens, it.decode_requests) == ("decode", 32, 32, 32)
     kernels, ev = _kernels(SGLANG)
     (launch,) = [e for e in ev if e.get("name") == "hipGraphLaunch"]
     replayed = [k for k in kernels if k["args"]["correlation"] == launch["args"]["correlation"]]
-    assert (it["graph_launches"], it["graph_kernels"]) == (1, len(replayed)) == (1, 544)
-    g = s["graphs"]
-    assert g["launches"] == 1 and g["kernels"] == 544
-    assert g["gpu_us"] == pytest.approx(sum(k["dur"] for k in replayed))
+    assert (it.graph_launches, it.graph_kernels) == (1, len(replayed)) == (1, 544)
+    g = s.graphs
+    assert g.launches == 1 and g.kernels == 544
+    assert g.gpu_us == pytest.approx(sum(k["dur"] for k in replayed))
     # the split adds up to the iteration; attention is the attention kernels' union (one stream: their sum)
-    assert sum(it[f"{k}_us"] for k in SPLIT) == pytest.approx(it["time_us"])
-    attn = sum(k["dur"] for k in kernels if C.serving_kernel_class(k["name"]) == "attention")
-    assert it["attention_us"] == pytest.approx(attn, rel=1e-6)
-    assert it["communication_us"] == 0.0   # world size 1
+    assert sum(getattr(it, f"{k}_us") for k in SPLIT) == pytest.approx(it.time_us)
+    attn = sum(k["dur"] for k in kernels if serving_kernel_class(k["name"]) == "attention")
+    assert it.attention_us == pytest.approx(attn, rel=1e-6)
+    assert it.communication_us == 0.0   # world size 1
 
 
 def test_vllm_prefill_and_decode_in_one_iteration_with_piecewise_graphs():
     s = serving(load_trace(VLLM_MIXED))
-    assert s["engine"] == "vLLM"
-    (it,) = s["iterations"]
-    assert (it["phase"], it["prefill_requests"], it["decode_requests"], it["tokens"]) == ("mixed", 9, 37, 8192)
+    assert s.engine == "vLLM"
+    (it,) = s.iterations
+    assert (it.phase, it.prefill_requests, it.decode_requests, it.tokens) == ("mixed", 9, 37, 8192)
     kernels, ev = _kernels(VLLM_MIXED)
     graph_corr = {e["args"]["correlation"] for e in ev if e.get("name") == "hipGraphLaunch"}
-    assert it["graph_launches"] == len(graph_corr) == 25
-    assert it["graph_kernels"] == sum(k["args"]["correlation"] in graph_corr for k in kernels) == 361
-    assert [p["phase"] for p in s["phases"]] == ["mixed"]
-    assert sum(r["kernels"] for r in s["graphs"]["by_launch"]) <= 361
+    assert it.graph_launches == len(graph_corr) == 25
+    assert it.graph_kernels == sum(k["args"]["correlation"] in graph_corr for k in kernels) == 361
+    assert [p.phase for p in s.phases] == ["mixed"]
+    assert sum(r.kernels for r in s.graphs.by_launch) <= 361
 
 
 def test_vllm_decode_with_one_hip_graph():
     s = serving(load_trace(VLLM_DECODE))
-    (it,) = s["iterations"]
-    assert it["phase"] == "decode" and it["graph_launches"] == 1 and it["graph_kernels"] == 421
-    assert 0.9 < s["graphs"]["share_of_gpu"] <= 1.0
+    (it,) = s.iterations
+    assert it.phase == "decode" and it.graph_launches == 1 and it.graph_kernels == 421
+    assert 0.9 < s.graphs.share_of_gpu <= 1.0
 
 
 @pytest.mark.parametrize("rel", ["gpu_small.json", "with_stack/h100_bert_small_step_under_python.json.gz",
                                  "public/hta/nccl_allreduce_rank0.json.gz"])
 def test_a_training_or_plain_inference_trace_is_not_a_servers(rel):
     s = serving(load_trace(DATA / rel))
-    assert s["available"] is False and "iteration annotations" in s["reason"]
+    assert s.available is False and "iteration annotations" in s.reason
 
 
 def test_the_trace_job_the_text_and_the_report_carry_it_and_a_training_trace_is_unchanged(tmp_path, monkeypatch):
@@ -134,11 +134,9 @@ def test_the_trace_job_the_text_and_the_report_carry_it_and_a_training_trace_is_
 
 def test_the_serving_chart_shows_every_part_of_the_split_in_a_legend_below_the_axis():
     """One iteration left no room for the seven legend entries stacked at the side (three were cut at 1280 px)."""
-    from diagnostics.analyses.trace.result import Serving
     from diagnostics.render.charts.serving import SPLIT_COLORS, build_serving_figure
-    from diagnostics.results import build
 
-    fig = build_serving_figure(build(Serving, serving(load_trace(VLLM_MIXED))))
+    fig = build_serving_figure(serving(load_trace(VLLM_MIXED)))
     assert [t.name for t in fig.data] == [name for _, name, _ in SPLIT_COLORS]
     assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0
     assert fig.layout.xaxis.title.text == "time (ms)"

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from diagnostics.results import to_plain
 from diagnostics.trace import load_trace, timeline_data
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -10,7 +11,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 def test_full_range_keeps_every_event():
     t = load_trace(DATA / "gpu_small.json")
-    r = timeline_data(t)
+    r = to_plain(timeline_data(t))
     json.dumps(r)
     # natural order: stream 7 before stream 20 (a string sort put "20" first)
     assert [lane["lane"] for lane in r["lanes"]] == ["100/100", "GPU 0 stream 7", "GPU 0 stream 20"]
@@ -26,7 +27,7 @@ def test_full_range_keeps_every_event():
 
 def test_range_filter_clips_to_the_window():
     t = load_trace(DATA / "gpu_small.json")
-    r = timeline_data(t, 100.0, 120.0)
+    r = to_plain(timeline_data(t, 100.0, 120.0))
     names = {e["name"] for e in r["events"]}
     assert names == {"ProfilerStep#1", "ProfilerStep#2", "aten::mm", "cudaLaunchKernel",
                      "ampere_sgemm_128x64_nn", "cudaDeviceSynchronize"}
@@ -42,7 +43,7 @@ def test_downsampling_keeps_longest_per_bucket_and_counts(tmp_path):
                 "dur": 3000.0})
     p = tmp_path / "many.json"
     p.write_text(json.dumps({"traceEvents": evs}))
-    r = timeline_data(load_trace(p), max_events=1000)
+    r = to_plain(timeline_data(load_trace(p), max_events=1000))
     assert r["in_range"] == 10001
     assert r["shown"] <= 1000 and r["bucket_us"] > 0
     assert sum(e["count"] for e in r["events"]) == 10001
@@ -61,7 +62,7 @@ def test_deep_module_trees_are_drawn_and_what_is_deeper_is_counted(tmp_path):
     n = MAX_DEPTH + 6  # one chain of nested calls, each 1 µs inside its parent
     evs = [{"ph": "X", "cat": "cpu_op", "name": f"level{i}", "pid": 1, "tid": 1, "ts": float(i),
             "dur": float(2 * n - 2 * i)} for i in range(n)]
-    r = timeline_data(_write(tmp_path, evs))
+    r = to_plain(timeline_data(_write(tmp_path, evs)))
     assert r["in_range"] == n and r["shown"] == MAX_DEPTH + 1 and r["deeper"] == n - MAX_DEPTH - 1
     assert max(e["depth"] for e in r["events"]) == MAX_DEPTH
 
@@ -71,7 +72,7 @@ def test_python_frames_get_their_own_lane_and_leave_operator_depths_alone(tmp_pa
            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 40.0, "dur": 10.0}]
     frames = [{"ph": "X", "cat": "python_function", "name": f"frame{i}", "pid": 1, "tid": 1, "ts": 1.0 + i,
                "dur": 90.0 - 2 * i} for i in range(10)]
-    r = timeline_data(_write(tmp_path, ops + frames))
+    r = to_plain(timeline_data(_write(tmp_path, ops + frames)))
     assert [lane["lane"] for lane in r["lanes"]] == ["1/1", "1/1 · Python"]
     mm = next(e for e in r["events"] if e["name"] == "aten::mm")
     assert (mm["lane"], mm["depth"]) == ("1/1", 1)  # under the step, not under ten frames
@@ -87,7 +88,7 @@ def test_downsampling_never_drops_a_lane(tmp_path):
                      "dur": 150.0 - 2 * d} for d in range(7)]
     evs += [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": i * 0.5, "dur": 0.2,
              "args": {"device": 0, "stream": 7}} for i in range(20000)]
-    r = timeline_data(_write(tmp_path, evs), max_events=1000)
+    r = to_plain(timeline_data(_write(tmp_path, evs), max_events=1000))
     assert r["shown"] <= 1000
     assert "GPU 0 stream 7" in [lane["lane"] for lane in r["lanes"]]
     assert any(e["lane"] == "GPU 0 stream 7" for e in r["events"])
@@ -101,7 +102,7 @@ def test_a_thread_without_an_os_id_is_named_by_what_it_runs():
     from diagnostics.trace import load_trace
 
     t = load_trace(DATA / "public" / "hta" / "ns_resolution_rank0.json.gz")
-    labels = {lane["lane"]: lane["label"] for lane in timeline_data(t)["lanes"]}
+    labels = {lane["lane"]: lane["label"] for lane in to_plain(timeline_data(t))["lanes"]}
     assert labels["1102/-247463936"] == "unnamed thread (cudaEventQuery)"
     assert labels["1102/1102"] == "thread 1102 (pt_main_thread)"
     assert labels["1102/1262"] == "thread 1262 (pt_autograd_0)"

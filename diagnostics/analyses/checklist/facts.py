@@ -164,7 +164,7 @@ def step_profile_facts(trace, device: torch.device) -> dict:
         "kernel_names_sample": kernel_names[:20],
         "gpu_busy_fraction": (busy_us / steps / wall_us) if (kernels.any() and wall_us) else None,
         "communication_fraction": (comm_us / kernel_us) if kernel_us else None,
-        "communication_families": [f["family"] for f in communication(trace)["families"] if f["where"] == "GPU"],
+        "communication_families": [f.family for f in communication(trace).families if f.where == "GPU"],
         "top_ops": sorted(({"name": k, "count_per_step": v / steps} for k, v in counts.items()
                            if k.startswith("aten::")), key=lambda r: -r["count_per_step"])[:15],
     }

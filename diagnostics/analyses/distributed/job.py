@@ -137,8 +137,8 @@ def analyze_folder_path(folder, *, margin: float = STRAGGLER_MARGIN, min_excess_
         use_comm_kernels(trace, comm_kernels)
         b = rank_breakdown(trace, comm_bytes)
         comm = communication(trace)
-        b["families"] = [f["family"] for f in comm["families"]]
-        notes.extend(f"{path.name}: {n}" for n in comm["notes"] if f"{path.name}: {n}" not in notes)
+        b["families"] = [f.family for f in comm.families]
+        notes.extend(f"{path.name}: {n}" for n in comm.notes if f"{path.name}: {n}" not in notes)
         b["file"] = path.name
         b["info"] = info
         wall = path.with_name(f"rank{rank}.steps.json")

@@ -4,8 +4,9 @@ The ingest runs in the runner's worker, so a pathological file costs a worker, n
 dashboard. After the first open the parsed columns are kept next to the run (Arrow/Feather), so a
 part the page asks for again with other options is recomputed from them alone, not by the whole
 job (~14 parts): the timeline for another time range (analyze_timeline) and another step's critical
-path (analyze_critical_path). Each job returns its typed result (result.py), built from the trace
-layer's plain parts with results.build.
+path (analyze_critical_path). Each job returns its typed result (result.py), put together from the records
+the trace layer's producers return (diagnostics.trace.records); the ranks' view, which analyse_ranks still
+returns as a plain dict, is typed here (results.build, strict).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from diagnostics.analyses.trace import TRACE, TRACE_CRITICAL_PATH, TRACE_DIFF, T
 from diagnostics.analyses.trace import stored
 from diagnostics.analyses.trace.critical_part import critical_path_result
 from diagnostics.analyses.trace.result import (
-    TraceCriticalPathResult, TraceDiffResult, TraceResult, TraceTimelineResult,
+    DiffCache, DiffMetrics, NoMetrics, TraceCache, TraceCriticalPathResult, TraceDiffResult, TraceMetrics, TraceResult,
+    TraceTimelineResult,
 )
 from diagnostics.errors import TorchScopeError
 from diagnostics.results import build, to_plain
@@ -36,6 +38,8 @@ from diagnostics.trace.ranks import analyse_ranks
 from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.classify import communication, use_comm_kernels
 from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
+from diagnostics.trace.records.ranks import Ranks
+from diagnostics.trace.records.timeline import Timeline
 from diagnostics.trace import (
     Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
     top_operators,
@@ -72,12 +76,12 @@ def load_columns(folder: str | Path) -> Trace:
     return Trace(events=pd.read_feather(folder / EVENTS_FILE), **meta)
 
 
-def _open(path: str, allow_truncated: bool = False) -> tuple[Trace, dict]:
+def _open(path: str, allow_truncated: bool = False) -> tuple[Trace, TraceCache]:
     """load_trace through the parsed-trace cache (diagnostics.trace.cache): the trace, and whether
     it came from the cache with the seconds the open took (result key "trace_cache")."""
     t = time.perf_counter()
     trace, hit = cached_load(path, trace_cache_dir(), allow_truncated=allow_truncated)
-    return trace, {"hit": hit, "open_s": time.perf_counter() - t}
+    return trace, TraceCache(hit=hit, open_s=time.perf_counter() - t)
 
 
 def _reopen(ctx, path: str, options: dict) -> TraceResult | None:
@@ -125,31 +129,31 @@ def analyze(ctx, options: dict) -> TraceResult:
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
     use_comm_kernels(trace, options["comm_kernels"])   # before any view: every one reads communication so
-    out = {"path": path, "name": name, "communication": communication(trace)}
+    parts = {"communication": communication(trace)}
     hta = hta_steps(options, rows)
     steps = [("summary", summary), ("temporal_breakdown", temporal_breakdown),
              ("top_operators", partial(top_operators, n=rows)), ("idle_time", hta.pop("idle_time")),
              ("launch_stats", partial(launch_stats, n=rows))] + list(hta.items())
     for i, (key, fn) in enumerate(steps):
         ctx.progress(0.5 + 0.4 * i / len(steps), key)
-        out[key] = fn(trace)
+        parts[key] = fn(trace)
     served = serving(trace)
-    if served["available"]:   # a training trace's result is unchanged: no serving key
-        out["serving"] = served
+    if served.available:   # a training trace's result is unchanged: no serving key
+        parts["serving"] = served
     ctx.progress(0.88, "critical path")
-    out["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical.py
+    parts["critical_path"] = critical_path_result(trace, options, ctx.artifact_dir)   # #18, critical_part.py
     ctx.progress(0.9, "timeline")
-    out["timeline"] = timeline_part(trace, options)
+    parts["timeline"] = timeline_part(trace, options)
     if options["ranks"]:
-        out["ranks"] = _ranks(ctx, options)
+        parts["ranks"] = _ranks(ctx, options)
     if options["keep_columns"]:
         _save_columns(trace, ctx.artifact_dir)
-        out["columns_dir"] = str(ctx.artifact_dir)
-    s = out["summary"]
-    out["metrics"] = {"events": s["events"], "duration_ms": s["duration_us"] / 1e3, "steps": s["n_steps"],
-                      "skipped_events": s["skipped_events"], "has_gpu": s["has_gpu"]}
+        parts["columns_dir"] = str(ctx.artifact_dir)
+    s = parts["summary"]
+    metrics = TraceMetrics(events=s.events, duration_ms=s.duration_us / 1e3, steps=s.n_steps,
+                           skipped_events=s.skipped_events, has_gpu=s.has_gpu)
     # whether the parsed trace came from the trace cache, and how long the open took
-    result = build(TraceResult, {**out, "trace_cache": cache})
+    result = TraceResult(path=path, name=name, **parts, metrics=metrics, trace_cache=cache)
     _keep(trace, options, result, ctx.artifact_dir)
     return result
 
@@ -176,22 +180,23 @@ def hta_steps(options, rows: int) -> dict:
     }
 
 
-def _ranks(ctx, options: dict) -> dict:
-    """Several ranks' traces (the "ranks" option): diagnostics.trace.ranks.analyse_ranks."""
+def _ranks(ctx, options: dict) -> Ranks:
+    """Several ranks' traces (the "ranks" option): diagnostics.trace.ranks.analyse_ranks, typed strictly (it
+    returns a plain dict: its map and reduce cross processes as plain data, and attach's job reads it so)."""
     paths = [str(check_server_path(p, "trace")) for p in options["ranks"]]
     ctx.progress(0.92, f"{len(paths)} rank path(s): analysing each rank")
-    return analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
+    return build(Ranks, analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
                          progress=lambda f, m: ctx.progress(0.92 + 0.06 * f, m), dask=options["dask"],
                          dask_memory_limit=options["dask_memory_limit"], cache_root=trace_cache_dir(),
                          timeline_ranks=_timeline_picks(options["timeline_ranks"]),
-                         comm_kernels=options["comm_kernels"] or "", dask_trusted=options["trust_dask_scheduler"])
+                         comm_kernels=options["comm_kernels"] or "", dask_trusted=options["trust_dask_scheduler"]))
 
 
 def _timeline_picks(value: str | None):
     return None if not value else "all" if value == "all" else [int(p) for p in value.split(",")]
 
 
-def timeline_part(trace: Trace, options) -> dict:
+def timeline_part(trace: Trace, options) -> Timeline:
     """The timeline part: the bars of [t0, t1] µs (None: the whole trace), at most ``max_events``; in the
     trace job and the trace_timeline part alike."""
     return timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
@@ -202,7 +207,7 @@ def analyze_timeline(ctx, options: dict) -> TraceTimelineResult:
     timeline part alone, without reading the file or computing the other parts."""
     options = TRACE_TIMELINE.validate(options)  # idempotent: the runner validated them too
     trace = load_columns(options["columns_dir"])
-    return build(TraceTimelineResult, {"timeline": timeline_part(trace, options), "metrics": {}})
+    return TraceTimelineResult(timeline=timeline_part(trace, options), metrics=NoMetrics())
 
 
 def analyze_critical_path(ctx, options: dict) -> TraceCriticalPathResult:
@@ -211,8 +216,8 @@ def analyze_critical_path(ctx, options: dict) -> TraceCriticalPathResult:
     options = TRACE_CRITICAL_PATH.validate(options)  # idempotent: the runner validated them too
     trace = load_columns(options["columns_dir"])
     ctx.progress(0.3, f"{len(trace.events):,} events read back; critical path")
-    return build(TraceCriticalPathResult, {"critical_path": critical_path_result(trace, options, ctx.artifact_dir),
-                                           "metrics": {}})
+    cp = critical_path_result(trace, options, ctx.artifact_dir)
+    return TraceCriticalPathResult(critical_path=cp, metrics=NoMetrics())
 
 
 def analyze_diff(ctx, options: dict) -> TraceDiffResult:
@@ -225,6 +230,8 @@ def analyze_diff(ctx, options: dict) -> TraceDiffResult:
     after, cache_after = _open(after_path)
     ctx.progress(0.9, "comparing")
     diff = diff_traces(before, after)
-    return build(TraceDiffResult, {"before": before_path, "after": after_path, "diff": diff,
-                                   "trace_cache": {"before": cache_before, "after": cache_after},
-                                   "metrics": dict(diff["counts"])})
+    c = diff.counts
+    return TraceDiffResult(before=before_path, after=after_path, diff=diff,
+                           trace_cache=DiffCache(before=cache_before, after=cache_after),
+                           metrics=DiffMetrics(added=c.added, removed=c.removed, faster=c.faster, slower=c.slower,
+                                               unchanged=c.unchanged))

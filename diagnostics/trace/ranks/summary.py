@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from diagnostics.results import to_plain
 from diagnostics.trace import classify
 from diagnostics.trace.comm import event_bytes, rank_breakdown
 from diagnostics.trace.comm_args import named_events
@@ -221,10 +222,10 @@ def _kernels(trace) -> list[dict]:
 
 
 def _idle(trace) -> dict | None:
-    rows = idle_time(trace)["streams"]
+    rows = idle_time(trace).streams
     if not rows:
         return None
-    return {k: float(sum(r[k] for r in rows)) for k in ("window_us", "busy_us", "idle_us", "host_wait_us",
+    return {k: float(sum(getattr(r, k) for r in rows)) for k in ("window_us", "busy_us", "idle_us", "host_wait_us",
                                                          "kernel_wait_us", "other_wait_us")} | {"streams": len(rows)}
 
 
@@ -286,7 +287,7 @@ def rank_detail(path: str, timeline_events: int | None = None, critical_path_ste
     if timeline_events:
         st = step_table(trace)
         align = float(st["start_us"].min()) if len(st) else 0.0
-        tl = timeline_data(trace, max_events=timeline_events)
+        tl = to_plain(timeline_data(trace, max_events=timeline_events))   # plain: it crosses to the parent
         for e in tl["events"]:
             e["start_us"] -= align
         tl["t0"] -= align
@@ -307,7 +308,7 @@ def _critical_path(trace, step: int | None) -> dict:
     from diagnostics.trace.errors import TraceError
 
     try:
-        cp = critical_path(trace, model=step_graph(trace, step))
+        cp = to_plain(critical_path(trace, model=step_graph(trace, step)))   # plain: it crosses to the parent
     except TraceError as e:
         return {"available": False, "reason": str(e)}
     except Exception as e:  # noqa: BLE001 - the rest of the multi-rank analysis stands without it
