@@ -47,7 +47,8 @@ def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_pa
                                        "loss, autograd nodes SumBackward0, PowBackward0, SubBackward0"), plan["loss"]
     else:
         assert plan["loss"].startswith("the script's cross_entropy (recognised from its autograd nodes: "
-                                       "NllLossBackward0, LogSoftmaxBackward0)"), plan["loss"]
+                                       "NllLossBackward0, LogSoftmaxBackward0" + (", ToCopyBackward0)" if "--amp" in args
+                                                                                  else ")")), plan["loss"]
     # what the script held, read from its tensors, against its layer sizes: weights, gradients, Adam's 2 buffers
     held = plan["held_bytes"]
     assert held["parameters"] == held["gradients"] == _params_bytes(width)
@@ -294,3 +295,31 @@ def _lm_params_shapes():
         yield from [(3 * WIDTH, WIDTH), (3 * WIDTH,), (WIDTH, WIDTH), (WIDTH,), (4 * WIDTH, WIDTH), (4 * WIDTH,),
                     (WIDTH, 4 * WIDTH), (WIDTH,)]
     yield from [(VOCAB, WIDTH), (VOCAB,)]
+
+
+def test_the_agent_records_keyword_inputs_and_the_loss_made_after_the_model(tmp_path):
+    """What the guest keeps for the plan: shapes, dtypes and names (no tensor), and the names of the autograd nodes
+    between the backward's start and the model's output."""
+    from tests.attach.test_attach_unit import _agent
+
+    agent = _agent(tmp_path)
+    model = torch.nn.Linear(4, 3)
+    x, mask = torch.randn(2, 4), torch.ones(2, 5, dtype=torch.long)
+    agent.plan_capture(model, ())  # called by keyword only: nothing positional
+    out = model(x)
+    agent.plan_outputs(model, {"x": x, "attention_mask": mask, "return_dict": True, "labels": None}, out)
+    ref, tensors, cast, others = agent.plan_calls[id(model)]
+    assert ref() is model and cast is None and others == 1  # return_dict (None is not counted)
+    assert tensors == [((2, 4), "float32", "x"), ((2, 5), "int64", "attention_mask")]
+    agent.plan_capture(model, (x,))  # the next call: positional, the last keyword ones standing until its end
+    assert agent.plan_calls[id(model)][1] == [((2, 4), "float32"), ((2, 4), "float32", "x"),
+                                              ((2, 5), "int64", "attention_mask")]
+    loss = torch.nn.functional.cross_entropy(out.view(-1, 3) * 2, torch.zeros(2, dtype=torch.long))
+    agent.loss_capture((loss,), {})
+    assert agent.loss_ops == ["NllLossBackward0", "LogSoftmaxBackward0", "MulBackward0", "ViewBackward0"]  # newest first
+    agent.loss_ops = None
+    agent.loss_capture((), {"tensors": [out.sum()]})
+    assert agent.loss_ops == ["SumBackward0"]
+    agent.loss_ops = None
+    agent.loss_capture((out,), {})  # the backward starts from the model's output: its own loss
+    assert agent.loss_ops == []

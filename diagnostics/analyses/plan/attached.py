@@ -496,7 +496,10 @@ def plan_in_process(model, opt, inputs: list, spec_text: str, autocast=None, los
             planner.scratch = Scratch(device)
     configs = [(d, q, z, "") for d in dtypes for q in seqs for z in sizes]
     if spec["shard"]:
-        name = optimizer_name(opt)  # the setting's label; the step runs the script's own class
+        try:  # the setting's label (the step runs the script's own class and settings)
+            name = optimizer_name(opt)
+        except OptionError:
+            name = type(opt).__name__
         configs += [(own, ("", None), z, s) for s in spec["shard"] for z in sizes]
     rows = []
     rng = torch.get_rng_state()
