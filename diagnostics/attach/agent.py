@@ -809,9 +809,11 @@ class Agent:
             others = sum(1 for v in kwargs.values() if v is not None and not isinstance(v, torch.Tensor))
             pos = [t for t in call[1] if len(t) == 2]
             self.plan_calls[id(mod)] = (call[0], pos + kw, call[2], call[3] + others)
-        seqs, seen = [], [out]
-        while seen and len(seqs) < 64:
-            x = seen.pop()
+        if self.plan_done and self.loss_ops is not None:
+            return
+        seqs, seen, looked = [], [out], 0
+        while seen and looked < 256:
+            x, looked = seen.pop(), looked + 1
             if isinstance(x, torch.Tensor):
                 if x.grad_fn is not None:
                     seqs.append(x.grad_fn._sequence_nr())
@@ -827,6 +829,15 @@ class Agent:
         starts from and the last recorded training forward's output: the loss the script computed outside
         the model ([]: the backward started from the model's output; analyses/plan/attached.loss_of). Names
         only: no tensor the nodes saved is read."""
+        try:
+            self._loss_capture(args, kwargs)
+        except Exception as e:  # the loss is the plan's detail: the run goes on (the plan says it used a stand-in)
+            self.loss_ops = self.out_seq = None
+            note = f"the script's loss could not be read from its autograd graph: {type(e).__name__}: {e}"
+            if note not in self.notes:
+                self.notes.append(note)
+
+    def _loss_capture(self, args, kwargs) -> None:
         torch = self.torch
         if self.out_seq is None or (self.plan_done and self.loss_ops is not None):
             return
@@ -857,7 +868,7 @@ class Agent:
             # the module the optimizer that stepped first trains: the first trained one holding its parameters
             got, mod = next(((c, m) for c, m in live if {id(p) for p in m.parameters()} & held), (None, None))
             if not live:
-                out = {"error": "no training forward of a module with parameters (positional tensor inputs) was "
+                out = {"error": "no training forward of a module with parameters was "
                                 "seen before the first optimizer step: nothing to plan"}
             elif mod is None:
                 out = {"error": f"the optimizer that stepped first ({type(opt).__name__}) holds none of the "
@@ -1335,11 +1346,17 @@ def _install_modules(agent: Agent) -> None:
         if exc is not None:
             _noted(agent, exc, mod)
         try:
-            if len(rest) == 2:
-                agent.plan_outputs(mod, rest[0], rest[1])  # run --plan: keyword inputs, where the loss starts
             agent.on_top_forward_end(mod)
         except Exception as e:
             agent.fail("module forward hook", e)
+        try:
+            if len(rest) == 2:
+                agent.plan_outputs(mod, rest[0], rest[1])  # run --plan: keyword inputs, where the loss starts
+        except Exception as e:  # the plan's record only: the run goes on
+            agent.plan_calls.pop(id(mod), None)
+            note = f"the model's keyword inputs could not be recorded: {type(e).__name__}: {e}"
+            if note not in agent.notes:
+                agent.notes.append(note)
 
     agent.handles = [register_module_forward_pre_hook(pre),
                      register_module_forward_hook(post, with_kwargs=True, always_call=True)]
@@ -1828,7 +1845,7 @@ def _oom_plan(agent: Agent, kind: str, model, opt) -> dict:
                               f"({type(opt).__name__}): nothing to plan"}
     call = agent.plan_calls.get(id(model))
     if call is None:
-        return {"plan_error": "no training forward of the model with positional tensor inputs was seen: its batch "
+        return {"plan_error": "no training forward of the model was seen: its batch "
                               "is not known"}
     try:
         with _engine_imported() as attached:
