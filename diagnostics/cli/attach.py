@@ -72,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plan", nargs="?", const="", default=None, metavar="SPEC",
                    help="plan the script's own job's memory: at its first optimizer step's end, the model, optimizer, "
                         "batch and dtype it really uses are planned on fake copies (nothing allocated), the 1x row "
-                        "set beside the peak the run measured; SPEC adds rows: batch=2x,4x (or sizes) ; seq=2x,1024 (token "
-                        "inputs, each from its own length; seq=NAME=2x for one input) ; dtype=bf16 ; "
+                        "set beside the peak the run measured; SPEC adds rows: batch=2x,4x (or sizes) ; seq=2x,1024 "
+                        "(token inputs, each from its own length; seq=NAME=2x for one input) ; dtype=bf16 ; "
                         "shard=zero1,zero2,zero3|fsdp,ranks=8 ; device=H100-80GB ; probe=yes (kernel scratch measured "
                         "on real tensors), e.g. --plan 'batch=2x,4x;seq=2x;dtype=bf16;shard=zero3,ranks=8' "
                         "(docs/attach.md, 'Planning the job's memory')")

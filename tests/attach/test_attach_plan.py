@@ -46,9 +46,9 @@ def test_run_plan_as_run_row_within_5pct_of_measured_and_script_unchanged(tmp_pa
         assert plan["loss"].startswith("the mean of the model's first floating output (a stand-in: the script's "
                                        "loss, autograd nodes SumBackward0, PowBackward0, SubBackward0"), plan["loss"]
     else:
-        assert plan["loss"].startswith("the script's cross_entropy (recognised from its autograd nodes: "
-                                       "NllLossBackward0, LogSoftmaxBackward0" + (", ToCopyBackward0)" if "--amp" in args
-                                                                                  else ")")), plan["loss"]
+        nodes = "NllLossBackward0, LogSoftmaxBackward0" + (", ToCopyBackward0" if "--amp" in args else "")
+        assert plan["loss"].startswith(f"the script's cross_entropy (recognised from its autograd nodes: {nodes})"), \
+            plan["loss"]
     # what the script held, read from its tensors, against its layer sizes: weights, gradients, Adam's 2 buffers
     held = plan["held_bytes"]
     assert held["parameters"] == held["gradients"] == _params_bytes(width)
@@ -191,8 +191,8 @@ def test_loss_of_replays_the_loss_the_script_made_after_the_model():
 
 def test_run_plan_bad_spec_is_a_usage_error_before_the_script_runs(tmp_path):
     marker = tmp_path / "ran"
-    p = subprocess.run([sys.executable, "-m", "diagnostics", "run", "--no-report", "--plan", "seq=2x;shard=zero4,ranks=8",
-                        "--",
+    p = subprocess.run([sys.executable, "-m", "diagnostics", "run", "--no-report", "--plan",
+                        "seq=2x;shard=zero4,ranks=8", "--",
                         sys.executable, "-c", f"open({str(marker)!r}, 'w')"], cwd=tmp_path, env=env_for(tmp_path),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--plan: shard 'zero4' is not one of zero1, zero2, zero3, fsdp" in p.stderr
@@ -316,7 +316,8 @@ def test_the_agent_records_keyword_inputs_and_the_loss_made_after_the_model(tmp_
                                               ((2, 5), "int64", "attention_mask")]
     loss = torch.nn.functional.cross_entropy(out.view(-1, 3) * 2, torch.zeros(2, dtype=torch.long))
     agent.loss_capture((loss,), {})
-    assert agent.loss_ops == ["NllLossBackward0", "LogSoftmaxBackward0", "MulBackward0", "ViewBackward0"]  # newest first
+    # newest first
+    assert agent.loss_ops == ["NllLossBackward0", "LogSoftmaxBackward0", "MulBackward0", "ViewBackward0"]
     agent.loss_ops = None
     agent.loss_capture((), {"tensors": [out.sum()]})
     assert agent.loss_ops == ["SumBackward0"]

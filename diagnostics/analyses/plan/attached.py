@@ -343,7 +343,8 @@ def _loaded(model, inputs: list, loss_ops=None):
 
     loss_fn, loss = loss_of(loss_ops)
     loaded = Loaded()
-    loaded.model, loaded.input_specs, loaded.loss_fn, loaded.batch_size = model, tuple(specs), loss_fn, specs[0].shape[0]
+    loaded.model, loaded.input_specs, loaded.loss_fn = model, tuple(specs), loss_fn
+    loaded.batch_size = specs[0].shape[0]
     loaded.meta, loaded.num_classes, loaded.task, loaded.spec = "", None, None, None
     return loaded, specs, specs[0].shape[0], loss
 
