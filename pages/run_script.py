@@ -93,10 +93,12 @@ plan_on = c1.checkbox("Plan its memory", key="attach_plan", persist_state="sessi
                            "made in its process at its first optimizer step's end on fake copies, beside the peak "
                            "this run measures (docs/attach.md, 'Planning the job's memory')")
 plan_spec = c2.text_input("Plan also", key="attach_plan_spec", persist_state="session", disabled=busy or not plan_on,
-                          placeholder="batch=2x,4x;dtype=bf16;device=H100-80GB",
-                          help="rows beside the script's own configuration: batch multiples or sizes, dtypes, a "
-                               "device (default: the one the model is on); probe=yes counts kernel scratch "
-                               "(convolutions, batch norm) by running those ops once on real tensors")
+                          placeholder="batch=2x,4x;seq=2x;dtype=bf16;shard=zero3,ranks=8",
+                          help="rows beside the script's own configuration: batch multiples or sizes, sequence "
+                               "lengths (seq=2x,1024: token inputs, each from its own length), dtypes, shardings "
+                               "(shard=zero1,zero3,ranks=8), a device (default: the one the model is on); probe=yes "
+                               "counts kernel scratch (convolutions, batch norm) by running those ops once on real "
+                               "tensors")
 
 # -- Try fixes (issue 40): the script run as it is and with each fix, in interleaved rounds with an A/A control.
 _suggest_from_last_run(run)

@@ -168,10 +168,14 @@ class Agent:
         self.handles: list = []  # the global module hooks (removed if we fail)
         self.busy = False  # our own work runs: our wrappers let the calls through untimed
         # run --plan and an OOM's budget answer: each module with parameters trained at the top level so far, by
-        # id: (weakref, its last call's [(shape, dtype)] of positional tensors, autocast dtype, non-tensor
-        # positional arguments)
+        # id: (weakref, its last call's [(shape, dtype)] of positional tensors then [(shape, dtype, keyword)] of
+        # keyword ones, autocast dtype, non-tensor arguments)
         self.plan_calls: dict[int, tuple] = {}
         self.plan_done = self.cfg.plan is None
+        # the script's loss: the autograd sequence number of the last such call's output, and the names of the
+        # autograd nodes a backward started from after it (the loss the script computed outside the model)
+        self.out_seq: int | None = None
+        self.loss_ops: list[str] | None = None
         try:
             self.is_compiling = torch.compiler.is_compiling
         except AttributeError:
@@ -773,14 +777,15 @@ class Agent:
     # ------------------------------------------------------------------ run --plan
     def plan_capture(self, mod, args) -> None:
         """A top-level training forward of a module with parameters: its positional tensors' shapes and
-        dtypes and autocast's dtype, for the plan (no reference to the tensors is kept)."""
+        dtypes and autocast's dtype, for the plan (no reference to the tensors is kept). Its keyword tensors
+        are known at its end (plan_outputs); until then those of its previous call stand."""
         torch = self.torch
         if not (self._params(mod) and mod.training and torch.is_grad_enabled()):
             return
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if not tensors:
-            return
-        dev = tensors[0].device.type
+        old = self.plan_calls.get(id(mod))
+        kw = [t for t in old[1] if len(t) == 3] if old is not None and old[0]() is mod else []
+        dev = tensors[0].device.type if tensors else next(mod.parameters()).device.type
         cast = None
         try:
             if torch.is_autocast_enabled(dev):
@@ -788,7 +793,66 @@ class Agent:
         except (TypeError, RuntimeError, AttributeError):  # an older torch: no per-device query
             cast = None
         self.plan_calls[id(mod)] = (weakref.ref(mod), [(tuple(t.shape), str(t.dtype).replace("torch.", ""))
-                                                      for t in tensors], cast, len(args) - len(tensors))
+                                                      for t in tensors] + kw, cast, len(args) - len(tensors))
+
+    def plan_outputs(self, mod, kwargs: dict, out) -> None:
+        """The end of a top-level training forward plan_capture recorded: its keyword tensors' shapes, dtypes
+        and names (transformers' ``model(input_ids=..., attention_mask=...)``), and the autograd sequence
+        number of its output (the script's loss is made of the nodes after it: loss_capture)."""
+        torch = self.torch
+        call = self.plan_calls.get(id(mod))
+        if call is None or call[0]() is not mod:
+            return
+        if kwargs:
+            kw = [(tuple(v.shape), str(v.dtype).replace("torch.", ""), k) for k, v in kwargs.items()
+                  if isinstance(v, torch.Tensor)]
+            others = sum(1 for v in kwargs.values() if v is not None and not isinstance(v, torch.Tensor))
+            pos = [t for t in call[1] if len(t) == 2]
+            self.plan_calls[id(mod)] = (call[0], pos + kw, call[2], call[3] + others)
+        if self.plan_done and self.loss_ops is not None:
+            return
+        seqs, seen, looked = [], [out], 0
+        while seen and looked < 256:
+            x, looked = seen.pop(), looked + 1
+            if isinstance(x, torch.Tensor):
+                if x.grad_fn is not None:
+                    seqs.append(x.grad_fn._sequence_nr())
+            elif isinstance(x, dict):
+                seen.extend(x.values())
+            elif isinstance(x, (list, tuple)):
+                seen.extend(x)
+        if seqs:
+            self.out_seq = max(seqs)
+
+    def loss_capture(self, args, kwargs) -> None:
+        """A backward starts (before the plan is made): the names of the autograd nodes between the tensors it
+        starts from and the last recorded training forward's output: the loss the script computed outside
+        the model ([]: the backward started from the model's output; analyses/plan/attached.loss_of). Names
+        only: no tensor the nodes saved is read."""
+        try:
+            self._loss_capture(args, kwargs)
+        except Exception as e:  # the loss is the plan's detail: the run goes on (the plan says it used a stand-in)
+            self.loss_ops = self.out_seq = None
+            note = f"the script's loss could not be read from its autograd graph: {type(e).__name__}: {e}"
+            if note not in self.notes:
+                self.notes.append(note)
+
+    def _loss_capture(self, args, kwargs) -> None:
+        torch = self.torch
+        if self.out_seq is None or (self.plan_done and self.loss_ops is not None):
+            return
+        roots = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
+        roots = [roots] if isinstance(roots, torch.Tensor) else list(roots or ())
+        nodes = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        found: dict[int, str] = {}
+        while nodes and len(found) < 64:
+            n = nodes.pop()
+            seq, name = n._sequence_nr(), n.name()
+            if seq <= self.out_seq or seq in found or "AccumulateGrad" in name:
+                continue
+            found[seq] = name
+            nodes.extend(f for f, _ in n.next_functions if f is not None)
+        self.loss_ops = [found[k] for k in sorted(found, reverse=True)]
 
     def plan(self, opt) -> None:
         """``run --plan``, once, at the first optimizer step's end (its state exists): the engine's planner
@@ -804,7 +868,7 @@ class Agent:
             # the module the optimizer that stepped first trains: the first trained one holding its parameters
             got, mod = next(((c, m) for c, m in live if {id(p) for p in m.parameters()} & held), (None, None))
             if not live:
-                out = {"error": "no training forward of a module with parameters (positional tensor inputs) was "
+                out = {"error": "no training forward of a module with parameters was "
                                 "seen before the first optimizer step: nothing to plan"}
             elif mod is None:
                 out = {"error": f"the optimizer that stepped first ({type(opt).__name__}) holds none of the "
@@ -812,7 +876,7 @@ class Agent:
                                 "nothing to plan"}
             else:
                 with _engine_imported() as attached:
-                    out = attached.plan_in_process(mod, opt, got[1], self.cfg.plan or "", got[2])
+                    out = attached.plan_in_process(mod, opt, got[1], self.cfg.plan or "", got[2], self.loss_ops)
                 if len(live) > 1:
                     out.setdefault("notes", []).append(
                         f"the script trained {len(live)} modules with parameters before its first optimizer step "
@@ -821,7 +885,7 @@ class Agent:
                         "process' (the others' memory is in it)")
                 if got[3]:
                     out.setdefault("notes", []).append(
-                        f"{got[3]} positional argument(s) of the model's forward that are not tensors were left out")
+                        f"{got[3]} argument(s) of the model's forward that are not tensors were left out")
         except Exception as e:  # the plan is ours: the script goes on
             out = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:400]}"}
         finally:
@@ -1219,12 +1283,14 @@ def _install_optimizer(agent: Agent) -> None:
     register_optimizer_step_post_hook(post)
 
 
-def _phase_wrapper(agent: Agent, orig, phase: str, before=None):
+def _phase_wrapper(agent: Agent, orig, phase: str, before=None, look=None):
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         if agent.is_compiling() or not agent.ok():
             return orig(*args, **kwargs)
         try:
+            if look is not None:
+                look(args, kwargs)
             if before is not None:
                 before()
             agent.enter(phase)
@@ -1268,7 +1334,9 @@ def _install_modules(agent: Agent) -> None:
         except Exception as e:
             agent.fail("module forward pre-hook", e)
 
-    def post(mod, args, out):
+    def post(mod, args, *rest):
+        # with_kwargs: (kwargs, output) after a forward; torch's except clause calls an always_call hook with
+        # (output) alone
         if agent.is_compiling() or not agent.ok() or agent.depth <= 0:
             return
         agent.depth -= 1
@@ -1281,14 +1349,23 @@ def _install_modules(agent: Agent) -> None:
             agent.on_top_forward_end(mod)
         except Exception as e:
             agent.fail("module forward hook", e)
+        try:
+            if len(rest) == 2:
+                agent.plan_outputs(mod, rest[0], rest[1])  # run --plan: keyword inputs, where the loss starts
+        except Exception as e:  # the plan's record only: the run goes on
+            agent.plan_calls.pop(id(mod), None)
+            note = f"the model's keyword inputs could not be recorded: {type(e).__name__}: {e}"
+            if note not in agent.notes:
+                agent.notes.append(note)
 
-    agent.handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post, always_call=True)]
+    agent.handles = [register_module_forward_pre_hook(pre),
+                     register_module_forward_hook(post, with_kwargs=True, always_call=True)]
 
 
 def _install_autograd(agent: Agent) -> None:
     autograd = agent.torch.autograd
-    autograd.backward = _phase_wrapper(agent, autograd.backward, "backward", agent.on_backward)
-    autograd.grad = _phase_wrapper(agent, autograd.grad, "backward", agent.on_backward)
+    autograd.backward = _phase_wrapper(agent, autograd.backward, "backward", agent.on_backward, agent.loss_capture)
+    autograd.grad = _phase_wrapper(agent, autograd.grad, "backward", agent.on_backward, agent.loss_capture)
 
 
 def _install_dataloader(agent: Agent) -> None:
@@ -1768,10 +1845,10 @@ def _oom_plan(agent: Agent, kind: str, model, opt) -> dict:
                               f"({type(opt).__name__}): nothing to plan"}
     call = agent.plan_calls.get(id(model))
     if call is None:
-        return {"plan_error": "no training forward of the model with positional tensor inputs was seen: its batch "
+        return {"plan_error": "no training forward of the model was seen: its batch "
                               "is not known"}
     try:
         with _engine_imported() as attached:
-            return {"plan": attached.fit_in_process(model, opt, call[1], call[2], kind)}
+            return {"plan": attached.fit_in_process(model, opt, call[1], call[2], kind, agent.loss_ops)}
     except Exception as e:
         return {"plan_error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:400]}"}

@@ -72,9 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plan", nargs="?", const="", default=None, metavar="SPEC",
                    help="plan the script's own job's memory: at its first optimizer step's end, the model, optimizer, "
                         "batch and dtype it really uses are planned on fake copies (nothing allocated), the 1x row "
-                        "set beside the peak the run measured; SPEC adds rows: batch=2x,4x (or sizes) ; dtype=bf16 ; "
-                        "device=H100-80GB ; probe=yes (kernel scratch measured on real tensors), e.g. --plan "
-                        "'batch=2x,4x;dtype=bf16' (docs/attach.md, 'Planning the job's memory')")
+                        "set beside the peak the run measured; SPEC adds rows: batch=2x,4x (or sizes) ; seq=2x,1024 "
+                        "(token inputs, each from its own length; seq=NAME=2x for one input) ; dtype=bf16 ; "
+                        "shard=zero1,zero2,zero3|fsdp,ranks=8 ; device=H100-80GB ; probe=yes (kernel scratch measured "
+                        "on real tensors), e.g. --plan 'batch=2x,4x;seq=2x;dtype=bf16;shard=zero3,ranks=8' "
+                        "(docs/attach.md, 'Planning the job's memory')")
     t = p.add_argument_group("try fixes (instead of profiling: docs/attach.md, 'Trying fixes')")
     t.add_argument("--try", dest="try_fixes", metavar="FIX[,FIX...]",
                    help="run the script as it is and with each fix (no edit of the script), in interleaved rounds "

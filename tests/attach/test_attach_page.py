@@ -147,7 +147,7 @@ def test_a_bad_plan_spec_is_named_and_nothing_starts(new_app):
     at.text_input(key="attach_plan_spec").set_value("shard=zero3").run()
     at.button(key="attach_go").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    assert any("--plan: shard= is not planned for an attached run yet" in e.value for e in at.error)
+    assert any("--plan: shard=zero3 needs the number of ranks: add ranks=N" in e.value for e in at.error)
     assert "attach_run" not in at.session_state
 
 
@@ -162,7 +162,11 @@ def test_the_view_shows_a_stored_runs_plan_beside_its_measured_peak(tmp_path):
     _write_run(tmp_path, steps, {"window": [4, 5]}, AttachConfig(steps=2, at=4, plan="batch=2x"))
     rows = [{"scale": "1x", "batch": 8, "dtype": "fp32", "as_run": True, "peak_bytes": 3 << 20, "phase": "backward",
              "fits": True},
-            {"scale": "2x", "batch": 16, "dtype": "fp32", "error": "TraceFailure: in (model) during forward: boom"}]
+            {"scale": "2x", "batch": 16, "dtype": "fp32", "error": "TraceFailure: in (model) during forward: boom"},
+            {"scale": "1x", "batch": 8, "dtype": "fp32", "seq": "2x", "inputs": ["input_ids [8, 128] int64"],
+             "peak_bytes": 5 << 20, "phase": "backward", "fits": True},
+            {"scale": "1x", "batch": 8, "dtype": "fp32", "shard": "zero3", "ranks": 4, "per_rank": {"0": 1 << 20},
+             "peak_bytes": 1 << 20, "phase": "forward", "fits": True, "state_bytes": 1000}]
     (tmp_path / "proc-1234" / "plan.json").write_text(json.dumps(
         {"spec": "batch=2x", "device": "cpu", "optimizer": "SGD", "rows": rows, "held_bytes": {"parameters": 10}}))
     result = analyse_run(tmp_path, exit_code=0, command=["python", "t.py"])
@@ -182,3 +186,5 @@ def test_the_view_shows_a_stored_runs_plan_beside_its_measured_peak(tmp_path):
     text = " ".join(m.value for m in at.markdown) + " ".join(c.value for c in at.caption)
     assert "memory plan, batch 8 (1x), fp32, SGD: 3.00 MiB predicted (peak in backward), fits cpu" in text, text
     assert "memory plan, batch 16 (2x), fp32, SGD: not planned: TraceFailure" in text
+    assert "memory plan, batch 8 (1x), fp32, SGD, seq 2x (input_ids [8, 128] int64): 5.00 MiB predicted" in text
+    assert "memory plan, batch 8 (1x per rank), fp32, SGD, zero3 x4 ranks: 1.00 MiB predicted (peak in forward)" in text

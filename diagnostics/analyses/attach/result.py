@@ -307,19 +307,30 @@ class Memory(Record, frozen=True, kw_only=True):
 
 
 class PlanRow(Record, frozen=True, kw_only=True):
-    """One configuration of ``run --plan``: a batch (``scale``: "1x", "2x" or a size) in a dtype, its
+    """One configuration of ``run --plan``: a batch (``scale``: "1x", "2x" or a size) in a dtype, at the
+    script's sequence lengths or others (``seq``: "2x", "1024"; ``inputs``: the row's shapes), unsharded or
+    sharded (``shard`` over ``ranks``, the batch per rank; ``per_rank``: the traced ranks' peaks), its
     predicted peak and parts, or why it could not be planned (``error``)."""
 
     scale: str
     batch: int
     dtype: str
-    #: the script's own batch and dtype: the row set beside the measured peak
+    seq: str = ""
+    inputs: tuple[str, ...] = ()
+    shard: str = ""
+    ranks: int = 1
+    per_rank: dict[str, int] = {}
+    #: the script's own batch, dtype and lengths, unsharded: the row set beside the measured peak
     as_run: bool = False
     peak_bytes: int | None = None
     parts: dict[str, int] = {}
     phase: str = ""
     module: str = ""
     fits: bool | None = None
+    #: the (fake) model's parameters, gradients and optimizer state in the step (one rank's when sharded)
+    parameter_bytes: int | None = None
+    gradient_bytes: int | None = None
+    state_bytes: int | None = None
     error: str | None = None
 
 
@@ -338,6 +349,8 @@ class RunPlan(Record, frozen=True, kw_only=True):
     dtype: str = ""
     inputs: tuple[str, ...] = ()
     batch: int | None = None
+    #: the loss the plan's backward starts from (the script's, recognised and replayed, or a stand-in, said so)
+    loss: str = ""
     held_bytes: dict[str, int] = {}
     rows: tuple[PlanRow, ...] = ()
     seconds: float | None = None

@@ -63,9 +63,10 @@ def _wrap(model, config: Config, mesh, blocks: list[str]):
     return DDP(model), "zero1"
 
 
-def zero_optimizer(params, name: str):
+def zero_optimizer(params, name: str, optimizer: tuple | None = None):
     """torch's ZeroRedundancyOptimizer over ``params`` with the optimizer ``name`` (measure.training's
-    construction: the same class and hyper-parameters), each rank keeping its partition's state."""
+    construction: the same class and hyper-parameters), or ``optimizer``: (class, defaults) (an attached
+    script's own), each rank keeping its partition's state."""
     import inspect
 
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -73,21 +74,27 @@ def zero_optimizer(params, name: str):
     from diagnostics.analyses.plan.trace import LR
     from diagnostics.measure.training import make_optimizer
 
-    probe = make_optimizer([torch.nn.Parameter(torch.empty(1))], name, LR)
-    accepted = inspect.signature(type(probe).__init__).parameters
-    return ZeroRedundancyOptimizer(list(params), optimizer_class=type(probe),
-                                   **{k: v for k, v in probe.defaults.items() if k in accepted and k != "params"})
+    if optimizer is None:
+        probe = make_optimizer([torch.nn.Parameter(torch.empty(1))], name, LR)
+        optimizer = (type(probe), probe.defaults)
+    cls, defaults = optimizer
+    accepted = inspect.signature(cls.__init__).parameters
+    return ZeroRedundancyOptimizer(list(params), optimizer_class=cls,
+                                   **{k: v for k, v in defaults.items() if k in accepted and k != "params"})
 
 
-def _optimizer(model, config: Config, target, kind):
+def _optimizer(model, config: Config, target, kind, optimizer: tuple | None = None):
     from diagnostics.analyses.plan.trace import _optimizer as plain
 
-    if kind != "zero1":
-        return plain(model, config, target)
-    return zero_optimizer([p for p in model.parameters() if p.requires_grad], config.setting.optimizer)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    if kind == "zero1":
+        return zero_optimizer(trained, config.setting.optimizer, optimizer)
+    if optimizer is not None:
+        return optimizer[0](trained, **optimizer[1])
+    return plain(model, config, target)
 
 
-def _one_rank(planner, config: Config, rank: int, timeline: bool) -> StepTrace:
+def _one_rank(planner, config: Config, rank: int, timeline: bool, optimizer: tuple | None = None) -> StepTrace:
     from diagnostics.analyses.plan.trace import blocks_of, train_step
 
     t0 = time.perf_counter()
@@ -102,7 +109,7 @@ def _one_rank(planner, config: Config, rank: int, timeline: bool) -> StepTrace:
     with fake_world(config.setting.ranks, rank, device) as mesh, eager_transformers():
         with fake:
             model, kind = _wrap(model, config, None if config.setting.shard == "zero1" else mesh, blocks)
-            opt = _optimizer(model, config, target, kind)
+            opt = _optimizer(model, config, target, kind, optimizer)
         persistent = []
         if kind == "zero1":
             # DDP keeps a flat bucket per ~25 MiB of gradients from its construction on (gradients are
@@ -116,11 +123,13 @@ def _one_rank(planner, config: Config, rank: int, timeline: bool) -> StepTrace:
                           persistent=persistent)
 
 
-def trace_sharded(planner, config: Config, timeline: bool = False, ranks=None) -> StepTrace:
+def trace_sharded(planner, config: Config, timeline: bool = False, ranks=None, optimizer: tuple | None = None
+                  ) -> StepTrace:
     """The larger of the first and the last rank's traced peaks (see the module doc); ``ranks``: which
-    ranks to trace instead."""
+    ranks to trace instead; ``optimizer``: (class, defaults) in place of the configuration's named one (an
+    attached script's own: analyses/plan/attached.py)."""
     n = config.setting.ranks
-    traces = {r: _one_rank(planner, config, r, timeline) for r in sorted(ranks or {0, n - 1})}
+    traces = {r: _one_rank(planner, config, r, timeline, optimizer) for r in sorted(ranks or {0, n - 1})}
     worst = max(traces.values(), key=lambda t: t.peak_bytes)
     worst.per_rank = {r: int(t.peak_bytes) for r, t in traces.items()}
     worst.notes = list(worst.notes) + [

@@ -208,7 +208,9 @@ def plan_lines(plan) -> list[str]:
         return [f"memory plan: not made: {plan.error}"]
     out = []
     for r in plan.rows:
-        what = f"batch {r.batch} ({r.scale}), {r.dtype}, {plan.optimizer}"
+        what = (f"batch {r.batch} ({r.scale}{' per rank' if r.shard else ''}), {r.dtype}, {plan.optimizer}"
+                + (f", seq {r.seq} ({'; '.join(r.inputs)})" if r.seq else "")
+                + (f", {r.shard} x{r.ranks} ranks" if r.shard else ""))
         if r.error:
             out.append(f"memory plan, {what}: not planned: {r.error}")
             continue

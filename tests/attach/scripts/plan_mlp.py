@@ -1,7 +1,9 @@
 """An MLP trained with Adam on synthetic data (run --plan's test, tests/attach/test_attach_plan.py): the script's
 own seed, cross-entropy, a loss printed every 10 steps. By default its weights and Adam state are a few MB each
 (the step peaks in the optimizer); ``--activations``: narrow layers and a large batch (the step peaks in
-backward); ``--amp``: the forward under CPU bf16 autocast; ``--cuda``: on the GPU. At its end it writes to $SELF_TIMING (JSON) the ``diagnostics`` modules its process holds, its
+backward); ``--amp``: the forward under CPU bf16 autocast; ``--own-loss``: a loss of the script's own making (a squared
+error against the one-hot labels, summed: autograd nodes the plan does not replay, so it uses its stand-in);
+``--cuda``: on the GPU. At its end it writes to $SELF_TIMING (JSON) the ``diagnostics`` modules its process holds, its
 parameters' and Adam state's sums (to the bit: float.hex), the hooks and attributes on its modules and optimizer,
 and whether the model pickles: what an attached run must leave as bare."""
 import json
@@ -26,7 +28,10 @@ for step in range(40):
     y = torch.randint(0, 10, (batch,), device=device)
     opt.zero_grad()
     with torch.autocast(device, dtype=torch.bfloat16, enabled="--amp" in sys.argv):
-        loss = nn.functional.cross_entropy(model(x), y)
+        if "--own-loss" in sys.argv:
+            loss = (model(x) - nn.functional.one_hot(y, 10)).pow(2).sum()
+        else:
+            loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     opt.step()
     if step % 10 == 0:
