@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from diagnostics.analyses.trace.result import CriticalPath, Ranks, TraceDiff, TraceResult
+from diagnostics.analyses.trace.result import CriticalPath, Ranks, TraceDiff, TracePartial, TraceResult
 from diagnostics.render.charts.trace_hta import hta_text
 from diagnostics.render.charts.serving import serving_lines
 from diagnostics.render.charts.traces import communication_lines
@@ -99,21 +99,37 @@ def _clip(name: str, n: int = 60) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def format_analysis(result: TraceResult, top: int) -> str:
-    """The text of ``trace analyze``: its summary and top operators (at most ``top`` rows each), the other
-    parts after them."""
-    s, ops = result.summary, result.top_operators
+def summary_lines(result: TracePartial | TraceResult) -> list[tuple[tuple, str]]:
+    """The Summary block of ``trace analyze``, the CLI's first answer (the job's partial result, issue #42;
+    a reopen's final result): one (key, text) pair, printed once, before the other views."""
+    s = result.summary
     out = [f"{s.source}: {s.events:,} events, {s.bytes / 1e6:.1f} MB, "
            f"duration {_ms(s.duration_us)}, {s.n_steps} steps, "
            f"rank {s.rank if s.rank is not None else '-'}, "
            f"{'GPU' if s.has_gpu else 'CPU only'}"]
-    if result.trace_cache and result.trace_cache.result:
+    cache = getattr(result, "trace_cache", None)
+    if cache and cache.result:
         out.append("the stored analysis of this trace (the files, the options and the trace code are unchanged "
                    "since it ran)")
     for w in s.warnings:
         out.append(f"warning: {w}")
     for n in s.notes:
         out.append(f"note: {n}")
+    out += ["", "Events by category:",
+            _table(s.categories, [("category", "cat", str), ("events", "events", "{:,}".format),
+                                  ("total", "total_us", _ms)])]
+    if s.streams:
+        out += ["", "GPU streams:", _table(s.streams, [
+            ("device", "device", str), ("stream", "stream", str), ("kernels", "kernels", str),
+            ("memcpy", "memcpy", str), ("memset", "memset", str), ("busy", "busy_us", _ms)])]
+    return [(("summary",), "\n".join(out))]
+
+
+def format_analysis(result: TraceResult, top: int, summary: bool = True) -> str:
+    """The text of ``trace analyze``: its summary (``summary_lines``; summary=False: without it, the CLI having
+    printed it as its first answer) and top operators (at most ``top`` rows each), the other parts after them."""
+    ops = result.top_operators
+    out = [summary_lines(result)[0][1], ""] if summary else []
     for n in result.temporal_breakdown.notes:
         out.append(f"note (per step): {n}")
     out += communication_lines(result.communication)
@@ -123,13 +139,6 @@ def format_analysis(result: TraceResult, top: int) -> str:
     if graphs and graphs.launches:
         out.append(f"note: {graphs.launches:,} CUDA graph launches started {graphs.kernels:,} kernels; "
                    "they are counted apart from the per-kernel launch figures")
-    out += ["", "Events by category:",
-            _table(s.categories, [("category", "cat", str), ("events", "events", "{:,}".format),
-                                  ("total", "total_us", _ms)])]
-    if s.streams:
-        out += ["", "GPU streams:", _table(s.streams, [
-            ("device", "device", str), ("stream", "stream", str), ("kernels", "kernels", str),
-            ("memcpy", "memcpy", str), ("memset", "memset", str), ("busy", "busy_us", _ms)])]
     rows = ops.operators[:top]
     out += ["", f"Top {len(rows)} of {ops.n_operators} operators by self time:",
             _table(rows, [("operator", "name", _clip), ("calls", "calls", str),
