@@ -152,13 +152,14 @@ def partial_printer(name: str, bar: ProgressBar, out=None):
     Returns (callback, finish): ``finish(result)`` prints the lines the final result adds."""
     from diagnostics.registry import get_analysis
 
-    if not get_analysis(name).partial_text:   # none declared: no need for the layouts' import and checks
+    decl = get_analysis(name)
+    if not decl.partial_text:   # none declared
         return None, lambda result: None
-    from diagnostics.render.layouts import partial_text_of
+    from diagnostics.declare import resolve
 
-    lines_of = partial_text_of(name)
-    if lines_of is None:
-        return None, lambda result: None
+    # resolved alone, not through render.layouts (whose import resolves every analysis' report: plotly and
+    # every chart module, a quarter of a second before a trace's first answer; tests/cli check them all)
+    lines_of = resolve(decl.partial_text, what=f"the partial CLI text of {name}", takes=decl.partial)
     printed: set = set()
 
     def show(result) -> None:

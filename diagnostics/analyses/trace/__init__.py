@@ -89,7 +89,7 @@ TRACE = Analysis(
     timeout_s=600, result=TraceResult, view="ui.views.traces:show",
     report="diagnostics.render.charts.traces:trace_sections",
     # the first answer (issue #42): the Summary, sent as soon as the ingest is done; the CLI prints it first
-    partial=TracePartial, partial_text="diagnostics.render.text:summary_lines",
+    partial=TracePartial, partial_text="diagnostics.render.trace_summary:summary_lines",
     description="one torch.profiler / Kineto trace: steps, operators, kernels, idle time, launches",
     options=(
         Option("path", "path", None, "a .json or .json.gz trace file", required=True, flag=""),
