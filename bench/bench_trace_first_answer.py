@@ -9,11 +9,13 @@ Each round runs, every one in a fresh process and in an order that turns by one 
 * **--help**: ``python -m diagnostics --help``, the CLI's own start-up;
 * **first open**: ``python -m diagnostics trace analyze FILE --no-report --quiet`` on a fresh data folder
   (no trace cache, no stored result), the whole process until its answer is printed;
+* **first answer**: in that same process, when its first line reached stdout: the Summary, which the trace
+  job sends as a partial result and the CLI prints while the other views are computed (issue #42);
 * **reopen**: the same command again on the folder the round's first open left (its stored result);
 * **worker open**: the first open as it ran before #42 item 5, in the runner's worker (the same command with
   ``--timeout 3600``, which keeps the worker path), on a fresh data folder of its own.
 
-Goals: first open <= 2.5x orjson, reopen <= 1.5x --help. Ratios are per round (same round, same load),
+Goals: first answer <= 2.5x orjson, reopen <= 1.5x --help. Ratios are per round (same round, same load),
 reported as the median with the range over rounds. FILE defaults to the public traces in tests/data
 (HTA's test traces, MIT licence). --write-doc replaces the "## Trace first answer" section of
 docs/BENCHMARKS.md with the table.
@@ -22,6 +24,7 @@ docs/BENCHMARKS.md with the table.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import re
@@ -42,16 +45,24 @@ PY = sys.executable
 PARSE = ("import gzip, orjson, sys; p = sys.argv[1]; "
          "orjson.loads(gzip.open(p).read() if p.endswith('.gz') else open(p, 'rb').read())")
 TOOLS = ("orjson", "orjson again", "--help", "first open", "reopen", "worker open")
+#: Read from the first open's own process: when its first line (the Summary) reached stdout.
+COLUMNS = TOOLS[:3] + ("first answer",) + TOOLS[3:]
 #: Goals (issue #42): the first answer against a bare parse, the reopen against the CLI's start-up.
 FIRST_GOAL, REOPEN_GOAL = 2.5, 1.5
 
 
-def _run(argv: list[str], env: dict) -> float:
+def _run(argv: list[str], env: dict, first: dict | None = None) -> float:
+    """The process' wall time; with ``first`` (a dict), also when its first line reached stdout
+    (``first["s"]``): the first answer, the Summary that ``trace analyze`` prints before the other views."""
     t = time.perf_counter()
-    p = subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if first is not None:
+        line = p.stdout.readline()
+        first["s"] = time.perf_counter() - t if line else math.nan
+    _out, err = p.communicate()
     wall = time.perf_counter() - t
     if p.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+        raise SystemExit(f"{' '.join(argv)} failed ({p.returncode}):\n{err.decode(errors='replace')[-2000:]}")
     return wall
 
 
@@ -67,8 +78,11 @@ def one_round(path: Path, order: list[str]) -> dict[str, float]:
     if order.index("reopen") < order.index("first open"):
         order = [t for t in order if t != "reopen"]
         order.insert(order.index("first open") + 1, "reopen")
+    first: dict = {}
     try:
-        return {tool: _run(argv[tool], envs[tool]) for tool in order}
+        out = {tool: _run(argv[tool], envs[tool], first if tool == "first open" else None) for tool in order}
+        out["first answer"] = first["s"]
+        return out
     finally:
         shutil.rmtree(data, ignore_errors=True)
         shutil.rmtree(other, ignore_errors=True)
@@ -89,20 +103,21 @@ def measure(files: list[Path], n_rounds: int) -> tuple[list[str], list[float]]:
             rounds.append(one_round(path, order))
             print(f"{path.name} round {i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in rounds[-1].items()),
                   file=sys.stderr)
-        med = {t: statistics.median(r[t] for r in rounds) for t in TOOLS}
+        med = {t: statistics.median(r[t] for r in rounds) for t in COLUMNS}
         rows.append(f"| {path.name} | {path.stat().st_size / 2**20:.1f} MB | "
-                    + " | ".join(f"{med[t]:.2f} s" for t in TOOLS)
-                    + f" | {_ratio(rounds, 'orjson again', 'orjson')} | {_ratio(rounds, 'first open', 'orjson')}"
+                    + " | ".join(f"{med[t]:.2f} s" for t in COLUMNS)
+                    + f" | {_ratio(rounds, 'orjson again', 'orjson')} | {_ratio(rounds, 'first answer', 'orjson')}"
+                    f" | {_ratio(rounds, 'first open', 'orjson')}"
                     f" | {_ratio(rounds, 'reopen', '--help')} | {_ratio(rounds, 'worker open', 'orjson')} |")
     return rows, loads
 
 
 def table(files: list[Path], n_rounds: int, command: str) -> str:
     rows, loads = measure(files, n_rounds)
-    head = ("| trace | size | orjson | orjson again | --help | first open | reopen | worker open "
-            f"| A/A (again / orjson) | first open / orjson (goal <= {FIRST_GOAL}x) "
+    head = ("| trace | size | orjson | orjson again | --help | first answer | first open | reopen | worker open "
+            f"| A/A (again / orjson) | first answer / orjson (goal <= {FIRST_GOAL}x) | first open / orjson "
             f"| reopen / --help (goal <= {REOPEN_GOAL}x) | worker open / orjson |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     return (f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} cores; median of "
             f"{n_rounds} rounds (ratios: per round, median and range); load average (1 min) when the rounds "
             f"started: {min(loads):.1f} to {max(loads):.1f}.\n\n"

@@ -9,6 +9,7 @@ from diagnostics.settings import safe_mode
 from diagnostics.uploads import save_upload
 from ui import views
 from ui.views import trace_hta
+from ui.views import traces as traces_view
 from ui.jobs import get_store, run_analysis
 from ui.widgets import show_failure
 from ui.frame import require_app
@@ -70,7 +71,9 @@ with tab_open:
             options = {"path": stamp["path"], "stamp": stamp, **trace_hta.option_inputs()}
             if display_name:
                 options["display_name"] = display_name
-            outcome = run_analysis("trace", None, options, label="Opening the trace")
+            # the Summary is drawn as soon as the job has it, the other views with the result (issue #42)
+            outcome = run_analysis("trace", None, options, label="Opening the trace",
+                                   partial=traces_view.show_partial)
             if outcome.ok:
                 views.show("trace", outcome.result)
             else:

@@ -152,13 +152,14 @@ def partial_printer(name: str, bar: ProgressBar, out=None):
     Returns (callback, finish): ``finish(result)`` prints the lines the final result adds."""
     from diagnostics.registry import get_analysis
 
-    if not get_analysis(name).partial_text:   # none declared: no need for the layouts' import and checks
+    decl = get_analysis(name)
+    if not decl.partial_text:   # none declared
         return None, lambda result: None
-    from diagnostics.render.layouts import partial_text_of
+    from diagnostics.declare import resolve
 
-    lines_of = partial_text_of(name)
-    if lines_of is None:
-        return None, lambda result: None
+    # resolved alone, not through render.layouts (whose import resolves every analysis' report: plotly and
+    # every chart module, a quarter of a second before a trace's first answer; tests/cli check them all)
+    lines_of = resolve(decl.partial_text, what=f"the partial CLI text of {name}", takes=decl.partial)
     printed: set = set()
 
     def show(result) -> None:
@@ -288,7 +289,7 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     cancelled; then the report folder (report_dir) and stdout (--json: only the result). ``show``
     turns the stored result into the one shown and written (default: as stored); ``text(result)``
     is the human output (default: the headline metrics); ``copy_artifacts`` copies the run's
-    Chrome trace into the report folder. ``in_process(store, on_progress, cancel)``, when given, may answer
+    Chrome trace into the report folder. ``in_process(store, on_progress, cancel, on_partial)``, when given, may answer
     without a worker (a JobOutcome, its run recorded in the store) or return None (then the job runs in one).
     """
     from diagnostics.runner import Job, run_job
@@ -313,7 +314,7 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     cancel = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop the worker, record it
     try:
-        outcome = in_process(store, bar.update, cancel) if in_process is not None else None
+        outcome = in_process(store, bar.update, cancel, on_partial) if in_process is not None else None
         outcome = outcome or run_job(Job(name, spec, options), timeout_s=args.timeout, on_progress=bar.update,
                                      on_tick=bar.tick, store=store, source="cli", cancel=cancel,
                                      on_partial=on_partial)
@@ -404,8 +405,8 @@ def run_trace_command(args) -> int:
     code, _ = run_job_command(args, name, None, options, label=f"trace {args.trace_command}",
                               title=cli_trace.report_title(args), show=lambda r: cli_trace.cli_result(name, r),
                               text=lambda r: cli_trace.text(args, r), copy_artifacts=False,
-                              in_process=lambda store, progress, cancel: cli_trace.in_process(
-                                  name, options, store, progress, cancel, args.timeout))
+                              in_process=lambda store, progress, cancel, partial: cli_trace.in_process(
+                                  name, options, store, progress, cancel, args.timeout, partial))
     return code
 
 

@@ -65,7 +65,8 @@ def trace_job(args) -> tuple[str, dict]:
     return "trace_diff", {"before": stamps[0]["path"], "after": stamps[1]["path"], "stamps": stamps}
 
 
-def in_process(name: str, options: dict, store, progress=lambda f, m: None, cancel=None, timeout=None):
+def in_process(name: str, options: dict, store, progress=lambda f, m: None, cancel=None, timeout=None,
+               partial=None):
     """``trace analyze`` of one file answered in the CLI's own process, or None (then the job runs in a
     worker as every job does). Two cases, each recorded in ``store`` like any run (source "cli"):
 
@@ -75,7 +76,8 @@ def in_process(name: str, options: dict, store, progress=lambda f, m: None, canc
     - a first open of one trace file, without --timeout: the trace job itself, here (runner.execute: the
       result encoded and decoded once, as from a worker). A trace job runs no user code and needs no
       torch, and a worker costs a spawn and torch's import, several times a small trace's parse. Ctrl-C
-      stops it (recorded as cancelled, ``cancel`` set); it has no memory cap but the machine's.
+      stops it (recorded as cancelled, ``cancel`` set); it has no memory cap but the machine's. ``partial``
+      gets its partial result (the Summary, as soon as it is computed), as from a worker.
 
     Several ranks (their own processes or Dask), ``trace diff`` and --timeout go through the worker.
     Options that fail validation are left to the runner, whose error names them."""
@@ -113,7 +115,7 @@ def in_process(name: str, options: dict, store, progress=lambda f, m: None, canc
             return None
         outcome = JobOutcome("ok", result=result)
     else:
-        outcome = _execute(job, art, progress, cancel)
+        outcome = _execute(job, art, progress, cancel, partial)
     outcome.run_id, outcome.artifact_dir = run_id, str(art)
     from diagnostics import jobfiles
 
@@ -127,7 +129,7 @@ def in_process(name: str, options: dict, store, progress=lambda f, m: None, canc
     return outcome
 
 
-def _execute(job, artifact_dir, progress, cancel):
+def _execute(job, artifact_dir, progress, cancel, partial=None):
     """The trace job in this process: its JobOutcome, a failure's message as the worker words it."""
     import signal
     import traceback
@@ -137,7 +139,7 @@ def _execute(job, artifact_dir, progress, cancel):
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C stops this job
     try:
-        return JobOutcome("ok", result=execute(job, artifact_dir, progress))
+        return JobOutcome("ok", result=execute(job, artifact_dir, progress, partial))
     except KeyboardInterrupt:
         if cancel is not None:
             cancel.set()
@@ -192,5 +194,5 @@ def text(args, result: TraceResult | TraceDiffResult) -> str:
 
     top = args.top if args.top is not None else DEFAULT_TOP[args.trace_command]
     if args.trace_command == "analyze":
-        return format_analysis(result, top)
+        return format_analysis(result, top, summary=False)   # printed first, as the job's partial result
     return format_diff(result.diff, args.a, args.b, top)

@@ -7,6 +7,8 @@ import json
 
 from diagnostics.analyses.trace.result import CriticalPath, Ranks, TraceDiff, TraceResult
 from diagnostics.render.charts.trace_hta import hta_text
+# the text tables and the trace's Summary block: a light module (no plotly), the CLI's first answer
+from diagnostics.render.trace_summary import _cell, _ms, _table, summary_lines  # noqa: F401
 from diagnostics.render.charts.serving import serving_lines
 from diagnostics.render.charts.traces import communication_lines
 from diagnostics.results import Disturbance, given
@@ -74,46 +76,15 @@ def disturbance_line(report: Disturbance | None) -> str | None:
 
 
 # ----------------------------------------------------------------------------- traces
-def _ms(us) -> str:
-    if us is None:
-        return "-"
-    # From a million seconds on (a bogus timestamp), 1e+305 ms rather than 306 digits.
-    return f"{us / 1000:.3f} ms" if abs(us) < 1e12 else f"{us / 1000:.3g} ms"
-
-
-def _cell(row, key: str):
-    """A column of a text table's row: a typed row's field (or a row dict's key, for the rows it builds)."""
-    return row.get(key) if isinstance(row, dict) else getattr(row, key)
-
-
-def _table(rows, cols: list) -> str:
-    """A plain text table: cols is [(header, key, formatter)]."""
-    cells = [[h for h, _, _ in cols]] + [[f(_cell(r, k)) for _, k, f in cols] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in
-                       enumerate(zip(row, widths))) for row in cells]
-    return "\n".join(lines)
-
-
 def _clip(name: str, n: int = 60) -> str:
     return name if len(name) <= n else name[: n - 1] + "…"
 
 
-def format_analysis(result: TraceResult, top: int) -> str:
-    """The text of ``trace analyze``: its summary and top operators (at most ``top`` rows each), the other
-    parts after them."""
-    s, ops = result.summary, result.top_operators
-    out = [f"{s.source}: {s.events:,} events, {s.bytes / 1e6:.1f} MB, "
-           f"duration {_ms(s.duration_us)}, {s.n_steps} steps, "
-           f"rank {s.rank if s.rank is not None else '-'}, "
-           f"{'GPU' if s.has_gpu else 'CPU only'}"]
-    if result.trace_cache and result.trace_cache.result:
-        out.append("the stored analysis of this trace (the files, the options and the trace code are unchanged "
-                   "since it ran)")
-    for w in s.warnings:
-        out.append(f"warning: {w}")
-    for n in s.notes:
-        out.append(f"note: {n}")
+def format_analysis(result: TraceResult, top: int, summary: bool = True) -> str:
+    """The text of ``trace analyze``: its summary (``summary_lines``; summary=False: without it, the CLI having
+    printed it as its first answer) and top operators (at most ``top`` rows each), the other parts after them."""
+    ops = result.top_operators
+    out = [summary_lines(result)[0][1], ""] if summary else []
     for n in result.temporal_breakdown.notes:
         out.append(f"note (per step): {n}")
     out += communication_lines(result.communication)
@@ -123,13 +94,6 @@ def format_analysis(result: TraceResult, top: int) -> str:
     if graphs and graphs.launches:
         out.append(f"note: {graphs.launches:,} CUDA graph launches started {graphs.kernels:,} kernels; "
                    "they are counted apart from the per-kernel launch figures")
-    out += ["", "Events by category:",
-            _table(s.categories, [("category", "cat", str), ("events", "events", "{:,}".format),
-                                  ("total", "total_us", _ms)])]
-    if s.streams:
-        out += ["", "GPU streams:", _table(s.streams, [
-            ("device", "device", str), ("stream", "stream", str), ("kernels", "kernels", str),
-            ("memcpy", "memcpy", str), ("memset", "memset", str), ("busy", "busy_us", _ms)])]
     rows = ops.operators[:top]
     out += ["", f"Top {len(rows)} of {ops.n_operators} operators by self time:",
             _table(rows, [("operator", "name", _clip), ("calls", "calls", str),

@@ -200,3 +200,31 @@ def test_a_recomputed_part_runs_that_part_alone_and_equals_a_full_run_with_its_o
     whole = execute(Job("trace", None, {"path": path, "t0": t0, "t1": t1}), tmp_path / "whole-window")
     assert window.timeline == whole.timeline
     assert 0 < window.timeline.in_range < first.timeline.in_range and window.timeline.t1 == pytest.approx(t1)
+
+
+def test_the_summary_is_sent_as_a_partial_result_before_the_other_views(tmp_path, monkeypatch):
+    """Issue #42's first answer: the trace job reports the Summary (its declared partial type) as soon as it is
+    computed, before the critical path and the timeline; it equals the final result's and the engine's own."""
+    from diagnostics.analyses.trace.result import TracePartial
+    from diagnostics.runner import execute
+
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "data"))   # a trace cache of its own: no reopen
+    log = []
+    path = DATA / "gpu_small.json"
+    result = execute(Job("trace", None, {"path": str(path)}), tmp_path / "art",
+                     progress=lambda f, m: log.append(("progress", m)), partial=lambda p: log.append(("partial", p)))
+    sent = [p for kind, p in log if kind == "partial"]
+    assert len(sent) == 1 and isinstance(sent[0], TracePartial)
+    assert sent[0].path == str(path) and sent[0].name == "gpu_small.json"
+    assert to_plain(sent[0].summary) == to_plain(result.summary) == to_plain(summary(load_trace(path)))
+    order = [p if kind == "progress" else "<partial>" for kind, p in log]
+    assert order.index("<partial>") < order.index("critical path") < order.index("timeline")
+
+
+def test_a_worker_sends_the_summary_partial_through_its_pipe(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "data"))   # a trace cache of its own: no reopen
+    got = []
+    out = run_job(Job("trace", None, {"path": str(DATA / "gpu_small.json")}), store=Store(tmp_path / "data"),
+                  on_partial=got.append)
+    assert out.ok, out.error
+    assert len(got) == 1 and to_plain(got[0].summary) == to_plain(out.result.summary)

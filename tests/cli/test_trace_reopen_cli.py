@@ -166,3 +166,27 @@ def test_trace_analyze_imports_no_torch_and_a_reopen_no_trace_analysis(tmp_path)
     first, second = (p.stdout.strip().splitlines()[-1] for p in loaded)
     assert first == "['diagnostics.analyses.trace.job', 'diagnostics.trace.critical_path']"
     assert second == "[]"
+
+
+def test_text_mode_prints_the_summary_first_while_the_other_views_are_computed(trace, tmp_path, monkeypatch,
+                                                                                capsys):
+    """Issue #42's first answer: the Summary (the job's partial result) is on stdout before the job computes
+    its timeline, and printed once; a reopen prints it once too, with the stored analysis said."""
+    import diagnostics.analyses.trace.job as trace_job
+    from diagnostics.cli.main import main
+    from diagnostics.trace import load_trace, summary
+
+    s = summary(load_trace(trace))
+    head = f"{s.events:,} events, {s.bytes / 1e6:.1f} MB"
+    seen = []
+    real = trace_job.timeline_part
+    monkeypatch.setattr(trace_job, "timeline_part", lambda *a: seen.append(capsys.readouterr().out) or real(*a))
+    store = str(tmp_path / "store")
+    assert main(["trace", "analyze", str(trace), "--no-report", "-q", "--data-dir", store]) == 0
+    before, after = seen[0], capsys.readouterr().out
+    assert head in before and "Events by category:" in before and "operators by self time" not in before
+    assert head not in after and "Events by category:" not in after and "operators by self time" in after
+    assert main(["trace", "analyze", str(trace), "--no-report", "-q", "--data-dir", store]) == 0
+    again = capsys.readouterr().out
+    assert len(seen) == 1 and again.count(head) == 1 and again.count("Events by category:") == 1
+    assert again.index("the stored analysis of this trace") < again.index("operators by self time")

@@ -178,3 +178,32 @@ def test_a_serving_trace_opens_on_its_serving_tab(new_app):
     assert any("25 launch(es) replayed 361 kernels" in m for m in md)
     at.text_input(key="trace_path_a").set_value(str(DATA / "gpu_small.json")).run()
     assert not at.exception and "Serving" not in [t.label for t in at.tabs]
+
+
+def _show_partial(plain):  # an AppTest script: the panel's drawing of the trace job's partial result
+    from diagnostics.registry import ANALYSES
+    from diagnostics.results import decode_partial
+    from ui.views.traces import show_partial
+
+    show_partial(decode_partial(ANALYSES["trace"], plain))
+
+
+def test_the_summary_is_drawn_from_the_jobs_partial_result():
+    """Issue #42's first answer: while the other views are computed, the page draws the Summary the job sent
+    (tiles, categories, threads, steps, streams), from the partial result alone, and says the rest is coming."""
+    from streamlit.testing.v1 import AppTest
+
+    from diagnostics.analyses.trace.result import TracePartial
+    from diagnostics.results import to_plain
+    from diagnostics.trace import load_trace, summary
+
+    s = summary(load_trace(DATA / "gpu_small.json"))
+    plain = to_plain(TracePartial(path=str(DATA / "gpu_small.json"), name="gpu_small.json", summary=s))
+    at = AppTest.from_function(_show_partial, args=(plain,), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    values = {m.label: m.value for m in at.metric}
+    assert "Events" in values and values["Steps"] == str(s.n_steps) and s.n_steps > 0
+    assert values["GPU streams"] == str(len(s.streams)) and values["Threads"] == str(len(s.threads))
+    assert any("the other views are being computed" in c.value for c in at.caption)
+    assert len(at.get("plotly_chart")) == 1   # the categories' figure; no other view yet
+    assert [t.value for t in at.markdown if t.value.startswith("**")][:3] == ["**Summary**", "**Threads**", "**Steps**"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from diagnostics.analyses.trace.result import Communication, TraceCache, TraceDiffResult, TraceResult, TraceTimelineResult
+from diagnostics.analyses.trace.result import (
+    Communication, TraceCache, TraceDiffResult, TracePartial, TraceResult, TraceTimelineResult,
+)
 from diagnostics.render.charts.traces import (
     GPU_WINDOW_HELP, build_category_figure, build_cpu_breakdown_figure, build_diff_figure, build_gpu_breakdown_figure,
     build_idle_time_figure, build_launch_figure, build_timeline_figure, build_top_operators_figure, graph_launch_text,
@@ -97,7 +99,11 @@ def cache_caption(cache: TraceCache | None) -> str:
 
 
 def tiles(result: TraceResult) -> list[Tile]:
-    s = result.summary
+    return summary_tiles(result.summary)
+
+
+def summary_tiles(s) -> list[Tile]:
+    """The headline tiles of a trace, from its Summary alone (the result's and the partial result's)."""
     return [
         Tile("Duration", s.duration_us, "us", "first event start to last event end"),
         Tile("Events", s.events, "count", f"{s.events:,} events parsed"),
@@ -138,6 +144,39 @@ TABS = ("Summary", "Per step", "Operators & kernels", "GPU", "Timeline", "Critic
 GPU_TABS = ("Idle time", "Launches", "Launch queue", "Copies", "Annotations", "Communication")
 
 
+def _summary_tab(s) -> None:
+    """The Summary tab's body: categories, threads, steps, streams, memory (the trace's TraceSummary)."""
+    st.plotly_chart(build_category_figure(s), width="stretch")
+    c1, c2 = st.columns(2)
+    with c1:
+        st.markdown("**Threads**")
+        _table(s.threads)
+    with c2:
+        st.markdown("**Steps**")
+        _table(s.steps)
+    if s.streams:
+        st.markdown("**GPU streams**")
+        _table(s.streams)
+    if s.memory:
+        st.markdown("**Memory (from [memory] events)**")
+        _table(s.memory, {"peak_allocated_bytes": "Peak allocated"})
+
+
+def show_partial(partial: TracePartial) -> None:
+    """While the trace job runs (issue #42's first answer): its Summary, sent right after the ingest; the
+    other views come with the result."""
+    s = partial.summary
+    st.caption(f"{md_text(partial.name)} · {human_bytes(s.bytes)} · rank {s.rank if s.rank is not None else 'n/a'}"
+               f" · schema {s.schema_version} · the other views are being computed")
+    metric_row(summary_tiles(s))
+    for w in s.warnings:  # they may quote the file's names: shown as written
+        st.warning(md_text(w))
+    for n in s.notes:
+        st.info(n)
+    st.markdown("**Summary**")
+    _summary_tab(s)
+
+
 def show(result: TraceResult) -> None:
     s = result.summary
     st.caption(f"{md_text(result.name)} · {human_bytes(s.bytes)} · rank {s.rank if s.rank is not None else 'n/a'}"
@@ -161,20 +200,7 @@ def show(result: TraceResult) -> None:
         tabs = tabs[1:]
     hta = trace_hta.has_parts(result)
     with tabs[0]:
-        st.plotly_chart(build_category_figure(s), width="stretch")
-        c1, c2 = st.columns(2)
-        with c1:
-            st.markdown("**Threads**")
-            _table(s.threads)
-        with c2:
-            st.markdown("**Steps**")
-            _table(s.steps)
-        if s.streams:
-            st.markdown("**GPU streams**")
-            _table(s.streams)
-        if s.memory:
-            st.markdown("**Memory (from [memory] events)**")
-            _table(s.memory, {"peak_allocated_bytes": "Peak allocated"})
+        _summary_tab(s)
     with tabs[1]:
         b = result.temporal_breakdown
         if b.gpu:

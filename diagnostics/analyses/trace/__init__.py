@@ -4,7 +4,7 @@ another step's critical path) and compare two traces (trace_diff). The work is i
 layer (diagnostics.trace) does the reading and the views; result.py declares the typed results."""
 
 from diagnostics.analyses.trace.result import (
-    TraceCriticalPathResult, TraceDiffResult, TraceResult, TraceTimelineResult,
+    TraceCriticalPathResult, TraceDiffResult, TracePartial, TraceResult, TraceTimelineResult,
 )
 from diagnostics.declare import COMM_KERNELS, Analysis, Option, OptionError
 
@@ -88,6 +88,8 @@ TRACE = Analysis(
     name="trace", title="Trace explorer", target="diagnostics.analyses.trace.job:analyze", needs_model=False,
     timeout_s=600, result=TraceResult, view="ui.views.traces:show",
     report="diagnostics.render.charts.traces:trace_sections",
+    # the first answer (issue #42): the Summary, sent as soon as the ingest is done; the CLI prints it first
+    partial=TracePartial, partial_text="diagnostics.render.trace_summary:summary_lines",
     description="one torch.profiler / Kineto trace: steps, operators, kernels, idle time, launches",
     options=(
         Option("path", "path", None, "a .json or .json.gz trace file", required=True, flag=""),

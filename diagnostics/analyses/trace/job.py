@@ -25,7 +25,7 @@ from diagnostics.analyses.trace import stored
 from diagnostics.analyses.trace.critical_part import critical_path_result
 from diagnostics.analyses.trace.result import (
     DiffCache, DiffMetrics, NoMetrics, TraceCache, TraceCriticalPathResult, TraceDiffResult, TraceMetrics, TraceResult,
-    TraceTimelineResult,
+    TracePartial, TraceTimelineResult,
 )
 from diagnostics.errors import TorchScopeError
 from diagnostics.results import build, to_plain
@@ -137,6 +137,9 @@ def analyze(ctx, options: dict) -> TraceResult:
     for i, (key, fn) in enumerate(steps):
         ctx.progress(0.5 + 0.4 * i / len(steps), key)
         parts[key] = fn(trace)
+        if key == "summary" and hasattr(ctx, "partial"):   # a context made by hand (a notebook) may have none
+            # the first answer (issue #42): shown while the other views are computed
+            ctx.partial(TracePartial(path=path, name=name, summary=parts["summary"]))
     served = serving(trace)
     if served.available:   # a training trace's result is unchanged: no serving key
         parts["serving"] = served

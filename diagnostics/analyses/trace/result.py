@@ -72,6 +72,15 @@ class TraceResult(Result, frozen=True, kw_only=True):
     trace_cache: TraceCache | UnsetType = UNSET
 
 
+class TracePartial(Record, frozen=True, kw_only=True):
+    """The trace job's first answer, sent as soon as it is known (issue #42): the Summary, right after the
+    ingest, while the other views are still computed."""
+
+    path: str
+    name: str
+    summary: TraceSummary
+
+
 class NoMetrics(Record, frozen=True, kw_only=True):
     """A part recomputed from kept columns has no headline numbers of its own."""
 
