@@ -141,3 +141,23 @@ def test_the_package_names_are_its_parts_objects():
     assert runner.keep_spares is spare_pool.keep_spares and runner.spares() is spare_pool._POOL
     for name in runner.__all__:
         assert getattr(runner, name) is not None, name
+
+
+def test_a_native_crash_tail_keeps_faulthandlers_header_and_stack_not_the_module_list():
+    """A segfault's report ends with ~70 extension module names (1,300 characters): the last 2,000 characters
+    of the log had lost "Fatal Python error" and the crashing frame. The tail is the report from its header,
+    the module list said in one line, after what the model printed just before."""
+    from diagnostics.runner.logs import LOG_TAIL_CHARS, fatal_report
+
+    names = ", ".join(f"torch._C._mod{i}" for i in range(70))
+    log = ("sandbox: on\n" + "noise\n" * 500 + "about to crash\nFatal Python error: Segmentation fault\n\n"
+           "Current thread 0x1 (most recent call first):\n  File \"/m/fault.py\", line 11 in forward\n\n"
+           f"Extension modules: {names} (total: 70)\n")
+    tail = fatal_report(log)
+    assert tail.index("about to crash") < tail.index("Fatal Python error: Segmentation fault")
+    assert 'File "/m/fault.py", line 11 in forward' in tail
+    assert tail.rstrip().endswith("Extension modules: 70 (names left out)") and "_mod69" not in tail
+    assert len(tail) <= LOG_TAIL_CHARS
+    assert fatal_report("Traceback (most recent call last):\n  ValueError: x\n") == ""  # not a native crash
+    long = "Fatal Python error: Aborted\n" + "  File \"x.py\", line 1 in f\n" * 500
+    assert len(fatal_report(long)) <= LOG_TAIL_CHARS and fatal_report(long).startswith("Fatal Python error: Aborted")

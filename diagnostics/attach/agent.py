@@ -124,6 +124,7 @@ class Agent:
         self.main_root = None  # weakref: the first module with parameters called at the top level
         self.main_info = None  # its id, type and parameter count (it may be gone when the boundary is chosen)
         self.pending: list = []  # boundary not known yet: each top-level forward's end, to count them later
+        self.pending_t0 = 0.0  # when the first of the pending forwards began
         self.backward_seen = False
         self.step_backward = False  # a backward ran in the step in progress
         self.step_train = False  # a training forward or a backward ran in the step in progress
@@ -647,13 +648,18 @@ class Agent:
                 return
             self.close(now)
         elif mode is None and not self.backward_seen and not self.optimizers and self._params(mod):
+            if not self.pending:
+                self.pending_t0 = self.top_t  # the first of these forwards began
             if len(self.pending) < PENDING_MAX:
                 self.pending.append((id(mod), now, dict(self.acc), self.step_tool, self.batches))
-            if self.top_phase == "forward" and not (mod.training and self.torch.is_grad_enabled()) \
-                    and sum(1 for e in self.pending if e[0] == id(mod)) >= 2:
+            twice = sum(1 for e in self.pending if e[0] == id(mod)) >= 2
+            if self.top_phase == "forward" and not (mod.training and self.torch.is_grad_enabled()) and twice:
                 self.forward_boundary("no optimizer stepped and no backward ran: the model ran forward twice "
                                       "under no_grad / in eval mode")
-            elif now - self.t_start >= self.cfg.fallback_after_s:
+            # Seconds of forwards, counted from the first forward (not from the script's start: a script whose
+            # imports and data took 3 s read as an inference loop at its first forward's end, its backward still
+            # to come), and at least two of them: a training loop's backward follows its first forward.
+            elif twice and now - self.pending_t0 >= self.cfg.fallback_after_s:
                 self.forward_boundary(f"no optimizer stepped and no backward ran in the first "
                                       f"{self.cfg.fallback_after_s:g} s")
 

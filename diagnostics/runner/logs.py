@@ -6,6 +6,7 @@ runner's own notes appended at its end."""
 from __future__ import annotations
 
 import os
+import re
 import select
 import threading
 from pathlib import Path
@@ -54,8 +55,10 @@ class LogDrain(threading.Thread):
         self._stop_at = threading.Event()
 
     def recent(self, n: int = LOG_TAIL_CHARS) -> str:
-        """The last ``n`` characters of the output (from the pipe, not from any file)."""
-        return bytes(self._recent).decode("utf-8", "replace")[-n:]
+        """The last ``n`` characters of the output (from the pipe, not from any file); for a native crash,
+        ``fatal_report``'s part of it."""
+        return fatal_report(bytes(self._recent).decode("utf-8", "replace"), n) or \
+            bytes(self._recent).decode("utf-8", "replace")[-n:]
 
     def run(self) -> None:
         written, ring = 0, bytearray()
@@ -119,3 +122,22 @@ def append_log(path: Path, text: str) -> None:
             os.write(fd, ("\n" + text + "\n").encode(errors="replace"))
     finally:
         os.close(fd)
+
+
+_EXTENSIONS = re.compile(r"^Extension modules: .*?\(total: (\d+)\)\s*$", re.M)
+
+
+def fatal_report(text: str, n: int = LOG_TAIL_CHARS) -> str:
+    """faulthandler's report of a native crash in ``text`` (from its last "Fatal Python error" line on), at most
+    ``n`` characters from its start: the error and the innermost frames first. The list of extension modules
+    it ends with (70 names, ~1,300 characters) is said in one line, so the tail of a segfault shows what crashed
+    where (its header had been cut off by that list), after the last quarter of ``n`` of what was printed before
+    it; "" when ``text`` has no such report."""
+    at = text.rfind("Fatal Python error")
+    if at < 0:
+        return ""
+    report = _EXTENSIONS.sub(lambda m: f"Extension modules: {m.group(1)} (names left out)", text[at:]).rstrip()
+    before = text[:at][-(n // 4):]  # the lines printed just before it (the model's own last words), if any
+    if len(before) + len(report) > n:
+        report = report[: n - len(before) - 4].rstrip() + "\n..."
+    return before + report
