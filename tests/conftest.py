@@ -117,6 +117,7 @@ SERIAL = {
     "tests/analyses/plan/test_sharded.py": "gloo ranks in processes of their own, on fixed ports",
     "tests/trace/test_rank_cluster.py": "a Dask LocalCluster (its nannies failed to start beside another worker)",
     "tests/trace/test_dask_trust.py": "a Dask LocalCluster",
+    "tests/trace/test_mainless.py": "a Dask LocalCluster and forkserver pools under a stand-in main script",
     "tests/reliability/test_sandbox.py": "namespaced workers with DataLoader worker pools",
 }
 

@@ -43,3 +43,17 @@ def test_a_forkserver_pool_under_a_page_script_parses_as_one_process(hostile_mai
     finally:
         stop.set()
     assert len(split.events) == len(whole.events) > 0
+
+
+@pytest.mark.slow  # a LocalCluster of one worker process starts (a few seconds)
+@pytest.mark.timeout(180)
+def test_a_dask_local_cluster_under_a_page_script_starts_its_workers(hostile_main):
+    """The nannies spawn their workers at the LocalCluster's start: under an AppTest's page script as main,
+    every one failed ("name '__args' is not defined") and `--dask local:N` ended "Nanny failed to start"."""
+    pytest.importorskip("distributed")
+    from diagnostics.trace.ranks.executors import DaskExecutor
+
+    with DaskExecutor("local:1", [], memory_limit="1GiB") as ex:
+        assert ex.where == "a Dask LocalCluster of 1 worker processes"
+        assert ex.client.submit(sum, [1, 2, 3]).result(timeout=60) == 6
+    assert sys.modules["__main__"] is hostile_main

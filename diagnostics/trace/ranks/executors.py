@@ -226,8 +226,12 @@ class DaskExecutor:
             import logging
 
             # Loopback only, said here rather than left to distributed's default; no dashboard (an HTTP port).
-            self.cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=memory_limit,
-                                        host=LOCAL_CLUSTER_HOST, dashboard_address=None, silence_logs=logging.ERROR)
+            # Its nannies spawn the worker processes now: not re-running a page script as their main (under an
+            # AppTest's, every nanny failed to start: "name '__args' is not defined").
+            with plain_main():
+                self.cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                            memory_limit=memory_limit, host=LOCAL_CLUSTER_HOST, dashboard_address=None,
+                                            silence_logs=logging.ERROR)
             self.client = Client(self.cluster)
             self.where = f"a Dask LocalCluster of {n} worker processes"
         else:
