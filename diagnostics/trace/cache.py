@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -38,6 +39,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.feather as feather
 
+from diagnostics.errors import TorchScopeError
+from diagnostics.settings import env_number
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ingest import load_trace
 from diagnostics.trace.model import CACHE_ENTRY, COLUMNS, Trace
@@ -59,16 +62,15 @@ _TRASH_PREFIX = ".trash-"
 
 
 def max_bytes() -> int:
-    """MAX_BYTES, or $TORCHSCOPE_TRACE_CACHE_MB megabytes; a malformed value is an error naming it."""
-    raw = os.environ.get(MAX_BYTES_ENV, "").strip()
-    if not raw:
-        return MAX_BYTES
+    """MAX_BYTES, or $TORCHSCOPE_TRACE_CACHE_MB megabytes (0: no cache), read by the one environment-number
+    parser (settings.env_number); a malformed, negative or endless value is a TraceError naming it."""
     try:
-        mb = float(raw)
-    except ValueError:
-        raise TraceError(f"the environment variable {MAX_BYTES_ENV}={raw!r} is not a number") from None
-    if not mb >= 0:
-        raise TraceError(f"the environment variable {MAX_BYTES_ENV}={raw!r} must be 0 or more")
+        mb = env_number(MAX_BYTES_ENV, MAX_BYTES / 2**20, zero_ok=True)
+    except TorchScopeError as e:  # a TraceError: the trace layer's callers name a rank or a file that fails by it
+        raise TraceError(str(e)) from None
+    if not math.isfinite(mb):
+        raise TraceError(f"the environment variable {MAX_BYTES_ENV}={os.environ[MAX_BYTES_ENV].strip()!r} "
+                         "must be a finite number of megabytes")
     return int(mb * 2**20)
 
 

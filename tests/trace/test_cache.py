@@ -183,8 +183,16 @@ def test_a_zero_bound_turns_the_cache_off_and_a_bad_setting_is_named(tmp_path, m
     monkeypatch.setenv(cache.MAX_BYTES_ENV, "lots")
     with pytest.raises(TraceError, match=r"TORCHSCOPE_TRACE_CACHE_MB='lots' is not a number"):
         cached_load(path, root)
+    monkeypatch.setenv(cache.MAX_BYTES_ENV, "-1")
+    with pytest.raises(TraceError, match=r"TORCHSCOPE_TRACE_CACHE_MB='-1' must be 0 or more"):
+        cache.max_bytes()
+    monkeypatch.setenv(cache.MAX_BYTES_ENV, "inf")
+    with pytest.raises(TraceError, match=r"TORCHSCOPE_TRACE_CACHE_MB='inf' must be a finite number of megabytes"):
+        cache.max_bytes()
     monkeypatch.setenv(cache.MAX_BYTES_ENV, "0.5")
     assert cache.max_bytes() == 2**19
+    monkeypatch.setenv(cache.MAX_BYTES_ENV, " ")
+    assert cache.max_bytes() == cache.MAX_BYTES == 4 << 30
 
 
 _WRITER = """

@@ -32,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from diagnostics.devices import logical_cores
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.mainless import plain_main
 
@@ -149,7 +150,7 @@ class LocalPool:
 
     def __init__(self, paths: list[str], parallel: bool | None = None, workers: int | None = None):
         n = len(paths)
-        cpus = os.cpu_count() or 1
+        cpus = logical_cores()
         self.workers = min(MAX_RANK_WORKERS, cpus, max(1, n), memory_workers(paths)) if workers is None else workers
         self.why = None
         if parallel is False:
