@@ -3,8 +3,9 @@
 ``make_optimizer`` builds the optimizer a user picked by name (``measure.optimizers``: "sgd" is SGD
 with momentum everywhere); ``Step`` is one inference forward or one training step (zero_grad,
 forward, loss, backward, optimizer step), optionally with a profiler range around each phase, as
-the profiler, memory, the batch scan, the gradient flow, the distributed ranks and Optimize's
-training trials all run it. A user's loss or backward that raises is reported as a ModelRunError
+the profiler, memory, the batch scan, the gradient flow, the distributed ranks, Optimize's training
+trials, Compile's training comparison, the checklist's step facts, the summary's FLOP count and the
+plan's measured peaks all run it. A user's loss or backward that raises is reported as a ModelRunError
 naming the phase.
 
 What a caller needs beyond the plain step is an option of this one, not a step of its own:

@@ -36,7 +36,8 @@ from diagnostics.devices import logical_cores
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.mainless import plain_main
 
-#: Processes analysing ranks at once, at most (and never more than the CPU count or the ranks).
+#: Processes analysing ranks at once, at most (and never more than the machine's logical cores, devices.logical_cores,
+#: the ranks, or what the available memory holds: memory_workers).
 MAX_RANK_WORKERS = 4
 #: Memory one rank's summary needs above its worker's start-up: TASK_FIXED_BYTES, MEMORY_PER_EVENT per event
 #: (the columns, the nesting, the per-step views) and MEMORY_PER_JSON_BYTE per byte of decoded JSON (what the
