@@ -17,8 +17,6 @@ from diagnostics import devices
 ENGINE = Path(__file__).resolve().parents[1] / "diagnostics"
 #: Calls that read the machine's cores; only devices.py makes them.
 CORE_READS = {("os", "cpu_count"), ("os", "sched_getaffinity"), ("psutil", "cpu_count")}
-#: Still reading them on their own: parts other engineers own in this change (issue 44), to ask devices next.
-NOT_YET = {"diagnostics/trace/ranks/executors.py", "diagnostics/analyses/attach/job.py"}
 
 
 def _core_reads(source: str) -> list[str]:
@@ -34,7 +32,7 @@ def _core_reads(source: str) -> list[str]:
 
 def test_the_cores_are_read_in_devices_only():
     readers = {str(p.relative_to(ENGINE.parent)) for p in ENGINE.rglob("*.py") if _core_reads(p.read_text())}
-    assert readers - NOT_YET == {"diagnostics/devices.py"}
+    assert readers == {"diagnostics/devices.py"}
 
 
 def test_the_core_check_sees_a_planted_read():
@@ -66,6 +64,18 @@ def test_every_view_reads_the_same_counts():
     result: dict = {"stragglers": [], "metrics": {}, "ranks": [], "notes": []}
     oversubscribed(result, nproc=devices.usable_cores() + 1, threads=1, on_gpu=False)  # its default: usable cores
     assert result["cpu"]["cores"] == devices.usable_cores() and result["cpu"]["oversubscribed"]
+
+
+def test_the_ranks_pool_is_bounded_by_the_cores_devices_reads(monkeypatch, tmp_path):
+    from diagnostics.trace.ranks import executors
+
+    paths = [str(tmp_path / f"rank{i}.json") for i in range(3)]
+    monkeypatch.setattr(executors, "memory_workers", lambda p: 4)
+    monkeypatch.setattr(executors, "logical_cores", lambda: 1)
+    pool = executors.LocalPool(paths)
+    assert pool.workers == 1 and pool.mode == "sequential (one CPU)"
+    monkeypatch.setattr(executors, "logical_cores", lambda: 2)
+    assert executors.LocalPool(paths).workers == 2
 
 
 def test_no_torch_import_when_not_asked():

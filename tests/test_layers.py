@@ -78,12 +78,27 @@ def test_the_module_list_is_read():
 
 
 #: The trace layer's records (diagnostics.trace.records) are typed results' parts: Record and the units of their
-#: columns (layer 1, no torch).
-TRACE_MAY_USE = BASE | {"diagnostics.results", "diagnostics.declare"}
+#: columns (layer 1, no torch). diagnostics.devices: the machine's cores, read in one place (the ranks' local pool
+#: is bounded by them); diagnostics.settings: the one environment-number parser (the trace cache's size). Both are
+#: layer 1 and torch-free at import (test_the_trace_layer_imports_no_torch).
+TRACE_MAY_USE = BASE | {"diagnostics.results", "diagnostics.declare", "diagnostics.devices", "diagnostics.settings"}
 
 
 def test_the_trace_layer_stands_on_the_base_only():
     assert _violations("diagnostics.trace", TRACE_MAY_USE) == []
+
+
+def test_the_trace_layer_imports_no_torch():
+    """"No torch: it reads files", also through the layer-1 modules it may read (devices, settings)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pkgutil, importlib, diagnostics.trace as t\n"
+            "for m in pkgutil.walk_packages(t.__path__, 'diagnostics.trace.'):\n"
+            "    importlib.import_module(m.name)\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.stdout.split() == ["False"], out.stderr[-2000:]
 
 
 def test_the_model_layer_never_reaches_up_to_measuring_tracing_or_the_analyses():

@@ -3,8 +3,9 @@
 ``make_optimizer`` builds the optimizer a user picked by name (``measure.optimizers``: "sgd" is SGD
 with momentum everywhere); ``Step`` is one inference forward or one training step (zero_grad,
 forward, loss, backward, optimizer step), optionally with a profiler range around each phase, as
-the profiler, memory, the batch scan, the gradient flow, the distributed ranks and Optimize's
-training trials all run it. A user's loss or backward that raises is reported as a ModelRunError
+the profiler, memory, the batch scan, the gradient flow, the distributed ranks, Optimize's training
+trials, Compile's training comparison, the checklist's step facts, the summary's FLOP count and the
+plan's measured peaks all run it. A user's loss or backward that raises is reported as a ModelRunError
 naming the phase.
 
 What a caller needs beyond the plain step is an option of this one, not a step of its own:
@@ -102,13 +103,16 @@ class Step:
     * ``split``: gradient accumulation, ``split(inputs) -> [(micro-batch, loss_fn), ...]``: each
       micro-batch's loss, divided by their number, goes backward; the step returns their sum;
     * ``update``: what the optimizer phase calls instead of ``optimizer.step`` (a compiled one);
-    * ``after_backward`` (a call's): run after backward, before the optimizer step (to read gradients).
+    * ``after_backward`` (a call's): run after backward, before the optimizer step (to read gradients);
+    * ``keep_loss=False``: the step returns None, with no detached copy of the loss: no op of its own
+      (``aten::detach``) among the ops a profiled step calls, which the checklist counts per step.
     """
 
     def __init__(self, loaded, train: bool, optimizer: str | torch.optim.Optimizer | None = "sgd", lr: float = 0.01,
                  inputs=None, *, params=None, zero_grad: bool = True,
                  autocast: Callable[[], object] | None = None, scaler=None,
-                 split: Callable[[object], list] | None = None, update: Callable[[], object] | None = None):
+                 split: Callable[[object], list] | None = None, update: Callable[[], object] | None = None,
+                 keep_loss: bool = True):
         self.loaded = loaded
         self.inputs = loaded.inputs if inputs is None else inputs
         self.train = bool(train)
@@ -123,6 +127,7 @@ class Step:
         self.scaler = scaler
         self.split = split
         self.update = update
+        self.keep_loss = bool(keep_loss)
 
     def zero_grad(self) -> None:
         """The gradients set to None (what the step does first, unless built with ``zero_grad=False``)."""
@@ -156,7 +161,8 @@ class Step:
                     raise  # the caller's to handle (a smaller batch, the runner's report), as the forward's
                 except Exception as e:
                     raise ModelRunError(f"backward failed: {type(e).__name__}: {e}") from e
-            total = loss.detach() if total is None else total + loss.detach()
+            if self.keep_loss:
+                total = loss.detach() if total is None else total + loss.detach()
         if after_backward is not None:
             after_backward()
         if self.optimizer is None and self.update is None:  # forward and backward only: the weights stay

@@ -6,7 +6,8 @@ An entry is one folder named by a key over the file's resolved path, size and mt
 ingest options and CACHE_VERSION: a changed, touched or moved file is a miss. It holds the events
 as Arrow/Feather (events.feather) and the rest of the Trace as JSON (trace_meta.json, with the
 file's stamp written into it and checked on reading). No pickle: a planted entry can hold wrong
-numbers, never code.
+numbers, never code. A trace run keeps its columns in its own folder with the same writer and reader
+(write_columns / read_columns): one form, checked wherever it is read back.
 
 Writers build an entry in a temporary folder beside the cache and rename it into place, so a
 reader never sees half an entry and two writers of the same key do not mix their files (the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -38,6 +40,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.feather as feather
 
+from diagnostics.errors import TorchScopeError
+from diagnostics.settings import env_number
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ingest import load_trace
 from diagnostics.trace.model import CACHE_ENTRY, COLUMNS, Trace
@@ -59,16 +63,15 @@ _TRASH_PREFIX = ".trash-"
 
 
 def max_bytes() -> int:
-    """MAX_BYTES, or $TORCHSCOPE_TRACE_CACHE_MB megabytes; a malformed value is an error naming it."""
-    raw = os.environ.get(MAX_BYTES_ENV, "").strip()
-    if not raw:
-        return MAX_BYTES
+    """MAX_BYTES, or $TORCHSCOPE_TRACE_CACHE_MB megabytes (0: no cache), read by the one environment-number
+    parser (settings.env_number); a malformed, negative or endless value is a TraceError naming it."""
     try:
-        mb = float(raw)
-    except ValueError:
-        raise TraceError(f"the environment variable {MAX_BYTES_ENV}={raw!r} is not a number") from None
-    if not mb >= 0:
-        raise TraceError(f"the environment variable {MAX_BYTES_ENV}={raw!r} must be 0 or more")
+        mb = env_number(MAX_BYTES_ENV, MAX_BYTES / 2**20, zero_ok=True)
+    except TorchScopeError as e:  # a TraceError: the trace layer's callers name a rank or a file that fails by it
+        raise TraceError(str(e)) from None
+    if not math.isfinite(mb):
+        raise TraceError(f"the environment variable {MAX_BYTES_ENV}={os.environ[MAX_BYTES_ENV].strip()!r} "
+                         "must be a finite number of megabytes")
     return int(mb * 2**20)
 
 
@@ -220,22 +223,61 @@ def link_file(src: Path, dest: Path) -> bool:
     return True
 
 
+def write_columns(trace: Trace, folder: str | Path, file_stamp: dict | None) -> None:
+    """Keep ``trace`` in ``folder`` as an entry holds it, for read_columns: EVENTS_FILE (Arrow/Feather,
+    hard-linked from the entry the trace came from or was kept in when it can: the same bytes) and
+    META_FILE (the other Trace fields, CACHE_VERSION, the trace file's stamp and the event count).
+    The cache's entries and a trace run's kept columns (its folder) alike; OSError when it cannot write."""
+    folder = Path(folder)
+    if not link_events(trace, folder / EVENTS_FILE):
+        table = pa.Table.from_pandas(trace.events.reset_index(drop=True), preserve_index=False)
+        feather.write_feather(table, folder / EVENTS_FILE, compression="uncompressed")
+    meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
+    meta.update(cache_version=CACHE_VERSION, stamp=file_stamp, n_events=len(trace.events))
+    (folder / META_FILE).write_text(json.dumps(meta, default=str))
+
+
+def columns_kept(folder: str | Path) -> bool:
+    """Whether ``folder`` holds both files write_columns keeps (it may still fail read_columns' checks)."""
+    return (Path(folder) / EVENTS_FILE).is_file() and (Path(folder) / META_FILE).is_file()
+
+
+def read_columns(folder: str | Path, file_stamp: dict | None = None) -> Trace:
+    """The Trace write_columns kept in ``folder``, checked: this CACHE_VERSION, the columns of
+    model.COLUMNS, as many events as were kept, and with ``file_stamp`` (an entry) that file's stamp.
+    Columns a trace run kept before they were written with a version (no cache_version, no stamp: a
+    stored run from before) are read when their columns match. Anything else is a TraceError naming
+    the folder and what does not match. Our own files: Arrow and JSON, never a pickle."""
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+        version, kept_stamp = meta.pop("cache_version", None), meta.pop("stamp", None)
+        n_events = meta.pop("n_events", None)
+        if version != CACHE_VERSION and (version is not None or file_stamp is not None):
+            raise TraceError(f"the parsed trace in {folder} was kept by another version ({version}, "
+                             f"this one reads {CACHE_VERSION}); open the trace again")
+        if file_stamp is not None and kept_stamp != file_stamp:
+            raise TraceError(f"the parsed trace in {folder} was kept for another file or an older copy of it")
+        table = feather.read_table(folder / EVENTS_FILE, memory_map=False)
+        if tuple(table.column_names) != COLUMNS or (n_events is not None and table.num_rows != n_events):
+            raise TraceError(f"the parsed trace in {folder} does not hold the columns and events it was kept "
+                             "with; open the trace again")
+        return Trace(events=_object_categories(table.to_pandas()), **meta)
+    except TraceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a file missing, partial, not JSON or not Arrow: said, never a crash
+        raise TraceError(f"the parsed trace in {folder} cannot be read ({type(e).__name__}: {e}); "
+                         "open the trace again") from None
+
+
 def read_entry(folder: Path, file_stamp: dict) -> Trace | None:
     """The Trace kept in ``folder``, or None when there is none. One that cannot be read (corrupt,
-    partial, another version, another file's) is removed, so the caller rebuilds it."""
-    meta_file, events_file = folder / META_FILE, folder / EVENTS_FILE
+    partial, another version, another file's: read_columns) is removed, so the caller rebuilds it."""
     if not folder.is_dir():
         return None
     try:
-        meta = json.loads(meta_file.read_text())
-        if meta.pop("cache_version") != CACHE_VERSION or meta.pop("stamp") != file_stamp:
-            raise ValueError("stale entry")
-        table = feather.read_table(events_file, memory_map=False)
-        if tuple(table.column_names) != COLUMNS or table.num_rows != meta.pop("n_events"):
-            raise ValueError("columns do not match")
-        events = _object_categories(table.to_pandas())
-        trace = Trace(events=events, **meta)
-    except Exception:  # noqa: BLE001 - any unreadable entry is a miss, never an error
+        trace = read_columns(folder, file_stamp)
+    except TraceError:  # any unreadable entry is a miss, never an error
         _remove(folder)
         return None
     _touch(folder)
@@ -252,11 +294,7 @@ def write_entry(root: Path, key: str, trace: Trace, file_stamp: dict, limit: int
     except OSError:
         return None
     try:
-        table = pa.Table.from_pandas(trace.events.reset_index(drop=True), preserve_index=False)
-        feather.write_feather(table, tmp / EVENTS_FILE, compression="uncompressed")
-        meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
-        meta.update(cache_version=CACHE_VERSION, stamp=file_stamp, n_events=len(trace.events))
-        (tmp / META_FILE).write_text(json.dumps(meta, default=str))
+        write_columns(trace, tmp, file_stamp)
         if _size(tmp) > limit:  # bigger than the whole cache: not kept
             _remove(tmp)
             return None

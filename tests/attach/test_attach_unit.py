@@ -142,7 +142,7 @@ def test_a_run_without_a_window_says_why_and_a_run_without_steps_says_what_was_s
     assert gone.status == "no steps" and gone.exit_code == 0 and "was deleted" in gone.notes[0]
 
 
-def test_too_few_and_too_slow_workers_are_told_apart(tmp_path):
+def test_too_few_and_too_slow_workers_are_told_apart(tmp_path, monkeypatch):
     """Workers take 40 ms a batch; the step computes 5 ms and waits for the rest: 8 workers keep up."""
     steps = [_step(n, {"data_wait": 15.0, "forward": 5.0}, t0=100.0 + n) for n in range(1, 12)]
     _write_run(tmp_path, steps, {"window": None, "loaders": [{"id": 1, "num_workers": 2, "batch_size": 4,
@@ -167,6 +167,12 @@ def test_too_few_and_too_slow_workers_are_told_apart(tmp_path):
     slow = rules.check_data_wait(rules.Facts(head, [head], None, cpu_count=4))
     assert "too few workers: 8 worker(s) would keep up" in few[2] and "set num_workers=8" in few[2]
     assert "the workers are too slow: 8 workers would be needed but this machine has 4 CPUs" in slow[2]
+    from diagnostics.analyses.attach import job as attach_job  # the run's own machine: the cores devices reads
+
+    for cores, told in ((4, "this machine has 4 CPUs"), (16, "set num_workers=8")):
+        monkeypatch.setattr(attach_job, "logical_cores", lambda: cores)
+        found = next(f for f in analyse_run(tmp_path, exit_code=0).findings if f.id == "data_wait")
+        assert told in found.suggestion
 
 
 def test_the_declared_metrics_cover_the_result_and_the_report_has_its_sections(tmp_path):

@@ -72,3 +72,27 @@ def test_a_python_loop_over_rows_is_counted_on_cpu():
     assert f["element_ops_per_step"] == {"aten::select (unbind)": 8}
     assert "aten::addmm" in f["eligible_ops"] and f["gpu_busy_fraction"] is None
     assert 0 < f["op_time_us_per_step"] <= f["step_wall_us"]
+
+
+def test_the_checklists_training_step_counts_the_models_ops_only():
+    """The checklist trains with the one training step (measure.training.Step) built to keep no copy of the
+    loss: its ops per step are the model's, its loss's and backward's (Linear's addmm, the loss's mean and
+    backward), with no aten::detach of Step's own. Step keeping its loss adds exactly that one op."""
+    from diagnostics.analyses.checklist.facts import _train_step
+    from diagnostics.inputs import Inputs
+    from diagnostics.measure.training import Step, Trainee
+
+    torch.manual_seed(0)
+    fc = torch.nn.Linear(16, 4)
+    loaded = Trainee(fc, lambda out: out.mean(), Inputs((torch.randn(8, 16),), {}))
+    step = _train_step(loaded, fc)
+    assert step() is None
+    counted = profile_facts(step, torch.device("cpu"), steps=2)
+    calls = {r["name"]: r["count_per_step"] for r in counted["top_ops"]}   # every call, nested ones too
+    assert calls["aten::linear"] == calls["aten::mean"] == 1
+    keeping = Step(Trainee(fc, lambda out: out.mean(), loaded.inputs), True, optimizer=None)
+    assert keeping() is not None
+    kept = profile_facts(keeping, torch.device("cpu"), steps=2)
+    assert kept["ops_per_step"] == counted["ops_per_step"] + 1
+    kept_calls = {r["name"]: r["count_per_step"] for r in kept["top_ops"]}
+    assert kept_calls["aten::detach"] == calls.get("aten::detach", 0) + 1   # Step's own copy of the loss

@@ -183,8 +183,16 @@ def test_a_zero_bound_turns_the_cache_off_and_a_bad_setting_is_named(tmp_path, m
     monkeypatch.setenv(cache.MAX_BYTES_ENV, "lots")
     with pytest.raises(TraceError, match=r"TORCHSCOPE_TRACE_CACHE_MB='lots' is not a number"):
         cached_load(path, root)
+    monkeypatch.setenv(cache.MAX_BYTES_ENV, "-1")
+    with pytest.raises(TraceError, match=r"TORCHSCOPE_TRACE_CACHE_MB='-1' must be 0 or more"):
+        cache.max_bytes()
+    monkeypatch.setenv(cache.MAX_BYTES_ENV, "inf")
+    with pytest.raises(TraceError, match=r"TORCHSCOPE_TRACE_CACHE_MB='inf' must be a finite number of megabytes"):
+        cache.max_bytes()
     monkeypatch.setenv(cache.MAX_BYTES_ENV, "0.5")
     assert cache.max_bytes() == 2**19
+    monkeypatch.setenv(cache.MAX_BYTES_ENV, " ")
+    assert cache.max_bytes() == cache.MAX_BYTES == 4 << 30
 
 
 _WRITER = """
@@ -222,3 +230,38 @@ def test_two_concurrent_writers_leave_one_whole_entry(tmp_path):
     trace, hit = cached_load(path, root)
     assert hit is True
     _same_trace(load_trace(path), trace)
+
+
+def test_a_runs_kept_columns_are_the_caches_form_read_back_checked(tmp_path):
+    """One writer and one reader for an entry and a run's kept columns (issue 44): what a run keeps reads back
+    as the trace it kept; a damaged, mismatched or other-version copy is a TraceError naming its folder; the
+    form runs kept before (no version, no stamp) still reads when its columns match."""
+    path = _copy(DATA / "gpu_small.json", tmp_path / "gpu.json")
+    trace, _ = cached_load(path, tmp_path / "cache")   # kept: the run links the entry's events
+    run = tmp_path / "run"
+    run.mkdir()
+    cache.write_columns(trace, run, cache.stamp(path))
+    assert os.path.samefile(run / cache.EVENTS_FILE, trace._cache[cache.ENTRY] / cache.EVENTS_FILE)
+    _same_trace(cache.read_columns(run), load_trace(path))
+    _same_trace(cache.read_columns(run, cache.stamp(path)), trace)
+    with pytest.raises(TraceError, match="kept for another file"):
+        cache.read_columns(run, {**cache.stamp(path), "size": 1})
+
+    meta = json.loads((run / cache.META_FILE).read_text())
+    legacy = {k: v for k, v in meta.items() if k not in ("cache_version", "stamp", "n_events")}
+    (run / cache.META_FILE).write_text(json.dumps(legacy))
+    _same_trace(cache.read_columns(run), trace)
+    with pytest.raises(TraceError, match="another version"):   # an entry must carry its version
+        cache.read_columns(run, cache.stamp(path))
+    (run / cache.META_FILE).write_text(json.dumps({**meta, "cache_version": cache.CACHE_VERSION - 1}))
+    with pytest.raises(TraceError, match=rf"{run} was kept by another version \({cache.CACHE_VERSION - 1}"):
+        cache.read_columns(run)
+    (run / cache.META_FILE).write_text(json.dumps({**meta, "n_events": meta["n_events"] + 1}))
+    with pytest.raises(TraceError, match="does not hold the columns and events it was kept with"):
+        cache.read_columns(run)
+    (run / cache.META_FILE).write_text(json.dumps(meta))
+    os.unlink(run / cache.EVENTS_FILE)   # the link only: the entry's file stays
+    (run / cache.EVENTS_FILE).write_bytes(b"ARROW1\x00\x00 not really")
+    with pytest.raises(TraceError, match=rf"the parsed trace in {run} cannot be read \(Arrow"):
+        cache.read_columns(run)
+    assert cached_load(path, tmp_path / "cache")[1] is True   # the entry untouched

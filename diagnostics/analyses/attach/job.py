@@ -35,6 +35,7 @@ from diagnostics.analyses.attach.protocol import (
     read_json, read_jsonl,
 )
 from diagnostics.analyses.attach.result import AttachResult, Bottleneck, OomFit, OutOfMemory, RunPlan
+from diagnostics.devices import logical_cores
 from diagnostics.findings import rank_fix_first
 from diagnostics.measure.gradient_health import (
     STATUSES as GRAD_STATUSES, THRESHOLD_HELP, THRESHOLDS, finite, summarize_layers,
@@ -111,7 +112,7 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
                 f"rank {f['rank']}: {f['window']}" for f in ranked))
     ranks_view = _ranks_view(run_dir, ranked) if len(ranked) > 1 else None
     trace = ([f["trace"] for f in ranked if f["trace"]] if len(ranked) > 1 else (head or {}).get("trace"))
-    facts = rules.Facts(head=head, ranked=ranked, waited_for=waited, cpu_count=os.cpu_count() or 1)
+    facts = rules.Facts(head=head, ranked=ranked, waited_for=waited, cpu_count=logical_cores())
     found = rules.evaluate(facts)
     fix_first = rank_fix_first([rules.fix_first_row(f) for f in found if f.flagged])
     if head:

@@ -35,6 +35,7 @@ from diagnostics.measure.memory import peak_in_use_bytes
 from diagnostics.measure.state import restored_state
 from diagnostics.measure.structure import forward_facts, static_facts
 from diagnostics.measure.timer import sync, time_calls
+from diagnostics.measure.training import Step, Trainee
 from diagnostics.trace.classify import uses_tensor_cores
 
 #: ops that can run on Tensor Cores (matmuls, convolutions, attention), as named in the profiler.
@@ -78,12 +79,12 @@ def compile_facts(model: nn.Module, inputs: tuple) -> dict:
                        for b in ex["graph_breaks"]]}
 
 
-def _train_step_fn(model: nn.Module, inputs: tuple, loss_fn: Callable) -> Callable[[], None]:
-    def step():
-        model.zero_grad(set_to_none=True)
-        out = call_model(model, inputs)
-        loss_fn(out).backward()
-    return step
+def _train_step(loaded, model: nn.Module) -> Step:
+    """The one training step (measure.training.Step) without an optimizer: zero_grad, forward, loss,
+    backward. It keeps no copy of the loss, so the ops a profiled step counts are the model's, its loss's
+    and backward's only (Step's own ``aten::detach`` would be one more per step)."""
+    return Step(Trainee(model, loaded.loss_fn, loaded.inputs, loaded.loss_name), True, optimizer=None,
+                keep_loss=False)
 
 
 def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2) -> dict:
@@ -337,14 +338,14 @@ def measured_facts(loaded, model: nn.Module, *,
                    errors: dict | None = None) -> dict:
     """Everything timed or traced. ``model`` is ``loaded.model``: this function trains it, switches
     its mode and zeroes its gradients, so the caller restores it (``collect_facts`` does)."""
-    inputs, loss_fn = loaded.inputs, loaded.loss_fn
+    inputs = loaded.inputs
     progress = progress or (lambda f, m: None)
     errors = errors if errors is not None else {}
     out: dict = {}
     device = torch.device(loaded.device)
     guarded = _guard(errors)
     model.train()
-    step = _train_step_fn(model, inputs, loss_fn)
+    step = _train_step(loaded, model)
     if any(p.requires_grad for p in model.parameters()):
         _training_facts(loaded, model, step, device, iters, profile_steps, guarded, progress, out)
     else:

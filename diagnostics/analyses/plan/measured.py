@@ -12,8 +12,6 @@ and loss, the same checkpointing wrapper, the same optimizer constructor and def
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 
 from diagnostics.analyses.plan.configs import DTYPES, Config
@@ -22,7 +20,7 @@ from diagnostics.analyses.plan.trace import (LR, TORCH_DTYPES, checkpointed_name
 from diagnostics.inputs import Inputs, make_inputs
 from diagnostics.measure.memory import is_cuda, measure_peak
 from diagnostics.tensors import buffer_bytes, optimizer_state_bytes, param_bytes, tensor_bytes
-from diagnostics.measure.training import make_optimizer
+from diagnostics.measure.training import Step, Trainee, make_optimizer
 
 
 def measured_peak(loaded, config: Config, checkpoint_patterns: str = "", foreach: bool | None = None) -> dict:
@@ -50,15 +48,13 @@ def measured_peak(loaded, config: Config, checkpoint_patterns: str = "", foreach
     if foreach is None and config.setting.optimizer != "adamw_fused" and is_cuda(device):
         foreach = True
     opt = make_optimizer(model.parameters(), config.setting.optimizer, LR, foreach=foreach)
-    amp = (torch.autocast(device_type=device.type, dtype=TORCH_DTYPES[d.autocast])
-           if d.autocast in ("bfloat16", "float16") else nullcontext())
+    amp = ((lambda: torch.autocast(device_type=device.type, dtype=TORCH_DTYPES[d.autocast]))
+           if d.autocast in ("bfloat16", "float16") else None)
     model.train()
-
-    def step():
-        with amp:
-            loss = loaded.loss_fn(inputs.call(model))
-        loss.backward()
-        opt.step()
+    # the one training step (measure.training.Step): autocast around forward and loss, backward, the optimizer;
+    # the gradients are set to None here, between the warm-up and the measured step, not inside it
+    step = Step(Trainee(model, loaded.loss_fn, inputs, loaded.loss_name), True, optimizer=opt, zero_grad=False,
+                autocast=amp)
 
     with eager_transformers(), checkpointing(model, names):
         step()  # warm-up: the optimizer's state now exists
@@ -106,10 +102,8 @@ def _rank_main(rank: int, ranks: int, port: int, spec_dict: dict, config_dict: d
         else:
             opt = inner = make_optimizer(trainable, setting.optimizer, LR)
 
-        def step():
-            loss = loaded.loss_fn(inputs.call(wrapped))
-            loss.backward()
-            opt.step()
+        # the one training step on the wrapped model; gradients set to None between warm-up and measure
+        step = Step(Trainee(wrapped, loaded.loss_fn, inputs, loaded.loss_name), True, optimizer=opt, zero_grad=False)
 
         def local_bytes(ts):
             seen, n = set(), 0

@@ -12,14 +12,16 @@ between modules (tied weights) are counted once, for the first module that holds
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from diagnostics.analyses.summary import ANALYSIS, SummaryLayer, SummaryMetrics, SummaryResult
+from diagnostics.errors import ModelRunError
 from diagnostics.measure.flops import FlopCount, FlopCounter
+from diagnostics.measure.training import Step
 from diagnostics.tensors import shape_of, tensor_key, unique_params
 from diagnostics.results import UNSET, ModelInput
 
@@ -146,28 +148,40 @@ def training_rng(train: bool):
 
 
 def _one_pass_counts(loaded, model, train: bool):
-    """(forward count, forward+backward count or None, shapes) from one counted pass (``train``: a
-    training step, else a forward pass without grad), or None if any of it failed."""
+    """(forward count, forward+backward count or None, shapes) from one counted pass (``train``: the one
+    training step, measure.training.Step, without an optimizer; else a forward pass without grad), or None
+    if any of it failed."""
     shapes: dict[str, object] = {}
     counter = FlopCounter()
+    hooks = ExitStack()   # the shape hooks, on the model's forward only
+    forward: dict = {}
+
+    def read_forward(out) -> None:
+        """After the model's forward, before its loss: the shape hooks off, the forward's counts read."""
+        hooks.close()
+        shapes.setdefault(ROOT, shape_of(out))  # a TorchScript root takes no hook: its output still has a shape
+        forward["count"] = counter.result(type(model).__name__)
+
+    def loss_after_forward(out):
+        read_forward(out)
+        return loaded.loss_fn(out)
+
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # as _flops_by_module
     try:
         model.zero_grad(set_to_none=True)
         model.train(train)  # a training step in training mode (the caller restores the mode)
         with counter, torch.set_grad_enabled(train), training_rng(train):
-            with output_shape_hooks(model, shapes):
-                out = loaded.forward()
-            shapes.setdefault(ROOT, shape_of(out))  # a TorchScript root takes no hook: its output still has a shape
-            fwd = counter.result(type(model).__name__)  # the forward's counts, before the loss
+            hooks.enter_context(output_shape_hooks(model, shapes))
             if not train:
-                return fwd, None, shapes
-            loaded.loss_fn(out).backward()
-            del out
-        return fwd, counter.result(type(model).__name__), shapes
+                read_forward(loaded.forward())
+                return forward["count"], None, shapes
+            Step(replace(loaded, loss_fn=loss_after_forward), True, optimizer=None, zero_grad=False)()
+        return forward["count"], counter.result(type(model).__name__), shapes
     except Exception:
         return None
     finally:
+        hooks.close()
         torch.backends.mha.set_fastpath_enabled(fastpath)
         model.zero_grad(set_to_none=True)
 
@@ -213,16 +227,19 @@ def _counts_pass_by_pass(ctx, loaded, options, trainable, shapes):
     if fwd is not None and trainable and not options["skip_backward"]:
         ctx.progress(0.6, "forward + backward FLOPs")
 
+        step = Step(loaded, True, optimizer=None)   # the one training step: zero_grad, forward, loss, backward
+
         def train_step():
-            model.zero_grad(set_to_none=True)
             with training_rng(True):
-                loaded.loss_fn(loaded.forward()).backward()
+                step()
 
         try:
             model.train()  # counted as profile --mode train counts it (the caller restores the mode)
             both = _flops_by_module(model, train_step)
         except Exception as e:  # a model that cannot train (e.g. integer outputs) still gets a summary
-            backward_note = f"backward not counted: {type(e).__name__}: {e}"
+            # the user's error, not Step's wrapping of it (ModelRunError: "backward failed: ...")
+            cause = e.__cause__ if isinstance(e, ModelRunError) and e.__cause__ is not None else e
+            backward_note = f"backward not counted: {type(cause).__name__}: {cause}"
         finally:
             model.eval()
             model.zero_grad(set_to_none=True)

@@ -11,14 +11,10 @@ returns as a plain dict, is typed here (results.build, strict).
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import fields
 from functools import partial
 from pathlib import Path
-
-import pandas as pd
 
 from diagnostics.analyses.trace import TRACE, TRACE_CRITICAL_PATH, TRACE_DIFF, TRACE_TIMELINE
 from diagnostics.analyses.trace import stored
@@ -31,7 +27,7 @@ from diagnostics.errors import TorchScopeError
 from diagnostics.results import build, to_plain
 from diagnostics.settings import check_server_path, trace_cache_dir
 from diagnostics.trace import cache as trace_cache
-from diagnostics.trace.cache import cached_load, link_events
+from diagnostics.trace.cache import cached_load
 from diagnostics.trace.serving import serving
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks import analyse_ranks
@@ -41,7 +37,7 @@ from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
 from diagnostics.trace.records.ranks import Ranks
 from diagnostics.trace.records.timeline import Timeline
 from diagnostics.trace import (
-    Trace, diff_traces, idle_time, launch_stats, load_trace, summary, temporal_breakdown, timeline_data,
+    Trace, diff_traces, idle_time, launch_stats, summary, temporal_breakdown, timeline_data,
     top_operators,
 )
 
@@ -55,25 +51,17 @@ def _require_path(options: dict, key: str = "path") -> str:
     return str(path)
 
 
-def _save_columns(trace: Trace, folder: Path) -> None:
-    if not link_events(trace, folder / EVENTS_FILE):  # the trace cache's copy, when there is one
-        trace.events.reset_index(drop=True).to_feather(folder / EVENTS_FILE)
-    meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
-    (folder / META_FILE).write_text(json.dumps(meta, default=str))
-
-
 def columns_kept(folder: str | Path) -> bool:
     """Whether ``folder`` still holds the parsed columns a trace run kept (a part can be recomputed from them)."""
-    return (Path(folder) / EVENTS_FILE).is_file() and (Path(folder) / META_FILE).is_file()
+    return trace_cache.columns_kept(folder)
 
 
 def load_columns(folder: str | Path) -> Trace:
-    """Read back what _save_columns kept (our own files, no pickle involved)."""
-    folder = Path(folder)
-    if not (folder / EVENTS_FILE).is_file():
+    """The parsed trace a trace run kept in ``folder`` (trace_cache.write_columns), read back and checked by
+    the trace cache's own reader; a TorchScopeError naming the folder when there is none or it does not check."""
+    if not trace_cache.columns_kept(folder):
         raise TorchScopeError(f"no parsed trace kept in {folder}; open the trace again")
-    meta = json.loads((folder / META_FILE).read_text())
-    return Trace(events=pd.read_feather(folder / EVENTS_FILE), **meta)
+    return trace_cache.read_columns(folder)
 
 
 def _open(path: str, allow_truncated: bool = False) -> tuple[Trace, TraceCache]:
@@ -82,6 +70,8 @@ def _open(path: str, allow_truncated: bool = False) -> tuple[Trace, TraceCache]:
     t = time.perf_counter()
     trace, hit = cached_load(path, trace_cache_dir(), allow_truncated=allow_truncated)
     return trace, TraceCache(hit=hit, open_s=time.perf_counter() - t)
+
+
 
 
 def _reopen(ctx, path: str, options: dict) -> TraceResult | None:
@@ -122,6 +112,7 @@ def analyze(ctx, options: dict) -> TraceResult:
     # An upload is stored under a name we chose; "display_name" is the one the user knows it by.
     stored, name = Path(path).name, options["display_name"] or Path(path).name
     ctx.progress(0.05, f"reading {name} ({os.path.getsize(path) / 2**20:.0f} MiB)")
+    file_stamp = trace_cache.stamp(path)   # the file as it was opened: kept with its columns
     try:
         trace, cache = _open(path, allow_truncated=options["allow_truncated"])
     except TraceError as e:
@@ -150,7 +141,8 @@ def analyze(ctx, options: dict) -> TraceResult:
     if options["ranks"]:
         parts["ranks"] = _ranks(ctx, options)
     if options["keep_columns"]:
-        _save_columns(trace, ctx.artifact_dir)
+        # as the cache keeps an entry (the entry's events linked when there is one), for the parts redone later
+        trace_cache.write_columns(trace, ctx.artifact_dir, file_stamp)
         parts["columns_dir"] = str(ctx.artifact_dir)
     s = parts["summary"]
     metrics = TraceMetrics(events=s.events, duration_ms=s.duration_us / 1e3, steps=s.n_steps,

@@ -23,9 +23,8 @@ from diagnostics.trace.errors import TraceError
 
 #: Options that choose where the work runs, not what it finds: left out of the stored result's key.
 EXECUTION_OPTIONS = ("dask", "dask_memory_limit", "trust_dask_scheduler")
-#: The parsed trace's metadata, kept beside a run with the events (job._save_columns / load_columns).
-META_FILE = "trace_meta.json"
-EVENTS_FILE = "events.feather"
+#: The parsed trace a run keeps, under the trace cache's own names (trace_cache.write_columns / read_columns).
+META_FILE, EVENTS_FILE = trace_cache.META_FILE, trace_cache.EVENTS_FILE
 #: The files a trace result names, kept beside it in the trace cache: result key -> file in the run folder.
 RESULT_FILES = {"critical_path": "critical_path.pt.trace.json", "meta": META_FILE}
 #: The ranks' mode on a reopen: their summaries and cross-rank views come with the stored analysis.

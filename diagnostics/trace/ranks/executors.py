@@ -32,10 +32,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+from diagnostics.devices import logical_cores
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.mainless import plain_main
 
-#: Processes analysing ranks at once, at most (and never more than the CPU count or the ranks).
+#: Processes analysing ranks at once, at most (and never more than the machine's logical cores, devices.logical_cores,
+#: the ranks, or what the available memory holds: memory_workers).
 MAX_RANK_WORKERS = 4
 #: Memory one rank's summary needs above its worker's start-up: TASK_FIXED_BYTES, MEMORY_PER_EVENT per event
 #: (the columns, the nesting, the per-step views) and MEMORY_PER_JSON_BYTE per byte of decoded JSON (what the
@@ -149,7 +151,7 @@ class LocalPool:
 
     def __init__(self, paths: list[str], parallel: bool | None = None, workers: int | None = None):
         n = len(paths)
-        cpus = os.cpu_count() or 1
+        cpus = logical_cores()
         self.workers = min(MAX_RANK_WORKERS, cpus, max(1, n), memory_workers(paths)) if workers is None else workers
         self.why = None
         if parallel is False:
