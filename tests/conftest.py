@@ -112,10 +112,8 @@ def pytest_addoption(parser):
 SERIAL = {
     "tests/e2e/": "a dashboard server and Chromium each; the UI's waits are timed",
     "tests/measure/test_disturbance.py": "counts other processes' CPU: the other worker is one",
-    "tests/test_figure_invariants.py": "roofs measured while the other worker computes put ops above them",
-    "tests/attach/test_trials.py": "interleaved A/A verdicts of whole script runs",
     "tests/analyses/plan/test_sharded.py": "gloo ranks in processes of their own, on fixed ports",
-    "tests/trace/test_rank_cluster.py": "a Dask LocalCluster (its nannies failed to start beside another worker)",
+    "tests/trace/test_rank_cluster.py": "a Dask LocalCluster of worker processes",
     "tests/trace/test_dask_trust.py": "a Dask LocalCluster",
     "tests/trace/test_mainless.py": "a Dask LocalCluster and forkserver pools under a stand-in main script",
     "tests/reliability/test_sandbox.py": "namespaced workers with DataLoader worker pools",
