@@ -64,7 +64,7 @@ def main() -> int:
         sp = f"{r.speedup:.2f}x" if r.speedup else "-"
         ms = f"{r.step_ms:.1f}" if r.step_ms else "-"
         diff = f"{r.loss_max_rel_diff:.2g}" if r.loss_max_rel_diff is not None else "-"
-        lines.append(f"| {r.fix} | {r.verdict} | {sp} | {ci} | {ms} | {diff} | {r.rounds} |")
+        lines.append(f"| {r.fix} | {r.verdict or '-'} | {sp} | {ci} | {ms} | {diff} | {r.rounds} |")
     lines += [""] + [f"- {'met' if ok else 'NOT met'}: {name}" for name, ok in checks] + [""]
     text = "\n".join(lines)
     print(text)
