@@ -57,8 +57,8 @@ class LogDrain(threading.Thread):
     def recent(self, n: int = LOG_TAIL_CHARS) -> str:
         """The last ``n`` characters of the output (from the pipe, not from any file); for a native crash,
         ``fatal_report``'s part of it."""
-        return fatal_report(bytes(self._recent).decode("utf-8", "replace"), n) or \
-            bytes(self._recent).decode("utf-8", "replace")[-n:]
+        text = bytes(self._recent).decode("utf-8", "replace")
+        return fatal_report(text, n) or text[-n:]
 
     def run(self) -> None:
         written, ring = 0, bytearray()
