@@ -125,6 +125,7 @@ class Agent:
         self.main_info = None  # its id, type and parameter count (it may be gone when the boundary is chosen)
         self.pending: list = []  # boundary not known yet: each top-level forward's end, to count them later
         self.pending_t0 = 0.0  # when the first of the pending forwards began
+        self.first_batch_t = None  # when the first DataLoader batch was asked for (the batch fallback's clock)
         self.backward_seen = False
         self.step_backward = False  # a backward ran in the step in progress
         self.step_train = False  # a training forward or a backward ran in the step in progress
@@ -738,7 +739,11 @@ class Agent:
             self._between(None)
 
     # ------------------------------------------------------------------ optimizer hooks
-    def on_opt_pre(self, opt) -> None:
+    def on_opt_pre(self, opt, args=(), kwargs=None):
+        """The optimizer's step begins. A step given a closure (Lightning's automatic optimization,
+        LBFGS) computes its forward and backward inside: the closure is handed on wrapped (returned as the
+        step's new arguments, nothing set on the optimizer), so its time is not the optimizer's and the
+        gradient statistics read the gradients it computed."""
         if not self.optimizers:
             if threading.get_ident() != self.main:
                 self.main = threading.get_ident()
@@ -755,6 +760,15 @@ class Agent:
                 pass
         if key in self.seq and self.mode == "optimizer":
             self.close_retro()
+        closure = args[1] if len(args) > 1 else (kwargs or {}).get("closure")
+        if closure is None:
+            self._grad_stats_timed(opt)
+        self.enter("optimizer")
+        if callable(closure):
+            return self._wrap_closure(opt, closure, args, kwargs or {})
+        return None
+
+    def _grad_stats_timed(self, opt) -> None:
         if self.state == "profiling" and self.cfg.grads and self.prof is not None:
             t = perf()
             self.busy = True
@@ -767,7 +781,29 @@ class Agent:
             finally:
                 self.busy = False
             self.tool(t)
-        self.enter("optimizer")
+
+    def _wrap_closure(self, opt, closure, args, kwargs):
+        """The step's arguments with its closure wrapped: the closure's own time is the step's host time (its
+        forward and backward are timed inside it as usual), and after its first call the gradient statistics."""
+        agent, calls = self, []
+
+        @functools.wraps(closure)
+        def timed_closure(*a, **k):
+            if not agent.ok():
+                return closure(*a, **k)
+            agent.enter("host")
+            try:
+                return closure(*a, **k)
+            finally:
+                if agent.active:
+                    agent.leave()
+                    if not calls:
+                        calls.append(1)
+                        agent._grad_stats_timed(opt)
+
+        if len(args) > 1:
+            return (args[0], timed_closure, *args[2:]), kwargs
+        return args, {**kwargs, "closure": timed_closure}
 
     def on_opt_post(self, opt) -> None:
         now = self.leave()
@@ -944,13 +980,17 @@ class Agent:
     # ------------------------------------------------------------------ fallback boundaries
     def batch_fallback(self) -> None:
         """At a DataLoader batch, with no optimizer, no backward and no module with parameters called after
-        fallback_after_s: a step is one DataLoader batch."""
-        if perf() - self.t_start < self.cfg.fallback_after_s or self.main_info is not None or self.backward_seen:
+        fallback_after_s: a step is one DataLoader batch. The seconds count from the first batch, not from the
+        script's start: a Trainer whose imports took 3 s fetches its first batch before its first forward."""
+        now = perf()
+        if self.first_batch_t is None:
+            self.first_batch_t = now
+        if now - self.first_batch_t < self.cfg.fallback_after_s or self.main_info is not None or self.backward_seen:
             return
         self.mode = "batch"
         self.mode_detail = "each DataLoader batch"
-        self.notes.append(f"no optimizer stepped and no module was called in the first {self.cfg.fallback_after_s:g} s:"
-                          " a step is one DataLoader batch")
+        self.notes.append(f"no optimizer stepped and no module was called in {self.cfg.fallback_after_s:g} s of "
+                          "DataLoader batches: a step is one DataLoader batch")
         self.completed = 0
         self.step_times = []
 
@@ -1273,7 +1313,7 @@ def _install_optimizer(agent: Agent) -> None:
         if agent.optimizers and threading.get_ident() != agent.main:
             return
         try:
-            agent.on_opt_pre(opt)
+            return agent.on_opt_pre(opt, args, kwargs)
         except Exception as e:
             agent.fail("optimizer pre-hook", e)
 

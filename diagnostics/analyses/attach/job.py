@@ -150,8 +150,13 @@ def analyse_run(run_dir, *, exit_code: int | None = None, command=(), cwd: str =
 # ---------------------------------------------------------------------- one process
 def _load_proc(d: Path) -> dict:
     rows = read_jsonl(str(d / STEPS))
+    steps = [r for r in rows if not r.get("partial")]
+    # The boundary changed mid-run (an optimizer first stepped after manual-update or batch steps: gradient
+    # accumulation's micro-batches before the first optimizer step): the agent counted the steps again from 1,
+    # so the rows of the old boundary are dropped (a step number appears once).
+    restart = next((i for i in range(len(steps) - 1, 0, -1) if steps[i]["n"] <= steps[i - 1]["n"]), 0)
     return {"pid": int(d.name[len(PROC_PREFIX):]) if d.name[len(PROC_PREFIX):].isdigit() else 0, "dir": d,
-            "meta": read_json(str(d / META), {}) or {}, "steps": [r for r in rows if not r.get("partial")],
+            "meta": read_json(str(d / META), {}) or {}, "steps": steps[restart:],
             "partial": [r for r in rows if r.get("partial")], "errors": read_jsonl(str(d / ERRORS))}
 
 
