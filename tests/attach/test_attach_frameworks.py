@@ -131,3 +131,19 @@ def test_lightning_with_accumulation_and_validation_counts_optimizer_steps_only(
     assert r["evaluation"]["periods"] == 3 and r["evaluation"]["forwards"] == own["val_batches"] == 6
     assert r["profiled_steps"] == [3, 4] and not r["errors"]
     _steps_numbered_once(r)
+
+
+def test_a_closure_of_its_own_lbfgs_counts_optimizer_steps_and_reads_the_first_calls_gradients(tmp_path):
+    bare, ran = _both(tmp_path, "closure_lbfgs.py", {"STEPS": "8"}, options=("--at", "3", "--steps", "3"))
+    assert ran.script_stdout == bare.stdout.strip() and len(_losses(bare.stdout)) == 8
+    own, r = ran.self_timing, ran.result
+    assert own["leftovers"] == bare.self_timing["leftovers"] and own["leftovers"]["opt_hooks"] == 0
+    assert sum(own["closure_calls"]) > own["steps"]  # several forwards and backwards inside each step
+    assert r["steps"] == own["steps"] == 8 and r["step_boundary"] == "optimizer"
+    assert r["step_boundary_detail"] == "the optimizer's step (LBFGS)" and r["profiled_steps"] == [3, 5]
+    got = {(s["step"], s["layer"]): s["grad_norm"] for s in r["gradients"]["steps"]}
+    assert sorted({s for s, _ in got}) == [3, 4, 5]
+    for (step, layer), norm in got.items():
+        mine = own["grad_norms"][step - 1]
+        expected = math.sqrt(sum(v * v for k, v in mine.items() if k.startswith(f"{layer}.")))
+        assert norm == pytest.approx(expected, rel=1e-5), (step, layer)
