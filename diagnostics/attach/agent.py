@@ -126,6 +126,7 @@ class Agent:
         self.pending: list = []  # boundary not known yet: each top-level forward's end, to count them later
         self.pending_t0 = 0.0  # when the first of the pending forwards began
         self.first_batch_t = None  # when the first DataLoader batch was asked for (the batch fallback's clock)
+        self.forward_from_eval = None  # forward steps chosen from forwards under no_grad / in eval mode: (note, root)
         self.backward_seen = False
         self.step_backward = False  # a backward ran in the step in progress
         self.step_train = False  # a training forward or a backward ran in the step in progress
@@ -617,6 +618,8 @@ class Agent:
         the boundaries that a forward decides, then its part (forward, or evaluation)."""
         params = self._params(mod)
         training = mod.training and self.torch.is_grad_enabled()
+        if params and training and self.mode == "forward" and self.forward_from_eval is not None:
+            self.evaluation_first()
         if params and self.step_backward and not self.optimizers:
             self.manual_boundary()  # a backward and its update ran: the next forward starts a step
         mode = self.mode
@@ -657,6 +660,7 @@ class Agent:
             if self.top_phase == "forward" and not (mod.training and self.torch.is_grad_enabled()) and twice:
                 self.forward_boundary("no optimizer stepped and no backward ran: the model ran forward twice "
                                       "under no_grad / in eval mode")
+                self.forward_from_eval = (self.notes[-1], self.root_info[-1]) if self.mode == "forward" else None
             # Seconds of forwards, counted from the first forward (not from the script's start: a script whose
             # imports and data took 3 s read as an inference loop at its first forward's end, its backward still
             # to come), and at least two of them: a training loop's backward follows its first forward.
@@ -668,6 +672,28 @@ class Agent:
         if self.evaluating is not None:
             self.end_evaluation()
         self.backward_seen = self.step_backward = self.step_train = True
+
+    def evaluation_first(self) -> None:
+        """A training forward after forward steps that were chosen from forwards under no_grad / in eval mode:
+        those were an evaluation before training (Lightning's sanity check, a trainer.evaluate() first), not
+        an inference loop. They become one evaluation period (their steps' time), the forward boundary's note
+        goes, a window of them is dropped without a word, and the backward or optimizer to come chooses the
+        boundary; the steps are counted again from there."""
+        note, root = self.forward_from_eval
+        self.forward_from_eval = None
+        n = self.completed
+        self.evaluation["periods"] += 1
+        self.evaluation["forwards"] += n
+        self.evaluation["period_ms"] += sum(t[1] for t in self.step_times)
+        self.notes = [x for x in self.notes if x != note]
+        self.root_info = [r for r in self.root_info if r is not root]
+        if self.window is not None:
+            if self.prof is not None:
+                self._stop_window()
+            self.window, self.state, self.decided, self.window_note = None, "warming up", None, ""
+        self.mode, self.mode_detail, self.completed, self.step_times, self.pending = None, "", 0, [], []
+        self.notes.append(f"the {n} forwards under no_grad / in eval mode before training began were an evaluation "
+                          "(a validation before the first step), not steps")
 
     def end_evaluation(self) -> None:
         """The evaluation period ends (a training forward or a backward begins): the next step starts now."""

@@ -127,8 +127,12 @@ def test_lightning_with_accumulation_and_validation_counts_optimizer_steps_only(
     own, r = ran.self_timing, ran.result
     assert own["train_batches"] == 12 and r["steps"] == own["optimizer_steps"] == 6
     assert r["step_boundary"] == "optimizer"
-    # validation every 4 training batches (2 optimizer steps): 3 periods of 2 batches, none of them a step
-    assert r["evaluation"]["periods"] == 3 and r["evaluation"]["forwards"] == own["val_batches"] == 6
+    # Lightning's sanity check (2 validation batches before training: they look like an inference loop until
+    # the first training forward), then validation every 4 training batches (2 optimizer steps): 4 periods of 2
+    # batches, none of them a step
+    assert r["evaluation"]["periods"] == 4 and r["evaluation"]["forwards"] == own["val_batches"] == 8
+    assert r["notes"] == ["the 2 forwards under no_grad / in eval mode before training began were an evaluation "
+                          "(a validation before the first step), not steps"]
     assert r["profiled_steps"] == [3, 4] and not r["errors"]
     _steps_numbered_once(r)
 

@@ -8,7 +8,8 @@ optimizer step count. The final weights go to OUT (torch.save of the state_dict)
 what is left on the model and optimizer is written too.
 
 Environment: MAX_STEPS (default 8), ACCUM (accumulate_grad_batches, default 1), VAL_EVERY (0: no validation;
-N: val_check_interval=N training batches), OUT (default ./lightning_out)."""
+N: val_check_interval=N training batches, after Lightning's sanity check of 2 validation batches), OUT
+(default ./lightning_out)."""
 import os
 import time
 import warnings
@@ -73,7 +74,7 @@ def main():
     trainer = L.Trainer(max_steps=MAX_STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=ACCUM,
                         val_check_interval=VAL_EVERY or None, limit_val_batches=2 if VAL_EVERY else 0,
-                        num_sanity_val_steps=0, check_val_every_n_epoch=None if VAL_EVERY else 1)
+                        check_val_every_n_epoch=None if VAL_EVERY else 1)
     val = loader(32, 2, False) if VAL_EVERY else None
     trainer.fit(model, loader(256, 1, True), val)
     os.makedirs(OUT, exist_ok=True)
