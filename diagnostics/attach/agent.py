@@ -819,13 +819,17 @@ class Agent:
                 return closure(*a, **k)
             agent.enter("host")
             try:
-                return closure(*a, **k)
+                out = closure(*a, **k)
             finally:
                 if agent.active:
                     agent.leave()
-                    if not calls:
-                        calls.append(1)
-                        agent._grad_stats_timed(opt)
+            if not calls and agent.active:  # the gradients of its first call that returned
+                calls.append(1)
+                try:
+                    agent._grad_stats_timed(opt)
+                except Exception as e:
+                    agent.fail("gradient statistics after the closure", e)
+            return out
 
         if len(args) > 1:
             return (args[0], timed_closure, *args[2:]), kwargs

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 HF_TIMINGS = re.compile(r"'((?:train|eval)_(?:runtime|samples_per_second|steps_per_second))': '[^']*'")
 
 
-def _both(tmp_path: Path, script: str, env: dict, options=()):
+def _both(tmp_path: Path, script: str, env: dict, options=(), expect: int = 0):
     """The script bare and attached, side by side (each its own folder): the frameworks' imports take seconds."""
     (tmp_path / "bare").mkdir()
     (tmp_path / "attached").mkdir()
@@ -33,7 +33,7 @@ def _both(tmp_path: Path, script: str, env: dict, options=()):
         a = pool.submit(run_attached, tmp_path / "attached", script, options=options, env=env,
                         cwd=tmp_path / "attached")
         bare, ran = b.result(), a.result()
-    assert bare.code == 0, bare.stderr[-3000:]
+    assert bare.code == expect, bare.stderr[-3000:]
     assert ran.code == bare.code, ran.stderr[-3000:]
     return bare, ran
 
@@ -131,3 +131,11 @@ def test_a_closure_of_its_own_lbfgs_counts_optimizer_steps_and_reads_the_first_c
         mine = own["grad_norms"][step - 1]
         expected = math.sqrt(sum(v * v for k, v in mine.items() if k.startswith(f"{layer}.")))
         assert norm == pytest.approx(expected, rel=1e-5), (step, layer)
+
+
+def test_a_closure_that_raises_ends_the_script_as_bare_with_its_own_traceback(tmp_path):
+    bare, ran = _both(tmp_path, "closure_lbfgs.py", {"STEPS": "8", "CRASH_AT": "5"}, expect=1)
+    assert "RuntimeError: the closure failed in step 5" in bare.stderr
+    assert ran.script_stderr == bare.stderr.strip()  # line for line: our closure wrapper's frame is not in it
+    assert ran.script_stdout == bare.stdout.strip() and len(_losses(bare.stdout)) == 4
+    assert ran.result["exit_code"] == 1 and ran.result["steps"] == 4 and not ran.result["errors"]

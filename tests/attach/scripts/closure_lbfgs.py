@@ -1,6 +1,7 @@
 """A closure of the script's own: LBFGS (max_iter 4) fits a small MLP, each optimizer step calling the closure
 (forward, backward) several times inside it. The script prints each step's loss with full precision and
-records, per step, the gradient norms its closure's first call computed and how many calls the step made."""
+records, per step, the gradient norms its closure's first call computed and how many calls the step made.
+CRASH_AT=K: the closure's second call in step K (from 1) raises, uncaught: the script dies of it."""
 import os
 
 import torch
@@ -9,6 +10,7 @@ from torch import nn
 from common import leftovers, save
 
 STEPS = int(os.environ.get("STEPS", "8"))
+CRASH_AT = int(os.environ.get("CRASH_AT", "0"))
 
 
 def main():
@@ -22,6 +24,8 @@ def main():
         calls.append(0)
 
         def closure():
+            if step + 1 == CRASH_AT and calls[-1] == 1:
+                raise RuntimeError(f"the closure failed in step {step + 1}")
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
