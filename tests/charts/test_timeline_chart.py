@@ -35,13 +35,13 @@ PROFILE_TL = Timeline(
 
 def test_the_record_normalises_to_labelled_lanes_in_ms():
     n = normalize(TRACE_TL)
-    assert [(l["label"], l["kind"], l["depths"]) for l in n["lanes"]] == [("main", "cpu", 2),
+    assert [(l["label"], l["kind"], l["depths"]) for l in n.lanes] == [("main", "cpu", 2),
                                                                          ("GPU 0 · stream 7", "gpu", 1)]
-    mm = next(e for e in n["events"] if e["name"] == "aten::mm")
+    mm = next(e for e in n.events if e["name"] == "aten::mm")
     assert (mm["lane"], mm["start_ms"], mm["dur_ms"]) == ("main", 0.01, 0.03)
     p = normalize(PROFILE_TL)
-    assert p["lanes"] == [{"label": "main thread", "kind": "cpu", "depths": 2}]
-    assert [e["shapes"] for e in p["events"]] == ["[[8,64]]", ""]  # no shapes recorded: none shown
+    assert p.lanes == [{"label": "main thread", "kind": "cpu", "depths": 2}]
+    assert [e["shapes"] for e in p.events] == ["[[8,64]]", ""]  # no shapes recorded: none shown
 
 
 def test_one_row_per_lane_depth_drawn_inside_the_band_names_on_bars():

@@ -14,6 +14,8 @@ timeline all hold.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import plotly.graph_objects as go
 
 from diagnostics.results import given
@@ -33,9 +35,16 @@ DEPTH_PX, LANE_MIN_PX = 20, 44
 DIMMED = 0.18
 
 
-def normalize(timeline: Timeline) -> dict:
-    """{"lanes": [{label, kind, depths}], "events": [{lane (label), depth, name, cat, start_ms, dur_ms,
-    count, shapes}], "shown", "in_range", "deeper"}: the record's bars in the figure's terms (ms, lanes by label)."""
+class Bars(NamedTuple):
+    """The record's bars in the figure's terms: ``lanes`` [{label, kind, depths}] in drawing order, ``events``
+    [{lane (its label), depth, name, cat, start_ms, dur_ms, count, shapes}] (ms; shapes "" where none)."""
+
+    lanes: list[dict]
+    events: list[dict]
+
+
+def normalize(timeline: Timeline) -> Bars:
+    """The Timeline record's lanes and bars as the figure draws them (Bars); counts stay on the record."""
     label = {l.lane: l.label or l.name or l.lane for l in timeline.lanes}
     kinds = {label[l.lane]: l.kind for l in timeline.lanes}
     order = [label[l.lane] for l in timeline.lanes]
@@ -51,8 +60,7 @@ def normalize(timeline: Timeline) -> dict:
     for e in evs:
         depths[e["lane"]] = max(depths.get(e["lane"], 0), e["depth"] + 1)
     lanes = [{"label": l, "kind": kinds[l], "depths": depths.get(l, 1)} for l in order if l in depths]
-    return {"lanes": lanes, "events": evs, "shown": timeline.shown, "in_range": timeline.in_range,
-            "deeper": timeline.deeper}
+    return Bars(lanes=lanes, events=evs)
 
 
 def matches(name: str, query: str) -> bool:
@@ -68,20 +76,19 @@ def find_events(timeline: Timeline, query: str, limit: int = 200) -> list[dict]:
     start (ms), duration (ms), depth, count, shapes."""
     if not query or not query.strip():
         return []
-    tl = normalize(timeline)
-    hits = [e for e in tl["events"] if matches(e["name"], query)]
+    hits = [e for e in normalize(timeline).events if matches(e["name"], query)]
     hits.sort(key=lambda e: -e["dur_ms"])
     return hits[:limit]
 
 
 def build_timeline_figure(timeline: Timeline, *, search: str | None = None, title: str | None = None) -> go.Figure:
     """Zoomable timeline bars (module doc); ``search`` dims the events whose name does not match."""
-    tl = normalize(timeline)
-    events = tl["events"]
+    bars = normalize(timeline)
+    events = bars.events
     if not events:
         return empty_figure(title or "Timeline", "No events in this range").update_layout(height=200)
     fig = go.Figure()
-    depth_of = {l["label"]: l["depths"] for l in tl["lanes"]}
+    depth_of = {l["label"]: l["depths"] for l in bars.lanes}
     query = (search or "").strip()
     n_hits = 0
     by_cat: dict = {}
@@ -105,10 +112,10 @@ def build_timeline_figure(timeline: Timeline, *, search: str | None = None, titl
             hovertemplate="<b>%{customdata[0]}</b><br>%{customdata[5]}<br>start %{base:.3f} ms · duration "
                           "%{customdata[1]}%{customdata[4]}<br>depth %{customdata[2]} · stands for %{customdata[3]} "
                           "event(s)<extra>" + cat + "</extra>")
-    lanes = [l["label"] for l in tl["lanes"]]
-    deeper = tl["deeper"]
-    shown = f"{tl['shown']:,} of {tl['in_range']:,} events" + (
-        " (downsampled: the longest kept, a bar may stand for several)" if tl["shown"] < tl["in_range"] - deeper
+    lanes = [l["label"] for l in bars.lanes]
+    deeper = timeline.deeper
+    shown = f"{timeline.shown:,} of {timeline.in_range:,} events" + (
+        " (downsampled: the longest kept, a bar may stand for several)" if timeline.shown < timeline.in_range - deeper
         else "") + (f"; {deeper:,} calls nested too deep to draw" if deeper else "")
     if query:
         shown += f"; {n_hits:,} match '{query}'"
