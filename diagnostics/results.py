@@ -15,7 +15,8 @@ One serialisation, used everywhere a result leaves memory:
 
 Stored results of older runs stay readable: keys a type no longer has are ignored, and a field added
 later must have a default (``UNSET`` for "not measured here": it is then left out of the plain form,
-as the dict results left such keys out). A result that still does not fit raises
+as the dict results left such keys out); a part whose shape changed is put in its new shape by the type's
+``upgrade`` hook before decoding (the profile's timeline). A result that still does not fit raises
 :class:`ResultError` naming the field; the stored JSON itself is never touched.
 
 An analysis not converted yet (no ``result`` type) keeps its plain dict: both functions pass it
@@ -97,6 +98,13 @@ class Result(Record, frozen=True, kw_only=True):
     disturbance: Disturbance | UnsetType = UNSET
     timing_cv: float | None | UnsetType = UNSET
 
+    @classmethod
+    def upgrade(cls, plain: dict) -> dict:
+        """``plain`` (a stored or sent result) with the parts stored in an older shape put in this type's shape,
+        before it is decoded: the one place a type whose part changed shape reads its old runs (the default:
+        nothing to change). It returns a new dict and never touches what was stored."""
+        return plain
+
 
 def given(value) -> bool:
     """A field that holds a value: not UNSET (not measured here) and not None (measured, not available)."""
@@ -142,8 +150,9 @@ def _decoded(analysis: Analysis, rtype: type | None, plain, what: str):
         return plain
     if not isinstance(plain, dict):
         raise ResultError(f"a {analysis.name} {what} must be a JSON object, not {type(plain).__name__}")
+    upgrade = getattr(rtype, "upgrade", None)  # a Result's decode hook: parts stored in an older shape
     try:
-        return msgspec.convert(plain, rtype)
+        return msgspec.convert(upgrade(plain) if upgrade else plain, rtype)
     except msgspec.ValidationError as e:
         raise ResultError(f"this {analysis.name} {what} does not fit {rtype.__name__}: {e}") from None
 

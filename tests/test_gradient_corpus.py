@@ -87,14 +87,15 @@ def test_the_checklist_repeats_the_verdict_over_several_steps(tmp_path):
     from diagnostics.analyses.checklist.design_rules import check_gradient_flow
 
     g = gradient_facts(load_model(spec_of("detr", tmp_path)))
-    assert GRADIENT_STEPS >= 3 and g["steps"] == GRADIENT_STEPS
+    assert GRADIENT_STEPS >= 3 and g.steps == GRADIENT_STEPS
     from msgspec.structs import replace
 
+    from diagnostics.analyses.checklist.records import MeasuredFacts
     from tests.checklist.sample_facts import healthy
 
-    status, evidence, _, nums = check_gradient_flow(replace(healthy(), measured={"gradients": g}))
+    status, evidence, _, nums = check_gradient_flow(replace(healthy(), measured=MeasuredFacts(gradients=g)))
     assert (status, nums["vanishing"], nums["dead"]) == ("pass", 0, 0), evidence
-    assert evidence.startswith(f"all {g['layers']} layers healthy")
+    assert evidence.startswith(f"all {g.layers} layers healthy")
 
 
 @pytest.mark.slow  # 15 training steps, then 3 watched

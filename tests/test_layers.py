@@ -66,8 +66,10 @@ def _violations(prefix: str, allowed: set[str]) -> list[str]:
 
 BASE = {"diagnostics.errors", "diagnostics.units"}
 #: diagnostics.inputs: how a model is called with its inputs (positional and keyword), beside intake;
-#: diagnostics.devices: the machine's facts (cores, torch's threads), read once for every view
-MEASURE_MAY_USE = BASE | {"diagnostics.trace", "diagnostics.inputs", "diagnostics.tensors", "diagnostics.devices"}
+#: diagnostics.devices: the machine's facts (cores, torch's threads), read once for every view;
+#: diagnostics.results: Record, which the layer's typed facts (measure/records.py) derive from, as the trace's do
+MEASURE_MAY_USE = BASE | {"diagnostics.trace", "diagnostics.inputs", "diagnostics.tensors", "diagnostics.devices",
+                          "diagnostics.results"}
 #: The model layer (a model, its inputs, what its tensors hold) stands below measuring and tracing.
 MODEL_LAYER = ("diagnostics.inputs", "diagnostics.intake", "diagnostics.weights", "diagnostics.hf", "diagnostics.tensors")
 

@@ -4,8 +4,10 @@ a test, not a silent None on a page.
 
 The scan (ast) covers ui/, pages/, app.py and diagnostics/render/. It flags, in every module not on
 NOT_CONVERTED:
-* a string subscript or ``.get("...")`` on a result: a name in RESULT_NAMES, an attribute ``.result``
-  (``outcome.result["x"]``) or a ``["result"]`` item;
+* a string subscript or ``.get("...")`` on a result: a name in RESULT_NAMES, an attribute in RESULT_ATTRS
+  (``outcome.result["x"]``, ``result.timeline["events"]``, ``result.facts.measured["profile"]``) or a
+  ``["result"]`` item; the names cover History's comparisons and trends, the timelines (the profile's and the
+  trace explorer's one ``Timeline``) and the checklist's facts and their sections;
 * turning a result back into its plain dict to read it (``to_plain``, ``msgspec.to_builtins``,
   ``dataclasses.asdict``, ``vars``): the plain form is for the codec and the generic renderers
   (PLAIN_FORM_READERS), so renaming a dict does not get a view past this test.
@@ -21,7 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = [*sorted((ROOT / "ui").rglob("*.py")), *sorted((ROOT / "pages").glob("*.py")), ROOT / "app.py",
            *sorted((ROOT / "diagnostics" / "render").rglob("*.py"))]
-RESULT_NAMES = {"result", "res", "results", "comparison", "trend", "facts"}
+#: Facts' sections (diagnostics.analyses.checklist.Facts): records, read by attribute like the rest.
+FACTS_SECTIONS = {"static", "env", "forward", "measured", "dataloader"}
+RESULT_NAMES = {"result", "res", "results", "comparison", "trend", "facts", "timeline", "tl"} | FACTS_SECTIONS
+RESULT_ATTRS = {"result", "timeline", "facts"} | FACTS_SECTIONS
 #: Generic code over any analysis' result, working from its declaration and its plain form.
 PLAIN_FORM_READERS = {"diagnostics/render/html.py", "diagnostics/render/sections.py", "diagnostics/render/tables.py",
                       "ui/views/__init__.py"}
@@ -35,7 +40,7 @@ def _is_result(node: ast.AST) -> bool:
     if isinstance(node, ast.Name):
         return node.id in RESULT_NAMES
     if isinstance(node, ast.Attribute):
-        return node.attr == "result"
+        return node.attr in RESULT_ATTRS
     if isinstance(node, ast.Subscript):
         return isinstance(node.slice, ast.Constant) and node.slice.value == "result"
     return False
@@ -89,8 +94,13 @@ def test_the_scan_sees_lookups_and_plain_reads():
                  "    b = result.get('notes')\n"
                  "    c = outcome.result['timeline']\n"
                  "    d = to_plain(result)['rows']\n"
-                 "    e = result.metrics.x\n")
+                 "    e = result.metrics.x\n"
+                 "    g = result.timeline['events']\n"
+                 "    h = timeline.get('lanes')\n"
+                 "    i = result.facts.measured['profile']\n"
+                 "    j = static['n_conv']\n"
+                 "    k = result.timeline.events[0].name\n")
     try:
-        assert sorted(h.split(":")[0] for h in lookups(f)) == ["2", "3", "4", "5"]
+        assert sorted(h.split(":")[0] for h in lookups(f)) == ["10", "2", "3", "4", "5", "7", "8", "9"]
     finally:
         f.unlink()

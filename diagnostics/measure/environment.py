@@ -1,5 +1,5 @@
 """The machine a measurement ran on: device, backend flags (cudnn.benchmark, TF32, matmul precision),
-threads, compilers, NCCL and the device's memory. Plain data out."""
+threads, compilers, NCCL and the device's memory: an Environment record (records.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import shutil
 import torch
 
 from diagnostics.devices import logical_cores, torch_threads
+from diagnostics.measure.records import Environment
 
 # ----------------------------------------------------------------------------- environment
-def environment_facts(device: torch.device | str) -> dict:
+def environment_facts(device: torch.device | str) -> Environment:
     device = torch.device(device)
     cuda = torch.cuda.is_available()
     env = {
@@ -25,20 +26,17 @@ def environment_facts(device: torch.device | str) -> dict:
         "nccl_available": bool(torch.distributed.is_available() and torch.distributed.is_nccl_available()),
         "world_size": (torch.distributed.get_world_size() if torch.distributed.is_available()
                        and torch.distributed.is_initialized() else 1),
-        "compute_capability": None, "device_name": None, "device_memory_bytes": None,
         "cuda_device_count": torch.cuda.device_count() if cuda else 0,
     }
     if device.type == "cuda" and cuda:
         props = torch.cuda.get_device_properties(device)
-        env.update(compute_capability=float(f"{props.major}.{props.minor}"), device_name=props.name,
-                   device_memory_bytes=int(props.total_memory),
-                   bf16_supported=bool(torch.cuda.is_bf16_supported()))
-    else:
-        try:
-            import psutil
+        return Environment(**env, compute_capability=float(f"{props.major}.{props.minor}"), device_name=props.name,
+                           device_memory_bytes=int(props.total_memory),
+                           bf16_supported=bool(torch.cuda.is_bf16_supported()))
+    try:
+        import psutil
 
-            env["device_memory_bytes"] = int(psutil.virtual_memory().total)
-        except Exception:
-            pass
-        env["device_name"] = "CPU"
-    return env
+        memory = int(psutil.virtual_memory().total)
+    except Exception:
+        memory = None
+    return Environment(**env, compute_capability=None, device_name="CPU", device_memory_bytes=memory)

@@ -5,7 +5,8 @@ activations, layer widths, modes, memory format, compile / DataParallel wrappers
 scale; ``forward_facts(model, inputs)`` follows one forward (tensor identity links a module's output
 to the next module's input) for the executed order, Conv -> BN pairs that actually feed each other,
 redundant pairs, in-place-capable activations and dead ReLU units. The checklist's rules, the fix
-catalog and the trials read the same facts. Plain data out (no tensors, no modules).
+catalog and the trials read the same facts. Typed records out (records.py: StaticFacts, ForwardFacts; no
+tensors, no modules).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from torch.utils._pytree import tree_flatten
 
 from diagnostics.inputs import call as call_model
 from diagnostics.measure.gradflow import relu_units_alive
+from diagnostics.measure.records import (
+    ForwardFacts, InitScale, LayerWidth, OffWidth, RedundantPair, StaticFacts,
+)
 from diagnostics.tensors import tensor_key
 
 CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -101,7 +105,7 @@ def _unwrapped(model: nn.Module) -> nn.Module:
     return model
 
 
-def _init_scales(mods: list) -> list[dict]:
+def _init_scales(mods: list) -> list[InitScale]:
     """Each weighted layer's init: its fan-in, the weights' std, the gain std * sqrt(fan_in), and its role."""
     init = []
     # the token embedding (the one with the most rows; position and relative-position tables have fewer): a
@@ -114,15 +118,14 @@ def _init_scales(mods: list) -> list[dict]:
         if is_hf_conv1d(m) and m.weight.numel() > 1:
             fan_in = m.weight.shape[0]  # stored (in, out)
             std = float(m.weight.detach().float().std())
-            init.append({"name": n, "type": "Conv1D", "fan_in": fan_in, "std": std, "gain": std * math.sqrt(fan_in),
-                         "role": init_role(m.weight, (m.weight.shape[1], fan_in), vocabularies)})
+            init.append(InitScale(name=n, type="Conv1D", fan_in=fan_in, std=std, gain=std * math.sqrt(fan_in),
+                                  role=init_role(m.weight, (m.weight.shape[1], fan_in), vocabularies)))
         elif isinstance(m, WEIGHTED) and m.weight is not None and m.weight.numel() > 1:
             fan_in = m.weight[0].numel()
             std = float(m.weight.detach().float().std())
             out = tuple(m.weight.shape) if isinstance(m, nn.Linear) else None  # (out, in)
-            init.append({"name": n, "type": type(m).__name__, "fan_in": fan_in, "std": std,
-                         "gain": std * math.sqrt(fan_in),
-                         "role": init_role(m.weight, out, vocabularies)})
+            init.append(InitScale(name=n, type=type(m).__name__, fan_in=fan_in, std=std,
+                                  gain=std * math.sqrt(fan_in), role=init_role(m.weight, out, vocabularies)))
     return init
 
 
@@ -133,7 +136,7 @@ def _channels_last(conv2d: list) -> bool:
         for m in conv2d if m.weight.dim() == 4 and m.weight.shape[2:] != (1, 1))
 
 
-def static_facts(model: nn.Module) -> dict:
+def static_facts(model: nn.Module) -> StaticFacts:
     """Facts from the module tree alone."""
     types: dict[str, int] = {}
     for _, m in model.named_modules():
@@ -159,38 +162,38 @@ def static_facts(model: nn.Module) -> dict:
     dist_backend = None
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         dist_backend = str(torch.distributed.get_backend())
-    return {
-        "model_type": type(model).__name__,
-        "module_types": types,
-        "n_modules": len(mods),
-        "n_conv": len(convs), "n_conv2d": len(conv2d), "n_batchnorm": len(bns), "n_dropout": len(drops),
-        "n_linear": sum(1 for _, m in mods if isinstance(m, nn.Linear) or is_hf_conv1d(m)),
-        "n_hf_conv1d": sum(1 for _, m in mods if is_hf_conv1d(m)),
-        "n_norm": sum(1 for _, m in mods if is_norm(m)),
-        "n_rnn": sum(1 for _, m in mods if isinstance(m, (nn.LSTM, nn.GRU, nn.RNN))),
-        "n_attention": sum(1 for _, m in mods if isinstance(m, nn.MultiheadAttention)),
-        "activations": act_counts,
-        "inplace_activations": len(inplace), "not_inplace_activations": not_inplace,
-        "training": bool(model.training),
-        "dropout_p0": [n for n, m in drops if getattr(m, "p", None) == 0],
-        "dropout_bn_train": [n for n, m in drops + bns if m.training],
-        "dropout_bn_eval": [n for n, m in drops + bns if not m.training],
-        "param_dtypes": dtypes,
-        "params_total": sum(p.numel() for p in params),
-        "param_bytes": sum(p.numel() * p.element_size() for p in params),
-        "params_trainable": sum(p.numel() for p in params if p.requires_grad),
-        "channels_last": _channels_last(conv2d),
-        "compiled": hasattr(model, "_orig_mod") or type(model).__name__ == "OptimizedModule",
-        "torchscript": isinstance(model, torch.jit.ScriptModule),
+    return StaticFacts(
+        model_type=type(model).__name__,
+        module_types=types,
+        n_modules=len(mods),
+        n_conv=len(convs), n_conv2d=len(conv2d), n_batchnorm=len(bns), n_dropout=len(drops),
+        n_linear=sum(1 for _, m in mods if isinstance(m, nn.Linear) or is_hf_conv1d(m)),
+        n_hf_conv1d=sum(1 for _, m in mods if is_hf_conv1d(m)),
+        n_norm=sum(1 for _, m in mods if is_norm(m)),
+        n_rnn=sum(1 for _, m in mods if isinstance(m, (nn.LSTM, nn.GRU, nn.RNN))),
+        n_attention=sum(1 for _, m in mods if isinstance(m, nn.MultiheadAttention)),
+        activations=act_counts,
+        inplace_activations=len(inplace), not_inplace_activations=tuple(not_inplace),
+        training=bool(model.training),
+        dropout_p0=tuple(n for n, m in drops if getattr(m, "p", None) == 0),
+        dropout_bn_train=tuple(n for n, m in drops + bns if m.training),
+        dropout_bn_eval=tuple(n for n, m in drops + bns if not m.training),
+        param_dtypes=dtypes,
+        params_total=sum(p.numel() for p in params),
+        param_bytes=sum(p.numel() * p.element_size() for p in params),
+        params_trainable=sum(p.numel() for p in params if p.requires_grad),
+        channels_last=_channels_last(conv2d),
+        compiled=hasattr(model, "_orig_mod") or type(model).__name__ == "OptimizedModule",
+        torchscript=isinstance(model, torch.jit.ScriptModule),
         # a TorchScript program's modules are compiled (RecursiveScriptModule): the classes they were made from
-        "script_types": script_types(model),
-        "data_parallel": dp,
-        "data_parallel_devices": len(model.device_ids or []) if dp else 0,
-        "ddp": ddp,
-        "dist_backend": dist_backend,
-        "init": _init_scales(mods),
-        "quantized": any("quantized" in type(m).__module__ for _, m in mods),
-    }
+        script_types=script_types(model),
+        data_parallel=dp,
+        data_parallel_devices=len(model.device_ids or []) if dp else 0,
+        ddp=ddp,
+        dist_backend=dist_backend,
+        init=tuple(_init_scales(mods)),
+        quantized=any("quantized" in type(m).__module__ for _, m in mods),
+    )
 
 
 class _TensorMap:
@@ -346,7 +349,7 @@ def _trace_hooks(model: nn.Module, order: list, pairs: list, relu_stats: dict, h
             m.training = training
 
 
-def forward_facts(model: nn.Module, inputs: tuple) -> dict:
+def forward_facts(model: nn.Module, inputs: tuple) -> ForwardFacts:
     """Facts from one forward in eval mode without grad: execution order, Conv->BN pairs,
     hidden saturating activations (Sigmoid/Tanh feeding a weighted layer), layer widths in
     execution order, dead ReLU units. Each module's train/eval mode is restored."""
@@ -357,7 +360,7 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
         with torch.no_grad(), uses:
             call_model(model, inputs)
     # a middle tensor read by anything besides the second layer (a residual, another branch) fans out
-    redundant = [{k: v for k, v in r.items() if k != "_tensor"} for r in redundant
+    redundant = [RedundantPair(layers=tuple(r["layers"]), why=r["why"]) for r in redundant
                  if r["_tensor"] is None or uses.count(r["_tensor"]) <= 1]
     names = {n: m for n, m in model.named_modules()}
     executed = [o for o in order]
@@ -388,21 +391,21 @@ def forward_facts(model: nn.Module, inputs: tuple) -> dict:
     for name, side, d in dims:
         if d % 8 and (name, side) not in seen:
             seen.add((name, side))
-            off.append({"name": name, "side": side, "dim": d})
+            off.append(OffWidth(name=name, side=side, dim=d))
     units = sum(int(v.numel()) for v in relu_stats.values())
     dead = sum(int((~v).sum()) for v in relu_stats.values())
-    return {
-        "executed_leaves": len(executed),
-        "conv_bn_pairs": pairs,
-        "hidden_saturating": hidden_saturating,
-        "pooler_saturating": pooler,
-        "redundant_layers": redundant,
-        "output_activation": executed[-1]["type"] if executed and isinstance(names.get(last), ACTIVATIONS) else None,
-        "widths": widths,
-        "inner_dims": len(dims),
-        "widths_not_multiple_of_8": off,
-        "relu_units": units,
-        "dead_relu_units": dead,
-        "relu_modules": sum(1 for e in executed if e["type"] in ("ReLU", "ReLU6")),
-        "conv_input_channels_last": None,
-    }
+    return ForwardFacts(
+        executed_leaves=len(executed),
+        conv_bn_pairs=tuple(tuple(p) for p in pairs),
+        hidden_saturating=tuple(hidden_saturating),
+        pooler_saturating=tuple(pooler),
+        redundant_layers=tuple(redundant),
+        output_activation=executed[-1]["type"] if executed and isinstance(names.get(last), ACTIVATIONS) else None,
+        widths=tuple(LayerWidth(name=w["name"], type=w["type"], in_=w["in"], out=w["out"]) for w in widths),
+        inner_dims=len(dims),
+        widths_not_multiple_of_8=tuple(off),
+        relu_units=units,
+        dead_relu_units=dead,
+        relu_modules=sum(1 for e in executed if e["type"] in ("ReLU", "ReLU6")),
+        conv_input_channels_last=None,
+    )

@@ -3,8 +3,8 @@
 step_breakdown: each step's time in its record_function phases. device_split: the TensorBoard
 plugin's split of each step into kernel / memcpy / memset / runtime / CPU / other time.
 module_times: forward and backward time per module, as a tree. kernel_table: GPU kernels by
-name with their launch configuration. timeline: the trace layer's timeline (trace/timeline.py)
-in the page's shape. Plain records; times in ms (the kernel table in µs).
+name with their launch configuration. timeline: the trace layer's Timeline record (trace/timeline.py)
+with the operators' input shapes. Plain records; times in ms (the kernel table and the timeline in µs).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -24,6 +25,7 @@ from diagnostics.trace.classify import (
 from diagnostics.trace.comm_args import named_events
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace, nesting_of
+from diagnostics.trace.records.timeline import Timeline
 from diagnostics.trace.timeline import timeline_data
 from diagnostics.trace.breakdowns import step_spans
 
@@ -292,22 +294,18 @@ def tensor_core_pct(kernels: list[dict]) -> float | None:
 
 # ---- timeline --------------------------------------------------------------------------------
 
-def timeline(trace: Trace, max_events: int, trace_file: str | Path | None = None) -> dict:
-    """trace.timeline_data in the profiler page's shape: {"events": [{lane, name, cat, start_ms,
-    dur_ms, depth, count, shapes}], "lanes", "total_events", "shown_events", "deeper", "span_ms",
-    "builder"}; lanes carry the labels timeline_data gives (the thread's name where the trace has one,
-    "GPU 0 · stream 7"). With ``trace_file`` (the same trace's file, recorded with shapes) each drawn
-    operator gets its "Input Dims" (the ingest skips args, for speed: they are read in its second
-    pass, comm_args, for the drawn events' names only)."""
+def timeline(trace: Trace, max_events: int, trace_file: str | Path | None = None) -> Timeline:
+    """trace.timeline_data for the profiler page: the same Timeline record (lanes labelled as a user reads them:
+    the thread's name where the trace has one, "GPU 0 · stream 7"). With ``trace_file`` (the same trace's file,
+    recorded with shapes) each drawn operator that recorded them gets its "Input Dims" as ``shapes`` (the ingest
+    skips args, for speed: they are read in its second pass, comm_args, for the drawn events' names only)."""
     data = timeline_data(trace, max_events=max_events)
-    label = {lane.lane: lane.label for lane in data.lanes}
-    shapes = _input_dims(trace_file, {e.name for e in data.events}, trace.origin_us) if trace_file else {}
-    events = [{"lane": label.get(e.lane, e.lane), "name": e.name, "cat": e.cat or "",
-               "start_ms": e.start_us / 1e3, "dur_ms": e.dur_us / 1e3, "depth": int(e.depth), "count": int(e.count),
-               "shapes": shapes.get((e.name, round(e.start_us, 3)), "")} for e in data.events]
-    return {"events": events, "lanes": [label[lane.lane] for lane in data.lanes],
-            "total_events": int(data.in_range), "shown_events": len(events), "deeper": int(data.deeper),
-            "span_ms": float(data.t1) / 1e3, "builder": "diagnostics.trace.timeline_data"}
+    if not trace_file:
+        return data
+    shapes = _input_dims(trace_file, {e.name for e in data.events}, trace.origin_us)
+    events = tuple(msgspec.structs.replace(e, shapes=shapes[key]) if (key := (e.name, round(e.start_us, 3))) in shapes
+                   else e for e in data.events)
+    return msgspec.structs.replace(data, events=events)
 
 
 def _input_dims(trace_file, names, origin_us: float) -> dict:

@@ -14,8 +14,9 @@ from torch import nn
 from diagnostics.analyses.profile import ANALYSIS
 from diagnostics.analyses.profile import job as profiler
 from diagnostics.trace import profiler_tables as pt
+from diagnostics.trace.records.timeline import Timeline
 from diagnostics.intake import LoadedModel
-from diagnostics.results import UNSET, decode, to_json
+from diagnostics.results import UNSET, decode, given, to_json
 from diagnostics.runner import AnalysisContext, Job
 from diagnostics.spec import InputSpec, ModelSpec
 
@@ -307,12 +308,14 @@ def test_operator_rows_leave_out_device_side_rows():
 
 def test_timeline_comes_from_the_trace_explorer_engine(trained):
     _, result, _, _ = trained
-    tl = result.timeline  # the trace layer's timeline, a plain dict
-    assert tl["builder"] == "diagnostics.trace.timeline_data"
-    steps = sorted((e for e in tl["events"] if e["name"].startswith("ProfilerStep#")), key=lambda e: e["start_ms"])
-    assert [round(e["dur_ms"], 6) for e in steps] == [round(s.step_ms, 6) for s in result.steps]
-    assert tl["shown_events"] == len(tl["events"]) <= tl["total_events"]
-    assert set(e["lane"] for e in tl["events"]) == set(tl["lanes"])
+    tl = result.timeline  # the trace layer's Timeline record, as the Trace explorer's results hold it
+    assert isinstance(tl, Timeline)
+    steps = sorted((e for e in tl.events if e.name.startswith("ProfilerStep#")), key=lambda e: e.start_us)
+    assert [round(e.dur_us / 1e3, 6) for e in steps] == [round(s.step_ms, 6) for s in result.steps]
+    assert tl.shown == len(tl.events) <= tl.in_range
+    assert {e.lane for e in tl.events} == {l.lane for l in tl.lanes}
+    # record_shapes on: the drawn operators carry their input shapes
+    assert any(given(e.shapes) and e.shapes.startswith("[[") for e in tl.events if e.name.startswith("aten::"))
 
 
 def test_a_torchscript_model_says_why_it_has_no_module_times(tmp_path):

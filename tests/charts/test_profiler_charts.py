@@ -98,14 +98,14 @@ def test_kernel_chart_without_and_with_kernels(result):
 
 def test_timeline_lanes_and_events(result):
     fig = charts.build_timeline_figure(result)
-    tl = result.timeline  # the trace layer's timeline, a plain dict
-    assert sum(len(t.x) for t in fig.data) == tl["shown_events"] > 0
-    assert set().union(*(set(t.y) for t in fig.data)) == set(tl["lanes"])
+    tl = result.timeline  # the trace layer's Timeline record (µs)
+    assert sum(len(t.x) for t in fig.data) == tl.shown > 0
+    assert set().union(*(set(t.y) for t in fig.data)) == {l.label for l in tl.lanes}
     assert fig.layout.xaxis.title.text == "time since the first event (ms)"
     starts = sorted(b for t in fig.data for b in t.base)
-    assert 0.0 <= starts[0] and starts[-1] <= tl["span_ms"]
-    steps = [e for e in tl["events"] if e["name"].startswith("ProfilerStep#")]
-    assert len(steps) == 2 and all(e["depth"] == 0 for e in steps)
+    assert 0.0 <= starts[0] and starts[-1] <= tl.t1 / 1e3
+    steps = [e for e in tl.events if e.name.startswith("ProfilerStep#")]
+    assert len(steps) == 2 and all(e.depth == 0 for e in steps)
 
 
 def test_report_figures_keep_full_operator_names_and_make_room_for_them(result):

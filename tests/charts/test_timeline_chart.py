@@ -1,11 +1,11 @@
-"""The one timeline figure (render/charts/timeline.py) on both timeline shapes: lanes, bars, names, search."""
+"""The one timeline figure (render/charts/timeline.py) on the Timeline record: lanes, bars, names, shapes, search."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from diagnostics.analyses.trace.result import Timeline
+from diagnostics.trace.records.timeline import Timeline, TimelineEvent, TimelineLane
 from diagnostics.render.charts.timeline import DIMMED, build_timeline_figure, find_events, matches, normalize
 
 TRACE_PLAIN = {  # the trace layer's timeline_data (µs), typed as the trace analyses' results hold it: TRACE_TL
@@ -23,24 +23,25 @@ TRACE_PLAIN = {  # the trace layer's timeline_data (µs), typed as the trace ana
     ],
 }
 TRACE_TL = msgspec.convert(TRACE_PLAIN, Timeline)
-PROFILE_TL = {  # the profile result's shape (ms, lanes as labels)
-    "lanes": ["main thread"], "total_events": 2, "shown_events": 2, "deeper": 0, "span_ms": 1.0,
-    "events": [{"lane": "main thread", "name": "aten::linear", "cat": "cpu_op", "start_ms": 0.1, "dur_ms": 0.5,
-                "depth": 0, "count": 1, "shapes": "[[8,64]]"},
-               {"lane": "main thread", "name": "aten::addmm", "cat": "cpu_op", "start_ms": 0.2, "dur_ms": 0.3,
-                "depth": 1, "count": 1, "shapes": ""}],
-}
+#: a profile's timeline: the same record, with the input shapes the profile recorded on its operators
+PROFILE_TL = Timeline(
+    t0=100.0, t1=1000.0, in_range=2, shown=2, bucket_us=0.0, deeper=0,
+    lanes=(TimelineLane(lane="7/7", kind="cpu", name="main thread", label="main thread"),),
+    events=(TimelineEvent(lane="7/7", depth=0, name="aten::linear", cat="cpu_op", start_us=100.0, dur_us=500.0,
+                          count=1, shapes="[[8,64]]"),
+            TimelineEvent(lane="7/7", depth=1, name="aten::addmm", cat="cpu_op", start_us=200.0, dur_us=300.0,
+                          count=1)))
 
 
-def test_both_shapes_normalise_to_labelled_lanes_in_ms():
+def test_the_record_normalises_to_labelled_lanes_in_ms():
     n = normalize(TRACE_TL)
-    assert [(l["label"], l["kind"], l["depths"]) for l in n["lanes"]] == [("main", "cpu", 2),
+    assert [(l["label"], l["kind"], l["depths"]) for l in n.lanes] == [("main", "cpu", 2),
                                                                          ("GPU 0 · stream 7", "gpu", 1)]
-    mm = next(e for e in n["events"] if e["name"] == "aten::mm")
+    mm = next(e for e in n.events if e["name"] == "aten::mm")
     assert (mm["lane"], mm["start_ms"], mm["dur_ms"]) == ("main", 0.01, 0.03)
     p = normalize(PROFILE_TL)
-    assert p["lanes"] == [{"label": "main thread", "kind": "cpu", "depths": 2}]
-    assert p["events"][0]["shapes"] == "[[8,64]]"
+    assert p.lanes == [{"label": "main thread", "kind": "cpu", "depths": 2}]
+    assert [e["shapes"] for e in p.events] == ["[[8,64]]", ""]  # no shapes recorded: none shown
 
 
 def test_one_row_per_lane_depth_drawn_inside_the_band_names_on_bars():

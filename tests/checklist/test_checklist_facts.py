@@ -50,7 +50,7 @@ class Functional(nn.Module):
 def test_conv_bn_pairs_by_tensor_identity(no_hooks_left):
     m = Functional()
     ff = forward_facts(m, (torch.randn(2, 3, 8, 8),))
-    assert ff["conv_bn_pairs"] == [["conv1", "bn1"], ["seq.0", "seq.1"]]
+    assert ff.conv_bn_pairs == (("conv1", "bn1"), ("seq.0", "seq.1"))
     no_hooks_left(m)
     assert m.training  # mode restored
 
@@ -58,11 +58,11 @@ def test_conv_bn_pairs_by_tensor_identity(no_hooks_left):
 def test_hidden_vs_output_saturating_activations_and_widths():
     m = nn.Sequential(nn.Linear(64, 100), nn.Tanh(), nn.Linear(100, 32), nn.ReLU(), nn.Linear(32, 10), nn.Sigmoid())
     ff = forward_facts(m, (torch.randn(4, 64),))
-    assert ff["hidden_saturating"] == ["1"]  # the final Sigmoid is an output activation
-    assert ff["output_activation"] == "Sigmoid"
+    assert ff.hidden_saturating == ("1",)  # the final Sigmoid is an output activation
+    assert ff.output_activation == "Sigmoid"
     # inner dims: out of 0 (100), in of 2 (100), out of 2 (32), in of 4 (32); 64 and 10 are data-bound
-    assert ff["inner_dims"] == 4
-    assert [(o["name"], o["side"], o["dim"]) for o in ff["widths_not_multiple_of_8"]] == [("0", "out", 100),
+    assert ff.inner_dims == 4
+    assert [(o.name, o.side, o.dim) for o in ff.widths_not_multiple_of_8] == [("0", "out", 100),
                                                                                           ("2", "in", 100)]
 
 
@@ -72,10 +72,10 @@ def test_dead_relu_units_counted_per_feature():
         lin.weight.zero_()
         lin.bias.copy_(torch.tensor([-1.0, -2.0, 1.0, 1.0, -3.0, 2.0]))  # three units always negative
     ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(8, 4),))
-    assert ff["relu_units"] == 6 and ff["dead_relu_units"] == 3
+    assert ff.relu_units == 6 and ff.dead_relu_units == 3
     # Two samples are too few to call a unit dead (MIN_UNIT_OBSERVATIONS): nothing is judged.
     ff = forward_facts(nn.Sequential(lin, nn.ReLU()), (torch.randn(2, 4),))
-    assert ff["relu_units"] == 0 and ff["dead_relu_units"] == 0 and ff["relu_modules"] == 1
+    assert ff.relu_units == 0 and ff.dead_relu_units == 0 and ff.relu_modules == 1
     from diagnostics.analyses.checklist.design_rules import check_dead_units
 
     status, why = check_dead_units(replace(healthy(), forward=ff))[:2]
@@ -87,15 +87,15 @@ def test_static_facts_modes_layout_and_init():
     m(torch.randn(1, 3, 6, 6))
     m[2].eval()
     s = static_facts(m)
-    assert s["n_conv2d"] == 1 and s["n_batchnorm"] == 1 and s["n_dropout"] == 1
-    assert s["dropout_bn_train"] == ["1"] and s["dropout_bn_eval"] == ["2"]
-    assert not s["channels_last"]
-    assert static_facts(m.to(memory_format=torch.channels_last))["channels_last"]
-    conv = next(r for r in s["init"] if r["name"] == "0")
-    assert conv["fan_in"] == 27
-    assert conv["gain"] == pytest.approx(m[0].weight.std().item() * 27 ** 0.5, rel=1e-4)
-    assert s["params_total"] == sum(p.numel() for p in m.parameters())
-    assert s["data_parallel"] is False and static_facts(nn.DataParallel(nn.Linear(2, 2)))["data_parallel"]
+    assert s.n_conv2d == 1 and s.n_batchnorm == 1 and s.n_dropout == 1
+    assert s.dropout_bn_train == ("1",) and s.dropout_bn_eval == ("2",)
+    assert not s.channels_last
+    assert static_facts(m.to(memory_format=torch.channels_last)).channels_last
+    conv = next(r for r in s.init if r.name == "0")
+    assert conv.fan_in == 27
+    assert conv.gain == pytest.approx(m[0].weight.std().item() * 27 ** 0.5, rel=1e-4)
+    assert s.params_total == sum(p.numel() for p in m.parameters())
+    assert s.data_parallel is False and static_facts(nn.DataParallel(nn.Linear(2, 2))).data_parallel
 
 
 class OneItemPerForward(nn.Module):
@@ -116,10 +116,10 @@ def test_sync_points_count_only_what_the_step_does(monkeypatch):
     from diagnostics.analyses.checklist import facts as facts_mod
 
     monkeypatch.setattr(facts_mod, "sync", lambda device: torch.ones(1).sum().item())
-    clean = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(16, 8)), FAST).measured["profile"]
-    assert clean["sync_points_per_step"] == 0.0
-    dirty = collect_facts(loaded_of(OneItemPerForward(), torch.randn(16, 8)), FAST).measured["profile"]
-    assert dirty["sync_points_per_step"] == 1.0
+    clean = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(16, 8)), FAST).measured.profile
+    assert clean.sync_points_per_step == 0.0
+    dirty = collect_facts(loaded_of(OneItemPerForward(), torch.randn(16, 8)), FAST).measured.profile
+    assert dirty.sync_points_per_step == 1.0
 
 
 def test_sample_losses_make_their_targets_once_per_shape():
@@ -139,27 +139,27 @@ def test_sync_points_and_saved_activations_and_gradients():
     model = OneItemPerForward()
     x = torch.randn(16, 8)
     facts = collect_facts(loaded_of(model, x), FAST)
-    p = facts.measured["profile"]
-    assert p["sync_per_step"]["aten::item"] == 1.0
-    assert p["sync_points_per_step"] == 1.0
+    p = facts.measured.profile
+    assert p.sync_per_step["aten::item"] == 1.0
+    assert p.sync_points_per_step == 1.0
     # Saved for backward (parameters and inputs excluded): y (abs), |y| (max) and the 4-byte max;
     # the loss's pow saves y again (same storage, counted once).
-    assert facts.measured["saved_activation_bytes"] == 2 * 16 * 8 * 4 + 4
+    assert facts.measured.saved_activation_bytes == 2 * 16 * 8 * 4 + 4
     # gradients (from the Gradient-flow analysis) against a manual backward
     ref = OneItemPerForward()
     ref.load_state_dict(model.state_dict())
     mse(ref(x)).backward()
-    g = facts.measured["gradients"]
+    g = facts.measured.gradients
     manual = torch.cat([q.grad.flatten() for q in ref.parameters()]).norm().item()
-    assert g["global_norm_first"] == pytest.approx(manual, rel=1e-5)
-    assert g["nonfinite"] == 0 and g["layers"] == 1
+    assert g.global_norm_first == pytest.approx(manual, rel=1e-5)
+    assert g.nonfinite == 0 and g.layers == 1
 
 
 def test_saved_activations_of_linear_relu():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
     facts = collect_facts(loaded_of(model, torch.randn(16, 8)), FAST)
     # the ReLU output (16x16 fp32), which the loss's pow reuses; the input x is not counted
-    assert facts.measured["saved_activation_bytes"] == 16 * 16 * 4
+    assert facts.measured.saved_activation_bytes == 16 * 16 * 4
 
 
 def test_collect_facts_leaves_the_model_alone(no_hooks_left):
@@ -173,7 +173,7 @@ def test_collect_facts_leaves_the_model_alone(no_hooks_left):
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())  # BN running stats untouched
     assert all(p.grad is None for p in m.parameters())
     no_hooks_left(m)
-    assert facts.static["training"] is False
+    assert facts.static.training is False
 
 
 DATASET = """
@@ -194,9 +194,9 @@ def test_dataset_module_measures_loader_time(tmp_path):
     facts = collect_facts(loaded_of(nn.Linear(8, 8), torch.randn(4, 8)),
                           {**FAST, "dataloader": {"batch_size": 4, "num_workers": 0}, "dataset_path": str(path)})
     dl = facts.dataloader
-    assert dl["loader_s_per_batch"] >= 0.04  # 4 items x 10 ms sleep
-    assert dl["loader_fraction"] == pytest.approx(dl["loader_s_per_batch"] /
-                                                  (dl["loader_s_per_batch"] + dl["step_time_s"]))
+    assert dl.loader_s_per_batch >= 0.04  # 4 items x 10 ms sleep
+    assert dl.loader_fraction == pytest.approx(dl.loader_s_per_batch /
+                                                  (dl.loader_s_per_batch + dl.step_time_s))
     from diagnostics.analyses.checklist.rules import RULES
 
     f = next(r for r in RULES if r.id == "dataloader_time")(facts)
@@ -218,8 +218,8 @@ def test_dataloader_workers_load_a_dataset_module_inside_a_job(tmp_path):
     out = run_job(Job("checklist", ModelSpec(name="mlp"), options), artifact_dir=tmp_path / "job")
     assert out.ok, out.error
     dl = out.result.facts.dataloader
-    assert dl is not None and dl["note"] is None, out.result.notes
-    assert dl["described"]["num_workers"] == 2 and dl["loader_s_per_batch"] > 0
+    assert dl is not None and dl.note is None, out.result.notes
+    assert dl.described.num_workers == 2 and dl.loader_s_per_batch > 0
     statuses = {f.id: f.status for f in out.result.findings}
     assert statuses["dataloader_time"] != "not_applicable" and statuses["num_workers"] != "not_applicable"
 
@@ -293,12 +293,12 @@ def test_analysis_on_the_cnn_offers_fixes(tmp_path):
     assert _status(r, "channels_last").fix == "channels_last"
     assert _status(r, "dropout_bn_mode").status == "fail"  # a freshly built sample is in train mode
     # the probes' times are the ones their ratios are made of, with an interval and the A/A control beside
-    inf, bp = r.facts.measured["inference"], r.facts.measured["batch_probe"]
-    assert inf["train_grad_forward_s"] / inf["eval_inference_forward_s"] == pytest.approx(inf["speedup"])
-    assert bp["points"][1]["samples_per_s"] / bp["points"][0]["samples_per_s"] == pytest.approx(bp["throughput_gain_2x"])
-    assert inf["rounds"] >= 6 and inf["speedup_ci"][0] <= inf["speedup"] <= inf["speedup_ci"][1]
-    assert inf["control_ci"] is not None and bp["control_ci"] is not None
-    word = "speed-up" if inf["speedup"] > 1 else "slow-down"
+    inf, bp = r.facts.measured.inference, r.facts.measured.batch_probe
+    assert inf.train_grad_forward_s / inf.eval_inference_forward_s == pytest.approx(inf.speedup)
+    assert bp.points[1].samples_per_s / bp.points[0].samples_per_s == pytest.approx(bp.throughput_gain_2x)
+    assert inf.rounds >= 6 and inf.speedup_ci[0] <= inf.speedup <= inf.speedup_ci[1]
+    assert inf.control_ci is not None and bp.control_ci is not None
+    word = "speed-up" if inf.speedup > 1 else "slow-down"
     assert word in _status(r, "inference_mode").evidence
 
 
@@ -314,22 +314,22 @@ def test_bad_options_name_the_problem(tmp_path):
 def test_static_facts_see_through_compile_and_data_parallel():
     m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
     c = static_facts(torch.compile(m))  # wrapping only: nothing compiles until the first call
-    assert c["compiled"] and c["n_conv2d"] == 1 and c["n_batchnorm"] == 1
+    assert c.compiled and c.n_conv2d == 1 and c.n_batchnorm == 1
     d = static_facts(nn.DataParallel(m))
-    assert d["data_parallel"] and d["n_conv2d"] == 1 and not d["compiled"]
+    assert d.data_parallel and d.n_conv2d == 1 and not d.compiled
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_facts_and_tensor_core_rule(tmp_path):
     r = execute(Job("checklist", ModelSpec(name="mlp", device="cuda:0"), FAST), tmp_path)
-    env, p = r.facts.env, r.facts.measured["profile"]
-    assert env["compute_capability"] >= 3 and env["device_memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
-    assert p["kernels_per_step"] > 0 and 0 < p["gpu_busy_fraction"] <= 1
-    assert r.facts.measured["peak_bytes"] > 0
-    assert "aten::addmm" in p["eligible_ops"] or "aten::mm" in p["eligible_ops"]
+    env, p = r.facts.env, r.facts.measured.profile
+    assert env.compute_capability >= 3 and env.device_memory_bytes == torch.cuda.get_device_properties(0).total_memory
+    assert p.kernels_per_step > 0 and 0 < p.gpu_busy_fraction <= 1
+    assert r.facts.measured.peak_bytes > 0
+    assert "aten::addmm" in p.eligible_ops or "aten::mm" in p.eligible_ops
     tc = _status(r, "tensor_cores")
-    if env["compute_capability"] >= 7:
+    if env.compute_capability >= 7:
         # fp32 matmuls without TF32 use no Tensor Cores: the rule fails and offers AMP
-        assert tc.status in ("pass", "fail") and (tc.status == "pass") == bool(p["tensor_core_kernels"])
+        assert tc.status in ("pass", "fail") and (tc.status == "pass") == bool(p.tensor_core_kernels)
     for rule in ("gpu_utilization", "peak_memory", "memory_growth", "cudnn_benchmark"):
         assert "no CUDA" not in _status(r, rule).evidence

@@ -66,17 +66,17 @@ IDS = torch.randint(0, 100, (4, 16))
 
 def test_pooler_tanh_is_not_a_hidden_activation():
     f = static_of(TinyBert(), IDS)
-    assert f.forward["hidden_saturating"] == [] and f.forward["pooler_saturating"] == ["pooler.activation"]
+    assert f.forward.hidden_saturating == () and f.forward.pooler_saturating == ("pooler.activation",)
     expect("hidden_activations", f, "pass", "the Tanh/Sigmoid of the pooler (pooler.activation)")
     # the same Tanh outside a pooler is still a hidden activation
     m = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
-    assert forward_facts(m, (torch.randn(2, 8),))["hidden_saturating"] == ["1"]
+    assert forward_facts(m, (torch.randn(2, 8),)).hidden_saturating == ("1",)
 
 
 def test_hf_init_with_layernorm_passes_and_a_broken_init_still_warns():
     model = TinyBert()
     f = static_of(model, IDS)
-    gains = {r["name"]: r["gain"] for r in f.static["init"]}
+    gains = {r.name: r.gain for r in f.static.init}
     # normal(0, 0.02) at fan_in 64: 0.02 * 8 = 0.16, below the plain lower bound 0.2
     assert gains["ff.0"] == pytest.approx(model.ff[0].weight.std().item() * 8, rel=1e-5) and gains["ff.0"] < 0.2
     expect("weight_init", f, "pass", "lower bound 0.05: the model has 1 normalisation layers")
@@ -92,7 +92,7 @@ def test_hf_init_with_layernorm_passes_and_a_broken_init_still_warns():
 
 def test_head_count_embedding_and_dropout_p0_are_not_flagged():
     f = static_of(TinyBert(), IDS)
-    assert not any(o["name"] == "rel_bias" for o in f.forward["widths_not_multiple_of_8"])
+    assert not any(o.name == "rel_bias" for o in f.forward.widths_not_multiple_of_8)
     expect("layer_widths", f, "pass", "multiples of 8")
     expect("redundant_layers", f, "pass", "1 Dropout(p=0) (dropout) are identities, harmless")
 
@@ -100,12 +100,12 @@ def test_head_count_embedding_and_dropout_p0_are_not_flagged():
 def test_hf_conv1d_is_a_linear_for_init_widths_and_counts():
     model = nn.Sequential(Conv1D(96, 64), nn.GELU(), Conv1D(64, 96))
     s = static_facts(model)
-    assert s["n_linear"] == 2 and s["n_hf_conv1d"] == 2
-    init = {r["name"]: r for r in s["init"]}
-    assert init["0"]["fan_in"] == 64 and init["0"]["type"] == "Conv1D"
-    assert init["0"]["gain"] == pytest.approx(model[0].weight.std().item() * math.sqrt(64), rel=1e-5)
-    widths = forward_facts(model, (torch.randn(2, 64),))["widths"]
-    assert [(w["type"], w["in"], w["out"]) for w in widths] == [("Conv1D", 64, 96), ("Conv1D", 96, 64)]
+    assert s.n_linear == 2 and s.n_hf_conv1d == 2
+    init = {r.name: r for r in s.init}
+    assert init["0"].fan_in == 64 and init["0"].type == "Conv1D"
+    assert init["0"].gain == pytest.approx(model[0].weight.std().item() * math.sqrt(64), rel=1e-5)
+    widths = forward_facts(model, (torch.randn(2, 64),)).widths
+    assert [(w.type, w.in_, w.out) for w in widths] == [("Conv1D", 64, 96), ("Conv1D", 96, 64)]
 
 
 def test_real_transformers_models_have_no_false_alarms():
@@ -128,7 +128,7 @@ def test_real_transformers_models_have_no_false_alarms():
         expect(rule_id, f, "pass", "")
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4))
     s = static_facts(gpt2)
-    assert s["n_hf_conv1d"] == 8 and s["n_linear"] == 9  # 4 Conv1D per block, and lm_head
+    assert s.n_hf_conv1d == 8 and s.n_linear == 9  # 4 Conv1D per block, and lm_head
 
 
 class ZeroInitBlock(nn.Module):
@@ -166,7 +166,7 @@ def test_init_conventions_are_named_not_flagged():
             return self.head(self.block(self.embed(ids) + self.pos.weight[: ids.shape[1]]))
 
     f = static_of(TinyLM(), IDS)
-    roles = {r["name"]: r.get("role") for r in f.static["init"]}
+    roles = {r.name: r.role for r in f.static.init}
     assert roles == {"block.up": None, "block.down": "zero-initialised", "head": "vocabulary head"}
     expect("weight_init", f, "pass", "by convention, not judged: head (")
     expect("weight_init", f, "pass", "by convention, not judged: block.down (0.00): zero-initialised")
@@ -192,6 +192,6 @@ def test_t5_from_a_config_has_no_init_warning(tmp_path):
     from tests.checklist.sample_facts import healthy
 
     f = replace(healthy(), static=static_facts(model))  # the weight_init rule reads the static facts only
-    head = next(r for r in f.static["init"] if r["name"] == "model.lm_head")
-    assert head["role"] == "vocabulary head" and head["gain"] == pytest.approx(math.sqrt(32), rel=0.05)
+    head = next(r for r in f.static.init if r.name == "model.lm_head")
+    assert head.role == "vocabulary head" and head.gain == pytest.approx(math.sqrt(32), rel=0.05)
     expect("weight_init", f, "pass", "model.lm_head (5.")

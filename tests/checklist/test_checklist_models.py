@@ -321,7 +321,8 @@ def test_saved_activations(healthy):
     # small model gets there, so the real measured bytes are judged against a pretend device twice
     # their size.
     assert f.numbers["saved_bytes"] > 0
-    small_device = msgspec.structs.replace(healthy, env={**healthy.env, "device_memory_bytes": 2 * f.numbers["saved_bytes"]})
+    small_device = msgspec.structs.replace(
+        healthy, env=msgspec.structs.replace(healthy.env, device_memory_bytes=2 * f.numbers["saved_bytes"]))
     expect("saved_activations", small_device, "warn", "autograd saves")
 
 
@@ -338,7 +339,7 @@ def test_launch_bound(heavy):
 
 
 def test_torch_compile(healthy):
-    if not healthy.env["cxx_compiler"]:
+    if not healthy.env.cxx_compiler:
         expect("torch_compile", healthy, "not_applicable", "C++ compiler")
     else:
         expect("torch_compile", healthy, "warn", "the model is not compiled")
@@ -364,7 +365,7 @@ def test_batch_size(heavy):
     facts = facts_of(nn.Linear(8, 8), torch.randn(4, 8))
     f = [r for r in RULES if r.id == "batch_size"][0](facts)
     low = f.numbers["throughput_gain_ci"][0]
-    noise = (facts.measured["batch_probe"].get("control_ci") or [None, None])[1] or 1.0
+    noise = (facts.measured.batch_probe.control_ci or [None, None])[1] or 1.0
     assert (f.status == "warn") == (low > 1.2 * max(1.0, noise)), (f.status, f.evidence, noise)
     assert ("more than x1.2" in f.evidence) == (f.status == "warn")
 
@@ -427,7 +428,7 @@ class TwelveItemsPerForward(nn.Module):
 
 def test_sync_points_on_cpu_are_not_applicable_even_with_host_reads():
     facts = facts_of(TwelveItemsPerForward(), torch.randn(16, 8))
-    assert facts.measured["profile"]["sync_per_step"]["aten::item"] == 12  # counted, not blamed
+    assert facts.measured.profile.sync_per_step["aten::item"] == 12  # counted, not blamed
     expect("sync_points", facts, "not_applicable", "no GPU (CUDA): host reads such as .item() cost no")
 
 
@@ -436,7 +437,7 @@ def test_sync_points_on_cuda():
     expect("sync_points", facts_of(nn.Linear(8, 8).cuda(), torch.randn(16, 8, device="cuda")), "pass",
            "0 CPU-GPU sync points per step")
     dirty = facts_of(TwelveItemsPerForward().cuda(), torch.randn(16, 8, device="cuda"))
-    assert dirty.measured["profile"]["sync_per_step"]["aten::item"] == 12
+    assert dirty.measured.profile.sync_per_step["aten::item"] == 12
     expect("sync_points", dirty, "fail", "CPU-GPU sync points per step")
 
 
@@ -470,7 +471,7 @@ def test_gpu_utilization_on_cuda(cuda_heavy):
 
 @needs_cuda
 def test_tensor_cores_and_mixed_precision_on_cuda(cuda_heavy):
-    if cuda_heavy.env["compute_capability"] < 7:
+    if cuda_heavy.env.compute_capability < 7:
         pytest.skip("no Tensor Cores on this GPU")
     was = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -496,7 +497,7 @@ def test_tf32_on_cuda():
         off = static_of(m, x)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = was
-    if on.env["compute_capability"] < 8:
+    if on.env.compute_capability < 8:
         expect("tf32", on, "not_applicable", "no TF32")
         return
     expect("tf32", on, "pass", "TF32 on")
@@ -577,7 +578,7 @@ class GatedUnit(nn.Module):
 
 def test_sigmoid_and_tanh_gates_are_not_hidden_activations():
     se = static_of(SqueezeExcite(), torch.randn(2, 3, 8, 8))
-    assert se.forward["hidden_saturating"] == []
+    assert se.forward.hidden_saturating == ()
     expect("hidden_activations", se, "pass", "Sigmoid x1")
     glu = static_of(GatedUnit(), torch.randn(4, 16))
     expect("hidden_activations", glu, "pass", "Tanh x1")
@@ -587,7 +588,7 @@ def test_a_sigmoid_feeding_a_layer_through_pooling_or_dropout_is_hidden():
     lenet = nn.Sequential(nn.Conv2d(1, 8, 3), nn.Tanh(), nn.AvgPool2d(2), nn.Conv2d(8, 16, 3), nn.Sigmoid(),
                           nn.Flatten(), nn.Dropout(0.1), nn.Linear(16, 8))
     f = static_of(lenet, torch.randn(2, 1, 8, 8))
-    assert f.forward["hidden_saturating"] == ["1", "4"]
+    assert f.forward.hidden_saturating == ("1", "4")
     expect("hidden_activations", f, "warn", "2 Sigmoid/Tanh activations in hidden layers (1, 4)")
     # as an attention input
     attn = nn.MultiheadAttention(16, 2, batch_first=True)
@@ -628,7 +629,7 @@ class HoldsALock(nn.Module):
 def test_the_probes_run_on_the_model_itself_and_put_it_back():
     m = HoldsALock()
     facts = facts_of(m, torch.randn(16, 8))  # a deep copy raised TypeError: cannot pickle '_thread.lock'
-    assert facts.measured["train_step"]["median_s"] > 0 and not facts.errors
+    assert facts.measured.train_step.median_s > 0 and not facts.errors
     # what the probes change comes back: values, tensor objects, gradients, per-module modes
     net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 8))
     net.train()
@@ -653,7 +654,7 @@ def test_peak_memory_counts_the_weights_once_on_cuda():
     weights = sum(p.numel() * p.element_size() for p in m.parameters())
     facts = facts_of(m, torch.randn(8, 4096, device="cuda"))
     # weights + their gradients + a few small activations: about twice the weights, not three times
-    assert facts.measured["peak_bytes"] - base < 2.5 * weights
+    assert facts.measured.peak_bytes - base < 2.5 * weights
 
 
 # ----------------------------------------------------------------------------- rules added with the development checklist

@@ -136,7 +136,7 @@ def test_new_rule_thresholds_are_the_boundaries():
     assert run("tensor_copies", at).status == "pass"
     assert run("tensor_copies", set_path(at, "measured.profile.layout_copy_fraction", 0.1001)).status == "warn"
     # python_loops needs both many element ops and a large share of the step's ops
-    top = healthy().measured["profile"]["ops_per_step"]  # 50
+    top = healthy().measured.profile.ops_per_step  # 50
     n = R.PYTHON_LOOP_MIN_OPS
     f = set_path(set_path(healthy(), "measured.profile.ops_per_step", n / R.PYTHON_LOOP_MIN_SHARE),
                  "measured.profile.element_ops_per_step", {"aten::select": n})
@@ -170,14 +170,15 @@ def test_a_rule_that_crashes_is_an_error_that_counts_as_failed():
     i = next(i for i, f in enumerate(good) if f.status == "pass")
 
     def crash(_facts):
-        return _facts.measured["no such probe"]["x"]  # a bug in a rule: it reads what is not there
+        return _facts.measured.no_such_probe  # a bug in a rule: it reads what is not there
 
     rules = list(RULES)
     rules[i] = dataclasses.replace(RULES[i], check=crash)
     findings = [r(facts) for r in rules]
     assert len(findings) == len(RULES)  # the others still ran
     broken = findings[i]
-    assert broken.status == "error" and broken.evidence == "the rule crashed: KeyError: 'no such probe'"
+    assert broken.status == "error"
+    assert broken.evidence == "the rule crashed: AttributeError: 'MeasuredFacts' object has no attribute 'no_such_probe'"
     assert broken.fix is None and "bug in TorchScope's rule" in broken.suggestion
     n = sum(f.status in ("pass", "warn", "fail", "error") for f in findings)
     assert n == sum(f.status != "not_applicable" for f in good)  # still in the denominator

@@ -43,19 +43,19 @@ def test_cuda_step_facts_from_the_trace(tmp_path):
     path = tmp_path / "step.json"
     path.write_text(json.dumps({"traceEvents": CUDA_STEP}))
     f = step_profile_facts(load_trace(path), torch.device("cuda"))
-    assert (f["steps"], f["step_wall_us"]) == (1, 1000.0)
-    assert f["kernels_per_step"] == 4 and f["median_kernel_us"] == 25.0
-    assert f["tensor_core_kernels"] == ["sm80_xmma_gemm_f16f16_f16f32"]
-    assert f["gpu_busy_fraction"] == pytest.approx(120 / 1000)
-    assert f["communication_fraction"] == pytest.approx(10 / 120)
+    assert (f.steps, f.step_wall_us) == (1, 1000.0)
+    assert f.kernels_per_step == 4 and f.median_kernel_us == 25.0
+    assert f.tensor_core_kernels == ("sm80_xmma_gemm_f16f16_f16f32",)
+    assert f.gpu_busy_fraction == pytest.approx(120 / 1000)
+    assert f.communication_fraction == pytest.approx(10 / 120)
     # the forward's .contiguous() once (its clone and copy_ are inside it); backward's clone left out
-    assert (f["layout_copies_per_step"], f["layout_copy_us_per_step"]) == (1, 30.0)
-    assert f["layout_copy_fraction"] == pytest.approx(30 / 120) and f["layout_copy_time_kind"] == "GPU kernel"
-    assert f["sync_per_step"]["aten::item"] == 1 and f["sync_per_step"]["cudaStreamSynchronize"] == 1
-    assert f["sync_per_step"]["cudaDeviceSynchronize"] == 0
-    assert f["sync_points_per_step"] == 2
-    assert f["ops_per_step"] == 3 and f["eligible_ops"] == ["aten::mm"]
-    assert f["element_ops_per_step"] == {"aten::item": 1}
+    assert (f.layout_copies_per_step, f.layout_copy_us_per_step) == (1, 30.0)
+    assert f.layout_copy_fraction == pytest.approx(30 / 120) and f.layout_copy_time_kind == "GPU kernel"
+    assert f.sync_per_step["aten::item"] == 1 and f.sync_per_step["cudaStreamSynchronize"] == 1
+    assert f.sync_per_step["cudaDeviceSynchronize"] == 0
+    assert f.sync_points_per_step == 2
+    assert f.ops_per_step == 3 and f.eligible_ops == ("aten::mm",)
+    assert f.element_ops_per_step == {"aten::item": 1}
 
 
 def test_a_python_loop_over_rows_is_counted_on_cpu():
@@ -68,10 +68,10 @@ def test_a_python_loop_over_rows_is_counted_on_cpu():
         torch.stack([fc(row) for row in x]).sum().backward()
 
     f = profile_facts(step, torch.device("cpu"), steps=2)
-    assert f["steps"] == 2 and f["kernels_per_step"] == 0 and f["communication_fraction"] is None
-    assert f["element_ops_per_step"] == {"aten::select (unbind)": 8}
-    assert "aten::addmm" in f["eligible_ops"] and f["gpu_busy_fraction"] is None
-    assert 0 < f["op_time_us_per_step"] <= f["step_wall_us"]
+    assert f.steps == 2 and f.kernels_per_step == 0 and f.communication_fraction is None
+    assert f.element_ops_per_step == {"aten::select (unbind)": 8}
+    assert "aten::addmm" in f.eligible_ops and f.gpu_busy_fraction is None
+    assert 0 < f.op_time_us_per_step <= f.step_wall_us
 
 
 def test_the_checklists_training_step_counts_the_models_ops_only():
@@ -88,11 +88,11 @@ def test_the_checklists_training_step_counts_the_models_ops_only():
     step = _train_step(loaded, fc)
     assert step() is None
     counted = profile_facts(step, torch.device("cpu"), steps=2)
-    calls = {r["name"]: r["count_per_step"] for r in counted["top_ops"]}   # every call, nested ones too
+    calls = {r.name: r.count_per_step for r in counted.top_ops}   # every call, nested ones too
     assert calls["aten::linear"] == calls["aten::mean"] == 1
     keeping = Step(Trainee(fc, lambda out: out.mean(), loaded.inputs), True, optimizer=None)
     assert keeping() is not None
     kept = profile_facts(keeping, torch.device("cpu"), steps=2)
-    assert kept["ops_per_step"] == counted["ops_per_step"] + 1
-    kept_calls = {r["name"]: r["count_per_step"] for r in kept["top_ops"]}
+    assert kept.ops_per_step == counted.ops_per_step + 1
+    kept_calls = {r.name: r.count_per_step for r in kept.top_ops}
     assert kept_calls["aten::detach"] == calls.get("aten::detach", 0) + 1   # Step's own copy of the loss

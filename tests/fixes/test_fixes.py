@@ -456,7 +456,7 @@ def test_int8_on_an_all_linear_exported_program_says_why_and_static_int8_quantiz
     path = tmp_path / "mlp.pt2"
     torch.export.save(torch.export.export(m, (x,)), str(path))
     spec = ModelSpec(source="export", name="mlp.pt2", path=str(path), inputs=(InputSpec((8, 64)),))
-    assert static_facts(load_model(spec).model)["n_linear"] == 0  # what misled the old check
+    assert static_facts(load_model(spec).model).n_linear == 0  # what misled the old check
     r = execute(Job("optimize", spec, {"fixes": ["int8_dynamic", "static_int8"], "iters": 2, "warmup": 1,
                                        "save_artifacts": False}), tmp_path / "out")
     rows = {row.fix: row for row in r.rows}
@@ -508,8 +508,8 @@ def test_int8_and_structural_fixes_on_torchscript_name_what_it_holds():
     layers = [nn.Linear(16, 16) for _ in range(9)]
     ts = torch.jit.script(nn.Sequential(*[x for l in layers for x in (l, nn.ReLU())]).eval())
     s = static_facts(ts)
-    assert s["torchscript"] and s["script_types"]["Linear"] == 9
-    facts = {"static": s, "env": {"device_type": "cpu"}, "source": "torchscript"}
+    assert s.torchscript and s.script_types["Linear"] == 9
+    facts = {"static": s, "env": environment_facts("cpu"), "source": "torchscript"}
     for fix in ("int8_dynamic", "prune_l1", "conv_bn_fusion", "channels_last"):
         ok, why = get_fix(fix).applies(facts)
         assert not ok and why.startswith("the model is TorchScript"), (fix, why)

@@ -2,10 +2,13 @@
 
 import json
 
+import msgspec
 import pytest
 
+from diagnostics.results import UNSET
 from diagnostics.trace import load_trace
 from diagnostics.trace import profiler_tables as pv
+from diagnostics.trace.timeline import timeline_data
 
 
 def X(name, ts, dur, cat="cpu_op", tid=1, pid=1, **args):
@@ -147,16 +150,17 @@ def test_tensor_core_pct_is_the_tensor_core_kernels_share_of_kernel_time(trace_o
     assert pv.tensor_core_pct([]) is None
 
 
-def test_timeline_is_the_trace_layers_in_ms_with_thread_names(trace_of):
+def test_timeline_is_the_trace_layers_record_with_thread_names(trace_of):
     t = trace_of([X("ProfilerStep#1", 0, 2000, "user_annotation"), X("aten::mm", 100, 500),
                   X("k", 300, 400, "kernel", pid=0, tid=7, device=0, stream=7)],
                  [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main thread"}}])
     tl = pv.timeline(t, 100)
-    assert tl["builder"] == "diagnostics.trace.timeline_data"
-    assert tl["lanes"] == ["main thread", "GPU 0 · stream 7"]
-    mm = next(e for e in tl["events"] if e["name"] == "aten::mm")
-    assert (mm["lane"], mm["depth"], mm["start_ms"], mm["dur_ms"], mm["count"]) == ("main thread", 1, 0.1, 0.5, 1)
-    assert (tl["total_events"], tl["shown_events"], tl["span_ms"]) == (3, 3, 2.0)
+    assert tl == timeline_data(t, max_events=100)  # without a trace file: the trace layer's record as it is
+    assert [(l.label, l.kind) for l in tl.lanes] == [("main thread", "cpu"), ("GPU 0 · stream 7", "gpu")]
+    label = {l.lane: l.label for l in tl.lanes}
+    mm = next(e for e in tl.events if e.name == "aten::mm")
+    assert (label[mm.lane], mm.depth, mm.start_us, mm.dur_us, mm.count) == ("main thread", 1, 100.0, 500.0, 1)
+    assert (tl.in_range, tl.shown, tl.t1) == (3, 3, 2000.0)
 
 
 def test_timeline_carries_the_input_shapes_the_trace_recorded(tmp_path):
@@ -168,7 +172,9 @@ def test_timeline_carries_the_input_shapes_the_trace_recorded(tmp_path):
     p.write_bytes(raw)
     t = load_trace(p)
     tl = pv.timeline(t, 100, p)
-    shapes = {e["name"]: e["shapes"] for e in tl["events"]}
-    assert shapes == {"ProfilerStep#1": "", "aten::mm": "[[8,64],[64,32]]", "aten::relu": "[[8,32]]",
-                      "aten::empty": ""}
-    assert all(e["shapes"] == "" for e in pv.timeline(t, 100)["events"])  # without the file: none claimed
+    shapes = {e.name: e.shapes for e in tl.events}
+    assert shapes == {"ProfilerStep#1": UNSET, "aten::mm": "[[8,64],[64,32]]", "aten::relu": "[[8,32]]",
+                      "aten::empty": UNSET}
+    assert all(e.shapes is UNSET for e in pv.timeline(t, 100).events)  # without the file: none claimed
+    # the bars themselves are the trace layer's: only the shapes were added
+    assert [msgspec.structs.replace(e, shapes=UNSET) for e in tl.events] == list(timeline_data(t, max_events=100).events)

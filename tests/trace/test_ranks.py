@@ -159,12 +159,13 @@ def test_unreadable_file_is_a_problem_and_missing_path_an_error(tmp_path):
 
 
 def test_step_time_chart_in_ms_and_the_merged_timeline_figure(three):
-    import msgspec
-
     from diagnostics.analyses.trace.result import Ranks
     from diagnostics.render.charts.ranks import build_rank_steps_figure, build_ranks_timeline_figure, rank_table
+    from diagnostics.trace.ranks import analyse
+    from diagnostics.trace.records.timeline import Timeline
 
-    out = msgspec.convert(analyse_ranks([three], parallel=False, timeline_ranks="all"), Ranks)
+    out = analyse([three], parallel=False, timeline_ranks="all")  # the record the charts draw, as made
+    assert isinstance(out, Ranks) and isinstance(out.timeline, Timeline) and out.timeline_ranks == (0, 1, 2)
     fig = build_rank_steps_figure(out)
     bar = fig.data[0]
     assert list(bar.x) == ["rank 0", "rank 1", "rank 2"]

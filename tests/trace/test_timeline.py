@@ -3,8 +3,11 @@
 import json
 from pathlib import Path
 
-from diagnostics.results import to_plain
+import pytest
+
+from diagnostics.results import UNSET, to_plain
 from diagnostics.trace import load_trace, timeline_data
+from diagnostics.trace.records.timeline import from_legacy, is_legacy
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 
@@ -113,3 +116,32 @@ def test_a_thread_without_an_os_id_is_named_by_what_it_runs():
     assert thread_label({"9/5": "main thread"}, "9", "5") == "main thread"
     assert thread_label({}, "9", "-5", top_call="cudaEventQuery") == "unnamed thread (cudaEventQuery)"
     assert thread_label({}, "9", "-5") == "unnamed thread"
+
+
+LEGACY = {  # a profile's timeline as runs stored before it was typed hold it: ms, lanes as labels
+    "lanes": ["main thread", "GPU 0 · stream 7"], "total_events": 5, "shown_events": 3, "deeper": 1,
+    "span_ms": 2.5, "builder": "diagnostics.trace.timeline_data",
+    "events": [{"lane": "main thread", "name": "aten::mm", "cat": "cpu_op", "start_ms": 0.1, "dur_ms": 0.5, "depth": 1,
+                "count": 2, "shapes": "[[8,64],[64,32]]"},
+               {"lane": "GPU 0 · stream 7", "name": "sgemm", "cat": "kernel", "start_ms": 0.3, "dur_ms": 0.4,
+                "depth": 0, "count": 1, "shapes": ""},
+               {"lane": "thread 9", "name": "x", "cat": "", "start_ms": 1.0, "dur_ms": 1.0, "depth": 0, "count": 1,
+                "shapes": ""}],
+}
+
+
+def test_a_legacy_profile_timeline_reads_as_the_record():
+    assert is_legacy(LEGACY) and not is_legacy(to_plain(from_legacy(LEGACY))) and not is_legacy(None)
+    tl = from_legacy(LEGACY)
+    # each label a lane of its own, in order; a lane only an event names (older results) appended
+    assert [(l.lane, l.kind, l.label) for l in tl.lanes] == [
+        ("main thread", "cpu", "main thread"), ("GPU 0 · stream 7", "gpu", "GPU 0 · stream 7"),
+        ("thread 9", "cpu", "thread 9")]
+    mm, k, x = tl.events
+    assert (mm.lane, mm.depth, mm.count, mm.shapes) == ("main thread", 1, 2, "[[8,64],[64,32]]")
+    assert (mm.start_us, mm.dur_us) == (pytest.approx(100.0), pytest.approx(500.0))
+    assert k.shapes is UNSET and x.shapes is UNSET  # "" was "no shapes recorded"
+    assert (tl.t0, tl.t1, tl.in_range, tl.shown, tl.deeper, tl.bucket_us) == (pytest.approx(100.0), 2500.0, 5, 3,
+                                                                              1, 0.0)
+    # without span_ms (the oldest runs): the range ends with the last bar
+    assert from_legacy({k: v for k, v in LEGACY.items() if k != "span_ms"}).t1 == pytest.approx(2000.0)

@@ -168,8 +168,8 @@ def show(result: ProfileResult) -> None:
     with tabs[5]:
         _kernels(result)
     with tabs[6]:
-        tl = result.timeline  # the trace layer's timeline dict (charts.timeline draws it)
-        st.caption(f"{tl['shown_events']:,} of {tl['total_events']:,} events drawn (downsampled so it draws fast: "
+        tl = result.timeline  # the trace layer's Timeline record (charts.timeline draws it)
+        st.caption(f"{tl.shown:,} of {tl.in_range:,} events drawn (downsampled so it draws fast: "
                    "the longest events are kept, a bar may stand for several); drag to zoom, double-click to "
                    "reset. For every event, open the trace file in Perfetto.")
         show_timeline(tl, lambda search: build_timeline_figure(result, search=search), key="prof")

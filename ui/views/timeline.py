@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.render.charts.timeline import find_events
+from diagnostics.trace.records.timeline import Timeline
 from ui.widgets import md_text
 
 SEARCH_HELP = ("Case-insensitive part of an event's name (e.g. 'conv', 'gemm'); in double quotes, the whole name "
@@ -31,7 +32,7 @@ def _hits_table(hits: list[dict]) -> pd.DataFrame:
                           "bar stands for": h["count"], "input shapes": h["shapes"]} for h in hits])
 
 
-def show_timeline(timeline: dict, build: Callable[..., object], *, key: str) -> None:
+def show_timeline(timeline: Timeline, build: Callable[..., object], *, key: str) -> None:
     """Search box, the figure ``build(search=...)`` and the table of matching events."""
     query = st.text_input("Find on the timeline", key=search_key(key), placeholder='e.g. conv, or "aten::mm"',
                           help=SEARCH_HELP)
@@ -47,7 +48,7 @@ def show_timeline(timeline: dict, build: Callable[..., object], *, key: str) -> 
             st.caption(f"No drawn event matches '{query.strip()}'.")
 
 
-def occurrences(timeline: dict, name: str | None, *, key: str, where: str = "the Timeline tab") -> None:
+def occurrences(timeline: Timeline, name: str | None, *, key: str, where: str = "the Timeline tab") -> None:
     """Under an operator table: the selected operator's occurrences on the timeline, and the timeline's
     search set to its exact name (so ``where`` highlights them)."""
     if not name:

@@ -3,12 +3,14 @@ score, and reports (job.py). Its result type, :class:`ChecklistResult`, is decla
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
 from diagnostics.declare import Analysis, Option, OptionError, metric, table
 from diagnostics.findings import Finding, FixFirst, Threshold
+from diagnostics.analyses.checklist.records import DataLoaderFacts, MeasuredFacts
+from diagnostics.measure.records import Environment, ForwardFacts, StaticFacts
 from diagnostics.results import Record, Result
 
 PURPOSES = ("training", "inference")
@@ -48,20 +50,21 @@ class StatusCounts(Record, frozen=True, kw_only=True):
 class Facts(Record, frozen=True, kw_only=True):
     """What the rules read, as ``facts.collect_facts`` gathers it in one job: the purpose checked for, the
     batch size and task the model was loaded with, each collector's failure (``errors``: collector -> why),
-    and the sections facts.py describes: ``static`` (the module tree), ``env`` (device and backend flags),
-    ``forward`` (one traced forward; None when it failed), ``measured`` (the timed probes; None with
-    skip_measured) and ``dataloader`` (None when none is described, or reading it failed). The sections are
-    plain data keyed as their collectors write them (measure.structure, measure.environment, facts.py)."""
+    and its sections, each a record declared beside the code that makes it: ``static`` (the module tree:
+    measure.records.StaticFacts), ``env`` (device and backend flags: measure.records.Environment), ``forward``
+    (one traced forward: measure.records.ForwardFacts; None when it failed), ``measured`` (the timed probes:
+    records.MeasuredFacts; None with skip_measured) and ``dataloader`` (records.DataLoaderFacts; None when none
+    is described, or reading it failed)."""
 
     purpose: str | None
     errors: dict[str, str]
-    static: dict[str, Any]
-    env: dict[str, Any]
+    static: StaticFacts
+    env: Environment
     batch_size: int | None
     task: str
-    forward: dict[str, Any] | None
-    measured: dict[str, Any] | None
-    dataloader: dict[str, Any] | None
+    forward: ForwardFacts | None
+    measured: MeasuredFacts | None
+    dataloader: DataLoaderFacts | None
 
 
 class ChecklistMetrics(Record, frozen=True, kw_only=True):

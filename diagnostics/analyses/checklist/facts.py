@@ -13,7 +13,8 @@ Three kinds of facts, each a section of the record (plain data):
 Measurements run on the model itself inside ``restored_state``, which puts back its weights,
 buffers, gradients and each module's mode afterwards (a deep copy on the same GPU would double the
 weights in the peak-memory figure). Every collector that fails records why under
-``Facts.errors`` instead of failing the job. Facts are plain data (no tensors, no modules).
+``Facts.errors`` instead of failing the job. Each section is a typed record made here or by the measure
+layer (records.py, diagnostics.measure.records); no tensors, no modules.
 """
 
 from __future__ import annotations
@@ -21,11 +22,16 @@ from __future__ import annotations
 import statistics
 from typing import Callable
 
+import msgspec
 import numpy as np
 import torch
 from torch import nn
 
 from diagnostics.analyses.checklist import ANALYSIS, Facts
+from diagnostics.analyses.checklist.records import (
+    BatchPoint, BatchProbe, CompileFacts, DataLoaderFacts, FlaggedLayer, GradientFacts, GraphBreak, InferenceProbe,
+    LoaderSettings, MeasuredFacts, ProfileFacts, Timed, TopOp, got,
+)
 from diagnostics.inputs import call as call_model
 from diagnostics.measure.compare import CONTROL, MIN_ROUNDS, interleaved
 from diagnostics.measure.dynamo import explain
@@ -60,23 +66,23 @@ COMPARE_ROUNDS = MIN_ROUNDS
 
 
 # ----------------------------------------------------------------------------- measured facts
-def _timed(fn: Callable[[], object], device, iters: int, warmup: int) -> dict:
+def _timed(fn: Callable[[], object], device, iters: int, warmup: int) -> Timed:
     """Seconds per call of ``fn`` (``measure.timer``): median, p90, mean, min over ``iters`` calls."""
     ms = np.asarray(time_calls(fn, device, max(1, iters), max(0, warmup)))
-    return {"median_s": float(np.median(ms)) / 1e3, "p90_s": float(np.percentile(ms, 90)) / 1e3,
-            "mean_s": float(ms.mean()) / 1e3, "min_s": float(ms.min()) / 1e3, "iters": int(ms.size)}
+    return Timed(median_s=float(np.median(ms)) / 1e3, p90_s=float(np.percentile(ms, 90)) / 1e3,
+                 mean_s=float(ms.mean()) / 1e3, min_s=float(ms.min()) / 1e3, iters=int(ms.size))
 
 
-def compile_facts(model: nn.Module, inputs: tuple) -> dict:
+def compile_facts(model: nn.Module, inputs: tuple) -> CompileFacts:
     """Dynamo's graphs and graph breaks of one eval forward (measure.dynamo.explain; no code generation)."""
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError("a TorchScript model is not compiled with torch.compile")
     model.eval()
     with torch.no_grad():
         ex = explain(model, inputs)
-    return {"graph_count": ex["graph_count"], "graph_break_count": ex["graph_break_count"],
-            "breaks": [{"location": b["location"], "reason": b["reason"].splitlines()[0], "count": b["count"]}
-                       for b in ex["graph_breaks"]]}
+    return CompileFacts(graph_count=ex["graph_count"], graph_break_count=ex["graph_break_count"],
+                        breaks=tuple(GraphBreak(location=b["location"], reason=b["reason"].splitlines()[0],
+                                                count=b["count"]) for b in ex["graph_breaks"]))
 
 
 def _train_step(loaded, model: nn.Module) -> Step:
@@ -87,7 +93,7 @@ def _train_step(loaded, model: nn.Module) -> Step:
                 keep_loss=False)
 
 
-def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2) -> dict:
+def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2) -> ProfileFacts:
     """Profile ``steps`` training steps (``measure.profiling.profile_steps``) and read, per step,
     ops, kernels, sync points and Tensor Cores from the trace (``step_profile_facts``)."""
     from diagnostics.measure.profiling import profile_steps
@@ -96,7 +102,7 @@ def profile_facts(step: Callable[[], None], device: torch.device, steps: int = 2
     return step_profile_facts(profile_steps(step, steps, device, between=lambda: sync(device)), device)
 
 
-def step_profile_facts(trace, device: torch.device) -> dict:
+def step_profile_facts(trace, device: torch.device) -> ProfileFacts:
     """The profile facts of a Trace whose steps are marked (classify.STEP_RE).
 
     Events are counted as torch's EventList counts calls (a call recorded twice, an only child
@@ -148,27 +154,27 @@ def step_profile_facts(trace, device: torch.device) -> dict:
         elif names[r] == "aten::unbind":
             rows = int((calls & (parent == r) & (names == "aten::select")).sum())
             element["aten::select (unbind)"] = element.get("aten::select (unbind)", 0) + rows / steps
-    return {
+    return ProfileFacts(
         **copies,
-        "element_ops_per_step": element,
-        "element_ops_total_per_step": sum(element.values()),
-        "steps": steps,
-        "step_wall_us": wall_us,
-        "ops_per_step": int(top.sum()) / steps,
-        "median_op_us": statistics.median(dur[top].tolist()) if top.any() else None,
-        "kernels_per_step": int(kernels.sum()) / steps,
-        "median_kernel_us": statistics.median(dur[kernels].tolist()) if kernels.any() else None,
-        "sync_per_step": sync,
-        "sync_points_per_step": sum(v for k, v in sync.items() if k != "aten::_local_scalar_dense"),
-        "eligible_ops": sorted({n for n in counts if n in ELIGIBLE_OPS}),
-        "tensor_core_kernels": tc[:20],
-        "kernel_names_sample": kernel_names[:20],
-        "gpu_busy_fraction": (busy_us / steps / wall_us) if (kernels.any() and wall_us) else None,
-        "communication_fraction": (comm_us / kernel_us) if kernel_us else None,
-        "communication_families": [f.family for f in communication(trace).families if f.where == "GPU"],
-        "top_ops": sorted(({"name": k, "count_per_step": v / steps} for k, v in counts.items()
-                           if k.startswith("aten::")), key=lambda r: -r["count_per_step"])[:15],
-    }
+        element_ops_per_step=element,
+        element_ops_total_per_step=sum(element.values()),
+        steps=steps,
+        step_wall_us=wall_us,
+        ops_per_step=int(top.sum()) / steps,
+        median_op_us=statistics.median(dur[top].tolist()) if top.any() else None,
+        kernels_per_step=int(kernels.sum()) / steps,
+        median_kernel_us=statistics.median(dur[kernels].tolist()) if kernels.any() else None,
+        sync_per_step=sync,
+        sync_points_per_step=sum(v for k, v in sync.items() if k != "aten::_local_scalar_dense"),
+        eligible_ops=tuple(sorted({n for n in counts if n in ELIGIBLE_OPS})),
+        tensor_core_kernels=tuple(tc[:20]),
+        kernel_names_sample=tuple(kernel_names[:20]),
+        gpu_busy_fraction=(busy_us / steps / wall_us) if (kernels.any() and wall_us) else None,
+        communication_fraction=(comm_us / kernel_us) if kernel_us else None,
+        communication_families=tuple(f.family for f in communication(trace).families if f.where == "GPU"),
+        top_ops=tuple(sorted((TopOp(name=k, count_per_step=v / steps) for k, v in counts.items()
+                              if k.startswith("aten::")), key=lambda r: -r.count_per_step)[:15]),
+    )
 
 
 def layout_copy_facts(trace, in_step, calls, device: torch.device, kernel_us: float, steps: int) -> dict:
@@ -220,17 +226,17 @@ def layout_copy_facts(trace, in_step, calls, device: torch.device, kernel_us: fl
 GRADIENT_STEPS = 3
 
 
-def gradient_facts(loaded, steps: int = GRADIENT_STEPS) -> dict:
+def gradient_facts(loaded, steps: int = GRADIENT_STEPS) -> GradientFacts:
     """Gradient health as the Gradient-flow page measures it (``measure.gradflow``; weights restored)."""
     r = gradient_flow(loaded, steps, "sgd", 0.01)
     m = r["metrics"]
-    return {"verdict": r["verdict"], "phase": r["phase"], "steps": steps,
-            "layers": m["layers"], "vanishing": m["layers_vanishing"],
-            "exploding": m["layers_exploding"], "dead": m["layers_dead"], "nonfinite": m["layers_nonfinite"],
-            "global_norm_first": m["global_norm_first"], "global_norm_max": m["global_norm_max"],
-            "min_ratio": m["grad_norm_min_ratio"], "loss_stand_in": r["loss_stand_in"], "loss": r["loss"],
-            "flagged": [{"layer": l["layer"], "status": l["status"], "reason": l["reason"]}
-                        for l in r["layers"] if l["status"] != "healthy"]}
+    return GradientFacts(verdict=r["verdict"], phase=r["phase"], steps=steps,
+                         layers=m["layers"], vanishing=m["layers_vanishing"],
+                         exploding=m["layers_exploding"], dead=m["layers_dead"], nonfinite=m["layers_nonfinite"],
+                         global_norm_first=m["global_norm_first"], global_norm_max=m["global_norm_max"],
+                         min_ratio=m["grad_norm_min_ratio"], loss_stand_in=r["loss_stand_in"], loss=r["loss"],
+                         flagged=tuple(FlaggedLayer(layer=l["layer"], status=l["status"], reason=l["reason"])
+                                       for l in r["layers"] if l["status"] != "healthy"))
 
 
 def _guard(errors: dict):
@@ -283,7 +289,7 @@ def _training_facts(loaded, model: nn.Module, step, device: torch.device, iters:
     model.zero_grad(set_to_none=True)
 
 
-def _inference_vs_training(model: nn.Module, inputs, device: torch.device, rounds: int) -> dict:
+def _inference_vs_training(model: nn.Module, inputs, device: torch.device, rounds: int) -> InferenceProbe:
     """eval() + inference_mode against a training-mode forward with autograd, interleaved (with the A/A control)."""
     def train_forward():
         model.train()
@@ -299,14 +305,19 @@ def _inference_vs_training(model: nn.Module, inputs, device: torch.device, round
                     control=True)
     inf = c["inference"]
     # times: the geometric means of the rounds, whose ratio is the speed-up (they always agree)
-    return {"train_grad_forward_s": c["train"]["time_ms"] / 1e3,
-            "eval_inference_forward_s": inf["time_ms"] / 1e3,
-            "speedup": inf["speedup"], "speedup_ci": inf["speedup_ci"], "verdict": inf["verdict"],
-            "control_ci": c[CONTROL]["speedup_ci"], "control_verdict": c[CONTROL]["verdict"],
-            "rounds": inf["rounds"]}
+    return InferenceProbe(train_grad_forward_s=c["train"]["time_ms"] / 1e3,
+                          eval_inference_forward_s=inf["time_ms"] / 1e3,
+                          speedup=inf["speedup"], speedup_ci=_pair(inf["speedup_ci"]), verdict=inf["verdict"],
+                          control_ci=_pair(c[CONTROL]["speedup_ci"]), control_verdict=c[CONTROL]["verdict"],
+                          rounds=inf["rounds"])
 
 
-def _batch_probe(model: nn.Module, make_inputs, batch_size: int, device: torch.device, rounds: int) -> dict:
+def _pair(ci) -> tuple[float, float] | None:
+    """An interval (measure.compare writes a list, or None) as the records hold it."""
+    return None if ci is None else (float(ci[0]), float(ci[1]))
+
+
+def _batch_probe(model: nn.Module, make_inputs, batch_size: int, device: torch.device, rounds: int) -> BatchProbe:
     """Inference throughput at the batch and at twice it, interleaved (with the A/A control)."""
     model.eval()
     sizes = (batch_size, batch_size * 2)
@@ -322,20 +333,20 @@ def _batch_probe(model: nn.Module, make_inputs, batch_size: int, device: torch.d
                     control=True)
     # per batch: the geometric mean of the rounds' times, so the gain below is exactly the ratio of
     # the two throughputs shown
-    points = [{"batch_size": b, "median_s": c[k]["time_ms"] / 1e3, "samples_per_s": b / (c[k]["time_ms"] / 1e3)}
-              for b, k in zip(sizes, ("single", "double"))]
+    points = tuple(BatchPoint(batch_size=b, median_s=c[k]["time_ms"] / 1e3, samples_per_s=b / (c[k]["time_ms"] / 1e3))
+                   for b, k in zip(sizes, ("single", "double")))
     # throughput gain per round = (2b / t2) / (b / t1) = 2 x (t1 / t2): twice the speed-up ratio
     d = c["double"]
-    ci = None if d["speedup_ci"] is None else [2 * d["speedup_ci"][0], 2 * d["speedup_ci"][1]]
-    return {"points": points, "throughput_gain_2x": 2 * d["speedup"], "throughput_gain_ci": ci,
-            "control_ci": c[CONTROL]["speedup_ci"], "control_verdict": c[CONTROL]["verdict"],
-            "rounds": d["rounds"]}
+    ci = None if d["speedup_ci"] is None else (2 * d["speedup_ci"][0], 2 * d["speedup_ci"][1])
+    return BatchProbe(points=points, throughput_gain_2x=2 * d["speedup"], throughput_gain_ci=ci,
+                      control_ci=_pair(c[CONTROL]["speedup_ci"]), control_verdict=c[CONTROL]["verdict"],
+                      rounds=d["rounds"])
 
 
 def measured_facts(loaded, model: nn.Module, *,
                    iters: int = 5, profile_steps: int = 2, make_inputs: Callable[[int], tuple] | None = None,
                    batch_size: int | None = None, progress: Callable[[float, str], None] | None = None,
-                   errors: dict | None = None) -> dict:
+                   errors: dict | None = None) -> MeasuredFacts:
     """Everything timed or traced. ``model`` is ``loaded.model``: this function trains it, switches
     its mode and zeroes its gradients, so the caller restores it (``collect_facts`` does)."""
     inputs = loaded.inputs
@@ -359,7 +370,7 @@ def measured_facts(loaded, model: nn.Module, *,
         progress(0.8, "batch-size probe")
         out["batch_probe"] = guarded("batch_probe",
                                      lambda: _batch_probe(model, make_inputs, batch_size, device, rounds))
-    return out
+    return MeasuredFacts(**out)
 
 
 # ----------------------------------------------------------------------------- data loader
@@ -367,23 +378,21 @@ from diagnostics.analyses.checklist import LOADER_KEYS  # noqa: E402
 
 
 def dataloader_facts(desc: dict | None, dataset_path: str | None = None, step_time_s: float | None = None,
-                     batches: int = 5) -> dict | None:
+                     batches: int = 5) -> DataLoaderFacts | None:
     """The DataLoader as described, and (with a dataset module) the measured time per batch."""
     if not desc and not dataset_path:
         return None
     desc = {k: (desc or {}).get(k) for k in LOADER_KEYS}
-    facts = {"described": desc, "loader_s_per_batch": None, "step_time_s": step_time_s, "loader_fraction": None,
-             "note": None}
+    per_batch = note = fraction = None
     if dataset_path:
         from diagnostics.analyses.checklist.dataset import load_dataset, time_loader
 
         dataset = load_dataset(dataset_path)
         per_batch, note = time_loader(dataset, desc, batches)
-        facts["loader_s_per_batch"] = per_batch
-        facts["note"] = note
         if step_time_s and per_batch is not None:
-            facts["loader_fraction"] = per_batch / (per_batch + step_time_s)
-    return facts
+            fraction = per_batch / (per_batch + step_time_s)
+    return DataLoaderFacts(described=LoaderSettings(**desc), loader_s_per_batch=per_batch, step_time_s=step_time_s,
+                           loader_fraction=fraction, note=note)
 
 
 # ----------------------------------------------------------------------------- all together
@@ -408,15 +417,17 @@ def collect_facts(loaded, options: dict | None = None, progress: Callable[[float
         except Exception as e:
             errors["forward"] = f"{type(e).__name__}: {str(e)[:300]}"
             forward = None
-        if forward is not None and static["n_conv2d"]:
+        if forward is not None and static.n_conv2d:
             x = next((t for t in loaded.inputs if t.dim() == 4), None)
-            forward["conv_input_channels_last"] = (
-                None if x is None else bool(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()))
+            channels_last = None if x is None else bool(
+                x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous())
+            forward = msgspec.structs.replace(forward, conv_input_channels_last=channels_last)
         measured = None if options["skip_measured"] else measured_facts(
             loaded, model, iters=options["iters"],
             profile_steps=options["profile_steps"], make_inputs=loaded.make_inputs,
             batch_size=loaded.batch_size, progress=progress, errors=errors)
-    step_s = ((measured or {}).get("train_step") or {}).get("median_s")
+    timed = got(measured.train_step) if measured is not None else None
+    step_s = timed.median_s if timed is not None else None
     progress(0.9, "data loader")
     try:
         dataloader = dataloader_facts(options["dataloader"], options["dataset_path"], step_s)

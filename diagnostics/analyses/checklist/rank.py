@@ -14,6 +14,7 @@ attribute (an analysis never imports another's result type).
 
 from __future__ import annotations
 
+from diagnostics.analyses.checklist.rule_form import got, measured
 from diagnostics.findings import Finding, FixFirst, rank_fix_first
 from diagnostics.units import speedup_text
 
@@ -69,22 +70,23 @@ def from_findings(checklist, trials: list = ()) -> list[FixFirst]:
     probes measured where they did."""
     out = []
     facts = checklist.facts
-    measured = facts.measured or {}
+    probes = measured(facts)
+    inf, probe = got(probes.inference), got(probes.batch_probe)
+    loader_s = facts.dataloader.loader_s_per_batch if facts.dataloader else None
     for f in checklist.findings:
         if not f.flagged:
             continue
         saving, how = None, "not estimated"
-        if f.id == "inference_mode" and measured.get("inference"):
-            inf = measured["inference"]
-            saving = (inf["train_grad_forward_s"] - inf["eval_inference_forward_s"]) * 1e3
+        if f.id == "inference_mode" and inf:
+            saving = (inf.train_grad_forward_s - inf.eval_inference_forward_s) * 1e3
             how = "measured: train-mode forward vs eval + inference_mode, interleaved (per forward)"
-        elif f.id == "batch_size" and measured.get("batch_probe") and "more than" in f.evidence:
-            p1, p2 = measured["batch_probe"]["points"]
-            saving = (p1["median_s"] - p2["median_s"] * p1["batch_size"] / p2["batch_size"]) * 1e3
-            how = (f"measured: time for {p1['batch_size']} samples at batch {p1['batch_size']} vs at batch "
-                   f"{p2['batch_size']} (interleaved)")
-        elif f.id == "dataloader_time" and (facts.dataloader or {}).get("loader_s_per_batch"):
-            saving = facts.dataloader["loader_s_per_batch"] * 1e3
+        elif f.id == "batch_size" and probe and "more than" in f.evidence:
+            p1, p2 = probe.points
+            saving = (p1.median_s - p2.median_s * p1.batch_size / p2.batch_size) * 1e3
+            how = (f"measured: time for {p1.batch_size} samples at batch {p1.batch_size} vs at batch "
+                   f"{p2.batch_size} (interleaved)")
+        elif f.id == "dataloader_time" and loader_s:
+            saving = loader_s * 1e3
             how = "measured: loading one batch, if it stops overlapping the step (workers, prefetch)"
         measured_by_trial = trial_evidence(f, list(trials))
         out.append(_entry(f.title, None if saving is None else max(0.0, saving), how, f"checklist: {f.id}",

@@ -1,11 +1,12 @@
 """What every checklist rule shares: the Rule form (a fix written "purpose:<id>" follows the checklist's purpose)
-and the readers of the typed ``Facts`` (``measured``, ``on_cuda``, ``pct``).
+and the readers of the typed ``Facts`` (``measured``, ``profile``, ``got``, ``on_cuda``, ``pct``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from diagnostics.analyses.checklist.records import MeasuredFacts, ProfileFacts, got  # noqa: F401 (got: the rules')
 from diagnostics.findings import Rule as FindingRule
 from diagnostics.findings import not_applicable
 
@@ -31,18 +32,22 @@ class Rule(FindingRule):
 na = not_applicable
 
 
-def measured(facts, *keys):
-    """facts.measured[k1][k2]... or None when any level is missing (or nothing was measured)."""
-    cur = facts.measured
-    for k in keys:
-        if not isinstance(cur, dict):
-            return None
-        cur = cur.get(k)
-    return cur
+#: The measured section of a checklist run with skip_measured: every probe UNSET (not measured here).
+NOTHING_MEASURED = MeasuredFacts()
+
+
+def measured(facts) -> MeasuredFacts:
+    """The facts' measured section (every probe UNSET when nothing was measured); read a probe with ``got``."""
+    return facts.measured if facts.measured is not None else NOTHING_MEASURED
+
+
+def profile(facts) -> ProfileFacts | None:
+    """The profiled training step's facts, or None (not profiled, or the profile failed)."""
+    return got(measured(facts).profile)
 
 
 def on_cuda(facts) -> bool:
-    return facts.env.get("device_type") == "cuda"
+    return facts.env.device_type == "cuda"
 
 
 def pct(x: float) -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from diagnostics.analyses.checklist.design_rules import (check_dead_units, check_dropout_bn_mode, check_gradient_flow,
                                                          check_gradients_nonfinite, check_hidden_activations, check_init,
                                                          check_layer_widths, check_redundant_layers)
-from diagnostics.analyses.checklist.rule_form import Rule, measured, na, on_cuda, pct
+from diagnostics.analyses.checklist.records import LoaderSettings
+from diagnostics.analyses.checklist.rule_form import Rule, got, measured, na, on_cuda, pct, profile
 from diagnostics.analyses.checklist.thresholds import (
     BATCH_GAIN_MIN, COMMUNICATION_FRACTION_MAX, DATALOADER_FRACTION_MAX, GPU_UTILIZATION_MIN, INFERENCE_SPEEDUP_MIN,
     LAUNCH_BOUND_MEDIAN_US, LAUNCH_BOUND_MIN_OPS, MEMORY_GROWTH_MAX_BYTES, PEAK_MEMORY_FRACTION_MAX, PREFETCH_FACTOR_MIN,
@@ -21,6 +22,7 @@ from diagnostics.analyses.checklist.thresholds import (
 # The finding's form is shared with every part that judges a run (diagnostics.findings); the page and the
 # charts read its categories and statuses from here.
 from diagnostics.findings import CATEGORIES, SCORED, STATUS_COLOR, STATUS_LABEL, STATUSES, Finding  # noqa: F401
+from diagnostics.results import to_plain
 from diagnostics.units import human_bytes, speedup_text
 
 
@@ -30,14 +32,14 @@ def check_dataloader_time(f):
     dl = f.dataloader
     if not dl:
         return na("no DataLoader given")
-    frac = dl.get("loader_fraction")
+    frac = dl.loader_fraction
     if frac is None:
         return na("no dataset module given: loader time was not measured")
-    nums = {"loader_s_per_batch": dl["loader_s_per_batch"], "step_time_s": dl["step_time_s"], "fraction": frac}
-    ev = (f"loading a batch took {dl['loader_s_per_batch'] * 1e3:.2f} ms against a {dl['step_time_s'] * 1e3:.2f} ms "
+    nums = {"loader_s_per_batch": dl.loader_s_per_batch, "step_time_s": dl.step_time_s, "fraction": frac}
+    ev = (f"loading a batch took {dl.loader_s_per_batch * 1e3:.2f} ms against a {dl.step_time_s * 1e3:.2f} ms "
           f"training step: {pct(frac)} of the step (max {pct(DATALOADER_FRACTION_MAX)})")
-    if dl.get("note"):
-        ev += f"; {dl['note']}"
+    if dl.note:
+        ev += f"; {dl.note}"
     if frac > DATALOADER_FRACTION_MAX:
         return ("fail", ev, "Use more DataLoader workers (num_workers), pin_memory and prefetching, or move "
                 "preprocessing out of __getitem__ (precompute, or do it on the GPU).", nums)
@@ -45,13 +47,14 @@ def check_dataloader_time(f):
 
 
 def check_communication(f):
-    frac = measured(f, "profile", "communication_fraction")
+    p = profile(f)
+    frac = p.communication_fraction if p else None
     if not on_cuda(f):
         return na("no CUDA: communication kernels are not traced")
-    if f.env.get("world_size", 1) <= 1 and not frac:
+    if f.env.world_size <= 1 and not frac:
         return na("not distributed (world size 1)")
     frac = frac or 0.0
-    families = ", ".join(measured(f, "profile", "communication_families") or []) or "none matched a known family"
+    families = ", ".join(p.communication_families if p else ()) or "none matched a known family"
     ev = (f"communication kernels ({families}) took {pct(frac)} of kernel time "
           f"(max {pct(COMMUNICATION_FRACTION_MAX)})")
     if frac > COMMUNICATION_FRACTION_MAX:
@@ -63,7 +66,7 @@ def check_communication(f):
 def check_gpu_utilization(f):
     if not on_cuda(f):
         return na("no CUDA")
-    u = measured(f, "profile", "gpu_busy_fraction")
+    u = p.gpu_busy_fraction if (p := profile(f)) else None
     if u is None:
         return na("no GPU kernels were traced")
     ev = f"a GPU kernel was running {pct(u)} of the training step (min {pct(GPU_UTILIZATION_MIN)})"
@@ -76,11 +79,12 @@ def check_gpu_utilization(f):
 def check_tensor_cores(f):
     if not on_cuda(f):
         return na("no CUDA")
-    cc = f.env.get("compute_capability") or 0
+    cc = f.env.compute_capability or 0
     if cc < TENSOR_CORE_MIN_CC:
         return na(f"compute capability {cc} has no Tensor Cores (needs >= {TENSOR_CORE_MIN_CC})")
-    eligible = measured(f, "profile", "eligible_ops") or []
-    tc = measured(f, "profile", "tensor_core_kernels") or []
+    p = profile(f)
+    eligible = p.eligible_ops if p else ()
+    tc = p.tensor_core_kernels if p else ()
     if not eligible:
         return na("no matmul / convolution ops in the step")
     nums = {"eligible_ops": len(eligible), "tensor_core_kernels": len(tc), "compute_capability": cc}
@@ -94,7 +98,7 @@ def check_tensor_cores(f):
 def check_peak_memory(f):
     if not on_cuda(f):
         return na("no CUDA: device memory limits apply to GPUs")
-    peak, total = measured(f, "peak_bytes"), f.env.get("device_memory_bytes")
+    peak, total = got(measured(f).peak_bytes), f.env.device_memory_bytes
     if peak is None or not total:
         return na("peak memory was not measured")
     frac = peak / total
@@ -108,9 +112,9 @@ def check_peak_memory(f):
 
 def check_data_parallel(f):
     s = f.static
-    if not s.get("data_parallel"):
+    if not s.data_parallel:
         return "pass", "the model is not wrapped in nn.DataParallel", "", {"devices": 0}
-    n = s.get("data_parallel_devices", 0)
+    n = s.data_parallel_devices
     if n > 1:
         return ("fail", f"nn.DataParallel over {n} devices", "Use DistributedDataParallel (one process per GPU): "
                 "DataParallel replicates the model every step and is GIL-bound.", {"devices": n})
@@ -120,9 +124,9 @@ def check_data_parallel(f):
 
 def check_ddp_backend(f):
     s = f.static
-    if not s.get("ddp"):
+    if not s.ddp:
         return na("the model is not wrapped in DistributedDataParallel")
-    backend = s.get("dist_backend")
+    backend = s.dist_backend
     if on_cuda(f) and backend != "nccl":
         return ("fail", f"DDP on CUDA with backend {backend!r}", "Use the NCCL backend for GPU training: "
                 "torch.distributed.init_process_group('nccl').", {})
@@ -131,14 +135,14 @@ def check_ddp_backend(f):
 
 # ---------------------------------------------------------------------------- memory
 def check_saved_activations(f):
-    saved, total = measured(f, "saved_activation_bytes"), f.env.get("device_memory_bytes")
+    saved, total = got(measured(f).saved_activation_bytes), f.env.device_memory_bytes
     if saved is None or not total:
         return na("saved activations were not measured")
     frac = saved / total
     nums = {"saved_bytes": saved, "device_memory_bytes": total, "fraction": frac,
-            "param_bytes": f.static.get("param_bytes")}
+            "param_bytes": f.static.param_bytes}
     ev = (f"autograd saves {human_bytes(saved)} for backward at batch {f.batch_size} ({pct(frac)} of "
-          f"{human_bytes(total)}; parameters: {human_bytes(f.static.get('param_bytes'))})")
+          f"{human_bytes(total)}; parameters: {human_bytes(f.static.param_bytes)})")
     if frac > SAVED_ACTIVATION_FRACTION_MAX:
         return ("warn", ev, "Use activation checkpointing (torch.utils.checkpoint) on the largest blocks, or mixed "
                 "precision, to trade compute for memory.", nums)
@@ -148,7 +152,7 @@ def check_saved_activations(f):
 def check_memory_growth(f):
     if not on_cuda(f):
         return na("no CUDA: allocator growth is tracked on GPUs")
-    g = measured(f, "memory_growth_bytes_per_step")
+    g = got(measured(f).memory_growth_bytes_per_step)
     if g is None:
         return na("not measured")
     ev = f"allocated memory grew {human_bytes(g)} per step over repeated steps (max {human_bytes(MEMORY_GROWTH_MAX_BYTES)})"
@@ -160,7 +164,7 @@ def check_memory_growth(f):
 
 def check_inplace(f):
     s = f.static
-    n_not, n_in = len(s.get("not_inplace_activations", [])), s.get("inplace_activations", 0)
+    n_not, n_in = len(s.not_inplace_activations), s.inplace_activations
     if not (n_not or n_in):
         return na("no activation modules that can run in place")
     nums = {"inplace": n_in, "not_inplace": n_not}
@@ -174,9 +178,9 @@ def check_inplace(f):
 def check_cudnn_benchmark(f):
     if not on_cuda(f):
         return na("no CUDA")
-    if not f.static.get("n_conv"):
+    if not f.static.n_conv:
         return na("no convolutions")
-    if not f.env.get("cudnn_benchmark"):
+    if not f.env.cudnn_benchmark:
         return ("warn", "torch.backends.cudnn.benchmark is off", "With fixed input shapes, set "
                 "torch.backends.cudnn.benchmark = True to pick the fastest convolution algorithms.", {})
     return "pass", "cudnn.benchmark is on", "", {}
@@ -185,10 +189,10 @@ def check_cudnn_benchmark(f):
 def check_tf32(f):
     if not on_cuda(f):
         return na("no CUDA")
-    cc = f.env.get("compute_capability") or 0
+    cc = f.env.compute_capability or 0
     if cc < TF32_MIN_CC:
         return na(f"compute capability {cc} has no TF32 (needs >= {TF32_MIN_CC})")
-    mm, cd = f.env.get("matmul_allow_tf32"), f.env.get("cudnn_allow_tf32")
+    mm, cd = f.env.matmul_allow_tf32, f.env.cudnn_allow_tf32
     if not mm:
         return ("warn", f"TF32 matmuls are off (matmul.allow_tf32={mm}, cudnn.allow_tf32={cd})",
                 "torch.set_float32_matmul_precision('high') makes fp32 matmuls use TF32 Tensor Cores.", {})
@@ -200,10 +204,10 @@ def check_sync_points(f):
         # .item() on a CPU tensor is a memory read: there is no device to wait for. Many of them in a
         # loop are a vectorisation problem, which python_loops reports.
         return na("no GPU (CUDA): host reads such as .item() cost no device synchronisation on CPU")
-    sync = measured(f, "profile", "sync_per_step")
-    if sync is None:
+    p = profile(f)
+    if p is None:
         return na("the step was not profiled")
-    n = measured(f, "profile", "sync_points_per_step") or 0
+    sync, n = p.sync_per_step, p.sync_points_per_step or 0
     nums = dict(sync, total=n)
     detail = ", ".join(f"{k} {v:g}" for k, v in sync.items() if v)
     ev = f"{n:g} CPU-GPU sync points per step" + (f" ({detail})" if detail else "")
@@ -218,13 +222,13 @@ def check_sync_points(f):
 
 
 def check_launch_bound(f):
-    p = measured(f, "profile")
+    p = profile(f)
     if p is None:
         return na("the step was not profiled")
-    if on_cuda(f) and p.get("kernels_per_step"):
-        n, med, what = p["kernels_per_step"], p.get("median_kernel_us"), "kernels"
+    if on_cuda(f) and p.kernels_per_step:
+        n, med, what = p.kernels_per_step, p.median_kernel_us, "kernels"
     else:
-        n, med, what = p.get("ops_per_step"), p.get("median_op_us"), "operators"
+        n, med, what = p.ops_per_step, p.median_op_us, "operators"
     if not n or med is None:
         return na("no ops were traced")
     nums = {"per_step": n, "median_us": med}
@@ -237,14 +241,13 @@ def check_launch_bound(f):
 
 
 def check_tensor_copies(f):
-    p = measured(f, "profile")
+    p = profile(f)
     if p is None:
         return na("the step was not profiled")
-    frac = p.get("layout_copy_fraction")
+    frac = p.layout_copy_fraction
     if frac is None:
         return na("no operator time was traced")
-    n, us, kind = p.get("layout_copies_per_step", 0), p.get("layout_copy_us_per_step", 0), p.get(
-        "layout_copy_time_kind", "operator")
+    n, us, kind = p.layout_copies_per_step, p.layout_copy_us_per_step, p.layout_copy_time_kind
     nums = {"copies_per_step": n, "copy_us_per_step": us, "fraction": frac}
     ev = (f"{n:g} layout copies per step in the forward (.contiguous() / .clone() / reshape of a view) took "
           f"{us / 1e3:.2f} ms, {pct(frac)} of the step's {kind} time (max {pct(TENSOR_COPY_FRACTION_MAX)})")
@@ -257,11 +260,11 @@ def check_tensor_copies(f):
 
 
 def check_python_loops(f):
-    p = measured(f, "profile")
+    p = profile(f)
     if p is None:
         return na("the step was not profiled")
-    ops = p.get("element_ops_per_step")
-    top = p.get("ops_per_step")
+    ops = p.element_ops_per_step
+    top = p.ops_per_step
     if ops is None or not top:
         return na("no ops were traced")
     n = sum(ops.values())
@@ -283,11 +286,11 @@ def check_python_loops(f):
 
 def check_compile(f):
     s = f.static
-    if s.get("compiled"):
+    if s.compiled:
         return "pass", "the model is torch.compile'd", "", {}
-    if s.get("torchscript"):
+    if s.torchscript:
         return "pass", "the model is TorchScript (already graph-compiled)", "", {}
-    if not on_cuda(f) and not f.env.get("cxx_compiler"):
+    if not on_cuda(f) and not f.env.cxx_compiler:
         return na("torch.compile on CPU needs a C++ compiler, none found")
     return ("warn", "the model is not compiled", "Try torch.compile(model) (the Optimize page measures it): it fuses "
             "elementwise ops and cuts Python overhead; the first call pays compile time.", {})
@@ -295,13 +298,13 @@ def check_compile(f):
 
 def check_channels_last(f):
     s = f.static
-    if not s.get("n_conv2d"):
+    if not s.n_conv2d:
         return na("no 2-D convolutions")
-    x_cl = (f.forward or {}).get("conv_input_channels_last")
-    nums = {"conv2d": s["n_conv2d"], "weights_channels_last": s.get("channels_last"), "input_channels_last": x_cl}
-    if s.get("channels_last") and x_cl:
+    x_cl = f.forward.conv_input_channels_last if f.forward else None
+    nums = {"conv2d": s.n_conv2d, "weights_channels_last": s.channels_last, "input_channels_last": x_cl}
+    if s.channels_last and x_cl:
         return "pass", "weights and input are channels_last", "", nums
-    return ("warn", f"{s['n_conv2d']} Conv2d layers run in NCHW (channels_first) memory format",
+    return ("warn", f"{s.n_conv2d} Conv2d layers run in NCHW (channels_first) memory format",
             "model.to(memory_format=torch.channels_last) and the same for inputs: cuDNN (Tensor Cores) and oneDNN "
             "convolutions prefer NHWC.", nums)
 
@@ -315,33 +318,34 @@ def _surely_above(ci, threshold: float, noise=None) -> bool:
 
 
 def check_graph_breaks(f):
-    c = measured(f, "compile")
+    c = got(measured(f).compile)
     if c is None:
         return na("graph breaks were not checked (torch._dynamo.explain did not run on this model)")
-    n = c["graph_break_count"]
-    nums = {"graph_count": c["graph_count"], "graph_break_count": n, "breaks": c["breaks"]}
+    n = c.graph_break_count
+    nums = {"graph_count": c.graph_count, "graph_break_count": n, "breaks": to_plain(c.breaks)}
     if n == 0:
-        return "pass", f"Dynamo captures the forward as {c['graph_count']} graph(s) with no break", "", nums
-    where = "; ".join(f"{b['location']}: {b['reason']}" for b in c["breaks"][:3])
-    return ("warn", f"{n} graph break(s) split the forward into {c['graph_count']} graphs ({where})",
+        return "pass", f"Dynamo captures the forward as {c.graph_count} graph(s) with no break", "", nums
+    where = "; ".join(f"{b.location}: {b.reason}" for b in c.breaks[:3])
+    return ("warn", f"{n} graph break(s) split the forward into {c.graph_count} graphs ({where})",
             "Each break hands control back to Python and gives back part of torch.compile's speed-up. The Compile "
             "page (python -m diagnostics compile) lists every break with its source line and the rewrite that "
             "removes it.", nums)
 
 
 def check_batch_size(f):
-    bp = measured(f, "batch_probe")
+    bp = got(measured(f).batch_probe)
     b = f.batch_size
     if bp is None:
         return na("the batch-size probe did not run")
-    gain, ci = bp["throughput_gain_2x"], bp.get("throughput_gain_ci")
-    nums = {"batch_size": b, "throughput_gain_2x": gain, "throughput_gain_ci": ci, "points": bp["points"]}
-    p1, p2 = bp["points"]
-    change = "more" if p2["samples_per_s"] > p1["samples_per_s"] else "fewer"
-    ev = (f"at batch {p1['batch_size']}: {p1['samples_per_s']:.0f} samples/s; at {p2['batch_size']}: "
-          f"{p2['samples_per_s']:.0f} samples/s ({change} samples/s: throughput {speedup_text(gain, ci)}, "
-          f"{bp.get('rounds', '?')} interleaved rounds)")
-    if _surely_above(ci, BATCH_GAIN_MIN, bp.get("control_ci")):
+    gain, ci = bp.throughput_gain_2x, bp.throughput_gain_ci
+    nums = {"batch_size": b, "throughput_gain_2x": gain, "throughput_gain_ci": to_plain(ci),
+            "points": to_plain(bp.points)}
+    p1, p2 = bp.points
+    change = "more" if p2.samples_per_s > p1.samples_per_s else "fewer"
+    ev = (f"at batch {p1.batch_size}: {p1.samples_per_s:.0f} samples/s; at {p2.batch_size}: "
+          f"{p2.samples_per_s:.0f} samples/s ({change} samples/s: throughput {speedup_text(gain, ci)}, "
+          f"{bp.rounds} interleaved rounds)")
+    if _surely_above(ci, BATCH_GAIN_MIN, bp.control_ci):
         return ("warn", ev + f", more than x{BATCH_GAIN_MIN}", "A larger batch (if memory and the optimisation "
                 "allow) raises throughput: the device is not saturated at this batch size.", nums)
     if gain > BATCH_GAIN_MIN:
@@ -353,7 +357,7 @@ def check_batch_size(f):
 
 
 def check_mixed_precision(f):
-    dt = f.static.get("param_dtypes", {})
+    dt = f.static.param_dtypes
     if not dt:
         return na("no parameters")
     low = sum(v for k, v in dt.items() if k in ("float16", "bfloat16"))
@@ -369,10 +373,10 @@ def check_mixed_precision(f):
 
 # ---------------------------------------------------------------------------- deployment
 def check_conv_bn_fusion(f):
-    pairs = (f.forward or {}).get("conv_bn_pairs")
+    pairs = f.forward.conv_bn_pairs if f.forward else None
     if pairs is None:
         return na("the forward pass could not be traced")
-    if not f.static.get("n_batchnorm"):
+    if not f.static.n_batchnorm:
         return na("no BatchNorm layers")
     if pairs:
         return ("warn", f"{len(pairs)} Conv -> BatchNorm pairs can be fused for inference "
@@ -383,17 +387,17 @@ def check_conv_bn_fusion(f):
 
 
 def check_inference_mode(f):
-    inf = measured(f, "inference")
+    inf = got(measured(f).inference)
     if inf is None:
         return na("not measured")
-    sp, ci = inf.get("speedup") or 0, inf.get("speedup_ci")
-    nums = dict(inf)
+    sp, ci = inf.speedup or 0, inf.speedup_ci
+    nums = to_plain(inf)
     # "speed-up" only where the time went down: the two times are the ones the ratio is made of
     word = "speed-up" if sp > 1 else "slow-down" if sp < 1 else "no change"
-    ev = (f"forward in train mode with grad: {inf['train_grad_forward_s'] * 1e3:.2f} ms; eval() + inference_mode: "
-          f"{inf['eval_inference_forward_s'] * 1e3:.2f} ms ({word} {speedup_text(sp, ci, inf.get('verdict'))}, "
-          f"{inf.get('rounds', '?')} interleaved rounds)")
-    if _surely_above(ci, INFERENCE_SPEEDUP_MIN, inf.get("control_ci")):
+    ev = (f"forward in train mode with grad: {inf.train_grad_forward_s * 1e3:.2f} ms; eval() + inference_mode: "
+          f"{inf.eval_inference_forward_s * 1e3:.2f} ms ({word} {speedup_text(sp, ci, inf.verdict)}, "
+          f"{inf.rounds} interleaved rounds)")
+    if _surely_above(ci, INFERENCE_SPEEDUP_MIN, inf.control_ci):
         return ("warn", ev, "For inference call model.eval() and run under torch.inference_mode(): no autograd "
                 "graph, no saved tensors, no version counters.", nums)
     if sp >= INFERENCE_SPEEDUP_MIN:
@@ -402,19 +406,18 @@ def check_inference_mode(f):
 
 
 # ---------------------------------------------------------------------------- data pipeline
-def _dl(f):
-    dl = f.dataloader
-    return None if not dl else dl.get("described") or {}
+def _dl(f) -> LoaderSettings | None:
+    return f.dataloader.described if f.dataloader else None
 
 
 def check_num_workers(f):
     d = _dl(f)
     if d is None:
         return na("no DataLoader given")
-    w = d.get("num_workers")
+    w = d.num_workers
     if w is None:
         return na("num_workers not given")
-    cpus = f.env.get("cpu_count") or 1
+    cpus = f.env.cpu_count or 1
     if int(w) == 0:
         return ("warn", "num_workers=0: batches are loaded in the training process, between steps",
                 f"Use num_workers > 0 (up to the {cpus} CPU cores) so loading overlaps compute.", {"num_workers": 0})
@@ -430,7 +433,7 @@ def check_pin_memory(f):
         return na("no DataLoader given")
     if not on_cuda(f):
         return na("no CUDA: pinned memory speeds host-to-GPU copies")
-    if not d.get("pin_memory"):
+    if not d.pin_memory:
         return ("warn", "pin_memory=False", "pin_memory=True with .to(device, non_blocking=True) makes copies "
                 "asynchronous.", {})
     return "pass", "pin_memory=True", "", {}
@@ -440,10 +443,10 @@ def check_prefetch(f):
     d = _dl(f)
     if d is None:
         return na("no DataLoader given")
-    w = int(d.get("num_workers") or 0)
+    w = int(d.num_workers or 0)
     if w == 0:
         return na("prefetch_factor and persistent_workers need num_workers > 0")
-    pf, pw = d.get("prefetch_factor"), d.get("persistent_workers")
+    pf, pw = d.prefetch_factor, d.persistent_workers
     problems = []
     if pf is not None and int(pf) < PREFETCH_FACTOR_MIN:
         problems.append(f"prefetch_factor={pf} (< {PREFETCH_FACTOR_MIN})")

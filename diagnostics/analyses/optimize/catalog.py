@@ -3,9 +3,9 @@ when it applies. No torch here, so the page and the CLI list fixes and check the
 without loading it; each fix's ``recipe`` names the function in fixes.py (deploy.py for the
 deployment trials, static_int8 and onnxruntime) that applies it.
 
-``applies(facts) -> (bool, why_not)`` reads the plain facts dict the checklist collects
-(``static``, ``env``, ``forward``; ``source``: the model's source, "export" for a .pt2), so a fix that
-cannot help says why instead of running.
+``applies(facts) -> (bool, why_not)`` reads the model's facts as the checklist's sections type them
+(``static``: measure.records.StaticFacts, ``env``: Environment, ``forward``: ForwardFacts or None; ``source``:
+the model's source, "export" for a .pt2), so a fix that cannot help says why instead of running.
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ from typing import Callable
 
 from diagnostics.declare import Option, OptionError
 from diagnostics.errors import TorchScopeError
+from diagnostics.measure.records import Environment, StaticFacts
 
 
-def _static(facts) -> dict:
-    return facts.get("static") or {}
+def _static(facts) -> StaticFacts:
+    return facts["static"]
 
 
-def _env(facts) -> dict:
-    return facts.get("env") or {}
+def _env(facts) -> Environment:
+    return facts["env"]
 
 
 def always(_facts) -> tuple[bool, str]:
@@ -47,9 +48,9 @@ def torchscript_why(facts, what: str, kinds: tuple[str, ...]) -> str | None:
     """Why a fix that swaps, fuses or rewrites modules cannot apply to a TorchScript program (its modules
     are compiled code), naming the ones of ``kinds`` it holds; None for a Python model."""
     s = _static(facts)
-    if not s.get("torchscript"):
+    if not s.torchscript:
         return None
-    held = s.get("script_types") or {}
+    held = s.script_types
     found = [f"{held[k]} {k}" for k in kinds if held.get(k)]
     has = f" (its {' and '.join(found)} layers are compiled code)" if found else ""
     return (f"the model is TorchScript{has}: {what} needs the Python nn.Module; apply it to the Python model, "
@@ -78,7 +79,7 @@ def applies_channels_last(facts):
     ts = torchscript_why(facts, "converting weights to channels_last", ("Conv2d",))
     if ts:
         return False, ts
-    return (True, "") if _static(facts).get("n_conv2d") else (False, "no Conv2d layers: memory format does not matter")
+    return (True, "") if _static(facts).n_conv2d else (False, "no Conv2d layers: memory format does not matter")
 
 
 def applies_conv_bn_fusion(facts):
@@ -87,9 +88,10 @@ def applies_conv_bn_fusion(facts):
     ts = torchscript_why(facts, "fusing BatchNorm into the convolution before it", ("Conv2d", "BatchNorm2d"))
     if ts:
         return False, ts
-    if not _static(facts).get("n_batchnorm"):
+    if not _static(facts).n_batchnorm:
         return False, "no BatchNorm layers"
-    pairs = (facts.get("forward") or {}).get("conv_bn_pairs")
+    forward = facts.get("forward")
+    pairs = forward.conv_bn_pairs if forward is not None else None
     if pairs is not None and not pairs:
         return False, "no BatchNorm directly follows a convolution"
     return True, ""
@@ -103,7 +105,7 @@ def applies_int8_dynamic(facts):
     if ts:
         return False, ts
     s = _static(facts)
-    if not (s.get("n_linear") or s.get("n_rnn")):
+    if not (s.n_linear or s.n_rnn):
         return False, "no Linear / LSTM / GRU layers to quantize (dynamic quantization leaves convolutions alone)"
     return True, ""
 
@@ -115,14 +117,14 @@ def applies_prune(facts):
     if ts:
         return False, ts
     s = _static(facts)
-    return (True, "") if (s.get("n_linear") or s.get("n_conv")) else (False, "no Linear / Conv layers")
+    return (True, "") if (s.n_linear or s.n_conv) else (False, "no Linear / Conv layers")
 
 
 def applies_compile(facts):
     env = _env(facts)
-    if env.get("device_type") != "cuda" and not env.get("cxx_compiler"):
+    if env.device_type != "cuda" and not env.cxx_compiler:
         return False, "torch.compile on CPU needs a C++ compiler (g++), none found"
-    if _static(facts).get("torchscript"):
+    if _static(facts).torchscript:
         return False, "the model is TorchScript"
     return True, ""
 
@@ -131,12 +133,12 @@ def applies_static_int8(facts):
     s = _static(facts)
     # an exported program keeps no nn.Linear / nn.Conv modules, but PT2E quantizes its graph's ops (and
     # says so when it finds none)
-    if not (s.get("n_conv") or s.get("n_linear")) and not _exported(facts):
+    if not (s.n_conv or s.n_linear) and not _exported(facts):
         return False, "no Conv / Linear layers: static int8 quantizes convolutions and linear layers"
-    if s.get("torchscript"):
+    if s.torchscript:
         return False, ("the model is TorchScript: PT2E quantization captures it with torch.export, which does not "
                        "take one")
-    if _env(facts).get("device_type", "cpu") != "cpu":
+    if _env(facts).device_type != "cpu":
         return False, "static int8 with the X86 quantizer is for CPU inference"
     return True, ""
 
@@ -253,16 +255,16 @@ def check_params(params: dict) -> dict:
 
 # ----------------------------------------------------------------------------- training fixes
 def applies_checkpointing(facts):
-    if _static(facts).get("torchscript"):
+    if _static(facts).torchscript:
         return False, "the model is TorchScript: its blocks cannot be wrapped"
     return True, ""
 
 
 def applies_qat(facts):
     s = _static(facts)
-    if s.get("torchscript"):
+    if s.torchscript:
         return False, "the model is TorchScript"
-    if not s.get("n_linear"):
+    if not s.n_linear:
         return False, "no Linear layers: torchao's quantization-aware training fake-quantizes Linear layers"
     return True, ""
 

@@ -189,7 +189,7 @@ def apply_conv_bn_fusion(model, inputs, opts):
         return fused, [f"torch.fx fuse: {n_bn - left} of {n_bn} BatchNorm layers folded into their convolutions"]
     except Exception as e:  # models torch.fx cannot trace (data-dependent control flow, ...)
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-    pairs = forward_facts(model, inputs)["conv_bn_pairs"]
+    pairs = forward_facts(model, inputs).conv_bn_pairs
     n = _fuse_pairs(model, pairs)
     model.eval()
     return model, [f"torch.fx could not trace the model ({why}); fused {n} Conv -> BN pairs found by tensor identity "

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from diagnostics.declare import Analysis, Option, column, metric, table
 from diagnostics.results import UNSET, ModelInput, Record, Result, UnsetType
+from diagnostics.trace.records.timeline import Timeline, from_legacy, is_legacy
 
 MODES = ("inference", "train")
 OPTIMIZERS = ("sgd", "adamw")
@@ -243,9 +244,9 @@ class ProfileResult(Result, frozen=True, kw_only=True):
     modules: Annotated[tuple[ModuleRow, ...], table("Modules")]
     modules_note: str | None
     kernels: Annotated[tuple[KernelRow, ...], table("GPU kernels")]
-    #: the trace layer's timeline (diagnostics.trace.profiler_tables.timeline), drawn by render.charts.timeline,
-    #: which the Trace explorer's results share: a plain dict until those are typed too
-    timeline: dict[str, Any]
+    #: the last cycle's timeline (diagnostics.trace.profiler_tables.timeline: the trace layer's, with input
+    #: shapes), the record the Trace explorer's results hold, drawn by render.charts.timeline
+    timeline: Timeline
     roofline: Annotated[tuple[RooflineRow, ...], table("Roofline per operator")]
     roofs: Roofs | None
     artifacts: Artifacts
@@ -253,6 +254,13 @@ class ProfileResult(Result, frozen=True, kw_only=True):
     flops_not_counted: tuple[NotCounted, ...]
     roofline_unavailable: str | UnsetType = UNSET
     torch_version: str
+
+    @classmethod
+    def upgrade(cls, plain: dict) -> dict:
+        """Runs stored before the timeline was typed hold it in ms with lanes as labels: read as a Timeline."""
+        if is_legacy(plain.get("timeline")):
+            return {**plain, "timeline": from_legacy(plain["timeline"])}
+        return plain
 
 
 ANALYSIS = Analysis(

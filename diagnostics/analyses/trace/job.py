@@ -5,8 +5,7 @@ dashboard. After the first open the parsed columns are kept next to the run (Arr
 part the page asks for again with other options is recomputed from them alone, not by the whole
 job (~14 parts): the timeline for another time range (analyze_timeline) and another step's critical
 path (analyze_critical_path). Each job returns its typed result (result.py), put together from the records
-the trace layer's producers return (diagnostics.trace.records); the ranks' view, which analyse_ranks still
-returns as a plain dict, is typed here (results.build, strict).
+the trace layer's producers return (diagnostics.trace.records), the ranks' view too (trace.ranks.analyse -> Ranks).
 """
 
 from __future__ import annotations
@@ -24,13 +23,13 @@ from diagnostics.analyses.trace.result import (
     TracePartial, TraceTimelineResult,
 )
 from diagnostics.errors import TorchScopeError
-from diagnostics.results import build, to_plain
+from diagnostics.results import to_plain
 from diagnostics.settings import check_server_path, trace_cache_dir
 from diagnostics.trace import cache as trace_cache
 from diagnostics.trace.cache import cached_load
 from diagnostics.trace.serving import serving
 from diagnostics.trace.errors import TraceError
-from diagnostics.trace.ranks import analyse_ranks
+from diagnostics.trace.ranks import analyse as analyse_ranks
 from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.classify import communication, use_comm_kernels
 from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
@@ -176,15 +175,14 @@ def hta_steps(options, rows: int) -> dict:
 
 
 def _ranks(ctx, options: dict) -> Ranks:
-    """Several ranks' traces (the "ranks" option): diagnostics.trace.ranks.analyse_ranks, typed strictly (it
-    returns a plain dict: its map and reduce cross processes as plain data, and attach's job reads it so)."""
+    """Several ranks' traces (the "ranks" option): the trace layer's Ranks (diagnostics.trace.ranks.analyse)."""
     paths = [str(check_server_path(p, "trace")) for p in options["ranks"]]
     ctx.progress(0.92, f"{len(paths)} rank path(s): analysing each rank")
-    return build(Ranks, analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
+    return analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
                          progress=lambda f, m: ctx.progress(0.92 + 0.06 * f, m), dask=options["dask"],
                          dask_memory_limit=options["dask_memory_limit"], cache_root=trace_cache_dir(),
                          timeline_ranks=_timeline_picks(options["timeline_ranks"]),
-                         comm_kernels=options["comm_kernels"] or "", dask_trusted=options["trust_dask_scheduler"]))
+                         comm_kernels=options["comm_kernels"] or "", dask_trusted=options["trust_dask_scheduler"])
 
 
 def _timeline_picks(value: str | None):

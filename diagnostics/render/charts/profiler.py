@@ -254,7 +254,7 @@ def profile_sections(result: ProfileResult) -> list[Section]:
     if result.kernels:
         sections.append(Section("GPU kernels", figures=[build_kernel_figure(result)],
                                 tables=[("kernels", records_frame(result.kernels[:50]))]))
-    if result.timeline.get("events"):
+    if result.timeline.events:
         sections.append(Section("Timeline", figures=[build_timeline_figure(result)]))
     files = [Path(p).name for p in (result.artifacts.trace_json, result.artifacts.trace_json_gz,
                                     result.artifacts.tb_zip)]

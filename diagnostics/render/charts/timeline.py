@@ -7,16 +7,19 @@ does not fit and shows it again on zoom). Hover gives the name, lane, start, dur
 of events a merged bar stands for and, where the profile recorded them, the input shapes. A
 search dims every bar but the events whose name matches, and ``find_events`` lists them.
 
-Two input shapes are accepted: the trace analyses' typed ``Timeline`` (diagnostics.analyses.trace.result,
-from the trace layer's ``timeline_data``: times in µs, lanes as records) and the profile result's
-``timeline`` (times in ms, lanes as labels).
+It draws the trace layer's ``Timeline`` record (diagnostics/trace/records/timeline.py: times in µs,
+lanes as records), which the profile result, the trace analyses' results and the ranks' merged
+timeline all hold.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import plotly.graph_objects as go
 
-from diagnostics.analyses.trace.result import Timeline
+from diagnostics.results import given
+from diagnostics.trace.records.timeline import Timeline
 from diagnostics.render.charts.style import empty_figure
 from diagnostics.units import human_seconds
 
@@ -32,27 +35,24 @@ DEPTH_PX, LANE_MIN_PX = 20, 44
 DIMMED = 0.18
 
 
-def normalize(timeline: Timeline | dict) -> dict:
-    """{"lanes": [{label, kind, depths}], "events": [{lane (label), depth, name, cat, start_ms, dur_ms,
-    count, shapes}], "shown", "in_range", "deeper"} from either timeline shape (see the module doc)."""
-    if isinstance(timeline, Timeline):  # the trace analyses' timeline: µs, lanes as records
-        label = {l.lane: l.label or l.name or l.lane for l in timeline.lanes}
-        kinds = {label[l.lane]: l.kind for l in timeline.lanes}
-        order = [label[l.lane] for l in timeline.lanes]
-        evs = [{"lane": label.get(e.lane, e.lane), "depth": e.depth, "name": e.name, "cat": e.cat,
-                "start_ms": e.start_us / 1e3, "dur_ms": e.dur_us / 1e3, "count": e.count, "shapes": ""}
-               for e in timeline.events]
-        shown, in_range, deeper = timeline.shown, timeline.in_range, timeline.deeper
-    else:  # the profile result's timeline: ms, lanes as labels
-        events = timeline.get("events") or []
-        order = list(timeline.get("lanes") or [])
-        kinds = {l: "gpu" if l.startswith("GPU") else "cpu" for l in order}
-        evs = [{"lane": e["lane"], "depth": int(e.get("depth", 0)), "name": e["name"], "cat": e.get("cat") or "",
-                "start_ms": e["start_ms"], "dur_ms": e["dur_ms"], "count": int(e.get("count", 1)),
-                "shapes": e.get("shapes") or ""} for e in events]
-        shown, in_range = timeline.get("shown_events", len(evs)), timeline.get("total_events", len(evs))
-        deeper = int(timeline.get("deeper") or 0)
-    for e in evs:  # lanes an event names but the lane list lacks (older results) still get drawn
+class Bars(NamedTuple):
+    """The record's bars in the figure's terms: ``lanes`` [{label, kind, depths}] in drawing order, ``events``
+    [{lane (its label), depth, name, cat, start_ms, dur_ms, count, shapes}] (ms; shapes "" where none)."""
+
+    lanes: list[dict]
+    events: list[dict]
+
+
+def normalize(timeline: Timeline) -> Bars:
+    """The Timeline record's lanes and bars as the figure draws them (Bars); counts stay on the record."""
+    label = {l.lane: l.label or l.name or l.lane for l in timeline.lanes}
+    kinds = {label[l.lane]: l.kind for l in timeline.lanes}
+    order = [label[l.lane] for l in timeline.lanes]
+    evs = [{"lane": label.get(e.lane, e.lane), "depth": e.depth, "name": e.name, "cat": e.cat,
+            "start_ms": e.start_us / 1e3, "dur_ms": e.dur_us / 1e3, "count": e.count,
+            "shapes": e.shapes if given(e.shapes) else ""}
+           for e in timeline.events]
+    for e in evs:  # lanes an event names but the lane list lacks still get drawn
         if e["lane"] not in kinds:
             order.append(e["lane"])
             kinds[e["lane"]] = "cpu"
@@ -60,7 +60,7 @@ def normalize(timeline: Timeline | dict) -> dict:
     for e in evs:
         depths[e["lane"]] = max(depths.get(e["lane"], 0), e["depth"] + 1)
     lanes = [{"label": l, "kind": kinds[l], "depths": depths.get(l, 1)} for l in order if l in depths]
-    return {"lanes": lanes, "events": evs, "shown": shown, "in_range": in_range, "deeper": deeper}
+    return Bars(lanes=lanes, events=evs)
 
 
 def matches(name: str, query: str) -> bool:
@@ -71,25 +71,24 @@ def matches(name: str, query: str) -> bool:
     return q.lower() in name.lower()
 
 
-def find_events(timeline: Timeline | dict, query: str, limit: int = 200) -> list[dict]:
+def find_events(timeline: Timeline, query: str, limit: int = 200) -> list[dict]:
     """The drawn events whose name matches ``query`` (see ``matches``), longest first: lane, name,
     start (ms), duration (ms), depth, count, shapes."""
     if not query or not query.strip():
         return []
-    tl = normalize(timeline)
-    hits = [e for e in tl["events"] if matches(e["name"], query)]
+    hits = [e for e in normalize(timeline).events if matches(e["name"], query)]
     hits.sort(key=lambda e: -e["dur_ms"])
     return hits[:limit]
 
 
-def build_timeline_figure(timeline: Timeline | dict, *, search: str | None = None, title: str | None = None) -> go.Figure:
+def build_timeline_figure(timeline: Timeline, *, search: str | None = None, title: str | None = None) -> go.Figure:
     """Zoomable timeline bars (module doc); ``search`` dims the events whose name does not match."""
-    tl = normalize(timeline)
-    events = tl["events"]
+    bars = normalize(timeline)
+    events = bars.events
     if not events:
         return empty_figure(title or "Timeline", "No events in this range").update_layout(height=200)
     fig = go.Figure()
-    depth_of = {l["label"]: l["depths"] for l in tl["lanes"]}
+    depth_of = {l["label"]: l["depths"] for l in bars.lanes}
     query = (search or "").strip()
     n_hits = 0
     by_cat: dict = {}
@@ -113,10 +112,10 @@ def build_timeline_figure(timeline: Timeline | dict, *, search: str | None = Non
             hovertemplate="<b>%{customdata[0]}</b><br>%{customdata[5]}<br>start %{base:.3f} ms · duration "
                           "%{customdata[1]}%{customdata[4]}<br>depth %{customdata[2]} · stands for %{customdata[3]} "
                           "event(s)<extra>" + cat + "</extra>")
-    lanes = [l["label"] for l in tl["lanes"]]
-    deeper = tl["deeper"]
-    shown = f"{tl['shown']:,} of {tl['in_range']:,} events" + (
-        " (downsampled: the longest kept, a bar may stand for several)" if tl["shown"] < tl["in_range"] - deeper
+    lanes = [l["label"] for l in bars.lanes]
+    deeper = timeline.deeper
+    shown = f"{timeline.shown:,} of {timeline.in_range:,} events" + (
+        " (downsampled: the longest kept, a bar may stand for several)" if timeline.shown < timeline.in_range - deeper
         else "") + (f"; {deeper:,} calls nested too deep to draw" if deeper else "")
     if query:
         shown += f"; {n_hits:,} match '{query}'"

@@ -1,5 +1,6 @@
-"""Several ranks' traces of one job, as map -> reduce: analyse_ranks(paths) -> per-rank table, cross-rank
-views, "not one run" problems, and a timeline of the ranks picked.
+"""Several ranks' traces of one job, as map -> reduce: analyse(paths) -> Ranks (records/ranks.py): per-rank
+table, cross-rank views, "not one run" problems, and a timeline of the ranks picked (analyse_ranks: its plain
+form).
 
 * **map** (summary.rank_summary): each rank's file -> a small summary (steps, breakdown, collectives
   with their keys, arrival times and sizes, kernels, idle), in a local process pool or on a Dask
@@ -20,6 +21,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
+
+from diagnostics.results import UNSET, to_plain
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.ranks.checks import (
     CHECKS, START_SKEW_MAX_S, assign_ranks, check_one_run, rank_paths,
@@ -28,6 +32,12 @@ from diagnostics.trace.ranks.executors import MAX_RANK_WORKERS, MEMORY_PER_JSON_
 from diagnostics.trace.ranks.reduce import align_hosts, clock_group, collective_frame, collectives_view, heatmap, lateness, workers
 from diagnostics.trace.ranks.store import SummaryStore
 from diagnostics.trace.ranks.summary import rank_detail, rank_summary
+from diagnostics.trace.records.critical_path import CriticalPath
+from diagnostics.trace.records.ranks import (
+    Clock, CollectiveName, FailedRank, Heatmap, LateCollective, LateThresholds, MatchedCollective, Problem, RankCollectives,
+    RankRow, Ranks, RankStraggler, StepSkew, SummaryCache, TimelineError, Wait, Worker,
+)
+from diagnostics.trace.records.timeline import Timeline
 from diagnostics.trace.timeline import MAX_EVENTS, natural_key
 
 ALIGNMENT = "each rank's times start at its first profiler step (0 ms); a rank without steps at its first event"
@@ -73,19 +83,24 @@ def _summaries(files: list[str], store: SummaryStore, ex_factory, progress, comm
     return out, failed, mode
 
 
-def analyse_ranks(paths, max_events: int = MAX_EVENTS, parallel: bool | None = None,
-                  start_skew_max_s: float = START_SKEW_MAX_S, progress=None, names: dict | None = None,
-                  dask: str | None = None, dask_memory_limit: str | int | None = None,
-                  cache_root: str | Path | None = None, timeline_ranks: list | str | None = None,
-                  critical_path: bool = True, comm_kernels: str = "", dask_trusted: bool = False) -> dict:
-    """Per-rank table, cross-rank views, problems and a timeline of picked ranks (files or folders).
+def analyse_ranks(paths, **options) -> dict:
+    """``analyse(paths, **options)``'s Ranks in its plain form (to_plain): for a caller that still reads the
+    ranks' view as a dict (attach's job, which keeps it beside its own result)."""
+    return to_plain(analyse(paths, **options))
 
-    Returns {"ranks": [per-rank rows in rank order: TABLE_KEYS (medians per profiler step, ms; GPU
-    figures None on a CPU-only trace) and LATE_KEYS], "slowest_rank", "fastest_rank", "spread",
-    "problems": [{check, message}], "collectives", "stragglers", "late_collectives", "waits",
-    "thresholds", "clock", "heatmap", "critical_path" (of ``critical_path_rank``), "timeline" (merged,
-    of ``timeline_ranks``: default the slowest rank and the least late one), "alignment", "mode",
-    "workers", "cache", "n_files", "notes"}.
+
+def analyse(paths, max_events: int = MAX_EVENTS, parallel: bool | None = None,
+            start_skew_max_s: float = START_SKEW_MAX_S, progress=None, names: dict | None = None,
+            dask: str | None = None, dask_memory_limit: str | int | None = None,
+            cache_root: str | Path | None = None, timeline_ranks: list | str | None = None,
+            critical_path: bool = True, comm_kernels: str = "", dask_trusted: bool = False) -> Ranks:
+    """Per-rank table, cross-rank views, problems and a timeline of picked ranks (files or folders): the
+    Ranks record (records/ranks.py): ``ranks`` (per-rank rows in rank order: TABLE_KEYS, medians per profiler
+    step, ms; GPU figures None on a CPU-only trace; and LATE_KEYS), ``slowest_rank``, ``fastest_rank``,
+    ``spread``, ``problems``, ``collectives``, ``stragglers``, ``late_collectives``, ``waits``,
+    ``thresholds``, ``clock``, ``heatmap``, ``critical_path`` (of ``critical_path_rank``), ``timeline``
+    (merged, of ``timeline_ranks``: default the slowest rank and the least late one), ``alignment``, ``mode``,
+    ``workers``, ``cache``, ``n_files``, ``notes``.
     ``dask``: None (local processes), "local[:N]" or a scheduler address (refused unless ``dask_trusted``:
     it runs code as you, executors.REMOTE_TRUST); ``cache_root``: the trace
     cache folder (summaries kept in its SUMMARIES_DIR; None: none kept). ``names``: file path -> the
@@ -118,9 +133,38 @@ def analyse_ranks(paths, max_events: int = MAX_EVENTS, parallel: bool | None = N
             ex.close()
     if ex_holder and ex_holder[0].memory_limit:
         out["memory_limit_bytes"] = int(ex_holder[0].memory_limit)
-    out["cache"] = {"hits": store.hits, "misses": store.misses, "kept": store.root is not None}
+    out["cache"] = SummaryCache(hits=store.hits, misses=store.misses, kept=store.root is not None)
     out["seconds"] = time.perf_counter() - t_start
-    return out
+    return _record(out)
+
+
+def _record(out: dict) -> Ranks:
+    """The reduce's parts (made in this process, keyed as the records' fields: an unknown key is a TypeError)
+    and the picked ranks' details as the Ranks record; the critical path, which a worker process computed and
+    sent as plain data, is decoded against its record there."""
+    coll, lat = out["collectives"], out["heatmap"]
+    cp = out.get("critical_path")
+    return Ranks(
+        ranks=tuple(RankRow(**r) for r in out["ranks"]), slowest_rank=out["slowest_rank"],
+        fastest_rank=out["fastest_rank"], spread=out["spread"], problems=tuple(Problem(**p) for p in out["problems"]),
+        collectives=RankCollectives(
+            matched=coll["matched"], partial=coll["partial"], by_name=tuple(CollectiveName(**c) for c in coll["by_name"]),
+            widest=tuple(MatchedCollective(**c) for c in coll["widest"]),
+            by_step=tuple(StepSkew(**c) for c in coll["by_step"]), events=tuple(coll["events"]),
+            matched_by=tuple(coll["matched_by"])),
+        stragglers=tuple(RankStraggler(**r) for r in out["stragglers"]),
+        late_collectives=tuple(LateCollective(**c) for c in out["late_collectives"]),
+        waits=tuple(Wait(**w) for w in out["waits"]), thresholds=LateThresholds(**out["thresholds"]),
+        clock=Clock(**out["clock"]),
+        heatmap=Heatmap(ranks=tuple(lat["ranks"]), steps=tuple(lat["steps"]),
+                        step_ms=tuple(tuple(row) for row in lat["step_ms"]), binned=lat["binned"]),
+        critical_path_rank=out["critical_path_rank"], alignment=out["alignment"],
+        workers=tuple(Worker(**w) for w in out["workers"]), failed=tuple(FailedRank(**f) for f in out["failed"]),
+        n_files=out["n_files"], notes=tuple(out["notes"]), start_skew_max_s=out["start_skew_max_s"], mode=out["mode"],
+        timeline=out["timeline"], timeline_ranks=tuple(out["timeline_ranks"]),
+        timeline_errors=tuple(TimelineError(**e) for e in out["timeline_errors"]),
+        critical_path=msgspec.convert(cp, CriticalPath) if cp is not None else UNSET,
+        memory_limit_bytes=out.get("memory_limit_bytes", UNSET), cache=out["cache"], seconds=out["seconds"])
 
 
 def _reduce(files, summaries, failed, names, start_skew_max_s) -> dict:
@@ -240,32 +284,30 @@ def _details(out: dict, store, executor, max_events, asked, want_cp, cache_root,
         out["critical_path"] = {"rank": cp_rank, **cp}
 
 
-def merge_timelines(rows: list[dict], max_events: int) -> dict:
-    """One timeline_data-shaped dict for the given ranks (rows hold each rank's aligned "timeline"),
-    lanes "rank N · …" in rank order, at most max_events bars."""
+def merge_timelines(rows: list[dict], max_events: int) -> Timeline:
+    """One Timeline for the given ranks (rows hold each rank's aligned "timeline", timeline_data's record in
+    its plain form: it was sent by a worker process), lanes "rank N · …" in rank order, at most max_events bars."""
     lanes, events = [], []
     in_range = deeper = 0
     t0 = t1 = None
     bucket = 0.0
     names = _rank_names(rows)
     for r, name in sorted(zip(rows, names), key=lambda x: (x[0]["rank"], natural_key(x[0]["file"]))):
-        tl = r["timeline"]
+        tl = msgspec.convert(r["timeline"], Timeline)
         prefix = f"{name} · "
-        for ln in tl["lanes"]:
-            lanes.append({**ln, "lane": prefix + ln["lane"], "label": prefix + (ln.get("label") or ln["lane"]),
-                          "rank": r["rank"]})
-        for e in tl["events"]:
-            events.append({**e, "lane": prefix + e["lane"]})
-        in_range += tl["in_range"]
-        deeper += tl.get("deeper", 0)
-        bucket = max(bucket, tl.get("bucket_us") or 0.0)
-        t0 = tl["t0"] if t0 is None else min(t0, tl["t0"])
-        t1 = tl["t1"] if t1 is None else max(t1, tl["t1"])
+        lanes += [msgspec.structs.replace(ln, lane=prefix + ln.lane, label=prefix + (ln.label or ln.lane), rank=r["rank"])
+                  for ln in tl.lanes]
+        events += [msgspec.structs.replace(e, lane=prefix + e.lane) for e in tl.events]
+        in_range += tl.in_range
+        deeper += tl.deeper
+        bucket = max(bucket, tl.bucket_us)
+        t0 = tl.t0 if t0 is None else min(t0, tl.t0)
+        t1 = tl.t1 if t1 is None else max(t1, tl.t1)
     if len(events) > max_events:  # the per-rank budgets round up: keep the longest bars
-        keep = sorted(range(len(events)), key=lambda i: -events[i]["dur_us"])[:max_events]
+        keep = sorted(range(len(events)), key=lambda i: -events[i].dur_us)[:max_events]
         events = [events[i] for i in sorted(keep)]
-    return {"t0": t0 or 0.0, "t1": t1 or 0.0, "lanes": lanes, "events": events, "in_range": in_range,
-            "shown": len(events), "bucket_us": bucket, "deeper": deeper, "alignment": ALIGNMENT}
+    return Timeline(t0=t0 or 0.0, t1=t1 or 0.0, lanes=tuple(lanes), events=tuple(events), in_range=in_range,
+                    shown=len(events), bucket_us=bucket, deeper=deeper, alignment=ALIGNMENT)
 
 
 def _rank_names(rows: list[dict]) -> list[str]:
@@ -275,6 +317,6 @@ def _rank_names(rows: list[dict]) -> list[str]:
     return [f"rank {r['rank']}" + (f" ({r['name']})" if count[r["rank"]] > 1 else "") for r in rows]
 
 
-__all__ = ["analyse_ranks", "rank_summary", "rank_detail", "check_one_run", "merge_timelines", "rank_paths",
+__all__ = ["analyse", "analyse_ranks", "rank_summary", "rank_detail", "check_one_run", "merge_timelines", "rank_paths",
            "pick_timeline_ranks", "MAX_RANK_WORKERS", "MEMORY_PER_JSON_BYTE", "START_SKEW_MAX_S", "CHECKS",
            "ALIGNMENT", "TIMELINE_RANKS_MAX"]

@@ -7,8 +7,7 @@ made by the function that computes the part (torch-free, like the rest of the la
     gpu_activity.py   KernelSequences, QueueLength, MemcpyBandwidth, Annotations, LaunchDelay, CommOverlap
     serving.py        Serving (serving.serving)
     critical_path.py  CriticalPath (critical_path.critical_path)
-    ranks.py          Ranks (ranks.analyse_ranks returns its plain form: it crosses processes; the trace job
-                      types it)
+    ranks.py          Ranks (ranks.analyse; ranks.analyse_ranks: its plain form, for attach's job)
     diff.py           TraceDiff (diff.diff_traces)
 
 Times are µs unless a field says otherwise (``_ms``, ``_s``). A part that older stored runs did not hold is

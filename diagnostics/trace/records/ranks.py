@@ -1,4 +1,4 @@
-"""The records of ranks.analyse_ranks: several ranks' traces of one job (the per-rank table, the cross-rank
+"""The records of ranks.analyse: several ranks' traces of one job (the per-rank table, the cross-rank
 views, the "not one run" problems, the slowest rank's critical path, the picked ranks on one timeline)."""
 
 from __future__ import annotations
