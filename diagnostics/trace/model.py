@@ -89,10 +89,14 @@ class Trace:
         return keep[cat.codes.to_numpy()]
 
     def name_mask(self, pattern) -> np.ndarray:
-        """Boolean mask of events whose name matches `pattern` (tested once per distinct name)."""
-        name = self.events["name"].cat
-        keep = np.array([bool(pattern.search(str(n))) for n in name.categories] + [False])
-        return keep[name.codes.to_numpy()]
+        """Boolean mask of events whose name matches `pattern` (tested once per distinct name, and once per
+        trace for a pattern asked again: the communication rule is, by several views)."""
+        key = ("name_mask", pattern.pattern, pattern.flags)
+        keep = self._cache.get(key)
+        if keep is None:
+            keep = self._cache[key] = np.array([bool(pattern.search(n)) for n in self.labels("name")[:-1]]
+                                               + [False])
+        return keep[self.codes("name")]
 
     def complete_mask(self) -> np.ndarray:
         """Duration events (ph X) with a finite, non-negative duration."""
@@ -239,15 +243,17 @@ def _levels(ts: np.ndarray, end: np.ndarray, lane: np.ndarray) -> tuple[np.ndarr
         d[lo:hi] = np.arange(hi - lo) - closed
     d = np.maximum(d, 0).astype(np.int32)
     par = np.full(m, -1, dtype=np.int64)
-    # Parent = the last event before i (same lane) one level up. Looked up level by level.
-    for level in range(1, int(d.max()) + 1 if m else 1):
-        kids = np.flatnonzero(d == level)
-        ups = np.flatnonzero(d == level - 1)
-        if kids.size == 0 or ups.size == 0:
-            continue
-        pos = np.searchsorted(ups, kids, side="left") - 1
-        ok = pos >= 0
-        cand = ups[np.where(ok, pos, 0)]
+    # Parent = the last event before i (same lane) one level up: every level at once, in one search over
+    # the positions sorted by (level, position) (key level * (m + 1) + position; with_stack traces nest
+    # Python frames 50 deep, and a search per level cost a pass over all events each).
+    kids = np.flatnonzero(d > 0)
+    if kids.size:
+        order = np.argsort(d, kind="stable")
+        key = d[order].astype(np.int64) * (m + 1) + order
+        pos = np.searchsorted(key, (d[kids].astype(np.int64) - 1) * (m + 1) + kids, side="left") - 1
+        cand = key[np.maximum(pos, 0)]
+        ok = (pos >= 0) & (cand // (m + 1) == d[kids] - 1)
+        cand = np.where(ok, cand % (m + 1), 0)
         ok &= lane[cand] == lane[kids]
         par[kids[ok]] = cand[ok]
     return d, par
