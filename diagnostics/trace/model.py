@@ -8,26 +8,17 @@ on demand, and cached on the object.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from diagnostics.trace import classify
+# Trace.events' columns, in order, and the trace cache's key in Trace._cache: schema.py's (the cache reads
+# them on a reopen without numpy), named here too.
+from diagnostics.trace.schema import CACHE_ENTRY, COLUMNS  # noqa: F401
 
-# Columns of Trace.events, in order. Integer columns use -1 for "absent", float ones NaN.
-# ext_id, corr: "External id" and "correlation" (host op <-> runtime call <-> kernel); device,
-# stream: where GPU work ran; flow_id: flow arrows; nbytes, total_allocated, device_type: memory
-# events (nbytes is also a memcpy's / memset's "bytes", -1 there when not recorded); seq, fwd_tid: an op's autograd "Sequence number" and, on a backward op, its "Fwd thread
-# id"; grid, block ("64×1×1"), registers, occupancy (est. achieved %): a kernel's launch.
-COLUMNS = (
-    "ts", "dur", "ph", "cat", "name", "pid", "tid",
-    "ext_id", "corr", "device", "stream", "flow_id", "nbytes", "total_allocated", "device_type",
-    "seq", "fwd_tid", "grid", "block", "registers", "occupancy",
-)
-
-#: Trace._cache key of the trace cache entry a trace was read from or kept in (diagnostics.trace.cache):
-#: not a computed view, so dropping the views keeps it.
-CACHE_ENTRY = "trace_cache_entry"
+if TYPE_CHECKING:   # the model itself needs no pandas: its events are made (ingest, cache) and read by the views
+    import pandas as pd
 
 
 @dataclass
