@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 
 from diagnostics.analyses.trace.result import CriticalPath, Ranks, TraceDiff, TraceResult
-from diagnostics.render.charts.trace_hta import hta_text
+from diagnostics.render.trace_text import communication_lines, hta_text, serving_lines
 # the text tables and the trace's Summary block: a light module (no plotly), the CLI's first answer
 from diagnostics.render.trace_summary import _cell, _ms, _table, summary_lines  # noqa: F401
-from diagnostics.render.charts.serving import serving_lines
-from diagnostics.render.charts.traces import communication_lines
 from diagnostics.results import Disturbance, given
 from diagnostics.units import format_value, speedup_text
 

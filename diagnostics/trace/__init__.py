@@ -18,22 +18,34 @@ through this layer. Views return their typed records (records/: one module per p
 several ranks' view (ranks/) plain data; TraceError says why a file is unusable.
 """
 
-from diagnostics.trace.breakdowns import idle_time, steps, summary, temporal_breakdown, top_operators
-from diagnostics.trace.launches import launch_stats
-from diagnostics.trace.diff import diff_traces
 from diagnostics.trace.errors import TraceError
-from diagnostics.trace.ingest import load_trace, trace_files
-from diagnostics.trace.timeline import timeline_data
-from diagnostics.trace.model import Trace
 
-#: The views of one trace by name.
-ANALYSES = {
-    "summary": summary,
-    "temporal_breakdown": temporal_breakdown,
-    "top_operators": top_operators,
-    "idle_time": idle_time,
-    "launch_stats": launch_stats,
+# The names below are imported on first use (PEP 562), not with the package: importing a record
+# (records/, torch- and pandas-free) or the errors must not import pandas, which the views need
+# (issue #42: the CLI's start-up, `--help` and the registry, read the trace records only).
+_LAZY = {
+    "idle_time": "breakdowns", "steps": "breakdowns", "summary": "breakdowns",
+    "temporal_breakdown": "breakdowns", "top_operators": "breakdowns",
+    "launch_stats": "launches", "diff_traces": "diff", "load_trace": "ingest", "trace_files": "ingest",
+    "timeline_data": "timeline", "Trace": "model",
 }
+
+#: The views of one trace by name (breakdowns.py's and launches.py's functions; imported on first use).
+_VIEWS = ("summary", "temporal_breakdown", "top_operators", "idle_time", "launch_stats")
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name == "ANALYSES":
+        value = {v: __getattr__(v) for v in _VIEWS}
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(f"diagnostics.trace.{_LAZY[name]}"), name)
+    else:
+        raise AttributeError(f"module 'diagnostics.trace' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ANALYSES", "Trace", "TraceError", "diff_traces", "idle_time", "launch_stats", "load_trace",

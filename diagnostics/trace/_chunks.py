@@ -47,6 +47,8 @@ INT_TYPES = {"ext_id": np.int64, "corr": np.int64, "seq": np.int64, "fwd_tid": n
              "stream": np.int64, "nbytes": np.int64, "total_allocated": np.int64, "device_type": np.int8,
              "registers": np.int16}
 _INSTANT_PHASES = frozenset({"i", "I"})
+#: The slow path decodes a run of events this long or shorter one by one (add_one_by_one).
+ONE_BY_ONE = 16
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -55,8 +57,10 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     device: int = -1
     stream: int = -1
     nbytes: int = msgspec.field(name="Bytes", default=0)
-    # A memcpy's / memset's size ("bytes", lower case, as Kineto writes it): -1 when not recorded.
-    copy_bytes: int = msgspec.field(name="bytes", default=-1)
+    # A memcpy's / memset's size ("bytes", lower case, as Kineto writes it): -1 when not recorded. ROCm's
+    # runtime calls write it as a string ("bytes": "616"): taken here as it comes (_copy_bytes reads it),
+    # so that a block holding one still decodes as a whole (issue #42: every block of xDiT's traces did not).
+    copy_bytes: Union[int, str] = msgspec.field(name="bytes", default=-1)
     total_allocated: int = msgspec.field(name="Total Allocated", default=-1)
     device_type: int = msgspec.field(name="Device Type", default=-1)
     device_id: int = msgspec.field(name="Device Id", default=-1)
@@ -247,7 +251,7 @@ class Columns:
         dev_type = np.full(k, -1, INT_TYPES["device_type"])
         copy_rows = self._rows(cat, self.cat, MEMCPY_CATS | MEMSET_CATS)
         if copy_rows.size:  # a copy's size: -1 when the trace does not record it (older Kineto)
-            nbytes[copy_rows] = self._ints([args[i].copy_bytes for i in copy_rows.tolist()], "nbytes")
+            nbytes[copy_rows] = self._ints([_copy_bytes(args[i].copy_bytes) for i in copy_rows.tolist()], "nbytes")
         if mem_rows.size:
             sub = [args[i] for i in mem_rows.tolist()]
             nbytes[mem_rows] = self._ints(list(map(attrgetter("nbytes"), sub)), "nbytes")
@@ -309,32 +313,62 @@ class Columns:
         return np.flatnonzero(np.isin(codes, hit))
 
     def add_one_by_one(self, buf: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
-        """Decode events individually (the slow path for a block that failed as a whole)."""
-        good = []
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            raw = buf[s:e + 1]
-            try:
-                good.append(_decode_event(raw))
-                continue
-            except DECODE_ERRORS as exc:
-                first_error = exc
-            ev = _lenient_event(raw)
-            # Whether the bytes are UTF-8 is asked of Python's own decoder, not read from the decoder's
-            # exception: older msgspec raised UnicodeDecodeError, 0.23 raises DecodeError("Invalid UTF-8
-            # encoded string"); the event is kept with its bad bytes replaced either way.
-            if ev is None and not _is_utf8(raw):
-                ev = _lenient_event(raw.decode("utf-8", "replace").encode())
-                if ev is not None:
-                    self.warn("an event holds text that is not UTF-8; its bad bytes were "
-                              f"replaced by \ufffd: {raw[:120].decode('utf-8', 'replace')}")
-            if ev is None:
-                self.skipped += 1
-                why = ("nested deeper than the JSON decoder allows"
-                       if isinstance(first_error, RecursionError) else str(first_error))
-                self.warn(f"skipped an event ({why}): {raw[:120].decode('utf-8', 'replace')}")
-            else:
-                good.append(ev)
+        """Decode events individually (the slow path for a block that failed as a whole): runs of them
+        that decode together are decoded in one call (halved until they do, down to ONE_BY_ONE events),
+        the others one by one. The same events in the same order either way."""
+        good: list = []
+        spans = list(zip(starts.tolist(), ends.tolist()))
+        todo = [(0, len(spans))]   # a stack of [i, j) runs, the first on top
+        while todo:
+            i, j = todo.pop()
+            if j - i > ONE_BY_ONE:
+                try:
+                    good.extend(_decode_events(b"[" + b",".join(buf[s:e + 1] for s, e in spans[i:j]) + b"]"))
+                    continue
+                except DECODE_ERRORS:
+                    mid = (i + j) // 2
+                    todo += [(mid, j), (i, mid)]
+                    continue
+            for s, e in spans[i:j]:
+                self._one(buf[s:e + 1], good)
         self.add(good)
+
+    def _one(self, raw: bytes, good: list) -> None:
+        """One event's bytes decoded into ``good`` (leniently when the schema refuses it), or counted
+        as skipped with a warning."""
+        try:
+            good.append(_decode_event(raw))
+            return
+        except DECODE_ERRORS as exc:
+            first_error = exc
+        ev = _lenient_event(raw)
+        # Whether the bytes are UTF-8 is asked of Python's own decoder, not read from the decoder's
+        # exception: older msgspec raised UnicodeDecodeError, 0.23 raises DecodeError("Invalid UTF-8
+        # encoded string"); the event is kept with its bad bytes replaced either way.
+        if ev is None and not _is_utf8(raw):
+            ev = _lenient_event(raw.decode("utf-8", "replace").encode())
+            if ev is not None:
+                self.warn("an event holds text that is not UTF-8; its bad bytes were "
+                          f"replaced by \ufffd: {raw[:120].decode('utf-8', 'replace')}")
+        if ev is None:
+            self.skipped += 1
+            why = ("nested deeper than the JSON decoder allows"
+                   if isinstance(first_error, RecursionError) else str(first_error))
+            self.warn(f"skipped an event ({why}): {raw[:120].decode('utf-8', 'replace')}")
+        else:
+            good.append(ev)
+
+
+def _copy_bytes(value: int | str) -> int:
+    """A copy's "bytes" as an int: a string one read as _lenient_event reads a number written as a string
+    (its float, truncated; -1 when it is no finite number)."""
+    if value.__class__ is int:
+        return value
+    try:
+        f = float(value)
+    except ValueError:
+        return -1
+    return int(f) if math.isfinite(f) else -1
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -500,15 +534,27 @@ def consume_spans(cols: Columns, buf: bytes, starts: np.ndarray, ends: np.ndarra
 
 def _count_non_objects(cols: Columns, buf: bytes, starts: np.ndarray, ends: np.ndarray) -> None:
     """Count array items between the objects that are not objects (numbers, strings, nulls)."""
-    prev = 0
+    # Only a gap between objects holding a byte other than a comma or white space can hold an item:
+    # found with numpy over the gaps' bytes (a few per event), the few such gaps split in Python.
+    prev = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
+    gap = np.maximum(starts.astype(np.int64) - prev, 0)
     junk = 0
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        if s > prev:
-            junk += sum(1 for tok in buf[prev:s].split(b",") if tok.strip())
-        prev = e + 1
+    if gap.sum():
+        a = np.frombuffer(buf, dtype=np.uint8)
+        first = np.repeat(prev, gap)
+        offset = np.arange(first.size, dtype=np.int64) - np.repeat(np.cumsum(gap) - gap, gap)
+        other = ~np.isin(a[first + offset], _GAP_BYTES)
+        which = np.repeat(np.arange(gap.size), gap)[other]
+        for k in np.unique(which).tolist():
+            p, s = int(prev[k]), int(starts[k])
+            junk += sum(1 for tok in buf[p:s].split(b",") if tok.strip())
     if junk:
         cols.skipped += junk
         cols.warn(f"skipped {junk} array items that are not event objects")
+
+
+#: Bytes that hold no array item between two objects: the comma and what bytes.strip() strips.
+_GAP_BYTES = np.frombuffer(b", \t\n\r\x0b\x0c", dtype=np.uint8)
 
 
 def resync(cols: Columns, buf: bytes) -> bytes:

@@ -34,17 +34,22 @@ import time
 import uuid
 from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
-import pandas as pd
-import pyarrow as pa
-import pyarrow.feather as feather
 
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import env_number
 from diagnostics.trace.errors import TraceError
-from diagnostics.trace.ingest import load_trace
-from diagnostics.trace.model import CACHE_ENTRY, COLUMNS, Trace
+from diagnostics.trace.schema import CACHE_ENTRY, COLUMNS
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from diagnostics.trace.model import Trace
+
+# numpy (the model), pandas, pyarrow and the ingest are imported where a trace is read or written, not with this module:
+# a reopen (analyses/trace/stored.py: find and link a stored result) needs none of them (issue #42).
 
 #: Bumped whenever the columns, their types or the Trace fields change: older entries are misses.
 CACHE_VERSION = 3   # 2: device and stream int64 (real files hold a uint32 -1 stream), fwd_tid int64;
@@ -100,6 +105,8 @@ def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: b
     root None, or a limit of 0 bytes: no cache (plain load_trace). A cache that cannot be written
     (disk full, read-only) costs the speed-up only; the trace is still returned.
     """
+    from diagnostics.trace.ingest import load_trace
+
     limit = max_bytes() if limit is None else limit
     if root is None or limit <= 0:
         return load_trace(path, allow_truncated=allow_truncated, workers=workers), False
@@ -230,8 +237,13 @@ def write_columns(trace: Trace, folder: str | Path, file_stamp: dict | None) -> 
     The cache's entries and a trace run's kept columns (its folder) alike; OSError when it cannot write."""
     folder = Path(folder)
     if not link_events(trace, folder / EVENTS_FILE):
+        import pyarrow as pa
+        import pyarrow.feather as feather
+
         table = pa.Table.from_pandas(trace.events.reset_index(drop=True), preserve_index=False)
         feather.write_feather(table, folder / EVENTS_FILE, compression="uncompressed")
+    from diagnostics.trace.model import Trace
+
     meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
     meta.update(cache_version=CACHE_VERSION, stamp=file_stamp, n_events=len(trace.events))
     (folder / META_FILE).write_text(json.dumps(meta, default=str))
@@ -258,10 +270,14 @@ def read_columns(folder: str | Path, file_stamp: dict | None = None) -> Trace:
                              f"this one reads {CACHE_VERSION}); open the trace again")
         if file_stamp is not None and kept_stamp != file_stamp:
             raise TraceError(f"the parsed trace in {folder} was kept for another file or an older copy of it")
+        import pyarrow.feather as feather
+
         table = feather.read_table(folder / EVENTS_FILE, memory_map=False)
         if tuple(table.column_names) != COLUMNS or (n_events is not None and table.num_rows != n_events):
             raise TraceError(f"the parsed trace in {folder} does not hold the columns and events it was kept "
                              "with; open the trace again")
+        from diagnostics.trace.model import Trace
+
         return Trace(events=_object_categories(table.to_pandas()), **meta)
     except TraceError:
         raise
@@ -358,6 +374,8 @@ def evict(root: Path, limit: int, keep: Path | None = None) -> None:
 
 def _object_categories(events: pd.DataFrame) -> pd.DataFrame:
     """Arrow gives string categories back as pandas' str dtype; load_trace makes object ones."""
+    import pandas as pd
+
     for col in events.columns:
         s = events[col]
         if isinstance(s.dtype, pd.CategoricalDtype) and s.cat.categories.dtype != object:

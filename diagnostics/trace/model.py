@@ -8,26 +8,17 @@ on demand, and cached on the object.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from diagnostics.trace import classify
+# Trace.events' columns, in order, and the trace cache's key in Trace._cache: schema.py's (the cache reads
+# them on a reopen without numpy), named here too.
+from diagnostics.trace.schema import CACHE_ENTRY, COLUMNS  # noqa: F401
 
-# Columns of Trace.events, in order. Integer columns use -1 for "absent", float ones NaN.
-# ext_id, corr: "External id" and "correlation" (host op <-> runtime call <-> kernel); device,
-# stream: where GPU work ran; flow_id: flow arrows; nbytes, total_allocated, device_type: memory
-# events (nbytes is also a memcpy's / memset's "bytes", -1 there when not recorded); seq, fwd_tid: an op's autograd "Sequence number" and, on a backward op, its "Fwd thread
-# id"; grid, block ("64×1×1"), registers, occupancy (est. achieved %): a kernel's launch.
-COLUMNS = (
-    "ts", "dur", "ph", "cat", "name", "pid", "tid",
-    "ext_id", "corr", "device", "stream", "flow_id", "nbytes", "total_allocated", "device_type",
-    "seq", "fwd_tid", "grid", "block", "registers", "occupancy",
-)
-
-#: Trace._cache key of the trace cache entry a trace was read from or kept in (diagnostics.trace.cache):
-#: not a computed view, so dropping the views keeps it.
-CACHE_ENTRY = "trace_cache_entry"
+if TYPE_CHECKING:   # the model itself needs no pandas: its events are made (ingest, cache) and read by the views
+    import pandas as pd
 
 
 @dataclass
@@ -89,10 +80,14 @@ class Trace:
         return keep[cat.codes.to_numpy()]
 
     def name_mask(self, pattern) -> np.ndarray:
-        """Boolean mask of events whose name matches `pattern` (tested once per distinct name)."""
-        name = self.events["name"].cat
-        keep = np.array([bool(pattern.search(str(n))) for n in name.categories] + [False])
-        return keep[name.codes.to_numpy()]
+        """Boolean mask of events whose name matches `pattern` (tested once per distinct name, and once per
+        trace for a pattern asked again: the communication rule is, by several views)."""
+        key = ("name_mask", pattern.pattern, pattern.flags)
+        keep = self._cache.get(key)
+        if keep is None:
+            keep = self._cache[key] = np.array([bool(pattern.search(n)) for n in self.labels("name")[:-1]]
+                                               + [False])
+        return keep[self.codes("name")]
 
     def complete_mask(self) -> np.ndarray:
         """Duration events (ph X) with a finite, non-negative duration."""
@@ -165,10 +160,17 @@ def nesting_of(trace: Trace, mask: np.ndarray | None = None) -> dict:
         changed = _repair_overhangs(ts, end, sub, par)
         if not changed.size:
             break
-        # Only the lanes that changed are nested again (rows of a lane are contiguous).
-        sub = np.flatnonzero(np.isin(lane, np.unique(lane[changed])))
-        d[sub], p = _levels(ts[sub], end[sub], lane[sub])
-        par[sub] = np.where(p >= 0, sub[np.maximum(p, 0)], -1)
+        # Only the lanes that changed are nested again (rows of a lane are contiguous), and in each only from
+        # its first event starting at or after the earliest end this round moved (ends only move earlier: an
+        # event starting before it keeps its depth, and so its parent; with_stack traces repair a few frames
+        # at the trace's end per round, over 10 rounds).
+        lanes, at = np.unique(lane[changed], return_inverse=True)
+        since = np.full(lanes.size, np.inf)
+        np.minimum.at(since, at.ravel(), end[changed])
+        sub = np.flatnonzero(np.isin(lane, lanes))
+        redo = ts[sub] >= since[np.searchsorted(lanes, lane[sub])]
+        d[sub], p = _levels(ts[sub], end[sub], lane[sub], redo=redo, depth=d[sub])
+        par[sub[redo]] = np.where(p[redo] >= 0, sub[np.maximum(p[redo], 0)], -1)
     else:
         if _repair_overhangs(ts, end, sub, par).size:   # still overhanging: these lanes by a sweep
             swept = sub
@@ -214,40 +216,52 @@ def _repair_overhangs(ts: np.ndarray, end: np.ndarray, sub: np.ndarray, par: np.
     return np.concatenate(touched)
 
 
-def _levels(ts: np.ndarray, end: np.ndarray, lane: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _levels(ts: np.ndarray, end: np.ndarray, lane: np.ndarray, redo: np.ndarray | None = None,
+            depth: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Depth and parent (a position, -1 for roots) of events sorted by lane, start, longest first,
-    assuming they nest (nesting_of repairs those that do not)."""
+    assuming they nest (nesting_of repairs those that do not). With ``redo`` (a mask that is a suffix of
+    each lane) and ``depth`` (the events' depths as they were), only the ``redo`` events' depths and parents
+    are computed (the others keep ``depth``; their parents, returned -1, are the caller's)."""
     m = ts.size
     dur = end - ts
     # Depth = events opened before i in its lane minus those closed by ts[i] (end <= ts[i]).
     # Zero-length events starting exactly at ts[i] and sorted at or after i are not yet opened,
     # so they are taken back out of the closed count.
-    d = np.zeros(m, dtype=np.int64)
+    d = np.zeros(m, dtype=np.int64) if redo is None else depth.astype(np.int64)
     bounds = np.r_[0, np.flatnonzero(np.diff(lane)) + 1, m]
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        t, e = ts[lo:hi], end[lo:hi]
+        first = 0
+        if redo is not None:
+            todo = np.flatnonzero(redo[lo:hi])
+            if not todo.size:
+                continue
+            first = int(todo[0])
+        # [first, hi - lo) of the lane: the first event of a start time is its group's first (sorted by start)
+        t, e = ts[lo + first:hi], end[lo:hi]
         closed = np.searchsorted(np.sort(e), t, side="right")
-        zero = dur[lo:hi] == 0
+        zero = dur[lo + first:hi] == 0
         if zero.any():
-            grp = np.r_[0, np.flatnonzero(np.diff(t)) + 1, hi - lo]
+            grp = np.r_[0, np.flatnonzero(np.diff(t)) + 1, t.size]
             sizes = np.diff(grp)
             gid = np.repeat(np.arange(sizes.size), sizes)
             zeros_in = np.bincount(gid, weights=zero, minlength=sizes.size).astype(np.int64)
             grp_end = grp[1:][gid]
-            local = np.arange(hi - lo)
+            local = np.arange(t.size)
             closed -= np.where(zero, grp_end - local, zeros_in[gid])
-        d[lo:hi] = np.arange(hi - lo) - closed
+        d[lo + first:hi] = np.arange(first, hi - lo) - closed
     d = np.maximum(d, 0).astype(np.int32)
     par = np.full(m, -1, dtype=np.int64)
-    # Parent = the last event before i (same lane) one level up. Looked up level by level.
-    for level in range(1, int(d.max()) + 1 if m else 1):
-        kids = np.flatnonzero(d == level)
-        ups = np.flatnonzero(d == level - 1)
-        if kids.size == 0 or ups.size == 0:
-            continue
-        pos = np.searchsorted(ups, kids, side="left") - 1
-        ok = pos >= 0
-        cand = ups[np.where(ok, pos, 0)]
+    # Parent = the last event before i (same lane) one level up: every level at once, in one search over
+    # the positions sorted by (level, position) (key level * (m + 1) + position; with_stack traces nest
+    # Python frames 50 deep, and a search per level cost a pass over all events each).
+    kids = np.flatnonzero((d > 0) if redo is None else (d > 0) & redo)
+    if kids.size:
+        order = np.argsort(d, kind="stable")
+        key = d[order].astype(np.int64) * (m + 1) + order
+        pos = np.searchsorted(key, (d[kids].astype(np.int64) - 1) * (m + 1) + kids, side="left") - 1
+        cand = key[np.maximum(pos, 0)]
+        ok = (pos >= 0) & (cand // (m + 1) == d[kids] - 1)
+        cand = np.where(ok, cand % (m + 1), 0)
         ok &= lane[cand] == lane[kids]
         par[kids[ok]] = cand[ok]
     return d, par

@@ -149,23 +149,31 @@ def test_a_ranks_reopen_is_answered_in_process_after_the_worker_ran_them(tmp_pat
 
 
 def test_trace_analyze_imports_no_torch_and_a_reopen_no_trace_analysis(tmp_path):
-    """The fixed costs kept off the trace path: a first open never loads torch; a reopen loads neither torch
-    nor the trace job and its critical path (a fresh interpreter each, as the CLI runs)."""
+    """The fixed costs kept off the trace path: a first open never loads torch nor plotly (its text has no
+    chart); a reopen loads neither torch nor the trace job and its critical path, nor numpy, pandas, pyarrow or
+    plotly (it finds, links and prints a stored result: issue #42); and `--help` none of those (a fresh
+    interpreter each, as the CLI runs)."""
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[2]
     code = ("import sys; from diagnostics.cli.main import main; "
             f"assert main(['trace', 'analyze', {str(TRACE)!r}, '--no-report', '-q', '--data-dir', {str(tmp_path)!r}]) == 0; "
-            "print(sorted(m for m in ('torch', 'diagnostics.analyses.trace.job', 'diagnostics.trace.critical_path') "
-            "if m in sys.modules))")
+            "print(sorted(m for m in ('torch', 'diagnostics.analyses.trace.job', 'diagnostics.trace.critical_path', "
+            "'numpy', 'pandas', 'pyarrow', 'plotly') if m in sys.modules))")
     env = dict(os.environ, TORCHSCOPE_DATA_DIR=str(tmp_path), PYTHONPATH=str(repo))
     loaded = [subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True,
                              timeout=120) for _ in range(2)]
     assert all(p.returncode == 0 for p in loaded), [p.stderr[-800:] for p in loaded]
     first, second = (p.stdout.strip().splitlines()[-1] for p in loaded)
-    assert first == "['diagnostics.analyses.trace.job', 'diagnostics.trace.critical_path']"
+    assert first == "['diagnostics.analyses.trace.job', 'diagnostics.trace.critical_path', 'numpy', 'pandas', 'pyarrow']"
     assert second == "[]"
+    help_ = subprocess.run([sys.executable, "-c", "import sys, contextlib, io\nfrom diagnostics.cli.main import main\n"
+                            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+                            "    main(['--help'])\n"
+                            "print(sorted(m for m in ('torch', 'numpy', 'pandas', 'pyarrow', 'plotly') if m in sys.modules))"],
+                           env=env, cwd=repo, capture_output=True, text=True, timeout=120)
+    assert help_.returncode == 0 and help_.stdout.strip() == "[]", help_.stderr[-800:]
 
 
 def test_text_mode_prints_the_summary_first_while_the_other_views_are_computed(trace, tmp_path, monkeypatch,
@@ -181,9 +189,15 @@ def test_text_mode_prints_the_summary_first_while_the_other_views_are_computed(t
     seen = []
     real = trace_job.timeline_part
     monkeypatch.setattr(trace_job, "timeline_part", lambda *a: seen.append(capsys.readouterr().out) or real(*a))
+    # the communication families (their name rules over every kernel name) come after the first answer too
+    families = []
+    real_comm = trace_job.communication
+    monkeypatch.setattr(trace_job, "communication",
+                        lambda t: families.append(capsys.readouterr().out) or real_comm(t))
     store = str(tmp_path / "store")
     assert main(["trace", "analyze", str(trace), "--no-report", "-q", "--data-dir", store]) == 0
-    before, after = seen[0], capsys.readouterr().out
+    assert len(families) == 1 and head in families[0] and "Events by category:" in families[0]
+    before, after = families[0] + seen[0], capsys.readouterr().out
     assert head in before and "Events by category:" in before and "operators by self time" not in before
     assert head not in after and "Events by category:" not in after and "operators by self time" in after
     assert main(["trace", "analyze", str(trace), "--no-report", "-q", "--data-dir", store]) == 0

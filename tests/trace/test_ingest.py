@@ -327,3 +327,52 @@ def test_times_past_a_physical_bound_are_skipped_and_counted(tmp_path):
     only = [_x("forever", start, 2**63 - 1)]
     with pytest.raises(TraceError, match="every timed event is past a physical bound"):
         load_trace(_write(tmp_path, "only.json", {"traceEvents": only}))
+
+
+def _rocm_copy_events(n):
+    """ROCm's runtime copies write "bytes" as a string (TraceLens' xDiT traces: "bytes": "616")."""
+    out = []
+    for i in range(n):
+        out.append({"ph": "X", "cat": "cuda_runtime", "name": "hipMemcpyAsync", "pid": 1, "tid": 1, "ts": 10 * i,
+                    "dur": 2, "args": {"External id": i, "correlation": i, "bytes": str(100 + i), "kind": "1"}})
+        out.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 7, "ts": 10 * i + 3,
+                    "dur": 1, "args": {"correlation": i, "device": 0, "stream": 7,
+                                       "bytes": str(100 + i) if i % 2 else 100 + i}})
+    return out
+
+
+def test_rocm_string_bytes_decode_on_the_fast_path(tmp_path, monkeypatch):
+    """A block holding ROCm's string "bytes" decodes as a whole (issue #42: every block of xDiT's traces went
+    event by event, 6x the parse), and a copy's string size reads as the number it writes."""
+    slow = []
+    monkeypatch.setattr(_chunks.Columns, "add_one_by_one", lambda self, *a: slow.append(a))
+    t = load_trace(_write(tmp_path, "rocm.json", {"traceEvents": _rocm_copy_events(50)}))
+    assert slow == []
+    copies = t.events[t.events["cat"] == "gpu_memcpy"]
+    assert copies["nbytes"].tolist() == [100 + i for i in range(50)]
+    assert t.skipped_events == 0 and t.warnings == []
+    assert [_chunks._copy_bytes(v) for v in (616, "616", "6.5e2", "n/a", "inf")] == [616, 616, 650, -1, -1]
+
+
+def test_slow_path_decodes_runs_together_and_keeps_every_event_in_order(tmp_path, monkeypatch):
+    """A block that fails as a whole: runs of good events are decoded in one call (halved until they decode),
+    the bad ones one by one; the same columns, skips and warnings as decoding each event by itself."""
+    events = [_x(f"op{i}", i, 1, args={"External id": i}) for i in range(200)]
+    events[37] = {"ph": "X", "name": "bad ts", "ts": {"x": 1}, "dur": 1}       # skipped
+    events[150] = _x("string ts", "150", "1")                                   # the lenient decoder's
+    events.insert(90, 7)                                                         # not an object: skipped
+    path = _write(tmp_path, "mixed.json", {"traceEvents": events})
+    singles = []
+    real = _chunks._decode_event
+    monkeypatch.setattr(_chunks, "_decode_event", lambda b: singles.append(1) or real(b))
+    batched = load_trace(path)
+    assert 2 <= len(singles) <= 4 * _chunks.ONE_BY_ONE   # the runs around the two bad events, not all 200
+    monkeypatch.setattr(_chunks, "ONE_BY_ONE", 10 ** 6)   # every event by itself, as before #42
+    singles.clear()
+    one_by_one = load_trace(path)
+    assert len(singles) == 200
+    assert batched.events.equals(one_by_one.events)
+    assert batched.skipped_events == one_by_one.skipped_events == 2
+    assert batched.warnings == one_by_one.warnings
+    names = batched.strings("name").tolist()
+    assert len(names) == 199 and names[36:38] == ["op36", "op38"] and names[149] == "string ts"

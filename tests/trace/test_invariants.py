@@ -190,3 +190,33 @@ def test_a_serving_trace_without_steps_reads_each_thread_within_its_wall():
     assert total == pytest.approx(sum(threads.values()), rel=1e-9)
     assert max(threads.values()) <= window.dur_us + 1e-6
     assert total < 1.2 * window.dur_us      # 3x the trace before
+
+
+def test_nesting_again_from_the_earliest_moved_end_equals_nesting_the_whole_lane():
+    """nesting_of's repair rounds nest a lane again only from its first event starting at or after the
+    earliest end the round moved (issue #42: with_stack traces repair a few frames per round, at the trace's
+    end): on random nested lanes (zero-length events and shared starts included) whose ends are then moved
+    earlier, depths and parents equal those of _levels over the whole lanes."""
+    from diagnostics.trace import model
+
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        n = int(rng.integers(20, 400))
+        lane = np.sort(rng.integers(0, 3, n)).astype(np.int64)
+        ts = np.round(rng.uniform(0, 1000, n), 0)            # shared starts are common
+        dur = np.where(rng.random(n) < 0.1, 0.0, np.round(rng.exponential(60, n), 0))
+        order = np.lexsort((-dur, ts, lane))
+        ts, dur, lane = ts[order], dur[order], lane[order]
+        end = ts + dur
+        d0, _ = model._levels(ts, end, lane)
+        moved = rng.choice(n, size=int(rng.integers(1, 6)), replace=False)
+        end = end.copy()
+        end[moved] = np.maximum(ts[moved], end[moved] - rng.uniform(0, 80, moved.size).round(0))
+        d_full, p_full = model._levels(ts, end, lane)
+        since = {ln: end[moved][lane[moved] == ln].min() for ln in np.unique(lane[moved])}
+        redo = np.array([ln in since and t >= since[ln] for ln, t in zip(lane.tolist(), ts.tolist())])
+        d_part, p_part = model._levels(ts, end, lane, redo=redo, depth=d0)
+        assert np.array_equal(d_part, d_full)
+        assert np.array_equal(p_part[redo], p_full[redo])
+        _, p_before = model._levels(ts, ts + dur, lane)
+        assert np.array_equal(p_before[~redo], p_full[~redo])   # the others keep their parents

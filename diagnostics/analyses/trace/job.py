@@ -119,7 +119,7 @@ def analyze(ctx, options: dict) -> TraceResult:
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
     ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
     use_comm_kernels(trace, options["comm_kernels"])   # before any view: every one reads communication so
-    parts = {"communication": communication(trace)}
+    parts = {}
     hta = hta_steps(options, rows)
     steps = [("summary", summary), ("temporal_breakdown", temporal_breakdown),
              ("top_operators", partial(top_operators, n=rows)), ("idle_time", hta.pop("idle_time")),
@@ -130,6 +130,8 @@ def analyze(ctx, options: dict) -> TraceResult:
         if key == "summary" and hasattr(ctx, "partial"):   # a context made by hand (a notebook) may have none
             # the first answer (issue #42): shown while the other views are computed
             ctx.partial(TracePartial(path=path, name=name, summary=parts["summary"]))
+        if key == "summary":   # the families and their notes after the first answer (the Summary reads the rule only)
+            parts["communication"] = communication(trace)
     served = serving(trace)
     if served.available:   # a training trace's result is unchanged: no serving key
         parts["serving"] = served

@@ -7,27 +7,18 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.analyses.trace.result import (
-    Annotations, CommOverlap, KernelSequences, LaunchDelay, MemcpyBandwidth, QueueLength, TraceResult,
+    Annotations, KernelSequences, LaunchDelay, MemcpyBandwidth, QueueLength, TraceResult,
 )
 from diagnostics.render.charts.style import empty_figure
 
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
+# the words, plotly-free (trace analyze's text and a reopen import no chart module); named here too
+from diagnostics.render.trace_text import (  # noqa: F401
+    _clip, _gbps, definitions_text, has_parts, hta_text, overlap_text, queue_text,
+)
 
 MAX_BARS = 20
-
-
-def _clip(name: str, n: int = 70) -> str:
-    return name if len(name) <= n else name[: n - 1] + "…"
-
-
-def _gbps(x: float | None) -> str:
-    return "not counted" if x is None else f"{x / 1e9:,.2f} GB/s"
-
-
-def has_parts(result: TraceResult) -> bool:
-    """False for a result made before these analyses existed (then the page says so once)."""
-    return bool(result.kernel_sequences)   # UNSET is falsy
 
 
 def build_kernel_sequences_figure(seqs: KernelSequences) -> go.Figure:
@@ -116,35 +107,6 @@ def build_launch_delay_figure(ld: LaunchDelay) -> go.Figure:
     return fig
 
 
-# ---- words ----------------------------------------------------------------------------------------
-
-def queue_text(q: QueueLength) -> str:
-    if q.blocked_us is None:
-        return "; ".join(q.notes)
-    return (f"Time with {q.full:,} or more launches queued on a stream (launch calls blocked): "
-            f"{q.blocked_us:,.1f} µs; largest queue {max((s.max for s in q.streams), default=0):,}.")
-
-
-def overlap_text(o: CommOverlap | None, shown: tuple[str, ...] = ()) -> str:
-    """The communication / computation overlap in a sentence (None or UNSET: a result that predates it);
-    its notes already ``shown`` above it are not repeated."""
-    notes = [n for n in (o.notes if o else ()) if n not in shown]
-    if not o or o.overlap_pct is None:
-        return "Communication / computation overlap: " + "; ".join(notes or ["not counted"])
-    what = "compute kernels only (HTA)" if o.compute == "kernels" else "all non-communication GPU work"
-    families = ", ".join(o.families)
-    return (f"Communication / computation overlap: {o.overlap_pct:.1f} % of {o.comm_us / 1e3:,.3f} ms of "
-            f"communication{f' ({families})' if families else ''} ran beside computation ({what}).")
-
-
-def definitions_text(result: TraceResult) -> str:
-    idle, q, o, ld = result.idle_time, result.queue_length, result.comm_overlap, result.launch_delay
-    return (f"Definitions: idle kernel wait up to {idle.kernel_wait_max_us:g} µs ({idle.rules} "
-            f"rules); a launch is queued until its GPU work {'ends' if q and q.until == 'kernel_end' else 'starts'}; "
-            f"overlap over {'compute kernels' if o and o.compute == 'kernels' else 'all GPU work'}; launch delay "
-            f"from the launch call's {'end' if ld and ld.since == 'call_end' else 'start'}.")
-
-
 def hta_sections(result: TraceResult) -> list[Section]:
     """The report's sections for the HTA-parity results (none when the result predates them)."""
     if not has_parts(result):
@@ -164,46 +126,3 @@ def hta_sections(result: TraceResult) -> list[Section]:
                 tables=[("launch delay per kernel", records_frame(ld.by_name))]),
         section("Definitions", [], text=[overlap_text(result.comm_overlap), definitions_text(result)]),
     ]
-
-
-def hta_text(result: TraceResult, top: int, table, clip, ms) -> list[str]:
-    """Lines of ``trace analyze``'s text for the HTA-parity results (``table``, ``clip``, ``ms``: the
-    text module's own formatters)."""
-    if not has_parts(result):
-        return []
-    out = []
-    seqs = result.kernel_sequences
-    rows = seqs.by_time[:top]
-    out += ["", f"Frequent kernel sequences (2..{seqs.max_len} kernels, by GPU time; fusion candidates):",
-            table(rows, [("sequence", "sequence", clip), ("count", "count", "{:,}".format),
-                         ("GPU time", "total_us", ms), ("gaps", "gap_us", ms)]) if rows
-            else "; ".join(seqs.notes) or "(no run of kernels occurs twice on a stream)"]
-    q = result.queue_length
-    out += ["", "Launch queue: " + queue_text(q)] + [f"note: {n}" for n in q.notes if q.streams]
-    if q.streams:
-        out.append(table(q.streams, [("device", "device", str), ("stream", "stream", str),
-                                     ("launches", "launches", "{:,}".format), ("max", "max", "{:,}".format),
-                                     ("mean", "mean", lambda v: "-" if v is None else f"{v:.2f}"),
-                                     ("at full", "full_us", ms)]))
-    bw = result.memcpy_bandwidth
-    out += ["", "Memcpy / memset bandwidth:"] + [f"note: {n}" for n in bw.notes]
-    if bw.directions:
-        out.append(table(bw.directions, [
-            ("direction", "direction", str), ("events", "events", "{:,}".format),
-            ("bytes", "bytes", lambda v: "not counted" if v is None else f"{v:,}"), ("time", "time_us", ms),
-            ("bandwidth", "bytes_per_s", _gbps), ("median", "median_bytes_per_s", _gbps)]))
-    ann = result.annotations
-    out += ["", "GPU user annotations:"] + [f"note: {n}" for n in ann.notes]
-    if ann.annotations:
-        out.append(table(ann.annotations[:top], [
-            ("annotation", "name", clip), ("count", "count", "{:,}".format), ("total", "total_us", ms),
-            ("GPU busy inside", "gpu_busy_us", ms)]))
-    ld = result.launch_delay
-    out += ["", "Launch delay (launch call start to GPU start):"] + [f"note: {n}" for n in ld.notes]
-    if ld.by_name:
-        out.append(table(ld.by_name[:top], [
-            ("kernel", "name", clip), ("op", "op", lambda v: v or "-"), ("launches", "launches", "{:,}".format),
-            ("median µs", "p50_us", "{:,.1f}".format), ("p90 µs", "p90_us", "{:,.1f}".format),
-            ("max µs", "max_us", "{:,.1f}".format)]))
-    out += ["", overlap_text(result.comm_overlap), definitions_text(result)]
-    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.analyses.trace.result import (
-    Communication, GraphLaunches, IdleTime, LaunchStats, TemporalBreakdown, Timeline, TopOperators, TraceDiff,
+    GraphLaunches, IdleTime, LaunchStats, TemporalBreakdown, Timeline, TopOperators, TraceDiff,
     TraceDiffResult, TraceResult, TraceSummary,
 )
 
@@ -17,6 +17,7 @@ from diagnostics.render.charts.critical_path import critical_path_sections, mark
 from diagnostics.units import column_scale
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
+from diagnostics.render.trace_text import communication_lines  # plotly-free words (render.text's)
 
 from diagnostics.render.charts.trace_hta import hta_sections  # the HTA-parity sections (#18)
 from diagnostics.render.charts.serving import serving_sections  # an inference server's iterations (#42)
@@ -137,20 +138,6 @@ def graph_launch_text(graphs: GraphLaunches) -> str:
             f"a launch call took {graphs.mean_runtime_us:,.1f} µs on average and its first kernel started "
             f"{graphs.mean_delay_us:,.1f} µs after the call began. Graph kernels are left out of the "
             "per-kernel launch figures above (one call starts them all).")
-
-
-def communication_lines(comm: Communication | None) -> list[str]:
-    """The trace's communication by family (classify.communication), one line each, then its notes
-    (none for a result that predates communication families: UNSET)."""
-    if not comm:
-        return []
-    where = {"GPU": "kernels", "host": "host calls"}
-    found = [f"{f.family} {where[f.where]}: {f.events:,} ({f.names} name{'s' if f.names != 1 else ''}), "
-             f"{f.time_us / 1e3:,.3f} ms, e.g. {f.example[:80]}" for f in comm.families]
-    lines = ["Communication by family: " + ("; ".join(found) if found else "none matched")]
-    if comm.comm_kernels:
-        lines.append(f"Your communication-kernel pattern: {comm.comm_kernels!r}")
-    return lines + list(comm.notes)
 
 
 def build_timeline_figure(timeline: Timeline, search: str | None = None) -> go.Figure:
