@@ -191,20 +191,25 @@ def measure(script: Script, folder: Path, args) -> dict:
     for _ in range(args.rounds):
         r.run()
     control = rows["control"]
-    out = {"script": script.name, "title": script.title, "argv": [a.replace("{corpus}", "CORPUS") for a in script.argv],
+    out = {"script": script.name, "title": script.title,
+           "argv": [a.replace("{corpus}", "CORPUS") for a in script.argv],
            "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "cpus": os.cpu_count(),
            "threads": args.threads,
            "date": time.strftime("%Y-%m-%d"), "load_avg_start": load0, "load_avg_end": os.getloadavg(),
            "control": {"speedup": control.speedup, "speedup_ci": control.speedup_ci, "verdict": control.verdict,
-                       "step_ms": control.step_ms},
-           "baseline_step_ms": rows["baseline"].step_ms,
+                       "step_ms": control.step_ms, "round_ms": list(control.round_ms)},
+           "baseline_step_ms": rows["baseline"].step_ms, "baseline_round_ms": list(rows["baseline"].round_ms),
            "hand_bare_ms": r.round_ms["bare"], "fixes": {}}
     for fix in fixes:
         hand = ratio_summary(r.round_ms["bare"], r.round_ms[fix])
         row = rows[fix]
         tried = {"speedup": row.speedup, "speedup_ci": row.speedup_ci, "verdict": row.verdict,
                  "applicable": row.applicable, "reason": row.reason, "change": row.change,
-                 "step_ms": row.step_ms, "loss_max_rel_diff": row.loss_max_rel_diff}
+                 "step_ms": row.step_ms, "loss_max_rel_diff": row.loss_max_rel_diff, "round_ms": list(row.round_ms),
+                 # the same runs against the A/A control's (the unchanged script too): how much of a speed-up is
+                 # the baseline's own luck in these rounds
+                 "vs_control": (ratio_summary(control.round_ms, row.round_ms)
+                                if len(row.round_ms) == len(control.round_ms) else None)}
         out["fixes"][fix] = {"try": tried, "hand_edit": {**hand, "round_ms": r.round_ms[fix]},
                              "edit": script.edits[fix][0], **agreement(tried, hand)}
     out["wall_s"] = time.monotonic() - t0
@@ -230,18 +235,21 @@ def render(results: list[dict]) -> str:
     for res in results:
         load = (f"load {res['load_avg_start'][0]:.1f} at the start, {res['load_avg_end'][0]:.1f} at the end")
         out += [f"**{res['title']}** `{' '.join(res['argv'])}`: {res['rounds']} rounds of {res['warmup']} warm-up + "
-                f"{res['steps']} timed steps, OMP_NUM_THREADS={res.get('threads')} ({res['date']}, {res['cpus']} cores, {load}, {res['wall_s']:.0f} s). "
+                f"{res['steps']} timed steps, OMP_NUM_THREADS={res.get('threads')} ({res['date']}, {res['cpus']} "
+                f"cores, {load}, {res['wall_s']:.0f} s). "
                 f"Baseline step {res['baseline_step_ms']:.1f} ms; A/A control "
                 f"{_x(res['control']['speedup'], res['control']['speedup_ci'])} ({res['control']['verdict']}).", "",
                 "| fix | the change `--try` names | `--try` (95 % interval) | verdict | by hand (95 % interval) | "
-                "loss diff | agrees |",
-                "|---|---|---|---|---|---|---|"]
+                "loss diff | agrees | `--try`'s runs against the control's |",
+                "|---|---|---|---|---|---|---|---|"]
         for fix, f in res["fixes"].items():
             t, h = f["try"], f["hand_edit"]
+            vc = t.get("vs_control") or {}
             agree = {True: "yes", False: "**no**", None: "-"}[f["agree"]]
             loss = "-" if t["loss_max_rel_diff"] is None else f"{t['loss_max_rel_diff']:.1e}"
             out.append(f"| {fix} | {t['change'] or t['reason']} | {_x(t['speedup'], t['speedup_ci'])} | "
-                       f"{t['verdict']} | {_x(h['speedup'], h.get('speedup_ci'))} | {loss} | {agree}: {f['why']} |")
+                       f"{t['verdict']} | {_x(h['speedup'], h.get('speedup_ci'))} | {loss} | {agree}: {f['why']} | "
+                       f"{_x(vc.get('speedup'), vc.get('speedup_ci'))} |")
         out.append("")
     return "\n".join(out)
 

@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from diagnostics.measure.compare import ratio_summary
+
 from bench.bench_trials_hand_edit import (EXAMPLES, READING, SCRIPTS, TITLE, agreement, edited_copy, render,
                                           write_corpus, write_section)
 
@@ -93,6 +95,10 @@ def test_the_section_is_rewritten_and_its_reading_kept(tmp_path):
     assert "written by hand" in text and text.index(READING) > text.index("second script")
     assert text.rstrip().endswith("## Next\n\nkept")
     assert "| fused_optimizer | AdamW(..., fused=True) at main.py:111 | x1.50 [1.40, 1.60] | faster | " \
-           "x1.50 [1.30, 1.70] | 0.0e+00 | yes: x1.50 by hand within [1.40, 1.60] |" in text
-    assert "| **no**: x1.20 by hand below [1.40, 1.60] |" in text
+           "x1.50 [1.30, 1.70] | 0.0e+00 | yes: x1.50 by hand within [1.40, 1.60] | - |" in text
+    assert "| **no**: x1.20 by hand below [1.40, 1.60] | - |" in text
+    # a run that kept its rounds: the fix's runs against the control's, per round (control / fix)
+    res = _result("t", 1.5)
+    res["fixes"]["fused_optimizer"]["try"]["vs_control"] = ratio_summary([10.0] * 6, [5.0] * 6)
+    assert "| yes: x1.50 by hand within [1.40, 1.60] | x2.00 [2.00, 2.00] |" in render([res])
     assert "A/A control x1.01 [0.98, 1.03] (within noise)" in render([_result("t", 1.5)])
