@@ -231,7 +231,16 @@ def render(results: list[dict]) -> str:
            "control: the speed-up and its 95 % interval), then a copy of the script's folder with the change "
            "written into its source (the `changes` line `--try` prints) timed against the unedited script in "
            "interleaved rounds of its own, each run timed as a trial's run is (the guest with no fix: the same "
-           "steps, the same end). Agreement: the hand edit's speed-up lies within the fix's interval.", ""]
+           "steps, the same end). Agreement: the hand edit's speed-up lies within the fix's interval. The last "
+           "column is the same try runs against the A/A control's (per round, control / fix): the unchanged script "
+           "too, so where it differs from the `--try` column the baseline's runs were lucky or unlucky.", "",
+           "Scripts: `mingpt-adder` is karpathy/minGPT's projects/adder/adder.py (MIT; not vendored: DIR is a "
+           "checkout of github.com/karpathy/minGPT, read at 37baab7, e.g. `git archive` of it); "
+           "`word-language-model` is pytorch/examples' word_language_model/main.py (BSD-3, vendored in "
+           "tests/data/pytorch_examples), run on a corpus the bench generates (40 000 words of 2 000 kinds: an "
+           "epoch holds more batches than a run steps, so no evaluation or checkpoint falls in a timed step). "
+           "Every run has `OMP_NUM_THREADS=1` (`--threads`): on a shared machine a run's threads otherwise stall "
+           "at each barrier whenever another process holds a core.", ""]
     for res in results:
         load = (f"load {res['load_avg_start'][0]:.1f} at the start, {res['load_avg_end'][0]:.1f} at the end")
         out += [f"**{res['title']}** `{' '.join(res['argv'])}`: {res['rounds']} rounds of {res['warmup']} warm-up + "
