@@ -21,8 +21,9 @@ For each fix, two measurements on the same machine, in the same session:
    interleaved rounds with the A/A control: the fix's speed-up and its 95 % interval;
 2. the hand edit: a copy of the script's folder with the change written into its source (the ``changes`` line
    ``--try`` prints, made by hand), its runs against the unedited script's in interleaved rounds of their
-   own (measure.compare.Rounds, one run each per round, a fresh random order), each run timed as the
-   trials time a run (the trial guest with no fix: the same steps, the same end).
+   own (measure.compare.Rounds, one run each per round, a fresh random order, the unedited script run twice:
+   the second is this arm's A/A control), each run timed as the trials time a run (the trial guest with no
+   fix: the same steps, the same end).
 
 Agreement (``agreement``): the hand edit's speed-up lies within the fix's interval. ``--out`` writes the
 figures as JSON; ``--write`` renders the JSON of one or more runs (one per script) into docs/BENCHMARKS.md's
@@ -169,8 +170,9 @@ def measure(script: Script, folder: Path, args) -> dict:
     rows = {r.fix: r for r in res.trials}
 
     # 2. the hand edits, against the unedited script
-    runners = {"bare": Trials(command(src), fixes[0], steps=args.steps, warmup=args.warmup, rounds=1,
-                              folder=str(work / "hand-bare"))}
+    # "again": the unedited script once more, the hand arm's own A/A control (its luck, as the try's control shows)
+    runners = {name: Trials(command(src), fixes[0], steps=args.steps, warmup=args.warmup, rounds=1,
+                            folder=str(work / f"hand-{name}")) for name in ("bare", "again")}
     for fix in fixes:
         copy = edited_copy(folder, script, fix, work / f"edit-{fix}")
         runners[fix] = Trials(command(copy), fixes[0], steps=args.steps, warmup=args.warmup, rounds=1,
@@ -199,7 +201,9 @@ def measure(script: Script, folder: Path, args) -> dict:
            "control": {"speedup": control.speedup, "speedup_ci": control.speedup_ci, "verdict": control.verdict,
                        "step_ms": control.step_ms, "round_ms": list(control.round_ms)},
            "baseline_step_ms": rows["baseline"].step_ms, "baseline_round_ms": list(rows["baseline"].round_ms),
-           "hand_bare_ms": r.round_ms["bare"], "fixes": {}}
+           "hand_bare_ms": r.round_ms["bare"],
+           "hand_control": {**ratio_summary(r.round_ms["bare"], r.round_ms["again"]), "round_ms": r.round_ms["again"]},
+           "fixes": {}}
     for fix in fixes:
         hand = ratio_summary(r.round_ms["bare"], r.round_ms[fix])
         row = rows[fix]
@@ -247,7 +251,9 @@ def render(results: list[dict]) -> str:
                 f"{res['steps']} timed steps, OMP_NUM_THREADS={res.get('threads')} ({res['date']}, {res['cpus']} "
                 f"cores, {load}, {res['wall_s']:.0f} s). "
                 f"Baseline step {res['baseline_step_ms']:.1f} ms; A/A control "
-                f"{_x(res['control']['speedup'], res['control']['speedup_ci'])} ({res['control']['verdict']}).", "",
+                f"{_x(res['control']['speedup'], res['control']['speedup_ci'])} ({res['control']['verdict']})"
+                + (f"; the hand arm's A/A control (the unedited script again) {_x(hc['speedup'], hc['speedup_ci'])}"
+                   if (hc := res.get("hand_control")) else "") + ".", "",
                 "| fix | the change `--try` names | `--try` (95 % interval) | verdict | by hand (95 % interval) | "
                 "loss diff | agrees | `--try`'s runs against the control's |",
                 "|---|---|---|---|---|---|---|---|"]

@@ -101,4 +101,7 @@ def test_the_section_is_rewritten_and_its_reading_kept(tmp_path):
     res = _result("t", 1.5)
     res["fixes"]["fused_optimizer"]["try"]["vs_control"] = ratio_summary([10.0] * 6, [5.0] * 6)
     assert "| yes: x1.50 by hand within [1.40, 1.60] | x2.00 [2.00, 2.00] |" in render([res])
-    assert "A/A control x1.01 [0.98, 1.03] (within noise)" in render([_result("t", 1.5)])
+    assert "A/A control x1.01 [0.98, 1.03] (within noise)." in render([_result("t", 1.5)])
+    res["hand_control"] = ratio_summary([10.0] * 6, [10.0, 12.5, 8.0, 10.0, 10.0, 10.0])
+    assert ("A/A control x1.01 [0.98, 1.03] (within noise); the hand arm's A/A control (the unedited script again) "
+            "x1.00 [0.80, 1.25].") in render([res])
