@@ -6,6 +6,7 @@ import os
 import streamlit as st
 
 from diagnostics.analyses.trials.protocol import FIXES, suggested_fixes
+from diagnostics.attach.session import only_exit_code
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import safe_mode
 from ui import views
@@ -178,8 +179,8 @@ elif run is not None:
     else:
         if rec.status == "cancelled":  # the Stop button: said as a stop, the partial result below
             st.info(rec.error or "Stopped.", icon=":material/stop_circle:")
-        elif rec.status != "ok":
-            st.warning(rec.error or rec.status)
+        elif rec.status != "ok" and not (rec.result and only_exit_code(rec.error)):
+            st.warning(rec.error or rec.status)  # the result's own view says a bare non-zero exit code
         if rec.result:  # the store keeps the plain form
             views.show_stored(rec.analysis, rec.result, file_stem=rec.id)
 else:

@@ -16,6 +16,7 @@ ranks, double-forked helpers) outlives the run; the script runs below a guardian
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
@@ -35,6 +36,17 @@ from diagnostics.errors import TorchScopeError
 #: Seconds a stopped script gets to end on its own (KeyboardInterrupt: its finally blocks, our export)
 #: before its tree is killed.
 STOP_GRACE_S = 10.0
+
+
+def exit_error(code: int) -> str:
+    """A run's stored error when the script only exited non-zero (the result's view says that code itself)."""
+    return f"the script exited with code {code}"
+
+
+def only_exit_code(error: str | None) -> bool:
+    """Whether a stored run's error says nothing but a non-zero exit code (``exit_error``'s sentence)."""
+    return bool(error) and re.fullmatch(r"the script exited with code -?\d+", error) is not None
+
 #: How often the live status is read and the process tree looked at (seconds).
 POLL_S = 0.2
 
@@ -325,7 +337,7 @@ class Session:
             status, error = "cancelled", f"the script was {out.stop_reason}" + (
                 f" (exit code {out.exit_code})" if out.exit_code is not None else "")
         elif out.exit_code not in (0, None):
-            status, error = "error", f"the script exited with code {out.exit_code}"
+            status, error = "error", exit_error(out.exit_code)
         elif out.error:
             status, error = "error", f"the script exited with code 0, but {out.error}"
         else:

@@ -349,3 +349,23 @@ def test_the_boundary_follows_the_loop_manual_updates_evaluation_and_inference(t
         call(infer, model, grad=False)
     assert infer.mode == "forward" and infer.completed == 4  # chosen at the 2nd forward, counted from the 1st
     assert "Linear.forward" in infer.mode_detail
+
+
+def test_a_bare_exit_code_is_said_once_and_other_errors_still_shown():
+    from diagnostics.attach.session import exit_error, only_exit_code
+
+    assert only_exit_code(exit_error(1)) and only_exit_code(exit_error(-9))
+    assert not only_exit_code("the script exited with code 0, but the run folder could not be read")
+    assert not only_exit_code("the script was stopped (exit code 130)") and not only_exit_code(None)
+
+
+def test_the_step_parts_legend_sits_below_the_axis_title_at_the_figures_foot(tmp_path):
+    from diagnostics.render.charts.attach import build_breakdown_figure
+
+    steps = [_step(n, {"forward": 3.0, "backward": 5.0, "host": 1.0}) for n in range(1, 9)]
+    _write_run(tmp_path, steps, {"window": None}, AttachConfig(steps=2, at=20, stable_steps=4))
+    fig = build_breakdown_figure(analyse_run(tmp_path, exit_code=0))
+    lay = fig.layout
+    # with one bar the plot is 60 px high: a legend in paper coordinates (y=-0.4) landed on the axis title
+    assert lay.legend.yref == "container" and lay.legend.yanchor == "bottom" and lay.legend.y < 0.1
+    assert lay.margin.b >= 80 and lay.height - lay.margin.t - lay.margin.b >= 50

@@ -40,6 +40,7 @@ from diagnostics.findings import rank_fix_first
 from diagnostics.measure.gradient_health import (
     STATUSES as GRAD_STATUSES, THRESHOLD_HELP, THRESHOLDS, finite, summarize_layers,
 )
+from diagnostics.units import human_bytes
 
 #: A rank is "waited for" when its busy time (step less communication) is over the others' median by
 #: this fraction (the distributed analysis' straggler margin) and the others spend time in comm.
@@ -610,7 +611,7 @@ def _oom(d: Path, meta: dict, notes: list, alloc_peaks: dict | None = None) -> d
         data["total_bytes"] = counted + int(alloc_peaks[step])
         data["total_how"] = ("the CPU allocator's view (the failing step was profiled): the tensors counted plus the "
                              "step's allocations above its start up to the failure, from the profiler's allocation "
-                             "events" + (f" (the process' resident memory then: {rss} bytes)" if rss else ""))
+                             "events" + (f" (the process' resident memory then: {human_bytes(rss)})" if rss else ""))
     try:
         oom = msgspec.convert({k: v for k, v in data.items() if k in OutOfMemory.__struct_fields__}, OutOfMemory)
     except msgspec.ValidationError as e:

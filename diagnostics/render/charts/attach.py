@@ -55,8 +55,11 @@ def build_breakdown_figure(result: AttachResult) -> go.Figure:
         fig.add_bar(y=labels, x=xs, orientation="h", name=LABELS[k], marker_color=COLORS[k],
                     hovertemplate="%{y}<br>" + LABELS[k] + ": %{x:.2f} ms<extra></extra>")
     fig.update_layout(title="The step's parts<br><sup>median step outside the profiled window, after warm-up</sup>",
-                      barmode="stack", xaxis_title="time per step (ms)", height=120 + 50 * len(ranks),
-                      margin=dict(l=10, r=10, t=70, b=40), legend=dict(orientation="h", y=-0.4, x=0),
+                      barmode="stack", xaxis_title="time per step (ms)", height=170 + 50 * len(ranks),
+                      # the legend at the figure's foot, below the axis title (paper coordinates put it on the
+                      # title when one bar leaves the plot 60 px high)
+                      margin=dict(l=10, r=10, t=70, b=90),
+                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.02, x=0),
                       yaxis=dict(autorange="reversed"))
     return fig
 
