@@ -369,3 +369,16 @@ def test_the_step_parts_legend_sits_below_the_axis_title_at_the_figures_foot(tmp
     # with one bar the plot is 60 px high: a legend in paper coordinates (y=-0.4) landed on the axis title
     assert lay.legend.yref == "container" and lay.legend.yanchor == "bottom" and lay.legend.y < 0.1
     assert lay.margin.b >= 80 and lay.height - lay.margin.t - lay.margin.b >= 50
+
+
+def test_the_summary_names_only_the_steps_the_profiler_recorded_whole(tmp_path):
+    from diagnostics.render.charts.attach import summary_lines
+
+    whole = [_step(n, {"forward": 3.0, "host": 1.0}, profiled=n in (9, 10)) for n in range(1, 11)]
+    _write_run(tmp_path / "whole", whole, {"window": [9, 10]}, AttachConfig(steps=2, at=9, stable_steps=4))
+    assert "; profiled steps 9-10" in summary_lines(analyse_run(tmp_path / "whole", exit_code=0))[1]
+    # the script died in the window's first step (an OOM at step 7): the window was planned, nothing recorded
+    died = [_step(n, {"forward": 3.0, "host": 1.0}) for n in range(1, 7)]
+    _write_run(tmp_path / "died", died, {"window": [7, 11]}, AttachConfig(steps=5, at=7, stable_steps=4))
+    line = summary_lines(analyse_run(tmp_path / "died", exit_code=1))[1]
+    assert "no whole step was profiled (the window began at step 7)" in line and "7-11" not in line

@@ -100,6 +100,21 @@ def trace_names(result: AttachResult) -> list[str]:
     return [os.path.basename(p) for p in trace_paths(result)]
 
 
+def _profiled_part(result: AttachResult) -> str:
+    """Which steps the profiler recorded whole: the window's range, or as many of it as ended before the script."""
+    w, win = result.profiled_steps, result.window
+    if not w:
+        return "; no step was profiled"
+    if win.requested_steps is None:  # stored before the window counted its steps: its range as planned
+        return f"; profiled steps {w[0]}-{w[1]}"
+    n = win.steps_profiled
+    if n == 0:
+        return f"; no whole step was profiled (the window began at step {w[0]})"
+    if n < w[1] - w[0] + 1:
+        return f"; profiled steps {w[0]}-{w[0] + n - 1} ({n} of the window's {w[1] - w[0] + 1})"
+    return f"; profiled steps {w[0]}-{w[1]}"
+
+
 def summary_lines(result: AttachResult) -> list[str]:
     """The run in a few sentences (the CLI prints them, the report and the page show them)."""
     out = []
@@ -108,9 +123,8 @@ def summary_lines(result: AttachResult) -> list[str]:
     out.append(f"{cmd or 'the script'}: " + ("exit code " + str(code) if code is not None else "did not start")
                + (f" after {result.duration_s:.1f} s" if result.duration_s is not None else ""))
     if result.steps:
-        w = result.profiled_steps
         out.append(f"{result.steps} steps, ended by {result.step_boundary_detail or result.step_boundary}"
-                   + (f"; profiled steps {w[0]}-{w[1]}" if w else "; no step was profiled")
+                   + _profiled_part(result)
                    + (f" ({result.window.reason})" if result.window.reason else ""))
     if result.step_ms is not None:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in result.breakdown_ms.items() if v and v >= 0.005)
