@@ -342,8 +342,13 @@ class Session:
 
 
 def _preload_analysis() -> None:
+    """The analysis' modules, the trace layer's (pandas: about a second) with them, imported on this side while
+    the script runs, so that the run's analysis after the script's end only reads its files."""
     try:
         import diagnostics.analyses.attach.job  # noqa: F401
+        import diagnostics.trace.breakdowns  # noqa: F401  (job._trace_figures' imports)
+        import diagnostics.trace.comm  # noqa: F401
+        import diagnostics.trace.ingest  # noqa: F401
     except Exception:  # imported again (and failing visibly) when the run is analysed
         pass
 
