@@ -511,12 +511,15 @@ class Agent:
         prof.stop()
         name = self.P.rank_trace_name(rank)
         path = os.path.join(self.run_dir, name)
-        if rank is None and os.path.exists(path):
+        if rank is None and (os.path.exists(path) or os.path.exists(os.path.join(self.run_dir, self.P.raw_trace_name(name)))):
             name = f"pid{self.pid}.{self.P.TRACE}"
             path = os.path.join(self.run_dir, name)
         t = perf()
-        prof.export_chrome_trace(path)
+        # kineto's own JSON writer (fast); the launcher gzips it into ``name`` beside the script (session.py)
+        raw = self.P.raw_trace_name(name)
+        prof.export_chrome_trace(os.path.join(self.run_dir, raw))
         self.exports["trace"] = name
+        self.exports["trace_raw"] = raw
         self.exports["export_s"] = perf() - t
         if getattr(self, "memory_history", False):
             snap = os.path.join(self.run_dir, self.P.rank_file(self.P.SNAPSHOT, rank))
