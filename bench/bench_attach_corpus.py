@@ -18,9 +18,9 @@ attached (bench_attach_startup.py's). Per script and round:
 
 Each figure is the geometric mean of the rounds' ratios with its exact 95 % interval (``ratio_interval``:
 at least 6 ratios); the corpus row pools every script's rounds. The scripts' arguments make each run a real
-job's length (10-20 s bare on this machine) rather than a 3-second toy, but for regression/main.py, which
-trains until its loss is under 1e-3 and takes no argument (about 3 s). time_sequence_prediction/train.py is
-not timed: it needs matplotlib and a numpy pickle torch>=2.6 refuses to load, and one of its LBFGS steps
+job's length (word_language_model and dcgan: 9-13 s bare at a load of 3 on this 2-core machine) rather
+than a 3-second toy, but for regression/main.py, which trains until its loss is under 1e-3 and takes no
+argument (about 3 s). time_sequence_prediction/train.py is not timed: it needs matplotlib and a numpy pickle torch>=2.6 refuses to load, and one of its LBFGS steps
 takes over a minute here (a bench of a few rounds cannot hold it).
 """
 
@@ -242,10 +242,12 @@ def _reading(r: dict) -> str:
     return (f"goal (issue 39) x{GOAL:g} beyond start-up NOT judged by this run: the load average was "
             f"{ld['min']:.1f}-{ld['max']:.1f} on {r['cpus']} cores, the start-up pair itself read "
             f"{r['startup_s']['added']:+.2f} s (0.29 s on a quiet machine, 'Attach mode start-up' above) and the A/A "
-            f"control's own interval is {_fmt(c['control'])}: the other engineers' jobs, not attach, set the spread. "
+            f"control's own interval is {_fmt(c['control'])} (the machine was shared with other jobs). "
             f"What it shows: the pooled beyond-start-up ratio {_fmt(beyond)}, {where}; the time the attached "
             f"run itself reports outside the script's steps and after the script comes to {span} per run (the "
-            "table above). Rerun on a quiet machine for the verdict.")
+            "table above); the rest of the script's wall above bare is the start-up's share inside the script "
+            "(the bootstrap, torch's import beside the launcher's own imports) and the hooks' per-step cost, not "
+            "broken down further here. Rerun on a quiet machine for the verdict.")
 
 
 def write_section(r: dict) -> None:
@@ -256,7 +258,8 @@ def write_section(r: dict) -> None:
                     f"{_fmt(s['beyond'])} | {_fmt(s['control'])} |")
     where = []
     for name, s in r["scripts"].items():
-        where.append(f"| {name} | {s['script_s']:.2f} s | {s['after_script_s']:.2f} s | {s['tool_outside_s']:.2f} s | "
+        where.append(f"| {name} | {s['script_s']:.2f} s ({s['script_s'] - s['bare_s']:+.2f} s) | "
+                     f"{s['after_script_s']:.2f} s | {s['tool_outside_s']:.2f} s | "
                      f"{s['export_s']:.3f} s | {s['window_overhead_pct']:+.0f} % | "
                      f"{', '.join(f'{w[0]}-{w[1]}' for w in s['windows'] if w) or 'none'} |")
     c = r["corpus"]
@@ -288,7 +291,7 @@ Start-up cost measured beside them: {r['startup_s']['added']:+.2f} s (tiny scrip
 
 Where the attached run's time goes (medians over the rounds; the run's own figures):
 
-| script | script's wall (launcher's view) | after the script (analysis, store, exit) | ours between steps (window start/stop, export, files) | trace export inside the script | profiled steps vs the others | windows |
+| script | script's wall (launcher's view; above the bare command's median) | after the script (analysis, store, exit) | ours between steps (window start/stop, export, files) | trace export inside the script | profiled steps vs the others | windows |
 |---|---|---|---|---|---|---|
 {chr(10).join(where)}
 
