@@ -245,9 +245,9 @@ def _reading(r: dict) -> str:
             f"control's own interval is {_fmt(c['control'])} (the machine was shared with other jobs). "
             f"What it shows: the pooled beyond-start-up ratio {_fmt(beyond)}, {where}; the time the attached "
             f"run itself reports outside the script's steps and after the script comes to {span} per run (the "
-            "table above); the rest of the script's wall above bare is the start-up's share inside the script "
-            "(the bootstrap, torch's import beside the launcher's own imports) and the hooks' per-step cost, not "
-            "broken down further here. Rerun on a quiet machine for the verdict.")
+            "table above); the rest of the script's wall above bare is not broken down by this run (the "
+            "start-up's share inside the script, the hooks' per-step cost, DataLoader workers' timing: candidates, "
+            "not measured here). Rerun on a quiet machine for the verdict.")
 
 
 def write_section(r: dict) -> None:
