@@ -136,7 +136,7 @@ bench/attach_workload.py` (automatic warm-up, 5 profiled steps), {r['rounds']} i
 | A/A: the script's own median step, bare again | {r['script_step_ms']['bare']:.3f} ms | {r['script_step_ms']['control']:.3f} ms | {r['script_step_ms']['control_pct']:+.1f} % |
 | profiled steps against the run's steps outside the window | | | {r['window_overhead_pct']:+.1f} % (median over runs) |
 
-Our time between steps (profiler start with its imports, trace export, files): {r['tool_outside_s']:.2f} s
+Our time between steps (profiler start and stop, trace export, files): {r['tool_outside_s']:.2f} s
 per run, of which the trace export {r['export_s']:.2f} s; the run's own step_ms outside the window
 {r['run_step_ms_outside_window']:.3f} ms against the script's own {r['script_step_ms']['attached']:.3f} ms. Profiled
 windows: {', '.join(f'{w[0]}-{w[1]}' if w else 'none' for w in r['window'])}.

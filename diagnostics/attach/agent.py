@@ -83,6 +83,36 @@ def _noop_compiling() -> bool:
     return False
 
 
+class _TorchAsItIs:
+    """torch, as torch.profiler's ``prepare_trace`` looks at it: every attribute torch's own, but
+    ``_inductor`` only once the script imported inductor itself. torch's check ``hasattr(torch, "_inductor")``
+    otherwise imports inductor, dynamo and sympy (1.5 to 2.5 s of the script's wall at the window's start, and
+    modules a bare run never loads) to read a cudagraphs setting that is off unless inductor runs."""
+
+    def __init__(self, torch):
+        self._torch = torch
+
+    def __getattr__(self, name):
+        if name == "_inductor" and "torch._inductor" not in sys.modules:
+            raise AttributeError(name)
+        return getattr(self._torch, name)
+
+
+def _profiler_class(torch):
+    """torch.profiler.profile whose ``prepare_trace`` is torch's own code read against ``_TorchAsItIs``
+    (a subclass: torch binds ``prepare_trace`` when the profiler is made). The profiler is ours, nothing of
+    torch's is changed; with inductor imported by the script it does exactly what torch's does."""
+    base = torch.profiler.profile
+    fn = getattr(base, "prepare_trace", None)
+    if type(fn) is not type(_noop_compiling) or fn.__closure__ or fn.__globals__.get("torch") is not torch:
+        return base  # not the function this was written against: torch's own, with its import
+    code_globals = dict(fn.__globals__)
+    code_globals["torch"] = _TorchAsItIs(torch)
+    prepare = type(fn)(fn.__code__, code_globals, fn.__name__, fn.__defaults__, fn.__closure__)
+    prepare.__kwdefaults__ = fn.__kwdefaults__
+    return type("_AttachProfile", (base,), {"prepare_trace": prepare, "__module__": __name__})
+
+
 class Agent:
     """One process' instrumentation; a forked child (a DataLoader worker) keeps only the worker timing."""
 
@@ -445,7 +475,7 @@ class Agent:
                     self.notes.append(f"CUDA memory history not recorded: {type(e).__name__}: {e}")
         self.segs = []
         self.grad_steps = []
-        self.prof = torch.profiler.profile(activities=acts, record_shapes=True, profile_memory=True,
+        self.prof = _profiler_class(torch)(activities=acts, record_shapes=True, profile_memory=True,
                                            with_stack=bool(self.cfg.stacks))
         self.prof.start()
         self._status(force=True)
@@ -483,12 +513,15 @@ class Agent:
         prof.stop()
         name = self.P.rank_trace_name(rank)
         path = os.path.join(self.run_dir, name)
-        if rank is None and os.path.exists(path):
+        if rank is None and (os.path.exists(path) or os.path.exists(os.path.join(self.run_dir, self.P.raw_trace_name(name)))):
             name = f"pid{self.pid}.{self.P.TRACE}"
             path = os.path.join(self.run_dir, name)
         t = perf()
-        prof.export_chrome_trace(path)
+        # kineto's own JSON writer (fast); the launcher gzips it into ``name`` beside the script (session.py)
+        raw = self.P.raw_trace_name(name)
+        prof.export_chrome_trace(os.path.join(self.run_dir, raw))
         self.exports["trace"] = name
+        self.exports["trace_raw"] = raw
         self.exports["export_s"] = perf() - t
         if getattr(self, "memory_history", False):
             snap = os.path.join(self.run_dir, self.P.rank_file(self.P.SNAPSHOT, rank))

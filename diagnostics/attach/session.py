@@ -15,6 +15,7 @@ ranks, double-forked helpers) outlives the run; the script runs below a guardian
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -28,7 +29,9 @@ from typing import Callable
 import psutil
 
 from diagnostics import procs
-from diagnostics.analyses.attach.protocol import LIVE_PHASES, PROC_PREFIX, STATUS, AttachConfig, read_json
+from diagnostics.analyses.attach.protocol import (
+    LIVE_PHASES, META, PROC_PREFIX, STATUS, AttachConfig, raw_trace_name, read_json,
+)
 from diagnostics.analyses.attach.result import AttachResult
 from diagnostics.attach.command import Command, child_environment
 from diagnostics.errors import TorchScopeError
@@ -99,6 +102,85 @@ def read_live(run_dir: Path) -> Live:
     return live
 
 
+#: How often, once a window has started, the processes' meta files are read for a trace to gzip (seconds).
+TRACE_POLL_S = 1.0
+#: The gzip level of the traces (zlib's default: the level changes the file's size, never what it holds).
+TRACE_GZIP_LEVEL = 6
+_RAW_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def gzip_trace(run_dir, raw: str, name: str) -> None:
+    """The run folder's ``raw`` trace (a regular file: never a link followed or a FIFO waited on) gzipped into
+    ``name`` (written whole, then renamed into place), and ``raw`` removed. Both are plain file names."""
+    import gzip
+    import stat
+
+    for n in (raw, name):
+        if not n or os.path.basename(n) != n or n in (".", ".."):
+            raise ValueError(f"{n!r} is not a file name of the run folder")
+    src, dst = os.path.join(run_dir, raw), os.path.join(run_dir, name)
+    if os.path.islink(src):
+        raise ValueError(f"{raw} is a symbolic link: not gzipped")
+    fd = os.open(src, _RAW_READ)  # O_NOFOLLOW: a link put there since is refused too (ELOOP)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{raw} is not a regular file: not gzipped")
+        tmp = f"{dst}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "xb") as out, gzip.GzipFile(fileobj=out, mode="wb", compresslevel=TRACE_GZIP_LEVEL) as gz:
+                while chunk := f.read(1 << 20):
+                    gz.write(chunk)
+            os.replace(tmp, dst)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    os.unlink(src)
+
+
+class TraceGzip:
+    """The profiled windows' traces: each process' agent exports its window raw (kineto's own JSON writer,
+    fast) and names it in its meta file (``exports.trace_raw``); here, beside the script that runs on, it is
+    gzipped into its final name (``exports.trace``). ``finish()`` gzips what is left (a window that ended with
+    the script) and waits for the rest."""
+
+    def __init__(self, run_dir):
+        self.run_dir = str(run_dir)
+        self.started: set[str] = set()
+        self.threads: list[threading.Thread] = []
+        self.errors: list[str] = []
+        self.last = 0.0
+
+    def poll(self, now: float | None = None) -> None:
+        if now is not None:
+            if now - self.last < TRACE_POLL_S:
+                return
+            self.last = now
+        for d in sorted(Path(self.run_dir).glob(f"{PROC_PREFIX}*")):
+            exports = (read_json(str(d / META), None) or {}).get("exports") or {}
+            raw, name = exports.get("trace_raw"), exports.get("trace")
+            if not isinstance(name, str) or raw != raw_trace_name(name) or raw in self.started:
+                continue
+            if not os.path.lexists(os.path.join(self.run_dir, raw)):
+                continue
+            self.started.add(raw)
+            t = threading.Thread(target=self._gzip, args=(raw, name), daemon=True, name="torchscope-trace-gzip")
+            t.start()
+            self.threads.append(t)
+
+    def _gzip(self, raw: str, name: str) -> None:
+        try:
+            gzip_trace(self.run_dir, raw, name)
+        except Exception as e:  # the analysis reads the raw trace then (job.py), and says nothing is lost
+            self.errors.append(f"the trace {raw} was not gzipped ({type(e).__name__}: {e}): kept as it is")
+
+    def finish(self) -> list[str]:
+        self.poll()
+        for t in self.threads:
+            t.join()
+        return self.errors
+
+
 #: Looks for orphans re-parented to us after a run's tree was killed, ORPHAN_WAIT_S apart.
 ORPHAN_TRIES, ORPHAN_WAIT_S = 10, 0.1
 
@@ -141,6 +223,7 @@ class Session:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.config.write(str(run_dir))
         self.run_dir = run_dir
+        self._traces = TraceGzip(run_dir)
         return run_dir
 
     def run(self) -> Outcome:
@@ -195,6 +278,8 @@ class Session:
             try:  # ours: whatever happens to our files or the live view, the script runs on and is waited for
                 self._track(proc.pid)
                 live = read_live(self.run_dir)
+                if live.window:
+                    self._traces.poll(now)
                 live.elapsed_s = now - t0
                 live.stopping = self._stop_reason
                 key = (live.phase, live.step, live.stopping)
@@ -298,6 +383,7 @@ class Session:
     def _finish(self, out: Outcome) -> Outcome:
         from diagnostics.analyses.attach.job import analyse_run
 
+        gzip_notes = self._traces.finish()
         try:
             result = analyse_run(out.run_dir, exit_code=out.exit_code, command=list(self.command.argv),
                                  cwd=self.command.cwd, duration_s=out.duration_s, interrupted=out.interrupted,
@@ -307,7 +393,7 @@ class Session:
                 notes.insert(0, f"the run was {out.stop_reason}: what was measured until then is kept")
             if out.leftovers_killed:
                 notes.append(f"{out.leftovers_killed} process(es) the script left running were stopped")
-            notes += self.command.notes
+            notes += [*self.command.notes, *gzip_notes]
             out.result = result.with_notes(notes)
         except Exception as e:  # ours: say so, keep the script's exit code
             import traceback
@@ -354,8 +440,13 @@ class Session:
 
 
 def _preload_analysis() -> None:
+    """The analysis' modules, the trace layer's (pandas: about a second) with them, imported on this side while
+    the script runs, so that the run's analysis after the script's end only reads its files."""
     try:
         import diagnostics.analyses.attach.job  # noqa: F401
+        import diagnostics.trace.breakdowns  # noqa: F401  (job._trace_figures' imports)
+        import diagnostics.trace.comm  # noqa: F401
+        import diagnostics.trace.ingest  # noqa: F401
     except Exception:  # imported again (and failing visibly) when the run is analysed
         pass
 

@@ -227,3 +227,56 @@ def test_a_torchrun_whose_ranks_fail_at_once_says_so_and_passes_the_exit_code(tm
     assert ran.code == 1  # torchrun's own exit code when its ranks fail
     assert ran.result["status"] == "failed" and ran.result["steps"] == 0
     assert "no step was seen" in ran.result["notes"][0]
+
+
+PLAIN = """import sys
+
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+for step in range(12):
+    loss = model(torch.randn(4, 8)).pow(2).mean()
+    model.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.1 * p.grad
+    print(f"step {step} loss {loss.item():.10f}")
+print("loaded:", sorted(m for m in ("torch._dynamo", "torch._inductor", "sympy") if m in sys.modules))
+"""
+
+
+def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_or_read_raw(tmp_path):
+    """A script that never imports inductor: torch.profiler's start imported it (with dynamo and sympy: seconds)
+    until the window's profiler read torch without it; it loads what bare loads. The trace, exported raw inside
+    the script, is gzipped by the launcher; a raw one left (the launcher stopped first) reads the same."""
+    import gzip
+
+    from diagnostics.analyses.attach.job import analyse_run
+    from diagnostics.results import to_json
+
+    (tmp_path / "plain.py").write_text(PLAIN)
+    for d in ("bare", "attached"):
+        (tmp_path / d).mkdir()
+    p = subprocess.run([sys.executable, str(tmp_path / "plain.py")], cwd=tmp_path / "bare", env=env_for(tmp_path),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip().endswith("loaded: []"), p.stderr[-2000:]
+    ran = run_attached(tmp_path / "attached", "plain.py", command=[sys.executable, str(tmp_path / "plain.py")],
+                       options=("--at", "4", "--steps", "3"))
+    assert ran.code == 0, ran.stderr[-3000:]
+    assert ran.script_stdout == p.stdout.strip()  # the losses to the last digit, and no compiler loaded
+    r = ran.result
+    assert r["profiled_steps"] == [4, 6] and r["step_boundary"] == "manual update"
+    trace = Path(r["trace"])
+    assert trace.name == "trace.json.gz" and not (trace.parent / "trace.json").exists()
+    raw = gzip.decompress(trace.read_bytes())
+    assert b"ProfilerStep#4" in raw and b"ProfilerStep#6" in raw
+    # the launcher stopped before it gzipped: the analysis reads the raw trace, to the same figures
+    trace.unlink()
+    (trace.parent / "trace.json").write_bytes(raw)
+    again = json.loads(to_json(analyse_run(trace.parent, exit_code=0)))
+    assert again["trace"] == str(trace.parent / "trace.json")
+    assert again["memory"] == r["memory"] and again["memory"]["alloc_peak_bytes_per_step"]
+    assert again["step_table"] == r["step_table"]

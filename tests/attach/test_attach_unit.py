@@ -382,3 +382,60 @@ def test_the_summary_names_only_the_steps_the_profiler_recorded_whole(tmp_path):
     _write_run(tmp_path / "died", died, {"window": [7, 11]}, AttachConfig(steps=5, at=7, stable_steps=4))
     line = summary_lines(analyse_run(tmp_path / "died", exit_code=1))[1]
     assert "no whole step was profiled (the window began at step 7)" in line and "7-11" not in line
+
+
+def test_a_raw_trace_is_gzipped_whole_into_its_name_and_only_a_regular_file_of_the_run_folder_is(tmp_path):
+    """The launcher's side of the trace export (session.TraceGzip): the name a process' meta gives is gzipped
+    beside the script, the bytes unchanged; a link, a FIFO or a path outside the folder is refused by name."""
+    import gzip
+
+    from diagnostics.attach.session import TraceGzip, gzip_trace
+
+    data = json.dumps({"traceEvents": [{"name": f"aten::op{i}", "ts": i, "dur": 1} for i in range(40_000)]}).encode()
+    (tmp_path / "trace.json").write_bytes(data)
+    (tmp_path / "elsewhere.json").write_bytes(b"{}")
+    for pid, exports in ((1, {"trace": "trace.json.gz", "trace_raw": "trace.json"}),
+                         (2, {"trace": "x.json.gz", "trace_raw": "../elsewhere.json"})):  # not its raw name: ignored
+        (tmp_path / f"proc-{pid}").mkdir()
+        (tmp_path / f"proc-{pid}" / "meta.json").write_text(json.dumps({"exports": exports}))
+    assert TraceGzip(tmp_path).finish() == []
+    assert gzip.decompress((tmp_path / "trace.json.gz").read_bytes()) == data
+    assert not (tmp_path / "trace.json").exists() and (tmp_path / "elsewhere.json").read_bytes() == b"{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.json", "proc-1", "proc-2", "trace.json.gz"]
+
+    os.symlink(tmp_path / "elsewhere.json", tmp_path / "rank0.pt.trace.json")
+    with pytest.raises(ValueError, match="rank0.pt.trace.json is a symbolic link"):
+        gzip_trace(tmp_path, "rank0.pt.trace.json", "rank0.pt.trace.json.gz")
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(ValueError, match="fifo.json is not a regular file"):  # opened without waiting on it
+        gzip_trace(tmp_path, "fifo.json", "fifo.json.gz")
+    with pytest.raises(ValueError, match="'../elsewhere.json' is not a file name"):
+        gzip_trace(tmp_path, "../elsewhere.json", "x.json.gz")
+    assert not any(p.name.endswith(".gz") and p.name != "trace.json.gz" for p in tmp_path.iterdir())
+    # one that fails is said in the run's notes (the raw trace kept, the analysis reads it)
+    (tmp_path / "proc-3").mkdir()
+    (tmp_path / "proc-3" / "meta.json").write_text(json.dumps({"exports": {"trace": "fifo.json.gz",
+                                                                            "trace_raw": "fifo.json"}}))
+    notes = TraceGzip(tmp_path).finish()
+    assert len(notes) == 1 and "the trace fifo.json was not gzipped" in notes[0] and "not a regular file" in notes[0]
+
+
+def test_the_windows_profiler_is_torchs_own_code_without_its_inductor_import():
+    """agent._profiler_class: a subclass of torch.profiler.profile whose prepare_trace is torch's own code
+    object; it sees torch's _inductor only where the script imported it."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("_t_attach_agent_prof", ROOT / "diagnostics" / "attach" / "agent.py")
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    cls = agent._profiler_class(torch)
+    assert issubclass(cls, torch.profiler.profile) and cls is not torch.profiler.profile
+    assert cls.prepare_trace.__code__ is torch.profiler.profile.prepare_trace.__code__
+    view = cls.prepare_trace.__globals__["torch"]
+    assert view.profiler is torch.profiler and view.nn is torch.nn
+    if "torch._inductor" in sys.modules:  # imported here: torch's own answer
+        assert view._inductor is sys.modules["torch._inductor"]
+    else:  # asked, and still not imported
+        assert not hasattr(view, "_inductor") and "torch._inductor" not in sys.modules

@@ -32,7 +32,7 @@ import msgspec
 from diagnostics.analyses.attach import rules
 from diagnostics.analyses.attach.protocol import (
     ERRORS, GRADS, MAX_JSON_BYTES, MAX_JSONL_BYTES, META, OOM, PHASES, PLAN, PROC_PREFIX, SEGMENTS, STEPS, WORKERS, AttachConfig,
-    read_json, read_jsonl,
+    raw_trace_name, read_json, read_jsonl,
 )
 from diagnostics.analyses.attach.result import AttachResult, Bottleneck, OomFit, OutOfMemory, RunPlan
 from diagnostics.devices import logical_cores
@@ -201,6 +201,9 @@ def _figures(p: dict, cfg: AttachConfig, run_dir: Path, notes: list) -> dict:
     overhead_pct = 100.0 * (step_prof - step_ms) / step_ms if prof and outside and step_ms else None
     noise = _overhead_noise(outside, prof, step_ms) if overhead_pct is not None else None
     trace_name = (meta.get("exports") or {}).get("trace")
+    if isinstance(trace_name, str) and not _plain_file(run_dir, trace_name) \
+            and _plain_file(run_dir, raw_trace_name(trace_name)):
+        trace_name = raw_trace_name(trace_name)  # exported, not gzipped (the launcher was stopped): the same trace
     # a name in the run folder, never a path the script chose (/dev/zero, a FIFO, another user's file)
     trace_path = run_dir / trace_name if isinstance(trace_name, str) and _plain_file(run_dir, trace_name) else None
     segments = (read_json(str(p["dir"] / SEGMENTS), {}) or {}).get("segments") or []

@@ -13,7 +13,8 @@ Layout (RUN_DIR, given to every process of the job in ``RUN_DIR_ENV``)::
     proc-<pid>/segments.json     the main thread's phase segments in the profiled steps, and the clock marks
     proc-<pid>/errors.jsonl      what failed inside the bootstrap (the job ran on, unprofiled from there)
     workers/<pid>.jsonl          DataLoader fetch + collate per batch, from every process that fetched
-    trace.json.gz                the torch.profiler trace (one process), or rank<R>.pt.trace.json.gz per rank
+    trace.json.gz                the torch.profiler trace (one process), or rank<R>.pt.trace.json.gz per rank;
+                                 exported raw as trace.json (raw_trace_name), gzipped by the launcher
     memory_snapshot.pickle       CUDA memory snapshot of the window (rank<R>.memory_snapshot.pickle per rank)
     oom_snapshot.pickle          CUDA memory snapshot taken when the allocator ran out (rank<R>.... per rank)
     proc-<pid>/oom.json          the script died of out-of-memory: the failing allocation, what held memory, the
@@ -116,6 +117,13 @@ def requested_bytes(message: str) -> tuple[int | None, bool]:
 def rank_trace_name(rank: int | None) -> str:
     """The exported trace's file name: trace.json.gz for one process, rank<R>.pt.trace.json.gz per rank."""
     return TRACE if rank is None else f"rank{rank}.pt.trace.json.gz"
+
+
+def raw_trace_name(name: str) -> str:
+    """The name the agent exports a trace under, as kineto writes it (JSON, no gzip): ``name`` less its ``.gz``.
+    The launcher gzips it into ``name`` beside the running script (torch's own .gz export gzips line by line
+    in Python inside the script: seconds of its wall on a large trace)."""
+    return name[:-3] if name.endswith(".gz") else f"{name}.raw"
 
 
 def rank_file(name: str, rank: int | None) -> str:
