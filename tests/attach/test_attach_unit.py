@@ -249,6 +249,19 @@ def test_the_attach_package_stands_below_the_cli_and_the_dashboard():
                 assert all(n.startswith(engine_ok) for n in names), (path.name, names)
 
 
+#: Agents made in this process by _agent, finished after each test as the bootstrap finishes one at exit: an
+#: agent whose steps opened the profiled window leaves torch.profiler running, and a profiler state still alive
+#: at the interpreter's exit crashed it (SIGSEGV in ProfilerStateBase's destructor, after every test passed).
+_AGENTS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _finish_agents():
+    yield
+    while _AGENTS:
+        _AGENTS.pop().finish()
+
+
 def _agent(tmp_path):
     """The agent as the bootstrap loads it (by path, with the run folder's protocol), not installed."""
     import importlib.util
@@ -262,7 +275,9 @@ def _agent(tmp_path):
         spec.loader.exec_module(mods[name])
     tmp_path.mkdir(parents=True, exist_ok=True)
     AttachConfig().write(str(tmp_path))
-    return mods["agent"].Agent(torch, str(tmp_path), mods["protocol"])
+    agent = mods["agent"].Agent(torch, str(tmp_path), mods["protocol"])
+    _AGENTS.append(agent)
+    return agent
 
 
 def test_gradient_statistics_match_an_independent_computation(tmp_path):
