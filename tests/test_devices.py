@@ -57,7 +57,7 @@ def test_every_view_reads_the_same_counts():
     from diagnostics.measure.environment import environment_facts
 
     env = environment_facts("cpu")
-    assert env["cpu_count"] == devices.logical_cores() and env["torch_threads"] == devices.torch_threads()
+    assert env.cpu_count == devices.logical_cores() and env.torch_threads == devices.torch_threads()
     with watch() as w:
         pass
     assert w.figures["cores"] == devices.logical_cores() and w.figures["torch_threads"] == torch.get_num_threads()
