@@ -35,6 +35,7 @@ from diagnostics.analyses.attach.protocol import (
 from diagnostics.analyses.attach.result import AttachResult
 from diagnostics.attach.command import Command, child_environment
 from diagnostics.errors import TorchScopeError
+from diagnostics.jobfiles import open_regular
 
 #: Seconds a stopped script gets to end on its own (KeyboardInterrupt: its finally blocks, our export)
 #: before its tree is killed.
@@ -106,25 +107,19 @@ def read_live(run_dir: Path) -> Live:
 TRACE_POLL_S = 1.0
 #: The gzip level of the traces (zlib's default: the level changes the file's size, never what it holds).
 TRACE_GZIP_LEVEL = 6
-_RAW_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def gzip_trace(run_dir, raw: str, name: str) -> None:
-    """The run folder's ``raw`` trace (a regular file: never a link followed or a FIFO waited on) gzipped into
-    ``name`` (written whole, then renamed into place), and ``raw`` removed. Both are plain file names."""
+    """The run folder's ``raw`` trace (a regular file, opened as jobfiles.open_regular opens a job's files:
+    never a link followed or a FIFO waited on, else ArtifactError) gzipped into ``name`` (written whole, then
+    renamed into place), and ``raw`` removed. Both are plain file names."""
     import gzip
-    import stat
 
     for n in (raw, name):
         if not n or os.path.basename(n) != n or n in (".", ".."):
             raise ValueError(f"{n!r} is not a file name of the run folder")
     src, dst = os.path.join(run_dir, raw), os.path.join(run_dir, name)
-    if os.path.islink(src):
-        raise ValueError(f"{raw} is a symbolic link: not gzipped")
-    fd = os.open(src, _RAW_READ)  # O_NOFOLLOW: a link put there since is refused too (ELOOP)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{raw} is not a regular file: not gzipped")
+    with os.fdopen(open_regular(src, max_bytes=None, within=run_dir), "rb") as f:
         tmp = f"{dst}.tmp{os.getpid()}"
         try:
             with open(tmp, "xb") as out, gzip.GzipFile(fileobj=out, mode="wb", compresslevel=TRACE_GZIP_LEVEL) as gz:

@@ -234,10 +234,11 @@ def test_the_attach_package_stands_below_the_cli_and_the_dashboard():
     allowed = {"diagnostics", "psutil"}
     # fix trials (attach/trials.py): its analysis' record and result, and the one interleaved comparison;
     # run --plan (background.py checks its spec; no torch): analyses/plan/attached.py, the planner's entry
-    # the agent imports in the script's process only with --plan
+    # the agent imports in the script's process only with --plan; the launcher's trace gzip opens the run
+    # folder's files as a job's are opened (diagnostics.jobfiles: torch-free, below the store)
     engine_ok = ("diagnostics.errors", "diagnostics.procs", "diagnostics.attach", "diagnostics.analyses.attach",
                  "diagnostics.store", "diagnostics.analyses.trials", "diagnostics.measure.compare",
-                 "diagnostics.analyses.plan.attached", "diagnostics.declare")
+                 "diagnostics.analyses.plan.attached", "diagnostics.declare", "diagnostics.jobfiles")
     import ast
 
     for path in (ROOT / "diagnostics" / "attach").rglob("*.py"):
@@ -419,10 +420,12 @@ def test_a_raw_trace_is_gzipped_whole_into_its_name_and_only_a_regular_file_of_t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.json", "proc-1", "proc-2", "trace.json.gz"]
 
     os.symlink(tmp_path / "elsewhere.json", tmp_path / "rank0.pt.trace.json")
-    with pytest.raises(ValueError, match="rank0.pt.trace.json is a symbolic link"):
+    from diagnostics.jobfiles import ArtifactError
+
+    with pytest.raises(ArtifactError, match="rank0.pt.trace.json is a symbolic link"):
         gzip_trace(tmp_path, "rank0.pt.trace.json", "rank0.pt.trace.json.gz")
     os.mkfifo(tmp_path / "fifo.json")
-    with pytest.raises(ValueError, match="fifo.json is not a regular file"):  # opened without waiting on it
+    with pytest.raises(ArtifactError, match="fifo.json is a FIFO"):  # opened without waiting on it
         gzip_trace(tmp_path, "fifo.json", "fifo.json.gz")
     with pytest.raises(ValueError, match="'../elsewhere.json' is not a file name"):
         gzip_trace(tmp_path, "../elsewhere.json", "x.json.gz")
@@ -432,7 +435,7 @@ def test_a_raw_trace_is_gzipped_whole_into_its_name_and_only_a_regular_file_of_t
     (tmp_path / "proc-3" / "meta.json").write_text(json.dumps({"exports": {"trace": "fifo.json.gz",
                                                                             "trace_raw": "fifo.json"}}))
     notes = TraceGzip(tmp_path).finish()
-    assert len(notes) == 1 and "the trace fifo.json was not gzipped" in notes[0] and "not a regular file" in notes[0]
+    assert len(notes) == 1 and "the trace fifo.json was not gzipped" in notes[0] and "is a FIFO" in notes[0]
 
 
 def test_the_windows_profiler_is_torchs_own_code_without_its_inductor_import():
