@@ -24,7 +24,7 @@ from diagnostics.trace.errors import TraceError
 # (records/, torch- and pandas-free) or the errors must not import pandas, which the views need
 # (issue #42: the CLI's start-up, `--help` and the registry, read the trace records only).
 _LAZY = {
-    "idle_time": "breakdowns", "steps": "breakdowns", "summary": "breakdowns",
+    "idle_time": "breakdowns", "steps": "breakdowns", "summary": "overview",
     "temporal_breakdown": "breakdowns", "top_operators": "breakdowns",
     "launch_stats": "launches", "diff_traces": "diff", "load_trace": "ingest", "trace_files": "ingest",
     "timeline_data": "timeline", "Trace": "model",

@@ -1,7 +1,8 @@
 """HTA-class analyses of a loaded Trace. Each view returns its typed record (records/breakdowns.py); the
 helpers other views build on (steps, step_spans, gpu_step_attribution, gpu_step_breakdown) frames and dicts.
 
-summary: duration, steps, events by category, threads, streams, memory peaks.
+summary: duration, steps, events by category, threads, streams, memory peaks (overview.py: on the trace's
+columns, without pandas, the first answer; its step spans and GPU kinds are the frames' here).
 temporal_breakdown: per ProfilerStep, GPU time by kind (exclusive, priority compute >
 communication > memcpy > memset, the rest idle) over GPU windows that partition the GPU timeline,
 GPU work put in the step that launched it (gpu_step_attribution), and host self time by operator
@@ -16,13 +17,14 @@ import pandas as pd
 
 from diagnostics.trace import intervals as iv
 from diagnostics.trace.classify import (
-    FRAME_CATS, HOST_OP_CATS, LAUNCH_FLOW_CATS, MEMCPY_CATS, MEMSET_CATS, MTIA_CATS, MTIA_DMA_RE, RUNTIME_CATS, STEP_RE,
-    comm_mask, gpu_work_mask, host_mask, host_op_mask, op_family, step_mask,
+    FRAME_CATS, HOST_OP_CATS, LAUNCH_FLOW_CATS, RUNTIME_CATS, STEP_RE, gpu_work_mask, host_mask, host_op_mask, op_family,
 )
 from diagnostics.trace.model import Trace
+# The Summary, the step spans and the GPU work's kinds, on the columns without pandas (the first answer, #42);
+# summary is this module's view too.
+from diagnostics.trace.overview import KIND_PRIORITY, gpu_kinds, gpu_places, step_rows, summary  # noqa: F401
 from diagnostics.trace.records.breakdowns import (
-    Attribution, Category, CpuGroup, GpuStep, IdleStream, IdleTime, Kernel, MemoryPeak, Operator, Step, StepWindow,
-    Stream, TemporalBreakdown, Thread, TopOperators, TraceSummary,
+    Attribution, CpuGroup, GpuStep, IdleStream, IdleTime, Kernel, Operator, StepWindow, TemporalBreakdown, TopOperators,
 )
 
 # A gap shorter than this between two GPU events whose launch was already queued is put down
@@ -51,18 +53,12 @@ def steps(trace: Trace) -> pd.DataFrame:
 
 
 def step_spans(trace: Trace) -> pd.DataFrame:
-    """steps() with the event row of each step's span (its thread: trace.lane_keys()[row])."""
+    """steps() with the event row of each step's span (its thread: trace.lane_keys()[row]): overview.step_rows
+    as a frame."""
     if "steps" in trace._cache:
         return trace._cache["steps"]
-    ev = trace.events
-    rows = np.flatnonzero(step_mask(trace))
-    df = pd.DataFrame({"row": rows, "name": trace.strings("name", rows),
-                       "start_us": ev["ts"].to_numpy()[rows],
-                       "dur_us": ev["dur"].to_numpy()[rows]})
-    df["step"] = df["name"].str.extract(STEP_RE, expand=False).astype(int)
-    # One span per step number (the profiler writes one; merged traces may repeat it).
-    df = df.sort_values(["step", "dur_us"], ascending=[True, False]).drop_duplicates("step")
-    df = df.sort_values("start_us").reset_index(drop=True)[["step", "name", "start_us", "dur_us", "row"]]
+    st = step_rows(trace)
+    df = pd.DataFrame({k: st[k] for k in ("step", "name", "start_us", "dur_us", "row")})
     trace._cache["steps"] = df
     return df
 
@@ -101,22 +97,11 @@ def _gpu_frame(trace: Trace) -> pd.DataFrame:
         return trace._cache["gpu"]
     ev = trace.events
     rows = np.flatnonzero(gpu_work_mask(trace))
-    kind = np.full(rows.size, "compute", dtype=object)
-    kind[trace.cat_mask(MEMCPY_CATS)[rows]] = "memcpy"
-    kind[trace.cat_mask(MEMSET_CATS)[rows]] = "memset"
-    kind[(trace.cat_mask(MTIA_CATS) & trace.name_mask(MTIA_DMA_RE))[rows]] = "memcpy"
-    comm = comm_mask(trace)[rows]
-    kind[comm] = "communication"
-    pid = trace.strings("pid", rows)
-    device = ev["device"].to_numpy()[rows]
-    tid = trace.strings("tid", rows)
-    stream = ev["stream"].to_numpy()[rows]
+    device, stream = gpu_places(trace, rows)
     g = pd.DataFrame({
-        "row": rows, "name": trace.strings("name", rows), "kind": kind,
+        "row": rows, "name": trace.strings("name", rows), "kind": gpu_kinds(trace, rows),
         "start_us": ev["ts"].to_numpy()[rows], "dur_us": ev["dur"].to_numpy()[rows],
-        "device": np.where(device >= 0, device.astype(str), pid),
-        "stream": np.where(stream >= 0, stream.astype(str), tid),
-        "corr": ev["corr"].to_numpy()[rows]})
+        "device": device, "stream": stream, "corr": ev["corr"].to_numpy()[rows]})
     g["end_us"] = g["start_us"] + g["dur_us"]
     launch = _runtime_calls(trace)
     by_corr = launch[launch["corr"] >= 0].drop_duplicates("corr")
@@ -178,106 +163,9 @@ def _link_by_flow(trace: Trace, g: pd.DataFrame, launch: pd.DataFrame) -> None:
     g["launch_by"] = by
 
 
-#: GPU time of several kinds at once counts as the first of them.
-KIND_PRIORITY = ("compute", "communication", "memcpy", "memset")
 
 
 # ---- analyses --------------------------------------------------------------------------------
-
-def summary(trace: Trace) -> TraceSummary:
-    """Duration, steps, events by category, threads, streams, memory peaks, warnings."""
-    ev = trace.events
-    timed = trace.complete_mask() & ~trace.cat_mask(FRAME_CATS)
-    ts, dur = ev["ts"].to_numpy(), ev["dur"].to_numpy()
-    start = float(ts[timed].min()) if timed.any() else 0.0
-    end = float((ts + dur)[timed].max()) if timed.any() else 0.0
-    g = _gpu_frame(trace)
-    st = steps(trace)
-    notes = []
-    if trace.cat_mask(MTIA_CATS).any():
-        notes.append("MTIA trace: its device events (mtia_ccp_events) are read as kernels (DMA ones as "
-                     "copies) and mtia_runtime events as runtime calls; \"GPU\" below means the MTIA device")
-    return TraceSummary(
-        source=trace.source, bytes=trace.n_bytes, events=len(ev), duration_us=end - start, rank=trace.rank,
-        schema_version=trace.meta.get("schemaVersion"), base_time_ns=trace.meta.get("baseTimeNanoseconds"),
-        has_gpu=bool(len(g)), n_steps=len(st),
-        steps=tuple(Step(**r) for r in _records(st)),
-        categories=tuple(Category(**r) for r in _records(_categories(trace))),
-        threads=tuple(Thread(**r) for r in _records(_threads(trace)[["pid", "tid", "name", "events", "busy_us"]])),
-        streams=tuple(Stream(**r) for r in _streams(g)),
-        memory=tuple(MemoryPeak(**r) for r in _memory_peaks(trace)),
-        skipped_events=trace.skipped_events, warnings=tuple(trace.warnings), notes=tuple(notes),
-    )
-
-
-def _categories(trace: Trace) -> pd.DataFrame:
-    """Events and their summed duration per category, the most events first."""
-    complete, dur = trace.complete_mask(), trace.events["dur"].to_numpy()
-    # Group-bys on the category / thread codes (bincount), then a frame of one row per group: the same
-    # rows and order as a group-by of the strings, without a string per event.
-    cat_codes = trace.codes("cat").astype(np.int64)
-    n_cat = len(trace.labels("cat"))
-    slot = np.where(cat_codes >= 0, cat_codes, n_cat - 1)  # code -1 (no category) -> the "" label's slot
-    count = np.bincount(slot, minlength=n_cat)
-    total = np.bincount(slot, weights=np.where(complete, dur, 0.0), minlength=n_cat)
-    labels = np.where(trace.labels("cat") == "", "(none)", trace.labels("cat"))
-    seen = np.flatnonzero(count)
-    by_cat = pd.DataFrame({"cat": labels[seen], "events": count[seen], "total_us": total[seen]})
-    by_cat = by_cat.groupby("cat", observed=True).agg(events=("events", "sum"), total_us=("total_us", "sum"))
-    return by_cat.sort_values("events", ascending=False).reset_index()
-
-
-def _threads(trace: Trace) -> pd.DataFrame:
-    """Host threads: events and busy time (their root calls' spans), with the trace's thread names."""
-    ts = trace.events["ts"].to_numpy()
-    nest = trace.nesting()
-    cpu = host_mask(trace)
-    roots = cpu & (nest["parent"] < 0)
-    lane = trace.lane_keys()[cpu]
-    uniq, inv = np.unique(lane, return_inverse=True)
-    pid_l, tid_l = trace.labels("pid"), trace.labels("tid")
-    threads = pd.DataFrame({"pid": pid_l[(uniq >> 32).astype(np.int64)],
-                            "tid": tid_l[(uniq & 0xFFFFFFFF).astype(np.int64)],
-                            "events": np.bincount(inv.ravel(), minlength=uniq.size),
-                            # the roots' spans as the nesting ends them: never more than the thread's wall time
-                            "busy_us": np.bincount(inv.ravel(), weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu],
-                                                   minlength=uniq.size)})
-    threads = threads.groupby(["pid", "tid"]).agg(events=("events", "sum"), busy_us=("busy_us", "sum"))
-    threads = threads.reset_index()
-    threads["name"] = [trace.thread_names.get(f"{p}/{t}", "") for p, t in
-                       zip(threads["pid"], threads["tid"])]
-    return threads
-
-
-def _streams(g: pd.DataFrame) -> list:
-    """GPU streams: kernels, copies and sets, and busy time (the union of their events)."""
-    streams = []
-    for (device, stream), sub in g.groupby(["device", "stream"]):
-        counts = sub["kind"].value_counts()
-        streams.append({"device": device, "stream": stream,
-                        "kernels": int(counts.get("compute", 0) + counts.get("communication", 0)),
-                        "memcpy": int(counts.get("memcpy", 0)),
-                        "memset": int(counts.get("memset", 0)),
-                        "busy_us": iv.length(iv.union(sub["start_us"].to_numpy(),
-                                                              sub["end_us"].to_numpy()))})
-    return streams
-
-
-def _memory_peaks(trace: Trace) -> list:
-    """The peak of the allocator's total allocated bytes per device (memory events), if the trace has any."""
-    ev = trace.events
-    mem = ev["total_allocated"].to_numpy() >= 0
-    memory = []
-    if mem.any():
-        mdf = pd.DataFrame({"device_type": ev["device_type"].to_numpy()[mem],
-                            "device": ev["device"].to_numpy()[mem],
-                            "alloc": ev["total_allocated"].to_numpy()[mem]})
-        for (dt, dv), sub in mdf.groupby(["device_type", "device"]):
-            memory.append({"device": ("cpu" if dt == 0 else "cuda" if dt == 1 else f"type {dt}")
-                           + ("" if dv < 0 else f":{dv}"),
-                           "peak_allocated_bytes": int(sub["alloc"].max())})
-    return memory
-
 
 #: How a GPU event was put in a step, or why it is in none (gpu_step_attribution's "attributed").
 ATTRIBUTION = ("launch", "time", "before_profiling", "outside_steps")

@@ -41,7 +41,7 @@ import orjson
 from diagnostics.errors import TorchScopeError
 from diagnostics.settings import env_number
 from diagnostics.trace.errors import TraceError
-from diagnostics.trace.schema import CACHE_ENTRY, COLUMNS
+from diagnostics.trace.schema import CACHE_ENTRY, CACHE_PENDING, COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,11 +99,13 @@ def cache_key(file_stamp: dict, options: dict) -> str:
 
 
 def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: bool = False,
-                workers: int | None = None, limit: int | None = None) -> tuple[Trace, bool]:
+                workers: int | None = None, limit: int | None = None, defer_write: bool = False) -> tuple[Trace, bool]:
     """load_trace(path) through the cache in ``root``: (trace, True) when it was read from the cache.
 
     root None, or a limit of 0 bytes: no cache (plain load_trace). A cache that cannot be written
-    (disk full, read-only) costs the speed-up only; the trace is still returned.
+    (disk full, read-only) costs the speed-up only; the trace is still returned. ``defer_write``: a trace
+    read from the file is kept in the cache only when finish_write(trace) is called (the trace job calls it
+    after its first answer, the Summary: writing needs pandas and pyarrow, issue #42).
     """
     from diagnostics.trace.ingest import load_trace
 
@@ -120,10 +122,25 @@ def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: b
         return trace, True
     trace = load_trace(path, allow_truncated=allow_truncated, workers=workers)
     if stamp(path) == file_stamp:  # not rewritten while it was being read
-        folder = write_entry(root, key, trace, file_stamp, limit)
-        if folder is not None:
-            trace._cache[ENTRY] = folder
+        trace._cache[_PENDING] = (root, key, file_stamp, limit)
+        if not defer_write:
+            finish_write(trace)
     return trace, False
+
+
+_PENDING = CACHE_PENDING   # Trace._cache key: the entry cached_load(defer_write=True) has yet to write
+
+
+def finish_write(trace: Trace) -> None:
+    """Keep ``trace`` in the cache as cached_load(defer_write=True) would have (nothing when it came from
+    the cache, was already kept, or the file changed while it was read)."""
+    pending = trace._cache.pop(_PENDING, None)
+    if pending is None:
+        return
+    root, key, file_stamp, limit = pending
+    folder = write_entry(root, key, trace, file_stamp, limit)
+    if folder is not None:
+        trace._cache[ENTRY] = folder
 
 
 def entry_folder(path: str | Path, root: str | Path, *, allow_truncated: bool = False) -> Path:
@@ -244,7 +261,7 @@ def write_columns(trace: Trace, folder: str | Path, file_stamp: dict | None) -> 
         feather.write_feather(table, folder / EVENTS_FILE, compression="uncompressed")
     from diagnostics.trace.model import Trace
 
-    meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in ("events", "_cache")}
+    meta = {f.name: getattr(trace, f.name) for f in fields(Trace) if f.name not in Trace.EVENT_FIELDS}
     meta.update(cache_version=CACHE_VERSION, stamp=file_stamp, n_events=len(trace.events))
     (folder / META_FILE).write_text(json.dumps(meta, default=str))
 
@@ -278,7 +295,7 @@ def read_columns(folder: str | Path, file_stamp: dict | None = None) -> Trace:
                              "with; open the trace again")
         from diagnostics.trace.model import Trace
 
-        return Trace(events=_object_categories(table.to_pandas()), **meta)
+        return Trace.from_frame(_object_categories(table.to_pandas()), **meta)
     except TraceError:
         raise
     except Exception as e:  # noqa: BLE001 - a file missing, partial, not JSON or not Arrow: said, never a crash

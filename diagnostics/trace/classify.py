@@ -380,7 +380,7 @@ def user_comm_mask(trace) -> np.ndarray:
     """GPU kernels the user's pattern (Trace.comm_kernels, use_comm_kernels) names communication."""
     pattern = comm_kernels_pattern(trace.comm_kernels)
     if pattern is None:
-        return np.zeros(len(trace.events), dtype=bool)
+        return np.zeros(len(trace), dtype=bool)
     return kernel_mask(trace) & trace.name_mask(pattern)
 
 
@@ -435,16 +435,15 @@ def generic_kernels_left_out(trace) -> np.ndarray:
 def _on_comm_streams(trace, kern: np.ndarray, named: np.ndarray) -> np.ndarray:
     """Per event: it runs on a GPU stream where at least COMM_STREAM_SHARE of the kernel time (of the
     kernel count, where no kernel has a duration) is in ``named`` kernels."""
-    ev = trace.events
     rows = np.flatnonzero(kern)
-    out = np.zeros(len(ev), dtype=bool)
+    out = np.zeros(len(trace), dtype=bool)
     if not rows.size:
         return out
-    key = np.stack([ev["device"].to_numpy()[rows], ev["stream"].to_numpy()[rows],
+    key = np.stack([trace.column("device")[rows], trace.column("stream")[rows],
                     trace.codes("pid")[rows].astype(np.int64), trace.codes("tid")[rows].astype(np.int64)], axis=1)
     _, inv = np.unique(key, axis=0, return_inverse=True)
     inv = inv.ravel()
-    dur = np.nan_to_num(ev["dur"].to_numpy()[rows].astype(float))
+    dur = np.nan_to_num(trace.column("dur")[rows].astype(float))
     hit = named[rows]
     total = np.bincount(inv, weights=dur)
     mine = np.bincount(inv, weights=np.where(hit, dur, 0.0))
@@ -502,13 +501,12 @@ def communication(trace) -> Communication:
 
 
 def _communication(trace) -> Communication:
-    ev = trace.events
     kern = kernel_mask(trace)
     comm = comm_mask(trace)
     rows = np.flatnonzero(comm)
     fams = comm_families(trace, rows)
     names = trace.strings("name", rows)
-    dur = ev["dur"].to_numpy()
+    dur = trace.column("dur")
     groups: dict = {}
     for r, fam, name in zip(rows.tolist(), fams, names):
         key = (fam, "GPU" if kern[r] else "host")
@@ -544,8 +542,8 @@ def _communication(trace) -> Communication:
         ws = world_size(trace)
         why = ("the trace's world size is 1: nothing to communicate with" if ws == 1 else
                "they run on compute streams, among the model's kernels, not on a communication stream")
-        top = top_name(trace.strings("name", left), np.nan_to_num(ev["dur"].to_numpy()[left]))
-        notes.append(f"{left.size:,} kernels ({float(np.nan_to_num(ev['dur'].to_numpy()[left]).sum()) / 1e3:,.3f} ms) "
+        top = top_name(trace.strings("name", left), np.nan_to_num(trace.column("dur")[left]))
+        notes.append(f"{left.size:,} kernels ({float(np.nan_to_num(trace.column('dur')[left]).sum()) / 1e3:,.3f} ms) "
                      f"are named like a collective but not counted as communication: {why} "
                      f"(e.g. {top[:80]!r}). If they are collectives, name them with --comm-kernels REGEX.")
     if trace.comm_kernels and not user_comm_mask(trace).any():
@@ -564,12 +562,11 @@ def top_name(names: np.ndarray, dur: np.ndarray) -> str:
 
 def _suspect_streams(trace, kern: np.ndarray, comm: np.ndarray) -> list[SuspectStream]:
     """GPU streams with no communication matched, mostly running kernels whose names hint at it."""
-    ev = trace.events
     rows = np.flatnonzero(kern)
     if not rows.size:
         return []
-    dev, stream = ev["device"].to_numpy()[rows], ev["stream"].to_numpy()[rows]
-    dur = np.nan_to_num(ev["dur"].to_numpy()[rows])
+    dev, stream = trace.column("device")[rows], trace.column("stream")[rows]
+    dur = np.nan_to_num(trace.column("dur")[rows])
     hinted = trace.name_mask(COMM_HINT_RE)[rows]
     is_comm = comm[rows]
     names = trace.strings("name", rows)

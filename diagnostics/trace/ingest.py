@@ -23,7 +23,6 @@ from typing import Iterator
 
 import numpy as np
 import orjson
-import pandas as pd
 
 from diagnostics.trace._chunks import (
     LAUNCH_FIELDS, MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, SKIPPING, STRING_FIELDS, Columns, _Interner,
@@ -449,15 +448,16 @@ def _build(merged: _Merger, meta: dict, source: str, total: int, name: str) -> T
                              "a physical bound")
     origin = float(ts[timed].min())
     ch["ts"] = ts - origin
-    data = {}
+    # The columns as arrays (the string ones as codes and their distinct strings): no DataFrame here, the
+    # Summary reads the arrays and Trace.events is made after it (issue #42).
+    columns, tables = {}, {}
     for col in COLUMNS:
         if col in STRING_FIELDS:
-            data[col] = _categorical(ch[col], merged.tables[col].values_list())
+            columns[col], tables[col] = _strings(ch[col], merged.tables[col].values_list())
         elif col in LAUNCH_FIELDS:  # (64, 1, 1) -> "64×1×1", as the profiler's kernel table shows it
-            data[col] = _categorical(ch[col], ["×".join(map(str, v)) for v in merged.tables[col]])
+            columns[col], tables[col] = _strings(ch[col], ["×".join(map(str, v)) for v in merged.tables[col]])
         else:
-            data[col] = ch[col]
-    events = pd.DataFrame(data, copy=False)
+            columns[col] = ch[col]
     process_names, thread_names = {}, {}
     for ev_name, pid, tid, label in merged.meta_events:
         if ev_name == "process_name" and label:
@@ -470,7 +470,7 @@ def _build(merged: _Merger, meta: dict, source: str, total: int, name: str) -> T
         warnings.append(unread)
     if merged.skipped:
         warnings.insert(0, f"skipped {merged.skipped} malformed events")
-    return Trace(events=events, meta=meta, origin_us=origin, source=source, n_bytes=total,
+    return Trace(columns=columns, tables=tables, meta=meta, origin_us=origin, source=source, n_bytes=total,
                  skipped_events=merged.skipped, warnings=warnings,
                  process_names=process_names, thread_names=thread_names)
 
@@ -491,15 +491,16 @@ def _unread_categories(codes: np.ndarray, table: list) -> str | None:
             "timed events count only as host events on their own thread)")
 
 
-def _categorical(codes: np.ndarray, table: list) -> pd.Categorical:
+def _strings(codes: np.ndarray, table: list) -> tuple[np.ndarray, np.ndarray]:
+    """A string column: its codes (-1 for missing) and its distinct strings (an object array), each
+    string once (5 and "5", both seen, are one)."""
     labels = [str(v) for v in table]
     if len(set(labels)) != len(labels):  # 5 and "5" both seen: merge them
         merged = _Interner()
-        remap = np.fromiter((merged[s] for s in labels), np.int32, len(labels))
-        codes = remap[codes]
+        remap = np.r_[np.fromiter((merged[s] for s in labels), np.int32, len(labels)), np.int32(-1)]
+        codes = remap[codes]   # code -1 (missing) reads remap's last entry: -1
         labels = merged.values_list()
-    return pd.Categorical.from_codes(codes, categories=pd.Index(labels, dtype=object),
-                                     validate=False)
+    return codes, np.array(labels, dtype=object)
 
 
 def trace_files(folder) -> list[Path]:

@@ -1,8 +1,11 @@
-"""Trace: one parsed Chrome/Kineto trace as columns (a DataFrame) plus its top-level metadata.
+"""Trace: one parsed Chrome/Kineto trace as columns plus its top-level metadata.
 
-Times are microseconds relative to `origin_us` (the earliest event timestamp), so float64 keeps
-nanosecond precision. The per-thread call nesting (depth, parent, self time) is derived once,
-on demand, and cached on the object.
+The columns are numpy arrays (COLUMNS: numbers, and for the string columns their integer codes with the
+distinct strings beside them); ``Trace.events``, the same columns as a pandas DataFrame (the string ones
+categorical), is made on first use: the Summary, the first answer, reads the arrays and imports no pandas
+(issue #42). Times are microseconds relative to `origin_us` (the earliest event timestamp), so float64
+keeps nanosecond precision. The per-thread call nesting (depth, parent, self time) is derived once, on
+demand, and cached on the object.
 """
 
 from __future__ import annotations
@@ -15,17 +18,25 @@ import numpy as np
 from diagnostics.trace import classify
 # Trace.events' columns, in order, and the trace cache's key in Trace._cache: schema.py's (the cache reads
 # them on a reopen without numpy), named here too.
-from diagnostics.trace.schema import CACHE_ENTRY, COLUMNS  # noqa: F401
+from diagnostics.trace.schema import CACHE_ENTRY, CACHE_PENDING, COLUMNS  # noqa: F401
 
-if TYPE_CHECKING:   # the model itself needs no pandas: its events are made (ingest, cache) and read by the views
+if TYPE_CHECKING:   # the model itself needs no pandas: its DataFrame is made on first use of Trace.events
     import pandas as pd
 
+#: The columns held as codes into their distinct strings (Trace.tables; -1 for missing): categorical in
+#: Trace.events.
+STRING_COLUMNS = ("ph", "cat", "name", "pid", "tid", "grid", "block")
 
-@dataclass
+
+@dataclass(eq=False)
 class Trace:
-    """A loaded trace. `events` has one row per event (COLUMNS); `meta` the other top-level keys."""
+    """A loaded trace. ``columns`` holds one array per name of COLUMNS, one entry per event (for
+    STRING_COLUMNS the codes into ``tables[col]``, an object array of distinct strings); ``meta`` the
+    other top-level keys. ``events`` is the same as a DataFrame, made on first use (Trace.from_frame: the
+    other way)."""
 
-    events: pd.DataFrame
+    columns: dict
+    tables: dict
     meta: dict = field(default_factory=dict)
     origin_us: float = 0.0
     source: str = ""
@@ -37,11 +48,64 @@ class Trace:
     # The user's pattern for in-house communication kernels (classify.use_comm_kernels), "" for none.
     comm_kernels: str = ""
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    _frame: object = field(default=None, repr=False, compare=False)
+
+    #: The fields that hold the events (columns, tables) or what is derived from them: not the trace's metadata.
+    EVENT_FIELDS = ("columns", "tables", "_cache", "_frame")
+
+    def __post_init__(self) -> None:
+        missing = [c for c in COLUMNS if c not in self.columns]
+        if missing:
+            raise ValueError(f"a Trace needs the columns {', '.join(COLUMNS)}; missing: {', '.join(missing)}")
+        n = len(self.columns["ts"])
+        bad = [c for c in COLUMNS if len(self.columns[c]) != n]
+        if bad:
+            raise ValueError(f"a Trace's columns must have one entry per event ({n}); these differ: {', '.join(bad)}")
+        absent = [c for c in STRING_COLUMNS if c not in self.tables]
+        if absent:
+            raise ValueError(f"a Trace needs the distinct strings of {', '.join(absent)} (tables)")
+
+    @classmethod
+    def from_frame(cls, events: pd.DataFrame, **fields_) -> Trace:
+        """A Trace of a DataFrame with the COLUMNS (the string ones categorical), as Trace.events makes it."""
+        columns, tables = {}, {}
+        for col in COLUMNS:
+            s = events[col]
+            if col in STRING_COLUMNS:
+                columns[col] = s.cat.codes.to_numpy()
+                tables[col] = np.array([str(c) for c in s.cat.categories], dtype=object)
+            else:
+                columns[col] = s.to_numpy()
+        trace = cls(columns=columns, tables=tables, **fields_)
+        trace._frame = events
+        return trace
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """The columns as a DataFrame, one row per event (COLUMNS; STRING_COLUMNS categorical), made on first
+        use: the views after the Summary read it."""
+        if self._frame is None:
+            import pandas as pd
+
+            data = {}
+            for col in COLUMNS:
+                if col in STRING_COLUMNS:
+                    data[col] = pd.Categorical.from_codes(
+                        self.columns[col], categories=pd.Index(self.tables[col], dtype=object), validate=False)
+                else:
+                    data[col] = self.columns[col]
+            self._frame = pd.DataFrame(data, copy=False)
+        return self._frame
+
+    def column(self, col: str) -> np.ndarray:
+        """One column as its array, without the DataFrame (for a string column: its codes, see codes())."""
+        return self.columns[col]
 
     def drop_views(self) -> None:
         """Forget the views computed so far (they are recomputed on demand), keeping the trace cache
-        entry the columns came from (CACHE_ENTRY: runs that keep the columns link its file)."""
-        for key in [k for k in self._cache if k != CACHE_ENTRY]:
+        entry the columns came from (CACHE_ENTRY: runs that keep the columns link its file) or are to be
+        kept in (CACHE_PENDING)."""
+        for key in [k for k in self._cache if k not in (CACHE_ENTRY, CACHE_PENDING)]:
             del self._cache[key]
 
     @property
@@ -52,20 +116,19 @@ class Trace:
         return None
 
     def __len__(self) -> int:
-        return len(self.events)
+        return len(self.columns["ts"])
 
     # ---- derived columns, computed once ------------------------------------------------------
 
     def codes(self, col: str) -> np.ndarray:
         """Category codes of a string column (ph, cat, name, pid, tid); -1 for missing."""
-        return self.events[col].cat.codes.to_numpy()
+        return self.columns[col]
 
     def labels(self, col: str) -> np.ndarray:
         """The distinct strings of a column as an object array, plus "" at the end for code -1."""
         key = "labels:" + col
         if key not in self._cache:
-            cats = self.events[col].cat.categories
-            self._cache[key] = np.array([str(c) for c in cats] + [""], dtype=object)
+            self._cache[key] = np.array(list(self.tables[col]) + [""], dtype=object)
         return self._cache[key]
 
     def strings(self, col: str, rows=None) -> np.ndarray:
@@ -75,9 +138,8 @@ class Trace:
 
     def cat_mask(self, cats: frozenset) -> np.ndarray:
         """Boolean mask of events whose lower-cased category is in `cats`."""
-        cat = self.events["cat"].cat
-        keep = np.array([str(c).lower() in cats for c in cat.categories] + [False])
-        return keep[cat.codes.to_numpy()]
+        keep = np.array([str(c).lower() in cats for c in self.tables["cat"]] + [False])
+        return keep[self.codes("cat")]
 
     def name_mask(self, pattern) -> np.ndarray:
         """Boolean mask of events whose name matches `pattern` (tested once per distinct name, and once per
@@ -92,7 +154,7 @@ class Trace:
     def complete_mask(self) -> np.ndarray:
         """Duration events (ph X) with a finite, non-negative duration."""
         if "complete" not in self._cache:
-            dur = self.events["dur"].to_numpy()
+            dur = self.columns["dur"]
             is_x = self.labels("ph") == "X"
             self._cache["complete"] = is_x[self.codes("ph")] & np.isfinite(dur) & (dur >= 0)
         return self._cache["complete"]
@@ -137,8 +199,7 @@ def nesting_of(trace: Trace, mask: np.ndarray | None = None) -> dict:
     than the tolerance ends the parent where it starts (``end_us``: each event's end under this rule).
     So the self times of a thread's events add up to the union of its events' spans, never more than the
     thread's wall time."""
-    ev = trace.events
-    n = len(ev)
+    n = len(trace)
     depth = np.full(n, -1, dtype=np.int32)
     parent = np.full(n, -1, dtype=np.int64)
     self_us = np.full(n, np.nan)
@@ -146,8 +207,8 @@ def nesting_of(trace: Trace, mask: np.ndarray | None = None) -> dict:
     rows = np.flatnonzero(classify.host_mask(trace) if mask is None else mask)
     if rows.size == 0:
         return {"depth": depth, "parent": parent, "self_us": self_us, "end_us": end_us}
-    ts = ev["ts"].to_numpy()[rows]
-    dur = ev["dur"].to_numpy()[rows]
+    ts = trace.column("ts")[rows]
+    dur = trace.column("dur")[rows]
     lane = trace.lane_keys()[rows]
     # Sort by lane, start, longest first: a parent precedes its children.
     order = _lane_order(lane, ts, dur)

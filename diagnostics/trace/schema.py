@@ -16,3 +16,6 @@ COLUMNS = (
 #: Trace._cache key of the trace cache entry a trace was read from or kept in (diagnostics.trace.cache):
 #: not a computed view, so dropping the views keeps it.
 CACHE_ENTRY = "trace_cache_entry"
+#: Trace._cache key of the entry the trace cache has yet to write (cache.cached_load(defer_write=True), then
+#: cache.finish_write): kept when the views are dropped, like CACHE_ENTRY.
+CACHE_PENDING = "trace_cache_pending"

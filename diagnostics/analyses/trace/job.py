@@ -17,7 +17,6 @@ from pathlib import Path
 
 from diagnostics.analyses.trace import TRACE, TRACE_CRITICAL_PATH, TRACE_DIFF, TRACE_TIMELINE
 from diagnostics.analyses.trace import stored
-from diagnostics.analyses.trace.critical_part import critical_path_result
 from diagnostics.analyses.trace.result import (
     DiffCache, DiffMetrics, NoMetrics, TraceCache, TraceCriticalPathResult, TraceDiffResult, TraceMetrics, TraceResult,
     TracePartial, TraceTimelineResult,
@@ -27,18 +26,46 @@ from diagnostics.results import to_plain
 from diagnostics.settings import check_server_path, trace_cache_dir
 from diagnostics.trace import cache as trace_cache
 from diagnostics.trace.cache import cached_load
-from diagnostics.trace.serving import serving
 from diagnostics.trace.errors import TraceError
-from diagnostics.trace.ranks import analyse as analyse_ranks
-from diagnostics.trace import gpu_activity as hp
 from diagnostics.trace.classify import communication, use_comm_kernels
-from diagnostics.trace.breakdowns import HTA_KERNEL_WAIT_US, KERNEL_WAIT_MAX_US
+from diagnostics.trace.model import Trace
+from diagnostics.trace.overview import summary
 from diagnostics.trace.records.ranks import Ranks
 from diagnostics.trace.records.timeline import Timeline
-from diagnostics.trace import (
-    Trace, diff_traces, idle_time, launch_stats, summary, temporal_breakdown, timeline_data,
-    top_operators,
-)
+
+#: What the job needs after its first answer, the Summary (overview.py: numpy only), imported then
+#: (later_views): the views on the trace's DataFrame (pandas, pyarrow), the critical path, the ranks.
+#: Names of this module all the same (a test may replace one: a name already set is kept).
+_LATER = {
+    "critical_path_result": ("diagnostics.analyses.trace.critical_part", "critical_path_result"),
+    "serving": ("diagnostics.trace.serving", "serving"),
+    "analyse_ranks": ("diagnostics.trace.ranks", "analyse"),
+    "hp": ("diagnostics.trace", "gpu_activity"),
+    "HTA_KERNEL_WAIT_US": ("diagnostics.trace.breakdowns", "HTA_KERNEL_WAIT_US"),
+    "KERNEL_WAIT_MAX_US": ("diagnostics.trace.breakdowns", "KERNEL_WAIT_MAX_US"),
+    **{n: ("diagnostics.trace", n) for n in ("diff_traces", "idle_time", "launch_stats", "temporal_breakdown",
+                                            "timeline_data", "top_operators")},
+}
+
+
+def later_views() -> None:
+    """Import what _LATER names into this module (those not set yet)."""
+    for name in _LATER:
+        if name not in globals():
+            globals()[name] = __getattr__(name)
+
+
+def __getattr__(name: str):
+    if name not in _LATER:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, attr = _LATER[name]
+    mod = importlib.import_module(module)
+    value = getattr(mod, attr) if hasattr(mod, attr) else importlib.import_module(f"{module}.{attr}")
+    globals()[name] = value
+    return value
+
 
 EVENTS_FILE, META_FILE, RESULT_FILES = stored.EVENTS_FILE, stored.META_FILE, stored.RESULT_FILES
 
@@ -63,11 +90,12 @@ def load_columns(folder: str | Path) -> Trace:
     return trace_cache.read_columns(folder)
 
 
-def _open(path: str, allow_truncated: bool = False) -> tuple[Trace, TraceCache]:
+def _open(path: str, allow_truncated: bool = False, defer_write: bool = False) -> tuple[Trace, TraceCache]:
     """load_trace through the parsed-trace cache (diagnostics.trace.cache): the trace, and whether
-    it came from the cache with the seconds the open took (result key "trace_cache")."""
+    it came from the cache with the seconds the open took (result key "trace_cache"). ``defer_write``: the
+    cache keeps a trace read from its file when trace_cache.finish_write is called (after the first answer)."""
     t = time.perf_counter()
-    trace, hit = cached_load(path, trace_cache_dir(), allow_truncated=allow_truncated)
+    trace, hit = cached_load(path, trace_cache_dir(), allow_truncated=allow_truncated, defer_write=defer_write)
     return trace, TraceCache(hit=hit, open_s=time.perf_counter() - t)
 
 
@@ -113,25 +141,29 @@ def analyze(ctx, options: dict) -> TraceResult:
     ctx.progress(0.05, f"reading {name} ({os.path.getsize(path) / 2**20:.0f} MiB)")
     file_stamp = trace_cache.stamp(path)   # the file as it was opened: kept with its columns
     try:
-        trace, cache = _open(path, allow_truncated=options["allow_truncated"])
+        trace, cache = _open(path, allow_truncated=options["allow_truncated"], defer_write=True)
     except TraceError as e:
         msg = str(e)
         raise TraceError(name + msg[len(stored):] if msg.startswith(stored + ":") else msg) from None
-    ctx.progress(0.5, f"{len(trace.events):,} events parsed; analysing")
+    ctx.progress(0.5, f"{len(trace):,} events parsed; analysing")
     use_comm_kernels(trace, options["comm_kernels"])   # before any view: every one reads communication so
-    parts = {}
+    # The first answer (issue #42), from the trace's columns (no pandas yet): shown while the other views are
+    # computed. A context made by hand (a notebook) may have no partial.
+    parts = {"summary": summary(trace)}
+    if hasattr(ctx, "partial"):
+        ctx.partial(TracePartial(path=path, name=name, summary=parts["summary"]))
+    # Then what the first answer did not need: the trace cache's entry (Arrow, from the DataFrame), the
+    # families and their notes (the Summary reads the rule only), the other views and their imports.
+    trace_cache.finish_write(trace)
+    parts["communication"] = communication(trace)
+    later_views()
     hta = hta_steps(options, rows)
-    steps = [("summary", summary), ("temporal_breakdown", temporal_breakdown),
+    steps = [("temporal_breakdown", temporal_breakdown),
              ("top_operators", partial(top_operators, n=rows)), ("idle_time", hta.pop("idle_time")),
              ("launch_stats", partial(launch_stats, n=rows))] + list(hta.items())
-    for i, (key, fn) in enumerate(steps):
-        ctx.progress(0.5 + 0.4 * i / len(steps), key)
+    for i, (key, fn) in enumerate(steps, start=1):
+        ctx.progress(0.5 + 0.4 * i / (len(steps) + 1), key)
         parts[key] = fn(trace)
-        if key == "summary" and hasattr(ctx, "partial"):   # a context made by hand (a notebook) may have none
-            # the first answer (issue #42): shown while the other views are computed
-            ctx.partial(TracePartial(path=path, name=name, summary=parts["summary"]))
-        if key == "summary":   # the families and their notes after the first answer (the Summary reads the rule only)
-            parts["communication"] = communication(trace)
     served = serving(trace)
     if served.available:   # a training trace's result is unchanged: no serving key
         parts["serving"] = served
@@ -158,6 +190,7 @@ def hta_steps(options, rows: int) -> dict:
     """The Holistic Trace Analysis parity analyses (diagnostics.trace.gpu_activity) and idle_time, each a
     function of the trace with the rules ``options`` pick: result key -> fn(trace). The keys are
     the top-level result keys."""
+    later_views()
     hta = options["definitions"] == "hta"
 
     def pick(key, ours, theirs):
@@ -178,6 +211,7 @@ def hta_steps(options, rows: int) -> dict:
 
 def _ranks(ctx, options: dict) -> Ranks:
     """Several ranks' traces (the "ranks" option): the trace layer's Ranks (diagnostics.trace.ranks.analyse)."""
+    later_views()
     paths = [str(check_server_path(p, "trace")) for p in options["ranks"]]
     ctx.progress(0.92, f"{len(paths)} rank path(s): analysing each rank")
     return analyse_ranks(paths, max_events=options["max_events"], names=options["ranks_names"],
@@ -194,6 +228,7 @@ def _timeline_picks(value: str | None):
 def timeline_part(trace: Trace, options) -> Timeline:
     """The timeline part: the bars of [t0, t1] µs (None: the whole trace), at most ``max_events``; in the
     trace job and the trace_timeline part alike."""
+    later_views()
     return timeline_data(trace, options["t0"], options["t1"], max_events=options["max_events"])
 
 
@@ -208,6 +243,7 @@ def analyze_timeline(ctx, options: dict) -> TraceTimelineResult:
 def analyze_critical_path(ctx, options: dict) -> TraceCriticalPathResult:
     """Another step's critical path (``critical_path_step``) from columns kept by a previous ``trace`` run:
     the trace analysis' own part (critical.py), without reading the file or computing its other parts."""
+    later_views()
     options = TRACE_CRITICAL_PATH.validate(options)  # idempotent: the runner validated them too
     trace = load_columns(options["columns_dir"])
     ctx.progress(0.3, f"{len(trace.events):,} events read back; critical path")
@@ -217,6 +253,7 @@ def analyze_critical_path(ctx, options: dict) -> TraceCriticalPathResult:
 
 def analyze_diff(ctx, options: dict) -> TraceDiffResult:
     """Diff two traces (before / after a fix) by operator and kernel."""
+    later_views()
     options = TRACE_DIFF.validate(options)  # idempotent: the runner validated them too
     before_path, after_path = _require_path(options, "before"), _require_path(options, "after")
     ctx.progress(0.1, f"reading {Path(before_path).name}")
