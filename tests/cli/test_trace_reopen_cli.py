@@ -176,6 +176,34 @@ def test_trace_analyze_imports_no_torch_and_a_reopen_no_trace_analysis(tmp_path)
     assert help_.returncode == 0 and help_.stdout.strip() == "[]", help_.stderr[-800:]
 
 
+def test_the_summary_is_printed_before_pandas_is_imported(tmp_path):
+    """Issue #42's first answer pays no pandas: in a fresh `trace analyze` process (text mode, as the CLI runs),
+    when the Summary's "Events by category:" reaches stdout, neither pandas, pyarrow, plotly nor torch is
+    imported (they come after, for the other views and the trace cache's Arrow file); the run then ends well."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys\n"
+            "real, seen = sys.stdout, []\n"
+            "class Probe:\n"
+            "    def write(self, s):\n"
+            "        if 'Events by category:' in s and not seen:\n"
+            "            seen.append(sorted(m for m in ('pandas', 'pyarrow', 'plotly', 'torch') if m in sys.modules))\n"
+            "        return real.write(s)\n"
+            "    def __getattr__(self, k):\n"
+            "        return getattr(real, k)\n"
+            "sys.stdout = Probe()\n"
+            "from diagnostics.cli.main import main\n"
+            f"rc = main(['trace', 'analyze', {str(TRACE)!r}, '--no-report', '-q', '--data-dir', {str(tmp_path)!r}])\n"
+            "sys.stdout = real\n"
+            "print('at the summary:', seen, 'after:', 'pandas' in sys.modules, 'rc', rc)\n")
+    env = dict(os.environ, TORCHSCOPE_DATA_DIR=str(tmp_path), PYTHONPATH=str(repo))
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-800:]
+    assert p.stdout.strip().splitlines()[-1] == "at the summary: [[]] after: True rc 0"
+
+
 def test_text_mode_prints_the_summary_first_while_the_other_views_are_computed(trace, tmp_path, monkeypatch,
                                                                                 capsys):
     """Issue #42's first answer: the Summary (the job's partial result) is on stdout before the job computes
