@@ -47,6 +47,25 @@ def _trace_with(tmp_path: Path, name: str, kernel: str, n: int = 3) -> Path:
     return path
 
 
+def test_a_deferred_write_keeps_the_entry_only_when_finished(tmp_path):
+    """defer_write (the trace job, issue #42: the Summary first, then the Arrow file): no entry until
+    finish_write, whose entry is then a hit equal to a fresh parse; dropping the views in between (a
+    communication pattern) keeps the pending write; a second finish_write and one of a cache hit do nothing."""
+    path = _copy(DATA / "gpu_small.json", tmp_path / "gpu_small.json")
+    root = tmp_path / "cache"
+    trace, hit = cached_load(path, root, defer_write=True)
+    assert hit is False and entries(root) == [] and trace._frame is None
+    trace.drop_views()
+    cache.finish_write(trace)
+    assert len(entries(root)) == 1 and trace._cache[cache.ENTRY] == entries(root)[0][2]
+    cache.finish_write(trace)
+    again, hit = cached_load(path, root, defer_write=True)
+    assert hit is True and len(entries(root)) == 1
+    cache.finish_write(again)
+    assert len(entries(root)) == 1
+    _same_trace(load_trace(path), again)
+
+
 @pytest.mark.parametrize("name", ["gpu_small.json", "cpu_small.pt.trace.json.gz"])
 def test_a_hit_after_a_miss_gives_the_same_trace(tmp_path, name):
     path = _copy(DATA / name, tmp_path / name)

@@ -40,7 +40,7 @@ _LATER = {
     "critical_path_result": ("diagnostics.analyses.trace.critical_part", "critical_path_result"),
     "serving": ("diagnostics.trace.serving", "serving"),
     "analyse_ranks": ("diagnostics.trace.ranks", "analyse"),
-    "hp": ("diagnostics.trace", "gpu_activity"),
+    "hp": ("diagnostics.trace.gpu_activity", ""),   # the module itself
     "HTA_KERNEL_WAIT_US": ("diagnostics.trace.breakdowns", "HTA_KERNEL_WAIT_US"),
     "KERNEL_WAIT_MAX_US": ("diagnostics.trace.breakdowns", "KERNEL_WAIT_MAX_US"),
     **{n: ("diagnostics.trace", n) for n in ("diff_traces", "idle_time", "launch_stats", "temporal_breakdown",
@@ -62,7 +62,7 @@ def __getattr__(name: str):
 
     module, attr = _LATER[name]
     mod = importlib.import_module(module)
-    value = getattr(mod, attr) if hasattr(mod, attr) else importlib.import_module(f"{module}.{attr}")
+    value = getattr(mod, attr) if attr else mod
     globals()[name] = value
     return value
 
