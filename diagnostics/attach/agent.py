@@ -475,7 +475,9 @@ class Agent:
                     self.notes.append(f"CUDA memory history not recorded: {type(e).__name__}: {e}")
         self.segs = []
         self.grad_steps = []
-        self.prof = _profiler_class(torch)(activities=acts, record_shapes=True, profile_memory=True,
+        # what the run's views read: the ops' times (CPU, CUDA) and, for CPU memory per step, the allocation
+        # events; input shapes only when asked (--shapes: no view reads them, they cost the window time)
+        self.prof = _profiler_class(torch)(activities=acts, record_shapes=bool(self.cfg.shapes), profile_memory=True,
                                            with_stack=bool(self.cfg.stacks))
         self.prof.start()
         self._status(force=True)

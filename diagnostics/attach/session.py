@@ -262,13 +262,15 @@ class Session:
         return {}
 
     def _wait(self, proc, t0: float) -> int:
+        with _ExitWatch(proc) as exited:
+            return self._wait_loop(proc, t0, exited)
+
+    def _wait_loop(self, proc, t0: float, exited) -> int:
         last = None
         while True:
-            try:
-                rc = proc.wait(timeout=POLL_S)
+            rc = exited(POLL_S)
+            if rc is not None:
                 break
-            except Exception:  # subprocess.TimeoutExpired: still running
-                rc = None
             now = time.monotonic()
             try:  # ours: whatever happens to our files or the live view, the script runs on and is waited for
                 self._track(proc.pid)
@@ -432,6 +434,37 @@ class Session:
                                       error=f"{error + '; ' if error else ''}the result could not be stored: {e}")
             except TorchScopeError as again:  # the store itself ended the row 'error', saying why
                 out.error = str(again)
+
+
+class _ExitWatch:
+    """``exited(timeout)``: the process' return code once it has ended, else None after at most ``timeout``
+    seconds. On Linux it waits on a pidfd, so the script's end is seen at once (Popen.wait(timeout) polls,
+    its sleeps growing to 50 ms: on average 25 ms of every run's wall after the script had ended)."""
+
+    def __init__(self, proc):
+        self.proc, self.fd = proc, None
+
+    def __enter__(self):
+        try:
+            self.fd = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):  # not Linux 5.3+, or the process has already been reaped
+            self.fd = None
+        return self.exited
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def exited(self, timeout: float) -> int | None:
+        if self.fd is None:
+            try:
+                return self.proc.wait(timeout=timeout)
+            except Exception:  # subprocess.TimeoutExpired: still running
+                return None
+        import select
+
+        select.select([self.fd], [], [], timeout)  # readable once the process has ended (EINTR: retried)
+        return self.proc.poll()
 
 
 def _preload_analysis() -> None:

@@ -273,6 +273,9 @@ def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_o
     assert trace.name == "trace.json.gz" and not (trace.parent / "trace.json").exists()
     raw = gzip.decompress(trace.read_bytes())
     assert b"ProfilerStep#4" in raw and b"ProfilerStep#6" in raw
+    # what the views read (the ops, the allocation events); input shapes only with --shapes (issue 39: a smaller
+    # trace, a cheaper window), which the next test checks
+    assert b'"[memory]"' in raw and b'"Input Dims"' not in raw
     # the launcher stopped before it gzipped: the analysis reads the raw trace, to the same figures
     trace.unlink()
     (trace.parent / "trace.json").write_bytes(raw)
@@ -280,3 +283,16 @@ def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_o
     assert again["trace"] == str(trace.parent / "trace.json")
     assert again["memory"] == r["memory"] and again["memory"]["alloc_peak_bytes_per_step"]
     assert again["step_table"] == r["step_table"]
+
+
+def test_shapes_are_recorded_in_the_trace_when_asked(tmp_path):
+    """--shapes: the operators' input shapes in the trace (record_shapes), for a reader of the trace that wants
+    them; the run's own figures do not read them."""
+    import gzip
+
+    (tmp_path / "plain.py").write_text(PLAIN)
+    ran = run_attached(tmp_path, "plain.py", command=[sys.executable, str(tmp_path / "plain.py")],
+                       options=("--at", "4", "--steps", "2", "--shapes", "--no-grads"))
+    assert ran.code == 0, ran.stderr[-3000:]
+    raw = gzip.decompress(Path(ran.result["trace"]).read_bytes())
+    assert b'"Input Dims"' in raw and b"ProfilerStep#5" in raw

@@ -457,3 +457,51 @@ def test_the_windows_profiler_is_torchs_own_code_without_its_inductor_import():
         assert view._inductor is sys.modules["torch._inductor"]
     else:  # asked, and still not imported
         assert not hasattr(view, "_inductor") and "torch._inductor" not in sys.modules
+
+
+# ----------------------------------------------------------------------------- the launcher's own cost (issue 39)
+@pytest.mark.parametrize("pidfd", [True, False])
+def test_the_launcher_sees_the_scripts_end_at_once_and_its_code(monkeypatch, pidfd):
+    """_ExitWatch: a pidfd where Linux has one (the end seen at once), Popen.wait(timeout) where not; None while
+    the process runs, its return code once it has ended."""
+    import time
+
+    from diagnostics.attach import session
+
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    elif not hasattr(os, "pidfd_open"):
+        pytest.skip("no os.pidfd_open here")
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(0.6); sys.exit(7)"])
+    with session._ExitWatch(p) as exited:
+        assert exited(0.01) is None
+        t = time.monotonic()
+        while (rc := exited(10.0)) is None:
+            pass
+        seen = time.monotonic() - t
+    assert rc == 7 and p.returncode == 7
+    assert seen < 5.0  # not the 10 s timeout: the end ended the wait
+
+
+def test_run_ends_without_the_interpreters_teardown_but_with_its_exit_handlers_and_output(tmp_path):
+    """diagnostics.__main__.exit_now: atexit handlers run, stdout (a pipe, unflushed) arrives whole, the code is
+    the one given; a non-daemon thread still running is waited for (Python's own exit)."""
+    code = """
+import atexit, sys, threading, time
+from pathlib import Path
+from diagnostics.__main__ import exit_now
+atexit.register(lambda: Path(sys.argv[1], "atexit").write_text("ran"))
+sys.stdout.write("x" * 100000)  # unflushed: a pipe's buffer
+if sys.argv[2] == "thread":
+    threading.Thread(target=lambda: (time.sleep(0.3), Path(sys.argv[1], "thread").write_text("done"))).start()
+exit_now(5)
+"""
+    for how in ("plain", "thread"):
+        d = tmp_path / how
+        d.mkdir()
+        p = subprocess.run([sys.executable, "-c", code, str(d), how], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert p.returncode == 5, p.stderr[-2000:]
+        assert p.stdout == "x" * 100000
+        assert (d / "atexit").read_text() == "ran"
+        assert (d / "thread").exists() == (how == "thread")
