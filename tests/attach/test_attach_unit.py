@@ -301,6 +301,31 @@ def test_gradient_statistics_match_an_independent_computation(tmp_path):
     assert table[1, 3:].tolist() == [1.0, 1.0, 1.0]  # one zero, one NaN, one inf
 
 
+def test_gradient_statistics_of_interleaved_dtypes_keep_the_optimizers_order_and_half_is_summed_in_float32(tmp_path):
+    """Four fused reductions per dtype (issue 39: a handful of ops per step in the trace): the rows come back in
+    the optimizer's order though the dtypes interleave, a float16 gradient's norms are taken in float32 (its
+    L2 of 300 x 20 would overflow float16's 65504 squared), zeros counted exactly."""
+    import torch
+
+    agent = _agent(tmp_path)
+    torch.manual_seed(1)
+    shapes = [((3, 4), torch.float32), ((5,), torch.float64), ((7,), torch.float32), ((20,), torch.float16)]
+    ps = [torch.nn.Parameter(torch.zeros(s, dtype=d)) for s, d in shapes]
+    for p in ps:
+        p.grad = torch.randn(p.shape, dtype=torch.float64).to(p.dtype)
+    ps[2].grad[:3] = 0.0
+    ps[3].grad[:] = 300.0
+    ps[3].grad[0] = 0.0
+    agent.grad_stats(torch.optim.SGD(ps, lr=0.1))
+    (_, ids, numels, table), = agent.grad_steps
+    assert ids == [id(p) for p in ps] and numels == [12, 5, 7, 20] and table.dtype == torch.float32
+    for row, p in zip(table.tolist(), ps):
+        g = p.grad.double()
+        assert row == pytest.approx([g.norm().item(), g.abs().sum().item(), g.abs().max().item(),
+                                     float((g == 0).sum()), 0.0, 0.0], rel=1e-5)
+    assert table[3, 0].item() == pytest.approx(300.0 * 19 ** 0.5, rel=1e-5) and table[2, 3].item() == 3.0
+
+
 def test_a_negative_profiler_difference_is_within_noise_with_the_steps_spread(tmp_path):
     outside = [5.0, 4.0, 6.0, 5.0, 4.5, 5.5, 5.0, 4.0]
     steps = [_step(n, {"host": outside[n - 1] if n <= 8 else 4.8}, profiled=n in (9, 10)) for n in range(1, 11)]
