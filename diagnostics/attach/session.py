@@ -139,10 +139,12 @@ class TraceGzip:
     """The profiled windows' traces: each process' agent exports its window raw (kineto's own JSON writer,
     fast) and names it in its meta file (``exports.trace_raw``); here, beside the script that runs on, it is
     gzipped into its final name (``exports.trace``). ``finish()`` gzips what is left (a window that ended with
-    the script) and waits for the rest."""
+    the script) and waits for the rest. Each trace gzipped is then parsed for this process' analysis of the run
+    (analyses.attach.job.read_ahead): beside the script, not after its end."""
 
-    def __init__(self, run_dir):
+    def __init__(self, run_dir, read_ahead: bool = True):
         self.run_dir = str(run_dir)
+        self.read_ahead = read_ahead
         self.started: set[str] = set()
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
@@ -170,6 +172,11 @@ class TraceGzip:
             gzip_trace(self.run_dir, raw, name)
         except Exception as e:  # the analysis reads the raw trace then (job.py), and says nothing is lost
             self.errors.append(f"the trace {raw} was not gzipped ({type(e).__name__}: {e}): kept as it is")
+            return
+        if self.read_ahead:  # parsed now, beside the script, not after its end (job.read_ahead)
+            from diagnostics.analyses.attach.job import read_ahead
+
+            read_ahead(os.path.join(self.run_dir, name))
 
     def finish(self) -> list[str]:
         self.poll()

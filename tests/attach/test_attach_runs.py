@@ -248,7 +248,7 @@ print("loaded:", sorted(m for m in ("torch._dynamo", "torch._inductor", "sympy")
 """
 
 
-def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_or_read_raw(tmp_path):
+def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_or_read_raw(tmp_path, monkeypatch):
     """A script that never imports inductor: torch.profiler's start imported it (with dynamo and sympy: seconds)
     until the window's profiler read torch without it; it loads what bare loads. The trace, exported raw inside
     the script, is gzipped by the launcher; a raw one left (the launcher stopped first) reads the same."""
@@ -283,6 +283,24 @@ def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_o
     assert again["trace"] == str(trace.parent / "trace.json")
     assert again["memory"] == r["memory"] and again["memory"]["alloc_peak_bytes_per_step"]
     assert again["step_table"] == r["step_table"]
+    # a trace read ahead (the launcher parses it beside the script) is the one analysed, once, if unchanged
+    from diagnostics.analyses.attach import job
+    from diagnostics.trace import ingest
+
+    raw_path = trace.parent / "trace.json"
+    job.read_ahead(raw_path)
+    assert str(raw_path) in job._READ_AHEAD
+    real = ingest.load_trace
+    monkeypatch.setattr(ingest, "load_trace", lambda p: (_ for _ in ()).throw(OSError("not read ahead")))
+    ahead = json.loads(to_json(analyse_run(trace.parent, exit_code=0)))
+    assert ahead["memory"] == r["memory"] and ahead["step_table"] == r["step_table"] and not job._READ_AHEAD
+    monkeypatch.setattr(ingest, "load_trace", real)
+    job.read_ahead(raw_path)  # then the file changes: read again, not the stale parse
+    assert str(raw_path) in job._READ_AHEAD
+    raw_path.write_bytes(raw + b"\n")
+    monkeypatch.setattr(ingest, "load_trace", lambda p: (_ for _ in ()).throw(OSError("not read ahead")))
+    failed = json.loads(to_json(analyse_run(trace.parent, exit_code=0)))
+    assert any("not read ahead" in n for n in failed["notes"]) and not job._READ_AHEAD
 
 
 def test_shapes_are_recorded_in_the_trace_when_asked(tmp_path):
