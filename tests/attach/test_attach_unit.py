@@ -302,7 +302,7 @@ def test_gradient_statistics_match_an_independent_computation(tmp_path):
 
 
 def test_gradient_statistics_of_interleaved_dtypes_keep_the_optimizers_order_and_half_is_summed_in_float32(tmp_path):
-    """Four fused reductions per dtype (issue 39: a handful of ops per step in the trace): the rows come back in
+    """Four fused reductions per dtype (issue 39: fewer of our ops in the window): the rows come back in
     the optimizer's order though the dtypes interleave, a float16 gradient's norms are taken in float32 (its
     L2 of 300 x 20 would overflow float16's 65504 squared), zeros counted exactly."""
     import torch
