@@ -247,8 +247,8 @@ def _reading(r: dict) -> str:
            f"the A/A control's own interval is {_fmt(c['control'])} (the machine was shared with other jobs)")
     return (f"goal (issue 39) x{GOAL:g} beyond start-up NOT judged by this run: {why}. "
             f"What it shows: the pooled beyond-start-up ratio {_fmt(beyond)}, {where}; the time the attached "
-            f"run itself reports outside the script's steps and after the script comes to {span} per run (the "
-            "table above); the rest of the script's wall above bare is not broken down by this run (the "
+            f"run itself reports outside the script's steps and outside the script (the launcher's start before "
+            f"it, the analysis, store and exit after) comes to {span} per run (the table above); the rest of the script's wall above bare is not broken down by this run (the "
             "start-up's share inside the script, the hooks' per-step cost, DataLoader workers' timing: candidates, "
             "not measured here). Rerun on a quiet machine for the verdict.")
 
@@ -294,11 +294,12 @@ Start-up cost measured beside them: {r['startup_s']['added']:+.2f} s (tiny scrip
 
 Where the attached run's time goes (medians over the rounds; the run's own figures):
 
-| script | script's wall (launcher's view; above the bare command's median) | after the script (analysis, store, exit) | ours between steps (window start/stop, export, files) | trace export inside the script | profiled steps vs the others | windows |
+| script | script's wall (launcher's view; above the bare command's median) | the launcher outside the script (its own start before, analysis, store, exit after) | ours between steps (window start/stop, export, files) | trace export inside the script | profiled steps vs the others | windows |
 |---|---|---|---|---|---|---|
 {chr(10).join(where)}
 
-Reading: {_reading(r)} The 1.05x goal is
+Reading: {_reading(r)} The last run on a quiet machine (load 1.0-1.1, before issue 39's last cuts below, commit
+be8c4a7): pooled beyond start-up x1.051 [0.984, 1.122], A/A x0.996 [0.949, 1.045], start-up +0.44 s. The 1.05x goal is
 for real jobs: the ratio of the whole command shrinks as the script runs longer, since what attach adds is
 mostly fixed (the start-up, the window's profiler start and stop, the analysis); regression (3 s bare on a
 quiet machine) shows what a toy reads; its steps (0.4 ms) are short enough for the hooks' per-step cost
@@ -308,6 +309,21 @@ sympy into a script that never loaded them (2.1 s; now 5 ms: word_language_model
 optimizer, so nothing else imports them), and torch's .gz export gzipped the trace line by line in Python
 inside the script (2.0-3.0 s for dcgan's 8.5 MB trace; now kineto writes it raw in 0.09 s and the launcher
 gzips it beside the script). The launcher also imports the trace layer (pandas) while the script runs.
+
+Then (issue 39's last costs; each measured on its own while making the change, on this machine at a load of
+7-9, so as shares more than as seconds): the window records the ops and the allocation events the views read,
+no input shapes unless `--shapes` (dcgan's trace 8.4 MB -> 6.2 MB, its stop and export with it); the gradient
+statistics are four fused reductions per dtype (`torch._foreach_norm`, ord 0 counting the nonzeros), still
+inside the profiled steps and counted in `tool_in_profiled_steps_ms`, about 300 trace ops per call rather than
+355; the live status is rewritten once a second (each rewrite is a new file renamed into place: 4 ms median on
+this VM's disk, 1.6 % of the script's main thread at four a second); the launcher gzips at level 3 (dcgan's
+trace 89 ms rather than 216 ms of a core beside the script), parses the gzipped trace while the script runs
+on (the analysis after it read it again: 0.21 s -> 0.15 s for dcgan), sees the script's end on a pidfd
+(Popen.wait polled every 50 ms) and ends without the interpreter's teardown of pandas and the trace layer
+(0.25-0.4 s of every run, the start-up pair's included; its exit handlers run and its output is flushed
+first). Not cut: the hooks' per-step cost outside the window (regression's 0.2 ms steps: about 75 us each at
+a load of 9, from torch's global module hooks' slow path and our own bookkeeping), and the window's 5
+profiled steps themselves (the profiler's per-op cost: what the trace is made of).
 """
     replace_section(SECTION, body)
 

@@ -475,7 +475,9 @@ class Agent:
                     self.notes.append(f"CUDA memory history not recorded: {type(e).__name__}: {e}")
         self.segs = []
         self.grad_steps = []
-        self.prof = _profiler_class(torch)(activities=acts, record_shapes=True, profile_memory=True,
+        # what the run's views read: the ops' times (CPU, CUDA) and, for CPU memory per step, the allocation
+        # events; input shapes only when asked (--shapes: no view reads them, they cost the window time)
+        self.prof = _profiler_class(torch)(activities=acts, record_shapes=bool(self.cfg.shapes), profile_memory=True,
                                            with_stack=bool(self.cfg.stacks))
         self.prof.start()
         self._status(force=True)
@@ -548,6 +550,12 @@ class Agent:
 
     # ------------------------------------------------------------------ gradients (profiled steps)
     def grad_stats(self, opt) -> None:
+        """Per parameter the optimizer holds: its gradient's L2, L1 and max norm, zeros, NaN and inf counts, as
+        one [params, 6] tensor kept on the device (read back when the window ends). Four fused reductions per
+        device and dtype (torch._foreach_norm, in float32 or float64; ord 0 counts the nonzeros, in float64), and NaN / inf
+        counted only where a norm is not finite (on CPU; on a device that check would wait for it, so always
+        there). On CUDA the reductions are fused kernels; on CPU torch loops over the tensors inside each, so the
+        trace still holds a few ops per parameter (dcgan: about 300 per call, 355 before)."""
         torch = self.torch
         params = [p for g in opt.param_groups for p in g["params"]
                   if getattr(p, "grad", None) is not None and not p.grad.is_sparse]
@@ -558,25 +566,24 @@ class Agent:
             by_dtype: dict = {}
             for i, g in enumerate(grads):
                 by_dtype.setdefault((g.device, g.dtype), []).append(i)
-            cols = [None] * len(grads)
-            for (device, _), idx in by_dtype.items():
-                # a few fused kernels per dtype (the norms), one count per tensor; NaN / inf counted only where
-                # a norm is not finite (on CPU; on a device that check would wait for it, so always there)
+            dev0, blocks, order = grads[0].device, [], []
+            for (device, dtype), idx in by_dtype.items():
                 gs = [grads[i] for i in idx]
-                norms = torch.stack([torch.stack([x.float() for x in torch._foreach_norm(gs, o)])
-                                     for o in (2, 1, float("inf"))])
-                nonzero = torch.stack([torch.count_nonzero(g) for g in gs]).float()
-                numel = torch.tensor([float(g.numel()) for g in gs], device=device)
+                acc = torch.float64 if dtype == torch.float64 else torch.float32  # never narrowed, half widened
+                norms = torch.stack([torch.stack(_norms(torch, gs, o, acc)) for o in (2, 1, float("inf"))]).float()
+                numel = torch.tensor([float(g.numel()) for g in gs], device=device, dtype=torch.float64)
+                zeros = (numel - torch.stack(_norms(torch, gs, 0, torch.float64))).float()
                 bad = torch.zeros(2, len(gs), device=device)
                 if device.type != "cpu" or not bool(torch.isfinite(norms[1]).all()):
                     bad = torch.stack([torch.stack([g.isnan().sum().float() for g in gs]),
                                        torch.stack([g.isinf().sum().float() for g in gs])])
-                block = torch.cat([norms, (numel - nonzero)[None], bad])  # [6, tensors of this dtype]
-                for j, i in enumerate(idx):
-                    cols[i] = (block, j)
-            dev0 = cols[0][0].device
-            table = torch.stack([blk[:, j].to(dev0) for blk, j in cols])
-            self.grad_steps.append((self.completed + 1, [id(p) for p in params], [p.numel() for p in params], table))
+                blocks.append(torch.cat([norms, zeros[None], bad]).to(dev0))  # [6, tensors of this dtype]
+                order += idx
+            table = torch.cat(blocks, 1) if len(blocks) > 1 else blocks[0]
+            if order != sorted(order):  # back in the optimizer's order
+                table = table[:, sorted(range(len(order)), key=order.__getitem__)]
+            self.grad_steps.append((self.completed + 1, [id(p) for p in params], [p.numel() for p in params],
+                                    table.T))
 
     def _write_grads(self) -> None:
         if not self.grad_steps:
@@ -889,7 +896,8 @@ class Agent:
             return
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         old = self.plan_calls.get(id(mod))
-        kw = [t for t in old[1] if len(t) == 3] if old is not None and old[0]() is mod else []
+        alive = old is not None and old[0]() is mod
+        kw = [t for t in old[1] if len(t) == 3] if alive else []
         dev = tensors[0].device.type if tensors else next(mod.parameters()).device.type
         cast = None
         try:
@@ -897,8 +905,11 @@ class Agent:
                 cast = str(torch.get_autocast_dtype(dev))
         except (TypeError, RuntimeError, AttributeError):  # an older torch: no per-device query
             cast = None
-        self.plan_calls[id(mod)] = (weakref.ref(mod), [(tuple(t.shape), str(t.dtype).replace("torch.", ""))
-                                                      for t in tensors] + kw, cast, len(args) - len(tensors))
+        # once per training step: the dtypes' names cached, the module's weak reference kept (issue 39's cost)
+        names = _DTYPE_NAMES
+        self.plan_calls[id(mod)] = (old[0] if alive else weakref.ref(mod),
+                                    [(tuple(t.shape), names.get(t.dtype) or _dtype_name(t.dtype)) for t in tensors]
+                                    + kw, cast, len(args) - len(tensors))
 
     def plan_outputs(self, mod, kwargs: dict, out) -> None:
         """The end of a top-level training forward plan_capture recorded: its keyword tensors' shapes, dtypes
@@ -1172,6 +1183,26 @@ class Agent:
 
 
 # ---------------------------------------------------------------------- helpers
+def _norms(torch, tensors: list, order, dtype) -> list:
+    """torch._foreach_norm(tensors, order) in ``dtype`` (an older torch without its dtype argument: each norm
+    computed in the tensors' dtype and cast; ord 0, the nonzero count, then by count_nonzero)."""
+    try:
+        return list(torch._foreach_norm(tensors, order, dtype=dtype))
+    except TypeError:
+        if order == 0:
+            return [torch.count_nonzero(t).to(dtype) for t in tensors]
+        return [x.to(dtype) for x in torch._foreach_norm(tensors, order)]
+
+
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    """'float32' for torch.float32 (cached: plan_capture asks at every training forward)."""
+    name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
 @contextlib.contextmanager
 def _engine_imported():
     """diagnostics.analyses.plan.attached, imported from this checkout for the time of the plan: sys.path

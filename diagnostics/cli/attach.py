@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--at", type=positive(int), metavar="K",
                    help="profile from step K (at least 2) instead of after the automatic warm-up")
     g.add_argument("--stacks", action="store_true", help="record Python stacks in the trace (slower profiled steps)")
+    g.add_argument("--shapes", action="store_true",
+                   help="record the operators' input shapes in the trace (not used by the run's views; a larger trace, "
+                        "slower window)")
     g.add_argument("--no-grads", action="store_true", help="no gradient statistics in the profiled steps")
     g.add_argument("--max-warmup", type=positive(int), default=50, metavar="N",
                    help="profile after N steps even if step times have not settled (default 50)")
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     for note in store.notices:
         sys.stderr.write(f"warning: {note}\n")
-    config = AttachConfig(steps=args.steps, at=args.at, stacks=args.stacks, grads=not args.no_grads,
+    config = AttachConfig(steps=args.steps, at=args.at, stacks=args.stacks, shapes=args.shapes, grads=not args.no_grads,
                           max_warmup=args.max_warmup, fallback_after_s=args.fallback_after, plan=args.plan)
     status_file = args.status_file
     said = {"phase": None}

@@ -248,7 +248,7 @@ print("loaded:", sorted(m for m in ("torch._dynamo", "torch._inductor", "sympy")
 """
 
 
-def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_or_read_raw(tmp_path):
+def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_or_read_raw(tmp_path, monkeypatch):
     """A script that never imports inductor: torch.profiler's start imported it (with dynamo and sympy: seconds)
     until the window's profiler read torch without it; it loads what bare loads. The trace, exported raw inside
     the script, is gzipped by the launcher; a raw one left (the launcher stopped first) reads the same."""
@@ -273,6 +273,9 @@ def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_o
     assert trace.name == "trace.json.gz" and not (trace.parent / "trace.json").exists()
     raw = gzip.decompress(trace.read_bytes())
     assert b"ProfilerStep#4" in raw and b"ProfilerStep#6" in raw
+    # what the views read (the ops, the allocation events); input shapes only with --shapes (issue 39: a smaller
+    # trace, a cheaper window), which the next test checks
+    assert b'"[memory]"' in raw and b'"Input Dims"' not in raw
     # the launcher stopped before it gzipped: the analysis reads the raw trace, to the same figures
     trace.unlink()
     (trace.parent / "trace.json").write_bytes(raw)
@@ -280,3 +283,34 @@ def test_the_window_loads_no_compiler_and_its_trace_is_gzipped_by_the_launcher_o
     assert again["trace"] == str(trace.parent / "trace.json")
     assert again["memory"] == r["memory"] and again["memory"]["alloc_peak_bytes_per_step"]
     assert again["step_table"] == r["step_table"]
+    # a trace read ahead (the launcher parses it beside the script) is the one analysed, once, if unchanged
+    from diagnostics.analyses.attach import job
+    from diagnostics.trace import ingest
+
+    raw_path = trace.parent / "trace.json"
+    job.read_ahead(raw_path)
+    assert str(raw_path) in job._READ_AHEAD
+    real = ingest.load_trace
+    monkeypatch.setattr(ingest, "load_trace", lambda p: (_ for _ in ()).throw(OSError("not read ahead")))
+    ahead = json.loads(to_json(analyse_run(trace.parent, exit_code=0)))
+    assert ahead["memory"] == r["memory"] and ahead["step_table"] == r["step_table"] and not job._READ_AHEAD
+    monkeypatch.setattr(ingest, "load_trace", real)
+    job.read_ahead(raw_path)  # then the file changes: read again, not the stale parse
+    assert str(raw_path) in job._READ_AHEAD
+    raw_path.write_bytes(raw + b"\n")
+    monkeypatch.setattr(ingest, "load_trace", lambda p: (_ for _ in ()).throw(OSError("not read ahead")))
+    failed = json.loads(to_json(analyse_run(trace.parent, exit_code=0)))
+    assert any("not read ahead" in n for n in failed["notes"]) and not job._READ_AHEAD
+
+
+def test_shapes_are_recorded_in_the_trace_when_asked(tmp_path):
+    """--shapes: the operators' input shapes in the trace (record_shapes), for a reader of the trace that wants
+    them; the run's own figures do not read them."""
+    import gzip
+
+    (tmp_path / "plain.py").write_text(PLAIN)
+    ran = run_attached(tmp_path, "plain.py", command=[sys.executable, str(tmp_path / "plain.py")],
+                       options=("--at", "4", "--steps", "2", "--shapes", "--no-grads"))
+    assert ran.code == 0, ran.stderr[-3000:]
+    raw = gzip.decompress(Path(ran.result["trace"]).read_bytes())
+    assert b'"Input Dims"' in raw and b"ProfilerStep#5" in raw

@@ -301,6 +301,31 @@ def test_gradient_statistics_match_an_independent_computation(tmp_path):
     assert table[1, 3:].tolist() == [1.0, 1.0, 1.0]  # one zero, one NaN, one inf
 
 
+def test_gradient_statistics_of_interleaved_dtypes_keep_the_optimizers_order_and_half_is_summed_in_float32(tmp_path):
+    """Four fused reductions per dtype (issue 39: fewer of our ops in the window): the rows come back in
+    the optimizer's order though the dtypes interleave, a float16 gradient's norms are taken in float32 (its
+    L2 of 300 x 20 would overflow float16's 65504 squared), zeros counted exactly."""
+    import torch
+
+    agent = _agent(tmp_path)
+    torch.manual_seed(1)
+    shapes = [((3, 4), torch.float32), ((5,), torch.float64), ((7,), torch.float32), ((20,), torch.float16)]
+    ps = [torch.nn.Parameter(torch.zeros(s, dtype=d)) for s, d in shapes]
+    for p in ps:
+        p.grad = torch.randn(p.shape, dtype=torch.float64).to(p.dtype)
+    ps[2].grad[:3] = 0.0
+    ps[3].grad[:] = 300.0
+    ps[3].grad[0] = 0.0
+    agent.grad_stats(torch.optim.SGD(ps, lr=0.1))
+    (_, ids, numels, table), = agent.grad_steps
+    assert ids == [id(p) for p in ps] and numels == [12, 5, 7, 20] and table.dtype == torch.float32
+    for row, p in zip(table.tolist(), ps):
+        g = p.grad.double()
+        assert row == pytest.approx([g.norm().item(), g.abs().sum().item(), g.abs().max().item(),
+                                     float((g == 0).sum()), 0.0, 0.0], rel=1e-5)
+    assert table[3, 0].item() == pytest.approx(300.0 * 19 ** 0.5, rel=1e-5) and table[2, 3].item() == 3.0
+
+
 def test_a_negative_profiler_difference_is_within_noise_with_the_steps_spread(tmp_path):
     outside = [5.0, 4.0, 6.0, 5.0, 4.5, 5.5, 5.0, 4.0]
     steps = [_step(n, {"host": outside[n - 1] if n <= 8 else 4.8}, profiled=n in (9, 10)) for n in range(1, 11)]
@@ -457,3 +482,51 @@ def test_the_windows_profiler_is_torchs_own_code_without_its_inductor_import():
         assert view._inductor is sys.modules["torch._inductor"]
     else:  # asked, and still not imported
         assert not hasattr(view, "_inductor") and "torch._inductor" not in sys.modules
+
+
+# ----------------------------------------------------------------------------- the launcher's own cost (issue 39)
+@pytest.mark.parametrize("pidfd", [True, False])
+def test_the_launcher_sees_the_scripts_end_at_once_and_its_code(monkeypatch, pidfd):
+    """_ExitWatch: a pidfd where Linux has one (the end seen at once), Popen.wait(timeout) where not; None while
+    the process runs, its return code once it has ended."""
+    import time
+
+    from diagnostics.attach import session
+
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    elif not hasattr(os, "pidfd_open"):
+        pytest.skip("no os.pidfd_open here")
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(0.6); sys.exit(7)"])
+    with session._ExitWatch(p) as exited:
+        assert exited(0.01) is None
+        t = time.monotonic()
+        while (rc := exited(10.0)) is None:
+            pass
+        seen = time.monotonic() - t
+    assert rc == 7 and p.returncode == 7
+    assert seen < 5.0  # not the 10 s timeout: the end ended the wait
+
+
+def test_run_ends_without_the_interpreters_teardown_but_with_its_exit_handlers_and_output(tmp_path):
+    """diagnostics.__main__.exit_now: atexit handlers run, stdout (a pipe, unflushed) arrives whole, the code is
+    the one given; a non-daemon thread still running is waited for (Python's own exit)."""
+    code = """
+import atexit, sys, threading, time
+from pathlib import Path
+from diagnostics.__main__ import exit_now
+atexit.register(lambda: Path(sys.argv[1], "atexit").write_text("ran"))
+sys.stdout.write("x" * 100000)  # unflushed: a pipe's buffer
+if sys.argv[2] == "thread":
+    threading.Thread(target=lambda: (time.sleep(0.3), Path(sys.argv[1], "thread").write_text("done"))).start()
+exit_now(5)
+"""
+    for how in ("plain", "thread"):
+        d = tmp_path / how
+        d.mkdir()
+        p = subprocess.run([sys.executable, "-c", code, str(d), how], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert p.returncode == 5, p.stderr[-2000:]
+        assert p.stdout == "x" * 100000
+        assert (d / "atexit").read_text() == "ran"
+        assert (d / "thread").exists() == (how == "thread")
