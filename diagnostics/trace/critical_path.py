@@ -181,20 +181,26 @@ def span_notes(cp: CriticalPath) -> list[str]:
 # ---- the report --------------------------------------------------------------------------------
 
 def path_edges(model: dict) -> list[int]:
-    """The critical path's edges (indices into the graph's edge arrays), from the step's start to its end."""
-    G, pred = model["graph"], model["pred"]
+    """The critical path's edges (indices into the graph's edge arrays), from the step's start to its end.
+    Walked once per model (the report, its notes and the export all ask for it)."""
+    got = model.get("path_edges")
+    if got is not None:
+        return got
+    G = model["graph"]
+    pred, src = model["pred"].tolist(), G.src_list
     edges, v = [], SINK
     while v != SOURCE and pred[v] >= 0:
-        e = int(pred[v])
+        e = pred[v]
         edges.append(e)
-        v = int(G.src[e])
-    return edges[::-1]
+        v = src[e]
+    model["path_edges"] = edges = edges[::-1]
+    return edges
 
 
 def _edge_kind(model: dict, e: int) -> str:
     G = model["graph"]
-    t = int(G.type[e])
-    return model["kind"][int(G.event[e])] if t == OWN else _EDGE_KIND[t]
+    t = G.type_list[e]
+    return model["kind"][G.event_list[e]] if t == OWN else _EDGE_KIND[t]
 
 
 def _subtree(model: dict, events: set) -> np.ndarray:
@@ -227,10 +233,10 @@ def on_path(model: dict) -> dict:
     """Event index -> its time on the critical path (own time; a sync call's return after the GPU)."""
     G = model["graph"]
     out = defaultdict(float)
-    for e in path_edges(model):
-        t, i = int(G.type[e]), int(G.event[e])
-        if t in (OWN, SYNC_TAIL):
-            out[i] += float(G.w[e])
+    edges = np.asarray(path_edges(model), dtype=np.int64)
+    own = edges[np.isin(G.type[edges], (OWN, SYNC_TAIL))]
+    for i, w in zip(G.event[own].tolist(), G.w[own].tolist()):
+        out[i] += w
     return dict(out)
 
 
@@ -240,7 +246,7 @@ def _report(model: dict, factor: float, what_if_top: int) -> CriticalPath:
     rows, row_of, time_of = [], {}, defaultdict(float)
     wait_us, wait_text = 0.0, ""
     for e in path_edges(model):
-        w, t, i = float(G.w[e]), int(G.type[e]), int(G.event[e])
+        w, t, i = G.w_list[e], G.type_list[e], G.event_list[e]
         by_kind[_edge_kind(model, e)] += w
         if t == TO_SINK:
             continue
@@ -295,10 +301,10 @@ def _explain(model: dict, total: float) -> list[str]:
     G, n_h = model["graph"], model["n_host"]
     out = []
     for e in path_edges(model):
-        t, w = int(G.type[e]), float(G.w[e])
+        t, w = G.type_list[e], G.w_list[e]
         if t == OWN or _EDGE_KIND.get(t) not in ("earlier-steps", "idle-wait") or w <= EXPLAIN_SHARE * total:
             continue
-        i = int(G.event[e])
+        i = G.event_list[e]
         name, where = model["names"][i], model["where"][i]
         share = f"{w / 1e3:,.3f} ms ({100 * w / total:.0f} % of the step)"
         if t == PRIOR:
@@ -336,7 +342,7 @@ def _is_step_name(name: str) -> bool:
 
 def _describe_wait(model: dict, e: int) -> str:
     G = model["graph"]
-    t, u, w = int(G.type[e]), int(G.src[e]), float(G.w[e])
+    t, u, w = G.type_list[e], G.src_list[e], G.w_list[e]
     src = (u - 2) // 2 if u >= 2 else None
     if t == LAUNCH and src is not None:
         return f"launch by {model['names'][src]} ({w:.1f} µs latency)"
@@ -374,8 +380,8 @@ def chrome_trace(trace: Trace, model: dict) -> dict:
     time_of = on_path(model)
     order, seen = [], set()   # a set: `i not in order` made this quadratic (issue #42: 9 s for 17,571 path events)
     for e in path_edges(model):
-        i = int(model["graph"].event[e])
-        if int(model["graph"].type[e]) in (OWN, SYNC_TAIL) and i not in seen:
+        i = model["graph"].event_list[e]
+        if model["graph"].type_list[e] in (OWN, SYNC_TAIL) and i not in seen:
             seen.add(i)
             order.append(i)
     # Python lists, each label's id made once: one step holds ~66k events on xDiT SD3.5 (issue #42)
