@@ -244,34 +244,41 @@ def _report(model: dict, factor: float, what_if_top: int) -> CriticalPath:
     G = model["graph"]
     by_kind = {k: 0.0 for k in KINDS}
     rows, row_of, time_of = [], {}, defaultdict(float)
-    wait_us, wait_text = 0.0, ""
+    wait_us, wait_edge = 0.0, -1    # the wait is described (_describe_wait) only for the rows kept
+    kinds = model["kind"]
+    w_l, t_l, ev_l = G.w_list, G.type_list, G.event_list
     for e in path_edges(model):
-        w, t, i = G.w_list[e], G.type_list[e], G.event_list[e]
-        by_kind[_edge_kind(model, e)] += w
+        w, t, i = w_l[e], t_l[e], ev_l[e]
+        by_kind[kinds[i] if t == OWN else _EDGE_KIND[t]] += w
         if t == TO_SINK:
             continue
         if t not in (OWN, SYNC_TAIL):   # a dependency: charged to the event it leads to
             wait_us += w
-            wait_text = _describe_wait(model, e) if (w > 0 or t in (LAUNCH, STREAM, PRIOR)) else wait_text
+            wait_edge = e if (w > 0 or t in (LAUNCH, STREAM, PRIOR)) else wait_edge
             continue
         time_of[i] += w
         if i not in row_of:
             row_of[i] = len(rows)
-            rows.append({"event": i, "wait_before_us": wait_us, "waited_on": wait_text})
-            wait_us, wait_text = 0.0, ""
+            rows.append([i, wait_us, wait_edge])
+            wait_us, wait_edge = 0.0, -1
         if t == SYNC_TAIL:
-            rows[row_of[i]]["waited_on"] = _describe_wait(model, e)
-    names, kinds, start, end = model["names"], model["kind"], model["start"], model["end"]
+            rows[row_of[i]][2] = e
+    names, start, end = model["names"], model["start"], model["end"]
     path = [PathEvent(name=str(names[i]), kind=str(kinds[i]), where=str(model["where"][i]), lane=str(model["lane"][i]),
                       lane_key=str(model["lane_key"][i]), start_us=float(start[i]), dur_us=float(end[i] - start[i]),
-                      on_path_us=float(time_of[i]), wait_before_us=float(r["wait_before_us"]), waited_on=r["waited_on"])
-            for r in rows for i in (r["event"],)]
+                      on_path_us=float(time_of[i]), wait_before_us=float(wait),
+                      waited_on=_describe_wait(model, we) if we >= 0 else "")
+            for i, wait, we in rows[:MAX_PATH_ROWS]]
     # What-ifs: all of a name's calls in the step `factor` times faster, the largest on the path first.
     per_name = defaultdict(float)
+    step_name = {}   # name -> whether it is a profiler step's (asked once per name)
     for i, us in time_of.items():
         # A sync is faster only when what it waits for is: no what-if of its own.
-        if kinds[i] != "sync" and not _is_step_name(names[i]):
-            per_name[(str(kinds[i]), str(names[i]))] += us
+        name = names[i]
+        if name not in step_name:
+            step_name[name] = _is_step_name(name)
+        if kinds[i] != "sync" and not step_name[name]:
+            per_name[(str(kinds[i]), str(name))] += us
     ranked = [kv for kv in sorted(per_name.items(), key=lambda kv: -kv[1]) if kv[1] > 0][:what_if_top]
     what_ifs = []
     for (kind, name), us in ranked:
@@ -288,7 +295,7 @@ def _report(model: dict, factor: float, what_if_top: int) -> CriticalPath:
         incomplete_steps=tuple(model.get("incomplete_steps", [])), step_start_us=model["t0"], step_us=total,
         host_span_us=model["host_span_us"], length_us=model["length_us"], factor=factor,
         events=int(model["rows"].size), edges=int(G.src.size),
-        path_events=len(path), path=tuple(path[:MAX_PATH_ROWS]),
+        path_events=len(rows), path=tuple(path),
         by_kind=tuple(PathKind(kind=k, us=by_kind[k], pct=100.0 * by_kind[k] / total if total else None) for k in KINDS),
         what_if=tuple(what_ifs),
         typical_us=TypicalLatency(launch=model["typical"][LAUNCH], stream_gap=model["typical"][STREAM],
@@ -402,11 +409,20 @@ def chrome_trace(trace: Trace, model: dict) -> dict:
     for label, name in trace.thread_names.items():
         p, _, t = label.partition("/")
         out.append({"ph": "M", "name": "thread_name", "pid": _id(p), "tid": _id(t), "args": {"name": name}})
-    col_items = list(cols.items())
-    for i in range(rows.size):
-        args = {k: v[i] for k, v in col_items if v[i] >= 0}
-        if i in time_of:
-            args.update({"critical": 1, "critical_path_us": round(time_of[i], 3)})
+    # Each event's args: the id columns it has (>= 0), in the order of ``cols``, then the path's marks.
+    marks = {i: round(us, 3) for i, us in time_of.items()}
+    for i, (c, x, d, st) in enumerate(zip(*cols.values())):
+        args = {}
+        if c >= 0:
+            args["correlation"] = c
+        if x >= 0:
+            args["External id"] = x
+        if d >= 0:
+            args["device"] = d
+        if st >= 0:
+            args["stream"] = st
+        if i in marks:
+            args["critical"], args["critical_path_us"] = 1, marks[i]
         out.append({"ph": "X", "cat": cats[i], "name": names[i], "pid": pid[i], "tid": tid[i],
                     "ts": ts[i], "dur": dur[i], "args": args})
     for k, i in model["launch_of"].items():   # launch call -> GPU event, as Kineto draws them
