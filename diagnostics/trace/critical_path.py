@@ -47,7 +47,7 @@ from diagnostics.trace.critical_graph import (  # noqa: F401  (MAX_EVENTS: the l
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace
 from diagnostics.trace.records.critical_path import CriticalPath, PathEvent, PathKind, TypicalLatency, WhatIf
-from diagnostics.trace.breakdowns import gpu_step_attribution, step_spans, temporal_breakdown
+from diagnostics.trace.breakdowns import gpu_step_attribution, gpu_step_breakdown, step_spans
 
 #: The kinds of time on a path, in the order the breakdown lists them. cpu: host calls and the host
 #: time between them; launch: runtime calls that started GPU work and the launch latency to the GPU
@@ -154,8 +154,9 @@ def critical_path(trace: Trace, step: int | None = None, factor: float = WHAT_IF
         raise TraceError(f"critical path: the what-if factor must be above 1 (x times faster), got {factor}")
     model = model if model is not None else step_graph(trace, step)
     cp = _report(model, factor, what_if_top)
-    window = next((r for r in temporal_breakdown(trace).gpu if r.step == cp.step), None)
-    cp = msgspec.structs.replace(cp, gpu_window_us=window.window_us if window else None)
+    # the GPU part of temporal_breakdown alone: its host part (the call nesting's self times) is not needed here
+    window = next((r for r in gpu_step_breakdown(trace)["gpu"] if r["step"] == cp.step), None)
+    cp = msgspec.structs.replace(cp, gpu_window_us=window["window_us"] if window else None)
     return msgspec.structs.replace(cp, notes=tuple(span_notes(cp)) + cp.notes)
 
 
