@@ -142,6 +142,28 @@ class Graph:
                 dist[v], pred[v] = best, bp
         return np.asarray(dist), np.asarray(pred)
 
+    def longest_to(self, target: int, w: np.ndarray, base_dist: np.ndarray, changed: np.ndarray) -> float:
+        """``longest(w, base, changed)``'s distance to ``target`` alone (a what-if needs only the sink's): the
+        same pass, ties and sums, without keeping the edges the paths came in on or making arrays of them."""
+        if not changed.size:
+            return float(base_dist[target])
+        w = w.tolist()
+        src, ins, ptr, binding = self.src_list, self._ins, self._ptr, self.binding_list
+        first = int(self.topo_pos[self.dst[changed]].min())
+        dist = base_dist.tolist()
+        for v, e in self._steps[first:]:
+            if e >= 0:
+                dist[v] = dist[src[e]] + w[e]
+                continue
+            best, bp, bb = -np.inf, -1, False
+            for e in ins[ptr[v]:ptr[v + 1]]:
+                d = dist[src[e]] + w[e]
+                if d > best + EPS or (d >= best - EPS and binding[e] and not bb):
+                    best, bp, bb = (d if d > best else best), e, binding[e]
+            if bp >= 0:
+                dist[v] = best
+        return float(dist[target])
+
 
 def median_or_zero(values: list) -> float:
     return float(np.median(values)) if values else 0.0

@@ -226,8 +226,8 @@ def what_if(model: dict, events, factor: float = WHAT_IF_FACTOR) -> dict:
     w = G.w.copy()
     hit = (G.event >= 0) & chosen[np.maximum(G.event, 0)] & (G.type == OWN) & (G.w > 0)
     w[hit] /= factor
-    dist, _ = G.longest(w, base=(model["dist"], model["pred"]), changed=np.flatnonzero(hit))
-    return {"step_us": float(dist[SINK]), "saving_us": float(model["length_us"] - dist[SINK])}
+    after = G.longest_to(SINK, w, model["dist"], np.flatnonzero(hit))
+    return {"step_us": after, "saving_us": float(model["length_us"] - after)}
 
 
 def on_path(model: dict) -> dict:

@@ -100,3 +100,28 @@ def test_graph_add_many_keeps_the_order_and_clamps_like_add():
     assert many.w.tolist() == [1.5, 0.0, 0.0]
     dist, pred = many.longest()
     assert dist[SINK] == pytest.approx(1.5) and pred[SINK] == 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_longest_to_is_longests_distance_on_random_graphs(seed):
+    """What-ifs ask longest_to (no paths kept): the same distance as longest with the same base and changes, on
+    random DAGs with tied (integer) weights and mixed binding edges."""
+    rng = np.random.default_rng(seed)
+    n_events = int(rng.integers(2, 40))
+    G = Graph(n_events)
+    n = G.n_nodes
+    order = np.r_[SOURCE, rng.permutation(np.arange(2, n)), SINK]   # a topological order to draw edges along
+    for _ in range(int(rng.integers(n, 4 * n))):
+        a, b = sorted(rng.choice(n, 2, replace=False))
+        G.add(int(order[a]), int(order[b]), float(rng.integers(0, 5)), OWN, int(rng.integers(0, n_events)),
+              binding=bool(rng.random() < 0.5))
+    G.add(SOURCE, SINK, 0.0, TO_SINK, -1, binding=False)
+    G.freeze()
+    dist, pred = G.longest()
+    for _ in range(5):
+        changed = np.flatnonzero(rng.random(G.w.size) < 0.2)
+        w = G.w.copy()
+        w[changed] /= 2.0
+        want, _ = G.longest(w, base=(dist, pred), changed=changed)
+        assert G.longest_to(SINK, w, dist, changed) == want[SINK]
+    assert G.longest_to(SINK, G.w, dist, np.array([], dtype=np.int64)) == dist[SINK]
