@@ -105,9 +105,10 @@ class Graph:
         self.topo_pos[np.asarray(topo, dtype=np.int64)] = np.arange(self.n_nodes)
         # The topological order as runs: a node with one way in (most nodes) is (node, that edge), one with
         # several is (node, -1); the passes below read it instead of the in-edge pointers.
-        ptr = self._ptr
-        ins = self._ins
-        self._steps = [(v, ins[ptr[v]] if ptr[v + 1] - ptr[v] == 1 else -1) for v in topo]
+        n_in = np.diff(self.in_ptr)
+        one_way = np.where(n_in == 1, order[np.minimum(self.in_ptr[:-1], max(order.size - 1, 0))], -1) \
+            if order.size else np.full(self.n_nodes, -1, dtype=np.int64)
+        self._steps = list(zip(topo, one_way[np.asarray(topo, dtype=np.int64)].tolist()))
         return self
 
     def longest(self, w: np.ndarray | None = None, base: tuple | None = None,
