@@ -183,13 +183,11 @@ def report_memo_text(result: TraceResult | TraceDiffResult) -> str:
     """What keys the report body kept for a trace result (diagnostics.render.report_memo): the result less what
     differs between two opens of the same trace and the report does not show (how the open went, where the
     run keeps its marked trace), so that a reopen reuses the first open's charts."""
-    if isinstance(result, TraceResult):
+    if isinstance(result, TraceResult):   # (a trace diff's is its whole result: checked on trace analyze only)
         cp = result.critical_path
         if cp and cp.trace_file:
             cp = msgspec.structs.replace(cp, trace_file=UNSET)
         result = msgspec.structs.replace(result, trace_cache=UNSET, critical_path=cp)
-    elif isinstance(result, TraceDiffResult):
-        result = msgspec.structs.replace(result, trace_cache=UNSET)
     return to_json(result)
 
 
