@@ -3,8 +3,9 @@ same stored result, ~2 s of its ~2.6 s): read back when the same analysis' resul
 code come again; else built and kept. The header (time, run id) is never kept.
 
 Kept in one folder (the CLI: <data folder>/report_memo), a file per key, at most MAX_FILES and MAX_BYTES
-(oldest removed first). A kept body is HTML text this tool wrote, read as a regular file of bounded size
-(diagnostics.jobfiles), never code; a file that cannot be read is a miss.
+(oldest removed first). A kept body is HTML (with the charts' scripts) that this tool wrote: it is read back only
+from a regular file of bounded size (diagnostics.jobfiles) that this user owns and nobody else may write (the
+files are written 0600), so another account cannot put a script into a report; anything else is a miss.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from diagnostics.jobfiles import ArtifactError, read_bytes
+import stat
+
+from diagnostics.jobfiles import ArtifactError, open_regular
 
 #: Bodies kept, at most (the newest), and their total size.
 MAX_FILES = 8
@@ -54,7 +57,12 @@ def read(folder: Path, k: str) -> str | None:
     """The body kept under ``k``, or None."""
     path = Path(folder) / (k + _SUFFIX)
     try:
-        data = read_bytes(path, MAX_BYTES)
+        fd = open_regular(path, MAX_BYTES)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return None
+            data = f.read()
         os.utime(path)   # recently used: pruned last
         return data.decode("utf-8")
     except (ArtifactError, OSError, UnicodeDecodeError):

@@ -77,3 +77,12 @@ def test_a_kept_body_that_is_not_a_regular_file_is_a_miss(tmp_path):
     report_memo.write(folder, "k", "<p>ours</p>")       # replaces the link with a file of its own
     assert report_memo.read(folder, "k") == "<p>ours</p>"
     assert (tmp_path / "elsewhere.html").read_text() == "<script>not ours</script>"
+
+
+def test_a_kept_body_others_may_write_is_a_miss(tmp_path):
+    folder = tmp_path / "memo"
+    report_memo.write(folder, "k", "<p>ours</p>")
+    path = folder / "k.body.html"
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and report_memo.read(folder, "k") == "<p>ours</p>"
+    path.chmod(0o666)
+    assert report_memo.read(folder, "k") is None
