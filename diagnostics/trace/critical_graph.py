@@ -66,14 +66,11 @@ class Graph:
 
     def freeze(self):
         self._flush()
-        cols = list(zip(*self._chunks)) if self._chunks else [[np.zeros(0, dtype=np.int64)]] * 4 + [
-            [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=bool)]]
+        dtypes = (np.int64, np.int64, float, np.int64, np.int64, bool)
+        cols = list(zip(*self._chunks)) if self._chunks else [[np.zeros(0, dtype=t)] for t in dtypes]
         self._chunks = []
         self.src, self.dst, self.w, self.type, self.event, self.binding = (
-            np.concatenate(c).astype(t, copy=False) for c, t in
-            zip(cols, (np.int64, np.int64, float, np.int64, np.int64, bool)))
-        if self.w.size == 0:
-            self.w = self.w.astype(float)
+            np.concatenate(c).astype(t, copy=False) for c, t in zip(cols, dtypes))
         # Python lists of the arrays, made once: the longest-path passes and the report walk them edge by edge.
         self.src_list, self.type_list, self.event_list = self.src.tolist(), self.type.tolist(), self.event.tolist()
         self.w_list, self.binding_list = self.w.tolist(), self.binding.tolist()
