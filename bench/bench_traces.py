@@ -14,9 +14,12 @@
    of --runs, and prints a table; --write-doc replaces the "## Trace ingest" section of
    docs/BENCHMARKS.md with it. The tool "job" is the whole `trace analyze` job (the analysis'
    own function: ingest, every view, the timeline, the kept columns) on a cold trace cache,
-   compared with orjson.loads of the same file.
-4. --reopen: the same job again on the cache the cold run left (a second open of the unchanged
-   file), each in a fresh process; the ratio goes into the "## Trace reopen" section.
+   compared with orjson.loads of the same file; the tool "cli" is the whole
+   `python -m diagnostics trace analyze FILE` process (interpreter, imports, job, report folder)
+   on its own cold trace cache.
+4. --reopen: the same job (and CLI process, with "cli") again on the cache the cold run left (a
+   second open of the unchanged file), each in a fresh process; the ratio goes into the
+   "## Trace reopen" section.
 """
 
 from __future__ import annotations
@@ -182,11 +185,33 @@ def _measure(tool: str, path: str) -> None:
 
         t = time.perf_counter()
         result = analyze(Ctx(), {"path": path})
-        n = result["summary"]["events"]
-        extra = {"hit": result["trace_cache"]["hit"], "open_s": result["trace_cache"]["open_s"],
-                 "result": bool(result["trace_cache"].get("result"))}
+        n = result.summary.events   # a TraceResult (diagnostics.analyses.trace.result)
+        cache = result.trace_cache
+        extra = {"hit": cache.hit, "open_s": cache.open_s, "result": bool(cache.result)}
         import shutil
         shutil.rmtree(Ctx.artifact_dir, ignore_errors=True)
+    elif tool == "cli":
+        # The whole CLI process, as a user runs it: interpreter, imports, the job, the report folder.
+        import tempfile
+
+        out_dir = tempfile.mkdtemp(prefix="bench-trace-cli-")
+        env = dict(os.environ, TORCHSCOPE_DATA_DIR=os.environ[CACHE_ENV])
+        t = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "diagnostics", "trace", "analyze", path, "--out", out_dir,
+                               "--json"], cwd=ROOT, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - t
+        if proc.returncode != 0:
+            raise SystemExit(f"trace analyze exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        doc = json.loads(proc.stdout)
+        n = doc["summary"]["events"]
+        cache = doc.get("trace_cache") or {}
+        extra = {"hit": cache.get("hit"), "open_s": cache.get("open_s"), "result": bool(cache.get("result")),
+                 "child_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+        import shutil
+        shutil.rmtree(out_dir, ignore_errors=True)
+        print(json.dumps({"seconds": seconds, "cpu_seconds": cpu_seconds() - cpu0,
+                          "peak_rss_mb": extra["child_peak_rss_mb"], "events": n, "load": load, **extra}))
+        return
     elif tool == "hta":
         import logging
         logging.disable(logging.WARNING)
@@ -211,9 +236,9 @@ def _peak_rss_mb() -> float:
     return float("nan")
 
 
-def _cache_data(path: Path) -> Path:
-    """The data folder whose trace cache the "job" runs on `path` use (beside the trace)."""
-    return path.parent / "trace-cache-data" / path.name
+def _cache_data(path: Path, tool: str = "job") -> Path:
+    """The data folder whose trace cache the "job" (or "cli") runs on `path` use (beside the trace)."""
+    return path.parent / "trace-cache-data" / (path.name + ("" if tool == "job" else f"-{tool}"))
 
 
 def _run_tool(tool: str, path: Path, runs: int, timeout: float, cold: bool = True) -> dict:
@@ -223,11 +248,11 @@ def _run_tool(tool: str, path: Path, runs: int, timeout: float, cold: bool = Tru
     import shutil
 
     python = str(HTA_VENV / "bin" / "python") if tool == "hta" else PY
-    env = dict(os.environ, **{CACHE_ENV: str(_cache_data(path))})
+    env = dict(os.environ, **{CACHE_ENV: str(_cache_data(path, tool))})
     best = None
     for _ in range(runs):
-        if tool == "job" and cold:
-            shutil.rmtree(_cache_data(path), ignore_errors=True)
+        if tool in ("job", "cli") and cold:
+            shutil.rmtree(_cache_data(path, tool), ignore_errors=True)
         proc = subprocess.Popen([python, __file__, "--measure", tool, str(path)], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         tree_peak = 0
@@ -297,8 +322,8 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
              "| trace | size | events | " +
              " | ".join(f"{t} wall | {t} CPU | {t} RSS" for t in tools) +
              " | HTA / TorchScope wall | HTA / TorchScope RSS | json.load / TorchScope wall |"
-             " orjson / job wall | orjson / job CPU |",
-             "|---" * (3 + 3 * len(tools) + 5) + "|"]
+             " orjson / job wall | orjson / job CPU | orjson / cli wall | orjson / cli CPU |",
+             "|---" * (3 + 3 * len(tools) + 7) + "|"]
     loads = [res["load"] for r in results.values() for res in r.values() if "load" in res]
     if loads:
         lines[2] += (f" Load average (1 min) when the runs started: {min(loads):.1f} to "
@@ -307,8 +332,7 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
                      "figure.")
     for label, path in files.items():
         r = results[label]
-        ours = r.get("torchscope") or {}
-        events = ours.get("events", "-")
+        events = next((res["events"] for res in r.values() if res and "events" in res), "-")
         row = [label, f"{path.stat().st_size / 1e6:.0f} MB", f"{events:,}" if events != "-" else "-"]
         for t in tools:
             row += [_fmt(r.get(t), "seconds", "s"), _fmt(r.get(t), "cpu_seconds", "s"),
@@ -323,7 +347,8 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
                 return "-"
             return f"{a[key] / b[key]:.1f}x"
         row += [ratio("hta", "seconds"), ratio("hta", "peak_rss_mb"), ratio("json", "seconds"),
-                ratio("orjson", "seconds", "job"), ratio("orjson", "cpu_seconds", "job")]
+                ratio("orjson", "seconds", "job"), ratio("orjson", "cpu_seconds", "job"),
+                ratio("orjson", "seconds", "cli"), ratio("orjson", "cpu_seconds", "cli")]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["",
               "The ~100 MB trace is a real torch.profiler capture (150 training steps of a "
@@ -359,25 +384,29 @@ def reopen_report(files: dict, results: dict, runs: int) -> str:
              "(result key trace_cache; \"stored result\": the reopen returned the analysis kept by the first "
              "open instead of running it again).", "",
              f"Command: `{COMMAND}`", ""]
-    loads = [res["load"] for r in results.values() for k, res in r.items() if k.startswith("job") and "load" in res]
+    loads = [res["load"] for r in results.values() for k, res in r.items()
+             if k.startswith(("job", "cli")) and "load" in res]
     if loads:
         lines[2] += (f" Load average (1 min) when the runs started: {min(loads):.1f} to {max(loads):.1f} "
                      "(on 2 cores: wall times are inflated, CPU seconds are the steadier figure).")
-    lines += ["| trace | size | first open: job wall | job CPU | job RSS | open | reopen: job wall | job CPU "
-              "| job RSS | open | stored result | reopen / first (wall) | reopen / first (CPU) |",
-              "|---" * 13 + "|"]
+    lines += ["| trace | size | tool | first open: wall | CPU | RSS | open | reopen: wall | CPU "
+              "| RSS | open | stored result | reopen / first (wall) | reopen / first (CPU) |",
+              "|---" * 14 + "|"]
     for label, path in files.items():
-        cold, warm = results[label].get("job") or {}, results[label].get("job_reopen") or {}
-        ok = "error" not in cold and "error" not in warm and cold and warm
+        for tool in ("job", "cli"):
+            if tool not in results[label]:
+                continue
+            cold, warm = results[label].get(tool) or {}, results[label].get(f"{tool}_reopen") or {}
+            ok = "error" not in cold and "error" not in warm and cold and warm
 
-        def ratio(key):
-            return f"{100 * warm[key] / cold[key]:.1f} %" if ok and cold.get(key) else "-"
-        row = [label, f"{path.stat().st_size / 1e6:.0f} MB"]
-        for res in (cold, warm):
-            row += [_fmt(res, "seconds", "s"), _fmt(res, "cpu_seconds", "s"), _fmt(res, "peak_rss_mb", "MB"),
-                    f"{res['open_s']:.2f} s" if res and "open_s" in res else "-"]
-        row += [str(warm.get("result", "-")).lower(), ratio("seconds"), ratio("cpu_seconds")]
-        lines.append("| " + " | ".join(row) + " |")
+            def ratio(key):
+                return f"{100 * warm[key] / cold[key]:.1f} %" if ok and cold.get(key) else "-"
+            row = [label, f"{path.stat().st_size / 1e6:.0f} MB", tool]
+            for res in (cold, warm):
+                row += [_fmt(res, "seconds", "s"), _fmt(res, "cpu_seconds", "s"), _fmt(res, "peak_rss_mb", "MB"),
+                        f"{res['open_s']:.2f} s" if res and res.get("open_s") is not None else "-"]
+            row += [str(warm.get("result", "-")).lower(), ratio("seconds"), ratio("cpu_seconds")]
+            lines.append("| " + " | ".join(row) + " |")
     lines += ["", "The cache (diagnostics/trace/cache.py) keeps the parsed columns as Arrow/Feather and the rest "
               "of the Trace as JSON in <data folder>/trace_cache, one folder per (resolved path, size, mtime in ns, "
               "ingest options, format version), and beside them the job's result, one per (options, stamps of "
@@ -435,10 +464,10 @@ def main(argv=None) -> int:
             res = _run_tool(tool, path, runs, args.timeout)
             results[label][tool] = res
             print(f"{label:12s} {tool:10s} {json.dumps(res)}", flush=True)
-            if tool == "job" and args.reopen:  # now, while the cache the cold run left is there
-                res = _run_tool("job", path, args.runs, args.timeout, cold=False)
-                results[label]["job_reopen"] = res
-                print(f"{label:12s} {'reopen':10s} {json.dumps(res)}", flush=True)
+            if tool in ("job", "cli") and args.reopen:  # now, while the cache the cold run left is there
+                res = _run_tool(tool, path, args.runs, args.timeout, cold=False)
+                results[label][f"{tool}_reopen"] = res
+                print(f"{label:12s} {tool + ' reopen':10s} {json.dumps(res)}", flush=True)
     section = report(files, results, tools, args.runs)
     print("\n" + section)
     if args.reopen:

@@ -281,7 +281,8 @@ def report_dir(args, name: str) -> Path | None:
 
 
 def run_job_command(args, name: str, spec, options: dict, *, title: str, label: str | None = None,
-                    show=None, text=None, copy_artifacts: bool = True, in_process=None) -> tuple[int, dict | None]:
+                    show=None, text=None, copy_artifacts: bool = True, in_process=None,
+                    memo_text=None) -> tuple[int, dict | None]:
     """Run one analysis as every command does; returns (exit code, the result shown).
 
     The job runs in a worker through diagnostics.runner with the run store (source "cli", so it is
@@ -291,6 +292,8 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     is the human output (default: the headline metrics); ``copy_artifacts`` copies the run's
     Chrome trace into the report folder. ``in_process(store, on_progress, cancel, on_partial)``, when given, may answer
     without a worker (a JobOutcome, its run recorded in the store) or return None (then the job runs in one).
+    ``memo_text(result)``, when given, keys the report body kept in <data folder>/report_memo for a result seen
+    again (diagnostics.render.report_memo: a trace reopen draws no chart again).
     """
     from diagnostics.runner import Job, run_job
     from diagnostics.store import Store
@@ -340,7 +343,13 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     written = None
     if out_dir is not None:
         artifacts = jobfiles.listing(outcome.artifact_dir) if copy_artifacts and outcome.artifact_dir else {}
-        written = cli_report.write_report(name, result, out_dir, artifacts, title=title, run_id=outcome.run_id)
+        memo = {}
+        if memo_text is not None:
+            from diagnostics.render.report_memo import MEMO_DIR
+
+            memo = {"memo_dir": store.data_dir / MEMO_DIR, "memo_text": memo_text(result)}
+        written = cli_report.write_report(name, result, out_dir, artifacts, title=title, run_id=outcome.run_id,
+                                          **memo)
         if written is None:
             return EXIT_FAILED, None
     if args.json:
@@ -406,7 +415,8 @@ def run_trace_command(args) -> int:
                               title=cli_trace.report_title(args), show=lambda r: cli_trace.cli_result(name, r),
                               text=lambda r: cli_trace.text(args, r), copy_artifacts=False,
                               in_process=lambda store, progress, cancel, partial: cli_trace.in_process(
-                                  name, options, store, progress, cancel, args.timeout, partial))
+                                  name, options, store, progress, cancel, args.timeout, partial),
+                              memo_text=cli_trace.report_memo_text)
     return code
 
 

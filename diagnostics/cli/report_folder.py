@@ -57,14 +57,15 @@ def check_report_folder(out: Path) -> None:
 
 
 def write_report(analysis: str, result: dict, out_dir: Path, artifacts: dict, *, title: str,
-                 run_id: str) -> dict | None:
+                 run_id: str, memo_dir: Path | None = None, memo_text: str | None = None) -> dict | None:
     """diagnostics.render.html.write_report_folder for a CLI run; None after saying on stderr why the
-    folder could not be written (a full disk, say: --out itself was checked before the job)."""
+    folder could not be written (a full disk, say: --out itself was checked before the job). ``memo_dir``,
+    ``memo_text``: the report body kept for the same result (diagnostics.render.report_memo)."""
     from diagnostics.render.html import write_report_folder
 
     try:
         return write_report_folder(analysis, result, out_dir, artifacts, title=title,
-                                   meta={"run": run_id, "source": "cli"})
+                                   meta={"run": run_id, "source": "cli"}, memo_dir=memo_dir, memo_text=memo_text)
     except OSError as e:
         sys.stderr.write(f"error: could not write the report folder {out_dir}: {e}\n")
         sys.stderr.flush()

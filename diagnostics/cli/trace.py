@@ -18,7 +18,7 @@ import msgspec
 from diagnostics.analyses.trace import ANALYZE_FLAGS, HTA_OPTIONS, RANKS_OPTIONS, TOP_N
 from diagnostics.analyses.trace.result import TraceDiffResult, TraceResult
 from diagnostics.cli.options import add_option, dest
-from diagnostics.results import UNSET
+from diagnostics.results import UNSET, to_json
 
 #: Rows shown in the text output when --top is not given.
 DEFAULT_TOP = {"analyze": 10, "diff": 15}
@@ -177,6 +177,18 @@ def cli_result(analysis: str, result: TraceResult | TraceDiffResult) -> TraceRes
     if isinstance(result, TraceResult) and result.columns_dir:
         return msgspec.structs.replace(result, columns_dir=UNSET)
     return result
+
+
+def report_memo_text(result: TraceResult | TraceDiffResult) -> str:
+    """What keys the report body kept for a trace result (diagnostics.render.report_memo): the result less what
+    differs between two opens of the same trace and the report does not show (how the open went, where the
+    run keeps its marked trace), so that a reopen reuses the first open's charts."""
+    if isinstance(result, TraceResult):   # (a trace diff's is its whole result: checked on trace analyze only)
+        cp = result.critical_path
+        if cp and cp.trace_file:
+            cp = msgspec.structs.replace(cp, trace_file=UNSET)
+        result = msgspec.structs.replace(result, trace_cache=UNSET, critical_path=cp)
+    return to_json(result)
 
 
 def report_title(args) -> str:

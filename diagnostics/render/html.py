@@ -22,7 +22,6 @@ from pathlib import Path
 import pandas as pd
 
 from diagnostics.jobfiles import ArtifactError, copy_regular
-from diagnostics.render.layouts import report_of
 from diagnostics.render.sections import MAX_HTML_ROWS, Section, generic_sections
 from diagnostics.render.tables import find_tables, is_trace_file, safe_filename, write_csv
 from diagnostics.render.text import disturbance_line, format_metric, metric_label, shown_metrics
@@ -193,6 +192,8 @@ def sections_for(analysis: str, result) -> tuple[list[Section], str | None]:
     on this result, the generic ones plus the reason, which the report shows at its top. (A layout
     that is missing or does not import is a RegistrationError when diagnostics.render.layouts is
     imported: there is no fallback for that.)"""
+    from diagnostics.render.layouts import report_of   # the charts (plotly): not needed for a kept body
+
     fn = report_of(analysis)
     try:
         return fn(result), None
@@ -201,11 +202,13 @@ def sections_for(analysis: str, result) -> tuple[list[Section], str | None]:
                                           "showing the generic layout"
 
 
-def build_report(analysis: str, result, title: str | None = None, *, meta: dict | None = None) -> str:
-    """A self-contained HTML page for ``result`` (plotly.js inlined once; opens offline)."""
+def build_report(analysis: str, result, title: str | None = None, *, meta: dict | None = None,
+                 memo_dir: Path | str | None = None, memo_text: str | None = None) -> str:
+    """A self-contained HTML page for ``result`` (plotly.js inlined once; opens offline). ``memo_dir``: a
+    folder where the page's body is kept for a result seen again (render.report_memo), keyed by
+    ``memo_text`` (default: the result's JSON; a caller may leave out fields of its run the body does not
+    show, such as where its files are)."""
     title = title or f"TorchScope · {analysis}"
-    sections, problem = sections_for(analysis, result)
-    columns = declared_columns(analysis)
     header = {"analysis": analysis, "generated": time.strftime("%Y-%m-%d %H:%M:%S")}
     if model_of(result):
         header["model"] = model_of(result)
@@ -213,7 +216,27 @@ def build_report(analysis: str, result, title: str | None = None, *, meta: dict 
         header["device"] = device_of(result)
     header.update(meta or {})
     sub = " · ".join(f"{k}: {v}" for k, v in header.items())
-    parts = [f"<header><h1>{html.escape(title)}</h1><p>{html.escape(sub)}</p></header><main>"]
+    head = f"<header><h1>{html.escape(title)}</h1><p>{html.escape(sub)}</p></header><main>"
+    if memo_dir is not None:
+        from diagnostics.render import report_memo
+
+        k = report_memo.key(analysis, memo_text if memo_text is not None else to_json(result, indent=1))
+        body = report_memo.read(memo_dir, k)
+        if body is None:
+            body = _body(analysis, result)
+            report_memo.write(memo_dir, k, body)
+    else:
+        body = _body(analysis, result)
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}"
+            f"</title><style>{_CSS}</style></head><body>{head}{body}</body></html>")
+
+
+def _body(analysis: str, result) -> str:
+    """The report below its header: everything that follows from the result alone."""
+    sections, problem = sections_for(analysis, result)
+    columns = declared_columns(analysis)
+    parts = []
     if problem:
         parts.append(f'<section><p class="error">{html.escape(problem)}</p></section>')
     report = disturbance_of(result)
@@ -233,13 +256,12 @@ def build_report(analysis: str, result, title: str | None = None, *, meta: dict 
         parts.append("<section>" + "".join(body) + "</section>")
     parts.append("</main><footer>Made by TorchScope. result.json in the report folder holds every number "
                  "shown here.</footer>")
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}"
-            f"</title><style>{_CSS}</style></head><body>{''.join(parts)}</body></html>")
+    return "".join(parts)
 
 
 def write_report_folder(analysis: str, result, out_dir: Path | str, artifacts: dict | None = None,
-                        title: str | None = None, meta: dict | None = None) -> dict[str, Path]:
+                        title: str | None = None, meta: dict | None = None,
+                        memo_dir: Path | str | None = None, memo_text: str | None = None) -> dict[str, Path]:
     """Write report.html, result.json, one CSV per table and any Chrome trace into ``out_dir``.
 
     ``artifacts`` maps names to files of the run (JobOutcome.artifact_dir's files or the store's
@@ -250,7 +272,9 @@ def write_report_folder(analysis: str, result, out_dir: Path | str, artifacts: d
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     path = out / "result.json"
-    path.write_text(to_json(result, indent=1))
+    result_json = to_json(result, indent=1)
+    path.write_text(result_json)
+    memo_text = result_json if memo_text is None else memo_text
     written["result.json"] = path
     used = {"result", "report"}
     for name, rows in find_tables(to_plain(result)).items():
@@ -272,6 +296,7 @@ def write_report_folder(analysis: str, result, out_dir: Path | str, artifacts: d
             continue
         written[dst.name] = dst
     path = out / "report.html"
-    path.write_text(build_report(analysis, result, title, meta=meta), encoding="utf-8")
+    path.write_text(build_report(analysis, result, title, meta=meta, memo_dir=memo_dir, memo_text=memo_text),
+                    encoding="utf-8")
     written["report.html"] = path
     return written

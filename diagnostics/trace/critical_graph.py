@@ -31,10 +31,12 @@ OWN, GAP, LAUNCH, STREAM, PRIOR, SYNC_TAIL, THREAD_START, TO_SINK = range(8)
 
 
 class Graph:
-    """Nodes (2 per event plus source and sink) and edges as growing lists, frozen into arrays."""
+    """Nodes (2 per event plus source and sink) and edges, added one at a time (``add``) or as arrays
+    (``add_many``) and frozen into arrays in the order they were added."""
 
     def __init__(self, n_events: int):
         self.n_nodes = 2 + 2 * n_events
+        self._chunks = []   # (src, dst, w, type, event, binding) arrays, in order
         self.src, self.dst, self.w, self.type, self.event, self.binding = [], [], [], [], [], []
 
     def add(self, u, v, w, etype, event=-1, binding=True):
@@ -45,15 +47,38 @@ class Graph:
         self.event.append(event)
         self.binding.append(binding)
 
+    def _flush(self):
+        if self.src:
+            self._chunks.append((np.asarray(self.src, dtype=np.int64), np.asarray(self.dst, dtype=np.int64),
+                                 np.asarray(self.w, dtype=float), np.asarray(self.type, dtype=np.int64),
+                                 np.asarray(self.event, dtype=np.int64), np.asarray(self.binding, dtype=bool)))
+            self.src, self.dst, self.w, self.type, self.event, self.binding = [], [], [], [], [], []
+
+    def add_many(self, u, v, w, etype, event, binding=True):
+        """Edges as arrays (``etype`` and ``binding`` may be scalars), after those added so far; weights
+        below zero become zero, as ``add`` makes them."""
+        self._flush()
+        u = np.asarray(u, dtype=np.int64)
+        n = u.size
+        self._chunks.append((u, np.asarray(v, dtype=np.int64), np.maximum(np.asarray(w, dtype=float), 0.0),
+                             np.broadcast_to(np.asarray(etype, dtype=np.int64), (n,)),
+                             np.asarray(event, dtype=np.int64), np.broadcast_to(np.asarray(binding, dtype=bool), (n,))))
+
     def freeze(self):
-        for k in ("src", "dst", "type", "event"):
-            setattr(self, k, np.asarray(getattr(self, k), dtype=np.int64))
-        self.w = np.asarray(self.w, dtype=float)
-        self.binding = np.asarray(self.binding, dtype=bool)
+        self._flush()
+        dtypes = (np.int64, np.int64, float, np.int64, np.int64, bool)
+        cols = list(zip(*self._chunks)) if self._chunks else [[np.zeros(0, dtype=t)] for t in dtypes]
+        self._chunks = []
+        self.src, self.dst, self.w, self.type, self.event, self.binding = (
+            np.concatenate(c).astype(t, copy=False) for c, t in zip(cols, dtypes))
+        # Python lists of the arrays, made once: the longest-path passes and the report walk them edge by edge.
+        self.src_list, self.type_list, self.event_list = self.src.tolist(), self.type.tolist(), self.event.tolist()
+        self.w_list, self.binding_list = self.w.tolist(), self.binding.tolist()
         # Kahn's order, and incoming edges per node (CSR over edges sorted by destination).
         order = np.argsort(self.dst, kind="stable")
         self.in_edges = order
         self.in_ptr = np.r_[0, np.cumsum(np.bincount(self.dst, minlength=self.n_nodes))]
+        self._ins, self._ptr = self.in_edges.tolist(), self.in_ptr.tolist()
         indeg = np.bincount(self.dst, minlength=self.n_nodes)
         out_order = np.argsort(self.src, kind="stable")
         out_ptr = np.r_[0, np.cumsum(np.bincount(self.src, minlength=self.n_nodes))]
@@ -75,6 +100,12 @@ class Graph:
         self.topo = topo
         self.topo_pos = np.empty(self.n_nodes, dtype=np.int64)
         self.topo_pos[np.asarray(topo, dtype=np.int64)] = np.arange(self.n_nodes)
+        # The topological order as runs: a node with one way in (most nodes) is (node, that edge), one with
+        # several is (node, -1); the passes below read it instead of the in-edge pointers.
+        n_in = np.diff(self.in_ptr)
+        one_way = np.where(n_in == 1, order[np.minimum(self.in_ptr[:-1], max(order.size - 1, 0))], -1) \
+            if order.size else np.full(self.n_nodes, -1, dtype=np.int64)
+        self._steps = list(zip(topo, one_way[np.asarray(topo, dtype=np.int64)].tolist()))
         return self
 
     def longest(self, w: np.ndarray | None = None, base: tuple | None = None,
@@ -84,23 +115,21 @@ class Graph:
         ``base`` (dist, pred of the unchanged graph) with ``changed`` (the edges whose weight ``w``
         changed): nodes ordered before every changed edge's head keep their base values, and only the
         rest is computed again."""
-        w = (self.w if w is None else w).tolist()
-        src, ins, ptr = self.src.tolist(), self.in_edges.tolist(), self.in_ptr.tolist()
-        binding = self.binding.tolist()
-        topo = self.topo
+        w = self.w_list if w is None else w.tolist()
+        src, ins, ptr, binding = self.src_list, self._ins, self._ptr, self.binding_list
+        steps = self._steps
         if base is not None and changed is not None and changed.size:
             first = int(self.topo_pos[self.dst[changed]].min())
             dist, pred = base[0].tolist(), base[1].tolist()
-            topo = topo[first:]
+            steps = steps[first:]
         else:
             dist, pred = [-np.inf] * self.n_nodes, [-1] * self.n_nodes
             dist[SOURCE] = 0.0
-        for v in topo:
-            lo, hi = ptr[v], ptr[v + 1]
-            if hi - lo == 1:   # one way in: most nodes
-                e = ins[lo]
+        for v, e in steps:
+            if e >= 0:   # one way in: most nodes
                 dist[v], pred[v] = dist[src[e]] + w[e], e
                 continue
+            lo, hi = ptr[v], ptr[v + 1]
             best, bp, bb = -np.inf, -1, False
             for e in ins[lo:hi]:
                 d = dist[src[e]] + w[e]
@@ -110,6 +139,28 @@ class Graph:
             if bp >= 0:
                 dist[v], pred[v] = best, bp
         return np.asarray(dist), np.asarray(pred)
+
+    def longest_to(self, target: int, w: np.ndarray, base_dist: np.ndarray, changed: np.ndarray) -> float:
+        """``longest(w, base, changed)``'s distance to ``target`` alone (a what-if needs only the sink's): the
+        same pass, ties and sums, without keeping the edges the paths came in on or making arrays of them."""
+        if not changed.size:
+            return float(base_dist[target])
+        w = w.tolist()
+        src, ins, ptr, binding = self.src_list, self._ins, self._ptr, self.binding_list
+        first = int(self.topo_pos[self.dst[changed]].min())
+        dist = base_dist.tolist()
+        for v, e in self._steps[first:]:
+            if e >= 0:
+                dist[v] = dist[src[e]] + w[e]
+                continue
+            best, bp, bb = -np.inf, -1, False
+            for e in ins[ptr[v]:ptr[v + 1]]:
+                d = dist[src[e]] + w[e]
+                if d > best + EPS or (d >= best - EPS and binding[e] and not bb):
+                    best, bp, bb = (d if d > best else best), e, binding[e]
+            if bp >= 0:
+                dist[v] = best
+        return float(dist[target])
 
 
 def median_or_zero(values: list) -> float:
@@ -148,7 +199,6 @@ class _Events:
 
     rows: np.ndarray
     n_h: int
-    index: dict                # trace row -> event
     corr: np.ndarray           # correlation id per trace row
     start: np.ndarray          # µs from the step's start
     end: np.ndarray
@@ -225,42 +275,79 @@ def _events(trace: Trace, sel: _Selected, step: int, max_events: int) -> _Events
     # The timeline's lane key (timeline_data's "lane": "pid/tid", "GPU d stream s"), without the depth.
     lane_key = where.copy()
     lane_key[:n_h] = [f"{p}/{t}" for p, t in zip(pid_l[:n_h], tid_l[:n_h])]
-    return _Events(rows=rows, n_h=n_h, index={int(r): i for i, r in enumerate(rows.tolist())},
+    return _Events(rows=rows, n_h=n_h,
                    corr=ev["corr"].to_numpy(), start=start, end=end, names=names, kind=kind, is_rt=is_rt,
                    sync_call=sync_call, where=where, row_label=row_label, lane_key=lane_key)
 
 
 def _host_edges(G: Graph, sel: _Selected, e: _Events) -> np.ndarray:
     """Host thread order: a call's start -> its children in order -> its end, one root call's end -> the
-    next one's start. Returns each event's parent event (-1: a root, or GPU work)."""
-    start, end, rows = e.start, e.end, e.rows
-    ev_parent = np.full(rows.size, -1, dtype=np.int64)
-    children = defaultdict(list)
-    roots = defaultdict(list)
-    for i in range(e.n_h):
-        p = int(sel.parent[rows[i]])
-        if p >= 0 and p in e.index:
-            ev_parent[i] = e.index[p]
-            children[e.index[p]].append(i)
-        else:
-            roots[int(sel.lanes_all[rows[i]])].append(i)
-    order_key = lambda i: (start[i], -(end[i] - start[i]))  # noqa: E731
-    for i in range(e.n_h):
-        kids = sorted(children.get(i, ()), key=order_key)
-        if not kids:
-            if not e.sync_call[i]:
-                G.add(S(i), E(i), end[i] - start[i], OWN, i)
-            continue
-        G.add(S(i), S(kids[0]), start[kids[0]] - start[i], OWN, i)
-        for a, b in zip(kids, kids[1:]):
-            G.add(E(a), S(b), start[b] - end[a], OWN, i)
-        G.add(E(kids[-1]), E(i), end[i] - end[kids[-1]], OWN, i)
-    for lane, rs in roots.items():
-        rs = sorted(rs, key=order_key)
-        G.add(SOURCE, S(rs[0]), start[rs[0]], GAP if lane == int(sel.step_lane) else THREAD_START, rs[0])
-        for a, b in zip(rs, rs[1:]):
-            G.add(E(a), S(b), start[b] - end[a], GAP, b)
-        G.add(E(rs[-1]), SINK, 0.0, TO_SINK, rs[-1])
+    next one's start. Returns each event's parent event (-1: a root, or GPU work).
+
+    Built with array passes (issue #42: ~58k host calls a step on xDiT SD3.5), the edges in the order
+    a loop over the calls adds them: each call's own edges by call, then each lane's roots, the lanes in
+    the order their first root comes. Children and roots are ordered by (start, longest first, index)."""
+    n_h, start, end = e.n_h, e.start[:e.n_h], e.end[:e.n_h]
+    ev_parent = np.full(e.rows.size, -1, dtype=np.int64)
+    hrows = e.rows[:n_h]   # ascending (np.flatnonzero in _select)
+    prow = sel.parent[hrows]
+    # parent trace row -> its event, when the parent is one of the step's host calls (else: a root)
+    pos = np.minimum(np.searchsorted(hrows, prow), max(n_h - 1, 0))
+    lookup = np.where((prow >= 0) & (hrows[pos] == prow), pos, -1) if n_h else np.zeros(0, dtype=np.int64)
+    ev_parent[:n_h] = lookup
+    idx = np.arange(n_h, dtype=np.int64)
+    dur = end - start
+    # Children: grouped by parent, each group in (start, longest first, index) order.
+    kids = idx[lookup >= 0]
+    kids = kids[np.lexsort((kids, -dur[kids], start[kids], lookup[kids]))]
+    kp = lookup[kids]
+    first = np.r_[True, kp[1:] != kp[:-1]] if kids.size else np.zeros(0, dtype=bool)
+    last = np.r_[kp[1:] != kp[:-1], True] if kids.size else np.zeros(0, dtype=bool)
+    has_kids = np.zeros(n_h, dtype=bool)
+    has_kids[kp] = True
+    # Each call's own edges, keyed (call, place): a leaf's S->E (not a sync call's: _sync_edges adds it);
+    # a parent's S -> first child's S (place 0), child's E -> next child's S (place k), last child's E -> E.
+    leaf = idx[~has_kids & ~e.sync_call[:n_h]]
+    place = np.arange(kids.size) - np.maximum.accumulate(np.where(first, np.arange(kids.size), 0)) if kids.size \
+        else np.zeros(0, dtype=np.int64)
+    f, l_ = kids[first], kids[last]
+    mid_a, mid_b = kids[:-1][~last[:-1]], kids[1:][~first[1:]]
+    u = np.concatenate([S(leaf), S(kp[first]), E(mid_a), E(l_)])
+    v = np.concatenate([E(leaf), S(f), S(mid_b), E(kp[last])])
+    w = np.concatenate([dur[leaf], start[f] - start[kp[first]], start[mid_b] - end[mid_a], end[kp[last]] - end[l_]])
+    owner = np.concatenate([leaf, kp[first], kp[1:][~first[1:]], kp[last]])
+    key2 = np.concatenate([np.zeros(leaf.size, np.int64), np.zeros(f.size, np.int64), place[1:][~first[1:]],
+                           place[last] + 1])
+    order = np.lexsort((key2, owner))
+    G.add_many(u[order], v[order], w[order], OWN, owner[order])
+    # Roots, per lane: SOURCE -> the first root's start, root's end -> the next root's start, the last -> SINK.
+    roots = idx[lookup < 0]
+    if roots.size:
+        lane = sel.lanes_all[e.rows[roots]].astype(np.int64)
+        uniq, first_at, inv = np.unique(lane, return_index=True, return_inverse=True)
+        rank_of = np.empty(uniq.size, dtype=np.int64)
+        rank_of[np.argsort(first_at, kind="stable")] = np.arange(uniq.size)
+        lane_rank = rank_of[inv]
+        o = np.lexsort((roots, -dur[roots], start[roots], lane_rank))
+        r, lr = roots[o], lane_rank[o]
+        rfirst = np.r_[True, lr[1:] != lr[:-1]]
+        rlast = np.r_[lr[1:] != lr[:-1], True]
+        step_lane = int(sel.step_lane)
+        firsts = r[rfirst]
+        n_lanes = firsts.size
+        # per lane, in lane order: the SOURCE edge, the edges between its roots, the SINK edge
+        a_, b_ = r[:-1][~rlast[:-1]], r[1:][~rfirst[1:]]
+        grp_mid = lr[1:][~rfirst[1:]]
+        u = np.concatenate([np.full(n_lanes, SOURCE), E(a_), E(r[rlast])])
+        v = np.concatenate([S(firsts), S(b_), np.full(n_lanes, SINK)])
+        w = np.concatenate([start[firsts], start[b_] - end[a_], np.zeros(n_lanes)])
+        t = np.concatenate([np.where(lane[o][rfirst] == step_lane, GAP, THREAD_START), np.full(b_.size, GAP),
+                            np.full(n_lanes, TO_SINK)])
+        ev = np.concatenate([firsts, b_, r[rlast]])
+        grp = np.concatenate([lr[rfirst], grp_mid, lr[rlast]])
+        sub = np.concatenate([np.zeros(n_lanes, np.int64), np.ones(b_.size, np.int64), np.full(n_lanes, 2)])
+        o2 = np.lexsort((sub, grp))   # stable: the edges between roots keep their order
+        G.add_many(u[o2], v[o2], w[o2], t[o2], ev[o2])
     return ev_parent
 
 

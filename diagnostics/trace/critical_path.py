@@ -47,7 +47,7 @@ from diagnostics.trace.critical_graph import (  # noqa: F401  (MAX_EVENTS: the l
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.model import Trace
 from diagnostics.trace.records.critical_path import CriticalPath, PathEvent, PathKind, TypicalLatency, WhatIf
-from diagnostics.trace.breakdowns import gpu_step_attribution, step_spans, temporal_breakdown
+from diagnostics.trace.breakdowns import gpu_step_attribution, gpu_step_breakdown, step_spans
 
 #: The kinds of time on a path, in the order the breakdown lists them. cpu: host calls and the host
 #: time between them; launch: runtime calls that started GPU work and the launch latency to the GPU
@@ -154,8 +154,9 @@ def critical_path(trace: Trace, step: int | None = None, factor: float = WHAT_IF
         raise TraceError(f"critical path: the what-if factor must be above 1 (x times faster), got {factor}")
     model = model if model is not None else step_graph(trace, step)
     cp = _report(model, factor, what_if_top)
-    window = next((r for r in temporal_breakdown(trace).gpu if r.step == cp.step), None)
-    cp = msgspec.structs.replace(cp, gpu_window_us=window.window_us if window else None)
+    # the GPU part of temporal_breakdown alone: its host part (the call nesting's self times) is not needed here
+    window = next((r for r in gpu_step_breakdown(trace)["gpu"] if r["step"] == cp.step), None)
+    cp = msgspec.structs.replace(cp, gpu_window_us=window["window_us"] if window else None)
     return msgspec.structs.replace(cp, notes=tuple(span_notes(cp)) + cp.notes)
 
 
@@ -181,20 +182,26 @@ def span_notes(cp: CriticalPath) -> list[str]:
 # ---- the report --------------------------------------------------------------------------------
 
 def path_edges(model: dict) -> list[int]:
-    """The critical path's edges (indices into the graph's edge arrays), from the step's start to its end."""
-    G, pred = model["graph"], model["pred"]
+    """The critical path's edges (indices into the graph's edge arrays), from the step's start to its end.
+    Walked once per model (the report, its notes and the export all ask for it)."""
+    got = model.get("path_edges")
+    if got is not None:
+        return got
+    G = model["graph"]
+    pred, src = model["pred"].tolist(), G.src_list
     edges, v = [], SINK
     while v != SOURCE and pred[v] >= 0:
-        e = int(pred[v])
+        e = pred[v]
         edges.append(e)
-        v = int(G.src[e])
-    return edges[::-1]
+        v = src[e]
+    model["path_edges"] = edges = edges[::-1]
+    return edges
 
 
 def _edge_kind(model: dict, e: int) -> str:
     G = model["graph"]
-    t = int(G.type[e])
-    return model["kind"][int(G.event[e])] if t == OWN else _EDGE_KIND[t]
+    t = G.type_list[e]
+    return model["kind"][G.event_list[e]] if t == OWN else _EDGE_KIND[t]
 
 
 def _subtree(model: dict, events: set) -> np.ndarray:
@@ -219,18 +226,18 @@ def what_if(model: dict, events, factor: float = WHAT_IF_FACTOR) -> dict:
     w = G.w.copy()
     hit = (G.event >= 0) & chosen[np.maximum(G.event, 0)] & (G.type == OWN) & (G.w > 0)
     w[hit] /= factor
-    dist, _ = G.longest(w, base=(model["dist"], model["pred"]), changed=np.flatnonzero(hit))
-    return {"step_us": float(dist[SINK]), "saving_us": float(model["length_us"] - dist[SINK])}
+    after = G.longest_to(SINK, w, model["dist"], np.flatnonzero(hit))
+    return {"step_us": after, "saving_us": float(model["length_us"] - after)}
 
 
 def on_path(model: dict) -> dict:
     """Event index -> its time on the critical path (own time; a sync call's return after the GPU)."""
     G = model["graph"]
     out = defaultdict(float)
-    for e in path_edges(model):
-        t, i = int(G.type[e]), int(G.event[e])
-        if t in (OWN, SYNC_TAIL):
-            out[i] += float(G.w[e])
+    edges = np.asarray(path_edges(model), dtype=np.int64)
+    own = edges[np.isin(G.type[edges], (OWN, SYNC_TAIL))]
+    for i, w in zip(G.event[own].tolist(), G.w[own].tolist()):
+        out[i] += w
     return dict(out)
 
 
@@ -238,34 +245,41 @@ def _report(model: dict, factor: float, what_if_top: int) -> CriticalPath:
     G = model["graph"]
     by_kind = {k: 0.0 for k in KINDS}
     rows, row_of, time_of = [], {}, defaultdict(float)
-    wait_us, wait_text = 0.0, ""
+    wait_us, wait_edge = 0.0, -1    # the wait is described (_describe_wait) only for the rows kept
+    kinds = model["kind"]
+    w_l, t_l, ev_l = G.w_list, G.type_list, G.event_list
     for e in path_edges(model):
-        w, t, i = float(G.w[e]), int(G.type[e]), int(G.event[e])
-        by_kind[_edge_kind(model, e)] += w
+        w, t, i = w_l[e], t_l[e], ev_l[e]
+        by_kind[kinds[i] if t == OWN else _EDGE_KIND[t]] += w
         if t == TO_SINK:
             continue
         if t not in (OWN, SYNC_TAIL):   # a dependency: charged to the event it leads to
             wait_us += w
-            wait_text = _describe_wait(model, e) if (w > 0 or t in (LAUNCH, STREAM, PRIOR)) else wait_text
+            wait_edge = e if (w > 0 or t in (LAUNCH, STREAM, PRIOR)) else wait_edge
             continue
         time_of[i] += w
         if i not in row_of:
             row_of[i] = len(rows)
-            rows.append({"event": i, "wait_before_us": wait_us, "waited_on": wait_text})
-            wait_us, wait_text = 0.0, ""
+            rows.append([i, wait_us, wait_edge])
+            wait_us, wait_edge = 0.0, -1
         if t == SYNC_TAIL:
-            rows[row_of[i]]["waited_on"] = _describe_wait(model, e)
-    names, kinds, start, end = model["names"], model["kind"], model["start"], model["end"]
+            rows[row_of[i]][2] = e
+    names, start, end = model["names"], model["start"], model["end"]
     path = [PathEvent(name=str(names[i]), kind=str(kinds[i]), where=str(model["where"][i]), lane=str(model["lane"][i]),
                       lane_key=str(model["lane_key"][i]), start_us=float(start[i]), dur_us=float(end[i] - start[i]),
-                      on_path_us=float(time_of[i]), wait_before_us=float(r["wait_before_us"]), waited_on=r["waited_on"])
-            for r in rows for i in (r["event"],)]
+                      on_path_us=float(time_of[i]), wait_before_us=float(wait),
+                      waited_on=_describe_wait(model, we) if we >= 0 else "")
+            for i, wait, we in rows[:MAX_PATH_ROWS]]
     # What-ifs: all of a name's calls in the step `factor` times faster, the largest on the path first.
     per_name = defaultdict(float)
+    step_name = {}   # name -> whether it is a profiler step's (asked once per name)
     for i, us in time_of.items():
         # A sync is faster only when what it waits for is: no what-if of its own.
-        if kinds[i] != "sync" and not _is_step_name(names[i]):
-            per_name[(str(kinds[i]), str(names[i]))] += us
+        name = names[i]
+        if name not in step_name:
+            step_name[name] = _is_step_name(name)
+        if kinds[i] != "sync" and not step_name[name]:
+            per_name[(str(kinds[i]), str(name))] += us
     ranked = [kv for kv in sorted(per_name.items(), key=lambda kv: -kv[1]) if kv[1] > 0][:what_if_top]
     what_ifs = []
     for (kind, name), us in ranked:
@@ -282,7 +296,7 @@ def _report(model: dict, factor: float, what_if_top: int) -> CriticalPath:
         incomplete_steps=tuple(model.get("incomplete_steps", [])), step_start_us=model["t0"], step_us=total,
         host_span_us=model["host_span_us"], length_us=model["length_us"], factor=factor,
         events=int(model["rows"].size), edges=int(G.src.size),
-        path_events=len(path), path=tuple(path[:MAX_PATH_ROWS]),
+        path_events=len(rows), path=tuple(path),
         by_kind=tuple(PathKind(kind=k, us=by_kind[k], pct=100.0 * by_kind[k] / total if total else None) for k in KINDS),
         what_if=tuple(what_ifs),
         typical_us=TypicalLatency(launch=model["typical"][LAUNCH], stream_gap=model["typical"][STREAM],
@@ -295,10 +309,10 @@ def _explain(model: dict, total: float) -> list[str]:
     G, n_h = model["graph"], model["n_host"]
     out = []
     for e in path_edges(model):
-        t, w = int(G.type[e]), float(G.w[e])
+        t, w = G.type_list[e], G.w_list[e]
         if t == OWN or _EDGE_KIND.get(t) not in ("earlier-steps", "idle-wait") or w <= EXPLAIN_SHARE * total:
             continue
-        i = int(G.event[e])
+        i = G.event_list[e]
         name, where = model["names"][i], model["where"][i]
         share = f"{w / 1e3:,.3f} ms ({100 * w / total:.0f} % of the step)"
         if t == PRIOR:
@@ -336,7 +350,7 @@ def _is_step_name(name: str) -> bool:
 
 def _describe_wait(model: dict, e: int) -> str:
     G = model["graph"]
-    t, u, w = int(G.type[e]), int(G.src[e]), float(G.w[e])
+    t, u, w = G.type_list[e], G.src_list[e], G.w_list[e]
     src = (u - 2) // 2 if u >= 2 else None
     if t == LAUNCH and src is not None:
         return f"launch by {model['names'][src]} ({w:.1f} µs latency)"
@@ -374,8 +388,8 @@ def chrome_trace(trace: Trace, model: dict) -> dict:
     time_of = on_path(model)
     order, seen = [], set()   # a set: `i not in order` made this quadratic (issue #42: 9 s for 17,571 path events)
     for e in path_edges(model):
-        i = int(model["graph"].event[e])
-        if int(model["graph"].type[e]) in (OWN, SYNC_TAIL) and i not in seen:
+        i = model["graph"].event_list[e]
+        if model["graph"].type_list[e] in (OWN, SYNC_TAIL) and i not in seen:
             seen.add(i)
             order.append(i)
     # Python lists, each label's id made once: one step holds ~66k events on xDiT SD3.5 (issue #42)
@@ -396,11 +410,20 @@ def chrome_trace(trace: Trace, model: dict) -> dict:
     for label, name in trace.thread_names.items():
         p, _, t = label.partition("/")
         out.append({"ph": "M", "name": "thread_name", "pid": _id(p), "tid": _id(t), "args": {"name": name}})
-    col_items = list(cols.items())
-    for i in range(rows.size):
-        args = {k: v[i] for k, v in col_items if v[i] >= 0}
-        if i in time_of:
-            args.update({"critical": 1, "critical_path_us": round(time_of[i], 3)})
+    # Each event's args: the id columns it has (>= 0), in the order of ``cols``, then the path's marks.
+    marks = {i: round(us, 3) for i, us in time_of.items()}
+    for i, (c, x, d, st) in enumerate(zip(*cols.values())):
+        args = {}
+        if c >= 0:
+            args["correlation"] = c
+        if x >= 0:
+            args["External id"] = x
+        if d >= 0:
+            args["device"] = d
+        if st >= 0:
+            args["stream"] = st
+        if i in marks:
+            args["critical"], args["critical_path_us"] = 1, marks[i]
         out.append({"ph": "X", "cat": cats[i], "name": names[i], "pid": pid[i], "tid": tid[i],
                     "ts": ts[i], "dur": dur[i], "args": args})
     for k, i in model["launch_of"].items():   # launch call -> GPU event, as Kineto draws them
