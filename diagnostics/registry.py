@@ -10,10 +10,6 @@ Registration fails loudly: two analyses with one name or one command are refused
 
 from __future__ import annotations
 
-from diagnostics.analyses import (
-    attach, batch_scan, checklist, compile, distributed, gradients, memory, optimize, plan, profile, summary, trace,
-    trials, validate,
-)
 from diagnostics.declare import Analysis
 from diagnostics.errors import TorchScopeError
 
@@ -34,25 +30,53 @@ def register(analyses: list[Analysis]) -> dict[str, Analysis]:
     return out
 
 
-ANALYSES: dict[str, Analysis] = register([
-    validate.ANALYSIS,
-    summary.ANALYSIS,
-    profile.ANALYSIS,
-    memory.ANALYSIS,
-    batch_scan.ANALYSIS,
-    plan.ANALYSIS,
-    gradients.ANALYSIS,
-    checklist.ANALYSIS,
-    optimize.ANALYSIS,
-    compile.ANALYSIS,
-    *trace.ANALYSES,
-    *distributed.ANALYSES,
-    attach.ANALYSIS,
-    trials.ANALYSIS,
-])
+_ANALYSES: dict[str, Analysis] | None = None
+
+
+def _registered() -> dict[str, Analysis]:
+    """The list, registered on first use."""
+    global _ANALYSES
+    if _ANALYSES is None:
+        from diagnostics.analyses import (
+            attach, batch_scan, checklist, compile, distributed, gradients, memory, optimize, plan, profile,
+            summary, trace, trials, validate,
+        )
+
+        _ANALYSES = register([
+            validate.ANALYSIS,
+            summary.ANALYSIS,
+            profile.ANALYSIS,
+            memory.ANALYSIS,
+            batch_scan.ANALYSIS,
+            plan.ANALYSIS,
+            gradients.ANALYSIS,
+            checklist.ANALYSIS,
+            optimize.ANALYSIS,
+            compile.ANALYSIS,
+            *trace.ANALYSES,
+            *distributed.ANALYSES,
+            attach.ANALYSIS,
+            trials.ANALYSIS,
+        ])
+    return _ANALYSES
+
+
+def __getattr__(name: str):
+    """``ANALYSES`` (name -> declaration) is made on first use: importing every analysis' declaration takes
+    0.1 s, which a trace file's first answer (``trace analyze``) does without (get_analysis)."""
+    if name == "ANALYSES":
+        return _registered()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_analysis(name: str) -> Analysis:
+    if _ANALYSES is None:   # a trace file's analyses are found without importing every declaration
+        from diagnostics.analyses import trace
+
+        for decl in trace.ANALYSES:
+            if decl.name == name:
+                return decl
+    ANALYSES = _registered()
     if name not in ANALYSES:
         raise TorchScopeError(f"unknown analysis {name!r}; known: {', '.join(ANALYSES)}")
     return ANALYSES[name]

@@ -30,7 +30,6 @@ from diagnostics.cli.report_folder import add_report_args
 from diagnostics.cli.trace import add_trace_options
 from diagnostics.cli.options import add_options, collect_options, positive_int, score
 from diagnostics.errors import TorchScopeError
-from diagnostics.registry import ANALYSES
 from diagnostics.results import disturbance_of, metrics_of, notes_of, to_json
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GATE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -59,6 +58,8 @@ def analysis_of(command: str):
 
 
 def _by_command() -> dict:
+    from diagnostics.registry import ANALYSES   # every analysis' declaration: not needed by ``trace`` (its first answer)
+
     commands = {a.command: a for a in ANALYSES.values() if a.command}
     clash = [c for c in commands if c in RESERVED]
     if clash:
@@ -150,9 +151,7 @@ def partial_printer(name: str, bar: ProgressBar, out=None):
     """``on_partial`` for run_job: prints each line of the analysis' declared ``partial_text`` once, as it
     becomes known (Optimize: each trial once built, its verdict once final); None when it declares none.
     Returns (callback, finish): ``finish(result)`` prints the lines the final result adds."""
-    from diagnostics.registry import get_analysis
-
-    decl = get_analysis(name)
+    decl = _declaration(name)
     if not decl.partial_text:   # none declared
         return None, lambda result: None
     from diagnostics.declare import resolve
@@ -169,6 +168,19 @@ def partial_printer(name: str, bar: ProgressBar, out=None):
                 bar.above(line, out)
 
     return show, show
+
+
+def _declaration(name: str):
+    """The declaration of analysis ``name``; a trace file's ("trace", "trace_diff") without importing the
+    registry, which imports every analysis' declaration (0.1 s before a trace's first answer)."""
+    from diagnostics.analyses import trace as trace_analyses
+
+    for decl in trace_analyses.ANALYSES:
+        if decl.name == name:
+            return decl
+    from diagnostics.registry import get_analysis
+
+    return get_analysis(name)
 
 
 # ----------------------------------------------------------------------------- parser
@@ -190,15 +202,18 @@ def _add_analysis_args(p: argparse.ArgumentParser, analysis) -> None:
                        help="exit 3 when the checklist score (0-100) is below this: a CI gate")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser. Given the ``command`` the arguments start with, where that is ``trace``, only its
+    subcommand is built: the model commands are the registry's analyses, and importing every declaration
+    costs a trace's first answer 0.1 s (a ``trace`` argument list parses the same either way)."""
     parser = ArgParser(prog="python -m diagnostics",
                        description="TorchScope diagnostics without a browser: run an analysis on a model and "
                                    "write a shareable report folder. Runs land in the dashboard's History.",
                        epilog="Exit codes: 0 ok, 1 the job failed, 2 bad usage or input, 3 checklist score under "
                               "--fail-under, 130 interrupted.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=ArgParser)
-    for command, analysis in _by_command().items():
-        p = sub.add_parser(command, help=analysis.title, description=f"{analysis.title}: run the "
+    for name, analysis in (() if command == "trace" else _by_command().items()):
+        p = sub.add_parser(name, help=analysis.title, description=f"{analysis.title}: run the "
                                                                      f"'{analysis.name}' analysis on a model and "
                                                                      "write a report folder.")
         # An analysis with an option of its own on --device (the plan's device to fit) runs its model where
@@ -227,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                     (td, "changed operators (default 15)")):
         t.add_argument("--top", type=positive_int, metavar="N", help=f"rows shown in the text output: {rows}")
         _add_run_args(t, "trace" if t is ta else "trace_diff")
+    if command == "trace":
+        return parser
     sub.add_parser("distributed", add_help=False,
                    help="distributed (torchrun + DDP) runs: run / analyze / command; see its own --help")
     sub.add_parser("run", add_help=False, help="run your own training script, unmodified, and profile it: "
@@ -452,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"warning: {notice}\n")
     if argv and argv[0] == "distributed":
         return int(_distributed_main()(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     if args.command == "trace":
         return run_trace_command(args)
     if args.command == "list":
