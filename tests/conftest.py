@@ -25,9 +25,11 @@ def _threads_per_process() -> int:
 
 
 TEST_THREADS = _threads_per_process()
-# Before torch is imported, so this process and every process a test starts (the runner's workers, the CLI,
-# attached scripts: the sandbox keeps OMP_*) use as many threads, unless the caller chose already.
-os.environ.setdefault("OMP_NUM_THREADS", str(TEST_THREADS))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Before torch is imported, so this process and every process a test starts (the runner's workers, the
+    # CLI, attached scripts: the sandbox keeps OMP_*) use as many threads, unless the caller chose already.
+    # One process (the serial part, a plain pytest) keeps each started process' own default.
+    os.environ.setdefault("OMP_NUM_THREADS", str(TEST_THREADS))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
