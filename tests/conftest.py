@@ -13,10 +13,28 @@ if os.environ.get("PYTEST_XDIST_WORKER") or "TORCHSCOPE_DATA_DIR" not in os.envi
 # them); the tests of spares turn them on themselves, the browser tests' server gets the default.
 os.environ["TORCHSCOPE_SPARE_WORKERS"] = "0"
 
+
+def _threads_per_process() -> int:
+    """torch's threads in each test process: the usable cores shared among the pytest-xdist workers (at
+    most 2). Two workers with two OpenMP threads each on a 2-core machine oversubscribe it: a thread that
+    loses its core stalls every barrier of the op it is in, and small ops (a 32-wide Linear) took 100x
+    their time (3 ms instead of 30 us), which made the model-running tests several times slower."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    return max(1, min(2, cores // max(1, workers)))
+
+
+TEST_THREADS = _threads_per_process()
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Before torch is imported, so this process and every process a test starts (the runner's workers, the
+    # CLI, attached scripts: the sandbox keeps OMP_*) use as many threads, unless the caller chose already.
+    # One process (the serial part, a plain pytest) keeps each started process' own default.
+    os.environ.setdefault("OMP_NUM_THREADS", str(TEST_THREADS))
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(TEST_THREADS)
 
 
 def hooks_left(model: torch.nn.Module) -> int:

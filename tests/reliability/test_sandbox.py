@@ -83,15 +83,22 @@ def ts_spec(folder, module, name="model.ts.pt") -> ModelSpec:
     return ModelSpec(source="torchscript", name=name, path=str(path), inputs=(InputSpec((2, 4)),))
 
 
-@pytest.fixture
-def world(tmp_path):
+def make_world(folder) -> dict:
     """A store holding one successful and one failed run, and a folder for models and targets."""
-    store = Store(tmp_path / "data")
-    first = run_job(Job("validate", good_spec(tmp_path)), store=store, timeout_s=120)
+    store = Store(folder / "data")
+    first = run_job(Job("validate", good_spec(folder)), store=store, timeout_s=120)
     assert first.ok, first.error
     rid = store.create_run("summary", spec=None, options={}, cache_key="k", model_label="old", device="cpu")
     store.finish_run(rid, "error", error="an old failure")
-    return {"store": store, "folder": tmp_path}
+    return {"store": store, "folder": folder}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """One world for the module (its first run is a worker start: ~6 s a test under load). Each test compares
+    the store with its own snapshot taken before its job, and clears the targets it checks; a test that
+    breaks the store on purpose makes a world of its own (make_world)."""
+    return make_world(tmp_path_factory.mktemp("world"))
 
 
 def validate(world, spec, **kwargs):
@@ -102,6 +109,7 @@ def validate(world, spec, **kwargs):
 def test_safe_mode_torchscript_that_saves_to_a_path_writes_nothing_and_names_the_op(world, monkeypatch):
     monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
     target = world["folder"] / "pwned.pt"
+    target.unlink(missing_ok=True)
     before = snapshot(world["store"])
     out = validate(world, ts_spec(world["folder"], SaveTo(str(target))))
     assert out.status == "error"
@@ -187,11 +195,14 @@ def test_a_crafted_pt2_that_reads_a_file_is_refused_in_safe_mode(world, monkeypa
 
 # ------------------------------------------------------------------------------ the sandbox itself
 @pytest.mark.parametrize("confined", [True, False], ids=["sandboxed", "control-unconfined"])
-def test_the_sandbox_alone_keeps_torchscript_file_ops_off_the_server(world, monkeypatch, confined):
+def test_the_sandbox_alone_keeps_torchscript_file_ops_off_the_server(world, monkeypatch, confined, tmp_path):
     """No safe mode (so no op check): the sandbox is all that stands between the graph and the disk."""
+    if not confined:
+        world = make_world(tmp_path)  # the control overwrites the store: not the module's
     monkeypatch.setenv("TORCHSCOPE_SANDBOX", "1" if confined else "0")
     store = world["store"]
     target = world["folder"] / "written.pt"
+    target.unlink(missing_ok=True)
     before = snapshot(store)
     validate(world, ts_spec(world["folder"], SaveTo(str(target)), "save.ts.pt"))
     read = validate(world, ts_spec(world["folder"], ReadFrom("/etc/passwd"), "read.ts.pt"))
@@ -277,6 +288,7 @@ def probe(world, monkeypatch, confined: bool, mode: str = "namespaces") -> dict:
     t = threading.Thread(target=accept, daemon=True)
     t.start()
     target = world["folder"] / "outside.txt"
+    target.unlink(missing_ok=True)  # the control probe writes it
     forward = PROBES.replace("PORT", str(listener.getsockname()[1])).replace("TARGET", repr(str(target))) \
         .replace("STORE", repr(str(store.db_path))).replace("DATA", repr(str(store.data_dir))) \
         .replace("RUNNER", str(os.getpid()))
@@ -348,6 +360,7 @@ def test_safe_mode_without_a_sandbox_refuses_graph_code_instead_of_running_it(wo
     monkeypatch.setenv("TORCHSCOPE_SAFE_MODE", "1")
     monkeypatch.setenv("TORCHSCOPE_SANDBOX", "0")
     target = world["folder"] / "pwned.pt"
+    target.unlink(missing_ok=True)
     out = validate(world, ts_spec(world["folder"], SaveTo(str(target))))
     assert out.status == "error"
     assert out.error == ("TorchScript models are refused on this server: server-safe mode runs their graph code only "
