@@ -168,6 +168,7 @@ class TraceGzip:
             self.threads.append(t)
 
     def _gzip(self, raw: str, name: str) -> None:
+        yield_to_the_script()
         try:
             gzip_trace(self.run_dir, raw, name)
         except Exception as e:  # the analysis reads the raw trace then (job.py), and says nothing is lost
@@ -476,9 +477,23 @@ class _ExitWatch:
         return self.proc.poll()
 
 
+def yield_to_the_script() -> None:
+    """The calling thread (the launcher's work beside the running script: imports, gzip, a trace's parse)
+    takes a core only when the script leaves one: 10 nicer, for this thread alone (Linux schedules threads, so
+    the launcher's main thread and the script keep their priority). Where the system refuses, as it was."""
+    with contextlib.suppress(AttributeError, OSError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BESIDE_THE_SCRIPT_NICE))
+
+
+#: How much nicer than the launcher its threads that work beside the script are (yield_to_the_script).
+BESIDE_THE_SCRIPT_NICE = 10
+
+
 def _preload_analysis() -> None:
     """The analysis' modules, the trace layer's (pandas: about a second) with them, imported on this side while
     the script runs, so that the run's analysis after the script's end only reads its files."""
+    yield_to_the_script()
     try:
         import diagnostics.analyses.attach.job  # noqa: F401
         import diagnostics.trace.breakdowns  # noqa: F401  (job._trace_figures' imports)

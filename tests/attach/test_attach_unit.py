@@ -530,3 +530,28 @@ exit_now(5)
         assert p.stdout == "x" * 100000
         assert (d / "atexit").read_text() == "ran"
         assert (d / "thread").exists() == (how == "thread")
+
+
+def test_the_launchers_threads_beside_the_script_yield_to_it_alone():
+    """The launcher's work beside the running script (imports, gzip, a trace's parse) runs at nice 10 in its
+    own thread only: the launcher's main thread (and so the script it starts) keeps its priority."""
+    import os
+    import threading
+
+    from diagnostics.attach import session
+
+    main_before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen = {}
+
+    def work():
+        tid = threading.get_native_id()
+        seen["before"] = os.getpriority(os.PRIO_PROCESS, tid)
+        session.yield_to_the_script()
+        seen["after"] = os.getpriority(os.PRIO_PROCESS, tid)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen["before"] == main_before
+    assert seen["after"] == min(19, main_before + session.BESIDE_THE_SCRIPT_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before
