@@ -57,6 +57,25 @@ def _set_name(name: str) -> None:
         pass
 
 
+def preload_modules(preload: tuple) -> list[str]:
+    """Import ``preload`` and the registry's list of every analysis' declaration (made on first use: a job's
+    get_analysis would otherwise import them after the preload); what failed, said, not raised (the job
+    imports what it needs again, and reports the error then)."""
+    import importlib
+
+    failed = []
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as e:
+            failed.append(f"{name} ({type(e).__name__}: {e})")
+    try:
+        from diagnostics.registry import ANALYSES  # noqa: F401
+    except Exception as e:
+        failed.append(f"diagnostics.registry ({type(e).__name__}: {e})")
+    return failed
+
+
 def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> None:
     """A spare: import ``preload`` (torch...), then wait for one job and run it as a cold worker does.
 
@@ -70,14 +89,7 @@ def _spare_main(job_conn, conn, log_conn, parent_pid: int, preload: tuple) -> No
     procs.die_with_parent(parent_pid)
     _set_name(SPARE_NAME)
     t0 = time.monotonic()
-    import importlib
-
-    failed = []
-    for name in preload:
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # the job imports what it needs again, and reports the error then
-            failed.append(f"{name} ({type(e).__name__}: {e})")
+    failed = preload_modules(preload)
     ready = time.monotonic()
     gc.collect()
     gc.freeze()  # what the job process shares with this one stays shared (no refcount writes by the GC)

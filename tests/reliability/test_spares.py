@@ -134,8 +134,8 @@ import importlib, sys, tempfile
 sys.path.insert(0, {root!r})
 from diagnostics import ModelSpec
 from diagnostics.runner import SPARE_PRELOAD, Job, execute
-for name in SPARE_PRELOAD:
-    importlib.import_module(name)
+from diagnostics.runner.spare_pool import preload_modules
+assert preload_modules(SPARE_PRELOAD) == []
 before = set(sys.modules)
 for analysis in ("summary", "validate"):
     execute(Job(analysis, ModelSpec(source="sample", name="cnn")), tempfile.mkdtemp())
