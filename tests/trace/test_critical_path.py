@@ -427,7 +427,8 @@ def test_the_export_of_a_long_path_is_not_quadratic(tmp_path):
         assert sum(1 for e in out["traceEvents"] if e.get("cat") == "critical_path") == 2 * n
         return seconds
 
-    small, large = min(export_seconds(3000) for _ in range(2)), export_seconds(30000)
+    # each the best of two (a shared machine's pause in one 0.5 s export read as 4x per event once)
+    small, large = min(export_seconds(3000) for _ in range(2)), min(export_seconds(30000) for _ in range(2))
     assert large / 30000 < 4 * small / 3000, (small, large)
 
 
