@@ -151,7 +151,9 @@ def partial_printer(name: str, bar: ProgressBar, out=None):
     """``on_partial`` for run_job: prints each line of the analysis' declared ``partial_text`` once, as it
     becomes known (Optimize: each trial once built, its verdict once final); None when it declares none.
     Returns (callback, finish): ``finish(result)`` prints the lines the final result adds."""
-    decl = _declaration(name)
+    from diagnostics.registry import get_analysis   # a trace file's analysis without every declaration
+
+    decl = get_analysis(name)
     if not decl.partial_text:   # none declared
         return None, lambda result: None
     from diagnostics.declare import resolve
@@ -168,19 +170,6 @@ def partial_printer(name: str, bar: ProgressBar, out=None):
                 bar.above(line, out)
 
     return show, show
-
-
-def _declaration(name: str):
-    """The declaration of analysis ``name``; a trace file's ("trace", "trace_diff") without importing the
-    registry, which imports every analysis' declaration (0.1 s before a trace's first answer)."""
-    from diagnostics.analyses import trace as trace_analyses
-
-    for decl in trace_analyses.ANALYSES:
-        if decl.name == name:
-            return decl
-    from diagnostics.registry import get_analysis
-
-    return get_analysis(name)
 
 
 # ----------------------------------------------------------------------------- parser

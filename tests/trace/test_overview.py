@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from diagnostics.trace import intervals as iv
+from diagnostics.trace.breakdowns import _records  # the pandas rows -> plain records step of the reference
 from diagnostics.trace.classify import (
     FRAME_CATS, MEMCPY_CATS, MEMSET_CATS, MTIA_CATS, MTIA_DMA_RE, STEP_RE, comm_mask, gpu_work_mask, host_mask,
     step_mask,
@@ -35,17 +36,6 @@ TRACES = sorted(str(p.relative_to(DATA)) for p in (DATA / "traces").rglob("*")
 
 
 # ---- the reference: the pandas Summary before #42 (breakdowns.summary at e131b72) ------------------
-
-def _records(df: pd.DataFrame) -> list:
-    out = df.to_dict("records")
-    for row in out:
-        for k, v in row.items():
-            if isinstance(v, np.integer):
-                row[k] = int(v)
-            elif isinstance(v, (float, np.floating)):
-                row[k] = float(v) if np.isfinite(v) else None
-    return out
-
 
 def _ref_steps(trace) -> pd.DataFrame:
     ev = trace.events
