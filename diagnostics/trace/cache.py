@@ -99,19 +99,21 @@ def cache_key(file_stamp: dict, options: dict) -> str:
 
 
 def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: bool = False,
-                workers: int | None = None, limit: int | None = None, defer_write: bool = False) -> tuple[Trace, bool]:
+                workers: int | None = None, limit: int | None = None, defer_write: bool = False,
+                split: bool = False) -> tuple[Trace, bool]:
     """load_trace(path) through the cache in ``root``: (trace, True) when it was read from the cache.
 
     root None, or a limit of 0 bytes: no cache (plain load_trace). A cache that cannot be written
     (disk full, read-only) costs the speed-up only; the trace is still returned. ``defer_write``: a trace
     read from the file is kept in the cache only when finish_write(trace) is called (the trace job calls it
-    after its first answer, the Summary: writing needs pandas and pyarrow, issue #42).
+    after its first answer, the Summary: writing needs pandas and pyarrow, issue #42). ``split``: as
+    load_trace's (two processes on one big trace).
     """
     from diagnostics.trace.ingest import load_trace
 
     limit = max_bytes() if limit is None else limit
     if root is None or limit <= 0:
-        return load_trace(path, allow_truncated=allow_truncated, workers=workers), False
+        return load_trace(path, allow_truncated=allow_truncated, workers=workers, split=split), False
     root = Path(root)
     file_stamp = stamp(path)
     key = cache_key(file_stamp, {"allow_truncated": bool(allow_truncated)})
@@ -120,7 +122,7 @@ def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: b
         trace.source = str(path)
         trace._cache[ENTRY] = root / key
         return trace, True
-    trace = load_trace(path, allow_truncated=allow_truncated, workers=workers)
+    trace = load_trace(path, allow_truncated=allow_truncated, workers=workers, split=split)
     if stamp(path) == file_stamp:  # not rewritten while it was being read
         trace._cache[_PENDING] = (root, key, file_stamp, limit)
         if not defer_write:

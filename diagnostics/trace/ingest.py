@@ -14,8 +14,12 @@ events are skipped, counted in Trace.skipped_events and described in Trace.warni
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import re
+import subprocess
+import sys
+import tempfile
 import threading
 from collections import deque
 from pathlib import Path
@@ -25,8 +29,9 @@ import numpy as np
 import orjson
 
 from diagnostics.trace._chunks import (
-    LAUNCH_FIELDS, MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, SKIPPING, STRING_FIELDS, Columns, _Interner,
-    consume, consume_block, consume_spans, decode_slice, last_boundary, resync, scan,
+    BOUNDARY, DECODE_ERRORS, INT_TYPES, LAUNCH_FIELDS, MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, SKIPPING,
+    STRING_FIELDS, Columns, _decode_events, _Interner, consume, consume_block, consume_spans, decode_slice,
+    last_boundary, resync, scan,
 )
 from diagnostics.trace.classify import KNOWN_CATS
 from diagnostics.trace.errors import TraceError
@@ -44,6 +49,14 @@ HEADER_LIMIT_BYTES = 64 << 20   # the traceEvents array must start within this m
 PARALLEL_MIN_BYTES = 48 << 20   # decoded size from which workers may be used (AUTO_WORKERS)
 AUTO_WORKERS = 0                # decoding processes used by default for big traces
 GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trace's size
+# load_trace(split=True): a trace whose events take at least SPLIT_MIN_BYTES (decoded) is read by two
+# processes on a machine with two usable cores or more: a helper (diagnostics.trace._first_part) decodes
+# the first part of the event array while this process decodes the rest. The helper's share is a little
+# under half: it starts an interpreter first (~0.2 s), and this process skips its part by seeking (.json).
+# On a .gz this process must inflate the helper's part to get past it, so the helper takes less.
+SPLIT_MIN_BYTES = 64 << 20
+SPLIT_SHARE = {False: 0.47, True: 0.42}     # the helper's share of the events' bytes, by is_gz
+SPLIT_SEARCH_BYTES = 64 << 20   # how far past the split point an event boundary is looked for
 # A .gz that expands more than GZ_BOMB_RATIO-fold past GZ_BOMB_MIN_BYTES is a decompression bomb
 # (whitespace or one repeated byte), not a trace: real traces expand 5-30 fold.
 GZ_BOMB_RATIO = 200
@@ -76,8 +89,10 @@ class _Bomb(Exception):
     pass
 
 
-def _plain_blocks(path: Path) -> Iterator[bytes]:
+def _plain_blocks(path: Path, offset: int = 0) -> Iterator[bytes]:
     with open(path, "rb") as f:
+        if offset:
+            f.seek(offset)
         while True:
             block = f.read(BLOCK_BYTES)
             if not block:
@@ -188,6 +203,28 @@ class _Merger:
     def add_columns(self, cols: Columns) -> None:
         if cols.n or cols.skipped:
             self.add(cols.export())
+
+    def add_merger(self, other: "_Merger") -> None:
+        """Append ``other``'s columns after these (its string codes re-coded into these tables)."""
+        self.skipped += other.skipped
+        for w in other.warnings:
+            self.warn(w)
+        for f in STRING_FIELDS + LAUNCH_FIELDS:
+            table = self.tables[f]
+            remap = np.fromiter([*map(table.__getitem__, other.tables[f]), -1], np.int32)
+            self.arrays[f].extend(remap[a] for a in other.arrays[f])
+        for f in NUMERIC_FIELDS:
+            self.arrays[f].extend(other.arrays[f])
+        self.meta_events.extend(other.meta_events)
+        self.n += other.n
+
+    def export(self) -> dict:
+        """All columns so far as one part (the format add() takes)."""
+        arrays = {}
+        for k, parts in self.arrays.items():
+            arrays[k] = np.concatenate(parts) if len(parts) > 1 else (parts[0] if parts else np.empty(0, np.int32))
+        return {"n": self.n, "arrays": arrays, "tables": {f: t.values_list() for f, t in self.tables.items()},
+                "meta_events": self.meta_events, "skipped": self.skipped, "warnings": self.warnings}
 
     def warn(self, message: str) -> None:
         if len(self.warnings) < MAX_WARNINGS:
@@ -376,15 +413,279 @@ def _meta(header: bytes, trailer: bytes, bare: bool, cols: _Merger) -> dict:
     return doc
 
 
+# ---- two processes on one trace (load_trace(split=True)) ------------------------------------------
+#
+# The helper decodes the events from the array's start up to the split: the `}` of the first event
+# boundary (BOUNDARY, `}` `,` `{`) that starts at or after a target offset in the decoded bytes. This
+# process finds the same boundary by the same rule (the leftmost match starting at or after the target:
+# the same in any buffer that holds the bytes from the target to the match's end), decodes everything
+# after it and the array's end, then takes the helper's columns and puts them first. A boundary inside a
+# string or a nested array is not an event's end: the helper's last events then do not decode as a whole,
+# and it says so (clean: false); any doubt (that, a helper that fails, a different split) and the trace is
+# read again the ordinary way, in this process alone. The helper's columns cross as data: a JSON header and
+# raw arrays of the dtypes expected, never a pickle.
+
+_PART_DTYPES = {f: np.dtype(np.int32) for f in STRING_FIELDS + LAUNCH_FIELDS}
+_PART_DTYPES.update({f: np.dtype(INT_TYPES.get(f, np.float64)) for f in NUMERIC_FIELDS})
+_PART_DTYPES.update({"flow_id": np.dtype(np.int64), "occupancy": np.dtype(np.float32)})
+_NOT_CLEAN = {"clean": False}
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _decoded_size(path: Path, size: int, is_gz: bool) -> int:
+    """The decoded size of a trace file: its size, or for a .gz its (last member's) ISIZE, the decoded
+    size modulo 4 GiB, taken past 4 GiB while it is under 4x the compressed size (traces expand 5-30 fold)."""
+    if not is_gz:
+        return size
+    with open(path, "rb") as f:
+        f.seek(-4, os.SEEK_END)
+        guess = int.from_bytes(f.read(4), "little")
+    for _ in range(64):
+        if guess >= 4 * size:
+            break
+        guess += 1 << 32
+    return guess
+
+
+def _split_target(start: int, decoded: int, is_gz: bool) -> int:
+    """The decoded offset from which the split's boundary is looked for: the helper's share of the events."""
+    return start + int((decoded - start) * SPLIT_SHARE[is_gz])
+
+
+def _boundary_at_or_after(buf: bytes, base: int, target: int) -> int:
+    """Index in ``buf`` (which starts at decoded offset ``base``) of the `}` of the first event boundary
+    starting at or after ``target``, or -1."""
+    m = BOUNDARY.search(buf, max(0, target - base))
+    return -1 if m is None else m.start()
+
+
+def first_part(path: Path, target: int, emit) -> dict:
+    """The helper's work: decode the events from the array's start to the split at or after ``target``,
+    handing each block's columns to ``emit`` (a part, as Columns.export makes) as they are made. Returns the
+    end record: {"end": True, "clean": True, "split": the decoded offset of the split's `}`}, or "clean":
+    False when the split's last events do not decode as a whole (or no boundary qualifies)."""
+    not_clean = {"end": True, "clean": False}
+
+    def put(cols: Columns) -> None:
+        if cols.n or cols.skipped:
+            emit(cols.export())
+
+    blocks, _ = _open_blocks(path)
+    try:
+        it = iter(blocks)
+        _header_bytes, buf, _bare, read_end = _header(it, path.name)
+        while True:
+            if read_end > target:
+                base = read_end - len(buf)
+                cut = _boundary_at_or_after(buf, base, target)
+                if cut >= 0:
+                    cols = Columns()
+                    try:
+                        cols.add(_decode_events(b"[" + buf[:cut + 1].lstrip(_WS_COMMA) + b"]"))
+                    except DECODE_ERRORS:
+                        return not_clean
+                    put(cols)
+                    return {"end": True, "clean": True, "split": base + cut}
+                if read_end - target > SPLIT_SEARCH_BYTES:
+                    return not_clean
+            block = next(it, None)
+            if block is None:
+                return not_clean
+            if read_end + len(block) <= target:  # wholly before the split: decode as load_trace does
+                cols = Columns()
+                rest = consume_block(cols, buf, block)
+                put(cols)
+                read_end += len(block)
+                if len(rest) > len(block) or not block.endswith(rest):  # an event longer than a block
+                    return not_clean
+                buf = rest
+            else:
+                buf = buf + block if buf else block
+                read_end += len(block)
+    finally:
+        blocks.close()
+
+
+def write_record(stream, head: dict, arrays: dict | None = None) -> None:
+    """One record onto a binary stream: an 8-byte length, a JSON header naming the arrays (name, dtype,
+    length), then each array's raw bytes."""
+    arrays = arrays or {}
+    head = dict(head, arrays=[[k, a.dtype.str, int(a.size)] for k, a in arrays.items()])
+    blob = orjson.dumps(head)
+    stream.write(len(blob).to_bytes(8, "little"))
+    stream.write(blob)
+    for a in arrays.values():
+        stream.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+
+
+def write_part(part: dict, stream) -> None:
+    """A part (Columns.export) as a record."""
+    write_record(stream, {k: v for k, v in part.items() if k != "arrays"}, part["arrays"] if part["n"] else None)
+
+
+class _Records:
+    """Reads records (write_record) from one buffer: the arrays are views into it, not copies."""
+
+    def __init__(self, buf):
+        self.view, self.pos = memoryview(buf), 0
+
+    def take(self, n: int) -> memoryview | None:
+        if n < 0 or self.pos + n > len(self.view):
+            return None
+        out = self.view[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def next(self) -> dict | None:
+        """The next record as data, checked: a part has the columns and dtypes expected, each as long as its
+        event count, its tables as lists and every string code inside its table; an end record is returned as
+        it is. None when the buffer ends or anything is off."""
+        size = self.take(8)
+        blob = None if size is None else self.take(int.from_bytes(size, "little"))
+        if blob is None:
+            return None
+        try:
+            head = orjson.loads(blob)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(head, dict):
+            return None
+        if head.get("end") is True:
+            return head
+        n, specs, tables = head.get("n"), head.get("arrays"), head.get("tables")
+        if not isinstance(n, int) or n < 0 or not isinstance(specs, list) or not isinstance(tables, dict):
+            return None
+        if n and {s[0] for s in specs if isinstance(s, list) and s} != set(_PART_DTYPES):
+            return None
+        if not all(isinstance(tables.get(f), list) for f in STRING_FIELDS + LAUNCH_FIELDS):
+            return None
+        arrays = {}
+        for name, dtype, count in specs if n else ():
+            want = _PART_DTYPES[name]
+            if np.dtype(dtype) != want or count != n:
+                return None
+            raw = self.take(want.itemsize * count)
+            if raw is None:
+                return None
+            arrays[name] = np.frombuffer(raw, dtype=want)
+        for f in LAUNCH_FIELDS:  # (64, 1, 1) crossed as a list
+            tables[f] = [tuple(v) for v in tables[f]]
+        for f in STRING_FIELDS + LAUNCH_FIELDS if n else ():  # every code names an entry (or is -1: absent)
+            codes = arrays[f]
+            if int(codes.min()) < -1 or int(codes.max()) >= len(tables[f]):
+                return None
+        return {"n": n, "arrays": arrays, "tables": tables,
+                "meta_events": [tuple(e) for e in head.get("meta_events", [])],
+                "skipped": int(head.get("skipped", 0)), "warnings": [str(w) for w in head.get("warnings", [])]}
+
+
+def read_records(buf) -> tuple[list, dict | None]:
+    """(the parts, the end record) written by the helper into ``buf``; the end record None when the
+    records stop short of it or one is off."""
+    records, parts = _Records(buf), []
+    while True:
+        rec = records.next()
+        if rec is None:
+            return parts, None
+        if rec.get("end") is True:
+            return parts, rec
+        parts.append(rec)
+
+
+def _start_helper(path: Path, target: int, out_fd: int):
+    """The helper process, writing its records to ``out_fd`` (an unlinked temporary file: it never waits
+    on this process, and nothing is left behind if either is killed)."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    try:
+        return subprocess.Popen([sys.executable, "-m", "diagnostics.trace._first_part", str(path), str(target)],
+                                stdin=subprocess.DEVNULL, stdout=out_fd, stderr=subprocess.DEVNULL,
+                                env=env, cwd=root)
+    except OSError:
+        return None
+
+
+def _load_split(path: Path, name: str, size: int, allow_truncated: bool) -> Trace | None:
+    """load_trace by two processes (see above); None when the trace is too small to split or the
+    split is in doubt (the caller then reads it the ordinary way)."""
+    source, path = str(path), path.resolve()
+    blocks, is_gz = _open_blocks(path)
+    helper = spool = None
+    try:
+        it = iter(blocks)
+        header, buf, bare, read_end = _header(it, name)
+        start = read_end - len(buf)
+        decoded = _decoded_size(path, size, is_gz)
+        if decoded - start < SPLIT_MIN_BYTES:
+            return None
+        target = _split_target(start, decoded, is_gz)
+        spool = tempfile.TemporaryFile(prefix="torchscope-trace-part-")
+        helper = _start_helper(path, target, spool.fileno())
+        if helper is None:
+            return None
+        if not is_gz:  # skip the helper's part: read from the target on
+            blocks.close()
+            blocks = _plain_blocks(path, target)
+            it, buf, read_end = iter(blocks), b"", target
+        while True:  # find the split
+            if read_end > target:
+                base = read_end - len(buf)
+                cut = _boundary_at_or_after(buf, base, target)
+                if cut >= 0:
+                    split_at, carry = base + cut, buf[cut + 1:].lstrip(_WS_COMMA)
+                    break
+                if read_end - target > SPLIT_SEARCH_BYTES:
+                    return None
+            block = next(it, None)
+            if block is None:
+                return None
+            read_end += len(block)
+            buf = (buf + block if buf else block) if read_end > target else b""
+        out = _Merger()
+        try:
+            carry, read = _event_blocks(it, out, carry, None)
+            meta = _array_end(out, carry, header, bare, name, allow_truncated, read_end + read)
+        except TraceError:  # real (a truncated file), or a split inside a string: the caller reads it alone
+            return None
+        if helper.wait() != 0:
+            return None
+        spool.seek(0)
+        parts, end = read_records(spool.read())
+        if end is None or end.get("clean") is not True or end.get("split") != split_at:
+            return None
+        merged = _Merger()
+        for part in parts:
+            merged.add(part)
+        del parts
+        merged.add_merger(out)
+        return _build(merged, meta, source, read_end + read, name)
+    finally:
+        if helper is not None and helper.poll() is None:
+            helper.kill()
+            helper.wait()
+        if spool is not None:
+            spool.close()
+        blocks.close()
+
+
 # ---- public ----------------------------------------------------------------------------------
 
-def load_trace(path, allow_truncated: bool = False, workers: int | None = None) -> Trace:
+def load_trace(path, allow_truncated: bool = False, workers: int | None = None, split: bool = False) -> Trace:
     """Load a torch.profiler / Kineto trace (.json, .json.gz, *.pt.trace.json.gz) into a Trace.
 
     Raises TraceError when the file is missing, not gzip though named .gz, not JSON, has no
     traceEvents, is truncated (unless allow_truncated: then the complete events before the cut
     are kept, with a warning) or holds no timed event. `workers`: decoding processes (None:
-    AUTO_WORKERS for traces over PARALLEL_MIN_BYTES, else none; 0 or 1: decode here).
+    AUTO_WORKERS for traces over PARALLEL_MIN_BYTES, else none; 0 or 1: decode here). `split`: a
+    trace of SPLIT_MIN_BYTES or more is read by this process and one helper process together, on a
+    machine with two usable cores (the Trace explorer's single trace; not the per-rank workers, which
+    already fill the cores). The result is the same Trace either way.
     """
     path = Path(path)
     name = path.name
@@ -393,6 +694,10 @@ def load_trace(path, allow_truncated: bool = False, workers: int | None = None) 
     size = path.stat().st_size
     if size == 0:
         raise TraceError(f"{name}: the file is empty")
+    if split and not workers and _cores() >= 2:
+        got = _load_split(path, name, size, allow_truncated)
+        if got is not None:
+            return got
     blocks, is_gz = _open_blocks(path)
     pool = _pool(size * GZ_RATIO_GUESS if is_gz else size, workers)
     try:

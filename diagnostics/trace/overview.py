@@ -154,11 +154,12 @@ def _memory_peaks(trace: Trace) -> tuple[MemoryPeak, ...]:
     if not mem.any():
         return ()
     dt, dv, a = trace.column("device_type")[mem], trace.column("device")[mem], alloc[mem]
-    peaks: dict = {}
-    for key, v in zip(zip(dt.tolist(), dv.tolist()), a.tolist()):
-        peaks[key] = max(peaks.get(key, v), v)
+    # The largest per (device type, device): group with np.unique, then the maximum of each group.
+    keys, group = np.unique(np.stack([dt.astype(np.int64), dv.astype(np.int64)], axis=1), axis=0, return_inverse=True)
+    peaks = np.full(len(keys), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(peaks, group.ravel(), a.astype(np.int64))
     return tuple(MemoryPeak(device=("cpu" if t == 0 else "cuda" if t == 1 else f"type {t}") + ("" if d < 0 else f":{d}"),
-                            peak_allocated_bytes=int(peaks[(t, d)])) for t, d in sorted(peaks))
+                            peak_allocated_bytes=int(v)) for (t, d), v in zip(keys.tolist(), peaks.tolist()))
 
 
 def _descending(values: list) -> np.ndarray:

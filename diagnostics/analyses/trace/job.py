@@ -95,7 +95,9 @@ def _open(path: str, allow_truncated: bool = False, defer_write: bool = False) -
     it came from the cache with the seconds the open took (result key "trace_cache"). ``defer_write``: the
     cache keeps a trace read from its file when trace_cache.finish_write is called (after the first answer)."""
     t = time.perf_counter()
-    trace, hit = cached_load(path, trace_cache_dir(), allow_truncated=allow_truncated, defer_write=defer_write)
+    # One trace, opened for a person waiting: a big one is read by two processes (load_trace(split=True)).
+    trace, hit = cached_load(path, trace_cache_dir(), allow_truncated=allow_truncated, defer_write=defer_write,
+                             split=True)
     return trace, TraceCache(hit=hit, open_s=time.perf_counter() - t)
 
 

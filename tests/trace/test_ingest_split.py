@@ -1,0 +1,206 @@
+"""load_trace(split=True): a helper process decodes the first part of the event array, this process the
+rest; the Trace equals the one-process load to the last value, and any doubt about the split falls back."""
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diagnostics.trace import ingest
+from diagnostics.trace import load_trace
+from diagnostics.trace._chunks import BOUNDARY
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+PUBLIC = [DATA / "public" / "hta" / "ns_resolution_rank0.json.gz",
+          DATA / "public" / "tracelens" / "mi300_resnet_rccl_no_pyfn.json.gz",
+          DATA / "with_stack" / "vllm_prefilldecode_piecewise.json.gz",
+          DATA / "gpu_small.json"]
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    assert set(a.columns) == set(b.columns)
+    for k in a.columns:
+        x, y = a.columns[k], b.columns[k]
+        assert x.dtype == y.dtype, k
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+    for k in a.tables:
+        assert list(a.tables[k]) == list(b.tables[k]), k
+    assert (a.meta, a.warnings, a.skipped_events, a.process_names, a.thread_names, a.n_bytes, a.origin_us) == \
+           (b.meta, b.warnings, b.skipped_events, b.process_names, b.thread_names, b.n_bytes, b.origin_us)
+
+
+@pytest.fixture
+def small_split(monkeypatch):
+    """Split traces of any size (the helper is told its target; the size floor is this process' choice)."""
+    monkeypatch.setattr(ingest, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(ingest, "_cores", lambda: 2)
+
+
+def _split(path):
+    """The split load itself (None: it fell back), and the one-process load."""
+    path = Path(path)
+    return ingest._load_split(path, path.name, path.stat().st_size, False), load_trace(path, workers=0)
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=lambda p: p.name)
+def test_split_equals_one_process_on_public_traces(small_split, path):
+    split, whole = _split(path)
+    assert split is not None, "the split load fell back on a clean trace"
+    _same(split, whole)
+    _same(load_trace(path, split=True), whole)
+
+
+def test_split_point_is_an_event_boundary_past_the_target(small_split, tmp_path):
+    """Both processes find the same boundary: the first `}` `,` `{` at or after the target, whatever the
+    blocks they read (the helper reads the whole small file in one block, this one from the target)."""
+    doc = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1}
+                           for i in range(400)]}
+    p = tmp_path / "t.json"
+    p.write_bytes(json.dumps(doc, indent=1).encode())
+    data = p.read_bytes()
+    target = len(data) // 2
+    parts = []
+    end = ingest.first_part(p, target, parts.append)
+    m = BOUNDARY.search(data, target)
+    assert end == {"end": True, "clean": True, "split": m.start()}
+    names = [n for part in parts for n in part["tables"]["name"]]
+    # the helper's events are exactly those that end at or before the split
+    assert names == [f"op{i}" for i in range(data[:m.start() + 1].count(b'"name"'))]
+    split, whole = _split(p)
+    _same(split, whole)
+
+
+def test_helper_decodes_block_by_block_before_the_target(monkeypatch, tmp_path):
+    """Blocks wholly before the target are decoded as load_trace does (consume_block), their columns emitted
+    as they are made; the helper's events then equal the one-process load's first events."""
+    monkeypatch.setattr(ingest, "BLOCK_BYTES", 700)
+    doc = {"traceEvents": [{"ph": "X", "cat": "kernel", "name": f"k{i % 7}", "pid": 0, "tid": 7, "ts": 10 * i,
+                            "dur": 3, "args": {"device": 0, "stream": 7, "correlation": i, "grid": [i % 3 + 1, 1, 1]}}
+                           for i in range(300)]}
+    p = tmp_path / "k.json"
+    p.write_text(json.dumps(doc))
+    data = p.read_bytes()
+    target = int(len(data) * 0.6)
+    parts = []
+    end = ingest.first_part(p, target, parts.append)
+    assert end["clean"] is True and len(parts) > 5   # many blocks before the target
+    merged = ingest._Merger()
+    for part in parts:
+        merged.add(part)
+    n = merged.n
+    assert n == data[:end["split"] + 1].count(b'"ph"')
+    corr = np.concatenate(merged.arrays["corr"])
+    assert corr.tolist() == list(range(n))
+    whole = load_trace(p, workers=0)
+    assert whole.column("corr")[:n].tolist() == corr.tolist()
+
+
+def test_a_boundary_inside_a_string_is_not_a_split(small_split, tmp_path):
+    """`}, {` inside an event's name at the target: the helper's last events do not decode as a whole, it says
+    so, and the trace is read by one process: the same Trace, nothing skipped."""
+    evs = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1} for i in range(200)]
+    evs[100]["name"] = "a}, {b" * 50
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    data = p.read_bytes()
+    target = data.index(b"a}, {b") + 1   # the first match at or after it is inside the string
+    assert ingest.first_part(p, target, lambda part: None)["clean"] is False
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ingest, "_split_target", lambda start, decoded, is_gz: target)
+        split, whole = _split(p)
+        assert split is None
+        t = load_trace(p, split=True)
+    _same(t, whole)
+    assert t.skipped_events == 0 and "a}, {b" in t.tables["name"][t.columns["name"][100]]
+
+
+def test_bad_events_in_either_part_count_as_in_one_process(small_split, tmp_path):
+    evs = [json.dumps({"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1})
+           for i in range(200)]
+    evs[20] = '{"ph": "X", "name": "bad", "ts": "soon"}'    # wrong type: skipped and counted
+    evs[180] = '{"ph": "X", "name": "bad2", "ts": [1]}'
+    p = tmp_path / "bad.json"
+    p.write_text('{"traceEvents": [' + ",\n".join(evs) + "]}")
+    split, whole = _split(p)
+    assert whole.skipped_events == 2
+    _same(load_trace(p, split=True), whole)
+
+
+def test_gz_and_truncated(small_split, tmp_path):
+    evs = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1} for i in range(500)]
+    raw = json.dumps({"traceEvents": evs, "traceName": "x"}).encode()
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(raw))
+    split, whole = _split(gz)
+    assert split is not None
+    _same(split, whole)
+    assert split.meta == {"traceName": "x"}
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(raw[: int(len(raw) * 0.8)])
+    with pytest.raises(ingest.TraceError, match="truncated"):
+        load_trace(cut, split=True)
+    _same(load_trace(cut, split=True, allow_truncated=True), load_trace(cut, allow_truncated=True, workers=0))
+
+
+def test_a_failing_helper_falls_back(small_split, monkeypatch):
+    """A helper that cannot run (here: an interpreter that exits 1) costs the speed-up only."""
+    monkeypatch.setattr(ingest.sys, "executable", "/bin/false")
+    path = PUBLIC[0]
+    split, whole = _split(path)
+    assert split is None
+    _same(load_trace(path, split=True), whole)
+
+
+def test_small_traces_and_one_core_are_not_split(monkeypatch):
+    path = PUBLIC[0]
+    assert ingest._load_split(path, path.name, path.stat().st_size, False) is None   # under SPLIT_MIN_BYTES
+    started = []
+    monkeypatch.setattr(ingest, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(ingest, "_cores", lambda: 1)
+    monkeypatch.setattr(ingest, "_start_helper", lambda *a: started.append(a))
+    load_trace(path, split=True)
+    assert started == []
+
+
+# ---- what crosses from the helper is data, checked ---------------------------------------------
+
+def _records(parts, end):
+    out = io.BytesIO()
+    for part in parts:
+        ingest.write_part(part, out)
+    ingest.write_record(out, end)
+    return out.getvalue()
+
+
+def test_records_round_trip_and_reject_what_is_off():
+    cols = ingest.Columns()
+    cols.add(ingest._decode_events(b'[{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":2,'
+                                   b'"args":{"grid":[4,1,1],"stream":7,"device":0}},'
+                                   b'{"ph":"M","name":"process_name","pid":0,"args":{"name":"GPU 0"}}]'))
+    part = cols.export()
+    end = {"end": True, "clean": True, "split": 123}
+    parts, got_end = ingest.read_records(_records([part], end))
+    assert {k: got_end[k] for k in end} == end and len(parts) == 1
+    got = parts[0]
+    assert got["tables"]["grid"] == [(4, 1, 1)] and got["meta_events"] == [("process_name", 0, -1, "GPU 0")]
+    for k, a in part["arrays"].items():
+        assert got["arrays"][k].dtype == a.dtype and np.array_equal(got["arrays"][k], a, equal_nan=True), k
+
+    def broken(edit):
+        blob = bytearray(_records([part], end))
+        size = int.from_bytes(blob[:8], "little")
+        head = json.loads(blob[8:8 + size])
+        edit(head)
+        new = json.dumps(head).encode()
+        return ingest.read_records(bytes(len(new).to_bytes(8, "little")) + new + bytes(blob[8 + size:]))
+
+    assert broken(lambda h: h["arrays"].__setitem__(0, [h["arrays"][0][0], "<f8", h["n"]]))[1] is None  # dtype
+    assert broken(lambda h: h.__setitem__("n", h["n"] + 1))[1] is None                                # lengths
+    assert broken(lambda h: h["tables"].__setitem__("name", []))[1] is None          # a code past its table
+    assert broken(lambda h: h["tables"].__setitem__("name", "k"))[1] is None         # a table not a list
+    assert ingest.read_records(_records([part], end)[:-40])[1] is None                # cut short
+    assert ingest.read_records(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")[1] is None   # not JSON
