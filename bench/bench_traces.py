@@ -269,7 +269,7 @@ def _run_tool(tool: str, path: Path, runs: int, timeout: float, cold: bool = Tru
                     tree_peak = max(tree_peak, rss)
                 except psutil.Error:
                     pass
-                time.sleep(0.02)
+                time.sleep(0.1)   # psutil scans /proc for children: ~2 ms a sample, not to weigh on what it measures
         except psutil.Error:
             pass
         out, err = proc.communicate()

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 import uuid
 from dataclasses import fields
@@ -143,6 +144,34 @@ def finish_write(trace: Trace) -> None:
     folder = write_entry(root, key, trace, file_stamp, limit)
     if folder is not None:
         trace._cache[ENTRY] = folder
+
+
+def finish_write_beside(trace: Trace):
+    """finish_write(trace) in a thread, beside the caller's next work (Arrow's conversion and write run
+    mostly outside the GIL, on the core the parse's helper used); returns ``wait``, to call before the entry
+    is read (write_columns links it) and before the result is returned. ``wait`` re-raises what the write
+    raised (write_entry itself turns a cache that cannot be written into no entry). The DataFrame the entry
+    is made from is made here, in the caller's thread: the views after it read the same one."""
+    if trace._cache.get(_PENDING) is None:
+        return lambda: None
+    trace.events   # noqa: B018 - made here, not in the thread
+    box: dict = {}
+
+    def run():
+        try:
+            finish_write(trace)
+        except BaseException as exc:  # noqa: BLE001 - handed to wait()
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="trace-cache-write", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if "error" in box:
+            raise box.pop("error")
+
+    return wait
 
 
 def entry_folder(path: str | Path, root: str | Path, *, allow_truncated: bool = False) -> Path:

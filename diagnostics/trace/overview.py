@@ -112,13 +112,25 @@ def _threads(trace: Trace) -> tuple[Thread, ...]:
     nest = trace.nesting()
     cpu = host_mask(trace)
     roots = cpu & (nest["parent"] < 0)
-    lane = trace.lane_keys()[cpu]
-    uniq, inv = np.unique(lane, return_inverse=True)
     pid_l, tid_l = trace.labels("pid"), trace.labels("tid")
-    pids = pid_l[(uniq >> 32).astype(np.int64)]
-    tids = tid_l[(uniq & 0xFFFFFFFF).astype(np.int64)]
-    events = np.bincount(inv.ravel(), minlength=uniq.size)
-    busy = np.bincount(inv.ravel(), weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu], minlength=uniq.size)
+    # Each (pid code, tid code) pair as one small integer, counted with bincount (no sort of the events).
+    width = len(tid_l)
+    if len(pid_l) * width < 1 << 24:
+        # (code -1, missing, reads the labels' last entry "", as in lane_keys' grouping below)
+        lane = (trace.codes("pid")[cpu].astype(np.int64) % len(pid_l)) * width + \
+            trace.codes("tid")[cpu].astype(np.int64) % width
+        size = len(pid_l) * width
+        events = np.bincount(lane, minlength=size)
+        busy = np.bincount(lane, weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu], minlength=size)
+        seen = np.flatnonzero(events)
+        pids, tids, events, busy = pid_l[seen // width], tid_l[seen % width], events[seen], busy[seen]
+    else:  # (a trace with millions of distinct pairs) group by sorting
+        lane = trace.lane_keys()[cpu]
+        uniq, inv = np.unique(lane, return_inverse=True)
+        pids = pid_l[(uniq >> 32).astype(np.int64)]
+        tids = tid_l[(uniq & 0xFFFFFFFF).astype(np.int64)]
+        events = np.bincount(inv.ravel(), minlength=uniq.size)
+        busy = np.bincount(inv.ravel(), weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu], minlength=uniq.size)
     by: dict = {}
     for p, t, e, b in zip(pids.tolist(), tids.tolist(), events.tolist(), busy.tolist()):
         n0, b0 = by.get((p, t), (0, 0.0))   # two lanes of one label pair (rare) are one thread
@@ -154,12 +166,21 @@ def _memory_peaks(trace: Trace) -> tuple[MemoryPeak, ...]:
     if not mem.any():
         return ()
     dt, dv, a = trace.column("device_type")[mem], trace.column("device")[mem], alloc[mem]
-    # The largest per (device type, device): group with np.unique, then the maximum of each group.
-    keys, group = np.unique(np.stack([dt.astype(np.int64), dv.astype(np.int64)], axis=1), axis=0, return_inverse=True)
-    peaks = np.full(len(keys), np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(peaks, group.ravel(), a.astype(np.int64))
+    # The largest per (device type, device): the distinct pairs (few) with np.unique, each one's maximum.
+    t64, d64 = dt.astype(np.int64) + 1, dv.astype(np.int64) + 1
+    if t64.min() >= 0 and d64.min() >= 0 and d64.max() < 1 << 40:
+        uniq, group = np.unique((t64 << 40) | d64, return_inverse=True)
+        keys = [(int(u >> 40) - 1, int(u & ((1 << 40) - 1)) - 1) for u in uniq.tolist()]
+    else:  # odd device ids: the pairs one by one
+        keys = sorted(set(zip(dt.tolist(), dv.tolist())))
+        group = np.zeros(a.size, np.int64)
+        for i, (t, d) in enumerate(keys):
+            group[(dt == t) & (dv == d)] = i
+    top = np.full(len(keys), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(top, group.ravel(), a.astype(np.int64))
+    peaks = [int(v) for v in top]
     return tuple(MemoryPeak(device=("cpu" if t == 0 else "cuda" if t == 1 else f"type {t}") + ("" if d < 0 else f":{d}"),
-                            peak_allocated_bytes=int(v)) for (t, d), v in zip(keys.tolist(), peaks.tolist()))
+                            peak_allocated_bytes=v) for (t, d), v in zip(keys, peaks))
 
 
 def _descending(values: list) -> np.ndarray:

@@ -204,3 +204,42 @@ def test_records_round_trip_and_reject_what_is_off():
     assert broken(lambda h: h["tables"].__setitem__("name", "k"))[1] is None         # a table not a list
     assert ingest.read_records(_records([part], end)[:-40])[1] is None                # cut short
     assert ingest.read_records(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")[1] is None   # not JSON
+
+
+def test_the_trace_job_splits_and_its_result_equals_one_process(tmp_path, monkeypatch):
+    """The Trace explorer's job opens its trace with split=True (a helper started; here at any size), and its
+    result equals the job's with the trace read by one process; the trace cache's entry, written beside the
+    later views, is whole when the job returns (a second open reads it)."""
+    from diagnostics.analyses.trace.job import analyze
+    from diagnostics.results import to_plain
+
+    class Ctx:
+        artifact_dir = tmp_path / "art"
+
+        def progress(self, fraction, message=""):
+            pass
+
+    Ctx.artifact_dir.mkdir()
+    path = str(PUBLIC[0])
+
+    def run(data, split_min):
+        monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / data))
+        monkeypatch.setattr(ingest, "SPLIT_MIN_BYTES", split_min)
+        return analyze(Ctx(), {"path": path, "keep_columns": True})
+
+    started = []
+    real = ingest._start_helper
+    monkeypatch.setattr(ingest, "_cores", lambda: 2)
+    monkeypatch.setattr(ingest, "_start_helper", lambda *a: started.append(a) or real(*a))
+    split = run("a", 0)
+    assert len(started) == 1
+    whole = run("b", 1 << 40)
+    assert len(started) == 1
+    a, b = to_plain(split), to_plain(whole)
+    for d in (a, b):
+        d.pop("trace_cache", None)
+        d.pop("columns_dir", None)
+    assert a == b
+    monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "a"))   # the split run's cache
+    again = analyze(Ctx(), {"path": path, "keep_columns": True, "top": 11})   # other options: not the stored result
+    assert again.trace_cache.hit is True

@@ -156,7 +156,23 @@ def analyze(ctx, options: dict) -> TraceResult:
         ctx.partial(TracePartial(path=path, name=name, summary=parts["summary"]))
     # Then what the first answer did not need: the trace cache's entry (Arrow, from the DataFrame), the
     # families and their notes (the Summary reads the rule only), the other views and their imports.
-    trace_cache.finish_write(trace)
+    wait_for_cache = trace_cache.finish_write_beside(trace)
+    try:
+        _later_parts(ctx, trace, options, parts, rows, file_stamp, wait_for_cache)
+    finally:
+        wait_for_cache()
+    s = parts["summary"]
+    metrics = TraceMetrics(events=s.events, duration_ms=s.duration_us / 1e3, steps=s.n_steps,
+                           skipped_events=s.skipped_events, has_gpu=s.has_gpu)
+    # whether the parsed trace came from the trace cache, and how long the open took
+    result = TraceResult(path=path, name=name, **parts, metrics=metrics, trace_cache=cache)
+    _keep(trace, options, result, ctx.artifact_dir)
+    return result
+
+
+def _later_parts(ctx, trace: Trace, options: dict, parts: dict, rows: int, file_stamp: dict, wait_for_cache) -> None:
+    """The views after the first answer, into ``parts``, while the trace cache's entry is written beside
+    them (``wait_for_cache`` before the kept columns link it)."""
     parts["communication"] = communication(trace)
     later_views()
     hta = hta_steps(options, rows)
@@ -177,15 +193,9 @@ def analyze(ctx, options: dict) -> TraceResult:
         parts["ranks"] = _ranks(ctx, options)
     if options["keep_columns"]:
         # as the cache keeps an entry (the entry's events linked when there is one), for the parts redone later
+        wait_for_cache()
         trace_cache.write_columns(trace, ctx.artifact_dir, file_stamp)
         parts["columns_dir"] = str(ctx.artifact_dir)
-    s = parts["summary"]
-    metrics = TraceMetrics(events=s.events, duration_ms=s.duration_us / 1e3, steps=s.n_steps,
-                           skipped_events=s.skipped_events, has_gpu=s.has_gpu)
-    # whether the parsed trace came from the trace cache, and how long the open took
-    result = TraceResult(path=path, name=name, **parts, metrics=metrics, trace_cache=cache)
-    _keep(trace, options, result, ctx.artifact_dir)
-    return result
 
 
 def hta_steps(options, rows: int) -> dict:
