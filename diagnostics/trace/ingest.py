@@ -55,7 +55,7 @@ GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trac
 # under half: it starts an interpreter first (~0.2 s), and this process skips its part by seeking (.json).
 # On a .gz this process must inflate the helper's part to get past it, so the helper takes less.
 SPLIT_MIN_BYTES = 64 << 20
-SPLIT_SHARE = {False: 0.47, True: 0.42}     # the helper's share of the events' bytes, by is_gz
+SPLIT_SHARE = {False: 0.44, True: 0.42}     # the helper's share of the events' bytes, by is_gz
 SPLIT_SEARCH_BYTES = 64 << 20   # how far past the split point an event boundary is looked for
 # A .gz that expands more than GZ_BOMB_RATIO-fold past GZ_BOMB_MIN_BYTES is a decompression bomb
 # (whitespace or one repeated byte), not a trace: real traces expand 5-30 fold.
