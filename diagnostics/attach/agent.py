@@ -98,6 +98,26 @@ class _TorchAsItIs:
         return getattr(self._torch, name)
 
 
+#: Kineto's log level while it first starts in the script: above its USDT level (5), so its own lines
+#: ("USDT: ... profiler_start", "STAGE: ...") are not added to the script's stderr.
+KINETO_QUIET = "6"
+
+
+@contextlib.contextmanager
+def _quiet_kineto():
+    """KINETO_LOG_LEVEL set for the window's start only, unless the user set it: Kineto reads it once, when
+    it starts, so the script's own profiling later is quiet too (as it is when the script sets it) and its
+    environment is as it was as soon as the profiler has started."""
+    if "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["KINETO_LOG_LEVEL"] = KINETO_QUIET
+    try:
+        yield
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
+
+
 def _profiler_class(torch):
     """torch.profiler.profile whose ``prepare_trace`` is torch's own code read against ``_TorchAsItIs``
     (a subclass: torch binds ``prepare_trace`` when the profiler is made). The profiler is ours, nothing of
@@ -479,7 +499,8 @@ class Agent:
         # events; input shapes only when asked (--shapes: no view reads them, they cost the window time)
         self.prof = _profiler_class(torch)(activities=acts, record_shapes=bool(self.cfg.shapes), profile_memory=True,
                                            with_stack=bool(self.cfg.stacks))
-        self.prof.start()
+        with _quiet_kineto():
+            self.prof.start()
         self._status(force=True)
 
     def _begin_profiled_step(self, restart: bool) -> None:

@@ -555,3 +555,27 @@ def test_the_launchers_threads_beside_the_script_yield_to_it_alone():
     assert seen["before"] == main_before
     assert seen["after"] == min(19, main_before + session.BESIDE_THE_SCRIPT_NICE)
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main_before
+
+
+def test_kineto_starts_quiet_and_the_environment_is_the_scripts_again(monkeypatch):
+    """The window's profiler start sets KINETO_LOG_LEVEL above Kineto's USDT level (its "USDT: profiler_start"
+    lines are not added to the script's stderr) and removes it after; a level the user set is left alone."""
+    from diagnostics.attach import agent
+
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    with agent._quiet_kineto():
+        assert os.environ["KINETO_LOG_LEVEL"] == agent.KINETO_QUIET == "6"
+    assert "KINETO_LOG_LEVEL" not in os.environ
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "1")
+    with agent._quiet_kineto():
+        assert os.environ["KINETO_LOG_LEVEL"] == "1"
+    assert os.environ["KINETO_LOG_LEVEL"] == "1"
+
+
+def test_an_attached_run_adds_no_kineto_line_to_the_scripts_stderr(tmp_path):
+    from tests.attach.harness import run_attached, run_bare
+
+    bare = run_bare(tmp_path, "passthrough.py", env={"EXIT_CODE": "0"}, stdin="x\n")
+    ran = run_attached(tmp_path, "passthrough.py", env={"EXIT_CODE": "0"}, stdin="x\n")
+    assert ran.code == bare.code == 0 and ran.result["profiled_steps"]
+    assert "USDT:" not in ran.stderr and "STAGE:" not in ran.stderr, ran.stderr[-1500:]
