@@ -443,6 +443,8 @@ def _decoded_size(path: Path, size: int, is_gz: bool) -> int:
     size modulo 4 GiB, taken past 4 GiB while it is under 4x the compressed size (traces expand 5-30 fold)."""
     if not is_gz:
         return size
+    if size < 18:   # shorter than a gzip header and trailer: the ordinary read says what is wrong
+        return 0
     with open(path, "rb") as f:
         f.seek(-4, os.SEEK_END)
         guess = int.from_bytes(f.read(4), "little")
@@ -625,7 +627,10 @@ def _load_split(path: Path, name: str, size: int, allow_truncated: bool) -> Trac
         if decoded - start < SPLIT_MIN_BYTES:
             return None
         target = _split_target(start, decoded, is_gz)
-        spool = tempfile.TemporaryFile(prefix="torchscope-trace-part-")
+        try:
+            spool = tempfile.TemporaryFile(prefix="torchscope-trace-part-")
+        except OSError:   # no room for the helper's columns: read alone
+            return None
         helper = _start_helper(path, target, spool.fileno())
         if helper is None:
             return None

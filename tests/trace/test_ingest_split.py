@@ -243,3 +243,16 @@ def test_the_trace_job_splits_and_its_result_equals_one_process(tmp_path, monkey
     monkeypatch.setenv("TORCHSCOPE_DATA_DIR", str(tmp_path / "a"))   # the split run's cache
     again = analyze(Ctx(), {"path": path, "keep_columns": True, "top": 11})   # other options: not the stored result
     assert again.trace_cache.hit is True
+
+
+def test_bad_files_say_the_same_with_split(small_split, tmp_path):
+    """A file too short for a gzip trailer, a non-trace JSON, an empty array: the error load_trace gives alone."""
+    cases = {"tiny.json.gz": b"\x1f\x8b\x08", "other.json": b'{"a": 1}', "empty.json": b'{"traceEvents": []}'}
+    for name, data in cases.items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        with pytest.raises(ingest.TraceError) as alone:
+            load_trace(p, workers=0)
+        with pytest.raises(ingest.TraceError) as split:
+            load_trace(p, split=True)
+        assert str(split.value) == str(alone.value), name
