@@ -324,9 +324,7 @@ def read_columns(folder: str | Path, file_stamp: dict | None = None) -> Trace:
         if tuple(table.column_names) != COLUMNS or (n_events is not None and table.num_rows != n_events):
             raise TraceError(f"the parsed trace in {folder} does not hold the columns and events it was kept "
                              "with; open the trace again")
-        from diagnostics.trace.model import Trace
-
-        return Trace.from_frame(_object_categories(table.to_pandas()), **meta)
+        return _trace_of_table(table, meta)
     except TraceError:
         raise
     except Exception as e:  # noqa: BLE001 - a file missing, partial, not JSON or not Arrow: said, never a crash
@@ -418,6 +416,60 @@ def evict(root: Path, limit: int, keep: Path | None = None) -> None:
             continue
         _remove(p)
         total -= size
+
+
+def _trace_of_table(table, meta: dict) -> Trace:
+    """The Trace of an entry's Arrow table, straight into its numpy columns (no pandas: the Summary is the
+    first answer of a reopen with other options too, issue #42): each string column's dictionary indices as
+    its codes (null: -1) and its dictionary as its strings, each other column copied out of its buffer (null,
+    a float column's NaN as Arrow keeps it: NaN). Anything else: the DataFrame's way, as before."""
+    import numpy as np
+
+    from diagnostics.trace.model import STRING_COLUMNS, Trace
+
+    columns, tables = {}, {}
+    for col in COLUMNS:
+        chunked = table.column(col)
+        arr = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
+        if col in STRING_COLUMNS:
+            got = _numpy_of(arr, str(arr.type.index_type), -1) if hasattr(arr, "dictionary") else None
+            if got is not None:
+                tables[col] = np.array([str(c) for c in arr.dictionary.to_pylist()], dtype=object)
+        else:
+            got = _numpy_of(arr, str(arr.type), np.nan)
+        if got is None:
+            return Trace.from_frame(_object_categories(table.to_pandas()), **meta)
+        columns[col] = got
+    return Trace(columns=columns, tables=tables, **meta)
+
+
+#: Arrow's primitive types as numpy's (the columns an entry holds).
+_NUMPY_OF_ARROW = {"int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8",
+                   "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "float": "float32", "double": "float64"}
+
+
+def _numpy_of(arr, type_name: str, fill):
+    """The values of a primitive Arrow array (or a dictionary array's indices, ``type_name`` their type) as a
+    writable numpy array read from its buffers, nulls set to ``fill`` (an integer array's NaN: none, None
+    returned); None for any type not in _NUMPY_OF_ARROW. (pyarrow's to_numpy and its compute module import
+    pandas.)"""
+    import numpy as np
+
+    dtype = _NUMPY_OF_ARROW.get(type_name)
+    if dtype is None:
+        return None
+    dtype = np.dtype(dtype)
+    n = len(arr)
+    validity, data = arr.buffers()[:2]
+    if data is None:
+        return np.empty(0, dtype) if n == 0 else None
+    values = np.frombuffer(data, dtype=dtype, count=n, offset=arr.offset * dtype.itemsize).copy()
+    if arr.null_count:
+        if validity is None or (dtype.kind != "f" and not isinstance(fill, int)):
+            return None
+        bits = np.unpackbits(np.frombuffer(validity, np.uint8), bitorder="little")[arr.offset:arr.offset + n]
+        values[bits == 0] = fill
+    return values
 
 
 def _object_categories(events: pd.DataFrame) -> pd.DataFrame:

@@ -176,11 +176,14 @@ def test_trace_analyze_imports_no_torch_and_a_reopen_no_trace_analysis(tmp_path)
     assert help_.returncode == 0 and help_.stdout.strip() == "[]", help_.stderr[-800:]
 
 
-def test_the_summary_is_printed_before_pandas_is_imported(tmp_path):
+@pytest.mark.parametrize("again", [False, True], ids=["first open", "cached trace, other options"])
+def test_the_summary_is_printed_before_pandas_is_imported(tmp_path, again):
     """Issue #42's first answer pays no pandas: in a fresh `trace analyze` process (text mode, as the CLI runs),
     when the Summary's "Events by category:" reaches stdout, neither pandas, pyarrow, plotly nor torch is
     imported (they come after, for the other views and the trace cache's Arrow file), nor the model analyses'
-    declarations (the registry's full list: 0.1 s); the run then ends well."""
+    declarations (the registry's full list: 0.1 s); the run then ends well. Opened again with other options
+    (no stored result, the parsed trace from the trace cache), the Summary comes from the cache's Arrow file
+    (pyarrow) straight into the columns, still before pandas."""
     import subprocess
     import sys
 
@@ -197,13 +200,19 @@ def test_the_summary_is_printed_before_pandas_is_imported(tmp_path):
             "        return getattr(real, k)\n"
             "sys.stdout = Probe()\n"
             "from diagnostics.cli.main import main\n"
-            f"rc = main(['trace', 'analyze', {str(TRACE)!r}, '--no-report', '-q', '--data-dir', {str(tmp_path)!r}])\n"
+            f"rc = main(['trace', 'analyze', {str(TRACE)!r}, '--no-report', '-q', '--data-dir', {str(tmp_path)!r}]"
+            " + sys.argv[1:])\n"
             "sys.stdout = real\n"
             "print('at the summary:', seen, 'after:', 'pandas' in sys.modules, 'rc', rc)\n")
     env = dict(os.environ, TORCHSCOPE_DATA_DIR=str(tmp_path), PYTHONPATH=str(repo))
     p = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-800:]
     assert p.stdout.strip().splitlines()[-1] == "at the summary: [[]] after: True rc 0"
+    if again:
+        p = subprocess.run([sys.executable, "-c", code, "--definitions", "hta"], env=env, cwd=repo, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-800:]
+        assert p.stdout.strip().splitlines()[-1] == "at the summary: [['pyarrow']] after: True rc 0"
 
 
 def test_text_mode_prints_the_summary_first_while_the_other_views_are_computed(trace, tmp_path, monkeypatch,

@@ -284,3 +284,33 @@ def test_a_runs_kept_columns_are_the_caches_form_read_back_checked(tmp_path):
     with pytest.raises(TraceError, match=rf"the parsed trace in {run} cannot be read \(Arrow"):
         cache.read_columns(run)
     assert cached_load(path, tmp_path / "cache")[1] is True   # the entry untouched
+
+
+@pytest.mark.parametrize("rel", ["gpu_small.json", "cpu_small.pt.trace.json.gz",
+                                 "public/hta/ns_resolution_rank0.json.gz",
+                                 "public/tracelens/vllm_decode_hip_graph.json.gz",
+                                 "with_stack/h100_bert_small_step_under_python.json.gz"])
+def test_an_entry_is_read_into_columns_without_pandas_equal_to_the_dataframe_way(tmp_path, rel):
+    """read_columns makes the Trace straight from the Arrow buffers (issue #42: the Summary of a cached trace
+    before pandas): the same codes (dtype included), strings, NaN and -1 (absent) as to_pandas then
+    Trace.from_frame, writable, with no DataFrame made."""
+    import numpy as np
+    import pyarrow.feather as feather
+
+    t = load_trace(DATA / rel)
+    cache.write_columns(t, tmp_path, {"stamp": 1})
+    got = cache.read_columns(tmp_path)
+    assert got._frame is None
+    meta = json.loads((tmp_path / cache.META_FILE).read_text())
+    for k in ("cache_version", "stamp", "n_events"):
+        meta.pop(k)
+    table = feather.read_table(tmp_path / cache.EVENTS_FILE, memory_map=False)
+    ref = Trace.from_frame(cache._object_categories(table.to_pandas()), **meta)
+    for k, y in ref.columns.items():
+        x = got.columns[k]
+        assert x.dtype == y.dtype and x.flags.writeable, k
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), k
+    assert {k: list(v) for k, v in got.tables.items()} == {k: list(v) for k, v in ref.tables.items()}
+    assert got.events.equals(ref.events)
+    assert (got.columns["occupancy"] != got.columns["occupancy"]).any()       # NaN kept (an Arrow null)
+    assert (got.columns["grid"] == -1).any()                                   # absent: code -1 (a null)
