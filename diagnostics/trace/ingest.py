@@ -435,10 +435,9 @@ _NOT_CLEAN = {"clean": False}
 
 
 def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+    from diagnostics.devices import usable_cores   # (the one place cores are read)
+
+    return usable_cores()
 
 
 def _decoded_size(path: Path, size: int, is_gz: bool) -> int:
@@ -627,7 +626,7 @@ def _load_split(path: Path, name: str, size: int, allow_truncated: bool) -> Trac
         header, buf, bare, read_end = _header(it, name)
         start = read_end - len(buf)
         decoded = _decoded_size(path, size, is_gz)
-        if decoded - start < SPLIT_MIN_BYTES:
+        if decoded - start < SPLIT_MIN_BYTES or _cores() < 2:
             return None
         target = _split_target(start, decoded, is_gz)
         try:
@@ -702,7 +701,7 @@ def load_trace(path, allow_truncated: bool = False, workers: int | None = None, 
     size = path.stat().st_size
     if size == 0:
         raise TraceError(f"{name}: the file is empty")
-    if split and not workers and _cores() >= 2:
+    if split and not workers:
         got = _load_split(path, name, size, allow_truncated)
         if got is not None:
             return got
