@@ -221,14 +221,6 @@ class _Merger:
         self.meta_events.extend(other.meta_events)
         self.n += other.n
 
-    def export(self) -> dict:
-        """All columns so far as one part (the format add() takes)."""
-        arrays = {}
-        for k, parts in self.arrays.items():
-            arrays[k] = np.concatenate(parts) if len(parts) > 1 else (parts[0] if parts else np.empty(0, np.int32))
-        return {"n": self.n, "arrays": arrays, "tables": {f: t.values_list() for f, t in self.tables.items()},
-                "meta_events": self.meta_events, "skipped": self.skipped, "warnings": self.warnings}
-
     def warn(self, message: str) -> None:
         if len(self.warnings) < MAX_WARNINGS:
             self.warnings.append(message)
@@ -431,7 +423,6 @@ def _meta(header: bytes, trailer: bytes, bare: bool, cols: _Merger) -> dict:
 _PART_DTYPES = {f: np.dtype(np.int32) for f in STRING_FIELDS + LAUNCH_FIELDS}
 _PART_DTYPES.update({f: np.dtype(INT_TYPES.get(f, np.float64)) for f in NUMERIC_FIELDS})
 _PART_DTYPES.update({"flow_id": np.dtype(np.int64), "occupancy": np.dtype(np.float32)})
-_NOT_CLEAN = {"clean": False}
 
 
 def _cores() -> int:
@@ -549,7 +540,13 @@ class _Records:
     def next(self) -> dict | None:
         """The next record as data, checked: a part has the columns and dtypes expected, each as long as its
         event count, its tables as lists and every string code inside its table; an end record is returned as
-        it is. None when the buffer ends or anything is off."""
+        it is. None when the buffer ends or anything is off (a malformed header included: never an exception)."""
+        try:
+            return self._next()
+        except (TypeError, ValueError, KeyError):   # an array spec or a table entry of the wrong shape
+            return None
+
+    def _next(self) -> dict | None:
         size = self.take(8)
         blob = None if size is None else self.take(int.from_bytes(size, "little"))
         if blob is None:

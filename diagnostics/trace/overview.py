@@ -115,22 +115,23 @@ def _threads(trace: Trace) -> tuple[Thread, ...]:
     pid_l, tid_l = trace.labels("pid"), trace.labels("tid")
     # Each (pid code, tid code) pair as one small integer, counted with bincount (no sort of the events).
     width = len(tid_l)
-    if len(pid_l) * width < 1 << 24:
+    dense = len(pid_l) * width < 1 << 24
+    if dense:
         # (code -1, missing, reads the labels' last entry "", as in lane_keys' grouping below)
         lane = (trace.codes("pid")[cpu].astype(np.int64) % len(pid_l)) * width + \
             trace.codes("tid")[cpu].astype(np.int64) % width
         size = len(pid_l) * width
-        events = np.bincount(lane, minlength=size)
-        busy = np.bincount(lane, weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu], minlength=size)
-        seen = np.flatnonzero(events)
-        pids, tids, events, busy = pid_l[seen // width], tid_l[seen % width], events[seen], busy[seen]
     else:  # (a trace with millions of distinct pairs) group by sorting
-        lane = trace.lane_keys()[cpu]
-        uniq, inv = np.unique(lane, return_inverse=True)
-        pids = pid_l[(uniq >> 32).astype(np.int64)]
-        tids = tid_l[(uniq & 0xFFFFFFFF).astype(np.int64)]
-        events = np.bincount(inv.ravel(), minlength=uniq.size)
-        busy = np.bincount(inv.ravel(), weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu], minlength=uniq.size)
+        uniq, lane = np.unique(trace.lane_keys()[cpu], return_inverse=True)
+        lane, size = lane.ravel(), uniq.size
+    events = np.bincount(lane, minlength=size)
+    busy = np.bincount(lane, weights=np.where(roots, nest["end_us"] - ts, 0.0)[cpu], minlength=size)
+    seen = np.flatnonzero(events)
+    if dense:
+        pids, tids = pid_l[seen // width], tid_l[seen % width]
+    else:
+        pids, tids = pid_l[(uniq[seen] >> 32).astype(np.int64)], tid_l[(uniq[seen] & 0xFFFFFFFF).astype(np.int64)]
+    events, busy = events[seen], busy[seen]
     by: dict = {}
     for p, t, e, b in zip(pids.tolist(), tids.tolist(), events.tolist(), busy.tolist()):
         n0, b0 = by.get((p, t), (0, 0.0))   # two lanes of one label pair (rare) are one thread

@@ -202,6 +202,9 @@ def test_records_round_trip_and_reject_what_is_off():
     assert broken(lambda h: h.__setitem__("n", h["n"] + 1))[1] is None                                # lengths
     assert broken(lambda h: h["tables"].__setitem__("name", []))[1] is None          # a code past its table
     assert broken(lambda h: h["tables"].__setitem__("name", "k"))[1] is None         # a table not a list
+    assert broken(lambda h: h["arrays"].__setitem__(0, [h["arrays"][0][0]]))[1] is None   # a spec cut short
+    assert broken(lambda h: h["arrays"].__setitem__(0, [h["arrays"][0][0], "no-such-dtype", h["n"]]))[1] is None
+    assert broken(lambda h: h["tables"].__setitem__("grid", [4]))[1] is None          # a launch shape not a list
     assert ingest.read_records(_records([part], end)[:-40])[1] is None                # cut short
     assert ingest.read_records(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")[1] is None   # not JSON
 
