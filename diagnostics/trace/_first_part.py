@@ -14,9 +14,11 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     from diagnostics.trace.ingest import first_part, write_part, write_record
+    from diagnostics.trace.pages import small_pages
 
     out = sys.stdout.buffer
-    end = first_part(Path(argv[1]), int(argv[2]), lambda part: write_part(part, out))
+    with small_pages():
+        end = first_part(Path(argv[1]), int(argv[2]), lambda part: write_part(part, out))
     write_record(out, end)
     out.flush()
     return 0

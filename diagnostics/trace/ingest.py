@@ -37,6 +37,7 @@ from diagnostics.trace.classify import KNOWN_CATS
 from diagnostics.trace.errors import TraceError
 from diagnostics.trace.mainless import plain_main
 from diagnostics.trace.model import COLUMNS, Trace
+from diagnostics.trace.pages import small_pages
 
 try:  # ISA-L inflates about 2x faster than zlib; optional.
     from isal import isal_zlib as _zlib
@@ -698,6 +699,11 @@ def load_trace(path, allow_truncated: bool = False, workers: int | None = None, 
     size = path.stat().st_size
     if size == 0:
         raise TraceError(f"{name}: the file is empty")
+    with small_pages():
+        return _load(path, name, size, allow_truncated, workers, split)
+
+
+def _load(path: Path, name: str, size: int, allow_truncated: bool, workers: int | None, split: bool) -> Trace:
     if split and not workers:
         got = _load_split(path, name, size, allow_truncated)
         if got is not None:

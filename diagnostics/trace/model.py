@@ -312,19 +312,25 @@ def _levels(ts: np.ndarray, end: np.ndarray, lane: np.ndarray, redo: np.ndarray 
         d[lo + first:hi] = np.arange(first, hi - lo) - closed
     d = np.maximum(d, 0).astype(np.int32)
     par = np.full(m, -1, dtype=np.int64)
-    # Parent = the last event before i (same lane) one level up: every level at once, in one search over
-    # the positions sorted by (level, position) (key level * (m + 1) + position; with_stack traces nest
-    # Python frames 50 deep, and a search per level cost a pass over all events each).
-    kids = np.flatnonzero((d > 0) if redo is None else (d > 0) & redo)
-    if kids.size:
-        order = np.argsort(d, kind="stable")
-        key = d[order].astype(np.int64) * (m + 1) + order
-        pos = np.searchsorted(key, (d[kids].astype(np.int64) - 1) * (m + 1) + kids, side="left") - 1
-        cand = key[np.maximum(pos, 0)]
-        ok = (pos >= 0) & (cand // (m + 1) == d[kids] - 1)
-        cand = np.where(ok, cand % (m + 1), 0)
-        ok &= lane[cand] == lane[kids]
-        par[kids[ok]] = cand[ok]
+    # Parent = the last event before i (same lane) one level up. The positions grouped by level (one stable
+    # sort, a radix sort on small depths), ascending within each level: each level's positions are searched
+    # among the level above's, sorted queries into a sorted array (with_stack traces nest Python frames 50
+    # deep: a pass over all events per level would cost that many passes).
+    top = int(d.max()) if m else 0
+    if top > 0:
+        small = d.astype(np.uint8 if top < 1 << 8 else np.uint16 if top < 1 << 16 else np.int32)
+        order = np.argsort(small, kind="stable")
+        bounds = np.r_[0, np.cumsum(np.bincount(small, minlength=top + 1))]
+        for level in range(1, top + 1):
+            kids, ups = order[bounds[level]:bounds[level + 1]], order[bounds[level - 1]:bounds[level]]
+            if redo is not None:
+                kids = kids[redo[kids]]
+            if not kids.size or not ups.size:
+                continue
+            pos = np.searchsorted(ups, kids) - 1
+            cand = ups[np.maximum(pos, 0)]
+            ok = (pos >= 0) & (lane[cand] == lane[kids])
+            par[kids[ok]] = cand[ok]
     return d, par
 
 

@@ -376,3 +376,26 @@ def test_slow_path_decodes_runs_together_and_keeps_every_event_in_order(tmp_path
     assert batched.warnings == one_by_one.warnings
     names = batched.strings("name").tolist()
     assert len(names) == 199 and names[36:38] == ["op36", "op38"] and names[149] == "string ts"
+
+
+def test_small_pages_turns_numpys_huge_page_request_off_for_the_block_and_puts_it_back():
+    """diagnostics.trace.pages.small_pages: inside, numpy makes big arrays without madvise(MADV_HUGEPAGE);
+    after it (an error included) the process' setting is what it was, on or off; load_trace leaves it so."""
+    from numpy._core import multiarray as ma
+
+    from diagnostics.trace.pages import small_pages
+
+    before = ma._get_madvise_hugepage()
+    try:
+        for setting in (True, False):
+            ma._set_madvise_hugepage(setting)
+            with small_pages():
+                assert ma._get_madvise_hugepage() is False
+            assert ma._get_madvise_hugepage() is setting
+            with pytest.raises(ZeroDivisionError), small_pages():
+                1 / 0
+            assert ma._get_madvise_hugepage() is setting
+            load_trace(GPU)
+            assert ma._get_madvise_hugepage() is setting
+    finally:
+        ma._set_madvise_hugepage(before)

@@ -220,3 +220,58 @@ def test_nesting_again_from_the_earliest_moved_end_equals_nesting_the_whole_lane
         assert np.array_equal(p_part[redo], p_full[redo])
         _, p_before = model._levels(ts, ts + dur, lane)
         assert np.array_equal(p_before[~redo], p_full[~redo])   # the others keep their parents
+
+
+def _stack_walk(ts, end, lane):
+    """Depth and parent of events sorted by lane, start, longest first, by a stack per lane: the
+    reference for _levels (one Python step per event)."""
+    depth, parent = np.zeros(ts.size, np.int64), np.full(ts.size, -1, np.int64)
+    stack, current = [], None
+    for i, (t, ln) in enumerate(zip(ts.tolist(), lane.tolist())):
+        if ln != current:
+            stack, current = [], ln
+        while stack and end[stack[-1]] <= t:
+            stack.pop()
+        depth[i], parent[i] = len(stack), stack[-1] if stack else -1
+        stack.append(i)
+    return depth, parent
+
+
+def test_levels_equal_a_stack_walk_on_deep_and_wide_nesting():
+    """_levels' parents (each level's positions searched among the level above's) equal a stack walk's on
+    nested lanes: random trees, a chain 300 calls deep (past a uint8 depth) with siblings at every level,
+    zero-length calls, and lanes whose last call would otherwise be taken for the next lane's parent."""
+    from diagnostics.trace import model
+
+    rng = np.random.default_rng(11)
+
+    def tree(a: int, b: int, level: int, out: list) -> None:
+        t = a
+        while t < b and rng.random() < 0.8:
+            s = int(rng.integers(t, b))
+            e = int(rng.integers(s, b + 1))
+            out.append((s, e))
+            if e > s and level < 12:
+                tree(s, e, level + 1, out)
+            t = e + int(rng.integers(0, 3))
+
+    for case in range(12):
+        lanes = []
+        for ln in range(int(rng.integers(1, 4))):
+            spans: list = []
+            if case % 3 == 0:   # a deep chain, each level with a zero-length sibling and a leaf after it
+                deep = 300
+                spans += [(i * 4, 10_000 - i * 4) for i in range(deep)]
+                spans += [(i * 4 + 1, i * 4 + 1) for i in range(deep)]
+                spans += [(10_000 - i * 4 - 2, 10_000 - i * 4 - 1) for i in range(deep)]
+            tree(10_001 if spans else 0, 20_000, 0, spans)   # after the chain: all of it nests
+            lanes += [(ln, s, e) for s, e in spans or [(0, 5)]]
+        arr = np.array(lanes, dtype=np.float64)
+        lane, ts, end = arr[:, 0].astype(np.int64), arr[:, 1], arr[:, 2]
+        order = np.lexsort((-(end - ts), ts, lane))
+        lane, ts, end = lane[order], ts[order], end[order]
+        d, p = model._levels(ts, end, lane)
+        d_ref, p_ref = _stack_walk(ts, end, lane)
+        assert np.array_equal(d, d_ref) and np.array_equal(p, p_ref), case
+        if case % 3 == 0:
+            assert d.max() >= 300

@@ -30,6 +30,7 @@ from diagnostics.trace.errors import TraceError
 from diagnostics.trace.classify import communication, use_comm_kernels
 from diagnostics.trace.model import Trace
 from diagnostics.trace.overview import summary
+from diagnostics.trace.pages import small_pages
 from diagnostics.trace.records.ranks import Ranks
 from diagnostics.trace.records.timeline import Timeline
 
@@ -132,6 +133,11 @@ def _keep(trace, options: dict, result: TraceResult, artifact_dir) -> None:
 def analyze(ctx, options: dict) -> TraceResult:
     """Open one trace: summary, temporal breakdown, top operators/kernels, idle time, launches, timeline.
     A second open of an unchanged trace with the same options returns the stored result (_reopen)."""
+    with small_pages():   # a big trace's arrays: see diagnostics.trace.pages
+        return _analyze(ctx, options)
+
+
+def _analyze(ctx, options: dict) -> TraceResult:
     options = TRACE.validate(options)  # idempotent: the runner validated them too
     path = _require_path(options)
     kept = _reopen(ctx, path, options)
