@@ -4,6 +4,7 @@ rest; the Trace equals the one-process load to the last value, and any doubt abo
 import gzip
 import io
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -259,3 +260,19 @@ def test_bad_files_say_the_same_with_split(small_split, tmp_path):
         with pytest.raises(ingest.TraceError) as split:
             load_trace(p, split=True)
         assert str(split.value) == str(alone.value), name
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=lambda p: p.name)
+def test_columns_joined_by_two_threads_equal_those_joined_by_one(monkeypatch, path):
+    """A big trace's column chunks are joined by two threads (ingest._joined): the same Trace as one
+    thread's join, in small blocks (many chunks per column)."""
+    monkeypatch.setattr(ingest, "BLOCK_BYTES", 1 << 16)
+    one = load_trace(path)
+    monkeypatch.setattr(ingest, "JOIN_THREADS_MIN_BYTES", 0)
+    monkeypatch.setattr(ingest, "_cores", lambda: 2)
+    seen = []
+    real = ingest.np.concatenate
+    monkeypatch.setattr(ingest.np, "concatenate", lambda parts, *a, **k: (
+        seen.append(threading.current_thread().name), real(parts, *a, **k))[1])
+    _same(load_trace(path), one)
+    assert any(n.startswith("torchscope-join") for n in seen)
