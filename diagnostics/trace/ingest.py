@@ -60,9 +60,9 @@ GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trac
 # 0.34 s + 3.6 s/GB against 5.9 s/GB: even at ~150 MB, a clear gain from ~250 MB).
 SPLIT_MIN_BYTES = 256 << 20
 SPLIT_SHARE = {False: 0.44, True: 0.42}     # the helper's share of the events' bytes, by is_gz
-SPLIT_SEARCH_BYTES = 64 << 20
+SPLIT_SEARCH_BYTES = 64 << 20   # how far past the split point an event boundary is looked for
 #: From this many bytes of columns, two threads join their chunks (_joined).
-JOIN_THREADS_MIN_BYTES = 64 << 20   # how far past the split point an event boundary is looked for
+JOIN_THREADS_MIN_BYTES = 64 << 20
 # A .gz that expands more than GZ_BOMB_RATIO-fold past GZ_BOMB_MIN_BYTES is a decompression bomb
 # (whitespace or one repeated byte), not a trace: real traces expand 5-30 fold.
 GZ_BOMB_RATIO = 200

@@ -11,6 +11,7 @@ back what was there after. It changes how memory is mapped, never a value.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -26,16 +27,29 @@ def _switch():
     return None
 
 
+_lock = threading.Lock()
+_inside = 0        # blocks open now, in any thread
+_before = None     # numpy's setting when the first of them opened
+
+
 @contextmanager
 def small_pages() -> Iterator[None]:
-    """numpy's large arrays made without the huge-page request while the block runs (the setting is the
-    process', so a thread beside the block gets small pages too: only its speed can change)."""
+    """numpy's large arrays made without the huge-page request while the block runs. The setting is the
+    process': a thread beside the block gets small pages too (only its speed can change), and blocks open in
+    several threads at once (a Dask worker's tasks) put the setting back when the last of them ends."""
+    global _inside, _before
     switch = _switch()
     if switch is None:
         yield
         return
-    before = switch(False)
+    with _lock:
+        if _inside == 0:
+            _before = switch(False)
+        _inside += 1
     try:
         yield
     finally:
-        switch(before)
+        with _lock:
+            _inside -= 1
+            if _inside == 0:
+                switch(_before)

@@ -399,3 +399,42 @@ def test_small_pages_turns_numpys_huge_page_request_off_for_the_block_and_puts_i
             assert ma._get_madvise_hugepage() is setting
     finally:
         ma._set_madvise_hugepage(before)
+
+
+def test_small_pages_in_overlapping_threads_put_numpys_setting_back_when_the_last_one_ends():
+    """Two blocks open at once in two threads, the first to open ending first: numpy's request stays off
+    until the second ends, then is what it was before the first (not the off the second found)."""
+    import threading
+
+    from numpy._core import multiarray as ma
+
+    from diagnostics.trace.pages import small_pages
+
+    before = ma._get_madvise_hugepage()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def first():
+        with small_pages():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second():
+        first_in.wait(10)
+        with small_pages():
+            second_in.set()
+            first_out.wait(10)
+            seen["inside after the first ended"] = ma._get_madvise_hugepage()
+
+    try:
+        ma._set_madvise_hugepage(True)
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert seen == {"inside after the first ended": False}
+        assert ma._get_madvise_hugepage() is True
+    finally:
+        ma._set_madvise_hugepage(before)
