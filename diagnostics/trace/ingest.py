@@ -54,12 +54,18 @@ GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trac
 # processes on a machine with two usable cores or more: a helper (diagnostics.trace._first_part) decodes
 # the first part of the event array while this process decodes the rest. The helper's share is a little
 # under half: it starts an interpreter first (~0.2 s), and this process skips its part by seeking (.json).
-# On a .gz this process must inflate the helper's part to get past it, so the helper takes less.
+# On a .gz this process must inflate the helper's part to get past it, so the helper takes less. A .json on a
+# machine with more cores is read by one helper per spare core (SPLIT_MAX_HELPERS at most), each part chained to
+# the next at an event boundary (_split_targets; measured on 2 cores only: the parts' sizes for more are the
+# one-helper ratio, not a measurement).
 # Below it the helper's start (an interpreter and its imports: ~0.3 s) costs more than it saves: measured
 # 0.70 s split against 0.64 s alone on the 100 MB trace, 3.5 s against 5.9 s on the 1 GB one (about
 # 0.34 s + 3.6 s/GB against 5.9 s/GB: even at ~150 MB, a clear gain from ~250 MB).
 SPLIT_MIN_BYTES = 256 << 20
 SPLIT_SHARE = {False: 0.44, True: 0.42}     # the helper's share of the events' bytes, by is_gz
+#: Helpers at most for a .json on a machine with more cores (one per core beside this process; a .gz has one:
+#: each further helper would inflate everything before its part again).
+SPLIT_MAX_HELPERS = 7
 SPLIT_SEARCH_BYTES = 64 << 20   # how far past the split point an event boundary is looked for
 #: From this many bytes of columns, two threads join their chunks (_joined).
 JOIN_THREADS_MIN_BYTES = 64 << 20
@@ -456,6 +462,36 @@ def _split_target(start: int, decoded: int, is_gz: bool) -> int:
     return start + int((decoded - start) * SPLIT_SHARE[is_gz])
 
 
+def _split_targets(start: int, decoded: int, is_gz: bool, helpers: int) -> list[int]:
+    """The decoded offsets where the parts of ``helpers`` helpers end (the last one: where this process's part
+    begins). One helper: SPLIT_SHARE. More (a .json on more cores): equal parts, this process's part larger by
+    the same ratio as with one (it starts at once; the helpers start a new interpreter)."""
+    if helpers <= 1:
+        return [_split_target(start, decoded, is_gz)]
+    share = SPLIT_SHARE[is_gz]
+    part = 1 / (helpers + (1 - share) / share)
+    return [start + int((decoded - start) * part * i) for i in range(1, helpers + 1)]
+
+
+def _find_split(it, buf: bytes, read_end: int, target: int) -> tuple[int, bytes, int] | None:
+    """Read on from ``it`` (``buf``: the bytes so far, ending at decoded offset ``read_end``) to the first event
+    boundary at or after ``target``: (its offset, the bytes after it from the next event on, read_end), or None
+    when none lies within SPLIT_SEARCH_BYTES of the target or the events end first."""
+    while True:
+        if read_end > target:
+            base = read_end - len(buf)
+            cut = _boundary_at_or_after(buf, base, target)
+            if cut >= 0:
+                return base + cut, buf[cut + 1:].lstrip(_WS_COMMA), read_end
+            if read_end - target > SPLIT_SEARCH_BYTES:
+                return None
+        block = next(it, None)
+        if block is None:
+            return None
+        read_end += len(block)
+        buf = (buf + block if buf else block) if read_end > target else b""
+
+
 def _boundary_at_or_after(buf: bytes, base: int, target: int) -> int:
     """Index in ``buf`` (which starts at decoded offset ``base``) of the `}` of the first event boundary
     starting at or after ``target``, or -1."""
@@ -463,12 +499,15 @@ def _boundary_at_or_after(buf: bytes, base: int, target: int) -> int:
     return -1 if m is None else m.start()
 
 
-def first_part(path: Path, target: int, emit) -> dict:
-    """The helper's work: decode the events from the array's start to the split at or after ``target``,
-    handing each block's columns to ``emit`` (a part, as Columns.export makes) as they are made. Returns the
-    end record: {"end": True, "clean": True, "split": the decoded offset of the split's `}`}, or "clean":
-    False when the split's last events do not decode as a whole (or no boundary qualifies)."""
+def first_part(path: Path, target: int, emit, start: int | None = None) -> dict:
+    """The helper's work: decode the events from the array's start (or, with ``start``, a .json's only, from the
+    first event boundary at or after it) to the split at or after ``target``, handing each block's columns to
+    ``emit`` (a part, as Columns.export makes) as they are made. Returns the end record: {"end": True, "clean":
+    True, "split": the decoded offset of the split's `}`} (with ``start``, also "from": the boundary it began
+    after), or "clean": False when the split's last events do not decode as a whole (or no boundary
+    qualifies)."""
     not_clean = {"end": True, "clean": False}
+    begun = {}
 
     def put(cols: Columns) -> None:
         if cols.n or cols.skipped:
@@ -478,6 +517,14 @@ def first_part(path: Path, target: int, emit) -> dict:
     try:
         it = iter(blocks)
         _header_bytes, buf, _bare, read_end = _header(it, path.name)
+        if start is not None:   # a middle part: from the first boundary at or after ``start``
+            blocks.close()
+            blocks = _plain_blocks(path, start)
+            it = iter(blocks)
+            found = _find_split(it, b"", start, start)
+            if found is None:
+                return not_clean
+            begun["from"], buf, read_end = found
         while True:
             if read_end > target:
                 base = read_end - len(buf)
@@ -489,7 +536,7 @@ def first_part(path: Path, target: int, emit) -> dict:
                     except DECODE_ERRORS:
                         return not_clean
                     put(cols)
-                    return {"end": True, "clean": True, "split": base + cut}
+                    return {"end": True, "clean": True, "split": base + cut, **begun}
                 if read_end - target > SPLIT_SEARCH_BYTES:
                     return not_clean
             block = next(it, None)
@@ -602,13 +649,14 @@ def read_records(buf) -> tuple[list, dict | None]:
         parts.append(rec)
 
 
-def _start_helper(path: Path, target: int, out_fd: int):
-    """The helper process, writing its records to ``out_fd`` (an unlinked temporary file: it never waits
+def _start_helper(path: Path, target: int, out_fd: int, start: int | None = None):
+    """A helper process, writing its records to ``out_fd`` (an unlinked temporary file: it never waits
     on this process, and nothing is left behind if either is killed)."""
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    argv = [sys.executable, "-m", "diagnostics.trace._first_part", str(path), str(target)]
     try:
-        return subprocess.Popen([sys.executable, "-m", "diagnostics.trace._first_part", str(path), str(target)],
+        return subprocess.Popen(argv + ([] if start is None else [str(start)]),
                                 stdin=subprocess.DEVNULL, stdout=out_fd, stderr=subprocess.DEVNULL,
                                 env=env, cwd=root)
     except OSError:
@@ -616,67 +664,67 @@ def _start_helper(path: Path, target: int, out_fd: int):
 
 
 def _load_split(path: Path, name: str, size: int, allow_truncated: bool) -> Trace | None:
-    """load_trace by two processes (see above); None when the trace is too small to split or the
-    split is in doubt (the caller then reads it the ordinary way)."""
+    """load_trace by this process and helper processes (see above); None when the trace is too small to
+    split or the split is in doubt (the caller then reads it the ordinary way)."""
     source, path = str(path), path.resolve()
     blocks, is_gz = _open_blocks(path)
-    helper = spool = None
+    helpers: list = []   # (process, spool)
     try:
         it = iter(blocks)
         header, buf, bare, read_end = _header(it, name)
         start = read_end - len(buf)
         decoded = _decoded_size(path, size, is_gz)
-        if decoded - start < SPLIT_MIN_BYTES or _cores() < 2:
+        cores = _cores()
+        if decoded - start < SPLIT_MIN_BYTES or cores < 2:
             return None
-        target = _split_target(start, decoded, is_gz)
-        try:
-            spool = tempfile.TemporaryFile(prefix="torchscope-trace-part-")
-        except OSError:   # no room for the helper's columns: read alone
-            return None
-        helper = _start_helper(path, target, spool.fileno())
-        if helper is None:
-            return None
-        if not is_gz:  # skip the helper's part: read from the target on
+        n = 1 if is_gz else max(1, min(SPLIT_MAX_HELPERS, cores - 1))
+        targets = _split_targets(start, decoded, is_gz, n)
+        for i, target in enumerate(targets):
+            try:
+                spool = tempfile.TemporaryFile(prefix="torchscope-trace-part-")
+            except OSError:   # no room for the helpers' columns: read alone
+                return None
+            proc = _start_helper(path, target, spool.fileno(), None if i == 0 else targets[i - 1])
+            helpers.append((proc, spool))
+            if proc is None:
+                return None
+        target = targets[-1]
+        if not is_gz:  # skip the helpers' parts: read from the last target on
             blocks.close()
             blocks = _plain_blocks(path, target)
             it, buf, read_end = iter(blocks), b"", target
-        while True:  # find the split
-            if read_end > target:
-                base = read_end - len(buf)
-                cut = _boundary_at_or_after(buf, base, target)
-                if cut >= 0:
-                    split_at, carry = base + cut, buf[cut + 1:].lstrip(_WS_COMMA)
-                    break
-                if read_end - target > SPLIT_SEARCH_BYTES:
-                    return None
-            block = next(it, None)
-            if block is None:
-                return None
-            read_end += len(block)
-            buf = (buf + block if buf else block) if read_end > target else b""
+        found = _find_split(it, buf, read_end, target)
+        if found is None:
+            return None
+        split_at, carry, read_end = found
         out = _Merger()
         try:
             carry, read = _event_blocks(it, out, carry, None)
             meta = _array_end(out, carry, header, bare, name, allow_truncated, read_end + read)
         except TraceError:  # real (a truncated file), or a split inside a string: the caller reads it alone
             return None
-        if helper.wait() != 0:
-            return None
-        spool.seek(0)
-        parts, end = read_records(spool.read())
-        if end is None or end.get("clean") is not True or end.get("split") != split_at:
-            return None
         merged = _Merger()
-        for part in parts:
-            merged.add(part)
-        del parts
+        begin = None   # where the next part must begin: the previous part's split
+        for proc, spool in helpers:
+            if proc.wait() != 0:
+                return None
+            spool.seek(0)
+            parts, end = read_records(spool.read())
+            if end is None or end.get("clean") is not True or end.get("from") != begin:
+                return None
+            begin = end.get("split")
+            for part in parts:
+                merged.add(part)
+            del parts
+        if begin != split_at:
+            return None
         merged.add_merger(out)
         return _build(merged, meta, source, read_end + read, name)
     finally:
-        if helper is not None and helper.poll() is None:
-            helper.kill()
-            helper.wait()
-        if spool is not None:
+        for proc, spool in helpers:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
             spool.close()
         blocks.close()
 
@@ -690,9 +738,10 @@ def load_trace(path, allow_truncated: bool = False, workers: int | None = None, 
     traceEvents, is truncated (unless allow_truncated: then the complete events before the cut
     are kept, with a warning) or holds no timed event. `workers`: decoding processes (None:
     AUTO_WORKERS for traces over PARALLEL_MIN_BYTES, else none; 0 or 1: decode here). `split`: a
-    trace of SPLIT_MIN_BYTES or more is read by this process and one helper process together, on a
-    machine with two usable cores (the Trace explorer's single trace; not the per-rank workers, which
-    already fill the cores). The result is the same Trace either way.
+    trace of SPLIT_MIN_BYTES or more is read by this process and helper processes together, on a machine with
+    two usable cores or more (one helper; a .json: one per spare core, SPLIT_MAX_HELPERS at most) (the Trace
+    explorer's single trace; not the per-rank workers, which already fill the cores). The result is the same
+    Trace either way.
     """
     path = Path(path)
     name = path.name

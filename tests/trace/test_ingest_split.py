@@ -276,3 +276,43 @@ def test_columns_joined_by_two_threads_equal_those_joined_by_one(monkeypatch, pa
         seen.append(threading.current_thread().name), real(parts, *a, **k))[1])
     _same(load_trace(path), one)
     assert any(n.startswith("torchscope-join") for n in seen)
+
+
+@pytest.mark.parametrize("path", PUBLIC, ids=lambda p: p.name)
+def test_a_json_is_read_by_one_helper_per_spare_core(small_split, monkeypatch, tmp_path, path):
+    """On four cores a .json is read by three helpers and this process: the first helper from the array's
+    start, the others each from the first event boundary at or after the part before theirs ends, all four
+    parts chained boundary to boundary. The same Trace as one process, to the last value; a .gz keeps one
+    helper (a second would inflate everything before its part again)."""
+    monkeypatch.setattr(ingest, "_cores", lambda: 4)
+    p = tmp_path / path.name.removesuffix(".gz")
+    p.write_bytes(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes())
+    started = []
+    real = ingest._start_helper
+    monkeypatch.setattr(ingest, "_start_helper", lambda *a: started.append(a) or real(*a))
+    split, whole = _split(p)
+    assert split is not None, "the split load fell back on a clean trace"
+    _same(split, whole)
+    targets = [a[1] for a in started]
+    assert len(started) == 3 and targets == sorted(targets)
+    assert [a[3] if len(a) > 3 else None for a in started] == [None] + targets[:-1]
+    if path.suffix == ".gz":
+        started.clear()
+        _same(ingest._load_split(path, path.name, path.stat().st_size, False), load_trace(path, workers=0))
+        assert len(started) == 1
+
+
+def test_a_middle_helper_starting_inside_a_string_is_not_clean(tmp_path):
+    """A middle part's helper begins after the first `}, {` at or after its start: one inside a name is no
+    event boundary, its first events do not decode, and it says so (the caller then reads the trace alone)."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1}
+              for i in range(300)]
+    events[150]["name"] = "a}, {b" + "x" * 50
+    p = tmp_path / "t.json"
+    p.write_bytes(json.dumps({"traceEvents": events}).encode())
+    data = p.read_bytes()
+    inside = data.index(b"a}, {b")
+    end = ingest.first_part(p, len(data) - 200, lambda part: None, start=inside - 5)
+    assert end["clean"] is False
+    ok = ingest.first_part(p, len(data) - 200, lambda part: None, start=inside + 20)
+    assert ok["clean"] is True and ok["from"] == BOUNDARY.search(data, inside + 20).start()
