@@ -54,13 +54,13 @@ GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trac
 # processes on a machine with two usable cores or more: a helper (diagnostics.trace._first_part) decodes
 # the first part of the event array while this process decodes the rest. The helper's share is a little
 # under half: it starts an interpreter first (~0.2 s), and this process skips its part by seeking (.json).
-# On a .gz this process must inflate the helper's part to get past it, so the helper takes less. A .json on a
-# machine with more cores is read by one helper per spare core (SPLIT_MAX_HELPERS at most), each part chained to
-# the next at an event boundary (_split_targets; measured on 2 cores only: the parts' sizes for more are the
-# one-helper ratio, not a measurement).
-# Below it the helper's start (an interpreter and its imports: ~0.3 s) costs more than it saves: measured
-# 0.70 s split against 0.64 s alone on the 100 MB trace, 3.5 s against 5.9 s on the 1 GB one (about
-# 0.34 s + 3.6 s/GB against 5.9 s/GB: even at ~150 MB, a clear gain from ~250 MB).
+# On a .gz this process must inflate the helper's part to get past it, so the helper takes less.
+# Below SPLIT_MIN_BYTES the helper's start (an interpreter and its imports: ~0.3 s) costs more than it saves:
+# measured 0.70 s split against 0.64 s alone on the 100 MB trace, 3.5 s against 5.9 s on the 1 GB one (about
+# 0.34 s + 3.6 s/GB against 5.9 s/GB: even at ~150 MB, a clear gain from ~250 MB). A .json on a machine with
+# more cores is read by one helper per spare core (SPLIT_MAX_HELPERS at most), each part chained to the next at
+# an event boundary (_split_targets; measured on 2 cores only: the parts' sizes for more are the one-helper
+# ratio, not a measurement).
 SPLIT_MIN_BYTES = 256 << 20
 SPLIT_SHARE = {False: 0.44, True: 0.42}     # the helper's share of the events' bytes, by is_gz
 #: Helpers at most for a .json on a machine with more cores (one per core beside this process; a .gz has one:
@@ -513,14 +513,13 @@ def first_part(path: Path, target: int, emit, start: int | None = None) -> dict:
         if cols.n or cols.skipped:
             emit(cols.export())
 
-    blocks, _ = _open_blocks(path)
+    # a middle part reads from ``start`` on (a .json: the caller read the header and checked the array)
+    blocks = _open_blocks(path)[0] if start is None else _plain_blocks(path, start)
     try:
         it = iter(blocks)
-        _header_bytes, buf, _bare, read_end = _header(it, path.name)
-        if start is not None:   # a middle part: from the first boundary at or after ``start``
-            blocks.close()
-            blocks = _plain_blocks(path, start)
-            it = iter(blocks)
+        if start is None:
+            _header_bytes, buf, _bare, read_end = _header(it, path.name)
+        else:   # from the first boundary at or after ``start``
             found = _find_split(it, b"", start, start)
             if found is None:
                 return not_clean
@@ -677,7 +676,7 @@ def _load_split(path: Path, name: str, size: int, allow_truncated: bool) -> Trac
         cores = _cores()
         if decoded - start < SPLIT_MIN_BYTES or cores < 2:
             return None
-        n = 1 if is_gz else max(1, min(SPLIT_MAX_HELPERS, cores - 1))
+        n = 1 if is_gz else min(SPLIT_MAX_HELPERS, cores - 1)
         targets = _split_targets(start, decoded, is_gz, n)
         for i, target in enumerate(targets):
             try:
