@@ -367,9 +367,9 @@ def report(files: dict, results: dict, tools: list[str], runs: int) -> str:
               "read in 16 MB blocks (gunzipped by ISA-L in a background thread), each block is "
               "cut at its last event boundary and decoded in one msgspec call into structs that "
               "keep only the fields the analyses use, which become numpy columns at once. Peak "
-              "memory is the columns (~70 bytes an event) plus a few blocks. Decoding in two "
-              "worker processes (load_trace(..., workers=2)) was measured at about twice the CPU "
-              "time and no faster on this 2-core machine, so it is off by default.", ""]
+              "memory is the columns (~70 bytes an event) plus a few blocks. A big trace is read "
+              "by split helpers that hand their columns back as checked records (never a pickle; "
+              "the \"Trace first answer\" section).", ""]
     return "\n".join(lines)
 
 

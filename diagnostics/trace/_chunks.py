@@ -571,18 +571,3 @@ def resync(cols: Columns, buf: bytes) -> bytes:
     cut = m.start() + 1
     cols.warn(f"skipped {cut:,} bytes that do not parse as trace events")
     return buf[cut:].lstrip(b" \t\r\n,")
-
-
-
-
-def decode_slice(buf: bytes) -> dict | None:
-    """Decode a slice of whole events ("{...}, {...}"); None if it does not decode as a whole.
-
-    Run in worker processes; the caller then redoes the slice (and the rest) in order.
-    """
-    cols = Columns()
-    try:
-        cols.add(_decode_events(b"[" + buf + b"]"))
-    except DECODE_ERRORS:
-        return None
-    return cols.export()

@@ -100,7 +100,7 @@ def cache_key(file_stamp: dict, options: dict) -> str:
 
 
 def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: bool = False,
-                workers: int | None = None, limit: int | None = None, defer_write: bool = False,
+                limit: int | None = None, defer_write: bool = False,
                 split: bool = False) -> tuple[Trace, bool]:
     """load_trace(path) through the cache in ``root``: (trace, True) when it was read from the cache.
 
@@ -114,7 +114,7 @@ def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: b
 
     limit = max_bytes() if limit is None else limit
     if root is None or limit <= 0:
-        return load_trace(path, allow_truncated=allow_truncated, workers=workers, split=split), False
+        return load_trace(path, allow_truncated=allow_truncated, split=split), False
     root = Path(root)
     file_stamp = stamp(path)
     key = cache_key(file_stamp, {"allow_truncated": bool(allow_truncated)})
@@ -123,7 +123,7 @@ def cached_load(path: str | Path, root: str | Path | None, *, allow_truncated: b
         trace.source = str(path)
         trace._cache[ENTRY] = root / key
         return trace, True
-    trace = load_trace(path, allow_truncated=allow_truncated, workers=workers, split=split)
+    trace = load_trace(path, allow_truncated=allow_truncated, split=split)
     if stamp(path) == file_stamp:  # not rewritten while it was being read
         trace._cache[_PENDING] = (root, key, file_stamp, limit)
         if not defer_write:

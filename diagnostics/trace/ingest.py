@@ -13,7 +13,6 @@ events are skipped, counted in Trace.skipped_events and described in Trace.warni
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue
 import re
@@ -21,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections import deque
 from pathlib import Path
 from typing import Iterator
 
@@ -29,13 +27,12 @@ import numpy as np
 import orjson
 
 from diagnostics.trace._chunks import (
-    BOUNDARY, DECODE_ERRORS, INT_TYPES, LAUNCH_FIELDS, MAX_EVENT_BYTES, MAX_WARNINGS, NUMERIC_FIELDS, SKIPPING,
-    STRING_FIELDS, Columns, _decode_events, _Interner, consume, consume_block, consume_spans, decode_slice,
-    last_boundary, resync, scan,
+    BOUNDARY, DECODE_ERRORS, INT_TYPES, LAUNCH_FIELDS, MAX_WARNINGS, NUMERIC_FIELDS, SKIPPING,
+    STRING_FIELDS, Columns, _decode_events, _Interner, consume, consume_block, consume_spans,
+    last_boundary, scan,
 )
 from diagnostics.trace.classify import KNOWN_CATS
 from diagnostics.trace.errors import TraceError
-from diagnostics.trace.mainless import plain_main
 from diagnostics.trace.model import COLUMNS, Trace
 from diagnostics.trace.pages import small_pages
 
@@ -47,8 +44,6 @@ except ImportError:  # pragma: no cover - depends on the environment
 BLOCK_BYTES = 16 << 20          # decoded bytes handed to the parser at a time
 GZ_READ_BYTES = 1 << 20         # compressed bytes read at a time
 HEADER_LIMIT_BYTES = 64 << 20   # the traceEvents array must start within this many bytes
-PARALLEL_MIN_BYTES = 48 << 20   # decoded size from which workers may be used (AUTO_WORKERS)
-AUTO_WORKERS = 0                # decoding processes used by default for big traces
 GZ_RATIO_GUESS = 8              # decoded / compressed size, to guess a .gz trace's size
 # load_trace(split=True): a trace whose events take at least SPLIT_MIN_BYTES (decoded) is read by two
 # processes on a machine with two usable cores or more: a helper (diagnostics.trace._first_part) decodes
@@ -235,34 +230,13 @@ class _Merger:
             self.warnings.append(message)
 
 
-def _pool(expected_bytes: int, workers: int | None):
-    """A worker pool when asked for (workers >= 2), else None.
-
-    Off by default: on the 2-core machines this targets, two decoding processes beside the
-    reader took twice the CPU time and were slower than decoding here (see docs/BENCHMARKS.md).
-    """
-    if workers is None:
-        workers = AUTO_WORKERS if expected_bytes >= PARALLEL_MIN_BYTES else 0
-    if workers < 2 or multiprocessing.current_process().daemon:
-        return None
-    # fork is cheap; with other threads alive (a Streamlit server) forkserver is the safe choice.
-    method = "fork" if threading.active_count() == 1 else "forkserver"
-    if method not in multiprocessing.get_all_start_methods():
-        method = "spawn"
-    try:
-        with plain_main():  # the pool starts its workers here
-            return multiprocessing.get_context(method).Pool(workers)
-    except OSError:
-        return None
-
-
-def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool, pool) -> tuple:
+def _parse(blocks: Iterator[bytes], name: str, allow_truncated: bool) -> tuple:
     """(the merged columns, the trace's metadata, the decoded bytes read) of the blocks of one file:
-    its header, its events (in ``pool``'s workers when there is one), the end of its array."""
+    its header, its events, the end of its array."""
     out = _Merger()
     it = iter(blocks)
     header, carry, bare, total = _header(it, name)
-    carry, read = _event_blocks(it, out, carry, pool)
+    carry, read = _event_blocks(it, out, carry)
     meta = _array_end(out, carry, header, bare, name, allow_truncated, total + read)
     return out, meta, total + read
 
@@ -296,46 +270,15 @@ def _header(it: Iterator[bytes], name: str) -> tuple[bytes, bytes, bool, int]:
     return head[:start - 1], head[start:], bare, total
 
 
-def _event_blocks(it: Iterator[bytes], out: _Merger, carry: bytes, pool) -> tuple[bytes, int]:
-    """The events: cut each buffer at its last event boundary and decode the part before it, in the
-    workers (in flight, results taken in order) or here. Returns what is left after the last boundary
-    and the bytes read."""
+def _event_blocks(it: Iterator[bytes], out: _Merger, carry: bytes) -> tuple[bytes, int]:
+    """The events: each block is cut at its last event boundary and the part before it decoded here.
+    Returns what is left after the last boundary and the bytes read."""
     total = 0
-    inflight: deque = deque()
-    max_inflight = 2 * (pool._processes if pool else 0)
-
-    def settle(limit: int) -> bool:
-        """Take finished slices in order; False once one failed (then all go sequential)."""
-        nonlocal carry
-        while len(inflight) > limit:
-            raw, res = inflight.popleft()
-            part = res.get()
-            if part is None:  # redo this slice and all later ones here, in order
-                rest = b"".join([raw] + [r for r, _ in inflight]) + carry
-                inflight.clear()
-                carry = _consume_all(out, rest)
-                return False
-            out.add(part)
-        return True
-
-    parallel = pool is not None
     for block in it:
         total += len(block)
-        if not parallel:
-            cols = Columns()
-            carry = consume_block(cols, carry, block)
-            out.add_columns(cols)
-            continue
-        buf = carry + block if carry else block
-        cut = last_boundary(buf)
-        if cut < 0:
-            carry = buf if len(buf) <= MAX_EVENT_BYTES else _resync_into(out, buf)
-            continue
-        raw, carry = buf[:cut + 1], buf[cut + 1:]
-        inflight.append((raw, pool.apply_async(decode_slice, (raw.lstrip(_WS_COMMA),))))
-        parallel = settle(max_inflight)
-    if parallel:
-        settle(0)
+        cols = Columns()
+        carry = consume_block(cols, carry, block)
+        out.add_columns(cols)
     return carry, total
 
 
@@ -368,20 +311,6 @@ def _array_end(out: _Merger, carry: bytes, header: bytes, bare: bool, name: str,
     consume_spans(cols, buf[:close], starts, ends, whole=True)
     out.add_columns(cols)
     return _meta(header, buf[close + 1:], bare, out)
-
-
-def _consume_all(out: _Merger, buf: bytes) -> bytes:
-    cols = Columns()
-    rest = consume(cols, buf)
-    out.add_columns(cols)
-    return rest
-
-
-def _resync_into(out: _Merger, buf: bytes) -> bytes:
-    cols = Columns()
-    rest = resync(cols, buf)
-    out.add_columns(cols)
-    return rest
 
 
 def _raise_no_events(name: str, head: bytes) -> None:
@@ -698,7 +627,7 @@ def _load_split(path: Path, name: str, size: int, allow_truncated: bool) -> Trac
         split_at, carry, read_end = found
         out = _Merger()
         try:
-            carry, read = _event_blocks(it, out, carry, None)
+            carry, read = _event_blocks(it, out, carry)
             meta = _array_end(out, carry, header, bare, name, allow_truncated, read_end + read)
         except TraceError:  # real (a truncated file), or a split inside a string: the caller reads it alone
             return None
@@ -730,13 +659,12 @@ def _load_split(path: Path, name: str, size: int, allow_truncated: bool) -> Trac
 
 # ---- public ----------------------------------------------------------------------------------
 
-def load_trace(path, allow_truncated: bool = False, workers: int | None = None, split: bool = False) -> Trace:
+def load_trace(path, allow_truncated: bool = False, split: bool = False) -> Trace:
     """Load a torch.profiler / Kineto trace (.json, .json.gz, *.pt.trace.json.gz) into a Trace.
 
     Raises TraceError when the file is missing, not gzip though named .gz, not JSON, has no
     traceEvents, is truncated (unless allow_truncated: then the complete events before the cut
-    are kept, with a warning) or holds no timed event. `workers`: decoding processes (None:
-    AUTO_WORKERS for traces over PARALLEL_MIN_BYTES, else none; 0 or 1: decode here). `split`: a
+    are kept, with a warning) or holds no timed event. `split`: a
     trace of SPLIT_MIN_BYTES or more is read by this process and helper processes together, on a machine with
     two usable cores or more (one helper; a .json: one per spare core, SPLIT_MAX_HELPERS at most) (the Trace
     explorer's single trace; not the per-rank workers, which already fill the cores). The result is the same
@@ -750,21 +678,18 @@ def load_trace(path, allow_truncated: bool = False, workers: int | None = None, 
     if size == 0:
         raise TraceError(f"{name}: the file is empty")
     with small_pages():
-        return _load(path, name, size, allow_truncated, workers, split)
+        return _load(path, name, size, allow_truncated, split)
 
 
-def _load(path: Path, name: str, size: int, allow_truncated: bool, workers: int | None, split: bool) -> Trace:
-    if split and not workers:
+def _load(path: Path, name: str, size: int, allow_truncated: bool, split: bool) -> Trace:
+    if split:
         got = _load_split(path, name, size, allow_truncated)
         if got is not None:
             return got
-    blocks, is_gz = _open_blocks(path)
-    pool = _pool(size * GZ_RATIO_GUESS if is_gz else size, workers)
+    blocks, _ = _open_blocks(path)
     try:
-        merged, meta, total = _parse(blocks, name, allow_truncated, pool)
+        merged, meta, total = _parse(blocks, name, allow_truncated)
     finally:
-        if pool is not None:
-            pool.terminate()
         blocks.close()
     return _build(merged, meta, str(path), total, name)
 

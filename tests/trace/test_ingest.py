@@ -74,17 +74,16 @@ def test_kernel_launch_and_autograd_args_are_kept():
     assert (cpu["fwd_tid"] > 0).any() and (cpu["seq"] >= 0).any()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_launch_dims_survive_slices_and_workers(tmp_path, monkeypatch, workers):
+def test_launch_dims_survive_slices(tmp_path, monkeypatch):
     """Each slice interns its own grid table; the merge re-codes them (absent stays absent)."""
     doc = json.loads(GPU.read_text())
     for i, e in enumerate(doc["traceEvents"]):
         if e.get("cat") == "kernel":
             e["args"]["grid"] = [i, 1, 1]
     path = _write(tmp_path, "g.json", json.dumps(doc, indent=1))
-    whole = load_trace(path, workers=0)
+    whole = load_trace(path)
     monkeypatch.setattr(ingest, "BLOCK_BYTES", 600)
-    small = load_trace(path, workers=workers)
+    small = load_trace(path)
     assert small.strings("grid").tolist() == whole.strings("grid").tolist()
     kernels = whole.events["cat"] == "kernel"
     assert whole.strings("grid")[kernels.to_numpy()].tolist() == ["20×1×1", "21×1×1", "23×1×1", "37×1×1", "38×1×1"]
@@ -127,15 +126,14 @@ def test_plain_and_bare_array_and_compact_forms_agree(tmp_path):
     assert b.meta == {}
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_tiny_blocks_cut_everywhere(tmp_path, monkeypatch, workers):
+def test_tiny_blocks_cut_everywhere(tmp_path, monkeypatch):
     """Blocks far smaller than an event, a string holding '}, {', escapes: same result."""
     raw = _events(CPU)
     raw.insert(5, _x('weird }, { "name" \\ }', 1.0, 2.0, args={"note": "}, {"}))
     path = _write(tmp_path, "t.json", json.dumps({"traceEvents": raw, "traceName": "x"}, indent=1))
-    whole = load_trace(path, workers=0)
+    whole = load_trace(path)
     monkeypatch.setattr(ingest, "BLOCK_BYTES", 1000)
-    small = load_trace(path, workers=workers)
+    small = load_trace(path)
     assert len(small) == len(whole) == len(raw)
     assert small.skipped_events == 0
     assert small.strings("name").tolist() == whole.strings("name").tolist()
@@ -218,9 +216,8 @@ def test_corrupt_stretch_is_skipped_with_bounded_memory(tmp_path, monkeypatch):
     junk = '{"ph": "X", "name": "broken", "ts": 1, "args": {"a": "unterminated}, ' + "x" * 5000
     p = _write(tmp_path, "junk.json", '{"traceEvents": [' + junk + ", " + good + "]}")
     monkeypatch.setattr(ingest, "BLOCK_BYTES", 2000)
-    monkeypatch.setattr(ingest, "MAX_EVENT_BYTES", 4000)
     monkeypatch.setattr(_chunks, "MAX_EVENT_BYTES", 4000)
-    t = load_trace(p, workers=0)
+    t = load_trace(p)
     assert t.skipped_events >= 1
     assert 150 <= len(t) <= 200
     assert t.strings("name")[-1] == "op199"
@@ -234,9 +231,8 @@ def test_one_event_larger_than_the_limit_is_skipped_not_called_truncated(tmp_pat
     p = _write(tmp_path, "huge.json", '{"traceEvents": [' + json.dumps(_x("first", 0, 1)) + ", " + huge + ", "
                + after + "]}")
     monkeypatch.setattr(ingest, "BLOCK_BYTES", 2000)
-    monkeypatch.setattr(ingest, "MAX_EVENT_BYTES", 4000)
     monkeypatch.setattr(_chunks, "MAX_EVENT_BYTES", 4000)
-    t = load_trace(p, workers=0)
+    t = load_trace(p)
     names = list(t.strings("name"))
     assert "huge" not in names and names[-1] == "op49" and len(names) >= 50
     assert t.skipped_events == 1
@@ -250,15 +246,14 @@ def test_a_whitespace_gzip_bomb_is_refused_as_a_bomb(tmp_path, monkeypatch):
     p.write_bytes(gzip.compress(body, 9))
     monkeypatch.setattr(ingest, "GZ_BOMB_MIN_BYTES", 1 << 20)
     with pytest.raises(TraceError, match=r"a decompression bomb, not a trace; refused"):
-        load_trace(p, workers=0)
+        load_trace(p)
 
 
 def test_whitespace_between_events_is_json_not_corruption(tmp_path, monkeypatch):
     doc = '{"traceEvents": [' + json.dumps(_x("a", 0, 1)) + "," + " " * 9000 + json.dumps(_x("b", 5, 1)) + "]}"
     monkeypatch.setattr(ingest, "BLOCK_BYTES", 2000)
-    monkeypatch.setattr(ingest, "MAX_EVENT_BYTES", 4000)
     monkeypatch.setattr(_chunks, "MAX_EVENT_BYTES", 4000)
-    t = load_trace(_write(tmp_path, "ws.json", doc), workers=0)
+    t = load_trace(_write(tmp_path, "ws.json", doc))
     assert list(t.strings("name")) == ["a", "b"] and t.skipped_events == 0
 
 

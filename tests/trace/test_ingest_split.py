@@ -44,7 +44,7 @@ def small_split(monkeypatch):
 def _split(path):
     """The split load itself (None: it fell back), and the one-process load."""
     path = Path(path)
-    return ingest._load_split(path, path.name, path.stat().st_size, False), load_trace(path, workers=0)
+    return ingest._load_split(path, path.name, path.stat().st_size, False), load_trace(path)
 
 
 @pytest.mark.parametrize("path", PUBLIC, ids=lambda p: p.name)
@@ -96,7 +96,7 @@ def test_helper_decodes_block_by_block_before_the_target(monkeypatch, tmp_path):
     assert n == data[:end["split"] + 1].count(b'"ph"')
     corr = np.concatenate(merged.arrays["corr"])
     assert corr.tolist() == list(range(n))
-    whole = load_trace(p, workers=0)
+    whole = load_trace(p)
     assert whole.column("corr")[:n].tolist() == corr.tolist()
 
 
@@ -144,7 +144,7 @@ def test_gz_and_truncated(small_split, tmp_path):
     cut.write_bytes(raw[: int(len(raw) * 0.8)])
     with pytest.raises(ingest.TraceError, match="truncated"):
         load_trace(cut, split=True)
-    _same(load_trace(cut, split=True, allow_truncated=True), load_trace(cut, allow_truncated=True, workers=0))
+    _same(load_trace(cut, split=True, allow_truncated=True), load_trace(cut, allow_truncated=True))
 
 
 def test_a_failing_helper_falls_back(small_split, monkeypatch):
@@ -256,7 +256,7 @@ def test_bad_files_say_the_same_with_split(small_split, tmp_path):
         p = tmp_path / name
         p.write_bytes(data)
         with pytest.raises(ingest.TraceError) as alone:
-            load_trace(p, workers=0)
+            load_trace(p)
         with pytest.raises(ingest.TraceError) as split:
             load_trace(p, split=True)
         assert str(split.value) == str(alone.value), name
@@ -298,7 +298,7 @@ def test_a_json_is_read_by_one_helper_per_spare_core(small_split, monkeypatch, t
     assert [a[3] if len(a) > 3 else None for a in started] == [None] + targets[:-1]
     if path.suffix == ".gz":
         started.clear()
-        _same(ingest._load_split(path, path.name, path.stat().st_size, False), load_trace(path, workers=0))
+        _same(ingest._load_split(path, path.name, path.stat().st_size, False), load_trace(path))
         assert len(started) == 1
 
 

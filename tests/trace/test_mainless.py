@@ -1,6 +1,7 @@
-"""Trace worker pools start under a main script that cannot run outside its host (an AppTest's page
+"""Trace worker processes start under a main script that cannot run outside its host (an AppTest's page
 function, Streamlit's page script): multiprocessing re-ran it in every worker, which died at start, and
-the pool replaced it forever (the suite's ingest tests hung 300 s after an AppTest test)."""
+a pool replaced it forever (the suite's ingest tests hung 300 s after an AppTest test). The Dask workers
+start under plain_main(); the split's helpers are `python -m` processes that never import the page."""
 
 import sys
 import threading
@@ -11,7 +12,8 @@ import pytest
 from diagnostics.trace import ingest, load_trace
 from diagnostics.trace.mainless import plain_main
 
-from tests.trace.test_ingest import CPU  # noqa: F401  (the small CPU trace the ingest tests use)
+from tests.trace.test_ingest import CPU  # the small CPU trace the ingest tests use
+from tests.trace.test_ingest_split import _same
 
 
 @pytest.fixture
@@ -32,17 +34,21 @@ def test_plain_main_hides_a_script_main_and_puts_it_back(hostile_main):
 
 
 @pytest.mark.timeout(120)
-def test_a_forkserver_pool_under_a_page_script_parses_as_one_process(hostile_main, tmp_path, monkeypatch):
+def test_split_helpers_under_a_page_script_give_the_one_process_trace(hostile_main, monkeypatch):
+    """The Trace explorer's split load inside Streamlit (a page script as main, other threads alive)."""
     stop = threading.Event()
-    alive = threading.Thread(target=stop.wait, daemon=True)  # another thread: the pool takes forkserver
+    alive = threading.Thread(target=stop.wait, daemon=True)
     alive.start()
+    monkeypatch.setattr(ingest, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(ingest, "_cores", lambda: 2)
     try:
-        whole = load_trace(str(CPU), workers=0)
-        monkeypatch.setattr(ingest, "BLOCK_BYTES", 4000)
-        split = load_trace(str(CPU), workers=2)
+        whole = load_trace(CPU)
+        split = ingest._load_split(CPU, CPU.name, CPU.stat().st_size, False)
     finally:
         stop.set()
-    assert len(split.events) == len(whole.events) > 0
+    assert split is not None, "the helper failed under a page-script main"
+    _same(split, whole)
+    assert sys.modules["__main__"] is hostile_main
 
 
 @pytest.mark.slow  # a LocalCluster of one worker process starts (a few seconds)
