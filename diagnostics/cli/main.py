@@ -324,6 +324,8 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop the worker, record it
     try:
         outcome = in_process(store, bar.update, cancel, on_partial) if in_process is not None else None
+        if outcome is None:
+            say_startup_notice()
         outcome = outcome or run_job(Job(name, spec, options), timeout_s=args.timeout, on_progress=bar.update,
                                      on_tick=bar.tick, store=store, source="cli", cancel=cancel,
                                      on_partial=on_partial)
@@ -445,17 +447,32 @@ def list_command() -> int:
     return EXIT_OK
 
 
+_NOTICE_SAID = []
+
+
+def say_startup_notice() -> None:
+    """Say once, before any job runs, when jobs will run without the full sandbox (sandbox.startup_notice).
+    A ``trace`` command says it only before a worker starts: answered in this process (a trace file read as
+    data, no model), it runs nothing to confine, and the check starts a process (50 ms of a first answer)."""
+    if _NOTICE_SAID:
+        return
+    _NOTICE_SAID.append(True)
+    from diagnostics.sandbox import startup_notice
+
+    notice = startup_notice()
+    if notice:
+        sys.stderr.write(f"warning: {notice}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":  # the user's own script: no worker, no sandbox (diagnostics.attach)
         from diagnostics.cli.attach import main as run_main
 
         return run_main(argv[1:])
-    from diagnostics.sandbox import startup_notice
-
-    notice = startup_notice()  # jobs will run without a sandbox: say so before anything runs
-    if notice:
-        sys.stderr.write(f"warning: {notice}\n")
+    _NOTICE_SAID.clear()   # once per command
+    if not (argv and argv[0] == "trace"):  # a trace job may answer here, running no model: said before a worker
+        say_startup_notice()
     if argv and argv[0] == "distributed":
         return int(_distributed_main()(argv[1:]) or 0)
     args = build_parser(argv[0] if argv else None).parse_args(argv)

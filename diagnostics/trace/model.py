@@ -299,7 +299,7 @@ def _levels(ts: np.ndarray, end: np.ndarray, lane: np.ndarray, redo: np.ndarray 
             first = int(todo[0])
         # [first, hi - lo) of the lane: the first event of a start time is its group's first (sorted by start)
         t, e = ts[lo + first:hi], end[lo:hi]
-        closed = np.searchsorted(np.sort(e), t, side="right")
+        closed = _searchsorted(np.sort(e), t, "right")
         zero = dur[lo + first:hi] == 0
         if zero.any():
             grp = np.r_[0, np.flatnonzero(np.diff(t)) + 1, t.size]
@@ -327,11 +327,35 @@ def _levels(ts: np.ndarray, end: np.ndarray, lane: np.ndarray, redo: np.ndarray 
                 kids = kids[redo[kids]]
             if not kids.size or not ups.size:
                 continue
-            pos = np.searchsorted(ups, kids) - 1
+            pos = _searchsorted(ups, kids, "left") - 1
             cand = ups[np.maximum(pos, 0)]
             ok = (pos >= 0) & (lane[cand] == lane[kids])
             par[kids[ok]] = cand[ok]
     return d, par
+
+
+#: Queries from which np.searchsorted is split between two threads (numpy searches without the GIL).
+THREADED_SEARCH_MIN = 1 << 18
+
+
+def _searchsorted(a: np.ndarray, v: np.ndarray, side: str) -> np.ndarray:
+    """np.searchsorted(a, v, side), its second half searched in another thread when ``v`` is large (the
+    Summary's nesting, the first answer of a big trace, while the other core is idle). The same result."""
+    if v.size < THREADED_SEARCH_MIN:
+        return np.searchsorted(a, v, side=side)
+    import threading
+
+    half = v.size // 2
+    out = np.empty(v.size, dtype=np.intp)
+
+    def second():
+        out[half:] = np.searchsorted(a, v[half:], side=side)
+
+    worker = threading.Thread(target=second, name="torchscope-search")
+    worker.start()
+    out[:half] = np.searchsorted(a, v[:half], side=side)
+    worker.join()
+    return out
 
 
 def innermost_self(ts: np.ndarray, end: np.ndarray) -> np.ndarray:

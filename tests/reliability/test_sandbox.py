@@ -641,3 +641,30 @@ def test_the_cli_says_at_start_up_when_jobs_run_without_namespaces(monkeypatch, 
     assert err.startswith("warning: jobs run in the Landlock sandbox without namespaces of their own (unshare (a user "
                           "namespace) failed (Operation not permitted)): Unix sockets are refused except socketpair()")
     assert "/dev/shm is shared" in err
+
+
+def test_a_trace_answered_in_the_cli_process_starts_no_namespace_check_and_a_worker_job_says_it(
+        monkeypatch, capsys, tmp_path):
+    """`trace analyze` of one file reads it in the CLI's own process (data, no model: nothing to confine), so it
+    says nothing of the sandbox and starts no namespace check (a process, ~50 ms of a first answer); the same
+    command through a worker (--timeout) says it before the worker starts."""
+    from diagnostics.cli.main import main
+
+    trace = Path(__file__).resolve().parents[1] / "data" / "traces" / "gpu_small.json"
+    asked = []
+
+    def support():
+        asked.append(True)
+        return False, "unshare (a user namespace) failed (Operation not permitted)"
+
+    monkeypatch.setattr(sandbox, "namespace_support", support)
+    argv = ["trace", "analyze", str(trace), "-q", "--no-report", "--data-dir", str(tmp_path / "data")]
+    assert main(argv) == 0
+    assert "namespaces" not in capsys.readouterr().err and not asked
+    if sandbox.setting() == "off" or not sandbox.probe().ok:
+        pytest.skip("no Landlock here: the notice is about the sandbox itself, not namespaces")
+    copy = tmp_path / "copy.json"   # (a file not read before: a reopen is answered here too)
+    copy.write_bytes(trace.read_bytes())
+    assert main(["trace", "analyze", str(copy), "--timeout", "120"] + argv[3:]) == 0
+    err = capsys.readouterr().err
+    assert asked and err.startswith("warning: jobs run in the Landlock sandbox without namespaces of their own")

@@ -156,6 +156,28 @@ def test_a_failing_helper_falls_back(small_split, monkeypatch):
     _same(load_trace(path, split=True), whole)
 
 
+def test_helpers_start_before_the_header_is_read_and_one_ending_inside_it_is_not_used(small_split, monkeypatch,
+                                                                                   tmp_path):
+    """The helper starts first (its interpreter starts while this process inflates its first block); its part is
+    measured from the file's start. A header past the helper's share (a trace whose other keys come first and
+    outweigh its events): the helper is not used, and the Trace is the one-process one."""
+    order = []
+    start_helper, header = ingest._start_helper, ingest._header
+    monkeypatch.setattr(ingest, "_start_helper", lambda *a: order.append("helper") or start_helper(*a))
+    monkeypatch.setattr(ingest, "_header", lambda *a: order.append("header") or header(*a))
+    path = PUBLIC[0]
+    split, whole = _split(path)
+    assert split is not None and order[:2] == ["helper", "header"]
+    _same(split, whole)
+    evs = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1} for i in range(50)]
+    p = tmp_path / "late.json"
+    p.write_text(json.dumps({"deviceProperties": [{"name": "x" * 20000}], "traceEvents": evs}))
+    assert ingest._split_targets(0, p.stat().st_size, False, 1)[0] < p.read_bytes().index(b"traceEvents")
+    split, whole = _split(p)
+    assert split is None
+    _same(load_trace(p, split=True), whole)
+
+
 def test_small_traces_and_one_core_are_not_split(monkeypatch):
     path = PUBLIC[0]
     assert ingest._load_split(path, path.name, path.stat().st_size, False) is None   # under SPLIT_MIN_BYTES

@@ -192,7 +192,17 @@ def test_a_serving_trace_without_steps_reads_each_thread_within_its_wall():
     assert total < 1.2 * window.dur_us      # 3x the trace before
 
 
-def test_nesting_again_from_the_earliest_moved_end_equals_nesting_the_whole_lane():
+@pytest.fixture(params=["one thread", "two threads"])
+def search_threads(request, monkeypatch):
+    """_levels' searches in one thread, or (as on a big trace) split between two from the first query on."""
+    from diagnostics.trace import model
+
+    if request.param == "two threads":
+        monkeypatch.setattr(model, "THREADED_SEARCH_MIN", 2)
+    return request.param
+
+
+def test_nesting_again_from_the_earliest_moved_end_equals_nesting_the_whole_lane(search_threads):
     """nesting_of's repair rounds nest a lane again only from its first event starting at or after the
     earliest end the round moved (issue #42: with_stack traces repair a few frames per round, at the trace's
     end): on random nested lanes (zero-length events and shared starts included) whose ends are then moved
@@ -237,13 +247,16 @@ def _stack_walk(ts, end, lane):
     return depth, parent
 
 
-def test_levels_equal_a_stack_walk_on_deep_and_wide_nesting():
+def test_levels_equal_a_stack_walk_on_deep_and_wide_nesting(search_threads, monkeypatch):
     """_levels' parents (each level's positions searched among the level above's) equal a stack walk's on
     nested lanes: random trees, a chain 300 calls deep (past a uint8 depth) with siblings at every level,
     zero-length calls, and lanes whose last call would otherwise be taken for the next lane's parent."""
     from diagnostics.trace import model
 
     rng = np.random.default_rng(11)
+    searched: list = []
+    search = model._searchsorted
+    monkeypatch.setattr(model, "_searchsorted", lambda *a: searched.append(a[1].size) or search(*a))
 
     def tree(a: int, b: int, level: int, out: list) -> None:
         t = a
@@ -270,7 +283,9 @@ def test_levels_equal_a_stack_walk_on_deep_and_wide_nesting():
         lane, ts, end = arr[:, 0].astype(np.int64), arr[:, 1], arr[:, 2]
         order = np.lexsort((-(end - ts), ts, lane))
         lane, ts, end = lane[order], ts[order], end[order]
+        searched.clear()
         d, p = model._levels(ts, end, lane)
+        assert searched and (search_threads == "one thread" or ts.size < 10 or max(searched) >= 2)
         d_ref, p_ref = _stack_walk(ts, end, lane)
         assert np.array_equal(d, d_ref) and np.array_equal(p, p_ref), case
         if case % 3 == 0:
