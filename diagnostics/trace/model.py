@@ -347,14 +347,20 @@ def _searchsorted(a: np.ndarray, v: np.ndarray, side: str) -> np.ndarray:
 
     half = v.size // 2
     out = np.empty(v.size, dtype=np.intp)
+    failed: list = []
 
     def second():
-        out[half:] = np.searchsorted(a, v[half:], side=side)
+        try:
+            out[half:] = np.searchsorted(a, v[half:], side=side)
+        except BaseException as e:   # (memory) raised here, in the caller's thread, never a half-filled result
+            failed.append(e)
 
     worker = threading.Thread(target=second, name="torchscope-search")
     worker.start()
     out[:half] = np.searchsorted(a, v[:half], side=side)
     worker.join()
+    if failed:
+        raise failed[0]
     return out
 
 
