@@ -8,7 +8,6 @@ its event's start is weighted are critical_path's module docstring's.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np

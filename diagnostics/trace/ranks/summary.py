@@ -23,7 +23,6 @@ import os
 import socket
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -32,7 +31,7 @@ from diagnostics.trace import classify
 from diagnostics.trace.comm import event_bytes, rank_breakdown
 from diagnostics.trace.comm_args import named_events
 from diagnostics.trace.ingest import load_trace
-from diagnostics.trace.timeline import MAX_EVENTS, timeline_data
+from diagnostics.trace.timeline import timeline_data
 from diagnostics.trace.breakdowns import _gpu_frame, gpu_step_breakdown, idle_time, steps as step_table
 
 #: Bumped when a summary's content changes: cached summaries of another version are misses.
