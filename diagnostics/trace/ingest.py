@@ -4,8 +4,9 @@ Why it is fast and bounded: the file is read (and gunzipped, in a background thr
 beside the parser) in blocks; each block of the traceEvents array is cut at an event boundary and
 decoded by msgspec into small typed structs that keep only the fields the analyses use (args
 such as "Input Dims" are skipped without building objects); those become numpy columns and are
-dropped (see _chunks). Worker processes can decode slices while this one reads (opt-in).
-Peak memory is the columns plus a few blocks.
+dropped (see _chunks). A big trace can be read by helper processes beside this one (load_trace's
+``split``: their columns come back as checked records, never a pickle). Peak memory is the columns plus a
+few blocks.
 
 Bad input raises TraceError (not gzip, not JSON, no traceEvents, truncated, empty); malformed
 events are skipped, counted in Trace.skipped_events and described in Trace.warnings.

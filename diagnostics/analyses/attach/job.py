@@ -391,7 +391,8 @@ def _memory(rows, prof, meta, run_dir: Path, alloc_peaks: dict, oom: dict | None
     if not peaks:
         out["note"] = ("CPU: the allocator's peak per profiled step above the step's start, from the profiler's "
                        "allocation events (alloc_peak_bytes_per_step; the first profiled step can read higher: "
-                       "what it frees of tensors made before profiling is not in those events); rss_bytes_per_step is the process' resident "
+                       "what it frees of tensors made before profiling is not in those events); "
+                       "rss_bytes_per_step is the process' resident "
                        "memory (RSS: its whole footprint, the profiler's own buffers included), not the step's"
                        if alloc else "CPU: no allocation events in the trace; rss_bytes_per_step is the process' "
                        "resident memory (RSS), not the step's" if rss else "not measured")
