@@ -324,7 +324,7 @@ def run_job_command(args, name: str, spec, options: dict, *, title: str, label: 
     previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())  # Ctrl-C: stop the worker, record it
     try:
         outcome = in_process(store, bar.update, cancel, on_partial) if in_process is not None else None
-        if outcome is None:
+        if outcome is None and in_process is not None:   # (main said it for the commands without this path)
             say_startup_notice()
         outcome = outcome or run_job(Job(name, spec, options), timeout_s=args.timeout, on_progress=bar.update,
                                      on_tick=bar.tick, store=store, source="cli", cancel=cancel,
@@ -447,16 +447,11 @@ def list_command() -> int:
     return EXIT_OK
 
 
-_NOTICE_SAID = []
-
-
 def say_startup_notice() -> None:
-    """Say once, before any job runs, when jobs will run without the full sandbox (sandbox.startup_notice).
-    A ``trace`` command says it only before a worker starts: answered in this process (a trace file read as
-    data, no model), it runs nothing to confine, and the check starts a process (50 ms of a first answer)."""
-    if _NOTICE_SAID:
-        return
-    _NOTICE_SAID.append(True)
+    """Say, before any job runs, when jobs will run without the full sandbox (sandbox.startup_notice). A
+    ``trace`` command (the one whose job may be answered in this process) says it only before a worker starts:
+    a trace file read here is data, with no model to confine, and the check costs an import and a process
+    (0.1 s of a first answer)."""
     from diagnostics.sandbox import startup_notice
 
     notice = startup_notice()
@@ -470,7 +465,6 @@ def main(argv: list[str] | None = None) -> int:
         from diagnostics.cli.attach import main as run_main
 
         return run_main(argv[1:])
-    _NOTICE_SAID.clear()   # once per command
     if not (argv and argv[0] == "trace"):  # a trace job may answer here, running no model: said before a worker
         say_startup_notice()
     if argv and argv[0] == "distributed":

@@ -390,20 +390,21 @@ def _decoded_size(path: Path, size: int, is_gz: bool) -> int:
     return guess
 
 
-def _split_target(start: int, decoded: int, is_gz: bool) -> int:
-    """The decoded offset from which the split's boundary is looked for: the helper's share of the events."""
-    return start + int((decoded - start) * SPLIT_SHARE[is_gz])
+def _split_target(decoded: int, is_gz: bool) -> int:
+    """The decoded offset (from the file's start) from which the split's boundary is looked for: the helper's
+    share of the file."""
+    return int(decoded * SPLIT_SHARE[is_gz])
 
 
-def _split_targets(start: int, decoded: int, is_gz: bool, helpers: int) -> list[int]:
-    """The decoded offsets where the parts of ``helpers`` helpers end (the last one: where this process's part
-    begins). One helper: SPLIT_SHARE. More (a .json on more cores): equal parts, this process's part larger by
-    the same ratio as with one (it starts at once; the helpers start a new interpreter)."""
+def _split_targets(decoded: int, is_gz: bool, helpers: int) -> list[int]:
+    """The decoded offsets (from the file's start) where the parts of ``helpers`` helpers end (the last one: where
+    this process's part begins). One helper: SPLIT_SHARE. More (a .json on more cores): equal parts, this
+    process's part larger by the same ratio as with one (it starts at once; the helpers start a new interpreter)."""
     if helpers <= 1:
-        return [_split_target(start, decoded, is_gz)]
+        return [_split_target(decoded, is_gz)]
     share = SPLIT_SHARE[is_gz]
     part = 1 / (helpers + (1 - share) / share)
-    return [start + int((decoded - start) * part * i) for i in range(1, helpers + 1)]
+    return [int(decoded * part * i) for i in range(1, helpers + 1)]
 
 
 def _find_split(it, buf: bytes, read_end: int, target: int) -> tuple[int, bytes, int] | None:
@@ -610,7 +611,7 @@ def _load_split(path: Path, name: str, size: int, allow_truncated: bool) -> Trac
         # The helpers start before this process reads the header (a first block to inflate: they start a new
         # interpreter meanwhile), their parts measured from the file's start (a header is a few kB of 1 GB);
         # one whose part would end inside the header is not used (the trace is then read alone).
-        targets = _split_targets(0, decoded, is_gz, n)
+        targets = _split_targets(decoded, is_gz, n)
         for i, target in enumerate(targets):
             try:
                 spool = tempfile.TemporaryFile(prefix="torchscope-trace-part-")

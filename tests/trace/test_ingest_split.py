@@ -111,7 +111,7 @@ def test_a_boundary_inside_a_string_is_not_a_split(small_split, tmp_path):
     target = data.index(b"a}, {b") + 1   # the first match at or after it is inside the string
     assert ingest.first_part(p, target, lambda part: None)["clean"] is False
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ingest, "_split_target", lambda start, decoded, is_gz: target)
+        mp.setattr(ingest, "_split_target", lambda decoded, is_gz: target)
         split, whole = _split(p)
         assert split is None
         t = load_trace(p, split=True)
@@ -172,7 +172,7 @@ def test_helpers_start_before_the_header_is_read_and_one_ending_inside_it_is_not
     evs = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1} for i in range(50)]
     p = tmp_path / "late.json"
     p.write_text(json.dumps({"deviceProperties": [{"name": "x" * 20000}], "traceEvents": evs}))
-    assert ingest._split_targets(0, p.stat().st_size, False, 1)[0] < p.read_bytes().index(b"traceEvents")
+    assert ingest._split_targets(p.stat().st_size, False, 1)[0] < p.read_bytes().index(b"traceEvents")
     split, whole = _split(p)
     assert split is None
     _same(load_trace(p, split=True), whole)
