@@ -98,6 +98,25 @@ def test_kernel_chart_without_and_with_kernels(result):
     assert list(fig.data[0].x) == [0.04] and fig.layout.xaxis.title.text == "total kernel time (ms)"
 
 
+def test_kernels_alike_for_60_characters_are_two_bars_in_their_order(result):
+    """CUTLASS templates share long prefixes: each kernel keeps a bar of its own (a label each, the axis'
+    order that of the table), whatever its Tensor Core colour."""
+    common = dict(min_us=5.0, registers_per_thread=None, occupancy_pct=None, grid=None, block=None)
+    stem = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x"
+    rows = (KernelRow(name=stem + "2_tn_align8>", calls=2, total_us=40.0, mean_us=20.0, max_us=30.0,
+                      tensor_cores=True, pct_of_kernel_time=50.0, **common),
+            KernelRow(name="elementwise", calls=1, total_us=30.0, mean_us=30.0, max_us=30.0,
+                      tensor_cores=False, pct_of_kernel_time=30.0, **common),
+            KernelRow(name=stem + "1_nn_align8>", calls=1, total_us=10.0, mean_us=10.0, max_us=10.0,
+                      tensor_cores=True, pct_of_kernel_time=20.0, **common))
+    fig = charts.build_kernel_figure(replace(result, kernels=rows))
+    order = list(fig.layout.yaxis.categoryarray)
+    assert len(set(order)) == 3 and order[2] == order[0] + " (2)" and order[1] == "elementwise"
+    tc = fig.data[0]
+    assert list(tc.y) == [order[0], order[2]] and list(tc.x) == [0.04, 0.01]
+    assert [c[5] for c in tc.customdata] == [rows[0].name, rows[2].name]
+
+
 def test_timeline_lanes_and_events(result):
     fig = charts.build_timeline_figure(result)
     tl = result.timeline  # the trace layer's Timeline record (µs)

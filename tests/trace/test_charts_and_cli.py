@@ -146,3 +146,34 @@ def test_diff_figure_axis_in_the_scale_of_its_changes():
     deltas = {row.name: row.delta_us for row in r.rows if row.status != "unchanged"}
     assert dict(zip(fig.data[0].y, fig.data[0].x)) == deltas
     assert fig.layout.yaxis.automargin is True
+
+
+def test_kernels_whose_names_share_a_long_prefix_stay_apart_in_rank_order():
+    """The public vLLM trace: two ck_tile RMSNorm kernels alike for their first 60 characters were cut to one
+    label and drawn as one bar at the chart's bottom (the 6th kernel below the 25th). Each row gets its own
+    label, the larger the plain one, and the bars keep the table's order (the chart draws bottom-up)."""
+    from msgspec.structs import replace
+
+    t = load_trace(DATA / "gpu_small.json")
+    top = top_operators(t, n=20)
+    assert len(top.kernels) >= 3
+    stem = "_ZN7ck_tile6kentryILi1ENS_12Rmsnorm2dFwdINS_27Rmsnorm2dFwdPipelineOnePass"
+    kernels = list(top.kernels)
+    kernels[0] = replace(kernels[0], name=stem + "ILb1EEE")
+    kernels[-1] = replace(kernels[-1], name=stem + "ILb0EEE")
+    (bar,) = charts.build_top_operators_figure(replace(top, kernels=tuple(kernels)), "kernels").data
+    labels = list(bar.y)[::-1]  # top of the chart first, as the table
+    assert len(set(labels)) == len(labels) == len(kernels)
+    assert labels[0].endswith("…") and labels[-1] == labels[0] + " (2)"
+    assert list(bar.x)[::-1] == pytest.approx([k.total_us / 1000 for k in kernels])
+    assert [c[2] for c in bar.customdata][::-1] == [k.name for k in kernels]  # the hover keeps the full names
+
+
+def test_diff_bars_of_names_alike_stay_apart():
+    t = load_trace(DATA / "gpu_small.json")
+    d = diff_traces(t, t)
+    from msgspec.structs import replace
+
+    rows = [replace(r, name="x" * 80 + str(i), status="slower", delta_us=10.0 - i) for i, r in enumerate(d.rows[:3])]
+    (bar,) = charts.build_diff_figure(replace(d, rows=tuple(rows))).data
+    assert len(set(bar.y)) == 3 and list(bar.y)[::-1][1].endswith(" (2)")

@@ -446,3 +446,18 @@ def test_the_job_writes_the_marked_trace_as_json_an_integer_past_64_bits_too(tmp
     monkeypatch.setattr(job_part, "chrome_trace", lambda *a: {"traceEvents": [{"pid": 2 ** 64, "ts": 1.5}]})
     out = job_part.critical_path_result(trace, TRACE.validate({"path": "x.json"}), tmp_path)
     assert json.loads(open(out.trace_file).read()) == {"traceEvents": [{"pid": 2 ** 64, "ts": 1.5}]}
+
+
+def test_what_if_bars_of_names_alike_stay_apart(tmp_path):
+    from msgspec.structs import replace
+
+    from diagnostics.render.charts.critical_path import build_what_if_figure
+
+    cp = critical_path(load_trace(write(tmp_path, CPU_STEP + GPU_STEP)), step=1)
+    assert len(cp.what_if) >= 2
+    rows = tuple(replace(r, name="ampere_bf16_s16816gemm_bf16_256x128_ldg8_f2f_stages_64x3_" + x)
+                 for r, x in zip(cp.what_if, ("tn", "nn", "nt", "tt")))
+    (bar,) = build_what_if_figure(replace(cp, what_if=rows)).data
+    labels = list(bar.y)[::-1]  # the largest saving first, as the table
+    assert len(set(labels)) == len(rows) and labels[1] == labels[0] + " (2)"
+    assert [c[0] for c in bar.customdata][::-1] == [r.name for r in rows]

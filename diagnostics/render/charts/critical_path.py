@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.analyses.trace.result import CriticalPath, Timeline, TraceCriticalPathResult, TraceResult
-from diagnostics.render.charts.style import empty_figure
+from diagnostics.render.charts.style import empty_figure, short_names
 from diagnostics.results import given
 
 from diagnostics.render.sections import Section, section
@@ -27,10 +27,6 @@ CRITICAL_PATH_HELP = (
     "Shortening an event off the path does not shorten the step. A what-if makes every call of a name in the "
     "step faster and computes the longest path again; a queued kernel's launch or stream latency is taken as "
     "the median of those that decided a start, so the saving can be less than the time cut.")
-
-
-def _clip(name: str, n: int = 50) -> str:
-    return name if len(name) <= n else name[: n - 1] + "…"
 
 
 def headline(cp: CriticalPath) -> str:
@@ -104,7 +100,8 @@ def build_what_if_figure(cp: CriticalPath) -> go.Figure:
     if not rows:
         return empty_figure(title, "Nothing on the path to speed up")
     fig = go.Figure(go.Bar(
-        x=[r.saving_us / 1e3 for r in rows], y=[_clip(r.name) for r in rows], orientation="h",
+        # labelled in ranked order (bars drawn bottom-up): two names that shorten alike stay two bars
+        x=[r.saving_us / 1e3 for r in rows], y=short_names([r.name for r in rows[::-1]], 50)[::-1], orientation="h",
         marker_color=[KIND_COLORS.get(r.kind, "#888") for r in rows],
         text=[f"{r.saving_us / 1e3:,.3f} ms" for r in rows], textposition="outside",
         customdata=[[r.name, r.on_path_us / 1e3, r.calls] for r in rows],

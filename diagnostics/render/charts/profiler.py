@@ -159,26 +159,24 @@ def build_kernel_figure(result: ProfileResult, n: int = 15) -> go.Figure:
     kernels: tuple[KernelRow, ...] = result.kernels[:n]
     if not kernels:
         return _empty("GPU kernels", "no GPU kernels: CUDA did not run in this profile")
+    # one label per row, named together: kernels whose names share their first 60 characters (CUTLASS's
+    # templates often do) stay apart instead of drawn as one bar
+    order = short_names([k.name for k in kernels], 60)
     fig = go.Figure()
     for tc, color, label in ((True, "#54A24B", "Tensor Cores"), (False, "#4C78A8", "no Tensor Cores")):
-        ks = [k for k in kernels if k.tensor_cores == tc]
+        ks = [(k, lab) for k, lab in zip(kernels, order) if k.tensor_cores == tc]
         if not ks:
             continue
-        fig.add_bar(y=[_short(k.name) for k in ks], x=[k.total_us / 1e3 for k in ks], orientation="h",
+        fig.add_bar(y=[lab for _, lab in ks], x=[k.total_us / 1e3 for k, _ in ks], orientation="h",
                     name=label, marker_color=color,
-                    customdata=[[k.calls, k.mean_us, k.max_us, k.grid, k.block, k.name] for k in ks],
+                    customdata=[[k.calls, k.mean_us, k.max_us, k.grid, k.block, k.name] for k, _ in ks],
                     hovertemplate="%{customdata[5]}<br>total %{x:.3f} ms over %{customdata[0]} calls<br>"
                                   "mean %{customdata[1]:.1f} µs, max %{customdata[2]:.1f} µs<br>"
                                   "grid %{customdata[3]}, block %{customdata[4]}<extra></extra>")
-    order = [_short(k.name) for k in kernels]
     fig.update_layout(title=f"Top {len(kernels)} GPU kernels by total time", xaxis_title="total kernel time (ms)",
                       yaxis=dict(categoryorder="array", categoryarray=order, autorange="reversed"),
                       height=max(300, 26 * len(kernels) + 120), margin=dict(l=10, r=10, t=50, b=40))
     return readable_axes(fig)
-
-
-def _short(name: str, n: int = 60) -> str:
-    return name if len(name) <= n else name[: n - 1] + "…"
 
 
 def build_timeline_figure(result: ProfileResult, search: str | None = None) -> go.Figure:

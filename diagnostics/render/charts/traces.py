@@ -34,8 +34,10 @@ GPU_WINDOW_HELP = ("GPU work counts in the step whose CPU launched it (correlati
                    "other and add up to the GPU's span; idle is the window less busy time.")
 
 
-def _clip(name: str) -> str:
-    return short_names([name])[0]
+def _labels(rows) -> list[str]:
+    """Bar labels of ``rows`` (drawn bottom-up, so given reversed): named in ranked order, so that of two
+    names that shorten alike the larger keeps the plain label; never merged into one bar."""
+    return short_names([r.name for r in rows[::-1]])[::-1]
 
 
 def build_category_figure(summary: TraceSummary) -> go.Figure:
@@ -88,7 +90,7 @@ def build_top_operators_figure(top: TopOperators, kind: str = "operators") -> go
         return empty_figure(title, "None in this trace")
     rows = rows[::-1]
     fig = go.Figure(go.Bar(
-        x=[(r.self_us if ops else r.total_us) / 1000 for r in rows], y=[_clip(r.name) for r in rows],
+        x=[(r.self_us if ops else r.total_us) / 1000 for r in rows], y=_labels(rows),
         orientation="h", customdata=[[r.calls, r.total_us / 1000, r.name] for r in rows],
         hovertemplate="%{customdata[2]}<br>%{x:.3f} ms, %{customdata[0]} calls, "
                       "total %{customdata[1]:.3f} ms<extra></extra>"))
@@ -154,7 +156,7 @@ def build_diff_figure(diff: TraceDiff) -> go.Figure:
     sc = column_scale([r.delta_us for r in rows] + [r.time_us_before for r in rows]
                       + [r.time_us_after for r in rows], "us")
     fig = go.Figure(go.Bar(
-        x=[r.delta_us / sc.factor for r in rows], y=[_clip(r.name) for r in rows],
+        x=[r.delta_us / sc.factor for r in rows], y=_labels(rows),
         orientation="h", marker_color=[STATUS_COLORS[r.status] for r in rows],
         customdata=[[r.status, r.time_us_before / sc.factor, r.time_us_after / sc.factor, r.name]
                     for r in rows],
