@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 
@@ -176,6 +178,11 @@ def test_a_serving_trace_opens_on_its_serving_tab(new_app):
     md = [m.value for m in at.markdown]
     assert any("Inference server trace (vLLM): 1 iteration(s)" in m for m in md)
     assert any("25 launch(es) replayed 361 kernels" in m for m in md)
+    # the iteration's figures first, its long annotation last (it pushed them off a 1280 px page)
+    it = next(d.value for d in at.dataframe if "annotation" in d.value.columns)
+    assert list(it.columns[:7]) == ["iteration", "phase", "batch_size", "tokens", "time_us", "gpu_busy_us", "host_us"]
+    assert it.columns[-1] == "annotation" and it["batch_size"].tolist() == [46] and it["tokens"].tolist() == [8192]
+    assert it["time_us"].tolist() == [pytest.approx(307.7, abs=0.05)]  # shown in ms, the table's one scale
     at.text_input(key="trace_path_a").set_value(str(DATA / "gpu_small.json")).run()
     assert not at.exception and "Serving" not in [t.label for t in at.tabs]
 

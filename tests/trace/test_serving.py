@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from diagnostics.trace import classify as C
 from diagnostics.trace import load_trace
 from diagnostics.trace.serving import SPLIT, iteration_fields, serving, serving_kernel_class
 
@@ -133,12 +132,16 @@ def test_the_trace_job_the_text_and_the_report_carry_it_and_a_training_trace_is_
 
 
 def test_the_serving_chart_shows_every_part_of_the_split_in_a_legend_below_the_axis():
-    """One iteration left no room for the seven legend entries stacked at the side (three were cut at 1280 px)."""
+    """One iteration left no room for the seven legend entries stacked at the side (three were cut at 1280 px);
+    placed at a fraction of the plot's height below it, the legend then sat on the axis title: it is at the
+    figure's foot, in the margin kept for it."""
     from diagnostics.render.charts.serving import SPLIT_COLORS, build_serving_figure
 
     fig = build_serving_figure(serving(load_trace(VLLM_MIXED)))
     assert [t.name for t in fig.data] == [name for _, name, _ in SPLIT_COLORS]
-    assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0
+    legend = fig.layout.legend
+    assert legend.orientation == "h" and legend.yref == "container" and legend.y == 0 and legend.yanchor == "bottom"
+    assert fig.layout.margin.b >= 110  # two rows of entries under the ticks and the axis title
     assert fig.layout.xaxis.title.text == "time (ms)"
     (bar,) = {round(sum(t.x[0] for t in fig.data), 1)}  # the parts add up to the iteration: 307.7 ms
     assert bar == 307.7

@@ -23,8 +23,26 @@ from ui.views.timeline import show_timeline
 from ui.views.trace_ranks import show_ranks
 
 
+#: Words a header keeps in capitals ("median_gpu_busy" -> "Median GPU busy").
+_ACRONYMS = {"gpu": "GPU", "cpu": "CPU", "cuda": "CUDA", "id": "ID", "sm": "SM"}
+#: A text column with values longer than this (kernel names, annotations) gets a set width, so that the
+#: numbers right of it stay in view; the full text stays in the cell (its tooltip and the result's JSON).
+LONG_TEXT_CHARS = 48
+
+
 def _label(col: str) -> str:
-    return col.replace("_", " ").strip().capitalize()
+    words = col.replace("_", " ").strip().split(" ")
+    words = [_ACRONYMS.get(w.lower(), w if w.isupper() and len(w) > 1 else w.lower()) for w in words]
+    text = " ".join(words)
+    return text[:1].upper() + text[1:]
+
+
+def _text_width(df: pd.DataFrame, col: str) -> int | None:
+    """The width (px) of a text column with long values: wide beside few other columns, less beside many."""
+    longest = df[col].dropna().astype(str).str.len().max()
+    if not longest or longest <= LONG_TEXT_CHARS:
+        return None
+    return 400 if len(df.columns) <= 5 else 260
 
 
 def _table(rows, rename: dict | None = None, height: int | None = None) -> None:
@@ -38,6 +56,9 @@ def _table(rows, rename: dict | None = None, height: int | None = None) -> None:
     units = {}
     for col in df.columns:
         if not pd.api.types.is_numeric_dtype(df[col]) or pd.api.types.is_bool_dtype(df[col]):
+            continue
+        if col == "pct":  # a row's share of its table's total (the records declare it "share", in percent)
+            units[col] = ((rename or {}).get(col) or "Share", "percent")
             continue
         for suffix, unit in (("_us", "us"), ("_ms", "ms"), ("_bytes", "bytes"), ("_pct", "percent")):
             if col.endswith(suffix) or f"{suffix}_" in col:
@@ -53,7 +74,7 @@ def _table(rows, rename: dict | None = None, height: int | None = None) -> None:
             whole = df[col].dropna().map(float.is_integer).all()
             config[col] = st.column_config.NumberColumn(label, format="%d" if whole else "%.3g")
         else:
-            config[col] = st.column_config.Column(label)
+            config[col] = st.column_config.Column(label, width=_text_width(df, col))
     st.dataframe(df, hide_index=True, width="stretch", height=height or "auto", column_config=config)
 
 
@@ -243,7 +264,12 @@ def show_serving(serving) -> None:
         st.markdown("**Phases**")
         _table(serving.phases)
     st.markdown("**Iterations**")
-    _table(serving.iterations)
+    df = frame(serving.iterations)
+    # what each iteration took first, the server's long annotation last (a table wider than the page scrolls)
+    first = [c for c in ("iteration", "phase", "batch_size", "tokens", "time_us", "gpu_busy_us", "host_us")
+             if c in df.columns]
+    last = [c for c in ("annotation",) if c in df.columns]
+    _table(df[first + [c for c in df.columns if c not in first + last] + last])
     g = serving.graphs
     if g and g.by_launch:
         st.markdown(f"**Graph replays**: {g.launches:,} launch(es) replayed {g.kernels:,} kernels, each attributed to "

@@ -25,7 +25,9 @@ def build_serving_figure(serving: Serving) -> go.Figure:
     fig.update_layout(barmode="stack", title="Serving iterations: where each iteration's time went",
                       xaxis_title=f"time ({sc.suffix})", height=max(320, 40 * len(its) + 220),
                       # below the axis, across: a few iterations leave no room for 7 entries stacked at the side
-                      legend=dict(orientation="h", yanchor="top", y=-0.3, x=0), margin=dict(b=110))
+                      # at the figure's foot (the container's coordinates): a fraction of a short plot's height
+                      # put it on the axis title
+                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0, x=0), margin=dict(b=120))
     return readable_axes(fig)
 
 
