@@ -183,6 +183,8 @@ def test_a_serving_trace_opens_on_its_serving_tab(new_app):
     assert list(it.columns[:7]) == ["iteration", "phase", "batch_size", "tokens", "time_us", "gpu_busy_us", "host_us"]
     assert it.columns[-1] == "annotation" and it["batch_size"].tolist() == [46] and it["tokens"].tolist() == [8192]
     assert it["time_us"].tolist() == [pytest.approx(307.7, abs=0.05)]  # shown in ms, the table's one scale
+    # the GPU tab's idle (the gaps in the GPU's own window) says what its window leaves out of the iteration
+    assert any("The widest window is 156.5 ms of the trace's 307.7 ms" in c.value for c in at.caption)
     at.text_input(key="trace_path_a").set_value(str(DATA / "gpu_small.json")).run()
     assert not at.exception and "Serving" not in [t.label for t in at.tabs]
 

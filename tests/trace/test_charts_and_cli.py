@@ -177,3 +177,16 @@ def test_diff_bars_of_names_alike_stay_apart():
     rows = [replace(r, name="x" * 80 + str(i), status="slower", delta_us=10.0 - i) for i, r in enumerate(d.rows[:3])]
     (bar,) = charts.build_diff_figure(replace(d, rows=tuple(rows))).data
     assert len(set(bar.y)) == 3 and list(bar.y)[::-1][1].endswith(" (2)")
+
+
+def test_a_trace_without_steps_is_one_bar_named_for_what_it_is():
+    """The vLLM server trace has no ProfilerStep: its per-step charts drew one bar labelled '-1'."""
+    tb = temporal_breakdown(load_trace(DATA / "with_stack" / "vllm_prefilldecode_piecewise.json.gz"))
+    assert [r.step for r in tb.gpu] == [-1]
+    gpu = charts.build_gpu_breakdown_figure(tb)
+    cpu = charts.build_cpu_breakdown_figure(tb)
+    assert {x for fig in (gpu, cpu) for t in fig.data for x in t.x} == {"whole trace (no steps)"}
+    busy = sum(t.y[0] for t in gpu.data if t.name != "idle")
+    assert busy == pytest.approx(156.1, abs=0.05)  # the GPU busy time the Summary's stream table reads
+    tb2 = temporal_breakdown(load_trace(DATA / "gpu_small.json"))
+    assert all(x.isdigit() for t in charts.build_gpu_breakdown_figure(tb2).data for x in t.x)

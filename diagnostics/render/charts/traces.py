@@ -40,6 +40,14 @@ def _labels(rows) -> list[str]:
     return short_names([r.name for r in rows[::-1]])[::-1]
 
 
+#: The x label of temporal_breakdown's step -1: a trace without ProfilerStep ranges, read as one window.
+WHOLE_TRACE = "whole trace (no steps)"
+
+
+def _step_label(step: int) -> str:
+    return WHOLE_TRACE if step == -1 else str(step)
+
+
 def build_category_figure(summary: TraceSummary) -> go.Figure:
     """Event count per category (hover: total time)."""
     rows = summary.categories
@@ -55,7 +63,7 @@ def build_gpu_breakdown_figure(breakdown: TemporalBreakdown) -> go.Figure:
     rows = breakdown.gpu
     if not rows:
         return empty_figure("GPU time per step", "No GPU activity in this trace")
-    steps = [str(r.step) for r in rows]
+    steps = [_step_label(r.step) for r in rows]
     fig = go.Figure([go.Bar(name=label, x=steps, y=[getattr(r, key) / 1000 for r in rows],
                             marker_color=color) for key, label, color in GPU_KINDS])
     fig.update_layout(barmode="stack", title="GPU time per step", xaxis_title="step",
@@ -72,7 +80,7 @@ def build_cpu_breakdown_figure(breakdown: TemporalBreakdown) -> go.Figure:
                     key=lambda g: -sum(r.self_us for r in rows if r.group == g))
     steps = sorted({r.step for r in rows})
     value = {(r.step, r.group): r.self_us / 1000 for r in rows}
-    fig = go.Figure([go.Bar(name=g, x=[str(s) for s in steps],
+    fig = go.Figure([go.Bar(name=g, x=[_step_label(s) for s in steps],
                             y=[value.get((s, g), 0.0) for s in steps]) for g in groups])
     fig.update_layout(barmode="stack", title="Host self time per step", xaxis_title="step",
                       yaxis_title="ms", xaxis_type="category")
