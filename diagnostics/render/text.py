@@ -198,7 +198,9 @@ def format_critical_path(cp: CriticalPath, top: int) -> str:
         out += [f"What if it were {cp.factor:g}x faster (every call of the name in the step; the longest path "
                 "computed again):",
                 _table(cp.what_if[:top], [("event", "name", _clip), ("kind", "kind", str), ("calls", "calls", str),
-                                          ("on path", "on_path_us", _ms), ("saves", "saving_us", _ms),
+                                          ("on path", "on_path_us", _ms),
+                                          ("with nested", "sped_up_us", lambda v: _ms(v) if given(v) else "-"),
+                                          ("saves", "saving_us", _ms),
                                           ("step after", "step_us_after", _ms)])]
     if cp.trace_file:
         out.append(f"The step's trace with the critical path marked (Perfetto, chrome://tracing): {cp.trace_file}")

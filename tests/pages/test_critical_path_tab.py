@@ -36,6 +36,10 @@ def test_critical_path_tab_shows_the_path_breakdown_and_what_ifs(new_app, cp_tra
     what_if = next(f for f in frames if "saving_us" in f.columns)   # shown in ms, labelled "... (ms)"
     saved = dict(zip(what_if["event"], what_if["saving_us"]))
     assert saved["add_c"] == pytest.approx(0.1) and saved["gemm_a"] == pytest.approx(0.05)
+    # what each what-if cuts on the path, the nested calls' time with the name's own (ms)
+    nested = dict(zip(what_if["event"], what_if["sped_up_us"]))
+    own = dict(zip(what_if["event"], what_if["on_path_us"]))
+    assert all(nested[e] >= own[e] and saved[e] <= nested[e] / 2 + 1e-9 for e in saved)
     path = next(f for f in frames if "waited on" in f.columns)
     assert {"gemm_a", "relu_b", "add_c", "cudaDeviceSynchronize"} <= set(path["event"])
     labels = [b.proto.label for b in at.get("download_button")]

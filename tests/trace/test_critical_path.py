@@ -461,3 +461,36 @@ def test_what_if_bars_of_names_alike_stay_apart(tmp_path):
     labels = list(bar.y)[::-1]  # the largest saving first, as the table
     assert len(set(labels)) == len(rows) and labels[1] == labels[0] + " (2)"
     assert [c[0] for c in bar.customdata][::-1] == [r.name for r in rows]
+
+
+PUBLIC_WITH_STEPS = [
+    ("with_stack", "h100_bert_small_step_under_python.json.gz"),  # python frames around the ops
+    ("public/hta", "ns_resolution_rank0.json.gz"),
+    ("public/hta", "amd_mi250_rocm6_2.json.gz"),
+    ("public/kineto", "tb_plugin_gpu_metrics_input.json.gz"),
+    ("public/tracelens", "mi300_resnet_rccl_no_pyfn.json.gz"),
+]
+
+
+@pytest.mark.parametrize("folder,name", PUBLIC_WITH_STEPS)
+def test_a_what_if_never_saves_more_than_it_cuts_from_the_path(folder, name):
+    """The H100 BERT trace read 'aten::linear: on the path 0.178 ms, saves 0.578 ms': the what-if speeds up the
+    calls nested in each linear (its addmm, its launches) too, while the table showed only linear's own time.
+    Each what-if now says what it cuts on the path (``sped_up_us``): the old path, its cut edges divided by the
+    factor, is still a path of the new graph, so the saving is at most (1 - 1/factor) of that."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "traces" / folder / name
+    try:
+        cp = critical_path(load_trace(path))
+    except TraceError as e:
+        pytest.fail(f"{name}: {e}")
+    assert cp.what_if, name
+    for w in cp.what_if:
+        assert w.on_path_us <= w.sped_up_us + 1e-6, w
+        assert w.saving_us <= (1 - 1 / cp.factor) * w.sped_up_us + 1e-3, w
+        assert w.step_us_after == pytest.approx(cp.length_us - w.saving_us, abs=1e-3)
+    if name.startswith("h100_bert"):
+        linear = next(w for w in cp.what_if if w.name == "aten::linear")
+        assert linear.saving_us > linear.on_path_us  # its nested addmm and launches: why sped_up_us is needed
+        assert linear.sped_up_us > linear.on_path_us * 3

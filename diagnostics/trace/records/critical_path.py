@@ -33,12 +33,17 @@ class PathKind(Record, frozen=True, kw_only=True):
 
 
 class WhatIf(Record, frozen=True, kw_only=True):
+    """Every call of a name in the step ``factor`` times faster, the calls nested in them too.
+    ``on_path_us``: the calls' own time on the path; ``sped_up_us``: what the what-if cuts on the path (their
+    own time and their nested calls'): ``saving_us`` is at most (1 - 1/factor) of it."""
+
     name: str
     kind: str
     calls: int
     on_path_us: Annotated[float, _us("on the path")]
     saving_us: Annotated[float, _us("step time saved")]
     step_us_after: Annotated[float, _us("step time after")]
+    sped_up_us: Annotated[float | UnsetType, _us("on the path with nested calls")] = UNSET
 
 
 class TypicalLatency(Record, frozen=True, kw_only=True):
