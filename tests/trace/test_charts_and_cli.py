@@ -46,9 +46,13 @@ def test_gpu_breakdown_values():
 
 def test_diff_figure_colours_by_status():
     r = diff_traces(load_trace(DATA / "diff_before.json"), load_trace(DATA / "diff_after.json"))
-    (bar,) = charts.build_diff_figure(r).data
-    assert len(bar.y) == 4   # unchanged rows are left out
-    assert dict(zip(bar.y, bar.marker.color))["aten::mm"] == charts.STATUS_COLORS["faster"]
+    fig = charts.build_diff_figure(r)
+    assert sum(len(t.y) for t in fig.data) == 4   # unchanged rows are left out
+    # a trace per status, named in the legend, in its colour
+    assert {t.name: (list(t.y), t.marker.color) for t in fig.data} == {
+        s: ([n], charts.STATUS_COLORS[s]) for s, n in (("faster", "aten::mm"), ("slower", "aten::copy_"),
+                                                       ("added", "aten::relu"), ("removed", "aten::add"))}
+    assert list(fig.layout.yaxis.categoryarray)[::-1] == [row.name for row in r.rows if row.status != "unchanged"]
 
 
 def cli(capsys, tmp_path, *argv) -> tuple[int, str, str]:
@@ -144,7 +148,7 @@ def test_diff_figure_axis_in_the_scale_of_its_changes():
     fig = charts.build_diff_figure(r)
     assert fig.layout.xaxis.title.text == "change in time (µs)"
     deltas = {row.name: row.delta_us for row in r.rows if row.status != "unchanged"}
-    assert dict(zip(fig.data[0].y, fig.data[0].x)) == deltas
+    assert {y: x for t in fig.data for y, x in zip(t.y, t.x)} == deltas
     assert fig.layout.yaxis.automargin is True
 
 
@@ -175,8 +179,9 @@ def test_diff_bars_of_names_alike_stay_apart():
     from msgspec.structs import replace
 
     rows = [replace(r, name="x" * 80 + str(i), status="slower", delta_us=10.0 - i) for i, r in enumerate(d.rows[:3])]
-    (bar,) = charts.build_diff_figure(replace(d, rows=tuple(rows))).data
-    assert len(set(bar.y)) == 3 and list(bar.y)[::-1][1].endswith(" (2)")
+    fig = charts.build_diff_figure(replace(d, rows=tuple(rows)))
+    order = list(fig.layout.yaxis.categoryarray)[::-1]
+    assert len(set(order)) == 3 and order[1].endswith(" (2)") and sorted(fig.data[0].y) == sorted(order)
 
 
 def test_a_trace_without_steps_is_one_bar_named_for_what_it_is():

@@ -37,3 +37,14 @@ def test_a_long_name_column_gets_a_width_and_short_ones_fit_their_text(shown):
     assert df["name"].tolist()[0] == name  # the cell keeps the whole name
     traces._table(pd.DataFrame({"annotation": [name], "time_us": [1.0]}))
     assert shown[-1][1]["column_config"]["annotation"]["width"] == 400  # few columns: wider
+
+
+def test_a_missing_number_reads_as_said_never_none(shown):
+    """The diff table showed 'None' as an added operator's after / before ratio."""
+    traces._table(pd.DataFrame({"name": ["aten::mm", "aten::relu"], "time_us_before": [40.0, 0.0],
+                                "ratio": [0.5, None], "batch_size": [None, None]}),
+                  {"ratio": "After / before (x)"}, missing={"ratio": "new"})
+    (df, kw), = shown
+    assert df["ratio"].tolist() == ["0.5", "new"] and df["batch_size"].tolist() == ["n/a", "n/a"]
+    assert kw["column_config"]["ratio"]["label"] == "After / before (x)"
+    assert kw["column_config"]["ratio"]["alignment"] == "right"

@@ -18,7 +18,7 @@ from diagnostics.units import compact, human_bytes
 from ui.views import trace_hta
 from diagnostics.render.charts.critical_path import mark_critical_path
 from ui.views.critical_path import show_critical_path
-from ui.widgets import Tile, md_text, metric_row, unit_columns
+from ui.widgets import Tile, md_text, metric_row, missing_as, unit_columns
 from ui.views.timeline import show_timeline
 from ui.views.trace_ranks import show_ranks
 
@@ -45,10 +45,11 @@ def _text_width(df: pd.DataFrame, col: str) -> int | None:
     return 400 if len(df.columns) <= 5 else 260
 
 
-def _table(rows, rename: dict | None = None, height: int | None = None) -> None:
+def _table(rows, rename: dict | None = None, height: int | None = None, missing: dict | None = None) -> None:
     """A trace table of typed rows (or a DataFrame): times (engine µs) in one scale per table with the unit
     in the header, bytes the same, ratios to three significant digits; ``rename``: headers for columns
-    without a unit suffix."""
+    without a unit suffix; ``missing``: what a column's missing numbers read ("n/a" where not said;
+    Streamlit would show 'None')."""
     df = rows if isinstance(rows, pd.DataFrame) else frame(rows)
     if df.empty:
         st.caption("(none)")
@@ -75,6 +76,10 @@ def _table(rows, rename: dict | None = None, height: int | None = None) -> None:
             config[col] = st.column_config.NumberColumn(label, format="%d" if whole else "%.3g")
         else:
             config[col] = st.column_config.Column(label, width=_text_width(df, col))
+    gaps = {c: (missing or {}).get(c, "n/a") for c in df.columns if df[c].isna().all() or (
+        pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]) and df[c].isna().any())}
+    if gaps:
+        df, config = missing_as(df, config, gaps)
     st.dataframe(df, hide_index=True, width="stretch", height=height or "auto", column_config=config)
 
 
@@ -348,7 +353,8 @@ def show_diff(result: TraceDiffResult) -> None:
     status = st.multiselect("Status", ["faster", "slower", "added", "removed", "unchanged"],
                             default=["faster", "slower", "added", "removed"], key="trace_diff_status")
     _table([r for r in d.rows if r.status in status], {"time_us_before": "Before", "time_us_after": "After",
-                                                        "delta_us": "Δ", "ratio": "After / before (x)"})
+                                                        "delta_us": "Δ", "ratio": "After / before (x)"},
+           missing={"ratio": "new"})  # an added operator: nothing before to divide by
 
 
 def show_range(result: TraceTimelineResult) -> None:

@@ -163,14 +163,20 @@ def build_diff_figure(diff: TraceDiff) -> go.Figure:
         return empty_figure("Trace diff", "No operator changed beyond the thresholds")
     sc = column_scale([r.delta_us for r in rows] + [r.time_us_before for r in rows]
                       + [r.time_us_after for r in rows], "us")
-    fig = go.Figure(go.Bar(
-        x=[r.delta_us / sc.factor for r in rows], y=_labels(rows),
-        orientation="h", marker_color=[STATUS_COLORS[r.status] for r in rows],
-        customdata=[[r.status, r.time_us_before / sc.factor, r.time_us_after / sc.factor, r.name]
-                    for r in rows],
-        hovertemplate="%{customdata[3]}: %{customdata[0]}<br>%{customdata[1]:.3f} → %{customdata[2]:.3f} "
-                      + sc.suffix + "<extra></extra>"))
-    fig.update_layout(title=f"Change in time ({diff.unit}), after − before",
+    labels = _labels(rows)
+    fig = go.Figure()
+    for status, color in STATUS_COLORS.items():  # a trace per status: the legend says what a colour means
+        mine = [(r, label) for r, label in zip(rows, labels) if r.status == status]
+        if not mine:
+            continue
+        fig.add_bar(
+            name=status, x=[r.delta_us / sc.factor for r, _ in mine], y=[label for _, label in mine],
+            orientation="h", marker_color=color,
+            customdata=[[r.status, r.time_us_before / sc.factor, r.time_us_after / sc.factor, r.name] for r, _ in mine],
+            hovertemplate="%{customdata[3]}: %{customdata[0]}<br>%{customdata[1]:.3f} → %{customdata[2]:.3f} "
+                          + sc.suffix + "<extra></extra>")
+    fig.update_layout(title=f"Change in time ({diff.unit}), after − before", barmode="relative",
+                      yaxis=dict(categoryorder="array", categoryarray=labels),  # largest change at the top
                       xaxis_title=f"change in time ({sc.suffix})", height=max(300, 22 * len(rows) + 120))
     return readable_axes(fig)
 
