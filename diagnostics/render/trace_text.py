@@ -8,6 +8,7 @@ from __future__ import annotations
 from diagnostics.analyses.trace.result import (
     Communication, CommOverlap, QueueLength, Serving, TraceResult,
 )
+from diagnostics.results import UNSET, given
 
 
 def _clip(name: str, n: int = 70) -> str:
@@ -99,7 +100,12 @@ def hta_text(result: TraceResult, top: int, table, clip, ms) -> list[str]:
 SPLIT_COLORS = (("attention_us", "attention", "#4c78a8"), ("GEMM_us", "GEMM", "#72b7b2"),
                 ("communication_us", "communication", "#f58518"), ("sampling_us", "sampling", "#e45756"),
                 ("other_us", "other compute", "#54a24b"), ("copies_us", "copies", "#b279a2"),
-                ("host_us", "host (GPU idle)", "#bab0ac"))
+                ("queued_us", "queued (launched, GPU idle)", "#9d755d"), ("host_us", "host (GPU idle)", "#bab0ac"))
+
+
+def split_parts(iterations) -> tuple:
+    """SPLIT_COLORS' parts the iterations hold (a result from before queued_us was told apart has none)."""
+    return tuple(p for p in SPLIT_COLORS if all(given(getattr(it, p[0], UNSET)) for it in iterations))
 
 
 def _label(it) -> str:
@@ -122,7 +128,7 @@ def serving_lines(serving: Serving | None) -> list[str]:
         out.append(f"  {p.phase}: {p.iterations} iteration(s), median {p.median_us / 1e3:,.3f} ms "
                    f"(GPU busy {p.median_gpu_busy_us / 1e3:,.3f} ms), {p.tokens:,} tokens{bs}")
     for it in serving.iterations[:20]:
-        parts = ", ".join(f"{name} {getattr(it, key) / 1e3:,.3f}" for key, name, _ in SPLIT_COLORS
+        parts = ", ".join(f"{name} {getattr(it, key) / 1e3:,.3f}" for key, name, _ in split_parts([it])
                           if getattr(it, key) > 0)
         out.append(f"  iteration {_label(it)}: {it.time_us / 1e3:,.3f} ms ({parts} ms); "
                    f"{it.kernels:,} GPU events, {it.graph_kernels:,} of them replayed by {it.graph_launches} graph "

@@ -91,9 +91,13 @@ def serving_kernel_class(name: str) -> str:
 
 # ---- iterations ------------------------------------------------------------------------------------------
 
-#: The split of an iteration's time, in this order (GPU time counted once, the first class that runs wins;
-#: "host" is the rest of the iteration: the GPU idle, waiting for the host).
-SPLIT = ("attention", "GEMM", "communication", "sampling", "other", "copies", "host")
+#: The split of an iteration's time, in this order (GPU time counted once, the first class that runs wins),
+#: then the GPU idle in two: "queued" while work the iteration had launched waited to start (launch latency,
+#: a graph's set-up, or the GPU busy with work the trace does not hold), "host" the rest: nothing launched
+#: yet, the GPU waiting for the host.
+SPLIT = ("attention", "GEMM", "communication", "sampling", "other", "copies", "queued", "host")
+#: The parts of SPLIT that are GPU work.
+GPU_SPLIT = SPLIT[:-2]
 #: Graph launches listed, at most (the largest GPU time first).
 MAX_GRAPH_ROWS = 20
 
@@ -206,14 +210,16 @@ def _iteration_row(i: int, rec: dict, g: pd.DataFrame, cls: np.ndarray, graph: n
     start = float(rec["start_us"])
     end = max(start + float(rec["host_us"]), float(e.max()) if e.size else start)
     split, covered = {}, iv.EMPTY
-    for label in SPLIT[:-1]:
+    for label in GPU_SPLIT:
         m = cls == label
         u = iv.union(s[m], e[m])
         new = iv.subtract(u, covered)
         split[f"{label}_us"] = iv.length(new)
         covered = iv.union(np.r_[covered[0], new[0]], np.r_[covered[1], new[1]])
     busy = iv.length(covered)
-    split["host_us"] = max((end - start) - busy, 0.0)
+    idle = iv.subtract((np.array([start]), np.array([end])), covered)
+    split["queued_us"] = iv.length(iv.intersect(idle, _pending(g)))
+    split["host_us"] = max((end - start) - busy - split["queued_us"], 0.0)
     phase, phase_from = rec.get("phase"), "annotation" if rec.get("phase") else None
     if phase is None:
         names = g["name"].to_numpy()[cls == "attention"]
@@ -228,6 +234,18 @@ def _iteration_row(i: int, rec: dict, g: pd.DataFrame, cls: np.ndarray, graph: n
             "start_us": start, "host_span_us": float(rec["host_us"]), "time_us": end - start,
             "gpu_span_us": float(e.max() - s.min()) if e.size else 0.0, "gpu_busy_us": busy, "kernels": int(len(g)),
             "graph_launches": int(np.unique(corr[corr >= 0]).size), "graph_kernels": int(graph.sum()), **split}
+
+
+def _pending(g: pd.DataFrame) -> iv.Intervals:
+    """When the GPU events of ``g`` had been launched and had not started: from the end of each one's launch
+    call (its start where the call's duration is unknown) to the event's start. An event without a known
+    launch adds nothing (its wait counts as the host's)."""
+    if not len(g):
+        return iv.EMPTY
+    launched = g["launch_start_us"].to_numpy(dtype=float) + np.nan_to_num(g["launch_dur_us"].to_numpy(dtype=float))
+    started = g["start_us"].to_numpy(dtype=float)
+    m = np.isfinite(launched) & (launched < started)
+    return iv.union(launched[m], started[m])
 
 
 def _int(v):

@@ -180,7 +180,8 @@ def test_a_serving_trace_opens_on_its_serving_tab(new_app):
     assert any("25 launch(es) replayed 361 kernels" in m for m in md)
     # the iteration's figures first, its long annotation last (it pushed them off a 1280 px page)
     it = next(d.value for d in at.dataframe if "annotation" in d.value.columns)
-    assert list(it.columns[:7]) == ["iteration", "phase", "batch_size", "tokens", "time_us", "gpu_busy_us", "host_us"]
+    assert list(it.columns[:8]) == ["iteration", "phase", "batch_size", "tokens", "time_us", "gpu_busy_us", "queued_us",
+                                   "host_us"]
     assert it.columns[-1] == "annotation" and it["batch_size"].tolist() == [46] and it["tokens"].tolist() == [8192]
     assert it["time_us"].tolist() == [pytest.approx(307.7, abs=0.05)]  # shown in ms, the table's one scale
     # the GPU tab's idle (the gaps in the GPU's own window) says what its window leaves out of the iteration

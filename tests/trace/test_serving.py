@@ -9,6 +9,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from diagnostics.trace import load_trace
@@ -145,3 +146,47 @@ def test_the_serving_chart_shows_every_part_of_the_split_in_a_legend_below_the_a
     assert fig.layout.xaxis.title.text == "time (ms)"
     (bar,) = {round(sum(t.x[0] for t in fig.data), 1)}  # the parts add up to the iteration: 307.7 ms
     assert bar == 307.7
+
+
+def _grid_split(path):
+    """From the file alone, on a 0.01 µs grid: the iteration's span (its outermost annotation, to its last GPU
+    event's end), the GPU busy instants, and the idle instants when a launched GPU event had not yet started
+    (from its launch call's end, the graph launch's for a replayed kernel, to its start)."""
+    ev = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    gpu = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X"]
+    calls = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "cuda_runtime" and e.get("ph") == "X"
+             and "correlation" in e.get("args", {})}
+    ann = [e for e in ev if e.get("ph") == "X" and iteration_fields(e.get("name", "")) is not None]
+    lo = min(e["ts"] for e in ann)
+    hi = max(max(e["ts"] + e["dur"] for e in ann), max(k["ts"] + k["dur"] for k in gpu))
+    step = 0.01
+    n = int(round((hi - lo) / step)) + 1
+    busy, pending = np.zeros(n, bool), np.zeros(n, bool)
+
+    def mark(arr, a, b):
+        arr[max(int(round((a - lo) / step)), 0):max(int(round((b - lo) / step)), 0)] = True
+
+    for k in gpu:
+        mark(busy, k["ts"], k["ts"] + k["dur"])
+        call = calls.get(k["args"].get("correlation"))
+        if call is not None:
+            mark(pending, call["ts"] + call["dur"], k["ts"])
+    idle = ~busy
+    return (hi - lo), busy.sum() * step, (idle & pending).sum() * step, (idle & ~pending).sum() * step
+
+
+@pytest.mark.parametrize("path", [VLLM_DECODE, VLLM_MIXED, SGLANG])
+def test_the_gpus_idle_is_split_into_queued_work_and_waiting_on_the_host(path):
+    """TraceLens' vLLM decode: the graph is launched 1.5 ms into the iteration and its kernels start at 8.4 ms;
+    the 6.9 ms between read as 'host (GPU idle)', though the host had launched the work and was done. Queued
+    (launched, not started) and host (nothing launched yet) are told apart, each checked on a grid from the
+    file's own events."""
+    (it,) = serving(load_trace(path)).iterations
+    time_us, busy_us, queued_us, host_us = _grid_split(path)
+    assert it.time_us == pytest.approx(time_us, abs=0.05)
+    assert it.gpu_busy_us == pytest.approx(busy_us, abs=1.0)
+    assert it.queued_us == pytest.approx(queued_us, abs=1.0) and it.host_us == pytest.approx(host_us, abs=1.0)
+    assert it.gpu_busy_us + it.queued_us + it.host_us == pytest.approx(it.time_us)
+    assert sum(getattr(it, f"{k}_us") for k in SPLIT) == pytest.approx(it.time_us)
+    if path == VLLM_DECODE:
+        assert it.queued_us > 6_000 and it.host_us < 2_000  # the graph waited ~6.9 ms after its launch

@@ -264,14 +264,17 @@ def show_serving(serving) -> None:
     st.plotly_chart(build_serving_figure(serving), width="stretch")
     st.caption("Each iteration: the server's own annotation around one forward (vLLM's execute_..., SGLang's "
                "step[...]); its GPU work is what its host span launched (a graph's kernels through their launch). "
-               "GPU time is counted once, first class first; host (GPU idle) is the rest of the iteration.")
+               "GPU time is counted once, first class first. The rest is the GPU idle: queued while work the "
+               "iteration had launched waited to start (launch latency, a graph's set-up, the GPU busy with work "
+               "this trace does not hold, or the device's clock out of step with the host's), host while nothing "
+               "was launched yet.")
     if serving.phases:
         st.markdown("**Phases**")
         _table(serving.phases)
     st.markdown("**Iterations**")
     df = frame(serving.iterations)
     # what each iteration took first, the server's long annotation last (a table wider than the page scrolls)
-    first = [c for c in ("iteration", "phase", "batch_size", "tokens", "time_us", "gpu_busy_us", "host_us")
+    first = [c for c in ("iteration", "phase", "batch_size", "tokens", "time_us", "gpu_busy_us", "queued_us", "host_us")
              if c in df.columns]
     last = [c for c in ("annotation",) if c in df.columns]
     _table(df[first + [c for c in df.columns if c not in first + last] + last])

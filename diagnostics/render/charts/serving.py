@@ -1,5 +1,6 @@
 """The serving view of an inference server's trace (diagnostics.trace.serving, issue #42): per iteration its
-time split (attention, GEMM, communication, sampling, other compute, copies, the GPU waiting on the host),
+time split (attention, GEMM, communication, sampling, other compute, copies, the GPU idle: queued or waiting on
+the host),
 its phase, batch and tokens, and the CUDA / HIP graph replays. Draws and says; computes nothing."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from diagnostics.render.charts.style import readable_axes
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 from diagnostics.units import column_scale
-from diagnostics.render.trace_text import SPLIT_COLORS, _label, serving_lines  # noqa: F401  (plotly-free words)
+from diagnostics.render.trace_text import SPLIT_COLORS, _label, serving_lines, split_parts  # noqa: F401  (plotly-free words)
 
 def build_serving_figure(serving: Serving) -> go.Figure:
     """One stacked bar per iteration: its time split, the phase, batch and tokens in its label."""
@@ -19,7 +20,7 @@ def build_serving_figure(serving: Serving) -> go.Figure:
     sc = column_scale([it.time_us for it in its], "us")
     fig = go.Figure()
     labels = [_label(it) for it in its]
-    for key, name, color in SPLIT_COLORS:
+    for key, name, color in split_parts(its):
         fig.add_bar(name=name, y=labels, x=[getattr(it, key) / sc.factor for it in its], orientation="h",
                     marker_color=color)
     fig.update_layout(barmode="stack", title="Serving iterations: where each iteration's time went",

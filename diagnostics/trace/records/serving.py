@@ -12,7 +12,8 @@ _us = lambda label: column("us", label)  # noqa: E731
 
 class ServingIteration(Record, frozen=True, kw_only=True):
     """One server iteration: its phase, batch and tokens where recorded, its time and the split of it
-    (GPU time by what the kernels do, counted once; ``host_us``: the GPU waiting on the host)."""
+    (GPU time by what the kernels do, counted once; the GPU idle: ``queued_us`` while work the iteration had
+    launched waited to start, ``host_us`` while nothing was launched yet, the GPU waiting on the host)."""
 
     iteration: int
     annotation: str
@@ -37,6 +38,8 @@ class ServingIteration(Record, frozen=True, kw_only=True):
     other_us: Annotated[float, _us("other compute")]
     copies_us: Annotated[float, _us("copies")]
     host_us: Annotated[float, _us("host (GPU idle)")]
+    #: the GPU idle while launched work waited to start (absent from results before it was told from host_us)
+    queued_us: Annotated[float | UnsetType, _us("queued (launched, GPU idle)")] = UNSET
 
 
 class ServingPhase(Record, frozen=True, kw_only=True):
