@@ -190,3 +190,22 @@ def test_the_gpus_idle_is_split_into_queued_work_and_waiting_on_the_host(path):
     assert sum(getattr(it, f"{k}_us") for k in SPLIT) == pytest.approx(it.time_us)
     if path == VLLM_DECODE:
         assert it.queued_us > 6_000 and it.host_us < 2_000  # the graph waited ~6.9 ms after its launch
+
+
+def test_a_result_from_before_queued_was_told_apart_still_draws_and_says_its_split():
+    """A stored result without queued_us (its host_us still holds the queued time): no 'queued' part, no error."""
+    from msgspec.structs import replace
+
+    from diagnostics.render.charts.serving import build_serving_figure
+    from diagnostics.render.trace_text import serving_lines
+    from diagnostics.results import UNSET
+
+    s = serving(load_trace(SGLANG))
+    old = replace(s, iterations=tuple(replace(it, queued_us=UNSET, host_us=it.host_us + it.queued_us)
+                                      for it in s.iterations))
+    names = [t.name for t in build_serving_figure(old).data]
+    assert "host (GPU idle)" in names and not any(n.startswith("queued") for n in names)
+    line = next(x for x in serving_lines(old) if x.strip().startswith("iteration #0"))
+    assert "host (GPU idle) 464.058" in line and "queued" not in line
+    new = next(x for x in serving_lines(s) if x.strip().startswith("iteration #0"))
+    assert "queued (launched, GPU idle) 463.285" in new
