@@ -92,3 +92,5 @@ def test_try_fixes_runs_from_the_page_with_progress_and_stop_keeps_what_was_meas
     assert rows["loader_workers=2"]["rounds"] >= 1 and rows["channels_last"]["verdict"] == "not applicable"
     assert any("Trials stopped" in w.value for w in at.warning)
     assert [m.label for m in at.metric][0] == "Baseline step"
+    # stopped before the rounds an interval needs: nothing decided (it read "none", beside a faster bar)
+    assert {m.label: m.value for m in at.metric}["Best speed-up"] == "not decided"

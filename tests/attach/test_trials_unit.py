@@ -296,3 +296,31 @@ def test_the_cli_reads_try_and_refuses_its_options_without_it(capsys):
     assert "--rounds and --warmup go with --try" in capsys.readouterr().err
     assert main(["--try", "amp_bf16", "--at", "4", "--", "python", "t.py"]) == 2
     assert "--at profiles a step; it does not go with --try" in capsys.readouterr().err
+
+
+def _trials_result(rounds: int, ci):
+    from tests.typed_samples import typed
+
+    rows = [{"fix": "baseline", "speedup": 1.0, "rounds": rounds},
+            {"fix": "control", "speedup": 0.99, "speedup_ci": ci, "rounds": rounds, "verdict": "within noise"},
+            {"fix": "loader_workers=4", "speedup": 2.5, "speedup_ci": ci, "rounds": rounds,
+             "verdict": "within noise" if ci is None else "faster"}]
+    metrics = {"baseline_step_ms": 35.6, "control_speedup": 0.99, "control_verdict": "within noise", "runs": 4,
+               "best_speedup": None if ci is None else 2.5, "best_fix": None if ci is None else "loader_workers=4",
+               "best_ci_low": None if ci is None else ci[0], "best_ci_high": None if ci is None else ci[1],
+               "control_ci_low": None if ci is None else 0.97, "control_ci_high": None if ci is None else 1.02}
+    return typed("trials", {"trials": rows, "metrics": metrics, "status": "stopped", "rounds": 6})
+
+
+def test_trials_stopped_before_an_interval_say_not_decided_rather_than_none_faster():
+    """Stopped after one round, a 2.5x fix showed 'Best speed-up: none' and the control 'no interval within
+    noise': with fewer rounds than an interval needs nothing is decided, and the tiles say so."""
+    from diagnostics.measure.compare import MIN_ROUNDS
+    from ui.views.trials import tiles
+
+    t = {x.label: x for x in tiles(_trials_result(1, None))}
+    assert t["Best speed-up"].text() == "not decided"
+    assert t["Best speed-up"].detail == f"1 of the {MIN_ROUNDS} rounds an interval needs"
+    assert t["A/A control"].detail == f"1 of the {MIN_ROUNDS} rounds an interval needs; within noise"
+    done = {x.label: x for x in tiles(_trials_result(MIN_ROUNDS, (2.3, 2.7)))}
+    assert done["Best speed-up"].text() == "x2.50" and done["Best speed-up"].detail.startswith("loader_workers=4 ")

@@ -8,23 +8,37 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.analyses.trials.result import FixTrial, TrialsResult
+from diagnostics.measure.compare import MIN_ROUNDS
 from diagnostics.render.charts.trials import build_trials_speedup_figure, timed_rows
 from ui.widgets import Tile, comparison_detail, metric_row, unit_columns
+
+
+def _rounds_short(result: TrialsResult) -> int | None:
+    """The rounds measured when too few for an interval (trials stopped early), else None."""
+    timed = [r for r in result.trials[1:] if r.speedup is not None]   # the baseline is the reference
+    if not timed or any(r.speedup_ci for r in timed):
+        return None
+    done = min(r.rounds for r in timed)
+    return done if done < MIN_ROUNDS else None
 
 
 def tiles(result: TrialsResult) -> list[Tile]:
     m = result.metrics
     best_ci = (m.best_ci_low, m.best_ci_high) if m.best_ci_low is not None else None
     control_ci = (m.control_ci_low, m.control_ci_high) if m.control_ci_low is not None else None
+    short = _rounds_short(result)
+    # stopped before an interval could be drawn: nothing is decided, rather than "none" faster
+    rounds = f"{short} of the {MIN_ROUNDS} rounds an interval needs" if short is not None else None
     return [Tile("Baseline step", m.baseline_step_ms, "ms", "the script as it is: mean timed step, geometric mean "
                                                             "of its runs"),
             Tile("Best speed-up", m.best_speedup, "ratio", "the fastest fix faster beyond the noise, over the "
-                                                           "baseline", missing="none",
-                 detail=f"{m.best_fix} {comparison_detail(best_ci, None)}" if m.best_speedup else None),
+                                                           "baseline", missing="none" if short is None else "not decided",
+                 detail=f"{m.best_fix} {comparison_detail(best_ci, None)}" if m.best_speedup
+                 else rounds),
             Tile("Fixes faster", m.fixes_faster, "count", f"{m.fixes_slower} slower, {m.fixes_not_applicable} not "
                                                           f"applicable, {m.fixes_failed} failed or diverged"),
             Tile("A/A control", m.control_speedup, "ratio", "the baseline against itself: the noise floor",
-                 detail=comparison_detail(control_ci, m.control_verdict)),
+                 detail=comparison_detail(control_ci, m.control_verdict, why=f"{rounds};" if rounds else "no interval")),
             Tile("Runs", m.runs, "count", f"{result.rounds} rounds of {result.warmup} warm-up + {result.steps} timed "
                                           "steps each")]
 
