@@ -46,11 +46,11 @@ from typing import Callable
 import numpy as np
 
 from diagnostics.measure.timer import latency_stats, sync, time_calls, time_once
+from diagnostics.significance import CONFIDENCE, MIN_ROUNDS, min_rounds  # noqa: F401  (compare's names too)
 from diagnostics.units import speedup_text
 
 CONTROL = "control"
 VERDICTS = ("faster", "slower", "within noise")
-CONFIDENCE = 0.95
 #: The rounds' order is drawn from this seed: a run can be repeated exactly.
 SEED = 0
 METHOD = ("interleaved rounds, each timing every candidate twice in a fresh random order and its reverse; a "
@@ -60,17 +60,7 @@ METHOD = ("interleaved rounds, each timing every candidate twice in a fresh rand
 
 
 # ----------------------------------------------------------------------------- statistics
-def min_rounds(confidence: float = CONFIDENCE) -> int:
-    """The fewest rounds whose sign-flip test can reach ``confidence``: the smallest p-value over n
-    rounds is 2 / 2^n (every round's ratio on the same side of 1, one way or the other)."""
-    n = 1
-    while 2.0 / 2 ** n > 1 - confidence:
-        n += 1
-    return n
-
-
-#: Fewer rounds than this give no interval: the verdict is "within noise" and the row says why.
-MIN_ROUNDS = min_rounds()
+# CONFIDENCE, min_rounds and MIN_ROUNDS live in diagnostics.significance (torch-free: a page says them).
 #: Up to this many rounds every subset of rounds is used; past it, a group of 2^SUBSET_GROUP_BITS.
 SUBSET_GROUP_BITS = 12
 

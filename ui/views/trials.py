@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from diagnostics.analyses.trials.result import FixTrial, TrialsResult
-from diagnostics.measure.compare import MIN_ROUNDS
+from diagnostics.significance import MIN_ROUNDS  # torch-free: the server never imports torch
 from diagnostics.render.charts.trials import build_trials_speedup_figure, timed_rows
 from ui.widgets import Tile, comparison_detail, metric_row, unit_columns
 
