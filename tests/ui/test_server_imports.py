@@ -50,3 +50,16 @@ def test_a_sample_is_built_from_its_module_when_asked():
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert sequence.VOCAB == VOCAB == SAMPLES["transformer"].num_classes
     assert SAMPLES["transformer"].build().__class__ is sequence.TinyTransformerLM
+
+
+def test_every_view_module_imports_no_torch():
+    """The views run in the server: the fix-trials view once imported measure.compare (torch with it) for the
+    rounds an interval needs; only the slow launcher test, reading the server's memory maps, caught it."""
+    out = _fresh("import importlib, pkgutil, sys\n"
+                 "import ui.views\n"
+                 "names = [m.name for m in pkgutil.iter_modules(ui.views.__path__)]\n"
+                 "for n in names:\n"
+                 "    importlib.import_module('ui.views.' + n)\n"
+                 "print(len(names), 'torch' in sys.modules)")
+    n, loaded = out.split()
+    assert int(n) >= 15 and loaded == "False"
