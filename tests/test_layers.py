@@ -1,6 +1,6 @@
 """Who may import whom inside the engine (docs/ARCHITECTURE.md), read from the source with ast.
 
-Bottom to top: the base (errors, units, spec, declare, settings, store, uploads), the trace layer,
+Bottom to top: the base (errors, units, significance, spec, declare, settings, store, uploads), the trace layer,
 the measure layer, the analyses (each on the layers below, never on another analysis), and on top
 the registry, runner, rendering and CLI. Imports inside functions count too: a late import is
 still a dependency.
@@ -64,7 +64,8 @@ def _violations(prefix: str, allowed: set[str]) -> list[str]:
     return bad
 
 
-BASE = {"diagnostics.errors", "diagnostics.units"}
+#: diagnostics.significance: how many rounds an interval needs (the comparisons' statistics, torch-free: a page says it)
+BASE = {"diagnostics.errors", "diagnostics.units", "diagnostics.significance"}
 #: diagnostics.inputs: how a model is called with its inputs (positional and keyword), beside intake;
 #: diagnostics.devices: the machine's facts (cores, torch's threads), read once for every view;
 #: diagnostics.results: Record, which the layer's typed facts (measure/records.py) derive from, as the trace's do
