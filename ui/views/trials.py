@@ -32,13 +32,14 @@ def tiles(result: TrialsResult) -> list[Tile]:
     return [Tile("Baseline step", m.baseline_step_ms, "ms", "the script as it is: mean timed step, geometric mean "
                                                             "of its runs"),
             Tile("Best speed-up", m.best_speedup, "ratio", "the fastest fix faster beyond the noise, over the "
-                                                           "baseline", missing="none" if short is None else "not decided",
-                 detail=f"{m.best_fix} {comparison_detail(best_ci, None)}" if m.best_speedup
-                 else rounds),
+                                                           "baseline",
+                 missing="none" if short is None else "not decided",
+                 detail=f"{m.best_fix} {comparison_detail(best_ci, None)}" if m.best_speedup else rounds),
             Tile("Fixes faster", m.fixes_faster, "count", f"{m.fixes_slower} slower, {m.fixes_not_applicable} not "
                                                           f"applicable, {m.fixes_failed} failed or diverged"),
             Tile("A/A control", m.control_speedup, "ratio", "the baseline against itself: the noise floor",
-                 detail=comparison_detail(control_ci, m.control_verdict, why=f"{rounds};" if rounds else "no interval")),
+                 detail=comparison_detail(control_ci, m.control_verdict,
+                                          why=f"{rounds};" if rounds else "no interval")),
             Tile("Runs", m.runs, "count", f"{result.rounds} rounds of {result.warmup} warm-up + {result.steps} timed "
                                           "steps each")]
 

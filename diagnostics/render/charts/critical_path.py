@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from diagnostics.analyses.trace.result import CriticalPath, Timeline, TraceCriticalPathResult, TraceResult
-from diagnostics.render.charts.style import empty_figure, short_names
+from diagnostics.render.charts.style import bottom_up_labels, empty_figure
 from diagnostics.results import given
 
 from diagnostics.render.sections import Section, section
@@ -100,8 +100,7 @@ def build_what_if_figure(cp: CriticalPath) -> go.Figure:
     if not rows:
         return empty_figure(title, "Nothing on the path to speed up")
     fig = go.Figure(go.Bar(
-        # labelled in ranked order (bars drawn bottom-up): two names that shorten alike stay two bars
-        x=[r.saving_us / 1e3 for r in rows], y=short_names([r.name for r in rows[::-1]], 50)[::-1], orientation="h",
+        x=[r.saving_us / 1e3 for r in rows], y=bottom_up_labels([r.name for r in rows], 50), orientation="h",
         marker_color=[KIND_COLORS.get(r.kind, "#888") for r in rows],
         text=[f"{r.saving_us / 1e3:,.3f} ms" for r in rows], textposition="outside",
         customdata=[[r.name, r.on_path_us / 1e3, r.calls, (r.sped_up_us if given(r.sped_up_us) else r.on_path_us) / 1e3]

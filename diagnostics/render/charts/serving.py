@@ -1,7 +1,6 @@
 """The serving view of an inference server's trace (diagnostics.trace.serving, issue #42): per iteration its
 time split (attention, GEMM, communication, sampling, other compute, copies, the GPU idle: queued or waiting on
-the host),
-its phase, batch and tokens, and the CUDA / HIP graph replays. Draws and says; computes nothing."""
+the host), its phase, batch and tokens, and the CUDA / HIP graph replays. Draws and says; computes nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +11,9 @@ from diagnostics.render.charts.style import readable_axes
 from diagnostics.render.sections import Section, section
 from diagnostics.render.tables import records_frame
 from diagnostics.units import column_scale
-from diagnostics.render.trace_text import SPLIT_COLORS, _label, serving_lines, split_parts  # noqa: F401  (plotly-free words)
+from diagnostics.render.trace_text import (  # noqa: F401  (plotly-free words)
+    SPLIT_COLORS, _label, serving_lines, split_parts,
+)
 
 def build_serving_figure(serving: Serving) -> go.Figure:
     """One stacked bar per iteration: its time split, the phase, batch and tokens in its label."""

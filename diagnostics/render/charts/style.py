@@ -41,6 +41,12 @@ def short_names(names: list[str], n: int = MAX_NAME_CHARS) -> list[str]:
     return out
 
 
+def bottom_up_labels(names: list[str], n: int = MAX_NAME_CHARS) -> list[str]:
+    """short_names for the bars of a horizontal chart drawn bottom-up (``names`` in drawing order, the largest
+    last): named in ranked order, so that of two names that shorten alike the larger keeps the plain label."""
+    return short_names(names[::-1], n)[::-1]
+
+
 def readable_axes(fig: go.Figure) -> go.Figure:
     """Every axis makes room for its tick labels (automargin) and keeps its title off them."""
     fig.update_xaxes(automargin=True, title_standoff=TITLE_STANDOFF)

@@ -10,7 +10,7 @@ from diagnostics.analyses.trace.result import (
     TraceDiffResult, TraceResult, TraceSummary,
 )
 
-from diagnostics.render.charts.style import empty_figure, readable_axes, short_names
+from diagnostics.render.charts.style import bottom_up_labels, empty_figure, readable_axes
 from diagnostics.render.charts.ranks import ranks_sections
 from diagnostics.render.charts.timeline import build_timeline_figure as draw_timeline
 from diagnostics.render.charts.critical_path import critical_path_sections, mark_critical_path
@@ -32,12 +32,6 @@ MAX_BARS = 25
 GPU_WINDOW_HELP = ("GPU work counts in the step whose CPU launched it (correlation id or flow arrow). A step's "
                    "window runs from its first GPU event to the next step's first, so the windows follow each "
                    "other and add up to the GPU's span; idle is the window less busy time.")
-
-
-def _labels(rows) -> list[str]:
-    """Bar labels of ``rows`` (drawn bottom-up, so given reversed): named in ranked order, so that of two
-    names that shorten alike the larger keeps the plain label; never merged into one bar."""
-    return short_names([r.name for r in rows[::-1]])[::-1]
 
 
 #: The x label of temporal_breakdown's step -1: a trace without ProfilerStep ranges, read as one window.
@@ -98,7 +92,7 @@ def build_top_operators_figure(top: TopOperators, kind: str = "operators") -> go
         return empty_figure(title, "None in this trace")
     rows = rows[::-1]
     fig = go.Figure(go.Bar(
-        x=[(r.self_us if ops else r.total_us) / 1000 for r in rows], y=_labels(rows),
+        x=[(r.self_us if ops else r.total_us) / 1000 for r in rows], y=bottom_up_labels([r.name for r in rows]),
         orientation="h", customdata=[[r.calls, r.total_us / 1000, r.name] for r in rows],
         hovertemplate="%{customdata[2]}<br>%{x:.3f} ms, %{customdata[0]} calls, "
                       "total %{customdata[1]:.3f} ms<extra></extra>"))
@@ -163,7 +157,7 @@ def build_diff_figure(diff: TraceDiff) -> go.Figure:
         return empty_figure("Trace diff", "No operator changed beyond the thresholds")
     sc = column_scale([r.delta_us for r in rows] + [r.time_us_before for r in rows]
                       + [r.time_us_after for r in rows], "us")
-    labels = _labels(rows)
+    labels = bottom_up_labels([r.name for r in rows])
     fig = go.Figure()
     for status, color in STATUS_COLORS.items():  # a trace per status: the legend says what a colour means
         mine = [(r, label) for r, label in zip(rows, labels) if r.status == status]
